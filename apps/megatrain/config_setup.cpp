@@ -1,0 +1,52 @@
+// config_setup.cpp: flag parsing, validation and resolution shared by train and plan.
+#include "config_setup.h"
+
+#include <iostream>
+#include <numeric>
+
+#include "config/errors.h"
+#include "config/resolve.h"
+
+namespace mt {
+
+int64_t known_tokenizer_vocab(const Config& cfg) {
+  const std::string t = cfg.data.tokenizer_type.value_or("");
+  if (t == "GPT2BPETokenizer") return 50257;
+  if (t == "ByteTokenizer") return 257;  // 256 bytes + end of document
+  return 0;
+}
+
+Config setup_config(CLI::App& app, ConfigCli& cli, int argc, char** argv, int64_t world_size, Purpose purpose,
+                    bool announce) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::CallForAllHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::ParseError& e) {
+    throw ConfigError(std::string(e.what()) + " (megatrain --help lists all flags)");
+  }
+  Config cfg = cli.build();
+  if (cli.print_config() && purpose == Purpose::kTrain) {
+    // Printing needs no data or schedule; without a launcher, assume the smallest world the layout allows.
+    purpose = Purpose::kPrint;
+    if (world_size == 1) {
+      const auto& p = cfg.parallel;
+      const int64_t dense = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;
+      const int64_t expert = p.expert_tensor_parallel_size.value_or(p.tensor_model_parallel_size) *
+                             p.expert_model_parallel_size * p.pipeline_model_parallel_size;
+      if (dense > 0 && expert > 0) world_size = std::lcm(dense, expert);
+    }
+  }
+  Diagnostics d = validate(cfg, world_size, purpose);
+  if (announce) {
+    for (const auto& n : cfg.notes) std::cerr << "megatrain: " << n << "\n";
+    for (const auto& w : d.warnings) std::cerr << "megatrain: warning: " << w << "\n";
+  }
+  if (!d.ok()) throw ConfigErrors(d.errors);
+  resolve(cfg, world_size, known_tokenizer_vocab(cfg));
+  return cfg;
+}
+
+}  // namespace mt

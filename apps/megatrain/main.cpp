@@ -1,0 +1,51 @@
+// main.cpp: megatrain's entry point. Dispatches subcommands and turns errors into one clear line
+// and a non-zero exit.
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "commands.h"
+#include "config/errors.h"
+
+namespace {
+
+void print_usage() {
+  std::cout << "megatrain: Megatron-class LLM pretraining (C++/CUDA)\n\n"
+               "Usage:\n"
+               "  megatrain [train] [flags]       train (Megatron-LM flags, or --config recipe.yaml)\n"
+               "  megatrain plan --world-size N   check a layout and estimate memory and time, no GPU needed\n\n"
+               "  megatrain train --help          every flag, grouped like Megatron's arguments\n"
+               "  megatrain plan --help           planner options\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string sub = argc > 1 ? argv[1] : "";
+    if (sub == "plan") return mt::run_plan(argc - 1, argv + 1);
+    if (sub == "train") return mt::run_train(argc - 1, argv + 1);
+    if (sub == "preprocess" || sub == "checkpoint") {
+      std::cerr << "megatrain: error: 'megatrain " << sub << "' is not available in this build yet\n";
+      return 2;
+    }
+    if (sub == "help" || (argc == 2 && (sub == "-h" || sub == "--usage"))) {
+      print_usage();
+      return 0;
+    }
+    if (sub == "--version") {
+      std::cout << "megatrain 0.1.0\n";
+      return 0;
+    }
+    return mt::run_train(argc, argv);
+  } catch (const mt::ConfigErrors& e) {
+    for (const auto& m : e.messages) std::cerr << "megatrain: error: " << m << "\n";
+    return 2;
+  } catch (const mt::ConfigError& e) {
+    std::cerr << "megatrain: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "megatrain: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,202 @@
+// plan_cmd.cpp: `megatrain plan`: factorisation, process groups, parameters, memory per GPU, FLOPs
+// and time per iteration for a world size, without any GPU.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "commands.h"
+#include "config/errors.h"
+#include "config/yaml_io.h"
+#include "config_setup.h"
+#include "parallel/launcher.h"
+#include "parallel/rank_layout.h"
+#include "plan/flops.h"
+#include "plan/memory_model.h"
+#include "plan/param_count.h"
+
+namespace mt {
+namespace {
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::string human(double v) {
+  char buf[32];
+  if (v >= 1e12) std::snprintf(buf, sizeof(buf), "%.2fT", v / 1e12);
+  else if (v >= 1e9) std::snprintf(buf, sizeof(buf), "%.2fB", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof(buf), "%.2fM", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof(buf), "%.1fK", v / 1e3);
+  else std::snprintf(buf, sizeof(buf), "%.0f", v);
+  return buf;
+}
+
+std::string list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > 8 && i == 4) {
+      s += " ...";
+      i = n - 3;
+      continue;
+    }
+    s += (i ? " " : "") + std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
+void print_groups(const RankLayout& layout, bool moe) {
+  const int64_t world = layout.world_size();
+  std::printf("\nprocess groups (rank: coordinates; group members)%s\n", world > 16 ? ", first 8 and last 4 ranks" : "");
+  for (int64_t r = 0; r < world; ++r) {
+    if (world > 16 && r == 8) {
+      std::printf("  ...\n");
+      r = world - 4;
+    }
+    const RankCoords c = layout.coords(r);
+    const RankGroups g = layout.groups(r);
+    std::printf("  rank %3lld: tp %lld cp %lld dp %lld pp %lld | TP %s PP %s DP %s DPxCP %s", static_cast<long long>(r),
+                static_cast<long long>(c.tp), static_cast<long long>(c.cp), static_cast<long long>(c.dp),
+                static_cast<long long>(c.pp), list(g.tp).c_str(), list(g.pp).c_str(), list(g.dp).c_str(),
+                list(g.dp_cp).c_str());
+    if (layout.sizes().cp > 1) std::printf(" CP %s", list(g.cp).c_str());
+    if (moe) {
+      std::printf(" | ep %lld EP %s ETP %s EDP %s", static_cast<long long>(c.ep), list(g.ep).c_str(),
+                  list(g.expert_tp).c_str(), list(g.expert_dp).c_str());
+    }
+    if (!g.embedding.empty()) std::printf(" | EMB %s", list(g.embedding).c_str());
+    std::printf("\n");
+  }
+}
+
+}  // namespace
+
+int run_plan(int argc, char** argv) {
+  CLI::App app{"megatrain plan: check a parallel layout and estimate memory and time per GPU (no GPU needed)",
+               "megatrain plan"};
+  ConfigCli cli(app);
+  int64_t world = 0;
+  int64_t gpus_per_node = 8;
+  double gpu_memory_gb = 80.0;
+  double gpu_tflops = 400.0;
+  double peak_tflops = 989.4;
+  bool show_groups = true;
+  app.add_option("--world-size", world, "Number of GPUs (default: the launcher's world size)")->group("Plan");
+  app.add_option("--gpus-per-node", gpus_per_node, "GPUs per node (default 8)")->group("Plan");
+  app.add_option("--gpu-memory-gb", gpu_memory_gb, "Memory per GPU in GiB (default 80: H100; H200 has 141)")->group("Plan");
+  app.add_option("--gpu-tflops", gpu_tflops, "Achieved TFLOP/s per GPU assumed for the time estimate (default 400)")
+      ->group("Plan");
+  app.add_option("--peak-tflops", peak_tflops, "Peak dense TFLOP/s per GPU for MFU (default 989.4: H100/H200 bf16)")
+      ->group("Plan");
+  app.add_flag("--groups,!--no-groups", show_groups, "Print the process-group table (default on)")->group("Plan");
+
+  // The world size is needed before validation: peek at it the same way CLI11 will parse it.
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--world-size" && i + 1 < argc) world = std::strtoll(argv[i + 1], nullptr, 10);
+    else if (a.rfind("--world-size=", 0) == 0) world = std::strtoll(a.c_str() + 13, nullptr, 10);
+  }
+  if (world == 0) world = detect_launch().world_size;
+  Config cfg = setup_config(app, cli, argc, argv, world, Purpose::kPlan, true);
+  if (gpus_per_node < 1) throw ConfigError("--gpus-per-node must be >= 1, got " + std::to_string(gpus_per_node));
+  if (cli.print_config()) {
+    std::cout << config_to_yaml(cfg);
+    return 0;
+  }
+  if (cfg.derived.padded_vocab_size == 0) {
+    throw ConfigError("plan needs the vocabulary size: add --vocab-size (e.g. 128256 for LLaMA-3) or --tokenizer-type GPT2BPETokenizer");
+  }
+  const auto& p = cfg.parallel;
+  const auto& d = cfg.derived;
+  const bool moe = cfg.moe.num_experts.has_value();
+  const RankLayout layout = RankLayout::from_config(cfg, world);
+
+  std::printf("megatrain plan\n");
+  std::printf("model: %lld layers, hidden %lld, %lld heads (%lld query groups, head dim %lld), ffn %lld%s, %s, %s, vocab %lld (padded %lld), seq %lld\n",
+              static_cast<long long>(*cfg.model.num_layers), static_cast<long long>(*cfg.model.hidden_size),
+              static_cast<long long>(*cfg.model.num_attention_heads), static_cast<long long>(d.num_query_groups),
+              static_cast<long long>(*cfg.model.kv_channels), static_cast<long long>(*cfg.model.ffn_hidden_size),
+              cfg.model.swiglu ? " SwiGLU" : " GELU", cfg.model.normalization.c_str(),
+              cfg.model.position_embedding_type.c_str(), static_cast<long long>(d.vocab_size),
+              static_cast<long long>(d.padded_vocab_size), static_cast<long long>(*cfg.data.seq_length));
+  if (moe) {
+    std::printf("moe: %lld experts, top-%lld, expert ffn %lld, every %lld layer(s)\n",
+                static_cast<long long>(*cfg.moe.num_experts), static_cast<long long>(cfg.moe.moe_router_topk),
+                static_cast<long long>(cfg.moe.moe_ffn_hidden_size.value_or(0)), static_cast<long long>(cfg.moe.moe_layer_freq));
+  }
+  std::printf("\nlayout: world size %lld = TP %lld x PP %lld x CP %lld x DP %lld (rank order %s)\n",
+              static_cast<long long>(world), static_cast<long long>(p.tensor_model_parallel_size),
+              static_cast<long long>(p.pipeline_model_parallel_size), static_cast<long long>(p.context_parallel_size),
+              static_cast<long long>(d.data_parallel_size), layout.order().c_str());
+  if (moe || p.expert_model_parallel_size > 1) {
+    std::printf("expert grid: ETP %lld x EP %lld x expert-DP %lld x PP %lld\n", static_cast<long long>(d.expert_tensor_parallel_size),
+                static_cast<long long>(p.expert_model_parallel_size), static_cast<long long>(d.expert_data_parallel_size),
+                static_cast<long long>(p.pipeline_model_parallel_size));
+  }
+  std::printf("nodes: %lld x %lld GPUs%s\n", static_cast<long long>((world + gpus_per_node - 1) / gpus_per_node),
+              static_cast<long long>(gpus_per_node),
+              p.tensor_model_parallel_size > gpus_per_node ? "  (warning: TP spans nodes; keep TP within a node)" : "");
+  std::printf("batch: global %lld = micro %lld x DP %lld x %lld microbatches\n", static_cast<long long>(d.global_batch_size),
+              static_cast<long long>(*cfg.training.micro_batch_size), static_cast<long long>(d.data_parallel_size),
+              static_cast<long long>(d.num_microbatches));
+  std::string stages;
+  for (auto n : d.layers_per_stage) stages += (stages.empty() ? "" : " ") + std::to_string(n);
+  std::printf("layers per pipeline stage: %s\n", stages.c_str());
+  if (show_groups) print_groups(layout, moe || p.expert_model_parallel_size > 1);
+
+  const ParamCounts pc = count_params(cfg);
+  const MemoryEstimate mem = estimate_memory(cfg);
+  std::printf("\nparameters: %s total", human(static_cast<double>(pc.total)).c_str());
+  if (moe) std::printf(", %s active per token", human(static_cast<double>(pc.active)).c_str());
+  std::printf("; %s on the most loaded rank (stage %lld)\n", human(static_cast<double>(mem.params)).c_str(),
+              static_cast<long long>(mem.stage));
+
+  const bool half = cfg.precision.bf16 || cfg.precision.fp16;
+  std::printf("\nmemory per GPU, most loaded rank (pipeline stage %lld), %s:\n", static_cast<long long>(mem.stage),
+              half ? "bf16/fp16 weights, fp32 grads and master weights" : "fp32");
+  std::printf("  weights                 %s\n", gib(mem.weights).c_str());
+  std::printf("  gradients (fp32)        %s\n", gib(mem.grads).c_str());
+  std::printf("  optimizer state         %s   (without distributed optimizer %s, with it %s)%s\n", gib(mem.optimizer).c_str(),
+              gib(mem.optimizer_unsharded).c_str(), gib(mem.optimizer_sharded).c_str(),
+              cfg.training.optimizer_cpu_offload ? " [offloaded to CPU]" : "");
+  std::printf("  activations             %s   (%s per microbatch x %lld in flight under 1F1B, recompute %s)\n",
+              gib(mem.activations).c_str(), gib(mem.activations_per_microbatch).c_str(),
+              static_cast<long long>(mem.in_flight_microbatches),
+              cfg.recompute.recompute_granularity.value_or("none").c_str());
+  std::printf("  logits and loss         %s\n", gib(mem.logits).c_str());
+  std::printf("  runtime overhead        %s   (CUDA context, workspaces, NCCL: assumed)\n", gib(2.0 * (1ull << 30)).c_str());
+  std::printf("  total                   %s of %.0f GiB\n", gib(mem.total).c_str(), gpu_memory_gb);
+  const MegatronTheoretical mt_mem = megatron_theoretical_memory(cfg);
+  std::printf("  Megatron's theoretical formula: weights+optimizer %s, activations %s\n", gib(mt_mem.weights_and_optimizer).c_str(),
+              gib(mt_mem.activations).c_str());
+  const double limit = gpu_memory_gb * 1024.0 * 1024.0 * 1024.0;
+  bool fits = mem.total <= limit;
+  if (!fits) {
+    std::string fixes;
+    if (!cfg.training.use_distributed_optimizer && d.data_parallel_size > 1) fixes += "--use-distributed-optimizer, ";
+    if (cfg.recompute.recompute_granularity.value_or("") != "full") fixes += "--recompute-granularity full, ";
+    fixes += "a larger TP or PP, or a smaller --micro-batch-size";
+    std::printf("\nWARNING: this layout does not fit: %s needed per GPU, %.0f GiB available (--gpu-memory-gb). Try %s.\n",
+                gib(mem.total).c_str(), gpu_memory_gb, fixes.c_str());
+  }
+
+  const double flops = flops_per_iteration(cfg);
+  const double tokens = static_cast<double>(d.global_batch_size) * static_cast<double>(*cfg.data.seq_length);
+  const double compute_s = flops / (static_cast<double>(world) * gpu_tflops * 1e12);
+  int64_t vpp = p.num_virtual_stages_per_pipeline_rank.value_or(1);
+  if (p.num_layers_per_virtual_pipeline_stage) vpp = (*cfg.model.num_layers / p.pipeline_model_parallel_size) / *p.num_layers_per_virtual_pipeline_stage;
+  const double bubble = static_cast<double>(p.pipeline_model_parallel_size - 1) /
+                        (static_cast<double>(std::max<int64_t>(1, vpp)) * static_cast<double>(d.num_microbatches));
+  const double iter_s = compute_s * (1.0 + bubble);
+  std::printf("\ncompute per iteration: %.3e FLOPs (%s tokens)\n", flops, human(tokens).c_str());
+  std::printf("estimated time per iteration: %.3f s at %.0f TFLOP/s per GPU, pipeline bubble %.1f%%\n", iter_s, gpu_tflops,
+              100.0 * bubble / (1.0 + bubble));
+  std::printf("estimated throughput: %.0f tokens/s/GPU, MFU %.1f%% of %.1f TFLOP/s\n", tokens / iter_s / static_cast<double>(world),
+              100.0 * flops / (iter_s * static_cast<double>(world) * peak_tflops * 1e12), peak_tflops);
+  return 0;
+}
+
+}  // namespace mt

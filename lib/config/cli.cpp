@@ -1,0 +1,102 @@
+// cli.cpp: CLI11 bindings for the flag table.
+#include "config/cli.h"
+
+#include "config/errors.h"
+#include "config/flags.h"
+#include "config/yaml_io.h"
+
+namespace mt {
+
+struct ConfigCli::Holder {
+  const FlagSpec* spec = nullptr;
+  const AliasSpec* alias = nullptr;
+  CLI::Option* opt = nullptr;
+  bool flag = false;
+  std::string value;
+  std::vector<std::string> values;
+};
+
+ConfigCli::ConfigCli(CLI::App& app) : app_(app) {
+  app.allow_extras(true);
+  app.add_option("--config,--yaml-cfg", config_path_, "YAML recipe; keys are flag names (command-line flags override it)")
+      ->group("Recipe");
+  app.add_flag("--print-config", print_config_, "Print the resolved configuration as YAML and exit")->group("Recipe");
+  const Config defaults;
+  for (const auto& spec : flag_table()) {
+    auto h = std::make_unique<Holder>();
+    h->spec = &spec;
+    std::string help = spec.help;
+    if (!spec.choices.empty()) {
+      help += " {";
+      for (size_t i = 0; i < spec.choices.size(); ++i) help += (i ? "|" : "") + spec.choices[i];
+      help += "}";
+    }
+    if (flag_is_bool(spec)) {
+      h->opt = app.add_flag("--" + spec.name, h->flag, help);
+    } else if (flag_is_list(spec)) {
+      h->opt = app.add_option("--" + spec.name, h->values, help);
+    } else {
+      h->opt = app.add_option("--" + spec.name, h->value, help);
+      h->opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
+    h->opt->group(spec.group);
+    if (!flag_is_bool(spec)) {
+      h->opt->type_name(flag_type_name(spec));
+      const std::string dflt = flag_value_text(defaults, spec);
+      if (!dflt.empty()) h->opt->default_str(dflt);
+    }
+    holders_.push_back(std::move(h));
+  }
+  for (const auto& alias : alias_table()) {
+    auto h = std::make_unique<Holder>();
+    h->alias = &alias;
+    if (alias.takes_value) {
+      h->opt = app.add_option("--" + alias.name, h->value, alias.help);
+    } else {
+      h->opt = app.add_flag("--" + alias.name, h->flag, alias.help);
+    }
+    h->opt->group("Old spellings (accepted, mapped)");
+    holders_.push_back(std::move(h));
+  }
+}
+
+ConfigCli::~ConfigCli() = default;
+
+void reject_unknown_arguments(const std::vector<std::string>& remaining) {
+  for (const auto& arg : remaining) {
+    if (arg.rfind("-", 0) == 0) {
+      std::string name = arg.substr(0, arg.find('='));
+      throw ConfigError("unknown flag " + name + ": did you mean --" + nearest_flag(name) + "? (megatrain --help lists all flags)");
+    }
+    throw ConfigError("unexpected argument '" + arg + "': flags take the form --name value (megatrain --help)");
+  }
+}
+
+Config ConfigCli::build() const {
+  reject_unknown_arguments(app_.remaining());
+  Config cfg;
+  if (!config_path_.empty()) apply_yaml_file(cfg, config_path_);
+  for (const auto& h : holders_) {
+    if (h->opt->count() == 0) continue;
+    if (h->alias) {
+      cfg.notes.push_back(h->alias->apply(cfg, h->value));
+    } else if (flag_is_bool(*h->spec)) {
+      set_flag_from_string(cfg, *h->spec, "true", "command line");
+    } else if (flag_is_list(*h->spec)) {
+      // One quoted argument "0.3 a 0.7 b" is split like Megatron's shell-expanded form.
+      std::vector<std::string> items;
+      for (const auto& v : h->values) {
+        Config tmp;
+        set_flag_from_string(tmp, *h->spec, v, "command line");
+        auto field = h->spec->field(tmp);
+        for (const auto& s : *std::get<StringList*>(field)) items.push_back(s);
+      }
+      set_flag_from_list(cfg, *h->spec, items, "command line");
+    } else {
+      set_flag_from_string(cfg, *h->spec, h->value, "command line");
+    }
+  }
+  return cfg;
+}
+
+}  // namespace mt

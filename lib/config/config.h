@@ -1,0 +1,211 @@
+// config.h: the typed configuration megatrain runs with. Field names follow Megatron's flags
+// (--num-layers -> model.num_layers); defaults are Megatron's. Optional fields are "unset" in Megatron
+// (None) and get derived values in resolve(). The flag table that binds names to fields is flags.cpp.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+using OptInt = std::optional<int64_t>;
+using OptFloat = std::optional<double>;
+using OptString = std::optional<std::string>;
+using StringList = std::vector<std::string>;
+
+struct ModelConfig {
+  OptInt num_layers;
+  OptInt hidden_size;
+  OptInt num_attention_heads;
+  OptInt ffn_hidden_size;  // 4h, or int(4h*2/3/64)*64 with SwiGLU
+  OptInt kv_channels;      // h / heads
+  bool group_query_attention = false;
+  int64_t num_query_groups = 1;
+  bool swiglu = false;
+  std::string normalization = "LayerNorm";
+  double norm_epsilon = 1e-5;
+  std::string position_embedding_type = "learned_absolute";
+  double rotary_base = 10000;
+  double rotary_percent = 1.0;
+  OptInt max_position_embeddings;
+  bool untie_embeddings_and_output_weights = false;
+  bool disable_bias_linear = false;
+  int64_t make_vocab_size_divisible_by = 128;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+  double init_method_std = 0.02;
+  std::string transformer_impl = "transformer_engine";
+  std::string attention_backend = "auto";
+  bool apply_query_key_layer_scaling = false;
+  bool qk_layernorm = false;
+  OptInt vocab_size;
+};
+
+struct ParallelConfig {
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  int64_t context_parallel_size = 1;
+  int64_t expert_model_parallel_size = 1;
+  OptInt expert_tensor_parallel_size;  // defaults to TP
+  bool sequence_parallel = false;
+  OptInt num_layers_per_virtual_pipeline_stage;
+  OptInt num_virtual_stages_per_pipeline_rank;
+  OptInt decoder_first_pipeline_num_layers;
+  OptInt decoder_last_pipeline_num_layers;
+  std::string cp_comm_type = "p2p";
+  bool use_tp_pp_dp_mapping = false;
+  std::string distributed_backend = "nccl";
+  int64_t distributed_timeout_seconds = 60;  // megatrain: bound on waiting for a failed rank
+};
+
+struct TrainingConfig {
+  OptInt micro_batch_size;
+  OptInt global_batch_size;  // MBS * DP
+  StringList rampup_batch_size;
+  OptInt train_iters;
+  OptInt train_samples;
+  std::string optimizer = "adam";
+  OptFloat lr;
+  double min_lr = 0.0;
+  double weight_decay = 0.01;
+  double clip_grad = 1.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double sgd_momentum = 0.9;
+  std::string lr_decay_style = "linear";
+  OptInt lr_decay_iters;
+  OptInt lr_decay_samples;
+  int64_t lr_warmup_iters = 0;
+  OptFloat lr_warmup_fraction;
+  OptInt lr_warmup_samples;
+  double lr_warmup_init = 0.0;
+  OptInt lr_wsd_decay_iters;
+  std::string lr_wsd_decay_style = "exponential";
+  bool use_distributed_optimizer = false;
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  OptInt ddp_bucket_size;
+  int64_t seed = 1234;
+  bool optimizer_cpu_offload = false;
+  int64_t exit_on_nan_count = 5;  // megatrain: stop after this many non-finite steps in a row
+};
+
+struct PrecisionConfig {
+  bool bf16 = false;
+  bool fp16 = false;
+  OptFloat loss_scale;  // dynamic when unset
+  double initial_loss_scale = 4294967296.0;
+  double min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  OptString fp8_format;
+  std::string fp8_recipe = "delayed";
+  int64_t fp8_amax_history_len = 1;
+  std::string fp8_amax_compute_algo = "most_recent";
+  bool grad_reduce_in_bf16 = false;
+};
+
+struct RecomputeConfig {
+  OptString recompute_granularity;
+  OptString recompute_method;
+  OptInt recompute_num_layers;
+  StringList recompute_modules = {"core_attn"};
+};
+
+struct MoeConfig {
+  OptInt num_experts;
+  int64_t moe_router_topk = 2;
+  OptInt moe_ffn_hidden_size;
+  int64_t moe_layer_freq = 1;
+  std::string moe_router_load_balancing_type = "aux_loss";
+  double moe_aux_loss_coeff = 0.0;
+  OptFloat moe_z_loss_coeff;
+  std::string moe_token_dispatcher_type = "allgather";
+  bool moe_grouped_gemm = false;
+  OptFloat moe_expert_capacity_factor;
+  bool moe_router_pre_softmax = false;
+  OptInt moe_shared_expert_intermediate_size;
+};
+
+struct DataConfig {
+  StringList data_path;
+  std::string split = "969,30,1";
+  StringList train_data_path;
+  StringList valid_data_path;
+  StringList test_data_path;
+  bool mock_data = false;
+  OptString text_data_path;  // megatrain: a plain text file, byte-level tokens
+  OptInt seq_length;
+  OptString data_cache_path;
+  int64_t num_workers = 2;
+  std::string dataloader_type = "single";
+  bool eod_mask_loss = false;
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  OptString tokenizer_type;
+  OptString vocab_file;
+  OptString merge_file;
+  OptString tokenizer_model;
+};
+
+struct CheckpointConfig {
+  OptString save;
+  OptString load;
+  OptInt save_interval;
+  OptInt ckpt_step;
+  bool no_save_optim = false;
+  bool no_save_rng = false;
+  bool no_load_optim = false;
+  bool no_load_rng = false;
+  bool finetune = false;
+  std::string ckpt_format = "torch_dist";
+  bool async_save = false;
+  bool use_checkpoint_args = false;
+};
+
+struct LoggingConfig {
+  int64_t log_interval = 100;
+  bool log_throughput = false;
+  bool log_params_norm = false;
+  OptString tensorboard_dir;
+  OptString wandb_project;
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
+  int64_t timing_log_level = 0;
+  bool profile = false;
+  OptString log_dir;  // megatrain: JSON-lines metrics file goes here
+  std::string device = "auto";  // megatrain: auto | cpu | cuda
+};
+
+// Values computed from the flags and the world size (not flags themselves).
+struct Derived {
+  int64_t world_size = 1;
+  int64_t data_parallel_size = 1;
+  int64_t expert_tensor_parallel_size = 1;
+  int64_t expert_data_parallel_size = 1;
+  int64_t global_batch_size = 1;
+  int64_t num_microbatches = 1;
+  int64_t vocab_size = 0;          // the tokenizer's (or --vocab-size)
+  int64_t padded_vocab_size = 0;   // ceil(V / (divisible-by * TP)) * divisible-by * TP
+  int64_t num_query_groups = 1;    // effective: one per head without GQA
+  std::vector<int64_t> layers_per_stage;  // transformer layers on each pipeline stage
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainingConfig training;
+  PrecisionConfig precision;
+  RecomputeConfig recompute;
+  MoeConfig moe;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  Derived derived;
+  std::vector<std::string> notes;  // one-line notes (old spellings mapped, ...) to print once
+};
+
+}  // namespace mt

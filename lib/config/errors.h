@@ -1,0 +1,23 @@
+// errors.h: the error types megatrain reports to people. A ConfigError is one line that names the
+// problem and the fix; main() prints it and exits non-zero.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Several problems found at once (validation reports every violation, not the first).
+struct ConfigErrors : std::runtime_error {
+  explicit ConfigErrors(std::vector<std::string> msgs)
+      : std::runtime_error(msgs.empty() ? std::string("invalid configuration") : msgs.front()),
+        messages(std::move(msgs)) {}
+  std::vector<std::string> messages;
+};
+
+}  // namespace mt

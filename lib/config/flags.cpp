@@ -1,0 +1,466 @@
+// flags.cpp: the flag table (Megatron names, groups and defaults) and typed parsing of flag values.
+#include "config/flags.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "config/errors.h"
+
+namespace mt {
+namespace {
+
+#define F(GROUP, NAME, FIELD, HELP, ...) \
+  FlagSpec { NAME, GROUP, HELP, {__VA_ARGS__}, [](Config& c) -> FieldPtr { return &c.FIELD; } }
+
+const char* kNet = "Network size";
+const char* kReg = "Regularization";
+const char* kInit = "Initialization";
+const char* kTrain = "Training";
+const char* kLr = "Learning rate";
+const char* kDist = "Distributed";
+const char* kPrec = "Mixed precision";
+const char* kRecompute = "Activation recompute";
+const char* kMoe = "Mixture of experts";
+const char* kData = "Data and dataloader";
+const char* kTok = "Tokenizer";
+const char* kCkpt = "Checkpointing";
+const char* kLog = "Logging and validation";
+
+std::vector<FlagSpec> build_table() {
+  return {
+      // Network size
+      F(kNet, "num-layers", model.num_layers, "Number of transformer layers (required)"),
+      F(kNet, "hidden-size", model.hidden_size, "Transformer hidden size (required)"),
+      F(kNet, "num-attention-heads", model.num_attention_heads, "Number of attention heads (required)"),
+      F(kNet, "ffn-hidden-size", model.ffn_hidden_size, "MLP hidden size (default 4*h; int(4h*2/3/64)*64 with --swiglu)"),
+      F(kNet, "kv-channels", model.kv_channels, "Attention head dimension (default hidden-size / num-attention-heads)"),
+      F(kNet, "group-query-attention", model.group_query_attention, "Use grouped-query attention"),
+      F(kNet, "num-query-groups", model.num_query_groups, "Number of key/value groups with --group-query-attention"),
+      F(kNet, "swiglu", model.swiglu, "SwiGLU MLP instead of GELU"),
+      F(kNet, "normalization", model.normalization, "Normalization layer", "LayerNorm", "RMSNorm"),
+      F(kNet, "norm-epsilon", model.norm_epsilon, "Epsilon of the normalization layers"),
+      F(kNet, "position-embedding-type", model.position_embedding_type, "Position embedding",
+        "learned_absolute", "rope", "none"),
+      F(kNet, "rotary-base", model.rotary_base, "RoPE base"),
+      F(kNet, "rotary-percent", model.rotary_percent, "Fraction of the head dimension RoPE rotates"),
+      F(kNet, "max-position-embeddings", model.max_position_embeddings, "Maximum sequence length the model supports (>= --seq-length)"),
+      F(kNet, "untie-embeddings-and-output-weights", model.untie_embeddings_and_output_weights, "Separate output layer weights"),
+      F(kNet, "disable-bias-linear", model.disable_bias_linear, "No biases in the linear layers"),
+      F(kNet, "make-vocab-size-divisible-by", model.make_vocab_size_divisible_by, "Pad the vocabulary to a multiple of this times TP"),
+      F(kNet, "transformer-impl", model.transformer_impl, "Layer implementation (megatrain always uses its own kernels)",
+        "transformer_engine", "local"),
+      F(kNet, "attention-backend", model.attention_backend, "Attention implementation", "auto", "flash", "fused",
+        "unfused", "local"),
+      F(kNet, "apply-query-key-layer-scaling", model.apply_query_key_layer_scaling, "Scale Q*K^T by 1/layer-number (fp16)"),
+      F(kNet, "qk-layernorm", model.qk_layernorm, "Normalize queries and keys"),
+      F(kNet, "vocab-size", model.vocab_size, "Vocabulary size (NullTokenizer / mock data)"),
+      // Regularization
+      F(kReg, "hidden-dropout", model.hidden_dropout, "Dropout after attention and MLP"),
+      F(kReg, "attention-dropout", model.attention_dropout, "Dropout on attention probabilities"),
+      F(kReg, "weight-decay", training.weight_decay, "Decoupled weight decay (not on biases and norms)"),
+      F(kReg, "clip-grad", training.clip_grad, "Global gradient-norm clipping (0 disables)"),
+      F(kReg, "adam-beta1", training.adam_beta1, "Adam beta1"),
+      F(kReg, "adam-beta2", training.adam_beta2, "Adam beta2"),
+      F(kReg, "adam-eps", training.adam_eps, "Adam epsilon"),
+      F(kReg, "sgd-momentum", training.sgd_momentum, "SGD momentum"),
+      // Initialization
+      F(kInit, "seed", training.seed, "Random seed (parameters, dropout, data order)"),
+      F(kInit, "init-method-std", model.init_method_std, "Std of the normal parameter initialisation"),
+      // Training
+      F(kTrain, "micro-batch-size", training.micro_batch_size, "Samples per microbatch per data-parallel rank (required)"),
+      F(kTrain, "global-batch-size", training.global_batch_size, "Samples per iteration (default micro-batch-size * DP)"),
+      F(kTrain, "rampup-batch-size", training.rampup_batch_size, "Batch-size ramp-up: <start> <increment> <samples>"),
+      F(kTrain, "train-iters", training.train_iters, "Iterations to train for"),
+      F(kTrain, "train-samples", training.train_samples, "Samples to train for (instead of --train-iters)"),
+      F(kTrain, "optimizer", training.optimizer, "Optimizer", "adam", "sgd"),
+      F(kTrain, "use-distributed-optimizer", training.use_distributed_optimizer, "Shard optimizer state over data parallel (ZeRO-1)"),
+      F(kTrain, "optimizer-cpu-offload", training.optimizer_cpu_offload, "Keep optimizer state and the update on the CPU"),
+      F(kTrain, "exit-on-nan-count", training.exit_on_nan_count, "Stop after this many non-finite steps in a row (megatrain)"),
+      // Learning rate
+      F(kLr, "lr", training.lr, "Peak learning rate"),
+      F(kLr, "min-lr", training.min_lr, "Learning rate at the end of the decay"),
+      F(kLr, "lr-decay-style", training.lr_decay_style, "Decay shape", "constant", "linear", "cosine",
+        "inverse-square-root", "WSD"),
+      F(kLr, "lr-decay-iters", training.lr_decay_iters, "Iterations to decay over (default --train-iters)"),
+      F(kLr, "lr-decay-samples", training.lr_decay_samples, "Samples to decay over (with --train-samples)"),
+      F(kLr, "lr-warmup-iters", training.lr_warmup_iters, "Linear warmup iterations"),
+      F(kLr, "lr-warmup-fraction", training.lr_warmup_fraction, "Warmup as a fraction of the decay iterations"),
+      F(kLr, "lr-warmup-samples", training.lr_warmup_samples, "Warmup samples (with --train-samples)"),
+      F(kLr, "lr-warmup-init", training.lr_warmup_init, "Learning rate at the start of warmup"),
+      F(kLr, "lr-wsd-decay-iters", training.lr_wsd_decay_iters, "Final-decay iterations of the WSD schedule"),
+      F(kLr, "lr-wsd-decay-style", training.lr_wsd_decay_style, "Final-decay shape of the WSD schedule", "exponential",
+        "linear", "cosine", "minus_sqrt"),
+      // Distributed
+      F(kDist, "tensor-model-parallel-size", parallel.tensor_model_parallel_size, "Tensor-parallel size (TP)"),
+      F(kDist, "pipeline-model-parallel-size", parallel.pipeline_model_parallel_size, "Pipeline-parallel size (PP)"),
+      F(kDist, "context-parallel-size", parallel.context_parallel_size, "Context-parallel size (CP)"),
+      F(kDist, "expert-model-parallel-size", parallel.expert_model_parallel_size, "Expert-parallel size (EP)"),
+      F(kDist, "expert-tensor-parallel-size", parallel.expert_tensor_parallel_size, "Tensor-parallel size inside experts (default TP)"),
+      F(kDist, "sequence-parallel", parallel.sequence_parallel, "Shard norms and dropout along the sequence over TP"),
+      F(kDist, "num-layers-per-virtual-pipeline-stage", parallel.num_layers_per_virtual_pipeline_stage, "Layers per virtual stage (interleaved 1F1B)"),
+      F(kDist, "num-virtual-stages-per-pipeline-rank", parallel.num_virtual_stages_per_pipeline_rank, "Virtual stages per pipeline rank (interleaved 1F1B)"),
+      F(kDist, "decoder-first-pipeline-num-layers", parallel.decoder_first_pipeline_num_layers, "Layers on the first pipeline stage (uneven split)"),
+      F(kDist, "decoder-last-pipeline-num-layers", parallel.decoder_last_pipeline_num_layers, "Layers on the last pipeline stage (uneven split)"),
+      F(kDist, "cp-comm-type", parallel.cp_comm_type, "Context-parallel communication", "p2p", "a2a", "allgather",
+        "a2a+p2p"),
+      F(kDist, "use-tp-pp-dp-mapping", parallel.use_tp_pp_dp_mapping, "Rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp"),
+      F(kDist, "distributed-backend", parallel.distributed_backend, "Collective backend for GPUs", "nccl", "gloo"),
+      F(kDist, "distributed-timeout-seconds", parallel.distributed_timeout_seconds, "Exit this long after another rank failed (megatrain)"),
+      F(kDist, "overlap-grad-reduce", training.overlap_grad_reduce, "Overlap the gradient reduction with backward"),
+      F(kDist, "overlap-param-gather", training.overlap_param_gather, "Overlap the parameter all-gather with forward"),
+      F(kDist, "ddp-bucket-size", training.ddp_bucket_size, "Elements per gradient-reduction bucket"),
+      // Mixed precision
+      F(kPrec, "bf16", precision.bf16, "bfloat16 compute with fp32 master weights"),
+      F(kPrec, "fp16", precision.fp16, "float16 compute with loss scaling"),
+      F(kPrec, "loss-scale", precision.loss_scale, "Static loss scale (dynamic when unset)"),
+      F(kPrec, "initial-loss-scale", precision.initial_loss_scale, "Initial dynamic loss scale"),
+      F(kPrec, "min-loss-scale", precision.min_loss_scale, "Minimum dynamic loss scale"),
+      F(kPrec, "loss-scale-window", precision.loss_scale_window, "Steps without overflow before the scale grows"),
+      F(kPrec, "hysteresis", precision.hysteresis, "Overflows tolerated before the scale shrinks"),
+      F(kPrec, "fp8-format", precision.fp8_format, "FP8 format", "e4m3", "hybrid"),
+      F(kPrec, "fp8-recipe", precision.fp8_recipe, "FP8 scaling recipe", "delayed", "tensorwise", "mxfp8", "blockwise"),
+      F(kPrec, "fp8-amax-history-len", precision.fp8_amax_history_len, "FP8 amax history length"),
+      F(kPrec, "fp8-amax-compute-algo", precision.fp8_amax_compute_algo, "FP8 amax algorithm", "max", "most_recent"),
+      F(kPrec, "grad-reduce-in-bf16", precision.grad_reduce_in_bf16, "Reduce gradients in bf16"),
+      // Recompute
+      F(kRecompute, "recompute-granularity", recompute.recompute_granularity, "Activation recompute", "full", "selective"),
+      F(kRecompute, "recompute-method", recompute.recompute_method, "Which layers recompute (full)", "uniform", "block"),
+      F(kRecompute, "recompute-num-layers", recompute.recompute_num_layers, "Layers per recompute unit / recomputed layers"),
+      F(kRecompute, "recompute-modules", recompute.recompute_modules, "Modules recomputed with selective recompute"),
+      // MoE
+      F(kMoe, "num-experts", moe.num_experts, "Experts per MoE layer"),
+      F(kMoe, "moe-router-topk", moe.moe_router_topk, "Experts each token is routed to"),
+      F(kMoe, "moe-ffn-hidden-size", moe.moe_ffn_hidden_size, "Expert MLP hidden size (default --ffn-hidden-size)"),
+      F(kMoe, "moe-layer-freq", moe.moe_layer_freq, "Every N-th layer is an MoE layer"),
+      F(kMoe, "moe-router-load-balancing-type", moe.moe_router_load_balancing_type, "Load balancing", "aux_loss",
+        "seq_aux_loss", "sinkhorn", "none"),
+      F(kMoe, "moe-aux-loss-coeff", moe.moe_aux_loss_coeff, "Auxiliary load-balancing loss weight"),
+      F(kMoe, "moe-z-loss-coeff", moe.moe_z_loss_coeff, "Router z-loss weight"),
+      F(kMoe, "moe-token-dispatcher-type", moe.moe_token_dispatcher_type, "Token dispatcher", "allgather", "alltoall",
+        "flex"),
+      F(kMoe, "moe-grouped-gemm", moe.moe_grouped_gemm, "Grouped GEMM over local experts"),
+      F(kMoe, "moe-expert-capacity-factor", moe.moe_expert_capacity_factor, "Expert capacity factor (dropless when unset)"),
+      F(kMoe, "moe-router-pre-softmax", moe.moe_router_pre_softmax, "Softmax before top-k"),
+      F(kMoe, "moe-shared-expert-intermediate-size", moe.moe_shared_expert_intermediate_size, "Shared expert hidden size"),
+      // Data
+      F(kData, "data-path", data.data_path, "Dataset prefix, or weighted blend 'w1 prefix1 w2 prefix2 ...'"),
+      F(kData, "split", data.split, "Train,valid,test split weights"),
+      F(kData, "train-data-path", data.train_data_path, "Training dataset prefix(es)"),
+      F(kData, "valid-data-path", data.valid_data_path, "Validation dataset prefix(es)"),
+      F(kData, "test-data-path", data.test_data_path, "Test dataset prefix(es)"),
+      F(kData, "mock-data", data.mock_data, "Megatron's learnable mock data"),
+      F(kData, "text-data-path", data.text_data_path, "A plain text file trained on as bytes (megatrain)"),
+      F(kData, "seq-length", data.seq_length, "Sequence length (required)"),
+      F(kData, "data-cache-path", data.data_cache_path, "Where dataset indices are cached"),
+      F(kData, "num-workers", data.num_workers, "Data loader threads"),
+      F(kData, "dataloader-type", data.dataloader_type, "Data loader", "single", "cyclic", "external"),
+      F(kData, "eod-mask-loss", data.eod_mask_loss, "No loss on end-of-document tokens"),
+      F(kData, "reset-position-ids", data.reset_position_ids, "Restart positions after each end of document"),
+      F(kData, "reset-attention-mask", data.reset_attention_mask, "No attention across documents"),
+      // Tokenizer
+      F(kTok, "tokenizer-type", data.tokenizer_type, "Tokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer",
+        "NullTokenizer", "ByteTokenizer"),
+      F(kTok, "vocab-file", data.vocab_file, "GPT-2 vocab.json"),
+      F(kTok, "merge-file", data.merge_file, "GPT-2 merges.txt"),
+      F(kTok, "tokenizer-model", data.tokenizer_model, "Tokenizer model file (tokenizer.json)"),
+      // Checkpointing
+      F(kCkpt, "save", checkpoint.save, "Directory to save checkpoints to"),
+      F(kCkpt, "load", checkpoint.load, "Directory to load a checkpoint from"),
+      F(kCkpt, "save-interval", checkpoint.save_interval, "Iterations between checkpoints"),
+      F(kCkpt, "ckpt-step", checkpoint.ckpt_step, "Iteration to load instead of the latest"),
+      F(kCkpt, "no-save-optim", checkpoint.no_save_optim, "Do not save optimizer state"),
+      F(kCkpt, "no-save-rng", checkpoint.no_save_rng, "Do not save RNG state"),
+      F(kCkpt, "no-load-optim", checkpoint.no_load_optim, "Do not load optimizer state"),
+      F(kCkpt, "no-load-rng", checkpoint.no_load_rng, "Do not load RNG state"),
+      F(kCkpt, "finetune", checkpoint.finetune, "Load weights only and start at iteration 0"),
+      F(kCkpt, "ckpt-format", checkpoint.ckpt_format, "Checkpoint format (megatrain writes its own sharded format)",
+        "torch_dist", "torch", "zarr", "fsdp_dtensor"),
+      F(kCkpt, "async-save", checkpoint.async_save, "Write checkpoints in the background"),
+      F(kCkpt, "use-checkpoint-args", checkpoint.use_checkpoint_args, "Take model arguments from the checkpoint"),
+      // Logging / validation
+      F(kLog, "log-interval", logging.log_interval, "Iterations between log lines"),
+      F(kLog, "log-throughput", logging.log_throughput, "Log TFLOP/s per GPU (megatrain always does)"),
+      F(kLog, "log-params-norm", logging.log_params_norm, "Log the parameter norm"),
+      F(kLog, "tensorboard-dir", logging.tensorboard_dir, "TensorBoard directory"),
+      F(kLog, "wandb-project", logging.wandb_project, "Weights & Biases project"),
+      F(kLog, "eval-interval", logging.eval_interval, "Iterations between validation runs"),
+      F(kLog, "eval-iters", logging.eval_iters, "Iterations per validation run"),
+      F(kLog, "timing-log-level", logging.timing_log_level, "Timer detail (0-2)"),
+      F(kLog, "profile", logging.profile, "Profile (nsys ranges)"),
+      F(kLog, "log-dir", logging.log_dir, "Directory of the JSON-lines metrics file (megatrain)"),
+      F(kLog, "device", logging.device, "Where to run (megatrain)", "auto", "cpu", "cuda"),
+  };
+}
+#undef F
+
+std::vector<AliasSpec> build_aliases() {
+  return {
+      {"use-mcore-models", false, "Deprecated, no effect (megatrain has one model implementation)",
+       [](Config&, const std::string&) {
+         return std::string("note: --use-mcore-models is deprecated and has no effect");
+       }},
+      {"fp8-hybrid", false, "Old spelling of --fp8-format hybrid",
+       [](Config& c, const std::string&) {
+         c.precision.fp8_format = "hybrid";
+         return std::string("note: --fp8-hybrid is the old spelling of --fp8-format hybrid");
+       }},
+      {"cpu-optimizer", false, "Old spelling of --optimizer-cpu-offload",
+       [](Config& c, const std::string&) {
+         c.training.optimizer_cpu_offload = true;
+         return std::string("note: --cpu-optimizer is the old spelling of --optimizer-cpu-offload");
+       }},
+      {"cpu-optimizer-type", true, "Old spelling: the CPU optimizer's type, now --optimizer with --optimizer-cpu-offload",
+       [](Config& c, const std::string& v) {
+         std::string t = v;
+         std::transform(t.begin(), t.end(), t.begin(), ::tolower);
+         if (t == "adam" || t == "adamw" || t == "hybridadam" || t == "cpuadam" || t == "torch_adam") {
+           c.training.optimizer = "adam";
+         } else if (t == "sgd") {
+           c.training.optimizer = "sgd";
+         } else {
+           throw ConfigError("--cpu-optimizer-type '" + v + "' is not known: use --optimizer adam|sgd with --optimizer-cpu-offload");
+         }
+         c.training.optimizer_cpu_offload = true;
+         return "note: --cpu-optimizer-type " + v + " is the old spelling of --optimizer " + c.training.optimizer +
+                " --optimizer-cpu-offload";
+       }},
+      {"use-flash-attn", false, "Old spelling of --attention-backend flash",
+       [](Config& c, const std::string&) {
+         c.model.attention_backend = "flash";
+         return std::string("note: --use-flash-attn is the old spelling of --attention-backend flash");
+       }},
+      {"recompute-activations", false, "Old spelling of --recompute-granularity selective",
+       [](Config& c, const std::string&) {
+         c.recompute.recompute_granularity = "selective";
+         return std::string("note: --recompute-activations is the old spelling of --recompute-granularity selective");
+       }},
+  };
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string where(const FlagSpec& spec, const std::string& source) {
+  return "--" + spec.name + (source.empty() ? "" : " (" + source + ")");
+}
+
+int64_t parse_int(const FlagSpec& spec, const std::string& v, const std::string& source) {
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0) {
+    // Accept integral floats such as "1e6" or "4096.0" that YAML writers produce.
+    double d = std::strtod(v.c_str(), &end);
+    if (!v.empty() && *end == '\0' && std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18) {
+      return static_cast<int64_t>(d);
+    }
+    throw ConfigError(where(spec, source) + ": expected an integer, got '" + v + "'");
+  }
+  return x;
+}
+
+double parse_float(const FlagSpec& spec, const std::string& v, const std::string& source) {
+  char* end = nullptr;
+  errno = 0;
+  double d = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(d)) {
+    throw ConfigError(where(spec, source) + ": expected a number, got '" + v + "'");
+  }
+  return d;
+}
+
+
+std::string check_choice(const FlagSpec& spec, const std::string& v, const std::string& source) {
+  if (spec.choices.empty()) return v;
+  for (const auto& c : spec.choices) {
+    if (c == v) return v;
+  }
+  std::string list;
+  for (const auto& c : spec.choices) list += (list.empty() ? "" : ", ") + c;
+  throw ConfigError(where(spec, source) + ": '" + v + "' is not one of " + list);
+}
+
+}  // namespace
+
+bool parse_bool_text(std::string_view flag, const std::string& v, const std::string& source) {
+  std::string t = v;
+  std::transform(t.begin(), t.end(), t.begin(), ::tolower);
+  if (t == "true" || t == "yes" || t == "on" || t == "1") return true;
+  if (t == "false" || t == "no" || t == "off" || t == "0") return false;
+  throw ConfigError("--" + std::string(flag) + (source.empty() ? "" : " (" + source + ")") +
+                    ": expected true or false, got '" + v + "'");
+}
+
+const std::vector<FlagSpec>& flag_table() {
+  static const std::vector<FlagSpec> table = build_table();
+  return table;
+}
+
+const std::vector<AliasSpec>& alias_table() {
+  static const std::vector<AliasSpec> table = build_aliases();
+  return table;
+}
+
+std::string normalize_flag_name(std::string_view name) {
+  while (!name.empty() && name.front() == '-') name.remove_prefix(1);
+  std::string out(name);
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
+}
+
+const FlagSpec* find_flag(std::string_view name) {
+  const std::string n = normalize_flag_name(name);
+  for (const auto& f : flag_table()) {
+    if (f.name == n) return &f;
+  }
+  return nullptr;
+}
+
+const AliasSpec* find_alias(std::string_view name) {
+  const std::string n = normalize_flag_name(name);
+  for (const auto& a : alias_table()) {
+    if (a.name == n) return &a;
+  }
+  return nullptr;
+}
+
+std::string nearest_flag(std::string_view name) {
+  const std::string n = normalize_flag_name(name);
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  auto consider = [&](const std::string& cand) {
+    size_t d = edit_distance(n, cand);
+    // A misspelt prefix ("--num-layer") should find the flag it starts.
+    if (cand.rfind(n, 0) == 0 && n.size() >= 4) d = std::min(d, size_t{1});
+    if (d < best_d) {
+      best_d = d;
+      best = cand;
+    }
+  };
+  for (const auto& f : flag_table()) consider(f.name);
+  for (const auto& a : alias_table()) consider(a.name);
+  return best;
+}
+
+std::string flag_value_text(const Config& cfg_in, const FlagSpec& spec) {
+  Config cfg = cfg_in;
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return *p ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          return std::to_string(*p);
+        } else if constexpr (std::is_same_v<T, double>) {
+          std::ostringstream o;
+          o << *p;
+          return o.str();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return *p;
+        } else if constexpr (std::is_same_v<T, OptInt>) {
+          return *p ? std::to_string(**p) : "";
+        } else if constexpr (std::is_same_v<T, OptFloat>) {
+          std::ostringstream o;
+          if (*p) o << **p;
+          return o.str();
+        } else if constexpr (std::is_same_v<T, OptString>) {
+          return p->value_or("");
+        } else {
+          std::string s;
+          for (const auto& x : *p) s += (s.empty() ? "" : " ") + x;
+          return s;
+        }
+      },
+      spec.field(cfg));
+}
+
+const char* flag_type_name(const FlagSpec& spec) {
+  Config c;
+  return std::visit(
+      [](auto* p) -> const char* {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, OptInt>) return "INT";
+        else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, OptFloat>) return "FLOAT";
+        else if constexpr (std::is_same_v<T, StringList>) return "LIST";
+        else return "TEXT";
+      },
+      spec.field(c));
+}
+
+bool flag_is_bool(const FlagSpec& spec) {
+  Config c;
+  return std::holds_alternative<bool*>(spec.field(c));
+}
+
+bool flag_is_list(const FlagSpec& spec) {
+  Config c;
+  return std::holds_alternative<StringList*>(spec.field(c));
+}
+
+void set_flag_from_string(Config& cfg, const FlagSpec& spec, const std::string& value, const std::string& source) {
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          *p = parse_bool_text(spec.name, value, source);
+        } else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, OptInt>) {
+          *p = parse_int(spec, value, source);
+        } else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, OptFloat>) {
+          *p = parse_float(spec, value, source);
+        } else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, OptString>) {
+          *p = check_choice(spec, value, source);
+        } else {
+          // A list given as one string: "0.3 a 0.7 b" or "a,b".
+          StringList items;
+          std::string tok;
+          std::istringstream in(value);
+          while (in >> tok) items.push_back(tok);
+          *p = items;
+        }
+      },
+      spec.field(cfg));
+}
+
+void set_flag_from_list(Config& cfg, const FlagSpec& spec, const std::vector<std::string>& values,
+                        const std::string& source) {
+  auto field = spec.field(cfg);
+  if (auto* p = std::get_if<StringList*>(&field)) {
+    **p = values;
+    return;
+  }
+  if (values.size() == 1) {
+    set_flag_from_string(cfg, spec, values[0], source);
+    return;
+  }
+  throw ConfigError(where(spec, source) + ": takes one value, got " + std::to_string(values.size()));
+}
+
+void unset_flag(Config& cfg, const FlagSpec& spec, const std::string& source) {
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, OptInt> || std::is_same_v<T, OptFloat> || std::is_same_v<T, OptString>) {
+          p->reset();
+        } else if constexpr (std::is_same_v<T, StringList>) {
+          p->clear();
+        } else {
+          throw ConfigError(where(spec, source) + ": needs a value, got null");
+        }
+      },
+      spec.field(cfg));
+}
+
+}  // namespace mt

@@ -1,0 +1,308 @@
+// validate.cpp: every rule, every violation reported, each naming its numbers and a fix.
+#include "config/validate.h"
+
+#include <sstream>
+
+#include "config/resolve.h"
+
+namespace mt {
+namespace {
+
+std::string s(int64_t v) { return std::to_string(v); }
+
+class Checker {
+ public:
+  Diagnostics d;
+  void error(const std::string& m) { d.errors.push_back(m); }
+  void warn(const std::string& m) { d.warnings.push_back(m); }
+};
+
+void check_required(const Config& c, Purpose purpose, Checker& k) {
+  auto need = [&](bool present, const char* flag, const char* example) {
+    if (!present) k.error(std::string("--") + flag + " is required: add e.g. --" + flag + " " + example);
+  };
+  need(c.model.num_layers.has_value(), "num-layers", "12");
+  need(c.model.hidden_size.has_value(), "hidden-size", "768");
+  need(c.model.num_attention_heads.has_value(), "num-attention-heads", "12");
+  if (purpose == Purpose::kPrint) return;
+  need(c.training.micro_batch_size.has_value(), "micro-batch-size", "4");
+  need(c.data.seq_length.has_value(), "seq-length", "1024");
+  if (c.model.position_embedding_type == "learned_absolute") {
+    need(c.model.max_position_embeddings.has_value(), "max-position-embeddings", "1024");
+  }
+  auto positive = [&](const OptInt& v, const char* flag) {
+    if (v && *v <= 0) k.error(std::string("--") + flag + " must be positive, got " + s(*v));
+  };
+  positive(c.model.num_layers, "num-layers");
+  positive(c.model.hidden_size, "hidden-size");
+  positive(c.model.num_attention_heads, "num-attention-heads");
+  positive(c.training.micro_batch_size, "micro-batch-size");
+  positive(c.training.global_batch_size, "global-batch-size");
+  positive(c.data.seq_length, "seq-length");
+  positive(c.model.ffn_hidden_size, "ffn-hidden-size");
+  positive(c.model.kv_channels, "kv-channels");
+}
+
+void check_parallel_sizes(const Config& c, int64_t world, Checker& k) {
+  const auto& p = c.parallel;
+  auto pos = [&](int64_t v, const char* flag) {
+    if (v < 1) k.error(std::string("--") + flag + " must be >= 1, got " + s(v));
+    return v >= 1;
+  };
+  bool ok = pos(p.tensor_model_parallel_size, "tensor-model-parallel-size") &
+            pos(p.pipeline_model_parallel_size, "pipeline-model-parallel-size") &
+            pos(p.context_parallel_size, "context-parallel-size") &
+            pos(p.expert_model_parallel_size, "expert-model-parallel-size");
+  if (p.expert_tensor_parallel_size) ok &= pos(*p.expert_tensor_parallel_size, "expert-tensor-parallel-size");
+  if (!ok) return;
+  const int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size, cp = p.context_parallel_size;
+  const int64_t ep = p.expert_model_parallel_size, etp = p.expert_tensor_parallel_size.value_or(tp);
+  const int64_t mp = tp * pp * cp;
+  if (world % mp != 0) {
+    std::ostringstream m;
+    m << "world size " << world << " is not divisible by TP(" << tp << ") x PP(" << pp << ") x CP(" << cp
+      << ") = " << mp << ": use a world size that is a multiple of " << mp << " or change TP/PP/CP";
+    k.error(m.str());
+  }
+  const int64_t ex = etp * ep * pp;
+  // Without experts the expert grid is the dense one minus CP: report it only when it says something new.
+  const bool expert_grid_differs = ep > 1 || etp != tp || world % mp == 0;
+  if (world % ex != 0 && expert_grid_differs) {
+    std::ostringstream m;
+    m << "world size " << world << " is not divisible by the expert grid ETP(" << etp << ") x EP(" << ep << ") x PP("
+      << pp << ") = " << ex << ": change --expert-model-parallel-size or --expert-tensor-parallel-size";
+    k.error(m.str());
+  } else if (world % mp == 0 && pp > 1 && c.parallel.use_tp_pp_dp_mapping && world / ex != world / mp) {
+    k.error("with --use-tp-pp-dp-mapping the expert data-parallel size (" + s(world / ex) +
+            ") must equal the dense one (" + s(world / mp) + "): drop --use-tp-pp-dp-mapping or make ETP x EP = TP x CP");
+  }
+  if (ep > 1 && !c.moe.num_experts) {
+    k.error("--expert-model-parallel-size " + s(ep) + " needs an MoE model: add --num-experts (a multiple of " + s(ep) + ")");
+  }
+  if (c.moe.num_experts) {
+    const int64_t ne = *c.moe.num_experts;
+    if (ne < 1) k.error("--num-experts must be >= 1, got " + s(ne));
+    else if (ne % ep != 0) {
+      k.error("--num-experts " + s(ne) + " is not divisible by EP(" + s(ep) + "): use a number of experts that is a multiple of " +
+              s(ep) + " or change --expert-model-parallel-size");
+    }
+    if (c.moe.moe_router_topk < 1 || c.moe.moe_router_topk > ne) {
+      k.error("--moe-router-topk " + s(c.moe.moe_router_topk) + " must be between 1 and --num-experts " + s(ne));
+    }
+  }
+}
+
+void check_pipeline(const Config& c, Checker& k) {
+  const auto& p = c.parallel;
+  const int64_t pp = p.pipeline_model_parallel_size;
+  if (!c.model.num_layers || pp < 1) return;
+  const int64_t L = *c.model.num_layers;
+  const auto& first = p.decoder_first_pipeline_num_layers;
+  const auto& last = p.decoder_last_pipeline_num_layers;
+  const bool uneven = first || last;
+  int64_t vpp = 0;
+  if (p.num_layers_per_virtual_pipeline_stage && p.num_virtual_stages_per_pipeline_rank) {
+    k.error("give only one of --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank");
+  }
+  if (uneven) {
+    if (p.num_layers_per_virtual_pipeline_stage) {
+      k.error("--decoder-first/last-pipeline-num-layers cannot be combined with --num-layers-per-virtual-pipeline-stage: "
+              "use --num-virtual-stages-per-pipeline-rank");
+    }
+    if (pp == 1) k.error("--decoder-first/last-pipeline-num-layers need pipeline parallelism (PP is 1)");
+    int64_t remaining = L, middle = pp;
+    for (const auto* v : {&first, &last}) {
+      if (!*v) continue;
+      if (**v <= 0) k.error("uneven pipeline stage sizes must be positive, got " + s(**v));
+      remaining -= **v;
+      --middle;
+    }
+    if (remaining < 0) {
+      k.error("first/last pipeline stages hold more layers (" + s(L - remaining) + ") than --num-layers " + s(L));
+    } else if ((remaining > 0) != (middle > 0)) {
+      k.error(middle > 0 ? "no layers left for the " + s(middle) + " middle pipeline stage(s): lower the first/last stage sizes"
+                         : s(remaining) + " layers left over after the first and last stages with no middle stages: "
+                               "first + last must equal --num-layers " + s(L));
+    } else if (middle > 0 && remaining % middle != 0) {
+      k.error("the " + s(remaining) + " layers between the first and last pipeline stages do not divide over the " + s(middle) +
+              " middle stages: choose first/last sizes leaving a multiple of " + s(middle));
+    }
+  } else if (L % pp != 0) {
+    k.error("--num-layers " + s(L) + " is not divisible by PP(" + s(pp) +
+            "): use a multiple of " + s(pp) + " layers or set --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers");
+  }
+  if (p.num_layers_per_virtual_pipeline_stage) {
+    const int64_t lv = *p.num_layers_per_virtual_pipeline_stage;
+    if (lv < 1) {
+      k.error("--num-layers-per-virtual-pipeline-stage must be >= 1, got " + s(lv));
+    } else if (L % pp == 0 && (L / pp) % lv != 0) {
+      k.error("layers per pipeline stage (" + s(L) + "/" + s(pp) + " = " + s(L / pp) +
+              ") is not divisible by --num-layers-per-virtual-pipeline-stage " + s(lv));
+    } else if (L % pp == 0) {
+      vpp = (L / pp) / lv;
+    }
+  }
+  if (p.num_virtual_stages_per_pipeline_rank) {
+    vpp = *p.num_virtual_stages_per_pipeline_rank;
+    if (vpp < 1) k.error("--num-virtual-stages-per-pipeline-rank must be >= 1, got " + s(vpp));
+    if (!uneven && vpp >= 1 && L % pp == 0 && (L / pp) % vpp != 0) {
+      k.error("layers per pipeline stage (" + s(L / pp) + ") is not divisible by --num-virtual-stages-per-pipeline-rank " + s(vpp));
+    }
+    if (uneven && vpp >= 1) {
+      for (const auto* v : {&first, &last}) {
+        if (*v && **v % vpp != 0) k.error("uneven stage size " + s(**v) + " is not divisible by the virtual stages " + s(vpp));
+      }
+    }
+  }
+  if (vpp > 1 && pp < 2) {
+    k.error("interleaved pipelining (" + s(vpp) + " virtual stages) needs --pipeline-model-parallel-size > 1");
+  }
+}
+
+void check_attention(const Config& c, Checker& k) {
+  const auto& m = c.model;
+  const int64_t tp = c.parallel.tensor_model_parallel_size;
+  if (!m.num_attention_heads || !m.hidden_size || tp < 1) return;
+  const int64_t n = *m.num_attention_heads, h = *m.hidden_size;
+  if (n < 1 || h < 1) return;
+  if (n % tp != 0) {
+    k.error("--num-attention-heads " + s(n) + " is not divisible by TP(" + s(tp) + "): use a TP that divides " + s(n));
+  }
+  if (!m.kv_channels && h % n != 0) {
+    k.error("--hidden-size " + s(h) + " is not divisible by --num-attention-heads " + s(n) + ": fix one or give --kv-channels");
+  }
+  if (m.group_query_attention) {
+    const int64_t g = m.num_query_groups;
+    if (g < 1) {
+      k.error("--num-query-groups must be >= 1, got " + s(g));
+    } else {
+      if (n % g != 0) k.error("--num-attention-heads " + s(n) + " is not divisible by --num-query-groups " + s(g));
+      if (g % tp != 0 && tp % g != 0) {
+        k.error("--num-query-groups " + s(g) + " and TP(" + s(tp) + ") must divide one another: use TP " +
+                (g > tp ? "dividing " : "a multiple of ") + s(g));
+      }
+    }
+  }
+  if (m.rotary_percent <= 0 || m.rotary_percent > 1) {
+    k.error("--rotary-percent must be in (0, 1], got " + std::to_string(m.rotary_percent));
+  }
+  for (auto [v, flag] : {std::pair{m.hidden_dropout, "hidden-dropout"}, std::pair{m.attention_dropout, "attention-dropout"}}) {
+    if (v < 0 || v >= 1) k.error(std::string("--") + flag + " must be in [0, 1), got " + std::to_string(v));
+  }
+}
+
+void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
+  const auto& p = c.parallel;
+  const int64_t mp = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;
+  if (mp < 1 || world % mp != 0) return;
+  const int64_t dp = world / mp;
+  if (c.training.micro_batch_size && c.training.global_batch_size && *c.training.micro_batch_size > 0) {
+    const int64_t mbs = *c.training.micro_batch_size, gbs = *c.training.global_batch_size;
+    if (gbs % (mbs * dp) != 0) {
+      k.error("--global-batch-size " + s(gbs) + " is not divisible by micro-batch-size(" + s(mbs) + ") x DP(" + s(dp) +
+              ") = " + s(mbs * dp) + ": use a multiple of " + s(mbs * dp));
+    } else {
+      const int64_t nmb = gbs / (mbs * dp);
+      const bool vpp = (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1);
+      if (vpp && p.pipeline_model_parallel_size > 1 && nmb % p.pipeline_model_parallel_size != 0) {
+        k.error("interleaved pipelining needs the number of microbatches (" + s(nmb) + ") divisible by PP(" +
+                s(p.pipeline_model_parallel_size) + "): change --global-batch-size");
+      }
+    }
+  }
+  if (!c.training.rampup_batch_size.empty() && c.training.rampup_batch_size.size() != 3) {
+    k.error("--rampup-batch-size takes 3 values <start> <increment> <samples>, got " + s(int64_t(c.training.rampup_batch_size.size())));
+  }
+  if (c.data.seq_length) {
+    const int64_t seq = *c.data.seq_length, cp = p.context_parallel_size;
+    if (cp > 1 && seq % (2 * cp) != 0) {
+      k.error("--seq-length " + s(seq) + " is not divisible by 2 x CP(" + s(cp) + ") = " + s(2 * cp) +
+              ": use a multiple of " + s(2 * cp));
+    }
+    if (c.model.max_position_embeddings && *c.model.max_position_embeddings < seq) {
+      k.error("--max-position-embeddings " + s(*c.model.max_position_embeddings) + " is smaller than --seq-length " + s(seq) +
+              ": raise it to at least " + s(seq));
+    }
+  }
+}
+
+void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
+  const auto& t = c.training;
+  if (c.parallel.sequence_parallel && c.parallel.tensor_model_parallel_size == 1) {
+    k.warn("--sequence-parallel has no effect without tensor parallelism (TP is 1): it is turned off");
+  }
+  if (c.precision.fp16 && c.precision.bf16) k.error("--fp16 and --bf16 are exclusive: pick one");
+  if (t.overlap_param_gather && !(t.use_distributed_optimizer && t.overlap_grad_reduce)) {
+    k.error("--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce: add them or drop it");
+  }
+  if (c.checkpoint.save && (!c.checkpoint.save_interval || *c.checkpoint.save_interval <= 0)) {
+    k.error("--save needs --save-interval > 0" +
+            (c.checkpoint.save_interval ? ", got " + s(*c.checkpoint.save_interval) : std::string(": add e.g. --save-interval 1000")));
+  }
+  if (t.train_iters && t.train_samples) k.error("--train-iters and --train-samples are exclusive: give one");
+  if (t.lr_warmup_fraction && t.lr_warmup_iters != 0) {
+    k.error("--lr-warmup-fraction and --lr-warmup-iters are exclusive: give one");
+  }
+  if (t.lr_warmup_fraction && (*t.lr_warmup_fraction < 0 || *t.lr_warmup_fraction > 1)) {
+    k.error("--lr-warmup-fraction must be in [0, 1], got " + std::to_string(*t.lr_warmup_fraction));
+  }
+  if (t.lr_decay_style == "WSD" && !t.lr_wsd_decay_iters && purpose == Purpose::kTrain) {
+    k.error("--lr-decay-style WSD needs --lr-wsd-decay-iters (iterations of the final decay)");
+  }
+  const auto& r = c.recompute;
+  if (r.recompute_method && r.recompute_granularity.value_or("") != "full") {
+    k.error("--recompute-method " + *r.recompute_method + " needs --recompute-granularity full");
+  }
+  if (r.recompute_granularity.value_or("") == "full" && !r.recompute_method) {
+    k.error("--recompute-granularity full needs --recompute-method uniform|block (and --recompute-num-layers)");
+  }
+  if (r.recompute_method && !r.recompute_num_layers) {
+    k.error("--recompute-method " + *r.recompute_method + " needs --recompute-num-layers");
+  }
+  if (r.recompute_num_layers && *r.recompute_num_layers < 1) {
+    k.error("--recompute-num-layers must be >= 1, got " + s(*r.recompute_num_layers));
+  }
+  if (c.model.num_layers && r.recompute_num_layers && c.parallel.pipeline_model_parallel_size > 0) {
+    const int64_t per_stage = *c.model.num_layers / c.parallel.pipeline_model_parallel_size;
+    if (r.recompute_method.value_or("") == "block" && *r.recompute_num_layers > per_stage) {
+      k.error("--recompute-num-layers " + s(*r.recompute_num_layers) + " exceeds the " + s(per_stage) + " layers per pipeline stage");
+    }
+  }
+  if (c.logging.log_interval < 1) k.error("--log-interval must be >= 1, got " + s(c.logging.log_interval));
+  if (c.logging.eval_interval < 1) k.error("--eval-interval must be >= 1, got " + s(c.logging.eval_interval));
+  if (c.logging.eval_iters < 0) k.error("--eval-iters must be >= 0, got " + s(c.logging.eval_iters));
+}
+
+void check_training(const Config& c, Checker& k) {
+  const auto& t = c.training;
+  if (!t.train_iters && !t.train_samples) k.error("give --train-iters (or --train-samples): how long to train");
+  if (t.train_iters && *t.train_iters < 0) k.error("--train-iters must be >= 0, got " + s(*t.train_iters));
+  if (!t.lr) k.error("--lr is required for training: add e.g. --lr 3e-4");
+  const auto& d = c.data;
+  int sources = (d.mock_data ? 1 : 0) + (!d.data_path.empty() ? 1 : 0) + (!d.train_data_path.empty() ? 1 : 0) +
+                (d.text_data_path ? 1 : 0);
+  if (sources == 0) {
+    k.error("no training data: give --mock-data, --data-path PREFIX, --train-data-path PREFIX or --text-data-path FILE");
+  } else if (sources > 1) {
+    k.error("give one data source: --mock-data, --data-path, --train-data-path or --text-data-path");
+  }
+}
+
+}  // namespace
+
+Diagnostics validate(const Config& c, int64_t world, Purpose purpose) {
+  Checker k;
+  if (world < 1) k.error("world size must be >= 1, got " + s(world));
+  check_required(c, purpose, k);
+  if (world >= 1) {
+    check_parallel_sizes(c, world, k);
+    check_batch_and_sequence(c, world, k);
+  }
+  check_pipeline(c, k);
+  check_attention(c, k);
+  check_exclusive_and_misc(c, purpose, k);
+  if (purpose == Purpose::kTrain) check_training(c, k);
+  return k.d;
+}
+
+}  // namespace mt

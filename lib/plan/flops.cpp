@@ -1,0 +1,47 @@
+// flops.cpp: FLOPs = T*[6h*e*F*L + 6L*(h*(n*d + 2*g*d) + n*d*h) + 6h*V] + T*s*6*n*d*L (Megatron).
+#include "plan/flops.h"
+
+#include <algorithm>
+
+#include "config/resolve.h"
+
+namespace mt {
+
+double flops_for_tokens(const Config& c, double T) {
+  const double h = static_cast<double>(c.model.hidden_size.value_or(0));
+  const double n = static_cast<double>(c.model.num_attention_heads.value_or(1));
+  const double d = static_cast<double>(c.model.kv_channels.value_or(static_cast<int64_t>(h / n)));
+  const double g = static_cast<double>(effective_query_groups(c));
+  const double e = c.model.swiglu ? 3.0 : 2.0;
+  const int64_t L = c.model.num_layers.value_or(0);
+  const double s = static_cast<double>(c.data.seq_length.value_or(0));
+  const double V = static_cast<double>(c.derived.padded_vocab_size);
+  const double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu)));
+  const double Fmoe = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F)));
+  const double topk = static_cast<double>(c.moe.moe_router_topk);
+  const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
+  double mlp = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const bool moe = c.moe.num_experts && c.moe.moe_layer_freq > 0 && l % c.moe.moe_layer_freq == 0;
+    mlp += moe ? Fmoe * topk + shared : F;
+  }
+  const double Ld = static_cast<double>(L);
+  const double per_token = 6.0 * h * e * mlp + 6.0 * Ld * (h * (n * d + 2.0 * g * d) + n * d * h) + 6.0 * h * V;
+  return T * per_token + T * s * 6.0 * n * d * Ld;
+}
+
+double flops_per_iteration(const Config& c) {
+  const double T = static_cast<double>(c.derived.global_batch_size) * static_cast<double>(c.data.seq_length.value_or(0));
+  return flops_for_tokens(c, T);
+}
+
+double peak_tflops_for_gpu(const std::string& name, bool fp8) {
+  auto has = [&](const char* k) { return name.find(k) != std::string::npos; };
+  double bf16 = 0;
+  if (has("H100") || has("H200") || has("H800") || has("GH200")) bf16 = 989.4;
+  else if (has("B200") || has("GB200")) bf16 = 2250;
+  else if (has("A100") || has("A800")) bf16 = 312;
+  return fp8 ? 2 * bf16 : bf16;
+}
+
+}  // namespace mt

@@ -1,0 +1,198 @@
+// memory_model.cpp: per-rank memory estimate; see docs/memory-model.md for the terms.
+#include "plan/memory_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "config/resolve.h"
+#include "plan/param_count.h"
+
+namespace mt {
+namespace {
+
+constexpr double kOverheadBytes = 2.0 * (1ull << 30);  // CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers
+
+bool half_precision(const Config& c) { return c.precision.bf16 || c.precision.fp16; }
+
+// Bytes of activations one transformer layer keeps for backward, per microbatch, on one rank.
+double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
+  const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
+  const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
+  const double h = static_cast<double>(c.model.hidden_size.value_or(0));
+  const double n = static_cast<double>(c.model.num_attention_heads.value_or(1));
+  const double d = static_cast<double>(c.model.kv_channels.value_or(static_cast<int64_t>(h / n)));
+  const double g = static_cast<double>(effective_query_groups(c));
+  const double t = static_cast<double>(c.parallel.tensor_model_parallel_size);
+  const bool sp = c.parallel.sequence_parallel && c.parallel.tensor_model_parallel_size > 1;
+  const double a = half_precision(c) ? 2.0 : 4.0;  // activation element size
+  const double sb = s * b;
+  const double rep = sp ? t : 1.0;  // what sequence parallelism splits over TP
+  if (full_recompute) return a * sb * h / rep;  // only the layer input is kept
+  double bytes = 0;
+  bytes += 2 * a * sb * h / rep;                        // inputs of the two norms (residual stream)
+  bytes += a * sb * h / rep;                            // QKV GEMM input (norm output)
+  bytes += a * sb * (n * d + 2 * std::max(g, 1.0) * d) / t;  // Q, K, V
+  bytes += a * sb * n * d / t + 4.0 * sb * n / t;       // attention output + softmax statistics (flash)
+  if (c.model.hidden_dropout > 0) bytes += 2 * sb * h / rep;  // two dropout masks, 1 byte each
+  const bool recompute_mlp = c.recompute.recompute_granularity.value_or("") == "selective" &&
+                             std::find(c.recompute.recompute_modules.begin(), c.recompute.recompute_modules.end(), "mlp") !=
+                                 c.recompute.recompute_modules.end();
+  const double mult = c.model.swiglu ? 2.0 : 1.0;
+  double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu)));
+  double tokens = sb;
+  if (moe) {
+    F = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F)));
+    tokens = sb * static_cast<double>(c.moe.moe_router_topk);
+    bytes += 4.0 * sb * static_cast<double>(c.moe.num_experts.value_or(0));  // router logits (fp32)
+    bytes += a * tokens * h / rep;                                            // permuted tokens
+    const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
+    bytes += a * sb * h / rep;  // fc1 input
+    if (!recompute_mlp) bytes += a * tokens * F * (mult + 1) / etp;
+    return bytes;
+  }
+  bytes += a * sb * h / rep;  // fc1 input (norm output)
+  if (!recompute_mlp) bytes += a * sb * F * (mult + 1) / t;  // fc1 output(s) and activation output
+  return bytes;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
+  MemoryEstimate m;
+  m.stage = stage;
+  const RankParams rp = params_on_rank(c, stage);
+  m.params = rp.total();
+  const bool half = half_precision(c);
+  const double wbytes = half ? 2.0 : 4.0;
+  const bool adam = c.training.optimizer == "adam";
+  const double opt_bytes = (half ? 4.0 : 0.0) + (adam ? 8.0 : 4.0);  // fp32 master + moments
+  const double dp_cp = static_cast<double>(c.derived.data_parallel_size * c.parallel.context_parallel_size);
+  const double edp = static_cast<double>(c.derived.expert_data_parallel_size);
+  m.weights = wbytes * static_cast<double>(m.params);
+  m.grads = 4.0 * static_cast<double>(m.params);
+  m.optimizer_unsharded = opt_bytes * static_cast<double>(m.params);
+  m.optimizer_sharded = opt_bytes * (static_cast<double>(rp.dense) / dp_cp + static_cast<double>(rp.expert) / edp);
+  m.optimizer = c.training.use_distributed_optimizer ? m.optimizer_sharded : m.optimizer_unsharded;
+  if (c.training.optimizer_cpu_offload) m.optimizer = 0;
+
+  // Activations of the microbatches in flight under 1F1B: stage p holds min(PP - p, microbatches).
+  const int64_t pp = c.parallel.pipeline_model_parallel_size;
+  const int64_t nmb = c.derived.num_microbatches;
+  int64_t in_flight = std::min<int64_t>(pp - stage, nmb);
+  int64_t vpp = c.parallel.num_virtual_stages_per_pipeline_rank.value_or(1);
+  if (c.parallel.num_layers_per_virtual_pipeline_stage && c.model.num_layers) {
+    vpp = (*c.model.num_layers / pp) / *c.parallel.num_layers_per_virtual_pipeline_stage;
+  }
+  if (vpp > 1) {
+    in_flight = std::min<int64_t>(nmb, static_cast<int64_t>(std::ceil(pp * (1.0 + (pp - 1.0) / (pp * vpp)))) - stage);
+  }
+  m.in_flight_microbatches = std::max<int64_t>(1, in_flight);
+
+  const auto stages = layers_per_pipeline_stage(c);
+  int64_t first_layer = 0;
+  for (int64_t st = 0; st < stage; ++st) first_layer += stages[static_cast<size_t>(st)];
+  const int64_t nlayers = stages[static_cast<size_t>(stage)];
+  const std::string gran = c.recompute.recompute_granularity.value_or("");
+  const std::string method = c.recompute.recompute_method.value_or("");
+  const int64_t k = c.recompute.recompute_num_layers.value_or(1);
+  double per_mb = 0;
+  for (int64_t i = 0; i < nlayers; ++i) {
+    const int64_t l = first_layer + i;
+    const bool moe = c.moe.num_experts && c.moe.moe_layer_freq > 0 && l % c.moe.moe_layer_freq == 0;
+    bool full = false;
+    if (gran == "full") full = method == "uniform" || (method == "block" && i < k);
+    per_mb += layer_activation_bytes(c, moe, full);
+  }
+  if (gran == "full" && method == "uniform") {
+    // Uniform keeps only each chunk's input, plus one chunk's activations during its recompute.
+    per_mb = per_mb / static_cast<double>(std::max<int64_t>(1, k)) +
+             static_cast<double>(std::min(k, nlayers)) * layer_activation_bytes(c, false, false);
+  }
+  const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
+  const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
+  const double h = static_cast<double>(c.model.hidden_size.value_or(0));
+  const double t = static_cast<double>(c.parallel.tensor_model_parallel_size);
+  const double a = half ? 2.0 : 4.0;
+  if (stage == 0) per_mb += a * s * b * h + 8.0 * s * b;  // embedding output + token ids
+  m.activations_per_microbatch = per_mb;
+  m.activations = per_mb * static_cast<double>(m.in_flight_microbatches);
+  if (stage == pp - 1) {
+    // One microbatch of logits at a time: bf16 logits (gradient written in place) + final norm output.
+    m.logits = a * s * b * static_cast<double>(c.derived.padded_vocab_size) / t + a * s * b * h + 8.0 * s * b;
+  }
+  m.total = m.weights + m.grads + m.optimizer + m.activations + m.logits + kOverheadBytes;
+  return m;
+}
+
+MemoryEstimate estimate_memory(const Config& c) {
+  MemoryEstimate best;
+  for (int64_t st = 0; st < c.parallel.pipeline_model_parallel_size; ++st) {
+    MemoryEstimate m = estimate_memory_for_stage(c, st);
+    if (st == 0 || m.total > best.total) best = m;
+  }
+  return best;
+}
+
+MegatronTheoretical megatron_theoretical_memory(const Config& c) {
+  MegatronTheoretical out;
+  const double h = static_cast<double>(c.model.hidden_size.value_or(0));
+  const double n = static_cast<double>(c.model.num_attention_heads.value_or(1));
+  const double kv = static_cast<double>(c.model.kv_channels.value_or(static_cast<int64_t>(h / n)));
+  const double groups = c.model.group_query_attention ? static_cast<double>(c.model.num_query_groups) : n;
+  const double qratio = kv * n / h;
+  const double E = static_cast<double>(c.moe.num_experts.value_or(1));
+  const double gate = c.model.swiglu ? 1.5 : 1.0;
+  const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
+  const double F = static_cast<double>(c.model.ffn_hidden_size.value_or(0));
+  const double Fmoe = c.moe.num_experts ? static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F))) : 0.0;
+  const double norm = c.model.normalization == "RMSNorm" ? 1.0 : 2.0;
+  const int64_t L = c.model.num_layers.value_or(0);
+  double n_moe = 0;
+  if (c.moe.num_experts) {
+    for (int64_t l = 0; l < L; ++l) n_moe += (c.moe.moe_layer_freq > 0 && l % c.moe.moe_layer_freq == 0) ? 1 : 0;
+  }
+  const double n_dense = static_cast<double>(L) - n_moe;
+  const double attn = 2.0 * h * h * (1.0 + groups / n) * qratio;
+  const double dense_layer = 2.0 * h * (F * gate + norm) + attn;
+  const double moe_layer = 2.0 * h * (Fmoe * E * gate + shared * gate + norm) + attn;
+  const double V = static_cast<double>(c.derived.padded_vocab_size);
+  const double emb = h * V;
+  const double tp = static_cast<double>(c.parallel.tensor_model_parallel_size);
+  const double pp = static_cast<double>(c.parallel.pipeline_model_parallel_size);
+  const double block = dense_layer * n_dense + moe_layer * n_moe + norm * h;
+  double most_loaded = (block / pp + emb) / tp;
+  if (c.model.untie_embeddings_and_output_weights && pp == 1) most_loaded += emb / tp;
+  const double dp = static_cast<double>(c.derived.data_parallel_size);
+  const double bytes_per_param = c.training.use_distributed_optimizer ? 6.0 + 12.0 / dp : 18.0;
+  out.weights_and_optimizer = most_loaded * bytes_per_param;
+
+  const double s = static_cast<double>(c.data.seq_length.value_or(0));
+  const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
+  const double nmb = static_cast<double>(c.derived.num_microbatches);
+  const bool sp_selective = c.parallel.sequence_parallel && c.recompute.recompute_granularity.value_or("") == "selective";
+  int64_t vpp = c.parallel.num_virtual_stages_per_pipeline_rank.value_or(0);
+  if (c.parallel.num_layers_per_virtual_pipeline_stage && L > 0) {
+    vpp = (L / static_cast<int64_t>(pp)) / *c.parallel.num_layers_per_virtual_pipeline_stage;
+  }
+  double act;
+  if (sp_selective) {
+    act = s * b * h * (18.0 + 4.0 * F / h) * static_cast<double>(L);
+  } else {
+    act = s * b * h * (10.0 + 24.0 / tp) * static_cast<double>(L);
+  }
+  act += 8.0 * s * b * pp + s * b * h * pp;
+  if (vpp > 1) {
+    act *= 1.0 + (pp - 1.0) / (pp * static_cast<double>(vpp));
+  } else if (pp > 1) {
+    act *= std::min(1.0, nmb / pp);
+  }
+  if (pp == 1) {
+    act += sp_selective ? s * b * h * 4.0 * (1.0 + V / h) : (s * b * V / tp + s * b * h) * 2.0;
+  }
+  // The SP variant's per-layer term is per full TP group; the other already divides by TP inside.
+  if (sp_selective) act /= tp; else act *= 1.05;
+  out.activations = act;
+  return out;
+}
+
+}  // namespace mt
