@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# test_cli.sh: megatrain as a user types it: errors, exit codes, --print-config round trip, plan.
+# Usage: test_cli.sh path/to/megatrain (run from the repository root).
+set -u
+B=${1:?usage: test_cli.sh path/to/megatrain}
+fails=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+expect() {  # expect NAME WANT_RC PATTERN -- command...
+  local name=$1 want=$2 pat=$3; shift 4
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [[ $rc -ne $want ]] || ! grep -qE -- "$pat" <<<"$out"; then
+    echo "FAIL $name: rc=$rc (want $want), pattern '$pat' in:"; echo "$out" | head -20; fails=$((fails + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+
+expect unknown-flag 2 'unknown flag --num-layrs: did you mean --num-layers\?' -- "$B" --num-layrs 2
+expect wrong-type 2 "expected an integer, got 'x'" -- "$B" --num-layers x
+expect plan-70b-64 0 'world size 64 = TP 4 x PP 4 x CP 1 x DP 4' -- "$B" plan --config configs/llama3-70b.yaml --world-size 64
+expect plan-70b-mem 0 'total +[0-9.]+ GiB' -- "$B" plan --config configs/llama3-70b.yaml --world-size 64
+expect plan-70b-12 2 'world size 12 is not divisible by TP\(4\) x PP\(4\) x CP\(1\) = 16' -- "$B" plan --config configs/llama3-70b.yaml --world-size 12
+expect plan-mixtral 0 'expert grid: ETP 2 x EP 4 x expert-DP 4 x PP 1' -- "$B" plan --config configs/mixtral-8x7b.yaml --world-size 32
+expect plan-405b 0 'layers per pipeline stage: 7 8 8 8 8 8 8 8 8 8 8 8 8 8 8 7' -- "$B" plan --config configs/llama3-405b.yaml --world-size 2048
+expect plan-no-fit 0 'WARNING: this layout does not fit' -- "$B" plan --config configs/llama3-70b.yaml --world-size 16 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --gpu-memory-gb 80
+expect plan-groups 0 'rank +3: tp 1 cp 0 dp 1 pp 0' -- "$B" plan --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 1 --vocab-size 100 --tensor-model-parallel-size 2 --world-size 8
+expect all-errors 2 'micro-batch-size is required' -- "$B" plan --num-layers 4 --world-size 1
+expect sp-warning 0 'warning: --sequence-parallel has no effect' -- "$B" plan --config configs/gpt2-124m.yaml --sequence-parallel --world-size 1
+expect old-spelling 0 'note: --use-flash-attn is the old spelling' -- "$B" --config configs/gpt2-124m.yaml --use-flash-attn --print-config
+expect help-groups 0 'Mixed precision:' -- "$B" --help
+
+# --print-config loads back to the same config, for every recipe.
+for r in configs/*.yaml configs/bench/*.yaml; do
+  "$B" --config "$r" --print-config >"$tmp/a.yaml" 2>/dev/null || { echo "FAIL print $r"; fails=$((fails + 1)); continue; }
+  "$B" --config "$tmp/a.yaml" --print-config >"$tmp/b.yaml" 2>/dev/null
+  if cmp -s "$tmp/a.yaml" "$tmp/b.yaml"; then echo "ok   print-config round trip $r"; else
+    echo "FAIL print-config round trip $r"; diff "$tmp/a.yaml" "$tmp/b.yaml" | head; fails=$((fails + 1)); fi
+done
+
+echo "$fails failure(s)"
+[[ $fails -eq 0 ]]

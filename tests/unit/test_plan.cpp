@@ -1,0 +1,79 @@
+// test_plan.cpp: parameter counts of published models, Megatron's FLOP formula, the memory model.
+#include "catch.h"
+#include "config/resolve.h"
+#include "config/yaml_io.h"
+#include "plan/flops.h"
+#include "plan/memory_model.h"
+#include "plan/param_count.h"
+
+using namespace mt;
+
+namespace {
+Config recipe(const std::string& name, int64_t world) {
+  Config c;
+  apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/" + name + ".yaml");
+  resolve(c, world, c.model.vocab_size ? 0 : 50257);
+  return c;
+}
+}  // namespace
+
+TEST_CASE("parameter counts of published models") {
+  // GPT-2 124M with vocab padded to 50304 and 1024 positions.
+  CHECK(count_params(recipe("gpt2-124m", 1)).total == 124475904);
+  // Meta's LLaMA-3 8B: 8,030,261,248.
+  Config l8 = recipe("llama3-8b", 2);
+  CHECK(count_params(l8).total == 8030261248);
+  // Mixtral 8x7B: 46.7B total, 12.9B active.
+  const ParamCounts mx = count_params(recipe("mixtral-8x7b", 32));
+  CHECK(mx.total == 46702792704);
+  // Active: all but 6 of the 8 experts in each of the 32 layers (3 x 4096 x 14336 each).
+  CHECK(mx.active == mx.total - 32LL * 6 * 3 * 4096 * 14336);
+}
+
+TEST_CASE("parameters per rank add up to the model") {
+  Config c = recipe("llama3-70b", 16);  // TP4 PP4 DP1
+  int64_t sum = 0;
+  for (int64_t st = 0; st < 4; ++st) sum += params_on_rank(c, st).total() * 4;  // x TP
+  const ParamCounts p = count_params(c);
+  // Norms are replicated over TP, so the per-rank sum exceeds the total by 3 copies of them.
+  const int64_t norms = 80 * 2 * 8192 + 8192;
+  CHECK(sum == p.total + 3 * norms);
+}
+
+TEST_CASE("FLOPs follow Megatron's formula") {
+  Config c = recipe("bench/gpt2-124m", 1);
+  const double T = 64.0 * 1024, h = 768, F = 3072, L = 12, V = 50304, s = 1024, n = 12, d = 64, g = 12;
+  const double expect = T * (6 * h * 2 * F * L + 6 * L * (h * (n * d + 2 * g * d) + n * d * h) + 6 * h * V) + T * s * 6 * n * d * L;
+  CHECK(flops_per_iteration(c) == Approx(expect).epsilon(1e-12));
+  CHECK(peak_tflops_for_gpu("NVIDIA H200") == 989.4);
+  CHECK(peak_tflops_for_gpu("NVIDIA A100-SXM4-80GB") == 312);
+  CHECK(peak_tflops_for_gpu("Some CPU") == 0);
+}
+
+TEST_CASE("memory model: LLaMA-3 70B on 64 GPUs against Megatron's formula") {
+  Config c = recipe("llama3-70b", 64);
+  CHECK(c.derived.data_parallel_size == 4);
+  const MemoryEstimate m = estimate_memory(c);
+  const MegatronTheoretical mg = megatron_theoretical_memory(c);
+  // Weights + grads + optimizer: ours and Megatron's agree within 5% (both 6 + 12/DP bytes per param).
+  CHECK((m.weights + m.grads + m.optimizer) == Approx(mg.weights_and_optimizer).epsilon(0.05));
+  // Activations (selective recompute, SP, flash attention): within 15%.
+  CHECK(m.activations == Approx(mg.activations).epsilon(0.15));
+  CHECK(m.in_flight_microbatches == 4);
+  // The distributed optimizer shards the 12 bytes of state over DP.
+  CHECK(m.optimizer_sharded == Approx(m.optimizer_unsharded / 4).epsilon(0.01));
+}
+
+TEST_CASE("memory model: recompute lowers activations, layers change nothing else") {
+  Config c = recipe("llama3-8b", 8);
+  const double sel = estimate_memory(c).activations;
+  c.recompute.recompute_granularity = "full";
+  c.recompute.recompute_method = "uniform";
+  c.recompute.recompute_num_layers = 1;
+  const double full = estimate_memory(c).activations;
+  CHECK(full < sel / 4);
+  c.recompute.recompute_granularity.reset();
+  c.recompute.recompute_method.reset();
+  const double none = estimate_memory(c).activations;
+  CHECK(none >= sel);
+}

@@ -1,0 +1,226 @@
+// test_validate.cpp: every rule of REFERENCE.md section 2 rejects and accepts, and all violations
+// are reported at once.
+#include <algorithm>
+
+#include "catch.h"
+#include "config/validate.h"
+
+using namespace mt;
+
+namespace {
+
+Config base() {
+  Config c;
+  c.model.num_layers = 8;
+  c.model.hidden_size = 256;
+  c.model.num_attention_heads = 8;
+  c.model.max_position_embeddings = 512;
+  c.data.seq_length = 512;
+  c.training.micro_batch_size = 2;
+  c.training.train_iters = 10;
+  c.training.lr = 1e-3;
+  c.data.mock_data = true;
+  return c;
+}
+
+bool has(const std::vector<std::string>& v, const std::string& needle) {
+  return std::any_of(v.begin(), v.end(), [&](const std::string& s) { return s.find(needle) != std::string::npos; });
+}
+
+void rejects(const Config& c, int64_t world, const std::string& needle) {
+  const Diagnostics d = validate(c, world, Purpose::kTrain);
+  INFO("expected an error containing: " << needle);
+  for (const auto& e : d.errors) INFO("got: " << e);
+  CHECK(has(d.errors, needle));
+}
+
+void accepts(const Config& c, int64_t world) {
+  const Diagnostics d = validate(c, world, Purpose::kTrain);
+  std::string all;
+  for (const auto& e : d.errors) all += e + "\n";
+  INFO(all);
+  CHECK(d.ok());
+}
+
+}  // namespace
+
+TEST_CASE("base config is valid") { accepts(base(), 1); }
+
+TEST_CASE("world size divisible by TP x PP x CP") {
+  Config c = base();
+  c.parallel.tensor_model_parallel_size = 4;
+  c.parallel.pipeline_model_parallel_size = 4;
+  rejects(c, 12, "world size 12 is not divisible by TP(4) x PP(4) x CP(1) = 16");
+  accepts(c, 32);
+}
+
+TEST_CASE("expert grid") {
+  Config c = base();
+  c.moe.num_experts = 8;
+  c.parallel.expert_model_parallel_size = 4;
+  c.parallel.tensor_model_parallel_size = 2;
+  rejects(c, 4, "expert grid ETP(2) x EP(4) x PP(1) = 8");
+  accepts(c, 8);
+  c.moe.num_experts = 6;
+  rejects(c, 8, "--num-experts 6 is not divisible by EP(4)");
+  Config d = base();
+  d.parallel.expert_model_parallel_size = 2;
+  rejects(d, 2, "needs an MoE model: add --num-experts");
+  Config e = base();
+  e.moe.num_experts = 4;
+  e.moe.moe_router_topk = 5;
+  rejects(e, 1, "--moe-router-topk 5 must be between 1 and --num-experts 4");
+}
+
+TEST_CASE("layers divisible by PP, or uneven first/last stages") {
+  Config c = base();
+  c.model.num_layers = 10;
+  c.parallel.pipeline_model_parallel_size = 4;
+  rejects(c, 4, "--num-layers 10 is not divisible by PP(4)");
+  c.parallel.decoder_first_pipeline_num_layers = 2;
+  c.parallel.decoder_last_pipeline_num_layers = 2;
+  accepts(c, 4);  // 2 + 3 + 3 + 2
+  c.parallel.decoder_last_pipeline_num_layers = 3;
+  rejects(c, 4, "the 5 layers between the first and last pipeline stages do not divide over the 2 middle stages");
+  c.parallel.decoder_first_pipeline_num_layers = 8;
+  rejects(c, 4, "first/last pipeline stages hold more layers");
+  Config d = base();
+  d.parallel.decoder_first_pipeline_num_layers = 2;
+  rejects(d, 1, "need pipeline parallelism");
+}
+
+TEST_CASE("virtual pipeline stages") {
+  Config c = base();
+  c.parallel.pipeline_model_parallel_size = 2;
+  c.training.global_batch_size = 8;
+  c.parallel.num_layers_per_virtual_pipeline_stage = 3;
+  rejects(c, 2, "layers per pipeline stage (8/2 = 4) is not divisible by --num-layers-per-virtual-pipeline-stage 3");
+  c.parallel.num_layers_per_virtual_pipeline_stage = 2;
+  accepts(c, 2);
+  c.training.global_batch_size = 6;  // 3 microbatches, not divisible by PP 2
+  rejects(c, 2, "interleaved pipelining needs the number of microbatches (3) divisible by PP(2)");
+  Config d = base();
+  d.parallel.num_virtual_stages_per_pipeline_rank = 2;
+  rejects(d, 1, "interleaved pipelining (2 virtual stages) needs --pipeline-model-parallel-size > 1");
+  d.parallel.num_layers_per_virtual_pipeline_stage = 2;
+  rejects(d, 1, "give only one of");
+}
+
+TEST_CASE("heads, query groups and hidden size against TP") {
+  Config c = base();
+  c.parallel.tensor_model_parallel_size = 3;
+  rejects(c, 3, "--num-attention-heads 8 is not divisible by TP(3)");
+  Config g = base();
+  g.model.group_query_attention = true;
+  g.model.num_query_groups = 2;
+  g.parallel.tensor_model_parallel_size = 4;
+  accepts(g, 4);  // TP divisible by groups: K/V replicated
+  g.model.num_query_groups = 8;
+  accepts(g, 4);
+  g.model.num_attention_heads = 12;
+  g.model.hidden_size = 384;
+  g.model.num_query_groups = 6;
+  rejects(g, 4, "--num-query-groups 6 and TP(4) must divide one another");
+  Config h = base();
+  h.model.hidden_size = 250;
+  rejects(h, 1, "--hidden-size 250 is not divisible by --num-attention-heads 8");
+  h.model.kv_channels = 32;
+  accepts(h, 1);
+}
+
+TEST_CASE("global batch divisible by micro batch x DP") {
+  Config c = base();
+  c.training.global_batch_size = 12;
+  rejects(c, 4, "--global-batch-size 12 is not divisible by micro-batch-size(2) x DP(4) = 8");
+  c.training.global_batch_size = 16;
+  accepts(c, 4);
+}
+
+TEST_CASE("sequence length with CP and position embeddings") {
+  Config c = base();
+  c.parallel.context_parallel_size = 3;
+  rejects(c, 3, "--seq-length 512 is not divisible by 2 x CP(3) = 6");
+  c.parallel.context_parallel_size = 2;
+  accepts(c, 2);
+  Config d = base();
+  d.model.max_position_embeddings = 256;
+  rejects(d, 1, "--max-position-embeddings 256 is smaller than --seq-length 512");
+}
+
+TEST_CASE("sequence parallel without TP is a warning") {
+  Config c = base();
+  c.parallel.sequence_parallel = true;
+  Diagnostics d = validate(c, 1, Purpose::kTrain);
+  CHECK(d.ok());
+  CHECK(has(d.warnings, "--sequence-parallel has no effect without tensor parallelism"));
+  c.parallel.tensor_model_parallel_size = 2;
+  d = validate(c, 2, Purpose::kTrain);
+  CHECK(d.warnings.empty());
+}
+
+TEST_CASE("exclusive and dependent flags") {
+  Config c = base();
+  c.precision.fp16 = c.precision.bf16 = true;
+  rejects(c, 1, "--fp16 and --bf16 are exclusive");
+  Config o = base();
+  o.training.overlap_param_gather = true;
+  rejects(o, 1, "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce");
+  o.training.use_distributed_optimizer = o.training.overlap_grad_reduce = true;
+  accepts(o, 1);
+  Config s = base();
+  s.checkpoint.save = "ckpt";
+  rejects(s, 1, "--save needs --save-interval > 0");
+  s.checkpoint.save_interval = 0;
+  rejects(s, 1, "--save needs --save-interval > 0, got 0");
+  s.checkpoint.save_interval = 100;
+  accepts(s, 1);
+  Config t = base();
+  t.training.train_samples = 100;
+  rejects(t, 1, "--train-iters and --train-samples are exclusive");
+  t.training.train_iters.reset();
+  accepts(t, 1);
+  Config w = base();
+  w.training.lr_warmup_fraction = 0.1;
+  w.training.lr_warmup_iters = 10;
+  rejects(w, 1, "--lr-warmup-fraction and --lr-warmup-iters are exclusive");
+}
+
+TEST_CASE("recompute flags depend on each other") {
+  Config c = base();
+  c.recompute.recompute_granularity = "full";
+  rejects(c, 1, "--recompute-granularity full needs --recompute-method");
+  c.recompute.recompute_method = "uniform";
+  rejects(c, 1, "--recompute-method uniform needs --recompute-num-layers");
+  c.recompute.recompute_num_layers = 1;
+  accepts(c, 1);
+  Config s = base();
+  s.recompute.recompute_method = "block";
+  s.recompute.recompute_num_layers = 1;
+  rejects(s, 1, "--recompute-method block needs --recompute-granularity full");
+}
+
+TEST_CASE("training needs a schedule, a learning rate and one data source") {
+  Config c = base();
+  c.training.train_iters.reset();
+  c.training.lr.reset();
+  c.data.mock_data = false;
+  const Diagnostics d = validate(c, 1, Purpose::kTrain);
+  CHECK(has(d.errors, "give --train-iters"));
+  CHECK(has(d.errors, "--lr is required"));
+  CHECK(has(d.errors, "no training data"));
+  CHECK(validate(c, 1, Purpose::kPlan).ok());  // planning needs none of these
+  c.data.mock_data = true;
+  c.data.text_data_path = "x.txt";
+  rejects(c, 1, "give one data source");
+}
+
+TEST_CASE("every violation is reported at once, required flags named") {
+  Config c;
+  c.parallel.tensor_model_parallel_size = 4;
+  const Diagnostics d = validate(c, 6, Purpose::kTrain);
+  CHECK(has(d.errors, "--num-layers is required"));
+  CHECK(has(d.errors, "--hidden-size is required"));
+  CHECK(has(d.errors, "--micro-batch-size is required"));
+  CHECK(has(d.errors, "world size 6 is not divisible by TP(4)"));
+  CHECK(d.errors.size() >= 8);
+}
