@@ -1,4 +1,4 @@
-// train_cmd.cpp: `megatrain [train]`.
+// train_cmd.cpp: `megatrain [train]`: flags and recipe -> validated config -> training.
 #include <iostream>
 
 #include "commands.h"
@@ -6,19 +6,34 @@
 #include "config/yaml_io.h"
 #include "config_setup.h"
 #include "parallel/launcher.h"
+#include "train/capabilities.h"
+#include "train/trainer.h"
 
 namespace mt {
 
 int run_train(int argc, char** argv) {
-  CLI::App app{"megatrain: train a GPT / LLaMA / Mixtral-style model with Megatron-LM's flags", "megatrain"};
+  CLI::App app{"megatrain: train a GPT / LLaMA / Mixtral-style model with Megatron-LM's flags.\n"
+               "Subcommands: megatrain plan --help (layout, memory and time without a GPU).",
+               "megatrain"};
   ConfigCli cli(app);
   const LaunchInfo launch = detect_launch();
-  Config cfg = setup_config(app, cli, argc, argv, launch.world_size, Purpose::kTrain, launch.rank == 0);
+  const bool lead = launch.rank == 0;
+  Config cfg = setup_config(app, cli, argc, argv, launch.world_size, Purpose::kTrain, lead);
   if (cli.print_config()) {
-    if (launch.rank == 0) std::cout << config_to_yaml(cfg);
+    if (lead) std::cout << config_to_yaml(cfg);
     return 0;
   }
-  throw ConfigError("training is not available in this build yet");
+  const auto missing = unsupported_features(cfg, launch.world_size);
+  if (!missing.empty()) throw ConfigErrors(missing);
+  if (cfg.derived.vocab_size == 0) {
+    throw ConfigError("the vocabulary size is unknown: give --vocab-size (with --mock-data / NullTokenizer) or "
+                      "--tokenizer-type ByteTokenizer (with --text-data-path)");
+  }
+  if (lead && cfg.logging.device == "auto") {
+    std::cerr << "megatrain: note: running on the CPU reference engine (this build has no CUDA training engine yet)\n";
+  }
+  train(cfg, ProcessGroups::single(), TrainOptions{false, launch.rank});
+  return 0;
 }
 
 }  // namespace mt

@@ -1,0 +1,50 @@
+// token_source.cpp: choosing the data source from the flags, and cutting samples into microbatches.
+#include "data/token_source.h"
+
+#include "config/errors.h"
+#include "data/mock_dataset.h"
+#include "data/text_dataset.h"
+
+namespace mt {
+
+std::unique_ptr<TokenSource> make_token_source(const Config& cfg) {
+  const int64_t seq = *cfg.data.seq_length;
+  const auto seed = static_cast<uint64_t>(cfg.training.seed);
+  if (cfg.data.text_data_path) return std::make_unique<TextByteDataset>(*cfg.data.text_data_path, cfg.data.split, seed, seq);
+  if (cfg.data.mock_data) {
+    if (!cfg.model.vocab_size) throw ConfigError("--mock-data needs --vocab-size (e.g. --vocab-size 50257)");
+    if (*cfg.model.vocab_size < 3) throw ConfigError("--vocab-size must be at least 3 for mock data");
+    return std::make_unique<MockDataset>(*cfg.model.vocab_size, seed, seq);
+  }
+  throw ConfigError("this build reads --mock-data or --text-data-path; Megatron .bin/.idx datasets (--data-path) are not supported yet");
+}
+
+Microbatch make_microbatch(const TokenSource& src, Split split, int64_t first_sample, int64_t B, int64_t S,
+                          const Config& cfg) {
+  Microbatch mb;
+  mb.B = B;
+  mb.S = S;
+  mb.first_sample = first_sample;
+  const auto n = static_cast<size_t>(B * S);
+  mb.tokens.resize(n);
+  mb.labels.resize(n);
+  mb.positions.resize(n);
+  mb.loss_mask.assign(n, 1.0f);
+  std::vector<int32_t> buf(static_cast<size_t>(S + 1));
+  const int32_t eod = src.eod();
+  for (int64_t b = 0; b < B; ++b) {
+    src.sample(split, first_sample + b, S + 1, buf.data());
+    int32_t pos = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      const auto i = static_cast<size_t>(b * S + s);
+      mb.tokens[i] = buf[static_cast<size_t>(s)];
+      mb.labels[i] = buf[static_cast<size_t>(s + 1)];
+      mb.positions[i] = pos++;
+      if (cfg.data.eod_mask_loss && mb.tokens[i] == eod) mb.loss_mask[i] = 0.0f;
+      if (cfg.data.reset_position_ids && mb.tokens[i] == eod) pos = 0;
+    }
+  }
+  return mb;
+}
+
+}  // namespace mt

@@ -1,0 +1,57 @@
+// activation.cpp: reference activations.
+#include "kernels/cpu/activation.h"
+
+#include <cmath>
+
+namespace mt::cpu {
+namespace {
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCoeff = 0.044715f;
+}  // namespace
+
+void gelu_forward(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kCoeff * v * v * v)));
+  }
+}
+
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float inner = kSqrt2OverPi * (v + kCoeff * v * v * v);
+    const float t = std::tanh(inner);
+    const float dinner = kSqrt2OverPi * (1.0f + 3.0f * kCoeff * v * v);
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner);
+  }
+}
+
+void swiglu_forward(float* y, const float* x, int64_t N, int64_t F) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* g = x + n * 2 * F;
+    const float* u = g + F;
+    float* o = y + n * F;
+    for (int64_t i = 0; i < F; ++i) {
+      const float s = 1.0f / (1.0f + std::exp(-g[i]));
+      o[i] = g[i] * s * u[i];
+    }
+  }
+}
+
+void swiglu_backward(float* dx, const float* dy, const float* x, int64_t N, int64_t F) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* g = x + n * 2 * F;
+    const float* u = g + F;
+    const float* d = dy + n * F;
+    float* dg = dx + n * 2 * F;
+    float* du = dg + F;
+    for (int64_t i = 0; i < F; ++i) {
+      const float s = 1.0f / (1.0f + std::exp(-g[i]));
+      const float silu = g[i] * s;
+      du[i] = d[i] * silu;
+      dg[i] = d[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
+    }
+  }
+}
+
+}  // namespace mt::cpu

@@ -1,0 +1,28 @@
+// attention.h: causal self-attention with grouped-query heads (the reference "core attention"),
+// forward and backward, plus the split / merge of Megatron's fused QKV projection output.
+#pragma once
+#include <cstdint>
+
+namespace mt::cpu {
+
+// qkv rows hold, for each of ng query groups, (nh/ng) query heads then one key and one value head,
+// each d wide (Megatron's layout, so a TP shard is a run of whole groups).
+void qkv_split(float* q, float* k, float* v, const float* qkv, int64_t T, int64_t nh, int64_t ng, int64_t d);
+void qkv_merge(float* dqkv, const float* dq, const float* dk, const float* dv, int64_t T, int64_t nh, int64_t ng, int64_t d);
+
+struct AttentionShape {
+  int64_t B, S, nh, ng, d;
+  float scale;          // softmax scale, 1/sqrt(d) by default
+  float dropout;        // attention dropout probability
+  uint64_t dropout_key; // RNG key of this layer and step
+  int64_t sample0;      // global index of sample 0 and of local head 0: the dropout mask of an
+  int64_t head0;        // element is the same under any DP or TP split
+};
+
+// q: [B,S,nh,d], k/v: [B,S,ng,d], out: [B,S,nh,d], probs: [B,nh,S,S] saved for backward.
+void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v, const AttentionShape& s);
+// dq overwritten, dk/dv overwritten. scratch: [S*S] floats.
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs, const float* q,
+                        const float* k, const float* v, const AttentionShape& s, float* scratch);
+
+}  // namespace mt::cpu

@@ -1,0 +1,37 @@
+// linear.cpp: OpenBLAS-backed linear layer.
+#include "kernels/cpu/linear.h"
+
+#include <cblas.h>
+
+namespace mt::cpu {
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
+}
+
+void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t in, int64_t out) {
+  gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  if (b) {
+    for (int64_t n = 0; n < N; ++n) {
+      float* row = y + n * out;
+      for (int64_t o = 0; o < out; ++o) row[o] += b[o];
+    }
+  }
+}
+
+void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w, int64_t N,
+                     int64_t in, int64_t out, bool accumulate_dx) {
+  if (dx) gemm(false, false, N, in, out, 1.0f, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx, in);
+  gemm(true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in);
+  if (db) {
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = dy + n * out;
+      for (int64_t o = 0; o < out; ++o) db[o] += row[o];
+    }
+  }
+}
+
+}  // namespace mt::cpu

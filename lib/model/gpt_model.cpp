@@ -1,0 +1,351 @@
+// gpt_model.cpp: parameters, forward and backward of the decoder on the CPU reference kernels.
+#include "model/gpt_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "config/resolve.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/dropout.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rope.h"
+#include "tensor/rng.h"
+
+namespace mt {
+
+using Buf = std::vector<float>;
+
+ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp) {
+  ModelDims d{};
+  d.L = *c.model.num_layers;
+  d.h = *c.model.hidden_size;
+  d.nh = *c.model.num_attention_heads;
+  d.ng = effective_query_groups(c);
+  d.d = c.model.kv_channels.value_or(d.h / d.nh);
+  d.F = c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(d.h, c.model.swiglu));
+  d.V = c.derived.padded_vocab_size;
+  d.S = *c.data.seq_length;
+  d.max_pos = c.model.max_position_embeddings.value_or(d.S);
+  d.tp = tp;
+  d.tp_rank = tp_rank;
+  d.nh_local = d.nh / tp;
+  d.ng_local = std::max<int64_t>(1, d.ng / tp);
+  d.F_local = d.F / tp;
+  d.V_local = d.V / tp;
+  d.rms = c.model.normalization == "RMSNorm";
+  d.swiglu = c.model.swiglu;
+  d.bias = !c.model.disable_bias_linear;
+  d.rope = c.model.position_embedding_type == "rope";
+  d.learned_pos = c.model.position_embedding_type == "learned_absolute";
+  d.tied = !c.model.untie_embeddings_and_output_weights;
+  d.eps = static_cast<float>(c.model.norm_epsilon);
+  d.rope_base = static_cast<float>(c.model.rotary_base);
+  d.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
+  d.attention_dropout = static_cast<float>(c.model.attention_dropout);
+  // Query-key layer scaling divides the scores by the layer number and the softmax multiplies it back:
+  // identical in fp32 math, so the reference applies the plain 1/sqrt(d).
+  d.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d.d));
+  d.rot_dim = static_cast<int64_t>(static_cast<double>(d.d) * c.model.rotary_percent);
+  d.rot_dim -= d.rot_dim % 2;
+  return d;
+}
+
+struct GPTModel::Layer {
+  size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+};
+
+// Activations of one microbatch kept for backward.
+struct GPTModel::Record {
+  struct L {
+    Buf x, ln1, mean1, rstd1, q, k, v, probs, ctx, x2, ln2, mean2, rstd2, fc1, act;
+  };
+  std::vector<L> layers;
+  Buf x_final, lnf, meanf, rstdf, logits, lse, losses;
+  Microbatch mb;
+  int64_t step = 0;
+  float denom = 1;
+  bool training = true;
+};
+
+namespace {
+
+ParamInfo make_param(const std::string& name, std::vector<int64_t> global, int shard_dim, int64_t rank, int64_t count,
+                     InitKind init, float std) {
+  ParamInfo p;
+  p.name = name;
+  p.global_shape = global;
+  p.local_shape = global;
+  if (shard_dim >= 0 && count > 1) p.local_shape[static_cast<size_t>(shard_dim)] /= count;
+  p.shard_dim = shard_dim;
+  p.shard_rank = rank;
+  p.shard_count = count;
+  p.init = init;
+  p.init_std = std;
+  p.weight_decay = global.size() > 1;  // Megatron: no decay on biases and norm weights
+  return p;
+}
+
+uint64_t dropout_key(uint64_t seed, int64_t step, int64_t sample, int64_t layer, int site) {
+  const std::string k = std::to_string(step) + "/" + std::to_string(sample) + "/" + std::to_string(layer) + "/" +
+                        std::to_string(site);
+  return rng_key(seed, k);
+}
+
+}  // namespace
+
+GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
+    : dims_(model_dims(cfg, groups.tp->rank(), groups.tp->size())),
+      groups_(std::move(groups)),
+      seed_(static_cast<uint64_t>(cfg.training.seed)),
+      rec_(std::make_unique<Record>()) {
+  const ModelDims& D = dims_;
+  const float std = static_cast<float>(cfg.model.init_method_std);
+  const float out_std = std / std::sqrt(2.0f * static_cast<float>(D.L));
+  const int64_t r = D.tp_rank, t = D.tp;
+  if (D.ng < t && t > 1) throw std::runtime_error("query groups fewer than TP are not supported by this engine yet");
+  wte_ = params_.add(make_param("embedding.word_embeddings.weight", {D.V, D.h}, 0, r, t, InitKind::kNormal, std));
+  if (D.learned_pos) {
+    wpe_ = params_.add(make_param("embedding.position_embeddings.weight", {D.max_pos, D.h}, -1, r, t, InitKind::kNormal, std));
+  }
+  const int64_t qkv_rows = D.ng * (D.nh / D.ng + 2) * D.d;
+  for (int64_t l = 0; l < D.L; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    Layer ly{};
+    ly.ln1_w = params_.add(make_param(p + "input_norm.weight", {D.h}, -1, r, t, InitKind::kOnes, 0));
+    if (!D.rms) ly.ln1_b = params_.add(make_param(p + "input_norm.bias", {D.h}, -1, r, t, InitKind::kZeros, 0));
+    ly.qkv_w = params_.add(make_param(p + "attention.qkv.weight", {qkv_rows, D.h}, 0, r, t, InitKind::kNormal, std));
+    if (D.bias) ly.qkv_b = params_.add(make_param(p + "attention.qkv.bias", {qkv_rows}, 0, r, t, InitKind::kZeros, 0));
+    ly.proj_w = params_.add(make_param(p + "attention.proj.weight", {D.h, D.nh * D.d}, 1, r, t, InitKind::kNormal, out_std));
+    if (D.bias) ly.proj_b = params_.add(make_param(p + "attention.proj.bias", {D.h}, -1, r, t, InitKind::kZeros, 0));
+    ly.ln2_w = params_.add(make_param(p + "mlp_norm.weight", {D.h}, -1, r, t, InitKind::kOnes, 0));
+    if (!D.rms) ly.ln2_b = params_.add(make_param(p + "mlp_norm.bias", {D.h}, -1, r, t, InitKind::kZeros, 0));
+    // With SwiGLU the gate and up projections are separate global tensors whose shards sit side by
+    // side, so the local fc1 is one [2F/tp, h] GEMM.
+    if (D.swiglu) {
+      ly.fc1_w = params_.add(make_param(p + "mlp.fc1_gate.weight", {D.F, D.h}, 0, r, t, InitKind::kNormal, std));
+      params_.add(make_param(p + "mlp.fc1_up.weight", {D.F, D.h}, 0, r, t, InitKind::kNormal, std));
+      if (D.bias) {
+        ly.fc1_b = params_.add(make_param(p + "mlp.fc1_gate.bias", {D.F}, 0, r, t, InitKind::kZeros, 0));
+        params_.add(make_param(p + "mlp.fc1_up.bias", {D.F}, 0, r, t, InitKind::kZeros, 0));
+      }
+    } else {
+      ly.fc1_w = params_.add(make_param(p + "mlp.fc1.weight", {D.F, D.h}, 0, r, t, InitKind::kNormal, std));
+      if (D.bias) ly.fc1_b = params_.add(make_param(p + "mlp.fc1.bias", {D.F}, 0, r, t, InitKind::kZeros, 0));
+    }
+    ly.fc2_w = params_.add(make_param(p + "mlp.fc2.weight", {D.h, D.F}, 1, r, t, InitKind::kNormal, out_std));
+    if (D.bias) ly.fc2_b = params_.add(make_param(p + "mlp.fc2.bias", {D.h}, -1, r, t, InitKind::kZeros, 0));
+    layers_.push_back(ly);
+  }
+  final_w_ = params_.add(make_param("final_norm.weight", {D.h}, -1, r, t, InitKind::kOnes, 0));
+  has_final_b_ = !D.rms;
+  if (has_final_b_) final_b_ = params_.add(make_param("final_norm.bias", {D.h}, -1, r, t, InitKind::kZeros, 0));
+  out_w_ = D.tied ? wte_ : params_.add(make_param("output_layer.weight", {D.V, D.h}, 0, r, t, InitKind::kNormal, std));
+  params_.allocate();
+  params_.initialize(seed_);
+}
+
+GPTModel::~GPTModel() = default;
+
+float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
+  const ModelDims& D = dims_;
+  const int64_t B = mb.B, S = mb.S, T = B * S, h = D.h;
+  if (S > D.max_pos) throw std::runtime_error("sequence longer than --max-position-embeddings");
+  Record& R = *rec_;
+  R.mb = mb;
+  R.step = step;
+  R.training = training;
+  R.layers.resize(static_cast<size_t>(D.L));
+  const float hd = training ? D.hidden_dropout : 0.0f;
+  const float ad = training ? D.attention_dropout : 0.0f;
+  const int64_t qkv_local = D.ng_local * (D.nh_local / D.ng_local + 2) * D.d;
+  const int64_t fc1_out = D.F_local * (D.swiglu ? 2 : 1);
+  auto P = [&](size_t i) { return params_.param(i); };
+
+  Buf x(static_cast<size_t>(T * h));
+  cpu::embedding_forward(x.data(), mb.tokens.data(), mb.positions.data(), P(wte_), D.learned_pos ? P(wpe_) : nullptr, T, h,
+                         D.tp_rank * D.V_local, D.V_local);
+  groups_.tp->all_reduce(x.data(), T * h, ReduceOp::kSum);
+  if (hd > 0) {
+    for (int64_t b = 0; b < B; ++b) {
+      float* xs = x.data() + b * S * h;
+      cpu::dropout_forward(xs, xs, S * h, hd, dropout_key(seed_, step, mb.first_sample + b, -1, 0), 0);
+    }
+  }
+  for (int64_t l = 0; l < D.L; ++l) {
+    const Layer& ly = layers_[static_cast<size_t>(l)];
+    auto& A = R.layers[static_cast<size_t>(l)];
+    A.x = std::move(x);
+    A.ln1.resize(static_cast<size_t>(T * h));
+    A.mean1.resize(static_cast<size_t>(T));
+    A.rstd1.resize(static_cast<size_t>(T));
+    if (D.rms) cpu::rmsnorm_forward(A.ln1.data(), A.rstd1.data(), A.x.data(), P(ly.ln1_w), T, h, D.eps);
+    else cpu::layernorm_forward(A.ln1.data(), A.mean1.data(), A.rstd1.data(), A.x.data(), P(ly.ln1_w), P(ly.ln1_b), T, h, D.eps);
+    Buf qkv(static_cast<size_t>(T * qkv_local));
+    cpu::linear_forward(qkv.data(), A.ln1.data(), P(ly.qkv_w), D.bias ? P(ly.qkv_b) : nullptr, T, h, qkv_local);
+    A.q.resize(static_cast<size_t>(T * D.nh_local * D.d));
+    A.k.resize(static_cast<size_t>(T * D.ng_local * D.d));
+    A.v.resize(static_cast<size_t>(T * D.ng_local * D.d));
+    cpu::qkv_split(A.q.data(), A.k.data(), A.v.data(), qkv.data(), T, D.nh_local, D.ng_local, D.d);
+    if (D.rope) {
+      cpu::rope_forward(A.q.data(), mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
+      cpu::rope_forward(A.k.data(), mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);
+    }
+    A.probs.resize(static_cast<size_t>(B * D.nh_local * S * S));
+    A.ctx.resize(static_cast<size_t>(T * D.nh_local * D.d));
+    cpu::AttentionShape as{B, S, D.nh_local, D.ng_local, D.d, D.softmax_scale, ad,
+                           dropout_key(seed_, step, 0, l, 1), mb.first_sample, D.tp_rank * D.nh_local};
+    cpu::attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), as);
+    Buf proj(static_cast<size_t>(T * h));
+    cpu::linear_forward(proj.data(), A.ctx.data(), P(ly.proj_w), nullptr, T, D.nh_local * D.d, h);
+    groups_.tp->all_reduce(proj.data(), T * h, ReduceOp::kSum);
+    A.x2.resize(static_cast<size_t>(T * h));
+    for (int64_t i = 0; i < T * h; ++i) proj[static_cast<size_t>(i)] += D.bias ? P(ly.proj_b)[i % h] : 0.0f;
+    if (hd > 0) {
+      for (int64_t b = 0; b < B; ++b) {
+        float* ps = proj.data() + b * S * h;
+        cpu::dropout_forward(ps, ps, S * h, hd, dropout_key(seed_, step, mb.first_sample + b, l, 2), 0);
+      }
+    }
+    for (int64_t i = 0; i < T * h; ++i) A.x2[static_cast<size_t>(i)] = A.x[static_cast<size_t>(i)] + proj[static_cast<size_t>(i)];
+    A.ln2.resize(static_cast<size_t>(T * h));
+    A.mean2.resize(static_cast<size_t>(T));
+    A.rstd2.resize(static_cast<size_t>(T));
+    if (D.rms) cpu::rmsnorm_forward(A.ln2.data(), A.rstd2.data(), A.x2.data(), P(ly.ln2_w), T, h, D.eps);
+    else cpu::layernorm_forward(A.ln2.data(), A.mean2.data(), A.rstd2.data(), A.x2.data(), P(ly.ln2_w), P(ly.ln2_b), T, h, D.eps);
+    A.fc1.resize(static_cast<size_t>(T * fc1_out));
+    cpu::linear_forward(A.fc1.data(), A.ln2.data(), P(ly.fc1_w), D.bias ? P(ly.fc1_b) : nullptr, T, h, fc1_out);
+    A.act.resize(static_cast<size_t>(T * D.F_local));
+    if (D.swiglu) cpu::swiglu_forward(A.act.data(), A.fc1.data(), T, D.F_local);
+    else cpu::gelu_forward(A.act.data(), A.fc1.data(), T * D.F_local);
+    Buf fc2(static_cast<size_t>(T * h));
+    cpu::linear_forward(fc2.data(), A.act.data(), P(ly.fc2_w), nullptr, T, D.F_local, h);
+    groups_.tp->all_reduce(fc2.data(), T * h, ReduceOp::kSum);
+    for (int64_t i = 0; i < T * h; ++i) fc2[static_cast<size_t>(i)] += D.bias ? P(ly.fc2_b)[i % h] : 0.0f;
+    if (hd > 0) {
+      for (int64_t b = 0; b < B; ++b) {
+        float* fs = fc2.data() + b * S * h;
+        cpu::dropout_forward(fs, fs, S * h, hd, dropout_key(seed_, step, mb.first_sample + b, l, 3), 0);
+      }
+    }
+    x.resize(static_cast<size_t>(T * h));
+    for (int64_t i = 0; i < T * h; ++i) x[static_cast<size_t>(i)] = A.x2[static_cast<size_t>(i)] + fc2[static_cast<size_t>(i)];
+  }
+  R.x_final = std::move(x);
+  R.lnf.resize(static_cast<size_t>(T * h));
+  R.meanf.resize(static_cast<size_t>(T));
+  R.rstdf.resize(static_cast<size_t>(T));
+  if (D.rms) cpu::rmsnorm_forward(R.lnf.data(), R.rstdf.data(), R.x_final.data(), P(final_w_), T, h, D.eps);
+  else cpu::layernorm_forward(R.lnf.data(), R.meanf.data(), R.rstdf.data(), R.x_final.data(), P(final_w_), P(final_b_), T, h, D.eps);
+  if (D.tp > 1) throw std::runtime_error("vocab-parallel cross-entropy is not in this engine yet");
+  R.logits.resize(static_cast<size_t>(T * D.V_local));
+  cpu::linear_forward(R.logits.data(), R.lnf.data(), P(out_w_), nullptr, T, h, D.V_local);
+  R.lse.resize(static_cast<size_t>(T));
+  R.losses.resize(static_cast<size_t>(T));
+  cpu::cross_entropy_forward(R.losses.data(), R.lse.data(), R.logits.data(), mb.labels.data(), T, D.V_local);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    num += static_cast<double>(R.losses[static_cast<size_t>(i)]) * mb.loss_mask[static_cast<size_t>(i)];
+    den += mb.loss_mask[static_cast<size_t>(i)];
+  }
+  R.denom = static_cast<float>(std::max(den, 1.0));
+  return static_cast<float>(num / std::max(den, 1.0));
+}
+
+void GPTModel::backward(float scale) {
+  const ModelDims& D = dims_;
+  Record& R = *rec_;
+  const Microbatch& mb = R.mb;
+  const int64_t B = mb.B, S = mb.S, T = B * S, h = D.h;
+  const float hd = R.training ? D.hidden_dropout : 0.0f;
+  const float ad = R.training ? D.attention_dropout : 0.0f;
+  const int64_t qkv_local = D.ng_local * (D.nh_local / D.ng_local + 2) * D.d;
+  const int64_t fc1_out = D.F_local * (D.swiglu ? 2 : 1);
+  auto P = [&](size_t i) { return params_.param(i); };
+  auto G = [&](size_t i) { return params_.grad(i); };
+
+  // Loss -> logits (gradient written over the logits) -> final norm input.
+  Buf dloss(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) dloss[static_cast<size_t>(i)] = mb.loss_mask[static_cast<size_t>(i)] * scale / R.denom;
+  cpu::cross_entropy_backward(R.logits.data(), R.logits.data(), R.lse.data(), mb.labels.data(), dloss.data(), T, D.V_local);
+  Buf dlnf(static_cast<size_t>(T * h));
+  cpu::linear_backward(dlnf.data(), G(out_w_), nullptr, R.logits.data(), R.lnf.data(), P(out_w_), T, h, D.V_local);
+  Buf dx(static_cast<size_t>(T * h));
+  if (D.rms) cpu::rmsnorm_backward(dx.data(), G(final_w_), dlnf.data(), R.x_final.data(), P(final_w_), R.rstdf.data(), T, h);
+  else cpu::layernorm_backward(dx.data(), G(final_w_), G(final_b_), dlnf.data(), R.x_final.data(), P(final_w_), R.meanf.data(), R.rstdf.data(), T, h);
+
+  Buf tmp(static_cast<size_t>(T * h)), dln(static_cast<size_t>(T * h));
+  for (int64_t l = D.L - 1; l >= 0; --l) {
+    const Layer& ly = layers_[static_cast<size_t>(l)];
+    auto& A = R.layers[static_cast<size_t>(l)];
+    // MLP branch: out = x2 + drop(fc2(act(fc1(norm2(x2)))) + b2)
+    float* dmlp = tmp.data();
+    std::memcpy(dmlp, dx.data(), static_cast<size_t>(T * h) * sizeof(float));
+    if (hd > 0) {
+      for (int64_t b = 0; b < B; ++b) {
+        float* s = dmlp + b * S * h;
+        cpu::dropout_backward(s, s, S * h, hd, dropout_key(seed_, R.step, mb.first_sample + b, l, 3), 0);
+      }
+    }
+    if (D.bias) {
+      for (int64_t i = 0; i < T * h; ++i) G(ly.fc2_b)[i % h] += dmlp[i];
+    }
+    Buf dact(static_cast<size_t>(T * D.F_local));
+    cpu::linear_backward(dact.data(), G(ly.fc2_w), nullptr, dmlp, A.act.data(), P(ly.fc2_w), T, D.F_local, h);
+    Buf dfc1(static_cast<size_t>(T * fc1_out));
+    if (D.swiglu) cpu::swiglu_backward(dfc1.data(), dact.data(), A.fc1.data(), T, D.F_local);
+    else cpu::gelu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * D.F_local);
+    cpu::linear_backward(dln.data(), G(ly.fc1_w), D.bias ? G(ly.fc1_b) : nullptr, dfc1.data(), A.ln2.data(), P(ly.fc1_w), T, h, fc1_out);
+    groups_.tp->all_reduce(dln.data(), T * h, ReduceOp::kSum);
+    Buf dx2(static_cast<size_t>(T * h));
+    if (D.rms) cpu::rmsnorm_backward(dx2.data(), G(ly.ln2_w), dln.data(), A.x2.data(), P(ly.ln2_w), A.rstd2.data(), T, h);
+    else cpu::layernorm_backward(dx2.data(), G(ly.ln2_w), G(ly.ln2_b), dln.data(), A.x2.data(), P(ly.ln2_w), A.mean2.data(), A.rstd2.data(), T, h);
+    for (int64_t i = 0; i < T * h; ++i) dx2[static_cast<size_t>(i)] += dx[static_cast<size_t>(i)];
+
+    // Attention branch: x2 = x + drop(proj(attn(rope(split(qkv(norm1(x)))))) + bp)
+    float* dattn = tmp.data();
+    std::memcpy(dattn, dx2.data(), static_cast<size_t>(T * h) * sizeof(float));
+    if (hd > 0) {
+      for (int64_t b = 0; b < B; ++b) {
+        float* s = dattn + b * S * h;
+        cpu::dropout_backward(s, s, S * h, hd, dropout_key(seed_, R.step, mb.first_sample + b, l, 2), 0);
+      }
+    }
+    if (D.bias) {
+      for (int64_t i = 0; i < T * h; ++i) G(ly.proj_b)[i % h] += dattn[i];
+    }
+    Buf dctx(static_cast<size_t>(T * D.nh_local * D.d));
+    cpu::linear_backward(dctx.data(), G(ly.proj_w), nullptr, dattn, A.ctx.data(), P(ly.proj_w), T, D.nh_local * D.d, h);
+    Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size()), scratch(static_cast<size_t>(S * S));
+    cpu::AttentionShape as{B, S, D.nh_local, D.ng_local, D.d, D.softmax_scale, ad,
+                           dropout_key(seed_, R.step, 0, l, 1), mb.first_sample, D.tp_rank * D.nh_local};
+    cpu::attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), as,
+                            scratch.data());
+    if (D.rope) {
+      cpu::rope_backward(dq.data(), mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
+      cpu::rope_backward(dk.data(), mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);
+    }
+    Buf dqkv(static_cast<size_t>(T * qkv_local));
+    cpu::qkv_merge(dqkv.data(), dq.data(), dk.data(), dv.data(), T, D.nh_local, D.ng_local, D.d);
+    cpu::linear_backward(dln.data(), G(ly.qkv_w), D.bias ? G(ly.qkv_b) : nullptr, dqkv.data(), A.ln1.data(), P(ly.qkv_w), T, h, qkv_local);
+    groups_.tp->all_reduce(dln.data(), T * h, ReduceOp::kSum);
+    if (D.rms) cpu::rmsnorm_backward(dx.data(), G(ly.ln1_w), dln.data(), A.x.data(), P(ly.ln1_w), A.rstd1.data(), T, h);
+    else cpu::layernorm_backward(dx.data(), G(ly.ln1_w), G(ly.ln1_b), dln.data(), A.x.data(), P(ly.ln1_w), A.mean1.data(), A.rstd1.data(), T, h);
+    for (int64_t i = 0; i < T * h; ++i) dx[static_cast<size_t>(i)] += dx2[static_cast<size_t>(i)];
+  }
+  if (hd > 0) {
+    for (int64_t b = 0; b < B; ++b) {
+      float* s = dx.data() + b * S * h;
+      cpu::dropout_backward(s, s, S * h, hd, dropout_key(seed_, R.step, mb.first_sample + b, -1, 0), 0);
+    }
+  }
+  cpu::embedding_backward(G(wte_), D.learned_pos ? G(wpe_) : nullptr, dx.data(), mb.tokens.data(), mb.positions.data(), T, h,
+                          D.tp_rank * D.V_local, D.V_local);
+}
+
+}  // namespace mt

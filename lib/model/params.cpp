@@ -1,0 +1,72 @@
+// params.cpp: flat parameter buffers and layout-independent initialisation.
+#include "model/params.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "tensor/rng.h"
+
+namespace mt {
+
+size_t ParamStore::add(ParamInfo info) {
+  if (params_.defined()) throw std::logic_error("ParamStore::add after allocate");
+  int64_t n = 1;
+  for (auto d : info.local_shape) n *= d;
+  info.numel = n;
+  info.offset = total_;
+  total_ += n;
+  infos_.push_back(std::move(info));
+  return infos_.size() - 1;
+}
+
+void ParamStore::allocate() {
+  params_ = Tensor::zeros({total_});
+  grads_ = Tensor::zeros({total_});
+}
+
+size_t ParamStore::index_of(const std::string& name) const {
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    if (infos_[i].name == name) return i;
+  }
+  throw std::out_of_range("no parameter named " + name);
+}
+
+int64_t ParamStore::global_index(size_t i, int64_t local) const {
+  const ParamInfo& p = infos_[i];
+  if (p.shard_dim < 0 || p.shard_count == 1) return local;
+  // Row-major: split the local index into (outer, shard dim, inner) and offset the shard dim.
+  const auto& ls = p.local_shape;
+  const auto& gs = p.global_shape;
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(p.shard_dim) + 1; d < ls.size(); ++d) inner *= ls[d];
+  const int64_t dim_local = ls[static_cast<size_t>(p.shard_dim)];
+  const int64_t dim_global = gs[static_cast<size_t>(p.shard_dim)];
+  const int64_t in = local % inner;
+  const int64_t mid = (local / inner) % dim_local;
+  const int64_t outer = local / (inner * dim_local);
+  return (outer * dim_global + p.shard_rank * dim_local + mid) * inner + in;
+}
+
+void ParamStore::initialize(uint64_t seed) {
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    const ParamInfo& p = infos_[i];
+    float* w = param(i);
+    switch (p.init) {
+      case InitKind::kZeros: std::memset(w, 0, static_cast<size_t>(p.numel) * sizeof(float)); break;
+      case InitKind::kOnes:
+        for (int64_t e = 0; e < p.numel; ++e) w[e] = 1.0f;
+        break;
+      case InitKind::kNormal: {
+        const uint64_t key = rng_key(seed, p.name);
+        for (int64_t e = 0; e < p.numel; ++e) {
+          w[e] = p.init_std * philox_normal(key, static_cast<uint64_t>(global_index(i, e)));
+        }
+        break;
+      }
+    }
+  }
+}
+
+void ParamStore::zero_grads() { std::memset(grads_.raw(), 0, grads_.nbytes()); }
+
+}  // namespace mt

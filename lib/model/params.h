@@ -1,0 +1,60 @@
+// params.h: the parameters of one rank's model shard in contiguous fp32 buffers (weights and their
+// gradient accumulators), each parameter a view with its global shape, its shard and how it is
+// initialised. Flat buffers are what DP buckets, the distributed optimizer and checkpoints work on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace mt {
+
+enum class InitKind { kNormal, kZeros, kOnes };
+
+struct ParamInfo {
+  std::string name;                   // global name, e.g. "layers.3.mlp.fc2.weight"
+  std::vector<int64_t> global_shape;  // shape of the whole parameter
+  std::vector<int64_t> local_shape;   // shape of this rank's shard
+  int shard_dim = -1;                 // dimension split over TP (-1: replicated)
+  int64_t shard_rank = 0, shard_count = 1;
+  InitKind init = InitKind::kNormal;
+  float init_std = 0.02f;
+  bool weight_decay = true;           // Megatron: no decay on biases and norm weights
+  int64_t offset = 0;                 // element offset in the flat buffers
+  int64_t numel = 0;
+};
+
+class ParamStore {
+ public:
+  // Registers a parameter; returns its index. Offsets are assigned in registration order.
+  size_t add(ParamInfo info);
+  // Allocates the flat buffers (zeroed). No add() after this.
+  void allocate();
+  // Draws every parameter from the counter-based RNG: element e of the *global* tensor of parameter p
+  // gets normal(key(seed, p.name), e) * std, so a shard holds exactly its slice of the full model.
+  void initialize(uint64_t seed);
+
+  size_t size() const { return infos_.size(); }
+  int64_t numel() const { return total_; }
+  const ParamInfo& info(size_t i) const { return infos_[i]; }
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  size_t index_of(const std::string& name) const;
+
+  float* param(size_t i) const { return params_.f32() + infos_[i].offset; }
+  float* grad(size_t i) const { return grads_.f32() + infos_[i].offset; }
+  const Tensor& params() const { return params_; }
+  const Tensor& grads() const { return grads_; }
+  void zero_grads();
+
+  // Global element index of local element `local` of parameter i (for init and resharding).
+  int64_t global_index(size_t i, int64_t local) const;
+
+ private:
+  std::vector<ParamInfo> infos_;
+  int64_t total_ = 0;
+  Tensor params_, grads_;
+};
+
+}  // namespace mt

@@ -1,0 +1,39 @@
+// loss_scaler.cpp: Megatron's DynamicGradScaler behaviour.
+#include "optim/loss_scaler.h"
+
+#include <algorithm>
+
+namespace mt {
+
+LossScaler::LossScaler(const Config& c) {
+  if (!c.precision.fp16) return;
+  if (c.precision.loss_scale) {
+    scale_ = static_cast<float>(*c.precision.loss_scale);
+    return;
+  }
+  dynamic_ = true;
+  scale_ = static_cast<float>(c.precision.initial_loss_scale);
+  min_scale_ = static_cast<float>(c.precision.min_loss_scale);
+  window_ = c.precision.loss_scale_window;
+  hysteresis_ = hysteresis_left_ = c.precision.hysteresis;
+}
+
+bool LossScaler::update(bool overflow) {
+  if (!overflow) {
+    if (dynamic_ && ++clean_steps_ % window_ == 0) {
+      scale_ *= 2.0f;
+      hysteresis_left_ = hysteresis_;
+    }
+    return false;
+  }
+  if (dynamic_) {
+    clean_steps_ = 0;
+    if (--hysteresis_left_ <= 0) {
+      scale_ = std::max(min_scale_, scale_ / 2.0f);
+      hysteresis_left_ = hysteresis_;
+    }
+  }
+  return true;
+}
+
+}  // namespace mt

@@ -1,0 +1,17 @@
+// schedule.h: pipeline schedules. The "no pipelining" schedule runs every microbatch's forward and
+// backward in turn on one stage; 1F1B and interleaved schedules replace it when PP > 1.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "model/gpt_model.h"
+
+namespace mt {
+
+// Returns the mean loss over the microbatches; gradients of loss * grad_scale accumulate.
+double forward_backward_no_pipelining(GPTModel& model, int64_t num_microbatches,
+                                      const std::function<Microbatch(int64_t)>& get_microbatch, int64_t step,
+                                      float grad_scale);
+
+}  // namespace mt

@@ -1,0 +1,15 @@
+// capabilities.h: what this build can train. Flags that are accepted (they are Megatron's) but whose
+// feature is not implemented yet are refused here, loudly, before any work starts.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace mt {
+
+// One line per unsupported feature in use, naming the flag and what to do instead.
+std::vector<std::string> unsupported_features(const Config& cfg, int64_t world_size);
+
+}  // namespace mt

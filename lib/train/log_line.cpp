@@ -1,0 +1,54 @@
+// log_line.cpp: Megatron's training_log() shape.
+#include "train/log_line.h"
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+namespace mt {
+
+std::string timestamp_now() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+std::string format_iteration_line(const IterationStats& s) {
+  char buf[1024];
+  int n = std::snprintf(buf, sizeof(buf),
+                        " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+                        "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch size: %5lld | "
+                        "lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | ",
+                        timestamp_now().c_str(), static_cast<long long>(s.iteration), static_cast<long long>(s.train_iters),
+                        static_cast<long long>(s.consumed_samples), s.ms_per_iter, s.tflops_per_gpu, s.lr,
+                        static_cast<long long>(s.global_batch), s.loss, s.loss_scale, s.grad_norm);
+  std::string out(buf, static_cast<size_t>(n));
+  if (s.params_norm >= 0) {
+    std::snprintf(buf, sizeof(buf), "params norm: %.3f | ", s.params_norm);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof(buf), "number of skipped iterations: %3lld | number of nan iterations: %3lld | tokens/s/GPU: %.0f | ",
+                static_cast<long long>(s.skipped), static_cast<long long>(s.nan_iters), s.tokens_per_s_per_gpu);
+  out += buf;
+  if (s.mfu >= 0) {
+    std::snprintf(buf, sizeof(buf), "MFU: %.1f%% |", 100.0 * s.mfu);
+    out += buf;
+  } else {
+    out += "MFU: n/a (no GPU peak) |";
+  }
+  return out;
+}
+
+std::string format_validation_line(int64_t iteration, double loss) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | ",
+                static_cast<long long>(iteration), loss, std::exp(std::min(loss, 20.0)));
+  const std::string line(buf);
+  const std::string bar(line.size() + 1, '-');
+  return bar + "\n" + line + "\n" + bar;
+}
+
+}  // namespace mt

@@ -1,0 +1,23 @@
+// log_line.h: Megatron's training and validation log lines (same fields, same order, so existing log
+// parsers work) with tokens/s/GPU and MFU added at the end.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace mt {
+
+struct IterationStats {
+  int64_t iteration = 0, train_iters = 0, consumed_samples = 0, global_batch = 0;
+  double ms_per_iter = 0, tflops_per_gpu = 0, lr = 0, loss = 0, loss_scale = 1, grad_norm = 0;
+  int64_t skipped = 0, nan_iters = 0;
+  double tokens_per_s_per_gpu = 0;
+  double mfu = -1;  // < 0: unknown peak (CPU)
+  double params_norm = -1;
+};
+
+std::string format_iteration_line(const IterationStats& s);
+std::string format_validation_line(int64_t iteration, double loss);
+std::string timestamp_now();
+
+}  // namespace mt

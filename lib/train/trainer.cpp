@@ -1,0 +1,182 @@
+// trainer.cpp: Megatron's train() loop on the reference engine.
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "config/errors.h"
+#include "data/token_source.h"
+#include "model/gpt_model.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+#include "pipeline/schedule.h"
+#include "plan/flops.h"
+#include "train/log_line.h"
+
+namespace mt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return buf;
+}
+
+double evaluate(GPTModel& model, const TokenSource& src, const Config& cfg, ProcessGroups& groups, int64_t step) {
+  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
+  const int64_t dp = groups.dp->size(), r = groups.dp->rank();
+  const int64_t per_iter = cfg.derived.global_batch_size;
+  double sum = 0;
+  int64_t n = 0;
+  for (int64_t it = 0; it < cfg.logging.eval_iters; ++it) {
+    for (int64_t m = 0; m < cfg.derived.num_microbatches; ++m) {
+      const int64_t first = it * per_iter + m * mbs * dp + r * mbs;
+      const Microbatch mb = make_microbatch(src, Split::kValid, first, mbs, S, cfg);
+      sum += model.forward(mb, step, false);
+      ++n;
+    }
+  }
+  double buf[2] = {sum, static_cast<double>(n)};
+  groups.dp->all_reduce(buf, 2, ReduceOp::kSum);
+  return buf[0] / std::max(1.0, buf[1]);
+}
+
+}  // namespace
+
+TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& opt) {
+  const bool lead = opt.rank == 0 && !opt.quiet;
+  auto src = make_token_source(cfg);
+  if (cfg.derived.vocab_size != src->vocab_size()) {
+    throw ConfigError("the data has a vocabulary of " + std::to_string(src->vocab_size()) + " but the model was configured for " +
+                      std::to_string(cfg.derived.vocab_size) + ": fix --vocab-size or --tokenizer-type");
+  }
+  GPTModel model(cfg, groups);
+  Optimizer optimizer(cfg, model.params(), groups);
+  LrSchedule schedule(cfg);
+  LossScaler scaler(cfg);
+  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
+  const int64_t nmb = cfg.derived.num_microbatches, gbs = cfg.derived.global_batch_size;
+  const int64_t world = cfg.derived.world_size;
+  const int64_t dp = groups.dp->size(), dp_rank = groups.dp->rank();
+  const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : *cfg.training.train_samples / gbs;
+  const double flops_iter = flops_per_iteration(cfg);
+  const double peak = 0;  // the CPU engine has no meaningful peak: MFU is reported on GPUs
+  const bool has_valid = src->has_split(Split::kValid) && cfg.logging.eval_iters > 0;
+
+  std::unique_ptr<std::ofstream> metrics;
+  const std::string log_dir = cfg.logging.log_dir.value_or(cfg.checkpoint.save.value_or(""));
+  if (opt.rank == 0 && !log_dir.empty()) {
+    std::filesystem::create_directories(log_dir);
+    metrics = std::make_unique<std::ofstream>(std::filesystem::path(log_dir) / "metrics.jsonl", std::ios::app);
+    if (!*metrics) throw ConfigError("cannot write " + log_dir + "/metrics.jsonl: check --log-dir");
+  }
+  if (lead) {
+    const double p = static_cast<double>(model.params().numel());
+    std::cout << "megatrain: data: " << src->describe() << "\n";
+    std::cout << "megatrain: model: " << model.params().numel() << " parameters on this rank; memory: weights "
+              << mib(p * 4) << ", gradients " << mib(p * 4) << ", optimizer state " << mib(static_cast<double>(optimizer.state_bytes()))
+              << " (fp32 reference engine on CPU)\n";
+    std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens ("
+              << nmb << " microbatches of " << mbs << " per data-parallel rank), world size " << world << "\n"
+              << std::flush;
+  }
+
+  TrainResult res;
+  IterationStats acc;
+  int64_t nan_in_a_row = 0;
+  double interval_loss = 0;
+  int64_t interval_iters = 0;
+  auto interval_start = Clock::now();
+  for (int64_t it = 1; it <= iters; ++it) {
+    model.params().zero_grads();
+    const float loss_scale = scaler.scale();
+    // One schedule step: every microbatch of this DP rank, forward then backward (no pipelining).
+    const int64_t base = (it - 1) * gbs;
+    const double loss = forward_backward_no_pipelining(
+        model, nmb,
+        [&](int64_t m) { return make_microbatch(*src, Split::kTrain, base + m * mbs * dp + dp_rank * mbs, mbs, S, cfg); },
+        it, loss_scale / static_cast<float>(nmb));
+    double loss_avg = loss;
+    groups.dp->all_reduce(&loss_avg, 1, ReduceOp::kAvg);
+    groups.dp->all_reduce(model.params().grads().f32(), model.params().numel(), ReduceOp::kAvg);
+    const double lr = schedule.lr(it);
+    StepResult step{};
+    const bool loss_finite = std::isfinite(loss_avg);
+    if (loss_finite) step = optimizer.step(lr, loss_scale);
+    const bool nonfinite = !loss_finite || step.skipped;
+    if (scaler.update(nonfinite) && cfg.precision.fp16 && loss_finite) {
+      ++res.skipped;  // fp16 overflow: the scaler shrinks and the step is skipped
+    } else if (nonfinite) {
+      ++res.nan_iterations;
+      ++res.skipped;
+    }
+    nan_in_a_row = nonfinite && !cfg.precision.fp16 ? nan_in_a_row + 1 : 0;
+    if (nan_in_a_row >= cfg.training.exit_on_nan_count) {
+      throw std::runtime_error("loss or gradient norm was not finite for " + std::to_string(nan_in_a_row) +
+                               " iterations in a row (last at iteration " + std::to_string(it) +
+                               "): lower --lr, raise --lr-warmup-iters or check the data");
+    }
+    res.losses.push_back(loss_avg);
+    res.iterations = it;
+    if (loss_finite) {
+      interval_loss += loss_avg;
+      ++interval_iters;
+    }
+    acc.grad_norm = step.grad_norm;
+    acc.lr = lr;
+    if (it % cfg.logging.log_interval == 0 || it == iters) {
+      const double secs = std::chrono::duration<double>(Clock::now() - interval_start).count();
+      const int64_t n_iter = it % cfg.logging.log_interval == 0 ? cfg.logging.log_interval : it % cfg.logging.log_interval;
+      IterationStats s = acc;
+      s.iteration = it;
+      s.train_iters = iters;
+      s.consumed_samples = it * gbs;
+      s.global_batch = gbs;
+      s.ms_per_iter = 1000.0 * secs / static_cast<double>(n_iter);
+      s.tflops_per_gpu = flops_iter / (secs / static_cast<double>(n_iter)) / static_cast<double>(world) / 1e12;
+      s.loss = interval_iters ? interval_loss / static_cast<double>(interval_iters) : NAN;
+      s.loss_scale = loss_scale;
+      s.skipped = res.skipped;
+      s.nan_iters = res.nan_iterations;
+      s.tokens_per_s_per_gpu = static_cast<double>(gbs * S) / (secs / static_cast<double>(n_iter)) / static_cast<double>(world);
+      s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
+      if (cfg.logging.log_params_norm) {
+        double sq = 0;
+        const float* w = model.params().params().f32();
+        for (int64_t i = 0; i < model.params().numel(); ++i) sq += static_cast<double>(w[i]) * w[i];
+        s.params_norm = std::sqrt(sq);
+      }
+      if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
+      if (metrics) {
+        nlohmann::json j = {{"iteration", it}, {"consumed_samples", s.consumed_samples}, {"lm_loss", s.loss},
+                            {"learning_rate", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
+                            {"ms_per_iteration", s.ms_per_iter}, {"tokens_per_s_per_gpu", s.tokens_per_s_per_gpu},
+                            {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},
+                            {"nan_iterations", s.nan_iters}};
+        if (s.mfu >= 0) j["mfu"] = s.mfu;
+        *metrics << j.dump() << "\n" << std::flush;
+      }
+      interval_loss = 0;
+      interval_iters = 0;
+      interval_start = Clock::now();
+    }
+    if (has_valid && (it % cfg.logging.eval_interval == 0 || it == iters)) {
+      const double vl = evaluate(model, *src, cfg, groups, it);
+      res.valid_losses.push_back(vl);
+      if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
+      if (metrics) *metrics << nlohmann::json{{"iteration", it}, {"validation_lm_loss", vl}}.dump() << "\n" << std::flush;
+      interval_start = Clock::now();  // evaluation time is not training time
+    }
+  }
+  return res;
+}
+
+}  // namespace mt

@@ -1,0 +1,28 @@
+// trainer.h: the training loop: microbatches through the schedule, gradient reduction, optimizer
+// step, learning-rate schedule, logging (one Megatron line per --log-interval, on rank 0), metrics
+// file, non-finite loss handling and periodic validation.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "config/config.h"
+
+namespace mt {
+
+struct TrainResult {
+  std::vector<double> losses;       // per iteration (mean over microbatches), skipped ones included
+  std::vector<double> valid_losses; // per validation run
+  int64_t iterations = 0;
+  int64_t skipped = 0, nan_iterations = 0;
+};
+
+struct TrainOptions {
+  bool quiet = false;  // no log lines (tests)
+  int64_t rank = 0;
+};
+
+TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& opt = {});
+
+}  // namespace mt
