@@ -1,0 +1,124 @@
+// test_model_grad.cpp: whole-model gradient checks (every parameter of a 2-layer GPT and a 2-layer
+// LLaMA with GQA against central finite differences, fp32), and layout-independent initialisation.
+#include <cmath>
+
+#include "catch.h"
+#include "config/resolve.h"
+#include "grad_check.h"
+#include "model/gpt_model.h"
+
+using namespace mt;
+using namespace mt::test;
+
+namespace {
+
+Config tiny(bool llama) {
+  Config c;
+  c.model.num_layers = 2;
+  c.model.hidden_size = 16;
+  c.model.num_attention_heads = 4;
+  c.model.vocab_size = 11;
+  c.model.make_vocab_size_divisible_by = 1;
+  c.model.hidden_dropout = 0;
+  c.model.attention_dropout = 0;
+  c.model.init_method_std = 0.3;
+  c.model.max_position_embeddings = 8;
+  c.data.seq_length = 6;
+  c.training.micro_batch_size = 2;
+  if (llama) {
+    c.model.normalization = "RMSNorm";
+    c.model.swiglu = true;
+    c.model.ffn_hidden_size = 24;
+    c.model.position_embedding_type = "rope";
+    c.model.group_query_attention = true;
+    c.model.num_query_groups = 2;
+    c.model.untie_embeddings_and_output_weights = true;
+    c.model.disable_bias_linear = true;
+  } else {
+    c.model.ffn_hidden_size = 20;
+  }
+  resolve(c, 1);
+  return c;
+}
+
+Microbatch batch() {
+  Microbatch mb;
+  mb.B = 2;
+  mb.S = 6;
+  mb.tokens = {1, 5, 3, 9, 0, 2, 4, 4, 7, 10, 6, 8};
+  mb.labels = {5, 3, 9, 0, 2, 7, 4, 7, 10, 6, 8, 1};
+  mb.positions = {0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5};
+  mb.loss_mask = {1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1};
+  return mb;
+}
+
+void check_model(bool llama) {
+  Config c = tiny(llama);
+  GPTModel model(c, ProcessGroups::single());
+  const Microbatch mb = batch();
+  ParamStore& ps = model.params();
+  ps.zero_grads();
+  model.forward(mb, 1);
+  model.backward(1.0f);
+  std::vector<float> analytic(ps.grads().f32(), ps.grads().f32() + ps.numel());
+  auto loss = [&] { return static_cast<double>(model.forward(mb, 1)); };
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const ParamInfo& p = ps.info(i);
+    // Up to 24 elements spread over the parameter.
+    const int64_t stride = std::max<int64_t>(1, p.numel / 24);
+    double num_sq = 0, diff_sq = 0;
+    for (int64_t e = 0; e < p.numel; e += stride) {
+      const double n = numeric_grad(loss, ps.param(i) + e, 2e-2);
+      const double a = analytic[static_cast<size_t>(p.offset + e)];
+      num_sq += n * n;
+      diff_sq += (a - n) * (a - n);
+    }
+    INFO(p.name << ": |analytic - numeric| / |numeric| = " << std::sqrt(diff_sq / std::max(num_sq, 1e-30)));
+    CHECK(std::sqrt(diff_sq) <= 1e-3 * std::sqrt(num_sq) + 1e-7);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("whole-model gradient check: 2-layer GPT (LayerNorm, GELU, learned positions, biases, tied)") {
+  check_model(false);
+}
+
+TEST_CASE("whole-model gradient check: 2-layer LLaMA (RMSNorm, SwiGLU, RoPE, GQA, untied, no bias)") {
+  check_model(true);
+}
+
+TEST_CASE("initialisation: Megatron's scheme, and a shard holds its slice of the full model") {
+  Config c = tiny(false);
+  c.model.init_method_std = 0.02;
+  GPTModel a(c, ProcessGroups::single());
+  const ParamStore& ps = a.params();
+  const size_t fc2 = ps.index_of("layers.1.mlp.fc2.weight");
+  const size_t ln = ps.index_of("layers.0.input_norm.weight");
+  const size_t bias = ps.index_of("layers.0.attention.qkv.bias");
+  CHECK(ps.param(ln)[0] == 1.0f);
+  CHECK(ps.param(bias)[3] == 0.0f);
+  CHECK_FALSE(ps.info(ln).weight_decay);
+  CHECK(ps.info(fc2).weight_decay);
+  double sq = 0;
+  for (int64_t e = 0; e < ps.info(fc2).numel; ++e) sq += std::pow(ps.param(fc2)[e], 2);
+  const double std_fc2 = std::sqrt(sq / static_cast<double>(ps.info(fc2).numel));
+  CHECK(std_fc2 == Approx(0.02 / std::sqrt(4.0)).epsilon(0.25));  // output layers: std / sqrt(2L)
+  // A TP shard's local element maps to the global element it would be in the full tensor.
+  ParamStore shard;
+  ParamInfo p;
+  p.name = "layers.1.mlp.fc2.weight";
+  p.global_shape = ps.info(fc2).global_shape;  // [h, F], row-parallel: split on dim 1
+  p.local_shape = {p.global_shape[0], p.global_shape[1] / 2};
+  p.shard_dim = 1;
+  p.shard_rank = 1;
+  p.shard_count = 2;
+  p.init_std = ps.info(fc2).init_std;
+  shard.add(p);
+  shard.allocate();
+  shard.initialize(static_cast<uint64_t>(c.training.seed));
+  const int64_t F = p.global_shape[1];
+  for (int64_t r = 0; r < p.global_shape[0]; ++r) {
+    for (int64_t j = 0; j < F / 2; ++j) CHECK(shard.param(0)[r * (F / 2) + j] == ps.param(fc2)[r * F + F / 2 + j]);
+  }
+}

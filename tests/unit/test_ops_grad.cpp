@@ -1,0 +1,232 @@
+// test_ops_grad.cpp: every CPU op's backward against finite differences, on random odd shapes.
+#include <cstring>
+#include <vector>
+
+#include "catch.h"
+#include "grad_check.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/dropout.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rope.h"
+
+using namespace mt;
+using namespace mt::test;
+using Vec = std::vector<float>;
+
+namespace {
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// Checks analytic gradient `g` of scalar f with respect to every element of x.
+void check_all(const std::function<double()>& f, Vec& x, const Vec& g, const char* what, double atol = 2e-3,
+               double rtol = 1e-2) {
+  std::vector<double> a, n;
+  for (size_t i = 0; i < x.size(); ++i) {
+    n.push_back(numeric_grad(f, &x[i]));
+    a.push_back(g[i]);
+  }
+  INFO(what);
+  CHECK(worst_ratio(a, n, atol, rtol) <= 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("layernorm and rmsnorm backward") {
+  for (auto [N, h] : {std::pair<int64_t, int64_t>{3, 7}, {5, 16}}) {
+    Vec x(static_cast<size_t>(N * h)), w(static_cast<size_t>(h)), b(static_cast<size_t>(h)), R(x.size());
+    fill_normal(x, 1);
+    fill_normal(w, 2);
+    fill_normal(b, 3);
+    fill_normal(R, 4);
+    Vec out(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    auto f_ln = [&] {
+      cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, h, 1e-5f);
+      return dot(out, R);
+    };
+    f_ln();
+    Vec dx(x.size()), dw(w.size(), 0), db(b.size(), 0);
+    cpu::layernorm_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), N, h);
+    check_all(f_ln, x, dx, "layernorm dx");
+    check_all(f_ln, w, dw, "layernorm dw");
+    check_all(f_ln, b, db, "layernorm db");
+    auto f_rms = [&] {
+      cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, h, 1e-5f);
+      return dot(out, R);
+    };
+    f_rms();
+    Vec dx2(x.size()), dw2(w.size(), 0);
+    cpu::rmsnorm_backward(dx2.data(), dw2.data(), R.data(), x.data(), w.data(), rstd.data(), N, h);
+    check_all(f_rms, x, dx2, "rmsnorm dx");
+    check_all(f_rms, w, dw2, "rmsnorm dw");
+  }
+}
+
+TEST_CASE("linear backward (with and without bias)") {
+  const int64_t N = 5, in = 7, out = 3;
+  Vec x(static_cast<size_t>(N * in)), w(static_cast<size_t>(out * in)), b(static_cast<size_t>(out)), R(static_cast<size_t>(N * out));
+  fill_normal(x, 5);
+  fill_normal(w, 6);
+  fill_normal(b, 7);
+  fill_normal(R, 8);
+  Vec y(R.size());
+  for (bool bias : {true, false}) {
+    auto f = [&] {
+      cpu::linear_forward(y.data(), x.data(), w.data(), bias ? b.data() : nullptr, N, in, out);
+      return dot(y, R);
+    };
+    Vec dx(x.size()), dw(w.size(), 0), db(b.size(), 0);
+    cpu::linear_backward(dx.data(), dw.data(), bias ? db.data() : nullptr, R.data(), x.data(), w.data(), N, in, out);
+    check_all(f, x, dx, "linear dx");
+    check_all(f, w, dw, "linear dw");
+    if (bias) check_all(f, b, db, "linear db");
+  }
+}
+
+TEST_CASE("gelu and swiglu backward") {
+  Vec x(23), R(23), y(23);
+  fill_normal(x, 9, 2.0f);
+  fill_normal(R, 10);
+  auto f = [&] {
+    cpu::gelu_forward(y.data(), x.data(), 23);
+    return dot(y, R);
+  };
+  Vec dx(23);
+  cpu::gelu_backward(dx.data(), R.data(), x.data(), 23);
+  check_all(f, x, dx, "gelu");
+  const int64_t N = 3, F = 5;
+  Vec xs(static_cast<size_t>(N * 2 * F)), Rs(static_cast<size_t>(N * F)), ys(Rs.size());
+  fill_normal(xs, 11, 2.0f);
+  fill_normal(Rs, 12);
+  auto fs = [&] {
+    cpu::swiglu_forward(ys.data(), xs.data(), N, F);
+    return dot(ys, Rs);
+  };
+  Vec dxs(xs.size());
+  cpu::swiglu_backward(dxs.data(), Rs.data(), xs.data(), N, F);
+  check_all(fs, xs, dxs, "swiglu");
+}
+
+TEST_CASE("rope backward, full and partial rotary") {
+  const int64_t T = 5, H = 3, d = 8;
+  std::vector<int32_t> pos = {0, 1, 2, 7, 3};
+  for (int64_t rot : {int64_t{8}, int64_t{4}}) {
+    Vec x(static_cast<size_t>(T * H * d)), R(x.size()), y(x.size());
+    fill_normal(x, 13);
+    fill_normal(R, 14);
+    auto f = [&] {
+      y = x;
+      cpu::rope_forward(y.data(), pos.data(), T, H, d, rot, 10000.0f);
+      return dot(y, R);
+    };
+    Vec dx = R;
+    cpu::rope_backward(dx.data(), pos.data(), T, H, d, rot, 10000.0f);
+    check_all(f, x, dx, "rope");
+  }
+}
+
+TEST_CASE("causal GQA attention backward, with and without dropout") {
+  const int64_t B = 2, S = 5, nh = 4, ng = 2, d = 3;
+  for (float p : {0.0f, 0.3f}) {
+    cpu::AttentionShape s{B, S, nh, ng, d, 1.0f / std::sqrt(3.0f), p, 77, 10, 0};
+    Vec q(static_cast<size_t>(B * S * nh * d)), k(static_cast<size_t>(B * S * ng * d)), v(k.size()), R(q.size());
+    fill_normal(q, 15);
+    fill_normal(k, 16);
+    fill_normal(v, 17);
+    fill_normal(R, 18);
+    Vec out(q.size()), probs(static_cast<size_t>(B * nh * S * S));
+    auto f = [&] {
+      cpu::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
+      return dot(out, R);
+    };
+    f();
+    Vec dq(q.size()), dk(k.size()), dv(v.size()), scratch(static_cast<size_t>(S * S));
+    cpu::attention_backward(dq.data(), dk.data(), dv.data(), R.data(), probs.data(), q.data(), k.data(), v.data(), s, scratch.data());
+    check_all(f, q, dq, "attention dq");
+    check_all(f, k, dk, "attention dk");
+    check_all(f, v, dv, "attention dv");
+  }
+  // Causality: the first position's output depends on the first key/value only.
+  cpu::AttentionShape s{1, 3, 1, 1, 2, 1.0f, 0.0f, 0, 0, 0};
+  Vec q = {1, 2, 3, 4, 5, 6}, k = {1, 0, 0, 1, 1, 1}, v = {7, 8, 1, 1, 2, 2}, out(6), probs(9);
+  cpu::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
+  CHECK(out[0] == Approx(7.0f));
+  CHECK(out[1] == Approx(8.0f));
+}
+
+TEST_CASE("QKV split and merge are inverse, in Megatron's grouped layout") {
+  const int64_t T = 3, nh = 4, ng = 2, d = 2;
+  Vec qkv(static_cast<size_t>(T * (nh + 2 * ng) * d));
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i);
+  Vec q(static_cast<size_t>(T * nh * d)), k(static_cast<size_t>(T * ng * d)), v(k.size()), back(qkv.size());
+  cpu::qkv_split(q.data(), k.data(), v.data(), qkv.data(), T, nh, ng, d);
+  CHECK(q[0] == 0);   // group 0: q heads 0,1 then k, v
+  CHECK(k[0] == 4);
+  CHECK(v[0] == 6);
+  CHECK(q[4] == 8);   // head 2 is the first query head of group 1
+  cpu::qkv_merge(back.data(), q.data(), k.data(), v.data(), T, nh, ng, d);
+  CHECK(back == qkv);
+}
+
+TEST_CASE("cross-entropy backward and value") {
+  const int64_t N = 4, V = 9;
+  Vec logits(static_cast<size_t>(N * V)), w = {0.5f, 1.0f, 0.0f, 2.0f}, losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N));
+  fill_normal(logits, 19, 3.0f);
+  std::vector<int32_t> t = {0, 8, 3, 3};
+  auto f = [&] {
+    cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(), t.data(), N, V);
+    return dot(losses, w);
+  };
+  f();
+  Vec d(logits.size());
+  cpu::cross_entropy_backward(d.data(), logits.data(), lse.data(), t.data(), w.data(), N, V);
+  check_all(f, logits, d, "cross entropy");
+  Vec u(static_cast<size_t>(V), 0.0f);
+  std::vector<int32_t> t0 = {2};
+  float l, s;
+  cpu::cross_entropy_forward(&l, &s, u.data(), t0.data(), 1, V);
+  CHECK(l == Approx(std::log(9.0)));
+}
+
+TEST_CASE("embedding backward, vocab-parallel shard, learned positions") {
+  const int64_t T = 5, h = 3, V = 6;
+  std::vector<int32_t> tok = {1, 4, 1, 5, 0}, pos = {0, 1, 2, 3, 4};
+  Vec wte(static_cast<size_t>(V * h)), wpe(static_cast<size_t>(5 * h)), R(static_cast<size_t>(T * h)), out(R.size());
+  fill_normal(wte, 20);
+  fill_normal(wpe, 21);
+  fill_normal(R, 22);
+  // Shard holding rows [3, 6): tokens 1 and 0 give zeros.
+  auto f = [&] {
+    cpu::embedding_forward(out.data(), tok.data(), pos.data(), wte.data() + 3 * h, wpe.data(), T, h, 3, 3);
+    return dot(out, R);
+  };
+  Vec dwte(wte.size(), 0), dwpe(wpe.size(), 0);
+  cpu::embedding_backward(dwte.data() + 3 * h, dwpe.data(), R.data(), tok.data(), pos.data(), T, h, 3, 3);
+  check_all(f, wte, dwte, "embedding dwte");
+  check_all(f, wpe, dwpe, "embedding dwpe");
+}
+
+TEST_CASE("dropout: counter-based mask, scaled, backward applies the same mask") {
+  Vec x(1000, 1.0f), y(1000), dy(1000, 1.0f), dx(1000);
+  cpu::dropout_forward(y.data(), x.data(), 1000, 0.25f, 42, 7);
+  cpu::dropout_backward(dx.data(), dy.data(), 1000, 0.25f, 42, 7);
+  int zeros = 0;
+  for (int i = 0; i < 1000; ++i) {
+    CHECK(dx[static_cast<size_t>(i)] == y[static_cast<size_t>(i)]);
+    if (y[static_cast<size_t>(i)] == 0) ++zeros;
+    else CHECK(y[static_cast<size_t>(i)] == Approx(1.0f / 0.75f));
+  }
+  CHECK(zeros > 200);
+  CHECK(zeros < 300);
+  // The same element index gives the same decision whatever the offset split.
+  Vec y2(500);
+  cpu::dropout_forward(y2.data(), x.data(), 500, 0.25f, 42, 507);
+  CHECK(std::memcmp(y2.data(), y.data() + 500, 500 * sizeof(float)) == 0);
+}

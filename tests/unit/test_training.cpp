@@ -1,0 +1,192 @@
+// test_training.cpp: the reference engine trains: tinyshakespeare bytes beat the unigram entropy,
+// runs are bit-identical, mock data is learnable, schedules and scalers follow Megatron.
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include "catch.h"
+#include "config/errors.h"
+#include "config/resolve.h"
+#include "config/validate.h"
+#include "config/yaml_io.h"
+#include "data/mock_dataset.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+#include "tensor/dtype.h"
+#include "train/trainer.h"
+
+using namespace mt;
+
+namespace {
+
+const std::string kShakespeare = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
+
+Config tiny_llama_on_shakespeare(int64_t iters) {
+  Config c;
+  apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
+  c.data.text_data_path = kShakespeare;
+  c.training.train_iters = iters;
+  c.logging.eval_interval = iters;
+  c.logging.eval_iters = 4;
+  REQUIRE(validate(c, 1, Purpose::kTrain).ok());
+  resolve(c, 1, 257);
+  return c;
+}
+
+double unigram_entropy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::map<int, double> count;
+  for (auto b : bytes) count[b] += 1;
+  double h = 0;
+  for (auto& [k, v] : count) h -= v / static_cast<double>(bytes.size()) * std::log(v / static_cast<double>(bytes.size()));
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("a tiny LLaMA on tinyshakespeare bytes beats the unigram entropy; same seed, identical losses") {
+  const double h1 = unigram_entropy(kShakespeare);
+  CHECK(h1 == Approx(3.3128).epsilon(1e-3));
+  const Config c = tiny_llama_on_shakespeare(60);
+  const TrainResult a = train(c, ProcessGroups::single(), {true, 0});
+  REQUIRE(a.valid_losses.size() == 1);
+  INFO("validation loss " << a.valid_losses.back() << " vs unigram entropy " << h1);
+  CHECK(a.losses.front() > 5.0);                 // starts near ln(257) = 5.55
+  CHECK(a.valid_losses.back() < h1 - 0.5);       // a clear margin below a unigram model
+  const TrainResult b = train(c, ProcessGroups::single(), {true, 0});
+  REQUIRE(a.losses.size() == b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) CHECK(a.losses[i] == b.losses[i]);  // bit-identical
+  Config other = c;
+  other.training.seed = 4321;
+  const TrainResult d = train(other, ProcessGroups::single(), {true, 0});
+  CHECK(d.losses[5] != a.losses[5]);
+}
+
+TEST_CASE("mock data is Megatron's and learnable; dropout and bf16 train too") {
+  MockDataset m(100, 1234, 16);
+  std::vector<int32_t> s(17);
+  m.sample(Split::kTrain, 0, 17, s.data());
+  CHECK(s[0] == 1);
+  for (size_t i = 1; i < s.size(); ++i) CHECK((s[i] == s[i - 1] + 1 || s[i] == m.eod() || s[i - 1] == m.eod() || s[i] == 1));
+  std::vector<int32_t> next(17);
+  m.sample(Split::kTrain, 1, 17, next.data());
+  CHECK(next[0] == s[16]);  // consecutive samples overlap by one token
+
+  Config c;
+  c.model.num_layers = 2;
+  c.model.hidden_size = 32;
+  c.model.num_attention_heads = 4;
+  c.model.max_position_embeddings = 64;
+  c.model.vocab_size = 128;
+  c.data.seq_length = 64;
+  c.data.mock_data = true;
+  c.training.micro_batch_size = 4;
+  c.training.train_iters = 40;
+  c.training.lr = 3e-3;
+  c.logging.eval_iters = 0;
+  c.precision.bf16 = true;
+  resolve(c, 1);
+  const TrainResult r = train(c, ProcessGroups::single(), {true, 0});
+  CHECK(r.losses.back() < r.losses.front() - 1.0);
+}
+
+TEST_CASE("non-finite losses are counted, and stop the run after --exit-on-nan-count in a row") {
+  Config c = tiny_llama_on_shakespeare(10);
+  c.model.init_method_std = 1e30;  // overflows: every loss is inf or NaN
+  c.training.exit_on_nan_count = 3;
+  try {
+    train(c, ProcessGroups::single(), {true, 0});
+    FAIL("expected the run to stop");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()).find("not finite for 3 iterations in a row (last at iteration 3)") != std::string::npos);
+  }
+}
+
+TEST_CASE("learning-rate schedules follow Megatron's formulas") {
+  Config c;
+  c.training.lr = 1.0;
+  c.training.min_lr = 0.1;
+  c.training.train_iters = 110;
+  c.training.lr_warmup_iters = 10;
+  c.training.lr_warmup_init = 0.0;
+  c.training.lr_decay_style = "linear";
+  LrSchedule lin(c);
+  CHECK(lin.lr(5) == Approx(0.5));
+  CHECK(lin.lr(10) == Approx(1.0));
+  CHECK(lin.lr(60) == Approx(0.55));
+  CHECK(lin.lr(110) == Approx(0.1));
+  CHECK(lin.lr(500) == Approx(0.1));
+  c.training.lr_decay_style = "cosine";
+  LrSchedule cosine(c);
+  CHECK(cosine.lr(60) == Approx(0.55));
+  CHECK(cosine.lr(35) == Approx(0.1 + 0.9 * 0.5 * (std::cos(M_PI * 0.25) + 1)));
+  c.training.lr_decay_style = "constant";
+  CHECK(LrSchedule(c).lr(100) == Approx(1.0));
+  c.training.lr_decay_style = "inverse-square-root";
+  CHECK(LrSchedule(c).lr(40) == Approx(std::sqrt(10.0 / 40.0)));
+  c.training.lr_decay_style = "WSD";
+  c.training.lr_wsd_decay_iters = 20;
+  c.training.lr_wsd_decay_style = "linear";
+  LrSchedule wsd(c);
+  CHECK(wsd.lr(80) == Approx(1.0));
+  CHECK(wsd.lr(100) == Approx(0.55));
+  c.training.lr_decay_style = "linear";
+  c.training.lr_warmup_iters = 0;
+  c.training.lr_warmup_fraction = 0.1;
+  c.training.lr_decay_iters = 200;
+  CHECK(LrSchedule(c).warmup_steps() == 20);
+}
+
+TEST_CASE("fp16 dynamic loss scaling: shrink after hysteresis, grow after the window") {
+  Config c;
+  c.precision.fp16 = true;
+  c.precision.initial_loss_scale = 1024;
+  c.precision.loss_scale_window = 3;
+  c.precision.hysteresis = 2;
+  LossScaler s(c);
+  CHECK(s.scale() == 1024);
+  CHECK(s.update(true));   // skip, hysteresis 2 -> 1
+  CHECK(s.scale() == 1024);
+  CHECK(s.update(true));   // skip, halve
+  CHECK(s.scale() == 512);
+  CHECK_FALSE(s.update(false));
+  CHECK_FALSE(s.update(false));
+  CHECK_FALSE(s.update(false));
+  CHECK(s.scale() == 1024);
+  Config b;
+  b.precision.bf16 = true;
+  CHECK(LossScaler(b).scale() == 1.0f);
+}
+
+TEST_CASE("AdamW step: decoupled decay, bias correction, no decay on norms; bf16 working weights") {
+  Config c;
+  c.training.weight_decay = 0.1;
+  c.training.clip_grad = 0;
+  c.precision.bf16 = true;
+  ParamStore ps;
+  ParamInfo w;
+  w.name = "w";
+  w.global_shape = w.local_shape = {2, 1};
+  w.init = InitKind::kOnes;
+  ParamInfo n;
+  n.name = "norm";
+  n.global_shape = n.local_shape = {1};
+  n.init = InitKind::kOnes;
+  n.weight_decay = false;
+  ps.add(w);
+  ps.add(n);
+  ps.allocate();
+  ps.initialize(1);
+  ps.param(0)[1] = 1.001f;  // not bf16-representable: the working copy rounds it
+  Optimizer opt(c, ps, ProcessGroups::single());
+  CHECK(ps.param(0)[1] == round_bf16(1.001f));
+  for (int i = 0; i < 3; ++i) ps.grad(static_cast<size_t>(i / 2))[i % 2] = 0.5f;
+  const StepResult r = opt.step(0.01, 1.0f);
+  CHECK(r.grad_norm == Approx(std::sqrt(3 * 0.25)));
+  // First Adam step: m/bc1 = g, v/bc2 = g^2, update = g/(|g|+eps) ~ 1.
+  CHECK(ps.param(0)[0] == round_bf16(static_cast<float>(1.0 - 0.01 * (1.0 + 0.1 * 1.0))));
+  CHECK(ps.param(1)[0] == round_bf16(static_cast<float>(1.0 - 0.01 * 1.0)));
+}
