@@ -6,6 +6,7 @@
 #include "config/yaml_io.h"
 #include "config_setup.h"
 #include "parallel/launcher.h"
+#include "tensor/device_info.h"
 #include "train/capabilities.h"
 #include "train/trainer.h"
 
@@ -30,7 +31,10 @@ int run_train(int argc, char** argv) {
                       "--tokenizer-type ByteTokenizer (with --text-data-path)");
   }
   if (lead && cfg.logging.device == "auto") {
-    std::cerr << "megatrain: note: running on the CPU reference engine (this build has no CUDA training engine yet)\n";
+    const auto gpus = visible_gpus();
+    std::cerr << "megatrain: note: training on the CPU reference engine: "
+              << (gpus.empty() ? gpu_unavailable_reason() : gpus.front().name + " is visible, but the CUDA training engine is not in this build yet")
+              << "\n";
   }
   train(cfg, ProcessGroups::single(), TrainOptions{false, launch.rank});
   return 0;

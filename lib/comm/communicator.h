@@ -1,15 +1,23 @@
 // communicator.h: the one collective interface layers and the trainer call (shared/DESIGN.md). With a
-// group of one rank every call is a no-op, so single-process code runs the same path as parallel code.
-// MPI (host buffers) and NCCL (device buffers) implementations plug in behind it.
+// group of one rank every call is a copy or a no-op, so single-process code runs the same path as
+// parallel code. MPI (host buffers, lib/comm/mpi_communicator) and NCCL (device buffers) plug in here.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
 namespace mt {
 
 enum class ReduceOp { kSum, kAvg, kMax };
+
+// A non-blocking collective in flight; wait() completes it (idempotent).
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual void wait() = 0;
+};
 
 class Communicator {
  public:
@@ -18,8 +26,23 @@ class Communicator {
   virtual int size() const = 0;
   virtual void all_reduce(float* data, int64_t n, ReduceOp op) = 0;
   virtual void all_reduce(double* data, int64_t n, ReduceOp op) = 0;
+  virtual std::unique_ptr<CommRequest> all_reduce_async(float* data, int64_t n, ReduceOp op) = 0;
+  // recv[n] = reduce over ranks of send[rank * n .. rank * n + n).
+  virtual void reduce_scatter(const float* send, float* recv, int64_t n, ReduceOp op) = 0;
+  // recv[r * n .. r * n + n) = send of rank r.
+  virtual void all_gather(const float* send, float* recv, int64_t n) = 0;
+  virtual std::unique_ptr<CommRequest> all_gather_async(const float* send, float* recv, int64_t n) = 0;
+  // recv[r * n ..) = send[rank's block for me] of rank r; blocks of n elements.
+  virtual void all_to_all(const float* send, float* recv, int64_t n) = 0;
+  virtual void send(const float* data, int64_t n, int peer) = 0;
+  virtual void recv(float* data, int64_t n, int peer) = 0;
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
+};
+
+class DoneRequest final : public CommRequest {
+ public:
+  void wait() override {}
 };
 
 // A group of one: this process alone.
@@ -29,16 +52,31 @@ class SelfCommunicator final : public Communicator {
   int size() const override { return 1; }
   void all_reduce(float*, int64_t, ReduceOp) override {}
   void all_reduce(double*, int64_t, ReduceOp) override {}
+  std::unique_ptr<CommRequest> all_reduce_async(float*, int64_t, ReduceOp) override { return std::make_unique<DoneRequest>(); }
+  void reduce_scatter(const float* send, float* recv, int64_t n, ReduceOp) override { copy(send, recv, n); }
+  void all_gather(const float* send, float* recv, int64_t n) override { copy(send, recv, n); }
+  std::unique_ptr<CommRequest> all_gather_async(const float* send, float* recv, int64_t n) override {
+    copy(send, recv, n);
+    return std::make_unique<DoneRequest>();
+  }
+  void all_to_all(const float* send, float* recv, int64_t n) override { copy(send, recv, n); }
+  void send(const float*, int64_t, int) override {}
+  void recv(float*, int64_t, int) override {}
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
+
+ private:
+  static void copy(const float* s, float* d, int64_t n) {
+    if (s != d) std::memmove(d, s, static_cast<size_t>(n) * sizeof(float));
+  }
 };
 
 // The groups one rank takes part in (from the rank layout).
 struct ProcessGroups {
-  std::shared_ptr<Communicator> world, tp, dp, pp, dp_cp;
+  std::shared_ptr<Communicator> world, tp, dp, pp, cp, dp_cp, embedding;
   static ProcessGroups single() {
     auto self = std::make_shared<SelfCommunicator>();
-    return ProcessGroups{self, self, self, self, self};
+    return ProcessGroups{self, self, self, self, self, self, self};
   }
 };
 

@@ -1,0 +1,267 @@
+// mpi_communicator.cpp: MPI collectives (chunked below 2^31 elements), group construction, watchdog.
+#include "comm/mpi_communicator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+namespace mt {
+namespace {
+
+constexpr int64_t kChunk = INT_MAX / 2;
+
+std::atomic<int64_t> g_since_ns{0};       // when the collective in flight started (0: none)
+std::atomic<const char*> g_op{""};
+std::string g_group_name;                // guarded by g_mu
+std::mutex g_mu;
+std::atomic<int64_t> g_world_rank{0};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Marks a collective in flight for the watchdog.
+class InFlight {
+ public:
+  InFlight(const char* op, const std::string& group) {
+    g_op = op;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      g_group_name = group;
+    }
+    g_since_ns = now_ns();
+  }
+  ~InFlight() { g_since_ns = 0; }
+};
+
+void check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw std::runtime_error(std::string("MPI ") + what + " failed: " + std::string(msg, static_cast<size_t>(len)));
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
+
+template <typename T>
+void scale(T* data, int64_t n, double s) {
+  for (int64_t i = 0; i < n; ++i) data[i] = static_cast<T>(data[i] * s);
+}
+
+class MpiRequest final : public CommRequest {
+ public:
+  MpiRequest(std::vector<MPI_Request> reqs, std::string group, std::function<void()> after)
+      : reqs_(std::move(reqs)), group_(std::move(group)), after_(std::move(after)) {}
+  ~MpiRequest() override {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    InFlight guard("wait", group_);
+    check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "Waitall");
+    done_ = true;
+    if (after_) after_();
+  }
+
+ private:
+  std::vector<MPI_Request> reqs_;
+  std::string group_;
+  std::function<void()> after_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::all_reduce(float* data, int64_t n, ReduceOp op) {
+  if (size_ == 1) return;
+  InFlight guard("all-reduce", name_);
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int c = static_cast<int>(std::min(kChunk, n - off));
+    check(MPI_Allreduce(MPI_IN_PLACE, data + off, c, MPI_FLOAT, mpi_op(op), comm_), "Allreduce");
+  }
+  if (op == ReduceOp::kAvg) scale(data, n, 1.0 / size_);
+}
+
+void MpiCommunicator::all_reduce(double* data, int64_t n, ReduceOp op) {
+  if (size_ == 1) return;
+  InFlight guard("all-reduce", name_);
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int c = static_cast<int>(std::min(kChunk, n - off));
+    check(MPI_Allreduce(MPI_IN_PLACE, data + off, c, MPI_DOUBLE, mpi_op(op), comm_), "Allreduce");
+  }
+  if (op == ReduceOp::kAvg) scale(data, n, 1.0 / size_);
+}
+
+std::unique_ptr<CommRequest> MpiCommunicator::all_reduce_async(float* data, int64_t n, ReduceOp op) {
+  if (size_ == 1) return std::make_unique<DoneRequest>();
+  std::vector<MPI_Request> reqs;
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int c = static_cast<int>(std::min(kChunk, n - off));
+    reqs.emplace_back();
+    check(MPI_Iallreduce(MPI_IN_PLACE, data + off, c, MPI_FLOAT, mpi_op(op), comm_, &reqs.back()), "Iallreduce");
+  }
+  std::function<void()> after;
+  if (op == ReduceOp::kAvg) after = [data, n, s = size_] { scale(data, n, 1.0 / s); };
+  return std::make_unique<MpiRequest>(std::move(reqs), name_, std::move(after));
+}
+
+void MpiCommunicator::reduce_scatter(const float* send, float* recv, int64_t n, ReduceOp op) {
+  if (size_ == 1) {
+    if (send != recv) std::memmove(recv, send, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  if (n > kChunk) throw std::runtime_error("reduce-scatter block above 2^30 elements");
+  InFlight guard("reduce-scatter", name_);
+  check(MPI_Reduce_scatter_block(send, recv, static_cast<int>(n), MPI_FLOAT, mpi_op(op), comm_), "Reduce_scatter_block");
+  if (op == ReduceOp::kAvg) scale(recv, n, 1.0 / size_);
+}
+
+void MpiCommunicator::all_gather(const float* send, float* recv, int64_t n) { all_gather_async(send, recv, n)->wait(); }
+
+std::unique_ptr<CommRequest> MpiCommunicator::all_gather_async(const float* send, float* recv, int64_t n) {
+  if (size_ == 1) {
+    if (send != recv) std::memmove(recv, send, static_cast<size_t>(n) * sizeof(float));
+    return std::make_unique<DoneRequest>();
+  }
+  if (n > kChunk) throw std::runtime_error("all-gather block above 2^30 elements");
+  std::vector<MPI_Request> reqs(1);
+  // In place when send is this rank's block of recv.
+  const void* src = send == recv + static_cast<int64_t>(rank_) * n ? MPI_IN_PLACE : send;
+  check(MPI_Iallgather(src, static_cast<int>(n), MPI_FLOAT, recv, static_cast<int>(n), MPI_FLOAT, comm_, &reqs[0]), "Iallgather");
+  return std::make_unique<MpiRequest>(std::move(reqs), name_, nullptr);
+}
+
+void MpiCommunicator::all_to_all(const float* send, float* recv, int64_t n) {
+  if (n > kChunk) throw std::runtime_error("all-to-all block above 2^30 elements");
+  InFlight guard("all-to-all", name_);
+  check(MPI_Alltoall(send, static_cast<int>(n), MPI_FLOAT, recv, static_cast<int>(n), MPI_FLOAT, comm_), "Alltoall");
+}
+
+void MpiCommunicator::send(const float* data, int64_t n, int peer) {
+  InFlight guard("send", name_);
+  for (int64_t off = 0; off < n; off += kChunk) {
+    check(MPI_Send(data + off, static_cast<int>(std::min(kChunk, n - off)), MPI_FLOAT, peer, 0, comm_), "Send");
+  }
+}
+
+void MpiCommunicator::recv(float* data, int64_t n, int peer) {
+  InFlight guard("recv", name_);
+  for (int64_t off = 0; off < n; off += kChunk) {
+    check(MPI_Recv(data + off, static_cast<int>(std::min(kChunk, n - off)), MPI_FLOAT, peer, 0, comm_, MPI_STATUS_IGNORE), "Recv");
+  }
+}
+
+void MpiCommunicator::broadcast(void* data, int64_t bytes, int root) {
+  if (size_ == 1) return;
+  InFlight guard("broadcast", name_);
+  char* p = static_cast<char*>(data);
+  for (int64_t off = 0; off < bytes; off += kChunk) {
+    check(MPI_Bcast(p + off, static_cast<int>(std::min(kChunk, bytes - off)), MPI_BYTE, root, comm_), "Bcast");
+  }
+}
+
+void MpiCommunicator::barrier() {
+  if (size_ == 1) return;
+  InFlight guard("barrier", name_);
+  check(MPI_Barrier(comm_), "Barrier");
+}
+
+void mpi_initialize(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  g_world_rank = rank;
+}
+
+bool mpi_active() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+void mpi_finalize() {
+  if (mpi_active()) MPI_Finalize();
+}
+
+void mpi_abort_job(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+ProcessGroups make_mpi_process_groups(const RankLayout& layout, int64_t r) {
+  auto split = [&](const RankGrid& grid, const std::string& dims, const std::string& name) -> std::shared_ptr<Communicator> {
+    const auto members = grid.group_of(r, dims);
+    MPI_Comm c;
+    check(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(members.front()), static_cast<int>(r), &c), "Comm_split");
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    return std::make_shared<MpiCommunicator>(c, name);
+  };
+  ProcessGroups g;
+  g.world = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, "world");
+  g.tp = split(layout.dense(), "tp", "tensor-parallel");
+  g.dp = split(layout.dense(), "dp", "data-parallel");
+  g.pp = split(layout.dense(), "pp", "pipeline-parallel");
+  g.cp = split(layout.dense(), "cp", "context-parallel");
+  g.dp_cp = split(layout.dense(), "dp-cp", "data-parallel x context-parallel");
+  const RankGroups rg = layout.groups(r);
+  MPI_Comm e;
+  const int color = rg.embedding.empty() ? MPI_UNDEFINED : static_cast<int>(rg.embedding.front());
+  check(MPI_Comm_split(MPI_COMM_WORLD, color, static_cast<int>(r), &e), "Comm_split");
+  if (e != MPI_COMM_NULL) g.embedding = std::make_shared<MpiCommunicator>(e, "embedding");
+  else g.embedding = std::make_shared<SelfCommunicator>();
+  return g;
+}
+
+void start_collective_watchdog(int64_t timeout_seconds, int64_t world_rank) {
+  g_world_rank = world_rank;
+  std::thread([timeout_seconds] {
+    const int64_t limit = timeout_seconds * 1000000000LL;
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const int64_t since = g_since_ns.load();
+      if (since != 0 && now_ns() - since > limit) {
+        std::string group;
+        {
+          std::lock_guard<std::mutex> lock(g_mu);
+          group = g_group_name;
+        }
+        std::fprintf(stderr,
+                     "megatrain: error: rank %lld waited more than %lld s in %s on the %s group: another rank has "
+                     "probably failed (see its message above); aborting the job (--distributed-timeout-seconds)\n",
+                     static_cast<long long>(g_world_rank.load()), static_cast<long long>(timeout_seconds), g_op.load(),
+                     group.c_str());
+        mpi_abort_job(3);
+      }
+    }
+  }).detach();
+}
+
+}  // namespace mt

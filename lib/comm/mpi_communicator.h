@@ -1,0 +1,54 @@
+// mpi_communicator.h: Communicator over MPI for host (CPU) buffers, the process groups of a rank
+// layout as MPI sub-communicators, and the collective watchdog that turns a hang after another rank's
+// failure into an exit with a message within --distributed-timeout-seconds.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+#include "comm/communicator.h"
+#include "parallel/rank_layout.h"
+
+namespace mt {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of comm (freed unless it is MPI_COMM_WORLD).
+  MpiCommunicator(MPI_Comm comm, std::string name);
+  ~MpiCommunicator() override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce(float* data, int64_t n, ReduceOp op) override;
+  void all_reduce(double* data, int64_t n, ReduceOp op) override;
+  std::unique_ptr<CommRequest> all_reduce_async(float* data, int64_t n, ReduceOp op) override;
+  void reduce_scatter(const float* send, float* recv, int64_t n, ReduceOp op) override;
+  void all_gather(const float* send, float* recv, int64_t n) override;
+  std::unique_ptr<CommRequest> all_gather_async(const float* send, float* recv, int64_t n) override;
+  void all_to_all(const float* send, float* recv, int64_t n) override;
+  void send(const float* data, int64_t n, int peer) override;
+  void recv(float* data, int64_t n, int peer) override;
+  void broadcast(void* data, int64_t bytes, int root) override;
+  void barrier() override;
+
+ private:
+  MPI_Comm comm_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+};
+
+// MPI_Init_thread once (when launched by mpirun / srun); the world rank and size.
+void mpi_initialize(int* argc, char*** argv);
+bool mpi_active();
+void mpi_finalize();
+// Prints the message on this rank and aborts the whole job (never returns).
+[[noreturn]] void mpi_abort_job(int code);
+
+// Every group of `layout` this rank belongs to, as MPI communicators.
+ProcessGroups make_mpi_process_groups(const RankLayout& layout, int64_t world_rank);
+
+// Starts the watchdog: a collective that has not completed after `timeout_seconds` aborts the job
+// with a message naming the operation and the group.
+void start_collective_watchdog(int64_t timeout_seconds, int64_t world_rank);
+
+}  // namespace mt

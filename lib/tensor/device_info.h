@@ -1,0 +1,24 @@
+// device_info.h: which GPUs this process sees (name, memory, compute capability, peak bf16 TFLOP/s
+// for MFU). Compiled with the CUDA runtime when the CUDA backend is built; reports none otherwise.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  size_t memory_bytes = 0;
+  int major = 0, minor = 0;
+  int sm_count = 0;
+};
+
+// Empty when the build has no CUDA backend, no driver is loaded, or no device is visible.
+std::vector<GpuInfo> visible_gpus();
+// Why no GPU is visible (for messages), "" when some are.
+std::string gpu_unavailable_reason();
+bool built_with_cuda();
+
+}  // namespace mt
