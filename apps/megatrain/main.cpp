@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "config/errors.h"
+#include "parallel/launcher.h"
 
 namespace {
 
@@ -16,6 +17,14 @@ void print_usage() {
                "  megatrain plan --world-size N   check a layout and estimate memory and time, no GPU needed\n\n"
                "  megatrain train --help          every flag, grouped like Megatron's arguments\n"
                "  megatrain plan --help           planner options\n";
+}
+
+bool is_lead_rank() {
+  try {
+    return mt::detect_launch().rank == 0;
+  } catch (...) {
+    return true;
+  }
 }
 
 }  // namespace
@@ -39,10 +48,13 @@ int main(int argc, char** argv) {
     }
     return mt::run_train(argc, argv);
   } catch (const mt::ConfigErrors& e) {
-    for (const auto& m : e.messages) std::cerr << "megatrain: error: " << m << "\n";
+    // Every rank finds the same configuration errors: rank 0 says them.
+    if (is_lead_rank()) {
+      for (const auto& m : e.messages) std::cerr << "megatrain: error: " << m << "\n";
+    }
     return 2;
   } catch (const mt::ConfigError& e) {
-    std::cerr << "megatrain: error: " << e.what() << "\n";
+    if (is_lead_rank()) std::cerr << "megatrain: error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "megatrain: error: " << e.what() << "\n";

@@ -4,7 +4,9 @@
 #include "commands.h"
 #include "config/errors.h"
 #include "config/yaml_io.h"
+#include "comm/mpi_communicator.h"
 #include "config_setup.h"
+#include "parallel/rank_layout.h"
 #include "parallel/launcher.h"
 #include "tensor/device_info.h"
 #include "train/capabilities.h"
@@ -36,7 +38,33 @@ int run_train(int argc, char** argv) {
               << (gpus.empty() ? gpu_unavailable_reason() : gpus.front().name + " is visible, but the CUDA training engine is not in this build yet")
               << "\n";
   }
-  train(cfg, ProcessGroups::single(), TrainOptions{false, launch.rank});
+  ProcessGroups groups = ProcessGroups::single();
+  if (launch.world_size > 1) {
+    if (launch.kind == LauncherKind::kTorchrun) {
+      throw ConfigError("CPU multi-rank training runs under mpirun or srun (MPI); this torchrun-style launch needs the "
+                        "CUDA engine's NCCL rendezvous, which is not in this build yet");
+    }
+    mpi_initialize(&argc, &argv);
+    const RankLayout layout = RankLayout::from_config(cfg, launch.world_size);
+    groups = make_mpi_process_groups(layout, launch.rank);
+    start_collective_watchdog(cfg.parallel.distributed_timeout_seconds, launch.rank);
+    if (lead) {
+      std::cerr << "megatrain: " << launch.world_size << " ranks (" << launcher_name(launch.kind) << "): TP "
+                << cfg.parallel.tensor_model_parallel_size << " x DP " << cfg.derived.data_parallel_size
+                << ", collectives over MPI\n";
+    }
+  }
+  try {
+    train(cfg, groups, TrainOptions{false, launch.rank});
+  } catch (const std::exception& e) {
+    if (launch.world_size > 1 && mpi_active()) {
+      std::cerr << "megatrain: error on rank " << launch.rank << ": " << e.what() << "\n";
+      mpi_abort_job(1);
+    }
+    throw;
+  }
+  groups = ProcessGroups::single();  // free the MPI communicators before finalising
+  mpi_finalize();
   return 0;
 }
 

@@ -29,6 +29,10 @@ class Communicator {
   virtual std::unique_ptr<CommRequest> all_reduce_async(float* data, int64_t n, ReduceOp op) = 0;
   // recv[n] = reduce over ranks of send[rank * n .. rank * n + n).
   virtual void reduce_scatter(const float* send, float* recv, int64_t n, ReduceOp op) = 0;
+  // Uneven blocks: counts[r] elements for rank r, laid out back to back in the full buffer.
+  virtual std::unique_ptr<CommRequest> reduce_scatter_v_async(const float* full, float* mine, const std::vector<int64_t>& counts,
+                                                              ReduceOp op) = 0;
+  virtual std::unique_ptr<CommRequest> all_gather_v_async(const float* mine, float* full, const std::vector<int64_t>& counts) = 0;
   // recv[r * n .. r * n + n) = send of rank r.
   virtual void all_gather(const float* send, float* recv, int64_t n) = 0;
   virtual std::unique_ptr<CommRequest> all_gather_async(const float* send, float* recv, int64_t n) = 0;
@@ -60,6 +64,15 @@ class SelfCommunicator final : public Communicator {
     return std::make_unique<DoneRequest>();
   }
   void all_to_all(const float* send, float* recv, int64_t n) override { copy(send, recv, n); }
+  std::unique_ptr<CommRequest> reduce_scatter_v_async(const float* full, float* mine, const std::vector<int64_t>& counts,
+                                                      ReduceOp) override {
+    copy(full, mine, counts.at(0));
+    return std::make_unique<DoneRequest>();
+  }
+  std::unique_ptr<CommRequest> all_gather_v_async(const float* mine, float* full, const std::vector<int64_t>& counts) override {
+    copy(mine, full, counts.at(0));
+    return std::make_unique<DoneRequest>();
+  }
   void send(const float*, int64_t, int) override {}
   void recv(float*, int64_t, int) override {}
   void broadcast(void*, int64_t, int) override {}

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -158,6 +160,49 @@ void MpiCommunicator::all_to_all(const float* send, float* recv, int64_t n) {
   if (n > kChunk) throw std::runtime_error("all-to-all block above 2^30 elements");
   InFlight guard("all-to-all", name_);
   check(MPI_Alltoall(send, static_cast<int>(n), MPI_FLOAT, recv, static_cast<int>(n), MPI_FLOAT, comm_), "Alltoall");
+}
+
+namespace {
+std::vector<int> int_counts(const std::vector<int64_t>& counts, std::vector<int>* displs) {
+  std::vector<int> c;
+  int64_t off = 0;
+  for (auto n : counts) {
+    if (n > kChunk || off > INT_MAX) throw std::runtime_error("bucket above 2^30 elements: lower --ddp-bucket-size");
+    c.push_back(static_cast<int>(n));
+    if (displs) displs->push_back(static_cast<int>(off));
+    off += n;
+  }
+  return c;
+}
+}  // namespace
+
+std::unique_ptr<CommRequest> MpiCommunicator::reduce_scatter_v_async(const float* full, float* mine,
+                                                                     const std::vector<int64_t>& counts, ReduceOp op) {
+  const int64_t n = counts.at(static_cast<size_t>(rank_));
+  if (size_ == 1) {
+    if (full != mine) std::memmove(mine, full, static_cast<size_t>(n) * sizeof(float));
+    return std::make_unique<DoneRequest>();
+  }
+  auto c = std::make_shared<std::vector<int>>(int_counts(counts, nullptr));
+  std::vector<MPI_Request> reqs(1);
+  check(MPI_Ireduce_scatter(full, mine, c->data(), MPI_FLOAT, mpi_op(op), comm_, &reqs[0]), "Ireduce_scatter");
+  std::function<void()> after = [c] {};  // keeps the counts alive until completion
+  if (op == ReduceOp::kAvg) after = [c, mine, n, s = size_] { scale(mine, n, 1.0 / s); };
+  return std::make_unique<MpiRequest>(std::move(reqs), name_, std::move(after));
+}
+
+std::unique_ptr<CommRequest> MpiCommunicator::all_gather_v_async(const float* mine, float* full, const std::vector<int64_t>& counts) {
+  if (size_ == 1) {
+    if (full != mine) std::memmove(full, mine, static_cast<size_t>(counts.at(0)) * sizeof(float));
+    return std::make_unique<DoneRequest>();
+  }
+  auto d = std::make_shared<std::vector<int>>();
+  auto c = std::make_shared<std::vector<int>>(int_counts(counts, d.get()));
+  std::vector<MPI_Request> reqs(1);
+  const void* src = mine == full + (*d)[static_cast<size_t>(rank_)] ? MPI_IN_PLACE : mine;
+  check(MPI_Iallgatherv(src, (*c)[static_cast<size_t>(rank_)], MPI_FLOAT, full, c->data(), d->data(), MPI_FLOAT, comm_, &reqs[0]),
+        "Iallgatherv");
+  return std::make_unique<MpiRequest>(std::move(reqs), name_, [c, d] {});
 }
 
 void MpiCommunicator::send(const float* data, int64_t n, int peer) {

@@ -26,6 +26,9 @@ class MpiCommunicator final : public Communicator {
   void all_gather(const float* send, float* recv, int64_t n) override;
   std::unique_ptr<CommRequest> all_gather_async(const float* send, float* recv, int64_t n) override;
   void all_to_all(const float* send, float* recv, int64_t n) override;
+  std::unique_ptr<CommRequest> reduce_scatter_v_async(const float* full, float* mine, const std::vector<int64_t>& counts,
+                                                      ReduceOp op) override;
+  std::unique_ptr<CommRequest> all_gather_v_async(const float* mine, float* full, const std::vector<int64_t>& counts) override;
   void send(const float* data, int64_t n, int peer) override;
   void recv(float* data, int64_t n, int peer) override;
   void broadcast(void* data, int64_t bytes, int root) override;

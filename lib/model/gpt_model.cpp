@@ -44,6 +44,7 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp) {
   d.rope = c.model.position_embedding_type == "rope";
   d.learned_pos = c.model.position_embedding_type == "learned_absolute";
   d.tied = !c.model.untie_embeddings_and_output_weights;
+  d.sequence_parallel = c.parallel.sequence_parallel && tp > 1;
   d.eps = static_cast<float>(c.model.norm_epsilon);
   d.rope_base = static_cast<float>(c.model.rotary_base);
   d.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
@@ -61,12 +62,13 @@ struct GPTModel::Layer {
 };
 
 // Activations of one microbatch kept for backward.
+// Token-sharded tensors (x, norms, x2) hold the local Tl tokens; *_full ones all T (gathered under SP).
 struct GPTModel::Record {
   struct L {
-    Buf x, ln1, mean1, rstd1, q, k, v, probs, ctx, x2, ln2, mean2, rstd2, fc1, act;
+    Buf x, ln1, ln1_full, mean1, rstd1, q, k, v, probs, ctx, x2, ln2, ln2_full, mean2, rstd2, fc1, act;
   };
   std::vector<L> layers;
-  Buf x_final, lnf, meanf, rstdf, logits, lse, losses;
+  Buf x_final, lnf, lnf_full, meanf, rstdf, logits, lse, losses;
   Microbatch mb;
   int64_t step = 0;
   float denom = 1;
@@ -108,7 +110,7 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
   const float std = static_cast<float>(cfg.model.init_method_std);
   const float out_std = std / std::sqrt(2.0f * static_cast<float>(D.L));
   const int64_t r = D.tp_rank, t = D.tp;
-  if (D.ng < t && t > 1) throw std::runtime_error("query groups fewer than TP are not supported by this engine yet");
+  if (D.ng < t && t > 1) throw std::runtime_error("--num-query-groups below TP (K/V replication) is not implemented yet");
   wte_ = params_.add(make_param("embedding.word_embeddings.weight", {D.V, D.h}, 0, r, t, InitKind::kNormal, std));
   if (D.learned_pos) {
     wpe_ = params_.add(make_param("embedding.position_embeddings.weight", {D.max_pos, D.h}, -1, r, t, InitKind::kNormal, std));
@@ -152,176 +154,227 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
 
 GPTModel::~GPTModel() = default;
 
+void GPTModel::gather_tokens(const float* local, float* full, int64_t Tl) const {
+  if (dims_.sequence_parallel) groups_.tp->all_gather(local, full, Tl * dims_.h);
+  else if (local != full) std::memcpy(full, local, static_cast<size_t>(Tl * dims_.h) * sizeof(float));
+}
+
+void GPTModel::reduce_tokens(float* full_partial, float* local, int64_t Tl) const {
+  if (dims_.sequence_parallel) {
+    groups_.tp->reduce_scatter(full_partial, local, Tl * dims_.h, ReduceOp::kSum);
+  } else {
+    groups_.tp->all_reduce(full_partial, Tl * dims_.h, ReduceOp::kSum);
+    if (local != full_partial) std::memcpy(local, full_partial, static_cast<size_t>(Tl * dims_.h) * sizeof(float));
+  }
+}
+
+// Dropout on tokens [t0, t0 + n) of the microbatch; the mask of a token depends on its global sample
+// and position only, so any DP or SP split draws the same one.
+void GPTModel::dropout_tokens(float* x, int64_t t0, int64_t n, int64_t layer, int site, bool backward) const {
+  const Record& R = *rec_;
+  const float p = R.training ? dims_.hidden_dropout : 0.0f;
+  if (p <= 0) return;
+  const int64_t S = R.mb.S, h = dims_.h;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = t0 + i;
+    const uint64_t key = dropout_key(seed_, R.step, R.mb.first_sample + t / S, layer, site);
+    float* row = x + i * h;
+    if (backward) cpu::dropout_backward(row, row, h, p, key, static_cast<uint64_t>((t % S) * h));
+    else cpu::dropout_forward(row, row, h, p, key, static_cast<uint64_t>((t % S) * h));
+  }
+}
+
+// Under SP every rank sees only its tokens, so the gradients of parameters replicated over TP (norms,
+// row-parallel biases, positions) are partial sums: add them up over TP.
+void GPTModel::all_reduce_replicated_grads(size_t first, size_t last) const {
+  if (!dims_.sequence_parallel || !finishing_) return;
+  for (size_t i = first; i < last; ++i) {
+    const ParamInfo& p = params_.info(i);
+    if (p.shard_dim < 0) groups_.tp->all_reduce(params_.grad(i), p.numel, ReduceOp::kSum);
+  }
+}
+
 float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
   const ModelDims& D = dims_;
   const int64_t B = mb.B, S = mb.S, T = B * S, h = D.h;
   if (S > D.max_pos) throw std::runtime_error("sequence longer than --max-position-embeddings");
+  if (D.sequence_parallel && T % D.tp != 0) {
+    throw std::runtime_error("sequence parallelism needs micro-batch-size x seq-length divisible by TP");
+  }
+  const int64_t Tl = D.sequence_parallel ? T / D.tp : T;
+  const int64_t t0 = D.sequence_parallel ? D.tp_rank * Tl : 0;
   Record& R = *rec_;
   R.mb = mb;
   R.step = step;
   R.training = training;
   R.layers.resize(static_cast<size_t>(D.L));
-  const float hd = training ? D.hidden_dropout : 0.0f;
   const float ad = training ? D.attention_dropout : 0.0f;
   const int64_t qkv_local = D.ng_local * (D.nh_local / D.ng_local + 2) * D.d;
   const int64_t fc1_out = D.F_local * (D.swiglu ? 2 : 1);
   auto P = [&](size_t i) { return params_.param(i); };
+  auto sz = [](int64_t n) { return static_cast<size_t>(n); };
 
-  Buf x(static_cast<size_t>(T * h));
-  cpu::embedding_forward(x.data(), mb.tokens.data(), mb.positions.data(), P(wte_), D.learned_pos ? P(wpe_) : nullptr, T, h,
-                         D.tp_rank * D.V_local, D.V_local);
-  groups_.tp->all_reduce(x.data(), T * h, ReduceOp::kSum);
-  if (hd > 0) {
-    for (int64_t b = 0; b < B; ++b) {
-      float* xs = x.data() + b * S * h;
-      cpu::dropout_forward(xs, xs, S * h, hd, dropout_key(seed_, step, mb.first_sample + b, -1, 0), 0);
+  // Embedding: vocab-parallel lookup summed over TP (scattered over tokens under SP), then positions.
+  Buf full(sz(T * h)), x(sz(Tl * h));
+  cpu::embedding_forward(full.data(), mb.tokens.data(), nullptr, P(wte_), nullptr, T, h, D.tp_rank * D.V_local, D.V_local);
+  reduce_tokens(full.data(), x.data(), Tl);
+  if (D.learned_pos) {
+    const float* wpe = P(wpe_);
+    for (int64_t i = 0; i < Tl; ++i) {
+      const float* pr = wpe + static_cast<int64_t>(mb.positions[sz(t0 + i)]) * h;
+      for (int64_t j = 0; j < h; ++j) x[sz(i * h + j)] += pr[j];
     }
   }
+  dropout_tokens(x.data(), t0, Tl, -1, 0, false);
+
   for (int64_t l = 0; l < D.L; ++l) {
-    const Layer& ly = layers_[static_cast<size_t>(l)];
-    auto& A = R.layers[static_cast<size_t>(l)];
+    const Layer& ly = layers_[sz(l)];
+    auto& A = R.layers[sz(l)];
     A.x = std::move(x);
-    A.ln1.resize(static_cast<size_t>(T * h));
-    A.mean1.resize(static_cast<size_t>(T));
-    A.rstd1.resize(static_cast<size_t>(T));
-    if (D.rms) cpu::rmsnorm_forward(A.ln1.data(), A.rstd1.data(), A.x.data(), P(ly.ln1_w), T, h, D.eps);
-    else cpu::layernorm_forward(A.ln1.data(), A.mean1.data(), A.rstd1.data(), A.x.data(), P(ly.ln1_w), P(ly.ln1_b), T, h, D.eps);
-    Buf qkv(static_cast<size_t>(T * qkv_local));
-    cpu::linear_forward(qkv.data(), A.ln1.data(), P(ly.qkv_w), D.bias ? P(ly.qkv_b) : nullptr, T, h, qkv_local);
-    A.q.resize(static_cast<size_t>(T * D.nh_local * D.d));
-    A.k.resize(static_cast<size_t>(T * D.ng_local * D.d));
-    A.v.resize(static_cast<size_t>(T * D.ng_local * D.d));
+    A.ln1.resize(sz(Tl * h));
+    A.mean1.resize(sz(Tl));
+    A.rstd1.resize(sz(Tl));
+    if (D.rms) cpu::rmsnorm_forward(A.ln1.data(), A.rstd1.data(), A.x.data(), P(ly.ln1_w), Tl, h, D.eps);
+    else cpu::layernorm_forward(A.ln1.data(), A.mean1.data(), A.rstd1.data(), A.x.data(), P(ly.ln1_w), P(ly.ln1_b), Tl, h, D.eps);
+    A.ln1_full.resize(sz(T * h));
+    gather_tokens(A.ln1.data(), A.ln1_full.data(), Tl);
+    Buf qkv(sz(T * qkv_local));
+    cpu::linear_forward(qkv.data(), A.ln1_full.data(), P(ly.qkv_w), D.bias ? P(ly.qkv_b) : nullptr, T, h, qkv_local);
+    A.q.resize(sz(T * D.nh_local * D.d));
+    A.k.resize(sz(T * D.ng_local * D.d));
+    A.v.resize(sz(T * D.ng_local * D.d));
     cpu::qkv_split(A.q.data(), A.k.data(), A.v.data(), qkv.data(), T, D.nh_local, D.ng_local, D.d);
     if (D.rope) {
       cpu::rope_forward(A.q.data(), mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
       cpu::rope_forward(A.k.data(), mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);
     }
-    A.probs.resize(static_cast<size_t>(B * D.nh_local * S * S));
-    A.ctx.resize(static_cast<size_t>(T * D.nh_local * D.d));
+    A.probs.resize(sz(B * D.nh_local * S * S));
+    A.ctx.resize(sz(T * D.nh_local * D.d));
     cpu::AttentionShape as{B, S, D.nh_local, D.ng_local, D.d, D.softmax_scale, ad,
                            dropout_key(seed_, step, 0, l, 1), mb.first_sample, D.tp_rank * D.nh_local};
     cpu::attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), as);
-    Buf proj(static_cast<size_t>(T * h));
+    Buf proj(sz(T * h)), proj_local(sz(Tl * h));
     cpu::linear_forward(proj.data(), A.ctx.data(), P(ly.proj_w), nullptr, T, D.nh_local * D.d, h);
-    groups_.tp->all_reduce(proj.data(), T * h, ReduceOp::kSum);
-    A.x2.resize(static_cast<size_t>(T * h));
-    for (int64_t i = 0; i < T * h; ++i) proj[static_cast<size_t>(i)] += D.bias ? P(ly.proj_b)[i % h] : 0.0f;
-    if (hd > 0) {
-      for (int64_t b = 0; b < B; ++b) {
-        float* ps = proj.data() + b * S * h;
-        cpu::dropout_forward(ps, ps, S * h, hd, dropout_key(seed_, step, mb.first_sample + b, l, 2), 0);
-      }
+    reduce_tokens(proj.data(), proj_local.data(), Tl);
+    if (D.bias) {
+      for (int64_t i = 0; i < Tl * h; ++i) proj_local[sz(i)] += P(ly.proj_b)[i % h];
     }
-    for (int64_t i = 0; i < T * h; ++i) A.x2[static_cast<size_t>(i)] = A.x[static_cast<size_t>(i)] + proj[static_cast<size_t>(i)];
-    A.ln2.resize(static_cast<size_t>(T * h));
-    A.mean2.resize(static_cast<size_t>(T));
-    A.rstd2.resize(static_cast<size_t>(T));
-    if (D.rms) cpu::rmsnorm_forward(A.ln2.data(), A.rstd2.data(), A.x2.data(), P(ly.ln2_w), T, h, D.eps);
-    else cpu::layernorm_forward(A.ln2.data(), A.mean2.data(), A.rstd2.data(), A.x2.data(), P(ly.ln2_w), P(ly.ln2_b), T, h, D.eps);
-    A.fc1.resize(static_cast<size_t>(T * fc1_out));
-    cpu::linear_forward(A.fc1.data(), A.ln2.data(), P(ly.fc1_w), D.bias ? P(ly.fc1_b) : nullptr, T, h, fc1_out);
-    A.act.resize(static_cast<size_t>(T * D.F_local));
+    dropout_tokens(proj_local.data(), t0, Tl, l, 2, false);
+    A.x2.resize(sz(Tl * h));
+    for (int64_t i = 0; i < Tl * h; ++i) A.x2[sz(i)] = A.x[sz(i)] + proj_local[sz(i)];
+    A.ln2.resize(sz(Tl * h));
+    A.mean2.resize(sz(Tl));
+    A.rstd2.resize(sz(Tl));
+    if (D.rms) cpu::rmsnorm_forward(A.ln2.data(), A.rstd2.data(), A.x2.data(), P(ly.ln2_w), Tl, h, D.eps);
+    else cpu::layernorm_forward(A.ln2.data(), A.mean2.data(), A.rstd2.data(), A.x2.data(), P(ly.ln2_w), P(ly.ln2_b), Tl, h, D.eps);
+    A.ln2_full.resize(sz(T * h));
+    gather_tokens(A.ln2.data(), A.ln2_full.data(), Tl);
+    A.fc1.resize(sz(T * fc1_out));
+    cpu::linear_forward(A.fc1.data(), A.ln2_full.data(), P(ly.fc1_w), D.bias ? P(ly.fc1_b) : nullptr, T, h, fc1_out);
+    A.act.resize(sz(T * D.F_local));
     if (D.swiglu) cpu::swiglu_forward(A.act.data(), A.fc1.data(), T, D.F_local);
     else cpu::gelu_forward(A.act.data(), A.fc1.data(), T * D.F_local);
-    Buf fc2(static_cast<size_t>(T * h));
+    Buf fc2(sz(T * h)), fc2_local(sz(Tl * h));
     cpu::linear_forward(fc2.data(), A.act.data(), P(ly.fc2_w), nullptr, T, D.F_local, h);
-    groups_.tp->all_reduce(fc2.data(), T * h, ReduceOp::kSum);
-    for (int64_t i = 0; i < T * h; ++i) fc2[static_cast<size_t>(i)] += D.bias ? P(ly.fc2_b)[i % h] : 0.0f;
-    if (hd > 0) {
-      for (int64_t b = 0; b < B; ++b) {
-        float* fs = fc2.data() + b * S * h;
-        cpu::dropout_forward(fs, fs, S * h, hd, dropout_key(seed_, step, mb.first_sample + b, l, 3), 0);
-      }
+    reduce_tokens(fc2.data(), fc2_local.data(), Tl);
+    if (D.bias) {
+      for (int64_t i = 0; i < Tl * h; ++i) fc2_local[sz(i)] += P(ly.fc2_b)[i % h];
     }
-    x.resize(static_cast<size_t>(T * h));
-    for (int64_t i = 0; i < T * h; ++i) x[static_cast<size_t>(i)] = A.x2[static_cast<size_t>(i)] + fc2[static_cast<size_t>(i)];
+    dropout_tokens(fc2_local.data(), t0, Tl, l, 3, false);
+    x.resize(sz(Tl * h));
+    for (int64_t i = 0; i < Tl * h; ++i) x[sz(i)] = A.x2[sz(i)] + fc2_local[sz(i)];
   }
   R.x_final = std::move(x);
-  R.lnf.resize(static_cast<size_t>(T * h));
-  R.meanf.resize(static_cast<size_t>(T));
-  R.rstdf.resize(static_cast<size_t>(T));
-  if (D.rms) cpu::rmsnorm_forward(R.lnf.data(), R.rstdf.data(), R.x_final.data(), P(final_w_), T, h, D.eps);
-  else cpu::layernorm_forward(R.lnf.data(), R.meanf.data(), R.rstdf.data(), R.x_final.data(), P(final_w_), P(final_b_), T, h, D.eps);
-  if (D.tp > 1) throw std::runtime_error("vocab-parallel cross-entropy is not in this engine yet");
-  R.logits.resize(static_cast<size_t>(T * D.V_local));
-  cpu::linear_forward(R.logits.data(), R.lnf.data(), P(out_w_), nullptr, T, h, D.V_local);
-  R.lse.resize(static_cast<size_t>(T));
-  R.losses.resize(static_cast<size_t>(T));
-  cpu::cross_entropy_forward(R.losses.data(), R.lse.data(), R.logits.data(), mb.labels.data(), T, D.V_local);
+  R.lnf.resize(sz(Tl * h));
+  R.meanf.resize(sz(Tl));
+  R.rstdf.resize(sz(Tl));
+  if (D.rms) cpu::rmsnorm_forward(R.lnf.data(), R.rstdf.data(), R.x_final.data(), P(final_w_), Tl, h, D.eps);
+  else cpu::layernorm_forward(R.lnf.data(), R.meanf.data(), R.rstdf.data(), R.x_final.data(), P(final_w_), P(final_b_), Tl, h, D.eps);
+  R.lnf_full.resize(sz(T * h));
+  gather_tokens(R.lnf.data(), R.lnf_full.data(), Tl);
+  // Output layer: column-parallel over the vocabulary; the loss combines the shards (no full logits).
+  R.logits.resize(sz(T * D.V_local));
+  cpu::linear_forward(R.logits.data(), R.lnf_full.data(), P(out_w_), nullptr, T, h, D.V_local);
+  R.lse.resize(sz(T));
+  R.losses.resize(sz(T));
+  cpu::VocabReduce reduce{[this](float* v, int64_t n) { groups_.tp->all_reduce(v, n, ReduceOp::kMax); },
+                          [this](float* v, int64_t n) { groups_.tp->all_reduce(v, n, ReduceOp::kSum); }};
+  cpu::cross_entropy_forward(R.losses.data(), R.lse.data(), R.logits.data(), mb.labels.data(), T, D.V_local,
+                             D.tp_rank * D.V_local, D.tp > 1 ? &reduce : nullptr);
   double num = 0, den = 0;
   for (int64_t i = 0; i < T; ++i) {
-    num += static_cast<double>(R.losses[static_cast<size_t>(i)]) * mb.loss_mask[static_cast<size_t>(i)];
-    den += mb.loss_mask[static_cast<size_t>(i)];
+    num += static_cast<double>(R.losses[sz(i)]) * mb.loss_mask[sz(i)];
+    den += mb.loss_mask[sz(i)];
   }
   R.denom = static_cast<float>(std::max(den, 1.0));
   return static_cast<float>(num / std::max(den, 1.0));
 }
 
-void GPTModel::backward(float scale) {
+void GPTModel::backward(float scale, bool last_microbatch) {
+  finishing_ = last_microbatch;
   const ModelDims& D = dims_;
   Record& R = *rec_;
   const Microbatch& mb = R.mb;
   const int64_t B = mb.B, S = mb.S, T = B * S, h = D.h;
-  const float hd = R.training ? D.hidden_dropout : 0.0f;
+  const int64_t Tl = D.sequence_parallel ? T / D.tp : T;
+  const int64_t t0 = D.sequence_parallel ? D.tp_rank * Tl : 0;
   const float ad = R.training ? D.attention_dropout : 0.0f;
   const int64_t qkv_local = D.ng_local * (D.nh_local / D.ng_local + 2) * D.d;
   const int64_t fc1_out = D.F_local * (D.swiglu ? 2 : 1);
   auto P = [&](size_t i) { return params_.param(i); };
   auto G = [&](size_t i) { return params_.grad(i); };
+  auto sz = [](int64_t n) { return static_cast<size_t>(n); };
+  auto ready = [&](size_t first_param) {
+    if (grads_ready_ && finishing_) grads_ready_(first_param == 0 ? 0 : params_.info(first_param).offset);
+  };
 
   // Loss -> logits (gradient written over the logits) -> final norm input.
-  Buf dloss(static_cast<size_t>(T));
-  for (int64_t i = 0; i < T; ++i) dloss[static_cast<size_t>(i)] = mb.loss_mask[static_cast<size_t>(i)] * scale / R.denom;
-  cpu::cross_entropy_backward(R.logits.data(), R.logits.data(), R.lse.data(), mb.labels.data(), dloss.data(), T, D.V_local);
-  Buf dlnf(static_cast<size_t>(T * h));
-  cpu::linear_backward(dlnf.data(), G(out_w_), nullptr, R.logits.data(), R.lnf.data(), P(out_w_), T, h, D.V_local);
-  Buf dx(static_cast<size_t>(T * h));
-  if (D.rms) cpu::rmsnorm_backward(dx.data(), G(final_w_), dlnf.data(), R.x_final.data(), P(final_w_), R.rstdf.data(), T, h);
-  else cpu::layernorm_backward(dx.data(), G(final_w_), G(final_b_), dlnf.data(), R.x_final.data(), P(final_w_), R.meanf.data(), R.rstdf.data(), T, h);
+  Buf dloss(sz(T));
+  for (int64_t i = 0; i < T; ++i) dloss[sz(i)] = mb.loss_mask[sz(i)] * scale / R.denom;
+  cpu::cross_entropy_backward(R.logits.data(), R.logits.data(), R.lse.data(), mb.labels.data(), dloss.data(), T, D.V_local,
+                              D.tp_rank * D.V_local);
+  Buf dfull(sz(T * h)), dlocal(sz(Tl * h));
+  cpu::linear_backward(dfull.data(), G(out_w_), nullptr, R.logits.data(), R.lnf_full.data(), P(out_w_), T, h, D.V_local);
+  reduce_tokens(dfull.data(), dlocal.data(), Tl);
+  Buf dx(sz(Tl * h));
+  if (D.rms) cpu::rmsnorm_backward(dx.data(), G(final_w_), dlocal.data(), R.x_final.data(), P(final_w_), R.rstdf.data(), Tl, h);
+  else cpu::layernorm_backward(dx.data(), G(final_w_), G(final_b_), dlocal.data(), R.x_final.data(), P(final_w_), R.meanf.data(), R.rstdf.data(), Tl, h);
+  all_reduce_replicated_grads(final_w_, params_.size());
+  if (!D.tied) ready(final_w_);
 
-  Buf tmp(static_cast<size_t>(T * h)), dln(static_cast<size_t>(T * h));
+  Buf dbranch(sz(Tl * h));
   for (int64_t l = D.L - 1; l >= 0; --l) {
-    const Layer& ly = layers_[static_cast<size_t>(l)];
-    auto& A = R.layers[static_cast<size_t>(l)];
+    const Layer& ly = layers_[sz(l)];
+    auto& A = R.layers[sz(l)];
     // MLP branch: out = x2 + drop(fc2(act(fc1(norm2(x2)))) + b2)
-    float* dmlp = tmp.data();
-    std::memcpy(dmlp, dx.data(), static_cast<size_t>(T * h) * sizeof(float));
-    if (hd > 0) {
-      for (int64_t b = 0; b < B; ++b) {
-        float* s = dmlp + b * S * h;
-        cpu::dropout_backward(s, s, S * h, hd, dropout_key(seed_, R.step, mb.first_sample + b, l, 3), 0);
-      }
-    }
+    std::memcpy(dbranch.data(), dx.data(), sz(Tl * h) * sizeof(float));
+    dropout_tokens(dbranch.data(), t0, Tl, l, 3, true);
     if (D.bias) {
-      for (int64_t i = 0; i < T * h; ++i) G(ly.fc2_b)[i % h] += dmlp[i];
+      for (int64_t i = 0; i < Tl * h; ++i) G(ly.fc2_b)[i % h] += dbranch[sz(i)];
     }
-    Buf dact(static_cast<size_t>(T * D.F_local));
-    cpu::linear_backward(dact.data(), G(ly.fc2_w), nullptr, dmlp, A.act.data(), P(ly.fc2_w), T, D.F_local, h);
-    Buf dfc1(static_cast<size_t>(T * fc1_out));
+    gather_tokens(dbranch.data(), dfull.data(), Tl);
+    Buf dact(sz(T * D.F_local));
+    cpu::linear_backward(dact.data(), G(ly.fc2_w), nullptr, dfull.data(), A.act.data(), P(ly.fc2_w), T, D.F_local, h);
+    Buf dfc1(sz(T * fc1_out));
     if (D.swiglu) cpu::swiglu_backward(dfc1.data(), dact.data(), A.fc1.data(), T, D.F_local);
     else cpu::gelu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * D.F_local);
-    cpu::linear_backward(dln.data(), G(ly.fc1_w), D.bias ? G(ly.fc1_b) : nullptr, dfc1.data(), A.ln2.data(), P(ly.fc1_w), T, h, fc1_out);
-    groups_.tp->all_reduce(dln.data(), T * h, ReduceOp::kSum);
-    Buf dx2(static_cast<size_t>(T * h));
-    if (D.rms) cpu::rmsnorm_backward(dx2.data(), G(ly.ln2_w), dln.data(), A.x2.data(), P(ly.ln2_w), A.rstd2.data(), T, h);
-    else cpu::layernorm_backward(dx2.data(), G(ly.ln2_w), G(ly.ln2_b), dln.data(), A.x2.data(), P(ly.ln2_w), A.mean2.data(), A.rstd2.data(), T, h);
-    for (int64_t i = 0; i < T * h; ++i) dx2[static_cast<size_t>(i)] += dx[static_cast<size_t>(i)];
+    cpu::linear_backward(dfull.data(), G(ly.fc1_w), D.bias ? G(ly.fc1_b) : nullptr, dfc1.data(), A.ln2_full.data(), P(ly.fc1_w), T, h, fc1_out);
+    reduce_tokens(dfull.data(), dlocal.data(), Tl);
+    Buf dx2(sz(Tl * h));
+    if (D.rms) cpu::rmsnorm_backward(dx2.data(), G(ly.ln2_w), dlocal.data(), A.x2.data(), P(ly.ln2_w), A.rstd2.data(), Tl, h);
+    else cpu::layernorm_backward(dx2.data(), G(ly.ln2_w), G(ly.ln2_b), dlocal.data(), A.x2.data(), P(ly.ln2_w), A.mean2.data(), A.rstd2.data(), Tl, h);
+    for (int64_t i = 0; i < Tl * h; ++i) dx2[sz(i)] += dx[sz(i)];
 
     // Attention branch: x2 = x + drop(proj(attn(rope(split(qkv(norm1(x)))))) + bp)
-    float* dattn = tmp.data();
-    std::memcpy(dattn, dx2.data(), static_cast<size_t>(T * h) * sizeof(float));
-    if (hd > 0) {
-      for (int64_t b = 0; b < B; ++b) {
-        float* s = dattn + b * S * h;
-        cpu::dropout_backward(s, s, S * h, hd, dropout_key(seed_, R.step, mb.first_sample + b, l, 2), 0);
-      }
-    }
+    std::memcpy(dbranch.data(), dx2.data(), sz(Tl * h) * sizeof(float));
+    dropout_tokens(dbranch.data(), t0, Tl, l, 2, true);
     if (D.bias) {
-      for (int64_t i = 0; i < T * h; ++i) G(ly.proj_b)[i % h] += dattn[i];
+      for (int64_t i = 0; i < Tl * h; ++i) G(ly.proj_b)[i % h] += dbranch[sz(i)];
     }
-    Buf dctx(static_cast<size_t>(T * D.nh_local * D.d));
-    cpu::linear_backward(dctx.data(), G(ly.proj_w), nullptr, dattn, A.ctx.data(), P(ly.proj_w), T, D.nh_local * D.d, h);
-    Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size()), scratch(static_cast<size_t>(S * S));
+    gather_tokens(dbranch.data(), dfull.data(), Tl);
+    Buf dctx(sz(T * D.nh_local * D.d));
+    cpu::linear_backward(dctx.data(), G(ly.proj_w), nullptr, dfull.data(), A.ctx.data(), P(ly.proj_w), T, D.nh_local * D.d, h);
+    Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size()), scratch(sz(S * S));
     cpu::AttentionShape as{B, S, D.nh_local, D.ng_local, D.d, D.softmax_scale, ad,
                            dropout_key(seed_, R.step, 0, l, 1), mb.first_sample, D.tp_rank * D.nh_local};
     cpu::attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), as,
@@ -330,22 +383,29 @@ void GPTModel::backward(float scale) {
       cpu::rope_backward(dq.data(), mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
       cpu::rope_backward(dk.data(), mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);
     }
-    Buf dqkv(static_cast<size_t>(T * qkv_local));
+    Buf dqkv(sz(T * qkv_local));
     cpu::qkv_merge(dqkv.data(), dq.data(), dk.data(), dv.data(), T, D.nh_local, D.ng_local, D.d);
-    cpu::linear_backward(dln.data(), G(ly.qkv_w), D.bias ? G(ly.qkv_b) : nullptr, dqkv.data(), A.ln1.data(), P(ly.qkv_w), T, h, qkv_local);
-    groups_.tp->all_reduce(dln.data(), T * h, ReduceOp::kSum);
-    if (D.rms) cpu::rmsnorm_backward(dx.data(), G(ly.ln1_w), dln.data(), A.x.data(), P(ly.ln1_w), A.rstd1.data(), T, h);
-    else cpu::layernorm_backward(dx.data(), G(ly.ln1_w), G(ly.ln1_b), dln.data(), A.x.data(), P(ly.ln1_w), A.mean1.data(), A.rstd1.data(), T, h);
-    for (int64_t i = 0; i < T * h; ++i) dx[static_cast<size_t>(i)] += dx2[static_cast<size_t>(i)];
+    cpu::linear_backward(dfull.data(), G(ly.qkv_w), D.bias ? G(ly.qkv_b) : nullptr, dqkv.data(), A.ln1_full.data(), P(ly.qkv_w), T, h, qkv_local);
+    reduce_tokens(dfull.data(), dlocal.data(), Tl);
+    if (D.rms) cpu::rmsnorm_backward(dx.data(), G(ly.ln1_w), dlocal.data(), A.x.data(), P(ly.ln1_w), A.rstd1.data(), Tl, h);
+    else cpu::layernorm_backward(dx.data(), G(ly.ln1_w), G(ly.ln1_b), dlocal.data(), A.x.data(), P(ly.ln1_w), A.mean1.data(), A.rstd1.data(), Tl, h);
+    for (int64_t i = 0; i < Tl * h; ++i) dx[sz(i)] += dx2[sz(i)];
+    const size_t next = l + 1 < D.L ? layers_[sz(l + 1)].ln1_w : final_w_;
+    all_reduce_replicated_grads(ly.ln1_w, next);
+    ready(ly.ln1_w);
   }
-  if (hd > 0) {
-    for (int64_t b = 0; b < B; ++b) {
-      float* s = dx.data() + b * S * h;
-      cpu::dropout_backward(s, s, S * h, hd, dropout_key(seed_, R.step, mb.first_sample + b, -1, 0), 0);
+  dropout_tokens(dx.data(), t0, Tl, -1, 0, true);
+  if (D.learned_pos) {
+    float* dwpe = G(wpe_);
+    for (int64_t i = 0; i < Tl; ++i) {
+      float* pr = dwpe + static_cast<int64_t>(mb.positions[sz(t0 + i)]) * h;
+      for (int64_t j = 0; j < h; ++j) pr[j] += dx[sz(i * h + j)];
     }
+    all_reduce_replicated_grads(wpe_, wpe_ + 1);
   }
-  cpu::embedding_backward(G(wte_), D.learned_pos ? G(wpe_) : nullptr, dx.data(), mb.tokens.data(), mb.positions.data(), T, h,
-                          D.tp_rank * D.V_local, D.V_local);
+  gather_tokens(dx.data(), dfull.data(), Tl);
+  cpu::embedding_backward(G(wte_), nullptr, dfull.data(), mb.tokens.data(), nullptr, T, h, D.tp_rank * D.V_local, D.V_local);
+  ready(0);
 }
 
 }  // namespace mt

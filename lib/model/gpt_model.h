@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -23,7 +24,7 @@ struct Microbatch {
 struct ModelDims {
   int64_t L, h, nh, ng, d, F, V, S, max_pos;
   int64_t tp, tp_rank, nh_local, ng_local, F_local, V_local;
-  bool rms, swiglu, bias, rope, learned_pos, tied;
+  bool rms, swiglu, bias, rope, learned_pos, tied, sequence_parallel;
   float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
   int64_t rot_dim;
 };
@@ -41,7 +42,13 @@ class GPTModel {
   // Forward and loss (mean over unmasked tokens); keeps what backward needs. `step` keys dropout.
   float forward(const Microbatch& mb, int64_t step, bool training = true);
   // Backward of the last forward: gradients of (loss * scale) accumulate into params().grads().
-  void backward(float scale);
+  // `last_microbatch`: this backward completes the iteration's gradients, so the per-layer reductions
+  // (sequence-parallel partial sums over TP) and the grads-ready hook run; earlier microbatches only
+  // accumulate (the partial sums add up, one reduction at the end is exact).
+  void backward(float scale, bool last_microbatch = true);
+  // Called during backward whenever the gradients of every parameter at flat offset >= `lowest` are
+  // final for this backward (data parallel launches its bucket reductions from here).
+  void set_grads_ready_hook(std::function<void(int64_t lowest)> hook) { grads_ready_ = std::move(hook); }
 
  private:
   struct Layer;
@@ -54,6 +61,13 @@ class GPTModel {
   bool has_final_b_ = false;
   std::vector<Layer> layers_;
   std::unique_ptr<Record> rec_;
+  std::function<void(int64_t)> grads_ready_;
+  // Sequence parallelism: local tokens are [t0, t0 + Tl) of the microbatch's B*S.
+  void gather_tokens(const float* local, float* full, int64_t Tl) const;
+  void reduce_tokens(float* full_partial, float* local, int64_t Tl) const;
+  void dropout_tokens(float* x, int64_t t0, int64_t n, int64_t layer, int site, bool backward) const;
+  void all_reduce_replicated_grads(size_t first, size_t last) const;
+  bool finishing_ = true;  // the running backward is the iteration's last
 };
 
 }  // namespace mt

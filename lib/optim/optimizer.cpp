@@ -1,6 +1,7 @@
-// optimizer.cpp: AdamW / SGD on flat buffers.
+// optimizer.cpp: AdamW / SGD on the owned ranges of the flat buffers.
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -8,9 +9,10 @@
 
 namespace mt {
 
-Optimizer::Optimizer(const Config& c, ParamStore& params, ProcessGroups groups)
+Optimizer::Optimizer(const Config& c, ParamStore& params, ProcessGroups groups, FlatRanges owned, bool sharded)
     : params_(params),
       groups_(std::move(groups)),
+      sharded_(sharded),
       kind_(c.training.optimizer),
       beta1_(c.training.adam_beta1),
       beta2_(c.training.adam_beta2),
@@ -20,13 +22,26 @@ Optimizer::Optimizer(const Config& c, ParamStore& params, ProcessGroups groups)
       clip_(c.training.clip_grad),
       bf16_(c.precision.bf16),
       fp16_(c.precision.fp16) {
-  const int64_t n = params_.numel();
-  m_ = Tensor::zeros({n});
-  if (kind_ == "adam") v_ = Tensor::zeros({n});
+  int64_t state = 0;
+  std::sort(owned.begin(), owned.end());
+  for (const auto& [lo, hi] : owned) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ParamInfo& p = params_.info(i);
+      const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      if (b >= e) continue;
+      segments_.push_back({i, b, e, state});
+      state += e - b;
+    }
+  }
+  m_ = Tensor::zeros({state});
+  if (kind_ == "adam") v_ = Tensor::zeros({state});
   if (bf16_ || fp16_) {
-    master_ = Tensor::zeros({n});
-    std::memcpy(master_.raw(), params_.params().raw(), static_cast<size_t>(n) * sizeof(float));
-    sync_working_weights();
+    master_ = Tensor::zeros({state});
+    const float* w = params_.params().f32();
+    for (const auto& s : segments_) {
+      std::memcpy(master_.f32() + s.state, w + s.begin, static_cast<size_t>(s.end - s.begin) * sizeof(float));
+      round_to_working(s);
+    }
   }
 }
 
@@ -34,11 +49,11 @@ size_t Optimizer::state_bytes() const {
   return m_.nbytes() + (v_.defined() ? v_.nbytes() : 0) + (master_.defined() ? master_.nbytes() : 0);
 }
 
-void Optimizer::sync_working_weights() {
+void Optimizer::round_to_working(const Segment& s) {
   if (!master_.defined()) return;
-  const float* src = master_.f32();
-  float* dst = params_.params().f32();
-  const int64_t n = params_.numel();
+  const float* src = master_.f32() + s.state;
+  float* dst = params_.params().f32() + s.begin;
+  const int64_t n = s.end - s.begin;
   if (bf16_) {
     for (int64_t i = 0; i < n; ++i) dst[i] = round_bf16(src[i]);
   } else {
@@ -46,70 +61,73 @@ void Optimizer::sync_working_weights() {
   }
 }
 
-double Optimizer::grad_norm_sq() {
+double Optimizer::owned_sum_sq(const float* buf, bool master) {
   // Parameters replicated over TP (norms, row-parallel biases) are counted on TP rank 0 only.
   const bool tp_lead = groups_.tp->rank() == 0;
   double sq = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamInfo& p = params_.info(i);
-    if (p.shard_dim < 0 && !tp_lead) continue;
-    const float* g = params_.grad(i);
-    for (int64_t e = 0; e < p.numel; ++e) sq += static_cast<double>(g[e]) * g[e];
+  for (const auto& s : segments_) {
+    if (params_.info(s.param).shard_dim < 0 && !tp_lead) continue;
+    const float* x = master ? buf + s.state : buf + s.begin;
+    for (int64_t i = 0; i < s.end - s.begin; ++i) sq += static_cast<double>(x[i]) * x[i];
   }
   groups_.tp->all_reduce(&sq, 1, ReduceOp::kSum);
   groups_.pp->all_reduce(&sq, 1, ReduceOp::kSum);
+  if (sharded_) groups_.dp_cp->all_reduce(&sq, 1, ReduceOp::kSum);
   return sq;
+}
+
+double Optimizer::params_norm() {
+  if (master_.defined()) return std::sqrt(owned_sum_sq(master_.f32(), true));
+  return std::sqrt(owned_sum_sq(params_.params().f32(), false));
 }
 
 StepResult Optimizer::step(double lr, float loss_scale) {
   StepResult r;
   float* g = params_.grads().f32();
-  const int64_t n = params_.numel();
   if (loss_scale != 1.0f) {
     const float inv = 1.0f / loss_scale;
-    for (int64_t i = 0; i < n; ++i) g[i] *= inv;
+    for (const auto& s : segments_) {
+      for (int64_t i = s.begin; i < s.end; ++i) g[i] *= inv;
+    }
   }
-  r.grad_norm = std::sqrt(grad_norm_sq());
+  r.grad_norm = std::sqrt(owned_sum_sq(g, false));
   if (!std::isfinite(r.grad_norm)) {
     r.skipped = true;
     return r;
   }
-  if (clip_ > 0 && r.grad_norm > clip_) {
-    const float c = static_cast<float>(clip_ / (r.grad_norm + 1e-6));
-    for (int64_t i = 0; i < n; ++i) g[i] *= c;
-  }
+  const float clip = (clip_ > 0 && r.grad_norm > clip_) ? static_cast<float>(clip_ / (r.grad_norm + 1e-6)) : 1.0f;
   ++t_;
   float* w = master_.defined() ? master_.f32() : params_.params().f32();
   float* m = m_.f32();
   const float lrf = static_cast<float>(lr);
-  if (kind_ == "adam") {
-    float* v = v_.f32();
-    const float b1 = static_cast<float>(beta1_), b2 = static_cast<float>(beta2_), eps = static_cast<float>(eps_);
-    const float bc1 = static_cast<float>(1.0 - std::pow(beta1_, static_cast<double>(t_)));
-    const float bc2 = static_cast<float>(1.0 - std::pow(beta2_, static_cast<double>(t_)));
-    for (size_t pi = 0; pi < params_.size(); ++pi) {
-      const ParamInfo& p = params_.info(pi);
-      const float wd = p.weight_decay ? static_cast<float>(wd_) : 0.0f;
-      for (int64_t e = p.offset; e < p.offset + p.numel; ++e) {
-        m[e] = b1 * m[e] + (1.0f - b1) * g[e];
-        v[e] = b2 * v[e] + (1.0f - b2) * g[e] * g[e];
-        const float update = (m[e] / bc1) / (std::sqrt(v[e] / bc2) + eps);
-        w[e] -= lrf * (update + wd * w[e]);
+  const float b1 = static_cast<float>(beta1_), b2 = static_cast<float>(beta2_), eps = static_cast<float>(eps_);
+  const float bc1 = static_cast<float>(1.0 - std::pow(beta1_, static_cast<double>(t_)));
+  const float bc2 = static_cast<float>(1.0 - std::pow(beta2_, static_cast<double>(t_)));
+  const float mom = static_cast<float>(momentum_);
+  for (const auto& s : segments_) {
+    const float wd = params_.info(s.param).weight_decay ? static_cast<float>(wd_) : 0.0f;
+    float* ws = master_.defined() ? w + s.state : w + s.begin;
+    float* ms = m + s.state;
+    const float* gs = g + s.begin;
+    const int64_t n = s.end - s.begin;
+    if (kind_ == "adam") {
+      float* vs = v_.f32() + s.state;
+      for (int64_t i = 0; i < n; ++i) {
+        const float gi = gs[i] * clip;
+        ms[i] = b1 * ms[i] + (1.0f - b1) * gi;
+        vs[i] = b2 * vs[i] + (1.0f - b2) * gi * gi;
+        const float update = (ms[i] / bc1) / (std::sqrt(vs[i] / bc2) + eps);
+        ws[i] -= lrf * (update + wd * ws[i]);
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        const float gi = gs[i] * clip + wd * ws[i];
+        ms[i] = t_ == 1 ? gi : mom * ms[i] + gi;
+        ws[i] -= lrf * ms[i];
       }
     }
-  } else {
-    const float mom = static_cast<float>(momentum_);
-    for (size_t pi = 0; pi < params_.size(); ++pi) {
-      const ParamInfo& p = params_.info(pi);
-      const float wd = p.weight_decay ? static_cast<float>(wd_) : 0.0f;
-      for (int64_t e = p.offset; e < p.offset + p.numel; ++e) {
-        const float grad = g[e] + wd * w[e];
-        m[e] = t_ == 1 ? grad : mom * m[e] + grad;
-        w[e] -= lrf * m[e];
-      }
-    }
+    round_to_working(s);
   }
-  sync_working_weights();
   return r;
 }
 

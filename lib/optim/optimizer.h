@@ -1,9 +1,11 @@
 // optimizer.h: Adam with decoupled weight decay (Megatron's default) or SGD with momentum over the
-// flat parameter buffer, fp32 master weights when the model computes in bf16/fp16, and the global
-// gradient norm with clipping, each parameter counted once across TP.
+// flat parameter buffer: fp32 master weights when the model computes in bf16/fp16, the global
+// gradient norm with clipping (each parameter counted once across TP, PP and optimizer shards), and,
+// with the distributed optimizer, state only for the ranges this DP rank owns.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -18,20 +20,34 @@ struct StepResult {
   bool skipped = false;  // non-finite gradients (fp16 overflow or NaN): no update
 };
 
+using FlatRanges = std::vector<std::pair<int64_t, int64_t>>;
+
 class Optimizer {
  public:
-  Optimizer(const Config& cfg, ParamStore& params, ProcessGroups groups);
-  // Unscales by 1/loss_scale, measures and clips the gradients, updates with `lr`.
+  // owned: flat ranges this rank updates (all of them without the distributed optimizer); sharded:
+  // whether other DP ranks own the rest (norms then sum over the DP group).
+  Optimizer(const Config& cfg, ParamStore& params, ProcessGroups groups, FlatRanges owned, bool sharded);
+  Optimizer(const Config& cfg, ParamStore& params, ProcessGroups groups)
+      : Optimizer(cfg, params, groups, FlatRanges{{0, params.numel()}}, false) {}
+  // Unscales by 1/loss_scale, measures and clips the gradients, updates the owned ranges with `lr`.
   StepResult step(double lr, float loss_scale);
-  // Rounds the working weights to the compute precision (bf16/fp16), from the fp32 master copy.
-  void sync_working_weights();
+  // L2 norm of all parameters, each counted once (for --log-params-norm).
+  double params_norm();
   int64_t iterations() const { return t_; }
   size_t state_bytes() const;
 
  private:
-  double grad_norm_sq();
+  struct Segment {
+    size_t param;
+    int64_t begin, end;  // flat range
+    int64_t state;       // index of `begin` in the state buffers
+  };
+  double owned_sum_sq(const float* buf, bool master);
+  void round_to_working(const Segment& s);
   ParamStore& params_;
   ProcessGroups groups_;
+  bool sharded_;
+  std::vector<Segment> segments_;
   std::string kind_;
   double beta1_, beta2_, eps_, wd_, momentum_, clip_;
   bool bf16_, fp16_;

@@ -10,8 +10,10 @@
 namespace mt {
 
 // Returns the mean loss over the microbatches; gradients of loss * grad_scale accumulate.
+// before_last_backward runs before the last microbatch's backward (data parallel arms its gradient
+// reduction there, so buckets launch while that backward runs).
 double forward_backward_no_pipelining(GPTModel& model, int64_t num_microbatches,
                                       const std::function<Microbatch(int64_t)>& get_microbatch, int64_t step,
-                                      float grad_scale);
+                                      float grad_scale, const std::function<void()>& before_last_backward = {});
 
 }  // namespace mt

@@ -9,8 +9,7 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world) {
     if (used) out.push_back(what);
   };
   const auto& p = c.parallel;
-  no(world > 1, "multi-rank training (world size " + std::to_string(world) + ") is not implemented yet: run one process");
-  no(p.tensor_model_parallel_size > 1, "--tensor-model-parallel-size > 1 is not implemented yet");
+  (void)world;
   no(p.pipeline_model_parallel_size > 1, "--pipeline-model-parallel-size > 1 is not implemented yet");
   no(p.context_parallel_size > 1, "--context-parallel-size > 1 is not implemented yet");
   no(p.expert_model_parallel_size > 1, "--expert-model-parallel-size > 1 is not implemented yet");
@@ -19,6 +18,8 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world) {
   no(c.recompute.recompute_granularity.has_value(),
      "activation recompute (--recompute-granularity) is not implemented yet: drop it (the CPU engine keeps all activations)");
   no(c.model.qk_layernorm, "--qk-layernorm is not implemented yet");
+  no(p.tensor_model_parallel_size > 1 && c.model.group_query_attention && c.model.num_query_groups < p.tensor_model_parallel_size,
+     "--num-query-groups below --tensor-model-parallel-size (K/V replication) is not implemented yet: use TP <= query groups");
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented yet");
   no(c.data.dataloader_type == "cyclic" || c.data.dataloader_type == "external",
      "--dataloader-type " + c.data.dataloader_type + " is not implemented: megatrain reads samples in order (single)");

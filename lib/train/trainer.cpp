@@ -13,6 +13,7 @@
 #include "data/token_source.h"
 #include "model/gpt_model.h"
 #include "optim/loss_scaler.h"
+#include "optim/data_parallel.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "pipeline/schedule.h"
@@ -58,8 +59,12 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     throw ConfigError("the data has a vocabulary of " + std::to_string(src->vocab_size()) + " but the model was configured for " +
                       std::to_string(cfg.derived.vocab_size) + ": fix --vocab-size or --tokenizer-type");
   }
-  GPTModel model(cfg, groups);
-  Optimizer optimizer(cfg, model.params(), groups);
+  auto model_ptr = std::make_shared<GPTModel>(cfg, groups);
+  GPTModel& model = *model_ptr;
+  DataParallel data_parallel(cfg, model.params(), groups.dp_cp);
+  Optimizer optimizer(cfg, model.params(), groups, data_parallel.owned_ranges(),
+                      data_parallel.distributed_optimizer() && groups.dp_cp->size() > 1);
+  model.set_grads_ready_hook([&](int64_t lowest) { data_parallel.on_grads_ready(lowest); });
   LrSchedule schedule(cfg);
   LossScaler scaler(cfg);
   const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
@@ -90,12 +95,14 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
   }
 
   TrainResult res;
+  res.model = model_ptr;
   IterationStats acc;
   int64_t nan_in_a_row = 0;
   double interval_loss = 0;
   int64_t interval_iters = 0;
   auto interval_start = Clock::now();
   for (int64_t it = 1; it <= iters; ++it) {
+    data_parallel.finish_param_gather();  // parameters updated by the other shards last step
     model.params().zero_grads();
     const float loss_scale = scaler.scale();
     // One schedule step: every microbatch of this DP rank, forward then backward (no pipelining).
@@ -103,14 +110,15 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     const double loss = forward_backward_no_pipelining(
         model, nmb,
         [&](int64_t m) { return make_microbatch(*src, Split::kTrain, base + m * mbs * dp + dp_rank * mbs, mbs, S, cfg); },
-        it, loss_scale / static_cast<float>(nmb));
+        it, loss_scale / static_cast<float>(nmb), [&] { data_parallel.arm(); });
+    data_parallel.finish();
     double loss_avg = loss;
-    groups.dp->all_reduce(&loss_avg, 1, ReduceOp::kAvg);
-    groups.dp->all_reduce(model.params().grads().f32(), model.params().numel(), ReduceOp::kAvg);
+    groups.dp_cp->all_reduce(&loss_avg, 1, ReduceOp::kAvg);
     const double lr = schedule.lr(it);
     StepResult step{};
     const bool loss_finite = std::isfinite(loss_avg);
     if (loss_finite) step = optimizer.step(lr, loss_scale);
+    if (loss_finite && !step.skipped) data_parallel.start_param_gather();
     const bool nonfinite = !loss_finite || step.skipped;
     if (scaler.update(nonfinite) && cfg.precision.fp16 && loss_finite) {
       ++res.skipped;  // fp16 overflow: the scaler shrinks and the step is skipped
@@ -148,12 +156,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       s.nan_iters = res.nan_iterations;
       s.tokens_per_s_per_gpu = static_cast<double>(gbs * S) / (secs / static_cast<double>(n_iter)) / static_cast<double>(world);
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
-      if (cfg.logging.log_params_norm) {
-        double sq = 0;
-        const float* w = model.params().params().f32();
-        for (int64_t i = 0; i < model.params().numel(); ++i) sq += static_cast<double>(w[i]) * w[i];
-        s.params_norm = std::sqrt(sq);
-      }
+      if (cfg.logging.log_params_norm) s.params_norm = optimizer.params_norm();
       if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
       if (metrics) {
         nlohmann::json j = {{"iteration", it}, {"consumed_samples", s.consumed_samples}, {"lm_loss", s.loss},
@@ -169,6 +172,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       interval_start = Clock::now();
     }
     if (has_valid && (it % cfg.logging.eval_interval == 0 || it == iters)) {
+      data_parallel.finish_param_gather();
       const double vl = evaluate(model, *src, cfg, groups, it);
       res.valid_losses.push_back(vl);
       if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
@@ -176,6 +180,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       interval_start = Clock::now();  // evaluation time is not training time
     }
   }
+  data_parallel.finish_param_gather();
   return res;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -11,7 +12,10 @@
 
 namespace mt {
 
+class GPTModel;
+
 struct TrainResult {
+  std::shared_ptr<GPTModel> model;  // the trained shard
   std::vector<double> losses;       // per iteration (mean over microbatches), skipped ones included
   std::vector<double> valid_losses; // per validation run
   int64_t iterations = 0;

@@ -41,6 +41,14 @@ if [[ $rc -eq 0 ]] && awk -v v="$vl" 'BEGIN{exit !(v < 2.9)}' && grep -q '"lm_lo
 expect not-implemented 2 'checkpointing \(--save / --load\) is not implemented yet' -- "$B" --config configs/quickstart.yaml --save "$tmp/ck" --save-interval 5
 expect bad-data-file 2 "cannot read --text-data-path '/nonexistent'" -- "$B" --config configs/quickstart.yaml --text-data-path /nonexistent
 
+# Multi-rank training under mpirun: one log line per iteration (rank 0), TP x DP layout announced.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+out=$(mpirun --oversubscribe --bind-to none -np 4 -x OPENBLAS_NUM_THREADS=1 "$B" --config configs/quickstart.yaml --train-iters 4 \
+      --log-interval 1 --eval-iters 0 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer 2>&1); rc=$?
+if [[ $rc -eq 0 ]] && [[ $(grep -c "lm loss" <<<"$out") -eq 4 ]] && grep -q "4 ranks (Open MPI): TP 2 x DP 2" <<<"$out"; then
+  echo "ok   mpirun TP2 x DP2 + SP + distributed optimizer"; else echo "FAIL mpirun: rc=$rc"; echo "$out" | tail -5; fails=$((fails + 1)); fi
+expect mpirun-bad-world 2 'world size 3 is not divisible by TP\(2\)' -- mpirun --oversubscribe -np 3 "$B" --config configs/quickstart.yaml --tensor-model-parallel-size 2
+
 # --print-config loads back to the same config, for every recipe.
 for r in configs/*.yaml configs/bench/*.yaml; do
   "$B" --config "$r" --print-config >"$tmp/a.yaml" 2>/dev/null || { echo "FAIL print $r"; fails=$((fails + 1)); continue; }
