@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 PACKAGES=(build-essential cmake ninja-build pkg-config git libcli11-dev libyaml-cpp-dev libspdlog-dev
-          nlohmann-json3-dev catch2 libopenmpi-dev openmpi-bin libopenblas-dev)
+          nlohmann-json3-dev catch2 libopenmpi-dev openmpi-bin libopenblas-dev libicu-dev)
 
 if [[ "${SKIP_APT:-0}" != 1 ]]; then
   missing=()
@@ -16,6 +16,11 @@ if [[ "${SKIP_APT:-0}" != 1 ]]; then
     echo "setup: installing ${missing[*]}"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+  # node + npm for the GPT-2 tokenizer test (it fetches the reference encoder with npm).
+  if ! command -v npm >/dev/null; then
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
   fi
 fi
 

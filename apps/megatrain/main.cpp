@@ -14,7 +14,8 @@ void print_usage() {
   std::cout << "megatrain: Megatron-class LLM pretraining (C++/CUDA)\n\n"
                "Usage:\n"
                "  megatrain [train] [flags]       train (Megatron-LM flags, or --config recipe.yaml)\n"
-               "  megatrain plan --world-size N   check a layout and estimate memory and time, no GPU needed\n\n"
+               "  megatrain plan --world-size N   check a layout and estimate memory and time, no GPU needed\n"
+               "  megatrain preprocess ...        tokenize a corpus into Megatron's .bin/.idx\n\n"
                "  megatrain train --help          every flag, grouped like Megatron's arguments\n"
                "  megatrain plan --help           planner options\n";
 }
@@ -34,7 +35,8 @@ int main(int argc, char** argv) {
     const std::string sub = argc > 1 ? argv[1] : "";
     if (sub == "plan") return mt::run_plan(argc - 1, argv + 1);
     if (sub == "train") return mt::run_train(argc - 1, argv + 1);
-    if (sub == "preprocess" || sub == "checkpoint") {
+    if (sub == "preprocess") return mt::run_preprocess(argc - 1, argv + 1);
+    if (sub == "checkpoint") {
       std::cerr << "megatrain: error: 'megatrain " << sub << "' is not available in this build yet\n";
       return 2;
     }
@@ -55,6 +57,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const mt::ConfigError& e) {
     if (is_lead_rank()) std::cerr << "megatrain: error: " << e.what() << "\n";
+    return 2;
+  } catch (const mt::DataError& e) {
+    std::cerr << "megatrain: error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "megatrain: error: " << e.what() << "\n";

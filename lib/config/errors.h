@@ -12,6 +12,11 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A data file (dataset, tokenizer file, checkpoint) that is missing, truncated or corrupt.
+struct DataError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Several problems found at once (validation reports every violation, not the first).
 struct ConfigErrors : std::runtime_error {
   explicit ConfigErrors(std::vector<std::string> msgs)

@@ -420,7 +420,10 @@ void set_flag_from_string(Config& cfg, const FlagSpec& spec, const std::string& 
           *p = parse_int(spec, value, source);
         } else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, OptFloat>) {
           *p = parse_float(spec, value, source);
-        } else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, OptString>) {
+        } else if constexpr (std::is_same_v<T, OptString>) {
+          // An empty value clears an optional path ("--load ''" drops a recipe's --load).
+          if (value.empty()) p->reset(); else *p = check_choice(spec, value, source);
+        } else if constexpr (std::is_same_v<T, std::string>) {
           *p = check_choice(spec, value, source);
         } else {
           // A list given as one string: "0.3 a 0.7 b" or "a,b".

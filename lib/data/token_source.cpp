@@ -2,7 +2,9 @@
 #include "data/token_source.h"
 
 #include "config/errors.h"
+#include "data/gpt_dataset.h"
 #include "data/mock_dataset.h"
+#include "data/tokenizer.h"
 #include "data/text_dataset.h"
 
 namespace mt {
@@ -16,7 +18,15 @@ std::unique_ptr<TokenSource> make_token_source(const Config& cfg) {
     if (*cfg.model.vocab_size < 3) throw ConfigError("--vocab-size must be at least 3 for mock data");
     return std::make_unique<MockDataset>(*cfg.model.vocab_size, seed, seq);
   }
-  throw ConfigError("this build reads --mock-data or --text-data-path; Megatron .bin/.idx datasets (--data-path) are not supported yet");
+  if (!cfg.data.data_path.empty() || !cfg.data.train_data_path.empty()) {
+    const auto tok = make_tokenizer(cfg);
+    const int64_t gbs = cfg.derived.global_batch_size;
+    const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : *cfg.training.train_samples / gbs;
+    const int64_t eval_iters = cfg.logging.eval_iters;
+    const int64_t samples[3] = {iters * gbs, (iters / cfg.logging.eval_interval + 1) * eval_iters * gbs, eval_iters * gbs};
+    return std::make_unique<GptDataset>(cfg, tok->vocab_size(), tok->eod(), samples);
+  }
+  throw ConfigError("no data source: give --mock-data, --data-path or --text-data-path");
 }
 
 Microbatch make_microbatch(const TokenSource& src, Split split, int64_t first_sample, int64_t B, int64_t S,

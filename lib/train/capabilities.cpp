@@ -23,11 +23,11 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world) {
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented yet");
   no(c.data.dataloader_type == "cyclic" || c.data.dataloader_type == "external",
      "--dataloader-type " + c.data.dataloader_type + " is not implemented: megatrain reads samples in order (single)");
-  no(!c.data.data_path.empty() || !c.data.train_data_path.empty(),
-     "Megatron .bin/.idx datasets (--data-path / --train-data-path) are not implemented yet: use --mock-data or --text-data-path");
   const std::string tok = c.data.tokenizer_type.value_or("");
-  no(tok == "GPT2BPETokenizer" || tok == "HuggingFaceTokenizer",
-     "--tokenizer-type " + tok + " is not implemented yet: use ByteTokenizer with --text-data-path, or NullTokenizer with --mock-data");
+  no(tok == "HuggingFaceTokenizer",
+     "--tokenizer-type HuggingFaceTokenizer is not implemented yet: use GPT2BPETokenizer, NullTokenizer or ByteTokenizer");
+  no((!c.data.data_path.empty() || !c.data.train_data_path.empty()) && tok.empty(),
+     "--data-path needs --tokenizer-type (GPT2BPETokenizer with --vocab-file/--merge-file, or NullTokenizer with --vocab-size)");
   no(c.checkpoint.save.has_value() || c.checkpoint.load.has_value(), "checkpointing (--save / --load) is not implemented yet");
   no(c.checkpoint.async_save, "--async-save is not implemented yet");
   no(c.logging.tensorboard_dir.has_value(), "--tensorboard-dir is not supported: metrics go to metrics.jsonl under --log-dir");

@@ -5,6 +5,8 @@ find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
+# ICU: Unicode general categories for GPT-2's pre-tokenizer (letters and numbers).
+find_package(ICU REQUIRED COMPONENTS uc)
 
 # BLAS for the CPU reference GEMM: OpenBLAS from the distribution (see third_party/README.md).
 set(BLA_VENDOR OpenBLAS)

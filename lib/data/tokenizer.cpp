@@ -1,0 +1,92 @@
+// tokenizer.cpp: the simple tokenizers and the factory.
+#include "data/tokenizer.h"
+
+#include "config/errors.h"
+#include "data/gpt2_bpe.h"
+
+namespace mt {
+namespace {
+
+// UTF-8 bytes as ids 0..255, end of document 256.
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> out;
+    out.reserve(text.size());
+    for (unsigned char c : text) out.push_back(c);
+    return out;
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string s;
+    for (auto id : ids) {
+      if (id >= 0 && id < 256) s += static_cast<char>(id);
+    }
+    return s;
+  }
+  int64_t vocab_size() const override { return 257; }
+  int32_t eod() const override { return 256; }
+  std::string name() const override { return "ByteTokenizer"; }
+};
+
+// Megatron's NullTokenizer: text is whitespace-separated ids; EOD is the last id.
+class NullTokenizer final : public Tokenizer {
+ public:
+  explicit NullTokenizer(int64_t v) : v_(v) {}
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> out;
+    std::string cur;
+    auto flush = [&] {
+      if (cur.empty()) return;
+      char* end = nullptr;
+      const long id = std::strtol(cur.c_str(), &end, 10);
+      if (*end != '\0' || id < 0 || id >= v_) throw ConfigError("NullTokenizer: '" + cur + "' is not an id below --vocab-size");
+      out.push_back(static_cast<int32_t>(id));
+      cur.clear();
+    };
+    for (char c : text) {
+      if (c == ' ' || c == '\n' || c == '\t' || c == '\r') flush();
+      else cur += c;
+    }
+    flush();
+    return out;
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string s;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) s += ' ';
+      s += std::to_string(ids[i]);
+    }
+    return s;
+  }
+  int64_t vocab_size() const override { return v_; }
+  int32_t eod() const override { return static_cast<int32_t>(v_ - 1); }
+  std::string name() const override { return "NullTokenizer"; }
+
+ private:
+  int64_t v_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file, const std::string& merge_file,
+                                          int64_t vocab_size) {
+  if (type == "GPT2BPETokenizer") {
+    if (vocab_file.empty() || merge_file.empty()) {
+      throw ConfigError("GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)");
+    }
+    return std::make_unique<Gpt2BpeTokenizer>(vocab_file, merge_file);
+  }
+  if (type == "ByteTokenizer") return std::make_unique<ByteTokenizer>();
+  if (type == "NullTokenizer") {
+    if (vocab_size <= 1) throw ConfigError("NullTokenizer needs --vocab-size");
+    return std::make_unique<NullTokenizer>(vocab_size);
+  }
+  throw ConfigError("--tokenizer-type " + type + " is not implemented yet: use GPT2BPETokenizer, NullTokenizer or ByteTokenizer");
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const Config& cfg) {
+  return make_tokenizer(cfg.data.tokenizer_type.value_or(""), cfg.data.vocab_file.value_or(""), cfg.data.merge_file.value_or(""),
+                        cfg.model.vocab_size.value_or(0));
+}
+
+}  // namespace mt
