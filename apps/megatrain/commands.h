@@ -6,5 +6,6 @@ namespace mt {
 int run_train(int argc, char** argv);
 int run_plan(int argc, char** argv);
 int run_preprocess(int argc, char** argv);
+int run_checkpoint(int argc, char** argv);
 
 }  // namespace mt

@@ -4,7 +4,10 @@
 #include <iostream>
 #include <numeric>
 
+#include "checkpoint/checkpoint.h"
 #include "config/errors.h"
+#include "config/flags.h"
+#include "config/yaml_io.h"
 #include "config/resolve.h"
 
 namespace mt {
@@ -28,6 +31,22 @@ Config setup_config(CLI::App& app, ConfigCli& cli, int argc, char** argv, int64_
     throw ConfigError(std::string(e.what()) + " (megatrain --help lists all flags)");
   }
   Config cfg = cli.build();
+  if (cfg.checkpoint.use_checkpoint_args && cfg.checkpoint.load) {
+    // The model's shape comes from the checkpoint (Megatron's --use-checkpoint-args).
+    Config saved;
+    apply_yaml_text(saved, checkpoint_config_yaml(*cfg.checkpoint.load, cfg.checkpoint.ckpt_step), "checkpoint config");
+    for (const auto& spec : flag_table()) {
+      if (spec.group != "Network size" || flag_is_list(spec)) continue;
+      const std::string v = flag_value_text(saved, spec);
+      if (v.empty()) unset_flag(cfg, spec, "checkpoint");
+      else set_flag_from_string(cfg, spec, v, "checkpoint");
+    }
+    cfg.notes.push_back("note: model arguments taken from the checkpoint in " + *cfg.checkpoint.load + " (--use-checkpoint-args)");
+  }
+  if (cfg.checkpoint.no_save_rng || cfg.checkpoint.no_load_rng) {
+    cfg.notes.push_back("note: --no-save-rng / --no-load-rng change nothing: megatrain's random numbers are a function of "
+                        "(seed, iteration, sample), there is no RNG state in a checkpoint");
+  }
   if (cli.print_config() && purpose == Purpose::kTrain) {
     // Printing needs no data or schedule; without a launcher, assume the smallest world the layout allows.
     purpose = Purpose::kPrint;

@@ -15,7 +15,8 @@ void print_usage() {
                "Usage:\n"
                "  megatrain [train] [flags]       train (Megatron-LM flags, or --config recipe.yaml)\n"
                "  megatrain plan --world-size N   check a layout and estimate memory and time, no GPU needed\n"
-               "  megatrain preprocess ...        tokenize a corpus into Megatron's .bin/.idx\n\n"
+               "  megatrain preprocess ...        tokenize a corpus into Megatron's .bin/.idx\n"
+               "  megatrain checkpoint inspect DIR  iteration, layout, tensors of a checkpoint (--verify: checksums)\n\n"
                "  megatrain train --help          every flag, grouped like Megatron's arguments\n"
                "  megatrain plan --help           planner options\n";
 }
@@ -36,10 +37,7 @@ int main(int argc, char** argv) {
     if (sub == "plan") return mt::run_plan(argc - 1, argv + 1);
     if (sub == "train") return mt::run_train(argc - 1, argv + 1);
     if (sub == "preprocess") return mt::run_preprocess(argc - 1, argv + 1);
-    if (sub == "checkpoint") {
-      std::cerr << "megatrain: error: 'megatrain " << sub << "' is not available in this build yet\n";
-      return 2;
-    }
+    if (sub == "checkpoint") return mt::run_checkpoint(argc - 1, argv + 1);
     if (sub == "help" || (argc == 2 && (sub == "-h" || sub == "--usage"))) {
       print_usage();
       return 0;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace mt {
@@ -42,6 +43,8 @@ class Communicator {
   virtual void recv(float* data, int64_t n, int peer) = 0;
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // Every rank's string, in rank order (checkpoint metadata).
+  virtual std::vector<std::string> all_gather_strings(const std::string& mine) = 0;
 };
 
 class DoneRequest final : public CommRequest {
@@ -77,6 +80,7 @@ class SelfCommunicator final : public Communicator {
   void recv(float*, int64_t, int) override {}
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
+  std::vector<std::string> all_gather_strings(const std::string& mine) override { return {mine}; }
 
  private:
   static void copy(const float* s, float* d, int64_t n) {
@@ -87,9 +91,12 @@ class SelfCommunicator final : public Communicator {
 // The groups one rank takes part in (from the rank layout).
 struct ProcessGroups {
   std::shared_ptr<Communicator> world, tp, dp, pp, cp, dp_cp, embedding;
+  // A duplicate of world for checkpoint I/O, so a background save's collectives never interleave with
+  // training's.
+  std::shared_ptr<Communicator> checkpoint;
   static ProcessGroups single() {
     auto self = std::make_shared<SelfCommunicator>();
-    return ProcessGroups{self, self, self, self, self, self, self};
+    return ProcessGroups{self, self, self, self, self, self, self, self};
   }
 };
 

@@ -234,6 +234,23 @@ void MpiCommunicator::barrier() {
   check(MPI_Barrier(comm_), "Barrier");
 }
 
+std::vector<std::string> MpiCommunicator::all_gather_strings(const std::string& mine) {
+  InFlight guard("all-gather", name_);
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
+  check(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_), "Allgather");
+  int total = 0;
+  for (int r = 0; r < size_; ++r) {
+    displs[static_cast<size_t>(r)] = total;
+    total += lens[static_cast<size_t>(r)];
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  check(MPI_Allgatherv(mine.data(), len, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE, comm_), "Allgatherv");
+  std::vector<std::string> out;
+  for (int r = 0; r < size_; ++r) out.push_back(all.substr(static_cast<size_t>(displs[static_cast<size_t>(r)]), static_cast<size_t>(lens[static_cast<size_t>(r)])));
+  return out;
+}
+
 void mpi_initialize(int* argc, char*** argv) {
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
@@ -271,6 +288,9 @@ ProcessGroups make_mpi_process_groups(const RankLayout& layout, int64_t r) {
   };
   ProcessGroups g;
   g.world = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, "world");
+  MPI_Comm dup;
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "Comm_dup");
+  g.checkpoint = std::make_shared<MpiCommunicator>(dup, "checkpoint");
   g.tp = split(layout.dense(), "tp", "tensor-parallel");
   g.dp = split(layout.dense(), "dp", "data-parallel");
   g.pp = split(layout.dense(), "pp", "pipeline-parallel");

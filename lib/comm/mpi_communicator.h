@@ -33,6 +33,7 @@ class MpiCommunicator final : public Communicator {
   void recv(float* data, int64_t n, int peer) override;
   void broadcast(void* data, int64_t bytes, int root) override;
   void barrier() override;
+  std::vector<std::string> all_gather_strings(const std::string& mine) override;
 
  private:
   MPI_Comm comm_;

@@ -90,6 +90,7 @@ struct TrainingConfig {
   OptInt ddp_bucket_size;
   int64_t seed = 1234;
   bool optimizer_cpu_offload = false;
+  OptInt exit_interval;           // stop (after saving) when iteration % N == 0
   int64_t exit_on_nan_count = 5;  // megatrain: stop after this many non-finite steps in a row
 };
 
@@ -164,6 +165,7 @@ struct CheckpointConfig {
   std::string ckpt_format = "torch_dist";
   bool async_save = false;
   bool use_checkpoint_args = false;
+  int64_t ckpt_keep_last = 0;  // megatrain: keep only the newest N checkpoints (0: all)
 };
 
 struct LoggingConfig {

@@ -78,6 +78,7 @@ std::vector<FlagSpec> build_table() {
       F(kTrain, "optimizer", training.optimizer, "Optimizer", "adam", "sgd"),
       F(kTrain, "use-distributed-optimizer", training.use_distributed_optimizer, "Shard optimizer state over data parallel (ZeRO-1)"),
       F(kTrain, "optimizer-cpu-offload", training.optimizer_cpu_offload, "Keep optimizer state and the update on the CPU"),
+      F(kTrain, "exit-interval", training.exit_interval, "Exit (after a checkpoint when --save is set) at an iteration divisible by this"),
       F(kTrain, "exit-on-nan-count", training.exit_on_nan_count, "Stop after this many non-finite steps in a row (megatrain)"),
       // Learning rate
       F(kLr, "lr", training.lr, "Peak learning rate"),
@@ -180,6 +181,7 @@ std::vector<FlagSpec> build_table() {
         "torch_dist", "torch", "zarr", "fsdp_dtensor"),
       F(kCkpt, "async-save", checkpoint.async_save, "Write checkpoints in the background"),
       F(kCkpt, "use-checkpoint-args", checkpoint.use_checkpoint_args, "Take model arguments from the checkpoint"),
+      F(kCkpt, "ckpt-keep-last", checkpoint.ckpt_keep_last, "Keep only the newest N checkpoints, deleted after a newer one is committed (megatrain; 0 keeps all)"),
       // Logging / validation
       F(kLog, "log-interval", logging.log_interval, "Iterations between log lines"),
       F(kLog, "log-throughput", logging.log_throughput, "Log TFLOP/s per GPU (megatrain always does)"),

@@ -15,6 +15,17 @@ class LossScaler {
   float scale() const { return scale_; }
   // Records whether this step's gradients overflowed; returns true when the step must be skipped.
   bool update(bool overflow);
+  // Checkpointed state.
+  struct State {
+    float scale;
+    int64_t hysteresis_left, clean_steps;
+  };
+  State state() const { return {scale_, hysteresis_left_, clean_steps_}; }
+  void restore(const State& s) {
+    scale_ = s.scale;
+    hysteresis_left_ = s.hysteresis_left;
+    clean_steps_ = s.clean_steps;
+  }
 
  private:
   bool dynamic_ = false;

@@ -45,6 +45,10 @@ Optimizer::Optimizer(const Config& c, ParamStore& params, ProcessGroups groups, 
   }
 }
 
+void Optimizer::refresh_working_weights() {
+  for (const auto& s : segments_) round_to_working(s);
+}
+
 size_t Optimizer::state_bytes() const {
   return m_.nbytes() + (v_.defined() ? v_.nbytes() : 0) + (master_.defined() ? master_.nbytes() : 0);
 }

@@ -36,12 +36,21 @@ class Optimizer {
   int64_t iterations() const { return t_; }
   size_t state_bytes() const;
 
- private:
+  // State access for checkpoints: each segment is a flat range of one parameter this rank updates.
   struct Segment {
     size_t param;
     int64_t begin, end;  // flat range
     int64_t state;       // index of `begin` in the state buffers
   };
+  const std::vector<Segment>& segments() const { return segments_; }
+  float* master() { return master_.defined() ? master_.f32() : nullptr; }  // null in fp32 training
+  float* exp_avg() { return m_.f32(); }                                      // Adam m / SGD momentum
+  float* exp_avg_sq() { return v_.defined() ? v_.f32() : nullptr; }           // null with SGD
+  void set_iterations(int64_t t) { t_ = t; }
+  // After loading master weights: the working copy is their bf16/fp16 rounding.
+  void refresh_working_weights();
+
+ private:
   double owned_sum_sq(const float* buf, bool master);
   void round_to_working(const Segment& s);
   ParamStore& params_;

@@ -28,8 +28,9 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world) {
      "--tokenizer-type HuggingFaceTokenizer is not implemented yet: use GPT2BPETokenizer, NullTokenizer or ByteTokenizer");
   no((!c.data.data_path.empty() || !c.data.train_data_path.empty()) && tok.empty(),
      "--data-path needs --tokenizer-type (GPT2BPETokenizer with --vocab-file/--merge-file, or NullTokenizer with --vocab-size)");
-  no(c.checkpoint.save.has_value() || c.checkpoint.load.has_value(), "checkpointing (--save / --load) is not implemented yet");
-  no(c.checkpoint.async_save, "--async-save is not implemented yet");
+  no(c.checkpoint.ckpt_format != "torch_dist",
+     "--ckpt-format " + c.checkpoint.ckpt_format + " is not supported: megatrain writes its own sharded, reshardable format "
+     "(leave --ckpt-format at its default)");
   no(c.logging.tensorboard_dir.has_value(), "--tensorboard-dir is not supported: metrics go to metrics.jsonl under --log-dir");
   no(c.logging.wandb_project.has_value(), "--wandb-project is not supported: metrics go to metrics.jsonl under --log-dir");
   no(c.logging.profile, "--profile is not implemented yet");

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/errors.h"
+#include "checkpoint/checkpoint.h"
 #include "data/token_source.h"
 #include "model/gpt_model.h"
 #include "optim/loss_scaler.h"
@@ -96,12 +97,54 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
 
   TrainResult res;
   res.model = model_ptr;
+  // Resume: parameters, optimizer state, loss scaler, iteration and data position.
+  TrainState state;
+  const auto& ck = cfg.checkpoint;
+  if (ck.load) {
+    LoadOptions lo;
+    lo.step = ck.ckpt_step;
+    lo.finetune = ck.finetune;
+    lo.load_optimizer = !ck.no_load_optim && !ck.finetune;
+    if (!ck.ckpt_step && !latest_checkpoint(*ck.load)) {
+      if (lead) std::cout << "megatrain: no checkpoint in " << *ck.load << " yet: starting from scratch\n";
+    } else {
+      state = load_checkpoint(*ck.load, lo, model.params(), optimizer, scaler);
+      if (lead) {
+        std::cout << "megatrain: loaded " << checkpoint_path(*ck.load, ck.ckpt_step.value_or(*latest_checkpoint(*ck.load)))
+                  << (lo.finetune ? " (weights only, --finetune)" : "") << (!lo.load_optimizer && !lo.finetune ? " (without optimizer state)" : "")
+                  << ": continuing after iteration " << state.iteration << "\n";
+      }
+    }
+    res.skipped = state.skipped;
+    res.nan_iterations = state.nan_iterations;
+  }
+  std::unique_ptr<CheckpointSaver> saver;
+  if (ck.save) saver = std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, ck.ckpt_keep_last, groups.checkpoint);
+  CheckpointRank who;
+  who.world_rank = groups.world->rank();
+  who.world_size = groups.world->size();
+  who.writes_params = groups.dp_cp->rank() == 0;
+  who.writes_optimizer = data_parallel.distributed_optimizer() || groups.dp_cp->rank() == 0;
+  const double loaded_flops = state.flops_so_far;
+  const int64_t resumed_from = state.iteration;
+  auto save_now = [&](int64_t it) {
+    data_parallel.finish_param_gather();
+    state.flops_so_far = loaded_flops + static_cast<double>(it - resumed_from) * flops_iter;
+    state.iteration = it;
+    state.consumed_samples = it * gbs;
+    state.skipped = res.skipped;
+    state.nan_iterations = res.nan_iterations;
+    state.scaler = scaler.state();
+    saver->save(take_snapshot(cfg, model.params(), optimizer, state, who, !ck.no_save_optim));
+    if (lead) std::cout << "megatrain: " << (ck.async_save ? "saving" : "saved") << " checkpoint at iteration " << it << " to " << *ck.save << "\n" << std::flush;
+  };
   IterationStats acc;
   int64_t nan_in_a_row = 0;
   double interval_loss = 0;
   int64_t interval_iters = 0;
   auto interval_start = Clock::now();
-  for (int64_t it = 1; it <= iters; ++it) {
+  const int64_t first_iter = state.iteration + 1;
+  for (int64_t it = first_iter; it <= iters; ++it) {
     data_parallel.finish_param_gather();  // parameters updated by the other shards last step
     model.params().zero_grads();
     const float loss_scale = scaler.scale();
@@ -142,7 +185,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     acc.lr = lr;
     if (it % cfg.logging.log_interval == 0 || it == iters) {
       const double secs = std::chrono::duration<double>(Clock::now() - interval_start).count();
-      const int64_t n_iter = it % cfg.logging.log_interval == 0 ? cfg.logging.log_interval : it % cfg.logging.log_interval;
+      const int64_t n_iter = std::max<int64_t>(1, std::min(it - first_iter + 1, it % cfg.logging.log_interval == 0 ? cfg.logging.log_interval : it % cfg.logging.log_interval));
       IterationStats s = acc;
       s.iteration = it;
       s.train_iters = iters;
@@ -179,7 +222,17 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       if (metrics) *metrics << nlohmann::json{{"iteration", it}, {"validation_lm_loss", vl}}.dump() << "\n" << std::flush;
       interval_start = Clock::now();  // evaluation time is not training time
     }
+    const bool exiting = cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0;
+    if (saver && (it % *ck.save_interval == 0 || it == iters || exiting)) {
+      save_now(it);
+      interval_start = Clock::now();
+    }
+    if (exiting) {
+      if (lead) std::cout << "megatrain: exiting at iteration " << it << " (--exit-interval)\n";
+      break;
+    }
   }
+  if (saver) saver->wait();
   data_parallel.finish_param_gather();
   return res;
 }

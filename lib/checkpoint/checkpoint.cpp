@@ -1,0 +1,445 @@
+// checkpoint.cpp: sharded save with atomic commit, resharding load, inspection.
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "config/errors.h"
+#include "config/yaml_io.h"
+
+namespace mt {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// 64-bit checksum over 8-byte words (fast enough to verify tens of GB), then the tail bytes.
+uint64_t checksum64(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  h ^= h >> 29;
+  return h * 0xc4ceb9fe1a85ec53ull;
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+std::string iter_name(int64_t it) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "iter_%07lld", static_cast<long long>(it));
+  return buf;
+}
+
+void fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void write_file_synced(const fs::path& p, const void* data, size_t n) {
+  std::FILE* f = std::fopen(p.c_str(), "wb");
+  if (!f) throw DataError("cannot write " + p.string() + ": " + std::strerror(errno));
+  const bool ok = (n == 0 || std::fwrite(data, 1, n, f) == n) && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  if (std::fclose(f) != 0 || !ok) throw DataError("writing " + p.string() + " failed (disk full?)");
+}
+
+}  // namespace
+
+std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& params, Optimizer& opt, const TrainState& state,
+                                        const CheckpointRank& who, bool with_optimizer) {
+  auto s = std::make_unique<Snapshot>();
+  s->who = who;
+  s->state = state;
+  s->optimizer_step = opt.iterations();
+  s->optimizer_kind = cfg.training.optimizer;
+  s->has_optimizer = with_optimizer;
+  s->has_master = opt.master() != nullptr;
+  s->config_yaml = config_to_yaml(cfg);
+  s->layout_json = json{{"world_size", who.world_size},
+                         {"tensor_model_parallel_size", cfg.parallel.tensor_model_parallel_size},
+                         {"pipeline_model_parallel_size", cfg.parallel.pipeline_model_parallel_size},
+                         {"data_parallel_size", cfg.derived.data_parallel_size},
+                         {"use_distributed_optimizer", cfg.training.use_distributed_optimizer}}.dump();
+  auto add = [&](size_t i, const char* kind, int64_t lo, int64_t hi, const float* src) {
+    const ParamInfo& p = params.info(i);
+    Snapshot::Piece pc{p.name, kind, p.global_shape, p.local_shape, p.shard_dim, p.shard_rank, p.shard_count, lo, hi, {}};
+    pc.data.assign(src, src + (hi - lo));
+    s->pieces.push_back(std::move(pc));
+  };
+  if (who.writes_params) {
+    for (size_t i = 0; i < params.size(); ++i) add(i, "param", 0, params.info(i).numel, params.param(i));
+  }
+  if (with_optimizer && who.writes_optimizer) {
+    for (const auto& seg : opt.segments()) {
+      const int64_t off = params.info(seg.param).offset;
+      const int64_t lo = seg.begin - off, hi = seg.end - off;
+      if (opt.master()) add(seg.param, "master", lo, hi, opt.master() + seg.state);
+      add(seg.param, "exp_avg", lo, hi, opt.exp_avg() + seg.state);
+      if (opt.exp_avg_sq()) add(seg.param, "exp_avg_sq", lo, hi, opt.exp_avg_sq() + seg.state);
+    }
+  }
+  return s;
+}
+
+std::string checkpoint_path(const std::string& dir, int64_t it) { return (fs::path(dir) / iter_name(it)).string(); }
+
+std::optional<int64_t> latest_checkpoint(const std::string& dir) {
+  const fs::path tracker = fs::path(dir) / "latest_checkpointed_iteration.txt";
+  std::ifstream in(tracker);
+  if (!in) return std::nullopt;
+  std::string text;
+  in >> text;
+  char* end = nullptr;
+  const long long it = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || it < 0) throw DataError(tracker.string() + " does not hold an iteration number ('" + text + "')");
+  return it;
+}
+
+void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator& comm, int64_t keep_last) {
+  const int64_t it = snap.state.iteration;
+  const fs::path final_dir = fs::path(dir) / iter_name(it);
+  const fs::path tmp_dir = fs::path(dir) / (iter_name(it) + ".tmp");
+  const bool lead = snap.who.world_rank == 0;
+  if (lead) {
+    fs::create_directories(dir);
+    fs::remove_all(tmp_dir);  // a save killed earlier
+    fs::create_directories(tmp_dir);
+  }
+  comm.barrier();
+  // This rank's shard file and its pieces' metadata.
+  char fname[32];
+  std::snprintf(fname, sizeof(fname), "rank_%05lld.bin", static_cast<long long>(snap.who.world_rank));
+  std::vector<char> bytes;
+  json pieces = json::array();
+  for (const auto& pc : snap.pieces) {
+    const size_t n = pc.data.size() * sizeof(float);
+    pieces.push_back({{"tensor", pc.name}, {"kind", pc.kind}, {"file", fname}, {"offset", bytes.size()}, {"bytes", n},
+                      {"global_shape", pc.global_shape}, {"local_shape", pc.local_shape}, {"shard_dim", pc.shard_dim},
+                      {"shard_rank", pc.shard_rank}, {"shard_count", pc.shard_count}, {"range", {pc.lo, pc.hi}},
+                      {"dtype", "fp32"}, {"checksum", hex(checksum64(pc.data.data(), n))}});
+    const char* src = reinterpret_cast<const char*>(pc.data.data());
+    bytes.insert(bytes.end(), src, src + n);
+  }
+  write_file_synced(tmp_dir / fname, bytes.data(), bytes.size());
+  const auto all = comm.all_gather_strings(pieces.dump());
+  if (lead) {
+    json tensors = json::object();
+    for (const auto& s : all) {
+      for (const auto& pc : json::parse(s)) {
+        auto& t = tensors[pc["tensor"].get<std::string>()];
+        t["global_shape"] = pc["global_shape"];
+        t["dtype"] = "fp32";
+        t["shards"].push_back(pc);
+      }
+    }
+    const TrainState& st = snap.state;
+    json meta = {{"format", "megatrain-checkpoint"},
+                 {"version", 1},
+                 {"iteration", it},
+                 {"consumed_samples", st.consumed_samples},
+                 {"flops_so_far", st.flops_so_far},
+                 {"skipped_iterations", st.skipped},
+                 {"nan_iterations", st.nan_iterations},
+                 {"loss_scaler", {{"scale", st.scaler.scale}, {"hysteresis_left", st.scaler.hysteresis_left}, {"clean_steps", st.scaler.clean_steps}}},
+                 {"optimizer", {{"saved", snap.has_optimizer}, {"kind", snap.optimizer_kind}, {"step", snap.optimizer_step},
+                                {"master_weights", snap.has_master}}},
+                 {"rng", "counter-based: every random number is a function of (seed, iteration, sample); no state to save"},
+                 {"layout", json::parse(snap.layout_json)},
+                 {"config", snap.config_yaml},
+                 {"tensors", tensors}};
+    const std::string text = meta.dump(1);
+    write_file_synced(tmp_dir / "metadata.json", text.data(), text.size());
+  }
+  comm.barrier();  // every shard is on disk (each rank fsynced its own)
+  if (lead) {
+    fsync_path(tmp_dir, true);
+    if (fs::exists(final_dir)) {
+      const fs::path old = fs::path(dir) / (iter_name(it) + ".old");
+      fs::remove_all(old);
+      fs::rename(final_dir, old);
+      fs::rename(tmp_dir, final_dir);
+      fs::remove_all(old);
+    } else {
+      fs::rename(tmp_dir, final_dir);
+    }
+    fsync_path(dir, true);
+    const std::string num = std::to_string(it);
+    const fs::path tracker_tmp = fs::path(dir) / "latest_checkpointed_iteration.txt.tmp";
+    write_file_synced(tracker_tmp, num.data(), num.size());
+    fs::rename(tracker_tmp, fs::path(dir) / "latest_checkpointed_iteration.txt");
+    fsync_path(dir, true);
+    if (keep_last > 0) {
+      std::vector<int64_t> its;
+      for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string n = e.path().filename().string();
+        if (n.size() == 12 && n.rfind("iter_", 0) == 0 && e.is_directory()) its.push_back(std::stoll(n.substr(5)));
+      }
+      std::sort(its.begin(), its.end());
+      for (size_t k = 0; k + static_cast<size_t>(keep_last) < its.size(); ++k) {
+        if (its[k] != it) fs::remove_all(fs::path(dir) / iter_name(its[k]));
+      }
+    }
+  }
+  comm.barrier();
+}
+
+CheckpointSaver::CheckpointSaver(std::string dir, bool async, int64_t keep_last, std::shared_ptr<Communicator> comm)
+    : dir_(std::move(dir)), async_(async), keep_last_(keep_last), comm_(std::move(comm)) {}
+
+CheckpointSaver::~CheckpointSaver() {
+  if (worker_.joinable()) worker_.join();
+}
+
+void CheckpointSaver::wait() {
+  if (worker_.joinable()) worker_.join();
+  if (error_) {
+    auto e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void CheckpointSaver::save(std::unique_ptr<Snapshot> snap) {
+  wait();
+  if (!async_) {
+    write_checkpoint(dir_, *snap, *comm_, keep_last_);
+    return;
+  }
+  worker_ = std::thread([this, s = std::shared_ptr<Snapshot>(std::move(snap))] {
+    try {
+      write_checkpoint(dir_, *s, *comm_, keep_last_);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  });
+}
+
+namespace {
+
+struct Opened {
+  fs::path dir;
+  json meta;
+  int64_t iteration = 0;
+};
+
+Opened open_checkpoint(const std::string& dir, std::optional<int64_t> step) {
+  Opened o;
+  std::optional<int64_t> it = step;
+  if (!it) it = latest_checkpoint(dir);
+  if (!it) {
+    throw DataError("no checkpoint in " + dir + " (no latest_checkpointed_iteration.txt): check --load, or start without it");
+  }
+  o.iteration = *it;
+  o.dir = fs::path(dir) / iter_name(*it);
+  const fs::path mp = o.dir / "metadata.json";
+  std::ifstream in(mp);
+  if (!in) {
+    throw DataError("checkpoint " + o.dir.string() + " is missing or incomplete (no metadata.json)" +
+                    (step ? std::string(": check --ckpt-step") : std::string("")));
+  }
+  try {
+    in >> o.meta;
+  } catch (const json::exception& e) {
+    throw DataError(mp.string() + " is corrupt: " + e.what());
+  }
+  if (o.meta.value("format", "") != "megatrain-checkpoint") throw DataError(mp.string() + " is not a megatrain checkpoint");
+  return o;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Reads one piece, checking its checksum.
+std::vector<float> read_piece(const fs::path& dir, const json& pc) {
+  const fs::path file = dir / pc["file"].get<std::string>();
+  const auto offset = pc["offset"].get<int64_t>(), bytes = pc["bytes"].get<int64_t>();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw DataError("checkpoint shard " + file.string() + " is missing");
+  std::vector<float> data(static_cast<size_t>(bytes) / sizeof(float));
+  in.seekg(offset);
+  if (!in.read(reinterpret_cast<char*>(data.data()), bytes)) {
+    throw DataError("checkpoint shard " + file.string() + " is truncated (bytes " + std::to_string(offset) + ".." +
+                    std::to_string(offset + bytes) + " missing)");
+  }
+  if (hex(checksum64(data.data(), static_cast<size_t>(bytes))) != pc["checksum"].get<std::string>()) {
+    throw DataError("checksum mismatch in " + file.string() + " (" + pc["tensor"].get<std::string>() + ", bytes " +
+                    std::to_string(offset) + ".." + std::to_string(offset + bytes) + "): the checkpoint is corrupt");
+  }
+  return data;
+}
+
+// Global element index of local element e of a shard (row-major, split along shard_dim).
+int64_t to_global(const std::vector<int64_t>& local, const std::vector<int64_t>& global, int dim, int64_t rank, int64_t e) {
+  if (dim < 0) return e;
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(dim) + 1; d < local.size(); ++d) inner *= local[d];
+  const int64_t dl = local[static_cast<size_t>(dim)], dg = global[static_cast<size_t>(dim)];
+  return ((e / (inner * dl)) * dg + rank * dl + (e / inner) % dl) * inner + e % inner;
+}
+
+// The whole global tensor of one kind, reassembled from every shard that holds part of it.
+std::vector<float> assemble(const Opened& o, const std::string& name, const char* kind, const std::vector<int64_t>& saved_shape) {
+  int64_t n = 1;
+  for (auto d : saved_shape) n *= d;
+  std::vector<float> full(static_cast<size_t>(n));
+  std::vector<bool> seen(static_cast<size_t>(n), false);
+  for (const auto& pc : o.meta["tensors"][name]["shards"]) {
+    if (pc["kind"] != kind) continue;
+    const auto data = read_piece(o.dir, pc);
+    const auto ls = pc["local_shape"].get<std::vector<int64_t>>();
+    const int dim = pc["shard_dim"].get<int>();
+    const auto rank = pc["shard_rank"].get<int64_t>();
+    const auto lo = pc["range"][0].get<int64_t>();
+    for (size_t k = 0; k < data.size(); ++k) {
+      const int64_t g = to_global(ls, saved_shape, dim, rank, lo + static_cast<int64_t>(k));
+      full[static_cast<size_t>(g)] = data[k];
+      seen[static_cast<size_t>(g)] = true;
+    }
+  }
+  for (size_t g = 0; g < seen.size(); ++g) {
+    if (!seen[g]) throw DataError(o.dir.string() + ": tensor " + name + " (" + kind + ") is incomplete: shards are missing");
+  }
+  return full;
+}
+
+bool has_kind(const Opened& o, const std::string& name, const char* kind) {
+  for (const auto& pc : o.meta["tensors"][name]["shards"]) {
+    if (pc["kind"] == kind) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamStore& params, Optimizer& opt, LossScaler& scaler) {
+  const Opened o = open_checkpoint(dir, lo.step);
+  const json& tensors = o.meta["tensors"];
+  const bool opt_saved = o.meta["optimizer"]["saved"].get<bool>();
+  if (lo.load_optimizer && !opt_saved) {
+    throw DataError(o.dir.string() + " was saved without optimizer state (--no-save-optim): load it with --no-load-optim or --finetune");
+  }
+  // Shapes first, for every tensor: a mismatch names the tensor and both shapes.
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params.info(i);
+    if (!tensors.contains(p.name)) throw DataError(o.dir.string() + " has no tensor " + p.name + ": the model differs from the checkpoint's");
+    const auto saved = tensors[p.name]["global_shape"].get<std::vector<int64_t>>();
+    bool ok = saved == p.global_shape;
+    // Vocabulary padding depends on TP: embedding rows may differ; the common rows are copied.
+    const bool vocab = p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
+    if (!ok && vocab && saved.size() == 2 && saved[1] == p.global_shape[1]) ok = true;
+    if (!ok) {
+      throw DataError("tensor " + p.name + ": the checkpoint holds " + shape_str(saved) + ", the model expects " +
+                      shape_str(p.global_shape) + ": use the checkpoint's model flags (--use-checkpoint-args)");
+    }
+  }
+  const bool want_optim = lo.load_optimizer && !lo.finetune;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params.info(i);
+    const auto saved = tensors[p.name]["global_shape"].get<std::vector<int64_t>>();
+    const int64_t row = saved.size() == 2 ? saved[1] : 1;
+    const int64_t saved_numel = saved.empty() ? 1 : (saved.size() == 2 ? saved[0] * saved[1] : saved[0]);
+    auto fetch_local = [&](const std::vector<float>& full, int64_t e, float fallback) {
+      const int64_t g = params.global_index(i, e);
+      // Rows beyond the saved (padded) vocabulary keep their fresh values.
+      return (g < saved_numel && (saved.size() != 2 || g / row < saved[0])) ? full[static_cast<size_t>(g)] : fallback;
+    };
+    const bool master_saved = has_kind(o, p.name, "master");
+    // The most precise saved copy of the weights: fp32 master weights when present.
+    const auto weights = assemble(o, p.name, master_saved ? "master" : "param", saved);
+    const auto working = master_saved ? assemble(o, p.name, "param", saved) : weights;
+    float* w = params.param(i);
+    for (int64_t e = 0; e < p.numel; ++e) w[e] = fetch_local(working, e, w[e]);
+    if (opt.master() || want_optim) {
+      const auto m = want_optim ? assemble(o, p.name, "exp_avg", saved) : std::vector<float>();
+      const bool sq = want_optim && opt.exp_avg_sq() && has_kind(o, p.name, "exp_avg_sq");
+      const auto v = sq ? assemble(o, p.name, "exp_avg_sq", saved) : std::vector<float>();
+      for (const auto& seg : opt.segments()) {
+        if (seg.param != i) continue;
+        for (int64_t k = 0; k < seg.end - seg.begin; ++k) {
+          const int64_t e = seg.begin - p.offset + k;
+          if (opt.master()) opt.master()[seg.state + k] = fetch_local(weights, e, opt.master()[seg.state + k]);
+          if (want_optim) {
+            opt.exp_avg()[seg.state + k] = fetch_local(m, e, 0.0f);
+            if (sq) opt.exp_avg_sq()[seg.state + k] = fetch_local(v, e, 0.0f);
+          }
+        }
+      }
+    }
+  }
+  TrainState st;
+  if (lo.finetune) return st;
+  st.iteration = o.meta["iteration"].get<int64_t>();
+  st.consumed_samples = o.meta["consumed_samples"].get<int64_t>();
+  st.flops_so_far = o.meta["flops_so_far"].get<double>();
+  st.skipped = o.meta["skipped_iterations"].get<int64_t>();
+  st.nan_iterations = o.meta["nan_iterations"].get<int64_t>();
+  if (want_optim) {
+    opt.set_iterations(o.meta["optimizer"]["step"].get<int64_t>());
+    const auto& ls = o.meta["loss_scaler"];
+    st.scaler = {ls["scale"].get<float>(), ls["hysteresis_left"].get<int64_t>(), ls["clean_steps"].get<int64_t>()};
+    scaler.restore(st.scaler);
+  }
+  return st;
+}
+
+std::string checkpoint_config_yaml(const std::string& dir, std::optional<int64_t> step) {
+  return open_checkpoint(dir, step).meta["config"].get<std::string>();
+}
+
+std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> step, bool verify) {
+  const Opened o = open_checkpoint(dir, step);
+  std::ostringstream out;
+  const json& m = o.meta;
+  out << "checkpoint " << o.dir.string() << "\n";
+  out << "iteration " << m["iteration"] << ", consumed samples " << m["consumed_samples"] << ", FLOPs so far "
+      << m["flops_so_far"].get<double>() << "\n";
+  out << "layout: " << m["layout"].dump() << "\n";
+  out << "optimizer: " << m["optimizer"].dump() << "; loss scaler: " << m["loss_scaler"].dump() << "\n";
+  int64_t total = 0, bytes = 0, pieces = 0;
+  out << "tensors:\n";
+  for (const auto& [name, t] : m["tensors"].items()) {
+    int64_t n = 1;
+    for (auto d : t["global_shape"]) n *= d.get<int64_t>();
+    total += n;
+    std::map<std::string, int> kinds;
+    for (const auto& pc : t["shards"]) {
+      kinds[pc["kind"].get<std::string>()]++;
+      bytes += pc["bytes"].get<int64_t>();
+      ++pieces;
+      if (verify) read_piece(o.dir, pc);
+    }
+    out << "  " << name << " " << shape_str(t["global_shape"].get<std::vector<int64_t>>()) << " fp32, shards:";
+    for (const auto& [k, c] : kinds) out << " " << k << " x" << c;
+    out << "\n";
+  }
+  out << total << " parameters, " << pieces << " pieces, " << bytes << " bytes in " << o.dir.string() << "\n";
+  if (verify) out << "all checksums verified\n";
+  return out.str();
+}
+
+}  // namespace mt

@@ -1,0 +1,99 @@
+// checkpoint.h: distributed checkpoints. DIR/iter_XXXXXXX/ holds one shard file per rank, written in
+// parallel, and metadata.json describing every tensor (global shape, each shard's slice, byte range,
+// checksum). A checkpoint is whole or absent: ranks write into iter_XXXXXXX.tmp, rank 0 renames it
+// after everyone finished and synced, then updates latest_checkpointed_iteration.txt the same way.
+// Loading reassembles each tensor from whatever layout saved it (TP, DP, distributed optimizer) and
+// cuts this rank's slice, so a checkpoint loads under any layout the shapes allow.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "model/params.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+
+namespace mt {
+
+struct TrainState {
+  int64_t iteration = 0;
+  int64_t consumed_samples = 0;
+  double flops_so_far = 0;
+  int64_t skipped = 0, nan_iterations = 0;
+  LossScaler::State scaler{1.0f, 0, 0};
+};
+
+struct CheckpointRank {
+  int64_t world_rank = 0, world_size = 1;
+  bool writes_params = true;  // one data-parallel replica writes the parameters
+  bool writes_optimizer = true;
+};
+
+// A copy of everything one rank writes (so an async save can run while training changes the state).
+struct Snapshot {
+  struct Piece {
+    std::string name, kind;  // kind: param | master | exp_avg | exp_avg_sq
+    std::vector<int64_t> global_shape, local_shape;
+    int shard_dim;
+    int64_t shard_rank, shard_count, lo, hi;  // element range of the local shard
+    std::vector<float> data;
+  };
+  std::vector<Piece> pieces;
+  CheckpointRank who;
+  TrainState state;
+  int64_t optimizer_step = 0;
+  std::string optimizer_kind;
+  bool has_optimizer = false, has_master = false;
+  std::string config_yaml, layout_json;
+};
+
+// Copies this rank's state (parameters, optimizer state unless !with_optimizer, training state).
+std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& params, Optimizer& opt, const TrainState& state,
+                                        const CheckpointRank& who, bool with_optimizer);
+// Writes and commits the snapshot under dir (collective over comm: every rank calls it).
+void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator& comm, int64_t keep_last);
+
+// Saves synchronously or in a background thread (--async-save); a new save first waits for the last.
+class CheckpointSaver {
+ public:
+  CheckpointSaver(std::string dir, bool async, int64_t keep_last, std::shared_ptr<Communicator> comm);
+  ~CheckpointSaver();
+  void save(std::unique_ptr<Snapshot> snap);
+  void wait();  // rethrows a background failure
+
+ private:
+  std::string dir_;
+  bool async_;
+  int64_t keep_last_;
+  std::shared_ptr<Communicator> comm_;
+  std::thread worker_;
+  std::exception_ptr error_;
+};
+
+// The iteration of DIR's tracker file, if any (throws DataError on a corrupt tracker).
+std::optional<int64_t> latest_checkpoint(const std::string& dir);
+std::string checkpoint_path(const std::string& dir, int64_t iteration);
+
+struct LoadOptions {
+  std::optional<int64_t> step;  // --ckpt-step
+  bool load_optimizer = true;   // !--no-load-optim && !--finetune
+  bool finetune = false;        // weights only, iteration 0
+};
+
+// Loads into this rank's shard; throws DataError naming the file / tensor on any problem.
+TrainState load_checkpoint(const std::string& dir, const LoadOptions& opt, ParamStore& params, Optimizer& optimizer,
+                           LossScaler& scaler);
+
+// The configuration YAML stored in the checkpoint (for --use-checkpoint-args).
+std::string checkpoint_config_yaml(const std::string& dir, std::optional<int64_t> step);
+
+// Human-readable summary; with verify, every piece's checksum is checked.
+std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> step, bool verify);
+
+}  // namespace mt

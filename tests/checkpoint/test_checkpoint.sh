@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# test_checkpoint.sh: checkpoints as a user meets them. Exact resume (1 rank, TP2 x DP2), resharding
+# (TP2 x DP2 + distributed optimizer -> 1 rank), kill -9 during saves, corrupt shards, shape
+# mismatches, async save with keep-last, --no-save-optim / --finetune.
+# Usage: test_checkpoint.sh path/to/megatrain (from the repository root).
+set -u
+B=$(realpath "${1:?usage: test_checkpoint.sh path/to/megatrain}")
+tmp=$(mktemp -d)
+trap 'pkill -KILL -f "$tmp/" 2>/dev/null; rm -rf "$tmp"' EXIT
+fails=0
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPI=(mpirun --oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1)
+M=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+   --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --lr-warmup-iters 2 --lr-decay-style cosine --mock-data
+   --vocab-size 128 --make-vocab-size-divisible-by 64 --log-interval 1 --eval-iters 0 --train-iters 8 --seed 11)
+
+losses() { grep -o '"lm_loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+
+# 1. Exact resume on one rank (bf16 with fp32 master weights): iterations 5..8 identical bit for bit.
+"$B" "${M[@]}" --bf16 --log-dir "$tmp/a" >/dev/null 2>&1
+"$B" "${M[@]}" --bf16 --save "$tmp/ck1" --save-interval 100 --exit-interval 4 --log-dir "$tmp/b" >/dev/null 2>&1
+"$B" "${M[@]}" --bf16 --load "$tmp/ck1" --log-dir "$tmp/c" >/dev/null 2>&1
+if [[ "$(losses "$tmp/a" | tail -4)" == "$(losses "$tmp/c")" && $(losses "$tmp/c" | wc -l) -eq 4 ]]; then ok "exact resume, 1 rank"; else
+  bad "exact resume, 1 rank"; paste <(losses "$tmp/a" | tail -4) <(losses "$tmp/c"); fi
+
+# 2. Exact resume on TP2 x DP2 with the distributed optimizer.
+L=(--tensor-model-parallel-size 2 --use-distributed-optimizer --sequence-parallel)
+"${MPI[@]}" -np 4 "$B" "${M[@]}" "${L[@]}" --log-dir "$tmp/d" >/dev/null 2>&1
+"${MPI[@]}" -np 4 "$B" "${M[@]}" "${L[@]}" --save "$tmp/ck2" --save-interval 100 --exit-interval 4 --log-dir "$tmp/e" >/dev/null 2>&1
+"${MPI[@]}" -np 4 "$B" "${M[@]}" "${L[@]}" --load "$tmp/ck2" --log-dir "$tmp/f" >/dev/null 2>&1
+if [[ "$(losses "$tmp/d" | tail -4)" == "$(losses "$tmp/f")" && $(losses "$tmp/f" | wc -l) -eq 4 ]]; then ok "exact resume, TP2 x DP2 + distributed optimizer"; else
+  bad "exact resume, TP2 x DP2"; paste <(losses "$tmp/d" | tail -4) <(losses "$tmp/f"); fi
+
+# 3. Resharding: the TP2 x DP2 checkpoint continues on 1 rank and on DP2 (TP1) like the original layout.
+"$B" "${M[@]}" --load "$tmp/ck2" --log-dir "$tmp/g" >/dev/null 2>&1
+"${MPI[@]}" -np 2 "$B" "${M[@]}" --load "$tmp/ck2" --log-dir "$tmp/h" >/dev/null 2>&1
+for run in g h; do
+  if paste <(losses "$tmp/d" | tail -4) <(losses "$tmp/$run") | awk '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > 1e-5*$1) bad=1} END{exit bad || NR!=4}'; then
+    ok "reshard TP2 x DP2 (+distributed optimizer) -> $([[ $run == g ]] && echo "1 rank" || echo "DP2")"
+  else bad "reshard -> $run"; paste <(losses "$tmp/d" | tail -4) <(losses "$tmp/$run"); fi
+done
+
+# 4. kill -9 during saves, repeatedly: the directory always loads (and verifies).
+BIG=(--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+     --micro-batch-size 1 --global-batch-size 1 --lr 1e-4 --mock-data --vocab-size 512 --log-interval 1 --eval-iters 0
+     --train-iters 100000 --save "$tmp/ck4" --save-interval 1 --load "$tmp/ck4")
+survived=0 mid_save=0
+for k in 1 2 3 4 5 6 7 8; do
+  "$B" "${BIG[@]}" >"$tmp/kill.log" 2>&1 &
+  pid=$!
+  sleep "0.$((RANDOM % 9 + 1))"
+  sleep 0.$((RANDOM % 10))
+  kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+  compgen -G "$tmp/ck4/iter_*.tmp" >/dev/null && mid_save=$((mid_save + 1))
+  if [[ -f "$tmp/ck4/latest_checkpointed_iteration.txt" ]]; then
+    if "$B" checkpoint inspect "$tmp/ck4" --verify >/dev/null 2>"$tmp/inspect.err"; then survived=$((survived + 1)); else
+      bad "after kill -9 #$k the checkpoint does not load:"; cat "$tmp/inspect.err"; fi
+  else
+    survived=$((survived + 1))  # killed before the first commit: nothing to load, nothing claimed
+  fi
+done
+last=$(cat "$tmp/ck4/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0)
+if [[ $survived -eq 8 ]] && "$B" "${BIG[@]}" --train-iters $((last + 1)) >"$tmp/resume.log" 2>&1 && grep -q "continuing after iteration $last" "$tmp/resume.log"; then
+  ok "kill -9 x8 ($mid_save of them mid-save): $survived/8 loadable, resumed after iteration $last"
+else bad "resume after kills"; tail -3 "$tmp/resume.log"; fi
+
+# 5. A flipped byte in a shard is refused, naming the file.
+cp -r "$tmp/ck1" "$tmp/ck5"
+f="$tmp/ck5/iter_0000004/rank_00000.bin"
+printf '\x55' | dd of="$f" bs=1 seek=1000 conv=notrunc status=none
+out=$("$B" "${M[@]}" --bf16 --load "$tmp/ck5" 2>&1); rc=$?
+if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -q "checksum mismatch in $f" <<<"$out"; then ok "corrupt shard refused: $(grep -o 'checksum mismatch in [^ ]*' <<<"$out" | head -1)"; else
+  bad "corrupt shard: rc=$rc $out"; fi
+
+# 6. A model of another shape says which tensor differs and how.
+out=$("$B" "${M[@]}" --hidden-size 64 --load "$tmp/ck1" 2>&1); rc=$?
+if [[ $rc -ne 0 ]] && grep -qE "tensor .*: the checkpoint holds \[.*\], the model expects \[.*\]" <<<"$out"; then ok "shape mismatch named"; else bad "shape mismatch: $out"; fi
+# ... unless --use-checkpoint-args takes the shape from the checkpoint.
+"$B" "${M[@]}" --bf16 --hidden-size 64 --use-checkpoint-args --load "$tmp/ck1" --log-dir "$tmp/i" >/dev/null 2>&1 && \
+  [[ "$(losses "$tmp/i")" == "$(losses "$tmp/c")" ]] && ok "--use-checkpoint-args" || bad "--use-checkpoint-args"
+
+# 7. Async save with keep-last 2: the same checkpoints as a synchronous save, only the newest two kept.
+"$B" "${M[@]}" --save "$tmp/ck7" --save-interval 1 --async-save --ckpt-keep-last 2 >/dev/null 2>&1
+"$B" "${M[@]}" --save "$tmp/ck7s" --save-interval 1 >/dev/null 2>&1
+kept=$(ls "$tmp/ck7" | grep -c '^iter_')
+if [[ $kept -eq 2 && -d "$tmp/ck7/iter_0000008" && -d "$tmp/ck7/iter_0000007" ]] && \
+   cmp -s "$tmp/ck7/iter_0000008/rank_00000.bin" "$tmp/ck7s/iter_0000008/rank_00000.bin" && \
+   "$B" checkpoint inspect "$tmp/ck7" --verify >/dev/null 2>&1; then ok "async save + keep-last 2"; else bad "async save: kept $kept"; ls "$tmp/ck7"; fi
+
+# 8. --no-save-optim: loading needs --no-load-optim or --finetune (which restarts at iteration 0).
+"$B" "${M[@]}" --save "$tmp/ck8" --save-interval 100 --exit-interval 4 --no-save-optim >/dev/null 2>&1
+out=$("$B" "${M[@]}" --load "$tmp/ck8" 2>&1); rc=$?
+[[ $rc -ne 0 ]] && grep -q "saved without optimizer state" <<<"$out" && ok "--no-save-optim needs --no-load-optim" || bad "no-save-optim: $out"
+out=$("$B" "${M[@]}" --load "$tmp/ck8" --finetune --log-dir "$tmp/j" 2>&1)
+grep -q "weights only" <<<"$out" && [[ $(losses "$tmp/j" | wc -l) -eq 8 ]] && ok "--finetune starts at iteration 0" || bad "--finetune"
+
+# 9. inspect prints iteration, layout, tensors and sizes.
+"$B" checkpoint inspect "$tmp/ck2" | grep -q '"tensor_model_parallel_size":2' && ok "checkpoint inspect" || bad "inspect"
+
+echo "$fails failure(s)"
+[[ $fails -eq 0 ]]
