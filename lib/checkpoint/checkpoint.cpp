@@ -315,6 +315,11 @@ std::vector<float> assemble(const Opened& o, const std::string& name, const char
     const int dim = pc["shard_dim"].get<int>();
     const auto rank = pc["shard_rank"].get<int64_t>();
     const auto lo = pc["range"][0].get<int64_t>();
+    if (dim < 0 || pc["shard_count"].get<int64_t>() == 1) {  // an unsplit tensor: a contiguous range of it
+      std::memcpy(full.data() + lo, data.data(), data.size() * sizeof(float));
+      std::fill(seen.begin() + lo, seen.begin() + lo + static_cast<int64_t>(data.size()), true);
+      continue;
+    }
     for (size_t k = 0; k < data.size(); ++k) {
       const int64_t g = to_global(ls, saved_shape, dim, rank, lo + static_cast<int64_t>(k));
       full[static_cast<size_t>(g)] = data[k];
@@ -373,7 +378,11 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     const auto weights = assemble(o, p.name, master_saved ? "master" : "param", saved);
     const auto working = master_saved ? assemble(o, p.name, "param", saved) : weights;
     float* w = params.param(i);
-    for (int64_t e = 0; e < p.numel; ++e) w[e] = fetch_local(working, e, w[e]);
+    if (saved == p.global_shape && (p.shard_dim < 0 || p.shard_count == 1)) {
+      std::memcpy(w, working.data(), static_cast<size_t>(p.numel) * sizeof(float));  // same tensor, unsplit
+    } else {
+      for (int64_t e = 0; e < p.numel; ++e) w[e] = fetch_local(working, e, w[e]);
+    }
     if (opt.master() || want_optim) {
       const auto m = want_optim ? assemble(o, p.name, "exp_avg", saved) : std::vector<float>();
       const bool sq = want_optim && opt.exp_avg_sq() && has_kind(o, p.name, "exp_avg_sq");

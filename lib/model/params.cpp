@@ -1,7 +1,10 @@
 // params.cpp: flat parameter buffers and layout-independent initialisation.
 #include "model/params.h"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
+#include <vector>
 #include <stdexcept>
 
 #include "tensor/rng.h"
@@ -48,22 +51,32 @@ int64_t ParamStore::global_index(size_t i, int64_t local) const {
 }
 
 void ParamStore::initialize(uint64_t seed) {
+  // Every element is a pure function of (seed, name, global index): threads split the work freely.
+  const unsigned nthreads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   for (size_t i = 0; i < infos_.size(); ++i) {
     const ParamInfo& p = infos_[i];
     float* w = param(i);
-    switch (p.init) {
-      case InitKind::kZeros: std::memset(w, 0, static_cast<size_t>(p.numel) * sizeof(float)); break;
-      case InitKind::kOnes:
-        for (int64_t e = 0; e < p.numel; ++e) w[e] = 1.0f;
-        break;
-      case InitKind::kNormal: {
-        const uint64_t key = rng_key(seed, p.name);
-        for (int64_t e = 0; e < p.numel; ++e) {
-          w[e] = p.init_std * philox_normal(key, static_cast<uint64_t>(global_index(i, e)));
+    auto fill = [&, i](int64_t lo, int64_t hi) {
+      const uint64_t key = rng_key(seed, p.name);
+      for (int64_t e = lo; e < hi; ++e) {
+        switch (p.init) {
+          case InitKind::kZeros: w[e] = 0.0f; break;
+          case InitKind::kOnes: w[e] = 1.0f; break;
+          case InitKind::kNormal: w[e] = p.init_std * philox_normal(key, static_cast<uint64_t>(global_index(i, e))); break;
         }
-        break;
       }
+    };
+    if (p.numel < (1 << 20) || nthreads == 1) {
+      fill(0, p.numel);
+      continue;
     }
+    std::vector<std::thread> pool;
+    const int64_t chunk = (p.numel + nthreads - 1) / nthreads;
+    for (unsigned t = 0; t < nthreads; ++t) {
+      const int64_t lo = t * chunk, hi = std::min(p.numel, lo + chunk);
+      if (lo < hi) pool.emplace_back(fill, lo, hi);
+    }
+    for (auto& th : pool) th.join();
   }
 }
 

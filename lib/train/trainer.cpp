@@ -142,9 +142,10 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
   int64_t nan_in_a_row = 0;
   double interval_loss = 0;
   int64_t interval_iters = 0;
-  auto interval_start = Clock::now();
   const int64_t first_iter = state.iteration + 1;
+  double interval_secs = 0;  // training time only: evaluation and checkpoints are not counted
   for (int64_t it = first_iter; it <= iters; ++it) {
+    const auto iter_start = Clock::now();
     data_parallel.finish_param_gather();  // parameters updated by the other shards last step
     model.params().zero_grads();
     const float loss_scale = scaler.scale();
@@ -183,8 +184,9 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     }
     acc.grad_norm = step.grad_norm;
     acc.lr = lr;
+    interval_secs += std::chrono::duration<double>(Clock::now() - iter_start).count();
     if (it % cfg.logging.log_interval == 0 || it == iters) {
-      const double secs = std::chrono::duration<double>(Clock::now() - interval_start).count();
+      const double secs = interval_secs;
       const int64_t n_iter = std::max<int64_t>(1, std::min(it - first_iter + 1, it % cfg.logging.log_interval == 0 ? cfg.logging.log_interval : it % cfg.logging.log_interval));
       IterationStats s = acc;
       s.iteration = it;
@@ -212,7 +214,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       }
       interval_loss = 0;
       interval_iters = 0;
-      interval_start = Clock::now();
+      interval_secs = 0;
     }
     if (has_valid && (it % cfg.logging.eval_interval == 0 || it == iters)) {
       data_parallel.finish_param_gather();
@@ -220,12 +222,10 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       res.valid_losses.push_back(vl);
       if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
       if (metrics) *metrics << nlohmann::json{{"iteration", it}, {"validation_lm_loss", vl}}.dump() << "\n" << std::flush;
-      interval_start = Clock::now();  // evaluation time is not training time
     }
     const bool exiting = cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0;
     if (saver && (it % *ck.save_interval == 0 || it == iters || exiting)) {
       save_now(it);
-      interval_start = Clock::now();
     }
     if (exiting) {
       if (lead) std::cout << "megatrain: exiting at iteration " << it << " (--exit-interval)\n";
