@@ -5,6 +5,8 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 using Catch::Approx;
+#define MT_CONTAINS(text) Catch::Matchers::ContainsSubstring(text)
 #else
 #include <catch2/catch.hpp>
+#define MT_CONTAINS(text) Catch::Matchers::Contains(text)
 #endif

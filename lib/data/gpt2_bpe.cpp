@@ -1,7 +1,9 @@
 // gpt2_bpe.cpp: GPT-2 byte-level BPE, matched to the gpt-3-encoder@1.1.4 reference.
 #include "data/gpt2_bpe.h"
 
+#if defined(MEGATRAIN_HAVE_ICU)
 #include <unicode/uchar.h>
+#endif
 
 #include <fstream>
 #include <limits>
@@ -88,6 +90,14 @@ bool js_space(uint32_t c) {
          c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000 || c == 0xFEFF;
 }
 
+#if !defined(MEGATRAIN_HAVE_ICU)
+// Without ICU the constructor refuses to build the tokenizer; these are never reached.
+enum { U_UPPERCASE_LETTER, U_LOWERCASE_LETTER, U_TITLECASE_LETTER, U_MODIFIER_LETTER, U_OTHER_LETTER, U_DECIMAL_DIGIT_NUMBER,
+       U_LETTER_NUMBER, U_OTHER_NUMBER, U_UNASSIGNED };
+int8_t u_charType(int32_t) { return U_UNASSIGNED; }
+using UChar32 = int32_t;
+#endif
+
 bool letter(uint32_t c) {
   if (c < 0x80) return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
   const int8_t t = u_charType(static_cast<UChar32>(c));
@@ -140,6 +150,10 @@ using Cache = std::unordered_map<std::string, std::vector<int32_t>>;
 }  // namespace
 
 Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_path, const std::string& merges_path) {
+#if !defined(MEGATRAIN_HAVE_ICU)
+  throw ConfigError("this build has no ICU, which GPT2BPETokenizer needs for Unicode letters and numbers: "
+                    "install libicu-dev and rebuild (scripts/setup.sh does)");
+#endif
   nlohmann::json vocab;
   try {
     vocab = nlohmann::json::parse(read_file(vocab_path, "--vocab-file"));

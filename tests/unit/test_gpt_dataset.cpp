@@ -112,7 +112,7 @@ TEST_CASE("split ranges and blending by weight") {
   CHECK_THROWS_AS(parse_data_path({"0.5", a, b}), ConfigError);
   CHECK(parse_data_path({a}).front().first == 1.0);
   Config missing = data_config((dir / "nope").string(), 10);
-  CHECK_THROWS_WITH(GptDataset(missing, 50257, 50256, samples), Catch::Matchers::Contains("not found"));
+  CHECK_THROWS_WITH(GptDataset(missing, 50257, 50256, samples), MT_CONTAINS("not found"));
   fs::remove_all(dir);
 }
 
