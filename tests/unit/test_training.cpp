@@ -167,15 +167,17 @@ TEST_CASE("AdamW step: decoupled decay, bias correction, no decay on norms; bf16
   c.training.clip_grad = 0;
   c.precision.bf16 = true;
   ParamStore ps;
-  ParamInfo w;
-  w.name = "w";
-  w.global_shape = w.local_shape = {2, 1};
-  w.init = InitKind::kOnes;
-  ParamInfo n;
-  n.name = "norm";
-  n.global_shape = n.local_shape = {1};
-  n.init = InitKind::kOnes;
-  n.weight_decay = false;
+  auto param = [](const char* name, std::vector<int64_t> shape, bool decay) {
+    ParamInfo p;
+    p.name = name;
+    p.local_shape = shape;
+    p.global_shape = std::move(shape);
+    p.init = InitKind::kOnes;
+    p.weight_decay = decay;
+    return p;
+  };
+  const ParamInfo w = param("w", std::vector<int64_t>{2, 1}, true);
+  const ParamInfo n = param("norm", std::vector<int64_t>(1, 1), false);
   ps.add(w);
   ps.add(n);
   ps.allocate();
