@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
+#include <functional>
+#include <mutex>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -36,6 +39,33 @@ uint64_t checksum64(const void* data, size_t n) {
   for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   h ^= h >> 29;
   return h * 0xc4ceb9fe1a85ec53ull;
+}
+
+// Runs f(i) for i in [0, n) on up to 16 threads (checksums, copies and tensor assembly are independent).
+void parallel_for(size_t n, const std::function<void(size_t)>& f) {
+  const size_t threads = std::min<size_t>(n, std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
+  if (threads <= 1) {
+    for (size_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex mu;
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < n;) {
+        try {
+          f(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!error) error = std::current_exception();
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
 }
 
 std::string hex(uint64_t v) {
@@ -82,11 +112,11 @@ std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& par
                          {"pipeline_model_parallel_size", cfg.parallel.pipeline_model_parallel_size},
                          {"data_parallel_size", cfg.derived.data_parallel_size},
                          {"use_distributed_optimizer", cfg.training.use_distributed_optimizer}}.dump();
+  std::vector<const float*> sources;
   auto add = [&](size_t i, const char* kind, int64_t lo, int64_t hi, const float* src) {
     const ParamInfo& p = params.info(i);
-    Snapshot::Piece pc{p.name, kind, p.global_shape, p.local_shape, p.shard_dim, p.shard_rank, p.shard_count, lo, hi, {}};
-    pc.data.assign(src, src + (hi - lo));
-    s->pieces.push_back(std::move(pc));
+    s->pieces.push_back({p.name, kind, p.global_shape, p.local_shape, p.shard_dim, p.shard_rank, p.shard_count, lo, hi, {}});
+    sources.push_back(src);
   };
   if (who.writes_params) {
     for (size_t i = 0; i < params.size(); ++i) add(i, "param", 0, params.info(i).numel, params.param(i));
@@ -100,6 +130,10 @@ std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& par
       if (opt.exp_avg_sq()) add(seg.param, "exp_avg_sq", lo, hi, opt.exp_avg_sq() + seg.state);
     }
   }
+  parallel_for(s->pieces.size(), [&](size_t k) {
+    auto& pc = s->pieces[k];
+    pc.data.assign(sources[k], sources[k] + (pc.hi - pc.lo));
+  });
   return s;
 }
 
@@ -131,18 +165,27 @@ void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator
   // This rank's shard file and its pieces' metadata.
   char fname[32];
   std::snprintf(fname, sizeof(fname), "rank_%05lld.bin", static_cast<long long>(snap.who.world_rank));
-  std::vector<char> bytes;
+  std::vector<uint64_t> sums(snap.pieces.size());
+  parallel_for(snap.pieces.size(), [&](size_t k) {
+    sums[k] = checksum64(snap.pieces[k].data.data(), snap.pieces[k].data.size() * sizeof(float));
+  });
   json pieces = json::array();
-  for (const auto& pc : snap.pieces) {
+  std::FILE* f = std::fopen((tmp_dir / fname).c_str(), "wb");
+  if (!f) throw DataError("cannot write " + (tmp_dir / fname).string() + ": " + std::strerror(errno));
+  size_t offset = 0;
+  bool ok = true;
+  for (size_t k = 0; k < snap.pieces.size(); ++k) {
+    const auto& pc = snap.pieces[k];
     const size_t n = pc.data.size() * sizeof(float);
-    pieces.push_back({{"tensor", pc.name}, {"kind", pc.kind}, {"file", fname}, {"offset", bytes.size()}, {"bytes", n},
+    pieces.push_back({{"tensor", pc.name}, {"kind", pc.kind}, {"file", fname}, {"offset", offset}, {"bytes", n},
                       {"global_shape", pc.global_shape}, {"local_shape", pc.local_shape}, {"shard_dim", pc.shard_dim},
                       {"shard_rank", pc.shard_rank}, {"shard_count", pc.shard_count}, {"range", {pc.lo, pc.hi}},
-                      {"dtype", "fp32"}, {"checksum", hex(checksum64(pc.data.data(), n))}});
-    const char* src = reinterpret_cast<const char*>(pc.data.data());
-    bytes.insert(bytes.end(), src, src + n);
+                      {"dtype", "fp32"}, {"checksum", hex(sums[k])}});
+    ok = ok && (n == 0 || std::fwrite(pc.data.data(), 1, n, f) == n);
+    offset += n;
   }
-  write_file_synced(tmp_dir / fname, bytes.data(), bytes.size());
+  ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  if (std::fclose(f) != 0 || !ok) throw DataError("writing " + (tmp_dir / fname).string() + " failed (disk full?)");
   const auto all = comm.all_gather_strings(pieces.dump());
   if (lead) {
     json tensors = json::object();
@@ -363,7 +406,10 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     }
   }
   const bool want_optim = lo.load_optimizer && !lo.finetune;
-  for (size_t i = 0; i < params.size(); ++i) {
+  // Segments of the optimizer by parameter, so parameters load independently (in parallel).
+  std::vector<std::vector<const Optimizer::Segment*>> segs(params.size());
+  for (const auto& seg : opt.segments()) segs[seg.param].push_back(&seg);
+  parallel_for(params.size(), [&](size_t i) {
     const ParamInfo& p = params.info(i);
     const auto saved = tensors[p.name]["global_shape"].get<std::vector<int64_t>>();
     const int64_t row = saved.size() == 2 ? saved[1] : 1;
@@ -387,8 +433,19 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
       const auto m = want_optim ? assemble(o, p.name, "exp_avg", saved) : std::vector<float>();
       const bool sq = want_optim && opt.exp_avg_sq() && has_kind(o, p.name, "exp_avg_sq");
       const auto v = sq ? assemble(o, p.name, "exp_avg_sq", saved) : std::vector<float>();
-      for (const auto& seg : opt.segments()) {
-        if (seg.param != i) continue;
+      const bool same = saved == p.global_shape && (p.shard_dim < 0 || p.shard_count == 1);
+      for (const Optimizer::Segment* sg : segs[i]) {
+        const Optimizer::Segment& seg = *sg;
+        if (same) {  // the saved tensor is this rank's tensor: copy the segment's range
+          const int64_t e0 = seg.begin - p.offset, n = seg.end - seg.begin;
+          const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+          if (opt.master()) std::memcpy(opt.master() + seg.state, weights.data() + e0, bytes);
+          if (want_optim) {
+            std::memcpy(opt.exp_avg() + seg.state, m.data() + e0, bytes);
+            if (sq) std::memcpy(opt.exp_avg_sq() + seg.state, v.data() + e0, bytes);
+          }
+          continue;
+        }
         for (int64_t k = 0; k < seg.end - seg.begin; ++k) {
           const int64_t e = seg.begin - p.offset + k;
           if (opt.master()) opt.master()[seg.state + k] = fetch_local(weights, e, opt.master()[seg.state + k]);
@@ -399,7 +456,7 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
         }
       }
     }
-  }
+  });
   TrainState st;
   if (lo.finetune) return st;
   st.iteration = o.meta["iteration"].get<int64_t>();
