@@ -1,0 +1,217 @@
+// nccl_communicator.cpp: NCCL collectives with bounded waits.
+#include "comm/cuda/nccl_communicator.h"
+
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "comm/mpi_communicator.h"
+#include "comm/tcp_rendezvous.h"
+
+#define MT_CUDA_CHECK(expr)                                                                                   \
+  do {                                                                                                        \
+    const cudaError_t e_ = (expr);                                                                            \
+    if (e_ != cudaSuccess) {                                                                                  \
+      throw std::runtime_error(std::string("CUDA error at ") + __FILE__ + ":" + std::to_string(__LINE__) + ": " + \
+                               #expr + ": " + cudaGetErrorString(e_));                                        \
+    }                                                                                                         \
+  } while (0)
+
+#define MT_NCCL_CHECK(expr)                                                                                   \
+  do {                                                                                                        \
+    const ncclResult_t r_ = (expr);                                                                           \
+    if (r_ != ncclSuccess && r_ != ncclInProgress) {                                                          \
+      throw std::runtime_error(std::string("NCCL error at ") + __FILE__ + ":" + std::to_string(__LINE__) + ": " + \
+                               #expr + ": " + ncclGetErrorString(r_));                                        \
+    }                                                                                                         \
+  } while (0)
+
+namespace mt {
+namespace {
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
+
+class EventRequest final : public CommRequest {
+ public:
+  EventRequest(NcclCommunicator* comm, const char* op) : comm_(comm), op_(op) {}
+  void wait() override {
+    if (!done_) comm_->wait_stream(op_);
+    done_ = true;
+  }
+
+ private:
+  NcclCommunicator* comm_;
+  const char* op_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, std::string name, int64_t timeout_seconds)
+    : comm_(comm), name_(std::move(name)), timeout_s_(timeout_seconds) {
+  MT_NCCL_CHECK(ncclCommCount(comm_, &size_));
+  MT_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (stream_) cudaStreamDestroy(stream_);
+  if (!aborted_) ncclCommDestroy(comm_);
+}
+
+void NcclCommunicator::wait_stream(const char* op) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(stream_);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) MT_CUDA_CHECK(q);
+    ncclResult_t async = ncclSuccess;
+    MT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    const bool late = std::chrono::steady_clock::now() - start > std::chrono::seconds(timeout_s_);
+    if (async != ncclSuccess || late) {
+      ncclCommAbort(comm_);
+      aborted_ = true;
+      throw std::runtime_error(std::string("NCCL ") + op + " on the " + name_ + " group " +
+                               (late ? "did not finish in " + std::to_string(timeout_s_) + " s" : std::string("failed: ") + ncclGetErrorString(async)) +
+                               ": another rank has probably failed; communicator aborted (--distributed-timeout-seconds)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+std::unique_ptr<CommRequest> NcclCommunicator::pending(const char* op) { return std::make_unique<EventRequest>(this, op); }
+
+void NcclCommunicator::all_reduce(float* data, int64_t n, ReduceOp op) { all_reduce_async(data, n, op)->wait(); }
+
+void NcclCommunicator::all_reduce(double* data, int64_t n, ReduceOp op) {
+  MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclDouble, nccl_op(op), comm_, stream_));
+  wait_stream("all-reduce");
+}
+
+std::unique_ptr<CommRequest> NcclCommunicator::all_reduce_async(float* data, int64_t n, ReduceOp op) {
+  MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat, nccl_op(op), comm_, stream_));
+  return pending("all-reduce");
+}
+
+void NcclCommunicator::reduce_scatter(const float* send, float* recv, int64_t n, ReduceOp op) {
+  MT_NCCL_CHECK(ncclReduceScatter(send, recv, static_cast<size_t>(n), ncclFloat, nccl_op(op), comm_, stream_));
+  wait_stream("reduce-scatter");
+}
+
+void NcclCommunicator::all_gather(const float* send, float* recv, int64_t n) { all_gather_async(send, recv, n)->wait(); }
+
+std::unique_ptr<CommRequest> NcclCommunicator::all_gather_async(const float* send, float* recv, int64_t n) {
+  MT_NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(n), ncclFloat, comm_, stream_));
+  return pending("all-gather");
+}
+
+// Uneven blocks: one reduce (or broadcast) per owning rank, grouped into one launch.
+std::unique_ptr<CommRequest> NcclCommunicator::reduce_scatter_v_async(const float* full, float* mine,
+                                                                      const std::vector<int64_t>& counts, ReduceOp op) {
+  MT_NCCL_CHECK(ncclGroupStart());
+  int64_t off = 0;
+  for (int r = 0; r < size_; ++r) {
+    const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+    MT_NCCL_CHECK(ncclReduce(full + off, r == rank_ ? mine : nullptr, n, ncclFloat, nccl_op(op), r, comm_, stream_));
+    off += counts[static_cast<size_t>(r)];
+  }
+  MT_NCCL_CHECK(ncclGroupEnd());
+  return pending("reduce-scatter");
+}
+
+std::unique_ptr<CommRequest> NcclCommunicator::all_gather_v_async(const float* mine, float* full, const std::vector<int64_t>& counts) {
+  MT_NCCL_CHECK(ncclGroupStart());
+  int64_t off = 0;
+  for (int r = 0; r < size_; ++r) {
+    const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+    MT_NCCL_CHECK(ncclBroadcast(r == rank_ ? mine : full + off, full + off, n, ncclFloat, r, comm_, stream_));
+    off += counts[static_cast<size_t>(r)];
+  }
+  MT_NCCL_CHECK(ncclGroupEnd());
+  return pending("all-gather");
+}
+
+void NcclCommunicator::all_to_all(const float* send, float* recv, int64_t n) {
+  MT_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < size_; ++r) {
+    MT_NCCL_CHECK(ncclSend(send + r * n, static_cast<size_t>(n), ncclFloat, r, comm_, stream_));
+    MT_NCCL_CHECK(ncclRecv(recv + r * n, static_cast<size_t>(n), ncclFloat, r, comm_, stream_));
+  }
+  MT_NCCL_CHECK(ncclGroupEnd());
+  wait_stream("all-to-all");
+}
+
+void NcclCommunicator::send(const float* data, int64_t n, int peer) {
+  MT_NCCL_CHECK(ncclSend(data, static_cast<size_t>(n), ncclFloat, peer, comm_, stream_));
+  wait_stream("send");
+}
+
+void NcclCommunicator::recv(float* data, int64_t n, int peer) {
+  MT_NCCL_CHECK(ncclRecv(data, static_cast<size_t>(n), ncclFloat, peer, comm_, stream_));
+  wait_stream("recv");
+}
+
+void NcclCommunicator::broadcast(void* data, int64_t bytes, int root) {
+  MT_NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclChar, root, comm_, stream_));
+  wait_stream("broadcast");
+}
+
+void NcclCommunicator::barrier() {
+  float* one = nullptr;
+  MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&one), sizeof(float), stream_));
+  MT_NCCL_CHECK(ncclAllReduce(one, one, 1, ncclFloat, ncclSum, comm_, stream_));
+  MT_CUDA_CHECK(cudaFreeAsync(one, stream_));
+  wait_stream("barrier");
+}
+
+std::vector<std::string> NcclCommunicator::all_gather_strings(const std::string&) {
+  throw std::logic_error("NCCL communicators carry device buffers; host strings go through ProcessGroups::checkpoint");
+}
+
+std::shared_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, const std::string& name) {
+  ncclComm_t sub = nullptr;
+  MT_NCCL_CHECK(ncclCommSplit(comm_, color, key, &sub, nullptr));
+  if (sub == nullptr) return nullptr;  // NCCL_SPLIT_NOCOLOR: not a member
+  return std::make_shared<NcclCommunicator>(sub, name, timeout_s_);
+}
+
+std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int64_t timeout_seconds) {
+  ncclUniqueId id{};
+  if (launch.rank == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));
+  std::string blob(reinterpret_cast<const char*>(&id), sizeof(id));
+  if (mpi_active()) {
+    MPI_Bcast(blob.data(), static_cast<int>(blob.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+  } else {
+    blob = tcp_rendezvous_broadcast(blob, launch.master_addr, launch.master_port, launch.rank, launch.world_size,
+                                    static_cast<int>(timeout_seconds));
+  }
+  if (blob.size() != sizeof(id)) throw std::runtime_error("NCCL unique id of the wrong size from the rendezvous");
+  std::memcpy(&id, blob.data(), sizeof(id));
+  ncclComm_t comm = nullptr;
+  MT_NCCL_CHECK(ncclCommInitRank(&comm, static_cast<int>(launch.world_size), id, static_cast<int>(launch.rank)));
+  return std::make_shared<NcclCommunicator>(comm, "world", timeout_seconds);
+}
+
+ProcessGroups make_nccl_process_groups(const std::shared_ptr<NcclCommunicator>& world, const RankLayout& layout, int64_t r) {
+  auto split = [&](const char* dims, const char* name) -> std::shared_ptr<Communicator> {
+    const auto members = layout.dense().group_of(r, dims);
+    return world->split(static_cast<int>(members.front()), static_cast<int>(r), name);
+  };
+  ProcessGroups g;
+  g.world = world;
+  g.tp = split("tp", "tensor-parallel");
+  g.dp = split("dp", "data-parallel");
+  g.pp = split("pp", "pipeline-parallel");
+  g.cp = split("cp", "context-parallel");
+  g.dp_cp = split("dp-cp", "data-parallel x context-parallel");
+  const RankGroups rg = layout.groups(r);
+  auto emb = world->split(rg.embedding.empty() ? NCCL_SPLIT_NOCOLOR : static_cast<int>(rg.embedding.front()), static_cast<int>(r),
+                          "embedding");
+  if (emb) g.embedding = emb;
+  else g.embedding = std::make_shared<SelfCommunicator>();  // not on the first or last stage: never used
+  g.checkpoint = nullptr;  // host data: the caller supplies an MPI (or self) communicator
+  return g;
+}
+
+}  // namespace mt

@@ -1,0 +1,64 @@
+// nccl_communicator.h: Communicator over NCCL for device (GPU) buffers, on its own CUDA stream.
+// Every call is checked with file:line; a collective that does not finish within the timeout (another
+// rank died) aborts the communicator and throws, so no rank hangs forever. The unique id travels over
+// MPI (mpirun / srun launches) or the TCP rendezvous at MASTER_ADDR:MASTER_PORT (torchrun-style).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <string>
+
+#include "comm/communicator.h"
+#include "parallel/launcher.h"
+#include "parallel/rank_layout.h"
+
+namespace mt {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, std::string name, int64_t timeout_seconds);
+  ~NcclCommunicator() override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  cudaStream_t stream() const { return stream_; }
+  void all_reduce(float* data, int64_t n, ReduceOp op) override;
+  void all_reduce(double* data, int64_t n, ReduceOp op) override;
+  std::unique_ptr<CommRequest> all_reduce_async(float* data, int64_t n, ReduceOp op) override;
+  void reduce_scatter(const float* send, float* recv, int64_t n, ReduceOp op) override;
+  void all_gather(const float* send, float* recv, int64_t n) override;
+  std::unique_ptr<CommRequest> all_gather_async(const float* send, float* recv, int64_t n) override;
+  std::unique_ptr<CommRequest> reduce_scatter_v_async(const float* full, float* mine, const std::vector<int64_t>& counts,
+                                                      ReduceOp op) override;
+  std::unique_ptr<CommRequest> all_gather_v_async(const float* mine, float* full, const std::vector<int64_t>& counts) override;
+  void all_to_all(const float* send, float* recv, int64_t n) override;
+  void send(const float* data, int64_t n, int peer) override;
+  void recv(float* data, int64_t n, int peer) override;
+  void broadcast(void* data, int64_t bytes, int root) override;
+  void barrier() override;
+  // Host strings belong to the MPI (or self) communicator of ProcessGroups::checkpoint.
+  std::vector<std::string> all_gather_strings(const std::string& mine) override;
+
+  // Waits for the work queued so far on this communicator's stream, watching for NCCL errors and the
+  // timeout; throws std::runtime_error (after aborting the communicator) on either.
+  void wait_stream(const char* op);
+  // A communicator of the ranks with the same color (ncclCommSplit), ordered by key.
+  std::shared_ptr<NcclCommunicator> split(int color, int key, const std::string& name);
+
+ private:
+  std::unique_ptr<CommRequest> pending(const char* op);
+  ncclComm_t comm_;
+  std::string name_;
+  int64_t timeout_s_;
+  int rank_ = 0, size_ = 1;
+  cudaStream_t stream_ = nullptr;
+  bool aborted_ = false;
+};
+
+// The world communicator: the unique id is broadcast over MPI when MPI is active, else over TCP at
+// launch.master_addr:master_port. The calling process must already have selected its GPU.
+std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int64_t timeout_seconds);
+// The process groups of a layout as NCCL communicators split from world.
+ProcessGroups make_nccl_process_groups(const std::shared_ptr<NcclCommunicator>& world, const RankLayout& layout, int64_t rank);
+
+}  // namespace mt
