@@ -28,6 +28,9 @@ int run_train(int argc, char** argv) {
   }
   const auto missing = unsupported_features(cfg, launch.world_size);
   if (!missing.empty()) throw ConfigErrors(missing);
+  if (lead) {
+    for (const auto& n : inert_flag_notes(cfg)) std::cerr << "megatrain: " << n << "\n";
+  }
   if (cfg.derived.vocab_size == 0) {
     throw ConfigError("the vocabulary size is unknown: give --vocab-size (with --mock-data / NullTokenizer) or "
                       "--tokenizer-type ByteTokenizer (with --text-data-path)");

@@ -107,6 +107,7 @@ std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& par
   s->has_optimizer = with_optimizer;
   s->has_master = opt.master() != nullptr;
   s->config_yaml = config_to_yaml(cfg);
+  s->vocab_size = cfg.derived.vocab_size;
   s->layout_json = json{{"world_size", who.world_size},
                          {"tensor_model_parallel_size", cfg.parallel.tensor_model_parallel_size},
                          {"pipeline_model_parallel_size", cfg.parallel.pipeline_model_parallel_size},
@@ -185,9 +186,30 @@ void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator
     offset += n;
   }
   ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  if (std::fclose(f) != 0 || !ok) throw DataError("writing " + (tmp_dir / fname).string() + " failed (disk full?)");
-  const auto all = comm.all_gather_strings(pieces.dump());
+  ok = std::fclose(f) == 0 && ok;
+  // Every rank learns whether every rank wrote its shard: a failure anywhere fails the save everywhere
+  // (nobody waits forever), and the previous checkpoint stays the committed one.
+  const std::string report = ok ? pieces.dump() : std::string("!") + (tmp_dir / fname).string();
+  const auto all = comm.all_gather_strings(report);
+  for (const auto& r : all) {
+    if (!r.empty() && r[0] == '!') throw DataError("writing checkpoint shard " + r.substr(1) + " failed (disk full?); the last committed checkpoint is unchanged");
+  }
   if (lead) {
+    // Every shard must be visible here (a non-shared filesystem would commit metadata naming files
+    // rank 0 cannot see).
+    for (size_t r = 0; r < all.size(); ++r) {
+      const auto list = json::parse(all[r]);
+      int64_t expect = 0;
+      for (const auto& pc : list) expect += pc["bytes"].get<int64_t>();
+      char rn[32];
+      std::snprintf(rn, sizeof(rn), "rank_%05zu.bin", r);
+      std::error_code ec;
+      const auto size = fs::file_size(tmp_dir / rn, ec);
+      if (ec || static_cast<int64_t>(size) != expect) {
+        throw DataError("checkpoint shard " + (tmp_dir / rn).string() + " is not visible to rank 0 with " + std::to_string(expect) +
+                        " bytes: --save must be on a filesystem every rank shares");
+      }
+    }
     json tensors = json::object();
     for (const auto& s : all) {
       for (const auto& pc : json::parse(s)) {
@@ -201,6 +223,7 @@ void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator
     json meta = {{"format", "megatrain-checkpoint"},
                  {"version", 1},
                  {"iteration", it},
+                 {"vocab_size", snap.vocab_size},
                  {"consumed_samples", st.consumed_samples},
                  {"flops_so_far", st.flops_so_far},
                  {"skipped_iterations", st.skipped},
@@ -233,19 +256,24 @@ void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator
     write_file_synced(tracker_tmp, num.data(), num.size());
     fs::rename(tracker_tmp, fs::path(dir) / "latest_checkpointed_iteration.txt");
     fsync_path(dir, true);
-    if (keep_last > 0) {
-      std::vector<int64_t> its;
-      for (const auto& e : fs::directory_iterator(dir)) {
-        const std::string n = e.path().filename().string();
-        if (n.size() == 12 && n.rfind("iter_", 0) == 0 && e.is_directory()) its.push_back(std::stoll(n.substr(5)));
-      }
-      std::sort(its.begin(), its.end());
-      for (size_t k = 0; k + static_cast<size_t>(keep_last) < its.size(); ++k) {
-        if (its[k] != it) fs::remove_all(fs::path(dir) / iter_name(its[k]));
-      }
-    }
   }
   comm.barrier();
+  if (lead && keep_last > 0) {
+    // Old checkpoints go only after the new one is committed, and nobody waits for the deletion.
+    std::vector<int64_t> its;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.size() >= 12 && n.rfind("iter_", 0) == 0 && e.is_directory() &&
+          n.find_first_not_of("0123456789", 5) == std::string::npos) {
+        its.push_back(std::stoll(n.substr(5)));
+      }
+    }
+    std::sort(its.begin(), its.end());
+    for (size_t k = 0; k + static_cast<size_t>(keep_last) < its.size(); ++k) {
+      std::error_code ec;
+      if (its[k] != it) fs::remove_all(fs::path(dir) / iter_name(its[k]), ec);
+    }
+  }
 }
 
 CheckpointSaver::CheckpointSaver(std::string dir, bool async, int64_t keep_last, std::shared_ptr<Communicator> comm)
@@ -296,6 +324,8 @@ Opened open_checkpoint(const std::string& dir, std::optional<int64_t> step) {
   }
   o.iteration = *it;
   o.dir = fs::path(dir) / iter_name(*it);
+  // A re-save of the same iteration killed between its two renames leaves the committed copy as .old.
+  if (!fs::exists(o.dir) && fs::exists(fs::path(dir) / (iter_name(*it) + ".old"))) o.dir = fs::path(dir) / (iter_name(*it) + ".old");
   const fs::path mp = o.dir / "metadata.json";
   std::ifstream in(mp);
   if (!in) {
@@ -391,6 +421,18 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
   if (lo.load_optimizer && !opt_saved) {
     throw DataError(o.dir.string() + " was saved without optimizer state (--no-save-optim): load it with --no-load-optim or --finetune");
   }
+  if (lo.load_optimizer && !lo.optimizer_kind.empty() && o.meta["optimizer"]["kind"].get<std::string>() != lo.optimizer_kind) {
+    throw DataError(o.dir.string() + " holds " + o.meta["optimizer"]["kind"].get<std::string>() + " optimizer state, this run uses --optimizer " +
+                    lo.optimizer_kind + ": load with --no-load-optim (fresh optimizer state) or keep the optimizer");
+  }
+  if (lo.vocab_size > 0 && o.meta.contains("vocab_size") && o.meta["vocab_size"].get<int64_t>() != lo.vocab_size) {
+    throw DataError(o.dir.string() + " was trained with a vocabulary of " + std::to_string(o.meta["vocab_size"].get<int64_t>()) +
+                    " tokens, this run has " + std::to_string(lo.vocab_size) + ": use the same tokenizer");
+  }
+  if (tensors.size() != params.size()) {
+    throw DataError(o.dir.string() + " holds " + std::to_string(tensors.size()) + " tensors, the model has " + std::to_string(params.size()) +
+                    ": the model differs from the checkpoint's (--use-checkpoint-args takes its shape)");
+  }
   // Shapes first, for every tensor: a mismatch names the tensor and both shapes.
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params.info(i);
@@ -422,7 +464,9 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     const bool master_saved = has_kind(o, p.name, "master");
     // The most precise saved copy of the weights: fp32 master weights when present.
     const auto weights = assemble(o, p.name, master_saved ? "master" : "param", saved);
-    const auto working = master_saved ? assemble(o, p.name, "param", saved) : weights;
+    // The working copy: the saved (rounded) one when this run keeps fp32 master weights, else the most
+    // precise saved copy.
+    const auto working = (master_saved && opt.master()) ? assemble(o, p.name, "param", saved) : weights;
     float* w = params.param(i);
     if (saved == p.global_shape && (p.shard_dim < 0 || p.shard_count == 1)) {
       std::memcpy(w, working.data(), static_cast<size_t>(p.numel) * sizeof(float));  // same tensor, unsplit
@@ -457,6 +501,7 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
       }
     }
   });
+  if (opt.master()) opt.refresh_working_weights();  // bf16 / fp16 copies of what was loaded
   TrainState st;
   if (lo.finetune) return st;
   st.iteration = o.meta["iteration"].get<int64_t>();

@@ -51,6 +51,7 @@ struct Snapshot {
   std::string optimizer_kind;
   bool has_optimizer = false, has_master = false;
   std::string config_yaml, layout_json;
+  int64_t vocab_size = 0;
 };
 
 // Copies this rank's state (parameters, optimizer state unless !with_optimizer, training state).
@@ -84,6 +85,8 @@ struct LoadOptions {
   std::optional<int64_t> step;  // --ckpt-step
   bool load_optimizer = true;   // !--no-load-optim && !--finetune
   bool finetune = false;        // weights only, iteration 0
+  std::string optimizer_kind;   // refuse state of another optimizer ("" = no check)
+  int64_t vocab_size = 0;       // refuse another tokenizer's vocabulary (0 = no check)
 };
 
 // Loads into this rank's shard; throws DataError naming the file / tensor on any problem.

@@ -30,7 +30,8 @@ int64_t now_ns() {
 // Marks a collective in flight for the watchdog.
 class InFlight {
  public:
-  InFlight(const char* op, const std::string& group) {
+  InFlight(const char* op, const std::string& group, bool watched = true) : watched_(watched) {
+    if (!watched_) return;
     g_op = op;
     {
       std::lock_guard<std::mutex> lock(g_mu);
@@ -38,8 +39,15 @@ class InFlight {
     }
     g_since_ns = now_ns();
   }
-  ~InFlight() { g_since_ns = 0; }
+  ~InFlight() {
+    if (watched_) g_since_ns = 0;
+  }
+
+ private:
+  bool watched_;
 };
+
+std::atomic<bool> g_thread_multiple{false};
 
 void check(int rc, const char* what) {
   if (rc != MPI_SUCCESS) {
@@ -86,7 +94,8 @@ class MpiRequest final : public CommRequest {
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool watched)
+    : comm_(comm), name_(std::move(name)), watched_(watched) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
@@ -99,7 +108,7 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::all_reduce(float* data, int64_t n, ReduceOp op) {
   if (size_ == 1) return;
-  InFlight guard("all-reduce", name_);
+  InFlight guard("all-reduce", name_, watched_);
   for (int64_t off = 0; off < n; off += kChunk) {
     const int c = static_cast<int>(std::min(kChunk, n - off));
     check(MPI_Allreduce(MPI_IN_PLACE, data + off, c, MPI_FLOAT, mpi_op(op), comm_), "Allreduce");
@@ -109,7 +118,7 @@ void MpiCommunicator::all_reduce(float* data, int64_t n, ReduceOp op) {
 
 void MpiCommunicator::all_reduce(double* data, int64_t n, ReduceOp op) {
   if (size_ == 1) return;
-  InFlight guard("all-reduce", name_);
+  InFlight guard("all-reduce", name_, watched_);
   for (int64_t off = 0; off < n; off += kChunk) {
     const int c = static_cast<int>(std::min(kChunk, n - off));
     check(MPI_Allreduce(MPI_IN_PLACE, data + off, c, MPI_DOUBLE, mpi_op(op), comm_), "Allreduce");
@@ -136,7 +145,7 @@ void MpiCommunicator::reduce_scatter(const float* send, float* recv, int64_t n, 
     return;
   }
   if (n > kChunk) throw std::runtime_error("reduce-scatter block above 2^30 elements");
-  InFlight guard("reduce-scatter", name_);
+  InFlight guard("reduce-scatter", name_, watched_);
   check(MPI_Reduce_scatter_block(send, recv, static_cast<int>(n), MPI_FLOAT, mpi_op(op), comm_), "Reduce_scatter_block");
   if (op == ReduceOp::kAvg) scale(recv, n, 1.0 / size_);
 }
@@ -158,7 +167,7 @@ std::unique_ptr<CommRequest> MpiCommunicator::all_gather_async(const float* send
 
 void MpiCommunicator::all_to_all(const float* send, float* recv, int64_t n) {
   if (n > kChunk) throw std::runtime_error("all-to-all block above 2^30 elements");
-  InFlight guard("all-to-all", name_);
+  InFlight guard("all-to-all", name_, watched_);
   check(MPI_Alltoall(send, static_cast<int>(n), MPI_FLOAT, recv, static_cast<int>(n), MPI_FLOAT, comm_), "Alltoall");
 }
 
@@ -206,14 +215,14 @@ std::unique_ptr<CommRequest> MpiCommunicator::all_gather_v_async(const float* mi
 }
 
 void MpiCommunicator::send(const float* data, int64_t n, int peer) {
-  InFlight guard("send", name_);
+  InFlight guard("send", name_, watched_);
   for (int64_t off = 0; off < n; off += kChunk) {
     check(MPI_Send(data + off, static_cast<int>(std::min(kChunk, n - off)), MPI_FLOAT, peer, 0, comm_), "Send");
   }
 }
 
 void MpiCommunicator::recv(float* data, int64_t n, int peer) {
-  InFlight guard("recv", name_);
+  InFlight guard("recv", name_, watched_);
   for (int64_t off = 0; off < n; off += kChunk) {
     check(MPI_Recv(data + off, static_cast<int>(std::min(kChunk, n - off)), MPI_FLOAT, peer, 0, comm_, MPI_STATUS_IGNORE), "Recv");
   }
@@ -221,7 +230,7 @@ void MpiCommunicator::recv(float* data, int64_t n, int peer) {
 
 void MpiCommunicator::broadcast(void* data, int64_t bytes, int root) {
   if (size_ == 1) return;
-  InFlight guard("broadcast", name_);
+  InFlight guard("broadcast", name_, watched_);
   char* p = static_cast<char*>(data);
   for (int64_t off = 0; off < bytes; off += kChunk) {
     check(MPI_Bcast(p + off, static_cast<int>(std::min(kChunk, bytes - off)), MPI_BYTE, root, comm_), "Bcast");
@@ -230,12 +239,12 @@ void MpiCommunicator::broadcast(void* data, int64_t bytes, int root) {
 
 void MpiCommunicator::barrier() {
   if (size_ == 1) return;
-  InFlight guard("barrier", name_);
+  InFlight guard("barrier", name_, watched_);
   check(MPI_Barrier(comm_), "Barrier");
 }
 
 std::vector<std::string> MpiCommunicator::all_gather_strings(const std::string& mine) {
-  InFlight guard("all-gather", name_);
+  InFlight guard("all-gather", name_, watched_);
   int len = static_cast<int>(mine.size());
   std::vector<int> lens(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
   check(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_), "Allgather");
@@ -254,11 +263,14 @@ std::vector<std::string> MpiCommunicator::all_gather_strings(const std::string& 
 void mpi_initialize(int* argc, char*** argv) {
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  g_thread_multiple = provided >= MPI_THREAD_MULTIPLE;
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   g_world_rank = rank;
 }
+
+bool mpi_thread_multiple() { return g_thread_multiple; }
 
 bool mpi_active() {
   int init = 0, fin = 0;
@@ -290,7 +302,7 @@ ProcessGroups make_mpi_process_groups(const RankLayout& layout, int64_t r) {
   g.world = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, "world");
   MPI_Comm dup;
   check(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "Comm_dup");
-  g.checkpoint = std::make_shared<MpiCommunicator>(dup, "checkpoint");
+  g.checkpoint = std::make_shared<MpiCommunicator>(dup, "checkpoint", false);
   g.tp = split(layout.dense(), "tp", "tensor-parallel");
   g.dp = split(layout.dense(), "dp", "data-parallel");
   g.pp = split(layout.dense(), "pp", "pipeline-parallel");

@@ -14,8 +14,9 @@ namespace mt {
 
 class MpiCommunicator final : public Communicator {
  public:
-  // Takes ownership of comm (freed unless it is MPI_COMM_WORLD).
-  MpiCommunicator(MPI_Comm comm, std::string name);
+  // Takes ownership of comm (freed unless it is MPI_COMM_WORLD). watched: the collective watchdog
+  // covers this communicator's calls (not for checkpoint I/O, whose waits are long by nature).
+  MpiCommunicator(MPI_Comm comm, std::string name, bool watched = true);
   ~MpiCommunicator() override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -38,8 +39,12 @@ class MpiCommunicator final : public Communicator {
  private:
   MPI_Comm comm_;
   std::string name_;
+  bool watched_ = true;
   int rank_ = 0, size_ = 1;
 };
+
+// MPI_THREAD_MULTIPLE was granted (needed for collectives from a background checkpoint thread).
+bool mpi_thread_multiple();
 
 // MPI_Init_thread once (when launched by mpirun / srun); the world rank and size.
 void mpi_initialize(int* argc, char*** argv);

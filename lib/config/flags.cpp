@@ -114,8 +114,8 @@ std::vector<FlagSpec> build_table() {
       F(kDist, "overlap-param-gather", training.overlap_param_gather, "Overlap the parameter all-gather with forward"),
       F(kDist, "ddp-bucket-size", training.ddp_bucket_size, "Elements per gradient-reduction bucket"),
       // Mixed precision
-      F(kPrec, "bf16", precision.bf16, "bfloat16 compute with fp32 master weights"),
-      F(kPrec, "fp16", precision.fp16, "float16 compute with loss scaling"),
+      F(kPrec, "bf16", precision.bf16, "bfloat16 weights with fp32 master weights (CPU engine: fp32 activations)"),
+      F(kPrec, "fp16", precision.fp16, "float16 weights with loss scaling (CPU engine: fp32 activations)"),
       F(kPrec, "loss-scale", precision.loss_scale, "Static loss scale (dynamic when unset)"),
       F(kPrec, "initial-loss-scale", precision.initial_loss_scale, "Initial dynamic loss scale"),
       F(kPrec, "min-loss-scale", precision.min_loss_scale, "Minimum dynamic loss scale"),

@@ -183,6 +183,13 @@ void check_attention(const Config& c, Checker& k) {
       }
     }
   }
+  const int64_t ffn = m.ffn_hidden_size.value_or(default_ffn_hidden_size(h, m.swiglu));
+  if (ffn % tp != 0) {
+    k.error("--ffn-hidden-size " + s(ffn) + " is not divisible by TP(" + s(tp) + "): use a multiple of " + s(tp));
+  }
+  if (m.make_vocab_size_divisible_by < 1) {
+    k.error("--make-vocab-size-divisible-by must be >= 1, got " + s(m.make_vocab_size_divisible_by));
+  }
   if (m.rotary_percent <= 0 || m.rotary_percent > 1) {
     k.error("--rotary-percent must be in (0, 1], got " + std::to_string(m.rotary_percent));
   }
@@ -268,6 +275,8 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
       k.error("--recompute-num-layers " + s(*r.recompute_num_layers) + " exceeds the " + s(per_stage) + " layers per pipeline stage");
     }
   }
+  if (c.precision.loss_scale_window < 1) k.error("--loss-scale-window must be >= 1, got " + s(c.precision.loss_scale_window));
+  if (c.precision.hysteresis < 1) k.error("--hysteresis must be >= 1, got " + s(c.precision.hysteresis));
   if (c.logging.log_interval < 1) k.error("--log-interval must be >= 1, got " + s(c.logging.log_interval));
   if (c.logging.eval_interval < 1) k.error("--eval-interval must be >= 1, got " + s(c.logging.eval_interval));
   if (c.logging.eval_iters < 0) k.error("--eval-iters must be >= 0, got " + s(c.logging.eval_iters));

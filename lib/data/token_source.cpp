@@ -44,6 +44,12 @@ Microbatch make_microbatch(const TokenSource& src, Split split, int64_t first_sa
   const int32_t eod = src.eod();
   for (int64_t b = 0; b < B; ++b) {
     src.sample(split, first_sample + b, S + 1, buf.data());
+    for (int32_t t : buf) {
+      if (t < 0 || t >= src.vocab_size()) {
+        throw DataError("token id " + std::to_string(t) + " in sample " + std::to_string(first_sample + b) + " is outside the vocabulary of " +
+                        std::to_string(src.vocab_size()) + ": the data was made with another tokenizer (check --tokenizer-type / --vocab-size)");
+      }
+    }
     int32_t pos = 0;
     for (int64_t s = 0; s < S; ++s) {
       const auto i = static_cast<size_t>(b * S + s);

@@ -36,7 +36,31 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world) {
   no(c.logging.profile, "--profile is not implemented yet");
   no(c.logging.timing_log_level > 0, "--timing-log-level > 0 is not implemented yet");
   no(!c.training.rampup_batch_size.empty(), "--rampup-batch-size is not implemented yet");
+  no(p.distributed_backend == "gloo", "--distributed-backend gloo is not supported: megatrain uses MPI on CPUs and NCCL on GPUs");
   no(c.logging.device == "cuda", "--device cuda: this build has no CUDA training engine yet; use --device cpu");
+  return out;
+}
+
+}  // namespace mt
+
+namespace mt {
+
+std::vector<std::string> inert_flag_notes(const Config& c) {
+  std::vector<std::string> out;
+  const Config d;
+  if (c.model.transformer_impl != d.model.transformer_impl) out.push_back("note: --transformer-impl has no effect: megatrain has one layer implementation");
+  if (c.model.attention_backend != d.model.attention_backend) {
+    out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect on the CPU reference engine (exact attention)");
+  }
+  if (c.model.apply_query_key_layer_scaling) {
+    out.push_back("note: --apply-query-key-layer-scaling changes nothing in fp32 arithmetic (scores are divided and multiplied back)");
+  }
+  if (c.training.optimizer_cpu_offload) out.push_back("note: --optimizer-cpu-offload: the CPU engine keeps the optimizer on the CPU already");
+  if (c.data.num_workers != d.data.num_workers) out.push_back("note: --num-workers has no effect: samples are read on demand by the training thread");
+  if (c.precision.fp16) {
+    out.push_back("note: --fp16 on the CPU engine rounds the weights to fp16; activations and gradients stay fp32, so the loss scale rarely meets an overflow");
+  }
+  if (c.precision.bf16) out.push_back("note: --bf16 on the CPU engine rounds the weights to bf16 after each step; activations stay fp32");
   return out;
 }
 

@@ -11,5 +11,7 @@ namespace mt {
 
 // One line per unsupported feature in use, naming the flag and what to do instead.
 std::vector<std::string> unsupported_features(const Config& cfg, int64_t world_size);
+// One note per accepted flag that changes nothing in this engine (printed once at start).
+std::vector<std::string> inert_flag_notes(const Config& cfg);
 
 }  // namespace mt

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "comm/mpi_communicator.h"
 #include "config/errors.h"
 #include "checkpoint/checkpoint.h"
 #include "data/token_source.h"
@@ -105,6 +106,8 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     lo.step = ck.ckpt_step;
     lo.finetune = ck.finetune;
     lo.load_optimizer = !ck.no_load_optim && !ck.finetune;
+    lo.optimizer_kind = cfg.training.optimizer;
+    lo.vocab_size = cfg.derived.vocab_size;
     if (!ck.ckpt_step && !latest_checkpoint(*ck.load)) {
       if (lead) std::cout << "megatrain: no checkpoint in " << *ck.load << " yet: starting from scratch\n";
     } else {
@@ -119,6 +122,9 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     res.nan_iterations = state.nan_iterations;
   }
   std::unique_ptr<CheckpointSaver> saver;
+  if (ck.async_save && groups.world->size() > 1 && !mpi_thread_multiple()) {
+    throw ConfigError("--async-save needs MPI_THREAD_MULTIPLE, which this MPI library did not grant: drop --async-save");
+  }
   if (ck.save) saver = std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, ck.ckpt_keep_last, groups.checkpoint);
   CheckpointRank who;
   who.world_rank = groups.world->rank();
@@ -126,12 +132,13 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
   who.writes_params = groups.dp_cp->rank() == 0;
   who.writes_optimizer = data_parallel.distributed_optimizer() || groups.dp_cp->rank() == 0;
   const double loaded_flops = state.flops_so_far;
+  const int64_t resumed_samples = state.consumed_samples;
   const int64_t resumed_from = state.iteration;
   auto save_now = [&](int64_t it) {
     data_parallel.finish_param_gather();
     state.flops_so_far = loaded_flops + static_cast<double>(it - resumed_from) * flops_iter;
     state.iteration = it;
-    state.consumed_samples = it * gbs;
+    state.consumed_samples = resumed_samples + (it - resumed_from) * gbs;
     state.skipped = res.skipped;
     state.nan_iterations = res.nan_iterations;
     state.scaler = scaler.state();
@@ -150,7 +157,8 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     model.params().zero_grads();
     const float loss_scale = scaler.scale();
     // One schedule step: every microbatch of this DP rank, forward then backward (no pipelining).
-    const int64_t base = (it - 1) * gbs;
+    // The data position continues from the checkpoint's consumed samples (the batch size may differ).
+    const int64_t base = resumed_samples + (it - first_iter) * gbs;
     const double loss = forward_backward_no_pipelining(
         model, nmb,
         [&](int64_t m) { return make_microbatch(*src, Split::kTrain, base + m * mbs * dp + dp_rank * mbs, mbs, S, cfg); },
@@ -191,7 +199,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       IterationStats s = acc;
       s.iteration = it;
       s.train_iters = iters;
-      s.consumed_samples = it * gbs;
+      s.consumed_samples = resumed_samples + (it - first_iter + 1) * gbs;
       s.global_batch = gbs;
       s.ms_per_iter = 1000.0 * secs / static_cast<double>(n_iter);
       s.tflops_per_gpu = flops_iter / (secs / static_cast<double>(n_iter)) / static_cast<double>(world) / 1e12;

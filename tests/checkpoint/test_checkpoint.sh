@@ -77,6 +77,10 @@ if [[ $rc -ne 0 && $rc -lt 128 ]] && grep -q "checksum mismatch in $f" <<<"$out"
 # 6. A model of another shape says which tensor differs and how.
 out=$("$B" "${M[@]}" --hidden-size 64 --load "$tmp/ck1" 2>&1); rc=$?
 if [[ $rc -ne 0 ]] && grep -qE "tensor .*: the checkpoint holds \[.*\], the model expects \[.*\]" <<<"$out"; then ok "shape mismatch named"; else bad "shape mismatch: $out"; fi
+out=$("$B" "${M[@]}" --num-layers 1 --load "$tmp/ck1" 2>&1); rc=$?
+[[ $rc -ne 0 ]] && grep -q "holds 28 tensors, the model has 16" <<<"$out" && ok "fewer layers than saved: refused" || bad "partial load: $out"
+out=$("$B" "${M[@]}" --optimizer sgd --load "$tmp/ck1" 2>&1); rc=$?
+[[ $rc -ne 0 ]] && grep -q "holds adam optimizer state, this run uses --optimizer sgd" <<<"$out" && ok "other optimizer's state: refused" || bad "optimizer kind: $out"
 # ... unless --use-checkpoint-args takes the shape from the checkpoint.
 "$B" "${M[@]}" --bf16 --hidden-size 64 --use-checkpoint-args --load "$tmp/ck1" --log-dir "$tmp/i" >/dev/null 2>&1 && \
   [[ "$(losses "$tmp/i")" == "$(losses "$tmp/c")" ]] && ok "--use-checkpoint-args" || bad "--use-checkpoint-args"
