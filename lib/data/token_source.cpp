@@ -40,6 +40,7 @@ Microbatch make_microbatch(const TokenSource& src, Split split, int64_t first_sa
   mb.labels.resize(n);
   mb.positions.resize(n);
   mb.loss_mask.assign(n, 1.0f);
+  if (cfg.data.reset_attention_mask) mb.row_start.assign(n, 0);
   std::vector<int32_t> buf(static_cast<size_t>(S + 1));
   const int32_t eod = src.eod();
   for (int64_t b = 0; b < B; ++b) {
@@ -50,14 +51,16 @@ Microbatch make_microbatch(const TokenSource& src, Split split, int64_t first_sa
                         std::to_string(src.vocab_size()) + ": the data was made with another tokenizer (check --tokenizer-type / --vocab-size)");
       }
     }
-    int32_t pos = 0;
+    int32_t pos = 0, doc_start = 0;
     for (int64_t s = 0; s < S; ++s) {
       const auto i = static_cast<size_t>(b * S + s);
       mb.tokens[i] = buf[static_cast<size_t>(s)];
       mb.labels[i] = buf[static_cast<size_t>(s + 1)];
       mb.positions[i] = pos++;
       if (cfg.data.eod_mask_loss && mb.tokens[i] == eod) mb.loss_mask[i] = 0.0f;
+      if (cfg.data.reset_attention_mask) mb.row_start[i] = doc_start;
       if (cfg.data.reset_position_ids && mb.tokens[i] == eod) pos = 0;
+      if (mb.tokens[i] == eod) doc_start = static_cast<int32_t>(s + 1);  // later tokens never see this document
     }
   }
   return mb;

@@ -251,7 +251,8 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
     A.probs.resize(sz(B * D.nh_local * S * S));
     A.ctx.resize(sz(T * D.nh_local * D.d));
     cpu::AttentionShape as{B, S, D.nh_local, D.ng_local, D.d, D.softmax_scale, ad,
-                           dropout_key(seed_, step, 0, l, 1), mb.first_sample, D.tp_rank * D.nh_local};
+                           dropout_key(seed_, step, 0, l, 1), mb.first_sample, D.tp_rank * D.nh_local,
+                           mb.row_start.empty() ? nullptr : mb.row_start.data()};
     cpu::attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), as);
     Buf proj(sz(T * h)), proj_local(sz(Tl * h));
     cpu::linear_forward(proj.data(), A.ctx.data(), P(ly.proj_w), nullptr, T, D.nh_local * D.d, h);
@@ -376,7 +377,8 @@ void GPTModel::backward(float scale, bool last_microbatch) {
     cpu::linear_backward(dctx.data(), G(ly.proj_w), nullptr, dfull.data(), A.ctx.data(), P(ly.proj_w), T, D.nh_local * D.d, h);
     Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size()), scratch(sz(S * S));
     cpu::AttentionShape as{B, S, D.nh_local, D.ng_local, D.d, D.softmax_scale, ad,
-                           dropout_key(seed_, R.step, 0, l, 1), mb.first_sample, D.tp_rank * D.nh_local};
+                           dropout_key(seed_, R.step, 0, l, 1), mb.first_sample, D.tp_rank * D.nh_local,
+                           mb.row_start.empty() ? nullptr : mb.row_start.data()};
     cpu::attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), as,
                             scratch.data());
     if (D.rope) {

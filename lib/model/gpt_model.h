@@ -18,6 +18,7 @@ struct Microbatch {
   int64_t B = 0, S = 0;
   std::vector<int32_t> tokens, labels, positions;  // [B*S]
   std::vector<float> loss_mask;                    // [B*S]
+  std::vector<int32_t> row_start;                  // [B*S] with --reset-attention-mask, else empty
   int64_t first_sample = 0;                        // global index of the first sample (dropout keys)
 };
 

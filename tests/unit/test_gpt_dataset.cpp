@@ -141,3 +141,43 @@ TEST_CASE("training on an indexed dataset: the loss falls and validation runs") 
   CHECK(r.losses.back() < r.losses.front() - 0.5);
   fs::remove_all(dir);
 }
+
+namespace {
+// Documents of 7 tokens (the 7th is EOD), samples overlapping by one as GPT samples do.
+struct ShortDocs final : TokenSource {
+  void sample(Split, int64_t index, int64_t len, int32_t* out) const override {
+    for (int64_t k = 0; k < len; ++k) out[k] = (index * 64 + k) % 7 == 6 ? eod() : static_cast<int32_t>((index * 64 + k) % 7 + 1);
+  }
+  int64_t vocab_size() const override { return 50; }
+  int32_t eod() const override { return 49; }
+  bool has_split(Split) const override { return true; }
+  std::string describe() const override { return "short documents"; }
+};
+}  // namespace
+
+TEST_CASE("--eod-mask-loss, --reset-position-ids and --reset-attention-mask follow the documents") {
+  ShortDocs mock;
+  Config c;
+  c.data.eod_mask_loss = true;
+  c.data.reset_position_ids = true;
+  c.data.reset_attention_mask = true;
+  const Microbatch mb = make_microbatch(mock, Split::kTrain, 0, 2, 64, c);
+  int eods = 0;
+  for (int64_t b = 0; b < 2; ++b) {
+    int32_t expect_start = 0, expect_pos = 0;
+    for (int64_t s = 0; s < 64; ++s) {
+      const auto i = static_cast<size_t>(b * 64 + s);
+      CHECK(mb.row_start[i] == expect_start);
+      CHECK(mb.positions[i] == expect_pos++);
+      const bool eod = mb.tokens[i] == mock.eod();
+      CHECK(mb.loss_mask[i] == (eod ? 0.0f : 1.0f));
+      if (eod) {
+        ++eods;
+        expect_start = static_cast<int32_t>(s + 1);
+        expect_pos = 0;
+      }
+    }
+  }
+  CHECK(eods > 0);
+  CHECK(make_microbatch(mock, Split::kTrain, 0, 1, 64, Config{}).row_start.empty());
+}

@@ -161,6 +161,37 @@ TEST_CASE("causal GQA attention backward, with and without dropout") {
   CHECK(out[1] == Approx(8.0f));
 }
 
+TEST_CASE("attention with --reset-attention-mask: no attention across documents, gradients still exact") {
+  const int64_t B = 1, S = 6, nh = 2, ng = 1, d = 3;
+  std::vector<int32_t> starts = {0, 0, 0, 3, 3, 5};  // documents [0,2], [3,4], [5]
+  cpu::AttentionShape s{B, S, nh, ng, d, 0.5f, 0.0f, 0, 0, 0, starts.data()};
+  Vec q(static_cast<size_t>(S * nh * d)), k(static_cast<size_t>(S * ng * d)), v(k.size()), R(q.size());
+  fill_normal(q, 31);
+  fill_normal(k, 32);
+  fill_normal(v, 33);
+  fill_normal(R, 34);
+  Vec out(q.size()), probs(static_cast<size_t>(nh * S * S));
+  auto f = [&] {
+    cpu::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
+    return dot(out, R);
+  };
+  f();
+  for (int64_t i = 3; i < S; ++i) {
+    for (int64_t j = 0; j < starts[static_cast<size_t>(i)]; ++j) CHECK(probs[static_cast<size_t>(i * S + j)] == 0.0f);
+  }
+  Vec dq(q.size()), dk(k.size()), dv(v.size()), scratch(static_cast<size_t>(S * S));
+  cpu::attention_backward(dq.data(), dk.data(), dv.data(), R.data(), probs.data(), q.data(), k.data(), v.data(), s, scratch.data());
+  check_all(f, q, dq, "masked attention dq");
+  check_all(f, k, dk, "masked attention dk");
+  check_all(f, v, dv, "masked attention dv");
+  // The last document's output ignores everything before it: changing earlier values changes nothing.
+  f();
+  const Vec before = out;
+  for (size_t e = 0; e < static_cast<size_t>(5 * d); ++e) v[e] += 1.0f;
+  f();
+  for (size_t e = static_cast<size_t>(5 * nh * d); e < out.size(); ++e) CHECK(out[e] == before[e]);
+}
+
 TEST_CASE("QKV split and merge are inverse, in Megatron's grouped layout") {
   const int64_t T = 3, nh = 4, ng = 2, d = 2;
   Vec qkv(static_cast<size_t>(T * (nh + 2 * ng) * d));

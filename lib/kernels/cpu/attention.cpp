@@ -73,15 +73,17 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
       gemm(false, true, S, S, d, s.scale, qb, nh * d, kb, ng * d, 0.0f, P, S);
       for (int64_t i = 0; i < S; ++i) {
         float* row = P + i * S;
+        const int64_t lo = s.row_start ? std::clamp<int64_t>(s.row_start[b * S + i], 0, i) : 0;
         float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        for (int64_t j = lo; j <= i; ++j) mx = std::max(mx, row[j]);
         double sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = lo; j <= i; ++j) {
           row[j] = std::exp(row[j] - mx);
           sum += row[j];
         }
         const float inv = static_cast<float>(1.0 / sum);
-        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
+        for (int64_t j = lo; j <= i; ++j) row[j] *= inv;
         for (int64_t j = i + 1; j < S; ++j) row[j] = 0.0f;
       }
       const float* Pv = P;

@@ -17,6 +17,9 @@ struct AttentionShape {
   uint64_t dropout_key; // RNG key of this layer and step
   int64_t sample0;      // global index of sample 0 and of local head 0: the dropout mask of an
   int64_t head0;        // element is the same under any DP or TP split
+  // Optional [B*S]: query i attends to keys [row_start[i], i] only (--reset-attention-mask: no
+  // attention across documents). Null: plain causal.
+  const int32_t* row_start = nullptr;
 };
 
 // q: [B,S,nh,d], k/v: [B,S,ng,d], out: [B,S,nh,d], probs: [B,nh,S,S] saved for backward.
