@@ -11,9 +11,17 @@
 #include <vector>
 
 #include "kernels/cpu/activation.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/norm.h"
+#include "tensor/dtype.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/device_allocator.h"
 
@@ -47,6 +55,17 @@ struct Dev {
     MT_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
     return v;
   }
+};
+
+template <typename T>
+struct DevT {
+  T* p;
+  size_t n;
+  explicit DevT(const std::vector<T>& v) : n(v.size()) {
+    p = static_cast<T*>(DeviceAllocator::instance().allocate(std::max<size_t>(1, n) * sizeof(T)));
+    MT_CUDA_CHECK(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DevT() { DeviceAllocator::instance().release(p); }
 };
 
 void compare(const std::string& what, const Vec& got, const Vec& ref, double tol = 1e-5) {
@@ -108,6 +127,96 @@ void test_activations(int64_t N, int64_t F) {
   compare("swiglu backward" + tag, sDx.get(), dxs);
 }
 
+void test_embedding(int64_t T, int64_t h, int64_t V) {
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> tokens(static_cast<size_t>(T));
+  for (auto& t : tokens) t = tok(rng);
+  Vec wte = randn(static_cast<size_t>(V * h)), g = randn(static_cast<size_t>(T * h));
+  // A vocab shard [V/3, V/3 + V/2) as under TP.
+  const int64_t vs = V / 3, vl = V / 2;
+  Vec out(static_cast<size_t>(T * h)), dw(static_cast<size_t>(vl * h), 0.125f);
+  cpu::embedding_forward(out.data(), tokens.data(), nullptr, wte.data() + vs * h, nullptr, T, h, vs, vl);
+  cpu::embedding_backward(dw.data(), nullptr, g.data(), tokens.data(), nullptr, T, h, vs, vl);
+  DevT<int32_t> dT(tokens);
+  Dev dW(Vec(wte.begin() + vs * h, wte.begin() + (vs + vl) * h)), dOut(out.size()), dG(g), dDw(Vec(dw.size(), 0.125f));
+  cuda::embedding_forward(dOut.p, dT.p, dW.p, T, h, vs, vl, nullptr);
+  const cuda::TokenCsr csr = cuda::build_token_csr(tokens.data(), T, vs, vl);
+  DevT<int32_t> ids(csr.ids), offs(csr.offsets), pos(csr.positions);
+  cuda::embedding_backward(dDw.p, dG.p, ids.p, offs.p, pos.p, static_cast<int64_t>(csr.ids.size()), h, nullptr);
+  const std::string tag = " [T " + std::to_string(T) + ", h " + std::to_string(h) + ", shard]";
+  compare("embedding forward" + tag, dOut.get(), out);
+  compare("embedding backward (CSR)" + tag, dDw.get(), dw);
+}
+
+void test_cross_entropy(int64_t N, int64_t V) {
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> t(static_cast<size_t>(N));
+  for (auto& x : t) x = tok(rng);
+  Vec logits = randn(static_cast<size_t>(N * V), 3.0f), dloss = randn(static_cast<size_t>(N));
+  Vec losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N)), d(logits.size());
+  cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(), t.data(), N, V);
+  cpu::cross_entropy_backward(d.data(), logits.data(), lse.data(), t.data(), dloss.data(), N, V);
+  DevT<int32_t> dT(t);
+  Dev dL(logits), dLoss(static_cast<size_t>(N)), dLse(static_cast<size_t>(N)), dDl(dloss);
+  cuda::cross_entropy_forward(dLoss.p, dLse.p, dL.p, dT.p, N, V, nullptr);
+  cuda::cross_entropy_backward(dL.p, dL.p, dLse.p, dT.p, dDl.p, N, V, nullptr);  // in place
+  const std::string tag = " [" + std::to_string(N) + "x" + std::to_string(V) + "]";
+  compare("cross-entropy forward" + tag, dLoss.get(), losses);
+  compare("cross-entropy backward (in place)" + tag, dL.get(), d);
+}
+
+void test_adamw(int64_t n) {
+  Vec w = randn(static_cast<size_t>(n)), m = randn(static_cast<size_t>(n), 0.1f), v(static_cast<size_t>(n)), g = randn(static_cast<size_t>(n));
+  for (auto& x : v) x = std::fabs(randn(1, 0.1f)[0]);
+  std::vector<uint8_t> mask(static_cast<size_t>(n));
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = i % 3 != 0;
+  cuda::AdamParams p{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.9f * 0.9f, 1.0f - 0.95f * 0.95f};
+  Dev dW(w), dM(m), dV(v), dG(g);
+  DevT<uint8_t> dMask(mask);
+  cuda::adamw_step(dW.p, dM.p, dV.p, dG.p, dMask.p, n, p, nullptr);
+  for (int64_t i = 0; i < n; ++i) {  // the update of optim/optimizer.cpp
+    const auto k = static_cast<size_t>(i);
+    const float gi = g[k] * p.grad_scale;
+    m[k] = p.beta1 * m[k] + (1 - p.beta1) * gi;
+    v[k] = p.beta2 * v[k] + (1 - p.beta2) * gi * gi;
+    const float up = (m[k] / p.bias_correction1) / (std::sqrt(v[k] / p.bias_correction2) + p.eps);
+    w[k] -= p.lr * (up + (mask[k] ? p.weight_decay : 0.0f) * w[k]);
+  }
+  compare("adamw weights [" + std::to_string(n) + "]", dW.get(), w);
+  compare("adamw exp_avg", dM.get(), m);
+  compare("adamw exp_avg_sq", dV.get(), v);
+}
+
+void test_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, bool bf16) {
+  Vec A = randn(static_cast<size_t>(M * K)), B = randn(static_cast<size_t>(K * N)), C = randn(static_cast<size_t>(M * N));
+  const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+  std::vector<uint16_t> Ah, Bh;
+  if (bf16) {
+    for (auto& x : A) {
+      Ah.push_back(float_to_bf16(x));
+      x = bf16_to_float(Ah.back());
+    }
+    for (auto& x : B) {
+      Bh.push_back(float_to_bf16(x));
+      x = bf16_to_float(Bh.back());
+    }
+  }
+  Vec ref = C;
+  cpu::gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 0.5f, ref.data(), N);
+  Dev dC(C);
+  const std::string tag = std::string(" [") + (ta ? "T" : "N") + (tb ? "T" : "N") + " " + std::to_string(M) + "x" +
+                          std::to_string(N) + "x" + std::to_string(K) + (bf16 ? " bf16]" : " fp32]");
+  if (bf16) {
+    DevT<uint16_t> dA(Ah), dB(Bh);
+    cuda::GemmLt::instance().gemm(ta, tb, M, N, K, 0.75f, dA.p, lda, dB.p, ldb, 0.5f, dC.p, N, CUDA_R_16BF, nullptr);
+    compare("cuBLASLt gemm" + tag, dC.get(), ref);
+  } else {
+    Dev dA(A), dB(B);
+    cuda::GemmLt::instance().gemm(ta, tb, M, N, K, 0.75f, dA.p, lda, dB.p, ldb, 0.5f, dC.p, N, CUDA_R_32F, nullptr);
+    compare("cuBLASLt gemm" + tag, dC.get(), ref);
+  }
+}
+
 void test_allocator() {
   auto& a = DeviceAllocator::instance();
   for (int step = 0; step < 3; ++step) {
@@ -142,6 +251,14 @@ int main() {
   test_norms(129, 4096);
   test_activations(5, 3);
   test_activations(301, 1111);
+  test_embedding(513, 96, 1000);
+  test_cross_entropy(67, 50304);
+  test_cross_entropy(5, 7);
+  test_adamw(1000003);
+  for (bool bf16 : {false, true}) {
+    for (int t = 0; t < 4; ++t) test_gemm(t & 1, t & 2, 129, 77, 301, bf16);
+    test_gemm(false, true, 1024, 768, 2304, bf16);
+  }
   test_allocator();
   std::printf("%d failure(s)\n", failures);
   return failures ? 1 : 0;

@@ -1,0 +1,71 @@
+// gemm_lt.cu: a row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so cuBLASLt gets
+// B as its first operand and A as its second.
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/gemm_lt.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/device_allocator.h"
+
+#define MT_CUBLAS_CHECK(expr)                                                                                         \
+  do {                                                                                                                \
+    const cublasStatus_t s_ = (expr);                                                                                 \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                                \
+      throw std::runtime_error(std::string("cuBLASLt error at ") + __FILE__ + ":" + std::to_string(__LINE__) + ": " + \
+                               #expr + ": status " + std::to_string(static_cast<int>(s_)));                          \
+    }                                                                                                                 \
+  } while (0)
+
+namespace mt::cuda {
+
+GemmLt& GemmLt::instance() {
+  static GemmLt* g = new GemmLt();
+  return *g;
+}
+
+GemmLt::GemmLt() {
+  MT_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  workspace_ = DeviceAllocator::instance().allocate(workspace_bytes_);
+}
+
+void GemmLt::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+                  int64_t ldb, float beta, float* C, int64_t ldc, cudaDataType_t ab, cudaStream_t stream) {
+  if (M == 0 || N == 0) return;
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab)};
+  Plan* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = plans_.find(key);
+    if (it == plans_.end()) {
+      Plan p{};
+      MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      // Column-major view: first operand = B (op = tb), second = A (op = ta); m = N, n = M.
+      const cublasOperation_t op1 = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op2 = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof(op1)));
+      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof(op2)));
+      const uint64_t m = static_cast<uint64_t>(N), n = static_cast<uint64_t>(M), k = static_cast<uint64_t>(K);
+      MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, tb ? k : m, tb ? m : k, ldb));
+      MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, ta ? n : k, ta ? k : n, lda));
+      MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, m, n, ldc));
+      cublasLtMatmulPreference_t pref;
+      MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                                           sizeof(workspace_bytes_)));
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+      cublasLtMatmulPreferenceDestroy(pref);
+      if (found == 0) {
+        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                                 std::to_string(K) + " GEMM");
+      }
+      p.algo = result.algo;
+      it = plans_.emplace(key, p).first;
+    }
+    plan = &it->second;
+  }
+  MT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
+                                 workspace_, workspace_bytes_, stream));
+}
+
+}  // namespace mt::cuda

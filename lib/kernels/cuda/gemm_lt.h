@@ -1,0 +1,38 @@
+// gemm_lt.h (CUDA): row-major GEMM through cuBLASLt, fp32 accumulation, fp32 or bf16 inputs, the
+// algorithm chosen by cuBLASLt's heuristic once per shape and cached. Same argument order as
+// kernels/cpu/linear.h's gemm().
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+namespace mt::cuda {
+
+class GemmLt {
+ public:
+  static GemmLt& instance();
+  // C[M,N] = alpha * op(A) op(B) + beta * C, row-major, C fp32; A/B are `ab` (CUDA_R_32F or CUDA_R_16BF).
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+            int64_t ldb, float beta, float* C, int64_t ldc, cudaDataType_t ab, cudaStream_t stream);
+  size_t cached_plans() const { return plans_.size(); }
+
+ private:
+  GemmLt();
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
+  struct Plan {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+  };
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 32u << 20;
+  std::mutex mu_;
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace mt::cuda
