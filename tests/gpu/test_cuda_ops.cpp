@@ -21,6 +21,8 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cpu/rope.h"
 #include "tensor/dtype.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/device_allocator.h"
@@ -217,6 +219,22 @@ void test_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, bool bf16) {
   }
 }
 
+void test_rope(int64_t T, int64_t H, int64_t d, int64_t rot) {
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7) % 2048);
+  Vec x = randn(static_cast<size_t>(T * H * d)), ref = x, back = x;
+  cpu::rope_forward(ref.data(), pos.data(), T, H, d, rot, 500000.0f);
+  cpu::rope_backward(back.data(), pos.data(), T, H, d, rot, 500000.0f);
+  const Vec table = cuda::rope_table(2048, rot, 500000.0);
+  Dev dTab(table), dX(x), dB(x);
+  DevT<int32_t> dP(pos);
+  cuda::rope_apply(dX.p, dP.p, dTab.p, T, H, d, rot, 1.0f, nullptr);
+  cuda::rope_apply(dB.p, dP.p, dTab.p, T, H, d, rot, -1.0f, nullptr);
+  const std::string tag = " [T " + std::to_string(T) + ", d " + std::to_string(d) + ", rot " + std::to_string(rot) + "]";
+  compare("rope forward" + tag, dX.get(), ref);
+  compare("rope backward" + tag, dB.get(), back);
+}
+
 void test_allocator() {
   auto& a = DeviceAllocator::instance();
   for (int step = 0; step < 3; ++step) {
@@ -252,6 +270,8 @@ int main() {
   test_activations(5, 3);
   test_activations(301, 1111);
   test_embedding(513, 96, 1000);
+  test_rope(301, 8, 128, 128);
+  test_rope(33, 3, 64, 32);
   test_cross_entropy(67, 50304);
   test_cross_entropy(5, 7);
   test_adamw(1000003);

@@ -1,0 +1,47 @@
+// rope.cu: one thread per (token, head, rotated pair).
+#include <cmath>
+
+#include "kernels/cuda/rope.h"
+#include "tensor/cuda/cuda_check.h"
+
+namespace mt::cuda {
+namespace {
+
+__global__ void rope_kernel(float* x, const int32_t* pos, const float* table, int64_t T, int64_t H, int64_t d, int64_t half, float sign) {
+  const int64_t total = T * H * half;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = k % half, th = k / half, t = th / H;
+    const float c = table[(static_cast<int64_t>(pos[t]) * half + i) * 2];
+    const float s = sign * table[(static_cast<int64_t>(pos[t]) * half + i) * 2 + 1];
+    float* row = x + th * d;
+    const float x1 = row[i], x2 = row[i + half];
+    row[i] = x1 * c - x2 * s;
+    row[i + half] = x2 * c + x1 * s;
+  }
+}
+
+}  // namespace
+
+std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base) {
+  const int64_t half = rot_dim / 2;
+  std::vector<float> t(static_cast<size_t>(max_pos * half * 2));
+  for (int64_t p = 0; p < max_pos; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double ang = static_cast<double>(p) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+      t[static_cast<size_t>((p * half + i) * 2)] = static_cast<float>(std::cos(ang));
+      t[static_cast<size_t>((p * half + i) * 2 + 1)] = static_cast<float>(std::sin(ang));
+    }
+  }
+  return t;
+}
+
+void rope_apply(float* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
+                cudaStream_t stream) {
+  const int64_t half = rot_dim / 2, total = T * H * half;
+  if (total == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65535 * 4));
+  rope_kernel<<<blocks, 256, 0, stream>>>(x, positions, table, T, H, d, half, sign);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,18 @@
+// rope.h (CUDA): rotary embedding in place on [T, H, d] (Megatron's rotate-half form), from a cos/sin
+// table computed once on the host in double precision (so it agrees with the CPU reference).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace mt::cuda {
+
+// Table [max_pos, rot_dim / 2] of cos and sin (interleaved pairs), to upload once.
+std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base);
+
+// sign = +1 forward, -1 backward (the inverse rotation).
+void rope_apply(float* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
+                cudaStream_t stream);
+
+}  // namespace mt::cuda
