@@ -8,15 +8,7 @@
 
 #include "comm/mpi_communicator.h"
 #include "comm/tcp_rendezvous.h"
-
-#define MT_CUDA_CHECK(expr)                                                                                   \
-  do {                                                                                                        \
-    const cudaError_t e_ = (expr);                                                                            \
-    if (e_ != cudaSuccess) {                                                                                  \
-      throw std::runtime_error(std::string("CUDA error at ") + __FILE__ + ":" + std::to_string(__LINE__) + ": " + \
-                               #expr + ": " + cudaGetErrorString(e_));                                        \
-    }                                                                                                         \
-  } while (0)
+#include "tensor/cuda/cuda_check.h"
 
 #define MT_NCCL_CHECK(expr)                                                                                   \
   do {                                                                                                        \

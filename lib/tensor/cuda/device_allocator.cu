@@ -35,14 +35,7 @@ void* DeviceAllocator::allocate(size_t bytes) {
     cudaError_t e = cudaMalloc(&p, c);
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();
-      for (auto& [sz, blocks] : free_) {
-        for (void* b : blocks) {
-          MT_CUDA_CHECK(cudaFree(b));
-          ++stats_.device_frees;
-        }
-        blocks.clear();
-      }
-      stats_.cached_bytes = 0;
+      free_cached_locked();
       e = cudaMalloc(&p, c);
     }
     if (e != cudaSuccess) {
@@ -73,6 +66,10 @@ void DeviceAllocator::release(void* p) {
 
 void DeviceAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
+  free_cached_locked();
+}
+
+void DeviceAllocator::free_cached_locked() {
   for (auto& [sz, blocks] : free_) {
     for (void* b : blocks) {
       MT_CUDA_CHECK(cudaFree(b));

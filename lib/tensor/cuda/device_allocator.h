@@ -30,6 +30,7 @@ class DeviceAllocator {
 
  private:
   DeviceAllocator() = default;
+  void free_cached_locked();  // mu_ held
   std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;     // size class -> cached blocks
   std::unordered_map<void*, size_t> live_;        // block -> size class
