@@ -16,7 +16,8 @@ namespace mt {
 
 int run_train(int argc, char** argv) {
   CLI::App app{"megatrain: train a GPT / LLaMA / Mixtral-style model with Megatron-LM's flags.\n"
-               "Subcommands: megatrain plan --help (layout, memory and time without a GPU).",
+               "Other commands: megatrain plan (layout, memory and time without a GPU), megatrain preprocess\n"
+               "(corpus -> .bin/.idx), megatrain checkpoint inspect DIR; each takes --help.",
                "megatrain"};
   ConfigCli cli(app);
   const LaunchInfo launch = detect_launch();
