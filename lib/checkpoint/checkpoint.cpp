@@ -375,34 +375,66 @@ int64_t to_global(const std::vector<int64_t>& local, const std::vector<int64_t>&
   return ((e / (inner * dl)) * dg + rank * dl + (e / inner) % dl) * inner + e % inner;
 }
 
-// The whole global tensor of one kind, reassembled from every shard that holds part of it.
-std::vector<float> assemble(const Opened& o, const std::string& name, const char* kind, const std::vector<int64_t>& saved_shape) {
-  int64_t n = 1;
-  for (auto d : saved_shape) n *= d;
-  std::vector<float> full(static_cast<size_t>(n));
-  std::vector<bool> seen(static_cast<size_t>(n), false);
+// This rank's slice of one kind of a tensor, gathered from every saved piece that overlaps it: no full
+// global tensor is built, so memory stays at the local shard size whatever the model. `init` gives the
+// values of elements outside the saved tensor (rows beyond a smaller saved vocabulary padding).
+std::vector<float> assemble_local(const Opened& o, const std::string& name, const char* kind, const std::vector<int64_t>& saved,
+                                  const ParamInfo& p, const float* init) {
+  std::vector<float> local(static_cast<size_t>(p.numel));
+  if (init) std::memcpy(local.data(), init, local.size() * sizeof(float));
+  std::vector<bool> seen(local.size(), false);
+  const auto& gs = p.global_shape;
+  const auto& ls = p.local_shape;
+  const int dim = p.shard_count > 1 ? p.shard_dim : -1;
+  int64_t inner = 1;
+  for (size_t d = dim < 0 ? ls.size() : static_cast<size_t>(dim) + 1; d < ls.size(); ++d) inner *= ls[d];
+  const int64_t dl = dim < 0 ? 1 : ls[static_cast<size_t>(dim)], dg = dim < 0 ? 1 : gs[static_cast<size_t>(dim)];
+  const int64_t cols = saved.size() == 2 ? saved[1] : 1;
+  const int64_t saved_rows = saved.empty() ? 1 : saved[0];
+  const int64_t target_rows = gs.empty() ? 1 : gs[0];
   for (const auto& pc : o.meta["tensors"][name]["shards"]) {
     if (pc["kind"] != kind) continue;
+    const int sdim = pc["shard_dim"].get<int>();
+    const auto srank = pc["shard_rank"].get<int64_t>();
+    const auto sls = pc["local_shape"].get<std::vector<int64_t>>();
+    // Skip pieces whose slice along the shared shard dimension cannot meet ours.
+    if (dim >= 0 && sdim == dim && pc["shard_count"].get<int64_t>() > 1 && saved == gs) {
+      const int64_t sdl = sls[static_cast<size_t>(sdim)];
+      if (srank * sdl >= (p.shard_rank + 1) * dl || (srank + 1) * sdl <= p.shard_rank * dl) continue;
+    }
     const auto data = read_piece(o.dir, pc);
-    const auto ls = pc["local_shape"].get<std::vector<int64_t>>();
-    const int dim = pc["shard_dim"].get<int>();
-    const auto rank = pc["shard_rank"].get<int64_t>();
     const auto lo = pc["range"][0].get<int64_t>();
-    if (dim < 0 || pc["shard_count"].get<int64_t>() == 1) {  // an unsplit tensor: a contiguous range of it
-      std::memcpy(full.data() + lo, data.data(), data.size() * sizeof(float));
+    if (dim < 0 && (sdim < 0 || pc["shard_count"].get<int64_t>() == 1) && saved == gs) {
+      // Both sides hold the whole tensor: the piece is a contiguous range of ours.
+      std::memcpy(local.data() + lo, data.data(), data.size() * sizeof(float));
       std::fill(seen.begin() + lo, seen.begin() + lo + static_cast<int64_t>(data.size()), true);
       continue;
     }
     for (size_t k = 0; k < data.size(); ++k) {
-      const int64_t g = to_global(ls, saved_shape, dim, rank, lo + static_cast<int64_t>(k));
-      full[static_cast<size_t>(g)] = data[k];
-      seen[static_cast<size_t>(g)] = true;
+      const int64_t g = to_global(sls, saved, sdim, srank, lo + static_cast<int64_t>(k));
+      // Same coordinates in the target's global shape (only the vocabulary rows may differ).
+      const int64_t r = saved.size() == 2 ? g / cols : g;
+      if (saved.size() == 2 && r >= target_rows) continue;
+      const int64_t tg = saved.size() == 2 ? r * cols + g % cols : g;
+      int64_t e = tg;
+      if (dim >= 0) {
+        const int64_t mid = (tg / inner) % dg;
+        if (mid / dl != p.shard_rank) continue;
+        e = ((tg / (inner * dg)) * dl + mid % dl) * inner + tg % inner;
+      }
+      local[static_cast<size_t>(e)] = data[k];
+      seen[static_cast<size_t>(e)] = true;
     }
   }
-  for (size_t g = 0; g < seen.size(); ++g) {
-    if (!seen[g]) throw DataError(o.dir.string() + ": tensor " + name + " (" + kind + ") is incomplete: shards are missing");
+  for (int64_t e = 0; e < p.numel; ++e) {
+    int64_t g = e;
+    if (dim >= 0) g = ((e / (inner * dl)) * dg + p.shard_rank * dl + (e / inner) % dl) * inner + e % inner;
+    const bool inside = saved.size() != 2 || g / (gs.size() == 2 ? gs[1] : 1) < saved_rows;
+    if (inside && !seen[static_cast<size_t>(e)]) {
+      throw DataError(o.dir.string() + ": tensor " + name + " (" + kind + ") is incomplete: shards are missing");
+    }
   }
-  return full;
+  return local;
 }
 
 bool has_kind(const Opened& o, const std::string& name, const char* kind) {
@@ -454,49 +486,26 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
   parallel_for(params.size(), [&](size_t i) {
     const ParamInfo& p = params.info(i);
     const auto saved = tensors[p.name]["global_shape"].get<std::vector<int64_t>>();
-    const int64_t row = saved.size() == 2 ? saved[1] : 1;
-    const int64_t saved_numel = saved.empty() ? 1 : (saved.size() == 2 ? saved[0] * saved[1] : saved[0]);
-    auto fetch_local = [&](const std::vector<float>& full, int64_t e, float fallback) {
-      const int64_t g = params.global_index(i, e);
-      // Rows beyond the saved (padded) vocabulary keep their fresh values.
-      return (g < saved_numel && (saved.size() != 2 || g / row < saved[0])) ? full[static_cast<size_t>(g)] : fallback;
-    };
     const bool master_saved = has_kind(o, p.name, "master");
+    float* w = params.param(i);
     // The most precise saved copy of the weights: fp32 master weights when present.
-    const auto weights = assemble(o, p.name, master_saved ? "master" : "param", saved);
+    const auto weights = assemble_local(o, p.name, master_saved ? "master" : "param", saved, p, w);
     // The working copy: the saved (rounded) one when this run keeps fp32 master weights, else the most
     // precise saved copy.
-    const auto working = (master_saved && opt.master()) ? assemble(o, p.name, "param", saved) : weights;
-    float* w = params.param(i);
-    if (saved == p.global_shape && (p.shard_dim < 0 || p.shard_count == 1)) {
-      std::memcpy(w, working.data(), static_cast<size_t>(p.numel) * sizeof(float));  // same tensor, unsplit
-    } else {
-      for (int64_t e = 0; e < p.numel; ++e) w[e] = fetch_local(working, e, w[e]);
-    }
+    const auto working = (master_saved && opt.master()) ? assemble_local(o, p.name, "param", saved, p, w) : weights;
+    std::memcpy(w, working.data(), static_cast<size_t>(p.numel) * sizeof(float));
     if (opt.master() || want_optim) {
-      const auto m = want_optim ? assemble(o, p.name, "exp_avg", saved) : std::vector<float>();
+      const std::vector<float> zeros(static_cast<size_t>(p.numel), 0.0f);
+      const auto m = want_optim ? assemble_local(o, p.name, "exp_avg", saved, p, zeros.data()) : std::vector<float>();
       const bool sq = want_optim && opt.exp_avg_sq() && has_kind(o, p.name, "exp_avg_sq");
-      const auto v = sq ? assemble(o, p.name, "exp_avg_sq", saved) : std::vector<float>();
-      const bool same = saved == p.global_shape && (p.shard_dim < 0 || p.shard_count == 1);
+      const auto v = sq ? assemble_local(o, p.name, "exp_avg_sq", saved, p, zeros.data()) : std::vector<float>();
       for (const Optimizer::Segment* sg : segs[i]) {
-        const Optimizer::Segment& seg = *sg;
-        if (same) {  // the saved tensor is this rank's tensor: copy the segment's range
-          const int64_t e0 = seg.begin - p.offset, n = seg.end - seg.begin;
-          const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-          if (opt.master()) std::memcpy(opt.master() + seg.state, weights.data() + e0, bytes);
-          if (want_optim) {
-            std::memcpy(opt.exp_avg() + seg.state, m.data() + e0, bytes);
-            if (sq) std::memcpy(opt.exp_avg_sq() + seg.state, v.data() + e0, bytes);
-          }
-          continue;
-        }
-        for (int64_t k = 0; k < seg.end - seg.begin; ++k) {
-          const int64_t e = seg.begin - p.offset + k;
-          if (opt.master()) opt.master()[seg.state + k] = fetch_local(weights, e, opt.master()[seg.state + k]);
-          if (want_optim) {
-            opt.exp_avg()[seg.state + k] = fetch_local(m, e, 0.0f);
-            if (sq) opt.exp_avg_sq()[seg.state + k] = fetch_local(v, e, 0.0f);
-          }
+        const int64_t e0 = sg->begin - p.offset;
+        const size_t bytes = static_cast<size_t>(sg->end - sg->begin) * sizeof(float);
+        if (opt.master()) std::memcpy(opt.master() + sg->state, weights.data() + e0, bytes);
+        if (want_optim) {
+          std::memcpy(opt.exp_avg() + sg->state, m.data() + e0, bytes);
+          if (sq) std::memcpy(opt.exp_avg_sq() + sg->state, v.data() + e0, bytes);
         }
       }
     }

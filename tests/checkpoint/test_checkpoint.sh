@@ -42,6 +42,14 @@ for run in g h; do
   else bad "reshard -> $run"; paste <(losses "$tmp/d" | tail -4) <(losses "$tmp/$run"); fi
 done
 
+# 3b. Padded vocabularies differ between TP sizes (100 tokens pad to 144 at TP1, 192 at TP2 with
+# --make-vocab-size-divisible-by 48): the saved rows load, the extra padding rows start fresh.
+V=(--vocab-size 100 --make-vocab-size-divisible-by 48)
+"$B" "${M[@]}" "${V[@]}" --save "$tmp/ck3" --save-interval 100 --exit-interval 4 >/dev/null 2>&1
+out=$("${MPI[@]}" -np 2 "$B" "${M[@]}" "${V[@]}" --tensor-model-parallel-size 2 --load "$tmp/ck3" --log-dir "$tmp/k" 2>&1); rc=$?
+if [[ $rc -eq 0 && $(losses "$tmp/k" | wc -l) -eq 4 ]] && grep -q "continuing after iteration 4" <<<"$out"; then
+  ok "reshard across vocabulary padding (TP1 -> TP2)"; else bad "vocab padding reshard: rc=$rc"; tail -3 <<<"$out"; fi
+
 # 4. kill -9 during saves, repeatedly: the directory always loads (and verifies).
 BIG=(--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
      --micro-batch-size 1 --global-batch-size 1 --lr 1e-4 --mock-data --vocab-size 512 --log-interval 1 --eval-iters 0
