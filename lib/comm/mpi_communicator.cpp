@@ -106,25 +106,19 @@ MpiCommunicator::~MpiCommunicator() {
   if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-void MpiCommunicator::all_reduce(float* data, int64_t n, ReduceOp op) {
+template <typename T>
+void MpiCommunicator::all_reduce_impl(T* data, int64_t n, ReduceOp op, MPI_Datatype type) {
   if (size_ == 1) return;
   InFlight guard("all-reduce", name_, watched_);
   for (int64_t off = 0; off < n; off += kChunk) {
     const int c = static_cast<int>(std::min(kChunk, n - off));
-    check(MPI_Allreduce(MPI_IN_PLACE, data + off, c, MPI_FLOAT, mpi_op(op), comm_), "Allreduce");
+    check(MPI_Allreduce(MPI_IN_PLACE, data + off, c, type, mpi_op(op), comm_), "Allreduce");
   }
   if (op == ReduceOp::kAvg) scale(data, n, 1.0 / size_);
 }
 
-void MpiCommunicator::all_reduce(double* data, int64_t n, ReduceOp op) {
-  if (size_ == 1) return;
-  InFlight guard("all-reduce", name_, watched_);
-  for (int64_t off = 0; off < n; off += kChunk) {
-    const int c = static_cast<int>(std::min(kChunk, n - off));
-    check(MPI_Allreduce(MPI_IN_PLACE, data + off, c, MPI_DOUBLE, mpi_op(op), comm_), "Allreduce");
-  }
-  if (op == ReduceOp::kAvg) scale(data, n, 1.0 / size_);
-}
+void MpiCommunicator::all_reduce(float* data, int64_t n, ReduceOp op) { all_reduce_impl(data, n, op, MPI_FLOAT); }
+void MpiCommunicator::all_reduce(double* data, int64_t n, ReduceOp op) { all_reduce_impl(data, n, op, MPI_DOUBLE); }
 
 std::unique_ptr<CommRequest> MpiCommunicator::all_reduce_async(float* data, int64_t n, ReduceOp op) {
   if (size_ == 1) return std::make_unique<DoneRequest>();

@@ -37,6 +37,8 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::string> all_gather_strings(const std::string& mine) override;
 
  private:
+  template <typename T>
+  void all_reduce_impl(T* data, int64_t n, ReduceOp op, MPI_Datatype type);
   MPI_Comm comm_;
   std::string name_;
   bool watched_ = true;

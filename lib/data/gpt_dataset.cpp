@@ -97,7 +97,7 @@ GptSplitIndex::GptSplitIndex(std::shared_ptr<const IndexedDataset> data, int64_t
     from_cache_ = true;
     return;
   }
-  build(doc_begin, doc_end, num_samples, seed ^ h);
+  build(doc_begin, doc_end, seed ^ h);
   std::error_code ec;
   fs::create_directories(dir, ec);
   write_vec_atomic(p_doc, doc_index_);
@@ -105,7 +105,7 @@ GptSplitIndex::GptSplitIndex(std::shared_ptr<const IndexedDataset> data, int64_t
   write_vec_atomic(p_shuf, shuffle_);
 }
 
-void GptSplitIndex::build(int64_t doc_begin, int64_t doc_end, int64_t num_samples, uint64_t seed) {
+void GptSplitIndex::build(int64_t doc_begin, int64_t doc_end, uint64_t seed) {
   const int64_t ndocs = doc_end - doc_begin;
   doc_index_.resize(static_cast<size_t>(epochs_ * ndocs));
   for (int64_t e = 0; e < epochs_; ++e) {
@@ -139,7 +139,6 @@ void GptSplitIndex::build(int64_t doc_begin, int64_t doc_end, int64_t num_sample
   shuffle_.resize(static_cast<size_t>(samples));
   std::iota(shuffle_.begin(), shuffle_.end(), 0);
   seeded_shuffle(shuffle_, rng_key(seed, "shuffle-index"));
-  (void)num_samples;
 }
 
 void GptSplitIndex::sample(int64_t i, int32_t* out) const {

@@ -27,7 +27,7 @@ class GptSplitIndex {
   void sample(int64_t i, int32_t* out) const;
 
  private:
-  void build(int64_t doc_begin, int64_t doc_end, int64_t num_samples, uint64_t seed);
+  void build(int64_t doc_begin, int64_t doc_end, uint64_t seed);
   std::shared_ptr<const IndexedDataset> data_;
   int64_t seq_;
   int64_t epochs_ = 0;

@@ -194,6 +194,17 @@ void GPTModel::all_reduce_replicated_grads(size_t first, size_t last) const {
   }
 }
 
+void GPTModel::norm_forward(float* out, float* mean, float* rstd, const float* x, size_t w, size_t b, int64_t n) {
+  if (dims_.rms) cpu::rmsnorm_forward(out, rstd, x, params_.param(w), n, dims_.h, dims_.eps);
+  else cpu::layernorm_forward(out, mean, rstd, x, params_.param(w), params_.param(b), n, dims_.h, dims_.eps);
+}
+
+void GPTModel::norm_backward(float* dx, const float* dout, const float* x, const float* mean, const float* rstd, size_t w, size_t b,
+                             int64_t n) {
+  if (dims_.rms) cpu::rmsnorm_backward(dx, params_.grad(w), dout, x, params_.param(w), rstd, n, dims_.h);
+  else cpu::layernorm_backward(dx, params_.grad(w), params_.grad(b), dout, x, params_.param(w), mean, rstd, n, dims_.h);
+}
+
 float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
   const ModelDims& D = dims_;
   const int64_t B = mb.B, S = mb.S, T = B * S, h = D.h;
@@ -234,8 +245,7 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
     A.ln1.resize(sz(Tl * h));
     A.mean1.resize(sz(Tl));
     A.rstd1.resize(sz(Tl));
-    if (D.rms) cpu::rmsnorm_forward(A.ln1.data(), A.rstd1.data(), A.x.data(), P(ly.ln1_w), Tl, h, D.eps);
-    else cpu::layernorm_forward(A.ln1.data(), A.mean1.data(), A.rstd1.data(), A.x.data(), P(ly.ln1_w), P(ly.ln1_b), Tl, h, D.eps);
+    norm_forward(A.ln1.data(), A.mean1.data(), A.rstd1.data(), A.x.data(), ly.ln1_w, ly.ln1_b, Tl);
     A.ln1_full.resize(sz(T * h));
     gather_tokens(A.ln1.data(), A.ln1_full.data(), Tl);
     Buf qkv(sz(T * qkv_local));
@@ -266,8 +276,7 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
     A.ln2.resize(sz(Tl * h));
     A.mean2.resize(sz(Tl));
     A.rstd2.resize(sz(Tl));
-    if (D.rms) cpu::rmsnorm_forward(A.ln2.data(), A.rstd2.data(), A.x2.data(), P(ly.ln2_w), Tl, h, D.eps);
-    else cpu::layernorm_forward(A.ln2.data(), A.mean2.data(), A.rstd2.data(), A.x2.data(), P(ly.ln2_w), P(ly.ln2_b), Tl, h, D.eps);
+    norm_forward(A.ln2.data(), A.mean2.data(), A.rstd2.data(), A.x2.data(), ly.ln2_w, ly.ln2_b, Tl);
     A.ln2_full.resize(sz(T * h));
     gather_tokens(A.ln2.data(), A.ln2_full.data(), Tl);
     A.fc1.resize(sz(T * fc1_out));
@@ -289,8 +298,7 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
   R.lnf.resize(sz(Tl * h));
   R.meanf.resize(sz(Tl));
   R.rstdf.resize(sz(Tl));
-  if (D.rms) cpu::rmsnorm_forward(R.lnf.data(), R.rstdf.data(), R.x_final.data(), P(final_w_), Tl, h, D.eps);
-  else cpu::layernorm_forward(R.lnf.data(), R.meanf.data(), R.rstdf.data(), R.x_final.data(), P(final_w_), P(final_b_), Tl, h, D.eps);
+  norm_forward(R.lnf.data(), R.meanf.data(), R.rstdf.data(), R.x_final.data(), final_w_, final_b_, Tl);
   R.lnf_full.resize(sz(T * h));
   gather_tokens(R.lnf.data(), R.lnf_full.data(), Tl);
   // Output layer: column-parallel over the vocabulary; the loss combines the shards (no full logits).
@@ -338,8 +346,7 @@ void GPTModel::backward(float scale, bool last_microbatch) {
   cpu::linear_backward(dfull.data(), G(out_w_), nullptr, R.logits.data(), R.lnf_full.data(), P(out_w_), T, h, D.V_local);
   reduce_tokens(dfull.data(), dlocal.data(), Tl);
   Buf dx(sz(Tl * h));
-  if (D.rms) cpu::rmsnorm_backward(dx.data(), G(final_w_), dlocal.data(), R.x_final.data(), P(final_w_), R.rstdf.data(), Tl, h);
-  else cpu::layernorm_backward(dx.data(), G(final_w_), G(final_b_), dlocal.data(), R.x_final.data(), P(final_w_), R.meanf.data(), R.rstdf.data(), Tl, h);
+  norm_backward(dx.data(), dlocal.data(), R.x_final.data(), R.meanf.data(), R.rstdf.data(), final_w_, final_b_, Tl);
   all_reduce_replicated_grads(final_w_, params_.size());
   if (!D.tied) ready(final_w_);
 
@@ -362,8 +369,7 @@ void GPTModel::backward(float scale, bool last_microbatch) {
     cpu::linear_backward(dfull.data(), G(ly.fc1_w), D.bias ? G(ly.fc1_b) : nullptr, dfc1.data(), A.ln2_full.data(), P(ly.fc1_w), T, h, fc1_out);
     reduce_tokens(dfull.data(), dlocal.data(), Tl);
     Buf dx2(sz(Tl * h));
-    if (D.rms) cpu::rmsnorm_backward(dx2.data(), G(ly.ln2_w), dlocal.data(), A.x2.data(), P(ly.ln2_w), A.rstd2.data(), Tl, h);
-    else cpu::layernorm_backward(dx2.data(), G(ly.ln2_w), G(ly.ln2_b), dlocal.data(), A.x2.data(), P(ly.ln2_w), A.mean2.data(), A.rstd2.data(), Tl, h);
+    norm_backward(dx2.data(), dlocal.data(), A.x2.data(), A.mean2.data(), A.rstd2.data(), ly.ln2_w, ly.ln2_b, Tl);
     for (int64_t i = 0; i < Tl * h; ++i) dx2[sz(i)] += dx[sz(i)];
 
     // Attention branch: x2 = x + drop(proj(attn(rope(split(qkv(norm1(x)))))) + bp)
@@ -389,8 +395,7 @@ void GPTModel::backward(float scale, bool last_microbatch) {
     cpu::qkv_merge(dqkv.data(), dq.data(), dk.data(), dv.data(), T, D.nh_local, D.ng_local, D.d);
     cpu::linear_backward(dfull.data(), G(ly.qkv_w), D.bias ? G(ly.qkv_b) : nullptr, dqkv.data(), A.ln1_full.data(), P(ly.qkv_w), T, h, qkv_local);
     reduce_tokens(dfull.data(), dlocal.data(), Tl);
-    if (D.rms) cpu::rmsnorm_backward(dx.data(), G(ly.ln1_w), dlocal.data(), A.x.data(), P(ly.ln1_w), A.rstd1.data(), Tl, h);
-    else cpu::layernorm_backward(dx.data(), G(ly.ln1_w), G(ly.ln1_b), dlocal.data(), A.x.data(), P(ly.ln1_w), A.mean1.data(), A.rstd1.data(), Tl, h);
+    norm_backward(dx.data(), dlocal.data(), A.x.data(), A.mean1.data(), A.rstd1.data(), ly.ln1_w, ly.ln1_b, Tl);
     for (int64_t i = 0; i < Tl * h; ++i) dx[sz(i)] += dx2[sz(i)];
     const size_t next = l + 1 < D.L ? layers_[sz(l + 1)].ln1_w : final_w_;
     all_reduce_replicated_grads(ly.ln1_w, next);

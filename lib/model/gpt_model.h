@@ -68,6 +68,10 @@ class GPTModel {
   void reduce_tokens(float* full_partial, float* local, int64_t Tl) const;
   void dropout_tokens(float* x, int64_t t0, int64_t n, int64_t layer, int site, bool backward) const;
   void all_reduce_replicated_grads(size_t first, size_t last) const;
+  // The configured norm (RMSNorm or LayerNorm) with weight w and bias b (bias unused for RMSNorm).
+  void norm_forward(float* out, float* mean, float* rstd, const float* x, size_t w, size_t b, int64_t n);
+  void norm_backward(float* dx, const float* dout, const float* x, const float* mean, const float* rstd, size_t w, size_t b,
+                     int64_t n);
   bool finishing_ = true;  // the running backward is the iteration's last
 };
 
