@@ -10,6 +10,7 @@
 #include "parallel/launcher.h"
 #include "tensor/device_info.h"
 #include "train/capabilities.h"
+#include "train/cuda_trainer.h"
 #include "train/trainer.h"
 
 namespace mt {
@@ -27,20 +28,45 @@ int run_train(int argc, char** argv) {
     if (lead) std::cout << config_to_yaml(cfg);
     return 0;
   }
-  const auto missing = unsupported_features(cfg, launch.world_size);
+  // Engine: CUDA when this build has it, a GPU is visible and the configuration is one it runs;
+  // --device cuda insists (and says why not), --device cpu never uses it.
+  const auto gpus = visible_gpus();
+  std::vector<std::string> cuda_gaps;
+  std::string no_cuda_reason;
+  if (!built_with_cuda()) {
+    no_cuda_reason = "this build has no CUDA backend (nvcc was not found at configure time)";
+  } else if (gpus.empty()) {
+    no_cuda_reason = gpu_unavailable_reason();
+  } else {
+    cuda_gaps = cuda_engine_gaps(cfg, launch.world_size);
+  }
+  const bool use_cuda = cfg.logging.device != "cpu" && no_cuda_reason.empty() && cuda_gaps.empty();
+  if (cfg.logging.device == "cuda" && !use_cuda) {
+    if (!no_cuda_reason.empty()) throw ConfigError("--device cuda: " + no_cuda_reason + "; use --device cpu");
+    throw ConfigErrors(cuda_gaps);
+  }
+  const auto missing = unsupported_features(cfg, launch.world_size, use_cuda);
   if (!missing.empty()) throw ConfigErrors(missing);
   if (lead) {
-    for (const auto& n : inert_flag_notes(cfg)) std::cerr << "megatrain: " << n << "\n";
+    for (const auto& n : inert_flag_notes(cfg, use_cuda)) std::cerr << "megatrain: " << n << "\n";
   }
   if (cfg.derived.vocab_size == 0) {
     throw ConfigError("the vocabulary size is unknown: give --vocab-size (with --mock-data / NullTokenizer) or "
                       "--tokenizer-type ByteTokenizer (with --text-data-path)");
   }
-  if (lead && cfg.logging.device == "auto") {
-    const auto gpus = visible_gpus();
-    std::cerr << "megatrain: note: training on the CPU reference engine: "
-              << (gpus.empty() ? gpu_unavailable_reason() : gpus.front().name + " is visible, but the CUDA training engine is not in this build yet")
-              << "\n";
+  if (lead && !use_cuda && cfg.logging.device == "auto") {
+    std::cerr << "megatrain: note: training on the CPU reference engine: ";
+    if (!no_cuda_reason.empty()) {
+      std::cerr << no_cuda_reason << "\n";
+    } else {
+      std::cerr << gpus.front().name << " is visible, but the CUDA engine does not run this configuration:";
+      for (const auto& g : cuda_gaps) std::cerr << "\n  - " << g;
+      std::cerr << "\n";
+    }
+  }
+  if (use_cuda) {
+    train_cuda(cfg, ProcessGroups::single(), TrainOptions{false, launch.rank});
+    return 0;
   }
   ProcessGroups groups = ProcessGroups::single();
   if (launch.world_size > 1) {

@@ -3,7 +3,7 @@
 
 namespace mt {
 
-std::vector<std::string> unsupported_features(const Config& c, int64_t world) {
+std::vector<std::string> unsupported_features(const Config& c, int64_t world, bool cuda_engine) {
   std::vector<std::string> out;
   auto no = [&](bool used, const std::string& what) {
     if (used) out.push_back(what);
@@ -15,8 +15,8 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world) {
   no(p.expert_model_parallel_size > 1, "--expert-model-parallel-size > 1 is not implemented yet");
   no(c.moe.num_experts.has_value(), "mixture of experts (--num-experts) is not implemented yet");
   no(c.precision.fp8_format.has_value(), "FP8 training (--fp8-format) is not implemented yet: use --bf16");
-  no(c.recompute.recompute_granularity.has_value(),
-     "activation recompute (--recompute-granularity) is not implemented yet: drop it (the CPU engine keeps all activations)");
+  no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
+     "activation recompute (--recompute-granularity) is implemented on the CUDA engine only: drop it on the CPU engine (it keeps all activations)");
   no(c.model.qk_layernorm, "--qk-layernorm is not implemented yet");
   no(p.tensor_model_parallel_size > 1 && c.model.group_query_attention && c.model.num_query_groups < p.tensor_model_parallel_size,
      "--num-query-groups below --tensor-model-parallel-size (K/V replication) is not implemented yet: use TP <= query groups");
@@ -36,7 +36,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world) {
   no(c.logging.timing_log_level > 0, "--timing-log-level > 0 is not implemented yet");
   no(!c.training.rampup_batch_size.empty(), "--rampup-batch-size is not implemented yet");
   no(p.distributed_backend == "gloo", "--distributed-backend gloo is not supported: megatrain uses MPI on CPUs and NCCL on GPUs");
-  no(c.logging.device == "cuda", "--device cuda: this build has no CUDA training engine yet; use --device cpu");
   return out;
 }
 
@@ -44,9 +43,20 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world) {
 
 namespace mt {
 
-std::vector<std::string> inert_flag_notes(const Config& c) {
+std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   std::vector<std::string> out;
   const Config d;
+  if (cuda_engine) {
+    if (c.model.attention_backend != d.model.attention_backend) {
+      out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect: the CUDA engine always uses cuDNN's fused (flash) attention");
+    }
+    if (c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "selective") {
+      out.push_back("note: --recompute-granularity selective keeps nothing less on the CUDA engine: flash attention never stores the attention probabilities");
+    }
+    if (c.training.optimizer_cpu_offload) out.push_back("note: --optimizer-cpu-offload is not implemented: the optimizer state stays on the GPU");
+    if (c.data.num_workers != d.data.num_workers) out.push_back("note: --num-workers has no effect: samples are read on demand by the training thread");
+    return out;
+  }
   if (c.model.transformer_impl != d.model.transformer_impl) out.push_back("note: --transformer-impl has no effect: megatrain has one layer implementation");
   if (c.model.attention_backend != d.model.attention_backend) {
     out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect on the CPU reference engine (exact attention)");

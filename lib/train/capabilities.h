@@ -10,8 +10,8 @@
 namespace mt {
 
 // One line per unsupported feature in use, naming the flag and what to do instead.
-std::vector<std::string> unsupported_features(const Config& cfg, int64_t world_size);
+std::vector<std::string> unsupported_features(const Config& cfg, int64_t world_size, bool cuda_engine = false);
 // One note per accepted flag that changes nothing in this engine (printed once at start).
-std::vector<std::string> inert_flag_notes(const Config& cfg);
+std::vector<std::string> inert_flag_notes(const Config& cfg, bool cuda_engine = false);
 
 }  // namespace mt

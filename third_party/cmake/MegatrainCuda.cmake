@@ -16,6 +16,16 @@ if(NOT MEGATRAIN_CUDA STREQUAL "OFF")
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     set(MEGATRAIN_HAVE_CUDA ON)
+    # cuDNN 9 (the fused attention): beside the toolkit or from the distribution's packages.
+    find_path(MEGATRAIN_CUDNN_INCLUDE cudnn_graph.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include /usr/include
+              /usr/include/x86_64-linux-gnu)
+    find_library(MEGATRAIN_CUDNN_LIB cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/local/cuda/lib
+                 /usr/lib/x86_64-linux-gnu)
+    if(NOT MEGATRAIN_CUDNN_INCLUDE OR NOT MEGATRAIN_CUDNN_LIB)
+      message(FATAL_ERROR "megatrain: cuDNN 9 was not found (cudnn_graph.h / libcudnn): install cuDNN 9 for CUDA, or configure "
+                          "with -DMEGATRAIN_CUDA=OFF for a CPU-only build")
+    endif()
+    message(STATUS "megatrain: cuDNN ${MEGATRAIN_CUDNN_LIB}")
     # NCCL: beside the toolkit (/usr/local/cuda) or from the distribution's libnccl-dev.
     find_path(MEGATRAIN_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include /usr/include)
     find_library(MEGATRAIN_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)

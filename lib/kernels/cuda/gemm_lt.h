@@ -18,11 +18,16 @@ class GemmLt {
   // C[M,N] = alpha * op(A) op(B) + beta * C, row-major, C fp32; A/B are `ab` (CUDA_R_32F or CUDA_R_16BF).
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
             int64_t ldb, float beta, float* C, int64_t ldc, cudaDataType_t ab, cudaStream_t stream);
+  // The general form: C of type c_type (CUDA_R_32F or CUDA_R_16BF); bias (null or a vector of N values of
+  // C's type) is added to every row by cuBLASLt's epilogue.
+  void gemm_ex(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+               int64_t ldb, float beta, void* C, int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type, const void* bias,
+               cudaStream_t stream);
   size_t cached_plans() const { return plans_.size(); }
 
  private:
   GemmLt();
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool>;
   struct Plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;

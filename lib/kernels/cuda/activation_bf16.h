@@ -1,0 +1,17 @@
+// activation_bf16.h (CUDA): GELU (tanh form) and SwiGLU on bf16 activations, fp32 math; the formulas of
+// kernels/cpu/activation.h. SwiGLU's input row is [gate (F) | up (F)].
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_fwd.h"
+
+namespace mt::cuda {
+
+void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);
+void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream);
+void swiglu_forward_bf16(bf16* y, const bf16* x, int64_t N, int64_t F, cudaStream_t stream);
+void swiglu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t N, int64_t F, cudaStream_t stream);
+
+}  // namespace mt::cuda

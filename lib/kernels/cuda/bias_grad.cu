@@ -1,0 +1,45 @@
+// bias_grad.cu: blocks own row ranges and a column tile; threads own columns.
+#include <algorithm>
+
+#include "kernels/cuda/bf16_common.cuh"
+#include "kernels/cuda/bias_grad.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/device_allocator.h"
+
+namespace mt::cuda {
+namespace {
+
+__global__ void partial_kernel(float* partials, const bf16* dy, int64_t N, int64_t n, int64_t rows_per_block) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= n) return;
+  const int64_t r0 = blockIdx.y * rows_per_block, r1 = min(N, r0 + rows_per_block);
+  float s = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) s += __bfloat162float(dy[r * n + c]);
+  partials[blockIdx.y * n + c] = s;
+}
+
+__global__ void finish_kernel(float* db, const float* partials, int64_t blocks, int64_t n) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= n) return;
+  float s = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) s += partials[b * n + c];
+  db[c] += s;
+}
+
+}  // namespace
+
+void bias_grad_bf16(float* db, const bf16* dy, int64_t N, int64_t n, cudaStream_t stream) {
+  if (N == 0 || n == 0) return;
+  const int64_t row_blocks = std::min<int64_t>(N, 128);
+  const int64_t rpb = (N + row_blocks - 1) / row_blocks, nb = (N + rpb - 1) / rpb;
+  auto& alloc = DeviceAllocator::instance();
+  float* partials = static_cast<float*>(alloc.allocate(static_cast<size_t>(nb * n) * sizeof(float)));
+  const dim3 grid(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(nb));
+  partial_kernel<<<grid, 256, 0, stream>>>(partials, dy, N, n, rpb);
+  MT_CUDA_CHECK_LAUNCH();
+  finish_kernel<<<grid_for(n, 256), 256, 0, stream>>>(db, partials, nb, n);
+  MT_CUDA_CHECK_LAUNCH();
+  alloc.release(partials);
+}
+
+}  // namespace mt::cuda

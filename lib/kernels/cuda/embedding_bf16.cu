@@ -1,0 +1,27 @@
+// embedding_bf16.cu: one thread per output element.
+#include "kernels/cuda/bf16_common.cuh"
+#include "kernels/cuda/embedding_bf16.h"
+#include "tensor/cuda/cuda_check.h"
+
+namespace mt::cuda {
+namespace {
+
+__global__ void emb_kernel(float* out, const int32_t* tok, const int32_t* pos, const bf16* wte, const bf16* wpe, int64_t T, int64_t h) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < T * h; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = e / h, c = e % h;
+    float v = __bfloat162float(wte[static_cast<int64_t>(tok[t]) * h + c]);
+    if (wpe) v += __bfloat162float(wpe[static_cast<int64_t>(pos[t]) * h + c]);
+    out[e] = v;
+  }
+}
+
+}  // namespace
+
+void embedding_forward_bf16(float* out, const int32_t* tokens, const int32_t* positions, const bf16* wte, const bf16* wpe, int64_t T,
+                            int64_t h, cudaStream_t stream) {
+  if (T * h == 0) return;
+  emb_kernel<<<grid_for(T * h, 256), 256, 0, stream>>>(out, tokens, positions, wte, wpe, T, h);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mt::cuda

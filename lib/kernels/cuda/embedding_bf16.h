@@ -1,0 +1,16 @@
+// embedding_bf16.h (CUDA): the embedding lookup from bf16 working weights into the fp32 residual stream:
+// out[t] = wte[tokens[t]] (+ wpe[positions[t]] with learned absolute positions). The backward is
+// embedding.h's deterministic CSR kernel on the fp32 residual gradient.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_fwd.h"
+
+namespace mt::cuda {
+
+void embedding_forward_bf16(float* out, const int32_t* tokens, const int32_t* positions, const bf16* wte, const bf16* wpe, int64_t T,
+                            int64_t h, cudaStream_t stream);
+
+}  // namespace mt::cuda

@@ -1,0 +1,24 @@
+// norm_bf16.h (CUDA): the residual add fused with LayerNorm / RMSNorm for the mixed-precision model: the
+// residual stream is fp32, the normalised output bf16 (the next GEMM's input). The backward adds the
+// norm's input gradient into the fp32 residual gradient, writes its bf16 copy (the next GEMM's input)
+// and accumulates the weight (and bias) gradients deterministically (per-block partials, then a fixed-order
+// column sum: no atomics).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_fwd.h"
+
+namespace mt::cuda {
+
+// s = x + delta (delta may be null); y = norm(s) * w (+ b). sum_out (may be null) receives s; mean is
+// unused (may be null) for RMSNorm.
+void add_norm_forward(float* sum_out, bf16* y, float* mean, float* rstd, const float* x, const bf16* delta, const bf16* w,
+                      const bf16* b, int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream);
+
+// dres += d(norm input); dres16 = bf16(dres); dw (+ db unless null) += weight gradients (fp32).
+void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const float* x, const float* mean,
+                       const float* rstd, const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream);
+
+}  // namespace mt::cuda

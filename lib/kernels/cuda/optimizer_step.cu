@@ -1,0 +1,96 @@
+// optimizer_step.cu: fixed-grid partial sums then a one-thread finish keep the norm deterministic.
+#include <cmath>
+
+#include "kernels/cuda/bf16_common.cuh"
+#include "kernels/cuda/optimizer_step.h"
+#include "tensor/cuda/cuda_check.h"
+
+namespace mt::cuda {
+namespace {
+
+__global__ void sumsq_kernel(float* partials, const float* g, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = g[i];
+    s += x * x;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+__global__ void prepare_kernel(StepState* st, const float* partials, float max_norm, float b1, float b2, float loss_weight, float inv_ls) {
+  double s = 0.0;
+  for (int i = 0; i < kNormPartials; ++i) s += partials[i];
+  const float norm = static_cast<float>(sqrt(s)) * inv_ls;
+  st->grad_sumsq = static_cast<float>(s) * inv_ls * inv_ls;
+  st->grad_norm = norm;
+  st->loss = st->loss_acc * loss_weight;
+  st->loss_acc = 0.0f;
+  const bool bad = !isfinite(norm) || !isfinite(st->loss);
+  st->skip = bad ? 1 : 0;
+  st->clip_coef = (max_norm > 0.0f && norm > max_norm) ? max_norm / (norm + 1e-6f) : 1.0f;
+  if (bad) {
+    st->skipped_total += 1;
+    st->nonfinite_run += 1;
+    return;
+  }
+  st->nonfinite_run = 0;
+  st->t += 1;
+  st->bc1 = static_cast<float>(1.0 - pow(static_cast<double>(b1), static_cast<double>(st->t)));
+  st->bc2 = static_cast<float>(1.0 - pow(static_cast<double>(b2), static_cast<double>(st->t)));
+}
+
+__global__ void adam_kernel(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, const StepState* st, float lr,
+                            float b1, float b2, float eps, float wd, float inv_ls) {
+  if (st->skip) return;
+  const AdamChunk c = chunks[blockIdx.x];
+  const float scale = st->clip_coef * inv_ls, bc1 = st->bc1, bc2 = st->bc2;
+  const float decay = c.decay ? wd : 0.0f;
+  for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
+    const int64_t i = c.start + k;
+    const float gi = g[i] * scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float update = (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    const float wi = w[i] - lr * (update + decay * w[i]);
+    w[i] = wi;
+    w16[i] = __float2bfloat16(wi);
+  }
+}
+
+__global__ void cast_kernel(bf16* out, const float* in, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16(in[i]);
+  }
+}
+
+}  // namespace
+
+void grad_sumsq_partials(float* partials, const float* g, int64_t n, cudaStream_t stream) {
+  sumsq_kernel<<<kNormPartials, 256, 0, stream>>>(partials, g, n);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, float inv_loss_scale,
+                  cudaStream_t stream) {
+  prepare_kernel<<<1, 1, 0, stream>>>(s, partials, max_norm, beta1, beta2, loss_weight, inv_loss_scale);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void adamw_multi(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
+                 float lr, float beta1, float beta2, float eps, float weight_decay, float inv_loss_scale, cudaStream_t stream) {
+  if (nchunks == 0) return;
+  adam_kernel<<<static_cast<unsigned>(nchunks), 512, 0, stream>>>(w, m, v, w16, g, chunks, s, lr, beta1, beta2, eps, weight_decay,
+                                                                    inv_loss_scale);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  cast_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, in, n);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,44 @@
+// optimizer_step.h (CUDA): the optimizer step without a host round trip. The gradient norm, the clip
+// factor, the non-finite check, Adam's step count and bias corrections live in a device StepState that
+// kernels read; the host looks at it only at log intervals. AdamW runs as one multi-tensor launch over a
+// chunk table (each chunk inside one parameter, carrying its weight-decay flag) and writes the bf16
+// working copy of every updated weight.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_fwd.h"
+
+namespace mt::cuda {
+
+struct StepState {
+  float grad_sumsq;       // of the unscaled gradients, this step
+  float grad_norm;
+  float clip_coef;        // applied to the gradients
+  int32_t skip;           // 1: non-finite loss or gradients, no update this step
+  int32_t t;              // Adam steps taken
+  float bc1, bc2;         // 1 - beta^t
+  float loss;             // this iteration's loss (mean over microbatches)
+  float loss_acc;         // accumulates over microbatches
+  int32_t skipped_total;  // iterations skipped so far
+  int32_t nonfinite_run;  // consecutive non-finite iterations
+};
+
+struct AdamChunk {
+  int64_t start;
+  int32_t len;
+  int32_t decay;
+};
+
+constexpr int kNormPartials = 1024;
+// partials[kNormPartials] of sum(g^2 * inv_scale^2).
+void grad_sumsq_partials(float* partials, const float* g, int64_t n, cudaStream_t stream);
+// From the partials and loss_acc: norm, clip, skip, t and the bias corrections; loss = loss_acc * loss_weight; loss_acc reset.
+void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, float inv_loss_scale,
+                  cudaStream_t stream);
+void adamw_multi(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
+                 float lr, float beta1, float beta2, float eps, float weight_decay, float inv_loss_scale, cudaStream_t stream);
+void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);
+
+}  // namespace mt::cuda

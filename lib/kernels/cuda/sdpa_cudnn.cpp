@@ -1,0 +1,440 @@
+// sdpa_cudnn.cpp: the attention graphs for cuDNN's backend API. The op sequence follows what cuDNN's
+// flash-attention fusion engines recognise (the same decomposition NVIDIA's frontend emits): no S x S
+// tensor ever reaches memory; only O and the fp32 log-sum-exp statistics (forward), and the fp32 row
+// sums of dO * O plus an fp32 dQ accumulator (backward) do.
+#include "kernels/cuda/sdpa_cudnn.h"
+
+#include <cudnn.h>
+
+#include <array>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/device_allocator.h"
+
+namespace mt::cuda {
+namespace {
+
+std::string cudnn_message(cudnnStatus_t s) {
+  char buf[2048] = {0};
+  cudnnGetLastErrorString(buf, sizeof(buf));
+  return std::string(cudnnGetErrorString(s)) + (buf[0] ? std::string(" (") + buf + ")" : std::string());
+}
+
+#define MT_CUDNN_CHECK(expr)                                                                                       \
+  do {                                                                                                             \
+    const cudnnStatus_t mt_s_ = (expr);                                                                            \
+    if (mt_s_ != CUDNN_STATUS_SUCCESS) {                                                                           \
+      throw std::runtime_error(std::string("cuDNN error at ") + __FILE__ + ":" + std::to_string(__LINE__) + ": " + \
+                               #expr + ": " + cudnn_message(mt_s_));                                              \
+    }                                                                                                              \
+  } while (0)
+
+using Desc = cudnnBackendDescriptor_t;
+using Dims = std::array<int64_t, 4>;
+
+Dims contiguous(const Dims& d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
+
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne };
+
+// One operation graph and its execution plan; owns every descriptor it made (the plan refers to them).
+class Graph {
+ public:
+  explicit Graph(cudnnHandle_t h) : handle_(h) {}
+  ~Graph() {
+    for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
+  }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  Desc make(cudnnBackendDescriptorType_t t) {
+    Desc d = nullptr;
+    MT_CUDNN_CHECK(cudnnBackendCreateDescriptor(t, &d));
+    owned_.push_back(d);
+    return d;
+  }
+  static void set(Desc d, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n, const void* v) {
+    MT_CUDNN_CHECK(cudnnBackendSetAttribute(d, a, t, n, v));
+  }
+  static void finalize(Desc d) { MT_CUDNN_CHECK(cudnnBackendFinalize(d)); }
+
+  Desc tensor(int64_t uid, cudnnDataType_t dt, const Dims& dims, const Dims& strides, bool is_virtual, bool by_value = false) {
+    Desc d = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    set(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
+    set(d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
+    set(d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
+    set(d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    const int64_t align = 16;
+    set(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+    const bool v = is_virtual;
+    set(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
+    if (by_value) {
+      const bool b = true;
+      set(d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &b);
+    }
+    finalize(d);
+    return d;
+  }
+  Desc virt(cudnnDataType_t dt, const Dims& dims) { return tensor(next_uid_++, dt, dims, contiguous(dims), true); }
+  Desc virt_strided(cudnnDataType_t dt, const Dims& dims, const Dims& strides) { return tensor(next_uid_++, dt, dims, strides, true); }
+  Desc scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+
+  void matmul(Desc a, Desc b, Desc c) {
+    Desc m = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    const cudnnDataType_t ct = CUDNN_DATA_FLOAT;
+    set(m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ct);
+    finalize(m);
+    Desc op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m);
+    finalize(op);
+    ops_.push_back(op);
+  }
+  void pointwise(cudnnPointwiseMode_t mode, Desc x, Desc y, Desc b = nullptr, Desc t = nullptr, int64_t axis = -1,
+                 cudnnDataType_t prec = CUDNN_DATA_FLOAT) {
+    Desc pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+    if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+    finalize(pw);
+    Desc op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    if (b) set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    if (t) set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
+    finalize(op);
+    ops_.push_back(op);
+  }
+  void reduction(cudnnReduceTensorOp_t r, Desc x, Desc y) {
+    Desc rd = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &r);
+    const cudnnDataType_t ct = CUDNN_DATA_FLOAT;
+    set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ct);
+    finalize(rd);
+    Desc op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd);
+    finalize(op);
+    ops_.push_back(op);
+  }
+  void reshape(Desc x, Desc y) {
+    Desc op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    finalize(op);
+    ops_.push_back(op);
+  }
+  // Causal mask on scores x ([.., row, col]): positions with col > row get the lowest float.
+  Desc causal(Desc x, const Dims& dims, Desc neg_inf) {
+    Desc row = virt(CUDNN_DATA_INT32, dims), col = virt(CUDNN_DATA_INT32, dims);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, x, row, nullptr, nullptr, 2, CUDNN_DATA_INT32);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, x, col, nullptr, nullptr, 3, CUDNN_DATA_INT32);
+    Desc keep = virt(CUDNN_DATA_BOOLEAN, dims);
+    pointwise(CUDNN_POINTWISE_CMP_GE, row, keep, col, nullptr, -1, CUDNN_DATA_BOOLEAN);
+    Desc y = virt(CUDNN_DATA_FLOAT, dims);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, y, neg_inf, keep);
+    return y;
+  }
+
+  // Finalizes the graph and the first execution plan an engine accepts; false (reason in `why`) if none.
+  bool build(std::string* why) {
+    Desc g = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops_.size()), ops_.data());
+    set(g, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+    cudnnStatus_t st = cudnnBackendFinalize(g);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      *why = "operation graph: " + cudnn_message(st);
+      return false;
+    }
+    for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+      Desc heur = make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+      set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g);
+      set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+      st = cudnnBackendFinalize(heur);
+      if (st != CUDNN_STATUS_SUCCESS) {
+        *why = "heuristics: " + cudnn_message(st);
+        continue;
+      }
+      int64_t count = 0;
+      MT_CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+      if (count == 0) {
+        *why = "no engine configuration from the heuristics";
+        continue;
+      }
+      std::vector<Desc> cfgs(static_cast<size_t>(count));
+      for (auto& c : cfgs) c = make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      int64_t got = 0;
+      MT_CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfgs.data()));
+      for (int64_t i = 0; i < got; ++i) {
+        Desc plan = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+        set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[static_cast<size_t>(i)]);
+        st = cudnnBackendFinalize(plan);
+        if (st != CUDNN_STATUS_SUCCESS) {
+          *why = "execution plan: " + cudnn_message(st);
+          continue;
+        }
+        int64_t n = 0;
+        MT_CUDNN_CHECK(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &workspace_bytes_));
+        plan_ = plan;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void execute(cudnnHandle_t h, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace) const {
+    Desc vp = nullptr;
+    MT_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
+    try {
+      set(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()), uids.data());
+      set(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()), ptrs.data());
+      set(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+      finalize(vp);
+      MT_CUDNN_CHECK(cudnnBackendExecute(h, plan_, vp));
+    } catch (...) {
+      cudnnBackendDestroyDescriptor(vp);
+      throw;
+    }
+    cudnnBackendDestroyDescriptor(vp);
+  }
+  int64_t workspace_bytes() const { return workspace_bytes_; }
+
+ private:
+  cudnnHandle_t handle_;
+  std::vector<Desc> owned_, ops_;
+  Desc plan_ = nullptr;
+  int64_t next_uid_ = 100;
+  int64_t workspace_bytes_ = 0;
+};
+
+struct Layouts {
+  Dims q_dims, q_str, kt_dims, kt_str, kv_dims, kv_str, stats_dims, stats_str, ss_dims, s_dims;
+};
+
+Layouts layouts(const SdpaShape& s) {
+  Layouts l{};
+  l.q_dims = {s.B, s.Hq, s.S, s.D};
+  l.q_str = {s.S * s.Hq * s.D, s.D, s.Hq * s.D, 1};
+  l.kv_dims = {s.B, s.Hk, s.S, s.D};
+  l.kv_str = {s.S * s.Hk * s.D, s.D, s.Hk * s.D, 1};
+  l.kt_dims = {s.B, s.Hk, s.D, s.S};
+  l.kt_str = {s.S * s.Hk * s.D, s.D, 1, s.Hk * s.D};
+  l.stats_dims = {s.B, s.Hq, s.S, 1};
+  l.stats_str = {s.Hq * s.S, s.S, 1, 1};
+  l.s_dims = {s.B, s.Hq, s.S, s.S};
+  return l;
+}
+
+std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p_bf16, std::string* why) {
+  auto g = std::make_unique<Graph>(h);
+  const Layouts l = layouts(s);
+  const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
+  Desc q = g->tensor(kQ, bf, l.q_dims, l.q_str, false);
+  Desc kt = g->tensor(kK, bf, l.kt_dims, l.kt_str, false);
+  Desc v = g->tensor(kV, bf, l.kv_dims, l.kv_str, false);
+  Desc o = g->tensor(kO, bf, l.q_dims, l.q_str, false);
+  Desc stats = g->tensor(kStats, f, l.stats_dims, l.stats_str, false);
+  Desc scale = g->scalar(kScale), neg = g->scalar(kNegInf);
+  Desc sc = g->virt(f, l.s_dims);
+  g->matmul(q, kt, sc);
+  Desc scaled = g->virt(f, l.s_dims);
+  g->pointwise(CUDNN_POINTWISE_MUL, sc, scaled, scale);
+  Desc masked = g->causal(scaled, l.s_dims, neg);
+  Desc mx = g->virt(f, l.stats_dims);
+  g->reduction(CUDNN_REDUCE_TENSOR_MAX, masked, mx);
+  Desc sub = g->virt(f, l.s_dims);
+  g->pointwise(CUDNN_POINTWISE_SUB, masked, sub, mx);
+  Desc e = g->virt(f, l.s_dims);
+  g->pointwise(CUDNN_POINTWISE_EXP, sub, e);
+  Desc z = g->virt(f, l.stats_dims);
+  g->reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
+  Desc lz = g->virt(f, l.stats_dims);
+  g->pointwise(CUDNN_POINTWISE_LOG, z, lz);
+  g->pointwise(CUDNN_POINTWISE_ADD, mx, stats, lz);
+  Desc p = g->virt(p_bf16 ? bf : f, l.s_dims);
+  g->pointwise(CUDNN_POINTWISE_DIV, e, p, z);
+  g->matmul(p, v, o);
+  if (!g->build(why)) return nullptr;
+  return g;
+}
+
+std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::string* why) {
+  auto g = std::make_unique<Graph>(h);
+  const Layouts l = layouts(s);
+  const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
+  Desc q = g->tensor(kQ, bf, l.q_dims, l.q_str, false);
+  Desc kt = g->tensor(kK, bf, l.kt_dims, l.kt_str, false);
+  Desc vt = g->tensor(kV, bf, l.kt_dims, l.kt_str, false);  // V^T: the same strided view as K^T
+  Desc o = g->tensor(kO, bf, l.q_dims, l.q_str, false);
+  Desc d_o = g->tensor(kDO, bf, l.q_dims, l.q_str, false);
+  Desc stats = g->tensor(kStats, f, l.stats_dims, l.stats_str, false);
+  Desc dq = g->tensor(kDQ, bf, l.q_dims, l.q_str, false);
+  Desc dk = g->tensor(kDK, bf, l.kv_dims, l.kv_str, false);
+  Desc dv = g->tensor(kDV, bf, l.kv_dims, l.kv_str, false);
+  Desc scale = g->scalar(kScale), neg = g->scalar(kNegInf), one = g->scalar(kOne);
+  Desc softmax_sum = g->tensor(kSoftmaxSum, f, l.stats_dims, l.stats_str, false);
+  Desc dq_accum = g->tensor(kDQAccum, f, l.q_dims, contiguous(l.q_dims), false);
+  const bool gqa = s.Hq != s.Hk;
+  // softmax_sum = rowsum(dO * O)
+  Desc doo = g->virt_strided(f, l.q_dims, l.q_str);
+  g->pointwise(CUDNN_POINTWISE_MUL, d_o, doo, o);
+  Desc rs = g->virt(f, l.stats_dims);
+  g->reduction(CUDNN_REDUCE_TENSOR_ADD, doo, rs);
+  g->pointwise(CUDNN_POINTWISE_MUL, rs, softmax_sum, one);
+  // P = exp(mask(scale * Q K^T) - stats)
+  Desc sc = g->virt(f, l.s_dims);
+  g->matmul(q, kt, sc);
+  Desc scaled = g->virt(f, l.s_dims);
+  g->pointwise(CUDNN_POINTWISE_MUL, sc, scaled, scale);
+  Desc shifted = g->virt(f, l.s_dims);
+  g->pointwise(CUDNN_POINTWISE_SUB, scaled, shifted, stats);
+  Desc masked = g->causal(shifted, l.s_dims, neg);
+  Desc p = g->virt(f, l.s_dims);
+  g->pointwise(CUDNN_POINTWISE_EXP, masked, p);
+  const Dims t_dims = {s.B, s.Hq, s.S, s.S}, t_str = {s.Hq * s.S * s.S, s.S * s.S, 1, s.S};
+  // dV = P^T dO (summed over the heads of a group under GQA)
+  Desc pt = g->virt_strided(bf, t_dims, t_str);
+  g->reshape(p, pt);
+  if (!gqa) {
+    g->matmul(pt, d_o, dv);
+  } else {
+    Desc dv_full = g->virt(bf, l.q_dims);
+    g->matmul(pt, d_o, dv_full);
+    g->reduction(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
+  }
+  // dS = scale * P * (dO V^T - softmax_sum)
+  Desc dp = g->virt(f, l.s_dims);
+  g->matmul(d_o, vt, dp);
+  Desc dp1 = g->virt(f, l.s_dims);
+  g->pointwise(CUDNN_POINTWISE_SUB, dp, dp1, softmax_sum);
+  Desc dp2 = g->virt(f, l.s_dims);
+  g->pointwise(CUDNN_POINTWISE_MUL, dp1, dp2, p);
+  Desc ds = g->virt(f, l.s_dims);
+  g->pointwise(CUDNN_POINTWISE_MUL, dp2, ds, scale);
+  // dK = dS^T Q
+  Desc dst = g->virt_strided(bf, t_dims, t_str);
+  g->reshape(ds, dst);
+  if (!gqa) {
+    g->matmul(dst, q, dk);
+  } else {
+    Desc dk_full = g->virt(bf, l.q_dims);
+    g->matmul(dst, q, dk_full);
+    g->reduction(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
+  }
+  // dQ = dS K through an fp32 accumulator
+  Desc k = g->virt_strided(bf, l.kv_dims, l.kv_str);
+  g->reshape(kt, k);
+  g->matmul(ds, k, dq_accum);
+  g->pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
+  if (!g->build(why)) return nullptr;
+  return g;
+}
+
+}  // namespace
+
+struct CudnnSdpa::Impl {
+  cudnnHandle_t handle = nullptr;
+  std::mutex mu;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool>;
+  struct Entry {
+    std::unique_ptr<Graph> graph;
+    void* workspace = nullptr;
+    std::string error;
+  };
+  std::map<Key, Entry> cache;
+
+  Entry& get(const SdpaShape& s, bool backward) {
+    uint32_t scale_bits;
+    std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
+    const Key key{s.B, s.S, s.Hq, s.Hk, s.D, scale_bits, backward};
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    Entry e;
+    std::string why;
+    if (s.D % 8 != 0 || s.D > 256 || s.Hq % s.Hk != 0) {
+      why = "head dimension must be a multiple of 8 and at most 256, query heads a multiple of KV heads";
+    } else if (!backward) {
+      e.graph = forward_graph(handle, s, true, &why);
+      if (!e.graph) {
+        std::string why32;
+        e.graph = forward_graph(handle, s, false, &why32);
+        if (!e.graph) why += "; with fp32 probabilities: " + why32;
+      }
+    } else {
+      e.graph = backward_graph(handle, s, &why);
+    }
+    if (e.graph) {
+      if (e.graph->workspace_bytes() > 0) e.workspace = DeviceAllocator::instance().allocate(static_cast<size_t>(e.graph->workspace_bytes()));
+    } else {
+      e.error = std::string("cuDNN has no fused attention ") + (backward ? "backward" : "forward") + " for batch " +
+                std::to_string(s.B) + ", sequence " + std::to_string(s.S) + ", heads " + std::to_string(s.Hq) + "/" +
+                std::to_string(s.Hk) + ", head dim " + std::to_string(s.D) + ": " + why;
+    }
+    return cache.emplace(key, std::move(e)).first->second;
+  }
+};
+
+CudnnSdpa& CudnnSdpa::instance() {
+  static CudnnSdpa* s = new CudnnSdpa();
+  return *s;
+}
+
+CudnnSdpa::CudnnSdpa() : impl_(std::make_unique<Impl>()) { MT_CUDNN_CHECK(cudnnCreate(&impl_->handle)); }
+CudnnSdpa::~CudnnSdpa() = default;
+
+std::string CudnnSdpa::check(const SdpaShape& s) {
+  auto& f = impl_->get(s, false);
+  if (!f.graph) return f.error;
+  auto& b = impl_->get(s, true);
+  return b.graph ? std::string() : b.error;
+}
+
+void CudnnSdpa::forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* stats, cudaStream_t stream) {
+  auto& e = impl_->get(s, false);
+  if (!e.graph) throw std::runtime_error(e.error);
+  float scale = s.scale, neg = std::numeric_limits<float>::lowest();
+  MT_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
+  e.graph->execute(impl_->handle, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
+                   {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats, &scale, &neg}, e.workspace);
+}
+
+void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* d_o,
+                         const float* stats, void* dq, void* dk, void* dv, cudaStream_t stream) {
+  auto& e = impl_->get(s, true);
+  if (!e.graph) throw std::runtime_error(e.error);
+  float scale = s.scale, neg = std::numeric_limits<float>::lowest(), one = 1.0f;
+  auto& alloc = DeviceAllocator::instance();
+  const size_t sum_bytes = static_cast<size_t>(s.B * s.Hq * s.S) * sizeof(float);
+  const size_t acc_bytes = sum_bytes * static_cast<size_t>(s.D);
+  void* softmax_sum = alloc.allocate(sum_bytes);
+  void* dq_accum = alloc.allocate(acc_bytes);
+  MT_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, acc_bytes, stream));
+  MT_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
+  try {
+    e.graph->execute(impl_->handle, {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kSoftmaxSum, kDQAccum},
+                     {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
+                      const_cast<void*>(d_o), const_cast<float*>(stats), dq, dk, dv, &scale, &neg, &one, softmax_sum, dq_accum},
+                     e.workspace);
+  } catch (...) {
+    alloc.release(softmax_sum);
+    alloc.release(dq_accum);
+    throw;
+  }
+  // The blocks go back to the cache; stream order keeps them alive for the kernel that uses them.
+  alloc.release(softmax_sum);
+  alloc.release(dq_accum);
+}
+
+}  // namespace mt::cuda

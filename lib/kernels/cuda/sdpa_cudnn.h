@@ -1,0 +1,40 @@
+// sdpa_cudnn.h (CUDA): causal scaled-dot-product attention forward and backward through cuDNN's fused
+// flash-attention engines, reached with the backend (graph) API: the operation graph is spelled out op by
+// op (matmul, scale, causal mask, softmax with statistics, matmul) and cuDNN's runtime fusion turns it into
+// one flash kernel. Plans are built once per shape and cached. bf16 in and out, fp32 statistics.
+//
+// Layout (BSHD, as the model keeps it): Q, O, dQ, dO [B, S, Hq, D]; K, V, dK, dV [B, S, Hk, D], Hq a
+// multiple of Hk (grouped-query attention). Stats: [B, Hq, S] fp32 (log-sum-exp per row).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mt::cuda {
+
+struct SdpaShape {
+  int64_t B, S, Hq, Hk, D;
+  float scale;
+};
+
+class CudnnSdpa {
+ public:
+  static CudnnSdpa& instance();
+  // O, stats from Q, K, V (bf16 device pointers).
+  void forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* stats, cudaStream_t stream);
+  // dQ, dK, dV (bf16, overwritten) from the forward's inputs, O, dO and stats.
+  void backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* d_o, const float* stats,
+                void* dq, void* dk, void* dv, cudaStream_t stream);
+  // Whether cuDNN could build both graphs for this shape (tests; the model refuses otherwise).
+  std::string check(const SdpaShape& s);
+  ~CudnnSdpa();
+
+ private:
+  CudnnSdpa();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mt::cuda

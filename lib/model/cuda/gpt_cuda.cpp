@@ -1,0 +1,298 @@
+// gpt_cuda.cpp: forward and backward of the decoder on the CUDA kernels. Per layer the forward keeps
+// what its backward reads (or only the layer input under full recompute, re-running the layer before its
+// backward); the whole microbatch is forward then backward, so one set of buffers serves every microbatch.
+#include "model/cuda/gpt_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/activation_bf16.h"
+#include "kernels/cuda/bias_grad.h"
+#include "kernels/cuda/cross_entropy_bf16.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/embedding_bf16.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/norm_bf16.h"
+#include "kernels/cuda/optimizer_step.h"
+#include "kernels/cuda/qkv_layout.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/sdpa_cudnn.h"
+#include "tensor/cuda/cuda_check.h"
+
+namespace mt {
+
+using cuda::bf16;
+
+struct CudaGPT::LayerW {
+  int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
+  int64_t ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
+};
+
+struct CudaGPT::Record {
+  float* x_in = nullptr;  // the layer's input (residual stream)
+  bf16 *xn1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *xn2 = nullptr, *fc1 = nullptr, *act = nullptr;
+  float *mean1 = nullptr, *rstd1 = nullptr, *stats = nullptr, *x_mid = nullptr, *mean2 = nullptr, *rstd2 = nullptr;
+};
+
+struct CudaGPT::Scratch {
+  bf16 *qkv = nullptr, *delta = nullptr, *xnf = nullptr, *logits = nullptr, *dres16 = nullptr, *dxn = nullptr;
+  bf16 *d_o = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr, *dact = nullptr, *dfc1 = nullptr;
+  float *x_final = nullptr, *meanf = nullptr, *rstdf = nullptr, *losses = nullptr, *dres = nullptr;
+};
+
+void* CudaGPT::alloc(size_t bytes) {
+  void* p = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+  owned_.push_back(p);
+  return p;
+}
+
+namespace {
+
+int64_t offset_of(const ParamStore& ps, const std::string& name, bool required = true) {
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (ps.info(i).name == name) return ps.info(i).offset;
+  }
+  if (required) throw std::logic_error("CUDA model: parameter " + name + " missing from the layout");
+  return -1;
+}
+
+constexpr cudaDataType_t kBF = CUDA_R_16BF;
+
+}  // namespace
+
+CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream) : D_(model_dims(cfg, 0, 1)), stream_(stream) {
+  const ModelDims& D = D_;
+  numel_ = layout.numel();
+  master_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
+  grads_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
+  w16_ = static_cast<bf16*>(alloc(static_cast<size_t>(numel_) * 2));
+  MT_CUDA_CHECK(cudaMemcpyAsync(master_, layout.params().f32(), static_cast<size_t>(numel_) * 4, cudaMemcpyHostToDevice, stream_));
+  MT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(numel_) * 4, stream_));
+  refresh_working();
+
+  wte_ = offset_of(layout, "embedding.word_embeddings.weight");
+  if (D.learned_pos) wpe_ = offset_of(layout, "embedding.position_embeddings.weight");
+  lnf_w_ = offset_of(layout, "final_norm.weight");
+  if (!D.rms) lnf_b_ = offset_of(layout, "final_norm.bias");
+  out_w_ = D.tied ? wte_ : offset_of(layout, "output_layer.weight");
+  layers_.resize(static_cast<size_t>(D.L));
+  for (int64_t l = 0; l < D.L; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    LayerW& lw = layers_[static_cast<size_t>(l)];
+    lw.ln1_w = offset_of(layout, p + "input_norm.weight");
+    lw.ln2_w = offset_of(layout, p + "mlp_norm.weight");
+    if (!D.rms) {
+      lw.ln1_b = offset_of(layout, p + "input_norm.bias");
+      lw.ln2_b = offset_of(layout, p + "mlp_norm.bias");
+    }
+    lw.qkv_w = offset_of(layout, p + "attention.qkv.weight");
+    lw.proj_w = offset_of(layout, p + "attention.proj.weight");
+    lw.fc1_w = offset_of(layout, p + (D.swiglu ? "mlp.fc1_gate.weight" : "mlp.fc1.weight"));
+    lw.fc2_w = offset_of(layout, p + "mlp.fc2.weight");
+    if (D.bias) {
+      lw.qkv_b = offset_of(layout, p + "attention.qkv.bias");
+      lw.proj_b = offset_of(layout, p + "attention.proj.bias");
+      lw.fc1_b = offset_of(layout, p + (D.swiglu ? "mlp.fc1_gate.bias" : "mlp.fc1.bias"));
+      lw.fc2_b = offset_of(layout, p + "mlp.fc2.bias");
+    }
+  }
+  if (D.rope) {
+    const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base));
+    rope_table_ = static_cast<float*>(alloc(table.size() * 4));
+    MT_CUDA_CHECK(cudaMemcpy(rope_table_, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  }
+
+  // Recompute: full granularity re-runs whole layers (uniform: every layer from its own input; block: the
+  // first --recompute-num-layers layers). Selective keeps nothing extra to drop: flash attention never
+  // stores the S x S probabilities and recomputes them in its backward already.
+  const auto& rc = cfg.recompute;
+  full_recompute_ = rc.recompute_granularity && *rc.recompute_granularity == "full";
+  recompute_layer_.assign(static_cast<size_t>(D.L), false);
+  if (full_recompute_) {
+    const bool block = rc.recompute_method && *rc.recompute_method == "block";
+    const int64_t n = rc.recompute_num_layers.value_or(1);
+    for (int64_t l = 0; l < D.L; ++l) recompute_layer_[static_cast<size_t>(l)] = block ? l < n : true;
+  }
+
+  const int64_t T = *cfg.training.micro_batch_size * D.S;
+  T_max_ = T;
+  const int64_t h = D.h, Hd = D.nh * D.d, KVd = D.ng * D.d, Wq = (D.nh + 2 * D.ng) * D.d;
+  const int64_t F1 = D.swiglu ? 2 * D.F : D.F;
+  const size_t t = static_cast<size_t>(T);
+  auto b16 = [&](int64_t n) {
+    act_bytes_ += t * static_cast<size_t>(n) * 2;
+    return static_cast<bf16*>(alloc(t * static_cast<size_t>(n) * 2));
+  };
+  auto f32 = [&](int64_t n) {
+    act_bytes_ += t * static_cast<size_t>(n) * 4;
+    return static_cast<float*>(alloc(t * static_cast<size_t>(n) * 4));
+  };
+  auto full_record = [&](Record& r) {
+    r.xn1 = b16(h);
+    r.mean1 = f32(1);
+    r.rstd1 = f32(1);
+    r.q = b16(Hd);
+    r.k = b16(KVd);
+    r.v = b16(KVd);
+    r.o = b16(Hd);
+    r.stats = f32(D.nh);
+    r.x_mid = f32(h);
+    r.xn2 = b16(h);
+    r.mean2 = f32(1);
+    r.rstd2 = f32(1);
+    r.fc1 = b16(F1);
+    r.act = b16(D.F);
+  };
+  for (int64_t l = 0; l < D.L; ++l) {
+    auto r = std::make_unique<Record>();
+    r->x_in = f32(h);
+    if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r);
+    records_.push_back(std::move(r));
+  }
+  if (full_recompute_) {
+    recompute_record_ = std::make_unique<Record>();
+    full_record(*recompute_record_);
+  }
+  s_ = std::make_unique<Scratch>();
+  Scratch& s = *s_;
+  s.qkv = b16(Wq);
+  s.delta = b16(h);
+  s.x_final = f32(h);
+  s.xnf = b16(h);
+  s.meanf = f32(1);
+  s.rstdf = f32(1);
+  s.logits = b16(D.V);
+  s.losses = f32(1);
+  s.dres = f32(h);
+  s.dres16 = b16(h);
+  s.dxn = b16(h);
+  s.d_o = b16(Hd);
+  s.dq = b16(Hd);
+  s.dk = b16(KVd);
+  s.dv = b16(KVd);
+  s.dact = b16(D.F);
+  s.dfc1 = b16(F1);
+
+  // Fail here, with the shape named, rather than in the first step.
+  const std::string why = cuda::CudnnSdpa::instance().check({*cfg.training.micro_batch_size, D.S, D.nh, D.ng, D.d, D.softmax_scale});
+  if (!why.empty()) throw std::runtime_error(why);
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+CudaGPT::~CudaGPT() {
+  for (void* p : owned_) cudaFree(p);
+}
+
+void CudaGPT::refresh_working() { cuda::cast_to_bf16(w16_, master_, numel_, stream_); }
+
+bool CudaGPT::recomputed(int64_t l) const { return recompute_layer_[static_cast<size_t>(l)]; }
+
+// From r's xn1 (the normalised input) to s_->delta (the MLP output); r.x_mid and the rest saved in r.
+void CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t T = mb.B * mb.S, h = D.h, Hd = D.nh * D.d, Wq = (D.nh + 2 * D.ng) * D.d, F1 = D.swiglu ? 2 * D.F : D.F;
+  const float* x_in = records_[static_cast<size_t>(l)]->x_in;
+  lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, kBF, kBF, w(lw.qkv_b), stream_);
+  cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh, D.ng, D.d, D.rot_dim, stream_);
+  cuda::CudnnSdpa::instance().forward({mb.B, mb.S, D.nh, D.ng, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, r.stats, stream_);
+  lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, kBF, kBF, w(lw.proj_b), stream_);
+  cuda::add_norm_forward(r.x_mid, r.xn2, r.mean2, r.rstd2, x_in, s.delta, w(lw.ln2_w), w(lw.ln2_b), T, h, D.eps, D.rms, stream_);
+  lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, kBF, kBF, w(lw.fc1_b), stream_);
+  if (D.swiglu) {
+    cuda::swiglu_forward_bf16(r.act, r.fc1, T, D.F, stream_);
+  } else {
+    cuda::gelu_forward_bf16(r.act, r.fc1, T * D.F, stream_);
+  }
+  lt.gemm_ex(false, true, T, h, D.F, 1.0f, r.act, D.F, w(lw.fc2_w), D.F, 0.0f, s.delta, h, kBF, kBF, w(lw.fc2_b), stream_);
+}
+
+// s_->dres holds d(layer output) on entry and d(layer input) on exit (s_->dres16 its bf16 copy).
+void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t T = mb.B * mb.S, h = D.h, Hd = D.nh * D.d, Wq = (D.nh + 2 * D.ng) * D.d, F1 = D.swiglu ? 2 * D.F : D.F;
+  const float* x_in = records_[static_cast<size_t>(l)]->x_in;
+  // MLP
+  lt.gemm_ex(false, false, T, D.F, h, 1.0f, s.dres16, h, w(lw.fc2_w), D.F, 0.0f, s.dact, D.F, kBF, kBF, nullptr, stream_);
+  lt.gemm_ex(true, false, h, D.F, T, 1.0f, s.dres16, h, r.act, D.F, 1.0f, g(lw.fc2_w), D.F, kBF, CUDA_R_32F, nullptr, stream_);
+  if (lw.fc2_b >= 0) cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, T, h, stream_);
+  if (D.swiglu) {
+    cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, D.F, stream_);
+  } else {
+    cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * D.F, stream_);
+  }
+  lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_);
+  lt.gemm_ex(true, false, F1, h, T, 1.0f, s.dfc1, F1, r.xn2, h, 1.0f, g(lw.fc1_w), h, kBF, CUDA_R_32F, nullptr, stream_);
+  if (lw.fc1_b >= 0) cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_);
+  cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), s.dxn, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), T, h, D.rms, stream_);
+  // Attention
+  lt.gemm_ex(false, false, T, Hd, h, 1.0f, s.dres16, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, kBF, kBF, nullptr, stream_);
+  lt.gemm_ex(true, false, h, Hd, T, 1.0f, s.dres16, h, r.o, Hd, 1.0f, g(lw.proj_w), Hd, kBF, CUDA_R_32F, nullptr, stream_);
+  if (lw.proj_b >= 0) cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, T, h, stream_);
+  cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh, D.ng, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, s.d_o, r.stats, s.dq, s.dk,
+                                       s.dv, stream_);
+  cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh, D.ng, D.d, D.rot_dim,
+                                stream_);
+  lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_);
+  lt.gemm_ex(true, false, Wq, h, T, 1.0f, s.qkv, Wq, r.xn1, h, 1.0f, g(lw.qkv_w), h, kBF, CUDA_R_32F, nullptr, stream_);
+  if (lw.qkv_b >= 0) cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_);
+  cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), s.dxn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), T, h, D.rms, stream_);
+}
+
+void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc) {
+  const ModelDims& D = D_;
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t T = mb.B * mb.S, h = D.h;
+  if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
+  auto act = [&](int64_t l) -> Record& { return recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)]; };
+  // Forward
+  cuda::embedding_forward_bf16(records_[0]->x_in, mb.tokens, mb.positions, w(wte_), wpe_ >= 0 ? w(wpe_) : nullptr, T, h, stream_);
+  const LayerW& l0 = layers_[0];
+  cuda::add_norm_forward(nullptr, act(0).xn1, act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w), w(l0.ln1_b), T, h,
+                         D.eps, D.rms, stream_);
+  for (int64_t l = 0; l < D.L; ++l) {
+    Record& r = act(l);
+    layer_forward(l, r, mb);
+    if (l + 1 < D.L) {
+      Record& n = act(l + 1);
+      const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
+      cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, n.xn1, n.mean1, n.rstd1, r.x_mid, s.delta, w(nw.ln1_w),
+                             w(nw.ln1_b), T, h, D.eps, D.rms, stream_);
+    } else {
+      cuda::add_norm_forward(s.x_final, s.xnf, s.meanf, s.rstdf, r.x_mid, s.delta, w(lnf_w_), w(lnf_b_), T, h, D.eps, D.rms, stream_);
+    }
+  }
+  lt.gemm_ex(false, true, T, D.V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, D.V, kBF, kBF, nullptr, stream_);
+  const bool train = grad_scale > 0.0f;
+  cuda::cross_entropy_fused_bf16(s.losses, s.logits, mb.labels, mb.loss_mask, grad_scale, T, D.V, train, stream_);
+  cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_);
+  if (!train) return;
+  // Backward: output layer and final norm
+  lt.gemm_ex(false, false, T, h, D.V, 1.0f, s.logits, D.V, w(out_w_), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_);
+  lt.gemm_ex(true, false, D.V, h, T, 1.0f, s.logits, D.V, s.xnf, h, 1.0f, g(out_w_), h, kBF, CUDA_R_32F, nullptr, stream_);
+  MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(T * h) * 4, stream_));
+  cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), s.dxn, s.x_final, s.meanf, s.rstdf, w(lnf_w_), T, h, D.rms, stream_);
+  for (int64_t l = D.L - 1; l >= 0; --l) {
+    Record& r = act(l);
+    if (recomputed(l)) {
+      const LayerW& lw = layers_[static_cast<size_t>(l)];
+      cuda::add_norm_forward(nullptr, r.xn1, r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr, w(lw.ln1_w), w(lw.ln1_b),
+                             T, h, D.eps, D.rms, stream_);
+      layer_forward(l, r, mb);
+    }
+    layer_backward(l, r, mb);
+  }
+  cuda::embedding_backward(g(wte_), s.dres, mb.tok_ids, mb.tok_offsets, mb.tok_positions, mb.n_tok_ids, h, stream_);
+  if (wpe_ >= 0) cuda::embedding_backward(g(wpe_), s.dres, mb.pos_ids, mb.pos_offsets, mb.pos_positions, mb.n_pos_ids, h, stream_);
+}
+
+}  // namespace mt

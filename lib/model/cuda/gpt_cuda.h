@@ -1,0 +1,85 @@
+// gpt_cuda.h: the GPT / LLaMA decoder on one GPU in mixed precision, Megatron style: fp32 master weights,
+// a bf16 working copy the GEMMs read, fp32 gradient accumulation (cuBLASLt writes weight gradients
+// straight into the fp32 main-grad buffer), an fp32 residual stream, bf16 activations, cuDNN flash
+// attention, fused norm / loss kernels. The parameter layout (names, flat offsets, initial values) is the
+// CPU reference model's ParamStore, so checkpoints and parity tests line up element for element.
+// Everything runs on one stream; nothing here waits for the device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "config/config.h"
+#include "kernels/cuda/bf16_fwd.h"
+#include "model/gpt_model.h"
+#include "model/params.h"
+
+namespace mt {
+
+// One microbatch's inputs on the device (uploaded by the trainer from pinned staging buffers).
+struct DeviceMicrobatch {
+  int64_t B = 0, S = 0;
+  const int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr;
+  const float* loss_mask = nullptr;
+  // CSR of token positions per distinct token id (and per position id, with learned positions): the
+  // deterministic embedding backward.
+  const int32_t *tok_ids = nullptr, *tok_offsets = nullptr, *tok_positions = nullptr;
+  int64_t n_tok_ids = 0;
+  const int32_t *pos_ids = nullptr, *pos_offsets = nullptr, *pos_positions = nullptr;
+  int64_t n_pos_ids = 0;
+};
+
+class CudaGPT {
+ public:
+  // `layout` supplies names, offsets and initial values (uploaded once); the model keeps no host copy.
+  CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream);
+  ~CudaGPT();
+  CudaGPT(const CudaGPT&) = delete;
+  CudaGPT& operator=(const CudaGPT&) = delete;
+
+  // Forward (and, when grad_scale > 0, backward) of one microbatch. loss_acc[0] += loss_weight * sum of
+  // masked token losses; gradients of (sum of masked losses * grad_scale) accumulate into grads().
+  void step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc);
+
+  int64_t numel() const { return numel_; }
+  float* master() const { return master_; }
+  float* grads() const { return grads_; }
+  cuda::bf16* working() const { return w16_; }
+  const ModelDims& dims() const { return D_; }
+  size_t activation_bytes() const { return act_bytes_; }
+  // Refreshes the bf16 working copy from the fp32 master weights (after loading).
+  void refresh_working();
+
+ private:
+  struct LayerW;
+  struct Record;
+  struct Scratch;
+  void layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  void layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  bool recomputed(int64_t l) const;
+  const cuda::bf16* w(int64_t off) const { return off < 0 ? nullptr : w16_ + off; }
+  float* g(int64_t off) const { return off < 0 ? nullptr : grads_ + off; }
+
+  ModelDims D_;
+  cudaStream_t stream_;
+  int64_t numel_ = 0;
+  float *master_ = nullptr, *grads_ = nullptr;
+  cuda::bf16* w16_ = nullptr;
+  float* rope_table_ = nullptr;
+  int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, out_w_ = -1;
+  std::vector<LayerW> layers_;
+  std::vector<std::unique_ptr<Record>> records_;
+  std::unique_ptr<Record> recompute_record_;
+  std::unique_ptr<Scratch> s_;
+  int64_t T_max_ = 0;
+  bool full_recompute_ = false;
+  std::vector<bool> recompute_layer_;
+  size_t act_bytes_ = 0;
+  std::vector<void*> owned_;
+  void* alloc(size_t bytes);
+};
+
+}  // namespace mt

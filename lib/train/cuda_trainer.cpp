@@ -1,0 +1,402 @@
+// cuda_trainer.cpp: microbatches are staged in pinned host buffers (two sets, alternating iterations; an
+// event guards reuse) and copied asynchronously; forward/backward, the gradient norm, the skip decision
+// and AdamW are queued on one stream; the host synchronises only to log, validate or save.
+#include "train/cuda_trainer.h"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "config/errors.h"
+#include "data/token_source.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/optimizer_step.h"
+#include "model/cuda/gpt_cuda.h"
+#include "model/gpt_model.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+#include "plan/flops.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/device_info.h"
+#include "train/log_line.h"
+
+namespace mt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double peak_tflops(const std::string& gpu) {
+  // Dense bf16 tensor-core peak of the SXM parts (REFERENCE.md section 3 uses 989.4 for H100/H200).
+  if (gpu.find("H100") != std::string::npos || gpu.find("H200") != std::string::npos) return 989.4;
+  return -1;
+}
+
+// One microbatch's host staging and device copy: tokens, labels, positions, mask bits, then the two CSRs.
+class MicrobatchSlot {
+ public:
+  explicit MicrobatchSlot(int64_t T) : T_(T), n_(static_cast<size_t>(10 * T + 2)) {
+    MT_CUDA_CHECK(cudaMallocHost(&host_, n_ * 4));
+    MT_CUDA_CHECK(cudaMalloc(&dev_, n_ * 4));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+  }
+  ~MicrobatchSlot() {
+    cudaFreeHost(host_);
+    cudaFree(dev_);
+    cudaEventDestroy(copied_);
+  }
+  DeviceMicrobatch upload(const Microbatch& mb, bool learned_pos, int64_t V, int64_t max_pos, cudaStream_t stream) {
+    if (used_) MT_CUDA_CHECK(cudaEventSynchronize(copied_));  // the last copy out of this buffer finished
+    used_ = true;
+    const int64_t T = mb.B * mb.S;
+    int32_t* h = host_;
+    std::memcpy(h, mb.tokens.data(), static_cast<size_t>(T) * 4);
+    std::memcpy(h + T_, mb.labels.data(), static_cast<size_t>(T) * 4);
+    std::memcpy(h + 2 * T_, mb.positions.data(), static_cast<size_t>(T) * 4);
+    std::memcpy(h + 3 * T_, mb.loss_mask.data(), static_cast<size_t>(T) * 4);
+    const auto tok = cuda::build_token_csr(mb.tokens.data(), T, 0, V);
+    put_csr(tok, 4);
+    DeviceMicrobatch d;
+    if (learned_pos) put_csr(cuda::build_token_csr(mb.positions.data(), T, 0, max_pos), 7);
+    MT_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, n_ * 4, cudaMemcpyHostToDevice, stream));
+    MT_CUDA_CHECK(cudaEventRecord(copied_, stream));
+    d.B = mb.B;
+    d.S = mb.S;
+    d.tokens = dev_;
+    d.labels = dev_ + T_;
+    d.positions = dev_ + 2 * T_;
+    d.loss_mask = reinterpret_cast<const float*>(dev_ + 3 * T_);
+    d.tok_ids = dev_ + 4 * T_;
+    d.tok_offsets = dev_ + 5 * T_;
+    d.tok_positions = dev_ + 6 * T_ + 1;
+    d.n_tok_ids = static_cast<int64_t>(tok.ids.size());
+    if (learned_pos) {
+      d.pos_ids = dev_ + 7 * T_ + 1;
+      d.pos_offsets = dev_ + 8 * T_ + 1;
+      d.pos_positions = dev_ + 9 * T_ + 2;
+      d.n_pos_ids = n_pos_;
+    }
+    return d;
+  }
+
+ private:
+  // Three arrays from int32 slot `at`: ids (T), offsets (T + 1), positions (T).
+  void put_csr(const cuda::TokenCsr& c, int64_t at) {
+    int32_t* base = host_ + at * T_ + (at == 7 ? 1 : 0);
+    std::memcpy(base, c.ids.data(), c.ids.size() * 4);
+    std::memcpy(base + T_, c.offsets.data(), c.offsets.size() * 4);
+    std::memcpy(base + 2 * T_ + 1, c.positions.data(), c.positions.size() * 4);
+    if (at == 7) n_pos_ = static_cast<int64_t>(c.ids.size());
+  }
+  int64_t T_;
+  size_t n_;
+  int32_t* host_ = nullptr;
+  int32_t* dev_ = nullptr;
+  cudaEvent_t copied_ = nullptr;
+  bool used_ = false;
+  int64_t n_pos_ = 0;
+};
+
+template <typename T>
+T* device_zeros(size_t n) {
+  T* p = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  MT_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+
+}  // namespace
+
+std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
+  std::vector<std::string> out;
+  auto no = [&](bool cond, const std::string& msg) {
+    if (cond) out.push_back(msg);
+  };
+  no(world_size > 1, "the CUDA engine trains on one GPU per job so far (world size " + std::to_string(world_size) +
+                         "): run one rank, or --device cpu for multi-rank runs");
+  no(c.precision.fp16, "--fp16 is not implemented on the CUDA engine (bf16 only): use --bf16");
+  no(!c.precision.bf16, "the CUDA engine computes in bf16: add --bf16 (fp32 training runs with --device cpu)");
+  no(c.model.hidden_dropout > 0 || c.model.attention_dropout > 0,
+     "dropout is not implemented on the CUDA engine: set --hidden-dropout 0 --attention-dropout 0 (or --device cpu)");
+  no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
+  no(c.training.optimizer != "adam", "--optimizer " + c.training.optimizer + " is not implemented on the CUDA engine: use adam");
+  no(c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "full" && !c.recompute.recompute_method,
+     "--recompute-granularity full needs --recompute-method uniform or block");
+  return out;
+}
+
+TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptions& opt) {
+  const bool lead = opt.rank == 0 && !opt.quiet;
+  auto src = make_token_source(cfg);
+  if (cfg.derived.vocab_size != src->vocab_size()) {
+    throw ConfigError("the data has a vocabulary of " + std::to_string(src->vocab_size()) + " but the model was configured for " +
+                      std::to_string(cfg.derived.vocab_size) + ": fix --vocab-size or --tokenizer-type");
+  }
+  cudaStream_t stream = nullptr;
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto gpus = visible_gpus();
+  const std::string gpu_name = gpus.empty() ? std::string("GPU") : gpus.front().name;
+  const double peak = peak_tflops(gpu_name);
+
+  // The host model supplies the parameter layout and the initial values (the same as the CPU engine's);
+  // with checkpoints it stays as the host side of save / load, otherwise it is dropped after upload.
+  const auto& ck = cfg.checkpoint;
+  auto host = std::make_unique<GPTModel>(cfg, groups);
+  auto host_opt = std::make_unique<Optimizer>(cfg, host->params(), groups);
+  LossScaler scaler(cfg);
+  TrainState state;
+  bool loaded = false;
+  if (ck.load && (ck.ckpt_step || latest_checkpoint(*ck.load))) {
+    LoadOptions lo;
+    lo.step = ck.ckpt_step;
+    lo.finetune = ck.finetune;
+    lo.load_optimizer = !ck.no_load_optim && !ck.finetune;
+    lo.optimizer_kind = cfg.training.optimizer;
+    lo.vocab_size = cfg.derived.vocab_size;
+    state = load_checkpoint(*ck.load, lo, host->params(), *host_opt, scaler);
+    loaded = lo.load_optimizer;
+    if (lead) {
+      std::cout << "megatrain: loaded " << checkpoint_path(*ck.load, ck.ckpt_step.value_or(*latest_checkpoint(*ck.load)))
+                << ": continuing after iteration " << state.iteration << "\n";
+    }
+  } else if (ck.load && lead) {
+    std::cout << "megatrain: no checkpoint in " << *ck.load << " yet: starting from scratch\n";
+  }
+  const ParamStore& layout = host->params();
+  const int64_t P = layout.numel();
+  // Master weights: the optimizer's fp32 copy when it has one (bf16 training), flat and aligned with the
+  // parameters since one rank owns every range.
+  for (const auto& s : host_opt->segments()) {
+    if (s.state != s.begin) throw std::logic_error("CUDA trainer: optimizer state not aligned with the parameters");
+  }
+  CudaGPT model(cfg, layout, stream);
+  if (host_opt->master()) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(model.master(), host_opt->master(), static_cast<size_t>(P) * 4, cudaMemcpyHostToDevice, stream));
+    model.refresh_working();
+  }
+  float* m = device_zeros<float>(static_cast<size_t>(P));
+  float* v = device_zeros<float>(static_cast<size_t>(P));
+  auto* st = device_zeros<cuda::StepState>(1);
+  float* partials = device_zeros<float>(cuda::kNormPartials);
+  if (loaded) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(m, host_opt->exp_avg(), static_cast<size_t>(P) * 4, cudaMemcpyHostToDevice, stream));
+    MT_CUDA_CHECK(cudaMemcpyAsync(v, host_opt->exp_avg_sq(), static_cast<size_t>(P) * 4, cudaMemcpyHostToDevice, stream));
+    cuda::StepState init{};
+    init.t = static_cast<int32_t>(host_opt->iterations());
+    init.skipped_total = static_cast<int32_t>(state.skipped);
+    MT_CUDA_CHECK(cudaMemcpyAsync(st, &init, sizeof(init), cudaMemcpyHostToDevice, stream));
+  }
+  // The multi-tensor table: chunks of at most 64 Ki elements, each inside one parameter.
+  std::vector<cuda::AdamChunk> chunks;
+  for (const auto& p : layout.infos()) {
+    for (int64_t o = 0; o < p.numel; o += 65536) {
+      chunks.push_back({p.offset + o, static_cast<int32_t>(std::min<int64_t>(65536, p.numel - o)), p.weight_decay ? 1 : 0});
+    }
+  }
+  cuda::AdamChunk* d_chunks = device_zeros<cuda::AdamChunk>(chunks.size());
+  MT_CUDA_CHECK(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+  const bool keep_host = ck.save.has_value();
+  if (!keep_host) {
+    host_opt.reset();
+    host.reset();
+  }
+
+  LrSchedule schedule(cfg);
+  const ModelDims& D = model.dims();
+  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
+  const int64_t nmb = cfg.derived.num_microbatches, gbs = cfg.derived.global_batch_size;
+  const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : *cfg.training.train_samples / gbs;
+  const double flops_iter = flops_per_iteration(cfg);
+  const bool has_valid = src->has_split(Split::kValid) && cfg.logging.eval_iters > 0;
+  const float clip = static_cast<float>(cfg.training.clip_grad);
+  const float b1 = static_cast<float>(cfg.training.adam_beta1), b2 = static_cast<float>(cfg.training.adam_beta2);
+  const float eps = static_cast<float>(cfg.training.adam_eps), wd = static_cast<float>(cfg.training.weight_decay);
+
+  std::unique_ptr<std::ofstream> metrics;
+  const std::string log_dir = cfg.logging.log_dir.value_or(cfg.checkpoint.save.value_or(""));
+  if (opt.rank == 0 && !log_dir.empty()) {
+    std::filesystem::create_directories(log_dir);
+    metrics = std::make_unique<std::ofstream>(std::filesystem::path(log_dir) / "metrics.jsonl", std::ios::app);
+    if (!*metrics) throw ConfigError("cannot write " + log_dir + "/metrics.jsonl: check --log-dir");
+  }
+  if (lead) {
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    std::cout << "megatrain: data: " << src->describe() << "\n";
+    std::cout << "megatrain: CUDA engine on " << gpu_name << ": " << P << " parameters; memory: fp32 master + grads + Adam "
+              << static_cast<double>(P) * 16 / gib << " GiB, bf16 weights " << static_cast<double>(P) * 2 / gib << " GiB, activations "
+              << static_cast<double>(model.activation_bytes()) / gib << " GiB"
+              << (cfg.recompute.recompute_granularity ? " (recompute " + *cfg.recompute.recompute_granularity + ")" : std::string()) << "\n";
+    std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb
+              << " microbatches of " << mbs << ")\n"
+              << std::flush;
+  }
+
+  std::vector<std::unique_ptr<MicrobatchSlot>> slots;
+  for (int64_t i = 0; i < 2 * nmb; ++i) slots.push_back(std::make_unique<MicrobatchSlot>(mbs * S));
+  MicrobatchSlot eval_slot(mbs * S);
+  float* eval_acc = device_zeros<float>(1);
+
+  TrainResult res;
+  res.skipped = state.skipped;
+  res.nan_iterations = state.nan_iterations;
+  std::unique_ptr<CheckpointSaver> saver;
+  if (ck.save) saver = std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, ck.ckpt_keep_last, groups.checkpoint);
+  const int64_t resumed_samples = state.consumed_samples, resumed_from = state.iteration;
+  const double loaded_flops = state.flops_so_far;
+  const int64_t first_iter = state.iteration + 1;
+  std::vector<int64_t> pending_iters;  // iterations whose loss has not been read yet
+  std::vector<double> pending_lr;
+  float* loss_hist = device_zeros<float>(static_cast<size_t>(cfg.logging.log_interval) + 1);
+  float* norm_hist = device_zeros<float>(static_cast<size_t>(cfg.logging.log_interval) + 1);
+
+  auto read_state = [&]() {
+    cuda::StepState h{};
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    MT_CUDA_CHECK(cudaMemcpy(&h, st, sizeof(h), cudaMemcpyDeviceToHost));
+    return h;
+  };
+  auto save_now = [&](int64_t it) {
+    const cuda::StepState h = read_state();
+    float* master_host = host_opt->master() ? host_opt->master() : host->params().params().f32();
+    MT_CUDA_CHECK(cudaMemcpy(master_host, model.master(), static_cast<size_t>(P) * 4, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(cudaMemcpy(host_opt->exp_avg(), m, static_cast<size_t>(P) * 4, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(cudaMemcpy(host_opt->exp_avg_sq(), v, static_cast<size_t>(P) * 4, cudaMemcpyDeviceToHost));
+    host_opt->set_iterations(h.t);
+    if (host_opt->master()) host_opt->refresh_working_weights();
+    state.flops_so_far = loaded_flops + static_cast<double>(it - resumed_from) * flops_iter;
+    state.iteration = it;
+    state.consumed_samples = resumed_samples + (it - resumed_from) * gbs;
+    state.skipped = h.skipped_total;
+    state.nan_iterations = h.skipped_total;
+    state.scaler = scaler.state();
+    CheckpointRank who;
+    saver->save(take_snapshot(cfg, host->params(), *host_opt, state, who, !ck.no_save_optim));
+    if (lead) std::cout << "megatrain: " << (ck.async_save ? "saving" : "saved") << " checkpoint at iteration " << it << " to " << *ck.save << "\n" << std::flush;
+  };
+
+  auto interval_start = Clock::now();
+  double excluded_secs = 0;  // evaluation and checkpoint time inside the interval
+  for (int64_t it = first_iter; it <= iters; ++it) {
+    MT_CUDA_CHECK(cudaMemsetAsync(model.grads(), 0, static_cast<size_t>(P) * 4, stream));
+    const int64_t base = resumed_samples + (it - first_iter) * gbs;
+    for (int64_t mi = 0; mi < nmb; ++mi) {
+      const Microbatch mb = make_microbatch(*src, Split::kTrain, base + mi * mbs, mbs, S, cfg);
+      double denom = 0;
+      for (float x : mb.loss_mask) denom += x;
+      denom = std::max(denom, 1.0);
+      MicrobatchSlot& slot = *slots[static_cast<size_t>((it % 2) * nmb + mi)];
+      const DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.V, D.max_pos, stream);
+      const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb)));
+      model.step(d, w_mb, w_mb, &st->loss_acc);
+    }
+    const double lr = schedule.lr(it);
+    cuda::grad_sumsq_partials(partials, model.grads(), P, stream);
+    cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, 1.0f, stream);
+    cuda::adamw_multi(model.master(), m, v, model.working(), model.grads(), d_chunks, static_cast<int64_t>(chunks.size()), st,
+                      static_cast<float>(lr), b1, b2, eps, wd, 1.0f, stream);
+    const size_t slot_i = pending_iters.size();
+    MT_CUDA_CHECK(cudaMemcpyAsync(loss_hist + slot_i, &st->loss, 4, cudaMemcpyDeviceToDevice, stream));
+    MT_CUDA_CHECK(cudaMemcpyAsync(norm_hist + slot_i, &st->grad_norm, 4, cudaMemcpyDeviceToDevice, stream));
+    pending_iters.push_back(it);
+    pending_lr.push_back(lr);
+    res.iterations = it;
+
+    if (it % cfg.logging.log_interval == 0 || it == iters) {
+      const cuda::StepState h = read_state();
+      const double secs = std::chrono::duration<double>(Clock::now() - interval_start).count() - excluded_secs;
+      std::vector<float> losses(pending_iters.size()), norms(pending_iters.size());
+      MT_CUDA_CHECK(cudaMemcpy(losses.data(), loss_hist, losses.size() * 4, cudaMemcpyDeviceToHost));
+      MT_CUDA_CHECK(cudaMemcpy(norms.data(), norm_hist, norms.size() * 4, cudaMemcpyDeviceToHost));
+      double sum = 0;
+      int64_t n_ok = 0;
+      for (float l : losses) {
+        res.losses.push_back(l);
+        if (std::isfinite(l)) {
+          sum += l;
+          ++n_ok;
+        }
+      }
+      res.skipped = h.skipped_total;
+      res.nan_iterations = h.skipped_total;
+      const double n_iter = static_cast<double>(pending_iters.size());
+      IterationStats s;
+      s.iteration = it;
+      s.train_iters = iters;
+      s.consumed_samples = resumed_samples + (it - first_iter + 1) * gbs;
+      s.global_batch = gbs;
+      s.ms_per_iter = 1000.0 * secs / n_iter;
+      s.tflops_per_gpu = flops_iter / (secs / n_iter) / 1e12;
+      s.loss = n_ok ? sum / static_cast<double>(n_ok) : NAN;
+      s.lr = pending_lr.back();
+      s.grad_norm = norms.back();
+      s.skipped = res.skipped;
+      s.nan_iters = res.nan_iterations;
+      s.tokens_per_s_per_gpu = static_cast<double>(gbs * S) / (secs / n_iter);
+      s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
+      if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
+      if (metrics) {
+        nlohmann::json j = {{"iteration", it}, {"consumed_samples", s.consumed_samples}, {"lm_loss", s.loss},
+                            {"learning_rate", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", 1.0},
+                            {"ms_per_iteration", s.ms_per_iter}, {"tokens_per_s_per_gpu", s.tokens_per_s_per_gpu},
+                            {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},
+                            {"nan_iterations", s.nan_iters}};
+        if (s.mfu >= 0) j["mfu"] = s.mfu;
+        *metrics << j.dump() << "\n" << std::flush;
+      }
+      pending_iters.clear();
+      pending_lr.clear();
+      if (h.nonfinite_run >= cfg.training.exit_on_nan_count) {
+        throw std::runtime_error("loss or gradient norm was not finite for " + std::to_string(h.nonfinite_run) +
+                                 " iterations in a row (last at iteration " + std::to_string(it) +
+                                 "): lower --lr, raise --lr-warmup-iters or check the data");
+      }
+      interval_start = Clock::now();
+      excluded_secs = 0;
+    }
+    const auto side_start = Clock::now();
+    if (has_valid && (it % cfg.logging.eval_interval == 0 || it == iters)) {
+      MT_CUDA_CHECK(cudaMemsetAsync(eval_acc, 0, 4, stream));
+      int64_t n = 0;
+      for (int64_t e = 0; e < cfg.logging.eval_iters; ++e) {
+        for (int64_t mi = 0; mi < nmb; ++mi) {
+          const Microbatch mb = make_microbatch(*src, Split::kValid, e * gbs + mi * mbs, mbs, S, cfg);
+          double denom = 0;
+          for (float x : mb.loss_mask) denom += x;
+          const DeviceMicrobatch d = eval_slot.upload(mb, D.learned_pos, D.V, D.max_pos, stream);
+          model.step(d, 0.0f, static_cast<float>(1.0 / std::max(denom, 1.0)), eval_acc);
+          ++n;
+        }
+      }
+      float acc = 0;
+      MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+      MT_CUDA_CHECK(cudaMemcpy(&acc, eval_acc, 4, cudaMemcpyDeviceToHost));
+      const double vl = acc / static_cast<double>(std::max<int64_t>(n, 1));
+      res.valid_losses.push_back(vl);
+      if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
+      if (metrics) *metrics << nlohmann::json{{"iteration", it}, {"validation_lm_loss", vl}}.dump() << "\n" << std::flush;
+    }
+    const bool exiting = cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0;
+    if (saver && (it % *ck.save_interval == 0 || it == iters || exiting)) save_now(it);
+    excluded_secs += std::chrono::duration<double>(Clock::now() - side_start).count();
+    if (exiting) {
+      if (lead) std::cout << "megatrain: exiting at iteration " << it << " (--exit-interval)\n";
+      break;
+    }
+  }
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (saver) saver->wait();
+  for (void* p : {static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(st), static_cast<void*>(partials),
+                  static_cast<void*>(d_chunks), static_cast<void*>(eval_acc), static_cast<void*>(loss_hist), static_cast<void*>(norm_hist)}) {
+    cudaFree(p);
+  }
+  return res;
+}
+
+}  // namespace mt
