@@ -20,7 +20,7 @@ for r in "${recipes[@]}"; do
   fi
   line=$(grep "iteration" "$log" | grep "tokens/s" | tail -1)
   tok=$(sed -n 's/.*tokens\/s\/GPU: \([0-9.]*\).*/\1/p' <<<"$line")
-  tfl=$(sed -n 's/.*TFLOP\/s\/GPU: \([0-9.]*\).*/\1/p' <<<"$line")
+  tfl=$(sed -n "s/.*(TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p" <<<"$line")
   mfu=$(sed -n 's/.*MFU: \([0-9.]*%\).*/\1/p' <<<"$line")
   ms=$(sed -n 's/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1/p' <<<"$line")
   printf '%-28s %14s %10s %8s %10s\n' "$name" "$tok" "$tfl" "$mfu" "$ms"
