@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +27,7 @@
 #include "optim/optimizer.h"
 #include "plan/flops.h"
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/op_profiler.h"
 #include "tensor/device_info.h"
 #include "train/log_line.h"
 
@@ -281,10 +284,14 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     if (lead) std::cout << "megatrain: " << (ck.async_save ? "saving" : "saved") << " checkpoint at iteration " << it << " to " << *ck.save << "\n" << std::flush;
   };
 
+  // MEGATRAIN_PROFILE_ITER=N: per-op device time of iteration N (printed once, by rank 0).
+  const char* prof_env = std::getenv("MEGATRAIN_PROFILE_ITER");
+  const int64_t profile_iter = prof_env ? std::atoll(prof_env) : -1;
   auto interval_start = Clock::now();
   double excluded_secs = 0;  // evaluation and checkpoint time inside the interval
   for (int64_t it = first_iter; it <= iters; ++it) {
-    MT_CUDA_CHECK(cudaMemsetAsync(model.grads(), 0, static_cast<size_t>(P) * 4, stream));
+    if (it == profile_iter) OpProfiler::instance().enable(stream);
+    MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model.grads(), 0, static_cast<size_t>(P) * 4, stream)));
     const int64_t base = resumed_samples + (it - first_iter) * gbs;
     for (int64_t mi = 0; mi < nmb; ++mi) {
       const Microbatch mb = make_microbatch(*src, Split::kTrain, base + mi * mbs, mbs, S, cfg);
@@ -297,10 +304,20 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       model.step(d, w_mb, w_mb, &st->loss_acc);
     }
     const double lr = schedule.lr(it);
-    cuda::grad_sumsq_partials(partials, model.grads(), P, stream);
+    MT_PROF("opt.grad_norm", cuda::grad_sumsq_partials(partials, model.grads(), P, stream));
     cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, 1.0f, stream);
-    cuda::adamw_multi(model.master(), m, v, model.working(), model.grads(), d_chunks, static_cast<int64_t>(chunks.size()), st,
-                      static_cast<float>(lr), b1, b2, eps, wd, 1.0f, stream);
+    MT_PROF("opt.adamw", cuda::adamw_multi(model.master(), m, v, model.working(), model.grads(), d_chunks,
+                                           static_cast<int64_t>(chunks.size()), st, static_cast<float>(lr), b1, b2, eps, wd, 1.0f, stream));
+    if (it == profile_iter) {
+      const auto prof = OpProfiler::instance().collect();
+      double total = 0;
+      for (const auto& [name, ms] : prof) total += ms;
+      if (lead) {
+        std::printf("megatrain: profile of iteration %lld (device time in named ops: %.1f ms)\n", static_cast<long long>(it), total);
+        for (const auto& [name, ms] : prof) std::printf("  %-28s %9.2f ms %6.1f%%\n", name.c_str(), ms, 100.0 * ms / total);
+        std::fflush(stdout);
+      }
+    }
     const size_t slot_i = pending_iters.size();
     MT_CUDA_CHECK(cudaMemcpyAsync(loss_hist + slot_i, &st->loss, 4, cudaMemcpyDeviceToDevice, stream));
     MT_CUDA_CHECK(cudaMemcpyAsync(norm_hist + slot_i, &st->grad_norm, 4, cudaMemcpyDeviceToDevice, stream));

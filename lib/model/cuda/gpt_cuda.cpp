@@ -20,6 +20,7 @@
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sdpa_cudnn.h"
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/op_profiler.h"
 
 namespace mt {
 
@@ -198,18 +199,18 @@ void CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, h = D.h, Hd = D.nh * D.d, Wq = (D.nh + 2 * D.ng) * D.d, F1 = D.swiglu ? 2 * D.F : D.F;
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
-  lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, kBF, kBF, w(lw.qkv_b), stream_);
-  cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh, D.ng, D.d, D.rot_dim, stream_);
-  cuda::CudnnSdpa::instance().forward({mb.B, mb.S, D.nh, D.ng, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, r.stats, stream_);
-  lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, kBF, kBF, w(lw.proj_b), stream_);
-  cuda::add_norm_forward(r.x_mid, r.xn2, r.mean2, r.rstd2, x_in, s.delta, w(lw.ln2_w), w(lw.ln2_b), T, h, D.eps, D.rms, stream_);
-  lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, kBF, kBF, w(lw.fc1_b), stream_);
+  MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, kBF, kBF, w(lw.qkv_b), stream_));
+  MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh, D.ng, D.d, D.rot_dim, stream_));
+  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward({mb.B, mb.S, D.nh, D.ng, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, r.stats, stream_));
+  MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, kBF, kBF, w(lw.proj_b), stream_));
+  MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid, r.xn2, r.mean2, r.rstd2, x_in, s.delta, w(lw.ln2_w), w(lw.ln2_b), T, h, D.eps, D.rms, stream_));
+  MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, kBF, kBF, w(lw.fc1_b), stream_));
   if (D.swiglu) {
-    cuda::swiglu_forward_bf16(r.act, r.fc1, T, D.F, stream_);
+    MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, D.F, stream_));
   } else {
-    cuda::gelu_forward_bf16(r.act, r.fc1, T * D.F, stream_);
+    MT_PROF("fwd.activation", cuda::gelu_forward_bf16(r.act, r.fc1, T * D.F, stream_));
   }
-  lt.gemm_ex(false, true, T, h, D.F, 1.0f, r.act, D.F, w(lw.fc2_w), D.F, 0.0f, s.delta, h, kBF, kBF, w(lw.fc2_b), stream_);
+  MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, T, h, D.F, 1.0f, r.act, D.F, w(lw.fc2_w), D.F, 0.0f, s.delta, h, kBF, kBF, w(lw.fc2_b), stream_));
 }
 
 // s_->dres holds d(layer output) on entry and d(layer input) on exit (s_->dres16 its bf16 copy).
@@ -221,30 +222,30 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const int64_t T = mb.B * mb.S, h = D.h, Hd = D.nh * D.d, Wq = (D.nh + 2 * D.ng) * D.d, F1 = D.swiglu ? 2 * D.F : D.F;
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
   // MLP
-  lt.gemm_ex(false, false, T, D.F, h, 1.0f, s.dres16, h, w(lw.fc2_w), D.F, 0.0f, s.dact, D.F, kBF, kBF, nullptr, stream_);
-  lt.gemm_ex(true, false, h, D.F, T, 1.0f, s.dres16, h, r.act, D.F, 1.0f, g(lw.fc2_w), D.F, kBF, CUDA_R_32F, nullptr, stream_);
-  if (lw.fc2_b >= 0) cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, T, h, stream_);
+  MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, D.F, h, 1.0f, s.dres16, h, w(lw.fc2_w), D.F, 0.0f, s.dact, D.F, kBF, kBF, nullptr, stream_));
+  MT_PROF("bwd.gemm.fc2_wgrad", lt.gemm_ex(true, false, h, D.F, T, 1.0f, s.dres16, h, r.act, D.F, 1.0f, g(lw.fc2_w), D.F, kBF, CUDA_R_32F, nullptr, stream_));
+  if (lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, T, h, stream_));
   if (D.swiglu) {
-    cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, D.F, stream_);
+    MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, D.F, stream_));
   } else {
-    cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * D.F, stream_);
+    MT_PROF("bwd.activation", cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * D.F, stream_));
   }
-  lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_);
-  lt.gemm_ex(true, false, F1, h, T, 1.0f, s.dfc1, F1, r.xn2, h, 1.0f, g(lw.fc1_w), h, kBF, CUDA_R_32F, nullptr, stream_);
-  if (lw.fc1_b >= 0) cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_);
-  cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), s.dxn, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), T, h, D.rms, stream_);
+  MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
+  MT_PROF("bwd.gemm.fc1_wgrad", lt.gemm_ex(true, false, F1, h, T, 1.0f, s.dfc1, F1, r.xn2, h, 1.0f, g(lw.fc1_w), h, kBF, CUDA_R_32F, nullptr, stream_));
+  if (lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_));
+  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), s.dxn, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), T, h, D.rms, stream_));
   // Attention
-  lt.gemm_ex(false, false, T, Hd, h, 1.0f, s.dres16, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, kBF, kBF, nullptr, stream_);
-  lt.gemm_ex(true, false, h, Hd, T, 1.0f, s.dres16, h, r.o, Hd, 1.0f, g(lw.proj_w), Hd, kBF, CUDA_R_32F, nullptr, stream_);
-  if (lw.proj_b >= 0) cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, T, h, stream_);
-  cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh, D.ng, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, s.d_o, r.stats, s.dq, s.dk,
-                                       s.dv, stream_);
-  cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh, D.ng, D.d, D.rot_dim,
-                                stream_);
-  lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_);
-  lt.gemm_ex(true, false, Wq, h, T, 1.0f, s.qkv, Wq, r.xn1, h, 1.0f, g(lw.qkv_w), h, kBF, CUDA_R_32F, nullptr, stream_);
-  if (lw.qkv_b >= 0) cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_);
-  cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), s.dxn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), T, h, D.rms, stream_);
+  MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, s.dres16, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, kBF, kBF, nullptr, stream_));
+  MT_PROF("bwd.gemm.proj_wgrad", lt.gemm_ex(true, false, h, Hd, T, 1.0f, s.dres16, h, r.o, Hd, 1.0f, g(lw.proj_w), Hd, kBF, CUDA_R_32F, nullptr, stream_));
+  if (lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, T, h, stream_));
+  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh, D.ng, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, s.d_o, r.stats, s.dq, s.dk,
+                                       s.dv, stream_));
+  MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh, D.ng, D.d, D.rot_dim,
+                                stream_));
+  MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
+  MT_PROF("bwd.gemm.qkv_wgrad", lt.gemm_ex(true, false, Wq, h, T, 1.0f, s.qkv, Wq, r.xn1, h, 1.0f, g(lw.qkv_w), h, kBF, CUDA_R_32F, nullptr, stream_));
+  if (lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_));
+  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), s.dxn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), T, h, D.rms, stream_));
 }
 
 void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc) {
@@ -255,44 +256,44 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
   auto act = [&](int64_t l) -> Record& { return recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)]; };
   // Forward
-  cuda::embedding_forward_bf16(records_[0]->x_in, mb.tokens, mb.positions, w(wte_), wpe_ >= 0 ? w(wpe_) : nullptr, T, h, stream_);
+  MT_PROF("fwd.embedding", cuda::embedding_forward_bf16(records_[0]->x_in, mb.tokens, mb.positions, w(wte_), wpe_ >= 0 ? w(wpe_) : nullptr, T, h, stream_));
   const LayerW& l0 = layers_[0];
-  cuda::add_norm_forward(nullptr, act(0).xn1, act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w), w(l0.ln1_b), T, h,
-                         D.eps, D.rms, stream_);
+  MT_PROF("fwd.add_norm", cuda::add_norm_forward(nullptr, act(0).xn1, act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w), w(l0.ln1_b), T, h,
+                         D.eps, D.rms, stream_));
   for (int64_t l = 0; l < D.L; ++l) {
     Record& r = act(l);
     layer_forward(l, r, mb);
     if (l + 1 < D.L) {
       Record& n = act(l + 1);
       const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
-      cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, n.xn1, n.mean1, n.rstd1, r.x_mid, s.delta, w(nw.ln1_w),
-                             w(nw.ln1_b), T, h, D.eps, D.rms, stream_);
+      MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, n.xn1, n.mean1, n.rstd1, r.x_mid, s.delta, w(nw.ln1_w),
+                             w(nw.ln1_b), T, h, D.eps, D.rms, stream_));
     } else {
-      cuda::add_norm_forward(s.x_final, s.xnf, s.meanf, s.rstdf, r.x_mid, s.delta, w(lnf_w_), w(lnf_b_), T, h, D.eps, D.rms, stream_);
+      MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, s.xnf, s.meanf, s.rstdf, r.x_mid, s.delta, w(lnf_w_), w(lnf_b_), T, h, D.eps, D.rms, stream_));
     }
   }
-  lt.gemm_ex(false, true, T, D.V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, D.V, kBF, kBF, nullptr, stream_);
+  MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, T, D.V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, D.V, kBF, kBF, nullptr, stream_));
   const bool train = grad_scale > 0.0f;
-  cuda::cross_entropy_fused_bf16(s.losses, s.logits, mb.labels, mb.loss_mask, grad_scale, T, D.V, train, stream_);
-  cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_);
+  MT_PROF("loss.cross_entropy", cuda::cross_entropy_fused_bf16(s.losses, s.logits, mb.labels, mb.loss_mask, grad_scale, T, D.V, train, stream_));
+  MT_PROF("loss.sum", cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_));
   if (!train) return;
   // Backward: output layer and final norm
-  lt.gemm_ex(false, false, T, h, D.V, 1.0f, s.logits, D.V, w(out_w_), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_);
-  lt.gemm_ex(true, false, D.V, h, T, 1.0f, s.logits, D.V, s.xnf, h, 1.0f, g(out_w_), h, kBF, CUDA_R_32F, nullptr, stream_);
-  MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(T * h) * 4, stream_));
-  cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), s.dxn, s.x_final, s.meanf, s.rstdf, w(lnf_w_), T, h, D.rms, stream_);
+  MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, T, h, D.V, 1.0f, s.logits, D.V, w(out_w_), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
+  MT_PROF("bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, D.V, h, T, 1.0f, s.logits, D.V, s.xnf, h, 1.0f, g(out_w_), h, kBF, CUDA_R_32F, nullptr, stream_));
+  MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(T * h) * 4, stream_)));
+  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), s.dxn, s.x_final, s.meanf, s.rstdf, w(lnf_w_), T, h, D.rms, stream_));
   for (int64_t l = D.L - 1; l >= 0; --l) {
     Record& r = act(l);
     if (recomputed(l)) {
       const LayerW& lw = layers_[static_cast<size_t>(l)];
-      cuda::add_norm_forward(nullptr, r.xn1, r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr, w(lw.ln1_w), w(lw.ln1_b),
-                             T, h, D.eps, D.rms, stream_);
+      MT_PROF("recompute.norm", cuda::add_norm_forward(nullptr, r.xn1, r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr, w(lw.ln1_w), w(lw.ln1_b),
+                             T, h, D.eps, D.rms, stream_));
       layer_forward(l, r, mb);
     }
     layer_backward(l, r, mb);
   }
-  cuda::embedding_backward(g(wte_), s.dres, mb.tok_ids, mb.tok_offsets, mb.tok_positions, mb.n_tok_ids, h, stream_);
-  if (wpe_ >= 0) cuda::embedding_backward(g(wpe_), s.dres, mb.pos_ids, mb.pos_offsets, mb.pos_positions, mb.n_pos_ids, h, stream_);
+  MT_PROF("bwd.embedding", cuda::embedding_backward(g(wte_), s.dres, mb.tok_ids, mb.tok_offsets, mb.tok_positions, mb.n_tok_ids, h, stream_));
+  if (wpe_ >= 0) MT_PROF("bwd.embedding", cuda::embedding_backward(g(wpe_), s.dres, mb.pos_ids, mb.pos_offsets, mb.pos_positions, mb.n_pos_ids, h, stream_));
 }
 
 }  // namespace mt
