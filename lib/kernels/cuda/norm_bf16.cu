@@ -1,5 +1,5 @@
-// norm_bf16.cu: one block per row forward (values kept in registers between the two passes); the
-// backward walks a fixed range of rows per block so each thread owns its columns' weight-gradient partials.
+// norm_bf16.cu: one block per row for the forward and the input gradient (the row stays in registers
+// between the two passes); the weight gradients in a second, column-parallel kernel over row ranges.
 #include <algorithm>
 
 #include "kernels/cuda/bf16_common.cuh"
@@ -54,57 +54,53 @@ __global__ void add_norm_fwd_kernel(float* sum_out, bf16* y, float* mean, float*
   }
 }
 
+// Input gradient: one block per row, like the forward (the row in registers between the two passes).
 template <int MAXC>
-__global__ void norm_bwd_kernel(float* dres, bf16* dres16, float* pw, float* pb, const bf16* dy, const float* x, const float* mean,
-                                const float* rstd, const bf16* w, int64_t N, int64_t h, int64_t rows_per_block, bool rms) {
-  float aw[MAXC], ab[MAXC], wv[MAXC];
+__global__ void norm_bwd_dx_kernel(float* dres, bf16* dres16, const bf16* dy, const float* x, const float* mean, const float* rstd,
+                                   const bf16* w, int64_t h, bool rms) {
+  const int64_t row = blockIdx.x;
+  const float mu = rms ? 0.0f : mean[row], r = rstd[row];
+  float xh[MAXC], g[MAXC];
+  float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
   for (int j = 0; j < MAXC; ++j) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-    aw[j] = ab[j] = 0.0f;
-    wv[j] = c < h ? __bfloat162float(w[c]) : 0.0f;
+    xh[j] = g[j] = 0.0f;
+    if (c < h) {
+      xh[j] = (x[row * h + c] - mu) * r;
+      g[j] = __bfloat162float(dy[row * h + c]) * __bfloat162float(w[c]);
+      sg += g[j];
+      sgx += g[j] * xh[j];
+    }
   }
-  const int64_t r0 = blockIdx.x * rows_per_block, r1 = min(N, r0 + rows_per_block);
   const float hf = static_cast<float>(h);
-  for (int64_t row = r0; row < r1; ++row) {
-    const float mu = rms ? 0.0f : mean[row], r = rstd[row];
-    float xh[MAXC], g[MAXC];
-    float sg = 0.0f, sgx = 0.0f;
-#pragma unroll
-    for (int j = 0; j < MAXC; ++j) {
-      const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-      xh[j] = g[j] = 0.0f;
-      if (c < h) {
-        const float d = __bfloat162float(dy[row * h + c]);
-        xh[j] = (x[row * h + c] - mu) * r;
-        g[j] = d * wv[j];
-        aw[j] += d * xh[j];
-        ab[j] += d;
-        sg += g[j];
-        sgx += g[j] * xh[j];
-      }
-    }
-    const float mg = rms ? 0.0f : block_sum(sg) / hf;
-    const float mgx = block_sum(sgx) / hf;
-#pragma unroll
-    for (int j = 0; j < MAXC; ++j) {
-      const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-      if (c < h) {
-        const float dx = r * (g[j] - mg - xh[j] * mgx);
-        const float t = dres[row * h + c] + dx;
-        dres[row * h + c] = t;
-        dres16[row * h + c] = __float2bfloat16(t);
-      }
-    }
-  }
+  const float mg = rms ? 0.0f : block_sum(sg) / hf;
+  const float mgx = block_sum(sgx) / hf;
 #pragma unroll
   for (int j = 0; j < MAXC; ++j) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     if (c < h) {
-      pw[blockIdx.x * h + c] = aw[j];
-      if (pb) pb[blockIdx.x * h + c] = ab[j];
+      const float t = dres[row * h + c] + r * (g[j] - mg - xh[j] * mgx);
+      dres[row * h + c] = t;
+      dres16[row * h + c] = __float2bfloat16(t);
     }
   }
+}
+
+// Weight (and bias) gradient partials: blocks own a column tile and a range of rows, threads a column.
+__global__ void norm_bwd_dw_kernel(float* pw, float* pb, const bf16* dy, const float* x, const float* mean, const float* rstd, int64_t N,
+                                   int64_t h, int64_t rows_per_block, bool rms) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= h) return;
+  const int64_t r0 = blockIdx.y * rows_per_block, r1 = min(N, r0 + rows_per_block);
+  float aw = 0.0f, ab = 0.0f;
+  for (int64_t row = r0; row < r1; ++row) {
+    const float d = __bfloat162float(dy[row * h + c]);
+    aw += d * (x[row * h + c] - (rms ? 0.0f : mean[row])) * rstd[row];
+    ab += d;
+  }
+  pw[blockIdx.y * h + c] = aw;
+  if (pb) pb[blockIdx.y * h + c] = ab;
 }
 
 __global__ void column_sum_kernel(float* out, const float* partials, int64_t blocks, int64_t h) {
@@ -143,21 +139,23 @@ void add_norm_forward(float* sum_out, bf16* y, float* mean, float* rstd, const f
 void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const float* x, const float* mean,
                        const float* rstd, const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream) {
   if (N == 0) return;
-  const int64_t blocks = std::min<int64_t>(N, 1024);
-  const int64_t rpb = (N + blocks - 1) / blocks;
-  const int64_t nb = (N + rpb - 1) / rpb;
+  const dim3 rows(static_cast<unsigned>(N));
+  switch (cols_per_thread(h)) {
+    case 4: norm_bwd_dx_kernel<4><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
+    case 8: norm_bwd_dx_kernel<8><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
+    case 16: norm_bwd_dx_kernel<16><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
+    case 32: norm_bwd_dx_kernel<32><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
+    default: throw std::runtime_error("the CUDA norm kernels support hidden sizes up to 8192");
+  }
+  MT_CUDA_CHECK_LAUNCH();
+  const int64_t row_blocks = std::min<int64_t>(N, 256);
+  const int64_t rpb = (N + row_blocks - 1) / row_blocks, nb = (N + rpb - 1) / rpb;
   auto& alloc = DeviceAllocator::instance();
   const size_t bytes = static_cast<size_t>(nb * h) * sizeof(float);
   float* pw = static_cast<float*>(alloc.allocate(bytes));
   float* pb = db ? static_cast<float*>(alloc.allocate(bytes)) : nullptr;
-  const dim3 grid(static_cast<unsigned>(nb));
-  switch (cols_per_thread(h)) {
-    case 4: norm_bwd_kernel<4><<<grid, kThreads, 0, stream>>>(dres, dres16, pw, pb, dy, x, mean, rstd, w, N, h, rpb, rms); break;
-    case 8: norm_bwd_kernel<8><<<grid, kThreads, 0, stream>>>(dres, dres16, pw, pb, dy, x, mean, rstd, w, N, h, rpb, rms); break;
-    case 16: norm_bwd_kernel<16><<<grid, kThreads, 0, stream>>>(dres, dres16, pw, pb, dy, x, mean, rstd, w, N, h, rpb, rms); break;
-    case 32: norm_bwd_kernel<32><<<grid, kThreads, 0, stream>>>(dres, dres16, pw, pb, dy, x, mean, rstd, w, N, h, rpb, rms); break;
-    default: throw std::runtime_error("the CUDA norm kernels support hidden sizes up to 8192");
-  }
+  const dim3 grid(static_cast<unsigned>((h + 255) / 256), static_cast<unsigned>(nb));
+  norm_bwd_dw_kernel<<<grid, 256, 0, stream>>>(pw, pb, dy, x, mean, rstd, N, h, rpb, rms);
   MT_CUDA_CHECK_LAUNCH();
   column_sum_kernel<<<grid_for(h, 256), 256, 0, stream>>>(dw, pw, nb, h);
   MT_CUDA_CHECK_LAUNCH();

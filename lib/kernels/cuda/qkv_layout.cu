@@ -62,12 +62,71 @@ __global__ void merge_kernel(bf16* dqkv, const bf16* dq, const bf16* dk, const b
   }
 }
 
+// Fast path (rot_dim == d or no rotation, d % 16 == 0): a thread moves 8 elements of the first half of
+// a head row and their 8 rotation partners in the second half with 16-byte loads and stores.
+struct Vec8 {
+  float x[8];
+};
+__device__ __forceinline__ Vec8 load8(const bf16* p) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const bf16* e = reinterpret_cast<const bf16*>(&u);
+  Vec8 v;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v.x[k] = __bfloat162float(e[k]);
+  return v;
+}
+__device__ __forceinline__ void store8(bf16* p, const Vec8& v) {
+  uint4 u;
+  bf16* e = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) e[k] = __float2bfloat16(v.x[k]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+template <bool kMerge>
+__global__ void layout_vec_kernel(bf16* fused, bf16* q, bf16* k, bf16* v, const int32_t* pos, const float* table, int64_t rows, int nh,
+                                  int ng, int d) {
+  const int qpg = nh / ng, slots = ng * (qpg + 2), half = d / 2, chunks = half / 8;
+  const int64_t total = rows * slots * chunks;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(e % chunks);
+    const int64_t ts = e / chunks;
+    const int slot = static_cast<int>(ts % slots);
+    const int64_t t = ts / slots;
+    const int g = slot / (qpg + 2), r = slot % (qpg + 2);
+    bf16* sep = r < qpg ? q + (t * nh + g * qpg + r) * d : (r == qpg ? k : v) + (t * ng + g) * d;
+    bf16* fus = fused + ts * d;
+    const int i0 = c * 8;
+    Vec8 a = load8((kMerge ? sep : fus) + i0), b = load8((kMerge ? sep : fus) + half + i0);
+    if (table && r <= qpg) {
+      const float* tr = table + (static_cast<int64_t>(pos[t]) * half + i0) * 2;
+#pragma unroll
+      for (int k2 = 0; k2 < 8; ++k2) {
+        const float cs = tr[2 * k2], sn = kMerge ? -tr[2 * k2 + 1] : tr[2 * k2 + 1];
+        const float x1 = a.x[k2], x2 = b.x[k2];
+        a.x[k2] = x1 * cs - x2 * sn;
+        b.x[k2] = x2 * cs + x1 * sn;
+      }
+    }
+    store8((kMerge ? fus : sep) + i0, a);
+    store8((kMerge ? fus : sep) + half + i0, b);
+  }
+}
+
+bool vec_ok(int64_t d, int64_t rot, const float* table) { return d % 16 == 0 && (table == nullptr || rot == d); }
+
 }  // namespace
 
 void qkv_split_rope(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* positions, const float* table, int64_t T, int64_t nh,
                     int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream) {
   const int64_t total = T * (nh + 2 * ng) * d;
   if (total == 0) return;
+  if (vec_ok(d, rot_dim, table)) {
+    layout_vec_kernel<false><<<grid_for(total / 16, 256), 256, 0, stream>>>(const_cast<bf16*>(qkv), q, k, v, positions, table, T,
+                                                                            static_cast<int>(nh), static_cast<int>(ng), static_cast<int>(d));
+    MT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   split_kernel<<<grid_for(total, 256), 256, 0, stream>>>(q, k, v, qkv, positions, table, T, nh, ng, d, rot_dim);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -76,6 +135,13 @@ void qkv_merge_rope_backward(bf16* dqkv, const bf16* dq, const bf16* dk, const b
                              int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream) {
   const int64_t total = T * (nh + 2 * ng) * d;
   if (total == 0) return;
+  if (vec_ok(d, rot_dim, table)) {
+    layout_vec_kernel<true><<<grid_for(total / 16, 256), 256, 0, stream>>>(dqkv, const_cast<bf16*>(dq), const_cast<bf16*>(dk),
+                                                                           const_cast<bf16*>(dv), positions, table, T, static_cast<int>(nh),
+                                                                           static_cast<int>(ng), static_cast<int>(d));
+    MT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   merge_kernel<<<grid_for(total, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, positions, table, T, nh, ng, d, rot_dim);
   MT_CUDA_CHECK_LAUNCH();
 }
