@@ -55,8 +55,13 @@ class MicrobatchSlot {
     cudaFree(dev_);
     cudaEventDestroy(copied_);
   }
+  static inline double wait_ms = 0;  // host time spent waiting for staging buffers
   DeviceMicrobatch upload(const Microbatch& mb, bool learned_pos, int64_t V, int64_t max_pos, cudaStream_t stream) {
-    if (used_) MT_CUDA_CHECK(cudaEventSynchronize(copied_));  // the last copy out of this buffer finished
+    if (used_) {  // the last copy out of this buffer finished (bounds the host's run-ahead to two iterations)
+      const auto t0 = std::chrono::steady_clock::now();
+      MT_CUDA_CHECK(cudaEventSynchronize(copied_));
+      wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
     used_ = true;
     const int64_t T = mb.B * mb.S;
     int32_t* h = host_;
@@ -290,6 +295,8 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   auto interval_start = Clock::now();
   double excluded_secs = 0;  // evaluation and checkpoint time inside the interval
   for (int64_t it = first_iter; it <= iters; ++it) {
+    const auto enqueue_start = Clock::now();
+    const double waited_before = MicrobatchSlot::wait_ms;
     if (it == profile_iter) OpProfiler::instance().enable(stream);
     MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model.grads(), 0, static_cast<size_t>(P) * 4, stream)));
     const int64_t base = resumed_samples + (it - first_iter) * gbs;
@@ -309,11 +316,16 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     MT_PROF("opt.adamw", cuda::adamw_multi(model.master(), m, v, model.working(), model.grads(), d_chunks,
                                            static_cast<int64_t>(chunks.size()), st, static_cast<float>(lr), b1, b2, eps, wd, 1.0f, stream));
     if (it == profile_iter) {
+      // The host's time to queue the step against the device's time to run it: a host that never waits
+      // inside the step queues it in a fraction of the device time.
+      const double enqueue_ms = std::chrono::duration<double, std::milli>(Clock::now() - enqueue_start).count();
       const auto prof = OpProfiler::instance().collect();
       double total = 0;
       for (const auto& [name, ms] : prof) total += ms;
       if (lead) {
-        std::printf("megatrain: profile of iteration %lld (device time in named ops: %.1f ms)\n", static_cast<long long>(it), total);
+        std::printf("megatrain: profile of iteration %lld (device time in named ops: %.1f ms; the host queued the step in %.1f ms, "
+                    "%.1f ms of it waiting for a staging buffer: the run-ahead bound)\n",
+                    static_cast<long long>(it), total, enqueue_ms, MicrobatchSlot::wait_ms - waited_before);
         for (const auto& [name, ms] : prof) std::printf("  %-28s %9.2f ms %6.1f%%\n", name.c_str(), ms, 100.0 * ms / total);
         std::fflush(stdout);
       }

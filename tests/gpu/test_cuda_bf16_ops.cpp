@@ -1,0 +1,328 @@
+// test_cuda_bf16_ops.cpp: the mixed-precision kernels of the CUDA engine against the CPU reference on the
+// same bf16-rounded inputs (odd sizes, and the vectorised fast paths' sizes): fused add + LayerNorm /
+// RMSNorm forward and backward, the QKV split / merge with RoPE, GELU and SwiGLU, fused cross-entropy,
+// bias gradients, the embedding lookup, and the device-side AdamW step. Tolerances fit bf16 outputs.
+// Exit 77 (skipped, with a message) where no GPU is visible.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/activation_bf16.h"
+#include "kernels/cuda/bias_grad.h"
+#include "kernels/cuda/cross_entropy_bf16.h"
+#include "kernels/cuda/embedding_bf16.h"
+#include "kernels/cuda/norm_bf16.h"
+#include "kernels/cuda/optimizer_step.h"
+#include "kernels/cuda/qkv_layout.h"
+#include "kernels/cuda/rope.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/dtype.h"
+
+using namespace mt;
+using Vec = std::vector<float>;
+using cuda::bf16;
+
+namespace {
+
+int failures = 0;
+std::mt19937 rng(99);
+
+Vec randn(size_t n, float scale = 1.0f, bool round = true) {
+  std::normal_distribution<float> d(0.0f, scale);
+  Vec v(n);
+  for (auto& x : v) x = round ? round_bf16(d(rng)) : d(rng);
+  return v;
+}
+
+template <typename T>
+struct Buf {
+  T* p = nullptr;
+  size_t n;
+  explicit Buf(size_t count) : n(count) {
+    MT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
+    MT_CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T)));  // poison: NaN in both float and bf16
+  }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+};
+
+struct F32 : Buf<float> {
+  explicit F32(size_t n) : Buf(n) {}
+  explicit F32(const Vec& v) : Buf(v.size()) { MT_CUDA_CHECK(cudaMemcpy(p, v.data(), n * 4, cudaMemcpyHostToDevice)); }
+  Vec get() const {
+    Vec v(n);
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    MT_CUDA_CHECK(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
+struct B16 : Buf<uint16_t> {
+  explicit B16(size_t n) : Buf(n) {}
+  explicit B16(const Vec& v) : Buf(v.size()) {
+    std::vector<uint16_t> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = float_to_bf16(v[i]);
+    MT_CUDA_CHECK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+  bf16* b() const { return reinterpret_cast<bf16*>(p); }
+  Vec get() const {
+    std::vector<uint16_t> h(n);
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    MT_CUDA_CHECK(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
+    Vec v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = bf16_to_float(h[i]);
+    return v;
+  }
+};
+
+// max |a - b| / max(|b|) (NaN fails).
+void expect(const std::string& what, const Vec& got, const Vec& want, double tol) {
+  double num = 0, den = 1e-30;
+  bool finite = got.size() == want.size();
+  for (size_t i = 0; finite && i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) finite = false;
+    num = std::max(num, static_cast<double>(std::fabs(got[i] - want[i])));
+    den = std::max(den, static_cast<double>(std::fabs(want[i])));
+  }
+  const double err = finite ? num / den : INFINITY;
+  const bool ok = err <= tol;
+  std::printf("%-4s %-48s max error %.2e (tolerance %.0e)\n", ok ? "ok" : "FAIL", what.c_str(), err, tol);
+  if (!ok) ++failures;
+}
+
+Vec bf16_round(Vec v) {
+  for (auto& x : v) x = round_bf16(x);
+  return v;
+}
+
+void test_norm(int64_t N, int64_t h, bool rms) {
+  const std::string tag = std::string(rms ? "rmsnorm" : "layernorm") + " " + std::to_string(N) + "x" + std::to_string(h);
+  Vec x = randn(static_cast<size_t>(N * h), 1.0f, false), delta = randn(x.size()), w = randn(static_cast<size_t>(h)), b = randn(w.size(), 0.1f);
+  Vec s(x.size()), y(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+  for (size_t i = 0; i < x.size(); ++i) s[i] = x[i] + delta[i];
+  if (rms) cpu::rmsnorm_forward(y.data(), rstd.data(), s.data(), w.data(), N, h, 1e-5f);
+  else cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), s.data(), w.data(), b.data(), N, h, 1e-5f);
+  F32 dx(x), dsum(x.size()), dmean(mean.size()), drstd(rstd.size());
+  B16 ddelta(delta), dw(w), db(b), dy(y.size());
+  cuda::add_norm_forward(dsum.p, dy.b(), rms ? nullptr : dmean.p, drstd.p, dx.p, ddelta.b(), dw.b(), rms ? nullptr : db.b(), N, h, 1e-5f, rms,
+                         nullptr);
+  expect(tag + " forward (sum)", dsum.get(), s, 1e-6);
+  expect(tag + " forward", dy.get(), y, 1e-2);
+  // Backward: dres += dx, dres16 its copy, dw/db accumulate.
+  Vec dout = randn(x.size()), dres0 = randn(x.size(), 1.0f, false);
+  Vec gx(x.size()), gw(w.size(), 0.5f), gb(w.size(), 0.25f);
+  if (rms) cpu::rmsnorm_backward(gx.data(), gw.data(), dout.data(), s.data(), w.data(), rstd.data(), N, h);
+  else cpu::layernorm_backward(gx.data(), gw.data(), gb.data(), dout.data(), s.data(), w.data(), mean.data(), rstd.data(), N, h);
+  Vec want_res(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want_res[i] = dres0[i] + gx[i];
+  F32 dres(dres0), gdw(Vec(w.size(), 0.5f)), gdb(Vec(w.size(), 0.25f));
+  B16 dres16(x.size()), ddout(dout);
+  if (rms) {
+    const Vec m0(static_cast<size_t>(N), 0.0f);
+    F32 mz(m0);
+    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, nullptr, ddout.b(), dsum.p, mz.p, drstd.p, dw.b(), N, h, true, nullptr);
+  } else {
+    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, gdb.p, ddout.b(), dsum.p, dmean.p, drstd.p, dw.b(), N, h, false, nullptr);
+  }
+  expect(tag + " backward dx", dres.get(), want_res, 2e-3);
+  expect(tag + " backward dx (bf16 copy)", dres16.get(), bf16_round(want_res), 1e-2);
+  expect(tag + " backward dw", gdw.get(), gw, 2e-3);
+  if (!rms) expect(tag + " backward db", gdb.get(), gb, 2e-3);
+}
+
+void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool rope) {
+  const std::string tag = "qkv split/merge T" + std::to_string(T) + " " + std::to_string(nh) + "/" + std::to_string(ng) + " d" +
+                          std::to_string(d) + (rope ? " rope " + std::to_string(rot) : "");
+  const int64_t W = (nh + 2 * ng) * d;
+  Vec qkv = randn(static_cast<size_t>(T * W));
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7) % 61);
+  Vec q(static_cast<size_t>(T * nh * d)), k(static_cast<size_t>(T * ng * d)), v(k.size());
+  cpu::qkv_split(q.data(), k.data(), v.data(), qkv.data(), T, nh, ng, d);
+  if (rope) {
+    cpu::rope_forward(q.data(), pos.data(), T, nh, d, rot, 10000.0f);
+    cpu::rope_forward(k.data(), pos.data(), T, ng, d, rot, 10000.0f);
+  }
+  const auto table = cuda::rope_table(64, rot, 10000.0);
+  F32 dtable(table);
+  int32_t* dpos = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&dpos, pos.size() * 4));
+  MT_CUDA_CHECK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+  B16 dqkv(qkv), dq(q.size()), dk(k.size()), dv(v.size());
+  cuda::qkv_split_rope(dq.b(), dk.b(), dv.b(), dqkv.b(), dpos, rope ? dtable.p : nullptr, T, nh, ng, d, rot, nullptr);
+  expect(tag + " Q", dq.get(), q, 1e-2);
+  expect(tag + " K", dk.get(), k, 1e-2);
+  expect(tag + " V", dv.get(), v, 1e-6);
+  // Backward: gradients through the inverse rotation into the fused layout.
+  Vec gq = randn(q.size()), gk = randn(k.size()), gv = randn(v.size());
+  B16 dgq(gq), dgk(gk), dgv(gv), dout(qkv.size());
+  Vec rq = gq, rk = gk, want(qkv.size());
+  if (rope) {
+    cpu::rope_backward(rq.data(), pos.data(), T, nh, d, rot, 10000.0f);
+    cpu::rope_backward(rk.data(), pos.data(), T, ng, d, rot, 10000.0f);
+  }
+  cpu::qkv_merge(want.data(), rq.data(), rk.data(), gv.data(), T, nh, ng, d);
+  cuda::qkv_merge_rope_backward(dout.b(), dgq.b(), dgk.b(), dgv.b(), dpos, rope ? dtable.p : nullptr, T, nh, ng, d, rot, nullptr);
+  expect(tag + " backward", dout.get(), want, 1e-2);
+  cudaFree(dpos);
+}
+
+void test_activations(int64_t N, int64_t F) {
+  const std::string tag = std::to_string(N) + "x" + std::to_string(F);
+  Vec x = randn(static_cast<size_t>(N * F)), y(x.size()), dy = randn(x.size()), dx(x.size());
+  cpu::gelu_forward(y.data(), x.data(), N * F);
+  cpu::gelu_backward(dx.data(), dy.data(), x.data(), N * F);
+  B16 gx(x), gy(x.size()), gdy(dy), gdx(x.size());
+  cuda::gelu_forward_bf16(gy.b(), gx.b(), N * F, nullptr);
+  cuda::gelu_backward_bf16(gdx.b(), gdy.b(), gx.b(), N * F, nullptr);
+  expect("gelu forward " + tag, gy.get(), y, 1e-2);
+  expect("gelu backward " + tag, gdx.get(), dx, 1e-2);
+  Vec x2 = randn(static_cast<size_t>(N * 2 * F)), y2(static_cast<size_t>(N * F)), dx2(x2.size());
+  cpu::swiglu_forward(y2.data(), x2.data(), N, F);
+  cpu::swiglu_backward(dx2.data(), dy.data(), x2.data(), N, F);
+  B16 sx(x2), sy(y2.size()), sdx(x2.size());
+  cuda::swiglu_forward_bf16(sy.b(), sx.b(), N, F, nullptr);
+  cuda::swiglu_backward_bf16(sdx.b(), gdy.b(), sx.b(), N, F, nullptr);
+  expect("swiglu forward " + tag, sy.get(), y2, 1e-2);
+  expect("swiglu backward " + tag, sdx.get(), dx2, 1e-2);
+}
+
+void test_cross_entropy(int64_t N, int64_t V) {
+  const std::string tag = "cross-entropy " + std::to_string(N) + "x" + std::to_string(V);
+  Vec logits = randn(static_cast<size_t>(N * V), 2.0f), mask(static_cast<size_t>(N));
+  std::vector<int32_t> tgt(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    tgt[static_cast<size_t>(n)] = static_cast<int32_t>((n * 131) % V);
+    mask[static_cast<size_t>(n)] = n % 5 == 3 ? 0.0f : 1.0f;
+  }
+  const float scale = 0.37f;
+  Vec losses(static_cast<size_t>(N)), lse(losses.size()), dl(logits.size()), dloss(losses.size());
+  cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.data(), N, V);
+  for (int64_t n = 0; n < N; ++n) dloss[static_cast<size_t>(n)] = mask[static_cast<size_t>(n)] * scale;
+  cpu::cross_entropy_backward(dl.data(), logits.data(), lse.data(), tgt.data(), dloss.data(), N, V);
+  B16 dlogits(logits);
+  F32 dlosses(losses.size()), dmask(mask), acc(Vec{1.0f});
+  int32_t* dt = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&dt, tgt.size() * 4));
+  MT_CUDA_CHECK(cudaMemcpy(dt, tgt.data(), tgt.size() * 4, cudaMemcpyHostToDevice));
+  cuda::cross_entropy_fused_bf16(dlosses.p, dlogits.b(), dt, dmask.p, scale, N, V, true, nullptr);
+  cuda::masked_loss_sum(acc.p, dlosses.p, dmask.p, N, 0.5f, nullptr);
+  expect(tag + " loss", dlosses.get(), losses, 2e-3);
+  expect(tag + " gradient (in place)", dlogits.get(), dl, 1e-2);
+  double s = 1.0;
+  for (int64_t n = 0; n < N; ++n) s += 0.5 * losses[static_cast<size_t>(n)] * mask[static_cast<size_t>(n)];
+  expect(tag + " masked sum", acc.get(), Vec{static_cast<float>(s)}, 1e-3);
+  cudaFree(dt);
+}
+
+void test_bias_grad(int64_t N, int64_t n) {
+  Vec dy = randn(static_cast<size_t>(N * n)), want(static_cast<size_t>(n), 1.0f);
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t c = 0; c < n; ++c) want[static_cast<size_t>(c)] += dy[static_cast<size_t>(r * n + c)];
+  }
+  B16 ddy(dy);
+  F32 db(Vec(static_cast<size_t>(n), 1.0f));
+  cuda::bias_grad_bf16(db.p, ddy.b(), N, n, nullptr);
+  expect("bias gradient " + std::to_string(N) + "x" + std::to_string(n), db.get(), want, 1e-5);
+}
+
+void test_embedding(int64_t T, int64_t h, int64_t V, int64_t P) {
+  Vec wte = randn(static_cast<size_t>(V * h)), wpe = randn(static_cast<size_t>(P * h)), want(static_cast<size_t>(T * h));
+  std::vector<int32_t> tok(static_cast<size_t>(T)), pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    tok[static_cast<size_t>(t)] = static_cast<int32_t>((t * 37) % V);
+    pos[static_cast<size_t>(t)] = static_cast<int32_t>(t % P);
+    for (int64_t c = 0; c < h; ++c) {
+      want[static_cast<size_t>(t * h + c)] = wte[static_cast<size_t>(tok[static_cast<size_t>(t)] * h + c)] + wpe[static_cast<size_t>(pos[static_cast<size_t>(t)] * h + c)];
+    }
+  }
+  B16 dwte(wte), dwpe(wpe);
+  F32 out(want.size());
+  int32_t* d = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&d, static_cast<size_t>(2 * T) * 4));
+  MT_CUDA_CHECK(cudaMemcpy(d, tok.data(), tok.size() * 4, cudaMemcpyHostToDevice));
+  MT_CUDA_CHECK(cudaMemcpy(d + T, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+  cuda::embedding_forward_bf16(out.p, d, d + T, dwte.b(), dwpe.b(), T, h, nullptr);
+  expect("embedding lookup " + std::to_string(T) + "x" + std::to_string(h), out.get(), want, 1e-6);
+  cudaFree(d);
+}
+
+void test_adamw(int64_t n) {
+  Vec w = randn(static_cast<size_t>(n), 1.0f, false), g = randn(w.size(), 0.1f, false), m = randn(w.size(), 0.01f, false);
+  Vec v(w.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::fabs(g[i]) * 0.01f;
+  // Two chunks: the first with weight decay, the second without.
+  const int64_t half = n / 2;
+  const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, clip = 1.0f;
+  double ss = 0;
+  for (float x : g) ss += static_cast<double>(x) * x;
+  const float norm = static_cast<float>(std::sqrt(ss));
+  const float coef = norm > clip ? clip / (norm + 1e-6f) : 1.0f;
+  Vec ww = w, wm = m, wv = v;
+  const float bc1 = 1.0f - b1, bc2 = 1.0f - b2;  // step 1
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    const float gi = g[k] * coef;
+    wm[k] = b1 * wm[k] + (1 - b1) * gi;
+    wv[k] = b2 * wv[k] + (1 - b2) * gi * gi;
+    const float upd = (wm[k] / bc1) / (std::sqrt(wv[k] / bc2) + eps);
+    ww[k] -= lr * (upd + (i < half ? wd : 0.0f) * ww[k]);
+  }
+  F32 dw(w), dg(g), dm(m), dv(v), partials(cuda::kNormPartials);
+  B16 w16(w.size());
+  Buf<cuda::StepState> st(1);
+  MT_CUDA_CHECK(cudaMemset(st.p, 0, sizeof(cuda::StepState)));
+  std::vector<cuda::AdamChunk> chunks{{0, static_cast<int32_t>(half), 1}, {half, static_cast<int32_t>(n - half), 0}};
+  Buf<cuda::AdamChunk> dc(2);
+  MT_CUDA_CHECK(cudaMemcpy(dc.p, chunks.data(), 2 * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+  cuda::grad_sumsq_partials(partials.p, dg.p, n, nullptr);
+  cuda::step_prepare(st.p, partials.p, clip, b1, b2, 1.0f, 1.0f, nullptr);
+  cuda::adamw_multi(dw.p, dm.p, dv.p, w16.b(), dg.p, dc.p, 2, st.p, lr, b1, b2, eps, wd, 1.0f, nullptr);
+  cuda::StepState h{};
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
+  MT_CUDA_CHECK(cudaMemcpy(&h, st.p, sizeof(h), cudaMemcpyDeviceToHost));
+  expect("adamw grad norm", Vec{h.grad_norm}, Vec{norm}, 1e-5);
+  expect("adamw weights " + std::to_string(n), dw.get(), ww, 1e-6);
+  expect("adamw bf16 working copy", w16.get(), bf16_round(ww), 1e-2);
+  expect("adamw moments", dv.get(), wv, 1e-6);
+}
+
+}  // namespace
+
+int main() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("SKIP: no GPU visible: the CUDA engine's op tests run on the GPU machine (scripts/test_gpu.sh)\n");
+    return 77;
+  }
+  for (bool rms : {false, true}) {
+    test_norm(7, 5, rms);
+    test_norm(37, 1000, rms);
+    test_norm(64, 2048, rms);
+    test_norm(9, 8192, rms);
+  }
+  test_qkv(13, 6, 2, 16, 16, true);  // vectorised path
+  test_qkv(13, 6, 3, 16, 8, true);   // partial rotary: scalar path
+  test_qkv(9, 4, 4, 24, 24, false);  // d not a multiple of 16: scalar path
+  test_qkv(11, 4, 1, 64, 64, true);
+  test_activations(3, 5);
+  test_activations(37, 264);
+  test_cross_entropy(17, 1003);
+  test_cross_entropy(9, 50304);
+  test_bias_grad(301, 7);
+  test_bias_grad(1000, 264);
+  test_embedding(333, 40, 97, 50);
+  test_adamw(100003);
+  std::printf("%d failure(s)\n", failures);
+  return failures ? 1 : 0;
+}
