@@ -11,9 +11,58 @@
 #include "tensor/device_info.h"
 #include "train/capabilities.h"
 #include "train/cuda_trainer.h"
+#ifdef MEGATRAIN_HAVE_NCCL
+#include "comm/cuda/nccl_communicator.h"
+#endif
 #include "train/trainer.h"
 
 namespace mt {
+
+namespace {
+
+// The CUDA engine: one GPU per rank (the local rank picks it); more than one rank trains data-parallel over
+// NCCL, the unique id shared over MPI (mpirun / srun) or the TCP rendezvous (torchrun-style launches).
+int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, char**& argv) {
+  const bool lead = launch.rank == 0;
+  ProcessGroups groups = ProcessGroups::single();
+  const int ngpu = static_cast<int>(visible_gpus().size());
+  if (launch.world_size > 1) {
+#ifdef MEGATRAIN_HAVE_NCCL
+    set_cuda_device(static_cast<int>(launch.local_rank % ngpu));
+    if (launch.kind != LauncherKind::kTorchrun) mpi_initialize(&argc, &argv);
+    const RankLayout layout = RankLayout::from_config(cfg, launch.world_size);
+    auto world = make_nccl_world(launch, cfg.parallel.distributed_timeout_seconds);
+    groups = make_nccl_process_groups(world, layout, launch.rank);
+    if (mpi_active()) {
+      groups.checkpoint = make_mpi_process_groups(layout, launch.rank).checkpoint;
+    } else if (cfg.checkpoint.save || cfg.checkpoint.load) {
+      throw ConfigError("checkpoints of a multi-rank CUDA run need an MPI launch (mpirun or srun) for their host collectives; "
+                        "this is a torchrun-style launch: drop --save/--load or launch with mpirun");
+    }
+    if (lead) {
+      std::cerr << "megatrain: " << launch.world_size << " ranks (" << launcher_name(launch.kind) << "), one GPU each: DP "
+                << cfg.derived.data_parallel_size << ", gradients averaged over NCCL" << (cfg.training.overlap_grad_reduce ? " during the backward" : "")
+                << "\n";
+    }
+#else
+    throw ConfigError("this build has no NCCL: multi-rank CUDA training is not available");
+#endif
+  }
+  try {
+    train_cuda(cfg, groups, TrainOptions{false, launch.rank});
+  } catch (const std::exception& e) {
+    if (launch.world_size > 1 && mpi_active()) {
+      std::cerr << "megatrain: error on rank " << launch.rank << ": " << e.what() << "\n";
+      mpi_abort_job(1);
+    }
+    throw;
+  }
+  groups = ProcessGroups::single();
+  mpi_finalize();
+  return 0;
+}
+
+}  // namespace
 
 int run_train(int argc, char** argv) {
   CLI::App app{"megatrain: train a GPT / LLaMA / Mixtral-style model with Megatron-LM's flags.\n"
@@ -64,10 +113,7 @@ int run_train(int argc, char** argv) {
       std::cerr << "\n";
     }
   }
-  if (use_cuda) {
-    train_cuda(cfg, ProcessGroups::single(), TrainOptions{false, launch.rank});
-    return 0;
-  }
+  if (use_cuda) return run_cuda_training(cfg, launch, argc, argv);
   ProcessGroups groups = ProcessGroups::single();
   if (launch.world_size > 1) {
     if (launch.kind == LauncherKind::kTorchrun) {

@@ -20,5 +20,7 @@ std::vector<GpuInfo> visible_gpus();
 // Why no GPU is visible (for messages), "" when some are.
 std::string gpu_unavailable_reason();
 bool built_with_cuda();
+// Makes GPU `index` current for this process (CUDA builds; a no-op otherwise).
+void set_cuda_device(int index);
 
 }  // namespace mt

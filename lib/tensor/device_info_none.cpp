@@ -7,4 +7,6 @@ std::vector<GpuInfo> visible_gpus() { return {}; }
 std::string gpu_unavailable_reason() { return "this build has no CUDA backend (nvcc was not found at configure time)"; }
 bool built_with_cuda() { return false; }
 
+void set_cuda_device(int) {}
+
 }  // namespace mt

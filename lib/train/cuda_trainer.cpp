@@ -23,10 +23,14 @@
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt_model.h"
 #include "optim/loss_scaler.h"
+#ifdef MEGATRAIN_HAVE_NCCL
+#include "optim/cuda/device_data_parallel.h"
+#endif
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "plan/flops.h"
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/device_allocator.h"
 #include "tensor/cuda/op_profiler.h"
 #include "tensor/device_info.h"
 #include "train/log_line.h"
@@ -127,8 +131,14 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   auto no = [&](bool cond, const std::string& msg) {
     if (cond) out.push_back(msg);
   };
-  no(world_size > 1, "the CUDA engine trains on one GPU per job so far (world size " + std::to_string(world_size) +
-                         "): run one rank, or --device cpu for multi-rank runs");
+  const auto& p = c.parallel;
+#ifndef MEGATRAIN_HAVE_NCCL
+  no(world_size > 1, "this build has no NCCL: the CUDA engine runs one rank only (or use --device cpu for multi-rank runs)");
+#endif
+  no(world_size > 1 && p.tensor_model_parallel_size > 1,
+     "tensor parallelism is not implemented on the CUDA engine yet (data parallelism is): use --tensor-model-parallel-size 1, or --device cpu");
+  no(world_size > 1 && c.training.use_distributed_optimizer,
+     "--use-distributed-optimizer is not implemented on the CUDA engine yet: drop it (each GPU keeps the full optimizer state), or --device cpu");
   no(c.precision.fp16, "--fp16 is not implemented on the CUDA engine (bf16 only): use --bf16");
   no(!c.precision.bf16, "the CUDA engine computes in bf16: add --bf16 (fp32 training runs with --device cpu)");
   no(c.model.hidden_dropout > 0 || c.model.attention_dropout > 0,
@@ -210,6 +220,19 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   }
   cuda::AdamChunk* d_chunks = device_zeros<cuda::AdamChunk>(chunks.size());
   MT_CUDA_CHECK(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+  const int64_t dp = groups.dp_cp->size(), dp_rank = groups.dp_cp->rank();
+#ifdef MEGATRAIN_HAVE_NCCL
+  std::unique_ptr<DeviceDataParallel> ddp;
+  if (dp > 1) {
+    auto nccl = std::dynamic_pointer_cast<NcclCommunicator>(groups.dp_cp);
+    if (!nccl) throw std::logic_error("CUDA trainer: the data-parallel group is not an NCCL communicator");
+    const int64_t bucket = cfg.training.ddp_bucket_size.value_or(40000000);
+    ddp = std::make_unique<DeviceDataParallel>(nccl, model.grads(), P, bucket, cfg.training.overlap_grad_reduce, stream);
+    model.set_grads_ready_hook([&ddp](int64_t lowest) { ddp->on_grads_ready(lowest); });
+  }
+#else
+  if (dp > 1) throw std::logic_error("CUDA trainer: data parallelism needs NCCL");
+#endif
   const bool keep_host = ck.save.has_value();
   if (!keep_host) {
     host_opt.reset();
@@ -222,6 +245,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   const int64_t nmb = cfg.derived.num_microbatches, gbs = cfg.derived.global_batch_size;
   const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : *cfg.training.train_samples / gbs;
   const double flops_iter = flops_per_iteration(cfg);
+  const int64_t world = groups.world->size();
   const bool has_valid = src->has_split(Split::kValid) && cfg.logging.eval_iters > 0;
   const float clip = static_cast<float>(cfg.training.clip_grad);
   const float b1 = static_cast<float>(cfg.training.adam_beta1), b2 = static_cast<float>(cfg.training.adam_beta2);
@@ -264,8 +288,19 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   float* loss_hist = device_zeros<float>(static_cast<size_t>(cfg.logging.log_interval) + 1);
   float* norm_hist = device_zeros<float>(static_cast<size_t>(cfg.logging.log_interval) + 1);
 
+  // Averages host values over the data-parallel group (log and validation time only): through the NCCL
+  // group on a small device buffer, so torchrun-style launches without MPI work too.
+  float* avg_buf = device_zeros<float>(static_cast<size_t>(cfg.logging.log_interval) + 1);
+  auto dp_average = [&](float* values, int64_t n) {
+    MT_CUDA_CHECK(cudaMemcpy(avg_buf, values, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+    groups.dp_cp->all_reduce(avg_buf, n, ReduceOp::kAvg);
+    MT_CUDA_CHECK(cudaMemcpy(values, avg_buf, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
+  };
   auto read_state = [&]() {
     cuda::StepState h{};
+#ifdef MEGATRAIN_HAVE_NCCL
+    if (ddp) ddp->comm().wait_stream("gradient all-reduce");  // bounded: a dead peer aborts, not hangs
+#endif
     MT_CUDA_CHECK(cudaStreamSynchronize(stream));
     MT_CUDA_CHECK(cudaMemcpy(&h, st, sizeof(h), cudaMemcpyDeviceToHost));
     return h;
@@ -285,6 +320,10 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     state.nan_iterations = h.skipped_total;
     state.scaler = scaler.state();
     CheckpointRank who;
+    who.world_rank = groups.world->rank();
+    who.world_size = groups.world->size();
+    who.writes_params = dp_rank == 0;
+    who.writes_optimizer = dp_rank == 0;
     saver->save(take_snapshot(cfg, host->params(), *host_opt, state, who, !ck.no_save_optim));
     if (lead) std::cout << "megatrain: " << (ck.async_save ? "saving" : "saved") << " checkpoint at iteration " << it << " to " << *ck.save << "\n" << std::flush;
   };
@@ -295,13 +334,17 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   auto interval_start = Clock::now();
   double excluded_secs = 0;  // evaluation and checkpoint time inside the interval
   for (int64_t it = first_iter; it <= iters; ++it) {
-    const auto enqueue_start = Clock::now();
     const double waited_before = MicrobatchSlot::wait_ms;
+    const int64_t mallocs_before = DeviceAllocator::instance().stats().device_mallocs;
     if (it == profile_iter) OpProfiler::instance().enable(stream);
     MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model.grads(), 0, static_cast<size_t>(P) * 4, stream)));
     const int64_t base = resumed_samples + (it - first_iter) * gbs;
+#ifdef MEGATRAIN_HAVE_NCCL
+    if (ddp) ddp->start_iteration();
+#endif
     for (int64_t mi = 0; mi < nmb; ++mi) {
-      const Microbatch mb = make_microbatch(*src, Split::kTrain, base + mi * mbs, mbs, S, cfg);
+      const Microbatch mb = make_microbatch(*src, Split::kTrain, base + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
+      model.set_final_backward(mi == nmb - 1);
       double denom = 0;
       for (float x : mb.loss_mask) denom += x;
       denom = std::max(denom, 1.0);
@@ -310,22 +353,25 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb)));
       model.step(d, w_mb, w_mb, &st->loss_acc);
     }
+#ifdef MEGATRAIN_HAVE_NCCL
+    if (ddp) MT_PROF("dp.grad_all_reduce_wait", ddp->finish());
+#endif
     const double lr = schedule.lr(it);
     MT_PROF("opt.grad_norm", cuda::grad_sumsq_partials(partials, model.grads(), P, stream));
     cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, 1.0f, stream);
     MT_PROF("opt.adamw", cuda::adamw_multi(model.master(), m, v, model.working(), model.grads(), d_chunks,
                                            static_cast<int64_t>(chunks.size()), st, static_cast<float>(lr), b1, b2, eps, wd, 1.0f, stream));
     if (it == profile_iter) {
-      // The host's time to queue the step against the device's time to run it: a host that never waits
-      // inside the step queues it in a fraction of the device time.
-      const double enqueue_ms = std::chrono::duration<double, std::milli>(Clock::now() - enqueue_start).count();
+      // The step's only possible host waits: a staging buffer still being copied (the two-iteration run-ahead
+      // bound) and a cudaMalloc (an implicit device synchronisation) in the allocator. Both are reported.
+      const int64_t mallocs = DeviceAllocator::instance().stats().device_mallocs - mallocs_before;
       const auto prof = OpProfiler::instance().collect();
       double total = 0;
       for (const auto& [name, ms] : prof) total += ms;
       if (lead) {
-        std::printf("megatrain: profile of iteration %lld (device time in named ops: %.1f ms; the host queued the step in %.1f ms, "
-                    "%.1f ms of it waiting for a staging buffer: the run-ahead bound)\n",
-                    static_cast<long long>(it), total, enqueue_ms, MicrobatchSlot::wait_ms - waited_before);
+        std::printf("megatrain: profile of iteration %lld: device time in named ops %.1f ms; host waits inside the step: %.1f ms for "
+                    "staging buffers, %lld cudaMalloc calls\n",
+                    static_cast<long long>(it), total, MicrobatchSlot::wait_ms - waited_before, static_cast<long long>(mallocs));
         for (const auto& [name, ms] : prof) std::printf("  %-28s %9.2f ms %6.1f%%\n", name.c_str(), ms, 100.0 * ms / total);
         std::fflush(stdout);
       }
@@ -343,6 +389,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       std::vector<float> losses(pending_iters.size()), norms(pending_iters.size());
       MT_CUDA_CHECK(cudaMemcpy(losses.data(), loss_hist, losses.size() * 4, cudaMemcpyDeviceToHost));
       MT_CUDA_CHECK(cudaMemcpy(norms.data(), norm_hist, norms.size() * 4, cudaMemcpyDeviceToHost));
+      if (dp > 1) {
+        dp_average(losses.data(), static_cast<int64_t>(losses.size()));
+      }
       double sum = 0;
       int64_t n_ok = 0;
       for (float l : losses) {
@@ -361,13 +410,13 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       s.consumed_samples = resumed_samples + (it - first_iter + 1) * gbs;
       s.global_batch = gbs;
       s.ms_per_iter = 1000.0 * secs / n_iter;
-      s.tflops_per_gpu = flops_iter / (secs / n_iter) / 1e12;
+      s.tflops_per_gpu = flops_iter / (secs / n_iter) / static_cast<double>(world) / 1e12;
       s.loss = n_ok ? sum / static_cast<double>(n_ok) : NAN;
       s.lr = pending_lr.back();
       s.grad_norm = norms.back();
       s.skipped = res.skipped;
       s.nan_iters = res.nan_iterations;
-      s.tokens_per_s_per_gpu = static_cast<double>(gbs * S) / (secs / n_iter);
+      s.tokens_per_s_per_gpu = static_cast<double>(gbs * S) / (secs / n_iter) / static_cast<double>(world);
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
       if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
       if (metrics) {
@@ -395,7 +444,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       int64_t n = 0;
       for (int64_t e = 0; e < cfg.logging.eval_iters; ++e) {
         for (int64_t mi = 0; mi < nmb; ++mi) {
-          const Microbatch mb = make_microbatch(*src, Split::kValid, e * gbs + mi * mbs, mbs, S, cfg);
+          const Microbatch mb = make_microbatch(*src, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
           double denom = 0;
           for (float x : mb.loss_mask) denom += x;
           const DeviceMicrobatch d = eval_slot.upload(mb, D.learned_pos, D.V, D.max_pos, stream);
@@ -406,7 +455,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       float acc = 0;
       MT_CUDA_CHECK(cudaStreamSynchronize(stream));
       MT_CUDA_CHECK(cudaMemcpy(&acc, eval_acc, 4, cudaMemcpyDeviceToHost));
-      const double vl = acc / static_cast<double>(std::max<int64_t>(n, 1));
+      float vlf = acc / static_cast<float>(std::max<int64_t>(n, 1));
+      if (dp > 1) dp_average(&vlf, 1);
+      const double vl = vlf;
       res.valid_losses.push_back(vl);
       if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
       if (metrics) *metrics << nlohmann::json{{"iteration", it}, {"validation_lm_loss", vl}}.dump() << "\n" << std::flush;
@@ -422,7 +473,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   MT_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (saver) saver->wait();
   for (void* p : {static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(st), static_cast<void*>(partials),
-                  static_cast<void*>(d_chunks), static_cast<void*>(eval_acc), static_cast<void*>(loss_hist), static_cast<void*>(norm_hist)}) {
+                  static_cast<void*>(d_chunks), static_cast<void*>(eval_acc), static_cast<void*>(avg_buf), static_cast<void*>(loss_hist), static_cast<void*>(norm_hist)}) {
     cudaFree(p);
   }
   return res;

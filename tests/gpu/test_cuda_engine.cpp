@@ -7,6 +7,8 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -109,7 +111,7 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D) {
   }
 }
 
-mt::Config make_config(const std::string& model) {
+mt::Config make_config(const std::string& model, const std::string& extra = "") {
   std::string base =
       "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 "
       "--micro-batch-size 4 --global-batch-size 8 --train-iters 30 --lr 1e-3 --lr-warmup-iters 5 --mock-data "
@@ -126,7 +128,7 @@ mt::Config make_config(const std::string& model) {
   }
   CLI::App app;
   mt::ConfigCli cli(app);
-  app.parse(base, false);
+  app.parse(base + extra, false);
   mt::Config c = cli.build();
   mt::resolve(c, 1);
   return c;
@@ -154,6 +156,33 @@ void test_training(const std::string& model) {
   }
 }
 
+// Save at iteration 5 of 10, resume from it on the GPU and on the CPU engine: the resumed iterations follow
+// the uninterrupted run (the same checkpoint format serves both engines).
+void test_resume() {
+  char tmpl[] = "/tmp/megatrain-cuda-ckpt-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  mt::TrainOptions quiet{true, 0};
+  try {
+    const auto full = mt::train_cuda(make_config("llama", "--train-iters 10 --save " + dir + " --save-interval 5 "), mt::ProcessGroups::single(),
+                                      quiet);
+    const auto gpu = mt::train_cuda(make_config("llama", "--train-iters 10 --load " + dir + " --ckpt-step 5 "), mt::ProcessGroups::single(),
+                                     quiet);
+    const auto cpu = mt::train(make_config("llama", "--train-iters 10 --load " + dir + " --ckpt-step 5 "), mt::ProcessGroups::single(), quiet);
+    double worst_gpu = 0, worst_cpu = 0;
+    const bool sizes = full.losses.size() == 10 && gpu.losses.size() == 5 && cpu.losses.size() == 5;
+    for (size_t i = 0; sizes && i < 5; ++i) {
+      worst_gpu = std::max(worst_gpu, std::fabs(gpu.losses[i] - full.losses[i + 5]) / full.losses[i + 5]);
+      worst_cpu = std::max(worst_cpu, std::fabs(cpu.losses[i] - full.losses[i + 5]) / full.losses[i + 5]);
+    }
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "resume from a CUDA checkpoint at iteration 5: GPU gap %.2e, CPU engine gap %.2e", worst_gpu, worst_cpu);
+    check(sizes && worst_gpu < 1e-3 && worst_cpu < 1e-2, buf);
+  } catch (const std::exception& e) {
+    check(false, std::string("resume: ") + e.what());
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 int main() {
@@ -168,6 +197,7 @@ int main() {
   test_training("gpt");
   test_training("llama");
   test_training("llama-recompute");
+  test_resume();
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

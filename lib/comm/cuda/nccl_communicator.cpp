@@ -48,6 +48,8 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, std::string name, int64_t ti
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  if (ready_) cudaEventDestroy(ready_);
+  if (done_) cudaEventDestroy(done_);
   if (stream_) cudaStreamDestroy(stream_);
   if (!aborted_) ncclCommDestroy(comm_);
 }
@@ -75,6 +77,19 @@ void NcclCommunicator::wait_stream(const char* op) {
 std::unique_ptr<CommRequest> NcclCommunicator::pending(const char* op) { return std::make_unique<EventRequest>(this, op); }
 
 void NcclCommunicator::all_reduce(float* data, int64_t n, ReduceOp op) { all_reduce_async(data, n, op)->wait(); }
+
+void NcclCommunicator::all_reduce_after(float* data, int64_t n, ReduceOp op, cudaStream_t after) {
+  if (!ready_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  MT_CUDA_CHECK(cudaEventRecord(ready_, after));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat, nccl_op(op), comm_, stream_));
+}
+
+void NcclCommunicator::join(cudaStream_t s) {
+  if (!done_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  MT_CUDA_CHECK(cudaEventRecord(done_, stream_));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
+}
 
 void NcclCommunicator::all_reduce(double* data, int64_t n, ReduceOp op) {
   MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclDouble, nccl_op(op), comm_, stream_));

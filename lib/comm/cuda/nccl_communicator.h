@@ -39,6 +39,10 @@ class NcclCommunicator final : public Communicator {
   // Host strings belong to the MPI (or self) communicator of ProcessGroups::checkpoint.
   std::vector<std::string> all_gather_strings(const std::string& mine) override;
 
+  // Stream-ordered use from a compute stream, no host wait: the all-reduce starts once the work queued so
+  // far on `after` is done; join(s) makes stream s wait for every collective queued so far.
+  void all_reduce_after(float* data, int64_t n, ReduceOp op, cudaStream_t after);
+  void join(cudaStream_t s);
   // Waits for the work queued so far on this communicator's stream, watching for NCCL errors and the
   // timeout; throws std::runtime_error (after aborting the communicator) on either.
   void wait_stream(const char* op);
@@ -53,6 +57,7 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
   bool aborted_ = false;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
 };
 
 // The world communicator: the unique id is broadcast over MPI when MPI is active, else over TCP at

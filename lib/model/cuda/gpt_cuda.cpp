@@ -99,6 +99,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       lw.fc1_b = offset_of(layout, p + (D.swiglu ? "mlp.fc1_gate.bias" : "mlp.fc1.bias"));
       lw.fc2_b = offset_of(layout, p + "mlp.fc2.bias");
     }
+    int64_t lo = numel_;
+    for (int64_t off : {lw.ln1_w, lw.ln1_b, lw.qkv_w, lw.qkv_b, lw.proj_w, lw.proj_b, lw.ln2_w, lw.ln2_b, lw.fc1_w, lw.fc1_b, lw.fc2_w, lw.fc2_b}) {
+      if (off >= 0) lo = std::min(lo, off);
+    }
+    layer_start_.push_back(lo);
   }
   if (D.rope) {
     const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base));
@@ -291,9 +296,11 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
       layer_forward(l, r, mb);
     }
     layer_backward(l, r, mb);
+    if (final_backward_ && grads_ready_) grads_ready_(layer_start_[static_cast<size_t>(l)]);
   }
   MT_PROF("bwd.embedding", cuda::embedding_backward(g(wte_), s.dres, mb.tok_ids, mb.tok_offsets, mb.tok_positions, mb.n_tok_ids, h, stream_));
   if (wpe_ >= 0) MT_PROF("bwd.embedding", cuda::embedding_backward(g(wpe_), s.dres, mb.pos_ids, mb.pos_offsets, mb.pos_positions, mb.n_pos_ids, h, stream_));
+  if (final_backward_ && grads_ready_) grads_ready_(0);
 }
 
 }  // namespace mt

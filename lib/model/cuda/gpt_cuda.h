@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,6 +44,11 @@ class CudaGPT {
   // Forward (and, when grad_scale > 0, backward) of one microbatch. loss_acc[0] += loss_weight * sum of
   // masked token losses; gradients of (sum of masked losses * grad_scale) accumulate into grads().
   void step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc);
+  // Called during a backward (only when `final_backward` is set: the iteration's last microbatch) once the
+  // gradients of every parameter at flat offset >= `lowest` are final: data parallelism starts its bucket
+  // all-reduces from here, overlapping the rest of the backward.
+  void set_grads_ready_hook(std::function<void(int64_t lowest)> hook) { grads_ready_ = std::move(hook); }
+  void set_final_backward(bool final_backward) { final_backward_ = final_backward; }
 
   int64_t numel() const { return numel_; }
   float* master() const { return master_; }
@@ -79,6 +85,9 @@ class CudaGPT {
   std::vector<bool> recompute_layer_;
   size_t act_bytes_ = 0;
   std::vector<void*> owned_;
+  std::vector<int64_t> layer_start_;  // lowest flat offset of each layer's parameters
+  std::function<void(int64_t)> grads_ready_;
+  bool final_backward_ = false;
   void* alloc(size_t bytes);
 };
 

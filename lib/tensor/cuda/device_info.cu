@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "tensor/device_info.h"
+#include "tensor/cuda/cuda_check.h"
 
 namespace mt {
 
@@ -38,5 +39,7 @@ std::string gpu_unavailable_reason() {
 }
 
 bool built_with_cuda() { return true; }
+
+void set_cuda_device(int index) { MT_CUDA_CHECK(cudaSetDevice(index)); }
 
 }  // namespace mt
