@@ -227,7 +227,8 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     auto nccl = std::dynamic_pointer_cast<NcclCommunicator>(groups.dp_cp);
     if (!nccl) throw std::logic_error("CUDA trainer: the data-parallel group is not an NCCL communicator");
     const int64_t bucket = cfg.training.ddp_bucket_size.value_or(40000000);
-    ddp = std::make_unique<DeviceDataParallel>(nccl, model.grads(), P, bucket, cfg.training.overlap_grad_reduce, stream);
+    ddp = std::make_unique<DeviceDataParallel>(nccl, model.grads(), P, bucket, cfg.training.overlap_grad_reduce,
+                                               cfg.precision.grad_reduce_in_bf16, stream);
     model.set_grads_ready_hook([&ddp](int64_t lowest) { ddp->on_grads_ready(lowest); });
   }
 #else

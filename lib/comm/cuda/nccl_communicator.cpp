@@ -85,6 +85,13 @@ void NcclCommunicator::all_reduce_after(float* data, int64_t n, ReduceOp op, cud
   MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat, nccl_op(op), comm_, stream_));
 }
 
+void NcclCommunicator::all_reduce_bf16_after(void* data, int64_t n, ReduceOp op, cudaStream_t after) {
+  if (!ready_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  MT_CUDA_CHECK(cudaEventRecord(ready_, after));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclBfloat16, nccl_op(op), comm_, stream_));
+}
+
 void NcclCommunicator::join(cudaStream_t s) {
   if (!done_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   MT_CUDA_CHECK(cudaEventRecord(done_, stream_));

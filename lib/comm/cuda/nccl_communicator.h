@@ -42,6 +42,8 @@ class NcclCommunicator final : public Communicator {
   // Stream-ordered use from a compute stream, no host wait: the all-reduce starts once the work queued so
   // far on `after` is done; join(s) makes stream s wait for every collective queued so far.
   void all_reduce_after(float* data, int64_t n, ReduceOp op, cudaStream_t after);
+  // The same on bf16 data (--grad-reduce-in-bf16).
+  void all_reduce_bf16_after(void* data, int64_t n, ReduceOp op, cudaStream_t after);
   void join(cudaStream_t s);
   // Waits for the work queued so far on this communicator's stream, watching for NCCL errors and the
   // timeout; throws std::runtime_error (after aborting the communicator) on either.

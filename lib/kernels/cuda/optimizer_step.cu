@@ -66,7 +66,19 @@ __global__ void cast_kernel(bf16* out, const float* in, int64_t n) {
   }
 }
 
+__global__ void uncast_kernel(float* out, const bf16* in, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __bfloat162float(in[i]);
+  }
+}
+
 }  // namespace
+
+void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  uncast_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, in, n);
+  MT_CUDA_CHECK_LAUNCH();
+}
 
 void grad_sumsq_partials(float* partials, const float* g, int64_t n, cudaStream_t stream) {
   sumsq_kernel<<<kNormPartials, 256, 0, stream>>>(partials, g, n);

@@ -40,5 +40,6 @@ void step_prepare(StepState* s, const float* partials, float max_norm, float bet
 void adamw_multi(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
                  float lr, float beta1, float beta2, float eps, float weight_decay, float inv_loss_scale, cudaStream_t stream);
 void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);
+void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream);
 
 }  // namespace mt::cuda

@@ -18,8 +18,11 @@ namespace mt {
 
 class DeviceDataParallel {
  public:
+  // reduce_bf16 (--grad-reduce-in-bf16): each bucket is rounded to bf16, averaged in bf16 (half the
+  // bytes on the wire) and widened back into the fp32 buffer.
   DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, int64_t bucket_elems, bool overlap,
-                     cudaStream_t compute);
+                     bool reduce_bf16, cudaStream_t compute);
+  ~DeviceDataParallel();
   void start_iteration() { next_ = 0; }
   // The backward's hook: gradients at offsets >= lowest are final.
   void on_grads_ready(int64_t lowest);
@@ -33,6 +36,7 @@ class DeviceDataParallel {
   std::shared_ptr<NcclCommunicator> comm_;
   float* grads_;
   bool overlap_;
+  void* shadow_ = nullptr;  // bf16 copy of the gradients (reduce_bf16)
   cudaStream_t compute_;
   std::vector<std::pair<int64_t, int64_t>> buckets_;  // [lo, hi), highest first
   size_t next_ = 0;
