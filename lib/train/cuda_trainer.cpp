@@ -143,6 +143,13 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(!c.precision.bf16, "the CUDA engine computes in bf16: add --bf16 (fp32 training runs with --device cpu)");
   no(c.model.hidden_dropout > 0 || c.model.attention_dropout > 0,
      "dropout is not implemented on the CUDA engine: set --hidden-dropout 0 --attention-dropout 0 (or --device cpu)");
+  if (c.model.hidden_size && c.model.num_attention_heads && *c.model.num_attention_heads > 0) {
+    const int64_t d = c.model.kv_channels.value_or(*c.model.hidden_size / *c.model.num_attention_heads);
+    no(d % 8 != 0 || d > 256, "cuDNN's fused attention needs a head dimension that is a multiple of 8 and at most 256 (this model: " +
+                                  std::to_string(d) + "): change --hidden-size / --num-attention-heads / --kv-channels, or --device cpu");
+    no(*c.model.hidden_size > 8192, "the CUDA norm kernels support hidden sizes up to 8192 (this model: " + std::to_string(*c.model.hidden_size) +
+                                        "): use --device cpu");
+  }
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
   no(c.training.optimizer != "adam", "--optimizer " + c.training.optimizer + " is not implemented on the CUDA engine: use adam");
   no(c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "full" && !c.recompute.recompute_method,

@@ -31,6 +31,10 @@ expect all-errors 2 'micro-batch-size is required' -- "$B" plan --num-layers 4 -
 expect sp-warning 0 'warning: --sequence-parallel has no effect' -- "$B" plan --config configs/gpt2-124m.yaml --sequence-parallel --world-size 1
 expect old-spelling 0 'note: --use-flash-attn is the old spelling' -- "$B" --config configs/gpt2-124m.yaml --use-flash-attn --print-config
 expect help-groups 0 'Mixed precision:' -- "$B" --help
+T="--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2 --lr 1e-3 --train-iters 2 --mock-data --vocab-size 100"
+# --device cuda insists: without a GPU (or, on a GPU machine, for an fp32 run) it says why and exits 2.
+expect device-cuda 2 'device cuda: |computes in bf16: add --bf16' -- "$B" $T --device cuda
+expect recompute-cpu 2 'implemented on the CUDA engine only' -- "$B" $T --device cpu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 
 # The README's first command, shortened: trains and the validation loss falls below the unigram entropy (3.31).
 out=$("$B" --config configs/quickstart.yaml --train-iters 60 --eval-interval 60 --log-interval 20 --log-dir "$tmp/logs" 2>&1); rc=$?
