@@ -174,7 +174,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   // with checkpoints it stays as the host side of save / load, otherwise it is dropped after upload.
   const auto& ck = cfg.checkpoint;
   auto host = std::make_unique<GPTModel>(cfg, groups);
-  auto host_opt = std::make_unique<Optimizer>(cfg, host->params(), groups);
+  // The host optimizer (fp32 master weights, Adam moments) exists only to load or save checkpoints.
+  std::unique_ptr<Optimizer> host_opt;
+  if (ck.load || ck.save) host_opt = std::make_unique<Optimizer>(cfg, host->params(), groups);
   LossScaler scaler(cfg);
   TrainState state;
   bool loaded = false;
@@ -198,11 +200,14 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   const int64_t P = layout.numel();
   // Master weights: the optimizer's fp32 copy when it has one (bf16 training), flat and aligned with the
   // parameters since one rank owns every range.
-  for (const auto& s : host_opt->segments()) {
-    if (s.state != s.begin) throw std::logic_error("CUDA trainer: optimizer state not aligned with the parameters");
+  if (host_opt) {
+    for (const auto& s : host_opt->segments()) {
+      if (s.state != s.begin) throw std::logic_error("CUDA trainer: optimizer state not aligned with the parameters");
+    }
   }
+  // Without a host optimizer the layout's parameters are still the unrounded initial values: the master.
   CudaGPT model(cfg, layout, stream);
-  if (host_opt->master()) {
+  if (host_opt && host_opt->master()) {
     MT_CUDA_CHECK(cudaMemcpyAsync(model.master(), host_opt->master(), static_cast<size_t>(P) * 4, cudaMemcpyHostToDevice, stream));
     model.refresh_working();
   }
