@@ -119,11 +119,15 @@ std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& par
     s->pieces.push_back({p.name, kind, p.global_shape, p.local_shape, p.shard_dim, p.shard_rank, p.shard_count, lo, hi, {}});
     sources.push_back(src);
   };
+  // A replicated shard (K/V replication) is written by its first holder only.
   if (who.writes_params) {
-    for (size_t i = 0; i < params.size(); ++i) add(i, "param", 0, params.info(i).numel, params.param(i));
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params.info(i).replica == 0) add(i, "param", 0, params.info(i).numel, params.param(i));
+    }
   }
   if (with_optimizer && who.writes_optimizer) {
     for (const auto& seg : opt.segments()) {
+      if (params.info(seg.param).replica > 0) continue;
       const int64_t off = params.info(seg.param).offset;
       const int64_t lo = seg.begin - off, hi = seg.end - off;
       if (opt.master()) add(seg.param, "master", lo, hi, opt.master() + seg.state);

@@ -45,6 +45,8 @@ class Communicator {
   virtual void barrier() = 0;
   // Every rank's string, in rank order (checkpoint metadata).
   virtual std::vector<std::string> all_gather_strings(const std::string& mine) = 0;
+  // The ranks of this group with the same color, ordered by key (collective: every rank calls it).
+  virtual std::shared_ptr<Communicator> sub_group(int color, int key, const std::string& name) = 0;
 };
 
 class DoneRequest final : public CommRequest {
@@ -81,6 +83,7 @@ class SelfCommunicator final : public Communicator {
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   std::vector<std::string> all_gather_strings(const std::string& mine) override { return {mine}; }
+  std::shared_ptr<Communicator> sub_group(int, int, const std::string&) override { return std::make_shared<SelfCommunicator>(); }
 
  private:
   static void copy(const float* s, float* d, int64_t n) {

@@ -254,6 +254,13 @@ std::vector<std::string> MpiCommunicator::all_gather_strings(const std::string& 
   return out;
 }
 
+std::shared_ptr<Communicator> MpiCommunicator::sub_group(int color, int key, const std::string& name) {
+  MPI_Comm c;
+  check(MPI_Comm_split(comm_, color, key, &c), "Comm_split");
+  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  return std::make_shared<MpiCommunicator>(c, name, watched_);
+}
+
 void mpi_initialize(int* argc, char*** argv) {
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);

@@ -35,6 +35,7 @@ class MpiCommunicator final : public Communicator {
   void broadcast(void* data, int64_t bytes, int root) override;
   void barrier() override;
   std::vector<std::string> all_gather_strings(const std::string& mine) override;
+  std::shared_ptr<Communicator> sub_group(int color, int key, const std::string& name) override;
 
  private:
   template <typename T>

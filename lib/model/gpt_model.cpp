@@ -36,6 +36,8 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp) {
   d.tp_rank = tp_rank;
   d.nh_local = d.nh / tp;
   d.ng_local = std::max<int64_t>(1, d.ng / tp);
+  d.kv_rep = d.ng < tp ? tp / d.ng : 1;
+  d.qh_local = d.ng_local * (d.nh / d.ng);
   d.F_local = d.F / tp;
   d.V_local = d.V / tp;
   d.rms = c.model.normalization == "RMSNorm";
@@ -110,7 +112,16 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
   const float std = static_cast<float>(cfg.model.init_method_std);
   const float out_std = std / std::sqrt(2.0f * static_cast<float>(D.L));
   const int64_t r = D.tp_rank, t = D.tp;
-  if (D.ng < t && t > 1) throw std::runtime_error("--num-query-groups below TP (K/V replication) is not implemented yet");
+  // K/V replication (query groups below TP, as Megatron): the QKV weight is split into whole groups over
+  // the ng groups of kv_rep ranks each; ranks of a group hold the same shard (replica > 0 for all but one).
+  if (D.kv_rep > 1) {
+    kv_group_ = groups_.tp->sub_group(static_cast<int>(r / D.kv_rep), static_cast<int>(r), "kv-replica");
+  }
+  auto qkv_param = [&](const std::string& name, std::vector<int64_t> shape, InitKind init, float sd) {
+    ParamInfo p = make_param(name, std::move(shape), 0, r / D.kv_rep, t / D.kv_rep, init, sd);
+    p.replica = r % D.kv_rep;
+    return params_.add(p);
+  };
   wte_ = params_.add(make_param("embedding.word_embeddings.weight", {D.V, D.h}, 0, r, t, InitKind::kNormal, std));
   if (D.learned_pos) {
     wpe_ = params_.add(make_param("embedding.position_embeddings.weight", {D.max_pos, D.h}, -1, r, t, InitKind::kNormal, std));
@@ -121,8 +132,8 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
     Layer ly{};
     ly.ln1_w = params_.add(make_param(p + "input_norm.weight", {D.h}, -1, r, t, InitKind::kOnes, 0));
     if (!D.rms) ly.ln1_b = params_.add(make_param(p + "input_norm.bias", {D.h}, -1, r, t, InitKind::kZeros, 0));
-    ly.qkv_w = params_.add(make_param(p + "attention.qkv.weight", {qkv_rows, D.h}, 0, r, t, InitKind::kNormal, std));
-    if (D.bias) ly.qkv_b = params_.add(make_param(p + "attention.qkv.bias", {qkv_rows}, 0, r, t, InitKind::kZeros, 0));
+    ly.qkv_w = qkv_param(p + "attention.qkv.weight", {qkv_rows, D.h}, InitKind::kNormal, std);
+    if (D.bias) ly.qkv_b = qkv_param(p + "attention.qkv.bias", {qkv_rows}, InitKind::kZeros, 0);
     ly.proj_w = params_.add(make_param(p + "attention.proj.weight", {D.h, D.nh * D.d}, 1, r, t, InitKind::kNormal, out_std));
     if (D.bias) ly.proj_b = params_.add(make_param(p + "attention.proj.bias", {D.h}, -1, r, t, InitKind::kZeros, 0));
     ly.ln2_w = params_.add(make_param(p + "mlp_norm.weight", {D.h}, -1, r, t, InitKind::kOnes, 0));
@@ -220,7 +231,7 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
   R.training = training;
   R.layers.resize(static_cast<size_t>(D.L));
   const float ad = training ? D.attention_dropout : 0.0f;
-  const int64_t qkv_local = D.ng_local * (D.nh_local / D.ng_local + 2) * D.d;
+  const int64_t qkv_local = (D.qh_local + 2 * D.ng_local) * D.d;
   const int64_t fc1_out = D.F_local * (D.swiglu ? 2 : 1);
   auto P = [&](size_t i) { return params_.param(i); };
   auto sz = [](int64_t n) { return static_cast<size_t>(n); };
@@ -253,7 +264,14 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
     A.q.resize(sz(T * D.nh_local * D.d));
     A.k.resize(sz(T * D.ng_local * D.d));
     A.v.resize(sz(T * D.ng_local * D.d));
-    cpu::qkv_split(A.q.data(), A.k.data(), A.v.data(), qkv.data(), T, D.nh_local, D.ng_local, D.d);
+    if (D.kv_rep == 1) {
+      cpu::qkv_split(A.q.data(), A.k.data(), A.v.data(), qkv.data(), T, D.nh_local, D.ng_local, D.d);
+    } else {  // the group's query heads, then this rank's nh_local of them
+      Buf q_all(sz(T * D.qh_local * D.d));
+      cpu::qkv_split(q_all.data(), A.k.data(), A.v.data(), qkv.data(), T, D.qh_local, D.ng_local, D.d);
+      const int64_t first = (D.tp_rank % D.kv_rep) * D.nh_local * D.d, w = D.nh_local * D.d;
+      for (int64_t i = 0; i < T; ++i) std::memcpy(&A.q[sz(i * w)], &q_all[sz(i * D.qh_local * D.d + first)], sz(w) * sizeof(float));
+    }
     if (D.rope) {
       cpu::rope_forward(A.q.data(), mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
       cpu::rope_forward(A.k.data(), mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);
@@ -328,7 +346,7 @@ void GPTModel::backward(float scale, bool last_microbatch) {
   const int64_t Tl = D.sequence_parallel ? T / D.tp : T;
   const int64_t t0 = D.sequence_parallel ? D.tp_rank * Tl : 0;
   const float ad = R.training ? D.attention_dropout : 0.0f;
-  const int64_t qkv_local = D.ng_local * (D.nh_local / D.ng_local + 2) * D.d;
+  const int64_t qkv_local = (D.qh_local + 2 * D.ng_local) * D.d;
   const int64_t fc1_out = D.F_local * (D.swiglu ? 2 : 1);
   auto P = [&](size_t i) { return params_.param(i); };
   auto G = [&](size_t i) { return params_.grad(i); };
@@ -392,13 +410,26 @@ void GPTModel::backward(float scale, bool last_microbatch) {
       cpu::rope_backward(dk.data(), mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);
     }
     Buf dqkv(sz(T * qkv_local));
-    cpu::qkv_merge(dqkv.data(), dq.data(), dk.data(), dv.data(), T, D.nh_local, D.ng_local, D.d);
+    if (D.kv_rep == 1) {
+      cpu::qkv_merge(dqkv.data(), dq.data(), dk.data(), dv.data(), T, D.nh_local, D.ng_local, D.d);
+    } else {  // zero for the group's query heads other ranks own; their gradients arrive in the replica sum
+      Buf dq_all(sz(T * D.qh_local * D.d), 0.0f);
+      const int64_t first = (D.tp_rank % D.kv_rep) * D.nh_local * D.d, w = D.nh_local * D.d;
+      for (int64_t i = 0; i < T; ++i) std::memcpy(&dq_all[sz(i * D.qh_local * D.d + first)], &dq[sz(i * w)], sz(w) * sizeof(float));
+      cpu::qkv_merge(dqkv.data(), dq_all.data(), dk.data(), dv.data(), T, D.qh_local, D.ng_local, D.d);
+    }
     cpu::linear_backward(dfull.data(), G(ly.qkv_w), D.bias ? G(ly.qkv_b) : nullptr, dqkv.data(), A.ln1_full.data(), P(ly.qkv_w), T, h, qkv_local);
     reduce_tokens(dfull.data(), dlocal.data(), Tl);
     norm_backward(dx.data(), dlocal.data(), A.x.data(), A.mean1.data(), A.rstd1.data(), ly.ln1_w, ly.ln1_b, Tl);
     for (int64_t i = 0; i < Tl * h; ++i) dx[sz(i)] += dx2[sz(i)];
     const size_t next = l + 1 < D.L ? layers_[sz(l + 1)].ln1_w : final_w_;
     all_reduce_replicated_grads(ly.ln1_w, next);
+    if (kv_group_ && finishing_) {
+      // Every replica of the group's QKV block gets the sum: its own query heads' rows from their owner,
+      // and the K/V rows from all the group's query heads.
+      kv_group_->all_reduce(G(ly.qkv_w), params_.info(ly.qkv_w).numel, ReduceOp::kSum);
+      if (D.bias) kv_group_->all_reduce(G(ly.qkv_b), params_.info(ly.qkv_b).numel, ReduceOp::kSum);
+    }
     ready(ly.ln1_w);
   }
   dropout_tokens(dx.data(), t0, Tl, -1, 0, true);

@@ -25,6 +25,9 @@ struct Microbatch {
 struct ModelDims {
   int64_t L, h, nh, ng, d, F, V, S, max_pos;
   int64_t tp, tp_rank, nh_local, ng_local, F_local, V_local;
+  // --num-query-groups below TP: each group's K/V (and its whole QKV block) is replicated on kv_rep TP
+  // ranks, each computing its nh_local query heads of it. qh_local: query heads in the local QKV rows.
+  int64_t kv_rep, qh_local;
   bool rms, swiglu, bias, rope, learned_pos, tied, sequence_parallel;
   float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
   int64_t rot_dim;
@@ -73,6 +76,7 @@ class GPTModel {
   void norm_backward(float* dx, const float* dout, const float* x, const float* mean, const float* rstd, size_t w, size_t b,
                      int64_t n);
   bool finishing_ = true;  // the running backward is the iteration's last
+  std::shared_ptr<Communicator> kv_group_;  // the TP ranks sharing this rank's K/V (kv_rep > 1)
 };
 
 }  // namespace mt

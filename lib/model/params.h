@@ -19,6 +19,9 @@ struct ParamInfo {
   std::vector<int64_t> local_shape;   // shape of this rank's shard
   int shard_dim = -1;                 // dimension split over TP (-1: replicated)
   int64_t shard_rank = 0, shard_count = 1;
+  // > 0: this rank holds a copy of the shard another TP rank also holds (the K/V replication of
+  // --num-query-groups below TP): it is neither written to checkpoints nor counted in norms here.
+  int64_t replica = 0;
   InitKind init = InitKind::kNormal;
   float init_std = 0.02f;
   bool weight_decay = true;           // Megatron: no decay on biases and norm weights

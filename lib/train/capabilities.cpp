@@ -18,8 +18,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
      "activation recompute (--recompute-granularity) is implemented on the CUDA engine only: drop it on the CPU engine (it keeps all activations)");
   no(c.model.qk_layernorm, "--qk-layernorm is not implemented yet");
-  no(p.tensor_model_parallel_size > 1 && c.model.group_query_attention && c.model.num_query_groups < p.tensor_model_parallel_size,
-     "--num-query-groups below --tensor-model-parallel-size (K/V replication) is not implemented yet: use TP <= query groups");
   no(c.data.dataloader_type == "cyclic" || c.data.dataloader_type == "external",
      "--dataloader-type " + c.data.dataloader_type + " is not implemented: megatrain reads samples in order (single)");
   const std::string tok = c.data.tokenizer_type.value_or("");

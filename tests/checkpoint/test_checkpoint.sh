@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_checkpoint.sh: checkpoints as a user meets them. Exact resume (1 rank, TP2 x DP2), resharding
-# (TP2 x DP2 + distributed optimizer -> 1 rank), kill -9 during saves, corrupt shards, shape
+# (TP2 x DP2 + distributed optimizer -> 1 rank; TP4 with K/V replication -> 1 rank, TP2), kill -9 during saves, corrupt shards, shape
 # mismatches, async save with keep-last, --no-save-optim / --finetune.
 # Usage: test_checkpoint.sh path/to/megatrain (from the repository root).
 set -u
@@ -49,6 +49,21 @@ V=(--vocab-size 100 --make-vocab-size-divisible-by 48)
 out=$("${MPI[@]}" -np 2 "$B" "${M[@]}" "${V[@]}" --tensor-model-parallel-size 2 --load "$tmp/ck3" --log-dir "$tmp/k" 2>&1); rc=$?
 if [[ $rc -eq 0 && $(losses "$tmp/k" | wc -l) -eq 4 ]] && grep -q "continuing after iteration 4" <<<"$out"; then
   ok "reshard across vocabulary padding (TP1 -> TP2)"; else bad "vocab padding reshard: rc=$rc"; tail -3 <<<"$out"; fi
+
+# 3c. K/V replication (2 query groups on TP4: each group's QKV block on two ranks, written once): the TP4
+# checkpoint continues on 1 rank and on TP2 like the uninterrupted TP4 run.
+# (--make-vocab-size-divisible-by 32 pads the vocabulary to 128 at TP 1, 2 and 4 alike: the same model.)
+Q=(--group-query-attention --num-query-groups 2)
+M=("${M[@]/#64/32}")
+"${MPI[@]}" -np 4 "$B" "${M[@]}" "${Q[@]}" --tensor-model-parallel-size 4 --log-dir "$tmp/q1" >/dev/null 2>&1
+"${MPI[@]}" -np 4 "$B" "${M[@]}" "${Q[@]}" --tensor-model-parallel-size 4 --save "$tmp/ck_kv" --save-interval 100 --exit-interval 4 >/dev/null 2>&1
+"$B" "${M[@]}" "${Q[@]}" --load "$tmp/ck_kv" --log-dir "$tmp/q2" >/dev/null 2>&1
+"${MPI[@]}" -np 2 "$B" "${M[@]}" "${Q[@]}" --tensor-model-parallel-size 2 --load "$tmp/ck_kv" --log-dir "$tmp/q3" >/dev/null 2>&1
+for run in q2 q3; do
+  if paste <(losses "$tmp/q1" | tail -4) <(losses "$tmp/$run") | awk '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > 1e-5*$1) bad=1} END{exit bad || NR!=4}'; then
+    ok "reshard TP4 with K/V replication -> $([[ $run == q2 ]] && echo "1 rank" || echo "TP2")"
+  else bad "K/V replication reshard -> $run"; paste <(losses "$tmp/q1" | tail -4) <(losses "$tmp/$run"); fi
+done
 
 # 4. kill -9 during saves, repeatedly: the directory always loads (and verifies).
 BIG=(--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32

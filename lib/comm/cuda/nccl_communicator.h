@@ -38,6 +38,7 @@ class NcclCommunicator final : public Communicator {
   void barrier() override;
   // Host strings belong to the MPI (or self) communicator of ProcessGroups::checkpoint.
   std::vector<std::string> all_gather_strings(const std::string& mine) override;
+  std::shared_ptr<Communicator> sub_group(int color, int key, const std::string& name) override { return split(color, key, name); }
 
   // Stream-ordered use from a compute stream, no host wait: the all-reduce starts once the work queued so
   // far on `after` is done; join(s) makes stream s wait for every collective queued so far.
