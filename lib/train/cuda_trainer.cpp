@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "comm/mpi_communicator.h"
 #include "config/errors.h"
 #include "data/token_source.h"
 #include "kernels/cuda/embedding.h"
@@ -60,10 +62,12 @@ class MicrobatchSlot {
     cudaEventDestroy(copied_);
   }
   static inline double wait_ms = 0;  // host time spent waiting for staging buffers
-  DeviceMicrobatch upload(const Microbatch& mb, bool learned_pos, int64_t V, int64_t max_pos, cudaStream_t stream) {
+  // `wait` blocks until an event completes (through the data-parallel communicator's watchdog when there is one).
+  DeviceMicrobatch upload(const Microbatch& mb, bool learned_pos, int64_t V, int64_t max_pos, cudaStream_t stream,
+                          const std::function<void(cudaEvent_t)>& wait) {
     if (used_) {  // the last copy out of this buffer finished (bounds the host's run-ahead to two iterations)
       const auto t0 = std::chrono::steady_clock::now();
-      MT_CUDA_CHECK(cudaEventSynchronize(copied_));
+      wait(copied_);
       wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
     used_ = true;
@@ -121,6 +125,8 @@ T* device_zeros(size_t n) {
   T* p = nullptr;
   MT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
   MT_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(T)));
+  // The training stream is non-blocking (not ordered with the legacy stream this memset runs on).
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
   return p;
 }
 
@@ -218,11 +224,14 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   if (loaded) {
     MT_CUDA_CHECK(cudaMemcpyAsync(m, host_opt->exp_avg(), static_cast<size_t>(P) * 4, cudaMemcpyHostToDevice, stream));
     MT_CUDA_CHECK(cudaMemcpyAsync(v, host_opt->exp_avg_sq(), static_cast<size_t>(P) * 4, cudaMemcpyHostToDevice, stream));
-    cuda::StepState init{};
-    init.t = static_cast<int32_t>(host_opt->iterations());
-    init.skipped_total = static_cast<int32_t>(state.skipped);
-    MT_CUDA_CHECK(cudaMemcpyAsync(st, &init, sizeof(init), cudaMemcpyHostToDevice, stream));
   }
+  if (state.iteration > 0 || loaded) {
+    cuda::StepState init{};
+    init.t = loaded ? static_cast<int32_t>(host_opt->iterations()) : 0;
+    init.skipped_total = static_cast<int32_t>(state.skipped);
+    MT_CUDA_CHECK(cudaMemcpy(st, &init, sizeof(init), cudaMemcpyHostToDevice));
+  }
+  MT_CUDA_CHECK(cudaDeviceSynchronize());  // setup copies (some from pageable memory) done before the first step
   // The multi-tensor table: chunks of at most 64 Ki elements, each inside one parameter.
   std::vector<cuda::AdamChunk> chunks;
   for (const auto& p : layout.infos()) {
@@ -292,6 +301,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   res.skipped = state.skipped;
   res.nan_iterations = state.nan_iterations;
   std::unique_ptr<CheckpointSaver> saver;
+  if (ck.async_save && groups.world->size() > 1 && !mpi_thread_multiple()) {
+    throw ConfigError("--async-save needs MPI_THREAD_MULTIPLE, which this MPI library did not grant: drop --async-save");
+  }
   if (ck.save) saver = std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, ck.ckpt_keep_last, groups.checkpoint);
   const int64_t resumed_samples = state.consumed_samples, resumed_from = state.iteration;
   const double loaded_flops = state.flops_so_far;
@@ -306,15 +318,30 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   float* avg_buf = device_zeros<float>(static_cast<size_t>(cfg.logging.log_interval) + 1);
   auto dp_average = [&](float* values, int64_t n) {
     MT_CUDA_CHECK(cudaMemcpy(avg_buf, values, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+    MT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may still be in flight; NCCL's stream is not ordered with it
     groups.dp_cp->all_reduce(avg_buf, n, ReduceOp::kAvg);
     MT_CUDA_CHECK(cudaMemcpy(values, avg_buf, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
   };
+  // Every host wait on the device goes through here: with data parallelism it polls the NCCL communicator,
+  // so a dead peer ends the job after --distributed-timeout-seconds instead of hanging it.
+  const std::function<void(cudaEvent_t)> wait_event = [&](cudaEvent_t ev) {
+#ifdef MEGATRAIN_HAVE_NCCL
+    if (ddp) {
+      ddp->comm().wait_event(ev, "training step");
+      return;
+    }
+#endif
+    MT_CUDA_CHECK(cudaEventSynchronize(ev));
+  };
+  cudaEvent_t drained = nullptr;
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&drained, cudaEventDisableTiming));
+  auto wait_stream = [&]() {
+    MT_CUDA_CHECK(cudaEventRecord(drained, stream));
+    wait_event(drained);
+  };
   auto read_state = [&]() {
     cuda::StepState h{};
-#ifdef MEGATRAIN_HAVE_NCCL
-    if (ddp) ddp->comm().wait_stream("gradient all-reduce");  // bounded: a dead peer aborts, not hangs
-#endif
-    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    wait_stream();
     MT_CUDA_CHECK(cudaMemcpy(&h, st, sizeof(h), cudaMemcpyDeviceToHost));
     return h;
   };
@@ -362,7 +389,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       for (float x : mb.loss_mask) denom += x;
       denom = std::max(denom, 1.0);
       MicrobatchSlot& slot = *slots[static_cast<size_t>((it % 2) * nmb + mi)];
-      const DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.V, D.max_pos, stream);
+      const DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.V, D.max_pos, stream, wait_event);
       const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb)));
       model.step(d, w_mb, w_mb, &st->loss_acc);
     }
@@ -443,16 +470,21 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       }
       pending_iters.clear();
       pending_lr.clear();
-      if (h.nonfinite_run >= cfg.training.exit_on_nan_count) {
-        throw std::runtime_error("loss or gradient norm was not finite for " + std::to_string(h.nonfinite_run) +
-                                 " iterations in a row (last at iteration " + std::to_string(it) +
+      // The device counts every run of non-finite steps (each one skipped); the longest is checked here.
+      if (h.max_nonfinite_run >= cfg.training.exit_on_nan_count) {
+        throw std::runtime_error("loss or gradient norm was not finite for " + std::to_string(h.max_nonfinite_run) +
+                                 " iterations in a row (seen at the log of iteration " + std::to_string(it) +
                                  "): lower --lr, raise --lr-warmup-iters or check the data");
       }
       interval_start = Clock::now();
       excluded_secs = 0;
     }
+    const bool evaluating = has_valid && (it % cfg.logging.eval_interval == 0 || it == iters);
+    const bool exiting = cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0;
+    const bool saving = saver && (it % *ck.save_interval == 0 || it == iters || exiting);
+    if (evaluating || saving) read_state();  // the queued training work counts as training time, not as side work
     const auto side_start = Clock::now();
-    if (has_valid && (it % cfg.logging.eval_interval == 0 || it == iters)) {
+    if (evaluating) {
       MT_CUDA_CHECK(cudaMemsetAsync(eval_acc, 0, 4, stream));
       int64_t n = 0;
       for (int64_t e = 0; e < cfg.logging.eval_iters; ++e) {
@@ -460,13 +492,13 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
           const Microbatch mb = make_microbatch(*src, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
           double denom = 0;
           for (float x : mb.loss_mask) denom += x;
-          const DeviceMicrobatch d = eval_slot.upload(mb, D.learned_pos, D.V, D.max_pos, stream);
+          const DeviceMicrobatch d = eval_slot.upload(mb, D.learned_pos, D.V, D.max_pos, stream, wait_event);
           model.step(d, 0.0f, static_cast<float>(1.0 / std::max(denom, 1.0)), eval_acc);
           ++n;
         }
       }
       float acc = 0;
-      MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+      wait_stream();
       MT_CUDA_CHECK(cudaMemcpy(&acc, eval_acc, 4, cudaMemcpyDeviceToHost));
       float vlf = acc / static_cast<float>(std::max<int64_t>(n, 1));
       if (dp > 1) dp_average(&vlf, 1);
@@ -475,15 +507,15 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
       if (metrics) *metrics << nlohmann::json{{"iteration", it}, {"validation_lm_loss", vl}}.dump() << "\n" << std::flush;
     }
-    const bool exiting = cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0;
-    if (saver && (it % *ck.save_interval == 0 || it == iters || exiting)) save_now(it);
+    if (saving) save_now(it);
     excluded_secs += std::chrono::duration<double>(Clock::now() - side_start).count();
     if (exiting) {
       if (lead) std::cout << "megatrain: exiting at iteration " << it << " (--exit-interval)\n";
       break;
     }
   }
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  wait_stream();
+  cudaEventDestroy(drained);
   if (saver) saver->wait();
   for (void* p : {static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(st), static_cast<void*>(partials),
                   static_cast<void*>(d_chunks), static_cast<void*>(eval_acc), static_cast<void*>(avg_buf), static_cast<void*>(loss_hist), static_cast<void*>(norm_hist)}) {

@@ -2,6 +2,7 @@
 #include "comm/cuda/nccl_communicator.h"
 
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -54,10 +55,14 @@ NcclCommunicator::~NcclCommunicator() {
   if (!aborted_) ncclCommDestroy(comm_);
 }
 
-void NcclCommunicator::wait_stream(const char* op) {
+void NcclCommunicator::wait_stream(const char* op) { wait_until([this] { return cudaStreamQuery(stream_); }, op); }
+
+void NcclCommunicator::wait_event(cudaEvent_t event, const char* op) { wait_until([event] { return cudaEventQuery(event); }, op); }
+
+void NcclCommunicator::wait_until(const std::function<cudaError_t()>& query, const char* op) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
-    const cudaError_t q = cudaStreamQuery(stream_);
+    const cudaError_t q = query();
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) MT_CUDA_CHECK(q);
     ncclResult_t async = ncclSuccess;

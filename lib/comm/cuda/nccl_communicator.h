@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <functional>
 #include <string>
 
 #include "comm/communicator.h"
@@ -46,6 +47,9 @@ class NcclCommunicator final : public Communicator {
   // The same on bf16 data (--grad-reduce-in-bf16).
   void all_reduce_bf16_after(void* data, int64_t n, ReduceOp op, cudaStream_t after);
   void join(cudaStream_t s);
+  // Waits for `event` (recorded on any stream whose work depends on this communicator's), watching for NCCL
+  // errors and the timeout like wait_stream: a dead peer aborts the job instead of hanging it.
+  void wait_event(cudaEvent_t event, const char* op);
   // Waits for the work queued so far on this communicator's stream, watching for NCCL errors and the
   // timeout; throws std::runtime_error (after aborting the communicator) on either.
   void wait_stream(const char* op);
@@ -54,6 +58,7 @@ class NcclCommunicator final : public Communicator {
 
  private:
   std::unique_ptr<CommRequest> pending(const char* op);
+  void wait_until(const std::function<cudaError_t()>& query, const char* op);
   ncclComm_t comm_;
   std::string name_;
   int64_t timeout_s_;

@@ -1,4 +1,5 @@
-// activation_bf16.cu: elementwise, two bf16 values per thread step (the row lengths used are even).
+// activation_bf16.cu: elementwise; eight bf16 values per thread step (16-byte loads) where sizes and
+// alignment allow, one otherwise.
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/bf16_common.cuh"
 #include "tensor/cuda/cuda_check.h"

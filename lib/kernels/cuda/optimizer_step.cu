@@ -32,6 +32,7 @@ __global__ void prepare_kernel(StepState* st, const float* partials, float max_n
   if (bad) {
     st->skipped_total += 1;
     st->nonfinite_run += 1;
+    st->max_nonfinite_run = max(st->max_nonfinite_run, st->nonfinite_run);
     return;
   }
   st->nonfinite_run = 0;

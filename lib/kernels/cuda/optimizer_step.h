@@ -23,6 +23,7 @@ struct StepState {
   float loss_acc;         // accumulates over microbatches
   int32_t skipped_total;  // iterations skipped so far
   int32_t nonfinite_run;  // consecutive non-finite iterations
+  int32_t max_nonfinite_run;  // the longest such run so far (the host checks it at log intervals)
 };
 
 struct AdamChunk {
@@ -32,7 +33,7 @@ struct AdamChunk {
 };
 
 constexpr int kNormPartials = 1024;
-// partials[kNormPartials] of sum(g^2 * inv_scale^2).
+// partials[kNormPartials] of sum(g^2) (unscaled by the loss scale: step_prepare applies it).
 void grad_sumsq_partials(float* partials, const float* g, int64_t n, cudaStream_t stream);
 // From the partials and loss_acc: norm, clip, skip, t and the bias corrections; loss = loss_acc * loss_weight; loss_acc reset.
 void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, float inv_loss_scale,

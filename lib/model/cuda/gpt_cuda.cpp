@@ -185,7 +185,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   // Fail here, with the shape named, rather than in the first step.
   const std::string why = cuda::CudnnSdpa::instance().check({*cfg.training.micro_batch_size, D.S, D.nh, D.ng, D.d, D.softmax_scale});
   if (!why.empty()) throw std::runtime_error(why);
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // The RoPE table went up on the legacy stream, which the (non-blocking) training stream does not wait for.
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 CudaGPT::~CudaGPT() {
