@@ -67,6 +67,14 @@ constexpr cudaDataType_t kBF = CUDA_R_16BF;
 CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream) : D_(model_dims(cfg, 0, 1)), stream_(stream) {
   const ModelDims& D = D_;
   numel_ = layout.numel();
+  // Every parameter is a view into the flat buffers; cuBLASLt's kernels load 16-byte vectors, so each view
+  // must start on a multiple of 8 elements (true when hidden, FFN and vocabulary sizes are multiples of 8).
+  for (const auto& p : layout.infos()) {
+    if (p.offset % 8 != 0) {
+      throw std::runtime_error("the CUDA engine needs every parameter to start on a multiple of 8 elements; " + p.name +
+                               " does not (make --hidden-size, --ffn-hidden-size and the padded vocabulary multiples of 8), or use --device cpu");
+    }
+  }
   master_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
   grads_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
   w16_ = static_cast<bf16*>(alloc(static_cast<size_t>(numel_) * 2));
