@@ -80,9 +80,9 @@ RankParams params_on_rank(const Config& c, int64_t stage) {
   RankParams r;
   // Column-parallel outputs and row-parallel inputs are split over TP; norms and row-parallel biases
   // are replicated.
-  // With fewer query groups than TP, K/V heads are replicated so each rank has one group.
-  const int64_t kv_local = std::max<int64_t>(1, s.g / tp) * s.d * 2;
-  const int64_t qkv_local = (s.n * s.d) / tp + (s.g >= tp ? 2 * s.g * s.d / tp : kv_local);
+  // With fewer query groups than TP, each rank holds its group's whole QKV block (the group's query heads
+  // and its K/V), replicated on TP / groups ranks (gpt_model.cpp's K/V replication).
+  const int64_t qkv_local = s.g >= tp ? (s.n * s.d + 2 * s.g * s.d) / tp : (s.n / s.g + 2) * s.d;
   int64_t attn = s.h * qkv_local + s.bias * qkv_local + (s.n * s.d / tp) * s.h + s.bias * s.h + s.norm * s.h;
   if (c.model.qk_layernorm) attn += 2 * s.norm * s.d;
   auto mlp_local = [&](int64_t F, int64_t t) {

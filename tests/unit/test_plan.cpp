@@ -77,3 +77,15 @@ TEST_CASE("memory model: recompute lowers activations, layers change nothing els
   const double none = estimate_memory(c).activations;
   CHECK(none >= sel);
 }
+
+TEST_CASE("parameters per rank with K/V replication match the model's shard") {
+  // LLaMA-3 8B layout on TP 16: 8 query groups, so each group's QKV block lives on two ranks.
+  Config c = recipe("llama3-8b", 16);
+  c.parallel.tensor_model_parallel_size = 16;
+  c.parallel.pipeline_model_parallel_size = 1;
+  resolve(c, 16);
+  const int64_t h = 4096, d = 128, layers = 32, V = c.derived.padded_vocab_size;
+  const int64_t qkv = (32 / 8 + 2) * d * h;                           // the group's 4 query heads + K + V
+  const int64_t per_layer = qkv + (32 * d / 16) * h + 3 * (14336 / 16) * h + 2 * h;  // + proj, MLP, norms
+  CHECK(params_on_rank(c, 0).total() == layers * per_layer + 2 * (V / 16) * h + h);
+}

@@ -15,6 +15,8 @@
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "tensor/dtype.h"
+#include "tensor/device_info.h"
+#include "train/cuda_trainer.h"
 #include "train/trainer.h"
 
 using namespace mt;
@@ -191,4 +193,34 @@ TEST_CASE("AdamW step: decoupled decay, bias correction, no decay on norms; bf16
   // First Adam step: m/bc1 = g, v/bc2 = g^2, update = g/(|g|+eps) ~ 1.
   CHECK(ps.param(0)[0] == round_bf16(static_cast<float>(1.0 - 0.01 * (1.0 + 0.1 * 1.0))));
   CHECK(ps.param(1)[0] == round_bf16(static_cast<float>(1.0 - 0.01 * 1.0)));
+}
+
+TEST_CASE("the CUDA engine names what it does not run") {
+  Config c;
+  apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
+  resolve(c, 1, 257);
+  auto gaps_text = [](const std::vector<std::string>& g) {
+    std::string all;
+    for (const auto& s : g) all += s + "\n";
+    return all;
+  };
+  if (!built_with_cuda()) {
+    CHECK_THAT(gaps_text(cuda_engine_gaps(c, 1)), MT_CONTAINS("no CUDA backend"));
+    return;
+  }
+  CHECK_THAT(gaps_text(cuda_engine_gaps(c, 1)), MT_CONTAINS("add --bf16"));  // the quickstart is fp32
+  c.precision.bf16 = true;
+  CHECK(cuda_engine_gaps(c, 1).empty());
+  Config d = c;
+  d.model.hidden_dropout = 0.1;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(d, 1)), MT_CONTAINS("--hidden-dropout 0"));
+  Config e = c;
+  e.model.kv_channels = 12;  // head dimension 12
+  CHECK_THAT(gaps_text(cuda_engine_gaps(e, 1)), MT_CONTAINS("multiple of 8"));
+  Config t = c;
+  t.parallel.tensor_model_parallel_size = 2;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(t, 2)), MT_CONTAINS("tensor parallelism is not implemented on the CUDA engine"));
+  Config o = c;
+  o.training.use_distributed_optimizer = true;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(o, 2)), MT_CONTAINS("--use-distributed-optimizer"));
 }
