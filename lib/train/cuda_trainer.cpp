@@ -255,7 +255,10 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
 #else
   if (dp > 1) throw std::logic_error("CUDA trainer: data parallelism needs NCCL");
 #endif
-  const bool keep_host = ck.save.has_value();
+  // Only data-parallel rank 0 writes checkpoints (every replica holds the same state), so only it keeps the
+  // host model and optimizer after the upload; the others take part in the save with an empty shard.
+  const bool writer = dp_rank == 0;
+  const bool keep_host = ck.save.has_value() && writer;
   if (!keep_host) {
     host_opt.reset();
     host.reset();
@@ -347,6 +350,16 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   };
   auto save_now = [&](int64_t it) {
     const cuda::StepState h = read_state();
+    if (!writer) {
+      auto empty = std::make_unique<Snapshot>();
+      empty->who.world_rank = groups.world->rank();
+      empty->who.world_size = groups.world->size();
+      empty->who.writes_params = empty->who.writes_optimizer = false;
+      empty->state.iteration = it;
+      empty->layout_json = "{}";
+      saver->save(std::move(empty));
+      return;
+    }
     float* master_host = host_opt->master() ? host_opt->master() : host->params().params().f32();
     MT_CUDA_CHECK(cudaMemcpy(master_host, model.master(), static_cast<size_t>(P) * 4, cudaMemcpyDeviceToHost));
     MT_CUDA_CHECK(cudaMemcpy(host_opt->exp_avg(), m, static_cast<size_t>(P) * 4, cudaMemcpyDeviceToHost));
