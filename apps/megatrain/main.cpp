@@ -1,7 +1,9 @@
 // main.cpp: megatrain's entry point. Dispatches subcommands and turns errors into one clear line
 // and a non-zero exit.
 #include <cstring>
+#include <chrono>
 #include <iostream>
+#include <thread>
 #include <string>
 
 #include "commands.h"
@@ -29,6 +31,14 @@ bool is_lead_rank() {
   }
 }
 
+// Every rank finds the same configuration errors and rank 0 reports them. The other ranks wait a moment
+// before exiting: mpirun tears the job down at the first non-zero exit, which could otherwise cut rank 0
+// off before its message is out.
+int config_error_exit() {
+  if (!is_lead_rank()) std::this_thread::sleep_for(std::chrono::seconds(2));
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,12 +60,12 @@ int main(int argc, char** argv) {
   } catch (const mt::ConfigErrors& e) {
     // Every rank finds the same configuration errors: rank 0 says them.
     if (is_lead_rank()) {
-      for (const auto& m : e.messages) std::cerr << "megatrain: error: " << m << "\n";
+      for (const auto& m : e.messages) std::cerr << "megatrain: error: " << m << "\n" << std::flush;
     }
-    return 2;
+    return config_error_exit();
   } catch (const mt::ConfigError& e) {
-    if (is_lead_rank()) std::cerr << "megatrain: error: " << e.what() << "\n";
-    return 2;
+    if (is_lead_rank()) std::cerr << "megatrain: error: " << e.what() << "\n" << std::flush;
+    return config_error_exit();
   } catch (const mt::DataError& e) {
     std::cerr << "megatrain: error: " << e.what() << "\n";
     return 2;
