@@ -31,9 +31,10 @@ Config make_config(const std::string& model, const std::string& layout_flags) {
       // Adam turns rounding-level gradients (the key bias's is exactly zero in exact arithmetic) into
       // full-size steps; an epsilon above that level keeps the comparison about the maths.
       "--adam-eps 1e-4 ";
-  if (model == "llama") {
-    base += "--normalization RMSNorm --swiglu --ffn-hidden-size 48 --position-embedding-type rope "
-            "--group-query-attention --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear ";
+  if (model == "llama" || model == "llama-mqa") {
+    // llama-mqa: one K/V head for all four query heads (multi-query attention).
+    base += "--normalization RMSNorm --swiglu --ffn-hidden-size 48 --position-embedding-type rope --group-query-attention "
+            "--num-query-groups " + std::string(model == "llama" ? "2" : "1") + " --untie-embeddings-and-output-weights --disable-bias-linear ";
   }
   CLI::App app;
   ConfigCli cli(app);
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (argc < 2) {
-    if (rank == 0) std::fprintf(stderr, "usage: test_parity <gpt|llama> [layout flags]\n");
+    if (rank == 0) std::fprintf(stderr, "usage: test_parity <gpt|llama|llama-mqa> [layout flags]\n");
     mpi_finalize();
     return 2;
   }
