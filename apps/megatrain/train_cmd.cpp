@@ -23,11 +23,11 @@ namespace {
 // The CUDA engine: one GPU per rank (the local rank picks it); more than one rank trains data-parallel over
 // NCCL, the unique id shared over MPI (mpirun / srun) or the TCP rendezvous (torchrun-style launches).
 int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, char**& argv) {
-  const bool lead = launch.rank == 0;
   ProcessGroups groups = ProcessGroups::single();
-  const int ngpu = static_cast<int>(visible_gpus().size());
   if (launch.world_size > 1) {
 #ifdef MEGATRAIN_HAVE_NCCL
+    const bool lead = launch.rank == 0;
+    const int ngpu = static_cast<int>(visible_gpus().size());
     set_cuda_device(static_cast<int>(launch.local_rank % ngpu));
     if (launch.kind != LauncherKind::kTorchrun) mpi_initialize(&argc, &argv);
     const RankLayout layout = RankLayout::from_config(cfg, launch.world_size);
@@ -45,6 +45,8 @@ int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, ch
                 << "\n";
     }
 #else
+    (void)argc;
+    (void)argv;
     throw ConfigError("this build has no NCCL: multi-rank CUDA training is not available");
 #endif
   }
@@ -83,7 +85,7 @@ int run_train(int argc, char** argv) {
   std::vector<std::string> cuda_gaps;
   std::string no_cuda_reason;
   if (!built_with_cuda()) {
-    no_cuda_reason = "this build has no CUDA backend (nvcc was not found at configure time)";
+    no_cuda_reason = "this build has no CUDA backend (nvcc or cuDNN 9 was missing at configure time)";
   } else if (gpus.empty()) {
     no_cuda_reason = gpu_unavailable_reason();
   } else {

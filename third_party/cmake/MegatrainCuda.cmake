@@ -22,14 +22,23 @@ if(NOT MEGATRAIN_CUDA STREQUAL "OFF")
     find_library(MEGATRAIN_CUDNN_LIB cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/local/cuda/lib
                  /usr/lib/x86_64-linux-gnu)
     if(NOT MEGATRAIN_CUDNN_INCLUDE OR NOT MEGATRAIN_CUDNN_LIB)
-      message(FATAL_ERROR "megatrain: cuDNN 9 was not found (cudnn_graph.h / libcudnn): install cuDNN 9 for CUDA, or configure "
-                          "with -DMEGATRAIN_CUDA=OFF for a CPU-only build")
+      if(MEGATRAIN_CUDA STREQUAL "ON")
+        message(FATAL_ERROR "megatrain: cuDNN 9 was not found (cudnn_graph.h / libcudnn): install cuDNN 9 for CUDA, or configure "
+                            "with -DMEGATRAIN_CUDA=OFF for a CPU-only build")
+      endif()
+      # AUTO: a toolkit without cuDNN builds the CPU engine only, and says so.
+      message(WARNING "megatrain: nvcc was found but cuDNN 9 was not (cudnn_graph.h / libcudnn): building without the CUDA "
+                      "backend; install cuDNN 9 to train on GPUs")
+      set(MEGATRAIN_HAVE_CUDA OFF)
+    else()
+      message(STATUS "megatrain: cuDNN ${MEGATRAIN_CUDNN_LIB}")
     endif()
-    message(STATUS "megatrain: cuDNN ${MEGATRAIN_CUDNN_LIB}")
     # NCCL: beside the toolkit (/usr/local/cuda) or from the distribution's libnccl-dev.
     find_path(MEGATRAIN_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include /usr/include)
     find_library(MEGATRAIN_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
-    if(MEGATRAIN_NCCL_INCLUDE AND MEGATRAIN_NCCL_LIB)
+    if(NOT MEGATRAIN_HAVE_CUDA)
+      set(MEGATRAIN_HAVE_NCCL OFF)
+    elseif(MEGATRAIN_NCCL_INCLUDE AND MEGATRAIN_NCCL_LIB)
       set(MEGATRAIN_HAVE_NCCL ON)
     else()
       set(MEGATRAIN_HAVE_NCCL OFF)
