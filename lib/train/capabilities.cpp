@@ -1,4 +1,4 @@
-// capabilities.cpp: the honest list of what the engine does not do yet.
+// capabilities.cpp: the honest list of what each engine does not do yet.
 #include "train/capabilities.h"
 
 namespace mt {
@@ -37,10 +37,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   return out;
 }
 
-}  // namespace mt
-
-namespace mt {
-
 std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   std::vector<std::string> out;
   const Config d;
@@ -69,6 +65,43 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   }
   if (c.precision.bf16) out.push_back("note: --bf16 on the CPU engine rounds the weights to bf16 after each step; activations stay fp32");
   return out;
+}
+
+std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
+#ifndef MEGATRAIN_HAVE_CUDA
+  (void)c;
+  (void)world_size;
+  return {"this build has no CUDA backend"};
+#else
+  std::vector<std::string> out;
+  auto no = [&](bool cond, const std::string& msg) {
+    if (cond) out.push_back(msg);
+  };
+  const auto& p = c.parallel;
+#ifndef MEGATRAIN_HAVE_NCCL
+  no(world_size > 1, "this build has no NCCL: the CUDA engine runs one rank only (or use --device cpu for multi-rank runs)");
+#endif
+  no(world_size > 1 && p.tensor_model_parallel_size > 1,
+     "tensor parallelism is not implemented on the CUDA engine yet (data parallelism is): use --tensor-model-parallel-size 1, or --device cpu");
+  no(world_size > 1 && c.training.use_distributed_optimizer,
+     "--use-distributed-optimizer is not implemented on the CUDA engine yet: drop it (each GPU keeps the full optimizer state), or --device cpu");
+  no(c.precision.fp16, "--fp16 is not implemented on the CUDA engine (bf16 only): use --bf16");
+  no(!c.precision.bf16, "the CUDA engine computes in bf16: add --bf16 (fp32 training runs with --device cpu)");
+  no(c.model.hidden_dropout > 0 || c.model.attention_dropout > 0,
+     "dropout is not implemented on the CUDA engine: set --hidden-dropout 0 --attention-dropout 0 (or --device cpu)");
+  if (c.model.hidden_size && c.model.num_attention_heads && *c.model.num_attention_heads > 0) {
+    const int64_t d = c.model.kv_channels.value_or(*c.model.hidden_size / *c.model.num_attention_heads);
+    no(d % 8 != 0 || d > 256, "cuDNN's fused attention needs a head dimension that is a multiple of 8 and at most 256 (this model: " +
+                                  std::to_string(d) + "): change --hidden-size / --num-attention-heads / --kv-channels, or --device cpu");
+    no(*c.model.hidden_size > 8192, "the CUDA norm kernels support hidden sizes up to 8192 (this model: " + std::to_string(*c.model.hidden_size) +
+                                        "): use --device cpu");
+  }
+  no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
+  no(c.training.optimizer != "adam", "--optimizer " + c.training.optimizer + " is not implemented on the CUDA engine: use adam");
+  no(c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "full" && !c.recompute.recompute_method,
+     "--recompute-granularity full needs --recompute-method uniform or block");
+  return out;
+#endif
 }
 
 }  // namespace mt

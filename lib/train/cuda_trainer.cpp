@@ -36,6 +36,7 @@
 #include "tensor/cuda/op_profiler.h"
 #include "tensor/device_info.h"
 #include "train/log_line.h"
+#include "train/microbatch_staging.h"
 
 namespace mt {
 namespace {
@@ -48,77 +49,6 @@ double peak_tflops(const std::string& gpu) {
   return -1;
 }
 
-// One microbatch's host staging and device copy: tokens, labels, positions, mask bits, then the two CSRs.
-class MicrobatchSlot {
- public:
-  explicit MicrobatchSlot(int64_t T) : T_(T), n_(static_cast<size_t>(10 * T + 2)) {
-    MT_CUDA_CHECK(cudaMallocHost(&host_, n_ * 4));
-    MT_CUDA_CHECK(cudaMalloc(&dev_, n_ * 4));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
-  }
-  ~MicrobatchSlot() {
-    cudaFreeHost(host_);
-    cudaFree(dev_);
-    cudaEventDestroy(copied_);
-  }
-  static inline double wait_ms = 0;  // host time spent waiting for staging buffers
-  // `wait` blocks until an event completes (through the data-parallel communicator's watchdog when there is one).
-  DeviceMicrobatch upload(const Microbatch& mb, bool learned_pos, int64_t V, int64_t max_pos, cudaStream_t stream,
-                          const std::function<void(cudaEvent_t)>& wait) {
-    if (used_) {  // the last copy out of this buffer finished (bounds the host's run-ahead to two iterations)
-      const auto t0 = std::chrono::steady_clock::now();
-      wait(copied_);
-      wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    }
-    used_ = true;
-    const int64_t T = mb.B * mb.S;
-    int32_t* h = host_;
-    std::memcpy(h, mb.tokens.data(), static_cast<size_t>(T) * 4);
-    std::memcpy(h + T_, mb.labels.data(), static_cast<size_t>(T) * 4);
-    std::memcpy(h + 2 * T_, mb.positions.data(), static_cast<size_t>(T) * 4);
-    std::memcpy(h + 3 * T_, mb.loss_mask.data(), static_cast<size_t>(T) * 4);
-    const auto tok = cuda::build_token_csr(mb.tokens.data(), T, 0, V);
-    put_csr(tok, 4);
-    DeviceMicrobatch d;
-    if (learned_pos) put_csr(cuda::build_token_csr(mb.positions.data(), T, 0, max_pos), 7);
-    MT_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, n_ * 4, cudaMemcpyHostToDevice, stream));
-    MT_CUDA_CHECK(cudaEventRecord(copied_, stream));
-    d.B = mb.B;
-    d.S = mb.S;
-    d.tokens = dev_;
-    d.labels = dev_ + T_;
-    d.positions = dev_ + 2 * T_;
-    d.loss_mask = reinterpret_cast<const float*>(dev_ + 3 * T_);
-    d.tok_ids = dev_ + 4 * T_;
-    d.tok_offsets = dev_ + 5 * T_;
-    d.tok_positions = dev_ + 6 * T_ + 1;
-    d.n_tok_ids = static_cast<int64_t>(tok.ids.size());
-    if (learned_pos) {
-      d.pos_ids = dev_ + 7 * T_ + 1;
-      d.pos_offsets = dev_ + 8 * T_ + 1;
-      d.pos_positions = dev_ + 9 * T_ + 2;
-      d.n_pos_ids = n_pos_;
-    }
-    return d;
-  }
-
- private:
-  // Three arrays from int32 slot `at`: ids (T), offsets (T + 1), positions (T).
-  void put_csr(const cuda::TokenCsr& c, int64_t at) {
-    int32_t* base = host_ + at * T_ + (at == 7 ? 1 : 0);
-    std::memcpy(base, c.ids.data(), c.ids.size() * 4);
-    std::memcpy(base + T_, c.offsets.data(), c.offsets.size() * 4);
-    std::memcpy(base + 2 * T_ + 1, c.positions.data(), c.positions.size() * 4);
-    if (at == 7) n_pos_ = static_cast<int64_t>(c.ids.size());
-  }
-  int64_t T_;
-  size_t n_;
-  int32_t* host_ = nullptr;
-  int32_t* dev_ = nullptr;
-  cudaEvent_t copied_ = nullptr;
-  bool used_ = false;
-  int64_t n_pos_ = 0;
-};
 
 template <typename T>
 T* device_zeros(size_t n) {
@@ -132,36 +62,6 @@ T* device_zeros(size_t n) {
 
 }  // namespace
 
-std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
-  std::vector<std::string> out;
-  auto no = [&](bool cond, const std::string& msg) {
-    if (cond) out.push_back(msg);
-  };
-  const auto& p = c.parallel;
-#ifndef MEGATRAIN_HAVE_NCCL
-  no(world_size > 1, "this build has no NCCL: the CUDA engine runs one rank only (or use --device cpu for multi-rank runs)");
-#endif
-  no(world_size > 1 && p.tensor_model_parallel_size > 1,
-     "tensor parallelism is not implemented on the CUDA engine yet (data parallelism is): use --tensor-model-parallel-size 1, or --device cpu");
-  no(world_size > 1 && c.training.use_distributed_optimizer,
-     "--use-distributed-optimizer is not implemented on the CUDA engine yet: drop it (each GPU keeps the full optimizer state), or --device cpu");
-  no(c.precision.fp16, "--fp16 is not implemented on the CUDA engine (bf16 only): use --bf16");
-  no(!c.precision.bf16, "the CUDA engine computes in bf16: add --bf16 (fp32 training runs with --device cpu)");
-  no(c.model.hidden_dropout > 0 || c.model.attention_dropout > 0,
-     "dropout is not implemented on the CUDA engine: set --hidden-dropout 0 --attention-dropout 0 (or --device cpu)");
-  if (c.model.hidden_size && c.model.num_attention_heads && *c.model.num_attention_heads > 0) {
-    const int64_t d = c.model.kv_channels.value_or(*c.model.hidden_size / *c.model.num_attention_heads);
-    no(d % 8 != 0 || d > 256, "cuDNN's fused attention needs a head dimension that is a multiple of 8 and at most 256 (this model: " +
-                                  std::to_string(d) + "): change --hidden-size / --num-attention-heads / --kv-channels, or --device cpu");
-    no(*c.model.hidden_size > 8192, "the CUDA norm kernels support hidden sizes up to 8192 (this model: " + std::to_string(*c.model.hidden_size) +
-                                        "): use --device cpu");
-  }
-  no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
-  no(c.training.optimizer != "adam", "--optimizer " + c.training.optimizer + " is not implemented on the CUDA engine: use adam");
-  no(c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "full" && !c.recompute.recompute_method,
-     "--recompute-granularity full needs --recompute-method uniform or block");
-  return out;
-}
 
 TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptions& opt) {
   const bool lead = opt.rank == 0 && !opt.quiet;

@@ -9,7 +9,5 @@
 namespace mt {
 
 TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptions& opt = {});
-// The capability gaps of the CUDA engine for this configuration ("" when it can run it).
-std::vector<std::string> cuda_engine_gaps(const Config& cfg, int64_t world_size);
 
 }  // namespace mt

@@ -6,8 +6,6 @@
 
 namespace mt {
 
-std::vector<std::string> cuda_engine_gaps(const Config&, int64_t) { return {"this build has no CUDA backend"}; }
-
 TrainResult train_cuda(const Config&, ProcessGroups, const TrainOptions&) {
   throw std::runtime_error("this build has no CUDA backend: reconfigure where nvcc and cuDNN are installed");
 }

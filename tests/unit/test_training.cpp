@@ -16,7 +16,7 @@
 #include "optim/optimizer.h"
 #include "tensor/dtype.h"
 #include "tensor/device_info.h"
-#include "train/cuda_trainer.h"
+#include "train/capabilities.h"
 #include "train/trainer.h"
 
 using namespace mt;

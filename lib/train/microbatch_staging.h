@@ -1,0 +1,41 @@
+// microbatch_staging.h (CUDA): one microbatch's inputs on their way to the device: tokens, labels,
+// positions, loss mask and the embedding backward's CSRs, written into pinned host memory and copied with
+// one cudaMemcpyAsync. A buffer is reused only after an event says its last copy finished, which bounds how
+// far the host runs ahead of the device (two iterations with two sets of buffers).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "kernels/cuda/embedding.h"
+#include "model/cuda/gpt_cuda.h"
+#include "model/gpt_model.h"
+
+namespace mt {
+
+class MicrobatchSlot {
+ public:
+  explicit MicrobatchSlot(int64_t T);
+  ~MicrobatchSlot();
+  MicrobatchSlot(const MicrobatchSlot&) = delete;
+  MicrobatchSlot& operator=(const MicrobatchSlot&) = delete;
+  // `wait` blocks until an event completes (through the data-parallel communicator's watchdog when there is one).
+  DeviceMicrobatch upload(const Microbatch& mb, bool learned_pos, int64_t V, int64_t max_pos, cudaStream_t stream,
+                          const std::function<void(cudaEvent_t)>& wait);
+  static inline double wait_ms = 0;  // host time spent waiting for staging buffers (all slots)
+
+ private:
+  // Three arrays from int32 slot `at`: ids (T), offsets (T + 1), positions (T).
+  void put_csr(const cuda::TokenCsr& c, int64_t at);
+  int64_t T_;
+  size_t n_;
+  int32_t* host_ = nullptr;
+  int32_t* dev_ = nullptr;
+  cudaEvent_t copied_ = nullptr;
+  bool used_ = false;
+  int64_t n_pos_ = 0;
+};
+
+}  // namespace mt
