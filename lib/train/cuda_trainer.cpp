@@ -11,14 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
-#include "comm/mpi_communicator.h"
-#include "config/errors.h"
 #include "data/token_source.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/optimizer_step.h"
@@ -36,6 +31,7 @@
 #include "tensor/cuda/op_profiler.h"
 #include "tensor/device_info.h"
 #include "train/log_line.h"
+#include "train/train_common.h"
 #include "train/microbatch_staging.h"
 
 namespace mt {
@@ -65,11 +61,7 @@ T* device_zeros(size_t n) {
 
 TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptions& opt) {
   const bool lead = opt.rank == 0 && !opt.quiet;
-  auto src = make_token_source(cfg);
-  if (cfg.derived.vocab_size != src->vocab_size()) {
-    throw ConfigError("the data has a vocabulary of " + std::to_string(src->vocab_size()) + " but the model was configured for " +
-                      std::to_string(cfg.derived.vocab_size) + ": fix --vocab-size or --tokenizer-type");
-  }
+  auto src = open_training_data(cfg);
   cudaStream_t stream = nullptr;
   MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const auto gpus = visible_gpus();
@@ -87,12 +79,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   TrainState state;
   bool loaded = false;
   if (ck.load && (ck.ckpt_step || latest_checkpoint(*ck.load))) {
-    LoadOptions lo;
-    lo.step = ck.ckpt_step;
-    lo.finetune = ck.finetune;
-    lo.load_optimizer = !ck.no_load_optim && !ck.finetune;
-    lo.optimizer_kind = cfg.training.optimizer;
-    lo.vocab_size = cfg.derived.vocab_size;
+    const LoadOptions lo = load_options(cfg);
     state = load_checkpoint(*ck.load, lo, host->params(), *host_opt, scaler);
     loaded = lo.load_optimizer;
     if (lead) {
@@ -176,13 +163,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   const float b1 = static_cast<float>(cfg.training.adam_beta1), b2 = static_cast<float>(cfg.training.adam_beta2);
   const float eps = static_cast<float>(cfg.training.adam_eps), wd = static_cast<float>(cfg.training.weight_decay);
 
-  std::unique_ptr<std::ofstream> metrics;
-  const std::string log_dir = cfg.logging.log_dir.value_or(cfg.checkpoint.save.value_or(""));
-  if (opt.rank == 0 && !log_dir.empty()) {
-    std::filesystem::create_directories(log_dir);
-    metrics = std::make_unique<std::ofstream>(std::filesystem::path(log_dir) / "metrics.jsonl", std::ios::app);
-    if (!*metrics) throw ConfigError("cannot write " + log_dir + "/metrics.jsonl: check --log-dir");
-  }
+  MetricsFile metrics(cfg, opt.rank);
   if (lead) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
     std::cout << "megatrain: data: " << src->describe() << "\n";
@@ -204,10 +185,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   res.skipped = state.skipped;
   res.nan_iterations = state.nan_iterations;
   std::unique_ptr<CheckpointSaver> saver;
-  if (ck.async_save && groups.world->size() > 1 && !mpi_thread_multiple()) {
-    throw ConfigError("--async-save needs MPI_THREAD_MULTIPLE, which this MPI library did not grant: drop --async-save");
-  }
-  if (ck.save) saver = std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, ck.ckpt_keep_last, groups.checkpoint);
+  if (ck.save) saver = make_saver(cfg, groups);
   const int64_t resumed_samples = state.consumed_samples, resumed_from = state.iteration;
   const double loaded_flops = state.flops_so_far;
   const int64_t first_iter = state.iteration + 1;
@@ -372,15 +350,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       s.tokens_per_s_per_gpu = static_cast<double>(gbs * S) / (secs / n_iter) / static_cast<double>(world);
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
       if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
-      if (metrics) {
-        nlohmann::json j = {{"iteration", it}, {"consumed_samples", s.consumed_samples}, {"lm_loss", s.loss},
-                            {"learning_rate", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", 1.0},
-                            {"ms_per_iteration", s.ms_per_iter}, {"tokens_per_s_per_gpu", s.tokens_per_s_per_gpu},
-                            {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},
-                            {"nan_iterations", s.nan_iters}};
-        if (s.mfu >= 0) j["mfu"] = s.mfu;
-        *metrics << j.dump() << "\n" << std::flush;
-      }
+      metrics.iteration(s);
       pending_iters.clear();
       pending_lr.clear();
       // The device counts every run of non-finite steps (each one skipped); the longest is checked here.
@@ -418,7 +388,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       const double vl = vlf;
       res.valid_losses.push_back(vl);
       if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
-      if (metrics) *metrics << nlohmann::json{{"iteration", it}, {"validation_lm_loss", vl}}.dump() << "\n" << std::flush;
+      metrics.validation(it, vl);
     }
     if (saving) save_now(it);
     excluded_secs += std::chrono::duration<double>(Clock::now() - side_start).count();

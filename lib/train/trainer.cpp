@@ -4,13 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
 
-#include "comm/mpi_communicator.h"
-#include "config/errors.h"
 #include "checkpoint/checkpoint.h"
 #include "data/token_source.h"
 #include "model/gpt_model.h"
@@ -21,6 +16,7 @@
 #include "pipeline/schedule.h"
 #include "plan/flops.h"
 #include "train/log_line.h"
+#include "train/train_common.h"
 
 namespace mt {
 namespace {
@@ -56,11 +52,7 @@ double evaluate(GPTModel& model, const TokenSource& src, const Config& cfg, Proc
 
 TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& opt) {
   const bool lead = opt.rank == 0 && !opt.quiet;
-  auto src = make_token_source(cfg);
-  if (cfg.derived.vocab_size != src->vocab_size()) {
-    throw ConfigError("the data has a vocabulary of " + std::to_string(src->vocab_size()) + " but the model was configured for " +
-                      std::to_string(cfg.derived.vocab_size) + ": fix --vocab-size or --tokenizer-type");
-  }
+  auto src = open_training_data(cfg);
   auto model_ptr = std::make_shared<GPTModel>(cfg, groups);
   GPTModel& model = *model_ptr;
   DataParallel data_parallel(cfg, model.params(), groups.dp_cp);
@@ -78,13 +70,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
   const double peak = 0;  // the CPU engine has no meaningful peak: MFU is reported on GPUs
   const bool has_valid = src->has_split(Split::kValid) && cfg.logging.eval_iters > 0;
 
-  std::unique_ptr<std::ofstream> metrics;
-  const std::string log_dir = cfg.logging.log_dir.value_or(cfg.checkpoint.save.value_or(""));
-  if (opt.rank == 0 && !log_dir.empty()) {
-    std::filesystem::create_directories(log_dir);
-    metrics = std::make_unique<std::ofstream>(std::filesystem::path(log_dir) / "metrics.jsonl", std::ios::app);
-    if (!*metrics) throw ConfigError("cannot write " + log_dir + "/metrics.jsonl: check --log-dir");
-  }
+  MetricsFile metrics(cfg, opt.rank);
   if (lead) {
     const double p = static_cast<double>(model.params().numel());
     std::cout << "megatrain: data: " << src->describe() << "\n";
@@ -102,12 +88,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
   TrainState state;
   const auto& ck = cfg.checkpoint;
   if (ck.load) {
-    LoadOptions lo;
-    lo.step = ck.ckpt_step;
-    lo.finetune = ck.finetune;
-    lo.load_optimizer = !ck.no_load_optim && !ck.finetune;
-    lo.optimizer_kind = cfg.training.optimizer;
-    lo.vocab_size = cfg.derived.vocab_size;
+    const LoadOptions lo = load_options(cfg);
     if (!ck.ckpt_step && !latest_checkpoint(*ck.load)) {
       if (lead) std::cout << "megatrain: no checkpoint in " << *ck.load << " yet: starting from scratch\n";
     } else {
@@ -122,10 +103,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     res.nan_iterations = state.nan_iterations;
   }
   std::unique_ptr<CheckpointSaver> saver;
-  if (ck.async_save && groups.world->size() > 1 && !mpi_thread_multiple()) {
-    throw ConfigError("--async-save needs MPI_THREAD_MULTIPLE, which this MPI library did not grant: drop --async-save");
-  }
-  if (ck.save) saver = std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, ck.ckpt_keep_last, groups.checkpoint);
+  if (ck.save) saver = make_saver(cfg, groups);
   CheckpointRank who;
   who.world_rank = groups.world->rank();
   who.world_size = groups.world->size();
@@ -211,15 +189,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
       if (cfg.logging.log_params_norm) s.params_norm = optimizer.params_norm();
       if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
-      if (metrics) {
-        nlohmann::json j = {{"iteration", it}, {"consumed_samples", s.consumed_samples}, {"lm_loss", s.loss},
-                            {"learning_rate", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
-                            {"ms_per_iteration", s.ms_per_iter}, {"tokens_per_s_per_gpu", s.tokens_per_s_per_gpu},
-                            {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},
-                            {"nan_iterations", s.nan_iters}};
-        if (s.mfu >= 0) j["mfu"] = s.mfu;
-        *metrics << j.dump() << "\n" << std::flush;
-      }
+      metrics.iteration(s);
       interval_loss = 0;
       interval_iters = 0;
       interval_secs = 0;
@@ -229,7 +199,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       const double vl = evaluate(model, *src, cfg, groups, it);
       res.valid_losses.push_back(vl);
       if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
-      if (metrics) *metrics << nlohmann::json{{"iteration", it}, {"validation_lm_loss", vl}}.dump() << "\n" << std::flush;
+      metrics.validation(it, vl);
     }
     const bool exiting = cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0;
     if (saver && (it % *ck.save_interval == 0 || it == iters || exiting)) {

@@ -1,0 +1,63 @@
+// train_common.cpp
+#include "train/train_common.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "comm/mpi_communicator.h"
+#include "config/errors.h"
+
+namespace mt {
+
+std::unique_ptr<TokenSource> open_training_data(const Config& cfg) {
+  auto src = make_token_source(cfg);
+  if (cfg.derived.vocab_size != src->vocab_size()) {
+    throw ConfigError("the data has a vocabulary of " + std::to_string(src->vocab_size()) + " but the model was configured for " +
+                      std::to_string(cfg.derived.vocab_size) + ": fix --vocab-size or --tokenizer-type");
+  }
+  return src;
+}
+
+MetricsFile::MetricsFile(const Config& cfg, int64_t rank) {
+  const std::string log_dir = cfg.logging.log_dir.value_or(cfg.checkpoint.save.value_or(""));
+  if (rank != 0 || log_dir.empty()) return;
+  std::filesystem::create_directories(log_dir);
+  out_ = std::make_unique<std::ofstream>(std::filesystem::path(log_dir) / "metrics.jsonl", std::ios::app);
+  if (!*out_) throw ConfigError("cannot write " + log_dir + "/metrics.jsonl: check --log-dir");
+}
+
+void MetricsFile::iteration(const IterationStats& s) {
+  if (!out_) return;
+  nlohmann::json j = {{"iteration", s.iteration}, {"consumed_samples", s.consumed_samples}, {"lm_loss", s.loss},
+                      {"learning_rate", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
+                      {"ms_per_iteration", s.ms_per_iter}, {"tokens_per_s_per_gpu", s.tokens_per_s_per_gpu},
+                      {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},
+                      {"nan_iterations", s.nan_iters}};
+  if (s.mfu >= 0) j["mfu"] = s.mfu;
+  *out_ << j.dump() << "\n" << std::flush;
+}
+
+void MetricsFile::validation(int64_t iteration, double loss) {
+  if (out_) *out_ << nlohmann::json{{"iteration", iteration}, {"validation_lm_loss", loss}}.dump() << "\n" << std::flush;
+}
+
+LoadOptions load_options(const Config& cfg) {
+  const auto& ck = cfg.checkpoint;
+  LoadOptions lo;
+  lo.step = ck.ckpt_step;
+  lo.finetune = ck.finetune;
+  lo.load_optimizer = !ck.no_load_optim && !ck.finetune;
+  lo.optimizer_kind = cfg.training.optimizer;
+  lo.vocab_size = cfg.derived.vocab_size;
+  return lo;
+}
+
+std::unique_ptr<CheckpointSaver> make_saver(const Config& cfg, const ProcessGroups& groups) {
+  const auto& ck = cfg.checkpoint;
+  if (ck.async_save && groups.world->size() > 1 && !mpi_thread_multiple()) {
+    throw ConfigError("--async-save needs MPI_THREAD_MULTIPLE, which this MPI library did not grant: drop --async-save");
+  }
+  return std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, ck.ckpt_keep_last, groups.checkpoint);
+}
+
+}  // namespace mt

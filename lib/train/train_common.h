@@ -1,0 +1,35 @@
+// train_common.h: what the CPU and CUDA training loops share: the training data (its vocabulary checked
+// against the model's), the metrics file and its JSON lines, and the checkpoint options from the flags.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
+#include "data/token_source.h"
+#include "train/log_line.h"
+
+namespace mt {
+
+// Throws ConfigError when the data's vocabulary differs from the configured one.
+std::unique_ptr<TokenSource> open_training_data(const Config& cfg);
+
+// DIR/metrics.jsonl (DIR = --log-dir, else --save), appended to by rank 0; other ranks and runs without a
+// directory write nothing.
+class MetricsFile {
+ public:
+  MetricsFile(const Config& cfg, int64_t rank);
+  void iteration(const IterationStats& s);
+  void validation(int64_t iteration, double loss);
+
+ private:
+  std::unique_ptr<std::ofstream> out_;
+};
+
+LoadOptions load_options(const Config& cfg);
+// The --save saver (needs MPI_THREAD_MULTIPLE for --async-save across ranks: refused otherwise).
+std::unique_ptr<CheckpointSaver> make_saver(const Config& cfg, const ProcessGroups& groups);
+
+}  // namespace mt
