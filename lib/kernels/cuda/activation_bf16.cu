@@ -44,67 +44,48 @@ __global__ void swiglu_bwd(bf16* dx, const bf16* dy, const bf16* x, int64_t N, i
 }
 
 // Vectorised forms: 8 bf16 per thread step (16-byte loads); used when the sizes and pointers allow.
-struct V8 {
-  float x[8];
-};
-__device__ __forceinline__ V8 ld8(const bf16* p) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const bf16* e = reinterpret_cast<const bf16*>(&u);
-  V8 v;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) v.x[k] = __bfloat162float(e[k]);
-  return v;
-}
-__device__ __forceinline__ void st8(bf16* p, const V8& v) {
-  uint4 u;
-  bf16* e = reinterpret_cast<bf16*>(&u);
-#pragma unroll
-  for (int k = 0; k < 8; ++k) e[k] = __float2bfloat16(v.x[k]);
-  *reinterpret_cast<uint4*>(p) = u;
-}
-
 __global__ void gelu_fwd8(bf16* y, const bf16* x, int64_t n8) {
   MT_GRID_LOOP(i, n8) {
-    V8 v = ld8(x + 8 * i);
+    Bf16x8 v = load_bf16x8(x + 8 * i);
 #pragma unroll
     for (int k = 0; k < 8; ++k) v.x[k] = gelu(v.x[k]);
-    st8(y + 8 * i, v);
+    store_bf16x8(y + 8 * i, v);
   }
 }
 __global__ void gelu_bwd8(bf16* dx, const bf16* dy, const bf16* x, int64_t n8) {
   MT_GRID_LOOP(i, n8) {
-    V8 d = ld8(dy + 8 * i);
-    const V8 v = ld8(x + 8 * i);
+    Bf16x8 d = load_bf16x8(dy + 8 * i);
+    const Bf16x8 v = load_bf16x8(x + 8 * i);
 #pragma unroll
     for (int k = 0; k < 8; ++k) d.x[k] *= gelu_grad(v.x[k]);
-    st8(dx + 8 * i, d);
+    store_bf16x8(dx + 8 * i, d);
   }
 }
 __global__ void swiglu_fwd8(bf16* y, const bf16* x, int64_t N, int64_t F) {
   const int64_t f8 = F / 8;
   MT_GRID_LOOP(e, N * f8) {
     const int64_t n = e / f8, i = (e % f8) * 8;
-    const V8 g = ld8(x + n * 2 * F + i), u = ld8(x + n * 2 * F + F + i);
-    V8 o;
+    const Bf16x8 g = load_bf16x8(x + n * 2 * F + i), u = load_bf16x8(x + n * 2 * F + F + i);
+    Bf16x8 o;
 #pragma unroll
     for (int k = 0; k < 8; ++k) o.x[k] = g.x[k] / (1.0f + __expf(-g.x[k])) * u.x[k];
-    st8(y + n * F + i, o);
+    store_bf16x8(y + n * F + i, o);
   }
 }
 __global__ void swiglu_bwd8(bf16* dx, const bf16* dy, const bf16* x, int64_t N, int64_t F) {
   const int64_t f8 = F / 8;
   MT_GRID_LOOP(e, N * f8) {
     const int64_t n = e / f8, i = (e % f8) * 8;
-    const V8 g = ld8(x + n * 2 * F + i), u = ld8(x + n * 2 * F + F + i), d = ld8(dy + n * F + i);
-    V8 dg, du;
+    const Bf16x8 g = load_bf16x8(x + n * 2 * F + i), u = load_bf16x8(x + n * 2 * F + F + i), d = load_bf16x8(dy + n * F + i);
+    Bf16x8 dg, du;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const float s = 1.0f / (1.0f + __expf(-g.x[k]));
       du.x[k] = d.x[k] * g.x[k] * s;
       dg.x[k] = d.x[k] * u.x[k] * (s * (1.0f + g.x[k] * (1.0f - s)));
     }
-    st8(dx + n * 2 * F + i, dg);
-    st8(dx + n * 2 * F + F + i, du);
+    store_bf16x8(dx + n * 2 * F + i, dg);
+    store_bf16x8(dx + n * 2 * F + F + i, du);
   }
 }
 

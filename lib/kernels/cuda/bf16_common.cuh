@@ -31,6 +31,36 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
+// Eight bf16 values as floats, moved with one 16-byte load / store (the pointer 16-byte aligned).
+struct Bf16x8 {
+  float x[8];
+};
+__device__ __forceinline__ Bf16x8 load_bf16x8(const bf16* p) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const bf16* e = reinterpret_cast<const bf16*>(&u);
+  Bf16x8 v;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v.x[k] = __bfloat162float(e[k]);
+  return v;
+}
+__device__ __forceinline__ void store_bf16x8(bf16* p, const Bf16x8& v) {
+  uint4 u;
+  bf16* e = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) e[k] = __float2bfloat16(v.x[k]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+// out[c] += sum over b of partials[b * n + c], in a fixed order (the second pass of the deterministic
+// column reductions: weight and bias gradients).
+__global__ inline void add_column_sums_kernel(float* out, const float* partials, int64_t blocks, int64_t n) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= n) return;
+  float s = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) s += partials[b * n + c];
+  out[c] += s;
+}
+
 inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535LL * 8) {
   int64_t b = (n + threads - 1) / threads;
   if (b > cap) b = cap;

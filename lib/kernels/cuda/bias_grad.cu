@@ -34,13 +34,6 @@ __global__ void partial8_kernel(float* partials, const bf16* dy, int64_t N, int6
   for (int k = 0; k < 8; ++k) partials[blockIdx.y * n + c8 * 8 + k] = s[k];
 }
 
-__global__ void finish_kernel(float* db, const float* partials, int64_t blocks, int64_t n) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= n) return;
-  float s = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) s += partials[b * n + c];
-  db[c] += s;
-}
 
 }  // namespace
 
@@ -58,7 +51,7 @@ void bias_grad_bf16(float* db, const bf16* dy, int64_t N, int64_t n, cudaStream_
     partial_kernel<<<grid, 256, 0, stream>>>(partials, dy, N, n, rpb);
   }
   MT_CUDA_CHECK_LAUNCH();
-  finish_kernel<<<grid_for(n, 256), 256, 0, stream>>>(db, partials, nb, n);
+  add_column_sums_kernel<<<grid_for(n, 256), 256, 0, stream>>>(db, partials, nb, n);
   MT_CUDA_CHECK_LAUNCH();
   alloc.release(partials);
 }

@@ -103,13 +103,6 @@ __global__ void norm_bwd_dw_kernel(float* pw, float* pb, const bf16* dy, const f
   if (pb) pb[blockIdx.y * h + c] = ab;
 }
 
-__global__ void column_sum_kernel(float* out, const float* partials, int64_t blocks, int64_t h) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= h) return;
-  float s = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) s += partials[b * h + c];
-  out[c] += s;
-}
 
 int cols_per_thread(int64_t h) {
   const int64_t c = (h + kThreads - 1) / kThreads;
@@ -157,10 +150,10 @@ void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf
   const dim3 grid(static_cast<unsigned>((h + 255) / 256), static_cast<unsigned>(nb));
   norm_bwd_dw_kernel<<<grid, 256, 0, stream>>>(pw, pb, dy, x, mean, rstd, N, h, rpb, rms);
   MT_CUDA_CHECK_LAUNCH();
-  column_sum_kernel<<<grid_for(h, 256), 256, 0, stream>>>(dw, pw, nb, h);
+  add_column_sums_kernel<<<grid_for(h, 256), 256, 0, stream>>>(dw, pw, nb, h);
   MT_CUDA_CHECK_LAUNCH();
   if (db) {
-    column_sum_kernel<<<grid_for(h, 256), 256, 0, stream>>>(db, pb, nb, h);
+    add_column_sums_kernel<<<grid_for(h, 256), 256, 0, stream>>>(db, pb, nb, h);
     MT_CUDA_CHECK_LAUNCH();
   }
   alloc.release(pw);

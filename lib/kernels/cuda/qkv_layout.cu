@@ -64,25 +64,6 @@ __global__ void merge_kernel(bf16* dqkv, const bf16* dq, const bf16* dk, const b
 
 // Fast path (rot_dim == d or no rotation, d % 16 == 0): a thread moves 8 elements of the first half of
 // a head row and their 8 rotation partners in the second half with 16-byte loads and stores.
-struct Vec8 {
-  float x[8];
-};
-__device__ __forceinline__ Vec8 load8(const bf16* p) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const bf16* e = reinterpret_cast<const bf16*>(&u);
-  Vec8 v;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) v.x[k] = __bfloat162float(e[k]);
-  return v;
-}
-__device__ __forceinline__ void store8(bf16* p, const Vec8& v) {
-  uint4 u;
-  bf16* e = reinterpret_cast<bf16*>(&u);
-#pragma unroll
-  for (int k = 0; k < 8; ++k) e[k] = __float2bfloat16(v.x[k]);
-  *reinterpret_cast<uint4*>(p) = u;
-}
-
 template <bool kMerge>
 __global__ void layout_vec_kernel(bf16* fused, bf16* q, bf16* k, bf16* v, const int32_t* pos, const float* table, int64_t rows, int nh,
                                   int ng, int d) {
@@ -97,7 +78,7 @@ __global__ void layout_vec_kernel(bf16* fused, bf16* q, bf16* k, bf16* v, const 
     bf16* sep = r < qpg ? q + (t * nh + g * qpg + r) * d : (r == qpg ? k : v) + (t * ng + g) * d;
     bf16* fus = fused + ts * d;
     const int i0 = c * 8;
-    Vec8 a = load8((kMerge ? sep : fus) + i0), b = load8((kMerge ? sep : fus) + half + i0);
+    Bf16x8 a = load_bf16x8((kMerge ? sep : fus) + i0), b = load_bf16x8((kMerge ? sep : fus) + half + i0);
     if (table && r <= qpg) {
       const float* tr = table + (static_cast<int64_t>(pos[t]) * half + i0) * 2;
 #pragma unroll
@@ -108,8 +89,8 @@ __global__ void layout_vec_kernel(bf16* fused, bf16* q, bf16* k, bf16* v, const 
         b.x[k2] = x2 * cs + x1 * sn;
       }
     }
-    store8((kMerge ? fus : sep) + i0, a);
-    store8((kMerge ? fus : sep) + half + i0, b);
+    store_bf16x8((kMerge ? fus : sep) + i0, a);
+    store_bf16x8((kMerge ? fus : sep) + half + i0, b);
   }
 }
 

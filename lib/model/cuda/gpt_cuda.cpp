@@ -52,13 +52,7 @@ void* CudaGPT::alloc(size_t bytes) {
 
 namespace {
 
-int64_t offset_of(const ParamStore& ps, const std::string& name, bool required = true) {
-  for (size_t i = 0; i < ps.size(); ++i) {
-    if (ps.info(i).name == name) return ps.info(i).offset;
-  }
-  if (required) throw std::logic_error("CUDA model: parameter " + name + " missing from the layout");
-  return -1;
-}
+int64_t offset_of(const ParamStore& ps, const std::string& name) { return ps.info(ps.index_of(name)).offset; }
 
 constexpr cudaDataType_t kBF = CUDA_R_16BF;
 
