@@ -20,6 +20,20 @@ namespace mt {
 
 namespace {
 
+// A rank that fails under MPI takes the whole job down (naming itself), so no other rank waits forever.
+template <typename F>
+void run_aborting_on_error(const LaunchInfo& launch, F&& run) {
+  try {
+    run();
+  } catch (const std::exception& e) {
+    if (launch.world_size > 1 && mpi_active()) {
+      std::cerr << "megatrain: error on rank " << launch.rank << ": " << e.what() << "\n";
+      mpi_abort_job(1);
+    }
+    throw;
+  }
+}
+
 // The CUDA engine: one GPU per rank (the local rank picks it); more than one rank trains data-parallel over
 // NCCL, the unique id shared over MPI (mpirun / srun) or the TCP rendezvous (torchrun-style launches).
 int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, char**& argv) {
@@ -50,15 +64,7 @@ int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, ch
     throw ConfigError("this build has no NCCL: multi-rank CUDA training is not available");
 #endif
   }
-  try {
-    train_cuda(cfg, groups, TrainOptions{false, launch.rank});
-  } catch (const std::exception& e) {
-    if (launch.world_size > 1 && mpi_active()) {
-      std::cerr << "megatrain: error on rank " << launch.rank << ": " << e.what() << "\n";
-      mpi_abort_job(1);
-    }
-    throw;
-  }
+  run_aborting_on_error(launch, [&] { train_cuda(cfg, groups, TrainOptions{false, launch.rank}); });
   groups = ProcessGroups::single();
   mpi_finalize();
   return 0;
@@ -132,15 +138,7 @@ int run_train(int argc, char** argv) {
                 << ", collectives over MPI\n";
     }
   }
-  try {
-    train(cfg, groups, TrainOptions{false, launch.rank});
-  } catch (const std::exception& e) {
-    if (launch.world_size > 1 && mpi_active()) {
-      std::cerr << "megatrain: error on rank " << launch.rank << ": " << e.what() << "\n";
-      mpi_abort_job(1);
-    }
-    throw;
-  }
+  run_aborting_on_error(launch, [&] { train(cfg, groups, TrainOptions{false, launch.rank}); });
   groups = ProcessGroups::single();  // free the MPI communicators before finalising
   mpi_finalize();
   return 0;
