@@ -40,6 +40,11 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
 std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   std::vector<std::string> out;
   const Config d;
+  if (c.model.transformer_impl != d.model.transformer_impl) out.push_back("note: --transformer-impl has no effect: megatrain has one layer implementation");
+  if (c.data.num_workers != d.data.num_workers) out.push_back("note: --num-workers has no effect: samples are read on demand by the training thread");
+  if (c.model.apply_query_key_layer_scaling) {
+    out.push_back("note: --apply-query-key-layer-scaling changes nothing here: the attention scores and softmax are computed in fp32");
+  }
   if (cuda_engine) {
     if (c.model.attention_backend != d.model.attention_backend) {
       out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect: the CUDA engine always uses cuDNN's fused (flash) attention");
@@ -47,19 +52,12 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
     if (c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "selective") {
       out.push_back("note: --recompute-granularity selective keeps nothing less on the CUDA engine: flash attention never stores the attention probabilities");
     }
-    if (c.training.optimizer_cpu_offload) out.push_back("note: --optimizer-cpu-offload is not implemented: the optimizer state stays on the GPU");
-    if (c.data.num_workers != d.data.num_workers) out.push_back("note: --num-workers has no effect: samples are read on demand by the training thread");
     return out;
   }
-  if (c.model.transformer_impl != d.model.transformer_impl) out.push_back("note: --transformer-impl has no effect: megatrain has one layer implementation");
   if (c.model.attention_backend != d.model.attention_backend) {
     out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect on the CPU reference engine (exact attention)");
   }
-  if (c.model.apply_query_key_layer_scaling) {
-    out.push_back("note: --apply-query-key-layer-scaling changes nothing in fp32 arithmetic (scores are divided and multiplied back)");
-  }
   if (c.training.optimizer_cpu_offload) out.push_back("note: --optimizer-cpu-offload: the CPU engine keeps the optimizer on the CPU already");
-  if (c.data.num_workers != d.data.num_workers) out.push_back("note: --num-workers has no effect: samples are read on demand by the training thread");
   if (c.precision.fp16) {
     out.push_back("note: --fp16 on the CPU engine rounds the weights to fp16; activations and gradients stay fp32, so the loss scale rarely meets an overflow");
   }
@@ -97,6 +95,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
                                         "): use --device cpu");
   }
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
+  no(c.training.optimizer_cpu_offload, "--optimizer-cpu-offload is not implemented on the CUDA engine: drop it (the optimizer state stays on the GPU)");
   no(c.training.optimizer != "adam", "--optimizer " + c.training.optimizer + " is not implemented on the CUDA engine: use adam");
   no(c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "full" && !c.recompute.recompute_method,
      "--recompute-granularity full needs --recompute-method uniform or block");

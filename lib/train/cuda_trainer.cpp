@@ -349,6 +349,17 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       s.nan_iters = res.nan_iterations;
       s.tokens_per_s_per_gpu = static_cast<double>(gbs * S) / (secs / n_iter) / static_cast<double>(world);
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
+      if (cfg.logging.log_params_norm) {
+        // The fp32 master weights, through the gradient-norm kernel's partial sums (the device is drained here,
+        // and the next step recomputes its own partials). Every DP rank holds all of them: no reduction.
+        cuda::grad_sumsq_partials(partials, model.master(), P, stream);
+        std::vector<float> part(cuda::kNormPartials);
+        MT_CUDA_CHECK(cudaMemcpyAsync(part.data(), partials, part.size() * 4, cudaMemcpyDeviceToHost, stream));
+        wait_stream();
+        double sq = 0;
+        for (float x : part) sq += x;
+        s.params_norm = std::sqrt(sq);
+      }
       if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
       metrics.iteration(s);
       pending_iters.clear();
