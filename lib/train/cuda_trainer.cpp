@@ -98,8 +98,21 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       if (s.state != s.begin) throw std::logic_error("CUDA trainer: optimizer state not aligned with the parameters");
     }
   }
+  // Tensor parallelism: the model queues its collectives on the training stream through the TP group.
+  StreamCollectives* tp_coll = nullptr;
+#ifdef MEGATRAIN_HAVE_NCCL
+  std::shared_ptr<NcclCommunicator> tp_nccl;
+  if (groups.tp->size() > 1) {
+    tp_nccl = std::dynamic_pointer_cast<NcclCommunicator>(groups.tp);
+    if (!tp_nccl) throw std::logic_error("CUDA trainer: the tensor-parallel group is not an NCCL communicator");
+    tp_coll = tp_nccl.get();
+  }
+#else
+  if (groups.tp->size() > 1) throw std::logic_error("CUDA trainer: tensor parallelism needs NCCL");
+#endif
+  const int64_t tp = groups.tp->size();
   // Without a host optimizer the layout's parameters are still the unrounded initial values: the master.
-  CudaGPT model(cfg, layout, stream);
+  CudaGPT model(cfg, layout, stream, tp_coll);
   if (host_opt && host_opt->master()) {
     MT_CUDA_CHECK(cudaMemcpyAsync(model.master(), host_opt->master(), static_cast<size_t>(P) * 4, cudaMemcpyHostToDevice, stream));
     model.refresh_working();
@@ -119,15 +132,26 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     MT_CUDA_CHECK(cudaMemcpy(st, &init, sizeof(init), cudaMemcpyHostToDevice));
   }
   MT_CUDA_CHECK(cudaDeviceSynchronize());  // setup copies (some from pageable memory) done before the first step
-  // The multi-tensor table: chunks of at most 64 Ki elements, each inside one parameter.
+  // The multi-tensor table: chunks of at most 64 Ki elements, each inside one parameter. A parameter every
+  // TP rank holds whole (norms, row-parallel biases, positions) counts 1/TP in each rank's norm partials,
+  // which are then summed over TP: every parameter once.
   std::vector<cuda::AdamChunk> chunks;
   for (const auto& p : layout.infos()) {
+    const float nw = tp > 1 && p.shard_dim < 0 ? 1.0f / static_cast<float>(tp) : 1.0f;
     for (int64_t o = 0; o < p.numel; o += 65536) {
-      chunks.push_back({p.offset + o, static_cast<int32_t>(std::min<int64_t>(65536, p.numel - o)), p.weight_decay ? 1 : 0});
+      chunks.push_back({p.offset + o, static_cast<int32_t>(std::min<int64_t>(65536, p.numel - o)), p.weight_decay ? 1 : 0, nw});
     }
   }
+  const auto n_chunks = static_cast<int64_t>(chunks.size());
   cuda::AdamChunk* d_chunks = device_zeros<cuda::AdamChunk>(chunks.size());
   MT_CUDA_CHECK(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+  // partials[kNormPartials] = the norm partial sums of x (gradients or master weights), summed over TP.
+  auto norm_partials = [&](const float* x) {
+    cuda::sumsq_partials(partials, x, d_chunks, n_chunks, stream);
+#ifdef MEGATRAIN_HAVE_NCCL
+    if (tp_nccl) tp_nccl->all_reduce_on(partials, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream);
+#endif
+  };
   const int64_t dp = groups.dp_cp->size(), dp_rank = groups.dp_cp->rank();
 #ifdef MEGATRAIN_HAVE_NCCL
   std::unique_ptr<DeviceDataParallel> ddp;
@@ -203,10 +227,14 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     groups.dp_cp->all_reduce(avg_buf, n, ReduceOp::kAvg);
     MT_CUDA_CHECK(cudaMemcpy(values, avg_buf, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
   };
-  // Every host wait on the device goes through here: with data parallelism it polls the NCCL communicator,
-  // so a dead peer ends the job after --distributed-timeout-seconds instead of hanging it.
+  // Every host wait on the device goes through here: with data or tensor parallelism it polls an NCCL
+  // communicator, so a dead peer ends the job after --distributed-timeout-seconds instead of hanging it.
   const std::function<void(cudaEvent_t)> wait_event = [&](cudaEvent_t ev) {
 #ifdef MEGATRAIN_HAVE_NCCL
+    if (tp_nccl) {
+      tp_nccl->wait_event(ev, "training step");
+      return;
+    }
     if (ddp) {
       ddp->comm().wait_event(ev, "training step");
       return;
@@ -280,7 +308,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       for (float x : mb.loss_mask) denom += x;
       denom = std::max(denom, 1.0);
       MicrobatchSlot& slot = *slots[static_cast<size_t>((it % 2) * nmb + mi)];
-      const DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.V, D.max_pos, stream, wait_event);
+      const DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream, wait_event);
       const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb)));
       model.step(d, w_mb, w_mb, &st->loss_acc);
     }
@@ -288,10 +316,10 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     if (ddp) MT_PROF("dp.grad_all_reduce_wait", ddp->finish());
 #endif
     const double lr = schedule.lr(it);
-    MT_PROF("opt.grad_norm", cuda::grad_sumsq_partials(partials, model.grads(), P, stream));
+    MT_PROF("opt.grad_norm", norm_partials(model.grads()));
     cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, 1.0f, stream);
     MT_PROF("opt.adamw", cuda::adamw_multi(model.master(), m, v, model.working(), model.grads(), d_chunks,
-                                           static_cast<int64_t>(chunks.size()), st, static_cast<float>(lr), b1, b2, eps, wd, 1.0f, stream));
+                                           n_chunks, st, static_cast<float>(lr), b1, b2, eps, wd, 1.0f, stream));
     if (it == profile_iter) {
       // The step's only possible host waits: a staging buffer still being copied (the two-iteration run-ahead
       // bound) and a cudaMalloc (an implicit device synchronisation) in the allocator. Both are reported.
@@ -351,8 +379,8 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
       if (cfg.logging.log_params_norm) {
         // The fp32 master weights, through the gradient-norm kernel's partial sums (the device is drained here,
-        // and the next step recomputes its own partials). Every DP rank holds all of them: no reduction.
-        cuda::grad_sumsq_partials(partials, model.master(), P, stream);
+        // and the next step recomputes its own partials). Every DP rank holds all of them: no DP reduction.
+        norm_partials(model.master());
         std::vector<float> part(cuda::kNormPartials);
         MT_CUDA_CHECK(cudaMemcpyAsync(part.data(), partials, part.size() * 4, cudaMemcpyDeviceToHost, stream));
         wait_stream();
@@ -386,7 +414,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
           const Microbatch mb = make_microbatch(*src, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
           double denom = 0;
           for (float x : mb.loss_mask) denom += x;
-          const DeviceMicrobatch d = eval_slot.upload(mb, D.learned_pos, D.V, D.max_pos, stream, wait_event);
+          const DeviceMicrobatch d = eval_slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream, wait_event);
           model.step(d, 0.0f, static_cast<float>(1.0 / std::max(denom, 1.0)), eval_acc);
           ++n;
         }

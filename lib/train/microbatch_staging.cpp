@@ -22,7 +22,8 @@ MicrobatchSlot::~MicrobatchSlot() {
   cudaEventDestroy(copied_);
 }
 
-DeviceMicrobatch MicrobatchSlot::upload(const Microbatch& mb, bool learned_pos, int64_t V, int64_t max_pos, cudaStream_t stream,
+DeviceMicrobatch MicrobatchSlot::upload(const Microbatch& mb, bool learned_pos, int64_t vocab_start, int64_t vocab_local, int64_t max_pos,
+                                        cudaStream_t stream,
                                         const std::function<void(cudaEvent_t)>& wait) {
   if (used_) {  // the last copy out of this buffer finished (bounds the host's run-ahead to two iterations)
     const auto t0 = std::chrono::steady_clock::now();
@@ -36,7 +37,7 @@ DeviceMicrobatch MicrobatchSlot::upload(const Microbatch& mb, bool learned_pos, 
   std::memcpy(h + T_, mb.labels.data(), static_cast<size_t>(T) * 4);
   std::memcpy(h + 2 * T_, mb.positions.data(), static_cast<size_t>(T) * 4);
   std::memcpy(h + 3 * T_, mb.loss_mask.data(), static_cast<size_t>(T) * 4);
-  const auto tok = cuda::build_token_csr(mb.tokens.data(), T, 0, V);
+  const auto tok = cuda::build_token_csr(mb.tokens.data(), T, vocab_start, vocab_local);
   put_csr(tok, 4);
   DeviceMicrobatch d;
   if (learned_pos) put_csr(cuda::build_token_csr(mb.positions.data(), T, 0, max_pos), 7);

@@ -21,8 +21,9 @@ class MicrobatchSlot {
   ~MicrobatchSlot();
   MicrobatchSlot(const MicrobatchSlot&) = delete;
   MicrobatchSlot& operator=(const MicrobatchSlot&) = delete;
-  // `wait` blocks until an event completes (through the data-parallel communicator's watchdog when there is one).
-  DeviceMicrobatch upload(const Microbatch& mb, bool learned_pos, int64_t V, int64_t max_pos, cudaStream_t stream,
+  // `wait` blocks until an event completes (through an NCCL communicator's watchdog when there is one). The
+  // token CSR covers this rank's vocabulary shard [vocab_start, vocab_start + vocab_local).
+  DeviceMicrobatch upload(const Microbatch& mb, bool learned_pos, int64_t vocab_start, int64_t vocab_local, int64_t max_pos, cudaStream_t stream,
                           const std::function<void(cudaEvent_t)>& wait);
   static inline double wait_ms = 0;  // host time spent waiting for staging buffers (all slots)
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -225,6 +226,66 @@ void test_cross_entropy(int64_t N, int64_t V) {
   cudaFree(dt);
 }
 
+// The vocabulary-parallel loss over `shards` column blocks on one GPU, the two TP collectives done on the host
+// (max, then sum): losses and the reassembled gradient against the CPU reference on the whole vocabulary.
+void test_cross_entropy_sharded(int64_t N, int64_t V, int64_t shards) {
+  const std::string tag = "vocab-parallel cross-entropy " + std::to_string(N) + "x" + std::to_string(V) + "/" + std::to_string(shards);
+  const int64_t Vl = V / shards;
+  Vec logits = randn(static_cast<size_t>(N * V), 2.0f), mask(static_cast<size_t>(N));
+  std::vector<int32_t> tgt(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    tgt[static_cast<size_t>(n)] = static_cast<int32_t>((n * 131) % V);
+    mask[static_cast<size_t>(n)] = n % 5 == 3 ? 0.0f : 1.0f;
+  }
+  const float scale = 0.37f;
+  Vec losses(static_cast<size_t>(N)), lse(losses.size()), dl(logits.size()), dloss(losses.size());
+  cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.data(), N, V);
+  for (int64_t n = 0; n < N; ++n) dloss[static_cast<size_t>(n)] = mask[static_cast<size_t>(n)] * scale;
+  cpu::cross_entropy_backward(dl.data(), logits.data(), lse.data(), tgt.data(), dloss.data(), N, V);
+  std::vector<std::unique_ptr<B16>> part;
+  std::vector<std::unique_ptr<F32>> stats;
+  for (int64_t r = 0; r < shards; ++r) {
+    Vec cols(static_cast<size_t>(N * Vl));
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t c = 0; c < Vl; ++c) cols[static_cast<size_t>(n * Vl + c)] = logits[static_cast<size_t>(n * V + r * Vl + c)];
+    }
+    part.push_back(std::make_unique<B16>(cols));
+    stats.push_back(std::make_unique<F32>(static_cast<size_t>(4 * N)));
+  }
+  F32 dmask(mask), dlosses(losses.size());
+  int32_t* dt = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&dt, tgt.size() * 4));
+  MT_CUDA_CHECK(cudaMemcpy(dt, tgt.data(), tgt.size() * 4, cudaMemcpyHostToDevice));
+  // "all-reduce" over the shards of stats[from, from + n) with op
+  auto reduce = [&](int64_t from, int64_t n, bool max) {
+    Vec acc(static_cast<size_t>(n), max ? -INFINITY : 0.0f);
+    for (auto& st : stats) {
+      const Vec v = st->get();
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = v[static_cast<size_t>(from + i)];
+        acc[static_cast<size_t>(i)] = max ? std::max(acc[static_cast<size_t>(i)], x) : acc[static_cast<size_t>(i)] + x;
+      }
+    }
+    for (auto& st : stats) MT_CUDA_CHECK(cudaMemcpy(st->p + from, acc.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+  };
+  for (int64_t r = 0; r < shards; ++r) cuda::ce_shard_stats(stats[static_cast<size_t>(r)]->p, part[static_cast<size_t>(r)]->b(), dt, N, Vl, r * Vl, nullptr);
+  reduce(0, N, true);
+  for (auto& st : stats) cuda::ce_shard_rescale(st->p, N, nullptr);
+  reduce(2 * N, 2 * N, false);
+  Vec grad(logits.size());
+  for (int64_t r = 0; r < shards; ++r) {
+    cuda::ce_shard_finish(dlosses.p, part[static_cast<size_t>(r)]->b(), stats[static_cast<size_t>(r)]->p, dt, dmask.p, scale, N, Vl, r * Vl, true,
+                          nullptr);
+    expect(tag + " loss, shard " + std::to_string(r), dlosses.get(), losses, 2e-3);
+    const Vec g = part[static_cast<size_t>(r)]->get();
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t c = 0; c < Vl; ++c) grad[static_cast<size_t>(n * V + r * Vl + c)] = g[static_cast<size_t>(n * Vl + c)];
+    }
+  }
+  expect(tag + " gradient (in place)", grad, dl, 1e-2);
+  cudaFree(dt);
+}
+
 void test_bias_grad(int64_t N, int64_t n) {
   Vec dy = randn(static_cast<size_t>(N * n)), want(static_cast<size_t>(n), 1.0f);
   for (int64_t r = 0; r < N; ++r) {
@@ -252,8 +313,17 @@ void test_embedding(int64_t T, int64_t h, int64_t V, int64_t P) {
   MT_CUDA_CHECK(cudaMalloc(&d, static_cast<size_t>(2 * T) * 4));
   MT_CUDA_CHECK(cudaMemcpy(d, tok.data(), tok.size() * 4, cudaMemcpyHostToDevice));
   MT_CUDA_CHECK(cudaMemcpy(d + T, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
-  cuda::embedding_forward_bf16(out.p, d, d + T, dwte.b(), dwpe.b(), T, h, nullptr);
+  cuda::embedding_forward_bf16(out.p, d, d + T, dwte.b(), dwpe.b(), T, h, 0, V, nullptr);
   expect("embedding lookup " + std::to_string(T) + "x" + std::to_string(h), out.get(), want, 1e-6);
+  // A vocabulary shard [v0, V) without positions: other tokens' rows are zero.
+  const int64_t v0 = V / 3;
+  Vec want_shard(want.size(), 0.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t id = tok[static_cast<size_t>(t)];
+    for (int64_t c = 0; id >= v0 && c < h; ++c) want_shard[static_cast<size_t>(t * h + c)] = wte[static_cast<size_t>(id * h + c)];
+  }
+  cuda::embedding_forward_bf16(out.p, d, d + T, dwte.b() + v0 * h, nullptr, T, h, v0, V - v0, nullptr);
+  expect("embedding lookup, vocabulary shard", out.get(), want_shard, 1e-6);
   cudaFree(d);
 }
 
@@ -285,7 +355,7 @@ void test_adamw(int64_t n) {
   std::vector<cuda::AdamChunk> chunks{{0, static_cast<int32_t>(half), 1}, {half, static_cast<int32_t>(n - half), 0}};
   Buf<cuda::AdamChunk> dc(2);
   MT_CUDA_CHECK(cudaMemcpy(dc.p, chunks.data(), 2 * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
-  cuda::grad_sumsq_partials(partials.p, dg.p, n, nullptr);
+  cuda::sumsq_partials(partials.p, dg.p, dc.p, 2, nullptr);
   cuda::step_prepare(st.p, partials.p, clip, b1, b2, 1.0f, 1.0f, nullptr);
   cuda::adamw_multi(dw.p, dm.p, dv.p, w16.b(), dg.p, dc.p, 2, st.p, lr, b1, b2, eps, wd, 1.0f, nullptr);
   cuda::StepState h{};
@@ -295,6 +365,15 @@ void test_adamw(int64_t n) {
   expect("adamw weights " + std::to_string(n), dw.get(), ww, 1e-6);
   expect("adamw bf16 working copy", w16.get(), bf16_round(ww), 1e-2);
   expect("adamw moments", dv.get(), wv, 1e-6);
+  // Norm weights (a parameter held by every TP rank counts 1/TP on each): the second chunk at weight 1/4.
+  chunks[1].norm_weight = 0.25f;
+  MT_CUDA_CHECK(cudaMemcpy(dc.p, chunks.data(), 2 * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+  cuda::sumsq_partials(partials.p, dg.p, dc.p, 2, nullptr);
+  double wss = 0;
+  for (int64_t i = 0; i < n; ++i) wss += (i < half ? 1.0 : 0.25) * g[static_cast<size_t>(i)] * g[static_cast<size_t>(i)];
+  double got = 0;
+  for (float x : partials.get()) got += x;
+  expect("weighted sum of squares", Vec{static_cast<float>(got)}, Vec{static_cast<float>(wss)}, 1e-5);
 }
 
 }  // namespace
@@ -319,6 +398,8 @@ int main() {
   test_activations(37, 264);
   test_cross_entropy(17, 1003);
   test_cross_entropy(9, 50304);
+  test_cross_entropy_sharded(17, 1006, 2);
+  test_cross_entropy_sharded(9, 50304, 4);
   test_bias_grad(301, 7);
   test_bias_grad(1000, 264);
   test_embedding(333, 40, 97, 50);

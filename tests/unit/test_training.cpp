@@ -219,7 +219,10 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK_THAT(gaps_text(cuda_engine_gaps(e, 1)), MT_CONTAINS("multiple of 8"));
   Config t = c;
   t.parallel.tensor_model_parallel_size = 2;
-  CHECK_THAT(gaps_text(cuda_engine_gaps(t, 2)), MT_CONTAINS("tensor parallelism is not implemented on the CUDA engine"));
+  t.parallel.sequence_parallel = true;
+  CHECK(cuda_engine_gaps(t, 2).empty());  // 2 query groups over TP 2
+  t.model.num_query_groups = 1;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(t, 2)), MT_CONTAINS("K/V replication"));
   Config o = c;
   o.training.use_distributed_optimizer = true;
   CHECK_THAT(gaps_text(cuda_engine_gaps(o, 2)), MT_CONTAINS("--use-distributed-optimizer"));

@@ -24,6 +24,7 @@ namespace mt {
 namespace {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
+ncclDataType_t nccl_type(WireType t) { return t == WireType::kBF16 ? ncclBfloat16 : ncclFloat; }
 
 class EventRequest final : public CommRequest {
  public:
@@ -102,6 +103,21 @@ void NcclCommunicator::join(cudaStream_t s) {
   MT_CUDA_CHECK(cudaEventRecord(done_, stream_));
   MT_CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
 }
+
+void NcclCommunicator::all_reduce_on(void* data, int64_t n, WireType type, ReduceOp op, cudaStream_t s) {
+  MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), nccl_type(type), nccl_op(op), comm_, s));
+}
+
+void NcclCommunicator::reduce_scatter_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) {
+  MT_NCCL_CHECK(ncclReduceScatter(send, recv, static_cast<size_t>(n_per_rank), nccl_type(type), ncclSum, comm_, s));
+}
+
+void NcclCommunicator::all_gather_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) {
+  MT_NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(n_per_rank), nccl_type(type), comm_, s));
+}
+
+void NcclCommunicator::group_start() { MT_NCCL_CHECK(ncclGroupStart()); }
+void NcclCommunicator::group_end() { MT_NCCL_CHECK(ncclGroupEnd()); }
 
 void NcclCommunicator::all_reduce(double* data, int64_t n, ReduceOp op) {
   MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclDouble, nccl_op(op), comm_, stream_));

@@ -11,12 +11,13 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/cuda/stream_collectives.h"
 #include "parallel/launcher.h"
 #include "parallel/rank_layout.h"
 
 namespace mt {
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public Communicator, public StreamCollectives {
  public:
   NcclCommunicator(ncclComm_t comm, std::string name, int64_t timeout_seconds);
   ~NcclCommunicator() override;
@@ -47,6 +48,14 @@ class NcclCommunicator final : public Communicator {
   // The same on bf16 data (--grad-reduce-in-bf16).
   void all_reduce_bf16_after(void* data, int64_t n, ReduceOp op, cudaStream_t after);
   void join(cudaStream_t s);
+  // StreamCollectives: queued on `s` itself (tensor parallelism inside a step).
+  int group_rank() const override { return rank_; }
+  int group_size() const override { return size_; }
+  void all_reduce_on(void* data, int64_t n, WireType type, ReduceOp op, cudaStream_t s) override;
+  void reduce_scatter_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) override;
+  void all_gather_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) override;
+  void group_start() override;
+  void group_end() override;
   // Waits for `event` (recorded on any stream whose work depends on this communicator's), watching for NCCL
   // errors and the timeout like wait_stream: a dead peer aborts the job instead of hanging it.
   void wait_event(cudaEvent_t event, const char* op);

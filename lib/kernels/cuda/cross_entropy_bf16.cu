@@ -19,10 +19,8 @@ __device__ __forceinline__ void online_add(float& m, float& s, float x) {
   }
 }
 
-__global__ void ce_kernel(float* losses, bf16* logits, const int32_t* targets, const float* mask, float grad_scale, int64_t V, bool write_grad,
-                          bool vec) {
-  const int64_t row = blockIdx.x;
-  bf16* x = logits + row * V;
+// This block's (max, sum of exp(x - max)) over one row of V bf16 values, combined across the block.
+__device__ void row_stats(const bf16* x, int64_t V, bool vec, float& max_out, float& sum_out) {
   float m = -FLT_MAX, s = 0.0f;
   if (vec) {
     const int64_t nv = V / 8;
@@ -44,13 +42,12 @@ __global__ void ce_kernel(float* losses, bf16* logits, const int32_t* targets, c
   __syncthreads();
   float bm = -FLT_MAX;
   for (int w = 0; w < kThreads / 32; ++w) bm = fmaxf(bm, red[w]);
-  const float ssum = block_sum(s > 0.0f ? s * __expf(m - bm) : 0.0f);
-  const float lse = bm + __logf(ssum);
-  const int32_t tgt = targets[row];
-  if (threadIdx.x == 0) losses[row] = lse - __bfloat162float(x[tgt]);
-  if (!write_grad) return;
-  __syncthreads();  // x[tgt] read before it is overwritten
-  const float scale = grad_scale * (mask ? mask[row] : 1.0f);
+  max_out = bm;
+  sum_out = block_sum(s > 0.0f ? s * __expf(m - bm) : 0.0f);
+}
+
+// x[i] = (exp(x[i] - lse) - [i == tgt]) * scale over one row (tgt is a column of this row, or outside it).
+__device__ void write_row_grad(bf16* x, int64_t V, bool vec, float lse, int64_t tgt, float scale) {
   if (vec) {
     const int64_t nv = V / 8;
     uint4* xv = reinterpret_cast<uint4*>(x);
@@ -73,6 +70,49 @@ __global__ void ce_kernel(float* losses, bf16* logits, const int32_t* targets, c
   }
 }
 
+__global__ void ce_kernel(float* losses, bf16* logits, const int32_t* targets, const float* mask, float grad_scale, int64_t V, bool write_grad,
+                          bool vec) {
+  const int64_t row = blockIdx.x;
+  bf16* x = logits + row * V;
+  float bm, ssum;
+  row_stats(x, V, vec, bm, ssum);
+  const float lse = bm + __logf(ssum);
+  const int32_t tgt = targets[row];
+  if (threadIdx.x == 0) losses[row] = lse - __bfloat162float(x[tgt]);
+  if (!write_grad) return;
+  __syncthreads();  // x[tgt] read before it is overwritten
+  write_row_grad(x, V, vec, lse, tgt, grad_scale * (mask ? mask[row] : 1.0f));
+}
+
+__global__ void ce_shard_stats_kernel(float* stats, const bf16* logits, const int32_t* targets, int64_t N, int64_t V, int64_t v0, bool vec) {
+  const int64_t row = blockIdx.x;
+  const bf16* x = logits + row * V;
+  float bm, ssum;
+  row_stats(x, V, vec, bm, ssum);
+  if (threadIdx.x == 0) {
+    const int64_t tgt = static_cast<int64_t>(targets[row]) - v0;
+    stats[row] = bm;
+    stats[N + row] = bm;
+    stats[2 * N + row] = ssum;
+    stats[3 * N + row] = tgt >= 0 && tgt < V ? __bfloat162float(x[tgt]) : 0.0f;
+  }
+}
+
+__global__ void ce_shard_rescale_kernel(float* stats, int64_t N) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    stats[2 * N + i] *= __expf(stats[N + i] - stats[i]);
+  }
+}
+
+__global__ void ce_shard_finish_kernel(float* losses, bf16* logits, const float* stats, const int32_t* targets, const float* mask, float grad_scale,
+                                       int64_t N, int64_t V, int64_t v0, bool write_grad, bool vec) {
+  const int64_t row = blockIdx.x;
+  const float lse = stats[row] + __logf(stats[2 * N + row]);
+  if (threadIdx.x == 0) losses[row] = lse - stats[3 * N + row];
+  if (!write_grad) return;
+  write_row_grad(logits + row * V, V, vec, lse, static_cast<int64_t>(targets[row]) - v0, grad_scale * (mask ? mask[row] : 1.0f));
+}
+
 __global__ void masked_sum_kernel(float* acc, const float* losses, const float* mask, int64_t N, float weight) {
   float s = 0.0f;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x) s += losses[i] * (mask ? mask[i] : 1.0f);
@@ -87,6 +127,28 @@ void cross_entropy_fused_bf16(float* losses, bf16* logits, const int32_t* target
   if (N == 0) return;
   const bool vec = V % 8 == 0 && (reinterpret_cast<uintptr_t>(logits) % 16) == 0;
   ce_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(losses, logits, targets, loss_mask, grad_scale, V, write_grad, vec);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void ce_shard_stats(float* stats, const bf16* logits, const int32_t* targets, int64_t N, int64_t V_local, int64_t v0, cudaStream_t stream) {
+  if (N == 0) return;
+  const bool vec = V_local % 8 == 0 && (reinterpret_cast<uintptr_t>(logits) % 16) == 0;
+  ce_shard_stats_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(stats, logits, targets, N, V_local, v0, vec);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void ce_shard_rescale(float* stats, int64_t N, cudaStream_t stream) {
+  if (N == 0) return;
+  ce_shard_rescale_kernel<<<grid_for(N, 256), 256, 0, stream>>>(stats, N);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void ce_shard_finish(float* losses, bf16* logits, const float* stats, const int32_t* targets, const float* loss_mask, float grad_scale,
+                     int64_t N, int64_t V_local, int64_t v0, bool write_grad, cudaStream_t stream) {
+  if (N == 0) return;
+  const bool vec = V_local % 8 == 0 && (reinterpret_cast<uintptr_t>(logits) % 16) == 0;
+  ce_shard_finish_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(losses, logits, stats, targets, loss_mask, grad_scale, N, V_local,
+                                                                            v0, write_grad, vec);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -6,10 +6,12 @@
 namespace mt::cuda {
 namespace {
 
-__global__ void emb_kernel(float* out, const int32_t* tok, const int32_t* pos, const bf16* wte, const bf16* wpe, int64_t T, int64_t h) {
+__global__ void emb_kernel(float* out, const int32_t* tok, const int32_t* pos, const bf16* wte, const bf16* wpe, int64_t T, int64_t h, int64_t v0,
+                           int64_t vn) {
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < T * h; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = e / h, c = e % h;
-    float v = __bfloat162float(wte[static_cast<int64_t>(tok[t]) * h + c]);
+    const int64_t row = static_cast<int64_t>(tok[t]) - v0;
+    float v = row >= 0 && row < vn ? __bfloat162float(wte[row * h + c]) : 0.0f;
     if (wpe) v += __bfloat162float(wpe[static_cast<int64_t>(pos[t]) * h + c]);
     out[e] = v;
   }
@@ -18,9 +20,9 @@ __global__ void emb_kernel(float* out, const int32_t* tok, const int32_t* pos, c
 }  // namespace
 
 void embedding_forward_bf16(float* out, const int32_t* tokens, const int32_t* positions, const bf16* wte, const bf16* wpe, int64_t T,
-                            int64_t h, cudaStream_t stream) {
+                            int64_t h, int64_t vocab_start, int64_t vocab_local, cudaStream_t stream) {
   if (T * h == 0) return;
-  emb_kernel<<<grid_for(T * h, 256), 256, 0, stream>>>(out, tokens, positions, wte, wpe, T, h);
+  emb_kernel<<<grid_for(T * h, 256), 256, 0, stream>>>(out, tokens, positions, wte, wpe, T, h, vocab_start, vocab_local);
   MT_CUDA_CHECK_LAUNCH();
 }
 

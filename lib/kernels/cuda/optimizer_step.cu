@@ -8,11 +8,16 @@
 namespace mt::cuda {
 namespace {
 
-__global__ void sumsq_kernel(float* partials, const float* g, int64_t n) {
+__global__ void sumsq_kernel(float* partials, const float* g, const AdamChunk* chunks, int64_t nchunks) {
   float s = 0.0f;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float x = g[i];
-    s += x * x;
+  for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
+    const AdamChunk ch = chunks[c];
+    float cs = 0.0f;
+    for (int64_t k = threadIdx.x; k < ch.len; k += blockDim.x) {
+      const float x = g[ch.start + k];
+      cs += x * x;
+    }
+    s += cs * ch.norm_weight;
   }
   s = block_sum(s);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
@@ -81,8 +86,8 @@ void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream) 
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void grad_sumsq_partials(float* partials, const float* g, int64_t n, cudaStream_t stream) {
-  sumsq_kernel<<<kNormPartials, 256, 0, stream>>>(partials, g, n);
+void sumsq_partials(float* partials, const float* g, const AdamChunk* chunks, int64_t nchunks, cudaStream_t stream) {
+  sumsq_kernel<<<kNormPartials, 256, 0, stream>>>(partials, g, chunks, nchunks);
   MT_CUDA_CHECK_LAUNCH();
 }
 

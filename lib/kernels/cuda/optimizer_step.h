@@ -30,11 +30,15 @@ struct AdamChunk {
   int64_t start;
   int32_t len;
   int32_t decay;
+  // Weight of this chunk's squares in the gradient norm: 1, or 1/n for a parameter every one of n
+  // tensor-parallel ranks holds (the ranks' partial sums are then added up, counting it once).
+  float norm_weight = 1.0f;
 };
 
 constexpr int kNormPartials = 1024;
-// partials[kNormPartials] of sum(g^2) (unscaled by the loss scale: step_prepare applies it).
-void grad_sumsq_partials(float* partials, const float* g, int64_t n, cudaStream_t stream);
+// partials[kNormPartials] of sum over the chunks of norm_weight * g^2 (unscaled by the loss scale:
+// step_prepare applies it).
+void sumsq_partials(float* partials, const float* g, const AdamChunk* chunks, int64_t nchunks, cudaStream_t stream);
 // From the partials and loss_acc: norm, clip, skip, t and the bias corrections; loss = loss_acc * loss_weight; loss_acc reset.
 void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, float inv_loss_scale,
                   cudaStream_t stream);

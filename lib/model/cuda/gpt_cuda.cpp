@@ -1,6 +1,8 @@
 // gpt_cuda.cpp: forward and backward of the decoder on the CUDA kernels. Per layer the forward keeps
 // what its backward reads (or only the layer input under full recompute, re-running the layer before its
 // backward); the whole microbatch is forward then backward, so one set of buffers serves every microbatch.
+// Shapes are this rank's TP shard: T tokens enter every GEMM; Tl (T / TP under sequence parallelism, else
+// T) rows live in the residual stream and the norms.
 #include "model/cuda/gpt_cuda.h"
 
 #include <algorithm>
@@ -37,10 +39,13 @@ struct CudaGPT::Record {
   float *mean1 = nullptr, *rstd1 = nullptr, *stats = nullptr, *x_mid = nullptr, *mean2 = nullptr, *rstd2 = nullptr;
 };
 
+// [T, .] unless marked [Tl, .]; the *_l buffers exist under sequence parallelism only.
 struct CudaGPT::Scratch {
-  bf16 *qkv = nullptr, *delta = nullptr, *xnf = nullptr, *logits = nullptr, *dres16 = nullptr, *dxn = nullptr;
+  bf16 *qkv = nullptr, *delta = nullptr, *xnf = nullptr, *logits = nullptr, *dres16 = nullptr /*[Tl]*/, *dxn = nullptr;
   bf16 *d_o = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr, *dact = nullptr, *dfc1 = nullptr;
-  float *x_final = nullptr, *meanf = nullptr, *rstdf = nullptr, *losses = nullptr, *dres = nullptr;
+  bf16 *delta_l = nullptr, *xn_l = nullptr, *dxn_l = nullptr, *dres16_full = nullptr;
+  float *x_final = nullptr /*[Tl]*/, *meanf = nullptr, *rstdf = nullptr, *losses = nullptr, *dres = nullptr /*[Tl]*/;
+  float *emb = nullptr /*[T, h] fp32: SP embedding partials and gradient gather*/, *ce_stats = nullptr /*[4T]: vocab-parallel loss*/;
 };
 
 void* CudaGPT::alloc(size_t bytes) {
@@ -58,15 +63,27 @@ constexpr cudaDataType_t kBF = CUDA_R_16BF;
 
 }  // namespace
 
-CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream) : D_(model_dims(cfg, 0, 1)), stream_(stream) {
+CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp)
+    : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1)), stream_(stream) {
   const ModelDims& D = D_;
+  if (D.tp > 1) {
+    tp_ = tp;
+    tp_size_ = D.tp;
+    tp_rank_ = D.tp_rank;
+    sp_ = D.sequence_parallel;
+    v0_ = D.tp_rank * D.V_local;
+    if (D.kv_rep > 1) {
+      throw std::runtime_error("the CUDA engine needs --num-query-groups to be a multiple of --tensor-model-parallel-size (K/V replication runs on "
+                               "--device cpu only)");
+    }
+  }
   numel_ = layout.numel();
   // Every parameter is a view into the flat buffers; cuBLASLt's kernels load 16-byte vectors, so each view
   // must start on a multiple of 8 elements (true when hidden, FFN and vocabulary sizes are multiples of 8).
   for (const auto& p : layout.infos()) {
     if (p.offset % 8 != 0) {
       throw std::runtime_error("the CUDA engine needs every parameter to start on a multiple of 8 elements; " + p.name +
-                               " does not (make --hidden-size, --ffn-hidden-size and the padded vocabulary multiples of 8), or use --device cpu");
+                               " does not (make --hidden-size, --ffn-hidden-size and the padded vocabulary multiples of 8 per tensor-parallel rank), or use --device cpu");
     }
   }
   master_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
@@ -82,6 +99,13 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   if (!D.rms) lnf_b_ = offset_of(layout, "final_norm.bias");
   out_w_ = D.tied ? wte_ : offset_of(layout, "output_layer.weight");
   layers_.resize(static_cast<size_t>(D.L));
+  layer_replicated_.resize(static_cast<size_t>(D.L));
+  auto replicated = [&](std::vector<std::pair<int64_t, int64_t>>& out, int64_t off) {
+    if (off < 0) return;
+    for (const auto& p : layout.infos()) {
+      if (p.offset == off && p.shard_dim < 0) out.emplace_back(off, p.numel);
+    }
+  };
   for (int64_t l = 0; l < D.L; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerW& lw = layers_[static_cast<size_t>(l)];
@@ -104,9 +128,12 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     int64_t lo = numel_;
     for (int64_t off : {lw.ln1_w, lw.ln1_b, lw.qkv_w, lw.qkv_b, lw.proj_w, lw.proj_b, lw.ln2_w, lw.ln2_b, lw.fc1_w, lw.fc1_b, lw.fc2_w, lw.fc2_b}) {
       if (off >= 0) lo = std::min(lo, off);
+      replicated(layer_replicated_[static_cast<size_t>(l)], off);
     }
     layer_start_.push_back(lo);
   }
+  replicated(final_replicated_, lnf_w_);
+  replicated(final_replicated_, lnf_b_);
   if (D.rope) {
     const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base));
     rope_table_ = static_cast<float*>(alloc(table.size() * 4));
@@ -126,37 +153,42 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   }
 
   const int64_t T = *cfg.training.micro_batch_size * D.S;
+  if (sp_ && T % tp_size_ != 0) {
+    throw std::runtime_error("sequence parallelism needs --micro-batch-size x --seq-length divisible by --tensor-model-parallel-size");
+  }
   T_max_ = T;
-  const int64_t h = D.h, Hd = D.nh * D.d, KVd = D.ng * D.d, Wq = (D.nh + 2 * D.ng) * D.d;
-  const int64_t F1 = D.swiglu ? 2 * D.F : D.F;
+  const double rows_l = sp_ ? 1.0 / static_cast<double>(tp_size_) : 1.0;  // Tl / T
+  const int64_t h = D.h, Hd = D.nh_local * D.d, KVd = D.ng_local * D.d, Wq = (D.nh_local + 2 * D.ng_local) * D.d;
+  const int64_t F = D.F_local, F1 = D.swiglu ? 2 * F : F;
   const size_t t = static_cast<size_t>(T);
-  auto b16 = [&](int64_t n) {
-    act_bytes_ += t * static_cast<size_t>(n) * 2;
-    return static_cast<bf16*>(alloc(t * static_cast<size_t>(n) * 2));
+  auto bytes = [&](int64_t n, size_t elem, double rows) { return static_cast<size_t>(static_cast<double>(t) * rows) * static_cast<size_t>(n) * elem; };
+  auto b16 = [&](int64_t n, double rows = 1.0) {
+    act_bytes_ += bytes(n, 2, rows);
+    return static_cast<bf16*>(alloc(bytes(n, 2, rows)));
   };
-  auto f32 = [&](int64_t n) {
-    act_bytes_ += t * static_cast<size_t>(n) * 4;
-    return static_cast<float*>(alloc(t * static_cast<size_t>(n) * 4));
+  auto f32 = [&](int64_t n, double rows = 1.0) {
+    act_bytes_ += bytes(n, 4, rows);
+    return static_cast<float*>(alloc(bytes(n, 4, rows)));
   };
   auto full_record = [&](Record& r) {
     r.xn1 = b16(h);
-    r.mean1 = f32(1);
-    r.rstd1 = f32(1);
+    r.mean1 = f32(1, rows_l);
+    r.rstd1 = f32(1, rows_l);
     r.q = b16(Hd);
     r.k = b16(KVd);
     r.v = b16(KVd);
     r.o = b16(Hd);
-    r.stats = f32(D.nh);
-    r.x_mid = f32(h);
+    r.stats = f32(D.nh_local);
+    r.x_mid = f32(h, rows_l);
     r.xn2 = b16(h);
-    r.mean2 = f32(1);
-    r.rstd2 = f32(1);
+    r.mean2 = f32(1, rows_l);
+    r.rstd2 = f32(1, rows_l);
     r.fc1 = b16(F1);
-    r.act = b16(D.F);
+    r.act = b16(F);
   };
   for (int64_t l = 0; l < D.L; ++l) {
     auto r = std::make_unique<Record>();
-    r->x_in = f32(h);
+    r->x_in = f32(h, rows_l);
     if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r);
     records_.push_back(std::move(r));
   }
@@ -168,24 +200,32 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   Scratch& s = *s_;
   s.qkv = b16(Wq);
   s.delta = b16(h);
-  s.x_final = f32(h);
+  s.x_final = f32(h, rows_l);
   s.xnf = b16(h);
-  s.meanf = f32(1);
-  s.rstdf = f32(1);
-  s.logits = b16(D.V);
+  s.meanf = f32(1, rows_l);
+  s.rstdf = f32(1, rows_l);
+  s.logits = b16(D.V_local);
   s.losses = f32(1);
-  s.dres = f32(h);
-  s.dres16 = b16(h);
+  s.dres = f32(h, rows_l);
+  s.dres16 = b16(h, rows_l);
   s.dxn = b16(h);
   s.d_o = b16(Hd);
   s.dq = b16(Hd);
   s.dk = b16(KVd);
   s.dv = b16(KVd);
-  s.dact = b16(D.F);
+  s.dact = b16(F);
   s.dfc1 = b16(F1);
+  if (tp_) s.ce_stats = f32(4);
+  if (sp_) {
+    s.delta_l = b16(h, rows_l);
+    s.xn_l = b16(h, rows_l);
+    s.dxn_l = b16(h, rows_l);
+    s.dres16_full = b16(h);
+    s.emb = f32(h);
+  }
 
   // Fail here, with the shape named, rather than in the first step.
-  const std::string why = cuda::CudnnSdpa::instance().check({*cfg.training.micro_batch_size, D.S, D.nh, D.ng, D.d, D.softmax_scale});
+  const std::string why = cuda::CudnnSdpa::instance().check({*cfg.training.micro_batch_size, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale});
   if (!why.empty()) throw std::runtime_error(why);
   // The RoPE table went up on the legacy stream, which the (non-blocking) training stream does not wait for.
   MT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -199,110 +239,197 @@ void CudaGPT::refresh_working() { cuda::cast_to_bf16(w16_, master_, numel_, stre
 
 bool CudaGPT::recomputed(int64_t l) const { return recompute_layer_[static_cast<size_t>(l)]; }
 
-// From r's xn1 (the normalised input) to s_->delta (the MLP output); r.x_mid and the rest saved in r.
-void CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
+const bf16* CudaGPT::combine_rows(bf16* full, bf16* local, int64_t T) {
+  if (!tp_) return full;
+  if (sp_) {
+    MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(full, local, T / tp_size_ * D_.h, WireType::kBF16, stream_));
+    return local;
+  }
+  MT_PROF("tp.all_reduce", tp_->all_reduce_on(full, T * D_.h, WireType::kBF16, ReduceOp::kSum, stream_));
+  return full;
+}
+
+bf16* CudaGPT::gather_rows(bf16* local, bf16* full, int64_t T) {
+  if (!sp_) return local;
+  MT_PROF("tp.all_gather", tp_->all_gather_on(local, full, T / tp_size_ * D_.h, WireType::kBF16, stream_));
+  return full;
+}
+
+bf16* CudaGPT::norm_out(bf16* full) const { return sp_ ? s_->xn_l : full; }
+
+void CudaGPT::sum_replicated_grads(const std::vector<std::pair<int64_t, int64_t>>& params) {
+  if (!sp_ || !final_backward_ || params.empty()) return;
+  tp_->group_start();
+  for (const auto& [off, n] : params) tp_->all_reduce_on(g(off), n, WireType::kF32, ReduceOp::kSum, stream_);
+  MT_PROF("tp.replicated_grads", tp_->group_end());
+}
+
+// From r's xn1 (the normalised input, all T rows) to the MLP output of this rank's rows; r.x_mid and the
+// rest saved in r.
+const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
-  const int64_t T = mb.B * mb.S, h = D.h, Hd = D.nh * D.d, Wq = (D.nh + 2 * D.ng) * D.d, F1 = D.swiglu ? 2 * D.F : D.F;
+  const int64_t T = mb.B * mb.S, Tl = sp_ ? T / tp_size_ : T, h = D.h;
+  const int64_t Hd = D.nh_local * D.d, Wq = (D.nh_local + 2 * D.ng_local) * D.d, F = D.F_local, F1 = D.swiglu ? 2 * F : F;
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
+  const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale};
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, kBF, kBF, w(lw.qkv_b), stream_));
-  MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh, D.ng, D.d, D.rot_dim, stream_));
-  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward({mb.B, mb.S, D.nh, D.ng, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, r.stats, stream_));
-  MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, kBF, kBF, w(lw.proj_b), stream_));
-  MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid, r.xn2, r.mean2, r.rstd2, x_in, s.delta, w(lw.ln2_w), w(lw.ln2_b), T, h, D.eps, D.rms, stream_));
+  MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local, D.ng_local, D.d,
+                                                     D.rot_dim, stream_));
+  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_));
+  // Row-parallel: the bias joins one rank's partial sum.
+  MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, kBF, kBF, row_bias(lw.proj_b), stream_));
+  const bf16* attn = combine_rows(s.delta, s.delta_l, T);
+  MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid, norm_out(r.xn2), r.mean2, r.rstd2, x_in, attn, w(lw.ln2_w), w(lw.ln2_b), Tl, h, D.eps, D.rms,
+                                                 stream_));
+  gather_rows(s.xn_l, r.xn2, T);
   MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, kBF, kBF, w(lw.fc1_b), stream_));
   if (D.swiglu) {
-    MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, D.F, stream_));
+    MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_));
   } else {
-    MT_PROF("fwd.activation", cuda::gelu_forward_bf16(r.act, r.fc1, T * D.F, stream_));
+    MT_PROF("fwd.activation", cuda::gelu_forward_bf16(r.act, r.fc1, T * F, stream_));
   }
-  MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, T, h, D.F, 1.0f, r.act, D.F, w(lw.fc2_w), D.F, 0.0f, s.delta, h, kBF, kBF, w(lw.fc2_b), stream_));
+  MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, T, h, F, 1.0f, r.act, F, w(lw.fc2_w), F, 0.0f, s.delta, h, kBF, kBF, row_bias(lw.fc2_b), stream_));
+  return combine_rows(s.delta, s.delta_l, T);
 }
 
-// s_->dres holds d(layer output) on entry and d(layer input) on exit (s_->dres16 its bf16 copy).
+// s_->dres holds d(layer output) on entry and d(layer input) on exit (s_->dres16 its bf16 copy), this
+// rank's rows.
 void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
-  const int64_t T = mb.B * mb.S, h = D.h, Hd = D.nh * D.d, Wq = (D.nh + 2 * D.ng) * D.d, F1 = D.swiglu ? 2 * D.F : D.F;
+  const int64_t T = mb.B * mb.S, Tl = sp_ ? T / tp_size_ : T, h = D.h;
+  const int64_t Hd = D.nh_local * D.d, Wq = (D.nh_local + 2 * D.ng_local) * D.d, F = D.F_local, F1 = D.swiglu ? 2 * F : F;
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
   // MLP
-  MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, D.F, h, 1.0f, s.dres16, h, w(lw.fc2_w), D.F, 0.0f, s.dact, D.F, kBF, kBF, nullptr, stream_));
-  MT_PROF("bwd.gemm.fc2_wgrad", lt.gemm_ex(true, false, h, D.F, T, 1.0f, s.dres16, h, r.act, D.F, 1.0f, g(lw.fc2_w), D.F, kBF, CUDA_R_32F, nullptr, stream_));
-  if (lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, T, h, stream_));
+  const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
+  MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, kBF, kBF, nullptr, stream_));
+  MT_PROF("bwd.gemm.fc2_wgrad", lt.gemm_ex(true, false, h, F, T, 1.0f, dy, h, r.act, F, 1.0f, g(lw.fc2_w), F, kBF, CUDA_R_32F, nullptr, stream_));
+  if (lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_));
   if (D.swiglu) {
-    MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, D.F, stream_));
+    MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_));
   } else {
-    MT_PROF("bwd.activation", cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * D.F, stream_));
+    MT_PROF("bwd.activation", cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * F, stream_));
   }
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
   MT_PROF("bwd.gemm.fc1_wgrad", lt.gemm_ex(true, false, F1, h, T, 1.0f, s.dfc1, F1, r.xn2, h, 1.0f, g(lw.fc1_w), h, kBF, CUDA_R_32F, nullptr, stream_));
   if (lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_));
-  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), s.dxn, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), T, h, D.rms, stream_));
+  const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
+  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), dmlp, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), Tl, h, D.rms,
+                                              stream_));
   // Attention
-  MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, s.dres16, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, kBF, kBF, nullptr, stream_));
-  MT_PROF("bwd.gemm.proj_wgrad", lt.gemm_ex(true, false, h, Hd, T, 1.0f, s.dres16, h, r.o, Hd, 1.0f, g(lw.proj_w), Hd, kBF, CUDA_R_32F, nullptr, stream_));
-  if (lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, T, h, stream_));
-  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh, D.ng, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, s.d_o, r.stats, s.dq, s.dk,
-                                       s.dv, stream_));
-  MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh, D.ng, D.d, D.rot_dim,
-                                stream_));
+  dy = gather_rows(s.dres16, s.dres16_full, T);
+  MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, kBF, kBF, nullptr, stream_));
+  MT_PROF("bwd.gemm.proj_wgrad", lt.gemm_ex(true, false, h, Hd, T, 1.0f, dy, h, r.o, Hd, 1.0f, g(lw.proj_w), Hd, kBF, CUDA_R_32F, nullptr, stream_));
+  if (lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_));
+  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, s.d_o,
+                                                                r.stats, s.dq, s.dk, s.dv, stream_));
+  MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local,
+                                                              D.ng_local, D.d, D.rot_dim, stream_));
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
   MT_PROF("bwd.gemm.qkv_wgrad", lt.gemm_ex(true, false, Wq, h, T, 1.0f, s.qkv, Wq, r.xn1, h, 1.0f, g(lw.qkv_w), h, kBF, CUDA_R_32F, nullptr, stream_));
   if (lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_));
-  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), s.dxn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), T, h, D.rms, stream_));
+  const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
+  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
+                                              stream_));
+  sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)]);
+}
+
+// The residual stream's first rows: the vocabulary-parallel lookup summed over TP (scattered over the
+// tokens under SP), positions added by one rank.
+void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
+  const ModelDims& D = D_;
+  float* x0 = records_[0]->x_in;
+  const bf16* wpe = wpe_ >= 0 && tp_rank_ == 0 ? w(wpe_) : nullptr;
+  float* out = sp_ ? s_->emb : x0;
+  MT_PROF("fwd.embedding", cuda::embedding_forward_bf16(out, mb.tokens, mb.positions, w(wte_), wpe, T, D.h, v0_, D.V_local, stream_));
+  if (!tp_) return;
+  if (sp_) MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(out, x0, T / tp_size_ * D.h, WireType::kF32, stream_));
+  else MT_PROF("tp.all_reduce", tp_->all_reduce_on(out, T * D.h, WireType::kF32, ReduceOp::kSum, stream_));
+}
+
+// Cross-entropy over this rank's vocabulary columns (the whole vocabulary at TP 1); the gradient replaces
+// the logits when training.
+void CudaGPT::loss(const DeviceMicrobatch& mb, float grad_scale, int64_t T) {
+  Scratch& s = *s_;
+  const bool train = grad_scale > 0.0f;
+  if (!tp_) {
+    MT_PROF("loss.cross_entropy", cuda::cross_entropy_fused_bf16(s.losses, s.logits, mb.labels, mb.loss_mask, grad_scale, T, D_.V, train, stream_));
+    return;
+  }
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_stats(s.ce_stats, s.logits, mb.labels, T, D_.V_local, v0_, stream_));
+  MT_PROF("tp.loss_max", tp_->all_reduce_on(s.ce_stats, T, WireType::kF32, ReduceOp::kMax, stream_));
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_rescale(s.ce_stats, T, stream_));
+  MT_PROF("tp.loss_sum", tp_->all_reduce_on(s.ce_stats + 2 * T, 2 * T, WireType::kF32, ReduceOp::kSum, stream_));
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_finish(s.losses, s.logits, s.ce_stats, mb.labels, mb.loss_mask, grad_scale, T, D_.V_local, v0_, train,
+                                                      stream_));
 }
 
 void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc) {
   const ModelDims& D = D_;
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
-  const int64_t T = mb.B * mb.S, h = D.h;
+  const int64_t T = mb.B * mb.S, Tl = sp_ ? T / tp_size_ : T, h = D.h, V = D.V_local;
   if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
   auto act = [&](int64_t l) -> Record& { return recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)]; };
   // Forward
-  MT_PROF("fwd.embedding", cuda::embedding_forward_bf16(records_[0]->x_in, mb.tokens, mb.positions, w(wte_), wpe_ >= 0 ? w(wpe_) : nullptr, T, h, stream_));
+  embed(mb, T);
   const LayerW& l0 = layers_[0];
-  MT_PROF("fwd.add_norm", cuda::add_norm_forward(nullptr, act(0).xn1, act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w), w(l0.ln1_b), T, h,
-                         D.eps, D.rms, stream_));
+  MT_PROF("fwd.add_norm", cuda::add_norm_forward(nullptr, norm_out(act(0).xn1), act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w),
+                                                 w(l0.ln1_b), Tl, h, D.eps, D.rms, stream_));
+  gather_rows(s.xn_l, act(0).xn1, T);
   for (int64_t l = 0; l < D.L; ++l) {
     Record& r = act(l);
-    layer_forward(l, r, mb);
+    const bf16* mlp = layer_forward(l, r, mb);
     if (l + 1 < D.L) {
       Record& n = act(l + 1);
       const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
-      MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, n.xn1, n.mean1, n.rstd1, r.x_mid, s.delta, w(nw.ln1_w),
-                             w(nw.ln1_b), T, h, D.eps, D.rms, stream_));
+      MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, norm_out(n.xn1), n.mean1, n.rstd1, r.x_mid, mlp, w(nw.ln1_w),
+                                                     w(nw.ln1_b), Tl, h, D.eps, D.rms, stream_));
+      gather_rows(s.xn_l, n.xn1, T);
     } else {
-      MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, s.xnf, s.meanf, s.rstdf, r.x_mid, s.delta, w(lnf_w_), w(lnf_b_), T, h, D.eps, D.rms, stream_));
+      MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, norm_out(s.xnf), s.meanf, s.rstdf, r.x_mid, mlp, w(lnf_w_), w(lnf_b_), Tl, h, D.eps, D.rms,
+                                                     stream_));
+      gather_rows(s.xn_l, s.xnf, T);
     }
   }
-  MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, T, D.V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, D.V, kBF, kBF, nullptr, stream_));
-  const bool train = grad_scale > 0.0f;
-  MT_PROF("loss.cross_entropy", cuda::cross_entropy_fused_bf16(s.losses, s.logits, mb.labels, mb.loss_mask, grad_scale, T, D.V, train, stream_));
+  MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, T, V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, V, kBF, kBF, nullptr, stream_));
+  loss(mb, grad_scale, T);
   MT_PROF("loss.sum", cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_));
-  if (!train) return;
+  if (grad_scale <= 0.0f) return;
   // Backward: output layer and final norm
-  MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, T, h, D.V, 1.0f, s.logits, D.V, w(out_w_), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
-  MT_PROF("bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, D.V, h, T, 1.0f, s.logits, D.V, s.xnf, h, 1.0f, g(out_w_), h, kBF, CUDA_R_32F, nullptr, stream_));
-  MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(T * h) * 4, stream_)));
-  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), s.dxn, s.x_final, s.meanf, s.rstdf, w(lnf_w_), T, h, D.rms, stream_));
+  MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, T, h, V, 1.0f, s.logits, V, w(out_w_), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
+  MT_PROF("bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, T, 1.0f, s.logits, V, s.xnf, h, 1.0f, g(out_w_), h, kBF, CUDA_R_32F, nullptr, stream_));
+  const bf16* dfinal = combine_rows(s.dxn, s.dxn_l, T);
+  MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
+  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), dfinal, s.x_final, s.meanf, s.rstdf, w(lnf_w_), Tl, h, D.rms,
+                                              stream_));
+  sum_replicated_grads(final_replicated_);
   for (int64_t l = D.L - 1; l >= 0; --l) {
     Record& r = act(l);
     if (recomputed(l)) {
       const LayerW& lw = layers_[static_cast<size_t>(l)];
-      MT_PROF("recompute.norm", cuda::add_norm_forward(nullptr, r.xn1, r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr, w(lw.ln1_w), w(lw.ln1_b),
-                             T, h, D.eps, D.rms, stream_));
+      MT_PROF("recompute.norm", cuda::add_norm_forward(nullptr, norm_out(r.xn1), r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr,
+                                                       w(lw.ln1_w), w(lw.ln1_b), Tl, h, D.eps, D.rms, stream_));
+      gather_rows(s.xn_l, r.xn1, T);
       layer_forward(l, r, mb);
     }
     layer_backward(l, r, mb);
     if (final_backward_ && grads_ready_) grads_ready_(layer_start_[static_cast<size_t>(l)]);
   }
-  MT_PROF("bwd.embedding", cuda::embedding_backward(g(wte_), s.dres, mb.tok_ids, mb.tok_offsets, mb.tok_positions, mb.n_tok_ids, h, stream_));
-  if (wpe_ >= 0) MT_PROF("bwd.embedding", cuda::embedding_backward(g(wpe_), s.dres, mb.pos_ids, mb.pos_offsets, mb.pos_positions, mb.n_pos_ids, h, stream_));
+  // The embedding gradient from every token (gathered under SP): each rank's vocabulary rows, and the
+  // positions' on every rank alike.
+  float* demb = s.dres;
+  if (sp_) {
+    MT_PROF("tp.all_gather", tp_->all_gather_on(s.dres, s.emb, Tl * h, WireType::kF32, stream_));
+    demb = s.emb;
+  }
+  MT_PROF("bwd.embedding", cuda::embedding_backward(g(wte_), demb, mb.tok_ids, mb.tok_offsets, mb.tok_positions, mb.n_tok_ids, h, stream_));
+  if (wpe_ >= 0) MT_PROF("bwd.embedding", cuda::embedding_backward(g(wpe_), demb, mb.pos_ids, mb.pos_offsets, mb.pos_positions, mb.n_pos_ids, h, stream_));
   if (final_backward_ && grads_ready_) grads_ready_(0);
 }
 

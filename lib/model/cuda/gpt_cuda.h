@@ -3,6 +3,10 @@
 // straight into the fp32 main-grad buffer), an fp32 residual stream, bf16 activations, cuDNN flash
 // attention, fused norm / loss kernels. The parameter layout (names, flat offsets, initial values) is the
 // CPU reference model's ParamStore, so checkpoints and parity tests line up element for element.
+// Tensor parallelism (as the CPU model, Megatron's layout): this rank holds its shard of the heads, the
+// FFN and the vocabulary; row-parallel partial sums are combined over TP in bf16 (all-reduce, or under
+// sequence parallelism reduce-scatter, with norms on sequence shards and all-gathers before the column-
+// parallel GEMMs); the loss is vocabulary-parallel. TP collectives are queued on the compute stream.
 // Everything runs on one stream; nothing here waits for the device.
 #pragma once
 
@@ -11,8 +15,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "comm/cuda/stream_collectives.h"
 #include "config/config.h"
 #include "kernels/cuda/bf16_fwd.h"
 #include "model/gpt_model.h"
@@ -35,8 +41,9 @@ struct DeviceMicrobatch {
 
 class CudaGPT {
  public:
-  // `layout` supplies names, offsets and initial values (uploaded once); the model keeps no host copy.
-  CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream);
+  // `layout` supplies names, offsets and initial values (uploaded once); the model keeps no host copy. It is
+  // this rank's TP shard; `tp` is the tensor-parallel group (nullptr: TP 1).
+  CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp = nullptr);
   ~CudaGPT();
   CudaGPT(const CudaGPT&) = delete;
   CudaGPT& operator=(const CudaGPT&) = delete;
@@ -63,14 +70,33 @@ class CudaGPT {
   struct LayerW;
   struct Record;
   struct Scratch;
-  void layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  // Returns the MLP output of this rank's rows (combined over TP).
+  const cuda::bf16* layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   void layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  void embed(const DeviceMicrobatch& mb, int64_t T);
+  void loss(const DeviceMicrobatch& mb, float grad_scale, int64_t T);
+  // Tensor parallelism. combine_rows: row-parallel partial sums `full` [T, h] summed over TP (in place), or
+  // under SP this rank's rows into `local`; returns this rank's rows. gather_rows: this rank's rows `local`
+  // into `full` under SP (returns full), else local itself. norm_out: where a norm writes this rank's rows
+  // before gather_rows makes `full` of them.
+  const cuda::bf16* combine_rows(cuda::bf16* full, cuda::bf16* local, int64_t T);
+  cuda::bf16* gather_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
+  cuda::bf16* norm_out(cuda::bf16* full) const;
+  // Under SP, the gradients of parameters every TP rank holds (norms, row-parallel biases) are partial sums
+  // over the rank's tokens: summed over TP once the iteration's last backward has produced them.
+  void sum_replicated_grads(const std::vector<std::pair<int64_t, int64_t>>& params);
+  const cuda::bf16* row_bias(int64_t off) const { return tp_rank_ == 0 ? w(off) : nullptr; }
   bool recomputed(int64_t l) const;
   const cuda::bf16* w(int64_t off) const { return off < 0 ? nullptr : w16_ + off; }
   float* g(int64_t off) const { return off < 0 ? nullptr : grads_ + off; }
 
   ModelDims D_;
   cudaStream_t stream_;
+  StreamCollectives* tp_ = nullptr;  // nullptr at TP 1
+  bool sp_ = false;
+  int64_t tp_size_ = 1, tp_rank_ = 0, v0_ = 0;  // v0_: first vocabulary row of this rank's shard
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> layer_replicated_;  // (offset, numel) per layer (SP)
+  std::vector<std::pair<int64_t, int64_t>> final_replicated_;
   int64_t numel_ = 0;
   float *master_ = nullptr, *grads_ = nullptr;
   cuda::bf16* w16_ = nullptr;

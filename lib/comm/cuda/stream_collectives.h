@@ -1,0 +1,32 @@
+// stream_collectives.h: collectives queued on the caller's CUDA stream, ordered with its compute and with
+// no host wait: what tensor parallelism calls inside a training step (the partial sums of row-parallel
+// linears, sequence-parallel gathers and scatters, the vocab-parallel loss). NcclCommunicator implements
+// it; the model sees only this interface, so it builds without NCCL headers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "comm/communicator.h"
+
+namespace mt {
+
+enum class WireType { kF32, kBF16 };
+
+class StreamCollectives {
+ public:
+  virtual ~StreamCollectives() = default;
+  virtual int group_rank() const = 0;
+  virtual int group_size() const = 0;
+  virtual void all_reduce_on(void* data, int64_t n, WireType type, ReduceOp op, cudaStream_t s) = 0;
+  // recv[n_per_rank] = sum over ranks of send[rank * n_per_rank ..).
+  virtual void reduce_scatter_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) = 0;
+  // recv[r * n_per_rank ..) = send of rank r.
+  virtual void all_gather_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) = 0;
+  // Collectives between group_start and group_end go out as one launch.
+  virtual void group_start() = 0;
+  virtual void group_end() = 0;
+};
+
+}  // namespace mt

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# parallel_throughput.sh: multi-GPU scaling of the CUDA engine on this machine's GPUs (shared/ANCHORS.md:
+# LLaMA-1.5B, DP 2 >= 97% and TP 2 >= 90% of one GPU's tokens/s/GPU). The recipe runs on one GPU, then in
+# each layout on NGPU ranks under mpirun with the same micro batch; each line gives the steady-state
+# tokens/s/GPU (last log interval) and its ratio to the 1-GPU figure. Data parallel runs keep the micro
+# batch per GPU (global batch = micro batch x DP); tensor parallel runs split one micro batch's model over
+# the GPUs (global batch = micro batch x NGPU / TP).
+# Usage: scripts/bench/parallel_throughput.sh [recipe] [extra flags for every multi-GPU run]
+#   LAYOUTS="dp tp tp-sp" (default: all three), NGPU (default: the visible GPUs), ITERS, LOG_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${BIN:-build/bin/megatrain}
+LOG_DIR=${LOG_DIR:-bench-logs}
+ITERS=${ITERS:-30}
+NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
+LAYOUTS=${LAYOUTS:-dp tp tp-sp}
+recipe=${1:-configs/bench/llama-1.5b.yaml}
+shift || true
+mkdir -p "$LOG_DIR"
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+mbs=$(sed -n 's/^micro_batch_size: *//p' "$recipe")
+tok() { grep "iteration" "$1" | grep "tokens/s" | tail -1 | sed -n 's/.*tokens\/s\/GPU: \([0-9.]*\).*/\1/p'; }
+"$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 --global-batch-size "$mbs" >"$LOG_DIR/1gpu.log" 2>&1
+one=$(tok "$LOG_DIR/1gpu.log")
+echo "1 GPU: $one tokens/s/GPU"
+for layout in $LAYOUTS; do
+  case $layout in
+    dp) flags=(--global-batch-size $((mbs * NGPU)) --overlap-grad-reduce) ;;
+    tp) flags=(--tensor-model-parallel-size "$NGPU" --global-batch-size "$mbs") ;;
+    tp-sp) flags=(--tensor-model-parallel-size "$NGPU" --sequence-parallel --global-batch-size "$mbs") ;;
+    *) echo "unknown layout $layout (dp, tp, tp-sp)"; exit 2 ;;
+  esac
+  log="$LOG_DIR/$layout$NGPU.log"
+  if ! mpirun -np "$NGPU" --bind-to none -x NCCL_NVLS_ENABLE "$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 \
+    "${flags[@]}" "$@" >"$log" 2>&1; then
+    echo "$layout $NGPU: FAILED (see $log)"; tail -5 "$log"; continue
+  fi
+  many=$(tok "$log")
+  echo "$layout $NGPU: $many tokens/s/GPU ($(awk -v a="$many" -v b="$one" 'BEGIN{printf "%.1f", 100*a/b}')% of 1 GPU)"
+done

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# run_parallel_parity.sh: multi-GPU layouts of the CUDA engine against the CPU reference engine (one rank,
+# the oracle) at bf16 tolerance: tiny GPT-2-style and LLaMA-style models, 10 iterations on mock data, the
+# same seed and global batch: one GPU, TP 2, TP 2 + sequence parallel, DP 2 (and TP 2 x DP 2 with 4 GPUs)
+# must give the same loss per iteration, the same gradient norm and, from the final parameters, the same
+# validation loss. Needs at least 2 visible GPUs (exit 77, skipped, otherwise).
+# Usage: run_parallel_parity.sh path/to/megatrain
+set -u
+BIN=${1:?usage: run_parallel_parity.sh path/to/megatrain}
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [[ ${n:-0} -lt 2 ]]; then echo "SKIP: multi-GPU parity needs 2 GPUs ($n visible): run scripts/test_gpu.sh on the 2-GPU machine"; exit 77; fi
+# PARITY_WORK=dir keeps the runs' logs and metrics there.
+if [[ -n ${PARITY_WORK:-} ]]; then
+  work=$PARITY_WORK
+  mkdir -p "$work"
+else
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
+COMMON="--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2
+  --global-batch-size 16 --train-iters 10 --log-interval 1 --eval-interval 10 --eval-iters 2 --mock-data --vocab-size 256 --bf16
+  --hidden-dropout 0 --attention-dropout 0 --lr 3e-3 --lr-warmup-iters 2 --seed 7"
+GPT="--ffn-hidden-size 512"
+LLAMA="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention --num-query-groups 2
+  --untie-embeddings-and-output-weights --disable-bias-linear"
+fails=0
+
+# name ranks device model flags...: one run, its metrics in $work/name/metrics.jsonl
+run() {
+  local name=$1 np=$2 dev=$3 model=$4
+  shift 4
+  mkdir -p "$work/$name"
+  # shellcheck disable=SC2086
+  if [[ $np -eq 1 ]]; then
+    "$BIN" $COMMON $model --device "$dev" --log-dir "$work/$name" "$@" >"$work/$name/log" 2>&1
+  else
+    mpirun --oversubscribe --bind-to none -np "$np" -x NCCL_NVLS_ENABLE "$BIN" $COMMON $model --device "$dev" --log-dir "$work/$name" "$@" \
+      >"$work/$name/log" 2>&1
+  fi || { echo "FAIL $name: the run failed"; tail -5 "$work/$name/log"; fails=$((fails + 1)); return 1; }
+}
+
+# field file: one value per line, in iteration order
+field() { sed -n "s/.*\"$1\":\([-0-9.eE+]*\).*/\1/p" "$2/metrics.jsonl"; }
+
+# name reference field tolerance: max relative difference per line
+compare() {
+  local name=$1 ref=$2 f=$3 tol=$4
+  local got want
+  got=$(field "$f" "$work/$name"); want=$(field "$f" "$work/$ref")
+  if [[ -z $got || $(wc -l <<<"$got") -ne $(wc -l <<<"$want") ]]; then
+    echo "FAIL $name: $f missing or of another length than $ref's"; fails=$((fails + 1)); return
+  fi
+  local worst
+  worst=$(paste <(echo "$got") <(echo "$want") | awk '{d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r} END {printf "%.2e", m}')
+  if awk -v w="$worst" -v t="$tol" 'BEGIN{exit !(w <= t)}'; then
+    echo "PASS $name: $f within $worst of $ref (tolerance $tol)"
+  else
+    echo "FAIL $name: $f differs from $ref by $worst (tolerance $tol)"; paste <(echo "$got") <(echo "$want") | head -10; fails=$((fails + 1))
+  fi
+}
+
+for family in gpt llama; do
+  model=$GPT
+  [[ $family == llama ]] && model=$LLAMA
+  run "$family-cpu" 1 cpu "$model" || continue
+  layouts=("gpu1 1" "tp2 2 --tensor-model-parallel-size 2" "tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel"
+           "dp2 2 --overlap-grad-reduce")
+  ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce")
+  for l in "${layouts[@]}"; do
+    read -r name np extra <<<"$l"
+    # shellcheck disable=SC2086
+    run "$family-$name" "$np" cuda "$model" $extra || continue
+    compare "$family-$name" "$family-cpu" lm_loss 5e-3
+    compare "$family-$name" "$family-cpu" grad_norm 3e-2
+    compare "$family-$name" "$family-cpu" validation_lm_loss 5e-3
+  done
+done
+echo "$fails failure(s)"
+[[ $fails -eq 0 ]]
