@@ -18,6 +18,8 @@ recipe=${1:-configs/bench/llama-1.5b.yaml}
 shift || true
 mkdir -p "$LOG_DIR"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+envs=(-x NCCL_NVLS_ENABLE)
+[[ -n ${CUDA_DEVICE_MAX_CONNECTIONS:-} ]] && envs+=(-x CUDA_DEVICE_MAX_CONNECTIONS)
 mbs=$(sed -n 's/^micro_batch_size: *//p' "$recipe")
 tok() { grep "iteration" "$1" | grep "tokens/s" | tail -1 | sed -n 's/.*tokens\/s\/GPU: \([0-9.]*\).*/\1/p'; }
 "$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 --global-batch-size "$mbs" >"$LOG_DIR/1gpu.log" 2>&1
@@ -31,7 +33,7 @@ for layout in $LAYOUTS; do
     *) echo "unknown layout $layout (dp, tp, tp-sp)"; exit 2 ;;
   esac
   log="$LOG_DIR/$layout$NGPU.log"
-  if ! mpirun -np "$NGPU" --bind-to none -x NCCL_NVLS_ENABLE "$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 \
+  if ! mpirun -np "$NGPU" --bind-to none "${envs[@]}" "$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 \
     "${flags[@]}" "$@" >"$log" 2>&1; then
     echo "$layout $NGPU: FAILED (see $log)"; tail -5 "$log"; continue
   fi

@@ -46,7 +46,11 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, std::string name, int64_t ti
     : comm_(comm), name_(std::move(name)), timeout_s_(timeout_seconds) {
   MT_NCCL_CHECK(ncclCommCount(comm_, &size_));
   MT_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
-  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // Highest priority: a collective overlapping compute gets SMs as soon as it is ready, not after the
+  // GEMM queued beside it.
+  int least = 0, greatest = 0;
+  MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  MT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
 }
 
 NcclCommunicator::~NcclCommunicator() {

@@ -23,9 +23,13 @@ GemmLt& GemmLt::instance() {
   return *g;
 }
 
-GemmLt::GemmLt() {
-  MT_CUBLAS_CHECK(cublasLtCreate(&handle_));
-  workspace_ = DeviceAllocator::instance().allocate(workspace_bytes_);
+GemmLt::GemmLt() { MT_CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+
+void* GemmLt::workspace(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  void*& w = workspaces_[stream];
+  if (!w) w = DeviceAllocator::instance().allocate(workspace_bytes_);
+  return w;
 }
 
 void GemmLt::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
@@ -81,7 +85,7 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     }
   }
   MT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
-                                 workspace_, workspace_bytes_, stream));
+                                 workspace(stream), workspace_bytes_, stream));
 }
 
 }  // namespace mt::cuda

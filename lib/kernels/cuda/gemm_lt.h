@@ -34,7 +34,10 @@ class GemmLt {
     cublasLtMatmulAlgo_t algo;
   };
   cublasLtHandle_t handle_ = nullptr;
-  void* workspace_ = nullptr;
+  // One workspace per stream: GEMMs on two streams may run at the same time (tensor parallelism's
+  // weight-gradient GEMMs beside the compute stream).
+  void* workspace(cudaStream_t stream);
+  std::map<cudaStream_t, void*> workspaces_;
   size_t workspace_bytes_ = 32u << 20;
   std::mutex mu_;
   std::map<Key, Plan> plans_;

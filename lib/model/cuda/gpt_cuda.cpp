@@ -72,9 +72,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     tp_rank_ = D.tp_rank;
     sp_ = D.sequence_parallel;
     v0_ = D.tp_rank * D.V_local;
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&tp_stream_, cudaStreamNonBlocking));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&tp_ready_, cudaEventDisableTiming));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&tp_done_, cudaEventDisableTiming));
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&wgrad_stream_, cudaStreamNonBlocking));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
     if (D.kv_rep > 1) {
       throw std::runtime_error("the CUDA engine needs --num-query-groups to be a multiple of --tensor-model-parallel-size (K/V replication runs on "
                                "--device cpu only)");
@@ -236,9 +236,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
 
 CudaGPT::~CudaGPT() {
   for (void* p : owned_) cudaFree(p);
-  if (tp_ready_) cudaEventDestroy(tp_ready_);
-  if (tp_done_) cudaEventDestroy(tp_done_);
-  if (tp_stream_) cudaStreamDestroy(tp_stream_);
+  if (fork_ev_) cudaEventDestroy(fork_ev_);
+  if (join_ev_) cudaEventDestroy(join_ev_);
+  if (wgrad_stream_) cudaStreamDestroy(wgrad_stream_);
 }
 
 void CudaGPT::refresh_working() { cuda::cast_to_bf16(w16_, master_, numel_, stream_); }
@@ -255,23 +255,17 @@ const bf16* CudaGPT::combine_rows(bf16* full, bf16* local, int64_t T) {
   return full;
 }
 
-const bf16* CudaGPT::begin_combine_rows(bf16* full, bf16* local, int64_t T) {
-  if (!tp_) return full;
-  MT_CUDA_CHECK(cudaEventRecord(tp_ready_, stream_));
-  MT_CUDA_CHECK(cudaStreamWaitEvent(tp_stream_, tp_ready_, 0));
-  const bf16* out = full;
-  if (sp_) {
-    tp_->reduce_scatter_on(full, local, T / tp_size_ * D_.h, WireType::kBF16, tp_stream_);
-    out = local;
-  } else {
-    tp_->all_reduce_on(full, T * D_.h, WireType::kBF16, ReduceOp::kSum, tp_stream_);
-  }
-  MT_CUDA_CHECK(cudaEventRecord(tp_done_, tp_stream_));
-  return out;
+cudaStream_t CudaGPT::fork_wgrad() {
+  if (!wgrad_stream_) return stream_;
+  MT_CUDA_CHECK(cudaEventRecord(fork_ev_, stream_));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(wgrad_stream_, fork_ev_, 0));
+  return wgrad_stream_;
 }
 
-void CudaGPT::end_combine_rows() {
-  if (tp_) MT_PROF("tp.overlapped_wait", MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, tp_done_, 0)));
+void CudaGPT::join_wgrad() {
+  if (!wgrad_stream_) return;
+  MT_CUDA_CHECK(cudaEventRecord(join_ev_, wgrad_stream_));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_ev_, 0));
 }
 
 bf16* CudaGPT::gather_rows(bf16* local, bf16* full, int64_t T) {
@@ -341,10 +335,10 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     MT_PROF("bwd.activation", cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * F, stream_));
   }
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
-  const bf16* dmlp = begin_combine_rows(s.dxn, s.dxn_l, T);
-  MT_PROF("bwd.gemm.fc1_wgrad", lt.gemm_ex(true, false, F1, h, T, 1.0f, s.dfc1, F1, r.xn2, h, 1.0f, g(lw.fc1_w), h, kBF, CUDA_R_32F, nullptr, stream_));
-  if (lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_));
-  end_combine_rows();
+  cudaStream_t ws = fork_wgrad();
+  MT_PROF("bwd.gemm.fc1_wgrad", lt.gemm_ex(true, false, F1, h, T, 1.0f, s.dfc1, F1, r.xn2, h, 1.0f, g(lw.fc1_w), h, kBF, CUDA_R_32F, nullptr, ws));
+  if (lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, ws));
+  const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), dmlp, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), Tl, h, D.rms,
                                               stream_));
   // Attention
@@ -357,13 +351,16 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local,
                                                               D.ng_local, D.d, D.rot_dim, stream_));
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
-  const bf16* dattn = begin_combine_rows(s.dxn, s.dxn_l, T);
-  MT_PROF("bwd.gemm.qkv_wgrad", lt.gemm_ex(true, false, Wq, h, T, 1.0f, s.qkv, Wq, r.xn1, h, 1.0f, g(lw.qkv_w), h, kBF, CUDA_R_32F, nullptr, stream_));
-  if (lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_));
-  end_combine_rows();
+  ws = fork_wgrad();
+  MT_PROF("bwd.gemm.qkv_wgrad", lt.gemm_ex(true, false, Wq, h, T, 1.0f, s.qkv, Wq, r.xn1, h, 1.0f, g(lw.qkv_w), h, kBF, CUDA_R_32F, nullptr, ws));
+  if (lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, ws));
+  const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
                                               stream_));
   sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)]);
+  // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer
+  // (or its recompute) overwrites, and their gradients must be final before the grads-ready hook.
+  MT_PROF("tp.wgrad_join", join_wgrad());
 }
 
 // The residual stream's first rows: the vocabulary-parallel lookup summed over TP (scattered over the
@@ -430,9 +427,10 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   if (grad_scale <= 0.0f) return;
   // Backward: output layer and final norm
   MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, T, h, V, 1.0f, s.logits, V, w(out_w_), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
-  const bf16* dfinal = begin_combine_rows(s.dxn, s.dxn_l, T);
-  MT_PROF("bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, T, 1.0f, s.logits, V, s.xnf, h, 1.0f, g(out_w_), h, kBF, CUDA_R_32F, nullptr, stream_));
-  end_combine_rows();
+  // Joined at the end of the last layer's backward (before any grads-ready hook or the embedding backward,
+  // which adds to the same tensor when tied).
+  MT_PROF("bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, T, 1.0f, s.logits, V, s.xnf, h, 1.0f, g(out_w_), h, kBF, CUDA_R_32F, nullptr, fork_wgrad()));
+  const bf16* dfinal = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), dfinal, s.x_final, s.meanf, s.rstdf, w(lnf_w_), Tl, h, D.rms,
                                               stream_));

@@ -80,10 +80,12 @@ class CudaGPT {
   // into `full` under SP (returns full), else local itself. norm_out: where a norm writes this rank's rows
   // before gather_rows makes `full` of them.
   const cuda::bf16* combine_rows(cuda::bf16* full, cuda::bf16* local, int64_t T);
-  // The same on the TP side stream, overlapping the compute queued between begin and end (the backward's
-  // weight-gradient GEMM, as Megatron's asynchronous TP all-reduce); end makes the compute stream wait.
-  const cuda::bf16* begin_combine_rows(cuda::bf16* full, cuda::bf16* local, int64_t T);
-  void end_combine_rows();
+  // Under TP the column-parallel layers' weight-gradient GEMMs run on a side stream: the dgrad's collective,
+  // queued right behind the dgrad GEMM on the compute stream, starts first and overlaps them (Megatron's
+  // asynchronous TP all-reduce). fork_wgrad: the side stream after the work queued so far (the compute
+  // stream itself at TP 1); join_wgrad: the compute stream waits for the side stream.
+  cudaStream_t fork_wgrad();
+  void join_wgrad();
   cuda::bf16* gather_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
   cuda::bf16* norm_out(cuda::bf16* full) const;
   // Under SP, the gradients of parameters every TP rank holds (norms, row-parallel biases) are partial sums
@@ -97,8 +99,8 @@ class CudaGPT {
   ModelDims D_;
   cudaStream_t stream_;
   StreamCollectives* tp_ = nullptr;  // nullptr at TP 1
-  cudaStream_t tp_stream_ = nullptr;
-  cudaEvent_t tp_ready_ = nullptr, tp_done_ = nullptr;
+  cudaStream_t wgrad_stream_ = nullptr;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool sp_ = false;
   int64_t tp_size_ = 1, tp_rank_ = 0, v0_ = 0;  // v0_: first vocabulary row of this rank's shard
   std::vector<std::vector<std::pair<int64_t, int64_t>>> layer_replicated_;  // (offset, numel) per layer (SP)
