@@ -1,8 +1,6 @@
 // capabilities.cpp: the honest list of what each engine does not do yet.
 #include "train/capabilities.h"
 
-#include "config/resolve.h"
-
 namespace mt {
 
 std::vector<std::string> unsupported_features(const Config& c, int64_t world, bool cuda_engine) {
@@ -77,13 +75,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   auto no = [&](bool cond, const std::string& msg) {
     if (cond) out.push_back(msg);
   };
-  const auto& p = c.parallel;
 #ifndef MEGATRAIN_HAVE_NCCL
   no(world_size > 1, "this build has no NCCL: the CUDA engine runs one rank only (or use --device cpu for multi-rank runs)");
 #endif
-  no(p.tensor_model_parallel_size > 1 && effective_query_groups(c) % p.tensor_model_parallel_size != 0,
-     "--num-query-groups below (or not a multiple of) --tensor-model-parallel-size (K/V replication) is implemented on the CPU engine only: "
-     "use a TP size that divides the query groups, or --device cpu");
   no(world_size > 1 && c.training.use_distributed_optimizer,
      "--use-distributed-optimizer is not implemented on the CUDA engine yet: drop it (each GPU keeps the full optimizer state), or --device cpu");
   no(c.precision.fp16, "--fp16 is not implemented on the CUDA engine (bf16 only): use --bf16");

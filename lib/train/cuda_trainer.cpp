@@ -132,12 +132,15 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     MT_CUDA_CHECK(cudaMemcpy(st, &init, sizeof(init), cudaMemcpyHostToDevice));
   }
   MT_CUDA_CHECK(cudaDeviceSynchronize());  // setup copies (some from pageable memory) done before the first step
-  // The multi-tensor table: chunks of at most 64 Ki elements, each inside one parameter. A parameter every
-  // TP rank holds whole (norms, row-parallel biases, positions) counts 1/TP in each rank's norm partials,
-  // which are then summed over TP: every parameter once.
+  // The multi-tensor table: chunks of at most 64 Ki elements, each inside one parameter. A parameter n TP
+  // ranks hold (norms, row-parallel biases and positions: all TP ranks; a K/V-replicated QKV shard: its
+  // group's ranks) counts 1/n in each rank's norm partials, which are then summed over TP: every
+  // parameter once.
   std::vector<cuda::AdamChunk> chunks;
   for (const auto& p : layout.infos()) {
-    const float nw = tp > 1 && p.shard_dim < 0 ? 1.0f / static_cast<float>(tp) : 1.0f;
+    // Held by tp / shard_count ranks: whole (shard_dim < 0) or a K/V-replicated shard.
+    const int64_t holders = p.shard_dim < 0 ? tp : tp / std::max<int64_t>(1, p.shard_count);
+    const float nw = 1.0f / static_cast<float>(std::max<int64_t>(1, holders));
     for (int64_t o = 0; o < p.numel; o += 65536) {
       chunks.push_back({p.offset + o, static_cast<int32_t>(std::min<int64_t>(65536, p.numel - o)), p.weight_decay ? 1 : 0, nw});
     }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run_parallel_parity.sh: multi-GPU layouts of the CUDA engine against the CPU reference engine (one rank,
 # the oracle) at bf16 tolerance: tiny GPT-2-style and LLaMA-style models, 10 iterations on mock data, the
-# same seed and global batch: one GPU, TP 2, TP 2 + sequence parallel, DP 2 (and TP 2 x DP 2 with 4 GPUs)
-# must give the same loss per iteration, the same gradient norm and, from the final parameters, the same
+# same seed and global batch: one GPU, TP 2, TP 2 + sequence parallel, DP 2 (and TP 2 x DP 2 with 4 GPUs),
+# and TP 2 / TP 2 + SP of a LLaMA with one K/V head (replicated over the TP ranks), must give the same loss per iteration, the same gradient norm and, from the final parameters, the same
 # validation loss. Needs at least 2 visible GPUs (exit 77, skipped, otherwise).
 # Usage: run_parallel_parity.sh path/to/megatrain
 set -u
@@ -60,13 +60,16 @@ compare() {
   fi
 }
 
-for family in gpt llama; do
+for family in gpt llama mqa; do
   model=$GPT
   [[ $family == llama ]] && model=$LLAMA
+  [[ $family == mqa ]] && model="${LLAMA/--num-query-groups 2/--num-query-groups 1}"  # one K/V head: replicated on both TP ranks
   run "$family-cpu" 1 cpu "$model" || continue
-  layouts=("gpu1 1" "tp2 2 --tensor-model-parallel-size 2" "tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel"
-           "dp2 2 --overlap-grad-reduce")
-  ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce")
+  layouts=("tp2 2 --tensor-model-parallel-size 2" "tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel")
+  if [[ $family != mqa ]]; then
+    layouts+=("gpu1 1" "dp2 2 --overlap-grad-reduce")
+    ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce")
+  fi
   for l in "${layouts[@]}"; do
     read -r name np extra <<<"$l"
     # shellcheck disable=SC2086

@@ -221,8 +221,8 @@ TEST_CASE("the CUDA engine names what it does not run") {
   t.parallel.tensor_model_parallel_size = 2;
   t.parallel.sequence_parallel = true;
   CHECK(cuda_engine_gaps(t, 2).empty());  // 2 query groups over TP 2
-  t.model.num_query_groups = 1;
-  CHECK_THAT(gaps_text(cuda_engine_gaps(t, 2)), MT_CONTAINS("K/V replication"));
+  t.model.num_query_groups = 1;  // K/V replication
+  CHECK(cuda_engine_gaps(t, 2).empty());
   Config o = c;
   o.training.use_distributed_optimizer = true;
   CHECK_THAT(gaps_text(cuda_engine_gaps(o, 2)), MT_CONTAINS("--use-distributed-optimizer"));

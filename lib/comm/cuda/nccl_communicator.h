@@ -56,6 +56,7 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   void all_gather_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) override;
   void group_start() override;
   void group_end() override;
+  std::shared_ptr<StreamCollectives> stream_sub_group(int color, int key, const std::string& name) override { return split(color, key, name); }
   // Waits for `event` (recorded on any stream whose work depends on this communicator's), watching for NCCL
   // errors and the timeout like wait_stream: a dead peer aborts the job instead of hanging it.
   void wait_event(cudaEvent_t event, const char* op);

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "comm/communicator.h"
 
@@ -27,6 +29,8 @@ class StreamCollectives {
   // Collectives between group_start and group_end go out as one launch.
   virtual void group_start() = 0;
   virtual void group_end() = 0;
+  // The ranks of this group with the same color, ordered by key (collective: every rank calls it).
+  virtual std::shared_ptr<StreamCollectives> stream_sub_group(int color, int key, const std::string& name) = 0;
 };
 
 }  // namespace mt

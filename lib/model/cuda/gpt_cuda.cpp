@@ -41,7 +41,7 @@ struct CudaGPT::Record {
 
 // [T, .] unless marked [Tl, .]; the *_l buffers exist under sequence parallelism only.
 struct CudaGPT::Scratch {
-  bf16 *qkv = nullptr, *delta = nullptr, *xnf = nullptr, *logits = nullptr, *dres16 = nullptr /*[Tl]*/, *dxn = nullptr;
+  bf16 *q_all = nullptr /*[T, qh_local * d]: K/V replication only*/, *qkv = nullptr, *delta = nullptr, *xnf = nullptr, *logits = nullptr, *dres16 = nullptr /*[Tl]*/, *dxn = nullptr;
   bf16 *d_o = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr, *dact = nullptr, *dfc1 = nullptr;
   bf16 *delta_l = nullptr, *xn_l = nullptr, *dxn_l = nullptr, *dres16_full = nullptr;
   float *x_final = nullptr /*[Tl]*/, *meanf = nullptr, *rstdf = nullptr, *losses = nullptr, *dres = nullptr /*[Tl]*/;
@@ -75,10 +75,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     MT_CUDA_CHECK(cudaStreamCreateWithFlags(&wgrad_stream_, cudaStreamNonBlocking));
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
-    if (D.kv_rep > 1) {
-      throw std::runtime_error("the CUDA engine needs --num-query-groups to be a multiple of --tensor-model-parallel-size (K/V replication runs on "
-                               "--device cpu only)");
-    }
+    // K/V replication (query groups below TP, as Megatron and the CPU model): the ranks of one group hold
+    // the same QKV shard; each computes nh_local of its query heads, and their gradients are summed.
+    if (D.kv_rep > 1) kv_group_ = tp->stream_sub_group(static_cast<int>(D.tp_rank / D.kv_rep), static_cast<int>(D.tp_rank), "kv-replica");
   }
   numel_ = layout.numel();
   // Every parameter is a view into the flat buffers; cuBLASLt's kernels load 16-byte vectors, so each view
@@ -161,7 +160,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   }
   T_max_ = T;
   const double rows_l = sp_ ? 1.0 / static_cast<double>(tp_size_) : 1.0;  // Tl / T
-  const int64_t h = D.h, Hd = D.nh_local * D.d, KVd = D.ng_local * D.d, Wq = (D.nh_local + 2 * D.ng_local) * D.d;
+  const int64_t h = D.h, Hd = D.nh_local * D.d, KVd = D.ng_local * D.d, Wq = (D.qh_local + 2 * D.ng_local) * D.d;
   const int64_t F = D.F_local, F1 = D.swiglu ? 2 * F : F;
   const size_t t = static_cast<size_t>(T);
   auto bytes = [&](int64_t n, size_t elem, double rows) { return static_cast<size_t>(static_cast<double>(t) * rows) * static_cast<size_t>(n) * elem; };
@@ -202,6 +201,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   s_ = std::make_unique<Scratch>();
   Scratch& s = *s_;
   s.qkv = b16(Wq);
+  if (kv_group_) s.q_all = b16(D.qh_local * D.d);
   s.delta = b16(h);
   s.x_final = f32(h, rows_l);
   s.xnf = b16(h);
@@ -291,12 +291,21 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, Tl = sp_ ? T / tp_size_ : T, h = D.h;
-  const int64_t Hd = D.nh_local * D.d, Wq = (D.nh_local + 2 * D.ng_local) * D.d, F = D.F_local, F1 = D.swiglu ? 2 * F : F;
+  const int64_t Hd = D.nh_local * D.d, Wq = (D.qh_local + 2 * D.ng_local) * D.d, F = D.F_local, F1 = D.swiglu ? 2 * F : F;
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
   const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale};
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, kBF, kBF, w(lw.qkv_b), stream_));
-  MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local, D.ng_local, D.d,
-                                                     D.rot_dim, stream_));
+  if (!kv_group_) {
+    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local, D.ng_local,
+                                                       D.d, D.rot_dim, stream_));
+  } else {  // the group's query heads, then this rank's nh_local of them
+    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(s.q_all, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.qh_local, D.ng_local,
+                                                       D.d, D.rot_dim, stream_));
+    const size_t row = static_cast<size_t>(D.nh_local * D.d) * 2, all = static_cast<size_t>(D.qh_local * D.d) * 2;
+    const size_t first = static_cast<size_t>(D.tp_rank % D.kv_rep) * row;
+    MT_PROF("fwd.qkv_split_rope", MT_CUDA_CHECK(cudaMemcpy2DAsync(r.q, row, reinterpret_cast<const char*>(s.q_all) + first, all, row,
+                                                                  static_cast<size_t>(T), cudaMemcpyDeviceToDevice, stream_)));
+  }
   MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_));
   // Row-parallel: the bias joins one rank's partial sum.
   MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, kBF, kBF, row_bias(lw.proj_b), stream_));
@@ -322,7 +331,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, Tl = sp_ ? T / tp_size_ : T, h = D.h;
-  const int64_t Hd = D.nh_local * D.d, Wq = (D.nh_local + 2 * D.ng_local) * D.d, F = D.F_local, F1 = D.swiglu ? 2 * F : F;
+  const int64_t Hd = D.nh_local * D.d, Wq = (D.qh_local + 2 * D.ng_local) * D.d, F = D.F_local, F1 = D.swiglu ? 2 * F : F;
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
   // MLP
   const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
@@ -348,8 +357,18 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_));
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, s.d_o,
                                                                 r.stats, s.dq, s.dk, s.dv, stream_));
-  MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local,
-                                                              D.ng_local, D.d, D.rot_dim, stream_));
+  if (!kv_group_) {
+    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local,
+                                                                D.ng_local, D.d, D.rot_dim, stream_));
+  } else {  // zero for the group's query heads other ranks own: their gradients arrive in the replica sum
+    const size_t row = static_cast<size_t>(D.nh_local * D.d) * 2, all = static_cast<size_t>(D.qh_local * D.d) * 2;
+    const size_t first = static_cast<size_t>(D.tp_rank % D.kv_rep) * row;
+    MT_PROF("bwd.qkv_merge_rope", MT_CUDA_CHECK(cudaMemsetAsync(s.q_all, 0, all * static_cast<size_t>(T), stream_)));
+    MT_PROF("bwd.qkv_merge_rope", MT_CUDA_CHECK(cudaMemcpy2DAsync(reinterpret_cast<char*>(s.q_all) + first, all, s.dq, row, row, static_cast<size_t>(T),
+                                                                  cudaMemcpyDeviceToDevice, stream_)));
+    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.q_all, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.qh_local,
+                                                                D.ng_local, D.d, D.rot_dim, stream_));
+  }
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
   ws = fork_wgrad();
   MT_PROF("bwd.gemm.qkv_wgrad", lt.gemm_ex(true, false, Wq, h, T, 1.0f, s.qkv, Wq, r.xn1, h, 1.0f, g(lw.qkv_w), h, kBF, CUDA_R_32F, nullptr, ws));
@@ -361,6 +380,14 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer
   // (or its recompute) overwrites, and their gradients must be final before the grads-ready hook.
   MT_PROF("tp.wgrad_join", join_wgrad());
+  if (kv_group_ && final_backward_) {
+    // Every replica of the group's QKV block gets the sum: its own query heads' rows from their owner, and
+    // the K/V rows from all the group's query heads.
+    kv_group_->group_start();
+    kv_group_->all_reduce_on(g(lw.qkv_w), static_cast<int64_t>(Wq) * h, WireType::kF32, ReduceOp::kSum, stream_);
+    if (lw.qkv_b >= 0) kv_group_->all_reduce_on(g(lw.qkv_b), Wq, WireType::kF32, ReduceOp::kSum, stream_);
+    MT_PROF("tp.kv_replica_grads", kv_group_->group_end());
+  }
 }
 
 // The residual stream's first rows: the vocabulary-parallel lookup summed over TP (scattered over the

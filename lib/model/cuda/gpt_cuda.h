@@ -99,6 +99,8 @@ class CudaGPT {
   ModelDims D_;
   cudaStream_t stream_;
   StreamCollectives* tp_ = nullptr;  // nullptr at TP 1
+  // Query groups below TP: the TP ranks holding this rank's copy of its group's QKV block (kv_rep > 1).
+  std::shared_ptr<StreamCollectives> kv_group_;
   cudaStream_t wgrad_stream_ = nullptr;
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool sp_ = false;
