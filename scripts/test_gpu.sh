@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_gpu.sh: the GPU tests on a machine with GPUs: the CUDA ops (fp32 and the engine's bf16 kernels)
 # against the CPU reference, cuDNN attention and whole training runs against the CPU engine (loss curves,
-# recompute, checkpoint resume), NCCL collectives under mpirun and torchrun-style launches (CTest label
-# gpu; without a GPU they report SKIP); then a short GPU training run of each model family under
+# recompute, checkpoint resume), NCCL collectives under mpirun and torchrun-style launches, and with 2 or
+# more GPUs the TP / TP+SP / DP layouts against the CPU engine (CTest label gpu; without a GPU they report
+# SKIP); then a short GPU training run of each model family under
 # compute-sanitizer memcheck, when the tool is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
