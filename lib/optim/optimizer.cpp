@@ -22,17 +22,8 @@ Optimizer::Optimizer(const Config& c, ParamStore& params, ProcessGroups groups, 
       clip_(c.training.clip_grad),
       bf16_(c.precision.bf16),
       fp16_(c.precision.fp16) {
-  int64_t state = 0;
-  std::sort(owned.begin(), owned.end());
-  for (const auto& [lo, hi] : owned) {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const ParamInfo& p = params_.info(i);
-      const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
-      if (b >= e) continue;
-      segments_.push_back({i, b, e, state});
-      state += e - b;
-    }
-  }
+  segments_ = make_segments(params_, std::move(owned));
+  const int64_t state = segments_.empty() ? 0 : segments_.back().state + (segments_.back().end - segments_.back().begin);
   m_ = Tensor::zeros({state});
   if (kind_ == "adam") v_ = Tensor::zeros({state});
   if (bf16_ || fp16_) {
@@ -43,6 +34,22 @@ Optimizer::Optimizer(const Config& c, ParamStore& params, ProcessGroups groups, 
       round_to_working(s);
     }
   }
+}
+
+std::vector<Optimizer::Segment> Optimizer::make_segments(const ParamStore& params, FlatRanges owned) {
+  std::vector<Segment> out;
+  int64_t state = 0;
+  std::sort(owned.begin(), owned.end());
+  for (const auto& [lo, hi] : owned) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ParamInfo& p = params.info(i);
+      const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      if (b >= e) continue;
+      out.push_back({i, b, e, state});
+      state += e - b;
+    }
+  }
+  return out;
 }
 
 void Optimizer::refresh_working_weights() {

@@ -75,11 +75,14 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   auto no = [&](bool cond, const std::string& msg) {
     if (cond) out.push_back(msg);
   };
-#ifndef MEGATRAIN_HAVE_NCCL
+#ifdef MEGATRAIN_HAVE_NCCL
+  (void)world_size;
+#else
   no(world_size > 1, "this build has no NCCL: the CUDA engine runs one rank only (or use --device cpu for multi-rank runs)");
 #endif
-  no(world_size > 1 && c.training.use_distributed_optimizer,
-     "--use-distributed-optimizer is not implemented on the CUDA engine yet: drop it (each GPU keeps the full optimizer state), or --device cpu");
+  no(c.training.overlap_param_gather,
+     "--overlap-param-gather is not implemented on the CUDA engine (the distributed optimizer gathers the parameters right after its step): "
+     "drop it, or --device cpu");
   no(c.precision.fp16, "--fp16 is not implemented on the CUDA engine (bf16 only): use --bf16");
   no(!c.precision.bf16, "the CUDA engine computes in bf16: add --bf16 (fp32 training runs with --device cpu)");
   no(c.model.hidden_dropout > 0 || c.model.attention_dropout > 0,

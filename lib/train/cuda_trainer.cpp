@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <iostream>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "data/token_source.h"
@@ -19,6 +20,7 @@
 #include "kernels/cuda/optimizer_step.h"
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt_model.h"
+#include "optim/data_parallel.h"
 #include "optim/loss_scaler.h"
 #ifdef MEGATRAIN_HAVE_NCCL
 #include "optim/cuda/device_data_parallel.h"
@@ -30,6 +32,7 @@
 #include "tensor/cuda/device_allocator.h"
 #include "tensor/cuda/op_profiler.h"
 #include "tensor/device_info.h"
+#include "tensor/dtype.h"
 #include "train/log_line.h"
 #include "train/train_common.h"
 #include "train/microbatch_staging.h"
@@ -72,9 +75,22 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   // with checkpoints it stays as the host side of save / load, otherwise it is dropped after upload.
   const auto& ck = cfg.checkpoint;
   auto host = std::make_unique<GPTModel>(cfg, groups);
+  const int64_t dp = groups.dp_cp->size(), dp_rank = groups.dp_cp->rank();
+  // The distributed optimizer (ZeRO-1): this DP rank keeps the master weights and Adam moments of its
+  // blocks of the CPU engine's gradient buckets only (the same split, so checkpoints and the host optimizer
+  // line up); the optimizer state lies back to back in segment order (Optimizer::make_segments).
+  const bool dist_opt = cfg.training.use_distributed_optimizer && dp > 1;
+  std::unique_ptr<DataParallel> shard_layout;
+  FlatRanges owned{{0, host->params().numel()}};
+  if (dist_opt) {
+    shard_layout = std::make_unique<DataParallel>(cfg, host->params(), groups.dp_cp);
+    owned = shard_layout->owned_ranges();
+  }
+  const std::vector<Optimizer::Segment> segments = Optimizer::make_segments(host->params(), owned);
+  const int64_t n_state = segments.empty() ? 0 : segments.back().state + (segments.back().end - segments.back().begin);
   // The host optimizer (fp32 master weights, Adam moments) exists only to load or save checkpoints.
   std::unique_ptr<Optimizer> host_opt;
-  if (ck.load || ck.save) host_opt = std::make_unique<Optimizer>(cfg, host->params(), groups);
+  if (ck.load || ck.save) host_opt = std::make_unique<Optimizer>(cfg, host->params(), groups, owned, dist_opt);
   LossScaler scaler(cfg);
   TrainState state;
   bool loaded = false;
@@ -91,12 +107,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   }
   const ParamStore& layout = host->params();
   const int64_t P = layout.numel();
-  // Master weights: the optimizer's fp32 copy when it has one (bf16 training), flat and aligned with the
-  // parameters since one rank owns every range.
-  if (host_opt) {
-    for (const auto& s : host_opt->segments()) {
-      if (s.state != s.begin) throw std::logic_error("CUDA trainer: optimizer state not aligned with the parameters");
-    }
+  // Without the distributed optimizer one rank owns every range: the state is laid out like the parameters.
+  for (const auto& sg : segments) {
+    if (!dist_opt && sg.state != sg.begin) throw std::logic_error("CUDA trainer: optimizer state not aligned with the parameters");
   }
   // Tensor parallelism: the model queues its collectives on the training stream through the TP group.
   StreamCollectives* tp_coll = nullptr;
@@ -111,19 +124,29 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   if (groups.tp->size() > 1) throw std::logic_error("CUDA trainer: tensor parallelism needs NCCL");
 #endif
   const int64_t tp = groups.tp->size();
-  // Without a host optimizer the layout's parameters are still the unrounded initial values: the master.
-  CudaGPT model(cfg, layout, stream, tp_coll);
+  // Master weights: the model's full buffer, or this rank's shard of them (distributed optimizer), filled
+  // from the host optimizer's copy when there is one (loaded, or initialised from the parameters) and else
+  // from the layout's parameters, still the unrounded initial values.
+  CudaGPT model(cfg, layout, stream, tp_coll, /*keep_master=*/!dist_opt);
+  float* master = dist_opt ? device_zeros<float>(static_cast<size_t>(n_state)) : model.master();
+  const size_t state_bytes = static_cast<size_t>(n_state) * 4;
   if (host_opt && host_opt->master()) {
-    MT_CUDA_CHECK(cudaMemcpyAsync(model.master(), host_opt->master(), static_cast<size_t>(P) * 4, cudaMemcpyHostToDevice, stream));
-    model.refresh_working();
+    MT_CUDA_CHECK(cudaMemcpyAsync(master, host_opt->master(), state_bytes, cudaMemcpyHostToDevice, stream));
+    if (!dist_opt) model.refresh_working();
+  } else if (dist_opt) {
+    std::vector<float> init(static_cast<size_t>(n_state));
+    for (const auto& sg : segments) {
+      std::memcpy(init.data() + sg.state, layout.params().f32() + sg.begin, static_cast<size_t>(sg.end - sg.begin) * 4);
+    }
+    MT_CUDA_CHECK(cudaMemcpy(master, init.data(), state_bytes, cudaMemcpyHostToDevice));
   }
-  float* m = device_zeros<float>(static_cast<size_t>(P));
-  float* v = device_zeros<float>(static_cast<size_t>(P));
+  float* m = device_zeros<float>(static_cast<size_t>(n_state));
+  float* v = device_zeros<float>(static_cast<size_t>(n_state));
   auto* st = device_zeros<cuda::StepState>(1);
   float* partials = device_zeros<float>(cuda::kNormPartials);
   if (loaded) {
-    MT_CUDA_CHECK(cudaMemcpyAsync(m, host_opt->exp_avg(), static_cast<size_t>(P) * 4, cudaMemcpyHostToDevice, stream));
-    MT_CUDA_CHECK(cudaMemcpyAsync(v, host_opt->exp_avg_sq(), static_cast<size_t>(P) * 4, cudaMemcpyHostToDevice, stream));
+    MT_CUDA_CHECK(cudaMemcpyAsync(m, host_opt->exp_avg(), state_bytes, cudaMemcpyHostToDevice, stream));
+    MT_CUDA_CHECK(cudaMemcpyAsync(v, host_opt->exp_avg_sq(), state_bytes, cudaMemcpyHostToDevice, stream));
   }
   if (state.iteration > 0 || loaded) {
     cuda::StepState init{};
@@ -132,47 +155,59 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     MT_CUDA_CHECK(cudaMemcpy(st, &init, sizeof(init), cudaMemcpyHostToDevice));
   }
   MT_CUDA_CHECK(cudaDeviceSynchronize());  // setup copies (some from pageable memory) done before the first step
-  // The multi-tensor table: chunks of at most 64 Ki elements, each inside one parameter. A parameter n TP
-  // ranks hold (norms, row-parallel biases and positions: all TP ranks; a K/V-replicated QKV shard: its
-  // group's ranks) counts 1/n in each rank's norm partials, which are then summed over TP: every
-  // parameter once.
+  // The multi-tensor table: chunks of at most 64 Ki elements of the owned segments, each inside one
+  // parameter. A parameter n TP ranks hold (norms, row-parallel biases and positions: all TP ranks; a
+  // K/V-replicated QKV shard: its group's ranks) counts 1/n in each rank's norm partials, which are then
+  // summed over TP (and over DP with the distributed optimizer): every parameter once.
   std::vector<cuda::AdamChunk> chunks;
-  for (const auto& p : layout.infos()) {
+  for (const auto& sg : segments) {
+    const ParamInfo& p = layout.info(sg.param);
     // Held by tp / shard_count ranks: whole (shard_dim < 0) or a K/V-replicated shard.
     const int64_t holders = p.shard_dim < 0 ? tp : tp / std::max<int64_t>(1, p.shard_count);
     const float nw = 1.0f / static_cast<float>(std::max<int64_t>(1, holders));
-    for (int64_t o = 0; o < p.numel; o += 65536) {
-      chunks.push_back({p.offset + o, static_cast<int32_t>(std::min<int64_t>(65536, p.numel - o)), p.weight_decay ? 1 : 0, nw});
+    for (int64_t o = 0; o < sg.end - sg.begin; o += 65536) {
+      chunks.push_back({sg.begin + o, static_cast<int32_t>(std::min<int64_t>(65536, sg.end - sg.begin - o)), p.weight_decay ? 1 : 0, nw,
+                        dist_opt ? sg.state + o : -1});
     }
   }
   const auto n_chunks = static_cast<int64_t>(chunks.size());
   cuda::AdamChunk* d_chunks = device_zeros<cuda::AdamChunk>(chunks.size());
   MT_CUDA_CHECK(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
-  // partials[kNormPartials] = the norm partial sums of x (gradients or master weights), summed over TP.
-  auto norm_partials = [&](const float* x) {
-    cuda::sumsq_partials(partials, x, d_chunks, n_chunks, stream);
-#ifdef MEGATRAIN_HAVE_NCCL
-    if (tp_nccl) tp_nccl->all_reduce_on(partials, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream);
-#endif
-  };
-  const int64_t dp = groups.dp_cp->size(), dp_rank = groups.dp_cp->rank();
 #ifdef MEGATRAIN_HAVE_NCCL
   std::unique_ptr<DeviceDataParallel> ddp;
+  std::shared_ptr<NcclCommunicator> dp_nccl;
   if (dp > 1) {
-    auto nccl = std::dynamic_pointer_cast<NcclCommunicator>(groups.dp_cp);
-    if (!nccl) throw std::logic_error("CUDA trainer: the data-parallel group is not an NCCL communicator");
-    const int64_t bucket = cfg.training.ddp_bucket_size.value_or(40000000);
-    ddp = std::make_unique<DeviceDataParallel>(nccl, model.grads(), P, bucket, cfg.training.overlap_grad_reduce,
-                                               cfg.precision.grad_reduce_in_bf16, stream);
+    dp_nccl = std::dynamic_pointer_cast<NcclCommunicator>(groups.dp_cp);
+    if (!dp_nccl) throw std::logic_error("CUDA trainer: the data-parallel group is not an NCCL communicator");
+    if (dist_opt) {
+      std::vector<DeviceBucket> buckets;
+      for (const auto& b : shard_layout->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
+      ddp = std::make_unique<DeviceDataParallel>(dp_nccl, model.grads(), P, std::move(buckets), cfg.training.overlap_grad_reduce,
+                                                 cfg.precision.grad_reduce_in_bf16, stream);
+    } else {
+      const int64_t bucket = cfg.training.ddp_bucket_size.value_or(40000000);
+      ddp = std::make_unique<DeviceDataParallel>(dp_nccl, model.grads(), P, bucket, cfg.training.overlap_grad_reduce,
+                                                 cfg.precision.grad_reduce_in_bf16, stream);
+    }
     model.set_grads_ready_hook([&ddp](int64_t lowest) { ddp->on_grads_ready(lowest); });
   }
 #else
   if (dp > 1) throw std::logic_error("CUDA trainer: data parallelism needs NCCL");
 #endif
-  // Only data-parallel rank 0 writes checkpoints (every replica holds the same state), so only it keeps the
-  // host model and optimizer after the upload; the others take part in the save with an empty shard.
-  const bool writer = dp_rank == 0;
-  const bool keep_host = ck.save.has_value() && writer;
+  // partials[kNormPartials] = the norm partial sums of x (gradients, indexed like the parameters, or master
+  // weights, indexed like the optimizer state), summed over TP, and over DP when each rank owns a shard.
+  auto norm_partials = [&](const float* x, bool by_state) {
+    cuda::sumsq_partials(partials, x, d_chunks, n_chunks, by_state, stream);
+#ifdef MEGATRAIN_HAVE_NCCL
+    if (tp_nccl) tp_nccl->all_reduce_on(partials, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream);
+    if (dist_opt) dp_nccl->all_reduce_on(partials, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream);
+#endif
+  };
+  // Data-parallel rank 0 writes the parameters; the optimizer state is written by rank 0 (every replica
+  // holds the same) or, with the distributed optimizer, by every rank for its shard. Ranks that write keep
+  // the host model and optimizer after the upload; the others take part in the save with an empty shard.
+  const bool keep_host = ck.save.has_value() && (dp_rank == 0 || dist_opt);
+  shard_layout.reset();  // refers to the host model's parameters; its buckets were copied
   if (!keep_host) {
     host_opt.reset();
     host.reset();
@@ -194,8 +229,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   if (lead) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
     std::cout << "megatrain: data: " << src->describe() << "\n";
-    std::cout << "megatrain: CUDA engine on " << gpu_name << ": " << P << " parameters; memory: fp32 master + grads + Adam "
-              << static_cast<double>(P) * 16 / gib << " GiB, bf16 weights " << static_cast<double>(P) * 2 / gib << " GiB, activations "
+    std::cout << "megatrain: CUDA engine on " << gpu_name << ": " << P << " parameters; memory: fp32 grads + master + Adam "
+              << static_cast<double>(P * 4 + n_state * 12) / gib << " GiB" << (dist_opt ? " (optimizer state sharded over DP)" : "")
+              << ", bf16 weights " << static_cast<double>(P) * 2 / gib << " GiB, activations "
               << static_cast<double>(model.activation_bytes()) / gib << " GiB"
               << (cfg.recompute.recompute_granularity ? " (recompute " + *cfg.recompute.recompute_granularity + ")" : std::string()) << "\n";
     std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb
@@ -259,7 +295,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   };
   auto save_now = [&](int64_t it) {
     const cuda::StepState h = read_state();
-    if (!writer) {
+    if (!keep_host) {
       auto empty = std::make_unique<Snapshot>();
       empty->who.world_rank = groups.world->rank();
       empty->who.world_size = groups.world->size();
@@ -269,12 +305,20 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       saver->save(std::move(empty));
       return;
     }
-    float* master_host = host_opt->master() ? host_opt->master() : host->params().params().f32();
-    MT_CUDA_CHECK(cudaMemcpy(master_host, model.master(), static_cast<size_t>(P) * 4, cudaMemcpyDeviceToHost));
-    MT_CUDA_CHECK(cudaMemcpy(host_opt->exp_avg(), m, static_cast<size_t>(P) * 4, cudaMemcpyDeviceToHost));
-    MT_CUDA_CHECK(cudaMemcpy(host_opt->exp_avg_sq(), v, static_cast<size_t>(P) * 4, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(cudaMemcpy(host_opt->master(), master, state_bytes, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(cudaMemcpy(host_opt->exp_avg(), m, state_bytes, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(cudaMemcpy(host_opt->exp_avg_sq(), v, state_bytes, cudaMemcpyDeviceToHost));
     host_opt->set_iterations(h.t);
-    if (host_opt->master()) host_opt->refresh_working_weights();
+    if (!dist_opt) {
+      host_opt->refresh_working_weights();
+    } else if (dp_rank == 0) {
+      // This rank holds the master weights of its shard only; the working weights of every shard were gathered
+      // after the step: they are the parameters to write.
+      std::vector<uint16_t> w16(static_cast<size_t>(P));
+      MT_CUDA_CHECK(cudaMemcpy(w16.data(), model.working(), static_cast<size_t>(P) * 2, cudaMemcpyDeviceToHost));
+      float* hp = host->params().params().f32();
+      for (int64_t i = 0; i < P; ++i) hp[i] = bf16_to_float(w16[static_cast<size_t>(i)]);
+    }
     state.flops_so_far = loaded_flops + static_cast<double>(it - resumed_from) * flops_iter;
     state.iteration = it;
     state.consumed_samples = resumed_samples + (it - resumed_from) * gbs;
@@ -285,7 +329,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     who.world_rank = groups.world->rank();
     who.world_size = groups.world->size();
     who.writes_params = dp_rank == 0;
-    who.writes_optimizer = dp_rank == 0;
+    who.writes_optimizer = dp_rank == 0 || dist_opt;
     saver->save(take_snapshot(cfg, host->params(), *host_opt, state, who, !ck.no_save_optim));
     if (lead) std::cout << "megatrain: " << (ck.async_save ? "saving" : "saved") << " checkpoint at iteration " << it << " to " << *ck.save << "\n" << std::flush;
   };
@@ -319,10 +363,14 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     if (ddp) MT_PROF("dp.grad_all_reduce_wait", ddp->finish());
 #endif
     const double lr = schedule.lr(it);
-    MT_PROF("opt.grad_norm", norm_partials(model.grads()));
+    MT_PROF("opt.grad_norm", norm_partials(model.grads(), false));
     cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, 1.0f, stream);
-    MT_PROF("opt.adamw", cuda::adamw_multi(model.master(), m, v, model.working(), model.grads(), d_chunks,
+    MT_PROF("opt.adamw", cuda::adamw_multi(master, m, v, model.working(), model.grads(), d_chunks,
                                            n_chunks, st, static_cast<float>(lr), b1, b2, eps, wd, 1.0f, stream));
+#ifdef MEGATRAIN_HAVE_NCCL
+    // Distributed optimizer: each rank updated the working weights of its blocks; every rank gets all of them.
+    if (dist_opt) MT_PROF("dp.param_gather", ddp->gather_params(model.working()));
+#endif
     if (it == profile_iter) {
       // The step's only possible host waits: a staging buffer still being copied (the two-iteration run-ahead
       // bound) and a cudaMalloc (an implicit device synchronisation) in the allocator. Both are reported.
@@ -383,7 +431,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       if (cfg.logging.log_params_norm) {
         // The fp32 master weights, through the gradient-norm kernel's partial sums (the device is drained here,
         // and the next step recomputes its own partials). Every DP rank holds all of them: no DP reduction.
-        norm_partials(model.master());
+        norm_partials(master, true);
         std::vector<float> part(cuda::kNormPartials);
         MT_CUDA_CHECK(cudaMemcpyAsync(part.data(), partials, part.size() * 4, cudaMemcpyDeviceToHost, stream));
         wait_stream();
@@ -442,6 +490,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   wait_stream();
   cudaEventDestroy(drained);
   if (saver) saver->wait();
+  if (dist_opt) cudaFree(master);  // else the model's
   for (void* p : {static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(st), static_cast<void*>(partials),
                   static_cast<void*>(d_chunks), static_cast<void*>(eval_acc), static_cast<void*>(avg_buf), static_cast<void*>(loss_hist), static_cast<void*>(norm_hist)}) {
     cudaFree(p);

@@ -6,7 +6,8 @@
 # batch per GPU (global batch = micro batch x DP); tensor parallel runs split one micro batch's model over
 # the GPUs (global batch = micro batch x NGPU / TP).
 # Usage: scripts/bench/parallel_throughput.sh [recipe] [extra flags for every multi-GPU run]
-#   LAYOUTS="dp tp tp-sp" (default: all three), NGPU (default: the visible GPUs), ITERS, LOG_DIR.
+#   LAYOUTS="dp dp-do tp tp-sp" (default: dp tp tp-sp; dp-do: data parallel with the distributed optimizer),
+#   NGPU (default: the visible GPUs), ITERS, LOG_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-build/bin/megatrain}
@@ -28,9 +29,10 @@ echo "1 GPU: $one tokens/s/GPU"
 for layout in $LAYOUTS; do
   case $layout in
     dp) flags=(--global-batch-size $((mbs * NGPU)) --overlap-grad-reduce) ;;
+    dp-do) flags=(--global-batch-size $((mbs * NGPU)) --overlap-grad-reduce --use-distributed-optimizer) ;;
     tp) flags=(--tensor-model-parallel-size "$NGPU" --global-batch-size "$mbs") ;;
     tp-sp) flags=(--tensor-model-parallel-size "$NGPU" --sequence-parallel --global-batch-size "$mbs") ;;
-    *) echo "unknown layout $layout (dp, tp, tp-sp)"; exit 2 ;;
+    *) echo "unknown layout $layout (dp, dp-do, tp, tp-sp)"; exit 2 ;;
   esac
   log="$LOG_DIR/$layout$NGPU.log"
   if ! mpirun -np "$NGPU" --bind-to none "${envs[@]}" "$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 \

@@ -2,8 +2,10 @@
 # run_parallel_parity.sh: multi-GPU layouts of the CUDA engine against the CPU reference engine (one rank,
 # the oracle) at bf16 tolerance: tiny GPT-2-style and LLaMA-style models, 10 iterations on mock data, the
 # same seed and global batch: one GPU, TP 2, TP 2 + sequence parallel, DP 2 (and TP 2 x DP 2 with 4 GPUs),
-# and TP 2 / TP 2 + SP of a LLaMA with one K/V head (replicated over the TP ranks), must give the same loss per iteration, the same gradient norm and, from the final parameters, the same
-# validation loss. Needs at least 2 visible GPUs (exit 77, skipped, otherwise).
+# DP 2 with the distributed optimizer, and TP 2 / TP 2 + SP of a LLaMA with one K/V head (replicated over
+# the TP ranks), must give the same loss per iteration, the same gradient norm and, from the final parameters, the same
+# validation loss. The distributed optimizer's sharded checkpoint must resume on the GPUs and on the CPU
+# engine. Needs at least 2 visible GPUs (exit 77, skipped, otherwise).
 # Usage: run_parallel_parity.sh path/to/megatrain
 set -u
 BIN=${1:?usage: run_parallel_parity.sh path/to/megatrain}
@@ -60,6 +62,20 @@ compare() {
   fi
 }
 
+# name reference field tolerance: as compare, against the reference's last lines (a resumed run)
+compare_tail() {
+  local name=$1 ref=$2 f=$3 tol=$4
+  local got want worst
+  got=$(field "$f" "$work/$name"); want=$(field "$f" "$work/$ref" | tail -n "$(wc -l <<<"$got")")
+  if [[ -z $got ]]; then echo "FAIL $name: no $f"; fails=$((fails + 1)); return; fi
+  worst=$(paste <(echo "$got") <(echo "$want") | awk '{d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r} END {printf "%.2e", m}')
+  if awk -v w="$worst" -v t="$tol" 'BEGIN{exit !(w <= t)}'; then
+    echo "PASS $name: $f within $worst of $ref's last iterations (tolerance $tol)"
+  else
+    echo "FAIL $name: $f differs from $ref's last iterations by $worst (tolerance $tol)"; fails=$((fails + 1))
+  fi
+}
+
 for family in gpt llama mqa; do
   model=$GPT
   [[ $family == llama ]] && model=$LLAMA
@@ -67,8 +83,9 @@ for family in gpt llama mqa; do
   run "$family-cpu" 1 cpu "$model" || continue
   layouts=("tp2 2 --tensor-model-parallel-size 2" "tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel")
   if [[ $family != mqa ]]; then
-    layouts+=("gpu1 1" "dp2 2 --overlap-grad-reduce")
-    ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce")
+    layouts+=("gpu1 1" "dp2 2 --overlap-grad-reduce" "dp2do 2 --use-distributed-optimizer --overlap-grad-reduce")
+    ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce"
+                            "tp2dp2do 4 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce")
   fi
   for l in "${layouts[@]}"; do
     read -r name np extra <<<"$l"
@@ -78,6 +95,18 @@ for family in gpt llama mqa; do
     compare "$family-$name" "$family-cpu" grad_norm 3e-2
     compare "$family-$name" "$family-cpu" validation_lm_loss 5e-3
   done
+  [[ $family == mqa ]] && continue
+  # The distributed optimizer's sharded checkpoint: saved at iteration 5 (--exit-interval), resumed on the
+  # GPUs (must continue like the uninterrupted run) and by the CPU engine on one rank (like the CPU run).
+  DO="--use-distributed-optimizer --overlap-grad-reduce"
+  # shellcheck disable=SC2086
+  if run "$family-dp2do-save" 2 cuda "$model" $DO --save "$work/$family-ckpt" --save-interval 5 --exit-interval 5; then
+    # shellcheck disable=SC2086
+    run "$family-dp2do-resume" 2 cuda "$model" $DO --load "$work/$family-ckpt" && {
+      compare_tail "$family-dp2do-resume" "$family-dp2do" lm_loss 5e-4
+      compare "$family-dp2do-resume" "$family-dp2do" validation_lm_loss 5e-4; }
+    run "$family-cpu-resume" 1 cpu "$model" --load "$work/$family-ckpt" && compare_tail "$family-cpu-resume" "$family-cpu" lm_loss 5e-3
+  fi
 done
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]

@@ -355,7 +355,7 @@ void test_adamw(int64_t n) {
   std::vector<cuda::AdamChunk> chunks{{0, static_cast<int32_t>(half), 1}, {half, static_cast<int32_t>(n - half), 0}};
   Buf<cuda::AdamChunk> dc(2);
   MT_CUDA_CHECK(cudaMemcpy(dc.p, chunks.data(), 2 * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
-  cuda::sumsq_partials(partials.p, dg.p, dc.p, 2, nullptr);
+  cuda::sumsq_partials(partials.p, dg.p, dc.p, 2, false, nullptr);
   cuda::step_prepare(st.p, partials.p, clip, b1, b2, 1.0f, 1.0f, nullptr);
   cuda::adamw_multi(dw.p, dm.p, dv.p, w16.b(), dg.p, dc.p, 2, st.p, lr, b1, b2, eps, wd, 1.0f, nullptr);
   cuda::StepState h{};
@@ -368,7 +368,7 @@ void test_adamw(int64_t n) {
   // Norm weights (a parameter held by every TP rank counts 1/TP on each): the second chunk at weight 1/4.
   chunks[1].norm_weight = 0.25f;
   MT_CUDA_CHECK(cudaMemcpy(dc.p, chunks.data(), 2 * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
-  cuda::sumsq_partials(partials.p, dg.p, dc.p, 2, nullptr);
+  cuda::sumsq_partials(partials.p, dg.p, dc.p, 2, false, nullptr);
   double wss = 0;
   for (int64_t i = 0; i < n; ++i) wss += (i < half ? 1.0 : 0.25) * g[static_cast<size_t>(i)] * g[static_cast<size_t>(i)];
   double got = 0;

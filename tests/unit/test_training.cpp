@@ -225,5 +225,7 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK(cuda_engine_gaps(t, 2).empty());
   Config o = c;
   o.training.use_distributed_optimizer = true;
-  CHECK_THAT(gaps_text(cuda_engine_gaps(o, 2)), MT_CONTAINS("--use-distributed-optimizer"));
+  CHECK(cuda_engine_gaps(o, 2).empty());
+  o.training.overlap_param_gather = true;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(o, 2)), MT_CONTAINS("--overlap-param-gather"));
 }

@@ -120,6 +120,36 @@ void NcclCommunicator::all_gather_on(const void* send, void* recv, int64_t n_per
   MT_NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(n_per_rank), nccl_type(type), comm_, s));
 }
 
+void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int64_t>& counts, WireType type, ReduceOp op, cudaStream_t after) {
+  if (!ready_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  MT_CUDA_CHECK(cudaEventRecord(ready_, after));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  const size_t elem = type == WireType::kBF16 ? 2 : 4;
+  auto* base = static_cast<char*>(data);
+  MT_NCCL_CHECK(ncclGroupStart());
+  int64_t off = 0;
+  for (int r = 0; r < size_; ++r) {
+    const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+    void* block = base + static_cast<size_t>(off) * elem;
+    MT_NCCL_CHECK(ncclReduce(block, r == rank_ ? block : nullptr, n, nccl_type(type), nccl_op(op), r, comm_, stream_));
+    off += counts[static_cast<size_t>(r)];
+  }
+  MT_NCCL_CHECK(ncclGroupEnd());
+}
+
+void NcclCommunicator::all_gather_v_on(void* data, const std::vector<int64_t>& counts, WireType type, cudaStream_t s) {
+  const size_t elem = type == WireType::kBF16 ? 2 : 4;
+  auto* base = static_cast<char*>(data);
+  MT_NCCL_CHECK(ncclGroupStart());
+  int64_t off = 0;
+  for (int r = 0; r < size_; ++r) {
+    void* block = base + static_cast<size_t>(off) * elem;
+    MT_NCCL_CHECK(ncclBroadcast(block, block, static_cast<size_t>(counts[static_cast<size_t>(r)]), nccl_type(type), r, comm_, s));
+    off += counts[static_cast<size_t>(r)];
+  }
+  MT_NCCL_CHECK(ncclGroupEnd());
+}
+
 void NcclCommunicator::group_start() { MT_NCCL_CHECK(ncclGroupStart()); }
 void NcclCommunicator::group_end() { MT_NCCL_CHECK(ncclGroupEnd()); }
 

@@ -48,6 +48,12 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   // The same on bf16 data (--grad-reduce-in-bf16).
   void all_reduce_bf16_after(void* data, int64_t n, ReduceOp op, cudaStream_t after);
   void join(cudaStream_t s);
+  // Uneven in-place blocks over [data, data + sum(counts)), rank r's block counts[r] elements: the
+  // distributed optimizer's gradient reduction (rank r's block ends up holding the reduction of every
+  // rank's block r; grouped ncclReduce) after the work queued on `after`, and its parameter gather (rank
+  // r's block copied to every rank; grouped ncclBroadcast) queued on stream s.
+  void reduce_scatter_v_after(void* data, const std::vector<int64_t>& counts, WireType type, ReduceOp op, cudaStream_t after);
+  void all_gather_v_on(void* data, const std::vector<int64_t>& counts, WireType type, cudaStream_t s);
   // StreamCollectives: queued on `s` itself (tensor parallelism inside a step).
   int group_rank() const override { return rank_; }
   int group_size() const override { return size_; }

@@ -8,13 +8,16 @@
 namespace mt::cuda {
 namespace {
 
-__global__ void sumsq_kernel(float* partials, const float* g, const AdamChunk* chunks, int64_t nchunks) {
+__device__ __forceinline__ int64_t state_index(const AdamChunk& c) { return c.state < 0 ? c.start : c.state; }
+
+__global__ void sumsq_kernel(float* partials, const float* g, const AdamChunk* chunks, int64_t nchunks, bool by_state) {
   float s = 0.0f;
   for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
     const AdamChunk ch = chunks[c];
+    const float* base = g + (by_state ? state_index(ch) : ch.start);
     float cs = 0.0f;
     for (int64_t k = threadIdx.x; k < ch.len; k += blockDim.x) {
-      const float x = g[ch.start + k];
+      const float x = base[k];
       cs += x * x;
     }
     s += cs * ch.norm_weight;
@@ -52,16 +55,17 @@ __global__ void adam_kernel(float* w, float* m, float* v, bf16* w16, const float
   const AdamChunk c = chunks[blockIdx.x];
   const float scale = st->clip_coef * inv_ls, bc1 = st->bc1, bc2 = st->bc2;
   const float decay = c.decay ? wd : 0.0f;
+  const int64_t s0 = state_index(c);
   for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
-    const int64_t i = c.start + k;
+    const int64_t i = c.start + k, j = s0 + k;  // i: parameter / gradient, j: optimizer state
     const float gi = g[i] * scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
+    const float mi = b1 * m[j] + (1.0f - b1) * gi;
+    const float vi = b2 * v[j] + (1.0f - b2) * gi * gi;
+    m[j] = mi;
+    v[j] = vi;
     const float update = (mi / bc1) / (sqrtf(vi / bc2) + eps);
-    const float wi = w[i] - lr * (update + decay * w[i]);
-    w[i] = wi;
+    const float wi = w[j] - lr * (update + decay * w[j]);
+    w[j] = wi;
     w16[i] = __float2bfloat16(wi);
   }
 }
@@ -86,8 +90,8 @@ void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream) 
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void sumsq_partials(float* partials, const float* g, const AdamChunk* chunks, int64_t nchunks, cudaStream_t stream) {
-  sumsq_kernel<<<kNormPartials, 256, 0, stream>>>(partials, g, chunks, nchunks);
+void sumsq_partials(float* partials, const float* x, const AdamChunk* chunks, int64_t nchunks, bool by_state, cudaStream_t stream) {
+  sumsq_kernel<<<kNormPartials, 256, 0, stream>>>(partials, x, chunks, nchunks, by_state);
   MT_CUDA_CHECK_LAUNCH();
 }
 

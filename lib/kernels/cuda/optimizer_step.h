@@ -33,15 +33,20 @@ struct AdamChunk {
   // Weight of this chunk's squares in the gradient norm: 1, or 1/n for a parameter every one of n
   // tensor-parallel ranks holds (the ranks' partial sums are then added up, counting it once).
   float norm_weight = 1.0f;
+  // Index of `start` in the optimizer state (master weights, m, v), which the distributed optimizer keeps
+  // for its shard only; -1: the same as start (state laid out like the parameters).
+  int64_t state = -1;
 };
 
 constexpr int kNormPartials = 1024;
 // partials[kNormPartials] of sum over the chunks of norm_weight * g^2 (unscaled by the loss scale:
 // step_prepare applies it).
-void sumsq_partials(float* partials, const float* g, const AdamChunk* chunks, int64_t nchunks, cudaStream_t stream);
+// x is indexed by the chunks' start (gradients), or by their state index when by_state (master weights).
+void sumsq_partials(float* partials, const float* x, const AdamChunk* chunks, int64_t nchunks, bool by_state, cudaStream_t stream);
 // From the partials and loss_acc: norm, clip, skip, t and the bias corrections; loss = loss_acc * loss_weight; loss_acc reset.
 void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, float inv_loss_scale,
                   cudaStream_t stream);
+// w (fp32 master), m and v are indexed by the chunks' state index; g and w16 by their start.
 void adamw_multi(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
                  float lr, float beta1, float beta2, float eps, float weight_decay, float inv_loss_scale, cudaStream_t stream);
 void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);

@@ -63,7 +63,7 @@ constexpr cudaDataType_t kBF = CUDA_R_16BF;
 
 }  // namespace
 
-CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp)
+CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp, bool keep_master)
     : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1)), stream_(stream) {
   const ModelDims& D = D_;
   if (D.tp > 1) {
@@ -88,12 +88,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
                                " does not (make --hidden-size, --ffn-hidden-size and the padded vocabulary multiples of 8 per tensor-parallel rank), or use --device cpu");
     }
   }
-  master_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
+  if (keep_master) master_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
   grads_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
   w16_ = static_cast<bf16*>(alloc(static_cast<size_t>(numel_) * 2));
-  MT_CUDA_CHECK(cudaMemcpyAsync(master_, layout.params().f32(), static_cast<size_t>(numel_) * 4, cudaMemcpyHostToDevice, stream_));
+  // The initial values go up through the master buffer, or through the gradient buffer when there is none.
+  float* up = keep_master ? master_ : grads_;
+  MT_CUDA_CHECK(cudaMemcpyAsync(up, layout.params().f32(), static_cast<size_t>(numel_) * 4, cudaMemcpyHostToDevice, stream_));
+  cuda::cast_to_bf16(w16_, up, numel_, stream_);
   MT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(numel_) * 4, stream_));
-  refresh_working();
 
   wte_ = offset_of(layout, "embedding.word_embeddings.weight");
   if (D.learned_pos) wpe_ = offset_of(layout, "embedding.position_embeddings.weight");
@@ -241,7 +243,10 @@ CudaGPT::~CudaGPT() {
   if (wgrad_stream_) cudaStreamDestroy(wgrad_stream_);
 }
 
-void CudaGPT::refresh_working() { cuda::cast_to_bf16(w16_, master_, numel_, stream_); }
+void CudaGPT::refresh_working() {
+  if (!master_) throw std::logic_error("CUDA model: refresh_working without master weights");
+  cuda::cast_to_bf16(w16_, master_, numel_, stream_);
+}
 
 bool CudaGPT::recomputed(int64_t l) const { return recompute_layer_[static_cast<size_t>(l)]; }
 

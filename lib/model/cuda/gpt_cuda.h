@@ -42,8 +42,9 @@ struct DeviceMicrobatch {
 class CudaGPT {
  public:
   // `layout` supplies names, offsets and initial values (uploaded once); the model keeps no host copy. It is
-  // this rank's TP shard; `tp` is the tensor-parallel group (nullptr: TP 1).
-  CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp = nullptr);
+  // this rank's TP shard; `tp` is the tensor-parallel group (nullptr: TP 1). Without keep_master (the
+  // distributed optimizer keeps the master weights of its shard itself) master() is null.
+  CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp = nullptr, bool keep_master = true);
   ~CudaGPT();
   CudaGPT(const CudaGPT&) = delete;
   CudaGPT& operator=(const CudaGPT&) = delete;
@@ -63,7 +64,7 @@ class CudaGPT {
   cuda::bf16* working() const { return w16_; }
   const ModelDims& dims() const { return D_; }
   size_t activation_bytes() const { return act_bytes_; }
-  // Refreshes the bf16 working copy from the fp32 master weights (after loading).
+  // Refreshes the bf16 working copy from the fp32 master weights (after loading; needs the master).
   void refresh_working();
 
  private:

@@ -2,6 +2,7 @@
 #include "optim/cuda/device_data_parallel.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "kernels/cuda/optimizer_step.h"
 #include "tensor/cuda/cuda_check.h"
@@ -15,9 +16,15 @@ DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, f
   bucket_elems = std::max<int64_t>(bucket_elems, 1 << 20);
   for (int64_t hi = numel; hi > 0;) {
     const int64_t lo = std::max<int64_t>(0, hi - bucket_elems);
-    buckets_.emplace_back(lo, hi);
+    buckets_.push_back({lo, hi, {}, lo, hi});
     hi = lo;
   }
+}
+
+DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, std::vector<DeviceBucket> sharded,
+                                       bool overlap, bool reduce_bf16, cudaStream_t compute)
+    : comm_(std::move(comm)), grads_(grads), overlap_(overlap), sharded_(true), compute_(compute), buckets_(std::move(sharded)) {
+  if (reduce_bf16) MT_CUDA_CHECK(cudaMalloc(&shadow_, static_cast<size_t>(std::max<int64_t>(numel, 1)) * 2));
 }
 
 DeviceDataParallel::~DeviceDataParallel() {
@@ -25,25 +32,34 @@ DeviceDataParallel::~DeviceDataParallel() {
 }
 
 void DeviceDataParallel::launch_next() {
-  const auto [lo, hi] = buckets_[next_++];
+  const DeviceBucket& b = buckets_[next_++];
+  const int64_t n = b.hi - b.lo;
   if (!shadow_) {
-    comm_->all_reduce_after(grads_ + lo, hi - lo, ReduceOp::kAvg, compute_);
+    if (sharded_) comm_->reduce_scatter_v_after(grads_ + b.lo, b.shard_counts, WireType::kF32, ReduceOp::kAvg, compute_);
+    else comm_->all_reduce_after(grads_ + b.lo, n, ReduceOp::kAvg, compute_);
     return;
   }
-  auto* s = static_cast<cuda::bf16*>(shadow_) + lo;
-  cuda::cast_to_bf16(s, grads_ + lo, hi - lo, compute_);
-  comm_->all_reduce_bf16_after(s, hi - lo, ReduceOp::kAvg, compute_);
-  cuda::cast_from_bf16(grads_ + lo, s, hi - lo, comm_->stream());
+  auto* s = static_cast<cuda::bf16*>(shadow_);
+  cuda::cast_to_bf16(s + b.lo, grads_ + b.lo, n, compute_);
+  if (sharded_) comm_->reduce_scatter_v_after(s + b.lo, b.shard_counts, WireType::kBF16, ReduceOp::kAvg, compute_);
+  else comm_->all_reduce_bf16_after(s + b.lo, n, ReduceOp::kAvg, compute_);
+  // Widen what this rank uses: its block (distributed optimizer) or the whole bucket.
+  cuda::cast_from_bf16(grads_ + b.shard_lo, s + b.shard_lo, b.shard_hi - b.shard_lo, comm_->stream());
 }
 
 void DeviceDataParallel::on_grads_ready(int64_t lowest) {
   if (!overlap_) return;
-  while (next_ < buckets_.size() && buckets_[next_].first >= lowest) launch_next();
+  while (next_ < buckets_.size() && buckets_[next_].lo >= lowest) launch_next();
 }
 
 void DeviceDataParallel::finish() {
   while (next_ < buckets_.size()) launch_next();
   comm_->join(compute_);
+}
+
+void DeviceDataParallel::gather_params(cuda::bf16* w16) {
+  if (!sharded_) return;
+  for (const DeviceBucket& b : buckets_) comm_->all_gather_v_on(w16 + b.lo, b.shard_counts, WireType::kBF16, compute_);
 }
 
 }  // namespace mt

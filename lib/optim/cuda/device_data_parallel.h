@@ -1,7 +1,9 @@
 // device_data_parallel.h: data parallelism for the CUDA engine: the fp32 gradient buffer is cut into
-// buckets (--ddp-bucket-size elements) from the top of the flat layout, the order in which the backward
-// finishes them; each bucket is averaged over the data-parallel group with NCCL on the communicator's own
-// stream, started as soon as its gradients are final (--overlap-grad-reduce) or after the backward.
+// buckets from the top of the flat layout, the order in which the backward finishes them; each bucket is
+// averaged over the data-parallel group with NCCL on the communicator's own stream, started as soon as its
+// gradients are final (--overlap-grad-reduce) or after the backward. With the distributed optimizer the
+// buckets are the CPU engine's (whole parameters, each split over the DP ranks): each rank's block is
+// averaged onto its owner only, and after the optimizer step the updated bf16 weights are gathered back.
 // Everything is stream-ordered: the host never waits.
 #pragma once
 
@@ -9,18 +11,28 @@
 
 #include <cstdint>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "comm/cuda/nccl_communicator.h"
+#include "kernels/cuda/bf16_fwd.h"
 
 namespace mt {
 
+struct DeviceBucket {
+  int64_t lo = 0, hi = 0;             // flat range [lo, hi)
+  std::vector<int64_t> shard_counts;  // distributed optimizer: elements owned by each DP rank, back to back from lo
+  int64_t shard_lo = 0, shard_hi = 0;  // this rank's block
+};
+
 class DeviceDataParallel {
  public:
-  // reduce_bf16 (--grad-reduce-in-bf16): each bucket is rounded to bf16, averaged in bf16 (half the
-  // bytes on the wire) and widened back into the fp32 buffer.
+  // All-reduce buckets of bucket_elems elements. reduce_bf16 (--grad-reduce-in-bf16): each bucket is rounded
+  // to bf16, reduced in bf16 (half the bytes on the wire) and widened back into the fp32 buffer.
   DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, int64_t bucket_elems, bool overlap,
+                     bool reduce_bf16, cudaStream_t compute);
+  // Distributed optimizer: the given sharded buckets (highest first); afterwards each rank's blocks hold the
+  // DP average, the rest of the buffer is stale.
+  DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, std::vector<DeviceBucket> sharded, bool overlap,
                      bool reduce_bf16, cudaStream_t compute);
   ~DeviceDataParallel();
   void start_iteration() { next_ = 0; }
@@ -28,6 +40,9 @@ class DeviceDataParallel {
   void on_grads_ready(int64_t lowest);
   // Launches what is left; the compute stream then waits for every bucket.
   void finish();
+  // Distributed optimizer, after the step wrote each rank's blocks of w16: every block to every rank (queued
+  // on the compute stream).
+  void gather_params(cuda::bf16* w16);
   size_t buckets() const { return buckets_.size(); }
   NcclCommunicator& comm() { return *comm_; }
 
@@ -35,10 +50,10 @@ class DeviceDataParallel {
   void launch_next();
   std::shared_ptr<NcclCommunicator> comm_;
   float* grads_;
-  bool overlap_;
+  bool overlap_, sharded_ = false;
   void* shadow_ = nullptr;  // bf16 copy of the gradients (reduce_bf16)
   cudaStream_t compute_;
-  std::vector<std::pair<int64_t, int64_t>> buckets_;  // [lo, hi), highest first
+  std::vector<DeviceBucket> buckets_;  // highest first
   size_t next_ = 0;
 };
 
