@@ -50,6 +50,9 @@ class ParamStore {
   const Tensor& params() const { return params_; }
   const Tensor& grads() const { return grads_; }
   void zero_grads();
+  // Frees the gradient buffer of a store whose gradients live elsewhere (the CUDA engine's host model, which
+  // serves the layout, the initial values and checkpoints only); grad() is invalid afterwards.
+  void release_grads() { grads_ = Tensor(); }
 
   // Global element index of local element `local` of parameter i (for init and resharding).
   int64_t global_index(size_t i, int64_t local) const;

@@ -1,6 +1,7 @@
 // cuda_trainer.cpp: microbatches are staged in pinned host buffers (two sets, alternating iterations; an
 // event guards reuse) and copied asynchronously; forward/backward, the gradient norm, the skip decision
-// and AdamW are queued on one stream; the host synchronises only to log, validate or save.
+// and AdamW are queued on the training stream (collectives on NCCL's streams, ordered by events); the host
+// synchronises only to log, validate or save.
 #include "train/cuda_trainer.h"
 
 #include <cuda_runtime.h>
@@ -75,6 +76,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   // with checkpoints it stays as the host side of save / load, otherwise it is dropped after upload.
   const auto& ck = cfg.checkpoint;
   auto host = std::make_unique<GPTModel>(cfg, groups);
+  host->params().release_grads();  // the gradients live on the device
   const int64_t dp = groups.dp_cp->size(), dp_rank = groups.dp_cp->rank();
   // The distributed optimizer (ZeRO-1): this DP rank keeps the master weights and Adam moments of its
   // blocks of the CPU engine's gradient buckets only (the same split, so checkpoints and the host optimizer
@@ -196,8 +198,11 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
 #endif
   // partials[kNormPartials] = the norm partial sums of x (gradients, indexed like the parameters, or master
   // weights, indexed like the optimizer state), summed over TP, and over DP when each rank owns a shard.
-  auto norm_partials = [&](const float* x, bool by_state) {
+  // With the distributed optimizer a rank's own non-finite loss poisons the gradient partials, so every rank
+  // skips the step together (each updates only its shard: one skipping alone would split the model).
+  auto norm_partials = [&](const float* x, bool by_state, const float* loss = nullptr) {
     cuda::sumsq_partials(partials, x, d_chunks, n_chunks, by_state, stream);
+    if (loss && dist_opt) cuda::poison_if_nonfinite(partials, loss, stream);
 #ifdef MEGATRAIN_HAVE_NCCL
     if (tp_nccl) tp_nccl->all_reduce_on(partials, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream);
     if (dist_opt) dp_nccl->all_reduce_on(partials, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream);
@@ -363,7 +368,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     if (ddp) MT_PROF("dp.grad_all_reduce_wait", ddp->finish());
 #endif
     const double lr = schedule.lr(it);
-    MT_PROF("opt.grad_norm", norm_partials(model.grads(), false));
+    MT_PROF("opt.grad_norm", norm_partials(model.grads(), false, &st->loss_acc));
     cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, 1.0f, stream);
     MT_PROF("opt.adamw", cuda::adamw_multi(master, m, v, model.working(), model.grads(), d_chunks,
                                            n_chunks, st, static_cast<float>(lr), b1, b2, eps, wd, 1.0f, stream));
@@ -430,7 +435,8 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
       if (cfg.logging.log_params_norm) {
         // The fp32 master weights, through the gradient-norm kernel's partial sums (the device is drained here,
-        // and the next step recomputes its own partials). Every DP rank holds all of them: no DP reduction.
+        // and the next step recomputes its own partials), summed over TP and, with the distributed
+        // optimizer, over the DP shards.
         norm_partials(master, true);
         std::vector<float> part(cuda::kNormPartials);
         MT_CUDA_CHECK(cudaMemcpyAsync(part.data(), partials, part.size() * 4, cudaMemcpyDeviceToHost, stream));

@@ -32,6 +32,14 @@ void* GemmLt::workspace(cudaStream_t stream) {
   return w;
 }
 
+void GemmLt::release_workspace(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workspaces_.find(stream);
+  if (it == workspaces_.end()) return;
+  DeviceAllocator::instance().release(it->second);
+  workspaces_.erase(it);
+}
+
 void GemmLt::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
                   int64_t ldb, float beta, float* C, int64_t ldc, cudaDataType_t ab, cudaStream_t stream) {
   gemm_ex(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab, CUDA_R_32F, nullptr, stream);

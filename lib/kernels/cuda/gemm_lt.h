@@ -24,6 +24,8 @@ class GemmLt {
                int64_t ldb, float beta, void* C, int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type, const void* bias,
                cudaStream_t stream);
   size_t cached_plans() const { return plans_.size(); }
+  // Frees the workspace of a stream about to be destroyed.
+  void release_workspace(cudaStream_t stream);
 
  private:
   GemmLt();

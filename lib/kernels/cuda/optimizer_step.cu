@@ -70,6 +70,10 @@ __global__ void adam_kernel(float* w, float* m, float* v, bf16* w16, const float
   }
 }
 
+__global__ void poison_kernel(float* partials, const float* value) {
+  if (!isfinite(*value)) partials[0] = NAN;
+}
+
 __global__ void cast_kernel(bf16* out, const float* in, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     out[i] = __float2bfloat16(in[i]);
@@ -92,6 +96,11 @@ void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream) 
 
 void sumsq_partials(float* partials, const float* x, const AdamChunk* chunks, int64_t nchunks, bool by_state, cudaStream_t stream) {
   sumsq_kernel<<<kNormPartials, 256, 0, stream>>>(partials, x, chunks, nchunks, by_state);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void poison_if_nonfinite(float* partials, const float* value, cudaStream_t stream) {
+  poison_kernel<<<1, 1, 0, stream>>>(partials, value);
   MT_CUDA_CHECK_LAUNCH();
 }
 

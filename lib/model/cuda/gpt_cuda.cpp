@@ -240,7 +240,10 @@ CudaGPT::~CudaGPT() {
   for (void* p : owned_) cudaFree(p);
   if (fork_ev_) cudaEventDestroy(fork_ev_);
   if (join_ev_) cudaEventDestroy(join_ev_);
-  if (wgrad_stream_) cudaStreamDestroy(wgrad_stream_);
+  if (wgrad_stream_) {
+    cuda::GemmLt::instance().release_workspace(wgrad_stream_);
+    cudaStreamDestroy(wgrad_stream_);
+  }
 }
 
 void CudaGPT::refresh_working() {
@@ -258,6 +261,20 @@ const bf16* CudaGPT::combine_rows(bf16* full, bf16* local, int64_t T) {
   }
   MT_PROF("tp.all_reduce", tp_->all_reduce_on(full, T * D_.h, WireType::kBF16, ReduceOp::kSum, stream_));
   return full;
+}
+
+// K/V replication: this rank's nh_local query heads [T, nh_local, d] and all its group's [T, qh_local, d].
+// Forward: own = its slice of group; backward: group = own in its slice, zeros elsewhere.
+void CudaGPT::copy_own_heads(bf16* own, bf16* group, int64_t T, bool to_group) {
+  const size_t row = static_cast<size_t>(D_.nh_local * D_.d) * 2, all = static_cast<size_t>(D_.qh_local * D_.d) * 2;
+  char* slice = reinterpret_cast<char*>(group) + static_cast<size_t>(D_.tp_rank % D_.kv_rep) * row;
+  const auto rows = static_cast<size_t>(T);
+  if (to_group) {
+    MT_CUDA_CHECK(cudaMemsetAsync(group, 0, all * rows, stream_));
+    MT_CUDA_CHECK(cudaMemcpy2DAsync(slice, all, own, row, row, rows, cudaMemcpyDeviceToDevice, stream_));
+  } else {
+    MT_CUDA_CHECK(cudaMemcpy2DAsync(own, row, slice, all, row, rows, cudaMemcpyDeviceToDevice, stream_));
+  }
 }
 
 cudaStream_t CudaGPT::fork_wgrad() {
@@ -306,10 +323,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   } else {  // the group's query heads, then this rank's nh_local of them
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(s.q_all, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.qh_local, D.ng_local,
                                                        D.d, D.rot_dim, stream_));
-    const size_t row = static_cast<size_t>(D.nh_local * D.d) * 2, all = static_cast<size_t>(D.qh_local * D.d) * 2;
-    const size_t first = static_cast<size_t>(D.tp_rank % D.kv_rep) * row;
-    MT_PROF("fwd.qkv_split_rope", MT_CUDA_CHECK(cudaMemcpy2DAsync(r.q, row, reinterpret_cast<const char*>(s.q_all) + first, all, row,
-                                                                  static_cast<size_t>(T), cudaMemcpyDeviceToDevice, stream_)));
+    MT_PROF("fwd.qkv_split_rope", copy_own_heads(r.q, s.q_all, T, false));
   }
   MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_));
   // Row-parallel: the bias joins one rank's partial sum.
@@ -349,9 +363,11 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     MT_PROF("bwd.activation", cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * F, stream_));
   }
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
+  // Only GEMMs go to the side stream: kernels that take temporaries from the caching allocator (the bias
+  // gradients) stay on the compute stream, which the allocator's reuse of freed blocks assumes.
+  if (lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_));
   cudaStream_t ws = fork_wgrad();
   MT_PROF("bwd.gemm.fc1_wgrad", lt.gemm_ex(true, false, F1, h, T, 1.0f, s.dfc1, F1, r.xn2, h, 1.0f, g(lw.fc1_w), h, kBF, CUDA_R_32F, nullptr, ws));
-  if (lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, ws));
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), dmlp, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), Tl, h, D.rms,
                                               stream_));
@@ -366,18 +382,14 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local,
                                                                 D.ng_local, D.d, D.rot_dim, stream_));
   } else {  // zero for the group's query heads other ranks own: their gradients arrive in the replica sum
-    const size_t row = static_cast<size_t>(D.nh_local * D.d) * 2, all = static_cast<size_t>(D.qh_local * D.d) * 2;
-    const size_t first = static_cast<size_t>(D.tp_rank % D.kv_rep) * row;
-    MT_PROF("bwd.qkv_merge_rope", MT_CUDA_CHECK(cudaMemsetAsync(s.q_all, 0, all * static_cast<size_t>(T), stream_)));
-    MT_PROF("bwd.qkv_merge_rope", MT_CUDA_CHECK(cudaMemcpy2DAsync(reinterpret_cast<char*>(s.q_all) + first, all, s.dq, row, row, static_cast<size_t>(T),
-                                                                  cudaMemcpyDeviceToDevice, stream_)));
+    MT_PROF("bwd.qkv_merge_rope", copy_own_heads(s.dq, s.q_all, T, true));
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.q_all, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.qh_local,
                                                                 D.ng_local, D.d, D.rot_dim, stream_));
   }
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
+  if (lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_));
   ws = fork_wgrad();
   MT_PROF("bwd.gemm.qkv_wgrad", lt.gemm_ex(true, false, Wq, h, T, 1.0f, s.qkv, Wq, r.xn1, h, 1.0f, g(lw.qkv_w), h, kBF, CUDA_R_32F, nullptr, ws));
-  if (lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, ws));
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
                                               stream_));

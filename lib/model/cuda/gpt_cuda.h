@@ -7,7 +7,8 @@
 // FFN and the vocabulary; row-parallel partial sums are combined over TP in bf16 (all-reduce, or under
 // sequence parallelism reduce-scatter, with norms on sequence shards and all-gathers before the column-
 // parallel GEMMs); the loss is vocabulary-parallel. TP collectives are queued on the compute stream.
-// Everything runs on one stream; nothing here waits for the device.
+// Everything runs on one stream, except that under TP the column-parallel layers' weight-gradient GEMMs run
+// on a side stream joined at the end of each layer's backward; nothing here waits for the device.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -87,6 +88,7 @@ class CudaGPT {
   // stream itself at TP 1); join_wgrad: the compute stream waits for the side stream.
   cudaStream_t fork_wgrad();
   void join_wgrad();
+  void copy_own_heads(cuda::bf16* own, cuda::bf16* group, int64_t T, bool to_group);
   cuda::bf16* gather_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
   cuda::bf16* norm_out(cuda::bf16* full) const;
   // Under SP, the gradients of parameters every TP rank holds (norms, row-parallel biases) are partial sums

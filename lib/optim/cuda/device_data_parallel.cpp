@@ -12,7 +12,7 @@ namespace mt {
 DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, int64_t bucket_elems,
                                        bool overlap, bool reduce_bf16, cudaStream_t compute)
     : comm_(std::move(comm)), grads_(grads), overlap_(overlap), compute_(compute) {
-  if (reduce_bf16) MT_CUDA_CHECK(cudaMalloc(&shadow_, static_cast<size_t>(std::max<int64_t>(numel, 1)) * 2));
+  if (reduce_bf16) alloc_shadow(numel);
   bucket_elems = std::max<int64_t>(bucket_elems, 1 << 20);
   for (int64_t hi = numel; hi > 0;) {
     const int64_t lo = std::max<int64_t>(0, hi - bucket_elems);
@@ -24,7 +24,11 @@ DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, f
 DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, std::vector<DeviceBucket> sharded,
                                        bool overlap, bool reduce_bf16, cudaStream_t compute)
     : comm_(std::move(comm)), grads_(grads), overlap_(overlap), sharded_(true), compute_(compute), buckets_(std::move(sharded)) {
-  if (reduce_bf16) MT_CUDA_CHECK(cudaMalloc(&shadow_, static_cast<size_t>(std::max<int64_t>(numel, 1)) * 2));
+  if (reduce_bf16) alloc_shadow(numel);
+}
+
+void DeviceDataParallel::alloc_shadow(int64_t numel) {
+  MT_CUDA_CHECK(cudaMalloc(&shadow_, static_cast<size_t>(std::max<int64_t>(numel, 1)) * 2));
 }
 
 DeviceDataParallel::~DeviceDataParallel() {

@@ -48,6 +48,7 @@ class DeviceDataParallel {
 
  private:
   void launch_next();
+  void alloc_shadow(int64_t numel);
   std::shared_ptr<NcclCommunicator> comm_;
   float* grads_;
   bool overlap_, sharded_ = false;
