@@ -195,6 +195,24 @@ TEST_CASE("AdamW step: decoupled decay, bias correction, no decay on norms; bf16
   CHECK(ps.param(1)[0] == round_bf16(static_cast<float>(1.0 - 0.01 * 1.0)));
 }
 
+TEST_CASE("optimizer segments: owned ranges cut at parameter boundaries, state back to back in range order") {
+  ParamStore ps;
+  for (const char* name : {"a", "b", "c"}) {
+    ParamInfo p;
+    p.name = name;
+    p.local_shape = p.global_shape = {10};
+    ps.add(p);
+  }
+  // A distributed-optimizer shard: [5, 12) crosses a/b, [25, 30) is the tail of c; given out of order.
+  const auto seg = Optimizer::make_segments(ps, {{25, 30}, {5, 12}});
+  REQUIRE(seg.size() == 3);
+  CHECK((seg[0].param == 0 && seg[0].begin == 5 && seg[0].end == 10 && seg[0].state == 0));
+  CHECK((seg[1].param == 1 && seg[1].begin == 10 && seg[1].end == 12 && seg[1].state == 5));
+  CHECK((seg[2].param == 2 && seg[2].begin == 25 && seg[2].end == 30 && seg[2].state == 7));
+  // Everything owned: the state is laid out like the parameters (what the CUDA engine relies on).
+  for (const auto& s : Optimizer::make_segments(ps, {{0, ps.numel()}})) CHECK(s.state == s.begin);
+}
+
 TEST_CASE("the CUDA engine names what it does not run") {
   Config c;
   apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
