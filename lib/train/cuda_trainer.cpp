@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <vector>
@@ -384,11 +385,20 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       double total = 0;
       for (const auto& [name, ms] : prof) total += ms;
       if (lead) {
-        std::printf("megatrain: profile of iteration %lld: device time in named ops %.1f ms; host waits inside the step: %.1f ms for "
+        std::printf("megatrain: profile of iteration %lld: device time in named ops %.1f ms (summed over streams); host waits inside the step: %.1f ms for "
                     "staging buffers, %lld cudaMalloc calls\n",
                     static_cast<long long>(it), total, MicrobatchSlot::wait_ms - waited_before, static_cast<long long>(mallocs));
         for (const auto& [name, ms] : prof) std::printf("  %-28s %9.2f ms %6.1f%%\n", name.c_str(), ms, 100.0 * ms / total);
         std::fflush(stdout);
+      }
+      // MEGATRAIN_PROFILE_TIMELINE=PREFIX: every rank writes PREFIX.rankN.csv, each region's stream, start and end
+      // (ms from the start of the step): what overlapped what (side-stream GEMMs, NCCL collectives).
+      if (const char* tl = std::getenv("MEGATRAIN_PROFILE_TIMELINE")) {
+        const std::string path = std::string(tl) + ".rank" + std::to_string(groups.world->rank()) + ".csv";
+        std::ofstream f(path);
+        if (!f) throw std::runtime_error("cannot write the profile timeline " + path + ": check MEGATRAIN_PROFILE_TIMELINE");
+        f << "name,stream,start_ms,end_ms\n";
+        for (const auto& sp : OpProfiler::instance().timeline()) f << sp.name << "," << sp.stream << "," << sp.start_ms << "," << sp.end_ms << "\n";
       }
     }
     const size_t slot_i = pending_iters.size();

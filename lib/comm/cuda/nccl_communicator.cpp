@@ -10,6 +10,7 @@
 #include "comm/mpi_communicator.h"
 #include "comm/tcp_rendezvous.h"
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/op_profiler.h"
 
 #define MT_NCCL_CHECK(expr)                                                                                   \
   do {                                                                                                        \
@@ -92,14 +93,14 @@ void NcclCommunicator::all_reduce_after(float* data, int64_t n, ReduceOp op, cud
   if (!ready_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   MT_CUDA_CHECK(cudaEventRecord(ready_, after));
   MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
-  MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat, nccl_op(op), comm_, stream_));
+  MT_PROF_ON(stream_, "dp.all_reduce", MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat, nccl_op(op), comm_, stream_)));
 }
 
 void NcclCommunicator::all_reduce_bf16_after(void* data, int64_t n, ReduceOp op, cudaStream_t after) {
   if (!ready_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   MT_CUDA_CHECK(cudaEventRecord(ready_, after));
   MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
-  MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclBfloat16, nccl_op(op), comm_, stream_));
+  MT_PROF_ON(stream_, "dp.all_reduce", MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclBfloat16, nccl_op(op), comm_, stream_)));
 }
 
 void NcclCommunicator::join(cudaStream_t s) {
@@ -126,6 +127,7 @@ void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int6
   MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   const size_t elem = type == WireType::kBF16 ? 2 : 4;
   auto* base = static_cast<char*>(data);
+  const ProfScope prof("dp.reduce_to_owners", stream_);
   MT_NCCL_CHECK(ncclGroupStart());
   int64_t off = 0;
   for (int r = 0; r < size_; ++r) {
