@@ -21,6 +21,7 @@ mkdir -p "$LOG_DIR"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 envs=(-x NCCL_NVLS_ENABLE)
 [[ -n ${CUDA_DEVICE_MAX_CONNECTIONS:-} ]] && envs+=(-x CUDA_DEVICE_MAX_CONNECTIONS)
+for v in $(compgen -e | grep '^MEGATRAIN_' || true); do envs+=(-x "$v"); done  # e.g. MEGATRAIN_PROFILE_ITER
 mbs=$(sed -n 's/^micro_batch_size: *//p' "$recipe")
 tok() { grep "iteration" "$1" | grep "tokens/s" | tail -1 | sed -n 's/.*tokens\/s\/GPU: \([0-9.]*\).*/\1/p'; }
 "$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 --global-batch-size "$mbs" >"$LOG_DIR/1gpu.log" 2>&1
