@@ -198,19 +198,32 @@ void test_activations(int64_t N, int64_t F) {
   expect("swiglu backward " + tag, sdx.get(), dx2, 1e-2);
 }
 
+// A cross-entropy case on the CPU reference: random bf16 logits [N, V], targets, a mask with holes, and the
+// losses and (mask * scale)-weighted logit gradients.
+struct CeCase {
+  static constexpr float scale = 0.37f;
+  Vec logits, mask, losses, dl;
+  std::vector<int32_t> tgt;
+  CeCase(int64_t N, int64_t V) : logits(randn(static_cast<size_t>(N * V), 2.0f)), mask(static_cast<size_t>(N)), tgt(static_cast<size_t>(N)) {
+    for (int64_t n = 0; n < N; ++n) {
+      tgt[static_cast<size_t>(n)] = static_cast<int32_t>((n * 131) % V);
+      mask[static_cast<size_t>(n)] = n % 5 == 3 ? 0.0f : 1.0f;
+    }
+    Vec lse(static_cast<size_t>(N)), dloss(static_cast<size_t>(N));
+    losses.resize(static_cast<size_t>(N));
+    dl.resize(logits.size());
+    cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.data(), N, V);
+    for (int64_t n = 0; n < N; ++n) dloss[static_cast<size_t>(n)] = mask[static_cast<size_t>(n)] * scale;
+    cpu::cross_entropy_backward(dl.data(), logits.data(), lse.data(), tgt.data(), dloss.data(), N, V);
+  }
+};
+
 void test_cross_entropy(int64_t N, int64_t V) {
   const std::string tag = "cross-entropy " + std::to_string(N) + "x" + std::to_string(V);
-  Vec logits = randn(static_cast<size_t>(N * V), 2.0f), mask(static_cast<size_t>(N));
-  std::vector<int32_t> tgt(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) {
-    tgt[static_cast<size_t>(n)] = static_cast<int32_t>((n * 131) % V);
-    mask[static_cast<size_t>(n)] = n % 5 == 3 ? 0.0f : 1.0f;
-  }
-  const float scale = 0.37f;
-  Vec losses(static_cast<size_t>(N)), lse(losses.size()), dl(logits.size()), dloss(losses.size());
-  cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.data(), N, V);
-  for (int64_t n = 0; n < N; ++n) dloss[static_cast<size_t>(n)] = mask[static_cast<size_t>(n)] * scale;
-  cpu::cross_entropy_backward(dl.data(), logits.data(), lse.data(), tgt.data(), dloss.data(), N, V);
+  const CeCase c(N, V);
+  const Vec &logits = c.logits, &mask = c.mask, &losses = c.losses, &dl = c.dl;
+  const std::vector<int32_t>& tgt = c.tgt;
+  const float scale = CeCase::scale;
   B16 dlogits(logits);
   F32 dlosses(losses.size()), dmask(mask), acc(Vec{1.0f});
   int32_t* dt = nullptr;
@@ -231,17 +244,10 @@ void test_cross_entropy(int64_t N, int64_t V) {
 void test_cross_entropy_sharded(int64_t N, int64_t V, int64_t shards) {
   const std::string tag = "vocab-parallel cross-entropy " + std::to_string(N) + "x" + std::to_string(V) + "/" + std::to_string(shards);
   const int64_t Vl = V / shards;
-  Vec logits = randn(static_cast<size_t>(N * V), 2.0f), mask(static_cast<size_t>(N));
-  std::vector<int32_t> tgt(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) {
-    tgt[static_cast<size_t>(n)] = static_cast<int32_t>((n * 131) % V);
-    mask[static_cast<size_t>(n)] = n % 5 == 3 ? 0.0f : 1.0f;
-  }
-  const float scale = 0.37f;
-  Vec losses(static_cast<size_t>(N)), lse(losses.size()), dl(logits.size()), dloss(losses.size());
-  cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.data(), N, V);
-  for (int64_t n = 0; n < N; ++n) dloss[static_cast<size_t>(n)] = mask[static_cast<size_t>(n)] * scale;
-  cpu::cross_entropy_backward(dl.data(), logits.data(), lse.data(), tgt.data(), dloss.data(), N, V);
+  const CeCase c(N, V);
+  const Vec &logits = c.logits, &mask = c.mask, &losses = c.losses, &dl = c.dl;
+  const std::vector<int32_t>& tgt = c.tgt;
+  const float scale = CeCase::scale;
   std::vector<std::unique_ptr<B16>> part;
   std::vector<std::unique_ptr<F32>> stats;
   for (int64_t r = 0; r < shards; ++r) {

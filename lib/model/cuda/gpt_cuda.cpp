@@ -162,8 +162,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   }
   T_max_ = T;
   const double rows_l = sp_ ? 1.0 / static_cast<double>(tp_size_) : 1.0;  // Tl / T
-  const int64_t h = D.h, Hd = D.nh_local * D.d, KVd = D.ng_local * D.d, Wq = (D.qh_local + 2 * D.ng_local) * D.d;
-  const int64_t F = D.F_local, F1 = D.swiglu ? 2 * F : F;
+  W_ = {D.nh_local * D.d, D.ng_local * D.d, (D.qh_local + 2 * D.ng_local) * D.d, D.F_local, D.swiglu ? 2 * D.F_local : D.F_local};
+  const int64_t h = D.h, Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
   const size_t t = static_cast<size_t>(T);
   auto bytes = [&](int64_t n, size_t elem, double rows) { return static_cast<size_t>(static_cast<double>(t) * rows) * static_cast<size_t>(n) * elem; };
   auto b16 = [&](int64_t n, double rows = 1.0) {
@@ -312,8 +312,8 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
-  const int64_t T = mb.B * mb.S, Tl = sp_ ? T / tp_size_ : T, h = D.h;
-  const int64_t Hd = D.nh_local * D.d, Wq = (D.qh_local + 2 * D.ng_local) * D.d, F = D.F_local, F1 = D.swiglu ? 2 * F : F;
+  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
+  const int64_t Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
   const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale};
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, kBF, kBF, w(lw.qkv_b), stream_));
@@ -349,8 +349,8 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
-  const int64_t T = mb.B * mb.S, Tl = sp_ ? T / tp_size_ : T, h = D.h;
-  const int64_t Hd = D.nh_local * D.d, Wq = (D.qh_local + 2 * D.ng_local) * D.d, F = D.F_local, F1 = D.swiglu ? 2 * F : F;
+  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
+  const int64_t Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
   // MLP
   const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
@@ -441,7 +441,7 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   const ModelDims& D = D_;
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
-  const int64_t T = mb.B * mb.S, Tl = sp_ ? T / tp_size_ : T, h = D.h, V = D.V_local;
+  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h, V = D.V_local;
   if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
   auto act = [&](int64_t l) -> Record& { return recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)]; };
   // Forward

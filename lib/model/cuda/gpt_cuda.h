@@ -107,6 +107,14 @@ class CudaGPT {
   cudaStream_t wgrad_stream_ = nullptr;
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool sp_ = false;
+  // This rank's widths, set once: attention output (nh_local * d), K/V (ng_local * d), fused QKV rows, FFN,
+  // fc1 output (2 FFN with SwiGLU).
+  struct Widths {
+    int64_t Hd, KVd, Wq, F, F1;
+  };
+  Widths W_{};
+  // The residual stream's rows of a T-token microbatch on this rank (T / TP under sequence parallelism).
+  int64_t local_rows(int64_t T) const { return sp_ ? T / tp_size_ : T; }
   int64_t tp_size_ = 1, tp_rank_ = 0, v0_ = 0;  // v0_: first vocabulary row of this rank's shard
   std::vector<std::vector<std::pair<int64_t, int64_t>>> layer_replicated_;  // (offset, numel) per layer (SP)
   std::vector<std::pair<int64_t, int64_t>> final_replicated_;
