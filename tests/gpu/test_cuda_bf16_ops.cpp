@@ -15,12 +15,14 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/bias_grad.h"
 #include "kernels/cuda/cross_entropy_bf16.h"
 #include "kernels/cuda/embedding_bf16.h"
+#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/norm_bf16.h"
 #include "kernels/cuda/optimizer_step.h"
 #include "kernels/cuda/qkv_layout.h"
@@ -292,6 +294,29 @@ void test_cross_entropy_sharded(int64_t N, int64_t V, int64_t shards) {
   cudaFree(dt);
 }
 
+// The GELU epilogues of the cuBLASLt GEMM: forward y = gelu(x W^T + b) with the GELU input kept as aux,
+// and the data-gradient GEMM dx = (dy W2) * gelu'(aux), against the CPU linear + GELU on the same inputs.
+void test_gemm_gelu(int64_t M, int64_t K, int64_t N, int64_t N2) {
+  const std::string tag = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
+  Vec x = randn(static_cast<size_t>(M * K)), w = randn(static_cast<size_t>(N * K), 0.05f), b = randn(static_cast<size_t>(N), 0.1f);
+  Vec pre(static_cast<size_t>(M * N)), y(pre.size());
+  cpu::linear_forward(pre.data(), x.data(), w.data(), b.data(), M, K, N);
+  cpu::gelu_forward(y.data(), pre.data(), M * N);
+  B16 dx(x), dw(w), db(b), dy(pre.size()), daux(pre.size());
+  cuda::GemmLt::instance().gemm_ex(false, true, M, N, K, 1.0f, dx.b(), K, dw.b(), K, 0.0f, dy.b(), N, CUDA_R_16BF, CUDA_R_16BF, db.b(), nullptr,
+                                   {cuda::GemmEpilogue::kGeluAux, daux.b(), N});
+  expect("GEMM + bias + GELU epilogue " + tag, dy.get(), y, 1e-2);
+  expect("GEMM GELU epilogue: saved input " + tag, daux.get(), pre, 1e-2);
+  // Backward: g = dout [M, N2] x W2 [N2, N], then times gelu'(pre) (pre as the GPU saved it).
+  Vec dout = randn(static_cast<size_t>(M * N2)), w2 = randn(static_cast<size_t>(N2 * N), 0.05f), g(pre.size()), want(pre.size());
+  cpu::gemm(false, false, M, N, N2, 1.0f, dout.data(), N2, w2.data(), N, 0.0f, g.data(), N);
+  cpu::gelu_backward(want.data(), g.data(), daux.get().data(), M * N);
+  B16 ddout(dout), dw2(w2), dg(pre.size());
+  cuda::GemmLt::instance().gemm_ex(false, false, M, N, N2, 1.0f, ddout.b(), N2, dw2.b(), N, 0.0f, dg.b(), N, CUDA_R_16BF, CUDA_R_16BF, nullptr, nullptr,
+                                   {cuda::GemmEpilogue::kDGelu, daux.b(), N});
+  expect("GEMM GELU-backward epilogue " + tag, dg.get(), want, 1e-2);
+}
+
 void test_bias_grad(int64_t N, int64_t n) {
   Vec dy = randn(static_cast<size_t>(N * n)), want(static_cast<size_t>(n), 1.0f);
   for (int64_t r = 0; r < N; ++r) {
@@ -406,6 +431,8 @@ int main() {
   test_cross_entropy(9, 50304);
   test_cross_entropy_sharded(17, 1006, 2);
   test_cross_entropy_sharded(9, 50304, 4);
+  test_gemm_gelu(333, 64, 264, 40);
+  test_gemm_gelu(1024, 768, 3072, 768);
   test_bias_grad(301, 7);
   test_bias_grad(1000, 264);
   test_embedding(333, 40, 97, 50);

@@ -47,10 +47,14 @@ void GemmLt::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 
 void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
                      int64_t ldb, float beta, void* C, int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type, const void* bias,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, const GemmEpilogue& ep) {
   if (M == 0 || N == 0) return;
   const bool has_bias = bias != nullptr;
-  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), has_bias};
+  if (ep.kind != GemmEpilogue::kNone && (ep.aux == nullptr || ep.ld_aux % 8 != 0 || ep.ld_aux < N)) {
+    throw std::logic_error("GEMM epilogue: the GELU auxiliary matrix needs a pointer and a leading dimension >= N, divisible by 8");
+  }
+  if (ep.kind == GemmEpilogue::kDGelu && has_bias) throw std::logic_error("GEMM epilogue: no bias with the GELU backward");
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), has_bias, static_cast<int>(ep.kind), ep.ld_aux};
   Plan* plan = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -62,11 +66,24 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
       const cublasOperation_t op1 = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op2 = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof(op1)));
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof(op2)));
-      if (has_bias) {
-        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      cublasLtEpilogue_t epi = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+      if (ep.kind == GemmEpilogue::kGeluAux) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+      if (ep.kind == GemmEpilogue::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
+      if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
         MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      }
+      if (has_bias) {
         const void* dummy = bias;  // the pointer is set per call; the heuristic only needs one present
         MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dummy, sizeof(dummy)));
+      }
+      if (ep.kind != GemmEpilogue::kNone) {
+        // Column-major view: aux is D's shape (N rows, M columns) with leading dimension ld_aux, of D's type.
+        const void* aux = ep.aux;
+        const int64_t ld = ep.ld_aux;
+        const auto aux_type = static_cast<int32_t>(c_type);
+        MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+        MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+        MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
       }
       const uint64_t m = static_cast<uint64_t>(N), n = static_cast<uint64_t>(M), k = static_cast<uint64_t>(K);
       MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, tb ? k : m, tb ? m : k, ldb));
@@ -90,6 +107,9 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     plan = &it->second;
     if (has_bias) {
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (ep.kind != GemmEpilogue::kNone) {
+      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
     }
   }
   MT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,

@@ -12,6 +12,16 @@
 
 namespace mt::cuda {
 
+// Optional fused epilogues on a GEMM's output D (in the row-major view, D[M,N], aux the same shape with
+// leading dimension ld_aux, of D's type):
+//   kGeluAux:  D = gelu(A op B + bias) (tanh form, as kernels/cpu/activation), aux = the GELU's input
+//   kDGelu:    D = (A op B) * gelu'(aux) (the GELU backward folded into the data-gradient GEMM)
+struct GemmEpilogue {
+  enum Kind { kNone, kGeluAux, kDGelu } kind = kNone;
+  void* aux = nullptr;
+  int64_t ld_aux = 0;
+};
+
 class GemmLt {
  public:
   static GemmLt& instance();
@@ -22,14 +32,14 @@ class GemmLt {
   // C's type) is added to every row by cuBLASLt's epilogue.
   void gemm_ex(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
                int64_t ldb, float beta, void* C, int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type, const void* bias,
-               cudaStream_t stream);
+               cudaStream_t stream, const GemmEpilogue& epilogue = {});
   size_t cached_plans() const { return plans_.size(); }
   // Frees the workspace of a stream about to be destroyed.
   void release_workspace(cudaStream_t stream);
 
  private:
   GemmLt();
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool>;
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, int, int64_t>;
   struct Plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;

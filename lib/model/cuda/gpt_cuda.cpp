@@ -156,6 +156,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     for (int64_t l = 0; l < D.L; ++l) recompute_layer_[static_cast<size_t>(l)] = block ? l < n : true;
   }
 
+  if (!D.swiglu && D.F_local % 8 != 0) {
+    throw std::runtime_error("the CUDA engine fuses GELU into the fc1 GEMM, which needs --ffn-hidden-size / TP to be a multiple of 8 (this model: " +
+                             std::to_string(D.F_local) + "): change --ffn-hidden-size, or use --device cpu");
+  }
   const int64_t T = *cfg.training.micro_batch_size * D.S;
   if (sp_ && T % tp_size_ != 0) {
     throw std::runtime_error("sequence parallelism needs --micro-batch-size x --seq-length divisible by --tensor-model-parallel-size");
@@ -218,7 +222,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   s.dq = b16(Hd);
   s.dk = b16(KVd);
   s.dv = b16(KVd);
-  s.dact = b16(F);
+  if (D.swiglu) s.dact = b16(F);
   s.dfc1 = b16(F1);
   if (tp_) s.ce_stats = f32(4);
   if (sp_) {
@@ -332,11 +336,12 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid, norm_out(r.xn2), r.mean2, r.rstd2, x_in, attn, w(lw.ln2_w), w(lw.ln2_b), Tl, h, D.eps, D.rms,
                                                  stream_));
   gather_rows(s.xn_l, r.xn2, T);
-  MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, kBF, kBF, w(lw.fc1_b), stream_));
   if (D.swiglu) {
+    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, kBF, kBF, w(lw.fc1_b), stream_));
     MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_));
-  } else {
-    MT_PROF("fwd.activation", cuda::gelu_forward_bf16(r.act, r.fc1, T * F, stream_));
+  } else {  // GELU in the GEMM's epilogue, its input kept for the backward
+    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.act, F, kBF, kBF, w(lw.fc1_b), stream_,
+                                       {cuda::GemmEpilogue::kGeluAux, r.fc1, F}));
   }
   MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, T, h, F, 1.0f, r.act, F, w(lw.fc2_w), F, 0.0f, s.delta, h, kBF, kBF, row_bias(lw.fc2_b), stream_));
   return combine_rows(s.delta, s.delta_l, T);
@@ -354,14 +359,15 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
   // MLP
   const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
-  MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, kBF, kBF, nullptr, stream_));
+  if (D.swiglu) {
+    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, kBF, kBF, nullptr, stream_));
+  } else {  // the GELU backward in the epilogue: straight to d(fc1 output)
+    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dfc1, F, kBF, kBF, nullptr, stream_,
+                                             {cuda::GemmEpilogue::kDGelu, r.fc1, F}));
+  }
   MT_PROF("bwd.gemm.fc2_wgrad", lt.gemm_ex(true, false, h, F, T, 1.0f, dy, h, r.act, F, 1.0f, g(lw.fc2_w), F, kBF, CUDA_R_32F, nullptr, stream_));
   if (lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_));
-  if (D.swiglu) {
-    MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_));
-  } else {
-    MT_PROF("bwd.activation", cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * F, stream_));
-  }
+  if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
   // Only GEMMs go to the side stream: kernels that take temporaries from the caching allocator (the bias
   // gradients) stay on the compute stream, which the allocator's reuse of freed blocks assumes.
