@@ -80,9 +80,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
 #else
   no(world_size > 1, "this build has no NCCL: the CUDA engine runs one rank only (or use --device cpu for multi-rank runs)");
 #endif
-  no(c.training.overlap_param_gather,
-     "--overlap-param-gather is not implemented on the CUDA engine (the distributed optimizer gathers the parameters right after its step): "
-     "drop it, or --device cpu");
   no(c.precision.fp16, "--fp16 is not implemented on the CUDA engine (bf16 only): use --bf16");
   no(!c.precision.bf16, "the CUDA engine computes in bf16: add --bf16 (fp32 training runs with --device cpu)");
   no(c.model.hidden_dropout > 0 || c.model.attention_dropout > 0,

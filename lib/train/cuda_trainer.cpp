@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -83,6 +85,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   // blocks of the CPU engine's gradient buckets only (the same split, so checkpoints and the host optimizer
   // line up); the optimizer state lies back to back in segment order (Optimizer::make_segments).
   const bool dist_opt = cfg.training.use_distributed_optimizer && dp > 1;
+  const bool overlap_gather = dist_opt && cfg.training.overlap_param_gather;
   std::unique_ptr<DataParallel> shard_layout;
   FlatRanges owned{{0, host->params().numel()}};
   if (dist_opt) {
@@ -173,6 +176,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
                         dist_opt ? sg.state + o : -1});
     }
   }
+  // In flat order, so each data-parallel bucket's chunks are one run of the table (the overlapped parameter
+  // gather updates and sends the model bucket by bucket, lowest first).
+  std::stable_sort(chunks.begin(), chunks.end(), [](const cuda::AdamChunk& a, const cuda::AdamChunk& b) { return a.start < b.start; });
   const auto n_chunks = static_cast<int64_t>(chunks.size());
   cuda::AdamChunk* d_chunks = device_zeros<cuda::AdamChunk>(chunks.size());
   MT_CUDA_CHECK(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
@@ -193,6 +199,20 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
                                                  cfg.precision.grad_reduce_in_bf16, stream);
     }
     model.set_grads_ready_hook([&ddp](int64_t lowest) { ddp->on_grads_ready(lowest); });
+    if (overlap_gather) model.set_params_needed_hook([&ddp](int64_t end) { ddp->wait_params(end); });
+  }
+  // --overlap-param-gather: the chunks [first, second) of the table that update the bucket starting at lo.
+  std::map<int64_t, std::pair<int64_t, int64_t>> bucket_chunks;
+  if (overlap_gather) {
+    int64_t covered = 0;
+    for (const DeviceBucket& b : ddp->bucket_list()) {
+      const auto in = [&](const cuda::AdamChunk& c) { return c.start >= b.lo && c.start < b.hi; };
+      const auto first = std::find_if(chunks.begin(), chunks.end(), in);
+      const auto last = std::find_if_not(first, chunks.end(), in);
+      bucket_chunks[b.lo] = {first - chunks.begin(), last - chunks.begin()};
+      covered += last - first;
+    }
+    if (covered != n_chunks) throw std::logic_error("CUDA trainer: the optimizer chunks do not fall into the gather buckets");
   }
 #else
   if (dp > 1) throw std::logic_error("CUDA trainer: data parallelism needs NCCL");
@@ -299,7 +319,15 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     MT_CUDA_CHECK(cudaMemcpy(&h, st, sizeof(h), cudaMemcpyDeviceToHost));
     return h;
   };
+  // Every bucket's parameters on the compute stream (the overlapped gather is otherwise waited for by the
+  // next forward): before the weights leave the device and at the end.
+  auto params_gathered = [&]() {
+#ifdef MEGATRAIN_HAVE_NCCL
+    if (overlap_gather) ddp->wait_params(P);
+#endif
+  };
   auto save_now = [&](int64_t it) {
+    params_gathered();
     const cuda::StepState h = read_state();
     if (!keep_host) {
       auto empty = std::make_unique<Snapshot>();
@@ -371,11 +399,25 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     const double lr = schedule.lr(it);
     MT_PROF("opt.grad_norm", norm_partials(model.grads(), false, &st->loss_acc));
     cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, 1.0f, stream);
-    MT_PROF("opt.adamw", cuda::adamw_multi(master, m, v, model.working(), model.grads(), d_chunks,
-                                           n_chunks, st, static_cast<float>(lr), b1, b2, eps, wd, 1.0f, stream));
+    auto adamw = [&](int64_t first, int64_t count) {
+      MT_PROF("opt.adamw", cuda::adamw_multi(master, m, v, model.working(), model.grads(), d_chunks + first, count, st, static_cast<float>(lr), b1,
+                                             b2, eps, wd, 1.0f, stream));
+    };
 #ifdef MEGATRAIN_HAVE_NCCL
-    // Distributed optimizer: each rank updated the working weights of its blocks; every rank gets all of them.
-    if (dist_opt) MT_PROF("dp.param_gather", ddp->gather_params(model.working()));
+    // Distributed optimizer: each rank updates the working weights of its blocks; every rank gets all of them,
+    // after the step or (--overlap-param-gather) bucket by bucket as the step updates them, on the
+    // communicator's stream, while the rest of the step and the next forward run.
+    if (overlap_gather) {
+      ddp->start_param_gather(model.working(), [&](int64_t lo) {
+        const auto [first, last] = bucket_chunks.at(lo);
+        if (last > first) adamw(first, last - first);
+      });
+    } else {
+      adamw(0, n_chunks);
+      if (dist_opt) MT_PROF("dp.param_gather", ddp->gather_params(model.working()));
+    }
+#else
+    adamw(0, n_chunks);
 #endif
     if (it == profile_iter) {
       // The step's only possible host waits: a staging buffer still being copied (the two-iteration run-ahead
@@ -503,6 +545,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       break;
     }
   }
+  params_gathered();
   wait_stream();
   cudaEventDestroy(drained);
   if (saver) saver->wait();

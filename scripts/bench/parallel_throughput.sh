@@ -6,8 +6,9 @@
 # batch per GPU (global batch = micro batch x DP); tensor parallel runs split one micro batch's model over
 # the GPUs (global batch = micro batch x NGPU / TP).
 # Usage: scripts/bench/parallel_throughput.sh [recipe] [extra flags for every multi-GPU run]
-#   LAYOUTS="dp dp-do tp tp-sp" (default: dp tp tp-sp; dp-do: data parallel with the distributed optimizer),
-#   NGPU (default: the visible GPUs), ITERS, LOG_DIR.
+#   LAYOUTS="dp dp-do dp-dog tp tp-sp" (default: dp tp tp-sp; dp-do: data parallel with the distributed optimizer,
+#   dp-dog: the same with the parameter gather overlapped with the next forward),
+#   NGPU (default: the visible GPUs), ITERS, LOG_DIR, ONE_GPU (the 1-GPU tokens/s/GPU measured before: not run again).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-build/bin/megatrain}
@@ -21,19 +22,25 @@ mkdir -p "$LOG_DIR"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 envs=(-x NCCL_NVLS_ENABLE)
 [[ -n ${CUDA_DEVICE_MAX_CONNECTIONS:-} ]] && envs+=(-x CUDA_DEVICE_MAX_CONNECTIONS)
-for v in $(compgen -e | grep '^MEGATRAIN_' || true); do envs+=(-x "$v"); done  # e.g. MEGATRAIN_PROFILE_ITER
+# e.g. MEGATRAIN_PROFILE_ITER, NCCL_ALGO
+for v in $(compgen -e | grep -E '^(MEGATRAIN|NCCL)_' | grep -v '^NCCL_NVLS_ENABLE$' || true); do envs+=(-x "$v"); done
 mbs=$(sed -n 's/^micro_batch_size: *//p' "$recipe")
 tok() { grep "iteration" "$1" | grep "tokens/s" | tail -1 | sed -n 's/.*tokens\/s\/GPU: \([0-9.]*\).*/\1/p'; }
-"$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 --global-batch-size "$mbs" >"$LOG_DIR/1gpu.log" 2>&1
-one=$(tok "$LOG_DIR/1gpu.log")
+if [[ -n ${ONE_GPU:-} ]]; then
+  one=$ONE_GPU
+else
+  "$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 --global-batch-size "$mbs" >"$LOG_DIR/1gpu.log" 2>&1
+  one=$(tok "$LOG_DIR/1gpu.log")
+fi
 echo "1 GPU: $one tokens/s/GPU"
 for layout in $LAYOUTS; do
   case $layout in
     dp) flags=(--global-batch-size $((mbs * NGPU)) --overlap-grad-reduce) ;;
     dp-do) flags=(--global-batch-size $((mbs * NGPU)) --overlap-grad-reduce --use-distributed-optimizer) ;;
+    dp-dog) flags=(--global-batch-size $((mbs * NGPU)) --overlap-grad-reduce --use-distributed-optimizer --overlap-param-gather) ;;
     tp) flags=(--tensor-model-parallel-size "$NGPU" --global-batch-size "$mbs") ;;
     tp-sp) flags=(--tensor-model-parallel-size "$NGPU" --sequence-parallel --global-batch-size "$mbs") ;;
-    *) echo "unknown layout $layout (dp, dp-do, tp, tp-sp)"; exit 2 ;;
+    *) echo "unknown layout $layout (dp, dp-do, dp-dog, tp, tp-sp)"; exit 2 ;;
   esac
   log="$LOG_DIR/$layout$NGPU.log"
   if ! mpirun -np "$NGPU" --bind-to none "${envs[@]}" "$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 \

@@ -244,6 +244,6 @@ TEST_CASE("the CUDA engine names what it does not run") {
   Config o = c;
   o.training.use_distributed_optimizer = true;
   CHECK(cuda_engine_gaps(o, 2).empty());
-  o.training.overlap_param_gather = true;
-  CHECK_THAT(gaps_text(cuda_engine_gaps(o, 2)), MT_CONTAINS("--overlap-param-gather"));
+  o.training.overlap_param_gather = true;  // the gather overlapped with the next forward
+  CHECK(cuda_engine_gaps(o, 2).empty());
 }

@@ -90,17 +90,19 @@ std::unique_ptr<CommRequest> NcclCommunicator::pending(const char* op) { return 
 void NcclCommunicator::all_reduce(float* data, int64_t n, ReduceOp op) { all_reduce_async(data, n, op)->wait(); }
 
 void NcclCommunicator::all_reduce_after(float* data, int64_t n, ReduceOp op, cudaStream_t after) {
-  if (!ready_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-  MT_CUDA_CHECK(cudaEventRecord(ready_, after));
-  MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  follow(after);
   MT_PROF_ON(stream_, "dp.all_reduce", MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat, nccl_op(op), comm_, stream_)));
 }
 
 void NcclCommunicator::all_reduce_bf16_after(void* data, int64_t n, ReduceOp op, cudaStream_t after) {
+  follow(after);
+  MT_PROF_ON(stream_, "dp.all_reduce", MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclBfloat16, nccl_op(op), comm_, stream_)));
+}
+
+void NcclCommunicator::follow(cudaStream_t after) {
   if (!ready_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   MT_CUDA_CHECK(cudaEventRecord(ready_, after));
   MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
-  MT_PROF_ON(stream_, "dp.all_reduce", MT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclBfloat16, nccl_op(op), comm_, stream_)));
 }
 
 void NcclCommunicator::join(cudaStream_t s) {
@@ -122,9 +124,7 @@ void NcclCommunicator::all_gather_on(const void* send, void* recv, int64_t n_per
 }
 
 void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int64_t>& counts, WireType type, ReduceOp op, cudaStream_t after) {
-  if (!ready_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-  MT_CUDA_CHECK(cudaEventRecord(ready_, after));
-  MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  follow(after);
   const size_t elem = type == WireType::kBF16 ? 2 : 4;
   auto* base = static_cast<char*>(data);
   const ProfScope prof("dp.reduce_to_owners", stream_);

@@ -48,6 +48,8 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   // The same on bf16 data (--grad-reduce-in-bf16).
   void all_reduce_bf16_after(void* data, int64_t n, ReduceOp op, cudaStream_t after);
   void join(cudaStream_t s);
+  // This communicator's stream waits for the work queued so far on `after`.
+  void follow(cudaStream_t after);
   // Uneven in-place blocks over [data, data + sum(counts)), rank r's block counts[r] elements: the
   // distributed optimizer's gradient reduction (rank r's block ends up holding the reduction of every
   // rank's block r; grouped ncclReduce) after the work queued on `after`, and its parameter gather (rank

@@ -58,6 +58,13 @@ void* CudaGPT::alloc(size_t bytes) {
 namespace {
 
 int64_t offset_of(const ParamStore& ps, const std::string& name) { return ps.info(ps.index_of(name)).offset; }
+// One past the parameter at flat offset `off` (none: -1 gives 0).
+int64_t end_of(const ParamStore& ps, int64_t off) {
+  for (const auto& p : ps.infos()) {
+    if (p.offset == off) return off + p.numel;
+  }
+  return 0;
+}
 
 constexpr cudaDataType_t kBF = CUDA_R_16BF;
 
@@ -129,13 +136,16 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       lw.fc1_b = offset_of(layout, p + (D.swiglu ? "mlp.fc1_gate.bias" : "mlp.fc1.bias"));
       lw.fc2_b = offset_of(layout, p + "mlp.fc2.bias");
     }
-    int64_t lo = numel_;
+    int64_t lo = numel_, hi = 0;
     for (int64_t off : {lw.ln1_w, lw.ln1_b, lw.qkv_w, lw.qkv_b, lw.proj_w, lw.proj_b, lw.ln2_w, lw.ln2_b, lw.fc1_w, lw.fc1_b, lw.fc2_w, lw.fc2_b}) {
       if (off >= 0) lo = std::min(lo, off);
+      hi = std::max(hi, end_of(layout, off));
       replicated(layer_replicated_[static_cast<size_t>(l)], off);
     }
     layer_start_.push_back(lo);
+    layer_end_.push_back(hi);
   }
+  embed_end_ = std::max(end_of(layout, wte_), end_of(layout, wpe_));
   replicated(final_replicated_, lnf_w_);
   replicated(final_replicated_, lnf_b_);
   if (D.rope) {
@@ -451,7 +461,9 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
   auto act = [&](int64_t l) -> Record& { return recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)]; };
   // Forward
+  need_params(embed_end_);
   embed(mb, T);
+  need_params(layer_end_[0]);
   const LayerW& l0 = layers_[0];
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(nullptr, norm_out(act(0).xn1), act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w),
                                                  w(l0.ln1_b), Tl, h, D.eps, D.rms, stream_));
@@ -462,10 +474,12 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
     if (l + 1 < D.L) {
       Record& n = act(l + 1);
       const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
+      need_params(layer_end_[static_cast<size_t>(l + 1)]);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, norm_out(n.xn1), n.mean1, n.rstd1, r.x_mid, mlp, w(nw.ln1_w),
                                                      w(nw.ln1_b), Tl, h, D.eps, D.rms, stream_));
       gather_rows(s.xn_l, n.xn1, T);
     } else {
+      need_params(numel_);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, norm_out(s.xnf), s.meanf, s.rstdf, r.x_mid, mlp, w(lnf_w_), w(lnf_b_), Tl, h, D.eps, D.rms,
                                                      stream_));
       gather_rows(s.xn_l, s.xnf, T);

@@ -58,6 +58,10 @@ class CudaGPT {
   // all-reduces from here, overlapping the rest of the backward.
   void set_grads_ready_hook(std::function<void(int64_t lowest)> hook) { grads_ready_ = std::move(hook); }
   void set_final_backward(bool final_backward) { final_backward_ = final_backward; }
+  // Called in the forward before the parameters at flat offsets < `end` are first read (embedding, each
+  // layer, then the output layer with end = numel()): the distributed optimizer's overlapped parameter gather
+  // makes the compute stream wait for the buckets holding them.
+  void set_params_needed_hook(std::function<void(int64_t end)> hook) { params_needed_ = std::move(hook); }
 
   int64_t numel() const { return numel_; }
   float* master() const { return master_; }
@@ -133,7 +137,12 @@ class CudaGPT {
   size_t act_bytes_ = 0;
   std::vector<void*> owned_;
   std::vector<int64_t> layer_start_;  // lowest flat offset of each layer's parameters
-  std::function<void(int64_t)> grads_ready_;
+  std::vector<int64_t> layer_end_;    // one past the highest
+  int64_t embed_end_ = 0;             // one past the embedding's parameters
+  std::function<void(int64_t)> grads_ready_, params_needed_;
+  void need_params(int64_t end) {
+    if (params_needed_) params_needed_(end);
+  }
   bool final_backward_ = false;
   void* alloc(size_t bytes);
 };

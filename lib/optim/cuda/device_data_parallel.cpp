@@ -2,9 +2,13 @@
 #include "optim/cuda/device_data_parallel.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
 #include <utility>
 
 #include "kernels/cuda/optimizer_step.h"
+#include "kernels/cuda/stream_delay.h"
+#include "tensor/cuda/op_profiler.h"
 #include "tensor/cuda/cuda_check.h"
 
 namespace mt {
@@ -33,6 +37,7 @@ void DeviceDataParallel::alloc_shadow(int64_t numel) {
 
 DeviceDataParallel::~DeviceDataParallel() {
   if (shadow_) cudaFree(shadow_);
+  for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
 }
 
 void DeviceDataParallel::launch_next() {
@@ -64,6 +69,36 @@ void DeviceDataParallel::finish() {
 void DeviceDataParallel::gather_params(cuda::bf16* w16) {
   if (!sharded_) return;
   for (const DeviceBucket& b : buckets_) comm_->all_gather_v_on(w16 + b.lo, b.shard_counts, WireType::kBF16, compute_);
+}
+
+void DeviceDataParallel::start_param_gather(cuda::bf16* w16, const std::function<void(int64_t lo)>& update) {
+  if (!sharded_) throw std::logic_error("overlapped parameter gather without the distributed optimizer");
+  wait_params(INT64_MAX);  // the previous iteration's, if a forward never asked for them all
+  if (gathered_.empty()) {
+    gathered_.resize(buckets_.size());
+    for (cudaEvent_t& e : gathered_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  // Tests: make the gathers late, so a forward that does not wait for them reads stale weights.
+  const char* delay = std::getenv("MEGATRAIN_TEST_GATHER_DELAY_US");
+  const size_t n = buckets_.size();
+  for (size_t i = 0; i < n; ++i) {
+    const DeviceBucket& b = buckets_[n - 1 - i];
+    update(b.lo);
+    comm_->follow(compute_);
+    if (delay && i == 0) cuda::stream_delay(std::atoll(delay), comm_->stream());
+    MT_PROF_ON(comm_->stream(), "dp.param_gather", comm_->all_gather_v_on(w16 + b.lo, b.shard_counts, WireType::kBF16, comm_->stream()));
+    MT_CUDA_CHECK(cudaEventRecord(gathered_[i], comm_->stream()));
+  }
+  waited_ = 0;
+  pending_ = n;
+}
+
+void DeviceDataParallel::wait_params(int64_t end) {
+  const size_t n = buckets_.size();
+  while (waited_ < pending_ && buckets_[n - 1 - waited_].lo < end) {
+    MT_CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_[waited_], 0));
+    ++waited_;
+  }
 }
 
 }  // namespace mt

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,6 +44,15 @@ class DeviceDataParallel {
   // Distributed optimizer, after the step wrote each rank's blocks of w16: every block to every rank (queued
   // on the compute stream).
   void gather_params(cuda::bf16* w16);
+  // --overlap-param-gather: the same gather bucket by bucket, lowest first: update(lo) queues the step of
+  // the bucket starting at flat offset lo on the compute stream, then its gather goes on the communicator's
+  // stream behind it (overlapping the next buckets' updates and the next forward), its completion recorded;
+  // the forward calls wait_params before it reads parameters.
+  void start_param_gather(cuda::bf16* w16, const std::function<void(int64_t lo)>& update);
+  const std::vector<DeviceBucket>& bucket_list() const { return buckets_; }
+  // The compute stream waits for the pending gathers of every bucket holding flat offsets below `end`
+  // (numel: all of them; a no-op when nothing is pending).
+  void wait_params(int64_t end);
   size_t buckets() const { return buckets_.size(); }
   NcclCommunicator& comm() { return *comm_; }
 
@@ -56,6 +66,8 @@ class DeviceDataParallel {
   cudaStream_t compute_;
   std::vector<DeviceBucket> buckets_;  // highest first
   size_t next_ = 0;
+  std::vector<cudaEvent_t> gathered_;  // per bucket, lowest first (overlapped parameter gather)
+  size_t waited_ = 0, pending_ = 0;    // buckets (lowest first) the compute stream waits for / has gathers queued
 };
 
 }  // namespace mt
