@@ -317,6 +317,25 @@ void test_gemm_gelu(int64_t M, int64_t K, int64_t N, int64_t N2) {
   expect("GEMM GELU-backward epilogue " + tag, dg.get(), want, 1e-2);
 }
 
+// A weight-gradient GEMM dW[n, h] += dy[T, n]^T x[T, h] with the bias gradient db[n] = sum over T of dy from
+// its epilogue (written, not accumulated).
+void test_wgrad_bias_epilogue(int64_t T, int64_t n, int64_t h) {
+  const std::string tag = std::to_string(T) + "x" + std::to_string(n) + "x" + std::to_string(h);
+  Vec dy = randn(static_cast<size_t>(T * n)), x = randn(static_cast<size_t>(T * h)), w0 = randn(static_cast<size_t>(n * h));
+  Vec want_w = w0, want_b(static_cast<size_t>(n), 0.0f);
+  B16 ddy(dy), dx(x);
+  const Vec dyr = ddy.get(), xr = dx.get();  // the bf16-rounded inputs the GPU sees
+  cpu::gemm(true, false, n, h, T, 1.0f, dyr.data(), n, xr.data(), h, 1.0f, want_w.data(), h);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t c = 0; c < n; ++c) want_b[static_cast<size_t>(c)] += dyr[static_cast<size_t>(t * n + c)];
+  }
+  F32 dw(w0), db(Vec(static_cast<size_t>(n), 7.0f));
+  cuda::GemmLt::instance().gemm_ex(true, false, n, h, T, 1.0f, ddy.b(), n, dx.b(), h, 1.0f, dw.p, h, CUDA_R_16BF, CUDA_R_32F, nullptr, nullptr,
+                                   {cuda::GemmEpilogue::kBiasGrad, db.p, 0});
+  expect("weight-gradient GEMM with the bias-gradient epilogue " + tag, dw.get(), want_w, 1e-3);
+  expect("bias gradient from the GEMM epilogue " + tag, db.get(), want_b, 1e-3);
+}
+
 void test_bias_grad(int64_t N, int64_t n) {
   Vec dy = randn(static_cast<size_t>(N * n)), want(static_cast<size_t>(n), 1.0f);
   for (int64_t r = 0; r < N; ++r) {
@@ -433,6 +452,8 @@ int main() {
   test_cross_entropy_sharded(9, 50304, 4);
   test_gemm_gelu(333, 64, 264, 40);
   test_gemm_gelu(1024, 768, 3072, 768);
+  test_wgrad_bias_epilogue(333, 264, 40);
+  test_wgrad_bias_epilogue(4096, 2304, 768);
   test_bias_grad(301, 7);
   test_bias_grad(1000, 264);
   test_embedding(333, 40, 97, 50);

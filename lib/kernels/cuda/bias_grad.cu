@@ -34,6 +34,10 @@ __global__ void partial8_kernel(float* partials, const bf16* dy, int64_t N, int6
   for (int k = 0; k < 8; ++k) partials[blockIdx.y * n + c8 * 8 + k] = s[k];
 }
 
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
 
 }  // namespace
 
@@ -54,6 +58,12 @@ void bias_grad_bf16(float* db, const bf16* dy, int64_t N, int64_t n, cudaStream_
   add_column_sums_kernel<<<grid_for(n, 256), 256, 0, stream>>>(db, partials, nb, n);
   MT_CUDA_CHECK_LAUNCH();
   alloc.release(partials);
+}
+
+void add_f32(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, x, n);
+  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mt::cuda

@@ -50,10 +50,14 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
                      cudaStream_t stream, const GemmEpilogue& ep) {
   if (M == 0 || N == 0) return;
   const bool has_bias = bias != nullptr;
-  if (ep.kind != GemmEpilogue::kNone && (ep.aux == nullptr || ep.ld_aux % 8 != 0 || ep.ld_aux < N)) {
+  const bool gelu = ep.kind == GemmEpilogue::kGeluAux || ep.kind == GemmEpilogue::kDGelu;
+  if (gelu && (ep.aux == nullptr || ep.ld_aux % 8 != 0 || ep.ld_aux < N)) {
     throw std::logic_error("GEMM epilogue: the GELU auxiliary matrix needs a pointer and a leading dimension >= N, divisible by 8");
   }
-  if (ep.kind == GemmEpilogue::kDGelu && has_bias) throw std::logic_error("GEMM epilogue: no bias with the GELU backward");
+  if (ep.kind == GemmEpilogue::kBiasGrad && ep.aux == nullptr) throw std::logic_error("GEMM epilogue: the bias gradient needs an output vector");
+  if ((ep.kind == GemmEpilogue::kDGelu || ep.kind == GemmEpilogue::kBiasGrad) && has_bias) {
+    throw std::logic_error("GEMM epilogue: no bias input with a backward epilogue");
+  }
   const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), has_bias, static_cast<int>(ep.kind), ep.ld_aux};
   Plan* plan = nullptr;
   {
@@ -69,6 +73,7 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
       cublasLtEpilogue_t epi = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
       if (ep.kind == GemmEpilogue::kGeluAux) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
       if (ep.kind == GemmEpilogue::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
+      if (ep.kind == GemmEpilogue::kBiasGrad) epi = CUBLASLT_EPILOGUE_BGRADB;  // the column-major view's B is our A
       if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
         MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
       }
@@ -76,7 +81,10 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
         const void* dummy = bias;  // the pointer is set per call; the heuristic only needs one present
         MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dummy, sizeof(dummy)));
       }
-      if (ep.kind != GemmEpilogue::kNone) {
+      if (ep.kind == GemmEpilogue::kBiasGrad) {
+        MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.aux, sizeof(ep.aux)));
+      }
+      if (gelu) {
         // Column-major view: aux is D's shape (N rows, M columns) with leading dimension ld_aux, of D's type.
         const void* aux = ep.aux;
         const int64_t ld = ep.ld_aux;
@@ -108,8 +116,9 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     if (has_bias) {
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    if (ep.kind != GemmEpilogue::kNone) {
-      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
+    if (gelu) MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
+    if (ep.kind == GemmEpilogue::kBiasGrad) {
+      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.aux, sizeof(ep.aux)));
     }
   }
   MT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,

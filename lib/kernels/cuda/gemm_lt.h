@@ -16,8 +16,11 @@ namespace mt::cuda {
 // leading dimension ld_aux, of D's type):
 //   kGeluAux:  D = gelu(A op B + bias) (tanh form, as kernels/cpu/activation), aux = the GELU's input
 //   kDGelu:    D = (A op B) * gelu'(aux) (the GELU backward folded into the data-gradient GEMM)
+//   kBiasGrad: D as usual, and aux[m] = sum over k of op(A)[m, k] (M values of D's type, written, not added):
+//              in a weight-gradient GEMM dW = dY^T X (A = dY, transposed) the bias gradient, from the same
+//              read of dY (cuBLASLt's BGRADB, its B being our A); ld_aux unused
 struct GemmEpilogue {
-  enum Kind { kNone, kGeluAux, kDGelu } kind = kNone;
+  enum Kind { kNone, kGeluAux, kDGelu, kBiasGrad } kind = kNone;
   void* aux = nullptr;
   int64_t ld_aux = 0;
 };

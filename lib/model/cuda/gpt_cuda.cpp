@@ -46,6 +46,7 @@ struct CudaGPT::Scratch {
   bf16 *delta_l = nullptr, *xn_l = nullptr, *dxn_l = nullptr, *dres16_full = nullptr;
   float *x_final = nullptr /*[Tl]*/, *meanf = nullptr, *rstdf = nullptr, *losses = nullptr, *dres = nullptr /*[Tl]*/;
   float *emb = nullptr /*[T, h] fp32: SP embedding partials and gradient gather*/, *ce_stats = nullptr /*[4T]: vocab-parallel loss*/;
+  float* bgrad = nullptr;  // [max(Wq, F1)], models with biases: a column-parallel bias gradient from the weight-gradient GEMM's epilogue
 };
 
 void* CudaGPT::alloc(size_t bytes) {
@@ -234,6 +235,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   s.dv = b16(KVd);
   if (D.swiglu) s.dact = b16(F);
   s.dfc1 = b16(F1);
+  if (D.bias) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(std::max(Wq, F1)) * 4));
   if (tp_) s.ce_stats = f32(4);
   if (sp_) {
     s.delta_l = b16(h, rows_l);
@@ -289,6 +291,22 @@ void CudaGPT::copy_own_heads(bf16* own, bf16* group, int64_t T, bool to_group) {
   } else {
     MT_CUDA_CHECK(cudaMemcpy2DAsync(own, row, slice, all, row, rows, cudaMemcpyDeviceToDevice, stream_));
   }
+}
+
+// A column-parallel layer's weight gradient dW[n, h] += dy[T, n]^T x[T, h] on stream ws and, with a bias, its
+// gradient from the GEMM's epilogue (the sum over tokens of dy, from the same read) added to the bias's.
+// Nothing here takes temporaries from the caching allocator, which assumes the compute stream.
+void CudaGPT::wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const bf16* dy, const bf16* x, int64_t w_off,
+                              int64_t b_off) {
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t h = D_.h;
+  if (b_off < 0) {
+    MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, kBF, CUDA_R_32F, nullptr, ws));
+    return;
+  }
+  MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, kBF, CUDA_R_32F, nullptr, ws,
+                                  {cuda::GemmEpilogue::kBiasGrad, s_->bgrad, 0}));
+  MT_PROF_ON(ws, "bwd.bias_grad", cuda::add_f32(g(b_off), s_->bgrad, n, ws));
 }
 
 cudaStream_t CudaGPT::fork_wgrad() {
@@ -379,11 +397,8 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
-  // Only GEMMs go to the side stream: kernels that take temporaries from the caching allocator (the bias
-  // gradients) stay on the compute stream, which the allocator's reuse of freed blocks assumes.
-  if (lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_));
   cudaStream_t ws = fork_wgrad();
-  MT_PROF_ON(ws, "bwd.gemm.fc1_wgrad", lt.gemm_ex(true, false, F1, h, T, 1.0f, s.dfc1, F1, r.xn2, h, 1.0f, g(lw.fc1_w), h, kBF, CUDA_R_32F, nullptr, ws));
+  wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, lw.fc1_w, lw.fc1_b);
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), dmlp, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), Tl, h, D.rms,
                                               stream_));
@@ -403,9 +418,8 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                                 D.ng_local, D.d, D.rot_dim, stream_));
   }
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
-  if (lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_));
   ws = fork_wgrad();
-  MT_PROF_ON(ws, "bwd.gemm.qkv_wgrad", lt.gemm_ex(true, false, Wq, h, T, 1.0f, s.qkv, Wq, r.xn1, h, 1.0f, g(lw.qkv_w), h, kBF, CUDA_R_32F, nullptr, ws));
+  wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, lw.qkv_w, lw.qkv_b);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
                                               stream_));

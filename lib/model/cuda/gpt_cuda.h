@@ -92,6 +92,7 @@ class CudaGPT {
   // stream itself at TP 1); join_wgrad: the compute stream waits for the side stream.
   cudaStream_t fork_wgrad();
   void join_wgrad();
+  void wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const cuda::bf16* dy, const cuda::bf16* x, int64_t w_off, int64_t b_off);
   void copy_own_heads(cuda::bf16* own, cuda::bf16* group, int64_t T, bool to_group);
   cuda::bf16* gather_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
   cuda::bf16* norm_out(cuda::bf16* full) const;
