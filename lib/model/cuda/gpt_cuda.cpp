@@ -46,7 +46,7 @@ struct CudaGPT::Scratch {
   bf16 *delta_l = nullptr, *xn_l = nullptr, *dxn_l = nullptr, *dres16_full = nullptr;
   float *x_final = nullptr /*[Tl]*/, *meanf = nullptr, *rstdf = nullptr, *losses = nullptr, *dres = nullptr /*[Tl]*/;
   float *emb = nullptr /*[T, h] fp32: SP embedding partials and gradient gather*/, *ce_stats = nullptr /*[4T]: vocab-parallel loss*/;
-  float* bgrad = nullptr;  // [max(Wq, F1)], models with biases: a column-parallel bias gradient from the weight-gradient GEMM's epilogue
+  float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
 };
 
 void* CudaGPT::alloc(size_t bytes) {
@@ -235,7 +235,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   s.dv = b16(KVd);
   if (D.swiglu) s.dact = b16(F);
   s.dfc1 = b16(F1);
-  if (D.bias) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(std::max(Wq, F1)) * 4));
+  bgrad_len_ = std::max({Wq, F1, h});
+  if (D.bias) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
   if (tp_) s.ce_stats = f32(4);
   if (sp_) {
     s.delta_l = b16(h, rows_l);
@@ -293,20 +294,20 @@ void CudaGPT::copy_own_heads(bf16* own, bf16* group, int64_t T, bool to_group) {
   }
 }
 
-// A column-parallel layer's weight gradient dW[n, h] += dy[T, n]^T x[T, h] on stream ws and, with a bias, its
-// gradient from the GEMM's epilogue (the sum over tokens of dy, from the same read) added to the bias's.
-// Nothing here takes temporaries from the caching allocator, which assumes the compute stream.
-void CudaGPT::wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const bf16* dy, const bf16* x, int64_t w_off,
+// A weight gradient dW[n, h] += dy[T, n]^T x[T, h] on stream ws and, with a bias, its gradient from the GEMM's
+// epilogue (the sum over tokens of dy, from the same read) added to the bias's. Nothing here takes
+// temporaries from the caching allocator, which assumes the compute stream.
+void CudaGPT::wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const bf16* dy, const bf16* x, int64_t h, int64_t w_off,
                               int64_t b_off) {
   auto& lt = cuda::GemmLt::instance();
-  const int64_t h = D_.h;
   if (b_off < 0) {
     MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, kBF, CUDA_R_32F, nullptr, ws));
     return;
   }
+  float* tmp = ws == stream_ ? s_->bgrad : s_->bgrad + bgrad_len_;  // one per stream: the two may run at once
   MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, kBF, CUDA_R_32F, nullptr, ws,
-                                  {cuda::GemmEpilogue::kBiasGrad, s_->bgrad, 0}));
-  MT_PROF_ON(ws, "bwd.bias_grad", cuda::add_f32(g(b_off), s_->bgrad, n, ws));
+                                  {cuda::GemmEpilogue::kBiasGrad, tmp, 0}));
+  MT_PROF_ON(ws, "bwd.bias_grad", cuda::add_f32(g(b_off), tmp, n, ws));
 }
 
 cudaStream_t CudaGPT::fork_wgrad() {
@@ -393,20 +394,21 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dfc1, F, kBF, kBF, nullptr, stream_,
                                              {cuda::GemmEpilogue::kDGelu, r.fc1, F}));
   }
-  MT_PROF("bwd.gemm.fc2_wgrad", lt.gemm_ex(true, false, h, F, T, 1.0f, dy, h, r.act, F, 1.0f, g(lw.fc2_w), F, kBF, CUDA_R_32F, nullptr, stream_));
-  if (lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_));
+  // Row-parallel biases: under SP their gradient is this rank's rows' (summed over TP later), not all of dy's.
+  wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, sp_ ? -1 : lw.fc2_b);
+  if (sp_ && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
   cudaStream_t ws = fork_wgrad();
-  wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, lw.fc1_w, lw.fc1_b);
+  wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, h, lw.fc1_w, lw.fc1_b);
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), dmlp, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), Tl, h, D.rms,
                                               stream_));
   // Attention
   dy = gather_rows(s.dres16, s.dres16_full, T);
   MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, kBF, kBF, nullptr, stream_));
-  MT_PROF("bwd.gemm.proj_wgrad", lt.gemm_ex(true, false, h, Hd, T, 1.0f, dy, h, r.o, Hd, 1.0f, g(lw.proj_w), Hd, kBF, CUDA_R_32F, nullptr, stream_));
-  if (lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_));
+  wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, sp_ ? -1 : lw.proj_b);
+  if (sp_ && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_));
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, s.d_o,
                                                                 r.stats, s.dq, s.dk, s.dv, stream_));
   if (!kv_group_) {
@@ -419,7 +421,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
   ws = fork_wgrad();
-  wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, lw.qkv_w, lw.qkv_b);
+  wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, lw.qkv_b);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
                                               stream_));

@@ -92,7 +92,8 @@ class CudaGPT {
   // stream itself at TP 1); join_wgrad: the compute stream waits for the side stream.
   cudaStream_t fork_wgrad();
   void join_wgrad();
-  void wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const cuda::bf16* dy, const cuda::bf16* x, int64_t w_off, int64_t b_off);
+  void wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const cuda::bf16* dy, const cuda::bf16* x, int64_t h, int64_t w_off,
+                       int64_t b_off);
   void copy_own_heads(cuda::bf16* own, cuda::bf16* group, int64_t T, bool to_group);
   cuda::bf16* gather_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
   cuda::bf16* norm_out(cuda::bf16* full) const;
@@ -139,6 +140,7 @@ class CudaGPT {
   std::vector<void*> owned_;
   std::vector<int64_t> layer_start_;  // lowest flat offset of each layer's parameters
   std::vector<int64_t> layer_end_;    // one past the highest
+  int64_t bgrad_len_ = 0;             // each stream's part of Scratch::bgrad
   int64_t embed_end_ = 0;             // one past the embedding's parameters
   std::function<void(int64_t)> grads_ready_, params_needed_;
   void need_params(int64_t end) {
