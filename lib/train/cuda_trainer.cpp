@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -323,7 +324,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   // next forward): before the weights leave the device and at the end.
   auto params_gathered = [&]() {
 #ifdef MEGATRAIN_HAVE_NCCL
-    if (overlap_gather) ddp->wait_params(P);
+    if (overlap_gather) ddp->wait_params(INT64_MAX);
 #endif
   };
   auto save_now = [&](int64_t it) {

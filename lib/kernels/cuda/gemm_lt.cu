@@ -1,5 +1,6 @@
 // gemm_lt.cu: a row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so cuBLASLt gets
 // B as its first operand and A as its second.
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -45,6 +46,73 @@ void GemmLt::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
   gemm_ex(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab, CUDA_R_32F, nullptr, stream);
 }
 
+GemmLt::Plan* GemmLt::create_plan(const Key& key, const void* bias, const GemmEpilogue& ep, bool required) {
+  const auto& [ta, tb, M, N, K, lda, ldb, ldc, ab_i, c_i, has_bias, kind, ld_aux] = key;
+  const auto ab = static_cast<cudaDataType_t>(ab_i), c_type = static_cast<cudaDataType_t>(c_i);
+  const bool gelu = ep.kind == GemmEpilogue::kGeluAux || ep.kind == GemmEpilogue::kDGelu;
+  Plan p{};
+  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // Column-major view: first operand = B (op = tb), second = A (op = ta); m = N, n = M.
+  const cublasOperation_t op1 = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op2 = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof(op1)));
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof(op2)));
+  cublasLtEpilogue_t epi = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (ep.kind == GemmEpilogue::kGeluAux) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (ep.kind == GemmEpilogue::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
+  if (ep.kind == GemmEpilogue::kBiasGrad) epi = CUBLASLT_EPILOGUE_BGRADB;  // the column-major view's B is our A
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  }
+  if (has_bias) {
+    const void* dummy = bias;  // the pointer is set per call; the heuristic only needs one present
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dummy, sizeof(dummy)));
+  }
+  if (ep.kind == GemmEpilogue::kBiasGrad) {
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.aux, sizeof(ep.aux)));
+  }
+  if (gelu) {
+    // Column-major view: aux is D's shape (N rows, M columns) with leading dimension ld_aux, of D's type.
+    const void* aux = ep.aux;
+    const int64_t ld = ep.ld_aux;
+    const auto aux_type = static_cast<int32_t>(c_type);
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
+  }
+  const uint64_t m = static_cast<uint64_t>(N), n = static_cast<uint64_t>(M), k = static_cast<uint64_t>(K);
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, tb ? k : m, tb ? m : k, ldb));
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, ta ? n : k, ta ? k : n, lda));
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, c_type, m, n, ldc));
+  cublasLtMatmulPreference_t pref;
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                                       sizeof(workspace_bytes_)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.op);
+    if (!required) return nullptr;
+    throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " GEMM" +
+                             (ep.kind != GemmEpilogue::kNone ? " with this epilogue" : ""));
+  }
+  p.algo = result.algo;
+  return &plans_.emplace(key, p).first->second;
+}
+
+bool GemmLt::has_algorithm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
+                           cudaDataType_t c_type, const GemmEpilogue& ep) {
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), false, static_cast<int>(ep.kind), ep.ld_aux};
+  GemmEpilogue probe = ep;  // the heuristic needs the output pointers present, not valid: each call sets its own
+  if (probe.aux == nullptr) probe.aux = reinterpret_cast<void*>(std::uintptr_t{256});
+  std::lock_guard<std::mutex> lock(mu_);
+  return plans_.count(key) != 0 || create_plan(key, nullptr, probe, false) != nullptr;
+}
+
 void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
                      int64_t ldb, float beta, void* C, int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type, const void* bias,
                      cudaStream_t stream, const GemmEpilogue& ep) {
@@ -54,7 +122,9 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
   if (gelu && (ep.aux == nullptr || ep.ld_aux % 8 != 0 || ep.ld_aux < N)) {
     throw std::logic_error("GEMM epilogue: the GELU auxiliary matrix needs a pointer and a leading dimension >= N, divisible by 8");
   }
-  if (ep.kind == GemmEpilogue::kBiasGrad && ep.aux == nullptr) throw std::logic_error("GEMM epilogue: the bias gradient needs an output vector");
+  if (ep.kind == GemmEpilogue::kBiasGrad && (ep.aux == nullptr || c_type != CUDA_R_32F)) {
+    throw std::logic_error("GEMM epilogue: the bias gradient needs an fp32 output vector (and an fp32 C)");
+  }
   if ((ep.kind == GemmEpilogue::kDGelu || ep.kind == GemmEpilogue::kBiasGrad) && has_bias) {
     throw std::logic_error("GEMM epilogue: no bias input with a backward epilogue");
   }
@@ -63,56 +133,7 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(key);
-    if (it == plans_.end()) {
-      Plan p{};
-      MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      // Column-major view: first operand = B (op = tb), second = A (op = ta); m = N, n = M.
-      const cublasOperation_t op1 = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op2 = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof(op1)));
-      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof(op2)));
-      cublasLtEpilogue_t epi = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-      if (ep.kind == GemmEpilogue::kGeluAux) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-      if (ep.kind == GemmEpilogue::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
-      if (ep.kind == GemmEpilogue::kBiasGrad) epi = CUBLASLT_EPILOGUE_BGRADB;  // the column-major view's B is our A
-      if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
-        MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-      }
-      if (has_bias) {
-        const void* dummy = bias;  // the pointer is set per call; the heuristic only needs one present
-        MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dummy, sizeof(dummy)));
-      }
-      if (ep.kind == GemmEpilogue::kBiasGrad) {
-        MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.aux, sizeof(ep.aux)));
-      }
-      if (gelu) {
-        // Column-major view: aux is D's shape (N rows, M columns) with leading dimension ld_aux, of D's type.
-        const void* aux = ep.aux;
-        const int64_t ld = ep.ld_aux;
-        const auto aux_type = static_cast<int32_t>(c_type);
-        MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-        MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
-        MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
-      }
-      const uint64_t m = static_cast<uint64_t>(N), n = static_cast<uint64_t>(M), k = static_cast<uint64_t>(K);
-      MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, tb ? k : m, tb ? m : k, ldb));
-      MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, ta ? n : k, ta ? k : n, lda));
-      MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, c_type, m, n, ldc));
-      cublasLtMatmulPreference_t pref;
-      MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
-                                                           sizeof(workspace_bytes_)));
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
-      cublasLtMatmulPreferenceDestroy(pref);
-      if (found == 0) {
-        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(M) + "x" + std::to_string(N) + "x" +
-                                 std::to_string(K) + " GEMM");
-      }
-      p.algo = result.algo;
-      it = plans_.emplace(key, p).first;
-    }
-    plan = &it->second;
+    plan = it != plans_.end() ? &it->second : create_plan(key, bias, ep, true);
     if (has_bias) {
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }

@@ -36,6 +36,10 @@ class GemmLt {
   void gemm_ex(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
                int64_t ldb, float beta, void* C, int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type, const void* bias,
                cudaStream_t stream, const GemmEpilogue& epilogue = {});
+  // Whether cuBLASLt has an algorithm for this GEMM (no bias input) with this epilogue; the plan is created
+  // and cached if so. Lets a caller use a fused epilogue only where one exists.
+  bool has_algorithm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
+                     cudaDataType_t c_type, const GemmEpilogue& epilogue);
   size_t cached_plans() const { return plans_.size(); }
   // Frees the workspace of a stream about to be destroyed.
   void release_workspace(cudaStream_t stream);
@@ -48,6 +52,9 @@ class GemmLt {
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
   };
+  // Under mu_: the plan for key (bias: any pointer of a bias-input GEMM; epilogue pointers are set per call),
+  // cached; none found: nullptr, or an exception naming the shape when `required`.
+  Plan* create_plan(const Key& key, const void* bias, const GemmEpilogue& ep, bool required);
   cublasLtHandle_t handle_ = nullptr;
   // One workspace per stream: GEMMs on two streams may run at the same time (tensor parallelism's
   // weight-gradient GEMMs beside the compute stream).

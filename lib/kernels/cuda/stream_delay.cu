@@ -6,8 +6,16 @@
 namespace mt::cuda {
 namespace {
 
+__device__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Until the device's global timer has advanced by ns (__nanosleep alone promises no minimum).
 __global__ void delay_kernel(int64_t ns) {
-  for (int64_t waited = 0; waited < ns; waited += 1000) __nanosleep(1000);
+  const uint64_t end = global_ns() + static_cast<uint64_t>(ns);
+  while (global_ns() < end) __nanosleep(1000);
 }
 
 }  // namespace

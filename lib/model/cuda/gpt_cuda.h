@@ -141,6 +141,7 @@ class CudaGPT {
   std::vector<int64_t> layer_start_;  // lowest flat offset of each layer's parameters
   std::vector<int64_t> layer_end_;    // one past the highest
   int64_t bgrad_len_ = 0;             // each stream's part of Scratch::bgrad
+  bool bgrad_epilogue_ = false;       // bias gradients from the weight-gradient GEMMs' epilogue
   int64_t embed_end_ = 0;             // one past the embedding's parameters
   std::function<void(int64_t)> grads_ready_, params_needed_;
   void need_params(int64_t end) {

@@ -29,6 +29,9 @@ DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, f
                                        bool overlap, bool reduce_bf16, cudaStream_t compute)
     : comm_(std::move(comm)), grads_(grads), overlap_(overlap), sharded_(true), compute_(compute), buckets_(std::move(sharded)) {
   if (reduce_bf16) alloc_shadow(numel);
+  // Tests: make every bucket's gather late, so a forward that does not wait for the buckets it reads sees
+  // last step's weights.
+  if (const char* delay = std::getenv("MEGATRAIN_TEST_GATHER_DELAY_US")) test_delay_us_ = std::atoll(delay);
 }
 
 void DeviceDataParallel::alloc_shadow(int64_t numel) {
@@ -78,14 +81,12 @@ void DeviceDataParallel::start_param_gather(cuda::bf16* w16, const std::function
     gathered_.resize(buckets_.size());
     for (cudaEvent_t& e : gathered_) MT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
-  // Tests: make the gathers late, so a forward that does not wait for them reads stale weights.
-  const char* delay = std::getenv("MEGATRAIN_TEST_GATHER_DELAY_US");
   const size_t n = buckets_.size();
   for (size_t i = 0; i < n; ++i) {
     const DeviceBucket& b = buckets_[n - 1 - i];
     update(b.lo);
     comm_->follow(compute_);
-    if (delay && i == 0) cuda::stream_delay(std::atoll(delay), comm_->stream());
+    cuda::stream_delay(test_delay_us_, comm_->stream());
     MT_PROF_ON(comm_->stream(), "dp.param_gather", comm_->all_gather_v_on(w16 + b.lo, b.shard_counts, WireType::kBF16, comm_->stream()));
     MT_CUDA_CHECK(cudaEventRecord(gathered_[i], comm_->stream()));
   }

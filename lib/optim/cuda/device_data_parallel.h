@@ -51,7 +51,7 @@ class DeviceDataParallel {
   void start_param_gather(cuda::bf16* w16, const std::function<void(int64_t lo)>& update);
   const std::vector<DeviceBucket>& bucket_list() const { return buckets_; }
   // The compute stream waits for the pending gathers of every bucket holding flat offsets below `end`
-  // (numel: all of them; a no-op when nothing is pending).
+  // (INT64_MAX: all of them; a no-op when nothing is pending).
   void wait_params(int64_t end);
   size_t buckets() const { return buckets_.size(); }
   NcclCommunicator& comm() { return *comm_; }
@@ -68,6 +68,7 @@ class DeviceDataParallel {
   size_t next_ = 0;
   std::vector<cudaEvent_t> gathered_;  // per bucket, lowest first (overlapped parameter gather)
   size_t waited_ = 0, pending_ = 0;    // buckets (lowest first) the compute stream waits for / has gathers queued
+  int64_t test_delay_us_ = 0;          // MEGATRAIN_TEST_GATHER_DELAY_US: each bucket's gather made this late (tests)
 };
 
 }  // namespace mt
