@@ -173,6 +173,13 @@ struct LoggingConfig {
   bool log_throughput = false;
   bool log_params_norm = false;
   OptString tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
+  int64_t tensorboard_queue_size = 1000;
+  bool log_batch_size_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
+  bool log_world_size_to_tensorboard = false;
+  bool log_timers_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
   OptString wandb_project;
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;

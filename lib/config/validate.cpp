@@ -278,6 +278,9 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
   if (c.precision.loss_scale_window < 1) k.error("--loss-scale-window must be >= 1, got " + s(c.precision.loss_scale_window));
   if (c.precision.hysteresis < 1) k.error("--hysteresis must be >= 1, got " + s(c.precision.hysteresis));
   if (c.logging.log_interval < 1) k.error("--log-interval must be >= 1, got " + s(c.logging.log_interval));
+  if (c.logging.tensorboard_log_interval < 1) {
+    k.error("--tensorboard-log-interval must be >= 1, got " + s(c.logging.tensorboard_log_interval));
+  }
   if (c.logging.eval_interval < 1) k.error("--eval-interval must be >= 1, got " + s(c.logging.eval_interval));
   if (c.logging.eval_iters < 0) k.error("--eval-iters must be >= 0, got " + s(c.logging.eval_iters));
 }

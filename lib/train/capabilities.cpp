@@ -28,7 +28,8 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   no(c.checkpoint.ckpt_format != "torch_dist",
      "--ckpt-format " + c.checkpoint.ckpt_format + " is not supported: megatrain writes its own sharded, reshardable format "
      "(leave --ckpt-format at its default)");
-  no(c.logging.tensorboard_dir.has_value(), "--tensorboard-dir is not supported: metrics go to metrics.jsonl under --log-dir");
+  no(c.logging.log_timers_to_tensorboard, "--log-timers-to-tensorboard is not implemented yet (megatrain has no timers): drop it");
+  no(c.logging.log_memory_to_tensorboard, "--log-memory-to-tensorboard is not implemented yet: drop it");
   no(c.logging.wandb_project.has_value(), "--wandb-project is not supported: metrics go to metrics.jsonl under --log-dir");
   no(c.logging.profile, "--profile is not implemented yet");
   no(c.logging.timing_log_level > 0, "--timing-log-level > 0 is not implemented yet");
@@ -42,6 +43,9 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   const Config d;
   if (c.model.transformer_impl != d.model.transformer_impl) out.push_back("note: --transformer-impl has no effect: megatrain has one layer implementation");
   if (c.data.num_workers != d.data.num_workers) out.push_back("note: --num-workers has no effect: samples are read on demand by the training thread");
+  if (c.logging.tensorboard_queue_size != d.logging.tensorboard_queue_size) {
+    out.push_back("note: --tensorboard-queue-size has no effect: TensorBoard scalars are written and flushed at each log line");
+  }
   if (c.model.apply_query_key_layer_scaling) {
     out.push_back("note: --apply-query-key-layer-scaling changes nothing here: the attention scores and softmax are computed in fp32");
   }

@@ -252,7 +252,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   const float b1 = static_cast<float>(cfg.training.adam_beta1), b2 = static_cast<float>(cfg.training.adam_beta2);
   const float eps = static_cast<float>(cfg.training.adam_eps), wd = static_cast<float>(cfg.training.weight_decay);
 
-  MetricsFile metrics(cfg, opt.rank);
+  MetricsFile metrics(cfg, opt.rank, groups.world->size());
   if (lead) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
     std::cout << "megatrain: data: " << src->describe() << "\n";

@@ -1,6 +1,8 @@
 // train_common.cpp
 #include "train/train_common.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -18,15 +20,37 @@ std::unique_ptr<TokenSource> open_training_data(const Config& cfg) {
   return src;
 }
 
-MetricsFile::MetricsFile(const Config& cfg, int64_t rank) {
+MetricsFile::MetricsFile(const Config& cfg, int64_t rank, int64_t world_size)
+    : log_(cfg.logging), global_batch_(cfg.derived.global_batch_size), world_size_(world_size) {
+  if (rank != 0) return;
+  if (cfg.logging.tensorboard_dir) tb_ = std::make_unique<TensorBoardWriter>(*cfg.logging.tensorboard_dir);
   const std::string log_dir = cfg.logging.log_dir.value_or(cfg.checkpoint.save.value_or(""));
-  if (rank != 0 || log_dir.empty()) return;
+  if (log_dir.empty()) return;
   std::filesystem::create_directories(log_dir);
   out_ = std::make_unique<std::ofstream>(std::filesystem::path(log_dir) / "metrics.jsonl", std::ios::app);
   if (!*out_) throw ConfigError("cannot write " + log_dir + "/metrics.jsonl: check --log-dir");
 }
 
 void MetricsFile::iteration(const IterationStats& s) {
+  if (tb_ && s.iteration % log_.tensorboard_log_interval == 0) {  // Megatron's tags (its training_log)
+    const int64_t it = s.iteration, n = s.consumed_samples;
+    auto both = [&](const std::string& tag, double v) {
+      tb_->scalar(tag, v, it);
+      tb_->scalar(tag + " vs samples", v, n);
+    };
+    both("learning-rate", s.lr);
+    if (log_.log_batch_size_to_tensorboard) both("batch-size", static_cast<double>(s.global_batch));
+    if (log_.log_world_size_to_tensorboard) both("world-size", static_cast<double>(world_size_));
+    both("lm loss", s.loss);
+    both("loss-scale", s.loss_scale);
+    both("grad-norm", s.grad_norm);
+    if (s.params_norm >= 0) both("params-norm", s.params_norm);
+    tb_->scalar("iteration-time", s.ms_per_iter / 1000.0, it);
+    tb_->scalar("throughput", s.tflops_per_gpu, it);
+    tb_->scalar("tokens-per-second-per-gpu", s.tokens_per_s_per_gpu, it);
+    if (s.mfu >= 0) tb_->scalar("mfu", s.mfu, it);
+    tb_->flush();
+  }
   if (!out_) return;
   nlohmann::json j = {{"iteration", s.iteration}, {"consumed_samples", s.consumed_samples}, {"lm_loss", s.loss},
                       {"learning_rate", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
@@ -37,8 +61,19 @@ void MetricsFile::iteration(const IterationStats& s) {
   *out_ << j.dump() << "\n" << std::flush;
 }
 
+MetricsFile::~MetricsFile() = default;
+
 void MetricsFile::validation(int64_t iteration, double loss) {
   if (out_) *out_ << nlohmann::json{{"iteration", iteration}, {"validation_lm_loss", loss}}.dump() << "\n" << std::flush;
+  if (!tb_) return;
+  const int64_t samples = iteration * global_batch_;
+  tb_->scalar("lm loss validation", loss, iteration);
+  tb_->scalar("lm loss validation vs samples", loss, samples);
+  if (log_.log_validation_ppl_to_tensorboard) {
+    tb_->scalar("lm loss validation ppl", std::exp(std::min(20.0, loss)), iteration);
+    tb_->scalar("lm loss validation ppl vs samples", std::exp(std::min(20.0, loss)), samples);
+  }
+  tb_->flush();
 }
 
 LoadOptions load_options(const Config& cfg) {

@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "data/token_source.h"
 #include "train/log_line.h"
+#include "train/tensorboard.h"
 
 namespace mt {
 
@@ -18,14 +19,20 @@ std::unique_ptr<TokenSource> open_training_data(const Config& cfg);
 
 // DIR/metrics.jsonl (DIR = --log-dir, else --save), appended to by rank 0; other ranks and runs without a
 // directory write nothing.
+// With --tensorboard-dir, rank 0 also writes Megatron's TensorBoard scalars there (one point per log
+// interval, and the "vs samples" forms).
 class MetricsFile {
  public:
-  MetricsFile(const Config& cfg, int64_t rank);
+  MetricsFile(const Config& cfg, int64_t rank, int64_t world_size = 1);
+  ~MetricsFile();
   void iteration(const IterationStats& s);
   void validation(int64_t iteration, double loss);
 
  private:
   std::unique_ptr<std::ofstream> out_;
+  std::unique_ptr<TensorBoardWriter> tb_;
+  const LoggingConfig log_;
+  int64_t global_batch_ = 0, world_size_ = 1;
 };
 
 LoadOptions load_options(const Config& cfg);

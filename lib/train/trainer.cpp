@@ -70,7 +70,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
   const double peak = 0;  // the CPU engine has no meaningful peak: MFU is reported on GPUs
   const bool has_valid = src->has_split(Split::kValid) && cfg.logging.eval_iters > 0;
 
-  MetricsFile metrics(cfg, opt.rank);
+  MetricsFile metrics(cfg, opt.rank, groups.world->size());
   if (lead) {
     const double p = static_cast<double>(model.params().numel());
     std::cout << "megatrain: data: " << src->describe() << "\n";

@@ -1,0 +1,200 @@
+// test_tensorboard.cpp: --tensorboard-dir writes event files TensorBoard can read: TFRecord framing with
+// masked CRC-32C, Event / Summary messages decoded here field by field, Megatron's tags from a real run.
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <vector>
+
+#include "catch.h"
+#include "config/resolve.h"
+#include "config/validate.h"
+#include "config/yaml_io.h"
+#include "train/capabilities.h"
+#include "train/tensorboard.h"
+#include "train/trainer.h"
+
+using namespace mt;
+
+namespace {
+
+struct Scalar {
+  std::string tag;
+  float value = 0;
+  int64_t step = 0;
+};
+
+struct Reader {
+  std::string s;
+  size_t p = 0;
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      const auto b = static_cast<unsigned char>(s.at(p++));
+      v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if (!(b & 0x80)) return v;
+    }
+  }
+  template <typename T>
+  T fixed() {
+    T v;
+    std::memcpy(&v, s.data() + p, sizeof(T));
+    p += sizeof(T);
+    return v;
+  }
+  std::string bytes() {
+    const auto n = static_cast<size_t>(varint());
+    std::string b = s.substr(p, n);
+    p += n;
+    return b;
+  }
+  bool done() const { return p >= s.size(); }
+};
+
+// Every record of an event file, CRCs checked; each Event's step, file_version and scalar values.
+struct Events {
+  std::vector<std::string> versions;
+  std::vector<Scalar> scalars;
+};
+
+Events read_events(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Events out;
+  size_t p = 0;
+  while (p < all.size()) {
+    REQUIRE(p + 12 <= all.size());
+    const std::string len_bytes = all.substr(p, 8);
+    uint64_t len = 0;
+    std::memcpy(&len, len_bytes.data(), 8);
+    uint32_t len_crc = 0, data_crc = 0;
+    std::memcpy(&len_crc, all.data() + p + 8, 4);
+    REQUIRE(len_crc == masked_crc32c(len_bytes));
+    const std::string data = all.substr(p + 12, static_cast<size_t>(len));
+    std::memcpy(&data_crc, all.data() + p + 12 + len, 4);
+    REQUIRE(data_crc == masked_crc32c(data));
+    p += 12 + static_cast<size_t>(len) + 4;
+    Reader e{data};
+    int64_t step = 0;
+    while (!e.done()) {
+      const uint64_t k = e.varint();
+      const int field = static_cast<int>(k >> 3), wt = static_cast<int>(k & 7);
+      if (field == 1 && wt == 1) {
+        CHECK(e.fixed<double>() > 1.6e9);  // wall time, seconds since 1970
+      } else if (field == 2 && wt == 0) {
+        step = static_cast<int64_t>(e.varint());
+      } else if (field == 3 && wt == 2) {
+        out.versions.push_back(e.bytes());
+      } else if (field == 5 && wt == 2) {
+        Reader sum{e.bytes()};
+        while (!sum.done()) {
+          REQUIRE(sum.varint() == (1u << 3 | 2));
+          Reader v{sum.bytes()};
+          Scalar sc;
+          sc.step = step;
+          while (!v.done()) {
+            const uint64_t vk = v.varint();
+            if (vk == (1u << 3 | 2)) sc.tag = v.bytes();
+            else if (vk == (2u << 3 | 5)) sc.value = v.fixed<float>();
+            else FAIL("unexpected Summary.Value field " << vk);
+          }
+          out.scalars.push_back(sc);
+        }
+      } else {
+        FAIL("unexpected Event field " << field << " wire type " << wt);
+      }
+    }
+  }
+  return out;
+}
+
+std::string only_event_file(const std::filesystem::path& dir) {
+  std::vector<std::string> files;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().filename().string().find("tfevents") != std::string::npos) files.push_back(f.path().string());
+  }
+  REQUIRE(files.size() == 1);
+  return files[0];
+}
+
+}  // namespace
+
+TEST_CASE("CRC-32C and TFRecord's mask match their published values") {
+  CHECK(crc32c("123456789") == 0xE3069283u);
+  CHECK(crc32c("") == 0u);
+  // mask(crc) = rotate right by 15, plus 0xa282ead8
+  const uint32_t c = crc32c("abc");
+  CHECK(masked_crc32c("abc") == ((c >> 15) | (c << 17)) + 0xA282EAD8u);
+}
+
+TEST_CASE("the TensorBoard writer frames and encodes scalar events") {
+  const auto dir = std::filesystem::temp_directory_path() / ("mt_tb_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  {
+    TensorBoardWriter w(dir.string());
+    w.scalar("lm loss", 2.5, 10);
+    w.scalar("learning-rate vs samples", 3e-4, 1234567890123LL);
+    w.flush();
+  }
+  const Events ev = read_events(only_event_file(dir));
+  REQUIRE(ev.versions == std::vector<std::string>{"brain.Event:2"});
+  REQUIRE(ev.scalars.size() == 2);
+  CHECK(ev.scalars[0].tag == "lm loss");
+  CHECK(ev.scalars[0].value == 2.5f);
+  CHECK(ev.scalars[0].step == 10);
+  CHECK(ev.scalars[1].tag == "learning-rate vs samples");
+  CHECK(ev.scalars[1].value == Approx(3e-4));
+  CHECK(ev.scalars[1].step == 1234567890123LL);
+  std::filesystem::remove_all(dir);
+  CHECK_THROWS_WITH(TensorBoardWriter("/proc/no-such-dir/tb"), MT_CONTAINS("--tensorboard-dir"));
+}
+
+TEST_CASE("a training run with --tensorboard-dir writes Megatron's scalars at each log line") {
+  const auto dir = std::filesystem::temp_directory_path() / ("mt_tb_run_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  Config c;
+  apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
+  c.data.text_data_path = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
+  c.training.train_iters = 6;
+  c.logging.log_interval = 2;
+  c.logging.eval_interval = 6;
+  c.logging.eval_iters = 2;
+  c.logging.tensorboard_dir = dir.string();
+  c.logging.log_validation_ppl_to_tensorboard = true;
+  REQUIRE(validate(c, 1, Purpose::kTrain).ok());
+  resolve(c, 1, 257);
+  const TrainResult r = train(c, ProcessGroups::single(), {true, 0});
+  const Events ev = read_events(only_event_file(dir));
+  std::map<std::string, std::vector<Scalar>> by_tag;
+  for (const Scalar& s : ev.scalars) by_tag[s.tag].push_back(s);
+  REQUIRE(by_tag["lm loss"].size() == 3);  // iterations 2, 4, 6
+  CHECK(by_tag["lm loss"][0].step == 2);
+  CHECK(by_tag["lm loss"][2].step == 6);
+  CHECK(by_tag["lm loss vs samples"][2].step == 6 * *c.training.global_batch_size);
+  REQUIRE(r.losses.size() == 6);
+  CHECK(by_tag["lm loss"][2].value == Approx((r.losses[4] + r.losses[5]) / 2).epsilon(1e-5));
+  for (const char* tag : {"learning-rate", "grad-norm", "loss-scale", "iteration-time", "throughput"}) {
+    INFO(tag);
+    CHECK(by_tag[tag].size() == 3);
+  }
+  CHECK(by_tag.count("batch-size") == 0);  // only with --log-batch-size-to-tensorboard, as Megatron
+  REQUIRE(by_tag["lm loss validation"].size() == 1);
+  CHECK(by_tag["lm loss validation"][0].value == Approx(r.valid_losses.back()).epsilon(1e-5));
+  CHECK(by_tag["lm loss validation ppl"].size() == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("TensorBoard flags Megatron has and megatrain does not implement are refused by name") {
+  Config c;
+  c.logging.tensorboard_dir = "tb";
+  CHECK(unsupported_features(c, 1, false).empty());
+  c.logging.log_timers_to_tensorboard = true;
+  c.logging.log_memory_to_tensorboard = true;
+  const auto gaps = unsupported_features(c, 1, false);
+  REQUIRE(gaps.size() == 2);
+  CHECK_THAT(gaps[0], MT_CONTAINS("--log-timers-to-tensorboard"));
+  CHECK_THAT(gaps[1], MT_CONTAINS("--log-memory-to-tensorboard"));
+}
