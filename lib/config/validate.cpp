@@ -2,6 +2,8 @@
 #include "config/validate.h"
 
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
 #include "config/resolve.h"
 
@@ -198,6 +200,56 @@ void check_attention(const Config& c, Checker& k) {
   }
 }
 
+// --rampup-batch-size <start> <increment> <samples> (Megatron's rules; every batch size on the way a
+// multiple of micro batch x DP, so each iteration has whole microbatches).
+void check_rampup(const Config& c, int64_t dp, Checker& k) {
+  const auto& r = c.training.rampup_batch_size;
+  if (r.empty()) return;
+  if (r.size() != 3) {
+    k.error("--rampup-batch-size takes 3 values <start> <increment> <samples>, got " + s(int64_t(r.size())));
+    return;
+  }
+  int64_t v[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i) {
+    try {
+      size_t used = 0;
+      v[i] = std::stoll(r[static_cast<size_t>(i)], &used);
+      if (used != r[static_cast<size_t>(i)].size()) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      k.error("--rampup-batch-size takes 3 integers <start> <increment> <samples>, got '" + r[static_cast<size_t>(i)] + "'");
+      return;
+    }
+  }
+  const int64_t start = v[0], inc = v[1], samples = v[2];
+  if (start <= 0 || inc <= 0 || samples < 0) {
+    k.error("--rampup-batch-size needs a positive start and increment and a non-negative sample count, got " + s(start) + " " + s(inc) + " " +
+            s(samples));
+    return;
+  }
+  if (c.training.train_iters) {
+    k.error("--rampup-batch-size needs --train-samples (as in Megatron: no batch-size ramp-up for iteration-based training)");
+  }
+  const auto& t = c.training;
+  if (t.lr_decay_iters || t.lr_warmup_iters > 0) {
+    k.error("--rampup-batch-size counts the schedule in samples: use --lr-decay-samples / --lr-warmup-samples instead of the -iters forms");
+  }
+  if (t.lr_decay_style == "WSD") k.error("--rampup-batch-size with --lr-decay-style WSD is not implemented (no sample-based WSD decay yet)");
+  if (c.training.global_batch_size) {
+    const int64_t gbs = *c.training.global_batch_size;
+    if (start > gbs || (gbs - start) % inc != 0) {
+      k.error("--rampup-batch-size: --global-batch-size " + s(gbs) + " must be the start " + s(start) + " plus a whole number of increments of " +
+              s(inc));
+    }
+  }
+  if (c.training.micro_batch_size && *c.training.micro_batch_size > 0) {
+    const int64_t unit = *c.training.micro_batch_size * dp;
+    if (start % unit != 0 || inc % unit != 0) {
+      k.error("--rampup-batch-size: the start " + s(start) + " and increment " + s(inc) + " must be multiples of micro-batch-size x DP = " + s(unit) +
+              " (every batch size on the way is split into whole microbatches)");
+    }
+  }
+}
+
 void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
   const auto& p = c.parallel;
   const int64_t mp = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;
@@ -217,9 +269,7 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
       }
     }
   }
-  if (!c.training.rampup_batch_size.empty() && c.training.rampup_batch_size.size() != 3) {
-    k.error("--rampup-batch-size takes 3 values <start> <increment> <samples>, got " + s(int64_t(c.training.rampup_batch_size.size())));
-  }
+  check_rampup(c, dp, k);
   if (c.data.seq_length) {
     const int64_t seq = *c.data.seq_length, cp = p.context_parallel_size;
     if (cp > 1 && seq % (2 * cp) != 0) {

@@ -11,18 +11,17 @@ LrSchedule::LrSchedule(const Config& c) {
   max_lr_ = t.lr.value_or(0.0);
   min_lr_ = t.min_lr;
   init_lr_ = t.lr_warmup_init;
-  int64_t total = t.train_iters.value_or(0);
-  if (!t.train_iters && t.train_samples) total = *t.train_samples / std::max<int64_t>(1, c.derived.global_batch_size);
-  decay_ = t.lr_decay_iters.value_or(total);
-  if (t.lr_decay_samples) decay_ = *t.lr_decay_samples / std::max<int64_t>(1, c.derived.global_batch_size);
-  warmup_ = t.lr_warmup_fraction ? static_cast<int64_t>(*t.lr_warmup_fraction * static_cast<double>(decay_)) : t.lr_warmup_iters;
-  if (t.lr_warmup_samples) warmup_ = *t.lr_warmup_samples / std::max<int64_t>(1, c.derived.global_batch_size);
-  wsd_decay_ = t.lr_wsd_decay_iters.value_or(0);
+  gbs_ = std::max<int64_t>(1, c.derived.global_batch_size);
+  const int64_t total = t.train_iters ? *t.train_iters * gbs_ : t.train_samples.value_or(0);
+  decay_ = t.lr_decay_samples ? *t.lr_decay_samples : t.lr_decay_iters ? *t.lr_decay_iters * gbs_ : total;
+  warmup_ = t.lr_warmup_fraction ? static_cast<int64_t>(*t.lr_warmup_fraction * static_cast<double>(decay_)) : t.lr_warmup_iters * gbs_;
+  if (t.lr_warmup_samples) warmup_ = *t.lr_warmup_samples;
+  wsd_decay_ = t.lr_wsd_decay_iters.value_or(0) * gbs_;
   style_ = t.lr_decay_style;
   wsd_style_ = t.lr_wsd_decay_style;
 }
 
-double LrSchedule::lr(int64_t step) const {
+double LrSchedule::lr_at_samples(int64_t step) const {
   if (warmup_ > 0 && step <= warmup_) {
     return init_lr_ + (max_lr_ - init_lr_) * static_cast<double>(step) / static_cast<double>(warmup_);
   }

@@ -9,17 +9,22 @@
 
 namespace mt {
 
+// Counted in samples, as Megatron's OptimizerParamScheduler: iteration-based flags are scaled by the global
+// batch size, and the rate after a step is a function of the samples consumed with it (which is what a
+// batch-size ramp-up needs; with a fixed batch, lr(step) is the same as counting iterations).
 class LrSchedule {
  public:
   explicit LrSchedule(const Config& cfg);
-  // Learning rate of iteration `step` (1-based).
-  double lr(int64_t step) const;
-  int64_t warmup_steps() const { return warmup_; }
-  int64_t decay_steps() const { return decay_; }
+  // Learning rate of iteration `step` (1-based) at the fixed global batch size.
+  double lr(int64_t step) const { return lr_at_samples(step * gbs_); }
+  // Learning rate of the step after which `samples` samples have been consumed.
+  double lr_at_samples(int64_t samples) const;
+  int64_t warmup_steps() const { return warmup_ / gbs_; }
+  int64_t decay_steps() const { return decay_ / gbs_; }
 
  private:
   double max_lr_, min_lr_, init_lr_;
-  int64_t warmup_ = 0, decay_ = 0, wsd_decay_ = 0;
+  int64_t gbs_ = 1, warmup_ = 0, decay_ = 0, wsd_decay_ = 0;  // samples
   std::string style_, wsd_style_;
 };
 

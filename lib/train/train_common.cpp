@@ -52,7 +52,7 @@ void MetricsFile::iteration(const IterationStats& s) {
     tb_->flush();
   }
   if (!out_) return;
-  nlohmann::json j = {{"iteration", s.iteration}, {"consumed_samples", s.consumed_samples}, {"lm_loss", s.loss},
+  nlohmann::json j = {{"iteration", s.iteration}, {"consumed_samples", s.consumed_samples}, {"global_batch_size", s.global_batch}, {"lm_loss", s.loss},
                       {"learning_rate", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
                       {"ms_per_iteration", s.ms_per_iter}, {"tokens_per_s_per_gpu", s.tokens_per_s_per_gpu},
                       {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},

@@ -11,6 +11,7 @@
 #include "model/gpt_model.h"
 #include "optim/loss_scaler.h"
 #include "optim/data_parallel.h"
+#include "optim/batch_schedule.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "pipeline/schedule.h"
@@ -65,8 +66,9 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
   const int64_t nmb = cfg.derived.num_microbatches, gbs = cfg.derived.global_batch_size;
   const int64_t world = cfg.derived.world_size;
   const int64_t dp = groups.dp->size(), dp_rank = groups.dp->rank();
-  const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : *cfg.training.train_samples / gbs;
-  const double flops_iter = flops_per_iteration(cfg);
+  const BatchSchedule batches(cfg, dp);
+  const double flops_full_batch = flops_per_iteration(cfg);  // at the full global batch; per sample below
+  auto flops_of = [&](int64_t batch) { return flops_full_batch * static_cast<double>(batch) / static_cast<double>(gbs); };
   const double peak = 0;  // the CPU engine has no meaningful peak: MFU is reported on GPUs
   const bool has_valid = src->has_split(Split::kValid) && cfg.logging.eval_iters > 0;
 
@@ -77,9 +79,6 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     std::cout << "megatrain: model: " << model.params().numel() << " parameters on this rank; memory: weights "
               << mib(p * 4) << ", gradients " << mib(p * 4) << ", optimizer state " << mib(static_cast<double>(optimizer.state_bytes()))
               << " (fp32 reference engine on CPU)\n";
-    std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens ("
-              << nmb << " microbatches of " << mbs << " per data-parallel rank), world size " << world << "\n"
-              << std::flush;
   }
 
   TrainResult res;
@@ -109,14 +108,24 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
   who.world_size = groups.world->size();
   who.writes_params = groups.dp_cp->rank() == 0;
   who.writes_optimizer = data_parallel.distributed_optimizer() || groups.dp_cp->rank() == 0;
-  const double loaded_flops = state.flops_so_far;
-  const int64_t resumed_samples = state.consumed_samples;
-  const int64_t resumed_from = state.iteration;
+  // The run's length in iterations: fixed, or under a batch-size ramp-up, what the ramp needs to reach
+  // --train-samples from the samples consumed so far.
+  const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters
+                        : batches.ramping()       ? state.iteration + batches.iterations_until(state.consumed_samples, *cfg.training.train_samples)
+                                                  : *cfg.training.train_samples / gbs;
+  if (lead) {
+    std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb << " microbatches of " << mbs
+              << " per data-parallel rank" << (batches.ramping() ? ", the batch ramped up from " + cfg.training.rampup_batch_size[0] : std::string())
+              << "), world size " << world << "\n"
+              << std::flush;
+  }
+  double flops_done = state.flops_so_far;
+  int64_t consumed = state.consumed_samples;  // samples consumed by the iterations done
   auto save_now = [&](int64_t it) {
     data_parallel.finish_param_gather();
-    state.flops_so_far = loaded_flops + static_cast<double>(it - resumed_from) * flops_iter;
+    state.flops_so_far = flops_done;
     state.iteration = it;
-    state.consumed_samples = resumed_samples + (it - resumed_from) * gbs;
+    state.consumed_samples = consumed;
     state.skipped = res.skipped;
     state.nan_iterations = res.nan_iterations;
     state.scaler = scaler.state();
@@ -129,6 +138,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
   int64_t interval_iters = 0;
   const int64_t first_iter = state.iteration + 1;
   double interval_secs = 0;  // training time only: evaluation and checkpoints are not counted
+  int64_t interval_samples = 0;
   for (int64_t it = first_iter; it <= iters; ++it) {
     const auto iter_start = Clock::now();
     data_parallel.finish_param_gather();  // parameters updated by the other shards last step
@@ -136,15 +146,18 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     const float loss_scale = scaler.scale();
     // One schedule step: every microbatch of this DP rank, forward then backward (no pipelining).
     // The data position continues from the checkpoint's consumed samples (the batch size may differ).
-    const int64_t base = resumed_samples + (it - first_iter) * gbs;
+    const int64_t base = consumed, batch = batches.global_batch(consumed), nmb_it = batch / (mbs * dp);
     const double loss = forward_backward_no_pipelining(
-        model, nmb,
+        model, nmb_it,
         [&](int64_t m) { return make_microbatch(*src, Split::kTrain, base + m * mbs * dp + dp_rank * mbs, mbs, S, cfg); },
-        it, loss_scale / static_cast<float>(nmb), [&] { data_parallel.arm(); });
+        it, loss_scale / static_cast<float>(nmb_it), [&] { data_parallel.arm(); });
+    consumed += batch;
+    flops_done += flops_of(batch);
+    interval_samples += batch;
     data_parallel.finish();
     double loss_avg = loss;
     groups.dp_cp->all_reduce(&loss_avg, 1, ReduceOp::kAvg);
-    const double lr = schedule.lr(it);
+    const double lr = schedule.lr_at_samples(consumed);
     StepResult step{};
     const bool loss_finite = std::isfinite(loss_avg);
     if (loss_finite) step = optimizer.step(lr, loss_scale);
@@ -177,15 +190,15 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       IterationStats s = acc;
       s.iteration = it;
       s.train_iters = iters;
-      s.consumed_samples = resumed_samples + (it - first_iter + 1) * gbs;
-      s.global_batch = gbs;
+      s.consumed_samples = consumed;
+      s.global_batch = batch;
       s.ms_per_iter = 1000.0 * secs / static_cast<double>(n_iter);
-      s.tflops_per_gpu = flops_iter / (secs / static_cast<double>(n_iter)) / static_cast<double>(world) / 1e12;
+      s.tflops_per_gpu = flops_of(interval_samples) / secs / static_cast<double>(world) / 1e12;
       s.loss = interval_iters ? interval_loss / static_cast<double>(interval_iters) : NAN;
       s.loss_scale = loss_scale;
       s.skipped = res.skipped;
       s.nan_iters = res.nan_iterations;
-      s.tokens_per_s_per_gpu = static_cast<double>(gbs * S) / (secs / static_cast<double>(n_iter)) / static_cast<double>(world);
+      s.tokens_per_s_per_gpu = static_cast<double>(interval_samples * S) / secs / static_cast<double>(world);
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
       if (cfg.logging.log_params_norm) s.params_norm = optimizer.params_norm();
       if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
@@ -193,6 +206,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       interval_loss = 0;
       interval_iters = 0;
       interval_secs = 0;
+      interval_samples = 0;
     }
     if (has_valid && (it % cfg.logging.eval_interval == 0 || it == iters)) {
       data_parallel.finish_param_gather();

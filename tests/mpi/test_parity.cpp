@@ -22,10 +22,13 @@ using namespace mt;
 
 namespace {
 
-Config make_config(const std::string& model, const std::string& layout_flags) {
+// common: flags for both runs (a schedule, e.g. a batch-size ramp-up over --train-samples); layout: the
+// multi-rank run's only.
+Config make_config(const std::string& model, const std::string& common, const std::string& layout_flags) {
+  const std::string schedule = common.find("--train-samples") != std::string::npos ? "" : "--train-iters 8 --lr-warmup-iters 2 ";
   std::string base =
       "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 "
-      "--micro-batch-size 2 --global-batch-size 8 --train-iters 8 --lr 2e-3 --lr-warmup-iters 2 --mock-data "
+      "--micro-batch-size 2 --global-batch-size 8 --lr 2e-3 --mock-data "
       "--vocab-size 120 --make-vocab-size-divisible-by 32 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 "
       "--log-interval 1000 --clip-grad 0.5 --seed 7 "
       // Adam turns rounding-level gradients (the key bias's is exactly zero in exact arithmetic) into
@@ -38,7 +41,7 @@ Config make_config(const std::string& model, const std::string& layout_flags) {
   }
   CLI::App app;
   ConfigCli cli(app);
-  app.parse(base + layout_flags, false);
+  app.parse(base + schedule + common + " " + layout_flags, false);
   return cli.build();
 }
 
@@ -55,17 +58,24 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string model = argv[1];
-  std::string flags;
-  for (int i = 2; i < argc; ++i) flags += std::string(argv[i]) + " ";
+  // [--common FLAGS... --layout] LAYOUT FLAGS...
+  std::string flags, common;
+  bool in_common = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--common") in_common = true;
+    else if (a == "--layout") in_common = false;
+    else (in_common ? common : flags) += a + " ";
+  }
   int failures = 0;
   {
-    Config cfg = make_config(model, flags);
+    Config cfg = make_config(model, common, flags);
     const Diagnostics d = validate(cfg, world, Purpose::kTrain);
     if (!d.ok()) {
       if (rank == 0) std::fprintf(stderr, "invalid test layout: %s\n", d.errors.front().c_str());
       mpi_abort_job(2);
     }
-    Config single = make_config(model, "");
+    Config single = make_config(model, common, "");
     resolve(cfg, world);
     resolve(single, 1);
     const RankLayout layout = RankLayout::from_config(cfg, world);
@@ -96,8 +106,8 @@ int main(int argc, char** argv) {
     if (worst_param > 1e-4) ++failures;
     for (int r = 0; r < world; ++r) {
       if (r == rank) {
-        std::printf("rank %d %s [%s]: losses %.6f..%.6f, worst loss rel diff %.2e, worst param rel diff %.2e (%s) %s\n", rank,
-                    model.c_str(), flags.c_str(), ref.losses.front(), ref.losses.back(), worst_loss, worst_param,
+        std::printf("rank %d %s [%s%s]: losses %.6f..%.6f, worst loss rel diff %.2e, worst param rel diff %.2e (%s) %s\n", rank,
+                    model.c_str(), common.c_str(), flags.c_str(), ref.losses.front(), ref.losses.back(), worst_loss, worst_param,
                     worst_name.c_str(), failures ? "FAIL" : "ok");
         std::fflush(stdout);
       }

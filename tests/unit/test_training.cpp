@@ -1,9 +1,14 @@
 // test_training.cpp: the reference engine trains: tinyshakespeare bytes beat the unigram entropy,
 // runs are bit-identical, mock data is learnable, schedules and scalers follow Megatron.
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "catch.h"
 #include "config/errors.h"
@@ -11,6 +16,7 @@
 #include "config/validate.h"
 #include "config/yaml_io.h"
 #include "data/mock_dataset.h"
+#include "optim/batch_schedule.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
@@ -246,4 +252,77 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK(cuda_engine_gaps(o, 2).empty());
   o.training.overlap_param_gather = true;  // the gather overlapped with the next forward
   CHECK(cuda_engine_gaps(o, 2).empty());
+}
+
+TEST_CASE("batch-size ramp-up: Megatron's steps, a pure function of the consumed samples") {
+  Config c;
+  c.training.micro_batch_size = 2;
+  c.derived.global_batch_size = 64;
+  c.training.rampup_batch_size = {"16", "16", "1000"};  // 3 increments, one per 333.3 samples
+  const BatchSchedule b(c, 2);
+  CHECK(b.ramping());
+  CHECK(b.global_batch(0) == 16);
+  CHECK(b.global_batch(333) == 16);
+  CHECK(b.global_batch(334) == 32);
+  CHECK(b.global_batch(667) == 48);
+  CHECK(b.global_batch(1000) == 64);
+  CHECK(b.global_batch(5000) == 64);
+  CHECK(b.microbatches(334) == 8);  // 32 / (2 x DP 2)
+  CHECK(b.iterations_until(0, 64) == 4);
+  c.training.rampup_batch_size.clear();
+  CHECK(!BatchSchedule(c, 2).ramping());
+  CHECK(BatchSchedule(c, 2).global_batch(0) == 64);
+}
+
+TEST_CASE("a ramped-up run: batch sizes and samples as scheduled, learning rate by samples, resumed mid-ramp bit for bit") {
+  const auto dir = std::filesystem::temp_directory_path() / ("mt_rampup_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto config = [&](const std::string& log_dir) {
+    Config c;
+    apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
+    c.data.text_data_path = kShakespeare;
+    c.data.seq_length = 32;
+    c.training.micro_batch_size = 4;
+    c.training.train_iters.reset();
+    c.training.train_samples = 96;
+    c.training.rampup_batch_size = {"4", "4", "32"};  // 4 until 10.7 samples, 8 until 21.3, 12 until 32, then 16
+    c.training.lr_warmup_iters = 0;
+    c.training.lr_warmup_samples = 32;
+    c.training.lr_decay_samples = 96;
+    c.logging.log_interval = 1;
+    c.logging.eval_iters = 0;
+    c.logging.log_dir = (dir / log_dir).string();
+    REQUIRE(validate(c, 1, Purpose::kTrain).ok());
+    resolve(c, 1, 257);
+    return c;
+  };
+  const Config c = config("full");
+  const TrainResult full = train(c, ProcessGroups::single(), {true, 0});
+  REQUIRE(full.iterations == 10);
+  std::ifstream in(dir / "full" / "metrics.jsonl");
+  std::vector<int64_t> batch, consumed;
+  std::vector<double> lr;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    batch.push_back(j.at("global_batch_size").get<int64_t>());
+    consumed.push_back(j.at("consumed_samples").get<int64_t>());
+    lr.push_back(j.at("learning_rate").get<double>());
+  }
+  CHECK(batch == std::vector<int64_t>{4, 4, 4, 8, 8, 12, 16, 16, 16, 16});
+  CHECK(consumed == std::vector<int64_t>{4, 8, 12, 20, 28, 40, 56, 72, 88, 104});
+  const LrSchedule sched(c);
+  for (size_t i = 0; i < lr.size(); ++i) CHECK(lr[i] == Approx(sched.lr_at_samples(consumed[i])));
+  CHECK(lr[1] == Approx(3e-3 * 8.0 / 32.0));  // warmup by samples: 8 of 32
+  // Saved after iteration 4 (20 samples, batch 8), resumed: the rest of the ramp and the losses as before.
+  Config save = config("first");
+  save.checkpoint.save = (dir / "ckpt").string();
+  save.checkpoint.save_interval = 4;
+  save.training.exit_interval = 4;
+  train(save, ProcessGroups::single(), {true, 0});
+  Config resume = config("second");
+  resume.checkpoint.load = (dir / "ckpt").string();
+  const TrainResult rest = train(resume, ProcessGroups::single(), {true, 0});
+  REQUIRE(rest.losses.size() == 6);
+  for (size_t i = 0; i < 6; ++i) CHECK(rest.losses[i] == full.losses[i + 4]);
+  std::filesystem::remove_all(dir);
 }

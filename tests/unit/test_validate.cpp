@@ -224,3 +224,31 @@ TEST_CASE("every violation is reported at once, required flags named") {
   CHECK(has(d.errors, "world size 6 is not divisible by TP(4)"));
   CHECK(d.errors.size() >= 8);
 }
+
+TEST_CASE("--rampup-batch-size: Megatron's rules, every batch size in whole microbatches") {
+  Config c = base();
+  c.training.train_iters.reset();
+  c.training.train_samples = 1000;
+  c.training.global_batch_size = 32;
+  c.training.rampup_batch_size = {"8", "8", "300"};
+  accepts(c, 2);  // micro batch 2 x DP 2 = 4 divides 8
+  Config iters = c;
+  iters.training.train_samples.reset();
+  iters.training.train_iters = 10;
+  rejects(iters, 2, "--rampup-batch-size needs --train-samples");
+  Config lr = c;
+  lr.training.lr_warmup_iters = 5;
+  rejects(lr, 2, "use --lr-decay-samples / --lr-warmup-samples");
+  Config odd = c;
+  odd.training.rampup_batch_size = {"8", "10", "300"};
+  rejects(odd, 2, "must be the start 8 plus a whole number of increments of 10");
+  Config unit = c;
+  unit.training.rampup_batch_size = {"8", "8", "300"};
+  rejects(unit, 8, "must be multiples of micro-batch-size x DP = 16");
+  Config text = c;
+  text.training.rampup_batch_size = {"8", "eight", "300"};
+  rejects(text, 2, "takes 3 integers");
+  Config neg = c;
+  neg.training.rampup_batch_size = {"0", "8", "300"};
+  rejects(neg, 2, "positive start and increment");
+}
