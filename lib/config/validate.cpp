@@ -221,11 +221,11 @@ void check_rampup(const Config& c, int64_t dp, Checker& k) {
     }
   }
   const int64_t start = v[0], inc = v[1], samples = v[2];
-  if (start <= 0 || inc <= 0 || samples < 0) {
-    k.error("--rampup-batch-size needs a positive start and increment and a non-negative sample count, got " + s(start) + " " + s(inc) + " " +
-            s(samples));
+  if (start <= 0 || inc <= 0 || samples <= 0) {
+    k.error("--rampup-batch-size needs a positive start, increment and sample count, got " + s(start) + " " + s(inc) + " " + s(samples));
     return;
   }
+  if (!c.training.global_batch_size) k.error("--rampup-batch-size needs --global-batch-size (the size the ramp ends at)");
   if (c.training.train_iters) {
     k.error("--rampup-batch-size needs --train-samples (as in Megatron: no batch-size ramp-up for iteration-based training)");
   }

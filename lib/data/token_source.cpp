@@ -4,8 +4,9 @@
 #include "config/errors.h"
 #include "data/gpt_dataset.h"
 #include "data/mock_dataset.h"
-#include "data/tokenizer.h"
 #include "data/text_dataset.h"
+#include "data/tokenizer.h"
+#include "optim/batch_schedule.h"
 
 namespace mt {
 
@@ -21,9 +22,10 @@ std::unique_ptr<TokenSource> make_token_source(const Config& cfg) {
   if (!cfg.data.data_path.empty() || !cfg.data.train_data_path.empty()) {
     const auto tok = make_tokenizer(cfg);
     const int64_t gbs = cfg.derived.global_batch_size;
-    const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : *cfg.training.train_samples / gbs;
+    const BatchSchedule batches(cfg, 1);  // the global batch of each iteration (a ramp-up's too)
+    const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : batches.train_iterations(*cfg.training.train_samples);
     const int64_t eval_iters = cfg.logging.eval_iters;
-    const int64_t samples[3] = {iters * gbs, (iters / cfg.logging.eval_interval + 1) * eval_iters * gbs, eval_iters * gbs};
+    const int64_t samples[3] = {batches.samples_after(iters), (iters / cfg.logging.eval_interval + 1) * eval_iters * gbs, eval_iters * gbs};
     return std::make_unique<GptDataset>(cfg, tok->vocab_size(), tok->eod(), samples);
   }
   throw ConfigError("no data source: give --mock-data, --data-path or --text-data-path");

@@ -24,13 +24,22 @@ int64_t BatchSchedule::global_batch(int64_t consumed) const {
   return std::min(full_, start_ + steps * increment_);
 }
 
-int64_t BatchSchedule::iterations_until(int64_t consumed, int64_t samples) const {
-  int64_t n = 0;
-  while (consumed < samples) {
+int64_t BatchSchedule::train_iterations(int64_t train_samples) const {
+  if (!ramping()) return train_samples / full_;
+  int64_t iterations = 0, consumed = 0;
+  while (consumed <= ramp_samples_ && consumed <= train_samples) {
     consumed += global_batch(consumed);
-    ++n;
+    ++iterations;
   }
-  return n;
+  if (train_samples > consumed) iterations += (train_samples - consumed) / full_;
+  return iterations;
+}
+
+int64_t BatchSchedule::samples_after(int64_t iterations) const {
+  if (!ramping()) return iterations * full_;
+  int64_t consumed = 0;
+  for (int64_t i = 0; i < iterations; ++i) consumed += global_batch(consumed);
+  return consumed;
 }
 
 }  // namespace mt

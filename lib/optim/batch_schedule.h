@@ -20,8 +20,12 @@ class BatchSchedule {
   int64_t microbatches(int64_t consumed_samples) const { return global_batch(consumed_samples) / (mbs_ * dp_); }
   int64_t max_global_batch() const { return full_; }
   bool ramping() const { return increments_ > 0; }
-  // Iterations from `consumed` until at least `samples` samples are consumed.
-  int64_t iterations_until(int64_t consumed, int64_t samples) const;
+  // The run's iterations for --train-samples, as Megatron's update_train_iters: the ramp's iterations while
+  // the consumed samples are within the ramp and the run, then whole full batches (a partial last batch is
+  // dropped).
+  int64_t train_iterations(int64_t train_samples) const;
+  // Samples consumed by the first `iterations` iterations.
+  int64_t samples_after(int64_t iterations) const;
 
  private:
   int64_t full_ = 0, start_ = 0, increment_ = 0, ramp_samples_ = 0, increments_ = 0, mbs_ = 1, dp_ = 1;

@@ -397,7 +397,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
 #ifdef MEGATRAIN_HAVE_NCCL
     if (ddp) MT_PROF("dp.grad_all_reduce_wait", ddp->finish());
 #endif
-    const double lr = schedule.lr(it);
+    const double lr = schedule.lr_at_samples(resumed_samples + (it - first_iter + 1) * gbs);  // by samples, as the CPU engine
     MT_PROF("opt.grad_norm", norm_partials(model.grads(), false, &st->loss_acc));
     cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, 1.0f, stream);
     auto adamw = [&](int64_t first, int64_t count) {
@@ -537,7 +537,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       const double vl = vlf;
       res.valid_losses.push_back(vl);
       if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
-      metrics.validation(it, vl);
+      metrics.validation(it, vl, resumed_samples + (it - first_iter + 1) * gbs);
     }
     if (saving) save_now(it);
     excluded_secs += std::chrono::duration<double>(Clock::now() - side_start).count();

@@ -74,7 +74,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "localhost");
   const auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  path_ = (std::filesystem::path(dir) / ("events.out.tfevents." + std::to_string(secs) + "." + host)).string();
+  path_ = (std::filesystem::path(dir) / ("events.out.tfevents." + std::to_string(secs) + "." + host + "." + std::to_string(getpid()))).string();
   out_.open(path_, std::ios::binary | std::ios::app);
   if (!out_) throw ConfigError("cannot write the TensorBoard file " + path_ + ": check --tensorboard-dir");
   std::string e = event_head(0);

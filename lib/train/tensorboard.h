@@ -17,7 +17,7 @@ uint32_t masked_crc32c(std::string_view data);
 
 class TensorBoardWriter {
  public:
-  // Creates dir and a new events.out.tfevents.<unix time>.<host> file in it (its first record names the
+  // Creates dir and a new events.out.tfevents.<unix time>.<host>.<pid> file in it (its first record names the
   // format version). Throws with the path named when it cannot be written.
   explicit TensorBoardWriter(const std::string& dir);
   void scalar(const std::string& tag, double value, int64_t step);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
@@ -20,8 +21,7 @@ std::unique_ptr<TokenSource> open_training_data(const Config& cfg) {
   return src;
 }
 
-MetricsFile::MetricsFile(const Config& cfg, int64_t rank, int64_t world_size)
-    : log_(cfg.logging), global_batch_(cfg.derived.global_batch_size), world_size_(world_size) {
+MetricsFile::MetricsFile(const Config& cfg, int64_t rank, int64_t world_size) : log_(cfg.logging), world_size_(world_size) {
   if (rank != 0) return;
   if (cfg.logging.tensorboard_dir) tb_ = std::make_unique<TensorBoardWriter>(*cfg.logging.tensorboard_dir);
   const std::string log_dir = cfg.logging.log_dir.value_or(cfg.checkpoint.save.value_or(""));
@@ -31,12 +31,24 @@ MetricsFile::MetricsFile(const Config& cfg, int64_t rank, int64_t world_size)
   if (!*out_) throw ConfigError("cannot write " + log_dir + "/metrics.jsonl: check --log-dir");
 }
 
+template <typename F>
+void MetricsFile::tensorboard(F&& write) {
+  if (!tb_) return;
+  try {
+    write(*tb_);
+    tb_->flush();
+  } catch (const std::exception& e) {
+    std::cerr << "megatrain: warning: " << e.what() << "; no more TensorBoard output in this run\n";
+    tb_.reset();
+  }
+}
+
 void MetricsFile::iteration(const IterationStats& s) {
-  if (tb_ && s.iteration % log_.tensorboard_log_interval == 0) {  // Megatron's tags (its training_log)
+  if (s.iteration % log_.tensorboard_log_interval == 0) tensorboard([&](TensorBoardWriter& tb) {  // Megatron's tags (its training_log)
     const int64_t it = s.iteration, n = s.consumed_samples;
     auto both = [&](const std::string& tag, double v) {
-      tb_->scalar(tag, v, it);
-      tb_->scalar(tag + " vs samples", v, n);
+      tb.scalar(tag, v, it);
+      tb.scalar(tag + " vs samples", v, n);
     };
     both("learning-rate", s.lr);
     if (log_.log_batch_size_to_tensorboard) both("batch-size", static_cast<double>(s.global_batch));
@@ -45,12 +57,11 @@ void MetricsFile::iteration(const IterationStats& s) {
     both("loss-scale", s.loss_scale);
     both("grad-norm", s.grad_norm);
     if (s.params_norm >= 0) both("params-norm", s.params_norm);
-    tb_->scalar("iteration-time", s.ms_per_iter / 1000.0, it);
-    tb_->scalar("throughput", s.tflops_per_gpu, it);
-    tb_->scalar("tokens-per-second-per-gpu", s.tokens_per_s_per_gpu, it);
-    if (s.mfu >= 0) tb_->scalar("mfu", s.mfu, it);
-    tb_->flush();
-  }
+    tb.scalar("iteration-time", s.ms_per_iter / 1000.0, it);
+    tb.scalar("throughput", s.tflops_per_gpu, it);
+    tb.scalar("tokens-per-second-per-gpu", s.tokens_per_s_per_gpu, it);
+    if (s.mfu >= 0) tb.scalar("mfu", s.mfu, it);
+  });
   if (!out_) return;
   nlohmann::json j = {{"iteration", s.iteration}, {"consumed_samples", s.consumed_samples}, {"global_batch_size", s.global_batch}, {"lm_loss", s.loss},
                       {"learning_rate", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
@@ -63,17 +74,16 @@ void MetricsFile::iteration(const IterationStats& s) {
 
 MetricsFile::~MetricsFile() = default;
 
-void MetricsFile::validation(int64_t iteration, double loss) {
+void MetricsFile::validation(int64_t iteration, double loss, int64_t samples) {
   if (out_) *out_ << nlohmann::json{{"iteration", iteration}, {"validation_lm_loss", loss}}.dump() << "\n" << std::flush;
-  if (!tb_) return;
-  const int64_t samples = iteration * global_batch_;
-  tb_->scalar("lm loss validation", loss, iteration);
-  tb_->scalar("lm loss validation vs samples", loss, samples);
-  if (log_.log_validation_ppl_to_tensorboard) {
-    tb_->scalar("lm loss validation ppl", std::exp(std::min(20.0, loss)), iteration);
-    tb_->scalar("lm loss validation ppl vs samples", std::exp(std::min(20.0, loss)), samples);
-  }
-  tb_->flush();
+  tensorboard([&](TensorBoardWriter& tb) {
+    tb.scalar("lm loss validation", loss, iteration);
+    tb.scalar("lm loss validation vs samples", loss, samples);
+    if (log_.log_validation_ppl_to_tensorboard) {
+      tb.scalar("lm loss validation ppl", std::exp(std::min(20.0, loss)), iteration);
+      tb.scalar("lm loss validation ppl vs samples", std::exp(std::min(20.0, loss)), samples);
+    }
+  });
 }
 
 LoadOptions load_options(const Config& cfg) {

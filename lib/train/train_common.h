@@ -26,13 +26,17 @@ class MetricsFile {
   MetricsFile(const Config& cfg, int64_t rank, int64_t world_size = 1);
   ~MetricsFile();
   void iteration(const IterationStats& s);
-  void validation(int64_t iteration, double loss);
+  // consumed_samples: by the training so far (TensorBoard's "vs samples" step).
+  void validation(int64_t iteration, double loss, int64_t consumed_samples);
 
  private:
   std::unique_ptr<std::ofstream> out_;
   std::unique_ptr<TensorBoardWriter> tb_;
   const LoggingConfig log_;
-  int64_t global_batch_ = 0, world_size_ = 1;
+  int64_t world_size_ = 1;
+  // TensorBoard write errors (disk full) end TensorBoard output with a warning, not the training.
+  template <typename F>
+  void tensorboard(F&& write);
 };
 
 LoadOptions load_options(const Config& cfg);

@@ -108,11 +108,9 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
   who.world_size = groups.world->size();
   who.writes_params = groups.dp_cp->rank() == 0;
   who.writes_optimizer = data_parallel.distributed_optimizer() || groups.dp_cp->rank() == 0;
-  // The run's length in iterations: fixed, or under a batch-size ramp-up, what the ramp needs to reach
-  // --train-samples from the samples consumed so far.
-  const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters
-                        : batches.ramping()       ? state.iteration + batches.iterations_until(state.consumed_samples, *cfg.training.train_samples)
-                                                  : *cfg.training.train_samples / gbs;
+  // The run's length in iterations: fixed, or from --train-samples (under a batch-size ramp-up, Megatron's
+  // count: the ramp's iterations, then whole full batches).
+  const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : batches.train_iterations(*cfg.training.train_samples);
   if (lead) {
     std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb << " microbatches of " << mbs
               << " per data-parallel rank" << (batches.ramping() ? ", the batch ramped up from " + cfg.training.rampup_batch_size[0] : std::string())
@@ -213,7 +211,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       const double vl = evaluate(model, *src, cfg, groups, it);
       res.valid_losses.push_back(vl);
       if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
-      metrics.validation(it, vl);
+      metrics.validation(it, vl, consumed);
     }
     const bool exiting = cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0;
     if (saver && (it % *ck.save_interval == 0 || it == iters || exiting)) {

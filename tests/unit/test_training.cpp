@@ -135,6 +135,11 @@ TEST_CASE("learning-rate schedules follow Megatron's formulas") {
   CHECK(LrSchedule(c).lr(100) == Approx(1.0));
   c.training.lr_decay_style = "inverse-square-root";
   CHECK(LrSchedule(c).lr(40) == Approx(std::sqrt(10.0 / 40.0)));
+  Config big = c;  // counted in samples, as Megatron's scheduler: the same with warmup, by samples without
+  big.derived.global_batch_size = 8;
+  CHECK(LrSchedule(big).lr(40) == Approx(std::sqrt(10.0 / 40.0)));
+  big.training.lr_warmup_iters = 0;
+  CHECK(LrSchedule(big).lr(4) == Approx(1.0 / std::sqrt(4.0 * 8)));
   c.training.lr_decay_style = "WSD";
   c.training.lr_wsd_decay_iters = 20;
   c.training.lr_wsd_decay_style = "linear";
@@ -268,16 +273,23 @@ TEST_CASE("batch-size ramp-up: Megatron's steps, a pure function of the consumed
   CHECK(b.global_batch(1000) == 64);
   CHECK(b.global_batch(5000) == 64);
   CHECK(b.microbatches(334) == 8);  // 32 / (2 x DP 2)
-  CHECK(b.iterations_until(0, 64) == 4);
+  // Megatron's update_train_iters: the ramp's iterations while consumed <= ramp samples, then whole batches.
+  Config small = c;
+  small.derived.global_batch_size = 16;
+  small.training.rampup_batch_size = {"4", "4", "32"};
+  const BatchSchedule s(small, 1);
+  CHECK(s.train_iterations(96) == 9);  // 4 4 4 8 8 12 (40 samples) + 3 x 16
+  CHECK(s.samples_after(9) == 88);     // the partial last batch dropped
   c.training.rampup_batch_size.clear();
   CHECK(!BatchSchedule(c, 2).ramping());
   CHECK(BatchSchedule(c, 2).global_batch(0) == 64);
+  CHECK(BatchSchedule(c, 2).train_iterations(1000) == 15);
 }
 
 TEST_CASE("a ramped-up run: batch sizes and samples as scheduled, learning rate by samples, resumed mid-ramp bit for bit") {
   const auto dir = std::filesystem::temp_directory_path() / ("mt_rampup_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  auto config = [&](const std::string& log_dir) {
+  auto config = [&](const std::string& log_dir, bool ramp = true) {
     Config c;
     apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
     c.data.text_data_path = kShakespeare;
@@ -285,7 +297,8 @@ TEST_CASE("a ramped-up run: batch sizes and samples as scheduled, learning rate 
     c.training.micro_batch_size = 4;
     c.training.train_iters.reset();
     c.training.train_samples = 96;
-    c.training.rampup_batch_size = {"4", "4", "32"};  // 4 until 10.7 samples, 8 until 21.3, 12 until 32, then 16
+    if (ramp) c.training.rampup_batch_size = {"4", "4", "32"};  // 4 until 10.7 samples, 8 until 21.3, 12 until 32, then 16
+    else c.training.global_batch_size = 4;
     c.training.lr_warmup_iters = 0;
     c.training.lr_warmup_samples = 32;
     c.training.lr_decay_samples = 96;
@@ -298,7 +311,7 @@ TEST_CASE("a ramped-up run: batch sizes and samples as scheduled, learning rate 
   };
   const Config c = config("full");
   const TrainResult full = train(c, ProcessGroups::single(), {true, 0});
-  REQUIRE(full.iterations == 10);
+  REQUIRE(full.iterations == 9);  // Megatron's count: the ramp to 40 samples, then 3 full batches (88 of 96)
   std::ifstream in(dir / "full" / "metrics.jsonl");
   std::vector<int64_t> batch, consumed;
   std::vector<double> lr;
@@ -308,11 +321,14 @@ TEST_CASE("a ramped-up run: batch sizes and samples as scheduled, learning rate 
     consumed.push_back(j.at("consumed_samples").get<int64_t>());
     lr.push_back(j.at("learning_rate").get<double>());
   }
-  CHECK(batch == std::vector<int64_t>{4, 4, 4, 8, 8, 12, 16, 16, 16, 16});
-  CHECK(consumed == std::vector<int64_t>{4, 8, 12, 20, 28, 40, 56, 72, 88, 104});
+  CHECK(batch == std::vector<int64_t>{4, 4, 4, 8, 8, 12, 16, 16, 16});
+  CHECK(consumed == std::vector<int64_t>{4, 8, 12, 20, 28, 40, 56, 72, 88});
   const LrSchedule sched(c);
   for (size_t i = 0; i < lr.size(); ++i) CHECK(lr[i] == Approx(sched.lr_at_samples(consumed[i])));
   CHECK(lr[1] == Approx(3e-3 * 8.0 / 32.0));  // warmup by samples: 8 of 32
+  // While the batch is 4, the run is a plain batch-4 run (same data, gradient scale and learning rate).
+  const TrainResult plain = train(config("plain", false), ProcessGroups::single(), {true, 0});
+  for (size_t i = 0; i < 3; ++i) CHECK(plain.losses[i] == full.losses[i]);
   // Saved after iteration 4 (20 samples, batch 8), resumed: the rest of the ramp and the losses as before.
   Config save = config("first");
   save.checkpoint.save = (dir / "ckpt").string();
@@ -322,7 +338,7 @@ TEST_CASE("a ramped-up run: batch sizes and samples as scheduled, learning rate 
   Config resume = config("second");
   resume.checkpoint.load = (dir / "ckpt").string();
   const TrainResult rest = train(resume, ProcessGroups::single(), {true, 0});
-  REQUIRE(rest.losses.size() == 6);
-  for (size_t i = 0; i < 6; ++i) CHECK(rest.losses[i] == full.losses[i + 4]);
+  REQUIRE(rest.losses.size() == 5);
+  for (size_t i = 0; i < 5; ++i) CHECK(rest.losses[i] == full.losses[i + 4]);
   std::filesystem::remove_all(dir);
 }

@@ -250,5 +250,11 @@ TEST_CASE("--rampup-batch-size: Megatron's rules, every batch size in whole micr
   rejects(text, 2, "takes 3 integers");
   Config neg = c;
   neg.training.rampup_batch_size = {"0", "8", "300"};
-  rejects(neg, 2, "positive start and increment");
+  rejects(neg, 2, "positive start, increment and sample count");
+  Config none = c;
+  none.training.rampup_batch_size = {"8", "8", "0"};
+  rejects(none, 2, "positive start, increment and sample count");
+  Config no_gbs = c;
+  no_gbs.training.global_batch_size.reset();
+  rejects(no_gbs, 2, "--rampup-batch-size needs --global-batch-size");
 }
