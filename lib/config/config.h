@@ -180,6 +180,8 @@ struct LoggingConfig {
   bool log_world_size_to_tensorboard = false;
   bool log_timers_to_tensorboard = false;
   bool log_memory_to_tensorboard = false;
+  bool no_log_learning_rate_to_tensorboard = false;
+  bool no_log_loss_scale_to_tensorboard = false;
   OptString wandb_project;
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;

@@ -194,6 +194,8 @@ std::vector<FlagSpec> build_table() {
       F(kLog, "log-world-size-to-tensorboard", logging.log_world_size_to_tensorboard, "Write the world size to TensorBoard"),
       F(kLog, "log-timers-to-tensorboard", logging.log_timers_to_tensorboard, "Write the timers to TensorBoard (not implemented)"),
       F(kLog, "log-memory-to-tensorboard", logging.log_memory_to_tensorboard, "Write memory use to TensorBoard (not implemented)"),
+      F(kLog, "no-log-learning-rate-to-tensorboard", logging.no_log_learning_rate_to_tensorboard, "Leave the learning rate out of TensorBoard"),
+      F(kLog, "no-log-loss-scale-to-tensorboard", logging.no_log_loss_scale_to_tensorboard, "Leave the loss scale out of TensorBoard"),
       F(kLog, "wandb-project", logging.wandb_project, "Weights & Biases project"),
       F(kLog, "eval-interval", logging.eval_interval, "Iterations between validation runs"),
       F(kLog, "eval-iters", logging.eval_iters, "Iterations per validation run"),

@@ -50,15 +50,15 @@ void MetricsFile::iteration(const IterationStats& s) {
       tb.scalar(tag, v, it);
       tb.scalar(tag + " vs samples", v, n);
     };
-    both("learning-rate", s.lr);
+    if (!log_.no_log_learning_rate_to_tensorboard) both("learning-rate", s.lr);
     if (log_.log_batch_size_to_tensorboard) both("batch-size", static_cast<double>(s.global_batch));
     if (log_.log_world_size_to_tensorboard) both("world-size", static_cast<double>(world_size_));
     both("lm loss", s.loss);
-    both("loss-scale", s.loss_scale);
+    if (!log_.no_log_loss_scale_to_tensorboard) both("loss-scale", s.loss_scale);
     both("grad-norm", s.grad_norm);
     if (s.params_norm >= 0) both("params-norm", s.params_norm);
     tb.scalar("iteration-time", s.ms_per_iter / 1000.0, it);
-    tb.scalar("throughput", s.tflops_per_gpu, it);
+    if (log_.log_throughput) tb.scalar("throughput", s.tflops_per_gpu, it);  // as Megatron: with --log-throughput
     tb.scalar("tokens-per-second-per-gpu", s.tokens_per_s_per_gpu, it);
     if (s.mfu >= 0) tb.scalar("mfu", s.mfu, it);
   });

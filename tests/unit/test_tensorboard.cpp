@@ -164,6 +164,8 @@ TEST_CASE("a training run with --tensorboard-dir writes Megatron's scalars at ea
   c.logging.eval_iters = 2;
   c.logging.tensorboard_dir = dir.string();
   c.logging.log_validation_ppl_to_tensorboard = true;
+  c.logging.log_throughput = true;
+  c.logging.no_log_loss_scale_to_tensorboard = true;
   REQUIRE(validate(c, 1, Purpose::kTrain).ok());
   resolve(c, 1, 257);
   const TrainResult r = train(c, ProcessGroups::single(), {true, 0});
@@ -176,10 +178,11 @@ TEST_CASE("a training run with --tensorboard-dir writes Megatron's scalars at ea
   CHECK(by_tag["lm loss vs samples"][2].step == 6 * *c.training.global_batch_size);
   REQUIRE(r.losses.size() == 6);
   CHECK(by_tag["lm loss"][2].value == Approx((r.losses[4] + r.losses[5]) / 2).epsilon(1e-5));
-  for (const char* tag : {"learning-rate", "grad-norm", "loss-scale", "iteration-time", "throughput"}) {
+  for (const char* tag : {"learning-rate", "grad-norm", "iteration-time", "throughput"}) {
     INFO(tag);
     CHECK(by_tag[tag].size() == 3);
   }
+  CHECK(by_tag.count("loss-scale") == 0);  // --no-log-loss-scale-to-tensorboard
   CHECK(by_tag.count("batch-size") == 0);  // only with --log-batch-size-to-tensorboard, as Megatron
   REQUIRE(by_tag["lm loss validation"].size() == 1);
   CHECK(by_tag["lm loss validation"][0].value == Approx(r.valid_losses.back()).epsilon(1e-5));
