@@ -232,29 +232,20 @@ TEST_CASE("--rampup-batch-size: Megatron's rules, every batch size in whole micr
   c.training.global_batch_size = 32;
   c.training.rampup_batch_size = {"8", "8", "300"};
   accepts(c, 2);  // micro batch 2 x DP 2 = 4 divides 8
-  Config iters = c;
-  iters.training.train_samples.reset();
-  iters.training.train_iters = 10;
-  rejects(iters, 2, "--rampup-batch-size needs --train-samples");
-  Config lr = c;
-  lr.training.lr_warmup_iters = 5;
-  rejects(lr, 2, "use --lr-decay-samples / --lr-warmup-samples");
-  Config odd = c;
-  odd.training.rampup_batch_size = {"8", "10", "300"};
-  rejects(odd, 2, "must be the start 8 plus a whole number of increments of 10");
-  Config unit = c;
-  unit.training.rampup_batch_size = {"8", "8", "300"};
-  rejects(unit, 8, "must be multiples of micro-batch-size x DP = 16");
-  Config text = c;
-  text.training.rampup_batch_size = {"8", "eight", "300"};
-  rejects(text, 2, "takes 3 integers");
-  Config neg = c;
-  neg.training.rampup_batch_size = {"0", "8", "300"};
-  rejects(neg, 2, "positive start, increment and sample count");
-  Config none = c;
-  none.training.rampup_batch_size = {"8", "8", "0"};
-  rejects(none, 2, "positive start, increment and sample count");
-  Config no_gbs = c;
-  no_gbs.training.global_batch_size.reset();
-  rejects(no_gbs, 2, "--rampup-batch-size needs --global-batch-size");
+  // The base run with one change, then with the ramp given as `ramp`.
+  auto with = [&](auto change, std::vector<std::string> ramp = {"8", "8", "300"}) {
+    Config v = c;
+    change(v);
+    v.training.rampup_batch_size = std::move(ramp);
+    return v;
+  };
+  const auto same = [](Config&) {};
+  rejects(with([](Config& v) { v.training.train_samples.reset(), v.training.train_iters = 10; }), 2, "--rampup-batch-size needs --train-samples");
+  rejects(with([](Config& v) { v.training.lr_warmup_iters = 5; }), 2, "use --lr-decay-samples / --lr-warmup-samples");
+  rejects(with([](Config& v) { v.training.global_batch_size.reset(); }), 2, "--rampup-batch-size needs --global-batch-size");
+  rejects(with(same, {"8", "10", "300"}), 2, "must be the start 8 plus a whole number of increments of 10");
+  rejects(with(same), 8, "must be multiples of micro-batch-size x DP = 16");
+  rejects(with(same, {"8", "eight", "300"}), 2, "takes 3 integers");
+  rejects(with(same, {"0", "8", "300"}), 2, "positive start, increment and sample count");
+  rejects(with(same, {"8", "8", "0"}), 2, "positive start, increment and sample count");
 }
