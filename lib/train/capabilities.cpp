@@ -97,7 +97,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
   no(c.training.optimizer_cpu_offload, "--optimizer-cpu-offload is not implemented on the CUDA engine: drop it (the optimizer state stays on the GPU)");
   no(c.training.optimizer != "adam", "--optimizer " + c.training.optimizer + " is not implemented on the CUDA engine: use adam");
-  no(!c.training.rampup_batch_size.empty(), "--rampup-batch-size is not implemented on the CUDA engine yet: drop it, or --device cpu");
   no(c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "full" && !c.recompute.recompute_method,
      "--recompute-granularity full needs --recompute-method uniform or block");
   return out;

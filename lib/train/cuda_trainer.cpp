@@ -25,6 +25,7 @@
 #include "kernels/cuda/optimizer_step.h"
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt_model.h"
+#include "optim/batch_schedule.h"
 #include "optim/data_parallel.h"
 #include "optim/loss_scaler.h"
 #ifdef MEGATRAIN_HAVE_NCCL
@@ -244,8 +245,14 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   const ModelDims& D = model.dims();
   const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
   const int64_t nmb = cfg.derived.num_microbatches, gbs = cfg.derived.global_batch_size;
-  const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : *cfg.training.train_samples / gbs;
-  const double flops_iter = flops_per_iteration(cfg);
+  // The batch of each iteration (fixed, or ramped up by --rampup-batch-size) and the run's length: what the
+  // ramp needs to reach --train-samples from the samples consumed so far.
+  const BatchSchedule batches(cfg, dp);
+  const int64_t nmb_max = batches.max_global_batch() / (mbs * dp);
+  const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters
+                                                  : batches.train_iterations(*cfg.training.train_samples);
+  const double flops_full_batch = flops_per_iteration(cfg);
+  auto flops_of = [&](int64_t batch) { return flops_full_batch * static_cast<double>(batch) / static_cast<double>(gbs); };
   const int64_t world = groups.world->size();
   const bool has_valid = src->has_split(Split::kValid) && cfg.logging.eval_iters > 0;
   const float clip = static_cast<float>(cfg.training.clip_grad);
@@ -267,7 +274,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   }
 
   std::vector<std::unique_ptr<MicrobatchSlot>> slots;
-  for (int64_t i = 0; i < 2 * nmb; ++i) slots.push_back(std::make_unique<MicrobatchSlot>(mbs * S));
+  for (int64_t i = 0; i < 2 * nmb_max; ++i) slots.push_back(std::make_unique<MicrobatchSlot>(mbs * S));
   MicrobatchSlot eval_slot(mbs * S);
   float* eval_acc = device_zeros<float>(1);
 
@@ -276,8 +283,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   res.nan_iterations = state.nan_iterations;
   std::unique_ptr<CheckpointSaver> saver;
   if (ck.save) saver = make_saver(cfg, groups);
-  const int64_t resumed_samples = state.consumed_samples, resumed_from = state.iteration;
-  const double loaded_flops = state.flops_so_far;
+  int64_t consumed = state.consumed_samples;  // samples consumed by the iterations queued so far
+  double flops_done = state.flops_so_far;
+  int64_t interval_samples = 0;
   const int64_t first_iter = state.iteration + 1;
   std::vector<int64_t> pending_iters;  // iterations whose loss has not been read yet
   std::vector<double> pending_lr;
@@ -354,9 +362,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       float* hp = host->params().params().f32();
       for (int64_t i = 0; i < P; ++i) hp[i] = bf16_to_float(w16[static_cast<size_t>(i)]);
     }
-    state.flops_so_far = loaded_flops + static_cast<double>(it - resumed_from) * flops_iter;
+    state.flops_so_far = flops_done;
     state.iteration = it;
-    state.consumed_samples = resumed_samples + (it - resumed_from) * gbs;
+    state.consumed_samples = consumed;
     state.skipped = h.skipped_total;
     state.nan_iterations = h.skipped_total;
     state.scaler = scaler.state();
@@ -379,25 +387,28 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     const int64_t mallocs_before = DeviceAllocator::instance().stats().device_mallocs;
     if (it == profile_iter) OpProfiler::instance().enable(stream);
     MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model.grads(), 0, static_cast<size_t>(P) * 4, stream)));
-    const int64_t base = resumed_samples + (it - first_iter) * gbs;
+    const int64_t base = consumed, batch = batches.global_batch(consumed), nmb_it = batch / (mbs * dp);
 #ifdef MEGATRAIN_HAVE_NCCL
     if (ddp) ddp->start_iteration();
 #endif
-    for (int64_t mi = 0; mi < nmb; ++mi) {
+    for (int64_t mi = 0; mi < nmb_it; ++mi) {
       const Microbatch mb = make_microbatch(*src, Split::kTrain, base + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
-      model.set_final_backward(mi == nmb - 1);
+      model.set_final_backward(mi == nmb_it - 1);
       double denom = 0;
       for (float x : mb.loss_mask) denom += x;
       denom = std::max(denom, 1.0);
-      MicrobatchSlot& slot = *slots[static_cast<size_t>((it % 2) * nmb + mi)];
+      MicrobatchSlot& slot = *slots[static_cast<size_t>((it % 2) * nmb_max + mi)];
       const DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream, wait_event);
-      const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb)));
+      const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb_it)));
       model.step(d, w_mb, w_mb, &st->loss_acc);
     }
 #ifdef MEGATRAIN_HAVE_NCCL
     if (ddp) MT_PROF("dp.grad_all_reduce_wait", ddp->finish());
 #endif
-    const double lr = schedule.lr_at_samples(resumed_samples + (it - first_iter + 1) * gbs);  // by samples, as the CPU engine
+    consumed += batch;
+    flops_done += flops_of(batch);
+    interval_samples += batch;
+    const double lr = schedule.lr_at_samples(consumed);
     MT_PROF("opt.grad_norm", norm_partials(model.grads(), false, &st->loss_acc));
     cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, 1.0f, stream);
     auto adamw = [&](int64_t first, int64_t count) {
@@ -475,16 +486,17 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       IterationStats s;
       s.iteration = it;
       s.train_iters = iters;
-      s.consumed_samples = resumed_samples + (it - first_iter + 1) * gbs;
-      s.global_batch = gbs;
+      s.consumed_samples = consumed;
+      s.global_batch = batch;
       s.ms_per_iter = 1000.0 * secs / n_iter;
-      s.tflops_per_gpu = flops_iter / (secs / n_iter) / static_cast<double>(world) / 1e12;
+      s.tflops_per_gpu = flops_of(interval_samples) / secs / static_cast<double>(world) / 1e12;
       s.loss = n_ok ? sum / static_cast<double>(n_ok) : NAN;
       s.lr = pending_lr.back();
       s.grad_norm = norms.back();
       s.skipped = res.skipped;
       s.nan_iters = res.nan_iterations;
-      s.tokens_per_s_per_gpu = static_cast<double>(gbs * S) / (secs / n_iter) / static_cast<double>(world);
+      s.tokens_per_s_per_gpu = static_cast<double>(interval_samples * S) / secs / static_cast<double>(world);
+      interval_samples = 0;
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
       if (cfg.logging.log_params_norm) {
         // The fp32 master weights, through the gradient-norm kernel's partial sums (the device is drained here,
@@ -537,7 +549,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       const double vl = vlf;
       res.valid_losses.push_back(vl);
       if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
-      metrics.validation(it, vl, resumed_samples + (it - first_iter + 1) * gbs);
+      metrics.validation(it, vl, consumed);
     }
     if (saving) save_now(it);
     excluded_secs += std::chrono::duration<double>(Clock::now() - side_start).count();

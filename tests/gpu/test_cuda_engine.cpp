@@ -1,7 +1,8 @@
 // test_cuda_engine.cpp: the CUDA engine against the CPU reference on the GPU machine: cuDNN's fused
 // attention (forward and backward, causal, GQA) against kernels/cpu/attention on the same bf16-rounded
-// inputs, then whole training runs (GPT-2 style and LLaMA style, 30 iterations) whose loss curves must
-// follow the CPU engine's within bf16 tolerance. Exit 77 (skipped, with a message) where no GPU is visible.
+// inputs, then whole training runs (GPT-2 style and LLaMA style, 30 iterations; LLaMA also under a batch
+// ramp-up) whose loss curves must follow the CPU engine's within bf16 tolerance. Exit 77 (skipped, with a
+// message) where no GPU is visible.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -111,10 +112,16 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D) {
   }
 }
 
-mt::Config make_config(const std::string& model, const std::string& extra = "") {
+// A plain run: batch 8 with a 5-iteration warmup, 30 iterations.
+#define MT_PLAIN_BATCH "--global-batch-size 8 --lr-warmup-iters 5 "
+const char* const kPlain = MT_PLAIN_BATCH "--train-iters 30 ";
+// A ramped run counted in samples: batch 4, 8, 12 over the first 64 samples, then 16, 320 samples in all.
+const char* const kRamp = "--rampup-batch-size 4 4 64 --global-batch-size 16 --train-samples 320 --lr-warmup-samples 40 ";
+
+mt::Config make_config(const std::string& model, const std::string& extra = kPlain) {
   std::string base =
       "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 "
-      "--micro-batch-size 4 --global-batch-size 8 --train-iters 30 --lr 1e-3 --lr-warmup-iters 5 --mock-data "
+      "--micro-batch-size 4 --lr 1e-3 --mock-data "
       "--vocab-size 250 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --bf16 "
       "--log-interval 1 --clip-grad 1.0 --seed 11 ";
   if (model == "llama") {
@@ -134,8 +141,8 @@ mt::Config make_config(const std::string& model, const std::string& extra = "") 
   return c;
 }
 
-void test_training(const std::string& model) {
-  const mt::Config cfg = make_config(model);
+void test_training(const std::string& model, const std::string& extra = kPlain) {
+  const mt::Config cfg = make_config(model, extra);
   mt::TrainOptions quiet{true, 0};
   try {
     const auto cpu = mt::train(cfg, mt::ProcessGroups::single(), quiet);
@@ -147,8 +154,8 @@ void test_training(const std::string& model) {
     }
     const double drop = same_len ? gpu.losses.front() - gpu.losses.back() : 0;
     char buf[320];
-    std::snprintf(buf, sizeof(buf), "training %s: 30 iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e",
-                  model.c_str(), same_len ? cpu.losses.front() : 0.0, same_len ? cpu.losses.back() : 0.0,
+    std::snprintf(buf, sizeof(buf), "training %s%s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e",
+                  model.c_str(), extra == kPlain ? "" : " (batch ramp-up)", gpu.losses.size(), same_len ? cpu.losses.front() : 0.0, same_len ? cpu.losses.back() : 0.0,
                   same_len ? gpu.losses.front() : 0.0, same_len ? gpu.losses.back() : 0.0, worst);
     check(same_len && worst < 2e-2 && drop > 0.1, buf);
   } catch (const std::exception& e) {
@@ -163,11 +170,11 @@ void test_resume() {
   const std::string dir = mkdtemp(tmpl);
   mt::TrainOptions quiet{true, 0};
   try {
-    const auto full = mt::train_cuda(make_config("llama", "--train-iters 10 --save " + dir + " --save-interval 5 "), mt::ProcessGroups::single(),
+    const auto full = mt::train_cuda(make_config("llama", MT_PLAIN_BATCH "--train-iters 10 --save " + dir + " --save-interval 5 "), mt::ProcessGroups::single(),
                                       quiet);
-    const auto gpu = mt::train_cuda(make_config("llama", "--train-iters 10 --load " + dir + " --ckpt-step 5 "), mt::ProcessGroups::single(),
+    const auto gpu = mt::train_cuda(make_config("llama", MT_PLAIN_BATCH "--train-iters 10 --load " + dir + " --ckpt-step 5 "), mt::ProcessGroups::single(),
                                      quiet);
-    const auto cpu = mt::train(make_config("llama", "--train-iters 10 --load " + dir + " --ckpt-step 5 "), mt::ProcessGroups::single(), quiet);
+    const auto cpu = mt::train(make_config("llama", MT_PLAIN_BATCH "--train-iters 10 --load " + dir + " --ckpt-step 5 "), mt::ProcessGroups::single(), quiet);
     double worst_gpu = 0, worst_cpu = 0;
     const bool sizes = full.losses.size() == 10 && gpu.losses.size() == 5 && cpu.losses.size() == 5;
     for (size_t i = 0; sizes && i < 5; ++i) {
@@ -197,6 +204,7 @@ int main() {
   test_training("gpt");
   test_training("llama");
   test_training("llama-recompute");
+  test_training("llama", kRamp);
   test_resume();
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
