@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -254,8 +255,40 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   }
 
   // Fail here, with the shape named, rather than in the first step.
-  const std::string why = cuda::CudnnSdpa::instance().check({*cfg.training.micro_batch_size, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale});
+  const int64_t mbs = *cfg.training.micro_batch_size;
+  const std::string why = cuda::CudnnSdpa::instance().check({mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale});
   if (!why.empty()) throw std::runtime_error(why);
+  // The split forward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns it off): TP without SP or K/V replication, an even
+  // micro batch, and cuDNN attention for half of it.
+  // Each half's rows start 256-byte aligned in every [rows, width] buffer (cuBLASLt's plans assume it).
+  const int64_t half_rows = mbs / 2 * D.S;
+  bool aligned = true;
+  for (int64_t width : {h, Wq, W_.Hd, W_.KVd, F, F1}) aligned = aligned && (half_rows * width * 2) % 256 == 0;
+  const char* split_env = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
+  split_forward_ = tp_ && !sp_ && !kv_group_ && mbs % 2 == 0 && aligned && !(split_env && std::string(split_env) == "0") &&
+                   cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale}).empty();
+  if (tp_) {
+    // The TP ranks must issue the same collectives: agree on the setting (read from each rank's environment).
+    float* agree = static_cast<float*>(alloc(4));
+    const float mine = split_forward_ ? 1.0f : 0.0f;
+    MT_CUDA_CHECK(cudaMemcpyAsync(agree, &mine, 4, cudaMemcpyHostToDevice, stream_));
+    tp_->all_reduce_on(agree, 1, WireType::kF32, ReduceOp::kSum, stream_);
+    float sum = 0;
+    MT_CUDA_CHECK(cudaMemcpyAsync(&sum, agree, 4, cudaMemcpyDeviceToHost, stream_));
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (sum != 0.0f && sum != static_cast<float>(tp_size_)) {
+      throw std::runtime_error("the tensor-parallel ranks disagree on MEGATRAIN_TP_SPLIT_FORWARD: set it the same for every rank (mpirun -x)");
+    }
+  }
+  if (split_forward_) {
+    int least = 0, greatest = 0;  // the reductions go first when SMs free up
+    MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    MT_CUDA_CHECK(cudaStreamCreateWithPriority(&tp_stream_, cudaStreamNonBlocking, greatest));
+    for (int i = 0; i < 2; ++i) {
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_ev_[i], cudaEventDisableTiming));
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_ev_[i], cudaEventDisableTiming));
+    }
+  }
   // The RoPE table went up on the legacy stream, which the (non-blocking) training stream does not wait for.
   MT_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -264,6 +297,11 @@ CudaGPT::~CudaGPT() {
   for (void* p : owned_) cudaFree(p);
   if (fork_ev_) cudaEventDestroy(fork_ev_);
   if (join_ev_) cudaEventDestroy(join_ev_);
+  for (int i = 0; i < 2; ++i) {
+    if (ready_ev_[i]) cudaEventDestroy(ready_ev_[i]);
+    if (reduced_ev_[i]) cudaEventDestroy(reduced_ev_[i]);
+  }
+  if (tp_stream_) cudaStreamDestroy(tp_stream_);
   if (wgrad_stream_) {
     cuda::GemmLt::instance().release_workspace(wgrad_stream_);
     cudaStreamDestroy(wgrad_stream_);
@@ -383,6 +421,85 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   return combine_rows(s.delta, s.delta_l, T);
 }
 
+void CudaGPT::reduce_half(int64_t half, int64_t rows) {
+  MT_CUDA_CHECK(cudaEventRecord(ready_ev_[half], stream_));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(tp_stream_, ready_ev_[half], 0));
+  bf16* data = s_->delta + half * rows * D_.h;
+  MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, WireType::kBF16, ReduceOp::kSum, tp_stream_));
+  MT_CUDA_CHECK(cudaEventRecord(reduced_ev_[half], tp_stream_));
+}
+
+void CudaGPT::wait_reduced(int64_t half) { MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, reduced_ev_[half], 0)); }
+
+// Half `half` of layer l's attention block: (for l > 0) the layer's input norm from the previous layer's
+// reduced MLP output, then QKV, attention and the projection, whose all-reduce is left running.
+void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t Bh = mb.B / 2, rows = Bh * mb.S, r0 = half * rows, h = D.h;
+  const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
+  Record& r = recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)];
+  if (l > 0) {
+    const Record& p = recomputed(l - 1) ? *recompute_record_ : *records_[static_cast<size_t>(l - 1)];
+    wait_reduced(half);
+    MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l)]->x_in + r0 * h, r.xn1 + r0 * h, r.mean1 + r0, r.rstd1 + r0,
+                                                   p.x_mid + r0 * h, s.delta + r0 * h, w(lw.ln1_w), w(lw.ln1_b), rows, h, D.eps, D.rms, stream_));
+  }
+  MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, rows, Wq, h, 1.0f, r.xn1 + r0 * h, h, w(lw.qkv_w), h, 0.0f, s.qkv + r0 * Wq, Wq, kBF, kBF,
+                                     w(lw.qkv_b), stream_));
+  MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, s.qkv + r0 * Wq, mb.positions + r0,
+                                                     D.rope ? rope_table_ : nullptr, rows, D.nh_local, D.ng_local, D.d, D.rot_dim, stream_));
+  const cuda::SdpaShape sh{Bh, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale};
+  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, r.o + r0 * Hd,
+                                                               r.stats + half * Bh * D.nh_local * mb.S, stream_));
+  MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, rows, h, Hd, 1.0f, r.o + r0 * Hd, Hd, w(lw.proj_w), Hd, 0.0f, s.delta + r0 * h, h, kBF, kBF,
+                                      row_bias(lw.proj_b), stream_));
+  reduce_half(half, rows);
+}
+
+// Half `half` of layer l's MLP block: the norm from the reduced attention output, fc1, the activation and
+// fc2, whose all-reduce is left running.
+void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t rows = mb.B / 2 * mb.S, r0 = half * rows, h = D.h, F = W_.F, F1 = W_.F1;
+  Record& r = recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)];
+  const float* x_in = records_[static_cast<size_t>(l)]->x_in;
+  wait_reduced(half);
+  MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid + r0 * h, r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, x_in + r0 * h, s.delta + r0 * h,
+                                                 w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, stream_));
+  if (D.swiglu) {
+    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F1, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.fc1 + r0 * F1, F1, kBF, kBF,
+                                       w(lw.fc1_b), stream_));
+    MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act + r0 * F, r.fc1 + r0 * F1, rows, F, stream_));
+  } else {
+    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.act + r0 * F, F, kBF, kBF,
+                                       w(lw.fc1_b), stream_, {cuda::GemmEpilogue::kGeluAux, r.fc1 + r0 * F, F}));
+  }
+  MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, rows, h, F, 1.0f, r.act + r0 * F, F, w(lw.fc2_w), F, 0.0f, s.delta + r0 * h, h, kBF, kBF,
+                                     row_bias(lw.fc2_b), stream_));
+  reduce_half(half, rows);
+}
+
+// Every reduction goes through tp_stream_ in the order issued here, which is the same on every TP rank;
+// collectives on the compute stream before (the embedding's) and after (the loss's) are ordered against
+// them by the events.
+void CudaGPT::split_layers_forward(const DeviceMicrobatch& mb) {
+  for (int64_t l = 0; l < D_.L; ++l) {
+    if (l > 0) need_params(layer_end_[static_cast<size_t>(l)]);
+    attention_half(l, 0, mb);
+    attention_half(l, 1, mb);
+    mlp_half(l, 0, mb);
+    mlp_half(l, 1, mb);
+  }
+  wait_reduced(0);
+  wait_reduced(1);
+}
+
 // s_->dres holds d(layer output) on entry and d(layer input) on exit (s_->dres16 its bf16 copy), this
 // rank's rows.
 void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
@@ -496,7 +613,13 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(nullptr, norm_out(act(0).xn1), act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w),
                                                  w(l0.ln1_b), Tl, h, D.eps, D.rms, stream_));
   gather_rows(s.xn_l, act(0).xn1, T);
-  for (int64_t l = 0; l < D.L; ++l) {
+  if (split_forward_) {
+    split_layers_forward(mb);
+    need_params(numel_);
+    MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, s.xnf, s.meanf, s.rstdf, act(D.L - 1).x_mid, s.delta, w(lnf_w_), w(lnf_b_), T, h, D.eps,
+                                                   D.rms, stream_));
+  }
+  for (int64_t l = 0; !split_forward_ && l < D.L; ++l) {
     Record& r = act(l);
     const bf16* mlp = layer_forward(l, r, mb);
     if (l + 1 < D.L) {

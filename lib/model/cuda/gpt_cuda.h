@@ -6,9 +6,11 @@
 // Tensor parallelism (as the CPU model, Megatron's layout): this rank holds its shard of the heads, the
 // FFN and the vocabulary; row-parallel partial sums are combined over TP in bf16 (all-reduce, or under
 // sequence parallelism reduce-scatter, with norms on sequence shards and all-gathers before the column-
-// parallel GEMMs); the loss is vocabulary-parallel. TP collectives are queued on the compute stream.
-// Everything runs on one stream, except that under TP the column-parallel layers' weight-gradient GEMMs run
-// on a side stream joined at the end of each layer's backward; nothing here waits for the device.
+// parallel GEMMs); the loss is vocabulary-parallel. TP collectives are queued on the compute stream, except
+// the split forward's (TP without SP: two interleaved halves of the micro batch, each half's reductions on
+// a TP stream). Everything else runs on one stream, except that under TP the column-parallel layers'
+// weight-gradient GEMMs run on a side stream joined at the end of each layer's backward; nothing here waits
+// for the device.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -78,6 +80,18 @@ class CudaGPT {
   struct Scratch;
   // Returns the MLP output of this rank's rows (combined over TP).
   const cuda::bf16* layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  // Tensor parallelism without SP: the forward of every layer as two halves of the micro batch's sequences,
+  // interleaved block by block, so each half's row-parallel all-reduce overlaps the other half's attention or
+  // MLP (DeepSpeed Domino's schedule). The same operations per row as layer_forward (not bit for bit: GEMMs
+  // of half the rows may take other cuBLASLt algorithms). Ends with s_->delta holding
+  // the last layer's MLP output and the compute stream after both halves' reductions.
+  void split_layers_forward(const DeviceMicrobatch& mb);
+  void attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
+  void mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
+  // Half `half`'s rows of s_->delta summed over TP on tp_stream_, after the compute stream's work so far;
+  // wait_reduced: the compute stream waits for it.
+  void reduce_half(int64_t half, int64_t rows);
+  void wait_reduced(int64_t half);
   void layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   void embed(const DeviceMicrobatch& mb, int64_t T);
   void loss(const DeviceMicrobatch& mb, float grad_scale, int64_t T);
@@ -112,6 +126,11 @@ class CudaGPT {
   std::shared_ptr<StreamCollectives> kv_group_;
   cudaStream_t wgrad_stream_ = nullptr;
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  // The split forward (TP without SP): the row-parallel all-reduces run on tp_stream_; per half, ready_ev_
+  // (its rows computed, on the compute stream) and reduced_ev_ (its all-reduce done, on tp_stream_).
+  bool split_forward_ = false;
+  cudaStream_t tp_stream_ = nullptr;
+  cudaEvent_t ready_ev_[2] = {}, reduced_ev_[2] = {};
   bool sp_ = false;
   // This rank's widths, set once: attention output (nh_local * d), K/V (ng_local * d), fused QKV rows, FFN,
   // fc1 output (2 FFN with SwiGLU).
