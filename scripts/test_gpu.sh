@@ -4,7 +4,7 @@
 # recompute, checkpoint resume), NCCL collectives under mpirun and torchrun-style launches, and with 2 or
 # more GPUs the TP / TP+SP / DP layouts against the CPU engine (CTest label gpu; without a GPU they report
 # SKIP); then a short GPU training run of each model family under
-# compute-sanitizer memcheck, when the tool is installed.
+# compute-sanitizer memcheck (bf16, and LLaMA in fp16 too), when the tool is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -14,12 +14,12 @@ cmake --build "$BUILD_DIR" -j "$(nproc)"
 ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure "$@"
 if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   S="--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 4
-     --global-batch-size 8 --train-iters 3 --log-interval 1 --mock-data --vocab-size 256 --bf16 --hidden-dropout 0
+     --global-batch-size 8 --train-iters 3 --log-interval 1 --mock-data --vocab-size 256 --hidden-dropout 0
      --attention-dropout 0 --device cuda --lr 1e-3"
   L="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention
      --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear --recompute-granularity full
      --recompute-method uniform --recompute-num-layers 1"
-  for extra in "" "$L"; do
+  for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L"; do
     # shellcheck disable=SC2086
     out=$(compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S $extra 2>&1) || {
       echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck"; exit 1; }

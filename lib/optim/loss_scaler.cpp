@@ -20,7 +20,8 @@ LossScaler::LossScaler(const Config& c) {
 
 bool LossScaler::update(bool overflow) {
   if (!overflow) {
-    if (dynamic_ && ++clean_steps_ % window_ == 0) {
+    if (dynamic_ && ++clean_steps_ >= window_) {
+      clean_steps_ = 0;
       scale_ *= 2.0f;
       hysteresis_left_ = hysteresis_;
     }
@@ -28,10 +29,9 @@ bool LossScaler::update(bool overflow) {
   }
   if (dynamic_) {
     clean_steps_ = 0;
-    if (--hysteresis_left_ <= 0) {
-      scale_ = std::max(min_scale_, scale_ / 2.0f);
-      hysteresis_left_ = hysteresis_;
-    }
+    // As Megatron: once the hysteresis is used up, every further overflow halves the scale; only a
+    // growth (a clean window) restores it.
+    if (--hysteresis_left_ <= 0) scale_ = std::max(min_scale_, scale_ / 2.0f);
   }
   return true;
 }

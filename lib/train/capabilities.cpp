@@ -83,8 +83,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
 #else
   no(world_size > 1, "this build has no NCCL: the CUDA engine runs one rank only (or use --device cpu for multi-rank runs)");
 #endif
-  no(c.precision.fp16, "--fp16 is not implemented on the CUDA engine (bf16 only): use --bf16");
-  no(!c.precision.bf16, "the CUDA engine computes in bf16: add --bf16 (fp32 training runs with --device cpu)");
+  no(!c.precision.bf16 && !c.precision.fp16,
+     "the CUDA engine computes in bf16 or fp16: add --bf16 (or --fp16 with loss scaling); fp32 training runs with --device cpu");
   no(c.model.hidden_dropout > 0 || c.model.attention_dropout > 0,
      "dropout is not implemented on the CUDA engine: set --hidden-dropout 0 --attention-dropout 0 (or --device cpu)");
   if (c.model.hidden_size && c.model.num_attention_heads && *c.model.num_attention_heads > 0) {

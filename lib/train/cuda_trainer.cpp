@@ -156,12 +156,25 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     MT_CUDA_CHECK(cudaMemcpyAsync(m, host_opt->exp_avg(), state_bytes, cudaMemcpyHostToDevice, stream));
     MT_CUDA_CHECK(cudaMemcpyAsync(v, host_opt->exp_avg_sq(), state_bytes, cudaMemcpyHostToDevice, stream));
   }
-  if (state.iteration > 0 || loaded) {
+  {
     cuda::StepState init{};
     init.t = loaded ? static_cast<int32_t>(host_opt->iterations()) : 0;
     init.skipped_total = static_cast<int32_t>(state.skipped);
+    init.nan_total = static_cast<int32_t>(state.nan_iterations);
+    // fp16: the loss scaler continues on the device from its initial or checkpointed state.
+    const LossScaler::State sc = scaler.state();
+    init.loss_scale = sc.scale;
+    init.hysteresis_left = static_cast<int32_t>(sc.hysteresis_left);
+    init.clean_steps = static_cast<int32_t>(sc.clean_steps % std::max<int64_t>(1, cfg.precision.loss_scale_window));
     MT_CUDA_CHECK(cudaMemcpy(st, &init, sizeof(init), cudaMemcpyHostToDevice));
   }
+  cuda::LossScaleRule scale_rule;
+  scale_rule.fp16 = cfg.precision.fp16;
+  scale_rule.dynamic = cfg.precision.fp16 && !cfg.precision.loss_scale;
+  scale_rule.min_scale = static_cast<float>(cfg.precision.min_loss_scale);
+  scale_rule.window = static_cast<int32_t>(std::min<int64_t>(cfg.precision.loss_scale_window, INT32_MAX));
+  scale_rule.hysteresis = static_cast<int32_t>(cfg.precision.hysteresis);
+  if (cfg.precision.fp16) model.set_loss_scale(&st->loss_scale);
   MT_CUDA_CHECK(cudaDeviceSynchronize());  // setup copies (some from pageable memory) done before the first step
   // The multi-tensor table: chunks of at most 64 Ki elements of the owned segments, each inside one
   // parameter. A parameter n TP ranks hold (norms, row-parallel biases and positions: all TP ranks; a
@@ -360,14 +373,18 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       std::vector<uint16_t> w16(static_cast<size_t>(P));
       MT_CUDA_CHECK(cudaMemcpy(w16.data(), model.working(), static_cast<size_t>(P) * 2, cudaMemcpyDeviceToHost));
       float* hp = host->params().params().f32();
-      for (int64_t i = 0; i < P; ++i) hp[i] = bf16_to_float(w16[static_cast<size_t>(i)]);
+      if (cfg.precision.fp16) {
+        for (int64_t i = 0; i < P; ++i) hp[i] = fp16_to_float(w16[static_cast<size_t>(i)]);
+      } else {
+        for (int64_t i = 0; i < P; ++i) hp[i] = bf16_to_float(w16[static_cast<size_t>(i)]);
+      }
     }
     state.flops_so_far = flops_done;
     state.iteration = it;
     state.consumed_samples = consumed;
     state.skipped = h.skipped_total;
-    state.nan_iterations = h.skipped_total;
-    state.scaler = scaler.state();
+    state.nan_iterations = h.nan_total;
+    state.scaler = {cfg.precision.fp16 ? h.loss_scale : 1.0f, h.hysteresis_left, h.clean_steps};
     CheckpointRank who;
     who.world_rank = groups.world->rank();
     who.world_size = groups.world->size();
@@ -410,10 +427,10 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     interval_samples += batch;
     const double lr = schedule.lr_at_samples(consumed);
     MT_PROF("opt.grad_norm", norm_partials(model.grads(), false, &st->loss_acc));
-    cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, 1.0f, stream);
+    cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, scale_rule, stream);
     auto adamw = [&](int64_t first, int64_t count) {
       MT_PROF("opt.adamw", cuda::adamw_multi(master, m, v, model.working(), model.grads(), d_chunks + first, count, st, static_cast<float>(lr), b1,
-                                             b2, eps, wd, 1.0f, stream));
+                                             b2, eps, wd, stream, model.half_type()));
     };
 #ifdef MEGATRAIN_HAVE_NCCL
     // Distributed optimizer: each rank updates the working weights of its blocks; every rank gets all of them,
@@ -481,7 +498,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
         }
       }
       res.skipped = h.skipped_total;
-      res.nan_iterations = h.skipped_total;
+      res.nan_iterations = h.nan_total;
       const double n_iter = static_cast<double>(pending_iters.size());
       IterationStats s;
       s.iteration = it;
@@ -493,6 +510,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       s.loss = n_ok ? sum / static_cast<double>(n_ok) : NAN;
       s.lr = pending_lr.back();
       s.grad_norm = norms.back();
+      s.loss_scale = cfg.precision.fp16 ? h.loss_scale : 1.0f;
       s.skipped = res.skipped;
       s.nan_iters = res.nan_iterations;
       s.tokens_per_s_per_gpu = static_cast<double>(interval_samples * S) / secs / static_cast<double>(world);

@@ -33,7 +33,7 @@ expect old-spelling 0 'note: --use-flash-attn is the old spelling' -- "$B" --con
 expect help-groups 0 'Mixed precision:' -- "$B" --help
 T="--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2 --lr 1e-3 --train-iters 2 --mock-data --vocab-size 100"
 # --device cuda insists: without a GPU (or, on a GPU machine, for an fp32 run) it says why and exits 2.
-expect device-cuda 2 'device cuda: |computes in bf16: add --bf16' -- "$B" $T --device cuda
+expect device-cuda 2 'device cuda: |computes in bf16 or fp16: add --bf16' -- "$B" $T --device cuda
 expect recompute-cpu 2 'implemented on the CUDA engine only' -- "$B" $T --device cpu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 
 # The README's first command, shortened: trains and the validation loss falls below the unigram entropy (3.31).

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -27,6 +28,7 @@
 #include "kernels/cuda/optimizer_step.h"
 #include "kernels/cuda/qkv_layout.h"
 #include "kernels/cuda/rope.h"
+#include "optim/loss_scaler.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/dtype.h"
 
@@ -406,8 +408,8 @@ void test_adamw(int64_t n) {
   Buf<cuda::AdamChunk> dc(2);
   MT_CUDA_CHECK(cudaMemcpy(dc.p, chunks.data(), 2 * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
   cuda::sumsq_partials(partials.p, dg.p, dc.p, 2, false, nullptr);
-  cuda::step_prepare(st.p, partials.p, clip, b1, b2, 1.0f, 1.0f, nullptr);
-  cuda::adamw_multi(dw.p, dm.p, dv.p, w16.b(), dg.p, dc.p, 2, st.p, lr, b1, b2, eps, wd, 1.0f, nullptr);
+  cuda::step_prepare(st.p, partials.p, clip, b1, b2, 1.0f, cuda::LossScaleRule{}, nullptr);
+  cuda::adamw_multi(dw.p, dm.p, dv.p, w16.b(), dg.p, dc.p, 2, st.p, lr, b1, b2, eps, wd, nullptr);
   cuda::StepState h{};
   MT_CUDA_CHECK(cudaDeviceSynchronize());
   MT_CUDA_CHECK(cudaMemcpy(&h, st.p, sizeof(h), cudaMemcpyDeviceToHost));
@@ -424,6 +426,52 @@ void test_adamw(int64_t n) {
   double got = 0;
   for (float x : partials.get()) got += x;
   expect("weighted sum of squares", Vec{static_cast<float>(got)}, Vec{static_cast<float>(wss)}, 1e-5);
+}
+
+// fp16's dynamic loss scale kept on the device by step_prepare: the same scale after every step as the host
+// LossScaler (Megatron's DynamicGradScaler) for a sequence of clean and overflowing steps; overflows with a
+// finite loss skip without counting as NaN iterations; the AdamW step reads 1 / the scale that step used.
+void test_device_loss_scaler() {
+  mt::Config c;
+  c.precision.fp16 = true;
+  c.precision.initial_loss_scale = 1024;
+  c.precision.loss_scale_window = 3;
+  c.precision.hysteresis = 2;
+  c.precision.min_loss_scale = 64;
+  mt::LossScaler host(c);
+  cuda::LossScaleRule rule;
+  rule.fp16 = rule.dynamic = true;
+  rule.min_scale = 64;
+  rule.window = 3;
+  rule.hysteresis = 2;
+  Buf<cuda::StepState> st(1);
+  cuda::StepState init{};
+  init.loss_scale = host.scale();
+  init.hysteresis_left = 2;
+  MT_CUDA_CHECK(cudaMemcpy(st.p, &init, sizeof(init), cudaMemcpyHostToDevice));
+  F32 partials(cuda::kNormPartials);
+  const bool overflow[] = {true, true, true, false, false, false, true, false, false, false, false, false, false, true, true, true, true, true};
+  bool same = true;
+  int skipped = 0;
+  std::string trace;
+  for (bool o : overflow) {
+    std::vector<float> part(cuda::kNormPartials, 0.0f);
+    part[0] = o ? INFINITY : 4.0f * host.scale() * host.scale();  // a gradient norm of 2, scaled
+    MT_CUDA_CHECK(cudaMemcpy(partials.p, part.data(), part.size() * 4, cudaMemcpyHostToDevice));
+    const float used = host.scale();
+    cuda::step_prepare(st.p, partials.p, 0.0f, 0.9f, 0.95f, 1.0f, rule, nullptr);
+    host.update(o);
+    skipped += o ? 1 : 0;
+    cuda::StepState h{};
+    MT_CUDA_CHECK(cudaMemcpy(&h, st.p, sizeof(h), cudaMemcpyDeviceToHost));
+    char num[24];
+    std::snprintf(num, sizeof(num), " %g", static_cast<double>(h.loss_scale));
+    trace.append(num);
+    same = same && h.loss_scale == host.scale() && h.skip == (o ? 1 : 0) && h.unscale == 1.0f / used && (o || h.grad_norm == 2.0f);
+    same = same && h.skipped_total == skipped && h.nan_total == 0 && h.max_nonfinite_run == 0;
+  }
+  std::printf("%-4s device loss scaler = host LossScaler over 18 steps, scales:%s\n", same ? "ok" : "FAIL", trace.c_str());
+  if (!same) ++failures;
 }
 
 }  // namespace
@@ -458,6 +506,7 @@ int main() {
   test_bias_grad(1000, 264);
   test_embedding(333, 40, 97, 50);
   test_adamw(100003);
+  test_device_loss_scaler();
   std::printf("%d failure(s)\n", failures);
   return failures ? 1 : 0;
 }

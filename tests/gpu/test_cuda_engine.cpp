@@ -1,7 +1,8 @@
 // test_cuda_engine.cpp: the CUDA engine against the CPU reference on the GPU machine: cuDNN's fused
 // attention (forward and backward, causal, GQA) against kernels/cpu/attention on the same bf16-rounded
 // inputs, then whole training runs (GPT-2 style and LLaMA style, 30 iterations; LLaMA also under a batch
-// ramp-up) whose loss curves must follow the CPU engine's within bf16 tolerance. Exit 77 (skipped, with a
+// ramp-up; both in fp16 with a static loss scale) whose loss curves must follow the CPU engine's within bf16
+// tolerance, and fp16's dynamic loss scale skipping the first, overflowing iterations. Exit 77 (skipped, with a
 // message) where no GPU is visible.
 #include <cuda_runtime.h>
 
@@ -122,7 +123,7 @@ mt::Config make_config(const std::string& model, const std::string& extra = kPla
   std::string base =
       "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 "
       "--micro-batch-size 4 --lr 1e-3 --mock-data "
-      "--vocab-size 250 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --bf16 "
+      "--vocab-size 250 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 "
       "--log-interval 1 --clip-grad 1.0 --seed 11 ";
   if (model == "llama") {
     base += "--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope "
@@ -133,6 +134,7 @@ mt::Config make_config(const std::string& model, const std::string& extra = kPla
             "--group-query-attention --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear "
             "--recompute-granularity full --recompute-method block --recompute-num-layers 1 ";
   }
+  if (extra.find("--fp16") == std::string::npos) base += "--bf16 ";
   CLI::App app;
   mt::ConfigCli cli(app);
   app.parse(base + extra, false);
@@ -157,9 +159,28 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
     std::snprintf(buf, sizeof(buf), "training %s%s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e",
                   model.c_str(), extra == kPlain ? "" : " (batch ramp-up)", gpu.losses.size(), same_len ? cpu.losses.front() : 0.0, same_len ? cpu.losses.back() : 0.0,
                   same_len ? gpu.losses.front() : 0.0, same_len ? gpu.losses.back() : 0.0, worst);
-    check(same_len && worst < 2e-2 && drop > 0.1, buf);
+    check(same_len && worst < 2e-2 && drop > 0.1 && gpu.skipped == 0, buf);
   } catch (const std::exception& e) {
     check(false, "training " + model + ": " + e.what());
+  }
+}
+
+// fp16 from Megatron's default initial scale (2^32): the first iterations overflow fp16 and are skipped while
+// the scale halves (after the hysteresis of 2, at every overflow), then training proceeds; overflows are
+// skipped iterations, not NaN iterations. The scale grows back after each clean window of 5.
+void test_fp16_dynamic_scale() {
+  mt::TrainOptions quiet{true, 0};
+  try {
+    const auto gpu = mt::train_cuda(make_config("llama", MT_PLAIN_BATCH "--train-iters 40 --fp16 --loss-scale-window 5 "), mt::ProcessGroups::single(),
+                                    quiet);
+    const bool ok_len = gpu.losses.size() == 40;
+    const double first = ok_len ? gpu.losses.front() : 0, last = ok_len ? gpu.losses.back() : 0;
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "fp16 dynamic loss scale from 2^32: %lld skipped, %lld NaN iterations, loss %.4f -> %.4f",
+                  static_cast<long long>(gpu.skipped), static_cast<long long>(gpu.nan_iterations), first, last);
+    check(ok_len && gpu.skipped >= 3 && gpu.skipped <= 30 && gpu.nan_iterations == 0 && first - last > 0.1, buf);
+  } catch (const std::exception& e) {
+    check(false, std::string("fp16 dynamic loss scale: ") + e.what());
   }
 }
 
@@ -205,6 +226,10 @@ int main() {
   test_training("llama");
   test_training("llama-recompute");
   test_training("llama", kRamp);
+  // fp16 with a static loss scale (no overflow on either engine): the same curve as the CPU engine.
+  test_training("gpt", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
+  test_training("llama", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
+  test_fp16_dynamic_scale();
   test_resume();
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;

@@ -153,7 +153,7 @@ TEST_CASE("learning-rate schedules follow Megatron's formulas") {
   CHECK(LrSchedule(c).warmup_steps() == 20);
 }
 
-TEST_CASE("fp16 dynamic loss scaling: shrink after hysteresis, grow after the window") {
+TEST_CASE("fp16 dynamic loss scaling: shrink once the hysteresis is used up, grow after the window") {
   Config c;
   c.precision.fp16 = true;
   c.precision.initial_loss_scale = 1024;
@@ -165,10 +165,16 @@ TEST_CASE("fp16 dynamic loss scaling: shrink after hysteresis, grow after the wi
   CHECK(s.scale() == 1024);
   CHECK(s.update(true));   // skip, halve
   CHECK(s.scale() == 512);
+  CHECK(s.update(true));  // hysteresis used up: every further overflow halves (Megatron's DynamicGradScaler)
+  CHECK(s.scale() == 256);
   CHECK_FALSE(s.update(false));
   CHECK_FALSE(s.update(false));
   CHECK_FALSE(s.update(false));
-  CHECK(s.scale() == 1024);
+  CHECK(s.scale() == 512);  // a clean window doubles and restores the hysteresis
+  CHECK(s.update(true));
+  CHECK(s.scale() == 512);
+  CHECK(s.update(true));
+  CHECK(s.scale() == 256);
   Config b;
   b.precision.bf16 = true;
   CHECK(LossScaler(b).scale() == 1.0f);

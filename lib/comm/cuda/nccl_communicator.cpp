@@ -25,7 +25,7 @@ namespace mt {
 namespace {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
-ncclDataType_t nccl_type(WireType t) { return t == WireType::kBF16 ? ncclBfloat16 : ncclFloat; }
+ncclDataType_t nccl_type(WireType t) { return t == WireType::kBF16 ? ncclBfloat16 : t == WireType::kF16 ? ncclHalf : ncclFloat; }
 
 class EventRequest final : public CommRequest {
  public:
@@ -125,7 +125,7 @@ void NcclCommunicator::all_gather_on(const void* send, void* recv, int64_t n_per
 
 void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int64_t>& counts, WireType type, ReduceOp op, cudaStream_t after) {
   follow(after);
-  const size_t elem = type == WireType::kBF16 ? 2 : 4;
+  const size_t elem = type == WireType::kF32 ? 4 : 2;
   auto* base = static_cast<char*>(data);
   const ProfScope prof("dp.reduce_to_owners", stream_);
   MT_NCCL_CHECK(ncclGroupStart());
@@ -140,7 +140,7 @@ void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int6
 }
 
 void NcclCommunicator::all_gather_v_on(void* data, const std::vector<int64_t>& counts, WireType type, cudaStream_t s) {
-  const size_t elem = type == WireType::kBF16 ? 2 : 4;
+  const size_t elem = type == WireType::kF32 ? 4 : 2;
   auto* base = static_cast<char*>(data);
   MT_NCCL_CHECK(ncclGroupStart());
   int64_t off = 0;

@@ -14,7 +14,7 @@
 
 namespace mt {
 
-enum class WireType { kF32, kBF16 };
+enum class WireType { kF32, kBF16, kF16 };
 
 class StreamCollectives {
  public:

@@ -18,33 +18,38 @@ __device__ __forceinline__ float gelu_grad(float v) {
 #define MT_GRID_LOOP(i, n) \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-__global__ void gelu_fwd(bf16* y, const bf16* x, int64_t n) {
-  MT_GRID_LOOP(i, n) y[i] = __float2bfloat16(gelu(__bfloat162float(x[i])));
+template <typename T16>
+__global__ void gelu_fwd(T16* y, const T16* x, int64_t n) {
+  MT_GRID_LOOP(i, n) y[i] = from_f<T16>(gelu(to_f(x[i])));
 }
-__global__ void gelu_bwd(bf16* dx, const bf16* dy, const bf16* x, int64_t n) {
-  MT_GRID_LOOP(i, n) dx[i] = __float2bfloat16(__bfloat162float(dy[i]) * gelu_grad(__bfloat162float(x[i])));
+template <typename T16>
+__global__ void gelu_bwd(T16* dx, const T16* dy, const T16* x, int64_t n) {
+  MT_GRID_LOOP(i, n) dx[i] = from_f<T16>(to_f(dy[i]) * gelu_grad(to_f(x[i])));
 }
-__global__ void swiglu_fwd(bf16* y, const bf16* x, int64_t N, int64_t F) {
+template <typename T16>
+__global__ void swiglu_fwd(T16* y, const T16* x, int64_t N, int64_t F) {
   MT_GRID_LOOP(e, N * F) {
     const int64_t n = e / F, i = e % F;
-    const float g = __bfloat162float(x[n * 2 * F + i]), u = __bfloat162float(x[n * 2 * F + F + i]);
+    const float g = to_f(x[n * 2 * F + i]), u = to_f(x[n * 2 * F + F + i]);
     const float s = 1.0f / (1.0f + __expf(-g));
-    y[e] = __float2bfloat16(g * s * u);
+    y[e] = from_f<T16>(g * s * u);
   }
 }
-__global__ void swiglu_bwd(bf16* dx, const bf16* dy, const bf16* x, int64_t N, int64_t F) {
+template <typename T16>
+__global__ void swiglu_bwd(T16* dx, const T16* dy, const T16* x, int64_t N, int64_t F) {
   MT_GRID_LOOP(e, N * F) {
     const int64_t n = e / F, i = e % F;
-    const float g = __bfloat162float(x[n * 2 * F + i]), u = __bfloat162float(x[n * 2 * F + F + i]);
-    const float d = __bfloat162float(dy[e]);
+    const float g = to_f(x[n * 2 * F + i]), u = to_f(x[n * 2 * F + F + i]);
+    const float d = to_f(dy[e]);
     const float s = 1.0f / (1.0f + __expf(-g));
-    dx[n * 2 * F + F + i] = __float2bfloat16(d * g * s);
-    dx[n * 2 * F + i] = __float2bfloat16(d * u * (s * (1.0f + g * (1.0f - s))));
+    dx[n * 2 * F + F + i] = from_f<T16>(d * g * s);
+    dx[n * 2 * F + i] = from_f<T16>(d * u * (s * (1.0f + g * (1.0f - s))));
   }
 }
 
 // Vectorised forms: 8 bf16 per thread step (16-byte loads); used when the sizes and pointers allow.
-__global__ void gelu_fwd8(bf16* y, const bf16* x, int64_t n8) {
+template <typename T16>
+__global__ void gelu_fwd8(T16* y, const T16* x, int64_t n8) {
   MT_GRID_LOOP(i, n8) {
     Bf16x8 v = load_bf16x8(x + 8 * i);
 #pragma unroll
@@ -52,7 +57,8 @@ __global__ void gelu_fwd8(bf16* y, const bf16* x, int64_t n8) {
     store_bf16x8(y + 8 * i, v);
   }
 }
-__global__ void gelu_bwd8(bf16* dx, const bf16* dy, const bf16* x, int64_t n8) {
+template <typename T16>
+__global__ void gelu_bwd8(T16* dx, const T16* dy, const T16* x, int64_t n8) {
   MT_GRID_LOOP(i, n8) {
     Bf16x8 d = load_bf16x8(dy + 8 * i);
     const Bf16x8 v = load_bf16x8(x + 8 * i);
@@ -61,7 +67,8 @@ __global__ void gelu_bwd8(bf16* dx, const bf16* dy, const bf16* x, int64_t n8) {
     store_bf16x8(dx + 8 * i, d);
   }
 }
-__global__ void swiglu_fwd8(bf16* y, const bf16* x, int64_t N, int64_t F) {
+template <typename T16>
+__global__ void swiglu_fwd8(T16* y, const T16* x, int64_t N, int64_t F) {
   const int64_t f8 = F / 8;
   MT_GRID_LOOP(e, N * f8) {
     const int64_t n = e / f8, i = (e % f8) * 8;
@@ -72,7 +79,8 @@ __global__ void swiglu_fwd8(bf16* y, const bf16* x, int64_t N, int64_t F) {
     store_bf16x8(y + n * F + i, o);
   }
 }
-__global__ void swiglu_bwd8(bf16* dx, const bf16* dy, const bf16* x, int64_t N, int64_t F) {
+template <typename T16>
+__global__ void swiglu_bwd8(T16* dx, const T16* dy, const T16* x, int64_t N, int64_t F) {
   const int64_t f8 = F / 8;
   MT_GRID_LOOP(e, N * f8) {
     const int64_t n = e / f8, i = (e % f8) * 8;
@@ -93,7 +101,8 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 }  // namespace
 
-void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream) {
+template <typename T16>
+void gelu_forward_bf16_t(T16* y, const T16* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (n % 8 == 0 && aligned16(y) && aligned16(x)) {
     gelu_fwd8<<<grid_for(n / 8, 256), 256, 0, stream>>>(y, x, n / 8);
@@ -103,7 +112,8 @@ void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream) {
   gelu_fwd<<<grid_for(n, 256), 256, 0, stream>>>(y, x, n);
   MT_CUDA_CHECK_LAUNCH();
 }
-void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream) {
+template <typename T16>
+void gelu_backward_bf16_t(T16* dx, const T16* dy, const T16* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (n % 8 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x)) {
     gelu_bwd8<<<grid_for(n / 8, 256), 256, 0, stream>>>(dx, dy, x, n / 8);
@@ -113,7 +123,8 @@ void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cuda
   gelu_bwd<<<grid_for(n, 256), 256, 0, stream>>>(dx, dy, x, n);
   MT_CUDA_CHECK_LAUNCH();
 }
-void swiglu_forward_bf16(bf16* y, const bf16* x, int64_t N, int64_t F, cudaStream_t stream) {
+template <typename T16>
+void swiglu_forward_bf16_t(T16* y, const T16* x, int64_t N, int64_t F, cudaStream_t stream) {
   if (N * F == 0) return;
   if (F % 8 == 0 && aligned16(y) && aligned16(x)) {
     swiglu_fwd8<<<grid_for(N * F / 8, 256), 256, 0, stream>>>(y, x, N, F);
@@ -123,7 +134,8 @@ void swiglu_forward_bf16(bf16* y, const bf16* x, int64_t N, int64_t F, cudaStrea
   swiglu_fwd<<<grid_for(N * F, 256), 256, 0, stream>>>(y, x, N, F);
   MT_CUDA_CHECK_LAUNCH();
 }
-void swiglu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t N, int64_t F, cudaStream_t stream) {
+template <typename T16>
+void swiglu_backward_bf16_t(T16* dx, const T16* dy, const T16* x, int64_t N, int64_t F, cudaStream_t stream) {
   if (N * F == 0) return;
   if (F % 8 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x)) {
     swiglu_bwd8<<<grid_for(N * F / 8, 256), 256, 0, stream>>>(dx, dy, x, N, F);
@@ -132,6 +144,23 @@ void swiglu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t N, in
   }
   swiglu_bwd<<<grid_for(N * F, 256), 256, 0, stream>>>(dx, dy, x, N, F);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) gelu_forward_bf16_t(hp(y), hp(x), n, stream);
+  else gelu_forward_bf16_t(y, x, n, stream);
+}
+void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) gelu_backward_bf16_t(hp(dx), hp(dy), hp(x), n, stream);
+  else gelu_backward_bf16_t(dx, dy, x, n, stream);
+}
+void swiglu_forward_bf16(bf16* y, const bf16* x, int64_t N, int64_t F, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) swiglu_forward_bf16_t(hp(y), hp(x), N, F, stream);
+  else swiglu_forward_bf16_t(y, x, N, F, stream);
+}
+void swiglu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t N, int64_t F, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) swiglu_backward_bf16_t(hp(dx), hp(dy), hp(x), N, F, stream);
+  else swiglu_backward_bf16_t(dx, dy, x, N, F, stream);
 }
 
 }  // namespace mt::cuda

@@ -9,9 +9,9 @@
 
 namespace mt::cuda {
 
-void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);
-void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream);
-void swiglu_forward_bf16(bf16* y, const bf16* x, int64_t N, int64_t F, cudaStream_t stream);
-void swiglu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t N, int64_t F, cudaStream_t stream);
+void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
+void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
+void swiglu_forward_bf16(bf16* y, const bf16* x, int64_t N, int64_t F, cudaStream_t stream, F16 t = F16::kBF16);
+void swiglu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t N, int64_t F, cudaStream_t stream, F16 t = F16::kBF16);
 
 }  // namespace mt::cuda

@@ -6,7 +6,18 @@
 
 namespace mt::cuda {
 
-
+// The kernels are templates over the 16-bit type T16 (__nv_bfloat16 or __half), with fp32 math.
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+template <typename T16>
+__device__ __forceinline__ T16 from_f(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+// A bf16*-typed buffer read as fp16 (the launchers' dispatch).
+inline __half* hp(bf16* p) { return reinterpret_cast<__half*>(p); }
+inline const __half* hp(const bf16* p) { return reinterpret_cast<const __half*>(p); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -31,23 +42,25 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
-// Eight bf16 values as floats, moved with one 16-byte load / store (the pointer 16-byte aligned).
+// Eight 16-bit values as floats, moved with one 16-byte load / store (the pointer 16-byte aligned).
 struct Bf16x8 {
   float x[8];
 };
-__device__ __forceinline__ Bf16x8 load_bf16x8(const bf16* p) {
+template <typename T16>
+__device__ __forceinline__ Bf16x8 load_bf16x8(const T16* p) {
   const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const bf16* e = reinterpret_cast<const bf16*>(&u);
+  const T16* e = reinterpret_cast<const T16*>(&u);
   Bf16x8 v;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) v.x[k] = __bfloat162float(e[k]);
+  for (int k = 0; k < 8; ++k) v.x[k] = to_f(e[k]);
   return v;
 }
-__device__ __forceinline__ void store_bf16x8(bf16* p, const Bf16x8& v) {
+template <typename T16>
+__device__ __forceinline__ void store_bf16x8(T16* p, const Bf16x8& v) {
   uint4 u;
-  bf16* e = reinterpret_cast<bf16*>(&u);
+  T16* e = reinterpret_cast<T16*>(&u);
 #pragma unroll
-  for (int k = 0; k < 8; ++k) e[k] = __float2bfloat16(v.x[k]);
+  for (int k = 0; k < 8; ++k) e[k] = from_f<T16>(v.x[k]);
   *reinterpret_cast<uint4*>(p) = u;
 }
 

@@ -9,26 +9,28 @@
 namespace mt::cuda {
 namespace {
 
-__global__ void partial_kernel(float* partials, const bf16* dy, int64_t N, int64_t n, int64_t rows_per_block) {
+template <typename T16>
+__global__ void partial_kernel(float* partials, const T16* dy, int64_t N, int64_t n, int64_t rows_per_block) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= n) return;
   const int64_t r0 = blockIdx.y * rows_per_block, r1 = min(N, r0 + rows_per_block);
   float s = 0.0f;
-  for (int64_t r = r0; r < r1; ++r) s += __bfloat162float(dy[r * n + c]);
+  for (int64_t r = r0; r < r1; ++r) s += to_f(dy[r * n + c]);
   partials[blockIdx.y * n + c] = s;
 }
 
 // Eight columns per thread with 16-byte loads (n % 8 == 0, rows 16-byte aligned).
-__global__ void partial8_kernel(float* partials, const bf16* dy, int64_t N, int64_t n, int64_t rows_per_block) {
+template <typename T16>
+__global__ void partial8_kernel(float* partials, const T16* dy, int64_t N, int64_t n, int64_t rows_per_block) {
   const int64_t c8 = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c8 * 8 >= n) return;
   const int64_t r0 = blockIdx.y * rows_per_block, r1 = min(N, r0 + rows_per_block);
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int64_t r = r0; r < r1; ++r) {
     const uint4 u = *reinterpret_cast<const uint4*>(dy + r * n + c8 * 8);
-    const bf16* e = reinterpret_cast<const bf16*>(&u);
+    const T16* e = reinterpret_cast<const T16*>(&u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) s[k] += __bfloat162float(e[k]);
+    for (int k = 0; k < 8; ++k) s[k] += to_f(e[k]);
   }
 #pragma unroll
   for (int k = 0; k < 8; ++k) partials[blockIdx.y * n + c8 * 8 + k] = s[k];
@@ -41,7 +43,8 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
 
 }  // namespace
 
-void bias_grad_bf16(float* db, const bf16* dy, int64_t N, int64_t n, cudaStream_t stream) {
+template <typename T16>
+void bias_grad_bf16_t(float* db, const T16* dy, int64_t N, int64_t n, cudaStream_t stream) {
   if (N == 0 || n == 0) return;
   const int64_t row_blocks = std::min<int64_t>(N, 256);
   const int64_t rpb = (N + row_blocks - 1) / row_blocks, nb = (N + rpb - 1) / rpb;
@@ -64,6 +67,11 @@ void add_f32(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, x, n);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+void bias_grad_bf16(float* db, const bf16* dy, int64_t N, int64_t n, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) bias_grad_bf16_t(db, hp(dy), N, n, stream);
+  else bias_grad_bf16_t(db, dy, N, n, stream);
 }
 
 }  // namespace mt::cuda

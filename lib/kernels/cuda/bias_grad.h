@@ -9,7 +9,7 @@
 
 namespace mt::cuda {
 
-void bias_grad_bf16(float* db, const bf16* dy, int64_t N, int64_t n, cudaStream_t stream);
+void bias_grad_bf16(float* db, const bf16* dy, int64_t N, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
 // y[i] += x[i] (a bias gradient from a GEMM epilogue, which writes, into the accumulated gradient).
 void add_f32(float* y, const float* x, int64_t n, cudaStream_t stream);
 

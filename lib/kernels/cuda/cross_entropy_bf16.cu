@@ -20,19 +20,20 @@ __device__ __forceinline__ void online_add(float& m, float& s, float x) {
 }
 
 // This block's (max, sum of exp(x - max)) over one row of V bf16 values, combined across the block.
-__device__ void row_stats(const bf16* x, int64_t V, bool vec, float& max_out, float& sum_out) {
+template <typename T16>
+__device__ void row_stats(const T16* x, int64_t V, bool vec, float& max_out, float& sum_out) {
   float m = -FLT_MAX, s = 0.0f;
   if (vec) {
     const int64_t nv = V / 8;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     for (int64_t i = threadIdx.x; i < nv; i += kThreads) {
       uint4 u = xv[i];
-      const bf16* e = reinterpret_cast<const bf16*>(&u);
+      const T16* e = reinterpret_cast<const T16*>(&u);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) online_add(m, s, __bfloat162float(e[k]));
+      for (int k = 0; k < 8; ++k) online_add(m, s, to_f(e[k]));
     }
   } else {
-    for (int64_t i = threadIdx.x; i < V; i += kThreads) online_add(m, s, __bfloat162float(x[i]));
+    for (int64_t i = threadIdx.x; i < V; i += kThreads) online_add(m, s, to_f(x[i]));
   }
   // Combine (m, s) across the block: the max first, then the rescaled sums.
   __shared__ float red[kThreads / 32];
@@ -47,46 +48,49 @@ __device__ void row_stats(const bf16* x, int64_t V, bool vec, float& max_out, fl
 }
 
 // x[i] = (exp(x[i] - lse) - [i == tgt]) * scale over one row (tgt is a column of this row, or outside it).
-__device__ void write_row_grad(bf16* x, int64_t V, bool vec, float lse, int64_t tgt, float scale) {
+template <typename T16>
+__device__ void write_row_grad(T16* x, int64_t V, bool vec, float lse, int64_t tgt, float scale) {
   if (vec) {
     const int64_t nv = V / 8;
     uint4* xv = reinterpret_cast<uint4*>(x);
     for (int64_t i = threadIdx.x; i < nv; i += kThreads) {
       uint4 u = xv[i];
-      bf16* e = reinterpret_cast<bf16*>(&u);
+      T16* e = reinterpret_cast<T16*>(&u);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const int64_t col = i * 8 + k;
-        const float p = __expf(__bfloat162float(e[k]) - lse);
-        e[k] = __float2bfloat16((p - (col == tgt ? 1.0f : 0.0f)) * scale);
+        const float p = __expf(to_f(e[k]) - lse);
+        e[k] = from_f<T16>((p - (col == tgt ? 1.0f : 0.0f)) * scale);
       }
       xv[i] = u;
     }
   } else {
     for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-      const float p = __expf(__bfloat162float(x[i]) - lse);
-      x[i] = __float2bfloat16((p - (i == tgt ? 1.0f : 0.0f)) * scale);
+      const float p = __expf(to_f(x[i]) - lse);
+      x[i] = from_f<T16>((p - (i == tgt ? 1.0f : 0.0f)) * scale);
     }
   }
 }
 
-__global__ void ce_kernel(float* losses, bf16* logits, const int32_t* targets, const float* mask, float grad_scale, int64_t V, bool write_grad,
-                          bool vec) {
+template <typename T16>
+__global__ void ce_kernel(float* losses, T16* logits, const int32_t* targets, const float* mask, float grad_scale, const float* loss_scale,
+                          int64_t V, bool write_grad, bool vec) {
   const int64_t row = blockIdx.x;
-  bf16* x = logits + row * V;
+  T16* x = logits + row * V;
   float bm, ssum;
   row_stats(x, V, vec, bm, ssum);
   const float lse = bm + __logf(ssum);
   const int32_t tgt = targets[row];
-  if (threadIdx.x == 0) losses[row] = lse - __bfloat162float(x[tgt]);
+  if (threadIdx.x == 0) losses[row] = lse - to_f(x[tgt]);
   if (!write_grad) return;
   __syncthreads();  // x[tgt] read before it is overwritten
-  write_row_grad(x, V, vec, lse, tgt, grad_scale * (mask ? mask[row] : 1.0f));
+  write_row_grad(x, V, vec, lse, tgt, grad_scale * (loss_scale ? *loss_scale : 1.0f) * (mask ? mask[row] : 1.0f));
 }
 
-__global__ void ce_shard_stats_kernel(float* stats, const bf16* logits, const int32_t* targets, int64_t N, int64_t V, int64_t v0, bool vec) {
+template <typename T16>
+__global__ void ce_shard_stats_kernel(float* stats, const T16* logits, const int32_t* targets, int64_t N, int64_t V, int64_t v0, bool vec) {
   const int64_t row = blockIdx.x;
-  const bf16* x = logits + row * V;
+  const T16* x = logits + row * V;
   float bm, ssum;
   row_stats(x, V, vec, bm, ssum);
   if (threadIdx.x == 0) {
@@ -94,7 +98,7 @@ __global__ void ce_shard_stats_kernel(float* stats, const bf16* logits, const in
     stats[row] = bm;
     stats[N + row] = bm;
     stats[2 * N + row] = ssum;
-    stats[3 * N + row] = tgt >= 0 && tgt < V ? __bfloat162float(x[tgt]) : 0.0f;
+    stats[3 * N + row] = tgt >= 0 && tgt < V ? to_f(x[tgt]) : 0.0f;
   }
 }
 
@@ -104,13 +108,15 @@ __global__ void ce_shard_rescale_kernel(float* stats, int64_t N) {
   }
 }
 
-__global__ void ce_shard_finish_kernel(float* losses, bf16* logits, const float* stats, const int32_t* targets, const float* mask, float grad_scale,
-                                       int64_t N, int64_t V, int64_t v0, bool write_grad, bool vec) {
+template <typename T16>
+__global__ void ce_shard_finish_kernel(float* losses, T16* logits, const float* stats, const int32_t* targets, const float* mask, float grad_scale,
+                                       const float* loss_scale, int64_t N, int64_t V, int64_t v0, bool write_grad, bool vec) {
   const int64_t row = blockIdx.x;
   const float lse = stats[row] + __logf(stats[2 * N + row]);
   if (threadIdx.x == 0) losses[row] = lse - stats[3 * N + row];
   if (!write_grad) return;
-  write_row_grad(logits + row * V, V, vec, lse, static_cast<int64_t>(targets[row]) - v0, grad_scale * (mask ? mask[row] : 1.0f));
+  write_row_grad(logits + row * V, V, vec, lse, static_cast<int64_t>(targets[row]) - v0,
+                 grad_scale * (loss_scale ? *loss_scale : 1.0f) * (mask ? mask[row] : 1.0f));
 }
 
 __global__ void masked_sum_kernel(float* acc, const float* losses, const float* mask, int64_t N, float weight) {
@@ -122,15 +128,17 @@ __global__ void masked_sum_kernel(float* acc, const float* losses, const float* 
 
 }  // namespace
 
-void cross_entropy_fused_bf16(float* losses, bf16* logits, const int32_t* targets, const float* loss_mask, float grad_scale, int64_t N,
-                              int64_t V, bool write_grad, cudaStream_t stream) {
+template <typename T16>
+void cross_entropy_fused_bf16_t(float* losses, T16* logits, const int32_t* targets, const float* loss_mask, float grad_scale,
+                                const float* loss_scale, int64_t N, int64_t V, bool write_grad, cudaStream_t stream) {
   if (N == 0) return;
   const bool vec = V % 8 == 0 && (reinterpret_cast<uintptr_t>(logits) % 16) == 0;
-  ce_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(losses, logits, targets, loss_mask, grad_scale, V, write_grad, vec);
+  ce_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(losses, logits, targets, loss_mask, grad_scale, loss_scale, V, write_grad, vec);
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void ce_shard_stats(float* stats, const bf16* logits, const int32_t* targets, int64_t N, int64_t V_local, int64_t v0, cudaStream_t stream) {
+template <typename T16>
+void ce_shard_stats_t(float* stats, const T16* logits, const int32_t* targets, int64_t N, int64_t V_local, int64_t v0, cudaStream_t stream) {
   if (N == 0) return;
   const bool vec = V_local % 8 == 0 && (reinterpret_cast<uintptr_t>(logits) % 16) == 0;
   ce_shard_stats_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(stats, logits, targets, N, V_local, v0, vec);
@@ -143,11 +151,12 @@ void ce_shard_rescale(float* stats, int64_t N, cudaStream_t stream) {
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void ce_shard_finish(float* losses, bf16* logits, const float* stats, const int32_t* targets, const float* loss_mask, float grad_scale,
-                     int64_t N, int64_t V_local, int64_t v0, bool write_grad, cudaStream_t stream) {
+template <typename T16>
+void ce_shard_finish_t(float* losses, T16* logits, const float* stats, const int32_t* targets, const float* loss_mask, float grad_scale,
+                       const float* loss_scale, int64_t N, int64_t V_local, int64_t v0, bool write_grad, cudaStream_t stream) {
   if (N == 0) return;
   const bool vec = V_local % 8 == 0 && (reinterpret_cast<uintptr_t>(logits) % 16) == 0;
-  ce_shard_finish_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(losses, logits, stats, targets, loss_mask, grad_scale, N, V_local,
+  ce_shard_finish_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(losses, logits, stats, targets, loss_mask, grad_scale, loss_scale, N, V_local,
                                                                             v0, write_grad, vec);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -155,6 +164,25 @@ void ce_shard_finish(float* losses, bf16* logits, const float* stats, const int3
 void masked_loss_sum(float* acc, const float* losses, const float* mask, int64_t N, float weight, cudaStream_t stream) {
   masked_sum_kernel<<<1, 1024, 0, stream>>>(acc, losses, mask, N, weight);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_fused_bf16(float* losses, bf16* logits, const int32_t* targets, const float* loss_mask, float grad_scale, int64_t N,
+                              int64_t V, bool write_grad, cudaStream_t stream, F16 t, const float* loss_scale) {
+  if (t == F16::kFP16) cross_entropy_fused_bf16_t(losses, hp(logits), targets, loss_mask, grad_scale, loss_scale, N, V, write_grad, stream);
+  else cross_entropy_fused_bf16_t(losses, logits, targets, loss_mask, grad_scale, loss_scale, N, V, write_grad, stream);
+}
+void ce_shard_stats(float* stats, const bf16* logits, const int32_t* targets, int64_t N, int64_t V_local, int64_t v0, cudaStream_t stream,
+                    F16 t) {
+  if (t == F16::kFP16) ce_shard_stats_t(stats, hp(logits), targets, N, V_local, v0, stream);
+  else ce_shard_stats_t(stats, logits, targets, N, V_local, v0, stream);
+}
+void ce_shard_finish(float* losses, bf16* logits, const float* stats, const int32_t* targets, const float* loss_mask, float grad_scale,
+                     int64_t N, int64_t V_local, int64_t v0, bool write_grad, cudaStream_t stream, F16 t, const float* loss_scale) {
+  if (t == F16::kFP16) {
+    ce_shard_finish_t(losses, hp(logits), stats, targets, loss_mask, grad_scale, loss_scale, N, V_local, v0, write_grad, stream);
+  } else {
+    ce_shard_finish_t(losses, logits, stats, targets, loss_mask, grad_scale, loss_scale, N, V_local, v0, write_grad, stream);
+  }
 }
 
 }  // namespace mt::cuda

@@ -13,6 +13,6 @@
 namespace mt::cuda {
 
 void embedding_forward_bf16(float* out, const int32_t* tokens, const int32_t* positions, const bf16* wte, const bf16* wpe, int64_t T,
-                            int64_t h, int64_t vocab_start, int64_t vocab_local, cudaStream_t stream);
+                            int64_t h, int64_t vocab_start, int64_t vocab_local, cudaStream_t stream, F16 t = F16::kBF16);
 
 }  // namespace mt::cuda

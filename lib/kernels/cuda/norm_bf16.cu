@@ -12,12 +12,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <int MAXC>
-__global__ void add_norm_fwd_kernel(float* sum_out, bf16* y, float* mean, float* rstd, const float* x, const bf16* delta,
-                                    const bf16* w, const bf16* b, int64_t h, float eps, bool rms) {
+template <int MAXC, typename T16>
+__global__ void add_norm_fwd_kernel(float* sum_out, T16* y, float* mean, float* rstd, const float* x, const T16* delta,
+                                    const T16* w, const T16* b, int64_t h, float eps, bool rms) {
   const int64_t row = blockIdx.x;
   const float* xr = x + row * h;
-  const bf16* dr = delta ? delta + row * h : nullptr;
+  const T16* dr = delta ? delta + row * h : nullptr;
   float v[MAXC];
   float s = 0.0f;
 #pragma unroll
@@ -25,7 +25,7 @@ __global__ void add_norm_fwd_kernel(float* sum_out, bf16* y, float* mean, float*
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     v[j] = 0.0f;
     if (c < h) {
-      v[j] = xr[c] + (dr ? __bfloat162float(dr[c]) : 0.0f);
+      v[j] = xr[c] + (dr ? to_f(dr[c]) : 0.0f);
       s += v[j];
     }
   }
@@ -43,9 +43,9 @@ __global__ void add_norm_fwd_kernel(float* sum_out, bf16* y, float* mean, float*
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     if (c < h) {
       if (sum_out) sum_out[row * h + c] = v[j];
-      float o = (v[j] - mu) * r * __bfloat162float(w[c]);
-      if (b) o += __bfloat162float(b[c]);
-      y[row * h + c] = __float2bfloat16(o);
+      float o = (v[j] - mu) * r * to_f(w[c]);
+      if (b) o += to_f(b[c]);
+      y[row * h + c] = from_f<T16>(o);
     }
   }
   if (threadIdx.x == 0) {
@@ -55,9 +55,9 @@ __global__ void add_norm_fwd_kernel(float* sum_out, bf16* y, float* mean, float*
 }
 
 // Input gradient: one block per row, like the forward (the row in registers between the two passes).
-template <int MAXC>
-__global__ void norm_bwd_dx_kernel(float* dres, bf16* dres16, const bf16* dy, const float* x, const float* mean, const float* rstd,
-                                   const bf16* w, int64_t h, bool rms) {
+template <int MAXC, typename T16>
+__global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, const float* x, const float* mean, const float* rstd,
+                                   const T16* w, int64_t h, bool rms) {
   const int64_t row = blockIdx.x;
   const float mu = rms ? 0.0f : mean[row], r = rstd[row];
   float xh[MAXC], g[MAXC];
@@ -68,7 +68,7 @@ __global__ void norm_bwd_dx_kernel(float* dres, bf16* dres16, const bf16* dy, co
     xh[j] = g[j] = 0.0f;
     if (c < h) {
       xh[j] = (x[row * h + c] - mu) * r;
-      g[j] = __bfloat162float(dy[row * h + c]) * __bfloat162float(w[c]);
+      g[j] = to_f(dy[row * h + c]) * to_f(w[c]);
       sg += g[j];
       sgx += g[j] * xh[j];
     }
@@ -82,20 +82,21 @@ __global__ void norm_bwd_dx_kernel(float* dres, bf16* dres16, const bf16* dy, co
     if (c < h) {
       const float t = dres[row * h + c] + r * (g[j] - mg - xh[j] * mgx);
       dres[row * h + c] = t;
-      dres16[row * h + c] = __float2bfloat16(t);
+      dres16[row * h + c] = from_f<T16>(t);
     }
   }
 }
 
 // Weight (and bias) gradient partials: blocks own a column tile and a range of rows, threads a column.
-__global__ void norm_bwd_dw_kernel(float* pw, float* pb, const bf16* dy, const float* x, const float* mean, const float* rstd, int64_t N,
+template <typename T16>
+__global__ void norm_bwd_dw_kernel(float* pw, float* pb, const T16* dy, const float* x, const float* mean, const float* rstd, int64_t N,
                                    int64_t h, int64_t rows_per_block, bool rms) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= h) return;
   const int64_t r0 = blockIdx.y * rows_per_block, r1 = min(N, r0 + rows_per_block);
   float aw = 0.0f, ab = 0.0f;
   for (int64_t row = r0; row < r1; ++row) {
-    const float d = __bfloat162float(dy[row * h + c]);
+    const float d = to_f(dy[row * h + c]);
     aw += d * (x[row * h + c] - (rms ? 0.0f : mean[row])) * rstd[row];
     ab += d;
   }
@@ -115,8 +116,9 @@ int cols_per_thread(int64_t h) {
 
 }  // namespace
 
-void add_norm_forward(float* sum_out, bf16* y, float* mean, float* rstd, const float* x, const bf16* delta, const bf16* w,
-                      const bf16* b, int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream) {
+template <typename T16>
+void add_norm_forward_t(float* sum_out, T16* y, float* mean, float* rstd, const float* x, const T16* delta, const T16* w,
+                      const T16* b, int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream) {
   if (N == 0) return;
   const dim3 grid(static_cast<unsigned>(N));
   switch (cols_per_thread(h)) {
@@ -129,8 +131,9 @@ void add_norm_forward(float* sum_out, bf16* y, float* mean, float* rstd, const f
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const float* x, const float* mean,
-                       const float* rstd, const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream) {
+template <typename T16>
+void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T16* dy, const float* x, const float* mean,
+                       const float* rstd, const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream) {
   if (N == 0) return;
   const dim3 rows(static_cast<unsigned>(N));
   switch (cols_per_thread(h)) {
@@ -158,6 +161,15 @@ void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf
   }
   alloc.release(pw);
   if (pb) alloc.release(pb);
+}
+
+void add_norm_forward(float* sum_out, bf16* y, float* mean, float* rstd, const float* x, const bf16* delta, const bf16* w, const bf16* b, int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) add_norm_forward_t(sum_out, hp(y), mean, rstd, x, hp(delta), hp(w), hp(b), N, h, eps, rms, stream);
+  else add_norm_forward_t(sum_out, y, mean, rstd, x, delta, w, b, N, h, eps, rms, stream);
+}
+void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const float* x, const float* mean, const float* rstd, const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), x, mean, rstd, hp(w), N, h, rms, stream);
+  else norm_backward_add_t(dres, dres16, dw, db, dy, x, mean, rstd, w, N, h, rms, stream);
 }
 
 }  // namespace mt::cuda

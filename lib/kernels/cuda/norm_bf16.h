@@ -15,10 +15,10 @@ namespace mt::cuda {
 // s = x + delta (delta may be null); y = norm(s) * w (+ b). sum_out (may be null) receives s; mean is
 // unused (may be null) for RMSNorm.
 void add_norm_forward(float* sum_out, bf16* y, float* mean, float* rstd, const float* x, const bf16* delta, const bf16* w,
-                      const bf16* b, int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream);
+                      const bf16* b, int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t = F16::kBF16);
 
 // dres += d(norm input); dres16 = bf16(dres); dw (+ db unless null) += weight gradients (fp32).
 void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const float* x, const float* mean,
-                       const float* rstd, const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream);
+                       const float* rstd, const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t = F16::kBF16);
 
 }  // namespace mt::cuda

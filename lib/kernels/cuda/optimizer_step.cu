@@ -26,7 +26,9 @@ __global__ void sumsq_kernel(float* partials, const float* g, const AdamChunk* c
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
-__global__ void prepare_kernel(StepState* st, const float* partials, float max_norm, float b1, float b2, float loss_weight, float inv_ls) {
+__global__ void prepare_kernel(StepState* st, const float* partials, float max_norm, float b1, float b2, float loss_weight, LossScaleRule rule) {
+  const float used = rule.fp16 ? st->loss_scale : 1.0f, inv_ls = 1.0f / used;
+  st->unscale = inv_ls;
   double s = 0.0;
   for (int i = 0; i < kNormPartials; ++i) s += partials[i];
   const float norm = static_cast<float>(sqrt(s)) * inv_ls;
@@ -34,13 +36,27 @@ __global__ void prepare_kernel(StepState* st, const float* partials, float max_n
   st->grad_norm = norm;
   st->loss = st->loss_acc * loss_weight;
   st->loss_acc = 0.0f;
-  const bool bad = !isfinite(norm) || !isfinite(st->loss);
+  const bool loss_ok = isfinite(st->loss), bad = !isfinite(norm) || !loss_ok;
   st->skip = bad ? 1 : 0;
   st->clip_coef = (max_norm > 0.0f && norm > max_norm) ? max_norm / (norm + 1e-6f) : 1.0f;
+  if (rule.dynamic) {  // Megatron's DynamicGradScaler, for the next step
+    if (bad) {
+      st->clean_steps = 0;
+      if (--st->hysteresis_left <= 0) st->loss_scale = fmaxf(rule.min_scale, st->loss_scale * 0.5f);
+    } else if (++st->clean_steps == rule.window) {
+      st->clean_steps = 0;
+      st->hysteresis_left = rule.hysteresis;
+      st->loss_scale *= 2.0f;
+    }
+  }
   if (bad) {
+    // fp16 with a finite loss: an overflow, skipped as the scale shrinks (no NaN iteration, no NaN run).
     st->skipped_total += 1;
-    st->nonfinite_run += 1;
-    st->max_nonfinite_run = max(st->max_nonfinite_run, st->nonfinite_run);
+    if (!(rule.fp16 && loss_ok)) st->nan_total += 1;
+    if (!rule.fp16) {
+      st->nonfinite_run += 1;
+      st->max_nonfinite_run = max(st->max_nonfinite_run, st->nonfinite_run);
+    }
     return;
   }
   st->nonfinite_run = 0;
@@ -49,11 +65,12 @@ __global__ void prepare_kernel(StepState* st, const float* partials, float max_n
   st->bc2 = static_cast<float>(1.0 - pow(static_cast<double>(b2), static_cast<double>(st->t)));
 }
 
-__global__ void adam_kernel(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, const StepState* st, float lr,
-                            float b1, float b2, float eps, float wd, float inv_ls) {
+template <typename T16>
+__global__ void adam_kernel(float* w, float* m, float* v, T16* w16, const float* g, const AdamChunk* chunks, const StepState* st, float lr,
+                            float b1, float b2, float eps, float wd) {
   if (st->skip) return;
   const AdamChunk c = chunks[blockIdx.x];
-  const float scale = st->clip_coef * inv_ls, bc1 = st->bc1, bc2 = st->bc2;
+  const float scale = st->clip_coef * st->unscale, bc1 = st->bc1, bc2 = st->bc2;
   const float decay = c.decay ? wd : 0.0f;
   const int64_t s0 = state_index(c);
   for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
@@ -66,7 +83,7 @@ __global__ void adam_kernel(float* w, float* m, float* v, bf16* w16, const float
     const float update = (mi / bc1) / (sqrtf(vi / bc2) + eps);
     const float wi = w[j] - lr * (update + decay * w[j]);
     w[j] = wi;
-    w16[i] = __float2bfloat16(wi);
+    w16[i] = from_f<T16>(wi);
   }
 }
 
@@ -74,21 +91,24 @@ __global__ void poison_kernel(float* partials, const float* value) {
   if (!isfinite(*value)) partials[0] = NAN;
 }
 
-__global__ void cast_kernel(bf16* out, const float* in, int64_t n) {
+template <typename T16>
+__global__ void cast_kernel(T16* out, const float* in, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = __float2bfloat16(in[i]);
+    out[i] = from_f<T16>(in[i]);
   }
 }
 
-__global__ void uncast_kernel(float* out, const bf16* in, int64_t n) {
+template <typename T16>
+__global__ void uncast_kernel(float* out, const T16* in, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = __bfloat162float(in[i]);
+    out[i] = to_f(in[i]);
   }
 }
 
 }  // namespace
 
-void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream) {
+template <typename T16>
+void cast_from_bf16_t(float* out, const T16* in, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   uncast_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, in, n);
   MT_CUDA_CHECK_LAUNCH();
@@ -104,24 +124,39 @@ void poison_if_nonfinite(float* partials, const float* value, cudaStream_t strea
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, float inv_loss_scale,
+void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, const LossScaleRule& rule,
                   cudaStream_t stream) {
-  prepare_kernel<<<1, 1, 0, stream>>>(s, partials, max_norm, beta1, beta2, loss_weight, inv_loss_scale);
+  prepare_kernel<<<1, 1, 0, stream>>>(s, partials, max_norm, beta1, beta2, loss_weight, rule);
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void adamw_multi(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
-                 float lr, float beta1, float beta2, float eps, float weight_decay, float inv_loss_scale, cudaStream_t stream) {
+template <typename T16>
+void adamw_multi_t(float* w, float* m, float* v, T16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
+                   float lr, float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream) {
   if (nchunks == 0) return;
-  adam_kernel<<<static_cast<unsigned>(nchunks), 512, 0, stream>>>(w, m, v, w16, g, chunks, s, lr, beta1, beta2, eps, weight_decay,
-                                                                    inv_loss_scale);
+  adam_kernel<<<static_cast<unsigned>(nchunks), 512, 0, stream>>>(w, m, v, w16, g, chunks, s, lr, beta1, beta2, eps, weight_decay);
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream) {
+template <typename T16>
+void cast_to_bf16_t(T16* out, const float* in, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   cast_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, in, n);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) cast_from_bf16_t(out, hp(in), n, stream);
+  else cast_from_bf16_t(out, in, n, stream);
+}
+void adamw_multi(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
+                 float lr, float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) adamw_multi_t(w, m, v, hp(w16), g, chunks, nchunks, s, lr, beta1, beta2, eps, weight_decay, stream);
+  else adamw_multi_t(w, m, v, w16, g, chunks, nchunks, s, lr, beta1, beta2, eps, weight_decay, stream);
+}
+void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) cast_to_bf16_t(hp(out), in, n, stream);
+  else cast_to_bf16_t(out, in, n, stream);
 }
 
 }  // namespace mt::cuda

@@ -24,6 +24,22 @@ struct StepState {
   int32_t skipped_total;  // iterations skipped so far
   int32_t nonfinite_run;  // consecutive non-finite iterations
   int32_t max_nonfinite_run;  // the longest such run so far (the host checks it at log intervals)
+  // fp16 loss scaling (Megatron's DynamicGradScaler, kept on the device): the scale the next step's loss
+  // gradient is multiplied by, its trackers, and 1 / the scale this step's gradients carry.
+  float loss_scale;
+  int32_t hysteresis_left;
+  int32_t clean_steps;
+  float unscale;
+  int32_t nan_total;  // skipped iterations that were not fp16 overflows (non-finite loss, or bf16 / fp32)
+};
+
+// How step_prepare treats the loss scale: bf16 / fp32 (fp16 false) use 1; fp16 reads StepState::loss_scale
+// and, when dynamic, halves it once `hysteresis` overflows have been seen (then at every further one) and
+// doubles it after `window` clean steps, restoring the hysteresis.
+struct LossScaleRule {
+  bool fp16 = false, dynamic = false;
+  float min_scale = 1.0f;
+  int32_t window = 1000, hysteresis = 2;
 };
 
 struct AdamChunk {
@@ -47,12 +63,12 @@ void sumsq_partials(float* partials, const float* x, const AdamChunk* chunks, in
 // through the partials' all-reduce (the distributed optimizer, where each rank's loss is its own).
 void poison_if_nonfinite(float* partials, const float* value, cudaStream_t stream);
 // From the partials and loss_acc: norm, clip, skip, t and the bias corrections; loss = loss_acc * loss_weight; loss_acc reset.
-void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, float inv_loss_scale,
+void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, const LossScaleRule& rule,
                   cudaStream_t stream);
 // w (fp32 master), m and v are indexed by the chunks' state index; g and w16 by their start.
 void adamw_multi(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
-                 float lr, float beta1, float beta2, float eps, float weight_decay, float inv_loss_scale, cudaStream_t stream);
-void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);
-void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream);
+                 float lr, float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream, F16 t = F16::kBF16);
+void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
+void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
 
 }  // namespace mt::cuda

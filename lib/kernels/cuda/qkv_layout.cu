@@ -16,56 +16,59 @@ __device__ __forceinline__ Slot slot_of(int64_t slot, int64_t qpg) {
   return {r == qpg ? 1 : 2, g};
 }
 
-__device__ __forceinline__ float rotated(const bf16* row, int64_t j, int64_t half, float c, float s) {
-  const float xj = __bfloat162float(row[j]);
-  return j < half ? xj * c - __bfloat162float(row[j + half]) * s : xj * c + __bfloat162float(row[j - half]) * s;
+template <typename T16>
+__device__ __forceinline__ float rotated(const T16* row, int64_t j, int64_t half, float c, float s) {
+  const float xj = to_f(row[j]);
+  return j < half ? xj * c - to_f(row[j + half]) * s : xj * c + to_f(row[j - half]) * s;
 }
 
-__global__ void split_kernel(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* pos, const float* table, int64_t T, int64_t nh,
+template <typename T16>
+__global__ void split_kernel(T16* q, T16* k, T16* v, const T16* qkv, const int32_t* pos, const float* table, int64_t T, int64_t nh,
                              int64_t ng, int64_t d, int64_t rot) {
   const int64_t qpg = nh / ng, slots = ng * (qpg + 2), total = T * slots * d, half = rot / 2;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = e % d, ts = e / d, slot = ts % slots, t = ts / slots;
     const Slot sl = slot_of(slot, qpg);
-    const bf16* row = qkv + ts * d;
+    const T16* row = qkv + ts * d;
     float val;
     if (table && sl.kind < 2 && j < rot) {
       const int64_t i = j < half ? j : j - half;
       const float c = table[(static_cast<int64_t>(pos[t]) * half + i) * 2], s = table[(static_cast<int64_t>(pos[t]) * half + i) * 2 + 1];
       val = rotated(row, j, half, c, s);
     } else {
-      val = __bfloat162float(row[j]);
+      val = to_f(row[j]);
     }
-    const bf16 o = __float2bfloat16(val);
+    const T16 o = from_f<T16>(val);
     if (sl.kind == 0) q[(t * nh + sl.head) * d + j] = o;
     else if (sl.kind == 1) k[(t * ng + sl.head) * d + j] = o;
     else v[(t * ng + sl.head) * d + j] = o;
   }
 }
 
-__global__ void merge_kernel(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const int32_t* pos, const float* table, int64_t T,
+template <typename T16>
+__global__ void merge_kernel(T16* dqkv, const T16* dq, const T16* dk, const T16* dv, const int32_t* pos, const float* table, int64_t T,
                              int64_t nh, int64_t ng, int64_t d, int64_t rot) {
   const int64_t qpg = nh / ng, slots = ng * (qpg + 2), total = T * slots * d, half = rot / 2;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = e % d, ts = e / d, slot = ts % slots, t = ts / slots;
     const Slot sl = slot_of(slot, qpg);
-    const bf16* row = sl.kind == 0 ? dq + (t * nh + sl.head) * d : sl.kind == 1 ? dk + (t * ng + sl.head) * d : dv + (t * ng + sl.head) * d;
+    const T16* row = sl.kind == 0 ? dq + (t * nh + sl.head) * d : sl.kind == 1 ? dk + (t * ng + sl.head) * d : dv + (t * ng + sl.head) * d;
     float val;
     if (table && sl.kind < 2 && j < rot) {
       const int64_t i = j < half ? j : j - half;
       const float c = table[(static_cast<int64_t>(pos[t]) * half + i) * 2], s = table[(static_cast<int64_t>(pos[t]) * half + i) * 2 + 1];
       val = rotated(row, j, half, c, -s);  // the inverse rotation
     } else {
-      val = __bfloat162float(row[j]);
+      val = to_f(row[j]);
     }
-    dqkv[e] = __float2bfloat16(val);
+    dqkv[e] = from_f<T16>(val);
   }
 }
 
 // Fast path (rot_dim == d or no rotation, d % 16 == 0): a thread moves 8 elements of the first half of
 // a head row and their 8 rotation partners in the second half with 16-byte loads and stores.
-template <bool kMerge>
-__global__ void layout_vec_kernel(bf16* fused, bf16* q, bf16* k, bf16* v, const int32_t* pos, const float* table, int64_t rows, int nh,
+template <bool kMerge, typename T16>
+__global__ void layout_vec_kernel(T16* fused, T16* q, T16* k, T16* v, const int32_t* pos, const float* table, int64_t rows, int nh,
                                   int ng, int d) {
   const int qpg = nh / ng, slots = ng * (qpg + 2), half = d / 2, chunks = half / 8;
   const int64_t total = rows * slots * chunks;
@@ -75,8 +78,8 @@ __global__ void layout_vec_kernel(bf16* fused, bf16* q, bf16* k, bf16* v, const 
     const int slot = static_cast<int>(ts % slots);
     const int64_t t = ts / slots;
     const int g = slot / (qpg + 2), r = slot % (qpg + 2);
-    bf16* sep = r < qpg ? q + (t * nh + g * qpg + r) * d : (r == qpg ? k : v) + (t * ng + g) * d;
-    bf16* fus = fused + ts * d;
+    T16* sep = r < qpg ? q + (t * nh + g * qpg + r) * d : (r == qpg ? k : v) + (t * ng + g) * d;
+    T16* fus = fused + ts * d;
     const int i0 = c * 8;
     Bf16x8 a = load_bf16x8((kMerge ? sep : fus) + i0), b = load_bf16x8((kMerge ? sep : fus) + half + i0);
     if (table && r <= qpg) {
@@ -98,12 +101,13 @@ bool vec_ok(int64_t d, int64_t rot, const float* table) { return d % 16 == 0 && 
 
 }  // namespace
 
-void qkv_split_rope(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* positions, const float* table, int64_t T, int64_t nh,
+template <typename T16>
+void qkv_split_rope_t(T16* q, T16* k, T16* v, const T16* qkv, const int32_t* positions, const float* table, int64_t T, int64_t nh,
                     int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream) {
   const int64_t total = T * (nh + 2 * ng) * d;
   if (total == 0) return;
   if (vec_ok(d, rot_dim, table)) {
-    layout_vec_kernel<false><<<grid_for(total / 16, 256), 256, 0, stream>>>(const_cast<bf16*>(qkv), q, k, v, positions, table, T,
+    layout_vec_kernel<false><<<grid_for(total / 16, 256), 256, 0, stream>>>(const_cast<T16*>(qkv), q, k, v, positions, table, T,
                                                                             static_cast<int>(nh), static_cast<int>(ng), static_cast<int>(d));
     MT_CUDA_CHECK_LAUNCH();
     return;
@@ -112,19 +116,29 @@ void qkv_split_rope(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* p
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void qkv_merge_rope_backward(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const int32_t* positions, const float* table,
+template <typename T16>
+void qkv_merge_rope_backward_t(T16* dqkv, const T16* dq, const T16* dk, const T16* dv, const int32_t* positions, const float* table,
                              int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream) {
   const int64_t total = T * (nh + 2 * ng) * d;
   if (total == 0) return;
   if (vec_ok(d, rot_dim, table)) {
-    layout_vec_kernel<true><<<grid_for(total / 16, 256), 256, 0, stream>>>(dqkv, const_cast<bf16*>(dq), const_cast<bf16*>(dk),
-                                                                           const_cast<bf16*>(dv), positions, table, T, static_cast<int>(nh),
+    layout_vec_kernel<true><<<grid_for(total / 16, 256), 256, 0, stream>>>(dqkv, const_cast<T16*>(dq), const_cast<T16*>(dk),
+                                                                           const_cast<T16*>(dv), positions, table, T, static_cast<int>(nh),
                                                                            static_cast<int>(ng), static_cast<int>(d));
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
   merge_kernel<<<grid_for(total, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, positions, table, T, nh, ng, d, rot_dim);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+void qkv_split_rope(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* positions, const float* table, int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) qkv_split_rope_t(hp(q), hp(k), hp(v), hp(qkv), positions, table, T, nh, ng, d, rot_dim, stream);
+  else qkv_split_rope_t(q, k, v, qkv, positions, table, T, nh, ng, d, rot_dim, stream);
+}
+void qkv_merge_rope_backward(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const int32_t* positions, const float* table, int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream, F16 t) {
+  if (t == F16::kFP16) qkv_merge_rope_backward_t(hp(dqkv), hp(dq), hp(dk), hp(dv), positions, table, T, nh, ng, d, rot_dim, stream);
+  else qkv_merge_rope_backward_t(dqkv, dq, dk, dv, positions, table, T, nh, ng, d, rot_dim, stream);
 }
 
 }  // namespace mt::cuda

@@ -12,9 +12,9 @@
 namespace mt::cuda {
 
 void qkv_split_rope(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* positions, const float* table, int64_t T,
-                    int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream);
+                    int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream, F16 t = F16::kBF16);
 // The backward: gradients of Q, K, V (rotated back) gathered into the fused layout.
 void qkv_merge_rope_backward(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const int32_t* positions, const float* table,
-                             int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream);
+                             int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream, F16 t = F16::kBF16);
 
 }  // namespace mt::cuda

@@ -239,7 +239,7 @@ Layouts layouts(const SdpaShape& s) {
 std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p_bf16, std::string* why) {
   auto g = std::make_unique<Graph>(h);
   const Layouts l = layouts(s);
-  const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
+  const cudnnDataType_t bf = s.type == F16::kFP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
   Desc q = g->tensor(kQ, bf, l.q_dims, l.q_str, false);
   Desc kt = g->tensor(kK, bf, l.kt_dims, l.kt_str, false);
   Desc v = g->tensor(kV, bf, l.kv_dims, l.kv_str, false);
@@ -272,7 +272,7 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
 std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::string* why) {
   auto g = std::make_unique<Graph>(h);
   const Layouts l = layouts(s);
-  const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
+  const cudnnDataType_t bf = s.type == F16::kFP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
   Desc q = g->tensor(kQ, bf, l.q_dims, l.q_str, false);
   Desc kt = g->tensor(kK, bf, l.kt_dims, l.kt_str, false);
   Desc vt = g->tensor(kV, bf, l.kt_dims, l.kt_str, false);  // V^T: the same strided view as K^T
@@ -346,7 +346,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
 struct CudnnSdpa::Impl {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int>;
   struct Entry {
     std::unique_ptr<Graph> graph;
     void* workspace = nullptr;
@@ -357,7 +357,7 @@ struct CudnnSdpa::Impl {
   Entry& get(const SdpaShape& s, bool backward) {
     uint32_t scale_bits;
     std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
-    const Key key{s.B, s.S, s.Hq, s.Hk, s.D, scale_bits, backward};
+    const Key key{s.B, s.S, s.Hq, s.Hk, s.D, scale_bits, backward, static_cast<int>(s.type)};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;

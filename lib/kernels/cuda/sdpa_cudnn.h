@@ -1,7 +1,8 @@
 // sdpa_cudnn.h (CUDA): causal scaled-dot-product attention forward and backward through cuDNN's fused
 // flash-attention engines, reached with the backend (graph) API: the operation graph is spelled out op by
 // op (matmul, scale, causal mask, softmax with statistics, matmul) and cuDNN's runtime fusion turns it into
-// one flash kernel. Plans are built once per shape and cached. bf16 in and out, fp32 statistics.
+// one flash kernel. Plans are built once per shape and cached. bf16 (or fp16: SdpaShape::type) in and out,
+// fp32 statistics.
 //
 // Layout (BSHD, as the model keeps it): Q, O, dQ, dO [B, S, Hq, D]; K, V, dK, dV [B, S, Hk, D], Hq a
 // multiple of Hk (grouped-query attention). Stats: [B, Hq, S] fp32 (log-sum-exp per row).
@@ -12,11 +13,14 @@
 #include <memory>
 #include <string>
 
+#include "kernels/cuda/bf16_fwd.h"
+
 namespace mt::cuda {
 
 struct SdpaShape {
   int64_t B, S, Hq, Hk, D;
   float scale;
+  F16 type = F16::kBF16;  // of Q, K, V, O and their gradients
 };
 
 class CudnnSdpa {

@@ -68,12 +68,14 @@ int64_t end_of(const ParamStore& ps, int64_t off) {
   return 0;
 }
 
-constexpr cudaDataType_t kBF = CUDA_R_16BF;
-
 }  // namespace
 
 CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp, bool keep_master)
-    : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1)), stream_(stream) {
+    : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1)),
+      stream_(stream),
+      dt_(cfg.precision.fp16 ? cuda::F16::kFP16 : cuda::F16::kBF16),
+      ab_(cfg.precision.fp16 ? CUDA_R_16F : CUDA_R_16BF),
+      wire_(cfg.precision.fp16 ? WireType::kF16 : WireType::kBF16) {
   const ModelDims& D = D_;
   if (D.tp > 1) {
     tp_ = tp;
@@ -103,7 +105,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   // The initial values go up through the master buffer, or through the gradient buffer when there is none.
   float* up = keep_master ? master_ : grads_;
   MT_CUDA_CHECK(cudaMemcpyAsync(up, layout.params().f32(), static_cast<size_t>(numel_) * 4, cudaMemcpyHostToDevice, stream_));
-  cuda::cast_to_bf16(w16_, up, numel_, stream_);
+  cuda::cast_to_bf16(w16_, up, numel_, stream_, dt_);
   MT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(numel_) * 4, stream_));
 
   wte_ = offset_of(layout, "embedding.word_embeddings.weight");
@@ -241,7 +243,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   // (else the bias-gradient kernel).
   auto& lt = cuda::GemmLt::instance();
   auto fusable = [&](int64_t n, int64_t x_width) {
-    return lt.has_algorithm(true, false, n, x_width, T, n, x_width, x_width, kBF, CUDA_R_32F, {cuda::GemmEpilogue::kBiasGrad, nullptr, 0});
+    return lt.has_algorithm(true, false, n, x_width, T, n, x_width, x_width, ab_, CUDA_R_32F, {cuda::GemmEpilogue::kBiasGrad, nullptr, 0});
   };
   bgrad_epilogue_ = D.bias && fusable(Wq, h) && fusable(F1, h) && fusable(h, F) && fusable(h, W_.Hd);
   if (bgrad_epilogue_) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
@@ -256,7 +258,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
 
   // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;
-  const std::string why = cuda::CudnnSdpa::instance().check({mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale});
+  const std::string why = cuda::CudnnSdpa::instance().check({mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_});
   if (!why.empty()) throw std::runtime_error(why);
   // The split forward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns it off): TP without SP or K/V replication, an even
   // micro batch, and cuDNN attention for half of it.
@@ -266,7 +268,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   for (int64_t width : {h, Wq, W_.Hd, W_.KVd, F, F1}) aligned = aligned && (half_rows * width * 2) % 256 == 0;
   const char* split_env = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
   split_forward_ = tp_ && !sp_ && !kv_group_ && mbs % 2 == 0 && aligned && !(split_env && std::string(split_env) == "0") &&
-                   cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale}).empty();
+                   cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
   if (tp_) {
     // The TP ranks must issue the same collectives: agree on the setting (read from each rank's environment).
     float* agree = static_cast<float*>(alloc(4));
@@ -310,7 +312,7 @@ CudaGPT::~CudaGPT() {
 
 void CudaGPT::refresh_working() {
   if (!master_) throw std::logic_error("CUDA model: refresh_working without master weights");
-  cuda::cast_to_bf16(w16_, master_, numel_, stream_);
+  cuda::cast_to_bf16(w16_, master_, numel_, stream_, dt_);
 }
 
 bool CudaGPT::recomputed(int64_t l) const { return recompute_layer_[static_cast<size_t>(l)]; }
@@ -318,10 +320,10 @@ bool CudaGPT::recomputed(int64_t l) const { return recompute_layer_[static_cast<
 const bf16* CudaGPT::combine_rows(bf16* full, bf16* local, int64_t T) {
   if (!tp_) return full;
   if (sp_) {
-    MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(full, local, T / tp_size_ * D_.h, WireType::kBF16, stream_));
+    MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(full, local, T / tp_size_ * D_.h, wire_, stream_));
     return local;
   }
-  MT_PROF("tp.all_reduce", tp_->all_reduce_on(full, T * D_.h, WireType::kBF16, ReduceOp::kSum, stream_));
+  MT_PROF("tp.all_reduce", tp_->all_reduce_on(full, T * D_.h, wire_, ReduceOp::kSum, stream_));
   return full;
 }
 
@@ -346,11 +348,11 @@ void CudaGPT::wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int6
                               int64_t b_off) {
   auto& lt = cuda::GemmLt::instance();
   if (b_off < 0) {
-    MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, kBF, CUDA_R_32F, nullptr, ws));
+    MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, ab_, CUDA_R_32F, nullptr, ws));
     return;
   }
   float* tmp = ws == stream_ ? s_->bgrad : s_->bgrad + bgrad_len_;  // one per stream: the two may run at once
-  MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, kBF, CUDA_R_32F, nullptr, ws,
+  MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, ab_, CUDA_R_32F, nullptr, ws,
                                   {cuda::GemmEpilogue::kBiasGrad, tmp, 0}));
   MT_PROF_ON(ws, "bwd.bias_grad", cuda::add_f32(g(b_off), tmp, n, ws));
 }
@@ -370,7 +372,7 @@ void CudaGPT::join_wgrad() {
 
 bf16* CudaGPT::gather_rows(bf16* local, bf16* full, int64_t T) {
   if (!sp_) return local;
-  MT_PROF("tp.all_gather", tp_->all_gather_on(local, full, T / tp_size_ * D_.h, WireType::kBF16, stream_));
+  MT_PROF("tp.all_gather", tp_->all_gather_on(local, full, T / tp_size_ * D_.h, wire_, stream_));
   return full;
 }
 
@@ -393,31 +395,31 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
   const int64_t Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
-  const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale};
-  MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, kBF, kBF, w(lw.qkv_b), stream_));
+  const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
+  MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, ab_, ab_, w(lw.qkv_b), stream_));
   if (!kv_group_) {
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local, D.ng_local,
-                                                       D.d, D.rot_dim, stream_));
+                                                       D.d, D.rot_dim, stream_, dt_));
   } else {  // the group's query heads, then this rank's nh_local of them
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(s.q_all, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.qh_local, D.ng_local,
-                                                       D.d, D.rot_dim, stream_));
+                                                       D.d, D.rot_dim, stream_, dt_));
     MT_PROF("fwd.qkv_split_rope", copy_own_heads(r.q, s.q_all, T, false));
   }
   MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_));
   // Row-parallel: the bias joins one rank's partial sum.
-  MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, kBF, kBF, row_bias(lw.proj_b), stream_));
+  MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, ab_, ab_, row_bias(lw.proj_b), stream_));
   const bf16* attn = combine_rows(s.delta, s.delta_l, T);
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid, norm_out(r.xn2), r.mean2, r.rstd2, x_in, attn, w(lw.ln2_w), w(lw.ln2_b), Tl, h, D.eps, D.rms,
-                                                 stream_));
+                                                 stream_, dt_));
   gather_rows(s.xn_l, r.xn2, T);
   if (D.swiglu) {
-    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, kBF, kBF, w(lw.fc1_b), stream_));
-    MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_));
+    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, ab_, ab_, w(lw.fc1_b), stream_));
+    MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_, dt_));
   } else {  // GELU in the GEMM's epilogue, its input kept for the backward
-    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.act, F, kBF, kBF, w(lw.fc1_b), stream_,
+    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.act, F, ab_, ab_, w(lw.fc1_b), stream_,
                                        {cuda::GemmEpilogue::kGeluAux, r.fc1, F}));
   }
-  MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, T, h, F, 1.0f, r.act, F, w(lw.fc2_w), F, 0.0f, s.delta, h, kBF, kBF, row_bias(lw.fc2_b), stream_));
+  MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, T, h, F, 1.0f, r.act, F, w(lw.fc2_w), F, 0.0f, s.delta, h, ab_, ab_, row_bias(lw.fc2_b), stream_));
   return combine_rows(s.delta, s.delta_l, T);
 }
 
@@ -425,7 +427,7 @@ void CudaGPT::reduce_half(int64_t half, int64_t rows) {
   MT_CUDA_CHECK(cudaEventRecord(ready_ev_[half], stream_));
   MT_CUDA_CHECK(cudaStreamWaitEvent(tp_stream_, ready_ev_[half], 0));
   bf16* data = s_->delta + half * rows * D_.h;
-  MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, WireType::kBF16, ReduceOp::kSum, tp_stream_));
+  MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, wire_, ReduceOp::kSum, tp_stream_));
   MT_CUDA_CHECK(cudaEventRecord(reduced_ev_[half], tp_stream_));
 }
 
@@ -445,16 +447,16 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
     const Record& p = recomputed(l - 1) ? *recompute_record_ : *records_[static_cast<size_t>(l - 1)];
     wait_reduced(half);
     MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l)]->x_in + r0 * h, r.xn1 + r0 * h, r.mean1 + r0, r.rstd1 + r0,
-                                                   p.x_mid + r0 * h, s.delta + r0 * h, w(lw.ln1_w), w(lw.ln1_b), rows, h, D.eps, D.rms, stream_));
+                                                   p.x_mid + r0 * h, s.delta + r0 * h, w(lw.ln1_w), w(lw.ln1_b), rows, h, D.eps, D.rms, stream_, dt_));
   }
-  MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, rows, Wq, h, 1.0f, r.xn1 + r0 * h, h, w(lw.qkv_w), h, 0.0f, s.qkv + r0 * Wq, Wq, kBF, kBF,
+  MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, rows, Wq, h, 1.0f, r.xn1 + r0 * h, h, w(lw.qkv_w), h, 0.0f, s.qkv + r0 * Wq, Wq, ab_, ab_,
                                      w(lw.qkv_b), stream_));
   MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, s.qkv + r0 * Wq, mb.positions + r0,
-                                                     D.rope ? rope_table_ : nullptr, rows, D.nh_local, D.ng_local, D.d, D.rot_dim, stream_));
-  const cuda::SdpaShape sh{Bh, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale};
+                                                     D.rope ? rope_table_ : nullptr, rows, D.nh_local, D.ng_local, D.d, D.rot_dim, stream_, dt_));
+  const cuda::SdpaShape sh{Bh, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
   MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, r.o + r0 * Hd,
                                                                r.stats + half * Bh * D.nh_local * mb.S, stream_));
-  MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, rows, h, Hd, 1.0f, r.o + r0 * Hd, Hd, w(lw.proj_w), Hd, 0.0f, s.delta + r0 * h, h, kBF, kBF,
+  MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, rows, h, Hd, 1.0f, r.o + r0 * Hd, Hd, w(lw.proj_w), Hd, 0.0f, s.delta + r0 * h, h, ab_, ab_,
                                       row_bias(lw.proj_b), stream_));
   reduce_half(half, rows);
 }
@@ -471,16 +473,16 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   const float* x_in = records_[static_cast<size_t>(l)]->x_in;
   wait_reduced(half);
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid + r0 * h, r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, x_in + r0 * h, s.delta + r0 * h,
-                                                 w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, stream_));
+                                                 w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, stream_, dt_));
   if (D.swiglu) {
-    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F1, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.fc1 + r0 * F1, F1, kBF, kBF,
+    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F1, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.fc1 + r0 * F1, F1, ab_, ab_,
                                        w(lw.fc1_b), stream_));
-    MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act + r0 * F, r.fc1 + r0 * F1, rows, F, stream_));
+    MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act + r0 * F, r.fc1 + r0 * F1, rows, F, stream_, dt_));
   } else {
-    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.act + r0 * F, F, kBF, kBF,
+    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.act + r0 * F, F, ab_, ab_,
                                        w(lw.fc1_b), stream_, {cuda::GemmEpilogue::kGeluAux, r.fc1 + r0 * F, F}));
   }
-  MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, rows, h, F, 1.0f, r.act + r0 * F, F, w(lw.fc2_w), F, 0.0f, s.delta + r0 * h, h, kBF, kBF,
+  MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, rows, h, F, 1.0f, r.act + r0 * F, F, w(lw.fc2_w), F, 0.0f, s.delta + r0 * h, h, ab_, ab_,
                                      row_bias(lw.fc2_b), stream_));
   reduce_half(half, rows);
 }
@@ -513,47 +515,47 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // MLP
   const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
   if (D.swiglu) {
-    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, kBF, kBF, nullptr, stream_));
+    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, ab_, ab_, nullptr, stream_));
   } else {  // the GELU backward in the epilogue: straight to d(fc1 output)
-    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dfc1, F, kBF, kBF, nullptr, stream_,
+    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dfc1, F, ab_, ab_, nullptr, stream_,
                                              {cuda::GemmEpilogue::kDGelu, r.fc1, F}));
   }
   // Row-parallel biases: under SP their gradient is this rank's rows' (summed over TP later), not all of dy's.
   const bool fuse_row = bgrad_epilogue_ && !sp_;
   wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
-  if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_));
-  if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_));
-  MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
+  if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
+  if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
+  MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
   // Without the epilogue the bias gradient kernel stays on the compute stream (its temporaries come from the
   // caching allocator, which assumes that stream).
-  if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_));
+  if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_, dt_));
   cudaStream_t ws = fork_wgrad();
   wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), dmlp, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), Tl, h, D.rms,
-                                              stream_));
+                                              stream_, dt_));
   // Attention
   dy = gather_rows(s.dres16, s.dres16_full, T);
-  MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, kBF, kBF, nullptr, stream_));
+  MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, ab_, ab_, nullptr, stream_));
   wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
-  if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_));
-  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale}, r.q, r.k, r.v, r.o, s.d_o,
+  if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
+  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}, r.q, r.k, r.v, r.o, s.d_o,
                                                                 r.stats, s.dq, s.dk, s.dv, stream_));
   if (!kv_group_) {
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local,
-                                                                D.ng_local, D.d, D.rot_dim, stream_));
+                                                                D.ng_local, D.d, D.rot_dim, stream_, dt_));
   } else {  // zero for the group's query heads other ranks own: their gradients arrive in the replica sum
     MT_PROF("bwd.qkv_merge_rope", copy_own_heads(s.dq, s.q_all, T, true));
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.q_all, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.qh_local,
-                                                                D.ng_local, D.d, D.rot_dim, stream_));
+                                                                D.ng_local, D.d, D.rot_dim, stream_, dt_));
   }
-  MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
-  if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_));
+  MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
+  if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_, dt_));
   ws = fork_wgrad();
   wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
-                                              stream_));
+                                              stream_, dt_));
   sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)]);
   // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer
   // (or its recompute) overwrites, and their gradients must be final before the grads-ready hook.
@@ -575,7 +577,7 @@ void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
   float* x0 = records_[0]->x_in;
   const bf16* wpe = wpe_ >= 0 && tp_rank_ == 0 ? w(wpe_) : nullptr;
   float* out = sp_ ? s_->emb : x0;
-  MT_PROF("fwd.embedding", cuda::embedding_forward_bf16(out, mb.tokens, mb.positions, w(wte_), wpe, T, D.h, v0_, D.V_local, stream_));
+  MT_PROF("fwd.embedding", cuda::embedding_forward_bf16(out, mb.tokens, mb.positions, w(wte_), wpe, T, D.h, v0_, D.V_local, stream_, dt_));
   if (!tp_) return;
   if (sp_) MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(out, x0, T / tp_size_ * D.h, WireType::kF32, stream_));
   else MT_PROF("tp.all_reduce", tp_->all_reduce_on(out, T * D.h, WireType::kF32, ReduceOp::kSum, stream_));
@@ -587,15 +589,15 @@ void CudaGPT::loss(const DeviceMicrobatch& mb, float grad_scale, int64_t T) {
   Scratch& s = *s_;
   const bool train = grad_scale > 0.0f;
   if (!tp_) {
-    MT_PROF("loss.cross_entropy", cuda::cross_entropy_fused_bf16(s.losses, s.logits, mb.labels, mb.loss_mask, grad_scale, T, D_.V, train, stream_));
+    MT_PROF("loss.cross_entropy", cuda::cross_entropy_fused_bf16(s.losses, s.logits, mb.labels, mb.loss_mask, grad_scale, T, D_.V, train, stream_, dt_, loss_scale_));
     return;
   }
-  MT_PROF("loss.cross_entropy", cuda::ce_shard_stats(s.ce_stats, s.logits, mb.labels, T, D_.V_local, v0_, stream_));
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_stats(s.ce_stats, s.logits, mb.labels, T, D_.V_local, v0_, stream_, dt_));
   MT_PROF("tp.loss_max", tp_->all_reduce_on(s.ce_stats, T, WireType::kF32, ReduceOp::kMax, stream_));
   MT_PROF("loss.cross_entropy", cuda::ce_shard_rescale(s.ce_stats, T, stream_));
   MT_PROF("tp.loss_sum", tp_->all_reduce_on(s.ce_stats + 2 * T, 2 * T, WireType::kF32, ReduceOp::kSum, stream_));
   MT_PROF("loss.cross_entropy", cuda::ce_shard_finish(s.losses, s.logits, s.ce_stats, mb.labels, mb.loss_mask, grad_scale, T, D_.V_local, v0_, train,
-                                                      stream_));
+                                                      stream_, dt_, loss_scale_));
 }
 
 void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc) {
@@ -611,13 +613,13 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   need_params(layer_end_[0]);
   const LayerW& l0 = layers_[0];
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(nullptr, norm_out(act(0).xn1), act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w),
-                                                 w(l0.ln1_b), Tl, h, D.eps, D.rms, stream_));
+                                                 w(l0.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_));
   gather_rows(s.xn_l, act(0).xn1, T);
   if (split_forward_) {
     split_layers_forward(mb);
     need_params(numel_);
     MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, s.xnf, s.meanf, s.rstdf, act(D.L - 1).x_mid, s.delta, w(lnf_w_), w(lnf_b_), T, h, D.eps,
-                                                   D.rms, stream_));
+                                                   D.rms, stream_, dt_));
   }
   for (int64_t l = 0; !split_forward_ && l < D.L; ++l) {
     Record& r = act(l);
@@ -627,36 +629,36 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
       const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
       need_params(layer_end_[static_cast<size_t>(l + 1)]);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, norm_out(n.xn1), n.mean1, n.rstd1, r.x_mid, mlp, w(nw.ln1_w),
-                                                     w(nw.ln1_b), Tl, h, D.eps, D.rms, stream_));
+                                                     w(nw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_));
       gather_rows(s.xn_l, n.xn1, T);
     } else {
       need_params(numel_);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, norm_out(s.xnf), s.meanf, s.rstdf, r.x_mid, mlp, w(lnf_w_), w(lnf_b_), Tl, h, D.eps, D.rms,
-                                                     stream_));
+                                                     stream_, dt_));
       gather_rows(s.xn_l, s.xnf, T);
     }
   }
-  MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, T, V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, V, kBF, kBF, nullptr, stream_));
+  MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, T, V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, V, ab_, ab_, nullptr, stream_));
   loss(mb, grad_scale, T);
   MT_PROF("loss.sum", cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_));
   if (grad_scale <= 0.0f) return;
   // Backward: output layer and final norm
-  MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, T, h, V, 1.0f, s.logits, V, w(out_w_), h, 0.0f, s.dxn, h, kBF, kBF, nullptr, stream_));
+  MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, T, h, V, 1.0f, s.logits, V, w(out_w_), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
   // Joined at the end of the last layer's backward (before any grads-ready hook or the embedding backward,
   // which adds to the same tensor when tied).
   cudaStream_t ws = fork_wgrad();
-  MT_PROF_ON(ws, "bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, T, 1.0f, s.logits, V, s.xnf, h, 1.0f, g(out_w_), h, kBF, CUDA_R_32F, nullptr, ws));
+  MT_PROF_ON(ws, "bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, T, 1.0f, s.logits, V, s.xnf, h, 1.0f, g(out_w_), h, ab_, CUDA_R_32F, nullptr, ws));
   const bf16* dfinal = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), dfinal, s.x_final, s.meanf, s.rstdf, w(lnf_w_), Tl, h, D.rms,
-                                              stream_));
+                                              stream_, dt_));
   sum_replicated_grads(final_replicated_);
   for (int64_t l = D.L - 1; l >= 0; --l) {
     Record& r = act(l);
     if (recomputed(l)) {
       const LayerW& lw = layers_[static_cast<size_t>(l)];
       MT_PROF("recompute.norm", cuda::add_norm_forward(nullptr, norm_out(r.xn1), r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr,
-                                                       w(lw.ln1_w), w(lw.ln1_b), Tl, h, D.eps, D.rms, stream_));
+                                                       w(lw.ln1_w), w(lw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_));
       gather_rows(s.xn_l, r.xn1, T);
       layer_forward(l, r, mb);
     }

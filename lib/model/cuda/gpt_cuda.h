@@ -64,11 +64,14 @@ class CudaGPT {
   // layer, then the output layer with end = numel()): the distributed optimizer's overlapped parameter gather
   // makes the compute stream wait for the buckets holding them.
   void set_params_needed_hook(std::function<void(int64_t end)> hook) { params_needed_ = std::move(hook); }
+  // fp16: the loss gradient is multiplied by *scale (device memory, read when the backward runs).
+  void set_loss_scale(const float* scale) { loss_scale_ = scale; }
+  cuda::F16 half_type() const { return dt_; }
 
   int64_t numel() const { return numel_; }
   float* master() const { return master_; }
   float* grads() const { return grads_; }
-  cuda::bf16* working() const { return w16_; }
+  cuda::bf16* working() const { return w16_; }  // the 16-bit working copy (bf16 or fp16: half_type())
   const ModelDims& dims() const { return D_; }
   size_t activation_bytes() const { return act_bytes_; }
   // Refreshes the bf16 working copy from the fp32 master weights (after loading; needs the master).
@@ -121,6 +124,12 @@ class CudaGPT {
 
   ModelDims D_;
   cudaStream_t stream_;
+  // The 16-bit type of the weights' working copy and the activations (--fp16: fp16, else bf16), as cuBLASLt
+  // and NCCL name it.
+  cuda::F16 dt_;
+  cudaDataType_t ab_;
+  WireType wire_;
+  const float* loss_scale_ = nullptr;  // fp16: the device-side loss scale the loss gradient is multiplied by
   StreamCollectives* tp_ = nullptr;  // nullptr at TP 1
   // Query groups below TP: the TP ranks holding this rank's copy of its group's QKV block (kv_rep > 1).
   std::shared_ptr<StreamCollectives> kv_group_;
