@@ -186,16 +186,17 @@ void test_fp16_dynamic_scale() {
 
 // Save at iteration 5 of 10, resume from it on the GPU and on the CPU engine: the resumed iterations follow
 // the uninterrupted run (the same checkpoint format serves both engines).
-void test_resume() {
+// fp16: the same with the loss scaler's state in the checkpoint (a scale that grew twice by iteration 5).
+void test_resume(const std::string& precision = "") {
   char tmpl[] = "/tmp/megatrain-cuda-ckpt-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   mt::TrainOptions quiet{true, 0};
   try {
-    const auto full = mt::train_cuda(make_config("llama", MT_PLAIN_BATCH "--train-iters 10 --save " + dir + " --save-interval 5 "), mt::ProcessGroups::single(),
+    const auto full = mt::train_cuda(make_config("llama", MT_PLAIN_BATCH + precision + "--train-iters 10 --save " + dir + " --save-interval 5 "), mt::ProcessGroups::single(),
                                       quiet);
-    const auto gpu = mt::train_cuda(make_config("llama", MT_PLAIN_BATCH "--train-iters 10 --load " + dir + " --ckpt-step 5 "), mt::ProcessGroups::single(),
+    const auto gpu = mt::train_cuda(make_config("llama", MT_PLAIN_BATCH + precision + "--train-iters 10 --load " + dir + " --ckpt-step 5 "), mt::ProcessGroups::single(),
                                      quiet);
-    const auto cpu = mt::train(make_config("llama", MT_PLAIN_BATCH "--train-iters 10 --load " + dir + " --ckpt-step 5 "), mt::ProcessGroups::single(), quiet);
+    const auto cpu = mt::train(make_config("llama", MT_PLAIN_BATCH + precision + "--train-iters 10 --load " + dir + " --ckpt-step 5 "), mt::ProcessGroups::single(), quiet);
     double worst_gpu = 0, worst_cpu = 0;
     const bool sizes = full.losses.size() == 10 && gpu.losses.size() == 5 && cpu.losses.size() == 5;
     for (size_t i = 0; sizes && i < 5; ++i) {
@@ -203,7 +204,8 @@ void test_resume() {
       worst_cpu = std::max(worst_cpu, std::fabs(cpu.losses[i] - full.losses[i + 5]) / full.losses[i + 5]);
     }
     char buf[256];
-    std::snprintf(buf, sizeof(buf), "resume from a CUDA checkpoint at iteration 5: GPU gap %.2e, CPU engine gap %.2e", worst_gpu, worst_cpu);
+    std::snprintf(buf, sizeof(buf), "resume from a CUDA checkpoint at iteration 5%s: GPU gap %.2e, CPU engine gap %.2e",
+                  precision.empty() ? "" : " (fp16)", worst_gpu, worst_cpu);
     check(sizes && worst_gpu < 1e-3 && worst_cpu < 1e-2, buf);
   } catch (const std::exception& e) {
     check(false, std::string("resume: ") + e.what());
@@ -231,6 +233,7 @@ int main() {
   test_training("llama", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_fp16_dynamic_scale();
   test_resume();
+  test_resume("--fp16 --initial-loss-scale 65536 --loss-scale-window 2 ");
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }
