@@ -1,7 +1,8 @@
 // test_cuda_bf16_ops.cpp: the mixed-precision kernels of the CUDA engine against the CPU reference on the
-// same bf16-rounded inputs (odd sizes, and the vectorised fast paths' sizes): fused add + LayerNorm /
-// RMSNorm forward and backward, the QKV split / merge with RoPE, GELU and SwiGLU, fused cross-entropy,
-// bias gradients, the embedding lookup, and the device-side AdamW step. Tolerances fit bf16 outputs.
+// same 16-bit-rounded inputs, each in bf16 and again in fp16 (odd sizes, and the vectorised fast paths'
+// sizes): fused add + LayerNorm / RMSNorm forward and backward, the QKV split / merge with RoPE, GELU and
+// SwiGLU, fused cross-entropy, the GEMM epilogues, bias gradients, the embedding lookup, the device-side
+// AdamW step, and fp16's device-side loss scaler. Tolerances fit bf16 outputs.
 // Exit 77 (skipped, with a message) where no GPU is visible.
 #include <cuda_runtime.h>
 
@@ -40,11 +41,18 @@ namespace {
 
 int failures = 0;
 std::mt19937 rng(99);
+// The 16-bit type under test: every op runs once in bf16 and once in fp16 (main), the CPU reference on
+// inputs rounded to that type.
+cuda::F16 g_t = cuda::F16::kBF16;
+uint16_t to16(float x) { return g_t == cuda::F16::kFP16 ? float_to_fp16(x) : float_to_bf16(x); }
+float from16(uint16_t h) { return g_t == cuda::F16::kFP16 ? fp16_to_float(h) : bf16_to_float(h); }
+float round16(float x) { return from16(to16(x)); }
+cudaDataType_t g_ab() { return g_t == cuda::F16::kFP16 ? CUDA_R_16F : CUDA_R_16BF; }
 
 Vec randn(size_t n, float scale = 1.0f, bool round = true) {
   std::normal_distribution<float> d(0.0f, scale);
   Vec v(n);
-  for (auto& x : v) x = round ? round_bf16(d(rng)) : d(rng);
+  for (auto& x : v) x = round ? round16(d(rng)) : d(rng);
   return v;
 }
 
@@ -76,7 +84,7 @@ struct B16 : Buf<uint16_t> {
   explicit B16(size_t n) : Buf(n) {}
   explicit B16(const Vec& v) : Buf(v.size()) {
     std::vector<uint16_t> h(n);
-    for (size_t i = 0; i < n; ++i) h[i] = float_to_bf16(v[i]);
+    for (size_t i = 0; i < n; ++i) h[i] = to16(v[i]);
     MT_CUDA_CHECK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
   }
   bf16* b() const { return reinterpret_cast<bf16*>(p); }
@@ -85,7 +93,7 @@ struct B16 : Buf<uint16_t> {
     MT_CUDA_CHECK(cudaDeviceSynchronize());
     MT_CUDA_CHECK(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
     Vec v(n);
-    for (size_t i = 0; i < n; ++i) v[i] = bf16_to_float(h[i]);
+    for (size_t i = 0; i < n; ++i) v[i] = from16(h[i]);
     return v;
   }
 };
@@ -101,12 +109,13 @@ void expect(const std::string& what, const Vec& got, const Vec& want, double tol
   }
   const double err = finite ? num / den : INFINITY;
   const bool ok = err <= tol;
-  std::printf("%-4s %-48s max error %.2e (tolerance %.0e)\n", ok ? "ok" : "FAIL", what.c_str(), err, tol);
+  const std::string name = (g_t == cuda::F16::kFP16 ? "[fp16] " : "") + what;
+  std::printf("%-4s %-48s max error %.2e (tolerance %.0e)\n", ok ? "ok" : "FAIL", name.c_str(), err, tol);
   if (!ok) ++failures;
 }
 
-Vec bf16_round(Vec v) {
-  for (auto& x : v) x = round_bf16(x);
+Vec rounded16(Vec v) {
+  for (auto& x : v) x = round16(x);
   return v;
 }
 
@@ -120,7 +129,7 @@ void test_norm(int64_t N, int64_t h, bool rms) {
   F32 dx(x), dsum(x.size()), dmean(mean.size()), drstd(rstd.size());
   B16 ddelta(delta), dw(w), db(b), dy(y.size());
   cuda::add_norm_forward(dsum.p, dy.b(), rms ? nullptr : dmean.p, drstd.p, dx.p, ddelta.b(), dw.b(), rms ? nullptr : db.b(), N, h, 1e-5f, rms,
-                         nullptr);
+                         nullptr, g_t);
   expect(tag + " forward (sum)", dsum.get(), s, 1e-6);
   expect(tag + " forward", dy.get(), y, 1e-2);
   // Backward: dres += dx, dres16 its copy, dw/db accumulate.
@@ -135,12 +144,12 @@ void test_norm(int64_t N, int64_t h, bool rms) {
   if (rms) {
     const Vec m0(static_cast<size_t>(N), 0.0f);
     F32 mz(m0);
-    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, nullptr, ddout.b(), dsum.p, mz.p, drstd.p, dw.b(), N, h, true, nullptr);
+    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, nullptr, ddout.b(), dsum.p, mz.p, drstd.p, dw.b(), N, h, true, nullptr, g_t);
   } else {
-    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, gdb.p, ddout.b(), dsum.p, dmean.p, drstd.p, dw.b(), N, h, false, nullptr);
+    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, gdb.p, ddout.b(), dsum.p, dmean.p, drstd.p, dw.b(), N, h, false, nullptr, g_t);
   }
   expect(tag + " backward dx", dres.get(), want_res, 2e-3);
-  expect(tag + " backward dx (bf16 copy)", dres16.get(), bf16_round(want_res), 1e-2);
+  expect(tag + " backward dx (bf16 copy)", dres16.get(), rounded16(want_res), 1e-2);
   expect(tag + " backward dw", gdw.get(), gw, 2e-3);
   if (!rms) expect(tag + " backward db", gdb.get(), gb, 2e-3);
 }
@@ -164,7 +173,7 @@ void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool ro
   MT_CUDA_CHECK(cudaMalloc(&dpos, pos.size() * 4));
   MT_CUDA_CHECK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
   B16 dqkv(qkv), dq(q.size()), dk(k.size()), dv(v.size());
-  cuda::qkv_split_rope(dq.b(), dk.b(), dv.b(), dqkv.b(), dpos, rope ? dtable.p : nullptr, T, nh, ng, d, rot, nullptr);
+  cuda::qkv_split_rope(dq.b(), dk.b(), dv.b(), dqkv.b(), dpos, rope ? dtable.p : nullptr, T, nh, ng, d, rot, nullptr, g_t);
   expect(tag + " Q", dq.get(), q, 1e-2);
   expect(tag + " K", dk.get(), k, 1e-2);
   expect(tag + " V", dv.get(), v, 1e-6);
@@ -177,7 +186,7 @@ void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool ro
     cpu::rope_backward(rk.data(), pos.data(), T, ng, d, rot, 10000.0f);
   }
   cpu::qkv_merge(want.data(), rq.data(), rk.data(), gv.data(), T, nh, ng, d);
-  cuda::qkv_merge_rope_backward(dout.b(), dgq.b(), dgk.b(), dgv.b(), dpos, rope ? dtable.p : nullptr, T, nh, ng, d, rot, nullptr);
+  cuda::qkv_merge_rope_backward(dout.b(), dgq.b(), dgk.b(), dgv.b(), dpos, rope ? dtable.p : nullptr, T, nh, ng, d, rot, nullptr, g_t);
   expect(tag + " backward", dout.get(), want, 1e-2);
   cudaFree(dpos);
 }
@@ -188,16 +197,16 @@ void test_activations(int64_t N, int64_t F) {
   cpu::gelu_forward(y.data(), x.data(), N * F);
   cpu::gelu_backward(dx.data(), dy.data(), x.data(), N * F);
   B16 gx(x), gy(x.size()), gdy(dy), gdx(x.size());
-  cuda::gelu_forward_bf16(gy.b(), gx.b(), N * F, nullptr);
-  cuda::gelu_backward_bf16(gdx.b(), gdy.b(), gx.b(), N * F, nullptr);
+  cuda::gelu_forward_bf16(gy.b(), gx.b(), N * F, nullptr, g_t);
+  cuda::gelu_backward_bf16(gdx.b(), gdy.b(), gx.b(), N * F, nullptr, g_t);
   expect("gelu forward " + tag, gy.get(), y, 1e-2);
   expect("gelu backward " + tag, gdx.get(), dx, 1e-2);
   Vec x2 = randn(static_cast<size_t>(N * 2 * F)), y2(static_cast<size_t>(N * F)), dx2(x2.size());
   cpu::swiglu_forward(y2.data(), x2.data(), N, F);
   cpu::swiglu_backward(dx2.data(), dy.data(), x2.data(), N, F);
   B16 sx(x2), sy(y2.size()), sdx(x2.size());
-  cuda::swiglu_forward_bf16(sy.b(), sx.b(), N, F, nullptr);
-  cuda::swiglu_backward_bf16(sdx.b(), gdy.b(), sx.b(), N, F, nullptr);
+  cuda::swiglu_forward_bf16(sy.b(), sx.b(), N, F, nullptr, g_t);
+  cuda::swiglu_backward_bf16(sdx.b(), gdy.b(), sx.b(), N, F, nullptr, g_t);
   expect("swiglu forward " + tag, sy.get(), y2, 1e-2);
   expect("swiglu backward " + tag, sdx.get(), dx2, 1e-2);
 }
@@ -233,7 +242,7 @@ void test_cross_entropy(int64_t N, int64_t V) {
   int32_t* dt = nullptr;
   MT_CUDA_CHECK(cudaMalloc(&dt, tgt.size() * 4));
   MT_CUDA_CHECK(cudaMemcpy(dt, tgt.data(), tgt.size() * 4, cudaMemcpyHostToDevice));
-  cuda::cross_entropy_fused_bf16(dlosses.p, dlogits.b(), dt, dmask.p, scale, N, V, true, nullptr);
+  cuda::cross_entropy_fused_bf16(dlosses.p, dlogits.b(), dt, dmask.p, scale, N, V, true, nullptr, g_t);
   cuda::masked_loss_sum(acc.p, dlosses.p, dmask.p, N, 0.5f, nullptr);
   expect(tag + " loss", dlosses.get(), losses, 2e-3);
   expect(tag + " gradient (in place)", dlogits.get(), dl, 1e-2);
@@ -278,14 +287,14 @@ void test_cross_entropy_sharded(int64_t N, int64_t V, int64_t shards) {
     }
     for (auto& st : stats) MT_CUDA_CHECK(cudaMemcpy(st->p + from, acc.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
   };
-  for (int64_t r = 0; r < shards; ++r) cuda::ce_shard_stats(stats[static_cast<size_t>(r)]->p, part[static_cast<size_t>(r)]->b(), dt, N, Vl, r * Vl, nullptr);
+  for (int64_t r = 0; r < shards; ++r) cuda::ce_shard_stats(stats[static_cast<size_t>(r)]->p, part[static_cast<size_t>(r)]->b(), dt, N, Vl, r * Vl, nullptr, g_t);
   reduce(0, N, true);
   for (auto& st : stats) cuda::ce_shard_rescale(st->p, N, nullptr);
   reduce(2 * N, 2 * N, false);
   Vec grad(logits.size());
   for (int64_t r = 0; r < shards; ++r) {
     cuda::ce_shard_finish(dlosses.p, part[static_cast<size_t>(r)]->b(), stats[static_cast<size_t>(r)]->p, dt, dmask.p, scale, N, Vl, r * Vl, true,
-                          nullptr);
+                          nullptr, g_t);
     expect(tag + " loss, shard " + std::to_string(r), dlosses.get(), losses, 2e-3);
     const Vec g = part[static_cast<size_t>(r)]->get();
     for (int64_t n = 0; n < N; ++n) {
@@ -305,7 +314,7 @@ void test_gemm_gelu(int64_t M, int64_t K, int64_t N, int64_t N2) {
   cpu::linear_forward(pre.data(), x.data(), w.data(), b.data(), M, K, N);
   cpu::gelu_forward(y.data(), pre.data(), M * N);
   B16 dx(x), dw(w), db(b), dy(pre.size()), daux(pre.size());
-  cuda::GemmLt::instance().gemm_ex(false, true, M, N, K, 1.0f, dx.b(), K, dw.b(), K, 0.0f, dy.b(), N, CUDA_R_16BF, CUDA_R_16BF, db.b(), nullptr,
+  cuda::GemmLt::instance().gemm_ex(false, true, M, N, K, 1.0f, dx.b(), K, dw.b(), K, 0.0f, dy.b(), N, g_ab(), g_ab(), db.b(), nullptr,
                                    {cuda::GemmEpilogue::kGeluAux, daux.b(), N});
   expect("GEMM + bias + GELU epilogue " + tag, dy.get(), y, 1e-2);
   expect("GEMM GELU epilogue: saved input " + tag, daux.get(), pre, 1e-2);
@@ -314,7 +323,7 @@ void test_gemm_gelu(int64_t M, int64_t K, int64_t N, int64_t N2) {
   cpu::gemm(false, false, M, N, N2, 1.0f, dout.data(), N2, w2.data(), N, 0.0f, g.data(), N);
   cpu::gelu_backward(want.data(), g.data(), daux.get().data(), M * N);
   B16 ddout(dout), dw2(w2), dg(pre.size());
-  cuda::GemmLt::instance().gemm_ex(false, false, M, N, N2, 1.0f, ddout.b(), N2, dw2.b(), N, 0.0f, dg.b(), N, CUDA_R_16BF, CUDA_R_16BF, nullptr, nullptr,
+  cuda::GemmLt::instance().gemm_ex(false, false, M, N, N2, 1.0f, ddout.b(), N2, dw2.b(), N, 0.0f, dg.b(), N, g_ab(), g_ab(), nullptr, nullptr,
                                    {cuda::GemmEpilogue::kDGelu, daux.b(), N});
   expect("GEMM GELU-backward epilogue " + tag, dg.get(), want, 1e-2);
 }
@@ -332,7 +341,7 @@ void test_wgrad_bias_epilogue(int64_t T, int64_t n, int64_t h) {
     for (int64_t c = 0; c < n; ++c) want_b[static_cast<size_t>(c)] += dyr[static_cast<size_t>(t * n + c)];
   }
   F32 dw(w0), db(Vec(static_cast<size_t>(n), 7.0f));
-  cuda::GemmLt::instance().gemm_ex(true, false, n, h, T, 1.0f, ddy.b(), n, dx.b(), h, 1.0f, dw.p, h, CUDA_R_16BF, CUDA_R_32F, nullptr, nullptr,
+  cuda::GemmLt::instance().gemm_ex(true, false, n, h, T, 1.0f, ddy.b(), n, dx.b(), h, 1.0f, dw.p, h, g_ab(), CUDA_R_32F, nullptr, nullptr,
                                    {cuda::GemmEpilogue::kBiasGrad, db.p, 0});
   expect("weight-gradient GEMM with the bias-gradient epilogue " + tag, dw.get(), want_w, 1e-3);
   expect("bias gradient from the GEMM epilogue " + tag, db.get(), want_b, 1e-3);
@@ -345,7 +354,7 @@ void test_bias_grad(int64_t N, int64_t n) {
   }
   B16 ddy(dy);
   F32 db(Vec(static_cast<size_t>(n), 1.0f));
-  cuda::bias_grad_bf16(db.p, ddy.b(), N, n, nullptr);
+  cuda::bias_grad_bf16(db.p, ddy.b(), N, n, nullptr, g_t);
   expect("bias gradient " + std::to_string(N) + "x" + std::to_string(n), db.get(), want, 1e-5);
 }
 
@@ -365,7 +374,7 @@ void test_embedding(int64_t T, int64_t h, int64_t V, int64_t P) {
   MT_CUDA_CHECK(cudaMalloc(&d, static_cast<size_t>(2 * T) * 4));
   MT_CUDA_CHECK(cudaMemcpy(d, tok.data(), tok.size() * 4, cudaMemcpyHostToDevice));
   MT_CUDA_CHECK(cudaMemcpy(d + T, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
-  cuda::embedding_forward_bf16(out.p, d, d + T, dwte.b(), dwpe.b(), T, h, 0, V, nullptr);
+  cuda::embedding_forward_bf16(out.p, d, d + T, dwte.b(), dwpe.b(), T, h, 0, V, nullptr, g_t);
   expect("embedding lookup " + std::to_string(T) + "x" + std::to_string(h), out.get(), want, 1e-6);
   // A vocabulary shard [v0, V) without positions: other tokens' rows are zero.
   const int64_t v0 = V / 3;
@@ -374,7 +383,7 @@ void test_embedding(int64_t T, int64_t h, int64_t V, int64_t P) {
     const int64_t id = tok[static_cast<size_t>(t)];
     for (int64_t c = 0; id >= v0 && c < h; ++c) want_shard[static_cast<size_t>(t * h + c)] = wte[static_cast<size_t>(id * h + c)];
   }
-  cuda::embedding_forward_bf16(out.p, d, d + T, dwte.b() + v0 * h, nullptr, T, h, v0, V - v0, nullptr);
+  cuda::embedding_forward_bf16(out.p, d, d + T, dwte.b() + v0 * h, nullptr, T, h, v0, V - v0, nullptr, g_t);
   expect("embedding lookup, vocabulary shard", out.get(), want_shard, 1e-6);
   cudaFree(d);
 }
@@ -409,13 +418,13 @@ void test_adamw(int64_t n) {
   MT_CUDA_CHECK(cudaMemcpy(dc.p, chunks.data(), 2 * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
   cuda::sumsq_partials(partials.p, dg.p, dc.p, 2, false, nullptr);
   cuda::step_prepare(st.p, partials.p, clip, b1, b2, 1.0f, cuda::LossScaleRule{}, nullptr);
-  cuda::adamw_multi(dw.p, dm.p, dv.p, w16.b(), dg.p, dc.p, 2, st.p, lr, b1, b2, eps, wd, nullptr);
+  cuda::adamw_multi(dw.p, dm.p, dv.p, w16.b(), dg.p, dc.p, 2, st.p, lr, b1, b2, eps, wd, nullptr, g_t);
   cuda::StepState h{};
   MT_CUDA_CHECK(cudaDeviceSynchronize());
   MT_CUDA_CHECK(cudaMemcpy(&h, st.p, sizeof(h), cudaMemcpyDeviceToHost));
   expect("adamw grad norm", Vec{h.grad_norm}, Vec{norm}, 1e-5);
   expect("adamw weights " + std::to_string(n), dw.get(), ww, 1e-6);
-  expect("adamw bf16 working copy", w16.get(), bf16_round(ww), 1e-2);
+  expect("adamw bf16 working copy", w16.get(), rounded16(ww), 1e-2);
   expect("adamw moments", dv.get(), wv, 1e-6);
   // Norm weights (a parameter held by every TP rank counts 1/TP on each): the second chunk at weight 1/4.
   chunks[1].norm_weight = 0.25f;
@@ -482,30 +491,33 @@ int main() {
     std::printf("SKIP: no GPU visible: the CUDA engine's op tests run on the GPU machine (scripts/test_gpu.sh)\n");
     return 77;
   }
-  for (bool rms : {false, true}) {
-    test_norm(7, 5, rms);
-    test_norm(37, 1000, rms);
-    test_norm(64, 2048, rms);
-    test_norm(9, 8192, rms);
+  for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
+    g_t = t;
+    for (bool rms : {false, true}) {
+      test_norm(7, 5, rms);
+      test_norm(37, 1000, rms);
+      test_norm(64, 2048, rms);
+      test_norm(9, 8192, rms);
+    }
+    test_qkv(13, 6, 2, 16, 16, true);  // vectorised path
+    test_qkv(13, 6, 3, 16, 8, true);   // partial rotary: scalar path
+    test_qkv(9, 4, 4, 24, 24, false);  // d not a multiple of 16: scalar path
+    test_qkv(11, 4, 1, 64, 64, true);
+    test_activations(3, 5);
+    test_activations(37, 264);
+    test_cross_entropy(17, 1003);
+    test_cross_entropy(9, 50304);
+    test_cross_entropy_sharded(17, 1006, 2);
+    test_cross_entropy_sharded(9, 50304, 4);
+    test_gemm_gelu(333, 64, 264, 40);
+    test_gemm_gelu(1024, 768, 3072, 768);
+    test_wgrad_bias_epilogue(333, 264, 40);
+    test_wgrad_bias_epilogue(4096, 2304, 768);
+    test_bias_grad(301, 7);
+    test_bias_grad(1000, 264);
+    test_embedding(333, 40, 97, 50);
+    test_adamw(100003);
   }
-  test_qkv(13, 6, 2, 16, 16, true);  // vectorised path
-  test_qkv(13, 6, 3, 16, 8, true);   // partial rotary: scalar path
-  test_qkv(9, 4, 4, 24, 24, false);  // d not a multiple of 16: scalar path
-  test_qkv(11, 4, 1, 64, 64, true);
-  test_activations(3, 5);
-  test_activations(37, 264);
-  test_cross_entropy(17, 1003);
-  test_cross_entropy(9, 50304);
-  test_cross_entropy_sharded(17, 1006, 2);
-  test_cross_entropy_sharded(9, 50304, 4);
-  test_gemm_gelu(333, 64, 264, 40);
-  test_gemm_gelu(1024, 768, 3072, 768);
-  test_wgrad_bias_epilogue(333, 264, 40);
-  test_wgrad_bias_epilogue(4096, 2304, 768);
-  test_bias_grad(301, 7);
-  test_bias_grad(1000, 264);
-  test_embedding(333, 40, 97, 50);
-  test_adamw(100003);
   test_device_loss_scaler();
   std::printf("%d failure(s)\n", failures);
   return failures ? 1 : 0;
