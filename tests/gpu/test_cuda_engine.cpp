@@ -156,8 +156,11 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
     }
     const double drop = same_len ? gpu.losses.front() - gpu.losses.back() : 0;
     char buf[320];
+    const char* what = extra.find("--rampup") != std::string::npos ? " (batch ramp-up)"
+                       : extra.find("--fp16") != std::string::npos  ? " (fp16)"
+                                                                    : "";
     std::snprintf(buf, sizeof(buf), "training %s%s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e",
-                  model.c_str(), extra == kPlain ? "" : " (batch ramp-up)", gpu.losses.size(), same_len ? cpu.losses.front() : 0.0, same_len ? cpu.losses.back() : 0.0,
+                  model.c_str(), what, gpu.losses.size(), same_len ? cpu.losses.front() : 0.0, same_len ? cpu.losses.back() : 0.0,
                   same_len ? gpu.losses.front() : 0.0, same_len ? gpu.losses.back() : 0.0, worst);
     check(same_len && worst < 2e-2 && drop > 0.1 && gpu.skipped == 0, buf);
   } catch (const std::exception& e) {
