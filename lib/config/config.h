@@ -102,6 +102,7 @@ struct PrecisionConfig {
   double min_loss_scale = 1.0;
   int64_t loss_scale_window = 1000;
   int64_t hysteresis = 2;
+  bool fp32_residual_connection = false;  // the CUDA engine's residual stream in fp32 instead of 16 bits
   OptString fp8_format;
   std::string fp8_recipe = "delayed";
   int64_t fp8_amax_history_len = 1;

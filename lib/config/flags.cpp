@@ -126,6 +126,8 @@ std::vector<FlagSpec> build_table() {
       F(kPrec, "fp8-amax-history-len", precision.fp8_amax_history_len, "FP8 amax history length"),
       F(kPrec, "fp8-amax-compute-algo", precision.fp8_amax_compute_algo, "FP8 amax algorithm", "max", "most_recent"),
       F(kPrec, "grad-reduce-in-bf16", precision.grad_reduce_in_bf16, "Reduce gradients in bf16"),
+      F(kPrec, "fp32-residual-connection", precision.fp32_residual_connection,
+        "Keep the residual stream in fp32 (default: the 16-bit type of --bf16/--fp16; the CPU engine always fp32)"),
       // Recompute
       F(kRecompute, "recompute-granularity", recompute.recompute_granularity, "Activation recompute", "full", "selective"),
       F(kRecompute, "recompute-method", recompute.recompute_method, "Which layers recompute (full)", "uniform", "block"),

@@ -119,18 +119,22 @@ Vec rounded16(Vec v) {
   return v;
 }
 
-void test_norm(int64_t N, int64_t h, bool rms) {
-  const std::string tag = std::string(rms ? "rmsnorm" : "layernorm") + " " + std::to_string(N) + "x" + std::to_string(h);
-  Vec x = randn(static_cast<size_t>(N * h), 1.0f, false), delta = randn(x.size()), w = randn(static_cast<size_t>(h)), b = randn(w.size(), 0.1f);
+// res16: the residual stream (x and the stored sum) in the 16-bit type, the sum rounded before the norm.
+void test_norm(int64_t N, int64_t h, bool rms, bool res16 = false) {
+  const std::string tag = std::string(rms ? "rmsnorm" : "layernorm") + " " + std::to_string(N) + "x" + std::to_string(h) + (res16 ? " res16" : "");
+  Vec x = randn(static_cast<size_t>(N * h), 1.0f, res16), delta = randn(x.size()), w = randn(static_cast<size_t>(h)), b = randn(w.size(), 0.1f);
   Vec s(x.size()), y(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
-  for (size_t i = 0; i < x.size(); ++i) s[i] = x[i] + delta[i];
+  for (size_t i = 0; i < x.size(); ++i) s[i] = res16 ? round16(x[i] + delta[i]) : x[i] + delta[i];
   if (rms) cpu::rmsnorm_forward(y.data(), rstd.data(), s.data(), w.data(), N, h, 1e-5f);
   else cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), s.data(), w.data(), b.data(), N, h, 1e-5f);
   F32 dx(x), dsum(x.size()), dmean(mean.size()), drstd(rstd.size());
+  B16 dx16(x), dsum16(x.size());
+  void* sum_p = res16 ? static_cast<void*>(dsum16.b()) : static_cast<void*>(dsum.p);
+  const void* x_p = res16 ? static_cast<const void*>(dx16.b()) : static_cast<const void*>(dx.p);
   B16 ddelta(delta), dw(w), db(b), dy(y.size());
-  cuda::add_norm_forward(dsum.p, dy.b(), rms ? nullptr : dmean.p, drstd.p, dx.p, ddelta.b(), dw.b(), rms ? nullptr : db.b(), N, h, 1e-5f, rms,
-                         nullptr, g_t);
-  expect(tag + " forward (sum)", dsum.get(), s, 1e-6);
+  cuda::add_norm_forward(sum_p, dy.b(), rms ? nullptr : dmean.p, drstd.p, x_p, ddelta.b(), dw.b(), rms ? nullptr : db.b(), N, h, 1e-5f, rms,
+                         nullptr, g_t, res16);
+  expect(tag + " forward (sum)", res16 ? dsum16.get() : dsum.get(), s, 1e-6);
   expect(tag + " forward", dy.get(), y, 1e-2);
   // Backward: dres += dx, dres16 its copy, dw/db accumulate.
   Vec dout = randn(x.size()), dres0 = randn(x.size(), 1.0f, false);
@@ -144,9 +148,9 @@ void test_norm(int64_t N, int64_t h, bool rms) {
   if (rms) {
     const Vec m0(static_cast<size_t>(N), 0.0f);
     F32 mz(m0);
-    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, nullptr, ddout.b(), dsum.p, mz.p, drstd.p, dw.b(), N, h, true, nullptr, g_t);
+    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, nullptr, ddout.b(), sum_p, mz.p, drstd.p, dw.b(), N, h, true, nullptr, g_t, res16);
   } else {
-    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, gdb.p, ddout.b(), dsum.p, dmean.p, drstd.p, dw.b(), N, h, false, nullptr, g_t);
+    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, gdb.p, ddout.b(), sum_p, dmean.p, drstd.p, dw.b(), N, h, false, nullptr, g_t, res16);
   }
   expect(tag + " backward dx", dres.get(), want_res, 2e-3);
   expect(tag + " backward dx (bf16 copy)", dres16.get(), rounded16(want_res), 1e-2);
@@ -498,6 +502,8 @@ int main() {
       test_norm(37, 1000, rms);
       test_norm(64, 2048, rms);
       test_norm(9, 8192, rms);
+      test_norm(37, 1000, rms, true);
+      test_norm(9, 8192, rms, true);
     }
     test_qkv(13, 6, 2, 16, 16, true);  // vectorised path
     test_qkv(13, 6, 3, 16, 8, true);   // partial rotary: scalar path

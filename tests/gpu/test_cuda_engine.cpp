@@ -156,9 +156,10 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
     }
     const double drop = same_len ? gpu.losses.front() - gpu.losses.back() : 0;
     char buf[320];
-    const char* what = extra.find("--rampup") != std::string::npos ? " (batch ramp-up)"
-                       : extra.find("--fp16") != std::string::npos  ? " (fp16)"
-                                                                    : "";
+    const char* what = extra.find("--rampup") != std::string::npos     ? " (batch ramp-up)"
+                       : extra.find("--fp16") != std::string::npos      ? " (fp16)"
+                       : extra.find("--fp32-residual") != std::string::npos ? " (fp32 residual stream)"
+                                                                        : "";
     std::snprintf(buf, sizeof(buf), "training %s%s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e",
                   model.c_str(), what, gpu.losses.size(), same_len ? cpu.losses.front() : 0.0, same_len ? cpu.losses.back() : 0.0,
                   same_len ? gpu.losses.front() : 0.0, same_len ? gpu.losses.back() : 0.0, worst);
@@ -230,6 +231,7 @@ int main() {
   test_training("gpt");
   test_training("llama");
   test_training("llama-recompute");
+  test_training("llama", std::string(kPlain) + "--fp32-residual-connection ");
   test_training("llama", kRamp);
   // fp16 with a static loss scale (no overflow on either engine): the same curve as the CPU engine.
   test_training("gpt", std::string(kPlain) + "--fp16 --loss-scale 1024 ");

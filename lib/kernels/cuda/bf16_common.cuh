@@ -9,12 +9,15 @@ namespace mt::cuda {
 // The kernels are templates over the 16-bit type T16 (__nv_bfloat16 or __half), with fp32 math.
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(float x) { return x; }
 template <typename T16>
 __device__ __forceinline__ T16 from_f(float v);
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 template <>
 __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ float from_f<float>(float v) { return v; }
 // A bf16*-typed buffer read as fp16 (the launchers' dispatch).
 inline __half* hp(bf16* p) { return reinterpret_cast<__half*>(p); }
 inline const __half* hp(const bf16* p) { return reinterpret_cast<const __half*>(p); }

@@ -12,11 +12,22 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <int MAXC, typename T16>
-__global__ void add_norm_fwd_kernel(float* sum_out, T16* y, float* mean, float* rstd, const float* x, const T16* delta,
-                                    const T16* w, const T16* b, int64_t h, float eps, bool rms) {
+// R: the residual stream's type (float, or the run's 16-bit type T16). A 16-bit stream is normalised as
+// stored: the sum is rounded before the statistics, so the backward (which reads it back) sees the same input.
+template <typename R>
+__device__ __forceinline__ float as_stored(float v) {
+  return to_f(from_f<R>(v));
+}
+template <>
+__device__ __forceinline__ float as_stored<float>(float v) {
+  return v;
+}
+
+template <int MAXC, typename T16, typename R>
+__global__ void add_norm_fwd_kernel(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b,
+                                    int64_t h, float eps, bool rms) {
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * h;
+  const R* xr = x + row * h;
   const T16* dr = delta ? delta + row * h : nullptr;
   float v[MAXC];
   float s = 0.0f;
@@ -25,7 +36,7 @@ __global__ void add_norm_fwd_kernel(float* sum_out, T16* y, float* mean, float* 
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     v[j] = 0.0f;
     if (c < h) {
-      v[j] = xr[c] + (dr ? to_f(dr[c]) : 0.0f);
+      v[j] = as_stored<R>(to_f(xr[c]) + (dr ? to_f(dr[c]) : 0.0f));
       s += v[j];
     }
   }
@@ -42,7 +53,7 @@ __global__ void add_norm_fwd_kernel(float* sum_out, T16* y, float* mean, float* 
   for (int j = 0; j < MAXC; ++j) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     if (c < h) {
-      if (sum_out) sum_out[row * h + c] = v[j];
+      if (sum_out) sum_out[row * h + c] = from_f<R>(v[j]);
       float o = (v[j] - mu) * r * to_f(w[c]);
       if (b) o += to_f(b[c]);
       y[row * h + c] = from_f<T16>(o);
@@ -55,8 +66,8 @@ __global__ void add_norm_fwd_kernel(float* sum_out, T16* y, float* mean, float* 
 }
 
 // Input gradient: one block per row, like the forward (the row in registers between the two passes).
-template <int MAXC, typename T16>
-__global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, const float* x, const float* mean, const float* rstd,
+template <int MAXC, typename T16, typename R>
+__global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd,
                                    const T16* w, int64_t h, bool rms) {
   const int64_t row = blockIdx.x;
   const float mu = rms ? 0.0f : mean[row], r = rstd[row];
@@ -67,7 +78,7 @@ __global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, cons
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     xh[j] = g[j] = 0.0f;
     if (c < h) {
-      xh[j] = (x[row * h + c] - mu) * r;
+      xh[j] = (to_f(x[row * h + c]) - mu) * r;
       g[j] = to_f(dy[row * h + c]) * to_f(w[c]);
       sg += g[j];
       sgx += g[j] * xh[j];
@@ -88,8 +99,8 @@ __global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, cons
 }
 
 // Weight (and bias) gradient partials: blocks own a column tile and a range of rows, threads a column.
-template <typename T16>
-__global__ void norm_bwd_dw_kernel(float* pw, float* pb, const T16* dy, const float* x, const float* mean, const float* rstd, int64_t N,
+template <typename T16, typename R>
+__global__ void norm_bwd_dw_kernel(float* pw, float* pb, const T16* dy, const R* x, const float* mean, const float* rstd, int64_t N,
                                    int64_t h, int64_t rows_per_block, bool rms) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= h) return;
@@ -97,7 +108,7 @@ __global__ void norm_bwd_dw_kernel(float* pw, float* pb, const T16* dy, const fl
   float aw = 0.0f, ab = 0.0f;
   for (int64_t row = r0; row < r1; ++row) {
     const float d = to_f(dy[row * h + c]);
-    aw += d * (x[row * h + c] - (rms ? 0.0f : mean[row])) * rstd[row];
+    aw += d * (to_f(x[row * h + c]) - (rms ? 0.0f : mean[row])) * rstd[row];
     ab += d;
   }
   pw[blockIdx.y * h + c] = aw;
@@ -116,9 +127,9 @@ int cols_per_thread(int64_t h) {
 
 }  // namespace
 
-template <typename T16>
-void add_norm_forward_t(float* sum_out, T16* y, float* mean, float* rstd, const float* x, const T16* delta, const T16* w,
-                      const T16* b, int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream) {
+template <typename T16, typename R>
+void add_norm_forward_t(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b, int64_t N,
+                        int64_t h, float eps, bool rms, cudaStream_t stream) {
   if (N == 0) return;
   const dim3 grid(static_cast<unsigned>(N));
   switch (cols_per_thread(h)) {
@@ -131,9 +142,9 @@ void add_norm_forward_t(float* sum_out, T16* y, float* mean, float* rstd, const 
   MT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T16>
-void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T16* dy, const float* x, const float* mean,
-                       const float* rstd, const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream) {
+template <typename T16, typename R>
+void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T16* dy, const R* x, const float* mean, const float* rstd,
+                         const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream) {
   if (N == 0) return;
   const dim3 rows(static_cast<unsigned>(N));
   switch (cols_per_thread(h)) {
@@ -163,13 +174,31 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
   if (pb) alloc.release(pb);
 }
 
-void add_norm_forward(float* sum_out, bf16* y, float* mean, float* rstd, const float* x, const bf16* delta, const bf16* w, const bf16* b, int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t) {
-  if (t == F16::kFP16) add_norm_forward_t(sum_out, hp(y), mean, rstd, x, hp(delta), hp(w), hp(b), N, h, eps, rms, stream);
-  else add_norm_forward_t(sum_out, y, mean, rstd, x, delta, w, b, N, h, eps, rms, stream);
+void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const void* x, const bf16* delta, const bf16* w, const bf16* b,
+                      int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t, bool res16) {
+  auto* so = static_cast<float*>(sum_out);
+  const auto* xf = static_cast<const float*>(x);
+  auto* so16 = static_cast<bf16*>(sum_out);
+  const auto* x16 = static_cast<const bf16*>(x);
+  if (t == F16::kFP16) {
+    if (res16) add_norm_forward_t(hp(so16), hp(y), mean, rstd, hp(x16), hp(delta), hp(w), hp(b), N, h, eps, rms, stream);
+    else add_norm_forward_t(so, hp(y), mean, rstd, xf, hp(delta), hp(w), hp(b), N, h, eps, rms, stream);
+  } else {
+    if (res16) add_norm_forward_t(so16, y, mean, rstd, x16, delta, w, b, N, h, eps, rms, stream);
+    else add_norm_forward_t(so, y, mean, rstd, xf, delta, w, b, N, h, eps, rms, stream);
+  }
 }
-void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const float* x, const float* mean, const float* rstd, const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t) {
-  if (t == F16::kFP16) norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), x, mean, rstd, hp(w), N, h, rms, stream);
-  else norm_backward_add_t(dres, dres16, dw, db, dy, x, mean, rstd, w, N, h, rms, stream);
+void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const void* x, const float* mean, const float* rstd,
+                       const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t, bool res16) {
+  const auto* xf = static_cast<const float*>(x);
+  const auto* x16 = static_cast<const bf16*>(x);
+  if (t == F16::kFP16) {
+    if (res16) norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), hp(x16), mean, rstd, hp(w), N, h, rms, stream);
+    else norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), xf, mean, rstd, hp(w), N, h, rms, stream);
+  } else {
+    if (res16) norm_backward_add_t(dres, dres16, dw, db, dy, x16, mean, rstd, w, N, h, rms, stream);
+    else norm_backward_add_t(dres, dres16, dw, db, dy, xf, mean, rstd, w, N, h, rms, stream);
+  }
 }
 
 }  // namespace mt::cuda

@@ -1,5 +1,6 @@
 // norm_bf16.h (CUDA): the residual add fused with LayerNorm / RMSNorm for the mixed-precision model: the
-// residual stream is fp32, the normalised output bf16 (the next GEMM's input). The backward adds the
+// residual stream is the run's 16-bit type (res16, Megatron's default) or fp32 (--fp32-residual-connection),
+// the normalised output 16-bit (the next GEMM's input). The backward adds the
 // norm's input gradient into the fp32 residual gradient, writes its bf16 copy (the next GEMM's input)
 // and accumulates the weight (and bias) gradients deterministically (per-block partials, then a fixed-order
 // column sum: no atomics).
@@ -13,12 +14,14 @@
 namespace mt::cuda {
 
 // s = x + delta (delta may be null); y = norm(s) * w (+ b). sum_out (may be null) receives s; mean is
-// unused (may be null) for RMSNorm.
-void add_norm_forward(float* sum_out, bf16* y, float* mean, float* rstd, const float* x, const bf16* delta, const bf16* w,
-                      const bf16* b, int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t = F16::kBF16);
+// unused (may be null) for RMSNorm. x and sum_out are float*, or with res16 of type t (s rounded to it
+// before the statistics are taken).
+void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const void* x, const bf16* delta, const bf16* w, const bf16* b,
+                      int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false);
 
 // dres += d(norm input); dres16 = bf16(dres); dw (+ db unless null) += weight gradients (fp32).
-void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const float* x, const float* mean,
-                       const float* rstd, const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t = F16::kBF16);
+// x: the forward's norm input (float*, or of type t with res16).
+void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const void* x, const float* mean, const float* rstd,
+                       const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false);
 
 }  // namespace mt::cuda

@@ -35,9 +35,10 @@ struct CudaGPT::LayerW {
 };
 
 struct CudaGPT::Record {
-  float* x_in = nullptr;  // the layer's input (residual stream)
+  void* x_in = nullptr;  // the layer's input (the residual stream: 16-bit, or fp32 with --fp32-residual-connection)
+  void* x_mid = nullptr;  // the residual stream after the attention block
   bf16 *xn1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *xn2 = nullptr, *fc1 = nullptr, *act = nullptr;
-  float *mean1 = nullptr, *rstd1 = nullptr, *stats = nullptr, *x_mid = nullptr, *mean2 = nullptr, *rstd2 = nullptr;
+  float *mean1 = nullptr, *rstd1 = nullptr, *stats = nullptr, *mean2 = nullptr, *rstd2 = nullptr;
 };
 
 // [T, .] unless marked [Tl, .]; the *_l buffers exist under sequence parallelism only.
@@ -45,8 +46,9 @@ struct CudaGPT::Scratch {
   bf16 *q_all = nullptr /*[T, qh_local * d]: K/V replication only*/, *qkv = nullptr, *delta = nullptr, *xnf = nullptr, *logits = nullptr, *dres16 = nullptr /*[Tl]*/, *dxn = nullptr;
   bf16 *d_o = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr, *dact = nullptr, *dfc1 = nullptr;
   bf16 *delta_l = nullptr, *xn_l = nullptr, *dxn_l = nullptr, *dres16_full = nullptr;
-  float *x_final = nullptr /*[Tl]*/, *meanf = nullptr, *rstdf = nullptr, *losses = nullptr, *dres = nullptr /*[Tl]*/;
-  float *emb = nullptr /*[T, h] fp32: SP embedding partials and gradient gather*/, *ce_stats = nullptr /*[4T]: vocab-parallel loss*/;
+  void* x_final = nullptr;  // [Tl], the residual stream's type
+  float *meanf = nullptr, *rstdf = nullptr, *losses = nullptr, *dres = nullptr /*[Tl]*/;
+  float *emb = nullptr /*[T, h] fp32: the embedding's sum (SP or a 16-bit residual) and SP's gradient gather*/, *ce_stats = nullptr /*[4T]: vocab-parallel loss*/;
   float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
 };
 
@@ -75,7 +77,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       stream_(stream),
       dt_(cfg.precision.fp16 ? cuda::F16::kFP16 : cuda::F16::kBF16),
       ab_(cfg.precision.fp16 ? CUDA_R_16F : CUDA_R_16BF),
-      wire_(cfg.precision.fp16 ? WireType::kF16 : WireType::kBF16) {
+      wire_(cfg.precision.fp16 ? WireType::kF16 : WireType::kBF16),
+      res16_(!cfg.precision.fp32_residual_connection) {
   const ModelDims& D = D_;
   if (D.tp > 1) {
     tp_ = tp;
@@ -192,6 +195,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     act_bytes_ += bytes(n, 4, rows);
     return static_cast<float*>(alloc(bytes(n, 4, rows)));
   };
+  const size_t rb = res16_ ? 2 : 4;
+  auto res = [&](int64_t n, double rows) {
+    act_bytes_ += bytes(n, rb, rows);
+    return alloc(bytes(n, rb, rows));
+  };
   auto full_record = [&](Record& r) {
     r.xn1 = b16(h);
     r.mean1 = f32(1, rows_l);
@@ -201,7 +209,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     r.v = b16(KVd);
     r.o = b16(Hd);
     r.stats = f32(D.nh_local);
-    r.x_mid = f32(h, rows_l);
+    r.x_mid = res(h, rows_l);
     r.xn2 = b16(h);
     r.mean2 = f32(1, rows_l);
     r.rstd2 = f32(1, rows_l);
@@ -210,7 +218,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   };
   for (int64_t l = 0; l < D.L; ++l) {
     auto r = std::make_unique<Record>();
-    r->x_in = f32(h, rows_l);
+    r->x_in = res(h, rows_l);
     if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r);
     records_.push_back(std::move(r));
   }
@@ -223,7 +231,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   s.qkv = b16(Wq);
   if (kv_group_) s.q_all = b16(D.qh_local * D.d);
   s.delta = b16(h);
-  s.x_final = f32(h, rows_l);
+  s.x_final = res(h, rows_l);
   s.xnf = b16(h);
   s.meanf = f32(1, rows_l);
   s.rstdf = f32(1, rows_l);
@@ -253,8 +261,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     s.xn_l = b16(h, rows_l);
     s.dxn_l = b16(h, rows_l);
     s.dres16_full = b16(h);
-    s.emb = f32(h);
   }
+  if (sp_ || res16_) s.emb = f32(h);
 
   // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;
@@ -394,7 +402,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
   const int64_t Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
-  const float* x_in = records_[static_cast<size_t>(l)]->x_in;
+  void* x_in = records_[static_cast<size_t>(l)]->x_in;
   const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, ab_, ab_, w(lw.qkv_b), stream_));
   if (!kv_group_) {
@@ -410,7 +418,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, ab_, ab_, row_bias(lw.proj_b), stream_));
   const bf16* attn = combine_rows(s.delta, s.delta_l, T);
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid, norm_out(r.xn2), r.mean2, r.rstd2, x_in, attn, w(lw.ln2_w), w(lw.ln2_b), Tl, h, D.eps, D.rms,
-                                                 stream_, dt_));
+                                                 stream_, dt_, res16_));
   gather_rows(s.xn_l, r.xn2, T);
   if (D.swiglu) {
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, ab_, ab_, w(lw.fc1_b), stream_));
@@ -446,8 +454,8 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   if (l > 0) {
     const Record& p = recomputed(l - 1) ? *recompute_record_ : *records_[static_cast<size_t>(l - 1)];
     wait_reduced(half);
-    MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l)]->x_in + r0 * h, r.xn1 + r0 * h, r.mean1 + r0, r.rstd1 + r0,
-                                                   p.x_mid + r0 * h, s.delta + r0 * h, w(lw.ln1_w), w(lw.ln1_b), rows, h, D.eps, D.rms, stream_, dt_));
+    MT_PROF("fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l)]->x_in, r0 * h), r.xn1 + r0 * h, r.mean1 + r0,
+                                                   r.rstd1 + r0, res_at(p.x_mid, r0 * h), s.delta + r0 * h, w(lw.ln1_w), w(lw.ln1_b), rows, h, D.eps, D.rms, stream_, dt_, res16_));
   }
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, rows, Wq, h, 1.0f, r.xn1 + r0 * h, h, w(lw.qkv_w), h, 0.0f, s.qkv + r0 * Wq, Wq, ab_, ab_,
                                      w(lw.qkv_b), stream_));
@@ -470,10 +478,10 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t rows = mb.B / 2 * mb.S, r0 = half * rows, h = D.h, F = W_.F, F1 = W_.F1;
   Record& r = recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)];
-  const float* x_in = records_[static_cast<size_t>(l)]->x_in;
+  void* x_in = records_[static_cast<size_t>(l)]->x_in;
   wait_reduced(half);
-  MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid + r0 * h, r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, x_in + r0 * h, s.delta + r0 * h,
-                                                 w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, stream_, dt_));
+  MT_PROF("fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, r0 * h), r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, res_at(x_in, r0 * h), s.delta + r0 * h,
+                                                 w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, stream_, dt_, res16_));
   if (D.swiglu) {
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F1, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.fc1 + r0 * F1, F1, ab_, ab_,
                                        w(lw.fc1_b), stream_));
@@ -511,7 +519,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
   const int64_t Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
-  const float* x_in = records_[static_cast<size_t>(l)]->x_in;
+  void* x_in = records_[static_cast<size_t>(l)]->x_in;
   // MLP
   const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
   if (D.swiglu) {
@@ -533,7 +541,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), dmlp, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), Tl, h, D.rms,
-                                              stream_, dt_));
+                                              stream_, dt_, res16_));
   // Attention
   dy = gather_rows(s.dres16, s.dres16_full, T);
   MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, ab_, ab_, nullptr, stream_));
@@ -555,7 +563,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
-                                              stream_, dt_));
+                                              stream_, dt_, res16_));
   sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)]);
   // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer
   // (or its recompute) overwrites, and their gradients must be final before the grads-ready hook.
@@ -574,13 +582,22 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
 // tokens under SP), positions added by one rank.
 void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
   const ModelDims& D = D_;
-  float* x0 = records_[0]->x_in;
+  void* x0 = records_[0]->x_in;
   const bf16* wpe = wpe_ >= 0 && tp_rank_ == 0 ? w(wpe_) : nullptr;
-  float* out = sp_ ? s_->emb : x0;
+  // The sum is taken in fp32 (in s_->emb unless the stream is fp32 and whole), then rounded once into a
+  // 16-bit stream.
+  float* out = sp_ || res16_ ? s_->emb : static_cast<float*>(x0);
   MT_PROF("fwd.embedding", cuda::embedding_forward_bf16(out, mb.tokens, mb.positions, w(wte_), wpe, T, D.h, v0_, D.V_local, stream_, dt_));
-  if (!tp_) return;
-  if (sp_) MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(out, x0, T / tp_size_ * D.h, WireType::kF32, stream_));
-  else MT_PROF("tp.all_reduce", tp_->all_reduce_on(out, T * D.h, WireType::kF32, ReduceOp::kSum, stream_));
+  int64_t n = T * D.h;
+  if (tp_ && sp_) {
+    n = T / tp_size_ * D.h;
+    float* mine = res16_ ? out + tp_rank_ * n : static_cast<float*>(x0);  // in place: this rank's block of `out`
+    MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(out, mine, n, WireType::kF32, stream_));
+    out = mine;
+  } else if (tp_) {
+    MT_PROF("tp.all_reduce", tp_->all_reduce_on(out, n, WireType::kF32, ReduceOp::kSum, stream_));
+  }
+  if (res16_) MT_PROF("fwd.embedding", cuda::cast_to_bf16(static_cast<bf16*>(x0), out, n, stream_, dt_));
 }
 
 // Cross-entropy over this rank's vocabulary columns (the whole vocabulary at TP 1); the gradient replaces
@@ -613,13 +630,13 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   need_params(layer_end_[0]);
   const LayerW& l0 = layers_[0];
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(nullptr, norm_out(act(0).xn1), act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w),
-                                                 w(l0.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_));
+                                                 w(l0.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_));
   gather_rows(s.xn_l, act(0).xn1, T);
   if (split_forward_) {
     split_layers_forward(mb);
     need_params(numel_);
     MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, s.xnf, s.meanf, s.rstdf, act(D.L - 1).x_mid, s.delta, w(lnf_w_), w(lnf_b_), T, h, D.eps,
-                                                   D.rms, stream_, dt_));
+                                                   D.rms, stream_, dt_, res16_));
   }
   for (int64_t l = 0; !split_forward_ && l < D.L; ++l) {
     Record& r = act(l);
@@ -629,12 +646,12 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
       const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
       need_params(layer_end_[static_cast<size_t>(l + 1)]);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, norm_out(n.xn1), n.mean1, n.rstd1, r.x_mid, mlp, w(nw.ln1_w),
-                                                     w(nw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_));
+                                                     w(nw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_));
       gather_rows(s.xn_l, n.xn1, T);
     } else {
       need_params(numel_);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, norm_out(s.xnf), s.meanf, s.rstdf, r.x_mid, mlp, w(lnf_w_), w(lnf_b_), Tl, h, D.eps, D.rms,
-                                                     stream_, dt_));
+                                                     stream_, dt_, res16_));
       gather_rows(s.xn_l, s.xnf, T);
     }
   }
@@ -651,14 +668,14 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   const bf16* dfinal = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), dfinal, s.x_final, s.meanf, s.rstdf, w(lnf_w_), Tl, h, D.rms,
-                                              stream_, dt_));
+                                              stream_, dt_, res16_));
   sum_replicated_grads(final_replicated_);
   for (int64_t l = D.L - 1; l >= 0; --l) {
     Record& r = act(l);
     if (recomputed(l)) {
       const LayerW& lw = layers_[static_cast<size_t>(l)];
       MT_PROF("recompute.norm", cuda::add_norm_forward(nullptr, norm_out(r.xn1), r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr,
-                                                       w(lw.ln1_w), w(lw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_));
+                                                       w(lw.ln1_w), w(lw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_));
       gather_rows(s.xn_l, r.xn1, T);
       layer_forward(l, r, mb);
     }

@@ -129,6 +129,10 @@ class CudaGPT {
   cuda::F16 dt_;
   cudaDataType_t ab_;
   WireType wire_;
+  // The residual stream (each layer's input and mid-layer sum, the final norm's input) in that 16-bit type
+  // (Megatron's default), or fp32 with --fp32-residual-connection. Its gradient stays fp32.
+  bool res16_;
+  void* res_at(void* p, int64_t off) const { return static_cast<char*>(p) + off * (res16_ ? 2 : 4); }
   const float* loss_scale_ = nullptr;  // fp16: the device-side loss scale the loss gradient is multiplied by
   StreamCollectives* tp_ = nullptr;  // nullptr at TP 1
   // Query groups below TP: the TP ranks holding this rank's copy of its group's QKV block (kv_rep > 1).
