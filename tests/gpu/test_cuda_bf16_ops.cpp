@@ -502,6 +502,8 @@ int main() {
       test_norm(37, 1000, rms);
       test_norm(64, 2048, rms);
       test_norm(9, 8192, rms);
+      test_norm(13, 1004, rms);  // h not a multiple of 8: the scalar path
+      test_norm(11, 1600, rms, true);
       test_norm(37, 1000, rms, true);
       test_norm(9, 8192, rms, true);
     }

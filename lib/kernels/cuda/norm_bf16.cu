@@ -1,6 +1,7 @@
 // norm_bf16.cu: one block per row for the forward and the input gradient (the row stays in registers
-// between the two passes); the weight gradients in a second, column-parallel kernel over row ranges.
+// between the two passes; 16-byte loads where the row allows); the weight gradients in a second, column-parallel kernel over row ranges.
 #include <algorithm>
+#include <initializer_list>
 
 #include "kernels/cuda/bf16_common.cuh"
 #include "kernels/cuda/norm_bf16.h"
@@ -98,6 +99,144 @@ __global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, cons
   }
 }
 
+// Vectorised forms (h a multiple of 8, rows 16-byte aligned): each thread moves runs of 8 consecutive
+// columns with 16-byte loads and stores (one for 16-bit data, two for fp32), VPT runs per thread, blockDim.x
+// threads (a multiple of 32) per row.
+__device__ __forceinline__ void load8(const float* p, float (&o)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+template <typename T16>
+__device__ __forceinline__ void load8(const T16* p, float (&o)[8]) {
+  const Bf16x8 v = load_bf16x8(p);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) o[k] = v.x[k];
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <typename T16>
+__device__ __forceinline__ void store8(T16* p, const float (&v)[8]) {
+  Bf16x8 o;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) o.x[k] = v[k];
+  store_bf16x8(p, o);
+}
+
+template <int VPT, typename T16, typename R>
+__global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b,
+                                 int64_t h, float eps, bool rms) {
+  const int64_t row = blockIdx.x, nv = h / 8;
+  float v[VPT][8];
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int64_t c = (threadIdx.x + static_cast<int64_t>(j) * blockDim.x) * 8;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[j][k] = 0.0f;
+    if (c < h) {
+      float d[8] = {};
+      load8(x + row * h + c, v[j]);
+      if (delta) load8(delta + row * h + c, d);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        v[j][k] = as_stored<R>(v[j][k] + d[k]);
+        s += v[j][k];
+      }
+    }
+  }
+  const float hf = static_cast<float>(h);
+  const float mu = rms ? 0.0f : block_sum(s) / hf;
+  float q = 0.0f;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    if ((threadIdx.x + static_cast<int64_t>(j) * blockDim.x) < nv) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) q += (v[j][k] - mu) * (v[j][k] - mu);
+    }
+  }
+  const float r = rsqrtf(block_sum(q) / hf + eps);
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int64_t c = (threadIdx.x + static_cast<int64_t>(j) * blockDim.x) * 8;
+    if (c < h) {
+      if (sum_out) store8(sum_out + row * h + c, v[j]);
+      float wv[8], bv[8] = {}, o[8];
+      load8(w + c, wv);
+      if (b) load8(b + c, bv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o[k] = (v[j][k] - mu) * r * wv[k] + bv[k];
+      store8(y + row * h + c, o);
+    }
+  }
+  if (threadIdx.x == 0) {
+    if (mean) mean[row] = mu;
+    rstd[row] = r;
+  }
+}
+
+template <int VPT, typename T16, typename R>
+__global__ void norm_bwd_dx_vec(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd, const T16* w,
+                                int64_t h, bool rms) {
+  const int64_t row = blockIdx.x;
+  const float mu = rms ? 0.0f : mean[row], r = rstd[row];
+  float xh[VPT][8], g[VPT][8];
+  float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int64_t c = (threadIdx.x + static_cast<int64_t>(j) * blockDim.x) * 8;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) xh[j][k] = g[j][k] = 0.0f;
+    if (c < h) {
+      float wv[8];
+      load8(x + row * h + c, xh[j]);
+      load8(dy + row * h + c, g[j]);
+      load8(w + c, wv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        xh[j][k] = (xh[j][k] - mu) * r;
+        g[j][k] *= wv[k];
+        sg += g[j][k];
+        sgx += g[j][k] * xh[j][k];
+      }
+    }
+  }
+  const float hf = static_cast<float>(h);
+  const float mg = rms ? 0.0f : block_sum(sg) / hf;
+  const float mgx = block_sum(sgx) / hf;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int64_t c = (threadIdx.x + static_cast<int64_t>(j) * blockDim.x) * 8;
+    if (c < h) {
+      float t[8];
+      load8(dres + row * h + c, t);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) t[k] += r * (g[j][k] - mg - xh[j][k] * mgx);
+      store8(dres + row * h + c, t);
+      store8(dres16 + row * h + c, t);
+    }
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// The vectorised kernels' shape for a row of h: threads (a multiple of 32, at most 256) and runs per thread
+// (0: not vectorisable).
+struct VecShape {
+  int threads = 0, vpt = 0;
+};
+VecShape vec_shape(int64_t h, std::initializer_list<const void*> ptrs) {
+  if (h % 8 != 0 || h > 8192) return {};
+  for (const void* p : ptrs) {
+    if (p && !aligned16(p)) return {};
+  }
+  const int64_t nv = h / 8;
+  const int threads = static_cast<int>(std::min<int64_t>(256, (nv + 31) / 32 * 32));
+  const int64_t vpt = (nv + threads - 1) / threads;
+  return {threads, vpt <= 1 ? 1 : vpt <= 2 ? 2 : 4};
+}
+
 // Weight (and bias) gradient partials: blocks own a column tile and a range of rows, threads a column.
 template <typename T16, typename R>
 __global__ void norm_bwd_dw_kernel(float* pw, float* pb, const T16* dy, const R* x, const float* mean, const float* rstd, int64_t N,
@@ -132,6 +271,16 @@ void add_norm_forward_t(R* sum_out, T16* y, float* mean, float* rstd, const R* x
                         int64_t h, float eps, bool rms, cudaStream_t stream) {
   if (N == 0) return;
   const dim3 grid(static_cast<unsigned>(N));
+  const VecShape vs = vec_shape(h, {sum_out, y, x, delta, w, b});
+  if (vs.vpt) {
+    switch (vs.vpt) {
+      case 1: add_norm_fwd_vec<1><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
+      case 2: add_norm_fwd_vec<2><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
+      default: add_norm_fwd_vec<4><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
+    }
+    MT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   switch (cols_per_thread(h)) {
     case 4: add_norm_fwd_kernel<4><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
     case 8: add_norm_fwd_kernel<8><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
@@ -147,12 +296,21 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
                          const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream) {
   if (N == 0) return;
   const dim3 rows(static_cast<unsigned>(N));
-  switch (cols_per_thread(h)) {
-    case 4: norm_bwd_dx_kernel<4><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
-    case 8: norm_bwd_dx_kernel<8><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
-    case 16: norm_bwd_dx_kernel<16><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
-    case 32: norm_bwd_dx_kernel<32><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
-    default: throw std::runtime_error("the CUDA norm kernels support hidden sizes up to 8192");
+  const VecShape vs = vec_shape(h, {dres, dres16, dy, x, w});
+  if (vs.vpt == 1) {
+    norm_bwd_dx_vec<1><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms);
+  } else if (vs.vpt == 2) {
+    norm_bwd_dx_vec<2><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms);
+  } else if (vs.vpt == 4) {
+    norm_bwd_dx_vec<4><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms);
+  } else {
+    switch (cols_per_thread(h)) {
+      case 4: norm_bwd_dx_kernel<4><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
+      case 8: norm_bwd_dx_kernel<8><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
+      case 16: norm_bwd_dx_kernel<16><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
+      case 32: norm_bwd_dx_kernel<32><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
+      default: throw std::runtime_error("the CUDA norm kernels support hidden sizes up to 8192");
+    }
   }
   MT_CUDA_CHECK_LAUNCH();
   const int64_t row_blocks = std::min<int64_t>(N, 256);
