@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# test_gpu.sh: the GPU tests on a machine with GPUs: the CUDA ops (fp32 and the engine's bf16 kernels)
-# against the CPU reference, cuDNN attention and whole training runs against the CPU engine (loss curves,
-# recompute, checkpoint resume), NCCL collectives under mpirun and torchrun-style launches, and with 2 or
-# more GPUs the TP / TP+SP / DP layouts against the CPU engine (CTest label gpu; without a GPU they report
-# SKIP); then a short GPU training run of each model family under
-# compute-sanitizer memcheck (bf16, and LLaMA in fp16 too), when the tool is installed.
+# test_gpu.sh: the GPU tests on a machine with GPUs: the CUDA ops (fp32, and the engine's 16-bit kernels in
+# bf16 and fp16) against the CPU reference, cuDNN attention and whole training runs against the CPU engine
+# (loss curves, recompute, checkpoint resume), NCCL collectives under mpirun and torchrun-style launches, and
+# with 2 or more GPUs the TP / TP+SP / DP layouts against the CPU engine (CTest label gpu; without a GPU
+# they report SKIP), LLaMA's layouts again in fp16; then a short GPU training run of each model family
+# under compute-sanitizer memcheck (bf16, and LLaMA in fp16 too), when the tool is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -12,6 +12,13 @@ export NCCL_NVLS_ENABLE=0
 [[ -d "$BUILD_DIR" ]] || cmake -S . -B "$BUILD_DIR" -G Ninja
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure "$@"
+# The multi-GPU layouts once more in fp16 (a static loss scale, so neither engine skips): TP collectives in
+# fp16, sequence parallelism, data parallelism and the distributed optimizer (LLaMA family).
+if [[ $(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true) -ge 2 ]]; then
+  PARITY_PRECISION="--fp16 --loss-scale 1024" PARITY_FAMILIES=llama tests/gpu/run_parallel_parity.sh "$BUILD_DIR/bin/megatrain" >/tmp/megatrain-parity-fp16.log 2>&1 || {
+    grep FAIL /tmp/megatrain-parity-fp16.log; echo "FAIL: fp16 multi-GPU parity (log: /tmp/megatrain-parity-fp16.log)"; exit 1; }
+  echo "fp16 multi-GPU parity: $(grep -c '^PASS' /tmp/megatrain-parity-fp16.log) checks passed"
+fi
 if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   S="--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 4
      --global-batch-size 8 --train-iters 3 --log-interval 1 --mock-data --vocab-size 256 --hidden-dropout 0

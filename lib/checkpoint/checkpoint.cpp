@@ -232,7 +232,8 @@ void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator
                  {"flops_so_far", st.flops_so_far},
                  {"skipped_iterations", st.skipped},
                  {"nan_iterations", st.nan_iterations},
-                 {"loss_scaler", {{"scale", st.scaler.scale}, {"hysteresis_left", st.scaler.hysteresis_left}, {"clean_steps", st.scaler.clean_steps}}},
+                 {"loss_scaler", {{"scale", st.scaler.scale}, {"hysteresis_left", st.scaler.hysteresis_left}, {"clean_steps", st.scaler.clean_steps},
+                                  {"dynamic", st.scaler.dynamic}}},
                  {"optimizer", {{"saved", snap.has_optimizer}, {"kind", snap.optimizer_kind}, {"step", snap.optimizer_step},
                                 {"master_weights", snap.has_master}}},
                  {"rng", "counter-based: every random number is a function of (seed, iteration, sample); no state to save"},
@@ -525,7 +526,8 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
   if (want_optim) {
     opt.set_iterations(o.meta["optimizer"]["step"].get<int64_t>());
     const auto& ls = o.meta["loss_scaler"];
-    st.scaler = {ls["scale"].get<float>(), ls["hysteresis_left"].get<int64_t>(), ls["clean_steps"].get<int64_t>()};
+    // "dynamic" is absent from older checkpoints: their scale is not trusted (a fresh dynamic scale instead).
+    st.scaler = {ls["scale"].get<float>(), ls["hysteresis_left"].get<int64_t>(), ls["clean_steps"].get<int64_t>(), ls.value("dynamic", false)};
     scaler.restore(st.scaler);
   }
   return st;

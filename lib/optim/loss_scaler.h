@@ -15,16 +15,21 @@ class LossScaler {
   float scale() const { return scale_; }
   // Records whether this step's gradients overflowed; returns true when the step must be skipped.
   bool update(bool overflow);
-  // Checkpointed state.
+  bool dynamic() const { return dynamic_; }
+  // Checkpointed state; `dynamic`: saved by a dynamic fp16 run (only such a state is restored).
   struct State {
     float scale;
     int64_t hysteresis_left, clean_steps;
+    bool dynamic = false;
   };
-  State state() const { return {scale_, hysteresis_left_, clean_steps_}; }
+  State state() const { return {scale_, hysteresis_left_, clean_steps_, dynamic_}; }
+  // As Megatron: a static scale (or bf16 / fp32) keeps its own value; a dynamic scaler continues from a
+  // dynamic run's state and otherwise starts at --initial-loss-scale.
   void restore(const State& s) {
+    if (!dynamic_ || !s.dynamic) return;
     scale_ = s.scale;
     hysteresis_left_ = s.hysteresis_left;
-    clean_steps_ = s.clean_steps;
+    clean_steps_ = s.clean_steps % window_;  // older checkpoints counted clean steps past the window
   }
 
  private:

@@ -165,7 +165,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     const LossScaler::State sc = scaler.state();
     init.loss_scale = sc.scale;
     init.hysteresis_left = static_cast<int32_t>(sc.hysteresis_left);
-    init.clean_steps = static_cast<int32_t>(sc.clean_steps % std::max<int64_t>(1, cfg.precision.loss_scale_window));
+    init.clean_steps = static_cast<int32_t>(sc.clean_steps);
     MT_CUDA_CHECK(cudaMemcpy(st, &init, sizeof(init), cudaMemcpyHostToDevice));
   }
   cuda::LossScaleRule scale_rule;
@@ -304,6 +304,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   std::vector<double> pending_lr;
   float* loss_hist = device_zeros<float>(static_cast<size_t>(cfg.logging.log_interval) + 1);
   float* norm_hist = device_zeros<float>(static_cast<size_t>(cfg.logging.log_interval) + 1);
+  auto* skip_hist = device_zeros<int32_t>(static_cast<size_t>(cfg.logging.log_interval) + 1);
 
   // Averages host values over the data-parallel group (log and validation time only): through the NCCL
   // group on a small device buffer, so torchrun-style launches without MPI work too.
@@ -384,7 +385,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     state.consumed_samples = consumed;
     state.skipped = h.skipped_total;
     state.nan_iterations = h.nan_total;
-    state.scaler = {cfg.precision.fp16 ? h.loss_scale : 1.0f, h.hysteresis_left, h.clean_steps};
+    state.scaler = {cfg.precision.fp16 ? h.loss_scale : 1.0f, h.hysteresis_left, h.clean_steps, scaler.dynamic()};
     CheckpointRank who;
     who.world_rank = groups.world->rank();
     who.world_size = groups.world->size();
@@ -475,6 +476,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     const size_t slot_i = pending_iters.size();
     MT_CUDA_CHECK(cudaMemcpyAsync(loss_hist + slot_i, &st->loss, 4, cudaMemcpyDeviceToDevice, stream));
     MT_CUDA_CHECK(cudaMemcpyAsync(norm_hist + slot_i, &st->grad_norm, 4, cudaMemcpyDeviceToDevice, stream));
+    MT_CUDA_CHECK(cudaMemcpyAsync(skip_hist + slot_i, &st->skip, 4, cudaMemcpyDeviceToDevice, stream));
     pending_iters.push_back(it);
     pending_lr.push_back(lr);
     res.iterations = it;
@@ -485,15 +487,17 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       std::vector<float> losses(pending_iters.size()), norms(pending_iters.size());
       MT_CUDA_CHECK(cudaMemcpy(losses.data(), loss_hist, losses.size() * 4, cudaMemcpyDeviceToHost));
       MT_CUDA_CHECK(cudaMemcpy(norms.data(), norm_hist, norms.size() * 4, cudaMemcpyDeviceToHost));
+      std::vector<int32_t> skips(pending_iters.size());
+      MT_CUDA_CHECK(cudaMemcpy(skips.data(), skip_hist, skips.size() * 4, cudaMemcpyDeviceToHost));
       if (dp > 1) {
         dp_average(losses.data(), static_cast<int64_t>(losses.size()));
       }
       double sum = 0;
       int64_t n_ok = 0;
-      for (float l : losses) {
-        res.losses.push_back(l);
-        if (std::isfinite(l)) {
-          sum += l;
+      for (size_t i = 0; i < losses.size(); ++i) {
+        res.losses.push_back(losses[i]);
+        if (std::isfinite(losses[i]) && !skips[i]) {  // as Megatron: the logged loss leaves skipped iterations out
+          sum += losses[i];
           ++n_ok;
         }
       }
@@ -511,6 +515,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       s.lr = pending_lr.back();
       s.grad_norm = norms.back();
       s.loss_scale = cfg.precision.fp16 ? h.loss_scale : 1.0f;
+      res.loss_scale = s.loss_scale;
       s.skipped = res.skipped;
       s.nan_iters = res.nan_iterations;
       s.tokens_per_s_per_gpu = static_cast<double>(interval_samples * S) / secs / static_cast<double>(world);
@@ -582,7 +587,8 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   if (saver) saver->wait();
   if (dist_opt) cudaFree(master);  // else the model's
   for (void* p : {static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(st), static_cast<void*>(partials),
-                  static_cast<void*>(d_chunks), static_cast<void*>(eval_acc), static_cast<void*>(avg_buf), static_cast<void*>(loss_hist), static_cast<void*>(norm_hist)}) {
+                  static_cast<void*>(d_chunks), static_cast<void*>(eval_acc), static_cast<void*>(avg_buf), static_cast<void*>(loss_hist), static_cast<void*>(norm_hist),
+                  static_cast<void*>(skip_hist)}) {
     cudaFree(p);
   }
   return res;

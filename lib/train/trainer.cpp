@@ -167,7 +167,8 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       ++res.nan_iterations;
       ++res.skipped;
     }
-    nan_in_a_row = nonfinite && !cfg.precision.fp16 ? nan_in_a_row + 1 : 0;
+    // A non-finite loss always counts (no loss scale cures it); non-finite gradients only outside fp16.
+    nan_in_a_row = !loss_finite || (nonfinite && !cfg.precision.fp16) ? nan_in_a_row + 1 : 0;
     if (nan_in_a_row >= cfg.training.exit_on_nan_count) {
       throw std::runtime_error("loss or gradient norm was not finite for " + std::to_string(nan_in_a_row) +
                                " iterations in a row (last at iteration " + std::to_string(it) +
@@ -175,7 +176,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     }
     res.losses.push_back(loss_avg);
     res.iterations = it;
-    if (loss_finite) {
+    if (!nonfinite) {  // as Megatron: the logged loss leaves skipped iterations out
       interval_loss += loss_avg;
       ++interval_iters;
     }
@@ -193,7 +194,8 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       s.ms_per_iter = 1000.0 * secs / static_cast<double>(n_iter);
       s.tflops_per_gpu = flops_of(interval_samples) / secs / static_cast<double>(world) / 1e12;
       s.loss = interval_iters ? interval_loss / static_cast<double>(interval_iters) : NAN;
-      s.loss_scale = loss_scale;
+      s.loss_scale = scaler.scale();  // after this step's update, as Megatron logs it
+      res.loss_scale = s.loss_scale;
       s.skipped = res.skipped;
       s.nan_iters = res.nan_iterations;
       s.tokens_per_s_per_gpu = static_cast<double>(interval_samples * S) / secs / static_cast<double>(world);

@@ -20,6 +20,7 @@ struct TrainResult {
   std::vector<double> valid_losses; // per validation run
   int64_t iterations = 0;
   int64_t skipped = 0, nan_iterations = 0;
+  double loss_scale = 1.0;  // fp16: the loss scale after the last iteration
 };
 
 struct TrainOptions {

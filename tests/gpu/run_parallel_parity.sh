@@ -12,7 +12,7 @@ BIN=${1:?usage: run_parallel_parity.sh path/to/megatrain}
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [[ ${n:-0} -lt 2 ]]; then echo "SKIP: multi-GPU parity needs 2 GPUs ($n visible): run scripts/test_gpu.sh on the 2-GPU machine"; exit 77; fi
-# PARITY_WORK=dir keeps the runs' logs and metrics there.
+# PARITY_WORK=dir keeps the runs' logs and metrics there; PARITY_PRECISION replaces --bf16 (e.g. "--fp16 --loss-scale 1024").
 if [[ -n ${PARITY_WORK:-} ]]; then
   work=$PARITY_WORK
   mkdir -p "$work"
@@ -21,7 +21,7 @@ else
   trap 'rm -rf "$work"' EXIT
 fi
 COMMON="--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2
-  --global-batch-size 16 --train-iters 10 --log-interval 1 --eval-interval 10 --eval-iters 2 --mock-data --vocab-size 256 --bf16
+  --global-batch-size 16 --train-iters 10 --log-interval 1 --eval-interval 10 --eval-iters 2 --mock-data --vocab-size 256 ${PARITY_PRECISION:---bf16}
   --hidden-dropout 0 --attention-dropout 0 --lr 3e-3 --lr-warmup-iters 2 --seed 7"
 GPT="--ffn-hidden-size 512"
 LLAMA="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention --num-query-groups 2

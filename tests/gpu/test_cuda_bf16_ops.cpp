@@ -506,6 +506,8 @@ int main() {
       test_norm(11, 1600, rms, true);
       test_norm(37, 1000, rms, true);
       test_norm(9, 8192, rms, true);
+      test_norm(5, 4096, rms, true);  // two runs of 8 per thread
+      test_norm(5, 6144, rms);        // three runs, in the four-run kernel
     }
     test_qkv(13, 6, 2, 16, 16, true);  // vectorised path
     test_qkv(13, 6, 3, 16, 8, true);   // partial rotary: scalar path

@@ -102,14 +102,17 @@ TEST_CASE("mock data is Megatron's and learnable; dropout and bf16 train too") {
 }
 
 TEST_CASE("non-finite losses are counted, and stop the run after --exit-on-nan-count in a row") {
-  Config c = tiny_llama_on_shakespeare(10);
-  c.model.init_method_std = 1e30;  // overflows: every loss is inf or NaN
-  c.training.exit_on_nan_count = 3;
-  try {
-    train(c, ProcessGroups::single(), {true, 0});
-    FAIL("expected the run to stop");
-  } catch (const std::runtime_error& e) {
-    CHECK(std::string(e.what()).find("not finite for 3 iterations in a row (last at iteration 3)") != std::string::npos);
+  for (bool fp16 : {false, true}) {  // in fp16 too: no loss scale cures a non-finite loss
+    Config c = tiny_llama_on_shakespeare(10);
+    if (fp16) c.precision.bf16 = false, c.precision.fp16 = true;
+    c.model.init_method_std = 1e30;  // overflows: every loss is inf or NaN
+    c.training.exit_on_nan_count = 3;
+    try {
+      train(c, ProcessGroups::single(), {true, 0});
+      FAIL("expected the run to stop");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()).find("not finite for 3 iterations in a row (last at iteration 3)") != std::string::npos);
+    }
   }
 }
 
@@ -178,6 +181,29 @@ TEST_CASE("fp16 dynamic loss scaling: shrink once the hysteresis is used up, gro
   Config b;
   b.precision.bf16 = true;
   CHECK(LossScaler(b).scale() == 1.0f);
+}
+
+TEST_CASE("fp16 loss scaler restore: only a dynamic run's state, into a dynamic scaler (as Megatron)") {
+  Config c;
+  c.precision.fp16 = true;
+  c.precision.initial_loss_scale = 1024;
+  c.precision.loss_scale_window = 3;
+  LossScaler dyn(c);
+  dyn.restore({1.0f, 2, 0, false});  // a bf16 run's state: not a loss scale to continue from
+  CHECK(dyn.scale() == 1024);
+  dyn.restore({256.0f, 1, 7, true});  // an older count past the window: taken modulo the window
+  CHECK(dyn.scale() == 256);
+  CHECK(dyn.state().clean_steps == 1);
+  CHECK(dyn.state().dynamic);
+  CHECK_FALSE(dyn.update(false));
+  CHECK_FALSE(dyn.update(false));
+  CHECK(dyn.scale() == 512);
+  Config st = c;
+  st.precision.loss_scale = 128.0;
+  LossScaler fixed(st);
+  fixed.restore({256.0f, 1, 0, true});  // --loss-scale wins over the checkpoint
+  CHECK(fixed.scale() == 128);
+  CHECK_FALSE(fixed.state().dynamic);
 }
 
 TEST_CASE("AdamW step: decoupled decay, bias correction, no decay on norms; bf16 working weights") {

@@ -49,17 +49,17 @@ __global__ void prepare_kernel(StepState* st, const float* partials, float max_n
       st->loss_scale *= 2.0f;
     }
   }
+  // fp16 with a finite loss and non-finite gradients: an overflow, skipped as the scale shrinks; anything
+  // else non-finite (the loss, or bf16 / fp32 gradients) is a NaN iteration and extends the run that
+  // --exit-on-nan-count bounds (no loss scale cures a non-finite loss).
+  const bool nan_iter = bad && !(rule.fp16 && loss_ok);
+  st->nonfinite_run = nan_iter ? st->nonfinite_run + 1 : 0;
+  st->max_nonfinite_run = max(st->max_nonfinite_run, st->nonfinite_run);
   if (bad) {
-    // fp16 with a finite loss: an overflow, skipped as the scale shrinks (no NaN iteration, no NaN run).
     st->skipped_total += 1;
-    if (!(rule.fp16 && loss_ok)) st->nan_total += 1;
-    if (!rule.fp16) {
-      st->nonfinite_run += 1;
-      st->max_nonfinite_run = max(st->max_nonfinite_run, st->nonfinite_run);
-    }
+    if (nan_iter) st->nan_total += 1;
     return;
   }
-  st->nonfinite_run = 0;
   st->t += 1;
   st->bc1 = static_cast<float>(1.0 - pow(static_cast<double>(b1), static_cast<double>(st->t)));
   st->bc2 = static_cast<float>(1.0 - pow(static_cast<double>(b2), static_cast<double>(st->t)));

@@ -1,11 +1,11 @@
 // gpt_cuda.h: the GPT / LLaMA decoder on one GPU in mixed precision, Megatron style: fp32 master weights,
-// a bf16 working copy the GEMMs read, fp32 gradient accumulation (cuBLASLt writes weight gradients
-// straight into the fp32 main-grad buffer), an fp32 residual stream, bf16 activations, cuDNN flash
-// attention, fused norm / loss kernels. The parameter layout (names, flat offsets, initial values) is the
+// a 16-bit (bf16, or fp16 with --fp16) working copy the GEMMs read, fp32 gradient accumulation (cuBLASLt
+// writes weight gradients straight into the fp32 main-grad buffer), 16-bit activations and residual stream
+// (fp32 with --fp32-residual-connection), cuDNN flash attention, fused norm / loss kernels. The parameter layout (names, flat offsets, initial values) is the
 // CPU reference model's ParamStore, so checkpoints and parity tests line up element for element.
 // Tensor parallelism (as the CPU model, Megatron's layout): this rank holds its shard of the heads, the
-// FFN and the vocabulary; row-parallel partial sums are combined over TP in bf16 (all-reduce, or under
-// sequence parallelism reduce-scatter, with norms on sequence shards and all-gathers before the column-
+// FFN and the vocabulary; row-parallel partial sums are combined over TP in that 16-bit type (all-reduce, or
+// under sequence parallelism reduce-scatter, with norms on sequence shards and all-gathers before the column-
 // parallel GEMMs); the loss is vocabulary-parallel. TP collectives are queued on the compute stream, except
 // the split forward's (TP without SP: two interleaved halves of the micro batch, each half's reductions on
 // a TP stream). Everything else runs on one stream, except that under TP the column-parallel layers'
@@ -74,7 +74,7 @@ class CudaGPT {
   cuda::bf16* working() const { return w16_; }  // the 16-bit working copy (bf16 or fp16: half_type())
   const ModelDims& dims() const { return D_; }
   size_t activation_bytes() const { return act_bytes_; }
-  // Refreshes the bf16 working copy from the fp32 master weights (after loading; needs the master).
+  // Refreshes the 16-bit working copy from the fp32 master weights (after loading; needs the master).
   void refresh_working();
 
  private:
