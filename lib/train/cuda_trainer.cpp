@@ -282,7 +282,8 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
               << static_cast<double>(model.activation_bytes()) / gib << " GiB"
               << (cfg.recompute.recompute_granularity ? " (recompute " + *cfg.recompute.recompute_granularity + ")" : std::string()) << "\n";
     std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb
-              << " microbatches of " << mbs << ")\n"
+              << " microbatches of " << mbs << (batches.ramping() ? ", the batch ramped up from " + cfg.training.rampup_batch_size[0] : std::string())
+              << ")\n"
               << std::flush;
   }
 
