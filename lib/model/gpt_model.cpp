@@ -47,6 +47,7 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp) {
   d.learned_pos = c.model.position_embedding_type == "learned_absolute";
   d.tied = !c.model.untie_embeddings_and_output_weights;
   d.sequence_parallel = c.parallel.sequence_parallel && tp > 1;
+  d.qk_norm = c.model.qk_layernorm;
   d.eps = static_cast<float>(c.model.norm_epsilon);
   d.rope_base = static_cast<float>(c.model.rotary_base);
   d.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
@@ -61,6 +62,7 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp) {
 
 struct GPTModel::Layer {
   size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  size_t qn_w, qn_b, kn_w, kn_b;  // --qk-layernorm (the biases with LayerNorm only)
 };
 
 // Activations of one microbatch kept for backward.
@@ -68,6 +70,7 @@ struct GPTModel::Layer {
 struct GPTModel::Record {
   struct L {
     Buf x, ln1, ln1_full, mean1, rstd1, q, k, v, probs, ctx, x2, ln2, ln2_full, mean2, rstd2, fc1, act;
+    Buf q_in, k_in, q_mean, q_rstd, k_mean, k_rstd;  // --qk-layernorm: the heads before their norm, its statistics
   };
   std::vector<L> layers;
   Buf x_final, lnf, lnf_full, meanf, rstdf, logits, lse, losses;
@@ -134,6 +137,12 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
     if (!D.rms) ly.ln1_b = params_.add(make_param(p + "input_norm.bias", {D.h}, -1, r, t, InitKind::kZeros, 0));
     ly.qkv_w = qkv_param(p + "attention.qkv.weight", {qkv_rows, D.h}, InitKind::kNormal, std);
     if (D.bias) ly.qkv_b = qkv_param(p + "attention.qkv.bias", {qkv_rows}, InitKind::kZeros, 0);
+    if (D.qk_norm) {  // one [d] weight shared by every query head (and one by every key head), on every TP rank
+      ly.qn_w = params_.add(make_param(p + "attention.q_norm.weight", {D.d}, -1, r, t, InitKind::kOnes, 0));
+      if (!D.rms) ly.qn_b = params_.add(make_param(p + "attention.q_norm.bias", {D.d}, -1, r, t, InitKind::kZeros, 0));
+      ly.kn_w = params_.add(make_param(p + "attention.k_norm.weight", {D.d}, -1, r, t, InitKind::kOnes, 0));
+      if (!D.rms) ly.kn_b = params_.add(make_param(p + "attention.k_norm.bias", {D.d}, -1, r, t, InitKind::kZeros, 0));
+    }
     ly.proj_w = params_.add(make_param(p + "attention.proj.weight", {D.h, D.nh * D.d}, 1, r, t, InitKind::kNormal, out_std));
     if (D.bias) ly.proj_b = params_.add(make_param(p + "attention.proj.bias", {D.h}, -1, r, t, InitKind::kZeros, 0));
     ly.ln2_w = params_.add(make_param(p + "mlp_norm.weight", {D.h}, -1, r, t, InitKind::kOnes, 0));
@@ -210,6 +219,22 @@ void GPTModel::norm_forward(float* out, float* mean, float* rstd, const float* x
   else cpu::layernorm_forward(out, mean, rstd, x, params_.param(w), params_.param(b), n, dims_.h, dims_.eps);
 }
 
+// --qk-layernorm: the configured norm over n rows of one head (width d).
+void GPTModel::head_norm_forward(float* out, Buf& mean, Buf& rstd, const float* x, size_t w, size_t b, int64_t n) {
+  const int64_t d = dims_.d;
+  mean.resize(static_cast<size_t>(n));
+  rstd.resize(static_cast<size_t>(n));
+  if (dims_.rms) cpu::rmsnorm_forward(out, rstd.data(), x, params_.param(w), n, d, dims_.eps);
+  else cpu::layernorm_forward(out, mean.data(), rstd.data(), x, params_.param(w), params_.param(b), n, d, dims_.eps);
+}
+
+void GPTModel::head_norm_backward(float* dx, const float* dout, const float* x, const Buf& mean, const Buf& rstd, size_t w, size_t b,
+                                  int64_t n) {
+  const int64_t d = dims_.d;
+  if (dims_.rms) cpu::rmsnorm_backward(dx, params_.grad(w), dout, x, params_.param(w), rstd.data(), n, d);
+  else cpu::layernorm_backward(dx, params_.grad(w), params_.grad(b), dout, x, params_.param(w), mean.data(), rstd.data(), n, d);
+}
+
 void GPTModel::norm_backward(float* dx, const float* dout, const float* x, const float* mean, const float* rstd, size_t w, size_t b,
                              int64_t n) {
   if (dims_.rms) cpu::rmsnorm_backward(dx, params_.grad(w), dout, x, params_.param(w), rstd, n, dims_.h);
@@ -271,6 +296,12 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
       cpu::qkv_split(q_all.data(), A.k.data(), A.v.data(), qkv.data(), T, D.qh_local, D.ng_local, D.d);
       const int64_t first = (D.tp_rank % D.kv_rep) * D.nh_local * D.d, w = D.nh_local * D.d;
       for (int64_t i = 0; i < T; ++i) std::memcpy(&A.q[sz(i * w)], &q_all[sz(i * D.qh_local * D.d + first)], sz(w) * sizeof(float));
+    }
+    if (D.qk_norm) {
+      A.q_in = A.q;
+      A.k_in = A.k;
+      head_norm_forward(A.q.data(), A.q_mean, A.q_rstd, A.q_in.data(), ly.qn_w, ly.qn_b, T * D.nh_local);
+      head_norm_forward(A.k.data(), A.k_mean, A.k_rstd, A.k_in.data(), ly.kn_w, ly.kn_b, T * D.ng_local);
     }
     if (D.rope) {
       cpu::rope_forward(A.q.data(), mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
@@ -408,6 +439,18 @@ void GPTModel::backward(float scale, bool last_microbatch) {
     if (D.rope) {
       cpu::rope_backward(dq.data(), mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
       cpu::rope_backward(dk.data(), mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);
+    }
+    if (D.qk_norm) {
+      Buf dq_in(dq.size()), dk_in(dk.size());
+      head_norm_backward(dq_in.data(), dq.data(), A.q_in.data(), A.q_mean, A.q_rstd, ly.qn_w, ly.qn_b, T * D.nh_local);
+      head_norm_backward(dk_in.data(), dk.data(), A.k_in.data(), A.k_mean, A.k_rstd, ly.kn_w, ly.kn_b, T * D.ng_local);
+      dq = std::move(dq_in);
+      dk = std::move(dk_in);
+      // Each TP rank's heads add to the shared weights: sum over TP (under SP the layer's replicated
+      // parameters are summed below with the norms').
+      if (D.tp > 1 && !D.sequence_parallel && finishing_) {
+        for (size_t i = ly.qn_w; i < ly.proj_w; ++i) groups_.tp->all_reduce(params_.grad(i), params_.info(i).numel, ReduceOp::kSum);
+      }
     }
     Buf dqkv(sz(T * qkv_local));
     if (D.kv_rep == 1) {

@@ -29,6 +29,7 @@ struct ModelDims {
   // ranks, each computing its nh_local query heads of it. qh_local: query heads in the local QKV rows.
   int64_t kv_rep, qh_local;
   bool rms, swiglu, bias, rope, learned_pos, tied, sequence_parallel;
+  bool qk_norm;  // --qk-layernorm: the configured norm over each query and key head (width d), before RoPE
   float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
   int64_t rot_dim;
 };
@@ -75,6 +76,10 @@ class GPTModel {
   void norm_forward(float* out, float* mean, float* rstd, const float* x, size_t w, size_t b, int64_t n);
   void norm_backward(float* dx, const float* dout, const float* x, const float* mean, const float* rstd, size_t w, size_t b,
                      int64_t n);
+  // --qk-layernorm: the same norm over n rows of one attention head (width d); mean / rstd sized here.
+  using Buf = std::vector<float>;
+  void head_norm_forward(float* out, Buf& mean, Buf& rstd, const float* x, size_t w, size_t b, int64_t n);
+  void head_norm_backward(float* dx, const float* dout, const float* x, const Buf& mean, const Buf& rstd, size_t w, size_t b, int64_t n);
   bool finishing_ = true;  // the running backward is the iteration's last
   std::shared_ptr<Communicator> kv_group_;  // the TP ranks sharing this rank's K/V (kv_rep > 1)
 };

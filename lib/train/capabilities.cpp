@@ -17,7 +17,7 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   no(c.precision.fp8_format.has_value(), "FP8 training (--fp8-format) is not implemented yet: use --bf16");
   no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
      "activation recompute (--recompute-granularity) is implemented on the CUDA engine only: drop it on the CPU engine (it keeps all activations)");
-  no(c.model.qk_layernorm, "--qk-layernorm is not implemented yet");
+  no(cuda_engine && c.model.qk_layernorm, "--qk-layernorm is not implemented on the CUDA engine yet: drop it, or --device cpu");
   no(c.data.dataloader_type == "cyclic" || c.data.dataloader_type == "external",
      "--dataloader-type " + c.data.dataloader_type + " is not implemented: megatrain reads samples in order (single)");
   const std::string tok = c.data.tokenizer_type.value_or("");
