@@ -57,8 +57,7 @@ double peak_tflops(const std::string& gpu) {
 
 template <typename T>
 T* device_zeros(size_t n) {
-  T* p = nullptr;
-  MT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  auto* p = static_cast<T*>(device_malloc(std::max<size_t>(n, 1) * sizeof(T), "the training state (master weights, Adam moments, step buffers)"));
   MT_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(T)));
   // The training stream is non-blocking (not ordered with the legacy stream this memset runs on).
   MT_CUDA_CHECK(cudaDeviceSynchronize());

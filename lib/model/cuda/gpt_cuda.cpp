@@ -23,6 +23,7 @@
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sdpa_cudnn.h"
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/device_allocator.h"
 #include "tensor/cuda/op_profiler.h"
 
 namespace mt {
@@ -53,8 +54,7 @@ struct CudaGPT::Scratch {
 };
 
 void* CudaGPT::alloc(size_t bytes) {
-  void* p = nullptr;
-  MT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+  void* p = device_malloc(std::max<size_t>(bytes, 16), "the model's weights, gradients and activations");
   owned_.push_back(p);
   return p;
 }

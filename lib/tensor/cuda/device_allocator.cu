@@ -21,6 +21,22 @@ size_t DeviceAllocator::size_class(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+void* device_malloc(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    const auto mib = [](size_t b) { return std::to_string(b >> 20); };
+    throw std::runtime_error("out of GPU memory allocating " + mib(bytes) + " MiB for " + what + " (" + mib(free_b) + " of " + mib(total_b) +
+                             " MiB free): lower --micro-batch-size, use --recompute-granularity full --recompute-method uniform, "
+                             "--use-distributed-optimizer or more --tensor-model-parallel-size (`megatrain plan` estimates the memory per GPU)");
+  }
+  MT_CUDA_CHECK(e);
+  return p;
+}
+
 void* DeviceAllocator::allocate(size_t bytes) {
   const size_t c = size_class(bytes);
   std::lock_guard<std::mutex> lock(mu_);

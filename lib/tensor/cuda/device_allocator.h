@@ -18,6 +18,10 @@ struct AllocatorStats {
   int64_t device_mallocs = 0, device_frees = 0, requests = 0;
 };
 
+// cudaMalloc for a long-lived buffer (weights, optimizer state, activations): out of memory becomes a
+// message naming what was being allocated, the GPU's free and total memory, and what to change.
+void* device_malloc(size_t bytes, const char* what);
+
 class DeviceAllocator {
  public:
   static DeviceAllocator& instance();
