@@ -22,7 +22,7 @@ namespace mt {
 namespace {
 
 struct Options {
-  std::string input, output_prefix, tokenizer_type, vocab_file, merge_file;
+  std::string input, output_prefix, tokenizer_type, vocab_file, merge_file, tokenizer_model;
   std::vector<std::string> json_keys{"text"};
   int64_t vocab_size = 0;
   bool append_eod = false;
@@ -97,7 +97,8 @@ int run_preprocess(int argc, char** argv) {
   app.add_option("--input", o.input, "Input corpus: .jsonl (one JSON object per line) or text (blank-line-separated documents)")->required();
   app.add_option("--json-keys", o.json_keys, "JSON keys to tokenize, one output dataset per key (default: text)");
   app.add_option("--output-prefix", o.output_prefix, "Output prefix: writes PREFIX_{key}_document.bin/.idx")->required();
-  app.add_option("--tokenizer-type", o.tokenizer_type, "GPT2BPETokenizer | NullTokenizer | ByteTokenizer")->required();
+  app.add_option("--tokenizer-type", o.tokenizer_type, "GPT2BPETokenizer | HuggingFaceTokenizer | NullTokenizer | ByteTokenizer")->required();
+  app.add_option("--tokenizer-model", o.tokenizer_model, "HuggingFaceTokenizer: a local tokenizer.json, or its directory");
   app.add_option("--vocab-file", o.vocab_file, "GPT-2 vocab.json");
   app.add_option("--merge-file", o.merge_file, "GPT-2 merges.txt");
   app.add_option("--vocab-size", o.vocab_size, "Vocabulary size (NullTokenizer)");
@@ -111,7 +112,7 @@ int run_preprocess(int argc, char** argv) {
     return app.exit(e);
   }
   if (split_sentences) throw ConfigError("--split-sentences is not supported: megatrain stores each document as one sequence");
-  const auto tok = make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.vocab_size);
+  const auto tok = make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.vocab_size, o.tokenizer_model);
   const int workers = o.workers > 0 ? o.workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   DocumentReader reader(o.input, o.json_keys);
   const std::vector<std::string> keys = reader.text() ? std::vector<std::string>{"text"} : o.json_keys;

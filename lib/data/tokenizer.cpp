@@ -3,6 +3,7 @@
 
 #include "config/errors.h"
 #include "data/gpt2_bpe.h"
+#include "data/hf_tokenizer.h"
 
 namespace mt {
 namespace {
@@ -69,7 +70,14 @@ class NullTokenizer final : public Tokenizer {
 }  // namespace
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file, const std::string& merge_file,
-                                          int64_t vocab_size) {
+                                          int64_t vocab_size, const std::string& tokenizer_model) {
+  if (type == "HuggingFaceTokenizer") {
+    if (tokenizer_model.empty()) {
+      throw ConfigError("HuggingFaceTokenizer needs --tokenizer-model: a local tokenizer.json, or the directory holding it "
+                        "(megatrain does not download models)");
+    }
+    return std::make_unique<HfBpeTokenizer>(tokenizer_model);
+  }
   if (type == "GPT2BPETokenizer") {
     if (vocab_file.empty() || merge_file.empty()) {
       throw ConfigError("GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)");
@@ -81,12 +89,14 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
     if (vocab_size <= 1) throw ConfigError("NullTokenizer needs --vocab-size");
     return std::make_unique<NullTokenizer>(vocab_size);
   }
-  throw ConfigError("--tokenizer-type " + type + " is not implemented yet: use GPT2BPETokenizer, NullTokenizer or ByteTokenizer");
+  throw ConfigError("--tokenizer-type " + type +
+                    " is not implemented yet: use GPT2BPETokenizer, HuggingFaceTokenizer (byte-level BPE tokenizer.json), NullTokenizer or "
+                    "ByteTokenizer");
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const Config& cfg) {
   return make_tokenizer(cfg.data.tokenizer_type.value_or(""), cfg.data.vocab_file.value_or(""), cfg.data.merge_file.value_or(""),
-                        cfg.model.vocab_size.value_or(0));
+                        cfg.model.vocab_size.value_or(0), cfg.data.tokenizer_model.value_or(""));
 }
 
 }  // namespace mt

@@ -1,5 +1,6 @@
 // tokenizer.h: text -> token ids. GPT2BPETokenizer (vocab.json + merges.txt, byte-level BPE, exact
-// GPT-2 ids), NullTokenizer (--vocab-size; ids are given, not made), ByteTokenizer (UTF-8 bytes).
+// GPT-2 ids), HuggingFaceTokenizer (a local byte-level BPE tokenizer.json: GPT-2, Llama 3, ...),
+// NullTokenizer (--vocab-size; ids are given, not made), ByteTokenizer (UTF-8 bytes).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,8 @@ class Tokenizer {
 
 // From --tokenizer-type and its files; throws ConfigError naming what is missing or wrong.
 std::unique_ptr<Tokenizer> make_tokenizer(const Config& cfg);
+// tokenizer_model: HuggingFaceTokenizer's tokenizer.json (or its directory).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
-                                          const std::string& merge_file, int64_t vocab_size);
+                                          const std::string& merge_file, int64_t vocab_size, const std::string& tokenizer_model = "");
 
 }  // namespace mt

@@ -21,8 +21,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   no(c.data.dataloader_type == "cyclic" || c.data.dataloader_type == "external",
      "--dataloader-type " + c.data.dataloader_type + " is not implemented: megatrain reads samples in order (single)");
   const std::string tok = c.data.tokenizer_type.value_or("");
-  no(tok == "HuggingFaceTokenizer",
-     "--tokenizer-type HuggingFaceTokenizer is not implemented yet: use GPT2BPETokenizer, NullTokenizer or ByteTokenizer");
   no((!c.data.data_path.empty() || !c.data.train_data_path.empty()) && tok.empty(),
      "--data-path needs --tokenizer-type (GPT2BPETokenizer with --vocab-file/--merge-file, or NullTokenizer with --vocab-size)");
   no(c.checkpoint.ckpt_format != "torch_dist",

@@ -7,7 +7,7 @@ find_package(spdlog REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
 # ICU: Unicode general categories for GPT-2's pre-tokenizer (letters and numbers). Without it the
 # build works but GPT2BPETokenizer refuses to run (saying to install libicu-dev).
-find_package(ICU COMPONENTS uc)
+find_package(ICU COMPONENTS uc OPTIONAL_COMPONENTS i18n)  # i18n: regular expressions (HuggingFaceTokenizer)
 
 # BLAS for the CPU reference GEMM: OpenBLAS from the distribution (see third_party/README.md). Without
 # it a plain blocked GEMM is compiled instead (correct, slower).

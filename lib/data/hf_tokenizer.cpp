@@ -1,0 +1,394 @@
+// hf_tokenizer.cpp: byte-level BPE from tokenizer.json, merged by rank as HuggingFace tokenizers' BPE does
+// (the lowest-ranked adjacent pair first, leftmost on ties).
+#include "data/hf_tokenizer.h"
+
+#if defined(MEGATRAIN_HAVE_ICU_REGEX)
+#include <unicode/regex.h>
+#include <unicode/unistr.h>
+#endif
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "config/errors.h"
+
+namespace mt {
+
+struct HfBpeTokenizer::Regex {
+#if defined(MEGATRAIN_HAVE_ICU_REGEX)
+  std::unique_ptr<icu::RegexPattern> pattern;
+#endif
+};
+
+namespace {
+
+using json = nlohmann::json;
+
+// GPT-2's pattern, which ByteLevel(use_regex = true) applies.
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+[[maybe_unused]] void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// The code points of valid UTF-8 (the byte-level strings this file builds are always valid).
+std::vector<std::string> utf8_chars(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const size_t n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+uint32_t first_code_point(const std::string& c) {
+  const auto b0 = static_cast<unsigned char>(c[0]);
+  if (b0 < 0x80) return b0;
+  if (b0 < 0xE0) return ((b0 & 0x1Fu) << 6) | (static_cast<unsigned char>(c[1]) & 0x3Fu);
+  if (b0 < 0xF0) return ((b0 & 0x0Fu) << 12) | ((static_cast<unsigned char>(c[1]) & 0x3Fu) << 6) | (static_cast<unsigned char>(c[2]) & 0x3Fu);
+  return ((b0 & 0x07u) << 18) | ((static_cast<unsigned char>(c[1]) & 0x3Fu) << 12) | ((static_cast<unsigned char>(c[2]) & 0x3Fu) << 6) |
+         (static_cast<unsigned char>(c[3]) & 0x3Fu);
+}
+
+[[maybe_unused]] std::string read_text(const std::filesystem::path& p, const std::string& what) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw ConfigError("cannot read " + what + " '" + p.string() + "': check the path");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+[[maybe_unused]] [[noreturn]] void refuse(const std::string& file, const std::string& what) {
+  throw ConfigError("HuggingFaceTokenizer: " + file + ": " + what +
+                    " is not implemented (megatrain reads byte-level BPE tokenizer.json files: GPT-2, Llama 3 and alike)");
+}
+
+[[maybe_unused]] std::string token_content(const json& t) {
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_object() && t.contains("content")) return t["content"].get<std::string>();
+  return {};
+}
+
+}  // namespace
+
+HfBpeTokenizer::~HfBpeTokenizer() = default;
+
+HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_unique<Regex>()) {
+#if !defined(MEGATRAIN_HAVE_ICU_REGEX)
+  (void)path;
+  throw ConfigError("this build has no ICU regular expressions, which HuggingFaceTokenizer needs for its pre-tokenizer: "
+                    "install libicu-dev and rebuild (scripts/setup.sh does)");
+#else
+  std::filesystem::path file = path;
+  if (std::filesystem::is_directory(file)) file /= "tokenizer.json";
+  const std::string fname = file.string();
+  json j;
+  try {
+    j = json::parse(read_text(file, "--tokenizer-model"));
+  } catch (const json::exception& e) {
+    throw ConfigError("--tokenizer-model '" + fname + "' is not valid JSON (a HuggingFace tokenizer.json): " + e.what());
+  }
+  const json& model = j.value("model", json::object());
+  if (model.value("type", std::string()) != "BPE") refuse(fname, "model type '" + model.value("type", std::string("?")) + "'");
+  if (model.value("byte_fallback", false)) refuse(fname, "a BPE with byte_fallback (SentencePiece style, e.g. Llama 2)");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(k) && !model[k].is_null() && !model[k].get<std::string>().empty()) refuse(fname, std::string("BPE ") + k);
+  }
+  if (model.contains("dropout") && !model["dropout"].is_null()) refuse(fname, "BPE dropout");
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) refuse(fname, "the normalizer '" + j["normalizer"].value("type", std::string("?")) + "'");
+  ignore_merges_ = model.value("ignore_merges", false);
+
+  // Vocabulary and added tokens.
+  if (!model.contains("vocab") || !model["vocab"].is_object()) throw ConfigError("HuggingFaceTokenizer: " + fname + " has no model.vocab");
+  int32_t max_id = -1;
+  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+    const auto id = it.value().get<int32_t>();
+    vocab_[it.key()] = id;
+    max_id = std::max(max_id, id);
+  }
+  for (const auto& t : j.value("added_tokens", json::array())) {
+    const auto id = t.at("id").get<int32_t>();
+    const std::string content = t.at("content").get<std::string>();
+    added_.emplace_back(content, id);
+    max_id = std::max(max_id, id);
+  }
+  std::sort(added_.begin(), added_.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (const auto& a : added_) {
+    if (!a.first.empty()) added_first_[static_cast<unsigned char>(a.first[0])] = true;
+  }
+  id_to_token_.assign(static_cast<size_t>(max_id + 1), "");
+  for (const auto& [tok, id] : vocab_) id_to_token_[static_cast<size_t>(id)] = tok;
+
+  // Merges: "left right" strings or [left, right] pairs, ranked by position.
+  int32_t rank = 0;
+  for (const auto& m : model.value("merges", json::array())) {
+    std::string key;
+    if (m.is_string()) {
+      key = m.get<std::string>();
+    } else if (m.is_array() && m.size() == 2) {
+      key = m[0].get<std::string>() + " " + m[1].get<std::string>();
+    } else {
+      throw ConfigError("HuggingFaceTokenizer: " + fname + ": a merge is neither \"a b\" nor [a, b]");
+    }
+    merge_rank_.emplace(key, rank++);
+  }
+
+  // Pre-tokenizer: ByteLevel (with GPT-2's pattern), or a Split regex followed by ByteLevel.
+  std::string pattern;
+  bool byte_level = false;
+  auto take = [&](const json& p) {
+    const std::string type = p.value("type", std::string());
+    if (type == "ByteLevel") {
+      byte_level = true;
+      add_prefix_space_ = p.value("add_prefix_space", false);
+      if (p.value("use_regex", true)) {
+        if (!pattern.empty()) refuse(fname, "two pre-tokenizer patterns");
+        pattern = kGpt2Pattern;
+      }
+    } else if (type == "Split") {
+      if (!pattern.empty()) refuse(fname, "two pre-tokenizer patterns");
+      if (p.value("behavior", std::string()) != "Isolated" || p.value("invert", false)) refuse(fname, "a Split pre-tokenizer other than Isolated");
+      const json& pat = p.value("pattern", json::object());
+      if (!pat.contains("Regex")) refuse(fname, "a Split on a plain string");
+      pattern = pat["Regex"].get<std::string>();
+    } else {
+      refuse(fname, "the pre-tokenizer '" + type + "'");
+    }
+  };
+  const json& pre = j.value("pre_tokenizer", json());
+  if (pre.is_null()) refuse(fname, "a tokenizer without a pre-tokenizer");
+  if (pre.value("type", std::string()) == "Sequence") {
+    for (const auto& p : pre.value("pretokenizers", json::array())) take(p);
+  } else {
+    take(pre);
+  }
+  if (!byte_level) refuse(fname, "a pre-tokenizer without ByteLevel");
+  if (pattern.empty()) refuse(fname, "ByteLevel without a pattern");
+  UErrorCode st = U_ZERO_ERROR;
+  UParseError pe{};
+  regex_->pattern.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(pattern), 0, pe, st));
+  if (U_FAILURE(st)) throw ConfigError("HuggingFaceTokenizer: " + fname + ": ICU cannot compile the pre-tokenizer pattern " + pattern);
+
+  // Post-processor: TemplateProcessing's special tokens around a single sequence.
+  std::vector<json> procs;
+  const json& post = j.value("post_processor", json());
+  if (!post.is_null()) {
+    if (post.value("type", std::string()) == "Sequence") {
+      for (const auto& p : post.value("processors", json::array())) procs.push_back(p);
+    } else {
+      procs.push_back(post);
+    }
+  }
+  for (const auto& p : procs) {
+    const std::string type = p.value("type", std::string());
+    if (type == "ByteLevel") continue;  // offsets only
+    if (type != "TemplateProcessing") refuse(fname, "the post-processor '" + type + "'");
+    const json& specials = p.value("special_tokens", json::object());
+    bool after = false;
+    for (const auto& item : p.value("single", json::array())) {
+      if (item.contains("Sequence")) {
+        after = true;
+        continue;
+      }
+      const std::string name = item.at("SpecialToken").at("id").get<std::string>();
+      if (!specials.contains(name)) throw ConfigError("HuggingFaceTokenizer: " + fname + ": the template's " + name + " has no ids");
+      for (const auto& id : specials[name].at("ids")) (after ? suffix_ : prefix_).push_back(id.get<int32_t>());
+    }
+  }
+
+  // The end-of-document token: tokenizer_config.json's eos_token, else a usual end-of-text token.
+  std::string eos;
+  const auto config = file.parent_path() / "tokenizer_config.json";
+  if (std::filesystem::exists(config)) {
+    try {
+      const json c = json::parse(read_text(config, "tokenizer_config.json"));
+      if (c.contains("eos_token")) eos = token_content(c["eos_token"]);
+    } catch (const json::exception& e) {
+      throw ConfigError("HuggingFaceTokenizer: '" + config.string() + "' is not valid JSON: " + e.what());
+    }
+  }
+  auto id_of = [&](const std::string& t) -> int32_t {
+    for (const auto& [content, id] : added_) {
+      if (content == t) return id;
+    }
+    const auto it = vocab_.find(t);
+    return it == vocab_.end() ? -1 : it->second;
+  };
+  if (!eos.empty()) {
+    eod_ = id_of(eos);
+    if (eod_ < 0) throw ConfigError("HuggingFaceTokenizer: eos_token '" + eos + "' of " + config.string() + " is not a token of " + fname);
+  } else {
+    for (const char* t : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<|im_end|>", "<eos>"}) {
+      if ((eod_ = id_of(t)) >= 0) break;
+    }
+    if (eod_ < 0) {
+      throw ConfigError("HuggingFaceTokenizer: no end-of-document token in " + fname +
+                        ": put its tokenizer_config.json (with eos_token) next to tokenizer.json");
+    }
+  }
+
+  // bytes_to_unicode: printable bytes map to themselves, the rest to 256 + n (as GPT-2).
+  std::vector<bool> printable(256, false);
+  for (int b = '!'; b <= '~'; ++b) printable[static_cast<size_t>(b)] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) printable[static_cast<size_t>(b)] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) printable[static_cast<size_t>(b)] = true;
+  uint32_t n = 0;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const uint32_t c = printable[b] ? b : 256 + n++;
+    append_utf8(byte_encoder_[b], c);
+    byte_decoder_[c] = static_cast<uint8_t>(b);
+  }
+#endif
+}
+
+std::vector<std::string> HfBpeTokenizer::pretokenize(std::string_view text) const {
+  std::vector<std::string> pieces;
+#if defined(MEGATRAIN_HAVE_ICU_REGEX)
+  std::string s(text);
+  if (add_prefix_space_ && !s.empty() && s[0] != ' ') s.insert(s.begin(), ' ');
+  const icu::UnicodeString u = icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(s.size())));
+  UErrorCode st = U_ZERO_ERROR;
+  std::unique_ptr<icu::RegexMatcher> m(regex_->pattern->matcher(u, st));
+  if (U_FAILURE(st)) throw std::runtime_error("HuggingFaceTokenizer: ICU could not create a matcher");
+  auto piece = [&](int32_t from, int32_t to) {
+    std::string out;
+    u.tempSubString(from, to - from).toUTF8String(out);
+    pieces.push_back(std::move(out));
+  };
+  int32_t last = 0;
+  while (m->find(st) && U_SUCCESS(st)) {
+    const int32_t a = m->start(st), b = m->end(st);
+    if (b == a) continue;  // an empty match cuts nothing
+    if (a > last) piece(last, a);
+    piece(a, b);
+    last = b;
+  }
+  if (last < u.length()) piece(last, u.length());
+#else
+  (void)text;
+#endif
+  return pieces;
+}
+
+void HfBpeTokenizer::bpe(const std::string& word, std::vector<int32_t>& out) const {
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    const auto it = cache_.find(word);
+    if (it != cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> ids;
+  const auto whole = vocab_.find(word);
+  if (ignore_merges_ && whole != vocab_.end()) {
+    ids.push_back(whole->second);
+  } else {
+    std::vector<std::string> sym = utf8_chars(word);
+    while (sym.size() > 1) {
+      int32_t best = std::numeric_limits<int32_t>::max();
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < sym.size(); ++i) {
+        const auto r = merge_rank_.find(sym[i] + " " + sym[i + 1]);
+        if (r != merge_rank_.end() && r->second < best) best = r->second, at = i;
+      }
+      if (best == std::numeric_limits<int32_t>::max()) break;
+      // Merge every occurrence of that pair, left to right (the same result as one at a time by position).
+      const std::string left = sym[at], right = sym[at + 1];
+      std::vector<std::string> next;
+      for (size_t i = 0; i < sym.size();) {
+        if (i + 1 < sym.size() && sym[i] == left && sym[i + 1] == right) {
+          next.push_back(left + right);
+          i += 2;
+        } else {
+          next.push_back(sym[i++]);
+        }
+      }
+      sym = std::move(next);
+    }
+    for (const auto& s : sym) {
+      const auto it = vocab_.find(s);
+      if (it == vocab_.end()) throw std::runtime_error("HuggingFaceTokenizer: the piece '" + s + "' is not in the vocabulary");
+      ids.push_back(it->second);
+    }
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  if (cache_.size() < 1000000) cache_.emplace(word, std::move(ids));
+}
+
+void HfBpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  for (const auto& p : pretokenize(text)) {
+    std::string mapped;
+    for (unsigned char c : p) mapped += byte_encoder_[c];
+    bpe(mapped, out);
+  }
+}
+
+std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> out(prefix_);
+  // Added tokens are cut out of the text first (longest first at each position).
+  size_t from = 0;
+  for (size_t i = 0; i < text.size();) {
+    const std::pair<std::string, int32_t>* hit = nullptr;
+    if (added_first_[static_cast<unsigned char>(text[i])]) {
+      for (const auto& a : added_) {
+        if (!a.first.empty() && text.compare(i, a.first.size(), a.first) == 0) {
+          hit = &a;
+          break;
+        }
+      }
+    }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    encode_plain(text.substr(from, i - from), out);
+    out.push_back(hit->second);
+    i += hit->first.size();
+    from = i;
+  }
+  encode_plain(text.substr(from), out);
+  out.insert(out.end(), suffix_.begin(), suffix_.end());
+  return out;
+}
+
+std::string HfBpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t id : ids) {
+    const auto added = std::find_if(added_.begin(), added_.end(), [&](const auto& a) { return a.second == id; });
+    if (added != added_.end()) {
+      out += added->first;
+      continue;
+    }
+    if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) continue;
+    for (const auto& c : utf8_chars(id_to_token_[static_cast<size_t>(id)])) {
+      const auto it = byte_decoder_.find(first_code_point(c));
+      if (it != byte_decoder_.end()) out += static_cast<char>(it->second);
+    }
+  }
+  return out;
+}
+
+}  // namespace mt

@@ -1,0 +1,55 @@
+// hf_tokenizer.h: --tokenizer-type HuggingFaceTokenizer from a local tokenizer.json (HuggingFace
+// tokenizers' format) with a byte-level BPE model: GPT-2, Llama 3, and the other tokenizers built the same
+// way. Text is cut at the added (special) tokens, pre-tokenised by the file's Split regex (ICU) or
+// ByteLevel's GPT-2 pattern, mapped to byte-level characters and merged by rank; a TemplateProcessing
+// post-processor adds its special tokens around each document, as the Python tokenizer does by default
+// (Megatron's _HuggingFaceTokenizer.tokenize). Other models, normalizers and pre-tokenizers are refused by
+// name. The end-of-document id is tokenizer_config.json's eos_token (next to tokenizer.json), else one of
+// the usual end-of-text added tokens.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace mt {
+
+class HfBpeTokenizer final : public Tokenizer {
+ public:
+  // `path`: tokenizer.json, or a directory holding it.
+  explicit HfBpeTokenizer(const std::string& path);
+  ~HfBpeTokenizer() override;
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
+  int32_t eod() const override { return eod_; }
+  std::string name() const override { return "HuggingFaceTokenizer"; }
+  // The pre-tokenised pieces of text between added tokens (UTF-8), for tests.
+  std::vector<std::string> pretokenize(std::string_view text) const;
+
+ private:
+  void bpe(const std::string& word, std::vector<int32_t>& out) const;
+  void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::vector<std::string> id_to_token_;
+  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank
+  std::vector<std::pair<std::string, int32_t>> added_;   // content -> id, longest first
+  bool added_first_[256] = {};                           // bytes an added token starts with
+  std::vector<int32_t> prefix_, suffix_;                 // the post-processor's special tokens
+  bool ignore_merges_ = false;
+  bool add_prefix_space_ = false;
+  std::string byte_encoder_[256];
+  std::unordered_map<uint32_t, uint8_t> byte_decoder_;
+  int32_t eod_ = -1;
+  struct Regex;
+  std::unique_ptr<Regex> regex_;
+  mutable std::mutex cache_mu_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+}  // namespace mt
