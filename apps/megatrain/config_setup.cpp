@@ -9,6 +9,7 @@
 #include "config/flags.h"
 #include "config/yaml_io.h"
 #include "config/resolve.h"
+#include "data/tokenizer.h"
 
 namespace mt {
 
@@ -16,6 +17,8 @@ int64_t known_tokenizer_vocab(const Config& cfg) {
   const std::string t = cfg.data.tokenizer_type.value_or("");
   if (t == "GPT2BPETokenizer") return 50257;
   if (t == "ByteTokenizer") return 257;  // 256 bytes + end of document
+  // Its file says (the base vocabulary and the added tokens, as len() of the Python tokenizer).
+  if (t == "HuggingFaceTokenizer" && cfg.data.tokenizer_model) return make_tokenizer(cfg)->vocab_size();
   return 0;
 }
 

@@ -22,7 +22,8 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "--dataloader-type " + c.data.dataloader_type + " is not implemented: megatrain reads samples in order (single)");
   const std::string tok = c.data.tokenizer_type.value_or("");
   no((!c.data.data_path.empty() || !c.data.train_data_path.empty()) && tok.empty(),
-     "--data-path needs --tokenizer-type (GPT2BPETokenizer with --vocab-file/--merge-file, or NullTokenizer with --vocab-size)");
+     "--data-path needs --tokenizer-type (GPT2BPETokenizer with --vocab-file/--merge-file, HuggingFaceTokenizer with --tokenizer-model, "
+     "or NullTokenizer with --vocab-size)");
   no(c.checkpoint.ckpt_format != "torch_dist",
      "--ckpt-format " + c.checkpoint.ckpt_format + " is not supported: megatrain writes its own sharded, reshardable format "
      "(leave --ckpt-format at its default)");
