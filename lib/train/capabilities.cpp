@@ -17,7 +17,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   no(c.precision.fp8_format.has_value(), "FP8 training (--fp8-format) is not implemented yet: use --bf16");
   no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
      "activation recompute (--recompute-granularity) is implemented on the CUDA engine only: drop it on the CPU engine (it keeps all activations)");
-  no(cuda_engine && c.model.qk_layernorm, "--qk-layernorm is not implemented on the CUDA engine yet: drop it, or --device cpu");
   no(c.data.dataloader_type == "cyclic" || c.data.dataloader_type == "external",
      "--dataloader-type " + c.data.dataloader_type + " is not implemented: megatrain reads samples in order (single)");
   const std::string tok = c.data.tokenizer_type.value_or("");
@@ -86,6 +85,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
      "the CUDA engine computes in bf16 or fp16: add --bf16 (or --fp16 with loss scaling); fp32 training runs with --device cpu");
   no(c.model.hidden_dropout > 0 || c.model.attention_dropout > 0,
      "dropout is not implemented on the CUDA engine: set --hidden-dropout 0 --attention-dropout 0 (or --device cpu)");
+  no(c.model.qk_layernorm, "--qk-layernorm is not implemented on the CUDA engine yet: drop it, or --device cpu");
   if (c.model.hidden_size && c.model.num_attention_heads && *c.model.num_attention_heads > 0) {
     const int64_t d = c.model.kv_channels.value_or(*c.model.hidden_size / *c.model.num_attention_heads);
     no(d % 8 != 0 || d > 256, "cuDNN's fused attention needs a head dimension that is a multiple of 8 and at most 256 (this model: " +

@@ -275,6 +275,9 @@ TEST_CASE("the CUDA engine names what it does not run") {
   Config d = c;
   d.model.hidden_dropout = 0.1;
   CHECK_THAT(gaps_text(cuda_engine_gaps(d, 1)), MT_CONTAINS("--hidden-dropout 0"));
+  Config q = c;
+  q.model.qk_layernorm = true;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(q, 1)), MT_CONTAINS("--qk-layernorm"));  // so --device auto takes the CPU engine
   Config e = c;
   e.model.kv_channels = 12;  // head dimension 12
   CHECK_THAT(gaps_text(cuda_engine_gaps(e, 1)), MT_CONTAINS("multiple of 8"));
