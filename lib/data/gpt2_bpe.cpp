@@ -11,27 +11,10 @@
 #include <sstream>
 
 #include "config/errors.h"
+#include "data/byte_level.h"
 
 namespace mt {
 namespace {
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 // WHATWG UTF-8 decoding: invalid sequences become U+FFFD, one per maximal subpart (as node reads text).
 std::vector<uint32_t> decode_utf8(std::string_view s) {
@@ -199,16 +182,7 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_path, const std::str
     ranks_[key] = static_cast<int32_t>(li - 1);
   }
   // bytes_to_unicode: printable bytes map to themselves, the rest to 256 + n.
-  std::vector<bool> printable(256, false);
-  for (int b = '!'; b <= '~'; ++b) printable[static_cast<size_t>(b)] = true;
-  for (int b = 0xA1; b <= 0xAC; ++b) printable[static_cast<size_t>(b)] = true;
-  for (int b = 0xAE; b <= 0xFF; ++b) printable[static_cast<size_t>(b)] = true;
-  uint32_t n = 0;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const uint32_t c = printable[b] ? b : 256 + n++;
-    append_utf8(byte_encoder_[b], c);
-    byte_decoder_[c] = static_cast<uint8_t>(b);
-  }
+  byte_level_tables(byte_encoder_, byte_decoder_);
 }
 
 std::vector<std::string> Gpt2BpeTokenizer::pretokenize(std::string_view text) {

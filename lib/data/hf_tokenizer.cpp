@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "config/errors.h"
+#include "data/byte_level.h"
 
 namespace mt {
 
@@ -30,24 +31,6 @@ using json = nlohmann::json;
 
 // GPT-2's pattern, which ByteLevel(use_regex = true) applies.
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-[[maybe_unused]] void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 // The code points of valid UTF-8 (the byte-level strings this file builds are always valid).
 std::vector<std::string> utf8_chars(const std::string& s) {
@@ -247,17 +230,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
     }
   }
 
-  // bytes_to_unicode: printable bytes map to themselves, the rest to 256 + n (as GPT-2).
-  std::vector<bool> printable(256, false);
-  for (int b = '!'; b <= '~'; ++b) printable[static_cast<size_t>(b)] = true;
-  for (int b = 0xA1; b <= 0xAC; ++b) printable[static_cast<size_t>(b)] = true;
-  for (int b = 0xAE; b <= 0xFF; ++b) printable[static_cast<size_t>(b)] = true;
-  uint32_t n = 0;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const uint32_t c = printable[b] ? b : 256 + n++;
-    append_utf8(byte_encoder_[b], c);
-    byte_decoder_[c] = static_cast<uint8_t>(b);
-  }
+  byte_level_tables(byte_encoder_, byte_decoder_);
 #endif
 }
 
