@@ -1,5 +1,5 @@
-// hf_tokenizer.cpp: byte-level BPE from tokenizer.json, merged by rank as HuggingFace tokenizers' BPE does
-// (the lowest-ranked adjacent pair first, leftmost on ties).
+// hf_tokenizer.cpp: BPE from tokenizer.json, merged by rank as HuggingFace tokenizers' BPE does (the
+// lowest-ranked adjacent pair first, leftmost on ties).
 #include "data/hf_tokenizer.h"
 
 #if defined(MEGATRAIN_HAVE_ICU_REGEX)
@@ -12,6 +12,8 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <cstdio>
+#include <queue>
 #include <sstream>
 
 #include "config/errors.h"
@@ -63,7 +65,8 @@ uint32_t first_code_point(const std::string& c) {
 
 [[maybe_unused]] [[noreturn]] void refuse(const std::string& file, const std::string& what) {
   throw ConfigError("HuggingFaceTokenizer: " + file + ": " + what +
-                    " is not implemented (megatrain reads byte-level BPE tokenizer.json files: GPT-2, Llama 3 and alike)");
+                    " is not implemented (megatrain reads BPE tokenizer.json files, byte-level as GPT-2 / Llama 3 or SentencePiece-style as "
+                    "Llama 2)");
 }
 
 [[maybe_unused]] std::string token_content(const json& t) {
@@ -93,12 +96,33 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
   }
   const json& model = j.value("model", json::object());
   if (model.value("type", std::string()) != "BPE") refuse(fname, "model type '" + model.value("type", std::string("?")) + "'");
-  if (model.value("byte_fallback", false)) refuse(fname, "a BPE with byte_fallback (SentencePiece style, e.g. Llama 2)");
+  byte_fallback_ = model.value("byte_fallback", false);
+  fuse_unk_ = model.value("fuse_unk", false);
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(k) && !model[k].is_null() && !model[k].get<std::string>().empty()) refuse(fname, std::string("BPE ") + k);
   }
   if (model.contains("dropout") && !model["dropout"].is_null()) refuse(fname, "BPE dropout");
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) refuse(fname, "the normalizer '" + j["normalizer"].value("type", std::string("?")) + "'");
+  // A normalizer only as SentencePiece-style files have it: Prepend and / or one Replace of a plain string.
+  const json& norm = j.value("normalizer", json());
+  if (!norm.is_null()) {
+    std::vector<json> parts;
+    if (norm.value("type", std::string()) == "Sequence") {
+      for (const auto& n : norm.value("normalizers", json::array())) parts.push_back(n);
+    } else {
+      parts.push_back(norm);
+    }
+    for (const auto& n : parts) {
+      const std::string type = n.value("type", std::string());
+      if (type == "Prepend" && prepend_.empty()) {
+        prepend_ = n.at("prepend").get<std::string>();
+      } else if (type == "Replace" && replace_from_.empty() && n.value("pattern", json::object()).contains("String")) {
+        replace_from_ = n["pattern"]["String"].get<std::string>();
+        replace_to_ = n.value("content", std::string());
+      } else {
+        refuse(fname, "the normalizer '" + type + "'");
+      }
+    }
+  }
   ignore_merges_ = model.value("ignore_merges", false);
 
   // Vocabulary and added tokens.
@@ -159,18 +183,31 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
     }
   };
   const json& pre = j.value("pre_tokenizer", json());
-  if (pre.is_null()) refuse(fname, "a tokenizer without a pre-tokenizer");
-  if (pre.value("type", std::string()) == "Sequence") {
-    for (const auto& p : pre.value("pretokenizers", json::array())) take(p);
+  sp_style_ = pre.is_null();
+  if (sp_style_) {  // SentencePiece-style: the normalizer makes the spaces, the whole piece is one word
+    if (norm.is_null()) refuse(fname, "a tokenizer with neither a pre-tokenizer nor a normalizer");
+    if (!byte_fallback_) refuse(fname, "a BPE without pre-tokenizer and without byte_fallback");
   } else {
-    take(pre);
+    if (!norm.is_null()) refuse(fname, "a normalizer together with a pre-tokenizer");
+    if (byte_fallback_) refuse(fname, "byte_fallback together with a pre-tokenizer");
+    if (pre.value("type", std::string()) == "Sequence") {
+      for (const auto& p : pre.value("pretokenizers", json::array())) take(p);
+    } else {
+      take(pre);
+    }
+    if (!byte_level) refuse(fname, "a pre-tokenizer without ByteLevel");
+    if (pattern.empty()) refuse(fname, "ByteLevel without a pattern");
   }
-  if (!byte_level) refuse(fname, "a pre-tokenizer without ByteLevel");
-  if (pattern.empty()) refuse(fname, "ByteLevel without a pattern");
-  UErrorCode st = U_ZERO_ERROR;
-  UParseError pe{};
-  regex_->pattern.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(pattern), 0, pe, st));
-  if (U_FAILURE(st)) throw ConfigError("HuggingFaceTokenizer: " + fname + ": ICU cannot compile the pre-tokenizer pattern " + pattern);
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    const auto u = vocab_.find(model["unk_token"].get<std::string>());
+    if (u != vocab_.end()) unk_id_ = u->second;
+  }
+  if (!sp_style_) {
+    UErrorCode st = U_ZERO_ERROR;
+    UParseError pe{};
+    regex_->pattern.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(pattern), 0, pe, st));
+    if (U_FAILURE(st)) throw ConfigError("HuggingFaceTokenizer: " + fname + ": ICU cannot compile the pre-tokenizer pattern " + pattern);
+  }
 
   // Post-processor: TemplateProcessing's special tokens around a single sequence.
   std::vector<json> procs;
@@ -310,8 +347,95 @@ void HfBpeTokenizer::bpe(const std::string& word, std::vector<int32_t>& out) con
   if (cache_.size() < 1000000) cache_.emplace(word, std::move(ids));
 }
 
+void HfBpeTokenizer::sp_bpe(const std::string& word, std::vector<int32_t>& out) const {
+  // Symbols in a linked list; candidate pairs in a heap by (rank, position), each checked against the
+  // symbols' versions when popped (HuggingFace's BPE merge order: the lowest rank first, leftmost on ties).
+  struct Sym {
+    std::string s;
+    int prev, next, ver;
+  };
+  std::vector<Sym> sym;
+  for (auto& c : utf8_chars(word)) sym.push_back({std::move(c), static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1, 0});
+  if (sym.empty()) return;
+  sym.back().next = -1;
+  struct Cand {
+    int32_t rank;
+    int left, right, vl, vr;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  auto push = [&](int a) {
+    if (a < 0 || sym[static_cast<size_t>(a)].next < 0) return;
+    const int b = sym[static_cast<size_t>(a)].next;
+    const auto r = merge_rank_.find(sym[static_cast<size_t>(a)].s + " " + sym[static_cast<size_t>(b)].s);
+    if (r != merge_rank_.end()) heap.push({r->second, a, b, sym[static_cast<size_t>(a)].ver, sym[static_cast<size_t>(b)].ver});
+  };
+  for (int i = 0; i < static_cast<int>(sym.size()); ++i) push(i);
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    Sym& a = sym[static_cast<size_t>(c.left)];
+    Sym& b = sym[static_cast<size_t>(c.right)];
+    if (a.ver != c.vl || b.ver != c.vr || a.next != c.right || a.ver < 0 || b.ver < 0) continue;  // stale
+    a.s += b.s;
+    ++a.ver;
+    b.ver = -1;  // gone
+    a.next = b.next;
+    if (b.next >= 0) sym[static_cast<size_t>(b.next)].prev = c.left;
+    push(a.prev);
+    push(c.left);
+  }
+  bool last_unk = false;
+  for (int i = 0; i >= 0; i = sym[static_cast<size_t>(i)].next) {
+    const std::string& s = sym[static_cast<size_t>(i)].s;
+    const auto it = vocab_.find(s);
+    if (it != vocab_.end()) {
+      out.push_back(it->second);
+      last_unk = false;
+      continue;
+    }
+    bool all_bytes = byte_fallback_;
+    std::vector<int32_t> bytes;
+    for (unsigned char ch : s) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "<0x%02X>", ch);
+      const auto b = vocab_.find(hex);
+      if (b == vocab_.end()) {
+        all_bytes = false;
+        break;
+      }
+      bytes.push_back(b->second);
+    }
+    if (all_bytes) {
+      out.insert(out.end(), bytes.begin(), bytes.end());
+      last_unk = false;
+    } else {
+      if (unk_id_ < 0) throw std::runtime_error("HuggingFaceTokenizer: '" + s + "' is not in the vocabulary and there is no unk_token");
+      if (!(fuse_unk_ && last_unk)) out.push_back(unk_id_);
+      last_unk = true;
+    }
+  }
+}
+
 void HfBpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
   if (text.empty()) return;
+  if (sp_style_) {
+    std::string s = prepend_ + std::string(text);
+    if (!replace_from_.empty()) {
+      std::string r;
+      for (size_t i = 0; i < s.size();) {
+        if (s.compare(i, replace_from_.size(), replace_from_) == 0) {
+          r += replace_to_;
+          i += replace_from_.size();
+        } else {
+          r += s[i++];
+        }
+      }
+      s = std::move(r);
+    }
+    sp_bpe(s, out);
+    return;
+  }
   for (const auto& p : pretokenize(text)) {
     std::string mapped;
     for (unsigned char c : p) mapped += byte_encoder_[c];
@@ -356,11 +480,23 @@ std::string HfBpeTokenizer::decode(const std::vector<int32_t>& ids) const {
       continue;
     }
     if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) continue;
-    for (const auto& c : utf8_chars(id_to_token_[static_cast<size_t>(id)])) {
+    const std::string& tok = id_to_token_[static_cast<size_t>(id)];
+    if (sp_style_) {  // <0xXX> bytes, the replacement back to what it replaced; one leading space stripped below
+      if (tok.size() == 6 && tok.compare(0, 3, "<0x") == 0 && tok[5] == '>') {
+        out += static_cast<char>(std::stoi(tok.substr(3, 2), nullptr, 16));
+        continue;
+      }
+      std::string t = tok;
+      for (size_t p; !replace_to_.empty() && (p = t.find(replace_to_)) != std::string::npos;) t.replace(p, replace_to_.size(), replace_from_);
+      out += t;
+      continue;
+    }
+    for (const auto& c : utf8_chars(tok)) {
       const auto it = byte_decoder_.find(first_code_point(c));
       if (it != byte_decoder_.end()) out += static_cast<char>(it->second);
     }
   }
+  if (sp_style_ && !out.empty() && out[0] == ' ') out.erase(0, 1);  // the decoder's Strip of the prepended space
   return out;
 }
 

@@ -1,7 +1,10 @@
 // hf_tokenizer.h: --tokenizer-type HuggingFaceTokenizer from a local tokenizer.json (HuggingFace
-// tokenizers' format) with a byte-level BPE model: GPT-2, Llama 3, and the other tokenizers built the same
-// way. Text is cut at the added (special) tokens, pre-tokenised by the file's Split regex (ICU) or
-// ByteLevel's GPT-2 pattern, mapped to byte-level characters and merged by rank; a TemplateProcessing
+// tokenizers' format) with a BPE model of one of two kinds. Byte-level (GPT-2, Llama 3, ...): text is cut
+// at the added (special) tokens, pre-tokenised by the file's Split regex (ICU) or ByteLevel's GPT-2
+// pattern, mapped to byte-level characters and merged by rank. SentencePiece-style (Llama 2, Mistral, ...:
+// a Prepend / Replace normalizer turning spaces into U+2581, no pre-tokenizer, byte_fallback): each piece
+// between added tokens is normalised and merged as one word, characters outside the vocabulary becoming
+// <0xXX> byte tokens; a TemplateProcessing
 // post-processor adds its special tokens around each document, as the Python tokenizer does by default
 // (Megatron's _HuggingFaceTokenizer.tokenize). Other models, normalizers and pre-tokenizers are refused by
 // name. The end-of-document id is tokenizer_config.json's eos_token (next to tokenizer.json), else one of
@@ -34,6 +37,7 @@ class HfBpeTokenizer final : public Tokenizer {
 
  private:
   void bpe(const std::string& word, std::vector<int32_t>& out) const;
+  void sp_bpe(const std::string& word, std::vector<int32_t>& out) const;  // SentencePiece-style, one whole piece
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;
@@ -42,6 +46,10 @@ class HfBpeTokenizer final : public Tokenizer {
   bool added_first_[256] = {};                           // bytes an added token starts with
   std::vector<int32_t> prefix_, suffix_;                 // the post-processor's special tokens
   bool ignore_merges_ = false;
+  // SentencePiece-style: the normalizer's prepended string and one string replacement, byte fallback.
+  bool sp_style_ = false, byte_fallback_ = false, fuse_unk_ = false;
+  std::string prepend_, replace_from_, replace_to_;
+  int32_t unk_id_ = -1;
   bool add_prefix_space_ = false;
   std::string byte_encoder_[256];
   std::unordered_map<uint32_t, uint8_t> byte_decoder_;

@@ -90,7 +90,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
     return std::make_unique<NullTokenizer>(vocab_size);
   }
   throw ConfigError("--tokenizer-type " + type +
-                    " is not implemented yet: use GPT2BPETokenizer, HuggingFaceTokenizer (byte-level BPE tokenizer.json), NullTokenizer or "
+                    " is not implemented yet: use GPT2BPETokenizer, HuggingFaceTokenizer (a BPE tokenizer.json), NullTokenizer or "
                     "ByteTokenizer");
 }
 

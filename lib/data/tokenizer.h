@@ -1,5 +1,6 @@
 // tokenizer.h: text -> token ids. GPT2BPETokenizer (vocab.json + merges.txt, byte-level BPE, exact
-// GPT-2 ids), HuggingFaceTokenizer (a local byte-level BPE tokenizer.json: GPT-2, Llama 3, ...),
+// GPT-2 ids), HuggingFaceTokenizer (a local BPE tokenizer.json: byte-level as GPT-2 / Llama 3, or
+// SentencePiece-style as Llama 2),
 // NullTokenizer (--vocab-size; ids are given, not made), ByteTokenizer (UTF-8 bytes).
 #pragma once
 

