@@ -18,7 +18,7 @@ int64_t known_tokenizer_vocab(const Config& cfg) {
   const std::string t = cfg.data.tokenizer_type.value_or("");
   if (t == "GPT2BPETokenizer") return 50257;
   if (t == "ByteTokenizer") return 257;  // 256 bytes + end of document
-  // Its file says (the base vocabulary and the added tokens, as len() of the Python tokenizer). A recipe may
+  // Its file says (the largest id + 1: the base vocabulary and the added tokens). A recipe may
   // name a tokenizer that is not on this machine (plans, mock data): then --vocab-size stands in, and a run
   // that reads data fails when it builds the tokenizer, naming the path.
   if (t == "HuggingFaceTokenizer" && cfg.data.tokenizer_model && std::filesystem::exists(*cfg.data.tokenizer_model)) {

@@ -69,6 +69,22 @@ uint32_t first_code_point(const std::string& c) {
                     "Llama 2)");
 }
 
+uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+
+// Valid UTF-8 (HuggingFace's tokenizers take Python strings; megatrain refuses what cannot be one).
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
 [[maybe_unused]] std::string token_content(const json& t) {
   if (t.is_string()) return t.get<std::string>();
   if (t.is_object() && t.contains("content")) return t["content"].get<std::string>();
@@ -113,7 +129,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
     }
     for (const auto& n : parts) {
       const std::string type = n.value("type", std::string());
-      if (type == "Prepend" && prepend_.empty()) {
+      if (type == "Prepend" && prepend_.empty() && replace_from_.empty()) {  // applied first, as written
         prepend_ = n.at("prepend").get<std::string>();
       } else if (type == "Replace" && replace_from_.empty() && n.value("pattern", json::object()).contains("String")) {
         replace_from_ = n["pattern"]["String"].get<std::string>();
@@ -130,34 +146,52 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
   int32_t max_id = -1;
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
     const auto id = it.value().get<int32_t>();
+    if (id < 0 || id > (1 << 28)) throw ConfigError("HuggingFaceTokenizer: " + fname + ": token '" + it.key() + "' has id " + std::to_string(id));
     vocab_[it.key()] = id;
     max_id = std::max(max_id, id);
   }
   for (const auto& t : j.value("added_tokens", json::array())) {
     const auto id = t.at("id").get<int32_t>();
     const std::string content = t.at("content").get<std::string>();
+    if (id < 0 || id > (1 << 28)) throw ConfigError("HuggingFaceTokenizer: " + fname + ": added token '" + content + "' has id " + std::to_string(id));
+    for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
+      if (t.value(flag, false)) refuse(fname, "the added token '" + content + "' with " + flag);
+    }
+    // Without a normalizer both of HuggingFace's passes see the same text; with one, a normalised added
+    // token would be matched after normalisation.
+    if (t.value("normalized", false) && !norm.is_null()) refuse(fname, "the normalised added token '" + content + "'");
     added_.emplace_back(content, id);
     max_id = std::max(max_id, id);
   }
   std::sort(added_.begin(), added_.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (const auto& [content, id] : added_) added_by_id_[id] = content;
   for (const auto& a : added_) {
     if (!a.first.empty()) added_first_[static_cast<unsigned char>(a.first[0])] = true;
   }
   id_to_token_.assign(static_cast<size_t>(max_id + 1), "");
   for (const auto& [tok, id] : vocab_) id_to_token_[static_cast<size_t>(id)] = tok;
 
-  // Merges: "left right" strings or [left, right] pairs, ranked by position.
+  // Merges: "left right" strings or [left, right] pairs, ranked by position, keyed by the two ids (so tokens
+  // with spaces in the [a, b] form cannot collide); a merge whose parts or result are not tokens is dropped.
   int32_t rank = 0;
   for (const auto& m : model.value("merges", json::array())) {
-    std::string key;
+    std::string a, b;
     if (m.is_string()) {
-      key = m.get<std::string>();
+      const std::string s = m.get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos) throw ConfigError("HuggingFaceTokenizer: " + fname + ": the merge '" + s + "' has no space");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
     } else if (m.is_array() && m.size() == 2) {
-      key = m[0].get<std::string>() + " " + m[1].get<std::string>();
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
     } else {
       throw ConfigError("HuggingFaceTokenizer: " + fname + ": a merge is neither \"a b\" nor [a, b]");
     }
-    merge_rank_.emplace(key, rank++);
+    const auto ia = vocab_.find(a), ib = vocab_.find(b), ab = vocab_.find(a + b);
+    const int32_t r = rank++;
+    if (ia == vocab_.end() || ib == vocab_.end() || ab == vocab_.end()) continue;
+    merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(r, ab->second));
   }
 
   // Pre-tokenizer: ByteLevel (with GPT-2's pattern), or a Split regex followed by ByteLevel.
@@ -166,13 +200,17 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
   auto take = [&](const json& p) {
     const std::string type = p.value("type", std::string());
     if (type == "ByteLevel") {
+      if (byte_level) refuse(fname, "two ByteLevel pre-tokenizers");
       byte_level = true;
       add_prefix_space_ = p.value("add_prefix_space", false);
       if (p.value("use_regex", true)) {
         if (!pattern.empty()) refuse(fname, "two pre-tokenizer patterns");
         pattern = kGpt2Pattern;
+      } else if (add_prefix_space_) {
+        refuse(fname, "a Split pre-tokenizer with ByteLevel's add_prefix_space");
       }
     } else if (type == "Split") {
+      if (byte_level) refuse(fname, "a Split after ByteLevel (the pattern would see byte-level characters)");
       if (!pattern.empty()) refuse(fname, "two pre-tokenizer patterns");
       if (p.value("behavior", std::string()) != "Isolated" || p.value("invert", false)) refuse(fname, "a Split pre-tokenizer other than Isolated");
       const json& pat = p.value("pattern", json::object());
@@ -188,8 +226,6 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
     if (norm.is_null()) refuse(fname, "a tokenizer with neither a pre-tokenizer nor a normalizer");
     if (!byte_fallback_) refuse(fname, "a BPE without pre-tokenizer and without byte_fallback");
   } else {
-    if (!norm.is_null()) refuse(fname, "a normalizer together with a pre-tokenizer");
-    if (byte_fallback_) refuse(fname, "byte_fallback together with a pre-tokenizer");
     if (pre.value("type", std::string()) == "Sequence") {
       for (const auto& p : pre.value("pretokenizers", json::array())) take(p);
     } else {
@@ -197,6 +233,8 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
     }
     if (!byte_level) refuse(fname, "a pre-tokenizer without ByteLevel");
     if (pattern.empty()) refuse(fname, "ByteLevel without a pattern");
+    if (!norm.is_null()) refuse(fname, "a normalizer together with a pre-tokenizer");
+    if (byte_fallback_) refuse(fname, "byte_fallback together with a pre-tokenizer");
   }
   if (model.contains("unk_token") && model["unk_token"].is_string()) {
     const auto u = vocab_.find(model["unk_token"].get<std::string>());
@@ -237,15 +275,18 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
   }
 
   // The end-of-document token: tokenizer_config.json's eos_token, else a usual end-of-text token.
-  std::string eos;
+  std::string eos, bos, cls;
+  json cfg_json;
   const auto config = file.parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(config)) {
     try {
-      const json c = json::parse(read_text(config, "tokenizer_config.json"));
-      if (c.contains("eos_token")) eos = token_content(c["eos_token"]);
+      cfg_json = json::parse(read_text(config, "tokenizer_config.json"));
     } catch (const json::exception& e) {
       throw ConfigError("HuggingFaceTokenizer: '" + config.string() + "' is not valid JSON: " + e.what());
     }
+    if (cfg_json.contains("eos_token")) eos = token_content(cfg_json["eos_token"]);
+    if (cfg_json.contains("bos_token")) bos = token_content(cfg_json["bos_token"]);
+    cls = cfg_json.value("tokenizer_class", std::string());
   }
   auto id_of = [&](const std::string& t) -> int32_t {
     for (const auto& [content, id] : added_) {
@@ -265,6 +306,20 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
       throw ConfigError("HuggingFaceTokenizer: no end-of-document token in " + fname +
                         ": put its tokenizer_config.json (with eos_token) next to tokenizer.json");
     }
+  }
+
+  // transformers builds the Llama and Gemma tokenizers' post-processor from add_bos_token (default on) and
+  // add_eos_token (default off) instead of the file's template.
+  if (cls.rfind("LlamaTokenizer", 0) == 0 || cls.rfind("CodeLlamaTokenizer", 0) == 0 || cls.rfind("GemmaTokenizer", 0) == 0) {
+    const bool add_bos = cfg_json.value("add_bos_token", true), add_eos = cfg_json.value("add_eos_token", false);
+    prefix_.clear();
+    suffix_.clear();
+    if (add_bos) {
+      const int32_t b = id_of(bos);
+      if (b < 0) throw ConfigError("HuggingFaceTokenizer: add_bos_token without a known bos_token in " + config.string());
+      prefix_.push_back(b);
+    }
+    if (add_eos) suffix_.push_back(eod_);
   }
 
   byte_level_tables(byte_encoder_, byte_decoder_);
@@ -293,6 +348,7 @@ std::vector<std::string> HfBpeTokenizer::pretokenize(std::string_view text) cons
     piece(a, b);
     last = b;
   }
+  if (U_FAILURE(st)) throw std::runtime_error("HuggingFaceTokenizer: ICU failed matching the pre-tokenizer pattern");
   if (last < u.length()) piece(last, u.length());
 #else
   (void)text;
@@ -300,8 +356,47 @@ std::vector<std::string> HfBpeTokenizer::pretokenize(std::string_view text) cons
   return pieces;
 }
 
+void HfBpeTokenizer::merge(std::vector<Symbol>& sym) const {
+  const int n = static_cast<int>(sym.size());
+  if (n < 2) return;
+  std::vector<int> prev(static_cast<size_t>(n)), next(static_cast<size_t>(n)), ver(static_cast<size_t>(n), 0);
+  for (int i = 0; i < n; ++i) prev[static_cast<size_t>(i)] = i - 1, next[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;
+  struct Cand {
+    int32_t rank, merged;
+    int left, right, vl, vr;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  auto push = [&](int a) {
+    if (a < 0) return;
+    const int b = next[static_cast<size_t>(a)];
+    if (b < 0 || sym[static_cast<size_t>(a)].id < 0 || sym[static_cast<size_t>(b)].id < 0) return;
+    const auto m = merges_.find(pair_key(sym[static_cast<size_t>(a)].id, sym[static_cast<size_t>(b)].id));
+    if (m != merges_.end()) heap.push({m->second.first, m->second.second, a, b, ver[static_cast<size_t>(a)], ver[static_cast<size_t>(b)]});
+  };
+  for (int i = 0; i < n; ++i) push(i);
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    const auto a = static_cast<size_t>(c.left), b = static_cast<size_t>(c.right);
+    if (ver[a] != c.vl || ver[b] != c.vr || next[a] != c.right) continue;  // stale: a side merged since
+    sym[a].id = c.merged;
+    sym[a].text += sym[b].text;
+    ++ver[a];
+    ver[b] = -1;
+    next[a] = next[b];
+    if (next[b] >= 0) prev[static_cast<size_t>(next[b])] = c.left;
+    push(prev[a]);
+    push(c.left);
+  }
+  std::vector<Symbol> out;
+  for (int i = 0; i >= 0; i = next[static_cast<size_t>(i)]) out.push_back(std::move(sym[static_cast<size_t>(i)]));
+  sym = std::move(out);
+}
+
 void HfBpeTokenizer::bpe(const std::string& word, std::vector<int32_t>& out) const {
-  {
+  const bool cacheable = word.size() < 256;  // as HuggingFace: long words are not cached
+  if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mu_);
     const auto it = cache_.find(word);
     if (it != cache_.end()) {
@@ -314,89 +409,43 @@ void HfBpeTokenizer::bpe(const std::string& word, std::vector<int32_t>& out) con
   if (ignore_merges_ && whole != vocab_.end()) {
     ids.push_back(whole->second);
   } else {
-    std::vector<std::string> sym = utf8_chars(word);
-    while (sym.size() > 1) {
-      int32_t best = std::numeric_limits<int32_t>::max();
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        const auto r = merge_rank_.find(sym[i] + " " + sym[i + 1]);
-        if (r != merge_rank_.end() && r->second < best) best = r->second, at = i;
-      }
-      if (best == std::numeric_limits<int32_t>::max()) break;
-      // Merge every occurrence of that pair, left to right (the same result as one at a time by position).
-      const std::string left = sym[at], right = sym[at + 1];
-      std::vector<std::string> next;
-      for (size_t i = 0; i < sym.size();) {
-        if (i + 1 < sym.size() && sym[i] == left && sym[i + 1] == right) {
-          next.push_back(left + right);
-          i += 2;
-        } else {
-          next.push_back(sym[i++]);
-        }
-      }
-      sym = std::move(next);
+    std::vector<Symbol> sym;
+    for (auto& c : utf8_chars(word)) {
+      const auto it = vocab_.find(c);
+      if (it == vocab_.end()) throw std::runtime_error("HuggingFaceTokenizer: the byte-level character '" + c + "' is not in the vocabulary");
+      sym.push_back({it->second, std::move(c)});
     }
-    for (const auto& s : sym) {
-      const auto it = vocab_.find(s);
-      if (it == vocab_.end()) throw std::runtime_error("HuggingFaceTokenizer: the piece '" + s + "' is not in the vocabulary");
-      ids.push_back(it->second);
-    }
+    merge(sym);
+    for (const auto& s : sym) ids.push_back(s.id);
   }
   out.insert(out.end(), ids.begin(), ids.end());
+  if (!cacheable) return;
   std::lock_guard<std::mutex> lock(cache_mu_);
-  if (cache_.size() < 1000000) cache_.emplace(word, std::move(ids));
+  if (cache_.size() < 200000) cache_.emplace(word, std::move(ids));
 }
 
 void HfBpeTokenizer::sp_bpe(const std::string& word, std::vector<int32_t>& out) const {
-  // Symbols in a linked list; candidate pairs in a heap by (rank, position), each checked against the
-  // symbols' versions when popped (HuggingFace's BPE merge order: the lowest rank first, leftmost on ties).
-  struct Sym {
-    std::string s;
-    int prev, next, ver;
-  };
-  std::vector<Sym> sym;
-  for (auto& c : utf8_chars(word)) sym.push_back({std::move(c), static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1, 0});
-  if (sym.empty()) return;
-  sym.back().next = -1;
-  struct Cand {
-    int32_t rank;
-    int left, right, vl, vr;
-    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
-  };
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
-  auto push = [&](int a) {
-    if (a < 0 || sym[static_cast<size_t>(a)].next < 0) return;
-    const int b = sym[static_cast<size_t>(a)].next;
-    const auto r = merge_rank_.find(sym[static_cast<size_t>(a)].s + " " + sym[static_cast<size_t>(b)].s);
-    if (r != merge_rank_.end()) heap.push({r->second, a, b, sym[static_cast<size_t>(a)].ver, sym[static_cast<size_t>(b)].ver});
-  };
-  for (int i = 0; i < static_cast<int>(sym.size()); ++i) push(i);
-  while (!heap.empty()) {
-    const Cand c = heap.top();
-    heap.pop();
-    Sym& a = sym[static_cast<size_t>(c.left)];
-    Sym& b = sym[static_cast<size_t>(c.right)];
-    if (a.ver != c.vl || b.ver != c.vr || a.next != c.right || a.ver < 0 || b.ver < 0) continue;  // stale
-    a.s += b.s;
-    ++a.ver;
-    b.ver = -1;  // gone
-    a.next = b.next;
-    if (b.next >= 0) sym[static_cast<size_t>(b.next)].prev = c.left;
-    push(a.prev);
-    push(c.left);
+  const auto whole = vocab_.find(word);
+  if (ignore_merges_ && whole != vocab_.end()) {
+    out.push_back(whole->second);
+    return;
   }
+  std::vector<Symbol> sym;
+  for (auto& c : utf8_chars(word)) {
+    const auto it = vocab_.find(c);
+    sym.push_back({it == vocab_.end() ? -1 : it->second, std::move(c)});
+  }
+  merge(sym);
   bool last_unk = false;
-  for (int i = 0; i >= 0; i = sym[static_cast<size_t>(i)].next) {
-    const std::string& s = sym[static_cast<size_t>(i)].s;
-    const auto it = vocab_.find(s);
-    if (it != vocab_.end()) {
-      out.push_back(it->second);
+  for (const auto& s : sym) {
+    if (s.id >= 0) {
+      out.push_back(s.id);
       last_unk = false;
       continue;
     }
     bool all_bytes = byte_fallback_;
     std::vector<int32_t> bytes;
-    for (unsigned char ch : s) {
+    for (unsigned char ch : s.text) {
       char hex[8];
       std::snprintf(hex, sizeof(hex), "<0x%02X>", ch);
       const auto b = vocab_.find(hex);
@@ -410,7 +459,7 @@ void HfBpeTokenizer::sp_bpe(const std::string& word, std::vector<int32_t>& out) 
       out.insert(out.end(), bytes.begin(), bytes.end());
       last_unk = false;
     } else {
-      if (unk_id_ < 0) throw std::runtime_error("HuggingFaceTokenizer: '" + s + "' is not in the vocabulary and there is no unk_token");
+      if (unk_id_ < 0) throw std::runtime_error("HuggingFaceTokenizer: '" + s.text + "' is not in the vocabulary and there is no unk_token");
       if (!(fuse_unk_ && last_unk)) out.push_back(unk_id_);
       last_unk = true;
     }
@@ -444,6 +493,7 @@ void HfBpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& o
 }
 
 std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text) const {
+  if (!valid_utf8(text)) throw std::runtime_error("HuggingFaceTokenizer: a document is not valid UTF-8: convert the input to UTF-8");
   std::vector<int32_t> out(prefix_);
   // Added tokens are cut out of the text first (longest first at each position).
   size_t from = 0;
@@ -474,9 +524,9 @@ std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text) const {
 std::string HfBpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) {
-    const auto added = std::find_if(added_.begin(), added_.end(), [&](const auto& a) { return a.second == id; });
-    if (added != added_.end()) {
-      out += added->first;
+    const auto added = added_by_id_.find(id);
+    if (added != added_by_id_.end()) {
+      out += added->second;
       continue;
     }
     if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) continue;
@@ -486,9 +536,14 @@ std::string HfBpeTokenizer::decode(const std::vector<int32_t>& ids) const {
         out += static_cast<char>(std::stoi(tok.substr(3, 2), nullptr, 16));
         continue;
       }
-      std::string t = tok;
-      for (size_t p; !replace_to_.empty() && (p = t.find(replace_to_)) != std::string::npos;) t.replace(p, replace_to_.size(), replace_from_);
-      out += t;
+      for (size_t i = 0; i < tok.size();) {  // one pass: the replacement back to what it replaced
+        if (!replace_to_.empty() && tok.compare(i, replace_to_.size(), replace_to_) == 0) {
+          out += replace_from_;
+          i += replace_to_.size();
+        } else {
+          out += tok[i++];
+        }
+      }
       continue;
     }
     for (const auto& c : utf8_chars(tok)) {
@@ -496,7 +551,7 @@ std::string HfBpeTokenizer::decode(const std::vector<int32_t>& ids) const {
       if (it != byte_decoder_.end()) out += static_cast<char>(it->second);
     }
   }
-  if (sp_style_ && !out.empty() && out[0] == ' ') out.erase(0, 1);  // the decoder's Strip of the prepended space
+  if (sp_style_ && !prepend_.empty() && !out.empty() && out[0] == ' ') out.erase(0, 1);  // the prepended space
   return out;
 }
 

