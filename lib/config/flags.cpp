@@ -55,7 +55,7 @@ std::vector<FlagSpec> build_table() {
       F(kNet, "attention-backend", model.attention_backend, "Attention implementation", "auto", "flash", "fused",
         "unfused", "local"),
       F(kNet, "apply-query-key-layer-scaling", model.apply_query_key_layer_scaling, "Scale Q*K^T by 1/layer-number (fp16)"),
-      F(kNet, "qk-layernorm", model.qk_layernorm, "Normalize queries and keys"),
+      F(kNet, "qk-layernorm", model.qk_layernorm, "Normalize each query and key head before RoPE (CPU engine)"),
       F(kNet, "vocab-size", model.vocab_size, "Vocabulary size (NullTokenizer / mock data)"),
       // Regularization
       F(kReg, "hidden-dropout", model.hidden_dropout, "Dropout after attention and MLP"),
@@ -168,7 +168,7 @@ std::vector<FlagSpec> build_table() {
         "NullTokenizer", "ByteTokenizer"),
       F(kTok, "vocab-file", data.vocab_file, "GPT-2 vocab.json"),
       F(kTok, "merge-file", data.merge_file, "GPT-2 merges.txt"),
-      F(kTok, "tokenizer-model", data.tokenizer_model, "Tokenizer model file (tokenizer.json)"),
+      F(kTok, "tokenizer-model", data.tokenizer_model, "HuggingFaceTokenizer: a local tokenizer.json, or its directory"),
       // Checkpointing
       F(kCkpt, "save", checkpoint.save, "Directory to save checkpoints to"),
       F(kCkpt, "load", checkpoint.load, "Directory to load a checkpoint from"),
