@@ -85,6 +85,16 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+// The steps of a tokenizer.json component: a Sequence's list under `list_key`, or the component alone
+// (none when null).
+[[maybe_unused]] std::vector<json> steps(const json& node, const char* list_key) {
+  std::vector<json> out;
+  if (node.is_null()) return out;
+  if (node.value("type", std::string()) != "Sequence") return {node};
+  for (const auto& n : node.value(list_key, json::array())) out.push_back(n);
+  return out;
+}
+
 [[maybe_unused]] std::string token_content(const json& t) {
   if (t.is_string()) return t.get<std::string>();
   if (t.is_object() && t.contains("content")) return t["content"].get<std::string>();
@@ -121,13 +131,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
   // A normalizer only as SentencePiece-style files have it: Prepend and / or one Replace of a plain string.
   const json& norm = j.value("normalizer", json());
   if (!norm.is_null()) {
-    std::vector<json> parts;
-    if (norm.value("type", std::string()) == "Sequence") {
-      for (const auto& n : norm.value("normalizers", json::array())) parts.push_back(n);
-    } else {
-      parts.push_back(norm);
-    }
-    for (const auto& n : parts) {
+    for (const auto& n : steps(norm, "normalizers")) {
       const std::string type = n.value("type", std::string());
       if (type == "Prepend" && prepend_.empty() && replace_from_.empty()) {  // applied first, as written
         prepend_ = n.at("prepend").get<std::string>();
@@ -226,11 +230,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
     if (norm.is_null()) refuse(fname, "a tokenizer with neither a pre-tokenizer nor a normalizer");
     if (!byte_fallback_) refuse(fname, "a BPE without pre-tokenizer and without byte_fallback");
   } else {
-    if (pre.value("type", std::string()) == "Sequence") {
-      for (const auto& p : pre.value("pretokenizers", json::array())) take(p);
-    } else {
-      take(pre);
-    }
+    for (const auto& p : steps(pre, "pretokenizers")) take(p);
     if (!byte_level) refuse(fname, "a pre-tokenizer without ByteLevel");
     if (pattern.empty()) refuse(fname, "ByteLevel without a pattern");
     if (!norm.is_null()) refuse(fname, "a normalizer together with a pre-tokenizer");
@@ -248,16 +248,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
   }
 
   // Post-processor: TemplateProcessing's special tokens around a single sequence.
-  std::vector<json> procs;
-  const json& post = j.value("post_processor", json());
-  if (!post.is_null()) {
-    if (post.value("type", std::string()) == "Sequence") {
-      for (const auto& p : post.value("processors", json::array())) procs.push_back(p);
-    } else {
-      procs.push_back(post);
-    }
-  }
-  for (const auto& p : procs) {
+  for (const auto& p : steps(j.value("post_processor", json()), "processors")) {
     const std::string type = p.value("type", std::string());
     if (type == "ByteLevel") continue;  // offsets only
     if (type != "TemplateProcessing") refuse(fname, "the post-processor '" + type + "'");
