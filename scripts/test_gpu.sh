@@ -22,7 +22,7 @@ fi
 # A model that cannot fit: one clear line naming the allocation and the remedies, and a non-zero exit.
 oom=$(timeout 300 "$BUILD_DIR/bin/megatrain" --num-layers 2 --hidden-size 2048 --num-attention-heads 16 --seq-length 4096 \
   --max-position-embeddings 4096 --micro-batch-size 1024 --global-batch-size 1024 --train-iters 1 --mock-data --vocab-size 256 --bf16 \
-  --hidden-dropout 0 --attention-dropout 0 --device cuda 2>&1) && { echo "FAIL: an impossible model trained"; exit 1; }
+  --hidden-dropout 0 --attention-dropout 0 --lr 1e-4 --device cuda 2>&1) && { echo "FAIL: an impossible model trained"; exit 1; }
 grep -q "out of GPU memory allocating .* MiB for .*megatrain plan" <<<"$oom" || { echo "$oom" | tail -5; echo "FAIL: no clear out-of-memory message"; exit 1; }
 echo "out-of-memory message: ok"
 if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
