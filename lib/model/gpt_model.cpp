@@ -98,13 +98,13 @@ ParamInfo make_param(const std::string& name, std::vector<int64_t> global, int s
   return p;
 }
 
+}  // namespace
+
 uint64_t dropout_key(uint64_t seed, int64_t step, int64_t sample, int64_t layer, int site) {
   const std::string k = std::to_string(step) + "/" + std::to_string(sample) + "/" + std::to_string(layer) + "/" +
                         std::to_string(site);
   return rng_key(seed, k);
 }
-
-}  // namespace
 
 GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
     : dims_(model_dims(cfg, groups.tp->rank(), groups.tp->size())),

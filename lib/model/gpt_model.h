@@ -14,6 +14,12 @@
 
 namespace mt {
 
+// The dropout mask key of one sample at one site, for a training step: site 0 the embedding output (layer
+// -1), 1 the attention probabilities (sample 0: one key per layer), 2 the attention block's output, 3 the
+// MLP's output. Element i of the sample's [S, h] tokens is dropped when philox_uniform(key, i) < p. Both
+// engines draw the same masks from it.
+uint64_t dropout_key(uint64_t seed, int64_t step, int64_t sample, int64_t layer, int site);
+
 struct Microbatch {
   int64_t B = 0, S = 0;
   std::vector<int32_t> tokens, labels, positions;  // [B*S]

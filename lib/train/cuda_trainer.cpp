@@ -287,7 +287,24 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   }
 
   std::vector<std::unique_ptr<MicrobatchSlot>> slots;
-  for (int64_t i = 0; i < 2 * nmb_max; ++i) slots.push_back(std::make_unique<MicrobatchSlot>(mbs * S));
+  // Hidden dropout: each training micro batch carries its samples' mask keys (dropout_key: the embedding,
+  // then per layer the attention block's and the MLP's output), the CPU engine's masks.
+  const bool hidden_dropout = cfg.model.hidden_dropout > 0;
+  const int64_t key_sites = 1 + 2 * D.L;
+  for (int64_t i = 0; i < 2 * nmb_max; ++i) slots.push_back(std::make_unique<MicrobatchSlot>(mbs * S, hidden_dropout ? mbs * key_sites : 0));
+  std::vector<uint64_t> drop_keys;
+  auto make_drop_keys = [&](const Microbatch& mb, int64_t step) {
+    drop_keys.clear();
+    if (!hidden_dropout) return;
+    const auto seed = static_cast<uint64_t>(cfg.training.seed);
+    for (int64_t b = 0; b < mb.B; ++b) {
+      drop_keys.push_back(dropout_key(seed, step, mb.first_sample + b, -1, 0));
+      for (int64_t l = 0; l < D.L; ++l) {
+        drop_keys.push_back(dropout_key(seed, step, mb.first_sample + b, l, 2));
+        drop_keys.push_back(dropout_key(seed, step, mb.first_sample + b, l, 3));
+      }
+    }
+  };
   MicrobatchSlot eval_slot(mbs * S);
   float* eval_acc = device_zeros<float>(1);
 
@@ -416,7 +433,8 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       for (float x : mb.loss_mask) denom += x;
       denom = std::max(denom, 1.0);
       MicrobatchSlot& slot = *slots[static_cast<size_t>((it % 2) * nmb_max + mi)];
-      const DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream, wait_event);
+      make_drop_keys(mb, it);
+      const DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream, wait_event, drop_keys);
       const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb_it)));
       model.step(d, w_mb, w_mb, &st->loss_acc);
     }

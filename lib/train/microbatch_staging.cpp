@@ -1,16 +1,19 @@
 // microbatch_staging.cpp: layout of a slot (int32 words, T = tokens per microbatch): tokens [0, T),
 // labels [T, 2T), positions [2T, 3T), loss-mask bits [3T, 4T), the token CSR from 4T (ids T, offsets T + 1,
-// positions T), the position CSR from 7T + 1 (same three arrays).
+// positions T), the position CSR from 7T + 1 (same three arrays), then (from 10T + 2, 8-byte aligned) the
+// hidden-dropout keys as uint64.
 #include "train/microbatch_staging.h"
 
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 
 #include "tensor/cuda/cuda_check.h"
 
 namespace mt {
 
-MicrobatchSlot::MicrobatchSlot(int64_t T) : T_(T), n_(static_cast<size_t>(10 * T + 2)) {
+MicrobatchSlot::MicrobatchSlot(int64_t T, int64_t max_keys)
+    : T_(T), n_(static_cast<size_t>(10 * T + 2 + 2 * max_keys)), max_keys_(max_keys) {
   MT_CUDA_CHECK(cudaMallocHost(&host_, n_ * 4));
   MT_CUDA_CHECK(cudaMalloc(&dev_, n_ * 4));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
@@ -24,7 +27,8 @@ MicrobatchSlot::~MicrobatchSlot() {
 
 DeviceMicrobatch MicrobatchSlot::upload(const Microbatch& mb, bool learned_pos, int64_t vocab_start, int64_t vocab_local, int64_t max_pos,
                                         cudaStream_t stream,
-                                        const std::function<void(cudaEvent_t)>& wait) {
+                                        const std::function<void(cudaEvent_t)>& wait, const std::vector<uint64_t>& drop_keys) {
+  if (static_cast<int64_t>(drop_keys.size()) > max_keys_) throw std::logic_error("microbatch slot: more dropout keys than its room");
   if (used_) {  // the last copy out of this buffer finished (bounds the host's run-ahead to two iterations)
     const auto t0 = std::chrono::steady_clock::now();
     wait(copied_);
@@ -41,6 +45,7 @@ DeviceMicrobatch MicrobatchSlot::upload(const Microbatch& mb, bool learned_pos, 
   put_csr(tok, 4);
   DeviceMicrobatch d;
   if (learned_pos) put_csr(cuda::build_token_csr(mb.positions.data(), T, 0, max_pos), 7);
+  if (!drop_keys.empty()) std::memcpy(h + 10 * T_ + 2, drop_keys.data(), drop_keys.size() * 8);
   MT_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, n_ * 4, cudaMemcpyHostToDevice, stream));
   MT_CUDA_CHECK(cudaEventRecord(copied_, stream));
   d.B = mb.B;
@@ -59,6 +64,7 @@ DeviceMicrobatch MicrobatchSlot::upload(const Microbatch& mb, bool learned_pos, 
     d.pos_positions = dev_ + 9 * T_ + 2;
     d.n_pos_ids = n_pos_;
   }
+  if (!drop_keys.empty()) d.drop_keys = reinterpret_cast<const uint64_t*>(dev_ + 10 * T_ + 2);
   return d;
 }
 

@@ -106,6 +106,23 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # may take other algorithms, so not bit for bit).
   [[ $family != mqa ]] && compare "$family-tp2" "$family-tp2whole" lm_loss 2e-3
   [[ $family == mqa ]] && continue
+  # Hidden dropout (0.1): both engines draw the same masks (dropout_key per sample and site), so the layouts
+  # follow the CPU engine's dropped-out run as closely as the runs without dropout follow theirs.
+  if run "$family-cpudrop" 1 cpu "$model" --hidden-dropout 0.1; then
+    for l in "gpu1drop 1" "tp2drop 2 --tensor-model-parallel-size 2" "tp2spdrop 2 --tensor-model-parallel-size 2 --sequence-parallel" \
+             "dp2drop 2 --use-distributed-optimizer --overlap-grad-reduce"; do
+      read -r name np extra <<<"$l"
+      # shellcheck disable=SC2086
+      run "$family-$name" "$np" cuda "$model" --hidden-dropout 0.1 $extra || continue
+      compare "$family-$name" "$family-cpudrop" lm_loss 5e-3
+      compare "$family-$name" "$family-cpudrop" validation_lm_loss 5e-3
+    done
+    # and the masks matter: the dropped-out run differs from the plain one
+    d=$(paste <(field lm_loss "$work/$family-cpudrop") <(field lm_loss "$work/$family-cpu") |
+      awk '{r = ($1 - $2) / $2; if (r < 0) r = -r; if (r > m) m = r} END {printf "%.2e", m}')
+    if awk -v d="$d" 'BEGIN{exit !(d > 1e-3)}'; then echo "PASS $family-cpudrop: differs from $family-cpu by $d";
+    else echo "FAIL $family-cpudrop: hidden dropout changed the loss by only $d"; fails=$((fails + 1)); fi
+  fi
   # The parameter gather overlapped with the next forward, in buckets of about 30k parameters (one per
   # parameter or so here, where the default 40M would make one), each bucket's gather made 3 ms late on
   # purpose: a forward that does not wait for the buckets it reads sees last step's weights; with the waits

@@ -17,12 +17,14 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/dropout.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/bias_grad.h"
 #include "kernels/cuda/cross_entropy_bf16.h"
+#include "kernels/cuda/dropout.h"
 #include "kernels/cuda/embedding_bf16.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/norm_bf16.h"
@@ -441,6 +443,53 @@ void test_adamw(int64_t n) {
   expect("weighted sum of squares", Vec{static_cast<float>(got)}, Vec{static_cast<float>(wss)}, 1e-5);
 }
 
+// Hidden dropout with the CPU engine's masks: rows [t0, t0 + rows) of a micro batch of samples of S tokens,
+// each sample with its own key per site: the standalone kernel (fp32, exact), and fused into the add + norm
+// (the dropped-out branch added to the residual) and its backward (the branch's gradient, dres16, masked).
+void test_dropout(int64_t rows, int64_t h, int64_t t0, int64_t S) {
+  const float p = 0.1f;
+  const int32_t stride = 3, site = 1;
+  const int64_t B = (t0 + rows + S - 1) / S;
+  std::vector<uint64_t> keys(static_cast<size_t>(B * stride));
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = 0x9e3779b97f4a7c15ull * (i + 1);
+  Buf<uint64_t> dkeys(keys.size());
+  MT_CUDA_CHECK(cudaMemcpy(dkeys.p, keys.data(), keys.size() * 8, cudaMemcpyHostToDevice));
+  const cuda::RowDropout drop{p, dkeys.p, stride, site, t0, S};
+  auto cpu_drop = [&](Vec v) {  // the CPU engine's dropout, row by row
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t t = t0 + i;
+      float* row = v.data() + i * h;
+      cpu::dropout_forward(row, row, h, p, keys[static_cast<size_t>((t / S) * stride + site)], static_cast<uint64_t>((t % S) * h));
+    }
+    return v;
+  };
+  const std::string tag = "dropout " + std::to_string(rows) + "x" + std::to_string(h);
+  Vec x = randn(static_cast<size_t>(rows * h), 1.0f, false);
+  F32 dx(x);
+  cuda::dropout_rows_f32(dx.p, rows, h, drop, nullptr);
+  expect(tag + " (fp32 rows)", dx.get(), cpu_drop(x), 0.0);
+  // Fused into the forward: s = x + dropout(delta), fp32 residual.
+  Vec delta = randn(x.size()), w = randn(static_cast<size_t>(h)), y(x.size()), rstd(static_cast<size_t>(rows));
+  const Vec dd = cpu_drop(delta);
+  Vec s(x.size());
+  for (size_t i = 0; i < x.size(); ++i) s[i] = x[i] + dd[i];
+  F32 dx2(x), dsum(x.size()), drstd(rstd.size());
+  B16 ddelta(delta), dw(w), dy(y.size());
+  cuda::add_norm_forward(dsum.p, dy.b(), nullptr, drstd.p, dx2.p, ddelta.b(), dw.b(), nullptr, rows, h, 1e-5f, true, nullptr, g_t, false, &drop);
+  expect(tag + " fused in add + norm (sum)", dsum.get(), s, 1e-6);
+  // Backward: dres accumulates unmasked, dres16 = (dres) * mask.
+  cpu::rmsnorm_forward(y.data(), rstd.data(), s.data(), w.data(), rows, h, 1e-5f);
+  Vec dout = randn(x.size()), gx(x.size()), gw(w.size(), 0.0f), want(x.size());
+  cpu::rmsnorm_backward(gx.data(), gw.data(), dout.data(), s.data(), w.data(), rstd.data(), rows, h);
+  F32 dres(Vec(x.size(), 0.0f)), gdw(Vec(w.size(), 0.0f));
+  B16 dres16(x.size()), ddout(dout);
+  const Vec m0(static_cast<size_t>(rows), 0.0f);
+  F32 mz(m0);
+  cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, nullptr, ddout.b(), dsum.p, mz.p, drstd.p, dw.b(), rows, h, true, nullptr, g_t, false, &drop);
+  expect(tag + " backward (residual, unmasked)", dres.get(), gx, 2e-3);
+  expect(tag + " backward (branch gradient, masked)", dres16.get(), rounded16(cpu_drop(dres.get())), 1e-2);
+}
+
 // fp16's dynamic loss scale kept on the device by step_prepare: the same scale after every step as the host
 // LossScaler (Megatron's DynamicGradScaler) for a sequence of clean and overflowing steps; overflows with a
 // finite loss skip without counting as NaN iterations; the AdamW step reads 1 / the scale that step used.
@@ -529,6 +578,12 @@ int main() {
     test_adamw(100003);
   }
   test_device_loss_scaler();
+  for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
+    g_t = t;
+    test_dropout(13, 40, 5, 9);    // rows spanning two samples; the vectorised norms (one warp per row)
+    test_dropout(7, 1000, 11, 4);  // vectorised, four samples
+    test_dropout(5, 1004, 0, 2);   // the scalar norms (1004 is not a multiple of 8)
+  }
   std::printf("%d failure(s)\n", failures);
   return failures ? 1 : 0;
 }

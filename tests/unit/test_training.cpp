@@ -274,7 +274,9 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK(cuda_engine_gaps(c, 1).empty());
   Config d = c;
   d.model.hidden_dropout = 0.1;
-  CHECK_THAT(gaps_text(cuda_engine_gaps(d, 1)), MT_CONTAINS("--hidden-dropout 0"));
+  CHECK(cuda_engine_gaps(d, 1).empty());  // hidden dropout runs on the CUDA engine
+  d.model.attention_dropout = 0.1;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(d, 1)), MT_CONTAINS("--attention-dropout 0"));
   Config q = c;
   q.model.qk_layernorm = true;
   CHECK_THAT(gaps_text(cuda_engine_gaps(q, 1)), MT_CONTAINS("--qk-layernorm"));  // so --device auto takes the CPU engine

@@ -4,6 +4,7 @@
 #include <initializer_list>
 
 #include "kernels/cuda/bf16_common.cuh"
+#include "kernels/cuda/dropout.cuh"
 #include "kernels/cuda/norm_bf16.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/device_allocator.h"
@@ -26,7 +27,7 @@ __device__ __forceinline__ float as_stored<float>(float v) {
 
 template <int MAXC, typename T16, typename R>
 __global__ void add_norm_fwd_kernel(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b,
-                                    int64_t h, float eps, bool rms) {
+                                    int64_t h, float eps, bool rms, RowDropout drop) {
   const int64_t row = blockIdx.x;
   const R* xr = x + row * h;
   const T16* dr = delta ? delta + row * h : nullptr;
@@ -37,7 +38,8 @@ __global__ void add_norm_fwd_kernel(R* sum_out, T16* y, float* mean, float* rstd
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     v[j] = 0.0f;
     if (c < h) {
-      v[j] = as_stored<R>(to_f(xr[c]) + (dr ? to_f(dr[c]) : 0.0f));
+      const float dv = dr ? to_f(dr[c]) * (drop.on() ? dropout_factor(drop, row, c, h) : 1.0f) : 0.0f;
+      v[j] = as_stored<R>(to_f(xr[c]) + dv);
       s += v[j];
     }
   }
@@ -69,7 +71,7 @@ __global__ void add_norm_fwd_kernel(R* sum_out, T16* y, float* mean, float* rstd
 // Input gradient: one block per row, like the forward (the row in registers between the two passes).
 template <int MAXC, typename T16, typename R>
 __global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd,
-                                   const T16* w, int64_t h, bool rms) {
+                                   const T16* w, int64_t h, bool rms, RowDropout drop) {
   const int64_t row = blockIdx.x;
   const float mu = rms ? 0.0f : mean[row], r = rstd[row];
   float xh[MAXC], g[MAXC];
@@ -94,7 +96,7 @@ __global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, cons
     if (c < h) {
       const float t = dres[row * h + c] + r * (g[j] - mg - xh[j] * mgx);
       dres[row * h + c] = t;
-      dres16[row * h + c] = from_f<T16>(t);
+      dres16[row * h + c] = from_f<T16>(drop.on() ? t * dropout_factor(drop, row, c, h) : t);
     }
   }
 }
@@ -126,7 +128,7 @@ __device__ __forceinline__ void store8(T16* p, const float (&v)[8]) {
 
 template <int VPT, typename T16, typename R>
 __global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b,
-                                 int64_t h, float eps, bool rms) {
+                                 int64_t h, float eps, bool rms, RowDropout drop) {
   const int64_t row = blockIdx.x, nv = h / 8;
   float v[VPT][8];
   float s = 0.0f;
@@ -139,6 +141,10 @@ __global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, c
       float d[8] = {};
       load8(x + row * h + c, v[j]);
       if (delta) load8(delta + row * h + c, d);
+      if (delta && drop.on()) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) d[k] *= dropout_factor(drop, row, c + k, h);
+      }
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         v[j][k] = as_stored<R>(v[j][k] + d[k]);
@@ -178,7 +184,7 @@ __global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, c
 
 template <int VPT, typename T16, typename R>
 __global__ void norm_bwd_dx_vec(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd, const T16* w,
-                                int64_t h, bool rms) {
+                                int64_t h, bool rms, RowDropout drop) {
   const int64_t row = blockIdx.x;
   const float mu = rms ? 0.0f : mean[row], r = rstd[row];
   float xh[VPT][8], g[VPT][8];
@@ -214,6 +220,10 @@ __global__ void norm_bwd_dx_vec(float* dres, T16* dres16, const T16* dy, const R
 #pragma unroll
       for (int k = 0; k < 8; ++k) t[k] += r * (g[j][k] - mg - xh[j][k] * mgx);
       store8(dres + row * h + c, t);
+      if (drop.on()) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) t[k] *= dropout_factor(drop, row, c + k, h);
+      }
       store8(dres16 + row * h + c, t);
     }
   }
@@ -268,24 +278,24 @@ int cols_per_thread(int64_t h) {
 
 template <typename T16, typename R>
 void add_norm_forward_t(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b, int64_t N,
-                        int64_t h, float eps, bool rms, cudaStream_t stream) {
+                        int64_t h, float eps, bool rms, cudaStream_t stream, const RowDropout& drop) {
   if (N == 0) return;
   const dim3 grid(static_cast<unsigned>(N));
   const VecShape vs = vec_shape(h, {sum_out, y, x, delta, w, b});
   if (vs.vpt) {
     switch (vs.vpt) {
-      case 1: add_norm_fwd_vec<1><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
-      case 2: add_norm_fwd_vec<2><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
-      default: add_norm_fwd_vec<4><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
+      case 1: add_norm_fwd_vec<1><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
+      case 2: add_norm_fwd_vec<2><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
+      default: add_norm_fwd_vec<4><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
     }
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
   switch (cols_per_thread(h)) {
-    case 4: add_norm_fwd_kernel<4><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
-    case 8: add_norm_fwd_kernel<8><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
-    case 16: add_norm_fwd_kernel<16><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
-    case 32: add_norm_fwd_kernel<32><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms); break;
+    case 4: add_norm_fwd_kernel<4><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
+    case 8: add_norm_fwd_kernel<8><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
+    case 16: add_norm_fwd_kernel<16><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
+    case 32: add_norm_fwd_kernel<32><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
     default: throw std::runtime_error("the CUDA norm kernels support hidden sizes up to 8192");
   }
   MT_CUDA_CHECK_LAUNCH();
@@ -293,22 +303,22 @@ void add_norm_forward_t(R* sum_out, T16* y, float* mean, float* rstd, const R* x
 
 template <typename T16, typename R>
 void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T16* dy, const R* x, const float* mean, const float* rstd,
-                         const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream) {
+                         const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, const RowDropout& drop) {
   if (N == 0) return;
   const dim3 rows(static_cast<unsigned>(N));
   const VecShape vs = vec_shape(h, {dres, dres16, dy, x, w});
   if (vs.vpt == 1) {
-    norm_bwd_dx_vec<1><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms);
+    norm_bwd_dx_vec<1><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop);
   } else if (vs.vpt == 2) {
-    norm_bwd_dx_vec<2><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms);
+    norm_bwd_dx_vec<2><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop);
   } else if (vs.vpt == 4) {
-    norm_bwd_dx_vec<4><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms);
+    norm_bwd_dx_vec<4><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop);
   } else {
     switch (cols_per_thread(h)) {
-      case 4: norm_bwd_dx_kernel<4><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
-      case 8: norm_bwd_dx_kernel<8><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
-      case 16: norm_bwd_dx_kernel<16><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
-      case 32: norm_bwd_dx_kernel<32><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms); break;
+      case 4: norm_bwd_dx_kernel<4><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop); break;
+      case 8: norm_bwd_dx_kernel<8><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop); break;
+      case 16: norm_bwd_dx_kernel<16><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop); break;
+      case 32: norm_bwd_dx_kernel<32><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop); break;
       default: throw std::runtime_error("the CUDA norm kernels support hidden sizes up to 8192");
     }
   }
@@ -333,29 +343,31 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
 }
 
 void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const void* x, const bf16* delta, const bf16* w, const bf16* b,
-                      int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t, bool res16) {
+                      int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t, bool res16, const RowDropout* dropout) {
+  const RowDropout drop = dropout ? *dropout : RowDropout{};
   auto* so = static_cast<float*>(sum_out);
   const auto* xf = static_cast<const float*>(x);
   auto* so16 = static_cast<bf16*>(sum_out);
   const auto* x16 = static_cast<const bf16*>(x);
   if (t == F16::kFP16) {
-    if (res16) add_norm_forward_t(hp(so16), hp(y), mean, rstd, hp(x16), hp(delta), hp(w), hp(b), N, h, eps, rms, stream);
-    else add_norm_forward_t(so, hp(y), mean, rstd, xf, hp(delta), hp(w), hp(b), N, h, eps, rms, stream);
+    if (res16) add_norm_forward_t(hp(so16), hp(y), mean, rstd, hp(x16), hp(delta), hp(w), hp(b), N, h, eps, rms, stream, drop);
+    else add_norm_forward_t(so, hp(y), mean, rstd, xf, hp(delta), hp(w), hp(b), N, h, eps, rms, stream, drop);
   } else {
-    if (res16) add_norm_forward_t(so16, y, mean, rstd, x16, delta, w, b, N, h, eps, rms, stream);
-    else add_norm_forward_t(so, y, mean, rstd, xf, delta, w, b, N, h, eps, rms, stream);
+    if (res16) add_norm_forward_t(so16, y, mean, rstd, x16, delta, w, b, N, h, eps, rms, stream, drop);
+    else add_norm_forward_t(so, y, mean, rstd, xf, delta, w, b, N, h, eps, rms, stream, drop);
   }
 }
 void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const void* x, const float* mean, const float* rstd,
-                       const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t, bool res16) {
+                       const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t, bool res16, const RowDropout* dropout) {
+  const RowDropout drop = dropout ? *dropout : RowDropout{};
   const auto* xf = static_cast<const float*>(x);
   const auto* x16 = static_cast<const bf16*>(x);
   if (t == F16::kFP16) {
-    if (res16) norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), hp(x16), mean, rstd, hp(w), N, h, rms, stream);
-    else norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), xf, mean, rstd, hp(w), N, h, rms, stream);
+    if (res16) norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), hp(x16), mean, rstd, hp(w), N, h, rms, stream, drop);
+    else norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), xf, mean, rstd, hp(w), N, h, rms, stream, drop);
   } else {
-    if (res16) norm_backward_add_t(dres, dres16, dw, db, dy, x16, mean, rstd, w, N, h, rms, stream);
-    else norm_backward_add_t(dres, dres16, dw, db, dy, xf, mean, rstd, w, N, h, rms, stream);
+    if (res16) norm_backward_add_t(dres, dres16, dw, db, dy, x16, mean, rstd, w, N, h, rms, stream, drop);
+    else norm_backward_add_t(dres, dres16, dw, db, dy, xf, mean, rstd, w, N, h, rms, stream, drop);
   }
 }
 

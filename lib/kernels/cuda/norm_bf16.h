@@ -10,18 +10,22 @@
 #include <cstdint>
 
 #include "kernels/cuda/bf16_fwd.h"
+#include "kernels/cuda/dropout.h"
 
 namespace mt::cuda {
 
-// s = x + delta (delta may be null); y = norm(s) * w (+ b). sum_out (may be null) receives s; mean is
-// unused (may be null) for RMSNorm. x and sum_out are float*, or with res16 of type t (s rounded to it
-// before the statistics are taken).
+// s = x + dropout(delta) (delta may be null; dropout: hidden dropout, may be null); y = norm(s) * w (+ b).
+// sum_out (may be null) receives s; mean is unused (may be null) for RMSNorm. x and sum_out are float*, or
+// with res16 of type t (s rounded to it before the statistics are taken).
 void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const void* x, const bf16* delta, const bf16* w, const bf16* b,
-                      int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false);
+                      int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false,
+                      const RowDropout* dropout = nullptr);
 
 // dres += d(norm input); dres16 = bf16(dres); dw (+ db unless null) += weight gradients (fp32).
-// x: the forward's norm input (float*, or of type t with res16).
+// x: the forward's norm input (float*, or of type t with res16). dropout (may be null): dres16 is the
+// gradient of the dropped-out branch that produced the residual's last addition, dres * mask.
 void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const void* x, const float* mean, const float* rstd,
-                       const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false);
+                       const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false,
+                       const RowDropout* dropout = nullptr);
 
 }  // namespace mt::cuda

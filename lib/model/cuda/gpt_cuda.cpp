@@ -14,6 +14,7 @@
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/bias_grad.h"
 #include "kernels/cuda/cross_entropy_bf16.h"
+#include "kernels/cuda/dropout.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/embedding_bf16.h"
 #include "kernels/cuda/gemm_lt.h"
@@ -78,7 +79,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       dt_(cfg.precision.fp16 ? cuda::F16::kFP16 : cuda::F16::kBF16),
       ab_(cfg.precision.fp16 ? CUDA_R_16F : CUDA_R_16BF),
       wire_(cfg.precision.fp16 ? WireType::kF16 : WireType::kBF16),
-      res16_(!cfg.precision.fp32_residual_connection) {
+      res16_(!cfg.precision.fp32_residual_connection),
+      hidden_dropout_(static_cast<float>(cfg.model.hidden_dropout)) {
   const ModelDims& D = D_;
   if (D.tp > 1) {
     tp_ = tp;
@@ -325,6 +327,14 @@ void CudaGPT::refresh_working() {
 
 bool CudaGPT::recomputed(int64_t l) const { return recompute_layer_[static_cast<size_t>(l)]; }
 
+// Hidden dropout at `site` of the micro batch's keys for rows starting at token t0 (null: none, e.g. in
+// evaluation, where the micro batch carries no keys). The returned descriptor lives until the next call.
+const cuda::RowDropout* CudaGPT::drop(const DeviceMicrobatch& mb, int32_t site, int64_t t0) {
+  if (hidden_dropout_ <= 0.0f || !mb.drop_keys) return nullptr;
+  drop_ = {hidden_dropout_, mb.drop_keys, static_cast<int32_t>(1 + 2 * D_.L), site, t0, mb.S};
+  return &drop_;
+}
+
 const bf16* CudaGPT::combine_rows(bf16* full, bf16* local, int64_t T) {
   if (!tp_) return full;
   if (sp_) {
@@ -418,7 +428,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, ab_, ab_, row_bias(lw.proj_b), stream_));
   const bf16* attn = combine_rows(s.delta, s.delta_l, T);
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid, norm_out(r.xn2), r.mean2, r.rstd2, x_in, attn, w(lw.ln2_w), w(lw.ln2_b), Tl, h, D.eps, D.rms,
-                                                 stream_, dt_, res16_));
+                                                 stream_, dt_, res16_, drop(mb, attn_site(l), row0(T))));
   gather_rows(s.xn_l, r.xn2, T);
   if (D.swiglu) {
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, ab_, ab_, w(lw.fc1_b), stream_));
@@ -455,7 +465,7 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
     const Record& p = recomputed(l - 1) ? *recompute_record_ : *records_[static_cast<size_t>(l - 1)];
     wait_reduced(half);
     MT_PROF("fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l)]->x_in, r0 * h), r.xn1 + r0 * h, r.mean1 + r0,
-                                                   r.rstd1 + r0, res_at(p.x_mid, r0 * h), s.delta + r0 * h, w(lw.ln1_w), w(lw.ln1_b), rows, h, D.eps, D.rms, stream_, dt_, res16_));
+                                                   r.rstd1 + r0, res_at(p.x_mid, r0 * h), s.delta + r0 * h, w(lw.ln1_w), w(lw.ln1_b), rows, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, mlp_site(l - 1), r0)));
   }
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, rows, Wq, h, 1.0f, r.xn1 + r0 * h, h, w(lw.qkv_w), h, 0.0f, s.qkv + r0 * Wq, Wq, ab_, ab_,
                                      w(lw.qkv_b), stream_));
@@ -481,7 +491,7 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   wait_reduced(half);
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, r0 * h), r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, res_at(x_in, r0 * h), s.delta + r0 * h,
-                                                 w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, stream_, dt_, res16_));
+                                                 w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, attn_site(l), r0)));
   if (D.swiglu) {
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F1, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.fc1 + r0 * F1, F1, ab_, ab_,
                                        w(lw.fc1_b), stream_));
@@ -541,7 +551,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), dmlp, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), Tl, h, D.rms,
-                                              stream_, dt_, res16_));
+                                              stream_, dt_, res16_, drop(mb, attn_site(l), row0(T))));
   // Attention
   dy = gather_rows(s.dres16, s.dres16_full, T);
   MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, ab_, ab_, nullptr, stream_));
@@ -563,7 +573,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
-                                              stream_, dt_, res16_));
+                                              stream_, dt_, res16_, l > 0 ? drop(mb, mlp_site(l - 1), row0(T)) : nullptr));
   sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)]);
   // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer
   // (or its recompute) overwrites, and their gradients must be final before the grads-ready hook.
@@ -597,6 +607,7 @@ void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
   } else if (tp_) {
     MT_PROF("tp.all_reduce", tp_->all_reduce_on(out, n, WireType::kF32, ReduceOp::kSum, stream_));
   }
+  if (const cuda::RowDropout* d = drop(mb, kEmbedSite, row0(T))) MT_PROF("fwd.dropout", cuda::dropout_rows_f32(out, n / D.h, D.h, *d, stream_));
   if (res16_) MT_PROF("fwd.embedding", cuda::cast_to_bf16(static_cast<bf16*>(x0), out, n, stream_, dt_));
 }
 
@@ -636,7 +647,7 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
     split_layers_forward(mb);
     need_params(numel_);
     MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, s.xnf, s.meanf, s.rstdf, act(D.L - 1).x_mid, s.delta, w(lnf_w_), w(lnf_b_), T, h, D.eps,
-                                                   D.rms, stream_, dt_, res16_));
+                                                   D.rms, stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), 0)));
   }
   for (int64_t l = 0; !split_forward_ && l < D.L; ++l) {
     Record& r = act(l);
@@ -646,12 +657,12 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
       const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
       need_params(layer_end_[static_cast<size_t>(l + 1)]);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, norm_out(n.xn1), n.mean1, n.rstd1, r.x_mid, mlp, w(nw.ln1_w),
-                                                     w(nw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_));
+                                                     w(nw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, mlp_site(l), row0(T))));
       gather_rows(s.xn_l, n.xn1, T);
     } else {
       need_params(numel_);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, norm_out(s.xnf), s.meanf, s.rstdf, r.x_mid, mlp, w(lnf_w_), w(lnf_b_), Tl, h, D.eps, D.rms,
-                                                     stream_, dt_, res16_));
+                                                     stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), row0(T))));
       gather_rows(s.xn_l, s.xnf, T);
     }
   }
@@ -668,7 +679,7 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   const bf16* dfinal = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), dfinal, s.x_final, s.meanf, s.rstdf, w(lnf_w_), Tl, h, D.rms,
-                                              stream_, dt_, res16_));
+                                              stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), row0(T))));
   sum_replicated_grads(final_replicated_);
   for (int64_t l = D.L - 1; l >= 0; --l) {
     Record& r = act(l);
@@ -685,6 +696,7 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   // The embedding gradient from every token (gathered under SP): each rank's vocabulary rows, and the
   // positions' on every rank alike.
   float* demb = s.dres;
+  if (const cuda::RowDropout* d = drop(mb, kEmbedSite, row0(T))) MT_PROF("bwd.dropout", cuda::dropout_rows_f32(s.dres, Tl, h, *d, stream_));
   if (sp_) {
     MT_PROF("tp.all_gather", tp_->all_gather_on(s.dres, s.emb, Tl * h, WireType::kF32, stream_));
     demb = s.emb;

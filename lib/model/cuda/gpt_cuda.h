@@ -24,6 +24,7 @@
 #include "comm/cuda/stream_collectives.h"
 #include "config/config.h"
 #include "kernels/cuda/bf16_fwd.h"
+#include "kernels/cuda/dropout.h"
 #include "model/gpt_model.h"
 #include "model/params.h"
 
@@ -40,6 +41,9 @@ struct DeviceMicrobatch {
   int64_t n_tok_ids = 0;
   const int32_t *pos_ids = nullptr, *pos_offsets = nullptr, *pos_positions = nullptr;
   int64_t n_pos_ids = 0;
+  // Hidden dropout (training only; null: none): the mask keys [B, 1 + 2L] of each sample, from
+  // dropout_key(): the embedding output, then per layer the attention block's and the MLP's output.
+  const uint64_t* drop_keys = nullptr;
 };
 
 class CudaGPT {
@@ -133,6 +137,15 @@ class CudaGPT {
   // (Megatron's default), or fp32 with --fp32-residual-connection. Its gradient stays fp32.
   bool res16_;
   void* res_at(void* p, int64_t off) const { return static_cast<char*>(p) + off * (res16_ ? 2 : 4); }
+  // Hidden dropout (--hidden-dropout, training micro batches only): the key sites of DeviceMicrobatch::drop_keys.
+  float hidden_dropout_;
+  cuda::RowDropout drop_;
+  static constexpr int32_t kEmbedSite = 0;
+  static int32_t attn_site(int64_t l) { return static_cast<int32_t>(1 + 2 * l); }
+  static int32_t mlp_site(int64_t l) { return static_cast<int32_t>(2 + 2 * l); }
+  const cuda::RowDropout* drop(const DeviceMicrobatch& mb, int32_t site, int64_t t0);
+  // The micro batch's token index of this rank's first row (sequence parallelism: its shard).
+  int64_t row0(int64_t T) const { return sp_ ? T / tp_size_ * tp_rank_ : 0; }
   const float* loss_scale_ = nullptr;  // fp16: the device-side loss scale the loss gradient is multiplied by
   StreamCollectives* tp_ = nullptr;  // nullptr at TP 1
   // Query groups below TP: the TP ranks holding this rank's copy of its group's QKV block (kv_rep > 1).
