@@ -85,7 +85,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
      "the CUDA engine computes in bf16 or fp16: add --bf16 (or --fp16 with loss scaling); fp32 training runs with --device cpu");
   no(c.model.attention_dropout > 0,
      "attention dropout is not implemented on the CUDA engine yet: set --attention-dropout 0 (--hidden-dropout works), or --device cpu");
-  no(c.model.qk_layernorm, "--qk-layernorm is not implemented on the CUDA engine yet: drop it, or --device cpu");
+  no(c.model.qk_layernorm && c.derived.num_query_groups < c.parallel.tensor_model_parallel_size,
+     "--qk-layernorm with fewer query groups than --tensor-model-parallel-size (K/V replicated over TP) is not implemented on the CUDA "
+     "engine yet: raise --num-query-groups, lower TP, or --device cpu");
   if (c.model.hidden_size && c.model.num_attention_heads && *c.model.num_attention_heads > 0) {
     const int64_t d = c.model.kv_channels.value_or(*c.model.hidden_size / *c.model.num_attention_heads);
     no(d % 8 != 0 || d > 256, "cuDNN's fused attention needs a head dimension that is a multiple of 8 and at most 256 (this model: " +

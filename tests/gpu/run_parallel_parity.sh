@@ -123,6 +123,19 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
     if awk -v d="$d" 'BEGIN{exit !(d > 1e-3)}'; then echo "PASS $family-cpudrop: differs from $family-cpu by $d";
     else echo "FAIL $family-cpudrop: hidden dropout changed the loss by only $d"; fails=$((fails + 1)); fi
   fi
+  # --qk-layernorm: the per-head norms' shared weights summed over the TP ranks (and, under SP, with the
+  # other replicated parameters), against the CPU engine's run with the same flag.
+  if run "$family-cpuqk" 1 cpu "$model" --qk-layernorm; then
+    for l in "gpu1qk 1" "tp2qk 2 --tensor-model-parallel-size 2" "tp2spqk 2 --tensor-model-parallel-size 2 --sequence-parallel" \
+             "dp2qk 2 --use-distributed-optimizer --overlap-grad-reduce"; do
+      read -r name np extra <<<"$l"
+      # shellcheck disable=SC2086
+      run "$family-$name" "$np" cuda "$model" --qk-layernorm $extra || continue
+      compare "$family-$name" "$family-cpuqk" lm_loss 5e-3
+      compare "$family-$name" "$family-cpuqk" grad_norm 3e-2
+      compare "$family-$name" "$family-cpuqk" validation_lm_loss 5e-3
+    done
+  fi
   # The parameter gather overlapped with the next forward, in buckets of about 30k parameters (one per
   # parameter or so here, where the default 40M would make one), each bucket's gather made 3 ms late on
   # purpose: a forward that does not wait for the buckets it reads sees last step's weights; with the waits

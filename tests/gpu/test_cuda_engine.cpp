@@ -159,7 +159,9 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
     const char* what = extra.find("--rampup") != std::string::npos     ? " (batch ramp-up)"
                        : extra.find("--fp16") != std::string::npos      ? " (fp16)"
                        : extra.find("--fp32-residual") != std::string::npos ? " (fp32 residual stream)"
+                       : extra.find("--qk-layernorm --hidden-dropout") != std::string::npos ? " (qk-layernorm, hidden dropout 0.1)"
                        : extra.find("--hidden-dropout") != std::string::npos ? " (hidden dropout 0.1)"
+                       : extra.find("--qk-layernorm") != std::string::npos ? " (qk-layernorm)"
                                                                         : "";
     std::snprintf(buf, sizeof(buf), "training %s%s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e",
                   model.c_str(), what, gpu.losses.size(), same_len ? cpu.losses.front() : 0.0, same_len ? cpu.losses.back() : 0.0,
@@ -239,6 +241,9 @@ int main() {
   // Hidden dropout: the CPU engine's masks, so the curves follow as closely as without dropout.
   test_training("gpt", std::string(kPlain) + "--hidden-dropout 0.1 ");
   test_training("llama-recompute", std::string(kPlain) + "--hidden-dropout 0.1 ");
+  test_training("gpt", std::string(kPlain) + "--qk-layernorm ");
+  test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm ");
+  test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm --hidden-dropout 0.1 ");
   test_training("llama", kRamp);
   // fp16 with a static loss scale (no overflow on either engine): the same curve as the CPU engine.
   test_training("gpt", std::string(kPlain) + "--fp16 --loss-scale 1024 ");

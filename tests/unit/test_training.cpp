@@ -279,7 +279,12 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK_THAT(gaps_text(cuda_engine_gaps(d, 1)), MT_CONTAINS("--attention-dropout 0"));
   Config q = c;
   q.model.qk_layernorm = true;
-  CHECK_THAT(gaps_text(cuda_engine_gaps(q, 1)), MT_CONTAINS("--qk-layernorm"));  // so --device auto takes the CPU engine
+  CHECK(cuda_engine_gaps(q, 1).empty());
+  q.parallel.tensor_model_parallel_size = 2;
+  q.model.group_query_attention = true;
+  q.model.num_query_groups = 1;
+  resolve(q, 2, 257);
+  CHECK_THAT(gaps_text(cuda_engine_gaps(q, 2)), MT_CONTAINS("--qk-layernorm with fewer query groups"));  // K/V replication
   Config e = c;
   e.model.kv_channels = 12;  // head dimension 12
   CHECK_THAT(gaps_text(cuda_engine_gaps(e, 1)), MT_CONTAINS("multiple of 8"));

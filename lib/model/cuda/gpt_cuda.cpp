@@ -34,6 +34,7 @@ using cuda::bf16;
 struct CudaGPT::LayerW {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
+  int64_t qn_w = -1, qn_b = -1, kn_w = -1, kn_b = -1;  // --qk-layernorm
 };
 
 struct CudaGPT::Record {
@@ -41,6 +42,9 @@ struct CudaGPT::Record {
   void* x_mid = nullptr;  // the residual stream after the attention block
   bf16 *xn1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *xn2 = nullptr, *fc1 = nullptr, *act = nullptr;
   float *mean1 = nullptr, *rstd1 = nullptr, *stats = nullptr, *mean2 = nullptr, *rstd2 = nullptr;
+  // --qk-layernorm: the query and key heads before their norm, and its statistics per (token, head).
+  bf16 *q_pre = nullptr, *k_pre = nullptr;
+  float *qn_mean = nullptr, *qn_rstd = nullptr, *kn_mean = nullptr, *kn_rstd = nullptr;
 };
 
 // [T, .] unless marked [Tl, .]; the *_l buffers exist under sequence parallelism only.
@@ -51,6 +55,8 @@ struct CudaGPT::Scratch {
   void* x_final = nullptr;  // [Tl], the residual stream's type
   float *meanf = nullptr, *rstdf = nullptr, *losses = nullptr, *dres = nullptr /*[Tl]*/;
   float *emb = nullptr /*[T, h] fp32: the embedding's sum (SP or a 16-bit residual) and SP's gradient gather*/, *ce_stats = nullptr /*[4T]: vocab-parallel loss*/;
+  bf16 *dq_pre = nullptr, *dk_pre = nullptr;  // --qk-layernorm: the heads' gradients before their norm
+  float* qk_tmp = nullptr;                     // --qk-layernorm: [T, Hd] fp32 scratch of the norm backward
   float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
 };
 
@@ -139,6 +145,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     lw.proj_w = offset_of(layout, p + "attention.proj.weight");
     lw.fc1_w = offset_of(layout, p + (D.swiglu ? "mlp.fc1_gate.weight" : "mlp.fc1.weight"));
     lw.fc2_w = offset_of(layout, p + "mlp.fc2.weight");
+    if (D.qk_norm) {
+      lw.qn_w = offset_of(layout, p + "attention.q_norm.weight");
+      lw.kn_w = offset_of(layout, p + "attention.k_norm.weight");
+      if (!D.rms) {
+        lw.qn_b = offset_of(layout, p + "attention.q_norm.bias");
+        lw.kn_b = offset_of(layout, p + "attention.k_norm.bias");
+      }
+    }
     if (D.bias) {
       lw.qkv_b = offset_of(layout, p + "attention.qkv.bias");
       lw.proj_b = offset_of(layout, p + "attention.proj.bias");
@@ -146,7 +160,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       lw.fc2_b = offset_of(layout, p + "mlp.fc2.bias");
     }
     int64_t lo = numel_, hi = 0;
-    for (int64_t off : {lw.ln1_w, lw.ln1_b, lw.qkv_w, lw.qkv_b, lw.proj_w, lw.proj_b, lw.ln2_w, lw.ln2_b, lw.fc1_w, lw.fc1_b, lw.fc2_w, lw.fc2_b}) {
+    for (int64_t off : {lw.ln1_w, lw.ln1_b, lw.qkv_w, lw.qkv_b, lw.qn_w, lw.qn_b, lw.kn_w, lw.kn_b, lw.proj_w, lw.proj_b, lw.ln2_w, lw.ln2_b,
+                        lw.fc1_w, lw.fc1_b, lw.fc2_w, lw.fc2_b}) {
       if (off >= 0) lo = std::min(lo, off);
       hi = std::max(hi, end_of(layout, off));
       replicated(layer_replicated_[static_cast<size_t>(l)], off);
@@ -217,6 +232,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     r.rstd2 = f32(1, rows_l);
     r.fc1 = b16(F1);
     r.act = b16(F);
+    if (D.qk_norm) {
+      r.q_pre = b16(Hd);
+      r.k_pre = b16(KVd);
+      r.qn_mean = f32(D.nh_local);
+      r.qn_rstd = f32(D.nh_local);
+      r.kn_mean = f32(D.ng_local);
+      r.kn_rstd = f32(D.ng_local);
+    }
   };
   for (int64_t l = 0; l < D.L; ++l) {
     auto r = std::make_unique<Record>();
@@ -248,6 +271,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   s.dv = b16(KVd);
   if (D.swiglu) s.dact = b16(F);
   s.dfc1 = b16(F1);
+  if (D.qk_norm) {
+    s.dq_pre = b16(Hd);
+    s.dk_pre = b16(KVd);
+    s.qk_tmp = f32(Hd);
+  }
   bgrad_len_ = (std::max({Wq, F1, h}) + 7) / 8 * 8;  // the second stream's part 32-byte aligned too
   // Bias gradients from the weight-gradient GEMMs' epilogue where cuBLASLt has one for every such shape
   // (else the bias-gradient kernel).
@@ -277,7 +305,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   bool aligned = true;
   for (int64_t width : {h, Wq, W_.Hd, W_.KVd, F, F1}) aligned = aligned && (half_rows * width * 2) % 256 == 0;
   const char* split_env = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
-  split_forward_ = tp_ && !sp_ && !kv_group_ && mbs % 2 == 0 && aligned && !(split_env && std::string(split_env) == "0") &&
+  if (kv_group_ && D.qk_norm) {
+    throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
+  }
+  split_forward_ = tp_ && !sp_ && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned && !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
   if (tp_) {
     // The TP ranks must issue the same collectives: agree on the setting (read from each rank's environment).
@@ -415,7 +446,18 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, ab_, ab_, w(lw.qkv_b), stream_));
-  if (!kv_group_) {
+  if (D.qk_norm) {  // split, the norm of every query and key head, then RoPE (as Megatron: norm before rotary)
+    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q_pre, r.k_pre, r.v, s.qkv, mb.positions, nullptr, T, D.nh_local, D.ng_local, D.d,
+                                                       D.rot_dim, stream_, dt_));
+    MT_PROF("fwd.qk_norm", cuda::add_norm_forward(nullptr, r.q, r.qn_mean, r.qn_rstd, r.q_pre, nullptr, w(lw.qn_w), w(lw.qn_b), T * D.nh_local,
+                                                  D.d, D.eps, D.rms, stream_, dt_, true));
+    MT_PROF("fwd.qk_norm", cuda::add_norm_forward(nullptr, r.k, r.kn_mean, r.kn_rstd, r.k_pre, nullptr, w(lw.kn_w), w(lw.kn_b), T * D.ng_local,
+                                                  D.d, D.eps, D.rms, stream_, dt_, true));
+    if (D.rope) {
+      MT_PROF("fwd.rope", cuda::rope_apply_16(r.q, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, 1.0f, stream_, dt_));
+      MT_PROF("fwd.rope", cuda::rope_apply_16(r.k, mb.positions, rope_table_, T, D.ng_local, D.d, D.rot_dim, 1.0f, stream_, dt_));
+    }
+  } else if (!kv_group_) {
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local, D.ng_local,
                                                        D.d, D.rot_dim, stream_, dt_));
   } else {  // the group's query heads, then this rank's nh_local of them
@@ -559,7 +601,30 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}, r.q, r.k, r.v, r.o, s.d_o,
                                                                 r.stats, s.dq, s.dk, s.dv, stream_));
-  if (!kv_group_) {
+  if (D.qk_norm) {  // RoPE undone, then the norms' backward (the residual-gradient slot as zeroed scratch)
+    if (D.rope) {
+      MT_PROF("bwd.rope", cuda::rope_apply_16(s.dq, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, -1.0f, stream_, dt_));
+      MT_PROF("bwd.rope", cuda::rope_apply_16(s.dk, mb.positions, rope_table_, T, D.ng_local, D.d, D.rot_dim, -1.0f, stream_, dt_));
+    }
+    const int64_t Tq = T * D.nh_local, Tk = T * D.ng_local;
+    MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.qk_tmp, 0, static_cast<size_t>(Tq * D.d) * 4, stream_)));
+    MT_PROF("bwd.qk_norm", cuda::norm_backward_add(s.qk_tmp, s.dq_pre, g(lw.qn_w), lw.qn_b >= 0 ? g(lw.qn_b) : nullptr, s.dq, r.q_pre, r.qn_mean,
+                                                   r.qn_rstd, w(lw.qn_w), Tq, D.d, D.rms, stream_, dt_, true));
+    MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.qk_tmp, 0, static_cast<size_t>(Tk * D.d) * 4, stream_)));
+    MT_PROF("bwd.qk_norm", cuda::norm_backward_add(s.qk_tmp, s.dk_pre, g(lw.kn_w), lw.kn_b >= 0 ? g(lw.kn_b) : nullptr, s.dk, r.k_pre, r.kn_mean,
+                                                   r.kn_rstd, w(lw.kn_w), Tk, D.d, D.rms, stream_, dt_, true));
+    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq_pre, s.dk_pre, s.dv, mb.positions, nullptr, T, D.nh_local, D.ng_local,
+                                                                D.d, D.rot_dim, stream_, dt_));
+    // Each TP rank's heads add to the shared norm weights: summed over TP here (under SP with the layer's
+    // other replicated parameters).
+    if (tp_ && !sp_ && final_backward_) {
+      tp_->group_start();
+      for (int64_t off : {lw.qn_w, lw.qn_b, lw.kn_w, lw.kn_b}) {
+        if (off >= 0) tp_->all_reduce_on(g(off), D.d, WireType::kF32, ReduceOp::kSum, stream_);
+      }
+      MT_PROF("tp.qk_norm_grads", tp_->group_end());
+    }
+  } else if (!kv_group_) {
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local,
                                                                 D.ng_local, D.d, D.rot_dim, stream_, dt_));
   } else {  // zero for the group's query heads other ranks own: their gradients arrive in the replica sum
