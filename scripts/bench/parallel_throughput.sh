@@ -8,7 +8,10 @@
 # Usage: scripts/bench/parallel_throughput.sh [recipe] [extra flags for every multi-GPU run]
 #   LAYOUTS="dp dp-do dp-dog tp tp-sp" (default: dp tp tp-sp; dp-do: data parallel with the distributed optimizer,
 #   dp-dog: the same with the parameter gather overlapped with the next forward),
-#   NGPU (default: the visible GPUs), ITERS, LOG_DIR, ONE_GPU (the 1-GPU tokens/s/GPU measured before: not run again).
+#   NGPU (default: the visible GPUs), ITERS, LOG_DIR, ONE_GPU (the 1-GPU tokens/s/GPU measured before: not run again),
+#   CONCURRENT=0: skip the second baseline: the recipe on every GPU at once, one independent process each.
+#   GPUs of one machine differ by a percent or two when all run (a synchronous layout keeps the slowest one's
+#   pace), so each layout's ratio is also given against the slowest GPU of that run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-build/bin/megatrain}
@@ -33,6 +36,22 @@ else
   one=$(tok "$LOG_DIR/1gpu.log")
 fi
 echo "1 GPU: $one tokens/s/GPU"
+slowest=""
+if [[ ${CONCURRENT:-1} != 0 && $NGPU -gt 1 ]]; then
+  pids=()
+  for ((g = 0; g < NGPU; ++g)); do
+    CUDA_VISIBLE_DEVICES=$g "$BIN" --config "$recipe" --device cuda --train-iters "$ITERS" --log-interval 10 --global-batch-size "$mbs" \
+      >"$LOG_DIR/1gpu-concurrent$g.log" 2>&1 &
+    pids+=($!)
+  done
+  figs=()
+  for ((g = 0; g < NGPU; ++g)); do
+    wait "${pids[$g]}" || { echo "1 GPU on GPU $g (concurrent): FAILED (see $LOG_DIR/1gpu-concurrent$g.log)"; exit 1; }
+    figs+=("$(tok "$LOG_DIR/1gpu-concurrent$g.log")")
+  done
+  slowest=$(printf '%s\n' "${figs[@]}" | sort -g | head -1)
+  echo "1 GPU on each GPU at once: ${figs[*]} tokens/s/GPU (slowest $slowest)"
+fi
 for layout in $LAYOUTS; do
   case $layout in
     dp) flags=(--global-batch-size $((mbs * NGPU)) --overlap-grad-reduce) ;;
@@ -48,5 +67,6 @@ for layout in $LAYOUTS; do
     echo "$layout $NGPU: FAILED (see $log)"; tail -5 "$log"; continue
   fi
   many=$(tok "$log")
-  echo "$layout $NGPU: $many tokens/s/GPU ($(awk -v a="$many" -v b="$one" 'BEGIN{printf "%.1f", 100*a/b}')% of 1 GPU)"
+  pct() { awk -v a="$many" -v b="$1" 'BEGIN{printf "%.1f", 100*a/b}'; }
+  echo "$layout $NGPU: $many tokens/s/GPU ($(pct "$one")% of 1 GPU${slowest:+; $(pct "$slowest")% of the slowest GPU at once})"
 done
