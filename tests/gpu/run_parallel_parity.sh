@@ -92,6 +92,8 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # TP 2 runs its forward as two interleaved halves of the micro batch (the all-reduces overlapped); tp2whole:
   # the plain forward.
   [[ $family != mqa ]] && layouts+=("tp2whole 2 --tensor-model-parallel-size 2")
+  # The split forward with full recompute (layers that share the recompute record between halves).
+  [[ $family != mqa ]] && layouts+=("tp2rc 2 --tensor-model-parallel-size 2 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
   for l in "${layouts[@]}"; do
     read -r name np extra <<<"$l"
     split=1

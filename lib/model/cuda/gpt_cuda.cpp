@@ -483,11 +483,12 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   return combine_rows(s.delta, s.delta_l, T);
 }
 
-void CudaGPT::reduce_half(int64_t half, int64_t rows) {
+void CudaGPT::reduce_half(int64_t half, int64_t rows, const std::function<void(cudaStream_t)>& then) {
   MT_CUDA_CHECK(cudaEventRecord(ready_ev_[half], stream_));
   MT_CUDA_CHECK(cudaStreamWaitEvent(tp_stream_, ready_ev_[half], 0));
   bf16* data = s_->delta + half * rows * D_.h;
   MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, wire_, ReduceOp::kSum, tp_stream_));
+  if (then) then(tp_stream_);
   MT_CUDA_CHECK(cudaEventRecord(reduced_ev_[half], tp_stream_));
 }
 
@@ -503,12 +504,7 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   const int64_t Bh = mb.B / 2, rows = Bh * mb.S, r0 = half * rows, h = D.h;
   const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
   Record& r = recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)];
-  if (l > 0) {
-    const Record& p = recomputed(l - 1) ? *recompute_record_ : *records_[static_cast<size_t>(l - 1)];
-    wait_reduced(half);
-    MT_PROF("fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l)]->x_in, r0 * h), r.xn1 + r0 * h, r.mean1 + r0,
-                                                   r.rstd1 + r0, res_at(p.x_mid, r0 * h), s.delta + r0 * h, w(lw.ln1_w), w(lw.ln1_b), rows, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, mlp_site(l - 1), r0)));
-  }
+  if (l > 0) wait_reduced(half);  // the previous layer's MLP output reduced and this layer's input norm taken
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, rows, Wq, h, 1.0f, r.xn1 + r0 * h, h, w(lw.qkv_w), h, 0.0f, s.qkv + r0 * Wq, Wq, ab_, ab_,
                                      w(lw.qkv_b), stream_));
   MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, s.qkv + r0 * Wq, mb.positions + r0,
@@ -518,7 +514,14 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
                                                                r.stats + half * Bh * D.nh_local * mb.S, stream_));
   MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, rows, h, Hd, 1.0f, r.o + r0 * Hd, Hd, w(lw.proj_w), Hd, 0.0f, s.delta + r0 * h, h, ab_, ab_,
                                       row_bias(lw.proj_b), stream_));
-  reduce_half(half, rows);
+  // The MLP's input norm of these rows follows the all-reduce on the TP stream (the other half's work runs
+  // on the compute stream meanwhile).
+  void* x_in = records_[static_cast<size_t>(l)]->x_in;
+  reduce_half(half, rows, [&](cudaStream_t st) {
+    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, r0 * h), r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, res_at(x_in, r0 * h),
+                                                          s.delta + r0 * h, w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, st, dt_, res16_,
+                                                          drop(mb, attn_site(l), r0)));
+  });
 }
 
 // Half `half` of layer l's MLP block: the norm from the reduced attention output, fc1, the activation and
@@ -530,10 +533,7 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t rows = mb.B / 2 * mb.S, r0 = half * rows, h = D.h, F = W_.F, F1 = W_.F1;
   Record& r = recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)];
-  void* x_in = records_[static_cast<size_t>(l)]->x_in;
-  wait_reduced(half);
-  MT_PROF("fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, r0 * h), r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, res_at(x_in, r0 * h), s.delta + r0 * h,
-                                                 w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, attn_site(l), r0)));
+  wait_reduced(half);  // the attention output reduced and the MLP's input norm taken
   if (D.swiglu) {
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F1, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.fc1 + r0 * F1, F1, ab_, ab_,
                                        w(lw.fc1_b), stream_));
@@ -544,7 +544,18 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   }
   MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, rows, h, F, 1.0f, r.act + r0 * F, F, w(lw.fc2_w), F, 0.0f, s.delta + r0 * h, h, ab_, ab_,
                                      row_bias(lw.fc2_b), stream_));
-  reduce_half(half, rows);
+  if (l + 1 == D.L) {  // the final norm runs after both halves, on the compute stream
+    reduce_half(half, rows, nullptr);
+    return;
+  }
+  // The next layer's input norm of these rows follows the all-reduce on the TP stream.
+  const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
+  Record& n = recomputed(l + 1) ? *recompute_record_ : *records_[static_cast<size_t>(l + 1)];
+  reduce_half(half, rows, [&](cudaStream_t st) {
+    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l + 1)]->x_in, r0 * h), n.xn1 + r0 * h, n.mean1 + r0,
+                                                          n.rstd1 + r0, res_at(r.x_mid, r0 * h), s.delta + r0 * h, w(nw.ln1_w), w(nw.ln1_b), rows, h,
+                                                          D.eps, D.rms, st, dt_, res16_, drop(mb, mlp_site(l), r0)));
+  });
 }
 
 // Every reduction goes through tp_stream_ in the order issued here, which is the same on every TP rank;
@@ -552,9 +563,11 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
 // them by the events.
 void CudaGPT::split_layers_forward(const DeviceMicrobatch& mb) {
   for (int64_t l = 0; l < D_.L; ++l) {
-    if (l > 0) need_params(layer_end_[static_cast<size_t>(l)]);
     attention_half(l, 0, mb);
     attention_half(l, 1, mb);
+    // The MLP halves' reductions are followed by the next layer's input norm on the TP stream, which reads
+    // that layer's weights: the compute stream waits for them first (the TP stream follows it).
+    if (l + 1 < D_.L) need_params(layer_end_[static_cast<size_t>(l + 1)]);
     mlp_half(l, 0, mb);
     mlp_half(l, 1, mb);
   }
