@@ -94,6 +94,8 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   [[ $family != mqa ]] && layouts+=("tp2whole 2 --tensor-model-parallel-size 2")
   # The split forward with full recompute (layers that share the recompute record between halves).
   [[ $family != mqa ]] && layouts+=("tp2rc 2 --tensor-model-parallel-size 2 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+  # and with an fp32 residual stream (4-byte rows in the halves' offsets).
+  [[ $family != mqa ]] && layouts+=("tp2f32res 2 --tensor-model-parallel-size 2 --fp32-residual-connection")
   for l in "${layouts[@]}"; do
     read -r name np extra <<<"$l"
     split=1

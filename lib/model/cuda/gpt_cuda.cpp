@@ -494,8 +494,8 @@ void CudaGPT::reduce_half(int64_t half, int64_t rows, const std::function<void(c
 
 void CudaGPT::wait_reduced(int64_t half) { MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, reduced_ev_[half], 0)); }
 
-// Half `half` of layer l's attention block: (for l > 0) the layer's input norm from the previous layer's
-// reduced MLP output, then QKV, attention and the projection, whose all-reduce is left running.
+// Half `half` of layer l's attention block: QKV (from the input norm the previous layer's MLP half queued on
+// tp_stream_), attention and the projection, whose all-reduce and the MLP's input norm are left running.
 void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
@@ -524,8 +524,8 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   });
 }
 
-// Half `half` of layer l's MLP block: the norm from the reduced attention output, fc1, the activation and
-// fc2, whose all-reduce is left running.
+// Half `half` of layer l's MLP block: fc1 (from the norm queued behind the attention's all-reduce), the
+// activation and fc2, whose all-reduce and the next layer's input norm are left running.
 void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
