@@ -58,6 +58,7 @@ struct CudaGPT::Scratch {
   bf16 *dq_pre = nullptr, *dk_pre = nullptr;  // --qk-layernorm: the heads' gradients before their norm
   float* qk_tmp = nullptr;                     // --qk-layernorm: [T, Hd] fp32 scratch of the norm backward
   float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
+  float* norm_part = nullptr;  // the split TP backward: its norms' weight-gradient partial sums (on tp_stream_)
 };
 
 void* CudaGPT::alloc(size_t bytes) {
@@ -331,6 +332,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_ev_[i], cudaEventDisableTiming));
       MT_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_ev_[i], cudaEventDisableTiming));
     }
+    // The split backward's norms run on tp_stream_, away from the caching allocator (compute stream only).
+    const auto part_bytes = static_cast<size_t>(cuda::norm_backward_partials(h)) * 4;
+    s.norm_part = static_cast<float*>(alloc(part_bytes));
+    act_bytes_ += part_bytes;
   }
   // The RoPE table went up on the legacy stream, which the (non-blocking) training stream does not wait for.
   MT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -483,10 +488,10 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   return combine_rows(s.delta, s.delta_l, T);
 }
 
-void CudaGPT::reduce_half(int64_t half, int64_t rows, const std::function<void(cudaStream_t)>& then) {
+void CudaGPT::reduce_half(int64_t half, int64_t rows, bf16* base, const std::function<void(cudaStream_t)>& then) {
   MT_CUDA_CHECK(cudaEventRecord(ready_ev_[half], stream_));
   MT_CUDA_CHECK(cudaStreamWaitEvent(tp_stream_, ready_ev_[half], 0));
-  bf16* data = s_->delta + half * rows * D_.h;
+  bf16* data = base + half * rows * D_.h;
   MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, wire_, ReduceOp::kSum, tp_stream_));
   if (then) then(tp_stream_);
   MT_CUDA_CHECK(cudaEventRecord(reduced_ev_[half], tp_stream_));
@@ -517,7 +522,7 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   // The MLP's input norm of these rows follows the all-reduce on the TP stream (the other half's work runs
   // on the compute stream meanwhile).
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
-  reduce_half(half, rows, [&](cudaStream_t st) {
+  reduce_half(half, rows, s.delta, [&](cudaStream_t st) {
     MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, r0 * h), r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, res_at(x_in, r0 * h),
                                                           s.delta + r0 * h, w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, st, dt_, res16_,
                                                           drop(mb, attn_site(l), r0)));
@@ -545,13 +550,13 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, rows, h, F, 1.0f, r.act + r0 * F, F, w(lw.fc2_w), F, 0.0f, s.delta + r0 * h, h, ab_, ab_,
                                      row_bias(lw.fc2_b), stream_));
   if (l + 1 == D.L) {  // the final norm runs after both halves, on the compute stream
-    reduce_half(half, rows, nullptr);
+    reduce_half(half, rows, s.delta, nullptr);
     return;
   }
   // The next layer's input norm of these rows follows the all-reduce on the TP stream.
   const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
   Record& n = recomputed(l + 1) ? *recompute_record_ : *records_[static_cast<size_t>(l + 1)];
-  reduce_half(half, rows, [&](cudaStream_t st) {
+  reduce_half(half, rows, s.delta, [&](cudaStream_t st) {
     MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l + 1)]->x_in, r0 * h), n.xn1 + r0 * h, n.mean1 + r0,
                                                           n.rstd1 + r0, res_at(r.x_mid, r0 * h), s.delta + r0 * h, w(nw.ln1_w), w(nw.ln1_b), rows, h,
                                                           D.eps, D.rms, st, dt_, res16_, drop(mb, mlp_site(l), r0)));
@@ -666,6 +671,79 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
 }
 
+// The split TP backward (with the split forward): each layer's MLP and attention blocks as two halves of
+// the micro batch's sequences; a half's input-gradient all-reduce and the norm backward that consumes it run
+// on tp_stream_ while the compute stream runs the other half's GEMMs and attention. The weight gradients
+// accumulate half by half. s_->dres / dres16 as in layer_backward.
+void CudaGPT::split_layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
+  mlp_backward_half(l, 0, r, mb);
+  mlp_backward_half(l, 1, r, mb);
+  attention_backward_half(l, 0, r, mb);
+  attention_backward_half(l, 1, r, mb);
+  // The output layer's weight gradient (side stream) before any grads-ready hook or the embedding backward,
+  // which adds to the same tensor when tied.
+  MT_PROF("tp.wgrad_join", join_wgrad());
+}
+
+void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t rows = mb.B / 2 * mb.S, r0 = half * rows, h = D.h, F = W_.F, F1 = W_.F1;
+  if (l + 1 < D.L) wait_reduced(half);  // the layer above's input-gradient norm of these rows
+  const bf16* dy = s.dres16 + r0 * h;
+  bf16* dfc1 = s.dfc1 + r0 * F1;
+  if (D.swiglu) {
+    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, rows, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact + r0 * F, F, ab_, ab_, nullptr, stream_));
+  } else {
+    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, rows, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, dfc1, F, ab_, ab_, nullptr, stream_,
+                                             {cuda::GemmEpilogue::kDGelu, r.fc1 + r0 * F, F}));
+  }
+  wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, rows, dy, r.act + r0 * F, F, lw.fc2_w, bgrad_epilogue_ ? lw.fc2_b : -1);
+  if (!bgrad_epilogue_ && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), dy, rows, h, stream_, dt_));
+  if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(dfc1, s.dact + r0 * F, r.fc1 + r0 * F1, rows, F, stream_, dt_));
+  MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, rows, h, F1, 1.0f, dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr, stream_));
+  if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), dfc1, rows, F1, stream_, dt_));
+  wgrad_with_bias(stream_, "bwd.gemm.fc1_wgrad", F1, rows, dfc1, r.xn2 + r0 * h, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
+  void* x_mid = r.x_mid;
+  reduce_half(half, rows, s.dxn, [&](cudaStream_t st) {
+    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + r0 * h, s.dres16 + r0 * h, g(lw.ln2_w), g(lw.ln2_b), s.dxn + r0 * h, res_at(x_mid, r0 * h),
+                                                       r.mean2 + r0, r.rstd2 + r0, w(lw.ln2_w), rows, h, D.rms, st, dt_, res16_,
+                                                       drop(mb, attn_site(l), r0), s.norm_part));
+  });
+}
+
+void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t Bh = mb.B / 2, rows = Bh * mb.S, r0 = half * rows, h = D.h;
+  const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
+  wait_reduced(half);  // the MLP's input-gradient norm of these rows
+  const bf16* dy = s.dres16 + r0 * h;
+  MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, rows, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o + r0 * Hd, Hd, ab_, ab_, nullptr, stream_));
+  wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, rows, dy, r.o + r0 * Hd, Hd, lw.proj_w, bgrad_epilogue_ ? lw.proj_b : -1);
+  if (!bgrad_epilogue_ && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), dy, rows, h, stream_, dt_));
+  const cuda::SdpaShape sh{Bh, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
+  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(sh, r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, r.o + r0 * Hd, s.d_o + r0 * Hd,
+                                                                r.stats + half * Bh * D.nh_local * mb.S, s.dq + r0 * Hd, s.dk + r0 * KVd,
+                                                                s.dv + r0 * KVd, stream_));
+  MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv + r0 * Wq, s.dq + r0 * Hd, s.dk + r0 * KVd, s.dv + r0 * KVd, mb.positions + r0,
+                                                              D.rope ? rope_table_ : nullptr, rows, D.nh_local, D.ng_local, D.d, D.rot_dim, stream_, dt_));
+  MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, rows, h, Wq, 1.0f, s.qkv + r0 * Wq, Wq, w(lw.qkv_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr,
+                                           stream_));
+  if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv + r0 * Wq, rows, Wq, stream_, dt_));
+  wgrad_with_bias(stream_, "bwd.gemm.qkv_wgrad", Wq, rows, s.qkv + r0 * Wq, r.xn1 + r0 * h, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
+  void* x_in = records_[static_cast<size_t>(l)]->x_in;
+  reduce_half(half, rows, s.dxn, [&](cudaStream_t st) {
+    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + r0 * h, s.dres16 + r0 * h, g(lw.ln1_w), g(lw.ln1_b), s.dxn + r0 * h, res_at(x_in, r0 * h),
+                                                       r.mean1 + r0, r.rstd1 + r0, w(lw.ln1_w), rows, h, D.rms, st, dt_, res16_,
+                                                       l > 0 ? drop(mb, mlp_site(l - 1), r0) : nullptr, s.norm_part));
+  });
+}
+
 // The residual stream's first rows: the vocabulary-parallel lookup summed over TP (scattered over the
 // tokens under SP), positions added by one rank.
 void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
@@ -761,6 +839,11 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   sum_replicated_grads(final_replicated_);
   for (int64_t l = D.L - 1; l >= 0; --l) {
     Record& r = act(l);
+    // The split backward's norms of the layer above may still read the shared recompute record on tp_stream_.
+    if (split_forward_ && recomputed(l) && l + 1 < D.L) {
+      wait_reduced(0);
+      wait_reduced(1);
+    }
     if (recomputed(l)) {
       const LayerW& lw = layers_[static_cast<size_t>(l)];
       MT_PROF("recompute.norm", cuda::add_norm_forward(nullptr, norm_out(r.xn1), r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr,
@@ -768,8 +851,22 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
       gather_rows(s.xn_l, r.xn1, T);
       layer_forward(l, r, mb);
     }
-    layer_backward(l, r, mb);
-    if (final_backward_ && grads_ready_) grads_ready_(layer_start_[static_cast<size_t>(l)]);
+    if (split_forward_) {
+      split_layer_backward(l, r, mb);
+    } else {
+      layer_backward(l, r, mb);
+    }
+    if (final_backward_ && grads_ready_) {
+      if (split_forward_) {  // the layer's norm gradients come from tp_stream_; the hook follows the compute stream
+        wait_reduced(0);
+        wait_reduced(1);
+      }
+      grads_ready_(layer_start_[static_cast<size_t>(l)]);
+    }
+  }
+  if (split_forward_) {  // the input gradient's last rows, before the embedding reads them
+    wait_reduced(0);
+    wait_reduced(1);
   }
   // The embedding gradient from every token (gathered under SP): each rank's vocabulary rows, and the
   // positions' on every rank alike.

@@ -95,12 +95,15 @@ class CudaGPT {
   void split_layers_forward(const DeviceMicrobatch& mb);
   void attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
   void mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
-  // Half `half`'s rows of s_->delta summed over TP on tp_stream_, after the compute stream's work so far,
+  // Half `half`'s rows of base ([T, h]: s_->delta, or s_->dxn in the backward) summed over TP on tp_stream_, after the compute stream's work so far,
   // then `then` on tp_stream_ (the add + norm that consumes the sum; may be empty); wait_reduced: the compute
   // stream waits for both.
-  void reduce_half(int64_t half, int64_t rows, const std::function<void(cudaStream_t)>& then);
+  void reduce_half(int64_t half, int64_t rows, cuda::bf16* base, const std::function<void(cudaStream_t)>& then);
   void wait_reduced(int64_t half);
   void layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  void split_layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  void mlp_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
+  void attention_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
   void embed(const DeviceMicrobatch& mb, int64_t T);
   void loss(const DeviceMicrobatch& mb, float grad_scale, int64_t T);
   // Tensor parallelism. combine_rows: row-parallel partial sums `full` [T, h] summed over TP (in place), or
