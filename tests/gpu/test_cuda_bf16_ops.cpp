@@ -158,6 +158,22 @@ void test_norm(int64_t N, int64_t h, bool rms, bool res16 = false) {
   expect(tag + " backward dx (bf16 copy)", dres16.get(), rounded16(want_res), 1e-2);
   expect(tag + " backward dw", gdw.get(), gw, 2e-3);
   if (!rms) expect(tag + " backward db", gdb.get(), gb, 2e-3);
+  // The same with the caller's scratch for the weight-gradient partials (the split TP backward's norms, off
+  // the compute stream): identical to the allocator's.
+  F32 dres_s(dres0), gdw_s(Vec(w.size(), 0.5f)), gdb_s(Vec(w.size(), 0.25f)), part(static_cast<size_t>(cuda::norm_backward_partials(h)));
+  B16 dres16_s(x.size());
+  if (rms) {
+    const Vec m0(static_cast<size_t>(N), 0.0f);
+    F32 mz(m0);
+    cuda::norm_backward_add(dres_s.p, dres16_s.b(), gdw_s.p, nullptr, ddout.b(), sum_p, mz.p, drstd.p, dw.b(), N, h, true, nullptr, g_t, res16, nullptr,
+                            part.p);
+  } else {
+    cuda::norm_backward_add(dres_s.p, dres16_s.b(), gdw_s.p, gdb_s.p, ddout.b(), sum_p, dmean.p, drstd.p, dw.b(), N, h, false, nullptr, g_t, res16,
+                            nullptr, part.p);
+  }
+  expect(tag + " backward with scratch dx", dres_s.get(), dres.get(), 0.0);
+  expect(tag + " backward with scratch dw", gdw_s.get(), gdw.get(), 0.0);
+  if (!rms) expect(tag + " backward with scratch db", gdb_s.get(), gdb.get(), 0.0);
 }
 
 void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool rope) {

@@ -281,9 +281,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   // Bias gradients from the weight-gradient GEMMs' epilogue where cuBLASLt has one for every such shape
   // (else the bias-gradient kernel).
   auto& lt = cuda::GemmLt::instance();
-  auto fusable = [&](int64_t n, int64_t x_width) {
-    return lt.has_algorithm(true, false, n, x_width, T, n, x_width, x_width, ab_, CUDA_R_32F, {cuda::GemmEpilogue::kBiasGrad, nullptr, 0});
+  auto fusable_k = [&](int64_t n, int64_t x_width, int64_t k) {
+    return lt.has_algorithm(true, false, n, x_width, k, n, x_width, x_width, ab_, CUDA_R_32F, {cuda::GemmEpilogue::kBiasGrad, nullptr, 0});
   };
+  auto fusable = [&](int64_t n, int64_t x_width) { return fusable_k(n, x_width, T); };
   bgrad_epilogue_ = D.bias && fusable(Wq, h) && fusable(F1, h) && fusable(h, F) && fusable(h, W_.Hd);
   if (bgrad_epilogue_) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
   if (tp_) s.ce_stats = f32(4);
@@ -299,8 +300,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   const int64_t mbs = *cfg.training.micro_batch_size;
   const std::string why = cuda::CudnnSdpa::instance().check({mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_});
   if (!why.empty()) throw std::runtime_error(why);
-  // The split forward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns it off): TP without SP or K/V replication, an even
-  // micro batch, and cuDNN attention for half of it.
+  // The split forward and backward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns both off): TP without SP or K/V
+  // replication, an even micro batch, cuDNN attention for half of it and, with the bias-gradient epilogue,
+  // that epilogue for half of the rows.
   // Each half's rows start 256-byte aligned in every [rows, width] buffer (cuBLASLt's plans assume it).
   const int64_t half_rows = mbs / 2 * D.S;
   bool aligned = true;
@@ -311,6 +313,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   }
   split_forward_ = tp_ && !sp_ && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned && !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
+  if (split_forward_ && bgrad_epilogue_) {
+    split_forward_ = fusable_k(Wq, h, half_rows) && fusable_k(F1, h, half_rows) && fusable_k(h, F, half_rows) && fusable_k(h, W_.Hd, half_rows);
+  }
   if (tp_) {
     // The TP ranks must issue the same collectives: agree on the setting (read from each rank's environment).
     float* agree = static_cast<float*>(alloc(4));
@@ -705,13 +710,15 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(dfc1, s.dact + r0 * F, r.fc1 + r0 * F1, rows, F, stream_, dt_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, rows, h, F1, 1.0f, dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr, stream_));
   if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), dfc1, rows, F1, stream_, dt_));
-  wgrad_with_bias(stream_, "bwd.gemm.fc1_wgrad", F1, rows, dfc1, r.xn2 + r0 * h, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
+  // The all-reduce and the norm start beside this half's fc1 weight gradient: the norm writes dres / dres16,
+  // which fc2's weight gradient (queued before) read, not what fc1's reads.
   void* x_mid = r.x_mid;
   reduce_half(half, rows, s.dxn, [&](cudaStream_t st) {
     MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + r0 * h, s.dres16 + r0 * h, g(lw.ln2_w), g(lw.ln2_b), s.dxn + r0 * h, res_at(x_mid, r0 * h),
                                                        r.mean2 + r0, r.rstd2 + r0, w(lw.ln2_w), rows, h, D.rms, st, dt_, res16_,
                                                        drop(mb, attn_site(l), r0), s.norm_part));
   });
+  wgrad_with_bias(stream_, "bwd.gemm.fc1_wgrad", F1, rows, dfc1, r.xn2 + r0 * h, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
 }
 
 void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb) {
@@ -735,13 +742,15 @@ void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const 
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, rows, h, Wq, 1.0f, s.qkv + r0 * Wq, Wq, w(lw.qkv_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr,
                                            stream_));
   if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv + r0 * Wq, rows, Wq, stream_, dt_));
-  wgrad_with_bias(stream_, "bwd.gemm.qkv_wgrad", Wq, rows, s.qkv + r0 * Wq, r.xn1 + r0 * h, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
+  // As in the MLP: the all-reduce and the norm beside this half's QKV weight gradient (which reads s.qkv and
+  // xn1; the projection's, which read dres16, is queued before).
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   reduce_half(half, rows, s.dxn, [&](cudaStream_t st) {
     MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + r0 * h, s.dres16 + r0 * h, g(lw.ln1_w), g(lw.ln1_b), s.dxn + r0 * h, res_at(x_in, r0 * h),
                                                        r.mean1 + r0, r.rstd1 + r0, w(lw.ln1_w), rows, h, D.rms, st, dt_, res16_,
                                                        l > 0 ? drop(mb, mlp_site(l - 1), r0) : nullptr, s.norm_part));
   });
+  wgrad_with_bias(stream_, "bwd.gemm.qkv_wgrad", Wq, rows, s.qkv + r0 * Wq, r.xn1 + r0 * h, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
 }
 
 // The residual stream's first rows: the vocabulary-parallel lookup summed over TP (scattered over the
@@ -857,7 +866,9 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
       layer_backward(l, r, mb);
     }
     if (final_backward_ && grads_ready_) {
-      if (split_forward_) {  // the layer's norm gradients come from tp_stream_; the hook follows the compute stream
+      // The layer's norm gradients come from tp_stream_; the hook's collectives follow the compute stream.
+      // (A wait even when the hook launches nothing: TP x DP without SP loses some overlap here.)
+      if (split_forward_) {
         wait_reduced(0);
         wait_reduced(1);
       }

@@ -7,10 +7,11 @@
 // FFN and the vocabulary; row-parallel partial sums are combined over TP in that 16-bit type (all-reduce, or
 // under sequence parallelism reduce-scatter, with norms on sequence shards and all-gathers before the column-
 // parallel GEMMs); the loss is vocabulary-parallel. TP collectives are queued on the compute stream, except
-// the split forward's (TP without SP: two interleaved halves of the micro batch, each half's reductions on
-// a TP stream). Everything else runs on one stream, except that under TP the column-parallel layers'
-// weight-gradient GEMMs run on a side stream joined at the end of each layer's backward; nothing here waits
-// for the device.
+// the split layers' (TP without SP: the forward and backward of each layer as two interleaved halves of the
+// micro batch, each half's reductions and the norms that consume them on a TP stream). Everything else runs
+// on one stream, except that under TP the output layer's and (without the split) the column-parallel
+// layers' weight-gradient GEMMs run on a side stream joined at the end of a layer's backward; nothing here
+// waits for the device.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -96,8 +97,8 @@ class CudaGPT {
   void attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
   void mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
   // Half `half`'s rows of base ([T, h]: s_->delta, or s_->dxn in the backward) summed over TP on tp_stream_, after the compute stream's work so far,
-  // then `then` on tp_stream_ (the add + norm that consumes the sum; may be empty); wait_reduced: the compute
-  // stream waits for both.
+  // then `then` on tp_stream_ (the norm, forward or backward, that consumes the sum; may be empty);
+  // wait_reduced: the compute stream waits for both.
   void reduce_half(int64_t half, int64_t rows, cuda::bf16* base, const std::function<void(cudaStream_t)>& then);
   void wait_reduced(int64_t half);
   void layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
