@@ -85,7 +85,9 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   run "$family-cpu" 1 cpu "$model" || continue
   layouts=("tp2 2 --tensor-model-parallel-size 2" "tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel")
   if [[ $family != mqa ]]; then
-    layouts+=("gpu1 1" "dp2 2 --overlap-grad-reduce" "dp2do 2 --use-distributed-optimizer --overlap-grad-reduce")
+    layouts+=("gpu1 1" "dp2 2 --overlap-grad-reduce" "dp2do 2 --use-distributed-optimizer --overlap-grad-reduce"
+              "dp2bf16 2 --overlap-grad-reduce --grad-reduce-in-bf16"
+              "dp2dobf16 2 --use-distributed-optimizer --overlap-grad-reduce --grad-reduce-in-bf16")
     ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce"
                             "tp2dp2do 4 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce")
   fi
