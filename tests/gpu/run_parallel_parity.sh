@@ -85,7 +85,9 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   run "$family-cpu" 1 cpu "$model" || continue
   layouts=("tp2 2 --tensor-model-parallel-size 2" "tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel")
   if [[ $family != mqa ]]; then
-    layouts+=("gpu1 1" "dp2 2 --overlap-grad-reduce" "dp2do 2 --use-distributed-optimizer --overlap-grad-reduce")
+    layouts+=("gpu1 1" "dp2 2 --overlap-grad-reduce" "dp2do 2 --use-distributed-optimizer --overlap-grad-reduce"
+              "dp2bf16 2 --overlap-grad-reduce --grad-reduce-in-bf16"
+              "dp2dobf16 2 --use-distributed-optimizer --overlap-grad-reduce --grad-reduce-in-bf16")
     ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce"
                             "tp2dp2do 4 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce")
   fi
@@ -153,6 +155,13 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
     MEGATRAIN_TEST_GATHER_DELAY_US=3000 run "$family-dp2dog" 2 cuda "$model" $DO --overlap-param-gather --log-interval 5 && {
     compare "$family-dp2dog" "$family-dp2do5" lm_loss 1e-6
     compare "$family-dp2dog" "$family-dp2do5" validation_lm_loss 1e-6; }
+  # The same with the gradients reduced in bf16 (each bucket's rounding queued on the communicator's stream,
+  # behind the gathers).
+  # shellcheck disable=SC2086
+  run "$family-dp2do5bf16" 2 cuda "$model" $DO --grad-reduce-in-bf16 --log-interval 5 &&
+    MEGATRAIN_TEST_GATHER_DELAY_US=3000 run "$family-dp2dogbf16" 2 cuda "$model" $DO --grad-reduce-in-bf16 --overlap-param-gather --log-interval 5 && {
+    compare "$family-dp2dogbf16" "$family-dp2do5bf16" lm_loss 1e-6
+    compare "$family-dp2dogbf16" "$family-dp2do5bf16" validation_lm_loss 1e-6; }
   # The distributed optimizer's sharded checkpoint, saved at iteration 5 (--exit-interval) with the gather
   # overlapped (and late) for GPT, after the step for LLaMA; resumed on the GPUs with the overlap (must
   # continue like the uninterrupted run: the saved parameters are the first resumed step's weights) and by
