@@ -410,12 +410,14 @@ void test_embedding(int64_t T, int64_t h, int64_t V, int64_t P) {
   cudaFree(d);
 }
 
-void test_adamw(int64_t n) {
+// split: where the chunk with weight decay ends and the one without begins. Chunks that start and end on
+// multiples of 4 take the kernels' 16-byte path, others the element-wise one; both must give the reference.
+void test_adamw(int64_t n, int64_t split) {
   Vec w = randn(static_cast<size_t>(n), 1.0f, false), g = randn(w.size(), 0.1f, false), m = randn(w.size(), 0.01f, false);
   Vec v(w.size());
   for (size_t i = 0; i < v.size(); ++i) v[i] = std::fabs(g[i]) * 0.01f;
   // Two chunks: the first with weight decay, the second without.
-  const int64_t half = n / 2;
+  const int64_t half = split;
   const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, clip = 1.0f;
   double ss = 0;
   for (float x : g) ss += static_cast<double>(x) * x;
@@ -445,7 +447,7 @@ void test_adamw(int64_t n) {
   MT_CUDA_CHECK(cudaDeviceSynchronize());
   MT_CUDA_CHECK(cudaMemcpy(&h, st.p, sizeof(h), cudaMemcpyDeviceToHost));
   expect("adamw grad norm", Vec{h.grad_norm}, Vec{norm}, 1e-5);
-  expect("adamw weights " + std::to_string(n), dw.get(), ww, 1e-6);
+  expect("adamw weights " + std::to_string(n) + " split at " + std::to_string(split), dw.get(), ww, 1e-6);
   expect("adamw bf16 working copy", w16.get(), rounded16(ww), 1e-2);
   expect("adamw moments", dv.get(), wv, 1e-6);
   // Norm weights (a parameter held by every TP rank counts 1/TP on each): the second chunk at weight 1/4.
@@ -591,7 +593,9 @@ int main() {
     test_bias_grad(301, 7);
     test_bias_grad(1000, 264);
     test_embedding(333, 40, 97, 50);
-    test_adamw(100003);
+    test_adamw(100000, 50000);  // both chunks on 16-byte boundaries
+    test_adamw(100003, 50001);  // neither
+    test_adamw(100003, 50000);  // one of each in the same launch
   }
   test_device_loss_scaler();
   for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
