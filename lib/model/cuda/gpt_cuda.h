@@ -151,7 +151,7 @@ class CudaGPT {
   // Query groups below TP: the TP ranks holding this rank's copy of its group's QKV block (kv_rep > 1).
   std::shared_ptr<StreamCollectives> kv_group_;
   cudaStream_t wgrad_stream_ = nullptr;
-  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr, proj_done_ev_ = nullptr;
   // The split forward (TP without SP): the row-parallel all-reduces run on tp_stream_; per half, ready_ev_
   // (its rows computed, on the compute stream) and reduced_ev_ (its all-reduce done, on tp_stream_).
   bool split_forward_ = false;
