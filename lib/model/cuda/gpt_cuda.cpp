@@ -647,7 +647,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
-  if (defer_proj) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));
+  if (defer_proj && !sp_) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
                                               stream_, dt_, res16_, l > 0 ? drop(mb, mlp_site(l - 1), row0(T)) : nullptr));
   sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)]);
@@ -671,7 +671,7 @@ void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
   void* x0 = records_[0]->x_in;
   const bf16* wpe = wpe_ >= 0 && tp_rank_ == 0 ? w(wpe_) : nullptr;
   // The sum is taken in fp32 (in s_->emb unless the stream is fp32 and whole), then rounded once into a
-  // 16-bit stream.
+  // 16-bit stream; without positions or dropout, a 16-bit stream is summed in 16 bits (exact, see below).
   float* out = sp_ || res16_ ? s_->emb : static_cast<float*>(x0);
   MT_PROF("fwd.embedding", cuda::embedding_forward_bf16(out, mb.tokens, mb.positions, w(wte_), wpe, T, D.h, v0_, D.V_local, stream_, dt_));
   int64_t n = T * D.h;

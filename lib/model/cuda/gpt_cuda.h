@@ -107,9 +107,9 @@ class CudaGPT {
   // into `full` under SP (returns full), else local itself. norm_out: where a norm writes this rank's rows
   // before gather_rows makes `full` of them.
   const cuda::bf16* combine_rows(cuda::bf16* full, cuda::bf16* local, int64_t T);
-  // Under TP the column-parallel layers' weight-gradient GEMMs run on a side stream: the dgrad's collective,
-  // queued right behind the dgrad GEMM on the compute stream, starts first and overlaps them (Megatron's
-  // asynchronous TP all-reduce). fork_wgrad: the side stream after the work queued so far (the compute
+  // Under TP the column-parallel layers' weight-gradient GEMMs (and the projection's, deferred to beside the
+  // QKV dgrad's collective) run on a side stream: the dgrad's collective, queued right behind the dgrad GEMM
+  // on the compute stream, starts first and overlaps them (Megatron's asynchronous TP all-reduce). fork_wgrad: the side stream after the work queued so far (the compute
   // stream itself at TP 1); join_wgrad: the compute stream waits for the side stream.
   cudaStream_t fork_wgrad();
   void join_wgrad();
