@@ -98,6 +98,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     MT_CUDA_CHECK(cudaStreamCreateWithFlags(&wgrad_stream_, cudaStreamNonBlocking));
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&proj_done_ev_, cudaEventDisableTiming));
     // K/V replication (query groups below TP, as Megatron and the CPU model): the ranks of one group hold
     // the same QKV shard; each computes nh_local of its query heads, and their gradients are summed.
     if (D.kv_rep > 1) kv_group_ = tp->stream_sub_group(static_cast<int>(D.tp_rank / D.kv_rep), static_cast<int>(D.tp_rank), "kv-replica");
@@ -350,6 +351,7 @@ CudaGPT::~CudaGPT() {
   for (void* p : owned_) cudaFree(p);
   if (fork_ev_) cudaEventDestroy(fork_ev_);
   if (join_ev_) cudaEventDestroy(join_ev_);
+  if (proj_done_ev_) cudaEventDestroy(proj_done_ev_);
   for (int i = 0; i < 2; ++i) {
     if (ready_ev_[i]) cudaEventDestroy(ready_ev_[i]);
     if (reduced_ev_[i]) cudaEventDestroy(reduced_ev_[i]);
@@ -620,7 +622,11 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // Attention
   dy = gather_rows(s.dres16, s.dres16_full, T);
   MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, ab_, ab_, nullptr, stream_));
-  wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+  // Under TP the projection's weight gradient waits for the side stream beside the QKV dgrad's collective,
+  // which is longer than the QKV weight gradient alone: off the critical path (its dy is read before the
+  // norm's backward below overwrites it).
+  const bool defer_proj = wgrad_stream_ != nullptr;
+  if (!defer_proj) wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
   if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}, r.q, r.k, r.v, r.o, s.d_o,
                                                                 r.stats, s.dq, s.dk, s.dv, stream_));
@@ -658,8 +664,13 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
   if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_, dt_));
   ws = fork_wgrad();
+  if (defer_proj) {
+    wgrad_with_bias(ws, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+    MT_CUDA_CHECK(cudaEventRecord(proj_done_ev_, ws));
+  }
   wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
+  if (defer_proj && !sp_) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
                                               stream_, dt_, res16_, l > 0 ? drop(mb, mlp_site(l - 1), row0(T)) : nullptr));
   sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)]);
@@ -760,7 +771,7 @@ void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
   void* x0 = records_[0]->x_in;
   const bf16* wpe = wpe_ >= 0 && tp_rank_ == 0 ? w(wpe_) : nullptr;
   // The sum is taken in fp32 (in s_->emb unless the stream is fp32 and whole), then rounded once into a
-  // 16-bit stream.
+  // 16-bit stream; without positions or dropout, a 16-bit stream is summed in 16 bits (exact, see below).
   float* out = sp_ || res16_ ? s_->emb : static_cast<float*>(x0);
   MT_PROF("fwd.embedding", cuda::embedding_forward_bf16(out, mb.tokens, mb.positions, w(wte_), wpe, T, D.h, v0_, D.V_local, stream_, dt_));
   int64_t n = T * D.h;
@@ -770,6 +781,13 @@ void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
     MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(out, mine, n, WireType::kF32, stream_));
     out = mine;
   } else if (tp_) {
+    // Each token's row comes from the one rank that holds it and the others add exact zeros: without learned
+    // positions or dropout to add before rounding, the sum is exact in 16 bits, on half the bytes.
+    if (res16_ && wpe_ < 0 && !drop(mb, kEmbedSite, row0(T))) {
+      MT_PROF("fwd.embedding", cuda::cast_to_bf16(static_cast<bf16*>(x0), out, n, stream_, dt_));
+      MT_PROF("tp.all_reduce", tp_->all_reduce_on(x0, n, wire_, ReduceOp::kSum, stream_));
+      return;
+    }
     MT_PROF("tp.all_reduce", tp_->all_reduce_on(out, n, WireType::kF32, ReduceOp::kSum, stream_));
   }
   if (const cuda::RowDropout* d = drop(mb, kEmbedSite, row0(T))) MT_PROF("fwd.dropout", cuda::dropout_rows_f32(out, n / D.h, D.h, *d, stream_));

@@ -112,9 +112,9 @@ class CudaGPT {
   // into `full` under SP (returns full), else local itself. norm_out: where a norm writes this rank's rows
   // before gather_rows makes `full` of them.
   const cuda::bf16* combine_rows(cuda::bf16* full, cuda::bf16* local, int64_t T);
-  // Under TP the column-parallel layers' weight-gradient GEMMs run on a side stream: the dgrad's collective,
-  // queued right behind the dgrad GEMM on the compute stream, starts first and overlaps them (Megatron's
-  // asynchronous TP all-reduce). fork_wgrad: the side stream after the work queued so far (the compute
+  // Under TP the column-parallel layers' weight-gradient GEMMs (and the projection's, deferred to beside the
+  // QKV dgrad's collective) run on a side stream: the dgrad's collective, queued right behind the dgrad GEMM
+  // on the compute stream, starts first and overlaps them (Megatron's asynchronous TP all-reduce). fork_wgrad: the side stream after the work queued so far (the compute
   // stream itself at TP 1); join_wgrad: the compute stream waits for the side stream.
   cudaStream_t fork_wgrad();
   void join_wgrad();
@@ -156,7 +156,7 @@ class CudaGPT {
   // Query groups below TP: the TP ranks holding this rank's copy of its group's QKV block (kv_rep > 1).
   std::shared_ptr<StreamCollectives> kv_group_;
   cudaStream_t wgrad_stream_ = nullptr;
-  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr, proj_done_ev_ = nullptr;
   // The split forward (TP without SP): the row-parallel all-reduces run on tp_stream_; per half, ready_ev_
   // (its rows computed, on the compute stream) and reduced_ev_ (its all-reduce done, on tp_stream_).
   bool split_forward_ = false;
