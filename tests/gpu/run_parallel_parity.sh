@@ -89,7 +89,8 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
               "dp2bf16 2 --overlap-grad-reduce --grad-reduce-in-bf16"
               "dp2dobf16 2 --use-distributed-optimizer --overlap-grad-reduce --grad-reduce-in-bf16")
     ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce"
-                            "tp2dp2do 4 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce")
+                            "tp2dp2do 4 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce"
+                            "tp2dp2split 4 --tensor-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
   fi
   # TP 2 runs its forward as two interleaved halves of the micro batch (the all-reduces overlapped); tp2whole:
   # the plain forward.
