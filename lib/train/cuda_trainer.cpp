@@ -468,7 +468,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     consumed += batch;
     flops_done += flops_of(batch);
     interval_samples += batch;
-    const double lr = schedule.lr_at_samples(consumed);
+    const double lr = schedule.lr_at_samples(base);  // as the CPU engine (train/trainer.cpp): Megatron's order
     MT_PROF("opt.grad_norm", norm_partials(model.grads(), false, &st->loss_acc));
     cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, scale_rule, stream);
     auto adamw_on = [&](int64_t first, int64_t count, cudaStream_t s) {
@@ -527,7 +527,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     MT_CUDA_CHECK(cudaMemcpyAsync(norm_hist + slot_i, &st->grad_norm, 4, cudaMemcpyDeviceToDevice, stream));
     MT_CUDA_CHECK(cudaMemcpyAsync(skip_hist + slot_i, &st->skip, 4, cudaMemcpyDeviceToDevice, stream));
     pending_iters.push_back(it);
-    pending_lr.push_back(lr);
+    pending_lr.push_back(schedule.lr_at_samples(consumed));
     res.iterations = it;
 
     if (it % cfg.logging.log_interval == 0 || it == iters) {
