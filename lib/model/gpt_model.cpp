@@ -272,7 +272,7 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
       for (int64_t j = 0; j < h; ++j) x[sz(i * h + j)] += pr[j];
     }
   }
-  dropout_tokens(x.data(), t0, Tl, -1, 0, false);
+  dropout_tokens(x.data(), t0, Tl, -1, kDropEmbedding, false);
 
   for (int64_t l = 0; l < D.L; ++l) {
     const Layer& ly = layers_[sz(l)];
@@ -310,7 +310,7 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
     A.probs.resize(sz(B * D.nh_local * S * S));
     A.ctx.resize(sz(T * D.nh_local * D.d));
     cpu::AttentionShape as{B, S, D.nh_local, D.ng_local, D.d, D.softmax_scale, ad,
-                           dropout_key(seed_, step, 0, l, 1), mb.first_sample, D.tp_rank * D.nh_local,
+                           dropout_key(seed_, step, 0, l, kDropAttnProbs), mb.first_sample, D.tp_rank * D.nh_local,
                            mb.row_start.empty() ? nullptr : mb.row_start.data()};
     cpu::attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), as);
     Buf proj(sz(T * h)), proj_local(sz(Tl * h));
@@ -319,7 +319,7 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
     if (D.bias) {
       for (int64_t i = 0; i < Tl * h; ++i) proj_local[sz(i)] += P(ly.proj_b)[i % h];
     }
-    dropout_tokens(proj_local.data(), t0, Tl, l, 2, false);
+    dropout_tokens(proj_local.data(), t0, Tl, l, kDropAttnOut, false);
     A.x2.resize(sz(Tl * h));
     for (int64_t i = 0; i < Tl * h; ++i) A.x2[sz(i)] = A.x[sz(i)] + proj_local[sz(i)];
     A.ln2.resize(sz(Tl * h));
@@ -339,7 +339,7 @@ float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
     if (D.bias) {
       for (int64_t i = 0; i < Tl * h; ++i) fc2_local[sz(i)] += P(ly.fc2_b)[i % h];
     }
-    dropout_tokens(fc2_local.data(), t0, Tl, l, 3, false);
+    dropout_tokens(fc2_local.data(), t0, Tl, l, kDropMlpOut, false);
     x.resize(sz(Tl * h));
     for (int64_t i = 0; i < Tl * h; ++i) x[sz(i)] = A.x2[sz(i)] + fc2_local[sz(i)];
   }
@@ -405,7 +405,7 @@ void GPTModel::backward(float scale, bool last_microbatch) {
     auto& A = R.layers[sz(l)];
     // MLP branch: out = x2 + drop(fc2(act(fc1(norm2(x2)))) + b2)
     std::memcpy(dbranch.data(), dx.data(), sz(Tl * h) * sizeof(float));
-    dropout_tokens(dbranch.data(), t0, Tl, l, 3, true);
+    dropout_tokens(dbranch.data(), t0, Tl, l, kDropMlpOut, true);
     if (D.bias) {
       for (int64_t i = 0; i < Tl * h; ++i) G(ly.fc2_b)[i % h] += dbranch[sz(i)];
     }
@@ -423,7 +423,7 @@ void GPTModel::backward(float scale, bool last_microbatch) {
 
     // Attention branch: x2 = x + drop(proj(attn(rope(split(qkv(norm1(x)))))) + bp)
     std::memcpy(dbranch.data(), dx2.data(), sz(Tl * h) * sizeof(float));
-    dropout_tokens(dbranch.data(), t0, Tl, l, 2, true);
+    dropout_tokens(dbranch.data(), t0, Tl, l, kDropAttnOut, true);
     if (D.bias) {
       for (int64_t i = 0; i < Tl * h; ++i) G(ly.proj_b)[i % h] += dbranch[sz(i)];
     }
@@ -432,7 +432,7 @@ void GPTModel::backward(float scale, bool last_microbatch) {
     cpu::linear_backward(dctx.data(), G(ly.proj_w), nullptr, dfull.data(), A.ctx.data(), P(ly.proj_w), T, D.nh_local * D.d, h);
     Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size()), scratch(sz(S * S));
     cpu::AttentionShape as{B, S, D.nh_local, D.ng_local, D.d, D.softmax_scale, ad,
-                           dropout_key(seed_, R.step, 0, l, 1), mb.first_sample, D.tp_rank * D.nh_local,
+                           dropout_key(seed_, R.step, 0, l, kDropAttnProbs), mb.first_sample, D.tp_rank * D.nh_local,
                            mb.row_start.empty() ? nullptr : mb.row_start.data()};
     cpu::attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), as,
                             scratch.data());
@@ -475,7 +475,7 @@ void GPTModel::backward(float scale, bool last_microbatch) {
     }
     ready(ly.ln1_w);
   }
-  dropout_tokens(dx.data(), t0, Tl, -1, 0, true);
+  dropout_tokens(dx.data(), t0, Tl, -1, kDropEmbedding, true);
   if (D.learned_pos) {
     float* dwpe = G(wpe_);
     for (int64_t i = 0; i < Tl; ++i) {

@@ -19,6 +19,7 @@ namespace mt {
 // MLP's output. Element i of the sample's [S, h] tokens is dropped when philox_uniform(key, i) < p. Both
 // engines draw the same masks from it.
 uint64_t dropout_key(uint64_t seed, int64_t step, int64_t sample, int64_t layer, int site);
+enum DropoutSite : int { kDropEmbedding = 0, kDropAttnProbs = 1, kDropAttnOut = 2, kDropMlpOut = 3 };
 
 struct Microbatch {
   int64_t B = 0, S = 0;

@@ -319,10 +319,10 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     if (!hidden_dropout) return;
     const auto seed = static_cast<uint64_t>(cfg.training.seed);
     for (int64_t b = 0; b < mb.B; ++b) {
-      drop_keys.push_back(dropout_key(seed, step, mb.first_sample + b, -1, 0));
+      drop_keys.push_back(dropout_key(seed, step, mb.first_sample + b, -1, kDropEmbedding));
       for (int64_t l = 0; l < D.L; ++l) {
-        drop_keys.push_back(dropout_key(seed, step, mb.first_sample + b, l, 2));
-        drop_keys.push_back(dropout_key(seed, step, mb.first_sample + b, l, 3));
+        drop_keys.push_back(dropout_key(seed, step, mb.first_sample + b, l, kDropAttnOut));
+        drop_keys.push_back(dropout_key(seed, step, mb.first_sample + b, l, kDropMlpOut));
       }
     }
   };
