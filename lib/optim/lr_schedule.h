@@ -17,7 +17,9 @@ class LrSchedule {
   explicit LrSchedule(const Config& cfg);
   // Learning rate of iteration `step` (1-based) at the fixed global batch size.
   double lr(int64_t step) const { return lr_at_samples(step * gbs_); }
-  // Learning rate of the step after which `samples` samples have been consumed.
+  // Learning rate once `samples` samples have been consumed: the rate of the next update, as Megatron's
+  // scheduler (stepped after each update; the first update has lr_at_samples(0)), and the rate Megatron logs
+  // for the iteration that consumed them.
   double lr_at_samples(int64_t samples) const;
   int64_t warmup_steps() const { return warmup_ / gbs_; }
   int64_t decay_steps() const { return decay_ / gbs_; }

@@ -155,7 +155,9 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     data_parallel.finish();
     double loss_avg = loss;
     groups.dp_cp->all_reduce(&loss_avg, 1, ReduceOp::kAvg);
-    const double lr = schedule.lr_at_samples(consumed);
+    // As Megatron's scheduler, stepped after each update: the update uses the rate of the samples consumed
+    // before it (the first update the warmup's initial rate); the log shows the rate after it.
+    const double lr = schedule.lr_at_samples(base);
     StepResult step{};
     const bool loss_finite = std::isfinite(loss_avg);
     if (loss_finite) step = optimizer.step(lr, loss_scale);
@@ -181,7 +183,7 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
       ++interval_iters;
     }
     acc.grad_norm = step.grad_norm;
-    acc.lr = lr;
+    acc.lr = schedule.lr_at_samples(consumed);
     interval_secs += std::chrono::duration<double>(Clock::now() - iter_start).count();
     if (it % cfg.logging.log_interval == 0 || it == iters) {
       const double secs = interval_secs;

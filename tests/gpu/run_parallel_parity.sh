@@ -85,13 +85,21 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   run "$family-cpu" 1 cpu "$model" || continue
   layouts=("tp2 2 --tensor-model-parallel-size 2" "tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel")
   if [[ $family != mqa ]]; then
-    layouts+=("gpu1 1" "dp2 2 --overlap-grad-reduce" "dp2do 2 --use-distributed-optimizer --overlap-grad-reduce")
+    layouts+=("gpu1 1" "dp2 2 --overlap-grad-reduce" "dp2do 2 --use-distributed-optimizer --overlap-grad-reduce"
+              "dp2bf16 2 --overlap-grad-reduce --grad-reduce-in-bf16"
+              "dp2dobf16 2 --use-distributed-optimizer --overlap-grad-reduce --grad-reduce-in-bf16")
     ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce"
-                            "tp2dp2do 4 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce")
+                            "tp2dp2do 4 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce"
+                            "tp2dp2split 4 --tensor-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
   fi
   # TP 2 runs its forward as two interleaved halves of the micro batch (the all-reduces overlapped); tp2whole:
   # the plain forward.
   [[ $family != mqa ]] && layouts+=("tp2whole 2 --tensor-model-parallel-size 2")
+  # The split forward with full recompute (layers that share the recompute record between halves).
+  [[ $family != mqa ]] && layouts+=("tp2rc 2 --tensor-model-parallel-size 2 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+                                    "tp2rcb 2 --tensor-model-parallel-size 2 --recompute-granularity full --recompute-method block --recompute-num-layers 1")
+  # and with an fp32 residual stream (4-byte rows in the halves' offsets).
+  [[ $family != mqa ]] && layouts+=("tp2f32res 2 --tensor-model-parallel-size 2 --fp32-residual-connection")
   for l in "${layouts[@]}"; do
     read -r name np extra <<<"$l"
     split=1
@@ -105,6 +113,7 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # The split forward against the plain one directly (the same operations per row; GEMMs of half the rows
   # may take other algorithms, so not bit for bit).
   [[ $family != mqa ]] && compare "$family-tp2" "$family-tp2whole" lm_loss 2e-3
+  [[ $family != mqa ]] && compare "$family-tp2" "$family-tp2whole" grad_norm 2e-2
   [[ $family == mqa ]] && continue
   # Hidden dropout (0.1): both engines draw the same masks (dropout_key per sample and site), so the layouts
   # follow the CPU engine's dropped-out run as closely as the runs without dropout follow theirs.
@@ -147,6 +156,13 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
     MEGATRAIN_TEST_GATHER_DELAY_US=3000 run "$family-dp2dog" 2 cuda "$model" $DO --overlap-param-gather --log-interval 5 && {
     compare "$family-dp2dog" "$family-dp2do5" lm_loss 1e-6
     compare "$family-dp2dog" "$family-dp2do5" validation_lm_loss 1e-6; }
+  # The same with the gradients reduced in bf16 (each bucket's rounding queued on the communicator's stream,
+  # behind the gathers).
+  # shellcheck disable=SC2086
+  run "$family-dp2do5bf16" 2 cuda "$model" $DO --grad-reduce-in-bf16 --log-interval 5 &&
+    MEGATRAIN_TEST_GATHER_DELAY_US=3000 run "$family-dp2dogbf16" 2 cuda "$model" $DO --grad-reduce-in-bf16 --overlap-param-gather --log-interval 5 && {
+    compare "$family-dp2dogbf16" "$family-dp2do5bf16" lm_loss 1e-6
+    compare "$family-dp2dogbf16" "$family-dp2do5bf16" validation_lm_loss 1e-6; }
   # The distributed optimizer's sharded checkpoint, saved at iteration 5 (--exit-interval) with the gather
   # overlapped (and late) for GPT, after the step for LLaMA; resumed on the GPUs with the overlap (must
   # continue like the uninterrupted run: the saved parameters are the first resumed step's weights) and by

@@ -158,6 +158,22 @@ void test_norm(int64_t N, int64_t h, bool rms, bool res16 = false) {
   expect(tag + " backward dx (bf16 copy)", dres16.get(), rounded16(want_res), 1e-2);
   expect(tag + " backward dw", gdw.get(), gw, 2e-3);
   if (!rms) expect(tag + " backward db", gdb.get(), gb, 2e-3);
+  // The same with the caller's scratch for the weight-gradient partials (the split TP backward's norms, off
+  // the compute stream): identical to the allocator's.
+  F32 dres_s(dres0), gdw_s(Vec(w.size(), 0.5f)), gdb_s(Vec(w.size(), 0.25f)), part(static_cast<size_t>(cuda::norm_backward_partials(h)));
+  B16 dres16_s(x.size());
+  if (rms) {
+    const Vec m0(static_cast<size_t>(N), 0.0f);
+    F32 mz(m0);
+    cuda::norm_backward_add(dres_s.p, dres16_s.b(), gdw_s.p, nullptr, ddout.b(), sum_p, mz.p, drstd.p, dw.b(), N, h, true, nullptr, g_t, res16, nullptr,
+                            part.p);
+  } else {
+    cuda::norm_backward_add(dres_s.p, dres16_s.b(), gdw_s.p, gdb_s.p, ddout.b(), sum_p, dmean.p, drstd.p, dw.b(), N, h, false, nullptr, g_t, res16,
+                            nullptr, part.p);
+  }
+  expect(tag + " backward with scratch dx", dres_s.get(), dres.get(), 0.0);
+  expect(tag + " backward with scratch dw", gdw_s.get(), gdw.get(), 0.0);
+  if (!rms) expect(tag + " backward with scratch db", gdb_s.get(), gdb.get(), 0.0);
 }
 
 void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool rope) {
@@ -394,12 +410,14 @@ void test_embedding(int64_t T, int64_t h, int64_t V, int64_t P) {
   cudaFree(d);
 }
 
-void test_adamw(int64_t n) {
+// split: where the chunk with weight decay ends and the one without begins. Chunks that start and end on
+// multiples of 4 take the kernels' 16-byte path, others the element-wise one; both must give the reference.
+void test_adamw(int64_t n, int64_t split) {
   Vec w = randn(static_cast<size_t>(n), 1.0f, false), g = randn(w.size(), 0.1f, false), m = randn(w.size(), 0.01f, false);
   Vec v(w.size());
   for (size_t i = 0; i < v.size(); ++i) v[i] = std::fabs(g[i]) * 0.01f;
   // Two chunks: the first with weight decay, the second without.
-  const int64_t half = n / 2;
+  const int64_t half = split;
   const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, clip = 1.0f;
   double ss = 0;
   for (float x : g) ss += static_cast<double>(x) * x;
@@ -429,7 +447,7 @@ void test_adamw(int64_t n) {
   MT_CUDA_CHECK(cudaDeviceSynchronize());
   MT_CUDA_CHECK(cudaMemcpy(&h, st.p, sizeof(h), cudaMemcpyDeviceToHost));
   expect("adamw grad norm", Vec{h.grad_norm}, Vec{norm}, 1e-5);
-  expect("adamw weights " + std::to_string(n), dw.get(), ww, 1e-6);
+  expect("adamw weights " + std::to_string(n) + " split at " + std::to_string(split), dw.get(), ww, 1e-6);
   expect("adamw bf16 working copy", w16.get(), rounded16(ww), 1e-2);
   expect("adamw moments", dv.get(), wv, 1e-6);
   // Norm weights (a parameter held by every TP rank counts 1/TP on each): the second chunk at weight 1/4.
@@ -575,7 +593,9 @@ int main() {
     test_bias_grad(301, 7);
     test_bias_grad(1000, 264);
     test_embedding(333, 40, 97, 50);
-    test_adamw(100003);
+    test_adamw(100000, 50000);  // both chunks on 16-byte boundaries
+    test_adamw(100003, 50001);  // neither
+    test_adamw(100003, 50000);  // one of each in the same launch
   }
   test_device_loss_scaler();
   for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {

@@ -156,6 +156,36 @@ TEST_CASE("learning-rate schedules follow Megatron's formulas") {
   CHECK(LrSchedule(c).warmup_steps() == 20);
 }
 
+TEST_CASE("the update uses the rate before its samples (Megatron steps its scheduler after the update)") {
+  // With a warmup from --lr-warmup-init 0 the first update has rate 0 (Megatron's first step), so it moves
+  // no weight, whatever the weight decay or clipping: the validation loss after it is the same for both.
+  auto run = [](double wd, double clip) {
+    Config c;
+    c.model.num_layers = 1;
+    c.model.hidden_size = 32;
+    c.model.num_attention_heads = 4;
+    c.model.max_position_embeddings = 16;
+    c.model.vocab_size = 64;
+    c.data.seq_length = 16;
+    c.data.mock_data = true;
+    c.training.micro_batch_size = 4;
+    c.training.train_iters = 1;
+    c.training.lr = 1e-2;
+    c.training.lr_warmup_iters = 5;
+    c.training.lr_decay_iters = 10;
+    c.training.weight_decay = wd;
+    c.training.clip_grad = clip;
+    c.logging.eval_interval = 1;
+    c.logging.eval_iters = 1;
+    resolve(c, 1);
+    return train(c, ProcessGroups::single(), {true, 0});
+  };
+  const TrainResult a = run(0.01, 1.0), b = run(0.5, 0.01);
+  REQUIRE(a.valid_losses.size() == 1);
+  REQUIRE(b.valid_losses.size() == 1);
+  CHECK(a.valid_losses[0] == b.valid_losses[0]);
+}
+
 TEST_CASE("fp16 dynamic loss scaling: shrink once the hysteresis is used up, grow after the window") {
   Config c;
   c.precision.fp16 = true;

@@ -301,9 +301,11 @@ void add_norm_forward_t(R* sum_out, T16* y, float* mean, float* rstd, const R* x
   MT_CUDA_CHECK_LAUNCH();
 }
 
+constexpr int64_t kMaxRowBlocks = 256;  // the weight gradients' row ranges (partial sums per column)
+
 template <typename T16, typename R>
 void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T16* dy, const R* x, const float* mean, const float* rstd,
-                         const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, const RowDropout& drop) {
+                         const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, const RowDropout& drop, float* scratch) {
   if (N == 0) return;
   const dim3 rows(static_cast<unsigned>(N));
   const VecShape vs = vec_shape(h, {dres, dres16, dy, x, w});
@@ -323,12 +325,12 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
     }
   }
   MT_CUDA_CHECK_LAUNCH();
-  const int64_t row_blocks = std::min<int64_t>(N, 256);
+  const int64_t row_blocks = std::min<int64_t>(N, kMaxRowBlocks);
   const int64_t rpb = (N + row_blocks - 1) / row_blocks, nb = (N + rpb - 1) / rpb;
   auto& alloc = DeviceAllocator::instance();
   const size_t bytes = static_cast<size_t>(nb * h) * sizeof(float);
-  float* pw = static_cast<float*>(alloc.allocate(bytes));
-  float* pb = db ? static_cast<float*>(alloc.allocate(bytes)) : nullptr;
+  float* pw = scratch ? scratch : static_cast<float*>(alloc.allocate(bytes));
+  float* pb = db ? (scratch ? scratch + nb * h : static_cast<float*>(alloc.allocate(bytes))) : nullptr;
   const dim3 grid(static_cast<unsigned>((h + 255) / 256), static_cast<unsigned>(nb));
   norm_bwd_dw_kernel<<<grid, 256, 0, stream>>>(pw, pb, dy, x, mean, rstd, N, h, rpb, rms);
   MT_CUDA_CHECK_LAUNCH();
@@ -338,9 +340,13 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
     add_column_sums_kernel<<<grid_for(h, 256), 256, 0, stream>>>(db, pb, nb, h);
     MT_CUDA_CHECK_LAUNCH();
   }
-  alloc.release(pw);
-  if (pb) alloc.release(pb);
+  if (!scratch) {
+    alloc.release(pw);
+    if (pb) alloc.release(pb);
+  }
 }
+
+int64_t norm_backward_partials(int64_t h) { return 2 * kMaxRowBlocks * h; }
 
 void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const void* x, const bf16* delta, const bf16* w, const bf16* b,
                       int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t, bool res16, const RowDropout* dropout) {
@@ -358,16 +364,17 @@ void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const vo
   }
 }
 void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const void* x, const float* mean, const float* rstd,
-                       const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t, bool res16, const RowDropout* dropout) {
+                       const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t, bool res16, const RowDropout* dropout,
+                       float* partials) {
   const RowDropout drop = dropout ? *dropout : RowDropout{};
   const auto* xf = static_cast<const float*>(x);
   const auto* x16 = static_cast<const bf16*>(x);
   if (t == F16::kFP16) {
-    if (res16) norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), hp(x16), mean, rstd, hp(w), N, h, rms, stream, drop);
-    else norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), xf, mean, rstd, hp(w), N, h, rms, stream, drop);
+    if (res16) norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), hp(x16), mean, rstd, hp(w), N, h, rms, stream, drop, partials);
+    else norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), xf, mean, rstd, hp(w), N, h, rms, stream, drop, partials);
   } else {
-    if (res16) norm_backward_add_t(dres, dres16, dw, db, dy, x16, mean, rstd, w, N, h, rms, stream, drop);
-    else norm_backward_add_t(dres, dres16, dw, db, dy, xf, mean, rstd, w, N, h, rms, stream, drop);
+    if (res16) norm_backward_add_t(dres, dres16, dw, db, dy, x16, mean, rstd, w, N, h, rms, stream, drop, partials);
+    else norm_backward_add_t(dres, dres16, dw, db, dy, xf, mean, rstd, w, N, h, rms, stream, drop, partials);
   }
 }
 

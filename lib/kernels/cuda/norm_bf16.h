@@ -24,8 +24,11 @@ void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const vo
 // dres += d(norm input); dres16 = bf16(dres); dw (+ db unless null) += weight gradients (fp32).
 // x: the forward's norm input (float*, or of type t with res16). dropout (may be null): dres16 is the
 // gradient of the dropped-out branch that produced the residual's last addition, dres * mask.
+// partials: scratch for the weight gradients' per-block sums, norm_backward_partials(h) floats, for a call on
+// a stream other than the compute stream; null: taken from the caching allocator (compute stream only).
 void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const void* x, const float* mean, const float* rstd,
                        const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false,
-                       const RowDropout* dropout = nullptr);
+                       const RowDropout* dropout = nullptr, float* partials = nullptr);
+int64_t norm_backward_partials(int64_t h);
 
 }  // namespace mt::cuda

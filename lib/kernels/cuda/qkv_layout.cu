@@ -99,20 +99,6 @@ __global__ void layout_vec_kernel(T16* fused, T16* q, T16* k, T16* v, const int3
 
 bool vec_ok(int64_t d, int64_t rot, const float* table) { return d % 16 == 0 && (table == nullptr || rot == d); }
 
-template <typename T16>
-__global__ void rope16_kernel(T16* x, const int32_t* pos, const float* table, int64_t T, int64_t H, int64_t d, int64_t half, float sign) {
-  const int64_t total = T * H * half;
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = k % half, th = k / half, t = th / H;
-    const float c = table[(static_cast<int64_t>(pos[t]) * half + i) * 2];
-    const float s = sign * table[(static_cast<int64_t>(pos[t]) * half + i) * 2 + 1];
-    T16* row = x + th * d;
-    const float x1 = to_f(row[i]), x2 = to_f(row[i + half]);
-    row[i] = from_f<T16>(x1 * c - x2 * s);
-    row[i + half] = from_f<T16>(x2 * c + x1 * s);
-  }
-}
-
 }  // namespace
 
 template <typename T16>
@@ -153,18 +139,6 @@ void qkv_split_rope(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* p
 void qkv_merge_rope_backward(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const int32_t* positions, const float* table, int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream, F16 t) {
   if (t == F16::kFP16) qkv_merge_rope_backward_t(hp(dqkv), hp(dq), hp(dk), hp(dv), positions, table, T, nh, ng, d, rot_dim, stream);
   else qkv_merge_rope_backward_t(dqkv, dq, dk, dv, positions, table, T, nh, ng, d, rot_dim, stream);
-}
-
-void rope_apply_16(bf16* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
-                   cudaStream_t stream, F16 t) {
-  const int64_t half = rot_dim / 2, total = T * H * half;
-  if (total == 0) return;
-  if (t == F16::kFP16) {
-    rope16_kernel<<<grid_for(total, 256), 256, 0, stream>>>(hp(x), positions, table, T, H, d, half, sign);
-  } else {
-    rope16_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, positions, table, T, H, d, half, sign);
-  }
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mt::cuda

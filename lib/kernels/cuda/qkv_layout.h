@@ -17,9 +17,5 @@ void qkv_split_rope(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* p
 void qkv_merge_rope_backward(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const int32_t* positions, const float* table,
                              int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream, F16 t = F16::kBF16);
 
-// RoPE in place on 16-bit [T, H, d] heads (sign +1 forward, -1 the inverse rotation for the backward): the
-// same rotation as qkv_split_rope, for heads that are normalised (--qk-layernorm) between split and RoPE.
-void rope_apply_16(bf16* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
-                   cudaStream_t stream, F16 t = F16::kBF16);
 
 }  // namespace mt::cuda

@@ -1,22 +1,25 @@
 // rope.cu: one thread per (token, head, rotated pair).
 #include <cmath>
 
+#include "kernels/cuda/bf16_common.cuh"
 #include "kernels/cuda/rope.h"
 #include "tensor/cuda/cuda_check.h"
 
 namespace mt::cuda {
 namespace {
 
-__global__ void rope_kernel(float* x, const int32_t* pos, const float* table, int64_t T, int64_t H, int64_t d, int64_t half, float sign) {
+// E: float, or a 16-bit type (computed in fp32, rounded once per element).
+template <typename E>
+__global__ void rope_kernel(E* x, const int32_t* pos, const float* table, int64_t T, int64_t H, int64_t d, int64_t half, float sign) {
   const int64_t total = T * H * half;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = k % half, th = k / half, t = th / H;
     const float c = table[(static_cast<int64_t>(pos[t]) * half + i) * 2];
     const float s = sign * table[(static_cast<int64_t>(pos[t]) * half + i) * 2 + 1];
-    float* row = x + th * d;
-    const float x1 = row[i], x2 = row[i + half];
-    row[i] = x1 * c - x2 * s;
-    row[i + half] = x2 * c + x1 * s;
+    E* row = x + th * d;
+    const float x1 = to_f(row[i]), x2 = to_f(row[i + half]);
+    row[i] = from_f<E>(x1 * c - x2 * s);
+    row[i + half] = from_f<E>(x2 * c + x1 * s);
   }
 }
 
@@ -41,6 +44,18 @@ void rope_apply(float* x, const int32_t* positions, const float* table, int64_t 
   if (total == 0) return;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65535 * 4));
   rope_kernel<<<blocks, 256, 0, stream>>>(x, positions, table, T, H, d, half, sign);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void rope_apply_16(bf16* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
+                   cudaStream_t stream, F16 t) {
+  const int64_t half = rot_dim / 2, total = T * H * half;
+  if (total == 0) return;
+  if (t == F16::kFP16) {
+    rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(hp(x), positions, table, T, H, d, half, sign);
+  } else {
+    rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, positions, table, T, H, d, half, sign);
+  }
   MT_CUDA_CHECK_LAUNCH();
 }
 

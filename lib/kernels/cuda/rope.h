@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cuda/bf16_fwd.h"
+
 namespace mt::cuda {
 
 // Table [max_pos, rot_dim / 2] of cos and sin (interleaved pairs), to upload once.
@@ -14,5 +16,9 @@ std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base);
 // sign = +1 forward, -1 backward (the inverse rotation).
 void rope_apply(float* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
                 cudaStream_t stream);
+// The same on 16-bit heads of type t (the same rotation as qkv_split_rope, for heads normalised between split
+// and RoPE by --qk-layernorm).
+void rope_apply_16(bf16* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
+                   cudaStream_t stream, F16 t = F16::kBF16);
 
 }  // namespace mt::cuda

@@ -58,6 +58,7 @@ struct CudaGPT::Scratch {
   bf16 *dq_pre = nullptr, *dk_pre = nullptr;  // --qk-layernorm: the heads' gradients before their norm
   float* qk_tmp = nullptr;                     // --qk-layernorm: [T, Hd] fp32 scratch of the norm backward
   float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
+  float* norm_part = nullptr;  // the split TP backward: its norms' weight-gradient partial sums (on tp_stream_)
 };
 
 void* CudaGPT::alloc(size_t bytes) {
@@ -97,6 +98,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     MT_CUDA_CHECK(cudaStreamCreateWithFlags(&wgrad_stream_, cudaStreamNonBlocking));
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&proj_done_ev_, cudaEventDisableTiming));
     // K/V replication (query groups below TP, as Megatron and the CPU model): the ranks of one group hold
     // the same QKV shard; each computes nh_local of its query heads, and their gradients are summed.
     if (D.kv_rep > 1) kv_group_ = tp->stream_sub_group(static_cast<int>(D.tp_rank / D.kv_rep), static_cast<int>(D.tp_rank), "kv-replica");
@@ -280,9 +282,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   // Bias gradients from the weight-gradient GEMMs' epilogue where cuBLASLt has one for every such shape
   // (else the bias-gradient kernel).
   auto& lt = cuda::GemmLt::instance();
-  auto fusable = [&](int64_t n, int64_t x_width) {
-    return lt.has_algorithm(true, false, n, x_width, T, n, x_width, x_width, ab_, CUDA_R_32F, {cuda::GemmEpilogue::kBiasGrad, nullptr, 0});
+  auto fusable_k = [&](int64_t n, int64_t x_width, int64_t k) {
+    return lt.has_algorithm(true, false, n, x_width, k, n, x_width, x_width, ab_, CUDA_R_32F, {cuda::GemmEpilogue::kBiasGrad, nullptr, 0});
   };
+  auto fusable = [&](int64_t n, int64_t x_width) { return fusable_k(n, x_width, T); };
   bgrad_epilogue_ = D.bias && fusable(Wq, h) && fusable(F1, h) && fusable(h, F) && fusable(h, W_.Hd);
   if (bgrad_epilogue_) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
   if (tp_) s.ce_stats = f32(4);
@@ -298,8 +301,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   const int64_t mbs = *cfg.training.micro_batch_size;
   const std::string why = cuda::CudnnSdpa::instance().check({mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_});
   if (!why.empty()) throw std::runtime_error(why);
-  // The split forward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns it off): TP without SP or K/V replication, an even
-  // micro batch, and cuDNN attention for half of it.
+  // The split forward and backward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns both off): TP without SP or K/V
+  // replication, an even micro batch, cuDNN attention for half of it and, with the bias-gradient epilogue,
+  // that epilogue for half of the rows.
   // Each half's rows start 256-byte aligned in every [rows, width] buffer (cuBLASLt's plans assume it).
   const int64_t half_rows = mbs / 2 * D.S;
   bool aligned = true;
@@ -310,6 +314,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   }
   split_forward_ = tp_ && !sp_ && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned && !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
+  if (split_forward_ && bgrad_epilogue_) {
+    split_forward_ = fusable_k(Wq, h, half_rows) && fusable_k(F1, h, half_rows) && fusable_k(h, F, half_rows) && fusable_k(h, W_.Hd, half_rows);
+  }
   if (tp_) {
     // The TP ranks must issue the same collectives: agree on the setting (read from each rank's environment).
     float* agree = static_cast<float*>(alloc(4));
@@ -323,6 +330,17 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       throw std::runtime_error("the tensor-parallel ranks disagree on MEGATRAIN_TP_SPLIT_FORWARD: set it the same for every rank (mpirun -x)");
     }
   }
+  if (const char* carve = std::getenv("MEGATRAIN_DP_COMM_SMS")) {
+    int dev = 0, sms = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int n = std::atoi(carve);
+    if (n < 0 || n >= sms) {
+      throw std::runtime_error("MEGATRAIN_DP_COMM_SMS=" + std::string(carve) + " must be between 0 and the GPU's " + std::to_string(sms) +
+                               " SMs (the SMs left to NCCL beside the backward's GEMMs)");
+    }
+    carve_sms_ = n > 0 ? sms - n : 0;
+  }
   if (split_forward_) {
     int least = 0, greatest = 0;  // the reductions go first when SMs free up
     MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -331,6 +349,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_ev_[i], cudaEventDisableTiming));
       MT_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_ev_[i], cudaEventDisableTiming));
     }
+    // The split backward's norms run on tp_stream_, away from the caching allocator (compute stream only).
+    const auto part_bytes = static_cast<size_t>(cuda::norm_backward_partials(h)) * 4;
+    s.norm_part = static_cast<float*>(alloc(part_bytes));
+    act_bytes_ += part_bytes;
   }
   // The RoPE table went up on the legacy stream, which the (non-blocking) training stream does not wait for.
   MT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -340,6 +362,7 @@ CudaGPT::~CudaGPT() {
   for (void* p : owned_) cudaFree(p);
   if (fork_ev_) cudaEventDestroy(fork_ev_);
   if (join_ev_) cudaEventDestroy(join_ev_);
+  if (proj_done_ev_) cudaEventDestroy(proj_done_ev_);
   for (int i = 0; i < 2; ++i) {
     if (ready_ev_[i]) cudaEventDestroy(ready_ev_[i]);
     if (reduced_ev_[i]) cudaEventDestroy(reduced_ev_[i]);
@@ -483,18 +506,29 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   return combine_rows(s.delta, s.delta_l, T);
 }
 
-void CudaGPT::reduce_half(int64_t half, int64_t rows) {
+void CudaGPT::reduce_half(int64_t half, int64_t rows, bf16* base, const std::function<void(cudaStream_t)>& then) {
   MT_CUDA_CHECK(cudaEventRecord(ready_ev_[half], stream_));
   MT_CUDA_CHECK(cudaStreamWaitEvent(tp_stream_, ready_ev_[half], 0));
-  bf16* data = s_->delta + half * rows * D_.h;
+  bf16* data = base + half * rows * D_.h;
   MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, wire_, ReduceOp::kSum, tp_stream_));
+  if (then) then(tp_stream_);
   MT_CUDA_CHECK(cudaEventRecord(reduced_ev_[half], tp_stream_));
 }
 
 void CudaGPT::wait_reduced(int64_t half) { MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, reduced_ev_[half], 0)); }
 
-// Half `half` of layer l's attention block: (for l > 0) the layer's input norm from the previous layer's
-// reduced MLP output, then QKV, attention and the projection, whose all-reduce is left running.
+void CudaGPT::carve_begin() {
+  if (carve_next_) cuda::GemmLt::instance().set_sm_target(carve_sms_);
+}
+
+void CudaGPT::carve_end() {
+  if (!carve_next_) return;
+  cuda::GemmLt::instance().set_sm_target(0);
+  carve_next_ = false;
+}
+
+// Half `half` of layer l's attention block: QKV (from the input norm the previous layer's MLP half queued on
+// tp_stream_), attention and the projection, whose all-reduce and the MLP's input norm are left running.
 void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
@@ -503,12 +537,7 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   const int64_t Bh = mb.B / 2, rows = Bh * mb.S, r0 = half * rows, h = D.h;
   const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
   Record& r = recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)];
-  if (l > 0) {
-    const Record& p = recomputed(l - 1) ? *recompute_record_ : *records_[static_cast<size_t>(l - 1)];
-    wait_reduced(half);
-    MT_PROF("fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l)]->x_in, r0 * h), r.xn1 + r0 * h, r.mean1 + r0,
-                                                   r.rstd1 + r0, res_at(p.x_mid, r0 * h), s.delta + r0 * h, w(lw.ln1_w), w(lw.ln1_b), rows, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, mlp_site(l - 1), r0)));
-  }
+  if (l > 0) wait_reduced(half);  // the previous layer's MLP output reduced and this layer's input norm taken
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, rows, Wq, h, 1.0f, r.xn1 + r0 * h, h, w(lw.qkv_w), h, 0.0f, s.qkv + r0 * Wq, Wq, ab_, ab_,
                                      w(lw.qkv_b), stream_));
   MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, s.qkv + r0 * Wq, mb.positions + r0,
@@ -518,11 +547,18 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
                                                                r.stats + half * Bh * D.nh_local * mb.S, stream_));
   MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, rows, h, Hd, 1.0f, r.o + r0 * Hd, Hd, w(lw.proj_w), Hd, 0.0f, s.delta + r0 * h, h, ab_, ab_,
                                       row_bias(lw.proj_b), stream_));
-  reduce_half(half, rows);
+  // The MLP's input norm of these rows follows the all-reduce on the TP stream (the other half's work runs
+  // on the compute stream meanwhile).
+  void* x_in = records_[static_cast<size_t>(l)]->x_in;
+  reduce_half(half, rows, s.delta, [&](cudaStream_t st) {
+    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, r0 * h), r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, res_at(x_in, r0 * h),
+                                                          s.delta + r0 * h, w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, st, dt_, res16_,
+                                                          drop(mb, attn_site(l), r0)));
+  });
 }
 
-// Half `half` of layer l's MLP block: the norm from the reduced attention output, fc1, the activation and
-// fc2, whose all-reduce is left running.
+// Half `half` of layer l's MLP block: fc1 (from the norm queued behind the attention's all-reduce), the
+// activation and fc2, whose all-reduce and the next layer's input norm are left running.
 void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
@@ -530,10 +566,7 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t rows = mb.B / 2 * mb.S, r0 = half * rows, h = D.h, F = W_.F, F1 = W_.F1;
   Record& r = recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)];
-  void* x_in = records_[static_cast<size_t>(l)]->x_in;
-  wait_reduced(half);
-  MT_PROF("fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, r0 * h), r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, res_at(x_in, r0 * h), s.delta + r0 * h,
-                                                 w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, attn_site(l), r0)));
+  wait_reduced(half);  // the attention output reduced and the MLP's input norm taken
   if (D.swiglu) {
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F1, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.fc1 + r0 * F1, F1, ab_, ab_,
                                        w(lw.fc1_b), stream_));
@@ -544,7 +577,18 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   }
   MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, rows, h, F, 1.0f, r.act + r0 * F, F, w(lw.fc2_w), F, 0.0f, s.delta + r0 * h, h, ab_, ab_,
                                      row_bias(lw.fc2_b), stream_));
-  reduce_half(half, rows);
+  if (l + 1 == D.L) {  // the final norm runs after both halves, on the compute stream
+    reduce_half(half, rows, s.delta, nullptr);
+    return;
+  }
+  // The next layer's input norm of these rows follows the all-reduce on the TP stream.
+  const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
+  Record& n = recomputed(l + 1) ? *recompute_record_ : *records_[static_cast<size_t>(l + 1)];
+  reduce_half(half, rows, s.delta, [&](cudaStream_t st) {
+    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l + 1)]->x_in, r0 * h), n.xn1 + r0 * h, n.mean1 + r0,
+                                                          n.rstd1 + r0, res_at(r.x_mid, r0 * h), s.delta + r0 * h, w(nw.ln1_w), w(nw.ln1_b), rows, h,
+                                                          D.eps, D.rms, st, dt_, res16_, drop(mb, mlp_site(l), r0)));
+  });
 }
 
 // Every reduction goes through tp_stream_ in the order issued here, which is the same on every TP rank;
@@ -552,9 +596,11 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
 // them by the events.
 void CudaGPT::split_layers_forward(const DeviceMicrobatch& mb) {
   for (int64_t l = 0; l < D_.L; ++l) {
-    if (l > 0) need_params(layer_end_[static_cast<size_t>(l)]);
     attention_half(l, 0, mb);
     attention_half(l, 1, mb);
+    // The MLP halves' reductions are followed by the next layer's input norm on the TP stream, which reads
+    // that layer's weights: the compute stream waits for them first (the TP stream follows it).
+    if (l + 1 < D_.L) need_params(layer_end_[static_cast<size_t>(l + 1)]);
     mlp_half(l, 0, mb);
     mlp_half(l, 1, mb);
   }
@@ -574,6 +620,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   // MLP
   const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
+  CarveScope carve(*this);
   if (D.swiglu) {
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, ab_, ab_, nullptr, stream_));
   } else {  // the GELU backward in the epilogue: straight to d(fc1 output)
@@ -583,6 +630,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // Row-parallel biases: under SP their gradient is this rank's rows' (summed over TP later), not all of dy's.
   const bool fuse_row = bgrad_epilogue_ && !sp_;
   wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
+  carve.end();
   if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
@@ -597,7 +645,11 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // Attention
   dy = gather_rows(s.dres16, s.dres16_full, T);
   MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, ab_, ab_, nullptr, stream_));
-  wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+  // Under TP the projection's weight gradient waits for the side stream beside the QKV dgrad's collective,
+  // which is longer than the QKV weight gradient alone: off the critical path (its dy is read before the
+  // norm's backward below overwrites it).
+  const bool defer_proj = wgrad_stream_ != nullptr;
+  if (!defer_proj) wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
   if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}, r.q, r.k, r.v, r.o, s.d_o,
                                                                 r.stats, s.dq, s.dk, s.dv, stream_));
@@ -635,8 +687,13 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
   if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_, dt_));
   ws = fork_wgrad();
+  if (defer_proj) {
+    wgrad_with_bias(ws, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+    MT_CUDA_CHECK(cudaEventRecord(proj_done_ev_, ws));
+  }
   wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
+  if (defer_proj && !sp_) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
                                               stream_, dt_, res16_, l > 0 ? drop(mb, mlp_site(l - 1), row0(T)) : nullptr));
   sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)]);
@@ -653,6 +710,85 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
 }
 
+// The split TP backward (with the split forward): each layer's MLP and attention blocks as two halves of
+// the micro batch's sequences; a half's input-gradient all-reduce and the norm backward that consumes it run
+// on tp_stream_ while the compute stream runs the other half's GEMMs and attention. The weight gradients
+// accumulate half by half. s_->dres / dres16 as in layer_backward.
+void CudaGPT::split_layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
+  mlp_backward_half(l, 0, r, mb);
+  mlp_backward_half(l, 1, r, mb);
+  attention_backward_half(l, 0, r, mb);
+  attention_backward_half(l, 1, r, mb);
+  // The output layer's weight gradient (side stream) before any grads-ready hook or the embedding backward,
+  // which adds to the same tensor when tied.
+  MT_PROF("tp.wgrad_join", join_wgrad());
+}
+
+void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t rows = mb.B / 2 * mb.S, r0 = half * rows, h = D.h, F = W_.F, F1 = W_.F1;
+  if (l + 1 < D.L) wait_reduced(half);  // the layer above's input-gradient norm of these rows
+  const bf16* dy = s.dres16 + r0 * h;
+  bf16* dfc1 = s.dfc1 + r0 * F1;
+  CarveScope carve(*this);
+  if (D.swiglu) {
+    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, rows, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact + r0 * F, F, ab_, ab_, nullptr, stream_));
+  } else {
+    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, rows, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, dfc1, F, ab_, ab_, nullptr, stream_,
+                                             {cuda::GemmEpilogue::kDGelu, r.fc1 + r0 * F, F}));
+  }
+  wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, rows, dy, r.act + r0 * F, F, lw.fc2_w, bgrad_epilogue_ ? lw.fc2_b : -1);
+  carve.end();
+  if (!bgrad_epilogue_ && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), dy, rows, h, stream_, dt_));
+  if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(dfc1, s.dact + r0 * F, r.fc1 + r0 * F1, rows, F, stream_, dt_));
+  MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, rows, h, F1, 1.0f, dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr, stream_));
+  if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), dfc1, rows, F1, stream_, dt_));
+  // The all-reduce and the norm start beside this half's fc1 weight gradient: the norm writes dres / dres16,
+  // which fc2's weight gradient (queued before) read, not what fc1's reads.
+  void* x_mid = r.x_mid;
+  reduce_half(half, rows, s.dxn, [&](cudaStream_t st) {
+    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + r0 * h, s.dres16 + r0 * h, g(lw.ln2_w), g(lw.ln2_b), s.dxn + r0 * h, res_at(x_mid, r0 * h),
+                                                       r.mean2 + r0, r.rstd2 + r0, w(lw.ln2_w), rows, h, D.rms, st, dt_, res16_,
+                                                       drop(mb, attn_site(l), r0), s.norm_part));
+  });
+  wgrad_with_bias(stream_, "bwd.gemm.fc1_wgrad", F1, rows, dfc1, r.xn2 + r0 * h, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
+}
+
+void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t Bh = mb.B / 2, rows = Bh * mb.S, r0 = half * rows, h = D.h;
+  const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
+  wait_reduced(half);  // the MLP's input-gradient norm of these rows
+  const bf16* dy = s.dres16 + r0 * h;
+  MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, rows, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o + r0 * Hd, Hd, ab_, ab_, nullptr, stream_));
+  wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, rows, dy, r.o + r0 * Hd, Hd, lw.proj_w, bgrad_epilogue_ ? lw.proj_b : -1);
+  if (!bgrad_epilogue_ && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), dy, rows, h, stream_, dt_));
+  const cuda::SdpaShape sh{Bh, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
+  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(sh, r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, r.o + r0 * Hd, s.d_o + r0 * Hd,
+                                                                r.stats + half * Bh * D.nh_local * mb.S, s.dq + r0 * Hd, s.dk + r0 * KVd,
+                                                                s.dv + r0 * KVd, stream_));
+  MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv + r0 * Wq, s.dq + r0 * Hd, s.dk + r0 * KVd, s.dv + r0 * KVd, mb.positions + r0,
+                                                              D.rope ? rope_table_ : nullptr, rows, D.nh_local, D.ng_local, D.d, D.rot_dim, stream_, dt_));
+  MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, rows, h, Wq, 1.0f, s.qkv + r0 * Wq, Wq, w(lw.qkv_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr,
+                                           stream_));
+  if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv + r0 * Wq, rows, Wq, stream_, dt_));
+  // As in the MLP: the all-reduce and the norm beside this half's QKV weight gradient (which reads s.qkv and
+  // xn1; the projection's, which read dres16, is queued before).
+  void* x_in = records_[static_cast<size_t>(l)]->x_in;
+  reduce_half(half, rows, s.dxn, [&](cudaStream_t st) {
+    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + r0 * h, s.dres16 + r0 * h, g(lw.ln1_w), g(lw.ln1_b), s.dxn + r0 * h, res_at(x_in, r0 * h),
+                                                       r.mean1 + r0, r.rstd1 + r0, w(lw.ln1_w), rows, h, D.rms, st, dt_, res16_,
+                                                       l > 0 ? drop(mb, mlp_site(l - 1), r0) : nullptr, s.norm_part));
+  });
+  wgrad_with_bias(stream_, "bwd.gemm.qkv_wgrad", Wq, rows, s.qkv + r0 * Wq, r.xn1 + r0 * h, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
+}
+
 // The residual stream's first rows: the vocabulary-parallel lookup summed over TP (scattered over the
 // tokens under SP), positions added by one rank.
 void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
@@ -660,7 +796,7 @@ void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
   void* x0 = records_[0]->x_in;
   const bf16* wpe = wpe_ >= 0 && tp_rank_ == 0 ? w(wpe_) : nullptr;
   // The sum is taken in fp32 (in s_->emb unless the stream is fp32 and whole), then rounded once into a
-  // 16-bit stream.
+  // 16-bit stream; without positions or dropout, a 16-bit stream is summed in 16 bits (exact, see below).
   float* out = sp_ || res16_ ? s_->emb : static_cast<float*>(x0);
   MT_PROF("fwd.embedding", cuda::embedding_forward_bf16(out, mb.tokens, mb.positions, w(wte_), wpe, T, D.h, v0_, D.V_local, stream_, dt_));
   int64_t n = T * D.h;
@@ -670,6 +806,13 @@ void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
     MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(out, mine, n, WireType::kF32, stream_));
     out = mine;
   } else if (tp_) {
+    // Each token's row comes from the one rank that holds it and the others add exact zeros: without learned
+    // positions or dropout to add before rounding, the sum is exact in 16 bits, on half the bytes.
+    if (res16_ && wpe_ < 0 && !drop(mb, kEmbedSite, row0(T))) {
+      MT_PROF("fwd.embedding", cuda::cast_to_bf16(static_cast<bf16*>(x0), out, n, stream_, dt_));
+      MT_PROF("tp.all_reduce", tp_->all_reduce_on(x0, n, wire_, ReduceOp::kSum, stream_));
+      return;
+    }
     MT_PROF("tp.all_reduce", tp_->all_reduce_on(out, n, WireType::kF32, ReduceOp::kSum, stream_));
   }
   if (const cuda::RowDropout* d = drop(mb, kEmbedSite, row0(T))) MT_PROF("fwd.dropout", cuda::dropout_rows_f32(out, n / D.h, D.h, *d, stream_));
@@ -748,6 +891,11 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   sum_replicated_grads(final_replicated_);
   for (int64_t l = D.L - 1; l >= 0; --l) {
     Record& r = act(l);
+    // The split backward's norms of the layer above may still read the shared recompute record on tp_stream_.
+    if (split_forward_ && recomputed(l) && l + 1 < D.L) {
+      wait_reduced(0);
+      wait_reduced(1);
+    }
     if (recomputed(l)) {
       const LayerW& lw = layers_[static_cast<size_t>(l)];
       MT_PROF("recompute.norm", cuda::add_norm_forward(nullptr, norm_out(r.xn1), r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr,
@@ -755,8 +903,24 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
       gather_rows(s.xn_l, r.xn1, T);
       layer_forward(l, r, mb);
     }
-    layer_backward(l, r, mb);
-    if (final_backward_ && grads_ready_) grads_ready_(layer_start_[static_cast<size_t>(l)]);
+    if (split_forward_) {
+      split_layer_backward(l, r, mb);
+    } else {
+      layer_backward(l, r, mb);
+    }
+    if (final_backward_ && grads_ready_) {
+      // The layer's norm gradients come from tp_stream_; the hook's collectives follow the compute stream.
+      // (A wait even when the hook launches nothing: TP x DP without SP loses some overlap here.)
+      if (split_forward_) {
+        wait_reduced(0);
+        wait_reduced(1);
+      }
+      carve_next_ = grads_ready_(layer_start_[static_cast<size_t>(l)]) && carve_sms_ > 0;
+    }
+  }
+  if (split_forward_) {  // the input gradient's last rows, before the embedding reads them
+    wait_reduced(0);
+    wait_reduced(1);
   }
   // The embedding gradient from every token (gathered under SP): each rank's vocabulary rows, and the
   // positions' on every rank alike.
@@ -769,6 +933,7 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   MT_PROF("bwd.embedding", cuda::embedding_backward(g(wte_), demb, mb.tok_ids, mb.tok_offsets, mb.tok_positions, mb.n_tok_ids, h, stream_));
   if (wpe_ >= 0) MT_PROF("bwd.embedding", cuda::embedding_backward(g(wpe_), demb, mb.pos_ids, mb.pos_offsets, mb.pos_positions, mb.n_pos_ids, h, stream_));
   if (final_backward_ && grads_ready_) grads_ready_(0);
+  carve_next_ = false;
 }
 
 }  // namespace mt

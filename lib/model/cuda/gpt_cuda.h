@@ -7,10 +7,11 @@
 // FFN and the vocabulary; row-parallel partial sums are combined over TP in that 16-bit type (all-reduce, or
 // under sequence parallelism reduce-scatter, with norms on sequence shards and all-gathers before the column-
 // parallel GEMMs); the loss is vocabulary-parallel. TP collectives are queued on the compute stream, except
-// the split forward's (TP without SP: two interleaved halves of the micro batch, each half's reductions on
-// a TP stream). Everything else runs on one stream, except that under TP the column-parallel layers'
-// weight-gradient GEMMs run on a side stream joined at the end of each layer's backward; nothing here waits
-// for the device.
+// the split layers' (TP without SP: the forward and backward of each layer as two interleaved halves of the
+// micro batch, each half's reductions and the norms that consume them on a TP stream). Everything else runs
+// on one stream, except that under TP the output layer's and (without the split) the column-parallel
+// layers' weight-gradient GEMMs run on a side stream joined at the end of a layer's backward; nothing here
+// waits for the device.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,9 +62,17 @@ class CudaGPT {
   void step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc);
   // Called during a backward (only when `final_backward` is set: the iteration's last microbatch) once the
   // gradients of every parameter at flat offset >= `lowest` are final: data parallelism starts its bucket
-  // all-reduces from here, overlapping the rest of the backward.
-  void set_grads_ready_hook(std::function<void(int64_t lowest)> hook) { grads_ready_ = std::move(hook); }
+  // all-reduces from here, overlapping the rest of the backward. The hook returns whether it started one.
+  void set_grads_ready_hook(std::function<bool(int64_t lowest)> hook) { grads_ready_ = std::move(hook); }
   void set_final_backward(bool final_backward) { final_backward_ = final_backward; }
+  // The flat offsets the forward passes to the params-needed hook, in order (the embedding's end, each
+  // layer's end, then all).
+  std::vector<int64_t> params_needed_bounds() const {
+    std::vector<int64_t> b{embed_end_};
+    b.insert(b.end(), layer_end_.begin(), layer_end_.end());
+    b.push_back(numel_);
+    return b;
+  }
   // Called in the forward before the parameters at flat offsets < `end` are first read (embedding, each
   // layer, then the output layer with end = numel()): the distributed optimizer's overlapped parameter gather
   // makes the compute stream wait for the buckets holding them.
@@ -95,11 +104,15 @@ class CudaGPT {
   void split_layers_forward(const DeviceMicrobatch& mb);
   void attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
   void mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
-  // Half `half`'s rows of s_->delta summed over TP on tp_stream_, after the compute stream's work so far;
-  // wait_reduced: the compute stream waits for it.
-  void reduce_half(int64_t half, int64_t rows);
+  // Half `half`'s rows of base ([T, h]: s_->delta, or s_->dxn in the backward) summed over TP on tp_stream_, after the compute stream's work so far,
+  // then `then` on tp_stream_ (the norm, forward or backward, that consumes the sum; may be empty);
+  // wait_reduced: the compute stream waits for both.
+  void reduce_half(int64_t half, int64_t rows, cuda::bf16* base, const std::function<void(cudaStream_t)>& then);
   void wait_reduced(int64_t half);
   void layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  void split_layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  void mlp_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
+  void attention_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
   void embed(const DeviceMicrobatch& mb, int64_t T);
   void loss(const DeviceMicrobatch& mb, float grad_scale, int64_t T);
   // Tensor parallelism. combine_rows: row-parallel partial sums `full` [T, h] summed over TP (in place), or
@@ -107,9 +120,9 @@ class CudaGPT {
   // into `full` under SP (returns full), else local itself. norm_out: where a norm writes this rank's rows
   // before gather_rows makes `full` of them.
   const cuda::bf16* combine_rows(cuda::bf16* full, cuda::bf16* local, int64_t T);
-  // Under TP the column-parallel layers' weight-gradient GEMMs run on a side stream: the dgrad's collective,
-  // queued right behind the dgrad GEMM on the compute stream, starts first and overlaps them (Megatron's
-  // asynchronous TP all-reduce). fork_wgrad: the side stream after the work queued so far (the compute
+  // Under TP the column-parallel layers' weight-gradient GEMMs (and the projection's, deferred to beside the
+  // QKV dgrad's collective) run on a side stream: the dgrad's collective, queued right behind the dgrad GEMM
+  // on the compute stream, starts first and overlaps them (Megatron's asynchronous TP all-reduce). fork_wgrad: the side stream after the work queued so far (the compute
   // stream itself at TP 1); join_wgrad: the compute stream waits for the side stream.
   cudaStream_t fork_wgrad();
   void join_wgrad();
@@ -151,7 +164,7 @@ class CudaGPT {
   // Query groups below TP: the TP ranks holding this rank's copy of its group's QKV block (kv_rep > 1).
   std::shared_ptr<StreamCollectives> kv_group_;
   cudaStream_t wgrad_stream_ = nullptr;
-  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr, proj_done_ev_ = nullptr;
   // The split forward (TP without SP): the row-parallel all-reduces run on tp_stream_; per half, ready_ev_
   // (its rows computed, on the compute stream) and reduced_ev_ (its all-reduce done, on tp_stream_).
   bool split_forward_ = false;
@@ -188,7 +201,30 @@ class CudaGPT {
   int64_t bgrad_len_ = 0;             // each stream's part of Scratch::bgrad
   bool bgrad_epilogue_ = false;       // bias gradients from the weight-gradient GEMMs' epilogue
   int64_t embed_end_ = 0;             // one past the embedding's parameters
-  std::function<void(int64_t)> grads_ready_, params_needed_;
+  std::function<bool(int64_t)> grads_ready_;
+  std::function<void(int64_t)> params_needed_;
+  // MEGATRAIN_DP_COMM_SMS=n (an experiment, off by default): after the grads-ready hook started a
+  // data-parallel reduction, the next layer's first two backward GEMMs are planned for n fewer SMs
+  // (carve_sms_ = the device's SMs - n), so that the GEMM's CTAs do not queue behind NCCL's; pair it with
+  // NCCL_MAX_CTAS=n. carve_next_: the next layer's fc2 GEMMs are to be carved.
+  int carve_sms_ = 0;
+  bool carve_next_ = false;
+  void carve_begin();
+  void carve_end();
+  // carve_begin now, carve_end at end() or when leaving the scope (an exception must not leave the
+  // process-wide GEMM planner on fewer SMs).
+  struct CarveScope {
+    explicit CarveScope(CudaGPT& m) : m_(m) { m_.carve_begin(); }
+    ~CarveScope() { end(); }
+    CarveScope(const CarveScope&) = delete;
+    CarveScope& operator=(const CarveScope&) = delete;
+    void end() {
+      if (!done_) m_.carve_end();
+      done_ = true;
+    }
+    CudaGPT& m_;
+    bool done_ = false;
+  };
   void need_params(int64_t end) {
     if (params_needed_) params_needed_(end);
   }

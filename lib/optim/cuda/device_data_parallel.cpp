@@ -51,17 +51,23 @@ void DeviceDataParallel::launch_next() {
     else comm_->all_reduce_after(grads_ + b.lo, n, ReduceOp::kAvg, compute_);
     return;
   }
+  // The rounding to bf16 runs on the communicator's stream too, after the compute stream's work so far: on
+  // the compute stream it was a gap of 0.15-0.3 ms per layer in the backward (one pass over the bucket).
   auto* s = static_cast<cuda::bf16*>(shadow_);
-  cuda::cast_to_bf16(s + b.lo, grads_ + b.lo, n, compute_);
-  if (sharded_) comm_->reduce_scatter_v_after(s + b.lo, b.shard_counts, WireType::kBF16, ReduceOp::kAvg, compute_);
-  else comm_->all_reduce_bf16_after(s + b.lo, n, ReduceOp::kAvg, compute_);
+  cudaStream_t cs = comm_->stream();
+  comm_->follow(compute_);
+  MT_PROF_ON(cs, "dp.grad_to_bf16", cuda::cast_to_bf16(s + b.lo, grads_ + b.lo, n, cs));
+  if (sharded_) comm_->reduce_scatter_v_after(s + b.lo, b.shard_counts, WireType::kBF16, ReduceOp::kAvg, cs);
+  else comm_->all_reduce_bf16_after(s + b.lo, n, ReduceOp::kAvg, cs);
   // Widen what this rank uses: its block (distributed optimizer) or the whole bucket.
   cuda::cast_from_bf16(grads_ + b.shard_lo, s + b.shard_lo, b.shard_hi - b.shard_lo, comm_->stream());
 }
 
-void DeviceDataParallel::on_grads_ready(int64_t lowest) {
-  if (!overlap_) return;
-  while (next_ < buckets_.size() && buckets_[next_].lo >= lowest) launch_next();
+bool DeviceDataParallel::on_grads_ready(int64_t lowest) {
+  if (!overlap_) return false;
+  bool started = false;
+  for (; next_ < buckets_.size() && buckets_[next_].lo >= lowest; started = true) launch_next();
+  return started;
 }
 
 void DeviceDataParallel::finish() {
