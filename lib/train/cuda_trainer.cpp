@@ -243,9 +243,6 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   // MEGATRAIN_OVERLAP_OPTIMIZER=1 (an experiment): the step on its own stream, overlapping the next forward
   // (optim/cuda/overlapped_step.h); the distributed optimizer overlaps its gather instead.
   std::unique_ptr<OverlappedStep> overlapped;
-  if (overlap_env && std::string(overlap_env) == "1" && !overlap_opt && lead) {
-    std::cerr << "megatrain: MEGATRAIN_OVERLAP_OPTIMIZER ignored with --use-distributed-optimizer (it overlaps its parameter gather instead)\n";
-  }
   if (overlap_opt) {
     std::vector<int64_t> starts;
     for (const cuda::AdamChunk& c : chunks) starts.push_back(c.start);

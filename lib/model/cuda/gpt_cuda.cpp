@@ -620,7 +620,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   // MLP
   const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
-  CarveScope carve(*this);
+  carve_begin();
   if (D.swiglu) {
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, ab_, ab_, nullptr, stream_));
   } else {  // the GELU backward in the epilogue: straight to d(fc1 output)
@@ -630,7 +630,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // Row-parallel biases: under SP their gradient is this rank's rows' (summed over TP later), not all of dy's.
   const bool fuse_row = bgrad_epilogue_ && !sp_;
   wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
-  carve.end();
+  carve_end();
   if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
@@ -733,7 +733,7 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
   if (l + 1 < D.L) wait_reduced(half);  // the layer above's input-gradient norm of these rows
   const bf16* dy = s.dres16 + r0 * h;
   bf16* dfc1 = s.dfc1 + r0 * F1;
-  CarveScope carve(*this);
+  carve_begin();
   if (D.swiglu) {
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, rows, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact + r0 * F, F, ab_, ab_, nullptr, stream_));
   } else {
@@ -741,7 +741,7 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
                                              {cuda::GemmEpilogue::kDGelu, r.fc1 + r0 * F, F}));
   }
   wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, rows, dy, r.act + r0 * F, F, lw.fc2_w, bgrad_epilogue_ ? lw.fc2_b : -1);
-  carve.end();
+  carve_end();
   if (!bgrad_epilogue_ && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), dy, rows, h, stream_, dt_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(dfc1, s.dact + r0 * F, r.fc1 + r0 * F1, rows, F, stream_, dt_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, rows, h, F1, 1.0f, dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr, stream_));

@@ -211,20 +211,6 @@ class CudaGPT {
   bool carve_next_ = false;
   void carve_begin();
   void carve_end();
-  // carve_begin now, carve_end at end() or when leaving the scope (an exception must not leave the
-  // process-wide GEMM planner on fewer SMs).
-  struct CarveScope {
-    explicit CarveScope(CudaGPT& m) : m_(m) { m_.carve_begin(); }
-    ~CarveScope() { end(); }
-    CarveScope(const CarveScope&) = delete;
-    CarveScope& operator=(const CarveScope&) = delete;
-    void end() {
-      if (!done_) m_.carve_end();
-      done_ = true;
-    }
-    CudaGPT& m_;
-    bool done_ = false;
-  };
   void need_params(int64_t end) {
     if (params_needed_) params_needed_(end);
   }

@@ -2,10 +2,8 @@
 #include "optim/cuda/overlapped_step.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 
-#include "kernels/cuda/stream_delay.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/op_profiler.h"
 
@@ -24,9 +22,6 @@ OverlappedStep::OverlappedStep(std::vector<int64_t> bounds, int64_t numel, const
     buckets_.push_back(b);
   }
   if (c != chunk_starts.size()) throw std::logic_error("OverlappedStep: optimizer chunks outside the parameters");
-  // Tests: make every bucket's update late, so a forward that does not wait for the buckets it reads sees
-  // last step's weights.
-  if (const char* delay = std::getenv("MEGATRAIN_TEST_STEP_DELAY_US")) test_delay_us_ = std::atoll(delay);
   // Below the compute stream's priority: the forward's kernels go first when SMs free up.
   int least = 0, greatest = 0;
   MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -49,7 +44,6 @@ void OverlappedStep::launch(cudaStream_t compute, float* grads, const std::funct
   MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   for (size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& b = buckets_[i];
-    cuda::stream_delay(test_delay_us_, stream_);
     if (b.count > 0) update(b.first, b.count, stream_);
     MT_PROF_ON(stream_, "opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(grads + b.lo, 0, static_cast<size_t>(b.hi - b.lo) * 4, stream_)));
     MT_CUDA_CHECK(cudaEventRecord(done_[i], stream_));

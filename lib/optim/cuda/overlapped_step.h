@@ -41,7 +41,6 @@ class OverlappedStep {
   std::vector<cudaEvent_t> done_;
   size_t waited_ = 0, pending_ = 0;
   bool launched_ = false;
-  int64_t test_delay_us_ = 0;  // MEGATRAIN_TEST_STEP_DELAY_US: each bucket's update made this late (tests)
 };
 
 }  // namespace mt
