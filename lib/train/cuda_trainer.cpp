@@ -31,7 +31,6 @@
 #ifdef MEGATRAIN_HAVE_NCCL
 #include "optim/cuda/device_data_parallel.h"
 #endif
-#include "optim/cuda/overlapped_step.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "plan/flops.h"
@@ -72,15 +71,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   const bool lead = opt.rank == 0 && !opt.quiet;
   auto src = open_training_data(cfg);
   cudaStream_t stream = nullptr;
-  const char* overlap_env = std::getenv("MEGATRAIN_OVERLAP_OPTIMIZER");
-  const bool overlap_opt = overlap_env && std::string(overlap_env) == "1" && !cfg.training.use_distributed_optimizer;
-  if (overlap_opt) {  // one step above the overlapped optimizer step's stream (optim/cuda/overlapped_step.h)
-    int least = 0, greatest = 0;
-    MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    MT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, std::max(greatest, least - 1)));
-  } else {
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  }
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const auto gpus = visible_gpus();
   const std::string gpu_name = gpus.empty() ? std::string("GPU") : gpus.front().name;
   const double peak = peak_tflops(gpu_name);
@@ -240,15 +231,6 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
 #else
   if (dp > 1) throw std::logic_error("CUDA trainer: data parallelism needs NCCL");
 #endif
-  // MEGATRAIN_OVERLAP_OPTIMIZER=1 (an experiment): the step on its own stream, overlapping the next forward
-  // (optim/cuda/overlapped_step.h); the distributed optimizer overlaps its gather instead.
-  std::unique_ptr<OverlappedStep> overlapped;
-  if (overlap_opt) {
-    std::vector<int64_t> starts;
-    for (const cuda::AdamChunk& c : chunks) starts.push_back(c.start);
-    overlapped = std::make_unique<OverlappedStep>(model.params_needed_bounds(), P, starts);
-    model.set_params_needed_hook([&overlapped, stream](int64_t end) { overlapped->wait(stream, end); });
-  }
   // partials[kNormPartials] = the norm partial sums of x (gradients, indexed like the parameters, or master
   // weights, indexed like the optimizer state), summed over TP, and over DP when each rank owns a shard.
   // With the distributed optimizer a rank's own non-finite loss poisons the gradient partials, so every rank
@@ -383,7 +365,6 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
 #ifdef MEGATRAIN_HAVE_NCCL
     if (overlap_gather) ddp->wait_params(INT64_MAX);
 #endif
-    if (overlapped) overlapped->wait(stream, INT64_MAX);
   };
   auto save_now = [&](int64_t it) {
     params_gathered();
@@ -440,9 +421,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     const double waited_before = MicrobatchSlot::wait_ms;
     const int64_t mallocs_before = DeviceAllocator::instance().stats().device_mallocs;
     if (it == profile_iter) OpProfiler::instance().enable(stream);
-    if (!overlapped || !overlapped->zeroed()) {
-      MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model.grads(), 0, static_cast<size_t>(P) * 4, stream)));
-    }
+    MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model.grads(), 0, static_cast<size_t>(P) * 4, stream)));
     const int64_t base = consumed, batch = batches.global_batch(consumed), nmb_it = batch / (mbs * dp);
 #ifdef MEGATRAIN_HAVE_NCCL
     if (ddp) ddp->start_iteration();
@@ -468,18 +447,15 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     const double lr = schedule.lr_at_samples(base);  // as the CPU engine (train/trainer.cpp): Megatron's order
     MT_PROF("opt.grad_norm", norm_partials(model.grads(), false, &st->loss_acc));
     cuda::step_prepare(st, partials, clip, b1, b2, 1.0f, scale_rule, stream);
-    auto adamw_on = [&](int64_t first, int64_t count, cudaStream_t s) {
-      MT_PROF_ON(s, "opt.adamw", cuda::adamw_multi(master, m, v, model.working(), model.grads(), d_chunks + first, count, st, static_cast<float>(lr),
-                                                   b1, b2, eps, wd, s, model.half_type()));
+    auto adamw = [&](int64_t first, int64_t count) {
+      MT_PROF("opt.adamw", cuda::adamw_multi(master, m, v, model.working(), model.grads(), d_chunks + first, count, st, static_cast<float>(lr), b1,
+                                             b2, eps, wd, stream, model.half_type()));
     };
-    auto adamw = [&](int64_t first, int64_t count) { adamw_on(first, count, stream); };
 #ifdef MEGATRAIN_HAVE_NCCL
     // Distributed optimizer: each rank updates the working weights of its blocks; every rank gets all of them,
     // after the step or (--overlap-param-gather) bucket by bucket as the step updates them, on the
     // communicator's stream, while the rest of the step and the next forward run.
-    if (overlapped) {
-      overlapped->launch(stream, model.grads(), adamw_on);
-    } else if (overlap_gather) {
+    if (overlap_gather) {
       ddp->start_param_gather(model.working(), [&](int64_t lo) {
         const auto [first, last] = bucket_chunks.at(lo);
         if (last > first) adamw(first, last - first);
@@ -489,11 +465,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       if (dist_opt) MT_PROF("dp.param_gather", ddp->gather_params(model.working()));
     }
 #else
-    if (overlapped) {
-      overlapped->launch(stream, model.grads(), adamw_on);
-    } else {
-      adamw(0, n_chunks);
-    }
+    adamw(0, n_chunks);
 #endif
     if (it == profile_iter) {
       // The step's only possible host waits: a staging buffer still being copied (the two-iteration run-ahead
@@ -571,7 +543,6 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
         // The fp32 master weights, through the gradient-norm kernel's partial sums (the device is drained here,
         // and the next step recomputes its own partials), summed over TP and, with the distributed
         // optimizer, over the DP shards.
-        params_gathered();  // the overlapped step's updates of the master weights
         norm_partials(master, true);
         std::vector<float> part(cuda::kNormPartials);
         MT_CUDA_CHECK(cudaMemcpyAsync(part.data(), partials, part.size() * 4, cudaMemcpyDeviceToHost, stream));

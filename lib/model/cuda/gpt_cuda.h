@@ -65,14 +65,6 @@ class CudaGPT {
   // all-reduces from here, overlapping the rest of the backward. The hook returns whether it started one.
   void set_grads_ready_hook(std::function<bool(int64_t lowest)> hook) { grads_ready_ = std::move(hook); }
   void set_final_backward(bool final_backward) { final_backward_ = final_backward; }
-  // The flat offsets the forward passes to the params-needed hook, in order (the embedding's end, each
-  // layer's end, then all).
-  std::vector<int64_t> params_needed_bounds() const {
-    std::vector<int64_t> b{embed_end_};
-    b.insert(b.end(), layer_end_.begin(), layer_end_.end());
-    b.push_back(numel_);
-    return b;
-  }
   // Called in the forward before the parameters at flat offsets < `end` are first read (embedding, each
   // layer, then the output layer with end = numel()): the distributed optimizer's overlapped parameter gather
   // makes the compute stream wait for the buckets holding them.
