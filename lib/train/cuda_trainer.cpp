@@ -212,7 +212,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       ddp = std::make_unique<DeviceDataParallel>(dp_nccl, model.grads(), P, bucket, cfg.training.overlap_grad_reduce,
                                                  cfg.precision.grad_reduce_in_bf16, stream);
     }
-    model.set_grads_ready_hook([&ddp](int64_t lowest) { return ddp->on_grads_ready(lowest); });
+    model.set_grads_ready_hook([&ddp](int64_t lowest) { ddp->on_grads_ready(lowest); });
     if (overlap_gather) model.set_params_needed_hook([&ddp](int64_t end) { ddp->wait_params(end); });
   }
   // --overlap-param-gather: the chunks [first, second) of the table that update the bucket starting at lo.

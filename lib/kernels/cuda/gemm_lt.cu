@@ -47,7 +47,7 @@ void GemmLt::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 }
 
 GemmLt::Plan* GemmLt::create_plan(const Key& key, const void* bias, const GemmEpilogue& ep, bool required) {
-  const auto& [ta, tb, M, N, K, lda, ldb, ldc, ab_i, c_i, has_bias, kind, ld_aux, sm_target] = key;
+  const auto& [ta, tb, M, N, K, lda, ldb, ldc, ab_i, c_i, has_bias, kind, ld_aux] = key;
   const auto ab = static_cast<cudaDataType_t>(ab_i), c_type = static_cast<cudaDataType_t>(c_i);
   const bool gelu = ep.kind == GemmEpilogue::kGeluAux || ep.kind == GemmEpilogue::kDGelu;
   Plan p{};
@@ -60,10 +60,6 @@ GemmLt::Plan* GemmLt::create_plan(const Key& key, const void* bias, const GemmEp
   if (ep.kind == GemmEpilogue::kGeluAux) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   if (ep.kind == GemmEpilogue::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
   if (ep.kind == GemmEpilogue::kBiasGrad) epi = CUBLASLT_EPILOGUE_BGRADB;  // the column-major view's B is our A
-  if (sm_target > 0) {
-    const auto sms = static_cast<int32_t>(sm_target);
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
-  }
   if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   }
@@ -110,7 +106,7 @@ GemmLt::Plan* GemmLt::create_plan(const Key& key, const void* bias, const GemmEp
 
 bool GemmLt::has_algorithm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
                            cudaDataType_t c_type, const GemmEpilogue& ep) {
-  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), false, static_cast<int>(ep.kind), ep.ld_aux, sm_target_};
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), false, static_cast<int>(ep.kind), ep.ld_aux};
   GemmEpilogue probe = ep;  // the heuristic needs the output pointers present, not valid: each call sets its own
   if (probe.aux == nullptr) probe.aux = reinterpret_cast<void*>(std::uintptr_t{256});
   std::lock_guard<std::mutex> lock(mu_);
@@ -132,7 +128,7 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
   if ((ep.kind == GemmEpilogue::kDGelu || ep.kind == GemmEpilogue::kBiasGrad) && has_bias) {
     throw std::logic_error("GEMM epilogue: no bias input with a backward epilogue");
   }
-  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), has_bias, static_cast<int>(ep.kind), ep.ld_aux, sm_target_};
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), has_bias, static_cast<int>(ep.kind), ep.ld_aux};
   Plan* plan = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -41,16 +41,12 @@ class GemmLt {
   bool has_algorithm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
                      cudaDataType_t c_type, const GemmEpilogue& epilogue);
   size_t cached_plans() const { return plans_.size(); }
-  // GEMMs planned from now on target n SMs (cuBLASLt's SM_COUNT_TARGET: fewer CTAs, leaving SMs to a
-  // concurrent kernel such as NCCL's); 0: all of them. Plans are cached per target.
-  void set_sm_target(int n) { sm_target_ = n; }
   // Frees the workspace of a stream about to be destroyed.
   void release_workspace(cudaStream_t stream);
 
  private:
   GemmLt();
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, int, int64_t, int>;
-  int sm_target_ = 0;
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, int, int64_t>;
   struct Plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;

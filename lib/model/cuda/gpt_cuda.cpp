@@ -330,17 +330,6 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       throw std::runtime_error("the tensor-parallel ranks disagree on MEGATRAIN_TP_SPLIT_FORWARD: set it the same for every rank (mpirun -x)");
     }
   }
-  if (const char* carve = std::getenv("MEGATRAIN_DP_COMM_SMS")) {
-    int dev = 0, sms = 0;
-    MT_CUDA_CHECK(cudaGetDevice(&dev));
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const int n = std::atoi(carve);
-    if (n < 0 || n >= sms) {
-      throw std::runtime_error("MEGATRAIN_DP_COMM_SMS=" + std::string(carve) + " must be between 0 and the GPU's " + std::to_string(sms) +
-                               " SMs (the SMs left to NCCL beside the backward's GEMMs)");
-    }
-    carve_sms_ = n > 0 ? sms - n : 0;
-  }
   if (split_forward_) {
     int least = 0, greatest = 0;  // the reductions go first when SMs free up
     MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -517,16 +506,6 @@ void CudaGPT::reduce_half(int64_t half, int64_t rows, bf16* base, const std::fun
 
 void CudaGPT::wait_reduced(int64_t half) { MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, reduced_ev_[half], 0)); }
 
-void CudaGPT::carve_begin() {
-  if (carve_next_) cuda::GemmLt::instance().set_sm_target(carve_sms_);
-}
-
-void CudaGPT::carve_end() {
-  if (!carve_next_) return;
-  cuda::GemmLt::instance().set_sm_target(0);
-  carve_next_ = false;
-}
-
 // Half `half` of layer l's attention block: QKV (from the input norm the previous layer's MLP half queued on
 // tp_stream_), attention and the projection, whose all-reduce and the MLP's input norm are left running.
 void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
@@ -620,7 +599,6 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   // MLP
   const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
-  carve_begin();
   if (D.swiglu) {
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, ab_, ab_, nullptr, stream_));
   } else {  // the GELU backward in the epilogue: straight to d(fc1 output)
@@ -630,7 +608,6 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // Row-parallel biases: under SP their gradient is this rank's rows' (summed over TP later), not all of dy's.
   const bool fuse_row = bgrad_epilogue_ && !sp_;
   wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
-  carve_end();
   if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
@@ -733,7 +710,6 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
   if (l + 1 < D.L) wait_reduced(half);  // the layer above's input-gradient norm of these rows
   const bf16* dy = s.dres16 + r0 * h;
   bf16* dfc1 = s.dfc1 + r0 * F1;
-  carve_begin();
   if (D.swiglu) {
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, rows, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact + r0 * F, F, ab_, ab_, nullptr, stream_));
   } else {
@@ -741,7 +717,6 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
                                              {cuda::GemmEpilogue::kDGelu, r.fc1 + r0 * F, F}));
   }
   wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, rows, dy, r.act + r0 * F, F, lw.fc2_w, bgrad_epilogue_ ? lw.fc2_b : -1);
-  carve_end();
   if (!bgrad_epilogue_ && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), dy, rows, h, stream_, dt_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(dfc1, s.dact + r0 * F, r.fc1 + r0 * F1, rows, F, stream_, dt_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, rows, h, F1, 1.0f, dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr, stream_));
@@ -915,7 +890,7 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
         wait_reduced(0);
         wait_reduced(1);
       }
-      carve_next_ = grads_ready_(layer_start_[static_cast<size_t>(l)]) && carve_sms_ > 0;
+      grads_ready_(layer_start_[static_cast<size_t>(l)]);
     }
   }
   if (split_forward_) {  // the input gradient's last rows, before the embedding reads them
@@ -933,7 +908,6 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   MT_PROF("bwd.embedding", cuda::embedding_backward(g(wte_), demb, mb.tok_ids, mb.tok_offsets, mb.tok_positions, mb.n_tok_ids, h, stream_));
   if (wpe_ >= 0) MT_PROF("bwd.embedding", cuda::embedding_backward(g(wpe_), demb, mb.pos_ids, mb.pos_offsets, mb.pos_positions, mb.n_pos_ids, h, stream_));
   if (final_backward_ && grads_ready_) grads_ready_(0);
-  carve_next_ = false;
 }
 
 }  // namespace mt

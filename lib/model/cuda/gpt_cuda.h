@@ -62,8 +62,8 @@ class CudaGPT {
   void step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc);
   // Called during a backward (only when `final_backward` is set: the iteration's last microbatch) once the
   // gradients of every parameter at flat offset >= `lowest` are final: data parallelism starts its bucket
-  // all-reduces from here, overlapping the rest of the backward. The hook returns whether it started one.
-  void set_grads_ready_hook(std::function<bool(int64_t lowest)> hook) { grads_ready_ = std::move(hook); }
+  // all-reduces from here, overlapping the rest of the backward.
+  void set_grads_ready_hook(std::function<void(int64_t lowest)> hook) { grads_ready_ = std::move(hook); }
   void set_final_backward(bool final_backward) { final_backward_ = final_backward; }
   // Called in the forward before the parameters at flat offsets < `end` are first read (embedding, each
   // layer, then the output layer with end = numel()): the distributed optimizer's overlapped parameter gather
@@ -193,16 +193,7 @@ class CudaGPT {
   int64_t bgrad_len_ = 0;             // each stream's part of Scratch::bgrad
   bool bgrad_epilogue_ = false;       // bias gradients from the weight-gradient GEMMs' epilogue
   int64_t embed_end_ = 0;             // one past the embedding's parameters
-  std::function<bool(int64_t)> grads_ready_;
-  std::function<void(int64_t)> params_needed_;
-  // MEGATRAIN_DP_COMM_SMS=n (an experiment, off by default): after the grads-ready hook started a
-  // data-parallel reduction, the next layer's first two backward GEMMs are planned for n fewer SMs
-  // (carve_sms_ = the device's SMs - n), so that the GEMM's CTAs do not queue behind NCCL's; pair it with
-  // NCCL_MAX_CTAS=n. carve_next_: the next layer's fc2 GEMMs are to be carved.
-  int carve_sms_ = 0;
-  bool carve_next_ = false;
-  void carve_begin();
-  void carve_end();
+  std::function<void(int64_t)> grads_ready_, params_needed_;
   void need_params(int64_t end) {
     if (params_needed_) params_needed_(end);
   }

@@ -63,11 +63,9 @@ void DeviceDataParallel::launch_next() {
   cuda::cast_from_bf16(grads_ + b.shard_lo, s + b.shard_lo, b.shard_hi - b.shard_lo, comm_->stream());
 }
 
-bool DeviceDataParallel::on_grads_ready(int64_t lowest) {
-  if (!overlap_) return false;
-  bool started = false;
-  for (; next_ < buckets_.size() && buckets_[next_].lo >= lowest; started = true) launch_next();
-  return started;
+void DeviceDataParallel::on_grads_ready(int64_t lowest) {
+  if (!overlap_) return;
+  while (next_ < buckets_.size() && buckets_[next_].lo >= lowest) launch_next();
 }
 
 void DeviceDataParallel::finish() {

@@ -37,8 +37,8 @@ class DeviceDataParallel {
                      bool reduce_bf16, cudaStream_t compute);
   ~DeviceDataParallel();
   void start_iteration() { next_ = 0; }
-  // The backward's hook: gradients at offsets >= lowest are final. Returns whether a bucket's reduction started.
-  bool on_grads_ready(int64_t lowest);
+  // The backward's hook: gradients at offsets >= lowest are final.
+  void on_grads_ready(int64_t lowest);
   // Launches what is left; the compute stream then waits for every bucket.
   void finish();
   // Distributed optimizer, after the step wrote each rank's blocks of w16: every block to every rank (queued
