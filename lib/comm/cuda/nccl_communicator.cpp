@@ -1,7 +1,9 @@
 // nccl_communicator.cpp: NCCL collectives with bounded waits.
 #include "comm/cuda/nccl_communicator.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <cstring>
 #include <stdexcept>
@@ -55,6 +57,10 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, std::string name, int64_t ti
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  for (auto& [win, ptr] : windows_) {
+    if (!aborted_) ncclCommWindowDeregister(comm_, win);
+    ncclMemFree(ptr);
+  }
   if (ready_) cudaEventDestroy(ready_);
   if (done_) cudaEventDestroy(done_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -238,6 +244,26 @@ void NcclCommunicator::barrier() {
 
 std::vector<std::string> NcclCommunicator::all_gather_strings(const std::string&) {
   throw std::logic_error("NCCL communicators carry device buffers; host strings go through ProcessGroups::checkpoint");
+}
+
+void* NcclCommunicator::alloc_window(size_t bytes) {
+  const char* off = std::getenv("MEGATRAIN_NCCL_WINDOWS");
+  if (size_ < 2 || (off != nullptr && std::string(off) == "0")) return nullptr;
+  bytes = (std::max<size_t>(bytes, 1) + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
+  void* ptr = nullptr;
+  if (ncclMemAlloc(&ptr, bytes) != ncclSuccess || ptr == nullptr) {
+    throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for the " + name_ +
+                             " group's NCCL window: lower --micro-batch-size, or set MEGATRAIN_NCCL_WINDOWS=0");
+  }
+  ncclWindow_t win{};
+  const ncclResult_t r = ncclCommWindowRegister(comm_, ptr, bytes, &win, NCCL_WIN_COLL_SYMMETRIC);
+  if (r != ncclSuccess) {
+    ncclMemFree(ptr);
+    throw std::runtime_error(std::string("NCCL could not register a symmetric window on the ") + name_ + " group (" +
+                             ncclGetErrorString(r) + "; it needs NCCL_CUMEM_ENABLE on): set MEGATRAIN_NCCL_WINDOWS=0");
+  }
+  windows_.emplace_back(win, ptr);
+  return ptr;
 }
 
 std::shared_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, const std::string& name) {

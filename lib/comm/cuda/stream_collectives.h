@@ -29,6 +29,14 @@ class StreamCollectives {
   // Collectives between group_start and group_end go out as one launch.
   virtual void group_start() = 0;
   virtual void group_end() = 0;
+  // `bytes` of device memory registered with every rank of this group as a symmetric window, so that NCCL's
+  // symmetric-memory kernels (fewer SMs taken from the compute beside them) run the collectives on it;
+  // owned by the group. nullptr where there are none (then allocate as usual). Collective: every rank calls
+  // it in the same order with the same size, and passes the same offsets into it to a collective.
+  virtual void* alloc_window(size_t bytes) {
+    (void)bytes;
+    return nullptr;
+  }
   // The ranks of this group with the same color, ordered by key (collective: every rank calls it).
   virtual std::shared_ptr<StreamCollectives> stream_sub_group(int color, int key, const std::string& name) = 0;
 };

@@ -257,7 +257,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   Scratch& s = *s_;
   s.qkv = b16(Wq);
   if (kv_group_) s.q_all = b16(D.qh_local * D.d);
-  s.delta = b16(h);
+  // The TP all-reduces' buffers in NCCL symmetric windows where the group has them (same size on every rank).
+  auto window16 = [&](int64_t n) {
+    void* p = tp_ ? tp_->alloc_window(bytes(n, 2, 1.0)) : nullptr;
+    if (p == nullptr) return b16(n);
+    act_bytes_ += bytes(n, 2, 1.0);
+    return static_cast<bf16*>(p);
+  };
+  s.delta = window16(h);
   s.x_final = res(h, rows_l);
   s.xnf = b16(h);
   s.meanf = f32(1, rows_l);
@@ -266,7 +273,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   s.losses = f32(1);
   s.dres = f32(h, rows_l);
   s.dres16 = b16(h, rows_l);
-  s.dxn = b16(h);
+  s.dxn = window16(h);
   s.d_o = b16(Hd);
   s.dq = b16(Hd);
   s.dk = b16(KVd);
