@@ -253,14 +253,14 @@ void* NcclCommunicator::alloc_window(size_t bytes) {
   void* ptr = nullptr;
   if (ncclMemAlloc(&ptr, bytes) != ncclSuccess || ptr == nullptr) {
     throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for the " + name_ +
-                             " group's NCCL window: lower --micro-batch-size, or set MEGATRAIN_NCCL_WINDOWS=0");
+                             " group's NCCL window: free GPU memory (a smaller --micro-batch-size or model), or set MEGATRAIN_NCCL_WINDOWS=0");
   }
   ncclWindow_t win{};
   const ncclResult_t r = ncclCommWindowRegister(comm_, ptr, bytes, &win, NCCL_WIN_COLL_SYMMETRIC);
   if (r != ncclSuccess) {
     ncclMemFree(ptr);
     throw std::runtime_error(std::string("NCCL could not register a symmetric window on the ") + name_ + " group (" +
-                             ncclGetErrorString(r) + "; it needs NCCL_CUMEM_ENABLE on): set MEGATRAIN_NCCL_WINDOWS=0");
+                             ncclGetErrorString(r) + "): set MEGATRAIN_NCCL_WINDOWS=0 to run without windows");
   }
   windows_.emplace_back(win, ptr);
   return ptr;
