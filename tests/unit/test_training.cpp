@@ -31,6 +31,20 @@ namespace {
 
 const std::string kShakespeare = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
 
+// A tiny GPT (hidden 32, 4 heads, micro batch 4) on mock data, before resolve().
+Config tiny_mock_gpt(int64_t layers, int64_t seq, int64_t vocab) {
+  Config c;
+  c.model.num_layers = layers;
+  c.model.hidden_size = 32;
+  c.model.num_attention_heads = 4;
+  c.model.max_position_embeddings = seq;
+  c.model.vocab_size = vocab;
+  c.data.seq_length = seq;
+  c.data.mock_data = true;
+  c.training.micro_batch_size = 4;
+  return c;
+}
+
 Config tiny_llama_on_shakespeare(int64_t iters) {
   Config c;
   apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
@@ -83,15 +97,7 @@ TEST_CASE("mock data is Megatron's and learnable; dropout and bf16 train too") {
   m.sample(Split::kTrain, 1, 17, next.data());
   CHECK(next[0] == s[16]);  // consecutive samples overlap by one token
 
-  Config c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 32;
-  c.model.num_attention_heads = 4;
-  c.model.max_position_embeddings = 64;
-  c.model.vocab_size = 128;
-  c.data.seq_length = 64;
-  c.data.mock_data = true;
-  c.training.micro_batch_size = 4;
+  Config c = tiny_mock_gpt(2, 64, 128);
   c.training.train_iters = 40;
   c.training.lr = 3e-3;
   c.logging.eval_iters = 0;
@@ -160,15 +166,7 @@ TEST_CASE("the update uses the rate before its samples (Megatron steps its sched
   // With a warmup from --lr-warmup-init 0 the first update has rate 0 (Megatron's first step), so it moves
   // no weight, whatever the weight decay or clipping: the validation loss after it is the same for both.
   auto run = [](double wd, double clip) {
-    Config c;
-    c.model.num_layers = 1;
-    c.model.hidden_size = 32;
-    c.model.num_attention_heads = 4;
-    c.model.max_position_embeddings = 16;
-    c.model.vocab_size = 64;
-    c.data.seq_length = 16;
-    c.data.mock_data = true;
-    c.training.micro_batch_size = 4;
+    Config c = tiny_mock_gpt(1, 16, 64);
     c.training.train_iters = 1;
     c.training.lr = 1e-2;
     c.training.lr_warmup_iters = 5;
