@@ -4,7 +4,10 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "comm/cuda/nccl_communicator.h"
@@ -131,6 +134,79 @@ int main(int argc, char** argv) {
     off += counts[static_cast<size_t>(r)];
   }
   expect(ok, "all-gather-v", R);
+
+  // The distributed optimizer's in-place blocks (each block summed onto its owner, then every block
+  // gathered back), equal (one reduce-scatter / all-gather) and uneven (grouped reduces / broadcasts), on
+  // ordinary memory and on a symmetric window (from 2 ranks), fp32 and bf16.
+  for (int windowed = 0; windowed < (W > 1 ? 2 : 1); ++windowed) {
+    for (int even = 0; even < 2; ++even) {
+      for (int bf16 = 0; bf16 < 2; ++bf16) {
+        std::vector<int64_t> cs;
+        int64_t tot = 0;
+        for (int r = 0; r < W; ++r) {
+          cs.push_back(even ? 2048 : 1000 + 8 * r);
+          tot += cs.back();
+        }
+        const size_t elem = bf16 ? 2 : 4, bytes = static_cast<size_t>(tot) * elem;
+        void* data = windowed ? world->alloc_window(bytes) : nullptr;
+        if (windowed) expect(data != nullptr, "alloc_window", R);
+        if (!windowed && cudaMalloc(&data, bytes) != cudaSuccess) data = nullptr;
+        if (data == nullptr) continue;
+        // Values exact in bf16: small integers.
+        std::vector<float> v(static_cast<size_t>(tot));
+        for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 13 + R);
+        auto put = [&](const std::vector<float>& h) {
+          if (!bf16) return cudaMemcpy(data, h.data(), bytes, cudaMemcpyHostToDevice);
+          std::vector<uint16_t> b(h.size());
+          for (size_t i = 0; i < h.size(); ++i) {
+            uint32_t u = 0;
+            std::memcpy(&u, &h[i], 4);
+            b[i] = static_cast<uint16_t>(u >> 16);  // exact for these values
+          }
+          return cudaMemcpy(data, b.data(), bytes, cudaMemcpyHostToDevice);
+        };
+        auto get = [&]() {
+          std::vector<float> h(static_cast<size_t>(tot));
+          if (!bf16) {
+            cudaMemcpy(h.data(), data, bytes, cudaMemcpyDeviceToHost);
+            return h;
+          }
+          std::vector<uint16_t> b(h.size());
+          cudaMemcpy(b.data(), data, bytes, cudaMemcpyDeviceToHost);
+          for (size_t i = 0; i < h.size(); ++i) {
+            const uint32_t u = static_cast<uint32_t>(b[i]) << 16;
+            std::memcpy(&h[i], &u, 4);
+          }
+          return h;
+        };
+        const WireType wt = bf16 ? WireType::kBF16 : WireType::kF32;
+        put(v);
+        cudaDeviceSynchronize();
+        world->reduce_scatter_v_after(data, cs, wt, ReduceOp::kSum, nullptr);
+        world->wait_stream("test reduce onto owners");
+        int64_t lo = 0;
+        for (int r = 0; r < R; ++r) lo += cs[static_cast<size_t>(r)];
+        auto h = get();
+        ok = true;
+        for (int64_t i = lo; i < lo + cs[static_cast<size_t>(R)]; ++i) ok &= h[static_cast<size_t>(i)] == static_cast<float>(W * (i % 13) + W * (W - 1) / 2);
+        const std::string how = std::string(windowed ? "a window, " : "ordinary memory, ") + (even ? "equal blocks, " : "uneven blocks, ") +
+                                (bf16 ? "bf16" : "fp32");
+        expect(ok, ("in-place reduce onto owners, " + how).c_str(), R);
+        for (int64_t i = lo; i < lo + cs[static_cast<size_t>(R)]; ++i) h[static_cast<size_t>(i)] = static_cast<float>(10 * R + i % 5);
+        put(h);
+        cudaDeviceSynchronize();
+        world->all_gather_v_on(data, cs, wt, world->stream());
+        world->wait_stream("test gather");
+        h = get();
+        ok = true;
+        for (int r = 0, off2 = 0; r < W; off2 += static_cast<int>(cs[static_cast<size_t>(r)]), ++r) {
+          for (int64_t i = off2; i < off2 + cs[static_cast<size_t>(r)]; ++i) ok &= h[static_cast<size_t>(i)] == static_cast<float>(10 * r + i % 5);
+        }
+        expect(ok, ("in-place gather, " + how).c_str(), R);
+        if (!windowed) cudaFree(data);  // a window goes with the communicator
+      }
+    }
+  }
 
   // broadcast, barrier, double all-reduce, split into a group per rank parity
   DeviceBuf b(16);

@@ -134,6 +134,13 @@ void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int6
   const size_t elem = type == WireType::kF32 ? 4 : 2;
   auto* base = static_cast<char*>(data);
   const ProfScope prof("dp.reduce_to_owners", stream_);
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts.front(); })) {
+    // Equal blocks: one in-place reduce-scatter (on a symmetric window NCCL runs its symmetric kernel, which
+    // a group of reduces never gets).
+    const auto n = static_cast<size_t>(counts.front());
+    MT_NCCL_CHECK(ncclReduceScatter(base, base + static_cast<size_t>(rank_) * n * elem, n, nccl_type(type), nccl_op(op), comm_, stream_));
+    return;
+  }
   MT_NCCL_CHECK(ncclGroupStart());
   int64_t off = 0;
   for (int r = 0; r < size_; ++r) {
@@ -148,6 +155,11 @@ void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int6
 void NcclCommunicator::all_gather_v_on(void* data, const std::vector<int64_t>& counts, WireType type, cudaStream_t s) {
   const size_t elem = type == WireType::kF32 ? 4 : 2;
   auto* base = static_cast<char*>(data);
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts.front(); })) {
+    const auto n = static_cast<size_t>(counts.front());  // equal blocks: one in-place all-gather
+    MT_NCCL_CHECK(ncclAllGather(base + static_cast<size_t>(rank_) * n * elem, base, n, nccl_type(type), comm_, s));
+    return;
+  }
   MT_NCCL_CHECK(ncclGroupStart());
   int64_t off = 0;
   for (int r = 0; r < size_; ++r) {

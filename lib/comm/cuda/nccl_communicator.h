@@ -55,7 +55,8 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   // Uneven in-place blocks over [data, data + sum(counts)), rank r's block counts[r] elements: the
   // distributed optimizer's gradient reduction (rank r's block ends up holding the reduction of every
   // rank's block r; grouped ncclReduce) after the work queued on `after`, and its parameter gather (rank
-  // r's block copied to every rank; grouped ncclBroadcast) queued on stream s.
+  // r's block copied to every rank; grouped ncclBroadcast) queued on stream s. With equal blocks they are one
+  // in-place ncclReduceScatter / ncclAllGather.
   void reduce_scatter_v_after(void* data, const std::vector<int64_t>& counts, WireType type, ReduceOp op, cudaStream_t after);
   void all_gather_v_on(void* data, const std::vector<int64_t>& counts, WireType type, cudaStream_t s);
   // StreamCollectives: queued on `s` itself (tensor parallelism inside a step).

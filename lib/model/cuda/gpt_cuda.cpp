@@ -80,7 +80,8 @@ int64_t end_of(const ParamStore& ps, int64_t off) {
 
 }  // namespace
 
-CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp, bool keep_master)
+CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp, bool keep_master,
+                 StreamCollectives* dp)
     : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1)),
       stream_(stream),
       dt_(cfg.precision.fp16 ? cuda::F16::kFP16 : cuda::F16::kBF16),
@@ -113,8 +114,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     }
   }
   if (keep_master) master_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
-  grads_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
-  w16_ = static_cast<bf16*>(alloc(static_cast<size_t>(numel_) * 2));
+  // With data parallelism the gradients and 16-bit weights sit in the DP group's symmetric windows, where
+  // it has them (its reduce-scatters and gathers run on them; same size on every rank).
+  auto param_buffer = [&](size_t bytes) {
+    void* p = dp ? dp->alloc_window(bytes) : nullptr;
+    return p ? p : alloc(bytes);
+  };
+  grads_ = static_cast<float*>(param_buffer(static_cast<size_t>(numel_) * 4));
+  w16_ = static_cast<bf16*>(param_buffer(static_cast<size_t>(numel_) * 2));
   // The initial values go up through the master buffer, or through the gradient buffer when there is none.
   float* up = keep_master ? master_ : grads_;
   MT_CUDA_CHECK(cudaMemcpyAsync(up, layout.params().f32(), static_cast<size_t>(numel_) * 4, cudaMemcpyHostToDevice, stream_));

@@ -1,6 +1,7 @@
 // device_data_parallel.h: data parallelism for the CUDA engine: the fp32 gradient buffer is cut into
 // buckets from the top of the flat layout, the order in which the backward finishes them; each bucket is
-// averaged over the data-parallel group with NCCL on the communicator's own stream, started as soon as its
+// averaged over the data-parallel group with NCCL on the communicator's own stream (a sum of gradients the
+// backward scaled by 1 / DP, on the group's symmetric windows where it has them), started as soon as its
 // gradients are final (--overlap-grad-reduce) or after the backward. With the distributed optimizer the
 // buckets are the CPU engine's (whole parameters, each split over the DP ranks): each rank's block is
 // averaged onto its owner only, and after the optimizer step the updated bf16 weights are gathered back.
@@ -54,6 +55,9 @@ class DeviceDataParallel {
   // (INT64_MAX: all of them; a no-op when nothing is pending).
   void wait_params(int64_t end);
   size_t buckets() const { return buckets_.size(); }
+  // The reductions sum (NCCL's symmetric-memory kernels have no average): the backward scales each rank's
+  // gradients by this, 1 / DP, so the sum is the average.
+  float grad_share() const { return 1.0f / static_cast<float>(comm_->size()); }
   NcclCommunicator& comm() { return *comm_; }
 
  private:
@@ -62,7 +66,8 @@ class DeviceDataParallel {
   std::shared_ptr<NcclCommunicator> comm_;
   float* grads_;
   bool overlap_, sharded_ = false;
-  void* shadow_ = nullptr;  // bf16 copy of the gradients (reduce_bf16)
+  void* shadow_ = nullptr;  // bf16 copy of the gradients (reduce_bf16), in the group's window where it has one
+  bool shadow_window_ = false;
   cudaStream_t compute_;
   std::vector<DeviceBucket> buckets_;  // highest first
   size_t next_ = 0;
