@@ -127,7 +127,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     if (!tp_nccl) throw std::logic_error("CUDA trainer: the tensor-parallel group is not an NCCL communicator");
     tp_coll = tp_nccl.get();
   }
-  // Data parallelism: the gradient and 16-bit weight buffers go into the DP group's symmetric windows.
+  // Data parallelism: the gradient (and, with the distributed optimizer, 16-bit weight) buffers go into the DP
+  // group's symmetric windows, which the communicator owns: it is declared before the model so that it
+  // outlives it (the model keeps raw pointers into the windows).
   std::shared_ptr<NcclCommunicator> dp_nccl;
   if (dp > 1) {
     dp_nccl = std::dynamic_pointer_cast<NcclCommunicator>(groups.dp_cp);
@@ -204,8 +206,8 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   const auto n_chunks = static_cast<int64_t>(chunks.size());
   cuda::AdamChunk* d_chunks = device_zeros<cuda::AdamChunk>(chunks.size());
   MT_CUDA_CHECK(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
-  // Each rank's share of the data-parallel gradient sum: the reductions sum (NCCL's symmetric kernels have
-  // no average), so the backward scales by 1 / DP (Megatron's gradient_scaling_factor).
+  // Each rank's share of the data-parallel gradient sum: in bf16 / fp32 the reductions sum (NCCL's symmetric
+  // kernels have no average), so the backward scales by 1 / DP; fp16 keeps the average (DeviceDataParallel).
   float grad_share = 1.0f;
 #ifdef MEGATRAIN_HAVE_NCCL
   std::unique_ptr<DeviceDataParallel> ddp;
@@ -214,11 +216,11 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       std::vector<DeviceBucket> buckets;
       for (const auto& b : shard_layout->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
       ddp = std::make_unique<DeviceDataParallel>(dp_nccl, model.grads(), P, std::move(buckets), cfg.training.overlap_grad_reduce,
-                                                 cfg.precision.grad_reduce_in_bf16, stream);
+                                                 cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream);
     } else {
       const int64_t bucket = cfg.training.ddp_bucket_size.value_or(40000000);
       ddp = std::make_unique<DeviceDataParallel>(dp_nccl, model.grads(), P, bucket, cfg.training.overlap_grad_reduce,
-                                                 cfg.precision.grad_reduce_in_bf16, stream);
+                                                 cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream);
     }
     model.set_grads_ready_hook([&ddp](int64_t lowest) { ddp->on_grads_ready(lowest); });
     grad_share = ddp->grad_share();

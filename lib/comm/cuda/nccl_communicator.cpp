@@ -134,6 +134,7 @@ void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int6
   const size_t elem = type == WireType::kF32 ? 4 : 2;
   auto* base = static_cast<char*>(data);
   const ProfScope prof("dp.reduce_to_owners", stream_);
+  if (counts.size() != static_cast<size_t>(size_)) throw std::logic_error("reduce_scatter_v_after: one count per rank expected");
   if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts.front(); })) {
     // Equal blocks: one in-place reduce-scatter (on a symmetric window NCCL runs its symmetric kernel, which
     // a group of reduces never gets).
@@ -155,6 +156,7 @@ void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int6
 void NcclCommunicator::all_gather_v_on(void* data, const std::vector<int64_t>& counts, WireType type, cudaStream_t s) {
   const size_t elem = type == WireType::kF32 ? 4 : 2;
   auto* base = static_cast<char*>(data);
+  if (counts.size() != static_cast<size_t>(size_)) throw std::logic_error("all_gather_v_on: one count per rank expected");
   if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts.front(); })) {
     const auto n = static_cast<size_t>(counts.front());  // equal blocks: one in-place all-gather
     MT_NCCL_CHECK(ncclAllGather(base + static_cast<size_t>(rank_) * n * elem, base, n, nccl_type(type), comm_, s));
@@ -259,20 +261,33 @@ std::vector<std::string> NcclCommunicator::all_gather_strings(const std::string&
 }
 
 void* NcclCommunicator::alloc_window(size_t bytes) {
-  const char* off = std::getenv("MEGATRAIN_NCCL_WINDOWS");
-  if (size_ < 2 || (off != nullptr && std::string(off) == "0")) return nullptr;
+  if (size_ < 2) return nullptr;
+  if (windows_on_ < 0) {
+    // The ranks agree (off on any rank: off on all), since registration is collective: a rank that skipped
+    // it would leave the others waiting.
+    const char* env = std::getenv("MEGATRAIN_NCCL_WINDOWS");
+    float off = env != nullptr && std::string(env) == "0" ? 1.0f : 0.0f;
+    float* d = nullptr;
+    MT_CUDA_CHECK(cudaMalloc(&d, sizeof(float)));
+    MT_CUDA_CHECK(cudaMemcpy(d, &off, sizeof(float), cudaMemcpyHostToDevice));
+    all_reduce(d, 1, ReduceOp::kMax);
+    MT_CUDA_CHECK(cudaMemcpy(&off, d, sizeof(float), cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(cudaFree(d));
+    windows_on_ = off > 0.0f ? 0 : 1;
+  }
+  if (windows_on_ == 0) return nullptr;
   bytes = (std::max<size_t>(bytes, 1) + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
   void* ptr = nullptr;
   if (ncclMemAlloc(&ptr, bytes) != ncclSuccess || ptr == nullptr) {
     throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for the " + name_ +
-                             " group's NCCL window: lower --micro-batch-size, or set MEGATRAIN_NCCL_WINDOWS=0");
+                             " group's NCCL window: free GPU memory (a smaller --micro-batch-size or model), or set MEGATRAIN_NCCL_WINDOWS=0");
   }
   ncclWindow_t win{};
   const ncclResult_t r = ncclCommWindowRegister(comm_, ptr, bytes, &win, NCCL_WIN_COLL_SYMMETRIC);
   if (r != ncclSuccess) {
     ncclMemFree(ptr);
     throw std::runtime_error(std::string("NCCL could not register a symmetric window on the ") + name_ + " group (" +
-                             ncclGetErrorString(r) + "; it needs NCCL_CUMEM_ENABLE on): set MEGATRAIN_NCCL_WINDOWS=0");
+                             ncclGetErrorString(r) + "): set MEGATRAIN_NCCL_WINDOWS=0 to run without windows");
   }
   windows_.emplace_back(win, ptr);
   return ptr;

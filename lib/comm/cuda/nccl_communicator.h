@@ -68,8 +68,8 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   void group_start() override;
   void group_end() override;
   std::shared_ptr<StreamCollectives> stream_sub_group(int color, int key, const std::string& name) override { return split(color, key, name); }
-  // ncclMemAlloc + ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC); MEGATRAIN_NCCL_WINDOWS=0 turns it off
-  // (nullptr). Freed with the communicator.
+  // ncclMemAlloc + ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC); MEGATRAIN_NCCL_WINDOWS=0 on any rank
+  // turns it off on all (nullptr). Freed with the communicator.
   void* alloc_window(size_t bytes) override;
   // Waits for `event` (recorded on any stream whose work depends on this communicator's), watching for NCCL
   // errors and the timeout like wait_stream: a dead peer aborts the job instead of hanging it.
@@ -91,6 +91,7 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   bool aborted_ = false;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   std::vector<std::pair<ncclWindow_t, void*>> windows_;
+  int windows_on_ = -1;  // agreed by the ranks at the first alloc_window (MEGATRAIN_NCCL_WINDOWS)
 };
 
 // The world communicator: the unique id is broadcast over MPI when MPI is active, else over TCP at

@@ -114,14 +114,15 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     }
   }
   if (keep_master) master_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
-  // With data parallelism the gradients and 16-bit weights sit in the DP group's symmetric windows, where
-  // it has them (its reduce-scatters and gathers run on them; same size on every rank).
+  // With data parallelism the gradients sit in the DP group's symmetric windows, where it has them (its
+  // reductions run on them; same size on every rank), and so do the 16-bit weights when they are gathered
+  // (the distributed optimizer, which keeps no master copy here).
   auto param_buffer = [&](size_t bytes) {
     void* p = dp ? dp->alloc_window(bytes) : nullptr;
     return p ? p : alloc(bytes);
   };
   grads_ = static_cast<float*>(param_buffer(static_cast<size_t>(numel_) * 4));
-  w16_ = static_cast<bf16*>(param_buffer(static_cast<size_t>(numel_) * 2));
+  w16_ = static_cast<bf16*>(keep_master ? alloc(static_cast<size_t>(numel_) * 2) : param_buffer(static_cast<size_t>(numel_) * 2));
   // The initial values go up through the master buffer, or through the gradient buffer when there is none.
   float* up = keep_master ? master_ : grads_;
   MT_CUDA_CHECK(cudaMemcpyAsync(up, layout.params().f32(), static_cast<size_t>(numel_) * 4, cudaMemcpyHostToDevice, stream_));

@@ -52,8 +52,8 @@ class CudaGPT {
   // `layout` supplies names, offsets and initial values (uploaded once); the model keeps no host copy. It is
   // this rank's TP shard; `tp` is the tensor-parallel group (nullptr: TP 1). Without keep_master (the
   // distributed optimizer keeps the master weights of its shard itself) master() is null.
-  // dp (data parallelism): the group whose symmetric windows hold the gradient and 16-bit weight buffers,
-  // which its reduce-scatters and gathers run on (nullptr: ordinary allocations).
+  // dp (data parallelism): the group whose symmetric windows hold the gradient buffer, and the 16-bit
+  // weights when !keep_master (the distributed optimizer gathers them); nullptr: ordinary allocations.
   CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp = nullptr, bool keep_master = true,
           StreamCollectives* dp = nullptr);
   ~CudaGPT();
