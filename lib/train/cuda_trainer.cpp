@@ -290,7 +290,13 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
               << static_cast<double>(P * 4 + n_state * 12) / gib << " GiB" << (dist_opt ? " (optimizer state sharded over DP)" : "")
               << ", bf16 weights " << static_cast<double>(P) * 2 / gib << " GiB, activations "
               << static_cast<double>(model.activation_bytes()) / gib << " GiB"
-              << (cfg.recompute.recompute_granularity ? " (recompute " + *cfg.recompute.recompute_granularity + ")" : std::string()) << "\n";
+              << (cfg.recompute.recompute_granularity ? " (recompute " + *cfg.recompute.recompute_granularity + ")" : std::string());
+#ifdef MEGATRAIN_HAVE_NCCL
+    // The NCCL windows hold some of the above; this is what they took of the device, rounding included.
+    const size_t win = (tp_nccl ? tp_nccl->window_device_bytes() : 0) + (dp_nccl ? dp_nccl->window_device_bytes() : 0);
+    if (win > 0) std::cout << "; NCCL windows took " << static_cast<double>(win) / gib << " GiB of the device";
+#endif
+    std::cout << "\n";
     std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb
               << " microbatches of " << mbs << (batches.ramping() ? ", the batch ramped up from " + cfg.training.rampup_batch_size[0] : std::string())
               << ")\n"

@@ -278,6 +278,8 @@ void* NcclCommunicator::alloc_window(size_t bytes) {
   if (windows_on_ == 0) return nullptr;
   bytes = (std::max<size_t>(bytes, 1) + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
   void* ptr = nullptr;
+  size_t free_before = 0, free_after = 0, total = 0;
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
   if (ncclMemAlloc(&ptr, bytes) != ncclSuccess || ptr == nullptr) {
     throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for the " + name_ +
                              " group's NCCL window: free GPU memory (a smaller --micro-batch-size or model), or set MEGATRAIN_NCCL_WINDOWS=0");
@@ -290,6 +292,10 @@ void* NcclCommunicator::alloc_window(size_t bytes) {
                              ncclGetErrorString(r) + "): set MEGATRAIN_NCCL_WINDOWS=0 to run without windows");
   }
   windows_.emplace_back(win, ptr);
+  // What the window took of the device (ncclMemAlloc rounds up to its allocation granularity; registration
+  // may map more): the start-up memory line reports it.
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+  window_device_bytes_ += free_before > free_after ? free_before - free_after : bytes;
   return ptr;
 }
 

@@ -71,6 +71,8 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   // ncclMemAlloc + ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC); MEGATRAIN_NCCL_WINDOWS=0 on any rank
   // turns it off on all (nullptr). Freed with the communicator.
   void* alloc_window(size_t bytes) override;
+  // Device memory the windows took, measured (cudaMemGetInfo) around each allocation and registration.
+  size_t window_device_bytes() const { return window_device_bytes_; }
   // Waits for `event` (recorded on any stream whose work depends on this communicator's), watching for NCCL
   // errors and the timeout like wait_stream: a dead peer aborts the job instead of hanging it.
   void wait_event(cudaEvent_t event, const char* op);
@@ -91,7 +93,8 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   bool aborted_ = false;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   std::vector<std::pair<ncclWindow_t, void*>> windows_;
-  int windows_on_ = -1;  // agreed by the ranks at the first alloc_window (MEGATRAIN_NCCL_WINDOWS)
+  int windows_on_ = -1;
+  size_t window_device_bytes_ = 0;  // agreed by the ranks at the first alloc_window (MEGATRAIN_NCCL_WINDOWS)
 };
 
 // The world communicator: the unique id is broadcast over MPI when MPI is active, else over TCP at
