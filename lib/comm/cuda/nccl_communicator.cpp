@@ -260,29 +260,45 @@ std::vector<std::string> NcclCommunicator::all_gather_strings(const std::string&
   throw std::logic_error("NCCL communicators carry device buffers; host strings go through ProcessGroups::checkpoint");
 }
 
+namespace {
+
+// The element-wise max over the ranks of a few host doubles (exact for sizes below 2^53), through a device
+// buffer: the agreements alloc_window needs before its collective registration.
+std::vector<double> max_over_ranks(NcclCommunicator& comm, std::vector<double> v) {
+  double* d = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(double)));
+  MT_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(double), cudaMemcpyHostToDevice));
+  comm.all_reduce(d, static_cast<int64_t>(v.size()), ReduceOp::kMax);
+  MT_CUDA_CHECK(cudaMemcpy(v.data(), d, v.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  MT_CUDA_CHECK(cudaFree(d));
+  return v;
+}
+
+}  // namespace
+
 void* NcclCommunicator::alloc_window(size_t bytes) {
   if (size_ < 2) return nullptr;
-  if (windows_on_ < 0) {
-    // The ranks agree (off on any rank: off on all), since registration is collective: a rank that skipped
-    // it would leave the others waiting.
-    const char* env = std::getenv("MEGATRAIN_NCCL_WINDOWS");
-    float off = env != nullptr && std::string(env) == "0" ? 1.0f : 0.0f;
-    float* d = nullptr;
-    MT_CUDA_CHECK(cudaMalloc(&d, sizeof(float)));
-    MT_CUDA_CHECK(cudaMemcpy(d, &off, sizeof(float), cudaMemcpyHostToDevice));
-    all_reduce(d, 1, ReduceOp::kMax);
-    MT_CUDA_CHECK(cudaMemcpy(&off, d, sizeof(float), cudaMemcpyDeviceToHost));
-    MT_CUDA_CHECK(cudaFree(d));
-    windows_on_ = off > 0.0f ? 0 : 1;
-  }
-  if (windows_on_ == 0) return nullptr;
+  // Registration is collective and needs the same size on every rank: the ranks agree first (off on any
+  // rank: off on all; a size that differs is a bug, named here rather than hanging in NCCL).
   bytes = (std::max<size_t>(bytes, 1) + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
+  const char* env = std::getenv("MEGATRAIN_NCCL_WINDOWS");
+  const bool off_here = windows_on_ == 0 || (env != nullptr && std::string(env) == "0");
+  const auto agreed = max_over_ranks(*this, {off_here ? 1.0 : 0.0, static_cast<double>(bytes), -static_cast<double>(bytes)});
+  windows_on_ = agreed[0] > 0.0 ? 0 : 1;
+  if (windows_on_ == 0) return nullptr;
+  if (agreed[1] != -agreed[2]) {
+    throw std::logic_error("the " + name_ + " group's ranks asked for NCCL windows of different sizes (" + std::to_string(bytes) + " bytes here)");
+  }
   void* ptr = nullptr;
   size_t free_before = 0, free_after = 0, total = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
-  if (ncclMemAlloc(&ptr, bytes) != ncclSuccess || ptr == nullptr) {
-    throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for the " + name_ +
-                             " group's NCCL window: free GPU memory (a smaller --micro-batch-size or model), or set MEGATRAIN_NCCL_WINDOWS=0");
+  const bool failed_here = ncclMemAlloc(&ptr, bytes) != ncclSuccess || ptr == nullptr;
+  // Every rank learns whether every rank has its memory, so that all register or none do.
+  if (max_over_ranks(*this, {failed_here ? 1.0 : 0.0})[0] > 0.0) {
+    if (!failed_here) ncclMemFree(ptr);
+    throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for the " + name_ + " group's NCCL window" +
+                             (failed_here ? "" : " on another rank") +
+                             ": free GPU memory (a smaller --micro-batch-size or model), or set MEGATRAIN_NCCL_WINDOWS=0");
   }
   ncclWindow_t win{};
   const ncclResult_t r = ncclCommWindowRegister(comm_, ptr, bytes, &win, NCCL_WIN_COLL_SYMMETRIC);

@@ -93,8 +93,8 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   bool aborted_ = false;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   std::vector<std::pair<ncclWindow_t, void*>> windows_;
-  int windows_on_ = -1;
-  size_t window_device_bytes_ = 0;  // agreed by the ranks at the first alloc_window (MEGATRAIN_NCCL_WINDOWS)
+  int windows_on_ = -1;              // agreed by the ranks at each alloc_window (MEGATRAIN_NCCL_WINDOWS; once off, off)
+  size_t window_device_bytes_ = 0;  // what the windows took of the device (cudaMemGetInfo)
 };
 
 // The world communicator: the unique id is broadcast over MPI when MPI is active, else over TCP at
