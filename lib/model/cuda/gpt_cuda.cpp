@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -258,7 +259,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   // The activations (records and scratch). With TP they are carved from one symmetric window of the TP
   // group, the same offsets on every rank, so that NCCL runs every TP collective on them (all-reduces,
   // SP's gathers and scatters, the loss statistics) with its symmetric kernels: a first pass only counts
-  // the bytes, the second carves them. Without windows: ordinary allocations.
+  // the bytes, the second carves them. Without windows: ordinary allocations. Every size here must be the
+  // same on every TP rank and in both passes (nothing a rank decides alone, such as cuBLASLt's answers: the
+  // bias-gradient scratch is allocated after the arena); alloc_window checks that the totals agree.
   auto allocate_activations = [&]() {
     for (int64_t l = 0; l < D.L; ++l) {
       auto r = std::make_unique<Record>();
@@ -300,7 +303,6 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     // (else the bias-gradient kernel).
     auto fusable = [&](int64_t n, int64_t x_width) { return fusable_k(n, x_width, T); };
     bgrad_epilogue_ = D.bias && fusable(Wq, h) && fusable(F1, h) && fusable(h, F) && fusable(h, W_.Hd);
-    if (bgrad_epilogue_) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
     if (tp_) s.ce_stats = f32(4);
     if (sp_) {
       s.delta_l = b16(h, rows_l);
@@ -325,8 +327,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     arena_mode_ = arena_ ? ArenaMode::kCarve : ArenaMode::kOff;
   }
   allocate_activations();
+  if (arena_mode_ == ArenaMode::kCarve && arena_used_ != arena_size_) throw std::logic_error("CudaGPT: the activation arena's passes differ");
   arena_mode_ = ArenaMode::kOff;  // later allocations are ordinary
   Scratch& s = *s_;
+  // Only this rank's kernels touch it (its size follows this rank's cuBLASLt answer): outside the arena.
+  if (bgrad_epilogue_) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
 
   // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;
