@@ -191,6 +191,11 @@ class CudaGPT {
   std::vector<bool> recompute_layer_;
   size_t act_bytes_ = 0;
   std::vector<void*> owned_;
+  // With TP, the activations are carved from one symmetric window of the TP group (alloc: count, then carve).
+  enum class ArenaMode { kOff, kCount, kCarve };
+  ArenaMode arena_mode_ = ArenaMode::kOff;
+  char* arena_ = nullptr;
+  size_t arena_size_ = 0, arena_used_ = 0;
   std::vector<int64_t> layer_start_;  // lowest flat offset of each layer's parameters
   std::vector<int64_t> layer_end_;    // one past the highest
   int64_t bgrad_len_ = 0;             // each stream's part of Scratch::bgrad
