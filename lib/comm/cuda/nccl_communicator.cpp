@@ -335,7 +335,11 @@ std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int6
   if (blob.size() != sizeof(id)) throw std::runtime_error("NCCL unique id of the wrong size from the rendezvous");
   std::memcpy(&id, blob.data(), sizeof(id));
   ncclComm_t comm = nullptr;
-  MT_NCCL_CHECK(ncclCommInitRank(&comm, static_cast<int>(launch.world_size), id, static_cast<int>(launch.rank)));
+  // NCCL's zero-CTA policy (unless NCCL_CTA_POLICY says otherwise): gathers on symmetric windows go to the
+  // copy engines, leaving every SM to the GEMMs they overlap; the groups split from this one inherit it.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  if (std::getenv("NCCL_CTA_POLICY") == nullptr) config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+  MT_NCCL_CHECK(ncclCommInitRankConfig(&comm, static_cast<int>(launch.world_size), id, static_cast<int>(launch.rank), &config));
   return std::make_shared<NcclCommunicator>(comm, "world", timeout_seconds);
 }
 

@@ -364,12 +364,13 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     split_forward_ = fusable_k(Wq, h, half_rows) && fusable_k(F1, h, half_rows) && fusable_k(h, F, half_rows) && fusable_k(h, W_.Hd, half_rows);
   }
   // The split layers' reductions as a gather (NCCL's copy engines under its zero-CTA policy, no SMs taken
-  // from the GEMMs beside them) and a sum kernel, instead of an all-reduce: MEGATRAIN_TP_REDUCE=gather.
+  // from the GEMMs beside them) and a sum kernel, where the TP group has windows; MEGATRAIN_TP_REDUCE=all-reduce:
+  // NCCL's all-reduce instead.
   const char* reduce_env = std::getenv("MEGATRAIN_TP_REDUCE");
   if (reduce_env && std::string(reduce_env) != "gather" && std::string(reduce_env) != "all-reduce") {
     throw std::runtime_error(std::string("MEGATRAIN_TP_REDUCE=") + reduce_env + " is not a choice: use gather or all-reduce");
   }
-  bool gather_reduce = split_forward_ && reduce_env && std::string(reduce_env) == "gather";
+  bool gather_reduce = split_forward_ && !(reduce_env && std::string(reduce_env) == "all-reduce");
   if (tp_) {
     // The TP ranks must issue the same collectives: agree on the settings (read from each rank's environment).
     float* agree = static_cast<float*>(alloc(8));
