@@ -1,7 +1,7 @@
 // test_cuda_bf16_ops.cpp: the mixed-precision kernels of the CUDA engine against the CPU reference on the
 // same 16-bit-rounded inputs, each in bf16 and again in fp16 (odd sizes, and the vectorised fast paths'
 // sizes): fused add + LayerNorm / RMSNorm forward and backward, the QKV split / merge with RoPE, GELU and
-// SwiGLU, the sum of gathered partial sums, fused cross-entropy, the GEMM epilogues, bias gradients, the embedding lookup, the device-side
+// SwiGLU, fused cross-entropy, the GEMM epilogues, bias gradients, the embedding lookup, the device-side
 // AdamW step, and fp16's device-side loss scaler. Tolerances fit bf16 outputs.
 // Exit 77 (skipped, with a message) where no GPU is visible.
 #include <cuda_runtime.h>
@@ -31,7 +31,6 @@
 #include "kernels/cuda/optimizer_step.h"
 #include "kernels/cuda/qkv_layout.h"
 #include "kernels/cuda/rope.h"
-#include "kernels/cuda/sum_parts.h"
 #include "optim/loss_scaler.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/dtype.h"
@@ -232,21 +231,6 @@ void test_activations(int64_t N, int64_t F) {
   cuda::swiglu_backward_bf16(sdx.b(), gdy.b(), sx.b(), N, F, nullptr, g_t);
   expect("swiglu forward " + tag, sy.get(), y2, 1e-2);
   expect("swiglu backward " + tag, sdx.get(), dx2, 1e-2);
-}
-
-// The sum of the TP ranks' gathered partial sums (MEGATRAIN_TP_REDUCE=gather): fp32 in rank order, rounded
-// once, as the CPU computes it here; bit for bit.
-void test_sum_parts(int64_t parts, int64_t n) {
-  const Vec in = randn(static_cast<size_t>(parts * n));
-  Vec want(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    float acc = in[static_cast<size_t>(i)];
-    for (int64_t p = 1; p < parts; ++p) acc += in[static_cast<size_t>(p * n + i)];
-    want[static_cast<size_t>(i)] = round16(acc);
-  }
-  B16 g(in), out(static_cast<size_t>(n));
-  cuda::sum_parts_bf16(out.b(), g.b(), parts, n, nullptr, g_t);
-  expect("sum of " + std::to_string(parts) + " parts of " + std::to_string(n), out.get(), want, 0.0);
 }
 
 // A cross-entropy case on the CPU reference: random bf16 logits [N, V], targets, a mask with holes, and the
@@ -598,8 +582,6 @@ int main() {
     test_qkv(11, 4, 1, 64, 64, true);
     test_activations(3, 5);
     test_activations(37, 264);
-    test_sum_parts(2, 4096 * 8);  // the eight-wide path
-    test_sum_parts(4, 1003);      // the scalar path
     test_cross_entropy(17, 1003);
     test_cross_entropy(9, 50304);
     test_cross_entropy_sharded(17, 1006, 2);

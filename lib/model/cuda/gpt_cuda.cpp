@@ -24,7 +24,6 @@
 #include "kernels/cuda/qkv_layout.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sdpa_cudnn.h"
-#include "kernels/cuda/sum_parts.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/device_allocator.h"
 #include "tensor/cuda/op_profiler.h"
@@ -61,7 +60,6 @@ struct CudaGPT::Scratch {
   float* qk_tmp = nullptr;                     // --qk-layernorm: [T, Hd] fp32 scratch of the norm backward
   float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
   float* norm_part = nullptr;  // the split TP backward: its norms' weight-gradient partial sums (on tp_stream_)
-  bf16* gathered = nullptr;    // MEGATRAIN_TP_REDUCE=gather: [TP, rows of a half, h], every rank's partial sums
 };
 
 void* CudaGPT::alloc(size_t bytes) {
@@ -363,37 +361,18 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   if (split_forward_ && bgrad_epilogue_) {
     split_forward_ = fusable_k(Wq, h, half_rows) && fusable_k(F1, h, half_rows) && fusable_k(h, F, half_rows) && fusable_k(h, W_.Hd, half_rows);
   }
-  // The split layers' reductions as a gather (NCCL's copy engines under its zero-CTA policy, no SMs taken
-  // from the GEMMs beside them) and a sum kernel, where the TP group has windows; MEGATRAIN_TP_REDUCE=all-reduce:
-  // NCCL's all-reduce instead.
-  const char* reduce_env = std::getenv("MEGATRAIN_TP_REDUCE");
-  if (reduce_env && std::string(reduce_env) != "gather" && std::string(reduce_env) != "all-reduce") {
-    throw std::runtime_error(std::string("MEGATRAIN_TP_REDUCE=") + reduce_env + " is not a choice: use gather or all-reduce");
-  }
-  bool gather_reduce = split_forward_ && !(reduce_env && std::string(reduce_env) == "all-reduce");
   if (tp_) {
-    // The TP ranks must issue the same collectives: agree on the settings (read from each rank's environment).
-    float* agree = static_cast<float*>(alloc(8));
-    const float mine[2] = {split_forward_ ? 1.0f : 0.0f, gather_reduce ? 1.0f : 0.0f};
-    MT_CUDA_CHECK(cudaMemcpyAsync(agree, mine, 8, cudaMemcpyHostToDevice, stream_));
-    tp_->all_reduce_on(agree, 2, WireType::kF32, ReduceOp::kSum, stream_);
-    float sum[2] = {};
-    MT_CUDA_CHECK(cudaMemcpyAsync(sum, agree, 8, cudaMemcpyDeviceToHost, stream_));
+    // The TP ranks must issue the same collectives: agree on the setting (read from each rank's environment).
+    float* agree = static_cast<float*>(alloc(4));
+    const float mine = split_forward_ ? 1.0f : 0.0f;
+    MT_CUDA_CHECK(cudaMemcpyAsync(agree, &mine, 4, cudaMemcpyHostToDevice, stream_));
+    tp_->all_reduce_on(agree, 1, WireType::kF32, ReduceOp::kSum, stream_);
+    float sum = 0;
+    MT_CUDA_CHECK(cudaMemcpyAsync(&sum, agree, 4, cudaMemcpyDeviceToHost, stream_));
     MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (int i = 0; i < 2; ++i) {
-      if (sum[i] != 0.0f && sum[i] != static_cast<float>(tp_size_)) {
-        throw std::runtime_error(std::string("the tensor-parallel ranks disagree on ") + (i == 0 ? "MEGATRAIN_TP_SPLIT_FORWARD" : "MEGATRAIN_TP_REDUCE") +
-                                 ": set it the same for every rank (mpirun -x)");
-      }
+    if (sum != 0.0f && sum != static_cast<float>(tp_size_)) {
+      throw std::runtime_error("the tensor-parallel ranks disagree on MEGATRAIN_TP_SPLIT_FORWARD: set it the same for every rank (mpirun -x)");
     }
-  }
-  if (gather_reduce) {
-    // One half's partial sums of every rank: [TP, rows, h], a window of the TP group (every half's gather
-    // and sum are on tp_stream_, in order). Without windows: the all-reduce.
-    const auto bytes = static_cast<size_t>(tp_size_ * half_rows * h) * 2;
-    s.gathered = static_cast<bf16*>(tp_->alloc_window(bytes));
-    gather_reduce = s.gathered != nullptr;
-    if (gather_reduce) act_bytes_ += bytes;
   }
   if (split_forward_) {
     int least = 0, greatest = 0;  // the reductions go first when SMs free up
@@ -564,12 +543,7 @@ void CudaGPT::reduce_half(int64_t half, int64_t rows, bf16* base, const std::fun
   MT_CUDA_CHECK(cudaEventRecord(ready_ev_[half], stream_));
   MT_CUDA_CHECK(cudaStreamWaitEvent(tp_stream_, ready_ev_[half], 0));
   bf16* data = base + half * rows * D_.h;
-  if (s_->gathered) {
-    MT_PROF_ON(tp_stream_, "tp.all_gather", tp_->all_gather_on(data, s_->gathered, rows * D_.h, wire_, tp_stream_));
-    MT_PROF_ON(tp_stream_, "tp.sum_parts", cuda::sum_parts_bf16(data, s_->gathered, tp_size_, rows * D_.h, tp_stream_, dt_));
-  } else {
-    MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, wire_, ReduceOp::kSum, tp_stream_));
-  }
+  MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, wire_, ReduceOp::kSum, tp_stream_));
   if (then) then(tp_stream_);
   MT_CUDA_CHECK(cudaEventRecord(reduced_ev_[half], tp_stream_));
 }
