@@ -127,14 +127,24 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     if (!tp_nccl) throw std::logic_error("CUDA trainer: the tensor-parallel group is not an NCCL communicator");
     tp_coll = tp_nccl.get();
   }
+  // Data parallelism: the gradient (and, with the distributed optimizer, 16-bit weight) buffers go into the DP
+  // group's symmetric windows, which the communicator owns: it is declared before the model so that it
+  // outlives it (the model keeps raw pointers into the windows).
+  std::shared_ptr<NcclCommunicator> dp_nccl;
+  if (dp > 1) {
+    dp_nccl = std::dynamic_pointer_cast<NcclCommunicator>(groups.dp_cp);
+    if (!dp_nccl) throw std::logic_error("CUDA trainer: the data-parallel group is not an NCCL communicator");
+  }
+  StreamCollectives* dp_coll = dp_nccl.get();
 #else
   if (groups.tp->size() > 1) throw std::logic_error("CUDA trainer: tensor parallelism needs NCCL");
+  StreamCollectives* dp_coll = nullptr;
 #endif
   const int64_t tp = groups.tp->size();
   // Master weights: the model's full buffer, or this rank's shard of them (distributed optimizer), filled
   // from the host optimizer's copy when there is one (loaded, or initialised from the parameters) and else
   // from the layout's parameters, still the unrounded initial values.
-  CudaGPT model(cfg, layout, stream, tp_coll, /*keep_master=*/!dist_opt);
+  CudaGPT model(cfg, layout, stream, tp_coll, /*keep_master=*/!dist_opt, dp_coll);
   float* master = dist_opt ? device_zeros<float>(static_cast<size_t>(n_state)) : model.master();
   const size_t state_bytes = static_cast<size_t>(n_state) * 4;
   if (host_opt && host_opt->master()) {
@@ -196,23 +206,24 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   const auto n_chunks = static_cast<int64_t>(chunks.size());
   cuda::AdamChunk* d_chunks = device_zeros<cuda::AdamChunk>(chunks.size());
   MT_CUDA_CHECK(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+  // Each rank's share of the data-parallel gradient sum: in bf16 / fp32 the reductions sum (NCCL's symmetric
+  // kernels have no average), so the backward scales by 1 / DP; fp16 keeps the average (DeviceDataParallel).
+  float grad_share = 1.0f;
 #ifdef MEGATRAIN_HAVE_NCCL
   std::unique_ptr<DeviceDataParallel> ddp;
-  std::shared_ptr<NcclCommunicator> dp_nccl;
   if (dp > 1) {
-    dp_nccl = std::dynamic_pointer_cast<NcclCommunicator>(groups.dp_cp);
-    if (!dp_nccl) throw std::logic_error("CUDA trainer: the data-parallel group is not an NCCL communicator");
     if (dist_opt) {
       std::vector<DeviceBucket> buckets;
       for (const auto& b : shard_layout->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
       ddp = std::make_unique<DeviceDataParallel>(dp_nccl, model.grads(), P, std::move(buckets), cfg.training.overlap_grad_reduce,
-                                                 cfg.precision.grad_reduce_in_bf16, stream);
+                                                 cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream);
     } else {
       const int64_t bucket = cfg.training.ddp_bucket_size.value_or(40000000);
       ddp = std::make_unique<DeviceDataParallel>(dp_nccl, model.grads(), P, bucket, cfg.training.overlap_grad_reduce,
-                                                 cfg.precision.grad_reduce_in_bf16, stream);
+                                                 cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream);
     }
     model.set_grads_ready_hook([&ddp](int64_t lowest) { ddp->on_grads_ready(lowest); });
+    grad_share = ddp->grad_share();
     if (overlap_gather) model.set_params_needed_hook([&ddp](int64_t end) { ddp->wait_params(end); });
   }
   // --overlap-param-gather: the chunks [first, second) of the table that update the bucket starting at lo.
@@ -279,7 +290,13 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
               << static_cast<double>(P * 4 + n_state * 12) / gib << " GiB" << (dist_opt ? " (optimizer state sharded over DP)" : "")
               << ", bf16 weights " << static_cast<double>(P) * 2 / gib << " GiB, activations "
               << static_cast<double>(model.activation_bytes()) / gib << " GiB"
-              << (cfg.recompute.recompute_granularity ? " (recompute " + *cfg.recompute.recompute_granularity + ")" : std::string()) << "\n";
+              << (cfg.recompute.recompute_granularity ? " (recompute " + *cfg.recompute.recompute_granularity + ")" : std::string());
+#ifdef MEGATRAIN_HAVE_NCCL
+    // The NCCL windows hold some of the above; this is what they took of the device, rounding included.
+    const size_t win = (tp_nccl ? tp_nccl->window_device_bytes() : 0) + (dp_nccl ? dp_nccl->window_device_bytes() : 0);
+    if (win > 0) std::cout << "; NCCL windows took " << static_cast<double>(win) / gib << " GiB of the device";
+#endif
+    std::cout << "\n";
     std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb
               << " microbatches of " << mbs << (batches.ramping() ? ", the batch ramped up from " + cfg.training.rampup_batch_size[0] : std::string())
               << ")\n"
@@ -436,7 +453,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       make_drop_keys(mb, it);
       const DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream, wait_event, drop_keys);
       const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb_it)));
-      model.step(d, w_mb, w_mb, &st->loss_acc);
+      model.step(d, w_mb * grad_share, w_mb, &st->loss_acc);
     }
 #ifdef MEGATRAIN_HAVE_NCCL
     if (ddp) MT_PROF("dp.grad_all_reduce_wait", ddp->finish());

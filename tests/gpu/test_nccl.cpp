@@ -4,7 +4,11 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "comm/cuda/nccl_communicator.h"
@@ -131,6 +135,93 @@ int main(int argc, char** argv) {
     off += counts[static_cast<size_t>(r)];
   }
   expect(ok, "all-gather-v", R);
+
+  // The distributed optimizer's in-place blocks (each block summed onto its owner, then every block
+  // gathered back): equal blocks (one reduce-scatter / all-gather; small, and large at an offset into the
+  // buffer as the trainer's buckets are) and uneven ones (grouped reduces / broadcasts), on ordinary memory
+  // and on a symmetric window (from 2 ranks, unless MEGATRAIN_NCCL_WINDOWS=0), fp32 and bf16.
+  struct BlockCase {
+    int64_t per_rank, step, offset;
+    const char* name;
+  };
+  const BlockCase block_cases[] = {{2048, 0, 0, "equal blocks"}, {1000, 8, 0, "uneven blocks"}, {3000000, 0, 4096, "large equal blocks at an offset"}};
+  for (int windowed = 0; windowed < 2; ++windowed) {
+    for (const BlockCase& bc : block_cases) {
+      for (int bf16 = 0; bf16 < 2; ++bf16) {
+        std::vector<int64_t> cs;
+        int64_t tot = 0;
+        for (int r = 0; r < W; ++r) {
+          cs.push_back(bc.per_rank + bc.step * r);
+          tot += cs.back();
+        }
+        const size_t elem = bf16 ? 2 : 4, bytes = static_cast<size_t>(tot) * elem, lead = static_cast<size_t>(bc.offset) * elem;
+        void* mem = nullptr;
+        if (windowed) {
+          mem = world->alloc_window(lead + bytes);
+          if (mem == nullptr) continue;  // one rank, or MEGATRAIN_NCCL_WINDOWS=0 (agreed by every rank)
+        } else if (cudaMalloc(&mem, lead + bytes) != cudaSuccess) {
+          std::fprintf(stderr, "rank %d: cudaMalloc of %zu bytes failed\n", R, lead + bytes);
+          std::exit(1);  // the other ranks would wait in the collective: the launcher ends them
+        }
+        void* data = static_cast<char*>(mem) + lead;
+        // Small integers: exact in bf16 and in any summation order.
+        std::vector<float> v(static_cast<size_t>(tot));
+        for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 13 + R);
+        auto put = [&](const std::vector<float>& h) {
+          if (!bf16) {
+            cudaMemcpy(data, h.data(), bytes, cudaMemcpyHostToDevice);
+            return;
+          }
+          std::vector<uint16_t> b16(h.size());
+          for (size_t i = 0; i < h.size(); ++i) {
+            uint32_t u = 0;
+            std::memcpy(&u, &h[i], 4);
+            b16[i] = static_cast<uint16_t>(u >> 16);  // exact for these values
+          }
+          cudaMemcpy(data, b16.data(), bytes, cudaMemcpyHostToDevice);
+        };
+        auto get = [&]() {
+          std::vector<float> h(static_cast<size_t>(tot));
+          if (!bf16) {
+            cudaMemcpy(h.data(), data, bytes, cudaMemcpyDeviceToHost);
+            return h;
+          }
+          std::vector<uint16_t> b16(h.size());
+          cudaMemcpy(b16.data(), data, bytes, cudaMemcpyDeviceToHost);
+          for (size_t i = 0; i < h.size(); ++i) {
+            const uint32_t u = static_cast<uint32_t>(b16[i]) << 16;
+            std::memcpy(&h[i], &u, 4);
+          }
+          return h;
+        };
+        const WireType wt = bf16 ? WireType::kBF16 : WireType::kF32;
+        const std::string how = std::string(windowed ? "a window, " : "ordinary memory, ") + bc.name + (bf16 ? ", bf16" : ", fp32");
+        put(v);
+        cudaDeviceSynchronize();
+        world->reduce_scatter_v_after(data, cs, wt, ReduceOp::kSum, nullptr);
+        world->wait_stream("test reduce onto owners");
+        int64_t lo = 0;
+        for (int r = 0; r < R; ++r) lo += cs[static_cast<size_t>(r)];
+        auto h = get();
+        ok = true;
+        for (int64_t i = lo; i < lo + cs[static_cast<size_t>(R)]; ++i) ok &= h[static_cast<size_t>(i)] == static_cast<float>(W * (i % 13) + W * (W - 1) / 2);
+        expect(ok, ("in-place reduce onto owners, " + how).c_str(), R);
+        for (int64_t i = lo; i < lo + cs[static_cast<size_t>(R)]; ++i) h[static_cast<size_t>(i)] = static_cast<float>(10 * R + i % 5);
+        put(h);
+        cudaDeviceSynchronize();
+        world->all_gather_v_on(data, cs, wt, world->stream());
+        world->wait_stream("test gather");
+        h = get();
+        ok = true;
+        int64_t off2 = 0;
+        for (int r = 0; r < W; off2 += cs[static_cast<size_t>(r)], ++r) {
+          for (int64_t i = off2; i < off2 + cs[static_cast<size_t>(r)]; ++i) ok &= h[static_cast<size_t>(i)] == static_cast<float>(10 * r + i % 5);
+        }
+        expect(ok, ("in-place gather, " + how).c_str(), R);
+        if (!windowed) cudaFree(mem);  // a window goes with the communicator
+      }
+    }
+  }
 
   // broadcast, barrier, double all-reduce, split into a group per rank parity
   DeviceBuf b(16);

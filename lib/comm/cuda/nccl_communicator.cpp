@@ -134,6 +134,14 @@ void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int6
   const size_t elem = type == WireType::kF32 ? 4 : 2;
   auto* base = static_cast<char*>(data);
   const ProfScope prof("dp.reduce_to_owners", stream_);
+  if (counts.size() != static_cast<size_t>(size_)) throw std::logic_error("reduce_scatter_v_after: one count per rank expected");
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts.front(); })) {
+    // Equal blocks: one in-place reduce-scatter (on a symmetric window NCCL runs its symmetric kernel, which
+    // a group of reduces never gets).
+    const auto n = static_cast<size_t>(counts.front());
+    MT_NCCL_CHECK(ncclReduceScatter(base, base + static_cast<size_t>(rank_) * n * elem, n, nccl_type(type), nccl_op(op), comm_, stream_));
+    return;
+  }
   MT_NCCL_CHECK(ncclGroupStart());
   int64_t off = 0;
   for (int r = 0; r < size_; ++r) {
@@ -148,6 +156,12 @@ void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int6
 void NcclCommunicator::all_gather_v_on(void* data, const std::vector<int64_t>& counts, WireType type, cudaStream_t s) {
   const size_t elem = type == WireType::kF32 ? 4 : 2;
   auto* base = static_cast<char*>(data);
+  if (counts.size() != static_cast<size_t>(size_)) throw std::logic_error("all_gather_v_on: one count per rank expected");
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts.front(); })) {
+    const auto n = static_cast<size_t>(counts.front());  // equal blocks: one in-place all-gather
+    MT_NCCL_CHECK(ncclAllGather(base + static_cast<size_t>(rank_) * n * elem, base, n, nccl_type(type), comm_, s));
+    return;
+  }
   MT_NCCL_CHECK(ncclGroupStart());
   int64_t off = 0;
   for (int r = 0; r < size_; ++r) {
@@ -246,14 +260,45 @@ std::vector<std::string> NcclCommunicator::all_gather_strings(const std::string&
   throw std::logic_error("NCCL communicators carry device buffers; host strings go through ProcessGroups::checkpoint");
 }
 
+namespace {
+
+// The element-wise max over the ranks of a few host doubles (exact for sizes below 2^53), through a device
+// buffer: the agreements alloc_window needs before its collective registration.
+std::vector<double> max_over_ranks(NcclCommunicator& comm, std::vector<double> v) {
+  double* d = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(double)));
+  MT_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(double), cudaMemcpyHostToDevice));
+  comm.all_reduce(d, static_cast<int64_t>(v.size()), ReduceOp::kMax);
+  MT_CUDA_CHECK(cudaMemcpy(v.data(), d, v.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  MT_CUDA_CHECK(cudaFree(d));
+  return v;
+}
+
+}  // namespace
+
 void* NcclCommunicator::alloc_window(size_t bytes) {
-  const char* off = std::getenv("MEGATRAIN_NCCL_WINDOWS");
-  if (size_ < 2 || (off != nullptr && std::string(off) == "0")) return nullptr;
+  if (size_ < 2) return nullptr;
+  // Registration is collective and needs the same size on every rank: the ranks agree first (off on any
+  // rank: off on all; a size that differs is a bug, named here rather than hanging in NCCL).
   bytes = (std::max<size_t>(bytes, 1) + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
+  const char* env = std::getenv("MEGATRAIN_NCCL_WINDOWS");
+  const bool off_here = windows_on_ == 0 || (env != nullptr && std::string(env) == "0");
+  const auto agreed = max_over_ranks(*this, {off_here ? 1.0 : 0.0, static_cast<double>(bytes), -static_cast<double>(bytes)});
+  windows_on_ = agreed[0] > 0.0 ? 0 : 1;
+  if (windows_on_ == 0) return nullptr;
+  if (agreed[1] != -agreed[2]) {
+    throw std::logic_error("the " + name_ + " group's ranks asked for NCCL windows of different sizes (" + std::to_string(bytes) + " bytes here)");
+  }
   void* ptr = nullptr;
-  if (ncclMemAlloc(&ptr, bytes) != ncclSuccess || ptr == nullptr) {
-    throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for the " + name_ +
-                             " group's NCCL window: free GPU memory (a smaller --micro-batch-size or model), or set MEGATRAIN_NCCL_WINDOWS=0");
+  size_t free_before = 0, free_after = 0, total = 0;
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+  const bool failed_here = ncclMemAlloc(&ptr, bytes) != ncclSuccess || ptr == nullptr;
+  // Every rank learns whether every rank has its memory, so that all register or none do.
+  if (max_over_ranks(*this, {failed_here ? 1.0 : 0.0})[0] > 0.0) {
+    if (!failed_here) ncclMemFree(ptr);
+    throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for the " + name_ + " group's NCCL window" +
+                             (failed_here ? "" : " on another rank") +
+                             ": free GPU memory (a smaller --micro-batch-size or model), or set MEGATRAIN_NCCL_WINDOWS=0");
   }
   ncclWindow_t win{};
   const ncclResult_t r = ncclCommWindowRegister(comm_, ptr, bytes, &win, NCCL_WIN_COLL_SYMMETRIC);
@@ -263,6 +308,10 @@ void* NcclCommunicator::alloc_window(size_t bytes) {
                              ncclGetErrorString(r) + "): set MEGATRAIN_NCCL_WINDOWS=0 to run without windows");
   }
   windows_.emplace_back(win, ptr);
+  // What the window took of the device (ncclMemAlloc rounds up to its allocation granularity; registration
+  // may map more): the start-up memory line reports it.
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+  window_device_bytes_ += free_before > free_after ? free_before - free_after : bytes;
   return ptr;
 }
 
@@ -286,7 +335,11 @@ std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int6
   if (blob.size() != sizeof(id)) throw std::runtime_error("NCCL unique id of the wrong size from the rendezvous");
   std::memcpy(&id, blob.data(), sizeof(id));
   ncclComm_t comm = nullptr;
-  MT_NCCL_CHECK(ncclCommInitRank(&comm, static_cast<int>(launch.world_size), id, static_cast<int>(launch.rank)));
+  // NCCL's zero-CTA policy (unless NCCL_CTA_POLICY says otherwise): gathers on symmetric windows go to the
+  // copy engines, leaving every SM to the GEMMs they overlap; the groups split from this one inherit it.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  if (std::getenv("NCCL_CTA_POLICY") == nullptr) config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+  MT_NCCL_CHECK(ncclCommInitRankConfig(&comm, static_cast<int>(launch.world_size), id, static_cast<int>(launch.rank), &config));
   return std::make_shared<NcclCommunicator>(comm, "world", timeout_seconds);
 }
 

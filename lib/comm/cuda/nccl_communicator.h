@@ -55,7 +55,8 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   // Uneven in-place blocks over [data, data + sum(counts)), rank r's block counts[r] elements: the
   // distributed optimizer's gradient reduction (rank r's block ends up holding the reduction of every
   // rank's block r; grouped ncclReduce) after the work queued on `after`, and its parameter gather (rank
-  // r's block copied to every rank; grouped ncclBroadcast) queued on stream s.
+  // r's block copied to every rank; grouped ncclBroadcast) queued on stream s. With equal blocks they are one
+  // in-place ncclReduceScatter / ncclAllGather.
   void reduce_scatter_v_after(void* data, const std::vector<int64_t>& counts, WireType type, ReduceOp op, cudaStream_t after);
   void all_gather_v_on(void* data, const std::vector<int64_t>& counts, WireType type, cudaStream_t s);
   // StreamCollectives: queued on `s` itself (tensor parallelism inside a step).
@@ -67,9 +68,11 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   void group_start() override;
   void group_end() override;
   std::shared_ptr<StreamCollectives> stream_sub_group(int color, int key, const std::string& name) override { return split(color, key, name); }
-  // ncclMemAlloc + ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC); MEGATRAIN_NCCL_WINDOWS=0 turns it off
-  // (nullptr). Freed with the communicator.
+  // ncclMemAlloc + ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC); MEGATRAIN_NCCL_WINDOWS=0 on any rank
+  // turns it off on all (nullptr). Freed with the communicator.
   void* alloc_window(size_t bytes) override;
+  // Device memory the windows took, measured (cudaMemGetInfo) around each allocation and registration.
+  size_t window_device_bytes() const { return window_device_bytes_; }
   // Waits for `event` (recorded on any stream whose work depends on this communicator's), watching for NCCL
   // errors and the timeout like wait_stream: a dead peer aborts the job instead of hanging it.
   void wait_event(cudaEvent_t event, const char* op);
@@ -90,6 +93,8 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   bool aborted_ = false;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   std::vector<std::pair<ncclWindow_t, void*>> windows_;
+  int windows_on_ = -1;              // agreed by the ranks at each alloc_window (MEGATRAIN_NCCL_WINDOWS; once off, off)
+  size_t window_device_bytes_ = 0;  // what the windows took of the device (cudaMemGetInfo)
 };
 
 // The world communicator: the unique id is broadcast over MPI when MPI is active, else over TCP at

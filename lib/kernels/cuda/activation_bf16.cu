@@ -97,8 +97,6 @@ __global__ void swiglu_bwd8(T16* dx, const T16* dy, const T16* x, int64_t N, int
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 }  // namespace
 
 template <typename T16>

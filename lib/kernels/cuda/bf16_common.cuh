@@ -77,6 +77,9 @@ __global__ inline void add_column_sums_kernel(float* out, const float* partials,
   out[c] += s;
 }
 
+// 16-byte aligned: the eight-wide loads and stores apply.
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535LL * 8) {
   int64_t b = (n + threads - 1) / threads;
   if (b > cap) b = cap;

@@ -229,8 +229,6 @@ __global__ void norm_bwd_dx_vec(float* dres, T16* dres16, const T16* dy, const R
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 // The vectorised kernels' shape for a row of h: threads (a multiple of 32, at most 256) and runs per thread
 // (0: not vectorisable).
 struct VecShape {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -62,6 +63,14 @@ struct CudaGPT::Scratch {
 };
 
 void* CudaGPT::alloc(size_t bytes) {
+  if (arena_mode_ != ArenaMode::kOff) {
+    // 256-byte steps, as cudaMalloc aligns (cuBLASLt's plans and the halves' rows assume it).
+    const size_t off = arena_used_, step = (std::max<size_t>(bytes, 16) + 255) / 256 * 256;
+    arena_used_ += step;
+    if (arena_mode_ == ArenaMode::kCount) return reinterpret_cast<void*>(static_cast<uintptr_t>(256 + off));  // never read
+    if (arena_used_ > arena_size_) throw std::logic_error("CudaGPT: the activation arena is smaller than its count");
+    return arena_ + off;  // the window goes with the TP communicator
+  }
   void* p = device_malloc(std::max<size_t>(bytes, 16), "the model's weights, gradients and activations");
   owned_.push_back(p);
   return p;
@@ -80,7 +89,8 @@ int64_t end_of(const ParamStore& ps, int64_t off) {
 
 }  // namespace
 
-CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp, bool keep_master)
+CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp, bool keep_master,
+                 StreamCollectives* dp)
     : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1)),
       stream_(stream),
       dt_(cfg.precision.fp16 ? cuda::F16::kFP16 : cuda::F16::kBF16),
@@ -113,8 +123,15 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     }
   }
   if (keep_master) master_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
-  grads_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
-  w16_ = static_cast<bf16*>(alloc(static_cast<size_t>(numel_) * 2));
+  // With data parallelism the gradients sit in the DP group's symmetric windows, where it has them (its
+  // reductions run on them; same size on every rank), and so do the 16-bit weights when they are gathered
+  // (the distributed optimizer, which keeps no master copy here).
+  auto param_buffer = [&](size_t bytes) {
+    void* p = dp ? dp->alloc_window(bytes) : nullptr;
+    return p ? p : alloc(bytes);
+  };
+  grads_ = static_cast<float*>(param_buffer(static_cast<size_t>(numel_) * 4));
+  w16_ = static_cast<bf16*>(keep_master ? alloc(static_cast<size_t>(numel_) * 2) : param_buffer(static_cast<size_t>(numel_) * 2));
   // The initial values go up through the master buffer, or through the gradient buffer when there is none.
   float* up = keep_master ? master_ : grads_;
   MT_CUDA_CHECK(cudaMemcpyAsync(up, layout.params().f32(), static_cast<size_t>(numel_) * 4, cudaMemcpyHostToDevice, stream_));
@@ -243,66 +260,86 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       r.kn_rstd = f32(D.ng_local);
     }
   };
-  for (int64_t l = 0; l < D.L; ++l) {
-    auto r = std::make_unique<Record>();
-    r->x_in = res(h, rows_l);
-    if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r);
-    records_.push_back(std::move(r));
-  }
-  if (full_recompute_) {
-    recompute_record_ = std::make_unique<Record>();
-    full_record(*recompute_record_);
-  }
-  s_ = std::make_unique<Scratch>();
-  Scratch& s = *s_;
-  s.qkv = b16(Wq);
-  if (kv_group_) s.q_all = b16(D.qh_local * D.d);
-  // The TP all-reduces' buffers in NCCL symmetric windows where the group has them (same size on every rank).
-  auto window16 = [&](int64_t n) {
-    void* p = tp_ ? tp_->alloc_window(bytes(n, 2, 1.0)) : nullptr;
-    if (p == nullptr) return b16(n);
-    act_bytes_ += bytes(n, 2, 1.0);
-    return static_cast<bf16*>(p);
-  };
-  s.delta = window16(h);
-  s.x_final = res(h, rows_l);
-  s.xnf = b16(h);
-  s.meanf = f32(1, rows_l);
-  s.rstdf = f32(1, rows_l);
-  s.logits = b16(D.V_local);
-  s.losses = f32(1);
-  s.dres = f32(h, rows_l);
-  s.dres16 = b16(h, rows_l);
-  s.dxn = window16(h);
-  s.d_o = b16(Hd);
-  s.dq = b16(Hd);
-  s.dk = b16(KVd);
-  s.dv = b16(KVd);
-  if (D.swiglu) s.dact = b16(F);
-  s.dfc1 = b16(F1);
-  if (D.qk_norm) {
-    s.dq_pre = b16(Hd);
-    s.dk_pre = b16(KVd);
-    s.qk_tmp = f32(Hd);
-  }
-  bgrad_len_ = (std::max({Wq, F1, h}) + 7) / 8 * 8;  // the second stream's part 32-byte aligned too
-  // Bias gradients from the weight-gradient GEMMs' epilogue where cuBLASLt has one for every such shape
-  // (else the bias-gradient kernel).
   auto& lt = cuda::GemmLt::instance();
   auto fusable_k = [&](int64_t n, int64_t x_width, int64_t k) {
     return lt.has_algorithm(true, false, n, x_width, k, n, x_width, x_width, ab_, CUDA_R_32F, {cuda::GemmEpilogue::kBiasGrad, nullptr, 0});
   };
-  auto fusable = [&](int64_t n, int64_t x_width) { return fusable_k(n, x_width, T); };
-  bgrad_epilogue_ = D.bias && fusable(Wq, h) && fusable(F1, h) && fusable(h, F) && fusable(h, W_.Hd);
-  if (bgrad_epilogue_) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
-  if (tp_) s.ce_stats = f32(4);
-  if (sp_) {
-    s.delta_l = b16(h, rows_l);
-    s.xn_l = b16(h, rows_l);
-    s.dxn_l = b16(h, rows_l);
-    s.dres16_full = b16(h);
+  // The activations (records and scratch). With TP they are carved from one symmetric window of the TP
+  // group, the same offsets on every rank, so that NCCL runs every TP collective on them (all-reduces,
+  // SP's gathers and scatters, the loss statistics) with its symmetric kernels: a first pass only counts
+  // the bytes, the second carves them. Without windows: ordinary allocations. Every size here must be the
+  // same on every TP rank and in both passes (nothing a rank decides alone, such as cuBLASLt's answers: the
+  // bias-gradient scratch is allocated after the arena); alloc_window checks that the totals agree.
+  auto allocate_activations = [&]() {
+    for (int64_t l = 0; l < D.L; ++l) {
+      auto r = std::make_unique<Record>();
+      r->x_in = res(h, rows_l);
+      if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r);
+      records_.push_back(std::move(r));
+    }
+    if (full_recompute_) {
+      recompute_record_ = std::make_unique<Record>();
+      full_record(*recompute_record_);
+    }
+    s_ = std::make_unique<Scratch>();
+    Scratch& s = *s_;
+    s.qkv = b16(Wq);
+    if (kv_group_) s.q_all = b16(D.qh_local * D.d);
+    s.delta = b16(h);
+    s.x_final = res(h, rows_l);
+    s.xnf = b16(h);
+    s.meanf = f32(1, rows_l);
+    s.rstdf = f32(1, rows_l);
+    s.logits = b16(D.V_local);
+    s.losses = f32(1);
+    s.dres = f32(h, rows_l);
+    s.dres16 = b16(h, rows_l);
+    s.dxn = b16(h);
+    s.d_o = b16(Hd);
+    s.dq = b16(Hd);
+    s.dk = b16(KVd);
+    s.dv = b16(KVd);
+    if (D.swiglu) s.dact = b16(F);
+    s.dfc1 = b16(F1);
+    if (D.qk_norm) {
+      s.dq_pre = b16(Hd);
+      s.dk_pre = b16(KVd);
+      s.qk_tmp = f32(Hd);
+    }
+    bgrad_len_ = (std::max({Wq, F1, h}) + 7) / 8 * 8;  // the second stream's part 32-byte aligned too
+    // Bias gradients from the weight-gradient GEMMs' epilogue where cuBLASLt has one for every such shape
+    // (else the bias-gradient kernel).
+    auto fusable = [&](int64_t n, int64_t x_width) { return fusable_k(n, x_width, T); };
+    bgrad_epilogue_ = D.bias && fusable(Wq, h) && fusable(F1, h) && fusable(h, F) && fusable(h, W_.Hd);
+    if (tp_) s.ce_stats = f32(4);
+    if (sp_) {
+      s.delta_l = b16(h, rows_l);
+      s.xn_l = b16(h, rows_l);
+      s.dxn_l = b16(h, rows_l);
+      s.dres16_full = b16(h);
+    }
+    if (sp_ || res16_) s.emb = f32(h);
+  };
+  if (tp_) {
+    const size_t before = act_bytes_;
+    arena_mode_ = ArenaMode::kCount;
+    arena_used_ = 0;
+    allocate_activations();
+    records_.clear();
+    recompute_record_.reset();
+    s_.reset();
+    act_bytes_ = before;
+    arena_size_ = arena_used_;
+    arena_used_ = 0;
+    arena_ = static_cast<char*>(tp_->alloc_window(arena_size_));  // nullptr: no windows
+    arena_mode_ = arena_ ? ArenaMode::kCarve : ArenaMode::kOff;
   }
-  if (sp_ || res16_) s.emb = f32(h);
+  allocate_activations();
+  if (arena_mode_ == ArenaMode::kCarve && arena_used_ != arena_size_) throw std::logic_error("CudaGPT: the activation arena's passes differ");
+  arena_mode_ = ArenaMode::kOff;  // later allocations are ordinary
+  Scratch& s = *s_;
+  // Only this rank's kernels touch it (its size follows this rank's cuBLASLt answer): outside the arena.
+  if (bgrad_epilogue_) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
 
   // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;

@@ -52,7 +52,10 @@ class CudaGPT {
   // `layout` supplies names, offsets and initial values (uploaded once); the model keeps no host copy. It is
   // this rank's TP shard; `tp` is the tensor-parallel group (nullptr: TP 1). Without keep_master (the
   // distributed optimizer keeps the master weights of its shard itself) master() is null.
-  CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp = nullptr, bool keep_master = true);
+  // dp (data parallelism): the group whose symmetric windows hold the gradient buffer, and the 16-bit
+  // weights when !keep_master (the distributed optimizer gathers them); nullptr: ordinary allocations.
+  CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp = nullptr, bool keep_master = true,
+          StreamCollectives* dp = nullptr);
   ~CudaGPT();
   CudaGPT(const CudaGPT&) = delete;
   CudaGPT& operator=(const CudaGPT&) = delete;
@@ -188,6 +191,11 @@ class CudaGPT {
   std::vector<bool> recompute_layer_;
   size_t act_bytes_ = 0;
   std::vector<void*> owned_;
+  // With TP, the activations are carved from one symmetric window of the TP group (alloc: count, then carve).
+  enum class ArenaMode { kOff, kCount, kCarve };
+  ArenaMode arena_mode_ = ArenaMode::kOff;
+  char* arena_ = nullptr;
+  size_t arena_size_ = 0, arena_used_ = 0;
   std::vector<int64_t> layer_start_;  // lowest flat offset of each layer's parameters
   std::vector<int64_t> layer_end_;    // one past the highest
   int64_t bgrad_len_ = 0;             // each stream's part of Scratch::bgrad

@@ -14,8 +14,8 @@
 namespace mt {
 
 DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, int64_t bucket_elems,
-                                       bool overlap, bool reduce_bf16, cudaStream_t compute)
-    : comm_(std::move(comm)), grads_(grads), overlap_(overlap), compute_(compute) {
+                                       bool overlap, bool reduce_bf16, bool prescaled, cudaStream_t compute)
+    : comm_(std::move(comm)), grads_(grads), overlap_(overlap), op_(prescaled ? ReduceOp::kSum : ReduceOp::kAvg), compute_(compute) {
   if (reduce_bf16) alloc_shadow(numel);
   bucket_elems = std::max<int64_t>(bucket_elems, 1 << 20);
   for (int64_t hi = numel; hi > 0;) {
@@ -26,8 +26,14 @@ DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, f
 }
 
 DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, std::vector<DeviceBucket> sharded,
-                                       bool overlap, bool reduce_bf16, cudaStream_t compute)
-    : comm_(std::move(comm)), grads_(grads), overlap_(overlap), sharded_(true), compute_(compute), buckets_(std::move(sharded)) {
+                                       bool overlap, bool reduce_bf16, bool prescaled, cudaStream_t compute)
+    : comm_(std::move(comm)),
+      grads_(grads),
+      overlap_(overlap),
+      sharded_(true),
+      op_(prescaled ? ReduceOp::kSum : ReduceOp::kAvg),
+      compute_(compute),
+      buckets_(std::move(sharded)) {
   if (reduce_bf16) alloc_shadow(numel);
   // Tests: make every bucket's gather late, so a forward that does not wait for the buckets it reads sees
   // last step's weights.
@@ -35,11 +41,14 @@ DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, f
 }
 
 void DeviceDataParallel::alloc_shadow(int64_t numel) {
-  MT_CUDA_CHECK(cudaMalloc(&shadow_, static_cast<size_t>(std::max<int64_t>(numel, 1)) * 2));
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(numel, 1)) * 2;
+  shadow_ = comm_->alloc_window(bytes);
+  shadow_window_ = shadow_ != nullptr;
+  if (!shadow_window_) MT_CUDA_CHECK(cudaMalloc(&shadow_, bytes));
 }
 
 DeviceDataParallel::~DeviceDataParallel() {
-  if (shadow_) cudaFree(shadow_);
+  if (shadow_ && !shadow_window_) cudaFree(shadow_);  // a window goes with the communicator
   for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
 }
 
@@ -47,8 +56,8 @@ void DeviceDataParallel::launch_next() {
   const DeviceBucket& b = buckets_[next_++];
   const int64_t n = b.hi - b.lo;
   if (!shadow_) {
-    if (sharded_) comm_->reduce_scatter_v_after(grads_ + b.lo, b.shard_counts, WireType::kF32, ReduceOp::kAvg, compute_);
-    else comm_->all_reduce_after(grads_ + b.lo, n, ReduceOp::kAvg, compute_);
+    if (sharded_) comm_->reduce_scatter_v_after(grads_ + b.lo, b.shard_counts, WireType::kF32, op_, compute_);
+    else comm_->all_reduce_after(grads_ + b.lo, n, op_, compute_);
     return;
   }
   // The rounding to bf16 runs on the communicator's stream too, after the compute stream's work so far: on
@@ -57,8 +66,8 @@ void DeviceDataParallel::launch_next() {
   cudaStream_t cs = comm_->stream();
   comm_->follow(compute_);
   MT_PROF_ON(cs, "dp.grad_to_bf16", cuda::cast_to_bf16(s + b.lo, grads_ + b.lo, n, cs));
-  if (sharded_) comm_->reduce_scatter_v_after(s + b.lo, b.shard_counts, WireType::kBF16, ReduceOp::kAvg, cs);
-  else comm_->all_reduce_bf16_after(s + b.lo, n, ReduceOp::kAvg, cs);
+  if (sharded_) comm_->reduce_scatter_v_after(s + b.lo, b.shard_counts, WireType::kBF16, op_, cs);
+  else comm_->all_reduce_bf16_after(s + b.lo, n, op_, cs);
   // Widen what this rank uses: its block (distributed optimizer) or the whole bucket.
   cuda::cast_from_bf16(grads_ + b.shard_lo, s + b.shard_lo, b.shard_hi - b.shard_lo, comm_->stream());
 }

@@ -1,6 +1,7 @@
 // device_data_parallel.h: data parallelism for the CUDA engine: the fp32 gradient buffer is cut into
 // buckets from the top of the flat layout, the order in which the backward finishes them; each bucket is
-// averaged over the data-parallel group with NCCL on the communicator's own stream, started as soon as its
+// averaged over the data-parallel group with NCCL on the communicator's own stream (see prescaled below),
+// started as soon as its
 // gradients are final (--overlap-grad-reduce) or after the backward. With the distributed optimizer the
 // buckets are the CPU engine's (whole parameters, each split over the DP ranks): each rank's block is
 // averaged onto its owner only, and after the optimizer step the updated bf16 weights are gathered back.
@@ -29,12 +30,15 @@ class DeviceDataParallel {
  public:
   // All-reduce buckets of bucket_elems elements. reduce_bf16 (--grad-reduce-in-bf16): each bucket is rounded
   // to bf16, reduced in bf16 (half the bytes on the wire) and widened back into the fp32 buffer.
+  // prescaled: the reductions sum, and the caller's backward scales each rank's gradients by grad_share()
+  // = 1 / DP (NCCL's symmetric-memory kernels only sum; exact in bf16 / fp32 for DP a power of two); else
+  // they average (fp16, whose gradients would lose log2(DP) bits to underflow with the scaling in the backward).
   DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, int64_t bucket_elems, bool overlap,
-                     bool reduce_bf16, cudaStream_t compute);
+                     bool reduce_bf16, bool prescaled, cudaStream_t compute);
   // Distributed optimizer: the given sharded buckets (highest first); afterwards each rank's blocks hold the
   // DP average, the rest of the buffer is stale.
   DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, std::vector<DeviceBucket> sharded, bool overlap,
-                     bool reduce_bf16, cudaStream_t compute);
+                     bool reduce_bf16, bool prescaled, cudaStream_t compute);
   ~DeviceDataParallel();
   void start_iteration() { next_ = 0; }
   // The backward's hook: gradients at offsets >= lowest are final.
@@ -54,6 +58,8 @@ class DeviceDataParallel {
   // (INT64_MAX: all of them; a no-op when nothing is pending).
   void wait_params(int64_t end);
   size_t buckets() const { return buckets_.size(); }
+  // What the backward scales each rank's gradients by: 1 / DP when prescaled (the sum is then the average), else 1.
+  float grad_share() const { return op_ == ReduceOp::kSum ? 1.0f / static_cast<float>(comm_->size()) : 1.0f; }
   NcclCommunicator& comm() { return *comm_; }
 
  private:
@@ -62,7 +68,9 @@ class DeviceDataParallel {
   std::shared_ptr<NcclCommunicator> comm_;
   float* grads_;
   bool overlap_, sharded_ = false;
-  void* shadow_ = nullptr;  // bf16 copy of the gradients (reduce_bf16)
+  ReduceOp op_;
+  void* shadow_ = nullptr;  // bf16 copy of the gradients (reduce_bf16), in the group's window where it has one
+  bool shadow_window_ = false;
   cudaStream_t compute_;
   std::vector<DeviceBucket> buckets_;  // highest first
   size_t next_ = 0;
