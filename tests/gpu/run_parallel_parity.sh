@@ -2,7 +2,8 @@
 # run_parallel_parity.sh: multi-GPU layouts of the CUDA engine against the CPU reference engine (one rank,
 # the oracle) at bf16 tolerance: tiny GPT-2-style and LLaMA-style models, 10 iterations on mock data, the
 # same seed and global batch: one GPU, TP 2, TP 2 + sequence parallel, DP 2 (and TP 2 x DP 2 with 4 GPUs),
-# DP 2 with the distributed optimizer (also with the parameter gather overlapped), and TP 2 / TP 2 + SP of a LLaMA with one K/V head (replicated over
+# DP 2 with the distributed optimizer (also with the parameter gather overlapped), TP 2 + SP with the split
+# layers (micro batch 4), and TP 2 / TP 2 + SP of a LLaMA with one K/V head (replicated over
 # the TP ranks), must give the same loss per iteration, the same gradient norm and, from the final parameters, the same
 # validation loss. The distributed optimizer's sharded checkpoint must resume on the GPUs and on the CPU
 # engine. Needs at least 2 visible GPUs (exit 77, skipped, otherwise).
@@ -100,12 +101,24 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
                                     "tp2rcb 2 --tensor-model-parallel-size 2 --recompute-granularity full --recompute-method block --recompute-num-layers 1")
   # and with an fp32 residual stream (4-byte rows in the halves' offsets).
   [[ $family != mqa ]] && layouts+=("tp2f32res 2 --tensor-model-parallel-size 2 --fp32-residual-connection")
+  # The split layers under SP need a micro batch of a multiple of 2 TP (each rank's piece of a half whole
+  # sequences): micro batch 4, against the CPU engine's 2 (the same global batch) and the plain SP layers.
+  [[ $family != mqa ]] && layouts+=("tp2sp4 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4"
+                                    "tp2sp4whole 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4"
+                                    "tp2sp4f32res 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4 --fp32-residual-connection")
   for l in "${layouts[@]}"; do
     read -r name np extra <<<"$l"
     split=1
-    [[ $name == tp2whole ]] && split=0
+    [[ $name == *whole ]] && split=0
     # shellcheck disable=SC2086
     MEGATRAIN_TP_SPLIT_FORWARD=$split run "$family-$name" "$np" cuda "$model" $extra || continue
+    # The layouts meant to split say so at start-up (and the plain ones do not).
+    if [[ $family != mqa && ( $name == tp2sp4* || $name == tp2 || $name == tp2f32res || $name == tp2rc* ) ]] && ! grep -q "layers split in two halves" "$work/$family-$name/log"; then
+      echo "FAIL $family-$name: the layers did not split"; fails=$((fails + 1))
+    fi
+    if [[ $name == *whole ]] && grep -q "layers split in two halves" "$work/$family-$name/log"; then
+      echo "FAIL $family-$name: the layers split"; fails=$((fails + 1))
+    fi
     compare "$family-$name" "$family-cpu" lm_loss 5e-3
     compare "$family-$name" "$family-cpu" grad_norm 3e-2
     compare "$family-$name" "$family-cpu" validation_lm_loss 5e-3
@@ -114,11 +127,14 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # may take other algorithms, so not bit for bit).
   [[ $family != mqa ]] && compare "$family-tp2" "$family-tp2whole" lm_loss 2e-3
   [[ $family != mqa ]] && compare "$family-tp2" "$family-tp2whole" grad_norm 2e-2
+  [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4whole" lm_loss 2e-3
+  [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4whole" grad_norm 2e-2
   [[ $family == mqa ]] && continue
   # Hidden dropout (0.1): both engines draw the same masks (dropout_key per sample and site), so the layouts
   # follow the CPU engine's dropped-out run as closely as the runs without dropout follow theirs.
   if run "$family-cpudrop" 1 cpu "$model" --hidden-dropout 0.1; then
     for l in "gpu1drop 1" "tp2drop 2 --tensor-model-parallel-size 2" "tp2spdrop 2 --tensor-model-parallel-size 2 --sequence-parallel" \
+             "tp2sp4drop 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4" \
              "dp2drop 2 --use-distributed-optimizer --overlap-grad-reduce"; do
       read -r name np extra <<<"$l"
       # shellcheck disable=SC2086
