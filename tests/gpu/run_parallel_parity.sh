@@ -45,6 +45,20 @@ run() {
   fi || { echo "FAIL $name: the run failed"; tail -5 "$work/$name/log"; fails=$((fails + 1)); return 1; }
 }
 
+# family name: the layouts meant to split their layers say so at start-up, and the plain ones do not.
+expect_split() {
+  local want=""
+  case $2 in
+    *whole | tp2sp | tp2spdrop | tp2dp2 | tp2dp2do) want=no ;;
+    tp2 | tp2f32res | tp2rc* | tp2drop | tp2sp4 | tp2sp4f32res | tp2sp4drop | tp2dp2sp4 | tp2dp2split) [[ $1 != mqa ]] && want=yes ;;
+  esac
+  local said=no
+  grep -q "layers split in two halves" "$work/$1-$2/log" && said=yes
+  if [[ -n $want && $said != "$want" ]]; then
+    echo "FAIL $1-$2: the layers $([[ $want == yes ]] && echo "did not split" || echo split)"; fails=$((fails + 1))
+  fi
+}
+
 # field file: one value per line, in iteration order
 field() { sed -n "s/.*\"$1\":\([-0-9.eE+]*\).*/\1/p" "$2/metrics.jsonl"; }
 
@@ -91,7 +105,8 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
               "dp2dobf16 2 --use-distributed-optimizer --overlap-grad-reduce --grad-reduce-in-bf16")
     ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce"
                             "tp2dp2do 4 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce"
-                            "tp2dp2split 4 --tensor-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
+                            "tp2dp2split 4 --tensor-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
+                            "tp2dp2sp4 4 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4 --overlap-grad-reduce")
   fi
   # TP 2 runs its forward as two interleaved halves of the micro batch (the all-reduces overlapped); tp2whole:
   # the plain forward.
@@ -112,13 +127,8 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
     [[ $name == *whole ]] && split=0
     # shellcheck disable=SC2086
     MEGATRAIN_TP_SPLIT_FORWARD=$split run "$family-$name" "$np" cuda "$model" $extra || continue
-    # The layouts meant to split say so at start-up (and the plain ones do not).
-    if [[ $family != mqa && ( $name == tp2sp4* || $name == tp2 || $name == tp2f32res || $name == tp2rc* ) ]] && ! grep -q "layers split in two halves" "$work/$family-$name/log"; then
-      echo "FAIL $family-$name: the layers did not split"; fails=$((fails + 1))
-    fi
-    if [[ $name == *whole ]] && grep -q "layers split in two halves" "$work/$family-$name/log"; then
-      echo "FAIL $family-$name: the layers split"; fails=$((fails + 1))
-    fi
+    expect_split "$family" "$name"
+
     compare "$family-$name" "$family-cpu" lm_loss 5e-3
     compare "$family-$name" "$family-cpu" grad_norm 3e-2
     compare "$family-$name" "$family-cpu" validation_lm_loss 5e-3
@@ -139,6 +149,7 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
       read -r name np extra <<<"$l"
       # shellcheck disable=SC2086
       run "$family-$name" "$np" cuda "$model" --hidden-dropout 0.1 $extra || continue
+      expect_split "$family" "$name"
       compare "$family-$name" "$family-cpudrop" lm_loss 5e-3
       compare "$family-$name" "$family-cpudrop" validation_lm_loss 5e-3
     done

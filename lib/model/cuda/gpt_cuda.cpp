@@ -365,7 +365,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   split_forward_ = tp_ && sp_ok && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned && !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
   if (split_forward_ && bgrad_epilogue_) {
-    split_forward_ = fusable_k(Wq, h, half_rows) && fusable_k(F1, h, half_rows) && fusable_k(h, F, half_rows) && fusable_k(h, W_.Hd, half_rows);
+    // (Under SP the row-parallel biases' gradients come from this rank's rows, not from the epilogue.)
+    split_forward_ = fusable_k(Wq, h, half_rows) && fusable_k(F1, h, half_rows) &&
+                     (sp_ || (fusable_k(h, F, half_rows) && fusable_k(h, W_.Hd, half_rows)));
   }
   if (tp_) {
     // The TP ranks must issue the same collectives: agree on the setting (read from each rank's environment).
@@ -388,6 +390,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_ev_[i], cudaEventDisableTiming));
       MT_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_ev_[i], cudaEventDisableTiming));
     }
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&tp_done_ev_, cudaEventDisableTiming));
     // The split backward's norms run on tp_stream_, away from the caching allocator (compute stream only).
     const auto part_bytes = static_cast<size_t>(cuda::norm_backward_partials(h)) * 4;
     s.norm_part = static_cast<float*>(alloc(part_bytes));
@@ -407,6 +410,7 @@ CudaGPT::~CudaGPT() {
     if (ready_ev_[i]) cudaEventDestroy(ready_ev_[i]);
     if (reduced_ev_[i]) cudaEventDestroy(reduced_ev_[i]);
   }
+  if (tp_done_ev_) cudaEventDestroy(tp_done_ev_);
   if (tp_stream_) cudaStreamDestroy(tp_stream_);
   if (wgrad_stream_) {
     cuda::GemmLt::instance().release_workspace(wgrad_stream_);
@@ -568,6 +572,11 @@ void CudaGPT::gather_half(int64_t half, int64_t rows, const bf16* local, bf16* f
 const int32_t* CudaGPT::layer_positions(const DeviceMicrobatch& mb) const { return s_->half_pos ? s_->half_pos : mb.positions; }
 
 void CudaGPT::wait_reduced(int64_t half) { MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, reduced_ev_[half], 0)); }
+
+void CudaGPT::wait_tp_stream() {
+  MT_CUDA_CHECK(cudaEventRecord(tp_done_ev_, tp_stream_));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, tp_done_ev_, 0));
+}
 
 // Half `half` of layer l's attention block: QKV (from the input norm the previous layer's MLP half queued on
 // tp_stream_), attention and the projection, whose all-reduce and the MLP's input norm are left running.
@@ -833,11 +842,11 @@ void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const 
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, rows, h, Wq, 1.0f, s.qkv + r0 * Wq, Wq, w(lw.qkv_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr,
                                            stream_));
   if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv + r0 * Wq, rows, Wq, stream_, dt_));
-  // As in the MLP: the all-reduce and the norm beside this half's QKV weight gradient (which reads s.qkv and
-  // xn1; the projection's, which read dres16, is queued before).
+  // As in the MLP: the reduction and the norm beside this half's QKV weight gradient (which reads s.qkv and
+  // xn1; the projection's, which read dres16 or under SP dres16_full, is queued before).
   // Under SP the gather feeds the layer below (the embedding's backward takes the fp32 gradient instead),
   // and after the second half the layer's replicated gradients (norms, row-parallel biases) are summed over
-  // TP, behind the norms that finish them.
+  // TP on the TP stream, behind the norms that finish them.
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   const bf16* sum = sp_ ? s.dxn_l + p0 * h : s.dxn + r0 * h;
   reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st) {
@@ -845,8 +854,9 @@ void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const 
                                                        r.mean1 + p0, r.rstd1 + p0, w(lw.ln1_w), pr, h, D.rms, st, dt_, res16_,
                                                        l > 0 ? drop(mb, mlp_site(l - 1), row0(mb.B * mb.S) + p0) : nullptr, s.norm_part));
     if (sp_ && l > 0) gather_half(half, rows, s.dres16, s.dres16_full, st);
-    if (half == 1) sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)], st);
   });
+  // After the half's event, so that the layer below's first half does not wait for it (wait_tp_stream does).
+  if (half == 1) sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)], tp_stream_);
   wgrad_with_bias(stream_, "bwd.gemm.qkv_wgrad", Wq, rows, s.qkv + r0 * Wq, r.xn1 + r0 * h, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
 }
 
@@ -903,7 +913,7 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h, V = D.V_local;
   if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
-  if (split_forward_ && T != T_max_) throw std::logic_error("CUDA model: the split layers need micro batches of the configured size");
+  if (split_forward_ && sp_ && T != T_max_) throw std::logic_error("CUDA model: the split layers under SP need micro batches of the configured size");
   auto act = [&](int64_t l) -> Record& { return recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)]; };
   // The split layers under SP take their [T, .] rows in half-major order (see piece()): the first layer's
   // input norm and the last layer's output gradient are gathered half by half, and the positions permuted
@@ -914,13 +924,11 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
     for (int64_t half = 0; half < 2; ++half) gather_half(half, T / 2, local, full, stream_);
     return full;
   };
-  if (split_sp) {
-    const int64_t pr = Tl / 2;
+  if (split_sp) {  // half k's rows: piece k of each rank's Tl, rank after rank
+    const auto pr = static_cast<size_t>(Tl / 2);
     for (int64_t half = 0; half < 2; ++half) {
-      for (int64_t rank = 0; rank < tp_size_; ++rank) {
-        MT_CUDA_CHECK(cudaMemcpyAsync(s.half_pos + half * (T / 2) + rank * pr, mb.positions + rank * Tl + half * pr, static_cast<size_t>(pr) * 4,
-                                      cudaMemcpyDeviceToDevice, stream_));
-      }
+      MT_CUDA_CHECK(cudaMemcpy2DAsync(s.half_pos + half * (T / 2), pr * 4, mb.positions + half * Tl / 2, static_cast<size_t>(Tl) * 4, pr * 4,
+                                      static_cast<size_t>(tp_size_), cudaMemcpyDeviceToDevice, stream_));
     }
   }
   // Forward
@@ -993,17 +1001,13 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
     if (final_backward_ && grads_ready_) {
       // The layer's norm gradients come from tp_stream_; the hook's collectives follow the compute stream.
       // (A wait even when the hook launches nothing: TP x DP without SP loses some overlap here.)
-      if (split_forward_) {
-        wait_reduced(0);
-        wait_reduced(1);
-      }
+      if (split_forward_) wait_tp_stream();
       grads_ready_(layer_start_[static_cast<size_t>(l)]);
     }
   }
-  if (split_forward_) {  // the input gradient's last rows, before the embedding reads them
-    wait_reduced(0);
-    wait_reduced(1);
-  }
+  // The input gradient's last rows, before the embedding reads them, and the replicated gradients' sums
+  // (the optimizer follows the compute stream).
+  if (split_forward_) wait_tp_stream();
   // The embedding gradient from every token (gathered under SP): each rank's vocabulary rows, and the
   // positions' on every rank alike.
   float* demb = s.dres;

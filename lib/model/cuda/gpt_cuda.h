@@ -97,8 +97,8 @@ class CudaGPT {
   // Tensor parallelism: the forward of every layer as two halves of the micro batch's sequences,
   // interleaved block by block, so each half's row-parallel all-reduce overlaps the other half's attention or
   // MLP (DeepSpeed Domino's schedule). The same operations per row as layer_forward (not bit for bit: GEMMs
-  // of half the rows may take other cuBLASLt algorithms). Ends with s_->delta holding
-  // the last layer's MLP output and the compute stream after both halves' reductions.
+  // of half the rows may take other cuBLASLt algorithms). Ends with s_->delta (under SP this rank's rows in
+  // s_->delta_l) holding the last layer's MLP output and the compute stream after both halves' reductions.
   void split_layers_forward(const DeviceMicrobatch& mb);
   void attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
   void mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
@@ -108,6 +108,8 @@ class CudaGPT {
   // reduce-scatter into this rank's piece of `local` (its rows of the half: see piece()).
   void reduce_half(int64_t half, int64_t rows, cuda::bf16* base, cuda::bf16* local, const std::function<void(cudaStream_t)>& then);
   void wait_reduced(int64_t half);
+  // The compute stream waits for everything queued on tp_stream_ so far.
+  void wait_tp_stream();
   // The split layers under SP. The residual stream keeps SP's layout (rank r holds tokens [r T / TP, (r + 1) T / TP)),
   // and half k of the micro batch is piece k of every rank's rows: local rows [k Tl / 2, (k + 1) Tl / 2) of each
   // rank, whole sequences (the micro batch a multiple of 2 TP). The layers' [T, .] buffers hold half 0's rows,
@@ -178,7 +180,7 @@ class CudaGPT {
   // on the compute stream) and reduced_ev_ (its reduction and what follows it done, on tp_stream_).
   bool split_forward_ = false;
   cudaStream_t tp_stream_ = nullptr;
-  cudaEvent_t ready_ev_[2] = {}, reduced_ev_[2] = {};
+  cudaEvent_t ready_ev_[2] = {}, reduced_ev_[2] = {}, tp_done_ev_ = nullptr;
   bool sp_ = false;
   // This rank's widths, set once: attention output (nh_local * d), K/V (ng_local * d), fused QKV rows, FFN,
   // fc1 output (2 FFN with SwiGLU).
