@@ -299,7 +299,9 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     std::cout << "\n";
     if (model.split_layers()) {
       std::cout << "megatrain: tensor-parallel layers split in two halves of the micro batch, each half's reductions"
-                << (cfg.parallel.sequence_parallel ? " (reduce-scatter, norm, all-gather)" : " (all-reduce, norm)")
+                << (!cfg.parallel.sequence_parallel ? " (all-reduce, norm)"
+                    : model.split_all_to_all() ? " (all-to-all, norm adding the partial sums, all-gather; MEGATRAIN_TP_SP_ALLTOALL=0: a reduce-scatter)"
+                                               : " (reduce-scatter, norm, all-gather)")
                 << " beside the other half's compute (MEGATRAIN_TP_SPLIT_FORWARD=0: off)\n";
     }
     std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb

@@ -50,12 +50,22 @@ expect_split() {
   local want=""
   case $2 in
     *whole | tp2sp | tp2spdrop | tp2dp2 | tp2dp2do) want=no ;;
-    tp2 | tp2f32res | tp2rc* | tp2drop | tp2sp4 | tp2sp4f32res | tp2sp4drop | tp2dp2sp4 | tp2dp2split) [[ $1 != mqa ]] && want=yes ;;
+    tp2 | tp2f32res | tp2rc* | tp2drop | tp2sp4* | tp2dp2sp4 | tp2dp2split) [[ $1 != mqa ]] && want=yes ;;
   esac
   local said=no
   grep -q "layers split in two halves" "$work/$1-$2/log" && said=yes
   if [[ -n $want && $said != "$want" ]]; then
     echo "FAIL $1-$2: the layers $([[ $want == yes ]] && echo "did not split" || echo split)"; fails=$((fails + 1))
+  fi
+  # The split layers under SP sum with all-to-alls, unless told otherwise (the *rs layouts).
+  if [[ $said == yes && $2 == *sp* ]]; then
+    local a2a=no want_a2a=yes
+    grep -q "(all-to-all" "$work/$1-$2/log" && a2a=yes
+    [[ $2 == *rs ]] && want_a2a=no
+    if [[ $a2a != "$want_a2a" ]]; then
+      echo "FAIL $1-$2: the split SP layers $([[ $want_a2a == yes ]] && echo "did not sum with all-to-alls" || echo "summed with all-to-alls")"
+      fails=$((fails + 1))
+    fi
   fi
 }
 
@@ -120,13 +130,15 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # sequences): micro batch 4, against the CPU engine's 2 (the same global batch) and the plain SP layers.
   [[ $family != mqa ]] && layouts+=("tp2sp4 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4"
                                     "tp2sp4whole 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4"
+                                    "tp2sp4rs 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4"
                                     "tp2sp4f32res 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4 --fp32-residual-connection")
   for l in "${layouts[@]}"; do
     read -r name np extra <<<"$l"
-    split=1
+    split=1 a2a=1
     [[ $name == *whole ]] && split=0
+    [[ $name == *rs ]] && a2a=0  # the split SP layers' sums as reduce-scatters instead of all-to-alls
     # shellcheck disable=SC2086
-    MEGATRAIN_TP_SPLIT_FORWARD=$split run "$family-$name" "$np" cuda "$model" $extra || continue
+    MEGATRAIN_TP_SPLIT_FORWARD=$split MEGATRAIN_TP_SP_ALLTOALL=$a2a run "$family-$name" "$np" cuda "$model" $extra || continue
     expect_split "$family" "$name"
 
     compare "$family-$name" "$family-cpu" lm_loss 5e-3
@@ -139,6 +151,9 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   [[ $family != mqa ]] && compare "$family-tp2" "$family-tp2whole" grad_norm 2e-2
   [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4whole" lm_loss 2e-3
   [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4whole" grad_norm 2e-2
+  # The all-to-all and the norm's sum against the reduce-scatter: the same rounding at TP 2.
+  [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4rs" lm_loss 1e-4
+  [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4rs" grad_norm 1e-3
   [[ $family == mqa ]] && continue
   # Hidden dropout (0.1): both engines draw the same masks (dropout_key per sample and site), so the layouts
   # follow the CPU engine's dropped-out run as closely as the runs without dropout follow theirs.

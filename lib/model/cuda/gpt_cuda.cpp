@@ -61,6 +61,7 @@ struct CudaGPT::Scratch {
   float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
   float* norm_part = nullptr;  // the split TP backward: its norms' weight-gradient partial sums (on tp_stream_)
   int32_t* half_pos = nullptr;  // the split layers under SP: the positions in half-major row order [T]
+  bf16* parts = nullptr;  // the split layers under SP: each half's all-to-all of the ranks' partial sums of this rank's piece [T, h]
 };
 
 void* CudaGPT::alloc(size_t bytes) {
@@ -271,6 +272,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   // the bytes, the second carves them. Without windows: ordinary allocations. Every size here must be the
   // same on every TP rank and in both passes (nothing a rank decides alone, such as cuBLASLt's answers: the
   // bias-gradient scratch is allocated after the arena); alloc_window checks that the totals agree.
+  // The split layers under SP (if they split: decided below) sum with an all-to-all into s.parts, in the arena.
+  const char* a2a_env = std::getenv("MEGATRAIN_TP_SP_ALLTOALL");
+  const bool sp_all_to_all = sp_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !(a2a_env && std::string(a2a_env) == "0");
+  if (sp_) agree_over_tp(sp_all_to_all, "MEGATRAIN_TP_SP_ALLTOALL");
   auto allocate_activations = [&]() {
     for (int64_t l = 0; l < D.L; ++l) {
       auto r = std::make_unique<Record>();
@@ -318,6 +323,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       s.xn_l = b16(h, rows_l);
       s.dxn_l = b16(h, rows_l);
       s.dres16_full = b16(h);
+      if (sp_all_to_all) s.parts = b16(h);
     }
     if (sp_ || res16_) s.emb = f32(h);
   };
@@ -369,19 +375,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
     split_forward_ = fusable_k(Wq, h, half_rows) && fusable_k(F1, h, half_rows) &&
                      (sp_ || (fusable_k(h, F, half_rows) && fusable_k(h, W_.Hd, half_rows)));
   }
-  if (tp_) {
-    // The TP ranks must issue the same collectives: agree on the setting (read from each rank's environment).
-    float* agree = static_cast<float*>(alloc(4));
-    const float mine = split_forward_ ? 1.0f : 0.0f;
-    MT_CUDA_CHECK(cudaMemcpyAsync(agree, &mine, 4, cudaMemcpyHostToDevice, stream_));
-    tp_->all_reduce_on(agree, 1, WireType::kF32, ReduceOp::kSum, stream_);
-    float sum = 0;
-    MT_CUDA_CHECK(cudaMemcpyAsync(&sum, agree, 4, cudaMemcpyDeviceToHost, stream_));
-    MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (sum != 0.0f && sum != static_cast<float>(tp_size_)) {
-      throw std::runtime_error("the tensor-parallel ranks disagree on MEGATRAIN_TP_SPLIT_FORWARD: set it the same for every rank (mpirun -x)");
-    }
-  }
+  if (tp_) agree_over_tp(split_forward_, "MEGATRAIN_TP_SPLIT_FORWARD");
+  all_to_all_ = split_forward_ && s.parts != nullptr;
   if (split_forward_) {
     int least = 0, greatest = 0;  // the reductions go first when SMs free up
     MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -399,6 +394,20 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   }
   // The RoPE table went up on the legacy stream, which the (non-blocking) training stream does not wait for.
   MT_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// The TP ranks must issue the same collectives: a setting that follows each rank's environment must agree.
+void CudaGPT::agree_over_tp(bool mine, const char* env) {
+  float* agree = static_cast<float*>(alloc(4));
+  const float one = mine ? 1.0f : 0.0f;
+  MT_CUDA_CHECK(cudaMemcpyAsync(agree, &one, 4, cudaMemcpyHostToDevice, stream_));
+  tp_->all_reduce_on(agree, 1, WireType::kF32, ReduceOp::kSum, stream_);
+  float sum = 0;
+  MT_CUDA_CHECK(cudaMemcpyAsync(&sum, agree, 4, cudaMemcpyDeviceToHost, stream_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (sum != 0.0f && sum != static_cast<float>(tp_size_)) {
+    throw std::runtime_error(std::string("the tensor-parallel ranks disagree on ") + env + ": set it the same for every rank (mpirun -x)");
+  }
 }
 
 CudaGPT::~CudaGPT() {
@@ -550,17 +559,25 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   return combine_rows(s.delta, s.delta_l, T);
 }
 
-void CudaGPT::reduce_half(int64_t half, int64_t rows, bf16* base, bf16* local, const std::function<void(cudaStream_t)>& then) {
+void CudaGPT::reduce_half(int64_t half, int64_t rows, bf16* base, bf16* local, const SumConsumer& then) {
   MT_CUDA_CHECK(cudaEventRecord(ready_ev_[half], stream_));
   MT_CUDA_CHECK(cudaStreamWaitEvent(tp_stream_, ready_ev_[half], 0));
   bf16* data = base + half * rows * D_.h;
-  if (sp_) {
-    const int64_t pr = piece(rows);
+  const int64_t pr = piece(rows);
+  const bf16* sum = data;
+  cuda::Partials parts;
+  if (sp_ && all_to_all_ && then) {
+    bf16* got = s_->parts + half * rows * D_.h;
+    MT_PROF_ON(tp_stream_, "tp.all_to_all", tp_->all_to_all_on(data, got, pr * D_.h, wire_, tp_stream_));
+    sum = got;
+    parts = {static_cast<int>(tp_size_), pr * D_.h};
+  } else if (sp_) {
+    sum = local + half * pr * D_.h;
     MT_PROF_ON(tp_stream_, "tp.reduce_scatter", tp_->reduce_scatter_on(data, local + half * pr * D_.h, pr * D_.h, wire_, tp_stream_));
   } else {
     MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, wire_, ReduceOp::kSum, tp_stream_));
   }
-  if (then) then(tp_stream_);
+  if (then) then(tp_stream_, sum, parts);
   MT_CUDA_CHECK(cudaEventRecord(reduced_ev_[half], tp_stream_));
 }
 
@@ -602,12 +619,11 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   // on the compute stream meanwhile); under SP on this rank's piece, then gathered.
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   const int64_t pr = piece(rows), p0 = half * pr;
-  const bf16* sum = sp_ ? s.delta_l + p0 * h : s.delta + r0 * h;
   bf16* xn = sp_ ? s.xn_l : r.xn2;
-  reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st) {
+  reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
     MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, p0 * h), xn + p0 * h, r.mean2 + p0, r.rstd2 + p0, res_at(x_in, p0 * h), sum,
                                                           w(lw.ln2_w), w(lw.ln2_b), pr, h, D.eps, D.rms, st, dt_, res16_,
-                                                          drop(mb, attn_site(l), row0(mb.B * mb.S) + p0)));
+                                                          drop(mb, attn_site(l), row0(mb.B * mb.S) + p0), parts));
     if (sp_) gather_half(half, rows, s.xn_l, r.xn2, st);
   });
 }
@@ -641,12 +657,11 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
   Record& n = recomputed(l + 1) ? *recompute_record_ : *records_[static_cast<size_t>(l + 1)];
   const int64_t pr = piece(rows), p0 = half * pr;
-  const bf16* sum = sp_ ? s.delta_l + p0 * h : s.delta + r0 * h;
   bf16* xn = sp_ ? s.xn_l : n.xn1;
-  reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st) {
+  reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
     MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l + 1)]->x_in, p0 * h), xn + p0 * h, n.mean1 + p0,
                                                           n.rstd1 + p0, res_at(r.x_mid, p0 * h), sum, w(nw.ln1_w), w(nw.ln1_b), pr, h, D.eps, D.rms, st,
-                                                          dt_, res16_, drop(mb, mlp_site(l), row0(mb.B * mb.S) + p0)));
+                                                          dt_, res16_, drop(mb, mlp_site(l), row0(mb.B * mb.S) + p0), parts));
     if (sp_) gather_half(half, rows, s.xn_l, n.xn1, st);
   });
 }
@@ -809,11 +824,10 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
   // The reduction and the norm start beside this half's fc1 weight gradient: the norm writes dres / dres16
   // (and under SP the gather dres16_full), which fc2's weight gradient (queued before) read, not what fc1's reads.
   void* x_mid = r.x_mid;
-  const bf16* sum = sp_ ? s.dxn_l + p0 * h : s.dxn + r0 * h;
-  reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st) {
+  reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
     MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + p0 * h, s.dres16 + p0 * h, g(lw.ln2_w), g(lw.ln2_b), sum, res_at(x_mid, p0 * h),
                                                        r.mean2 + p0, r.rstd2 + p0, w(lw.ln2_w), pr, h, D.rms, st, dt_, res16_,
-                                                       drop(mb, attn_site(l), row0(mb.B * mb.S) + p0), s.norm_part));
+                                                       drop(mb, attn_site(l), row0(mb.B * mb.S) + p0), s.norm_part, parts));
     if (sp_) gather_half(half, rows, s.dres16, s.dres16_full, st);
   });
   wgrad_with_bias(stream_, "bwd.gemm.fc1_wgrad", F1, rows, dfc1, r.xn2 + r0 * h, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
@@ -848,11 +862,10 @@ void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const 
   // and after the second half the layer's replicated gradients (norms, row-parallel biases) are summed over
   // TP on the TP stream, behind the norms that finish them.
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
-  const bf16* sum = sp_ ? s.dxn_l + p0 * h : s.dxn + r0 * h;
-  reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st) {
+  reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
     MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + p0 * h, s.dres16 + p0 * h, g(lw.ln1_w), g(lw.ln1_b), sum, res_at(x_in, p0 * h),
                                                        r.mean1 + p0, r.rstd1 + p0, w(lw.ln1_w), pr, h, D.rms, st, dt_, res16_,
-                                                       l > 0 ? drop(mb, mlp_site(l - 1), row0(mb.B * mb.S) + p0) : nullptr, s.norm_part));
+                                                       l > 0 ? drop(mb, mlp_site(l - 1), row0(mb.B * mb.S) + p0) : nullptr, s.norm_part, parts));
     if (sp_ && l > 0) gather_half(half, rows, s.dres16, s.dres16_full, st);
   });
   // After the half's event, so that the layer below's first half does not wait for it (wait_tp_stream does).

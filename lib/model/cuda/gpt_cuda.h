@@ -27,6 +27,7 @@
 #include "config/config.h"
 #include "kernels/cuda/bf16_fwd.h"
 #include "kernels/cuda/dropout.h"
+#include "kernels/cuda/norm_bf16.h"
 #include "model/gpt_model.h"
 #include "model/params.h"
 
@@ -85,6 +86,8 @@ class CudaGPT {
   size_t activation_bytes() const { return act_bytes_; }
   // Tensor parallelism with the layers split in two halves of the micro batch (see split_layers_forward).
   bool split_layers() const { return split_forward_; }
+  // The split layers under SP take each half's sums as an all-to-all plus the norm (see reduce_half).
+  bool split_all_to_all() const { return all_to_all_; }
   // Refreshes the 16-bit working copy from the fp32 master weights (after loading; needs the master).
   void refresh_working();
 
@@ -103,11 +106,16 @@ class CudaGPT {
   void attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
   void mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
   // Half `half`'s rows of base ([T, h]: s_->delta, or s_->dxn in the backward) summed over TP on tp_stream_, after the compute stream's work so far,
-  // then `then` on tp_stream_ (the norm, forward or backward, that consumes the sum; may be empty);
-  // wait_reduced: the compute stream waits for both. Without SP the sum is an all-reduce in place; under SP a
-  // reduce-scatter into this rank's piece of `local` (its rows of the half: see piece()).
-  void reduce_half(int64_t half, int64_t rows, cuda::bf16* base, cuda::bf16* local, const std::function<void(cudaStream_t)>& then);
+  // then `then` on tp_stream_ (the norm, forward or backward, that consumes the sum; may be empty), given
+  // the sum's rows and their Partials; wait_reduced: the compute stream waits for both. Without SP the sum is
+  // an all-reduce in place. Under SP this rank's piece of the half (see piece()): with a consumer and
+  // all_to_all_, an all-to-all of the ranks' partial sums of it into s_->parts (copy engines, no SM; the
+  // consumer's kernel adds them), else a reduce-scatter into the piece of `local`.
+  using SumConsumer = std::function<void(cudaStream_t, const cuda::bf16* sum, cuda::Partials parts)>;
+  void reduce_half(int64_t half, int64_t rows, cuda::bf16* base, cuda::bf16* local, const SumConsumer& then);
   void wait_reduced(int64_t half);
+  // Throws, naming `env`, unless every TP rank has the same `mine` (a setting read from each rank's environment).
+  void agree_over_tp(bool mine, const char* env);
   // The compute stream waits for everything queued on tp_stream_ so far.
   void wait_tp_stream();
   // The split layers under SP. The residual stream keeps SP's layout (rank r holds tokens [r T / TP, (r + 1) T / TP)),
@@ -182,6 +190,9 @@ class CudaGPT {
   cudaStream_t tp_stream_ = nullptr;
   cudaEvent_t ready_ev_[2] = {}, reduced_ev_[2] = {}, tp_done_ev_ = nullptr;
   bool sp_ = false;
+  // The split layers under SP sum each half's partials with an all-to-all and the norm kernel
+  // (MEGATRAIN_TP_SP_ALLTOALL=0: a reduce-scatter, as the plain SP layers).
+  bool all_to_all_ = false;
   // This rank's widths, set once: attention output (nh_local * d), K/V (ng_local * d), fused QKV rows, FFN,
   // fc1 output (2 FFN with SwiGLU).
   struct Widths {
