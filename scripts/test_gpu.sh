@@ -4,7 +4,8 @@
 # (loss curves, recompute, checkpoint resume), NCCL collectives under mpirun and torchrun-style launches, and
 # with 2 or more GPUs the TP / TP+SP / DP layouts against the CPU engine (CTest label gpu; without a GPU
 # they report SKIP), LLaMA's layouts again in fp16; then a short GPU training run of each model family
-# under compute-sanitizer memcheck (bf16, and LLaMA in fp16 too), when the tool is installed.
+# under compute-sanitizer memcheck (bf16, and LLaMA in fp16 too; with 2 GPUs also TP 2 + SP), when the
+# tool is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -29,13 +30,23 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   S="--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 4
      --global-batch-size 8 --train-iters 3 --log-interval 1 --mock-data --vocab-size 256 --hidden-dropout 0
      --attention-dropout 0 --device cuda --lr 1e-3"
-  L="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention
-     --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear --recompute-granularity full
-     --recompute-method uniform --recompute-num-layers 1"
+  L0="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention
+      --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear"
+  L="$L0 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
   for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L"; do
     # shellcheck disable=SC2086
     out=$(compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S $extra 2>&1) || {
       echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck"; exit 1; }
     grep "ERROR SUMMARY" <<<"$out"
   done
+  # The split TP layers under SP on 2 GPUs (each half's all-to-all, norm and gather on the TP stream). NCCL
+  # probes its kernels with API calls that fail by design: memory errors are reported, API errors not.
+  if [[ $(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true) -ge 2 ]]; then
+    # shellcheck disable=SC2086
+    out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --bind-to none -x NCCL_NVLS_ENABLE compute-sanitizer --tool memcheck \
+      --report-api-errors no --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S --bf16 $L0 --tensor-model-parallel-size 2 --sequence-parallel 2>&1) || {
+      echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck (TP 2 + SP, split layers)"; exit 1; }
+    grep -q "layers split in two halves" <<<"$out" || { echo "FAIL: the memcheck's TP 2 + SP layers did not split"; exit 1; }
+    grep "ERROR SUMMARY" <<<"$out"
+  fi
 fi

@@ -297,6 +297,13 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     if (win > 0) std::cout << "; NCCL windows took " << static_cast<double>(win) / gib << " GiB of the device";
 #endif
     std::cout << "\n";
+    if (model.split_layers()) {
+      std::cout << "megatrain: tensor-parallel layers split in two halves of the micro batch, each half's reductions"
+                << (!cfg.parallel.sequence_parallel ? " (all-reduce, norm)"
+                    : model.split_all_to_all() ? " (all-to-all, norm adding the partial sums, all-gather; MEGATRAIN_TP_SP_ALLTOALL=0: a reduce-scatter)"
+                                               : " (reduce-scatter, norm, all-gather)")
+                << " beside the other half's compute (MEGATRAIN_TP_SPLIT_FORWARD=0: off)\n";
+    }
     std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb
               << " microbatches of " << mbs << (batches.ramping() ? ", the batch ramped up from " + cfg.training.rampup_batch_size[0] : std::string())
               << ")\n"

@@ -2,7 +2,8 @@
 # run_parallel_parity.sh: multi-GPU layouts of the CUDA engine against the CPU reference engine (one rank,
 # the oracle) at bf16 tolerance: tiny GPT-2-style and LLaMA-style models, 10 iterations on mock data, the
 # same seed and global batch: one GPU, TP 2, TP 2 + sequence parallel, DP 2 (and TP 2 x DP 2 with 4 GPUs),
-# DP 2 with the distributed optimizer (also with the parameter gather overlapped), and TP 2 / TP 2 + SP of a LLaMA with one K/V head (replicated over
+# DP 2 with the distributed optimizer (also with the parameter gather overlapped), TP 2 + SP with the split
+# layers (micro batch 4), and TP 2 / TP 2 + SP of a LLaMA with one K/V head (replicated over
 # the TP ranks), must give the same loss per iteration, the same gradient norm and, from the final parameters, the same
 # validation loss. The distributed optimizer's sharded checkpoint must resume on the GPUs and on the CPU
 # engine. Needs at least 2 visible GPUs (exit 77, skipped, otherwise).
@@ -42,6 +43,30 @@ run() {
     mpirun --oversubscribe --bind-to none -np "$np" "${xs[@]}" "$BIN" $COMMON $model --device "$dev" --log-dir "$work/$name" "$@" \
       >"$work/$name/log" 2>&1
   fi || { echo "FAIL $name: the run failed"; tail -5 "$work/$name/log"; fails=$((fails + 1)); return 1; }
+}
+
+# family name: the layouts meant to split their layers say so at start-up, and the plain ones do not.
+expect_split() {
+  local want=""
+  case $2 in
+    *whole | tp2sp | tp2spdrop | tp2dp2 | tp2dp2do) want=no ;;
+    tp2 | tp2f32res | tp2rc* | tp2drop | tp2sp4* | tp2dp2sp4 | tp2dp2split) [[ $1 != mqa ]] && want=yes ;;
+  esac
+  local said=no
+  grep -q "layers split in two halves" "$work/$1-$2/log" && said=yes
+  if [[ -n $want && $said != "$want" ]]; then
+    echo "FAIL $1-$2: the layers $([[ $want == yes ]] && echo "did not split" || echo split)"; fails=$((fails + 1))
+  fi
+  # The split layers under SP sum with all-to-alls, unless told otherwise (the *rs layouts).
+  if [[ $said == yes && $2 == *sp* ]]; then
+    local a2a=no want_a2a=yes
+    grep -q "(all-to-all" "$work/$1-$2/log" && a2a=yes
+    [[ $2 == *rs ]] && want_a2a=no
+    if [[ $a2a != "$want_a2a" ]]; then
+      echo "FAIL $1-$2: the split SP layers $([[ $want_a2a == yes ]] && echo "did not sum with all-to-alls" || echo "summed with all-to-alls")"
+      fails=$((fails + 1))
+    fi
+  fi
 }
 
 # field file: one value per line, in iteration order
@@ -90,7 +115,8 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
               "dp2dobf16 2 --use-distributed-optimizer --overlap-grad-reduce --grad-reduce-in-bf16")
     ((n >= 4)) && layouts+=("tp2dp2 4 --tensor-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce"
                             "tp2dp2do 4 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce"
-                            "tp2dp2split 4 --tensor-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
+                            "tp2dp2split 4 --tensor-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
+                            "tp2dp2sp4 4 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4 --overlap-grad-reduce")
   fi
   # TP 2 runs its forward as two interleaved halves of the micro batch (the all-reduces overlapped); tp2whole:
   # the plain forward.
@@ -100,12 +126,21 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
                                     "tp2rcb 2 --tensor-model-parallel-size 2 --recompute-granularity full --recompute-method block --recompute-num-layers 1")
   # and with an fp32 residual stream (4-byte rows in the halves' offsets).
   [[ $family != mqa ]] && layouts+=("tp2f32res 2 --tensor-model-parallel-size 2 --fp32-residual-connection")
+  # The split layers under SP need a micro batch of a multiple of 2 TP (each rank's piece of a half whole
+  # sequences): micro batch 4, against the CPU engine's 2 (the same global batch) and the plain SP layers.
+  [[ $family != mqa ]] && layouts+=("tp2sp4 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4"
+                                    "tp2sp4whole 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4"
+                                    "tp2sp4rs 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4"
+                                    "tp2sp4f32res 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4 --fp32-residual-connection")
   for l in "${layouts[@]}"; do
     read -r name np extra <<<"$l"
-    split=1
-    [[ $name == tp2whole ]] && split=0
+    split=1 a2a=1
+    [[ $name == *whole ]] && split=0
+    [[ $name == *rs ]] && a2a=0  # the split SP layers' sums as reduce-scatters instead of all-to-alls
     # shellcheck disable=SC2086
-    MEGATRAIN_TP_SPLIT_FORWARD=$split run "$family-$name" "$np" cuda "$model" $extra || continue
+    MEGATRAIN_TP_SPLIT_FORWARD=$split MEGATRAIN_TP_SP_ALLTOALL=$a2a run "$family-$name" "$np" cuda "$model" $extra || continue
+    expect_split "$family" "$name"
+
     compare "$family-$name" "$family-cpu" lm_loss 5e-3
     compare "$family-$name" "$family-cpu" grad_norm 3e-2
     compare "$family-$name" "$family-cpu" validation_lm_loss 5e-3
@@ -114,15 +149,22 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # may take other algorithms, so not bit for bit).
   [[ $family != mqa ]] && compare "$family-tp2" "$family-tp2whole" lm_loss 2e-3
   [[ $family != mqa ]] && compare "$family-tp2" "$family-tp2whole" grad_norm 2e-2
+  [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4whole" lm_loss 2e-3
+  [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4whole" grad_norm 2e-2
+  # The all-to-all and the norm's sum against the reduce-scatter: the same rounding at TP 2.
+  [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4rs" lm_loss 1e-4
+  [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4rs" grad_norm 1e-3
   [[ $family == mqa ]] && continue
   # Hidden dropout (0.1): both engines draw the same masks (dropout_key per sample and site), so the layouts
   # follow the CPU engine's dropped-out run as closely as the runs without dropout follow theirs.
   if run "$family-cpudrop" 1 cpu "$model" --hidden-dropout 0.1; then
     for l in "gpu1drop 1" "tp2drop 2 --tensor-model-parallel-size 2" "tp2spdrop 2 --tensor-model-parallel-size 2 --sequence-parallel" \
+             "tp2sp4drop 2 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 4" \
              "dp2drop 2 --use-distributed-optimizer --overlap-grad-reduce"; do
       read -r name np extra <<<"$l"
       # shellcheck disable=SC2086
       run "$family-$name" "$np" cuda "$model" --hidden-dropout 0.1 $extra || continue
+      expect_split "$family" "$name"
       compare "$family-$name" "$family-cpudrop" lm_loss 5e-3
       compare "$family-$name" "$family-cpudrop" validation_lm_loss 5e-3
     done

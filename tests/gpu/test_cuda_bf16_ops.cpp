@@ -176,6 +176,54 @@ void test_norm(int64_t N, int64_t h, bool rms, bool res16 = false) {
   if (!rms) expect(tag + " backward with scratch db", gdb_s.get(), gdb.get(), 0.0);
 }
 
+// The split TP layers under SP: the norms given `count` partial blocks `stride` apart (an all-to-all's
+// output) must match the same norms given their sum rounded to the 16-bit type (what a reduce-scatter
+// delivers), bit for bit.
+void test_norm_partials(int64_t N, int64_t h, bool rms, bool res16, int count, int64_t pad) {
+  const std::string tag = std::string(rms ? "rmsnorm" : "layernorm") + " " + std::to_string(N) + "x" + std::to_string(h) + " " +
+                          std::to_string(count) + " partial sums" + (res16 ? " res16" : "");
+  const int64_t n = N * h, stride = n + pad;
+  const cuda::Partials parts{count, stride};
+  Vec x = randn(static_cast<size_t>(n), 1.0f, res16), w = randn(static_cast<size_t>(h)), b = randn(w.size(), 0.1f);
+  Vec blocks(static_cast<size_t>(stride * count), 0.0f), dblocks(blocks.size(), 0.0f), sum(static_cast<size_t>(n)), dsum(sum.size());
+  for (int k = 0; k < count; ++k) {
+    const Vec d = randn(static_cast<size_t>(n)), g = randn(static_cast<size_t>(n));
+    std::copy(d.begin(), d.end(), blocks.begin() + k * stride);
+    std::copy(g.begin(), g.end(), dblocks.begin() + k * stride);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float a = 0.0f, c = 0.0f;
+    for (int k = 0; k < count; ++k) a += blocks[static_cast<size_t>(k * stride + i)], c += dblocks[static_cast<size_t>(k * stride + i)];
+    sum[static_cast<size_t>(i)] = round16(a);
+    dsum[static_cast<size_t>(i)] = round16(c);
+  }
+  F32 dx(x), s_one(x.size()), s_parts(x.size()), dmean(static_cast<size_t>(N)), drstd(static_cast<size_t>(N));
+  B16 dx16(x), s16_one(x.size()), s16_parts(x.size());
+  const void* x_p = res16 ? static_cast<const void*>(dx16.b()) : static_cast<const void*>(dx.p);
+  void* so_one = res16 ? static_cast<void*>(s16_one.b()) : static_cast<void*>(s_one.p);
+  void* so_parts = res16 ? static_cast<void*>(s16_parts.b()) : static_cast<void*>(s_parts.p);
+  B16 dblk(blocks), dsm(sum), dw(w), db(b), y_one(x.size()), y_parts(x.size());
+  float* mean = rms ? nullptr : dmean.p;
+  cuda::add_norm_forward(so_one, y_one.b(), mean, drstd.p, x_p, dsm.b(), dw.b(), rms ? nullptr : db.b(), N, h, 1e-5f, rms, nullptr, g_t, res16);
+  cuda::add_norm_forward(so_parts, y_parts.b(), mean, drstd.p, x_p, dblk.b(), dw.b(), rms ? nullptr : db.b(), N, h, 1e-5f, rms, nullptr, g_t, res16,
+                         nullptr, parts);
+  expect(tag + " forward", y_parts.get(), y_one.get(), 0.0);
+  expect(tag + " forward (sum)", res16 ? s16_parts.get() : s_parts.get(), res16 ? s16_one.get() : s_one.get(), 0.0);
+  const Vec dres0 = randn(x.size(), 1.0f, false), zero(static_cast<size_t>(N), 0.0f);
+  F32 mz(zero), res_one(dres0), res_parts(dres0), gw_one(Vec(w.size(), 0.5f)), gw_parts(Vec(w.size(), 0.5f)), gb_one(Vec(w.size(), 0.25f)),
+      gb_parts(Vec(w.size(), 0.25f)), part(static_cast<size_t>(cuda::norm_backward_partials(h)));
+  B16 ddblk(dblocks), ddsm(dsum), r16_one(x.size()), r16_parts(x.size());
+  const float* m = rms ? mz.p : dmean.p;
+  cuda::norm_backward_add(res_one.p, r16_one.b(), gw_one.p, rms ? nullptr : gb_one.p, ddsm.b(), so_one, m, drstd.p, dw.b(), N, h, rms, nullptr, g_t,
+                          res16, nullptr, part.p);
+  cuda::norm_backward_add(res_parts.p, r16_parts.b(), gw_parts.p, rms ? nullptr : gb_parts.p, ddblk.b(), so_one, m, drstd.p, dw.b(), N, h, rms, nullptr,
+                          g_t, res16, nullptr, part.p, parts);
+  expect(tag + " backward dx", res_parts.get(), res_one.get(), 0.0);
+  expect(tag + " backward dx (16-bit copy)", r16_parts.get(), r16_one.get(), 0.0);
+  expect(tag + " backward dw", gw_parts.get(), gw_one.get(), 0.0);
+  if (!rms) expect(tag + " backward db", gb_parts.get(), gb_one.get(), 0.0);
+}
+
 void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool rope) {
   const std::string tag = "qkv split/merge T" + std::to_string(T) + " " + std::to_string(nh) + "/" + std::to_string(ng) + " d" +
                           std::to_string(d) + (rope ? " rope " + std::to_string(rot) : "");
@@ -575,6 +623,9 @@ int main() {
       test_norm(9, 8192, rms, true);
       test_norm(5, 4096, rms, true);  // two runs of 8 per thread
       test_norm(5, 6144, rms);        // three runs, in the four-run kernel
+      test_norm_partials(16, 2048, rms, true, 2, 8);
+      test_norm_partials(9, 1000, rms, false, 3, 8);
+      test_norm_partials(9, 1004, rms, true, 4, 5);  // h not a multiple of 8: the scalar kernels
     }
     test_qkv(13, 6, 2, 16, 16, true);  // vectorised path
     test_qkv(13, 6, 3, 16, 8, true);   // partial rotary: scalar path

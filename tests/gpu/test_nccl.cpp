@@ -223,6 +223,48 @@ int main(int argc, char** argv) {
     }
   }
 
+  // The all-to-all on the stream (the split TP layers' partial sums under SP: bf16 on a window, copy engines
+  // under the zero-CTA policy), and in fp32 on ordinary memory. Element e of block j of rank R's send:
+  // R * 8 + j + e % 3 (small integers, exact in bf16); rank R's block r must come from rank r's block R.
+  for (int windowed = 0; windowed < 2; ++windowed) {
+    const int64_t n = 4096;
+    const bool b16 = windowed == 1;
+    const size_t elem = b16 ? 2 : 4, bytes = static_cast<size_t>(n * W) * elem;
+    char* mem = nullptr;
+    if (windowed) {
+      mem = static_cast<char*>(world->alloc_window(2 * bytes));
+      if (mem == nullptr) continue;
+    } else if (cudaMalloc(&mem, 2 * bytes) != cudaSuccess) {
+      std::fprintf(stderr, "rank %d: cudaMalloc of %zu bytes failed\n", R, 2 * bytes);
+      std::exit(1);
+    }
+    std::vector<float> v(static_cast<size_t>(n * W));
+    for (int64_t i = 0; i < n * W; ++i) v[static_cast<size_t>(i)] = static_cast<float>(R * 8 + i / n + i % n % 3);
+    std::vector<uint16_t> h16(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint32_t u = 0;
+      std::memcpy(&u, &v[i], 4);
+      h16[i] = static_cast<uint16_t>(u >> 16);
+    }
+    cudaMemcpy(mem, b16 ? static_cast<const void*>(h16.data()) : static_cast<const void*>(v.data()), bytes, cudaMemcpyHostToDevice);
+    world->all_to_all_on(mem, mem + bytes, n, b16 ? WireType::kBF16 : WireType::kF32, world->stream());
+    world->wait_stream("test all-to-all");
+    std::vector<float> got(v.size());
+    if (b16) {
+      cudaMemcpy(h16.data(), mem + bytes, bytes, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < got.size(); ++i) {
+        const uint32_t u = static_cast<uint32_t>(h16[i]) << 16;
+        std::memcpy(&got[i], &u, 4);
+      }
+    } else {
+      cudaMemcpy(got.data(), mem + bytes, bytes, cudaMemcpyDeviceToHost);
+    }
+    ok = true;
+    for (int64_t i = 0; i < n * W; ++i) ok &= got[static_cast<size_t>(i)] == static_cast<float>(i / n * 8 + R + i % n % 3);
+    expect(ok, windowed ? "all-to-all on the stream, a window, bf16" : "all-to-all on the stream, ordinary memory, fp32", R);
+    if (!windowed) cudaFree(mem);
+  }
+
   // broadcast, barrier, double all-reduce, split into a group per rank parity
   DeviceBuf b(16);
   b.put(std::vector<float>(16, static_cast<float>(R == 0 ? 42 : -1)));

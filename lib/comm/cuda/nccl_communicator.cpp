@@ -129,6 +129,10 @@ void NcclCommunicator::all_gather_on(const void* send, void* recv, int64_t n_per
   MT_NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(n_per_rank), nccl_type(type), comm_, s));
 }
 
+void NcclCommunicator::all_to_all_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) {
+  MT_NCCL_CHECK(ncclAlltoAll(send, recv, static_cast<size_t>(n_per_rank), nccl_type(type), comm_, s));
+}
+
 void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int64_t>& counts, WireType type, ReduceOp op, cudaStream_t after) {
   follow(after);
   const size_t elem = type == WireType::kF32 ? 4 : 2;

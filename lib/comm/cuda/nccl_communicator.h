@@ -65,6 +65,7 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   void all_reduce_on(void* data, int64_t n, WireType type, ReduceOp op, cudaStream_t s) override;
   void reduce_scatter_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) override;
   void all_gather_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) override;
+  void all_to_all_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) override;
   void group_start() override;
   void group_end() override;
   std::shared_ptr<StreamCollectives> stream_sub_group(int color, int key, const std::string& name) override { return split(color, key, name); }

@@ -26,6 +26,9 @@ class StreamCollectives {
   virtual void reduce_scatter_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) = 0;
   // recv[r * n_per_rank ..) = send of rank r.
   virtual void all_gather_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) = 0;
+  // recv[r * n_per_rank ..) = rank r's send[group_rank() * n_per_rank ..). On symmetric windows under NCCL's
+  // zero-CTA policy the copy engines move it: no SM taken from the compute beside it.
+  virtual void all_to_all_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) = 0;
   // Collectives between group_start and group_end go out as one launch.
   virtual void group_start() = 0;
   virtual void group_end() = 0;

@@ -25,9 +25,17 @@ __device__ __forceinline__ float as_stored<float>(float v) {
   return v;
 }
 
+// p[0] summed with its partial blocks (Partials), the sum rounded to T16 when there is more than one.
+template <typename T16>
+__device__ __forceinline__ float part_sum(const T16* p, const Partials& parts) {
+  float v = to_f(p[0]);
+  for (int k = 1; k < parts.count; ++k) v += to_f(p[k * parts.stride]);
+  return parts.count > 1 ? as_stored<T16>(v) : v;
+}
+
 template <int MAXC, typename T16, typename R>
 __global__ void add_norm_fwd_kernel(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b,
-                                    int64_t h, float eps, bool rms, RowDropout drop) {
+                                    int64_t h, float eps, bool rms, RowDropout drop, Partials parts) {
   const int64_t row = blockIdx.x;
   const R* xr = x + row * h;
   const T16* dr = delta ? delta + row * h : nullptr;
@@ -38,7 +46,7 @@ __global__ void add_norm_fwd_kernel(R* sum_out, T16* y, float* mean, float* rstd
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     v[j] = 0.0f;
     if (c < h) {
-      const float dv = dr ? to_f(dr[c]) * (drop.on() ? dropout_factor(drop, row, c, h) : 1.0f) : 0.0f;
+      const float dv = dr ? part_sum(dr + c, parts) * (drop.on() ? dropout_factor(drop, row, c, h) : 1.0f) : 0.0f;
       v[j] = as_stored<R>(to_f(xr[c]) + dv);
       s += v[j];
     }
@@ -71,7 +79,7 @@ __global__ void add_norm_fwd_kernel(R* sum_out, T16* y, float* mean, float* rstd
 // Input gradient: one block per row, like the forward (the row in registers between the two passes).
 template <int MAXC, typename T16, typename R>
 __global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd,
-                                   const T16* w, int64_t h, bool rms, RowDropout drop) {
+                                   const T16* w, int64_t h, bool rms, RowDropout drop, Partials parts) {
   const int64_t row = blockIdx.x;
   const float mu = rms ? 0.0f : mean[row], r = rstd[row];
   float xh[MAXC], g[MAXC];
@@ -82,7 +90,7 @@ __global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, cons
     xh[j] = g[j] = 0.0f;
     if (c < h) {
       xh[j] = (to_f(x[row * h + c]) - mu) * r;
-      g[j] = to_f(dy[row * h + c]) * to_f(w[c]);
+      g[j] = part_sum(dy + row * h + c, parts) * to_f(w[c]);
       sg += g[j];
       sgx += g[j] * xh[j];
     }
@@ -126,9 +134,24 @@ __device__ __forceinline__ void store8(T16* p, const float (&v)[8]) {
   store_bf16x8(p, o);
 }
 
+// load8 of p and its partial blocks, summed (rounded to T16 when there is more than one; see Partials).
+template <typename T16>
+__device__ __forceinline__ void load8_parts(const T16* p, const Partials& parts, float (&o)[8]) {
+  load8(p, o);
+  if (parts.count == 1) return;
+  for (int j = 1; j < parts.count; ++j) {
+    float e[8];
+    load8(p + j * parts.stride, e);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o[k] += e[k];
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) o[k] = as_stored<T16>(o[k]);
+}
+
 template <int VPT, typename T16, typename R>
 __global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b,
-                                 int64_t h, float eps, bool rms, RowDropout drop) {
+                                 int64_t h, float eps, bool rms, RowDropout drop, Partials parts) {
   const int64_t row = blockIdx.x, nv = h / 8;
   float v[VPT][8];
   float s = 0.0f;
@@ -140,7 +163,7 @@ __global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, c
     if (c < h) {
       float d[8] = {};
       load8(x + row * h + c, v[j]);
-      if (delta) load8(delta + row * h + c, d);
+      if (delta) load8_parts(delta + row * h + c, parts, d);
       if (delta && drop.on()) {
 #pragma unroll
         for (int k = 0; k < 8; ++k) d[k] *= dropout_factor(drop, row, c + k, h);
@@ -184,7 +207,7 @@ __global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, c
 
 template <int VPT, typename T16, typename R>
 __global__ void norm_bwd_dx_vec(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd, const T16* w,
-                                int64_t h, bool rms, RowDropout drop) {
+                                int64_t h, bool rms, RowDropout drop, Partials parts) {
   const int64_t row = blockIdx.x;
   const float mu = rms ? 0.0f : mean[row], r = rstd[row];
   float xh[VPT][8], g[VPT][8];
@@ -197,7 +220,7 @@ __global__ void norm_bwd_dx_vec(float* dres, T16* dres16, const T16* dy, const R
     if (c < h) {
       float wv[8];
       load8(x + row * h + c, xh[j]);
-      load8(dy + row * h + c, g[j]);
+      load8_parts(dy + row * h + c, parts, g[j]);
       load8(w + c, wv);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
@@ -234,8 +257,8 @@ __global__ void norm_bwd_dx_vec(float* dres, T16* dres16, const T16* dy, const R
 struct VecShape {
   int threads = 0, vpt = 0;
 };
-VecShape vec_shape(int64_t h, std::initializer_list<const void*> ptrs) {
-  if (h % 8 != 0 || h > 8192) return {};
+VecShape vec_shape(int64_t h, std::initializer_list<const void*> ptrs, const Partials& parts) {
+  if (h % 8 != 0 || h > 8192 || (parts.count > 1 && parts.stride % 8 != 0)) return {};
   for (const void* p : ptrs) {
     if (p && !aligned16(p)) return {};
   }
@@ -248,13 +271,13 @@ VecShape vec_shape(int64_t h, std::initializer_list<const void*> ptrs) {
 // Weight (and bias) gradient partials: blocks own a column tile and a range of rows, threads a column.
 template <typename T16, typename R>
 __global__ void norm_bwd_dw_kernel(float* pw, float* pb, const T16* dy, const R* x, const float* mean, const float* rstd, int64_t N,
-                                   int64_t h, int64_t rows_per_block, bool rms) {
+                                   int64_t h, int64_t rows_per_block, bool rms, Partials parts) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= h) return;
   const int64_t r0 = blockIdx.y * rows_per_block, r1 = min(N, r0 + rows_per_block);
   float aw = 0.0f, ab = 0.0f;
   for (int64_t row = r0; row < r1; ++row) {
-    const float d = to_f(dy[row * h + c]);
+    const float d = part_sum(dy + row * h + c, parts);
     aw += d * (to_f(x[row * h + c]) - (rms ? 0.0f : mean[row])) * rstd[row];
     ab += d;
   }
@@ -276,24 +299,24 @@ int cols_per_thread(int64_t h) {
 
 template <typename T16, typename R>
 void add_norm_forward_t(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b, int64_t N,
-                        int64_t h, float eps, bool rms, cudaStream_t stream, const RowDropout& drop) {
+                        int64_t h, float eps, bool rms, cudaStream_t stream, const RowDropout& drop, const Partials& parts) {
   if (N == 0) return;
   const dim3 grid(static_cast<unsigned>(N));
-  const VecShape vs = vec_shape(h, {sum_out, y, x, delta, w, b});
+  const VecShape vs = vec_shape(h, {sum_out, y, x, delta, w, b}, parts);
   if (vs.vpt) {
     switch (vs.vpt) {
-      case 1: add_norm_fwd_vec<1><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
-      case 2: add_norm_fwd_vec<2><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
-      default: add_norm_fwd_vec<4><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
+      case 1: add_norm_fwd_vec<1><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
+      case 2: add_norm_fwd_vec<2><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
+      default: add_norm_fwd_vec<4><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
     }
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
   switch (cols_per_thread(h)) {
-    case 4: add_norm_fwd_kernel<4><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
-    case 8: add_norm_fwd_kernel<8><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
-    case 16: add_norm_fwd_kernel<16><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
-    case 32: add_norm_fwd_kernel<32><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop); break;
+    case 4: add_norm_fwd_kernel<4><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
+    case 8: add_norm_fwd_kernel<8><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
+    case 16: add_norm_fwd_kernel<16><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
+    case 32: add_norm_fwd_kernel<32><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
     default: throw std::runtime_error("the CUDA norm kernels support hidden sizes up to 8192");
   }
   MT_CUDA_CHECK_LAUNCH();
@@ -303,22 +326,23 @@ constexpr int64_t kMaxRowBlocks = 256;  // the weight gradients' row ranges (par
 
 template <typename T16, typename R>
 void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T16* dy, const R* x, const float* mean, const float* rstd,
-                         const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, const RowDropout& drop, float* scratch) {
+                         const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, const RowDropout& drop, float* scratch,
+                         const Partials& parts) {
   if (N == 0) return;
   const dim3 rows(static_cast<unsigned>(N));
-  const VecShape vs = vec_shape(h, {dres, dres16, dy, x, w});
+  const VecShape vs = vec_shape(h, {dres, dres16, dy, x, w}, parts);
   if (vs.vpt == 1) {
-    norm_bwd_dx_vec<1><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop);
+    norm_bwd_dx_vec<1><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts);
   } else if (vs.vpt == 2) {
-    norm_bwd_dx_vec<2><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop);
+    norm_bwd_dx_vec<2><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts);
   } else if (vs.vpt == 4) {
-    norm_bwd_dx_vec<4><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop);
+    norm_bwd_dx_vec<4><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts);
   } else {
     switch (cols_per_thread(h)) {
-      case 4: norm_bwd_dx_kernel<4><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop); break;
-      case 8: norm_bwd_dx_kernel<8><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop); break;
-      case 16: norm_bwd_dx_kernel<16><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop); break;
-      case 32: norm_bwd_dx_kernel<32><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop); break;
+      case 4: norm_bwd_dx_kernel<4><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts); break;
+      case 8: norm_bwd_dx_kernel<8><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts); break;
+      case 16: norm_bwd_dx_kernel<16><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts); break;
+      case 32: norm_bwd_dx_kernel<32><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts); break;
       default: throw std::runtime_error("the CUDA norm kernels support hidden sizes up to 8192");
     }
   }
@@ -330,7 +354,7 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
   float* pw = scratch ? scratch : static_cast<float*>(alloc.allocate(bytes));
   float* pb = db ? (scratch ? scratch + nb * h : static_cast<float*>(alloc.allocate(bytes))) : nullptr;
   const dim3 grid(static_cast<unsigned>((h + 255) / 256), static_cast<unsigned>(nb));
-  norm_bwd_dw_kernel<<<grid, 256, 0, stream>>>(pw, pb, dy, x, mean, rstd, N, h, rpb, rms);
+  norm_bwd_dw_kernel<<<grid, 256, 0, stream>>>(pw, pb, dy, x, mean, rstd, N, h, rpb, rms, parts);
   MT_CUDA_CHECK_LAUNCH();
   add_column_sums_kernel<<<grid_for(h, 256), 256, 0, stream>>>(dw, pw, nb, h);
   MT_CUDA_CHECK_LAUNCH();
@@ -347,32 +371,33 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
 int64_t norm_backward_partials(int64_t h) { return 2 * kMaxRowBlocks * h; }
 
 void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const void* x, const bf16* delta, const bf16* w, const bf16* b,
-                      int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t, bool res16, const RowDropout* dropout) {
+                      int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t, bool res16, const RowDropout* dropout,
+                      Partials parts) {
   const RowDropout drop = dropout ? *dropout : RowDropout{};
   auto* so = static_cast<float*>(sum_out);
   const auto* xf = static_cast<const float*>(x);
   auto* so16 = static_cast<bf16*>(sum_out);
   const auto* x16 = static_cast<const bf16*>(x);
   if (t == F16::kFP16) {
-    if (res16) add_norm_forward_t(hp(so16), hp(y), mean, rstd, hp(x16), hp(delta), hp(w), hp(b), N, h, eps, rms, stream, drop);
-    else add_norm_forward_t(so, hp(y), mean, rstd, xf, hp(delta), hp(w), hp(b), N, h, eps, rms, stream, drop);
+    if (res16) add_norm_forward_t(hp(so16), hp(y), mean, rstd, hp(x16), hp(delta), hp(w), hp(b), N, h, eps, rms, stream, drop, parts);
+    else add_norm_forward_t(so, hp(y), mean, rstd, xf, hp(delta), hp(w), hp(b), N, h, eps, rms, stream, drop, parts);
   } else {
-    if (res16) add_norm_forward_t(so16, y, mean, rstd, x16, delta, w, b, N, h, eps, rms, stream, drop);
-    else add_norm_forward_t(so, y, mean, rstd, xf, delta, w, b, N, h, eps, rms, stream, drop);
+    if (res16) add_norm_forward_t(so16, y, mean, rstd, x16, delta, w, b, N, h, eps, rms, stream, drop, parts);
+    else add_norm_forward_t(so, y, mean, rstd, xf, delta, w, b, N, h, eps, rms, stream, drop, parts);
   }
 }
 void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const void* x, const float* mean, const float* rstd,
                        const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t, bool res16, const RowDropout* dropout,
-                       float* partials) {
+                       float* partials, Partials parts) {
   const RowDropout drop = dropout ? *dropout : RowDropout{};
   const auto* xf = static_cast<const float*>(x);
   const auto* x16 = static_cast<const bf16*>(x);
   if (t == F16::kFP16) {
-    if (res16) norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), hp(x16), mean, rstd, hp(w), N, h, rms, stream, drop, partials);
-    else norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), xf, mean, rstd, hp(w), N, h, rms, stream, drop, partials);
+    if (res16) norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), hp(x16), mean, rstd, hp(w), N, h, rms, stream, drop, partials, parts);
+    else norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), xf, mean, rstd, hp(w), N, h, rms, stream, drop, partials, parts);
   } else {
-    if (res16) norm_backward_add_t(dres, dres16, dw, db, dy, x16, mean, rstd, w, N, h, rms, stream, drop, partials);
-    else norm_backward_add_t(dres, dres16, dw, db, dy, xf, mean, rstd, w, N, h, rms, stream, drop, partials);
+    if (res16) norm_backward_add_t(dres, dres16, dw, db, dy, x16, mean, rstd, w, N, h, rms, stream, drop, partials, parts);
+    else norm_backward_add_t(dres, dres16, dw, db, dy, xf, mean, rstd, w, N, h, rms, stream, drop, partials, parts);
   }
 }
 

@@ -14,21 +14,32 @@
 
 namespace mt::cuda {
 
+// A tensor-parallel sum left as its ranks' partial results side by side (an all-to-all's output): `count`
+// blocks of the rows, `stride` elements apart. The norms sum them in fp32 and round the sum once to the
+// 16-bit type before using it, as the reduce-scatter they replace does (bit for bit at two ranks; NCCL's
+// ring rounds after each addition beyond).
+struct Partials {
+  int count = 1;
+  int64_t stride = 0;
+};
+
 // s = x + dropout(delta) (delta may be null; dropout: hidden dropout, may be null); y = norm(s) * w (+ b).
+// parts: delta is the sum of that many partial blocks (see Partials).
 // sum_out (may be null) receives s; mean is unused (may be null) for RMSNorm. x and sum_out are float*, or
 // with res16 of type t (s rounded to it before the statistics are taken).
 void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const void* x, const bf16* delta, const bf16* w, const bf16* b,
                       int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false,
-                      const RowDropout* dropout = nullptr);
+                      const RowDropout* dropout = nullptr, Partials parts = {});
 
 // dres += d(norm input); dres16 = bf16(dres); dw (+ db unless null) += weight gradients (fp32).
 // x: the forward's norm input (float*, or of type t with res16). dropout (may be null): dres16 is the
 // gradient of the dropped-out branch that produced the residual's last addition, dres * mask.
 // partials: scratch for the weight gradients' per-block sums, norm_backward_partials(h) floats, for a call on
 // a stream other than the compute stream; null: taken from the caching allocator (compute stream only).
+// parts: dy is the sum of that many partial blocks (see Partials).
 void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const void* x, const float* mean, const float* rstd,
                        const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false,
-                       const RowDropout* dropout = nullptr, float* partials = nullptr);
+                       const RowDropout* dropout = nullptr, float* partials = nullptr, Partials parts = {});
 int64_t norm_backward_partials(int64_t h);
 
 }  // namespace mt::cuda

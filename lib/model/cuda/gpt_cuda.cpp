@@ -60,6 +60,8 @@ struct CudaGPT::Scratch {
   float* qk_tmp = nullptr;                     // --qk-layernorm: [T, Hd] fp32 scratch of the norm backward
   float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
   float* norm_part = nullptr;  // the split TP backward: its norms' weight-gradient partial sums (on tp_stream_)
+  int32_t* half_pos = nullptr;  // the split layers under SP: the positions in half-major row order [T]
+  bf16* parts = nullptr;  // the split layers under SP: each half's all-to-all of the ranks' partial sums of this rank's piece [T, h]
 };
 
 void* CudaGPT::alloc(size_t bytes) {
@@ -270,6 +272,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   // the bytes, the second carves them. Without windows: ordinary allocations. Every size here must be the
   // same on every TP rank and in both passes (nothing a rank decides alone, such as cuBLASLt's answers: the
   // bias-gradient scratch is allocated after the arena); alloc_window checks that the totals agree.
+  // The split layers under SP (if they split: decided below) sum with an all-to-all into s.parts, in the arena.
+  const char* a2a_env = std::getenv("MEGATRAIN_TP_SP_ALLTOALL");
+  const bool sp_all_to_all = sp_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !(a2a_env && std::string(a2a_env) == "0");
+  if (sp_) agree_over_tp(sp_all_to_all, "MEGATRAIN_TP_SP_ALLTOALL");
   auto allocate_activations = [&]() {
     for (int64_t l = 0; l < D.L; ++l) {
       auto r = std::make_unique<Record>();
@@ -317,6 +323,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       s.xn_l = b16(h, rows_l);
       s.dxn_l = b16(h, rows_l);
       s.dres16_full = b16(h);
+      if (sp_all_to_all) s.parts = b16(h);
     }
     if (sp_ || res16_) s.emb = f32(h);
   };
@@ -345,35 +352,31 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   const int64_t mbs = *cfg.training.micro_batch_size;
   const std::string why = cuda::CudnnSdpa::instance().check({mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_});
   if (!why.empty()) throw std::runtime_error(why);
-  // The split forward and backward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns both off): TP without SP or K/V
-  // replication, an even micro batch, cuDNN attention for half of it and, with the bias-gradient epilogue,
-  // that epilogue for half of the rows.
-  // Each half's rows start 256-byte aligned in every [rows, width] buffer (cuBLASLt's plans assume it).
+  // The split forward and backward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns both off): TP without K/V
+  // replication, an even micro batch (under SP a multiple of 2 TP, so that every rank's piece of a half is
+  // whole sequences, and no recomputed layer: the recompute runs the plain forward, in the natural row order),
+  // cuDNN attention for half of it and, with the bias-gradient epilogue, that epilogue for half of the rows.
+  // Each half's rows (and under SP each piece's) start 256-byte aligned in every [rows, width] buffer
+  // (cuBLASLt's plans assume it).
   const int64_t half_rows = mbs / 2 * D.S;
   bool aligned = true;
   for (int64_t width : {h, Wq, W_.Hd, W_.KVd, F, F1}) aligned = aligned && (half_rows * width * 2) % 256 == 0;
+  aligned = aligned && (piece(half_rows) * h * 2) % 256 == 0;
+  const bool any_recompute = std::find(recompute_layer_.begin(), recompute_layer_.end(), true) != recompute_layer_.end();
+  const bool sp_ok = !sp_ || (mbs % (2 * tp_size_) == 0 && !any_recompute);
   const char* split_env = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
   if (kv_group_ && D.qk_norm) {
     throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
   }
-  split_forward_ = tp_ && !sp_ && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned && !(split_env && std::string(split_env) == "0") &&
+  split_forward_ = tp_ && sp_ok && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned && !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
   if (split_forward_ && bgrad_epilogue_) {
-    split_forward_ = fusable_k(Wq, h, half_rows) && fusable_k(F1, h, half_rows) && fusable_k(h, F, half_rows) && fusable_k(h, W_.Hd, half_rows);
+    // (Under SP the row-parallel biases' gradients come from this rank's rows, not from the epilogue.)
+    split_forward_ = fusable_k(Wq, h, half_rows) && fusable_k(F1, h, half_rows) &&
+                     (sp_ || (fusable_k(h, F, half_rows) && fusable_k(h, W_.Hd, half_rows)));
   }
-  if (tp_) {
-    // The TP ranks must issue the same collectives: agree on the setting (read from each rank's environment).
-    float* agree = static_cast<float*>(alloc(4));
-    const float mine = split_forward_ ? 1.0f : 0.0f;
-    MT_CUDA_CHECK(cudaMemcpyAsync(agree, &mine, 4, cudaMemcpyHostToDevice, stream_));
-    tp_->all_reduce_on(agree, 1, WireType::kF32, ReduceOp::kSum, stream_);
-    float sum = 0;
-    MT_CUDA_CHECK(cudaMemcpyAsync(&sum, agree, 4, cudaMemcpyDeviceToHost, stream_));
-    MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (sum != 0.0f && sum != static_cast<float>(tp_size_)) {
-      throw std::runtime_error("the tensor-parallel ranks disagree on MEGATRAIN_TP_SPLIT_FORWARD: set it the same for every rank (mpirun -x)");
-    }
-  }
+  if (tp_) agree_over_tp(split_forward_, "MEGATRAIN_TP_SPLIT_FORWARD");
+  all_to_all_ = split_forward_ && s.parts != nullptr;
   if (split_forward_) {
     int least = 0, greatest = 0;  // the reductions go first when SMs free up
     MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -382,13 +385,29 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
       MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_ev_[i], cudaEventDisableTiming));
       MT_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_ev_[i], cudaEventDisableTiming));
     }
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&tp_done_ev_, cudaEventDisableTiming));
     // The split backward's norms run on tp_stream_, away from the caching allocator (compute stream only).
     const auto part_bytes = static_cast<size_t>(cuda::norm_backward_partials(h)) * 4;
     s.norm_part = static_cast<float*>(alloc(part_bytes));
     act_bytes_ += part_bytes;
+    if (sp_) s.half_pos = static_cast<int32_t*>(alloc(static_cast<size_t>(T) * 4));
   }
   // The RoPE table went up on the legacy stream, which the (non-blocking) training stream does not wait for.
   MT_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// The TP ranks must issue the same collectives: a setting that follows each rank's environment must agree.
+void CudaGPT::agree_over_tp(bool mine, const char* env) {
+  float* agree = static_cast<float*>(alloc(4));
+  const float one = mine ? 1.0f : 0.0f;
+  MT_CUDA_CHECK(cudaMemcpyAsync(agree, &one, 4, cudaMemcpyHostToDevice, stream_));
+  tp_->all_reduce_on(agree, 1, WireType::kF32, ReduceOp::kSum, stream_);
+  float sum = 0;
+  MT_CUDA_CHECK(cudaMemcpyAsync(&sum, agree, 4, cudaMemcpyDeviceToHost, stream_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (sum != 0.0f && sum != static_cast<float>(tp_size_)) {
+    throw std::runtime_error(std::string("the tensor-parallel ranks disagree on ") + env + ": set it the same for every rank (mpirun -x)");
+  }
 }
 
 CudaGPT::~CudaGPT() {
@@ -400,6 +419,7 @@ CudaGPT::~CudaGPT() {
     if (ready_ev_[i]) cudaEventDestroy(ready_ev_[i]);
     if (reduced_ev_[i]) cudaEventDestroy(reduced_ev_[i]);
   }
+  if (tp_done_ev_) cudaEventDestroy(tp_done_ev_);
   if (tp_stream_) cudaStreamDestroy(tp_stream_);
   if (wgrad_stream_) {
     cuda::GemmLt::instance().release_workspace(wgrad_stream_);
@@ -483,11 +503,11 @@ bf16* CudaGPT::gather_rows(bf16* local, bf16* full, int64_t T) {
 
 bf16* CudaGPT::norm_out(bf16* full) const { return sp_ ? s_->xn_l : full; }
 
-void CudaGPT::sum_replicated_grads(const std::vector<std::pair<int64_t, int64_t>>& params) {
+void CudaGPT::sum_replicated_grads(const std::vector<std::pair<int64_t, int64_t>>& params, cudaStream_t st) {
   if (!sp_ || !final_backward_ || params.empty()) return;
   tp_->group_start();
-  for (const auto& [off, n] : params) tp_->all_reduce_on(g(off), n, WireType::kF32, ReduceOp::kSum, stream_);
-  MT_PROF("tp.replicated_grads", tp_->group_end());
+  for (const auto& [off, n] : params) tp_->all_reduce_on(g(off), n, WireType::kF32, ReduceOp::kSum, st);
+  MT_PROF_ON(st, "tp.replicated_grads", tp_->group_end());
 }
 
 // From r's xn1 (the normalised input, all T rows) to the MLP output of this rank's rows; r.x_mid and the
@@ -539,16 +559,41 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   return combine_rows(s.delta, s.delta_l, T);
 }
 
-void CudaGPT::reduce_half(int64_t half, int64_t rows, bf16* base, const std::function<void(cudaStream_t)>& then) {
+void CudaGPT::reduce_half(int64_t half, int64_t rows, bf16* base, bf16* local, const SumConsumer& then) {
   MT_CUDA_CHECK(cudaEventRecord(ready_ev_[half], stream_));
   MT_CUDA_CHECK(cudaStreamWaitEvent(tp_stream_, ready_ev_[half], 0));
   bf16* data = base + half * rows * D_.h;
-  MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, wire_, ReduceOp::kSum, tp_stream_));
-  if (then) then(tp_stream_);
+  const int64_t pr = piece(rows);
+  const bf16* sum = data;
+  cuda::Partials parts;
+  if (sp_ && all_to_all_ && then) {
+    bf16* got = s_->parts + half * rows * D_.h;
+    MT_PROF_ON(tp_stream_, "tp.all_to_all", tp_->all_to_all_on(data, got, pr * D_.h, wire_, tp_stream_));
+    sum = got;
+    parts = {static_cast<int>(tp_size_), pr * D_.h};
+  } else if (sp_) {
+    sum = local + half * pr * D_.h;
+    MT_PROF_ON(tp_stream_, "tp.reduce_scatter", tp_->reduce_scatter_on(data, local + half * pr * D_.h, pr * D_.h, wire_, tp_stream_));
+  } else {
+    MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, wire_, ReduceOp::kSum, tp_stream_));
+  }
+  if (then) then(tp_stream_, sum, parts);
   MT_CUDA_CHECK(cudaEventRecord(reduced_ev_[half], tp_stream_));
 }
 
+void CudaGPT::gather_half(int64_t half, int64_t rows, const bf16* local, bf16* full, cudaStream_t st) {
+  const int64_t pr = piece(rows);
+  MT_PROF_ON(st, "tp.all_gather", tp_->all_gather_on(local + half * pr * D_.h, full + half * rows * D_.h, pr * D_.h, wire_, st));
+}
+
+const int32_t* CudaGPT::layer_positions(const DeviceMicrobatch& mb) const { return s_->half_pos ? s_->half_pos : mb.positions; }
+
 void CudaGPT::wait_reduced(int64_t half) { MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, reduced_ev_[half], 0)); }
+
+void CudaGPT::wait_tp_stream() {
+  MT_CUDA_CHECK(cudaEventRecord(tp_done_ev_, tp_stream_));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, tp_done_ev_, 0));
+}
 
 // Half `half` of layer l's attention block: QKV (from the input norm the previous layer's MLP half queued on
 // tp_stream_), attention and the projection, whose all-reduce and the MLP's input norm are left running.
@@ -563,20 +608,23 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   if (l > 0) wait_reduced(half);  // the previous layer's MLP output reduced and this layer's input norm taken
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, rows, Wq, h, 1.0f, r.xn1 + r0 * h, h, w(lw.qkv_w), h, 0.0f, s.qkv + r0 * Wq, Wq, ab_, ab_,
                                      w(lw.qkv_b), stream_));
-  MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, s.qkv + r0 * Wq, mb.positions + r0,
+  MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, s.qkv + r0 * Wq, layer_positions(mb) + r0,
                                                      D.rope ? rope_table_ : nullptr, rows, D.nh_local, D.ng_local, D.d, D.rot_dim, stream_, dt_));
   const cuda::SdpaShape sh{Bh, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
   MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, r.o + r0 * Hd,
                                                                r.stats + half * Bh * D.nh_local * mb.S, stream_));
   MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, rows, h, Hd, 1.0f, r.o + r0 * Hd, Hd, w(lw.proj_w), Hd, 0.0f, s.delta + r0 * h, h, ab_, ab_,
                                       row_bias(lw.proj_b), stream_));
-  // The MLP's input norm of these rows follows the all-reduce on the TP stream (the other half's work runs
-  // on the compute stream meanwhile).
+  // The MLP's input norm of these rows follows the reduction on the TP stream (the other half's work runs
+  // on the compute stream meanwhile); under SP on this rank's piece, then gathered.
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
-  reduce_half(half, rows, s.delta, [&](cudaStream_t st) {
-    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, r0 * h), r.xn2 + r0 * h, r.mean2 + r0, r.rstd2 + r0, res_at(x_in, r0 * h),
-                                                          s.delta + r0 * h, w(lw.ln2_w), w(lw.ln2_b), rows, h, D.eps, D.rms, st, dt_, res16_,
-                                                          drop(mb, attn_site(l), r0)));
+  const int64_t pr = piece(rows), p0 = half * pr;
+  bf16* xn = sp_ ? s.xn_l : r.xn2;
+  reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
+    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, p0 * h), xn + p0 * h, r.mean2 + p0, r.rstd2 + p0, res_at(x_in, p0 * h), sum,
+                                                          w(lw.ln2_w), w(lw.ln2_b), pr, h, D.eps, D.rms, st, dt_, res16_,
+                                                          drop(mb, attn_site(l), row0(mb.B * mb.S) + p0), parts));
+    if (sp_) gather_half(half, rows, s.xn_l, r.xn2, st);
   });
 }
 
@@ -601,16 +649,20 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, rows, h, F, 1.0f, r.act + r0 * F, F, w(lw.fc2_w), F, 0.0f, s.delta + r0 * h, h, ab_, ab_,
                                      row_bias(lw.fc2_b), stream_));
   if (l + 1 == D.L) {  // the final norm runs after both halves, on the compute stream
-    reduce_half(half, rows, s.delta, nullptr);
+    reduce_half(half, rows, s.delta, s.delta_l, nullptr);
     return;
   }
-  // The next layer's input norm of these rows follows the all-reduce on the TP stream.
+  // The next layer's input norm of these rows follows the reduction on the TP stream (under SP on this
+  // rank's piece, then gathered).
   const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
   Record& n = recomputed(l + 1) ? *recompute_record_ : *records_[static_cast<size_t>(l + 1)];
-  reduce_half(half, rows, s.delta, [&](cudaStream_t st) {
-    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l + 1)]->x_in, r0 * h), n.xn1 + r0 * h, n.mean1 + r0,
-                                                          n.rstd1 + r0, res_at(r.x_mid, r0 * h), s.delta + r0 * h, w(nw.ln1_w), w(nw.ln1_b), rows, h,
-                                                          D.eps, D.rms, st, dt_, res16_, drop(mb, mlp_site(l), r0)));
+  const int64_t pr = piece(rows), p0 = half * pr;
+  bf16* xn = sp_ ? s.xn_l : n.xn1;
+  reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
+    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l + 1)]->x_in, p0 * h), xn + p0 * h, n.mean1 + p0,
+                                                          n.rstd1 + p0, res_at(r.x_mid, p0 * h), sum, w(nw.ln1_w), w(nw.ln1_b), pr, h, D.eps, D.rms, st,
+                                                          dt_, res16_, drop(mb, mlp_site(l), row0(mb.B * mb.S) + p0), parts));
+    if (sp_) gather_half(half, rows, s.xn_l, n.xn1, st);
   });
 }
 
@@ -717,7 +769,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (defer_proj && !sp_) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
                                               stream_, dt_, res16_, l > 0 ? drop(mb, mlp_site(l - 1), row0(T)) : nullptr));
-  sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)]);
+  sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)], stream_);
   // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer
   // (or its recompute) overwrites, and their gradients must be final before the grads-ready hook.
   MT_PROF("tp.wgrad_join", join_wgrad());
@@ -751,8 +803,12 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
   const int64_t rows = mb.B / 2 * mb.S, r0 = half * rows, h = D.h, F = W_.F, F1 = W_.F1;
-  if (l + 1 < D.L) wait_reduced(half);  // the layer above's input-gradient norm of these rows
-  const bf16* dy = s.dres16 + r0 * h;
+  if (l + 1 < D.L) wait_reduced(half);  // the layer above's input-gradient norm of these rows (under SP, and gather)
+  // This rank's piece of the half (the output gradient's rows the row-parallel bias gradient takes under SP),
+  // and the half's output gradient (gathered under SP).
+  const int64_t pr = piece(rows), p0 = half * pr;
+  const bf16* dy = sp_ ? s.dres16_full + r0 * h : s.dres16 + r0 * h;
+  const bool fuse_row = bgrad_epilogue_ && !sp_;
   bf16* dfc1 = s.dfc1 + r0 * F1;
   if (D.swiglu) {
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, rows, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact + r0 * F, F, ab_, ab_, nullptr, stream_));
@@ -760,18 +816,19 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, rows, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, dfc1, F, ab_, ab_, nullptr, stream_,
                                              {cuda::GemmEpilogue::kDGelu, r.fc1 + r0 * F, F}));
   }
-  wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, rows, dy, r.act + r0 * F, F, lw.fc2_w, bgrad_epilogue_ ? lw.fc2_b : -1);
-  if (!bgrad_epilogue_ && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), dy, rows, h, stream_, dt_));
+  wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, rows, dy, r.act + r0 * F, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
+  if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16 + p0 * h, pr, h, stream_, dt_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(dfc1, s.dact + r0 * F, r.fc1 + r0 * F1, rows, F, stream_, dt_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, rows, h, F1, 1.0f, dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr, stream_));
   if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), dfc1, rows, F1, stream_, dt_));
-  // The all-reduce and the norm start beside this half's fc1 weight gradient: the norm writes dres / dres16,
-  // which fc2's weight gradient (queued before) read, not what fc1's reads.
+  // The reduction and the norm start beside this half's fc1 weight gradient: the norm writes dres / dres16
+  // (and under SP the gather dres16_full), which fc2's weight gradient (queued before) read, not what fc1's reads.
   void* x_mid = r.x_mid;
-  reduce_half(half, rows, s.dxn, [&](cudaStream_t st) {
-    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + r0 * h, s.dres16 + r0 * h, g(lw.ln2_w), g(lw.ln2_b), s.dxn + r0 * h, res_at(x_mid, r0 * h),
-                                                       r.mean2 + r0, r.rstd2 + r0, w(lw.ln2_w), rows, h, D.rms, st, dt_, res16_,
-                                                       drop(mb, attn_site(l), r0), s.norm_part));
+  reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
+    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + p0 * h, s.dres16 + p0 * h, g(lw.ln2_w), g(lw.ln2_b), sum, res_at(x_mid, p0 * h),
+                                                       r.mean2 + p0, r.rstd2 + p0, w(lw.ln2_w), pr, h, D.rms, st, dt_, res16_,
+                                                       drop(mb, attn_site(l), row0(mb.B * mb.S) + p0), s.norm_part, parts));
+    if (sp_) gather_half(half, rows, s.dres16, s.dres16_full, st);
   });
   wgrad_with_bias(stream_, "bwd.gemm.fc1_wgrad", F1, rows, dfc1, r.xn2 + r0 * h, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
 }
@@ -783,28 +840,36 @@ void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const 
   auto& lt = cuda::GemmLt::instance();
   const int64_t Bh = mb.B / 2, rows = Bh * mb.S, r0 = half * rows, h = D.h;
   const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
-  wait_reduced(half);  // the MLP's input-gradient norm of these rows
-  const bf16* dy = s.dres16 + r0 * h;
+  wait_reduced(half);  // the MLP's input-gradient norm of these rows (under SP, and gather)
+  const int64_t pr = piece(rows), p0 = half * pr;
+  const bf16* dy = sp_ ? s.dres16_full + r0 * h : s.dres16 + r0 * h;
+  const bool fuse_row = bgrad_epilogue_ && !sp_;
   MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, rows, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o + r0 * Hd, Hd, ab_, ab_, nullptr, stream_));
-  wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, rows, dy, r.o + r0 * Hd, Hd, lw.proj_w, bgrad_epilogue_ ? lw.proj_b : -1);
-  if (!bgrad_epilogue_ && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), dy, rows, h, stream_, dt_));
+  wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, rows, dy, r.o + r0 * Hd, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+  if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16 + p0 * h, pr, h, stream_, dt_));
   const cuda::SdpaShape sh{Bh, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(sh, r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, r.o + r0 * Hd, s.d_o + r0 * Hd,
                                                                 r.stats + half * Bh * D.nh_local * mb.S, s.dq + r0 * Hd, s.dk + r0 * KVd,
                                                                 s.dv + r0 * KVd, stream_));
-  MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv + r0 * Wq, s.dq + r0 * Hd, s.dk + r0 * KVd, s.dv + r0 * KVd, mb.positions + r0,
+  MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv + r0 * Wq, s.dq + r0 * Hd, s.dk + r0 * KVd, s.dv + r0 * KVd, layer_positions(mb) + r0,
                                                               D.rope ? rope_table_ : nullptr, rows, D.nh_local, D.ng_local, D.d, D.rot_dim, stream_, dt_));
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, rows, h, Wq, 1.0f, s.qkv + r0 * Wq, Wq, w(lw.qkv_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr,
                                            stream_));
   if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv + r0 * Wq, rows, Wq, stream_, dt_));
-  // As in the MLP: the all-reduce and the norm beside this half's QKV weight gradient (which reads s.qkv and
-  // xn1; the projection's, which read dres16, is queued before).
+  // As in the MLP: the reduction and the norm beside this half's QKV weight gradient (which reads s.qkv and
+  // xn1; the projection's, which read dres16 or under SP dres16_full, is queued before).
+  // Under SP the gather feeds the layer below (the embedding's backward takes the fp32 gradient instead),
+  // and after the second half the layer's replicated gradients (norms, row-parallel biases) are summed over
+  // TP on the TP stream, behind the norms that finish them.
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
-  reduce_half(half, rows, s.dxn, [&](cudaStream_t st) {
-    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + r0 * h, s.dres16 + r0 * h, g(lw.ln1_w), g(lw.ln1_b), s.dxn + r0 * h, res_at(x_in, r0 * h),
-                                                       r.mean1 + r0, r.rstd1 + r0, w(lw.ln1_w), rows, h, D.rms, st, dt_, res16_,
-                                                       l > 0 ? drop(mb, mlp_site(l - 1), r0) : nullptr, s.norm_part));
+  reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
+    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + p0 * h, s.dres16 + p0 * h, g(lw.ln1_w), g(lw.ln1_b), sum, res_at(x_in, p0 * h),
+                                                       r.mean1 + p0, r.rstd1 + p0, w(lw.ln1_w), pr, h, D.rms, st, dt_, res16_,
+                                                       l > 0 ? drop(mb, mlp_site(l - 1), row0(mb.B * mb.S) + p0) : nullptr, s.norm_part, parts));
+    if (sp_ && l > 0) gather_half(half, rows, s.dres16, s.dres16_full, st);
   });
+  // After the half's event, so that the layer below's first half does not wait for it (wait_tp_stream does).
+  if (half == 1) sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)], tp_stream_);
   wgrad_with_bias(stream_, "bwd.gemm.qkv_wgrad", Wq, rows, s.qkv + r0 * Wq, r.xn1 + r0 * h, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
 }
 
@@ -861,7 +926,24 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h, V = D.V_local;
   if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
+  if (split_forward_ && sp_ && T != T_max_) throw std::logic_error("CUDA model: the split layers under SP need micro batches of the configured size");
   auto act = [&](int64_t l) -> Record& { return recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)]; };
+  // The split layers under SP take their [T, .] rows in half-major order (see piece()): the first layer's
+  // input norm and the last layer's output gradient are gathered half by half, and the positions permuted
+  // the same way.
+  const bool split_sp = split_forward_ && sp_;
+  auto gather_layer_rows = [&](bf16* local, bf16* full) {
+    if (!split_sp) return gather_rows(local, full, T);
+    for (int64_t half = 0; half < 2; ++half) gather_half(half, T / 2, local, full, stream_);
+    return full;
+  };
+  if (split_sp) {  // half k's rows: piece k of each rank's Tl, rank after rank
+    const auto pr = static_cast<size_t>(Tl / 2);
+    for (int64_t half = 0; half < 2; ++half) {
+      MT_CUDA_CHECK(cudaMemcpy2DAsync(s.half_pos + half * (T / 2), pr * 4, mb.positions + half * Tl / 2, static_cast<size_t>(Tl) * 4, pr * 4,
+                                      static_cast<size_t>(tp_size_), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
   // Forward
   need_params(embed_end_);
   embed(mb, T);
@@ -869,12 +951,13 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   const LayerW& l0 = layers_[0];
   MT_PROF("fwd.add_norm", cuda::add_norm_forward(nullptr, norm_out(act(0).xn1), act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w),
                                                  w(l0.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_));
-  gather_rows(s.xn_l, act(0).xn1, T);
+  gather_layer_rows(s.xn_l, act(0).xn1);
   if (split_forward_) {
     split_layers_forward(mb);
     need_params(numel_);
-    MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, s.xnf, s.meanf, s.rstdf, act(D.L - 1).x_mid, s.delta, w(lnf_w_), w(lnf_b_), T, h, D.eps,
-                                                   D.rms, stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), 0)));
+    MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, norm_out(s.xnf), s.meanf, s.rstdf, act(D.L - 1).x_mid, sp_ ? s.delta_l : s.delta, w(lnf_w_),
+                                                   w(lnf_b_), Tl, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), row0(T))));
+    gather_rows(s.xn_l, s.xnf, T);
   }
   for (int64_t l = 0; !split_forward_ && l < D.L; ++l) {
     Record& r = act(l);
@@ -907,7 +990,7 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
   MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
   MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), dfinal, s.x_final, s.meanf, s.rstdf, w(lnf_w_), Tl, h, D.rms,
                                               stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), row0(T))));
-  sum_replicated_grads(final_replicated_);
+  sum_replicated_grads(final_replicated_, stream_);
   for (int64_t l = D.L - 1; l >= 0; --l) {
     Record& r = act(l);
     // The split backward's norms of the layer above may still read the shared recompute record on tp_stream_.
@@ -923,6 +1006,7 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
       layer_forward(l, r, mb);
     }
     if (split_forward_) {
+      if (split_sp && l + 1 == D.L) gather_layer_rows(s.dres16, s.dres16_full);  // the final norm's input gradient
       split_layer_backward(l, r, mb);
     } else {
       layer_backward(l, r, mb);
@@ -930,17 +1014,13 @@ void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weig
     if (final_backward_ && grads_ready_) {
       // The layer's norm gradients come from tp_stream_; the hook's collectives follow the compute stream.
       // (A wait even when the hook launches nothing: TP x DP without SP loses some overlap here.)
-      if (split_forward_) {
-        wait_reduced(0);
-        wait_reduced(1);
-      }
+      if (split_forward_) wait_tp_stream();
       grads_ready_(layer_start_[static_cast<size_t>(l)]);
     }
   }
-  if (split_forward_) {  // the input gradient's last rows, before the embedding reads them
-    wait_reduced(0);
-    wait_reduced(1);
-  }
+  // The input gradient's last rows, before the embedding reads them, and the replicated gradients' sums
+  // (the optimizer follows the compute stream).
+  if (split_forward_) wait_tp_stream();
   // The embedding gradient from every token (gathered under SP): each rank's vocabulary rows, and the
   // positions' on every rank alike.
   float* demb = s.dres;

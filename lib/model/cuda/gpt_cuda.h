@@ -7,8 +7,9 @@
 // FFN and the vocabulary; row-parallel partial sums are combined over TP in that 16-bit type (all-reduce, or
 // under sequence parallelism reduce-scatter, with norms on sequence shards and all-gathers before the column-
 // parallel GEMMs); the loss is vocabulary-parallel. TP collectives are queued on the compute stream, except
-// the split layers' (TP without SP: the forward and backward of each layer as two interleaved halves of the
-// micro batch, each half's reductions and the norms that consume them on a TP stream). Everything else runs
+// the split layers' (the forward and backward of each layer as two interleaved halves of the micro batch,
+// each half's reductions and the norms that consume them on a TP stream; under SP also the gathers that
+// follow the norms). Everything else runs
 // on one stream, except that under TP the output layer's and (without the split) the column-parallel
 // layers' weight-gradient GEMMs run on a side stream joined at the end of a layer's backward; nothing here
 // waits for the device.
@@ -26,6 +27,7 @@
 #include "config/config.h"
 #include "kernels/cuda/bf16_fwd.h"
 #include "kernels/cuda/dropout.h"
+#include "kernels/cuda/norm_bf16.h"
 #include "model/gpt_model.h"
 #include "model/params.h"
 
@@ -82,6 +84,10 @@ class CudaGPT {
   cuda::bf16* working() const { return w16_; }  // the 16-bit working copy (bf16 or fp16: half_type())
   const ModelDims& dims() const { return D_; }
   size_t activation_bytes() const { return act_bytes_; }
+  // Tensor parallelism with the layers split in two halves of the micro batch (see split_layers_forward).
+  bool split_layers() const { return split_forward_; }
+  // The split layers under SP take each half's sums as an all-to-all plus the norm (see reduce_half).
+  bool split_all_to_all() const { return all_to_all_; }
   // Refreshes the 16-bit working copy from the fp32 master weights (after loading; needs the master).
   void refresh_working();
 
@@ -91,19 +97,37 @@ class CudaGPT {
   struct Scratch;
   // Returns the MLP output of this rank's rows (combined over TP).
   const cuda::bf16* layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
-  // Tensor parallelism without SP: the forward of every layer as two halves of the micro batch's sequences,
+  // Tensor parallelism: the forward of every layer as two halves of the micro batch's sequences,
   // interleaved block by block, so each half's row-parallel all-reduce overlaps the other half's attention or
   // MLP (DeepSpeed Domino's schedule). The same operations per row as layer_forward (not bit for bit: GEMMs
-  // of half the rows may take other cuBLASLt algorithms). Ends with s_->delta holding
-  // the last layer's MLP output and the compute stream after both halves' reductions.
+  // of half the rows may take other cuBLASLt algorithms). Ends with s_->delta (under SP this rank's rows in
+  // s_->delta_l) holding the last layer's MLP output and the compute stream after both halves' reductions.
   void split_layers_forward(const DeviceMicrobatch& mb);
   void attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
   void mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
   // Half `half`'s rows of base ([T, h]: s_->delta, or s_->dxn in the backward) summed over TP on tp_stream_, after the compute stream's work so far,
-  // then `then` on tp_stream_ (the norm, forward or backward, that consumes the sum; may be empty);
-  // wait_reduced: the compute stream waits for both.
-  void reduce_half(int64_t half, int64_t rows, cuda::bf16* base, const std::function<void(cudaStream_t)>& then);
+  // then `then` on tp_stream_ (the norm, forward or backward, that consumes the sum; may be empty), given
+  // the sum's rows and their Partials; wait_reduced: the compute stream waits for both. Without SP the sum is
+  // an all-reduce in place. Under SP this rank's piece of the half (see piece()): with a consumer and
+  // all_to_all_, an all-to-all of the ranks' partial sums of it into s_->parts (copy engines, no SM; the
+  // consumer's kernel adds them), else a reduce-scatter into the piece of `local`.
+  using SumConsumer = std::function<void(cudaStream_t, const cuda::bf16* sum, cuda::Partials parts)>;
+  void reduce_half(int64_t half, int64_t rows, cuda::bf16* base, cuda::bf16* local, const SumConsumer& then);
   void wait_reduced(int64_t half);
+  // Throws, naming `env`, unless every TP rank has the same `mine` (a setting read from each rank's environment).
+  void agree_over_tp(bool mine, const char* env);
+  // The compute stream waits for everything queued on tp_stream_ so far.
+  void wait_tp_stream();
+  // The split layers under SP. The residual stream keeps SP's layout (rank r holds tokens [r T / TP, (r + 1) T / TP)),
+  // and half k of the micro batch is piece k of every rank's rows: local rows [k Tl / 2, (k + 1) Tl / 2) of each
+  // rank, whole sequences (the micro batch a multiple of 2 TP). The layers' [T, .] buffers hold half 0's rows,
+  // then half 1's, each rank's piece after the other (half-major order); the norms work on the pieces, each
+  // half's reduce-scatter and all-gather on tp_stream_. Without SP a half's piece is the half itself.
+  int64_t piece(int64_t rows) const { return sp_ ? rows / tp_size_ : rows; }
+  // Half `half` ([rows, h] in half-major order) of `full` from every rank's piece of `local`, on st.
+  void gather_half(int64_t half, int64_t rows, const cuda::bf16* local, cuda::bf16* full, cudaStream_t st);
+  // The positions in the layers' row order (half-major under split SP, else the micro batch's own).
+  const int32_t* layer_positions(const DeviceMicrobatch& mb) const;
   void layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   void split_layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   void mlp_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
@@ -128,7 +152,7 @@ class CudaGPT {
   cuda::bf16* norm_out(cuda::bf16* full) const;
   // Under SP, the gradients of parameters every TP rank holds (norms, row-parallel biases) are partial sums
   // over the rank's tokens: summed over TP once the iteration's last backward has produced them.
-  void sum_replicated_grads(const std::vector<std::pair<int64_t, int64_t>>& params);
+  void sum_replicated_grads(const std::vector<std::pair<int64_t, int64_t>>& params, cudaStream_t st);
   const cuda::bf16* row_bias(int64_t off) const { return tp_rank_ == 0 ? w(off) : nullptr; }
   bool recomputed(int64_t l) const;
   const cuda::bf16* w(int64_t off) const { return off < 0 ? nullptr : w16_ + off; }
@@ -160,12 +184,15 @@ class CudaGPT {
   std::shared_ptr<StreamCollectives> kv_group_;
   cudaStream_t wgrad_stream_ = nullptr;
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr, proj_done_ev_ = nullptr;
-  // The split forward (TP without SP): the row-parallel all-reduces run on tp_stream_; per half, ready_ev_
-  // (its rows computed, on the compute stream) and reduced_ev_ (its all-reduce done, on tp_stream_).
+  // The split forward: the row-parallel reductions run on tp_stream_; per half, ready_ev_ (its rows computed,
+  // on the compute stream) and reduced_ev_ (its reduction and what follows it done, on tp_stream_).
   bool split_forward_ = false;
   cudaStream_t tp_stream_ = nullptr;
-  cudaEvent_t ready_ev_[2] = {}, reduced_ev_[2] = {};
+  cudaEvent_t ready_ev_[2] = {}, reduced_ev_[2] = {}, tp_done_ev_ = nullptr;
   bool sp_ = false;
+  // The split layers under SP sum each half's partials with an all-to-all and the norm kernel
+  // (MEGATRAIN_TP_SP_ALLTOALL=0: a reduce-scatter, as the plain SP layers).
+  bool all_to_all_ = false;
   // This rank's widths, set once: attention output (nh_local * d), K/V (ng_local * d), fused QKV rows, FFN,
   // fc1 output (2 FFN with SwiGLU).
   struct Widths {
