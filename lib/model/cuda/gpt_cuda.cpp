@@ -272,9 +272,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   // the bytes, the second carves them. Without windows: ordinary allocations. Every size here must be the
   // same on every TP rank and in both passes (nothing a rank decides alone, such as cuBLASLt's answers: the
   // bias-gradient scratch is allocated after the arena); alloc_window checks that the totals agree.
-  // The split layers under SP (if they split: decided below) sum with an all-to-all into s.parts, in the arena.
+  // The split layers under SP (if they split: decided below) sum with an all-to-all into s.parts, in the arena;
+  // the buffer only where they may split (the conditions every rank shares, so both passes allocate alike).
   const char* a2a_env = std::getenv("MEGATRAIN_TP_SP_ALLTOALL");
-  const bool sp_all_to_all = sp_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !(a2a_env && std::string(a2a_env) == "0");
+  const char* split_env0 = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
+  const bool may_split = *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
+                         std::find(recompute_layer_.begin(), recompute_layer_.end(), true) == recompute_layer_.end() &&
+                         !(split_env0 && std::string(split_env0) == "0");
+  const bool sp_all_to_all = sp_ && may_split && !(a2a_env && std::string(a2a_env) == "0");
   if (sp_) agree_over_tp(sp_all_to_all, "MEGATRAIN_TP_SP_ALLTOALL");
   auto allocate_activations = [&]() {
     for (int64_t l = 0; l < D.L; ++l) {
@@ -566,14 +571,15 @@ void CudaGPT::reduce_half(int64_t half, int64_t rows, bf16* base, bf16* local, c
   const int64_t pr = piece(rows);
   const bf16* sum = data;
   cuda::Partials parts;
-  if (sp_ && all_to_all_ && then) {
+  if (all_to_all_ && then) {
     bf16* got = s_->parts + half * rows * D_.h;
     MT_PROF_ON(tp_stream_, "tp.all_to_all", tp_->all_to_all_on(data, got, pr * D_.h, wire_, tp_stream_));
     sum = got;
     parts = {static_cast<int>(tp_size_), pr * D_.h};
   } else if (sp_) {
-    sum = local + half * pr * D_.h;
-    MT_PROF_ON(tp_stream_, "tp.reduce_scatter", tp_->reduce_scatter_on(data, local + half * pr * D_.h, pr * D_.h, wire_, tp_stream_));
+    bf16* mine = local + half * pr * D_.h;
+    MT_PROF_ON(tp_stream_, "tp.reduce_scatter", tp_->reduce_scatter_on(data, mine, pr * D_.h, wire_, tp_stream_));
+    sum = mine;
   } else {
     MT_PROF_ON(tp_stream_, "tp.all_reduce", tp_->all_reduce_on(data, rows * D_.h, wire_, ReduceOp::kSum, tp_stream_));
   }
