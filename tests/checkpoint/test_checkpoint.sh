@@ -69,12 +69,14 @@ done
 BIG=(--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
      --micro-batch-size 1 --global-batch-size 1 --lr 1e-4 --mock-data --vocab-size 512 --log-interval 1 --eval-iters 0
      --train-iters 100000 --save "$tmp/ck4" --save-interval 1 --load "$tmp/ck4")
+# The kills land after each run's first save of its own (a slow machine's start-up can outlast any fixed
+# sleep: then every kill fell before the first commit and the resume had nothing to continue from).
 survived=0 mid_save=0
 for k in 1 2 3 4 5 6 7 8; do
   "$B" "${BIG[@]}" >"$tmp/kill.log" 2>&1 &
   pid=$!
-  sleep "0.$((RANDOM % 9 + 1))"
-  sleep 0.$((RANDOM % 10))
+  for ((w = 0; w < 600; ++w)); do grep -q "saved checkpoint" "$tmp/kill.log" && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+  sleep 0.$((RANDOM % 10))$((RANDOM % 10))
   kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
   compgen -G "$tmp/ck4/iter_*.tmp" >/dev/null && mid_save=$((mid_save + 1))
   if [[ -f "$tmp/ck4/latest_checkpointed_iteration.txt" ]]; then
