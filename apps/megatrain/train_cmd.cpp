@@ -5,6 +5,7 @@
 #include "config/errors.h"
 #include "config/yaml_io.h"
 #include "comm/mpi_communicator.h"
+#include "comm/tcp_communicator.h"
 #include "config_setup.h"
 #include "parallel/rank_layout.h"
 #include "parallel/launcher.h"
@@ -34,8 +35,9 @@ void run_aborting_on_error(const LaunchInfo& launch, F&& run) {
   }
 }
 
-// The CUDA engine: one GPU per rank (the local rank picks it); more than one rank trains data-parallel over
-// NCCL, the unique id shared over MPI (mpirun / srun) or the TCP rendezvous (torchrun-style launches).
+// The CUDA engine: one GPU per rank (the local rank picks it); more than one rank trains over NCCL, the
+// unique id shared over MPI (mpirun / srun) or, for torchrun-style launches, over the TCP world
+// (comm/tcp_communicator.h), which also carries the checkpoints' host collectives there.
 int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, char**& argv) {
   ProcessGroups groups = ProcessGroups::single();
   if (launch.world_size > 1) {
@@ -43,15 +45,16 @@ int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, ch
     const bool lead = launch.rank == 0;
     const int ngpu = static_cast<int>(visible_gpus().size());
     set_cuda_device(static_cast<int>(launch.local_rank % ngpu));
-    if (launch.kind != LauncherKind::kTorchrun) mpi_initialize(&argc, &argv);
+    const int64_t timeout = cfg.parallel.distributed_timeout_seconds;
     const RankLayout layout = RankLayout::from_config(cfg, launch.world_size);
-    auto world = make_nccl_world(launch, cfg.parallel.distributed_timeout_seconds);
-    groups = make_nccl_process_groups(world, layout, launch.rank);
-    if (mpi_active()) {
+    if (launch.kind != LauncherKind::kTorchrun) {
+      mpi_initialize(&argc, &argv);
+      groups = make_nccl_process_groups(make_nccl_world(launch, timeout), layout, launch.rank);
       groups.checkpoint = make_mpi_process_groups(layout, launch.rank).checkpoint;
-    } else if (cfg.checkpoint.save || cfg.checkpoint.load) {
-      throw ConfigError("checkpoints of a multi-rank CUDA run need an MPI launch (mpirun or srun) for their host collectives; "
-                        "this is a torchrun-style launch: drop --save/--load or launch with mpirun");
+    } else {
+      auto tcp = make_tcp_world(launch, rendezvous_port(launch), timeout);
+      groups = make_nccl_process_groups(make_nccl_world(launch, timeout, tcp.get()), layout, launch.rank);
+      groups.checkpoint = tcp->split(0, static_cast<int>(launch.rank), "checkpoint", 0);
     }
     if (lead) {
       std::cerr << "megatrain: " << launch.world_size << " ranks (" << launcher_name(launch.kind) << "), one GPU each: DP "
@@ -124,18 +127,20 @@ int run_train(int argc, char** argv) {
   if (use_cuda) return run_cuda_training(cfg, launch, argc, argv);
   ProcessGroups groups = ProcessGroups::single();
   if (launch.world_size > 1) {
-    if (launch.kind == LauncherKind::kTorchrun) {
-      throw ConfigError("CPU multi-rank training runs under mpirun or srun (MPI); this torchrun-style launch needs the "
-                        "CUDA engine's NCCL rendezvous, which is not in this build yet");
-    }
-    mpi_initialize(&argc, &argv);
     const RankLayout layout = RankLayout::from_config(cfg, launch.world_size);
-    groups = make_mpi_process_groups(layout, launch.rank);
-    start_collective_watchdog(cfg.parallel.distributed_timeout_seconds, launch.rank);
+    if (launch.kind == LauncherKind::kTorchrun) {
+      // No MPI: the collectives go over TCP, each wait bounded by --distributed-timeout-seconds.
+      groups = make_tcp_process_groups(make_tcp_world(launch, rendezvous_port(launch), cfg.parallel.distributed_timeout_seconds), layout,
+                                       launch.rank);
+    } else {
+      mpi_initialize(&argc, &argv);
+      groups = make_mpi_process_groups(layout, launch.rank);
+      start_collective_watchdog(cfg.parallel.distributed_timeout_seconds, launch.rank);
+    }
     if (lead) {
       std::cerr << "megatrain: " << launch.world_size << " ranks (" << launcher_name(launch.kind) << "): TP "
-                << cfg.parallel.tensor_model_parallel_size << " x DP " << cfg.derived.data_parallel_size
-                << ", collectives over MPI\n";
+                << cfg.parallel.tensor_model_parallel_size << " x DP " << cfg.derived.data_parallel_size << ", collectives over "
+                << (mpi_active() ? "MPI" : "TCP") << "\n";
     }
   }
   run_aborting_on_error(launch, [&] { train(cfg, groups, TrainOptions{false, launch.rank}); });

@@ -99,7 +99,7 @@ LoadOptions load_options(const Config& cfg) {
 
 std::unique_ptr<CheckpointSaver> make_saver(const Config& cfg, const ProcessGroups& groups) {
   const auto& ck = cfg.checkpoint;
-  if (ck.async_save && groups.world->size() > 1 && !mpi_thread_multiple()) {
+  if (ck.async_save && groups.world->size() > 1 && mpi_active() && !mpi_thread_multiple()) {
     throw ConfigError("--async-save needs MPI_THREAD_MULTIPLE, which this MPI library did not grant: drop --async-save");
   }
   return std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, ck.ckpt_keep_last, groups.checkpoint);

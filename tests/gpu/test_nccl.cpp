@@ -13,6 +13,7 @@
 
 #include "comm/cuda/nccl_communicator.h"
 #include "comm/mpi_communicator.h"
+#include "comm/tcp_communicator.h"
 #include "parallel/launcher.h"
 
 using namespace mt;
@@ -62,7 +63,9 @@ int main(int argc, char** argv) {
   if (launch.kind == LauncherKind::kOpenMpi || launch.kind == LauncherKind::kSlurm) mpi_initialize(&argc, &argv);
   cudaSetDevice(static_cast<int>(launch.local_rank % ngpu));
   const int R = static_cast<int>(launch.rank), W = static_cast<int>(launch.world_size);
-  auto world = make_nccl_world(launch, 60);
+  std::shared_ptr<TcpCommunicator> tcp;  // torchrun-style: the unique id goes over the TCP world
+  if (launch.kind == LauncherKind::kTorchrun) tcp = make_tcp_world(launch, rendezvous_port(launch), 60);
+  auto world = make_nccl_world(launch, 60, tcp.get());
   expect(world->rank() == R && world->size() == W, "world rank and size", R);
 
   const size_t n = 1000003;  // odd

@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "comm/mpi_communicator.h"
-#include "comm/tcp_rendezvous.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/op_profiler.h"
 
@@ -326,15 +325,16 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, co
   return std::make_shared<NcclCommunicator>(sub, name, timeout_s_);
 }
 
-std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int64_t timeout_seconds) {
+std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int64_t timeout_seconds, Communicator* bootstrap) {
   ncclUniqueId id{};
   if (launch.rank == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));
   std::string blob(reinterpret_cast<const char*>(&id), sizeof(id));
   if (mpi_active()) {
     MPI_Bcast(blob.data(), static_cast<int>(blob.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+  } else if (bootstrap != nullptr && bootstrap->size() == launch.world_size) {
+    bootstrap->broadcast(blob.data(), static_cast<int64_t>(blob.size()), 0);
   } else {
-    blob = tcp_rendezvous_broadcast(blob, launch.master_addr, launch.master_port, launch.rank, launch.world_size,
-                                    static_cast<int>(timeout_seconds));
+    throw std::logic_error("make_nccl_world: without MPI the unique id needs the world's TCP communicator");
   }
   if (blob.size() != sizeof(id)) throw std::runtime_error("NCCL unique id of the wrong size from the rendezvous");
   std::memcpy(&id, blob.data(), sizeof(id));

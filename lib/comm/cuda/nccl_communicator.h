@@ -98,9 +98,10 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   size_t window_device_bytes_ = 0;  // what the windows took of the device (cudaMemGetInfo)
 };
 
-// The world communicator: the unique id is broadcast over MPI when MPI is active, else over TCP at
-// launch.master_addr:master_port. The calling process must already have selected its GPU.
-std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int64_t timeout_seconds);
+// The world communicator: the unique id is broadcast over MPI when MPI is active, else over `bootstrap`
+// (the TCP world of a torchrun-style launch, comm/tcp_communicator.h). The calling process must already
+// have selected its GPU.
+std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int64_t timeout_seconds, Communicator* bootstrap = nullptr);
 // The process groups of a layout as NCCL communicators split from world.
 ProcessGroups make_nccl_process_groups(const std::shared_ptr<NcclCommunicator>& world, const RankLayout& layout, int64_t rank);
 
