@@ -78,7 +78,10 @@ int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, ch
 int run_train(int argc, char** argv) {
   CLI::App app{"megatrain: train a GPT / LLaMA / Mixtral-style model with Megatron-LM's flags.\n"
                "Other commands: megatrain plan (layout, memory and time without a GPU), megatrain preprocess\n"
-               "(corpus -> .bin/.idx), megatrain checkpoint inspect DIR; each takes --help.",
+               "(corpus -> .bin/.idx), megatrain checkpoint inspect DIR; each takes --help.\n"
+               "Several ranks: mpirun -np N megatrain ..., srun megatrain ..., or torchrun --nproc_per_node N --no_python\n"
+               "megatrain ... (no MPI: the ranks connect over TCP at MASTER_ADDR:MASTER_PORT, +1 under torchrun's static\n"
+               "rendezvous; MEGATRAIN_RENDEZVOUS_PORT overrides).",
                "megatrain"};
   ConfigCli cli(app);
   const LaunchInfo launch = detect_launch();

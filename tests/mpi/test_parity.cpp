@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.h"
+#include "comm/tcp_communicator.h"
 #include "config/cli.h"
 #include "config/resolve.h"
 #include "config/validate.h"
@@ -48,10 +49,16 @@ Config make_config(const std::string& model, const std::string& common, const st
 }  // namespace
 
 int main(int argc, char** argv) {
-  mpi_initialize(&argc, &argv);
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  // Under mpirun the layout's groups are MPI communicators; launched torchrun-style (RANK, WORLD_SIZE,
+  // MASTER_ADDR, MASTER_PORT: tests/mpi/torchrun_style.sh) they are TCP ones.
+  const LaunchInfo launch = detect_launch();
+  const bool tcp = launch.kind == LauncherKind::kTorchrun;
+  int rank = static_cast<int>(launch.rank), world = static_cast<int>(launch.world_size);
+  if (!tcp) {
+    mpi_initialize(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+  }
   if (argc < 2) {
     if (rank == 0) std::fprintf(stderr, "usage: test_parity <gpt|llama|llama-mqa> [layout flags]\n");
     mpi_finalize();
@@ -73,13 +80,15 @@ int main(int argc, char** argv) {
     const Diagnostics d = validate(cfg, world, Purpose::kTrain);
     if (!d.ok()) {
       if (rank == 0) std::fprintf(stderr, "invalid test layout: %s\n", d.errors.front().c_str());
+      if (tcp) return 2;
       mpi_abort_job(2);
     }
     Config single = make_config(model, common, "");
     resolve(cfg, world);
     resolve(single, 1);
     const RankLayout layout = RankLayout::from_config(cfg, world);
-    ProcessGroups groups = make_mpi_process_groups(layout, rank);
+    ProcessGroups groups = tcp ? make_tcp_process_groups(make_tcp_world(launch, rendezvous_port(launch), 60), layout, rank)
+                               : make_mpi_process_groups(layout, rank);
     const TrainResult par = train(cfg, groups, {true, rank});
     const TrainResult ref = train(single, ProcessGroups::single(), {true, 0});
     double worst_loss = 0;
@@ -111,9 +120,11 @@ int main(int argc, char** argv) {
                     worst_name.c_str(), failures ? "FAIL" : "ok");
         std::fflush(stdout);
       }
-      MPI_Barrier(MPI_COMM_WORLD);
+      groups.world->barrier();
     }
-    MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    float any = static_cast<float>(failures);
+    groups.world->all_reduce(&any, 1, ReduceOp::kMax);
+    failures = any > 0 ? 1 : 0;
   }
   mpi_finalize();
   return failures ? 1 : 0;
