@@ -52,9 +52,11 @@ int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, ch
       groups = make_nccl_process_groups(make_nccl_world(launch, timeout), layout, launch.rank);
       groups.checkpoint = make_mpi_process_groups(layout, launch.rank).checkpoint;
     } else {
-      auto tcp = make_tcp_world(launch, rendezvous_port(launch), timeout);
+      // Training never uses the TCP world here: it carries the unique id, then the checkpoints' collectives
+      // (whose waits are long by nature: no timeout).
+      auto tcp = make_tcp_world(launch, rendezvous_port(launch), timeout, 0);
       groups = make_nccl_process_groups(make_nccl_world(launch, timeout, tcp.get()), layout, launch.rank);
-      groups.checkpoint = tcp->split(0, static_cast<int>(launch.rank), "checkpoint", 0);
+      groups.checkpoint = tcp;
     }
     if (lead) {
       std::cerr << "megatrain: " << launch.world_size << " ranks (" << launcher_name(launch.kind) << "), one GPU each: DP "

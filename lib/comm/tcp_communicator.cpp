@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -186,7 +187,8 @@ std::vector<int> connect_group(TcpNode& node, const std::string& uid, const std:
     const int fd = connect_to(node.hosts[static_cast<size_t>(w)], node.ports[static_cast<size_t>(w)], deadline);
     if (fd < 0) {
       throw std::runtime_error("cannot connect to world rank " + std::to_string(w) + " at " + node.hosts[static_cast<size_t>(w)] + ":" +
-                               std::to_string(node.ports[static_cast<size_t>(w)]) + " (a firewall between the nodes?)");
+                               std::to_string(node.ports[static_cast<size_t>(w)]) + " (" + std::strerror(errno) +
+                               "; a firewall between the nodes, or too few file descriptors: ulimit -n)");
     }
     send_str(fd, std::string(kMagic) + " " + uid + " " + std::to_string(node.world_rank));
     fds[j] = fd;
@@ -535,7 +537,13 @@ int rendezvous_port(const LaunchInfo& launch, const EnvLookup& env) {
   return env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True" ? launch.master_port + 1 : launch.master_port;
 }
 
-std::shared_ptr<TcpCommunicator> make_tcp_world(const LaunchInfo& launch, int port, int64_t timeout_seconds) {
+std::shared_ptr<TcpCommunicator> make_tcp_world(const LaunchInfo& launch, int port, int64_t timeout_seconds, int64_t op_timeout_seconds) {
+  // A group holds a socket per other member: let this process have as many descriptors as it may.
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
   auto node = std::make_shared<TcpNode>();
   node->world_rank = launch.rank;
   node->setup_timeout_s = std::max<int64_t>(timeout_seconds, 1);
@@ -613,7 +621,8 @@ std::shared_ptr<TcpCommunicator> make_tcp_world(const LaunchInfo& launch, int po
   std::vector<int64_t> members(W);
   for (size_t r = 0; r < W; ++r) members[r] = static_cast<int64_t>(r);
   auto fds = connect_group(*node, "w", members, static_cast<int>(launch.rank));
-  return std::make_shared<TcpCommunicator>(node, "w", "world", members, static_cast<int>(launch.rank), std::move(fds), timeout_seconds);
+  return std::make_shared<TcpCommunicator>(node, "w", "world", members, static_cast<int>(launch.rank), std::move(fds),
+                                           op_timeout_seconds < 0 ? timeout_seconds : op_timeout_seconds);
 }
 
 ProcessGroups make_tcp_process_groups(const std::shared_ptr<TcpCommunicator>& world, const RankLayout& layout, int64_t r) {

@@ -75,8 +75,9 @@ class TcpCommunicator final : public Communicator {
 // else MASTER_PORT.
 int rendezvous_port(const LaunchInfo& launch, const EnvLookup& env = process_env());
 
-// Every rank of a torchrun-style launch calls this once: the world group, connected.
-std::shared_ptr<TcpCommunicator> make_tcp_world(const LaunchInfo& launch, int port, int64_t timeout_seconds);
+// Every rank of a torchrun-style launch calls this once: the world group, connected. timeout_seconds bounds
+// the set-up and, unless op_timeout_seconds >= 0 (0: none), each collective's wait.
+std::shared_ptr<TcpCommunicator> make_tcp_world(const LaunchInfo& launch, int port, int64_t timeout_seconds, int64_t op_timeout_seconds = -1);
 
 // Every group of `layout` this rank belongs to, split from world; checkpoint: a duplicate without timeout.
 ProcessGroups make_tcp_process_groups(const std::shared_ptr<TcpCommunicator>& world, const RankLayout& layout, int64_t world_rank);
