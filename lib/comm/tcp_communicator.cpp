@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -139,6 +140,25 @@ struct TcpNode {
   std::vector<int> ports;
   std::mutex mu;
   std::map<std::pair<std::string, int64_t>, int> pending;  // (group uid, world rank) -> accepted, not yet claimed
+  // Every group's sockets: the first failure shuts them all down, so another thread's wait (a background
+  // save's, on a peer that stopped) ends too instead of holding the exit forever.
+  std::mutex fds_mu;
+  std::vector<int> fds;
+  std::atomic<bool> aborted{false};
+
+  void add(int fd) {
+    std::lock_guard<std::mutex> lock(fds_mu);
+    fds.push_back(fd);
+  }
+  void remove(int fd) {
+    std::lock_guard<std::mutex> lock(fds_mu);
+    fds.erase(std::remove(fds.begin(), fds.end(), fd), fds.end());
+  }
+  void abort_all() {
+    if (aborted.exchange(true)) return;
+    std::lock_guard<std::mutex> lock(fds_mu);
+    for (int fd : fds) ::shutdown(fd, SHUT_RDWR);
+  }
 
   ~TcpNode() {
     if (listen_fd >= 0) ::close(listen_fd);
@@ -170,8 +190,16 @@ struct TcpNode {
         continue;
       }
       const size_t sp = hello.rfind(' ');
+      char* end = nullptr;
+      const long long from_rank = std::strtoll(hello.c_str() + sp + 1, &end, 10);
+      if (sp <= std::strlen(kMagic) || *end != '\0' || end == hello.c_str() + sp + 1) {
+        ::close(c);
+        continue;
+      }
       const std::string guid = hello.substr(std::strlen(kMagic) + 1, sp - std::strlen(kMagic) - 1);
-      pending[{guid, std::stoll(hello.substr(sp + 1))}] = c;
+      const auto key = std::make_pair(guid, static_cast<int64_t>(from_rank));
+      if (pending.count(key)) ::close(pending[key]);
+      pending[key] = c;
     }
   }
 };
@@ -182,18 +210,24 @@ namespace {
 std::vector<int> connect_group(TcpNode& node, const std::string& uid, const std::vector<int64_t>& members, int me) {
   const auto deadline = Clock::now() + std::chrono::seconds(node.setup_timeout_s);
   std::vector<int> fds(members.size(), -1);
-  for (size_t j = static_cast<size_t>(me) + 1; j < members.size(); ++j) {
-    const int64_t w = members[j];
-    const int fd = connect_to(node.hosts[static_cast<size_t>(w)], node.ports[static_cast<size_t>(w)], deadline);
-    if (fd < 0) {
-      throw std::runtime_error("cannot connect to world rank " + std::to_string(w) + " at " + node.hosts[static_cast<size_t>(w)] + ":" +
-                               std::to_string(node.ports[static_cast<size_t>(w)]) + " (" + std::strerror(errno) +
-                               "; a firewall between the nodes, or too few file descriptors: ulimit -n)");
+  try {
+    for (size_t j = static_cast<size_t>(me) + 1; j < members.size(); ++j) {
+      const int64_t w = members[j];
+      fds[j] = connect_to(node.hosts[static_cast<size_t>(w)], node.ports[static_cast<size_t>(w)], deadline);
+      if (fds[j] < 0) {
+        throw std::runtime_error("cannot connect to world rank " + std::to_string(w) + " at " + node.hosts[static_cast<size_t>(w)] + ":" +
+                                 std::to_string(node.ports[static_cast<size_t>(w)]) + " (" + std::strerror(errno) +
+                                 "; a firewall between the nodes, or too few file descriptors: ulimit -n)");
+      }
+      send_str(fds[j], std::string(kMagic) + " " + uid + " " + std::to_string(node.world_rank));
     }
-    send_str(fd, std::string(kMagic) + " " + uid + " " + std::to_string(node.world_rank));
-    fds[j] = fd;
+    for (int j = 0; j < me; ++j) fds[static_cast<size_t>(j)] = node.claim(uid, members[static_cast<size_t>(j)], deadline);
+  } catch (...) {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+    throw;
   }
-  for (int j = 0; j < me; ++j) fds[static_cast<size_t>(j)] = node.claim(uid, members[static_cast<size_t>(j)], deadline);
   for (int fd : fds) {
     if (fd >= 0) make_nonblocking(fd);
   }
@@ -219,17 +253,23 @@ TcpCommunicator::TcpCommunicator(std::shared_ptr<TcpNode> node, std::string uid,
   for (int fd : fds) {
     peers_.push_back(std::make_unique<Peer>());
     peers_.back()->fd = fd;
+    if (fd >= 0) node_->add(fd);
   }
 }
 
 TcpCommunicator::~TcpCommunicator() {
   for (auto& p : peers_) {
-    if (p->fd >= 0) ::close(p->fd);
+    if (p->fd < 0) continue;
+    node_->remove(p->fd);
+    ::close(p->fd);
   }
 }
 
 void TcpCommunicator::fail(const std::string& why, const char* what) const {
-  throw std::runtime_error(std::string(what) + " on the " + name_ + " group (TCP): " + why);
+  const bool first = !node_->aborted.load();
+  node_->abort_all();
+  throw std::runtime_error("world rank " + std::to_string(node_->world_rank) + ": " + what + " on the " + name_ + " group (TCP): " +
+                           (first ? why : "given up: this rank already failed in another group"));
 }
 
 void TcpCommunicator::post(int peer, const void* data, size_t bytes) {
@@ -245,6 +285,7 @@ void TcpCommunicator::progress(const char* what, const std::function<bool()>& do
   std::vector<size_t> who;
   std::vector<char> buf(1 << 16);
   while (!done()) {
+    if (node_->aborted.load()) fail("", what);  // another group of this rank failed: its sockets are shut
     const int d = dead();
     if (d >= 0) {
       fail("its rank " + std::to_string(d) + " (world rank " + std::to_string(members_[static_cast<size_t>(d)]) + ") " +
@@ -292,6 +333,9 @@ void TcpCommunicator::progress(const char* what, const std::function<bool()>& do
         }
         if (p.in_off == p.in.size()) {
           p.in.clear();
+          p.in_off = 0;
+        } else if (p.in_off > p.in.size() / 2) {  // a peer streaming ahead: keep the buffer to what is unread
+          p.in.erase(0, p.in_off);
           p.in_off = 0;
         }
       }

@@ -68,7 +68,7 @@ fail_case stopped STOP "--distributed-timeout-seconds 5" 30 "waited more than 5 
 
 # 4. PyTorch's torchrun itself, where installed (its static rendezvous keeps MASTER_PORT for its agent store).
 if command -v torchrun >/dev/null && torchrun --help >/dev/null 2>&1; then
-  port=$((20000 + RANDOM % 20000))
+  port=$((20000 + RANDOM % 12000))
   # --redirects / --tee given explicitly: Debian's torch 1.13 under Python 3.11 fails on their defaults.
   torchrun --nnodes 1 --nproc_per_node 2 --master_port "$port" --log_dir "$tmp/tr-logs" --redirects 1 --tee 1 --no_python \
     "$B" "${M[@]}" --tensor-model-parallel-size 2 --log-dir "$tmp/tr" >"$tmp/tr.log" 2>&1; rc=$?

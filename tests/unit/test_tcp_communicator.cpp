@@ -20,7 +20,8 @@ namespace {
 std::atomic<int> g_next_port{0};
 
 int fresh_port() {
-  if (g_next_port.load() == 0) g_next_port = 21000 + static_cast<int>(::getpid() % 15000);
+  // Below the kernel's ephemeral range (32768 on): no outgoing connection holds it.
+  if (g_next_port.load() == 0) g_next_port = 21000 + static_cast<int>(::getpid() % 10000);
   return g_next_port.fetch_add(7);
 }
 
@@ -177,7 +178,8 @@ TEST_CASE("TCP world: a rank that leaves is named by the others, and a missing r
       throw std::logic_error("expected an error");
     } catch (const std::runtime_error& e) {
       // rank 2's closed socket, or the other survivor's once it gave up
-      RANK_CHECK(std::string(e.what()).find("all-reduce on the world group (TCP): its rank ") == 0);
+      RANK_CHECK(std::string(e.what()).find("world rank ") == 0);
+      RANK_CHECK(std::string(e.what()).find(": all-reduce on the world group (TCP): its rank ") != std::string::npos);
       RANK_CHECK(std::string(e.what()).find("it has probably failed") != std::string::npos);
     }
   });
@@ -189,20 +191,36 @@ TEST_CASE("TCP world: a rank that leaves is named by the others, and a missing r
   }
 }
 
-TEST_CASE("TCP world: a stalled collective times out naming the group") {
+TEST_CASE("TCP world: a stalled collective times out naming the group, and ends this rank's other waits") {
   run_ranks(
       2,
       [](TcpCommunicator& w) {
+        auto dup = w.split(0, w.rank(), "checkpoint", 0);  // no timeout of its own
         if (w.rank() == 1) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+          std::this_thread::sleep_for(std::chrono::milliseconds(6000));
           return;
         }
+        // A background wait on the group without timeout (a save) ends once the main thread's fails.
+        const auto t0 = std::chrono::steady_clock::now();
+        std::string bg_error;
+        double bg_seconds = 0;
+        std::thread bg([&] {
+          try {
+            dup->barrier();
+          } catch (const std::exception& e) {
+            bg_error = e.what();
+          }
+          bg_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        });
         try {
           w.barrier();
           throw std::logic_error("expected a timeout");
         } catch (const std::runtime_error& e) {
-          RANK_CHECK(std::string(e.what()).find("all-gather on the world group (TCP): waited more than 2 s") == 0);
+          RANK_CHECK(std::string(e.what()).find("world rank 0: all-gather on the world group (TCP): waited more than 2 s") == 0);
         }
+        bg.join();
+        RANK_CHECK(bg_error.find("on the checkpoint group (TCP): given up: this rank already failed in another group") != std::string::npos);
+        RANK_CHECK(bg_seconds < 5.5);
       },
       2);
 }
