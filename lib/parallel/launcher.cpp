@@ -1,5 +1,7 @@
-// launcher.cpp: environment-variable launcher detection. Open MPI first (mpirun inside a SLURM
-// allocation sets both), then SLURM's srun, then torchrun's variables.
+// launcher.cpp: environment-variable launcher detection. torchrun's workers first (TORCHELASTIC_RUN_ID
+// with RANK / WORLD_SIZE: `srun torchrun ...`, one torchrun per node, leaves SLURM's per-node variables in
+// the workers' environment), then Open MPI (mpirun inside a SLURM allocation sets both), then SLURM's srun,
+// then torchrun-style variables set by hand.
 #include "parallel/launcher.h"
 
 #include <algorithm>
@@ -45,13 +47,14 @@ LaunchInfo detect_launch(const EnvLookup& env) {
     auto v = env(name);
     return v ? to_int(name, *v) : dflt;
   };
-  if (env("OMPI_COMM_WORLD_SIZE")) {
+  const bool torchrun_worker = env("TORCHELASTIC_RUN_ID") && env("RANK") && env("WORLD_SIZE");
+  if (!torchrun_worker && env("OMPI_COMM_WORLD_SIZE")) {
     info.kind = LauncherKind::kOpenMpi;
     info.rank = get("OMPI_COMM_WORLD_RANK", 0);
     info.world_size = get("OMPI_COMM_WORLD_SIZE", 1);
     info.local_rank = get("OMPI_COMM_WORLD_LOCAL_RANK", 0);
     info.local_world_size = get("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
-  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+  } else if (!torchrun_worker && env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     info.kind = LauncherKind::kSlurm;
     info.rank = get("SLURM_PROCID", 0);
     info.world_size = get("SLURM_NTASKS", 1);
