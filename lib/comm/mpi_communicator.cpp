@@ -292,29 +292,19 @@ void mpi_abort_job(int code) {
 }
 
 ProcessGroups make_mpi_process_groups(const RankLayout& layout, int64_t r) {
-  auto split = [&](const RankGrid& grid, const std::string& dims, const std::string& name) -> std::shared_ptr<Communicator> {
-    const auto members = grid.group_of(r, dims);
-    MPI_Comm c;
-    check(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(members.front()), static_cast<int>(r), &c), "Comm_split");
-    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    return std::make_shared<MpiCommunicator>(c, name);
-  };
-  ProcessGroups g;
-  g.world = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, "world");
+  auto world = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, "world");
   MPI_Comm dup;
   check(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "Comm_dup");
-  g.checkpoint = std::make_shared<MpiCommunicator>(dup, "checkpoint", false);
-  g.tp = split(layout.dense(), "tp", "tensor-parallel");
-  g.dp = split(layout.dense(), "dp", "data-parallel");
-  g.pp = split(layout.dense(), "pp", "pipeline-parallel");
-  g.cp = split(layout.dense(), "cp", "context-parallel");
-  g.dp_cp = split(layout.dense(), "dp-cp", "data-parallel x context-parallel");
-  const RankGroups rg = layout.groups(r);
-  MPI_Comm e;
-  const int color = rg.embedding.empty() ? MPI_UNDEFINED : static_cast<int>(rg.embedding.front());
-  check(MPI_Comm_split(MPI_COMM_WORLD, color, static_cast<int>(r), &e), "Comm_split");
-  if (e != MPI_COMM_NULL) g.embedding = std::make_shared<MpiCommunicator>(e, "embedding");
-  else g.embedding = std::make_shared<SelfCommunicator>();
+  auto checkpoint = std::make_shared<MpiCommunicator>(dup, "checkpoint", false);
+  ProcessGroups g = split_layout_groups(layout, r, [](int color, int key, const std::string& name) -> std::shared_ptr<Communicator> {
+    MPI_Comm c;
+    check(MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, key, &c), "Comm_split");
+    if (c == MPI_COMM_NULL) return nullptr;
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    return std::make_shared<MpiCommunicator>(c, name);
+  });
+  g.world = world;
+  g.checkpoint = checkpoint;
   return g;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/process_groups.h"
 #include "parallel/rank_layout.h"
 
 namespace mt {

@@ -670,22 +670,10 @@ std::shared_ptr<TcpCommunicator> make_tcp_world(const LaunchInfo& launch, int po
 }
 
 ProcessGroups make_tcp_process_groups(const std::shared_ptr<TcpCommunicator>& world, const RankLayout& layout, int64_t r) {
-  auto split = [&](const RankGrid& grid, const std::string& dims, const std::string& name) -> std::shared_ptr<Communicator> {
-    const auto members = grid.group_of(r, dims);
-    return world->split(static_cast<int>(members.front()), static_cast<int>(r), name);
-  };
-  ProcessGroups g;
+  auto checkpoint = world->split(0, static_cast<int>(r), "checkpoint", 0);  // no timeout: a save's waits are long by nature
+  ProcessGroups g = split_layout_groups(layout, r, [&](int color, int key, const std::string& name) { return world->split(color, key, name); });
   g.world = world;
-  g.checkpoint = world->split(0, static_cast<int>(r), "checkpoint", 0);  // no timeout: a save's waits are long by nature
-  g.tp = split(layout.dense(), "tp", "tensor-parallel");
-  g.dp = split(layout.dense(), "dp", "data-parallel");
-  g.pp = split(layout.dense(), "pp", "pipeline-parallel");
-  g.cp = split(layout.dense(), "cp", "context-parallel");
-  g.dp_cp = split(layout.dense(), "dp-cp", "data-parallel x context-parallel");
-  const RankGroups rg = layout.groups(r);
-  auto e = world->split(rg.embedding.empty() ? -1 : static_cast<int>(rg.embedding.front()), static_cast<int>(r), "embedding");
-  if (e) g.embedding = e;
-  else g.embedding = std::make_shared<SelfCommunicator>();
+  g.checkpoint = checkpoint;
   return g;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/process_groups.h"
 #include "parallel/launcher.h"
 #include "parallel/rank_layout.h"
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "comm/mpi_communicator.h"
+#include "comm/process_groups.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/op_profiler.h"
 
@@ -348,23 +349,11 @@ std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int6
 }
 
 ProcessGroups make_nccl_process_groups(const std::shared_ptr<NcclCommunicator>& world, const RankLayout& layout, int64_t r) {
-  auto split = [&](const char* dims, const char* name) -> std::shared_ptr<Communicator> {
-    const auto members = layout.dense().group_of(r, dims);
-    return world->split(static_cast<int>(members.front()), static_cast<int>(r), name);
-  };
-  ProcessGroups g;
+  ProcessGroups g = split_layout_groups(layout, r, [&](int color, int key, const std::string& name) -> std::shared_ptr<Communicator> {
+    return world->split(color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, name);
+  });
   g.world = world;
-  g.tp = split("tp", "tensor-parallel");
-  g.dp = split("dp", "data-parallel");
-  g.pp = split("pp", "pipeline-parallel");
-  g.cp = split("cp", "context-parallel");
-  g.dp_cp = split("dp-cp", "data-parallel x context-parallel");
-  const RankGroups rg = layout.groups(r);
-  auto emb = world->split(rg.embedding.empty() ? NCCL_SPLIT_NOCOLOR : static_cast<int>(rg.embedding.front()), static_cast<int>(r),
-                          "embedding");
-  if (emb) g.embedding = emb;
-  else g.embedding = std::make_shared<SelfCommunicator>();  // not on the first or last stage: never used
-  g.checkpoint = nullptr;  // host data: the caller supplies an MPI (or self) communicator
+  g.checkpoint = nullptr;  // host data: the caller supplies an MPI or TCP communicator
   return g;
 }
 
