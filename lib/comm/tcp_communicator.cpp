@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
