@@ -11,6 +11,7 @@
 #include <deque>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
 #include "comm/tcp_connect.h"
 
@@ -65,7 +66,7 @@ void TcpCommunicator::progress(const char* what, const std::function<bool()>& do
   const auto start = Clock::now();
   std::vector<pollfd> pfds;
   std::vector<size_t> who;
-  std::vector<char> buf(1 << 16);
+  std::vector<char>& buf = recv_buf_;
   while (!done()) {
     if (node_->aborted.load()) fail("", what);  // another group of this rank failed: its sockets are shut
     const int d = dead();
@@ -192,23 +193,38 @@ std::vector<int64_t> even(int64_t n, int size) {
 
 }  // namespace
 
+void TcpCommunicator::exchange(const std::function<std::string_view(int)>& block, const std::function<void(int, std::string&&)>& got,
+                               const char* what) {
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank_) continue;
+    const std::string_view b = block(p);
+    post(p, b.data(), b.size());
+  }
+  for (int p = 0; p < size(); ++p) {
+    if (p != rank_) got(p, take(p, what));
+  }
+  flush(what);
+}
+
 // Member p reduces block p (send[offs[p], offs[p+1])) over all members in rank order: the same sums on
 // every rank. gather_after: out is the whole array and receives every block; else out is this rank's block.
 template <typename T>
 void TcpCommunicator::reduce_blocks(const T* send, T* out, const std::vector<int64_t>& offs, ReduceOp op, bool gather_after,
                                     const char* what) {
-  const int me = rank_, W = size();
-  for (int p = 0; p < W; ++p) {
-    if (p != me) post(p, send + offs[static_cast<size_t>(p)], static_cast<size_t>(offs[static_cast<size_t>(p) + 1] - offs[static_cast<size_t>(p)]) * sizeof(T));
-  }
-  const int64_t lo = offs[static_cast<size_t>(me)], n = offs[static_cast<size_t>(me) + 1] - lo;
-  std::vector<T> acc(static_cast<size_t>(n)), part(static_cast<size_t>(n));
-  for (int p = 0; p < W; ++p) {
-    const T* src = send + lo;
-    if (p != me) {
-      copy_frame(take(p, what), part.data(), n, what);
-      src = part.data();
-    }
+  const auto bytes = [&](const T* p, int64_t n) { return std::string_view(reinterpret_cast<const char*>(p), static_cast<size_t>(n) * sizeof(T)); };
+  const auto count = [&](int p) { return offs[static_cast<size_t>(p) + 1] - offs[static_cast<size_t>(p)]; };
+  const int me = rank_;
+  const int64_t lo = offs[static_cast<size_t>(me)], n = count(me);
+  std::vector<std::vector<T>> parts(static_cast<size_t>(size()));
+  exchange([&](int p) { return bytes(send + offs[static_cast<size_t>(p)], count(p)); },
+           [&](int p, std::string&& f) {
+             parts[static_cast<size_t>(p)].resize(static_cast<size_t>(n));
+             copy_frame(f, parts[static_cast<size_t>(p)].data(), n, what);
+           },
+           what);
+  std::vector<T> acc(static_cast<size_t>(n));
+  for (int p = 0; p < size(); ++p) {
+    const T* src = p == me ? send + lo : parts[static_cast<size_t>(p)].data();
     for (int64_t i = 0; i < n; ++i) {
       const size_t k = static_cast<size_t>(i);
       if (p == 0) acc[k] = src[i];
@@ -216,21 +232,12 @@ void TcpCommunicator::reduce_blocks(const T* send, T* out, const std::vector<int
     }
   }
   if (op == ReduceOp::kAvg) {
-    for (auto& v : acc) v /= static_cast<T>(W);
+    for (auto& v : acc) v /= static_cast<T>(size());
   }
-  if (!gather_after) {
-    if (n > 0) std::memcpy(out, acc.data(), static_cast<size_t>(n) * sizeof(T));
-    flush(what);
-    return;
-  }
-  for (int p = 0; p < W; ++p) {
-    if (p != me) post(p, acc.data(), static_cast<size_t>(n) * sizeof(T));
-  }
-  if (n > 0) std::memcpy(out + lo, acc.data(), static_cast<size_t>(n) * sizeof(T));
-  for (int p = 0; p < W; ++p) {
-    if (p != me) copy_frame(take(p, what), out + offs[static_cast<size_t>(p)], offs[static_cast<size_t>(p) + 1] - offs[static_cast<size_t>(p)], what);
-  }
-  flush(what);
+  if (n > 0) std::memcpy(gather_after ? out + lo : out, acc.data(), static_cast<size_t>(n) * sizeof(T));
+  if (!gather_after) return;
+  exchange([&](int) { return bytes(acc.data(), n); },
+           [&](int p, std::string&& f) { copy_frame(f, out + offs[static_cast<size_t>(p)], count(p), what); }, what);
 }
 
 void TcpCommunicator::all_reduce(float* data, int64_t n, ReduceOp op) {
@@ -270,26 +277,19 @@ std::unique_ptr<CommRequest> TcpCommunicator::all_gather_v_async(const float* mi
   if (counts.size() != static_cast<size_t>(size())) throw std::logic_error("all_gather_v: one count per rank expected");
   const auto offs = offsets(counts);
   const size_t me = static_cast<size_t>(rank_);
-  for (int p = 0; p < size(); ++p) {
-    if (p != rank_) post(p, mine, static_cast<size_t>(counts[me]) * sizeof(float));
-  }
-  if (full + offs[me] != mine && counts[me] > 0) std::memmove(full + offs[me], mine, static_cast<size_t>(counts[me]) * sizeof(float));
-  for (int p = 0; p < size(); ++p) {
-    if (p != rank_) copy_frame(take(p, "all-gather"), full + offs[static_cast<size_t>(p)], counts[static_cast<size_t>(p)], "all-gather");
-  }
-  flush("all-gather");
+  const std::string_view block(reinterpret_cast<const char*>(mine), static_cast<size_t>(counts[me]) * sizeof(float));
+  exchange([&](int) { return block; },
+           [&](int p, std::string&& f) { copy_frame(f, full + offs[static_cast<size_t>(p)], counts[static_cast<size_t>(p)], "all-gather"); },
+           "all-gather");  // posts copy `mine` before any block lands
+  if (full + offs[me] != mine && counts[me] > 0) std::memmove(full + offs[me], mine, block.size());
   return std::make_unique<DoneRequest>();
 }
 
 void TcpCommunicator::all_to_all(const float* send, float* recv, int64_t n) {
-  for (int p = 0; p < size(); ++p) {
-    if (p != rank_) post(p, send + p * n, static_cast<size_t>(n) * sizeof(float));
-  }
-  if (send != recv && n > 0) std::memmove(recv + rank_ * n, send + rank_ * n, static_cast<size_t>(n) * sizeof(float));
-  for (int p = 0; p < size(); ++p) {
-    if (p != rank_) copy_frame(take(p, "all-to-all"), recv + p * n, n, "all-to-all");
-  }
-  flush("all-to-all");
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  if (send != recv && n > 0) std::memmove(recv + rank_ * n, send + rank_ * n, bytes);
+  exchange([&](int p) { return std::string_view(reinterpret_cast<const char*>(send + p * n), bytes); },
+           [&](int p, std::string&& f) { copy_frame(f, recv + p * n, n, "all-to-all"); }, "all-to-all");
 }
 
 void TcpCommunicator::send(const float* data, int64_t n, int peer) {
@@ -315,14 +315,9 @@ void TcpCommunicator::barrier() { all_gather_strings(""); }
 
 std::vector<std::string> TcpCommunicator::all_gather_strings(const std::string& mine) {
   std::vector<std::string> all(static_cast<size_t>(size()));
-  for (int p = 0; p < size(); ++p) {
-    if (p != rank_) post(p, mine.data(), mine.size());
-  }
   all[static_cast<size_t>(rank_)] = mine;
-  for (int p = 0; p < size(); ++p) {
-    if (p != rank_) all[static_cast<size_t>(p)] = take(p, "all-gather");
-  }
-  flush("all-gather");
+  exchange([&](int) { return std::string_view(mine); }, [&](int p, std::string&& f) { all[static_cast<size_t>(p)] = std::move(f); },
+           "all-gather");
   return all;
 }
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -55,6 +56,8 @@ class TcpCommunicator final : public Communicator {
  private:
   template <typename T>
   void reduce_blocks(const T* send, T* out, const std::vector<int64_t>& offs, ReduceOp op, bool gather_after, const char* what);
+  // Sends block(p) to every other member p, then hands each one's block to got(p, bytes), in rank order.
+  void exchange(const std::function<std::string_view(int)>& block, const std::function<void(int, std::string&&)>& got, const char* what);
   void post(int peer, const void* data, size_t bytes);
   std::string take(int peer, const char* what);
   void flush(const char* what);
@@ -67,6 +70,7 @@ class TcpCommunicator final : public Communicator {
   std::vector<int64_t> members_;
   int rank_ = 0;
   std::vector<std::unique_ptr<Peer>> peers_;
+  std::vector<char> recv_buf_ = std::vector<char>(1 << 16);  // progress()'s receive buffer
   int64_t timeout_s_ = 0;  // 0: wait as long as it takes (a dead peer still ends the wait)
   int64_t splits_ = 0;     // how many groups were split from this one (part of their uid)
 };

@@ -226,6 +226,81 @@ int rendezvous_port(const LaunchInfo& launch, const EnvLookup& env) {
   return env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True" ? launch.master_port + 1 : launch.master_port;
 }
 
+namespace {
+
+// Closes the sockets it holds when it goes.
+struct FdSet {
+  std::vector<int> fds;
+  ~FdSet() {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+};
+
+const char* const kFix = " (MASTER_ADDR / MASTER_PORT; MEGATRAIN_RENDEZVOUS_PORT picks another port)";
+
+// Rank 0: every other rank reports its listening port at the rendezvous; the table goes back to all.
+void serve_table(TcpNode& node, int port, TcpClock::time_point deadline, const std::string& where) {
+  const size_t W = node.ports.size();
+  FdSet open;
+  open.fds.push_back(listen_on(port, nullptr));
+  if (open.fds[0] < 0) throw std::runtime_error("rank 0 cannot listen at " + where + ": " + std::strerror(errno) + kFix);
+  std::vector<int> conns;
+  while (conns.size() + 1 < W) {
+    pollfd pfd{open.fds[0], POLLIN, 0};
+    const int r = ::poll(&pfd, 1, static_cast<int>(ms_left(deadline)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      throw std::runtime_error("only " + std::to_string(conns.size()) + " of " + std::to_string(W - 1) + " ranks reached " + where + " in " +
+                               std::to_string(node.setup_timeout_s) + " s" + kFix);
+    }
+    const int c = ::accept(open.fds[0], nullptr, nullptr);
+    if (c < 0) continue;
+    open.fds.push_back(c);
+    std::string hello;
+    long long r_peer = -1, p_peer = 0;
+    char magic[32] = {0};
+    if (!recv_str(c, hello, deadline, 4096) || std::sscanf(hello.c_str(), "%31s %lld %lld", magic, &r_peer, &p_peer) != 3 ||
+        std::string(magic) != kMagic || r_peer <= 0 || r_peer >= static_cast<long long>(W) || node.ports[static_cast<size_t>(r_peer)] != 0) {
+      continue;  // a stray client, or a rank twice (closed with the rest)
+    }
+    node.hosts[static_cast<size_t>(r_peer)] = peer_ip(c);
+    node.ports[static_cast<size_t>(r_peer)] = static_cast<int>(p_peer);
+    conns.push_back(c);
+  }
+  std::string table = std::string(kMagic) + "\n";
+  for (size_t r = 0; r < W; ++r) table += node.hosts[r] + " " + std::to_string(node.ports[r]) + "\n";
+  for (int c : conns) send_str(c, table);
+}
+
+// Ranks 1..: report this rank's listening port at the rendezvous and read the table.
+void join_table(TcpNode& node, const LaunchInfo& launch, int port, int my_port, TcpClock::time_point deadline, const std::string& where) {
+  FdSet open;
+  open.fds.push_back(connect_to(launch.master_addr, port, deadline));
+  if (open.fds[0] < 0) {
+    throw std::runtime_error("rank " + std::to_string(launch.rank) + " could not reach " + where + " in " + std::to_string(node.setup_timeout_s) +
+                             " s: is rank 0 running?" + kFix);
+  }
+  std::string got;
+  bool ok = true;
+  try {
+    send_str(open.fds[0], std::string(kMagic) + " " + std::to_string(launch.rank) + " " + std::to_string(my_port));
+    ok = recv_str(open.fds[0], got, deadline);
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  if (!ok || got.rfind(std::string(kMagic) + "\n", 0) != 0) {
+    throw std::runtime_error(where + " did not answer as megatrain's rank 0 (another service on that port, such as torchrun's agent store, "
+                             "or rank 0 failed)" + kFix);
+  }
+  std::istringstream in(got.substr(std::strlen(kMagic) + 1));
+  for (size_t r = 0; r < node.ports.size(); ++r) in >> node.hosts[r] >> node.ports[r];
+  if (!in) throw std::runtime_error(where + " sent a malformed address table (mixed megatrain versions?)");
+}
+
+}  // namespace
+
 std::shared_ptr<TcpCommunicator> make_tcp_world(const LaunchInfo& launch, int port, int64_t timeout_seconds, int64_t op_timeout_seconds) {
   // A group holds a socket per other member: let this process have as many descriptors as it may.
   rlimit lim{};
@@ -238,74 +313,18 @@ std::shared_ptr<TcpCommunicator> make_tcp_world(const LaunchInfo& launch, int po
   node->setup_timeout_s = std::max<int64_t>(timeout_seconds, 1);
   const auto deadline = Clock::now() + std::chrono::seconds(node->setup_timeout_s);
   const std::string where = "the rendezvous at " + launch.master_addr + ":" + std::to_string(port);
-  const std::string fix = " (MASTER_ADDR / MASTER_PORT; MEGATRAIN_RENDEZVOUS_PORT picks another port)";
   int my_port = 0;
   node->listen_fd = listen_on(0, &my_port);
   if (node->listen_fd < 0) throw std::runtime_error(std::string("cannot listen on a TCP port: ") + std::strerror(errno));
   const size_t W = static_cast<size_t>(launch.world_size);
   node->hosts.assign(W, "");
   node->ports.assign(W, 0);
-  std::string table;
   if (launch.rank == 0) {
     node->hosts[0] = launch.master_addr;
     node->ports[0] = my_port;
-    const int srv = W > 1 ? listen_on(port, nullptr) : -2;
-    if (srv == -1) throw std::runtime_error("rank 0 cannot listen at " + where + ": " + std::strerror(errno) + fix);
-    std::vector<int> conns;
-    try {
-      while (conns.size() + 1 < W) {
-        pollfd pfd{srv, POLLIN, 0};
-        const int r = ::poll(&pfd, 1, static_cast<int>(ms_left(deadline)));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-          throw std::runtime_error("only " + std::to_string(conns.size()) + " of " + std::to_string(W - 1) + " ranks reached " + where +
-                                   " in " + std::to_string(node->setup_timeout_s) + " s" + fix);
-        }
-        const int c = ::accept(srv, nullptr, nullptr);
-        if (c < 0) continue;
-        std::string hello;
-        long long r_peer = -1, p_peer = 0;
-        char magic[32] = {0};
-        if (!recv_str(c, hello, deadline, 4096) || std::sscanf(hello.c_str(), "%31s %lld %lld", magic, &r_peer, &p_peer) != 3 ||
-            std::string(magic) != kMagic || r_peer <= 0 || r_peer >= static_cast<long long>(W) || node->ports[static_cast<size_t>(r_peer)] != 0) {
-          ::close(c);  // a stray client, or a rank twice
-          continue;
-        }
-        node->hosts[static_cast<size_t>(r_peer)] = peer_ip(c);
-        node->ports[static_cast<size_t>(r_peer)] = static_cast<int>(p_peer);
-        conns.push_back(c);
-      }
-      for (size_t r = 0; r < W; ++r) table += node->hosts[r] + " " + std::to_string(node->ports[r]) + "\n";
-      for (int c : conns) send_str(c, std::string(kMagic) + "\n" + table);
-    } catch (...) {
-      for (int c : conns) ::close(c);
-      if (srv >= 0) ::close(srv);
-      throw;
-    }
-    for (int c : conns) ::close(c);
-    if (srv >= 0) ::close(srv);
+    if (W > 1) serve_table(*node, port, deadline, where);
   } else {
-    const int fd = connect_to(launch.master_addr, port, deadline);
-    if (fd < 0) {
-      throw std::runtime_error("rank " + std::to_string(launch.rank) + " could not reach " + where + " in " + std::to_string(node->setup_timeout_s) +
-                               " s: is rank 0 running?" + fix);
-    }
-    std::string got;
-    bool ok = true;
-    try {
-      send_str(fd, std::string(kMagic) + " " + std::to_string(launch.rank) + " " + std::to_string(my_port));
-      ok = recv_str(fd, got, deadline);
-    } catch (const std::exception&) {
-      ok = false;
-    }
-    ::close(fd);
-    if (!ok || got.rfind(std::string(kMagic) + "\n", 0) != 0) {
-      throw std::runtime_error(where + " did not answer as megatrain's rank 0 (another service on that port, such as torchrun's agent store, "
-                               "or rank 0 failed)" + fix);
-    }
-    std::istringstream in(got.substr(std::strlen(kMagic) + 1));
-    for (size_t r = 0; r < W; ++r) in >> node->hosts[r] >> node->ports[r];
-    if (!in) throw std::runtime_error(where + " sent a malformed address table (mixed megatrain versions?)");
+    join_table(*node, launch, port, my_port, deadline, where);
   }
   std::vector<int64_t> members(W);
   for (size_t r = 0; r < W; ++r) members[r] = static_cast<int64_t>(r);
