@@ -337,8 +337,7 @@ std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int6
   } else {
     throw std::logic_error("make_nccl_world: without MPI the unique id needs the world's TCP communicator");
   }
-  if (blob.size() != sizeof(id)) throw std::runtime_error("NCCL unique id of the wrong size from the rendezvous");
-  std::memcpy(&id, blob.data(), sizeof(id));
+  std::memcpy(&id, blob.data(), sizeof(id));  // both broadcasts deliver exactly sizeof(id) bytes
   ncclComm_t comm = nullptr;
   // NCCL's zero-CTA policy (unless NCCL_CTA_POLICY says otherwise): gathers on symmetric windows go to the
   // copy engines, leaving every SM to the GEMMs they overlap; the groups split from this one inherit it.
