@@ -8,7 +8,7 @@
 #include <string>
 
 #include "config/config.h"
-#include "model/gpt_model.h"
+#include "model/model_dims.h"
 
 namespace mt {
 

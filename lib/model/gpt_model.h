@@ -1,56 +1,38 @@
-// gpt_model.h: the GPT / LLaMA decoder for one rank's shard: embedding, transformer layers, final
-// norm, output layer and loss, with explicit forward and backward (no autograd tape). Each layer is
-// written for its TP shard and calls the TP communicator (a no-op at TP 1).
+// gpt_model.h: one pipeline stage of the GPT / LLaMA decoder on the CPU reference engine, for one rank's TP
+// shard: the layers [first, end) of the shared layout (model/layout.h), the embedding on the first stage, the
+// final norm, output layer and loss on the last; a stage holding every layer is the whole model. Explicit
+// forward and backward per unit (model/cpu/units.h), no autograd tape; each microbatch's activations are
+// stashed under its id, so several can be in flight, and the weight-gradient GEMMs can run apart from the
+// input-gradient ones (backward_weights).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "model/layout.h"
+#include "model/model_dims.h"
 #include "model/params.h"
 
 namespace mt {
 
-// The dropout mask key of one sample at one site, for a training step: site 0 the embedding output (layer
-// -1), 1 the attention probabilities (sample 0: one key per layer), 2 the attention block's output, 3 the
-// MLP's output. Element i of the sample's [S, h] tokens is dropped when philox_uniform(key, i) < p. Both
-// engines draw the same masks from it.
-uint64_t dropout_key(uint64_t seed, int64_t step, int64_t sample, int64_t layer, int site);
-enum DropoutSite : int { kDropEmbedding = 0, kDropAttnProbs = 1, kDropAttnOut = 2, kDropMlpOut = 3 };
-
-struct Microbatch {
-  int64_t B = 0, S = 0;
-  std::vector<int32_t> tokens, labels, positions;  // [B*S]
-  std::vector<float> loss_mask;                    // [B*S]
-  std::vector<int32_t> row_start;                  // [B*S] with --reset-attention-mask, else empty
-  int64_t first_sample = 0;                        // global index of the first sample (dropout keys)
-};
-
-struct ModelDims {
-  int64_t L, h, nh, ng, d, F, V, S, max_pos;
-  int64_t tp, tp_rank, nh_local, ng_local, F_local, V_local;
-  // --num-query-groups below TP: each group's K/V (and its whole QKV block) is replicated on kv_rep TP
-  // ranks, each computing its nh_local query heads of it. qh_local: query heads in the local QKV rows.
-  int64_t kv_rep, qh_local;
-  bool rms, swiglu, bias, rope, learned_pos, tied, sequence_parallel;
-  bool qk_norm;  // --qk-layernorm: the configured norm over each query and key head (width d), before RoPE
-  float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
-  int64_t rot_dim;
-};
-
-ModelDims model_dims(const Config& cfg, int64_t tp_rank, int64_t tp_size);
-
 class GPTModel {
  public:
+  using Activations = std::vector<float>;  // this rank's residual-stream tokens of a microbatch, [Tl, h]
+
+  // The stage of pipeline rank groups.pp->rank() (every layer at PP 1).
   GPTModel(const Config& cfg, ProcessGroups groups);
   ~GPTModel();
 
   ParamStore& params() { return params_; }
   const ModelDims& dims() const { return dims_; }
+  const ModelLayout& layout() const { return layout_; }
 
+  // The whole model (first and last stage at once), one microbatch (id 0) at a time.
   // Forward and loss (mean over unmasked tokens); keeps what backward needs. `step` keys dropout.
   float forward(const Microbatch& mb, int64_t step, bool training = true);
   // Backward of the last forward: gradients of (loss * scale) accumulate into params().grads().
@@ -58,37 +40,41 @@ class GPTModel {
   // (sequence-parallel partial sums over TP) and the grads-ready hook run; earlier microbatches only
   // accumulate (the partial sums add up, one reduction at the end is exact).
   void backward(float scale, bool last_microbatch = true);
+
+  // The stage, microbatch by id. forward_stage: `input` is the previous stage's output (ignored on the first
+  // stage); returns the loss on the last stage (0 elsewhere, where `output` receives the activations). A
+  // forward of an id already stashed replaces it (evaluation runs forwards only).
+  float forward_stage(int64_t id, const Microbatch& mb, int64_t step, bool training, Activations input, Activations* output);
+  // backward_stage: `output_grad` is the next stage's input gradient (ignored on the last stage, where the
+  // loss gradient is `scale`); `input_grad` (not on the first stage) receives this stage's. With
+  // defer_weight_grads the weight-gradient GEMMs, and everything that must follow them, wait for
+  // backward_weights(id); else the stash is released here.
+  void backward_stage(int64_t id, float scale, bool last_microbatch, Activations output_grad, Activations* input_grad,
+                      bool defer_weight_grads = false);
+  void backward_weights(int64_t id);
+  // Microbatches forwarded whose backward (or deferred weight gradients) has not run yet.
+  size_t in_flight() const { return stash_.size(); }
+
   // Called during backward whenever the gradients of every parameter at flat offset >= `lowest` are
   // final for this backward (data parallel launches its bucket reductions from here).
   void set_grads_ready_hook(std::function<void(int64_t lowest)> hook) { grads_ready_ = std::move(hook); }
 
  private:
-  struct Layer;
+  struct Units;
   struct Record;
   ModelDims dims_;
   ProcessGroups groups_;
   uint64_t seed_;
   ParamStore params_;
-  size_t wte_ = 0, wpe_ = 0, final_w_ = 0, final_b_ = 0, out_w_ = 0;
-  bool has_final_b_ = false;
-  std::vector<Layer> layers_;
-  std::unique_ptr<Record> rec_;
+  ModelLayout layout_;
+  std::unique_ptr<Units> units_;
+  std::map<int64_t, std::unique_ptr<Record>> stash_;
+  std::vector<std::unique_ptr<Record>> spare_;  // released records, their buffers kept for the next microbatch
   std::function<void(int64_t)> grads_ready_;
-  // Sequence parallelism: local tokens are [t0, t0 + Tl) of the microbatch's B*S.
-  void gather_tokens(const float* local, float* full, int64_t Tl) const;
-  void reduce_tokens(float* full_partial, float* local, int64_t Tl) const;
-  void dropout_tokens(float* x, int64_t t0, int64_t n, int64_t layer, int site, bool backward) const;
-  void all_reduce_replicated_grads(size_t first, size_t last) const;
-  // The configured norm (RMSNorm or LayerNorm) with weight w and bias b (bias unused for RMSNorm).
-  void norm_forward(float* out, float* mean, float* rstd, const float* x, size_t w, size_t b, int64_t n);
-  void norm_backward(float* dx, const float* dout, const float* x, const float* mean, const float* rstd, size_t w, size_t b,
-                     int64_t n);
-  // --qk-layernorm: the same norm over n rows of one attention head (width d); mean / rstd sized here.
-  using Buf = std::vector<float>;
-  void head_norm_forward(float* out, Buf& mean, Buf& rstd, const float* x, size_t w, size_t b, int64_t n);
-  void head_norm_backward(float* dx, const float* dout, const float* x, const Buf& mean, const Buf& rstd, size_t w, size_t b, int64_t n);
-  bool finishing_ = true;  // the running backward is the iteration's last
   std::shared_ptr<Communicator> kv_group_;  // the TP ranks sharing this rank's K/V (kv_rep > 1)
+  std::unique_ptr<Record> take_record();
+  void release(int64_t id);
+  void layer_finished(Record& r, size_t layer) const;  // reductions and the hook after a layer's backward
 };
 
 }  // namespace mt

@@ -13,6 +13,10 @@ namespace mt {
 
 enum class InitKind { kNormal, kZeros, kOnes };
 
+// Which reduction a parameter's gradient takes after the backward: dense parameters over the data-parallel
+// group; expert parameters (MoE) over the expert-data-parallel group.
+enum class GradGroup { kDense, kExpert };
+
 struct ParamInfo {
   std::string name;                   // global name, e.g. "layers.3.mlp.fc2.weight"
   std::vector<int64_t> global_shape;  // shape of the whole parameter
@@ -22,11 +26,19 @@ struct ParamInfo {
   // > 0: this rank holds a copy of the shard another TP rank also holds (the K/V replication of
   // --num-query-groups below TP): it is neither written to checkpoints nor counted in norms here.
   int64_t replica = 0;
+  GradGroup grad_group = GradGroup::kDense;
+  // The last pipeline stage's copy of the tied word embeddings (the output layer when the embedding sits on
+  // the first stage): same name and values as the embedding, its gradient summed with it over the embedding
+  // group; not written to checkpoints.
+  bool tied_copy = false;
   InitKind init = InitKind::kNormal;
   float init_std = 0.02f;
   bool weight_decay = true;           // Megatron: no decay on biases and norm weights
   int64_t offset = 0;                 // element offset in the flat buffers
   int64_t numel = 0;
+  // Every TP rank holds the whole parameter (norms, row-parallel biases, positions): under sequence
+  // parallelism its gradient is a partial sum over the rank's tokens.
+  bool tp_replicated() const { return shard_dim < 0; }
 };
 
 class ParamStore {

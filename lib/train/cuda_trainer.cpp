@@ -24,7 +24,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/optimizer_step.h"
 #include "model/cuda/gpt_cuda.h"
-#include "model/gpt_model.h"
+#include "model/layout.h"
 #include "optim/batch_schedule.h"
 #include "optim/data_parallel.h"
 #include "optim/loss_scaler.h"
@@ -76,11 +76,12 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   const std::string gpu_name = gpus.empty() ? std::string("GPU") : gpus.front().name;
   const double peak = peak_tflops(gpu_name);
 
-  // The host model supplies the parameter layout and the initial values (the same as the CPU engine's);
-  // with checkpoints it stays as the host side of save / load, otherwise it is dropped after upload.
+  // The host parameters: the layout both engines build, with the initial values (the same as the CPU engine's);
+  // with checkpoints they stay as the host side of save / load, otherwise they are dropped after upload.
   const auto& ck = cfg.checkpoint;
-  auto host = std::make_unique<GPTModel>(cfg, groups);
-  host->params().release_grads();  // the gradients live on the device
+  auto host = std::make_unique<ParamStore>();
+  const ModelLayout where = build_model_layout(cfg, {groups.tp->rank(), groups.tp->size(), groups.pp->rank(), groups.pp->size()}, *host);
+  host->release_grads();  // the gradients live on the device
   const int64_t dp = groups.dp_cp->size(), dp_rank = groups.dp_cp->rank();
   // The distributed optimizer (ZeRO-1): this DP rank keeps the master weights and Adam moments of its
   // blocks of the CPU engine's gradient buckets only (the same split, so checkpoints and the host optimizer
@@ -88,22 +89,22 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   const bool dist_opt = cfg.training.use_distributed_optimizer && dp > 1;
   const bool overlap_gather = dist_opt && cfg.training.overlap_param_gather;
   std::unique_ptr<DataParallel> shard_layout;
-  FlatRanges owned{{0, host->params().numel()}};
+  FlatRanges owned{{0, host->numel()}};
   if (dist_opt) {
-    shard_layout = std::make_unique<DataParallel>(cfg, host->params(), groups.dp_cp);
+    shard_layout = std::make_unique<DataParallel>(cfg, *host, groups.dp_cp);
     owned = shard_layout->owned_ranges();
   }
-  const std::vector<Optimizer::Segment> segments = Optimizer::make_segments(host->params(), owned);
+  const std::vector<Optimizer::Segment> segments = Optimizer::make_segments(*host, owned);
   const int64_t n_state = segments.empty() ? 0 : segments.back().state + (segments.back().end - segments.back().begin);
   // The host optimizer (fp32 master weights, Adam moments) exists only to load or save checkpoints.
   std::unique_ptr<Optimizer> host_opt;
-  if (ck.load || ck.save) host_opt = std::make_unique<Optimizer>(cfg, host->params(), groups, owned, dist_opt);
+  if (ck.load || ck.save) host_opt = std::make_unique<Optimizer>(cfg, *host, groups, owned, dist_opt);
   LossScaler scaler(cfg);
   TrainState state;
   bool loaded = false;
   if (ck.load && (ck.ckpt_step || latest_checkpoint(*ck.load))) {
     const LoadOptions lo = load_options(cfg);
-    state = load_checkpoint(*ck.load, lo, host->params(), *host_opt, scaler);
+    state = load_checkpoint(*ck.load, lo, *host, *host_opt, scaler);
     loaded = lo.load_optimizer;
     if (lead) {
       std::cout << "megatrain: loaded " << checkpoint_path(*ck.load, ck.ckpt_step.value_or(*latest_checkpoint(*ck.load)))
@@ -112,7 +113,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   } else if (ck.load && lead) {
     std::cout << "megatrain: no checkpoint in " << *ck.load << " yet: starting from scratch\n";
   }
-  const ParamStore& layout = host->params();
+  const ParamStore& layout = *host;
   const int64_t P = layout.numel();
   // Without the distributed optimizer one rank owns every range: the state is laid out like the parameters.
   for (const auto& sg : segments) {
@@ -144,7 +145,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
   // Master weights: the model's full buffer, or this rank's shard of them (distributed optimizer), filled
   // from the host optimizer's copy when there is one (loaded, or initialised from the parameters) and else
   // from the layout's parameters, still the unrounded initial values.
-  CudaGPT model(cfg, layout, stream, tp_coll, /*keep_master=*/!dist_opt, dp_coll);
+  CudaGPT model(cfg, layout, where, stream, tp_coll, /*keep_master=*/!dist_opt, dp_coll);
   float* master = dist_opt ? device_zeros<float>(static_cast<size_t>(n_state)) : model.master();
   const size_t state_bytes = static_cast<size_t>(n_state) * 4;
   if (host_opt && host_opt->master()) {
@@ -414,7 +415,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
       // after the step: they are the parameters to write.
       std::vector<uint16_t> w16(static_cast<size_t>(P));
       MT_CUDA_CHECK(cudaMemcpy(w16.data(), model.working(), static_cast<size_t>(P) * 2, cudaMemcpyDeviceToHost));
-      float* hp = host->params().params().f32();
+      float* hp = host->params().f32();
       if (cfg.precision.fp16) {
         for (int64_t i = 0; i < P; ++i) hp[i] = fp16_to_float(w16[static_cast<size_t>(i)]);
       } else {
@@ -432,7 +433,7 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
     who.world_size = groups.world->size();
     who.writes_params = dp_rank == 0;
     who.writes_optimizer = dp_rank == 0 || dist_opt;
-    saver->save(take_snapshot(cfg, host->params(), *host_opt, state, who, !ck.no_save_optim));
+    saver->save(take_snapshot(cfg, *host, *host_opt, state, who, !ck.no_save_optim));
     if (lead) std::cout << "megatrain: " << (ck.async_save ? "saving" : "saved") << " checkpoint at iteration " << it << " to " << *ck.save << "\n" << std::flush;
   };
 

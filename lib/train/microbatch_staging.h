@@ -12,7 +12,7 @@
 
 #include "kernels/cuda/embedding.h"
 #include "model/cuda/gpt_cuda.h"
-#include "model/gpt_model.h"
+#include "model/model_dims.h"
 
 namespace mt {
 

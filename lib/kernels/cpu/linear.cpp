@@ -58,6 +58,14 @@ void linear_forward(float* y, const float* x, const float* w, const float* b, in
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w, int64_t N,
                      int64_t in, int64_t out, bool accumulate_dx) {
   if (dx) gemm(false, false, N, in, out, 1.0f, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx, in);
+  linear_backward_weight(dw, db, dy, x, N, in, out);
+}
+
+void linear_backward_input(float* dx, const float* dy, const float* w, int64_t N, int64_t in, int64_t out) {
+  gemm(false, false, N, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+}
+
+void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int64_t N, int64_t in, int64_t out) {
   gemm(true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in);
   if (db) {
     for (int64_t n = 0; n < N; ++n) {

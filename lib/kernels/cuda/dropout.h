@@ -1,4 +1,4 @@
-// dropout.h (CUDA): hidden dropout with the CPU engine's masks (kernels/cpu/dropout.h, model/gpt_model.h's
+// dropout.h (CUDA): hidden dropout with the CPU engine's masks (kernels/cpu/dropout.h, model/model_dims.h's
 // dropout_key): element i of sample b's [S, h] tokens at a site is kept when philox_uniform(key, i) >= p,
 // kept values scaled by 1 / (1 - p). The mask is a pure function of the key and the element, so the
 // backward (and a recompute) regenerates it instead of storing it.

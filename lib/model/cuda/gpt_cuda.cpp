@@ -78,21 +78,8 @@ void* CudaGPT::alloc(size_t bytes) {
   return p;
 }
 
-namespace {
-
-int64_t offset_of(const ParamStore& ps, const std::string& name) { return ps.info(ps.index_of(name)).offset; }
-// One past the parameter at flat offset `off` (none: -1 gives 0).
-int64_t end_of(const ParamStore& ps, int64_t off) {
-  for (const auto& p : ps.infos()) {
-    if (p.offset == off) return off + p.numel;
-  }
-  return 0;
-}
-
-}  // namespace
-
-CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp, bool keep_master,
-                 StreamCollectives* dp)
+CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout& where, cudaStream_t stream, StreamCollectives* tp,
+                 bool keep_master, StreamCollectives* dp)
     : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1)),
       stream_(stream),
       dt_(cfg.precision.fp16 ? cuda::F16::kFP16 : cuda::F16::kBF16),
@@ -140,59 +127,47 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t strea
   cuda::cast_to_bf16(w16_, up, numel_, stream_, dt_);
   MT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(numel_) * 4, stream_));
 
-  wte_ = offset_of(layout, "embedding.word_embeddings.weight");
-  if (D.learned_pos) wpe_ = offset_of(layout, "embedding.position_embeddings.weight");
-  lnf_w_ = offset_of(layout, "final_norm.weight");
-  if (!D.rms) lnf_b_ = offset_of(layout, "final_norm.bias");
-  out_w_ = D.tied ? wte_ : offset_of(layout, "output_layer.weight");
+  if (!where.pre_process || !where.post_process || static_cast<int64_t>(where.layers.size()) != D.L) {
+    throw std::logic_error("CudaGPT: the CUDA engine runs the whole model on one stage");
+  }
+  // Flat offsets of the layout's parameters (-1: the model has none).
+  auto offset = [&](size_t i) { return i == kNoParam ? int64_t{-1} : layout.info(i).offset; };
+  wte_ = offset(where.word_embeddings);
+  wpe_ = offset(where.position_embeddings);
+  lnf_w_ = offset(where.final_norm_w);
+  lnf_b_ = offset(where.final_norm_b);
+  out_w_ = offset(where.output_w);
   layers_.resize(static_cast<size_t>(D.L));
   layer_replicated_.resize(static_cast<size_t>(D.L));
-  auto replicated = [&](std::vector<std::pair<int64_t, int64_t>>& out, int64_t off) {
-    if (off < 0) return;
-    for (const auto& p : layout.infos()) {
-      if (p.offset == off && p.shard_dim < 0) out.emplace_back(off, p.numel);
-    }
-  };
   for (int64_t l = 0; l < D.L; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
+    const LayerParams& ly = where.layers[static_cast<size_t>(l)];
     LayerW& lw = layers_[static_cast<size_t>(l)];
-    lw.ln1_w = offset_of(layout, p + "input_norm.weight");
-    lw.ln2_w = offset_of(layout, p + "mlp_norm.weight");
-    if (!D.rms) {
-      lw.ln1_b = offset_of(layout, p + "input_norm.bias");
-      lw.ln2_b = offset_of(layout, p + "mlp_norm.bias");
+    lw.ln1_w = offset(ly.input_norm_w);
+    lw.ln1_b = offset(ly.input_norm_b);
+    lw.ln2_w = offset(ly.mlp_norm_w);
+    lw.ln2_b = offset(ly.mlp_norm_b);
+    lw.qkv_w = offset(ly.qkv_w);
+    lw.qkv_b = offset(ly.qkv_b);
+    lw.proj_w = offset(ly.proj_w);
+    lw.proj_b = offset(ly.proj_b);
+    lw.fc1_w = offset(ly.fc1_w);
+    lw.fc1_b = offset(ly.fc1_b);
+    lw.fc2_w = offset(ly.fc2_w);
+    lw.fc2_b = offset(ly.fc2_b);
+    lw.qn_w = offset(ly.q_norm_w);
+    lw.qn_b = offset(ly.q_norm_b);
+    lw.kn_w = offset(ly.k_norm_w);
+    lw.kn_b = offset(ly.k_norm_b);
+    for (size_t i = ly.first; i < ly.end; ++i) {
+      if (layout.info(i).tp_replicated()) layer_replicated_[static_cast<size_t>(l)].emplace_back(layout.info(i).offset, layout.info(i).numel);
     }
-    lw.qkv_w = offset_of(layout, p + "attention.qkv.weight");
-    lw.proj_w = offset_of(layout, p + "attention.proj.weight");
-    lw.fc1_w = offset_of(layout, p + (D.swiglu ? "mlp.fc1_gate.weight" : "mlp.fc1.weight"));
-    lw.fc2_w = offset_of(layout, p + "mlp.fc2.weight");
-    if (D.qk_norm) {
-      lw.qn_w = offset_of(layout, p + "attention.q_norm.weight");
-      lw.kn_w = offset_of(layout, p + "attention.k_norm.weight");
-      if (!D.rms) {
-        lw.qn_b = offset_of(layout, p + "attention.q_norm.bias");
-        lw.kn_b = offset_of(layout, p + "attention.k_norm.bias");
-      }
-    }
-    if (D.bias) {
-      lw.qkv_b = offset_of(layout, p + "attention.qkv.bias");
-      lw.proj_b = offset_of(layout, p + "attention.proj.bias");
-      lw.fc1_b = offset_of(layout, p + (D.swiglu ? "mlp.fc1_gate.bias" : "mlp.fc1.bias"));
-      lw.fc2_b = offset_of(layout, p + "mlp.fc2.bias");
-    }
-    int64_t lo = numel_, hi = 0;
-    for (int64_t off : {lw.ln1_w, lw.ln1_b, lw.qkv_w, lw.qkv_b, lw.qn_w, lw.qn_b, lw.kn_w, lw.kn_b, lw.proj_w, lw.proj_b, lw.ln2_w, lw.ln2_b,
-                        lw.fc1_w, lw.fc1_b, lw.fc2_w, lw.fc2_b}) {
-      if (off >= 0) lo = std::min(lo, off);
-      hi = std::max(hi, end_of(layout, off));
-      replicated(layer_replicated_[static_cast<size_t>(l)], off);
-    }
-    layer_start_.push_back(lo);
-    layer_end_.push_back(hi);
+    layer_start_.push_back(layout.info(ly.first).offset);
+    layer_end_.push_back(layout.info(ly.end - 1).offset + layout.info(ly.end - 1).numel);
   }
-  embed_end_ = std::max(end_of(layout, wte_), end_of(layout, wpe_));
-  replicated(final_replicated_, lnf_w_);
-  replicated(final_replicated_, lnf_b_);
+  embed_end_ = layout.info(where.embedding_end - 1).offset + layout.info(where.embedding_end - 1).numel;
+  for (size_t i : {where.final_norm_w, where.final_norm_b}) {
+    if (i != kNoParam) final_replicated_.emplace_back(layout.info(i).offset, layout.info(i).numel);
+  }
   if (D.rope) {
     const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base));
     rope_table_ = static_cast<float*>(alloc(table.size() * 4));

@@ -2,7 +2,7 @@
 // a 16-bit (bf16, or fp16 with --fp16) working copy the GEMMs read, fp32 gradient accumulation (cuBLASLt
 // writes weight gradients straight into the fp32 main-grad buffer), 16-bit activations and residual stream
 // (fp32 with --fp32-residual-connection), cuDNN flash attention, fused norm / loss kernels. The parameter layout (names, flat offsets, initial values) is the
-// CPU reference model's ParamStore, so checkpoints and parity tests line up element for element.
+// one both engines build (model/layout.h), so checkpoints and parity tests line up element for element.
 // Tensor parallelism (as the CPU model, Megatron's layout): this rank holds its shard of the heads, the
 // FFN and the vocabulary; row-parallel partial sums are combined over TP in that 16-bit type (all-reduce, or
 // under sequence parallelism reduce-scatter, with norms on sequence shards and all-gathers before the column-
@@ -28,7 +28,8 @@
 #include "kernels/cuda/bf16_fwd.h"
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/norm_bf16.h"
-#include "model/gpt_model.h"
+#include "model/layout.h"
+#include "model/model_dims.h"
 #include "model/params.h"
 
 namespace mt {
@@ -51,13 +52,14 @@ struct DeviceMicrobatch {
 
 class CudaGPT {
  public:
-  // `layout` supplies names, offsets and initial values (uploaded once); the model keeps no host copy. It is
-  // this rank's TP shard; `tp` is the tensor-parallel group (nullptr: TP 1). Without keep_master (the
+  // `layout` supplies names, offsets and initial values (uploaded once; the model keeps no host copy) and
+  // `where` which parameter each unit reads (model/layout.h: both from build_model_layout). It is this rank's
+  // TP shard; `tp` is the tensor-parallel group (nullptr: TP 1). Without keep_master (the
   // distributed optimizer keeps the master weights of its shard itself) master() is null.
   // dp (data parallelism): the group whose symmetric windows hold the gradient buffer, and the 16-bit
   // weights when !keep_master (the distributed optimizer gathers them); nullptr: ordinary allocations.
-  CudaGPT(const Config& cfg, const ParamStore& layout, cudaStream_t stream, StreamCollectives* tp = nullptr, bool keep_master = true,
-          StreamCollectives* dp = nullptr);
+  CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout& where, cudaStream_t stream, StreamCollectives* tp = nullptr,
+          bool keep_master = true, StreamCollectives* dp = nullptr);
   ~CudaGPT();
   CudaGPT(const CudaGPT&) = delete;
   CudaGPT& operator=(const CudaGPT&) = delete;

@@ -1,0 +1,135 @@
+// attention_unit.cpp: the attention slot of a transformer layer on the CPU engine: input norm, column-parallel
+// QKV in Megatron's grouped layout (K/V replicated over TP when query groups are fewer than TP ranks),
+// --qk-layernorm, RoPE, attention with dropout, row-parallel projection, dropout and the residual add.
+#include <cstring>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/rope.h"
+#include "model/cpu/units.h"
+
+namespace mt::cpu {
+namespace {
+
+size_t sz(int64_t n) { return static_cast<size_t>(n); }
+
+AttentionShape attention_shape(const PassContext& c, int64_t layer) {
+  const ModelDims& D = c.D;
+  return AttentionShape{c.mb.B, c.mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, c.training ? D.attention_dropout : 0.0f,
+                        dropout_key(c.seed, c.step, 0, layer, kDropAttnProbs), c.mb.first_sample, D.tp_rank * D.nh_local,
+                        c.mb.row_start.empty() ? nullptr : c.mb.row_start.data()};
+}
+
+}  // namespace
+
+void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
+  const ModelDims& D = c.D;
+  const LayerParams& ly = *p;
+  const int64_t T = c.T, Tl = c.Tl, h = D.h;
+  const int64_t qkv_local = (D.qh_local + 2 * D.ng_local) * D.d;
+  A.x = std::move(x);
+  A.ln.resize(sz(Tl * h));
+  A.mean.resize(sz(Tl));
+  A.rstd.resize(sz(Tl));
+  c.norm_forward(A.ln.data(), A.mean.data(), A.rstd.data(), A.x.data(), ly.input_norm_w, ly.input_norm_b, Tl, h);
+  A.ln_full.resize(sz(T * h));
+  c.gather_tokens(A.ln.data(), A.ln_full.data());
+  Buf qkv(sz(T * qkv_local));
+  linear_forward(qkv.data(), A.ln_full.data(), c.P(ly.qkv_w), D.bias ? c.P(ly.qkv_b) : nullptr, T, h, qkv_local);
+  A.q.resize(sz(T * D.nh_local * D.d));
+  A.k.resize(sz(T * D.ng_local * D.d));
+  A.v.resize(sz(T * D.ng_local * D.d));
+  if (D.kv_rep == 1) {
+    qkv_split(A.q.data(), A.k.data(), A.v.data(), qkv.data(), T, D.nh_local, D.ng_local, D.d);
+  } else {  // the group's query heads, then this rank's nh_local of them
+    Buf q_all(sz(T * D.qh_local * D.d));
+    qkv_split(q_all.data(), A.k.data(), A.v.data(), qkv.data(), T, D.qh_local, D.ng_local, D.d);
+    const int64_t first = (D.tp_rank % D.kv_rep) * D.nh_local * D.d, w = D.nh_local * D.d;
+    for (int64_t i = 0; i < T; ++i) std::memcpy(&A.q[sz(i * w)], &q_all[sz(i * D.qh_local * D.d + first)], sz(w) * sizeof(float));
+  }
+  if (D.qk_norm) {
+    A.q_in = A.q;
+    A.k_in = A.k;
+    const int64_t nq = T * D.nh_local, nk = T * D.ng_local;
+    A.q_mean.resize(sz(nq));
+    A.q_rstd.resize(sz(nq));
+    A.k_mean.resize(sz(nk));
+    A.k_rstd.resize(sz(nk));
+    c.norm_forward(A.q.data(), A.q_mean.data(), A.q_rstd.data(), A.q_in.data(), ly.q_norm_w, ly.q_norm_b, nq, D.d);
+    c.norm_forward(A.k.data(), A.k_mean.data(), A.k_rstd.data(), A.k_in.data(), ly.k_norm_w, ly.k_norm_b, nk, D.d);
+  }
+  if (D.rope) {
+    rope_forward(A.q.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
+    rope_forward(A.k.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);
+  }
+  A.probs.resize(sz(c.mb.B * D.nh_local * c.mb.S * c.mb.S));
+  A.ctx.resize(sz(T * D.nh_local * D.d));
+  attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer));
+  Buf proj(sz(T * h)), proj_local(sz(Tl * h));
+  linear_forward(proj.data(), A.ctx.data(), c.P(ly.proj_w), nullptr, T, D.nh_local * D.d, h);
+  c.reduce_tokens(proj.data(), proj_local.data());
+  if (D.bias) {
+    for (int64_t i = 0; i < Tl * h; ++i) proj_local[sz(i)] += c.P(ly.proj_b)[i % h];
+  }
+  c.dropout_tokens(proj_local.data(), ly.layer, kDropAttnOut, false);
+  x.resize(sz(Tl * h));
+  for (int64_t i = 0; i < Tl * h; ++i) x[sz(i)] = A.x[sz(i)] + proj_local[sz(i)];
+}
+
+void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Stash& A) const {
+  const ModelDims& D = c.D;
+  const LayerParams& ly = *p;
+  const int64_t T = c.T, Tl = c.Tl, h = D.h, Hd = D.nh_local * D.d;
+  const int64_t qkv_local = (D.qh_local + 2 * D.ng_local) * D.d;
+  Buf branch = dout, full(sz(T * h)), local(sz(Tl * h));
+  c.dropout_tokens(branch.data(), ly.layer, kDropAttnOut, true);
+  if (D.bias) {
+    for (int64_t i = 0; i < Tl * h; ++i) c.G(ly.proj_b)[i % h] += branch[sz(i)];
+  }
+  c.gather_tokens(branch.data(), full.data());
+  Buf dctx(sz(T * Hd));
+  linear_backward_input(dctx.data(), full.data(), c.P(ly.proj_w), T, Hd, h);
+  c.weight_grad(full.data(), T * h, [&c, &A, &ly, T, Hd, h](const float* dy) {
+    linear_backward_weight(c.G(ly.proj_w), nullptr, dy, A.ctx.data(), T, Hd, h);
+  });
+  Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size()), scratch(sz(c.mb.S * c.mb.S));
+  attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer),
+                     scratch.data());
+  if (D.rope) {
+    rope_backward(dq.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
+    rope_backward(dk.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);
+  }
+  if (D.qk_norm) {
+    Buf dq_in(dq.size()), dk_in(dk.size());
+    c.norm_backward(dq_in.data(), dq.data(), A.q_in.data(), A.q_mean.data(), A.q_rstd.data(), ly.q_norm_w, ly.q_norm_b, T * D.nh_local, D.d);
+    c.norm_backward(dk_in.data(), dk.data(), A.k_in.data(), A.k_mean.data(), A.k_rstd.data(), ly.k_norm_w, ly.k_norm_b, T * D.ng_local, D.d);
+    dq = std::move(dq_in);
+    dk = std::move(dk_in);
+    // Each TP rank's heads add to the shared weights: sum over TP (under SP the layer's replicated
+    // parameters are summed with the norms' at the end of the layer).
+    if (D.tp > 1 && !D.sequence_parallel && c.finishing) {
+      for (size_t i : {ly.q_norm_w, ly.q_norm_b, ly.k_norm_w, ly.k_norm_b}) {
+        if (i != kNoParam) c.groups.tp->all_reduce(c.G(i), c.params.info(i).numel, ReduceOp::kSum);
+      }
+    }
+  }
+  Buf dqkv(sz(T * qkv_local));
+  if (D.kv_rep == 1) {
+    qkv_merge(dqkv.data(), dq.data(), dk.data(), dv.data(), T, D.nh_local, D.ng_local, D.d);
+  } else {  // zero for the group's query heads other ranks own; their gradients arrive in the replica sum
+    Buf dq_all(sz(T * D.qh_local * D.d), 0.0f);
+    const int64_t first = (D.tp_rank % D.kv_rep) * D.nh_local * D.d, w = D.nh_local * D.d;
+    for (int64_t i = 0; i < T; ++i) std::memcpy(&dq_all[sz(i * D.qh_local * D.d + first)], &dq[sz(i * w)], sz(w) * sizeof(float));
+    qkv_merge(dqkv.data(), dq_all.data(), dk.data(), dv.data(), T, D.qh_local, D.ng_local, D.d);
+  }
+  linear_backward_input(full.data(), dqkv.data(), c.P(ly.qkv_w), T, h, qkv_local);
+  c.weight_grad(dqkv.data(), T * qkv_local, [&c, &A, &ly, T, h, qkv_local](const float* dy) {
+    linear_backward_weight(c.G(ly.qkv_w), c.D.bias ? c.G(ly.qkv_b) : nullptr, dy, A.ln_full.data(), T, h, qkv_local);
+  });
+  c.reduce_tokens(full.data(), local.data());
+  dx.resize(sz(Tl * h));
+  c.norm_backward(dx.data(), local.data(), A.x.data(), A.mean.data(), A.rstd.data(), ly.input_norm_w, ly.input_norm_b, Tl, h);
+  for (int64_t i = 0; i < Tl * h; ++i) dx[sz(i)] += dout[sz(i)];
+}
+
+}  // namespace mt::cpu

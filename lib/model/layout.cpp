@@ -1,0 +1,127 @@
+// layout.cpp: the parameters of one stage's shard, registered in Megatron's order: embedding (first stage),
+// per layer input norm, QKV, --qk-layernorm's norms, projection, pre-MLP norm, fc1, fc2, then the final norm
+// and the output layer (last stage). The order fixes the flat offsets, so the data-parallel buckets and the
+// checkpoints of a one-stage model are what they were before the layout was shared.
+#include "model/layout.h"
+
+#include <cmath>
+#include <string>
+
+#include "config/errors.h"
+#include "config/resolve.h"
+#include "model/model_dims.h"
+
+namespace mt {
+namespace {
+
+ParamInfo make_param(const std::string& name, std::vector<int64_t> global, int shard_dim, int64_t rank, int64_t count,
+                     InitKind init, float std) {
+  ParamInfo p;
+  p.name = name;
+  p.global_shape = global;
+  p.local_shape = global;
+  if (shard_dim >= 0 && count > 1) p.local_shape[static_cast<size_t>(shard_dim)] /= count;
+  p.shard_dim = shard_dim;
+  p.shard_rank = rank;
+  p.shard_count = count;
+  p.init = init;
+  p.init_std = std;
+  p.weight_decay = global.size() > 1;  // Megatron: no decay on biases and norm weights
+  return p;
+}
+
+}  // namespace
+
+LayerRange stage_layers(const Config& cfg, int64_t pp_rank, int64_t pp_size) {
+  const int64_t L = *cfg.model.num_layers;
+  if (pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size) throw std::logic_error("stage_layers: pipeline rank out of range");
+  if (L % pp_size != 0) {
+    throw ConfigError("--num-layers " + std::to_string(L) + " is not divisible by --pipeline-model-parallel-size " + std::to_string(pp_size) +
+                      ": choose a layer count that is a multiple of the pipeline size");
+  }
+  const int64_t per = L / pp_size;
+  return {pp_rank * per, (pp_rank + 1) * per};
+}
+
+ModelLayout build_model_layout(const Config& cfg, const LayoutCoordinates& at, ParamStore& store) {
+  if (store.size() != 0) throw std::logic_error("build_model_layout: the store already holds parameters");
+  const ModelDims D = model_dims(cfg, at.tp_rank, at.tp_size);
+  const float std = static_cast<float>(cfg.model.init_method_std);
+  const float out_std = std / std::sqrt(2.0f * static_cast<float>(D.L));
+  const int64_t r = D.tp_rank, t = D.tp;
+  ModelLayout M;
+  M.layers_range = stage_layers(cfg, at.pp_rank, at.pp_size);
+  M.pre_process = at.pp_rank == 0;
+  M.post_process = at.pp_rank == at.pp_size - 1;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, int shard_dim, InitKind init, float sd) {
+    return store.add(make_param(name, std::move(shape), shard_dim, r, t, init, sd));
+  };
+  // K/V replication (query groups below TP, as Megatron): the QKV weight is split into whole groups over the
+  // ng groups of kv_rep ranks each; ranks of a group hold the same shard (replica > 0 for all but one).
+  auto add_qkv = [&](const std::string& name, std::vector<int64_t> shape, InitKind init, float sd) {
+    ParamInfo p = make_param(name, std::move(shape), 0, r / D.kv_rep, t / D.kv_rep, init, sd);
+    p.replica = r % D.kv_rep;
+    return store.add(p);
+  };
+  if (M.pre_process) {
+    M.word_embeddings = add("embedding.word_embeddings.weight", {D.V, D.h}, 0, InitKind::kNormal, std);
+    if (D.learned_pos) M.position_embeddings = add("embedding.position_embeddings.weight", {D.max_pos, D.h}, -1, InitKind::kNormal, std);
+    M.embedding_end = store.size();
+  }
+  const int64_t qkv_rows = D.ng * (D.nh / D.ng + 2) * D.d;
+  for (int64_t l = M.layers_range.first; l < M.layers_range.end; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    LayerParams ly;
+    ly.layer = l;
+    ly.first = store.size();
+    ly.input_norm_w = add(p + "input_norm.weight", {D.h}, -1, InitKind::kOnes, 0);
+    if (!D.rms) ly.input_norm_b = add(p + "input_norm.bias", {D.h}, -1, InitKind::kZeros, 0);
+    ly.qkv_w = add_qkv(p + "attention.qkv.weight", {qkv_rows, D.h}, InitKind::kNormal, std);
+    if (D.bias) ly.qkv_b = add_qkv(p + "attention.qkv.bias", {qkv_rows}, InitKind::kZeros, 0);
+    if (D.qk_norm) {  // one [d] weight shared by every query head (and one by every key head), on every TP rank
+      ly.q_norm_w = add(p + "attention.q_norm.weight", {D.d}, -1, InitKind::kOnes, 0);
+      if (!D.rms) ly.q_norm_b = add(p + "attention.q_norm.bias", {D.d}, -1, InitKind::kZeros, 0);
+      ly.k_norm_w = add(p + "attention.k_norm.weight", {D.d}, -1, InitKind::kOnes, 0);
+      if (!D.rms) ly.k_norm_b = add(p + "attention.k_norm.bias", {D.d}, -1, InitKind::kZeros, 0);
+    }
+    ly.proj_w = add(p + "attention.proj.weight", {D.h, D.nh * D.d}, 1, InitKind::kNormal, out_std);
+    if (D.bias) ly.proj_b = add(p + "attention.proj.bias", {D.h}, -1, InitKind::kZeros, 0);
+    ly.mlp_norm_w = add(p + "mlp_norm.weight", {D.h}, -1, InitKind::kOnes, 0);
+    if (!D.rms) ly.mlp_norm_b = add(p + "mlp_norm.bias", {D.h}, -1, InitKind::kZeros, 0);
+    // With SwiGLU the gate and up projections are separate global tensors whose shards sit side by side, so
+    // the local fc1 is one [2F/tp, h] GEMM.
+    if (D.swiglu) {
+      ly.fc1_w = add(p + "mlp.fc1_gate.weight", {D.F, D.h}, 0, InitKind::kNormal, std);
+      add(p + "mlp.fc1_up.weight", {D.F, D.h}, 0, InitKind::kNormal, std);
+      if (D.bias) {
+        ly.fc1_b = add(p + "mlp.fc1_gate.bias", {D.F}, 0, InitKind::kZeros, 0);
+        add(p + "mlp.fc1_up.bias", {D.F}, 0, InitKind::kZeros, 0);
+      }
+    } else {
+      ly.fc1_w = add(p + "mlp.fc1.weight", {D.F, D.h}, 0, InitKind::kNormal, std);
+      if (D.bias) ly.fc1_b = add(p + "mlp.fc1.bias", {D.F}, 0, InitKind::kZeros, 0);
+    }
+    ly.fc2_w = add(p + "mlp.fc2.weight", {D.h, D.F}, 1, InitKind::kNormal, out_std);
+    if (D.bias) ly.fc2_b = add(p + "mlp.fc2.bias", {D.h}, -1, InitKind::kZeros, 0);
+    ly.end = store.size();
+    M.layers.push_back(ly);
+  }
+  if (M.post_process) {
+    M.final_norm_w = add("final_norm.weight", {D.h}, -1, InitKind::kOnes, 0);
+    if (!D.rms) M.final_norm_b = add("final_norm.bias", {D.h}, -1, InitKind::kZeros, 0);
+    if (!D.tied) {
+      M.output_w = add("output_layer.weight", {D.V, D.h}, 0, InitKind::kNormal, std);
+    } else if (M.pre_process) {
+      M.output_w = M.word_embeddings;
+    } else {  // the last stage's copy of the first stage's word embeddings: the same name, so the same values
+      ParamInfo copy = make_param("embedding.word_embeddings.weight", {D.V, D.h}, 0, r, t, InitKind::kNormal, std);
+      copy.tied_copy = true;
+      M.output_w = store.add(copy);
+    }
+  }
+  store.allocate();
+  store.initialize(static_cast<uint64_t>(cfg.training.seed));
+  return M;
+}
+
+}  // namespace mt

@@ -1,0 +1,65 @@
+// layout.h: the one parameter layout both engines and the checkpoints use. From the configuration and this
+// rank's coordinates (pipeline stage, TP rank; later the EP rank) it registers the stage's parameters in a
+// ParamStore: global names (global layer index), global and local shapes, shard slices, initialisation,
+// flat offsets in registration order, and each parameter's gradient group. It returns where each unit's
+// parameters sit, so no engine looks parameters up by name.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "config/config.h"
+#include "model/params.h"
+
+namespace mt {
+
+inline constexpr size_t kNoParam = std::numeric_limits<size_t>::max();
+
+// Where this rank's shard of the model sits in the grid.
+struct LayoutCoordinates {
+  int64_t tp_rank = 0, tp_size = 1;
+  int64_t pp_rank = 0, pp_size = 1;
+};
+
+// The transformer layers [first, end) of pipeline stage `pp_rank` of `pp_size` (an even split of
+// --num-layers; uneven splits come with pipeline parallelism). Throws ConfigError when they do not divide.
+struct LayerRange {
+  int64_t first = 0, end = 0;
+  int64_t count() const { return end - first; }
+};
+LayerRange stage_layers(const Config& cfg, int64_t pp_rank, int64_t pp_size);
+
+// The parameter indices (into the ParamStore) of one transformer layer's slots; kNoParam where the model
+// has none (biases without --add-bias-linear, LayerNorm biases under RMSNorm, --qk-layernorm's norms).
+struct LayerParams {
+  int64_t layer = 0;  // global layer index
+  // input norm + attention slot
+  size_t input_norm_w = kNoParam, input_norm_b = kNoParam, qkv_w = kNoParam, qkv_b = kNoParam;
+  size_t q_norm_w = kNoParam, q_norm_b = kNoParam, k_norm_w = kNoParam, k_norm_b = kNoParam;
+  size_t proj_w = kNoParam, proj_b = kNoParam;
+  // pre-MLP norm + MLP slot (SwiGLU: fc1_w is the gate, the up projection's shard follows it in the flat buffer)
+  size_t mlp_norm_w = kNoParam, mlp_norm_b = kNoParam, fc1_w = kNoParam, fc1_b = kNoParam, fc2_w = kNoParam, fc2_b = kNoParam;
+  // The layer's parameters are the indices [first, end), contiguous in the flat buffers.
+  size_t first = 0, end = 0;
+};
+
+struct ModelLayout {
+  LayerRange layers_range;
+  bool pre_process = true;   // this stage holds the embedding
+  bool post_process = true;  // this stage holds the final norm, the output layer and the loss
+  size_t word_embeddings = kNoParam, position_embeddings = kNoParam;  // pre_process
+  size_t final_norm_w = kNoParam, final_norm_b = kNoParam;            // post_process
+  // post_process: the output layer; with tied embeddings the word embeddings (on a stage that also holds
+  // them) or this stage's copy of them (tied_copy).
+  size_t output_w = kNoParam;
+  std::vector<LayerParams> layers;  // layers_range.count() of them, in order
+  size_t embedding_end = 0;         // one past the embedding's parameter indices (0 without the embedding)
+};
+
+// Registers the parameters of the stage at `at` in `store` (which must be empty), allocates and
+// initialises them (seed: --seed) and returns where each sits.
+ModelLayout build_model_layout(const Config& cfg, const LayoutCoordinates& at, ParamStore& store);
+
+}  // namespace mt

@@ -1,0 +1,58 @@
+// model_dims.cpp: the decoder's sizes per TP rank and the dropout keys.
+#include "model/model_dims.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "config/resolve.h"
+#include "tensor/rng.h"
+
+namespace mt {
+
+ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp) {
+  ModelDims d{};
+  d.L = *c.model.num_layers;
+  d.h = *c.model.hidden_size;
+  d.nh = *c.model.num_attention_heads;
+  d.ng = effective_query_groups(c);
+  d.d = c.model.kv_channels.value_or(d.h / d.nh);
+  d.F = c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(d.h, c.model.swiglu));
+  d.V = c.derived.padded_vocab_size;
+  d.S = *c.data.seq_length;
+  d.max_pos = c.model.max_position_embeddings.value_or(d.S);
+  d.tp = tp;
+  d.tp_rank = tp_rank;
+  d.nh_local = d.nh / tp;
+  d.ng_local = std::max<int64_t>(1, d.ng / tp);
+  d.kv_rep = d.ng < tp ? tp / d.ng : 1;
+  d.qh_local = d.ng_local * (d.nh / d.ng);
+  d.F_local = d.F / tp;
+  d.V_local = d.V / tp;
+  d.rms = c.model.normalization == "RMSNorm";
+  d.swiglu = c.model.swiglu;
+  d.bias = !c.model.disable_bias_linear;
+  d.rope = c.model.position_embedding_type == "rope";
+  d.learned_pos = c.model.position_embedding_type == "learned_absolute";
+  d.tied = !c.model.untie_embeddings_and_output_weights;
+  d.sequence_parallel = c.parallel.sequence_parallel && tp > 1;
+  d.qk_norm = c.model.qk_layernorm;
+  d.eps = static_cast<float>(c.model.norm_epsilon);
+  d.rope_base = static_cast<float>(c.model.rotary_base);
+  d.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
+  d.attention_dropout = static_cast<float>(c.model.attention_dropout);
+  // Query-key layer scaling divides the scores by the layer number and the softmax multiplies it back:
+  // identical in fp32 math, so the reference applies the plain 1/sqrt(d).
+  d.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d.d));
+  d.rot_dim = static_cast<int64_t>(static_cast<double>(d.d) * c.model.rotary_percent);
+  d.rot_dim -= d.rot_dim % 2;
+  return d;
+}
+
+uint64_t dropout_key(uint64_t seed, int64_t step, int64_t sample, int64_t layer, int site) {
+  const std::string k = std::to_string(step) + "/" + std::to_string(sample) + "/" + std::to_string(layer) + "/" +
+                        std::to_string(site);
+  return rng_key(seed, k);
+}
+
+}  // namespace mt

@@ -1,0 +1,41 @@
+// model_dims.h: what both engines need to know of the decoder for one TP rank (sizes, options), the
+// microbatch they train on, and the dropout keys both draw their masks from.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "config/config.h"
+
+namespace mt {
+
+// The dropout mask key of one sample at one site, for a training step: site 0 the embedding output (layer
+// -1), 1 the attention probabilities (sample 0: one key per layer), 2 the attention block's output, 3 the
+// MLP's output. Element i of the sample's [S, h] tokens is dropped when philox_uniform(key, i) < p. Both
+// engines draw the same masks from it.
+uint64_t dropout_key(uint64_t seed, int64_t step, int64_t sample, int64_t layer, int site);
+enum DropoutSite : int { kDropEmbedding = 0, kDropAttnProbs = 1, kDropAttnOut = 2, kDropMlpOut = 3 };
+
+struct Microbatch {
+  int64_t B = 0, S = 0;
+  std::vector<int32_t> tokens, labels, positions;  // [B*S]
+  std::vector<float> loss_mask;                    // [B*S]
+  std::vector<int32_t> row_start;                  // [B*S] with --reset-attention-mask, else empty
+  int64_t first_sample = 0;                        // global index of the first sample (dropout keys)
+};
+
+struct ModelDims {
+  int64_t L, h, nh, ng, d, F, V, S, max_pos;
+  int64_t tp, tp_rank, nh_local, ng_local, F_local, V_local;
+  // --num-query-groups below TP: each group's K/V (and its whole QKV block) is replicated on kv_rep TP
+  // ranks, each computing its nh_local query heads of it. qh_local: query heads in the local QKV rows.
+  int64_t kv_rep, qh_local;
+  bool rms, swiglu, bias, rope, learned_pos, tied, sequence_parallel;
+  bool qk_norm;  // --qk-layernorm: the configured norm over each query and key head (width d), before RoPE
+  float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
+  int64_t rot_dim;
+};
+
+ModelDims model_dims(const Config& cfg, int64_t tp_rank, int64_t tp_size);
+
+}  // namespace mt
