@@ -67,6 +67,11 @@ class CudaGPT {
   // Forward (and, when grad_scale > 0, backward) of one microbatch. loss_acc[0] += loss_weight * sum of
   // masked token losses; gradients of (sum of masked losses * grad_scale) accumulate into grads().
   void step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc);
+  // The same in two calls (a pipeline stage's forward and backward): with grad_scale > 0 the forward also
+  // computes the loss gradient, and backward(mb) must follow before the next forward (one microbatch in
+  // flight: the activations have one set of buffers).
+  void forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc);
+  void backward(const DeviceMicrobatch& mb);
   // Called during a backward (only when `final_backward` is set: the iteration's last microbatch) once the
   // gradients of every parameter at flat offset >= `lowest` are final: data parallelism starts its bucket
   // all-reduces from here, overlapping the rest of the backward.
@@ -131,6 +136,9 @@ class CudaGPT {
   // The positions in the layers' row order (half-major under split SP, else the micro batch's own).
   const int32_t* layer_positions(const DeviceMicrobatch& mb) const;
   void layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  Record& act(int64_t l);  // layer l's activations (the shared recompute record for a recomputed layer)
+  cuda::bf16* gather_layer_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
+  bool forwarded_ = false;  // a forward's backward is due
   void split_layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   void mlp_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
   void attention_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);

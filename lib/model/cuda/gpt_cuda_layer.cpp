@@ -1,0 +1,179 @@
+// gpt_cuda_layer.cpp: one transformer layer's forward (keeping what its backward reads, or nothing under
+// recompute) and backward on the CUDA kernels, over the microbatch's T rows (Tl in the residual stream).
+#include "model/cuda/gpt_cuda_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/activation_bf16.h"
+#include "kernels/cuda/bias_grad.h"
+#include "kernels/cuda/cross_entropy_bf16.h"
+#include "kernels/cuda/dropout.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/embedding_bf16.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/norm_bf16.h"
+#include "kernels/cuda/optimizer_step.h"
+#include "kernels/cuda/qkv_layout.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/sdpa_cudnn.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/device_allocator.h"
+#include "tensor/cuda/op_profiler.h"
+
+namespace mt {
+
+// From r's xn1 (the normalised input, all T rows) to the MLP output of this rank's rows; r.x_mid and the
+// rest saved in r.
+const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
+  const int64_t Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
+  void* x_in = records_[static_cast<size_t>(l)]->x_in;
+  const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
+  MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, ab_, ab_, w(lw.qkv_b), stream_));
+  if (D.qk_norm) {  // split, the norm of every query and key head, then RoPE (as Megatron: norm before rotary)
+    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q_pre, r.k_pre, r.v, s.qkv, mb.positions, nullptr, T, D.nh_local, D.ng_local, D.d,
+                                                       D.rot_dim, stream_, dt_));
+    MT_PROF("fwd.qk_norm", cuda::add_norm_forward(nullptr, r.q, r.qn_mean, r.qn_rstd, r.q_pre, nullptr, w(lw.qn_w), w(lw.qn_b), T * D.nh_local,
+                                                  D.d, D.eps, D.rms, stream_, dt_, true));
+    MT_PROF("fwd.qk_norm", cuda::add_norm_forward(nullptr, r.k, r.kn_mean, r.kn_rstd, r.k_pre, nullptr, w(lw.kn_w), w(lw.kn_b), T * D.ng_local,
+                                                  D.d, D.eps, D.rms, stream_, dt_, true));
+    if (D.rope) {
+      MT_PROF("fwd.rope", cuda::rope_apply_16(r.q, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, 1.0f, stream_, dt_));
+      MT_PROF("fwd.rope", cuda::rope_apply_16(r.k, mb.positions, rope_table_, T, D.ng_local, D.d, D.rot_dim, 1.0f, stream_, dt_));
+    }
+  } else if (!kv_group_) {
+    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local, D.ng_local,
+                                                       D.d, D.rot_dim, stream_, dt_));
+  } else {  // the group's query heads, then this rank's nh_local of them
+    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(s.q_all, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.qh_local, D.ng_local,
+                                                       D.d, D.rot_dim, stream_, dt_));
+    MT_PROF("fwd.qkv_split_rope", copy_own_heads(r.q, s.q_all, T, false));
+  }
+  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_));
+  // Row-parallel: the bias joins one rank's partial sum.
+  MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, ab_, ab_, row_bias(lw.proj_b), stream_));
+  const bf16* attn = combine_rows(s.delta, s.delta_l, T);
+  MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid, norm_out(r.xn2), r.mean2, r.rstd2, x_in, attn, w(lw.ln2_w), w(lw.ln2_b), Tl, h, D.eps, D.rms,
+                                                 stream_, dt_, res16_, drop(mb, attn_site(l), row0(T))));
+  gather_rows(s.xn_l, r.xn2, T);
+  if (D.swiglu) {
+    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, ab_, ab_, w(lw.fc1_b), stream_));
+    MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_, dt_));
+  } else {  // GELU in the GEMM's epilogue, its input kept for the backward
+    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.act, F, ab_, ab_, w(lw.fc1_b), stream_,
+                                       {cuda::GemmEpilogue::kGeluAux, r.fc1, F}));
+  }
+  MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, T, h, F, 1.0f, r.act, F, w(lw.fc2_w), F, 0.0f, s.delta, h, ab_, ab_, row_bias(lw.fc2_b), stream_));
+  return combine_rows(s.delta, s.delta_l, T);
+}
+
+// s_->dres holds d(layer output) on entry and d(layer input) on exit (s_->dres16 its bf16 copy), this
+// rank's rows.
+void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
+  const int64_t Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
+  void* x_in = records_[static_cast<size_t>(l)]->x_in;
+  // MLP
+  const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
+  if (D.swiglu) {
+    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, ab_, ab_, nullptr, stream_));
+  } else {  // the GELU backward in the epilogue: straight to d(fc1 output)
+    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dfc1, F, ab_, ab_, nullptr, stream_,
+                                             {cuda::GemmEpilogue::kDGelu, r.fc1, F}));
+  }
+  // Row-parallel biases: under SP their gradient is this rank's rows' (summed over TP later), not all of dy's.
+  const bool fuse_row = bgrad_epilogue_ && !sp_;
+  wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
+  if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
+  if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
+  MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
+  // Without the epilogue the bias gradient kernel stays on the compute stream (its temporaries come from the
+  // caching allocator, which assumes that stream).
+  if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_, dt_));
+  cudaStream_t ws = fork_wgrad();
+  wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
+  const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
+  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), dmlp, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), Tl, h, D.rms,
+                                              stream_, dt_, res16_, drop(mb, attn_site(l), row0(T))));
+  // Attention
+  dy = gather_rows(s.dres16, s.dres16_full, T);
+  MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, ab_, ab_, nullptr, stream_));
+  // Under TP the projection's weight gradient waits for the side stream beside the QKV dgrad's collective,
+  // which is longer than the QKV weight gradient alone: off the critical path (its dy is read before the
+  // norm's backward below overwrites it).
+  const bool defer_proj = wgrad_stream_ != nullptr;
+  if (!defer_proj) wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+  if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
+  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}, r.q, r.k, r.v, r.o, s.d_o,
+                                                                r.stats, s.dq, s.dk, s.dv, stream_));
+  if (D.qk_norm) {  // RoPE undone, then the norms' backward (the residual-gradient slot as zeroed scratch)
+    if (D.rope) {
+      MT_PROF("bwd.rope", cuda::rope_apply_16(s.dq, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, -1.0f, stream_, dt_));
+      MT_PROF("bwd.rope", cuda::rope_apply_16(s.dk, mb.positions, rope_table_, T, D.ng_local, D.d, D.rot_dim, -1.0f, stream_, dt_));
+    }
+    const int64_t Tq = T * D.nh_local, Tk = T * D.ng_local;
+    MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.qk_tmp, 0, static_cast<size_t>(Tq * D.d) * 4, stream_)));
+    MT_PROF("bwd.qk_norm", cuda::norm_backward_add(s.qk_tmp, s.dq_pre, g(lw.qn_w), lw.qn_b >= 0 ? g(lw.qn_b) : nullptr, s.dq, r.q_pre, r.qn_mean,
+                                                   r.qn_rstd, w(lw.qn_w), Tq, D.d, D.rms, stream_, dt_, true));
+    MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.qk_tmp, 0, static_cast<size_t>(Tk * D.d) * 4, stream_)));
+    MT_PROF("bwd.qk_norm", cuda::norm_backward_add(s.qk_tmp, s.dk_pre, g(lw.kn_w), lw.kn_b >= 0 ? g(lw.kn_b) : nullptr, s.dk, r.k_pre, r.kn_mean,
+                                                   r.kn_rstd, w(lw.kn_w), Tk, D.d, D.rms, stream_, dt_, true));
+    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq_pre, s.dk_pre, s.dv, mb.positions, nullptr, T, D.nh_local, D.ng_local,
+                                                                D.d, D.rot_dim, stream_, dt_));
+    // Each TP rank's heads add to the shared norm weights: summed over TP here (under SP with the layer's
+    // other replicated parameters).
+    if (tp_ && !sp_ && final_backward_) {
+      tp_->group_start();
+      for (int64_t off : {lw.qn_w, lw.qn_b, lw.kn_w, lw.kn_b}) {
+        if (off >= 0) tp_->all_reduce_on(g(off), D.d, WireType::kF32, ReduceOp::kSum, stream_);
+      }
+      MT_PROF("tp.qk_norm_grads", tp_->group_end());
+    }
+  } else if (!kv_group_) {
+    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local,
+                                                                D.ng_local, D.d, D.rot_dim, stream_, dt_));
+  } else {  // zero for the group's query heads other ranks own: their gradients arrive in the replica sum
+    MT_PROF("bwd.qkv_merge_rope", copy_own_heads(s.dq, s.q_all, T, true));
+    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.q_all, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.qh_local,
+                                                                D.ng_local, D.d, D.rot_dim, stream_, dt_));
+  }
+  MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
+  if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_, dt_));
+  ws = fork_wgrad();
+  if (defer_proj) {
+    wgrad_with_bias(ws, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+    MT_CUDA_CHECK(cudaEventRecord(proj_done_ev_, ws));
+  }
+  wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
+  const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
+  if (defer_proj && !sp_) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
+  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
+                                              stream_, dt_, res16_, l > 0 ? drop(mb, mlp_site(l - 1), row0(T)) : nullptr));
+  sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)], stream_);
+  // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer
+  // (or its recompute) overwrites, and their gradients must be final before the grads-ready hook.
+  MT_PROF("tp.wgrad_join", join_wgrad());
+  if (kv_group_ && final_backward_) {
+    // Every replica of the group's QKV block gets the sum: its own query heads' rows from their owner, and
+    // the K/V rows from all the group's query heads.
+    kv_group_->group_start();
+    kv_group_->all_reduce_on(g(lw.qkv_w), static_cast<int64_t>(Wq) * h, WireType::kF32, ReduceOp::kSum, stream_);
+    if (lw.qkv_b >= 0) kv_group_->all_reduce_on(g(lw.qkv_b), Wq, WireType::kF32, ReduceOp::kSum, stream_);
+    MT_PROF("tp.kv_replica_grads", kv_group_->group_end());
+  }
+}
+
+}  // namespace mt

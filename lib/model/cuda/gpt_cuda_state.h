@@ -1,0 +1,42 @@
+// gpt_cuda_state.h: the CUDA model's private structures (each layer's parameter offsets, its activation
+// record, the shared scratch buffers), shared by the files that implement CudaGPT. Not for other users.
+#pragma once
+
+#include "model/cuda/gpt_cuda.h"
+
+namespace mt {
+
+using cuda::bf16;
+struct CudaGPT::LayerW {
+  int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
+  int64_t ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
+  int64_t qn_w = -1, qn_b = -1, kn_w = -1, kn_b = -1;  // --qk-layernorm
+};
+
+struct CudaGPT::Record {
+  void* x_in = nullptr;  // the layer's input (the residual stream: 16-bit, or fp32 with --fp32-residual-connection)
+  void* x_mid = nullptr;  // the residual stream after the attention block
+  bf16 *xn1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *xn2 = nullptr, *fc1 = nullptr, *act = nullptr;
+  float *mean1 = nullptr, *rstd1 = nullptr, *stats = nullptr, *mean2 = nullptr, *rstd2 = nullptr;
+  // --qk-layernorm: the query and key heads before their norm, and its statistics per (token, head).
+  bf16 *q_pre = nullptr, *k_pre = nullptr;
+  float *qn_mean = nullptr, *qn_rstd = nullptr, *kn_mean = nullptr, *kn_rstd = nullptr;
+};
+
+// [T, .] unless marked [Tl, .]; the *_l buffers exist under sequence parallelism only.
+struct CudaGPT::Scratch {
+  bf16 *q_all = nullptr /*[T, qh_local * d]: K/V replication only*/, *qkv = nullptr, *delta = nullptr, *xnf = nullptr, *logits = nullptr, *dres16 = nullptr /*[Tl]*/, *dxn = nullptr;
+  bf16 *d_o = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr, *dact = nullptr, *dfc1 = nullptr;
+  bf16 *delta_l = nullptr, *xn_l = nullptr, *dxn_l = nullptr, *dres16_full = nullptr;
+  void* x_final = nullptr;  // [Tl], the residual stream's type
+  float *meanf = nullptr, *rstdf = nullptr, *losses = nullptr, *dres = nullptr /*[Tl]*/;
+  float *emb = nullptr /*[T, h] fp32: the embedding's sum (SP or a 16-bit residual) and SP's gradient gather*/, *ce_stats = nullptr /*[4T]: vocab-parallel loss*/;
+  bf16 *dq_pre = nullptr, *dk_pre = nullptr;  // --qk-layernorm: the heads' gradients before their norm
+  float* qk_tmp = nullptr;                     // --qk-layernorm: [T, Hd] fp32 scratch of the norm backward
+  float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
+  float* norm_part = nullptr;  // the split TP backward: its norms' weight-gradient partial sums (on tp_stream_)
+  int32_t* half_pos = nullptr;  // the split layers under SP: the positions in half-major row order [T]
+  bf16* parts = nullptr;  // the split layers under SP: each half's all-to-all of the ranks' partial sums of this rank's piece [T, h]
+};
+
+}  // namespace mt

@@ -1,0 +1,208 @@
+// gpt_cuda_step.cpp: a microbatch through the CUDA model: the embedding, every layer (plain or split), the
+// final norm, the output layer and the fused loss, then the backward in reverse with the grads-ready hook
+// after each layer. One set of buffers serves every microbatch: a forward's backward follows it.
+#include "model/cuda/gpt_cuda_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/activation_bf16.h"
+#include "kernels/cuda/bias_grad.h"
+#include "kernels/cuda/cross_entropy_bf16.h"
+#include "kernels/cuda/dropout.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/embedding_bf16.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/norm_bf16.h"
+#include "kernels/cuda/optimizer_step.h"
+#include "kernels/cuda/qkv_layout.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/sdpa_cudnn.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/device_allocator.h"
+#include "tensor/cuda/op_profiler.h"
+
+namespace mt {
+
+// The residual stream's first rows: the vocabulary-parallel lookup summed over TP (scattered over the
+// tokens under SP), positions added by one rank.
+void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
+  const ModelDims& D = D_;
+  void* x0 = records_[0]->x_in;
+  const bf16* wpe = wpe_ >= 0 && tp_rank_ == 0 ? w(wpe_) : nullptr;
+  // The sum is taken in fp32 (in s_->emb unless the stream is fp32 and whole), then rounded once into a
+  // 16-bit stream; without positions or dropout, a 16-bit stream is summed in 16 bits (exact, see below).
+  float* out = sp_ || res16_ ? s_->emb : static_cast<float*>(x0);
+  MT_PROF("fwd.embedding", cuda::embedding_forward_bf16(out, mb.tokens, mb.positions, w(wte_), wpe, T, D.h, v0_, D.V_local, stream_, dt_));
+  int64_t n = T * D.h;
+  if (tp_ && sp_) {
+    n = T / tp_size_ * D.h;
+    float* mine = res16_ ? out + tp_rank_ * n : static_cast<float*>(x0);  // in place: this rank's block of `out`
+    MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(out, mine, n, WireType::kF32, stream_));
+    out = mine;
+  } else if (tp_) {
+    // Each token's row comes from the one rank that holds it and the others add exact zeros: without learned
+    // positions or dropout to add before rounding, the sum is exact in 16 bits, on half the bytes.
+    if (res16_ && wpe_ < 0 && !drop(mb, kEmbedSite, row0(T))) {
+      MT_PROF("fwd.embedding", cuda::cast_to_bf16(static_cast<bf16*>(x0), out, n, stream_, dt_));
+      MT_PROF("tp.all_reduce", tp_->all_reduce_on(x0, n, wire_, ReduceOp::kSum, stream_));
+      return;
+    }
+    MT_PROF("tp.all_reduce", tp_->all_reduce_on(out, n, WireType::kF32, ReduceOp::kSum, stream_));
+  }
+  if (const cuda::RowDropout* d = drop(mb, kEmbedSite, row0(T))) MT_PROF("fwd.dropout", cuda::dropout_rows_f32(out, n / D.h, D.h, *d, stream_));
+  if (res16_) MT_PROF("fwd.embedding", cuda::cast_to_bf16(static_cast<bf16*>(x0), out, n, stream_, dt_));
+}
+
+// Cross-entropy over this rank's vocabulary columns (the whole vocabulary at TP 1); the gradient replaces
+// the logits when training.
+void CudaGPT::loss(const DeviceMicrobatch& mb, float grad_scale, int64_t T) {
+  Scratch& s = *s_;
+  const bool train = grad_scale > 0.0f;
+  if (!tp_) {
+    MT_PROF("loss.cross_entropy", cuda::cross_entropy_fused_bf16(s.losses, s.logits, mb.labels, mb.loss_mask, grad_scale, T, D_.V, train, stream_, dt_, loss_scale_));
+    return;
+  }
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_stats(s.ce_stats, s.logits, mb.labels, T, D_.V_local, v0_, stream_, dt_));
+  MT_PROF("tp.loss_max", tp_->all_reduce_on(s.ce_stats, T, WireType::kF32, ReduceOp::kMax, stream_));
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_rescale(s.ce_stats, T, stream_));
+  MT_PROF("tp.loss_sum", tp_->all_reduce_on(s.ce_stats + 2 * T, 2 * T, WireType::kF32, ReduceOp::kSum, stream_));
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_finish(s.losses, s.logits, s.ce_stats, mb.labels, mb.loss_mask, grad_scale, T, D_.V_local, v0_, train,
+                                                      stream_, dt_, loss_scale_));
+}
+
+void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc) {
+  forward(mb, grad_scale, loss_weight, loss_acc);
+  if (grad_scale > 0.0f) backward(mb);
+}
+
+CudaGPT::Record& CudaGPT::act(int64_t l) { return recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)]; }
+
+// The split layers under SP take their [T, .] rows in half-major order (see piece()): the first layer's input
+// norm and the last layer's output gradient are gathered half by half, and the positions permuted the same way.
+bf16* CudaGPT::gather_layer_rows(bf16* local, bf16* full, int64_t T) {
+  if (!(split_forward_ && sp_)) return gather_rows(local, full, T);
+  for (int64_t half = 0; half < 2; ++half) gather_half(half, T / 2, local, full, stream_);
+  return full;
+}
+
+void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc) {
+  const ModelDims& D = D_;
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h, V = D.V_local;
+  if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
+  if (split_forward_ && sp_ && T != T_max_) throw std::logic_error("CUDA model: the split layers under SP need micro batches of the configured size");
+  if (forwarded_) throw std::logic_error("CUDA model: a forward before the last one's backward (one microbatch in flight)");
+  if (split_forward_ && sp_) {  // half k's rows: piece k of each rank's Tl, rank after rank
+    const auto pr = static_cast<size_t>(Tl / 2);
+    for (int64_t half = 0; half < 2; ++half) {
+      MT_CUDA_CHECK(cudaMemcpy2DAsync(s.half_pos + half * (T / 2), pr * 4, mb.positions + half * Tl / 2, static_cast<size_t>(Tl) * 4, pr * 4,
+                                      static_cast<size_t>(tp_size_), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  // Forward
+  need_params(embed_end_);
+  embed(mb, T);
+  need_params(layer_end_[0]);
+  const LayerW& l0 = layers_[0];
+  MT_PROF("fwd.add_norm", cuda::add_norm_forward(nullptr, norm_out(act(0).xn1), act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w),
+                                                 w(l0.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_));
+  gather_layer_rows(s.xn_l, act(0).xn1, T);
+  if (split_forward_) {
+    split_layers_forward(mb);
+    need_params(numel_);
+    MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, norm_out(s.xnf), s.meanf, s.rstdf, act(D.L - 1).x_mid, sp_ ? s.delta_l : s.delta, w(lnf_w_),
+                                                   w(lnf_b_), Tl, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), row0(T))));
+    gather_rows(s.xn_l, s.xnf, T);
+  }
+  for (int64_t l = 0; !split_forward_ && l < D.L; ++l) {
+    Record& r = act(l);
+    const bf16* mlp = layer_forward(l, r, mb);
+    if (l + 1 < D.L) {
+      Record& n = act(l + 1);
+      const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
+      need_params(layer_end_[static_cast<size_t>(l + 1)]);
+      MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, norm_out(n.xn1), n.mean1, n.rstd1, r.x_mid, mlp, w(nw.ln1_w),
+                                                     w(nw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, mlp_site(l), row0(T))));
+      gather_rows(s.xn_l, n.xn1, T);
+    } else {
+      need_params(numel_);
+      MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, norm_out(s.xnf), s.meanf, s.rstdf, r.x_mid, mlp, w(lnf_w_), w(lnf_b_), Tl, h, D.eps, D.rms,
+                                                     stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), row0(T))));
+      gather_rows(s.xn_l, s.xnf, T);
+    }
+  }
+  MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, T, V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, V, ab_, ab_, nullptr, stream_));
+  loss(mb, grad_scale, T);
+  MT_PROF("loss.sum", cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_));
+  forwarded_ = grad_scale > 0.0f;
+}
+
+void CudaGPT::backward(const DeviceMicrobatch& mb) {
+  if (!forwarded_) throw std::logic_error("CUDA model: a backward without its forward");
+  forwarded_ = false;
+  const ModelDims& D = D_;
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h, V = D.V_local;
+  const bool split_sp = split_forward_ && sp_;
+  // Backward: output layer and final norm
+  MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, T, h, V, 1.0f, s.logits, V, w(out_w_), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
+  // Joined at the end of the last layer's backward (before any grads-ready hook or the embedding backward,
+  // which adds to the same tensor when tied).
+  cudaStream_t ws = fork_wgrad();
+  MT_PROF_ON(ws, "bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, T, 1.0f, s.logits, V, s.xnf, h, 1.0f, g(out_w_), h, ab_, CUDA_R_32F, nullptr, ws));
+  const bf16* dfinal = combine_rows(s.dxn, s.dxn_l, T);
+  MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
+  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), dfinal, s.x_final, s.meanf, s.rstdf, w(lnf_w_), Tl, h, D.rms,
+                                              stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), row0(T))));
+  sum_replicated_grads(final_replicated_, stream_);
+  for (int64_t l = D.L - 1; l >= 0; --l) {
+    Record& r = act(l);
+    // The split backward's norms of the layer above may still read the shared recompute record on tp_stream_.
+    if (split_forward_ && recomputed(l) && l + 1 < D.L) {
+      wait_reduced(0);
+      wait_reduced(1);
+    }
+    if (recomputed(l)) {
+      const LayerW& lw = layers_[static_cast<size_t>(l)];
+      MT_PROF("recompute.norm", cuda::add_norm_forward(nullptr, norm_out(r.xn1), r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr,
+                                                       w(lw.ln1_w), w(lw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_));
+      gather_rows(s.xn_l, r.xn1, T);
+      layer_forward(l, r, mb);
+    }
+    if (split_forward_) {
+      if (split_sp && l + 1 == D.L) gather_layer_rows(s.dres16, s.dres16_full, T);  // the final norm's input gradient
+      split_layer_backward(l, r, mb);
+    } else {
+      layer_backward(l, r, mb);
+    }
+    if (final_backward_ && grads_ready_) {
+      // The layer's norm gradients come from tp_stream_; the hook's collectives follow the compute stream.
+      // (A wait even when the hook launches nothing: TP x DP without SP loses some overlap here.)
+      if (split_forward_) wait_tp_stream();
+      grads_ready_(layer_start_[static_cast<size_t>(l)]);
+    }
+  }
+  // The input gradient's last rows, before the embedding reads them, and the replicated gradients' sums
+  // (the optimizer follows the compute stream).
+  if (split_forward_) wait_tp_stream();
+  // The embedding gradient from every token (gathered under SP): each rank's vocabulary rows, and the
+  // positions' on every rank alike.
+  float* demb = s.dres;
+  if (const cuda::RowDropout* d = drop(mb, kEmbedSite, row0(T))) MT_PROF("bwd.dropout", cuda::dropout_rows_f32(s.dres, Tl, h, *d, stream_));
+  if (sp_) {
+    MT_PROF("tp.all_gather", tp_->all_gather_on(s.dres, s.emb, Tl * h, WireType::kF32, stream_));
+    demb = s.emb;
+  }
+  MT_PROF("bwd.embedding", cuda::embedding_backward(g(wte_), demb, mb.tok_ids, mb.tok_offsets, mb.tok_positions, mb.n_tok_ids, h, stream_));
+  if (wpe_ >= 0) MT_PROF("bwd.embedding", cuda::embedding_backward(g(wpe_), demb, mb.pos_ids, mb.pos_offsets, mb.pos_positions, mb.n_pos_ids, h, stream_));
+  if (final_backward_ && grads_ready_) grads_ready_(0);
+}
+
+}  // namespace mt
