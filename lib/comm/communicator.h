@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,20 @@ class CommRequest {
   virtual ~CommRequest() = default;
   virtual void wait() = 0;
 };
+
+// One transfer of a point-to-point batch, with a peer given by its rank in the group.
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  float* data = nullptr;  // a send only reads it
+  int64_t n = 0;
+  int peer = 0;
+  static P2POp send(const float* data, int64_t n, int peer) { return {Kind::kSend, const_cast<float*>(data), n, peer}; }
+  static P2POp recv(float* data, int64_t n, int peer) { return {Kind::kRecv, data, n, peer}; }
+};
+
+// Element offsets of counts laid out back to back ([0, c0, c0 + c1, ...], one more than counts).
+std::vector<int64_t> count_offsets(const std::vector<int64_t>& counts);
 
 class Communicator {
  public:
@@ -39,8 +54,17 @@ class Communicator {
   virtual std::unique_ptr<CommRequest> all_gather_async(const float* send, float* recv, int64_t n) = 0;
   // recv[r * n ..) = send[rank's block for me] of rank r; blocks of n elements.
   virtual void all_to_all(const float* send, float* recv, int64_t n) = 0;
+  // recv_counts[r] elements from rank r into recv, back to back in rank order, and send_counts[r] elements of
+  // send (back to back in rank order) to rank r, as MPI_Alltoallv: what rank r sends this rank must be what
+  // this rank expects from it. send and recv must not overlap.
+  virtual void all_to_all_v(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                            const std::vector<int64_t>& recv_counts) = 0;
   virtual void send(const float* data, int64_t n, int peer) = 0;
   virtual void recv(float* data, int64_t n, int peer) = 0;
+  // Every transfer of the batch posted at once (Megatron's batch_isend_irecv: neighbours that send to each
+  // other do not wait on each other); wait() completes them all. Sends' buffers stay untouched, and
+  // receives' unread, until then. Between two ranks the transfers in one direction meet in posting order.
+  virtual std::unique_ptr<CommRequest> send_recv_batch_async(const std::vector<P2POp>& ops) = 0;
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
   // Every rank's string, in rank order (checkpoint metadata).
@@ -78,8 +102,15 @@ class SelfCommunicator final : public Communicator {
     copy(mine, full, counts.at(0));
     return std::make_unique<DoneRequest>();
   }
-  void send(const float*, int64_t, int) override {}
-  void recv(float*, int64_t, int) override {}
+  void all_to_all_v(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                    const std::vector<int64_t>& recv_counts) override {
+    if (send_counts.at(0) != recv_counts.at(0)) throw std::logic_error("all_to_all_v: a group of one sends itself what it receives");
+    copy(send, recv, send_counts[0]);
+  }
+  void send(const float*, int64_t, int) override { throw std::logic_error("send in a group of one: there is no peer"); }
+  void recv(float*, int64_t, int) override { throw std::logic_error("recv in a group of one: there is no peer"); }
+  // Transfers to itself: each receive takes the next send's data.
+  std::unique_ptr<CommRequest> send_recv_batch_async(const std::vector<P2POp>& ops) override;
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   std::vector<std::string> all_gather_strings(const std::string& mine) override { return {mine}; }
@@ -94,12 +125,16 @@ class SelfCommunicator final : public Communicator {
 // The groups one rank takes part in (from the rank layout).
 struct ProcessGroups {
   std::shared_ptr<Communicator> world, tp, dp, pp, cp, dp_cp, embedding;
+  // The expert grid's groups (expert-TP x EP x expert-DP x PP, Megatron's expert RankGenerator): the
+  // expert-parallel group (token dispatch), the experts' tensor-parallel group, and the group their
+  // gradients are reduced over.
+  std::shared_ptr<Communicator> ep, expert_tp, expert_dp;
   // A duplicate of world for checkpoint I/O, so a background save's collectives never interleave with
   // training's.
   std::shared_ptr<Communicator> checkpoint;
   static ProcessGroups single() {
     auto self = std::make_shared<SelfCommunicator>();
-    return ProcessGroups{self, self, self, self, self, self, self, self};
+    return ProcessGroups{self, self, self, self, self, self, self, self, self, self, self};
   }
 };
 

@@ -222,6 +222,44 @@ void MpiCommunicator::recv(float* data, int64_t n, int peer) {
   }
 }
 
+void MpiCommunicator::all_to_all_v(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                                   const std::vector<int64_t>& recv_counts) {
+  if (send_counts.size() != static_cast<size_t>(size_) || recv_counts.size() != static_cast<size_t>(size_)) {
+    throw std::logic_error("all_to_all_v: one count per rank expected");
+  }
+  auto ints = [&](const std::vector<int64_t>& v) {
+    std::vector<int> out;
+    for (int64_t x : v) {
+      if (x < 0 || x > INT_MAX) throw std::runtime_error("all-to-all of " + std::to_string(x) + " elements to one rank: MPI counts stop at 2^31 - 1");
+      out.push_back(static_cast<int>(x));
+    }
+    return out;
+  };
+  const std::vector<int64_t> so = count_offsets(send_counts), ro = count_offsets(recv_counts);
+  const std::vector<int> sc = ints(send_counts), rc = ints(recv_counts);
+  const std::vector<int> sd = ints({so.begin(), so.end() - 1}), rd = ints({ro.begin(), ro.end() - 1});
+  InFlight guard("all-to-all", name_, watched_);
+  check(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT, comm_), "Alltoallv");
+}
+
+std::unique_ptr<CommRequest> MpiCommunicator::send_recv_batch_async(const std::vector<P2POp>& ops) {
+  // Tag 1 keeps the batches apart from send() / recv(); MPI matches messages of one (peer, tag) in order, so
+  // the chunks of a transfer, and the transfers, meet in posting order.
+  constexpr int kBatchTag = 1;
+  std::vector<MPI_Request> reqs;
+  for (const P2POp& op : ops) {
+    if (op.peer < 0 || op.peer >= size_) throw std::logic_error("send_recv_batch: peer " + std::to_string(op.peer) + " is not in the " + name_ + " group");
+    for (int64_t off = 0; off < op.n || (op.n == 0 && off == 0); off += kChunk) {
+      const int c = static_cast<int>(std::min(kChunk, op.n - off));
+      reqs.emplace_back();
+      if (op.kind == P2POp::Kind::kSend) check(MPI_Isend(op.data + off, c, MPI_FLOAT, op.peer, kBatchTag, comm_, &reqs.back()), "Isend");
+      else check(MPI_Irecv(op.data + off, c, MPI_FLOAT, op.peer, kBatchTag, comm_, &reqs.back()), "Irecv");
+      if (op.n == 0) break;
+    }
+  }
+  return std::make_unique<MpiRequest>(std::move(reqs), name_, nullptr);
+}
+
 void MpiCommunicator::broadcast(void* data, int64_t bytes, int root) {
   if (size_ == 1) return;
   InFlight guard("broadcast", name_, watched_);

@@ -15,8 +15,9 @@ namespace mt {
 // (returns nullptr).
 using SplitFn = std::function<std::shared_ptr<Communicator>(int color, int key, const std::string& name)>;
 
-// TP, DP, PP, CP, DP x CP and the embedding group (a self group off the first and last stages) of world
-// rank r, split in that order on every rank; world and checkpoint are left to the caller.
+// TP, DP, PP, CP, DP x CP, the embedding group (a self group off the first and last stages), then EP,
+// expert-TP and expert-DP (each the dense group it equals where it has the same members) of world rank r,
+// split in that order on every rank; world and checkpoint are left to the caller.
 ProcessGroups split_layout_groups(const RankLayout& layout, int64_t r, const SplitFn& split);
 
 }  // namespace mt

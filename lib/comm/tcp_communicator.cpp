@@ -179,12 +179,6 @@ void copy_frame(const std::string& f, T* dst, int64_t n, const char* what) {
   if (n > 0) std::memcpy(dst, f.data(), f.size());
 }
 
-std::vector<int64_t> offsets(const std::vector<int64_t>& counts) {
-  std::vector<int64_t> o(counts.size() + 1, 0);
-  for (size_t i = 0; i < counts.size(); ++i) o[i + 1] = o[i] + counts[i];
-  return o;
-}
-
 std::vector<int64_t> even(int64_t n, int size) {
   std::vector<int64_t> c(static_cast<size_t>(size));
   for (int i = 0; i < size; ++i) c[static_cast<size_t>(i)] = n / size + (i < n % size ? 1 : 0);
@@ -241,11 +235,11 @@ void TcpCommunicator::reduce_blocks(const T* send, T* out, const std::vector<int
 }
 
 void TcpCommunicator::all_reduce(float* data, int64_t n, ReduceOp op) {
-  if (size() > 1) reduce_blocks(data, data, offsets(even(n, size())), op, true, "all-reduce");
+  if (size() > 1) reduce_blocks(data, data, count_offsets(even(n, size())), op, true, "all-reduce");
 }
 
 void TcpCommunicator::all_reduce(double* data, int64_t n, ReduceOp op) {
-  if (size() > 1) reduce_blocks(data, data, offsets(even(n, size())), op, true, "all-reduce");
+  if (size() > 1) reduce_blocks(data, data, count_offsets(even(n, size())), op, true, "all-reduce");
 }
 
 std::unique_ptr<CommRequest> TcpCommunicator::all_reduce_async(float* data, int64_t n, ReduceOp op) {
@@ -260,7 +254,7 @@ void TcpCommunicator::reduce_scatter(const float* send, float* recv, int64_t n, 
 std::unique_ptr<CommRequest> TcpCommunicator::reduce_scatter_v_async(const float* full, float* mine, const std::vector<int64_t>& counts,
                                                                      ReduceOp op) {
   if (counts.size() != static_cast<size_t>(size())) throw std::logic_error("reduce_scatter_v: one count per rank expected");
-  reduce_blocks(full, mine, offsets(counts), op, false, "reduce-scatter");
+  reduce_blocks(full, mine, count_offsets(counts), op, false, "reduce-scatter");
   return std::make_unique<DoneRequest>();
 }
 
@@ -275,7 +269,7 @@ std::unique_ptr<CommRequest> TcpCommunicator::all_gather_async(const float* send
 
 std::unique_ptr<CommRequest> TcpCommunicator::all_gather_v_async(const float* mine, float* full, const std::vector<int64_t>& counts) {
   if (counts.size() != static_cast<size_t>(size())) throw std::logic_error("all_gather_v: one count per rank expected");
-  const auto offs = offsets(counts);
+  const auto offs = count_offsets(counts);
   const size_t me = static_cast<size_t>(rank_);
   const std::string_view block(reinterpret_cast<const char*>(mine), static_cast<size_t>(counts[me]) * sizeof(float));
   exchange([&](int) { return block; },
@@ -290,6 +284,46 @@ void TcpCommunicator::all_to_all(const float* send, float* recv, int64_t n) {
   if (send != recv && n > 0) std::memmove(recv + rank_ * n, send + rank_ * n, bytes);
   exchange([&](int p) { return std::string_view(reinterpret_cast<const char*>(send + p * n), bytes); },
            [&](int p, std::string&& f) { copy_frame(f, recv + p * n, n, "all-to-all"); }, "all-to-all");
+}
+
+void TcpCommunicator::all_to_all_v(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                                   const std::vector<int64_t>& recv_counts) {
+  if (send_counts.size() != static_cast<size_t>(size()) || recv_counts.size() != static_cast<size_t>(size())) {
+    throw std::logic_error("all_to_all_v: one count per rank expected");
+  }
+  const auto so = count_offsets(send_counts), ro = count_offsets(recv_counts);
+  const auto me = static_cast<size_t>(rank_);
+  if (send_counts[me] != recv_counts[me]) throw std::logic_error("all_to_all_v: this rank's block to itself differs in size from what it expects");
+  if (send_counts[me] > 0) std::memmove(recv + ro[me], send + so[me], static_cast<size_t>(send_counts[me]) * sizeof(float));
+  exchange(
+      [&](int p) {
+        const auto q = static_cast<size_t>(p);
+        return std::string_view(reinterpret_cast<const char*>(send + so[q]), static_cast<size_t>(send_counts[q]) * sizeof(float));
+      },
+      [&](int p, std::string&& f) { copy_frame(f, recv + ro[static_cast<size_t>(p)], recv_counts[static_cast<size_t>(p)], "all-to-all"); },
+      "all-to-all");
+}
+
+std::unique_ptr<CommRequest> TcpCommunicator::send_recv_batch_async(const std::vector<P2POp>& ops) {
+  std::deque<const P2POp*> to_self;
+  for (const P2POp& op : ops) {
+    if (op.peer < 0 || op.peer >= size()) throw std::logic_error("send_recv_batch: peer " + std::to_string(op.peer) + " is not in the " + name_ + " group");
+    if (op.kind != P2POp::Kind::kSend) continue;
+    if (op.peer == rank_) to_self.push_back(&op);
+    else post(op.peer, op.data, static_cast<size_t>(op.n) * sizeof(float));
+  }
+  for (const P2POp& op : ops) {
+    if (op.kind != P2POp::Kind::kRecv) continue;
+    if (op.peer != rank_) {
+      copy_frame(take(op.peer, "send/receive batch"), op.data, op.n, "send/receive batch");
+      continue;
+    }
+    if (to_self.empty() || to_self.front()->n != op.n) throw std::logic_error("send_recv_batch: a receive from itself without a send of its size");
+    if (op.n > 0) std::memmove(op.data, to_self.front()->data, static_cast<size_t>(op.n) * sizeof(float));
+    to_self.pop_front();
+  }
+  flush("send/receive batch");
+  return std::make_unique<DoneRequest>();
 }
 
 void TcpCommunicator::send(const float* data, int64_t n, int peer) {

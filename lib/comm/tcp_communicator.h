@@ -44,8 +44,12 @@ class TcpCommunicator final : public Communicator {
   std::unique_ptr<CommRequest> reduce_scatter_v_async(const float* full, float* mine, const std::vector<int64_t>& counts,
                                                       ReduceOp op) override;
   std::unique_ptr<CommRequest> all_gather_v_async(const float* mine, float* full, const std::vector<int64_t>& counts) override;
+  void all_to_all_v(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                    const std::vector<int64_t>& recv_counts) override;
   void send(const float* data, int64_t n, int peer) override;
   void recv(float* data, int64_t n, int peer) override;
+  // Completes when made (every send posted, then the receives taken while the sends drain).
+  std::unique_ptr<CommRequest> send_recv_batch_async(const std::vector<P2POp>& ops) override;
   void broadcast(void* data, int64_t bytes, int root) override;
   void barrier() override;
   std::vector<std::string> all_gather_strings(const std::string& mine) override;

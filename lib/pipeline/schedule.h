@@ -1,19 +1,52 @@
-// schedule.h: pipeline schedules. The "no pipelining" schedule runs every microbatch's forward and
-// backward in turn on one stage; 1F1B and interleaved schedules replace it when PP > 1.
+// schedule.h: pipeline schedules as lists of actions per rank, engine-independent, and the one executor that
+// runs a list over this rank's stage (pipeline/stage.h). An action is the forward, the backward (whole, or
+// its input-gradient half B with the weight-gradient half W apart) of one (microbatch, model chunk), or a
+// send / receive of the activations or gradients at a stage boundary. Megatron's no-pipelining schedule is
+// the first; 1F1B, interleaved and zero-bubble lists plug into the same executor.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-
-#include "model/gpt_model.h"
+#include <string>
+#include <vector>
 
 namespace mt {
 
-// Returns the mean loss over the microbatches; gradients of loss * grad_scale accumulate.
-// before_last_backward runs before the last microbatch's backward (data parallel arms its gradient
-// reduction there, so buckets launch while that backward runs).
-double forward_backward_no_pipelining(GPTModel& model, int64_t num_microbatches,
-                                      const std::function<Microbatch(int64_t)>& get_microbatch, int64_t step,
-                                      float grad_scale, const std::function<void()>& before_last_backward = {});
+class PipelineStage;
+
+enum class ActionKind {
+  kForward,
+  kBackward,        // input and weight gradients together
+  kBackwardInput,   // B: the input gradients only; its W follows later
+  kBackwardWeight,  // W: the weight gradients of an earlier B
+  kSendForward,
+  kRecvForward,
+  kSendBackward,
+  kRecvBackward,
+};
+
+struct ScheduleAction {
+  ActionKind kind = ActionKind::kForward;
+  int64_t microbatch = 0;
+  int64_t chunk = 0;  // the model chunk (virtual stage) on this rank
+};
+using Schedule = std::vector<ScheduleAction>;
+
+std::string action_name(const ScheduleAction& a);  // "F3", "B3", "W3", "SF3", ... (chunk as ".c" when > 0)
+
+// Megatron's forward_backward_no_pipelining: each microbatch's forward, then its backward, on one stage.
+// split_weights: each backward as B then W (the same gradients; what zero-bubble schedules reorder).
+Schedule no_pipelining_schedule(int64_t num_microbatches, bool split_weights = false);
+
+// Empty when every (microbatch, chunk) of [0, num_microbatches) x [0, num_chunks) runs its forward once, then
+// its backward once (or a B, then a W), and nothing else is in the list; else what is wrong.
+std::string check_schedule(const Schedule& schedule, int64_t num_microbatches, int64_t num_chunks);
+// The most microbatches whose forward has run and whose backward (W included) has not, at any point.
+int64_t peak_in_flight(const Schedule& schedule);
+
+// Runs the actions in order on `stage`. A chunk's last backward (B or whole) is flagged to the stage, so that
+// the iteration's reductions run with it; before_last_backward runs just before the list's last one (data
+// parallelism arms its overlapped gradient reduction there).
+void run_schedule(const Schedule& schedule, PipelineStage& stage, const std::function<void()>& before_last_backward = {});
 
 }  // namespace mt

@@ -33,6 +33,8 @@
 #endif
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "pipeline/cuda_stage.h"
+#include "pipeline/schedule.h"
 #include "plan/flops.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/device_allocator.h"
@@ -451,18 +453,22 @@ TrainResult train_cuda(const Config& cfg, ProcessGroups groups, const TrainOptio
 #ifdef MEGATRAIN_HAVE_NCCL
     if (ddp) ddp->start_iteration();
 #endif
-    for (int64_t mi = 0; mi < nmb_it; ++mi) {
-      const Microbatch mb = make_microbatch(*src, Split::kTrain, base + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
-      model.set_final_backward(mi == nmb_it - 1);
-      double denom = 0;
-      for (float x : mb.loss_mask) denom += x;
-      denom = std::max(denom, 1.0);
-      MicrobatchSlot& slot = *slots[static_cast<size_t>((it % 2) * nmb_max + mi)];
-      make_drop_keys(mb, it);
-      const DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream, wait_event, drop_keys);
-      const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb_it)));
-      model.step(d, w_mb * grad_share, w_mb, &st->loss_acc);
-    }
+    // The schedule's microbatches (no pipelining): each staged on the device with its share of the loss.
+    CudaPipelineStage stage(
+        model,
+        [&](int64_t mi) {
+          const Microbatch mb = make_microbatch(*src, Split::kTrain, base + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
+          double denom = 0;
+          for (float x : mb.loss_mask) denom += x;
+          denom = std::max(denom, 1.0);
+          MicrobatchSlot& slot = *slots[static_cast<size_t>((it % 2) * nmb_max + mi)];
+          make_drop_keys(mb, it);
+          const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb_it)));
+          return CudaPipelineStage::Staged{
+              slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream, wait_event, drop_keys), w_mb * grad_share, w_mb};
+        },
+        &st->loss_acc);
+    run_schedule(no_pipelining_schedule(nmb_it), stage);
 #ifdef MEGATRAIN_HAVE_NCCL
     if (ddp) MT_PROF("dp.grad_all_reduce_wait", ddp->finish());
 #endif

@@ -14,6 +14,7 @@
 #include "optim/batch_schedule.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "pipeline/cpu_stage.h"
 #include "pipeline/schedule.h"
 #include "plan/flops.h"
 #include "train/log_line.h"
@@ -145,10 +146,11 @@ TrainResult train(const Config& cfg, ProcessGroups groups, const TrainOptions& o
     // One schedule step: every microbatch of this DP rank, forward then backward (no pipelining).
     // The data position continues from the checkpoint's consumed samples (the batch size may differ).
     const int64_t base = consumed, batch = batches.global_batch(consumed), nmb_it = batch / (mbs * dp);
-    const double loss = forward_backward_no_pipelining(
-        model, nmb_it,
-        [&](int64_t m) { return make_microbatch(*src, Split::kTrain, base + m * mbs * dp + dp_rank * mbs, mbs, S, cfg); },
-        it, loss_scale / static_cast<float>(nmb_it), [&] { data_parallel.arm(); });
+    CpuPipelineStage stage(
+        model, [&](int64_t m) { return make_microbatch(*src, Split::kTrain, base + m * mbs * dp + dp_rank * mbs, mbs, S, cfg); }, it,
+        loss_scale / static_cast<float>(nmb_it));
+    run_schedule(no_pipelining_schedule(nmb_it), stage, [&] { data_parallel.arm(); });
+    const double loss = stage.mean_loss();
     consumed += batch;
     flops_done += flops_of(batch);
     interval_samples += batch;

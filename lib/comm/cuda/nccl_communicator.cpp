@@ -133,6 +133,33 @@ void NcclCommunicator::all_to_all_on(const void* send, void* recv, int64_t n_per
   MT_NCCL_CHECK(ncclAlltoAll(send, recv, static_cast<size_t>(n_per_rank), nccl_type(type), comm_, s));
 }
 
+void NcclCommunicator::all_to_all_v_on(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                                       const std::vector<int64_t>& recv_counts, WireType type, cudaStream_t s) {
+  if (send_counts.size() != static_cast<size_t>(size_) || recv_counts.size() != static_cast<size_t>(size_)) {
+    throw std::logic_error("all_to_all_v: one count per rank expected");
+  }
+  const size_t elem = type == WireType::kF32 ? 4 : 2;
+  const auto so = count_offsets(send_counts), ro = count_offsets(recv_counts);
+  MT_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < size_; ++r) {
+    const auto q = static_cast<size_t>(r);
+    MT_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + static_cast<size_t>(so[q]) * elem, static_cast<size_t>(send_counts[q]), nccl_type(type), r,
+                           comm_, s));
+    MT_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + static_cast<size_t>(ro[q]) * elem, static_cast<size_t>(recv_counts[q]), nccl_type(type), r, comm_, s));
+  }
+  MT_NCCL_CHECK(ncclGroupEnd());
+}
+
+void NcclCommunicator::send_recv_on(const std::vector<Transfer>& batch, WireType type, cudaStream_t s) {
+  MT_NCCL_CHECK(ncclGroupStart());
+  for (const Transfer& t : batch) {
+    if (t.peer < 0 || t.peer >= size_) throw std::logic_error("send_recv: peer " + std::to_string(t.peer) + " is not in the " + name_ + " group");
+    if (t.send) MT_NCCL_CHECK(ncclSend(t.data, static_cast<size_t>(t.n), nccl_type(type), t.peer, comm_, s));
+    else MT_NCCL_CHECK(ncclRecv(t.data, static_cast<size_t>(t.n), nccl_type(type), t.peer, comm_, s));
+  }
+  MT_NCCL_CHECK(ncclGroupEnd());
+}
+
 void NcclCommunicator::reduce_scatter_v_after(void* data, const std::vector<int64_t>& counts, WireType type, ReduceOp op, cudaStream_t after) {
   follow(after);
   const size_t elem = type == WireType::kF32 ? 4 : 2;
@@ -235,6 +262,19 @@ void NcclCommunicator::all_to_all(const float* send, float* recv, int64_t n) {
   }
   MT_NCCL_CHECK(ncclGroupEnd());
   wait_stream("all-to-all");
+}
+
+void NcclCommunicator::all_to_all_v(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                                    const std::vector<int64_t>& recv_counts) {
+  all_to_all_v_on(send, send_counts, recv, recv_counts, WireType::kF32, stream_);
+  wait_stream("all-to-all");
+}
+
+std::unique_ptr<CommRequest> NcclCommunicator::send_recv_batch_async(const std::vector<P2POp>& ops) {
+  std::vector<Transfer> batch;
+  for (const P2POp& op : ops) batch.push_back({op.kind == P2POp::Kind::kSend, op.data, op.n, op.peer});
+  send_recv_on(batch, WireType::kF32, stream_);
+  return pending("send/receive batch");
 }
 
 void NcclCommunicator::send(const float* data, int64_t n, int peer) {

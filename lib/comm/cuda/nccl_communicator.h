@@ -36,8 +36,11 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
                                                       ReduceOp op) override;
   std::unique_ptr<CommRequest> all_gather_v_async(const float* mine, float* full, const std::vector<int64_t>& counts) override;
   void all_to_all(const float* send, float* recv, int64_t n) override;
+  void all_to_all_v(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                    const std::vector<int64_t>& recv_counts) override;
   void send(const float* data, int64_t n, int peer) override;
   void recv(float* data, int64_t n, int peer) override;
+  std::unique_ptr<CommRequest> send_recv_batch_async(const std::vector<P2POp>& ops) override;
   void broadcast(void* data, int64_t bytes, int root) override;
   void barrier() override;
   // Host strings belong to the MPI (or self) communicator of ProcessGroups::checkpoint.
@@ -66,6 +69,9 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   void reduce_scatter_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) override;
   void all_gather_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) override;
   void all_to_all_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) override;
+  void all_to_all_v_on(const void* send, const std::vector<int64_t>& send_counts, void* recv, const std::vector<int64_t>& recv_counts, WireType type,
+                       cudaStream_t s) override;
+  void send_recv_on(const std::vector<Transfer>& batch, WireType type, cudaStream_t s) override;
   void group_start() override;
   void group_end() override;
   std::shared_ptr<StreamCollectives> stream_sub_group(int color, int key, const std::string& name) override { return split(color, key, name); }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -29,6 +30,19 @@ class StreamCollectives {
   // recv[r * n_per_rank ..) = rank r's send[group_rank() * n_per_rank ..). On symmetric windows under NCCL's
   // zero-CTA policy the copy engines move it: no SM taken from the compute beside it.
   virtual void all_to_all_on(const void* send, void* recv, int64_t n_per_rank, WireType type, cudaStream_t s) = 0;
+  // recv_counts[r] elements from rank r into recv and send_counts[r] of send to rank r, each back to back in
+  // rank order (MPI_Alltoallv's contract; the token dispatch of expert parallelism).
+  virtual void all_to_all_v_on(const void* send, const std::vector<int64_t>& send_counts, void* recv, const std::vector<int64_t>& recv_counts,
+                               WireType type, cudaStream_t s) = 0;
+  // The transfers of one batch as one launch on s (the activations and gradients at pipeline stage
+  // boundaries); peers are group ranks. Between two ranks the transfers in one direction meet in order.
+  struct Transfer {
+    bool send = true;
+    void* data = nullptr;
+    int64_t n = 0;
+    int peer = 0;
+  };
+  virtual void send_recv_on(const std::vector<Transfer>& batch, WireType type, cudaStream_t s) = 0;
   // Collectives between group_start and group_end go out as one launch.
   virtual void group_start() = 0;
   virtual void group_end() = 0;

@@ -1,0 +1,33 @@
+// stage.h: what a pipeline schedule drives, one engine's stage on this rank (its model chunks), by
+// (microbatch, chunk). Each engine implements it over its model (pipeline/cpu_stage.h, pipeline/cuda_stage.h);
+// the data of a microbatch, its losses and its activations stay with the engine.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+
+namespace mt {
+
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+  virtual void forward(int64_t microbatch, int64_t chunk) = 0;
+  // last: the iteration's last backward of this chunk (the per-layer reductions and the grads-ready hook run).
+  // with_weights: the weight gradients too; else they wait for backward_weights.
+  virtual void backward(int64_t microbatch, int64_t chunk, bool last, bool with_weights) = 0;
+  virtual void backward_weights(int64_t microbatch, int64_t chunk) {
+    (void)microbatch;
+    (void)chunk;
+    throw std::logic_error("this engine's stage does not run its weight gradients apart");
+  }
+  // The stage boundaries' transfers (pipeline parallelism).
+  virtual void send_forward(int64_t microbatch, int64_t chunk) { boundary(microbatch, chunk); }
+  virtual void recv_forward(int64_t microbatch, int64_t chunk) { boundary(microbatch, chunk); }
+  virtual void send_backward(int64_t microbatch, int64_t chunk) { boundary(microbatch, chunk); }
+  virtual void recv_backward(int64_t microbatch, int64_t chunk) { boundary(microbatch, chunk); }
+
+ private:
+  static void boundary(int64_t, int64_t) { throw std::logic_error("this stage has no pipeline neighbours"); }
+};
+
+}  // namespace mt

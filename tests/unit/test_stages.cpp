@@ -1,0 +1,305 @@
+// test_stages.cpp: the shared parameter layout cut into pipeline stages, the CPU stage (a model split into
+// stages chained on one process gives the whole model's loss and gradients; several microbatches in flight;
+// the weight gradients run apart), and the schedule layer (lists, checks, the executor's flags).
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "catch.h"
+#include "config/errors.h"
+#include "config/resolve.h"
+#include "model/gpt_model.h"
+#include "model/layout.h"
+#include "pipeline/cpu_stage.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage.h"
+
+using namespace mt;
+
+namespace {
+
+Config tiny(bool llama, int64_t layers = 4) {
+  Config c;
+  c.model.num_layers = layers;
+  c.model.hidden_size = 16;
+  c.model.num_attention_heads = 4;
+  c.model.vocab_size = 11;
+  c.model.make_vocab_size_divisible_by = 1;
+  c.model.hidden_dropout = 0.1;  // dropout keyed by the global layer: stages must draw the whole model's masks
+  c.model.attention_dropout = 0.1;
+  c.model.init_method_std = 0.3;
+  c.model.max_position_embeddings = 8;
+  c.data.seq_length = 6;
+  c.training.micro_batch_size = 2;
+  if (llama) {
+    c.model.normalization = "RMSNorm";
+    c.model.swiglu = true;
+    c.model.ffn_hidden_size = 24;
+    c.model.position_embedding_type = "rope";
+    c.model.group_query_attention = true;
+    c.model.num_query_groups = 2;
+    c.model.untie_embeddings_and_output_weights = true;
+    c.model.disable_bias_linear = true;
+    c.model.qk_layernorm = true;
+  } else {
+    c.model.ffn_hidden_size = 20;
+  }
+  resolve(c, 1);
+  return c;
+}
+
+Microbatch batch(int seed) {
+  Microbatch mb;
+  mb.B = 2;
+  mb.S = 6;
+  for (int i = 0; i < 12; ++i) {
+    mb.tokens.push_back((i * 7 + seed * 3) % 11);
+    mb.labels.push_back((i * 5 + seed + 1) % 11);
+    mb.positions.push_back(i % 6);
+    mb.loss_mask.push_back(i == 4 + seed % 3 ? 0.0f : 1.0f);
+  }
+  mb.first_sample = 2 * seed;
+  return mb;
+}
+
+// A group of `size` ranks seen from rank `rank`, for a model's pipeline coordinates (no collective runs:
+// one process plays every stage, so nothing may be communicated over it).
+class PositionOnly final : public Communicator {
+ public:
+  PositionOnly(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce(float*, int64_t, ReduceOp) override { fail(); }
+  void all_reduce(double*, int64_t, ReduceOp) override { fail(); }
+  std::unique_ptr<CommRequest> all_reduce_async(float*, int64_t, ReduceOp) override { fail(); }
+  void reduce_scatter(const float*, float*, int64_t, ReduceOp) override { fail(); }
+  std::unique_ptr<CommRequest> reduce_scatter_v_async(const float*, float*, const std::vector<int64_t>&, ReduceOp) override { fail(); }
+  std::unique_ptr<CommRequest> all_gather_v_async(const float*, float*, const std::vector<int64_t>&) override { fail(); }
+  void all_gather(const float*, float*, int64_t) override { fail(); }
+  std::unique_ptr<CommRequest> all_gather_async(const float*, float*, int64_t) override { fail(); }
+  void all_to_all(const float*, float*, int64_t) override { fail(); }
+  void all_to_all_v(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&) override { fail(); }
+  void send(const float*, int64_t, int) override { fail(); }
+  void recv(float*, int64_t, int) override { fail(); }
+  std::unique_ptr<CommRequest> send_recv_batch_async(const std::vector<P2POp>&) override { fail(); }
+  void broadcast(void*, int64_t, int) override { fail(); }
+  void barrier() override { fail(); }
+  std::vector<std::string> all_gather_strings(const std::string&) override { fail(); }
+  std::shared_ptr<Communicator> sub_group(int, int, const std::string&) override { fail(); }
+
+ private:
+  int rank_, size_;
+  [[noreturn]] static void fail() { throw std::logic_error("PositionOnly: no collectives"); }
+};
+
+ProcessGroups stage_groups(int pp_rank, int pp_size) {
+  ProcessGroups g = ProcessGroups::single();
+  g.pp = std::make_shared<PositionOnly>(pp_rank, pp_size);
+  return g;
+}
+
+std::map<std::string, std::vector<float>> grads_by_name(GPTModel& m) {
+  std::map<std::string, std::vector<float>> out;
+  ParamStore& ps = m.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const ParamInfo& p = ps.info(i);
+    std::vector<float> g(ps.grad(i), ps.grad(i) + p.numel);
+    auto& slot = out[p.name];
+    if (slot.empty()) slot.assign(g.size(), 0.0f);
+    for (size_t e = 0; e < g.size(); ++e) slot[e] += g[e];  // a tied copy adds to the embedding's
+  }
+  return out;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 1e-12;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
+  }
+  return diff / scale;
+}
+
+}  // namespace
+
+TEST_CASE("layout: stages partition the whole model's parameters, names and values", "[stages]") {
+  for (bool llama : {false, true}) {
+    const Config c = tiny(llama);
+    ParamStore whole;
+    const ModelLayout w = build_model_layout(c, {}, whole);
+    REQUIRE(w.pre_process);
+    REQUIRE(w.post_process);
+    REQUIRE(w.layers.size() == 4);
+    REQUIRE(w.layers_range.first == 0);
+    for (int64_t pp : {2, 4}) {
+      std::map<std::string, int> seen;
+      for (int64_t r = 0; r < pp; ++r) {
+        ParamStore part;
+        const ModelLayout m = build_model_layout(c, {0, 1, r, pp}, part);
+        CHECK(m.pre_process == (r == 0));
+        CHECK(m.post_process == (r == pp - 1));
+        CHECK(m.layers_range.first == r * 4 / pp);
+        CHECK(m.layers_range.count() == 4 / pp);
+        CHECK((m.word_embeddings != kNoParam) == (r == 0));
+        CHECK((m.output_w != kNoParam) == (r == pp - 1));
+        for (size_t i = 0; i < part.size(); ++i) {
+          const ParamInfo& p = part.info(i);
+          CHECK(p.grad_group == GradGroup::kDense);
+          if (p.tied_copy) {
+            // The last stage's copy of the tied embedding: the output layer, the embedding's values.
+            CHECK((r == pp - 1 && !llama && i == m.output_w));
+            continue;
+          }
+          ++seen[p.name];
+          const size_t j = whole.index_of(p.name);
+          REQUIRE(whole.info(j).numel == p.numel);
+          CHECK(whole.info(j).global_shape == p.global_shape);
+          for (int64_t e = 0; e < p.numel; ++e) REQUIRE(part.param(i)[e] == whole.param(j)[e]);
+        }
+        // Each layer's parameters are contiguous and named by the global layer index.
+        for (const LayerParams& ly : m.layers) {
+          CHECK(part.info(ly.first).name == "layers." + std::to_string(ly.layer) + ".input_norm.weight");
+          CHECK(part.info(ly.end - 1).name == "layers." + std::to_string(ly.layer) + (llama ? ".mlp.fc2.weight" : ".mlp.fc2.bias"));
+        }
+      }
+      CHECK(seen.size() == whole.size());
+      for (const auto& [name, n] : seen) CHECK(n == 1);
+    }
+  }
+  Config c = tiny(false, 3);
+  ParamStore s;
+  CHECK_THROWS_AS(build_model_layout(c, {0, 1, 0, 2}, s), ConfigError);
+}
+
+TEST_CASE("layout: TP-replicated parameters are the norms and the row-parallel biases", "[stages]") {
+  const Config c = tiny(false);
+  ParamStore ps;
+  build_model_layout(c, {0, 2, 0, 1}, ps);
+  for (const ParamInfo& p : ps.infos()) {
+    const bool replicated = p.name.find("norm") != std::string::npos || p.name.find("proj.bias") != std::string::npos ||
+                            p.name.find("fc2.bias") != std::string::npos || p.name.find("position") != std::string::npos;
+    CHECK(p.tp_replicated() == replicated);
+  }
+}
+
+TEST_CASE("CPU stages chained on one process give the whole model's loss and gradients", "[stages]") {
+  for (bool llama : {false, true}) {
+    const Config c = tiny(llama);
+    GPTModel whole(c, ProcessGroups::single());
+    whole.params().zero_grads();
+    const Microbatch mb = batch(1);
+    const float loss = whole.forward(mb, 3, true);
+    whole.backward(0.5f);
+    const auto expect = grads_by_name(whole);
+    for (int pp : {2, 4}) {
+      std::vector<std::unique_ptr<GPTModel>> stages;
+      for (int r = 0; r < pp; ++r) {
+        stages.push_back(std::make_unique<GPTModel>(c, stage_groups(r, pp)));
+        stages.back()->params().zero_grads();
+      }
+      GPTModel::Activations x;
+      float staged_loss = 0;
+      for (int r = 0; r < pp; ++r) {
+        GPTModel::Activations out;
+        staged_loss = stages[static_cast<size_t>(r)]->forward_stage(7, mb, 3, true, std::move(x), &out);
+        x = std::move(out);
+      }
+      CHECK(staged_loss == loss);  // the same operations in the same order
+      GPTModel::Activations dx;
+      for (int r = pp - 1; r >= 0; --r) {
+        GPTModel::Activations din;
+        stages[static_cast<size_t>(r)]->backward_stage(7, 0.5f, true, std::move(dx), &din);
+        CHECK(stages[static_cast<size_t>(r)]->in_flight() == 0);
+        dx = std::move(din);
+      }
+      std::map<std::string, std::vector<float>> got;
+      for (auto& s : stages) {
+        for (auto& [name, g] : grads_by_name(*s)) {
+          auto& slot = got[name];
+          if (slot.empty()) slot.assign(g.size(), 0.0f);
+          for (size_t e = 0; e < g.size(); ++e) slot[e] += g[e];
+        }
+      }
+      REQUIRE(got.size() == expect.size());
+      for (const auto& [name, g] : expect) {
+        INFO(name << " at PP " << pp);
+        // Bit for bit but the tied embedding, whose two halves are added in another order.
+        if (name == "embedding.word_embeddings.weight" && !llama) CHECK(max_rel_diff(g, got[name]) < 1e-6);
+        else CHECK(g == got[name]);
+      }
+    }
+  }
+}
+
+TEST_CASE("CPU stage: microbatches in flight and weight gradients apart give the same gradients", "[stages]") {
+  const Config c = tiny(true);
+  GPTModel ref(c, ProcessGroups::single());
+  ref.params().zero_grads();
+  for (int m = 0; m < 3; ++m) {
+    ref.forward(batch(m), 2, true);
+    ref.backward(1.0f / 3, m == 2);
+  }
+  const auto expect = grads_by_name(ref);
+  SECTION("B and W apart, in order") {
+    GPTModel m(c, ProcessGroups::single());
+    m.params().zero_grads();
+    CpuPipelineStage stage(m, [](int64_t i) { return batch(static_cast<int>(i)); }, 2, 1.0f / 3);
+    run_schedule(no_pipelining_schedule(3, true), stage);
+    CHECK(m.in_flight() == 0);
+    for (const auto& [name, g] : grads_by_name(m)) CHECK(g == expect.at(name));
+  }
+  SECTION("three forwards in flight, backwards in reverse, every W at the end") {
+    GPTModel m(c, ProcessGroups::single());
+    m.params().zero_grads();
+    for (int i = 0; i < 3; ++i) m.forward_stage(i, batch(i), 2, true, {}, nullptr);
+    CHECK(m.in_flight() == 3);
+    for (int i = 2; i >= 0; --i) m.backward_stage(i, 1.0f / 3, i == 0, {}, nullptr, true);
+    CHECK(m.in_flight() == 3);  // their weight gradients are due
+    for (int i = 0; i < 3; ++i) m.backward_weights(i);
+    CHECK(m.in_flight() == 0);
+    for (const auto& [name, g] : grads_by_name(m)) {
+      INFO(name);
+      CHECK(max_rel_diff(expect.at(name), g) < 1e-5);  // the microbatches' sums in another order
+    }
+  }
+  SECTION("a backward without its forward is refused") {
+    GPTModel m(c, ProcessGroups::single());
+    CHECK_THROWS_AS(m.backward_stage(5, 1.0f, true, {}, nullptr), std::logic_error);
+    CHECK_THROWS_AS(m.backward_weights(5), std::logic_error);
+  }
+}
+
+TEST_CASE("schedules: lists, checks and the executor's flags", "[stages]") {
+  for (int64_t n : {1, 2, 7, 32}) {
+    for (bool split : {false, true}) {
+      const Schedule s = no_pipelining_schedule(n, split);
+      CHECK(s.size() == static_cast<size_t>(n * (split ? 3 : 2)));
+      CHECK(check_schedule(s, n, 1).empty());
+      CHECK(peak_in_flight(s) == 1);
+    }
+  }
+  Schedule bad = no_pipelining_schedule(3);
+  std::swap(bad[0], bad[1]);  // B0 before F0
+  CHECK(check_schedule(bad, 3, 1).find("before its forward") != std::string::npos);
+  Schedule missing = no_pipelining_schedule(3);
+  missing.pop_back();
+  CHECK(!check_schedule(missing, 3, 1).empty());
+  Schedule twice = no_pipelining_schedule(2);
+  twice.push_back({ActionKind::kForward, 1, 0});
+  CHECK(!check_schedule(twice, 2, 1).empty());
+  Schedule w_first = {{ActionKind::kForward, 0, 0}, {ActionKind::kBackwardWeight, 0, 0}, {ActionKind::kBackwardInput, 0, 0}};
+  CHECK(!check_schedule(w_first, 1, 1).empty());
+
+  struct Recorder final : PipelineStage {
+    std::vector<std::string> log;
+    void forward(int64_t m, int64_t) override { log.push_back("F" + std::to_string(m)); }
+    void backward(int64_t m, int64_t, bool last, bool w) override {
+      log.push_back(std::string(w ? "B" : "Bi") + std::to_string(m) + (last ? "!" : ""));
+    }
+    void backward_weights(int64_t m, int64_t) override { log.push_back("W" + std::to_string(m)); }
+  } rec;
+  run_schedule(no_pipelining_schedule(3, true), rec, [&] { rec.log.push_back("arm"); });
+  CHECK(rec.log == std::vector<std::string>{"F0", "Bi0", "W0", "F1", "Bi1", "W1", "F2", "arm", "Bi2!", "W2"});
+  Recorder plain;
+  CHECK_THROWS_AS(run_schedule({{ActionKind::kSendForward, 0, 0}}, plain), std::logic_error);
+}
