@@ -268,6 +268,68 @@ int main(int argc, char** argv) {
     if (!windowed) cudaFree(mem);
   }
 
+  // Batched send / receive (the pipeline's boundary transfers): a ring in both directions with uneven sizes,
+  // through the host interface and on the stream in bf16; and the all-to-all with per-rank counts (expert
+  // dispatch), zero counts included. Values name sender, receiver and position (small integers: exact).
+  {
+    const int next = (R + 1) % W, prev = (R + W - 1) % W;
+    auto tagv = [](int from, int to, int64_t i) { return static_cast<float>(from * 16 + to * 4 + i % 3); };
+    auto n_of = [](int from) { return int64_t{1000} + 7 * from; };
+    DeviceBuf to_next(static_cast<size_t>(n_of(R))), from_prev(static_cast<size_t>(n_of(prev)));
+    std::vector<float> h(static_cast<size_t>(n_of(R)));
+    for (int64_t i = 0; i < n_of(R); ++i) h[static_cast<size_t>(i)] = tagv(R, next, i);
+    to_next.put(h);
+    world->send_recv_batch_async({P2POp::send(to_next.p, n_of(R), next), P2POp::recv(from_prev.p, n_of(prev), prev)})->wait();
+    auto got = from_prev.get();
+    ok = true;
+    for (int64_t i = 0; i < n_of(prev); ++i) ok &= got[static_cast<size_t>(i)] == tagv(prev, R, i);
+    expect(ok, "batched send / receive ring (host interface)", R);
+    // bf16 on the stream: rank R sends 2048 elements both ways.
+    const int64_t m = 2048;
+    uint16_t* dev = nullptr;
+    cudaMalloc(&dev, static_cast<size_t>(4 * m) * 2);
+    std::vector<uint16_t> out16(static_cast<size_t>(2 * m));
+    auto bf = [](float f) {
+      uint32_t u = 0;
+      std::memcpy(&u, &f, 4);
+      return static_cast<uint16_t>(u >> 16);
+    };
+    for (int64_t i = 0; i < m; ++i) {
+      out16[static_cast<size_t>(i)] = bf(tagv(R, next, i));
+      out16[static_cast<size_t>(m + i)] = bf(tagv(R, prev, i));
+    }
+    cudaMemcpy(dev, out16.data(), out16.size() * 2, cudaMemcpyHostToDevice);
+    world->send_recv_on({{true, dev, m, next}, {true, dev + m, m, prev}, {false, dev + 2 * m, m, prev}, {false, dev + 3 * m, m, next}}, WireType::kBF16,
+                        world->stream());
+    world->wait_stream("test send / receive on the stream");
+    std::vector<uint16_t> in16(static_cast<size_t>(2 * m));
+    cudaMemcpy(in16.data(), dev + 2 * m, in16.size() * 2, cudaMemcpyDeviceToHost);
+    ok = true;
+    for (int64_t i = 0; i < m; ++i) ok &= in16[static_cast<size_t>(i)] == bf(tagv(prev, R, i)) && in16[static_cast<size_t>(m + i)] == bf(tagv(next, R, i));
+    expect(ok, "send / receive batch on the stream, both directions, bf16", R);
+    cudaFree(dev);
+    auto count = [](int from, int to) { return (from + 2 * to) % 3 == 0 ? int64_t{0} : 100 + from + 4 * int64_t{to}; };
+    std::vector<int64_t> sc, rc;
+    std::vector<float> sh;
+    int64_t rtotal = 0;
+    for (int to = 0; to < W; ++to) {
+      sc.push_back(count(R, to));
+      rc.push_back(count(to, R));
+      rtotal += rc.back();
+      for (int64_t i = 0; i < sc.back(); ++i) sh.push_back(tagv(R, to, i));
+    }
+    DeviceBuf sd(sh.size()), rd(static_cast<size_t>(rtotal));
+    sd.put(sh);
+    world->all_to_all_v(sd.p, sc, rd.p, rc);
+    got = rd.get();
+    ok = true;
+    size_t at = 0;
+    for (int from = 0; from < W; ++from) {
+      for (int64_t i = 0; i < rc[static_cast<size_t>(from)]; ++i) ok &= got[at++] == tagv(from, R, i);
+    }
+    expect(ok, "all-to-all with per-rank counts", R);
+  }
+
   // broadcast, barrier, double all-reduce, split into a group per rank parity
   DeviceBuf b(16);
   b.put(std::vector<float>(16, static_cast<float>(R == 0 ? 42 : -1)));
