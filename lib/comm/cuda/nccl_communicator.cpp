@@ -14,15 +14,6 @@
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/op_profiler.h"
 
-#define MT_NCCL_CHECK(expr)                                                                                   \
-  do {                                                                                                        \
-    const ncclResult_t r_ = (expr);                                                                           \
-    if (r_ != ncclSuccess && r_ != ncclInProgress) {                                                          \
-      throw std::runtime_error(std::string("NCCL error at ") + __FILE__ + ":" + std::to_string(__LINE__) + ": " + \
-                               #expr + ": " + ncclGetErrorString(r_));                                        \
-    }                                                                                                         \
-  } while (0)
-
 namespace mt {
 namespace {
 

@@ -8,15 +8,6 @@
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/device_allocator.h"
 
-#define MT_CUBLAS_CHECK(expr)                                                                                         \
-  do {                                                                                                                \
-    const cublasStatus_t s_ = (expr);                                                                                 \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                                \
-      throw std::runtime_error(std::string("cuBLASLt error at ") + __FILE__ + ":" + std::to_string(__LINE__) + ": " + \
-                               #expr + ": status " + std::to_string(static_cast<int>(s_)));                          \
-    }                                                                                                                 \
-  } while (0)
-
 namespace mt::cuda {
 
 GemmLt& GemmLt::instance() {

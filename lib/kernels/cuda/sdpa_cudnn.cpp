@@ -21,20 +21,12 @@
 namespace mt::cuda {
 namespace {
 
+// cuDNN's message with its last-error string, for the reasons a graph is refused.
 std::string cudnn_message(cudnnStatus_t s) {
   char buf[2048] = {0};
   cudnnGetLastErrorString(buf, sizeof(buf));
   return std::string(cudnnGetErrorString(s)) + (buf[0] ? std::string(" (") + buf + ")" : std::string());
 }
-
-#define MT_CUDNN_CHECK(expr)                                                                                       \
-  do {                                                                                                             \
-    const cudnnStatus_t mt_s_ = (expr);                                                                            \
-    if (mt_s_ != CUDNN_STATUS_SUCCESS) {                                                                           \
-      throw std::runtime_error(std::string("cuDNN error at ") + __FILE__ + ":" + std::to_string(__LINE__) + ": " + \
-                               #expr + ": " + cudnn_message(mt_s_));                                              \
-    }                                                                                                              \
-  } while (0)
 
 using Desc = cudnnBackendDescriptor_t;
 using Dims = std::array<int64_t, 4>;
