@@ -134,8 +134,8 @@ void test_norm(int64_t N, int64_t h, bool rms, bool res16 = false) {
   void* sum_p = res16 ? static_cast<void*>(dsum16.b()) : static_cast<void*>(dsum.p);
   const void* x_p = res16 ? static_cast<const void*>(dx16.b()) : static_cast<const void*>(dx.p);
   B16 ddelta(delta), dw(w), db(b), dy(y.size());
-  cuda::add_norm_forward(sum_p, dy.b(), rms ? nullptr : dmean.p, drstd.p, x_p, ddelta.b(), dw.b(), rms ? nullptr : db.b(), N, h, 1e-5f, rms,
-                         nullptr, g_t, res16);
+  cuda::add_norm_forward({.sum_out = sum_p, .y = dy.b(), .mean = rms ? nullptr : dmean.p, .rstd = drstd.p, .x = x_p, .delta = ddelta.b(),
+                          .w = dw.b(), .b = rms ? nullptr : db.b(), .rows = N, .width = h, .eps = 1e-5f, .rms = rms, .type = g_t, .res16 = res16}, nullptr);
   expect(tag + " forward (sum)", res16 ? dsum16.get() : dsum.get(), s, 1e-6);
   expect(tag + " forward", dy.get(), y, 1e-2);
   // Backward: dres += dx, dres16 its copy, dw/db accumulate.
@@ -150,9 +150,11 @@ void test_norm(int64_t N, int64_t h, bool rms, bool res16 = false) {
   if (rms) {
     const Vec m0(static_cast<size_t>(N), 0.0f);
     F32 mz(m0);
-    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, nullptr, ddout.b(), sum_p, mz.p, drstd.p, dw.b(), N, h, true, nullptr, g_t, res16);
+    cuda::norm_backward_add({.dres = dres.p, .dres16 = dres16.b(), .dw = gdw.p, .db = nullptr, .dy = ddout.b(), .x = sum_p, .mean = mz.p,
+                             .rstd = drstd.p, .w = dw.b(), .rows = N, .width = h, .rms = true, .type = g_t, .res16 = res16}, nullptr);
   } else {
-    cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, gdb.p, ddout.b(), sum_p, dmean.p, drstd.p, dw.b(), N, h, false, nullptr, g_t, res16);
+    cuda::norm_backward_add({.dres = dres.p, .dres16 = dres16.b(), .dw = gdw.p, .db = gdb.p, .dy = ddout.b(), .x = sum_p, .mean = dmean.p,
+                             .rstd = drstd.p, .w = dw.b(), .rows = N, .width = h, .rms = false, .type = g_t, .res16 = res16}, nullptr);
   }
   expect(tag + " backward dx", dres.get(), want_res, 2e-3);
   expect(tag + " backward dx (bf16 copy)", dres16.get(), rounded16(want_res), 1e-2);
@@ -165,11 +167,13 @@ void test_norm(int64_t N, int64_t h, bool rms, bool res16 = false) {
   if (rms) {
     const Vec m0(static_cast<size_t>(N), 0.0f);
     F32 mz(m0);
-    cuda::norm_backward_add(dres_s.p, dres16_s.b(), gdw_s.p, nullptr, ddout.b(), sum_p, mz.p, drstd.p, dw.b(), N, h, true, nullptr, g_t, res16, nullptr,
-                            part.p);
+    cuda::norm_backward_add({.dres = dres_s.p, .dres16 = dres16_s.b(), .dw = gdw_s.p, .db = nullptr, .dy = ddout.b(), .x = sum_p, .mean = mz.p,
+                             .rstd = drstd.p, .w = dw.b(), .rows = N, .width = h, .rms = true, .type = g_t, .res16 = res16, .dropout = nullptr,
+                             .partials = part.p}, nullptr);
   } else {
-    cuda::norm_backward_add(dres_s.p, dres16_s.b(), gdw_s.p, gdb_s.p, ddout.b(), sum_p, dmean.p, drstd.p, dw.b(), N, h, false, nullptr, g_t, res16,
-                            nullptr, part.p);
+    cuda::norm_backward_add({.dres = dres_s.p, .dres16 = dres16_s.b(), .dw = gdw_s.p, .db = gdb_s.p, .dy = ddout.b(), .x = sum_p, .mean = dmean.p,
+                             .rstd = drstd.p, .w = dw.b(), .rows = N, .width = h, .rms = false, .type = g_t, .res16 = res16, .dropout = nullptr,
+                             .partials = part.p}, nullptr);
   }
   expect(tag + " backward with scratch dx", dres_s.get(), dres.get(), 0.0);
   expect(tag + " backward with scratch dw", gdw_s.get(), gdw.get(), 0.0);
@@ -204,9 +208,11 @@ void test_norm_partials(int64_t N, int64_t h, bool rms, bool res16, int count, i
   void* so_parts = res16 ? static_cast<void*>(s16_parts.b()) : static_cast<void*>(s_parts.p);
   B16 dblk(blocks), dsm(sum), dw(w), db(b), y_one(x.size()), y_parts(x.size());
   float* mean = rms ? nullptr : dmean.p;
-  cuda::add_norm_forward(so_one, y_one.b(), mean, drstd.p, x_p, dsm.b(), dw.b(), rms ? nullptr : db.b(), N, h, 1e-5f, rms, nullptr, g_t, res16);
-  cuda::add_norm_forward(so_parts, y_parts.b(), mean, drstd.p, x_p, dblk.b(), dw.b(), rms ? nullptr : db.b(), N, h, 1e-5f, rms, nullptr, g_t, res16,
-                         nullptr, parts);
+  cuda::add_norm_forward({.sum_out = so_one, .y = y_one.b(), .mean = mean, .rstd = drstd.p, .x = x_p, .delta = dsm.b(), .w = dw.b(),
+                          .b = rms ? nullptr : db.b(), .rows = N, .width = h, .eps = 1e-5f, .rms = rms, .type = g_t, .res16 = res16}, nullptr);
+  cuda::add_norm_forward({.sum_out = so_parts, .y = y_parts.b(), .mean = mean, .rstd = drstd.p, .x = x_p, .delta = dblk.b(), .w = dw.b(),
+                          .b = rms ? nullptr : db.b(), .rows = N, .width = h, .eps = 1e-5f, .rms = rms, .type = g_t, .res16 = res16,
+                          .dropout = nullptr, .parts = parts}, nullptr);
   expect(tag + " forward", y_parts.get(), y_one.get(), 0.0);
   expect(tag + " forward (sum)", res16 ? s16_parts.get() : s_parts.get(), res16 ? s16_one.get() : s_one.get(), 0.0);
   const Vec dres0 = randn(x.size(), 1.0f, false), zero(static_cast<size_t>(N), 0.0f);
@@ -214,10 +220,12 @@ void test_norm_partials(int64_t N, int64_t h, bool rms, bool res16, int count, i
       gb_parts(Vec(w.size(), 0.25f)), part(static_cast<size_t>(cuda::norm_backward_partials(h)));
   B16 ddblk(dblocks), ddsm(dsum), r16_one(x.size()), r16_parts(x.size());
   const float* m = rms ? mz.p : dmean.p;
-  cuda::norm_backward_add(res_one.p, r16_one.b(), gw_one.p, rms ? nullptr : gb_one.p, ddsm.b(), so_one, m, drstd.p, dw.b(), N, h, rms, nullptr, g_t,
-                          res16, nullptr, part.p);
-  cuda::norm_backward_add(res_parts.p, r16_parts.b(), gw_parts.p, rms ? nullptr : gb_parts.p, ddblk.b(), so_one, m, drstd.p, dw.b(), N, h, rms, nullptr,
-                          g_t, res16, nullptr, part.p, parts);
+  cuda::norm_backward_add({.dres = res_one.p, .dres16 = r16_one.b(), .dw = gw_one.p, .db = rms ? nullptr : gb_one.p, .dy = ddsm.b(), .x = so_one,
+                           .mean = m, .rstd = drstd.p, .w = dw.b(), .rows = N, .width = h, .rms = rms, .type = g_t, .res16 = res16,
+                           .dropout = nullptr, .partials = part.p}, nullptr);
+  cuda::norm_backward_add({.dres = res_parts.p, .dres16 = r16_parts.b(), .dw = gw_parts.p, .db = rms ? nullptr : gb_parts.p, .dy = ddblk.b(),
+                           .x = so_one, .mean = m, .rstd = drstd.p, .w = dw.b(), .rows = N, .width = h, .rms = rms, .type = g_t, .res16 = res16,
+                           .dropout = nullptr, .partials = part.p, .parts = parts}, nullptr);
   expect(tag + " backward dx", res_parts.get(), res_one.get(), 0.0);
   expect(tag + " backward dx (16-bit copy)", r16_parts.get(), r16_one.get(), 0.0);
   expect(tag + " backward dw", gw_parts.get(), gw_one.get(), 0.0);
@@ -541,7 +549,8 @@ void test_dropout(int64_t rows, int64_t h, int64_t t0, int64_t S) {
   for (size_t i = 0; i < x.size(); ++i) s[i] = x[i] + dd[i];
   F32 dx2(x), dsum(x.size()), drstd(rstd.size());
   B16 ddelta(delta), dw(w), dy(y.size());
-  cuda::add_norm_forward(dsum.p, dy.b(), nullptr, drstd.p, dx2.p, ddelta.b(), dw.b(), nullptr, rows, h, 1e-5f, true, nullptr, g_t, false, &drop);
+  cuda::add_norm_forward({.sum_out = dsum.p, .y = dy.b(), .mean = nullptr, .rstd = drstd.p, .x = dx2.p, .delta = ddelta.b(), .w = dw.b(),
+                          .b = nullptr, .rows = rows, .width = h, .eps = 1e-5f, .rms = true, .type = g_t, .res16 = false, .dropout = &drop}, nullptr);
   expect(tag + " fused in add + norm (sum)", dsum.get(), s, 1e-6);
   // Backward: dres accumulates unmasked, dres16 = (dres) * mask.
   cpu::rmsnorm_forward(y.data(), rstd.data(), s.data(), w.data(), rows, h, 1e-5f);
@@ -551,7 +560,8 @@ void test_dropout(int64_t rows, int64_t h, int64_t t0, int64_t S) {
   B16 dres16(x.size()), ddout(dout);
   const Vec m0(static_cast<size_t>(rows), 0.0f);
   F32 mz(m0);
-  cuda::norm_backward_add(dres.p, dres16.b(), gdw.p, nullptr, ddout.b(), dsum.p, mz.p, drstd.p, dw.b(), rows, h, true, nullptr, g_t, false, &drop);
+  cuda::norm_backward_add({.dres = dres.p, .dres16 = dres16.b(), .dw = gdw.p, .db = nullptr, .dy = ddout.b(), .x = dsum.p, .mean = mz.p,
+                           .rstd = drstd.p, .w = dw.b(), .rows = rows, .width = h, .rms = true, .type = g_t, .res16 = false, .dropout = &drop}, nullptr);
   expect(tag + " backward (residual, unmasked)", dres.get(), gx, 2e-3);
   expect(tag + " backward (branch gradient, masked)", dres16.get(), rounded16(cpu_drop(dres.get())), 1e-2);
 }

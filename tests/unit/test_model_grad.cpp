@@ -5,6 +5,7 @@
 #include "catch.h"
 #include "config/resolve.h"
 #include "grad_check.h"
+#include "tiny_models.h"
 #include "model/gpt_model.h"
 
 using namespace mt;
@@ -12,35 +13,7 @@ using namespace mt::test;
 
 namespace {
 
-Config tiny(bool llama, bool qk_norm = false) {
-  Config c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 16;
-  c.model.num_attention_heads = 4;
-  c.model.vocab_size = 11;
-  c.model.make_vocab_size_divisible_by = 1;
-  c.model.hidden_dropout = 0;
-  c.model.attention_dropout = 0;
-  c.model.init_method_std = 0.3;
-  c.model.max_position_embeddings = 8;
-  c.data.seq_length = 6;
-  c.training.micro_batch_size = 2;
-  if (llama) {
-    c.model.normalization = "RMSNorm";
-    c.model.swiglu = true;
-    c.model.ffn_hidden_size = 24;
-    c.model.position_embedding_type = "rope";
-    c.model.group_query_attention = true;
-    c.model.num_query_groups = 2;
-    c.model.untie_embeddings_and_output_weights = true;
-    c.model.disable_bias_linear = true;
-  } else {
-    c.model.ffn_hidden_size = 20;
-  }
-  c.model.qk_layernorm = qk_norm;
-  resolve(c, 1);
-  return c;
-}
+Config tiny(bool llama, bool qk_norm = false) { return tiny_decoder(llama, 2, 0.0, qk_norm); }
 
 Microbatch batch() {
   Microbatch mb;

@@ -13,40 +13,14 @@
 #include "pipeline/cpu_stage.h"
 #include "pipeline/schedule.h"
 #include "pipeline/stage.h"
+#include "tiny_models.h"
 
 using namespace mt;
 
 namespace {
 
-Config tiny(bool llama, int64_t layers = 4) {
-  Config c;
-  c.model.num_layers = layers;
-  c.model.hidden_size = 16;
-  c.model.num_attention_heads = 4;
-  c.model.vocab_size = 11;
-  c.model.make_vocab_size_divisible_by = 1;
-  c.model.hidden_dropout = 0.1;  // dropout keyed by the global layer: stages must draw the whole model's masks
-  c.model.attention_dropout = 0.1;
-  c.model.init_method_std = 0.3;
-  c.model.max_position_embeddings = 8;
-  c.data.seq_length = 6;
-  c.training.micro_batch_size = 2;
-  if (llama) {
-    c.model.normalization = "RMSNorm";
-    c.model.swiglu = true;
-    c.model.ffn_hidden_size = 24;
-    c.model.position_embedding_type = "rope";
-    c.model.group_query_attention = true;
-    c.model.num_query_groups = 2;
-    c.model.untie_embeddings_and_output_weights = true;
-    c.model.disable_bias_linear = true;
-    c.model.qk_layernorm = true;
-  } else {
-    c.model.ffn_hidden_size = 20;
-  }
-  resolve(c, 1);
-  return c;
-}
+// Dropout keyed by the global layer: stages must draw the whole model's masks. LLaMA with --qk-layernorm.
+Config tiny(bool llama, int64_t layers = 4) { return test::tiny_decoder(llama, layers, 0.1, llama); }
 
 Microbatch batch(int seed) {
   Microbatch mb;

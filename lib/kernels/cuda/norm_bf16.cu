@@ -370,34 +370,36 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
 
 int64_t norm_backward_partials(int64_t h) { return 2 * kMaxRowBlocks * h; }
 
-void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const void* x, const bf16* delta, const bf16* w, const bf16* b,
-                      int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t, bool res16, const RowDropout* dropout,
-                      Partials parts) {
-  const RowDropout drop = dropout ? *dropout : RowDropout{};
-  auto* so = static_cast<float*>(sum_out);
-  const auto* xf = static_cast<const float*>(x);
-  auto* so16 = static_cast<bf16*>(sum_out);
-  const auto* x16 = static_cast<const bf16*>(x);
-  if (t == F16::kFP16) {
-    if (res16) add_norm_forward_t(hp(so16), hp(y), mean, rstd, hp(x16), hp(delta), hp(w), hp(b), N, h, eps, rms, stream, drop, parts);
-    else add_norm_forward_t(so, hp(y), mean, rstd, xf, hp(delta), hp(w), hp(b), N, h, eps, rms, stream, drop, parts);
+void add_norm_forward(const AddNorm& a, cudaStream_t stream) {
+  const RowDropout drop = a.dropout ? *a.dropout : RowDropout{};
+  auto* so = static_cast<float*>(a.sum_out);
+  const auto* xf = static_cast<const float*>(a.x);
+  auto* so16 = static_cast<bf16*>(a.sum_out);
+  const auto* x16 = static_cast<const bf16*>(a.x);
+  const int64_t N = a.rows, h = a.width;
+  if (a.type == F16::kFP16) {
+    if (a.res16)
+      add_norm_forward_t(hp(so16), hp(a.y), a.mean, a.rstd, hp(x16), hp(a.delta), hp(a.w), hp(a.b), N, h, a.eps, a.rms, stream, drop, a.parts);
+    else add_norm_forward_t(so, hp(a.y), a.mean, a.rstd, xf, hp(a.delta), hp(a.w), hp(a.b), N, h, a.eps, a.rms, stream, drop, a.parts);
   } else {
-    if (res16) add_norm_forward_t(so16, y, mean, rstd, x16, delta, w, b, N, h, eps, rms, stream, drop, parts);
-    else add_norm_forward_t(so, y, mean, rstd, xf, delta, w, b, N, h, eps, rms, stream, drop, parts);
+    if (a.res16) add_norm_forward_t(so16, a.y, a.mean, a.rstd, x16, a.delta, a.w, a.b, N, h, a.eps, a.rms, stream, drop, a.parts);
+    else add_norm_forward_t(so, a.y, a.mean, a.rstd, xf, a.delta, a.w, a.b, N, h, a.eps, a.rms, stream, drop, a.parts);
   }
 }
-void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const void* x, const float* mean, const float* rstd,
-                       const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t, bool res16, const RowDropout* dropout,
-                       float* partials, Partials parts) {
-  const RowDropout drop = dropout ? *dropout : RowDropout{};
-  const auto* xf = static_cast<const float*>(x);
-  const auto* x16 = static_cast<const bf16*>(x);
-  if (t == F16::kFP16) {
-    if (res16) norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), hp(x16), mean, rstd, hp(w), N, h, rms, stream, drop, partials, parts);
-    else norm_backward_add_t(dres, hp(dres16), dw, db, hp(dy), xf, mean, rstd, hp(w), N, h, rms, stream, drop, partials, parts);
+
+void norm_backward_add(const NormBackward& a, cudaStream_t stream) {
+  const RowDropout drop = a.dropout ? *a.dropout : RowDropout{};
+  const auto* xf = static_cast<const float*>(a.x);
+  const auto* x16 = static_cast<const bf16*>(a.x);
+  const int64_t N = a.rows, h = a.width;
+  if (a.type == F16::kFP16) {
+    if (a.res16)
+      norm_backward_add_t(a.dres, hp(a.dres16), a.dw, a.db, hp(a.dy), hp(x16), a.mean, a.rstd, hp(a.w), N, h, a.rms, stream, drop, a.partials,
+                          a.parts);
+    else norm_backward_add_t(a.dres, hp(a.dres16), a.dw, a.db, hp(a.dy), xf, a.mean, a.rstd, hp(a.w), N, h, a.rms, stream, drop, a.partials, a.parts);
   } else {
-    if (res16) norm_backward_add_t(dres, dres16, dw, db, dy, x16, mean, rstd, w, N, h, rms, stream, drop, partials, parts);
-    else norm_backward_add_t(dres, dres16, dw, db, dy, xf, mean, rstd, w, N, h, rms, stream, drop, partials, parts);
+    if (a.res16) norm_backward_add_t(a.dres, a.dres16, a.dw, a.db, a.dy, x16, a.mean, a.rstd, a.w, N, h, a.rms, stream, drop, a.partials, a.parts);
+    else norm_backward_add_t(a.dres, a.dres16, a.dw, a.db, a.dy, xf, a.mean, a.rstd, a.w, N, h, a.rms, stream, drop, a.partials, a.parts);
   }
 }
 

@@ -23,23 +23,49 @@ struct Partials {
   int64_t stride = 0;
 };
 
-// s = x + dropout(delta) (delta may be null; dropout: hidden dropout, may be null); y = norm(s) * w (+ b).
-// parts: delta is the sum of that many partial blocks (see Partials).
-// sum_out (may be null) receives s; mean is unused (may be null) for RMSNorm. x and sum_out are float*, or
-// with res16 of type t (s rounded to it before the statistics are taken).
-void add_norm_forward(void* sum_out, bf16* y, float* mean, float* rstd, const void* x, const bf16* delta, const bf16* w, const bf16* b,
-                      int64_t N, int64_t h, float eps, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false,
-                      const RowDropout* dropout = nullptr, Partials parts = {});
+// s = x + dropout(delta) (delta may be null; dropout: hidden dropout, may be null); y = norm(s) * w (+ b), over
+// `rows` rows of `width`. parts: delta is the sum of that many partial blocks (see Partials). sum_out (may be
+// null) receives s; mean is unused (may be null) for RMSNorm. x and sum_out are float*, or with res16 of type
+// `type` (s rounded to it before the statistics are taken).
+struct AddNorm {
+  void* sum_out = nullptr;
+  bf16* y = nullptr;
+  float *mean = nullptr, *rstd = nullptr;
+  const void* x = nullptr;
+  const bf16 *delta = nullptr, *w = nullptr, *b = nullptr;
+  int64_t rows = 0, width = 0;
+  float eps = 1e-5f;
+  bool rms = false;
+  F16 type = F16::kBF16;
+  bool res16 = false;
+  const RowDropout* dropout = nullptr;
+  Partials parts = {};
+};
+void add_norm_forward(const AddNorm& a, cudaStream_t stream);
 
 // dres += d(norm input); dres16 = bf16(dres); dw (+ db unless null) += weight gradients (fp32).
-// x: the forward's norm input (float*, or of type t with res16). dropout (may be null): dres16 is the
+// x: the forward's norm input (float*, or of type `type` with res16). dropout (may be null): dres16 is the
 // gradient of the dropped-out branch that produced the residual's last addition, dres * mask.
-// partials: scratch for the weight gradients' per-block sums, norm_backward_partials(h) floats, for a call on
-// a stream other than the compute stream; null: taken from the caching allocator (compute stream only).
+// partials: scratch for the weight gradients' per-block sums, norm_backward_partials(width) floats, for a call
+// on a stream other than the compute stream; null: taken from the caching allocator (compute stream only).
 // parts: dy is the sum of that many partial blocks (see Partials).
-void norm_backward_add(float* dres, bf16* dres16, float* dw, float* db, const bf16* dy, const void* x, const float* mean, const float* rstd,
-                       const bf16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, F16 t = F16::kBF16, bool res16 = false,
-                       const RowDropout* dropout = nullptr, float* partials = nullptr, Partials parts = {});
+struct NormBackward {
+  float* dres = nullptr;
+  bf16* dres16 = nullptr;
+  float *dw = nullptr, *db = nullptr;
+  const bf16* dy = nullptr;
+  const void* x = nullptr;
+  const float *mean = nullptr, *rstd = nullptr;
+  const bf16* w = nullptr;
+  int64_t rows = 0, width = 0;
+  bool rms = false;
+  F16 type = F16::kBF16;
+  bool res16 = false;
+  const RowDropout* dropout = nullptr;
+  float* partials = nullptr;
+  Partials parts = {};
+};
+void norm_backward_add(const NormBackward& a, cudaStream_t stream);
 int64_t norm_backward_partials(int64_t h);
 
 }  // namespace mt::cuda

@@ -11,8 +11,6 @@
 namespace mt::cpu {
 namespace {
 
-size_t sz(int64_t n) { return static_cast<size_t>(n); }
-
 AttentionShape attention_shape(const PassContext& c, int64_t layer) {
   const ModelDims& D = c.D;
   return AttentionShape{c.mb.B, c.mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, c.training ? D.attention_dropout : 0.0f,

@@ -5,12 +5,6 @@
 #include "model/cpu/units.h"
 
 namespace mt::cpu {
-namespace {
-
-size_t sz(int64_t n) { return static_cast<size_t>(n); }
-
-}  // namespace
-
 void MlpUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   const ModelDims& D = c.D;
   const LayerParams& ly = *p;

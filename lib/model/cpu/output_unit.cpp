@@ -7,12 +7,6 @@
 #include "model/cpu/units.h"
 
 namespace mt::cpu {
-namespace {
-
-size_t sz(int64_t n) { return static_cast<size_t>(n); }
-
-}  // namespace
-
 float OutputUnit::forward(const PassContext& c, Buf& x, Stash& R) const {
   const ModelDims& D = c.D;
   const int64_t T = c.T, Tl = c.Tl, h = D.h;

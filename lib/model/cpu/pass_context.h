@@ -14,6 +14,7 @@
 namespace mt::cpu {
 
 using Buf = std::vector<float>;
+inline size_t sz(int64_t n) { return static_cast<size_t>(n); }
 // Work that only accumulates parameter gradients (or finalises them), in the order it was queued.
 using WeightGradQueue = std::vector<std::function<void()>>;
 

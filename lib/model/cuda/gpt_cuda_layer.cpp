@@ -42,10 +42,12 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   if (D.qk_norm) {  // split, the norm of every query and key head, then RoPE (as Megatron: norm before rotary)
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q_pre, r.k_pre, r.v, s.qkv, mb.positions, nullptr, T, D.nh_local, D.ng_local, D.d,
                                                        D.rot_dim, stream_, dt_));
-    MT_PROF("fwd.qk_norm", cuda::add_norm_forward(nullptr, r.q, r.qn_mean, r.qn_rstd, r.q_pre, nullptr, w(lw.qn_w), w(lw.qn_b), T * D.nh_local,
-                                                  D.d, D.eps, D.rms, stream_, dt_, true));
-    MT_PROF("fwd.qk_norm", cuda::add_norm_forward(nullptr, r.k, r.kn_mean, r.kn_rstd, r.k_pre, nullptr, w(lw.kn_w), w(lw.kn_b), T * D.ng_local,
-                                                  D.d, D.eps, D.rms, stream_, dt_, true));
+    MT_PROF("fwd.qk_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = r.q, .mean = r.qn_mean, .rstd = r.qn_rstd, .x = r.q_pre,
+                                                   .delta = nullptr, .w = w(lw.qn_w), .b = w(lw.qn_b), .rows = T * D.nh_local, .width = D.d,
+                                                   .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = true}, stream_));
+    MT_PROF("fwd.qk_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = r.k, .mean = r.kn_mean, .rstd = r.kn_rstd, .x = r.k_pre,
+                                                   .delta = nullptr, .w = w(lw.kn_w), .b = w(lw.kn_b), .rows = T * D.ng_local, .width = D.d,
+                                                   .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = true}, stream_));
     if (D.rope) {
       MT_PROF("fwd.rope", cuda::rope_apply_16(r.q, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, 1.0f, stream_, dt_));
       MT_PROF("fwd.rope", cuda::rope_apply_16(r.k, mb.positions, rope_table_, T, D.ng_local, D.d, D.rot_dim, 1.0f, stream_, dt_));
@@ -62,8 +64,9 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   // Row-parallel: the bias joins one rank's partial sum.
   MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, ab_, ab_, row_bias(lw.proj_b), stream_));
   const bf16* attn = combine_rows(s.delta, s.delta_l, T);
-  MT_PROF("fwd.add_norm", cuda::add_norm_forward(r.x_mid, norm_out(r.xn2), r.mean2, r.rstd2, x_in, attn, w(lw.ln2_w), w(lw.ln2_b), Tl, h, D.eps, D.rms,
-                                                 stream_, dt_, res16_, drop(mb, attn_site(l), row0(T))));
+  MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = r.x_mid, .y = norm_out(r.xn2), .mean = r.mean2, .rstd = r.rstd2, .x = x_in,
+                                                  .delta = attn, .w = w(lw.ln2_w), .b = w(lw.ln2_b), .rows = Tl, .width = h, .eps = D.eps,
+                                                  .rms = D.rms, .type = dt_, .res16 = res16_, .dropout = drop(mb, attn_site(l), row0(T))}, stream_));
   gather_rows(s.xn_l, r.xn2, T);
   if (D.swiglu) {
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, ab_, ab_, w(lw.fc1_b), stream_));
@@ -106,8 +109,9 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   cudaStream_t ws = fork_wgrad();
   wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
-  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln2_w), g(lw.ln2_b), dmlp, r.x_mid, r.mean2, r.rstd2, w(lw.ln2_w), Tl, h, D.rms,
-                                              stream_, dt_, res16_, drop(mb, attn_site(l), row0(T))));
+  MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lw.ln2_w), .db = g(lw.ln2_b), .dy = dmlp, .x = r.x_mid,
+                                               .mean = r.mean2, .rstd = r.rstd2, .w = w(lw.ln2_w), .rows = Tl, .width = h, .rms = D.rms,
+                                               .type = dt_, .res16 = res16_, .dropout = drop(mb, attn_site(l), row0(T))}, stream_));
   // Attention
   dy = gather_rows(s.dres16, s.dres16_full, T);
   MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, ab_, ab_, nullptr, stream_));
@@ -126,11 +130,15 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     }
     const int64_t Tq = T * D.nh_local, Tk = T * D.ng_local;
     MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.qk_tmp, 0, static_cast<size_t>(Tq * D.d) * 4, stream_)));
-    MT_PROF("bwd.qk_norm", cuda::norm_backward_add(s.qk_tmp, s.dq_pre, g(lw.qn_w), lw.qn_b >= 0 ? g(lw.qn_b) : nullptr, s.dq, r.q_pre, r.qn_mean,
-                                                   r.qn_rstd, w(lw.qn_w), Tq, D.d, D.rms, stream_, dt_, true));
+    MT_PROF("bwd.qk_norm", cuda::norm_backward_add({.dres = s.qk_tmp, .dres16 = s.dq_pre, .dw = g(lw.qn_w),
+                                                    .db = lw.qn_b >= 0 ? g(lw.qn_b) : nullptr, .dy = s.dq, .x = r.q_pre, .mean = r.qn_mean,
+                                                    .rstd = r.qn_rstd, .w = w(lw.qn_w), .rows = Tq, .width = D.d, .rms = D.rms, .type = dt_,
+                                                    .res16 = true}, stream_));
     MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.qk_tmp, 0, static_cast<size_t>(Tk * D.d) * 4, stream_)));
-    MT_PROF("bwd.qk_norm", cuda::norm_backward_add(s.qk_tmp, s.dk_pre, g(lw.kn_w), lw.kn_b >= 0 ? g(lw.kn_b) : nullptr, s.dk, r.k_pre, r.kn_mean,
-                                                   r.kn_rstd, w(lw.kn_w), Tk, D.d, D.rms, stream_, dt_, true));
+    MT_PROF("bwd.qk_norm", cuda::norm_backward_add({.dres = s.qk_tmp, .dres16 = s.dk_pre, .dw = g(lw.kn_w),
+                                                    .db = lw.kn_b >= 0 ? g(lw.kn_b) : nullptr, .dy = s.dk, .x = r.k_pre, .mean = r.kn_mean,
+                                                    .rstd = r.kn_rstd, .w = w(lw.kn_w), .rows = Tk, .width = D.d, .rms = D.rms, .type = dt_,
+                                                    .res16 = true}, stream_));
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq_pre, s.dk_pre, s.dv, mb.positions, nullptr, T, D.nh_local, D.ng_local,
                                                                 D.d, D.rot_dim, stream_, dt_));
     // Each TP rank's heads add to the shared norm weights: summed over TP here (under SP with the layer's
@@ -160,8 +168,9 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   if (defer_proj && !sp_) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
-  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lw.ln1_w), g(lw.ln1_b), dattn, x_in, r.mean1, r.rstd1, w(lw.ln1_w), Tl, h, D.rms,
-                                              stream_, dt_, res16_, l > 0 ? drop(mb, mlp_site(l - 1), row0(T)) : nullptr));
+  MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lw.ln1_w), .db = g(lw.ln1_b), .dy = dattn, .x = x_in,
+                                               .mean = r.mean1, .rstd = r.rstd1, .w = w(lw.ln1_w), .rows = Tl, .width = h, .rms = D.rms,
+                                               .type = dt_, .res16 = res16_, .dropout = l > 0 ? drop(mb, mlp_site(l - 1), row0(T)) : nullptr}, stream_));
   sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)], stream_);
   // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer
   // (or its recompute) overwrites, and their gradients must be final before the grads-ready hook.

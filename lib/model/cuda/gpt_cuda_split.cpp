@@ -91,9 +91,11 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   const int64_t pr = piece(rows), p0 = half * pr;
   bf16* xn = sp_ ? s.xn_l : r.xn2;
   reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
-    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(r.x_mid, p0 * h), xn + p0 * h, r.mean2 + p0, r.rstd2 + p0, res_at(x_in, p0 * h), sum,
-                                                          w(lw.ln2_w), w(lw.ln2_b), pr, h, D.eps, D.rms, st, dt_, res16_,
-                                                          drop(mb, attn_site(l), row0(mb.B * mb.S) + p0), parts));
+    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward({.sum_out = res_at(r.x_mid, p0 * h), .y = xn + p0 * h, .mean = r.mean2 + p0,
+                                                           .rstd = r.rstd2 + p0, .x = res_at(x_in, p0 * h), .delta = sum, .w = w(lw.ln2_w),
+                                                           .b = w(lw.ln2_b), .rows = pr, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_,
+                                                           .res16 = res16_, .dropout = drop(mb, attn_site(l), row0(mb.B * mb.S) + p0),
+                                                           .parts = parts}, st));
     if (sp_) gather_half(half, rows, s.xn_l, r.xn2, st);
   });
 }
@@ -129,9 +131,11 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   const int64_t pr = piece(rows), p0 = half * pr;
   bf16* xn = sp_ ? s.xn_l : n.xn1;
   reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
-    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward(res_at(records_[static_cast<size_t>(l + 1)]->x_in, p0 * h), xn + p0 * h, n.mean1 + p0,
-                                                          n.rstd1 + p0, res_at(r.x_mid, p0 * h), sum, w(nw.ln1_w), w(nw.ln1_b), pr, h, D.eps, D.rms, st,
-                                                          dt_, res16_, drop(mb, mlp_site(l), row0(mb.B * mb.S) + p0), parts));
+    MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward({.sum_out = res_at(records_[static_cast<size_t>(l + 1)]->x_in, p0 * h), .y = xn + p0 * h,
+                                                           .mean = n.mean1 + p0, .rstd = n.rstd1 + p0, .x = res_at(r.x_mid, p0 * h), .delta = sum,
+                                                           .w = w(nw.ln1_w), .b = w(nw.ln1_b), .rows = pr, .width = h, .eps = D.eps, .rms = D.rms,
+                                                           .type = dt_, .res16 = res16_, .dropout = drop(mb, mlp_site(l), row0(mb.B * mb.S) + p0),
+                                                           .parts = parts}, st));
     if (sp_) gather_half(half, rows, s.xn_l, n.xn1, st);
   });
 }
@@ -195,9 +199,11 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
   // (and under SP the gather dres16_full), which fc2's weight gradient (queued before) read, not what fc1's reads.
   void* x_mid = r.x_mid;
   reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
-    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + p0 * h, s.dres16 + p0 * h, g(lw.ln2_w), g(lw.ln2_b), sum, res_at(x_mid, p0 * h),
-                                                       r.mean2 + p0, r.rstd2 + p0, w(lw.ln2_w), pr, h, D.rms, st, dt_, res16_,
-                                                       drop(mb, attn_site(l), row0(mb.B * mb.S) + p0), s.norm_part, parts));
+    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add({.dres = s.dres + p0 * h, .dres16 = s.dres16 + p0 * h, .dw = g(lw.ln2_w), .db = g(lw.ln2_b),
+                                                        .dy = sum, .x = res_at(x_mid, p0 * h), .mean = r.mean2 + p0, .rstd = r.rstd2 + p0,
+                                                        .w = w(lw.ln2_w), .rows = pr, .width = h, .rms = D.rms, .type = dt_, .res16 = res16_,
+                                                        .dropout = drop(mb, attn_site(l), row0(mb.B * mb.S) + p0), .partials = s.norm_part,
+                                                        .parts = parts}, st));
     if (sp_) gather_half(half, rows, s.dres16, s.dres16_full, st);
   });
   wgrad_with_bias(stream_, "bwd.gemm.fc1_wgrad", F1, rows, dfc1, r.xn2 + r0 * h, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
@@ -233,9 +239,11 @@ void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const 
   // TP on the TP stream, behind the norms that finish them.
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
-    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add(s.dres + p0 * h, s.dres16 + p0 * h, g(lw.ln1_w), g(lw.ln1_b), sum, res_at(x_in, p0 * h),
-                                                       r.mean1 + p0, r.rstd1 + p0, w(lw.ln1_w), pr, h, D.rms, st, dt_, res16_,
-                                                       l > 0 ? drop(mb, mlp_site(l - 1), row0(mb.B * mb.S) + p0) : nullptr, s.norm_part, parts));
+    MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add({.dres = s.dres + p0 * h, .dres16 = s.dres16 + p0 * h, .dw = g(lw.ln1_w), .db = g(lw.ln1_b),
+                                                        .dy = sum, .x = res_at(x_in, p0 * h), .mean = r.mean1 + p0, .rstd = r.rstd1 + p0,
+                                                        .w = w(lw.ln1_w), .rows = pr, .width = h, .rms = D.rms, .type = dt_, .res16 = res16_,
+                                                        .dropout = l > 0 ? drop(mb, mlp_site(l - 1), row0(mb.B * mb.S) + p0) : nullptr,
+                                                        .partials = s.norm_part, .parts = parts}, st));
     if (sp_ && l > 0) gather_half(half, rows, s.dres16, s.dres16_full, st);
   });
   // After the half's event, so that the layer below's first half does not wait for it (wait_tp_stream does).

@@ -110,14 +110,17 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   embed(mb, T);
   need_params(layer_end_[0]);
   const LayerW& l0 = layers_[0];
-  MT_PROF("fwd.add_norm", cuda::add_norm_forward(nullptr, norm_out(act(0).xn1), act(0).mean1, act(0).rstd1, records_[0]->x_in, nullptr, w(l0.ln1_w),
-                                                 w(l0.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_));
+  MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = norm_out(act(0).xn1), .mean = act(0).mean1, .rstd = act(0).rstd1,
+                                                  .x = records_[0]->x_in, .delta = nullptr, .w = w(l0.ln1_w), .b = w(l0.ln1_b), .rows = Tl,
+                                                  .width = h, .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = res16_}, stream_));
   gather_layer_rows(s.xn_l, act(0).xn1, T);
   if (split_forward_) {
     split_layers_forward(mb);
     need_params(numel_);
-    MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, norm_out(s.xnf), s.meanf, s.rstdf, act(D.L - 1).x_mid, sp_ ? s.delta_l : s.delta, w(lnf_w_),
-                                                   w(lnf_b_), Tl, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), row0(T))));
+    MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = s.x_final, .y = norm_out(s.xnf), .mean = s.meanf, .rstd = s.rstdf,
+                                                    .x = act(D.L - 1).x_mid, .delta = sp_ ? s.delta_l : s.delta, .w = w(lnf_w_), .b = w(lnf_b_),
+                                                    .rows = Tl, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = res16_,
+                                                    .dropout = drop(mb, mlp_site(D.L - 1), row0(T))}, stream_));
     gather_rows(s.xn_l, s.xnf, T);
   }
   for (int64_t l = 0; !split_forward_ && l < D.L; ++l) {
@@ -127,13 +130,16 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
       Record& n = act(l + 1);
       const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
       need_params(layer_end_[static_cast<size_t>(l + 1)]);
-      MT_PROF("fwd.add_norm", cuda::add_norm_forward(records_[static_cast<size_t>(l + 1)]->x_in, norm_out(n.xn1), n.mean1, n.rstd1, r.x_mid, mlp, w(nw.ln1_w),
-                                                     w(nw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_, drop(mb, mlp_site(l), row0(T))));
+      MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = records_[static_cast<size_t>(l + 1)]->x_in, .y = norm_out(n.xn1), .mean = n.mean1,
+                                                      .rstd = n.rstd1, .x = r.x_mid, .delta = mlp, .w = w(nw.ln1_w), .b = w(nw.ln1_b), .rows = Tl,
+                                                      .width = h, .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = res16_,
+                                                      .dropout = drop(mb, mlp_site(l), row0(T))}, stream_));
       gather_rows(s.xn_l, n.xn1, T);
     } else {
       need_params(numel_);
-      MT_PROF("fwd.add_norm", cuda::add_norm_forward(s.x_final, norm_out(s.xnf), s.meanf, s.rstdf, r.x_mid, mlp, w(lnf_w_), w(lnf_b_), Tl, h, D.eps, D.rms,
-                                                     stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), row0(T))));
+      MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = s.x_final, .y = norm_out(s.xnf), .mean = s.meanf, .rstd = s.rstdf, .x = r.x_mid,
+                                                      .delta = mlp, .w = w(lnf_w_), .b = w(lnf_b_), .rows = Tl, .width = h, .eps = D.eps,
+                                                      .rms = D.rms, .type = dt_, .res16 = res16_, .dropout = drop(mb, mlp_site(D.L - 1), row0(T))}, stream_));
       gather_rows(s.xn_l, s.xnf, T);
     }
   }
@@ -159,8 +165,9 @@ void CudaGPT::backward(const DeviceMicrobatch& mb) {
   MT_PROF_ON(ws, "bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, T, 1.0f, s.logits, V, s.xnf, h, 1.0f, g(out_w_), h, ab_, CUDA_R_32F, nullptr, ws));
   const bf16* dfinal = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
-  MT_PROF("bwd.norm", cuda::norm_backward_add(s.dres, s.dres16, g(lnf_w_), g(lnf_b_), dfinal, s.x_final, s.meanf, s.rstdf, w(lnf_w_), Tl, h, D.rms,
-                                              stream_, dt_, res16_, drop(mb, mlp_site(D.L - 1), row0(T))));
+  MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lnf_w_), .db = g(lnf_b_), .dy = dfinal, .x = s.x_final,
+                                               .mean = s.meanf, .rstd = s.rstdf, .w = w(lnf_w_), .rows = Tl, .width = h, .rms = D.rms, .type = dt_,
+                                               .res16 = res16_, .dropout = drop(mb, mlp_site(D.L - 1), row0(T))}, stream_));
   sum_replicated_grads(final_replicated_, stream_);
   for (int64_t l = D.L - 1; l >= 0; --l) {
     Record& r = act(l);
@@ -171,8 +178,10 @@ void CudaGPT::backward(const DeviceMicrobatch& mb) {
     }
     if (recomputed(l)) {
       const LayerW& lw = layers_[static_cast<size_t>(l)];
-      MT_PROF("recompute.norm", cuda::add_norm_forward(nullptr, norm_out(r.xn1), r.mean1, r.rstd1, records_[static_cast<size_t>(l)]->x_in, nullptr,
-                                                       w(lw.ln1_w), w(lw.ln1_b), Tl, h, D.eps, D.rms, stream_, dt_, res16_));
+      MT_PROF("recompute.norm", cuda::add_norm_forward({.sum_out = nullptr, .y = norm_out(r.xn1), .mean = r.mean1, .rstd = r.rstd1,
+                                                        .x = records_[static_cast<size_t>(l)]->x_in, .delta = nullptr, .w = w(lw.ln1_w),
+                                                        .b = w(lw.ln1_b), .rows = Tl, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_,
+                                                        .res16 = res16_}, stream_));
       gather_rows(s.xn_l, r.xn1, T);
       layer_forward(l, r, mb);
     }

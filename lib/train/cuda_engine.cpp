@@ -1,0 +1,268 @@
+// cuda_engine.cpp: the CUDA engine's set-up: the shared layout on the host, checkpoint loading, the model and
+// its NCCL groups, the optimizer state (whole, or this rank's shard under the distributed optimizer), the
+// multi-tensor chunk table, data parallelism and the staging buffers. The steps: cuda_engine_step.cpp.
+#include "train/cuda_engine.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "optim/batch_schedule.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/device_allocator.h"
+#include "tensor/device_info.h"
+#include "train/train_common.h"
+
+namespace mt {
+namespace {
+
+double peak_of(const std::string& gpu) {
+  // Dense bf16 tensor-core peak of the SXM parts (REFERENCE.md section 3 uses 989.4 for H100/H200).
+  if (gpu.find("H100") != std::string::npos || gpu.find("H200") != std::string::npos) return 989.4;
+  return -1;
+}
+
+template <typename T>
+T* device_zeros(size_t n) {
+  auto* p = static_cast<T*>(device_malloc(std::max<size_t>(n, 1) * sizeof(T), "the training state (master weights, Adam moments, step buffers)"));
+  MT_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(T)));
+  // The training stream is non-blocking (not ordered with the legacy stream this memset runs on).
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
+  return p;
+}
+
+}  // namespace
+
+CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSource& data, bool lead)
+    : cfg_(cfg), groups_(std::move(groups)), data_(data), lead_(lead), scaler_(cfg) {
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  const auto gpus = visible_gpus();
+  gpu_name_ = gpus.empty() ? std::string("GPU") : gpus.front().name;
+  peak_ = peak_of(gpu_name_);
+  // The host parameters: the layout both engines build, with the initial values (the same as the CPU engine's);
+  // with checkpoints they stay as the host side of save / load, otherwise they are dropped after upload.
+  const auto& ck = cfg.checkpoint;
+  host_ = std::make_unique<ParamStore>();
+  where_ = build_model_layout(cfg, {groups_.tp->rank(), groups_.tp->size(), groups_.pp->rank(), groups_.pp->size()}, *host_);
+  host_->release_grads();  // the gradients live on the device
+  dp_ = groups_.dp_cp->size();
+  dp_rank_ = groups_.dp_cp->rank();
+  // The distributed optimizer (ZeRO-1): this DP rank keeps the master weights and Adam moments of its
+  // blocks of the CPU engine's gradient buckets only (the same split, so checkpoints and the host optimizer
+  // line up); the optimizer state lies back to back in segment order (Optimizer::make_segments).
+  dist_opt_ = cfg.training.use_distributed_optimizer && dp_ > 1;
+  overlap_gather_ = dist_opt_ && cfg.training.overlap_param_gather;
+  FlatRanges owned{{0, host_->numel()}};
+  if (dist_opt_) {
+    shard_layout_ = std::make_unique<DataParallel>(cfg, *host_, groups_.dp_cp);
+    owned = shard_layout_->owned_ranges();
+  }
+  const std::vector<Optimizer::Segment> segments = Optimizer::make_segments(*host_, owned);
+  n_state_ = segments.empty() ? 0 : segments.back().state + (segments.back().end - segments.back().begin);
+  // The host optimizer (fp32 master weights, Adam moments) exists only to load or save checkpoints.
+  if (ck.load || ck.save) host_opt_ = std::make_unique<Optimizer>(cfg, *host_, groups_, owned, dist_opt_);
+  const bool found = ck.load && (ck.ckpt_step || latest_checkpoint(*ck.load));
+  if (found) {
+    const LoadOptions lo = load_options(cfg);
+    resumed_ = load_checkpoint(*ck.load, lo, *host_, *host_opt_, scaler_);
+    loaded_ = lo.load_optimizer;
+  }
+  announce_load(cfg, resumed_, found, lead);
+  P_ = host_->numel();
+  // Without the distributed optimizer one rank owns every range: the state is laid out like the parameters.
+  for (const auto& sg : segments) {
+    if (!dist_opt_ && sg.state != sg.begin) throw std::logic_error("CUDA engine: optimizer state not aligned with the parameters");
+  }
+  // Tensor parallelism: the model queues its collectives on the training stream through the TP group.
+  StreamCollectives* tp_coll = nullptr;
+  StreamCollectives* dp_coll = nullptr;
+#ifdef MEGATRAIN_HAVE_NCCL
+  if (groups_.tp->size() > 1) {
+    tp_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.tp);
+    if (!tp_nccl_) throw std::logic_error("CUDA engine: the tensor-parallel group is not an NCCL communicator");
+    tp_coll = tp_nccl_.get();
+  }
+  // Data parallelism: the gradient (and, with the distributed optimizer, 16-bit weight) buffers go into the DP
+  // group's symmetric windows, which the communicator owns.
+  if (dp_ > 1) {
+    dp_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.dp_cp);
+    if (!dp_nccl_) throw std::logic_error("CUDA engine: the data-parallel group is not an NCCL communicator");
+  }
+  dp_coll = dp_nccl_.get();
+#else
+  if (groups_.tp->size() > 1) throw std::logic_error("CUDA engine: tensor parallelism needs NCCL");
+#endif
+  model_ = std::make_unique<CudaGPT>(cfg, *host_, where_, stream_, tp_coll, /*keep_master=*/!dist_opt_, dp_coll);
+  setup_optimizer_state(segments);
+  setup_data_parallel();
+  // Data-parallel rank 0 writes the parameters; the optimizer state is written by rank 0 (every replica
+  // holds the same) or, with the distributed optimizer, by every rank for its shard. Ranks that write keep
+  // the host parameters and optimizer after the upload; the others take part in the save with an empty shard.
+  keep_host_ = ck.save.has_value() && (dp_rank_ == 0 || dist_opt_);
+  shard_layout_.reset();  // refers to the host parameters; its buckets were copied
+  if (!keep_host_) {
+    host_opt_.reset();
+    host_.reset();
+  }
+  // The staging buffers: two sets of the largest batch's microbatches (iterations alternate), one for evaluation.
+  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
+  const BatchSchedule batches(cfg, groups_.dp->size());
+  nmb_max_ = batches.max_global_batch() / (mbs * groups_.dp->size());
+  // Hidden dropout: each training micro batch carries its samples' mask keys (dropout_key: the embedding,
+  // then per layer the attention block's and the MLP's output), the CPU engine's masks.
+  const int64_t key_sites = 1 + 2 * model_->dims().L;
+  for (int64_t i = 0; i < 2 * nmb_max_; ++i) {
+    slots_.push_back(std::make_unique<MicrobatchSlot>(mbs * S, cfg.model.hidden_dropout > 0 ? mbs * key_sites : 0));
+  }
+  eval_slot_ = std::make_unique<MicrobatchSlot>(mbs * S);
+  eval_acc_ = device_zeros<float>(1);
+  const auto hist = static_cast<size_t>(cfg.logging.log_interval) + 1;
+  loss_hist_ = device_zeros<float>(hist);
+  norm_hist_ = device_zeros<float>(hist);
+  skip_hist_ = device_zeros<int32_t>(hist);
+  avg_buf_ = device_zeros<float>(hist);
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&drained_, cudaEventDisableTiming));
+  if (ck.save) saver_ = make_saver(cfg, groups_);
+  // MEGATRAIN_PROFILE_ITER=N: per-op device time of iteration N (printed once, by rank 0).
+  const char* prof_env = std::getenv("MEGATRAIN_PROFILE_ITER");
+  profile_iter_ = prof_env ? std::atoll(prof_env) : -1;
+}
+
+// Master weights: the model's full buffer, or this rank's shard of them (distributed optimizer), filled from
+// the host optimizer's copy when there is one (loaded, or initialised from the parameters) and else from the
+// layout's parameters, still the unrounded initial values; the Adam moments, the step state and the chunk table.
+void CudaEngine::setup_optimizer_state(const std::vector<Optimizer::Segment>& segments) {
+  const Config& cfg = cfg_;
+  master_ = dist_opt_ ? device_zeros<float>(static_cast<size_t>(n_state_)) : model_->master();
+  const size_t state_bytes = static_cast<size_t>(n_state_) * 4;
+  if (host_opt_ && host_opt_->master()) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(master_, host_opt_->master(), state_bytes, cudaMemcpyHostToDevice, stream_));
+    if (!dist_opt_) model_->refresh_working();
+  } else if (dist_opt_) {
+    std::vector<float> init(static_cast<size_t>(n_state_));
+    for (const auto& sg : segments) {
+      std::memcpy(init.data() + sg.state, host_->params().f32() + sg.begin, static_cast<size_t>(sg.end - sg.begin) * 4);
+    }
+    MT_CUDA_CHECK(cudaMemcpy(master_, init.data(), state_bytes, cudaMemcpyHostToDevice));
+  }
+  m_ = device_zeros<float>(static_cast<size_t>(n_state_));
+  v_ = device_zeros<float>(static_cast<size_t>(n_state_));
+  st_ = device_zeros<cuda::StepState>(1);
+  partials_ = device_zeros<float>(cuda::kNormPartials);
+  if (loaded_) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(m_, host_opt_->exp_avg(), state_bytes, cudaMemcpyHostToDevice, stream_));
+    MT_CUDA_CHECK(cudaMemcpyAsync(v_, host_opt_->exp_avg_sq(), state_bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  {
+    cuda::StepState init{};
+    init.t = loaded_ ? static_cast<int32_t>(host_opt_->iterations()) : 0;
+    init.skipped_total = static_cast<int32_t>(resumed_.skipped);
+    init.nan_total = static_cast<int32_t>(resumed_.nan_iterations);
+    // fp16: the loss scaler continues on the device from its initial or checkpointed state.
+    const LossScaler::State sc = scaler_.state();
+    init.loss_scale = sc.scale;
+    init.hysteresis_left = static_cast<int32_t>(sc.hysteresis_left);
+    init.clean_steps = static_cast<int32_t>(sc.clean_steps);
+    MT_CUDA_CHECK(cudaMemcpy(st_, &init, sizeof(init), cudaMemcpyHostToDevice));
+    last_ = init;
+  }
+  scale_rule_.fp16 = cfg.precision.fp16;
+  scale_rule_.dynamic = cfg.precision.fp16 && !cfg.precision.loss_scale;
+  scale_rule_.min_scale = static_cast<float>(cfg.precision.min_loss_scale);
+  scale_rule_.window = static_cast<int32_t>(std::min<int64_t>(cfg.precision.loss_scale_window, INT32_MAX));
+  scale_rule_.hysteresis = static_cast<int32_t>(cfg.precision.hysteresis);
+  if (cfg.precision.fp16) model_->set_loss_scale(&st_->loss_scale);
+  MT_CUDA_CHECK(cudaDeviceSynchronize());  // setup copies (some from pageable memory) done before the first step
+  // The multi-tensor table: chunks of at most 64 Ki elements of the owned segments, each inside one
+  // parameter. A parameter n TP ranks hold (norms, row-parallel biases and positions: all TP ranks; a
+  // K/V-replicated QKV shard: its group's ranks) counts 1/n in each rank's norm partials, which are then
+  // summed over TP (and over DP with the distributed optimizer): every parameter once.
+  const int64_t tp = groups_.tp->size();
+  for (const auto& sg : segments) {
+    const ParamInfo& p = host_->info(sg.param);
+    // Held by tp / shard_count ranks: whole (shard_dim < 0) or a K/V-replicated shard.
+    const int64_t holders = p.shard_dim < 0 ? tp : tp / std::max<int64_t>(1, p.shard_count);
+    const float nw = 1.0f / static_cast<float>(std::max<int64_t>(1, holders));
+    for (int64_t o = 0; o < sg.end - sg.begin; o += 65536) {
+      chunks_.push_back({sg.begin + o, static_cast<int32_t>(std::min<int64_t>(65536, sg.end - sg.begin - o)), p.weight_decay ? 1 : 0, nw,
+                         dist_opt_ ? sg.state + o : -1});
+    }
+  }
+  // In flat order, so each data-parallel bucket's chunks are one run of the table (the overlapped parameter
+  // gather updates and sends the model bucket by bucket, lowest first).
+  std::stable_sort(chunks_.begin(), chunks_.end(), [](const cuda::AdamChunk& a, const cuda::AdamChunk& b) { return a.start < b.start; });
+  d_chunks_ = device_zeros<cuda::AdamChunk>(chunks_.size());
+  MT_CUDA_CHECK(cudaMemcpy(d_chunks_, chunks_.data(), chunks_.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+}
+
+// Each rank's share of the data-parallel gradient sum: in bf16 / fp32 the reductions sum (NCCL's symmetric
+// kernels have no average), so the backward scales by 1 / DP; fp16 keeps the average (DeviceDataParallel).
+void CudaEngine::setup_data_parallel() {
+#ifdef MEGATRAIN_HAVE_NCCL
+  const Config& cfg = cfg_;
+  if (dp_ <= 1) return;
+  if (dist_opt_) {
+    std::vector<DeviceBucket> buckets;
+    for (const auto& b : shard_layout_->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
+    ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), P_, std::move(buckets), cfg.training.overlap_grad_reduce,
+                                                cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream_);
+  } else {
+    const int64_t bucket = cfg.training.ddp_bucket_size.value_or(40000000);
+    ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), P_, bucket, cfg.training.overlap_grad_reduce,
+                                                cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream_);
+  }
+  model_->set_grads_ready_hook([this](int64_t lowest) { ddp_->on_grads_ready(lowest); });
+  grad_share_ = ddp_->grad_share();
+  if (!overlap_gather_) return;
+  model_->set_params_needed_hook([this](int64_t end) { ddp_->wait_params(end); });
+  int64_t covered = 0;
+  for (const DeviceBucket& b : ddp_->bucket_list()) {
+    const auto in = [&](const cuda::AdamChunk& c) { return c.start >= b.lo && c.start < b.hi; };
+    const auto first = std::find_if(chunks_.begin(), chunks_.end(), in);
+    const auto last = std::find_if_not(first, chunks_.end(), in);
+    bucket_chunks_[b.lo] = {first - chunks_.begin(), last - chunks_.begin()};
+    covered += last - first;
+  }
+  if (covered != static_cast<int64_t>(chunks_.size())) throw std::logic_error("CUDA engine: the optimizer chunks do not fall into the gather buckets");
+#else
+  if (dp_ > 1) throw std::logic_error("CUDA engine: data parallelism needs NCCL");
+#endif
+}
+
+std::vector<std::string> CudaEngine::describe() const {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const auto& cfg = cfg_;
+  std::ostringstream line;
+  line << "CUDA engine on " << gpu_name_ << ": " << P_ << " parameters; memory: fp32 grads + master + Adam "
+       << static_cast<double>(P_ * 4 + n_state_ * 12) / gib << " GiB" << (dist_opt_ ? " (optimizer state sharded over DP)" : "") << ", bf16 weights "
+       << static_cast<double>(P_) * 2 / gib << " GiB, activations " << static_cast<double>(model_->activation_bytes()) / gib << " GiB"
+       << (cfg.recompute.recompute_granularity ? " (recompute " + *cfg.recompute.recompute_granularity + ")" : std::string());
+#ifdef MEGATRAIN_HAVE_NCCL
+  // The NCCL windows hold some of the above; this is what they took of the device, rounding included.
+  const size_t win = (tp_nccl_ ? tp_nccl_->window_device_bytes() : 0) + (dp_nccl_ ? dp_nccl_->window_device_bytes() : 0);
+  if (win > 0) line << "; NCCL windows took " << static_cast<double>(win) / gib << " GiB of the device";
+#endif
+  std::vector<std::string> lines{line.str()};
+  if (model_->split_layers()) {
+    lines.push_back(std::string("tensor-parallel layers split in two halves of the micro batch, each half's reductions") +
+                    (!cfg.parallel.sequence_parallel ? " (all-reduce, norm)"
+                     : model_->split_all_to_all() ? " (all-to-all, norm adding the partial sums, all-gather; MEGATRAIN_TP_SP_ALLTOALL=0: a reduce-scatter)"
+                                                  : " (reduce-scatter, norm, all-gather)") +
+                    " beside the other half's compute (MEGATRAIN_TP_SPLIT_FORWARD=0: off)");
+  }
+  return lines;
+}
+
+CudaEngine::~CudaEngine() {
+  if (drained_) cudaEventDestroy(drained_);
+  if (dist_opt_) cudaFree(master_);  // else the model's
+  for (void* p : {static_cast<void*>(m_), static_cast<void*>(v_), static_cast<void*>(st_), static_cast<void*>(partials_), static_cast<void*>(d_chunks_),
+                  static_cast<void*>(eval_acc_), static_cast<void*>(avg_buf_), static_cast<void*>(loss_hist_), static_cast<void*>(norm_hist_),
+                  static_cast<void*>(skip_hist_)}) {
+    if (p) cudaFree(p);
+  }
+}
+
+}  // namespace mt

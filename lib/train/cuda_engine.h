@@ -1,0 +1,114 @@
+// cuda_engine.h: the CUDA engine behind the training loop (one GPU per rank): the model, the gradients and
+// the optimizer state on the device. Microbatches are staged in pinned host buffers (two sets, alternating
+// iterations; an event guards reuse) and copied asynchronously; the schedule, the gradient norm, the skip
+// decision and AdamW are queued on the training stream (collectives on NCCL's streams, ordered by events).
+// The host never waits inside a step: the loss, the gradient norm and the skip decision stay on the device
+// (a history per iteration) and are read when the loop asks (log intervals, evaluation, saves).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "data/token_source.h"
+#include "kernels/cuda/optimizer_step.h"
+#include "model/cuda/gpt_cuda.h"
+#include "model/layout.h"
+#include "optim/data_parallel.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+#include "train/microbatch_staging.h"
+#include "train/training_loop.h"
+#ifdef MEGATRAIN_HAVE_NCCL
+#include "comm/cuda/nccl_communicator.h"
+#include "optim/cuda/device_data_parallel.h"
+#endif
+
+namespace mt {
+
+class CudaEngine final : public TrainingEngine {
+ public:
+  CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSource& data, bool lead);
+  ~CudaEngine() override;
+  TrainState resumed() const override { return resumed_; }
+  std::vector<std::string> describe() const override;
+  void step(int64_t iteration, int64_t first_sample, int64_t num_microbatches, double lr) override;
+  bool reports_each_step() const override { return false; }
+  std::vector<StepReport> read_reports() override;
+  double loss_scale() const override { return cfg_.precision.fp16 ? last_.loss_scale : 1.0; }
+  double params_norm() override;
+  double evaluate(int64_t iteration) override;
+  void save(TrainState state) override;
+  double peak_tflops() const override { return peak_; }
+  void finish() override;
+
+ private:
+  void setup_optimizer_state(const std::vector<Optimizer::Segment>& segments);
+  void setup_data_parallel();
+  // Every host wait on the device goes through here: with data or tensor parallelism it polls an NCCL
+  // communicator, so a dead peer ends the job after --distributed-timeout-seconds instead of hanging it.
+  void wait_event(cudaEvent_t ev);
+  void wait_stream();
+  cuda::StepState read_state();
+  // partials_ = the norm partial sums of x (gradients, indexed like the parameters, or master weights,
+  // indexed like the optimizer state), summed over TP, and over DP when each rank owns a shard.
+  void norm_partials(const float* x, bool by_state, const float* loss = nullptr);
+  // Averages host values over the data-parallel group (log and validation time only).
+  void dp_average(float* values, int64_t n);
+  void params_gathered();
+  void profile_report(int64_t iteration, double waited_before, int64_t mallocs_before);
+  void make_drop_keys(const Microbatch& mb, int64_t step);
+
+  const Config& cfg_;
+  ProcessGroups groups_;
+  const TokenSource& data_;
+  bool lead_;
+  cudaStream_t stream_ = nullptr;
+  std::string gpu_name_;
+  double peak_ = -1;
+  // The host side of the parameters (the shared layout and initial values) and of the optimizer state: kept by
+  // the ranks that write checkpoints, dropped by the others after the upload.
+  std::unique_ptr<ParamStore> host_;
+  ModelLayout where_;
+  std::unique_ptr<Optimizer> host_opt_;
+  std::unique_ptr<DataParallel> shard_layout_;  // the distributed optimizer's buckets (set-up only)
+  bool keep_host_ = false, loaded_ = false;
+  int64_t P_ = 0, n_state_ = 0, dp_ = 1, dp_rank_ = 0;
+  bool dist_opt_ = false, overlap_gather_ = false;
+  LossScaler scaler_;
+  TrainState resumed_;
+#ifdef MEGATRAIN_HAVE_NCCL
+  // Declared before the model: the model keeps raw pointers into their symmetric windows.
+  std::shared_ptr<NcclCommunicator> tp_nccl_, dp_nccl_;
+#endif
+  std::unique_ptr<CudaGPT> model_;
+  float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *partials_ = nullptr, *eval_acc_ = nullptr, *avg_buf_ = nullptr;
+  float *loss_hist_ = nullptr, *norm_hist_ = nullptr;
+  int32_t* skip_hist_ = nullptr;
+  cuda::StepState* st_ = nullptr;
+  cuda::LossScaleRule scale_rule_;
+  std::vector<cuda::AdamChunk> chunks_;
+  cuda::AdamChunk* d_chunks_ = nullptr;
+  float grad_share_ = 1.0f;
+#ifdef MEGATRAIN_HAVE_NCCL
+  std::unique_ptr<DeviceDataParallel> ddp_;
+#endif
+  // --overlap-param-gather: the chunks [first, second) of the table that update the bucket starting at lo.
+  std::map<int64_t, std::pair<int64_t, int64_t>> bucket_chunks_;
+  int64_t nmb_max_ = 1;
+  std::vector<std::unique_ptr<MicrobatchSlot>> slots_;
+  std::unique_ptr<MicrobatchSlot> eval_slot_;
+  std::vector<uint64_t> drop_keys_;
+  std::unique_ptr<CheckpointSaver> saver_;
+  cudaEvent_t drained_ = nullptr;
+  int64_t profile_iter_ = -1;
+  int64_t pending_ = 0;     // steps queued since the last read_reports
+  cuda::StepState last_{};  // the device state at the last read
+};
+
+}  // namespace mt

@@ -1,0 +1,284 @@
+// cuda_engine_step.cpp: the CUDA engine's iteration (the schedule over the staged microbatches, the gradient
+// reductions, the norm, the skip decision and AdamW, all queued), its per-iteration history, evaluation,
+// checkpoints and the per-op profile.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "kernels/cuda/embedding.h"
+#include "pipeline/cuda_stage.h"
+#include "pipeline/schedule.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/device_allocator.h"
+#include "tensor/cuda/op_profiler.h"
+#include "tensor/dtype.h"
+#include "train/cuda_engine.h"
+
+namespace mt {
+
+void CudaEngine::wait_event(cudaEvent_t ev) {
+#ifdef MEGATRAIN_HAVE_NCCL
+  if (tp_nccl_) {
+    tp_nccl_->wait_event(ev, "training step");
+    return;
+  }
+  if (ddp_) {
+    ddp_->comm().wait_event(ev, "training step");
+    return;
+  }
+#endif
+  MT_CUDA_CHECK(cudaEventSynchronize(ev));
+}
+
+void CudaEngine::wait_stream() {
+  MT_CUDA_CHECK(cudaEventRecord(drained_, stream_));
+  wait_event(drained_);
+}
+
+cuda::StepState CudaEngine::read_state() {
+  cuda::StepState h{};
+  wait_stream();
+  MT_CUDA_CHECK(cudaMemcpy(&h, st_, sizeof(h), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// With the distributed optimizer a rank's own non-finite loss poisons the gradient partials, so every rank
+// skips the step together (each updates only its shard: one skipping alone would split the model).
+void CudaEngine::norm_partials(const float* x, bool by_state, const float* loss) {
+  cuda::sumsq_partials(partials_, x, d_chunks_, static_cast<int64_t>(chunks_.size()), by_state, stream_);
+  if (loss && dist_opt_) cuda::poison_if_nonfinite(partials_, loss, stream_);
+#ifdef MEGATRAIN_HAVE_NCCL
+  if (tp_nccl_) tp_nccl_->all_reduce_on(partials_, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream_);
+  if (dist_opt_) dp_nccl_->all_reduce_on(partials_, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream_);
+#endif
+}
+
+// Through the NCCL group on a small device buffer, so torchrun-style launches without MPI work too.
+void CudaEngine::dp_average(float* values, int64_t n) {
+  MT_CUDA_CHECK(cudaMemcpy(avg_buf_, values, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+  MT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may still be in flight; NCCL's stream is not ordered with it
+  groups_.dp_cp->all_reduce(avg_buf_, n, ReduceOp::kAvg);
+  MT_CUDA_CHECK(cudaMemcpy(values, avg_buf_, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
+}
+
+// Every bucket's parameters on the compute stream (the overlapped gather is otherwise waited for by the next
+// forward): before the weights leave the device and at the end.
+void CudaEngine::params_gathered() {
+#ifdef MEGATRAIN_HAVE_NCCL
+  if (overlap_gather_) ddp_->wait_params(INT64_MAX);
+#endif
+}
+
+void CudaEngine::make_drop_keys(const Microbatch& mb, int64_t step) {
+  drop_keys_.clear();
+  if (cfg_.model.hidden_dropout <= 0) return;
+  const auto seed = static_cast<uint64_t>(cfg_.training.seed);
+  for (int64_t b = 0; b < mb.B; ++b) {
+    drop_keys_.push_back(dropout_key(seed, step, mb.first_sample + b, -1, kDropEmbedding));
+    for (int64_t l = 0; l < model_->dims().L; ++l) {
+      drop_keys_.push_back(dropout_key(seed, step, mb.first_sample + b, l, kDropAttnOut));
+      drop_keys_.push_back(dropout_key(seed, step, mb.first_sample + b, l, kDropMlpOut));
+    }
+  }
+}
+
+void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
+  const Config& cfg = cfg_;
+  const ModelDims& D = model_->dims();
+  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
+  const int64_t dp = groups_.dp->size(), dp_rank = groups_.dp->rank();
+  const double waited_before = MicrobatchSlot::wait_ms;
+  const int64_t mallocs_before = DeviceAllocator::instance().stats().device_mallocs;
+  if (it == profile_iter_) OpProfiler::instance().enable(stream_);
+  MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model_->grads(), 0, static_cast<size_t>(P_) * 4, stream_)));
+#ifdef MEGATRAIN_HAVE_NCCL
+  if (ddp_) ddp_->start_iteration();
+#endif
+  // The schedule's microbatches (no pipelining): each staged on the device with its share of the loss.
+  const std::function<void(cudaEvent_t)> wait = [this](cudaEvent_t ev) { wait_event(ev); };
+  CudaPipelineStage stage(
+      *model_,
+      [&](int64_t mi) {
+        const Microbatch mb = make_microbatch(data_, Split::kTrain, base + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
+        double denom = 0;
+        for (float x : mb.loss_mask) denom += x;
+        denom = std::max(denom, 1.0);
+        MicrobatchSlot& slot = *slots_[static_cast<size_t>((it % 2) * nmb_max_ + mi)];
+        make_drop_keys(mb, it);
+        const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb_it)));
+        return CudaPipelineStage::Staged{slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait, drop_keys_),
+                                         w_mb * grad_share_, w_mb};
+      },
+      &st_->loss_acc);
+  run_schedule(no_pipelining_schedule(nmb_it), stage);
+#ifdef MEGATRAIN_HAVE_NCCL
+  if (ddp_) MT_PROF("dp.grad_all_reduce_wait", ddp_->finish());
+#endif
+  const float clip = static_cast<float>(cfg.training.clip_grad);
+  const float b1 = static_cast<float>(cfg.training.adam_beta1), b2 = static_cast<float>(cfg.training.adam_beta2);
+  const float eps = static_cast<float>(cfg.training.adam_eps), wd = static_cast<float>(cfg.training.weight_decay);
+  MT_PROF("opt.grad_norm", norm_partials(model_->grads(), false, &st_->loss_acc));
+  cuda::step_prepare(st_, partials_, clip, b1, b2, 1.0f, scale_rule_, stream_);
+  auto adamw = [&](int64_t first, int64_t count) {
+    MT_PROF("opt.adamw", cuda::adamw_multi(master_, m_, v_, model_->working(), model_->grads(), d_chunks_ + first, count, st_, static_cast<float>(lr), b1,
+                                           b2, eps, wd, stream_, model_->half_type()));
+  };
+  const auto n_chunks = static_cast<int64_t>(chunks_.size());
+#ifdef MEGATRAIN_HAVE_NCCL
+  // Distributed optimizer: each rank updates the working weights of its blocks; every rank gets all of them,
+  // after the step or (--overlap-param-gather) bucket by bucket as the step updates them, on the
+  // communicator's stream, while the rest of the step and the next forward run.
+  if (overlap_gather_) {
+    ddp_->start_param_gather(model_->working(), [&](int64_t lo) {
+      const auto [first, last] = bucket_chunks_.at(lo);
+      if (last > first) adamw(first, last - first);
+    });
+  } else {
+    adamw(0, n_chunks);
+    if (dist_opt_) MT_PROF("dp.param_gather", ddp_->gather_params(model_->working()));
+  }
+#else
+  adamw(0, n_chunks);
+#endif
+  if (it == profile_iter_) profile_report(it, waited_before, mallocs_before);
+  const auto slot = static_cast<size_t>(pending_);
+  if (slot > static_cast<size_t>(cfg.logging.log_interval)) throw std::logic_error("CUDA engine: more steps queued than the history holds");
+  MT_CUDA_CHECK(cudaMemcpyAsync(loss_hist_ + slot, &st_->loss, 4, cudaMemcpyDeviceToDevice, stream_));
+  MT_CUDA_CHECK(cudaMemcpyAsync(norm_hist_ + slot, &st_->grad_norm, 4, cudaMemcpyDeviceToDevice, stream_));
+  MT_CUDA_CHECK(cudaMemcpyAsync(skip_hist_ + slot, &st_->skip, 4, cudaMemcpyDeviceToDevice, stream_));
+  ++pending_;
+}
+
+// The step's only possible host waits: a staging buffer still being copied (the two-iteration run-ahead bound)
+// and a cudaMalloc (an implicit device synchronisation) in the allocator. Both are reported.
+void CudaEngine::profile_report(int64_t it, double waited_before, int64_t mallocs_before) {
+  const int64_t mallocs = DeviceAllocator::instance().stats().device_mallocs - mallocs_before;
+  const auto prof = OpProfiler::instance().collect();
+  double total = 0;
+  for (const auto& [name, ms] : prof) total += ms;
+  if (lead_) {
+    std::printf("megatrain: profile of iteration %lld: device time in named ops %.1f ms (summed over streams); host waits inside the step: %.1f ms for "
+                "staging buffers, %lld cudaMalloc calls\n",
+                static_cast<long long>(it), total, MicrobatchSlot::wait_ms - waited_before, static_cast<long long>(mallocs));
+    for (const auto& [name, ms] : prof) std::printf("  %-28s %9.2f ms %6.1f%%\n", name.c_str(), ms, 100.0 * ms / total);
+    std::fflush(stdout);
+  }
+  // MEGATRAIN_PROFILE_TIMELINE=PREFIX: every rank writes PREFIX.rankN.csv, each region's stream, start and end
+  // (ms from the start of the step): what overlapped what (side-stream GEMMs, NCCL collectives).
+  if (const char* tl = std::getenv("MEGATRAIN_PROFILE_TIMELINE")) {
+    const std::string path = std::string(tl) + ".rank" + std::to_string(groups_.world->rank()) + ".csv";
+    std::ofstream f(path);
+    if (!f) throw std::runtime_error("cannot write the profile timeline " + path + ": check MEGATRAIN_PROFILE_TIMELINE");
+    f << "name,stream,start_ms,end_ms\n";
+    for (const auto& sp : OpProfiler::instance().timeline()) f << sp.name << "," << sp.stream << "," << sp.start_ms << "," << sp.end_ms << "\n";
+  }
+}
+
+std::vector<StepReport> CudaEngine::read_reports() {
+  last_ = read_state();
+  const auto n = static_cast<size_t>(pending_);
+  std::vector<float> losses(n), norms(n);
+  std::vector<int32_t> skips(n);
+  if (n > 0) {
+    MT_CUDA_CHECK(cudaMemcpy(losses.data(), loss_hist_, n * 4, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(cudaMemcpy(norms.data(), norm_hist_, n * 4, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(cudaMemcpy(skips.data(), skip_hist_, n * 4, cudaMemcpyDeviceToHost));
+    if (dp_ > 1) dp_average(losses.data(), static_cast<int64_t>(n));
+  }
+  pending_ = 0;
+  std::vector<StepReport> out;
+  for (size_t i = 0; i < n; ++i) out.push_back({losses[i], norms[i], skips[i] != 0});
+  return out;
+}
+
+// The fp32 master weights, through the gradient-norm kernel's partial sums (the device is drained here, and
+// the next step recomputes its own partials), summed over TP and, with the distributed optimizer, over the DP
+// shards.
+double CudaEngine::params_norm() {
+  norm_partials(master_, true);
+  std::vector<float> part(cuda::kNormPartials);
+  MT_CUDA_CHECK(cudaMemcpyAsync(part.data(), partials_, part.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  wait_stream();
+  double sq = 0;
+  for (float x : part) sq += x;
+  return std::sqrt(sq);
+}
+
+double CudaEngine::evaluate(int64_t iteration) {
+  (void)iteration;  // evaluation draws no dropout
+  const Config& cfg = cfg_;
+  const ModelDims& D = model_->dims();
+  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, gbs = cfg.derived.global_batch_size;
+  const int64_t dp = groups_.dp->size(), dp_rank = groups_.dp->rank();
+  const std::function<void(cudaEvent_t)> wait = [this](cudaEvent_t ev) { wait_event(ev); };
+  MT_CUDA_CHECK(cudaMemsetAsync(eval_acc_, 0, 4, stream_));
+  int64_t n = 0;
+  for (int64_t e = 0; e < cfg.logging.eval_iters; ++e) {
+    for (int64_t mi = 0; mi < cfg.derived.num_microbatches; ++mi) {
+      const Microbatch mb = make_microbatch(data_, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
+      double denom = 0;
+      for (float x : mb.loss_mask) denom += x;
+      const DeviceMicrobatch d = eval_slot_->upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait);
+      model_->forward(d, 0.0f, static_cast<float>(1.0 / std::max(denom, 1.0)), eval_acc_);
+      ++n;
+    }
+  }
+  float acc = 0;
+  wait_stream();
+  MT_CUDA_CHECK(cudaMemcpy(&acc, eval_acc_, 4, cudaMemcpyDeviceToHost));
+  float loss = acc / static_cast<float>(std::max<int64_t>(n, 1));
+  if (dp_ > 1) dp_average(&loss, 1);
+  return loss;
+}
+
+void CudaEngine::save(TrainState state) {
+  const Config& cfg = cfg_;
+  params_gathered();
+  const cuda::StepState h = read_state();
+  if (!keep_host_) {
+    auto empty = std::make_unique<Snapshot>();
+    empty->who.world_rank = groups_.world->rank();
+    empty->who.world_size = groups_.world->size();
+    empty->who.writes_params = empty->who.writes_optimizer = false;
+    empty->state.iteration = state.iteration;
+    empty->layout_json = "{}";
+    saver_->save(std::move(empty));
+    return;
+  }
+  const size_t state_bytes = static_cast<size_t>(n_state_) * 4;
+  MT_CUDA_CHECK(cudaMemcpy(host_opt_->master(), master_, state_bytes, cudaMemcpyDeviceToHost));
+  MT_CUDA_CHECK(cudaMemcpy(host_opt_->exp_avg(), m_, state_bytes, cudaMemcpyDeviceToHost));
+  MT_CUDA_CHECK(cudaMemcpy(host_opt_->exp_avg_sq(), v_, state_bytes, cudaMemcpyDeviceToHost));
+  host_opt_->set_iterations(h.t);
+  if (!dist_opt_) {
+    host_opt_->refresh_working_weights();
+  } else if (dp_rank_ == 0) {
+    // This rank holds the master weights of its shard only; the working weights of every shard were gathered
+    // after the step: they are the parameters to write.
+    std::vector<uint16_t> w16(static_cast<size_t>(P_));
+    MT_CUDA_CHECK(cudaMemcpy(w16.data(), model_->working(), static_cast<size_t>(P_) * 2, cudaMemcpyDeviceToHost));
+    float* hp = host_->params().f32();
+    if (cfg.precision.fp16) {
+      for (int64_t i = 0; i < P_; ++i) hp[i] = fp16_to_float(w16[static_cast<size_t>(i)]);
+    } else {
+      for (int64_t i = 0; i < P_; ++i) hp[i] = bf16_to_float(w16[static_cast<size_t>(i)]);
+    }
+  }
+  state.scaler = {cfg.precision.fp16 ? h.loss_scale : 1.0f, h.hysteresis_left, h.clean_steps, scaler_.dynamic()};
+  CheckpointRank who;
+  who.world_rank = groups_.world->rank();
+  who.world_size = groups_.world->size();
+  who.writes_params = dp_rank_ == 0;
+  who.writes_optimizer = dp_rank_ == 0 || dist_opt_;
+  saver_->save(take_snapshot(cfg, *host_, *host_opt_, state, who, !cfg.checkpoint.no_save_optim));
+}
+
+void CudaEngine::finish() {
+  params_gathered();
+  wait_stream();
+  if (saver_) saver_->wait();
+}
+
+}  // namespace mt

@@ -1,0 +1,184 @@
+// training_loop.cpp: the loop. Timing: an interval's time is the wall time between two log reads less what
+// the loop spent outside training (evaluation, checkpoints, the log itself); the CUDA engine's queued steps
+// finish inside the read, so they count.
+#include "train/training_loop.h"
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <stdexcept>
+
+#include "optim/batch_schedule.h"
+#include "optim/lr_schedule.h"
+#include "plan/flops.h"
+#include "train/log_line.h"
+#include "train/train_common.h"
+
+namespace mt {
+
+using Clock = std::chrono::steady_clock;
+
+void announce_load(const Config& cfg, const TrainState& state, bool loaded, bool lead) {
+  if (!lead || !cfg.checkpoint.load) return;
+  const auto& ck = cfg.checkpoint;
+  if (!loaded) {
+    std::cout << "megatrain: no checkpoint in " << *ck.load << " yet: starting from scratch\n";
+    return;
+  }
+  const LoadOptions lo = load_options(cfg);
+  std::cout << "megatrain: loaded " << checkpoint_path(*ck.load, ck.ckpt_step.value_or(latest_checkpoint(*ck.load).value_or(0)))
+            << (lo.finetune ? " (weights only, --finetune)" : "") << (!lo.load_optimizer && !lo.finetune ? " (without optimizer state)" : "")
+            << ": continuing after iteration " << state.iteration << "\n";
+}
+
+TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, TrainingEngine& engine, const TokenSource& data,
+                              const TrainOptions& opt) {
+  const bool lead = opt.rank == 0 && !opt.quiet;
+  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
+  const int64_t nmb = cfg.derived.num_microbatches, gbs = cfg.derived.global_batch_size;
+  const int64_t world = groups.world->size(), dp = groups.dp->size();
+  const BatchSchedule batches(cfg, dp);
+  const LrSchedule schedule(cfg);
+  const double flops_full_batch = flops_per_iteration(cfg);  // at the full global batch; per sample below
+  auto flops_of = [&](int64_t batch) { return flops_full_batch * static_cast<double>(batch) / static_cast<double>(gbs); };
+  const bool has_valid = data.has_split(Split::kValid) && cfg.logging.eval_iters > 0;
+  const auto& ck = cfg.checkpoint;
+  // The run's length in iterations: fixed, or from --train-samples (under a batch-size ramp-up, Megatron's
+  // count: the ramp's iterations, then whole full batches).
+  const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : batches.train_iterations(*cfg.training.train_samples);
+  MetricsFile metrics(cfg, opt.rank, world);
+  if (lead) {
+    std::cout << "megatrain: data: " << data.describe() << "\n";
+    for (const std::string& line : engine.describe()) std::cout << "megatrain: " << line << "\n";
+    std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb << " microbatches of "
+              << mbs << " per data-parallel rank"
+              << (batches.ramping() ? ", the batch ramped up from " + cfg.training.rampup_batch_size[0] : std::string()) << "), world size "
+              << world << "\n"
+              << std::flush;
+  }
+
+  const TrainState resumed = engine.resumed();
+  TrainResult res;
+  res.model = engine.cpu_model();
+  res.skipped = resumed.skipped;
+  res.nan_iterations = resumed.nan_iterations;
+  int64_t consumed = resumed.consumed_samples;  // samples consumed by the iterations stepped so far
+  double flops_done = resumed.flops_so_far;
+  int64_t nan_in_a_row = 0;
+  // The iterations stepped and not yet read: their number, learning rate and batch.
+  struct Pending {
+    int64_t iteration;
+    double lr;
+  };
+  std::vector<Pending> pending;
+  // The interval being logged.
+  double interval_loss = 0;
+  int64_t interval_ok = 0, interval_iters = 0, interval_samples = 0;
+  double last_grad_norm = 0, last_lr = 0;
+  auto interval_start = Clock::now();
+  double excluded_secs = 0;  // evaluation, checkpoints and logging inside the interval
+
+  // Takes the reports of the pending iterations: losses, counts, and the exit on a run of non-finite steps.
+  auto read = [&]() {
+    const std::vector<StepReport> reports = engine.read_reports();
+    if (reports.size() != pending.size()) throw std::logic_error("training loop: the engine reported another number of iterations");
+    for (size_t i = 0; i < reports.size(); ++i) {
+      const StepReport& r = reports[i];
+      const bool loss_finite = std::isfinite(r.loss);
+      res.losses.push_back(r.loss);
+      if (r.skipped || !loss_finite) {
+        // fp16 with a finite loss: an overflow, skipped as the scale shrinks; anything else non-finite is a NaN
+        // iteration (no loss scale cures a non-finite loss).
+        ++res.skipped;
+        if (!(cfg.precision.fp16 && loss_finite)) ++res.nan_iterations;
+      } else {  // as Megatron: the logged loss leaves skipped iterations out
+        interval_loss += r.loss;
+        ++interval_ok;
+      }
+      nan_in_a_row = !loss_finite || (r.skipped && !cfg.precision.fp16) ? nan_in_a_row + 1 : 0;
+      if (nan_in_a_row >= cfg.training.exit_on_nan_count) {
+        throw std::runtime_error("loss or gradient norm was not finite for " + std::to_string(nan_in_a_row) + " iterations in a row (last at iteration " +
+                                 std::to_string(pending[i].iteration) + "): lower --lr, raise --lr-warmup-iters or check the data");
+      }
+      last_grad_norm = r.grad_norm;
+      last_lr = pending[i].lr;
+    }
+    pending.clear();
+  };
+
+  const int64_t first_iter = resumed.iteration + 1;
+  for (int64_t it = first_iter; it <= iters; ++it) {
+    // The data position continues from the checkpoint's consumed samples (the batch size may differ).
+    const int64_t base = consumed, batch = batches.global_batch(consumed), nmb_it = batch / (mbs * dp);
+    // As Megatron's scheduler, stepped after each update: the update uses the rate of the samples consumed
+    // before it (the first update the warmup's initial rate); the log shows the rate after it.
+    engine.step(it, base, nmb_it, schedule.lr_at_samples(base));
+    consumed += batch;
+    flops_done += flops_of(batch);
+    interval_samples += batch;
+    ++interval_iters;
+    pending.push_back({it, schedule.lr_at_samples(consumed)});
+    res.iterations = it;
+    const bool logging = it % cfg.logging.log_interval == 0 || it == iters;
+    const bool evaluating = has_valid && (it % cfg.logging.eval_interval == 0 || it == iters);
+    const bool exiting = cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0;
+    const bool saving = ck.save && (it % *ck.save_interval == 0 || it == iters || exiting);
+    if (engine.reports_each_step() || logging || evaluating || saving) read();
+    const auto side_start = Clock::now();
+    if (logging) {
+      const double secs = std::chrono::duration<double>(side_start - interval_start).count() - excluded_secs;
+      IterationStats s;
+      s.iteration = it;
+      s.train_iters = iters;
+      s.consumed_samples = consumed;
+      s.global_batch = batch;
+      s.ms_per_iter = 1000.0 * secs / static_cast<double>(std::max<int64_t>(1, interval_iters));
+      s.tflops_per_gpu = flops_of(interval_samples) / secs / static_cast<double>(world) / 1e12;
+      s.loss = interval_ok ? interval_loss / static_cast<double>(interval_ok) : NAN;
+      s.lr = last_lr;
+      s.grad_norm = last_grad_norm;
+      s.loss_scale = engine.loss_scale();  // after this step's update, as Megatron logs it
+      res.loss_scale = s.loss_scale;
+      s.skipped = res.skipped;
+      s.nan_iters = res.nan_iterations;
+      s.tokens_per_s_per_gpu = static_cast<double>(interval_samples * S) / secs / static_cast<double>(world);
+      const double peak = engine.peak_tflops();
+      s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
+      if (cfg.logging.log_params_norm) s.params_norm = engine.params_norm();
+      if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
+      metrics.iteration(s);
+      interval_loss = 0;
+      interval_ok = interval_iters = interval_samples = 0;
+    }
+    if (evaluating) {
+      const double vl = engine.evaluate(it);
+      res.valid_losses.push_back(vl);
+      if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
+      metrics.validation(it, vl, consumed);
+    }
+    if (saving) {
+      TrainState state;
+      state.iteration = it;
+      state.consumed_samples = consumed;
+      state.flops_so_far = flops_done;
+      state.skipped = res.skipped;
+      state.nan_iterations = res.nan_iterations;
+      engine.save(state);
+      if (lead) std::cout << "megatrain: " << (ck.async_save ? "saving" : "saved") << " checkpoint at iteration " << it << " to " << *ck.save << "\n" << std::flush;
+    }
+    if (logging) {  // the next interval starts now
+      interval_start = Clock::now();
+      excluded_secs = 0;
+    } else {
+      excluded_secs += std::chrono::duration<double>(Clock::now() - side_start).count();
+    }
+    if (exiting) {
+      if (lead) std::cout << "megatrain: exiting at iteration " << it << " (--exit-interval)\n";
+      break;
+    }
+  }
+  engine.finish();
+  return res;
+}
+
+}  // namespace mt

@@ -1,0 +1,63 @@
+// training_loop.h: Megatron's train() loop, once for both engines: the batch schedule (and its ramp-up), the
+// learning rate by consumed samples, the log line and metrics file (TensorBoard too), the non-finite counts
+// and --exit-on-nan-count, evaluation, checkpoint saves and --exit-interval. The engine behind
+// TrainingEngine runs the iteration (schedule, gradient reductions, optimizer step) and owns the model, the
+// optimizer state and how they are saved.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "data/token_source.h"
+#include "train/trainer.h"
+
+namespace mt {
+
+// One iteration as the engine reports it.
+struct StepReport {
+  double loss = 0;       // mean over the microbatches, averaged over data parallelism
+  double grad_norm = 0;  // before clipping
+  bool skipped = false;  // the update was skipped: a non-finite loss or gradient (fp16: or an overflow)
+};
+
+class TrainingEngine {
+ public:
+  virtual ~TrainingEngine() = default;
+  // The training state a checkpoint resumed (iteration 0 when none was loaded).
+  virtual TrainState resumed() const = 0;
+  // Lines that describe the engine's model and memory, printed once by rank 0.
+  virtual std::vector<std::string> describe() const = 0;
+  // Runs (or queues) one iteration: the schedule over `num_microbatches` microbatches of this DP rank from
+  // global sample `first_sample` on, the gradient reductions, and the optimizer step at learning rate lr.
+  virtual void step(int64_t iteration, int64_t first_sample, int64_t num_microbatches, double lr) = 0;
+  // True when step() knows its result at once (the CPU engine: the loop reads every iteration); else the loop
+  // reads at log intervals, evaluations and saves (the CUDA engine: no host wait inside a step).
+  virtual bool reports_each_step() const = 0;
+  // The iterations stepped since the last call, in order; waits for them.
+  virtual std::vector<StepReport> read_reports() = 0;
+  // After read_reports: fp16's loss scale after the last step (1 otherwise).
+  virtual double loss_scale() const = 0;
+  virtual double params_norm() = 0;
+  // The mean validation loss over --eval-iters batches, averaged over data parallelism.
+  virtual double evaluate(int64_t iteration) = 0;
+  // Writes the checkpoint of `state` (iteration, samples, counts from the loop; the engine adds its own).
+  virtual void save(TrainState state) = 0;
+  // Peak dense 16-bit TFLOP/s of one device for MFU (<= 0: unknown, no MFU).
+  virtual double peak_tflops() const { return -1; }
+  // The end of training: every queued step, gather and save done.
+  virtual void finish() = 0;
+  virtual std::shared_ptr<GPTModel> cpu_model() const { return nullptr; }
+};
+
+TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, TrainingEngine& engine, const TokenSource& data,
+                              const TrainOptions& opt);
+
+// The "loaded ..." / "no checkpoint yet" lines of a resume (rank 0 only).
+void announce_load(const Config& cfg, const TrainState& state, bool loaded, bool lead);
+
+}  // namespace mt
