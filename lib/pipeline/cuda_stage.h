@@ -1,10 +1,12 @@
 // cuda_stage.h: the CUDA engine's model as a pipeline stage. Microbatches come staged on the device with their
-// loss weights; the losses accumulate on the device (read at log intervals). One microbatch in flight (the
-// model keeps one set of activation buffers): schedules beyond no-pipelining need the per-microbatch stash.
+// loss weights; the losses accumulate on the device (read at log intervals). Up to the model's max_in_flight()
+// microbatches may be forwarded before their backwards, each in its own activation slot.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <vector>
 
 #include "model/cuda/gpt_cuda.h"
 #include "pipeline/stage.h"
@@ -18,17 +20,21 @@ class CudaPipelineStage final : public PipelineStage {
     float grad_scale = 0;   // the loss gradient's scale (0: forward only)
     float loss_weight = 0;  // loss_acc += loss_weight * the sum of the masked token losses
   };
-  CudaPipelineStage(CudaGPT& model, std::function<Staged(int64_t)> stage_microbatch, float* loss_acc)
-      : model_(model), stage_(std::move(stage_microbatch)), loss_acc_(loss_acc) {}
+  // stage_microbatch(m): microbatch m on the device; its buffers must live until m's backward.
+  CudaPipelineStage(CudaGPT& model, std::function<Staged(int64_t)> stage_microbatch, float* loss_acc);
   void forward(int64_t microbatch, int64_t chunk) override;
   void backward(int64_t microbatch, int64_t chunk, bool last, bool with_weights) override;
 
  private:
+  struct InFlight {
+    Staged staged;
+    int64_t slot = 0;
+  };
   CudaGPT& model_;
   std::function<Staged(int64_t)> stage_;
   float* loss_acc_;
-  Staged current_;
-  int64_t current_id_ = -1;  // the microbatch forwarded, its backward due
+  std::map<int64_t, InFlight> in_flight_;  // forwarded, backward due
+  std::vector<int64_t> free_slots_;
 };
 
 }  // namespace mt

@@ -2,7 +2,8 @@
 // attention (forward and backward, causal, GQA) against kernels/cpu/attention on the same bf16-rounded
 // inputs, then whole training runs (GPT-2 style and LLaMA style, 30 iterations; LLaMA also under a batch
 // ramp-up; both in fp16 with a static loss scale) whose loss curves must follow the CPU engine's within bf16
-// tolerance, and fp16's dynamic loss scale skipping the first, overflowing iterations. Exit 77 (skipped, with a
+// tolerance, fp16's dynamic loss scale skipping the first, overflowing iterations, and microbatches in flight on
+// the model (the activation slots pipeline schedules need) against one at a time and the CPU engine. Exit 77 (skipped, with a
 // message) where no GPU is visible.
 #include <cuda_runtime.h>
 
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,10 +20,15 @@
 #include "config/resolve.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/sdpa_cudnn.h"
+#include "model/cuda/gpt_cuda.h"
+#include "model/gpt_model.h"
+#include "model/layout.h"
 #include "tensor/device_info.h"
 #include "tensor/dtype.h"
 #include "tensor/rng.h"
 #include "train/cuda_trainer.h"
+#include "train/microbatch_staging.h"
+#include "train/train_common.h"
 #include "train/trainer.h"
 
 namespace {
@@ -172,6 +179,84 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
   }
 }
 
+// Several microbatches in flight on the CUDA model (what pipeline schedules need): F0 F1 F2 into three
+// activation slots, then B2 B1 B0, gives the gradients of F0 B0 F1 B1 F2 B2 in one slot (up to the order of
+// the fp32 accumulation and cuDNN's atomic dQ) and the CPU engine's (bf16 tolerance), and the same losses.
+void test_in_flight(const std::string& model) {
+  try {
+    const mt::Config cfg = make_config(model);
+    mt::ParamStore store;
+    const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
+    cudaStream_t stream = nullptr;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 3);
+    auto data = mt::open_training_data(cfg);
+    const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, n = 3;
+    std::vector<std::unique_ptr<mt::MicrobatchSlot>> staging;
+    std::vector<mt::DeviceMicrobatch> mbs_dev;
+    std::vector<mt::Microbatch> mbs_host;
+    std::vector<float> weight;
+    const auto& D = gpu.dims();
+    auto wait = [](cudaEvent_t e) { cudaEventSynchronize(e); };
+    for (int64_t m = 0; m < n; ++m) {
+      mbs_host.push_back(mt::make_microbatch(*data, mt::Split::kTrain, m * mbs, mbs, S, cfg));
+      double denom = 0;
+      for (float x : mbs_host.back().loss_mask) denom += x;
+      weight.push_back(static_cast<float>(1.0 / (std::max(denom, 1.0) * n)));
+      staging.push_back(std::make_unique<mt::MicrobatchSlot>(mbs * S));
+      mbs_dev.push_back(staging.back()->upload(mbs_host.back(), D.learned_pos, 0, D.V_local, D.max_pos, stream, wait));
+    }
+    float* acc = nullptr;
+    cudaMalloc(&acc, 4);
+    const size_t P = static_cast<size_t>(gpu.numel());
+    auto run = [&](bool all_in_flight) {
+      cudaMemsetAsync(gpu.grads(), 0, P * 4, stream);
+      cudaMemsetAsync(acc, 0, 4, stream);
+      for (int64_t m = 0; m < n; ++m) {
+        const auto k = static_cast<size_t>(m);
+        gpu.set_final_backward(m == n - 1);
+        gpu.forward(mbs_dev[k], weight[k], weight[k], acc, all_in_flight ? m : 0);
+        if (!all_in_flight) gpu.backward(mbs_dev[k], 0);
+      }
+      for (int64_t m = n - 1; all_in_flight && m >= 0; --m) {
+        gpu.set_final_backward(m == 0);
+        gpu.backward(mbs_dev[static_cast<size_t>(m)], m);
+      }
+      cudaStreamSynchronize(stream);
+      float loss = 0;
+      cudaMemcpy(&loss, acc, 4, cudaMemcpyDeviceToHost);
+      return std::make_pair(download(gpu.grads(), P), loss);
+    };
+    const auto [in_order, loss_a] = run(false);
+    const auto [reversed, loss_b] = run(true);
+    bool refused = false;
+    try {  // a second forward into a slot whose backward is due
+      gpu.forward(mbs_dev[0], weight[0], weight[0], acc, 0);
+      gpu.forward(mbs_dev[1], weight[1], weight[1], acc, 0);
+    } catch (const std::logic_error&) {
+      refused = true;
+    }
+    cudaStreamSynchronize(stream);
+    // The CPU engine over the same microbatches: gradients of the mean loss over the three.
+    mt::GPTModel cpu(cfg, mt::ProcessGroups::single());
+    cpu.params().zero_grads();
+    for (int64_t m = 0; m < n; ++m) {
+      cpu.forward(mbs_host[static_cast<size_t>(m)], 1, true);
+      cpu.backward(1.0f / static_cast<float>(n), m == n - 1);
+    }
+    const std::vector<float> cpu_grads(cpu.params().grads().f32(), cpu.params().grads().f32() + P);
+    const double e_order = rel_err(in_order, reversed), e_cpu = rel_err(in_order, cpu_grads);
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "%s: 3 microbatches in flight vs one at a time: gradients %.2e apart, losses %.6f / %.6f; vs the CPU engine %.2e",
+                  model.c_str(), e_order, loss_a, loss_b, e_cpu);
+    check(e_order < 1e-3 && std::fabs(loss_a - loss_b) <= 1e-5f * std::fabs(loss_a) && e_cpu < 5e-2 && refused, buf);
+    cudaFree(acc);
+    cudaStreamDestroy(stream);
+  } catch (const std::exception& e) {
+    check(false, "microbatches in flight, " + model + ": " + e.what());
+  }
+}
+
 // fp16 from Megatron's default initial scale (2^32): the first iterations overflow fp16 and are skipped while
 // the scale halves (after the hysteresis of 2, at every overflow), then training proceeds; overflows are
 // skipped iterations, not NaN iterations. The scale grows back after each clean window of 5.
@@ -249,6 +334,8 @@ int main() {
   test_training("gpt", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_training("llama", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_fp16_dynamic_scale();
+  test_in_flight("gpt");
+  test_in_flight("llama-recompute");
   test_resume();
   test_resume("--fp16 --initial-loss-scale 65536 --loss-scale-window 2 ");
   std::printf("%d failure(s)\n", failures);

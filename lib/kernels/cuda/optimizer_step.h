@@ -23,7 +23,7 @@ struct StepState {
   float loss_acc;         // accumulates over microbatches
   int32_t skipped_total;  // iterations skipped so far
   int32_t nonfinite_run;  // consecutive non-finite iterations
-  int32_t max_nonfinite_run;  // the longest such run so far (the host checks it at log intervals)
+  int32_t max_nonfinite_run;  // the longest such run so far (the training loop counts runs from the per-iteration history)
   // fp16 loss scaling (Megatron's DynamicGradScaler, kept on the device): the scale the next step's loss
   // gradient is multiplied by, its trackers, and 1 / the scale this step's gradients carry.
   float loss_scale;

@@ -45,7 +45,7 @@ void* CudaGPT::alloc(size_t bytes) {
 }
 
 CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout& where, cudaStream_t stream, StreamCollectives* tp,
-                 bool keep_master, StreamCollectives* dp)
+                 bool keep_master, StreamCollectives* dp, int64_t max_in_flight)
     : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1)),
       stream_(stream),
       dt_(cfg.precision.fp16 ? cuda::F16::kFP16 : cuda::F16::kBF16),
@@ -54,6 +54,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       res16_(!cfg.precision.fp32_residual_connection),
       hidden_dropout_(static_cast<float>(cfg.model.hidden_dropout)) {
   const ModelDims& D = D_;
+  if (max_in_flight < 1) throw std::logic_error("CudaGPT: max_in_flight must be at least 1");
   if (D.tp > 1) {
     tp_ = tp;
     tp_size_ = D.tp;
@@ -217,7 +218,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   // the buffer only where they may split (the conditions every rank shares, so both passes allocate alike).
   const char* a2a_env = std::getenv("MEGATRAIN_TP_SP_ALLTOALL");
   const char* split_env0 = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
-  const bool may_split = *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
+  const bool may_split = max_in_flight == 1 && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
                          std::find(recompute_layer_.begin(), recompute_layer_.end(), true) == recompute_layer_.end() &&
                          !(split_env0 && std::string(split_env0) == "0");
   const bool sp_all_to_all = sp_ && may_split && !(a2a_env && std::string(a2a_env) == "0");
@@ -232,6 +233,22 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     if (full_recompute_) {
       recompute_record_ = std::make_unique<Record>();
       full_record(*recompute_record_);
+    }
+    // The other slots' records and output-layer activations (slot 0's are records_ and the scratch's).
+    slots_.clear();
+    slots_.resize(static_cast<size_t>(max_in_flight));
+    for (size_t k = 1; k < slots_.size(); ++k) {
+      for (int64_t l = 0; l < D.L; ++l) {
+        auto r = std::make_unique<Record>();
+        r->x_in = res(h, rows_l);
+        if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r);
+        slots_[k].records.push_back(std::move(r));
+      }
+      slots_[k].x_final = res(h, rows_l);
+      slots_[k].xnf = b16(h);
+      slots_[k].meanf = f32(1, rows_l);
+      slots_[k].rstdf = f32(1, rows_l);
+      slots_[k].logits = b16(D.V_local);
     }
     s_ = std::make_unique<Scratch>();
     Scratch& s = *s_;
@@ -280,6 +297,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     allocate_activations();
     records_.clear();
     recompute_record_.reset();
+    slots_.clear();
     s_.reset();
     act_bytes_ = before;
     arena_size_ = arena_used_;
@@ -314,7 +332,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (kv_group_ && D.qk_norm) {
     throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
   }
-  split_forward_ = tp_ && sp_ok && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned && !(split_env && std::string(split_env) == "0") &&
+  split_forward_ = tp_ && max_in_flight == 1 && sp_ok && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned &&
+                   !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
   if (split_forward_ && bgrad_epilogue_) {
     // (Under SP the row-parallel biases' gradients come from this rank's rows, not from the epilogue.)

@@ -58,8 +58,11 @@ class CudaGPT {
   // distributed optimizer keeps the master weights of its shard itself) master() is null.
   // dp (data parallelism): the group whose symmetric windows hold the gradient buffer, and the 16-bit
   // weights when !keep_master (the distributed optimizer gathers them); nullptr: ordinary allocations.
+  // max_in_flight: how many microbatches may be forwarded before their backward (a pipeline schedule's
+  // peak_in_flight; each holds its own activations). Above 1 the TP layers do not split (their SP row order is
+  // set per forward).
   CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout& where, cudaStream_t stream, StreamCollectives* tp = nullptr,
-          bool keep_master = true, StreamCollectives* dp = nullptr);
+          bool keep_master = true, StreamCollectives* dp = nullptr, int64_t max_in_flight = 1);
   ~CudaGPT();
   CudaGPT(const CudaGPT&) = delete;
   CudaGPT& operator=(const CudaGPT&) = delete;
@@ -67,11 +70,12 @@ class CudaGPT {
   // Forward (and, when grad_scale > 0, backward) of one microbatch. loss_acc[0] += loss_weight * sum of
   // masked token losses; gradients of (sum of masked losses * grad_scale) accumulate into grads().
   void step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc);
-  // The same in two calls (a pipeline stage's forward and backward): with grad_scale > 0 the forward also
-  // computes the loss gradient, and backward(mb) must follow before the next forward (one microbatch in
-  // flight: the activations have one set of buffers).
-  void forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc);
-  void backward(const DeviceMicrobatch& mb);
+  // The same in two calls (a pipeline stage's forward and backward), the microbatch's activations in `slot`
+  // (< max_in_flight()): with grad_scale > 0 the forward also computes the loss gradient, and backward(mb, slot)
+  // must come before that slot's next forward; mb's device buffers must live until then.
+  void forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc, int64_t slot = 0);
+  void backward(const DeviceMicrobatch& mb, int64_t slot = 0);
+  int64_t max_in_flight() const { return static_cast<int64_t>(slots_.size()); }
   // Called during a backward (only when `final_backward` is set: the iteration's last microbatch) once the
   // gradients of every parameter at flat offset >= `lowest` are final: data parallelism starts its bucket
   // all-reduces from here, overlapping the rest of the backward.
@@ -138,7 +142,20 @@ class CudaGPT {
   void layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   Record& act(int64_t l);  // layer l's activations (the shared recompute record for a recomputed layer)
   cuda::bf16* gather_layer_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
-  bool forwarded_ = false;  // a forward's backward is due
+  // The activations of a microbatch in flight: every layer's record and what the output layer's backward reads
+  // (the final norm's input, output and statistics, the logits' gradient). The active slot's are in records_
+  // and s_ (activate() swaps them in); the others are parked here.
+  struct Slot {
+    std::vector<std::unique_ptr<Record>> records;
+    void* x_final = nullptr;
+    cuda::bf16 *xnf = nullptr, *logits = nullptr;
+    float *meanf = nullptr, *rstdf = nullptr;
+    bool forwarded = false;  // its backward is due
+  };
+  std::vector<Slot> slots_;
+  int64_t active_ = 0;
+  void activate(int64_t slot);
+  void park(Slot& into);
   void split_layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   void mlp_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
   void attention_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);

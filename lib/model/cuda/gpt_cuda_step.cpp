@@ -90,14 +90,41 @@ bf16* CudaGPT::gather_layer_rows(bf16* local, bf16* full, int64_t T) {
   return full;
 }
 
-void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc) {
+// The active slot's activations go back to it; slot k's take their place.
+void CudaGPT::park(Slot& into) {
+  into.records = std::move(records_);
+  into.x_final = s_->x_final;
+  into.xnf = s_->xnf;
+  into.logits = s_->logits;
+  into.meanf = s_->meanf;
+  into.rstdf = s_->rstdf;
+}
+
+void CudaGPT::activate(int64_t k) {
+  if (k < 0 || k >= max_in_flight()) throw std::logic_error("CUDA model: slot " + std::to_string(k) + " of " + std::to_string(max_in_flight()));
+  if (k == active_) return;
+  park(slots_[static_cast<size_t>(active_)]);
+  Slot& next = slots_[static_cast<size_t>(k)];
+  records_ = std::move(next.records);
+  s_->x_final = next.x_final;
+  s_->xnf = next.xnf;
+  s_->logits = next.logits;
+  s_->meanf = next.meanf;
+  s_->rstdf = next.rstdf;
+  active_ = k;
+}
+
+void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc, int64_t slot) {
+  activate(slot);
   const ModelDims& D = D_;
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h, V = D.V_local;
   if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
   if (split_forward_ && sp_ && T != T_max_) throw std::logic_error("CUDA model: the split layers under SP need micro batches of the configured size");
-  if (forwarded_) throw std::logic_error("CUDA model: a forward before the last one's backward (one microbatch in flight)");
+  if (slots_[static_cast<size_t>(slot)].forwarded) {
+    throw std::logic_error("CUDA model: a forward into slot " + std::to_string(slot) + " before the backward of the microbatch in it");
+  }
   if (split_forward_ && sp_) {  // half k's rows: piece k of each rank's Tl, rank after rank
     const auto pr = static_cast<size_t>(Tl / 2);
     for (int64_t half = 0; half < 2; ++half) {
@@ -146,12 +173,13 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, T, V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, V, ab_, ab_, nullptr, stream_));
   loss(mb, grad_scale, T);
   MT_PROF("loss.sum", cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_));
-  forwarded_ = grad_scale > 0.0f;
+  slots_[static_cast<size_t>(slot)].forwarded = grad_scale > 0.0f;
 }
 
-void CudaGPT::backward(const DeviceMicrobatch& mb) {
-  if (!forwarded_) throw std::logic_error("CUDA model: a backward without its forward");
-  forwarded_ = false;
+void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot) {
+  activate(slot);
+  if (!slots_[static_cast<size_t>(slot)].forwarded) throw std::logic_error("CUDA model: a backward without its forward (slot " + std::to_string(slot) + ")");
+  slots_[static_cast<size_t>(slot)].forwarded = false;
   const ModelDims& D = D_;
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
