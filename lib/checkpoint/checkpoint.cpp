@@ -119,15 +119,17 @@ std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& par
     s->pieces.push_back({p.name, kind, p.global_shape, p.local_shape, p.shard_dim, p.shard_rank, p.shard_count, lo, hi, {}});
     sources.push_back(src);
   };
-  // A replicated shard (K/V replication) is written by its first holder only.
+  // A replicated shard (K/V replication) is written by its first holder only; the last pipeline stage's copy of
+  // the tied embedding not at all (the first stage writes the embedding; a load fills the copy from it).
+  auto written = [&](size_t i) { return params.info(i).replica == 0 && !params.info(i).tied_copy; };
   if (who.writes_params) {
     for (size_t i = 0; i < params.size(); ++i) {
-      if (params.info(i).replica == 0) add(i, "param", 0, params.info(i).numel, params.param(i));
+      if (written(i)) add(i, "param", 0, params.info(i).numel, params.param(i));
     }
   }
   if (with_optimizer && who.writes_optimizer) {
     for (const auto& seg : opt.segments()) {
-      if (params.info(seg.param).replica > 0) continue;
+      if (!written(seg.param)) continue;
       const int64_t off = params.info(seg.param).offset;
       const int64_t lo = seg.begin - off, hi = seg.end - off;
       if (opt.master()) add(seg.param, "master", lo, hi, opt.master() + seg.state);
@@ -466,8 +468,9 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     throw DataError(o.dir.string() + " was trained with a vocabulary of " + std::to_string(o.meta["vocab_size"].get<int64_t>()) +
                     " tokens, this run has " + std::to_string(lo.vocab_size) + ": use the same tokenizer");
   }
-  if (tensors.size() != params.size()) {
-    throw DataError(o.dir.string() + " holds " + std::to_string(tensors.size()) + " tensors, the model has " + std::to_string(params.size()) +
+  const auto model_tensors = lo.model_tensors > 0 ? static_cast<size_t>(lo.model_tensors) : params.size();
+  if (tensors.size() != model_tensors) {
+    throw DataError(o.dir.string() + " holds " + std::to_string(tensors.size()) + " tensors, the model has " + std::to_string(model_tensors) +
                     ": the model differs from the checkpoint's (--use-checkpoint-args takes its shape)");
   }
   // Shapes first, for every tensor: a mismatch names the tensor and both shapes.

@@ -96,7 +96,7 @@ std::vector<FlagSpec> build_table() {
         "linear", "cosine", "minus_sqrt"),
       // Distributed
       F(kDist, "tensor-model-parallel-size", parallel.tensor_model_parallel_size, "Tensor-parallel size (TP)"),
-      F(kDist, "pipeline-model-parallel-size", parallel.pipeline_model_parallel_size, "Pipeline-parallel size (PP)"),
+      F(kDist, "pipeline-model-parallel-size", parallel.pipeline_model_parallel_size, "Pipeline-parallel size (PP; 1F1B, CPU engine)"),
       F(kDist, "context-parallel-size", parallel.context_parallel_size, "Context-parallel size (CP)"),
       F(kDist, "expert-model-parallel-size", parallel.expert_model_parallel_size, "Expert-parallel size (EP)"),
       F(kDist, "expert-tensor-parallel-size", parallel.expert_tensor_parallel_size, "Tensor-parallel size inside experts (default TP)"),

@@ -110,6 +110,7 @@ float GPTModel::forward_stage(int64_t id, const Microbatch& mb, int64_t step, bo
   if (layout_.post_process) loss = units_->output.forward(c, x, R.output);
   else if (output) *output = std::move(x);
   stash_[id] = std::move(rec);
+  if (!training) release(id);  // no backward follows (evaluation)
   return loss;
 }
 

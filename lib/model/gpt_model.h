@@ -43,7 +43,7 @@ class GPTModel {
 
   // The stage, microbatch by id. forward_stage: `input` is the previous stage's output (ignored on the first
   // stage); returns the loss on the last stage (0 elsewhere, where `output` receives the activations). A
-  // forward of an id already stashed replaces it (evaluation runs forwards only).
+  // forward of an id already stashed replaces it; a forward that is not training keeps nothing (evaluation).
   float forward_stage(int64_t id, const Microbatch& mb, int64_t step, bool training, Activations input, Activations* output);
   // backward_stage: `output_grad` is the next stage's input gradient (ignored on the last stage, where the
   // loss gradient is `scale`); `input_grad` (not on the first stage) receives this stage's. With
@@ -52,6 +52,12 @@ class GPTModel {
   void backward_stage(int64_t id, float scale, bool last_microbatch, Activations output_grad, Activations* input_grad,
                       bool defer_weight_grads = false);
   void backward_weights(int64_t id);
+  // The elements of one microbatch's activations at a stage boundary (this rank's [Tl, h] rows) for
+  // micro_batch_size sequences.
+  int64_t boundary_elements(int64_t micro_batch_size) const {
+    const int64_t T = micro_batch_size * dims_.S;
+    return (dims_.sequence_parallel ? T / dims_.tp : T) * dims_.h;
+  }
   // Microbatches forwarded whose backward (or deferred weight gradients) has not run yet.
   size_t in_flight() const { return stash_.size(); }
 

@@ -35,6 +35,17 @@ ParamInfo make_param(const std::string& name, std::vector<int64_t> global, int s
 LayerRange stage_layers(const Config& cfg, int64_t pp_rank, int64_t pp_size) {
   const int64_t L = *cfg.model.num_layers;
   if (pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size) throw std::logic_error("stage_layers: pipeline rank out of range");
+  if (pp_size == cfg.parallel.pipeline_model_parallel_size && pp_size > 1) {
+    // The configured split: even, or with --decoder-first / --decoder-last-pipeline-num-layers (validated).
+    const std::vector<int64_t> per = layers_per_pipeline_stage(cfg);
+    int64_t first = 0, total = 0;
+    for (int64_t r = 0; r < pp_size; ++r) {
+      if (r < pp_rank) first += per[static_cast<size_t>(r)];
+      total += per[static_cast<size_t>(r)];
+    }
+    if (total != L) throw ConfigError("the pipeline stages hold " + std::to_string(total) + " layers, not --num-layers " + std::to_string(L));
+    return {first, first + per[static_cast<size_t>(pp_rank)]};
+  }
   if (L % pp_size != 0) {
     throw ConfigError("--num-layers " + std::to_string(L) + " is not divisible by --pipeline-model-parallel-size " + std::to_string(pp_size) +
                       ": choose a layer count that is a multiple of the pipeline size");
@@ -43,7 +54,10 @@ LayerRange stage_layers(const Config& cfg, int64_t pp_rank, int64_t pp_size) {
   return {pp_rank * per, (pp_rank + 1) * per};
 }
 
-ModelLayout build_model_layout(const Config& cfg, const LayoutCoordinates& at, ParamStore& store) {
+namespace {
+
+// Registers the stage's parameters (no memory yet).
+ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at, ParamStore& store) {
   if (store.size() != 0) throw std::logic_error("build_model_layout: the store already holds parameters");
   const ModelDims D = model_dims(cfg, at.tp_rank, at.tp_size);
   const float std = static_cast<float>(cfg.model.init_method_std);
@@ -119,9 +133,22 @@ ModelLayout build_model_layout(const Config& cfg, const LayoutCoordinates& at, P
       M.output_w = store.add(copy);
     }
   }
+  return M;
+}
+
+}  // namespace
+
+ModelLayout build_model_layout(const Config& cfg, const LayoutCoordinates& at, ParamStore& store) {
+  ModelLayout M = register_model_params(cfg, at, store);
   store.allocate();
   store.initialize(static_cast<uint64_t>(cfg.training.seed));
   return M;
+}
+
+int64_t model_tensor_count(const Config& cfg) {
+  ParamStore names;
+  register_model_params(cfg, {}, names);
+  return static_cast<int64_t>(names.size());
 }
 
 }  // namespace mt

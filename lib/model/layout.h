@@ -23,8 +23,9 @@ struct LayoutCoordinates {
   int64_t pp_rank = 0, pp_size = 1;
 };
 
-// The transformer layers [first, end) of pipeline stage `pp_rank` of `pp_size` (an even split of
-// --num-layers; uneven splits come with pipeline parallelism). Throws ConfigError when they do not divide.
+// The transformer layers [first, end) of pipeline stage `pp_rank` of `pp_size`: the configured split when
+// pp_size is --pipeline-model-parallel-size (even, or uneven with --decoder-first / --decoder-last-pipeline-
+// num-layers), else an even split of --num-layers. Throws ConfigError when the layers do not divide.
 struct LayerRange {
   int64_t first = 0, end = 0;
   int64_t count() const { return end - first; }
@@ -61,5 +62,7 @@ struct ModelLayout {
 // Registers the parameters of the stage at `at` in `store` (which must be empty), allocates and
 // initialises them (seed: --seed) and returns where each sits.
 ModelLayout build_model_layout(const Config& cfg, const LayoutCoordinates& at, ParamStore& store);
+// The whole model's tensors (distinct global names, whatever the split): what a checkpoint of it holds.
+int64_t model_tensor_count(const Config& cfg);
 
 }  // namespace mt

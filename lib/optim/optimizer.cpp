@@ -73,13 +73,14 @@ void Optimizer::round_to_working(const Segment& s) {
 }
 
 double Optimizer::owned_sum_sq(const float* buf, bool master) {
-  // Parameters replicated over TP (norms, row-parallel biases) are counted on TP rank 0 only, and
-  // replicated shards (K/V replication) on their first holder only.
+  // Parameters replicated over TP (norms, row-parallel biases) are counted on TP rank 0 only, replicated
+  // shards (K/V replication) on their first holder only, and the tied embedding once (on the first stage).
   const bool tp_lead = groups_.tp->rank() == 0;
   double sq = 0;
   for (const auto& s : segments_) {
     if (params_.info(s.param).shard_dim < 0 && !tp_lead) continue;
     if (params_.info(s.param).replica > 0) continue;  // K/V replication: counted on the group's first rank
+    if (params_.info(s.param).tied_copy) continue;    // the tied embedding's last-stage copy: counted on the first stage
     const float* x = master ? buf + s.state : buf + s.begin;
     for (int64_t i = 0; i < s.end - s.begin; ++i) sq += static_cast<double>(x[i]) * x[i];
   }

@@ -1,10 +1,14 @@
 // cpu_stage.h: the CPU engine's GPTModel as a pipeline stage: microbatches by index from the training data,
-// their mean loss kept on the host.
+// their mean loss kept on the host (the last stage's), and the activations and gradients at the stage
+// boundaries sent to and received from the neighbouring stages over the pipeline group (the model's
+// [Tl, h] residual-stream rows, a size known in advance).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 
+#include "comm/communicator.h"
 #include "model/gpt_model.h"
 #include "pipeline/stage.h"
 
@@ -13,12 +17,15 @@ namespace mt {
 class CpuPipelineStage final : public PipelineStage {
  public:
   // get_microbatch(m): microbatch m of this iteration; grad_scale: the loss gradient's scale (loss scale / microbatches).
-  CpuPipelineStage(GPTModel& model, std::function<Microbatch(int64_t)> get_microbatch, int64_t step, float grad_scale)
-      : model_(model), get_(std::move(get_microbatch)), step_(step), grad_scale_(grad_scale) {}
+  // pipeline: the pipeline-parallel group (its rank is this stage), with the microbatches' size for the
+  // boundary transfers; training: false runs forwards only (evaluation).
+  CpuPipelineStage(GPTModel& model, std::function<Microbatch(int64_t)> get_microbatch, int64_t step, float grad_scale,
+                   Communicator* pipeline = nullptr, int64_t micro_batch_size = 0, bool training = true);
   void forward(int64_t microbatch, int64_t chunk) override;
   void backward(int64_t microbatch, int64_t chunk, bool last, bool with_weights) override;
   void backward_weights(int64_t microbatch, int64_t chunk) override;
-  // The mean of the forwarded microbatches' losses (the last stage's).
+  void exchange(const std::vector<ScheduleAction>& transfers) override;
+  // The mean of the forwarded microbatches' losses (the last stage's; 0 on the others).
   double mean_loss() const { return forwards_ ? loss_sum_ / static_cast<double>(forwards_) : 0.0; }
 
  private:
@@ -26,8 +33,14 @@ class CpuPipelineStage final : public PipelineStage {
   std::function<Microbatch(int64_t)> get_;
   int64_t step_;
   float grad_scale_;
+  Communicator* pipeline_;
+  int64_t micro_batch_size_;
+  bool training_;
   double loss_sum_ = 0;
   int64_t forwards_ = 0;
+  // By microbatch: the activations received for the forward, the forward's output to send, the gradient
+  // received for the backward, and the input gradient to send.
+  std::map<int64_t, GPTModel::Activations> inputs_, outputs_, output_grads_, input_grads_;
   static void one_chunk(int64_t chunk);
 };
 

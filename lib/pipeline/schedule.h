@@ -38,9 +38,23 @@ std::string action_name(const ScheduleAction& a);  // "F3", "B3", "W3", "SF3", .
 // split_weights: each backward as B then W (the same gradients; what zero-bubble schedules reorder).
 Schedule no_pipelining_schedule(int64_t num_microbatches, bool split_weights = false);
 
+// Megatron's 1F1B (forward_backward_pipelining_without_interleaving) for stage `rank` of `stages`: a warm-up of
+// min(stages - rank - 1, M) forwards, the steady state of one forward and one backward, and a cool-down of the
+// warm-up's backwards, with the receives and sends of the stage boundaries (none beyond the first and last
+// stage). split_weights: each backward as B then W, the W right after its B (the same order as 1F1B).
+Schedule one_f_one_b_schedule(int64_t rank, int64_t stages, int64_t num_microbatches, bool split_weights = false);
+
+// Forwards only (evaluation): each microbatch received, forwarded and sent on, stage by stage.
+Schedule forward_only_schedule(int64_t rank, int64_t stages, int64_t num_microbatches);
+
 // Empty when every (microbatch, chunk) of [0, num_microbatches) x [0, num_chunks) runs its forward once, then
 // its backward once (or a B, then a W), and nothing else is in the list; else what is wrong.
 std::string check_schedule(const Schedule& schedule, int64_t num_microbatches, int64_t num_chunks);
+// Empty when the stages' lists (schedules[r] for stage r of a pipeline, one chunk each) run to the end with
+// blocking batched transfers: every run of consecutive transfers of a stage completes once each of its sends
+// and receives meets its partner, in order, on the neighbouring stage; else the first stage and action that
+// can never complete (a deadlock), or a transfer that meets the wrong partner.
+std::string check_pipeline(const std::vector<Schedule>& schedules);
 // The most microbatches whose forward has run and whose backward (W included) has not, at any point.
 int64_t peak_in_flight(const Schedule& schedule);
 

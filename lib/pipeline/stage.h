@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <vector>
+
+#include "pipeline/schedule.h"
 
 namespace mt {
 
@@ -20,14 +23,13 @@ class PipelineStage {
     (void)chunk;
     throw std::logic_error("this engine's stage does not run its weight gradients apart");
   }
-  // The stage boundaries' transfers (pipeline parallelism).
-  virtual void send_forward(int64_t microbatch, int64_t chunk) { boundary(microbatch, chunk); }
-  virtual void recv_forward(int64_t microbatch, int64_t chunk) { boundary(microbatch, chunk); }
-  virtual void send_backward(int64_t microbatch, int64_t chunk) { boundary(microbatch, chunk); }
-  virtual void recv_backward(int64_t microbatch, int64_t chunk) { boundary(microbatch, chunk); }
-
- private:
-  static void boundary(int64_t, int64_t) { throw std::logic_error("this stage has no pipeline neighbours"); }
+  // A run of consecutive transfers of the schedule (send / receive of activations or gradients at the stage
+  // boundaries), posted together and completed before the next compute action (Megatron's batched
+  // send_forward_recv_backward and the like: neighbours that send to each other do not wait on each other).
+  virtual void exchange(const std::vector<ScheduleAction>& transfers) {
+    (void)transfers;
+    throw std::logic_error("this stage has no pipeline neighbours");
+  }
 };
 
 }  // namespace mt

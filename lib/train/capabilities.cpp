@@ -10,7 +10,14 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   };
   const auto& p = c.parallel;
   (void)world;
-  no(p.pipeline_model_parallel_size > 1, "--pipeline-model-parallel-size > 1 is not implemented yet");
+  // Pipeline parallelism: 1F1B on the CPU engine (the CUDA engine refuses it in cuda_engine_gaps).
+  no(p.pipeline_model_parallel_size > 1 && (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank),
+     "interleaved pipeline schedules (--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank) are not implemented yet: "
+     "drop them for 1F1B");
+  no(p.pipeline_model_parallel_size > 1 && !c.model.untie_embeddings_and_output_weights && c.training.overlap_grad_reduce &&
+         c.derived.data_parallel_size > 1,
+     "--overlap-grad-reduce with tied embeddings across pipeline stages is not implemented yet: drop --overlap-grad-reduce, or add "
+     "--untie-embeddings-and-output-weights");
   no(p.context_parallel_size > 1, "--context-parallel-size > 1 is not implemented yet");
   no(p.expert_model_parallel_size > 1, "--expert-model-parallel-size > 1 is not implemented yet");
   no(c.moe.num_experts.has_value(), "mixture of experts (--num-experts) is not implemented yet");
@@ -96,6 +103,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
                                         "): use --device cpu");
   }
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
+  no(c.parallel.pipeline_model_parallel_size > 1,
+     "--pipeline-model-parallel-size > 1 is not implemented on the CUDA engine yet: use --device cpu (1F1B on the CPU engine)");
   no(c.training.optimizer_cpu_offload, "--optimizer-cpu-offload is not implemented on the CUDA engine: drop it (the optimizer state stays on the GPU)");
   no(c.training.optimizer != "adam", "--optimizer " + c.training.optimizer + " is not implemented on the CUDA engine: use adam");
   no(c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "full" && !c.recompute.recompute_method,

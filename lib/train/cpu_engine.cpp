@@ -49,16 +49,21 @@ std::vector<std::string> CpuEngine::describe() const {
 void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microbatches, double lr) {
   const int64_t mbs = *cfg_.training.micro_batch_size, S = *cfg_.data.seq_length;
   const int64_t dp = groups_.dp->size(), dp_rank = groups_.dp->rank();
+  const int64_t pp = groups_.pp->size();
   data_parallel_->finish_param_gather();  // parameters updated by the other shards last step
   model_->params().zero_grads();
   const float loss_scale = scaler_.scale();
   CpuPipelineStage stage(
       *model_,
       [&](int64_t m) { return make_microbatch(data_, Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs, mbs, S, cfg_); },
-      iteration, loss_scale / static_cast<float>(num_microbatches));
-  run_schedule(no_pipelining_schedule(num_microbatches), stage, [&] { data_parallel_->arm(); });
+      iteration, loss_scale / static_cast<float>(num_microbatches), groups_.pp.get(), mbs);
+  const Schedule schedule = pp > 1 ? one_f_one_b_schedule(groups_.pp->rank(), pp, num_microbatches) : no_pipelining_schedule(num_microbatches);
+  run_schedule(schedule, stage, [&] { data_parallel_->arm(); });
+  sum_tied_embedding_grads();
   data_parallel_->finish();
+  // The loss is the last stage's: every stage takes it (the others hold 0), so all decide alike.
   double loss = stage.mean_loss();
+  if (pp > 1) groups_.pp->all_reduce(&loss, 1, ReduceOp::kSum);
   groups_.dp_cp->all_reduce(&loss, 1, ReduceOp::kAvg);
   StepResult result{};
   const bool loss_finite = std::isfinite(loss);
@@ -69,22 +74,38 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   reports_.push_back({loss, result.grad_norm, nonfinite});
 }
 
+// Tied embeddings across pipeline stages (Megatron's _allreduce_word_embedding_grads): the first stage's word
+// embeddings and the last stage's copy get the sum of both gradients, before the data-parallel reduction (so it
+// is exact under the distributed optimizer's reduce-scatter too), and stay equal.
+void CpuEngine::sum_tied_embedding_grads() {
+  const ModelLayout& at = model_->layout();
+  if (groups_.pp->size() == 1 || !model_->dims().tied) return;
+  const size_t i = at.pre_process ? at.word_embeddings : at.post_process ? at.output_w : kNoParam;
+  if (i == kNoParam) return;  // a middle stage: not in the embedding group
+  groups_.embedding->all_reduce(model_->params().grad(i), model_->params().info(i).numel, ReduceOp::kSum);
+}
+
 std::vector<StepReport> CpuEngine::read_reports() { return std::exchange(reports_, {}); }
 
 double CpuEngine::evaluate(int64_t iteration) {
   data_parallel_->finish_param_gather();
   const int64_t mbs = *cfg_.training.micro_batch_size, S = *cfg_.data.seq_length;
-  const int64_t dp = groups_.dp->size(), r = groups_.dp->rank();
-  const int64_t per_iter = cfg_.derived.global_batch_size;
+  const int64_t dp = groups_.dp->size(), r = groups_.dp->rank(), pp = groups_.pp->size();
+  const int64_t per_iter = cfg_.derived.global_batch_size, nmb = cfg_.derived.num_microbatches;
   double sum = 0;
   int64_t n = 0;
   for (int64_t it = 0; it < cfg_.logging.eval_iters; ++it) {
-    for (int64_t m = 0; m < cfg_.derived.num_microbatches; ++m) {
-      const int64_t first = it * per_iter + m * mbs * dp + r * mbs;
-      sum += model_->forward(make_microbatch(data_, Split::kValid, first, mbs, S, cfg_), iteration, false);
-      ++n;
+    auto get = [&](int64_t m) { return make_microbatch(data_, Split::kValid, it * per_iter + m * mbs * dp + r * mbs, mbs, S, cfg_); };
+    if (pp == 1) {
+      for (int64_t m = 0; m < nmb; ++m) sum += model_->forward(get(m), iteration, false);
+    } else {  // the forwards through the stages; the loss is the last stage's
+      CpuPipelineStage stage(*model_, get, iteration, 0.0f, groups_.pp.get(), mbs, false);
+      run_schedule(forward_only_schedule(groups_.pp->rank(), pp, nmb), stage);
+      sum += stage.mean_loss() * static_cast<double>(nmb);
     }
+    n += nmb;
   }
+  if (pp > 1) groups_.pp->all_reduce(&sum, 1, ReduceOp::kSum);
   double buf[2] = {sum, static_cast<double>(n)};
   groups_.dp->all_reduce(buf, 2, ReduceOp::kSum);
   return buf[0] / std::max(1.0, buf[1]);

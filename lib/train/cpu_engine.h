@@ -1,6 +1,7 @@
 // cpu_engine.h: the CPU reference engine behind the training loop: the model stage, data parallelism
 // (bucketed, overlapped reductions, the distributed optimizer), AdamW on fp32 master weights, the host loss
-// scaler and checkpoints. Every step's result is known when step() returns.
+// scaler and checkpoints; one pipeline stage of the model under PP (1F1B). Every step's result is known when
+// step() returns.
 #pragma once
 
 #include <memory>
@@ -32,6 +33,7 @@ class CpuEngine final : public TrainingEngine {
   std::shared_ptr<GPTModel> cpu_model() const override { return model_; }
 
  private:
+  void sum_tied_embedding_grads();
   const Config& cfg_;
   ProcessGroups groups_;
   const TokenSource& data_;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_checkpoint.sh: checkpoints as a user meets them. Exact resume (1 rank, TP2 x DP2), resharding
-# (TP2 x DP2 + distributed optimizer -> 1 rank; TP4 with K/V replication -> 1 rank, TP2), kill -9 during saves, corrupt shards, shape
+# (TP2 x DP2 + distributed optimizer -> 1 rank; TP4 with K/V replication -> 1 rank, TP2; PP2 x TP2 x DP2 -> 1 rank, PP4), kill -9 during saves, corrupt shards, shape
 # mismatches, async save with keep-last, --no-save-optim / --finetune.
 # Usage: test_checkpoint.sh path/to/megatrain (from the repository root).
 set -u
@@ -63,6 +63,23 @@ for run in q2 q3; do
   if paste <(losses "$tmp/q1" | tail -4) <(losses "$tmp/$run") | awk '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > 1e-5*$1) bad=1} END{exit bad || NR!=4}'; then
     ok "reshard TP4 with K/V replication -> $([[ $run == q2 ]] && echo "1 rank" || echo "TP2")"
   else bad "K/V replication reshard -> $run"; paste <(losses "$tmp/q1" | tail -4) <(losses "$tmp/$run"); fi
+done
+
+# 3d. Pipeline parallelism (tied embeddings across the stages, the last stage's copy not written): exact resume
+# on PP2 x TP2 x DP2 (the toy shape of the 70B recipe's TP x PP x DP, 8 ranks), and the PP checkpoint
+# continues on 1 rank and on PP4 like the uninterrupted run.
+P=(--num-layers 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer)
+"${MPI[@]}" -np 8 "$B" "${M[@]}" "${P[@]}" --log-dir "$tmp/p1" >/dev/null 2>&1
+"${MPI[@]}" -np 8 "$B" "${M[@]}" "${P[@]}" --save "$tmp/ckp" --save-interval 100 --exit-interval 4 --log-dir "$tmp/p2" >/dev/null 2>&1
+"${MPI[@]}" -np 8 "$B" "${M[@]}" "${P[@]}" --load "$tmp/ckp" --log-dir "$tmp/p3" >/dev/null 2>&1
+if [[ "$(losses "$tmp/p1" | tail -4)" == "$(losses "$tmp/p3")" && $(losses "$tmp/p3" | wc -l) -eq 4 ]]; then ok "exact resume, PP2 x TP2 x DP2"; else
+  bad "exact resume, PP2 x TP2 x DP2"; paste <(losses "$tmp/p1" | tail -4) <(losses "$tmp/p3"); fi
+"$B" "${M[@]}" --num-layers 4 --load "$tmp/ckp" --log-dir "$tmp/p4" >/dev/null 2>&1
+"${MPI[@]}" -np 4 "$B" "${M[@]}" --num-layers 4 --pipeline-model-parallel-size 4 --load "$tmp/ckp" --log-dir "$tmp/p5" >/dev/null 2>&1
+for run in p4 p5; do
+  if paste <(losses "$tmp/p1" | tail -4) <(losses "$tmp/$run") | awk '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > 1e-5*$1) bad=1} END{exit bad || NR!=4}'; then
+    ok "reshard PP2 x TP2 x DP2 -> $([[ $run == p4 ]] && echo "1 rank" || echo "PP4")"
+  else bad "PP reshard -> $run"; paste <(losses "$tmp/p1" | tail -4) <(losses "$tmp/$run"); fi
 done
 
 # 4. kill -9 during saves, repeatedly: the directory always loads (and verifies).

@@ -277,3 +277,46 @@ TEST_CASE("schedules: lists, checks and the executor's flags", "[stages]") {
   Recorder plain;
   CHECK_THROWS_AS(run_schedule({{ActionKind::kSendForward, 0, 0}}, plain), std::logic_error);
 }
+
+TEST_CASE("1F1B: every stage's list is whole, the stages' transfers meet without deadlock, in flight as Megatron", "[stages]") {
+  for (int64_t P = 1; P <= 8; ++P) {
+    for (int64_t M = 1; M <= 32; ++M) {
+      for (bool split : {false, true}) {
+        std::vector<Schedule> all;
+        for (int64_t r = 0; r < P; ++r) {
+          all.push_back(one_f_one_b_schedule(r, P, M, split));
+          INFO("P " << P << " M " << M << " stage " << r);
+          REQUIRE(check_schedule(all.back(), M, 1).empty());
+          // Megatron's warm-up keeps min(P - r, M) microbatches' activations on stage r.
+          CHECK(peak_in_flight(all.back()) == std::min(P - r, M));
+        }
+        INFO("P " << P << " M " << M);
+        CHECK(check_pipeline(all).empty());
+        std::vector<Schedule> fwd;
+        for (int64_t r = 0; r < P; ++r) fwd.push_back(forward_only_schedule(r, P, M));
+        CHECK(check_pipeline(fwd).empty());
+      }
+    }
+  }
+  // The checks catch what breaks a pipeline: a receive nothing sends, and a stage that sends before it
+  // receives where the neighbour does the same (unbatched: each waits for the other).
+  std::vector<Schedule> all{one_f_one_b_schedule(0, 2, 4), one_f_one_b_schedule(1, 2, 4)};
+  all[1].insert(all[1].begin(), ScheduleAction{ActionKind::kRecvForward, 9, 0});
+  CHECK(!check_pipeline(all).empty());
+  std::vector<Schedule> crossed{{{ActionKind::kForward, 0, 0}, {ActionKind::kSendForward, 0, 0}, {ActionKind::kForward, 1, 0}, {ActionKind::kRecvBackward, 1, 0}},
+                                {{ActionKind::kSendBackward, 1, 0}, {ActionKind::kForward, 5, 0}, {ActionKind::kRecvForward, 0, 0}}};
+  CHECK(check_pipeline(crossed).find("waits forever") != std::string::npos);
+  std::vector<Schedule> swapped{{{ActionKind::kForward, 0, 0}, {ActionKind::kSendForward, 0, 0}},
+                                {{ActionKind::kRecvForward, 1, 0}, {ActionKind::kForward, 1, 0}}};
+  CHECK(check_pipeline(swapped).find("exchange microbatch") != std::string::npos);
+}
+
+TEST_CASE("layout: uneven pipeline stages from --decoder-first / --decoder-last-pipeline-num-layers", "[stages]") {
+  Config c = tiny(false, 4);
+  c.parallel.pipeline_model_parallel_size = 2;
+  c.parallel.decoder_first_pipeline_num_layers = 1;
+  CHECK(stage_layers(c, 0, 2).first == 0);
+  CHECK(stage_layers(c, 0, 2).end == 1);
+  CHECK(stage_layers(c, 1, 2).first == 1);
+  CHECK(stage_layers(c, 1, 2).end == 4);
+}
