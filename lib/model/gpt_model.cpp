@@ -85,6 +85,9 @@ float GPTModel::forward_stage(int64_t id, const Microbatch& mb, int64_t step, bo
     throw std::runtime_error("sequence parallelism needs micro-batch-size x seq-length divisible by TP");
   }
   auto found = stash_.find(id);
+  if (found != stash_.end() && !found->second->deferred.empty()) {
+    throw std::logic_error("GPTModel::forward_stage: microbatch " + std::to_string(id) + "'s weight gradients are still due");
+  }
   std::unique_ptr<Record> rec = found != stash_.end() ? std::move(found->second) : take_record();
   if (found != stash_.end()) stash_.erase(found);
   Record& R = *rec;
@@ -168,9 +171,10 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
   if (!defer_weight_grads) release(id);
 }
 
-void GPTModel::backward_weights(int64_t id) {
+void GPTModel::backward_weights(int64_t id, bool last) {
   auto found = stash_.find(id);
   if (found == stash_.end()) throw std::logic_error("GPTModel::backward_weights: microbatch " + std::to_string(id) + " is not in flight");
+  found->second->ctx->finishing = last;
   for (auto& work : found->second->deferred) work();
   release(id);
 }

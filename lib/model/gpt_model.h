@@ -51,7 +51,9 @@ class GPTModel {
   // backward_weights(id); else the stash is released here.
   void backward_stage(int64_t id, float scale, bool last_microbatch, Activations output_grad, Activations* input_grad,
                       bool defer_weight_grads = false);
-  void backward_weights(int64_t id);
+  // last: the iteration's last weight-gradient pass (the reductions and the hook queued after the weight
+  // gradients run in it; those of earlier microbatches are skipped, their sums adding up).
+  void backward_weights(int64_t id, bool last);
   // The elements of one microbatch's activations at a stage boundary (this rank's [Tl, h] rows) for
   // micro_batch_size sequences.
   int64_t boundary_elements(int64_t micro_batch_size) const {

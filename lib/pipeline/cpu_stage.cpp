@@ -50,9 +50,9 @@ void CpuPipelineStage::backward(int64_t microbatch, int64_t chunk, bool last, bo
   if (!at.pre_process) input_grads_[microbatch] = std::move(dx);
 }
 
-void CpuPipelineStage::backward_weights(int64_t microbatch, int64_t chunk) {
+void CpuPipelineStage::backward_weights(int64_t microbatch, int64_t chunk, bool last) {
   one_chunk(chunk);
-  model_.backward_weights(microbatch);
+  model_.backward_weights(microbatch, last);
 }
 
 void CpuPipelineStage::exchange(const std::vector<ScheduleAction>& transfers) {

@@ -23,7 +23,7 @@ class CpuPipelineStage final : public PipelineStage {
                    Communicator* pipeline = nullptr, int64_t micro_batch_size = 0, bool training = true);
   void forward(int64_t microbatch, int64_t chunk) override;
   void backward(int64_t microbatch, int64_t chunk, bool last, bool with_weights) override;
-  void backward_weights(int64_t microbatch, int64_t chunk) override;
+  void backward_weights(int64_t microbatch, int64_t chunk, bool last) override;
   void exchange(const std::vector<ScheduleAction>& transfers) override;
   // The mean of the forwarded microbatches' losses (the last stage's; 0 on the others).
   double mean_loss() const { return forwards_ ? loss_sum_ / static_cast<double>(forwards_) : 0.0; }

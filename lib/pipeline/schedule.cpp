@@ -236,9 +236,10 @@ int64_t peak_in_flight(const Schedule& schedule) {
 
 void run_schedule(const Schedule& schedule, PipelineStage& stage, const std::function<void()>& before_last_backward) {
   auto is_backward = [](const ScheduleAction& a) { return a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput; };
-  std::map<int64_t, size_t> last_of_chunk;
+  std::map<int64_t, size_t> last_of_chunk, last_w_of_chunk;
   size_t last = schedule.size();
   for (size_t i = 0; i < schedule.size(); ++i) {
+    if (schedule[i].kind == ActionKind::kBackwardWeight) last_w_of_chunk[schedule[i].chunk] = i;
     if (!is_backward(schedule[i])) continue;
     last_of_chunk[schedule[i].chunk] = i;
     last = i;
@@ -252,7 +253,7 @@ void run_schedule(const Schedule& schedule, PipelineStage& stage, const std::fun
         if (i == last && before_last_backward) before_last_backward();
         stage.backward(a.microbatch, a.chunk, last_of_chunk[a.chunk] == i, a.kind == ActionKind::kBackward);
         break;
-      case ActionKind::kBackwardWeight: stage.backward_weights(a.microbatch, a.chunk); break;
+      case ActionKind::kBackwardWeight: stage.backward_weights(a.microbatch, a.chunk, last_w_of_chunk[a.chunk] == i); break;
       default: {  // a run of consecutive transfers goes out as one batch
         std::vector<ScheduleAction> run;
         while (i < schedule.size() && is_transfer(schedule[i].kind)) run.push_back(schedule[i++]);

@@ -59,7 +59,7 @@ std::string check_pipeline(const std::vector<Schedule>& schedules);
 int64_t peak_in_flight(const Schedule& schedule);
 
 // Runs the actions in order on `stage`. A chunk's last backward (B or whole) is flagged to the stage, so that
-// the iteration's reductions run with it; before_last_backward runs just before the list's last one (data
+// the iteration's reductions run with it, and so is its last W (the reductions that follow weight gradients); before_last_backward runs just before the list's last one (data
 // parallelism arms its overlapped gradient reduction there).
 void run_schedule(const Schedule& schedule, PipelineStage& stage, const std::function<void()>& before_last_backward = {});
 

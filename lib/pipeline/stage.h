@@ -18,9 +18,12 @@ class PipelineStage {
   // last: the iteration's last backward of this chunk (the per-layer reductions and the grads-ready hook run).
   // with_weights: the weight gradients too; else they wait for backward_weights.
   virtual void backward(int64_t microbatch, int64_t chunk, bool last, bool with_weights) = 0;
-  virtual void backward_weights(int64_t microbatch, int64_t chunk) {
+  // last: the chunk's last weight-gradient pass of the iteration (the reductions and the hook that follow the
+  // weight gradients run with it).
+  virtual void backward_weights(int64_t microbatch, int64_t chunk, bool last) {
     (void)microbatch;
     (void)chunk;
+    (void)last;
     throw std::logic_error("this engine's stage does not run its weight gradients apart");
   }
   // A run of consecutive transfers of the schedule (send / receive of activations or gradients at the stage

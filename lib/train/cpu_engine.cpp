@@ -38,7 +38,8 @@ CpuEngine::CpuEngine(const Config& cfg, ProcessGroups groups, const TokenSource&
   if (ck.save) saver_ = make_saver(cfg, groups_);
 }
 
-CpuEngine::~CpuEngine() = default;
+// The model outlives the engine (TrainResult::model): it must not call into the engine's data parallelism.
+CpuEngine::~CpuEngine() { model_->set_grads_ready_hook({}); }
 
 std::vector<std::string> CpuEngine::describe() const {
   const double p = static_cast<double>(model_->params().numel());

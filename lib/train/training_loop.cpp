@@ -65,6 +65,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   int64_t consumed = resumed.consumed_samples;  // samples consumed by the iterations stepped so far
   double flops_done = resumed.flops_so_far;
   int64_t nan_in_a_row = 0;
+  std::string nan_exit;  // --exit-on-nan-count reached: the message
   // The iterations stepped and not yet read: their number, learning rate and batch.
   struct Pending {
     int64_t iteration;
@@ -96,9 +97,9 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
         ++interval_ok;
       }
       nan_in_a_row = !loss_finite || (r.skipped && !cfg.precision.fp16) ? nan_in_a_row + 1 : 0;
-      if (nan_in_a_row >= cfg.training.exit_on_nan_count) {
-        throw std::runtime_error("loss or gradient norm was not finite for " + std::to_string(nan_in_a_row) + " iterations in a row (last at iteration " +
-                                 std::to_string(pending[i].iteration) + "): lower --lr, raise --lr-warmup-iters or check the data");
+      if (nan_in_a_row >= cfg.training.exit_on_nan_count && nan_exit.empty()) {  // thrown once the interval is logged
+        nan_exit = "loss or gradient norm was not finite for " + std::to_string(nan_in_a_row) + " iterations in a row (last at iteration " +
+                   std::to_string(pending[i].iteration) + "): lower --lr, raise --lr-warmup-iters or check the data";
       }
       last_grad_norm = r.grad_norm;
       last_lr = pending[i].lr;
@@ -150,6 +151,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       interval_loss = 0;
       interval_ok = interval_iters = interval_samples = 0;
     }
+    if (!nan_exit.empty()) throw std::runtime_error(nan_exit);
     if (evaluating) {
       const double vl = engine.evaluate(it);
       res.valid_losses.push_back(vl);

@@ -229,7 +229,7 @@ TEST_CASE("CPU stage: microbatches in flight and weight gradients apart give the
     CHECK(m.in_flight() == 3);
     for (int i = 2; i >= 0; --i) m.backward_stage(i, 1.0f / 3, i == 0, {}, nullptr, true);
     CHECK(m.in_flight() == 3);  // their weight gradients are due
-    for (int i = 0; i < 3; ++i) m.backward_weights(i);
+    for (int i = 0; i < 3; ++i) m.backward_weights(i, i == 2);
     CHECK(m.in_flight() == 0);
     for (const auto& [name, g] : grads_by_name(m)) {
       INFO(name);
@@ -239,7 +239,11 @@ TEST_CASE("CPU stage: microbatches in flight and weight gradients apart give the
   SECTION("a backward without its forward is refused") {
     GPTModel m(c, ProcessGroups::single());
     CHECK_THROWS_AS(m.backward_stage(5, 1.0f, true, {}, nullptr), std::logic_error);
-    CHECK_THROWS_AS(m.backward_weights(5), std::logic_error);
+    CHECK_THROWS_AS(m.backward_weights(5, true), std::logic_error);
+    // A forward over a microbatch whose weight gradients are still due would lose them.
+    m.forward_stage(1, batch(1), 2, true, {}, nullptr);
+    m.backward_stage(1, 1.0f, true, {}, nullptr, true);
+    CHECK_THROWS_AS(m.forward_stage(1, batch(1), 2, true, {}, nullptr), std::logic_error);
   }
 }
 
@@ -270,10 +274,15 @@ TEST_CASE("schedules: lists, checks and the executor's flags", "[stages]") {
     void backward(int64_t m, int64_t, bool last, bool w) override {
       log.push_back(std::string(w ? "B" : "Bi") + std::to_string(m) + (last ? "!" : ""));
     }
-    void backward_weights(int64_t m, int64_t) override { log.push_back("W" + std::to_string(m)); }
+    void backward_weights(int64_t m, int64_t, bool last) override { log.push_back("W" + std::to_string(m) + (last ? "!" : "")); }
   } rec;
   run_schedule(no_pipelining_schedule(3, true), rec, [&] { rec.log.push_back("arm"); });
-  CHECK(rec.log == std::vector<std::string>{"F0", "Bi0", "W0", "F1", "Bi1", "W1", "F2", "arm", "Bi2!", "W2"});
+  CHECK(rec.log == std::vector<std::string>{"F0", "Bi0", "W0", "F1", "Bi1", "W1", "F2", "arm", "Bi2!", "W2!"});
+  Recorder late;  // every W after every B: the reductions go with the last W, not with W of the last B
+  run_schedule({{ActionKind::kForward, 0, 0}, {ActionKind::kForward, 1, 0}, {ActionKind::kBackwardInput, 1, 0}, {ActionKind::kBackwardInput, 0, 0},
+                {ActionKind::kBackwardWeight, 0, 0}, {ActionKind::kBackwardWeight, 1, 0}},
+               late);
+  CHECK(late.log == std::vector<std::string>{"F0", "F1", "Bi1", "Bi0!", "W0", "W1!"});
   Recorder plain;
   CHECK_THROWS_AS(run_schedule({{ActionKind::kSendForward, 0, 0}}, plain), std::logic_error);
 }
