@@ -122,8 +122,9 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   MT_PROF("opt.grad_norm", norm_partials(model_->grads(), false, &st_->loss_acc));
   cuda::step_prepare(st_, partials_, clip, b1, b2, 1.0f, scale_rule_, stream_);
   auto adamw = [&](int64_t first, int64_t count) {
-    MT_PROF("opt.adamw", cuda::adamw_multi(master_, m_, v_, model_->working(), model_->grads(), d_chunks_ + first, count, st_, static_cast<float>(lr), b1,
-                                           b2, eps, wd, stream_, model_->half_type()));
+    MT_PROF("opt.adamw", cuda::adamw_multi({.w = master_, .m = m_, .v = v_, .w16 = model_->working(), .g = model_->grads(),
+                                            .chunks = d_chunks_ + first, .count = count, .state = st_, .lr = static_cast<float>(lr), .beta1 = b1,
+                                            .beta2 = b2, .eps = eps, .weight_decay = wd, .type = model_->half_type()}, stream_));
   };
   const auto n_chunks = static_cast<int64_t>(chunks_.size());
 #ifdef MEGATRAIN_HAVE_NCCL

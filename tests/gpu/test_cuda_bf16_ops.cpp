@@ -251,7 +251,8 @@ void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool ro
   MT_CUDA_CHECK(cudaMalloc(&dpos, pos.size() * 4));
   MT_CUDA_CHECK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
   B16 dqkv(qkv), dq(q.size()), dk(k.size()), dv(v.size());
-  cuda::qkv_split_rope(dq.b(), dk.b(), dv.b(), dqkv.b(), dpos, rope ? dtable.p : nullptr, T, nh, ng, d, rot, nullptr, g_t);
+  cuda::qkv_split_rope({.q = dq.b(), .k = dk.b(), .v = dv.b(), .qkv = dqkv.b(), .positions = dpos, .table = rope ? dtable.p : nullptr, .rows = T,
+                        .heads = nh, .groups = ng, .head_dim = d, .rot_dim = rot, .type = g_t}, nullptr);
   expect(tag + " Q", dq.get(), q, 1e-2);
   expect(tag + " K", dk.get(), k, 1e-2);
   expect(tag + " V", dv.get(), v, 1e-6);
@@ -264,7 +265,9 @@ void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool ro
     cpu::rope_backward(rk.data(), pos.data(), T, ng, d, rot, 10000.0f);
   }
   cpu::qkv_merge(want.data(), rq.data(), rk.data(), gv.data(), T, nh, ng, d);
-  cuda::qkv_merge_rope_backward(dout.b(), dgq.b(), dgk.b(), dgv.b(), dpos, rope ? dtable.p : nullptr, T, nh, ng, d, rot, nullptr, g_t);
+  cuda::qkv_merge_rope_backward({.dqkv = dout.b(), .dq = dgq.b(), .dk = dgk.b(), .dv = dgv.b(), .positions = dpos,
+                                 .table = rope ? dtable.p : nullptr, .rows = T, .heads = nh, .groups = ng, .head_dim = d, .rot_dim = rot,
+                                 .type = g_t}, nullptr);
   expect(tag + " backward", dout.get(), want, 1e-2);
   cudaFree(dpos);
 }
@@ -371,8 +374,9 @@ void test_cross_entropy_sharded(int64_t N, int64_t V, int64_t shards) {
   reduce(2 * N, 2 * N, false);
   Vec grad(logits.size());
   for (int64_t r = 0; r < shards; ++r) {
-    cuda::ce_shard_finish(dlosses.p, part[static_cast<size_t>(r)]->b(), stats[static_cast<size_t>(r)]->p, dt, dmask.p, scale, N, Vl, r * Vl, true,
-                          nullptr, g_t);
+    cuda::ce_shard_finish({.losses = dlosses.p, .logits = part[static_cast<size_t>(r)]->b(), .stats = stats[static_cast<size_t>(r)]->p,
+                           .targets = dt, .loss_mask = dmask.p, .grad_scale = scale, .rows = N, .vocab_local = Vl, .vocab_start = r * Vl,
+                           .write_grad = true, .type = g_t}, nullptr);
     expect(tag + " loss, shard " + std::to_string(r), dlosses.get(), losses, 2e-3);
     const Vec g = part[static_cast<size_t>(r)]->get();
     for (int64_t n = 0; n < N; ++n) {
@@ -498,7 +502,8 @@ void test_adamw(int64_t n, int64_t split) {
   MT_CUDA_CHECK(cudaMemcpy(dc.p, chunks.data(), 2 * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
   cuda::sumsq_partials(partials.p, dg.p, dc.p, 2, false, nullptr);
   cuda::step_prepare(st.p, partials.p, clip, b1, b2, 1.0f, cuda::LossScaleRule{}, nullptr);
-  cuda::adamw_multi(dw.p, dm.p, dv.p, w16.b(), dg.p, dc.p, 2, st.p, lr, b1, b2, eps, wd, nullptr, g_t);
+  cuda::adamw_multi({.w = dw.p, .m = dm.p, .v = dv.p, .w16 = w16.b(), .g = dg.p, .chunks = dc.p, .count = 2, .state = st.p, .lr = lr, .beta1 = b1,
+                     .beta2 = b2, .eps = eps, .weight_decay = wd, .type = g_t}, nullptr);
   cuda::StepState h{};
   MT_CUDA_CHECK(cudaDeviceSynchronize());
   MT_CUDA_CHECK(cudaMemcpy(&h, st.p, sizeof(h), cudaMemcpyDeviceToHost));

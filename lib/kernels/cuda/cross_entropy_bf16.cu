@@ -176,12 +176,13 @@ void ce_shard_stats(float* stats, const bf16* logits, const int32_t* targets, in
   if (t == F16::kFP16) ce_shard_stats_t(stats, hp(logits), targets, N, V_local, v0, stream);
   else ce_shard_stats_t(stats, logits, targets, N, V_local, v0, stream);
 }
-void ce_shard_finish(float* losses, bf16* logits, const float* stats, const int32_t* targets, const float* loss_mask, float grad_scale,
-                     int64_t N, int64_t V_local, int64_t v0, bool write_grad, cudaStream_t stream, F16 t, const float* loss_scale) {
-  if (t == F16::kFP16) {
-    ce_shard_finish_t(losses, hp(logits), stats, targets, loss_mask, grad_scale, loss_scale, N, V_local, v0, write_grad, stream);
+void ce_shard_finish(const CeShardFinish& a, cudaStream_t stream) {
+  if (a.type == F16::kFP16) {
+    ce_shard_finish_t(a.losses, hp(a.logits), a.stats, a.targets, a.loss_mask, a.grad_scale, a.loss_scale, a.rows, a.vocab_local, a.vocab_start,
+                      a.write_grad, stream);
   } else {
-    ce_shard_finish_t(losses, logits, stats, targets, loss_mask, grad_scale, loss_scale, N, V_local, v0, write_grad, stream);
+    ce_shard_finish_t(a.losses, a.logits, a.stats, a.targets, a.loss_mask, a.grad_scale, a.loss_scale, a.rows, a.vocab_local, a.vocab_start,
+                      a.write_grad, stream);
   }
 }
 

@@ -24,9 +24,19 @@ void cross_entropy_fused_bf16(float* losses, bf16* logits, const int32_t* target
 void ce_shard_stats(float* stats, const bf16* logits, const int32_t* targets, int64_t N, int64_t V_local, int64_t v0, cudaStream_t stream,
                     F16 t = F16::kBF16);
 void ce_shard_rescale(float* stats, int64_t N, cudaStream_t stream);
-void ce_shard_finish(float* losses, bf16* logits, const float* stats, const int32_t* targets, const float* loss_mask, float grad_scale,
-                     int64_t N, int64_t V_local, int64_t v0, bool write_grad, cudaStream_t stream, F16 t = F16::kBF16,
-                     const float* loss_scale = nullptr);
+struct CeShardFinish {
+  float* losses = nullptr;  // [rows]
+  bf16* logits = nullptr;   // [rows, vocab_local]; the gradient written in place when write_grad
+  const float* stats = nullptr;
+  const int32_t* targets = nullptr;
+  const float* loss_mask = nullptr;
+  float grad_scale = 0;
+  int64_t rows = 0, vocab_local = 0, vocab_start = 0;
+  bool write_grad = false;
+  F16 type = F16::kBF16;
+  const float* loss_scale = nullptr;  // fp16: the device-side loss scale the gradient is multiplied by
+};
+void ce_shard_finish(const CeShardFinish& a, cudaStream_t stream);
 
 // acc[0] += weight * sum_n losses[n] * mask[n] (one block, fixed order: deterministic).
 void masked_loss_sum(float* acc, const float* losses, const float* mask, int64_t N, float weight, cudaStream_t stream);

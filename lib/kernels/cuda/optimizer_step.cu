@@ -187,10 +187,12 @@ void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream, 
   if (t == F16::kFP16) cast_from_bf16_t(out, hp(in), n, stream);
   else cast_from_bf16_t(out, in, n, stream);
 }
-void adamw_multi(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
-                 float lr, float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream, F16 t) {
-  if (t == F16::kFP16) adamw_multi_t(w, m, v, hp(w16), g, chunks, nchunks, s, lr, beta1, beta2, eps, weight_decay, stream);
-  else adamw_multi_t(w, m, v, w16, g, chunks, nchunks, s, lr, beta1, beta2, eps, weight_decay, stream);
+void adamw_multi(const AdamMulti& a, cudaStream_t stream) {
+  if (a.type == F16::kFP16) {
+    adamw_multi_t(a.w, a.m, a.v, hp(a.w16), a.g, a.chunks, a.count, a.state, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, stream);
+  } else {
+    adamw_multi_t(a.w, a.m, a.v, a.w16, a.g, a.chunks, a.count, a.state, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, stream);
+  }
 }
 void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream, F16 t) {
   if (t == F16::kFP16) cast_to_bf16_t(hp(out), in, n, stream);

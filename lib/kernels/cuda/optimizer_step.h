@@ -66,8 +66,17 @@ void poison_if_nonfinite(float* partials, const float* value, cudaStream_t strea
 void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, const LossScaleRule& rule,
                   cudaStream_t stream);
 // w (fp32 master), m and v are indexed by the chunks' state index; g and w16 by their start.
-void adamw_multi(float* w, float* m, float* v, bf16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
-                 float lr, float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream, F16 t = F16::kBF16);
+struct AdamMulti {
+  float *w = nullptr, *m = nullptr, *v = nullptr;  // fp32 master weights and moments (indexed like the chunks' state)
+  bf16* w16 = nullptr;                             // the 16-bit working copy, of type `type`
+  const float* g = nullptr;                        // the gradients
+  const AdamChunk* chunks = nullptr;
+  int64_t count = 0;                               // chunks
+  const StepState* state = nullptr;
+  float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  F16 type = F16::kBF16;
+};
+void adamw_multi(const AdamMulti& a, cudaStream_t stream);
 void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
 void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
 

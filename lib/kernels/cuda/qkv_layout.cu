@@ -132,13 +132,19 @@ void qkv_merge_rope_backward_t(T16* dqkv, const T16* dq, const T16* dk, const T1
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void qkv_split_rope(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* positions, const float* table, int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream, F16 t) {
-  if (t == F16::kFP16) qkv_split_rope_t(hp(q), hp(k), hp(v), hp(qkv), positions, table, T, nh, ng, d, rot_dim, stream);
-  else qkv_split_rope_t(q, k, v, qkv, positions, table, T, nh, ng, d, rot_dim, stream);
+void qkv_split_rope(const QkvSplit& a, cudaStream_t stream) {
+  if (a.type == F16::kFP16) {
+    qkv_split_rope_t(hp(a.q), hp(a.k), hp(a.v), hp(a.qkv), a.positions, a.table, a.rows, a.heads, a.groups, a.head_dim, a.rot_dim, stream);
+  } else {
+    qkv_split_rope_t(a.q, a.k, a.v, a.qkv, a.positions, a.table, a.rows, a.heads, a.groups, a.head_dim, a.rot_dim, stream);
+  }
 }
-void qkv_merge_rope_backward(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const int32_t* positions, const float* table, int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream, F16 t) {
-  if (t == F16::kFP16) qkv_merge_rope_backward_t(hp(dqkv), hp(dq), hp(dk), hp(dv), positions, table, T, nh, ng, d, rot_dim, stream);
-  else qkv_merge_rope_backward_t(dqkv, dq, dk, dv, positions, table, T, nh, ng, d, rot_dim, stream);
+void qkv_merge_rope_backward(const QkvMerge& a, cudaStream_t stream) {
+  if (a.type == F16::kFP16) {
+    qkv_merge_rope_backward_t(hp(a.dqkv), hp(a.dq), hp(a.dk), hp(a.dv), a.positions, a.table, a.rows, a.heads, a.groups, a.head_dim, a.rot_dim, stream);
+  } else {
+    qkv_merge_rope_backward_t(a.dqkv, a.dq, a.dk, a.dv, a.positions, a.table, a.rows, a.heads, a.groups, a.head_dim, a.rot_dim, stream);
+  }
 }
 
 }  // namespace mt::cuda

@@ -11,11 +11,25 @@
 
 namespace mt::cuda {
 
-void qkv_split_rope(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* positions, const float* table, int64_t T,
-                    int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream, F16 t = F16::kBF16);
+struct QkvSplit {
+  bf16 *q = nullptr, *k = nullptr, *v = nullptr;  // [rows, heads * head_dim], [rows, groups * head_dim] twice
+  const bf16* qkv = nullptr;                      // [rows, groups * (heads / groups + 2) * head_dim], Megatron's grouped layout
+  const int32_t* positions = nullptr;
+  const float* table = nullptr;  // RoPE's table (null: no rotation)
+  int64_t rows = 0, heads = 0, groups = 0, head_dim = 0, rot_dim = 0;
+  F16 type = F16::kBF16;
+};
+void qkv_split_rope(const QkvSplit& a, cudaStream_t stream);
 // The backward: gradients of Q, K, V (rotated back) gathered into the fused layout.
-void qkv_merge_rope_backward(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const int32_t* positions, const float* table,
-                             int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot_dim, cudaStream_t stream, F16 t = F16::kBF16);
+struct QkvMerge {
+  bf16* dqkv = nullptr;
+  const bf16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  const int32_t* positions = nullptr;
+  const float* table = nullptr;
+  int64_t rows = 0, heads = 0, groups = 0, head_dim = 0, rot_dim = 0;
+  F16 type = F16::kBF16;
+};
+void qkv_merge_rope_backward(const QkvMerge& a, cudaStream_t stream);
 
 
 }  // namespace mt::cuda

@@ -40,8 +40,9 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, ab_, ab_, w(lw.qkv_b), stream_));
   if (D.qk_norm) {  // split, the norm of every query and key head, then RoPE (as Megatron: norm before rotary)
-    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q_pre, r.k_pre, r.v, s.qkv, mb.positions, nullptr, T, D.nh_local, D.ng_local, D.d,
-                                                       D.rot_dim, stream_, dt_));
+    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q_pre, .k = r.k_pre, .v = r.v, .qkv = s.qkv, .positions = mb.positions,
+                                                        .table = nullptr, .rows = T, .heads = D.nh_local, .groups = D.ng_local, .head_dim = D.d,
+                                                        .rot_dim = D.rot_dim, .type = dt_}, stream_));
     MT_PROF("fwd.qk_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = r.q, .mean = r.qn_mean, .rstd = r.qn_rstd, .x = r.q_pre,
                                                    .delta = nullptr, .w = w(lw.qn_w), .b = w(lw.qn_b), .rows = T * D.nh_local, .width = D.d,
                                                    .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = true}, stream_));
@@ -53,11 +54,13 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
       MT_PROF("fwd.rope", cuda::rope_apply_16(r.k, mb.positions, rope_table_, T, D.ng_local, D.d, D.rot_dim, 1.0f, stream_, dt_));
     }
   } else if (!kv_group_) {
-    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local, D.ng_local,
-                                                       D.d, D.rot_dim, stream_, dt_));
+    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q, .k = r.k, .v = r.v, .qkv = s.qkv, .positions = mb.positions,
+                                                        .table = D.rope ? rope_table_ : nullptr, .rows = T, .heads = D.nh_local,
+                                                        .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
   } else {  // the group's query heads, then this rank's nh_local of them
-    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(s.q_all, r.k, r.v, s.qkv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.qh_local, D.ng_local,
-                                                       D.d, D.rot_dim, stream_, dt_));
+    MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = s.q_all, .k = r.k, .v = r.v, .qkv = s.qkv, .positions = mb.positions,
+                                                        .table = D.rope ? rope_table_ : nullptr, .rows = T, .heads = D.qh_local,
+                                                        .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
     MT_PROF("fwd.qkv_split_rope", copy_own_heads(r.q, s.q_all, T, false));
   }
   MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_));
@@ -139,8 +142,9 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                     .db = lw.kn_b >= 0 ? g(lw.kn_b) : nullptr, .dy = s.dk, .x = r.k_pre, .mean = r.kn_mean,
                                                     .rstd = r.kn_rstd, .w = w(lw.kn_w), .rows = Tk, .width = D.d, .rms = D.rms, .type = dt_,
                                                     .res16 = true}, stream_));
-    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq_pre, s.dk_pre, s.dv, mb.positions, nullptr, T, D.nh_local, D.ng_local,
-                                                                D.d, D.rot_dim, stream_, dt_));
+    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv, .dq = s.dq_pre, .dk = s.dk_pre, .dv = s.dv,
+                                                                 .positions = mb.positions, .table = nullptr, .rows = T, .heads = D.nh_local,
+                                                                 .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
     // Each TP rank's heads add to the shared norm weights: summed over TP here (under SP with the layer's
     // other replicated parameters).
     if (tp_ && !sp_ && final_backward_) {
@@ -151,12 +155,14 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
       MT_PROF("tp.qk_norm_grads", tp_->group_end());
     }
   } else if (!kv_group_) {
-    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.dq, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.nh_local,
-                                                                D.ng_local, D.d, D.rot_dim, stream_, dt_));
+    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv, .dq = s.dq, .dk = s.dk, .dv = s.dv, .positions = mb.positions,
+                                                                 .table = D.rope ? rope_table_ : nullptr, .rows = T, .heads = D.nh_local,
+                                                                 .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
   } else {  // zero for the group's query heads other ranks own: their gradients arrive in the replica sum
     MT_PROF("bwd.qkv_merge_rope", copy_own_heads(s.dq, s.q_all, T, true));
-    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv, s.q_all, s.dk, s.dv, mb.positions, D.rope ? rope_table_ : nullptr, T, D.qh_local,
-                                                                D.ng_local, D.d, D.rot_dim, stream_, dt_));
+    MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv, .dq = s.q_all, .dk = s.dk, .dv = s.dv, .positions = mb.positions,
+                                                                 .table = D.rope ? rope_table_ : nullptr, .rows = T, .heads = D.qh_local,
+                                                                 .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
   }
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
   if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_, dt_));

@@ -78,8 +78,9 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   if (l > 0) wait_reduced(half);  // the previous layer's MLP output reduced and this layer's input norm taken
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, rows, Wq, h, 1.0f, r.xn1 + r0 * h, h, w(lw.qkv_w), h, 0.0f, s.qkv + r0 * Wq, Wq, ab_, ab_,
                                      w(lw.qkv_b), stream_));
-  MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope(r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, s.qkv + r0 * Wq, layer_positions(mb) + r0,
-                                                     D.rope ? rope_table_ : nullptr, rows, D.nh_local, D.ng_local, D.d, D.rot_dim, stream_, dt_));
+  MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q + r0 * Hd, .k = r.k + r0 * KVd, .v = r.v + r0 * KVd, .qkv = s.qkv + r0 * Wq,
+                                                      .positions = layer_positions(mb) + r0, .table = D.rope ? rope_table_ : nullptr, .rows = rows,
+                                                      .heads = D.nh_local, .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
   const cuda::SdpaShape sh{Bh, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
   MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, r.o + r0 * Hd,
                                                                r.stats + half * Bh * D.nh_local * mb.S, stream_));
@@ -227,8 +228,10 @@ void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const 
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(sh, r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, r.o + r0 * Hd, s.d_o + r0 * Hd,
                                                                 r.stats + half * Bh * D.nh_local * mb.S, s.dq + r0 * Hd, s.dk + r0 * KVd,
                                                                 s.dv + r0 * KVd, stream_));
-  MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward(s.qkv + r0 * Wq, s.dq + r0 * Hd, s.dk + r0 * KVd, s.dv + r0 * KVd, layer_positions(mb) + r0,
-                                                              D.rope ? rope_table_ : nullptr, rows, D.nh_local, D.ng_local, D.d, D.rot_dim, stream_, dt_));
+  MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv + r0 * Wq, .dq = s.dq + r0 * Hd, .dk = s.dk + r0 * KVd,
+                                                               .dv = s.dv + r0 * KVd, .positions = layer_positions(mb) + r0,
+                                                               .table = D.rope ? rope_table_ : nullptr, .rows = rows, .heads = D.nh_local,
+                                                               .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, rows, h, Wq, 1.0f, s.qkv + r0 * Wq, Wq, w(lw.qkv_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr,
                                            stream_));
   if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv + r0 * Wq, rows, Wq, stream_, dt_));

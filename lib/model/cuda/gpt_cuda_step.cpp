@@ -71,8 +71,9 @@ void CudaGPT::loss(const DeviceMicrobatch& mb, float grad_scale, int64_t T) {
   MT_PROF("tp.loss_max", tp_->all_reduce_on(s.ce_stats, T, WireType::kF32, ReduceOp::kMax, stream_));
   MT_PROF("loss.cross_entropy", cuda::ce_shard_rescale(s.ce_stats, T, stream_));
   MT_PROF("tp.loss_sum", tp_->all_reduce_on(s.ce_stats + 2 * T, 2 * T, WireType::kF32, ReduceOp::kSum, stream_));
-  MT_PROF("loss.cross_entropy", cuda::ce_shard_finish(s.losses, s.logits, s.ce_stats, mb.labels, mb.loss_mask, grad_scale, T, D_.V_local, v0_, train,
-                                                      stream_, dt_, loss_scale_));
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_finish({.losses = s.losses, .logits = s.logits, .stats = s.ce_stats, .targets = mb.labels,
+                                                       .loss_mask = mb.loss_mask, .grad_scale = grad_scale, .rows = T, .vocab_local = D_.V_local,
+                                                       .vocab_start = v0_, .write_grad = train, .type = dt_, .loss_scale = loss_scale_}, stream_));
 }
 
 void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc) {
