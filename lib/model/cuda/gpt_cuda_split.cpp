@@ -74,7 +74,7 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   auto& lt = cuda::GemmLt::instance();
   const int64_t Bh = mb.B / 2, rows = Bh * mb.S, r0 = half * rows, h = D.h;
   const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
-  Record& r = recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)];
+  Record& r = act(l);
   if (l > 0) wait_reduced(half);  // the previous layer's MLP output reduced and this layer's input norm taken
   MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, rows, Wq, h, 1.0f, r.xn1 + r0 * h, h, w(lw.qkv_w), h, 0.0f, s.qkv + r0 * Wq, Wq, ab_, ab_,
                                      w(lw.qkv_b), stream_));
@@ -109,7 +109,7 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
   const int64_t rows = mb.B / 2 * mb.S, r0 = half * rows, h = D.h, F = W_.F, F1 = W_.F1;
-  Record& r = recomputed(l) ? *recompute_record_ : *records_[static_cast<size_t>(l)];
+  Record& r = act(l);
   wait_reduced(half);  // the attention output reduced and the MLP's input norm taken
   if (D.swiglu) {
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, rows, F1, h, 1.0f, r.xn2 + r0 * h, h, w(lw.fc1_w), h, 0.0f, r.fc1 + r0 * F1, F1, ab_, ab_,
@@ -128,7 +128,7 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   // The next layer's input norm of these rows follows the reduction on the TP stream (under SP on this
   // rank's piece, then gathered).
   const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
-  Record& n = recomputed(l + 1) ? *recompute_record_ : *records_[static_cast<size_t>(l + 1)];
+  Record& n = act(l + 1);
   const int64_t pr = piece(rows), p0 = half * pr;
   bf16* xn = sp_ ? s.xn_l : n.xn1;
   reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
