@@ -54,6 +54,9 @@ struct ParallelConfig {
   OptInt num_virtual_stages_per_pipeline_rank;
   OptInt decoder_first_pipeline_num_layers;
   OptInt decoder_last_pipeline_num_layers;
+  bool account_for_embedding_in_pipeline_split = false;
+  bool account_for_loss_in_pipeline_split = false;
+  std::string pipeline_schedule = "1f1b";  // megatrain: 1f1b (interleaved with virtual stages) or zb-h1
   std::string cp_comm_type = "p2p";
   bool use_tp_pp_dp_mapping = false;
   std::string distributed_backend = "nccl";

@@ -21,21 +21,50 @@ int64_t effective_query_groups(const Config& cfg) {
   return cfg.model.num_attention_heads.value_or(1);
 }
 
-std::vector<int64_t> layers_per_pipeline_stage(const Config& cfg) {
-  const int64_t pp = cfg.parallel.pipeline_model_parallel_size;
-  const int64_t layers = cfg.model.num_layers.value_or(0);
-  std::vector<int64_t> out(static_cast<size_t>(pp), 0);
-  if (pp <= 0) return out;
+int64_t virtual_stages_per_rank(const Config& cfg) {
+  const auto& p = cfg.parallel;
+  if (p.num_virtual_stages_per_pipeline_rank) return std::max<int64_t>(1, *p.num_virtual_stages_per_pipeline_rank);
+  if (p.num_layers_per_virtual_pipeline_stage && *p.num_layers_per_virtual_pipeline_stage > 0 && p.pipeline_model_parallel_size > 0) {
+    return std::max<int64_t>(1, cfg.model.num_layers.value_or(0) / p.pipeline_model_parallel_size / *p.num_layers_per_virtual_pipeline_stage);
+  }
+  return 1;
+}
+
+std::vector<int64_t> layers_per_virtual_stage(const Config& cfg) {
+  const int64_t pp = std::max<int64_t>(1, cfg.parallel.pipeline_model_parallel_size), V = virtual_stages_per_rank(cfg);
+  const int64_t layers = cfg.model.num_layers.value_or(0), stages = pp * V;
+  std::vector<int64_t> out(static_cast<size_t>(stages), 0);
   const auto& first = cfg.parallel.decoder_first_pipeline_num_layers;
   const auto& last = cfg.parallel.decoder_last_pipeline_num_layers;
-  int64_t remaining = layers;
-  int64_t middle = pp;
-  if (first) { remaining -= *first; --middle; }
-  if (last && pp > 1) { remaining -= *last; --middle; }
-  const int64_t each = middle > 0 ? remaining / middle : 0;
-  for (int64_t s = 0; s < pp; ++s) out[static_cast<size_t>(s)] = each;
-  if (first) out.front() = *first;
-  if (last && pp > 1) out.back() = *last;
+  if (first || last) {  // per rank, then even over the rank's chunks
+    int64_t remaining = layers, middle = pp;
+    if (first) { remaining -= *first; --middle; }
+    if (last && pp > 1) { remaining -= *last; --middle; }
+    const int64_t each = middle > 0 ? remaining / middle : 0;
+    for (int64_t r = 0; r < pp; ++r) {
+      int64_t n = each;
+      if (r == 0 && first) n = *first;
+      if (r == pp - 1 && last && pp > 1) n = *last;
+      for (int64_t c = 0; c < V; ++c) out[static_cast<size_t>(c * pp + r)] = n / V;
+    }
+    return out;
+  }
+  // Megatron's account-for-embedding / -loss: the embedding and the loss take one layer's place each.
+  const int64_t embedding = cfg.parallel.account_for_embedding_in_pipeline_split ? 1 : 0;
+  const int64_t loss = cfg.parallel.account_for_loss_in_pipeline_split ? 1 : 0;
+  const int64_t each = (layers + embedding + loss) / stages;
+  for (auto& n : out) n = each;
+  out.front() -= embedding;
+  out.back() -= loss;
+  return out;
+}
+
+std::vector<int64_t> layers_per_pipeline_stage(const Config& cfg) {
+  const int64_t pp = cfg.parallel.pipeline_model_parallel_size;
+  std::vector<int64_t> out(static_cast<size_t>(std::max<int64_t>(0, pp)), 0);
+  if (pp <= 0) return out;
+  const std::vector<int64_t> per = layers_per_virtual_stage(cfg);
+  for (size_t vs = 0; vs < per.size(); ++vs) out[vs % static_cast<size_t>(pp)] += per[vs];
   return out;
 }
 

@@ -11,7 +11,15 @@ namespace mt {
 
 int64_t default_ffn_hidden_size(int64_t hidden, bool swiglu);
 int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by, int64_t tp);
-// Layers on each pipeline stage (uneven first/last stages honoured).
+// Model chunks per pipeline rank: --num-virtual-stages-per-pipeline-rank, or the layers per stage over
+// --num-layers-per-virtual-pipeline-stage; 1 without interleaving.
+int64_t virtual_stages_per_rank(const Config& cfg);
+// Transformer layers on each virtual stage, in Megatron's order (virtual stage c x PP + r is chunk c of
+// pipeline rank r): an even split, or uneven first / last stages (each rank's layers even over its chunks),
+// or with --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split the embedding
+// and the loss counted as one layer each on the first and the last virtual stage.
+std::vector<int64_t> layers_per_virtual_stage(const Config& cfg);
+// Layers on each pipeline stage (all its chunks).
 std::vector<int64_t> layers_per_pipeline_stage(const Config& cfg);
 // Effective query groups: num_query_groups with GQA, else one group per head.
 int64_t effective_query_groups(const Config& cfg);

@@ -1,6 +1,7 @@
 // validate.cpp: every rule, every violation reported, each naming its numbers and a fix.
 #include "config/validate.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -102,6 +103,11 @@ void check_pipeline(const Config& c, Checker& k) {
   const auto& first = p.decoder_first_pipeline_num_layers;
   const auto& last = p.decoder_last_pipeline_num_layers;
   const bool uneven = first || last;
+  const int64_t account = (p.account_for_embedding_in_pipeline_split ? 1 : 0) + (p.account_for_loss_in_pipeline_split ? 1 : 0);
+  if (account && uneven) {
+    k.error("--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split cannot be combined with "
+            "--decoder-first/last-pipeline-num-layers: give the stage sizes one way");
+  }
   int64_t vpp = 0;
   if (p.num_layers_per_virtual_pipeline_stage && p.num_virtual_stages_per_pipeline_rank) {
     k.error("give only one of --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank");
@@ -129,6 +135,8 @@ void check_pipeline(const Config& c, Checker& k) {
       k.error("the " + s(remaining) + " layers between the first and last pipeline stages do not divide over the " + s(middle) +
               " middle stages: choose first/last sizes leaving a multiple of " + s(middle));
     }
+  } else if (account) {
+    if (L + account < pp) k.error("--num-layers " + s(L) + " with the embedding / loss counted leaves a pipeline stage empty of everything at PP(" + s(pp) + ")");
   } else if (L % pp != 0) {
     k.error("--num-layers " + s(L) + " is not divisible by PP(" + s(pp) +
             "): use a multiple of " + s(pp) + " layers or set --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers");
@@ -147,7 +155,7 @@ void check_pipeline(const Config& c, Checker& k) {
   if (p.num_virtual_stages_per_pipeline_rank) {
     vpp = *p.num_virtual_stages_per_pipeline_rank;
     if (vpp < 1) k.error("--num-virtual-stages-per-pipeline-rank must be >= 1, got " + s(vpp));
-    if (!uneven && vpp >= 1 && L % pp == 0 && (L / pp) % vpp != 0) {
+    if (!uneven && !account && vpp >= 1 && L % pp == 0 && (L / pp) % vpp != 0) {
       k.error("layers per pipeline stage (" + s(L / pp) + ") is not divisible by --num-virtual-stages-per-pipeline-rank " + s(vpp));
     }
     if (uneven && vpp >= 1) {
@@ -158,6 +166,13 @@ void check_pipeline(const Config& c, Checker& k) {
   }
   if (vpp > 1 && pp < 2) {
     k.error("interleaved pipelining (" + s(vpp) + " virtual stages) needs --pipeline-model-parallel-size > 1");
+  }
+  if (account && !uneven && (L + account) % (pp * std::max<int64_t>(1, vpp)) != 0) {
+    k.error("--num-layers " + s(L) + " plus the " + s(account) + " counted for the embedding / loss (" + s(L + account) +
+            ") is not divisible by the " + s(pp * std::max<int64_t>(1, vpp)) + " (virtual) pipeline stages: change --num-layers");
+  }
+  if (p.pipeline_schedule == "zb-h1" && vpp > 1) {
+    k.error("--pipeline-schedule zb-h1 has no interleaved form here: drop the virtual pipeline stages or use --pipeline-schedule 1f1b");
   }
 }
 

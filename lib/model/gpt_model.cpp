@@ -27,10 +27,7 @@ struct GPTModel::Record {
 };
 
 GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
-    : dims_(model_dims(cfg, groups.tp->rank(), groups.tp->size())),
-      groups_(std::move(groups)),
-      seed_(static_cast<uint64_t>(cfg.training.seed)),
-      units_(std::make_unique<Units>()) {
+    : dims_(model_dims(cfg, groups.tp->rank(), groups.tp->size())), groups_(std::move(groups)), seed_(static_cast<uint64_t>(cfg.training.seed)) {
   const ModelDims& D = dims_;
   // K/V replication (query groups below TP, as Megatron): the ranks of a group hold the same QKV shard.
   if (D.kv_rep > 1) {
@@ -41,17 +38,20 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
   at.tp_size = D.tp;
   at.pp_rank = groups_.pp->rank();
   at.pp_size = groups_.pp->size();
-  layout_ = build_model_layout(cfg, at, params_);
-  Units& u = *units_;
-  u.embedding.word = layout_.word_embeddings;
-  u.embedding.position = layout_.position_embeddings;
-  for (const LayerParams& ly : layout_.layers) {
-    u.attention.push_back(cpu::AttentionUnit{&ly});
-    u.mlp.push_back(cpu::MlpUnit{&ly});
+  layouts_ = build_model_chunks(cfg, at, params_);
+  for (const ModelLayout& layout : layouts_) {
+    auto u = std::make_unique<Units>();
+    u->embedding.word = layout.word_embeddings;
+    u->embedding.position = layout.position_embeddings;
+    for (const LayerParams& ly : layout.layers) {
+      u->attention.push_back(cpu::AttentionUnit{&ly});
+      u->mlp.push_back(cpu::MlpUnit{&ly});
+    }
+    u->output.norm_w = layout.final_norm_w;
+    u->output.norm_b = layout.final_norm_b;
+    u->output.weight = layout.output_w;
+    units_.push_back(std::move(u));
   }
-  u.output.norm_w = layout_.final_norm_w;
-  u.output.norm_b = layout_.final_norm_b;
-  u.output.weight = layout_.output_w;
 }
 
 GPTModel::~GPTModel() = default;
@@ -63,28 +63,34 @@ std::unique_ptr<GPTModel::Record> GPTModel::take_record() {
   return r;
 }
 
-void GPTModel::release(int64_t id) {
-  auto it = stash_.find(id);
+void GPTModel::release(std::pair<int64_t, int64_t> key) {
+  auto it = stash_.find(key);
   it->second->deferred.clear();
   spare_.push_back(std::move(it->second));
   stash_.erase(it);
 }
 
 float GPTModel::forward(const Microbatch& mb, int64_t step, bool training) {
-  if (!layout_.pre_process || !layout_.post_process) throw std::logic_error("GPTModel::forward: this stage is not the whole model");
+  if (layouts_.size() != 1 || !layouts_[0].pre_process || !layouts_[0].post_process) {
+    throw std::logic_error("GPTModel::forward: this stage is not the whole model");
+  }
   return forward_stage(0, mb, step, training, {}, nullptr);
 }
 
 void GPTModel::backward(float scale, bool last_microbatch) { backward_stage(0, scale, last_microbatch, {}, nullptr, false); }
 
-float GPTModel::forward_stage(int64_t id, const Microbatch& mb, int64_t step, bool training, Activations input, Activations* output) {
+float GPTModel::forward_stage(int64_t id, const Microbatch& mb, int64_t step, bool training, Activations input, Activations* output,
+                              int64_t chunk) {
   const ModelDims& D = dims_;
+  const ModelLayout& layout = this->layout(chunk);
+  Units& units = *units_[static_cast<size_t>(chunk)];
+  const std::pair<int64_t, int64_t> key{chunk, id};
   const int64_t T = mb.B * mb.S;
   if (mb.S > D.max_pos) throw std::runtime_error("sequence longer than --max-position-embeddings");
   if (D.sequence_parallel && T % D.tp != 0) {
     throw std::runtime_error("sequence parallelism needs micro-batch-size x seq-length divisible by TP");
   }
-  auto found = stash_.find(id);
+  auto found = stash_.find(key);
   if (found != stash_.end() && !found->second->deferred.empty()) {
     throw std::logic_error("GPTModel::forward_stage: microbatch " + std::to_string(id) + "'s weight gradients are still due");
   }
@@ -95,31 +101,30 @@ float GPTModel::forward_stage(int64_t id, const Microbatch& mb, int64_t step, bo
   R.ctx = std::make_unique<cpu::PassContext>(D, params_, groups_, seed_, R.mb, step, training);
   R.deferred.clear();
   const cpu::PassContext& c = *R.ctx;
-  const size_t n = layout_.layers.size();
+  const size_t n = layout.layers.size();
   R.attention.resize(n);
   R.mlp.resize(n);
   Activations x;
-  if (layout_.pre_process) {
-    units_->embedding.forward(c, x);
+  if (layout.pre_process) {
+    units.embedding.forward(c, x);
   } else {
     if (static_cast<int64_t>(input.size()) != c.Tl * D.h) throw std::logic_error("GPTModel::forward_stage: input of the wrong size");
     x = std::move(input);
   }
   for (size_t l = 0; l < n; ++l) {
-    units_->attention[l].forward(c, x, R.attention[l]);
-    units_->mlp[l].forward(c, x, R.mlp[l]);
+    units.attention[l].forward(c, x, R.attention[l]);
+    units.mlp[l].forward(c, x, R.mlp[l]);
   }
   float loss = 0;
-  if (layout_.post_process) loss = units_->output.forward(c, x, R.output);
+  if (layout.post_process) loss = units.output.forward(c, x, R.output);
   else if (output) *output = std::move(x);
-  stash_[id] = std::move(rec);
-  if (!training) release(id);  // no backward follows (evaluation)
+  stash_[key] = std::move(rec);
+  if (!training) release(key);  // no backward follows (evaluation)
   return loss;
 }
 
-void GPTModel::layer_finished(Record& r, size_t l) const {
+void GPTModel::layer_finished(Record& r, const LayerParams& ly) const {
   const cpu::PassContext& c = *r.ctx;
-  const LayerParams& ly = layout_.layers[l];
   c.after_weight_grads([this, &c, &ly] {
     c.sum_replicated_grads(ly.first, ly.end);
     if (kv_group_ && c.finishing) {
@@ -133,20 +138,23 @@ void GPTModel::layer_finished(Record& r, size_t l) const {
 }
 
 void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Activations output_grad, Activations* input_grad,
-                              bool defer_weight_grads) {
-  auto found = stash_.find(id);
+                              bool defer_weight_grads, int64_t chunk) {
+  const ModelLayout& layout = this->layout(chunk);
+  Units& units = *units_[static_cast<size_t>(chunk)];
+  const std::pair<int64_t, int64_t> key{chunk, id};
+  auto found = stash_.find(key);
   if (found == stash_.end()) throw std::logic_error("GPTModel::backward_stage: microbatch " + std::to_string(id) + " was not forwarded");
   Record& R = *found->second;
   cpu::PassContext& c = *R.ctx;
   c.finishing = last_microbatch;
   c.deferred = defer_weight_grads ? &R.deferred : nullptr;
   Activations dx, dmid;
-  if (layout_.post_process) {
-    units_->output.backward(c, scale, dx, R.output);
-    c.sum_replicated_grads(layout_.final_norm_w, params_.size());
+  if (layout.post_process) {
+    units.output.backward(c, scale, dx, R.output);
+    c.sum_replicated_grads(layout.final_norm_w, params_.size());
     // With tied embeddings on one stage the output layer's gradient is not final until the embedding's backward.
-    if (layout_.output_w != layout_.word_embeddings) {
-      const int64_t lowest = params_.info(layout_.final_norm_w).offset;
+    if (layout.output_w != layout.word_embeddings) {
+      const int64_t lowest = params_.info(layout.final_norm_w).offset;
       c.after_weight_grads([this, &c, lowest] {
         if (grads_ready_ && c.finishing) grads_ready_(lowest);
       });
@@ -155,28 +163,29 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
     if (static_cast<int64_t>(output_grad.size()) != c.Tl * dims_.h) throw std::logic_error("GPTModel::backward_stage: gradient of the wrong size");
     dx = std::move(output_grad);
   }
-  for (size_t l = layout_.layers.size(); l-- > 0;) {
-    units_->mlp[l].backward(c, dx, dmid, R.mlp[l]);
-    units_->attention[l].backward(c, dmid, dx, R.attention[l]);
-    layer_finished(R, l);
+  for (size_t l = layout.layers.size(); l-- > 0;) {
+    units.mlp[l].backward(c, dx, dmid, R.mlp[l]);
+    units.attention[l].backward(c, dmid, dx, R.attention[l]);
+    layer_finished(R, layout.layers[l]);
   }
-  if (layout_.pre_process) {
-    units_->embedding.backward(c, dx);
+  if (layout.pre_process) {
+    units.embedding.backward(c, dx);
     c.after_weight_grads([this, &c] {
       if (grads_ready_ && c.finishing) grads_ready_(0);
     });
   } else if (input_grad) {
     *input_grad = std::move(dx);
   }
-  if (!defer_weight_grads) release(id);
+  if (!defer_weight_grads) release(key);
 }
 
-void GPTModel::backward_weights(int64_t id, bool last) {
-  auto found = stash_.find(id);
+void GPTModel::backward_weights(int64_t id, bool last, int64_t chunk) {
+  const std::pair<int64_t, int64_t> key{chunk, id};
+  auto found = stash_.find(key);
   if (found == stash_.end()) throw std::logic_error("GPTModel::backward_weights: microbatch " + std::to_string(id) + " is not in flight");
   found->second->ctx->finishing = last;
   for (auto& work : found->second->deferred) work();
-  release(id);
+  release(key);
 }
 
 }  // namespace mt

@@ -1,6 +1,8 @@
 // gpt_model.h: one pipeline stage of the GPT / LLaMA decoder on the CPU reference engine, for one rank's TP
-// shard: the layers [first, end) of the shared layout (model/layout.h), the embedding on the first stage, the
-// final norm, output layer and loss on the last; a stage holding every layer is the whole model. Explicit
+// shard: its model chunks (one, or one per virtual stage under interleaving), each the layers [first, end) of
+// the shared layout (model/layout.h), the embedding in the first virtual stage, the final norm, output layer
+// and loss in the last; a stage holding every layer is the whole model. Every chunk's parameters sit in one
+// ParamStore. Explicit
 // forward and backward per unit (model/cpu/units.h), no autograd tape; each microbatch's activations are
 // stashed under its id, so several can be in flight, and the weight-gradient GEMMs can run apart from the
 // input-gradient ones (backward_weights).
@@ -10,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -30,7 +33,10 @@ class GPTModel {
 
   ParamStore& params() { return params_; }
   const ModelDims& dims() const { return dims_; }
-  const ModelLayout& layout() const { return layout_; }
+  // The model chunks of this stage (virtual pipeline stages chunk x PP + rank) and where each one's
+  // parameters sit.
+  int64_t chunks() const { return static_cast<int64_t>(layouts_.size()); }
+  const ModelLayout& layout(int64_t chunk = 0) const { return layouts_.at(static_cast<size_t>(chunk)); }
 
   // The whole model (first and last stage at once), one microbatch (id 0) at a time.
   // Forward and loss (mean over unmasked tokens); keeps what backward needs. `step` keys dropout.
@@ -41,19 +47,22 @@ class GPTModel {
   // accumulate (the partial sums add up, one reduction at the end is exact).
   void backward(float scale, bool last_microbatch = true);
 
-  // The stage, microbatch by id. forward_stage: `input` is the previous stage's output (ignored on the first
-  // stage); returns the loss on the last stage (0 elsewhere, where `output` receives the activations). A
-  // forward of an id already stashed replaces it; a forward that is not training keeps nothing (evaluation).
-  float forward_stage(int64_t id, const Microbatch& mb, int64_t step, bool training, Activations input, Activations* output);
+  // The stage, microbatch by id, one model chunk at a time. forward_stage: `input` is the previous virtual
+  // stage's output (ignored on the first); returns the loss on the last virtual stage (0 elsewhere, where
+  // `output` receives the activations). A forward of an id already stashed replaces it; a forward that is
+  // not training keeps nothing (evaluation).
+  float forward_stage(int64_t id, const Microbatch& mb, int64_t step, bool training, Activations input, Activations* output,
+                      int64_t chunk = 0);
   // backward_stage: `output_grad` is the next stage's input gradient (ignored on the last stage, where the
   // loss gradient is `scale`); `input_grad` (not on the first stage) receives this stage's. With
   // defer_weight_grads the weight-gradient GEMMs, and everything that must follow them, wait for
   // backward_weights(id); else the stash is released here.
+  // last_microbatch: the chunk's last backward of the iteration.
   void backward_stage(int64_t id, float scale, bool last_microbatch, Activations output_grad, Activations* input_grad,
-                      bool defer_weight_grads = false);
-  // last: the iteration's last weight-gradient pass (the reductions and the hook queued after the weight
-  // gradients run in it; those of earlier microbatches are skipped, their sums adding up).
-  void backward_weights(int64_t id, bool last);
+                      bool defer_weight_grads = false, int64_t chunk = 0);
+  // last: the chunk's last weight-gradient pass of the iteration (the reductions and the hook queued after the
+  // weight gradients run in it; those of earlier microbatches are skipped, their sums adding up).
+  void backward_weights(int64_t id, bool last, int64_t chunk = 0);
   // The elements of one microbatch's activations at a stage boundary (this rank's [Tl, h] rows) for
   // micro_batch_size sequences.
   int64_t boundary_elements(int64_t micro_batch_size) const {
@@ -74,15 +83,15 @@ class GPTModel {
   ProcessGroups groups_;
   uint64_t seed_;
   ParamStore params_;
-  ModelLayout layout_;
-  std::unique_ptr<Units> units_;
-  std::map<int64_t, std::unique_ptr<Record>> stash_;
+  std::vector<ModelLayout> layouts_;         // per chunk
+  std::vector<std::unique_ptr<Units>> units_;  // per chunk, over layouts_
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Record>> stash_;  // (chunk, microbatch id)
   std::vector<std::unique_ptr<Record>> spare_;  // released records, their buffers kept for the next microbatch
   std::function<void(int64_t)> grads_ready_;
   std::shared_ptr<Communicator> kv_group_;  // the TP ranks sharing this rank's K/V (kv_rep > 1)
   std::unique_ptr<Record> take_record();
-  void release(int64_t id);
-  void layer_finished(Record& r, size_t layer) const;  // reductions and the hook after a layer's backward
+  void release(std::pair<int64_t, int64_t> key);
+  void layer_finished(Record& r, const LayerParams& layer) const;  // reductions and the hook after a layer's backward
 };
 
 }  // namespace mt

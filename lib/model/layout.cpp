@@ -32,20 +32,24 @@ ParamInfo make_param(const std::string& name, std::vector<int64_t> global, int s
 
 }  // namespace
 
-LayerRange stage_layers(const Config& cfg, int64_t pp_rank, int64_t pp_size) {
+LayerRange stage_layers(const Config& cfg, int64_t pp_rank, int64_t pp_size, int64_t chunk) {
   const int64_t L = *cfg.model.num_layers;
   if (pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size) throw std::logic_error("stage_layers: pipeline rank out of range");
   if (pp_size == cfg.parallel.pipeline_model_parallel_size && pp_size > 1) {
-    // The configured split: even, or with --decoder-first / --decoder-last-pipeline-num-layers (validated).
-    const std::vector<int64_t> per = layers_per_pipeline_stage(cfg);
+    // The configured split over the virtual stages (validated): even, uneven first / last stages, the
+    // embedding and loss counted as layers, each rank's layers over its chunks.
+    const std::vector<int64_t> per = layers_per_virtual_stage(cfg);
+    const int64_t vs = chunk * pp_size + pp_rank;
+    if (chunk < 0 || vs >= static_cast<int64_t>(per.size())) throw std::logic_error("stage_layers: model chunk out of range");
     int64_t first = 0, total = 0;
-    for (int64_t r = 0; r < pp_size; ++r) {
-      if (r < pp_rank) first += per[static_cast<size_t>(r)];
-      total += per[static_cast<size_t>(r)];
+    for (size_t v = 0; v < per.size(); ++v) {
+      if (static_cast<int64_t>(v) < vs) first += per[v];
+      total += per[v];
     }
     if (total != L) throw ConfigError("the pipeline stages hold " + std::to_string(total) + " layers, not --num-layers " + std::to_string(L));
-    return {first, first + per[static_cast<size_t>(pp_rank)]};
+    return {first, first + per[static_cast<size_t>(vs)]};
   }
+  if (chunk != 0) throw std::logic_error("stage_layers: model chunks without the configured pipeline");
   if (L % pp_size != 0) {
     throw ConfigError("--num-layers " + std::to_string(L) + " is not divisible by --pipeline-model-parallel-size " + std::to_string(pp_size) +
                       ": choose a layer count that is a multiple of the pipeline size");
@@ -56,26 +60,30 @@ LayerRange stage_layers(const Config& cfg, int64_t pp_rank, int64_t pp_size) {
 
 namespace {
 
-// Registers the stage's parameters (no memory yet).
-ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at, ParamStore& store) {
-  if (store.size() != 0) throw std::logic_error("build_model_layout: the store already holds parameters");
+// Registers the parameters of chunk `chunk` of `chunks` of the stage after those already in the store (no
+// memory yet).
+ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at, ParamStore& store, int64_t chunk, int64_t chunks) {
   const ModelDims D = model_dims(cfg, at.tp_rank, at.tp_size);
   const float std = static_cast<float>(cfg.model.init_method_std);
   const float out_std = std / std::sqrt(2.0f * static_cast<float>(D.L));
   const int64_t r = D.tp_rank, t = D.tp;
   ModelLayout M;
-  M.layers_range = stage_layers(cfg, at.pp_rank, at.pp_size);
-  M.pre_process = at.pp_rank == 0;
-  M.post_process = at.pp_rank == at.pp_size - 1;
+  M.layers_range = stage_layers(cfg, at.pp_rank, at.pp_size, chunk);
+  M.pre_process = at.pp_rank == 0 && chunk == 0;
+  M.post_process = at.pp_rank == at.pp_size - 1 && chunk == chunks - 1;
+  auto put = [&](ParamInfo p) {
+    p.chunk = chunk;
+    return store.add(std::move(p));
+  };
   auto add = [&](const std::string& name, std::vector<int64_t> shape, int shard_dim, InitKind init, float sd) {
-    return store.add(make_param(name, std::move(shape), shard_dim, r, t, init, sd));
+    return put(make_param(name, std::move(shape), shard_dim, r, t, init, sd));
   };
   // K/V replication (query groups below TP, as Megatron): the QKV weight is split into whole groups over the
   // ng groups of kv_rep ranks each; ranks of a group hold the same shard (replica > 0 for all but one).
   auto add_qkv = [&](const std::string& name, std::vector<int64_t> shape, InitKind init, float sd) {
     ParamInfo p = make_param(name, std::move(shape), 0, r / D.kv_rep, t / D.kv_rep, init, sd);
     p.replica = r % D.kv_rep;
-    return store.add(p);
+    return put(p);
   };
   if (M.pre_process) {
     M.word_embeddings = add("embedding.word_embeddings.weight", {D.V, D.h}, 0, InitKind::kNormal, std);
@@ -130,7 +138,7 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     } else {  // the last stage's copy of the first stage's word embeddings: the same name, so the same values
       ParamInfo copy = make_param("embedding.word_embeddings.weight", {D.V, D.h}, 0, r, t, InitKind::kNormal, std);
       copy.tied_copy = true;
-      M.output_w = store.add(copy);
+      M.output_w = put(copy);
     }
   }
   return M;
@@ -138,16 +146,25 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
 
 }  // namespace
 
-ModelLayout build_model_layout(const Config& cfg, const LayoutCoordinates& at, ParamStore& store) {
-  ModelLayout M = register_model_params(cfg, at, store);
+std::vector<ModelLayout> build_model_chunks(const Config& cfg, const LayoutCoordinates& at, ParamStore& store) {
+  if (store.size() != 0) throw std::logic_error("build_model_layout: the store already holds parameters");
+  const int64_t chunks = at.pp_size == cfg.parallel.pipeline_model_parallel_size ? virtual_stages_per_rank(cfg) : 1;
+  std::vector<ModelLayout> out;
+  for (int64_t c = 0; c < chunks; ++c) out.push_back(register_model_params(cfg, at, store, c, chunks));
   store.allocate();
   store.initialize(static_cast<uint64_t>(cfg.training.seed));
-  return M;
+  return out;
+}
+
+ModelLayout build_model_layout(const Config& cfg, const LayoutCoordinates& at, ParamStore& store) {
+  std::vector<ModelLayout> chunks = build_model_chunks(cfg, at, store);
+  if (chunks.size() != 1) throw std::logic_error("build_model_layout: this stage has " + std::to_string(chunks.size()) + " model chunks");
+  return std::move(chunks.front());
 }
 
 int64_t model_tensor_count(const Config& cfg) {
   ParamStore names;
-  register_model_params(cfg, {}, names);
+  register_model_params(cfg, {}, names, 0, 1);
   return static_cast<int64_t>(names.size());
 }
 

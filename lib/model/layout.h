@@ -23,14 +23,16 @@ struct LayoutCoordinates {
   int64_t pp_rank = 0, pp_size = 1;
 };
 
-// The transformer layers [first, end) of pipeline stage `pp_rank` of `pp_size`: the configured split when
-// pp_size is --pipeline-model-parallel-size (even, or uneven with --decoder-first / --decoder-last-pipeline-
-// num-layers), else an even split of --num-layers. Throws ConfigError when the layers do not divide.
+// The transformer layers [first, end) of model chunk `chunk` of pipeline stage `pp_rank` of `pp_size`: the
+// configured split when pp_size is --pipeline-model-parallel-size (config/resolve.h layers_per_virtual_stage:
+// even, uneven with --decoder-first / --decoder-last-pipeline-num-layers, the embedding / loss counted as
+// layers, interleaved chunks), else an even split of --num-layers (one chunk). Throws ConfigError when the
+// layers do not divide.
 struct LayerRange {
   int64_t first = 0, end = 0;
   int64_t count() const { return end - first; }
 };
-LayerRange stage_layers(const Config& cfg, int64_t pp_rank, int64_t pp_size);
+LayerRange stage_layers(const Config& cfg, int64_t pp_rank, int64_t pp_size, int64_t chunk = 0);
 
 // The parameter indices (into the ParamStore) of one transformer layer's slots; kNoParam where the model
 // has none (biases without --add-bias-linear, LayerNorm biases under RMSNorm, --qk-layernorm's norms).
@@ -60,7 +62,11 @@ struct ModelLayout {
 };
 
 // Registers the parameters of the stage at `at` in `store` (which must be empty), allocates and
-// initialises them (seed: --seed) and returns where each sits.
+// initialises them (seed: --seed) and returns where each sits: one layout per model chunk of the stage
+// (virtual pipeline stages; the chunks one after another in the flat buffers), the embedding in the first
+// virtual stage's, the output layer in the last's.
+std::vector<ModelLayout> build_model_chunks(const Config& cfg, const LayoutCoordinates& at, ParamStore& store);
+// The same for a stage of one chunk (throws std::logic_error for more).
 ModelLayout build_model_layout(const Config& cfg, const LayoutCoordinates& at, ParamStore& store);
 // The whole model's tensors (distinct global names, whatever the split): what a checkpoint of it holds.
 int64_t model_tensor_count(const Config& cfg);

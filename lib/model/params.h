@@ -31,6 +31,9 @@ struct ParamInfo {
   // the first stage): same name and values as the embedding, its gradient summed with it over the embedding
   // group; not written to checkpoints.
   bool tied_copy = false;
+  // The model chunk (virtual pipeline stage) of this rank that holds it: chunks sit one after another in the
+  // flat buffers, and no gradient bucket spans two.
+  int64_t chunk = 0;
   InitKind init = InitKind::kNormal;
   float init_std = 0.02f;
   bool weight_decay = true;           // Megatron: no decay on biases and norm weights

@@ -26,7 +26,7 @@ DataParallel::DataParallel(const Config& c, ParamStore& params, std::shared_ptr<
   for (size_t i = params_.size(); i-- > 0;) {
     const ParamInfo& p = params_.info(i);
     cur.begin = p.offset;
-    if (cur.end - cur.begin >= bucket || i == 0) {
+    if (cur.end - cur.begin >= bucket || i == 0 || params_.info(i - 1).chunk != p.chunk) {
       buckets_.push_back(cur);
       cur = GradBucket{};
       cur.end = p.offset;
@@ -49,6 +49,15 @@ DataParallel::DataParallel(const Config& c, ParamStore& params, std::shared_ptr<
   grad_reqs_.resize(buckets_.size());
   param_reqs_.resize(buckets_.size());
   shard_tmp_.resize(buckets_.size());
+  held_.assign(buckets_.size(), 0);
+  launched_.assign(buckets_.size(), 0);
+}
+
+void DataParallel::hold(size_t param) {
+  const int64_t off = params_.info(param).offset;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].begin <= off && off < buckets_[b].end) held_[b] = 1;
+  }
 }
 
 DataParallel::~DataParallel() = default;
@@ -66,6 +75,7 @@ void DataParallel::arm() {
 }
 
 void DataParallel::launch(size_t b) {
+  launched_[b] = 1;
   const GradBucket& bk = buckets_[b];
   float* g = params_.grads().f32();
   if (bf16_reduce_) {
@@ -82,11 +92,17 @@ void DataParallel::launch(size_t b) {
 
 void DataParallel::on_grads_ready(int64_t lowest) {
   if (!armed_ || !overlap_grad_) return;
-  while (next_ < buckets_.size() && buckets_[next_].begin >= lowest) launch(next_++);
+  for (; next_ < buckets_.size() && buckets_[next_].begin >= lowest; ++next_) {
+    if (!held_[next_]) launch(next_);
+  }
 }
 
 void DataParallel::finish() {
-  while (next_ < buckets_.size()) launch(next_++);
+  // What has not gone out yet, held buckets included, in bucket order (the same on every DP rank).
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!launched_[b]) launch(b);
+  }
+  std::fill(launched_.begin(), launched_.end(), 0);
   float* g = params_.grads().f32();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     grad_reqs_[b]->wait();

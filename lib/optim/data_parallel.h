@@ -38,6 +38,9 @@ class DataParallel {
   void arm();
   void on_grads_ready(int64_t lowest_final_offset);
   void finish();
+  // The bucket holding parameter `param` waits for finish() even when its gradients are final earlier (the
+  // tied word embeddings, whose gradient is summed over the pipeline's embedding group first).
+  void hold(size_t param);
 
   // After the optimizer wrote its shards: all-gather the parameters (distributed optimizer only).
   void start_param_gather();
@@ -51,6 +54,7 @@ class DataParallel {
   std::vector<GradBucket> buckets_;
   std::vector<std::unique_ptr<CommRequest>> grad_reqs_, param_reqs_;
   std::vector<std::vector<float>> shard_tmp_;
+  std::vector<char> held_, launched_;  // per bucket
   bool armed_ = false;
   size_t next_ = 0;  // next bucket to launch (buckets run from the end of the buffer)
 };

@@ -1,12 +1,16 @@
-// cpu_stage.h: the CPU engine's GPTModel as a pipeline stage: microbatches by index from the training data,
-// their mean loss kept on the host (the last stage's), and the activations and gradients at the stage
-// boundaries sent to and received from the neighbouring stages over the pipeline group (the model's
-// [Tl, h] residual-stream rows, a size known in advance).
+// cpu_stage.h: the CPU engine's GPTModel as a pipeline stage (its model chunks): microbatches by index from
+// the training data, their mean loss kept on the host (the last virtual stage's), and the activations and
+// gradients at the virtual stage boundaries sent to and received from the neighbouring ranks over the
+// pipeline group (the model's [Tl, h] residual-stream rows, a size known in advance; with interleaving the
+// last rank's chunk c feeds the first rank's chunk c + 1, so the neighbours form a ring).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "model/gpt_model.h"
@@ -25,6 +29,7 @@ class CpuPipelineStage final : public PipelineStage {
   void backward(int64_t microbatch, int64_t chunk, bool last, bool with_weights) override;
   void backward_weights(int64_t microbatch, int64_t chunk, bool last) override;
   void exchange(const std::vector<ScheduleAction>& transfers) override;
+  void complete_exchange() override;
   // The mean of the forwarded microbatches' losses (the last stage's; 0 on the others).
   double mean_loss() const { return forwards_ ? loss_sum_ / static_cast<double>(forwards_) : 0.0; }
 
@@ -38,10 +43,13 @@ class CpuPipelineStage final : public PipelineStage {
   bool training_;
   double loss_sum_ = 0;
   int64_t forwards_ = 0;
-  // By microbatch: the activations received for the forward, the forward's output to send, the gradient
-  // received for the backward, and the input gradient to send.
-  std::map<int64_t, GPTModel::Activations> inputs_, outputs_, output_grads_, input_grads_;
-  static void one_chunk(int64_t chunk);
+  // By (chunk, microbatch): the activations received for the forward, the forward's output to send, the
+  // gradient received for the backward, and the input gradient to send.
+  using Key = std::pair<int64_t, int64_t>;
+  std::map<Key, GPTModel::Activations> inputs_, outputs_, output_grads_, input_grads_;
+  // The batch in flight, and the buffers it sends (released when it completes).
+  std::unique_ptr<CommRequest> pending_;
+  std::vector<std::pair<std::map<Key, GPTModel::Activations>*, Key>> sending_;
 };
 
 }  // namespace mt

@@ -1,15 +1,73 @@
-// schedule.cpp: the no-pipelining schedule, the schedule checks and the executor.
+// schedule.cpp: the schedules (no pipelining, 1F1B, ZB-H1, interleaved 1F1B, forwards only), their checks and
+// the executor.
 #include "pipeline/schedule.h"
 
 #include <algorithm>
 #include <map>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <utility>
 
 #include "pipeline/stage.h"
 
 namespace mt {
+
+namespace {
+
+bool is_transfer(ActionKind k) {
+  return k == ActionKind::kSendForward || k == ActionKind::kRecvForward || k == ActionKind::kSendBackward || k == ActionKind::kRecvBackward;
+}
+
+// The virtual stage of chunk c on rank r (Megatron's order: every rank's chunk 0, then every rank's chunk 1, ...).
+int64_t virtual_stage(int64_t rank, int64_t stages, int64_t chunk) { return chunk * stages + rank; }
+
+// The compute actions of one rank (forwards, backwards, weight-gradient passes) with the boundary transfers
+// put where each is due: a forward's input received just before it and its output sent just after it, a
+// backward's output gradient received just before it and its input gradient sent just after it (none at
+// the ends of the pipeline). Consecutive transfers form one batch in the executor, so each send goes out
+// with the next receive (Megatron's send_forward_recv_backward and send_backward_recv_forward). A weight-
+// gradient pass that a batch follows moves behind it: it needs nothing from the neighbours, so it runs
+// while the batch is in flight.
+Schedule with_transfers(const Schedule& compute, int64_t rank, int64_t stages, int64_t chunks) {
+  const int64_t last_vs = stages * chunks - 1;
+  Schedule s;
+  for (const ScheduleAction& a : compute) {
+    const int64_t vs = virtual_stage(rank, stages, a.chunk);
+    switch (a.kind) {
+      case ActionKind::kForward:
+        if (vs > 0) s.push_back({ActionKind::kRecvForward, a.microbatch, a.chunk});
+        s.push_back(a);
+        if (vs < last_vs) s.push_back({ActionKind::kSendForward, a.microbatch, a.chunk});
+        break;
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput:
+        if (vs < last_vs) s.push_back({ActionKind::kRecvBackward, a.microbatch, a.chunk});
+        s.push_back(a);
+        if (vs > 0) s.push_back({ActionKind::kSendBackward, a.microbatch, a.chunk});
+        break;
+      default: s.push_back(a);
+    }
+  }
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i].kind != ActionKind::kBackwardWeight) continue;
+    size_t k = i, j;
+    while (k < s.size() && s[k].kind == ActionKind::kBackwardWeight) ++k;  // a run of weight-gradient passes
+    for (j = k; j < s.size() && is_transfer(s[j].kind); ++j) {
+    }
+    const auto at = [&](size_t n) { return s.begin() + static_cast<std::ptrdiff_t>(n); };
+    std::rotate(at(i), at(k), at(j));  // ... then the batch that followed them, then them
+    i = j - 1;
+  }
+  return s;
+}
+
+void check_stage(int64_t rank, int64_t stages, const char* what) {
+  if (stages < 1 || rank < 0 || rank >= stages) throw std::logic_error(std::string(what) + ": stage out of range");
+}
+
+}  // namespace
 
 std::string action_name(const ScheduleAction& a) {
   static const char* names[] = {"F", "B", "Bi", "W", "SF", "RF", "SB", "RB"};
@@ -34,85 +92,174 @@ Schedule no_pipelining_schedule(int64_t num_microbatches, bool split_weights) {
 }
 
 Schedule one_f_one_b_schedule(int64_t rank, int64_t stages, int64_t num_microbatches, bool split_weights) {
-  if (stages < 1 || rank < 0 || rank >= stages) throw std::logic_error("one_f_one_b_schedule: stage out of range");
-  const bool first = rank == 0, last = rank == stages - 1;
-  const int64_t M = num_microbatches, warmup = std::min(stages - rank - 1, M), steady = M - warmup;
-  Schedule s;
-  auto put = [&](ActionKind k, int64_t m) { s.push_back({k, m, 0}); };
-  auto recv_forward = [&](int64_t m) {
-    if (!first) put(ActionKind::kRecvForward, m);
-  };
-  auto send_forward = [&](int64_t m) {
-    if (!last) put(ActionKind::kSendForward, m);
-  };
-  auto recv_backward = [&](int64_t m) {
-    if (!last) put(ActionKind::kRecvBackward, m);
-  };
-  auto send_backward = [&](int64_t m) {
-    if (!first) put(ActionKind::kSendBackward, m);
-  };
-  auto backward = [&](int64_t m) {
+  check_stage(rank, stages, "one_f_one_b_schedule");
+  // Megatron's warm-up of w forwards, then one forward and one backward, then the warm-up's backwards: at
+  // step x the forward of microbatch x and the backward of microbatch x - w.
+  const int64_t M = num_microbatches, w = std::min(stages - rank - 1, M);
+  Schedule compute;
+  for (int64_t x = 0; x < M + w; ++x) {
+    if (x < M) compute.push_back({ActionKind::kForward, x, 0});
+    if (x < w) continue;
     if (split_weights) {
-      put(ActionKind::kBackwardInput, m);
-      put(ActionKind::kBackwardWeight, m);
+      compute.push_back({ActionKind::kBackwardInput, x - w, 0});
+      compute.push_back({ActionKind::kBackwardWeight, x - w, 0});
     } else {
-      put(ActionKind::kBackward, m);
+      compute.push_back({ActionKind::kBackward, x - w, 0});
     }
-  };
-  for (int64_t i = 0; i < warmup; ++i) {
-    recv_forward(i);
-    put(ActionKind::kForward, i);
-    send_forward(i);
   }
-  if (steady > 0) recv_forward(warmup);
-  for (int64_t i = 0; i < steady; ++i) {
-    put(ActionKind::kForward, warmup + i);
-    send_forward(warmup + i);  // with the next receive: Megatron's send_forward_recv_backward
-    recv_backward(i);
-    backward(i);
-    send_backward(i);
-    if (i + 1 < steady) recv_forward(warmup + i + 1);  // send_backward_recv_forward
-  }
-  for (int64_t i = 0; i < warmup; ++i) {
-    recv_backward(steady + i);
-    backward(steady + i);
-    send_backward(steady + i);
-  }
-  return s;
+  return with_transfers(compute, rank, stages, 1);
 }
 
-Schedule forward_only_schedule(int64_t rank, int64_t stages, int64_t num_microbatches) {
-  Schedule s;
-  for (int64_t m = 0; m < num_microbatches; ++m) {
-    if (rank > 0) s.push_back({ActionKind::kRecvForward, m, 0});
-    s.push_back({ActionKind::kForward, m, 0});
-    if (rank + 1 < stages) s.push_back({ActionKind::kSendForward, m, 0});
+Schedule zero_bubble_h1_schedule(int64_t rank, int64_t stages, int64_t num_microbatches) {
+  check_stage(rank, stages, "zero_bubble_h1_schedule");
+  // Qi et al.'s ZB-H1: at step x the forward of microbatch x, the input-gradient half B of microbatch
+  // x - (stages - 1 - rank) (1F1B's backward) and the weight-gradient half W of microbatch x - (stages - 1).
+  // B alone is on the critical path between the stages, so gradients reach the earlier stages sooner, and
+  // each stage's deferred W passes fill the cool-down bubble; no stage holds more than `stages`
+  // microbatches (the first stage's 1F1B peak).
+  const int64_t M = num_microbatches, b_lag = stages - 1 - rank, w_lag = stages - 1;
+  Schedule compute;
+  for (int64_t x = 0; x < M + w_lag; ++x) {
+    if (x < M) compute.push_back({ActionKind::kForward, x, 0});
+    if (x >= b_lag && x - b_lag < M) compute.push_back({ActionKind::kBackwardInput, x - b_lag, 0});
+    if (x >= w_lag) compute.push_back({ActionKind::kBackwardWeight, x - w_lag, 0});
   }
-  return s;
+  return with_transfers(compute, rank, stages, 1);
 }
 
 namespace {
 
-bool is_transfer(ActionKind k) {
-  return k == ActionKind::kSendForward || k == ActionKind::kRecvForward || k == ActionKind::kSendBackward || k == ActionKind::kRecvBackward;
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0)) ? 1 : 0); }
+
+// Megatron's interleaved order: the k-th forward (or backward) of a rank runs chunk (k / stages) % chunks
+// (backwards from the last chunk) of microbatch (k / (stages x chunks)) x stages + k % stages: groups of
+// `stages` microbatches pass through each chunk in turn. Negative k as Megatron's Python computes it.
+int64_t interleaved_chunk(int64_t k, int64_t stages, int64_t chunks, bool forward) {
+  const int64_t in_group = k - floor_div(k, stages * chunks) * stages * chunks;
+  const int64_t chunk = in_group / stages;
+  return forward ? chunk : chunks - 1 - chunk;
+}
+
+ScheduleAction interleaved_action(int64_t k, int64_t stages, int64_t chunks, bool forward) {
+  const int64_t group = k / (stages * chunks);
+  return {forward ? ActionKind::kForward : ActionKind::kBackward, group * stages + k % stages, interleaved_chunk(k, stages, chunks, forward)};
 }
 
 }  // namespace
 
-std::string check_pipeline(const std::vector<Schedule>& schedules) {
+Schedule interleaved_schedule(int64_t rank, int64_t stages, int64_t chunks, int64_t num_microbatches) {
+  check_stage(rank, stages, "interleaved_schedule");
+  if (chunks < 1) throw std::logic_error("interleaved_schedule: chunks must be >= 1");
+  if (chunks == 1) return one_f_one_b_schedule(rank, stages, num_microbatches);
+  if (num_microbatches % stages != 0) {
+    throw std::logic_error("interleaved_schedule: the number of microbatches (" + std::to_string(num_microbatches) +
+                           ") must be a multiple of the pipeline size (" + std::to_string(stages) + ")");
+  }
+  const int64_t P = stages, V = chunks, total = num_microbatches * V;
+  const bool first_rank = rank == 0, last_rank = rank == P - 1;
+  // Megatron's warm-up: (chunks - 1) x stages forwards on every rank, two more per stage before the last.
+  int64_t warmup = (P - rank - 1) * 2 + (V - 1) * P;
+  const bool all_warmup = warmup >= total;
+  if (all_warmup) warmup = total;
+  const int64_t remaining = total - warmup;
+  Schedule s;
+  // Megatron's transfers: one batch after each step, carrying this step's sends and the receives of what the
+  // next steps need; a chunk's received tensors queue in order, so the n-th receive of chunk c is its
+  // microbatch n.
+  std::vector<int64_t> forward_in(static_cast<size_t>(V), 0), backward_in(static_cast<size_t>(V), 0);
+  auto recv_forward = [&](int64_t chunk) { s.push_back({ActionKind::kRecvForward, forward_in[static_cast<size_t>(chunk)]++, chunk}); };
+  auto recv_backward = [&](int64_t chunk) { s.push_back({ActionKind::kRecvBackward, backward_in[static_cast<size_t>(chunk)]++, chunk}); };
+  auto forward = [&](int64_t k) {
+    const ScheduleAction a = interleaved_action(k, P, V, true);
+    s.push_back(a);
+    if (!(last_rank && a.chunk == V - 1)) s.push_back({ActionKind::kSendForward, a.microbatch, a.chunk});
+  };
+  auto backward = [&](int64_t k) -> ScheduleAction {
+    const ScheduleAction a = interleaved_action(k, P, V, false);
+    s.push_back(a);
+    return a;
+  };
+  auto send_backward = [&](const ScheduleAction& b) {
+    if (!(first_rank && b.chunk == 0)) s.push_back({ActionKind::kSendBackward, b.microbatch, b.chunk});
+  };
+  if (!first_rank) recv_forward(0);
+  for (int64_t k = 0; k < warmup; ++k) {
+    forward(k);
+    const int64_t next_chunk = interleaved_chunk(k + 1, P, V, true);
+    if (!(first_rank && next_chunk == 0) && k != total - 1) recv_forward(next_chunk);
+    if (k == warmup - 1 && !all_warmup && !last_rank) recv_backward(V - 1);
+  }
+  for (int64_t k = 0; k < remaining; ++k) {
+    const int64_t fk = k + warmup;
+    forward(fk);
+    // The forward's send went in with forward(); the backward's joins the same batch.
+    const size_t sends_at = s.size();
+    send_backward(backward(k));
+    // Megatron's steady state runs the forward and the backward, then one batch: move the forward's send
+    // (if any) behind the backward so that the four transfers are consecutive.
+    if (s[sends_at - 1].kind == ActionKind::kSendForward) {
+      const auto at = [&](size_t n) { return s.begin() + static_cast<std::ptrdiff_t>(n); };
+      std::rotate(at(sends_at - 1), at(sends_at), at(sends_at + 1));
+    }
+    bool recv_prev = true, recv_next = true;
+    int64_t next_forward_chunk, next_backward_chunk;
+    if (first_rank) {  // the first rank is ahead of the last by stages - 1
+      next_forward_chunk = interleaved_chunk(fk - (P - 1), P, V, true);
+      if (next_forward_chunk == V - 1) recv_prev = false;
+      ++next_forward_chunk;
+    } else {
+      next_forward_chunk = interleaved_chunk(fk + 1, P, V, true);
+    }
+    if (last_rank) {  // the last rank is ahead of the first by stages - 1
+      next_backward_chunk = interleaved_chunk(k - (P - 1), P, V, false);
+      if (next_backward_chunk == 0) recv_next = false;
+      --next_backward_chunk;
+    } else {
+      next_backward_chunk = interleaved_chunk(k + 1, P, V, false);
+    }
+    if (k == remaining - 1) recv_prev = false;
+    if (recv_prev) recv_forward(next_forward_chunk);
+    if (recv_next) recv_backward(next_backward_chunk);
+  }
+  if (all_warmup && !last_rank) recv_backward(V - 1);
+  for (int64_t k = remaining; k < total; ++k) {
+    send_backward(backward(k));
+    const int64_t next_chunk = interleaved_chunk(k + 1, P, V, false);
+    if (!(last_rank && next_chunk == V - 1) && k != total - 1) recv_backward(next_chunk);
+  }
+  return s;
+}
+
+Schedule forward_only_schedule(int64_t rank, int64_t stages, int64_t num_microbatches, int64_t chunks) {
+  check_stage(rank, stages, "forward_only_schedule");
+  if (chunks > 1 && num_microbatches % stages != 0) throw std::logic_error("forward_only_schedule: interleaving needs microbatches a multiple of the stages");
+  Schedule compute;
+  if (chunks == 1) {
+    for (int64_t m = 0; m < num_microbatches; ++m) compute.push_back({ActionKind::kForward, m, 0});
+  } else {
+    for (int64_t k = 0; k < num_microbatches * chunks; ++k) compute.push_back(interleaved_action(k, stages, chunks, true));
+  }
+  return with_transfers(compute, rank, stages, chunks);
+}
+
+std::string check_pipeline(const std::vector<Schedule>& schedules, int64_t chunks) {
   const auto P = static_cast<int64_t>(schedules.size());
-  // Each transfer is one message: (forward or backward direction, sender, sequence number on that link);
-  // a send and a receive meet when they name the same message. The message carries the microbatch.
+  const int64_t last_vs = P * chunks - 1;
+  // Each transfer is one message on the link from its sender to its receiver, the link's n-th: the
+  // communicators match a pair's messages in the order posted, whatever they carry, so a send and a receive
+  // meet when they are the same link's n-th, and must then agree on the direction, the microbatch and the
+  // virtual stages at both ends.
   struct Op {
     bool send;
     int64_t peer;
-    std::tuple<int, int64_t, int64_t> msg;
-    int64_t microbatch;
+    std::tuple<int64_t, int64_t, int64_t> msg;  // (sender, receiver, n)
+    int direction;                               // 0 forward, 1 backward
+    int64_t microbatch, sender_vs;
   };
   std::vector<std::vector<std::vector<Op>>> runs(static_cast<size_t>(P));  // per stage, its runs of transfers
   std::vector<std::vector<int64_t>> step_run(static_cast<size_t>(P));      // per action: its run, or -1
   for (int64_t r = 0; r < P; ++r) {
-    std::map<std::pair<int, int64_t>, int64_t> sent, got;  // (direction, link's sender) -> count
+    std::map<std::pair<int64_t, int64_t>, int64_t> count;  // (sender, receiver) -> messages posted here so far
     const Schedule& s = schedules[static_cast<size_t>(r)];
     for (size_t i = 0; i < s.size(); ++i) {
       const ScheduleAction& a = s[i];
@@ -124,11 +271,15 @@ std::string check_pipeline(const std::vector<Schedule>& schedules) {
       step_run[static_cast<size_t>(r)].push_back(static_cast<int64_t>(runs[static_cast<size_t>(r)].size()) - 1);
       const bool fwd = a.kind == ActionKind::kSendForward || a.kind == ActionKind::kRecvForward;
       const bool send = a.kind == ActionKind::kSendForward || a.kind == ActionKind::kSendBackward;
-      const int64_t peer = fwd == send ? r + 1 : r - 1;
-      if (peer < 0 || peer >= P) return "stage " + std::to_string(r) + ": " + action_name(a) + " has no neighbour there";
-      const int64_t sender = send ? r : peer;
-      int64_t& n = (send ? sent : got)[{fwd ? 0 : 1, sender}];
-      runs[static_cast<size_t>(r)].back().push_back({send, peer, {fwd ? 0 : 1, sender, n++}, a.microbatch});
+      const int64_t vs = virtual_stage(r, P, a.chunk);
+      const int64_t peer_vs = fwd == send ? vs + 1 : vs - 1;  // a forward goes to the next virtual stage
+      if (a.chunk < 0 || a.chunk >= chunks || peer_vs < 0 || peer_vs > last_vs) {
+        return "stage " + std::to_string(r) + ": " + action_name(a) + " has no neighbour there";
+      }
+      const int64_t peer = peer_vs % P;
+      const int64_t sender = send ? r : peer, receiver = send ? peer : r;
+      int64_t& n = count[{sender, receiver}];
+      runs[static_cast<size_t>(r)].back().push_back({send, peer, {sender, receiver, n++}, fwd ? 0 : 1, a.microbatch, send ? vs : peer_vs});
     }
   }
   // Run every stage as far as it goes: compute actions at once, a run of transfers when each of its
@@ -140,12 +291,21 @@ std::string check_pipeline(const std::vector<Schedule>& schedules) {
   };
   // A message meets once both its send and its receive are posted (each in its stage's current run); a run
   // completes when all its messages have met.
-  std::set<std::tuple<int, int64_t, int64_t>> met;
+  std::set<std::tuple<int64_t, int64_t, int64_t>> met;
+  // Per rank, the (direction, microbatch, chunk) received so far: a forward or backward needs its input.
+  std::vector<std::set<std::tuple<int, int64_t, int64_t>>> arrived(static_cast<size_t>(P));
   for (bool moved = true; moved;) {
     moved = false;
     for (int64_t r = 0; r < P; ++r) {
       const auto ru = static_cast<size_t>(r);
       while (pc[ru] < schedules[ru].size() && step_run[ru][pc[ru]] < 0) {
+        const ScheduleAction& a = schedules[ru][pc[ru]];
+        const int64_t vs = virtual_stage(r, P, a.chunk);
+        const bool needs_input = a.kind == ActionKind::kForward ? vs > 0 : a.kind != ActionKind::kBackwardWeight && vs < last_vs;
+        const int direction = a.kind == ActionKind::kForward ? 0 : 1;
+        if (needs_input && !arrived[ru].count({direction, a.microbatch, a.chunk})) {
+          return "stage " + std::to_string(r) + " runs " + action_name(a) + " before its " + (direction == 0 ? "activations" : "gradient") + " arrive";
+        }
         ++pc[ru];
         moved = true;
       }
@@ -158,9 +318,13 @@ std::string check_pipeline(const std::vector<Schedule>& schedules) {
         if (prun < 0 || met.count(op.msg)) continue;
         for (const Op& other : runs[static_cast<size_t>(op.peer)][static_cast<size_t>(prun)]) {
           if (other.send == op.send || other.msg != op.msg) continue;
-          if (other.microbatch != op.microbatch) {
+          if (other.direction != op.direction || other.microbatch != op.microbatch || other.sender_vs != op.sender_vs) {
+            auto what = [](const Op& o) {
+              return std::string(o.direction == 0 ? "activations" : "gradients") + " of microbatch " + std::to_string(o.microbatch) +
+                     " from virtual stage " + std::to_string(o.sender_vs);
+            };
             return "stage " + std::to_string(r) + " and stage " + std::to_string(op.peer) + " exchange microbatch " + std::to_string(op.microbatch) +
-                   " against " + std::to_string(other.microbatch);
+                   " against " + std::to_string(other.microbatch) + ": " + what(op) + " meets " + what(other);
           }
           met.insert(op.msg);
         }
@@ -173,7 +337,11 @@ std::string check_pipeline(const std::vector<Schedule>& schedules) {
       for (const Op& op : runs[static_cast<size_t>(r)][static_cast<size_t>(run)]) done = done && met.count(op.msg) > 0;
       if (!done) continue;
       const auto ru = static_cast<size_t>(r);
-      while (pc[ru] < schedules[ru].size() && step_run[ru][pc[ru]] == run) ++pc[ru];
+      for (; pc[ru] < schedules[ru].size() && step_run[ru][pc[ru]] == run; ++pc[ru]) {
+        const ScheduleAction& a = schedules[ru][pc[ru]];
+        if (a.kind == ActionKind::kRecvForward) arrived[ru].insert({0, a.microbatch, a.chunk});
+        if (a.kind == ActionKind::kRecvBackward) arrived[ru].insert({1, a.microbatch, a.chunk});
+      }
       moved = true;
     }
   }
@@ -237,20 +405,25 @@ int64_t peak_in_flight(const Schedule& schedule) {
 void run_schedule(const Schedule& schedule, PipelineStage& stage, const std::function<void()>& before_last_backward) {
   auto is_backward = [](const ScheduleAction& a) { return a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput; };
   std::map<int64_t, size_t> last_of_chunk, last_w_of_chunk;
-  size_t last = schedule.size();
   for (size_t i = 0; i < schedule.size(); ++i) {
     if (schedule[i].kind == ActionKind::kBackwardWeight) last_w_of_chunk[schedule[i].chunk] = i;
-    if (!is_backward(schedule[i])) continue;
-    last_of_chunk[schedule[i].chunk] = i;
-    last = i;
+    if (is_backward(schedule[i])) last_of_chunk[schedule[i].chunk] = i;
   }
+  size_t arm_at = schedule.size();  // the first chunk's last backward: the first gradients final for the iteration
+  for (const auto& [chunk, i] : last_of_chunk) arm_at = std::min(arm_at, i);
+  bool exchanging = false;  // a batch of transfers posted and not yet complete
+  auto complete = [&] {
+    if (exchanging) stage.complete_exchange();
+    exchanging = false;
+  };
   for (size_t i = 0; i < schedule.size(); ++i) {
     const ScheduleAction& a = schedule[i];
+    if (a.kind != ActionKind::kBackwardWeight) complete();  // weight gradients need nothing from the neighbours
     switch (a.kind) {
       case ActionKind::kForward: stage.forward(a.microbatch, a.chunk); break;
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput:
-        if (i == last && before_last_backward) before_last_backward();
+        if (i == arm_at && before_last_backward) before_last_backward();
         stage.backward(a.microbatch, a.chunk, last_of_chunk[a.chunk] == i, a.kind == ActionKind::kBackward);
         break;
       case ActionKind::kBackwardWeight: stage.backward_weights(a.microbatch, a.chunk, last_w_of_chunk[a.chunk] == i); break;
@@ -259,9 +432,11 @@ void run_schedule(const Schedule& schedule, PipelineStage& stage, const std::fun
         while (i < schedule.size() && is_transfer(schedule[i].kind)) run.push_back(schedule[i++]);
         --i;
         stage.exchange(run);
+        exchanging = true;
       }
     }
   }
+  complete();
 }
 
 }  // namespace mt

@@ -27,12 +27,15 @@ class PipelineStage {
     throw std::logic_error("this engine's stage does not run its weight gradients apart");
   }
   // A run of consecutive transfers of the schedule (send / receive of activations or gradients at the stage
-  // boundaries), posted together and completed before the next compute action (Megatron's batched
-  // send_forward_recv_backward and the like: neighbours that send to each other do not wait on each other).
+  // boundaries), posted together (Megatron's batched send_forward_recv_backward and the like: neighbours that
+  // send to each other do not wait on each other). complete_exchange() waits for the batch; the executor calls
+  // it before the next action that is not a weight-gradient pass (those need nothing from the neighbours and
+  // run while the batch is in flight).
   virtual void exchange(const std::vector<ScheduleAction>& transfers) {
     (void)transfers;
     throw std::logic_error("this stage has no pipeline neighbours");
   }
+  virtual void complete_exchange() {}
 };
 
 }  // namespace mt

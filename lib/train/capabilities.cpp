@@ -10,14 +10,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   };
   const auto& p = c.parallel;
   (void)world;
-  // Pipeline parallelism: 1F1B on the CPU engine (the CUDA engine refuses it in cuda_engine_gaps).
-  no(p.pipeline_model_parallel_size > 1 && (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank),
-     "interleaved pipeline schedules (--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank) are not implemented yet: "
-     "drop them for 1F1B");
-  no(p.pipeline_model_parallel_size > 1 && !c.model.untie_embeddings_and_output_weights && c.training.overlap_grad_reduce &&
-         c.derived.data_parallel_size > 1,
-     "--overlap-grad-reduce with tied embeddings across pipeline stages is not implemented yet: drop --overlap-grad-reduce, or add "
-     "--untie-embeddings-and-output-weights");
   no(p.context_parallel_size > 1, "--context-parallel-size > 1 is not implemented yet");
   no(p.expert_model_parallel_size > 1, "--expert-model-parallel-size > 1 is not implemented yet");
   no(c.moe.num_experts.has_value(), "mixture of experts (--num-experts) is not implemented yet");

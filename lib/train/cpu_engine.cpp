@@ -1,4 +1,4 @@
-// cpu_engine.cpp: Megatron's iteration on the reference engine: the schedule (no pipelining) over this DP
+// cpu_engine.cpp: Megatron's iteration on the reference engine: the configured schedule over this DP
 // rank's microbatches, the bucketed gradient reductions, then the optimizer step unless the loss is not finite.
 #include "train/cpu_engine.h"
 
@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "pipeline/cpu_stage.h"
-#include "pipeline/schedule.h"
+#include "pipeline/configured_schedule.h"
 #include "train/train_common.h"
 
 namespace mt {
@@ -27,6 +27,8 @@ CpuEngine::CpuEngine(const Config& cfg, ProcessGroups groups, const TokenSource&
   optimizer_ = std::make_unique<Optimizer>(cfg, model_->params(), groups_, data_parallel_->owned_ranges(),
                                            data_parallel_->distributed_optimizer() && groups_.dp_cp->size() > 1);
   model_->set_grads_ready_hook([this](int64_t lowest) { data_parallel_->on_grads_ready(lowest); });
+  // The tied word embeddings' bucket waits for their sum over the embedding group (sum_tied_embedding_grads).
+  if (const size_t tied = tied_embedding_param(); tied != kNoParam) data_parallel_->hold(tied);
   // Resume: parameters, optimizer state, loss scaler, iteration and data position.
   const auto& ck = cfg.checkpoint;
   bool loaded = false;
@@ -58,8 +60,7 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
       *model_,
       [&](int64_t m) { return make_microbatch(data_, Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs, mbs, S, cfg_); },
       iteration, loss_scale / static_cast<float>(num_microbatches), groups_.pp.get(), mbs);
-  const Schedule schedule = pp > 1 ? one_f_one_b_schedule(groups_.pp->rank(), pp, num_microbatches) : no_pipelining_schedule(num_microbatches);
-  run_schedule(schedule, stage, [&] { data_parallel_->arm(); });
+  run_schedule(training_schedule(cfg_, groups_.pp->rank(), pp, num_microbatches), stage, [&] { data_parallel_->arm(); });
   sum_tied_embedding_grads();
   data_parallel_->finish();
   // The loss is the last stage's: every stage takes it (the others hold 0), so all decide alike.
@@ -79,11 +80,18 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
 // embeddings and the last stage's copy get the sum of both gradients, before the data-parallel reduction (so it
 // is exact under the distributed optimizer's reduce-scatter too), and stay equal.
 void CpuEngine::sum_tied_embedding_grads() {
-  const ModelLayout& at = model_->layout();
-  if (groups_.pp->size() == 1 || !model_->dims().tied) return;
-  const size_t i = at.pre_process ? at.word_embeddings : at.post_process ? at.output_w : kNoParam;
-  if (i == kNoParam) return;  // a middle stage: not in the embedding group
+  const size_t i = tied_embedding_param();
+  if (i == kNoParam) return;
   groups_.embedding->all_reduce(model_->params().grad(i), model_->params().info(i).numel, ReduceOp::kSum);
+}
+
+size_t CpuEngine::tied_embedding_param() const {
+  if (groups_.pp->size() == 1 || !model_->dims().tied) return kNoParam;
+  const ModelLayout& first = model_->layout(0);
+  const ModelLayout& last = model_->layout(model_->chunks() - 1);
+  if (first.pre_process) return first.word_embeddings;
+  if (last.post_process) return last.output_w;
+  return kNoParam;  // a middle stage: not in the embedding group
 }
 
 std::vector<StepReport> CpuEngine::read_reports() { return std::exchange(reports_, {}); }
@@ -101,7 +109,7 @@ double CpuEngine::evaluate(int64_t iteration) {
       for (int64_t m = 0; m < nmb; ++m) sum += model_->forward(get(m), iteration, false);
     } else {  // the forwards through the stages; the loss is the last stage's
       CpuPipelineStage stage(*model_, get, iteration, 0.0f, groups_.pp.get(), mbs, false);
-      run_schedule(forward_only_schedule(groups_.pp->rank(), pp, nmb), stage);
+      run_schedule(evaluation_schedule(cfg_, groups_.pp->rank(), pp, nmb), stage);
       sum += stage.mean_loss() * static_cast<double>(nmb);
     }
     n += nmb;

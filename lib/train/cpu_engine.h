@@ -34,6 +34,7 @@ class CpuEngine final : public TrainingEngine {
 
  private:
   void sum_tied_embedding_grads();
+  size_t tied_embedding_param() const;  // this rank's tied word embeddings across stages, or kNoParam
   const Config& cfg_;
   ProcessGroups groups_;
   const TokenSource& data_;

@@ -320,6 +320,62 @@ TEST_CASE("1F1B: every stage's list is whole, the stages' transfers meet without
   CHECK(check_pipeline(swapped).find("exchange microbatch") != std::string::npos);
 }
 
+TEST_CASE("ZB-H1 and interleaved 1F1B: whole lists, transfers that meet without deadlock, the in-flight peaks", "[stages]") {
+  for (int64_t P = 1; P <= 8; ++P) {
+    for (int64_t M = 1; M <= 32; ++M) {
+      std::vector<Schedule> zb;
+      for (int64_t r = 0; r < P; ++r) {
+        zb.push_back(zero_bubble_h1_schedule(r, P, M));
+        INFO("zb-h1 P " << P << " M " << M << " stage " << r);
+        REQUIRE(check_schedule(zb.back(), M, 1).empty());
+        // W deferred by up to P - 1 - r microbatches more than 1F1B: never more in flight than 1F1B's first stage.
+        CHECK(peak_in_flight(zb.back()) == std::min(P, M));
+        int64_t splits = 0;
+        for (const ScheduleAction& a : zb.back()) splits += a.kind == ActionKind::kBackwardWeight;
+        CHECK(splits == M);
+      }
+      INFO("zb-h1 P " << P << " M " << M);
+      CHECK(check_pipeline(zb).empty());
+      if (P < 2 || M % P != 0) continue;
+      for (int64_t V = 1; V <= 4; ++V) {
+        std::vector<Schedule> il, fwd;
+        for (int64_t r = 0; r < P; ++r) {
+          il.push_back(interleaved_schedule(r, P, V, M));
+          fwd.push_back(forward_only_schedule(r, P, M, V));
+          INFO("interleaved P " << P << " V " << V << " M " << M << " stage " << r);
+          REQUIRE(check_schedule(il.back(), M, V).empty());
+          REQUIRE(check_schedule(fwd.back(), M, V).find("does not finish") != std::string::npos);  // forwards only
+          // Megatron's warm-up, plus the steady state's one forward, each a chunk's activations.
+          const int64_t warmup = V == 1 ? std::min(P - r - 1, M) : std::min(M * V, (P - r - 1) * 2 + (V - 1) * P);
+          CHECK(peak_in_flight(il.back()) == std::min(M * V, warmup + 1));
+        }
+        INFO("interleaved P " << P << " V " << V << " M " << M);
+        CHECK(check_pipeline(il, V) == "");
+        CHECK(check_pipeline(fwd, V) == "");
+      }
+    }
+  }
+  // Megatron's interleaved order on 2 stages, 2 chunks, 4 microbatches: stage 1 starts its steady state after
+  // (V - 1) x P = 2 forwards; groups of P microbatches go through chunk 0, then chunk 1.
+  std::vector<std::string> names;
+  for (const ScheduleAction& a : interleaved_schedule(1, 2, 2, 4)) {
+    if (a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward) names.push_back(action_name(a));
+  }
+  CHECK(names == std::vector<std::string>{"F0", "F1", "F0.1", "B0.1", "F1.1", "B1.1", "F2", "B0", "F3", "B1", "F2.1", "B2.1", "F3.1", "B3.1", "B2", "B3"});
+  CHECK_THROWS_AS(interleaved_schedule(0, 2, 2, 3), std::logic_error);
+  // The checker follows each pair of ranks' messages in the order posted: two activations crossing on one link
+  // in the opposite order to the receives are caught, even though each receive has a matching send somewhere.
+  std::vector<Schedule> crossed{{{ActionKind::kForward, 0, 0}, {ActionKind::kForward, 1, 0}, {ActionKind::kSendForward, 1, 0}, {ActionKind::kSendForward, 0, 0}},
+                                {{ActionKind::kRecvForward, 0, 0}, {ActionKind::kRecvForward, 1, 0}}};
+  CHECK(check_pipeline(crossed).find("exchange microbatch") != std::string::npos);
+  std::vector<Schedule> early{{{ActionKind::kForward, 0, 0}, {ActionKind::kSendForward, 0, 0}}, {{ActionKind::kForward, 0, 0}, {ActionKind::kRecvForward, 0, 0}}};
+  CHECK(check_pipeline(early).find("before its activations arrive") != std::string::npos);
+  // ZB-H1's last stage defers its W passes by P - 1 microbatches; its first stage runs each W with its B.
+  std::vector<std::string> last;
+  for (const ScheduleAction& a : zero_bubble_h1_schedule(2, 3, 4)) last.push_back(action_name(a));
+  CHECK(last == std::vector<std::string>{"RF0", "F0", "Bi0", "SB0", "RF1", "F1", "Bi1", "SB1", "RF2", "F2", "Bi2", "SB2", "RF3", "W0", "F3", "Bi3", "SB3", "W1", "W2", "W3"});
+}
+
 TEST_CASE("layout: uneven pipeline stages from --decoder-first / --decoder-last-pipeline-num-layers", "[stages]") {
   Config c = tiny(false, 4);
   c.parallel.pipeline_model_parallel_size = 2;
