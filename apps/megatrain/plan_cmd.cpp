@@ -11,9 +11,11 @@
 #include "config_setup.h"
 #include "parallel/launcher.h"
 #include "parallel/rank_layout.h"
+#include "pipeline/configured_schedule.h"
 #include "plan/flops.h"
 #include "plan/memory_model.h"
 #include "plan/param_count.h"
+#include "plan/pipeline_plan.h"
 
 namespace mt {
 namespace {
@@ -162,10 +164,9 @@ int run_plan(int argc, char** argv) {
   std::printf("  optimizer state         %s   (without distributed optimizer %s, with it %s)%s\n", gib(mem.optimizer).c_str(),
               gib(mem.optimizer_unsharded).c_str(), gib(mem.optimizer_sharded).c_str(),
               cfg.training.optimizer_cpu_offload ? " [offloaded to CPU]" : "");
-  std::printf("  activations             %s   (%s per microbatch x %lld in flight under 1F1B, recompute %s)\n",
-              gib(mem.activations).c_str(), gib(mem.activations_per_microbatch).c_str(),
-              static_cast<long long>(mem.in_flight_microbatches),
-              cfg.recompute.recompute_granularity.value_or("none").c_str());
+  std::printf("  activations             %s   (%s per microbatch x %g in flight under %s, recompute %s)\n",
+              gib(mem.activations).c_str(), gib(mem.activations_per_microbatch).c_str(), mem.in_flight_microbatches,
+              schedule_name(cfg).c_str(), cfg.recompute.recompute_granularity.value_or("none").c_str());
   std::printf("  logits and loss         %s\n", gib(mem.logits).c_str());
   std::printf("  runtime overhead        %s   (CUDA context, workspaces, NCCL: assumed)\n", gib(2.0 * (1ull << 30)).c_str());
   std::printf("  total                   %s of %.0f GiB\n", gib(mem.total).c_str(), gpu_memory_gb);
@@ -186,14 +187,30 @@ int run_plan(int argc, char** argv) {
   const double flops = flops_per_iteration(cfg);
   const double tokens = static_cast<double>(d.global_batch_size) * static_cast<double>(*cfg.data.seq_length);
   const double compute_s = flops / (static_cast<double>(world) * gpu_tflops * 1e12);
-  int64_t vpp = p.num_virtual_stages_per_pipeline_rank.value_or(1);
-  if (p.num_layers_per_virtual_pipeline_stage) vpp = (*cfg.model.num_layers / p.pipeline_model_parallel_size) / *p.num_layers_per_virtual_pipeline_stage;
-  const double bubble = static_cast<double>(p.pipeline_model_parallel_size - 1) /
-                        (static_cast<double>(std::max<int64_t>(1, vpp)) * static_cast<double>(d.num_microbatches));
-  const double iter_s = compute_s * (1.0 + bubble);
+  // The pipeline's idle fraction, from a run of the schedules' own lists (plan/pipeline_plan.h).
+  const std::vector<ScheduleEstimate> schedules = pipeline_schedule_estimates(cfg);
+  const double bubble = schedules.empty() ? 0.0 : schedules.front().bubble;
+  const double iter_s = compute_s / (1.0 - bubble);
+  if (!schedules.empty()) {
+    std::printf("\npipeline schedules (%lld microbatches; simulated from the schedules' lists, F = B = W per layer):\n",
+                static_cast<long long>(d.num_microbatches));
+    for (const ScheduleEstimate& e : schedules) {
+      if (!e.unavailable.empty()) {
+        std::printf("  %-28s %s\n", e.name.c_str(), ("not available: " + e.unavailable).c_str());
+        continue;
+      }
+      std::string held;
+      for (const int64_t n : e.in_flight) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(n) / static_cast<double>(e.chunks));
+        held += (held.empty() ? "" : " ") + std::string(buf);
+      }
+      std::printf("  %-28s bubble %5.1f%%   microbatches in flight per stage: %s%s\n", e.name.c_str(), 100.0 * e.bubble, held.c_str(),
+                  e.chosen ? "   <- configured" : "");
+    }
+  }
   std::printf("\ncompute per iteration: %.3e FLOPs (%s tokens)\n", flops, human(tokens).c_str());
-  std::printf("estimated time per iteration: %.3f s at %.0f TFLOP/s per GPU, pipeline bubble %.1f%%\n", iter_s, gpu_tflops,
-              100.0 * bubble / (1.0 + bubble));
+  std::printf("estimated time per iteration: %.3f s at %.0f TFLOP/s per GPU, pipeline bubble %.1f%%\n", iter_s, gpu_tflops, 100.0 * bubble);
   std::printf("estimated throughput: %.0f tokens/s/GPU, MFU %.1f%% of %.1f TFLOP/s\n", tokens / iter_s / static_cast<double>(world),
               100.0 * flops / (iter_s * static_cast<double>(world) * peak_tflops * 1e12), peak_tflops);
   return 0;

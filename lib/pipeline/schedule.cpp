@@ -242,7 +242,12 @@ Schedule forward_only_schedule(int64_t rank, int64_t stages, int64_t num_microba
   return with_transfers(compute, rank, stages, chunks);
 }
 
-std::string check_pipeline(const std::vector<Schedule>& schedules, int64_t chunks) {
+PipelineTiming simulate_pipeline(const std::vector<Schedule>& schedules, int64_t chunks, const ActionCost& cost) {
+  PipelineTiming out;
+  auto fail = [&](std::string why) {
+    out.error = std::move(why);
+    return out;
+  };
   const auto P = static_cast<int64_t>(schedules.size());
   const int64_t last_vs = P * chunks - 1;
   // Each transfer is one message on the link from its sender to its receiver, the link's n-th: the
@@ -274,7 +279,7 @@ std::string check_pipeline(const std::vector<Schedule>& schedules, int64_t chunk
       const int64_t vs = virtual_stage(r, P, a.chunk);
       const int64_t peer_vs = fwd == send ? vs + 1 : vs - 1;  // a forward goes to the next virtual stage
       if (a.chunk < 0 || a.chunk >= chunks || peer_vs < 0 || peer_vs > last_vs) {
-        return "stage " + std::to_string(r) + ": " + action_name(a) + " has no neighbour there";
+        return fail("stage " + std::to_string(r) + ": " + action_name(a) + " has no neighbour there");
       }
       const int64_t peer = peer_vs % P;
       const int64_t sender = send ? r : peer, receiver = send ? peer : r;
@@ -283,8 +288,12 @@ std::string check_pipeline(const std::vector<Schedule>& schedules, int64_t chunk
     }
   }
   // Run every stage as far as it goes: compute actions at once, a run of transfers when each of its
-  // messages' partners is posted (in the partner's current run).
+  // messages' partners is posted (in the partner's current run). Each rank keeps a clock: a compute action
+  // takes its cost, a run of transfers completes when the last of its partners was posted, and the
+  // weight-gradient passes right after a run start when it was posted (the executor runs them while it is
+  // in flight).
   std::vector<size_t> pc(static_cast<size_t>(P), 0);
+  std::vector<double> clock(static_cast<size_t>(P), 0.0), posted(static_cast<size_t>(P), -1.0), run_done(static_cast<size_t>(P), 0.0);
   auto current_run = [&](int64_t r) -> int64_t {
     const size_t i = pc[static_cast<size_t>(r)];
     return i < schedules[static_cast<size_t>(r)].size() ? step_run[static_cast<size_t>(r)][i] : -1;
@@ -304,11 +313,16 @@ std::string check_pipeline(const std::vector<Schedule>& schedules, int64_t chunk
         const bool needs_input = a.kind == ActionKind::kForward ? vs > 0 : a.kind != ActionKind::kBackwardWeight && vs < last_vs;
         const int direction = a.kind == ActionKind::kForward ? 0 : 1;
         if (needs_input && !arrived[ru].count({direction, a.microbatch, a.chunk})) {
-          return "stage " + std::to_string(r) + " runs " + action_name(a) + " before its " + (direction == 0 ? "activations" : "gradient") + " arrive";
+          return fail("stage " + std::to_string(r) + " runs " + action_name(a) + " before its " + (direction == 0 ? "activations" : "gradient") +
+                      " arrive");
         }
+        const double d = cost ? cost(r, a) : 1.0;
+        clock[ru] += d;
+        out.busy += d;
         ++pc[ru];
         moved = true;
       }
+      if (pc[ru] < schedules[ru].size() && posted[ru] < 0) posted[ru] = clock[ru];  // at a run of transfers
     }
     for (int64_t r = 0; r < P; ++r) {
       const int64_t run = current_run(r);
@@ -319,14 +333,17 @@ std::string check_pipeline(const std::vector<Schedule>& schedules, int64_t chunk
         for (const Op& other : runs[static_cast<size_t>(op.peer)][static_cast<size_t>(prun)]) {
           if (other.send == op.send || other.msg != op.msg) continue;
           if (other.direction != op.direction || other.microbatch != op.microbatch || other.sender_vs != op.sender_vs) {
+            // (reported below)
             auto what = [](const Op& o) {
               return std::string(o.direction == 0 ? "activations" : "gradients") + " of microbatch " + std::to_string(o.microbatch) +
                      " from virtual stage " + std::to_string(o.sender_vs);
             };
-            return "stage " + std::to_string(r) + " and stage " + std::to_string(op.peer) + " exchange microbatch " + std::to_string(op.microbatch) +
-                   " against " + std::to_string(other.microbatch) + ": " + what(op) + " meets " + what(other);
+            return fail("stage " + std::to_string(r) + " and stage " + std::to_string(op.peer) + " exchange microbatch " +
+                        std::to_string(op.microbatch) + " against " + std::to_string(other.microbatch) + ": " + what(op) + " meets " + what(other));
           }
           met.insert(op.msg);
+          const double at = std::max(posted[static_cast<size_t>(r)], posted[static_cast<size_t>(op.peer)]);
+          for (const int64_t side : {r, op.peer}) run_done[static_cast<size_t>(side)] = std::max(run_done[static_cast<size_t>(side)], at);
         }
       }
     }
@@ -342,17 +359,29 @@ std::string check_pipeline(const std::vector<Schedule>& schedules, int64_t chunk
         if (a.kind == ActionKind::kRecvForward) arrived[ru].insert({0, a.microbatch, a.chunk});
         if (a.kind == ActionKind::kRecvBackward) arrived[ru].insert({1, a.microbatch, a.chunk});
       }
+      double overlapped = posted[ru];
+      for (; pc[ru] < schedules[ru].size() && schedules[ru][pc[ru]].kind == ActionKind::kBackwardWeight; ++pc[ru]) {
+        const double d = cost ? cost(r, schedules[ru][pc[ru]]) : 1.0;
+        overlapped += d;
+        out.busy += d;
+      }
+      clock[ru] = std::max(overlapped, run_done[ru]);
+      posted[ru] = -1.0;
+      run_done[ru] = 0.0;
       moved = true;
     }
   }
   for (int64_t r = 0; r < P; ++r) {
     const auto ru = static_cast<size_t>(r);
     if (pc[ru] < schedules[ru].size()) {
-      return "stage " + std::to_string(r) + " waits forever at " + action_name(schedules[ru][pc[ru]]) + " (action " + std::to_string(pc[ru]) + ")";
+      return fail("stage " + std::to_string(r) + " waits forever at " + action_name(schedules[ru][pc[ru]]) + " (action " + std::to_string(pc[ru]) + ")");
     }
+    out.makespan = std::max(out.makespan, clock[ru]);
   }
-  return {};
+  return out;
 }
+
+std::string check_pipeline(const std::vector<Schedule>& schedules, int64_t chunks) { return simulate_pipeline(schedules, chunks, {}).error; }
 
 std::string check_schedule(const Schedule& schedule, int64_t num_microbatches, int64_t num_chunks) {
   // Per (microbatch, chunk): 0 nothing yet, 1 forwarded, 2 input gradients done (W due), 3 done.

@@ -70,6 +70,17 @@ std::string check_schedule(const Schedule& schedule, int64_t num_microbatches, i
 // in the order posted (as the communicators match them); else the first rank and action that can never
 // complete (a deadlock), or a transfer that meets the wrong partner.
 std::string check_pipeline(const std::vector<Schedule>& schedules, int64_t chunks = 1);
+// The same run with a clock per rank: compute actions take cost(rank, action) (1 each when empty), a run of
+// transfers completes when its last partner is posted (no transfer time), the weight-gradient passes right
+// after a run overlap it (as run_schedule runs them). makespan: when the last rank finishes; busy: the compute
+// summed over the ranks; bubble(): the idle fraction.
+using ActionCost = std::function<double(int64_t rank, const ScheduleAction& action)>;
+struct PipelineTiming {
+  std::string error;  // check_pipeline's
+  double makespan = 0, busy = 0;
+  double bubble(int64_t ranks) const { return makespan > 0 ? 1.0 - busy / (makespan * static_cast<double>(ranks)) : 0.0; }
+};
+PipelineTiming simulate_pipeline(const std::vector<Schedule>& schedules, int64_t chunks, const ActionCost& cost);
 // The most (microbatch, chunk) pairs whose forward has run and whose backward (W included) has not, at any point.
 int64_t peak_in_flight(const Schedule& schedule);
 

@@ -6,6 +6,7 @@
 
 #include "config/resolve.h"
 #include "plan/param_count.h"
+#include "plan/pipeline_plan.h"
 
 namespace mt {
 namespace {
@@ -75,18 +76,10 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   m.optimizer = c.training.use_distributed_optimizer ? m.optimizer_sharded : m.optimizer_unsharded;
   if (c.training.optimizer_cpu_offload) m.optimizer = 0;
 
-  // Activations of the microbatches in flight under 1F1B: stage p holds min(PP - p, microbatches).
+  // Activations of the microbatches in flight under the configured schedule (1F1B: stage p holds
+  // min(PP - p, microbatches)), counted from the schedule's own list.
   const int64_t pp = c.parallel.pipeline_model_parallel_size;
-  const int64_t nmb = c.derived.num_microbatches;
-  int64_t in_flight = std::min<int64_t>(pp - stage, nmb);
-  int64_t vpp = c.parallel.num_virtual_stages_per_pipeline_rank.value_or(1);
-  if (c.parallel.num_layers_per_virtual_pipeline_stage && c.model.num_layers) {
-    vpp = (*c.model.num_layers / pp) / *c.parallel.num_layers_per_virtual_pipeline_stage;
-  }
-  if (vpp > 1) {
-    in_flight = std::min<int64_t>(nmb, static_cast<int64_t>(std::ceil(pp * (1.0 + (pp - 1.0) / (pp * vpp)))) - stage);
-  }
-  m.in_flight_microbatches = std::max<int64_t>(1, in_flight);
+  m.in_flight_microbatches = configured_in_flight(c, stage);
 
   const auto stages = layers_per_pipeline_stage(c);
   int64_t first_layer = 0;
@@ -115,7 +108,7 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const double a = half ? 2.0 : 4.0;
   if (stage == 0) per_mb += a * s * b * h + 8.0 * s * b;  // embedding output + token ids
   m.activations_per_microbatch = per_mb;
-  m.activations = per_mb * static_cast<double>(m.in_flight_microbatches);
+  m.activations = per_mb * m.in_flight_microbatches;
   if (stage == pp - 1) {
     // One microbatch of logits at a time: bf16 logits (gradient written in place) + final norm output.
     m.logits = a * s * b * static_cast<double>(c.derived.padded_vocab_size) / t + a * s * b * h + 8.0 * s * b;

@@ -17,7 +17,7 @@ struct MemoryEstimate {
   double optimizer_unsharded = 0; // the same without the distributed optimizer
   double optimizer_sharded = 0;   // the same with it
   double activations_per_microbatch = 0;
-  int64_t in_flight_microbatches = 1;
+  double in_flight_microbatches = 1;  // the schedule's peak, in microbatches of the whole stage
   double activations = 0;         // per microbatch x in flight
   double logits = 0;              // output layer and loss (last stage)
   double total = 0;

@@ -376,6 +376,33 @@ TEST_CASE("ZB-H1 and interleaved 1F1B: whole lists, transfers that meet without 
   CHECK(last == std::vector<std::string>{"RF0", "F0", "Bi0", "SB0", "RF1", "F1", "Bi1", "SB1", "RF2", "F2", "Bi2", "SB2", "RF3", "W0", "F3", "Bi3", "SB3", "W1", "W2", "W3"});
 }
 
+TEST_CASE("pipeline timing: the simulated bubbles are the papers' (1F1B, interleaved, ZB-H1)", "[stages]") {
+  // F, B and W of a microbatch cost 1 each per chunk's share of the stage (a whole backward 2): 1F1B takes
+  // (M + P - 1) x 3 (Narayanan et al.), interleaving over V chunks shrinks the bubble to (P - 1) x 3 / V, and
+  // ZB-H1's is (P - 1) x (F + B - W) = P - 1 (Qi et al.).
+  for (int64_t P : {2, 4, 8}) {
+    for (int64_t M : {8, 16, 32}) {
+      for (int64_t V : {1, 2, 4}) {
+        const auto cost = [V](int64_t, const ScheduleAction& a) { return (a.kind == ActionKind::kBackward ? 2.0 : 1.0) / static_cast<double>(V); };
+        std::vector<Schedule> il, zb;
+        for (int64_t r = 0; r < P; ++r) {
+          il.push_back(interleaved_schedule(r, P, V, M));
+          zb.push_back(zero_bubble_h1_schedule(r, P, M));
+        }
+        INFO("P " << P << " M " << M << " V " << V);
+        const PipelineTiming t = simulate_pipeline(il, V, cost);
+        CHECK(t.error.empty());
+        CHECK(t.makespan == Approx(3.0 * static_cast<double>(M) + 3.0 * static_cast<double>(P - 1) / static_cast<double>(V)));
+        CHECK(t.busy == Approx(3.0 * static_cast<double>(M * P)));
+        if (V == 1) {
+          CHECK(t.bubble(P) == Approx(static_cast<double>(P - 1) / static_cast<double>(M + P - 1)));
+          CHECK(simulate_pipeline(zb, 1, cost).makespan == Approx(3.0 * static_cast<double>(M) + static_cast<double>(P - 1)));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("layout: uneven pipeline stages from --decoder-first / --decoder-last-pipeline-num-layers", "[stages]") {
   Config c = tiny(false, 4);
   c.parallel.pipeline_model_parallel_size = 2;

@@ -1,0 +1,85 @@
+// pipeline_plan.cpp: the schedules simulated for `megatrain plan`.
+#include "plan/pipeline_plan.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "config/resolve.h"
+#include "pipeline/configured_schedule.h"
+#include "pipeline/schedule.h"
+
+namespace mt {
+namespace {
+
+// Compute cost of one pass over a chunk: its layers, plus the output layer and loss on the last virtual
+// stage (its GEMM is 2 V h FLOPs a token against a layer's ~24 h^2: V / 12h layers). F, B and W cost one
+// unit each (Qi et al.'s assumption), a whole backward two.
+ActionCost layer_costs(const Config& cfg, int64_t stages, int64_t chunks) {
+  std::vector<int64_t> per = layers_per_virtual_stage(cfg);
+  if (static_cast<int64_t>(per.size()) != stages * chunks) per.assign(static_cast<size_t>(stages * chunks), 1);
+  const double h = static_cast<double>(cfg.model.hidden_size.value_or(1));
+  const double output = static_cast<double>(cfg.derived.padded_vocab_size) / (12.0 * h);
+  return [per, output, stages, chunks](int64_t rank, const ScheduleAction& a) {
+    const int64_t vs = a.chunk * stages + rank;
+    double w = static_cast<double>(per[static_cast<size_t>(vs)]) + (vs == stages * chunks - 1 ? output : 0.0);
+    if (a.kind == ActionKind::kBackward) w *= 2.0;
+    return w;
+  };
+}
+
+ScheduleEstimate estimate(const Config& cfg, const std::string& schedule, int64_t chunks) {
+  Config c = cfg;
+  c.parallel.pipeline_schedule = schedule;
+  c.parallel.num_layers_per_virtual_pipeline_stage.reset();
+  c.parallel.num_virtual_stages_per_pipeline_rank = chunks;
+  const int64_t P = c.parallel.pipeline_model_parallel_size, M = c.derived.num_microbatches;
+  ScheduleEstimate e;
+  e.chunks = chunks;
+  e.name = schedule == "zb-h1" ? "ZB-H1" : chunks > 1 ? "interleaved 1F1B (V = " + std::to_string(chunks) + ")" : "1F1B";
+  if (chunks > 1 && M % P != 0) {
+    e.unavailable = "needs the microbatches (" + std::to_string(M) + ") a multiple of PP";
+    return e;
+  }
+  for (int64_t r = 0; r < P; ++r) {
+    const auto& layers = layers_per_pipeline_stage(c);
+    if (layers[static_cast<size_t>(r)] % chunks != 0) {
+      e.unavailable = "needs each stage's layers divisible by " + std::to_string(chunks);
+      return e;
+    }
+  }
+  std::vector<Schedule> lists;
+  for (int64_t r = 0; r < P; ++r) {
+    lists.push_back(training_schedule(c, r, P, M));
+    e.in_flight.push_back(peak_in_flight(lists.back()));
+  }
+  const PipelineTiming t = simulate_pipeline(lists, chunks, layer_costs(c, P, chunks));
+  if (!t.error.empty()) throw std::logic_error("megatrain plan: the " + e.name + " schedule does not run: " + t.error);
+  e.bubble = t.bubble(P);
+  return e;
+}
+
+}  // namespace
+
+std::vector<ScheduleEstimate> pipeline_schedule_estimates(const Config& cfg) {
+  std::vector<ScheduleEstimate> out;
+  const int64_t P = cfg.parallel.pipeline_model_parallel_size;
+  if (P < 2 || !cfg.model.num_layers) return out;
+  const int64_t V = virtual_stages_per_rank(cfg);
+  const std::string chosen = cfg.parallel.pipeline_schedule;
+  out.push_back(estimate(cfg, chosen, chosen == "zb-h1" ? 1 : V));
+  out.back().chosen = true;
+  if (chosen == "zb-h1" || V > 1) out.push_back(estimate(cfg, "1f1b", 1));
+  if (chosen != "zb-h1") out.push_back(estimate(cfg, "zb-h1", 1));
+  if (V == 1) out.push_back(estimate(cfg, "1f1b", 2));  // what interleaving over two chunks would give
+  return out;
+}
+
+double configured_in_flight(const Config& cfg, int64_t stage) {
+  const int64_t P = cfg.parallel.pipeline_model_parallel_size, M = cfg.derived.num_microbatches;
+  if (P < 2) return 1.0;
+  const int64_t V = cfg.parallel.pipeline_schedule == "zb-h1" ? 1 : virtual_stages_per_rank(cfg);
+  if (V > 1 && M % P != 0) return static_cast<double>(std::min(P - stage, M));  // not runnable: 1F1B's count
+  return static_cast<double>(peak_in_flight(training_schedule(cfg, stage, P, M))) / static_cast<double>(V);
+}
+
+}  // namespace mt
