@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_checkpoint.sh: checkpoints as a user meets them. Exact resume (1 rank, TP2 x DP2), resharding
-# (TP2 x DP2 + distributed optimizer -> 1 rank; TP4 with K/V replication -> 1 rank, TP2; PP2 x TP2 x DP2 -> 1 rank, PP4), kill -9 during saves, corrupt shards, shape
+# (TP2 x DP2 + distributed optimizer -> 1 rank; TP4 with K/V replication -> 1 rank, TP2; PP2 x TP2 x DP2 -> 1 rank, PP4,
+# interleaved, ZB-H1; interleaved -> uneven stages), kill -9 during saves, corrupt shards, shape
 # mismatches, async save with keep-last, --no-save-optim / --finetune.
 # Usage: test_checkpoint.sh path/to/megatrain (from the repository root).
 set -u
@@ -81,6 +82,25 @@ for run in p4 p5; do
     ok "reshard PP2 x TP2 x DP2 -> $([[ $run == p4 ]] && echo "1 rank" || echo "PP4")"
   else bad "PP reshard -> $run"; paste <(losses "$tmp/p1" | tail -4) <(losses "$tmp/$run"); fi
 done
+
+# 3e. Across pipeline schedules and splits: the PP2 x TP2 x DP2 checkpoint continues under interleaved 1F1B
+# (2 virtual stages per rank) and under ZB-H1; an interleaved run's checkpoint continues on uneven stages
+# (1 and 3 layers) like the uninterrupted interleaved run.
+IL=(--num-layers 4 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2)
+"${MPI[@]}" -np 2 "$B" "${M[@]}" "${IL[@]}" --load "$tmp/ckp" --log-dir "$tmp/s1" >/dev/null 2>&1
+"${MPI[@]}" -np 2 "$B" "${M[@]}" --num-layers 4 --pipeline-model-parallel-size 2 --pipeline-schedule zb-h1 --load "$tmp/ckp" --log-dir "$tmp/s2" >/dev/null 2>&1
+for run in s1 s2; do
+  if paste <(losses "$tmp/p1" | tail -4) <(losses "$tmp/$run") | awk '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > 1e-5*$1) bad=1} END{exit bad || NR!=4}'; then
+    ok "reshard PP2 x TP2 x DP2 -> PP2 $([[ $run == s1 ]] && echo "interleaved (V = 2)" || echo "zb-h1")"
+  else bad "PP schedule reshard -> $run"; paste <(losses "$tmp/p1" | tail -4) <(losses "$tmp/$run"); fi
+done
+"${MPI[@]}" -np 2 "$B" "${M[@]}" "${IL[@]}" --log-dir "$tmp/s3" >/dev/null 2>&1
+"${MPI[@]}" -np 2 "$B" "${M[@]}" "${IL[@]}" --save "$tmp/ck_il" --save-interval 100 --exit-interval 4 >/dev/null 2>&1
+"${MPI[@]}" -np 2 "$B" "${M[@]}" --num-layers 4 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1 --load "$tmp/ck_il" \
+  --log-dir "$tmp/s4" >/dev/null 2>&1
+if paste <(losses "$tmp/s3" | tail -4) <(losses "$tmp/s4") | awk '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > 1e-5*$1) bad=1} END{exit bad || NR!=4}'; then
+  ok "reshard PP2 interleaved -> PP2 uneven (1 + 3 layers)"
+else bad "interleaved -> uneven reshard"; paste <(losses "$tmp/s3" | tail -4) <(losses "$tmp/s4"); fi
 
 # 4. kill -9 during saves, repeatedly: the directory always loads (and verifies).
 BIG=(--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
