@@ -147,9 +147,32 @@ std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& par
 std::string checkpoint_path(const std::string& dir, int64_t it) { return (fs::path(dir) / iter_name(it)).string(); }
 
 std::optional<int64_t> latest_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    throw DataError("'" + dir + "' is a file, not a checkpoint directory: give --load the directory that --save wrote");
+  }
   const fs::path tracker = fs::path(dir) / "latest_checkpointed_iteration.txt";
   std::ifstream in(tracker);
-  if (!in) return std::nullopt;
+  if (!in) {
+    // No tracker: a directory of committed iterations (a tracker lost or deleted) must not start from scratch.
+    std::vector<int64_t> its;
+    if (fs::is_directory(dir, ec)) {
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n.size() >= 12 && n.rfind("iter_", 0) == 0 && n.find_first_not_of("0123456789", 5) == std::string::npos &&
+            fs::exists(e.path() / "metadata.json", ec)) {
+          its.push_back(std::stoll(n.substr(5)));
+        }
+      }
+    }
+    if (its.empty()) return std::nullopt;
+    std::sort(its.begin(), its.end());
+    std::string list;
+    for (size_t i = 0; i < its.size() && i < 8; ++i) list += (list.empty() ? "" : ", ") + std::to_string(its[i]);
+    if (its.size() > 8) list += ", ...";
+    throw DataError(dir + " holds committed iterations (" + list + ") but no " + tracker.filename().string() +
+                    ": resume one of them with --ckpt-step " + std::to_string(its.back()) + ", or give another --load");
+  }
   std::string text;
   in >> text;
   char* end = nullptr;
@@ -158,7 +181,9 @@ std::optional<int64_t> latest_checkpoint(const std::string& dir) {
   return it;
 }
 
-void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator& comm, int64_t keep_last) {
+namespace {
+
+void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Communicator& comm, int64_t keep_last) {
   const int64_t it = snap.state.iteration;
   const fs::path final_dir = fs::path(dir) / iter_name(it);
   const fs::path tmp_dir = fs::path(dir) / (iter_name(it) + ".tmp");
@@ -283,8 +308,22 @@ void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator
   }
 }
 
+}  // namespace
+
+void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator& comm, int64_t keep_last) {
+  try {
+    write_checkpoint_files(dir, snap, comm, keep_last);
+  } catch (...) {
+    // A failed save (a full disk, a lost directory) leaves no partial iteration behind; the committed ones and
+    // the tracker are untouched until the commit's renames.
+    std::error_code ec;
+    fs::remove_all(fs::path(dir) / (iter_name(snap.state.iteration) + ".tmp"), ec);
+    throw;
+  }
+}
+
 CheckpointSaver::CheckpointSaver(std::string dir, bool async, int64_t keep_last, std::shared_ptr<Communicator> comm)
-    : dir_(std::move(dir)), async_(async), keep_last_(keep_last), comm_(std::move(comm)) {}
+    : dir_(std::move(dir)), async_(async), keep_last_(keep_last), comm_(std::move(comm)), lock_(dir_, *comm_) {}
 
 CheckpointSaver::~CheckpointSaver() {
   if (worker_.joinable()) worker_.join();

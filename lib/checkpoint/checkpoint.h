@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/save_lock.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "model/params.h"
@@ -73,6 +74,7 @@ class CheckpointSaver {
   bool async_;
   int64_t keep_last_;
   std::shared_ptr<Communicator> comm_;
+  SaveDirectoryLock lock_;  // one run at a time per --save directory
   std::thread worker_;
   std::exception_ptr error_;
 };

@@ -2,6 +2,7 @@
 #include "config/validate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,11 @@ namespace mt {
 namespace {
 
 std::string s(int64_t v) { return std::to_string(v); }
+std::string num(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
 
 class Checker {
  public:
@@ -350,7 +356,40 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
   if (c.logging.eval_iters < 0) k.error("--eval-iters must be >= 0, got " + s(c.logging.eval_iters));
 }
 
+// The ranges Megatron's semantics need (a negative learning rate or weight decay, a beta of 1 or more, a
+// non-positive epsilon all train into nonsense without an error).
+void check_values(const Config& c, Checker& k) {
+  const auto& t = c.training;
+  auto finite_at_least = [&](const char* flag, double v, double lo) {
+    if (!std::isfinite(v) || v < lo) k.error(std::string(flag) + " must be a finite number >= " + num(lo) + ", got " + num(v));
+  };
+  auto fraction = [&](const char* flag, double v, bool one_allowed) {
+    if (!std::isfinite(v) || v < 0 || v > 1 || (!one_allowed && v == 1)) {
+      k.error(std::string(flag) + " must be in [0, 1" + (one_allowed ? "]" : ")") + ", got " + num(v));
+    }
+  };
+  if (t.lr) finite_at_least("--lr", *t.lr, 0);
+  finite_at_least("--min-lr", t.min_lr, 0);
+  finite_at_least("--lr-warmup-init", t.lr_warmup_init, 0);
+  finite_at_least("--weight-decay", t.weight_decay, 0);
+  finite_at_least("--clip-grad", t.clip_grad, 0);
+  fraction("--adam-beta1", t.adam_beta1, false);
+  fraction("--adam-beta2", t.adam_beta2, false);
+  if (!std::isfinite(t.adam_eps) || t.adam_eps <= 0) k.error("--adam-eps must be a finite number > 0, got " + num(t.adam_eps));
+  fraction("--sgd-momentum", t.sgd_momentum, true);
+  finite_at_least("--init-method-std", c.model.init_method_std, 0);
+  fraction("--hidden-dropout", c.model.hidden_dropout, false);
+  fraction("--attention-dropout", c.model.attention_dropout, false);
+  const auto& pr = c.precision;
+  if (pr.loss_scale && (!std::isfinite(*pr.loss_scale) || *pr.loss_scale <= 0)) k.error("--loss-scale must be a finite number > 0, got " + num(*pr.loss_scale));
+  if (!std::isfinite(pr.initial_loss_scale) || pr.initial_loss_scale <= 0) {
+    k.error("--initial-loss-scale must be a finite number > 0, got " + num(pr.initial_loss_scale));
+  }
+  if (!std::isfinite(pr.min_loss_scale) || pr.min_loss_scale <= 0) k.error("--min-loss-scale must be a finite number > 0, got " + num(pr.min_loss_scale));
+}
+
 void check_training(const Config& c, Checker& k) {
+  check_values(c, k);
   const auto& t = c.training;
   if (!t.train_iters && !t.train_samples) k.error("give --train-iters (or --train-samples): how long to train");
   if (t.train_iters && *t.train_iters < 0) k.error("--train-iters must be >= 0, got " + s(*t.train_iters));

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "config/errors.h"
 #include "config/flags.h"
@@ -14,9 +17,38 @@
 namespace mt {
 namespace {
 
+// A recipe is a small mapping: this many nodes (aliases counted each time they are used) is far beyond any,
+// and bounds the work of an alias bomb (billions of nodes in a few lines).
+constexpr int64_t kMaxRecipeNodes = 100000;
+constexpr size_t kMaxRecipeBytes = 1 << 20;
+
+// Counts the nodes reachable from `node` (an alias's each time), stopping past the bound.
+void count_nodes(const YAML::Node& node, int64_t& budget, const std::string& source) {
+  if (--budget < 0) {
+    throw ConfigError(source + ": more than " + std::to_string(kMaxRecipeNodes) + " YAML nodes once aliases are expanded: a recipe is a plain "
+                      "mapping of flags (remove the anchors and aliases)");
+  }
+  if (node.IsMap()) {
+    for (const auto& kv : node) {
+      count_nodes(kv.first, budget, source);
+      count_nodes(kv.second, budget, source);
+    }
+  } else if (node.IsSequence()) {
+    for (const auto& item : node) count_nodes(item, budget, source);
+  }
+}
+
 void apply_node(Config& cfg, const YAML::Node& map, const std::string& source, const std::string& section) {
+  std::vector<std::string> seen;
   for (const auto& kv : map) {
+    if (!kv.first.IsScalar()) throw ConfigError(source + ": a recipe's keys must be flag names");
     const std::string key = kv.first.as<std::string>();
+    const std::string normal = normalize_flag_name(key);
+    if (std::find(seen.begin(), seen.end(), normal) != seen.end()) {
+      throw ConfigError("key '" + key + "' (" + source + (section.empty() ? "" : ", section '" + section + "'") +
+                        ") is given twice: keep one (YAML would silently take one of them)");
+    }
+    seen.push_back(normal);
     const YAML::Node& val = kv.second;
     const std::string where = source + (section.empty() ? "" : ", section '" + section + "'");
     const std::string keyname = normalize_flag_name(key);
@@ -86,10 +118,25 @@ void apply_yaml_text(Config& cfg, const std::string& text, const std::string& so
   }
   if (root.IsNull()) return;
   if (!root.IsMap()) throw ConfigError(source + ": a recipe must be a mapping of flag names to values");
+  int64_t budget = kMaxRecipeNodes;
+  count_nodes(root, budget, source);
   apply_node(cfg, root, source, "");
 }
 
 void apply_yaml_file(Config& cfg, const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw ConfigError("recipe '" + path + "' is " + (std::filesystem::is_directory(status) ? "a directory" : "not a regular file") +
+                      ": give --config a YAML file");
+  }
+  if (!ec && std::filesystem::is_regular_file(status)) {
+    const auto size = std::filesystem::file_size(path, ec);
+    if (!ec && size > kMaxRecipeBytes) {
+      throw ConfigError("recipe '" + path + "' is " + std::to_string(size) + " bytes: a recipe is a small YAML mapping (at most " +
+                        std::to_string(kMaxRecipeBytes) + " bytes); check the path given to --config");
+    }
+  }
   std::ifstream in(path);
   if (!in) throw ConfigError("cannot read recipe '" + path + "': check the path given to --config");
   std::stringstream ss;

@@ -164,7 +164,7 @@ std::vector<std::pair<double, std::string>> parse_data_path(const StringList& it
   for (size_t i = 0; i < items.size(); i += 2) {
     char* end = nullptr;
     const double w = std::strtod(items[i].c_str(), &end);
-    if (*end != '\0' || w < 0) throw ConfigError("--data-path: '" + items[i] + "' is not a weight (expected 'w1 p1 w2 p2 ...')");
+    if (*end != '\0' || !std::isfinite(w) || w < 0) throw ConfigError("--data-path: '" + items[i] + "' is not a weight (expected 'w1 p1 w2 p2 ...')");
     out.emplace_back(w, items[i + 1]);
     sum += w;
   }

@@ -1,6 +1,7 @@
 // text_dataset.cpp: byte-level text data.
 #include "data/text_dataset.h"
 
+#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -21,7 +22,7 @@ std::vector<double> parse_split(const std::string& split) {
   while (in >> tok) {
     char* end = nullptr;
     const double v = std::strtod(tok.c_str(), &end);
-    if (*end != '\0' || v < 0) throw ConfigError("--split '" + split + "': weights must be non-negative numbers, e.g. 969,30,1");
+    if (*end != '\0' || !std::isfinite(v) || v < 0) throw ConfigError("--split '" + split + "': weights must be non-negative numbers, e.g. 969,30,1");
     w.push_back(v);
   }
   while (w.size() < 3) w.push_back(0.0);

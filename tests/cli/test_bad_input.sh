@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# test_bad_input.sh: damaged or absurd input, one case per class: each exits non-zero within 5 s with one
+# error line naming the setting or the file, and no signal.
+# Usage: test_bad_input.sh path/to/megatrain (run from the repository root).
+set -u
+B=$(realpath "${1:?usage: test_bad_input.sh path/to/megatrain}")
+fails=0
+tmp=$(mktemp -d)
+trap 'kill %1 2>/dev/null; rm -rf "$tmp"' EXIT
+
+bad() {  # bad NAME PATTERN -- command...: rc 1 or 2 (not a signal), the pattern on the error line, under 5 s
+  local name=$1 pat=$2; shift 3
+  local out rc start=$SECONDS
+  out=$(timeout 10 "$@" 2>&1); rc=$?
+  local line
+  line=$(grep -m1 'error' <<<"$out")
+  if [[ $rc -ne 1 && $rc -ne 2 ]] || ! grep -qE -- "$pat" <<<"$line" || ((SECONDS - start > 5)); then
+    echo "FAIL $name: rc=$rc, $((SECONDS - start)) s, want '$pat' in:"; echo "$out" | tail -5; fails=$((fails + 1))
+  else
+    echo "ok   $name: $line"
+  fi
+}
+
+Q=(--config configs/quickstart.yaml --train-iters 2 --eval-iters 0)
+# Values outside what Megatron's semantics allow.
+bad negative-lr '--lr must be a finite number >= 0' -- "$B" "${Q[@]}" --lr -1e-3
+bad beta1 '--adam-beta1 must be in \[0, 1\)' -- "$B" "${Q[@]}" --adam-beta1 2
+bad beta2 '--adam-beta2 must be in \[0, 1\)' -- "$B" "${Q[@]}" --adam-beta2 1
+bad eps '--adam-eps must be a finite number > 0' -- "$B" "${Q[@]}" --adam-eps 0
+bad weight-decay '--weight-decay must be a finite number >= 0' -- "$B" "${Q[@]}" --weight-decay -5
+bad clip-grad '--clip-grad must be a finite number >= 0' -- "$B" "${Q[@]}" --clip-grad -1
+bad init-std '--init-method-std must be a finite number >= 0' -- "$B" "${Q[@]}" --init-method-std -1
+bad dropout '--hidden-dropout must be in \[0, 1\)' -- "$B" "${Q[@]}" --hidden-dropout 1.5
+bad min-lr '--min-lr must be a finite number >= 0' -- "$B" "${Q[@]}" --min-lr -1
+bad nan-split "--split 'nan,1,1'" -- "$B" "${Q[@]}" --split nan,1,1
+bad inf-split "--split 'inf,1,1'" -- "$B" "${Q[@]}" --split inf,1,1
+bad nan-blend "--data-path: 'nan' is not a weight" -- "$B" --config configs/quickstart.yaml --text-data-path "" --tokenizer-type NullTokenizer \
+  --vocab-size 100 --data-path nan "$tmp/a" 1 "$tmp/b"
+# Recipes.
+printf 'num_layers: 2\nnum_layers: 4\n' >"$tmp/dup.yaml"
+bad yaml-duplicate "key 'num_layers' .* is given twice" -- "$B" --config "$tmp/dup.yaml" --print-config
+bad yaml-directory "recipe '$tmp' is a directory" -- "$B" --config "$tmp" --print-config
+head -c 2000000 /dev/zero | tr '\0' '#' >"$tmp/big.yaml"
+bad yaml-oversized "is 2000000 bytes: a recipe is a small YAML mapping" -- "$B" --config "$tmp/big.yaml" --print-config
+{
+  echo 'a: &a ["x","x","x","x","x","x","x","x","x"]'
+  prev=a
+  for n in b c d e f g h i; do echo "$n: &$n [*$prev,*$prev,*$prev,*$prev,*$prev,*$prev,*$prev,*$prev,*$prev]"; prev=$n; done
+} >"$tmp/bomb.yaml"
+bad yaml-alias-bomb 'YAML nodes once aliases are expanded' -- "$B" --config "$tmp/bomb.yaml" --print-config
+# Checkpoint directories: a file as --load; committed iterations without their tracker; two runs in one --save.
+bad load-file "is a file, not a checkpoint directory" -- "$B" "${Q[@]}" --load "$tmp/dup.yaml"
+"$B" "${Q[@]}" --save "$tmp/ck" --save-interval 1 >/dev/null 2>&1
+rm -f "$tmp/ck/latest_checkpointed_iteration.txt"
+bad load-no-tracker 'holds committed iterations \(1, 2\) but no latest_checkpointed_iteration.txt: resume one of them with --ckpt-step 2' -- \
+  "$B" "${Q[@]}" --load "$tmp/ck"
+"$B" --config configs/quickstart.yaml --eval-iters 0 --train-iters 100000 --save "$tmp/ck_lock" --save-interval 100000 >"$tmp/holder.log" 2>&1 &
+for ((w = 0; w < 100; ++w)); do grep -q "iteration" "$tmp/holder.log" && break; sleep 0.1; done
+bad save-locked "another run \(pid $! on .*\) is saving into $tmp/ck_lock" -- "$B" "${Q[@]}" --save "$tmp/ck_lock" --save-interval 1
+kill %1 2>/dev/null; wait 2>/dev/null
+
+echo "$fails failure(s)"
+[[ $fails -eq 0 ]]
