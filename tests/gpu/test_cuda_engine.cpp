@@ -23,6 +23,7 @@
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt_model.h"
 #include "model/layout.h"
+#include "model/model_dims.h"
 #include "tensor/device_info.h"
 #include "tensor/dtype.h"
 #include "tensor/rng.h"
@@ -257,6 +258,92 @@ void test_in_flight(const std::string& model) {
   }
 }
 
+// Pipeline stages on one GPU: the model split in two stages (two CudaGPT objects, each its stage's parameters
+// from the shared layout), the first stage's output fed to the second and the second's input gradient back, in
+// one process: the loss and every parameter's gradient as the whole model's (by name; with tied embeddings the
+// two stages' word-embedding gradients sum to the whole model's). Dropout checks the global layer indices of
+// the stages' masks.
+void test_pipeline_stages(const std::string& model, const std::string& extra) {
+  try {
+    const mt::Config cfg = make_config(model, std::string(kPlain) + "--num-layers 4 " + extra);
+    cudaStream_t stream = nullptr;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    mt::ParamStore whole_store, stores[2];
+    const mt::ModelLayout whole_at = mt::build_model_layout(cfg, {}, whole_store);
+    mt::CudaGPT whole(cfg, whole_store, whole_at, stream);
+    std::vector<std::unique_ptr<mt::CudaGPT>> stage;
+    for (int64_t r = 0; r < 2; ++r) {
+      const mt::ModelLayout at = mt::build_model_layout(cfg, {0, 1, r, 2}, stores[r]);
+      stage.push_back(std::make_unique<mt::CudaGPT>(cfg, stores[r], at, stream));
+    }
+    auto data = mt::open_training_data(cfg);
+    const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, n = 2, T = mbs * S;
+    const auto& D = whole.dims();
+    const auto seed = static_cast<uint64_t>(cfg.training.seed);
+    std::vector<std::unique_ptr<mt::MicrobatchSlot>> staging;
+    std::vector<mt::DeviceMicrobatch> dev;
+    std::vector<float> weight;
+    auto wait = [](cudaEvent_t e) { cudaEventSynchronize(e); };
+    for (int64_t m = 0; m < n; ++m) {
+      const mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, m * mbs, mbs, S, cfg);
+      double denom = 0;
+      for (float x : mb.loss_mask) denom += x;
+      weight.push_back(static_cast<float>(1.0 / (std::max(denom, 1.0) * n)));
+      std::vector<uint64_t> keys;  // the engine's: the embedding, then per global layer the attention and MLP outputs
+      for (int64_t b = 0; cfg.model.hidden_dropout > 0 && b < mb.B; ++b) {
+        keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, -1, mt::kDropEmbedding));
+        for (int64_t l = 0; l < D.L; ++l) {
+          keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, l, mt::kDropAttnOut));
+          keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, l, mt::kDropMlpOut));
+        }
+      }
+      staging.push_back(std::make_unique<mt::MicrobatchSlot>(T, static_cast<int64_t>(keys.size())));
+      dev.push_back(staging.back()->upload(mb, D.learned_pos, 0, D.V_local, D.max_pos, stream, wait, keys));
+    }
+    float* acc = nullptr;
+    cudaMalloc(&acc, 8);
+    void* boundary = nullptr;
+    float* boundary_grad = nullptr;
+    cudaMalloc(&boundary, stage[0]->boundary_activation_bytes(T));
+    cudaMalloc(reinterpret_cast<void**>(&boundary_grad), stage[0]->boundary_gradient_bytes(T));
+    cudaMemsetAsync(acc, 0, 8, stream);
+    for (auto* g : {&whole, stage[0].get(), stage[1].get()}) cudaMemsetAsync(g->grads(), 0, static_cast<size_t>(g->numel()) * 4, stream);
+    for (int64_t m = 0; m < n; ++m) {
+      const auto k = static_cast<size_t>(m);
+      for (auto* g : {&whole, stage[0].get(), stage[1].get()}) g->set_final_backward(m == n - 1);
+      whole.forward(dev[k], weight[k], weight[k], acc, 0);
+      whole.backward(dev[k], 0);
+      stage[0]->forward(dev[k], weight[k], weight[k], acc + 1, 0, nullptr, boundary);
+      stage[1]->forward(dev[k], weight[k], weight[k], acc + 1, 0, boundary, nullptr);
+      stage[1]->backward(dev[k], 0, nullptr, boundary_grad);
+      stage[0]->backward(dev[k], 0, boundary_grad, nullptr);
+    }
+    cudaStreamSynchronize(stream);
+    const std::vector<float> losses = download(acc, 2);
+    const std::vector<float> whole_grads = download(whole.grads(), static_cast<size_t>(whole.numel()));
+    std::vector<float> staged(whole_grads.size(), 0.0f);  // the stages' gradients at the whole model's offsets
+    for (int64_t r = 0; r < 2; ++r) {
+      const std::vector<float> g = download(stage[static_cast<size_t>(r)]->grads(), static_cast<size_t>(stage[static_cast<size_t>(r)]->numel()));
+      for (const mt::ParamInfo& p : stores[r].infos()) {
+        const mt::ParamInfo& w = whole_store.info(whole_store.index_of(p.name));
+        for (int64_t e = 0; e < p.numel; ++e) staged[static_cast<size_t>(w.offset + e)] += g[static_cast<size_t>(p.offset + e)];
+      }
+    }
+    const double e = rel_err(staged, whole_grads);
+    const bool exact = !D.tied && cfg.model.hidden_dropout == 0;  // the same kernels on the same values
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "%s%s: 2 pipeline stages vs the whole model on one GPU: losses %.7f / %.7f, gradients %.2e apart", model.c_str(),
+                  extra.c_str(), losses[1], losses[0], e);
+    check(std::fabs(losses[1] - losses[0]) <= 1e-6f * std::fabs(losses[0]) && (exact ? e == 0.0 : e < 1e-3), buf);
+    cudaFree(acc);
+    cudaFree(boundary);
+    cudaFree(boundary_grad);
+    cudaStreamDestroy(stream);
+  } catch (const std::exception& ex) {
+    check(false, "pipeline stages, " + model + ": " + ex.what());
+  }
+}
+
 // fp16 from Megatron's default initial scale (2^32): the first iterations overflow fp16 and are skipped while
 // the scale halves (after the hysteresis of 2, at every overflow), then training proceeds; overflows are
 // skipped iterations, not NaN iterations. The scale grows back after each clean window of 5.
@@ -336,6 +423,10 @@ int main() {
   test_fp16_dynamic_scale();
   test_in_flight("gpt");
   test_in_flight("llama-recompute");
+  test_pipeline_stages("llama", "");
+  test_pipeline_stages("gpt", "");  // tied embeddings
+  test_pipeline_stages("gpt", "--hidden-dropout 0.1 ");
+  test_pipeline_stages("llama-recompute", "--hidden-dropout 0.1 --fp32-residual-connection ");
   test_resume();
   test_resume("--fp16 --initial-loss-scale 65536 --loss-scale-window 2 ");
   std::printf("%d failure(s)\n", failures);

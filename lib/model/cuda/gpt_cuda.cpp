@@ -94,8 +94,15 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   cuda::cast_to_bf16(w16_, up, numel_, stream_, dt_);
   MT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(numel_) * 4, stream_));
 
-  if (!where.pre_process || !where.post_process || static_cast<int64_t>(where.layers.size()) != D.L) {
-    throw std::logic_error("CudaGPT: the CUDA engine runs the whole model on one stage");
+  // A pipeline stage: its layers, the embedding on the first stage, the final norm, output layer and loss on
+  // the last (the whole model on one).
+  pre_ = where.pre_process;
+  post_ = where.post_process;
+  L_ = static_cast<int64_t>(where.layers.size());
+  first_layer_ = where.layers_range.first;
+  if (L_ == 0) {
+    throw std::runtime_error("the CUDA engine needs at least one transformer layer on every pipeline stage: change the split "
+                             "(--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split) or use --device cpu");
   }
   // Flat offsets of the layout's parameters (-1: the model has none).
   auto offset = [&](size_t i) { return i == kNoParam ? int64_t{-1} : layout.info(i).offset; };
@@ -104,9 +111,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   lnf_w_ = offset(where.final_norm_w);
   lnf_b_ = offset(where.final_norm_b);
   out_w_ = offset(where.output_w);
-  layers_.resize(static_cast<size_t>(D.L));
-  layer_replicated_.resize(static_cast<size_t>(D.L));
-  for (int64_t l = 0; l < D.L; ++l) {
+  layers_.resize(static_cast<size_t>(L_));
+  layer_replicated_.resize(static_cast<size_t>(L_));
+  for (int64_t l = 0; l < L_; ++l) {
     const LayerParams& ly = where.layers[static_cast<size_t>(l)];
     LayerW& lw = layers_[static_cast<size_t>(l)];
     lw.ln1_w = offset(ly.input_norm_w);
@@ -131,7 +138,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     layer_start_.push_back(layout.info(ly.first).offset);
     layer_end_.push_back(layout.info(ly.end - 1).offset + layout.info(ly.end - 1).numel);
   }
-  embed_end_ = layout.info(where.embedding_end - 1).offset + layout.info(where.embedding_end - 1).numel;
+  embed_end_ = pre_ ? layout.info(where.embedding_end - 1).offset + layout.info(where.embedding_end - 1).numel : 0;
   for (size_t i : {where.final_norm_w, where.final_norm_b}) {
     if (i != kNoParam) final_replicated_.emplace_back(layout.info(i).offset, layout.info(i).numel);
   }
@@ -146,11 +153,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   // stores the S x S probabilities and recomputes them in its backward already.
   const auto& rc = cfg.recompute;
   full_recompute_ = rc.recompute_granularity && *rc.recompute_granularity == "full";
-  recompute_layer_.assign(static_cast<size_t>(D.L), false);
+  recompute_layer_.assign(static_cast<size_t>(L_), false);
   if (full_recompute_) {
     const bool block = rc.recompute_method && *rc.recompute_method == "block";
     const int64_t n = rc.recompute_num_layers.value_or(1);
-    for (int64_t l = 0; l < D.L; ++l) recompute_layer_[static_cast<size_t>(l)] = block ? l < n : true;
+    for (int64_t l = 0; l < L_; ++l) recompute_layer_[static_cast<size_t>(l)] = block ? l < n : true;
   }
 
   if (!D.swiglu && D.F_local % 8 != 0) {
@@ -218,13 +225,13 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   // the buffer only where they may split (the conditions every rank shares, so both passes allocate alike).
   const char* a2a_env = std::getenv("MEGATRAIN_TP_SP_ALLTOALL");
   const char* split_env0 = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
-  const bool may_split = max_in_flight == 1 && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
+  const bool may_split = max_in_flight == 1 && pre_ && post_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
                          std::find(recompute_layer_.begin(), recompute_layer_.end(), true) == recompute_layer_.end() &&
                          !(split_env0 && std::string(split_env0) == "0");
   const bool sp_all_to_all = sp_ && may_split && !(a2a_env && std::string(a2a_env) == "0");
   if (sp_) agree_over_tp(sp_all_to_all, "MEGATRAIN_TP_SP_ALLTOALL");
   auto allocate_activations = [&]() {
-    for (int64_t l = 0; l < D.L; ++l) {
+    for (int64_t l = 0; l < L_; ++l) {
       auto r = std::make_unique<Record>();
       r->x_in = res(h, rows_l);
       if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r);
@@ -238,17 +245,19 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     slots_.clear();
     slots_.resize(static_cast<size_t>(max_in_flight));
     for (size_t k = 1; k < slots_.size(); ++k) {
-      for (int64_t l = 0; l < D.L; ++l) {
+      for (int64_t l = 0; l < L_; ++l) {
         auto r = std::make_unique<Record>();
         r->x_in = res(h, rows_l);
         if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r);
         slots_[k].records.push_back(std::move(r));
       }
-      slots_[k].x_final = res(h, rows_l);
-      slots_[k].xnf = b16(h);
-      slots_[k].meanf = f32(1, rows_l);
-      slots_[k].rstdf = f32(1, rows_l);
-      slots_[k].logits = b16(D.V_local);
+      if (post_) {  // what the output layer's backward reads
+        slots_[k].x_final = res(h, rows_l);
+        slots_[k].xnf = b16(h);
+        slots_[k].meanf = f32(1, rows_l);
+        slots_[k].rstdf = f32(1, rows_l);
+        slots_[k].logits = b16(D.V_local);
+      }
     }
     s_ = std::make_unique<Scratch>();
     Scratch& s = *s_;
@@ -259,7 +268,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     s.xnf = b16(h);
     s.meanf = f32(1, rows_l);
     s.rstdf = f32(1, rows_l);
-    s.logits = b16(D.V_local);
+    if (post_) s.logits = b16(D.V_local);
     s.losses = f32(1);
     s.dres = f32(h, rows_l);
     s.dres16 = b16(h, rows_l);
@@ -280,7 +289,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     // (else the bias-gradient kernel).
     auto fusable = [&](int64_t n, int64_t x_width) { return fusable_k(n, x_width, T); };
     bgrad_epilogue_ = D.bias && fusable(Wq, h) && fusable(F1, h) && fusable(h, F) && fusable(h, W_.Hd);
-    if (tp_) s.ce_stats = f32(4);
+    if (tp_ && post_) s.ce_stats = f32(4);
     if (sp_) {
       s.delta_l = b16(h, rows_l);
       s.xn_l = b16(h, rows_l);
@@ -288,7 +297,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.dres16_full = b16(h);
       if (sp_all_to_all) s.parts = b16(h);
     }
-    if (sp_ || res16_) s.emb = f32(h);
+    if (sp_ || res16_ || !post_) s.emb = f32(h);  // (!post_: the output gradient's dropout in the backward)
   };
   if (tp_) {
     const size_t before = act_bytes_;
@@ -332,7 +341,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (kv_group_ && D.qk_norm) {
     throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
   }
-  split_forward_ = tp_ && max_in_flight == 1 && sp_ok && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned &&
+  split_forward_ = tp_ && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned &&
                    !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
   if (split_forward_ && bgrad_epilogue_) {
@@ -357,9 +366,19 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     act_bytes_ += part_bytes;
     if (sp_) s.half_pos = static_cast<int32_t*>(alloc(static_cast<size_t>(T) * 4));
   }
+  if (!post_) {  // unit weights for the kernel that sums the stage's output (see forward)
+    const std::vector<float> ones(static_cast<size_t>(h), 1.0f);
+    float* tmp = static_cast<float*>(alloc(static_cast<size_t>(h) * 4));
+    MT_CUDA_CHECK(cudaMemcpy(tmp, ones.data(), static_cast<size_t>(h) * 4, cudaMemcpyHostToDevice));
+    unit_w_ = static_cast<bf16*>(alloc(static_cast<size_t>(h) * 2));
+    cuda::cast_to_bf16(unit_w_, tmp, h, stream_, dt_);
+  }
   // The RoPE table went up on the legacy stream, which the (non-blocking) training stream does not wait for.
   MT_CUDA_CHECK(cudaDeviceSynchronize());
 }
+
+size_t CudaGPT::boundary_activation_bytes(int64_t tokens) const { return static_cast<size_t>(local_rows(tokens) * D_.h) * (res16_ ? 2 : 4); }
+size_t CudaGPT::boundary_gradient_bytes(int64_t tokens) const { return static_cast<size_t>(local_rows(tokens) * D_.h) * 4; }
 
 // The TP ranks must issue the same collectives: a setting that follows each rank's environment must agree.
 void CudaGPT::agree_over_tp(bool mine, const char* env) {

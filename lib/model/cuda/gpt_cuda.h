@@ -54,7 +54,7 @@ class CudaGPT {
  public:
   // `layout` supplies names, offsets and initial values (uploaded once; the model keeps no host copy) and
   // `where` which parameter each unit reads (model/layout.h: both from build_model_layout). It is this rank's
-  // TP shard; `tp` is the tensor-parallel group (nullptr: TP 1). Without keep_master (the
+  // pipeline stage (the whole model at PP 1) and TP shard; `tp` is the tensor-parallel group (nullptr: TP 1). Without keep_master (the
   // distributed optimizer keeps the master weights of its shard itself) master() is null.
   // dp (data parallelism): the group whose symmetric windows hold the gradient buffer, and the 16-bit
   // weights when !keep_master (the distributed optimizer gathers them); nullptr: ordinary allocations.
@@ -73,8 +73,19 @@ class CudaGPT {
   // The same in two calls (a pipeline stage's forward and backward), the microbatch's activations in `slot`
   // (< max_in_flight()): with grad_scale > 0 the forward also computes the loss gradient, and backward(mb, slot)
   // must come before that slot's next forward; mb's device buffers must live until then.
-  void forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc, int64_t slot = 0);
-  void backward(const DeviceMicrobatch& mb, int64_t slot = 0);
+  // A pipeline stage without the embedding reads `input`, the previous stage's output; one without the output
+  // layer writes `output` (both this rank's residual-stream rows, boundary_activation_bytes) and adds nothing to
+  // loss_acc. Its backward reads `output_grad` (the next stage's input gradient) and, without the embedding,
+  // writes `input_grad` (boundary_gradient_bytes, fp32). The buffers are read and written on the model's stream.
+  void forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc, int64_t slot = 0, const void* input = nullptr,
+               void* output = nullptr);
+  void backward(const DeviceMicrobatch& mb, int64_t slot = 0, const float* output_grad = nullptr, float* input_grad = nullptr);
+  bool pre_process() const { return pre_; }
+  bool post_process() const { return post_; }
+  // The stage boundary of a `tokens`-token microbatch: this rank's rows of width h (T / TP under SP) in the
+  // residual stream's type (16-bit, or fp32 with --fp32-residual-connection) forward, fp32 backward.
+  size_t boundary_activation_bytes(int64_t tokens) const;
+  size_t boundary_gradient_bytes(int64_t tokens) const;
   int64_t max_in_flight() const { return static_cast<int64_t>(slots_.size()); }
   // Called during a backward (only when `final_backward` is set: the iteration's last microbatch) once the
   // gradients of every parameter at flat offset >= `lowest` are final: data parallelism starts its bucket
@@ -186,6 +197,11 @@ class CudaGPT {
   float* g(int64_t off) const { return off < 0 ? nullptr : grads_ + off; }
 
   ModelDims D_;
+  // This stage: its L_ layers (global indices first_layer_ ...; D_.L is the whole model's), the embedding
+  // (pre_) and the final norm, output layer and loss (post_).
+  bool pre_ = true, post_ = true;
+  int64_t L_ = 0, first_layer_ = 0;
+  cuda::bf16* unit_w_ = nullptr;  // !post_: ones [h], the weights of the kernel that sums the stage's output
   cudaStream_t stream_;
   // The 16-bit type of the weights' working copy and the activations (--fp16: fp16, else bf16), as cuBLASLt
   // and NCCL name it.

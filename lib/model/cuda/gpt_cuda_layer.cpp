@@ -69,7 +69,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   const bf16* attn = combine_rows(s.delta, s.delta_l, T);
   MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = r.x_mid, .y = norm_out(r.xn2), .mean = r.mean2, .rstd = r.rstd2, .x = x_in,
                                                   .delta = attn, .w = w(lw.ln2_w), .b = w(lw.ln2_b), .rows = Tl, .width = h, .eps = D.eps,
-                                                  .rms = D.rms, .type = dt_, .res16 = res16_, .dropout = drop(mb, attn_site(l), row0(T))}, stream_));
+                                                  .rms = D.rms, .type = dt_, .res16 = res16_, .dropout = drop(mb, attn_site(first_layer_ + l), row0(T))}, stream_));
   gather_rows(s.xn_l, r.xn2, T);
   if (D.swiglu) {
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, ab_, ab_, w(lw.fc1_b), stream_));
@@ -114,7 +114,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lw.ln2_w), .db = g(lw.ln2_b), .dy = dmlp, .x = r.x_mid,
                                                .mean = r.mean2, .rstd = r.rstd2, .w = w(lw.ln2_w), .rows = Tl, .width = h, .rms = D.rms,
-                                               .type = dt_, .res16 = res16_, .dropout = drop(mb, attn_site(l), row0(T))}, stream_));
+                                               .type = dt_, .res16 = res16_, .dropout = drop(mb, attn_site(first_layer_ + l), row0(T))}, stream_));
   // Attention
   dy = gather_rows(s.dres16, s.dres16_full, T);
   MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, ab_, ab_, nullptr, stream_));
@@ -176,7 +176,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (defer_proj && !sp_) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
   MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lw.ln1_w), .db = g(lw.ln1_b), .dy = dattn, .x = x_in,
                                                .mean = r.mean1, .rstd = r.rstd1, .w = w(lw.ln1_w), .rows = Tl, .width = h, .rms = D.rms,
-                                               .type = dt_, .res16 = res16_, .dropout = l > 0 ? drop(mb, mlp_site(l - 1), row0(T)) : nullptr}, stream_));
+                                               .type = dt_, .res16 = res16_, .dropout = first_layer_ + l > 0 ? drop(mb, mlp_site(first_layer_ + l - 1), row0(T)) : nullptr}, stream_));
   sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)], stream_);
   // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer
   // (or its recompute) overwrites, and their gradients must be final before the grads-ready hook.

@@ -95,7 +95,7 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
     MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward({.sum_out = res_at(r.x_mid, p0 * h), .y = xn + p0 * h, .mean = r.mean2 + p0,
                                                            .rstd = r.rstd2 + p0, .x = res_at(x_in, p0 * h), .delta = sum, .w = w(lw.ln2_w),
                                                            .b = w(lw.ln2_b), .rows = pr, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_,
-                                                           .res16 = res16_, .dropout = drop(mb, attn_site(l), row0(mb.B * mb.S) + p0),
+                                                           .res16 = res16_, .dropout = drop(mb, attn_site(first_layer_ + l), row0(mb.B * mb.S) + p0),
                                                            .parts = parts}, st));
     if (sp_) gather_half(half, rows, s.xn_l, r.xn2, st);
   });
@@ -121,7 +121,7 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   }
   MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, rows, h, F, 1.0f, r.act + r0 * F, F, w(lw.fc2_w), F, 0.0f, s.delta + r0 * h, h, ab_, ab_,
                                      row_bias(lw.fc2_b), stream_));
-  if (l + 1 == D.L) {  // the final norm runs after both halves, on the compute stream
+  if (l + 1 == L_) {  // the final norm runs after both halves, on the compute stream
     reduce_half(half, rows, s.delta, s.delta_l, nullptr);
     return;
   }
@@ -135,7 +135,7 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
     MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward({.sum_out = res_at(records_[static_cast<size_t>(l + 1)]->x_in, p0 * h), .y = xn + p0 * h,
                                                            .mean = n.mean1 + p0, .rstd = n.rstd1 + p0, .x = res_at(r.x_mid, p0 * h), .delta = sum,
                                                            .w = w(nw.ln1_w), .b = w(nw.ln1_b), .rows = pr, .width = h, .eps = D.eps, .rms = D.rms,
-                                                           .type = dt_, .res16 = res16_, .dropout = drop(mb, mlp_site(l), row0(mb.B * mb.S) + p0),
+                                                           .type = dt_, .res16 = res16_, .dropout = drop(mb, mlp_site(first_layer_ + l), row0(mb.B * mb.S) + p0),
                                                            .parts = parts}, st));
     if (sp_) gather_half(half, rows, s.xn_l, n.xn1, st);
   });
@@ -145,12 +145,12 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
 // collectives on the compute stream before (the embedding's) and after (the loss's) are ordered against
 // them by the events.
 void CudaGPT::split_layers_forward(const DeviceMicrobatch& mb) {
-  for (int64_t l = 0; l < D_.L; ++l) {
+  for (int64_t l = 0; l < L_; ++l) {
     attention_half(l, 0, mb);
     attention_half(l, 1, mb);
     // The MLP halves' reductions are followed by the next layer's input norm on the TP stream, which reads
     // that layer's weights: the compute stream waits for them first (the TP stream follows it).
-    if (l + 1 < D_.L) need_params(layer_end_[static_cast<size_t>(l + 1)]);
+    if (l + 1 < L_) need_params(layer_end_[static_cast<size_t>(l + 1)]);
     mlp_half(l, 0, mb);
     mlp_half(l, 1, mb);
   }
@@ -178,7 +178,7 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
   const int64_t rows = mb.B / 2 * mb.S, r0 = half * rows, h = D.h, F = W_.F, F1 = W_.F1;
-  if (l + 1 < D.L) wait_reduced(half);  // the layer above's input-gradient norm of these rows (under SP, and gather)
+  if (l + 1 < L_) wait_reduced(half);  // the layer above's input-gradient norm of these rows (under SP, and gather)
   // This rank's piece of the half (the output gradient's rows the row-parallel bias gradient takes under SP),
   // and the half's output gradient (gathered under SP).
   const int64_t pr = piece(rows), p0 = half * pr;
@@ -203,7 +203,7 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
     MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add({.dres = s.dres + p0 * h, .dres16 = s.dres16 + p0 * h, .dw = g(lw.ln2_w), .db = g(lw.ln2_b),
                                                         .dy = sum, .x = res_at(x_mid, p0 * h), .mean = r.mean2 + p0, .rstd = r.rstd2 + p0,
                                                         .w = w(lw.ln2_w), .rows = pr, .width = h, .rms = D.rms, .type = dt_, .res16 = res16_,
-                                                        .dropout = drop(mb, attn_site(l), row0(mb.B * mb.S) + p0), .partials = s.norm_part,
+                                                        .dropout = drop(mb, attn_site(first_layer_ + l), row0(mb.B * mb.S) + p0), .partials = s.norm_part,
                                                         .parts = parts}, st));
     if (sp_) gather_half(half, rows, s.dres16, s.dres16_full, st);
   });
@@ -245,7 +245,7 @@ void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const 
     MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add({.dres = s.dres + p0 * h, .dres16 = s.dres16 + p0 * h, .dw = g(lw.ln1_w), .db = g(lw.ln1_b),
                                                         .dy = sum, .x = res_at(x_in, p0 * h), .mean = r.mean1 + p0, .rstd = r.rstd1 + p0,
                                                         .w = w(lw.ln1_w), .rows = pr, .width = h, .rms = D.rms, .type = dt_, .res16 = res16_,
-                                                        .dropout = l > 0 ? drop(mb, mlp_site(l - 1), row0(mb.B * mb.S) + p0) : nullptr,
+                                                        .dropout = first_layer_ + l > 0 ? drop(mb, mlp_site(first_layer_ + l - 1), row0(mb.B * mb.S) + p0) : nullptr,
                                                         .partials = s.norm_part, .parts = parts}, st));
     if (sp_ && l > 0) gather_half(half, rows, s.dres16, s.dres16_full, st);
   });

@@ -115,7 +115,7 @@ void CudaGPT::activate(int64_t k) {
   active_ = k;
 }
 
-void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc, int64_t slot) {
+void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc, int64_t slot, const void* input, void* output) {
   activate(slot);
   const ModelDims& D = D_;
   Scratch& s = *s_;
@@ -126,6 +126,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   if (slots_[static_cast<size_t>(slot)].forwarded) {
     throw std::logic_error("CUDA model: a forward into slot " + std::to_string(slot) + " before the backward of the microbatch in it");
   }
+  if ((!pre_ && !input) || (!post_ && !output)) throw std::logic_error("CUDA model: a pipeline stage's forward needs its input and output buffers");
   if (split_forward_ && sp_) {  // half k's rows: piece k of each rank's Tl, rank after rank
     const auto pr = static_cast<size_t>(Tl / 2);
     for (int64_t half = 0; half < 2; ++half) {
@@ -135,7 +136,11 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   }
   // Forward
   need_params(embed_end_);
-  embed(mb, T);
+  if (pre_) {
+    embed(mb, T);
+  } else {  // the previous stage's residual-stream rows
+    MT_PROF("pp.input", MT_CUDA_CHECK(cudaMemcpyAsync(records_[0]->x_in, input, boundary_activation_bytes(T), cudaMemcpyDeviceToDevice, stream_)));
+  }
   need_params(layer_end_[0]);
   const LayerW& l0 = layers_[0];
   MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = norm_out(act(0).xn1), .mean = act(0).mean1, .rstd = act(0).rstd1,
@@ -146,38 +151,46 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
     split_layers_forward(mb);
     need_params(numel_);
     MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = s.x_final, .y = norm_out(s.xnf), .mean = s.meanf, .rstd = s.rstdf,
-                                                    .x = act(D.L - 1).x_mid, .delta = sp_ ? s.delta_l : s.delta, .w = w(lnf_w_), .b = w(lnf_b_),
+                                                    .x = act(L_ - 1).x_mid, .delta = sp_ ? s.delta_l : s.delta, .w = w(lnf_w_), .b = w(lnf_b_),
                                                     .rows = Tl, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = res16_,
-                                                    .dropout = drop(mb, mlp_site(D.L - 1), row0(T))}, stream_));
+                                                    .dropout = drop(mb, mlp_site(first_layer_ + L_ - 1), row0(T))}, stream_));
     gather_rows(s.xn_l, s.xnf, T);
   }
-  for (int64_t l = 0; !split_forward_ && l < D.L; ++l) {
+  for (int64_t l = 0; !split_forward_ && l < L_; ++l) {
     Record& r = act(l);
     const bf16* mlp = layer_forward(l, r, mb);
-    if (l + 1 < D.L) {
+    if (l + 1 < L_) {
       Record& n = act(l + 1);
       const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
       need_params(layer_end_[static_cast<size_t>(l + 1)]);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = records_[static_cast<size_t>(l + 1)]->x_in, .y = norm_out(n.xn1), .mean = n.mean1,
                                                       .rstd = n.rstd1, .x = r.x_mid, .delta = mlp, .w = w(nw.ln1_w), .b = w(nw.ln1_b), .rows = Tl,
                                                       .width = h, .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = res16_,
-                                                      .dropout = drop(mb, mlp_site(l), row0(T))}, stream_));
+                                                      .dropout = drop(mb, mlp_site(first_layer_ + l), row0(T))}, stream_));
       gather_rows(s.xn_l, n.xn1, T);
-    } else {
+    } else if (post_) {
       need_params(numel_);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = s.x_final, .y = norm_out(s.xnf), .mean = s.meanf, .rstd = s.rstdf, .x = r.x_mid,
                                                       .delta = mlp, .w = w(lnf_w_), .b = w(lnf_b_), .rows = Tl, .width = h, .eps = D.eps,
-                                                      .rms = D.rms, .type = dt_, .res16 = res16_, .dropout = drop(mb, mlp_site(D.L - 1), row0(T))}, stream_));
+                                                      .rms = D.rms, .type = dt_, .res16 = res16_, .dropout = drop(mb, mlp_site(first_layer_ + L_ - 1), row0(T))}, stream_));
       gather_rows(s.xn_l, s.xnf, T);
+    } else {
+      // The stage's output: the residual stream after the last layer (the sum the next stage's first norm
+      // takes); the kernel's norm of it, with unit weights, goes to scratch unused.
+      MT_PROF("fwd.add", cuda::add_norm_forward({.sum_out = output, .y = s.xnf, .mean = s.meanf, .rstd = s.rstdf, .x = r.x_mid,
+                                                 .delta = mlp, .w = unit_w_, .b = nullptr, .rows = Tl, .width = h, .eps = D.eps, .rms = D.rms,
+                                                 .type = dt_, .res16 = res16_, .dropout = drop(mb, mlp_site(first_layer_ + L_ - 1), row0(T))}, stream_));
     }
   }
-  MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, T, V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, V, ab_, ab_, nullptr, stream_));
-  loss(mb, grad_scale, T);
-  MT_PROF("loss.sum", cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_));
+  if (post_) {
+    MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, T, V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, V, ab_, ab_, nullptr, stream_));
+    loss(mb, grad_scale, T);
+    MT_PROF("loss.sum", cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_));
+  }
   slots_[static_cast<size_t>(slot)].forwarded = grad_scale > 0.0f;
 }
 
-void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot) {
+void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* output_grad, float* input_grad) {
   activate(slot);
   if (!slots_[static_cast<size_t>(slot)].forwarded) throw std::logic_error("CUDA model: a backward without its forward (slot " + std::to_string(slot) + ")");
   slots_[static_cast<size_t>(slot)].forwarded = false;
@@ -186,22 +199,37 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h, V = D.V_local;
   const bool split_sp = split_forward_ && sp_;
-  // Backward: output layer and final norm
-  MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, T, h, V, 1.0f, s.logits, V, w(out_w_), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
-  // Joined at the end of the last layer's backward (before any grads-ready hook or the embedding backward,
-  // which adds to the same tensor when tied).
-  cudaStream_t ws = fork_wgrad();
-  MT_PROF_ON(ws, "bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, T, 1.0f, s.logits, V, s.xnf, h, 1.0f, g(out_w_), h, ab_, CUDA_R_32F, nullptr, ws));
-  const bf16* dfinal = combine_rows(s.dxn, s.dxn_l, T);
-  MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
-  MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lnf_w_), .db = g(lnf_b_), .dy = dfinal, .x = s.x_final,
-                                               .mean = s.meanf, .rstd = s.rstdf, .w = w(lnf_w_), .rows = Tl, .width = h, .rms = D.rms, .type = dt_,
-                                               .res16 = res16_, .dropout = drop(mb, mlp_site(D.L - 1), row0(T))}, stream_));
-  sum_replicated_grads(final_replicated_, stream_);
-  for (int64_t l = D.L - 1; l >= 0; --l) {
+  if ((!post_ && !output_grad) || (!pre_ && !input_grad)) throw std::logic_error("CUDA model: a pipeline stage's backward needs its gradient buffers");
+  if (post_) {
+    // Backward: output layer and final norm
+    MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, T, h, V, 1.0f, s.logits, V, w(out_w_), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
+    // Joined at the end of the last layer's backward (before any grads-ready hook or the embedding backward,
+    // which adds to the same tensor when tied).
+    cudaStream_t ws = fork_wgrad();
+    MT_PROF_ON(ws, "bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, T, 1.0f, s.logits, V, s.xnf, h, 1.0f, g(out_w_), h, ab_, CUDA_R_32F, nullptr, ws));
+    const bf16* dfinal = combine_rows(s.dxn, s.dxn_l, T);
+    MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
+    MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lnf_w_), .db = g(lnf_b_), .dy = dfinal, .x = s.x_final,
+                                                 .mean = s.meanf, .rstd = s.rstdf, .w = w(lnf_w_), .rows = Tl, .width = h, .rms = D.rms, .type = dt_,
+                                                 .res16 = res16_, .dropout = drop(mb, mlp_site(first_layer_ + L_ - 1), row0(T))}, stream_));
+    sum_replicated_grads(final_replicated_, stream_);
+  } else {
+    // The next stage's input gradient is this stage's output gradient (the residual stream's, fp32); the last
+    // layer's MLP branch takes it through that branch's dropout mask, in 16 bits (what the final norm's
+    // backward hands the layer on the last stage).
+    MT_PROF("pp.output_grad", MT_CUDA_CHECK(cudaMemcpyAsync(s.dres, output_grad, boundary_gradient_bytes(T), cudaMemcpyDeviceToDevice, stream_)));
+    const float* branch = s.dres;
+    if (const cuda::RowDropout* d = drop(mb, mlp_site(first_layer_ + L_ - 1), row0(T))) {
+      MT_CUDA_CHECK(cudaMemcpyAsync(s.emb, s.dres, boundary_gradient_bytes(T), cudaMemcpyDeviceToDevice, stream_));
+      MT_PROF("bwd.dropout", cuda::dropout_rows_f32(s.emb, Tl, h, *d, stream_));
+      branch = s.emb;
+    }
+    MT_PROF("bwd.cast", cuda::cast_to_bf16(s.dres16, branch, Tl * h, stream_, dt_));
+  }
+  for (int64_t l = L_ - 1; l >= 0; --l) {
     Record& r = act(l);
     // The split backward's norms of the layer above may still read the shared recompute record on tp_stream_.
-    if (split_forward_ && recomputed(l) && l + 1 < D.L) {
+    if (split_forward_ && recomputed(l) && l + 1 < L_) {
       wait_reduced(0);
       wait_reduced(1);
     }
@@ -215,7 +243,7 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot) {
       layer_forward(l, r, mb);
     }
     if (split_forward_) {
-      if (split_sp && l + 1 == D.L) gather_layer_rows(s.dres16, s.dres16_full, T);  // the final norm's input gradient
+      if (split_sp && l + 1 == L_) gather_layer_rows(s.dres16, s.dres16_full, T);  // the final norm's input gradient
       split_layer_backward(l, r, mb);
     } else {
       layer_backward(l, r, mb);
@@ -230,6 +258,11 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot) {
   // The input gradient's last rows, before the embedding reads them, and the replicated gradients' sums
   // (the optimizer follows the compute stream).
   if (split_forward_) wait_tp_stream();
+  if (!pre_) {  // the previous stage's output gradient
+    MT_PROF("pp.input_grad", MT_CUDA_CHECK(cudaMemcpyAsync(input_grad, s.dres, boundary_gradient_bytes(T), cudaMemcpyDeviceToDevice, stream_)));
+    if (final_backward_ && grads_ready_) grads_ready_(0);
+    return;
+  }
   // The embedding gradient from every token (gathered under SP): each rank's vocabulary rows, and the
   // positions' on every rank alike.
   float* demb = s.dres;
