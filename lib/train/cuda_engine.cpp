@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "optim/batch_schedule.h"
+#include "pipeline/configured_schedule.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/device_allocator.h"
 #include "tensor/device_info.h"
@@ -75,6 +76,13 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   for (const auto& sg : segments) {
     if (!dist_opt_ && sg.state != sg.begin) throw std::logic_error("CUDA engine: optimizer state not aligned with the parameters");
   }
+  // Pipeline parallelism: this rank's stage holds at most the schedule's peak of microbatches in flight.
+  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
+  const BatchSchedule batches(cfg, groups_.dp->size());
+  nmb_max_ = batches.max_global_batch() / (mbs * groups_.dp->size());
+  pp_ = groups_.pp->size();
+  pp_rank_ = groups_.pp->rank();
+  const int64_t in_flight = pp_ > 1 ? peak_in_flight(training_schedule(cfg, pp_rank_, pp_, nmb_max_)) : 1;
   // Tensor parallelism: the model queues its collectives on the training stream through the TP group.
   StreamCollectives* tp_coll = nullptr;
   StreamCollectives* dp_coll = nullptr;
@@ -91,10 +99,27 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     if (!dp_nccl_) throw std::logic_error("CUDA engine: the data-parallel group is not an NCCL communicator");
   }
   dp_coll = dp_nccl_.get();
+  if (pp_ > 1) {
+    pp_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.pp);
+    if (!pp_nccl_) throw std::logic_error("CUDA engine: the pipeline group is not an NCCL communicator");
+    link_ = std::make_unique<NcclStageLink>(*pp_nccl_);
+    // Tied embeddings across the stages: the first stage's word embeddings and the last stage's copy.
+    const size_t tied = cfg.model.untie_embeddings_and_output_weights ? kNoParam : where_.pre_process ? where_.word_embeddings : where_.post_process ? where_.output_w : kNoParam;
+    if (tied != kNoParam) {
+      embedding_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.embedding);
+      if (!embedding_nccl_) throw std::logic_error("CUDA engine: the embedding group is not an NCCL communicator");
+      tied_offset_ = host_->info(tied).offset;
+      tied_numel_ = host_->info(tied).numel;
+    }
+  }
 #else
   if (groups_.tp->size() > 1) throw std::logic_error("CUDA engine: tensor parallelism needs NCCL");
 #endif
-  model_ = std::make_unique<CudaGPT>(cfg, *host_, where_, stream_, tp_coll, /*keep_master=*/!dist_opt_, dp_coll);
+  model_ = std::make_unique<CudaGPT>(cfg, *host_, where_, stream_, tp_coll, /*keep_master=*/!dist_opt_, dp_coll, in_flight);
+  if (pp_ > 1) {
+    boundary_activations_ = std::make_unique<StageBuffers>(model_->boundary_activation_bytes(mbs * S));
+    boundary_gradients_ = std::make_unique<StageBuffers>(model_->boundary_gradient_bytes(mbs * S));
+  }
   setup_optimizer_state(segments);
   setup_data_parallel();
   // Data-parallel rank 0 writes the parameters; the optimizer state is written by rank 0 (every replica
@@ -107,9 +132,6 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     host_.reset();
   }
   // The staging buffers: two sets of the largest batch's microbatches (iterations alternate), one for evaluation.
-  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
-  const BatchSchedule batches(cfg, groups_.dp->size());
-  nmb_max_ = batches.max_global_batch() / (mbs * groups_.dp->size());
   // Hidden dropout: each training micro batch carries its samples' mask keys (dropout_key: the embedding,
   // then per layer the attention block's and the MLP's output), the CPU engine's masks.
   const int64_t key_sites = 1 + 2 * model_->dims().L;
@@ -184,7 +206,8 @@ void CudaEngine::setup_optimizer_state(const std::vector<Optimizer::Segment>& se
     const ParamInfo& p = host_->info(sg.param);
     // Held by tp / shard_count ranks: whole (shard_dim < 0) or a K/V-replicated shard.
     const int64_t holders = p.shard_dim < 0 ? tp : tp / std::max<int64_t>(1, p.shard_count);
-    const float nw = 1.0f / static_cast<float>(std::max<int64_t>(1, holders));
+    // The last stage's copy of the tied word embeddings counts nothing: the first stage's holds the same.
+    const float nw = p.tied_copy ? 0.0f : 1.0f / static_cast<float>(std::max<int64_t>(1, holders));
     for (int64_t o = 0; o < sg.end - sg.begin; o += 65536) {
       chunks_.push_back({sg.begin + o, static_cast<int32_t>(std::min<int64_t>(65536, sg.end - sg.begin - o)), p.weight_decay ? 1 : 0, nw,
                          dist_opt_ ? sg.state + o : -1});

@@ -22,6 +22,8 @@
 #include "optim/data_parallel.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
+#include "pipeline/cuda_stage.h"
+#include "pipeline/stage_link.h"
 #include "train/microbatch_staging.h"
 #include "train/training_loop.h"
 #ifdef MEGATRAIN_HAVE_NCCL
@@ -63,6 +65,8 @@ class CudaEngine final : public TrainingEngine {
   void params_gathered();
   void profile_report(int64_t iteration, double waited_before, int64_t mallocs_before);
   void make_drop_keys(const Microbatch& mb, int64_t step);
+  // The stage's neighbours for a CudaPipelineStage (none at PP 1).
+  StagePipeline stage_pipeline();
 
   const Config& cfg_;
   ProcessGroups groups_;
@@ -85,8 +89,16 @@ class CudaEngine final : public TrainingEngine {
 #ifdef MEGATRAIN_HAVE_NCCL
   // Declared before the model: the model keeps raw pointers into their symmetric windows.
   std::shared_ptr<NcclCommunicator> tp_nccl_, dp_nccl_;
+  // Pipeline parallelism: the pipeline group (the stages' transfers, the loss and the norm's partial sums)
+  // and the embedding group (the tied word embeddings' gradient sum between the first and the last stage).
+  std::shared_ptr<NcclCommunicator> pp_nccl_, embedding_nccl_;
 #endif
   std::unique_ptr<CudaGPT> model_;
+  // PP > 1: the link to the neighbouring stages and the pools of boundary buffers (kept across iterations).
+  int64_t pp_ = 1, pp_rank_ = 0;
+  std::unique_ptr<StageLink> link_;
+  std::unique_ptr<StageBuffers> boundary_activations_, boundary_gradients_;
+  int64_t tied_offset_ = -1, tied_numel_ = 0;  // this stage's tied word embeddings across stages (-1: none)
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *partials_ = nullptr, *eval_acc_ = nullptr, *avg_buf_ = nullptr;
   float *loss_hist_ = nullptr, *norm_hist_ = nullptr;
   int32_t* skip_hist_ = nullptr;

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "kernels/cuda/embedding.h"
+#include "pipeline/configured_schedule.h"
 #include "pipeline/cuda_stage.h"
 #include "pipeline/schedule.h"
 #include "tensor/cuda/cuda_check.h"
@@ -26,6 +27,10 @@ void CudaEngine::wait_event(cudaEvent_t ev) {
   }
   if (ddp_) {
     ddp_->comm().wait_event(ev, "training step");
+    return;
+  }
+  if (pp_nccl_) {
+    pp_nccl_->wait_event(ev, "training step");
     return;
   }
 #endif
@@ -52,6 +57,7 @@ void CudaEngine::norm_partials(const float* x, bool by_state, const float* loss)
 #ifdef MEGATRAIN_HAVE_NCCL
   if (tp_nccl_) tp_nccl_->all_reduce_on(partials_, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream_);
   if (dist_opt_) dp_nccl_->all_reduce_on(partials_, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream_);
+  if (pp_nccl_) pp_nccl_->all_reduce_on(partials_, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream_);  // every stage's
 #endif
 }
 
@@ -84,6 +90,11 @@ void CudaEngine::make_drop_keys(const Microbatch& mb, int64_t step) {
   }
 }
 
+StagePipeline CudaEngine::stage_pipeline() {
+  if (pp_ == 1) return {};
+  return {link_.get(), static_cast<int>(pp_rank_), static_cast<int>(pp_), boundary_activations_.get(), boundary_gradients_.get()};
+}
+
 void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   const Config& cfg = cfg_;
   const ModelDims& D = model_->dims();
@@ -111,9 +122,17 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
         return CudaPipelineStage::Staged{slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait, drop_keys_),
                                          w_mb * grad_share_, w_mb};
       },
-      &st_->loss_acc);
-  run_schedule(no_pipelining_schedule(nmb_it), stage);
+      &st_->loss_acc, stage_pipeline());
+  run_schedule(training_schedule(cfg, pp_rank_, pp_, nmb_it), stage);
 #ifdef MEGATRAIN_HAVE_NCCL
+  if (pp_nccl_) {
+    // Tied embeddings across the stages (Megatron's _allreduce_word_embedding_grads): the first stage's word
+    // embeddings and the last stage's copy take the sum of both gradients, before the data-parallel reduction.
+    if (embedding_nccl_) MT_PROF("pp.tied_embedding_grads", embedding_nccl_->all_reduce_on(model_->grads() + tied_offset_, tied_numel_, WireType::kF32,
+                                                                                            ReduceOp::kSum, stream_));
+    // The loss is the last stage's (the others hold 0): every stage takes the same skip decision.
+    MT_PROF("pp.loss", pp_nccl_->all_reduce_on(&st_->loss_acc, 1, WireType::kF32, ReduceOp::kSum, stream_));
+  }
   if (ddp_) MT_PROF("dp.grad_all_reduce_wait", ddp_->finish());
 #endif
   const float clip = static_cast<float>(cfg.training.clip_grad);
@@ -216,16 +235,25 @@ double CudaEngine::evaluate(int64_t iteration) {
   const std::function<void(cudaEvent_t)> wait = [this](cudaEvent_t ev) { wait_event(ev); };
   MT_CUDA_CHECK(cudaMemsetAsync(eval_acc_, 0, 4, stream_));
   int64_t n = 0;
+  const int64_t nmb = cfg.derived.num_microbatches;
   for (int64_t e = 0; e < cfg.logging.eval_iters; ++e) {
-    for (int64_t mi = 0; mi < cfg.derived.num_microbatches; ++mi) {
-      const Microbatch mb = make_microbatch(data_, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
-      double denom = 0;
-      for (float x : mb.loss_mask) denom += x;
-      const DeviceMicrobatch d = eval_slot_->upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait);
-      model_->forward(d, 0.0f, static_cast<float>(1.0 / std::max(denom, 1.0)), eval_acc_);
-      ++n;
-    }
+    // The forwards through the stages (the loss the last stage's), each microbatch staged as its forward comes.
+    CudaPipelineStage stage(
+        *model_,
+        [&](int64_t mi) {
+          const Microbatch mb = make_microbatch(data_, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
+          double denom = 0;
+          for (float x : mb.loss_mask) denom += x;
+          return CudaPipelineStage::Staged{eval_slot_->upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait), 0.0f,
+                                           static_cast<float>(1.0 / std::max(denom, 1.0))};
+        },
+        eval_acc_, stage_pipeline());
+    run_schedule(evaluation_schedule(cfg, pp_rank_, pp_, nmb), stage);
+    n += nmb;
   }
+#ifdef MEGATRAIN_HAVE_NCCL
+  if (pp_nccl_) pp_nccl_->all_reduce_on(eval_acc_, 1, WireType::kF32, ReduceOp::kSum, stream_);
+#endif
   float acc = 0;
   wait_stream();
   MT_CUDA_CHECK(cudaMemcpy(&acc, eval_acc_, 4, cudaMemcpyDeviceToHost));

@@ -9,6 +9,10 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +28,9 @@
 #include "model/gpt_model.h"
 #include "model/layout.h"
 #include "model/model_dims.h"
+#include "pipeline/cuda_stage.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage_link.h"
 #include "tensor/device_info.h"
 #include "tensor/dtype.h"
 #include "tensor/rng.h"
@@ -344,6 +351,153 @@ void test_pipeline_stages(const std::string& model, const std::string& extra) {
   }
 }
 
+// Two stages of one process linked in memory (each sends by recording an event; the peer's receive copies on
+// its own stream after it; a batch completes once the peer has taken its sends), each run by its own thread as
+// a pipeline rank would run it.
+class LoopbackLink final : public mt::StageLink {
+ public:
+  struct Shared {
+    struct Message {
+      void* data = nullptr;
+      size_t bytes = 0;
+      cudaEvent_t ready = nullptr, copied = nullptr;
+      bool taken = false;
+    };
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::shared_ptr<Message>> to[2];  // the messages each rank has still to receive, in order
+  };
+  LoopbackLink(Shared& shared, int rank) : shared_(shared), rank_(rank) {}
+  void post(const std::vector<Transfer>& batch, cudaStream_t compute) override {
+    std::unique_lock<std::mutex> lock(shared_.mu);
+    for (const Transfer& t : batch) {
+      if (!t.send) continue;
+      auto m = std::make_shared<Shared::Message>();
+      m->data = t.data;
+      m->bytes = t.bytes;
+      cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming);
+      cudaEventCreateWithFlags(&m->copied, cudaEventDisableTiming);
+      cudaEventRecord(m->ready, compute);
+      shared_.to[t.peer].push_back(m);
+      sent_.push_back(m);
+    }
+    shared_.cv.notify_all();
+    for (const Transfer& t : batch) {
+      if (t.send) continue;
+      shared_.cv.wait(lock, [&] { return !shared_.to[rank_].empty(); });
+      auto m = shared_.to[rank_].front();
+      shared_.to[rank_].pop_front();
+      if (m->bytes != t.bytes) throw std::logic_error("loopback: a message of another size");
+      cudaStreamWaitEvent(compute, m->ready, 0);
+      cudaMemcpyAsync(t.data, m->data, t.bytes, cudaMemcpyDeviceToDevice, compute);
+      cudaEventRecord(m->copied, compute);
+      m->taken = true;
+      shared_.cv.notify_all();
+    }
+  }
+  void complete(cudaStream_t compute) override {
+    std::unique_lock<std::mutex> lock(shared_.mu);
+    for (auto& m : sent_) {
+      shared_.cv.wait(lock, [&] { return m->taken; });
+      cudaStreamWaitEvent(compute, m->copied, 0);
+    }
+    sent_.clear();
+  }
+
+ private:
+  Shared& shared_;
+  int rank_;
+  std::vector<std::shared_ptr<Shared::Message>> sent_;
+};
+
+// 1F1B over two CUDA stages (CudaPipelineStage: slots, boundary buffers, batched transfers) against the whole
+// model, four microbatches: the loss and the gradients.
+void test_pipeline_schedule(const std::string& model) {
+  try {
+    const mt::Config cfg = make_config(model, std::string(kPlain) + "--num-layers 4 ");
+    const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, n = 4, T = mbs * S;
+    cudaStream_t streams[3];
+    for (auto& st : streams) cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    mt::ParamStore whole_store, stores[2];
+    mt::CudaGPT whole(cfg, whole_store, mt::build_model_layout(cfg, {}, whole_store), streams[2]);
+    std::vector<std::unique_ptr<mt::CudaGPT>> stage;
+    for (int64_t r = 0; r < 2; ++r) {
+      const mt::ModelLayout at = mt::build_model_layout(cfg, {0, 1, r, 2}, stores[r]);
+      const int64_t in_flight = mt::peak_in_flight(mt::one_f_one_b_schedule(r, 2, n));
+      stage.push_back(std::make_unique<mt::CudaGPT>(cfg, stores[r], at, streams[r], nullptr, true, nullptr, in_flight));
+    }
+    auto data = mt::open_training_data(cfg);
+    const auto& D = whole.dims();
+    std::vector<std::unique_ptr<mt::MicrobatchSlot>> staging;
+    std::vector<mt::DeviceMicrobatch> dev;
+    std::vector<float> weight;
+    auto wait = [](cudaEvent_t e) { cudaEventSynchronize(e); };
+    for (int64_t m = 0; m < n; ++m) {
+      const mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, m * mbs, mbs, S, cfg);
+      double denom = 0;
+      for (float x : mb.loss_mask) denom += x;
+      weight.push_back(static_cast<float>(1.0 / (std::max(denom, 1.0) * n)));
+      staging.push_back(std::make_unique<mt::MicrobatchSlot>(T));
+      dev.push_back(staging.back()->upload(mb, D.learned_pos, 0, D.V_local, D.max_pos, streams[2], wait));
+    }
+    cudaStreamSynchronize(streams[2]);
+    float* acc = nullptr;
+    cudaMalloc(&acc, 8);
+    cudaMemset(acc, 0, 8);
+    for (auto* g : {&whole, stage[0].get(), stage[1].get()}) cudaMemset(g->grads(), 0, static_cast<size_t>(g->numel()) * 4);
+    for (int64_t m = 0; m < n; ++m) {
+      whole.set_final_backward(m == n - 1);
+      whole.step(dev[static_cast<size_t>(m)], weight[static_cast<size_t>(m)], weight[static_cast<size_t>(m)], acc);
+    }
+    cudaStreamSynchronize(streams[2]);
+    LoopbackLink::Shared shared;
+    std::string errors[2];
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        try {
+          LoopbackLink link(shared, r);
+          mt::StageBuffers activations(stage[0]->boundary_activation_bytes(T)), gradients(stage[0]->boundary_gradient_bytes(T));
+          {
+            mt::CudaPipelineStage st(
+                *stage[static_cast<size_t>(r)],
+                [&](int64_t m) {
+                  const auto k = static_cast<size_t>(m);
+                  return mt::CudaPipelineStage::Staged{dev[k], weight[k], weight[k]};
+                },
+                acc + 1, {&link, r, 2, &activations, &gradients});
+            mt::run_schedule(mt::one_f_one_b_schedule(r, 2, n), st);
+          }
+          cudaStreamSynchronize(streams[r]);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    if (!errors[0].empty() || !errors[1].empty()) throw std::runtime_error(errors[0] + " / " + errors[1]);
+    const std::vector<float> losses = download(acc, 2);
+    const std::vector<float> whole_grads = download(whole.grads(), static_cast<size_t>(whole.numel()));
+    std::vector<float> staged(whole_grads.size(), 0.0f);
+    for (int64_t r = 0; r < 2; ++r) {
+      const std::vector<float> g = download(stage[static_cast<size_t>(r)]->grads(), static_cast<size_t>(stage[static_cast<size_t>(r)]->numel()));
+      for (const mt::ParamInfo& p : stores[r].infos()) {
+        const mt::ParamInfo& w = whole_store.info(whole_store.index_of(p.name));
+        for (int64_t e = 0; e < p.numel; ++e) staged[static_cast<size_t>(w.offset + e)] += g[static_cast<size_t>(p.offset + e)];
+      }
+    }
+    const double e = rel_err(staged, whole_grads);
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "%s: 1F1B over 2 CUDA stages (4 microbatches, linked in memory) vs the whole model: losses %.7f / %.7f, gradients %.2e apart",
+                  model.c_str(), losses[1], losses[0], e);
+    check(std::fabs(losses[1] - losses[0]) <= 1e-6f * std::fabs(losses[0]) && e < 1e-5, buf);
+    cudaFree(acc);
+    for (auto& st : streams) cudaStreamDestroy(st);
+  } catch (const std::exception& ex) {
+    check(false, "pipeline schedule, " + model + ": " + ex.what());
+  }
+}
+
 // fp16 from Megatron's default initial scale (2^32): the first iterations overflow fp16 and are skipped while
 // the scale halves (after the hysteresis of 2, at every overflow), then training proceeds; overflows are
 // skipped iterations, not NaN iterations. The scale grows back after each clean window of 5.
@@ -427,6 +581,8 @@ int main() {
   test_pipeline_stages("gpt", "");  // tied embeddings
   test_pipeline_stages("gpt", "--hidden-dropout 0.1 ");
   test_pipeline_stages("llama-recompute", "--hidden-dropout 0.1 --fp32-residual-connection ");
+  test_pipeline_schedule("llama");
+  test_pipeline_schedule("gpt");
   test_resume();
   test_resume("--fp16 --initial-loss-scale 65536 --loss-scale-window 2 ");
   std::printf("%d failure(s)\n", failures);

@@ -80,6 +80,7 @@ class CudaGPT {
   void forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc, int64_t slot = 0, const void* input = nullptr,
                void* output = nullptr);
   void backward(const DeviceMicrobatch& mb, int64_t slot = 0, const float* output_grad = nullptr, float* input_grad = nullptr);
+  cudaStream_t stream() const { return stream_; }
   bool pre_process() const { return pre_; }
   bool post_process() const { return post_; }
   // The stage boundary of a `tokens`-token microbatch: this rank's rows of width h (T / TP under SP) in the
