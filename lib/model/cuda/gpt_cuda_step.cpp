@@ -176,8 +176,8 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
       gather_rows(s.xn_l, s.xnf, T);
     } else {
       // The stage's output: the residual stream after the last layer (the sum the next stage's first norm
-      // takes); the kernel's norm of it, with unit weights, goes to scratch unused.
-      MT_PROF("fwd.add", cuda::add_norm_forward({.sum_out = output, .y = s.xnf, .mean = s.meanf, .rstd = s.rstdf, .x = r.x_mid,
+      // takes); the kernel's norm of it, with unit weights, goes unused to scratch that no slot swaps.
+      MT_PROF("fwd.add", cuda::add_norm_forward({.sum_out = output, .y = s.dxn, .mean = nullptr, .rstd = s.losses, .x = r.x_mid,
                                                  .delta = mlp, .w = unit_w_, .b = nullptr, .rows = Tl, .width = h, .eps = D.eps, .rms = D.rms,
                                                  .type = dt_, .res16 = res16_, .dropout = drop(mb, mlp_site(first_layer_ + L_ - 1), row0(T))}, stream_));
     }
