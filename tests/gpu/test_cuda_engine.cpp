@@ -351,9 +351,10 @@ void test_pipeline_stages(const std::string& model, const std::string& extra) {
   }
 }
 
-// Two stages of one process linked in memory (each sends by recording an event; the peer's receive copies on
-// its own stream after it; a batch completes once the peer has taken its sends), each run by its own thread as
-// a pipeline rank would run it.
+// Two stages of one process linked in memory (each sends by recording an event; the peer's receive copies
+// after it; a batch completes once the peer has taken its sends), each run by its own thread as a pipeline rank
+// would run it. One process is not two: its caching allocator and cuBLASLt cache serve one stream at a time, so
+// the threads take turns (each holds the shared lock except while it waits for the other) on one stream.
 class LoopbackLink final : public mt::StageLink {
  public:
   struct Shared {
@@ -367,9 +368,9 @@ class LoopbackLink final : public mt::StageLink {
     std::condition_variable cv;
     std::deque<std::shared_ptr<Message>> to[2];  // the messages each rank has still to receive, in order
   };
-  LoopbackLink(Shared& shared, int rank) : shared_(shared), rank_(rank) {}
+  // `held`: the thread's hold of shared.mu, released only while it waits.
+  LoopbackLink(Shared& shared, int rank, std::unique_lock<std::mutex>& held) : shared_(shared), rank_(rank), lock(held) {}
   void post(const std::vector<Transfer>& batch, cudaStream_t compute) override {
-    std::unique_lock<std::mutex> lock(shared_.mu);
     for (const Transfer& t : batch) {
       if (!t.send) continue;
       auto m = std::make_shared<Shared::Message>();
@@ -396,7 +397,6 @@ class LoopbackLink final : public mt::StageLink {
     }
   }
   void complete(cudaStream_t compute) override {
-    std::unique_lock<std::mutex> lock(shared_.mu);
     for (auto& m : sent_) {
       shared_.cv.wait(lock, [&] { return m->taken; });
       cudaStreamWaitEvent(compute, m->copied, 0);
@@ -407,6 +407,7 @@ class LoopbackLink final : public mt::StageLink {
  private:
   Shared& shared_;
   int rank_;
+  std::unique_lock<std::mutex>& lock;
   std::vector<std::shared_ptr<Shared::Message>> sent_;
 };
 
@@ -424,7 +425,7 @@ void test_pipeline_schedule(const std::string& model) {
     for (int64_t r = 0; r < 2; ++r) {
       const mt::ModelLayout at = mt::build_model_layout(cfg, {0, 1, r, 2}, stores[r]);
       const int64_t in_flight = mt::peak_in_flight(mt::one_f_one_b_schedule(r, 2, n));
-      stage.push_back(std::make_unique<mt::CudaGPT>(cfg, stores[r], at, streams[r], nullptr, true, nullptr, in_flight));
+      stage.push_back(std::make_unique<mt::CudaGPT>(cfg, stores[r], at, streams[0], nullptr, true, nullptr, in_flight));
     }
     auto data = mt::open_training_data(cfg);
     const auto& D = whole.dims();
@@ -455,8 +456,9 @@ void test_pipeline_schedule(const std::string& model) {
     std::vector<std::thread> ranks;
     for (int r = 0; r < 2; ++r) {
       ranks.emplace_back([&, r] {
+        std::unique_lock<std::mutex> turn(shared.mu);
         try {
-          LoopbackLink link(shared, r);
+          LoopbackLink link(shared, r, turn);
           mt::StageBuffers activations(stage[0]->boundary_activation_bytes(T)), gradients(stage[0]->boundary_gradient_bytes(T));
           {
             mt::CudaPipelineStage st(
@@ -468,7 +470,7 @@ void test_pipeline_schedule(const std::string& model) {
                 acc + 1, {&link, r, 2, &activations, &gradients});
             mt::run_schedule(mt::one_f_one_b_schedule(r, 2, n), st);
           }
-          cudaStreamSynchronize(streams[r]);
+          cudaStreamSynchronize(streams[0]);
         } catch (const std::exception& e) {
           errors[r] = e.what();
         }
