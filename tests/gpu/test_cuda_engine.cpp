@@ -170,6 +170,14 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
       worst = std::max(worst, std::fabs(gpu.losses[i] - cpu.losses[i]) / std::fabs(cpu.losses[i]));
     }
     const double drop = same_len ? gpu.losses.front() - gpu.losses.back() : 0;
+    // Validation runs (--eval-iters): the same losses, from the forwards through the stage.
+    const bool evaluates = extra.find("--eval-iters") != std::string::npos;
+    double worst_valid = 0;
+    bool valid_ok = cpu.valid_losses.size() == gpu.valid_losses.size() && (!evaluates || !gpu.valid_losses.empty());
+    for (size_t i = 0; valid_ok && i < cpu.valid_losses.size(); ++i) {
+      worst_valid = std::max(worst_valid, std::fabs(gpu.valid_losses[i] - cpu.valid_losses[i]) / std::fabs(cpu.valid_losses[i]));
+    }
+    valid_ok = valid_ok && worst_valid < 2e-2;
     char buf[320];
     const char* what = extra.find("--rampup") != std::string::npos     ? " (batch ramp-up)"
                        : extra.find("--fp16") != std::string::npos      ? " (fp16)"
@@ -177,11 +185,12 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
                        : extra.find("--qk-layernorm --hidden-dropout") != std::string::npos ? " (qk-layernorm, hidden dropout 0.1)"
                        : extra.find("--hidden-dropout") != std::string::npos ? " (hidden dropout 0.1)"
                        : extra.find("--qk-layernorm") != std::string::npos ? " (qk-layernorm)"
+                       : evaluates                                      ? " (validation)"
                                                                         : "";
-    std::snprintf(buf, sizeof(buf), "training %s%s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e",
+    std::snprintf(buf, sizeof(buf), "training %s%s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e; %zu validation runs, gap %.2e",
                   model.c_str(), what, gpu.losses.size(), same_len ? cpu.losses.front() : 0.0, same_len ? cpu.losses.back() : 0.0,
-                  same_len ? gpu.losses.front() : 0.0, same_len ? gpu.losses.back() : 0.0, worst);
-    check(same_len && worst < 2e-2 && drop > 0.1 && gpu.skipped == 0, buf);
+                  same_len ? gpu.losses.front() : 0.0, same_len ? gpu.losses.back() : 0.0, worst, gpu.valid_losses.size(), worst_valid);
+    check(same_len && worst < 2e-2 && drop > 0.1 && gpu.skipped == 0 && valid_ok, buf);
   } catch (const std::exception& e) {
     check(false, "training " + model + ": " + e.what());
   }
@@ -573,6 +582,7 @@ int main() {
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm ");
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm --hidden-dropout 0.1 ");
   test_training("llama", kRamp);
+  test_training("gpt", std::string(kPlain) + "--eval-iters 2 --eval-interval 10 ");
   // fp16 with a static loss scale (no overflow on either engine): the same curve as the CPU engine.
   test_training("gpt", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_training("llama", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
