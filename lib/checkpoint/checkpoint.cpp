@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "config/errors.h"
+#include "config/model_identity.h"
 #include "config/yaml_io.h"
 
 namespace mt {
@@ -506,6 +507,22 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
   if (lo.vocab_size > 0 && o.meta.contains("vocab_size") && o.meta["vocab_size"].get<int64_t>() != lo.vocab_size) {
     throw DataError(o.dir.string() + " was trained with a vocabulary of " + std::to_string(o.meta["vocab_size"].get<int64_t>()) +
                     " tokens, this run has " + std::to_string(lo.vocab_size) + ": use the same tokenizer");
+  }
+  if (lo.run_config && o.meta.contains("config") && o.meta["config"].is_string()) {
+    // Another model can have the same tensor shapes (8 heads of 64 for 4 of 128): compare what the model is.
+    Config saved;
+    bool readable = true;
+    try {
+      apply_yaml_text(saved, o.meta["config"].get<std::string>(), "the checkpoint's configuration");
+    } catch (const std::exception&) {
+      readable = false;  // written by a version with other flags: the shapes below still guard the load
+    }
+    const std::vector<std::string> diff = readable ? model_identity_differences(saved, *lo.run_config) : std::vector<std::string>{};
+    if (!diff.empty()) {
+      std::string list;
+      for (const auto& d : diff) list += (list.empty() ? "" : "; ") + d;
+      throw DataError(o.dir.string() + " holds another model (" + list + "): give the checkpoint's settings, or --use-checkpoint-args");
+    }
   }
   const auto model_tensors = lo.model_tensors > 0 ? static_cast<size_t>(lo.model_tensors) : params.size();
   if (tensors.size() != model_tensors) {

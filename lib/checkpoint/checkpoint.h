@@ -90,6 +90,8 @@ struct LoadOptions {
   std::string optimizer_kind;   // refuse state of another optimizer ("" = no check)
   int64_t vocab_size = 0;       // refuse another tokenizer's vocabulary (0 = no check)
   int64_t model_tensors = 0;    // the whole model's tensors, when the store holds one pipeline stage (0: the store's)
+  // The run's configuration: the checkpoint's architecture settings must be its (config/model_identity.h).
+  const Config* run_config = nullptr;
 };
 
 // Loads into this rank's shard; throws DataError naming the file / tensor on any problem.

@@ -50,6 +50,24 @@ void check_required(const Config& c, Purpose purpose, Checker& k) {
   positive(c.data.seq_length, "seq-length");
   positive(c.model.ffn_hidden_size, "ffn-hidden-size");
   positive(c.model.kv_channels, "kv-channels");
+  // Sizes beyond any model: refused at once (the planner's and the engines' counts stay exact in 64 bits).
+  auto at_most = [&](const OptInt& v, const char* flag, int64_t limit) {
+    if (v && *v > limit) {
+      k.error(std::string("--") + flag + " " + s(*v) + " is beyond any model that fits anywhere (megatrain plans up to " + s(limit) +
+              "): this model does not fit");
+    }
+  };
+  at_most(c.model.num_layers, "num-layers", 100000);
+  at_most(c.model.hidden_size, "hidden-size", int64_t{1} << 20);
+  at_most(c.model.ffn_hidden_size, "ffn-hidden-size", int64_t{1} << 24);
+  at_most(c.model.num_attention_heads, "num-attention-heads", int64_t{1} << 16);
+  at_most(c.model.kv_channels, "kv-channels", int64_t{1} << 16);
+  at_most(c.model.vocab_size, "vocab-size", (int64_t{1} << 31) - 1);  // token ids are 32-bit
+  at_most(c.model.max_position_embeddings, "max-position-embeddings", int64_t{1} << 26);
+  at_most(c.data.seq_length, "seq-length", int64_t{1} << 26);
+  at_most(c.training.micro_batch_size, "micro-batch-size", int64_t{1} << 20);
+  at_most(c.training.global_batch_size, "global-batch-size", int64_t{1} << 40);
+  at_most(c.moe.num_experts, "num-experts", int64_t{1} << 16);
 }
 
 void check_parallel_sizes(const Config& c, int64_t world, Checker& k) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 #include "config/resolve.h"
 #include "pipeline/configured_schedule.h"
@@ -27,17 +28,30 @@ ActionCost layer_costs(const Config& cfg, int64_t stages, int64_t chunks) {
   };
 }
 
+// The simulation runs at most this many microbatches (a multiple of the stages): past the warm-up the lists
+// repeat, so the idle time is what it is at any larger count, and the bubble of the real count follows from it.
+constexpr int64_t kSimulatedMicrobatches = 512;
+int64_t simulated_microbatches(int64_t M, int64_t P) {
+  if (M <= kSimulatedMicrobatches) return M;
+  return std::max<int64_t>(P, kSimulatedMicrobatches / P * P);
+}
+
 ScheduleEstimate estimate(const Config& cfg, const std::string& schedule, int64_t chunks) {
   Config c = cfg;
   c.parallel.pipeline_schedule = schedule;
   c.parallel.num_layers_per_virtual_pipeline_stage.reset();
   c.parallel.num_virtual_stages_per_pipeline_rank = chunks;
-  const int64_t P = c.parallel.pipeline_model_parallel_size, M = c.derived.num_microbatches;
+  const int64_t P = c.parallel.pipeline_model_parallel_size, M_real = c.derived.num_microbatches;
+  const int64_t M = simulated_microbatches(M_real, P);
   ScheduleEstimate e;
   e.chunks = chunks;
   e.name = schedule == "zb-h1" ? "ZB-H1" : chunks > 1 ? "interleaved 1F1B (V = " + std::to_string(chunks) + ")" : "1F1B";
-  if (chunks > 1 && M % P != 0) {
-    e.unavailable = "needs the microbatches (" + std::to_string(M) + ") a multiple of PP";
+  if (P * M > 100000) {
+    e.unavailable = "not simulated: " + std::to_string(P) + " stages are more than the planner runs";
+    return e;
+  }
+  if (chunks > 1 && M_real % P != 0) {
+    e.unavailable = "needs the microbatches (" + std::to_string(M_real) + ") a multiple of PP";
     return e;
   }
   for (int64_t r = 0; r < P; ++r) {
@@ -47,14 +61,29 @@ ScheduleEstimate estimate(const Config& cfg, const std::string& schedule, int64_
       return e;
     }
   }
-  std::vector<Schedule> lists;
-  for (int64_t r = 0; r < P; ++r) {
-    lists.push_back(training_schedule(c, r, P, M));
-    e.in_flight.push_back(peak_in_flight(lists.back()));
+  // Idle time at `count` microbatches (and the peaks in flight, at the largest count simulated).
+  auto run = [&](int64_t count, bool keep_peaks) {
+    std::vector<Schedule> lists;
+    for (int64_t r = 0; r < P; ++r) {
+      lists.push_back(training_schedule(c, r, P, count));
+      if (keep_peaks) e.in_flight.push_back(peak_in_flight(lists.back()));
+    }
+    const PipelineTiming t = simulate_pipeline(lists, chunks, layer_costs(c, P, chunks));
+    if (!t.error.empty()) throw std::logic_error("megatrain plan: the " + e.name + " schedule does not run: " + t.error);
+    return std::make_pair(t.makespan * static_cast<double>(P) - t.busy, t.busy / static_cast<double>(count));
+  };
+  const auto [idle, busy_each] = run(M, true);
+  double idle_real = idle;
+  if (M_real > M) {
+    // Past the warm-up the idle time grows linearly with the microbatches (by the stages' imbalance): from
+    // two simulated counts to the real one.
+    const int64_t half = std::max<int64_t>(P, M / 2 / P * P);
+    const double idle_half = run(half, false).first;
+    const double slope = (idle - idle_half) / static_cast<double>(M - half);
+    idle_real = idle + slope * static_cast<double>(M_real - M);
   }
-  const PipelineTiming t = simulate_pipeline(lists, chunks, layer_costs(c, P, chunks));
-  if (!t.error.empty()) throw std::logic_error("megatrain plan: the " + e.name + " schedule does not run: " + t.error);
-  e.bubble = t.bubble(P);
+  const double busy = busy_each * static_cast<double>(M_real);
+  e.bubble = idle_real + busy > 0 ? idle_real / (idle_real + busy) : 0.0;
   return e;
 }
 
@@ -75,8 +104,9 @@ std::vector<ScheduleEstimate> pipeline_schedule_estimates(const Config& cfg) {
 }
 
 double configured_in_flight(const Config& cfg, int64_t stage) {
-  const int64_t P = cfg.parallel.pipeline_model_parallel_size, M = cfg.derived.num_microbatches;
+  const int64_t P = cfg.parallel.pipeline_model_parallel_size, M = simulated_microbatches(cfg.derived.num_microbatches, P);
   if (P < 2) return 1.0;
+  if (P * M > 100000) return static_cast<double>(std::min(P - stage, M));  // 1F1B's count, not simulated
   const int64_t V = cfg.parallel.pipeline_schedule == "zb-h1" ? 1 : virtual_stages_per_rank(cfg);
   if (V > 1 && M % P != 0) return static_cast<double>(std::min(P - stage, M));  // not runnable: 1F1B's count
   return static_cast<double>(peak_in_flight(training_schedule(cfg, stage, P, M))) / static_cast<double>(V);

@@ -97,6 +97,7 @@ LoadOptions load_options(const Config& cfg) {
   lo.vocab_size = cfg.derived.vocab_size;
   // A pipeline stage holds some of the model's tensors; the checkpoint must hold all of them.
   if (cfg.parallel.pipeline_model_parallel_size > 1) lo.model_tensors = model_tensor_count(cfg);
+  lo.run_config = &cfg;
   return lo;
 }
 

@@ -54,6 +54,8 @@ bad load-file "is a file, not a checkpoint directory" -- "$B" "${Q[@]}" --load "
 rm -f "$tmp/ck/latest_checkpointed_iteration.txt"
 bad load-no-tracker 'holds committed iterations \(1, 2\) but no latest_checkpointed_iteration.txt: resume one of them with --ckpt-step 2' -- \
   "$B" "${Q[@]}" --load "$tmp/ck"
+bad other-model 'holds another model \(--num-attention-heads: checkpoint 4, this run 8; --kv-channels: checkpoint 32, this run 16\)' -- \
+  "$B" "${Q[@]}" --load "$tmp/ck" --ckpt-step 2 --num-attention-heads 8
 "$B" --config configs/quickstart.yaml --eval-iters 0 --train-iters 100000 --save "$tmp/ck_lock" --save-interval 100000 >"$tmp/holder.log" 2>&1 &
 for ((w = 0; w < 100; ++w)); do grep -q "iteration" "$tmp/holder.log" && break; sleep 0.1; done
 bad save-locked "another run \(pid $! on .*\) is saving into $tmp/ck_lock" -- "$B" "${Q[@]}" --save "$tmp/ck_lock" --save-interval 1

@@ -1,0 +1,69 @@
+// model_identity.cpp: the architecture settings, compared by value.
+#include "config/model_identity.h"
+
+#include <sstream>
+
+#include "config/resolve.h"
+
+namespace mt {
+namespace {
+
+std::string text(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+std::string text(int64_t v) { return std::to_string(v); }
+std::string text(bool v) { return v ? "true" : "false"; }
+std::string text(const std::string& v) { return v; }
+std::string text(const OptInt& v) { return v ? std::to_string(*v) : "unset"; }
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> model_identity(const Config& c) {
+  const auto& m = c.model;
+  const bool rope = m.position_embedding_type == "rope";
+  std::vector<std::pair<std::string, std::string>> out = {
+      {"num-layers", text(m.num_layers)},
+      {"hidden-size", text(m.hidden_size)},
+      {"ffn-hidden-size", text(m.ffn_hidden_size)},
+      {"num-attention-heads", text(m.num_attention_heads)},
+      {"kv-channels", text(m.kv_channels)},
+      {"num-query-groups", text(effective_query_groups(c))},
+      {"swiglu", text(m.swiglu)},
+      {"normalization", text(m.normalization)},
+      {"position-embedding-type", text(m.position_embedding_type)},
+      {"untie-embeddings-and-output-weights", text(m.untie_embeddings_and_output_weights)},
+      {"disable-bias-linear", text(m.disable_bias_linear)},
+      {"qk-layernorm", text(m.qk_layernorm)},
+      {"num-experts", text(c.moe.num_experts)},
+  };
+  if (rope) {
+    out.emplace_back("rotary-base", text(m.rotary_base));
+    out.emplace_back("rotary-percent", text(m.rotary_percent));
+  } else {
+    out.emplace_back("max-position-embeddings", text(m.max_position_embeddings));
+  }
+  if (c.moe.num_experts) {
+    out.emplace_back("moe-router-topk", text(c.moe.moe_router_topk));
+    out.emplace_back("moe-ffn-hidden-size", text(c.moe.moe_ffn_hidden_size));
+    out.emplace_back("moe-layer-freq", text(c.moe.moe_layer_freq));
+    out.emplace_back("moe-shared-expert-intermediate-size", text(c.moe.moe_shared_expert_intermediate_size));
+  }
+  return out;
+}
+
+std::vector<std::string> model_identity_differences(const Config& saved, const Config& run) {
+  const auto a = model_identity(saved), b = model_identity(run);
+  std::vector<std::string> out;
+  for (const auto& [name, value] : b) {
+    std::string was = "absent";
+    for (const auto& [n, v] : a) {
+      if (n == name) was = v;
+    }
+    if (was != value) out.push_back("--" + name + ": checkpoint " + was + ", this run " + value);
+  }
+  return out;
+}
+
+}  // namespace mt
