@@ -66,15 +66,26 @@ void CudaPipelineStage::forward(int64_t microbatch, int64_t chunk) {
 }
 
 void CudaPipelineStage::backward(int64_t microbatch, int64_t chunk, bool last, bool with_weights) {
-  if (chunk != 0 || !with_weights) throw std::logic_error("the CUDA stage holds one model chunk and runs its weight gradients with the backward");
+  if (chunk != 0) throw std::logic_error("the CUDA stage holds one model chunk");
   const auto it = in_flight_.find(microbatch);
   if (it == in_flight_.end()) throw std::logic_error("the CUDA stage's backward of microbatch " + std::to_string(microbatch) + " has no forward before it");
   float* dy = model_.post_process() ? nullptr : static_cast<float*>(take_from(output_grads_, microbatch, "received gradient"));
   float* dx = model_.pre_process() ? nullptr : static_cast<float*>(pp_.gradients->take());
   model_.set_final_backward(last);
-  model_.backward(it->second.staged.mb, it->second.slot, dy, dx);
+  model_.backward(it->second.staged.mb, it->second.slot, dy, dx, !with_weights);
   if (dy) pp_.gradients->give(dy);
   if (dx) input_grads_[microbatch] = dx;
+  if (!with_weights) return;  // the slot stays with the microbatch until its weight gradients
+  free_slots_.push_back(it->second.slot);
+  in_flight_.erase(it);
+}
+
+void CudaPipelineStage::backward_weights(int64_t microbatch, int64_t chunk, bool last) {
+  if (chunk != 0) throw std::logic_error("the CUDA stage holds one model chunk");
+  const auto it = in_flight_.find(microbatch);
+  if (it == in_flight_.end()) throw std::logic_error("the CUDA stage's weight gradients of microbatch " + std::to_string(microbatch) + " have no backward");
+  model_.set_final_backward(last);
+  model_.backward_weights(it->second.staged.mb, it->second.slot);
   free_slots_.push_back(it->second.slot);
   in_flight_.erase(it);
 }

@@ -2,7 +2,8 @@
 // loss weights; the losses accumulate on the device (read at log intervals). Up to the model's max_in_flight()
 // microbatches may be forwarded before their backwards, each in its own activation slot. Between stages
 // (PP > 1) the boundary activations and gradients go over a StageLink from device buffers kept in a
-// StageBuffers pool that outlives the iteration (no allocation per step); one model chunk per rank.
+// StageBuffers pool that outlives the iteration (no allocation per step); one model chunk per rank. A backward
+// without its weight gradients (B of a zero-bubble schedule) keeps the microbatch's slot until its W.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,7 @@ class CudaPipelineStage final : public PipelineStage {
   ~CudaPipelineStage() override;
   void forward(int64_t microbatch, int64_t chunk) override;
   void backward(int64_t microbatch, int64_t chunk, bool last, bool with_weights) override;
+  void backward_weights(int64_t microbatch, int64_t chunk, bool last) override;
   void exchange(const std::vector<ScheduleAction>& transfers) override;
   void complete_exchange() override;
 

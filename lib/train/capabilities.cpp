@@ -102,8 +102,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
          "CPU engine)");
   no(pp && (c.parallel.num_layers_per_virtual_pipeline_stage || c.parallel.num_virtual_stages_per_pipeline_rank.value_or(1) > 1),
      "interleaved pipeline schedules (virtual stages) are not implemented on the CUDA engine: use --device cpu, or drop the virtual stages");
-  no(pp && c.parallel.pipeline_schedule == "zb-h1",
-     "--pipeline-schedule zb-h1 is not implemented on the CUDA engine (its weight gradients do not run apart yet): use --device cpu or 1f1b");
+  no(pp && c.parallel.pipeline_schedule == "zb-h1" && (c.parallel.tensor_model_parallel_size > 1 || c.recompute.recompute_granularity == "full"),
+     "--pipeline-schedule zb-h1 on the CUDA engine runs the weight gradients apart only without tensor parallelism and full recompute: "
+     "use --device cpu or --pipeline-schedule 1f1b");
   no(pp && !c.model.untie_embeddings_and_output_weights && c.training.overlap_grad_reduce && c.derived.data_parallel_size > 1,
      "--overlap-grad-reduce with tied embeddings across pipeline stages is not implemented on the CUDA engine: drop it, or add "
      "--untie-embeddings-and-output-weights");

@@ -360,6 +360,72 @@ void test_pipeline_stages(const std::string& model, const std::string& extra) {
   }
 }
 
+// The weight gradients apart (B then W, what ZB-H1 runs): F0 B0 F1 B1 W0 F2 B2 W1 W2 over three slots gives the
+// gradients of F0 B0 F1 B1 F2 B2 bit for bit (every tensor accumulates in the same microbatch order), and a
+// forward into a slot whose W is due is refused.
+void test_deferred_weights(const std::string& model) {
+  try {
+    const mt::Config cfg = make_config(model);
+    mt::ParamStore store;
+    const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
+    cudaStream_t stream = nullptr;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 3);
+    auto data = mt::open_training_data(cfg);
+    const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, n = 3;
+    std::vector<std::unique_ptr<mt::MicrobatchSlot>> staging;
+    std::vector<mt::DeviceMicrobatch> dev;
+    std::vector<float> weight;
+    const auto& D = gpu.dims();
+    auto wait = [](cudaEvent_t e) { cudaEventSynchronize(e); };
+    for (int64_t m = 0; m < n; ++m) {
+      const mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, m * mbs, mbs, S, cfg);
+      double denom = 0;
+      for (float x : mb.loss_mask) denom += x;
+      weight.push_back(static_cast<float>(1.0 / (std::max(denom, 1.0) * n)));
+      staging.push_back(std::make_unique<mt::MicrobatchSlot>(mbs * S));
+      dev.push_back(staging.back()->upload(mb, D.learned_pos, 0, D.V_local, D.max_pos, stream, wait));
+    }
+    float* acc = nullptr;
+    cudaMalloc(&acc, 4);
+    const size_t P = static_cast<size_t>(gpu.numel());
+    auto run = [&](bool apart) {
+      cudaMemsetAsync(gpu.grads(), 0, P * 4, stream);
+      cudaMemsetAsync(acc, 0, 4, stream);
+      for (int64_t m = 0; m < n; ++m) {
+        const auto k = static_cast<size_t>(m);
+        gpu.set_final_backward(m == n - 1);
+        gpu.forward(dev[k], weight[k], weight[k], acc, m);
+        gpu.backward(dev[k], m, nullptr, nullptr, apart);
+        if (apart && m >= 1) gpu.backward_weights(dev[k - 1], m - 1);
+      }
+      if (apart) gpu.backward_weights(dev[static_cast<size_t>(n - 1)], n - 1);
+      cudaStreamSynchronize(stream);
+      return download(gpu.grads(), P);
+    };
+    const auto together = run(false);
+    const auto apart = run(true);
+    bool refused = false;
+    try {
+      gpu.forward(dev[0], weight[0], weight[0], acc, 0);
+      gpu.backward(dev[0], 0, nullptr, nullptr, true);
+      gpu.forward(dev[0], weight[0], weight[0], acc, 0);  // its W is due
+    } catch (const std::logic_error&) {
+      refused = true;
+    }
+    gpu.backward_weights(dev[0], 0);
+    cudaStreamSynchronize(stream);
+    const double e = rel_err(apart, together);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "%s: weight gradients apart (B, then W) vs with the backward: gradients %.2e apart", model.c_str(), e);
+    check(e == 0.0 && refused, buf);
+    cudaFree(acc);
+    cudaStreamDestroy(stream);
+  } catch (const std::exception& ex) {
+    check(false, "weight gradients apart, " + model + ": " + ex.what());
+  }
+}
+
 // Two stages of one process linked in memory (each sends by recording an event; the peer's receive copies
 // after it; a batch completes once the peer has taken its sends), each run by its own thread as a pipeline rank
 // would run it. One process is not two: its caching allocator and cuBLASLt cache serve one stream at a time, so
@@ -422,7 +488,10 @@ class LoopbackLink final : public mt::StageLink {
 
 // 1F1B over two CUDA stages (CudaPipelineStage: slots, boundary buffers, batched transfers) against the whole
 // model, four microbatches: the loss and the gradients.
-void test_pipeline_schedule(const std::string& model) {
+void test_pipeline_schedule(const std::string& model, bool zero_bubble = false) {
+  const auto schedule = [zero_bubble](int64_t r, int64_t n) {
+    return zero_bubble ? mt::zero_bubble_h1_schedule(r, 2, n) : mt::one_f_one_b_schedule(r, 2, n);
+  };
   try {
     const mt::Config cfg = make_config(model, std::string(kPlain) + "--num-layers 4 ");
     const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, n = 4, T = mbs * S;
@@ -433,7 +502,7 @@ void test_pipeline_schedule(const std::string& model) {
     std::vector<std::unique_ptr<mt::CudaGPT>> stage;
     for (int64_t r = 0; r < 2; ++r) {
       const mt::ModelLayout at = mt::build_model_layout(cfg, {0, 1, r, 2}, stores[r]);
-      const int64_t in_flight = mt::peak_in_flight(mt::one_f_one_b_schedule(r, 2, n));
+      const int64_t in_flight = mt::peak_in_flight(schedule(r, n));
       stage.push_back(std::make_unique<mt::CudaGPT>(cfg, stores[r], at, streams[0], nullptr, true, nullptr, in_flight));
     }
     auto data = mt::open_training_data(cfg);
@@ -477,7 +546,7 @@ void test_pipeline_schedule(const std::string& model) {
                   return mt::CudaPipelineStage::Staged{dev[k], weight[k], weight[k]};
                 },
                 acc + 1, {&link, r, 2, &activations, &gradients});
-            mt::run_schedule(mt::one_f_one_b_schedule(r, 2, n), st);
+            mt::run_schedule(schedule(r, n), st);
           }
           cudaStreamSynchronize(streams[0]);
         } catch (const std::exception& e) {
@@ -499,13 +568,13 @@ void test_pipeline_schedule(const std::string& model) {
     }
     const double e = rel_err(staged, whole_grads);
     char buf[320];
-    std::snprintf(buf, sizeof(buf), "%s: 1F1B over 2 CUDA stages (4 microbatches, linked in memory) vs the whole model: losses %.7f / %.7f, gradients %.2e apart",
-                  model.c_str(), losses[1], losses[0], e);
+    std::snprintf(buf, sizeof(buf), "%s: %s over 2 CUDA stages (4 microbatches, linked in memory) vs the whole model: losses %.7f / %.7f, gradients %.2e apart",
+                  model.c_str(), zero_bubble ? "ZB-H1 (weight gradients apart)" : "1F1B", losses[1], losses[0], e);
     check(losses[0] > 1.0f && std::fabs(losses[1] - losses[0]) <= 1e-6f * std::fabs(losses[0]) && e < 1e-5, buf);
     cudaFree(acc);
     for (auto& st : streams) cudaStreamDestroy(st);
   } catch (const std::exception& ex) {
-    check(false, "pipeline schedule, " + model + ": " + ex.what());
+    check(false, std::string("pipeline schedule ") + (zero_bubble ? "zb-h1" : "1f1b") + ", " + model + ": " + ex.what());
   }
 }
 
@@ -595,6 +664,10 @@ int main() {
   test_pipeline_stages("llama-recompute", "--hidden-dropout 0.1 --fp32-residual-connection ");
   test_pipeline_schedule("llama");
   test_pipeline_schedule("gpt");
+  test_deferred_weights("gpt");  // biases: their gradients deferred too
+  test_deferred_weights("llama");
+  test_pipeline_schedule("llama", true);
+  test_pipeline_schedule("gpt", true);
   test_resume();
   test_resume("--fp16 --initial-loss-scale 65536 --loss-scale-window 2 ");
   std::printf("%d failure(s)\n", failures);

@@ -79,7 +79,17 @@ class CudaGPT {
   // writes `input_grad` (boundary_gradient_bytes, fp32). The buffers are read and written on the model's stream.
   void forward(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc, int64_t slot = 0, const void* input = nullptr,
                void* output = nullptr);
-  void backward(const DeviceMicrobatch& mb, int64_t slot = 0, const float* output_grad = nullptr, float* input_grad = nullptr);
+  // defer_weights: the input-gradient half B only (what zero-bubble schedules run first); the layers' weight-
+  // gradient GEMMs and the grads-ready hooks wait for backward_weights(mb, slot), the slot held until then.
+  // Without TP and recompute (the saved output gradients are this rank's whole rows; a recomputed layer's
+  // activations are gone after its backward).
+  void backward(const DeviceMicrobatch& mb, int64_t slot = 0, const float* output_grad = nullptr, float* input_grad = nullptr,
+                bool defer_weights = false);
+  // W: the weight gradients of the layers of the microbatch in `slot`, from the output gradients its deferred
+  // backward saved and its activations.
+  void backward_weights(const DeviceMicrobatch& mb, int64_t slot);
+  // Whether backward can defer the weight gradients here (no TP, no recompute).
+  bool can_defer_weights() const { return tp_ == nullptr && !full_recompute_; }
   cudaStream_t stream() const { return stream_; }
   bool pre_process() const { return pre_; }
   bool post_process() const { return post_; }
@@ -162,8 +172,14 @@ class CudaGPT {
     void* x_final = nullptr;
     cuda::bf16 *xnf = nullptr, *logits = nullptr;
     float *meanf = nullptr, *rstdf = nullptr;
-    bool forwarded = false;  // its backward is due
+    bool forwarded = false;     // its backward is due
+    bool weights_due = false;   // its backward deferred the weight gradients
+    // A deferred backward's output gradients per layer (allocated at the slot's first deferral): of the MLP
+    // block and the attention block ([T, h]), of fc1 ([T, F1]) and of the QKV projection ([T, Wq]).
+    std::vector<cuda::bf16*> dy_mlp, dfc1, dy_attn, dqkv;
   };
+  Slot* defer_into_ = nullptr;  // during a deferring backward: where layer_backward saves the output gradients
+  void save_for_weights(std::vector<cuda::bf16*>& into, int64_t l, const cuda::bf16* from, int64_t width, int64_t T);
   std::vector<Slot> slots_;
   int64_t active_ = 0;
   void activate(int64_t slot);

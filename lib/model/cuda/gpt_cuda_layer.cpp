@@ -102,15 +102,25 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   // Row-parallel biases: under SP their gradient is this rank's rows' (summed over TP later), not all of dy's.
   const bool fuse_row = bgrad_epilogue_ && !sp_;
-  wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
-  if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
+  Slot* const defer = defer_into_;  // B only: the weight gradients' inputs saved for backward_weights
+  if (defer) {
+    save_for_weights(defer->dy_mlp, l, dy, h, T);
+  } else {
+    wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
+    if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
+  }
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
   // Without the epilogue the bias gradient kernel stays on the compute stream (its temporaries come from the
   // caching allocator, which assumes that stream).
-  if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_, dt_));
-  cudaStream_t ws = fork_wgrad();
-  wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
+  cudaStream_t ws = stream_;
+  if (defer) {
+    save_for_weights(defer->dfc1, l, s.dfc1, F1, T);
+  } else {
+    if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_, dt_));
+    ws = fork_wgrad();
+    wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
+  }
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lw.ln2_w), .db = g(lw.ln2_b), .dy = dmlp, .x = r.x_mid,
                                                .mean = r.mean2, .rstd = r.rstd2, .w = w(lw.ln2_w), .rows = Tl, .width = h, .rms = D.rms,
@@ -122,8 +132,12 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // which is longer than the QKV weight gradient alone: off the critical path (its dy is read before the
   // norm's backward below overwrites it).
   const bool defer_proj = wgrad_stream_ != nullptr;
-  if (!defer_proj) wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
-  if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
+  if (defer) {
+    save_for_weights(defer->dy_attn, l, dy, h, T);
+  } else {
+    if (!defer_proj) wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+    if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
+  }
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}, r.q, r.k, r.v, r.o, s.d_o,
                                                                 r.stats, s.dq, s.dk, s.dv, stream_));
   if (D.qk_norm) {  // RoPE undone, then the norms' backward (the residual-gradient slot as zeroed scratch)
@@ -165,15 +179,19 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                                  .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
   }
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
-  if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_, dt_));
-  ws = fork_wgrad();
-  if (defer_proj) {
-    wgrad_with_bias(ws, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
-    MT_CUDA_CHECK(cudaEventRecord(proj_done_ev_, ws));
+  if (defer) {
+    save_for_weights(defer->dqkv, l, s.qkv, Wq, T);
+  } else {
+    if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_, dt_));
+    ws = fork_wgrad();
+    if (defer_proj) {
+      wgrad_with_bias(ws, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+      MT_CUDA_CHECK(cudaEventRecord(proj_done_ev_, ws));
+    }
+    wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
   }
-  wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
-  if (defer_proj && !sp_) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
+  if (defer_proj && !sp_ && !defer) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
   MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lw.ln1_w), .db = g(lw.ln1_b), .dy = dattn, .x = x_in,
                                                .mean = r.mean1, .rstd = r.rstd1, .w = w(lw.ln1_w), .rows = Tl, .width = h, .rms = D.rms,
                                                .type = dt_, .res16 = res16_, .dropout = first_layer_ + l > 0 ? drop(mb, mlp_site(first_layer_ + l - 1), row0(T)) : nullptr}, stream_));
@@ -189,6 +207,40 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     if (lw.qkv_b >= 0) kv_group_->all_reduce_on(g(lw.qkv_b), Wq, WireType::kF32, ReduceOp::kSum, stream_);
     MT_PROF("tp.kv_replica_grads", kv_group_->group_end());
   }
+}
+
+void CudaGPT::save_for_weights(std::vector<bf16*>& into, int64_t l, const bf16* from, int64_t width, int64_t T) {
+  if (into.empty()) into.assign(static_cast<size_t>(L_), nullptr);
+  bf16*& buf = into[static_cast<size_t>(l)];
+  const size_t bytes = static_cast<size_t>(T_max_ * width) * 2;
+  if (!buf) buf = static_cast<bf16*>(alloc(bytes));  // the slot's first deferral: kept for the later ones
+  MT_PROF("bwd.save_for_weights", MT_CUDA_CHECK(cudaMemcpyAsync(buf, from, static_cast<size_t>(T * width) * 2, cudaMemcpyDeviceToDevice, stream_)));
+}
+
+// W of a deferred backward: each layer's weight gradients (and biases') from the saved output gradients and
+// the slot's activations, the grads-ready hook after each layer as the plain backward calls it.
+void CudaGPT::backward_weights(const DeviceMicrobatch& mb, int64_t slot) {
+  activate(slot);
+  Slot& sl = slots_[static_cast<size_t>(slot)];
+  if (!sl.weights_due) throw std::logic_error("CUDA model: weight gradients of slot " + std::to_string(slot) + " without its deferred backward");
+  const int64_t T = mb.B * mb.S, h = D_.h, Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
+  const bool fuse_row = bgrad_epilogue_ && !sp_;
+  for (int64_t l = L_ - 1; l >= 0; --l) {
+    const auto k = static_cast<size_t>(l);
+    const LayerW& lw = layers_[k];
+    Record& r = act(l);
+    wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, sl.dy_mlp[k], r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
+    if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), sl.dy_mlp[k], T, h, stream_, dt_));
+    if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), sl.dfc1[k], T, F1, stream_, dt_));
+    wgrad_with_bias(stream_, "bwd.gemm.fc1_wgrad", F1, T, sl.dfc1[k], r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
+    wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, sl.dy_attn[k], r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+    if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), sl.dy_attn[k], T, h, stream_, dt_));
+    if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), sl.dqkv[k], T, Wq, stream_, dt_));
+    wgrad_with_bias(stream_, "bwd.gemm.qkv_wgrad", Wq, T, sl.dqkv[k], r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
+    if (final_backward_ && grads_ready_) grads_ready_(layer_start_[k]);
+  }
+  if (final_backward_ && grads_ready_) grads_ready_(0);
+  sl.weights_due = false;
 }
 
 }  // namespace mt

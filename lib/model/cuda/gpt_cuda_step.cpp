@@ -123,7 +123,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h, V = D.V_local;
   if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
   if (split_forward_ && sp_ && T != T_max_) throw std::logic_error("CUDA model: the split layers under SP need micro batches of the configured size");
-  if (slots_[static_cast<size_t>(slot)].forwarded) {
+  if (slots_[static_cast<size_t>(slot)].forwarded || slots_[static_cast<size_t>(slot)].weights_due) {
     throw std::logic_error("CUDA model: a forward into slot " + std::to_string(slot) + " before the backward of the microbatch in it");
   }
   if ((!pre_ && !input) || (!post_ && !output)) throw std::logic_error("CUDA model: a pipeline stage's forward needs its input and output buffers");
@@ -190,10 +190,17 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   slots_[static_cast<size_t>(slot)].forwarded = grad_scale > 0.0f;
 }
 
-void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* output_grad, float* input_grad) {
+void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* output_grad, float* input_grad, bool defer_weights) {
   activate(slot);
   if (!slots_[static_cast<size_t>(slot)].forwarded) throw std::logic_error("CUDA model: a backward without its forward (slot " + std::to_string(slot) + ")");
   slots_[static_cast<size_t>(slot)].forwarded = false;
+  if (defer_weights && !can_defer_weights()) {
+    throw std::logic_error("CUDA model: the weight gradients run apart only without tensor parallelism and recompute");
+  }
+  // A deferring backward saves the layers' output gradients into the slot and leaves the hooks to W.
+  defer_into_ = defer_weights ? &slots_[static_cast<size_t>(slot)] : nullptr;
+  slots_[static_cast<size_t>(slot)].weights_due = defer_weights;
+  const std::function<void(int64_t)> hook = defer_weights ? std::function<void(int64_t)>() : grads_ready_;
   const ModelDims& D = D_;
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
@@ -248,19 +255,20 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
     } else {
       layer_backward(l, r, mb);
     }
-    if (final_backward_ && grads_ready_) {
+    if (final_backward_ && hook) {
       // The layer's norm gradients come from tp_stream_; the hook's collectives follow the compute stream.
       // (A wait even when the hook launches nothing: TP x DP without SP loses some overlap here.)
       if (split_forward_) wait_tp_stream();
-      grads_ready_(layer_start_[static_cast<size_t>(l)]);
+      hook(layer_start_[static_cast<size_t>(l)]);
     }
   }
   // The input gradient's last rows, before the embedding reads them, and the replicated gradients' sums
   // (the optimizer follows the compute stream).
   if (split_forward_) wait_tp_stream();
+  defer_into_ = nullptr;
   if (!pre_) {  // the previous stage's output gradient
     MT_PROF("pp.input_grad", MT_CUDA_CHECK(cudaMemcpyAsync(input_grad, s.dres, boundary_gradient_bytes(T), cudaMemcpyDeviceToDevice, stream_)));
-    if (final_backward_ && grads_ready_) grads_ready_(0);
+    if (final_backward_ && hook) hook(0);
     return;
   }
   // The embedding gradient from every token (gathered under SP): each rank's vocabulary rows, and the
@@ -273,7 +281,7 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
   }
   MT_PROF("bwd.embedding", cuda::embedding_backward(g(wte_), demb, mb.tok_ids, mb.tok_offsets, mb.tok_positions, mb.n_tok_ids, h, stream_));
   if (wpe_ >= 0) MT_PROF("bwd.embedding", cuda::embedding_backward(g(wpe_), demb, mb.pos_ids, mb.pos_offsets, mb.pos_positions, mb.n_pos_ids, h, stream_));
-  if (final_backward_ && grads_ready_) grads_ready_(0);
+  if (final_backward_ && hook) hook(0);
 }
 
 }  // namespace mt
