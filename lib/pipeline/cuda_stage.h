@@ -48,8 +48,11 @@ class CudaPipelineStage final : public PipelineStage {
     float grad_scale = 0;   // the loss gradient's scale (0: forward only)
     float loss_weight = 0;  // loss_acc += loss_weight * the sum of the masked token losses
   };
-  // stage_microbatch(m): microbatch m on the device; its buffers must live until m's backward.
-  CudaPipelineStage(CudaGPT& model, std::function<Staged(int64_t)> stage_microbatch, float* loss_acc, StagePipeline pipeline = {});
+  // stage_microbatch(m): microbatch m on the device; its buffers must live until m's last backward. models:
+  // the stage's model chunks (virtual stages chunk x PP + rank), sharing one parameter buffer.
+  CudaPipelineStage(std::vector<CudaGPT*> models, std::function<Staged(int64_t)> stage_microbatch, float* loss_acc, StagePipeline pipeline = {});
+  CudaPipelineStage(CudaGPT& model, std::function<Staged(int64_t)> stage_microbatch, float* loss_acc, StagePipeline pipeline = {})
+      : CudaPipelineStage(std::vector<CudaGPT*>{&model}, std::move(stage_microbatch), loss_acc, pipeline) {}
   ~CudaPipelineStage() override;
   void forward(int64_t microbatch, int64_t chunk) override;
   void backward(int64_t microbatch, int64_t chunk, bool last, bool with_weights) override;
@@ -62,19 +65,22 @@ class CudaPipelineStage final : public PipelineStage {
     Staged staged;
     int64_t slot = 0;
   };
-  CudaGPT& model_;
+  using Key = std::pair<int64_t, int64_t>;  // (chunk, microbatch)
+  std::vector<CudaGPT*> models_;
   std::function<Staged(int64_t)> stage_;
   float* loss_acc_;
   StagePipeline pp_;
-  std::map<int64_t, InFlight> in_flight_;  // forwarded, backward due
-  std::vector<int64_t> free_slots_;
-  // By microbatch: the activations received for the forward, the forward's output to send, the gradient
-  // received for the backward, the input gradient to send (device buffers from the pools).
-  std::map<int64_t, void*> inputs_, outputs_, output_grads_, input_grads_;
+  std::map<Key, InFlight> in_flight_;             // forwarded, backward (or W) due
+  std::vector<std::vector<int64_t>> free_slots_;  // per chunk
+  std::map<int64_t, Staged> staged_;              // per microbatch, staged at its first forward
+  // By (chunk, microbatch): the activations received for the forward, the forward's output to send, the
+  // gradient received for the backward, the input gradient to send (device buffers from the pools).
+  std::map<Key, void*> inputs_, outputs_, output_grads_, input_grads_;
   // The batch in flight: the buffers it sends, given back to their pools once it completes.
   std::vector<std::pair<StageBuffers*, void*>> sending_;
   bool posted_ = false;
-  void* take_from(std::map<int64_t, void*>& from, int64_t m, const char* what);
+  CudaGPT& model(int64_t chunk) const;
+  void* take_from(std::map<Key, void*>& from, Key key, const char* what);
 };
 
 }  // namespace mt

@@ -100,8 +100,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   // multi-GPU runs have checked them against the CPU engine, pipeline parallelism stays refused here.
   no(pp, "--pipeline-model-parallel-size > 1 has not run on GPUs yet on the CUDA engine: use --device cpu (every pipeline schedule runs on the "
          "CPU engine)");
-  no(pp && (c.parallel.num_layers_per_virtual_pipeline_stage || c.parallel.num_virtual_stages_per_pipeline_rank.value_or(1) > 1),
-     "interleaved pipeline schedules (virtual stages) are not implemented on the CUDA engine: use --device cpu, or drop the virtual stages");
   no(pp && c.parallel.pipeline_schedule == "zb-h1" && (c.parallel.tensor_model_parallel_size > 1 || c.recompute.recompute_granularity == "full"),
      "--pipeline-schedule zb-h1 on the CUDA engine runs the weight gradients apart only without tensor parallelism and full recompute: "
      "use --device cpu or --pipeline-schedule 1f1b");

@@ -46,7 +46,8 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   // with checkpoints they stay as the host side of save / load, otherwise they are dropped after upload.
   const auto& ck = cfg.checkpoint;
   host_ = std::make_unique<ParamStore>();
-  where_ = build_model_layout(cfg, {groups_.tp->rank(), groups_.tp->size(), groups_.pp->rank(), groups_.pp->size()}, *host_);
+  // One layout per model chunk of this stage (interleaving: every virtual stage of this rank), one store.
+  chunk_layouts_ = build_model_chunks(cfg, {groups_.tp->rank(), groups_.tp->size(), groups_.pp->rank(), groups_.pp->size()}, *host_);
   host_->release_grads();  // the gradients live on the device
   dp_ = groups_.dp_cp->size();
   dp_rank_ = groups_.dp_cp->rank();
@@ -82,7 +83,15 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   nmb_max_ = batches.max_global_batch() / (mbs * groups_.dp->size());
   pp_ = groups_.pp->size();
   pp_rank_ = groups_.pp->rank();
-  const int64_t in_flight = pp_ > 1 ? peak_in_flight(training_schedule(cfg, pp_rank_, pp_, nmb_max_)) : 1;
+  // Each chunk's activation slots: the most of its microbatches in flight at once under the schedule.
+  const Schedule schedule = training_schedule(cfg, pp_rank_, pp_, nmb_max_);
+  auto in_flight = [&](int64_t chunk) {
+    Schedule mine;
+    for (const ScheduleAction& a : schedule) {
+      if (a.chunk == chunk) mine.push_back(a);
+    }
+    return std::max<int64_t>(1, peak_in_flight(mine));
+  };
   // Tensor parallelism: the model queues its collectives on the training stream through the TP group.
   StreamCollectives* tp_coll = nullptr;
   StreamCollectives* dp_coll = nullptr;
@@ -104,7 +113,8 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     if (!pp_nccl_) throw std::logic_error("CUDA engine: the pipeline group is not an NCCL communicator");
     link_ = std::make_unique<NcclStageLink>(*pp_nccl_);
     // Tied embeddings across the stages: the first stage's word embeddings and the last stage's copy.
-    const size_t tied = cfg.model.untie_embeddings_and_output_weights ? kNoParam : where_.pre_process ? where_.word_embeddings : where_.post_process ? where_.output_w : kNoParam;
+    const ModelLayout &first = chunk_layouts_.front(), &last = chunk_layouts_.back();
+    const size_t tied = cfg.model.untie_embeddings_and_output_weights ? kNoParam : first.pre_process ? first.word_embeddings : last.post_process ? last.output_w : kNoParam;
     if (tied != kNoParam) {
       embedding_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.embedding);
       if (!embedding_nccl_) throw std::logic_error("CUDA engine: the embedding group is not an NCCL communicator");
@@ -115,7 +125,13 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
 #else
   if (groups_.tp->size() > 1) throw std::logic_error("CUDA engine: tensor parallelism needs NCCL");
 #endif
-  model_ = std::make_unique<CudaGPT>(cfg, *host_, where_, stream_, tp_coll, /*keep_master=*/!dist_opt_, dp_coll, in_flight);
+  model_ = std::make_unique<CudaGPT>(cfg, *host_, chunk_layouts_.front(), stream_, tp_coll, /*keep_master=*/!dist_opt_, dp_coll, in_flight(0));
+  chunks_models_.push_back(model_.get());
+  for (size_t c = 1; c < chunk_layouts_.size(); ++c) {  // the other chunks in the first one's parameter buffers
+    extra_chunks_.push_back(std::make_unique<CudaGPT>(cfg, *host_, chunk_layouts_[c], stream_, tp_coll, !dist_opt_, dp_coll,
+                                                      in_flight(static_cast<int64_t>(c)), model_.get()));
+    chunks_models_.push_back(extra_chunks_.back().get());
+  }
   if (pp_ > 1) {
     boundary_activations_ = std::make_unique<StageBuffers>(model_->boundary_activation_bytes(mbs * S));
     boundary_gradients_ = std::make_unique<StageBuffers>(model_->boundary_gradient_bytes(mbs * S));
@@ -195,7 +211,9 @@ void CudaEngine::setup_optimizer_state(const std::vector<Optimizer::Segment>& se
   scale_rule_.min_scale = static_cast<float>(cfg.precision.min_loss_scale);
   scale_rule_.window = static_cast<int32_t>(std::min<int64_t>(cfg.precision.loss_scale_window, INT32_MAX));
   scale_rule_.hysteresis = static_cast<int32_t>(cfg.precision.hysteresis);
-  if (cfg.precision.fp16) model_->set_loss_scale(&st_->loss_scale);
+  if (cfg.precision.fp16) {
+    for (CudaGPT* m : chunks_models_) m->set_loss_scale(&st_->loss_scale);
+  }
   MT_CUDA_CHECK(cudaDeviceSynchronize());  // setup copies (some from pageable memory) done before the first step
   // The multi-tensor table: chunks of at most 64 Ki elements of the owned segments, each inside one
   // parameter. A parameter n TP ranks hold (norms, row-parallel biases and positions: all TP ranks; a
@@ -236,10 +254,10 @@ void CudaEngine::setup_data_parallel() {
     ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), P_, bucket, cfg.training.overlap_grad_reduce,
                                                 cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream_);
   }
-  model_->set_grads_ready_hook([this](int64_t lowest) { ddp_->on_grads_ready(lowest); });
+  for (CudaGPT* m : chunks_models_) m->set_grads_ready_hook([this](int64_t lowest) { ddp_->on_grads_ready(lowest); });
   grad_share_ = ddp_->grad_share();
   if (!overlap_gather_) return;
-  model_->set_params_needed_hook([this](int64_t end) { ddp_->wait_params(end); });
+  for (CudaGPT* m : chunks_models_) m->set_params_needed_hook([this](int64_t end) { ddp_->wait_params(end); });
   int64_t covered = 0;
   for (const DeviceBucket& b : ddp_->bucket_list()) {
     const auto in = [&](const cuda::AdamChunk& c) { return c.start >= b.lo && c.start < b.hi; };
@@ -260,7 +278,7 @@ std::vector<std::string> CudaEngine::describe() const {
   std::ostringstream line;
   line << "CUDA engine on " << gpu_name_ << ": " << P_ << " parameters; memory: fp32 grads + master + Adam "
        << static_cast<double>(P_ * 4 + n_state_ * 12) / gib << " GiB" << (dist_opt_ ? " (optimizer state sharded over DP)" : "") << ", bf16 weights "
-       << static_cast<double>(P_) * 2 / gib << " GiB, activations " << static_cast<double>(model_->activation_bytes()) / gib << " GiB"
+       << static_cast<double>(P_) * 2 / gib << " GiB, activations " << activation_gib() << " GiB"
        << (cfg.recompute.recompute_granularity ? " (recompute " + *cfg.recompute.recompute_granularity + ")" : std::string());
 #ifdef MEGATRAIN_HAVE_NCCL
   // The NCCL windows hold some of the above; this is what they took of the device, rounding included.

@@ -67,6 +67,7 @@ class CudaEngine final : public TrainingEngine {
   void make_drop_keys(const Microbatch& mb, int64_t step);
   // The stage's neighbours for a CudaPipelineStage (none at PP 1).
   StagePipeline stage_pipeline();
+  double activation_gib() const;
 
   const Config& cfg_;
   ProcessGroups groups_;
@@ -78,7 +79,6 @@ class CudaEngine final : public TrainingEngine {
   // The host side of the parameters (the shared layout and initial values) and of the optimizer state: kept by
   // the ranks that write checkpoints, dropped by the others after the upload.
   std::unique_ptr<ParamStore> host_;
-  ModelLayout where_;
   std::unique_ptr<Optimizer> host_opt_;
   std::unique_ptr<DataParallel> shard_layout_;  // the distributed optimizer's buckets (set-up only)
   bool keep_host_ = false, loaded_ = false;
@@ -93,7 +93,10 @@ class CudaEngine final : public TrainingEngine {
   // and the embedding group (the tied word embeddings' gradient sum between the first and the last stage).
   std::shared_ptr<NcclCommunicator> pp_nccl_, embedding_nccl_;
 #endif
-  std::unique_ptr<CudaGPT> model_;
+  std::unique_ptr<CudaGPT> model_;  // chunk 0 of this stage: it owns the parameter, gradient and master buffers
+  std::vector<std::unique_ptr<CudaGPT>> extra_chunks_;  // interleaving: the stage's other chunks, in model_'s buffers
+  std::vector<CudaGPT*> chunks_models_;                 // every chunk, in order
+  std::vector<ModelLayout> chunk_layouts_;
   // PP > 1: the link to the neighbouring stages and the pools of boundary buffers (kept across iterations).
   int64_t pp_ = 1, pp_rank_ = 0;
   std::unique_ptr<StageLink> link_;

@@ -90,6 +90,12 @@ void CudaEngine::make_drop_keys(const Microbatch& mb, int64_t step) {
   }
 }
 
+double CudaEngine::activation_gib() const {
+  double bytes = 0;
+  for (const CudaGPT* m : chunks_models_) bytes += static_cast<double>(m->activation_bytes());
+  return bytes / (1024.0 * 1024.0 * 1024.0);
+}
+
 StagePipeline CudaEngine::stage_pipeline() {
   if (pp_ == 1) return {};
   return {link_.get(), static_cast<int>(pp_rank_), static_cast<int>(pp_), boundary_activations_.get(), boundary_gradients_.get()};
@@ -110,7 +116,7 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   // The schedule's microbatches (no pipelining): each staged on the device with its share of the loss.
   const std::function<void(cudaEvent_t)> wait = [this](cudaEvent_t ev) { wait_event(ev); };
   CudaPipelineStage stage(
-      *model_,
+      chunks_models_,
       [&](int64_t mi) {
         const Microbatch mb = make_microbatch(data_, Split::kTrain, base + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
         double denom = 0;
@@ -239,7 +245,7 @@ double CudaEngine::evaluate(int64_t iteration) {
   for (int64_t e = 0; e < cfg.logging.eval_iters; ++e) {
     // The forwards through the stages (the loss the last stage's), each microbatch staged as its forward comes.
     CudaPipelineStage stage(
-        *model_,
+        chunks_models_,
         [&](int64_t mi) {
           const Microbatch mb = make_microbatch(data_, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
           double denom = 0;

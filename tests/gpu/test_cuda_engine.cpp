@@ -488,22 +488,32 @@ class LoopbackLink final : public mt::StageLink {
 
 // 1F1B over two CUDA stages (CudaPipelineStage: slots, boundary buffers, batched transfers) against the whole
 // model, four microbatches: the loss and the gradients.
-void test_pipeline_schedule(const std::string& model, bool zero_bubble = false) {
-  const auto schedule = [zero_bubble](int64_t r, int64_t n) {
-    return zero_bubble ? mt::zero_bubble_h1_schedule(r, 2, n) : mt::one_f_one_b_schedule(r, 2, n);
+void test_pipeline_schedule(const std::string& model, const std::string& kind = "1f1b") {
+  const int64_t chunks = kind == "interleaved" ? 2 : 1;
+  const auto schedule = [&](int64_t r, int64_t n) {
+    return kind == "zb-h1" ? mt::zero_bubble_h1_schedule(r, 2, n) : mt::interleaved_schedule(r, 2, chunks, n);
   };
   try {
-    const mt::Config cfg = make_config(model, std::string(kPlain) + "--num-layers 4 ");
+    // Interleaved: two chunks of one layer on each rank (virtual stages 0 and 2 on rank 0, 1 and 3 on rank 1).
+    const mt::Config cfg = make_config(model, std::string(kPlain) + "--num-layers 4 " +
+                                                  (chunks > 1 ? "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 " : ""));
     const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, n = 4, T = mbs * S;
     cudaStream_t streams[3];
     for (auto& st : streams) cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
     mt::ParamStore whole_store, stores[2];
     mt::CudaGPT whole(cfg, whole_store, mt::build_model_layout(cfg, {}, whole_store), streams[2]);
-    std::vector<std::unique_ptr<mt::CudaGPT>> stage;
+    std::vector<std::unique_ptr<mt::CudaGPT>> stage;  // rank r's chunks at [r * chunks, (r + 1) * chunks)
     for (int64_t r = 0; r < 2; ++r) {
-      const mt::ModelLayout at = mt::build_model_layout(cfg, {0, 1, r, 2}, stores[r]);
-      const int64_t in_flight = mt::peak_in_flight(schedule(r, n));
-      stage.push_back(std::make_unique<mt::CudaGPT>(cfg, stores[r], at, streams[0], nullptr, true, nullptr, in_flight));
+      const std::vector<mt::ModelLayout> at = mt::build_model_chunks(cfg, {0, 1, r, 2}, stores[r]);
+      if (static_cast<int64_t>(at.size()) != chunks) throw std::logic_error("the layout built another number of chunks");
+      for (int64_t c = 0; c < chunks; ++c) {
+        mt::Schedule mine;
+        for (const mt::ScheduleAction& a : schedule(r, n)) {
+          if (a.chunk == c) mine.push_back(a);
+        }
+        stage.push_back(std::make_unique<mt::CudaGPT>(cfg, stores[r], at[static_cast<size_t>(c)], streams[0], nullptr, true, nullptr,
+                                                      mt::peak_in_flight(mine), c > 0 ? stage[static_cast<size_t>(r * chunks)].get() : nullptr));
+      }
     }
     auto data = mt::open_training_data(cfg);
     const auto& D = whole.dims();
@@ -522,7 +532,9 @@ void test_pipeline_schedule(const std::string& model, bool zero_bubble = false) 
     float* acc = nullptr;
     cudaMalloc(&acc, 8);
     cudaMemsetAsync(acc, 0, 8, streams[2]);
-    for (auto* g : {&whole, stage[0].get(), stage[1].get()}) cudaMemsetAsync(g->grads(), 0, static_cast<size_t>(g->numel()) * 4, streams[2]);
+    for (auto* g : {&whole, stage[0].get(), stage[static_cast<size_t>(chunks)].get()}) {
+      cudaMemsetAsync(g->grads(), 0, static_cast<size_t>(g->numel()) * 4, streams[2]);
+    }
     cudaStreamSynchronize(streams[2]);  // (the stages' streams do not wait for this one)
     for (int64_t m = 0; m < n; ++m) {
       whole.set_final_backward(m == n - 1);
@@ -539,8 +551,10 @@ void test_pipeline_schedule(const std::string& model, bool zero_bubble = false) 
           LoopbackLink link(shared, r, turn);
           mt::StageBuffers activations(stage[0]->boundary_activation_bytes(T)), gradients(stage[0]->boundary_gradient_bytes(T));
           {
+            std::vector<mt::CudaGPT*> mine;
+            for (int64_t c = 0; c < chunks; ++c) mine.push_back(stage[static_cast<size_t>(r * chunks + c)].get());
             mt::CudaPipelineStage st(
-                *stage[static_cast<size_t>(r)],
+                mine,
                 [&](int64_t m) {
                   const auto k = static_cast<size_t>(m);
                   return mt::CudaPipelineStage::Staged{dev[k], weight[k], weight[k]};
@@ -560,7 +574,8 @@ void test_pipeline_schedule(const std::string& model, bool zero_bubble = false) 
     const std::vector<float> whole_grads = download(whole.grads(), static_cast<size_t>(whole.numel()));
     std::vector<float> staged(whole_grads.size(), 0.0f);
     for (int64_t r = 0; r < 2; ++r) {
-      const std::vector<float> g = download(stage[static_cast<size_t>(r)]->grads(), static_cast<size_t>(stage[static_cast<size_t>(r)]->numel()));
+      const mt::CudaGPT& owner = *stage[static_cast<size_t>(r * chunks)];
+      const std::vector<float> g = download(owner.grads(), static_cast<size_t>(owner.numel()));
       for (const mt::ParamInfo& p : stores[r].infos()) {
         const mt::ParamInfo& w = whole_store.info(whole_store.index_of(p.name));
         for (int64_t e = 0; e < p.numel; ++e) staged[static_cast<size_t>(w.offset + e)] += g[static_cast<size_t>(p.offset + e)];
@@ -569,12 +584,13 @@ void test_pipeline_schedule(const std::string& model, bool zero_bubble = false) 
     const double e = rel_err(staged, whole_grads);
     char buf[320];
     std::snprintf(buf, sizeof(buf), "%s: %s over 2 CUDA stages (4 microbatches, linked in memory) vs the whole model: losses %.7f / %.7f, gradients %.2e apart",
-                  model.c_str(), zero_bubble ? "ZB-H1 (weight gradients apart)" : "1F1B", losses[1], losses[0], e);
+                  model.c_str(), kind == "zb-h1" ? "ZB-H1 (weight gradients apart)" : chunks > 1 ? "interleaved 1F1B (2 chunks per rank)" : "1F1B",
+                  losses[1], losses[0], e);
     check(losses[0] > 1.0f && std::fabs(losses[1] - losses[0]) <= 1e-6f * std::fabs(losses[0]) && e < 1e-5, buf);
     cudaFree(acc);
     for (auto& st : streams) cudaStreamDestroy(st);
   } catch (const std::exception& ex) {
-    check(false, std::string("pipeline schedule ") + (zero_bubble ? "zb-h1" : "1f1b") + ", " + model + ": " + ex.what());
+    check(false, "pipeline schedule " + kind + ", " + model + ": " + ex.what());
   }
 }
 
@@ -666,8 +682,10 @@ int main() {
   test_pipeline_schedule("gpt");
   test_deferred_weights("gpt");  // biases: their gradients deferred too
   test_deferred_weights("llama");
-  test_pipeline_schedule("llama", true);
-  test_pipeline_schedule("gpt", true);
+  test_pipeline_schedule("llama", "zb-h1");
+  test_pipeline_schedule("gpt", "zb-h1");
+  test_pipeline_schedule("llama", "interleaved");
+  test_pipeline_schedule("gpt", "interleaved");
   test_resume();
   test_resume("--fp16 --initial-loss-scale 65536 --loss-scale-window 2 ");
   std::printf("%d failure(s)\n", failures);

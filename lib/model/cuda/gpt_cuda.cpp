@@ -45,7 +45,7 @@ void* CudaGPT::alloc(size_t bytes) {
 }
 
 CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout& where, cudaStream_t stream, StreamCollectives* tp,
-                 bool keep_master, StreamCollectives* dp, int64_t max_in_flight)
+                 bool keep_master, StreamCollectives* dp, int64_t max_in_flight, const CudaGPT* share_params)
     : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1)),
       stream_(stream),
       dt_(cfg.precision.fp16 ? cuda::F16::kFP16 : cuda::F16::kBF16),
@@ -78,21 +78,30 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
                                " does not (make --hidden-size, --ffn-hidden-size and the padded vocabulary multiples of 8 per tensor-parallel rank), or use --device cpu");
     }
   }
-  if (keep_master) master_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
-  // With data parallelism the gradients sit in the DP group's symmetric windows, where it has them (its
-  // reductions run on them; same size on every rank), and so do the 16-bit weights when they are gathered
-  // (the distributed optimizer, which keeps no master copy here).
-  auto param_buffer = [&](size_t bytes) {
-    void* p = dp ? dp->alloc_window(bytes) : nullptr;
-    return p ? p : alloc(bytes);
-  };
-  grads_ = static_cast<float*>(param_buffer(static_cast<size_t>(numel_) * 4));
-  w16_ = static_cast<bf16*>(keep_master ? alloc(static_cast<size_t>(numel_) * 2) : param_buffer(static_cast<size_t>(numel_) * 2));
-  // The initial values go up through the master buffer, or through the gradient buffer when there is none.
-  float* up = keep_master ? master_ : grads_;
-  MT_CUDA_CHECK(cudaMemcpyAsync(up, layout.params().f32(), static_cast<size_t>(numel_) * 4, cudaMemcpyHostToDevice, stream_));
-  cuda::cast_to_bf16(w16_, up, numel_, stream_, dt_);
-  MT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(numel_) * 4, stream_));
+  if (share_params) {
+    // Another model chunk of this stage (interleaving): the parameters, gradients and master weights of every
+    // chunk are one set of flat buffers, the first chunk's; this one reads and writes its own offsets in them.
+    if (share_params->numel_ != numel_) throw std::logic_error("CudaGPT: chunks sharing parameters need the same layout");
+    master_ = share_params->master_;
+    grads_ = share_params->grads_;
+    w16_ = share_params->w16_;
+  } else {
+    if (keep_master) master_ = static_cast<float*>(alloc(static_cast<size_t>(numel_) * 4));
+    // With data parallelism the gradients sit in the DP group's symmetric windows, where it has them (its
+    // reductions run on them; same size on every rank), and so do the 16-bit weights when they are gathered
+    // (the distributed optimizer, which keeps no master copy here).
+    auto param_buffer = [&](size_t bytes) {
+      void* p = dp ? dp->alloc_window(bytes) : nullptr;
+      return p ? p : alloc(bytes);
+    };
+    grads_ = static_cast<float*>(param_buffer(static_cast<size_t>(numel_) * 4));
+    w16_ = static_cast<bf16*>(keep_master ? alloc(static_cast<size_t>(numel_) * 2) : param_buffer(static_cast<size_t>(numel_) * 2));
+    // The initial values go up through the master buffer, or through the gradient buffer when there is none.
+    float* up = keep_master ? master_ : grads_;
+    MT_CUDA_CHECK(cudaMemcpyAsync(up, layout.params().f32(), static_cast<size_t>(numel_) * 4, cudaMemcpyHostToDevice, stream_));
+    cuda::cast_to_bf16(w16_, up, numel_, stream_, dt_);
+    MT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(numel_) * 4, stream_));
+  }
 
   // A pipeline stage: its layers, the embedding on the first stage, the final norm, output layer and loss on
   // the last (the whole model on one).

@@ -61,8 +61,11 @@ class CudaGPT {
   // max_in_flight: how many microbatches may be forwarded before their backward (a pipeline schedule's
   // peak_in_flight; each holds its own activations). Above 1 the TP layers do not split (their SP row order is
   // set per forward).
+  // share_params: another model chunk of the same stage (interleaved pipelining, `layout` holding every
+  // chunk): this one uses that one's parameter, gradient and master buffers (its own offsets in them) instead
+  // of allocating and uploading its own.
   CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout& where, cudaStream_t stream, StreamCollectives* tp = nullptr,
-          bool keep_master = true, StreamCollectives* dp = nullptr, int64_t max_in_flight = 1);
+          bool keep_master = true, StreamCollectives* dp = nullptr, int64_t max_in_flight = 1, const CudaGPT* share_params = nullptr);
   ~CudaGPT();
   CudaGPT(const CudaGPT&) = delete;
   CudaGPT& operator=(const CudaGPT&) = delete;
