@@ -12,10 +12,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint/metadata_check.h"
 #include "config/errors.h"
 #include "config/model_identity.h"
 #include "config/yaml_io.h"
@@ -270,6 +272,9 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
                  {"tensors", tensors}};
     const std::string text = meta.dump(1);
     write_file_synced(tmp_dir / "metadata.json", text.data(), text.size());
+    // Its own checksum beside it: an edited or damaged metadata.json is refused before anything reads it.
+    const std::string sum = hex(checksum64(text.data(), text.size())) + "\n";
+    write_file_synced(tmp_dir / "metadata.json.checksum", sum.data(), sum.size());
   }
   comm.barrier();  // every shard is on disk (each rank fsynced its own)
   if (lead) {
@@ -379,12 +384,19 @@ Opened open_checkpoint(const std::string& dir, std::optional<int64_t> step) {
     throw DataError("checkpoint " + o.dir.string() + " is missing or incomplete (no metadata.json)" +
                     (step ? std::string(": check --ckpt-step") : std::string("")));
   }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ifstream sum_in(o.dir / "metadata.json.checksum");
+  std::string sum;
+  if (sum_in >> sum && sum != hex(checksum64(text.data(), text.size()))) {  // (checkpoints before it have none)
+    throw DataError(mp.string() + " does not match the checksum written with it: the file was edited or damaged after the save");
+  }
   try {
-    in >> o.meta;
+    o.meta = json::parse(text);
   } catch (const json::exception& e) {
     throw DataError(mp.string() + " is corrupt: " + e.what());
   }
-  if (o.meta.value("format", "") != "megatrain-checkpoint") throw DataError(mp.string() + " is not a megatrain checkpoint");
+  if (!o.meta.is_object() || o.meta.value("format", "") != "megatrain-checkpoint") throw DataError(mp.string() + " is not a megatrain checkpoint");
+  check_checkpoint_metadata(o.meta, mp, o.iteration);
   return o;
 }
 

@@ -56,6 +56,22 @@ bad load-no-tracker 'holds committed iterations \(1, 2\) but no latest_checkpoin
   "$B" "${Q[@]}" --load "$tmp/ck"
 bad other-model 'holds another model \(--num-attention-heads: checkpoint 4, this run 8; --kv-channels: checkpoint 32, this run 16\)' -- \
   "$B" "${Q[@]}" --load "$tmp/ck" --ckpt-step 2 --num-attention-heads 8
+# Damaged metadata: edited (its checksum no longer matches), or edited with the checksum removed (each field
+# checked before use: a range outside the shard, an absurd iteration, a shard rank beyond its count).
+cp -r "$tmp/ck" "$tmp/ck_edit" && echo 2 >"$tmp/ck_edit/latest_checkpointed_iteration.txt"
+sed -i 's/"iteration": 2/"iteration": 3/' "$tmp/ck_edit/iter_0000002/metadata.json"
+bad metadata-edited 'does not match the checksum written with it' -- "$B" "${Q[@]}" --load "$tmp/ck_edit"
+vandal() {  # vandal NAME PERL-SUBSTITUTION (on the first match: the first piece of the first tensor, keys sorted)
+  cp -r "$tmp/ck" "$tmp/ck_$1" && echo 2 >"$tmp/ck_$1/latest_checkpointed_iteration.txt" && rm -f "$tmp/ck_$1/iter_0000002/metadata.json.checksum"
+  perl -0pi -e "$2" "$tmp/ck_$1/iter_0000002/metadata.json"
+}
+vandal range 's/"range": \[\s*0,\s*\d+/"range": [0, 1000000000000/'
+bad metadata-range "'range' \[0, 1000000000000\) lies outside the shard" -- "$B" "${Q[@]}" --load "$tmp/ck_range"
+bad inspect-verify-range "'range' \[0, 1000000000000\) lies outside the shard" -- "$B" checkpoint inspect "$tmp/ck_range" --verify
+vandal iteration 's/"iteration": 2/"iteration": 1e30/'
+bad metadata-iteration "'iteration' is not an integer" -- "$B" "${Q[@]}" --load "$tmp/ck_iteration"
+vandal rank 's/"shard_rank": 0/"shard_rank": 7/'
+bad metadata-shard-rank "'shard_rank' is 7, outside \[0, 0\]" -- "$B" "${Q[@]}" --load "$tmp/ck_rank"
 "$B" --config configs/quickstart.yaml --eval-iters 0 --train-iters 100000 --save "$tmp/ck_lock" --save-interval 100000 >"$tmp/holder.log" 2>&1 &
 for ((w = 0; w < 100; ++w)); do grep -q "iteration" "$tmp/holder.log" && break; sleep 0.1; done
 bad save-locked "another run \(pid $! on .*\) is saving into $tmp/ck_lock" -- "$B" "${Q[@]}" --save "$tmp/ck_lock" --save-interval 1
