@@ -72,6 +72,10 @@ vandal iteration 's/"iteration": 2/"iteration": 1e30/'
 bad metadata-iteration "'iteration' is not an integer" -- "$B" "${Q[@]}" --load "$tmp/ck_iteration"
 vandal rank 's/"shard_rank": 0/"shard_rank": 7/'
 bad metadata-shard-rank "'shard_rank' is 7, outside \[0, 0\]" -- "$B" "${Q[@]}" --load "$tmp/ck_rank"
+# Ranks launched with different flags (an MPI app context): every rank ends, naming the settings.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+bad ranks-disagree 'the ranks were launched with different configurations .*rank 1: --seed 5 \(rank 0: 1234\); --lr 0.002 \(rank 0: 0.001\)' -- \
+  mpirun --oversubscribe --bind-to none -np 1 "$B" "${Q[@]}" --lr 1e-3 : -np 1 "$B" "${Q[@]}" --lr 2e-3 --seed 5
 "$B" --config configs/quickstart.yaml --eval-iters 0 --train-iters 100000 --save "$tmp/ck_lock" --save-interval 100000 >"$tmp/holder.log" 2>&1 &
 for ((w = 0; w < 100; ++w)); do grep -q "iteration" "$tmp/holder.log" && break; sleep 0.1; done
 bad save-locked "another run \(pid $! on .*\) is saving into $tmp/ck_lock" -- "$B" "${Q[@]}" --save "$tmp/ck_lock" --save-interval 1
