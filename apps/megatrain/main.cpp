@@ -70,7 +70,12 @@ int main(int argc, char** argv) {
     std::cerr << "megatrain: error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "megatrain: error: " << e.what() << "\n";
+    const std::string m = e.what();
+    if (m.rfind("[json.exception.", 0) == 0) {  // a JSON file of the wrong shape, caught nowhere nearer
+      std::cerr << "megatrain: error: a JSON input (tokenizer, dataset or checkpoint file) is malformed: " << mt::json_error_text(e) << "\n";
+      return 2;
+    }
+    std::cerr << "megatrain: error: " << m << "\n";
     return 1;
   }
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -59,7 +60,7 @@ class DocumentReader {
       try {
         j = nlohmann::json::parse(line);
       } catch (const nlohmann::json::exception& e) {
-        throw DataError(path_ + " line " + std::to_string(line_no_) + ": not valid JSON (" + e.what() + ")");
+        throw DataError(path_ + " line " + std::to_string(line_no_) + ": not valid JSON (" + json_error_text(e) + ")");
       }
       std::vector<std::string> fields;
       for (const auto& k : keys_) {
@@ -113,7 +114,11 @@ int run_preprocess(int argc, char** argv) {
   }
   if (split_sentences) throw ConfigError("--split-sentences is not supported: megatrain stores each document as one sequence");
   const auto tok = make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.vocab_size, o.tokenizer_model);
-  const int workers = o.workers > 0 ? o.workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (o.workers > cores) {
+    std::cerr << "megatrain preprocess: note: --workers " << o.workers << " is more than this machine's " << cores << " cores: using " << cores << "\n";
+  }
+  const int workers = o.workers > 0 ? std::min(o.workers, cores) : cores;
   DocumentReader reader(o.input, o.json_keys);
   const std::vector<std::string> keys = reader.text() ? std::vector<std::string>{"text"} : o.json_keys;
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;

@@ -393,7 +393,7 @@ Opened open_checkpoint(const std::string& dir, std::optional<int64_t> step) {
   try {
     o.meta = json::parse(text);
   } catch (const json::exception& e) {
-    throw DataError(mp.string() + " is corrupt: " + e.what());
+    throw DataError(mp.string() + " is corrupt: " + json_error_text(e));
   }
   if (!o.meta.is_object() || o.meta.value("format", "") != "megatrain-checkpoint") throw DataError(mp.string() + " is not a megatrain checkpoint");
   check_checkpoint_metadata(o.meta, mp, o.iteration);

@@ -25,4 +25,15 @@ struct ConfigErrors : std::runtime_error {
   std::vector<std::string> messages;
 };
 
+// The message of a JSON library exception without the library's "[json.exception.parse_error.101] " prefix:
+// what the user reads names the file (the caller's part) and the problem, not the library.
+inline std::string json_error_text(const std::exception& e) {
+  std::string m = e.what();
+  if (m.rfind("[json.exception.", 0) == 0) {
+    const size_t end = m.find("] ");
+    if (end != std::string::npos) m = m.substr(end + 2);
+  }
+  return m;
+}
+
 }  // namespace mt

@@ -141,13 +141,18 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_path, const std::str
   try {
     vocab = nlohmann::json::parse(read_file(vocab_path, "--vocab-file"));
   } catch (const nlohmann::json::exception& e) {
-    throw ConfigError("--vocab-file '" + vocab_path + "' is not valid JSON (a GPT-2 vocab.json / encoder.json): " + e.what());
+    throw ConfigError("--vocab-file '" + vocab_path + "' is not valid JSON (a GPT-2 vocab.json / encoder.json): " + json_error_text(e));
   }
   if (!vocab.is_object() || vocab.empty()) throw ConfigError("--vocab-file '" + vocab_path + "' is not a token -> id object");
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer()) throw ConfigError("--vocab-file '" + vocab_path + "': id of '" + it.key() + "' is not an integer");
-    const auto id = it.value().get<int32_t>();
+    const auto wide = it.value().get<int64_t>();
+    // Ids index the decoder and the embedding rows: negative or absurd ones are a damaged file.
+    if (wide < 0 || wide >= (int64_t{1} << 24)) {
+      throw ConfigError("--vocab-file '" + vocab_path + "': id " + std::to_string(wide) + " of '" + it.key() + "' is outside [0, 2^24)");
+    }
+    const auto id = static_cast<int32_t>(wide);
     encoder_[it.key()] = id;
     max_id = std::max(max_id, id);
   }

@@ -118,7 +118,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
   try {
     j = json::parse(read_text(file, "--tokenizer-model"));
   } catch (const json::exception& e) {
-    throw ConfigError("--tokenizer-model '" + fname + "' is not valid JSON (a HuggingFace tokenizer.json): " + e.what());
+    throw ConfigError("--tokenizer-model '" + fname + "' is not valid JSON (a HuggingFace tokenizer.json): " + json_error_text(e));
   }
   const json& model = j.value("model", json::object());
   if (model.value("type", std::string()) != "BPE") refuse(fname, "model type '" + model.value("type", std::string("?")) + "'");
@@ -273,7 +273,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
     try {
       cfg_json = json::parse(read_text(config, "tokenizer_config.json"));
     } catch (const json::exception& e) {
-      throw ConfigError("HuggingFaceTokenizer: '" + config.string() + "' is not valid JSON: " + e.what());
+      throw ConfigError("HuggingFaceTokenizer: '" + config.string() + "' is not valid JSON: " + json_error_text(e));
     }
     if (cfg_json.contains("eos_token")) eos = token_content(cfg_json["eos_token"]);
     if (cfg_json.contains("bos_token")) bos = token_content(cfg_json["bos_token"]);

@@ -72,6 +72,15 @@ LaunchInfo detect_launch(const EnvLookup& env) {
     info.master_port = static_cast<int>(get("MASTER_PORT", 29500));
   }
   if (info.world_size < 1) throw ConfigError(std::string(launcher_name(info.kind)) + " reports a world size of 0");
+  // A job of more ranks than any machine room holds is a typo in the environment, not a plan.
+  constexpr int64_t kMaxWorld = 1 << 20;
+  if (info.world_size > kMaxWorld) {
+    throw ConfigError(std::string(launcher_name(info.kind)) + " reports a world size of " + std::to_string(info.world_size) + " (more than " +
+                      std::to_string(kMaxWorld) + "): check WORLD_SIZE / the launcher's environment");
+  }
+  if (info.kind == LauncherKind::kTorchrun && (info.master_port < 1 || info.master_port > 65535 || get("MASTER_PORT", 29500) != info.master_port)) {
+    throw ConfigError("MASTER_PORT " + env("MASTER_PORT").value_or("") + " is not a TCP port (1-65535): set MASTER_PORT to a free port, e.g. 29500");
+  }
   if (info.rank >= info.world_size) {
     throw ConfigError(std::string(launcher_name(info.kind)) + " reports rank " + std::to_string(info.rank) +
                       " but world size " + std::to_string(info.world_size) + ": check the launcher's environment");

@@ -72,6 +72,23 @@ vandal iteration 's/"iteration": 2/"iteration": 1e30/'
 bad metadata-iteration "'iteration' is not an integer" -- "$B" "${Q[@]}" --load "$tmp/ck_iteration"
 vandal rank 's/"shard_rank": 0/"shard_rank": 7/'
 bad metadata-shard-rank "'shard_rank' is 7, outside \[0, 0\]" -- "$B" "${Q[@]}" --load "$tmp/ck_rank"
+# Tokenizer files and launcher environments.
+printf 'hello world\n' >"$tmp/corpus.txt"
+printf '{"a": -5, "<|endoftext|>": 2}' >"$tmp/vocab.json"
+printf '#version: 0.2\na b\n' >"$tmp/merges.txt"
+bad vocab-negative-id "--vocab-file '.*vocab.json': id -5 of 'a' is outside" -- \
+  "$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/pp" --tokenizer-type GPT2BPETokenizer --vocab-file "$tmp/vocab.json" --merge-file "$tmp/merges.txt"
+printf '{"a": 1,' >"$tmp/broken.json"
+bad vocab-broken-json "is not valid JSON \(a GPT-2 vocab.json / encoder.json\): parse error at line 1" -- \
+  "$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/pp" --tokenizer-type GPT2BPETokenizer --vocab-file "$tmp/broken.json" --merge-file "$tmp/merges.txt"
+printf '{"model": {"type": 5}}' >"$tmp/tokenizer.json"
+bad tokenizer-json-shape "a JSON input .* is malformed: type must be string" -- \
+  "$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/pp" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/tokenizer.json"
+bad master-port 'MASTER_PORT 99999 is not a TCP port' -- env MASTER_PORT=99999 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "$B" "${Q[@]}" --device cpu
+bad world-size 'reports a world size of 100000000' -- env MASTER_PORT=29500 RANK=0 WORLD_SIZE=100000000 MASTER_ADDR=127.0.0.1 "$B" "${Q[@]}" --device cpu
+out=$("$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/pp" --tokenizer-type ByteTokenizer --workers 100000 2>&1); rc=$?
+if [[ $rc -eq 0 ]] && grep -q "note: --workers 100000 is more than this machine's" <<<"$out"; then echo "ok   workers capped"; else
+  echo "FAIL workers: rc=$rc"; echo "$out" | tail -3; fails=$((fails + 1)); fi
 # Ranks launched with different flags (an MPI app context): every rank ends, naming the settings.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 bad ranks-disagree 'the ranks were launched with different configurations .*rank 1: --seed 5 \(rank 0: 1234\); --lr 0.002 \(rank 0: 0.001\)' -- \
