@@ -32,6 +32,16 @@ MetricsFile::MetricsFile(const Config& cfg, int64_t rank, int64_t world_size) : 
   if (!*out_) throw ConfigError("cannot write " + log_dir + "/metrics.jsonl: check --log-dir");
 }
 
+// A line that cannot be written (a full disk) is reported once; training goes on, and the stream is cleared
+// so that later lines are tried again.
+void MetricsFile::write_line(const std::string& line) {
+  *out_ << line << "\n" << std::flush;
+  if (*out_) return;
+  out_->clear();
+  if (!write_failed_) std::cerr << "megatrain: warning: a metrics.jsonl line could not be written (disk full?); training continues, lines may be missing\n";
+  write_failed_ = true;
+}
+
 template <typename F>
 void MetricsFile::tensorboard(F&& write) {
   if (!tb_) return;
@@ -70,13 +80,13 @@ void MetricsFile::iteration(const IterationStats& s) {
                       {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},
                       {"nan_iterations", s.nan_iters}};
   if (s.mfu >= 0) j["mfu"] = s.mfu;
-  *out_ << j.dump() << "\n" << std::flush;
+  write_line(j.dump());
 }
 
 MetricsFile::~MetricsFile() = default;
 
 void MetricsFile::validation(int64_t iteration, double loss, int64_t samples) {
-  if (out_) *out_ << nlohmann::json{{"iteration", iteration}, {"validation_lm_loss", loss}}.dump() << "\n" << std::flush;
+  if (out_) write_line(nlohmann::json{{"iteration", iteration}, {"validation_lm_loss", loss}}.dump());
   tensorboard([&](TensorBoardWriter& tb) {
     tb.scalar("lm loss validation", loss, iteration);
     tb.scalar("lm loss validation vs samples", loss, samples);

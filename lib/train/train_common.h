@@ -31,6 +31,8 @@ class MetricsFile {
 
  private:
   std::unique_ptr<std::ofstream> out_;
+  bool write_failed_ = false;  // warned once
+  void write_line(const std::string& line);
   std::unique_ptr<TensorBoardWriter> tb_;
   const LoggingConfig log_;
   int64_t world_size_ = 1;

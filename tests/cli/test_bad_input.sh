@@ -89,6 +89,11 @@ bad world-size 'reports a world size of 100000000' -- env MASTER_PORT=29500 RANK
 out=$("$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/pp" --tokenizer-type ByteTokenizer --workers 100000 2>&1); rc=$?
 if [[ $rc -eq 0 ]] && grep -q "note: --workers 100000 is more than this machine's" <<<"$out"; then echo "ok   workers capped"; else
   echo "FAIL workers: rc=$rc"; echo "$out" | tail -3; fails=$((fails + 1)); fi
+# A full disk under metrics.jsonl: one warning, training goes on.
+mkdir -p "$tmp/full" && ln -sf /dev/full "$tmp/full/metrics.jsonl"
+out=$("$B" "${Q[@]}" --log-interval 1 --log-dir "$tmp/full" 2>&1); rc=$?
+if [[ $rc -eq 0 ]] && [[ $(grep -c "warning: a metrics.jsonl line could not be written" <<<"$out") -eq 1 ]]; then echo "ok   metrics on a full disk: warned once"; else
+  echo "FAIL metrics full disk: rc=$rc"; echo "$out" | tail -3; fails=$((fails + 1)); fi
 # Ranks launched with different flags (an MPI app context): every rank ends, naming the settings.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 bad ranks-disagree 'the ranks were launched with different configurations .*rank 1: --seed 5 \(rank 0: 1234\); --lr 0.002 \(rank 0: 0.001\)' -- \
