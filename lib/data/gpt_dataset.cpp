@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -29,24 +31,52 @@ void seeded_shuffle(std::vector<T>& v, uint64_t key) {
   }
 }
 
+// An index cache file: a header (magic and format, the key of what it indexes, the element count, a checksum
+// of the content), then the elements. Anything that does not match is rebuilt, never trusted.
+constexpr uint64_t kCacheMagic = 0x3258444958544d00ull;  // "\0MTXIDX2"
+struct CacheHeader {
+  uint64_t magic = kCacheMagic, key = 0, count = 0, checksum = 0;
+};
+
+uint64_t fnv_bytes(const void* data, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Empty when `p` held a valid cache of `key` (into v); else why not ("absent" when there is no file).
 template <typename T>
-bool read_vec(const fs::path& p, std::vector<T>& v, size_t expect) {
+std::string read_vec(const fs::path& p, std::vector<T>& v, uint64_t key, size_t expect) {
   std::ifstream in(p, std::ios::binary);
-  if (!in) return false;
+  if (!in) return "absent";
   in.seekg(0, std::ios::end);
   const auto bytes = static_cast<size_t>(in.tellg());
-  if (bytes % sizeof(T) != 0 || (expect && bytes / sizeof(T) != expect)) return false;
-  v.resize(bytes / sizeof(T));
   in.seekg(0);
-  return static_cast<bool>(in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(bytes)));
+  CacheHeader h;
+  if (bytes < sizeof(h) || !in.read(reinterpret_cast<char*>(&h), sizeof(h)) || h.magic != kCacheMagic) return "not a megatrain index cache of this version";
+  if (h.key != key) return "built for other data or settings";
+  if (h.count != (bytes - sizeof(h)) / sizeof(T) || (bytes - sizeof(h)) % sizeof(T) != 0 || (expect && h.count != expect)) return "truncated or of the wrong size";
+  v.resize(static_cast<size_t>(h.count));
+  if (!in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)))) return "unreadable";
+  if (fnv_bytes(v.data(), v.size() * sizeof(T)) != h.checksum) return "its content does not match its checksum";
+  return {};
 }
 
 template <typename T>
-void write_vec_atomic(const fs::path& p, const std::vector<T>& v) {
+void write_vec_atomic(const fs::path& p, const std::vector<T>& v, uint64_t key) {
   const fs::path tmp = p.string() + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary);
     if (!out) return;  // the cache is an optimisation: an unwritable directory only costs a rebuild
+    CacheHeader h;
+    h.key = key;
+    h.count = v.size();
+    h.checksum = fnv_bytes(v.data(), v.size() * sizeof(T));
+    out.write(reinterpret_cast<const char*>(&h), sizeof(h));
     out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
     if (!out) {
       std::error_code ec;
@@ -56,6 +86,16 @@ void write_vec_atomic(const fs::path& p, const std::vector<T>& v) {
   }
   std::error_code ec;
   fs::rename(tmp, p, ec);
+}
+
+// The .idx file's content and the .bin file's size and time: a dataset rewritten in place with the same sizes
+// is other data.
+std::string dataset_identity(const std::string& prefix) {
+  std::ifstream in(prefix + ".idx", std::ios::binary);
+  const std::string idx((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::error_code ec;
+  const auto bin_time = fs::last_write_time(prefix + ".bin", ec).time_since_epoch().count();
+  return std::to_string(fnv_bytes(idx.data(), idx.size())) + "|" + std::to_string(fs::file_size(prefix + ".bin")) + "|" + std::to_string(bin_time);
 }
 
 uint64_t fnv(const std::string& s) {
@@ -82,27 +122,51 @@ GptSplitIndex::GptSplitIndex(std::shared_ptr<const IndexedDataset> data, int64_t
   epochs_ = std::max<int64_t>(1, (num_samples * seq + 1 + tokens - 1) / tokens);
   while ((epochs_ * tokens - 1) / seq < num_samples) ++epochs_;
   std::ostringstream key;
-  key << fs::absolute(data_->name()).string() << '|' << fs::file_size(data_->name() + ".idx") << '|'
-      << fs::file_size(data_->name() + ".bin") << '|' << doc_begin << '|' << doc_end << '|' << num_samples << '|' << seq << '|'
-      << seed << "|v1";
+  key << fs::absolute(data_->name()).string() << '|' << dataset_identity(data_->name()) << '|' << doc_begin << '|' << doc_end << '|'
+      << num_samples << '|' << seq << '|' << seed << "|v2";
   const uint64_t h = fnv(key.str());
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
   const fs::path dir = cache_dir.empty() ? fs::path(data_->name()).parent_path() : fs::path(cache_dir);
   const std::string stem = fs::path(data_->name()).filename().string() + "-" + split_name + "-" + hex;
   const fs::path p_doc = dir / (stem + "-doc.bin"), p_sample = dir / (stem + "-sample.bin"), p_shuf = dir / (stem + "-shuffle.bin");
-  if (read_vec(p_doc, doc_index_, static_cast<size_t>(epochs_ * (doc_end - doc_begin))) && read_vec(p_sample, sample_index_, 0) &&
-      read_vec(p_shuf, shuffle_, 0) && sample_index_.size() == 2 * (shuffle_.size() + 1) &&
-      static_cast<int64_t>(shuffle_.size()) >= num_samples) {
+  std::string why = read_vec(p_doc, doc_index_, h, static_cast<size_t>(epochs_ * (doc_end - doc_begin)));
+  if (why.empty()) why = read_vec(p_sample, sample_index_, h, 0);
+  if (why.empty()) why = read_vec(p_shuf, shuffle_, h, 0);
+  if (why.empty()) why = check_cached(doc_begin, doc_end, num_samples);
+  if (why.empty()) {
     from_cache_ = true;
     return;
   }
+  if (why != "absent") std::cerr << "megatrain: note: rebuilding the index cache " << (dir / stem).string() << "-*: " << why << "\n";
+  doc_index_.clear();
+  sample_index_.clear();
+  shuffle_.clear();
   build(doc_begin, doc_end, seed ^ h);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  write_vec_atomic(p_doc, doc_index_);
-  write_vec_atomic(p_sample, sample_index_);
-  write_vec_atomic(p_shuf, shuffle_);
+  write_vec_atomic(p_doc, doc_index_, h);
+  write_vec_atomic(p_sample, sample_index_, h);
+  write_vec_atomic(p_shuf, shuffle_, h);
+}
+
+// The cached indices point inside the dataset (a checksum can match by chance; the reads must never leave it).
+std::string GptSplitIndex::check_cached(int64_t doc_begin, int64_t doc_end, int64_t num_samples) const {
+  if (sample_index_.size() != 2 * (shuffle_.size() + 1) || static_cast<int64_t>(shuffle_.size()) < num_samples) return "its parts do not agree";
+  for (int32_t d : doc_index_) {
+    if (d < doc_begin || d >= doc_end) return "a document outside the split";
+  }
+  for (size_t i = 0; i < sample_index_.size(); i += 2) {
+    const int64_t pos = sample_index_[i], off = sample_index_[i + 1];
+    if (pos < 0 || pos > static_cast<int64_t>(doc_index_.size()) || off < 0 ||
+        (pos < static_cast<int64_t>(doc_index_.size()) && off > data_->sequence_length(doc_index_[static_cast<size_t>(pos)]))) {
+      return "a sample outside the documents";
+    }
+  }
+  for (auto x : shuffle_) {
+    if (x < 0 || static_cast<size_t>(x) + 1 >= sample_index_.size() / 2) return "a shuffled sample out of range";
+  }
+  return {};
 }
 
 void GptSplitIndex::build(int64_t doc_begin, int64_t doc_end, uint64_t seed) {

@@ -32,6 +32,8 @@ class GptSplitIndex {
   int64_t seq_;
   int64_t epochs_ = 0;
   bool from_cache_ = false;
+  // Empty when the indices read from a cache point inside the split and agree with each other; else why not.
+  std::string check_cached(int64_t doc_begin, int64_t doc_end, int64_t num_samples) const;
   std::vector<int32_t> doc_index_;       // document (sequence) ids, epochs concatenated, shuffled
   std::vector<int64_t> sample_index_;    // pairs (position in doc_index_, token offset), num_samples + 1 of them
   std::vector<int64_t> shuffle_;

@@ -89,6 +89,23 @@ bad world-size 'reports a world size of 100000000' -- env MASTER_PORT=29500 RANK
 out=$("$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/pp" --tokenizer-type ByteTokenizer --workers 100000 2>&1); rc=$?
 if [[ $rc -eq 0 ]] && grep -q "note: --workers 100000 is more than this machine's" <<<"$out"; then echo "ok   workers capped"; else
   echo "FAIL workers: rc=$rc"; echo "$out" | tail -3; fails=$((fails + 1)); fi
+# Dataset index caches: a damaged one is rebuilt with a note, a dataset rewritten in place gets a fresh one.
+for i in $(seq 1 100); do printf 'line %d of a document long enough for a few samples\n\n' "$i"; done >"$tmp/docs.txt"
+"$B" preprocess --input "$tmp/docs.txt" --output-prefix "$tmp/ds" --tokenizer-type ByteTokenizer >/dev/null 2>&1
+D=(--num-layers 1 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 4
+   --lr 1e-3 --train-iters 2 --eval-iters 0 --data-path "$tmp/ds_text_document" --tokenizer-type ByteTokenizer --device cpu)
+"$B" "${D[@]}" >/dev/null 2>&1
+for part in doc sample shuffle; do
+  f=$(ls "$tmp"/ds_text_document-train-*-"$part".bin)
+  head -c "$(stat -c %s "$f")" /dev/zero >"$f"  # zero-filled
+  out=$("$B" "${D[@]}" 2>&1); rc=$?
+  if [[ $rc -eq 0 ]] && grep -q "note: rebuilding the index cache .*: not a megatrain index cache" <<<"$out"; then echo "ok   zero-filled $part cache rebuilt"; else
+    echo "FAIL zero-filled $part cache: rc=$rc"; echo "$out" | tail -3; fails=$((fails + 1)); fi
+done
+sleep 1 && touch "$tmp/ds_text_document.bin"
+out=$("$B" "${D[@]}" 2>&1)
+if ! grep -q "(cached index)" <<<"$out"; then echo "ok   a dataset rewritten in place does not reuse its old cache"; else
+  echo "FAIL stale cache reused"; fails=$((fails + 1)); fi
 # A full disk under metrics.jsonl: one warning, training goes on.
 mkdir -p "$tmp/full" && ln -sf /dev/full "$tmp/full/metrics.jsonl"
 out=$("$B" "${Q[@]}" --log-interval 1 --log-dir "$tmp/full" 2>&1); rc=$?
