@@ -3,6 +3,7 @@
 #include <cstring>
 #include <chrono>
 #include <iostream>
+#include <new>
 #include <thread>
 #include <string>
 
@@ -68,6 +69,10 @@ int main(int argc, char** argv) {
     return config_error_exit();
   } catch (const mt::DataError& e) {
     std::cerr << "megatrain: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "megatrain: error: out of host memory: the model, batch or data is too large for this machine; `megatrain plan` shows the memory "
+                 "per rank (use more ranks, a smaller --micro-batch-size, or the CUDA engine)\n";
     return 2;
   } catch (const std::exception& e) {
     const std::string m = e.what();

@@ -1,12 +1,18 @@
 // params.cpp: flat parameter buffers and layout-independent initialisation.
 #include "model/params.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
-#include <stdexcept>
 
+#include "config/errors.h"
 #include "tensor/rng.h"
 
 namespace mt {
@@ -23,8 +29,28 @@ size_t ParamStore::add(ParamInfo info) {
 }
 
 void ParamStore::allocate() {
-  params_ = Tensor::zeros({total_});
-  grads_ = Tensor::zeros({total_});
+  // Weights and gradients in fp32 on the host: said before trying, with the remedies, when the machine cannot
+  // hold them (std::bad_alloc names nothing).
+  const double need = 8.0 * static_cast<double>(total_);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+  auto gib = [](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
+    return std::string(buf);
+  };
+  const std::string remedy = ": use more ranks (--tensor-model-parallel-size / --pipeline-model-parallel-size), a smaller model, or the CUDA engine "
+                             "(`megatrain plan` shows the memory per rank)";
+  if (have > 0 && need > have) {
+    throw ConfigError("this rank's " + std::to_string(total_) + " parameters need " + gib(need) + " of host memory for weights and gradients, more than the " +
+                      gib(have) + " this machine has" + remedy);
+  }
+  try {
+    params_ = Tensor::zeros({total_});
+    grads_ = Tensor::zeros({total_});
+  } catch (const std::bad_alloc&) {
+    throw ConfigError("out of host memory allocating " + gib(need) + " for this rank's weights and gradients" + remedy);
+  }
 }
 
 size_t ParamStore::index_of(const std::string& name) const {

@@ -106,6 +106,9 @@ sleep 1 && touch "$tmp/ds_text_document.bin"
 out=$("$B" "${D[@]}" 2>&1)
 if ! grep -q "(cached index)" <<<"$out"; then echo "ok   a dataset rewritten in place does not reuse its old cache"; else
   echo "FAIL stale cache reused"; fails=$((fails + 1)); fi
+# A model beyond this machine's memory: said before allocating, with the bytes and the remedies.
+bad host-memory 'parameters need [0-9.]+ GiB of host memory for weights and gradients, more than the' -- "$B" --num-layers 100 --hidden-size 16384 \
+  --num-attention-heads 128 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 1 --lr 1e-4 --train-iters 1 --mock-data --vocab-size 1000 --device cpu
 # A full disk under metrics.jsonl: one warning, training goes on.
 mkdir -p "$tmp/full" && ln -sf /dev/full "$tmp/full/metrics.jsonl"
 out=$("$B" "${Q[@]}" --log-interval 1 --log-dir "$tmp/full" 2>&1); rc=$?
