@@ -94,6 +94,17 @@ for run in s1 s2; do
     ok "reshard PP2 x TP2 x DP2 -> PP2 $([[ $run == s1 ]] && echo "interleaved (V = 2)" || echo "zb-h1")"
   else bad "PP schedule reshard -> $run"; paste <(losses "$tmp/p1" | tail -4) <(losses "$tmp/$run"); fi
 done
+"${MPI[@]}" -np 4 "$B" "${M[@]}" --num-layers 4 --tensor-model-parallel-size 2 --sequence-parallel --load "$tmp/ckp" --log-dir "$tmp/s5" >/dev/null 2>&1
+if paste <(losses "$tmp/p1" | tail -4) <(losses "$tmp/s5") | awk '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > 1e-5*$1) bad=1} END{exit bad || NR!=4}'; then
+  ok "reshard PP2 x TP2 x DP2 -> TP2 x DP2"
+else bad "PP2 x TP2 x DP2 -> TP2 x DP2"; paste <(losses "$tmp/p1" | tail -4) <(losses "$tmp/s5"); fi
+# One rank's checkpoint continues on PP 4 like the uninterrupted run on one rank.
+"$B" "${M[@]}" --num-layers 4 --log-dir "$tmp/s6" >/dev/null 2>&1
+"$B" "${M[@]}" --num-layers 4 --save "$tmp/ck_one" --save-interval 100 --exit-interval 4 >/dev/null 2>&1
+"${MPI[@]}" -np 4 "$B" "${M[@]}" --num-layers 4 --pipeline-model-parallel-size 4 --load "$tmp/ck_one" --log-dir "$tmp/s7" >/dev/null 2>&1
+if paste <(losses "$tmp/s6" | tail -4) <(losses "$tmp/s7") | awk '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > 1e-5*$1) bad=1} END{exit bad || NR!=4}'; then
+  ok "reshard 1 rank -> PP4"
+else bad "1 rank -> PP4"; paste <(losses "$tmp/s6" | tail -4) <(losses "$tmp/s7"); fi
 "${MPI[@]}" -np 2 "$B" "${M[@]}" "${IL[@]}" --log-dir "$tmp/s3" >/dev/null 2>&1
 "${MPI[@]}" -np 2 "$B" "${M[@]}" "${IL[@]}" --save "$tmp/ck_il" --save-interval 100 --exit-interval 4 >/dev/null 2>&1
 "${MPI[@]}" -np 2 "$B" "${M[@]}" --num-layers 4 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1 --load "$tmp/ck_il" \
