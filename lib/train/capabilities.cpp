@@ -100,9 +100,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   // multi-GPU runs have checked them against the CPU engine, pipeline parallelism stays refused here.
   no(pp, "--pipeline-model-parallel-size > 1 has not run on GPUs yet on the CUDA engine: use --device cpu (every pipeline schedule runs on the "
          "CPU engine)");
-  no(pp && c.parallel.pipeline_schedule == "zb-h1" && (c.parallel.tensor_model_parallel_size > 1 || c.recompute.recompute_granularity == "full"),
-     "--pipeline-schedule zb-h1 on the CUDA engine runs the weight gradients apart only without tensor parallelism and full recompute: "
-     "use --device cpu or --pipeline-schedule 1f1b");
+  no(pp && c.parallel.pipeline_schedule == "zb-h1" && c.recompute.recompute_granularity == "full",
+     "--pipeline-schedule zb-h1 on the CUDA engine runs the weight gradients apart only without full recompute (a recomputed layer's "
+     "activations do not outlive its backward): drop the recompute, use --device cpu or --pipeline-schedule 1f1b");
   no(pp && !c.model.untie_embeddings_and_output_weights && c.training.overlap_grad_reduce && c.derived.data_parallel_size > 1,
      "--overlap-grad-reduce with tied embeddings across pipeline stages is not implemented on the CUDA engine: drop it, or add "
      "--untie-embeddings-and-output-weights");

@@ -84,15 +84,17 @@ class CudaGPT {
                void* output = nullptr);
   // defer_weights: the input-gradient half B only (what zero-bubble schedules run first); the layers' weight-
   // gradient GEMMs and the grads-ready hooks wait for backward_weights(mb, slot), the slot held until then.
-  // Without TP and recompute (the saved output gradients are this rank's whole rows; a recomputed layer's
-  // activations are gone after its backward).
+  // Not with full recompute (a recomputed layer's activations are gone after its backward) nor the split TP
+  // layers. Under TP the gathered output gradients are saved; what needs this rank's rows (row-parallel bias
+  // gradients under SP) and the reductions of replicated gradients stay in the backward, the K/V-replica sum
+  // of the QKV weight gradient moves to W.
   void backward(const DeviceMicrobatch& mb, int64_t slot = 0, const float* output_grad = nullptr, float* input_grad = nullptr,
                 bool defer_weights = false);
   // W: the weight gradients of the layers of the microbatch in `slot`, from the output gradients its deferred
   // backward saved and its activations.
   void backward_weights(const DeviceMicrobatch& mb, int64_t slot);
-  // Whether backward can defer the weight gradients here (no TP, no recompute).
-  bool can_defer_weights() const { return tp_ == nullptr && !full_recompute_; }
+  // Whether backward can defer the weight gradients here (no full recompute, no split TP layers).
+  bool can_defer_weights() const { return !full_recompute_ && !split_forward_; }
   cudaStream_t stream() const { return stream_; }
   bool pre_process() const { return pre_; }
   bool post_process() const { return post_; }

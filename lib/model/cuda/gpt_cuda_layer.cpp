@@ -103,12 +103,10 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // Row-parallel biases: under SP their gradient is this rank's rows' (summed over TP later), not all of dy's.
   const bool fuse_row = bgrad_epilogue_ && !sp_;
   Slot* const defer = defer_into_;  // B only: the weight gradients' inputs saved for backward_weights
-  if (defer) {
-    save_for_weights(defer->dy_mlp, l, dy, h, T);
-  } else {
-    wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
-    if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
-  }
+  if (defer) save_for_weights(defer->dy_mlp, l, dy, h, T);
+  if (!defer) wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
+  // (A row-parallel bias not from the epilogue takes this rank's rows: in the backward itself, deferred or not.)
+  if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
   // Without the epilogue the bias gradient kernel stays on the compute stream (its temporaries come from the
@@ -132,12 +130,9 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // which is longer than the QKV weight gradient alone: off the critical path (its dy is read before the
   // norm's backward below overwrites it).
   const bool defer_proj = wgrad_stream_ != nullptr;
-  if (defer) {
-    save_for_weights(defer->dy_attn, l, dy, h, T);
-  } else {
-    if (!defer_proj) wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
-    if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
-  }
+  if (defer) save_for_weights(defer->dy_attn, l, dy, h, T);
+  if (!defer && !defer_proj) wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+  if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}, r.q, r.k, r.v, r.o, s.d_o,
                                                                 r.stats, s.dq, s.dk, s.dv, stream_));
   if (D.qk_norm) {  // RoPE undone, then the norms' backward (the residual-gradient slot as zeroed scratch)
@@ -199,7 +194,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer
   // (or its recompute) overwrites, and their gradients must be final before the grads-ready hook.
   MT_PROF("tp.wgrad_join", join_wgrad());
-  if (kv_group_ && final_backward_) {
+  if (kv_group_ && final_backward_ && !defer) {  // (deferred: after the QKV weight gradient, in backward_weights)
     // Every replica of the group's QKV block gets the sum: its own query heads' rows from their owner, and
     // the K/V rows from all the group's query heads.
     kv_group_->group_start();
@@ -230,13 +225,17 @@ void CudaGPT::backward_weights(const DeviceMicrobatch& mb, int64_t slot) {
     const LayerW& lw = layers_[k];
     Record& r = act(l);
     wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, sl.dy_mlp[k], r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
-    if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), sl.dy_mlp[k], T, h, stream_, dt_));
     if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), sl.dfc1[k], T, F1, stream_, dt_));
     wgrad_with_bias(stream_, "bwd.gemm.fc1_wgrad", F1, T, sl.dfc1[k], r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
     wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, sl.dy_attn[k], r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
-    if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), sl.dy_attn[k], T, h, stream_, dt_));
     if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), sl.dqkv[k], T, Wq, stream_, dt_));
     wgrad_with_bias(stream_, "bwd.gemm.qkv_wgrad", Wq, T, sl.dqkv[k], r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
+    if (kv_group_ && final_backward_) {  // every replica of the group's QKV block gets the sum (as the fused backward)
+      kv_group_->group_start();
+      kv_group_->all_reduce_on(g(lw.qkv_w), static_cast<int64_t>(Wq) * h, WireType::kF32, ReduceOp::kSum, stream_);
+      if (lw.qkv_b >= 0) kv_group_->all_reduce_on(g(lw.qkv_b), Wq, WireType::kF32, ReduceOp::kSum, stream_);
+      MT_PROF("tp.kv_replica_grads", kv_group_->group_end());
+    }
     if (final_backward_ && grads_ready_) grads_ready_(layer_start_[k]);
   }
   if (final_backward_ && grads_ready_) grads_ready_(0);
