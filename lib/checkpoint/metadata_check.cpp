@@ -116,7 +116,9 @@ void check_checkpoint_metadata(const json& meta, const fs::path& metadata, int64
       if (local.size() != global.size()) k.fail(where, "'local_shape' has another rank than the global shape");
       for (size_t d = 0; d < global.size(); ++d) {
         const bool split = static_cast<int64_t>(d) == dim && count > 1;
-        if (split ? local[d] * count != global[d] : local[d] != global[d]) k.fail(where, "'local_shape' is not a slice of the global shape");
+        if (split ? local[d] > global[d] / count || local[d] * count != global[d] : local[d] != global[d]) {
+          k.fail(where, "'local_shape' is not a slice of the global shape");
+        }
       }
       const json& range = k.field(pc, "range", where);
       if (!range.is_array() || range.size() != 2 || !range[0].is_number_integer() || !range[1].is_number_integer()) k.fail(where, "'range' is not [lo, hi]");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -23,7 +24,11 @@ SaveDirectoryLock::SaveDirectoryLock(const std::string& dir, Communicator& comm)
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) {
       why = "cannot create " + path + " (" + std::strerror(errno) + "): check --save";
-    } else if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    } else if (const int rc = ::flock(fd_, LOCK_EX | LOCK_NB), err = errno; rc != 0 && err != EWOULDBLOCK) {
+      // A filesystem without locks (some NFS set-ups): saving still works, only unguarded.
+      std::fprintf(stderr, "megatrain: warning: cannot lock %s (%s): one run at a time per --save directory is not enforced there\n", path.c_str(),
+                   std::strerror(err));
+    } else if (rc != 0) {
       char holder[256] = {0};
       const ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
       std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "another process";

@@ -282,6 +282,12 @@ void check_rampup(const Config& c, int64_t dp, Checker& k) {
   }
   if (c.training.micro_batch_size && *c.training.micro_batch_size > 0) {
     const int64_t unit = *c.training.micro_batch_size * dp;
+    const auto& p = c.parallel;
+    const bool interleaved = p.pipeline_model_parallel_size > 1 && (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1);
+    if (interleaved && (start % (unit * p.pipeline_model_parallel_size) != 0 || inc % (unit * p.pipeline_model_parallel_size) != 0)) {
+      k.error("--rampup-batch-size with interleaved pipelining: the start " + s(start) + " and increment " + s(inc) + " must be multiples of " +
+              "micro-batch-size x DP x PP = " + s(unit * p.pipeline_model_parallel_size) + " (every batch on the way in microbatches a multiple of PP)");
+    }
     if (start % unit != 0 || inc % unit != 0) {
       k.error("--rampup-batch-size: the start " + s(start) + " and increment " + s(inc) + " must be multiples of micro-batch-size x DP = " + s(unit) +
               " (every batch size on the way is split into whole microbatches)");

@@ -121,10 +121,13 @@ GptSplitIndex::GptSplitIndex(std::shared_ptr<const IndexedDataset> data, int64_t
   // Smallest number of epochs whose tokens cover num_samples samples of seq (+1 overlapping token).
   epochs_ = std::max<int64_t>(1, (num_samples * seq + 1 + tokens - 1) / tokens);
   while ((epochs_ * tokens - 1) / seq < num_samples) ++epochs_;
-  std::ostringstream key;
-  key << fs::absolute(data_->name()).string() << '|' << dataset_identity(data_->name()) << '|' << doc_begin << '|' << doc_end << '|'
-      << num_samples << '|' << seq << '|' << seed << "|v2";
-  const uint64_t h = fnv(key.str());
+  // The order of the samples depends on the data and the settings only (the same on every rank and node, and
+  // as before this cache format); the cache's key adds what tells a dataset rewritten in place.
+  std::ostringstream order_key;
+  order_key << fs::absolute(data_->name()).string() << '|' << fs::file_size(data_->name() + ".idx") << '|' << fs::file_size(data_->name() + ".bin")
+            << '|' << doc_begin << '|' << doc_end << '|' << num_samples << '|' << seq << '|' << seed << "|v1";
+  const uint64_t order = fnv(order_key.str());
+  const uint64_t h = fnv(order_key.str() + "|" + dataset_identity(data_->name()) + "|v2");
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
   const fs::path dir = cache_dir.empty() ? fs::path(data_->name()).parent_path() : fs::path(cache_dir);
@@ -142,7 +145,7 @@ GptSplitIndex::GptSplitIndex(std::shared_ptr<const IndexedDataset> data, int64_t
   doc_index_.clear();
   sample_index_.clear();
   shuffle_.clear();
-  build(doc_begin, doc_end, seed ^ h);
+  build(doc_begin, doc_end, seed ^ order);
   std::error_code ec;
   fs::create_directories(dir, ec);
   write_vec_atomic(p_doc, doc_index_, h);
@@ -156,12 +159,16 @@ std::string GptSplitIndex::check_cached(int64_t doc_begin, int64_t doc_end, int6
   for (int32_t d : doc_index_) {
     if (d < doc_begin || d >= doc_end) return "a document outside the split";
   }
+  // Every sample starts inside a document (the last pair only ends one, at most one past the documents).
   for (size_t i = 0; i < sample_index_.size(); i += 2) {
     const int64_t pos = sample_index_[i], off = sample_index_[i + 1];
-    if (pos < 0 || pos > static_cast<int64_t>(doc_index_.size()) || off < 0 ||
-        (pos < static_cast<int64_t>(doc_index_.size()) && off > data_->sequence_length(doc_index_[static_cast<size_t>(pos)]))) {
+    const bool end = i + 2 == sample_index_.size();
+    const auto ndoc = static_cast<int64_t>(doc_index_.size());
+    if (pos < 0 || off < 0 || pos > ndoc || (!end && pos == ndoc) ||
+        (pos < ndoc && off > data_->sequence_length(doc_index_[static_cast<size_t>(pos)]))) {
       return "a sample outside the documents";
     }
+    if (i >= 2 && (pos < sample_index_[i - 2] || (pos == sample_index_[i - 2] && off < sample_index_[i - 1]))) return "samples out of order";
   }
   for (auto x : shuffle_) {
     if (x < 0 || static_cast<size_t>(x) + 1 >= sample_index_.size() / 2) return "a shuffled sample out of range";
@@ -210,6 +217,9 @@ void GptSplitIndex::sample(int64_t i, int32_t* out) const {
   int64_t pos = sample_index_[static_cast<size_t>(2 * j)], off = sample_index_[static_cast<size_t>(2 * j + 1)];
   int64_t need = seq_ + 1, w = 0;
   while (need > 0) {
+    if (pos >= static_cast<int64_t>(doc_index_.size())) {
+      throw DataError(data_->name() + ": sample " + std::to_string(j) + " runs past the documents of its index (a damaged index cache: delete it)");
+    }
     const int32_t d = doc_index_[static_cast<size_t>(pos)];
     const int64_t take = std::min<int64_t>(need, data_->sequence_length(d) - off);
     data_->read(d, off, take, out + w);

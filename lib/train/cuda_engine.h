@@ -117,7 +117,7 @@ class CudaEngine final : public TrainingEngine {
   std::map<int64_t, std::pair<int64_t, int64_t>> bucket_chunks_;
   int64_t nmb_max_ = 1;
   std::vector<std::unique_ptr<MicrobatchSlot>> slots_;
-  std::unique_ptr<MicrobatchSlot> eval_slot_;
+  std::vector<std::unique_ptr<MicrobatchSlot>> eval_slots_;
   std::vector<uint64_t> drop_keys_;
   std::unique_ptr<CheckpointSaver> saver_;
   cudaEvent_t drained_ = nullptr;

@@ -250,7 +250,8 @@ double CudaEngine::evaluate(int64_t iteration) {
           const Microbatch mb = make_microbatch(data_, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
           double denom = 0;
           for (float x : mb.loss_mask) denom += x;
-          return CudaPipelineStage::Staged{eval_slot_->upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait), 0.0f,
+          MicrobatchSlot& slot = *eval_slots_[static_cast<size_t>(mi) % eval_slots_.size()];
+          return CudaPipelineStage::Staged{slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait), 0.0f,
                                            static_cast<float>(1.0 / std::max(denom, 1.0))};
         },
         eval_acc_, stage_pipeline());

@@ -238,7 +238,7 @@ void CudaGPT::backward_weights(const DeviceMicrobatch& mb, int64_t slot) {
     }
     if (final_backward_ && grads_ready_) grads_ready_(layer_start_[k]);
   }
-  if (final_backward_ && grads_ready_) grads_ready_(0);
+  if (final_backward_ && grads_ready_) grads_ready_(pre_ ? 0 : layer_start_[0]);
   sl.weights_due = false;
 }
 

@@ -268,7 +268,9 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
   defer_into_ = nullptr;
   if (!pre_) {  // the previous stage's output gradient
     MT_PROF("pp.input_grad", MT_CUDA_CHECK(cudaMemcpyAsync(input_grad, s.dres, boundary_gradient_bytes(T), cudaMemcpyDeviceToDevice, stream_)));
-    if (final_backward_ && hook) hook(0);
+    // This stage's parameters start at its first layer (another chunk of the rank may still be computing
+    // those below: interleaving, one buffer).
+    if (final_backward_ && hook) hook(layer_start_[0]);
     return;
   }
   // The embedding gradient from every token (gathered under SP): each rank's vocabulary rows, and the
