@@ -66,6 +66,10 @@ void send_str(int fd, const std::string& s) {
   send_all(fd, s.data(), s.size());
 }
 
+// A connection that says nothing is dropped after a few seconds (a port scanner, a stray client), so that it
+// cannot hold up the rendezvous until its whole deadline.
+Clock::time_point hello_deadline(Clock::time_point deadline) { return std::min(deadline, Clock::now() + std::chrono::seconds(5)); }
+
 bool recv_str(int fd, std::string& s, Clock::time_point deadline, uint64_t max_len = 1u << 24) {
   uint64_t len = 0;
   if (!recv_all(fd, &len, sizeof(len), deadline) || len > max_len) return false;
@@ -169,7 +173,7 @@ int TcpNode::claim(const std::string& uid, int64_t from, TcpClock::time_point de
     const int c = ::accept(listen_fd, nullptr, nullptr);
     if (c < 0) continue;
     std::string hello;
-    if (!recv_str(c, hello, deadline, 4096) || hello.rfind(std::string(kMagic) + " ", 0) != 0) {
+    if (!recv_str(c, hello, hello_deadline(deadline), 4096) || hello.rfind(std::string(kMagic) + " ", 0) != 0) {
       ::close(c);  // not one of ours
       continue;
     }
@@ -261,7 +265,7 @@ void serve_table(TcpNode& node, int port, TcpClock::time_point deadline, const s
     std::string hello;
     long long r_peer = -1, p_peer = 0;
     char magic[32] = {0};
-    if (!recv_str(c, hello, deadline, 4096) || std::sscanf(hello.c_str(), "%31s %lld %lld", magic, &r_peer, &p_peer) != 3 ||
+    if (!recv_str(c, hello, hello_deadline(deadline), 4096) || std::sscanf(hello.c_str(), "%31s %lld %lld", magic, &r_peer, &p_peer) != 3 ||
         std::string(magic) != kMagic || r_peer <= 0 || r_peer >= static_cast<long long>(W) || node.ports[static_cast<size_t>(r_peer)] != 0) {
       continue;  // a stray client, or a rank twice (closed with the rest)
     }

@@ -114,6 +114,18 @@ mkdir -p "$tmp/full" && ln -sf /dev/full "$tmp/full/metrics.jsonl"
 out=$("$B" "${Q[@]}" --log-interval 1 --log-dir "$tmp/full" 2>&1); rc=$?
 if [[ $rc -eq 0 ]] && [[ $(grep -c "warning: a metrics.jsonl line could not be written" <<<"$out") -eq 1 ]]; then echo "ok   metrics on a full disk: warned once"; else
   echo "FAIL metrics full disk: rc=$rc"; echo "$out" | tail -3; fails=$((fails + 1)); fi
+# A silent client at the torchrun-style rendezvous is dropped after a few seconds; the ranks go on.
+P=$((29000 + RANDOM % 1000)); t0=$SECONDS
+(MASTER_ADDR=127.0.0.1 MASTER_PORT=$P RANK=0 WORLD_SIZE=2 "$B" "${Q[@]}" --device cpu >"$tmp/rdv0.log" 2>&1; echo "rc=$?" >>"$tmp/rdv0.log") &
+rdv=$!
+sleep 1
+(exec 3<>"/dev/tcp/127.0.0.1/$P" && sleep 30) 2>/dev/null &
+silent=$!
+sleep 1
+MASTER_ADDR=127.0.0.1 MASTER_PORT=$P RANK=1 WORLD_SIZE=2 timeout 40 "$B" "${Q[@]}" --device cpu >"$tmp/rdv1.log" 2>&1; rc1=$?
+wait $rdv; kill $silent 2>/dev/null
+if [[ $rc1 -eq 0 ]] && grep -q "rc=0" "$tmp/rdv0.log" && ((SECONDS - t0 < 25)); then echo "ok   silent client at the rendezvous dropped ($((SECONDS - t0)) s)"; else
+  echo "FAIL silent client: rc1=$rc1, $((SECONDS - t0)) s"; tail -2 "$tmp/rdv0.log"; fails=$((fails + 1)); fi
 # Ranks launched with different flags (an MPI app context): every rank ends, naming the settings.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 bad ranks-disagree 'the ranks were launched with different configurations .*rank 1: --seed 5 \(rank 0: 1234\); --lr 0.002 \(rank 0: 0.001\)' -- \
