@@ -158,6 +158,55 @@ mt::Config make_config(const std::string& model, const std::string& extra = kPla
   return c;
 }
 
+// n training microbatches staged on the device, each with its share 1 / (tokens x n) of the loss and, with
+// hidden dropout, the engine's mask keys (the embedding, then per global layer the attention and MLP outputs).
+struct StagedMicrobatches {
+  std::vector<std::unique_ptr<mt::MicrobatchSlot>> staging;
+  std::vector<mt::Microbatch> host;
+  std::vector<mt::DeviceMicrobatch> dev;
+  std::vector<float> weight;
+};
+StagedMicrobatches stage_microbatches(const mt::Config& cfg, const mt::ModelDims& D, int64_t n, cudaStream_t stream) {
+  StagedMicrobatches out;
+  auto data = mt::open_training_data(cfg);
+  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length;
+  const auto seed = static_cast<uint64_t>(cfg.training.seed);
+  auto wait = [](cudaEvent_t e) { cudaEventSynchronize(e); };
+  for (int64_t m = 0; m < n; ++m) {
+    out.host.push_back(mt::make_microbatch(*data, mt::Split::kTrain, m * mbs, mbs, S, cfg));
+    const mt::Microbatch& mb = out.host.back();
+    double denom = 0;
+    for (float x : mb.loss_mask) denom += x;
+    out.weight.push_back(static_cast<float>(1.0 / (std::max(denom, 1.0) * static_cast<double>(n))));
+    std::vector<uint64_t> keys;
+    for (int64_t b = 0; cfg.model.hidden_dropout > 0 && b < mb.B; ++b) {
+      keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, -1, mt::kDropEmbedding));
+      for (int64_t l = 0; l < D.L; ++l) {
+        keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, l, mt::kDropAttnOut));
+        keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, l, mt::kDropMlpOut));
+      }
+    }
+    out.staging.push_back(std::make_unique<mt::MicrobatchSlot>(mbs * S, static_cast<int64_t>(keys.size())));
+    out.dev.push_back(out.staging.back()->upload(mb, D.learned_pos, 0, D.V_local, D.max_pos, stream, wait, keys));
+  }
+  cudaStreamSynchronize(stream);
+  return out;
+}
+
+// The stages' gradients (each store with the model owning its gradient buffer) added up at the whole model's
+// offsets, by parameter name: with tied embeddings the two copies' gradients sum to the whole model's.
+std::vector<float> gradients_by_name(const mt::ParamStore& whole, const std::vector<std::pair<const mt::ParamStore*, const mt::CudaGPT*>>& parts) {
+  std::vector<float> out(static_cast<size_t>(whole.numel()), 0.0f);
+  for (const auto& [store, model] : parts) {
+    const std::vector<float> g = download(model->grads(), static_cast<size_t>(model->numel()));
+    for (const mt::ParamInfo& p : store->infos()) {
+      const mt::ParamInfo& w = whole.info(whole.index_of(p.name));
+      for (int64_t e = 0; e < p.numel; ++e) out[static_cast<size_t>(w.offset + e)] += g[static_cast<size_t>(p.offset + e)];
+    }
+  }
+  return out;
+}
+
 void test_training(const std::string& model, const std::string& extra = kPlain) {
   const mt::Config cfg = make_config(model, extra);
   mt::TrainOptions quiet{true, 0};
@@ -207,22 +256,11 @@ void test_in_flight(const std::string& model) {
     cudaStream_t stream = nullptr;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 3);
-    auto data = mt::open_training_data(cfg);
-    const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, n = 3;
-    std::vector<std::unique_ptr<mt::MicrobatchSlot>> staging;
-    std::vector<mt::DeviceMicrobatch> mbs_dev;
-    std::vector<mt::Microbatch> mbs_host;
-    std::vector<float> weight;
-    const auto& D = gpu.dims();
-    auto wait = [](cudaEvent_t e) { cudaEventSynchronize(e); };
-    for (int64_t m = 0; m < n; ++m) {
-      mbs_host.push_back(mt::make_microbatch(*data, mt::Split::kTrain, m * mbs, mbs, S, cfg));
-      double denom = 0;
-      for (float x : mbs_host.back().loss_mask) denom += x;
-      weight.push_back(static_cast<float>(1.0 / (std::max(denom, 1.0) * n)));
-      staging.push_back(std::make_unique<mt::MicrobatchSlot>(mbs * S));
-      mbs_dev.push_back(staging.back()->upload(mbs_host.back(), D.learned_pos, 0, D.V_local, D.max_pos, stream, wait));
-    }
+    const int64_t n = 3;
+    const StagedMicrobatches staged = stage_microbatches(cfg, gpu.dims(), n, stream);
+    const auto& mbs_dev = staged.dev;
+    const auto& mbs_host = staged.host;
+    const auto& weight = staged.weight;
     float* acc = nullptr;
     cudaMalloc(&acc, 4);
     const size_t P = static_cast<size_t>(gpu.numel());
@@ -292,30 +330,11 @@ void test_pipeline_stages(const std::string& model, const std::string& extra) {
       const mt::ModelLayout at = mt::build_model_layout(cfg, {0, 1, r, 2}, stores[r]);
       stage.push_back(std::make_unique<mt::CudaGPT>(cfg, stores[r], at, stream));
     }
-    auto data = mt::open_training_data(cfg);
-    const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, n = 2, T = mbs * S;
+    const int64_t n = 2, T = *cfg.training.micro_batch_size * *cfg.data.seq_length;
     const auto& D = whole.dims();
-    const auto seed = static_cast<uint64_t>(cfg.training.seed);
-    std::vector<std::unique_ptr<mt::MicrobatchSlot>> staging;
-    std::vector<mt::DeviceMicrobatch> dev;
-    std::vector<float> weight;
-    auto wait = [](cudaEvent_t e) { cudaEventSynchronize(e); };
-    for (int64_t m = 0; m < n; ++m) {
-      const mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, m * mbs, mbs, S, cfg);
-      double denom = 0;
-      for (float x : mb.loss_mask) denom += x;
-      weight.push_back(static_cast<float>(1.0 / (std::max(denom, 1.0) * n)));
-      std::vector<uint64_t> keys;  // the engine's: the embedding, then per global layer the attention and MLP outputs
-      for (int64_t b = 0; cfg.model.hidden_dropout > 0 && b < mb.B; ++b) {
-        keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, -1, mt::kDropEmbedding));
-        for (int64_t l = 0; l < D.L; ++l) {
-          keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, l, mt::kDropAttnOut));
-          keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, l, mt::kDropMlpOut));
-        }
-      }
-      staging.push_back(std::make_unique<mt::MicrobatchSlot>(T, static_cast<int64_t>(keys.size())));
-      dev.push_back(staging.back()->upload(mb, D.learned_pos, 0, D.V_local, D.max_pos, stream, wait, keys));
-    }
+    const StagedMicrobatches staged = stage_microbatches(cfg, D, n, stream);
+    const auto& dev = staged.dev;
+    const auto& weight = staged.weight;
     float* acc = nullptr;
     cudaMalloc(&acc, 8);
     void* boundary = nullptr;
@@ -337,15 +356,7 @@ void test_pipeline_stages(const std::string& model, const std::string& extra) {
     cudaStreamSynchronize(stream);
     const std::vector<float> losses = download(acc, 2);
     const std::vector<float> whole_grads = download(whole.grads(), static_cast<size_t>(whole.numel()));
-    std::vector<float> staged(whole_grads.size(), 0.0f);  // the stages' gradients at the whole model's offsets
-    for (int64_t r = 0; r < 2; ++r) {
-      const std::vector<float> g = download(stage[static_cast<size_t>(r)]->grads(), static_cast<size_t>(stage[static_cast<size_t>(r)]->numel()));
-      for (const mt::ParamInfo& p : stores[r].infos()) {
-        const mt::ParamInfo& w = whole_store.info(whole_store.index_of(p.name));
-        for (int64_t e = 0; e < p.numel; ++e) staged[static_cast<size_t>(w.offset + e)] += g[static_cast<size_t>(p.offset + e)];
-      }
-    }
-    const double e = rel_err(staged, whole_grads);
+    const double e = rel_err(gradients_by_name(whole_store, {{&stores[0], stage[0].get()}, {&stores[1], stage[1].get()}}), whole_grads);
     const bool exact = !D.tied && cfg.model.hidden_dropout == 0;  // the same kernels on the same values
     char buf[320];
     std::snprintf(buf, sizeof(buf), "%s%s: 2 pipeline stages vs the whole model on one GPU: losses %.7f / %.7f, gradients %.2e apart", model.c_str(),
@@ -371,21 +382,10 @@ void test_deferred_weights(const std::string& model) {
     cudaStream_t stream = nullptr;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 3);
-    auto data = mt::open_training_data(cfg);
-    const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, n = 3;
-    std::vector<std::unique_ptr<mt::MicrobatchSlot>> staging;
-    std::vector<mt::DeviceMicrobatch> dev;
-    std::vector<float> weight;
-    const auto& D = gpu.dims();
-    auto wait = [](cudaEvent_t e) { cudaEventSynchronize(e); };
-    for (int64_t m = 0; m < n; ++m) {
-      const mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, m * mbs, mbs, S, cfg);
-      double denom = 0;
-      for (float x : mb.loss_mask) denom += x;
-      weight.push_back(static_cast<float>(1.0 / (std::max(denom, 1.0) * n)));
-      staging.push_back(std::make_unique<mt::MicrobatchSlot>(mbs * S));
-      dev.push_back(staging.back()->upload(mb, D.learned_pos, 0, D.V_local, D.max_pos, stream, wait));
-    }
+    const int64_t n = 3;
+    const StagedMicrobatches staged = stage_microbatches(cfg, gpu.dims(), n, stream);
+    const auto& dev = staged.dev;
+    const auto& weight = staged.weight;
     float* acc = nullptr;
     cudaMalloc(&acc, 4);
     const size_t P = static_cast<size_t>(gpu.numel());
@@ -515,20 +515,9 @@ void test_pipeline_schedule(const std::string& model, const std::string& kind = 
                                                       mt::peak_in_flight(mine), c > 0 ? stage[static_cast<size_t>(r * chunks)].get() : nullptr));
       }
     }
-    auto data = mt::open_training_data(cfg);
-    const auto& D = whole.dims();
-    std::vector<std::unique_ptr<mt::MicrobatchSlot>> staging;
-    std::vector<mt::DeviceMicrobatch> dev;
-    std::vector<float> weight;
-    auto wait = [](cudaEvent_t e) { cudaEventSynchronize(e); };
-    for (int64_t m = 0; m < n; ++m) {
-      const mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, m * mbs, mbs, S, cfg);
-      double denom = 0;
-      for (float x : mb.loss_mask) denom += x;
-      weight.push_back(static_cast<float>(1.0 / (std::max(denom, 1.0) * n)));
-      staging.push_back(std::make_unique<mt::MicrobatchSlot>(T));
-      dev.push_back(staging.back()->upload(mb, D.learned_pos, 0, D.V_local, D.max_pos, streams[2], wait));
-    }
+    const StagedMicrobatches staged = stage_microbatches(cfg, whole.dims(), n, streams[2]);
+    const auto& dev = staged.dev;
+    const auto& weight = staged.weight;
     float* acc = nullptr;
     cudaMalloc(&acc, 8);
     cudaMemsetAsync(acc, 0, 8, streams[2]);
@@ -572,16 +561,9 @@ void test_pipeline_schedule(const std::string& model, const std::string& kind = 
     if (!errors[0].empty() || !errors[1].empty()) throw std::runtime_error(errors[0] + " / " + errors[1]);
     const std::vector<float> losses = download(acc, 2);
     const std::vector<float> whole_grads = download(whole.grads(), static_cast<size_t>(whole.numel()));
-    std::vector<float> staged(whole_grads.size(), 0.0f);
-    for (int64_t r = 0; r < 2; ++r) {
-      const mt::CudaGPT& owner = *stage[static_cast<size_t>(r * chunks)];
-      const std::vector<float> g = download(owner.grads(), static_cast<size_t>(owner.numel()));
-      for (const mt::ParamInfo& p : stores[r].infos()) {
-        const mt::ParamInfo& w = whole_store.info(whole_store.index_of(p.name));
-        for (int64_t e = 0; e < p.numel; ++e) staged[static_cast<size_t>(w.offset + e)] += g[static_cast<size_t>(p.offset + e)];
-      }
-    }
-    const double e = rel_err(staged, whole_grads);
+    // Each rank's first chunk owns the gradient buffer of all its chunks.
+    const double e = rel_err(gradients_by_name(whole_store, {{&stores[0], stage[0].get()}, {&stores[1], stage[static_cast<size_t>(chunks)].get()}}),
+                             whole_grads);
     char buf[320];
     std::snprintf(buf, sizeof(buf), "%s: %s over 2 CUDA stages (4 microbatches, linked in memory) vs the whole model: losses %.7f / %.7f, gradients %.2e apart",
                   model.c_str(), kind == "zb-h1" ? "ZB-H1 (weight gradients apart)" : chunks > 1 ? "interleaved 1F1B (2 chunks per rank)" : "1F1B",
