@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "config/errors.h"
+#include "config/moe_pattern.h"
 #include "config/yaml_io.h"
 #include "config_setup.h"
 #include "parallel/launcher.h"
@@ -125,9 +126,12 @@ int run_plan(int argc, char** argv) {
               cfg.model.position_embedding_type.c_str(), static_cast<long long>(d.vocab_size),
               static_cast<long long>(d.padded_vocab_size), static_cast<long long>(*cfg.data.seq_length));
   if (moe) {
-    std::printf("moe: %lld experts, top-%lld, expert ffn %lld, every %lld layer(s)\n",
+    int64_t moe_layers = 0;
+    for (bool m : moe_layer_pattern(cfg)) moe_layers += m ? 1 : 0;
+    std::printf("moe: %lld experts, top-%lld, expert ffn %lld, %lld of %lld layers MoE (--moe-layer-freq %s)\n",
                 static_cast<long long>(*cfg.moe.num_experts), static_cast<long long>(cfg.moe.moe_router_topk),
-                static_cast<long long>(cfg.moe.moe_ffn_hidden_size.value_or(0)), static_cast<long long>(cfg.moe.moe_layer_freq));
+                static_cast<long long>(cfg.moe.moe_ffn_hidden_size.value_or(0)), static_cast<long long>(moe_layers),
+                static_cast<long long>(*cfg.model.num_layers), cfg.moe.moe_layer_freq.c_str());
   }
   std::printf("\nlayout: world size %lld = TP %lld x PP %lld x CP %lld x DP %lld (rank order %s)\n",
               static_cast<long long>(world), static_cast<long long>(p.tensor_model_parallel_size),

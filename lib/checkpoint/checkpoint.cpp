@@ -115,6 +115,8 @@ std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& par
                          {"tensor_model_parallel_size", cfg.parallel.tensor_model_parallel_size},
                          {"pipeline_model_parallel_size", cfg.parallel.pipeline_model_parallel_size},
                          {"data_parallel_size", cfg.derived.data_parallel_size},
+                         {"expert_model_parallel_size", cfg.parallel.expert_model_parallel_size},
+                         {"expert_tensor_parallel_size", cfg.derived.expert_tensor_parallel_size},
                          {"use_distributed_optimizer", cfg.training.use_distributed_optimizer}}.dump();
   std::vector<const float*> sources;
   auto add = [&](size_t i, const char* kind, int64_t lo, int64_t hi, const float* src) {
@@ -125,14 +127,13 @@ std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& par
   // A replicated shard (K/V replication) is written by its first holder only; the last pipeline stage's copy of
   // the tied embedding not at all (the first stage writes the embedding; a load fills the copy from it).
   auto written = [&](size_t i) { return params.info(i).replica == 0 && !params.info(i).tied_copy; };
-  if (who.writes_params) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (written(i)) add(i, "param", 0, params.info(i).numel, params.param(i));
-    }
+  auto expert = [&](size_t i) { return params.info(i).grad_group == GradGroup::kExpert; };
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (written(i) && (expert(i) ? who.writes_expert_params : who.writes_params)) add(i, "param", 0, params.info(i).numel, params.param(i));
   }
-  if (with_optimizer && who.writes_optimizer) {
+  if (with_optimizer) {
     for (const auto& seg : opt.segments()) {
-      if (!written(seg.param)) continue;
+      if (!written(seg.param) || !(expert(seg.param) ? who.writes_expert_optimizer : who.writes_optimizer)) continue;
       const int64_t off = params.info(seg.param).offset;
       const int64_t lo = seg.begin - off, hi = seg.end - off;
       if (opt.master()) add(seg.param, "master", lo, hi, opt.master() + seg.state);

@@ -34,6 +34,10 @@ struct CheckpointRank {
   int64_t world_rank = 0, world_size = 1;
   bool writes_params = true;  // one data-parallel replica writes the parameters
   bool writes_optimizer = true;
+  // The expert parameters (MoE): one expert-data-parallel replica writes them (the dense writer may hold other
+  // experts or none), and their optimizer state.
+  bool writes_expert_params = true;
+  bool writes_expert_optimizer = true;
 };
 
 // A copy of everything one rank writes (so an async save can run while training changes the state).

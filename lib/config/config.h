@@ -124,7 +124,9 @@ struct MoeConfig {
   OptInt num_experts;
   int64_t moe_router_topk = 2;
   OptInt moe_ffn_hidden_size;
-  int64_t moe_layer_freq = 1;
+  // Megatron's pattern: an integer N (every N-th layer from layer 0 is MoE) or a list expression such as
+  // "[0]+[1]*3" or "([0]*3+[1])*2" with one 0/1 per layer (model/moe_pattern.h parses it).
+  std::string moe_layer_freq = "1";
   std::string moe_router_load_balancing_type = "aux_loss";
   double moe_aux_loss_coeff = 0.0;
   OptFloat moe_z_loss_coeff;
@@ -133,6 +135,17 @@ struct MoeConfig {
   OptFloat moe_expert_capacity_factor;
   bool moe_router_pre_softmax = false;
   OptInt moe_shared_expert_intermediate_size;
+  bool moe_shared_expert_overlap = false;
+  std::string moe_router_score_function = "softmax";
+  std::string moe_router_dtype = "fp32";
+  OptFloat moe_router_topk_scaling_factor;
+  OptInt moe_router_num_groups;
+  OptInt moe_router_group_topk;
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  std::string moe_token_drop_policy = "probs";
+  bool moe_pad_expert_input_to_capacity = false;
+  bool moe_permute_fusion = false;
 };
 
 struct DataConfig {

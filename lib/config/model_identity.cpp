@@ -1,6 +1,8 @@
 // model_identity.cpp: the architecture settings, compared by value.
 #include "config/model_identity.h"
 
+#include "config/moe_pattern.h"
+
 #include <sstream>
 
 #include "config/resolve.h"
@@ -47,7 +49,9 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
   if (c.moe.num_experts) {
     out.emplace_back("moe-router-topk", text(c.moe.moe_router_topk));
     out.emplace_back("moe-ffn-hidden-size", text(c.moe.moe_ffn_hidden_size));
-    out.emplace_back("moe-layer-freq", text(c.moe.moe_layer_freq));
+    std::string pattern;
+    for (bool m : moe_layer_pattern(c)) pattern += m ? '1' : '0';
+    out.emplace_back("moe-layer-freq", pattern);
     out.emplace_back("moe-shared-expert-intermediate-size", text(c.moe.moe_shared_expert_intermediate_size));
   }
   return out;

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "config/errors.h"
+#include "config/moe_pattern.h"
 #include "config/resolve.h"
 
 namespace mt {
@@ -428,6 +430,78 @@ void check_training(const Config& c, Checker& k) {
   }
 }
 
+// Megatron's MoE rules (transformer_config.py, arguments.py, MoELayer), each with the fix.
+void check_moe(const Config& c, Checker& k) {
+  const MoeConfig& m = c.moe;
+  if (!m.num_experts || *m.num_experts < 1) return;
+  const int64_t E = *m.num_experts, topk = m.moe_router_topk;
+  const int64_t tp = c.parallel.tensor_model_parallel_size, etp = c.parallel.expert_tensor_parallel_size.value_or(tp);
+  if (c.model.num_layers) {
+    try {
+      (void)parse_moe_layer_freq(m.moe_layer_freq, *c.model.num_layers);
+    } catch (const ConfigError& e) {
+      k.error(e.what());
+    }
+  }
+  if (tp > 1 && !c.parallel.sequence_parallel) {
+    k.error("an MoE model with --tensor-model-parallel-size " + s(tp) + " needs --sequence-parallel (Megatron's MoE layer requires it): add it");
+  }
+  const int64_t ffn = m.moe_ffn_hidden_size.value_or(c.model.ffn_hidden_size.value_or(0));
+  if (ffn > 0 && etp > 0 && ffn % etp != 0) {
+    k.error("the expert MLP width " + s(ffn) + " (--moe-ffn-hidden-size) is not divisible by the expert tensor-parallel size " + s(etp) +
+            ": change --moe-ffn-hidden-size or --expert-tensor-parallel-size");
+  }
+  if (m.moe_shared_expert_intermediate_size) {
+    const int64_t sh = *m.moe_shared_expert_intermediate_size;
+    if (sh < 1 || sh % tp != 0) {
+      k.error("--moe-shared-expert-intermediate-size " + s(sh) + " must be positive and divisible by --tensor-model-parallel-size " + s(tp));
+    }
+    if (!c.model.disable_bias_linear) {
+      k.error("shared experts have no biases (Megatron's SharedExpertMLP): add --disable-bias-linear or drop --moe-shared-expert-intermediate-size");
+    }
+  }
+  if (m.moe_shared_expert_overlap && m.moe_token_dispatcher_type != "alltoall") {
+    k.error("--moe-shared-expert-overlap works only with --moe-token-dispatcher-type alltoall (as in Megatron)");
+  }
+  if (m.moe_shared_expert_overlap && !m.moe_shared_expert_intermediate_size) {
+    k.error("--moe-shared-expert-overlap needs a shared expert: add --moe-shared-expert-intermediate-size");
+  }
+  if (!c.model.disable_bias_linear && etp > 1) {
+    k.error("experts with biases need --expert-tensor-parallel-size 1 (as in Megatron): add --disable-bias-linear or set "
+            "--expert-tensor-parallel-size 1");
+  }
+  if (m.moe_router_score_function == "softmax" && topk == 1 && !m.moe_router_pre_softmax) {
+    k.error("--moe-router-topk 1 with softmax scores needs --moe-router-pre-softmax (a softmax over one expert is constant and the router "
+            "would learn nothing)");
+  }
+  if (m.moe_router_topk_scaling_factor && !(*m.moe_router_topk_scaling_factor > 0)) {
+    k.error("--moe-router-topk-scaling-factor must be > 0, got " + std::to_string(*m.moe_router_topk_scaling_factor));
+  }
+  if (m.moe_router_group_topk && !m.moe_router_num_groups) k.error("--moe-router-group-topk needs --moe-router-num-groups");
+  if (m.moe_router_num_groups) {
+    const int64_t g = *m.moe_router_num_groups, gt = m.moe_router_group_topk.value_or(0);
+    if (g < 1 || E % g != 0) k.error("--num-experts " + s(E) + " is not divisible by --moe-router-num-groups " + s(g));
+    if (!m.moe_router_group_topk) k.error("--moe-router-num-groups needs --moe-router-group-topk (the groups each token may use)");
+    else if (gt < 1 || gt > g) k.error("--moe-router-group-topk " + s(gt) + " must be between 1 and --moe-router-num-groups " + s(g));
+    else if (topk % gt != 0 || (g >= 1 && E % g == 0 && topk / gt > E / g)) {
+      k.error("--moe-router-topk " + s(topk) + " must be a multiple of --moe-router-group-topk " + s(gt) +
+              " with at most one group's experts from each group");
+    }
+  }
+  if (m.moe_router_enable_expert_bias && m.moe_router_score_function != "sigmoid") {
+    k.error("--moe-router-enable-expert-bias supports only --moe-router-score-function sigmoid (as in Megatron)");
+  }
+  if (m.moe_expert_capacity_factor && !(*m.moe_expert_capacity_factor > 0)) {
+    k.error("--moe-expert-capacity-factor must be > 0 (leave it unset for dropless routing)");
+  }
+  if (m.moe_pad_expert_input_to_capacity && !m.moe_expert_capacity_factor) {
+    k.error("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+  }
+  if (m.moe_aux_loss_coeff < 0 || !std::isfinite(m.moe_aux_loss_coeff)) k.error("--moe-aux-loss-coeff must be >= 0");
+  if (m.moe_z_loss_coeff && (*m.moe_z_loss_coeff < 0 || !std::isfinite(*m.moe_z_loss_coeff))) k.error("--moe-z-loss-coeff must be >= 0");
+  if (m.moe_router_bias_update_rate < 0) k.error("--moe-router-bias-update-rate must be >= 0");
+}
+
 }  // namespace
 
 Diagnostics validate(const Config& c, int64_t world, Purpose purpose) {
@@ -440,6 +514,7 @@ Diagnostics validate(const Config& c, int64_t world, Purpose purpose) {
   }
   check_pipeline(c, k);
   check_attention(c, k);
+  check_moe(c, k);
   check_exclusive_and_misc(c, purpose, k);
   if (purpose == Purpose::kTrain) check_training(c, k);
   return k.d;

@@ -13,6 +13,7 @@ struct GPTModel::Units {
   cpu::EmbeddingUnit embedding;
   std::vector<cpu::AttentionUnit> attention;
   std::vector<cpu::MlpUnit> mlp;
+  std::vector<cpu::MoeUnit> moe;  // per layer; used where the layer is an MoE layer
   cpu::OutputUnit output;
 };
 
@@ -22,12 +23,17 @@ struct GPTModel::Record {
   std::unique_ptr<cpu::PassContext> ctx;
   std::vector<cpu::AttentionUnit::Stash> attention;
   std::vector<cpu::MlpUnit::Stash> mlp;
+  std::vector<cpu::MoeUnit::Stash> moe;
   cpu::OutputUnit::Stash output;
   cpu::WeightGradQueue deferred;
 };
 
 GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
-    : dims_(model_dims(cfg, groups.tp->rank(), groups.tp->size())), groups_(std::move(groups)), seed_(static_cast<uint64_t>(cfg.training.seed)) {
+    : dims_(model_dims(cfg, groups.tp->rank(), groups.tp->size(), groups.ep->rank(), groups.ep->size(), groups.expert_tp->rank(),
+                       groups.expert_tp->size())),
+      groups_(std::move(groups)),
+      seed_(static_cast<uint64_t>(cfg.training.seed)),
+      moe_options_(std::make_unique<cpu::MoeOptions>(cpu::MoeOptions::from(cfg))) {
   const ModelDims& D = dims_;
   // K/V replication (query groups below TP, as Megatron): the ranks of a group hold the same QKV shard.
   if (D.kv_rep > 1) {
@@ -38,6 +44,10 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
   at.tp_size = D.tp;
   at.pp_rank = groups_.pp->rank();
   at.pp_size = groups_.pp->size();
+  at.ep_rank = D.ep_rank;
+  at.ep_size = D.ep;
+  at.etp_rank = D.etp_rank;
+  at.etp_size = D.etp;
   layouts_ = build_model_chunks(cfg, at, params_);
   for (const ModelLayout& layout : layouts_) {
     auto u = std::make_unique<Units>();
@@ -46,6 +56,7 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
     for (const LayerParams& ly : layout.layers) {
       u->attention.push_back(cpu::AttentionUnit{&ly});
       u->mlp.push_back(cpu::MlpUnit{&ly});
+      u->moe.push_back(cpu::MoeUnit{&ly, moe_options_.get()});
     }
     u->output.norm_w = layout.final_norm_w;
     u->output.norm_b = layout.final_norm_b;
@@ -99,11 +110,13 @@ float GPTModel::forward_stage(int64_t id, const Microbatch& mb, int64_t step, bo
   Record& R = *rec;
   R.mb = mb;
   R.ctx = std::make_unique<cpu::PassContext>(D, params_, groups_, seed_, R.mb, step, training);
+  R.ctx->moe_stats = training ? &moe_stats_ : nullptr;
   R.deferred.clear();
   const cpu::PassContext& c = *R.ctx;
   const size_t n = layout.layers.size();
   R.attention.resize(n);
   R.mlp.resize(n);
+  R.moe.resize(n);
   Activations x;
   if (layout.pre_process) {
     units.embedding.forward(c, x);
@@ -113,7 +126,8 @@ float GPTModel::forward_stage(int64_t id, const Microbatch& mb, int64_t step, bo
   }
   for (size_t l = 0; l < n; ++l) {
     units.attention[l].forward(c, x, R.attention[l]);
-    units.mlp[l].forward(c, x, R.mlp[l]);
+    if (layout.layers[l].moe) units.moe[l].forward(c, x, R.moe[l]);
+    else units.mlp[l].forward(c, x, R.mlp[l]);
   }
   float loss = 0;
   if (layout.post_process) loss = units.output.forward(c, x, R.output);
@@ -133,7 +147,7 @@ void GPTModel::layer_finished(Record& r, const LayerParams& ly) const {
       kv_group_->all_reduce(c.G(ly.qkv_w), params_.info(ly.qkv_w).numel, ReduceOp::kSum);
       if (dims_.bias) kv_group_->all_reduce(c.G(ly.qkv_b), params_.info(ly.qkv_b).numel, ReduceOp::kSum);
     }
-    if (grads_ready_ && c.finishing) grads_ready_(params_.info(ly.first).offset);
+    if (grads_ready_ && c.finishing) grads_ready_(ly.first);
   });
 }
 
@@ -147,6 +161,7 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
   Record& R = *found->second;
   cpu::PassContext& c = *R.ctx;
   c.finishing = last_microbatch;
+  c.loss_grad_scale = scale;
   c.deferred = defer_weight_grads ? &R.deferred : nullptr;
   Activations dx, dmid;
   if (layout.post_process) {
@@ -154,7 +169,7 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
     c.sum_replicated_grads(layout.final_norm_w, params_.size());
     // With tied embeddings on one stage the output layer's gradient is not final until the embedding's backward.
     if (layout.output_w != layout.word_embeddings) {
-      const int64_t lowest = params_.info(layout.final_norm_w).offset;
+      const size_t lowest = layout.final_norm_w;
       c.after_weight_grads([this, &c, lowest] {
         if (grads_ready_ && c.finishing) grads_ready_(lowest);
       });
@@ -164,7 +179,8 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
     dx = std::move(output_grad);
   }
   for (size_t l = layout.layers.size(); l-- > 0;) {
-    units.mlp[l].backward(c, dx, dmid, R.mlp[l]);
+    if (layout.layers[l].moe) units.moe[l].backward(c, dx, dmid, R.moe[l]);
+    else units.mlp[l].backward(c, dx, dmid, R.mlp[l]);
     units.attention[l].backward(c, dmid, dx, R.attention[l]);
     layer_finished(R, layout.layers[l]);
   }

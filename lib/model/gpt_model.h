@@ -17,11 +17,15 @@
 
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "model/cpu/pass_context.h"
 #include "model/layout.h"
 #include "model/model_dims.h"
 #include "model/params.h"
 
 namespace mt {
+namespace cpu {
+struct MoeOptions;
+}
 
 class GPTModel {
  public:
@@ -72,9 +76,11 @@ class GPTModel {
   // Microbatches forwarded whose backward (or deferred weight gradients) has not run yet.
   size_t in_flight() const { return stash_.size(); }
 
-  // Called during backward whenever the gradients of every parameter at flat offset >= `lowest` are
-  // final for this backward (data parallel launches its bucket reductions from here).
-  void set_grads_ready_hook(std::function<void(int64_t lowest)> hook) { grads_ready_ = std::move(hook); }
+  // Called during backward whenever the gradients of every parameter of index >= `lowest` (registration
+  // order) are final for this backward (data parallel launches its bucket reductions from here).
+  void set_grads_ready_hook(std::function<void(size_t lowest)> hook) { grads_ready_ = std::move(hook); }
+  // The MoE layers' statistics since the last call (losses, token counts; training forwards only).
+  cpu::MoeStats take_moe_stats() { return std::exchange(moe_stats_, {}); }
 
  private:
   struct Units;
@@ -87,7 +93,9 @@ class GPTModel {
   std::vector<std::unique_ptr<Units>> units_;  // per chunk, over layouts_
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Record>> stash_;  // (chunk, microbatch id)
   std::vector<std::unique_ptr<Record>> spare_;  // released records, their buffers kept for the next microbatch
-  std::function<void(int64_t)> grads_ready_;
+  std::function<void(size_t)> grads_ready_;
+  std::unique_ptr<cpu::MoeOptions> moe_options_;
+  cpu::MoeStats moe_stats_;
   std::shared_ptr<Communicator> kv_group_;  // the TP ranks sharing this rank's K/V (kv_rep > 1)
   std::unique_ptr<Record> take_record();
   void release(std::pair<int64_t, int64_t> key);

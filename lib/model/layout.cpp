@@ -4,10 +4,12 @@
 // checkpoints of a one-stage model are what they were before the layout was shared.
 #include "model/layout.h"
 
+#include <array>
 #include <cmath>
 #include <string>
 
 #include "config/errors.h"
+#include "config/moe_pattern.h"
 #include "config/resolve.h"
 #include "model/model_dims.h"
 
@@ -63,7 +65,8 @@ namespace {
 // Registers the parameters of chunk `chunk` of `chunks` of the stage after those already in the store (no
 // memory yet).
 ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at, ParamStore& store, int64_t chunk, int64_t chunks) {
-  const ModelDims D = model_dims(cfg, at.tp_rank, at.tp_size);
+  const ModelDims D = model_dims(cfg, at.tp_rank, at.tp_size, at.ep_rank, at.ep_size, at.etp_rank, at.etp_size);
+  const std::vector<bool> moe_layers = moe_layer_pattern(cfg);
   const float std = static_cast<float>(cfg.model.init_method_std);
   const float out_std = std / std::sqrt(2.0f * static_cast<float>(D.L));
   const int64_t r = D.tp_rank, t = D.tp;
@@ -110,21 +113,59 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     if (D.bias) ly.proj_b = add(p + "attention.proj.bias", {D.h}, -1, InitKind::kZeros, 0);
     ly.mlp_norm_w = add(p + "mlp_norm.weight", {D.h}, -1, InitKind::kOnes, 0);
     if (!D.rms) ly.mlp_norm_b = add(p + "mlp_norm.bias", {D.h}, -1, InitKind::kZeros, 0);
+    // An MLP of width F (global) at `prefix`, sliced `count` ways (slice `rank`); returns fc1_w, fc1_b, fc2_w, fc2_b.
     // With SwiGLU the gate and up projections are separate global tensors whose shards sit side by side, so
-    // the local fc1 is one [2F/tp, h] GEMM.
-    if (D.swiglu) {
-      ly.fc1_w = add(p + "mlp.fc1_gate.weight", {D.F, D.h}, 0, InitKind::kNormal, std);
-      add(p + "mlp.fc1_up.weight", {D.F, D.h}, 0, InitKind::kNormal, std);
-      if (D.bias) {
-        ly.fc1_b = add(p + "mlp.fc1_gate.bias", {D.F}, 0, InitKind::kZeros, 0);
-        add(p + "mlp.fc1_up.bias", {D.F}, 0, InitKind::kZeros, 0);
+    // the local fc1 is one [2F/count, h] GEMM.
+    auto add_mlp = [&](const std::string& prefix, int64_t F, int64_t rank, int64_t count, GradGroup group) {
+      auto mlp_param = [&](const std::string& name, std::vector<int64_t> shape, int shard_dim, InitKind init, float sd) {
+        ParamInfo info = make_param(prefix + name, std::move(shape), shard_dim, rank, count, init, sd);
+        info.grad_group = group;
+        return put(info);
+      };
+      std::array<size_t, 4> out{kNoParam, kNoParam, kNoParam, kNoParam};
+      if (D.swiglu) {
+        out[0] = mlp_param("fc1_gate.weight", {F, D.h}, 0, InitKind::kNormal, std);
+        mlp_param("fc1_up.weight", {F, D.h}, 0, InitKind::kNormal, std);
+        if (D.bias) {
+          out[1] = mlp_param("fc1_gate.bias", {F}, 0, InitKind::kZeros, 0);
+          mlp_param("fc1_up.bias", {F}, 0, InitKind::kZeros, 0);
+        }
+      } else {
+        out[0] = mlp_param("fc1.weight", {F, D.h}, 0, InitKind::kNormal, std);
+        if (D.bias) out[1] = mlp_param("fc1.bias", {F}, 0, InitKind::kZeros, 0);
       }
-    } else {
-      ly.fc1_w = add(p + "mlp.fc1.weight", {D.F, D.h}, 0, InitKind::kNormal, std);
-      if (D.bias) ly.fc1_b = add(p + "mlp.fc1.bias", {D.F}, 0, InitKind::kZeros, 0);
+      out[2] = mlp_param("fc2.weight", {D.h, F}, 1, InitKind::kNormal, out_std);
+      if (D.bias) out[3] = mlp_param("fc2.bias", {D.h}, -1, InitKind::kZeros, 0);
+      return out;
+    };
+    if (!moe_layers[static_cast<size_t>(l)]) {
+      const auto mlp = add_mlp(p + "mlp.", D.F, r, t, GradGroup::kDense);
+      ly.fc1_w = mlp[0];
+      ly.fc1_b = mlp[1];
+      ly.fc2_w = mlp[2];
+      ly.fc2_b = mlp[3];
+    } else {  // Megatron's MoE layer: router, routed experts (global index), shared expert
+      ly.moe = true;
+      ly.router_w = add(p + "mlp.router.weight", {D.experts, D.h}, -1, InitKind::kNormal, std);
+      if (D.bias) ly.router_b = add(p + "mlp.router.bias", {D.experts}, -1, InitKind::kNormal, std);  // Megatron: init_method
+      for (int64_t j = 0; j < D.experts_local; ++j) {
+        LayerParams::Expert ex;
+        ex.global = D.ep_rank * D.experts_local + j;
+        const auto mlp = add_mlp(p + "mlp.experts." + std::to_string(ex.global) + ".", D.F_moe, D.etp_rank, D.etp, GradGroup::kExpert);
+        ex.fc1_w = mlp[0];
+        ex.fc1_b = mlp[1];
+        ex.fc2_w = mlp[2];
+        ex.fc2_b = mlp[3];
+        ly.experts.push_back(ex);
+      }
+      if (D.F_shared > 0) {
+        const auto mlp = add_mlp(p + "mlp.shared_experts.", D.F_shared, r, t, GradGroup::kDense);
+        ly.shared_fc1_w = mlp[0];
+        ly.shared_fc1_b = mlp[1];
+        ly.shared_fc2_w = mlp[2];
+        ly.shared_fc2_b = mlp[3];
+      }
     }
-    ly.fc2_w = add(p + "mlp.fc2.weight", {D.h, D.F}, 1, InitKind::kNormal, out_std);
-    if (D.bias) ly.fc2_b = add(p + "mlp.fc2.bias", {D.h}, -1, InitKind::kZeros, 0);
     ly.end = store.size();
     M.layers.push_back(ly);
   }

@@ -21,6 +21,8 @@ inline constexpr size_t kNoParam = std::numeric_limits<size_t>::max();
 struct LayoutCoordinates {
   int64_t tp_rank = 0, tp_size = 1;
   int64_t pp_rank = 0, pp_size = 1;
+  int64_t ep_rank = 0, ep_size = 1;    // expert parallelism: which experts this rank holds
+  int64_t etp_rank = 0, etp_size = 1;  // expert tensor parallelism: which slice of each expert's MLP
 };
 
 // The transformer layers [first, end) of model chunk `chunk` of pipeline stage `pp_rank` of `pp_size`: the
@@ -44,6 +46,18 @@ struct LayerParams {
   size_t proj_w = kNoParam, proj_b = kNoParam;
   // pre-MLP norm + MLP slot (SwiGLU: fc1_w is the gate, the up projection's shard follows it in the flat buffer)
   size_t mlp_norm_w = kNoParam, mlp_norm_b = kNoParam, fc1_w = kNoParam, fc1_b = kNoParam, fc2_w = kNoParam, fc2_b = kNoParam;
+  // An MoE layer's MLP slot (moe): the router [E, h] (replicated over TP), this rank's experts (global index, each
+  // an MLP sliced over expert-TP; SwiGLU: gate and up slices side by side as in the dense MLP), and the shared
+  // expert (a dense MLP over TP; kNoParam without --moe-shared-expert-intermediate-size). fc1_w .. fc2_b above
+  // stay kNoParam in an MoE layer.
+  struct Expert {
+    int64_t global = 0;
+    size_t fc1_w = kNoParam, fc1_b = kNoParam, fc2_w = kNoParam, fc2_b = kNoParam;
+  };
+  bool moe = false;
+  size_t router_w = kNoParam, router_b = kNoParam;
+  std::vector<Expert> experts;
+  size_t shared_fc1_w = kNoParam, shared_fc1_b = kNoParam, shared_fc2_w = kNoParam, shared_fc2_b = kNoParam;
   // The layer's parameters are the indices [first, end), contiguous in the flat buffers.
   size_t first = 0, end = 0;
 };

@@ -10,7 +10,7 @@
 
 namespace mt {
 
-ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp) {
+ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_rank, int64_t ep, int64_t etp_rank, int64_t etp) {
   ModelDims d{};
   d.L = *c.model.num_layers;
   d.h = *c.model.hidden_size;
@@ -46,6 +46,19 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp) {
   d.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d.d));
   d.rot_dim = static_cast<int64_t>(static_cast<double>(d.d) * c.model.rotary_percent);
   d.rot_dim -= d.rot_dim % 2;
+  if (c.moe.num_experts) {
+    d.experts = *c.moe.num_experts;
+    d.topk = c.moe.moe_router_topk;
+    d.F_moe = c.moe.moe_ffn_hidden_size.value_or(d.F);
+    d.ep = ep;
+    d.ep_rank = ep_rank;
+    d.etp = etp;
+    d.etp_rank = etp_rank;
+    d.experts_local = d.experts / ep;
+    d.F_moe_local = d.F_moe / etp;
+    d.F_shared = c.moe.moe_shared_expert_intermediate_size.value_or(0);
+    d.F_shared_local = d.F_shared / tp;
+  }
   return d;
 }
 

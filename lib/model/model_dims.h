@@ -34,8 +34,16 @@ struct ModelDims {
   bool qk_norm;  // --qk-layernorm: the configured norm over each query and key head (width d), before RoPE
   float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
   int64_t rot_dim;
+  // Mixture of experts (experts == 0: a dense model). The experts are split over EP (experts_local each,
+  // global indices [ep_rank * experts_local, ...)) and each expert's MLP over expert-TP (F_moe_local); the
+  // shared expert is a dense MLP over TP.
+  int64_t experts = 0, topk = 0, F_moe = 0, F_moe_local = 0, experts_local = 0;
+  int64_t ep = 1, ep_rank = 0, etp = 1, etp_rank = 0;
+  int64_t F_shared = 0, F_shared_local = 0;
 };
 
-ModelDims model_dims(const Config& cfg, int64_t tp_rank, int64_t tp_size);
+// ep_rank / ep and etp_rank / etp: this rank's place in the expert grid (EP and expert-TP).
+ModelDims model_dims(const Config& cfg, int64_t tp_rank, int64_t tp_size, int64_t ep_rank = 0, int64_t ep = 1, int64_t etp_rank = 0,
+                     int64_t etp = 1);
 
 }  // namespace mt

@@ -28,7 +28,28 @@ size_t ParamStore::add(ParamInfo info) {
   return infos_.size() - 1;
 }
 
+std::pair<int64_t, int64_t> ParamStore::group_range(GradGroup g) const {
+  int64_t lo = total_, hi = 0;
+  for (const ParamInfo& p : infos_) {
+    if (p.grad_group != g) continue;
+    lo = std::min(lo, p.offset);
+    hi = std::max(hi, p.offset + p.numel);
+  }
+  if (lo >= hi) return {g == GradGroup::kDense ? 0 : total_, g == GradGroup::kDense ? 0 : total_};
+  return {lo, hi};
+}
+
 void ParamStore::allocate() {
+  // The dense parameters first, the experts' after them: each gradient group one flat range (a dense model's
+  // offsets are its registration order, as before).
+  int64_t off = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (ParamInfo& p : infos_) {
+      if ((p.grad_group == GradGroup::kExpert) != (pass == 1)) continue;
+      p.offset = off;
+      off += p.numel;
+    }
+  }
   // Weights and gradients in fp32 on the host: said before trying, with the remedies, when the machine cannot
   // hold them (std::bad_alloc names nothing).
   const double need = 8.0 * static_cast<double>(total_);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -41,14 +42,19 @@ struct ParamInfo {
   int64_t numel = 0;
   // Every TP rank holds the whole parameter (norms, row-parallel biases, positions): under sequence
   // parallelism its gradient is a partial sum over the rank's tokens.
-  bool tp_replicated() const { return shard_dim < 0; }
+  // Expert parameters are never TP-replicated: they live on the expert grid (see expert_tp_replicated()).
+  bool tp_replicated() const { return shard_dim < 0 && grad_group == GradGroup::kDense; }
+  // An expert parameter every expert-TP rank holds whole (an expert's fc2 bias): its gradient is a partial sum
+  // over the rows that rank received.
+  bool expert_tp_replicated() const { return shard_dim < 0 && grad_group == GradGroup::kExpert; }
 };
 
 class ParamStore {
  public:
   // Registers a parameter; returns its index. Offsets are assigned in registration order.
   size_t add(ParamInfo info);
-  // Allocates the flat buffers (zeroed). No add() after this.
+  // Allocates the flat buffers (zeroed), the expert parameters' offsets after all the dense ones. No add() after
+  // this.
   void allocate();
   // Draws every parameter from the counter-based RNG: element e of the *global* tensor of parameter p
   // gets normal(key(seed, p.name), e) * std, so a shard holds exactly its slice of the full model.
@@ -56,6 +62,10 @@ class ParamStore {
 
   size_t size() const { return infos_.size(); }
   int64_t numel() const { return total_; }
+  // The flat range of one gradient group's parameters: allocate() places the dense parameters first and the
+  // expert parameters after them, each group in registration order.
+  std::pair<int64_t, int64_t> group_range(GradGroup g) const;
+  bool has_experts() const { return group_range(GradGroup::kExpert).second > group_range(GradGroup::kExpert).first; }
   const ParamInfo& info(size_t i) const { return infos_[i]; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   size_t index_of(const std::string& name) const;

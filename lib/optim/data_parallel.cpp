@@ -3,30 +3,38 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "tensor/dtype.h"
 
 namespace mt {
 
-DataParallel::DataParallel(const Config& c, ParamStore& params, std::shared_ptr<Communicator> dp)
+DataParallel::DataParallel(const Config& c, ParamStore& params, std::shared_ptr<Communicator> dp, GradGroup group, double scale)
     : params_(params),
       dp_(std::move(dp)),
       dist_opt_(c.training.use_distributed_optimizer),
       overlap_grad_(c.training.overlap_grad_reduce),
       overlap_param_(c.training.overlap_param_gather),
-      bf16_reduce_(c.precision.grad_reduce_in_bf16) {
+      bf16_reduce_(c.precision.grad_reduce_in_bf16),
+      scale_(scale) {
   const int64_t ndp = dp_->size();
   // Megatron: one bucket unless overlapping or asked; overlapping default max(40M, 1M x DP) elements.
-  int64_t bucket = params_.numel();
+  std::tie(region_begin_, region_end_) = params_.group_range(group);
+  int64_t bucket = std::max<int64_t>(1, region_end_ - region_begin_);
   if (c.training.ddp_bucket_size) bucket = std::max<int64_t>(1, *c.training.ddp_bucket_size);
   else if (overlap_grad_) bucket = std::max<int64_t>(40000000, 1000000 * ndp);
-  // Parameters in reverse registration order: the order backward finishes them.
+  // The group's parameters in reverse registration order: the order backward finishes them.
+  std::vector<size_t> mine;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_.info(i).grad_group == group) mine.push_back(i);
+  }
   GradBucket cur;
-  cur.end = params_.numel();
-  for (size_t i = params_.size(); i-- > 0;) {
-    const ParamInfo& p = params_.info(i);
+  cur.end = region_end_;
+  for (size_t j = mine.size(); j-- > 0;) {
+    const ParamInfo& p = params_.info(mine[j]);
     cur.begin = p.offset;
-    if (cur.end - cur.begin >= bucket || i == 0 || params_.info(i - 1).chunk != p.chunk) {
+    cur.first_param = mine[j];
+    if (cur.end - cur.begin >= bucket || j == 0 || params_.info(mine[j - 1]).chunk != p.chunk) {
       buckets_.push_back(cur);
       cur = GradBucket{};
       cur.end = p.offset;
@@ -63,7 +71,7 @@ void DataParallel::hold(size_t param) {
 DataParallel::~DataParallel() = default;
 
 std::vector<std::pair<int64_t, int64_t>> DataParallel::owned_ranges() const {
-  if (!dist_opt_) return {{0, params_.numel()}};
+  if (!dist_opt_) return {{region_begin_, region_end_}};
   std::vector<std::pair<int64_t, int64_t>> out;
   for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) out.emplace_back(it->shard_begin, it->shard_end);
   return out;
@@ -76,6 +84,7 @@ void DataParallel::arm() {
 
 void DataParallel::launch(size_t b) {
   launched_[b] = 1;
+  const ReduceOp op = scale_ > 0 ? ReduceOp::kSum : ReduceOp::kAvg;
   const GradBucket& bk = buckets_[b];
   float* g = params_.grads().f32();
   if (bf16_reduce_) {
@@ -83,16 +92,16 @@ void DataParallel::launch(size_t b) {
   }
   if (dist_opt_) {
     shard_tmp_[b].resize(static_cast<size_t>(bk.shard_end - bk.shard_begin));
-    grad_reqs_[b] = dp_->reduce_scatter_v_async(g + bk.begin, shard_tmp_[b].data(), bk.shard_counts, ReduceOp::kAvg);
+    grad_reqs_[b] = dp_->reduce_scatter_v_async(g + bk.begin, shard_tmp_[b].data(), bk.shard_counts, op);
   } else {
-    grad_reqs_[b] = dp_->all_reduce_async(g + bk.begin, bk.end - bk.begin, ReduceOp::kAvg);
+    grad_reqs_[b] = dp_->all_reduce_async(g + bk.begin, bk.end - bk.begin, op);
   }
   if (!overlap_grad_) grad_reqs_[b]->wait();
 }
 
-void DataParallel::on_grads_ready(int64_t lowest) {
+void DataParallel::on_grads_ready(size_t lowest) {
   if (!armed_ || !overlap_grad_) return;
-  for (; next_ < buckets_.size() && buckets_[next_].begin >= lowest; ++next_) {
+  for (; next_ < buckets_.size() && buckets_[next_].first_param >= lowest; ++next_) {
     if (!held_[next_]) launch(next_);
   }
 }
@@ -108,8 +117,12 @@ void DataParallel::finish() {
     grad_reqs_[b]->wait();
     const GradBucket& bk = buckets_[b];
     if (dist_opt_) std::memcpy(g + bk.shard_begin, shard_tmp_[b].data(), shard_tmp_[b].size() * sizeof(float));
+    const int64_t lo = dist_opt_ ? bk.shard_begin : bk.begin, hi = dist_opt_ ? bk.shard_end : bk.end;
+    if (scale_ > 0) {
+      const float s = static_cast<float>(scale_);
+      for (int64_t i = lo; i < hi; ++i) g[i] *= s;
+    }
     if (bf16_reduce_) {
-      const int64_t lo = dist_opt_ ? bk.shard_begin : bk.begin, hi = dist_opt_ ? bk.shard_end : bk.end;
       for (int64_t i = lo; i < hi; ++i) g[i] = round_bf16(g[i]);
     }
   }

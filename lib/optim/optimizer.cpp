@@ -21,7 +21,8 @@ Optimizer::Optimizer(const Config& c, ParamStore& params, ProcessGroups groups, 
       momentum_(c.training.sgd_momentum),
       clip_(c.training.clip_grad),
       bf16_(c.precision.bf16),
-      fp16_(c.precision.fp16) {
+      fp16_(c.precision.fp16),
+      experts_(c.moe.num_experts.has_value()) {
   segments_ = make_segments(params_, std::move(owned));
   const int64_t state = segments_.empty() ? 0 : segments_.back().state + (segments_.back().end - segments_.back().begin);
   m_ = Tensor::zeros({state});
@@ -73,21 +74,32 @@ void Optimizer::round_to_working(const Segment& s) {
 }
 
 double Optimizer::owned_sum_sq(const float* buf, bool master) {
-  // Parameters replicated over TP (norms, row-parallel biases) are counted on TP rank 0 only, replicated
-  // shards (K/V replication) on their first holder only, and the tied embedding once (on the first stage).
-  const bool tp_lead = groups_.tp->rank() == 0;
-  double sq = 0;
+  // Each parameter counted once. Dense: those replicated over TP (norms, row-parallel biases, the router) on TP
+  // rank 0 only, replicated shards (K/V replication) on their first holder only, the tied embedding once (on the
+  // first stage); summed over TP and PP (and DP x CP when the optimizer is sharded). Experts (Megatron's expert
+  // norm): those whole on every expert-TP rank on its first only; summed over expert-TP, EP and PP (and
+  // expert-DP when sharded).
+  const bool tp_lead = groups_.tp->rank() == 0, etp_lead = groups_.expert_tp->rank() == 0;
+  double sq[2] = {0, 0};
   for (const auto& s : segments_) {
-    if (params_.info(s.param).shard_dim < 0 && !tp_lead) continue;
-    if (params_.info(s.param).replica > 0) continue;  // K/V replication: counted on the group's first rank
-    if (params_.info(s.param).tied_copy) continue;    // the tied embedding's last-stage copy: counted on the first stage
+    const ParamInfo& p = params_.info(s.param);
+    const bool expert = p.grad_group == GradGroup::kExpert;
+    if (expert ? (p.shard_dim < 0 && !etp_lead) : (p.shard_dim < 0 && !tp_lead)) continue;
+    if (p.replica > 0) continue;  // K/V replication: counted on the group's first rank
+    if (p.tied_copy) continue;    // the tied embedding's last-stage copy: counted on the first stage
     const float* x = master ? buf + s.state : buf + s.begin;
-    for (int64_t i = 0; i < s.end - s.begin; ++i) sq += static_cast<double>(x[i]) * x[i];
+    double& into = sq[expert ? 1 : 0];
+    for (int64_t i = 0; i < s.end - s.begin; ++i) into += static_cast<double>(x[i]) * x[i];
   }
-  groups_.tp->all_reduce(&sq, 1, ReduceOp::kSum);
-  groups_.pp->all_reduce(&sq, 1, ReduceOp::kSum);
-  if (sharded_) groups_.dp_cp->all_reduce(&sq, 1, ReduceOp::kSum);
-  return sq;
+  groups_.tp->all_reduce(&sq[0], 1, ReduceOp::kSum);
+  groups_.pp->all_reduce(sq, 2, ReduceOp::kSum);
+  if (sharded_) groups_.dp_cp->all_reduce(&sq[0], 1, ReduceOp::kSum);
+  if (experts_) {
+    groups_.expert_tp->all_reduce(&sq[1], 1, ReduceOp::kSum);
+    groups_.ep->all_reduce(&sq[1], 1, ReduceOp::kSum);
+    if (sharded_) groups_.expert_dp->all_reduce(&sq[1], 1, ReduceOp::kSum);
+  }
+  return sq[0] + sq[1];
 }
 
 double Optimizer::params_norm() {

@@ -63,6 +63,7 @@ class Optimizer {
   std::string kind_;
   double beta1_, beta2_, eps_, wd_, momentum_, clip_;
   bool bf16_, fp16_;
+  bool experts_;  // an MoE model: expert parameters' sums over the expert grid (on every stage alike)
   Tensor master_, m_, v_;
   int64_t t_ = 0;
 };

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "config/moe_pattern.h"
 #include "config/resolve.h"
 
 namespace mt {
@@ -21,8 +22,9 @@ double flops_for_tokens(const Config& c, double T) {
   const double topk = static_cast<double>(c.moe.moe_router_topk);
   const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
   double mlp = 0;
+  const std::vector<bool> pattern = moe_layer_pattern(c);
   for (int64_t l = 0; l < L; ++l) {
-    const bool moe = c.moe.num_experts && c.moe.moe_layer_freq > 0 && l % c.moe.moe_layer_freq == 0;
+    const bool moe = pattern[static_cast<size_t>(l)];
     mlp += moe ? Fmoe * topk + shared : F;
   }
   const double Ld = static_cast<double>(L);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "config/moe_pattern.h"
 #include "config/resolve.h"
 #include "plan/param_count.h"
 #include "plan/pipeline_plan.h"
@@ -89,9 +90,10 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const std::string method = c.recompute.recompute_method.value_or("");
   const int64_t k = c.recompute.recompute_num_layers.value_or(1);
   double per_mb = 0;
+  const std::vector<bool> pattern = moe_layer_pattern(c);
   for (int64_t i = 0; i < nlayers; ++i) {
     const int64_t l = first_layer + i;
-    const bool moe = c.moe.num_experts && c.moe.moe_layer_freq > 0 && l % c.moe.moe_layer_freq == 0;
+    const bool moe = pattern[static_cast<size_t>(l)];
     bool full = false;
     if (gran == "full") full = method == "uniform" || (method == "block" && i < k);
     per_mb += layer_activation_bytes(c, moe, full);
@@ -142,7 +144,7 @@ MegatronTheoretical megatron_theoretical_memory(const Config& c) {
   const int64_t L = c.model.num_layers.value_or(0);
   double n_moe = 0;
   if (c.moe.num_experts) {
-    for (int64_t l = 0; l < L; ++l) n_moe += (c.moe.moe_layer_freq > 0 && l % c.moe.moe_layer_freq == 0) ? 1 : 0;
+    for (bool m : moe_layer_pattern(c)) n_moe += m ? 1 : 0;
   }
   const double n_dense = static_cast<double>(L) - n_moe;
   const double attn = 2.0 * h * h * (1.0 + groups / n) * qratio;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "config/moe_pattern.h"
 #include "config/resolve.h"
 
 namespace mt {
@@ -39,10 +40,6 @@ int64_t attention_params(const Shapes& s, bool qk_norm) {
 
 int64_t mlp_params(const Shapes& s, int64_t F) {
   return s.h * F * s.mlp_mult + s.bias * F * s.mlp_mult + F * s.h + s.bias * s.h;
-}
-
-bool is_moe_layer(const Config& c, int64_t layer) {
-  return c.moe.num_experts && c.moe.moe_layer_freq > 0 && layer % c.moe.moe_layer_freq == 0;
 }
 
 }  // namespace

@@ -11,8 +11,13 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   const auto& p = c.parallel;
   (void)world;
   no(p.context_parallel_size > 1, "--context-parallel-size > 1 is not implemented yet");
-  no(p.expert_model_parallel_size > 1, "--expert-model-parallel-size > 1 is not implemented yet");
-  no(c.moe.num_experts.has_value(), "mixture of experts (--num-experts) is not implemented yet");
+  const auto& m = c.moe;
+  no(m.num_experts && m.moe_router_load_balancing_type == "sinkhorn",
+     "--moe-router-load-balancing-type sinkhorn is not implemented: use aux_loss, seq_aux_loss, global_aux_loss or none");
+  no(m.num_experts && m.moe_token_dispatcher_type == "flex",
+     "--moe-token-dispatcher-type flex (DeepEP) is not implemented: use alltoall or allgather");
+  no(m.num_experts && m.moe_router_enable_expert_bias,
+     "--moe-router-enable-expert-bias (aux-loss-free balancing) is not implemented yet: drop it and balance with --moe-aux-loss-coeff");
   no(c.precision.fp8_format.has_value(), "FP8 training (--fp8-format) is not implemented yet: use --bf16");
   no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
      "activation recompute (--recompute-granularity) is implemented on the CUDA engine only: drop it on the CPU engine (it keeps all activations)");
@@ -95,6 +100,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
                                         "): use --device cpu");
   }
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
+  no(c.moe.num_experts.has_value(),
+     "mixture of experts (--num-experts) runs on the CPU engine only so far: use --device cpu (the CUDA MoE layer is not written yet)");
   const bool pp = c.parallel.pipeline_model_parallel_size > 1;
   // The CUDA stages (1F1B over NCCL) are in, and tested on one GPU as two stages of one process; until the
   // multi-GPU runs have checked them against the CPU engine, pipeline parallelism stays refused here.

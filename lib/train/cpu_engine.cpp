@@ -7,6 +7,7 @@
 
 #include "pipeline/cpu_stage.h"
 #include "pipeline/configured_schedule.h"
+#include "train/moe_report.h"
 #include "train/train_common.h"
 
 namespace mt {
@@ -24,9 +25,19 @@ CpuEngine::CpuEngine(const Config& cfg, ProcessGroups groups, const TokenSource&
     : cfg_(cfg), groups_(std::move(groups)), data_(data), scaler_(cfg) {
   model_ = std::make_shared<GPTModel>(cfg, groups_);
   data_parallel_ = std::make_unique<DataParallel>(cfg, model_->params(), groups_.dp_cp);
-  optimizer_ = std::make_unique<Optimizer>(cfg, model_->params(), groups_, data_parallel_->owned_ranges(),
-                                           data_parallel_->distributed_optimizer() && groups_.dp_cp->size() > 1);
-  model_->set_grads_ready_hook([this](int64_t lowest) { data_parallel_->on_grads_ready(lowest); });
+  FlatRanges owned = data_parallel_->owned_ranges();
+  // The experts' gradients: summed over expert-DP and scaled by 1 / (DP x CP) as Megatron's (each expert saw the
+  // tokens of several data-parallel replicas), sharded over expert-DP by the distributed optimizer.
+  if (model_->params().has_experts()) {
+    expert_parallel_ = std::make_unique<DataParallel>(cfg, model_->params(), groups_.expert_dp, GradGroup::kExpert,
+                                                      1.0 / static_cast<double>(groups_.dp_cp->size()));
+    for (const auto& r : expert_parallel_->owned_ranges()) owned.push_back(r);
+  }
+  optimizer_ = std::make_unique<Optimizer>(cfg, model_->params(), groups_, owned, data_parallel_->distributed_optimizer());
+  model_->set_grads_ready_hook([this](size_t lowest) {
+    data_parallel_->on_grads_ready(lowest);
+    if (expert_parallel_) expert_parallel_->on_grads_ready(lowest);
+  });
   // The tied word embeddings' bucket waits for their sum over the embedding group (sum_tied_embedding_grads).
   if (const size_t tied = tied_embedding_param(); tied != kNoParam) data_parallel_->hold(tied);
   // Resume: parameters, optimizer state, loss scaler, iteration and data position.
@@ -53,16 +64,16 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   const int64_t mbs = *cfg_.training.micro_batch_size, S = *cfg_.data.seq_length;
   const int64_t dp = groups_.dp->size(), dp_rank = groups_.dp->rank();
   const int64_t pp = groups_.pp->size();
-  data_parallel_->finish_param_gather();  // parameters updated by the other shards last step
+  for_each_data_parallel([](DataParallel& d) { d.finish_param_gather(); });  // parameters updated by the other shards last step
   model_->params().zero_grads();
   const float loss_scale = scaler_.scale();
   CpuPipelineStage stage(
       *model_,
       [&](int64_t m) { return make_microbatch(data_, Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs, mbs, S, cfg_); },
       iteration, loss_scale / static_cast<float>(num_microbatches), groups_.pp.get(), mbs);
-  run_schedule(training_schedule(cfg_, groups_.pp->rank(), pp, num_microbatches), stage, [&] { data_parallel_->arm(); });
+  run_schedule(training_schedule(cfg_, groups_.pp->rank(), pp, num_microbatches), stage, [&] { for_each_data_parallel([](DataParallel& d) { d.arm(); }); });
   sum_tied_embedding_grads();
-  data_parallel_->finish();
+  for_each_data_parallel([](DataParallel& d) { d.finish(); });
   // The loss is the last stage's: every stage takes it (the others hold 0), so all decide alike.
   double loss = stage.mean_loss();
   if (pp > 1) groups_.pp->all_reduce(&loss, 1, ReduceOp::kSum);
@@ -70,10 +81,12 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   StepResult result{};
   const bool loss_finite = std::isfinite(loss);
   if (loss_finite) result = optimizer_->step(lr, loss_scale);
-  if (loss_finite && !result.skipped) data_parallel_->start_param_gather();
+  if (loss_finite && !result.skipped) for_each_data_parallel([](DataParallel& d) { d.start_param_gather(); });
   const bool nonfinite = !loss_finite || result.skipped;
   scaler_.update(nonfinite);
-  reports_.push_back({loss, result.grad_norm, nonfinite});
+  StepReport report{loss, result.grad_norm, nonfinite};
+  fill_moe_report(cfg_, groups_, model_->take_moe_stats(), num_microbatches, report);
+  reports_.push_back(std::move(report));
 }
 
 // Tied embeddings across pipeline stages (Megatron's _allreduce_word_embedding_grads): the first stage's word
@@ -97,7 +110,7 @@ size_t CpuEngine::tied_embedding_param() const {
 std::vector<StepReport> CpuEngine::read_reports() { return std::exchange(reports_, {}); }
 
 double CpuEngine::evaluate(int64_t iteration) {
-  data_parallel_->finish_param_gather();
+  for_each_data_parallel([](DataParallel& d) { d.finish_param_gather(); });
   const int64_t mbs = *cfg_.training.micro_batch_size, S = *cfg_.data.seq_length;
   const int64_t dp = groups_.dp->size(), r = groups_.dp->rank(), pp = groups_.pp->size();
   const int64_t per_iter = cfg_.derived.global_batch_size, nmb = cfg_.derived.num_microbatches;
@@ -121,19 +134,21 @@ double CpuEngine::evaluate(int64_t iteration) {
 }
 
 void CpuEngine::save(TrainState state) {
-  data_parallel_->finish_param_gather();
+  for_each_data_parallel([](DataParallel& d) { d.finish_param_gather(); });
   state.scaler = scaler_.state();
   CheckpointRank who;
   who.world_rank = groups_.world->rank();
   who.world_size = groups_.world->size();
   who.writes_params = groups_.dp_cp->rank() == 0;
   who.writes_optimizer = data_parallel_->distributed_optimizer() || groups_.dp_cp->rank() == 0;
+  who.writes_expert_params = groups_.expert_dp->rank() == 0;
+  who.writes_expert_optimizer = data_parallel_->distributed_optimizer() || groups_.expert_dp->rank() == 0;
   saver_->save(take_snapshot(cfg_, model_->params(), *optimizer_, state, who, !cfg_.checkpoint.no_save_optim));
 }
 
 void CpuEngine::finish() {
   if (saver_) saver_->wait();
-  data_parallel_->finish_param_gather();
+  for_each_data_parallel([](DataParallel& d) { d.finish_param_gather(); });
 }
 
 }  // namespace mt

@@ -40,6 +40,12 @@ class CpuEngine final : public TrainingEngine {
   const TokenSource& data_;
   std::shared_ptr<GPTModel> model_;
   std::unique_ptr<DataParallel> data_parallel_;
+  std::unique_ptr<DataParallel> expert_parallel_;  // the expert parameters' reductions over expert-DP (MoE)
+  template <typename F>
+  void for_each_data_parallel(F f) {
+    f(*data_parallel_);
+    if (expert_parallel_) f(*expert_parallel_);
+  }
   std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
   std::unique_ptr<CheckpointSaver> saver_;

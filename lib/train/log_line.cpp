@@ -21,11 +21,17 @@ std::string format_iteration_line(const IterationStats& s) {
   int n = std::snprintf(buf, sizeof(buf),
                         " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
                         "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch size: %5lld | "
-                        "lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | ",
+                        "lm loss: %.6E | ",
                         timestamp_now().c_str(), static_cast<long long>(s.iteration), static_cast<long long>(s.train_iters),
                         static_cast<long long>(s.consumed_samples), s.ms_per_iter, s.tflops_per_gpu, s.lr,
-                        static_cast<long long>(s.global_batch), s.loss, s.loss_scale, s.grad_norm);
+                        static_cast<long long>(s.global_batch), s.loss);
   std::string out(buf, static_cast<size_t>(n));
+  for (const auto& [name, value] : s.moe_losses) {
+    std::snprintf(buf, sizeof(buf), "%s: %.6E | ", name.c_str(), value);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof(buf), "loss scale: %.1f | grad norm: %.3f | ", s.loss_scale, s.grad_norm);
+  out += buf;
   if (s.params_norm >= 0) {
     std::snprintf(buf, sizeof(buf), "params norm: %.3f | ", s.params_norm);
     out += buf;
@@ -33,6 +39,11 @@ std::string format_iteration_line(const IterationStats& s) {
   std::snprintf(buf, sizeof(buf), "number of skipped iterations: %3lld | number of nan iterations: %3lld | tokens/s/GPU: %.0f | ",
                 static_cast<long long>(s.skipped), static_cast<long long>(s.nan_iters), s.tokens_per_s_per_gpu);
   out += buf;
+  if (s.expert_tokens_min >= 0) {
+    std::snprintf(buf, sizeof(buf), "tokens per expert: min %.0f mean %.0f max %.0f | dropped: %.2f%% | ", s.expert_tokens_min, s.expert_tokens_mean,
+                  s.expert_tokens_max, 100.0 * s.dropped_fraction);
+    out += buf;
+  }
   if (s.mfu >= 0) {
     std::snprintf(buf, sizeof(buf), "MFU: %.1f%% |", 100.0 * s.mfu);
     out += buf;

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace mt {
 
@@ -14,6 +16,8 @@ struct IterationStats {
   double tokens_per_s_per_gpu = 0;
   double mfu = -1;  // < 0: unknown peak (CPU)
   double params_norm = -1;
+  std::vector<std::pair<std::string, double>> moe_losses;  // printed after the lm loss, as Megatron's
+  double expert_tokens_min = -1, expert_tokens_mean = 0, expert_tokens_max = 0, dropped_fraction = 0;  // min < 0: no MoE
 };
 
 std::string format_iteration_line(const IterationStats& s);

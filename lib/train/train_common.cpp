@@ -72,6 +72,7 @@ void MetricsFile::iteration(const IterationStats& s) {
     if (log_.log_throughput) tb.scalar("throughput", s.tflops_per_gpu, it);  // as Megatron: with --log-throughput
     tb.scalar("tokens-per-second-per-gpu", s.tokens_per_s_per_gpu, it);
     if (s.mfu >= 0) tb.scalar("mfu", s.mfu, it);
+    for (const auto& [name, value] : s.moe_losses) both(name, value);  // Megatron's track_moe_metrics tags
   });
   if (!out_) return;
   nlohmann::json j = {{"iteration", s.iteration}, {"consumed_samples", s.consumed_samples}, {"global_batch_size", s.global_batch}, {"lm_loss", s.loss},
@@ -80,6 +81,13 @@ void MetricsFile::iteration(const IterationStats& s) {
                       {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},
                       {"nan_iterations", s.nan_iters}};
   if (s.mfu >= 0) j["mfu"] = s.mfu;
+  for (const auto& [name, value] : s.moe_losses) j[name] = value;
+  if (s.expert_tokens_min >= 0) {
+    j["expert_tokens_min"] = s.expert_tokens_min;
+    j["expert_tokens_mean"] = s.expert_tokens_mean;
+    j["expert_tokens_max"] = s.expert_tokens_max;
+    j["dropped_fraction"] = s.dropped_fraction;
+  }
   write_line(j.dump());
 }
 

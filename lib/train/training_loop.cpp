@@ -74,6 +74,9 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   std::vector<Pending> pending;
   // The interval being logged.
   double interval_loss = 0;
+  std::vector<std::pair<std::string, double>> interval_moe;  // summed over the interval's good iterations
+  double tokens_min = 0, tokens_mean = 0, tokens_max = 0, dropped = 0;
+  int64_t moe_iters = 0;
   int64_t interval_ok = 0, interval_iters = 0, interval_samples = 0;
   double last_grad_norm = 0, last_lr = 0;
   auto interval_start = Clock::now();
@@ -95,6 +98,15 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       } else {  // as Megatron: the logged loss leaves skipped iterations out
         interval_loss += r.loss;
         ++interval_ok;
+        if (interval_moe.size() != r.moe_losses.size()) interval_moe = r.moe_losses;
+        else for (size_t j = 0; j < interval_moe.size(); ++j) interval_moe[j].second += r.moe_losses[j].second;
+      }
+      if (r.expert_tokens_min >= 0) {
+        tokens_min += r.expert_tokens_min;
+        tokens_mean += r.expert_tokens_mean;
+        tokens_max += r.expert_tokens_max;
+        dropped += r.dropped_fraction;
+        ++moe_iters;
       }
       nan_in_a_row = !loss_finite || (r.skipped && !cfg.precision.fp16) ? nan_in_a_row + 1 : 0;
       if (nan_in_a_row >= cfg.training.exit_on_nan_count && nan_exit.empty()) {  // thrown once the interval is logged
@@ -146,10 +158,21 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       const double peak = engine.peak_tflops();
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
       if (cfg.logging.log_params_norm) s.params_norm = engine.params_norm();
+      for (const auto& [name, sum] : interval_moe) s.moe_losses.emplace_back(name, interval_ok ? sum / static_cast<double>(interval_ok) : NAN);
+      if (moe_iters > 0) {
+        const double n = static_cast<double>(moe_iters);
+        s.expert_tokens_min = tokens_min / n;
+        s.expert_tokens_mean = tokens_mean / n;
+        s.expert_tokens_max = tokens_max / n;
+        s.dropped_fraction = dropped / n;
+      }
       if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
       metrics.iteration(s);
       interval_loss = 0;
       interval_ok = interval_iters = interval_samples = 0;
+      interval_moe.clear();
+      tokens_min = tokens_mean = tokens_max = dropped = 0;
+      moe_iters = 0;
     }
     if (!nan_exit.empty()) throw std::runtime_error(nan_exit);
     if (evaluating) {

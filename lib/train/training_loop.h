@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -23,6 +24,11 @@ struct StepReport {
   double loss = 0;       // mean over the microbatches, averaged over data parallelism
   double grad_norm = 0;  // before clipping
   bool skipped = false;  // the update was skipped: a non-finite loss or gradient (fp16: or an overflow)
+  // MoE: the auxiliary losses as Megatron logs them (load_balancing_loss or its seq / global form, z_loss: without
+  // their coefficients, averaged over microbatches and MoE layers), and the tokens each expert received this
+  // iteration over every layer and rank (min / mean / max over layers x experts) with the share of dropped choices.
+  std::vector<std::pair<std::string, double>> moe_losses;
+  double expert_tokens_min = -1, expert_tokens_mean = 0, expert_tokens_max = 0, dropped_fraction = 0;
 };
 
 class TrainingEngine {

@@ -5,26 +5,64 @@
 #include "model/cpu/units.h"
 
 namespace mt::cpu {
+
+void MlpBody::forward(const PassContext& c, const float* ln, Buf& out, Stash& A) const {
+  const ModelDims& D = c.D;
+  const int64_t T = c.T, Tl = c.Tl, h = D.h, F = F_local;
+  const int64_t fc1_out = F * (D.swiglu ? 2 : 1);
+  A.ln_full.resize(sz(T * h));
+  c.gather_tokens(ln, A.ln_full.data());
+  A.fc1.resize(sz(T * fc1_out));
+  linear_forward(A.fc1.data(), A.ln_full.data(), c.P(fc1_w), fc1_b != kNoParam ? c.P(fc1_b) : nullptr, T, h, fc1_out);
+  A.act.resize(sz(T * F));
+  if (D.swiglu) swiglu_forward(A.act.data(), A.fc1.data(), T, F);
+  else gelu_forward(A.act.data(), A.fc1.data(), T * F);
+  Buf fc2(sz(T * h));
+  linear_forward(fc2.data(), A.act.data(), c.P(fc2_w), nullptr, T, F, h);
+  out.resize(sz(Tl * h));
+  c.reduce_tokens(fc2.data(), out.data());
+}
+
+void MlpBody::backward(const PassContext& c, const float* dy, Buf& dln, Stash& A) const {
+  const ModelDims& D = c.D;
+  const int64_t T = c.T, Tl = c.Tl, h = D.h, F = F_local;
+  const int64_t fc1_out = F * (D.swiglu ? 2 : 1);
+  Buf full(sz(T * h));
+  c.gather_tokens(dy, full.data());
+  Buf dact(sz(T * F));
+  linear_backward_input(dact.data(), full.data(), c.P(fc2_w), T, F, h);
+  const size_t w2 = fc2_w, w1 = fc1_w, b1 = fc1_b;
+  c.weight_grad(full.data(), T * h, [&c, &A, w2, T, F, h](const float* g) {
+    linear_backward_weight(c.G(w2), nullptr, g, A.act.data(), T, F, h);
+  });
+  Buf dfc1(sz(T * fc1_out));
+  if (D.swiglu) swiglu_backward(dfc1.data(), dact.data(), A.fc1.data(), T, F);
+  else gelu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * F);
+  linear_backward_input(full.data(), dfc1.data(), c.P(fc1_w), T, h, fc1_out);
+  c.weight_grad(dfc1.data(), T * fc1_out, [&c, &A, w1, b1, T, h, fc1_out](const float* g) {
+    linear_backward_weight(c.G(w1), b1 != kNoParam ? c.G(b1) : nullptr, g, A.ln_full.data(), T, h, fc1_out);
+  });
+  dln.resize(sz(Tl * h));
+  c.reduce_tokens(full.data(), dln.data());
+}
+
+namespace {
+MlpBody body_of(const PassContext& c, const LayerParams& ly) {
+  return MlpBody{ly.fc1_w, c.D.bias ? ly.fc1_b : kNoParam, ly.fc2_w, c.D.F_local};
+}
+}  // namespace
+
 void MlpUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   const ModelDims& D = c.D;
   const LayerParams& ly = *p;
-  const int64_t T = c.T, Tl = c.Tl, h = D.h;
-  const int64_t fc1_out = D.F_local * (D.swiglu ? 2 : 1);
+  const int64_t Tl = c.Tl, h = D.h;
   A.x = std::move(x);
   A.ln.resize(sz(Tl * h));
   A.mean.resize(sz(Tl));
   A.rstd.resize(sz(Tl));
   c.norm_forward(A.ln.data(), A.mean.data(), A.rstd.data(), A.x.data(), ly.mlp_norm_w, ly.mlp_norm_b, Tl, h);
-  A.ln_full.resize(sz(T * h));
-  c.gather_tokens(A.ln.data(), A.ln_full.data());
-  A.fc1.resize(sz(T * fc1_out));
-  linear_forward(A.fc1.data(), A.ln_full.data(), c.P(ly.fc1_w), D.bias ? c.P(ly.fc1_b) : nullptr, T, h, fc1_out);
-  A.act.resize(sz(T * D.F_local));
-  if (D.swiglu) swiglu_forward(A.act.data(), A.fc1.data(), T, D.F_local);
-  else gelu_forward(A.act.data(), A.fc1.data(), T * D.F_local);
-  Buf fc2(sz(T * h)), fc2_local(sz(Tl * h));
-  linear_forward(fc2.data(), A.act.data(), c.P(ly.fc2_w), nullptr, T, D.F_local, h);
-  c.reduce_tokens(fc2.data(), fc2_local.data());
+  Buf fc2_local;
+  body_of(c, ly).forward(c, A.ln.data(), fc2_local, A.body);
   if (D.bias) {
     for (int64_t i = 0; i < Tl * h; ++i) fc2_local[sz(i)] += c.P(ly.fc2_b)[i % h];
   }
@@ -36,27 +74,13 @@ void MlpUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
 void MlpUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Stash& A) const {
   const ModelDims& D = c.D;
   const LayerParams& ly = *p;
-  const int64_t T = c.T, Tl = c.Tl, h = D.h, F = D.F_local;
-  const int64_t fc1_out = F * (D.swiglu ? 2 : 1);
-  Buf branch = dout, full(sz(T * h)), local(sz(Tl * h));
+  const int64_t Tl = c.Tl, h = D.h;
+  Buf branch = dout, local;
   c.dropout_tokens(branch.data(), ly.layer, kDropMlpOut, true);
   if (D.bias) {
     for (int64_t i = 0; i < Tl * h; ++i) c.G(ly.fc2_b)[i % h] += branch[sz(i)];
   }
-  c.gather_tokens(branch.data(), full.data());
-  Buf dact(sz(T * F));
-  linear_backward_input(dact.data(), full.data(), c.P(ly.fc2_w), T, F, h);
-  c.weight_grad(full.data(), T * h, [&c, &A, &ly, T, F, h](const float* dy) {
-    linear_backward_weight(c.G(ly.fc2_w), nullptr, dy, A.act.data(), T, F, h);
-  });
-  Buf dfc1(sz(T * fc1_out));
-  if (D.swiglu) swiglu_backward(dfc1.data(), dact.data(), A.fc1.data(), T, F);
-  else gelu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * F);
-  linear_backward_input(full.data(), dfc1.data(), c.P(ly.fc1_w), T, h, fc1_out);
-  c.weight_grad(dfc1.data(), T * fc1_out, [&c, &A, &ly, T, h, fc1_out](const float* dy) {
-    linear_backward_weight(c.G(ly.fc1_w), c.D.bias ? c.G(ly.fc1_b) : nullptr, dy, A.ln_full.data(), T, h, fc1_out);
-  });
-  c.reduce_tokens(full.data(), local.data());
+  body_of(c, ly).backward(c, branch.data(), local, A.body);
   dx.resize(sz(Tl * h));
   c.norm_backward(dx.data(), local.data(), A.x.data(), A.mean.data(), A.rstd.data(), ly.mlp_norm_w, ly.mlp_norm_b, Tl, h);
   for (int64_t i = 0; i < Tl * h; ++i) dx[sz(i)] += dout[sz(i)];

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -18,6 +19,19 @@ inline size_t sz(int64_t n) { return static_cast<size_t>(n); }
 // Work that only accumulates parameter gradients (or finalises them), in the order it was queued.
 using WeightGradQueue = std::vector<std::function<void()>>;
 
+// One MoE layer's statistics over an iteration's microbatches (summed): the load-balancing loss (without its
+// coefficient, over the TP group's tokens) and the z-loss (mean lse^2 over them), the tokens each expert kept on
+// this rank, the choices routed and dropped; global_aux_loss's running token counts.
+struct MoeLayerStats {
+  double aux = 0, z = 0;
+  int64_t microbatches = 0;
+  std::vector<double> tokens;
+  double routed = 0, dropped = 0;
+  std::vector<double> global_counts;
+  int64_t global_steps = 0;
+};
+using MoeStats = std::map<int64_t, MoeLayerStats>;  // by global layer index
+
 struct PassContext {
   const ModelDims& D;
   ParamStore& params;
@@ -28,6 +42,8 @@ struct PassContext {
   bool training;
   int64_t T, Tl, t0;  // the microbatch's tokens; this rank's residual-stream tokens [t0, t0 + Tl) (SP: a shard)
   bool finishing = true;              // backward: the iteration's last microbatch (reductions and hooks run)
+  float loss_grad_scale = 1;          // backward: the lm loss's gradient scale, which the MoE auxiliary losses share
+  MoeStats* moe_stats = nullptr;      // training forward: where MoE layers add their losses and token counts
   WeightGradQueue* deferred = nullptr;  // backward: null runs weight-gradient work at once
 
   PassContext(const ModelDims& dims, ParamStore& p, const ProcessGroups& g, uint64_t seed, const Microbatch& mb, int64_t step,

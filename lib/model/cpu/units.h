@@ -7,6 +7,13 @@
 
 #include <memory>
 
+#include <map>
+#include <optional>
+#include <string>
+
+#include "config/config.h"
+#include "kernels/cpu/router.h"
+#include "model/cpu/moe_dispatch.h"
 #include "model/cpu/pass_context.h"
 #include "model/layout.h"
 
@@ -32,12 +39,61 @@ struct AttentionUnit {
   void backward(const PassContext& c, const Buf& dout, Buf& din, Stash& s) const;
 };
 
+// The TP-parallel MLP body over the TP group's tokens: fc2(act(fc1(gather(ln)))) reduced back to this rank's
+// tokens (SP: reduce-scattered), without fc2's bias; act GELU or SwiGLU. The dense MLP and the shared expert.
+struct MlpBody {
+  struct Stash {
+    Buf ln_full, fc1, act;
+  };
+  size_t fc1_w = kNoParam, fc1_b = kNoParam, fc2_w = kNoParam;
+  int64_t F_local = 0;
+  // out[Tl, h] (overwritten) from ln[Tl, h].
+  void forward(const PassContext& c, const float* ln, Buf& out, Stash& s) const;
+  // dln[Tl, h] (overwritten) from the output gradient dy[Tl, h].
+  void backward(const PassContext& c, const float* dy, Buf& dln, Stash& s) const;
+};
+
 // out = x + dropout(fc2(act(fc1(norm(x)))) + fc2_b), act GELU or SwiGLU
 struct MlpUnit {
   struct Stash {
-    Buf x, ln, ln_full, mean, rstd, fc1, act;
+    Buf x, ln, mean, rstd;
+    MlpBody::Stash body;
   };
   const LayerParams* p = nullptr;
+  void forward(const PassContext& c, Buf& x, Stash& s) const;
+  void backward(const PassContext& c, const Buf& dout, Buf& din, Stash& s) const;
+};
+
+// The MoE settings of the configuration (Megatron's flags).
+struct MoeOptions {
+  RouterSettings router;
+  bool router_fp64 = false;
+  std::optional<double> capacity_factor;
+  bool drop_by_probability = true, pad_to_capacity = false;
+  std::string balance = "aux_loss";  // aux_loss | seq_aux_loss | global_aux_loss | none
+  double aux_coeff = 0, z_coeff = 0;
+  bool alltoall = false;
+  static MoeOptions from(const Config& cfg);
+  bool aux_enabled() const { return balance != "none" && aux_coeff > 0; }
+};
+
+// out = x + dropout(routed experts(norm(x)) + shared expert(norm(x))): Megatron's MoE layer in the MLP slot.
+// The router scores this rank's tokens, the dispatcher sends each kept choice to its expert's rank and brings the
+// output back weighted; the load-balancing and z losses add their gradients to the router's (scaled as the lm
+// loss) and their values to the iteration's statistics.
+struct MoeUnit {
+  struct Stash {
+    Buf x, ln, mean, rstd, logits, weight, aux_dscores;  // logits, aux_dscores [Tl, E]; weight [Tl, k]
+    std::vector<int32_t> top;                            // [Tl, k]
+    std::vector<uint8_t> keep;                           // [Tl, k]
+    TokenDispatcher dispatcher{true};
+    Buf rows, fc1, act;  // the local experts' rows (expert-major), fc1 outputs and activations
+    std::vector<int64_t> per_expert;
+    MlpBody::Stash shared;
+    float z_scale = 0;  // d(z loss) / d(sum of lse^2 over this rank's tokens)
+  };
+  const LayerParams* p = nullptr;
+  const MoeOptions* opt = nullptr;
   void forward(const PassContext& c, Buf& x, Stash& s) const;
   void backward(const PassContext& c, const Buf& dout, Buf& din, Stash& s) const;
 };

@@ -1,0 +1,259 @@
+// router.cpp: see router.h. Scores in float, sums in double where they feed a normalisation.
+#include "kernels/cpu/router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace mt::cpu {
+namespace {
+
+// The k largest of v[0..m) (indices), descending, ties to the lower index.
+void top_indices(const float* v, int64_t m, int64_t k, int32_t* out) {
+  std::vector<int32_t> idx(static_cast<size_t>(m));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+  std::copy(idx.begin(), idx.begin() + k, out);
+}
+
+// Megatron's group_limited_topk: each group scored by the sum of its best topk / group_topk scores, the best
+// group_topk groups kept, the top k over their experts.
+void limited_top(const RouterSettings& s, const float* v, int32_t* out) {
+  const int64_t E = s.experts;
+  if (s.num_groups <= 0 || s.group_topk <= 0) {
+    top_indices(v, E, s.topk, out);
+    return;
+  }
+  const int64_t per = E / s.num_groups, best = s.topk / s.group_topk;
+  std::vector<float> group_score(static_cast<size_t>(s.num_groups));
+  std::vector<int32_t> tmp(static_cast<size_t>(best));
+  for (int64_t g = 0; g < s.num_groups; ++g) {
+    top_indices(v + g * per, per, best, tmp.data());
+    double sum = 0;
+    for (int32_t i : tmp) sum += v[g * per + i];
+    group_score[static_cast<size_t>(g)] = static_cast<float>(sum);
+  }
+  std::vector<int32_t> groups(static_cast<size_t>(s.group_topk));
+  top_indices(group_score.data(), s.num_groups, s.group_topk, groups.data());
+  std::vector<float> masked(static_cast<size_t>(E), -std::numeric_limits<float>::infinity());
+  for (int32_t g : groups) std::copy(v + g * per, v + (g + 1) * per, masked.begin() + g * per);
+  top_indices(masked.data(), E, s.topk, out);
+}
+
+void softmax_row(const float* x, int64_t m, float* y) {
+  float mx = x[0];
+  for (int64_t i = 1; i < m; ++i) mx = std::max(mx, x[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < m; ++i) sum += std::exp(static_cast<double>(x[i] - mx));
+  for (int64_t i = 0; i < m; ++i) y[i] = static_cast<float>(std::exp(static_cast<double>(x[i] - mx)) / sum);
+}
+
+float sigmoid(float x) { return static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x)))); }
+
+}  // namespace
+
+void route_topk(const RouterSettings& s, const float* logits, const float* expert_bias, int64_t n, int32_t* top, float* weight) {
+  const int64_t E = s.experts, k = s.topk;
+  std::vector<float> scores(static_cast<size_t>(E)), choice(static_cast<size_t>(E)), picked(static_cast<size_t>(k));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* x = logits + t * E;
+    int32_t* idx = top + t * k;
+    float* w = weight + t * k;
+    if (s.sigmoid) {
+      for (int64_t e = 0; e < E; ++e) scores[static_cast<size_t>(e)] = sigmoid(x[e]);
+    } else if (s.pre_softmax) {
+      softmax_row(x, E, scores.data());
+    } else {
+      std::copy(x, x + E, scores.begin());
+    }
+    for (int64_t e = 0; e < E; ++e) choice[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] + (expert_bias ? expert_bias[e] : 0.0f);
+    limited_top(s, choice.data(), idx);
+    for (int64_t j = 0; j < k; ++j) picked[static_cast<size_t>(j)] = scores[static_cast<size_t>(idx[j])];
+    if (s.sigmoid) {
+      double sum = 0;
+      for (float p : picked) sum += p;
+      for (int64_t j = 0; j < k; ++j) w[j] = k > 1 ? static_cast<float>(picked[static_cast<size_t>(j)] / (sum + 1e-20)) : picked[static_cast<size_t>(j)];
+    } else if (s.pre_softmax) {
+      std::copy(picked.begin(), picked.end(), w);
+    } else {
+      softmax_row(picked.data(), k, w);
+    }
+    for (int64_t j = 0; j < k; ++j) w[j] *= s.scaling;
+  }
+}
+
+void route_topk_backward(const RouterSettings& s, const float* logits, const int32_t* top, const float* dweight, int64_t n, float* dlogits) {
+  const int64_t E = s.experts, k = s.topk;
+  std::vector<float> scores(static_cast<size_t>(E)), picked(static_cast<size_t>(k)), p(static_cast<size_t>(k));
+  std::vector<double> dpicked(static_cast<size_t>(k));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* x = logits + t * E;
+    const int32_t* idx = top + t * k;
+    float* dx = dlogits + t * E;
+    std::fill(dx, dx + E, 0.0f);
+    for (int64_t j = 0; j < k; ++j) dpicked[static_cast<size_t>(j)] = static_cast<double>(dweight[t * k + j]) * s.scaling;
+    if (s.sigmoid) {
+      for (int64_t j = 0; j < k; ++j) picked[static_cast<size_t>(j)] = sigmoid(x[idx[j]]);
+      if (k > 1) {  // w_j = s_j / (sum + eps): dw/ds_i = delta_ij / sum - s_j / sum^2
+        double sum = 1e-20, dot = 0;
+        for (int64_t j = 0; j < k; ++j) sum += picked[static_cast<size_t>(j)];
+        for (int64_t j = 0; j < k; ++j) dot += dpicked[static_cast<size_t>(j)] * picked[static_cast<size_t>(j)];
+        for (int64_t j = 0; j < k; ++j) dpicked[static_cast<size_t>(j)] = dpicked[static_cast<size_t>(j)] / sum - dot / (sum * sum);
+      }
+      for (int64_t j = 0; j < k; ++j) {
+        const double sg = picked[static_cast<size_t>(j)];
+        dx[idx[j]] += static_cast<float>(dpicked[static_cast<size_t>(j)] * sg * (1.0 - sg));
+      }
+    } else if (s.pre_softmax) {  // through the softmax over all experts
+      softmax_row(x, E, scores.data());
+      double dot = 0;
+      for (int64_t j = 0; j < k; ++j) dot += dpicked[static_cast<size_t>(j)] * scores[static_cast<size_t>(idx[j])];
+      for (int64_t e = 0; e < E; ++e) dx[e] = static_cast<float>(-scores[static_cast<size_t>(e)] * dot);
+      for (int64_t j = 0; j < k; ++j) dx[idx[j]] += static_cast<float>(scores[static_cast<size_t>(idx[j])] * dpicked[static_cast<size_t>(j)]);
+    } else {  // through the softmax over the k chosen logits
+      for (int64_t j = 0; j < k; ++j) picked[static_cast<size_t>(j)] = x[idx[j]];
+      softmax_row(picked.data(), k, p.data());
+      double dot = 0;
+      for (int64_t j = 0; j < k; ++j) dot += dpicked[static_cast<size_t>(j)] * p[static_cast<size_t>(j)];
+      for (int64_t j = 0; j < k; ++j) dx[idx[j]] += static_cast<float>(p[static_cast<size_t>(j)] * (dpicked[static_cast<size_t>(j)] - dot));
+    }
+  }
+}
+
+int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t topk, int64_t experts) {
+  return static_cast<int64_t>(std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(experts) * capacity_factor));
+}
+
+namespace {
+
+// The (token, slot) choices of expert e in keep order: highest weight first (ties: earlier token), or by position.
+std::vector<std::pair<int64_t, int64_t>> expert_order(const int32_t* top, const float* weight, int64_t n, int64_t topk, int64_t e,
+                                                      bool by_probability) {
+  std::vector<std::pair<int64_t, int64_t>> mine;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < topk; ++j) {
+      if (top[t * topk + j] == e) mine.emplace_back(t, j);
+    }
+  }
+  if (by_probability) {
+    std::stable_sort(mine.begin(), mine.end(), [&](const auto& a, const auto& b) {
+      return weight[a.first * topk + a.second] > weight[b.first * topk + b.second];
+    });
+  }
+  return mine;
+}
+
+}  // namespace
+
+void capacity_keep(const int32_t* top, const float* weight, int64_t n, int64_t topk, int64_t experts, int64_t capacity, bool by_probability,
+                   uint8_t* keep) {
+  std::fill(keep, keep + n * topk, uint8_t{0});
+  for (int64_t e = 0; e < experts; ++e) {
+    const auto mine = expert_order(top, weight, n, topk, e, by_probability);
+    for (size_t i = 0; i < mine.size() && static_cast<int64_t>(i) < capacity; ++i) keep[mine[i].first * topk + mine[i].second] = 1;
+  }
+}
+
+std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const float* weight, const uint8_t* keep, int64_t n, int64_t topk,
+                                                   int64_t experts, int64_t capacity, bool by_probability) {
+  std::vector<std::vector<int64_t>> pad(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) {
+    int64_t kept = 0;
+    std::vector<char> routed(static_cast<size_t>(n), 0);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < topk; ++j) {
+        if (top[t * topk + j] == e) {
+          routed[static_cast<size_t>(t)] = 1;
+          kept += keep[t * topk + j];
+        }
+      }
+    }
+    // Megatron's capacity mask takes the expert's top `capacity` rows of its weight column, where the tokens it
+    // does not route to weigh 0: after the routed ones, in token order (ties), whatever the drop policy's order.
+    (void)weight;
+    (void)by_probability;
+    for (int64_t t = 0; t < n && kept < capacity; ++t) {
+      if (routed[static_cast<size_t>(t)]) continue;
+      pad[static_cast<size_t>(e)].push_back(t);
+      ++kept;
+    }
+  }
+  return pad;
+}
+
+void aux_scores(const float* logits, int64_t n, int64_t experts, bool sigmoid_scores, float* scores) {
+  for (int64_t t = 0; t < n; ++t) {
+    const float* x = logits + t * experts;
+    float* y = scores + t * experts;
+    if (!sigmoid_scores) {
+      softmax_row(x, experts, y);
+      continue;
+    }
+    double sum = 1e-20;
+    for (int64_t e = 0; e < experts; ++e) sum += (y[e] = sigmoid(x[e]));
+    for (int64_t e = 0; e < experts; ++e) y[e] = static_cast<float>(y[e] / sum);
+  }
+}
+
+void aux_topk_counts(const float* scores, int64_t n, int64_t experts, int64_t topk, double* counts) {
+  std::vector<int32_t> idx(static_cast<size_t>(topk));
+  for (int64_t t = 0; t < n; ++t) {
+    top_indices(scores + t * experts, experts, topk, idx.data());
+    for (int32_t e : idx) counts[e] += 1;
+  }
+}
+
+void aux_scores_backward(const float* logits, const float* dscores, int64_t n, int64_t experts, bool sigmoid_scores, float* dlogits) {
+  std::vector<float> y(static_cast<size_t>(experts)), sg(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* x = logits + t * experts;
+    const float* dy = dscores + t * experts;
+    float* dx = dlogits + t * experts;
+    if (!sigmoid_scores) {
+      softmax_row(x, experts, y.data());
+      double dot = 0;
+      for (int64_t e = 0; e < experts; ++e) dot += static_cast<double>(dy[e]) * y[static_cast<size_t>(e)];
+      for (int64_t e = 0; e < experts; ++e) dx[e] += static_cast<float>(y[static_cast<size_t>(e)] * (dy[e] - dot));
+      continue;
+    }
+    double sum = 1e-20, dot = 0;
+    for (int64_t e = 0; e < experts; ++e) sum += (sg[static_cast<size_t>(e)] = sigmoid(x[e]));
+    for (int64_t e = 0; e < experts; ++e) dot += static_cast<double>(dy[e]) * sg[static_cast<size_t>(e)];
+    for (int64_t e = 0; e < experts; ++e) {
+      const double s = sg[static_cast<size_t>(e)];
+      const double ds = dy[e] / sum - dot / (sum * sum);
+      dx[e] += static_cast<float>(ds * s * (1.0 - s));
+    }
+  }
+}
+
+double z_loss_sum(const float* logits, int64_t n, int64_t experts) {
+  double total = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* x = logits + t * experts;
+    float mx = x[0];
+    for (int64_t e = 1; e < experts; ++e) mx = std::max(mx, x[e]);
+    double sum = 0;
+    for (int64_t e = 0; e < experts; ++e) sum += std::exp(static_cast<double>(x[e] - mx));
+    const double lse = mx + std::log(sum);
+    total += lse * lse;
+  }
+  return total;
+}
+
+void z_loss_backward(const float* logits, int64_t n, int64_t experts, float scale, float* dlogits) {
+  std::vector<float> p(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* x = logits + t * experts;
+    softmax_row(x, experts, p.data());
+    float mx = x[0];
+    for (int64_t e = 1; e < experts; ++e) mx = std::max(mx, x[e]);
+    double sum = 0;
+    for (int64_t e = 0; e < experts; ++e) sum += std::exp(static_cast<double>(x[e] - mx));
+    const double lse = mx + std::log(sum);
+    for (int64_t e = 0; e < experts; ++e) dlogits[t * experts + e] += static_cast<float>(scale * 2.0 * lse * p[static_cast<size_t>(e)]);
+  }
+}
+
+}  // namespace mt::cpu

@@ -1,0 +1,51 @@
+// router.h: the MoE router's math on the CPU reference engine, as Megatron-Core computes it
+// (moe_utils.topk_softmax_with_capacity, compute_routing_scores_for_aux_loss, the load-balancing and z losses):
+// top-k over the scores (softmax after or before the choice, or sigmoid; group-limited; an expert bias that
+// steers the choice only), the routing weights, capacity dropping, and each one's backward. Dense [n, E] maps
+// as Megatron keeps them. Ties go to the lower expert index (and, when dropping, to the earlier token), so a
+// choice is the same on every rank and layout.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace mt::cpu {
+
+struct RouterSettings {
+  int64_t experts = 0, topk = 1;
+  bool sigmoid = false;      // --moe-router-score-function sigmoid (else softmax)
+  bool pre_softmax = false;  // --moe-router-pre-softmax: softmax over all experts, then the top k
+  float scaling = 1.0f;      // --moe-router-topk-scaling-factor
+  int64_t num_groups = 0, group_topk = 0;  // group-limited routing (0: off)
+};
+
+// The top-k choice of n tokens: top[n, k] expert indices (descending score, ties to the lower index) and their
+// routing weights weight[n, k]. expert_bias (E values, may be null) is added to the scores for the choice only.
+void route_topk(const RouterSettings& s, const float* logits, const float* expert_bias, int64_t n, int32_t* top, float* weight);
+// dlogits[n, E] (overwritten) from the gradient of the routing weights dweight[n, k].
+void route_topk_backward(const RouterSettings& s, const float* logits, const int32_t* top, const float* dweight, int64_t n, float* dlogits);
+
+// Megatron's get_capacity: ceil(tokens * topk / experts * factor).
+int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t topk, int64_t experts);
+// Which of n tokens' top-k choices fit their expert's capacity: keep[n, k]. by_probability (--moe-token-drop-policy
+// probs) keeps each expert's highest weights (ties: the earlier token), else the earliest tokens (position).
+void capacity_keep(const int32_t* top, const float* weight, int64_t n, int64_t topk, int64_t experts, int64_t capacity, bool by_probability,
+                   uint8_t* keep);
+// --moe-pad-expert-input-to-capacity: the tokens each expert receives when padded to `capacity`: its kept
+// tokens, then the tokens it does not route to in the same order (highest weight / earliest; their weight 0),
+// at most n. pad[e] lists the extra tokens of expert e.
+std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const float* weight, const uint8_t* keep, int64_t n, int64_t topk,
+                                                   int64_t experts, int64_t capacity, bool by_probability);
+
+// The scores the load-balancing losses use (compute_routing_scores_for_aux_loss): softmax over all experts, or
+// sigmoid normalised to sum 1 per token; and the top-k of them (no bias, no groups, no capacity): counts[E] += .
+void aux_scores(const float* logits, int64_t n, int64_t experts, bool sigmoid, float* scores);
+void aux_topk_counts(const float* scores, int64_t n, int64_t experts, int64_t topk, double* counts);
+// dlogits[n, E] += the gradient through aux_scores of dscores[n, E].
+void aux_scores_backward(const float* logits, const float* dscores, int64_t n, int64_t experts, bool sigmoid, float* dlogits);
+
+// z-loss: returns sum over the n tokens of logsumexp(logits)^2; dlogits += scale * d/dlogits of that sum.
+double z_loss_sum(const float* logits, int64_t n, int64_t experts);
+void z_loss_backward(const float* logits, int64_t n, int64_t experts, float scale, float* dlogits);
+
+}  // namespace mt::cpu

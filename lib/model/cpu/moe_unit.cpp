@@ -1,0 +1,323 @@
+// moe_unit.cpp: the MoE MLP slot on the CPU engine, computed as Megatron-Core's MoELayer: pre-MLP norm, the
+// router (fp32, or fp64 with --moe-router-dtype fp64), top-k and capacity, the load-balancing and z losses, the
+// dispatch to the experts over the expert grid, the experts' MLPs, the weighted combine, the shared expert,
+// dropout and the residual add. Capacity is counted over the microbatch's tokens (all TP ranks'), so a TP split
+// drops what one rank drops (Megatron counts per TP rank's shard; see docs/moe.md).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "config/moe_pattern.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/linear.h"
+#include "model/cpu/units.h"
+
+namespace mt::cpu {
+
+MoeOptions MoeOptions::from(const Config& cfg) {
+  const MoeConfig& m = cfg.moe;
+  MoeOptions o;
+  o.router.experts = m.num_experts.value_or(0);
+  o.router.topk = m.moe_router_topk;
+  o.router.sigmoid = m.moe_router_score_function == "sigmoid";
+  o.router.pre_softmax = m.moe_router_pre_softmax;
+  o.router.scaling = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
+  o.router.num_groups = m.moe_router_num_groups.value_or(0);
+  o.router.group_topk = m.moe_router_group_topk.value_or(0);
+  o.router_fp64 = m.moe_router_dtype == "fp64";
+  o.capacity_factor = m.moe_expert_capacity_factor;
+  o.drop_by_probability = m.moe_token_drop_policy == "probs";
+  o.pad_to_capacity = m.moe_pad_expert_input_to_capacity;
+  o.balance = m.moe_router_load_balancing_type;
+  o.aux_coeff = m.moe_aux_loss_coeff;
+  o.z_coeff = m.moe_z_loss_coeff.value_or(0.0);
+  o.alltoall = m.moe_token_dispatcher_type == "alltoall";
+  return o;
+}
+
+namespace {
+
+// The routed experts' MLPs over their rows (expert-major, per_expert rows each).
+void experts_forward(const PassContext& c, const LayerParams& ly, MoeUnit::Stash& A, Buf& y) {
+  const ModelDims& D = c.D;
+  const int64_t h = D.h, F = D.F_moe_local, fc1_out = F * (D.swiglu ? 2 : 1);
+  int64_t N = 0;
+  for (int64_t n : A.per_expert) N += n;
+  A.fc1.resize(sz(N * fc1_out));
+  A.act.resize(sz(N * F));
+  y.resize(sz(N * h));
+  int64_t off = 0;
+  for (size_t j = 0; j < ly.experts.size(); ++j) {
+    const int64_t n = A.per_expert[j];
+    const LayerParams::Expert& ex = ly.experts[j];
+    if (n > 0) {
+      float* fc1 = A.fc1.data() + off * fc1_out;
+      float* act = A.act.data() + off * F;
+      linear_forward(fc1, A.rows.data() + off * h, c.P(ex.fc1_w), ex.fc1_b != kNoParam ? c.P(ex.fc1_b) : nullptr, n, h, fc1_out);
+      if (D.swiglu) swiglu_forward(act, fc1, n, F);
+      else gelu_forward(act, fc1, n * F);
+      linear_forward(y.data() + off * h, act, c.P(ex.fc2_w), ex.fc2_b != kNoParam ? c.P(ex.fc2_b) : nullptr, n, F, h);
+    }
+    off += n;
+  }
+}
+
+void experts_backward(const PassContext& c, const LayerParams& ly, MoeUnit::Stash& A, const Buf& dy, Buf& dx) {
+  const ModelDims& D = c.D;
+  const int64_t h = D.h, F = D.F_moe_local, fc1_out = F * (D.swiglu ? 2 : 1);
+  const int64_t N = static_cast<int64_t>(dy.size()) / h;
+  Buf dact(sz(N * F)), dfc1(sz(N * fc1_out));
+  dx.resize(sz(N * h));
+  int64_t off = 0;
+  for (size_t j = 0; j < ly.experts.size(); ++j) {
+    const int64_t n = A.per_expert[j];
+    if (n > 0) {
+      linear_backward_input(dact.data() + off * F, dy.data() + off * h, c.P(ly.experts[j].fc2_w), n, F, h);
+      if (D.swiglu) swiglu_backward(dfc1.data() + off * fc1_out, dact.data() + off * F, A.fc1.data() + off * fc1_out, n, F);
+      else gelu_backward(dfc1.data() + off * fc1_out, dact.data() + off * F, A.fc1.data() + off * fc1_out, n * F);
+      linear_backward_input(dx.data() + off * h, dfc1.data() + off * fc1_out, c.P(ly.experts[j].fc1_w), n, h, fc1_out);
+    }
+    off += n;
+  }
+  const LayerParams* layer = &ly;
+  c.weight_grad(dy.data(), N * h, [&c, &A, layer, h, F](const float* g) {
+    int64_t at = 0;
+    for (size_t j = 0; j < layer->experts.size(); ++j) {
+      const int64_t n = A.per_expert[j];
+      const LayerParams::Expert& ex = layer->experts[j];
+      if (n > 0) linear_backward_weight(c.G(ex.fc2_w), ex.fc2_b != kNoParam ? c.G(ex.fc2_b) : nullptr, g + at * h, A.act.data() + at * F, n, F, h);
+      at += n;
+    }
+  });
+  c.weight_grad(dfc1.data(), N * fc1_out, [&c, &A, layer, h, fc1_out](const float* g) {
+    int64_t at = 0;
+    for (size_t j = 0; j < layer->experts.size(); ++j) {
+      const int64_t n = A.per_expert[j];
+      const LayerParams::Expert& ex = layer->experts[j];
+      if (n > 0) {
+        linear_backward_weight(c.G(ex.fc1_w), ex.fc1_b != kNoParam ? c.G(ex.fc1_b) : nullptr, g + at * fc1_out, A.rows.data() + at * h, n, h,
+                               fc1_out);
+      }
+      at += n;
+    }
+  });
+}
+
+void router_logits(const PassContext& c, const LayerParams& ly, const MoeOptions& o, const float* ln, int64_t n, float* logits) {
+  const int64_t h = c.D.h, E = c.D.experts;
+  const float* w = c.P(ly.router_w);
+  const float* b = ly.router_b != kNoParam ? c.P(ly.router_b) : nullptr;
+  if (!o.router_fp64) {
+    linear_forward(logits, ln, w, b, n, h, E);
+    return;
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t e = 0; e < E; ++e) {
+      double s = b ? b[e] : 0.0;
+      for (int64_t i = 0; i < h; ++i) s += static_cast<double>(ln[t * h + i]) * w[e * h + i];
+      logits[t * E + e] = static_cast<float>(s);
+    }
+  }
+}
+
+// Which of this rank's top-k choices fit their expert's capacity, decided over the microbatch's tokens; and,
+// padding to capacity, the extra tokens each expert receives (this rank's, local indices).
+void apply_capacity(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A, std::vector<std::vector<int64_t>>& pads) {
+  const ModelDims& D = c.D;
+  const int64_t Tl = c.Tl, T = c.T, k = D.topk, E = D.experts;
+  A.keep.assign(sz(Tl * k), 1);
+  pads.assign(sz(E), {});
+  if (!o.capacity_factor) return;
+  const int64_t capacity = expert_capacity(*o.capacity_factor, T, k, E);
+  if (capacity > T) return;  // Megatron: no dropping when every token fits
+  std::vector<int32_t> top(sz(T * k));
+  std::vector<float> weight(sz(T * k));
+  if (D.sequence_parallel) {
+    std::vector<float> mine(sz(Tl * k)), all(sz(T * k));
+    for (int64_t i = 0; i < Tl * k; ++i) mine[sz(i)] = static_cast<float>(A.top[sz(i)]);
+    c.groups.tp->all_gather(mine.data(), all.data(), Tl * k);
+    for (int64_t i = 0; i < T * k; ++i) top[sz(i)] = static_cast<int32_t>(all[sz(i)]);
+    c.groups.tp->all_gather(A.weight.data(), weight.data(), Tl * k);
+  } else {
+    top = A.top;
+    weight = A.weight;
+  }
+  std::vector<uint8_t> keep(sz(T * k));
+  capacity_keep(top.data(), weight.data(), T, k, E, capacity, o.drop_by_probability, keep.data());
+  std::copy(keep.begin() + c.t0 * k, keep.begin() + (c.t0 + Tl) * k, A.keep.begin());
+  if (!o.pad_to_capacity) return;
+  const auto all_pads = capacity_padding(top.data(), weight.data(), keep.data(), T, k, E, capacity, o.drop_by_probability);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t t : all_pads[sz(e)]) {
+      if (t >= c.t0 && t < c.t0 + Tl) pads[sz(e)].push_back(t - c.t0);
+    }
+  }
+}
+
+// The load-balancing loss of the configured type: its value (without the coefficient, over the TP group's
+// tokens; global_aux_loss: summed over DP too, as Megatron logs it) and d(coeff * loss)/d(scores) in A.aux_dscores.
+double balance_loss(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A, MoeLayerStats& st) {
+  const ModelDims& D = c.D;
+  const int64_t Tl = c.Tl, T = c.T, E = D.experts, k = D.topk;
+  Buf scores(sz(Tl * E));
+  aux_scores(A.logits.data(), Tl, E, o.router.sigmoid, scores.data());
+  A.aux_dscores.assign(sz(Tl * E), 0.0f);
+  Communicator& tp = *c.groups.tp;
+  if (o.balance == "seq_aux_loss") {  // per sequence, averaged over the microbatch's sequences
+    const int64_t B = c.mb.B, S = c.mb.S;
+    std::vector<double> counts(sz(B * E), 0.0), probs(sz(B * E), 0.0);
+    std::vector<int32_t> idx(sz(k));
+    for (int64_t t = 0; t < Tl; ++t) {
+      const int64_t b = (c.t0 + t) / S;
+      std::vector<double> one(sz(E), 0.0);
+      aux_topk_counts(&scores[sz(t * E)], 1, E, k, one.data());
+      for (int64_t e = 0; e < E; ++e) {
+        counts[sz(b * E + e)] += one[sz(e)];
+        probs[sz(b * E + e)] += scores[sz(t * E + e)];
+      }
+    }
+    if (tp.size() > 1) {
+      tp.all_reduce(counts.data(), B * E, ReduceOp::kSum);
+      tp.all_reduce(probs.data(), B * E, ReduceOp::kSum);
+    }
+    const double C = static_cast<double>(E) / (static_cast<double>(k) * S * S) / static_cast<double>(B);
+    double value = 0;
+    for (int64_t i = 0; i < B * E; ++i) value += probs[sz(i)] * counts[sz(i)];
+    for (int64_t t = 0; t < Tl; ++t) {
+      const int64_t b = (c.t0 + t) / S;
+      for (int64_t e = 0; e < E; ++e) A.aux_dscores[sz(t * E + e)] = static_cast<float>(o.aux_coeff * C * counts[sz(b * E + e)]);
+    }
+    return C * value;
+  }
+  std::vector<double> counts(sz(E), 0.0), probs(sz(E), 0.0);
+  aux_topk_counts(scores.data(), Tl, E, k, counts.data());
+  for (int64_t t = 0; t < Tl; ++t) {
+    for (int64_t e = 0; e < E; ++e) probs[sz(e)] += scores[sz(t * E + e)];
+  }
+  if (tp.size() > 1) tp.all_reduce(counts.data(), E, ReduceOp::kSum);
+  double tokens = static_cast<double>(T);
+  if (o.balance == "global_aux_loss") {  // counts over DP too, averaged over the iteration's microbatches so far
+    c.groups.dp_cp->all_reduce(counts.data(), E, ReduceOp::kSum);
+    st.global_counts.resize(sz(E), 0.0);
+    for (int64_t e = 0; e < E; ++e) st.global_counts[sz(e)] += counts[sz(e)];
+    ++st.global_steps;
+    for (int64_t e = 0; e < E; ++e) counts[sz(e)] = st.global_counts[sz(e)] / static_cast<double>(st.global_steps);
+    tokens *= static_cast<double>(c.groups.dp_cp->size());
+  }
+  const double C = static_cast<double>(E) / (static_cast<double>(k) * tokens * tokens);
+  for (int64_t t = 0; t < Tl; ++t) {
+    for (int64_t e = 0; e < E; ++e) A.aux_dscores[sz(t * E + e)] = static_cast<float>(o.aux_coeff * C * counts[sz(e)]);
+  }
+  double value = 0;
+  for (int64_t e = 0; e < E; ++e) value += probs[sz(e)] * counts[sz(e)];
+  value *= C;
+  if (tp.size() > 1) tp.all_reduce(&value, 1, ReduceOp::kSum);
+  if (o.balance == "global_aux_loss") c.groups.dp_cp->all_reduce(&value, 1, ReduceOp::kSum);
+  return value;
+}
+
+MlpBody shared_body(const PassContext& c, const LayerParams& ly) { return MlpBody{ly.shared_fc1_w, ly.shared_fc1_b, ly.shared_fc2_w, c.D.F_shared_local}; }
+
+}  // namespace
+
+void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
+  const ModelDims& D = c.D;
+  const LayerParams& ly = *p;
+  const MoeOptions& o = *opt;
+  const int64_t Tl = c.Tl, h = D.h, E = D.experts, k = D.topk;
+  A.x = std::move(x);
+  A.ln.resize(sz(Tl * h));
+  A.mean.resize(sz(Tl));
+  A.rstd.resize(sz(Tl));
+  c.norm_forward(A.ln.data(), A.mean.data(), A.rstd.data(), A.x.data(), ly.mlp_norm_w, ly.mlp_norm_b, Tl, h);
+  A.logits.resize(sz(Tl * E));
+  router_logits(c, ly, o, A.ln.data(), Tl, A.logits.data());
+  MoeLayerStats scratch;
+  MoeLayerStats& st = c.moe_stats ? (*c.moe_stats)[ly.layer] : scratch;
+  const bool training = c.training;
+  A.z_scale = 0;
+  if (training && o.z_coeff > 0) {  // Megatron: coeff / (TP x CP) times the mean over this rank's tokens
+    double z = z_loss_sum(A.logits.data(), Tl, E);
+    if (c.groups.tp->size() > 1) c.groups.tp->all_reduce(&z, 1, ReduceOp::kSum);
+    st.z += z / static_cast<double>(c.T);
+    A.z_scale = static_cast<float>(o.z_coeff / static_cast<double>(c.T));
+  }
+  A.top.resize(sz(Tl * k));
+  A.weight.resize(sz(Tl * k));
+  route_topk(o.router, A.logits.data(), nullptr, Tl, A.top.data(), A.weight.data());
+  std::vector<std::vector<int64_t>> pads;
+  apply_capacity(c, o, A, pads);
+  std::vector<Assignment> mine;
+  st.tokens.resize(sz(E), 0.0);
+  for (int64_t t = 0; t < Tl; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const size_t i = sz(t * k + j);
+      st.routed += 1;
+      if (!A.keep[i]) {
+        A.weight[i] = 0;  // Megatron: the dropped choices' probabilities masked out
+        st.dropped += 1;
+        continue;
+      }
+      mine.push_back({t, A.top[i], static_cast<int32_t>(j), A.weight[i]});
+      st.tokens[sz(A.top[i])] += 1;
+    }
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t t : pads[sz(e)]) mine.push_back({t, static_cast<int32_t>(e), -1, 0.0f});
+  }
+  std::stable_sort(mine.begin(), mine.end(), [](const Assignment& a, const Assignment& b) {
+    return a.expert < b.expert || (a.expert == b.expert && a.token < b.token);
+  });
+  A.aux_dscores.clear();
+  if (training && o.aux_enabled()) st.aux += balance_loss(c, o, A, st);
+  if (training) ++st.microbatches;
+
+  A.dispatcher = TokenDispatcher(o.alltoall);
+  A.dispatcher.dispatch(c, mine, A.ln.data(), A.rows, A.per_expert);
+  Buf y, out;
+  experts_forward(c, ly, A, y);
+  A.dispatcher.combine(c, y, out);
+  if (ly.shared_fc1_w != kNoParam) {
+    Buf shared;
+    shared_body(c, ly).forward(c, A.ln.data(), shared, A.shared);
+    for (int64_t i = 0; i < Tl * h; ++i) out[sz(i)] += shared[sz(i)];
+  }
+  c.dropout_tokens(out.data(), ly.layer, kDropMlpOut, false);
+  x.resize(sz(Tl * h));
+  for (int64_t i = 0; i < Tl * h; ++i) x[sz(i)] = A.x[sz(i)] + out[sz(i)];
+}
+
+void MoeUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Stash& A) const {
+  const ModelDims& D = c.D;
+  const LayerParams& ly = *p;
+  const MoeOptions& o = *opt;
+  const int64_t Tl = c.Tl, h = D.h, E = D.experts;
+  Buf branch = dout, dln(sz(Tl * h), 0.0f);
+  c.dropout_tokens(branch.data(), ly.layer, kDropMlpOut, true);
+  if (ly.shared_fc1_w != kNoParam) shared_body(c, ly).backward(c, branch.data(), dln, A.shared);
+  Buf dy, dweight, drows;
+  A.dispatcher.combine_backward(c, branch, dy, dweight);
+  experts_backward(c, ly, A, dy, drows);
+  A.dispatcher.dispatch_backward(c, drows, dln);
+  // The router: through the routing weights, plus the auxiliary losses' gradients (scaled as the lm loss's).
+  Buf dlogits(sz(Tl * E));
+  route_topk_backward(o.router, A.logits.data(), A.top.data(), dweight.data(), Tl, dlogits.data());
+  if (!A.aux_dscores.empty()) {
+    Buf scaled(A.aux_dscores.size());
+    for (size_t i = 0; i < scaled.size(); ++i) scaled[i] = A.aux_dscores[i] * c.loss_grad_scale;
+    aux_scores_backward(A.logits.data(), scaled.data(), Tl, E, o.router.sigmoid, dlogits.data());
+  }
+  if (A.z_scale > 0) z_loss_backward(A.logits.data(), Tl, E, A.z_scale * c.loss_grad_scale, dlogits.data());
+  Buf dln_router(sz(Tl * h));
+  linear_backward_input(dln_router.data(), dlogits.data(), c.P(ly.router_w), Tl, h, E);
+  for (int64_t i = 0; i < Tl * h; ++i) dln[sz(i)] += dln_router[sz(i)];
+  const size_t rw = ly.router_w, rb = ly.router_b;
+  c.weight_grad(dlogits.data(), Tl * E, [&c, &A, rw, rb, Tl, h, E](const float* g) {
+    linear_backward_weight(c.G(rw), rb != kNoParam ? c.G(rb) : nullptr, g, A.ln.data(), Tl, h, E);
+  });
+  dx.resize(sz(Tl * h));
+  c.norm_backward(dx.data(), dln.data(), A.x.data(), A.mean.data(), A.rstd.data(), ly.mlp_norm_w, ly.mlp_norm_b, Tl, h);
+  for (int64_t i = 0; i < Tl * h; ++i) dx[sz(i)] += dout[sz(i)];
+}
+
+}  // namespace mt::cpu

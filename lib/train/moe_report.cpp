@@ -1,0 +1,62 @@
+// moe_report.cpp: see moe_report.h.
+#include "train/moe_report.h"
+
+#include <algorithm>
+
+#include "config/moe_pattern.h"
+
+namespace mt {
+
+void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::MoeStats& stats, int64_t num_microbatches, StepReport& out) {
+  const MoeConfig& m = cfg.moe;
+  if (!m.num_experts) return;
+  double moe_layers = 0;
+  for (bool b : moe_layer_pattern(cfg)) moe_layers += b ? 1 : 0;
+  double losses[2] = {0, 0};  // load balancing, z
+  double counts[2] = {0, 0};  // dropped, routed
+  double lo = 1e300, hi = 0, sum = 0, n = 0;
+  for (const auto& [layer, st] : stats) {
+    losses[0] += st.aux;
+    losses[1] += st.z;
+    counts[0] += st.dropped;
+    counts[1] += st.routed;
+  }
+  // Tokens per expert of each layer over the stage's ranks (TP shards and data-parallel replicas).
+  for (const auto& [layer, st] : stats) {
+    std::vector<double> tokens = st.tokens;
+    tokens.resize(static_cast<size_t>(*m.num_experts), 0.0);
+    groups.tp->all_reduce(tokens.data(), static_cast<int64_t>(tokens.size()), ReduceOp::kSum);
+    groups.dp_cp->all_reduce(tokens.data(), static_cast<int64_t>(tokens.size()), ReduceOp::kSum);
+    for (double t : tokens) {
+      lo = std::min(lo, t);
+      hi = std::max(hi, t);
+      sum += t;
+      n += 1;
+    }
+  }
+  groups.tp->all_reduce(counts, 2, ReduceOp::kSum);
+  groups.dp_cp->all_reduce(counts, 2, ReduceOp::kSum);
+  groups.pp->all_reduce(losses, 2, ReduceOp::kSum);
+  groups.pp->all_reduce(counts, 2, ReduceOp::kSum);
+  double extremes[2] = {-lo, hi}, totals[2] = {sum, n};
+  groups.pp->all_reduce(extremes, 2, ReduceOp::kMax);
+  groups.pp->all_reduce(totals, 2, ReduceOp::kSum);
+  groups.dp_cp->all_reduce(losses, 2, ReduceOp::kAvg);
+  const double scale = 1.0 / (static_cast<double>(std::max<int64_t>(1, num_microbatches)) * std::max(1.0, moe_layers));
+  const std::string& balance = m.moe_router_load_balancing_type;
+  if (balance != "none" && m.moe_aux_loss_coeff > 0) {
+    const std::string name = balance == "seq_aux_loss" ? "seq_load_balancing_loss"
+                             : balance == "global_aux_loss" ? "global_load_balancing_loss"
+                                                            : "load_balancing_loss";
+    out.moe_losses.emplace_back(name, losses[0] * scale);
+  }
+  if (m.moe_z_loss_coeff.value_or(0.0) > 0) out.moe_losses.emplace_back("z_loss", losses[1] * scale);
+  if (totals[1] > 0) {
+    out.expert_tokens_min = -extremes[0];
+    out.expert_tokens_max = extremes[1];
+    out.expert_tokens_mean = totals[0] / totals[1];
+    out.dropped_fraction = counts[1] > 0 ? counts[0] / counts[1] : 0;
+  }
+}
+
+}  // namespace mt
