@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -18,6 +20,9 @@ struct TrainResult {
   std::shared_ptr<GPTModel> model;  // the trained shard
   std::vector<double> losses;       // per iteration (mean over microbatches), skipped ones included
   std::vector<double> valid_losses; // per validation run
+  // MoE, per iteration: the auxiliary losses as logged (name, value) and the share of dropped choices.
+  std::vector<std::vector<std::pair<std::string, double>>> moe_losses;
+  std::vector<double> dropped_fraction;
   int64_t iterations = 0;
   int64_t skipped = 0, nan_iterations = 0;
   double loss_scale = 1.0;  // fp16: the loss scale after the last iteration

@@ -96,6 +96,17 @@ int main(int argc, char** argv) {
       const double rel = std::fabs(par.losses[i] - ref.losses[i]) / std::fabs(ref.losses[i]);
       worst_loss = std::max(worst_loss, rel);
     }
+    // MoE: the auxiliary losses as closely, and the same share of dropped choices.
+    if (par.moe_losses.size() != ref.moe_losses.size() || par.dropped_fraction != ref.dropped_fraction) {
+      worst_loss = 1;
+    } else {
+      for (size_t i = 0; i < ref.moe_losses.size(); ++i) {
+        for (size_t j = 0; j < ref.moe_losses[i].size(); ++j) {
+          const double a = par.moe_losses[i][j].second, b = ref.moe_losses[i][j].second;
+          worst_loss = std::max(worst_loss, std::fabs(a - b) / std::max(1e-12, std::fabs(b)));
+        }
+      }
+    }
     if (worst_loss > 1e-5) ++failures;
     const ParamStore& ps = par.model->params();
     const ParamStore& rs = ref.model->params();
