@@ -13,13 +13,14 @@ void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::
   double moe_layers = 0;
   for (bool b : moe_layer_pattern(cfg)) moe_layers += b ? 1 : 0;
   double losses[2] = {0, 0};  // load balancing, z
-  double counts[2] = {0, 0};  // dropped, routed
+  double counts[3] = {0, 0, 0};  // dropped, routed, routing digest
   double lo = 1e300, hi = 0, sum = 0, n = 0;
   for (const auto& [layer, st] : stats) {
     losses[0] += st.aux;
     losses[1] += st.z;
     counts[0] += st.dropped;
     counts[1] += st.routed;
+    counts[2] += st.routing_digest;
   }
   // Tokens per expert of each layer over the stage's ranks (TP shards and data-parallel replicas).
   for (const auto& [layer, st] : stats) {
@@ -34,10 +35,10 @@ void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::
       n += 1;
     }
   }
-  groups.tp->all_reduce(counts, 2, ReduceOp::kSum);
-  groups.dp_cp->all_reduce(counts, 2, ReduceOp::kSum);
+  groups.tp->all_reduce(counts, 3, ReduceOp::kSum);
+  groups.dp_cp->all_reduce(counts, 3, ReduceOp::kSum);
   groups.pp->all_reduce(losses, 2, ReduceOp::kSum);
-  groups.pp->all_reduce(counts, 2, ReduceOp::kSum);
+  groups.pp->all_reduce(counts, 3, ReduceOp::kSum);
   double extremes[2] = {-lo, hi}, totals[2] = {sum, n};
   groups.pp->all_reduce(extremes, 2, ReduceOp::kMax);
   groups.pp->all_reduce(totals, 2, ReduceOp::kSum);
@@ -56,6 +57,7 @@ void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::
     out.expert_tokens_max = extremes[1];
     out.expert_tokens_mean = totals[0] / totals[1];
     out.dropped_fraction = counts[1] > 0 ? counts[0] / counts[1] : 0;
+    out.routing_digest = counts[2];
   }
 }
 

@@ -23,6 +23,7 @@ struct TrainResult {
   // MoE, per iteration: the auxiliary losses as logged (name, value) and the share of dropped choices.
   std::vector<std::vector<std::pair<std::string, double>>> moe_losses;
   std::vector<double> dropped_fraction;
+  std::vector<double> routing_digest;  // the same choices and drops give the same digest whatever the layout
   int64_t iterations = 0;
   int64_t skipped = 0, nan_iterations = 0;
   double loss_scale = 1.0;  // fp16: the loss scale after the last iteration

@@ -91,7 +91,10 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       const bool loss_finite = std::isfinite(r.loss);
       res.losses.push_back(r.loss);
       if (!r.moe_losses.empty()) res.moe_losses.push_back(r.moe_losses);
-      if (r.expert_tokens_min >= 0) res.dropped_fraction.push_back(r.dropped_fraction);
+      if (r.expert_tokens_min >= 0) {
+        res.dropped_fraction.push_back(r.dropped_fraction);
+        res.routing_digest.push_back(r.routing_digest);
+      }
       if (r.skipped || !loss_finite) {
         // fp16 with a finite loss: an overflow, skipped as the scale shrinks; anything else non-finite is a NaN
         // iteration (no loss scale cures a non-finite loss).

@@ -29,6 +29,7 @@ struct StepReport {
   // iteration over every layer and rank (min / mean / max over layers x experts) with the share of dropped choices.
   std::vector<std::pair<std::string, double>> moe_losses;
   double expert_tokens_min = -1, expert_tokens_mean = 0, expert_tokens_max = 0, dropped_fraction = 0;
+  double routing_digest = 0;  // the layers' routing digests summed over every rank (cpu::MoeLayerStats)
 };
 
 class TrainingEngine {

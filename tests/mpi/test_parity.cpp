@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
       worst_loss = std::max(worst_loss, rel);
     }
     // MoE: the auxiliary losses as closely, and the same share of dropped choices.
-    if (par.moe_losses.size() != ref.moe_losses.size() || par.dropped_fraction != ref.dropped_fraction) {
+    if (par.moe_losses.size() != ref.moe_losses.size() || par.dropped_fraction != ref.dropped_fraction ||
+        par.routing_digest != ref.routing_digest) {
       worst_loss = 1;
     } else {
       for (size_t i = 0; i < ref.moe_losses.size(); ++i) {

@@ -216,6 +216,16 @@ double balance_loss(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
   return value;
 }
 
+// A 24-bit hash of one routing choice (splitmix64 of its fields).
+double choice_hash(int64_t sample, int64_t position, int64_t expert, bool kept) {
+  uint64_t z = static_cast<uint64_t>(sample) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(position) << 20 ^ static_cast<uint64_t>(expert) << 40 ^
+               (kept ? 0x5bd1e995ull : 0ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 40);
+}
+
 MlpBody shared_body(const PassContext& c, const LayerParams& ly) { return MlpBody{ly.shared_fc1_w, ly.shared_fc1_b, ly.shared_fc2_w, c.D.F_shared_local}; }
 
 }  // namespace
@@ -253,6 +263,7 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
     for (int64_t j = 0; j < k; ++j) {
       const size_t i = sz(t * k + j);
       st.routed += 1;
+      st.routing_digest += choice_hash(c.mb.first_sample + (c.t0 + t) / c.mb.S, (c.t0 + t) % c.mb.S, A.top[i], A.keep[i] != 0);
       if (!A.keep[i]) {
         A.weight[i] = 0;  // Megatron: the dropped choices' probabilities masked out
         st.dropped += 1;

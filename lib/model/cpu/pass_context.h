@@ -29,6 +29,10 @@ struct MoeLayerStats {
   double routed = 0, dropped = 0;
   std::vector<double> global_counts;
   int64_t global_steps = 0;
+  // A digest of the routing: over every (token, expert) choice, a hash of the token's global sample and position,
+  // the expert and whether it was kept, summed (exactly, below 2^53): equal digests over the ranks of a layout
+  // mean the same choices and the same drops.
+  double routing_digest = 0;
 };
 using MoeStats = std::map<int64_t, MoeLayerStats>;  // by global layer index
 

@@ -1,0 +1,280 @@
+// test_moe.cpp: the MoE router's math against finite differences (both score functions, pre-softmax, scaling,
+// group-limited choice, ties), the auxiliary losses' and z-loss's gradients, capacity dropping on a hand-worked
+// example, Megatron's --moe-layer-freq forms, and whole-model gradient checks of MoE layers (router, experts,
+// shared expert, every load-balancing type) on one rank.
+#include <cmath>
+#include <numeric>
+
+#include "catch.h"
+#include "config/errors.h"
+#include "config/moe_pattern.h"
+#include "config/resolve.h"
+#include "grad_check.h"
+#include "kernels/cpu/router.h"
+#include "model/gpt_model.h"
+#include "tiny_models.h"
+
+using namespace mt;
+using namespace mt::cpu;
+using namespace mt::test;
+
+namespace {
+
+// Random logits with well separated values (no top-k choice flips under the finite-difference step).
+std::vector<float> separated_logits(int64_t n, int64_t E, unsigned seed) {
+  std::vector<float> x(static_cast<size_t>(n * E));
+  fill_normal(x, seed, 1.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int64_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return x[static_cast<size_t>(t * E + a)] < x[static_cast<size_t>(t * E + b)]; });
+    for (int64_t r = 0; r < E; ++r) x[static_cast<size_t>(t * E + order[static_cast<size_t>(r)])] = 0.4f * static_cast<float>(r) + 0.05f * x[static_cast<size_t>(t * E + order[static_cast<size_t>(r)])];
+  }
+  return x;
+}
+
+void check_router(const RouterSettings& s) {
+  const int64_t n = 5, E = s.experts, k = s.topk;
+  std::vector<float> logits = separated_logits(n, E, 11);
+  std::vector<float> dweight(static_cast<size_t>(n * k));
+  fill_normal(dweight, 3);
+  std::vector<int32_t> top(static_cast<size_t>(n * k));
+  std::vector<float> weight(static_cast<size_t>(n * k)), dlogits(static_cast<size_t>(n * E));
+  route_topk(s, logits.data(), nullptr, n, top.data(), weight.data());
+  route_topk_backward(s, logits.data(), top.data(), dweight.data(), n, dlogits.data());
+  auto f = [&] {
+    std::vector<int32_t> t2(top.size());
+    std::vector<float> w2(weight.size());
+    route_topk(s, logits.data(), nullptr, n, t2.data(), w2.data());
+    REQUIRE(t2 == top);  // the choice did not move under the step
+    double v = 0;
+    for (size_t i = 0; i < w2.size(); ++i) v += static_cast<double>(w2[i]) * dweight[i];
+    return v;
+  };
+  std::vector<double> a, num;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    num.push_back(numeric_grad(f, &logits[i], 1e-2));
+    a.push_back(dlogits[i]);
+  }
+  CHECK(worst_ratio(a, num, 1e-4, 1e-3) <= 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("router: the routing weights' gradient, every score function") {
+  RouterSettings s;
+  s.experts = 6;
+  s.topk = 2;
+  SECTION("softmax over the chosen (Mixtral)") { check_router(s); }
+  SECTION("softmax over all experts first (pre-softmax), scaled") {
+    s.pre_softmax = true;
+    s.scaling = 2.5f;
+    check_router(s);
+  }
+  SECTION("sigmoid, normalised over the chosen") {
+    s.sigmoid = true;
+    check_router(s);
+  }
+  SECTION("sigmoid, top-1 (not normalised)") {
+    s.sigmoid = true;
+    s.topk = 1;
+    check_router(s);
+  }
+  SECTION("group-limited") {
+    s.num_groups = 3;
+    s.group_topk = 2;
+    check_router(s);
+  }
+}
+
+TEST_CASE("router: top-k choices as Megatron's (descending, ties to the lower expert, groups, bias for the choice only)") {
+  RouterSettings s;
+  s.experts = 4;
+  s.topk = 2;
+  const std::vector<float> tied = {0.5f, 1.0f, 1.0f, 0.2f};
+  std::vector<int32_t> top(2);
+  std::vector<float> w(2);
+  route_topk(s, tied.data(), nullptr, 1, top.data(), w.data());
+  CHECK(top == std::vector<int32_t>{1, 2});
+  CHECK(w[0] == Approx(0.5f));
+  // Group-limited: groups {0,1} and {2,3} scored by their best expert (topk / group_topk = 1): 1.0 vs 1.0 -> the
+  // lower group; both choices from it.
+  s.num_groups = 2;
+  s.group_topk = 1;
+  route_topk(s, tied.data(), nullptr, 1, top.data(), w.data());
+  CHECK(top == std::vector<int32_t>{1, 0});
+  // Sigmoid with an expert bias: the bias moves the choice, the weights are the unbiased scores normalised.
+  RouterSettings sg;
+  sg.experts = 4;
+  sg.topk = 2;
+  sg.sigmoid = true;
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f, 3.0f}, bias = {10.0f, 0.0f, 0.0f, 0.0f};
+  route_topk(sg, logits.data(), bias.data(), 1, top.data(), w.data());
+  CHECK(top == std::vector<int32_t>{0, 3});
+  const double s0 = 0.5, s3 = 1.0 / (1.0 + std::exp(-3.0));
+  CHECK(w[0] == Approx(s0 / (s0 + s3)));
+  CHECK(w[1] == Approx(s3 / (s0 + s3)));
+}
+
+TEST_CASE("capacity: a hand-worked example of both drop policies and padding") {
+  // 4 tokens, top-1 over 2 experts, factor 1: capacity ceil(4 * 1 / 2 * 1.0) = 2 per expert.
+  CHECK(expert_capacity(1.0, 4, 1, 2) == 2);
+  CHECK(expert_capacity(1.25, 10, 2, 8) == 4);  // ceil(20 / 8 * 1.25) = ceil(3.125)
+  const std::vector<int32_t> top = {0, 0, 0, 1};
+  const std::vector<float> weight = {0.9f, 0.6f, 0.8f, 0.7f};
+  std::vector<uint8_t> keep(4);
+  capacity_keep(top.data(), weight.data(), 4, 1, 2, 2, true, keep.data());
+  CHECK(keep == std::vector<uint8_t>{1, 0, 1, 1});  // probs: expert 0 keeps 0.9 and 0.8, drops token 1
+  capacity_keep(top.data(), weight.data(), 4, 1, 2, 2, false, keep.data());
+  CHECK(keep == std::vector<uint8_t>{1, 1, 0, 1});  // position: the earliest two
+  const auto pad = capacity_padding(top.data(), weight.data(), keep.data(), 4, 1, 2, 2, false);
+  CHECK(pad[0].empty());
+  CHECK(pad[1] == std::vector<int64_t>{0});  // expert 1 filled to 2 rows with the first token it does not route
+}
+
+TEST_CASE("auxiliary losses: the scores' and the z-loss's gradients") {
+  const int64_t n = 4, E = 5;
+  std::vector<float> logits(static_cast<size_t>(n * E)), dscores(static_cast<size_t>(n * E));
+  fill_normal(logits, 5);
+  fill_normal(dscores, 6);
+  for (bool sigmoid : {false, true}) {
+    std::vector<float> d(logits.size(), 0.0f);
+    aux_scores_backward(logits.data(), dscores.data(), n, E, sigmoid, d.data());
+    auto f = [&] {
+      std::vector<float> sc(logits.size());
+      aux_scores(logits.data(), n, E, sigmoid, sc.data());
+      double v = 0;
+      for (size_t i = 0; i < sc.size(); ++i) v += static_cast<double>(sc[i]) * dscores[i];
+      return v;
+    };
+    std::vector<double> a, num;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      num.push_back(numeric_grad(f, &logits[i], 1e-2));
+      a.push_back(d[i]);
+    }
+    INFO("sigmoid " << sigmoid);
+    CHECK(worst_ratio(a, num, 1e-5, 1e-3) <= 1.0);
+  }
+  std::vector<float> dz(logits.size(), 0.0f);
+  z_loss_backward(logits.data(), n, E, 0.5f, dz.data());
+  std::vector<double> a, num;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    num.push_back(numeric_grad([&] { return 0.5 * z_loss_sum(logits.data(), n, E); }, &logits[i], 1e-2));
+    a.push_back(dz[i]);
+  }
+  CHECK(worst_ratio(a, num, 1e-5, 1e-3) <= 1.0);
+}
+
+TEST_CASE("--moe-layer-freq: Megatron's integer and list forms") {
+  CHECK(parse_moe_layer_freq("1", 3) == std::vector<bool>{true, true, true});
+  CHECK(parse_moe_layer_freq("2", 4) == std::vector<bool>{true, false, true, false});
+  CHECK(parse_moe_layer_freq("[0]+[1]*3", 4) == std::vector<bool>{false, true, true, true});
+  CHECK(parse_moe_layer_freq("([0]*1+[1]*1)*2", 4) == std::vector<bool>{false, true, false, true});
+  CHECK(parse_moe_layer_freq("[1, 0, 1]", 3) == std::vector<bool>{true, false, true});
+  CHECK_THROWS_AS(parse_moe_layer_freq("[0]+[1]*3", 5), ConfigError);  // 4 entries for 5 layers
+  CHECK_THROWS_AS(parse_moe_layer_freq("[0,2]", 2), ConfigError);
+  CHECK_THROWS_AS(parse_moe_layer_freq("[0]+", 1), ConfigError);
+  CHECK_THROWS_AS(parse_moe_layer_freq("0", 2), ConfigError);
+  CHECK_THROWS_AS(parse_moe_layer_freq("import os", 2), ConfigError);
+}
+
+namespace {
+
+Microbatch moe_batch() {
+  Microbatch mb;
+  mb.B = 2;
+  mb.S = 6;
+  mb.tokens = {1, 5, 3, 9, 0, 2, 4, 4, 7, 10, 6, 8};
+  mb.labels = {5, 3, 9, 0, 2, 7, 4, 7, 10, 6, 8, 1};
+  mb.positions = {0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5};
+  mb.loss_mask = {1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1};
+  return mb;
+}
+
+// Every parameter of a 2-layer model whose second layer is MoE against central differences of the whole
+// objective (lm loss + coeff x load balancing + coeff x z-loss).
+void check_moe_model(bool llama, const std::function<void(Config&)>& set) {
+  Config c = tiny_decoder(llama, 2);
+  c.moe.num_experts = 4;
+  c.moe.moe_router_topk = 2;
+  c.moe.moe_ffn_hidden_size = 8;
+  c.moe.moe_layer_freq = "[0,1]";
+  c.moe.moe_aux_loss_coeff = 0.5;
+  c.moe.moe_z_loss_coeff = 0.1;
+  set(c);
+  resolve(c, 1);
+  GPTModel model(c, ProcessGroups::single());
+  const Microbatch mb = moe_batch();
+  ParamStore& ps = model.params();
+  ps.zero_grads();
+  model.forward(mb, 1);
+  (void)model.take_moe_stats();
+  model.backward(1.0f);
+  std::vector<float> analytic(ps.grads().f32(), ps.grads().f32() + ps.numel());
+  // A step that moves a top-k choice or a drop makes the objective jump: such elements are left out (counted).
+  double digest = -1;
+  bool moved = false;
+  auto objective = [&] {
+    const double lm = model.forward(mb, 1);
+    const cpu::MoeStats st = model.take_moe_stats();
+    REQUIRE(st.size() == 1);
+    const auto& layer = st.begin()->second;
+    if (digest < 0) digest = layer.routing_digest;
+    if (layer.routing_digest != digest) moved = true;
+    return lm + c.moe.moe_aux_loss_coeff * layer.aux + *c.moe.moe_z_loss_coeff * layer.z;
+  };
+  int64_t checked = 0, left_out = 0;
+  const double base = objective();
+  model.forward(mb, 1);
+  const cpu::MoeLayerStats first = model.take_moe_stats().begin()->second;
+  CHECK(first.aux > 0);
+  CHECK(first.z > 0);
+  if (c.moe.moe_expert_capacity_factor) CHECK(first.dropped > 0);  // the capacity case does drop
+  CHECK(std::isfinite(base));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const ParamInfo& p = ps.info(i);
+    const int64_t stride = std::max<int64_t>(1, p.numel / 16);
+    double num_sq = 0, diff_sq = 0;
+    for (int64_t e = 0; e < p.numel; e += stride) {
+      moved = false;
+      const double n = numeric_grad(objective, ps.param(i) + e, 2e-2);
+      if (moved) {
+        ++left_out;
+        continue;
+      }
+      ++checked;
+      const double a = analytic[static_cast<size_t>(p.offset + e)];
+      num_sq += n * n;
+      diff_sq += (a - n) * (a - n);
+    }
+    INFO(p.name << ": |analytic - numeric| = " << std::sqrt(diff_sq) << ", |numeric| " << std::sqrt(num_sq));
+    CHECK(std::sqrt(diff_sq) <= 3e-3 * std::sqrt(num_sq) + 1e-5);
+  }
+  INFO("elements whose step moved the routing: " << left_out << " of " << checked + left_out);
+  CHECK(left_out * 4 <= checked);
+}
+
+}  // namespace
+
+TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared expert, every balancing loss)") {
+  SECTION("LLaMA: softmax top-2, aux_loss, z-loss, SwiGLU experts") { check_moe_model(true, [](Config&) {}); }
+  SECTION("GPT: biases in the router and GELU experts, pre-softmax, scaled") {
+    check_moe_model(false, [](Config& c) {
+      c.moe.moe_router_pre_softmax = true;
+      c.moe.moe_router_topk_scaling_factor = 1.5;
+    });
+  }
+  SECTION("LLaMA: sigmoid, seq_aux_loss, a shared expert") {
+    check_moe_model(true, [](Config& c) {
+      c.moe.moe_router_score_function = "sigmoid";
+      c.moe.moe_router_load_balancing_type = "seq_aux_loss";
+      c.moe.moe_shared_expert_intermediate_size = 12;
+    });
+  }
+  SECTION("LLaMA: global_aux_loss with capacity dropping") {
+    check_moe_model(true, [](Config& c) {
+      c.moe.moe_router_load_balancing_type = "global_aux_loss";
+      c.moe.moe_expert_capacity_factor = 1.0;
+    });
+  }
+}
