@@ -113,8 +113,8 @@ LoadOptions load_options(const Config& cfg) {
   lo.load_optimizer = !ck.no_load_optim && !ck.finetune;
   lo.optimizer_kind = cfg.training.optimizer;
   lo.vocab_size = cfg.derived.vocab_size;
-  // A pipeline stage holds some of the model's tensors; the checkpoint must hold all of them.
-  if (cfg.parallel.pipeline_model_parallel_size > 1) lo.model_tensors = model_tensor_count(cfg);
+  // A pipeline stage (and an EP rank: its experts) holds some of the model's tensors; the checkpoint must hold all of them.
+  if (cfg.parallel.pipeline_model_parallel_size > 1 || cfg.parallel.expert_model_parallel_size > 1) lo.model_tensors = model_tensor_count(cfg);
   lo.run_config = &cfg;
   return lo;
 }

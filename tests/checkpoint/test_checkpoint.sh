@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_checkpoint.sh: checkpoints as a user meets them. Exact resume (1 rank, TP2 x DP2), resharding
 # (TP2 x DP2 + distributed optimizer -> 1 rank; TP4 with K/V replication -> 1 rank, TP2; PP2 x TP2 x DP2 -> 1 rank, PP4,
-# interleaved, ZB-H1; interleaved -> uneven stages), kill -9 during saves, corrupt shards, shape
+# interleaved, ZB-H1; interleaved -> uneven stages; MoE TP2 x EP4 -> EP2 -> 1 rank), kill -9 during saves, corrupt shards, shape
 # mismatches, async save with keep-last, --no-save-optim / --finetune.
 # Usage: test_checkpoint.sh path/to/megatrain (from the repository root).
 set -u
@@ -82,6 +82,25 @@ for run in p4 p5; do
     ok "reshard PP2 x TP2 x DP2 -> $([[ $run == p4 ]] && echo "1 rank" || echo "PP4")"
   else bad "PP reshard -> $run"; paste <(losses "$tmp/p1" | tail -4) <(losses "$tmp/$run"); fi
 done
+
+# 3f. MoE, the toy shape of configs/mixtral-8x7b.yaml (SwiGLU experts, top-2, RMSNorm, RoPE, GQA, untied): exact
+# resume on TP2 x EP4 with SP and the distributed optimizer (8 ranks, expert-TP 2), then the experts, stored as global
+# tensors, continue on EP2 (4 ranks) and from there on 1 rank like the uninterrupted run: EP 4 -> 2 -> 1.
+X=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32 --moe-aux-loss-coeff 1e-2 --moe-token-dispatcher-type alltoall
+   --normalization RMSNorm --swiglu --position-embedding-type rope --group-query-attention --num-query-groups 2
+   --untie-embeddings-and-output-weights --disable-bias-linear)
+E4=(--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 4 --use-distributed-optimizer)
+"${MPI[@]}" -np 8 "$B" "${M[@]}" "${X[@]}" "${E4[@]}" --log-dir "$tmp/x1" >/dev/null 2>&1
+"${MPI[@]}" -np 8 "$B" "${M[@]}" "${X[@]}" "${E4[@]}" --save "$tmp/ckx" --save-interval 100 --exit-interval 4 --log-dir "$tmp/x2" >/dev/null 2>&1
+"${MPI[@]}" -np 8 "$B" "${M[@]}" "${X[@]}" "${E4[@]}" --load "$tmp/ckx" --log-dir "$tmp/x3" >/dev/null 2>&1
+if [[ "$(losses "$tmp/x1" | tail -4)" == "$(losses "$tmp/x3")" && $(losses "$tmp/x3" | wc -l) -eq 4 ]]; then ok "exact resume, MoE TP2 x EP4 (8 ranks)"; else
+  bad "exact resume, MoE TP2 x EP4"; paste <(losses "$tmp/x1" | tail -4) <(losses "$tmp/x3"); fi
+"${MPI[@]}" -np 4 "$B" "${M[@]}" "${X[@]}" --expert-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
+  --expert-tensor-parallel-size 1 --load "$tmp/ckx" --save "$tmp/cky" --save-interval 100 --exit-interval 6 --log-dir "$tmp/x4" >/dev/null 2>&1
+"$B" "${M[@]}" "${X[@]}" --load "$tmp/cky" --log-dir "$tmp/x5" >/dev/null 2>&1
+if paste <(losses "$tmp/x1" | tail -4) <(losses "$tmp/x4"; losses "$tmp/x5") | awk '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > 1e-5*$1) bad=1} END{exit bad || NR!=4}'; then
+  ok "reshard MoE EP4 (TP2, expert-TP 2) -> EP2 (expert-TP 1) -> 1 rank"
+else bad "MoE reshard EP 4 -> 2 -> 1"; paste <(losses "$tmp/x1" | tail -4) <(losses "$tmp/x4"; losses "$tmp/x5"); fi
 
 # 3e. Across pipeline schedules and splits: the PP2 x TP2 x DP2 checkpoint continues under interleaved 1F1B
 # (2 virtual stages per rank) and under ZB-H1; an interleaved run's checkpoint continues on uneven stages
