@@ -15,6 +15,7 @@
 #include "pipeline/configured_schedule.h"
 #include "plan/flops.h"
 #include "plan/memory_model.h"
+#include "plan/moe_traffic.h"
 #include "plan/param_count.h"
 #include "plan/pipeline_plan.h"
 
@@ -217,6 +218,19 @@ int run_plan(int argc, char** argv) {
   std::printf("estimated time per iteration: %.3f s at %.0f TFLOP/s per GPU, pipeline bubble %.1f%%\n", iter_s, gpu_tflops, 100.0 * bubble);
   std::printf("estimated throughput: %.0f tokens/s/GPU, MFU %.1f%% of %.1f TFLOP/s\n", tokens / iter_s / static_cast<double>(world),
               100.0 * flops / (iter_s * static_cast<double>(world) * peak_tflops * 1e12), peak_tflops);
+  if (cfg.moe.num_experts) {
+    const MoeTraffic tr = moe_traffic(cfg, gpus_per_node);
+    std::printf("\ntoken dispatch (%s over EP %lld, expert-TP %lld), per GPU, uniform routing assumed:\n", cfg.moe.moe_token_dispatcher_type.c_str(),
+                static_cast<long long>(cfg.parallel.expert_model_parallel_size), static_cast<long long>(d.expert_tensor_parallel_size));
+    std::printf("  per MoE layer and microbatch, each way: %.1f MiB over EP + %.1f MiB over expert-TP\n", tr.ep_bytes / 1048576.0,
+                tr.etp_bytes / 1048576.0);
+    std::printf("  per iteration: %s (%lld MoE layers x %lld microbatches x %lld exchanges: dispatch and combine, forward and backward%s)\n",
+                gib(tr.step_bytes).c_str(), static_cast<long long>(tr.moe_layers), static_cast<long long>(d.num_microbatches),
+                static_cast<long long>(tr.exchanges), tr.exchanges > 4 ? ", recompute" : "");
+    std::printf("  at %.0f GB/s (%s, assumed): %.3f s, %.0f%% of the iteration's compute%s\n", tr.gbps, tr.inter_node ? "across nodes" : "NVLink",
+                tr.seconds, 100.0 * tr.seconds / std::max(1e-12, iter_s),
+                tr.seconds > 0.5 * iter_s ? " (it will not hide behind the experts' GEMMs: a smaller EP or more tokens per microbatch)" : "");
+  }
   return 0;
 }
 

@@ -53,7 +53,7 @@ ParamCounts count_params(const Config& c) {
   if (c.model.untie_embeddings_and_output_weights) p.output = s.V * s.h;
   const int64_t attn = attention_params(s, c.model.qk_layernorm);
   p.dense_layer = attn + s.norm * s.h + mlp_params(s, s.F);
-  const int64_t router = s.h * s.E;
+  const int64_t router = s.h * s.E + s.bias * s.E;  // the router's bias with --add-bias-linear (Megatron 2025)
   const int64_t shared = s.shared ? mlp_params(s, s.shared) : 0;
   p.moe_layer = attn + s.norm * s.h + router + s.E * mlp_params(s, s.Fmoe) + shared;
   p.final_norm = s.norm * s.h;
@@ -88,7 +88,7 @@ RankParams params_on_rank(const Config& c, int64_t stage) {
   for (int64_t l = first_layer; l < first_layer + stages[static_cast<size_t>(stage)]; ++l) {
     r.dense += attn + s.norm * s.h;
     if (is_moe_layer(c, l)) {
-      r.dense += s.h * s.E;  // router, replicated
+      r.dense += s.h * s.E + s.bias * s.E;  // router, replicated
       if (s.shared) r.dense += mlp_local(s.shared, tp);
       r.expert += (s.E / std::max<int64_t>(1, ep)) * mlp_local(s.Fmoe, etp);
     } else {

@@ -89,3 +89,15 @@ TEST_CASE("parameters per rank with K/V replication match the model's shard") {
   const int64_t per_layer = qkv + (32 * d / 16) * h + 3 * (14336 / 16) * h + 2 * h;  // + proj, MLP, norms
   CHECK(params_on_rank(c, 0).total() == layers * per_layer + 2 * (V / 16) * h + h);
 }
+
+TEST_CASE("MoE FLOPs follow Megatron's formula (routed top-k, shared experts, the layer pattern; no router term)") {
+  Config c = recipe("mixtral-8x7b", 32);
+  c.moe.moe_layer_freq = "[0]+[1]*31";
+  c.moe.moe_shared_expert_intermediate_size = 2048;
+  resolve(c, 32);
+  const double T = 256.0 * 4096, h = 4096, F = 14336, L = 32, V = 32000, s = 4096, n = 32, d = 128, g = 8, k = 2, shared = 2048;
+  // Megatron's transformer_flops: 12 L h (ffn g (dense/L) + moe_ffn k g (moe/L) + shared g (moe/L)), g = 3/2 with SwiGLU.
+  const double mlp = 12 * L * h * (F * 1.5 * (1 / L) + F * k * 1.5 * (31 / L) + shared * 1.5 * (31 / L));
+  const double expect = T * (mlp + 6 * L * (h * (n * d + 2 * g * d) + n * d * h) + 6 * h * V) + T * s * 6 * n * d * L;
+  CHECK(flops_per_iteration(c) == Approx(expect).epsilon(1e-12));
+}
