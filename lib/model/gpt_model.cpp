@@ -195,6 +195,26 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
   if (!defer_weight_grads) release(key);
 }
 
+void GPTModel::update_expert_biases(double rate) {
+  for (const ModelLayout& layout : layouts_) {
+    for (const LayerParams& ly : layout.layers) {
+      if (ly.expert_bias == kNoParam) continue;
+      std::vector<double> counts = moe_stats_[ly.layer].tokens;
+      counts.resize(static_cast<size_t>(dims_.experts), 0.0);
+      groups_.tp->all_reduce(counts.data(), dims_.experts, ReduceOp::kSum);
+      groups_.dp_cp->all_reduce(counts.data(), dims_.experts, ReduceOp::kSum);
+      double mean = 0;
+      for (double n : counts) mean += n;
+      mean /= static_cast<double>(dims_.experts);
+      float* bias = params_.param(ly.expert_bias);
+      for (int64_t e = 0; e < dims_.experts; ++e) {
+        const double offset = mean - counts[static_cast<size_t>(e)];
+        bias[e] += static_cast<float>(rate * (offset > 0 ? 1.0 : offset < 0 ? -1.0 : 0.0));
+      }
+    }
+  }
+}
+
 void GPTModel::backward_weights(int64_t id, bool last, int64_t chunk) {
   const std::pair<int64_t, int64_t> key{chunk, id};
   auto found = stash_.find(key);

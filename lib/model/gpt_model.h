@@ -81,6 +81,11 @@ class GPTModel {
   void set_grads_ready_hook(std::function<void(size_t lowest)> hook) { grads_ready_ = std::move(hook); }
   // The MoE layers' statistics since the last call (losses, token counts; training forwards only).
   cpu::MoeStats take_moe_stats() { return std::exchange(moe_stats_, {}); }
+  const cpu::MoeStats& moe_stats() const { return moe_stats_; }
+  // --moe-router-enable-expert-bias, once per iteration after the backward (Megatron's finalize_model_grads):
+  // each MoE layer's kept tokens per expert summed over TP x DP x CP, and bias += rate * sign(mean - count).
+  // Collective over those groups; uses the statistics take_moe_stats() then returns.
+  void update_expert_biases(double rate);
 
  private:
   struct Units;

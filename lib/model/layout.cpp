@@ -148,6 +148,12 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
       ly.moe = true;
       ly.router_w = add(p + "mlp.router.weight", {D.experts, D.h}, -1, InitKind::kNormal, std);
       if (D.bias) ly.router_b = add(p + "mlp.router.bias", {D.experts}, -1, InitKind::kNormal, std);  // Megatron: init_method
+      if (cfg.moe.moe_router_enable_expert_bias) {  // aux-loss-free balancing: a persistent fp32 buffer, zeros
+        ParamInfo bias = make_param(p + "mlp.router.expert_bias", {D.experts}, -1, r, t, InitKind::kZeros, 0);
+        bias.trainable = false;
+        bias.weight_decay = false;
+        ly.expert_bias = put(bias);
+      }
       for (int64_t j = 0; j < D.experts_local; ++j) {
         LayerParams::Expert ex;
         ex.global = D.ep_rank * D.experts_local + j;

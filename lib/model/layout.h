@@ -56,6 +56,7 @@ struct LayerParams {
   };
   bool moe = false;
   size_t router_w = kNoParam, router_b = kNoParam;
+  size_t expert_bias = kNoParam;  // --moe-router-enable-expert-bias: [E], not trained (ParamInfo::trainable false)
   std::vector<Expert> experts;
   size_t shared_fc1_w = kNoParam, shared_fc1_b = kNoParam, shared_fc2_w = kNoParam, shared_fc2_b = kNoParam;
   // The layer's parameters are the indices [first, end), contiguous in the flat buffers.

@@ -38,6 +38,9 @@ struct ParamInfo {
   InitKind init = InitKind::kNormal;
   float init_std = 0.02f;
   bool weight_decay = true;           // Megatron: no decay on biases and norm weights
+  // false: state kept with the parameters and checkpointed, but no optimizer touches it (Megatron's persistent
+  // buffers: the router's expert bias, updated outside the gradient).
+  bool trainable = true;
   int64_t offset = 0;                 // element offset in the flat buffers
   int64_t numel = 0;
   // Every TP rank holds the whole parameter (norms, row-parallel biases, positions): under sequence

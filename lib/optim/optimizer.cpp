@@ -44,6 +44,7 @@ std::vector<Optimizer::Segment> Optimizer::make_segments(const ParamStore& param
   for (const auto& [lo, hi] : owned) {
     for (size_t i = 0; i < params.size(); ++i) {
       const ParamInfo& p = params.info(i);
+      if (!p.trainable) continue;
       const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
       if (b >= e) continue;
       out.push_back({i, b, e, state});

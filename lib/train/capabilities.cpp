@@ -16,8 +16,7 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "--moe-router-load-balancing-type sinkhorn is not implemented: use aux_loss, seq_aux_loss, global_aux_loss or none");
   no(m.num_experts && m.moe_token_dispatcher_type == "flex",
      "--moe-token-dispatcher-type flex (DeepEP) is not implemented: use alltoall or allgather");
-  no(m.num_experts && m.moe_router_enable_expert_bias,
-     "--moe-router-enable-expert-bias (aux-loss-free balancing) is not implemented yet: drop it and balance with --moe-aux-loss-coeff");
+
   no(c.precision.fp8_format.has_value(), "FP8 training (--fp8-format) is not implemented yet: use --bf16");
   no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
      "activation recompute (--recompute-granularity) is implemented on the CUDA engine only: drop it on the CPU engine (it keeps all activations)");

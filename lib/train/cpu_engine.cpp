@@ -74,6 +74,7 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   run_schedule(training_schedule(cfg_, groups_.pp->rank(), pp, num_microbatches), stage, [&] { for_each_data_parallel([](DataParallel& d) { d.arm(); }); });
   sum_tied_embedding_grads();
   for_each_data_parallel([](DataParallel& d) { d.finish(); });
+  if (cfg_.moe.moe_router_enable_expert_bias) model_->update_expert_biases(cfg_.moe.moe_router_bias_update_rate);
   // The loss is the last stage's: every stage takes it (the others hold 0), so all decide alike.
   double loss = stage.mean_loss();
   if (pp > 1) groups_.pp->all_reduce(&loss, 1, ReduceOp::kSum);

@@ -278,3 +278,37 @@ TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared exper
     });
   }
 }
+
+TEST_CASE("aux-loss-free balancing: the expert bias steers the choice, moves by the rate against the load, and is not trained") {
+  Config c = tiny_decoder(true, 2);
+  c.moe.num_experts = 4;
+  c.moe.moe_router_topk = 2;
+  c.moe.moe_ffn_hidden_size = 8;
+  c.moe.moe_router_score_function = "sigmoid";
+  c.moe.moe_router_enable_expert_bias = true;
+  resolve(c, 1);
+  GPTModel model(c, ProcessGroups::single());
+  ParamStore& ps = model.params();
+  const size_t bias = ps.index_of("layers.1.mlp.router.expert_bias");
+  CHECK_FALSE(ps.info(bias).trainable);
+  const Microbatch mb = moe_batch();
+  model.forward(mb, 1);
+  model.backward(1.0f);
+  CHECK(ps.grad(bias)[0] == 0.0f);  // outside the gradient
+  const std::vector<double> counts = model.moe_stats().at(1).tokens;
+  double mean = 0;
+  for (double n : counts) mean += n / 4.0;
+  model.update_expert_biases(0.25);
+  bool moved = false;
+  for (int e = 0; e < 4; ++e) {
+    const double want = mean > counts[static_cast<size_t>(e)] ? 0.25 : mean < counts[static_cast<size_t>(e)] ? -0.25 : 0.0;
+    CHECK(ps.param(bias)[e] == static_cast<float>(want));
+    moved = moved || want != 0;
+  }
+  CHECK(moved);
+  // A large bias on one expert makes every token choose it (the weights stay the unbiased sigmoid scores).
+  (void)model.take_moe_stats();
+  for (int e = 0; e < 4; ++e) ps.param(bias)[e] = e == 3 ? 100.0f : 0.0f;
+  model.forward(mb, 1, true);
+  CHECK(model.moe_stats().at(1).tokens[3] == 12.0);
+}

@@ -254,7 +254,7 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   }
   A.top.resize(sz(Tl * k));
   A.weight.resize(sz(Tl * k));
-  route_topk(o.router, A.logits.data(), nullptr, Tl, A.top.data(), A.weight.data());
+  route_topk(o.router, A.logits.data(), ly.expert_bias != kNoParam ? c.P(ly.expert_bias) : nullptr, Tl, A.top.data(), A.weight.data());
   std::vector<std::vector<int64_t>> pads;
   apply_capacity(c, o, A, pads);
   std::vector<Assignment> mine;
