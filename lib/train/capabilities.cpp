@@ -61,6 +61,13 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   if (c.model.attention_backend != d.model.attention_backend) {
     out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect on the CPU reference engine (exact attention)");
   }
+  if (c.moe.num_experts) {
+    if (c.moe.moe_grouped_gemm) out.push_back("note: --moe-grouped-gemm: the CPU reference engine runs one GEMM per local expert (the same results)");
+    if (c.moe.moe_permute_fusion) out.push_back("note: --moe-permute-fusion: the CPU reference engine permutes tokens with plain copies (the same results)");
+    if (c.moe.moe_shared_expert_overlap) {
+      out.push_back("note: --moe-shared-expert-overlap: the CPU reference engine runs the shared expert after the dispatch (the same results)");
+    }
+  }
   if (c.training.optimizer_cpu_offload) out.push_back("note: --optimizer-cpu-offload: the CPU engine keeps the optimizer on the CPU already");
   if (c.precision.fp16) {
     out.push_back("note: --fp16 on the CPU engine rounds the weights to fp16; activations and gradients stay fp32, so the loss scale rarely meets an overflow");
