@@ -571,7 +571,7 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     // precise saved copy.
     const auto working = (master_saved && opt.master()) ? assemble_local(o, p.name, "param", saved, p, w) : weights;
     std::memcpy(w, working.data(), static_cast<size_t>(p.numel) * sizeof(float));
-    if (opt.master() || want_optim) {
+    if (p.trainable && (opt.master() || want_optim)) {  // (a buffer such as the expert bias has no optimizer state)
       const std::vector<float> zeros(static_cast<size_t>(p.numel), 0.0f);
       const auto m = want_optim ? assemble_local(o, p.name, "exp_avg", saved, p, zeros.data()) : std::vector<float>();
       const bool sq = want_optim && opt.exp_avg_sq() && has_kind(o, p.name, "exp_avg_sq");

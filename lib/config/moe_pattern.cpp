@@ -61,7 +61,10 @@ class PatternReader {
       if (!eat('*')) fail("a number alone is not a list");
     }
     std::vector<int64_t> base = atom();
-    while (eat('*')) times *= integer();
+    while (eat('*')) {
+      times *= integer();
+      if (times > 1000000) fail("the pattern is too long");
+    }
     if (static_cast<int64_t>(base.size()) * times > 1000000) fail("the pattern is too long");
     std::vector<int64_t> v;
     for (int64_t i = 0; i < times; ++i) v.insert(v.end(), base.begin(), base.end());

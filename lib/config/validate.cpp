@@ -471,8 +471,8 @@ void check_moe(const Config& c, Checker& k) {
             "--expert-tensor-parallel-size 1");
   }
   if (m.moe_router_score_function == "softmax" && topk == 1 && !m.moe_router_pre_softmax) {
-    k.error("--moe-router-topk 1 with softmax scores needs --moe-router-pre-softmax (a softmax over one expert is constant and the router "
-            "would learn nothing)");
+    k.warn("--moe-router-topk 1 with softmax scores after the choice gives every token the weight 1: the router learns from the "
+           "load-balancing loss only (add --moe-router-pre-softmax to train it through the weights too)");
   }
   if (m.moe_router_topk_scaling_factor && !(*m.moe_router_topk_scaling_factor > 0)) {
     k.error("--moe-router-topk-scaling-factor must be > 0, got " + std::to_string(*m.moe_router_topk_scaling_factor));
@@ -484,8 +484,8 @@ void check_moe(const Config& c, Checker& k) {
     if (!m.moe_router_group_topk) k.error("--moe-router-num-groups needs --moe-router-group-topk (the groups each token may use)");
     else if (gt < 1 || gt > g) k.error("--moe-router-group-topk " + s(gt) + " must be between 1 and --moe-router-num-groups " + s(g));
     else if (topk % gt != 0 || (g >= 1 && E % g == 0 && topk / gt > E / g)) {
-      k.error("--moe-router-topk " + s(topk) + " must be a multiple of --moe-router-group-topk " + s(gt) +
-              " with at most one group's experts from each group");
+      k.error("--moe-router-topk " + s(topk) + " must be a multiple of --moe-router-group-topk " + s(gt) + ", and topk / group_topk (" +
+              s(gt > 0 ? topk / gt : 0) + ") at most the experts per group (" + s(g > 0 ? E / g : 0) + ")");
     }
   }
   if (m.moe_router_enable_expert_bias && m.moe_router_score_function != "sigmoid") {
@@ -493,6 +493,13 @@ void check_moe(const Config& c, Checker& k) {
   }
   if (m.moe_expert_capacity_factor && !(*m.moe_expert_capacity_factor > 0)) {
     k.error("--moe-expert-capacity-factor must be > 0 (leave it unset for dropless routing)");
+  }
+  if (m.moe_expert_capacity_factor && m.moe_token_dispatcher_type != "alltoall") {
+    k.error("--moe-expert-capacity-factor works only with --moe-token-dispatcher-type alltoall (as in Megatron)");
+  }
+  if (m.moe_expert_capacity_factor && m.moe_router_load_balancing_type != "aux_loss" && m.moe_router_load_balancing_type != "seq_aux_loss" &&
+      m.moe_router_load_balancing_type != "none") {
+    k.error("--moe-expert-capacity-factor works only with --moe-router-load-balancing-type aux_loss, seq_aux_loss or none (as in Megatron)");
   }
   if (m.moe_pad_expert_input_to_capacity && !m.moe_expert_capacity_factor) {
     k.error("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");

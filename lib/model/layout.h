@@ -59,7 +59,8 @@ struct LayerParams {
   size_t expert_bias = kNoParam;  // --moe-router-enable-expert-bias: [E], not trained (ParamInfo::trainable false)
   std::vector<Expert> experts;
   size_t shared_fc1_w = kNoParam, shared_fc1_b = kNoParam, shared_fc2_w = kNoParam, shared_fc2_b = kNoParam;
-  // The layer's parameters are the indices [first, end), contiguous in the flat buffers.
+  // The layer's parameters are the indices [first, end) (registration order); the dense ones are contiguous in the
+  // flat buffers, the experts' sit in the expert range after every dense parameter (ParamStore::group_range).
   size_t first = 0, end = 0;
 };
 

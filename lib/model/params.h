@@ -54,7 +54,8 @@ struct ParamInfo {
 
 class ParamStore {
  public:
-  // Registers a parameter; returns its index. Offsets are assigned in registration order.
+  // Registers a parameter; returns its index. allocate() assigns the offsets: registration order within each
+  // gradient group, the dense group first.
   size_t add(ParamInfo info);
   // Allocates the flat buffers (zeroed), the expert parameters' offsets after all the dense ones. No add() after
   // this.

@@ -28,7 +28,7 @@ MoeTraffic moe_traffic(const Config& c, int64_t gpus_per_node) {
   } else {
     t.ep_bytes = tokens * k * (ep - 1.0) / ep * h * bytes;
   }
-  t.etp_bytes = (etp - 1.0) * tokens * k / ep * ep / etp * h * bytes;  // the group's rows of this rank's experts, gathered
+  t.etp_bytes = (etp - 1.0) * tokens * k * h * bytes;  // each expert-TP rank's ~tokens x k rows to the others
   t.exchanges = c.recompute.recompute_granularity.value_or("") == "full" ? 6 : 4;
   // MoE layers of the most loaded stage.
   const std::vector<bool> pattern = moe_layer_pattern(c);

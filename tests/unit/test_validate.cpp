@@ -59,6 +59,8 @@ TEST_CASE("expert grid") {
   c.moe.num_experts = 8;
   c.parallel.expert_model_parallel_size = 4;
   c.parallel.tensor_model_parallel_size = 2;
+  c.parallel.sequence_parallel = true;
+  c.model.disable_bias_linear = true;
   rejects(c, 4, "expert grid ETP(2) x EP(4) x PP(1) = 8");
   accepts(c, 8);
   c.moe.num_experts = 6;
@@ -70,6 +72,46 @@ TEST_CASE("expert grid") {
   e.moe.num_experts = 4;
   e.moe.moe_router_topk = 5;
   rejects(e, 1, "--moe-router-topk 5 must be between 1 and --num-experts 4");
+}
+
+TEST_CASE("Megatron's MoE rules, each named with its fix") {
+  Config c = base();
+  c.moe.num_experts = 8;
+  c.parallel.tensor_model_parallel_size = 2;
+  rejects(c, 2, "needs --sequence-parallel");
+  rejects(c, 2, "experts with biases need --expert-tensor-parallel-size 1");
+  Config d = base();
+  d.moe.num_experts = 8;
+  d.moe.moe_expert_capacity_factor = 1.0;
+  rejects(d, 1, "works only with --moe-token-dispatcher-type alltoall");
+  d.moe.moe_token_dispatcher_type = "alltoall";
+  accepts(d, 1);
+  d.moe.moe_router_load_balancing_type = "global_aux_loss";
+  rejects(d, 1, "aux_loss, seq_aux_loss or none");
+  Config e = base();
+  e.moe.num_experts = 8;
+  e.moe.moe_pad_expert_input_to_capacity = true;
+  rejects(e, 1, "needs --moe-expert-capacity-factor");
+  e.moe.moe_pad_expert_input_to_capacity = false;
+  e.moe.moe_router_num_groups = 3;
+  e.moe.moe_router_group_topk = 1;
+  rejects(e, 1, "--num-experts 8 is not divisible by --moe-router-num-groups 3");
+  e.moe.moe_router_num_groups = 4;
+  e.moe.moe_router_group_topk = 1;
+  e.moe.moe_router_topk = 4;
+  rejects(e, 1, "at most the experts per group (2)");
+  e.moe.moe_router_topk = 2;
+  accepts(e, 1);
+  e.moe.moe_router_enable_expert_bias = true;
+  rejects(e, 1, "supports only --moe-router-score-function sigmoid");
+  e.moe.moe_router_score_function = "sigmoid";
+  accepts(e, 1);
+  e.moe.moe_layer_freq = "[0]+[1]*2";
+  rejects(e, 1, "lists 3 layers, but --num-layers is");
+  Config f = base();
+  f.moe.num_experts = 8;
+  f.moe.moe_shared_expert_intermediate_size = 64;
+  rejects(f, 1, "shared experts have no biases");
 }
 
 TEST_CASE("layers divisible by PP, or uneven first/last stages") {

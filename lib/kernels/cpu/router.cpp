@@ -127,11 +127,22 @@ int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t topk, in
 
 namespace {
 
+// The tokens in Megatron's order (sequence position first, then sequence) of n batch-major rows.
+std::vector<int64_t> megatron_token_order(int64_t n, int64_t seq_length) {
+  const int64_t S = seq_length > 0 ? seq_length : n, B = n / S;
+  std::vector<int64_t> order;
+  order.reserve(static_cast<size_t>(n));
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t b = 0; b < B; ++b) order.push_back(b * S + s);
+  }
+  return order;
+}
+
 // The (token, slot) choices of expert e in keep order: highest weight first (ties: earlier token), or by position.
-std::vector<std::pair<int64_t, int64_t>> expert_order(const int32_t* top, const float* weight, int64_t n, int64_t topk, int64_t e,
+std::vector<std::pair<int64_t, int64_t>> expert_order(const int32_t* top, const float* weight, int64_t n, int64_t seq_length, int64_t topk, int64_t e,
                                                       bool by_probability) {
   std::vector<std::pair<int64_t, int64_t>> mine;
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t : megatron_token_order(n, seq_length)) {
     for (int64_t j = 0; j < topk; ++j) {
       if (top[t * topk + j] == e) mine.emplace_back(t, j);
     }
@@ -146,17 +157,18 @@ std::vector<std::pair<int64_t, int64_t>> expert_order(const int32_t* top, const 
 
 }  // namespace
 
-void capacity_keep(const int32_t* top, const float* weight, int64_t n, int64_t topk, int64_t experts, int64_t capacity, bool by_probability,
-                   uint8_t* keep) {
+void capacity_keep(const int32_t* top, const float* weight, int64_t n, int64_t seq_length, int64_t topk, int64_t experts, int64_t capacity,
+                   bool by_probability, uint8_t* keep) {
   std::fill(keep, keep + n * topk, uint8_t{0});
   for (int64_t e = 0; e < experts; ++e) {
-    const auto mine = expert_order(top, weight, n, topk, e, by_probability);
+    const auto mine = expert_order(top, weight, n, seq_length, topk, e, by_probability);
     for (size_t i = 0; i < mine.size() && static_cast<int64_t>(i) < capacity; ++i) keep[mine[i].first * topk + mine[i].second] = 1;
   }
 }
 
-std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const float* weight, const uint8_t* keep, int64_t n, int64_t topk,
-                                                   int64_t experts, int64_t capacity, bool by_probability) {
+std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const uint8_t* keep, int64_t n, int64_t seq_length, int64_t topk,
+                                                   int64_t experts, int64_t capacity) {
+  const std::vector<int64_t> order = megatron_token_order(n, seq_length);
   std::vector<std::vector<int64_t>> pad(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e) {
     int64_t kept = 0;
@@ -171,9 +183,8 @@ std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const flo
     }
     // Megatron's capacity mask takes the expert's top `capacity` rows of its weight column, where the tokens it
     // does not route to weigh 0: after the routed ones, in token order (ties), whatever the drop policy's order.
-    (void)weight;
-    (void)by_probability;
-    for (int64_t t = 0; t < n && kept < capacity; ++t) {
+    for (size_t i = 0; i < order.size() && kept < capacity; ++i) {
+      const int64_t t = order[i];
       if (routed[static_cast<size_t>(t)]) continue;
       pad[static_cast<size_t>(e)].push_back(t);
       ++kept;

@@ -143,10 +143,10 @@ void apply_capacity(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
     weight = A.weight;
   }
   std::vector<uint8_t> keep(sz(T * k));
-  capacity_keep(top.data(), weight.data(), T, k, E, capacity, o.drop_by_probability, keep.data());
+  capacity_keep(top.data(), weight.data(), T, c.mb.S, k, E, capacity, o.drop_by_probability, keep.data());
   std::copy(keep.begin() + c.t0 * k, keep.begin() + (c.t0 + Tl) * k, A.keep.begin());
   if (!o.pad_to_capacity) return;
-  const auto all_pads = capacity_padding(top.data(), weight.data(), keep.data(), T, k, E, capacity, o.drop_by_probability);
+  const auto all_pads = capacity_padding(top.data(), keep.data(), T, c.mb.S, k, E, capacity);
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t t : all_pads[sz(e)]) {
       if (t >= c.t0 && t < c.t0 + Tl) pads[sz(e)].push_back(t - c.t0);

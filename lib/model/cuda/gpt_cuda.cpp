@@ -55,6 +55,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       hidden_dropout_(static_cast<float>(cfg.model.hidden_dropout)) {
   const ModelDims& D = D_;
   if (max_in_flight < 1) throw std::logic_error("CudaGPT: max_in_flight must be at least 1");
+  // Its layer offsets and buckets assume one flat range of dense parameters (the MoE layer is CPU-only so far).
+  if (layout.has_experts() || cfg.moe.num_experts) throw std::logic_error("CudaGPT: no MoE layer on the CUDA engine yet");
   if (D.tp > 1) {
     tp_ = tp;
     tp_size_ = D.tp;
