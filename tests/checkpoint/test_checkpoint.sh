@@ -102,6 +102,14 @@ if paste <(losses "$tmp/x1" | tail -4) <(losses "$tmp/x4"; losses "$tmp/x5") | a
   ok "reshard MoE EP4 (TP2, expert-TP 2) -> EP2 (expert-TP 1) -> 1 rank"
 else bad "MoE reshard EP 4 -> 2 -> 1"; paste <(losses "$tmp/x1" | tail -4) <(losses "$tmp/x4"; losses "$tmp/x5"); fi
 
+# The expert bias (aux-loss-free balancing) is model state outside the optimizer: saved, and resumed exactly.
+XB=("${X[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 --expert-model-parallel-size 2)
+"${MPI[@]}" -np 2 "$B" "${M[@]}" "${XB[@]}" --log-dir "$tmp/xb1" >/dev/null 2>&1
+"${MPI[@]}" -np 2 "$B" "${M[@]}" "${XB[@]}" --save "$tmp/ckxb" --save-interval 100 --exit-interval 4 --log-dir "$tmp/xb2" >/dev/null 2>&1
+"${MPI[@]}" -np 2 "$B" "${M[@]}" "${XB[@]}" --load "$tmp/ckxb" --log-dir "$tmp/xb3" >/dev/null 2>&1
+if [[ "$(losses "$tmp/xb1" | tail -4)" == "$(losses "$tmp/xb3")" && $(losses "$tmp/xb3" | wc -l) -eq 4 ]]; then ok "exact resume, MoE EP2 with the expert bias"; else
+  bad "exact resume with the expert bias"; paste <(losses "$tmp/xb1" | tail -4) <(losses "$tmp/xb3"); fi
+
 # 3e. Across pipeline schedules and splits: the PP2 x TP2 x DP2 checkpoint continues under interleaved 1F1B
 # (2 virtual stages per rank) and under ZB-H1; an interleaved run's checkpoint continues on uneven stages
 # (1 and 3 layers) like the uninterrupted interleaved run.
