@@ -319,6 +319,14 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
   check_rampup(c, dp, k);
   if (c.data.seq_length) {
     const int64_t seq = *c.data.seq_length, cp = p.context_parallel_size;
+    if (cp > 1 && p.cp_comm_type == "a2a" && c.model.num_attention_heads) {
+      const int64_t tp = p.tensor_model_parallel_size, heads = *c.model.num_attention_heads / std::max<int64_t>(1, tp);
+      const int64_t groups = std::max<int64_t>(1, effective_query_groups(c) / std::max<int64_t>(1, tp));
+      if (heads % cp != 0 || groups % cp != 0) {
+        k.error("--cp-comm-type a2a needs each TP rank's attention heads (" + s(heads) + ") and query groups (" + s(groups) +
+                ") divisible by CP(" + s(cp) + "): use --cp-comm-type p2p, or change the heads / groups / TP");
+      }
+    }
     if (cp > 1 && seq % (2 * cp) != 0) {
       k.error("--seq-length " + s(seq) + " is not divisible by 2 x CP(" + s(cp) + ") = " + s(2 * cp) +
               ": use a multiple of " + s(2 * cp));

@@ -161,7 +161,7 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
   Record& R = *found->second;
   cpu::PassContext& c = *R.ctx;
   c.finishing = last_microbatch;
-  c.loss_grad_scale = scale;
+  c.loss_grad_scale = scale * static_cast<float>(dims_.cp);  // CP: as the lm loss's (output_unit.cpp)
   c.deferred = defer_weight_grads ? &R.deferred : nullptr;
   Activations dx, dmid;
   if (layout.post_process) {

@@ -70,7 +70,7 @@ class GPTModel {
   // The elements of one microbatch's activations at a stage boundary (this rank's [Tl, h] rows) for
   // micro_batch_size sequences.
   int64_t boundary_elements(int64_t micro_batch_size) const {
-    const int64_t T = micro_batch_size * dims_.S;
+    const int64_t T = micro_batch_size * dims_.S / dims_.cp;  // CP: this rank's share of the sequences
     return (dims_.sequence_parallel ? T / dims_.tp : T) * dims_.h;
   }
   // Microbatches forwarded whose backward (or deferred weight gradients) has not run yet.

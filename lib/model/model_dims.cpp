@@ -46,6 +46,8 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d.d));
   d.rot_dim = static_cast<int64_t>(static_cast<double>(d.d) * c.model.rotary_percent);
   d.rot_dim -= d.rot_dim % 2;
+  d.cp = c.parallel.context_parallel_size;
+  d.cp_a2a = c.parallel.cp_comm_type == "a2a";
   if (c.moe.num_experts) {
     d.experts = *c.moe.num_experts;
     d.topk = c.moe.moe_router_topk;

@@ -22,6 +22,11 @@ struct Microbatch {
   std::vector<float> loss_mask;                    // [B*S]
   std::vector<int32_t> row_start;                  // [B*S] with --reset-attention-mask, else empty
   int64_t first_sample = 0;                        // global index of the first sample (dropout keys)
+  // Context parallelism (model/context_parallel.h): S is this rank's share of each sequence, seq_pos [B*S] each
+  // token's place in its sequence (row_start stays in those places too) and seq_total the sequence's length;
+  // empty and 0 without CP.
+  std::vector<int32_t> seq_pos;
+  int64_t seq_total = 0;
 };
 
 struct ModelDims {
@@ -40,6 +45,9 @@ struct ModelDims {
   int64_t experts = 0, topk = 0, F_moe = 0, F_moe_local = 0, experts_local = 0;
   int64_t ep = 1, ep_rank = 0, etp = 1, etp_rank = 0;
   int64_t F_shared = 0, F_shared_local = 0;
+  // Context parallelism: CP ranks (each a share of every sequence) and --cp-comm-type a2a (else p2p).
+  int64_t cp = 1;
+  bool cp_a2a = false;
 };
 
 // ep_rank / ep and etp_rank / etp: this rank's place in the expert grid (EP and expert-TP).

@@ -10,7 +10,11 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   };
   const auto& p = c.parallel;
   (void)world;
-  no(p.context_parallel_size > 1, "--context-parallel-size > 1 is not implemented yet");
+  const bool cp = p.context_parallel_size > 1;
+  no(cp && (p.cp_comm_type == "allgather" || p.cp_comm_type == "a2a+p2p"),
+     "--cp-comm-type " + p.cp_comm_type + " is not implemented: use p2p (ring attention) or a2a (all-to-all over heads)");
+  no(cp && !cuda_engine && c.model.attention_dropout > 0,
+     "attention dropout with --context-parallel-size > 1 is not implemented: set --attention-dropout 0 (--hidden-dropout works)");
   const auto& m = c.moe;
   no(m.num_experts && m.moe_router_load_balancing_type == "sinkhorn",
      "--moe-router-load-balancing-type sinkhorn is not implemented: use aux_loss, seq_aux_loss, global_aux_loss or none");
@@ -106,6 +110,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
                                         "): use --device cpu");
   }
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
+  no(c.parallel.context_parallel_size > 1,
+     "--context-parallel-size > 1 runs on the CPU engine only so far: use --device cpu (the CUDA ring attention is not written yet)");
   no(c.moe.num_experts.has_value(),
      "mixture of experts (--num-experts) runs on the CPU engine only so far: use --device cpu (the CUDA MoE layer is not written yet)");
   const bool pp = c.parallel.pipeline_model_parallel_size > 1;

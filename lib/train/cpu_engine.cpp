@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "model/context_parallel.h"
 #include "pipeline/cpu_stage.h"
 #include "pipeline/configured_schedule.h"
 #include "train/moe_report.h"
@@ -69,7 +70,10 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   const float loss_scale = scaler_.scale();
   CpuPipelineStage stage(
       *model_,
-      [&](int64_t m) { return make_microbatch(data_, Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs, mbs, S, cfg_); },
+      [&](int64_t m) {
+        return context_parallel_slice(make_microbatch(data_, Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs, mbs, S, cfg_),
+                                      groups_.cp->rank(), groups_.cp->size());
+      },
       iteration, loss_scale / static_cast<float>(num_microbatches), groups_.pp.get(), mbs);
   run_schedule(training_schedule(cfg_, groups_.pp->rank(), pp, num_microbatches), stage, [&] { for_each_data_parallel([](DataParallel& d) { d.arm(); }); });
   sum_tied_embedding_grads();
@@ -118,7 +122,10 @@ double CpuEngine::evaluate(int64_t iteration) {
   double sum = 0;
   int64_t n = 0;
   for (int64_t it = 0; it < cfg_.logging.eval_iters; ++it) {
-    auto get = [&](int64_t m) { return make_microbatch(data_, Split::kValid, it * per_iter + m * mbs * dp + r * mbs, mbs, S, cfg_); };
+    auto get = [&](int64_t m) {
+      return context_parallel_slice(make_microbatch(data_, Split::kValid, it * per_iter + m * mbs * dp + r * mbs, mbs, S, cfg_), groups_.cp->rank(),
+                                    groups_.cp->size());
+    };
     if (pp == 1) {
       for (int64_t m = 0; m < nmb; ++m) sum += model_->forward(get(m), iteration, false);
     } else {  // the forwards through the stages; the loss is the last stage's

@@ -123,16 +123,16 @@ TEST_CASE("capacity: a hand-worked example of both drop policies and padding") {
   const std::vector<int32_t> top = {0, 0, 0, 1};
   const std::vector<float> weight = {0.9f, 0.6f, 0.8f, 0.7f};
   std::vector<uint8_t> keep(4);
-  capacity_keep(top.data(), weight.data(), 4, 4, 1, 2, 2, true, keep.data());
+  capacity_keep(top.data(), weight.data(), megatron_token_order(4, 4), 1, 2, 2, true, keep.data());
   CHECK(keep == std::vector<uint8_t>{1, 0, 1, 1});  // probs: expert 0 keeps 0.9 and 0.8, drops token 1
-  capacity_keep(top.data(), weight.data(), 4, 4, 1, 2, 2, false, keep.data());
+  capacity_keep(top.data(), weight.data(), megatron_token_order(4, 4), 1, 2, 2, false, keep.data());
   CHECK(keep == std::vector<uint8_t>{1, 1, 0, 1});  // position: the earliest two
-  const auto pad = capacity_padding(top.data(), keep.data(), 4, 4, 1, 2, 2);
+  const auto pad = capacity_padding(top.data(), keep.data(), megatron_token_order(4, 4), 1, 2, 2);
   CHECK(pad[0].empty());
   CHECK(pad[1] == std::vector<int64_t>{0});  // expert 1 filled to 2 rows with the first token it does not route
   // Two sequences of 2 (rows b * 2 + s): Megatron's order is position first, [s0b0, s0b1, s1b0, s1b1] = rows 0, 2,
   // 1, 3, so `position` keeps rows 0 and 2 (the first position of both sequences), not the first sequence.
-  capacity_keep(top.data(), weight.data(), 4, 2, 1, 2, 2, false, keep.data());
+  capacity_keep(top.data(), weight.data(), megatron_token_order(4, 2), 1, 2, 2, false, keep.data());
   CHECK(keep == std::vector<uint8_t>{1, 0, 1, 1});
 }
 

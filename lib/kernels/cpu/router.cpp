@@ -127,7 +127,8 @@ int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t topk, in
 
 namespace {
 
-// The tokens in Megatron's order (sequence position first, then sequence) of n batch-major rows.
+}  // namespace
+
 std::vector<int64_t> megatron_token_order(int64_t n, int64_t seq_length) {
   const int64_t S = seq_length > 0 ? seq_length : n, B = n / S;
   std::vector<int64_t> order;
@@ -138,11 +139,13 @@ std::vector<int64_t> megatron_token_order(int64_t n, int64_t seq_length) {
   return order;
 }
 
+namespace {
+
 // The (token, slot) choices of expert e in keep order: highest weight first (ties: earlier token), or by position.
-std::vector<std::pair<int64_t, int64_t>> expert_order(const int32_t* top, const float* weight, int64_t n, int64_t seq_length, int64_t topk, int64_t e,
-                                                      bool by_probability) {
+std::vector<std::pair<int64_t, int64_t>> expert_order(const int32_t* top, const float* weight, const std::vector<int64_t>& order, int64_t topk,
+                                                      int64_t e, bool by_probability) {
   std::vector<std::pair<int64_t, int64_t>> mine;
-  for (int64_t t : megatron_token_order(n, seq_length)) {
+  for (int64_t t : order) {
     for (int64_t j = 0; j < topk; ++j) {
       if (top[t * topk + j] == e) mine.emplace_back(t, j);
     }
@@ -157,18 +160,19 @@ std::vector<std::pair<int64_t, int64_t>> expert_order(const int32_t* top, const 
 
 }  // namespace
 
-void capacity_keep(const int32_t* top, const float* weight, int64_t n, int64_t seq_length, int64_t topk, int64_t experts, int64_t capacity,
+void capacity_keep(const int32_t* top, const float* weight, const std::vector<int64_t>& order, int64_t topk, int64_t experts, int64_t capacity,
                    bool by_probability, uint8_t* keep) {
+  const auto n = static_cast<int64_t>(order.size());
   std::fill(keep, keep + n * topk, uint8_t{0});
   for (int64_t e = 0; e < experts; ++e) {
-    const auto mine = expert_order(top, weight, n, seq_length, topk, e, by_probability);
+    const auto mine = expert_order(top, weight, order, topk, e, by_probability);
     for (size_t i = 0; i < mine.size() && static_cast<int64_t>(i) < capacity; ++i) keep[mine[i].first * topk + mine[i].second] = 1;
   }
 }
 
-std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const uint8_t* keep, int64_t n, int64_t seq_length, int64_t topk,
+std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const uint8_t* keep, const std::vector<int64_t>& order, int64_t topk,
                                                    int64_t experts, int64_t capacity) {
-  const std::vector<int64_t> order = megatron_token_order(n, seq_length);
+  const auto n = static_cast<int64_t>(order.size());
   std::vector<std::vector<int64_t>> pad(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e) {
     int64_t kept = 0;

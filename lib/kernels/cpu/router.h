@@ -29,14 +29,16 @@ void route_topk_backward(const RouterSettings& s, const float* logits, const int
 int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t topk, int64_t experts);
 // Which of n tokens' top-k choices fit their expert's capacity: keep[n, k]. by_probability (--moe-token-drop-policy
 // probs) keeps each expert's highest weights (ties: the earlier token), else the earliest tokens (position).
-// "Earlier" is Megatron's token order, sequence position first ([S, B] flattened): the n tokens are B sequences
-// of seq_length in our batch-major rows (t = b * seq_length + s), taken in the order (s, b).
-void capacity_keep(const int32_t* top, const float* weight, int64_t n, int64_t seq_length, int64_t topk, int64_t experts, int64_t capacity,
+// "Earlier" is Megatron's token order, sequence position first ([S, B] flattened): `order` lists the n tokens
+// in it (megatron_token_order for B whole sequences in batch-major rows).
+void capacity_keep(const int32_t* top, const float* weight, const std::vector<int64_t>& order, int64_t topk, int64_t experts, int64_t capacity,
                    bool by_probability, uint8_t* keep);
+// The n = B x seq_length batch-major rows (t = b * seq_length + s) in the order (s, b).
+std::vector<int64_t> megatron_token_order(int64_t n, int64_t seq_length);
 // --moe-pad-expert-input-to-capacity: the tokens each expert receives when padded to `capacity`: its kept
 // tokens, then the tokens it does not route to (their weight 0) in Megatron's token order (as capacity_keep),
 // at most n. pad[e] lists the extra tokens of expert e.
-std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const uint8_t* keep, int64_t n, int64_t seq_length, int64_t topk,
+std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const uint8_t* keep, const std::vector<int64_t>& order, int64_t topk,
                                                    int64_t experts, int64_t capacity);
 
 // The scores the load-balancing losses use (compute_routing_scores_for_aux_loss): softmax over all experts, or

@@ -60,9 +60,13 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
     rope_forward(A.q.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
     rope_forward(A.k.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);
   }
-  A.probs.resize(sz(c.mb.B * D.nh_local * c.mb.S * c.mb.S));
   A.ctx.resize(sz(T * D.nh_local * D.d));
-  attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer));
+  if (D.cp > 1) {  // the keys of the whole sequence from the CP ranks
+    context_attention_forward(c, A.q, A.k, A.v, A.ctx, A.cp);
+  } else {
+    A.probs.resize(sz(c.mb.B * D.nh_local * c.mb.S * c.mb.S));
+    attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer));
+  }
   Buf proj(sz(T * h)), proj_local(sz(Tl * h));
   linear_forward(proj.data(), A.ctx.data(), c.P(ly.proj_w), nullptr, T, D.nh_local * D.d, h);
   c.reduce_tokens(proj.data(), proj_local.data());
@@ -90,9 +94,14 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
   c.weight_grad(full.data(), T * h, [&c, &A, &ly, T, Hd, h](const float* dy) {
     linear_backward_weight(c.G(ly.proj_w), nullptr, dy, A.ctx.data(), T, Hd, h);
   });
-  Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size()), scratch(sz(c.mb.S * c.mb.S));
-  attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer),
-                     scratch.data());
+  Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size());
+  if (D.cp > 1) {
+    context_attention_backward(c, dctx, A.q, A.k, A.v, dq, dk, dv, A.cp);
+  } else {
+    Buf scratch(sz(c.mb.S * c.mb.S));
+    attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer),
+                       scratch.data());
+  }
   if (D.rope) {
     rope_backward(dq.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base);
     rope_backward(dk.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "config/moe_pattern.h"
+#include "model/context_parallel.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/linear.h"
 #include "model/cpu/units.h"
@@ -120,38 +121,63 @@ void router_logits(const PassContext& c, const LayerParams& ly, const MoeOptions
   }
 }
 
-// Which of this rank's top-k choices fit their expert's capacity, decided over the microbatch's tokens; and,
-// padding to capacity, the extra tokens each expert receives (this rank's, local indices).
+// Which of this rank's top-k choices fit their expert's capacity, decided over the microbatch's tokens (every TP
+// and CP rank's, in Megatron's token order); and, padding to capacity, the extra tokens each expert receives
+// (this rank's, local indices).
 void apply_capacity(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A, std::vector<std::vector<int64_t>>& pads) {
   const ModelDims& D = c.D;
-  const int64_t Tl = c.Tl, T = c.T, k = D.topk, E = D.experts;
+  const int64_t Tl = c.Tl, T = c.T, k = D.topk, E = D.experts, cp = D.cp, all_tokens = T * cp;
   A.keep.assign(sz(Tl * k), 1);
   pads.assign(sz(E), {});
   if (!o.capacity_factor) return;
-  const int64_t capacity = expert_capacity(*o.capacity_factor, T, k, E);
-  if (capacity > T) return;  // Megatron: no dropping when every token fits
-  std::vector<int32_t> top(sz(T * k));
-  std::vector<float> weight(sz(T * k));
+  const int64_t capacity = expert_capacity(*o.capacity_factor, all_tokens, k, E);
+  if (capacity > all_tokens) return;  // Megatron: no dropping when every token fits
+  // Gathered rank-major: CP rank, then TP rank (under SP), then the rank's rows.
+  std::vector<float> top_f(sz(Tl * k)), weight(A.weight);
+  for (int64_t i = 0; i < Tl * k; ++i) top_f[sz(i)] = static_cast<float>(A.top[sz(i)]);
+  auto gather = [&](Communicator& g, std::vector<float>& v) {
+    std::vector<float> all(v.size() * sz(g.size()));
+    g.all_gather(v.data(), all.data(), static_cast<int64_t>(v.size()));
+    v = std::move(all);
+  };
   if (D.sequence_parallel) {
-    std::vector<float> mine(sz(Tl * k)), all(sz(T * k));
-    for (int64_t i = 0; i < Tl * k; ++i) mine[sz(i)] = static_cast<float>(A.top[sz(i)]);
-    c.groups.tp->all_gather(mine.data(), all.data(), Tl * k);
-    for (int64_t i = 0; i < T * k; ++i) top[sz(i)] = static_cast<int32_t>(all[sz(i)]);
-    c.groups.tp->all_gather(A.weight.data(), weight.data(), Tl * k);
-  } else {
-    top = A.top;
-    weight = A.weight;
+    gather(*c.groups.tp, top_f);
+    gather(*c.groups.tp, weight);
   }
-  std::vector<uint8_t> keep(sz(T * k));
-  capacity_keep(top.data(), weight.data(), T, c.mb.S, k, E, capacity, o.drop_by_probability, keep.data());
-  std::copy(keep.begin() + c.t0 * k, keep.begin() + (c.t0 + Tl) * k, A.keep.begin());
+  if (cp > 1) {
+    gather(*c.groups.cp, top_f);
+    gather(*c.groups.cp, weight);
+  }
+  std::vector<int32_t> top(top_f.size());
+  for (size_t i = 0; i < top.size(); ++i) top[i] = static_cast<int32_t>(top_f[i]);
+  // Megatron's order: place in the sequence, then sequence.
+  const int64_t S = c.mb.S, chunk = S / 2;
+  std::vector<int64_t> order(sz(all_tokens));
+  std::vector<std::pair<int64_t, int64_t>> key(sz(all_tokens));
+  for (int64_t g = 0; g < all_tokens; ++g) {
+    const int64_t rank = g / T, t = g % T, s = t % S;
+    const int64_t pos = cp > 1 ? context_parallel_position(s, rank, cp, chunk) : s;
+    key[sz(g)] = {pos, t / S};
+    order[sz(g)] = g;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key[sz(a)] < key[sz(b)]; });
+  std::vector<uint8_t> keep(sz(all_tokens * k));
+  capacity_keep(top.data(), weight.data(), order, k, E, capacity, o.drop_by_probability, keep.data());
+  const int64_t mine = c.groups.cp->rank() * T + c.t0;  // this rank's first row in the gathered order
+  std::copy(keep.begin() + mine * k, keep.begin() + (mine + Tl) * k, A.keep.begin());
   if (!o.pad_to_capacity) return;
-  const auto all_pads = capacity_padding(top.data(), keep.data(), T, c.mb.S, k, E, capacity);
+  const auto all_pads = capacity_padding(top.data(), keep.data(), order, k, E, capacity);
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t t : all_pads[sz(e)]) {
-      if (t >= c.t0 && t < c.t0 + Tl) pads[sz(e)].push_back(t - c.t0);
+      if (t >= mine && t < mine + Tl) pads[sz(e)].push_back(t - mine);
     }
   }
+}
+
+// Sums over the ranks holding the rest of the microbatch's tokens: TP (under SP) and CP (Megatron's tp_cp group).
+void sum_over_microbatch(const PassContext& c, double* v, int64_t n) {
+  if (c.groups.tp->size() > 1) c.groups.tp->all_reduce(v, n, ReduceOp::kSum);
+  if (c.D.cp > 1) c.groups.cp->all_reduce(v, n, ReduceOp::kSum);
 }
 
 // The load-balancing loss of the configured type: its value (without the coefficient, over the TP group's
@@ -162,13 +188,12 @@ double balance_loss(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
   Buf scores(sz(Tl * E));
   aux_scores(A.logits.data(), Tl, E, o.router.sigmoid, scores.data());
   A.aux_dscores.assign(sz(Tl * E), 0.0f);
-  Communicator& tp = *c.groups.tp;
   if (o.balance == "seq_aux_loss") {  // per sequence, averaged over the microbatch's sequences
-    const int64_t B = c.mb.B, S = c.mb.S;
+    const int64_t B = c.mb.B, S = c.mb.S * D.cp;  // the whole sequence's length (CP: every rank's share)
     std::vector<double> counts(sz(B * E), 0.0), probs(sz(B * E), 0.0);
     std::vector<int32_t> idx(sz(k));
     for (int64_t t = 0; t < Tl; ++t) {
-      const int64_t b = (c.t0 + t) / S;
+      const int64_t b = (c.t0 + t) / c.mb.S;
       std::vector<double> one(sz(E), 0.0);
       aux_topk_counts(&scores[sz(t * E)], 1, E, k, one.data());
       for (int64_t e = 0; e < E; ++e) {
@@ -176,15 +201,13 @@ double balance_loss(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
         probs[sz(b * E + e)] += scores[sz(t * E + e)];
       }
     }
-    if (tp.size() > 1) {
-      tp.all_reduce(counts.data(), B * E, ReduceOp::kSum);
-      tp.all_reduce(probs.data(), B * E, ReduceOp::kSum);
-    }
+    sum_over_microbatch(c, counts.data(), B * E);
+    sum_over_microbatch(c, probs.data(), B * E);
     const double C = static_cast<double>(E) / (static_cast<double>(k) * S * S) / static_cast<double>(B);
     double value = 0;
     for (int64_t i = 0; i < B * E; ++i) value += probs[sz(i)] * counts[sz(i)];
     for (int64_t t = 0; t < Tl; ++t) {
-      const int64_t b = (c.t0 + t) / S;
+      const int64_t b = (c.t0 + t) / c.mb.S;
       for (int64_t e = 0; e < E; ++e) A.aux_dscores[sz(t * E + e)] = static_cast<float>(o.aux_coeff * C * counts[sz(b * E + e)]);
     }
     return C * value;
@@ -194,15 +217,15 @@ double balance_loss(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
   for (int64_t t = 0; t < Tl; ++t) {
     for (int64_t e = 0; e < E; ++e) probs[sz(e)] += scores[sz(t * E + e)];
   }
-  if (tp.size() > 1) tp.all_reduce(counts.data(), E, ReduceOp::kSum);
-  double tokens = static_cast<double>(T);
+  sum_over_microbatch(c, counts.data(), E);
+  double tokens = static_cast<double>(T * D.cp);
   if (o.balance == "global_aux_loss") {  // counts over DP too, averaged over the iteration's microbatches so far
-    c.groups.dp_cp->all_reduce(counts.data(), E, ReduceOp::kSum);
+    c.groups.dp->all_reduce(counts.data(), E, ReduceOp::kSum);
     st.global_counts.resize(sz(E), 0.0);
     for (int64_t e = 0; e < E; ++e) st.global_counts[sz(e)] += counts[sz(e)];
     ++st.global_steps;
     for (int64_t e = 0; e < E; ++e) counts[sz(e)] = st.global_counts[sz(e)] / static_cast<double>(st.global_steps);
-    tokens *= static_cast<double>(c.groups.dp_cp->size());
+    tokens *= static_cast<double>(c.groups.dp->size());
   }
   const double C = static_cast<double>(E) / (static_cast<double>(k) * tokens * tokens);
   for (int64_t t = 0; t < Tl; ++t) {
@@ -211,8 +234,8 @@ double balance_loss(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
   double value = 0;
   for (int64_t e = 0; e < E; ++e) value += probs[sz(e)] * counts[sz(e)];
   value *= C;
-  if (tp.size() > 1) tp.all_reduce(&value, 1, ReduceOp::kSum);
-  if (o.balance == "global_aux_loss") c.groups.dp_cp->all_reduce(&value, 1, ReduceOp::kSum);
+  sum_over_microbatch(c, &value, 1);
+  if (o.balance == "global_aux_loss") c.groups.dp->all_reduce(&value, 1, ReduceOp::kSum);
   return value;
 }
 
@@ -248,9 +271,10 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   A.z_scale = 0;
   if (training && o.z_coeff > 0) {  // Megatron: coeff / (TP x CP) times the mean over this rank's tokens
     double z = z_loss_sum(A.logits.data(), Tl, E);
-    if (c.groups.tp->size() > 1) c.groups.tp->all_reduce(&z, 1, ReduceOp::kSum);
-    st.z += z / static_cast<double>(c.T);
-    A.z_scale = static_cast<float>(o.z_coeff / static_cast<double>(c.T));
+    sum_over_microbatch(c, &z, 1);
+    const double all_tokens = static_cast<double>(c.T * D.cp);
+    st.z += z / all_tokens;
+    A.z_scale = static_cast<float>(o.z_coeff / all_tokens);
   }
   A.top.resize(sz(Tl * k));
   A.weight.resize(sz(Tl * k));
@@ -263,7 +287,7 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
     for (int64_t j = 0; j < k; ++j) {
       const size_t i = sz(t * k + j);
       st.routed += 1;
-      st.routing_digest += choice_hash(c.mb.first_sample + (c.t0 + t) / c.mb.S, (c.t0 + t) % c.mb.S, A.top[i], A.keep[i] != 0);
+      st.routing_digest += choice_hash(c.mb.first_sample + (c.t0 + t) / c.mb.S, sequence_position(c.mb, c.t0 + t), A.top[i], A.keep[i] != 0);
       if (!A.keep[i]) {
         A.weight[i] = 0;  // Megatron: the dropped choices' probabilities masked out
         st.dropped += 1;

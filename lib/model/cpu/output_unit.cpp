@@ -26,20 +26,25 @@ float OutputUnit::forward(const PassContext& c, Buf& x, Stash& R) const {
                      [&g](float* v, int64_t n) { g.tp->all_reduce(v, n, ReduceOp::kSum); }};
   cross_entropy_forward(R.losses.data(), R.lse.data(), R.logits.data(), c.mb.labels.data(), T, D.V_local, D.tp_rank * D.V_local,
                         D.tp > 1 ? &reduce : nullptr);
-  double num = 0, den = 0;
+  double sums[2] = {0, 0};  // masked losses, unmasked tokens
   for (int64_t i = 0; i < T; ++i) {
-    num += static_cast<double>(R.losses[sz(i)]) * c.mb.loss_mask[sz(i)];
-    den += c.mb.loss_mask[sz(i)];
+    sums[0] += static_cast<double>(R.losses[sz(i)]) * c.mb.loss_mask[sz(i)];
+    sums[1] += c.mb.loss_mask[sz(i)];
   }
-  R.denom = static_cast<float>(std::max(den, 1.0));
-  return static_cast<float>(num / std::max(den, 1.0));
+  // Context parallelism: the loss of the whole sequences, over every CP rank's tokens.
+  if (D.cp > 1) c.groups.cp->all_reduce(sums, 2, ReduceOp::kSum);
+  R.denom = static_cast<float>(std::max(sums[1], 1.0));
+  return static_cast<float>(sums[0] / std::max(sums[1], 1.0));
 }
 
 void OutputUnit::backward(const PassContext& c, float scale, Buf& dx, Stash& R) const {
   const ModelDims& D = c.D;
   const int64_t T = c.T, Tl = c.Tl, h = D.h, V = D.V_local;
   Buf dloss(sz(T));
-  for (int64_t i = 0; i < T; ++i) dloss[sz(i)] = c.mb.loss_mask[sz(i)] * scale / R.denom;
+  // x CP: the gradients are averaged over DP x CP, but each CP rank's is a part of the sequence's (Megatron's loss
+  // times the CP size).
+  const float cp = static_cast<float>(D.cp);
+  for (int64_t i = 0; i < T; ++i) dloss[sz(i)] = c.mb.loss_mask[sz(i)] * scale * cp / R.denom;
   // The logits' gradient is written over the logits.
   cross_entropy_backward(R.logits.data(), R.logits.data(), R.lse.data(), c.mb.labels.data(), dloss.data(), T, V, D.tp_rank * V);
   Buf full(sz(T * h)), local(sz(Tl * h));

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/dropout.h"
 #include "kernels/cpu/norm.h"
+#include "model/context_parallel.h"
 
 namespace mt::cpu {
 
@@ -39,8 +40,9 @@ void PassContext::dropout_tokens(float* x, int64_t layer, int site, bool backwar
     const int64_t t = t0 + i;
     const uint64_t key = dropout_key(seed, step, mb.first_sample + t / S, layer, site);
     float* row = x + i * h;
-    if (backward) dropout_backward(row, row, h, p, key, static_cast<uint64_t>((t % S) * h));
-    else dropout_forward(row, row, h, p, key, static_cast<uint64_t>((t % S) * h));
+    const auto at = static_cast<uint64_t>(sequence_position(mb, t)) * static_cast<uint64_t>(h);  // CP: the place in the sequence
+    if (backward) dropout_backward(row, row, h, p, key, at);
+    else dropout_forward(row, row, h, p, key, at);
   }
 }
 

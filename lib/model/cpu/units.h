@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "kernels/cpu/router.h"
+#include "model/cpu/context_attention.h"
 #include "model/cpu/moe_dispatch.h"
 #include "model/cpu/pass_context.h"
 #include "model/layout.h"
@@ -32,6 +33,7 @@ struct AttentionUnit {
   struct Stash {
     Buf x, ln, ln_full, mean, rstd, q, k, v, probs, ctx;
     Buf q_in, k_in, q_mean, q_rstd, k_mean, k_rstd;  // --qk-layernorm: the heads before their norm, its statistics
+    ContextAttentionStash cp;                        // context parallelism (then no probs)
   };
   const LayerParams* p = nullptr;
   void forward(const PassContext& c, Buf& x, Stash& s) const;  // x: in, then out (the input moves into the stash)

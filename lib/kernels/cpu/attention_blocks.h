@@ -1,0 +1,33 @@
+// attention_blocks.h: causal attention between a block of queries and a block of keys whose places in the
+// sequence are given explicitly (context parallelism: each rank's queries against every rank's keys, in the
+// load-balanced chunk order), as flash attention computes it in pieces: each block's output with its
+// log-sum-exp, merged across blocks; the backward of a block from the merged output and log-sum-exp.
+// Grouped-query heads; --reset-attention-mask's documents (a query sees keys of its own document only).
+#pragma once
+
+#include <cstdint>
+
+namespace mt::cpu {
+
+struct BlockAttention {
+  int64_t B = 0, Sq = 0, Sk = 0, nh = 0, ng = 0, d = 0;
+  float scale = 1;
+  const int32_t* q_pos = nullptr;    // [B * Sq] each query's position in its sequence
+  const int32_t* k_pos = nullptr;    // [B * Sk]
+  const int32_t* q_start = nullptr;  // [B * Sq] or null: the position where each query's document starts
+  bool allowed(int64_t b, int64_t i, int64_t j) const {
+    const int32_t kp = k_pos[b * Sk + j];
+    return kp <= q_pos[b * Sq + i] && (!q_start || kp >= q_start[b * Sq + i]);
+  }
+};
+
+// q [B, Sq, nh, d], k / v [B, Sk, ng, d]. out [B, Sq, nh, d] and lse [B, nh, Sq] of this block alone (a query with
+// no allowed key: out 0, lse -inf).
+void block_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const BlockAttention& s);
+// Merges a block's (out, lse) into the running (acc, acc_lse): o = sum_b exp(lse_b - lse) o_b, lse = log sum_b exp(lse_b).
+void merge_attention_block(float* acc, float* acc_lse, const float* out, const float* lse, int64_t B, int64_t Sq, int64_t nh, int64_t d);
+// The block's share of the backward, given the merged output `out`, its lse and dout: dq += , dk += , dv += .
+void block_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q, const float* k,
+                              const float* v, const BlockAttention& s);
+
+}  // namespace mt::cpu
