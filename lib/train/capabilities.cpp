@@ -13,8 +13,7 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   const bool cp = p.context_parallel_size > 1;
   no(cp && (p.cp_comm_type == "allgather" || p.cp_comm_type == "a2a+p2p"),
      "--cp-comm-type " + p.cp_comm_type + " is not implemented: use p2p (ring attention) or a2a (all-to-all over heads)");
-  no(cp && !cuda_engine && c.model.attention_dropout > 0,
-     "attention dropout with --context-parallel-size > 1 is not implemented: set --attention-dropout 0 (--hidden-dropout works)");
+
   const auto& m = c.moe;
   no(m.num_experts && m.moe_router_load_balancing_type == "sinkhorn",
      "--moe-router-load-balancing-type sinkhorn is not implemented: use aux_loss, seq_aux_loss, global_aux_loss or none");

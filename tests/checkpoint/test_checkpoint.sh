@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_checkpoint.sh: checkpoints as a user meets them. Exact resume (1 rank, TP2 x DP2), resharding
 # (TP2 x DP2 + distributed optimizer -> 1 rank; TP4 with K/V replication -> 1 rank, TP2; PP2 x TP2 x DP2 -> 1 rank, PP4,
-# interleaved, ZB-H1; interleaved -> uneven stages; MoE TP2 x EP4 -> EP2 -> 1 rank), kill -9 during saves, corrupt shards, shape
+# interleaved, ZB-H1; interleaved -> uneven stages; MoE TP2 x EP4 -> EP2 -> 1 rank; CP2 x DP2 -> 1 rank, CP4), kill -9 during saves, corrupt shards, shape
 # mismatches, async save with keep-last, --no-save-optim / --finetune.
 # Usage: test_checkpoint.sh path/to/megatrain (from the repository root).
 set -u
@@ -109,6 +109,19 @@ XB=("${X[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bia
 "${MPI[@]}" -np 2 "$B" "${M[@]}" "${XB[@]}" --load "$tmp/ckxb" --log-dir "$tmp/xb3" >/dev/null 2>&1
 if [[ "$(losses "$tmp/xb1" | tail -4)" == "$(losses "$tmp/xb3")" && $(losses "$tmp/xb3" | wc -l) -eq 4 ]]; then ok "exact resume, MoE EP2 with the expert bias"; else
   bad "exact resume with the expert bias"; paste <(losses "$tmp/xb1" | tail -4) <(losses "$tmp/xb3"); fi
+
+# 3g. Checkpoints do not depend on context parallelism: a CP2 x DP2 run's checkpoint continues on 1 rank and on CP4
+# like the uninterrupted CP2 run.
+C=(--context-parallel-size 2 --use-distributed-optimizer)
+"${MPI[@]}" -np 4 "$B" "${M[@]}" "${C[@]}" --log-dir "$tmp/c1" >/dev/null 2>&1
+"${MPI[@]}" -np 4 "$B" "${M[@]}" "${C[@]}" --save "$tmp/ckc" --save-interval 100 --exit-interval 4 --log-dir "$tmp/c2" >/dev/null 2>&1
+"$B" "${M[@]}" --load "$tmp/ckc" --log-dir "$tmp/c3" >/dev/null 2>&1
+"${MPI[@]}" -np 4 "$B" "${M[@]}" --context-parallel-size 4 --cp-comm-type a2a --load "$tmp/ckc" --log-dir "$tmp/c4" >/dev/null 2>&1
+for run in c3 c4; do
+  if paste <(losses "$tmp/c1" | tail -4) <(losses "$tmp/$run") | awk '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > 1e-5*$1) bad=1} END{exit bad || NR!=4}'; then
+    ok "reshard CP2 x DP2 -> $([[ $run == c3 ]] && echo "1 rank" || echo "CP4 (a2a)")"
+  else bad "CP reshard -> $run"; paste <(losses "$tmp/c1" | tail -4) <(losses "$tmp/$run"); fi
+done
 
 # 3e. Across pipeline schedules and splits: the PP2 x TP2 x DP2 checkpoint continues under interleaved 1F1B
 # (2 virtual stages per rank) and under ZB-H1; an interleaved run's checkpoint continues on uneven stages

@@ -43,8 +43,7 @@ void qkv_merge(float* dqkv, const float* dq, const float* dk, const float* dv, i
 namespace {
 
 bool keep(const AttentionShape& s, int64_t b, int64_t h, int64_t i, int64_t j) {
-  const auto idx = static_cast<uint64_t>(((s.head0 + h) * s.S + i) * s.S + j);
-  return philox_uniform(s.dropout_key, idx, static_cast<uint64_t>(s.sample0 + b)) >= s.dropout;
+  return attention_dropout_keeps(s.dropout_key, s.sample0 + b, s.head0 + h, i, j, s.S, s.dropout);
 }
 
 // P with dropout applied, into dst ([S,S]).
@@ -59,6 +58,11 @@ void dropped_probs(float* dst, const float* P, const AttentionShape& s, int64_t 
 }
 
 }  // namespace
+
+bool attention_dropout_keeps(uint64_t key, int64_t sample, int64_t head, int64_t i, int64_t j, int64_t S, float p) {
+  const auto idx = static_cast<uint64_t>((head * S + i) * S + j);
+  return philox_uniform(key, idx, static_cast<uint64_t>(sample)) >= p;
+}
 
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v, const AttentionShape& s) {
   const int64_t S = s.S, d = s.d, nh = s.nh, ng = s.ng, per = nh / ng;

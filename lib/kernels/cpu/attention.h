@@ -22,6 +22,10 @@ struct AttentionShape {
   const int32_t* row_start = nullptr;
 };
 
+// Whether attention dropout (probability p) keeps the probability of query i and key j (places in a sequence of
+// length S) of global head `head` in global sample `sample`: the mask every split of the model draws alike.
+bool attention_dropout_keeps(uint64_t key, int64_t sample, int64_t head, int64_t i, int64_t j, int64_t S, float p);
+
 // q: [B,S,nh,d], k/v: [B,S,ng,d], out: [B,S,nh,d], probs: [B,nh,S,S] saved for backward.
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v, const AttentionShape& s);
 // dq overwritten, dk/dv overwritten. scratch: [S*S] floats.

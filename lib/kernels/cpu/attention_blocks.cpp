@@ -6,7 +6,16 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
+
 namespace mt::cpu {
+
+float BlockAttention::dropped(int64_t b, int64_t hd, int64_t i, int64_t j) const {
+  if (dropout <= 0) return 1.0f;
+  return attention_dropout_keeps(dropout_key, sample0 + b, head0 + hd, q_pos[b * Sq + i], k_pos[b * Sk + j], seq_total, dropout)
+             ? 1.0f / (1.0f - dropout)
+             : 0.0f;
+}
 
 void block_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const BlockAttention& s) {
   const int64_t per = s.nh / s.ng;
@@ -38,8 +47,9 @@ void block_attention_forward(float* out, float* lse, const float* q, const float
           if (!s.allowed(b, i, j)) continue;
           const double p = std::exp(score[static_cast<size_t>(j)] - mx);
           sum += p;
+          const double pd = p * s.dropped(b, hd, i, j);
           const float* vj = v + ((b * s.Sk + j) * s.ng + g) * s.d;
-          for (int64_t e = 0; e < s.d; ++e) acc[static_cast<size_t>(e)] += p * vj[e];
+          for (int64_t e = 0; e < s.d; ++e) acc[static_cast<size_t>(e)] += pd * vj[e];
         }
         for (int64_t e = 0; e < s.d; ++e) o[e] = static_cast<float>(acc[static_cast<size_t>(e)] / sum);
         l = static_cast<float>(mx + std::log(sum));
@@ -98,12 +108,12 @@ void block_attention_backward(float* dq, float* dk, float* dv, const float* dout
             dot += static_cast<double>(qi[e]) * kj[e];
             dp += static_cast<double>(doi[e]) * vj[e];
           }
-          const double p = std::exp(dot * s.scale - l);
-          const double ds = p * (dp - delta) * s.scale;
+          const double p = std::exp(dot * s.scale - l), m = s.dropped(b, hd, i, j);
+          const double ds = p * (dp * m - delta) * s.scale;
           for (int64_t e = 0; e < s.d; ++e) {
             dq[qi_off + e] += static_cast<float>(ds * kj[e]);
             dk[kj_off + e] += static_cast<float>(ds * qi[e]);
-            dv[kj_off + e] += static_cast<float>(p * doi[e]);
+            dv[kj_off + e] += static_cast<float>(p * m * doi[e]);
           }
         }
       }

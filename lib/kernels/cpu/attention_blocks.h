@@ -15,6 +15,12 @@ struct BlockAttention {
   const int32_t* q_pos = nullptr;    // [B * Sq] each query's position in its sequence
   const int32_t* k_pos = nullptr;    // [B * Sk]
   const int32_t* q_start = nullptr;  // [B * Sq] or null: the position where each query's document starts
+  // Attention dropout (kernels/cpu/attention.h's mask, by places in the sequence): on the probabilities, not on the
+  // normaliser, so blocks still merge by their log-sum-exp.
+  float dropout = 0;
+  uint64_t dropout_key = 0;
+  int64_t sample0 = 0, head0 = 0, seq_total = 0;  // global sample of b = 0, global head of head 0, sequence length
+  float dropped(int64_t b, int64_t hd, int64_t i, int64_t j) const;  // the factor of probability (i, j): 0 or 1 / (1 - p)
   bool allowed(int64_t b, int64_t i, int64_t j) const {
     const int32_t kp = k_pos[b * Sk + j];
     return kp <= q_pos[b * Sq + i] && (!q_start || kp >= q_start[b * Sq + i]);

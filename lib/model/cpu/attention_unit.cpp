@@ -62,7 +62,7 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   }
   A.ctx.resize(sz(T * D.nh_local * D.d));
   if (D.cp > 1) {  // the keys of the whole sequence from the CP ranks
-    context_attention_forward(c, A.q, A.k, A.v, A.ctx, A.cp);
+    context_attention_forward(c, ly.layer, A.q, A.k, A.v, A.ctx, A.cp);
   } else {
     A.probs.resize(sz(c.mb.B * D.nh_local * c.mb.S * c.mb.S));
     attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer));
@@ -96,7 +96,7 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
   });
   Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size());
   if (D.cp > 1) {
-    context_attention_backward(c, dctx, A.q, A.k, A.v, dq, dk, dv, A.cp);
+    context_attention_backward(c, ly.layer, dctx, A.q, A.k, A.v, dq, dk, dv, A.cp);
   } else {
     Buf scratch(sz(c.mb.S * c.mb.S));
     attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer),

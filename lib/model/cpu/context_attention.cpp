@@ -12,8 +12,14 @@ namespace {
 
 std::vector<int32_t> starts_of(const Microbatch& mb) { return mb.row_start; }
 
-BlockAttention shape(const PassContext& c, int64_t Sq, int64_t Sk, int64_t nh, int64_t ng) {
+// head0: the global index of the block's first head; layer: the dropout site's.
+BlockAttention shape(const PassContext& c, int64_t Sq, int64_t Sk, int64_t nh, int64_t ng, int64_t head0, int64_t layer) {
   BlockAttention s;
+  s.dropout = c.training ? c.D.attention_dropout : 0.0f;
+  s.dropout_key = dropout_key(c.seed, c.step, 0, layer, kDropAttnProbs);
+  s.sample0 = c.mb.first_sample;
+  s.head0 = head0;
+  s.seq_total = c.mb.seq_total;
   s.B = c.mb.B;
   s.Sq = Sq;
   s.Sk = Sk;
@@ -126,7 +132,7 @@ bool use_a2a(const PassContext& c) { return c.D.cp_a2a; }
 
 }  // namespace
 
-void context_attention_forward(const PassContext& c, const Buf& q, const Buf& k, const Buf& v, Buf& ctx, ContextAttentionStash& st) {
+void context_attention_forward(const PassContext& c, int64_t layer, const Buf& q, const Buf& k, const Buf& v, Buf& ctx, ContextAttentionStash& st) {
   const ModelDims& D = c.D;
   const int64_t B = c.mb.B, S = c.mb.S, nh = D.nh_local, ng = D.ng_local, d = D.d;
   if (use_a2a(c)) {
@@ -136,7 +142,7 @@ void context_attention_forward(const PassContext& c, const Buf& q, const Buf& k,
     heads_to_sequence(c, v, ng, st.v);
     st.pos = gather_positions(c, c.mb.seq_pos);
     st.start = c.mb.row_start.empty() ? std::vector<int32_t>{} : gather_positions(c, c.mb.row_start);
-    BlockAttention s = shape(c, n * S, n * S, nh / n, ng / n);
+    BlockAttention s = shape(c, n * S, n * S, nh / n, ng / n, D.tp_rank * nh + c.groups.cp->rank() * (nh / n), layer);
     s.q_pos = st.pos.data();
     s.k_pos = st.pos.data();
     s.q_start = st.start.empty() ? nullptr : st.start.data();
@@ -156,7 +162,7 @@ void context_attention_forward(const PassContext& c, const Buf& q, const Buf& k,
     // (The block in hand is computed while the next one travels on an MPI / TCP transport: send and receive are
     // posted first. The CPU engine computes, then waits.)
     const std::vector<int32_t> k_pos = as_positions(cur.pos(), cur.npos);
-    BlockAttention s = shape(c, S, S, nh, ng);
+    BlockAttention s = shape(c, S, S, nh, ng, D.tp_rank * nh, layer);
     s.q_pos = c.mb.seq_pos.data();
     s.k_pos = k_pos.data();
     s.q_start = q_start.empty() ? nullptr : q_start.data();
@@ -170,7 +176,7 @@ void context_attention_forward(const PassContext& c, const Buf& q, const Buf& k,
   ctx = st.out;
 }
 
-void context_attention_backward(const PassContext& c, const Buf& dctx, const Buf& q, const Buf& k, const Buf& v, Buf& dq, Buf& dk, Buf& dv,
+void context_attention_backward(const PassContext& c, int64_t layer, const Buf& dctx, const Buf& q, const Buf& k, const Buf& v, Buf& dq, Buf& dk, Buf& dv,
                                 ContextAttentionStash& st) {
   const ModelDims& D = c.D;
   const int64_t S = c.mb.S, nh = D.nh_local, ng = D.ng_local;
@@ -179,7 +185,7 @@ void context_attention_backward(const PassContext& c, const Buf& dctx, const Buf
     Buf dout;
     heads_to_sequence(c, dctx, nh, dout);
     Buf dq_all(st.q.size(), 0.0f), dk_all(st.k.size(), 0.0f), dv_all(st.v.size(), 0.0f);
-    BlockAttention s = shape(c, n * S, n * S, nh / n, ng / n);
+    BlockAttention s = shape(c, n * S, n * S, nh / n, ng / n, D.tp_rank * nh + c.groups.cp->rank() * (nh / n), layer);
     s.q_pos = st.pos.data();
     s.k_pos = st.pos.data();
     s.q_start = st.start.empty() ? nullptr : st.start.data();
@@ -196,7 +202,7 @@ void context_attention_backward(const PassContext& c, const Buf& dctx, const Buf
   const std::vector<int32_t> q_start = starts_of(c.mb);
   for (int64_t step = 0; step < n; ++step) {
     const std::vector<int32_t> k_pos = as_positions(cur.pos(), cur.npos);
-    BlockAttention s = shape(c, S, S, nh, ng);
+    BlockAttention s = shape(c, S, S, nh, ng, D.tp_rank * nh, layer);
     s.q_pos = c.mb.seq_pos.data();
     s.k_pos = k_pos.data();
     s.q_start = q_start.empty() ? nullptr : q_start.data();

@@ -19,9 +19,10 @@ struct ContextAttentionStash {
 };
 
 // q [B, S, nh, d], k / v [B, S, ng, d] of this rank's tokens (nh, ng: this TP rank's heads); ctx [B, S, nh, d].
-void context_attention_forward(const PassContext& c, const Buf& q, const Buf& k, const Buf& v, Buf& ctx, ContextAttentionStash& s);
+// layer: the global layer (attention dropout's key).
+void context_attention_forward(const PassContext& c, int64_t layer, const Buf& q, const Buf& k, const Buf& v, Buf& ctx, ContextAttentionStash& s);
 // dq, dk, dv (overwritten) from dctx.
-void context_attention_backward(const PassContext& c, const Buf& dctx, const Buf& q, const Buf& k, const Buf& v, Buf& dq, Buf& dk, Buf& dv,
+void context_attention_backward(const PassContext& c, int64_t layer, const Buf& dctx, const Buf& q, const Buf& k, const Buf& v, Buf& dq, Buf& dk, Buf& dv,
                                 ContextAttentionStash& s);
 
 }  // namespace mt::cpu
