@@ -14,6 +14,7 @@
 #include "parallel/rank_layout.h"
 #include "pipeline/configured_schedule.h"
 #include "plan/flops.h"
+#include "plan/cp_traffic.h"
 #include "plan/memory_model.h"
 #include "plan/moe_traffic.h"
 #include "plan/param_count.h"
@@ -218,6 +219,20 @@ int run_plan(int argc, char** argv) {
   std::printf("estimated time per iteration: %.3f s at %.0f TFLOP/s per GPU, pipeline bubble %.1f%%\n", iter_s, gpu_tflops, 100.0 * bubble);
   std::printf("estimated throughput: %.0f tokens/s/GPU, MFU %.1f%% of %.1f TFLOP/s\n", tokens / iter_s / static_cast<double>(world),
               100.0 * flops / (iter_s * static_cast<double>(world) * peak_tflops * 1e12), peak_tflops);
+  if (cfg.parallel.context_parallel_size > 1) {
+    const CpTraffic ct = cp_traffic(cfg, gpus_per_node, gpu_tflops);
+    std::printf("\ncontext parallelism (%s over CP %lld; each rank %lld tokens of each sequence), per GPU:\n", cfg.parallel.cp_comm_type.c_str(),
+                static_cast<long long>(cfg.parallel.context_parallel_size),
+                static_cast<long long>(*cfg.data.seq_length / cfg.parallel.context_parallel_size));
+    std::printf("  per layer and microbatch: %.1f MiB (forward%s and backward); per iteration %s, %.3f s at %.0f GB/s (%s, assumed)\n",
+                ct.layer_bytes / 1048576.0, cfg.recompute.recompute_granularity.value_or("") == "full" ? ", recompute" : "",
+                gib(ct.step_bytes).c_str(), ct.seconds, ct.gbps, ct.inter_node ? "across nodes" : "NVLink");
+    if (cfg.parallel.cp_comm_type == "p2p") {
+      std::printf("  a ring step: a %.1f MiB K/V block in %.3f ms beside %.3f ms of block attention at %.0f TFLOP/s: %s\n", ct.block_bytes / 1048576.0,
+                  1e3 * ct.block_seconds, 1e3 * ct.compute_seconds, gpu_tflops,
+                  ct.block_seconds <= ct.compute_seconds ? "hidden" : "NOT hidden (longer sequences per rank, fewer CP ranks, or a2a)");
+    }
+  }
   if (cfg.moe.num_experts) {
     const MoeTraffic tr = moe_traffic(cfg, gpus_per_node);
     std::printf("\ntoken dispatch (%s over EP %lld, expert-TP %lld), per GPU, uniform routing assumed:\n", cfg.moe.moe_token_dispatcher_type.c_str(),
