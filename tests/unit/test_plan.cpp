@@ -3,7 +3,9 @@
 #include "config/resolve.h"
 #include "config/yaml_io.h"
 #include "plan/flops.h"
+#include "plan/cp_traffic.h"
 #include "plan/memory_model.h"
+#include "plan/moe_traffic.h"
 #include "plan/param_count.h"
 
 using namespace mt;
@@ -100,4 +102,29 @@ TEST_CASE("MoE FLOPs follow Megatron's formula (routed top-k, shared experts, th
   const double mlp = 12 * L * h * (F * 1.5 * (1 / L) + F * k * 1.5 * (31 / L) + shared * 1.5 * (31 / L));
   const double expect = T * (mlp + 6 * L * (h * (n * d + 2 * g * d) + n * d * h) + 6 * h * V) + T * s * 6 * n * d * L;
   CHECK(flops_per_iteration(c) == Approx(expect).epsilon(1e-12));
+}
+
+TEST_CASE("plan: the MoE dispatcher's and context parallelism's traffic per GPU") {
+  Config c = recipe("mixtral-8x7b", 32);  // TP 2 (SP) x EP 4, micro batch 1, seq 4096, bf16, full recompute
+  const MoeTraffic m = moe_traffic(c, 8);
+  const double tokens = 4096.0 / 2, h = 4096, k = 2, ep = 4;
+  CHECK(m.ep_bytes == Approx(tokens * k * (ep - 1) / ep * h * 2));
+  CHECK(m.etp_bytes == Approx(1 * tokens * k * h * 2));  // expert-TP 2: the rows to the other rank
+  CHECK(m.exchanges == 6);
+  CHECK(m.moe_layers == 32);
+  CHECK(m.step_bytes == Approx((m.ep_bytes + m.etp_bytes) * 6 * 32 * c.derived.num_microbatches));
+  CHECK_FALSE(m.inter_node);  // ETP 2 x EP 4 = 8 GPUs: one node
+  Config l = recipe("llama3-8b", 8);
+  l.parallel.context_parallel_size = 4;
+  l.parallel.tensor_model_parallel_size = 2;
+  resolve(l, 8);
+  const CpTraffic t = cp_traffic(l, 8, 400.0);
+  const double b = static_cast<double>(*l.training.micro_batch_size), s = static_cast<double>(*l.data.seq_length);
+  const double block = 2.0 * b * s / 4 * (8.0 / 2) * 128 * 2;  // K and V: 8 query groups / TP 2, head dim 128, bf16
+  CHECK(t.block_bytes == Approx(block));
+  const bool full = l.recompute.recompute_granularity.value_or("") == "full";
+  CHECK(t.layer_bytes == Approx(3 * block * (full ? 2 : 1) + 4 * 2 * block));
+  CHECK(t.compute_seconds > 0);
+  Config none = recipe("llama3-8b", 8);
+  CHECK(cp_traffic(none, 8, 400.0).step_bytes == 0);
 }
