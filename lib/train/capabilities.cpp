@@ -111,8 +111,21 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
   no(c.parallel.context_parallel_size > 1,
      "--context-parallel-size > 1 runs on the CPU engine only so far: use --device cpu (the CUDA ring attention is not written yet)");
-  no(c.moe.num_experts.has_value(),
-     "mixture of experts (--num-experts) runs on the CPU engine only so far: use --device cpu (the CUDA MoE layer is not written yet)");
+  if (const auto& m = c.moe; m.num_experts) {
+    // The CUDA MoE layer: one GPU with every expert local (docs/moe.md); the rest of the MoE flags on the CPU engine.
+    const std::string cpu = ": use --device cpu (the CPU engine runs it), or drop it";
+    no(world_size > 1, "mixture of experts on the CUDA engine runs on one GPU so far (no TP, DP or EP): use --device cpu for multi-rank MoE");
+    no(c.precision.fp16, "mixture of experts on the CUDA engine computes in bf16: use --bf16");
+    no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
+    no(m.moe_expert_capacity_factor.has_value(), "--moe-expert-capacity-factor is not implemented on the CUDA engine (dropless only)" + cpu);
+    no(m.moe_router_load_balancing_type == "seq_aux_loss" || m.moe_router_load_balancing_type == "global_aux_loss",
+       "--moe-router-load-balancing-type " + m.moe_router_load_balancing_type + " is not implemented on the CUDA engine (aux_loss and none are)" + cpu);
+    no(m.moe_router_num_groups.has_value(), "group-limited routing (--moe-router-num-groups) is not implemented on the CUDA engine" + cpu);
+    no(m.moe_router_enable_expert_bias, "--moe-router-enable-expert-bias is not implemented on the CUDA engine" + cpu);
+    no(m.moe_shared_expert_intermediate_size.has_value(), "shared experts are not implemented on the CUDA engine" + cpu);
+    no(!c.model.disable_bias_linear, "MoE layers with biases are not implemented on the CUDA engine: add --disable-bias-linear, or use --device cpu");
+    no(m.moe_router_dtype == "fp64", "--moe-router-dtype fp64 is not implemented on the CUDA engine (the router accumulates in fp32)" + cpu);
+  }
   const bool pp = c.parallel.pipeline_model_parallel_size > 1;
   // The CUDA stages (1F1B over NCCL) are in, and tested on one GPU as two stages of one process; until the
   // multi-GPU runs have checked them against the CPU engine, pipeline parallelism stays refused here.

@@ -80,7 +80,9 @@ class CudaEngine final : public TrainingEngine {
   // the ranks that write checkpoints, dropped by the others after the upload.
   std::unique_ptr<ParamStore> host_;
   std::unique_ptr<Optimizer> host_opt_;
-  std::unique_ptr<DataParallel> shard_layout_;  // the distributed optimizer's buckets (set-up only)
+  std::unique_ptr<DataParallel> shard_layout_;
+  int64_t moe_microbatches_ = 0;  // microbatches stepped since the MoE statistics were last read
+  void add_moe_reports(std::vector<StepReport>& out);  // the distributed optimizer's buckets (set-up only)
   bool keep_host_ = false, loaded_ = false;
   int64_t P_ = 0, n_state_ = 0, dp_ = 1, dp_rank_ = 0;
   bool dist_opt_ = false, overlap_gather_ = false;

@@ -109,6 +109,7 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   const double waited_before = MicrobatchSlot::wait_ms;
   const int64_t mallocs_before = DeviceAllocator::instance().stats().device_mallocs;
   if (it == profile_iter_) OpProfiler::instance().enable(stream_);
+  moe_microbatches_ += nmb_it;
   MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model_->grads(), 0, static_cast<size_t>(P_) * 4, stream_)));
 #ifdef MEGATRAIN_HAVE_NCCL
   if (ddp_) ddp_->start_iteration();
@@ -125,8 +126,9 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
         MicrobatchSlot& slot = *slots_[static_cast<size_t>((it % 2) * nmb_max_ + mi)];
         make_drop_keys(mb, it);
         const float w_mb = static_cast<float>(1.0 / (denom * static_cast<double>(nmb_it)));
-        return CudaPipelineStage::Staged{slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait, drop_keys_),
-                                         w_mb * grad_share_, w_mb};
+        DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait, drop_keys_);
+        d.aux_grad_scale = static_cast<float>(grad_share_ / static_cast<double>(nmb_it));  // MoE: the aux losses' share, as the lm loss's
+        return CudaPipelineStage::Staged{d, w_mb * grad_share_, w_mb};
       },
       &st_->loss_acc, stage_pipeline());
   run_schedule(training_schedule(cfg, pp_rank_, pp_, nmb_it), stage);
@@ -216,7 +218,50 @@ std::vector<StepReport> CudaEngine::read_reports() {
   pending_ = 0;
   std::vector<StepReport> out;
   for (size_t i = 0; i < n; ++i) out.push_back({losses[i], norms[i], skips[i] != 0});
+  add_moe_reports(out);
   return out;
+}
+
+// The MoE statistics of the steps read (the model's device sums since the last read): the auxiliary losses
+// averaged over microbatches and MoE layers, and the tokens per expert per iteration (min / mean / max over
+// layers x experts), the same figures on each of those steps' reports (the log averages them over its interval).
+void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
+  const CudaGPT& m = *model_;
+  const int64_t layers = m.moe_layer_count(), E = m.dims().experts;
+  if (layers == 0 || out.empty()) {
+    moe_microbatches_ = 0;
+    return;
+  }
+  std::vector<float> acc(static_cast<size_t>(layers * (2 + E)));
+  MT_CUDA_CHECK(cudaMemcpy(acc.data(), m.moe_stats(), acc.size() * 4, cudaMemcpyDeviceToHost));
+  model_->zero_moe_stats();
+  const double mbs = static_cast<double>(std::max<int64_t>(1, moe_microbatches_)), steps = static_cast<double>(out.size());
+  moe_microbatches_ = 0;
+  double aux = 0, z = 0, lo = 1e300, hi = 0, sum = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const float* row = acc.data() + l * (2 + E);
+    aux += row[0];
+    z += row[1];
+    for (int64_t e = 0; e < E; ++e) {
+      const double t = row[2 + e] / steps;
+      lo = std::min(lo, t);
+      hi = std::max(hi, t);
+      sum += t;
+    }
+  }
+  const auto& moe = cfg_.moe;
+  std::vector<std::pair<std::string, double>> losses;
+  if (moe.moe_router_load_balancing_type == "aux_loss" && moe.moe_aux_loss_coeff > 0) {
+    losses.emplace_back("load_balancing_loss", aux / (mbs * static_cast<double>(layers)));
+  }
+  if (moe.moe_z_loss_coeff.value_or(0.0) > 0) losses.emplace_back("z_loss", z / (mbs * static_cast<double>(layers)));
+  for (StepReport& r : out) {
+    r.moe_losses = losses;
+    r.expert_tokens_min = lo;
+    r.expert_tokens_max = hi;
+    r.expert_tokens_mean = sum / static_cast<double>(layers * E);
+    r.dropped_fraction = 0;  // dropless on this engine
+  }
 }
 
 // The fp32 master weights, through the gradient-norm kernel's partial sums (the device is drained here, and

@@ -245,6 +245,38 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
   }
 }
 
+// MoE layers on one GPU (every expert local) against the CPU engine: the loss curve, the load-balancing and
+// z-losses of every iteration (bf16 tolerance) and the tokens per expert the router sends.
+const char* const kMoe = MT_PLAIN_BATCH "--train-iters 30 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 "
+                                        "--moe-z-loss-coeff 1e-3 ";
+void test_moe_training(const std::string& model, const std::string& extra) {
+  const mt::Config cfg = make_config(model, std::string(kMoe) + extra);
+  mt::TrainOptions quiet{true, 0};
+  try {
+    const auto cpu = mt::train(cfg, mt::ProcessGroups::single(), quiet);
+    const auto gpu = mt::train_cuda(cfg, mt::ProcessGroups::single(), quiet);
+    double worst = 0, worst_aux = 0;
+    bool ok = cpu.losses.size() == gpu.losses.size() && !cpu.losses.empty() && cpu.moe_losses.size() == gpu.moe_losses.size() &&
+              !gpu.moe_losses.empty();
+    for (size_t i = 0; ok && i < cpu.losses.size(); ++i) worst = std::max(worst, std::fabs(gpu.losses[i] - cpu.losses[i]) / std::fabs(cpu.losses[i]));
+    for (size_t i = 0; ok && i < cpu.moe_losses.size(); ++i) {
+      ok = cpu.moe_losses[i].size() == gpu.moe_losses[i].size();
+      for (size_t j = 0; ok && j < cpu.moe_losses[i].size(); ++j) {
+        const double a = gpu.moe_losses[i][j].second, b = cpu.moe_losses[i][j].second;
+        worst_aux = std::max(worst_aux, std::fabs(a - b) / std::max(1e-12, std::fabs(b)));
+      }
+    }
+    const double drop = ok ? gpu.losses.front() - gpu.losses.back() : 0;
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "MoE training %s %s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst gap %.2e, aux / z losses %.2e apart",
+                  model.c_str(), extra.c_str(), gpu.losses.size(), ok ? cpu.losses.front() : 0.0, ok ? cpu.losses.back() : 0.0,
+                  ok ? gpu.losses.front() : 0.0, ok ? gpu.losses.back() : 0.0, worst, worst_aux);
+    check(ok && worst < 2e-2 && worst_aux < 3e-2 && drop > 0.1 && gpu.skipped == 0, buf);
+  } catch (const std::exception& e) {
+    check(false, "MoE training " + model + ": " + e.what());
+  }
+}
+
 // Several microbatches in flight on the CUDA model (what pipeline schedules need): F0 F1 F2 into three
 // activation slots, then B2 B1 B0, gives the gradients of F0 B0 F1 B1 F2 B2 in one slot (up to the order of
 // the fp32 accumulation and cuDNN's atomic dQ) and the CPU engine's (bf16 tolerance), and the same losses.
@@ -654,6 +686,10 @@ int main() {
   test_training("gpt", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_training("llama", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_fp16_dynamic_scale();
+  test_moe_training("llama", "");
+  test_moe_training("llama-recompute", "--moe-router-pre-softmax --moe-router-topk-scaling-factor 1.5 ");
+  test_moe_training("llama", "--moe-router-score-function sigmoid --moe-layer-freq [0,1] ");
+  test_moe_training("gpt", "--disable-bias-linear ");  // GELU experts
   test_in_flight("gpt");
   test_in_flight("llama-recompute");
   test_pipeline_stages("llama", "");

@@ -55,8 +55,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       hidden_dropout_(static_cast<float>(cfg.model.hidden_dropout)) {
   const ModelDims& D = D_;
   if (max_in_flight < 1) throw std::logic_error("CudaGPT: max_in_flight must be at least 1");
-  // Its layer offsets and buckets assume one flat range of dense parameters (the MoE layer is CPU-only so far).
-  if (layout.has_experts() || cfg.moe.num_experts) throw std::logic_error("CudaGPT: no MoE layer on the CUDA engine yet");
+  // MoE on one GPU (the experts all local: no TP, EP or expert-TP on this engine yet; refused by name before here).
+  if (cfg.moe.num_experts && (D.tp > 1 || D.ep > 1 || D.etp > 1)) throw std::logic_error("CudaGPT: MoE layers on one TP / EP rank only");
   if (D.tp > 1) {
     tp_ = tp;
     tp_size_ = D.tp;
@@ -143,15 +143,43 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     lw.qn_b = offset(ly.q_norm_b);
     lw.kn_w = offset(ly.k_norm_w);
     lw.kn_b = offset(ly.k_norm_b);
+    int64_t lo = numel_, hi = 0;  // the layer's dense parameters (an MoE layer's experts sit in the expert range)
     for (size_t i = ly.first; i < ly.end; ++i) {
       if (layout.info(i).tp_replicated()) layer_replicated_[static_cast<size_t>(l)].emplace_back(layout.info(i).offset, layout.info(i).numel);
+      if (layout.info(i).grad_group != GradGroup::kDense) continue;
+      lo = std::min(lo, layout.info(i).offset);
+      hi = std::max(hi, layout.info(i).offset + layout.info(i).numel);
     }
-    layer_start_.push_back(layout.info(ly.first).offset);
-    layer_end_.push_back(layout.info(ly.end - 1).offset + layout.info(ly.end - 1).numel);
+    layer_start_.push_back(lo);
+    layer_end_.push_back(hi);
+    if (ly.moe) {
+      lw.moe = true;
+      lw.router_w = offset(ly.router_w);
+      for (const auto& ex : ly.experts) {
+        lw.expert_fc1.push_back(offset(ex.fc1_w));
+        lw.expert_fc2.push_back(offset(ex.fc2_w));
+      }
+      lw.moe_index = moe_layers_++;
+    }
   }
   embed_end_ = pre_ ? layout.info(where.embedding_end - 1).offset + layout.info(where.embedding_end - 1).numel : 0;
   for (size_t i : {where.final_norm_w, where.final_norm_b}) {
     if (i != kNoParam) final_replicated_.emplace_back(layout.info(i).offset, layout.info(i).numel);
+  }
+  if (moe_layers_ > 0) {
+    const MoeConfig& m = cfg.moe;
+    experts_ = D.experts;
+    topk_ = D.topk;
+    F_moe_ = D.F_moe_local;
+    moe_sigmoid_ = m.moe_router_score_function == "sigmoid";
+    moe_pre_softmax_ = m.moe_router_pre_softmax;
+    moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
+    moe_aux_ = m.moe_router_load_balancing_type == "aux_loss" && m.moe_aux_loss_coeff > 0;
+    moe_aux_coeff_ = static_cast<float>(m.moe_aux_loss_coeff);
+    moe_z_coeff_ = static_cast<float>(m.moe_z_loss_coeff.value_or(0.0));
+    const size_t acc = static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4;
+    moe_acc_ = static_cast<float*>(alloc(acc));
+    MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, acc, stream_));
   }
   if (D.rope) {
     const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base));
@@ -213,6 +241,19 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     r.rstd2 = f32(1, rows_l);
     r.fc1 = b16(F1);
     r.act = b16(F);
+    if (moe_layers_ > 0) {
+      const double k = static_cast<double>(topk_);
+      const int64_t Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
+      r.logits = f32(experts_);
+      r.route_weight = f32(1, k);
+      r.top = reinterpret_cast<int32_t*>(f32(1, k));
+      r.row = reinterpret_cast<int32_t*>(f32(1, k));
+      r.ex_rows = b16(h, k);
+      r.ex_fc1 = b16(F1m, k);
+      r.ex_act = b16(Fm, k);
+      r.ex_out = b16(h, k);
+      r.aux_dscale = static_cast<float*>(alloc(static_cast<size_t>(experts_) * 4));
+    }
     if (D.qk_norm) {
       r.q_pre = b16(Hd);
       r.k_pre = b16(KVd);
@@ -290,6 +331,25 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     s.dv = b16(KVd);
     if (D.swiglu) s.dact = b16(F);
     s.dfc1 = b16(F1);
+    if (moe_layers_ > 0) {
+      const double k = static_cast<double>(topk_);
+      const int64_t Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
+      s.ex_dout = b16(h, k);
+      s.ex_dact = b16(Fm, k);
+      s.ex_dfc1 = b16(F1m, k);
+      s.ex_din = b16(h, k);
+      s.dlogits = f32(experts_);
+      s.dweight = f32(1, k);
+      s.scores = f32(experts_);
+      s.zsum = static_cast<float*>(alloc(static_cast<size_t>(T + 1) * 4));  // the sum, then each token's lse^2
+      s.probsum = static_cast<float*>(alloc(static_cast<size_t>(experts_) * 4));
+      s.counts = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_) * 4));
+      s.counts_aux = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_) * 4));
+      s.offsets = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_ + 1) * 4));
+      void* pinned = nullptr;
+      MT_CUDA_CHECK(cudaMallocHost(&pinned, static_cast<size_t>(experts_) * 4));
+      s.counts_host = static_cast<int32_t*>(pinned);
+    }
     if (D.qk_norm) {
       s.dq_pre = b16(Hd);
       s.dk_pre = b16(KVd);
@@ -407,6 +467,7 @@ void CudaGPT::agree_over_tp(bool mine, const char* env) {
 
 CudaGPT::~CudaGPT() {
   for (void* p : owned_) cudaFree(p);
+  if (s_ && s_->counts_host) cudaFreeHost(s_->counts_host);
   if (fork_ev_) cudaEventDestroy(fork_ev_);
   if (join_ev_) cudaEventDestroy(join_ev_);
   if (proj_done_ev_) cudaEventDestroy(proj_done_ev_);
@@ -420,6 +481,10 @@ CudaGPT::~CudaGPT() {
     cuda::GemmLt::instance().release_workspace(wgrad_stream_);
     cudaStreamDestroy(wgrad_stream_);
   }
+}
+
+void CudaGPT::zero_moe_stats() {
+  if (moe_acc_) MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4, stream_));
 }
 
 void CudaGPT::refresh_working() {

@@ -48,6 +48,8 @@ struct DeviceMicrobatch {
   // Hidden dropout (training only; null: none): the mask keys [B, 1 + 2L] of each sample, from
   // dropout_key(): the embedding output, then per layer the attention block's and the MLP's output.
   const uint64_t* drop_keys = nullptr;
+  // MoE: the scale of the auxiliary losses' gradients (the lm loss's per-microbatch share: 1 / microbatches).
+  float aux_grad_scale = 0;
 };
 
 class CudaGPT {
@@ -128,6 +130,12 @@ class CudaGPT {
   bool split_all_to_all() const { return all_to_all_; }
   // Refreshes the 16-bit working copy from the fp32 master weights (after loading; needs the master).
   void refresh_working();
+  // MoE: the statistics the training forwards added since the last zeroing, per MoE layer of the stage (rows of
+  // 2 + E floats: the load-balancing loss without its coefficient, the z-loss's mean lse^2, then the tokens each
+  // expert kept), on the device; nullptr without MoE layers.
+  const float* moe_stats() const { return moe_acc_; }
+  int64_t moe_layer_count() const { return moe_layers_; }
+  void zero_moe_stats();
 
  private:
   struct LayerW;
@@ -167,6 +175,11 @@ class CudaGPT {
   // The positions in the layers' row order (half-major under split SP, else the micro batch's own).
   const int32_t* layer_positions(const DeviceMicrobatch& mb) const;
   void layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  // MoE layer l: from r.xn2 to s_->delta (the combined experts' output), and from the output gradient dy [T, h]
+  // to s_->dxn (gpt_cuda_moe.cpp). The forward's row counts per expert wait for the device (as Megatron's dropless
+  // dispatch): the expert GEMMs' sizes.
+  void moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  void moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const cuda::bf16* dy);
   Record& act(int64_t l);  // layer l's activations (the shared recompute record for a recomputed layer)
   cuda::bf16* gather_layer_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
   // The activations of a microbatch in flight: every layer's record and what the output layer's backward reads
@@ -299,6 +312,13 @@ class CudaGPT {
   }
   bool final_backward_ = false;
   void* alloc(size_t bytes);
+  // MoE: the router's settings, the losses' coefficients, whether this forward adds to the statistics (a training
+  // forward, not a recompute), and the statistics.
+  int64_t moe_layers_ = 0, experts_ = 0, topk_ = 0, F_moe_ = 0;
+  bool moe_sigmoid_ = false, moe_pre_softmax_ = false, moe_aux_ = false;
+  float moe_scaling_ = 1, moe_aux_coeff_ = 0, moe_z_coeff_ = 0;
+  bool moe_record_stats_ = false;
+  float* moe_acc_ = nullptr;
 };
 
 }  // namespace mt

@@ -71,6 +71,10 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
                                                   .delta = attn, .w = w(lw.ln2_w), .b = w(lw.ln2_b), .rows = Tl, .width = h, .eps = D.eps,
                                                   .rms = D.rms, .type = dt_, .res16 = res16_, .dropout = drop(mb, attn_site(first_layer_ + l), row0(T))}, stream_));
   gather_rows(s.xn_l, r.xn2, T);
+  if (lw.moe) {
+    moe_forward(l, r, mb);
+    return combine_rows(s.delta, s.delta_l, T);
+  }
   if (D.swiglu) {
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, ab_, ab_, w(lw.fc1_b), stream_));
     MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_, dt_));
@@ -94,30 +98,35 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   // MLP
   const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
+  Slot* const defer = defer_into_;  // B only: the weight gradients' inputs saved for backward_weights
+  // Row-parallel biases: under SP their gradient is this rank's rows' (summed over TP later), not all of dy's.
+  const bool fuse_row = bgrad_epilogue_ && !sp_;
+  // Without the epilogue the bias gradient kernel stays on the compute stream (its temporaries come from the
+  // caching allocator, which assumes that stream).
+  cudaStream_t ws = stream_;
+  if (lw.moe) {
+    if (defer) throw std::logic_error("CUDA model: an MoE layer's weight gradients do not run apart yet");
+    moe_backward(l, r, mb, dy);
+  } else {
   if (D.swiglu) {
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, ab_, ab_, nullptr, stream_));
   } else {  // the GELU backward in the epilogue: straight to d(fc1 output)
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dfc1, F, ab_, ab_, nullptr, stream_,
                                              {cuda::GemmEpilogue::kDGelu, r.fc1, F}));
   }
-  // Row-parallel biases: under SP their gradient is this rank's rows' (summed over TP later), not all of dy's.
-  const bool fuse_row = bgrad_epilogue_ && !sp_;
-  Slot* const defer = defer_into_;  // B only: the weight gradients' inputs saved for backward_weights
   if (defer) save_for_weights(defer->dy_mlp, l, dy, h, T);
   if (!defer) wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
   // (A row-parallel bias not from the epilogue takes this rank's rows: in the backward itself, deferred or not.)
   if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
   MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
-  // Without the epilogue the bias gradient kernel stays on the compute stream (its temporaries come from the
-  // caching allocator, which assumes that stream).
-  cudaStream_t ws = stream_;
   if (defer) {
     save_for_weights(defer->dfc1, l, s.dfc1, F1, T);
   } else {
     if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_, dt_));
     ws = fork_wgrad();
     wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
+  }
   }
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lw.ln2_w), .db = g(lw.ln2_b), .dy = dmlp, .x = r.x_mid,

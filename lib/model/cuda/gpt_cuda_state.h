@@ -2,6 +2,8 @@
 // record, the shared scratch buffers), shared by the files that implement CudaGPT. Not for other users.
 #pragma once
 
+#include <vector>
+
 #include "model/cuda/gpt_cuda.h"
 
 namespace mt {
@@ -11,6 +13,11 @@ struct CudaGPT::LayerW {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
   int64_t qn_w = -1, qn_b = -1, kn_w = -1, kn_b = -1;  // --qk-layernorm
+  // An MoE layer: the router [E, h] and each expert's fc1 ([2F, h] with SwiGLU: gate and up) and fc2 [h, F].
+  bool moe = false;
+  int64_t router_w = -1;
+  std::vector<int64_t> expert_fc1, expert_fc2;
+  int64_t moe_index = -1;  // its place among the stage's MoE layers (the statistics' rows)
 };
 
 struct CudaGPT::Record {
@@ -21,6 +28,13 @@ struct CudaGPT::Record {
   // --qk-layernorm: the query and key heads before their norm, and its statistics per (token, head).
   bf16 *q_pre = nullptr, *k_pre = nullptr;
   float *qn_mean = nullptr, *qn_rstd = nullptr, *kn_mean = nullptr, *kn_rstd = nullptr;
+  // MoE (the model has MoE layers): the router's logits [T, E], the choices top [T, k] with their weights and rows
+  // [T, k], the experts' rows (expert-major) [T k, h], fc1 outputs [T k, F1], activations [T k, F], outputs [T k, h],
+  // the aux loss's gradient per score [E], and the rows per expert (host, from the forward).
+  float *logits = nullptr, *route_weight = nullptr, *aux_dscale = nullptr;
+  int32_t *top = nullptr, *row = nullptr;
+  bf16 *ex_rows = nullptr, *ex_fc1 = nullptr, *ex_act = nullptr, *ex_out = nullptr;
+  std::vector<int32_t> per_expert;
 };
 
 // [T, .] unless marked [Tl, .]; the *_l buffers exist under sequence parallelism only.
@@ -37,6 +51,12 @@ struct CudaGPT::Scratch {
   float* norm_part = nullptr;  // the split TP backward: its norms' weight-gradient partial sums (on tp_stream_)
   int32_t* half_pos = nullptr;  // the split layers under SP: the positions in half-major row order [T]
   bf16* parts = nullptr;  // the split layers under SP: each half's all-to-all of the ranks' partial sums of this rank's piece [T, h]
+  // MoE: the experts' output and input gradients [T k, .], the router's [T, E] and the weights' [T, k], the aux
+  // statistics (scores [T, E], counts, score sums, the z-loss's sum then each token's lse^2 [1 + T]), the rows per
+  // expert and their offsets, and a pinned host copy of the counts.
+  bf16 *ex_dout = nullptr, *ex_dact = nullptr, *ex_dfc1 = nullptr, *ex_din = nullptr;
+  float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
+  int32_t *counts = nullptr, *counts_aux = nullptr, *offsets = nullptr, *counts_host = nullptr;
 };
 
 }  // namespace mt

@@ -134,6 +134,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
                                       static_cast<size_t>(tp_size_), cudaMemcpyDeviceToDevice, stream_));
     }
   }
+  moe_record_stats_ = grad_scale > 0.0f;  // the MoE statistics of training forwards (not evaluation, not a recompute)
   // Forward
   need_params(embed_end_);
   if (pre_) {
@@ -188,6 +189,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
     MT_PROF("loss.sum", cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_));
   }
   slots_[static_cast<size_t>(slot)].forwarded = grad_scale > 0.0f;
+  moe_record_stats_ = false;
 }
 
 void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* output_grad, float* input_grad, bool defer_weights) {

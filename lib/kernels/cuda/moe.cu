@@ -1,0 +1,363 @@
+// moe.cu (CUDA): see moe.h.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "kernels/cuda/bf16_common.cuh"
+#include "kernels/cuda/moe.h"
+#include "tensor/cuda/cuda_check.h"
+
+namespace mt::cuda {
+namespace {
+
+constexpr int kMaxExperts = 256;
+
+__device__ __forceinline__ float sigm(float x) { return static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(x)))); }
+
+// The top k of v[0..E) (descending, ties to the lower index) into idx.
+__device__ void top_k(const float* v, int E, int k, int32_t* idx) {
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken = taken || idx[i] == e;
+      if (taken) continue;
+      if (best < 0 || v[e] > v[best]) best = e;
+    }
+    idx[j] = best;
+  }
+}
+
+__global__ void logits_kernel(float* logits, const __nv_bfloat16* xn, const __nv_bfloat16* w, int64_t T, int64_t E, int64_t h) {
+  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (warp >= T * E) return;
+  const int64_t t = warp / E, e = warp % E;
+  float s = 0.0f;
+  for (int64_t i = lane; i < h; i += 32) s += __bfloat162float(xn[t * h + i]) * __bfloat162float(w[e * h + i]);
+  s = warp_sum(s);
+  if (lane == 0) logits[t * E + e] = s;
+}
+
+__global__ void route_kernel(int32_t* top, float* weight, const float* logits, MoeRouting r) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= r.tokens) return;
+  const int E = static_cast<int>(r.experts), k = static_cast<int>(r.topk);
+  const float* x = logits + t * E;
+  float scores[kMaxExperts];
+  if (r.sigmoid) {
+    for (int e = 0; e < E; ++e) scores[e] = sigm(x[e]);
+  } else if (r.pre_softmax) {
+    float mx = x[0];
+    for (int e = 1; e < E; ++e) mx = fmaxf(mx, x[e]);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += exp(static_cast<double>(x[e] - mx));
+    for (int e = 0; e < E; ++e) scores[e] = static_cast<float>(exp(static_cast<double>(x[e] - mx)) / sum);
+  } else {
+    for (int e = 0; e < E; ++e) scores[e] = x[e];
+  }
+  int32_t* idx = top + t * k;
+  top_k(scores, E, k, idx);
+  float* w = weight + t * k;
+  if (r.sigmoid) {
+    double sum = 0;
+    for (int j = 0; j < k; ++j) sum += scores[idx[j]];
+    for (int j = 0; j < k; ++j) w[j] = k > 1 ? static_cast<float>(scores[idx[j]] / (sum + 1e-20)) : scores[idx[j]];
+  } else if (r.pre_softmax) {
+    for (int j = 0; j < k; ++j) w[j] = scores[idx[j]];
+  } else {
+    float mx = scores[idx[0]];
+    for (int j = 1; j < k; ++j) mx = fmaxf(mx, scores[idx[j]]);
+    double sum = 0;
+    for (int j = 0; j < k; ++j) sum += exp(static_cast<double>(scores[idx[j]] - mx));
+    for (int j = 0; j < k; ++j) w[j] = static_cast<float>(exp(static_cast<double>(scores[idx[j]] - mx)) / sum);
+  }
+  for (int j = 0; j < k; ++j) w[j] *= r.scaling;
+}
+
+// One block: warp w counts, then places, the choices of experts w, w + warps, ... in token order.
+__global__ void permute_kernel(int32_t* row, int32_t* counts, int32_t* offsets, const int32_t* top, int64_t n, int64_t E) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int64_t e = warp; e < E; e += warps) {
+    int32_t c = 0;
+    for (int64_t base = 0; base < n; base += 32) {
+      const bool mine = base + lane < n && top[base + lane] == e;
+      c += __popc(__ballot_sync(0xffffffffu, mine));
+    }
+    if (lane == 0) counts[e] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t off = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      offsets[e] = off;
+      off += counts[e];
+    }
+    offsets[E] = off;
+  }
+  __syncthreads();
+  for (int64_t e = warp; e < E; e += warps) {
+    int32_t at = offsets[e];
+    for (int64_t base = 0; base < n; base += 32) {
+      const bool mine = base + lane < n && top[base + lane] == e;
+      const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+      if (mine) row[base + lane] = at + __popc(ballot & ((1u << lane) - 1u));
+      at += __popc(ballot);
+    }
+  }
+}
+
+__global__ void gather_kernel(__nv_bfloat16* rows, const __nv_bfloat16* xn, const int32_t* row, int64_t n, int64_t k, int64_t h) {
+  const int64_t i = blockIdx.x;  // one (token, slot) per block
+  if (i >= n) return;
+  const __nv_bfloat16* src = xn + (i / k) * h;
+  __nv_bfloat16* dst = rows + static_cast<int64_t>(row[i]) * h;
+  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) dst[c] = src[c];
+}
+
+__global__ void combine_kernel(__nv_bfloat16* out, const __nv_bfloat16* y, const int32_t* row, const float* weight, int64_t T, int64_t k, int64_t h) {
+  const int64_t t = blockIdx.x;
+  if (t >= T) return;
+  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < k; ++j) s += weight[t * k + j] * __bfloat162float(y[static_cast<int64_t>(row[t * k + j]) * h + c]);
+    out[t * h + c] = __float2bfloat16(s);
+  }
+}
+
+__global__ void combine_backward_kernel(__nv_bfloat16* dy_rows, float* dweight, const __nv_bfloat16* dout, const __nv_bfloat16* y, const int32_t* row,
+                                        const float* weight, int64_t n, int64_t k, int64_t h) {
+  const int64_t i = blockIdx.x;  // one (token, slot)
+  if (i >= n) return;
+  const int64_t t = i / k, r = row[i];
+  const float w = weight[i];
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+    const float d = __bfloat162float(dout[t * h + c]);
+    dy_rows[r * h + c] = __float2bfloat16(w * d);
+    s += __bfloat162float(y[r * h + c]) * d;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) dweight[i] = s;
+}
+
+// One thread per token: the aux scores, their plain top-k counts (integer atomics: exact), the token's lse^2.
+__global__ void aux_scores_kernel(float* scores, int32_t* counts_aux, float* lse2, const float* logits, MoeRouting r) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= r.tokens) return;
+  const int E = static_cast<int>(r.experts);
+  const float* x = logits + t * E;
+  float* s = scores + t * E;
+  float mx = x[0];
+  for (int e = 1; e < E; ++e) mx = fmaxf(mx, x[e]);
+  double sum = 0;
+  for (int e = 0; e < E; ++e) sum += exp(static_cast<double>(x[e] - mx));
+  const double lse = mx + log(sum);
+  lse2[t] = static_cast<float>(lse * lse);
+  if (r.sigmoid) {
+    double tot = 1e-20;
+    for (int e = 0; e < E; ++e) tot += (s[e] = sigm(x[e]));
+    for (int e = 0; e < E; ++e) s[e] = static_cast<float>(s[e] / tot);
+  } else {
+    for (int e = 0; e < E; ++e) s[e] = static_cast<float>(exp(static_cast<double>(x[e] - mx)) / sum);
+  }
+  int32_t idx[kMaxExperts];
+  top_k(s, E, static_cast<int>(r.topk), idx);
+  for (int j = 0; j < r.topk; ++j) atomicAdd(&counts_aux[idx[j]], 1);
+}
+
+// Block e (< E) sums expert e's scores over the tokens; block E sums lse^2: fixed orders.
+__global__ void column_sums_kernel(float* probsum, float* z, const float* scores, const float* lse2, int64_t T, int64_t E) {
+  const int64_t e = blockIdx.x;
+  float s = 0.0f;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) s += e < E ? scores[t * E + e] : lse2[t];
+  s = block_sum(s);
+  if (threadIdx.x == 0) {
+    if (e < E) probsum[e] = s;
+    else z[0] = s;
+  }
+}
+
+__global__ void aux_finish_kernel(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts,
+                                  float coeff, bool aux, bool zloss, int64_t T, int64_t E, int64_t k) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  const double C = static_cast<double>(E) / (static_cast<double>(k) * static_cast<double>(T) * static_cast<double>(T));
+  if (aux) {
+    double value = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      value += static_cast<double>(probsum[e]) * counts_aux[e];
+      dscale[e] = static_cast<float>(coeff * C * counts_aux[e]);
+    }
+    if (acc) acc[0] += static_cast<float>(C * value);
+  }
+  if (!acc) return;
+  if (zloss) acc[1] += z[0] / static_cast<float>(T);
+  for (int64_t e = 0; e < E; ++e) acc[2 + e] += static_cast<float>(counts[e]);
+}
+
+__global__ void router_backward_kernel(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,
+                                       float grad_scale, MoeRouting r) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= r.tokens) return;
+  const int E = static_cast<int>(r.experts), k = static_cast<int>(r.topk);
+  const float* x = logits + t * E;
+  float* dx = dlogits + t * E;
+  const int32_t* idx = top + t * k;
+  for (int e = 0; e < E; ++e) dx[e] = 0.0f;
+  double dp[kMaxExperts];
+  for (int j = 0; j < k; ++j) dp[j] = static_cast<double>(dweight[t * k + j]) * r.scaling;
+  // Through the routing weights (router.cpp's route_topk_backward).
+  if (r.sigmoid) {
+    double s[kMaxExperts];
+    for (int j = 0; j < k; ++j) s[j] = sigm(x[idx[j]]);
+    if (k > 1) {
+      double sum = 1e-20, dot = 0;
+      for (int j = 0; j < k; ++j) sum += s[j];
+      for (int j = 0; j < k; ++j) dot += dp[j] * s[j];
+      for (int j = 0; j < k; ++j) dp[j] = dp[j] / sum - dot / (sum * sum);
+    }
+    for (int j = 0; j < k; ++j) dx[idx[j]] += static_cast<float>(dp[j] * s[j] * (1.0 - s[j]));
+  } else if (r.pre_softmax) {
+    float mx = x[0];
+    for (int e = 1; e < E; ++e) mx = fmaxf(mx, x[e]);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += exp(static_cast<double>(x[e] - mx));
+    double dot = 0;
+    for (int j = 0; j < k; ++j) dot += dp[j] * (exp(static_cast<double>(x[idx[j]] - mx)) / sum);
+    for (int e = 0; e < E; ++e) dx[e] = static_cast<float>(-(exp(static_cast<double>(x[e] - mx)) / sum) * dot);
+    for (int j = 0; j < k; ++j) dx[idx[j]] += static_cast<float>((exp(static_cast<double>(x[idx[j]] - mx)) / sum) * dp[j]);
+  } else {
+    float mx = x[idx[0]];
+    for (int j = 1; j < k; ++j) mx = fmaxf(mx, x[idx[j]]);
+    double sum = 0;
+    for (int j = 0; j < k; ++j) sum += exp(static_cast<double>(x[idx[j]] - mx));
+    double dot = 0;
+    for (int j = 0; j < k; ++j) dot += dp[j] * (exp(static_cast<double>(x[idx[j]] - mx)) / sum);
+    for (int j = 0; j < k; ++j) {
+      const double p = exp(static_cast<double>(x[idx[j]] - mx)) / sum;
+      dx[idx[j]] += static_cast<float>(p * (dp[j] - dot));
+    }
+  }
+  if (!dscale && z_coeff <= 0.0f) return;
+  float mx = x[0];
+  for (int e = 1; e < E; ++e) mx = fmaxf(mx, x[e]);
+  double sum = 0;
+  for (int e = 0; e < E; ++e) sum += exp(static_cast<double>(x[e] - mx));
+  const double lse = mx + log(sum);
+  if (dscale) {  // through the aux scores (router.cpp's aux_scores_backward)
+    if (r.sigmoid) {
+      double sg[kMaxExperts], tot = 1e-20, dot = 0;
+      for (int e = 0; e < E; ++e) tot += (sg[e] = sigm(x[e]));
+      for (int e = 0; e < E; ++e) dot += static_cast<double>(dscale[e]) * sg[e];
+      for (int e = 0; e < E; ++e) {
+        const double ds = dscale[e] / tot - dot / (tot * tot);
+        dx[e] += static_cast<float>(grad_scale * ds * sg[e] * (1.0 - sg[e]));
+      }
+    } else {
+      double dot = 0;
+      for (int e = 0; e < E; ++e) dot += static_cast<double>(dscale[e]) * exp(static_cast<double>(x[e]) - lse);
+      for (int e = 0; e < E; ++e) {
+        const double p = exp(static_cast<double>(x[e]) - lse);
+        dx[e] += static_cast<float>(grad_scale * p * (dscale[e] - dot));
+      }
+    }
+  }
+  if (z_coeff > 0.0f) {
+    const double zs = static_cast<double>(z_coeff) / static_cast<double>(r.tokens) * grad_scale;
+    for (int e = 0; e < E; ++e) dx[e] += static_cast<float>(zs * 2.0 * lse * exp(static_cast<double>(x[e]) - lse));
+  }
+}
+
+__global__ void input_backward_kernel(__nv_bfloat16* dxn, const __nv_bfloat16* drows, const int32_t* row, const float* dlogits, const __nv_bfloat16* w,
+                                      int64_t T, int64_t E, int64_t k, int64_t h) {
+  const int64_t t = blockIdx.x;
+  if (t >= T) return;
+  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < k; ++j) s += __bfloat162float(drows[static_cast<int64_t>(row[t * k + j]) * h + c]);
+    for (int64_t e = 0; e < E; ++e) s += dlogits[t * E + e] * __bfloat162float(w[e * h + c]);
+    dxn[t * h + c] = __float2bfloat16(s);
+  }
+}
+
+// Block (e, column chunk of 32): dw[e, c] += sum over t of dlogits[t, e] xn[t, c], one thread per column.
+__global__ void router_wgrad_kernel(float* dw, const float* dlogits, const __nv_bfloat16* xn, int64_t T, int64_t E, int64_t h) {
+  const int64_t e = blockIdx.y, c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= h) return;
+  float s = 0.0f;
+  for (int64_t t = 0; t < T; ++t) s += dlogits[t * E + e] * __bfloat162float(xn[t * h + c]);
+  dw[e * h + c] += s;
+}
+
+const __nv_bfloat16* B(const bf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
+__nv_bfloat16* B(bf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+unsigned blocks(int64_t n, int64_t per) { return static_cast<unsigned>((n + per - 1) / per); }
+
+}  // namespace
+
+void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st) {
+  logits_kernel<<<blocks(r.tokens * r.experts * 32, 256), 256, 0, st>>>(logits, B(xn), B(w), r.tokens, r.experts, r.hidden);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st) {
+  if (r.experts > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
+  route_kernel<<<blocks(r.tokens, 128), 128, 0, st>>>(top, weight, logits, r);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, const int32_t* top, const MoeRouting& r, cudaStream_t st) {
+  permute_kernel<<<1, 1024, 0, st>>>(row, counts, offsets, top, r.tokens * r.topk, r.experts);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st) {
+  gather_kernel<<<static_cast<unsigned>(r.tokens * r.topk), 128, 0, st>>>(B(rows), B(xn), row, r.tokens * r.topk, r.topk, r.hidden);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_combine(bf16* out, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r, cudaStream_t st) {
+  combine_kernel<<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(out), B(y), row, weight, r.tokens, r.topk, r.hidden);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_combine_backward(bf16* dy_rows, float* dweight, const bf16* dout, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r,
+                          cudaStream_t st) {
+  combine_backward_kernel<<<static_cast<unsigned>(r.tokens * r.topk), 128, 0, st>>>(B(dy_rows), dweight, B(dout), B(y), row, weight, r.tokens * r.topk,
+                                                                                     r.topk, r.hidden);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_aux_stats(float* scores, int32_t* counts_aux, float* probsum, float* z, const float* logits, const MoeRouting& r, cudaStream_t st) {
+  MT_CUDA_CHECK(cudaMemsetAsync(counts_aux, 0, static_cast<size_t>(r.experts) * 4, st));
+  float* lse2 = z + 1;  // z: [1 + T] (the sum, then each token's lse^2)
+  aux_scores_kernel<<<blocks(r.tokens, 128), 128, 0, st>>>(scores, counts_aux, lse2, logits, r);
+  MT_CUDA_CHECK(cudaGetLastError());
+  column_sums_kernel<<<static_cast<unsigned>(r.experts + 1), 256, 0, st>>>(probsum, z, scores, lse2, r.tokens, r.experts);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_aux_finish(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
+                    bool aux, bool zloss, const MoeRouting& r, cudaStream_t st) {
+  aux_finish_kernel<<<1, 32, 0, st>>>(dscale, acc, counts_aux, probsum, z, counts, aux_coeff, aux, zloss, r.tokens, r.experts, r.topk);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_router_backward(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,
+                         float grad_scale, const MoeRouting& r, cudaStream_t st) {
+  router_backward_kernel<<<blocks(r.tokens, 128), 128, 0, st>>>(dlogits, logits, top, dweight, dscale, z_coeff, grad_scale, r);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st) {
+  input_backward_kernel<<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(dxn), B(drows), row, dlogits, B(w), r.tokens, r.experts, r.topk, r.hidden);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_router_wgrad(float* dw, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st) {
+  const dim3 grid(blocks(r.hidden, 128), static_cast<unsigned>(r.experts));
+  router_wgrad_kernel<<<grid, 128, 0, st>>>(dw, dlogits, B(xn), r.tokens, r.experts, r.hidden);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,53 @@
+// moe.h (CUDA): the MoE layer's kernels on the CUDA engine (bf16 activations, fp32 router math), computed as the
+// CPU engine's kernels/cpu/router.cpp and model/cpu/moe_unit.cpp do: the router's logits, the top-k choice and
+// weights (softmax after or before the choice, or sigmoid; scaled), the load-balancing scores and counts, the
+// deterministic permutation of the choices into expert-major rows (each expert's rows in token order), the
+// gather and the weighted combine, and each one's backward. Every sum runs in a fixed order (no float atomics).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_fwd.h"
+
+namespace mt::cuda {
+
+struct MoeRouting {
+  int64_t tokens = 0, experts = 0, topk = 1, hidden = 0;
+  bool sigmoid = false, pre_softmax = false;
+  float scaling = 1.0f;
+};
+
+// logits[T, E] (fp32) = xn[T, h] w[E, h]^T, accumulated in fp32.
+void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st);
+// top[T, k] (descending, ties to the lower expert) and weight[T, k].
+void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st);
+// The choices' rows: counts[E] per expert, offsets[E + 1], row[T * k] (expert-major, each expert's choices in
+// token order).
+void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, const int32_t* top, const MoeRouting& r, cudaStream_t st);
+// rows[row[t k + j]] = xn[t].
+void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st);
+// out[t] = sum_j weight[t, j] y[row[t k + j]] (fp32 sums, in slot order).
+void moe_combine(bf16* out, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r, cudaStream_t st);
+// dy_rows[row] = weight x dout[t]; dweight[t, j] = <y[row], dout[t]>.
+void moe_combine_backward(bf16* dy_rows, float* dweight, const bf16* dout, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r,
+                          cudaStream_t st);
+// The load-balancing statistics of the aux loss: scores[T, E] (softmax, or sigmoid normalised over the experts),
+// counts_aux[E] of a plain top-k of them, probsum[E] (in token order), and the z-loss's sum of lse^2 into z[0].
+void moe_aux_stats(float* scores, int32_t* counts_aux, float* probsum, float* z, const float* logits, const MoeRouting& r, cudaStream_t st);
+// Per layer and microbatch, from the statistics: dscale[E] = aux_coeff E / (k T^2) counts_aux[e] (the aux loss's
+// gradient per score; with aux) and, unless acc is null, acc[0] += the aux loss without its coefficient, acc[1] +=
+// mean lse^2 (z), acc[2 + e] += the tokens expert e kept (counts).
+void moe_aux_finish(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
+                    bool aux, bool zloss, const MoeRouting& r, cudaStream_t st);
+// dlogits[T, E] (overwritten) = the top-k backward of dweight + grad_scale x (the aux scores' backward of dscale, and
+// z_coeff / T x d(lse^2)) where those are on (dscale null: no aux loss; z_coeff 0: none).
+void moe_router_backward(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,
+                         float grad_scale, const MoeRouting& r, cudaStream_t st);
+// dxn[t] = sum_j drows[row[t k + j]] + sum_e dlogits[t, e] w[e] (overwritten, bf16).
+void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st);
+// dw[E, h] += dlogits^T xn (fp32, in token order).
+void moe_router_wgrad(float* dw, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st);
+
+}  // namespace mt::cuda
