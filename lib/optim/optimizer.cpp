@@ -41,8 +41,13 @@ std::vector<Optimizer::Segment> Optimizer::make_segments(const ParamStore& param
   std::vector<Segment> out;
   int64_t state = 0;
   std::sort(owned.begin(), owned.end());
+  // In flat order (the expert parameters sit after the dense ones, whatever their registration order), so the
+  // state of an unsharded optimizer lies like the parameters.
+  std::vector<size_t> by_offset(params.size());
+  for (size_t i = 0; i < by_offset.size(); ++i) by_offset[i] = i;
+  std::stable_sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) { return params.info(a).offset < params.info(b).offset; });
   for (const auto& [lo, hi] : owned) {
-    for (size_t i = 0; i < params.size(); ++i) {
+    for (size_t i : by_offset) {
       const ParamInfo& p = params.info(i);
       if (!p.trainable) continue;
       const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);

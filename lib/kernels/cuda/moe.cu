@@ -280,13 +280,23 @@ __global__ void input_backward_kernel(__nv_bfloat16* dxn, const __nv_bfloat16* d
   }
 }
 
-// Block (e, column chunk of 32): dw[e, c] += sum over t of dlogits[t, e] xn[t, c], one thread per column.
-__global__ void router_wgrad_kernel(float* dw, const float* dlogits, const __nv_bfloat16* xn, int64_t T, int64_t E, int64_t h) {
-  const int64_t e = blockIdx.y, c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+// The router's weight gradient in two deterministic passes: block (column chunk, e, part) sums its part of the
+// tokens into partial[part, e, c]; then each (e, c) adds its parts in order.
+constexpr int kWgradParts = 64;
+__global__ void router_wgrad_partial_kernel(float* partial, const float* dlogits, const __nv_bfloat16* xn, int64_t T, int64_t E, int64_t h) {
+  const int64_t e = blockIdx.y, part = blockIdx.z, c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= h) return;
+  const int64_t per = (T + kWgradParts - 1) / kWgradParts, t0 = part * per, t1 = t0 + per < T ? t0 + per : T;
   float s = 0.0f;
-  for (int64_t t = 0; t < T; ++t) s += dlogits[t * E + e] * __bfloat162float(xn[t * h + c]);
-  dw[e * h + c] += s;
+  for (int64_t t = t0; t < t1; ++t) s += dlogits[t * E + e] * __bfloat162float(xn[t * h + c]);
+  partial[(part * E + e) * h + c] = s;
+}
+__global__ void router_wgrad_sum_kernel(float* dw, const float* partial, int64_t E, int64_t h) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= E * h) return;
+  float s = 0.0f;
+  for (int p = 0; p < kWgradParts; ++p) s += partial[p * E * h + i];
+  dw[i] += s;
 }
 
 const __nv_bfloat16* B(const bf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
@@ -354,10 +364,14 @@ void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const 
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_router_wgrad(float* dw, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st) {
-  const dim3 grid(blocks(r.hidden, 128), static_cast<unsigned>(r.experts));
-  router_wgrad_kernel<<<grid, 128, 0, st>>>(dw, dlogits, B(xn), r.tokens, r.experts, r.hidden);
+void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st) {
+  const dim3 grid(blocks(r.hidden, 128), static_cast<unsigned>(r.experts), kWgradParts);
+  router_wgrad_partial_kernel<<<grid, 128, 0, st>>>(partial, dlogits, B(xn), r.tokens, r.experts, r.hidden);
+  MT_CUDA_CHECK(cudaGetLastError());
+  router_wgrad_sum_kernel<<<blocks(r.experts * r.hidden, 256), 256, 0, st>>>(dw, partial, r.experts, r.hidden);
   MT_CUDA_CHECK(cudaGetLastError());
 }
+
+int64_t moe_router_wgrad_scratch(const MoeRouting& r) { return kWgradParts * r.experts * r.hidden; }
 
 }  // namespace mt::cuda

@@ -47,7 +47,8 @@ void moe_router_backward(float* dlogits, const float* logits, const int32_t* top
                          float grad_scale, const MoeRouting& r, cudaStream_t st);
 // dxn[t] = sum_j drows[row[t k + j]] + sum_e dlogits[t, e] w[e] (overwritten, bf16).
 void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st);
-// dw[E, h] += dlogits^T xn (fp32, in token order).
-void moe_router_wgrad(float* dw, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st);
+// dw[E, h] += dlogits^T xn (fp32, the tokens in 64 parts summed in order); partial: moe_router_wgrad_scratch floats.
+void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st);
+int64_t moe_router_wgrad_scratch(const MoeRouting& r);
 
 }  // namespace mt::cuda

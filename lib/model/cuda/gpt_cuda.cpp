@@ -19,6 +19,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/embedding_bf16.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/norm_bf16.h"
 #include "kernels/cuda/optimizer_step.h"
 #include "kernels/cuda/qkv_layout.h"
@@ -343,6 +344,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.scores = f32(experts_);
       s.zsum = static_cast<float*>(alloc(static_cast<size_t>(T + 1) * 4));  // the sum, then each token's lse^2
       s.probsum = static_cast<float*>(alloc(static_cast<size_t>(experts_) * 4));
+      s.wgrad_parts = static_cast<float*>(alloc(static_cast<size_t>(cuda::moe_router_wgrad_scratch({T, experts_, topk_, h})) * 4));
       s.counts = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_) * 4));
       s.counts_aux = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_) * 4));
       s.offsets = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_ + 1) * 4));

@@ -91,7 +91,7 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   MT_PROF("bwd.moe.router", cuda::moe_router_backward(s.dlogits, r.logits, r.top, s.dweight, moe_aux_ ? r.aux_dscale : nullptr, moe_z_coeff_,
                                                       mb.aux_grad_scale, rt, stream_));
   MT_PROF("bwd.moe.input", cuda::moe_input_backward(s.dxn, s.ex_din, r.row, s.dlogits, w(lw.router_w), rt, stream_));
-  MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.dlogits, r.xn2, rt, stream_));
+  MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, r.xn2, rt, stream_));
 }
 
 }  // namespace mt

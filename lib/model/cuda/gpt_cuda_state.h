@@ -57,6 +57,7 @@ struct CudaGPT::Scratch {
   bf16 *ex_dout = nullptr, *ex_dact = nullptr, *ex_dfc1 = nullptr, *ex_din = nullptr;
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
   int32_t *counts = nullptr, *counts_aux = nullptr, *offsets = nullptr, *counts_host = nullptr;
+  float* wgrad_parts = nullptr;  // the router weight gradient's partial sums
 };
 
 }  // namespace mt
