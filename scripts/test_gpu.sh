@@ -33,7 +33,9 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   L0="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention
       --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear"
   L="$L0 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
-  for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L"; do
+  # (and the MoE layer, its routing and expert GEMMs, recomputed)
+  M="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3"
+  for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L" "--bf16 $L $M"; do
     # shellcheck disable=SC2086
     out=$(compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S $extra 2>&1) || {
       echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck"; exit 1; }
