@@ -327,6 +327,11 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
                 ") divisible by CP(" + s(cp) + "): use --cp-comm-type p2p, or change the heads / groups / TP");
       }
     }
+    const int64_t tp = p.tensor_model_parallel_size, mbs = c.training.micro_batch_size.value_or(1);
+    if (cp > 1 && p.sequence_parallel && tp > 1 && seq % cp == 0 && (mbs * (seq / cp)) % tp != 0) {
+      k.error("with --context-parallel-size " + s(cp) + " each rank holds " + s(mbs * (seq / cp)) + " tokens of a microbatch, which sequence "
+              "parallelism cannot split over TP(" + s(tp) + "): change --seq-length or --micro-batch-size");
+    }
     if (cp > 1 && seq % (2 * cp) != 0) {
       k.error("--seq-length " + s(seq) + " is not divisible by 2 x CP(" + s(cp) + ") = " + s(2 * cp) +
               ": use a multiple of " + s(2 * cp));

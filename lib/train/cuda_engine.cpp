@@ -164,6 +164,8 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   norm_hist_ = device_zeros<float>(hist);
   skip_hist_ = device_zeros<int32_t>(hist);
   avg_buf_ = device_zeros<float>(hist);
+  moe_row_ = model_->moe_layer_count() * (2 + model_->dims().experts);
+  if (moe_row_ > 0) moe_hist_ = device_zeros<float>(hist * static_cast<size_t>(moe_row_));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&drained_, cudaEventDisableTiming));
   if (ck.save) saver_ = make_saver(cfg, groups_);
   // MEGATRAIN_PROFILE_ITER=N: per-op device time of iteration N (printed once, by rank 0).
@@ -304,7 +306,7 @@ CudaEngine::~CudaEngine() {
   if (dist_opt_) cudaFree(master_);  // else the model's
   for (void* p : {static_cast<void*>(m_), static_cast<void*>(v_), static_cast<void*>(st_), static_cast<void*>(partials_), static_cast<void*>(d_chunks_),
                   static_cast<void*>(eval_acc_), static_cast<void*>(avg_buf_), static_cast<void*>(loss_hist_), static_cast<void*>(norm_hist_),
-                  static_cast<void*>(skip_hist_)}) {
+                  static_cast<void*>(skip_hist_), static_cast<void*>(moe_hist_)}) {
     if (p) cudaFree(p);
   }
 }

@@ -81,7 +81,10 @@ class CudaEngine final : public TrainingEngine {
   std::unique_ptr<ParamStore> host_;
   std::unique_ptr<Optimizer> host_opt_;
   std::unique_ptr<DataParallel> shard_layout_;
-  int64_t moe_microbatches_ = 0;  // microbatches stepped since the MoE statistics were last read
+  // MoE: each pending step's statistics (the model's sums over its microbatches, moe_row_ floats) and microbatches.
+  int64_t moe_row_ = 0;
+  float* moe_hist_ = nullptr;
+  std::vector<int64_t> moe_microbatches_;
   void add_moe_reports(std::vector<StepReport>& out);  // the distributed optimizer's buckets (set-up only)
   bool keep_host_ = false, loaded_ = false;
   int64_t P_ = 0, n_state_ = 0, dp_ = 1, dp_rank_ = 0;

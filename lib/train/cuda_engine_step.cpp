@@ -109,7 +109,6 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   const double waited_before = MicrobatchSlot::wait_ms;
   const int64_t mallocs_before = DeviceAllocator::instance().stats().device_mallocs;
   if (it == profile_iter_) OpProfiler::instance().enable(stream_);
-  moe_microbatches_ += nmb_it;
   MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model_->grads(), 0, static_cast<size_t>(P_) * 4, stream_)));
 #ifdef MEGATRAIN_HAVE_NCCL
   if (ddp_) ddp_->start_iteration();
@@ -176,6 +175,12 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   MT_CUDA_CHECK(cudaMemcpyAsync(loss_hist_ + slot, &st_->loss, 4, cudaMemcpyDeviceToDevice, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(norm_hist_ + slot, &st_->grad_norm, 4, cudaMemcpyDeviceToDevice, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(skip_hist_ + slot, &st_->skip, 4, cudaMemcpyDeviceToDevice, stream_));
+  if (moe_row_ > 0) {  // this step's MoE statistics, then a clean sum for the next
+    MT_CUDA_CHECK(cudaMemcpyAsync(moe_hist_ + slot * static_cast<size_t>(moe_row_), model_->moe_stats(), static_cast<size_t>(moe_row_) * 4,
+                                  cudaMemcpyDeviceToDevice, stream_));
+    model_->zero_moe_stats();
+    moe_microbatches_.push_back(nmb_it);
+  }
   ++pending_;
 }
 
@@ -222,41 +227,34 @@ std::vector<StepReport> CudaEngine::read_reports() {
   return out;
 }
 
-// The MoE statistics of the steps read (the model's device sums since the last read): the auxiliary losses
-// averaged over microbatches and MoE layers, and the tokens per expert per iteration (min / mean / max over
-// layers x experts), the same figures on each of those steps' reports (the log averages them over its interval).
+// Each read step's MoE statistics (docs/moe.md): the auxiliary losses averaged over its microbatches and MoE layers,
+// and the tokens per expert (min / mean / max over layers x experts), as the CPU engine reports them.
 void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
-  const CudaGPT& m = *model_;
-  const int64_t layers = m.moe_layer_count(), E = m.dims().experts;
-  if (layers == 0 || out.empty()) {
-    moe_microbatches_ = 0;
-    return;
-  }
-  std::vector<float> acc(static_cast<size_t>(layers * (2 + E)));
-  MT_CUDA_CHECK(cudaMemcpy(acc.data(), m.moe_stats(), acc.size() * 4, cudaMemcpyDeviceToHost));
-  model_->zero_moe_stats();
-  const double mbs = static_cast<double>(std::max<int64_t>(1, moe_microbatches_)), steps = static_cast<double>(out.size());
-  moe_microbatches_ = 0;
-  double aux = 0, z = 0, lo = 1e300, hi = 0, sum = 0;
-  for (int64_t l = 0; l < layers; ++l) {
-    const float* row = acc.data() + l * (2 + E);
-    aux += row[0];
-    z += row[1];
-    for (int64_t e = 0; e < E; ++e) {
-      const double t = row[2 + e] / steps;
-      lo = std::min(lo, t);
-      hi = std::max(hi, t);
-      sum += t;
-    }
-  }
+  const std::vector<int64_t> microbatches = std::exchange(moe_microbatches_, {});
+  if (moe_row_ == 0 || out.empty()) return;
+  if (microbatches.size() != out.size()) throw std::logic_error("CUDA engine: MoE statistics for another number of steps");
+  const int64_t layers = model_->moe_layer_count(), E = model_->dims().experts;
+  std::vector<float> hist(out.size() * static_cast<size_t>(moe_row_));
+  MT_CUDA_CHECK(cudaMemcpy(hist.data(), moe_hist_, hist.size() * 4, cudaMemcpyDeviceToHost));
   const auto& moe = cfg_.moe;
-  std::vector<std::pair<std::string, double>> losses;
-  if (moe.moe_router_load_balancing_type == "aux_loss" && moe.moe_aux_loss_coeff > 0) {
-    losses.emplace_back("load_balancing_loss", aux / (mbs * static_cast<double>(layers)));
-  }
-  if (moe.moe_z_loss_coeff.value_or(0.0) > 0) losses.emplace_back("z_loss", z / (mbs * static_cast<double>(layers)));
-  for (StepReport& r : out) {
-    r.moe_losses = losses;
+  const bool aux = moe.moe_router_load_balancing_type == "aux_loss" && moe.moe_aux_loss_coeff > 0, z = moe.moe_z_loss_coeff.value_or(0.0) > 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const float* step = hist.data() + i * static_cast<size_t>(moe_row_);
+    const double per = static_cast<double>(std::max<int64_t>(1, microbatches[i])) * static_cast<double>(layers);
+    double aux_sum = 0, z_sum = 0, lo = 1e300, hi = 0, sum = 0;
+    for (int64_t l = 0; l < layers; ++l) {
+      const float* row = step + l * (2 + E);
+      aux_sum += row[0];
+      z_sum += row[1];
+      for (int64_t e = 0; e < E; ++e) {
+        lo = std::min(lo, static_cast<double>(row[2 + e]));
+        hi = std::max(hi, static_cast<double>(row[2 + e]));
+        sum += row[2 + e];
+      }
+    }
+    StepReport& r = out[i];
+    if (aux) r.moe_losses.emplace_back("load_balancing_loss", aux_sum / per);
+    if (z) r.moe_losses.emplace_back("z_loss", z_sum / per);
     r.expert_tokens_min = lo;
     r.expert_tokens_max = hi;
     r.expert_tokens_mean = sum / static_cast<double>(layers * E);

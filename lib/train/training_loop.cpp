@@ -103,8 +103,11 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       } else {  // as Megatron: the logged loss leaves skipped iterations out
         interval_loss += r.loss;
         ++interval_ok;
-        if (interval_moe.size() != r.moe_losses.size()) interval_moe = r.moe_losses;
-        else for (size_t j = 0; j < interval_moe.size(); ++j) interval_moe[j].second += r.moe_losses[j].second;
+        if (interval_moe.size() != r.moe_losses.size()) {
+          interval_moe = r.moe_losses;
+        } else {
+          for (size_t j = 0; j < interval_moe.size(); ++j) interval_moe[j].second += r.moe_losses[j].second;
+        }
       }
       if (r.expert_tokens_min >= 0) {
         tokens_min += r.expert_tokens_min;

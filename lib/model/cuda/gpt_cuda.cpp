@@ -200,6 +200,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     for (int64_t l = 0; l < L_; ++l) recompute_layer_[static_cast<size_t>(l)] = block ? l < n : true;
   }
 
+  if (!D.swiglu && moe_layers_ > 0 && F_moe_ % 8 != 0) {
+    throw std::runtime_error("the CUDA engine fuses GELU into the experts' fc1 GEMMs, which needs --moe-ffn-hidden-size to be a multiple of 8 "
+                             "(this model: " + std::to_string(F_moe_) + "): change it, or use --device cpu");
+  }
   if (!D.swiglu && D.F_local % 8 != 0) {
     throw std::runtime_error("the CUDA engine fuses GELU into the fc1 GEMM, which needs --ffn-hidden-size / TP to be a multiple of 8 (this model: " +
                              std::to_string(D.F_local) + "): change --ffn-hidden-size, or use --device cpu");
@@ -227,7 +231,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     act_bytes_ += bytes(n, rb, rows);
     return alloc(bytes(n, rb, rows));
   };
-  auto full_record = [&](Record& r) {
+  // A layer's record: the dense MLP's buffers for a dense layer, the MoE buffers for an MoE layer (the shared
+  // recompute record: whichever the stage's layers need).
+  auto full_record = [&](Record& r, bool dense_mlp, bool moe) {
     r.xn1 = b16(h);
     r.mean1 = f32(1, rows_l);
     r.rstd1 = f32(1, rows_l);
@@ -240,9 +246,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     r.xn2 = b16(h);
     r.mean2 = f32(1, rows_l);
     r.rstd2 = f32(1, rows_l);
-    r.fc1 = b16(F1);
-    r.act = b16(F);
-    if (moe_layers_ > 0) {
+    if (dense_mlp) {
+      r.fc1 = b16(F1);
+      r.act = b16(F);
+    }
+    if (moe) {
       const double k = static_cast<double>(topk_);
       const int64_t Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
       r.logits = f32(experts_);
@@ -287,12 +295,12 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     for (int64_t l = 0; l < L_; ++l) {
       auto r = std::make_unique<Record>();
       r->x_in = res(h, rows_l);
-      if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r);
+      if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r, !layers_[static_cast<size_t>(l)].moe, layers_[static_cast<size_t>(l)].moe);
       records_.push_back(std::move(r));
     }
     if (full_recompute_) {
       recompute_record_ = std::make_unique<Record>();
-      full_record(*recompute_record_);
+      full_record(*recompute_record_, moe_layers_ < L_, moe_layers_ > 0);
     }
     // The other slots' records and output-layer activations (slot 0's are records_ and the scratch's).
     slots_.clear();
@@ -301,7 +309,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       for (int64_t l = 0; l < L_; ++l) {
         auto r = std::make_unique<Record>();
         r->x_in = res(h, rows_l);
-        if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r);
+        if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r, !layers_[static_cast<size_t>(l)].moe, layers_[static_cast<size_t>(l)].moe);
         slots_[k].records.push_back(std::move(r));
       }
       if (post_) {  // what the output layer's backward reads
@@ -348,9 +356,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.counts = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_) * 4));
       s.counts_aux = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_) * 4));
       s.offsets = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_ + 1) * 4));
-      void* pinned = nullptr;
-      MT_CUDA_CHECK(cudaMallocHost(&pinned, static_cast<size_t>(experts_) * 4));
-      s.counts_host = static_cast<int32_t*>(pinned);
+      if (arena_mode_ != ArenaMode::kCount) {  // (not in the arena's counting pass, which is thrown away)
+        void* pinned = nullptr;
+        MT_CUDA_CHECK(cudaMallocHost(&pinned, static_cast<size_t>(experts_) * 4));
+        s.counts_host = static_cast<int32_t*>(pinned);
+      }
     }
     if (D.qk_norm) {
       s.dq_pre = b16(Hd);

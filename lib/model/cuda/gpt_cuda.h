@@ -301,8 +301,11 @@ class CudaGPT {
   ArenaMode arena_mode_ = ArenaMode::kOff;
   char* arena_ = nullptr;
   size_t arena_size_ = 0, arena_used_ = 0;
-  std::vector<int64_t> layer_start_;  // lowest flat offset of each layer's parameters
-  std::vector<int64_t> layer_end_;    // one past the highest
+  // The lowest flat offset of each layer's dense parameters, and one past the highest. An MoE layer's experts sit in
+  // the expert range after every dense parameter: a multi-rank MoE run (refused today) must report their gradients
+  // and gather them apart.
+  std::vector<int64_t> layer_start_;
+  std::vector<int64_t> layer_end_;
   int64_t bgrad_len_ = 0;             // each stream's part of Scratch::bgrad
   bool bgrad_epilogue_ = false;       // bias gradients from the weight-gradient GEMMs' epilogue
   int64_t embed_end_ = 0;             // one past the embedding's parameters
