@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "kernels/cpu/attention_blocks.h"
 
@@ -52,15 +53,16 @@ RingBlock own_block(const PassContext& c, const Buf& k, const Buf& v, bool with_
   return b;
 }
 
-// Sends `cur` to the next rank of the ring and receives the previous rank's block into `next`.
-void pass_on(const PassContext& c, RingBlock& cur, RingBlock& next) {
+// Posts the send of `cur` to the next rank of the ring and the receive of the previous rank's block into `next`;
+// the caller computes on `cur` (read only) meanwhile and waits before it swaps.
+std::unique_ptr<CommRequest> pass_on(const PassContext& c, RingBlock& cur, RingBlock& next) {
   Communicator& ring = *c.groups.cp;
   const int n = ring.size(), r = ring.rank();
   next.nk = cur.nk;
   next.npos = cur.npos;
   next.data.resize(cur.data.size());
   const int64_t len = static_cast<int64_t>(cur.data.size());
-  ring.send_recv_batch_async({P2POp::send(cur.data.data(), len, (r + 1) % n), P2POp::recv(next.data.data(), len, (r + n - 1) % n)})->wait();
+  return ring.send_recv_batch_async({P2POp::send(cur.data.data(), len, (r + 1) % n), P2POp::recv(next.data.data(), len, (r + n - 1) % n)});
 }
 
 std::vector<int32_t> as_positions(const float* p, int64_t n) {
@@ -159,8 +161,8 @@ void context_attention_forward(const PassContext& c, int64_t layer, const Buf& q
   RingBlock cur = own_block(c, k, v, false), next;
   const std::vector<int32_t> q_start = starts_of(c.mb);
   for (int64_t step = 0; step < n; ++step) {
-    // (The block in hand is computed while the next one travels on an MPI / TCP transport: send and receive are
-    // posted first. The CPU engine computes, then waits.)
+    // The next block travels while this one is computed (the send only reads it).
+    std::unique_ptr<CommRequest> moving = step + 1 < n ? pass_on(c, cur, next) : nullptr;
     const std::vector<int32_t> k_pos = as_positions(cur.pos(), cur.npos);
     BlockAttention s = shape(c, S, S, nh, ng, D.tp_rank * nh, layer);
     s.q_pos = c.mb.seq_pos.data();
@@ -168,8 +170,8 @@ void context_attention_forward(const PassContext& c, int64_t layer, const Buf& q
     s.q_start = q_start.empty() ? nullptr : q_start.data();
     block_attention_forward(part.data(), part_lse.data(), q.data(), cur.k(), cur.v(), s);
     merge_attention_block(st.out.data(), st.lse.data(), part.data(), part_lse.data(), B, S, nh, d);
-    if (step + 1 < n) {
-      pass_on(c, cur, next);
+    if (moving) {
+      moving->wait();
       std::swap(cur, next);
     }
   }
@@ -207,8 +209,9 @@ void context_attention_backward(const PassContext& c, int64_t layer, const Buf& 
     s.k_pos = k_pos.data();
     s.q_start = q_start.empty() ? nullptr : q_start.data();
     block_attention_backward(dq.data(), cur.dk(), cur.dv(), dctx.data(), st.out.data(), st.lse.data(), q.data(), cur.k(), cur.v(), s);
-    // On to the next rank with the gradients gathered so far; after the last step every block is home.
-    pass_on(c, cur, next);
+    // On to the next rank with the gradients gathered so far (they travel with the block, so the pass follows the
+    // block's compute); after the last step every block is home.
+    pass_on(c, cur, next)->wait();
     std::swap(cur, next);
   }
   dk.assign(cur.dk(), cur.dk() + cur.nk);
