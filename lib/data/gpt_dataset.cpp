@@ -121,10 +121,12 @@ GptSplitIndex::GptSplitIndex(std::shared_ptr<const IndexedDataset> data, int64_t
   // Smallest number of epochs whose tokens cover num_samples samples of seq (+1 overlapping token).
   epochs_ = std::max<int64_t>(1, (num_samples * seq + 1 + tokens - 1) / tokens);
   while ((epochs_ * tokens - 1) / seq < num_samples) ++epochs_;
-  // The order of the samples depends on the data and the settings only (the same on every rank and node, and
-  // as before this cache format); the cache's key adds what tells a dataset rewritten in place.
+  // The order of the samples depends on the data and the settings only (the same on every rank and node): the
+  // dataset's name (not its directory, so a run resumed after the data moved, to local disk say, continues in the
+  // same order) and sizes; the cache's key adds what tells a dataset rewritten in place.
   std::ostringstream order_key;
-  order_key << fs::absolute(data_->name()).string() << '|' << fs::file_size(data_->name() + ".idx") << '|' << fs::file_size(data_->name() + ".bin")
+  order_key << fs::path(data_->name()).filename().string() << '|' << fs::file_size(data_->name() + ".idx") << '|'
+            << fs::file_size(data_->name() + ".bin")
             << '|' << doc_begin << '|' << doc_end << '|' << num_samples << '|' << seq << '|' << seed << "|v1";
   const uint64_t order = fnv(order_key.str());
   const uint64_t h = fnv(order_key.str() + "|" + dataset_identity(data_->name()) + "|v2");

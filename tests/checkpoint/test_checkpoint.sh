@@ -123,6 +123,21 @@ for run in c3 c4; do
   else bad "CP reshard -> $run"; paste <(losses "$tmp/c1" | tail -4) <(losses "$tmp/$run"); fi
 done
 
+# 3h. The data order does not depend on where the data lies: a run resumed after its data directory moved (to local
+# disk, say) gives the uninterrupted run's losses.
+mkdir -p "$tmp/data_a"
+head -c 200000 tests/data/tinyshakespeare.txt >"$tmp/data_a/corpus.txt"
+"$B" preprocess --input "$tmp/data_a/corpus.txt" --output-prefix "$tmp/data_a/shk" --tokenizer-type ByteTokenizer --append-eod --workers 1 >/dev/null 2>&1
+D=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2
+   --global-batch-size 8 --lr 1e-3 --lr-warmup-iters 2 --log-interval 1 --eval-iters 0 --train-iters 8 --seed 11 --tokenizer-type ByteTokenizer
+   --make-vocab-size-divisible-by 1 --split 100,0,0)
+"$B" "${D[@]}" --data-path "$tmp/data_a/shk_text_document" --log-dir "$tmp/m1" >/dev/null 2>&1
+"$B" "${D[@]}" --data-path "$tmp/data_a/shk_text_document" --save "$tmp/ckm" --save-interval 100 --exit-interval 4 --log-dir "$tmp/m2" >/dev/null 2>&1
+mv "$tmp/data_a" "$tmp/data_b"
+"$B" "${D[@]}" --data-path "$tmp/data_b/shk_text_document" --load "$tmp/ckm" --log-dir "$tmp/m3" >/dev/null 2>&1
+if [[ "$(losses "$tmp/m1" | tail -4)" == "$(losses "$tmp/m3")" && $(losses "$tmp/m3" | wc -l) -eq 4 ]]; then ok "resume after the data moved: the same samples"; else
+  bad "resume after the data moved"; paste <(losses "$tmp/m1" | tail -4) <(losses "$tmp/m3"); fi
+
 # 3e. Across pipeline schedules and splits: the PP2 x TP2 x DP2 checkpoint continues under interleaved 1F1B
 # (2 virtual stages per rank) and under ZB-H1; an interleaved run's checkpoint continues on uneven stages
 # (1 and 3 layers) like the uninterrupted interleaved run.
