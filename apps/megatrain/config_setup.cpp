@@ -51,6 +51,11 @@ Config setup_config(CLI::App& app, ConfigCli& cli, int argc, char** argv, int64_
     }
     cfg.notes.push_back("note: model arguments taken from the checkpoint in " + *cfg.checkpoint.load + " (--use-checkpoint-args)");
   }
+  // Megatron's older commands give the GPT-2 files without a tokenizer type: what they mean.
+  if (!cfg.data.tokenizer_type && cfg.data.vocab_file && cfg.data.merge_file) {
+    cfg.data.tokenizer_type = "GPT2BPETokenizer";
+    cfg.notes.push_back("note: --vocab-file and --merge-file without --tokenizer-type: using GPT2BPETokenizer");
+  }
   if (cfg.checkpoint.no_save_rng || cfg.checkpoint.no_load_rng) {
     cfg.notes.push_back("note: --no-save-rng / --no-load-rng change nothing: megatrain's random numbers are a function of "
                         "(seed, iteration, sample), there is no RNG state in a checkpoint");

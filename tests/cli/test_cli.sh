@@ -20,6 +20,9 @@ expect() {  # expect NAME WANT_RC PATTERN -- command...
 
 expect unknown-flag 2 'unknown flag --num-layrs: did you mean --num-layers\?' -- "$B" --num-layrs 2
 expect wrong-type 2 "expected an integer, got 'x'" -- "$B" --num-layers x
+# Megatron's older commands: the GPT-2 files without --tokenizer-type mean GPT2BPETokenizer.
+expect gpt2-files-imply-bpe 0 'using GPT2BPETokenizer' -- "$B" plan --num-layers 2 --hidden-size 64 --num-attention-heads 4 \
+  --seq-length 64 --max-position-embeddings 64 --micro-batch-size 1 --vocab-file vocab.json --merge-file merges.txt --world-size 1 --no-groups
 expect plan-70b-64 0 'world size 64 = TP 4 x PP 4 x CP 1 x DP 4' -- "$B" plan --config configs/llama3-70b.yaml --world-size 64
 expect plan-70b-mem 0 'total +[0-9.]+ GiB' -- "$B" plan --config configs/llama3-70b.yaml --world-size 64
 expect plan-70b-12 2 'world size 12 is not divisible by TP\(4\) x PP\(4\) x CP\(1\) = 16' -- "$B" plan --config configs/llama3-70b.yaml --world-size 12
