@@ -40,6 +40,9 @@ struct ModelConfig {
   std::string attention_backend = "auto";
   bool apply_query_key_layer_scaling = false;
   bool qk_layernorm = false;
+  bool openai_gelu = false;         // Megatron: the tanh GELU (what megatrain computes for GELU always)
+  bool squared_relu = false;        // the MLP's activation relu(x)^2
+  bool rotary_interleaved = false;  // RoPE on interleaved channel pairs (2i, 2i + 1) instead of halves
   OptInt vocab_size;
 };
 

@@ -38,6 +38,8 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
       {"untie-embeddings-and-output-weights", text(m.untie_embeddings_and_output_weights)},
       {"disable-bias-linear", text(m.disable_bias_linear)},
       {"qk-layernorm", text(m.qk_layernorm)},
+      {"squared-relu", text(m.squared_relu)},
+      {"rotary-interleaved", text(m.rotary_interleaved)},
       {"num-experts", text(c.moe.num_experts)},
   };
   if (rope) {

@@ -443,6 +443,14 @@ void check_training(const Config& c, Checker& k) {
   }
 }
 
+void check_activation(const Config& c, Checker& k) {
+  if (c.model.squared_relu && c.model.swiglu) k.error("--squared-relu and --swiglu are two activations: give one");
+  if (c.model.squared_relu && c.model.openai_gelu) k.error("--squared-relu and --openai-gelu are two activations: give one");
+  if (c.model.rotary_interleaved && c.model.position_embedding_type != "rope") {
+    k.error("--rotary-interleaved needs --position-embedding-type rope");
+  }
+}
+
 // Megatron's MoE rules (transformer_config.py, arguments.py, MoELayer), each with the fix.
 void check_moe(const Config& c, Checker& k) {
   const MoeConfig& m = c.moe;
@@ -535,6 +543,7 @@ Diagnostics validate(const Config& c, int64_t world, Purpose purpose) {
   check_pipeline(c, k);
   check_attention(c, k);
   check_moe(c, k);
+  check_activation(c, k);
   check_exclusive_and_misc(c, purpose, k);
   if (purpose == Purpose::kTrain) check_training(c, k);
   return k.d;

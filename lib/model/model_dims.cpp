@@ -37,6 +37,8 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.tied = !c.model.untie_embeddings_and_output_weights;
   d.sequence_parallel = c.parallel.sequence_parallel && tp > 1;
   d.qk_norm = c.model.qk_layernorm;
+  d.squared_relu = c.model.squared_relu;
+  d.rotary_interleaved = c.model.rotary_interleaved;
   d.eps = static_cast<float>(c.model.norm_epsilon);
   d.rope_base = static_cast<float>(c.model.rotary_base);
   d.hidden_dropout = static_cast<float>(c.model.hidden_dropout);

@@ -37,6 +37,8 @@ struct ModelDims {
   int64_t kv_rep, qh_local;
   bool rms, swiglu, bias, rope, learned_pos, tied, sequence_parallel;
   bool qk_norm;  // --qk-layernorm: the configured norm over each query and key head (width d), before RoPE
+  bool squared_relu = false;        // --squared-relu: relu(x)^2 instead of GELU (not with SwiGLU)
+  bool rotary_interleaved = false;  // --rotary-interleaved
   float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
   int64_t rot_dim;
   // Mixture of experts (experts == 0: a dense model). The experts are split over EP (experts_local each,

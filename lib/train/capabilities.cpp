@@ -49,6 +49,9 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   if (c.logging.tensorboard_queue_size != d.logging.tensorboard_queue_size) {
     out.push_back("note: --tensorboard-queue-size has no effect: TensorBoard scalars are written and flushed at each log line");
   }
+  if (c.model.openai_gelu) {
+    out.push_back("note: --openai-gelu: megatrain's GELU is always the tanh form (Megatron's bias-GELU fusion and --openai-gelu); nothing changes");
+  }
   if (c.model.apply_query_key_layer_scaling) {
     out.push_back("note: --apply-query-key-layer-scaling changes nothing here: the attention scores and softmax are computed in fp32");
   }
@@ -109,6 +112,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
                                         "): use --device cpu");
   }
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
+  no(c.model.squared_relu, "--squared-relu is not implemented on the CUDA engine yet: use --device cpu");
+  no(c.model.rotary_interleaved, "--rotary-interleaved is not implemented on the CUDA engine yet: use --device cpu");
   no(c.parallel.context_parallel_size > 1,
      "--context-parallel-size > 1 runs on the CPU engine only so far: use --device cpu (the CUDA ring attention is not written yet)");
   if (const auto& m = c.moe; m.num_experts) {

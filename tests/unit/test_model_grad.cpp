@@ -6,6 +6,7 @@
 #include "config/resolve.h"
 #include "grad_check.h"
 #include "tiny_models.h"
+#include "kernels/cpu/rope.h"
 #include "model/gpt_model.h"
 
 using namespace mt;
@@ -26,8 +27,10 @@ Microbatch batch() {
   return mb;
 }
 
-void check_model(bool llama, bool qk_norm = false) {
-  Config c = tiny(llama, qk_norm);
+void check_config(Config c);
+void check_model(bool llama, bool qk_norm = false) { check_config(tiny(llama, qk_norm)); }
+
+void check_config(Config c) {
   GPTModel model(c, ProcessGroups::single());
   const Microbatch mb = batch();
   ParamStore& ps = model.params();
@@ -74,6 +77,46 @@ TEST_CASE("whole-model gradient check: 2-layer LLaMA (RMSNorm, SwiGLU, RoPE, GQA
 TEST_CASE("whole-model gradient check: --qk-layernorm (LayerNorm with biases on GPT, RMSNorm before RoPE on LLaMA)") {
   check_model(false, true);
   check_model(true, true);
+}
+
+TEST_CASE("whole-model gradient check: --squared-relu (GPT) and --rotary-interleaved (LLaMA)") {
+  Config g = tiny(false);
+  g.model.squared_relu = true;
+  resolve(g, 1);
+  check_config(g);
+  Config l = tiny(true);
+  l.model.rotary_interleaved = true;
+  resolve(l, 1);
+  check_config(l);
+}
+
+TEST_CASE("--rotary-interleaved: the rotate-half rotation on interleaved channel pairs") {
+  const int64_t T = 3, H = 2, d = 8, half = d / 2;
+  const std::vector<int32_t> pos = {0, 5, 11};
+  std::vector<float> x(static_cast<size_t>(T * H * d));
+  fill_normal(x, 9);
+  // Channel 2i of the interleaved layout is channel i of the halves layout, 2i + 1 is i + d / 2.
+  std::vector<float> halves(x.size());
+  for (int64_t r = 0; r < T * H; ++r) {
+    for (int64_t i = 0; i < half; ++i) {
+      halves[static_cast<size_t>(r * d + i)] = x[static_cast<size_t>(r * d + 2 * i)];
+      halves[static_cast<size_t>(r * d + i + half)] = x[static_cast<size_t>(r * d + 2 * i + 1)];
+    }
+  }
+  cpu::rope_forward(x.data(), pos.data(), T, H, d, d, 10000.0f, true);
+  cpu::rope_forward(halves.data(), pos.data(), T, H, d, d, 10000.0f, false);
+  for (int64_t r = 0; r < T * H; ++r) {
+    for (int64_t i = 0; i < half; ++i) {
+      CHECK(x[static_cast<size_t>(r * d + 2 * i)] == halves[static_cast<size_t>(r * d + i)]);
+      CHECK(x[static_cast<size_t>(r * d + 2 * i + 1)] == halves[static_cast<size_t>(r * d + i + half)]);
+    }
+  }
+  cpu::rope_backward(x.data(), pos.data(), T, H, d, d, 10000.0f, true);  // the inverse rotation
+  std::vector<float> again(x.size());
+  fill_normal(again, 9);
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(x[i] - again[i])));
+  CHECK(worst < 1e-5);
 }
 
 TEST_CASE("initialisation: Megatron's scheme, and a shard holds its slice of the full model") {

@@ -26,6 +26,14 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
   }
 }
 
+void squared_relu_forward(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] * x[i] : 0.0f;
+}
+
+void squared_relu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? 2.0f * x[i] * dy[i] : 0.0f;
+}
+
 void swiglu_forward(float* y, const float* x, int64_t N, int64_t F) {
   for (int64_t n = 0; n < N; ++n) {
     const float* g = x + n * 2 * F;

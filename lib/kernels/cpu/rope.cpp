@@ -6,7 +6,7 @@
 namespace mt::cpu {
 namespace {
 
-void rotate(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, float sign) {
+void rotate(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, float sign, bool interleaved) {
   const int64_t half = rot_dim / 2;
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < half; ++i) {
@@ -15,9 +15,10 @@ void rotate(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d,
       const float c = static_cast<float>(std::cos(ang)), s = sign * static_cast<float>(std::sin(ang));
       for (int64_t hh = 0; hh < H; ++hh) {
         float* row = x + (t * H + hh) * d;
-        const float x1 = row[i], x2 = row[i + half];
-        row[i] = x1 * c - x2 * s;
-        row[i + half] = x2 * c + x1 * s;
+        const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+        const float x1 = row[a], x2 = row[b];
+        row[a] = x1 * c - x2 * s;
+        row[b] = x2 * c + x1 * s;
       }
     }
   }
@@ -25,12 +26,12 @@ void rotate(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d,
 
 }  // namespace
 
-void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base) {
-  rotate(x, positions, T, H, d, rot_dim, base, 1.0f);
+void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved) {
+  rotate(x, positions, T, H, d, rot_dim, base, 1.0f, interleaved);
 }
 
-void rope_backward(float* dx, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base) {
-  rotate(dx, positions, T, H, d, rot_dim, base, -1.0f);
+void rope_backward(float* dx, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved) {
+  rotate(dx, positions, T, H, d, rot_dim, base, -1.0f, interleaved);
 }
 
 }  // namespace mt::cpu

@@ -1,12 +1,13 @@
-// rope.h: rotary position embedding (Megatron's non-interleaved "rotate half" form) on the first
-// rot_dim = rotary_percent * d channels of each head, in place. Backward is the inverse rotation.
+// rope.h: rotary position embedding on the first rot_dim = rotary_percent * d channels of each head, in place:
+// Megatron's default "rotate half" form (channel i with i + rot_dim / 2), or with interleaved pairs (channel 2i with
+// 2i + 1: --rotary-interleaved). Backward is the inverse rotation.
 #pragma once
 #include <cstdint>
 
 namespace mt::cpu {
 
 // x: [T, H, d]; positions: [T].
-void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base);
-void rope_backward(float* dx, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base);
+void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved = false);
+void rope_backward(float* dx, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved = false);
 
 }  // namespace mt::cpu

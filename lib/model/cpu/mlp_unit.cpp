@@ -16,6 +16,7 @@ void MlpBody::forward(const PassContext& c, const float* ln, Buf& out, Stash& A)
   linear_forward(A.fc1.data(), A.ln_full.data(), c.P(fc1_w), fc1_b != kNoParam ? c.P(fc1_b) : nullptr, T, h, fc1_out);
   A.act.resize(sz(T * F));
   if (D.swiglu) swiglu_forward(A.act.data(), A.fc1.data(), T, F);
+  else if (D.squared_relu) squared_relu_forward(A.act.data(), A.fc1.data(), T * F);
   else gelu_forward(A.act.data(), A.fc1.data(), T * F);
   Buf fc2(sz(T * h));
   linear_forward(fc2.data(), A.act.data(), c.P(fc2_w), nullptr, T, F, h);
@@ -37,6 +38,7 @@ void MlpBody::backward(const PassContext& c, const float* dy, Buf& dln, Stash& A
   });
   Buf dfc1(sz(T * fc1_out));
   if (D.swiglu) swiglu_backward(dfc1.data(), dact.data(), A.fc1.data(), T, F);
+  else if (D.squared_relu) squared_relu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * F);
   else gelu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * F);
   linear_backward_input(full.data(), dfc1.data(), c.P(fc1_w), T, h, fc1_out);
   c.weight_grad(dfc1.data(), T * fc1_out, [&c, &A, w1, b1, T, h, fc1_out](const float* g) {

@@ -56,6 +56,7 @@ void experts_forward(const PassContext& c, const LayerParams& ly, MoeUnit::Stash
       float* act = A.act.data() + off * F;
       linear_forward(fc1, A.rows.data() + off * h, c.P(ex.fc1_w), ex.fc1_b != kNoParam ? c.P(ex.fc1_b) : nullptr, n, h, fc1_out);
       if (D.swiglu) swiglu_forward(act, fc1, n, F);
+      else if (D.squared_relu) squared_relu_forward(act, fc1, n * F);
       else gelu_forward(act, fc1, n * F);
       linear_forward(y.data() + off * h, act, c.P(ex.fc2_w), ex.fc2_b != kNoParam ? c.P(ex.fc2_b) : nullptr, n, F, h);
     }
@@ -75,6 +76,7 @@ void experts_backward(const PassContext& c, const LayerParams& ly, MoeUnit::Stas
     if (n > 0) {
       linear_backward_input(dact.data() + off * F, dy.data() + off * h, c.P(ly.experts[j].fc2_w), n, F, h);
       if (D.swiglu) swiglu_backward(dfc1.data() + off * fc1_out, dact.data() + off * F, A.fc1.data() + off * fc1_out, n, F);
+      else if (D.squared_relu) squared_relu_backward(dfc1.data() + off * fc1_out, dact.data() + off * F, A.fc1.data() + off * fc1_out, n * F);
       else gelu_backward(dfc1.data() + off * fc1_out, dact.data() + off * F, A.fc1.data() + off * fc1_out, n * F);
       linear_backward_input(dx.data() + off * h, dfc1.data() + off * fc1_out, c.P(ly.experts[j].fc1_w), n, h, fc1_out);
     }
