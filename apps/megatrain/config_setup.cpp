@@ -56,6 +56,14 @@ Config setup_config(CLI::App& app, ConfigCli& cli, int argc, char** argv, int64_
     cfg.data.tokenizer_type = "GPT2BPETokenizer";
     cfg.notes.push_back("note: --vocab-file and --merge-file without --tokenizer-type: using GPT2BPETokenizer");
   }
+  // A plan can assume what a command leaves to its batch settings (training still requires them).
+  if (purpose == Purpose::kPlan && !cfg.training.micro_batch_size) {
+    cfg.training.micro_batch_size = 1;
+    cfg.notes.push_back("note: the plan assumes --micro-batch-size 1 (training needs it given)");
+  }
+  if (purpose == Purpose::kPlan && !cfg.training.global_batch_size && cfg.training.rampup_batch_size.empty()) {
+    cfg.notes.push_back("note: the plan assumes --global-batch-size = micro batch x data-parallel size (Megatron's default)");
+  }
   if (cfg.checkpoint.no_save_rng || cfg.checkpoint.no_load_rng) {
     cfg.notes.push_back("note: --no-save-rng / --no-load-rng change nothing: megatrain's random numbers are a function of "
                         "(seed, iteration, sample), there is no RNG state in a checkpoint");

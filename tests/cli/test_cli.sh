@@ -30,7 +30,12 @@ expect plan-mixtral 0 'expert grid: ETP 2 x EP 4 x expert-DP 4 x PP 1' -- "$B" p
 expect plan-405b 0 'layers per pipeline stage: 7 8 8 8 8 8 8 8 8 8 8 8 8 8 8 7' -- "$B" plan --config configs/llama3-405b.yaml --world-size 2048
 expect plan-no-fit 0 'WARNING: this layout does not fit' -- "$B" plan --config configs/llama3-70b.yaml --world-size 16 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --gpu-memory-gb 80
 expect plan-groups 0 'rank +3: tp 1 cp 0 dp 1 pp 0' -- "$B" plan --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 1 --vocab-size 100 --tensor-model-parallel-size 2 --world-size 8
-expect all-errors 2 'micro-batch-size is required' -- "$B" plan --num-layers 4 --world-size 1
+expect all-errors 2 'hidden-size is required' -- "$B" plan --num-layers 4 --world-size 1
+# A plan assumes the batch settings a command leaves out (each with a note); training still requires them.
+expect plan-assumes-batch 0 'the plan assumes --micro-batch-size 1' -- "$B" plan --num-layers 4 --hidden-size 64 --num-attention-heads 4 \
+  --seq-length 64 --max-position-embeddings 64 --vocab-size 100 --world-size 2 --no-groups
+expect train-needs-batch 2 'micro-batch-size is required' -- "$B" --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 \
+  --max-position-embeddings 64 --vocab-size 100 --mock-data --train-iters 1 --lr 1e-3
 expect sp-warning 0 'warning: --sequence-parallel has no effect' -- "$B" plan --config configs/gpt2-124m.yaml --sequence-parallel --world-size 1
 expect old-spelling 0 'note: --use-flash-attn is the old spelling' -- "$B" --config configs/gpt2-124m.yaml --use-flash-attn --print-config
 expect help-groups 0 'Mixed precision:' -- "$B" --help
