@@ -16,23 +16,12 @@ namespace {
 
 Config tiny(bool llama, bool qk_norm = false) { return tiny_decoder(llama, 2, 0.0, qk_norm); }
 
-Microbatch batch() {
-  Microbatch mb;
-  mb.B = 2;
-  mb.S = 6;
-  mb.tokens = {1, 5, 3, 9, 0, 2, 4, 4, 7, 10, 6, 8};
-  mb.labels = {5, 3, 9, 0, 2, 7, 4, 7, 10, 6, 8, 1};
-  mb.positions = {0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5};
-  mb.loss_mask = {1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1};
-  return mb;
-}
-
 void check_config(Config c);
 void check_model(bool llama, bool qk_norm = false) { check_config(tiny(llama, qk_norm)); }
 
 void check_config(Config c) {
   GPTModel model(c, ProcessGroups::single());
-  const Microbatch mb = batch();
+  const Microbatch mb = tiny_batch();
   ParamStore& ps = model.params();
   ps.zero_grads();
   model.forward(mb, 1);

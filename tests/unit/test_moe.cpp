@@ -184,17 +184,6 @@ TEST_CASE("--moe-layer-freq: Megatron's integer and list forms") {
 
 namespace {
 
-Microbatch moe_batch() {
-  Microbatch mb;
-  mb.B = 2;
-  mb.S = 6;
-  mb.tokens = {1, 5, 3, 9, 0, 2, 4, 4, 7, 10, 6, 8};
-  mb.labels = {5, 3, 9, 0, 2, 7, 4, 7, 10, 6, 8, 1};
-  mb.positions = {0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5};
-  mb.loss_mask = {1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1};
-  return mb;
-}
-
 // Every parameter of a 2-layer model whose second layer is MoE against central differences of the whole
 // objective (lm loss + coeff x load balancing + coeff x z-loss).
 void check_moe_model(bool llama, const std::function<void(Config&)>& set) {
@@ -208,7 +197,7 @@ void check_moe_model(bool llama, const std::function<void(Config&)>& set) {
   set(c);
   resolve(c, 1);
   GPTModel model(c, ProcessGroups::single());
-  const Microbatch mb = moe_batch();
+  const Microbatch mb = tiny_batch();
   ParamStore& ps = model.params();
   ps.zero_grads();
   model.forward(mb, 1);
@@ -295,7 +284,7 @@ TEST_CASE("aux-loss-free balancing: the expert bias steers the choice, moves by 
   ParamStore& ps = model.params();
   const size_t bias = ps.index_of("layers.1.mlp.router.expert_bias");
   CHECK_FALSE(ps.info(bias).trainable);
-  const Microbatch mb = moe_batch();
+  const Microbatch mb = tiny_batch();
   model.forward(mb, 1);
   model.backward(1.0f);
   CHECK(ps.grad(bias)[0] == 0.0f);  // outside the gradient
