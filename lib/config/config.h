@@ -113,6 +113,11 @@ struct PrecisionConfig {
   std::string fp8_recipe = "delayed";
   int64_t fp8_amax_history_len = 1;
   std::string fp8_amax_compute_algo = "most_recent";
+  int64_t fp8_margin = 0;                  // delayed scaling: scales 2^margin below the amax's
+  bool no_fp8_wgrad = false;               // the weight-gradient GEMMs in 16 bits
+  bool first_last_layers_bf16 = false;     // the first / last layers' linears in 16 bits under FP8
+  int64_t num_layers_at_start_in_bf16 = 1;
+  int64_t num_layers_at_end_in_bf16 = 1;
   bool grad_reduce_in_bf16 = false;
 };
 

@@ -451,6 +451,24 @@ void check_activation(const Config& c, Checker& k) {
   }
 }
 
+// FP8 (Megatron's fp8 arguments; Transformer Engine's recipes).
+void check_fp8(const Config& c, Checker& k) {
+  const auto& p = c.precision;
+  if (p.fp8_amax_history_len < 1) k.error("--fp8-amax-history-len must be >= 1, got " + s(p.fp8_amax_history_len));
+  if (p.fp8_margin < 0) k.error("--fp8-margin must be >= 0 (powers of 2 of headroom), got " + s(p.fp8_margin));
+  if (p.first_last_layers_bf16) {
+    if (p.num_layers_at_start_in_bf16 < 0 || p.num_layers_at_end_in_bf16 < 0) {
+      k.error("--num-layers-at-start-in-bf16 and --num-layers-at-end-in-bf16 must be >= 0");
+    } else if (c.model.num_layers && p.num_layers_at_start_in_bf16 + p.num_layers_at_end_in_bf16 > *c.model.num_layers) {
+      k.error("--num-layers-at-start-in-bf16 " + s(p.num_layers_at_start_in_bf16) + " + --num-layers-at-end-in-bf16 " +
+              s(p.num_layers_at_end_in_bf16) + " exceed the " + s(*c.model.num_layers) + " layers: lower them");
+    }
+  }
+  if (!p.fp8_format && (p.first_last_layers_bf16 || p.no_fp8_wgrad)) {
+    k.warn(std::string(p.first_last_layers_bf16 ? "--first-last-layers-bf16" : "--no-fp8-wgrad") + " has no effect without --fp8-format");
+  }
+}
+
 // Megatron's MoE rules (transformer_config.py, arguments.py, MoELayer), each with the fix.
 void check_moe(const Config& c, Checker& k) {
   const MoeConfig& m = c.moe;
@@ -544,6 +562,7 @@ Diagnostics validate(const Config& c, int64_t world, Purpose purpose) {
   check_attention(c, k);
   check_moe(c, k);
   check_activation(c, k);
+  check_fp8(c, k);
   check_exclusive_and_misc(c, purpose, k);
   if (purpose == Purpose::kTrain) check_training(c, k);
   return k.d;

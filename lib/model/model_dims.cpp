@@ -50,6 +50,14 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.rot_dim -= d.rot_dim % 2;
   d.cp = c.parallel.context_parallel_size;
   d.cp_a2a = c.parallel.cp_comm_type == "a2a";
+  const auto& pr = c.precision;
+  d.fp8 = pr.fp8_format.has_value();
+  d.fp8_grad_e5m2 = pr.fp8_format.value_or("") == "hybrid";
+  d.fp8_wgrad = !pr.no_fp8_wgrad;
+  if (pr.first_last_layers_bf16) {
+    d.fp8_bf16_start = pr.num_layers_at_start_in_bf16;
+    d.fp8_bf16_end = pr.num_layers_at_end_in_bf16;
+  }
   if (c.moe.num_experts) {
     d.experts = *c.moe.num_experts;
     d.topk = c.moe.moe_router_topk;

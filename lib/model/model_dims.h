@@ -50,6 +50,13 @@ struct ModelDims {
   // Context parallelism: CP ranks (each a share of every sequence) and --cp-comm-type a2a (else p2p).
   int64_t cp = 1;
   bool cp_a2a = false;
+  // FP8 (--fp8-format): the linear layers' GEMMs (QKV, projection, fc1, fc2) of the layers fp8_layer() names,
+  // Transformer Engine's tensorwise scaling: inputs and weights in E4M3, output gradients in E5M2 (hybrid) or
+  // E4M3; the weight-gradient GEMM in FP8 too unless --no-fp8-wgrad. --first-last-layers-bf16 keeps the first
+  // fp8_bf16_start and the last fp8_bf16_end layers in 16 bits.
+  bool fp8 = false, fp8_grad_e5m2 = false, fp8_wgrad = true;
+  int64_t fp8_bf16_start = 0, fp8_bf16_end = 0;
+  bool fp8_layer(int64_t global_layer) const { return fp8 && global_layer >= fp8_bf16_start && global_layer < L - fp8_bf16_end; }
 };
 
 // ep_rank / ep and etp_rank / etp: this rank's place in the expert grid (EP and expert-TP).

@@ -20,7 +20,14 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   no(m.num_experts && m.moe_token_dispatcher_type == "flex",
      "--moe-token-dispatcher-type flex (DeepEP) is not implemented: use alltoall or allgather");
 
-  no(c.precision.fp8_format.has_value(), "FP8 training (--fp8-format) is not implemented yet: use --bf16");
+  const auto& pr = c.precision;
+  if (pr.fp8_format) {
+    no(pr.fp8_recipe == "delayed",
+       "--fp8-recipe delayed (Megatron's default) is not implemented yet: add --fp8-recipe tensorwise (current scaling, per tensor)");
+    no(pr.fp8_recipe == "mxfp8", "--fp8-recipe mxfp8 needs Blackwell GPUs (MXFP8 tensor cores): use --fp8-recipe tensorwise");
+    no(pr.fp8_recipe == "blockwise", "--fp8-recipe blockwise is not implemented yet: use --fp8-recipe tensorwise");
+    no(c.moe.num_experts.has_value(), "FP8 (--fp8-format) in MoE layers (--num-experts) is not implemented yet: drop --fp8-format");
+  }
   no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
      "activation recompute (--recompute-granularity) is implemented on the CUDA engine only: drop it on the CPU engine (it keeps all activations)");
   no(c.data.dataloader_type == "cyclic" || c.data.dataloader_type == "external",
@@ -51,6 +58,14 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   }
   if (c.model.openai_gelu) {
     out.push_back("note: --openai-gelu: megatrain's GELU is always the tanh form (Megatron's bias-GELU fusion and --openai-gelu); nothing changes");
+  }
+  if (c.precision.fp8_format && c.precision.fp8_recipe == "tensorwise") {
+    const PrecisionConfig& p = c.precision;
+    if (p.fp8_amax_history_len != d.precision.fp8_amax_history_len || p.fp8_amax_compute_algo != d.precision.fp8_amax_compute_algo ||
+        p.fp8_margin != d.precision.fp8_margin) {
+      out.push_back("note: --fp8-amax-history-len, --fp8-amax-compute-algo and --fp8-margin belong to --fp8-recipe delayed: tensorwise "
+                    "scales each tensor by its own amax");
+    }
   }
   if (c.model.apply_query_key_layer_scaling) {
     out.push_back("note: --apply-query-key-layer-scaling changes nothing here: the attention scores and softmax are computed in fp32");

@@ -65,12 +65,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string model = argv[1];
-  // [--common FLAGS... --layout] LAYOUT FLAGS...
+  // [--common FLAGS... --layout] LAYOUT FLAGS... [--param-tolerance X]
   std::string flags, common;
   bool in_common = false;
+  double param_tolerance = 1e-4;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--common") in_common = true;
+    if (a == "--param-tolerance" && i + 1 < argc) param_tolerance = std::stod(argv[++i]);
+    else if (a == "--common") in_common = true;
     else if (a == "--layout") in_common = false;
     else (in_common ? common : flags) += a + " ";
   }
@@ -124,7 +126,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (worst_param > 1e-4) ++failures;
+    if (worst_param > param_tolerance) ++failures;
     for (int r = 0; r < world; ++r) {
       if (r == rank) {
         std::printf("rank %d %s [%s%s]: losses %.6f..%.6f, worst loss rel diff %.2e, worst param rel diff %.2e (%s) %s\n", rank,

@@ -1,7 +1,7 @@
 // mlp_unit.cpp: the dense MLP slot of a transformer layer on the CPU engine: pre-MLP norm, column-parallel fc1
 // (SwiGLU: gate and up shards side by side), GELU or SwiGLU, row-parallel fc2, dropout and the residual add.
 #include "kernels/cpu/activation.h"
-#include "kernels/cpu/linear.h"
+#include "model/cpu/linear_gemms.h"
 #include "model/cpu/units.h"
 
 namespace mt::cpu {
@@ -13,13 +13,13 @@ void MlpBody::forward(const PassContext& c, const float* ln, Buf& out, Stash& A)
   A.ln_full.resize(sz(T * h));
   c.gather_tokens(ln, A.ln_full.data());
   A.fc1.resize(sz(T * fc1_out));
-  linear_forward(A.fc1.data(), A.ln_full.data(), c.P(fc1_w), fc1_b != kNoParam ? c.P(fc1_b) : nullptr, T, h, fc1_out);
+  linear_unit_forward(c, layer, A.fc1_lin, A.fc1.data(), A.ln_full.data(), fc1_w, fc1_b, T, h, fc1_out);
   A.act.resize(sz(T * F));
   if (D.swiglu) swiglu_forward(A.act.data(), A.fc1.data(), T, F);
   else if (D.squared_relu) squared_relu_forward(A.act.data(), A.fc1.data(), T * F);
   else gelu_forward(A.act.data(), A.fc1.data(), T * F);
   Buf fc2(sz(T * h));
-  linear_forward(fc2.data(), A.act.data(), c.P(fc2_w), nullptr, T, F, h);
+  linear_unit_forward(c, layer, A.fc2_lin, fc2.data(), A.act.data(), fc2_w, kNoParam, T, F, h);
   out.resize(sz(Tl * h));
   c.reduce_tokens(fc2.data(), out.data());
 }
@@ -31,26 +31,19 @@ void MlpBody::backward(const PassContext& c, const float* dy, Buf& dln, Stash& A
   Buf full(sz(T * h));
   c.gather_tokens(dy, full.data());
   Buf dact(sz(T * F));
-  linear_backward_input(dact.data(), full.data(), c.P(fc2_w), T, F, h);
-  const size_t w2 = fc2_w, w1 = fc1_w, b1 = fc1_b;
-  c.weight_grad(full.data(), T * h, [&c, &A, w2, T, F, h](const float* g) {
-    linear_backward_weight(c.G(w2), nullptr, g, A.act.data(), T, F, h);
-  });
+  linear_unit_backward(c, layer, A.fc2_lin, dact.data(), full.data(), fc2_w, kNoParam, A.act.data(), T, F, h);
   Buf dfc1(sz(T * fc1_out));
   if (D.swiglu) swiglu_backward(dfc1.data(), dact.data(), A.fc1.data(), T, F);
   else if (D.squared_relu) squared_relu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * F);
   else gelu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * F);
-  linear_backward_input(full.data(), dfc1.data(), c.P(fc1_w), T, h, fc1_out);
-  c.weight_grad(dfc1.data(), T * fc1_out, [&c, &A, w1, b1, T, h, fc1_out](const float* g) {
-    linear_backward_weight(c.G(w1), b1 != kNoParam ? c.G(b1) : nullptr, g, A.ln_full.data(), T, h, fc1_out);
-  });
+  linear_unit_backward(c, layer, A.fc1_lin, full.data(), dfc1.data(), fc1_w, fc1_b, A.ln_full.data(), T, h, fc1_out);
   dln.resize(sz(Tl * h));
   c.reduce_tokens(full.data(), dln.data());
 }
 
 namespace {
 MlpBody body_of(const PassContext& c, const LayerParams& ly) {
-  return MlpBody{ly.fc1_w, c.D.bias ? ly.fc1_b : kNoParam, ly.fc2_w, c.D.F_local};
+  return MlpBody{ly.fc1_w, c.D.bias ? ly.fc1_b : kNoParam, ly.fc2_w, c.D.F_local, ly.layer};
 }
 }  // namespace
 

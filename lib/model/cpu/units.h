@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "kernels/cpu/router.h"
 #include "model/cpu/context_attention.h"
+#include "model/cpu/linear_gemms.h"
 #include "model/cpu/moe_dispatch.h"
 #include "model/cpu/pass_context.h"
 #include "model/layout.h"
@@ -34,6 +35,7 @@ struct AttentionUnit {
     Buf x, ln, ln_full, mean, rstd, q, k, v, probs, ctx;
     Buf q_in, k_in, q_mean, q_rstd, k_mean, k_rstd;  // --qk-layernorm: the heads before their norm, its statistics
     ContextAttentionStash cp;                        // context parallelism (then no probs)
+    LinearStash qkv_lin, proj_lin;                   // FP8: the GEMMs' quantised operands
   };
   const LayerParams* p = nullptr;
   void forward(const PassContext& c, Buf& x, Stash& s) const;  // x: in, then out (the input moves into the stash)
@@ -46,9 +48,11 @@ struct AttentionUnit {
 struct MlpBody {
   struct Stash {
     Buf ln_full, fc1, act;
+    LinearStash fc1_lin, fc2_lin;  // FP8: the GEMMs' quantised operands
   };
   size_t fc1_w = kNoParam, fc1_b = kNoParam, fc2_w = kNoParam;
   int64_t F_local = 0;
+  int64_t layer = -1;  // the global layer (its GEMMs' precision); -1: 16 bits / fp32 always (the shared expert)
   // out[Tl, h] (overwritten) from ln[Tl, h].
   void forward(const PassContext& c, const float* ln, Buf& out, Stash& s) const;
   // dln[Tl, h] (overwritten) from the output gradient dy[Tl, h].

@@ -1,0 +1,29 @@
+// fp8.h: the two FP8 formats of Hopper's tensor cores (OCP FP8: E4M3 with no infinities and E5M2, IEEE-like)
+// and Transformer Engine's per-tensor scaling, on the CPU: the emulation the CUDA engine's FP8 casts are
+// checked against bit for bit. A value is scaled (x * scale in fp32), rounded to the nearest FP8 value (ties to
+// even) and saturated to the largest finite one (CUDA's __NV_SATFINITE); NaN stays NaN.
+#pragma once
+
+#include <cstdint>
+
+namespace mt::cpu {
+
+enum class Fp8Format { kE4M3, kE5M2 };
+
+// The largest finite value: 448 (E4M3), 57344 (E5M2).
+float fp8_max(Fp8Format format);
+// The FP8 byte nearest to x (saturating), and the value of a byte.
+uint8_t fp8_encode(float x, Fp8Format format);
+float fp8_decode(uint8_t bits, Fp8Format format);
+// x rounded to the format (fp8_decode(fp8_encode(x))), without the byte.
+float fp8_round(float x, Fp8Format format);
+
+// Current (tensorwise) scaling, Transformer Engine's compute_scale_from_amax without epsilon or powers of 2:
+// max / amax, 1 where amax is 0 or not finite, the largest float where the quotient overflows.
+float fp8_scale_from_amax(float amax, Fp8Format format);
+// The largest |x| over n values (NaN propagates).
+float abs_max(const float* x, int64_t n);
+// q[i] = fp8_round(x[i] * scale): the FP8 values (unscaled; the tensor is q / scale).
+void fp8_quantize(float* q, const float* x, int64_t n, float scale, Fp8Format format);
+
+}  // namespace mt::cpu

@@ -1,0 +1,71 @@
+// linear_gemms.cpp: the fp32 path is kernels/cpu/linear's; the FP8 path quantises with kernels/cpu/fp8 and
+// multiplies the FP8 values with the same sgemm (their products are exact in fp32).
+#include "model/cpu/linear_gemms.h"
+
+#include "kernels/cpu/fp8.h"
+#include "kernels/cpu/linear.h"
+
+namespace mt::cpu {
+namespace {
+
+// Quantises n values into q with the scale of their amax (reduced over TP, and CP when `over_cp`); returns 1 / scale.
+float quantize(const PassContext& c, Buf& q, const float* x, int64_t n, Fp8Format format, bool over_cp) {
+  float amax = abs_max(x, n);
+  if (c.D.tp > 1) c.groups.tp->all_reduce(&amax, 1, ReduceOp::kMax);
+  if (over_cp && c.D.cp > 1) c.groups.cp->all_reduce(&amax, 1, ReduceOp::kMax);
+  const float scale = fp8_scale_from_amax(amax, format);
+  q.resize(sz(n));
+  fp8_quantize(q.data(), x, n, scale, format);
+  return 1.0f / scale;
+}
+
+}  // namespace
+
+void linear_unit_forward(const PassContext& c, int64_t layer, LinearStash& s, float* y, const float* x, size_t w, size_t b, int64_t N,
+                         int64_t in, int64_t out) {
+  const float* bias = b != kNoParam ? c.P(b) : nullptr;
+  if (!c.D.fp8_layer(layer)) {
+    linear_forward(y, x, c.P(w), bias, N, in, out);
+    return;
+  }
+  s.x_inv = quantize(c, s.xq, x, N * in, Fp8Format::kE4M3, true);
+  s.w_inv = quantize(c, s.wq, c.P(w), out * in, Fp8Format::kE4M3, false);
+  gemm(false, true, N, out, in, s.x_inv * s.w_inv, s.xq.data(), in, s.wq.data(), in, 0.0f, y, out);
+  if (bias) {
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t j = 0; j < out; ++j) y[i * out + j] += bias[j];
+    }
+  }
+}
+
+void linear_unit_backward(const PassContext& c, int64_t layer, LinearStash& s, float* dx, const float* dy, size_t w, size_t b,
+                          const float* x, int64_t N, int64_t in, int64_t out) {
+  if (!c.D.fp8_layer(layer)) {
+    linear_backward_input(dx, dy, c.P(w), N, in, out);
+    c.weight_grad(dy, N * out, [&c, w, b, x, N, in, out](const float* g) {
+      linear_backward_weight(c.G(w), b != kNoParam ? c.G(b) : nullptr, g, x, N, in, out);
+    });
+    return;
+  }
+  const Fp8Format grad_format = c.D.fp8_grad_e5m2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+  Buf dyq;
+  const float dy_inv = quantize(c, dyq, dy, N * out, grad_format, true);
+  gemm(false, false, N, in, out, dy_inv * s.w_inv, dyq.data(), out, s.wq.data(), in, 0.0f, dx, in);
+  if (b != kNoParam) {  // from the unquantised gradient (Transformer Engine's fused cast + bias gradient)
+    float* db = c.G(b);
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t j = 0; j < out; ++j) db[j] += dy[i * out + j];
+    }
+  }
+  if (!c.D.fp8_wgrad) {
+    c.weight_grad(dy, N * out, [&c, w, x, N, in, out](const float* g) { linear_backward_weight(c.G(w), nullptr, g, x, N, in, out); });
+    return;
+  }
+  const float inv = dy_inv * s.x_inv;
+  const LinearStash* saved = &s;
+  c.weight_grad(dyq.data(), N * out, [&c, w, saved, inv, N, in, out](const float* g) {
+    gemm(true, false, out, in, N, inv, g, out, saved->xq.data(), in, 1.0f, c.G(w), in);
+  });
+}
+
+}  // namespace mt::cpu

@@ -1,0 +1,189 @@
+// test_fp8.cpp: the FP8 emulation against a table worked by hand (E4M3: bias 7, 3 mantissa bits, max 448, no
+// infinities; E5M2: bias 15, 2 mantissa bits, max 57344): rounding to nearest with ties to even, in the normal
+// and subnormal ranges, saturation (CUDA's SATFINITE), signs, NaN; every byte's round trip; the scale.
+#include <cmath>
+#include <limits>
+
+#include "catch.h"
+#include "config/resolve.h"
+#include "config/validate.h"
+#include "config/yaml_io.h"
+#include "kernels/cpu/fp8.h"
+#include "train/capabilities.h"
+#include "train/trainer.h"
+
+using namespace mt::cpu;
+
+namespace {
+struct Row {
+  float x;
+  uint8_t bits;
+};
+}  // namespace
+
+TEST_CASE("fp8: E4M3 rounding and saturation match the hand-worked table") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Row rows[] = {
+      {0.0f, 0x00},     {-0.0f, 0x80},
+      {1.0f, 0x38},                                             // 0 0111 000
+      {1.0625f, 0x38},                                          // halfway 1 / 1.125: even mantissa 000
+      {1.1875f, 0x3A},                                          // halfway 1.125 / 1.25: even mantissa 010
+      {1.18f, 0x39},    {1.1876f, 0x3A},
+      {-2.5f, 0xC2},                                            // 1 1000 010
+      {240.0f, 0x77},                                           // 1.875 * 2^7: 0 1110 111
+      {448.0f, 0x7E},   {464.0f, 0x7E}, {500.0f, 0x7E}, {1e9f, 0x7E}, {inf, 0x7E}, {-inf, 0xFE},  // saturated
+      {0.015625f, 0x08},                                        // 2^-6, the smallest normal
+      {std::ldexp(1.0f, -9), 0x01},                             // the smallest subnormal
+      {std::ldexp(1.0f, -10), 0x00},                            // half of it: ties to even (zero)
+      {std::ldexp(3.0f, -10), 0x02},                            // 1.5 steps: ties to even (2)
+      {std::ldexp(7.0f, -9), 0x07},                             // the largest subnormal
+      {std::ldexp(15.0f, -10), 0x08},                           // 7.5 steps: up into the normals
+  };
+  for (const Row& r : rows) {
+    INFO("x = " << r.x);
+    CHECK(fp8_encode(r.x, Fp8Format::kE4M3) == r.bits);
+  }
+  CHECK(fp8_encode(std::nanf(""), Fp8Format::kE4M3) == 0x7F);
+  CHECK(std::isnan(fp8_decode(0x7F, Fp8Format::kE4M3)));
+  CHECK(std::isnan(fp8_decode(0xFF, Fp8Format::kE4M3)));
+  CHECK(fp8_decode(0x7E, Fp8Format::kE4M3) == 448.0f);
+  CHECK(fp8_decode(0xC2, Fp8Format::kE4M3) == -2.5f);
+  CHECK(fp8_decode(0x01, Fp8Format::kE4M3) == std::ldexp(1.0f, -9));
+  CHECK(fp8_max(Fp8Format::kE4M3) == 448.0f);
+}
+
+TEST_CASE("fp8: E5M2 rounding, saturation and infinities match the hand-worked table") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Row rows[] = {
+      {1.0f, 0x3C},                                             // 0 01111 00
+      {1.125f, 0x3C},                                           // halfway 1 / 1.25: even mantissa 00
+      {1.375f, 0x3E},                                           // halfway 1.25 / 1.5: even mantissa 10
+      {-0.75f, 0xBA},                                           // 1 01110 10
+      {57344.0f, 0x7B}, {60000.0f, 0x7B}, {inf, 0x7B}, {-inf, 0xFB},  // saturated (SATFINITE)
+      {std::ldexp(1.0f, -14), 0x04},                            // the smallest normal
+      {std::ldexp(1.0f, -16), 0x01},                            // the smallest subnormal
+      {std::ldexp(1.0f, -17), 0x00},                            // half of it: ties to even (zero)
+      {std::ldexp(3.0f, -17), 0x02},                            // 1.5 steps: ties to even (2)
+  };
+  for (const Row& r : rows) {
+    INFO("x = " << r.x);
+    CHECK(fp8_encode(r.x, Fp8Format::kE5M2) == r.bits);
+  }
+  CHECK(fp8_encode(std::nanf(""), Fp8Format::kE5M2) == 0x7F);
+  CHECK(fp8_decode(0x7C, Fp8Format::kE5M2) == inf);
+  CHECK(fp8_decode(0xFC, Fp8Format::kE5M2) == -inf);
+  CHECK(std::isnan(fp8_decode(0x7E, Fp8Format::kE5M2)));
+  CHECK(fp8_decode(0x7B, Fp8Format::kE5M2) == 57344.0f);
+  CHECK(fp8_max(Fp8Format::kE5M2) == 57344.0f);
+}
+
+TEST_CASE("fp8: every finite byte decodes to a value that encodes back to it") {
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    int finite = 0;
+    for (int b = 0; b < 256; ++b) {
+      const float v = fp8_decode(static_cast<uint8_t>(b), f);
+      if (!std::isfinite(v)) continue;
+      ++finite;
+      INFO("byte " << b);
+      CHECK(fp8_encode(v, f) == b);
+      CHECK(fp8_round(v, f) == v);
+    }
+    CHECK(finite == (f == Fp8Format::kE4M3 ? 254 : 248));  // E4M3: two NaNs; E5M2: two infinities, six NaNs
+  }
+}
+
+TEST_CASE("fp8: the tensorwise scale is max / amax, 1 for a zero or non-finite amax, capped at the largest float") {
+  CHECK(fp8_scale_from_amax(2.0f, Fp8Format::kE4M3) == 224.0f);
+  CHECK(fp8_scale_from_amax(4.0f, Fp8Format::kE5M2) == 14336.0f);
+  CHECK(fp8_scale_from_amax(0.0f, Fp8Format::kE4M3) == 1.0f);
+  CHECK(fp8_scale_from_amax(std::numeric_limits<float>::infinity(), Fp8Format::kE4M3) == 1.0f);
+  CHECK(fp8_scale_from_amax(std::nanf(""), Fp8Format::kE4M3) == 1.0f);
+  CHECK(fp8_scale_from_amax(1e-40f, Fp8Format::kE4M3) == std::numeric_limits<float>::max());
+  // A tensor scaled by it: the largest element lands on the format's maximum, the rest rounded.
+  const float x[4] = {0.5f, -2.0f, 0.3f, 1e-6f};
+  float q[4];
+  const float amax = abs_max(x, 4);
+  CHECK(amax == 2.0f);
+  fp8_quantize(q, x, 4, fp8_scale_from_amax(amax, Fp8Format::kE4M3), Fp8Format::kE4M3);
+  CHECK(q[0] == 112.0f);
+  CHECK(q[1] == -448.0f);
+  CHECK(q[2] == 64.0f);                      // 67.2 -> 64 (step 8 in [64, 128))
+  CHECK(q[3] == 0.0f);  // 2.24e-4: below half the smallest subnormal (9.8e-4) -> 0
+}
+
+namespace {
+
+mt::Config tiny_llama(int64_t iters, const std::string& fp8_format) {
+  mt::Config c;
+  mt::apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
+  c.data.text_data_path = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
+  c.training.train_iters = iters;
+  c.logging.eval_interval = iters;
+  c.logging.eval_iters = 4;
+  c.precision.bf16 = true;
+  if (!fp8_format.empty()) {
+    c.precision.fp8_format = fp8_format;
+    c.precision.fp8_recipe = "tensorwise";
+  }
+  REQUIRE(mt::validate(c, 1, mt::Purpose::kTrain).ok());
+  mt::resolve(c, 1, 257);
+  return c;
+}
+
+std::string errors_of(const mt::Config& c) {
+  std::string all;
+  for (const auto& e : mt::validate(c, 1, mt::Purpose::kTrain).errors) all += e + "\n";
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("fp8: a tiny LLaMA trains with emulated FP8 (tensorwise, hybrid and e4m3) within 0.05 of fp32 in validation loss") {
+  const mt::TrainResult base = mt::train(tiny_llama(60, ""), mt::ProcessGroups::single(), {true, 0});
+  for (const std::string format : {"hybrid", "e4m3"}) {
+    const mt::TrainResult f = mt::train(tiny_llama(60, format), mt::ProcessGroups::single(), {true, 0});
+    REQUIRE(f.valid_losses.size() == 1);
+    INFO(format << ": validation loss " << f.valid_losses.back() << " vs fp32 " << base.valid_losses.back());
+    CHECK(f.losses[0] != base.losses[0]);  // quantised: not the fp32 numbers
+    CHECK(std::fabs(f.losses[0] - base.losses[0]) < 0.01);
+    CHECK(std::fabs(f.valid_losses.back() - base.valid_losses.back()) < 0.05);
+    CHECK(f.valid_losses.back() < 3.0);  // it learned (the unigram entropy is 3.31)
+  }
+}
+
+TEST_CASE("fp8: --first-last-layers-bf16 keeps those layers out of FP8") {
+  mt::Config all_bf16 = tiny_llama(3, "hybrid");
+  all_bf16.precision.first_last_layers_bf16 = true;  // 1 + 1 of the 2 layers: none in FP8
+  const mt::TrainResult a = mt::train(all_bf16, mt::ProcessGroups::single(), {true, 0});
+  const mt::TrainResult base = mt::train(tiny_llama(3, ""), mt::ProcessGroups::single(), {true, 0});
+  for (size_t i = 0; i < a.losses.size(); ++i) CHECK(a.losses[i] == base.losses[i]);
+  mt::Config second_fp8 = all_bf16;
+  second_fp8.precision.num_layers_at_end_in_bf16 = 0;  // layer 1 in FP8
+  const mt::TrainResult b = mt::train(second_fp8, mt::ProcessGroups::single(), {true, 0});
+  const mt::TrainResult both = mt::train(tiny_llama(3, "hybrid"), mt::ProcessGroups::single(), {true, 0});
+  CHECK(b.losses[1] != base.losses[1]);
+  CHECK(b.losses[1] != both.losses[1]);
+}
+
+TEST_CASE("fp8: Megatron's FP8 flags are checked, and recipes not implemented are refused by name") {
+  mt::Config c = tiny_llama(3, "hybrid");
+  mt::Config many = c;
+  many.precision.first_last_layers_bf16 = true;
+  many.precision.num_layers_at_start_in_bf16 = 2;
+  CHECK_THAT(errors_of(many), MT_CONTAINS("exceed the 2 layers"));
+  mt::Config hist = c;
+  hist.precision.fp8_amax_history_len = 0;
+  CHECK_THAT(errors_of(hist), MT_CONTAINS("--fp8-amax-history-len must be >= 1"));
+  auto refused = [](const mt::Config& k) {
+    std::string all;
+    for (const auto& s : mt::unsupported_features(k, 1, false)) all += s + "\n";
+    return all;
+  };
+  CHECK(refused(c).empty());
+  mt::Config delayed = c;
+  delayed.precision.fp8_recipe = "delayed";
+  CHECK_THAT(refused(delayed), MT_CONTAINS("add --fp8-recipe tensorwise"));
+  mt::Config mx = c;
+  mx.precision.fp8_recipe = "mxfp8";
+  CHECK_THAT(refused(mx), MT_CONTAINS("Blackwell"));
+}
