@@ -1,6 +1,8 @@
 // capabilities.cpp: the honest list of what each engine does not do yet.
 #include "train/capabilities.h"
 
+#include "config/resolve.h"
+
 namespace mt {
 
 std::vector<std::string> unsupported_features(const Config& c, int64_t world, bool cuda_engine) {
@@ -131,6 +133,18 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.model.rotary_interleaved, "--rotary-interleaved is not implemented on the CUDA engine yet: use --device cpu");
   no(c.parallel.context_parallel_size > 1,
      "--context-parallel-size > 1 runs on the CPU engine only so far: use --device cpu (the CUDA ring attention is not written yet)");
+  if (c.precision.fp8_format) {
+    // FP8 GEMMs (cuBLASLt, Hopper): both operands K-contiguous, every dimension a multiple of 16.
+    no(c.precision.fp16, "FP8 on the CUDA engine runs beside bf16 (the working weights and activations): use --bf16 with --fp8-format");
+    no(c.parallel.tensor_model_parallel_size > 1,
+       "FP8 with tensor parallelism has not run on GPUs yet (its amax reduction over TP): use --device cpu, or TP 1 on the CUDA engine");
+    const int64_t h = *c.model.hidden_size, heads = *c.model.num_attention_heads, d = c.model.kv_channels.value_or(h / heads);
+    const int64_t F = c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(h, c.model.swiglu));
+    const int64_t groups = c.derived.num_query_groups, T = c.training.micro_batch_size.value_or(1) * c.data.seq_length.value_or(16);
+    no(h % 16 != 0 || (heads * d) % 16 != 0 || ((heads + 2 * groups) * d) % 16 != 0 || F % 16 != 0 || T % 16 != 0,
+       "FP8 GEMMs need the hidden size, heads x head dimension, the QKV width, --ffn-hidden-size and --micro-batch-size x --seq-length to be "
+       "multiples of 16: change them, or use --device cpu");
+  }
   if (const auto& m = c.moe; m.num_experts) {
     // The CUDA MoE layer: one GPU with every expert local (docs/moe.md); the rest of the MoE flags on the CPU engine.
     const std::string cpu = ": use --device cpu (the CPU engine runs it), or drop it";

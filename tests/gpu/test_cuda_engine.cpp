@@ -207,6 +207,22 @@ std::vector<float> gradients_by_name(const mt::ParamStore& whole, const std::vec
   return out;
 }
 
+// FP8 really runs on the GPU: its losses are not bf16's (test_training checks they follow the CPU engine's FP8).
+void test_fp8_differs(const std::string& model) {
+  try {
+    mt::TrainOptions quiet{true, 0};
+    const auto bf16 = mt::train_cuda(make_config(model, MT_PLAIN_BATCH "--train-iters 3 "), mt::ProcessGroups::single(), quiet);
+    const auto fp8 = mt::train_cuda(make_config(model, MT_PLAIN_BATCH "--train-iters 3 --fp8-format hybrid --fp8-recipe tensorwise "),
+                                    mt::ProcessGroups::single(), quiet);
+    char buf[200];
+    std::snprintf(buf, sizeof(buf), "fp8 %s on the GPU: iteration 2 loss %.6f, bf16 %.6f (FP8 GEMMs change the numbers, a little)", model.c_str(),
+                  fp8.losses[1], bf16.losses[1]);
+    check(fp8.losses[1] != bf16.losses[1] && std::fabs(fp8.losses[1] - bf16.losses[1]) < 2e-2 * bf16.losses[1], buf);
+  } catch (const std::exception& e) {
+    check(false, "fp8 " + model + ": " + e.what());
+  }
+}
+
 void test_training(const std::string& model, const std::string& extra = kPlain) {
   const mt::Config cfg = make_config(model, extra);
   mt::TrainOptions quiet{true, 0};
@@ -228,7 +244,9 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
     }
     valid_ok = valid_ok && worst_valid < 2e-2;
     char buf[320];
-    const char* what = extra.find("--rampup") != std::string::npos     ? " (batch ramp-up)"
+    const char* what = extra.find("--first-last-layers-bf16") != std::string::npos ? " (fp8 e4m3, first layer bf16)"
+                       : extra.find("--fp8-format") != std::string::npos ? " (fp8 hybrid, tensorwise)"
+                       : extra.find("--rampup") != std::string::npos     ? " (batch ramp-up)"
                        : extra.find("--fp16") != std::string::npos      ? " (fp16)"
                        : extra.find("--fp32-residual") != std::string::npos ? " (fp32 residual stream)"
                        : extra.find("--qk-layernorm --hidden-dropout") != std::string::npos ? " (qk-layernorm, hidden dropout 0.1)"
@@ -351,7 +369,7 @@ void test_in_flight(const std::string& model) {
 // the stages' masks.
 void test_pipeline_stages(const std::string& model, const std::string& extra) {
   try {
-    const mt::Config cfg = make_config(model, std::string(kPlain) + "--num-layers 4 " + extra);
+    const mt::Config cfg = make_config(model, std::string(kPlain) + extra + "--num-layers 4 " + extra);
     cudaStream_t stream = nullptr;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     mt::ParamStore whole_store, stores[2];
@@ -520,14 +538,14 @@ class LoopbackLink final : public mt::StageLink {
 
 // 1F1B over two CUDA stages (CudaPipelineStage: slots, boundary buffers, batched transfers) against the whole
 // model, four microbatches: the loss and the gradients.
-void test_pipeline_schedule(const std::string& model, const std::string& kind = "1f1b") {
+void test_pipeline_schedule(const std::string& model, const std::string& kind = "1f1b", const std::string& extra = "") {
   const int64_t chunks = kind == "interleaved" ? 2 : 1;
   const auto schedule = [&](int64_t r, int64_t n) {
     return kind == "zb-h1" ? mt::zero_bubble_h1_schedule(r, 2, n) : mt::interleaved_schedule(r, 2, chunks, n);
   };
   try {
     // Interleaved: two chunks of one layer on each rank (virtual stages 0 and 2 on rank 0, 1 and 3 on rank 1).
-    const mt::Config cfg = make_config(model, std::string(kPlain) + "--num-layers 4 " +
+    const mt::Config cfg = make_config(model, std::string(kPlain) + extra + "--num-layers 4 " +
                                                   (chunks > 1 ? "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 " : ""));
     const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, n = 4, T = mbs * S;
     cudaStream_t streams[3];
@@ -597,8 +615,8 @@ void test_pipeline_schedule(const std::string& model, const std::string& kind = 
     const double e = rel_err(gradients_by_name(whole_store, {{&stores[0], stage[0].get()}, {&stores[1], stage[static_cast<size_t>(chunks)].get()}}),
                              whole_grads);
     char buf[320];
-    std::snprintf(buf, sizeof(buf), "%s: %s over 2 CUDA stages (4 microbatches, linked in memory) vs the whole model: losses %.7f / %.7f, gradients %.2e apart",
-                  model.c_str(), kind == "zb-h1" ? "ZB-H1 (weight gradients apart)" : chunks > 1 ? "interleaved 1F1B (2 chunks per rank)" : "1F1B",
+    std::snprintf(buf, sizeof(buf), "%s%s: %s over 2 CUDA stages (4 microbatches, linked in memory) vs the whole model: losses %.7f / %.7f, gradients %.2e apart",
+                  model.c_str(), extra.empty() ? "" : " (fp8)", kind == "zb-h1" ? "ZB-H1 (weight gradients apart)" : chunks > 1 ? "interleaved 1F1B (2 chunks per rank)" : "1F1B",
                   losses[1], losses[0], e);
     check(losses[0] > 1.0f && std::fabs(losses[1] - losses[0]) <= 1e-6f * std::fabs(losses[0]) && e < 1e-5, buf);
     cudaFree(acc);
@@ -686,6 +704,12 @@ int main() {
   test_training("gpt", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_training("llama", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_fp16_dynamic_scale();
+  // FP8 (tensorwise): the curves follow the CPU engine's emulation of the same quantisation.
+  test_fp8_differs("llama");
+  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe tensorwise ");
+  test_training("gpt", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe tensorwise ");  // biases, GELU apart from the GEMM
+  test_training("llama-recompute", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe tensorwise --first-last-layers-bf16 "
+                "--num-layers-at-end-in-bf16 0 ");
   test_moe_training("llama", "");
   test_moe_training("llama-recompute", "--moe-router-pre-softmax --moe-router-topk-scaling-factor 1.5 ");
   test_moe_training("llama", "--moe-router-score-function sigmoid --moe-layer-freq [0,1] ");
@@ -702,6 +726,7 @@ int main() {
   test_deferred_weights("llama");
   test_pipeline_schedule("llama", "zb-h1");
   test_pipeline_schedule("gpt", "zb-h1");
+  test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe tensorwise ");  // deferred FP8 weight gradients
   test_pipeline_schedule("llama", "interleaved");
   test_pipeline_schedule("gpt", "interleaved");
   test_resume();

@@ -19,6 +19,10 @@ GemmLt::GemmLt() { MT_CUBLAS_CHECK(cublasLtCreate(&handle_)); }
 
 void* GemmLt::workspace(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  return workspace_locked(stream);
+}
+
+void* GemmLt::workspace_locked(cudaStream_t stream) {
   void*& w = workspaces_[stream];
   if (!w) w = DeviceAllocator::instance().allocate(workspace_bytes_);
   return w;
@@ -135,6 +139,62 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
   }
   MT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
                                  workspace(stream), workspace_bytes_, stream));
+}
+
+void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* A, cudaDataType_t a_type, const float* a_scale, const void* B,
+                      cudaDataType_t b_type, const float* b_scale, float beta, void* C, int64_t ldc, cudaDataType_t c_type, const void* bias,
+                      bool fast_accum, cudaStream_t stream) {
+  if (M == 0 || N == 0) return;
+  if (K % 16 != 0 || N % 16 != 0 || M % 16 != 0) {
+    throw std::logic_error("FP8 GEMM " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ": every dimension must be a multiple of 16");
+  }
+  const Fp8Key key{M, N, K, ldc, static_cast<int>(a_type), static_cast<int>(b_type), static_cast<int>(c_type), bias != nullptr, fast_accum};
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = fp8_plans_.find(key);
+  if (it == fp8_plans_.end()) {
+    Plan p{};
+    MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // Column-major view: C^T [N, M] = B [K, N]^T (first operand, transposed) x A^T [K, M] (second, as is): "TN".
+    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+    const int8_t fast = fast_accum ? 1 : 0;
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    const void* dummy = reinterpret_cast<const void*>(std::uintptr_t{256});  // set per call; the heuristic needs them present
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof(dummy)));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof(dummy)));
+    if (bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+      const auto bias_type = static_cast<int32_t>(c_type);
+      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
+    const auto m = static_cast<uint64_t>(N), n = static_cast<uint64_t>(M), k = static_cast<uint64_t>(K);
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, b_type, k, m, static_cast<int64_t>(k)));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, a_type, k, n, static_cast<int64_t>(k)));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, c_type, m, n, ldc));
+    cublasLtMatmulPreference_t pref;
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof(workspace_bytes_)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found == 0) {
+      throw std::runtime_error("cuBLASLt has no FP8 algorithm for a " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+                               " GEMM on this GPU (FP8 needs compute capability 8.9 or newer)");
+    }
+    p.algo = result.algo;
+    it = fp8_plans_.emplace(key, p).first;
+  }
+  Plan& plan = it->second;
+  // cuBLASLt's A is our B: its scale is b_scale.
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+  if (bias) MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  MT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c, &plan.algo, workspace_locked(stream),
+                                 workspace_bytes_, stream));
 }
 
 }  // namespace mt::cuda

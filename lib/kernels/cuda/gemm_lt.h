@@ -36,6 +36,14 @@ class GemmLt {
   void gemm_ex(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
                int64_t ldb, float beta, void* C, int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type, const void* bias,
                cudaStream_t stream, const GemmEpilogue& epilogue = {});
+  // FP8 (Hopper): C[M,N] = alpha * (*a_scale) * (*b_scale) * A B^T + beta * C (+ bias, N values of C's type), A [M,K]
+  // and B [N,K] row-major FP8 (CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2, not both E5M2): both K-contiguous, the only form
+  // Hopper's FP8 tensor cores take; K, N and M multiples of 16. a_scale / b_scale: device pointers to the
+  // dequantisation factors (the inverse scales). C bf16 or fp32. fast_accum: Hopper's faster accumulation
+  // without periodic promotion to fp32 (Transformer Engine's choice for the forward GEMM only).
+  void gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* A, cudaDataType_t a_type, const float* a_scale, const void* B,
+                cudaDataType_t b_type, const float* b_scale, float beta, void* C, int64_t ldc, cudaDataType_t c_type, const void* bias,
+                bool fast_accum, cudaStream_t stream);
   // Whether cuBLASLt has an algorithm for this GEMM (no bias input) with this epilogue; the plan is created
   // and cached if so. Lets a caller use a fused epilogue only where one exists.
   bool has_algorithm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
@@ -59,10 +67,13 @@ class GemmLt {
   // One workspace per stream: GEMMs on two streams may run at the same time (tensor parallelism's
   // weight-gradient GEMMs beside the compute stream).
   void* workspace(cudaStream_t stream);
+  void* workspace_locked(cudaStream_t stream);  // under mu_
   std::map<cudaStream_t, void*> workspaces_;
   size_t workspace_bytes_ = 32u << 20;
   std::mutex mu_;
   std::map<Key, Plan> plans_;
+  using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool>;
+  std::map<Fp8Key, Plan> fp8_plans_;
 };
 
 }  // namespace mt::cuda

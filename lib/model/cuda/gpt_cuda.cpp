@@ -263,6 +263,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       r.ex_out = b16(h, k);
       r.aux_dscale = static_cast<float*>(alloc(static_cast<size_t>(experts_) * 4));
     }
+    if (D.fp8) r.f8_amax = static_cast<float*>(alloc(8 * sizeof(float)));
     if (D.qk_norm) {
       r.q_pre = b16(Hd);
       r.k_pre = b16(KVd);
@@ -340,6 +341,15 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     s.dv = b16(KVd);
     if (D.swiglu) s.dact = b16(F);
     s.dfc1 = b16(F1);
+    if (D.fp8) {  // (FP8 runs GELU's backward apart from the data-gradient GEMM, into dact)
+      if (!D.swiglu) s.dact = b16(F);
+      const auto widest = static_cast<size_t>(std::max({h, Hd, F, Wq, F1}));
+      s.f8_row = static_cast<uint8_t*>(alloc(t * widest));
+      s.f8_dyt = static_cast<uint8_t*>(alloc(t * static_cast<size_t>(std::max({Wq, h, F1}))));
+      s.f8_xt = static_cast<uint8_t*>(alloc(t * static_cast<size_t>(std::max({h, Hd, F}))));
+      s.f8_w = static_cast<uint8_t*>(alloc(static_cast<size_t>(std::max({Wq * h, h * Hd, F1 * h, h * F}))));
+      s.f8_scalars = static_cast<float*>(alloc(5 * 64 * sizeof(float)));
+    }
     if (moe_layers_ > 0) {
       const double k = static_cast<double>(topk_);
       const int64_t Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;

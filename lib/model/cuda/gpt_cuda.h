@@ -217,6 +217,19 @@ class CudaGPT {
   // on the compute stream, starts first and overlaps them (Megatron's asynchronous TP all-reduce). fork_wgrad: the side stream after the work queued so far (the compute
   // stream itself at TP 1); join_wgrad: the compute stream waits for the side stream.
   cudaStream_t fork_wgrad();
+  // A layer's linear GEMMs in its precision (bf16, or FP8 where D_.fp8_layer: gpt_cuda_fp8.cpp), site one of
+  // kLinearQkv .. kLinearFc2; x [T, in], W [out, in], y / dy [T, out]. The FP8 weight gradient reuses the
+  // transposed FP8 dy of the data-gradient GEMM just before it when there is one (else casts it again).
+  enum LinearSite : int { kLinearQkv = 0, kLinearProj = 1, kLinearFc1 = 2, kLinearFc2 = 3 };
+  void linear_forward(int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const cuda::bf16* x, int64_t w_off,
+                      const cuda::bf16* bias, cuda::bf16* y);
+  void linear_dgrad(int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const cuda::bf16* dy, int64_t w_off,
+                    cuda::bf16* dx);
+  void linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const cuda::bf16* dy,
+                    const cuda::bf16* x, int64_t w_off, int64_t b_off);
+  bool fp8_layer(int64_t l) const { return D_.fp8_layer(first_layer_ + l); }
+  const Record* fp8_dyt_record_ = nullptr;  // whose dy the scratch's transposed FP8 dy holds (and its site)
+  int fp8_dyt_site_ = -1;
   void join_wgrad();
   void wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const cuda::bf16* dy, const cuda::bf16* x, int64_t h, int64_t w_off,
                        int64_t b_off);

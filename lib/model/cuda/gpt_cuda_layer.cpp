@@ -38,7 +38,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   const int64_t Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
   const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
-  MT_PROF("fwd.gemm.qkv", lt.gemm_ex(false, true, T, Wq, h, 1.0f, r.xn1, h, w(lw.qkv_w), h, 0.0f, s.qkv, Wq, ab_, ab_, w(lw.qkv_b), stream_));
+  linear_forward(l, r, kLinearQkv, "fwd.gemm.qkv", T, h, Wq, r.xn1, lw.qkv_w, w(lw.qkv_b), s.qkv);
   if (D.qk_norm) {  // split, the norm of every query and key head, then RoPE (as Megatron: norm before rotary)
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q_pre, .k = r.k_pre, .v = r.v, .qkv = s.qkv, .positions = mb.positions,
                                                         .table = nullptr, .rows = T, .heads = D.nh_local, .groups = D.ng_local, .head_dim = D.d,
@@ -65,7 +65,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   }
   MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_));
   // Row-parallel: the bias joins one rank's partial sum.
-  MT_PROF("fwd.gemm.proj", lt.gemm_ex(false, true, T, h, Hd, 1.0f, r.o, Hd, w(lw.proj_w), Hd, 0.0f, s.delta, h, ab_, ab_, row_bias(lw.proj_b), stream_));
+  linear_forward(l, r, kLinearProj, "fwd.gemm.proj", T, Hd, h, r.o, lw.proj_w, row_bias(lw.proj_b), s.delta);
   const bf16* attn = combine_rows(s.delta, s.delta_l, T);
   MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = r.x_mid, .y = norm_out(r.xn2), .mean = r.mean2, .rstd = r.rstd2, .x = x_in,
                                                   .delta = attn, .w = w(lw.ln2_w), .b = w(lw.ln2_b), .rows = Tl, .width = h, .eps = D.eps,
@@ -76,13 +76,16 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
     return combine_rows(s.delta, s.delta_l, T);
   }
   if (D.swiglu) {
-    MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F1, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.fc1, F1, ab_, ab_, w(lw.fc1_b), stream_));
+    linear_forward(l, r, kLinearFc1, "fwd.gemm.fc1", T, h, F1, r.xn2, lw.fc1_w, w(lw.fc1_b), r.fc1);
     MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_, dt_));
+  } else if (fp8_layer(l)) {  // (no GELU epilogue on the FP8 GEMM)
+    linear_forward(l, r, kLinearFc1, "fwd.gemm.fc1", T, h, F, r.xn2, lw.fc1_w, w(lw.fc1_b), r.fc1);
+    MT_PROF("fwd.activation", cuda::gelu_forward_bf16(r.act, r.fc1, T * F, stream_, dt_));
   } else {  // GELU in the GEMM's epilogue, its input kept for the backward
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.act, F, ab_, ab_, w(lw.fc1_b), stream_,
                                        {cuda::GemmEpilogue::kGeluAux, r.fc1, F}));
   }
-  MT_PROF("fwd.gemm.fc2", lt.gemm_ex(false, true, T, h, F, 1.0f, r.act, F, w(lw.fc2_w), F, 0.0f, s.delta, h, ab_, ab_, row_bias(lw.fc2_b), stream_));
+  linear_forward(l, r, kLinearFc2, "fwd.gemm.fc2", T, F, h, r.act, lw.fc2_w, row_bias(lw.fc2_b), s.delta);
   return combine_rows(s.delta, s.delta_l, T);
 }
 
@@ -109,23 +112,26 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     moe_backward(l, r, mb, dy);
   } else {
   if (D.swiglu) {
-    MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dact, F, ab_, ab_, nullptr, stream_));
+    linear_dgrad(l, r, kLinearFc2, "bwd.gemm.fc2_dgrad", T, F, h, dy, lw.fc2_w, s.dact);
+  } else if (fp8_layer(l)) {  // (no GELU epilogue on the FP8 GEMM)
+    linear_dgrad(l, r, kLinearFc2, "bwd.gemm.fc2_dgrad", T, F, h, dy, lw.fc2_w, s.dact);
+    MT_PROF("bwd.activation", cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * F, stream_, dt_));
   } else {  // the GELU backward in the epilogue: straight to d(fc1 output)
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dfc1, F, ab_, ab_, nullptr, stream_,
                                              {cuda::GemmEpilogue::kDGelu, r.fc1, F}));
   }
   if (defer) save_for_weights(defer->dy_mlp, l, dy, h, T);
-  if (!defer) wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, dy, r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
+  if (!defer) linear_wgrad(stream_, l, r, kLinearFc2, "bwd.gemm.fc2_wgrad", T, F, h, dy, r.act, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
   // (A row-parallel bias not from the epilogue takes this rank's rows: in the backward itself, deferred or not.)
   if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
   if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
-  MT_PROF("bwd.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1, 1.0f, s.dfc1, F1, w(lw.fc1_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
+  linear_dgrad(l, r, kLinearFc1, "bwd.gemm.fc1_dgrad", T, h, F1, s.dfc1, lw.fc1_w, s.dxn);
   if (defer) {
     save_for_weights(defer->dfc1, l, s.dfc1, F1, T);
   } else {
     if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), s.dfc1, T, F1, stream_, dt_));
     ws = fork_wgrad();
-    wgrad_with_bias(ws, "bwd.gemm.fc1_wgrad", F1, T, s.dfc1, r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
+    linear_wgrad(ws, l, r, kLinearFc1, "bwd.gemm.fc1_wgrad", T, h, F1, s.dfc1, r.xn2, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
   }
   }
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
@@ -134,13 +140,13 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                .type = dt_, .res16 = res16_, .dropout = drop(mb, attn_site(first_layer_ + l), row0(T))}, stream_));
   // Attention
   dy = gather_rows(s.dres16, s.dres16_full, T);
-  MT_PROF("bwd.gemm.proj_dgrad", lt.gemm_ex(false, false, T, Hd, h, 1.0f, dy, h, w(lw.proj_w), Hd, 0.0f, s.d_o, Hd, ab_, ab_, nullptr, stream_));
+  linear_dgrad(l, r, kLinearProj, "bwd.gemm.proj_dgrad", T, Hd, h, dy, lw.proj_w, s.d_o);
   // Under TP the projection's weight gradient waits for the side stream beside the QKV dgrad's collective,
   // which is longer than the QKV weight gradient alone: off the critical path (its dy is read before the
   // norm's backward below overwrites it).
   const bool defer_proj = wgrad_stream_ != nullptr;
   if (defer) save_for_weights(defer->dy_attn, l, dy, h, T);
-  if (!defer && !defer_proj) wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+  if (!defer && !defer_proj) linear_wgrad(stream_, l, r, kLinearProj, "bwd.gemm.proj_wgrad", T, Hd, h, dy, r.o, lw.proj_w, fuse_row ? lw.proj_b : -1);
   if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}, r.q, r.k, r.v, r.o, s.d_o,
                                                                 r.stats, s.dq, s.dk, s.dv, stream_));
@@ -182,17 +188,17 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                                  .table = D.rope ? rope_table_ : nullptr, .rows = T, .heads = D.qh_local,
                                                                  .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
   }
-  MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, T, h, Wq, 1.0f, s.qkv, Wq, w(lw.qkv_w), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
+  linear_dgrad(l, r, kLinearQkv, "bwd.gemm.qkv_dgrad", T, h, Wq, s.qkv, lw.qkv_w, s.dxn);
   if (defer) {
     save_for_weights(defer->dqkv, l, s.qkv, Wq, T);
   } else {
     if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv, T, Wq, stream_, dt_));
     ws = fork_wgrad();
     if (defer_proj) {
-      wgrad_with_bias(ws, "bwd.gemm.proj_wgrad", h, T, dy, r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+      linear_wgrad(ws, l, r, kLinearProj, "bwd.gemm.proj_wgrad", T, Hd, h, dy, r.o, lw.proj_w, fuse_row ? lw.proj_b : -1);
       MT_CUDA_CHECK(cudaEventRecord(proj_done_ev_, ws));
     }
-    wgrad_with_bias(ws, "bwd.gemm.qkv_wgrad", Wq, T, s.qkv, r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
+    linear_wgrad(ws, l, r, kLinearQkv, "bwd.gemm.qkv_wgrad", T, h, Wq, s.qkv, r.xn1, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
   }
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   if (defer_proj && !sp_ && !defer) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
@@ -233,12 +239,12 @@ void CudaGPT::backward_weights(const DeviceMicrobatch& mb, int64_t slot) {
     const auto k = static_cast<size_t>(l);
     const LayerW& lw = layers_[k];
     Record& r = act(l);
-    wgrad_with_bias(stream_, "bwd.gemm.fc2_wgrad", h, T, sl.dy_mlp[k], r.act, F, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
+    linear_wgrad(stream_, l, r, kLinearFc2, "bwd.gemm.fc2_wgrad", T, F, h, sl.dy_mlp[k], r.act, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
     if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), sl.dfc1[k], T, F1, stream_, dt_));
-    wgrad_with_bias(stream_, "bwd.gemm.fc1_wgrad", F1, T, sl.dfc1[k], r.xn2, h, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
-    wgrad_with_bias(stream_, "bwd.gemm.proj_wgrad", h, T, sl.dy_attn[k], r.o, Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+    linear_wgrad(stream_, l, r, kLinearFc1, "bwd.gemm.fc1_wgrad", T, h, F1, sl.dfc1[k], r.xn2, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
+    linear_wgrad(stream_, l, r, kLinearProj, "bwd.gemm.proj_wgrad", T, Hd, h, sl.dy_attn[k], r.o, lw.proj_w, fuse_row ? lw.proj_b : -1);
     if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), sl.dqkv[k], T, Wq, stream_, dt_));
-    wgrad_with_bias(stream_, "bwd.gemm.qkv_wgrad", Wq, T, sl.dqkv[k], r.xn1, h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
+    linear_wgrad(stream_, l, r, kLinearQkv, "bwd.gemm.qkv_wgrad", T, h, Wq, sl.dqkv[k], r.xn1, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
     if (kv_group_ && final_backward_) {  // every replica of the group's QKV block gets the sum (as the fused backward)
       kv_group_->group_start();
       kv_group_->all_reduce_on(g(lw.qkv_w), static_cast<int64_t>(Wq) * h, WireType::kF32, ReduceOp::kSum, stream_);

@@ -1,0 +1,238 @@
+// test_cuda_fp8.cpp: the CUDA engine's FP8 pieces against the CPU emulation (kernels/cpu/fp8) on the GPU machine:
+// the amax and the cast (row-major and transposed, E4M3 and E5M2, tiles cut at the edges) byte for byte; the
+// FP8 GEMM (cuBLASLt, "TN", device scales, fp32 and bf16 outputs, bias, fast and precise accumulation) bit for
+// bit on operands whose sums are exact in fp32; a linear layer's forward in FP8 on random data within fp32
+// summation order. Exit 77 (skipped) where no GPU is visible.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/fp8.h"
+#include "kernels/cuda/fp8_cast.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "tensor/device_info.h"
+#include "tensor/dtype.h"
+#include "tensor/rng.h"
+
+namespace {
+
+int failures = 0;
+void check(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
+  std::fflush(stdout);
+  if (!ok) ++failures;
+}
+template <typename T>
+T* upload(const std::vector<T>& h) {
+  T* d = nullptr;
+  cudaMalloc(&d, h.size() * sizeof(T));
+  cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+template <typename T>
+std::vector<T> download(const T* d, size_t n) {
+  std::vector<T> h(n);
+  cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return h;
+}
+mt::cpu::Fp8Format cpu_format(mt::cuda::Fp8Type t) { return t == mt::cuda::Fp8Type::kE5M2 ? mt::cpu::Fp8Format::kE5M2 : mt::cpu::Fp8Format::kE4M3; }
+
+// bf16 values of several magnitudes (some tiny: the subnormals and zero of the formats), with exact ties.
+std::vector<uint16_t> test_values(size_t n, uint64_t key, float spread) {
+  std::vector<uint16_t> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float mag = std::ldexp(1.0f, static_cast<int>(i % 23) - 14) * spread;
+    v[i] = mt::float_to_bf16(mag * mt::philox_normal(key, i));
+  }
+  v[n / 2] = mt::float_to_bf16(-3.5f * spread);  // the amax
+  v[1] = 0;
+  return v;
+}
+
+void test_cast(mt::cuda::Fp8Type type, int64_t rows, int64_t cols, float spread) {
+  const size_t n = static_cast<size_t>(rows * cols);
+  const std::vector<uint16_t> x = spread > 0 ? test_values(n, 7, spread) : std::vector<uint16_t>(n, 0);
+  std::vector<float> xf(n);
+  for (size_t i = 0; i < n; ++i) xf[i] = mt::bf16_to_float(x[i]);
+  auto* dx = upload(x);
+  auto* amax = upload(std::vector<float>(2, -1.0f));
+  auto* out = upload(std::vector<uint8_t>(n));
+  auto* out_t = upload(std::vector<uint8_t>(n));
+  const auto* bx = reinterpret_cast<const mt::cuda::bf16*>(dx);
+  mt::cuda::fp8_amax(bx, static_cast<int64_t>(n), amax, nullptr);
+  mt::cuda::fp8_cast(bx, rows, cols, amax, type, out, out_t, amax + 1, nullptr);
+  cudaDeviceSynchronize();
+  const auto a = download(amax, 2);
+  const auto q = download(out, n), qt = download(out_t, n);
+  const float cpu_amax = mt::cpu::abs_max(xf.data(), static_cast<int64_t>(n));
+  const float scale = mt::cpu::fp8_scale_from_amax(cpu_amax, cpu_format(type));
+  size_t bad = 0, bad_t = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t want = mt::cpu::fp8_encode(xf[static_cast<size_t>(r * cols + c)] * scale, cpu_format(type));
+      bad += q[static_cast<size_t>(r * cols + c)] != want;
+      bad_t += qt[static_cast<size_t>(c * rows + r)] != want;
+    }
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "fp8 cast %s %lldx%lld%s: amax %g (CPU %g), scale_inv %g (CPU %g), %zu + %zu bytes differ", type == mt::cuda::Fp8Type::kE5M2 ? "E5M2" : "E4M3",
+                static_cast<long long>(rows), static_cast<long long>(cols), spread > 0 ? "" : " (zeros)", a[0], cpu_amax, a[1], 1.0f / scale, bad, bad_t);
+  check(a[0] == cpu_amax && a[1] == 1.0f / scale && bad == 0 && bad_t == 0, buf);
+  cudaFree(dx);
+  cudaFree(amax);
+  cudaFree(out);
+  cudaFree(out_t);
+}
+
+// A [M, K] and B [N, K] FP8 bytes of values in {0, +-0.5, +-1, +-1.5, +-2} (E4M3 and E5M2 both hold them): every
+// product and every partial sum is exact in fp32, so the GEMM has one right answer.
+void test_gemm(cudaDataType_t a_type, bool bf16_out, bool bias, bool fast) {
+  const int64_t M = 32, N = 48, K = 64;
+  const float values[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f, -2.0f};
+  const auto af = a_type == CUDA_R_8F_E5M2 ? mt::cpu::Fp8Format::kE5M2 : mt::cpu::Fp8Format::kE4M3;
+  std::vector<uint8_t> A(static_cast<size_t>(M * K)), B(static_cast<size_t>(N * K));
+  std::vector<float> Av(A.size()), Bv(B.size());
+  for (size_t i = 0; i < A.size(); ++i) {
+    Av[i] = values[mt::philox4x32(i, 0, 3).v[0] % 9];
+    A[i] = mt::cpu::fp8_encode(Av[i], af);
+  }
+  for (size_t i = 0; i < B.size(); ++i) {
+    Bv[i] = values[mt::philox4x32(i, 0, 4).v[0] % 9];
+    B[i] = mt::cpu::fp8_encode(Bv[i], mt::cpu::Fp8Format::kE4M3);
+  }
+  const float sa = 0.5f, sb = 0.25f, alpha = 2.0f, beta = bf16_out ? 0.0f : 1.0f;
+  std::vector<float> C0(static_cast<size_t>(M * N)), bias_v(static_cast<size_t>(N));
+  for (size_t i = 0; i < C0.size(); ++i) C0[i] = static_cast<float>(static_cast<int>(i % 7) - 3) * 0.125f;
+  for (size_t j = 0; j < bias_v.size(); ++j) bias_v[j] = static_cast<float>(static_cast<int>(j % 5) - 2) * 0.25f;
+  std::vector<float> want(C0.size());
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(Av[static_cast<size_t>(m * K + k)]) * Bv[static_cast<size_t>(n * K + k)];
+      double v = alpha * sa * sb * acc + beta * C0[static_cast<size_t>(m * N + n)] + (bias ? bias_v[static_cast<size_t>(n)] : 0.0);
+      want[static_cast<size_t>(m * N + n)] = bf16_out ? mt::bf16_to_float(mt::float_to_bf16(static_cast<float>(v))) : static_cast<float>(v);
+    }
+  }
+  auto* dA = upload(A);
+  auto* dB = upload(B);
+  auto* scale_a = upload(std::vector<float>{sa});
+  auto* scale_b = upload(std::vector<float>{sb});
+  std::vector<uint16_t> bias16(bias_v.size());
+  for (size_t j = 0; j < bias16.size(); ++j) bias16[j] = mt::float_to_bf16(bias_v[j]);
+  auto* dbias = upload(bias16);
+  std::vector<float> got(C0.size());
+  try {
+    if (bf16_out) {
+      auto* dC = upload(std::vector<uint16_t>(C0.size()));
+      mt::cuda::GemmLt::instance().gemm_fp8(M, N, K, alpha, dA, a_type, scale_a, dB, CUDA_R_8F_E4M3, scale_b, 0.0f, dC, N, CUDA_R_16BF,
+                                            bias ? dbias : nullptr, fast, nullptr);
+      cudaDeviceSynchronize();
+      const auto c = download(dC, C0.size());
+      for (size_t i = 0; i < c.size(); ++i) got[i] = mt::bf16_to_float(c[i]);
+      cudaFree(dC);
+    } else {
+      auto* dC = upload(C0);
+      mt::cuda::GemmLt::instance().gemm_fp8(M, N, K, alpha, dA, a_type, scale_a, dB, CUDA_R_8F_E4M3, scale_b, beta, dC, N, CUDA_R_32F, nullptr, fast,
+                                            nullptr);
+      cudaDeviceSynchronize();
+      got = download(dC, C0.size());
+      cudaFree(dC);
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i];
+    char buf[200];
+    std::snprintf(buf, sizeof(buf), "fp8 GEMM %s x E4M3 -> %s%s, %s accumulation: %zu of %zu outputs differ from the exact sums",
+                  a_type == CUDA_R_8F_E5M2 ? "E5M2" : "E4M3", bf16_out ? "bf16" : "fp32 (beta 1)", bias ? " + bias" : "", fast ? "fast" : "precise",
+                  bad, got.size());
+    check(bad == 0, buf);
+  } catch (const std::exception& e) {
+    check(false, std::string("fp8 GEMM: ") + e.what());
+  }
+  cudaFree(dA);
+  cudaFree(dB);
+  cudaFree(scale_a);
+  cudaFree(scale_b);
+  cudaFree(dbias);
+}
+
+// y = x W^T through the engine's FP8 path (amax, cast, GEMM with the inverse scales) against the CPU emulation of
+// the same bf16 inputs: equal up to fp32 summation order and the output's bf16 rounding.
+void test_linear(int64_t T, int64_t in, int64_t out) {
+  std::vector<uint16_t> x(static_cast<size_t>(T * in)), w(static_cast<size_t>(out * in));
+  std::vector<float> xf(x.size()), wf(w.size());
+  for (size_t i = 0; i < x.size(); ++i) xf[i] = mt::bf16_to_float(x[i] = mt::float_to_bf16(mt::philox_normal(11, i)));
+  for (size_t i = 0; i < w.size(); ++i) wf[i] = mt::bf16_to_float(w[i] = mt::float_to_bf16(0.02f * mt::philox_normal(12, i)));
+  const auto e4m3 = mt::cpu::Fp8Format::kE4M3;
+  const float sx = mt::cpu::fp8_scale_from_amax(mt::cpu::abs_max(xf.data(), T * in), e4m3);
+  const float sw = mt::cpu::fp8_scale_from_amax(mt::cpu::abs_max(wf.data(), out * in), e4m3);
+  std::vector<float> xq(xf.size()), wq(wf.size());
+  mt::cpu::fp8_quantize(xq.data(), xf.data(), T * in, sx, e4m3);
+  mt::cpu::fp8_quantize(wq.data(), wf.data(), out * in, sw, e4m3);
+  auto* dx = upload(x);
+  auto* dw = upload(w);
+  auto* scalar_buf = upload(std::vector<float>(4 * 64));
+  float* scalars[4] = {scalar_buf, scalar_buf + 64, scalar_buf + 128, scalar_buf + 192};  // 256 bytes apart
+  auto* qx = upload(std::vector<uint8_t>(x.size()));
+  auto* qw = upload(std::vector<uint8_t>(w.size()));
+  auto* dy = upload(std::vector<uint16_t>(static_cast<size_t>(T * out)));
+  const auto* bx = reinterpret_cast<const mt::cuda::bf16*>(dx);
+  const auto* bw = reinterpret_cast<const mt::cuda::bf16*>(dw);
+  mt::cuda::fp8_amax(bx, T * in, scalars[0], nullptr);
+  mt::cuda::fp8_cast(bx, T, in, scalars[0], mt::cuda::Fp8Type::kE4M3, qx, nullptr, scalars[2], nullptr);
+  mt::cuda::fp8_amax(bw, out * in, scalars[1], nullptr);
+  mt::cuda::fp8_cast(bw, out, in, scalars[1], mt::cuda::Fp8Type::kE4M3, qw, nullptr, scalars[3], nullptr);
+  try {
+    mt::cuda::GemmLt::instance().gemm_fp8(T, out, in, 1.0f, qx, CUDA_R_8F_E4M3, scalars[2], qw, CUDA_R_8F_E4M3, scalars[3], 0.0f, dy, out, CUDA_R_16BF,
+                                          nullptr, true, nullptr);
+  } catch (const std::exception& e) {
+    check(false, std::string("fp8 linear: ") + e.what());
+  }
+  cudaDeviceSynchronize();
+  const auto y = download(dy, static_cast<size_t>(T * out));
+  double worst = 0, ymax = 0;
+  size_t equal = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    for (int64_t j = 0; j < out; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < in; ++k) acc += static_cast<double>(xq[static_cast<size_t>(i * in + k)]) * wq[static_cast<size_t>(j * in + k)];
+      const float want = mt::bf16_to_float(mt::float_to_bf16(static_cast<float>(acc * (1.0 / sx) * (1.0 / sw))));
+      const float got = mt::bf16_to_float(y[static_cast<size_t>(i * out + j)]);
+      worst = std::max(worst, std::fabs(static_cast<double>(got) - want));
+      ymax = std::max(ymax, std::fabs(static_cast<double>(want)));
+      equal += got == want;
+    }
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "fp8 linear %lldx%lldx%lld against the CPU emulation: worst |diff| / max |y| %.2e, %.1f%% equal", static_cast<long long>(T),
+                static_cast<long long>(in), static_cast<long long>(out), worst / ymax, 100.0 * static_cast<double>(equal) / static_cast<double>(y.size()));
+  check(worst / ymax < 8e-3 && equal * 10 > y.size() * 9, buf);
+  for (void* p : {static_cast<void*>(dx), static_cast<void*>(dw), static_cast<void*>(scalar_buf), static_cast<void*>(qx), static_cast<void*>(qw),
+                  static_cast<void*>(dy)}) {
+    cudaFree(p);
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (mt::visible_gpus().empty()) {
+    std::printf("SKIP: no GPU visible (%s)\n", mt::gpu_unavailable_reason().c_str());
+    return 77;
+  }
+  for (auto t : {mt::cuda::Fp8Type::kE4M3, mt::cuda::Fp8Type::kE5M2}) {
+    test_cast(t, 48, 80, 1.0f);
+    test_cast(t, 257, 33, 1e-3f);
+    test_cast(t, 64, 64, 0.0f);
+  }
+  for (bool fast : {true, false}) {
+    test_gemm(CUDA_R_8F_E4M3, false, false, fast);
+    test_gemm(CUDA_R_8F_E5M2, false, false, fast);
+    test_gemm(CUDA_R_8F_E4M3, true, true, fast);
+  }
+  test_linear(256, 512, 384);
+  std::printf("%d failure(s)\n", failures);
+  return failures == 0 ? 0 : 1;
+}
