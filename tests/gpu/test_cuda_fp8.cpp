@@ -226,6 +226,7 @@ int main() {
     test_cast(t, 48, 80, 1.0f);
     test_cast(t, 257, 33, 1e-3f);
     test_cast(t, 64, 64, 0.0f);
+    test_cast(t, 192, 2048, 0.5f);  // tiles of the vectorised path
   }
   for (bool fast : {true, false}) {
     test_gemm(CUDA_R_8F_E4M3, false, false, fast);
