@@ -22,6 +22,11 @@ if [[ "${SKIP_APT:-0}" != 1 ]]; then
     SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
   fi
+  # PyTorch for the HuggingFace export test (HF's modeling code written out in PyTorch).
+  if ! python3 -c "import torch" 2>/dev/null && ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-torch
+  fi
 fi
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGATRAIN_CUDA="${MEGATRAIN_CUDA:-AUTO}" \

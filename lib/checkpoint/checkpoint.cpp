@@ -609,6 +609,17 @@ std::string checkpoint_config_yaml(const std::string& dir, std::optional<int64_t
   return open_checkpoint(dir, step).meta["config"].get<std::string>();
 }
 
+CheckpointInfo checkpoint_info(const std::string& dir, std::optional<int64_t> step) {
+  const Opened o = open_checkpoint(dir, step);
+  CheckpointInfo info;
+  info.dir = o.dir.string();
+  info.iteration = o.meta["iteration"].get<int64_t>();
+  info.config_yaml = o.meta["config"].get<std::string>();
+  info.vocab_size = o.meta.value("vocab_size", int64_t{0});
+  for (const auto& [name, t] : o.meta["tensors"].items()) info.shapes[name] = t["global_shape"].get<std::vector<int64_t>>();
+  return info;
+}
+
 std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> step, bool verify) {
   const Opened o = open_checkpoint(dir, step);
   std::ostringstream out;

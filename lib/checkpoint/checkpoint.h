@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -104,6 +105,17 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& opt, Param
 
 // The configuration YAML stored in the checkpoint (for --use-checkpoint-args).
 std::string checkpoint_config_yaml(const std::string& dir, std::optional<int64_t> step);
+
+// What a checkpoint holds, without loading it: its directory, iteration, configuration YAML, the tokenizer's
+// vocabulary size and each tensor's global shape (by name).
+struct CheckpointInfo {
+  std::string dir;
+  int64_t iteration = 0;
+  std::string config_yaml;
+  int64_t vocab_size = 0;
+  std::map<std::string, std::vector<int64_t>> shapes;
+};
+CheckpointInfo checkpoint_info(const std::string& dir, std::optional<int64_t> step);
 
 // Human-readable summary; with verify, every piece's checksum is checked.
 std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> step, bool verify);

@@ -1,0 +1,349 @@
+// hf_export.cpp: the checkpoint is loaded into a one-rank CPU model (the loader reshards any saved layout),
+// then each HF tensor is built from megatrain's global tensors by name.
+#include "interop/hf_export.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "config/errors.h"
+#include "config/moe_pattern.h"
+#include "config/resolve.h"
+#include "config/yaml_io.h"
+#include "interop/safetensors.h"
+#include "model/model_dims.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+#include "tensor/dtype.h"
+
+namespace mt {
+namespace fs = std::filesystem;
+namespace {
+
+using Values = std::vector<float>;
+
+// A 2-D [rows, cols] matrix transposed.
+Values transposed(const Values& w, int64_t rows, int64_t cols) {
+  Values t(w.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) t[static_cast<size_t>(c * rows + r)] = w[static_cast<size_t>(r * cols + c)];
+  }
+  return t;
+}
+
+// Rows [first, first + n) of a [*, cols] matrix (or a vector with cols 1).
+Values rows_of(const Values& w, int64_t first, int64_t n, int64_t cols) {
+  return Values(w.begin() + first * cols, w.begin() + (first + n) * cols);
+}
+
+// Megatron's grouped QKV rows (per query group: its query heads, then its key, then its value head, d rows each)
+// as HF's separate Q [nh d], K [ng d] and V [ng d] rows; cols 1 for the bias.
+struct SplitQkv {
+  Values q, k, v;
+};
+SplitQkv split_qkv(const Values& qkv, int64_t nh, int64_t ng, int64_t d, int64_t cols) {
+  const int64_t per = nh / ng;
+  SplitQkv s;
+  for (int64_t g = 0; g < ng; ++g) {
+    const int64_t base = g * (per + 2) * d;
+    auto q = rows_of(qkv, base, per * d, cols), k = rows_of(qkv, base + per * d, d, cols), v = rows_of(qkv, base + (per + 1) * d, d, cols);
+    s.q.insert(s.q.end(), q.begin(), q.end());
+    s.k.insert(s.k.end(), k.begin(), k.end());
+    s.v.insert(s.v.end(), v.begin(), v.end());
+  }
+  return s;
+}
+
+// --rotary-interleaved rotates the pairs (2i, 2i + 1) of each head; HF rotates (i, i + d/2): each head's rows
+// reordered so that HF's rotation meets the same pairs.
+Values deinterleave_heads(const Values& w, int64_t heads, int64_t d, int64_t cols) {
+  Values out(w.size());
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    for (int64_t j = 0; j < d; ++j) {
+      const int64_t src = j < d / 2 ? 2 * j : 2 * (j - d / 2) + 1;
+      std::copy_n(w.begin() + (hd * d + src) * cols, cols, out.begin() + (hd * d + j) * cols);
+    }
+  }
+  return out;
+}
+
+struct Exported {
+  std::string name;
+  std::vector<int64_t> shape;
+  Values values;
+};
+
+}  // namespace
+
+SingleRankModel load_single_rank(const std::string& dir, std::optional<int64_t> step) {
+  SingleRankModel out;
+  out.info = checkpoint_info(dir, step);
+  Config& c = out.cfg;
+  apply_yaml_text(c, out.info.config_yaml, "checkpoint config");
+  // One rank, fp32 weights: the loader reshards the saved layout into it; no bf16 working copy, so the
+  // parameters are the saved master weights exactly.
+  c.parallel = ParallelConfig{};
+  c.training.use_distributed_optimizer = false;
+  c.training.overlap_grad_reduce = false;
+  c.training.overlap_param_gather = false;
+  c.precision.bf16 = c.precision.fp16 = false;
+  c.precision.fp8_format.reset();
+  c.recompute = RecomputeConfig{};
+  c.checkpoint = CheckpointConfig{};
+  c.training.global_batch_size.reset();
+  c.training.rampup_batch_size.clear();
+  resolve(c, 1, out.info.vocab_size);
+  const auto emb = out.info.shapes.find("embedding.word_embeddings.weight");
+  if (emb == out.info.shapes.end()) throw DataError(out.info.dir + " has no embedding.word_embeddings.weight: not a megatrain model checkpoint");
+  c.derived.padded_vocab_size = emb->second.at(0);  // the vocabulary padding the run trained with
+  out.model = std::make_unique<GPTModel>(c, ProcessGroups::single());
+  Optimizer opt(c, out.model->params(), ProcessGroups::single());
+  LossScaler scaler(c);
+  LoadOptions lo;
+  lo.step = out.info.iteration;
+  lo.load_optimizer = false;
+  lo.finetune = true;
+  lo.vocab_size = out.info.vocab_size;
+  load_checkpoint(dir, lo, out.model->params(), opt, scaler);
+  return out;
+}
+
+std::vector<std::string> export_hf(const HfExportOptions& opt) {
+  if (opt.dtype != "bf16" && opt.dtype != "fp32") throw ConfigError("--dtype must be bf16 or fp32, got " + opt.dtype);
+  SingleRankModel m = load_single_rank(opt.checkpoint_dir, opt.step);
+  const Config& c = m.cfg;
+  const ModelDims D = model_dims(c, 0, 1);
+  ParamStore& ps = m.model->params();
+  auto get = [&](const std::string& name) {
+    const size_t i = ps.index_of(name);
+    if (i == kNoParam) throw DataError("the checkpoint's model has no " + name);
+    return Values(ps.param(i), ps.param(i) + ps.info(i).numel);
+  };
+  auto has = [&](const std::string& name) { return ps.index_of(name) != kNoParam; };
+  std::vector<std::string> notes;
+  auto refuse = [](bool bad, const std::string& why) {
+    if (bad) throw ConfigError("cannot export to HuggingFace: " + why);
+  };
+  refuse(D.qk_norm, "--qk-layernorm has no place in GPT2LMHeadModel, LlamaForCausalLM or MixtralForCausalLM");
+  refuse(c.model.rotary_percent != 1.0, "--rotary-percent below 1 (partial rotary) has no place in LlamaForCausalLM");
+  refuse(D.squared_relu, "--squared-relu has no place in the exported families");
+  const std::vector<bool> moe = moe_layer_pattern(c);
+  const bool any_moe = D.experts > 0 && std::find(moe.begin(), moe.end(), true) != moe.end();
+  std::string family;
+  if (!D.swiglu && !D.rms && D.learned_pos) family = "gpt2";
+  else if (D.swiglu && D.rms && D.rope && !any_moe) family = "llama";
+  else if (D.swiglu && D.rms && D.rope && any_moe) family = "mixtral";
+  refuse(family.empty(), "the model is neither GPT-2 shaped (LayerNorm, GELU, learned positions) nor LLaMA / Mixtral shaped "
+                         "(RMSNorm, SwiGLU, RoPE)");
+  const int64_t L = D.L, h = D.h, nh = D.nh, ng = D.ng, d = D.d, V = c.derived.padded_vocab_size;
+  std::vector<Exported> out;
+  auto put = [&](const std::string& name, std::vector<int64_t> shape, Values v) { out.push_back({name, std::move(shape), std::move(v)}); };
+  nlohmann::ordered_json config;
+  const std::string dtype_name = opt.dtype == "bf16" ? "bfloat16" : "float32";
+  if (family == "gpt2") {
+    refuse(ng != nh, "GPT-2 has no grouped-query attention (--num-query-groups)");
+    refuse(d * nh != h, "GPT-2's head dimension is the hidden size over the heads (--kv-channels differs)");
+    refuse(D.rope, "GPT-2 has learned positions, not RoPE");
+    put("transformer.wte.weight", {V, h}, get("embedding.word_embeddings.weight"));
+    put("transformer.wpe.weight", {D.max_pos, h}, get("embedding.position_embeddings.weight"));
+    auto bias_or_zero = [&](const std::string& name, int64_t n) { return has(name) ? get(name) : Values(static_cast<size_t>(n), 0.0f); };
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".", o = "transformer.h." + std::to_string(l) + ".";
+      put(o + "ln_1.weight", {h}, get(p + "input_norm.weight"));
+      put(o + "ln_1.bias", {h}, get(p + "input_norm.bias"));
+      const SplitQkv w = split_qkv(get(p + "attention.qkv.weight"), nh, ng, d, h);
+      Values qkv = w.q;
+      qkv.insert(qkv.end(), w.k.begin(), w.k.end());
+      qkv.insert(qkv.end(), w.v.begin(), w.v.end());
+      put(o + "attn.c_attn.weight", {h, 3 * h}, transposed(qkv, 3 * h, h));  // Conv1D: [in, out]
+      const SplitQkv b = split_qkv(bias_or_zero(p + "attention.qkv.bias", 3 * h), nh, ng, d, 1);
+      Values qkv_b = b.q;
+      qkv_b.insert(qkv_b.end(), b.k.begin(), b.k.end());
+      qkv_b.insert(qkv_b.end(), b.v.begin(), b.v.end());
+      put(o + "attn.c_attn.bias", {3 * h}, qkv_b);
+      put(o + "attn.c_proj.weight", {h, h}, transposed(get(p + "attention.proj.weight"), h, h));
+      put(o + "attn.c_proj.bias", {h}, bias_or_zero(p + "attention.proj.bias", h));
+      put(o + "ln_2.weight", {h}, get(p + "mlp_norm.weight"));
+      put(o + "ln_2.bias", {h}, get(p + "mlp_norm.bias"));
+      put(o + "mlp.c_fc.weight", {h, D.F}, transposed(get(p + "mlp.fc1.weight"), D.F, h));
+      put(o + "mlp.c_fc.bias", {D.F}, bias_or_zero(p + "mlp.fc1.bias", D.F));
+      put(o + "mlp.c_proj.weight", {D.F, h}, transposed(get(p + "mlp.fc2.weight"), h, D.F));
+      put(o + "mlp.c_proj.bias", {h}, bias_or_zero(p + "mlp.fc2.bias", h));
+    }
+    put("transformer.ln_f.weight", {h}, get("final_norm.weight"));
+    put("transformer.ln_f.bias", {h}, get("final_norm.bias"));
+    if (!D.tied) put("lm_head.weight", {V, h}, get("output_layer.weight"));
+    if (!D.bias) notes.push_back("note: the model has no biases (--disable-bias-linear); GPT-2's are written as zeros");
+    config = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", V}, {"n_positions", D.max_pos}, {"n_ctx", D.max_pos},
+              {"n_embd", h}, {"n_layer", L}, {"n_head", nh}, {"n_inner", D.F}, {"activation_function", "gelu_new"},
+              {"layer_norm_epsilon", c.model.norm_epsilon}, {"resid_pdrop", c.model.hidden_dropout}, {"embd_pdrop", c.model.hidden_dropout},
+              {"attn_pdrop", c.model.attention_dropout}, {"initializer_range", c.model.init_method_std}, {"scale_attn_weights", true},
+              {"tie_word_embeddings", D.tied}, {"torch_dtype", dtype_name}};
+  } else {
+    refuse(D.learned_pos, "LLaMA / Mixtral take RoPE, not learned positions");
+    put("model.embed_tokens.weight", {V, h}, get("embedding.word_embeddings.weight"));
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".", o = "model.layers." + std::to_string(l) + ".";
+      put(o + "input_layernorm.weight", {h}, get(p + "input_norm.weight"));
+      SplitQkv w = split_qkv(get(p + "attention.qkv.weight"), nh, ng, d, h);
+      if (D.rotary_interleaved) {
+        w.q = deinterleave_heads(w.q, nh, d, h);
+        w.k = deinterleave_heads(w.k, ng, d, h);
+      }
+      put(o + "self_attn.q_proj.weight", {nh * d, h}, w.q);
+      put(o + "self_attn.k_proj.weight", {ng * d, h}, w.k);
+      put(o + "self_attn.v_proj.weight", {ng * d, h}, w.v);
+      if (D.bias) {
+        SplitQkv b = split_qkv(get(p + "attention.qkv.bias"), nh, ng, d, 1);
+        if (D.rotary_interleaved) {
+          b.q = deinterleave_heads(b.q, nh, d, 1);
+          b.k = deinterleave_heads(b.k, ng, d, 1);
+        }
+        put(o + "self_attn.q_proj.bias", {nh * d}, b.q);
+        put(o + "self_attn.k_proj.bias", {ng * d}, b.k);
+        put(o + "self_attn.v_proj.bias", {ng * d}, b.v);
+        put(o + "self_attn.o_proj.bias", {h}, get(p + "attention.proj.bias"));
+      }
+      put(o + "self_attn.o_proj.weight", {h, nh * d}, get(p + "attention.proj.weight"));
+      put(o + "post_attention_layernorm.weight", {h}, get(p + "mlp_norm.weight"));
+      if (!moe[static_cast<size_t>(l)] || D.experts == 0) {
+        refuse(family == "mixtral", "MixtralForCausalLM has an MoE MLP in every layer (--moe-layer-freq must be 1)");
+        put(o + "mlp.gate_proj.weight", {D.F, h}, get(p + "mlp.fc1_gate.weight"));
+        put(o + "mlp.up_proj.weight", {D.F, h}, get(p + "mlp.fc1_up.weight"));
+        put(o + "mlp.down_proj.weight", {h, D.F}, get(p + "mlp.fc2.weight"));
+        if (D.bias) {
+          put(o + "mlp.gate_proj.bias", {D.F}, get(p + "mlp.fc1_gate.bias"));
+          put(o + "mlp.up_proj.bias", {D.F}, get(p + "mlp.fc1_up.bias"));
+          put(o + "mlp.down_proj.bias", {h}, get(p + "mlp.fc2.bias"));
+        }
+        continue;
+      }
+      put(o + "block_sparse_moe.gate.weight", {D.experts, h}, get(p + "mlp.router.weight"));
+      for (int64_t e = 0; e < D.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        put(y + "w1.weight", {D.F_moe, h}, get(x + "fc1_gate.weight"));
+        put(y + "w3.weight", {D.F_moe, h}, get(x + "fc1_up.weight"));
+        put(y + "w2.weight", {h, D.F_moe}, get(x + "fc2.weight"));
+      }
+    }
+    put("model.norm.weight", {h}, get("final_norm.weight"));
+    if (!D.tied) put("lm_head.weight", {V, h}, get("output_layer.weight"));
+    config = {{"architectures", {family == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM"}}, {"model_type", family},
+              {"vocab_size", V}, {"hidden_size", h}, {"intermediate_size", family == "mixtral" ? D.F_moe : D.F}, {"num_hidden_layers", L},
+              {"num_attention_heads", nh}, {"num_key_value_heads", ng}, {"head_dim", d}, {"hidden_act", "silu"},
+              {"max_position_embeddings", D.max_pos}, {"rms_norm_eps", c.model.norm_epsilon}, {"rope_theta", c.model.rotary_base},
+              {"attention_dropout", c.model.attention_dropout}, {"initializer_range", c.model.init_method_std},
+              {"tie_word_embeddings", D.tied}, {"torch_dtype", dtype_name}};
+    if (family == "llama") {
+      config["attention_bias"] = D.bias;
+      config["mlp_bias"] = D.bias;
+    } else {
+      const MoeConfig& mc = c.moe;
+      refuse(D.bias, "MixtralForCausalLM has no biases (--disable-bias-linear)");
+      refuse(mc.moe_router_score_function != "softmax" || mc.moe_router_pre_softmax || mc.moe_router_topk_scaling_factor.has_value() ||
+                 mc.moe_router_num_groups.has_value() || mc.moe_router_enable_expert_bias,
+             "Mixtral's router is a softmax over the top-k logits: no --moe-router-pre-softmax, sigmoid scores, scaling factor, "
+             "groups or expert bias");
+      refuse(mc.moe_expert_capacity_factor.has_value(), "Mixtral is dropless (no --moe-expert-capacity-factor)");
+      refuse(D.F_shared > 0, "Mixtral has no shared experts");
+      config["num_local_experts"] = D.experts;
+      config["num_experts_per_tok"] = D.topk;
+      config["router_aux_loss_coef"] = mc.moe_aux_loss_coeff;
+      config["output_router_logits"] = false;
+      config["sliding_window"] = nullptr;
+    }
+  }
+  if (V != m.info.vocab_size) {
+    notes.push_back("note: vocab_size " + std::to_string(V) + " is the padded vocabulary the model was trained with (the tokenizer has " +
+                    std::to_string(m.info.vocab_size) + " tokens; the rest are Megatron's padding rows)");
+  }
+  // The safetensors files, HF's shard names past the size limit.
+  fs::create_directories(opt.out_dir);
+  const int64_t es = opt.dtype == "bf16" ? 2 : 4;
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t bytes = static_cast<int64_t>(out[i].values.size()) * es;
+    if (in_shard > 0 && in_shard + bytes > opt.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += bytes;
+    total += bytes;
+  }
+  auto shard_name = [&](size_t k) {
+    if (shards.size() == 1) return std::string("model.safetensors");
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    return std::string(buf);
+  };
+  nlohmann::ordered_json weight_map;
+  std::vector<std::string> written;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    std::vector<SafeTensor> tensors;
+    for (size_t i : shards[k]) {
+      SafeTensor t{out[i].name, opt.dtype == "bf16" ? "BF16" : "F32", out[i].shape, {}};
+      t.bytes.resize(out[i].values.size() * static_cast<size_t>(es));
+      if (opt.dtype == "bf16") {
+        for (size_t j = 0; j < out[i].values.size(); ++j) {
+          const uint16_t b = float_to_bf16(out[i].values[j]);
+          std::memcpy(t.bytes.data() + 2 * j, &b, 2);
+        }
+      } else {
+        std::memcpy(t.bytes.data(), out[i].values.data(), t.bytes.size());
+      }
+      weight_map[t.name] = shard_name(k);
+      tensors.push_back(std::move(t));
+    }
+    write_safetensors((fs::path(opt.out_dir) / shard_name(k)).string(), tensors, {{"format", "pt"}});
+    written.push_back("wrote " + (fs::path(opt.out_dir) / shard_name(k)).string() + " (" + std::to_string(tensors.size()) + " tensors)");
+  }
+  if (shards.size() > 1) {
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    std::ofstream(fs::path(opt.out_dir) / "model.safetensors.index.json") << index.dump(2) << "\n";
+    written.push_back("wrote " + (fs::path(opt.out_dir) / "model.safetensors.index.json").string());
+  }
+  // Tokenizer: what the run read, under HF's file names.
+  nlohmann::ordered_json generation = {{"_from_model_config", true}};
+  const std::string tok = c.data.tokenizer_type.value_or("");
+  auto copy_file = [&](const std::optional<std::string>& from, const std::string& to) {
+    if (!from) return;
+    std::error_code ec;
+    fs::copy_file(*from, fs::path(opt.out_dir) / to, fs::copy_options::overwrite_existing, ec);
+    if (ec) notes.push_back("note: the run's tokenizer file " + *from + " could not be copied (" + ec.message() + "): copy it beside the model as " + to);
+    else written.push_back("copied " + *from + " as " + to);
+  };
+  if (tok == "GPT2BPETokenizer") {
+    copy_file(c.data.vocab_file, "vocab.json");
+    copy_file(c.data.merge_file, "merges.txt");
+    config["bos_token_id"] = 50256;
+    config["eos_token_id"] = 50256;
+    generation["bos_token_id"] = 50256;
+    generation["eos_token_id"] = 50256;
+  } else if (tok == "HuggingFaceTokenizer" && c.data.tokenizer_model) {
+    fs::path src(*c.data.tokenizer_model);
+    if (fs::is_directory(src)) {
+      for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+        if (fs::exists(src / f)) copy_file((src / f).string(), f);
+      }
+    } else {
+      copy_file(src.string(), "tokenizer.json");
+    }
+  } else {
+    notes.push_back("note: no tokenizer files to copy (--tokenizer-type " + (tok.empty() ? std::string("unset") : tok) + ")");
+  }
+  std::ofstream(fs::path(opt.out_dir) / "config.json") << config.dump(2) << "\n";
+  std::ofstream(fs::path(opt.out_dir) / "generation_config.json") << generation.dump(2) << "\n";
+  written.push_back("wrote config.json (" + config["architectures"][0].get<std::string>() + ") and generation_config.json");
+  written.insert(written.begin(), "exported " + m.info.dir + " (iteration " + std::to_string(m.info.iteration) + ") to " + opt.out_dir + " in " + opt.dtype);
+  written.insert(written.end(), notes.begin(), notes.end());
+  return written;
+}
+
+}  // namespace mt

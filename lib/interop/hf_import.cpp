@@ -1,0 +1,283 @@
+// hf_import.cpp: config.json becomes Megatron flags (parsed by the same flag table as the command line, so the
+// checkpoint stores an ordinary configuration); each megatrain tensor of a one-rank model is filled from HF's,
+// and every HF tensor must be used: a missing or a leftover tensor, or a shape that differs, is named.
+#include "interop/hf_import.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "checkpoint/checkpoint.h"
+#include "config/cli.h"
+#include "config/errors.h"
+#include "config/resolve.h"
+#include "config/validate.h"
+#include "interop/safetensors.h"
+#include "model/gpt_model.h"
+#include "model/model_dims.h"
+#include "optim/optimizer.h"
+
+namespace mt {
+namespace fs = std::filesystem;
+namespace {
+
+using Values = std::vector<float>;
+using json = nlohmann::json;
+
+Values transposed(const Values& w, int64_t rows, int64_t cols) {
+  Values t(w.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) t[static_cast<size_t>(c * rows + r)] = w[static_cast<size_t>(r * cols + c)];
+  }
+  return t;
+}
+
+// HF's Q [nh d], K [ng d], V [ng d] rows into Megatron's grouped QKV rows (per group: its query heads, key, value).
+Values merge_qkv(const Values& q, const Values& k, const Values& v, int64_t nh, int64_t ng, int64_t d, int64_t cols) {
+  const int64_t per = nh / ng;
+  Values out;
+  out.reserve(q.size() + k.size() + v.size());
+  for (int64_t g = 0; g < ng; ++g) {
+    out.insert(out.end(), q.begin() + g * per * d * cols, q.begin() + (g + 1) * per * d * cols);
+    out.insert(out.end(), k.begin() + g * d * cols, k.begin() + (g + 1) * d * cols);
+    out.insert(out.end(), v.begin() + g * d * cols, v.begin() + (g + 1) * d * cols);
+  }
+  return out;
+}
+
+// The safetensors files of a directory (one, or the index's shards), tensor name -> file.
+class HfWeights {
+ public:
+  explicit HfWeights(const fs::path& dir) {
+    const fs::path index = dir / "model.safetensors.index.json";
+    std::vector<std::string> files;
+    if (fs::exists(index)) {
+      std::ifstream in(index);
+      json j;
+      try {
+        j = json::parse(in);
+      } catch (const std::exception& e) {
+        throw DataError(index.string() + " is not valid JSON (" + e.what() + ")");
+      }
+      std::set<std::string> names;
+      for (const auto& [k, v] : j.at("weight_map").items()) names.insert(v.get<std::string>());
+      files.assign(names.begin(), names.end());
+    } else if (fs::exists(dir / "model.safetensors")) {
+      files.push_back("model.safetensors");
+    } else {
+      throw DataError(dir.string() + " has neither model.safetensors nor model.safetensors.index.json (PyTorch .bin weights are not read: "
+                      "save them as safetensors)");
+    }
+    for (const auto& f : files) {
+      auto file = std::make_shared<SafetensorsFile>((dir / f).string());
+      for (const auto& [name, e] : file->entries()) where_[name] = file;
+    }
+  }
+  bool has(const std::string& name) const { return where_.count(name) != 0; }
+  Values take(const std::string& name, const std::vector<int64_t>& shape) {
+    auto it = where_.find(name);
+    if (it == where_.end()) throw DataError("the HuggingFace weights have no tensor " + name);
+    const auto& e = it->second->entry(name);
+    if (e.shape != shape) {
+      std::ostringstream s;
+      s << "the HuggingFace tensor " << name << " has shape [";
+      for (size_t i = 0; i < e.shape.size(); ++i) s << (i ? ", " : "") << e.shape[i];
+      s << "], config.json implies [";
+      for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+      s << "]";
+      throw DataError(s.str());
+    }
+    used_.insert(name);
+    return it->second->read_f32(name);
+  }
+  std::vector<std::string> unused() const {
+    std::vector<std::string> out;
+    for (const auto& [name, f] : where_) {
+      if (!used_.count(name)) out.push_back(name);
+    }
+    return out;
+  }
+
+ private:
+  std::map<std::string, std::shared_ptr<SafetensorsFile>> where_;
+  std::set<std::string> used_;
+};
+
+template <typename T>
+T field(const json& c, const char* key, T fallback) {
+  return c.contains(key) && !c[key].is_null() ? c[key].get<T>() : fallback;
+}
+
+}  // namespace
+
+std::vector<std::string> import_hf(const HfImportOptions& opt) {
+  const fs::path dir(opt.hf_dir);
+  json hc;
+  {
+    std::ifstream in(dir / "config.json");
+    if (!in) throw DataError((dir / "config.json").string() + " not found: give a HuggingFace model directory");
+    try {
+      hc = json::parse(in);
+    } catch (const std::exception& e) {
+      throw DataError((dir / "config.json").string() + " is not valid JSON (" + e.what() + ")");
+    }
+  }
+  const std::string arch = hc.contains("architectures") && !hc["architectures"].empty() ? hc["architectures"][0].get<std::string>() : "";
+  auto refuse = [](bool bad, const std::string& why) {
+    if (bad) throw ConfigError("cannot import: " + why);
+  };
+  std::ostringstream flags;
+  std::string family;
+  if (arch == "GPT2LMHeadModel") {
+    family = "gpt2";
+    const int64_t h = hc.at("n_embd").get<int64_t>(), pos = hc.at("n_positions").get<int64_t>();
+    const std::string act = field<std::string>(hc, "activation_function", "gelu_new");
+    refuse(act != "gelu_new" && act != "gelu_pytorch_tanh", "GPT-2 with activation_function " + act + " (megatrain's GELU is the tanh form, gelu_new)");
+    flags << "--num-layers " << hc.at("n_layer").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << hc.at("n_head").get<int64_t>()
+          << " --ffn-hidden-size " << field<int64_t>(hc, "n_inner", 4 * h) << " --max-position-embeddings " << pos << " --seq-length " << pos
+          << " --norm-epsilon " << field<double>(hc, "layer_norm_epsilon", 1e-5) << " --position-embedding-type learned_absolute";
+    if (!field<bool>(hc, "tie_word_embeddings", true)) flags << " --untie-embeddings-and-output-weights";
+  } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "MixtralForCausalLM") {
+    family = arch == "MixtralForCausalLM" ? "mixtral" : "llama";
+    const int64_t h = hc.at("hidden_size").get<int64_t>(), nh = hc.at("num_attention_heads").get<int64_t>();
+    const int64_t ng = field<int64_t>(hc, "num_key_value_heads", nh), pos = hc.at("max_position_embeddings").get<int64_t>();
+    refuse(!hc.value("rope_scaling", json()).is_null(), "rope_scaling (LLaMA 3.1's and others' RoPE scaling) is not implemented in megatrain");
+    refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
+    const int64_t window = field<int64_t>(hc, "sliding_window", 0);
+    refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
+    const bool attn_bias = field<bool>(hc, "attention_bias", false), mlp_bias = field<bool>(hc, "mlp_bias", false);
+    refuse(attn_bias != mlp_bias, "attention_bias and mlp_bias differ (megatrain's --disable-bias-linear covers both)");
+    flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh
+          << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", h / nh)
+          << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
+          << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", 1e-6)
+          << " --swiglu --position-embedding-type rope --rotary-base " << field<double>(hc, "rope_theta", 10000.0);
+    if (!attn_bias) flags << " --disable-bias-linear";
+    if (!field<bool>(hc, "tie_word_embeddings", false)) flags << " --untie-embeddings-and-output-weights";
+    if (family == "mixtral") {
+      flags << " --num-experts " << hc.at("num_local_experts").get<int64_t>() << " --moe-router-topk " << hc.at("num_experts_per_tok").get<int64_t>()
+            << " --moe-ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --moe-aux-loss-coeff "
+            << field<double>(hc, "router_aux_loss_coef", 0.0);
+    }
+  } else {
+    throw ConfigError("cannot import " + (arch.empty() ? std::string("a model without \"architectures\"") : arch) +
+                      ": megatrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM and MixtralForCausalLM");
+  }
+  const int64_t V = hc.at("vocab_size").get<int64_t>();
+  flags << " --vocab-size " << V << " --make-vocab-size-divisible-by 1";
+  const std::string flag_text = flags.str();
+  CLI::App app;
+  ConfigCli cli(app);
+  app.parse(flag_text, false);
+  Config c = cli.build();
+  const Diagnostics dg = validate(c, 1, Purpose::kPrint);
+  if (!dg.ok()) throw ConfigError("config.json gives an invalid model: " + dg.errors.front());
+  resolve(c, 1);
+  const ModelDims D = model_dims(c, 0, 1);
+  GPTModel model(c, ProcessGroups::single());
+  ParamStore& ps = model.params();
+  HfWeights hf(dir);
+  auto set = [&](const std::string& name, const Values& v) {
+    const size_t i = ps.index_of(name);
+    if (i == kNoParam) throw std::logic_error("import: megatrain's model has no " + name);
+    if (static_cast<int64_t>(v.size()) != ps.info(i).numel) throw std::logic_error("import: size of " + name);
+    std::memcpy(ps.param(i), v.data(), v.size() * sizeof(float));
+  };
+  const int64_t L = D.L, h = D.h, nh = D.nh, ng = D.ng, d = D.d;
+  if (family == "gpt2") {
+    set("embedding.word_embeddings.weight", hf.take("transformer.wte.weight", {V, h}));
+    set("embedding.position_embeddings.weight", hf.take("transformer.wpe.weight", {D.max_pos, h}));
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".", o = "transformer.h." + std::to_string(l) + ".";
+      set(p + "input_norm.weight", hf.take(o + "ln_1.weight", {h}));
+      set(p + "input_norm.bias", hf.take(o + "ln_1.bias", {h}));
+      const Values w = transposed(hf.take(o + "attn.c_attn.weight", {h, 3 * h}), h, 3 * h);  // [3h, h]: Q, K, V rows
+      const auto third = [&](const Values& x, int64_t k, int64_t cols) { return Values(x.begin() + k * h * cols, x.begin() + (k + 1) * h * cols); };
+      set(p + "attention.qkv.weight", merge_qkv(third(w, 0, h), third(w, 1, h), third(w, 2, h), nh, ng, d, h));
+      const Values b = hf.take(o + "attn.c_attn.bias", {3 * h});
+      set(p + "attention.qkv.bias", merge_qkv(third(b, 0, 1), third(b, 1, 1), third(b, 2, 1), nh, ng, d, 1));
+      set(p + "attention.proj.weight", transposed(hf.take(o + "attn.c_proj.weight", {h, h}), h, h));
+      set(p + "attention.proj.bias", hf.take(o + "attn.c_proj.bias", {h}));
+      set(p + "mlp_norm.weight", hf.take(o + "ln_2.weight", {h}));
+      set(p + "mlp_norm.bias", hf.take(o + "ln_2.bias", {h}));
+      set(p + "mlp.fc1.weight", transposed(hf.take(o + "mlp.c_fc.weight", {h, D.F}), h, D.F));
+      set(p + "mlp.fc1.bias", hf.take(o + "mlp.c_fc.bias", {D.F}));
+      set(p + "mlp.fc2.weight", transposed(hf.take(o + "mlp.c_proj.weight", {D.F, h}), D.F, h));
+      set(p + "mlp.fc2.bias", hf.take(o + "mlp.c_proj.bias", {h}));
+    }
+    set("final_norm.weight", hf.take("transformer.ln_f.weight", {h}));
+    set("final_norm.bias", hf.take("transformer.ln_f.bias", {h}));
+    if (!D.tied) set("output_layer.weight", hf.take("lm_head.weight", {V, h}));
+  } else {
+    set("embedding.word_embeddings.weight", hf.take("model.embed_tokens.weight", {V, h}));
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".", o = "model.layers." + std::to_string(l) + ".";
+      set(p + "input_norm.weight", hf.take(o + "input_layernorm.weight", {h}));
+      set(p + "attention.qkv.weight", merge_qkv(hf.take(o + "self_attn.q_proj.weight", {nh * d, h}), hf.take(o + "self_attn.k_proj.weight", {ng * d, h}),
+                                                hf.take(o + "self_attn.v_proj.weight", {ng * d, h}), nh, ng, d, h));
+      set(p + "attention.proj.weight", hf.take(o + "self_attn.o_proj.weight", {h, nh * d}));
+      if (D.bias) {
+        set(p + "attention.qkv.bias", merge_qkv(hf.take(o + "self_attn.q_proj.bias", {nh * d}), hf.take(o + "self_attn.k_proj.bias", {ng * d}),
+                                                hf.take(o + "self_attn.v_proj.bias", {ng * d}), nh, ng, d, 1));
+        set(p + "attention.proj.bias", hf.take(o + "self_attn.o_proj.bias", {h}));
+      }
+      set(p + "mlp_norm.weight", hf.take(o + "post_attention_layernorm.weight", {h}));
+      if (family == "llama") {
+        set(p + "mlp.fc1_gate.weight", hf.take(o + "mlp.gate_proj.weight", {D.F, h}));
+        set(p + "mlp.fc1_up.weight", hf.take(o + "mlp.up_proj.weight", {D.F, h}));
+        set(p + "mlp.fc2.weight", hf.take(o + "mlp.down_proj.weight", {h, D.F}));
+        if (D.bias) {
+          set(p + "mlp.fc1_gate.bias", hf.take(o + "mlp.gate_proj.bias", {D.F}));
+          set(p + "mlp.fc1_up.bias", hf.take(o + "mlp.up_proj.bias", {D.F}));
+          set(p + "mlp.fc2.bias", hf.take(o + "mlp.down_proj.bias", {h}));
+        }
+        continue;
+      }
+      set(p + "mlp.router.weight", hf.take(o + "block_sparse_moe.gate.weight", {D.experts, h}));
+      for (int64_t e = 0; e < D.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        set(x + "fc1_gate.weight", hf.take(y + "w1.weight", {D.F_moe, h}));
+        set(x + "fc1_up.weight", hf.take(y + "w3.weight", {D.F_moe, h}));
+        set(x + "fc2.weight", hf.take(y + "w2.weight", {h, D.F_moe}));
+      }
+    }
+    set("final_norm.weight", hf.take("model.norm.weight", {h}));
+    if (!D.tied) set("output_layer.weight", hf.take("lm_head.weight", {V, h}));
+  }
+  std::vector<std::string> unused = hf.unused();
+  // HF writes tied heads sometimes; rotary caches in old checkpoints: both carry nothing megatrain needs.
+  unused.erase(std::remove_if(unused.begin(), unused.end(),
+                              [&](const std::string& n) {
+                                return (D.tied && n == "lm_head.weight") || n.find("rotary_emb.inv_freq") != std::string::npos ||
+                                       n.find(".attn.bias") != std::string::npos || n.find(".attn.masked_bias") != std::string::npos;
+                              }),
+               unused.end());
+  if (!unused.empty()) {
+    throw DataError("the HuggingFace weights hold " + std::to_string(unused.size()) + " tensor(s) this model has no place for, e.g. " + unused.front() +
+                    " (config.json and the weights disagree?)");
+  }
+  // The checkpoint: weights only, iteration 0 (as Megatron's converters write a release checkpoint).
+  Optimizer optim(c, ps, ProcessGroups::single());
+  TrainState state;
+  CheckpointRank who;
+  who.writes_optimizer = who.writes_expert_optimizer = false;
+  auto snap = take_snapshot(c, ps, optim, state, who, false);
+  auto self = ProcessGroups::single();
+  write_checkpoint(opt.save_dir, *snap, *self.checkpoint, 0);
+  std::vector<std::string> out;
+  out.push_back("imported " + dir.string() + " (" + arch + ") into " + opt.save_dir + " at iteration 0, weights only");
+  out.push_back("the model's flags: " + flag_text);
+  out.push_back("note: train from it with --load " + opt.save_dir + " --finetune (or --no-load-optim) and these model flags (or "
+                "--use-checkpoint-args); a tokenizer of " + std::to_string(V) + " tokens; under TP the vocabulary is padded to a multiple of "
+                "--make-vocab-size-divisible-by x TP (zero rows)");
+  return out;
+}
+
+}  // namespace mt

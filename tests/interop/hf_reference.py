@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""hf_reference.py: HuggingFace's modeling code for GPT2LMHeadModel, LlamaForCausalLM and MixtralForCausalLM,
+written out in PyTorch (the distribution's python3-torch; no transformers package), reading an exported directory
+by HF's tensor names (config.json, model.safetensors or model.safetensors.index.json) and printing the mean
+cross entropy on the token rows of a file (each line S + 1 ids). In float64, so that megatrain's fp32 loss is
+the only rounding compared.
+
+usage: hf_reference.py HF_DIR TOKENS_FILE
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        t = torch.frombuffer(bytearray(data[base + b:base + end]), dtype=DTYPES[e["dtype"]])
+        out[name] = t.reshape(e["shape"]).to(torch.float64)
+    return out
+
+
+def load_dir(d):
+    index = os.path.join(d, "model.safetensors.index.json")
+    weights = {}
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        for fn in files:
+            weights.update(load_safetensors(os.path.join(d, fn)))
+    else:
+        weights = load_safetensors(os.path.join(d, "model.safetensors"))
+    with open(os.path.join(d, "config.json")) as f:
+        return json.load(f), weights
+
+
+def attention(q, k, v):  # [B, H, S, d]
+    S = q.shape[2]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mask = torch.triu(torch.ones(S, S, dtype=torch.bool), 1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+def layer_norm(x, w, b, eps):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + eps) * w + b
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def gpt2(cfg, W, tokens):
+    B, S = tokens.shape
+    h, nh = cfg["n_embd"], cfg["n_head"]
+    d = h // nh
+    eps = cfg["layer_norm_epsilon"]
+    x = W["transformer.wte.weight"][tokens] + W["transformer.wpe.weight"][torch.arange(S)][None]
+    for l in range(cfg["n_layer"]):
+        p = f"transformer.h.{l}."
+        a = layer_norm(x, W[p + "ln_1.weight"], W[p + "ln_1.bias"], eps)
+        qkv = a @ W[p + "attn.c_attn.weight"] + W[p + "attn.c_attn.bias"]
+        q, k, v = (t.reshape(B, S, nh, d).transpose(1, 2) for t in qkv.split(h, -1))
+        o = attention(q, k, v).transpose(1, 2).reshape(B, S, h)
+        x = x + o @ W[p + "attn.c_proj.weight"] + W[p + "attn.c_proj.bias"]
+        m = layer_norm(x, W[p + "ln_2.weight"], W[p + "ln_2.bias"], eps)
+        m = m @ W[p + "mlp.c_fc.weight"] + W[p + "mlp.c_fc.bias"]
+        m = 0.5 * m * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (m + 0.044715 * m ** 3)))  # gelu_new
+        x = x + m @ W[p + "mlp.c_proj.weight"] + W[p + "mlp.c_proj.bias"]
+    x = layer_norm(x, W["transformer.ln_f.weight"], W["transformer.ln_f.bias"], eps)
+    head = W["transformer.wte.weight"] if cfg.get("tie_word_embeddings", True) else W["lm_head.weight"]
+    return x @ head.T
+
+
+def rope(x, theta):  # [B, H, S, d], HF's rotate_half
+    d, S = x.shape[-1], x.shape[2]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = torch.arange(S, dtype=torch.float64)[:, None] * inv[None]
+    emb = torch.cat([freqs, freqs], -1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
+
+
+def linear(x, W, name):
+    y = x @ W[name + ".weight"].T
+    return y + W[name + ".bias"] if name + ".bias" in W else y
+
+
+def llama(cfg, W, tokens):
+    B, S = tokens.shape
+    h, nh, ng = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim", h // nh)
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    x = W["model.embed_tokens.weight"][tokens]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        a = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = linear(a, W, p + "self_attn.q_proj").reshape(B, S, nh, d).transpose(1, 2)
+        k = linear(a, W, p + "self_attn.k_proj").reshape(B, S, ng, d).transpose(1, 2)
+        v = linear(a, W, p + "self_attn.v_proj").reshape(B, S, ng, d).transpose(1, 2)
+        q, k = rope(q, theta), rope(k, theta)
+        k, v = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
+        o = attention(q, k, v).transpose(1, 2).reshape(B, S, nh * d)
+        x = x + linear(o, W, p + "self_attn.o_proj")
+        m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        if p + "block_sparse_moe.gate.weight" in W:  # Mixtral: softmax, top-k, renormalised
+            probs = torch.softmax(m @ W[p + "block_sparse_moe.gate.weight"].T, -1)
+            top_w, top_i = torch.topk(probs, cfg["num_experts_per_tok"], -1)
+            top_w = top_w / top_w.sum(-1, keepdim=True)
+            out = torch.zeros_like(m)
+            for e in range(cfg["num_local_experts"]):
+                q_ = f"{p}block_sparse_moe.experts.{e}."
+                y = (torch.nn.functional.silu(m @ W[q_ + "w1.weight"].T) * (m @ W[q_ + "w3.weight"].T)) @ W[q_ + "w2.weight"].T
+                weight = (top_w * (top_i == e)).sum(-1, keepdim=True)
+                out = out + weight * y
+            x = x + out
+        else:
+            g = linear(m, W, p + "mlp.gate_proj")
+            u = linear(m, W, p + "mlp.up_proj")
+            x = x + linear(torch.nn.functional.silu(g) * u, W, p + "mlp.down_proj")
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
+    return x @ head.T
+
+
+def main():
+    cfg, W = load_dir(sys.argv[1])
+    with open(sys.argv[2]) as f:
+        rows = [[int(t) for t in line.split()] for line in f if line.strip()]
+    ids = torch.tensor(rows)
+    tokens, labels = ids[:, :-1], ids[:, 1:]
+    arch = cfg["architectures"][0]
+    logits = gpt2(cfg, W, tokens) if arch == "GPT2LMHeadModel" else llama(cfg, W, tokens)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    print(f"{loss.item():.9g}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# test_hf_export.sh: megatrain checkpoint export and import against HuggingFace's modeling code. Tiny GPT-2, LLaMA (GQA)
+# and Mixtral-style models train 3 iterations under TP 2 (Mixtral: EP 2; LLaMA also PP 2 with interleaved
+# RoPE) and are exported; tests/interop/hf_reference.py (HF's GPT2LMHeadModel / LlamaForCausalLM /
+# MixtralForCausalLM in PyTorch, by HF's tensor names) computes the loss on a batch that megatrain's one-rank
+# model computes too: equal within 1e-5 (fp32 export; bf16 within bf16's rounding). Import of the export
+# and export again give the same safetensors bytes; the imported checkpoint fine-tunes with the losses of the
+# original (same layout). Also: sharding with its index, bad arguments, a model the families cannot express.
+# usage: test_hf_export.sh MEGATRAIN HF_LOSS
+set -u
+BIN=$1
+HF_LOSS=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPI=(mpirun --oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1)
+PY=""
+for p in python3 /usr/bin/python3; do
+  if "$p" -c "import torch" 2>/dev/null; then PY=$p; break; fi
+done
+if [[ -z "$PY" ]]; then
+  echo "FAIL: python3-torch is missing (scripts/setup.sh installs it: apt-get install python3-torch)"
+  exit 1
+fi
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+COMMON="--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2
+        --global-batch-size 4 --train-iters 3 --lr 3e-3 --lr-warmup-iters 0 --mock-data --vocab-size 256 --save-interval 3 --eval-iters 0
+        --device cpu --log-interval 1 --init-method-std 0.3"
+GPT="$COMMON"
+LLAMA_TIED="$COMMON --normalization RMSNorm --swiglu --ffn-hidden-size 96 --position-embedding-type rope --group-query-attention
+            --num-query-groups 2 --disable-bias-linear --rotary-base 10000"
+LLAMA="$LLAMA_TIED --untie-embeddings-and-output-weights"
+MIXTRAL="$LLAMA --num-experts 4 --moe-ffn-hidden-size 48 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2"
+"$PY" - "$W/tokens.txt" <<'PY'
+import random, sys
+random.seed(5)
+with open(sys.argv[1], "w") as f:
+    for _ in range(3):
+        f.write(" ".join(str(random.randrange(200)) for _ in range(25)) + "\n")
+PY
+
+# name, ranks, flags
+check() {
+  local name=$1 np=$2
+  shift 2
+  local ck="$W/$name-ckpt" hf="$W/$name-hf"
+  # shellcheck disable=SC2086,SC2068
+  if ! "${MPI[@]}" -np "$np" "$BIN" $@ --save "$ck" >"$W/$name-train.log" 2>&1; then
+    tail -5 "$W/$name-train.log"; fail "$name: training"; return
+  fi
+  if ! "$BIN" checkpoint export "$ck" --hf "$hf" --dtype fp32 ${EXPORT_FLAGS:-} >"$W/$name-export.log" 2>&1; then
+    cat "$W/$name-export.log"; fail "$name: export"; return
+  fi
+  local mine theirs
+  mine=$("$HF_LOSS" "$ck" "$W/tokens.txt") || { fail "$name: hf_loss"; return; }
+  theirs=$("$PY" "$HERE/hf_reference.py" "$hf" "$W/tokens.txt") || { fail "$name: hf_reference.py"; return; }
+  if "$PY" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)" "$mine" "$theirs"; then
+    echo "PASS $name: megatrain $mine, HF $("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['architectures'][0])" "$hf/config.json") $theirs"
+  else
+    fail "$name: megatrain's loss $mine, HuggingFace's $theirs"
+  fi
+  # Import, export again: the same bytes.
+  if ! "$BIN" checkpoint import --hf "$hf" --save "$ck-imported" >"$W/$name-import.log" 2>&1; then
+    cat "$W/$name-import.log"; fail "$name: import"; return
+  fi
+  "$BIN" checkpoint export "$ck-imported" --hf "$hf-again" --dtype fp32 ${EXPORT_FLAGS:-} >/dev/null 2>&1 || { fail "$name: export of the import"; return; }
+  local f same=1
+  for f in "$hf"/*.safetensors; do cmp -s "$f" "$hf-again/$(basename "$f")" || same=0; done
+  if [[ $same == 1 ]]; then echo "PASS $name: import then export gives the same safetensors bytes"; else fail "$name: import then export changed the weights"; fi
+  # bf16: the same weights rounded; the loss within bf16's reach of the fp32 one.
+  "$BIN" checkpoint export "$ck" --hf "$hf-bf16" >/dev/null 2>&1 || { fail "$name: bf16 export"; return; }
+  local b16
+  b16=$("$PY" "$HERE/hf_reference.py" "$hf-bf16" "$W/tokens.txt") || { fail "$name: bf16 hf_reference.py"; return; }
+  "$PY" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= 1e-2 * abs(b) and a != b else 1)" "$b16" "$theirs" ||
+    fail "$name: bf16 export's loss $b16 against fp32's $theirs"
+}
+
+check gpt2_tp2 2 $GPT --tensor-model-parallel-size 2
+check llama_tp2_sp 2 $LLAMA --tensor-model-parallel-size 2 --sequence-parallel
+check llama_pp2_rotary_interleaved 2 $LLAMA --pipeline-model-parallel-size 2 --rotary-interleaved
+check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
+EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED
+
+# The imported checkpoint fine-tunes like the original (same flags, same layout: the same losses).
+finetune_losses() { grep -o 'lm loss: [0-9.E+-]*' "$1" | cut -d' ' -f3 | tr '\n' ' '; }
+# shellcheck disable=SC2086
+"${MPI[@]}" -np 2 "$BIN" $LLAMA --tensor-model-parallel-size 2 --sequence-parallel --load "$W/llama_tp2_sp-ckpt" --finetune --train-iters 2 >"$W/ft-a.log" 2>&1 || fail "fine-tuning the original"
+# shellcheck disable=SC2086
+"${MPI[@]}" -np 2 "$BIN" $LLAMA --tensor-model-parallel-size 2 --sequence-parallel --load "$W/llama_tp2_sp-ckpt-imported" --finetune --train-iters 2 >"$W/ft-b.log" 2>&1 || {
+  tail -3 "$W/ft-b.log"; fail "fine-tuning the imported checkpoint"; }
+a=$(finetune_losses "$W/ft-a.log"); b=$(finetune_losses "$W/ft-b.log")
+if [[ -n "$a" && "$a" == "$b" ]]; then echo "PASS the imported checkpoint fine-tunes with the original's losses ($a)"; else fail "fine-tuning: original $a, imported $b"; fi
+# Import's refusals: an architecture it does not know, a config.json that disagrees with the weights.
+mkdir -p "$W/bad-hf" && cp "$W/llama_tp2_sp-hf/model.safetensors" "$W/bad-hf/"
+sed 's/LlamaForCausalLM/FalconForCausalLM/' "$W/llama_tp2_sp-hf/config.json" >"$W/bad-hf/config.json"
+out=$("$BIN" checkpoint import --hf "$W/bad-hf" --save "$W/bad-ck" 2>&1) && fail "a FalconForCausalLM imported"
+grep -q "FalconForCausalLM" <<<"$out" || fail "unknown architecture: $out"
+sed 's/"intermediate_size": 96/"intermediate_size": 80/' "$W/llama_tp2_sp-hf/config.json" >"$W/bad-hf/config.json"
+out=$("$BIN" checkpoint import --hf "$W/bad-hf" --save "$W/bad-ck" 2>&1) && fail "a config.json that disagrees with the weights imported"
+grep -q "gate_proj.weight has shape" <<<"$out" || fail "shape mismatch: $out"
+head -c 100 "$W/llama_tp2_sp-hf/model.safetensors" >"$W/bad-hf/model.safetensors"
+cp "$W/llama_tp2_sp-hf/config.json" "$W/bad-hf/config.json"
+out=$("$BIN" checkpoint import --hf "$W/bad-hf" --save "$W/bad-ck" 2>&1) && fail "a truncated safetensors file imported"
+grep -q "model.safetensors" <<<"$out" || fail "truncated safetensors: $out"
+[[ -e "$W/bad-ck" ]] && fail "a failed import left a checkpoint"
+
+# Sharding: the index names every tensor's file, and the files hold what it says.
+idx="$W/llama_tied_sharded-hf/model.safetensors.index.json"
+if [[ -f "$idx" ]] && "$PY" - "$idx" <<'PY'
+import json, os, struct, sys
+idx = json.load(open(sys.argv[1]))
+d = os.path.dirname(sys.argv[1])
+files = set(idx["weight_map"].values())
+assert len(files) > 1, "one shard only"
+seen = {}
+for fn in files:
+    data = open(os.path.join(d, fn), "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    for k in json.loads(data[8:8 + n]):
+        if k != "__metadata__":
+            seen[k] = fn
+assert seen == idx["weight_map"], "the index and the files disagree"
+assert "lm_head.weight" not in seen, "tied embeddings exported twice"
+PY
+then echo "PASS sharded export: $("$PY" -c "import json,sys; print(len(set(json.load(open(sys.argv[1]))['weight_map'].values())))" "$idx") files and an index that agrees"
+else fail "sharded export: no index, or it disagrees with the files"; fi
+
+# Bad input: one line naming the problem, non-zero exit.
+out=$("$BIN" checkpoint export "$W/nowhere" --hf "$W/x" 2>&1) && fail "export of a missing checkpoint succeeded"
+grep -q "nowhere" <<<"$out" || fail "missing checkpoint: the message does not name it: $out"
+out=$("$BIN" checkpoint export "$W/gpt2_tp2-ckpt" --hf "$W/x" --max-shard-size lots 2>&1) && fail "--max-shard-size lots accepted"
+grep -q "max-shard-size" <<<"$out" || fail "--max-shard-size lots: $out"
+# shellcheck disable=SC2086
+"$BIN" $LLAMA --qk-layernorm --train-iters 1 --save "$W/qk" --save-interval 1 >/dev/null 2>&1 || fail "qk-layernorm training"
+out=$("$BIN" checkpoint export "$W/qk" --hf "$W/qk-hf" 2>&1) && fail "a --qk-layernorm model exported"
+grep -q "qk-layernorm" <<<"$out" || fail "--qk-layernorm: the refusal does not say why: $out"
+[[ $failures == 0 ]] && echo "all HuggingFace export checks passed"
+exit $((failures > 0))
