@@ -19,7 +19,9 @@ void print_usage() {
                "  megatrain [train] [flags]       train (Megatron-LM flags, or --config recipe.yaml)\n"
                "  megatrain plan --world-size N   check a layout and estimate memory and time, no GPU needed\n"
                "  megatrain preprocess ...        tokenize a corpus into Megatron's .bin/.idx\n"
-               "  megatrain checkpoint inspect DIR  iteration, layout, tensors of a checkpoint (--verify: checksums)\n\n"
+               "  megatrain checkpoint inspect DIR  iteration, layout, tensors of a checkpoint (--verify: checksums)\n"
+               "  megatrain checkpoint export DIR --hf OUT   a checkpoint (any layout) as a HuggingFace model\n"
+               "  megatrain checkpoint import --hf DIR --save CKPT   a HuggingFace model as a checkpoint\n\n"
                "  megatrain train --help          every flag, grouped like Megatron's arguments\n"
                "  megatrain plan --help           planner options\n";
 }
