@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 PACKAGES=(build-essential cmake ninja-build pkg-config git libcli11-dev libyaml-cpp-dev libspdlog-dev
-          nlohmann-json3-dev catch2 libopenmpi-dev openmpi-bin libopenblas-dev libicu-dev)
+          nlohmann-json3-dev catch2 libopenmpi-dev openmpi-bin libopenblas-dev libicu-dev libsentencepiece-dev sentencepiece)
 
 if [[ "${SKIP_APT:-0}" != 1 ]]; then
   missing=()

@@ -2,6 +2,7 @@
 // `megatrain checkpoint export DIR --hf OUT [--ckpt-step K] [--dtype bf16|fp32] [--max-shard-size 5GB]` and
 // `megatrain checkpoint import --hf DIR --save CKPT`.
 #include <cctype>
+#include <cmath>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -24,7 +25,10 @@ int64_t parse_size(const std::string& text) {
   const std::pair<const char*, double> units[] = {{"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
                                                   {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
   for (const auto& [u, f] : units) {
-    if (unit == u) return static_cast<int64_t>(v * f);
+    if (unit == u) {
+      const double bytes = v * f;
+      return std::isfinite(bytes) && bytes >= 1 && bytes < 9e18 ? static_cast<int64_t>(bytes) : -1;
+    }
   }
   return -1;
 }

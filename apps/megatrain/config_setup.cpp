@@ -21,7 +21,8 @@ int64_t known_tokenizer_vocab(const Config& cfg) {
   // Its file says (the largest id + 1: the base vocabulary and the added tokens). A recipe may
   // name a tokenizer that is not on this machine (plans, mock data): then --vocab-size stands in, and a run
   // that reads data fails when it builds the tokenizer, naming the path.
-  if (t == "HuggingFaceTokenizer" && cfg.data.tokenizer_model && std::filesystem::exists(*cfg.data.tokenizer_model)) {
+  const bool file_based = t == "HuggingFaceTokenizer" || t == "SentencePieceTokenizer" || t == "GPTSentencePieceTokenizer" || t == "Llama2Tokenizer";
+  if (file_based && cfg.data.tokenizer_model && std::filesystem::exists(*cfg.data.tokenizer_model)) {
     return make_tokenizer(cfg)->vocab_size();
   }
   return 0;

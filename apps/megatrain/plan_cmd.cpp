@@ -112,7 +112,7 @@ int run_plan(int argc, char** argv) {
     return 0;
   }
   if (cfg.derived.padded_vocab_size == 0) {
-    throw ConfigError("plan needs the vocabulary size: add --vocab-size (e.g. 128256 for LLaMA-3), --tokenizer-type GPT2BPETokenizer, or HuggingFaceTokenizer with --tokenizer-model");
+    throw ConfigError("plan needs the vocabulary size: add --vocab-size (e.g. 128256 for LLaMA-3), --tokenizer-type GPT2BPETokenizer, or HuggingFaceTokenizer / Llama2Tokenizer with --tokenizer-model");
   }
   const auto& p = cfg.parallel;
   const auto& d = cfg.derived;

@@ -98,8 +98,8 @@ int run_preprocess(int argc, char** argv) {
   app.add_option("--input", o.input, "Input corpus: .jsonl (one JSON object per line) or text (blank-line-separated documents)")->required();
   app.add_option("--json-keys", o.json_keys, "JSON keys to tokenize, one output dataset per key (default: text)");
   app.add_option("--output-prefix", o.output_prefix, "Output prefix: writes PREFIX_{key}_document.bin/.idx")->required();
-  app.add_option("--tokenizer-type", o.tokenizer_type, "GPT2BPETokenizer | HuggingFaceTokenizer | NullTokenizer | ByteTokenizer")->required();
-  app.add_option("--tokenizer-model", o.tokenizer_model, "HuggingFaceTokenizer: a local tokenizer.json, or its directory");
+  app.add_option("--tokenizer-type", o.tokenizer_type, "GPT2BPETokenizer | HuggingFaceTokenizer | SentencePieceTokenizer | GPTSentencePieceTokenizer | Llama2Tokenizer | NullTokenizer | ByteTokenizer")->required();
+  app.add_option("--tokenizer-model", o.tokenizer_model, "HuggingFaceTokenizer: a local tokenizer.json, or its directory; SentencePiece: the .model file");
   app.add_option("--vocab-file", o.vocab_file, "GPT-2 vocab.json");
   app.add_option("--merge-file", o.merge_file, "GPT-2 merges.txt");
   app.add_option("--vocab-size", o.vocab_size, "Vocabulary size (NullTokenizer)");

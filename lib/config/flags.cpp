@@ -193,10 +193,10 @@ std::vector<FlagSpec> build_table() {
       F(kData, "reset-attention-mask", data.reset_attention_mask, "No attention across documents"),
       // Tokenizer
       F(kTok, "tokenizer-type", data.tokenizer_type, "Tokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer",
-        "NullTokenizer", "ByteTokenizer"),
+        "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer", "NullTokenizer", "ByteTokenizer"),
       F(kTok, "vocab-file", data.vocab_file, "GPT-2 vocab.json"),
       F(kTok, "merge-file", data.merge_file, "GPT-2 merges.txt"),
-      F(kTok, "tokenizer-model", data.tokenizer_model, "HuggingFaceTokenizer: a local tokenizer.json, or its directory"),
+      F(kTok, "tokenizer-model", data.tokenizer_model, "HuggingFaceTokenizer: a local tokenizer.json, or its directory; SentencePiece: the .model file"),
       // Checkpointing
       F(kCkpt, "save", checkpoint.save, "Directory to save checkpoints to"),
       F(kCkpt, "load", checkpoint.load, "Directory to load a checkpoint from"),

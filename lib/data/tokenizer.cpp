@@ -1,6 +1,8 @@
 // tokenizer.cpp: the simple tokenizers and the factory.
 #include "data/tokenizer.h"
 
+#include "data/sentencepiece_tokenizer.h"
+
 #include "config/errors.h"
 #include "data/gpt2_bpe.h"
 #include "data/hf_tokenizer.h"
@@ -84,14 +86,17 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
     }
     return std::make_unique<Gpt2BpeTokenizer>(vocab_file, merge_file);
   }
+  if (type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer") {
+    return make_sentencepiece_tokenizer(type, tokenizer_model);
+  }
   if (type == "ByteTokenizer") return std::make_unique<ByteTokenizer>();
   if (type == "NullTokenizer") {
     if (vocab_size <= 1) throw ConfigError("NullTokenizer needs --vocab-size");
     return std::make_unique<NullTokenizer>(vocab_size);
   }
   throw ConfigError("--tokenizer-type " + type +
-                    " is not implemented yet: use GPT2BPETokenizer, HuggingFaceTokenizer (a BPE tokenizer.json), NullTokenizer or "
-                    "ByteTokenizer");
+                    " is not implemented: use GPT2BPETokenizer, HuggingFaceTokenizer (a BPE tokenizer.json), SentencePieceTokenizer, "
+                    "GPTSentencePieceTokenizer, Llama2Tokenizer (a SentencePiece .model), NullTokenizer or ByteTokenizer");
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const Config& cfg) {

@@ -264,6 +264,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   }
   // The safetensors files, HF's shard names past the size limit.
   fs::create_directories(opt.out_dir);
+  // An earlier export's weights would shadow or mix with these (HF reads model.safetensors before the index).
+  for (const auto& entry : fs::directory_iterator(opt.out_dir)) {
+    const std::string f = entry.path().filename().string();
+    if (f.rfind("model", 0) == 0 && (f.size() > 12 && (f.substr(f.size() - 12) == ".safetensors" || f.find(".safetensors.index.json") != std::string::npos))) {
+      fs::remove(entry.path());
+    }
+  }
   const int64_t es = opt.dtype == "bf16" ? 2 : 4;
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0, total = 0;
@@ -306,7 +313,10 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   }
   if (shards.size() > 1) {
     nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    std::ofstream(fs::path(opt.out_dir) / "model.safetensors.index.json") << index.dump(2) << "\n";
+    std::ofstream idx(fs::path(opt.out_dir) / "model.safetensors.index.json");
+    idx << index.dump(2) << "\n";
+    idx.flush();
+    if (!idx) throw DataError("cannot write " + (fs::path(opt.out_dir) / "model.safetensors.index.json").string());
     written.push_back("wrote " + (fs::path(opt.out_dir) / "model.safetensors.index.json").string());
   }
   // Tokenizer: what the run read, under HF's file names.
@@ -335,11 +345,20 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     } else {
       copy_file(src.string(), "tokenizer.json");
     }
+  } else if ((tok == "Llama2Tokenizer" || tok == "GPTSentencePieceTokenizer" || tok == "SentencePieceTokenizer") && c.data.tokenizer_model) {
+    copy_file(c.data.tokenizer_model, "tokenizer.model");  // HF's LlamaTokenizer reads tokenizer.model
   } else {
     notes.push_back("note: no tokenizer files to copy (--tokenizer-type " + (tok.empty() ? std::string("unset") : tok) + ")");
   }
-  std::ofstream(fs::path(opt.out_dir) / "config.json") << config.dump(2) << "\n";
-  std::ofstream(fs::path(opt.out_dir) / "generation_config.json") << generation.dump(2) << "\n";
+  auto write_json = [&](const std::string& file, const nlohmann::ordered_json& j) {
+    const fs::path p = fs::path(opt.out_dir) / file;
+    std::ofstream out(p);
+    out << j.dump(2) << "\n";
+    out.flush();
+    if (!out) throw DataError("cannot write " + p.string() + " (disk full, or not writable?)");
+  };
+  write_json("config.json", config);
+  write_json("generation_config.json", generation);
   written.push_back("wrote config.json (" + config["architectures"][0].get<std::string>() + ") and generation_config.json");
   written.insert(written.begin(), "exported " + m.info.dir + " (iteration " + std::to_string(m.info.iteration) + ") to " + opt.out_dir + " in " + opt.dtype);
   written.insert(written.end(), notes.begin(), notes.end());

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <iomanip>
 #include <set>
 #include <sstream>
 
@@ -67,7 +68,8 @@ class HfWeights {
         throw DataError(index.string() + " is not valid JSON (" + e.what() + ")");
       }
       std::set<std::string> names;
-      for (const auto& [k, v] : j.at("weight_map").items()) names.insert(v.get<std::string>());
+      if (!j.contains("weight_map") || !j["weight_map"].is_object()) throw DataError(index.string() + " has no \"weight_map\" object");
+      for (const auto& [k, v] : j["weight_map"].items()) names.insert(v.get<std::string>());
       files.assign(names.begin(), names.end());
     } else if (fs::exists(dir / "model.safetensors")) {
       files.push_back("model.safetensors");
@@ -77,13 +79,20 @@ class HfWeights {
     }
     for (const auto& f : files) {
       auto file = std::make_shared<SafetensorsFile>((dir / f).string());
-      for (const auto& [name, e] : file->entries()) where_[name] = file;
+      for (const auto& [name, e] : file->entries()) {
+        if (!where_.emplace(name, file).second) throw DataError("the tensor " + name + " is in two safetensors files of " + dir.string());
+      }
     }
   }
   bool has(const std::string& name) const { return where_.count(name) != 0; }
-  Values take(const std::string& name, const std::vector<int64_t>& shape) {
+  // `base`: the base model's prefix ("transformer." for GPT-2, "model." for LLaMA), which checkpoints of the base
+  // model alone (GPT-2's own files: wte.weight, h.0.attn...) leave out; HF's loader accepts both, so does this.
+  void set_base_prefix(std::string base) { base_ = std::move(base); }
+  Values take(const std::string& wanted, const std::vector<int64_t>& shape) {
+    std::string name = wanted;
+    if (!where_.count(name) && !base_.empty() && name.rfind(base_, 0) == 0 && where_.count(name.substr(base_.size()))) name = name.substr(base_.size());
     auto it = where_.find(name);
-    if (it == where_.end()) throw DataError("the HuggingFace weights have no tensor " + name);
+    if (it == where_.end()) throw DataError("the HuggingFace weights have no tensor " + wanted);
     const auto& e = it->second->entry(name);
     if (e.shape != shape) {
       std::ostringstream s;
@@ -108,12 +117,15 @@ class HfWeights {
  private:
   std::map<std::string, std::shared_ptr<SafetensorsFile>> where_;
   std::set<std::string> used_;
+  std::string base_;
 };
 
 template <typename T>
 T field(const json& c, const char* key, T fallback) {
   return c.contains(key) && !c[key].is_null() ? c[key].get<T>() : fallback;
 }
+
+std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::path& dir, const json& hc);
 
 }  // namespace
 
@@ -129,17 +141,30 @@ std::vector<std::string> import_hf(const HfImportOptions& opt) {
       throw DataError((dir / "config.json").string() + " is not valid JSON (" + e.what() + ")");
     }
   }
+  try {
+    return import_checked(opt, dir, hc);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError((dir / "config.json").string() + " lacks a field the model needs or has one of the wrong type (" + e.what() + ")");
+  }
+}
+
+namespace {
+
+std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::path& dir, const json& hc) {
   const std::string arch = hc.contains("architectures") && !hc["architectures"].empty() ? hc["architectures"][0].get<std::string>() : "";
   auto refuse = [](bool bad, const std::string& why) {
     if (bad) throw ConfigError("cannot import: " + why);
   };
   std::ostringstream flags;
+  flags << std::setprecision(17);
   std::string family;
   if (arch == "GPT2LMHeadModel") {
     family = "gpt2";
     const int64_t h = hc.at("n_embd").get<int64_t>(), pos = hc.at("n_positions").get<int64_t>();
     const std::string act = field<std::string>(hc, "activation_function", "gelu_new");
     refuse(act != "gelu_new" && act != "gelu_pytorch_tanh", "GPT-2 with activation_function " + act + " (megatrain's GELU is the tanh form, gelu_new)");
+    refuse(!field<bool>(hc, "scale_attn_weights", true) || field<bool>(hc, "scale_attn_by_inverse_layer_idx", false),
+           "GPT-2 attention scaled otherwise than by 1/sqrt(head dim) (scale_attn_weights false or scale_attn_by_inverse_layer_idx)");
     flags << "--num-layers " << hc.at("n_layer").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << hc.at("n_head").get<int64_t>()
           << " --ffn-hidden-size " << field<int64_t>(hc, "n_inner", 4 * h) << " --max-position-embeddings " << pos << " --seq-length " << pos
           << " --norm-epsilon " << field<double>(hc, "layer_norm_epsilon", 1e-5) << " --position-embedding-type learned_absolute";
@@ -149,6 +174,14 @@ std::vector<std::string> import_hf(const HfImportOptions& opt) {
     const int64_t h = hc.at("hidden_size").get<int64_t>(), nh = hc.at("num_attention_heads").get<int64_t>();
     const int64_t ng = field<int64_t>(hc, "num_key_value_heads", nh), pos = hc.at("max_position_embeddings").get<int64_t>();
     refuse(!hc.value("rope_scaling", json()).is_null(), "rope_scaling (LLaMA 3.1's and others' RoPE scaling) is not implemented in megatrain");
+    // Newer configs hold RoPE's settings in rope_parameters: {"rope_type": "default", "rope_theta": ...}.
+    double rope_theta = field<double>(hc, "rope_theta", 10000.0);
+    if (hc.contains("rope_parameters") && hc["rope_parameters"].is_object()) {
+      const json& rp = hc["rope_parameters"];
+      const std::string type = field<std::string>(rp, "rope_type", "default");
+      refuse(type != "default", "rope_parameters with rope_type " + type + " (RoPE scaling is not implemented in megatrain)");
+      rope_theta = field<double>(rp, "rope_theta", rope_theta);
+    }
     refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
     const int64_t window = field<int64_t>(hc, "sliding_window", 0);
     refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
@@ -158,7 +191,7 @@ std::vector<std::string> import_hf(const HfImportOptions& opt) {
           << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
           << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", 1e-6)
-          << " --swiglu --position-embedding-type rope --rotary-base " << field<double>(hc, "rope_theta", 10000.0);
+          << " --swiglu --position-embedding-type rope --rotary-base " << rope_theta;
     if (!attn_bias) flags << " --disable-bias-linear";
     if (!field<bool>(hc, "tie_word_embeddings", false)) flags << " --untie-embeddings-and-output-weights";
     if (family == "mixtral") {
@@ -184,6 +217,7 @@ std::vector<std::string> import_hf(const HfImportOptions& opt) {
   GPTModel model(c, ProcessGroups::single());
   ParamStore& ps = model.params();
   HfWeights hf(dir);
+  hf.set_base_prefix(family == "gpt2" ? "transformer." : "model.");
   auto set = [&](const std::string& name, const Values& v) {
     const size_t i = ps.index_of(name);
     if (i == kNoParam) throw std::logic_error("import: megatrain's model has no " + name);
@@ -279,5 +313,7 @@ std::vector<std::string> import_hf(const HfImportOptions& opt) {
                 "--make-vocab-size-divisible-by x TP (zero rows)");
   return out;
 }
+
+}  // namespace
 
 }  // namespace mt

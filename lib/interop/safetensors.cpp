@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -41,6 +43,13 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensor>& t
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   const std::string tmp = path + ".tmp";
+  struct RemoveOnFailure {
+    const std::string& p;
+    bool done = false;
+    ~RemoveOnFailure() {
+      if (!done) std::remove(p.c_str());
+    }
+  } cleanup{tmp};
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw DataError("cannot write " + tmp + ": check the directory exists and is writable");
@@ -53,7 +62,16 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensor>& t
     out.flush();
     if (!out) throw DataError("writing " + tmp + " failed (disk full?)");
   }
-  std::filesystem::rename(tmp, path);
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw DataError("cannot sync " + tmp + " to disk: " + std::strerror(errno));
+  }
+  ::close(fd);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw DataError("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  cleanup.done = true;
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
@@ -71,6 +89,17 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     map_ = nullptr;
     throw DataError("cannot map " + path + ": " + std::strerror(errno));
   }
+  try {
+    parse_header();
+  } catch (...) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+void SafetensorsFile::parse_header() {
+  const std::string& path = path_;
   const auto* base = static_cast<const uint8_t*>(map_);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(base[i]) << (8 * i);
@@ -108,6 +137,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       uint64_t count = 1;
       for (int64_t d : e.shape) {
         if (d < 0) throw DataError(where + ": negative dimension");
+        if (d != 0 && count > data_bytes / static_cast<uint64_t>(d)) throw DataError(where + ": its shape holds more values than the file has bytes");
         count *= static_cast<uint64_t>(d);
       }
       if (e.end < e.begin || e.end > data_bytes) {

@@ -47,6 +47,7 @@ class SafetensorsFile {
   std::vector<float> read_f32(const std::string& name) const;
 
  private:
+  void parse_header();
   std::string path_;
   const uint8_t* data_ = nullptr;  // the data section (memory-mapped)
   void* map_ = nullptr;

@@ -53,7 +53,7 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   const auto& pr = c.precision;
   d.fp8 = pr.fp8_format.has_value();
   d.fp8_grad_e5m2 = pr.fp8_format.value_or("") == "hybrid";
-  d.fp8_wgrad = !pr.no_fp8_wgrad;
+  d.fp8_wgrad = !(pr.no_fp8_wgrad && pr.fp8_recipe == "delayed");  // Megatron overrides the wgrad precision for delayed only
   if (pr.first_last_layers_bf16) {
     d.fp8_bf16_start = pr.num_layers_at_start_in_bf16;
     d.fp8_bf16_end = pr.num_layers_at_end_in_bf16;

@@ -52,7 +52,8 @@ struct ModelDims {
   bool cp_a2a = false;
   // FP8 (--fp8-format): the linear layers' GEMMs (QKV, projection, fc1, fc2) of the layers fp8_layer() names,
   // Transformer Engine's tensorwise scaling: inputs and weights in E4M3, output gradients in E5M2 (hybrid) or
-  // E4M3; the weight-gradient GEMM in FP8 too unless --no-fp8-wgrad. --first-last-layers-bf16 keeps the first
+  // E4M3; the weight-gradient GEMM in FP8 too (--no-fp8-wgrad counts for the delayed recipe only, as in Megatron).
+  // --first-last-layers-bf16 keeps the first
   // fp8_bf16_start and the last fp8_bf16_end layers in 16 bits.
   bool fp8 = false, fp8_grad_e5m2 = false, fp8_wgrad = true;
   int64_t fp8_bf16_start = 0, fp8_bf16_end = 0;

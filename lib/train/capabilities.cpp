@@ -2,6 +2,7 @@
 #include "train/capabilities.h"
 
 #include "config/resolve.h"
+#include "tensor/device_info.h"
 
 namespace mt {
 
@@ -36,7 +37,8 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "--dataloader-type " + c.data.dataloader_type + " is not implemented: megatrain reads samples in order (single)");
   const std::string tok = c.data.tokenizer_type.value_or("");
   no((!c.data.data_path.empty() || !c.data.train_data_path.empty()) && tok.empty(),
-     "--data-path needs --tokenizer-type (GPT2BPETokenizer with --vocab-file/--merge-file, HuggingFaceTokenizer with --tokenizer-model, "
+     "--data-path needs --tokenizer-type (GPT2BPETokenizer with --vocab-file/--merge-file, HuggingFaceTokenizer or Llama2Tokenizer / "
+     "GPTSentencePieceTokenizer / SentencePieceTokenizer with --tokenizer-model, "
      "or NullTokenizer with --vocab-size)");
   no(c.checkpoint.ckpt_format != "torch_dist",
      "--ckpt-format " + c.checkpoint.ckpt_format + " is not supported: megatrain writes its own sharded, reshardable format "
@@ -67,6 +69,10 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
         p.fp8_margin != d.precision.fp8_margin) {
       out.push_back("note: --fp8-amax-history-len, --fp8-amax-compute-algo and --fp8-margin belong to --fp8-recipe delayed: tensorwise "
                     "scales each tensor by its own amax");
+    }
+    if (p.no_fp8_wgrad) {
+      out.push_back("note: --no-fp8-wgrad has no effect with --fp8-recipe tensorwise (as in Megatron, which overrides the weight-gradient "
+                    "precision for the delayed recipe only): the weight-gradient GEMMs stay in FP8");
     }
   }
   if (c.model.apply_query_key_layer_scaling) {
@@ -136,6 +142,11 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   if (c.precision.fp8_format) {
     // FP8 GEMMs (cuBLASLt, Hopper): both operands K-contiguous, every dimension a multiple of 16.
     no(c.precision.fp16, "FP8 on the CUDA engine runs beside bf16 (the working weights and activations): use --bf16 with --fp8-format");
+    const auto gpus = visible_gpus();
+    if (!gpus.empty() && gpus.front().major * 10 + gpus.front().minor < 89) {
+      no(true, "FP8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell); this GPU (" + gpus.front().name + ") is " +
+                   std::to_string(gpus.front().major) + "." + std::to_string(gpus.front().minor) + ": drop --fp8-format");
+    }
     no(c.parallel.tensor_model_parallel_size > 1,
        "FP8 with tensor parallelism has not run on GPUs yet (its amax reduction over TP): use --device cpu, or TP 1 on the CUDA engine");
     const int64_t h = *c.model.hidden_size, heads = *c.model.num_attention_heads, d = c.model.kv_channels.value_or(h / heads);

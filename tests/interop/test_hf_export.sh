@@ -93,6 +93,28 @@ finetune_losses() { grep -o 'lm loss: [0-9.E+-]*' "$1" | cut -d' ' -f3 | tr '\n'
   tail -3 "$W/ft-b.log"; fail "fine-tuning the imported checkpoint"; }
 a=$(finetune_losses "$W/ft-a.log"); b=$(finetune_losses "$W/ft-b.log")
 if [[ -n "$a" && "$a" == "$b" ]]; then echo "PASS the imported checkpoint fine-tunes with the original's losses ($a)"; else fail "fine-tuning: original $a, imported $b"; fi
+# GPT-2's own files name the base model's tensors without "transformer." (wte.weight, h.0.attn.c_attn.weight):
+# HF's loader takes both, and so does import.
+mkdir -p "$W/gpt2-hub"
+cp "$W/gpt2_tp2-hf/config.json" "$W/gpt2-hub/"
+"$PY" - "$W/gpt2_tp2-hf/model.safetensors" "$W/gpt2-hub/model.safetensors" <<'PYX'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+header = json.loads(data[8:8 + n])
+renamed = {(k[len("transformer."):] if k.startswith("transformer.") else k): v for k, v in header.items()}
+text = json.dumps(renamed).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PYX
+if "$BIN" checkpoint import --hf "$W/gpt2-hub" --save "$W/gpt2-hub-ck" >/dev/null 2>&1 &&
+   "$BIN" checkpoint export "$W/gpt2-hub-ck" --hf "$W/gpt2-hub-again" --dtype fp32 >/dev/null 2>&1 &&
+   cmp -s "$W/gpt2_tp2-hf/model.safetensors" "$W/gpt2-hub-again/model.safetensors"; then
+  echo "PASS GPT-2 tensors named without transformer. (as GPT-2's own files) import to the same weights"
+else fail "GPT-2 tensors without the transformer. prefix"; fi
+sed 's/"scale_attn_weights": true/"scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": true/' "$W/gpt2_tp2-hf/config.json" >"$W/gpt2-hub/config.json"
+out=$("$BIN" checkpoint import --hf "$W/gpt2-hub" --save "$W/bad-ck2" 2>&1) && fail "scale_attn_by_inverse_layer_idx imported"
+grep -q "scale_attn_by_inverse_layer_idx" <<<"$out" || fail "scale_attn_by_inverse_layer_idx: $out"
 # Import's refusals: an architecture it does not know, a config.json that disagrees with the weights.
 mkdir -p "$W/bad-hf" && cp "$W/llama_tp2_sp-hf/model.safetensors" "$W/bad-hf/"
 sed 's/LlamaForCausalLM/FalconForCausalLM/' "$W/llama_tp2_sp-hf/config.json" >"$W/bad-hf/config.json"

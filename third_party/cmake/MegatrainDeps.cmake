@@ -8,6 +8,12 @@ find_package(MPI REQUIRED COMPONENTS CXX)
 # ICU: Unicode general categories for GPT-2's pre-tokenizer (letters and numbers). Without it the
 # build works but GPT2BPETokenizer refuses to run (saying to install libicu-dev).
 find_package(ICU COMPONENTS uc OPTIONAL_COMPONENTS i18n)  # i18n: regular expressions (HuggingFaceTokenizer)
+# SentencePiece (libsentencepiece-dev) for SentencePieceTokenizer, GPTSentencePieceTokenizer and Llama2Tokenizer.
+# Without it the build works and those tokenizers refuse to run (saying to install it).
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(SENTENCEPIECE QUIET IMPORTED_TARGET sentencepiece)
+endif()
 
 # BLAS for the CPU reference GEMM: OpenBLAS from the distribution (see third_party/README.md). Without
 # it a plain blocked GEMM is compiled instead (correct, slower).

@@ -75,11 +75,7 @@ float fp8_scale_from_amax(float amax, Fp8Format format) {
 
 float abs_max(const float* x, int64_t n) {
   float m = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    if (std::isnan(a)) return a;
-    m = a > m ? a : m;
-  }
+  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(x[i]));  // NaN skipped, as CUDA's fmaxf (and TE's amax)
   return m;
 }
 

@@ -21,7 +21,7 @@ float fp8_round(float x, Fp8Format format);
 // Current (tensorwise) scaling, Transformer Engine's compute_scale_from_amax without epsilon or powers of 2:
 // max / amax, 1 where amax is 0 or not finite, the largest float where the quotient overflows.
 float fp8_scale_from_amax(float amax, Fp8Format format);
-// The largest |x| over n values (NaN propagates).
+// The largest |x| over n values; NaN values are skipped (as the CUDA kernel's fmaxf and Transformer Engine's amax).
 float abs_max(const float* x, int64_t n);
 // q[i] = fp8_round(x[i] * scale): the FP8 values (unscaled; the tensor is q / scale).
 void fp8_quantize(float* q, const float* x, int64_t n, float scale, Fp8Format format);

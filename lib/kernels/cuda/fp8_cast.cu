@@ -1,6 +1,7 @@
 // fp8_cast.cu: the amax by a grid-stride reduction (non-negative floats order as their bit patterns: one
-// atomicMax on the bits per block), the cast by 32 x 32 tiles through shared memory so that both the row-major
-// and the transposed outputs are written a row of a tile at a time.
+// atomicMax on the bits per block; fmaxf skips NaN), the cast by tiles through shared memory so that both the
+// row-major and the transposed outputs are written a row of a tile at a time: 64 x 64 with 8 values per load and
+// store where the sizes and pointers allow, else 32 x 32 one value per thread.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -61,7 +62,7 @@ __global__ void cast_vec_kernel(const bf16* __restrict__ x, int64_t rows, int64_
                                 uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* __restrict__ scale_inv) {
   const float scale = scale_from_amax(*amax, e5m2 ? 57344.0f : 448.0f);
   if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
-  __shared__ uint8_t tile[kVecTile][kVecTile + 8];
+  __shared__ alignas(16) uint8_t tile[kVecTile][kVecTile + 8];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVecTile, c0 = static_cast<int64_t>(blockIdx.x) * kVecTile;
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
   const int t = threadIdx.x, group = t % 8;
@@ -71,7 +72,7 @@ __global__ void cast_vec_kernel(const bf16* __restrict__ x, int64_t rows, int64_
     if (r < rows && c < cols) {
       const uint4 u = *reinterpret_cast<const uint4*>(x + r * cols + c);
       const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&u);
-      uint8_t q[8];
+      alignas(8) uint8_t q[8];
       for (int k = 0; k < 4; ++k) {
         const float2 f = __bfloat1622float2(p[k]);
         q[2 * k] = to_fp8(f.x, scale, kind);
@@ -87,7 +88,7 @@ __global__ void cast_vec_kernel(const bf16* __restrict__ x, int64_t rows, int64_
     const int j = t / 8 + 32 * pass;  // the tile's column: out_t's row c0 + j
     const int64_t c = c0 + j, r = r0 + group * 8;
     if (c < cols && r < rows) {
-      uint8_t q[8];
+      alignas(8) uint8_t q[8];
       for (int k = 0; k < 8; ++k) q[k] = tile[group * 8 + k][j];
       *reinterpret_cast<uint2*>(out_t + c * rows + r) = *reinterpret_cast<const uint2*>(q);
     }
