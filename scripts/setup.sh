@@ -22,6 +22,11 @@ if [[ "${SKIP_APT:-0}" != 1 ]]; then
     SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
   fi
+  # Chromium (headless) for the report test: it renders the page and checks the plots in a screenshot.
+  if ! command -v chromium >/dev/null; then
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium
+  fi
   # PyTorch for the HuggingFace export test (HF's modeling code written out in PyTorch).
   if ! python3 -c "import torch" 2>/dev/null && ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
     SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"

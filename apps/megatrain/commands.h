@@ -7,5 +7,6 @@ int run_train(int argc, char** argv);
 int run_plan(int argc, char** argv);
 int run_preprocess(int argc, char** argv);
 int run_checkpoint(int argc, char** argv);
+int run_report(int argc, char** argv);
 
 }  // namespace mt

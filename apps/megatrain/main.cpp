@@ -21,7 +21,8 @@ void print_usage() {
                "  megatrain preprocess ...        tokenize a corpus into Megatron's .bin/.idx\n"
                "  megatrain checkpoint inspect DIR  iteration, layout, tensors of a checkpoint (--verify: checksums)\n"
                "  megatrain checkpoint export DIR --hf OUT   a checkpoint (any layout) as a HuggingFace model\n"
-               "  megatrain checkpoint import --hf DIR --save CKPT   a HuggingFace model as a checkpoint\n\n"
+               "  megatrain checkpoint import --hf DIR --save CKPT   a HuggingFace model as a checkpoint\n"
+               "  megatrain report DIR... [-o FILE]   the runs' metrics as one HTML page (inline SVG)\n\n"
                "  megatrain train --help          every flag, grouped like Megatron's arguments\n"
                "  megatrain plan --help           planner options\n";
 }
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
     if (sub == "train") return mt::run_train(argc - 1, argv + 1);
     if (sub == "preprocess") return mt::run_preprocess(argc - 1, argv + 1);
     if (sub == "checkpoint") return mt::run_checkpoint(argc - 1, argv + 1);
+    if (sub == "report") return mt::run_report(argc - 1, argv + 1);
     if (sub == "help" || (argc == 2 && (sub == "-h" || sub == "--usage"))) {
       print_usage();
       return 0;

@@ -326,6 +326,10 @@ std::vector<std::string> HfBpeTokenizer::pretokenize(std::string_view text) cons
   UErrorCode st = U_ZERO_ERROR;
   std::unique_ptr<icu::RegexMatcher> m(regex_->pattern->matcher(u, st));
   if (U_FAILURE(st)) throw std::runtime_error("HuggingFaceTokenizer: ICU could not create a matcher");
+  // A pattern from a tokenizer.json may backtrack catastrophically on some text: each find() is bounded (ICU's
+  // steps, about a millisecond each: ~2 s) and the stack too, so such a document ends with an error, not a hang.
+  m->setTimeLimit(2000, st);
+  m->setStackLimit(8 << 20, st);
   auto piece = [&](int32_t from, int32_t to) {
     std::string out;
     u.tempSubString(from, to - from).toUTF8String(out);
@@ -338,6 +342,11 @@ std::vector<std::string> HfBpeTokenizer::pretokenize(std::string_view text) cons
     if (a > last) piece(last, a);
     piece(a, b);
     last = b;
+  }
+  if (st == U_REGEX_TIME_OUT || st == U_REGEX_STACK_OVERFLOW) {
+    throw DataError("HuggingFaceTokenizer: the tokenizer.json's pre-tokenizer pattern " + std::string(st == U_REGEX_TIME_OUT ? "ran past its time limit (seconds)" : "overflowed its stack") +
+                    " on one match in a document of " + std::to_string(text.size()) + " bytes (a pattern that backtracks catastrophically?): "
+                    "check the Split pattern, or the text");
   }
   if (U_FAILURE(st)) throw std::runtime_error("HuggingFaceTokenizer: ICU failed matching the pre-tokenizer pattern");
   if (last < u.length()) piece(last, u.length());

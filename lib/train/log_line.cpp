@@ -50,6 +50,12 @@ std::string format_iteration_line(const IterationStats& s) {
   } else {
     out += "MFU: n/a (no GPU peak) |";
   }
+  // The time to the last iteration at this interval's pace.
+  if (s.train_iters > s.iteration && s.ms_per_iter > 0) {
+    const auto secs = static_cast<long long>(std::llround(static_cast<double>(s.train_iters - s.iteration) * s.ms_per_iter / 1000.0));
+    std::snprintf(buf, sizeof(buf), " ETA: %lld:%02lld:%02lld |", secs / 3600, secs / 60 % 60, secs % 60);
+    out += buf;
+  }
   return out;
 }
 

@@ -84,6 +84,13 @@ bad vocab-broken-json "is not valid JSON \(a GPT-2 vocab.json / encoder.json\): 
 printf '{"model": {"type": 5}}' >"$tmp/tokenizer.json"
 bad tokenizer-json-shape "a JSON input .* is malformed: type must be string" -- \
   "$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/pp" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/tokenizer.json"
+# A pre-tokenizer pattern that backtracks catastrophically: an error after ICU's time limit, not a hang.
+mkdir -p "$tmp/slowtok"
+printf '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "</s>": 2}, "merges": []}, "added_tokens": [{"id": 2, "content": "</s>", "special": true}], "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "(a|aa)+$"}, "behavior": "Isolated"}, {"type": "ByteLevel", "use_regex": false}]}}' >"$tmp/slowtok/tokenizer.json"
+printf '{"eos_token": "</s>"}' >"$tmp/slowtok/tokenizer_config.json"
+printf '{"text": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab"}\n' >"$tmp/slow.jsonl"
+bad regex-time-limit "pre-tokenizer pattern ran past its time limit" -- \
+  "$B" preprocess --input "$tmp/slow.jsonl" --output-prefix "$tmp/slow" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/slowtok"
 bad master-port 'MASTER_PORT 99999 is not a TCP port' -- env MASTER_PORT=99999 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "$B" "${Q[@]}" --device cpu
 bad world-size 'reports a world size of 100000000' -- env MASTER_PORT=29500 RANK=0 WORLD_SIZE=100000000 MASTER_ADDR=127.0.0.1 "$B" "${Q[@]}" --device cpu
 out=$("$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/pp" --tokenizer-type ByteTokenizer --workers 100000 2>&1); rc=$?
