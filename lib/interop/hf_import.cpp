@@ -155,6 +155,15 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   auto refuse = [](bool bad, const std::string& why) {
     if (bad) throw ConfigError("cannot import: " + why);
   };
+  // Every size config.json gives must be a positive integer.
+  for (const char* key : {"n_embd", "n_layer", "n_head", "n_inner", "n_positions", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings", "vocab_size", "num_local_experts",
+                          "num_experts_per_tok"}) {
+    if (!hc.contains(key) || hc[key].is_null()) continue;
+    if (!hc[key].is_number_integer() || hc[key].get<int64_t>() <= 0 || hc[key].get<int64_t>() > (int64_t{1} << 40)) {
+      throw DataError((dir / "config.json").string() + ": \"" + key + "\" must be a positive integer, got " + hc[key].dump());
+    }
+  }
   std::ostringstream flags;
   flags << std::setprecision(17);
   std::string family;

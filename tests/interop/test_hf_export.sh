@@ -129,6 +129,51 @@ out=$("$BIN" checkpoint import --hf "$W/bad-hf" --save "$W/bad-ck" 2>&1) && fail
 grep -q "model.safetensors" <<<"$out" || fail "truncated safetensors: $out"
 [[ -e "$W/bad-ck" ]] && fail "a failed import left a checkpoint"
 
+# Damaged safetensors files and config.json: 150 mutants (flipped bytes in the header length, the header and the
+# data; truncations; config values changed), each imported: an import or one error line, never a signal or a hang.
+"$PY" - "$W/llama_tp2_sp-hf" "$W/mutants" <<'PYM'
+import json, os, random, shutil, sys
+src, out = sys.argv[1], sys.argv[2]
+random.seed(11)
+data = open(os.path.join(src, "model.safetensors"), "rb").read()
+cfg = open(os.path.join(src, "config.json")).read()
+n = int.from_bytes(data[:8], "little")
+for k in range(150):
+    d = os.path.join(out, f"m{k:03d}")
+    os.makedirs(d)
+    b, c = bytearray(data), cfg
+    kind = k % 5
+    if kind == 0:    # the header length
+        b[random.randrange(8)] = random.randrange(256)
+    elif kind == 1:  # the JSON header
+        for _ in range(random.randint(1, 4)):
+            b[8 + random.randrange(n)] = random.choice(b'0123456789{}[]",:-eE .')
+    elif kind == 2:  # truncated
+        b = b[:random.randrange(len(b))]
+    elif kind == 3:  # data bytes (may import: the weights are only values)
+        for _ in range(20):
+            b[8 + n + random.randrange(len(b) - 8 - n)] = random.randrange(256)
+    else:            # config.json values
+        j = json.loads(cfg)
+        key = random.choice(["hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "num_hidden_layers", "vocab_size", "head_dim"])
+        j[key] = random.choice([0, -1, 1, 3, 10**12, None, "x", 2.5])
+        c = json.dumps(j)
+    open(os.path.join(d, "model.safetensors"), "wb").write(b)
+    open(os.path.join(d, "config.json"), "w").write(c)
+PYM
+signals=0 slow=0 imported=0
+for d in "$W"/mutants/m*; do
+  start=$SECONDS
+  timeout 20 "$BIN" checkpoint import --hf "$d" --save "$d-ck" >"$d.log" 2>&1
+  rc=$?
+  ((SECONDS - start > 5)) && slow=$((slow + 1))
+  if [[ $rc == 0 ]]; then imported=$((imported + 1))
+  elif [[ $rc != 1 && $rc != 2 ]]; then signals=$((signals + 1)); echo "mutant $(basename "$d"): rc $rc"; tail -2 "$d.log"
+  elif [[ $(grep -c 'error' "$d.log") != 1 ]]; then signals=$((signals + 1)); echo "mutant $(basename "$d"): not one error line"; cat "$d.log"; fi
+done
+if [[ $signals == 0 && $slow == 0 ]]; then echo "PASS 150 damaged imports: $imported imported (data bytes only), the rest one error line each, no signal, none slow"
+else fail "damaged imports: $signals crashed or unclear, $slow slow"; fi
+
 # Sharding: the index names every tensor's file, and the files hold what it says.
 idx="$W/llama_tied_sharded-hf/model.safetensors.index.json"
 if [[ -f "$idx" ]] && "$PY" - "$idx" <<'PY'
