@@ -47,7 +47,7 @@ std::vector<uint16_t> test_values(size_t n, uint64_t key, float spread) {
     const float mag = std::ldexp(1.0f, static_cast<int>(i % 23) - 14) * spread;
     v[i] = mt::float_to_bf16(mag * mt::philox_normal(key, i));
   }
-  v[n / 2] = mt::float_to_bf16(-3.5f * spread);  // the amax
+  v[n / 2] = mt::float_to_bf16(-3.5f * spread);  // an exact negative value
   v[1] = 0;
   return v;
 }
