@@ -517,7 +517,10 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     throw DataError(o.dir.string() + " holds " + o.meta["optimizer"]["kind"].get<std::string>() + " optimizer state, this run uses --optimizer " +
                     lo.optimizer_kind + ": load with --no-load-optim (fresh optimizer state) or keep the optimizer");
   }
-  if (lo.vocab_size > 0 && o.meta.contains("vocab_size") && o.meta["vocab_size"].get<int64_t>() != lo.vocab_size) {
+  // NullTokenizer's vocabulary was --vocab-size before it became Megatron's --vocab-size + 1: those checkpoints load.
+  const bool null_tokenizer_before = lo.run_config && lo.run_config->data.tokenizer_type.value_or("") == "NullTokenizer" &&
+                                     o.meta.contains("vocab_size") && o.meta["vocab_size"].get<int64_t>() + 1 == lo.vocab_size;
+  if (lo.vocab_size > 0 && o.meta.contains("vocab_size") && o.meta["vocab_size"].get<int64_t>() != lo.vocab_size && !null_tokenizer_before) {
     throw DataError(o.dir.string() + " was trained with a vocabulary of " + std::to_string(o.meta["vocab_size"].get<int64_t>()) +
                     " tokens, this run has " + std::to_string(lo.vocab_size) + ": use the same tokenizer");
   }

@@ -93,7 +93,9 @@ void resolve(Config& cfg, int64_t world_size, int64_t tokenizer_vocab) {
   const int64_t gbs = cfg.training.global_batch_size.value_or(mbs * d.data_parallel_size);
   d.global_batch_size = gbs;
   d.num_microbatches = std::max<int64_t>(1, gbs / std::max<int64_t>(1, mbs * d.data_parallel_size));
-  const int64_t vocab = tokenizer_vocab > 0 ? tokenizer_vocab : m.vocab_size.value_or(0);
+  // NullTokenizer is Megatron's: --vocab-size V ids and the end of document V, a vocabulary of V + 1.
+  const bool null_tokenizer = cfg.data.tokenizer_type.value_or("") == "NullTokenizer" && m.vocab_size;
+  const int64_t vocab = tokenizer_vocab > 0 ? tokenizer_vocab : null_tokenizer ? *m.vocab_size + 1 : m.vocab_size.value_or(0);
   d.vocab_size = vocab;
   d.padded_vocab_size = vocab > 0 ? padded_vocab_size(vocab, m.make_vocab_size_divisible_by, p.tensor_model_parallel_size) : 0;
   d.num_query_groups = effective_query_groups(cfg);

@@ -31,10 +31,11 @@ class ByteTokenizer final : public Tokenizer {
   std::string name() const override { return "ByteTokenizer"; }
 };
 
-// Megatron's NullTokenizer: text is whitespace-separated ids; EOD is the last id.
+// Megatron's NullTokenizer: text is whitespace-separated ids; --vocab-size V ids plus the end of document V, so the
+// vocabulary is V + 1 (Megatron's _NullTokenizer: vocab_size = V + 1, eod = V).
 class NullTokenizer final : public Tokenizer {
  public:
-  explicit NullTokenizer(int64_t v) : v_(v) {}
+  explicit NullTokenizer(int64_t v) : v_(v + 1) {}
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> out;
     std::string cur;
@@ -42,7 +43,7 @@ class NullTokenizer final : public Tokenizer {
       if (cur.empty()) return;
       char* end = nullptr;
       const long id = std::strtol(cur.c_str(), &end, 10);
-      if (*end != '\0' || id < 0 || id >= v_) throw ConfigError("NullTokenizer: '" + cur + "' is not an id below --vocab-size");
+      if (*end != '\0' || id < 0 || id >= v_) throw ConfigError("NullTokenizer: '" + cur + "' is not an id up to --vocab-size (its end of document)");
       out.push_back(static_cast<int32_t>(id));
       cur.clear();
     };
@@ -91,7 +92,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
   }
   if (type == "ByteTokenizer") return std::make_unique<ByteTokenizer>();
   if (type == "NullTokenizer") {
-    if (vocab_size <= 1) throw ConfigError("NullTokenizer needs --vocab-size");
+    if (vocab_size < 1) throw ConfigError("NullTokenizer needs --vocab-size");
     return std::make_unique<NullTokenizer>(vocab_size);
   }
   throw ConfigError("--tokenizer-type " + type +

@@ -9,6 +9,7 @@
 #include "config/resolve.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
+#include "data/tokenizer.h"
 #include "train/trainer.h"
 
 using namespace mt;
@@ -180,4 +181,15 @@ TEST_CASE("--eod-mask-loss, --reset-position-ids and --reset-attention-mask foll
   }
   CHECK(eods > 0);
   CHECK(make_microbatch(mock, Split::kTrain, 0, 1, 64, Config{}).row_start.empty());
+}
+
+TEST_CASE("NullTokenizer is Megatron's: --vocab-size V ids and the end of document V, a vocabulary of V + 1") {
+  const auto tok = mt::make_tokenizer("NullTokenizer", "", "", 100);
+  CHECK(tok->vocab_size() == 101);
+  CHECK(tok->eod() == 100);
+  CHECK(tok->encode("3 17\n100") == std::vector<int32_t>{3, 17, 100});
+  CHECK_THROWS_AS(tok->encode("101"), mt::ConfigError);
+  // Padded as Megatron pads the tokenizer's vocabulary: 128256 + 1 -> 128384 (multiple of 128).
+  CHECK(mt::padded_vocab_size(tok->vocab_size(), 128, 1) == 128);
+  CHECK(mt::padded_vocab_size(mt::make_tokenizer("NullTokenizer", "", "", 128256)->vocab_size(), 128, 1) == 128384);
 }
