@@ -17,7 +17,9 @@ std::unique_ptr<TokenSource> make_token_source(const Config& cfg) {
   if (cfg.data.mock_data) {
     if (!cfg.model.vocab_size) throw ConfigError("--mock-data needs --vocab-size (e.g. --vocab-size 50257)");
     if (*cfg.model.vocab_size < 3) throw ConfigError("--vocab-size must be at least 3 for mock data");
-    return std::make_unique<MockDataset>(*cfg.model.vocab_size, seed, seq);
+    // The tokenizer's vocabulary where resolve() knows it (NullTokenizer's is --vocab-size + 1: its end of document
+    // is the extra id, as Megatron's mock dataset takes the tokenizer's), else --vocab-size.
+    return std::make_unique<MockDataset>(cfg.derived.vocab_size > 0 ? cfg.derived.vocab_size : *cfg.model.vocab_size, seed, seq);
   }
   if (!cfg.data.data_path.empty() || !cfg.data.train_data_path.empty()) {
     const auto tok = make_tokenizer(cfg);

@@ -10,6 +10,7 @@
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/tokenizer.h"
+#include "train/train_common.h"
 #include "train/trainer.h"
 
 using namespace mt;
@@ -192,4 +193,17 @@ TEST_CASE("NullTokenizer is Megatron's: --vocab-size V ids and the end of docume
   // Padded as Megatron pads the tokenizer's vocabulary: 128256 + 1 -> 128384 (multiple of 128).
   CHECK(mt::padded_vocab_size(tok->vocab_size(), 128, 1) == 128);
   CHECK(mt::padded_vocab_size(mt::make_tokenizer("NullTokenizer", "", "", 128256)->vocab_size(), 128, 1) == 128384);
+  // Mock data with NullTokenizer (the benchmark recipes): the model and the data agree on V + 1.
+  mt::Config c;
+  c.model.num_layers = 1;
+  c.model.hidden_size = 32;
+  c.model.num_attention_heads = 4;
+  c.model.vocab_size = 100;
+  c.data.tokenizer_type = "NullTokenizer";
+  c.data.mock_data = true;
+  c.data.seq_length = 16;
+  c.training.micro_batch_size = 2;
+  mt::resolve(c, 1);
+  CHECK(c.derived.vocab_size == 101);
+  CHECK(mt::open_training_data(c)->vocab_size() == 101);
 }
