@@ -15,6 +15,7 @@
 #include "config/moe_pattern.h"
 #include "config/resolve.h"
 #include "config/yaml_io.h"
+#include "interop/hf_layout.h"
 #include "interop/safetensors.h"
 #include "model/model_dims.h"
 #include "optim/loss_scaler.h"
@@ -25,39 +26,10 @@ namespace mt {
 namespace fs = std::filesystem;
 namespace {
 
-using Values = std::vector<float>;
-
-// A 2-D [rows, cols] matrix transposed.
-Values transposed(const Values& w, int64_t rows, int64_t cols) {
-  Values t(w.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) t[static_cast<size_t>(c * rows + r)] = w[static_cast<size_t>(r * cols + c)];
-  }
-  return t;
-}
-
-// Rows [first, first + n) of a [*, cols] matrix (or a vector with cols 1).
-Values rows_of(const Values& w, int64_t first, int64_t n, int64_t cols) {
-  return Values(w.begin() + first * cols, w.begin() + (first + n) * cols);
-}
-
-// Megatron's grouped QKV rows (per query group: its query heads, then its key, then its value head, d rows each)
-// as HF's separate Q [nh d], K [ng d] and V [ng d] rows; cols 1 for the bias.
-struct SplitQkv {
-  Values q, k, v;
-};
-SplitQkv split_qkv(const Values& qkv, int64_t nh, int64_t ng, int64_t d, int64_t cols) {
-  const int64_t per = nh / ng;
-  SplitQkv s;
-  for (int64_t g = 0; g < ng; ++g) {
-    const int64_t base = g * (per + 2) * d;
-    auto q = rows_of(qkv, base, per * d, cols), k = rows_of(qkv, base + per * d, d, cols), v = rows_of(qkv, base + (per + 1) * d, d, cols);
-    s.q.insert(s.q.end(), q.begin(), q.end());
-    s.k.insert(s.k.end(), k.begin(), k.end());
-    s.v.insert(s.v.end(), v.begin(), v.end());
-  }
-  return s;
-}
+using hf::SplitQkv;
+using hf::Values;
+using hf::split_qkv;
+using hf::transposed;
 
 // --rotary-interleaved rotates the pairs (2i, 2i + 1) of each head; HF rotates (i, i + d/2): each head's rows
 // reordered so that HF's rotation meets the same pairs.

@@ -20,6 +20,7 @@
 #include "config/errors.h"
 #include "config/resolve.h"
 #include "config/validate.h"
+#include "interop/hf_layout.h"
 #include "interop/safetensors.h"
 #include "model/gpt_model.h"
 #include "model/model_dims.h"
@@ -29,29 +30,10 @@ namespace mt {
 namespace fs = std::filesystem;
 namespace {
 
-using Values = std::vector<float>;
+using hf::Values;
+using hf::merge_qkv;
+using hf::transposed;
 using json = nlohmann::json;
-
-Values transposed(const Values& w, int64_t rows, int64_t cols) {
-  Values t(w.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) t[static_cast<size_t>(c * rows + r)] = w[static_cast<size_t>(r * cols + c)];
-  }
-  return t;
-}
-
-// HF's Q [nh d], K [ng d], V [ng d] rows into Megatron's grouped QKV rows (per group: its query heads, key, value).
-Values merge_qkv(const Values& q, const Values& k, const Values& v, int64_t nh, int64_t ng, int64_t d, int64_t cols) {
-  const int64_t per = nh / ng;
-  Values out;
-  out.reserve(q.size() + k.size() + v.size());
-  for (int64_t g = 0; g < ng; ++g) {
-    out.insert(out.end(), q.begin() + g * per * d * cols, q.begin() + (g + 1) * per * d * cols);
-    out.insert(out.end(), k.begin() + g * d * cols, k.begin() + (g + 1) * d * cols);
-    out.insert(out.end(), v.begin() + g * d * cols, v.begin() + (g + 1) * d * cols);
-  }
-  return out;
-}
 
 // The safetensors files of a directory (one, or the index's shards), tensor name -> file.
 class HfWeights {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "device_buffers.h"
 #include "config/cli.h"
 #include "config/resolve.h"
 #include "kernels/cpu/attention.h"
@@ -63,19 +64,8 @@ std::vector<float> random_bf16_values(size_t n, uint64_t key, float scale) {
   for (size_t i = 0; i < n; ++i) v[i] = mt::bf16_to_float(mt::float_to_bf16(scale * mt::philox_normal(key, i)));
   return v;
 }
-template <typename T>
-T* upload(const std::vector<T>& h) {
-  T* d = nullptr;
-  cudaMalloc(&d, h.size() * sizeof(T));
-  cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
-template <typename T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return h;
-}
+using mt::test::download;
+using mt::test::upload;
 // max |a - b| / max |b|
 double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 1e-30;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "device_buffers.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cuda/fp8_cast.h"
 #include "kernels/cuda/gemm_lt.h"
@@ -25,19 +26,8 @@ void check(bool ok, const std::string& what) {
   std::fflush(stdout);
   if (!ok) ++failures;
 }
-template <typename T>
-T* upload(const std::vector<T>& h) {
-  T* d = nullptr;
-  cudaMalloc(&d, h.size() * sizeof(T));
-  cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
-template <typename T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return h;
-}
+using mt::test::download;
+using mt::test::upload;
 mt::cpu::Fp8Format cpu_format(mt::cuda::Fp8Type t) { return t == mt::cuda::Fp8Type::kE5M2 ? mt::cpu::Fp8Format::kE5M2 : mt::cpu::Fp8Format::kE4M3; }
 
 // bf16 values of several magnitudes (some tiny: the subnormals and zero of the formats), with exact ties.
