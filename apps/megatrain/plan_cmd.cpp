@@ -173,8 +173,9 @@ int run_plan(int argc, char** argv) {
   std::printf("  activations             %s   (%s per microbatch x %g in flight under %s, recompute %s)\n",
               gib(mem.activations).c_str(), gib(mem.activations_per_microbatch).c_str(), mem.in_flight_microbatches,
               schedule_name(cfg).c_str(), cfg.recompute.recompute_granularity.value_or("none").c_str());
-  std::printf("  logits and loss         %s\n", gib(mem.logits).c_str());
-  std::printf("  runtime overhead        %s   (CUDA context, workspaces, NCCL: assumed)\n", gib(2.0 * (1ull << 30)).c_str());
+  std::printf("  logits and loss         %s   (the output layer's rows in chunks)\n", gib(mem.logits).c_str());
+  std::printf("  working buffers         %s   (one microbatch's gradients through a layer)\n", gib(mem.working).c_str());
+  std::printf("  runtime overhead        %s   (CUDA context, workspaces, NCCL)\n", gib(mem.overhead).c_str());
   std::printf("  total                   %s of %.0f GiB\n", gib(mem.total).c_str(), gpu_memory_gb);
   const MegatronTheoretical mt_mem = megatron_theoretical_memory(cfg);
   std::printf("  Megatron's theoretical formula: weights+optimizer %s, activations %s\n", gib(mt_mem.weights_and_optimizer).c_str(),

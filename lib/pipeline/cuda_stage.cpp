@@ -9,7 +9,7 @@
 namespace mt {
 
 StageBuffers::~StageBuffers() {
-  for (void* p : all_) cudaFree(p);
+  for (void* p : all_) device_free(p);
 }
 
 void* StageBuffers::take() {

@@ -12,7 +12,10 @@
 namespace mt {
 namespace {
 
-constexpr double kOverheadBytes = 2.0 * (1ull << 30);  // CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers
+// What the process holds beyond its buffers: the CUDA context, cuBLAS / cuDNN workspaces, the microbatch staging
+// (measured on one H200: 0.54-0.56 GiB, docs/memory-model.md), rounded up to 1 GiB; with more GPUs NCCL's
+// communicators and their buffers too, 2 GiB (assumed: not yet measured).
+constexpr double kOverheadOneGpu = 1.0 * (1ull << 30), kOverheadNccl = 2.0 * (1ull << 30);
 
 bool half_precision(const Config& c) { return c.precision.bf16 || c.precision.fp16; }
 
@@ -46,7 +49,8 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
     F = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F)));
     tokens = sb * static_cast<double>(c.moe.moe_router_topk);
     bytes += 4.0 * sb * static_cast<double>(c.moe.num_experts.value_or(0));  // router logits (fp32)
-    bytes += a * tokens * h / rep;                                            // permuted tokens
+    bytes += 2 * a * tokens * h / rep;                                        // permuted tokens, the experts' outputs
+    bytes += 12.0 * sb * static_cast<double>(c.moe.moe_router_topk);          // the choices, their weights and rows
     const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
     bytes += a * sb * h / rep;  // fc1 input
     if (!recompute_mlp) bytes += a * tokens * F * (mult + 1) / etp;
@@ -57,7 +61,48 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   return bytes;
 }
 
+// Bytes per token of one microbatch's working buffers, which the CUDA engine keeps once (not per microbatch in
+// flight): the gradients a layer's backward passes through (residual stream, norms, attention, MLP), the QKV
+// and block outputs of the forward, the final norm's output, and FP8's and MoE's copies.
+double working_bytes_per_token(const Config& c) {
+  const double h = static_cast<double>(c.model.hidden_size.value_or(0));
+  const double n = static_cast<double>(c.model.num_attention_heads.value_or(1));
+  const double d = static_cast<double>(c.model.kv_channels.value_or(static_cast<int64_t>(h / n)));
+  const double g = static_cast<double>(effective_query_groups(c));
+  const double t = static_cast<double>(c.parallel.tensor_model_parallel_size);
+  const bool sp = c.parallel.sequence_parallel && c.parallel.tensor_model_parallel_size > 1;
+  const double r = sp ? t : 1.0;
+  const double a = half_precision(c) ? 2.0 : 4.0;
+  const double res = c.precision.fp32_residual_connection || !half_precision(c) ? 4.0 : a;
+  const double Hd = n * d / t, KVd = std::max(1.0, g / t) * d, Wq = Hd + 2 * KVd;
+  const double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu))) / t;
+  const double F1 = c.model.swiglu ? 2 * F : F;
+  double bytes = a * Wq + a * h + a * h;       // the QKV output, a block's output, the final norm's output
+  bytes += res * h / r + 8.0 / r + 4.0;        // the final norm's input and statistics, the losses
+  bytes += 4.0 * h / r + a * h / r + a * h;    // the residual stream's gradient (fp32 and 16-bit), a norm's output gradient
+  bytes += a * (2 * Hd + 2 * KVd);             // the attention's output and input gradients
+  bytes += a * (F + F1);                       // the MLP's activation and fc1 gradients
+  if (sp || res != 4.0) bytes += 4.0 * h;      // the embedding's fp32 sum (and SP's gradient gather)
+  if (sp) bytes += 3.0 * a * h / r + 2.0 * a * h;  // SP's local rows and gathers
+  if (c.precision.fp8_format) {                // an FP8 operand, dy^T, x^T (1 byte each)
+    bytes += std::max({h, Hd, F, Wq, F1}) + std::max({Wq, h, F1}) + std::max({h, Hd, F});
+  }
+  if (c.moe.num_experts) {  // the experts' gradients for top-k copies of each token, the router's
+    const double k = static_cast<double>(c.moe.moe_router_topk);
+    const double Fm = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F * t)));
+    const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
+    bytes += a * k * (2 * h + (c.model.swiglu ? 3.0 : 2.0) * Fm / etp) + 4.0 * 2.0 * static_cast<double>(*c.moe.num_experts) + 4.0 * k;
+  }
+  return bytes;
+}
+
 }  // namespace
+
+int64_t output_layer_chunk_rows(int64_t vocab_local, int64_t tokens) {
+  constexpr int64_t kLogitsChunkBytes = 512ll << 20;
+  const int64_t rows = std::max<int64_t>(64, kLogitsChunkBytes / (2 * std::max<int64_t>(1, vocab_local)) / 64 * 64);
+  return std::min(tokens, rows);
+}
 
 MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   MemoryEstimate m;
@@ -111,11 +156,15 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   if (stage == 0) per_mb += a * s * b * h + 8.0 * s * b;  // embedding output + token ids
   m.activations_per_microbatch = per_mb;
   m.activations = per_mb * m.in_flight_microbatches;
+  const auto tokens = static_cast<int64_t>(s * b);
   if (stage == pp - 1) {
-    // One microbatch of logits at a time: bf16 logits (gradient written in place) + final norm output.
-    m.logits = a * s * b * static_cast<double>(c.derived.padded_vocab_size) / t + a * s * b * h + 8.0 * s * b;
+    // One chunk of rows of bf16 logits at a time (the loss gradient written over them), then the labels' losses.
+    const auto vocab_local = static_cast<int64_t>(static_cast<double>(c.derived.padded_vocab_size) / t);
+    m.logits = a * static_cast<double>(output_layer_chunk_rows(vocab_local, tokens) * vocab_local);
   }
-  m.total = m.weights + m.grads + m.optimizer + m.activations + m.logits + kOverheadBytes;
+  m.working = working_bytes_per_token(c) * static_cast<double>(tokens);
+  m.overhead = c.derived.world_size > 1 ? kOverheadNccl : kOverheadOneGpu;
+  m.total = m.weights + m.grads + m.optimizer + m.activations + m.logits + m.working + m.overhead;
   return m;
 }
 

@@ -19,7 +19,9 @@ struct MemoryEstimate {
   double activations_per_microbatch = 0;
   double in_flight_microbatches = 1;  // the schedule's peak, in microbatches of the whole stage
   double activations = 0;         // per microbatch x in flight
-  double logits = 0;              // output layer and loss (last stage)
+  double logits = 0;              // output layer and loss (last stage): one chunk of rows' logits
+  double working = 0;             // one microbatch's working buffers (gradients in flight through a layer, FP8 copies)
+  double overhead = 0;            // CUDA context, cuBLAS / cuDNN workspaces, NCCL (measured, not derived)
   double total = 0;
   int64_t stage = 0;              // the pipeline stage estimated (most loaded)
 };
@@ -28,6 +30,10 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const Config& cfg);
 // Per pipeline stage.
 MemoryEstimate estimate_memory_for_stage(const Config& cfg, int64_t stage);
+
+// The rows of logits the CUDA engine's output layer takes at a time (lib/model/cuda: about 512 MiB of bf16
+// logits, a multiple of 64 rows, at most the microbatch's tokens).
+int64_t output_layer_chunk_rows(int64_t vocab_local, int64_t tokens);
 
 struct MegatronTheoretical {
   double weights_and_optimizer = 0;  // bytes, most loaded shard

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <sstream>
 
 #include "optim/batch_schedule.h"
@@ -301,13 +303,50 @@ std::vector<std::string> CudaEngine::describe() const {
   return lines;
 }
 
+DeviceMemory CudaEngine::device_memory(int64_t iteration) {
+  size_t free_b = 0, total_b = 0;
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  used_peak_ = std::max(used_peak_, static_cast<double>(total_b - free_b));
+  // torch's allocated and reserved memory, here: device_malloc's buffers, the NCCL windows and the caching
+  // allocator's blocks (in use, and in use or cached).
+  const AllocatorStats a = DeviceAllocator::instance().stats();
+  size_t windows = 0;
+#ifdef MEGATRAIN_HAVE_NCCL
+  windows = (tp_nccl_ ? tp_nccl_->window_device_bytes() : 0) + (dp_nccl_ ? dp_nccl_->window_device_bytes() : 0);
+#endif
+  DeviceMemory m;
+  m.allocated = static_cast<double>(a.long_lived_bytes + a.in_use_bytes + windows);
+  m.max_allocated = static_cast<double>(a.peak_allocated_bytes + windows);
+  m.reserved = static_cast<double>(a.long_lived_bytes + a.in_use_bytes + a.cached_bytes + windows);
+  m.allocations = static_cast<double>(a.live_allocations);
+  if (!memory_reported_ && groups_.dp_cp->rank() == 0) {  // Megatron's report_memory() line, and what the device says
+    const auto mb = [](double b) { return b / (1024.0 * 1024.0); };
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "[Rank %d] (after %lld iterations) memory (MB) | allocated: %.1f | max allocated: %.1f | reserved: %.1f | max reserved: %.1f | "
+                  "device used: %.1f of %.1f\n",
+                  groups_.world->rank(), static_cast<long long>(iteration), mb(m.allocated), mb(m.max_allocated), mb(m.reserved),
+                  mb(static_cast<double>(a.peak_reserved_bytes + windows)), mb(static_cast<double>(total_b - free_b)), mb(static_cast<double>(total_b)));
+    std::cout << line << std::flush;
+  }
+  memory_reported_ = true;
+  float peak = static_cast<float>(used_peak_);
+  if (groups_.world->size() > 1) {
+    MT_CUDA_CHECK(cudaMemcpy(avg_buf_, &peak, 4, cudaMemcpyHostToDevice));
+    groups_.world->all_reduce(avg_buf_, 1, ReduceOp::kMax);
+    MT_CUDA_CHECK(cudaMemcpy(&peak, avg_buf_, 4, cudaMemcpyDeviceToHost));
+  }
+  m.peak_used = static_cast<double>(peak);
+  return m;
+}
+
 CudaEngine::~CudaEngine() {
   if (drained_) cudaEventDestroy(drained_);
-  if (dist_opt_) cudaFree(master_);  // else the model's
+  if (dist_opt_) device_free(master_);  // else the model's
   for (void* p : {static_cast<void*>(m_), static_cast<void*>(v_), static_cast<void*>(st_), static_cast<void*>(partials_), static_cast<void*>(d_chunks_),
                   static_cast<void*>(eval_acc_), static_cast<void*>(avg_buf_), static_cast<void*>(loss_hist_), static_cast<void*>(norm_hist_),
                   static_cast<void*>(skip_hist_), static_cast<void*>(moe_hist_)}) {
-    if (p) cudaFree(p);
+    device_free(p);
   }
 }
 

@@ -47,6 +47,10 @@ class CudaEngine final : public TrainingEngine {
   double evaluate(int64_t iteration) override;
   void save(TrainState state) override;
   double peak_tflops() const override { return peak_; }
+  // The caching allocator's and device_malloc's counts, and the most GPU memory any rank's process has used (total - free, sampled at log intervals; the caching allocator
+  // keeps its blocks, so the sample after the steps is their peak); the first call prints Megatron's report_memory
+  // line on each rank of DP rank 0.
+  DeviceMemory device_memory(int64_t iteration) override;
   void finish() override;
 
  private:
@@ -129,6 +133,8 @@ class CudaEngine final : public TrainingEngine {
   int64_t profile_iter_ = -1;
   int64_t pending_ = 0;     // steps queued since the last read_reports
   cuda::StepState last_{};  // the device state at the last read
+  double used_peak_ = 0;     // this rank's largest sample of the device's used memory
+  bool memory_reported_ = false;
 };
 
 }  // namespace mt

@@ -50,6 +50,10 @@ std::string format_iteration_line(const IterationStats& s) {
   } else {
     out += "MFU: n/a (no GPU peak) |";
   }
+  if (s.memory.reserved >= 0) {
+    std::snprintf(buf, sizeof(buf), " peak GPU memory (GiB): %.2f |", s.memory.peak_used / (1024.0 * 1024.0 * 1024.0));
+    out += buf;
+  }
   // The time to the last iteration at this interval's pace.
   if (s.train_iters > s.iteration && s.ms_per_iter > 0) {
     const auto secs = static_cast<long long>(std::llround(static_cast<double>(s.train_iters - s.iteration) * s.ms_per_iter / 1000.0));

@@ -9,6 +9,13 @@
 
 namespace mt {
 
+// This rank's device memory as Megatron's --log-memory-to-tensorboard reports torch's (bytes: reserved, allocated,
+// the peak allocated, the live allocations) and the device's used memory at its peak, the most of any rank.
+struct DeviceMemory {
+  double reserved = -1;  // < 0: not measured (the CPU engine)
+  double allocated = 0, max_allocated = 0, allocations = 0, peak_used = 0;
+};
+
 struct IterationStats {
   int64_t iteration = 0, train_iters = 0, consumed_samples = 0, global_batch = 0;
   double ms_per_iter = 0, tflops_per_gpu = 0, lr = 0, loss = 0, loss_scale = 1, grad_norm = 0;
@@ -16,6 +23,7 @@ struct IterationStats {
   double tokens_per_s_per_gpu = 0;
   double mfu = -1;  // < 0: unknown peak (CPU)
   double params_norm = -1;
+  DeviceMemory memory;
   std::vector<std::pair<std::string, double>> moe_losses;  // printed after the lm loss, as Megatron's
   double expert_tokens_min = -1, expert_tokens_mean = 0, expert_tokens_max = 0, dropped_fraction = 0;  // min < 0: no MoE
 };

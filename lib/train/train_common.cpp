@@ -72,6 +72,12 @@ void MetricsFile::iteration(const IterationStats& s) {
     if (log_.log_throughput) tb.scalar("throughput", s.tflops_per_gpu, it);  // as Megatron: with --log-throughput
     tb.scalar("tokens-per-second-per-gpu", s.tokens_per_s_per_gpu, it);
     if (s.mfu >= 0) tb.scalar("mfu", s.mfu, it);
+    if (log_.log_memory_to_tensorboard && s.memory.reserved >= 0) {  // Megatron's tags (torch.cuda.memory_stats there)
+      tb.scalar("mem-reserved-bytes", s.memory.reserved, it);
+      tb.scalar("mem-allocated-bytes", s.memory.allocated, it);
+      tb.scalar("mem-max-allocated-bytes", s.memory.max_allocated, it);
+      tb.scalar("mem-allocated-count", s.memory.allocations, it);
+    }
     for (const auto& [name, value] : s.moe_losses) both(name, value);  // Megatron's track_moe_metrics tags
   });
   if (!out_) return;
@@ -81,6 +87,7 @@ void MetricsFile::iteration(const IterationStats& s) {
                       {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},
                       {"nan_iterations", s.nan_iters}};
   if (s.mfu >= 0) j["mfu"] = s.mfu;
+  if (s.memory.reserved >= 0) j["peak_gpu_memory_bytes"] = s.memory.peak_used;
   for (const auto& [name, value] : s.moe_losses) j[name] = value;
   if (s.expert_tokens_min >= 0) {
     j["expert_tokens_min"] = s.expert_tokens_min;

@@ -166,6 +166,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       const double peak = engine.peak_tflops();
       s.mfu = peak > 0 ? s.tflops_per_gpu / peak : -1;
       if (cfg.logging.log_params_norm) s.params_norm = engine.params_norm();
+      s.memory = engine.device_memory(it);
       for (const auto& [name, sum] : interval_moe) s.moe_losses.emplace_back(name, interval_ok ? sum / static_cast<double>(interval_ok) : NAN);
       if (moe_iters > 0) {
         const double n = static_cast<double>(moe_iters);

@@ -15,6 +15,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "data/token_source.h"
+#include "train/log_line.h"
 #include "train/trainer.h"
 
 namespace mt {
@@ -56,6 +57,9 @@ class TrainingEngine {
   virtual void save(TrainState state) = 0;
   // Peak dense 16-bit TFLOP/s of one device for MFU (<= 0: unknown, no MFU).
   virtual double peak_tflops() const { return -1; }
+  // The device memory (log_line.h; reserved < 0: not measured, the CPU engine). Called by every rank at each log
+  // interval, after read_reports (a collective over the world where implemented).
+  virtual DeviceMemory device_memory(int64_t /*iteration*/) { return {}; }
   // The end of training: every queued step, gather and save done.
   virtual void finish() = 0;
   virtual std::shared_ptr<GPTModel> cpu_model() const { return nullptr; }

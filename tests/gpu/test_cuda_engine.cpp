@@ -694,6 +694,15 @@ int main() {
   test_training("gpt", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_training("llama", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_fp16_dynamic_scale();
+  // The output layer and loss in chunks of rows (96, 96 and 64 of a microbatch's 256): the same curves, validation
+  // and pipeline slots included.
+  std::printf("the output layer in chunks of 96 rows:\n");
+  setenv("MEGATRAIN_LOSS_CHUNK_ROWS", "96", 1);
+  test_training("gpt", std::string(kPlain) + "--eval-iters 2 --eval-interval 10 ");
+  test_training("llama");
+  test_training("llama", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
+  test_pipeline_schedule("llama");
+  unsetenv("MEGATRAIN_LOSS_CHUNK_ROWS");
   // FP8 (tensorwise): the curves follow the CPU engine's emulation of the same quantisation.
   test_fp8_differs("llama");
   test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe tensorwise ");

@@ -1,4 +1,7 @@
 // test_plan.cpp: parameter counts of published models, Megatron's FLOP formula, the memory model.
+#include <cmath>
+#include <utility>
+
 #include "catch.h"
 #include "config/resolve.h"
 #include "config/yaml_io.h"
@@ -127,4 +130,20 @@ TEST_CASE("plan: the MoE dispatcher's and context parallelism's traffic per GPU"
   CHECK(t.compute_seconds > 0);
   Config none = recipe("llama3-8b", 8);
   CHECK(cp_traffic(none, 8, 400.0).step_bytes == 0);
+}
+
+TEST_CASE("memory model: the output layer's chunk of logits and the plan against the CUDA engine's measured peaks") {
+  CHECK(output_layer_chunk_rows(128384, 16384) == 2048);  // 512 MiB of bf16 logits, multiples of 64 rows
+  CHECK(output_layer_chunk_rows(50304, 65536) == 5312);
+  CHECK(output_layer_chunk_rows(50304, 1000) == 1000);    // never more than the microbatch
+  CHECK(output_layer_chunk_rows(8000000, 4096) == 64);    // at least 64 rows
+  // The device memory the CUDA engine's process used (its "peak GPU memory" at iteration 10, one H200, 2026-12-02,
+  // docs/memory-model.md): the plan stays within 10% of each.
+  const std::pair<const char*, double> measured_gib[] = {
+      {"bench/gpt2-124m", 23.29}, {"bench/gpt2-1.5b", 65.85}, {"bench/llama-1.5b", 46.54}, {"bench/llama3-8b-shape", 77.06}, {"bench/moe-3.9b", 92.98}};
+  for (const auto& [name, gib] : measured_gib) {
+    const double planned = estimate_memory(recipe(name, 1)).total / (1024.0 * 1024.0 * 1024.0);
+    INFO(name << ": plan " << planned << " GiB, measured " << gib << " GiB");
+    CHECK(std::abs(planned - gib) <= 0.10 * gib);
+  }
 }

@@ -200,4 +200,8 @@ TEST_CASE("TensorBoard flags Megatron has and megatrain does not implement are r
   REQUIRE(gaps.size() == 2);
   CHECK_THAT(gaps[0], MT_CONTAINS("--log-timers-to-tensorboard"));
   CHECK_THAT(gaps[1], MT_CONTAINS("--log-memory-to-tensorboard"));
+  // GPU memory: the CUDA engine logs it (Megatron's mem-* tags), the CPU engine has none to log.
+  const auto cuda_gaps = unsupported_features(c, 1, true);
+  REQUIRE(cuda_gaps.size() == 1);
+  CHECK_THAT(cuda_gaps[0], MT_CONTAINS("--log-timers-to-tensorboard"));
 }

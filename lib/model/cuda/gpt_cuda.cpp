@@ -26,6 +26,7 @@
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sdpa_cudnn.h"
 #include "tensor/cuda/cuda_check.h"
+#include "plan/memory_model.h"
 #include "tensor/cuda/device_allocator.h"
 #include "tensor/cuda/op_profiler.h"
 
@@ -216,6 +217,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     throw std::runtime_error("sequence parallelism needs --micro-batch-size x --seq-length divisible by --tensor-model-parallel-size");
   }
   T_max_ = T;
+  // The output layer's rows at a time (about 512 MiB of logits, as `megatrain plan` counts them);
+  // MEGATRAIN_LOSS_CHUNK_ROWS overrides it (0: the whole microbatch at once).
+  loss_chunk_rows_ = output_layer_chunk_rows(D.V_local, T);
+  if (const char* env = std::getenv("MEGATRAIN_LOSS_CHUNK_ROWS")) {
+    const long long v = std::atoll(env);
+    if (v < 0) throw std::runtime_error("MEGATRAIN_LOSS_CHUNK_ROWS must be 0 (whole microbatches) or a number of rows");
+    loss_chunk_rows_ = v == 0 ? T : std::min<int64_t>(T, v);
+  }
   const double rows_l = sp_ ? 1.0 / static_cast<double>(tp_size_) : 1.0;  // Tl / T
   W_ = {D.nh_local * D.d, D.ng_local * D.d, (D.qh_local + 2 * D.ng_local) * D.d, D.F_local, D.swiglu ? 2 * D.F_local : D.F_local};
   const int64_t h = D.h, Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
@@ -224,6 +233,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   auto b16 = [&](int64_t n, double rows = 1.0) {
     act_bytes_ += bytes(n, 2, rows);
     return static_cast<bf16*>(alloc(bytes(n, 2, rows)));
+  };
+  auto b16_rows = [&](int64_t n, int64_t rows) {  // a buffer of `rows` rows, not a fraction of T
+    const size_t b = static_cast<size_t>(rows) * static_cast<size_t>(n) * 2;
+    act_bytes_ += b;
+    return static_cast<bf16*>(alloc(b));
   };
   auto f32 = [&](int64_t n, double rows = 1.0) {
     act_bytes_ += bytes(n, 4, rows);
@@ -321,7 +335,6 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
         slots_[k].xnf = b16(h);
         slots_[k].meanf = f32(1, rows_l);
         slots_[k].rstdf = f32(1, rows_l);
-        slots_[k].logits = b16(D.V_local);
       }
     }
     s_ = std::make_unique<Scratch>();
@@ -333,7 +346,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     s.xnf = b16(h);
     s.meanf = f32(1, rows_l);
     s.rstdf = f32(1, rows_l);
-    if (post_) s.logits = b16(D.V_local);
+    if (post_) s.logits = b16_rows(D.V_local, loss_chunk_rows_);  // one chunk's (output_layer())
     s.losses = f32(1);
     s.dres = f32(h, rows_l);
     s.dres16 = b16(h, rows_l);
@@ -385,7 +398,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     // (else the bias-gradient kernel).
     auto fusable = [&](int64_t n, int64_t x_width) { return fusable_k(n, x_width, T); };
     bgrad_epilogue_ = D.bias && fusable(Wq, h) && fusable(F1, h) && fusable(h, F) && fusable(h, W_.Hd);
-    if (tp_ && post_) s.ce_stats = f32(4);
+    if (tp_ && post_) s.ce_stats = static_cast<float*>(alloc(static_cast<size_t>(4 * loss_chunk_rows_) * 4));
     if (sp_) {
       s.delta_l = b16(h, rows_l);
       s.xn_l = b16(h, rows_l);
@@ -491,7 +504,7 @@ void CudaGPT::agree_over_tp(bool mine, const char* env) {
 }
 
 CudaGPT::~CudaGPT() {
-  for (void* p : owned_) cudaFree(p);
+  for (void* p : owned_) device_free(p);
   if (s_ && s_->counts_host) cudaFreeHost(s_->counts_host);
   if (fork_ev_) cudaEventDestroy(fork_ev_);
   if (join_ev_) cudaEventDestroy(join_ev_);

@@ -183,12 +183,12 @@ class CudaGPT {
   Record& act(int64_t l);  // layer l's activations (the shared recompute record for a recomputed layer)
   cuda::bf16* gather_layer_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
   // The activations of a microbatch in flight: every layer's record and what the output layer's backward reads
-  // (the final norm's input, output and statistics, the logits' gradient). The active slot's are in records_
+  // (the final norm's input and statistics, and its output's gradient, in xnf). The active slot's are in records_
   // and s_ (activate() swaps them in); the others are parked here.
   struct Slot {
     std::vector<std::unique_ptr<Record>> records;
     void* x_final = nullptr;
-    cuda::bf16 *xnf = nullptr, *logits = nullptr;
+    cuda::bf16* xnf = nullptr;
     float *meanf = nullptr, *rstdf = nullptr;
     bool forwarded = false;     // its backward is due
     bool weights_due = false;   // its backward deferred the weight gradients
@@ -206,7 +206,8 @@ class CudaGPT {
   void mlp_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
   void attention_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
   void embed(const DeviceMicrobatch& mb, int64_t T);
-  void loss(const DeviceMicrobatch& mb, float grad_scale, int64_t T);
+  void loss(const DeviceMicrobatch& mb, float grad_scale, int64_t r0, int64_t n);
+  void output_layer(const DeviceMicrobatch& mb, float grad_scale, int64_t T);
   // Tensor parallelism. combine_rows: row-parallel partial sums `full` [T, h] summed over TP (in place), or
   // under SP this rank's rows into `local`; returns this rank's rows. gather_rows: this rank's rows `local`
   // into `full` under SP (returns full), else local itself. norm_out: where a norm writes this rank's rows
@@ -305,6 +306,7 @@ class CudaGPT {
   std::unique_ptr<Record> recompute_record_;
   std::unique_ptr<Scratch> s_;
   int64_t T_max_ = 0;
+  int64_t loss_chunk_rows_ = 0;  // the output layer's and the loss's rows at a time (output_layer())
   bool full_recompute_ = false;
   std::vector<bool> recompute_layer_;
   size_t act_bytes_ = 0;

@@ -58,22 +58,46 @@ void CudaGPT::embed(const DeviceMicrobatch& mb, int64_t T) {
   if (res16_) MT_PROF("fwd.embedding", cuda::cast_to_bf16(static_cast<bf16*>(x0), out, n, stream_, dt_));
 }
 
-// Cross-entropy over this rank's vocabulary columns (the whole vocabulary at TP 1); the gradient replaces
-// the logits when training.
-void CudaGPT::loss(const DeviceMicrobatch& mb, float grad_scale, int64_t T) {
+// Cross-entropy over this rank's vocabulary columns (the whole vocabulary at TP 1) of rows [r0, r0 + n), whose
+// logits are in s.logits; the gradient replaces the logits when training.
+void CudaGPT::loss(const DeviceMicrobatch& mb, float grad_scale, int64_t r0, int64_t n) {
   Scratch& s = *s_;
   const bool train = grad_scale > 0.0f;
+  float* losses = s.losses + r0;
+  const int32_t* labels = mb.labels + r0;
+  const float* mask = mb.loss_mask ? mb.loss_mask + r0 : nullptr;
   if (!tp_) {
-    MT_PROF("loss.cross_entropy", cuda::cross_entropy_fused_bf16(s.losses, s.logits, mb.labels, mb.loss_mask, grad_scale, T, D_.V, train, stream_, dt_, loss_scale_));
+    MT_PROF("loss.cross_entropy", cuda::cross_entropy_fused_bf16(losses, s.logits, labels, mask, grad_scale, n, D_.V, train, stream_, dt_, loss_scale_));
     return;
   }
-  MT_PROF("loss.cross_entropy", cuda::ce_shard_stats(s.ce_stats, s.logits, mb.labels, T, D_.V_local, v0_, stream_, dt_));
-  MT_PROF("tp.loss_max", tp_->all_reduce_on(s.ce_stats, T, WireType::kF32, ReduceOp::kMax, stream_));
-  MT_PROF("loss.cross_entropy", cuda::ce_shard_rescale(s.ce_stats, T, stream_));
-  MT_PROF("tp.loss_sum", tp_->all_reduce_on(s.ce_stats + 2 * T, 2 * T, WireType::kF32, ReduceOp::kSum, stream_));
-  MT_PROF("loss.cross_entropy", cuda::ce_shard_finish({.losses = s.losses, .logits = s.logits, .stats = s.ce_stats, .targets = mb.labels,
-                                                       .loss_mask = mb.loss_mask, .grad_scale = grad_scale, .rows = T, .vocab_local = D_.V_local,
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_stats(s.ce_stats, s.logits, labels, n, D_.V_local, v0_, stream_, dt_));
+  MT_PROF("tp.loss_max", tp_->all_reduce_on(s.ce_stats, n, WireType::kF32, ReduceOp::kMax, stream_));
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_rescale(s.ce_stats, n, stream_));
+  MT_PROF("tp.loss_sum", tp_->all_reduce_on(s.ce_stats + 2 * n, 2 * n, WireType::kF32, ReduceOp::kSum, stream_));
+  MT_PROF("loss.cross_entropy", cuda::ce_shard_finish({.losses = losses, .logits = s.logits, .stats = s.ce_stats, .targets = labels,
+                                                       .loss_mask = mask, .grad_scale = grad_scale, .rows = n, .vocab_local = D_.V_local,
                                                        .vocab_start = v0_, .write_grad = train, .type = dt_, .loss_scale = loss_scale_}, stream_));
+}
+
+// The output layer and the loss, loss_chunk_rows_ rows at a time, so that a microbatch's whole logits never exist
+// (one chunk's [rows, V_local] buffer serves them all). When training, each chunk's loss gradient goes back
+// through the output layer at once: the weight gradient accumulates, and the final norm's output gradient
+// replaces that norm's output rows in s.xnf (read by the weight gradient just before, on the same stream); the
+// backward starts from it.
+void CudaGPT::output_layer(const DeviceMicrobatch& mb, float grad_scale, int64_t T) {
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t h = D_.h, V = D_.V_local;
+  const bool train = grad_scale > 0.0f;
+  for (int64_t r0 = 0; r0 < T; r0 += loss_chunk_rows_) {
+    const int64_t n = std::min(loss_chunk_rows_, T - r0);
+    bf16* x = s.xnf + r0 * h;
+    MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, n, V, h, 1.0f, x, h, w(out_w_), h, 0.0f, s.logits, V, ab_, ab_, nullptr, stream_));
+    loss(mb, grad_scale, r0, n);
+    if (!train) continue;
+    MT_PROF("bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, n, 1.0f, s.logits, V, x, h, 1.0f, g(out_w_), h, ab_, CUDA_R_32F, nullptr, stream_));
+    MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, n, h, V, 1.0f, s.logits, V, w(out_w_), h, 0.0f, x, h, ab_, ab_, nullptr, stream_));
+  }
 }
 
 void CudaGPT::step(const DeviceMicrobatch& mb, float grad_scale, float loss_weight, float* loss_acc) {
@@ -96,7 +120,6 @@ void CudaGPT::park(Slot& into) {
   into.records = std::move(records_);
   into.x_final = s_->x_final;
   into.xnf = s_->xnf;
-  into.logits = s_->logits;
   into.meanf = s_->meanf;
   into.rstdf = s_->rstdf;
 }
@@ -109,7 +132,6 @@ void CudaGPT::activate(int64_t k) {
   records_ = std::move(next.records);
   s_->x_final = next.x_final;
   s_->xnf = next.xnf;
-  s_->logits = next.logits;
   s_->meanf = next.meanf;
   s_->rstdf = next.rstdf;
   active_ = k;
@@ -119,8 +141,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   activate(slot);
   const ModelDims& D = D_;
   Scratch& s = *s_;
-  auto& lt = cuda::GemmLt::instance();
-  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h, V = D.V_local;
+  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
   if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
   if (split_forward_ && sp_ && T != T_max_) throw std::logic_error("CUDA model: the split layers under SP need micro batches of the configured size");
   if (slots_[static_cast<size_t>(slot)].forwarded || slots_[static_cast<size_t>(slot)].weights_due) {
@@ -184,8 +205,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
     }
   }
   if (post_) {
-    MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, T, V, h, 1.0f, s.xnf, h, w(out_w_), h, 0.0f, s.logits, V, ab_, ab_, nullptr, stream_));
-    loss(mb, grad_scale, T);
+    output_layer(mb, grad_scale, T);
     MT_PROF("loss.sum", cuda::masked_loss_sum(loss_acc, s.losses, mb.loss_mask, T, loss_weight, stream_));
   }
   slots_[static_cast<size_t>(slot)].forwarded = grad_scale > 0.0f;
@@ -205,18 +225,12 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
   const std::function<void(int64_t)> hook = defer_weights ? std::function<void(int64_t)>() : grads_ready_;
   const ModelDims& D = D_;
   Scratch& s = *s_;
-  auto& lt = cuda::GemmLt::instance();
-  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h, V = D.V_local;
+  const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
   const bool split_sp = split_forward_ && sp_;
   if ((!post_ && !output_grad) || (!pre_ && !input_grad)) throw std::logic_error("CUDA model: a pipeline stage's backward needs its gradient buffers");
   if (post_) {
-    // Backward: output layer and final norm
-    MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, T, h, V, 1.0f, s.logits, V, w(out_w_), h, 0.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
-    // Joined at the end of the last layer's backward (before any grads-ready hook or the embedding backward,
-    // which adds to the same tensor when tied).
-    cudaStream_t ws = fork_wgrad();
-    MT_PROF_ON(ws, "bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, T, 1.0f, s.logits, V, s.xnf, h, 1.0f, g(out_w_), h, ab_, CUDA_R_32F, nullptr, ws));
-    const bf16* dfinal = combine_rows(s.dxn, s.dxn_l, T);
+    // Backward: the final norm, from its output gradient (the training forward's output layer left it in s.xnf)
+    const bf16* dfinal = combine_rows(s.xnf, s.dxn_l, T);
     MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
     MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lnf_w_), .db = g(lnf_b_), .dy = dfinal, .x = s.x_final,
                                                  .mean = s.meanf, .rstd = s.rstdf, .w = w(lnf_w_), .rows = Tl, .width = h, .rms = D.rms, .type = dt_,

@@ -10,6 +10,7 @@
 #include "kernels/cuda/stream_delay.h"
 #include "tensor/cuda/op_profiler.h"
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/device_allocator.h"
 
 namespace mt {
 
@@ -44,11 +45,11 @@ void DeviceDataParallel::alloc_shadow(int64_t numel) {
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(numel, 1)) * 2;
   shadow_ = comm_->alloc_window(bytes);
   shadow_window_ = shadow_ != nullptr;
-  if (!shadow_window_) MT_CUDA_CHECK(cudaMalloc(&shadow_, bytes));
+  if (!shadow_window_) shadow_ = device_malloc(bytes, "the distributed optimizer's parameter gather buffer");
 }
 
 DeviceDataParallel::~DeviceDataParallel() {
-  if (shadow_ && !shadow_window_) cudaFree(shadow_);  // a window goes with the communicator
+  if (shadow_ && !shadow_window_) device_free(shadow_);  // a window goes with the communicator
   for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
 }
 

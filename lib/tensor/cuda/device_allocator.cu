@@ -34,7 +34,34 @@ void* device_malloc(size_t bytes, const char* what) {
                              "--use-distributed-optimizer or more --tensor-model-parallel-size (`megatrain plan` estimates the memory per GPU)");
   }
   MT_CUDA_CHECK(e);
+  DeviceAllocator::instance().add_long_lived(p, bytes);
   return p;
+}
+
+void device_free(void* p) {
+  if (!p) return;
+  DeviceAllocator::instance().remove_long_lived(p);
+  cudaFree(p);
+}
+
+void DeviceAllocator::update_peaks_locked() {
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.long_lived_bytes + stats_.in_use_bytes);
+  stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.long_lived_bytes + stats_.in_use_bytes + stats_.cached_bytes);
+}
+
+void DeviceAllocator::add_long_lived(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  long_lived_[p] = bytes;
+  stats_.long_lived_bytes += bytes;
+  update_peaks_locked();
+}
+
+void DeviceAllocator::remove_long_lived(void* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = long_lived_.find(p);
+  if (it == long_lived_.end()) throw std::logic_error("device_free of a pointer device_malloc did not allocate");
+  stats_.long_lived_bytes -= it->second;
+  long_lived_.erase(it);
 }
 
 void* DeviceAllocator::allocate(size_t bytes) {
@@ -65,6 +92,7 @@ void* DeviceAllocator::allocate(size_t bytes) {
   live_[p] = c;
   stats_.in_use_bytes += c;
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+  update_peaks_locked();
   return p;
 }
 
@@ -98,7 +126,9 @@ void DeviceAllocator::free_cached_locked() {
 
 AllocatorStats DeviceAllocator::stats() {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  AllocatorStats out = stats_;
+  out.live_allocations = static_cast<int64_t>(live_.size() + long_lived_.size());
+  return out;
 }
 
 }  // namespace mt

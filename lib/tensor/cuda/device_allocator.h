@@ -16,11 +16,17 @@ namespace mt {
 struct AllocatorStats {
   size_t in_use_bytes = 0, cached_bytes = 0, peak_in_use_bytes = 0;
   int64_t device_mallocs = 0, device_frees = 0, requests = 0;
+  // The long-lived buffers of device_malloc, and the peaks of everything allocated (long-lived + in use) and
+  // reserved (long-lived + in use + cached): Megatron's "allocated" and "reserved" memory.
+  size_t long_lived_bytes = 0, peak_allocated_bytes = 0, peak_reserved_bytes = 0;
+  int64_t live_allocations = 0;  // buffers of either kind not yet freed
 };
 
 // cudaMalloc for a long-lived buffer (weights, optimizer state, activations): out of memory becomes a
 // message naming what was being allocated, the GPU's free and total memory, and what to change.
 void* device_malloc(size_t bytes, const char* what);
+// Frees a device_malloc buffer (nullptr: nothing).
+void device_free(void* p);
 
 class DeviceAllocator {
  public:
@@ -31,13 +37,18 @@ class DeviceAllocator {
   void empty_cache();
   AllocatorStats stats();
   static size_t size_class(size_t bytes);
+  // device_malloc's and device_free's accounting.
+  void add_long_lived(void* p, size_t bytes);
+  void remove_long_lived(void* p);
 
  private:
   DeviceAllocator() = default;
   void free_cached_locked();  // mu_ held
+  void update_peaks_locked();
   std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;     // size class -> cached blocks
   std::unordered_map<void*, size_t> live_;        // block -> size class
+  std::unordered_map<void*, size_t> long_lived_;  // device_malloc's buffers -> bytes
   AllocatorStats stats_;
 };
 
