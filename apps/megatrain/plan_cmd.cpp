@@ -169,7 +169,10 @@ int run_plan(int argc, char** argv) {
   std::printf("  gradients (fp32)        %s\n", gib(mem.grads).c_str());
   std::printf("  optimizer state         %s   (without distributed optimizer %s, with it %s)%s\n", gib(mem.optimizer).c_str(),
               gib(mem.optimizer_unsharded).c_str(), gib(mem.optimizer_sharded).c_str(),
-              cfg.training.optimizer_cpu_offload ? " [offloaded to CPU]" : "");
+              cfg.training.optimizer_cpu_offload
+                  ? (" [" + std::to_string(static_cast<int>(std::lround(100 * cfg.training.optimizer_offload_fraction))) + "% offloaded: " +
+                     gib((cfg.training.use_distributed_optimizer ? mem.optimizer_sharded : mem.optimizer_unsharded) * cfg.training.optimizer_offload_fraction) + " in host memory]").c_str()
+                  : "");
   std::printf("  activations             %s   (%s per microbatch x %g in flight under %s, recompute %s)\n",
               gib(mem.activations).c_str(), gib(mem.activations_per_microbatch).c_str(), mem.in_flight_microbatches,
               schedule_name(cfg).c_str(), cfg.recompute.recompute_granularity.value_or("none").c_str());

@@ -96,6 +96,8 @@ struct TrainingConfig {
   OptInt ddp_bucket_size;
   int64_t seed = 1234;
   bool optimizer_cpu_offload = false;
+  double optimizer_offload_fraction = 1.0;  // the share of the optimizer state (by elements, in parameter order) offloaded
+  bool overlap_cpu_optimizer_d2h_h2d = false;  // Megatron's; megatrain's offload always overlaps its transfers
   OptInt exit_interval;           // stop (after saving) when iteration % N == 0
   int64_t exit_on_nan_count = 5;  // megatrain: stop after this many non-finite steps in a row
 };

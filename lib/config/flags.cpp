@@ -81,6 +81,10 @@ std::vector<FlagSpec> build_table() {
       F(kTrain, "optimizer", training.optimizer, "Optimizer", "adam", "sgd"),
       F(kTrain, "use-distributed-optimizer", training.use_distributed_optimizer, "Shard optimizer state over data parallel (ZeRO-1)"),
       F(kTrain, "optimizer-cpu-offload", training.optimizer_cpu_offload, "Keep optimizer state and the update on the CPU"),
+      F(kTrain, "optimizer-offload-fraction", training.optimizer_offload_fraction,
+        "With --optimizer-cpu-offload: the share of the optimizer state (master weights, Adam moments) on the CPU, the first parameters'"),
+      F(kTrain, "overlap-cpu-optimizer-d2h-h2d", training.overlap_cpu_optimizer_d2h_h2d,
+        "Overlap the offloaded optimizer's copies with its update (megatrain always does)"),
       F(kTrain, "exit-interval", training.exit_interval, "Exit (after a checkpoint when --save is set) at an iteration divisible by this"),
       F(kTrain, "exit-on-nan-count", training.exit_on_nan_count, "Stop after this many non-finite steps in a row (megatrain)"),
       // Learning rate

@@ -416,6 +416,7 @@ void check_values(const Config& c, Checker& k) {
   fraction("--adam-beta2", t.adam_beta2, false);
   if (!std::isfinite(t.adam_eps) || t.adam_eps <= 0) k.error("--adam-eps must be a finite number > 0, got " + num(t.adam_eps));
   fraction("--sgd-momentum", t.sgd_momentum, true);
+  fraction("--optimizer-offload-fraction", t.optimizer_offload_fraction, true);
   finite_at_least("--init-method-std", c.model.init_method_std, 0);
   fraction("--hidden-dropout", c.model.hidden_dropout, false);
   fraction("--attention-dropout", c.model.attention_dropout, false);

@@ -120,7 +120,7 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   m.optimizer_unsharded = opt_bytes * static_cast<double>(m.params);
   m.optimizer_sharded = opt_bytes * (static_cast<double>(rp.dense) / dp_cp + static_cast<double>(rp.expert) / edp);
   m.optimizer = c.training.use_distributed_optimizer ? m.optimizer_sharded : m.optimizer_unsharded;
-  if (c.training.optimizer_cpu_offload) m.optimizer = 0;
+  if (c.training.optimizer_cpu_offload) m.optimizer *= 1.0 - c.training.optimizer_offload_fraction;
 
   // Activations of the microbatches in flight under the configured schedule (1F1B: stage p holds
   // min(PP - p, microbatches)), counted from the schedule's own list.

@@ -79,6 +79,12 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   if (c.model.apply_query_key_layer_scaling) {
     out.push_back("note: --apply-query-key-layer-scaling changes nothing here: the attention scores and softmax are computed in fp32");
   }
+  if (c.training.overlap_cpu_optimizer_d2h_h2d) {
+    out.push_back("note: --overlap-cpu-optimizer-d2h-h2d has no effect: megatrain's offloaded optimizer always overlaps its copies with the update");
+  }
+  if (c.training.optimizer_offload_fraction != 1.0 && !(cuda_engine && c.training.optimizer_cpu_offload)) {
+    out.push_back("note: --optimizer-offload-fraction has no effect without --optimizer-cpu-offload on the CUDA engine");
+  }
   if (cuda_engine) {
     if (c.model.attention_backend != d.model.attention_backend) {
       out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect: the CUDA engine always uses cuDNN's fused (flash) attention");
@@ -183,7 +189,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(pp && !c.model.untie_embeddings_and_output_weights && c.training.overlap_grad_reduce && c.derived.data_parallel_size > 1,
      "--overlap-grad-reduce with tied embeddings across pipeline stages is not implemented on the CUDA engine: drop it, or add "
      "--untie-embeddings-and-output-weights");
-  no(c.training.optimizer_cpu_offload, "--optimizer-cpu-offload is not implemented on the CUDA engine: drop it (the optimizer state stays on the GPU)");
+  no(c.training.optimizer_cpu_offload && c.training.overlap_param_gather && c.derived.data_parallel_size > 1 && c.training.use_distributed_optimizer,
+     "--optimizer-cpu-offload with --overlap-param-gather is not implemented on the CUDA engine (the offloaded weights come up after the "
+     "step): drop --overlap-param-gather");
   no(c.training.optimizer != "adam", "--optimizer " + c.training.optimizer + " is not implemented on the CUDA engine: use adam");
   no(c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "full" && !c.recompute.recompute_method,
      "--recompute-granularity full needs --recompute-method uniform or block");

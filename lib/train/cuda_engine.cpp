@@ -57,6 +57,7 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   // blocks of the CPU engine's gradient buckets only (the same split, so checkpoints and the host optimizer
   // line up); the optimizer state lies back to back in segment order (Optimizer::make_segments).
   dist_opt_ = cfg.training.use_distributed_optimizer && dp_ > 1;
+  offloading_ = cfg.training.optimizer_cpu_offload;
   overlap_gather_ = dist_opt_ && cfg.training.overlap_param_gather;
   FlatRanges owned{{0, host_->numel()}};
   if (dist_opt_) {
@@ -127,10 +128,12 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
 #else
   if (groups_.tp->size() > 1) throw std::logic_error("CUDA engine: tensor parallelism needs NCCL");
 #endif
-  model_ = std::make_unique<CudaGPT>(cfg, *host_, chunk_layouts_.front(), stream_, tp_coll, /*keep_master=*/!dist_opt_, dp_coll, in_flight(0));
+  // The model keeps the master weights when this rank updates every parameter on the device.
+  const bool model_master = !dist_opt_ && !offloading_;
+  model_ = std::make_unique<CudaGPT>(cfg, *host_, chunk_layouts_.front(), stream_, tp_coll, model_master, dp_coll, in_flight(0));
   chunks_models_.push_back(model_.get());
   for (size_t c = 1; c < chunk_layouts_.size(); ++c) {  // the other chunks in the first one's parameter buffers
-    extra_chunks_.push_back(std::make_unique<CudaGPT>(cfg, *host_, chunk_layouts_[c], stream_, tp_coll, !dist_opt_, dp_coll,
+    extra_chunks_.push_back(std::make_unique<CudaGPT>(cfg, *host_, chunk_layouts_[c], stream_, tp_coll, model_master, dp_coll,
                                                       in_flight(static_cast<int64_t>(c)), model_.get()));
     chunks_models_.push_back(extra_chunks_.back().get());
   }
@@ -138,12 +141,12 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     boundary_activations_ = std::make_unique<StageBuffers>(model_->boundary_activation_bytes(mbs * S));
     boundary_gradients_ = std::make_unique<StageBuffers>(model_->boundary_gradient_bytes(mbs * S));
   }
-  setup_optimizer_state(segments);
-  setup_data_parallel();
   // Data-parallel rank 0 writes the parameters; the optimizer state is written by rank 0 (every replica
   // holds the same) or, with the distributed optimizer, by every rank for its shard. Ranks that write keep
   // the host parameters and optimizer after the upload; the others take part in the save with an empty shard.
   keep_host_ = ck.save.has_value() && (dp_rank_ == 0 || dist_opt_);
+  setup_optimizer_state(segments);
+  setup_data_parallel();
   shard_layout_.reset();  // refers to the host parameters; its buckets were copied
   if (!keep_host_) {
     host_opt_.reset();
@@ -180,38 +183,114 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
 // layout's parameters, still the unrounded initial values; the Adam moments, the step state and the chunk table.
 void CudaEngine::setup_optimizer_state(const std::vector<Optimizer::Segment>& segments) {
   const Config& cfg = cfg_;
-  master_ = dist_opt_ ? device_zeros<float>(static_cast<size_t>(n_state_)) : model_->master();
-  const size_t state_bytes = static_cast<size_t>(n_state_) * 4;
-  if (host_opt_ && host_opt_->master()) {
-    MT_CUDA_CHECK(cudaMemcpyAsync(master_, host_opt_->master(), state_bytes, cudaMemcpyHostToDevice, stream_));
-    if (!dist_opt_) model_->refresh_working();
-  } else if (dist_opt_) {
-    std::vector<float> init(static_cast<size_t>(n_state_));
+  // The multi-tensor table: chunks of at most 64 Ki elements of the owned segments, each inside one
+  // parameter. A parameter n TP ranks hold (norms, row-parallel biases and positions: all TP ranks; a
+  // K/V-replicated QKV shard: its group's ranks) counts 1/n in each rank's norm partials, which are then
+  // summed over TP (and over DP with the distributed optimizer): every parameter once.
+  const int64_t tp = groups_.tp->size();
+  const bool explicit_state = dist_opt_ || offloading_;
+  for (const auto& sg : segments) {
+    const ParamInfo& p = host_->info(sg.param);
+    // Held by tp / shard_count ranks: whole (shard_dim < 0) or a K/V-replicated shard.
+    const int64_t holders = p.shard_dim < 0 ? tp : tp / std::max<int64_t>(1, p.shard_count);
+    // The last stage's copy of the tied word embeddings counts nothing: the first stage's holds the same.
+    const float nw = p.tied_copy ? 0.0f : 1.0f / static_cast<float>(std::max<int64_t>(1, holders));
+    for (int64_t o = 0; o < sg.end - sg.begin; o += 65536) {
+      chunks_.push_back({sg.begin + o, static_cast<int32_t>(std::min<int64_t>(65536, sg.end - sg.begin - o)), p.weight_decay ? 1 : 0, nw,
+                         explicit_state ? sg.state + o : -1});
+    }
+  }
+  // In flat order, so each data-parallel bucket's chunks are one run of the table (the overlapped parameter
+  // gather updates and sends the model bucket by bucket, lowest first).
+  std::stable_sort(chunks_.begin(), chunks_.end(), [](const cuda::AdamChunk& a, const cuda::AdamChunk& b) { return a.start < b.start; });
+  // Offloading: the chunks of the lowest state indices (the first parameters, as Megatron's HybridDeviceOptimizer
+  // takes them) up to --optimizer-offload-fraction of the state go to the CPU; the device keeps the rest, its
+  // state indices shifted down by the offloaded count.
+  std::vector<cuda::AdamChunk> host_chunks;
+  if (offloading_) {
+    std::vector<cuda::AdamChunk> by_state = chunks_;
+    std::stable_sort(by_state.begin(), by_state.end(), [](const cuda::AdamChunk& a, const cuda::AdamChunk& b) { return a.state < b.state; });
+    const double want = cfg.training.optimizer_offload_fraction * static_cast<double>(n_state_);
+    for (const cuda::AdamChunk& c : by_state) {
+      if (static_cast<double>(n_offloaded_ + c.len) > want + 0.5 || c.state != n_offloaded_) break;
+      host_chunks.push_back(c);
+      n_offloaded_ += c.len;
+    }
+  }
+  for (cuda::AdamChunk c : chunks_) {
+    if (offloading_ && c.state < n_offloaded_) continue;
+    if (offloading_) c.state -= n_offloaded_;
+    gpu_chunks_.push_back(c);
+  }
+  const int64_t n_gpu = n_state_ - n_offloaded_;
+  const size_t gpu_bytes = static_cast<size_t>(n_gpu) * 4;
+
+  // Master weights: the model's full buffer, or the device's share of them (distributed optimizer: this rank's
+  // shard; offloading: the part not offloaded), from the host optimizer's copy when there is one (loaded, or
+  // initialised from the parameters) and else from the layout's parameters, still the unrounded initial values.
+  const float* master_src = host_opt_ && host_opt_->master() ? host_opt_->master() : nullptr;
+  std::vector<float> init;
+  if (!master_src && offloading_ && !dist_opt_) master_src = host_->params().f32();  // the state is laid out like the parameters
+  if (!master_src && explicit_state) {
+    init.resize(static_cast<size_t>(n_state_));
     for (const auto& sg : segments) {
       std::memcpy(init.data() + sg.state, host_->params().f32() + sg.begin, static_cast<size_t>(sg.end - sg.begin) * 4);
     }
-    MT_CUDA_CHECK(cudaMemcpy(master_, init.data(), state_bytes, cudaMemcpyHostToDevice));
+    master_src = init.data();
   }
-  m_ = device_zeros<float>(static_cast<size_t>(n_state_));
-  v_ = device_zeros<float>(static_cast<size_t>(n_state_));
+  master_ = explicit_state ? device_zeros<float>(static_cast<size_t>(n_gpu)) : model_->master();
+  if (explicit_state) {
+    MT_CUDA_CHECK(cudaMemcpy(master_, master_src + n_offloaded_, gpu_bytes, cudaMemcpyHostToDevice));
+  } else if (master_src) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(master_, master_src, gpu_bytes, cudaMemcpyHostToDevice, stream_));
+    model_->refresh_working();
+  }
+  m_ = device_zeros<float>(static_cast<size_t>(n_gpu));
+  v_ = device_zeros<float>(static_cast<size_t>(n_gpu));
   st_ = device_zeros<cuda::StepState>(1);
   partials_ = device_zeros<float>(cuda::kNormPartials);
   if (loaded_) {
-    MT_CUDA_CHECK(cudaMemcpyAsync(m_, host_opt_->exp_avg(), state_bytes, cudaMemcpyHostToDevice, stream_));
-    MT_CUDA_CHECK(cudaMemcpyAsync(v_, host_opt_->exp_avg_sq(), state_bytes, cudaMemcpyHostToDevice, stream_));
+    MT_CUDA_CHECK(cudaMemcpyAsync(m_, host_opt_->exp_avg() + n_offloaded_, gpu_bytes, cudaMemcpyHostToDevice, stream_));
+    MT_CUDA_CHECK(cudaMemcpyAsync(v_, host_opt_->exp_avg_sq() + n_offloaded_, gpu_bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  if (offloading_) {
+    // The offloaded state: in the host optimizer's own arrays where this rank keeps them for checkpoints (no
+    // second copy), else in offload_state_.
+    float *w = nullptr, *m = nullptr, *v = nullptr;
+    if (keep_host_ && host_opt_->master()) {
+      w = host_opt_->master();
+      m = host_opt_->exp_avg();
+      v = host_opt_->exp_avg_sq();
+      if (!loaded_) {
+        std::fill(m, m + n_offloaded_, 0.0f);
+        std::fill(v, v + n_offloaded_, 0.0f);
+      }
+    } else {
+      const auto n = static_cast<size_t>(n_offloaded_);
+      offload_state_.assign(3 * n, 0.0f);
+      w = offload_state_.data();
+      m = w + n;
+      v = m + n;
+      std::memcpy(w, master_src, n * 4);
+      if (loaded_) {
+        std::memcpy(m, host_opt_->exp_avg(), n * 4);
+        std::memcpy(v, host_opt_->exp_avg_sq(), n * 4);
+      }
+    }
+    offload_ = std::make_unique<OffloadedAdam>(host_chunks, w, m, v, offload_threads());
   }
   {
-    cuda::StepState init{};
-    init.t = loaded_ ? static_cast<int32_t>(host_opt_->iterations()) : 0;
-    init.skipped_total = static_cast<int32_t>(resumed_.skipped);
-    init.nan_total = static_cast<int32_t>(resumed_.nan_iterations);
+    cuda::StepState init_state{};
+    init_state.t = loaded_ ? static_cast<int32_t>(host_opt_->iterations()) : 0;
+    init_state.skipped_total = static_cast<int32_t>(resumed_.skipped);
+    init_state.nan_total = static_cast<int32_t>(resumed_.nan_iterations);
     // fp16: the loss scaler continues on the device from its initial or checkpointed state.
     const LossScaler::State sc = scaler_.state();
-    init.loss_scale = sc.scale;
-    init.hysteresis_left = static_cast<int32_t>(sc.hysteresis_left);
-    init.clean_steps = static_cast<int32_t>(sc.clean_steps);
-    MT_CUDA_CHECK(cudaMemcpy(st_, &init, sizeof(init), cudaMemcpyHostToDevice));
-    last_ = init;
+    init_state.loss_scale = sc.scale;
+    init_state.hysteresis_left = static_cast<int32_t>(sc.hysteresis_left);
+    init_state.clean_steps = static_cast<int32_t>(sc.clean_steps);
+    MT_CUDA_CHECK(cudaMemcpy(st_, &init_state, sizeof(init_state), cudaMemcpyHostToDevice));
+    last_ = init_state;
   }
   scale_rule_.fp16 = cfg.precision.fp16;
   scale_rule_.dynamic = cfg.precision.fp16 && !cfg.precision.loss_scale;
@@ -222,27 +301,14 @@ void CudaEngine::setup_optimizer_state(const std::vector<Optimizer::Segment>& se
     for (CudaGPT* m : chunks_models_) m->set_loss_scale(&st_->loss_scale);
   }
   MT_CUDA_CHECK(cudaDeviceSynchronize());  // setup copies (some from pageable memory) done before the first step
-  // The multi-tensor table: chunks of at most 64 Ki elements of the owned segments, each inside one
-  // parameter. A parameter n TP ranks hold (norms, row-parallel biases and positions: all TP ranks; a
-  // K/V-replicated QKV shard: its group's ranks) counts 1/n in each rank's norm partials, which are then
-  // summed over TP (and over DP with the distributed optimizer): every parameter once.
-  const int64_t tp = groups_.tp->size();
-  for (const auto& sg : segments) {
-    const ParamInfo& p = host_->info(sg.param);
-    // Held by tp / shard_count ranks: whole (shard_dim < 0) or a K/V-replicated shard.
-    const int64_t holders = p.shard_dim < 0 ? tp : tp / std::max<int64_t>(1, p.shard_count);
-    // The last stage's copy of the tied word embeddings counts nothing: the first stage's holds the same.
-    const float nw = p.tied_copy ? 0.0f : 1.0f / static_cast<float>(std::max<int64_t>(1, holders));
-    for (int64_t o = 0; o < sg.end - sg.begin; o += 65536) {
-      chunks_.push_back({sg.begin + o, static_cast<int32_t>(std::min<int64_t>(65536, sg.end - sg.begin - o)), p.weight_decay ? 1 : 0, nw,
-                         dist_opt_ ? sg.state + o : -1});
-    }
-  }
-  // In flat order, so each data-parallel bucket's chunks are one run of the table (the overlapped parameter
-  // gather updates and sends the model bucket by bucket, lowest first).
-  std::stable_sort(chunks_.begin(), chunks_.end(), [](const cuda::AdamChunk& a, const cuda::AdamChunk& b) { return a.start < b.start; });
   d_chunks_ = device_zeros<cuda::AdamChunk>(chunks_.size());
   MT_CUDA_CHECK(cudaMemcpy(d_chunks_, chunks_.data(), chunks_.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+  if (offloading_) {
+    d_gpu_chunks_ = device_zeros<cuda::AdamChunk>(gpu_chunks_.size());
+    MT_CUDA_CHECK(cudaMemcpy(d_gpu_chunks_, gpu_chunks_.data(), gpu_chunks_.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+  } else {
+    d_gpu_chunks_ = d_chunks_;
+  }
 }
 
 // Each rank's share of the data-parallel gradient sum: in bf16 / fp32 the reductions sum (NCCL's symmetric
@@ -268,12 +334,12 @@ void CudaEngine::setup_data_parallel() {
   int64_t covered = 0;
   for (const DeviceBucket& b : ddp_->bucket_list()) {
     const auto in = [&](const cuda::AdamChunk& c) { return c.start >= b.lo && c.start < b.hi; };
-    const auto first = std::find_if(chunks_.begin(), chunks_.end(), in);
-    const auto last = std::find_if_not(first, chunks_.end(), in);
-    bucket_chunks_[b.lo] = {first - chunks_.begin(), last - chunks_.begin()};
+    const auto first = std::find_if(gpu_chunks_.begin(), gpu_chunks_.end(), in);
+    const auto last = std::find_if_not(first, gpu_chunks_.end(), in);
+    bucket_chunks_[b.lo] = {first - gpu_chunks_.begin(), last - gpu_chunks_.begin()};
     covered += last - first;
   }
-  if (covered != static_cast<int64_t>(chunks_.size())) throw std::logic_error("CUDA engine: the optimizer chunks do not fall into the gather buckets");
+  if (covered != static_cast<int64_t>(gpu_chunks_.size())) throw std::logic_error("CUDA engine: the optimizer chunks do not fall into the gather buckets");
 #else
   if (dp_ > 1) throw std::logic_error("CUDA engine: data parallelism needs NCCL");
 #endif
@@ -284,7 +350,12 @@ std::vector<std::string> CudaEngine::describe() const {
   const auto& cfg = cfg_;
   std::ostringstream line;
   line << "CUDA engine on " << gpu_name_ << ": " << P_ << " parameters; memory: fp32 grads + master + Adam "
-       << static_cast<double>(P_ * 4 + n_state_ * 12) / gib << " GiB" << (dist_opt_ ? " (optimizer state sharded over DP)" : "") << ", bf16 weights "
+       << static_cast<double>(P_ * 4 + (n_state_ - n_offloaded_) * 12) / gib << " GiB" << (dist_opt_ ? " (optimizer state sharded over DP)" : "");
+  if (offload_) {
+    line << " (master + Adam of " << n_offloaded_ << " of " << n_state_ << " state elements, " << static_cast<double>(n_offloaded_ * 12) / gib
+         << " GiB, on the CPU: " << offload_->threads() << " threads)";
+  }
+  line << ", bf16 weights "
        << static_cast<double>(P_) * 2 / gib << " GiB, activations " << activation_gib() << " GiB"
        << (cfg.recompute.recompute_granularity ? " (recompute " + *cfg.recompute.recompute_granularity + ")" : std::string());
 #ifdef MEGATRAIN_HAVE_NCCL
@@ -342,8 +413,9 @@ DeviceMemory CudaEngine::device_memory(int64_t iteration) {
 
 CudaEngine::~CudaEngine() {
   if (drained_) cudaEventDestroy(drained_);
-  if (dist_opt_) device_free(master_);  // else the model's
+  if (dist_opt_ || offloading_) device_free(master_);  // else the model's
   for (void* p : {static_cast<void*>(m_), static_cast<void*>(v_), static_cast<void*>(st_), static_cast<void*>(partials_), static_cast<void*>(d_chunks_),
+                  static_cast<void*>(d_gpu_chunks_ != d_chunks_ ? d_gpu_chunks_ : nullptr),
                   static_cast<void*>(eval_acc_), static_cast<void*>(avg_buf_), static_cast<void*>(loss_hist_), static_cast<void*>(norm_hist_),
                   static_cast<void*>(skip_hist_), static_cast<void*>(moe_hist_)}) {
     device_free(p);

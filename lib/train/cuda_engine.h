@@ -19,6 +19,7 @@
 #include "kernels/cuda/optimizer_step.h"
 #include "model/cuda/gpt_cuda.h"
 #include "model/layout.h"
+#include "optim/cuda/offloaded_adam.h"
 #include "optim/data_parallel.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
@@ -63,7 +64,8 @@ class CudaEngine final : public TrainingEngine {
   cuda::StepState read_state();
   // partials_ = the norm partial sums of x (gradients, indexed like the parameters, or master weights,
   // indexed like the optimizer state), summed over TP, and over DP when each rank owns a shard.
-  void norm_partials(const float* x, bool by_state, const float* loss = nullptr);
+  // By state: the chunks whose state is on the device, plus `host_part` (the offloaded state's share).
+  void norm_partials(const float* x, bool by_state, const float* loss = nullptr, float host_part = 0.0f);
   // Averages host values over the data-parallel group (log and validation time only).
   void dp_average(float* values, int64_t n);
   void params_gathered();
@@ -116,8 +118,17 @@ class CudaEngine final : public TrainingEngine {
   int32_t* skip_hist_ = nullptr;
   cuda::StepState* st_ = nullptr;
   cuda::LossScaleRule scale_rule_;
-  std::vector<cuda::AdamChunk> chunks_;
+  std::vector<cuda::AdamChunk> chunks_;  // every parameter chunk (the gradient norm)
   cuda::AdamChunk* d_chunks_ = nullptr;
+  // The chunks the GPU updates (all of them unless offloading), their state indexed in the device's arrays.
+  std::vector<cuda::AdamChunk> gpu_chunks_;
+  cuda::AdamChunk* d_gpu_chunks_ = nullptr;
+  // --optimizer-cpu-offload: the state indices [0, n_offloaded_) on the CPU (in the host optimizer's arrays when
+  // this rank keeps one for checkpoints, else in offload_state_), the rest on the device.
+  bool offloading_ = false;
+  int64_t n_offloaded_ = 0;
+  std::vector<float> offload_state_;
+  std::unique_ptr<OffloadedAdam> offload_;
   float grad_share_ = 1.0f;
 #ifdef MEGATRAIN_HAVE_NCCL
   std::unique_ptr<DeviceDataParallel> ddp_;

@@ -51,8 +51,13 @@ cuda::StepState CudaEngine::read_state() {
 
 // With the distributed optimizer a rank's own non-finite loss poisons the gradient partials, so every rank
 // skips the step together (each updates only its shard: one skipping alone would split the model).
-void CudaEngine::norm_partials(const float* x, bool by_state, const float* loss) {
-  cuda::sumsq_partials(partials_, x, d_chunks_, static_cast<int64_t>(chunks_.size()), by_state, stream_);
+void CudaEngine::norm_partials(const float* x, bool by_state, const float* loss, float host_part) {
+  if (by_state) {
+    cuda::sumsq_partials(partials_, x, d_gpu_chunks_, static_cast<int64_t>(gpu_chunks_.size()), true, stream_);
+  } else {
+    cuda::sumsq_partials(partials_, x, d_chunks_, static_cast<int64_t>(chunks_.size()), false, stream_);
+  }
+  if (host_part != 0.0f) cuda::add_to_first(partials_, host_part, stream_);
   if (loss && dist_opt_) cuda::poison_if_nonfinite(partials_, loss, stream_);
 #ifdef MEGATRAIN_HAVE_NCCL
   if (tp_nccl_) tp_nccl_->all_reduce_on(partials_, cuda::kNormPartials, WireType::kF32, ReduceOp::kSum, stream_);
@@ -148,11 +153,26 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   MT_PROF("opt.grad_norm", norm_partials(model_->grads(), false, &st_->loss_acc));
   cuda::step_prepare(st_, partials_, clip, b1, b2, 1.0f, scale_rule_, stream_);
   auto adamw = [&](int64_t first, int64_t count) {
+    if (count <= 0) return;
     MT_PROF("opt.adamw", cuda::adamw_multi({.w = master_, .m = m_, .v = v_, .w16 = model_->working(), .g = model_->grads(),
-                                            .chunks = d_chunks_ + first, .count = count, .state = st_, .lr = static_cast<float>(lr), .beta1 = b1,
+                                            .chunks = d_gpu_chunks_ + first, .count = count, .state = st_, .lr = static_cast<float>(lr), .beta1 = b1,
                                             .beta2 = b2, .eps = eps, .weight_decay = wd, .type = model_->half_type()}, stream_));
   };
-  const auto n_chunks = static_cast<int64_t>(chunks_.size());
+  const auto n_chunks = static_cast<int64_t>(gpu_chunks_.size());
+  // The offloaded share (after the device's own update is queued, which runs meanwhile): the host waits for this
+  // step's state and gradients, and the training stream for the weights it sends back.
+  if (offload_) offload_->start(model_->grads(), st_, stream_);
+  auto offloaded = [&]() {
+    if (!offload_) return;
+    HostAdamStep hs;
+    hs.lr = static_cast<float>(lr);
+    hs.beta1 = b1;
+    hs.beta2 = b2;
+    hs.eps = eps;
+    hs.weight_decay = wd;
+    hs.fp16 = cfg.precision.fp16;
+    MT_PROF("opt.offloaded_adamw", offload_->finish(model_->working(), stream_, hs));
+  };
 #ifdef MEGATRAIN_HAVE_NCCL
   // Distributed optimizer: each rank updates the working weights of its blocks; every rank gets all of them,
   // after the step or (--overlap-param-gather) bucket by bucket as the step updates them, on the
@@ -164,10 +184,12 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
     });
   } else {
     adamw(0, n_chunks);
+    offloaded();
     if (dist_opt_) MT_PROF("dp.param_gather", ddp_->gather_params(model_->working()));
   }
 #else
   adamw(0, n_chunks);
+  offloaded();
 #endif
   if (it == profile_iter_) profile_report(it, waited_before, mallocs_before);
   const auto slot = static_cast<size_t>(pending_);
@@ -266,7 +288,8 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
 // the next step recomputes its own partials), summed over TP and, with the distributed optimizer, over the DP
 // shards.
 double CudaEngine::params_norm() {
-  norm_partials(master_, true);
+  // The offloaded master weights' share is summed on the CPU (they are current: each step's update ends on the host).
+  norm_partials(master_, true, nullptr, offload_ ? static_cast<float>(offload_->master_sumsq()) : 0.0f);
   std::vector<float> part(cuda::kNormPartials);
   MT_CUDA_CHECK(cudaMemcpyAsync(part.data(), partials_, part.size() * 4, cudaMemcpyDeviceToHost, stream_));
   wait_stream();
@@ -326,10 +349,12 @@ void CudaEngine::save(TrainState state) {
     saver_->save(std::move(empty));
     return;
   }
-  const size_t state_bytes = static_cast<size_t>(n_state_) * 4;
-  MT_CUDA_CHECK(cudaMemcpy(host_opt_->master(), master_, state_bytes, cudaMemcpyDeviceToHost));
-  MT_CUDA_CHECK(cudaMemcpy(host_opt_->exp_avg(), m_, state_bytes, cudaMemcpyDeviceToHost));
-  MT_CUDA_CHECK(cudaMemcpy(host_opt_->exp_avg_sq(), v_, state_bytes, cudaMemcpyDeviceToHost));
+  // The device's share of the state (the offloaded share is already in the host optimizer's arrays: setup made
+  // them the offloaded optimizer's own on every rank that keeps them).
+  const size_t state_bytes = static_cast<size_t>(n_state_ - n_offloaded_) * 4;
+  MT_CUDA_CHECK(cudaMemcpy(host_opt_->master() + n_offloaded_, master_, state_bytes, cudaMemcpyDeviceToHost));
+  MT_CUDA_CHECK(cudaMemcpy(host_opt_->exp_avg() + n_offloaded_, m_, state_bytes, cudaMemcpyDeviceToHost));
+  MT_CUDA_CHECK(cudaMemcpy(host_opt_->exp_avg_sq() + n_offloaded_, v_, state_bytes, cudaMemcpyDeviceToHost));
   host_opt_->set_iterations(h.t);
   if (!dist_opt_) {
     host_opt_->refresh_working_weights();

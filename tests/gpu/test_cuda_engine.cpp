@@ -639,6 +639,7 @@ void test_fp16_dynamic_scale() {
 // the uninterrupted run (the same checkpoint format serves both engines).
 // fp16: the same with the loss scaler's state in the checkpoint (a scale that grew twice by iteration 5).
 void test_resume(const std::string& precision = "") {
+  const bool fp16 = precision.find("--fp16") != std::string::npos;
   char tmpl[] = "/tmp/megatrain-cuda-ckpt-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   mt::TrainOptions quiet{true, 0};
@@ -659,12 +660,35 @@ void test_resume(const std::string& precision = "") {
     const bool scale_ok = full.loss_scale == gpu.loss_scale && full.loss_scale == cpu.loss_scale;
     char buf[320];
     std::snprintf(buf, sizeof(buf), "resume from a CUDA checkpoint at iteration 5%s: GPU gap %.2e, CPU engine gap %.2e, final loss scale %g / %g / %g",
-                  precision.empty() ? "" : " (fp16)", worst_gpu, worst_cpu, full.loss_scale, gpu.loss_scale, cpu.loss_scale);
-    check(sizes && worst_gpu < 1e-3 && worst_cpu < 1e-2 && scale_ok && (precision.empty() || full.loss_scale > 65536), buf);
+                  precision.empty() ? "" : (" (" + precision + ")").c_str(), worst_gpu, worst_cpu, full.loss_scale, gpu.loss_scale, cpu.loss_scale);
+    check(sizes && worst_gpu < 1e-3 && worst_cpu < 1e-2 && scale_ok && (!fp16 || full.loss_scale > 65536), buf);
   } catch (const std::exception& e) {
     check(false, std::string("resume: ") + e.what());
   }
   std::filesystem::remove_all(dir);
+}
+
+// --optimizer-cpu-offload: the offloaded share of the update runs on the CPU threads, the same float operations
+// as the GPU's kernel, so the run follows the one without offload to within fp32 rounding (the CPU and the GPU may
+// fuse a multiply-add differently, and a rare flipped bf16 rounding of a weight moves the loss a little); the
+// parameters norm (--log-params-norm) adds the host's share to the device's.
+void test_offload(const std::string& model, const std::string& extra, const std::string& both = "") {
+  try {
+    mt::TrainOptions quiet{true, 0};
+    const std::string base = std::string(MT_PLAIN_BATCH) + "--train-iters 20 --log-params-norm " + both;
+    const auto gpu = mt::train_cuda(make_config(model, base), mt::ProcessGroups::single(), quiet);
+    const auto off = mt::train_cuda(make_config(model, base + "--optimizer-cpu-offload " + extra), mt::ProcessGroups::single(), quiet);
+    double worst = 0;
+    const bool same_len = gpu.losses.size() == off.losses.size() && !gpu.losses.empty();
+    for (size_t i = 0; same_len && i < gpu.losses.size(); ++i) worst = std::max(worst, std::fabs(off.losses[i] - gpu.losses[i]) / gpu.losses[i]);
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "optimizer offload %s %s: %zu iterations, GPU %.5f -> %.5f, offloaded %.5f -> %.5f, worst relative gap %.2e",
+                  model.c_str(), extra.c_str(), off.losses.size(), same_len ? gpu.losses.front() : 0.0, same_len ? gpu.losses.back() : 0.0,
+                  same_len ? off.losses.front() : 0.0, same_len ? off.losses.back() : 0.0, worst);
+    check(same_len && worst < 2e-3 && off.skipped == 0 && gpu.losses.front() - gpu.losses.back() > 0.1, buf);
+  } catch (const std::exception& e) {
+    check(false, "optimizer offload " + model + ": " + e.what());
+  }
 }
 
 }  // namespace
@@ -730,6 +754,10 @@ int main() {
   test_pipeline_schedule("gpt", "interleaved");
   test_resume();
   test_resume("--fp16 --initial-loss-scale 65536 --loss-scale-window 2 ");
+  test_offload("llama", "");
+  test_offload("gpt", "--optimizer-offload-fraction 0.5 ");
+  test_offload("llama", "--optimizer-offload-fraction 0.3 ", "--fp16 --loss-scale 1024 ");
+  test_resume("--optimizer-cpu-offload --optimizer-offload-fraction 0.6 ");
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

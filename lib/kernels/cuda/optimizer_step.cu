@@ -157,6 +157,13 @@ void sumsq_partials(float* partials, const float* x, const AdamChunk* chunks, in
   MT_CUDA_CHECK_LAUNCH();
 }
 
+__global__ void add_to_first_kernel(float* partials, float value) { partials[0] += value; }
+
+void add_to_first(float* partials, float value, cudaStream_t stream) {
+  add_to_first_kernel<<<1, 1, 0, stream>>>(partials, value);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
 void poison_if_nonfinite(float* partials, const float* value, cudaStream_t stream) {
   poison_kernel<<<1, 1, 0, stream>>>(partials, value);
   MT_CUDA_CHECK_LAUNCH();

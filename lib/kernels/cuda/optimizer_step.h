@@ -59,6 +59,8 @@ constexpr int kNormPartials = 1024;
 // step_prepare applies it).
 // x is indexed by the chunks' start (gradients), or by their state index when by_state (master weights).
 void sumsq_partials(float* partials, const float* x, const AdamChunk* chunks, int64_t nchunks, bool by_state, cudaStream_t stream);
+// partials[0] += value (a sum computed elsewhere, e.g. the offloaded master weights' on the CPU).
+void add_to_first(float* partials, float value, cudaStream_t stream);
 // partials[0] = NaN when *value is not finite: a rank's non-finite loss reaches every rank's skip decision
 // through the partials' all-reduce (the distributed optimizer, where each rank's loss is its own).
 void poison_if_nonfinite(float* partials, const float* value, cudaStream_t stream);
