@@ -5,6 +5,7 @@
 #include "config/errors.h"
 #include "config/yaml_io.h"
 #include "comm/mpi_communicator.h"
+#include "comm/mpi_liveness.h"
 #include "comm/tcp_communicator.h"
 #include "config_setup.h"
 #include "parallel/rank_layout.h"
@@ -51,6 +52,7 @@ int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, ch
       mpi_initialize(&argc, &argv);
       groups = make_nccl_process_groups(make_nccl_world(launch, timeout), layout, launch.rank);
       groups.checkpoint = make_mpi_process_groups(layout, launch.rank).checkpoint;
+      start_liveness_responder([] { return nccl_wait_description(); });  // names a stopped rank at a timeout
     } else {
       // Training never uses the TCP world here: it carries the unique id, then the checkpoints' collectives
       // (whose waits are long by nature: no timeout).

@@ -1,5 +1,6 @@
 // mpi_communicator.cpp: MPI collectives (chunked below 2^31 elements), group construction, watchdog.
 #include "comm/mpi_communicator.h"
+#include "comm/mpi_liveness.h"
 
 #include <algorithm>
 #include <atomic>
@@ -319,7 +320,9 @@ bool mpi_active() {
 }
 
 void mpi_finalize() {
-  if (mpi_active()) MPI_Finalize();
+  if (!mpi_active()) return;
+  stop_liveness_responder();
+  MPI_Finalize();
 }
 
 void mpi_abort_job(int code) {
@@ -348,6 +351,19 @@ ProcessGroups make_mpi_process_groups(const RankLayout& layout, int64_t r) {
 
 void start_collective_watchdog(int64_t timeout_seconds, int64_t world_rank) {
   g_world_rank = world_rank;
+  // What this rank answers when another rank's collective times out and asks (comm/mpi_liveness.h).
+  start_liveness_responder([] {
+    const int64_t since = g_since_ns.load();
+    if (since == 0) return std::string("is running (not in a collective)");
+    std::string group;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      group = g_group_name;
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "has waited %.1f s in %s on the %s group", static_cast<double>(now_ns() - since) / 1e9, g_op.load(), group.c_str());
+    return std::string(buf);
+  });
   std::thread([timeout_seconds] {
     const int64_t limit = timeout_seconds * 1000000000LL;
     for (;;) {
@@ -359,11 +375,14 @@ void start_collective_watchdog(int64_t timeout_seconds, int64_t world_rank) {
           std::lock_guard<std::mutex> lock(g_mu);
           group = g_group_name;
         }
+        // The other ranks, asked point to point: the one that stopped does not answer.
+        std::string who = ask_other_ranks(3.0);
+        if (who.empty()) who = "another rank has probably failed (see its message above)";
         std::fprintf(stderr,
-                     "megatrain: error: rank %lld waited more than %lld s in %s on the %s group: another rank has "
-                     "probably failed (see its message above); aborting the job (--distributed-timeout-seconds)\n",
-                     static_cast<long long>(g_world_rank.load()), static_cast<long long>(timeout_seconds), g_op.load(),
-                     group.c_str());
+                     "megatrain: error: rank %lld waited more than %lld s in %s on the %s group: %s; aborting the job "
+                     "(--distributed-timeout-seconds)\n",
+                     static_cast<long long>(g_world_rank.load()), static_cast<long long>(timeout_seconds), g_op.load(), group.c_str(),
+                     who.c_str());
         mpi_abort_job(3);
       }
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_rank_failure.sh: when one rank dies (kill -9) or stops answering (SIGSTOP), every other rank
-# exits non-zero within the bound, with a message; nothing hangs (data parallel, and a pipeline stage).
+# exits non-zero within the bound, with a message (a stopped rank named: it does not answer the others'
+# question); nothing hangs (data parallel, and a pipeline stage).
 # Usage: test_rank_failure.sh path/to/megatrain (from the repository root).
 set -u
 B=${1:?usage: test_rank_failure.sh path/to/megatrain}
@@ -42,11 +43,11 @@ run_case() {  # run_case NAME SIGNAL TIMEOUT_FLAG BOUND PATTERN
 }
 
 run_case killed KILL "" 60 "rank 1 .*(exited on signal 9|Killed)"
-run_case stopped STOP "--distributed-timeout-seconds 5" 30 "waited more than 5 s in .* another rank has probably failed"
+run_case stopped STOP "--distributed-timeout-seconds 5" 30 "waited more than 5 s in .* world rank 1 \(host .*, pid [0-9]+\) did not answer within 3 s"
 # A pipeline stage (the middle one of three) killed or stopped in 1F1B's transfers.
 PP="--num-layers 3 --pipeline-model-parallel-size 3"
 run_case pp_killed KILL "$PP" 60 "rank 1 .*(exited on signal 9|Killed)"
-run_case pp_stopped STOP "$PP --distributed-timeout-seconds 5" 30 "waited more than 5 s in .* another rank has probably failed"
+run_case pp_stopped STOP "$PP --distributed-timeout-seconds 5" 30 "waited more than 5 s in .* world rank 1 \(host .*, pid [0-9]+\) did not answer within 3 s"
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]

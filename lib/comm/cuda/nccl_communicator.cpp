@@ -2,6 +2,9 @@
 #include "comm/cuda/nccl_communicator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <string>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -10,12 +13,22 @@
 #include <thread>
 
 #include "comm/mpi_communicator.h"
+#include "comm/mpi_liveness.h"
 #include "comm/process_groups.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/op_profiler.h"
 
 namespace mt {
 namespace {
+
+// The host wait in flight (for the answer to another rank's question, comm/mpi_liveness.h).
+std::atomic<int64_t> g_wait_since_ns{0};
+std::atomic<const char*> g_wait_op{""};
+std::atomic<const std::string*> g_wait_group{nullptr};
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
 ncclDataType_t nccl_type(WireType t) { return t == WireType::kBF16 ? ncclBfloat16 : t == WireType::kF16 ? ncclHalf : ncclFloat; }
@@ -62,21 +75,47 @@ void NcclCommunicator::wait_stream(const char* op) { wait_until([this] { return 
 
 void NcclCommunicator::wait_event(cudaEvent_t event, const char* op) { wait_until([event] { return cudaEventQuery(event); }, op); }
 
+std::string nccl_wait_description() {
+  const int64_t since = g_wait_since_ns.load();
+  const std::string* group = g_wait_group.load();
+  if (since == 0 || group == nullptr) return "is running (not waiting for NCCL)";
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "has waited %.1f s for NCCL %s on the %s group", static_cast<double>(steady_ns() - since) / 1e9, g_wait_op.load(),
+                group->c_str());
+  return buf;
+}
+
 void NcclCommunicator::wait_until(const std::function<cudaError_t()>& query, const char* op) {
   const auto start = std::chrono::steady_clock::now();
+  bool marked = false;
+  struct Unmark {
+    bool& marked;
+    ~Unmark() {
+      if (marked) g_wait_since_ns = 0;
+    }
+  } unmark{marked};
   for (;;) {
     const cudaError_t q = query();
     if (q == cudaSuccess) return;
+    if (!marked) {
+      g_wait_op = op;
+      g_wait_group = &name_;
+      g_wait_since_ns = steady_ns();
+      marked = true;
+    }
     if (q != cudaErrorNotReady) MT_CUDA_CHECK(q);
     ncclResult_t async = ncclSuccess;
     MT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     const bool late = std::chrono::steady_clock::now() - start > std::chrono::seconds(timeout_s_);
     if (async != ncclSuccess || late) {
+      // Under mpirun the other ranks are asked first: the one that stopped does not answer.
+      std::string who = late ? ask_other_ranks(3.0) : std::string();
+      if (who.empty()) who = "another rank has probably failed";
       ncclCommAbort(comm_);
       aborted_ = true;
       throw std::runtime_error(std::string("NCCL ") + op + " on the " + name_ + " group " +
                                (late ? "did not finish in " + std::to_string(timeout_s_) + " s" : std::string("failed: ") + ncclGetErrorString(async)) +
-                               ": another rank has probably failed; communicator aborted (--distributed-timeout-seconds)");
+                               ": " + who + "; communicator aborted (--distributed-timeout-seconds)");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

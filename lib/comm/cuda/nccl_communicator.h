@@ -108,6 +108,8 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
 // (the TCP world of a torchrun-style launch, comm/tcp_communicator.h). The calling process must already
 // have selected its GPU.
 std::shared_ptr<NcclCommunicator> make_nccl_world(const LaunchInfo& launch, int64_t timeout_seconds, Communicator* bootstrap = nullptr);
+// What this rank's host thread is waiting for on NCCL, for another rank's question (comm/mpi_liveness.h).
+std::string nccl_wait_description();
 // The process groups of a layout as NCCL communicators split from world.
 ProcessGroups make_nccl_process_groups(const std::shared_ptr<NcclCommunicator>& world, const RankLayout& layout, int64_t rank);
 
