@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_hf_export.sh: megatrain checkpoint export and import against HuggingFace's modeling code. Tiny GPT-2, LLaMA (GQA)
 # and Mixtral-style models train 3 iterations under TP 2 (Mixtral: EP 2; LLaMA also PP 2 with interleaved
-# RoPE) and are exported; tests/interop/hf_reference.py (HF's GPT2LMHeadModel / LlamaForCausalLM /
+# RoPE, and CP 2 x DP 2 with the distributed optimizer) and are exported; tests/interop/hf_reference.py (HF's GPT2LMHeadModel / LlamaForCausalLM /
 # MixtralForCausalLM in PyTorch, by HF's tensor names) computes the loss on a batch that megatrain's one-rank
 # model computes too: equal within 1e-5 (fp32 export; bf16 within bf16's rounding). Import of the export
 # and export again give the same safetensors bytes; the imported checkpoint fine-tunes with the losses of the
@@ -80,6 +80,8 @@ check() {
 check gpt2_tp2 2 $GPT --tensor-model-parallel-size 2
 check llama_tp2_sp 2 $LLAMA --tensor-model-parallel-size 2 --sequence-parallel
 check llama_pp2_rotary_interleaved 2 $LLAMA --pipeline-model-parallel-size 2 --rotary-interleaved
+# Context parallelism with the distributed optimizer (each DP x CP rank holds a shard of the optimizer state).
+check llama_cp2_dp2_distopt 4 $LLAMA --context-parallel-size 2 --use-distributed-optimizer
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED
