@@ -1,6 +1,8 @@
 // gpt2_bpe.cpp: GPT-2 byte-level BPE, matched to the gpt-3-encoder@1.1.4 reference.
 #include "data/gpt2_bpe.h"
 
+#include <atomic>
+
 #if defined(MEGATRAIN_HAVE_ICU)
 #include <unicode/uchar.h>
 #endif
@@ -156,6 +158,8 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_path, const std::str
     encoder_[it.key()] = id;
     max_id = std::max(max_id, id);
   }
+  static std::atomic<uint64_t> next_key{1};
+  cache_key_ = next_key++;
   decoder_.assign(static_cast<size_t>(max_id + 1), "");
   for (const auto& [k, v] : encoder_) decoder_[static_cast<size_t>(v)] = k;
   const auto eot = encoder_.find("<|endoftext|>");
@@ -204,8 +208,8 @@ std::vector<std::string> Gpt2BpeTokenizer::pretokenize(std::string_view text) {
 }
 
 void Gpt2BpeTokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) const {
-  thread_local std::unordered_map<const Gpt2BpeTokenizer*, Cache> caches;
-  Cache& cache = caches[this];
+  thread_local std::unordered_map<uint64_t, Cache> caches;
+  Cache& cache = caches[cache_key_];
   if (auto it = cache.find(piece); it != cache.end()) {
     out.insert(out.end(), it->second.begin(), it->second.end());
     return;

@@ -5,6 +5,7 @@
 // including its quirk of keying merge pairs by "first,second".
 #pragma once
 
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -31,6 +32,9 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   std::unordered_map<std::string, int32_t> encoder_;
   std::vector<std::string> decoder_;
   std::unordered_map<std::string, int32_t> ranks_;  // "first,second" -> rank (last one wins, as in JS)
+  // This tokenizer's key in each thread's cache of encoded pieces: a number never reused (an address would be,
+  // by a tokenizer built where a destroyed one was, which would then read the other's ids).
+  uint64_t cache_key_ = 0;
   std::string byte_encoder_[256];                   // byte -> UTF-8 of its printable stand-in
   std::unordered_map<uint32_t, uint8_t> byte_decoder_;
   int32_t eod_ = 50256;

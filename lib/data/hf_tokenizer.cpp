@@ -105,7 +105,9 @@ bool valid_utf8(std::string_view s) {
 
 HfBpeTokenizer::~HfBpeTokenizer() = default;
 
-HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_unique<Regex>()) {
+// A structure other than expected (a field of the wrong type, a missing key) is refused with the file named, never
+// the JSON library's own exception text.
+HfBpeTokenizer::HfBpeTokenizer(const std::string& path) try : regex_(std::make_unique<Regex>()) {
 #if !defined(MEGATRAIN_HAVE_ICU_REGEX)
   (void)path;
   throw ConfigError("this build has no ICU regular expressions, which HuggingFaceTokenizer needs for its pre-tokenizer: "
@@ -315,6 +317,8 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : regex_(std::make_uniqu
 
   byte_level_tables(byte_encoder_, byte_decoder_);
 #endif
+} catch (const json::exception& e) {
+  throw ConfigError("--tokenizer-model '" + path + "' is not a HuggingFace tokenizer.json megatrain can read: " + json_error_text(e));
 }
 
 std::vector<std::string> HfBpeTokenizer::pretokenize(std::string_view text) const {
