@@ -20,6 +20,7 @@ namespace {
 constexpr int kQuestion = 1, kAnswer = 2, kAnswerBytes = 200;
 MPI_Comm g_comm = MPI_COMM_NULL;
 std::atomic<bool> g_stop{false};
+bool g_closed = false;  // under g_ask: MPI is being finalised, no more questions
 std::thread g_responder;
 std::mutex g_ask;  // one question at a time per rank
 constexpr int kWhereBytes = 96;
@@ -71,6 +72,7 @@ void start_liveness_responder(std::function<std::string()> describe_self) {
 std::string ask_other_ranks(double seconds) {
   if (g_comm == MPI_COMM_NULL) return "";
   std::lock_guard<std::mutex> lock(g_ask);
+  if (g_closed) return "";
   int me = 0, size = 1;
   MPI_Comm_rank(g_comm, &me);
   MPI_Comm_size(g_comm, &size);
@@ -116,7 +118,7 @@ std::string ask_other_ranks(double seconds) {
   std::string out;
   if (!silent.empty()) {
     out = std::string(n_silent > 1 ? "world ranks " : "world rank ") + silent + " did not answer within " + secs +
-          " s (stopped, frozen or gone: look there)";
+          " s (stopped, frozen, gone or already finished: look there)";
   } else {
     out = "every other rank answered (one is stuck outside this collective)";
   }
@@ -126,6 +128,10 @@ std::string ask_other_ranks(double seconds) {
 
 void stop_liveness_responder() {
   if (g_comm == MPI_COMM_NULL) return;
+  {
+    std::lock_guard<std::mutex> lock(g_ask);  // a question under way ends first
+    g_closed = true;
+  }
   g_stop = true;
   if (g_responder.joinable()) g_responder.join();
 }

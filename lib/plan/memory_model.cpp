@@ -163,6 +163,11 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
     m.logits = a * static_cast<double>(output_layer_chunk_rows(vocab_local, tokens) * vocab_local);
   }
   m.working = working_bytes_per_token(c) * static_cast<double>(tokens);
+  if (stage == pp - 1 && m.in_flight_microbatches > 1) {  // the CUDA engine keeps the final norm's buffers per microbatch in flight
+    const double res = c.precision.fp32_residual_connection || !half ? 4.0 : a;
+    const double r = c.parallel.sequence_parallel && t > 1 ? t : 1.0;
+    m.working += (m.in_flight_microbatches - 1) * static_cast<double>(tokens) * (res * h / r + a * h + 8.0 / r);
+  }
   m.overhead = c.derived.world_size > 1 ? kOverheadNccl : kOverheadOneGpu;
   m.total = m.weights + m.grads + m.optimizer + m.activations + m.logits + m.working + m.overhead;
   return m;

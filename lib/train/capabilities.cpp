@@ -85,6 +85,11 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   if (c.training.optimizer_offload_fraction != 1.0 && !(cuda_engine && c.training.optimizer_cpu_offload)) {
     out.push_back("note: --optimizer-offload-fraction has no effect without --optimizer-cpu-offload on the CUDA engine");
   }
+  if (cuda_engine && c.training.optimizer_cpu_offload && !c.training.use_distributed_optimizer &&
+      c.derived.data_parallel_size * c.parallel.context_parallel_size > 1) {
+    out.push_back("note: --optimizer-cpu-offload without --use-distributed-optimizer: every data-parallel rank keeps and updates its own "
+                  "copy of the offloaded state in host memory (the distributed optimizer shards it)");
+  }
   if (cuda_engine) {
     if (c.model.attention_backend != d.model.attention_backend) {
       out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect: the CUDA engine always uses cuDNN's fused (flash) attention");
@@ -189,7 +194,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(pp && !c.model.untie_embeddings_and_output_weights && c.training.overlap_grad_reduce && c.derived.data_parallel_size > 1,
      "--overlap-grad-reduce with tied embeddings across pipeline stages is not implemented on the CUDA engine: drop it, or add "
      "--untie-embeddings-and-output-weights");
-  no(c.training.optimizer_cpu_offload && c.training.overlap_param_gather && c.derived.data_parallel_size > 1 && c.training.use_distributed_optimizer,
+  no(c.training.optimizer_cpu_offload && c.training.overlap_param_gather && c.training.use_distributed_optimizer &&
+         c.derived.data_parallel_size * c.parallel.context_parallel_size > 1,
      "--optimizer-cpu-offload with --overlap-param-gather is not implemented on the CUDA engine (the offloaded weights come up after the "
      "step): drop --overlap-param-gather");
   no(c.training.optimizer != "adam", "--optimizer " + c.training.optimizer + " is not implemented on the CUDA engine: use adam");

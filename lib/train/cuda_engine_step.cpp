@@ -171,7 +171,7 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
     hs.eps = eps;
     hs.weight_decay = wd;
     hs.fp16 = cfg.precision.fp16;
-    MT_PROF("opt.offloaded_adamw", offload_->finish(model_->working(), stream_, hs));
+    MT_PROF("opt.offloaded_adamw", offload_->finish(model_->working(), stream_, hs, [this](cudaEvent_t ev) { wait_event(ev); }));
   };
 #ifdef MEGATRAIN_HAVE_NCCL
   // Distributed optimizer: each rank updates the working weights of its blocks; every rank gets all of them,

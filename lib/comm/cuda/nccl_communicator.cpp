@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <chrono>
 #include <cstdlib>
@@ -24,7 +25,8 @@ namespace {
 // The host wait in flight (for the answer to another rank's question, comm/mpi_liveness.h).
 std::atomic<int64_t> g_wait_since_ns{0};
 std::atomic<const char*> g_wait_op{""};
-std::atomic<const std::string*> g_wait_group{nullptr};
+std::mutex g_wait_mu;
+char g_wait_group[64] = {};  // under g_wait_mu
 
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -76,12 +78,12 @@ void NcclCommunicator::wait_stream(const char* op) { wait_until([this] { return 
 void NcclCommunicator::wait_event(cudaEvent_t event, const char* op) { wait_until([event] { return cudaEventQuery(event); }, op); }
 
 std::string nccl_wait_description() {
+  std::lock_guard<std::mutex> lock(g_wait_mu);
   const int64_t since = g_wait_since_ns.load();
-  const std::string* group = g_wait_group.load();
-  if (since == 0 || group == nullptr) return "is running (not waiting for NCCL)";
-  char buf[160];
+  if (since == 0) return "is running (not waiting for NCCL)";
+  char buf[200];
   std::snprintf(buf, sizeof(buf), "has waited %.1f s for NCCL %s on the %s group", static_cast<double>(steady_ns() - since) / 1e9, g_wait_op.load(),
-                group->c_str());
+                g_wait_group);
   return buf;
 }
 
@@ -98,8 +100,9 @@ void NcclCommunicator::wait_until(const std::function<cudaError_t()>& query, con
     const cudaError_t q = query();
     if (q == cudaSuccess) return;
     if (!marked) {
+      std::lock_guard<std::mutex> lock(g_wait_mu);
       g_wait_op = op;
-      g_wait_group = &name_;
+      std::snprintf(g_wait_group, sizeof(g_wait_group), "%s", name_.c_str());
       g_wait_since_ns = steady_ns();
       marked = true;
     }

@@ -7,6 +7,8 @@
 #include <string>
 #include <thread>
 
+#include <sched.h>
+
 #include "tensor/cuda/cuda_check.h"
 
 namespace mt {
@@ -20,10 +22,19 @@ int offload_threads() {
     if (n < 1) throw std::runtime_error("MEGATRAIN_OFFLOAD_THREADS must be a number of threads >= 1");
     return n;
   }
-  int gpus = 1;
-  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) gpus = 1;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / gpus);
+  // The cores this process may run on: a launcher that binds each rank (mpirun, srun) has already divided them.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int machine = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int allowed = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : machine;
+  if (allowed < machine) return std::max(1, allowed);
+  // Unbound: the machine's cores shared among the ranks on it (the launcher's count, else the GPUs this rank sees).
+  int ranks = 0;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS"}) {
+    if (const char* e = std::getenv(v)) ranks = std::max(ranks, std::atoi(e));
+  }
+  if (ranks < 1 && (cudaGetDeviceCount(&ranks) != cudaSuccess || ranks < 1)) ranks = 1;
+  return std::max(1, machine / ranks);
 }
 
 OffloadedAdam::OffloadedAdam(std::vector<cuda::AdamChunk> chunks, float* master, float* exp_avg, float* exp_avg_sq, int threads)
@@ -89,10 +100,10 @@ void OffloadedAdam::start(const float* d_grads, const cuda::StepState* d_state, 
   for (int64_t k = 0; k < std::min<int64_t>(static_cast<int64_t>(pieces_.size()), kSlots); ++k) fetch(k);
 }
 
-void OffloadedAdam::finish(void* d_w16, cudaStream_t stream, const HostAdamStep& params) {
+void OffloadedAdam::finish(void* d_w16, cudaStream_t stream, const HostAdamStep& params, const std::function<void(cudaEvent_t)>& wait) {
   if (pieces_.empty()) return;
   const auto n = static_cast<int64_t>(pieces_.size());
-  MT_CUDA_CHECK(cudaEventSynchronize(state_ev_));
+  wait(state_ev_);
   const cuda::StepState st = *state_host_;
   if (st.skip) {  // no update (the device's weights stay); the next step's gradients wait for the copies under way
     MT_CUDA_CHECK(cudaEventRecord(done_, down_));

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -31,7 +32,9 @@ class OffloadedAdam {
   // finish(): reads the state, updates the offloaded weights (nothing when the step is skipped) and sends their
   // 16-bit copies into d_w16; `stream` waits for them (and, skipped, for the gradients' copies).
   void start(const float* d_grads, const cuda::StepState* d_state, cudaStream_t stream);
-  void finish(void* d_w16, cudaStream_t stream, const HostAdamStep& params);
+  // `wait` waits for the step's state (after the step's collectives: the engine's wait, bounded by
+  // --distributed-timeout-seconds, so a stopped peer ends the job instead of hanging it).
+  void finish(void* d_w16, cudaStream_t stream, const HostAdamStep& params, const std::function<void(cudaEvent_t)>& wait);
   // Sum over the chunks of norm_weight * w^2 (the parameters norm's offloaded part).
   double master_sumsq();
   int threads() const { return pool_.threads(); }
@@ -55,8 +58,9 @@ class OffloadedAdam {
   void fetch(int64_t piece);
 };
 
-// The worker threads for the offloaded update: MEGATRAIN_OFFLOAD_THREADS, else the machine's cores shared among
-// its GPUs (one rank per GPU).
+// The worker threads for the offloaded update: MEGATRAIN_OFFLOAD_THREADS; else the cores this process is bound to
+// where the launcher bound it; else the machine's cores shared among its ranks (the launcher's local count, else the
+// GPUs this rank sees).
 int offload_threads();
 
 }  // namespace mt
