@@ -171,7 +171,7 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   loss_hist_ = device_zeros<float>(hist);
   norm_hist_ = device_zeros<float>(hist);
   skip_hist_ = device_zeros<int32_t>(hist);
-  avg_buf_ = device_zeros<float>(hist);
+  avg_buf_ = device_zeros<float>(std::max<size_t>(hist, 3));
   moe_row_ = model_->moe_layer_count() * (2 + model_->dims().experts);
   if (moe_row_ > 0) moe_hist_ = device_zeros<float>(hist * static_cast<size_t>(moe_row_));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&drained_, cudaEventDisableTiming));
@@ -404,15 +404,18 @@ DeviceMemory CudaEngine::device_memory(int64_t iteration) {
     std::cout << line << std::flush;
   }
   memory_reported_ = true;
-  float peak = static_cast<float>(used_peak_);
+  // The log line's figures, the most of any rank: megatrain's allocations in use and their peak, the device's peak.
+  float most[3] = {static_cast<float>(m.allocated), static_cast<float>(m.max_allocated), static_cast<float>(used_peak_)};
   if (groups_.world->size() > 1) {
     // Ordered before the all-reduce (which runs on the communicator's own stream): on the training stream, waited for.
-    MT_CUDA_CHECK(cudaMemcpyAsync(avg_buf_, &peak, 4, cudaMemcpyHostToDevice, stream_));
+    MT_CUDA_CHECK(cudaMemcpyAsync(avg_buf_, most, sizeof(most), cudaMemcpyHostToDevice, stream_));
     wait_stream();
-    groups_.world->all_reduce(avg_buf_, 1, ReduceOp::kMax);
-    MT_CUDA_CHECK(cudaMemcpy(&peak, avg_buf_, 4, cudaMemcpyDeviceToHost));
+    groups_.world->all_reduce(avg_buf_, 3, ReduceOp::kMax);
+    MT_CUDA_CHECK(cudaMemcpy(most, avg_buf_, sizeof(most), cudaMemcpyDeviceToHost));
   }
-  m.peak_used = static_cast<double>(peak);
+  m.in_use_most = static_cast<double>(most[0]);
+  m.max_allocated_most = static_cast<double>(most[1]);
+  m.peak_used = static_cast<double>(most[2]);
   return m;
 }
 

@@ -51,7 +51,9 @@ std::string format_iteration_line(const IterationStats& s) {
     out += "MFU: n/a (no GPU peak) |";
   }
   if (s.memory.reserved >= 0) {
-    std::snprintf(buf, sizeof(buf), " peak GPU memory (GiB): %.2f |", s.memory.peak_used / (1024.0 * 1024.0 * 1024.0));
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    std::snprintf(buf, sizeof(buf), " GPU memory (GiB): %.2f in use (max %.2f), device peak %.2f |", s.memory.in_use_most / gib,
+                  s.memory.max_allocated_most / gib, s.memory.peak_used / gib);
     out += buf;
   }
   // The time to the last iteration at this interval's pace.

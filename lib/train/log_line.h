@@ -14,6 +14,7 @@ namespace mt {
 struct DeviceMemory {
   double reserved = -1;  // < 0: not measured (the CPU engine)
   double allocated = 0, max_allocated = 0, allocations = 0, peak_used = 0;
+  double in_use_most = 0, max_allocated_most = 0;  // allocated and max_allocated, the most of any rank
 };
 
 struct IterationStats {

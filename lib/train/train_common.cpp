@@ -87,7 +87,11 @@ void MetricsFile::iteration(const IterationStats& s) {
                       {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},
                       {"nan_iterations", s.nan_iters}};
   if (s.mfu >= 0) j["mfu"] = s.mfu;
-  if (s.memory.reserved >= 0) j["peak_gpu_memory_bytes"] = s.memory.peak_used;
+  if (s.memory.reserved >= 0) {
+    j["gpu_memory_in_use_bytes"] = s.memory.in_use_most;
+    j["gpu_memory_max_allocated_bytes"] = s.memory.max_allocated_most;
+    j["gpu_memory_device_peak_bytes"] = s.memory.peak_used;
+  }
   for (const auto& [name, value] : s.moe_losses) j[name] = value;
   if (s.expert_tokens_min >= 0) {
     j["expert_tokens_min"] = s.expert_tokens_min;
