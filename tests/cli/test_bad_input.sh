@@ -82,7 +82,7 @@ printf '{"a": 1,' >"$tmp/broken.json"
 bad vocab-broken-json "is not valid JSON \(a GPT-2 vocab.json / encoder.json\): parse error at line 1" -- \
   "$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/pp" --tokenizer-type GPT2BPETokenizer --vocab-file "$tmp/broken.json" --merge-file "$tmp/merges.txt"
 printf '{"model": {"type": 5}}' >"$tmp/tokenizer.json"
-bad tokenizer-json-shape "a JSON input .* is malformed: type must be string" -- \
+bad tokenizer-json-shape "--tokenizer-model '.*tokenizer.json' is not a HuggingFace tokenizer.json megatrain can read: type must be string" -- \
   "$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/pp" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tmp/tokenizer.json"
 # A pre-tokenizer pattern that backtracks catastrophically: an error after ICU's time limit, not a hang.
 mkdir -p "$tmp/slowtok"
