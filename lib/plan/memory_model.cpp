@@ -19,19 +19,32 @@ constexpr double kOverheadOneGpu = 1.0 * (1ull << 30), kOverheadNccl = 2.0 * (1u
 
 bool half_precision(const Config& c) { return c.precision.bf16 || c.precision.fp16; }
 
+// The model's sizes on one rank as the estimates below use them.
+struct RankShape {
+  double h, n, d, g, t;
+  bool sp;
+  double rep;  // what sequence parallelism splits over TP (t under SP, else 1)
+  double a;    // activation element size
+  double res;  // the CUDA engine's residual stream element size (fp32 with --fp32-residual-connection)
+  explicit RankShape(const Config& c)
+      : h(static_cast<double>(c.model.hidden_size.value_or(0))),
+        n(static_cast<double>(c.model.num_attention_heads.value_or(1))),
+        d(static_cast<double>(c.model.kv_channels.value_or(static_cast<int64_t>(h / n)))),
+        g(static_cast<double>(effective_query_groups(c))),
+        t(static_cast<double>(c.parallel.tensor_model_parallel_size)),
+        sp(c.parallel.sequence_parallel && c.parallel.tensor_model_parallel_size > 1),
+        rep(sp ? t : 1.0),
+        a(half_precision(c) ? 2.0 : 4.0),
+        res(c.precision.fp32_residual_connection || !half_precision(c) ? 4.0 : a) {}
+};
+
 // Bytes of activations one transformer layer keeps for backward, per microbatch, on one rank.
 double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
   const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
-  const double h = static_cast<double>(c.model.hidden_size.value_or(0));
-  const double n = static_cast<double>(c.model.num_attention_heads.value_or(1));
-  const double d = static_cast<double>(c.model.kv_channels.value_or(static_cast<int64_t>(h / n)));
-  const double g = static_cast<double>(effective_query_groups(c));
-  const double t = static_cast<double>(c.parallel.tensor_model_parallel_size);
-  const bool sp = c.parallel.sequence_parallel && c.parallel.tensor_model_parallel_size > 1;
-  const double a = half_precision(c) ? 2.0 : 4.0;  // activation element size
+  const RankShape r(c);
+  const double h = r.h, n = r.n, d = r.d, g = r.g, t = r.t, a = r.a, rep = r.rep;
   const double sb = s * b;
-  const double rep = sp ? t : 1.0;  // what sequence parallelism splits over TP
   if (full_recompute) return a * sb * h / rep;  // only the layer input is kept
   double bytes = 0;
   bytes += 2 * a * sb * h / rep;                        // inputs of the two norms (residual stream)
@@ -65,15 +78,9 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
 // flight): the gradients a layer's backward passes through (residual stream, norms, attention, MLP), the QKV
 // and block outputs of the forward, the final norm's output, and FP8's and MoE's copies.
 double working_bytes_per_token(const Config& c) {
-  const double h = static_cast<double>(c.model.hidden_size.value_or(0));
-  const double n = static_cast<double>(c.model.num_attention_heads.value_or(1));
-  const double d = static_cast<double>(c.model.kv_channels.value_or(static_cast<int64_t>(h / n)));
-  const double g = static_cast<double>(effective_query_groups(c));
-  const double t = static_cast<double>(c.parallel.tensor_model_parallel_size);
-  const bool sp = c.parallel.sequence_parallel && c.parallel.tensor_model_parallel_size > 1;
-  const double r = sp ? t : 1.0;
-  const double a = half_precision(c) ? 2.0 : 4.0;
-  const double res = c.precision.fp32_residual_connection || !half_precision(c) ? 4.0 : a;
+  const RankShape shape(c);
+  const double h = shape.h, n = shape.n, d = shape.d, g = shape.g, t = shape.t, r = shape.rep, a = shape.a, res = shape.res;
+  const bool sp = shape.sp;
   const double Hd = n * d / t, KVd = std::max(1.0, g / t) * d, Wq = Hd + 2 * KVd;
   const double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu))) / t;
   const double F1 = c.model.swiglu ? 2 * F : F;
@@ -164,9 +171,8 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   }
   m.working = working_bytes_per_token(c) * static_cast<double>(tokens);
   if (stage == pp - 1 && m.in_flight_microbatches > 1) {  // the CUDA engine keeps the final norm's buffers per microbatch in flight
-    const double res = c.precision.fp32_residual_connection || !half ? 4.0 : a;
-    const double r = c.parallel.sequence_parallel && t > 1 ? t : 1.0;
-    m.working += (m.in_flight_microbatches - 1) * static_cast<double>(tokens) * (res * h / r + a * h + 8.0 / r);
+    const RankShape shape(c);
+    m.working += (m.in_flight_microbatches - 1) * static_cast<double>(tokens) * (shape.res * h / shape.rep + a * h + 8.0 / shape.rep);
   }
   m.overhead = c.derived.world_size > 1 ? kOverheadNccl : kOverheadOneGpu;
   m.total = m.weights + m.grads + m.optimizer + m.activations + m.logits + m.working + m.overhead;

@@ -2,10 +2,7 @@
 // The first byte picks what the rest of the input is: 0 a vocab.json (with a fixed merges.txt), 1 a merges.txt
 // (with a fixed vocab.json), else text encoded by a small valid tokenizer. Files must load or be refused with an
 // error, never crash or hang; any text must encode, and well-formed UTF-8 decode back to itself.
-#include <unistd.h>
-
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -15,20 +12,14 @@
 #include "config/errors.h"
 #include "data/byte_level.h"
 #include "data/gpt2_bpe.h"
+#include "fuzz_file.h"
 
 namespace {
 
 const char* const kVocab = R"({"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4, "\u0120": 5, "\u0120a": 6, "!": 7, "1": 8, "<|endoftext|>": 9})";
 const char* const kMerges = "#version: 0.2\na b\nab c\n\xC4\xA0 a\n";
 
-std::string write(const std::string& name, const std::string& text) {
-  const std::string path = "/tmp/megatrain-fuzz-" + std::to_string(getpid()) + "-" + name;
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) std::abort();
-  std::fwrite(text.data(), 1, text.size(), f);
-  std::fclose(f);
-  return path;
-}
+std::string write(const std::string& name, const std::string& text) { return write_fuzz_file(name, text.data(), text.size()); }
 
 // A vocabulary with every byte's symbol (ids 0-255) and the fixed merges' results: any text encodes.
 std::string full_vocab() {

@@ -2,22 +2,16 @@
 // HuggingFaceTokenizer). Any input must load or be refused with an error (ConfigError / runtime_error), never
 // crash or hang; a file that loads must encode a fixed text (pre-tokenizer regex, byte fallback, merges) and
 // decode what it produced.
-#include <unistd.h>
-
 #include <cstdint>
-#include <cstdio>
 #include <stdexcept>
 #include <string>
 
 #include "config/errors.h"
 #include "data/hf_tokenizer.h"
+#include "fuzz_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string path = "/tmp/megatrain-fuzz-tokenizer-" + std::to_string(getpid()) + ".json";
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return 0;
-  std::fwrite(data, 1, size, f);
-  std::fclose(f);
+  const std::string path = write_fuzz_file("tokenizer.json", data, size);
   try {
     mt::HfBpeTokenizer tok(path);
     const auto ids = tok.encode("Hello world, 123 tokens: ünïcödé \xE2\x96\x81 ok\n\t  end");
