@@ -21,6 +21,7 @@
 #include "config/errors.h"
 #include "config/model_identity.h"
 #include "config/yaml_io.h"
+#include "model/fp8_scaling.h"
 
 namespace mt {
 namespace fs = std::filesystem;
@@ -210,8 +211,13 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
   if (!f) throw DataError("cannot write " + (tmp_dir / fname).string() + ": " + std::strerror(errno));
   size_t offset = 0;
   bool ok = true;
-  for (size_t k = 0; k < snap.pieces.size(); ++k) {
-    const auto& pc = snap.pieces[k];
+  std::vector<const Snapshot::Piece*> all_pieces;
+  for (const auto& pc : snap.pieces) all_pieces.push_back(&pc);
+  for (const auto& pc : snap.fp8_scaling) all_pieces.push_back(&pc);
+  sums.resize(all_pieces.size());
+  for (size_t k = snap.pieces.size(); k < all_pieces.size(); ++k) sums[k] = checksum64(all_pieces[k]->data.data(), all_pieces[k]->data.size() * sizeof(float));
+  for (size_t k = 0; k < all_pieces.size(); ++k) {
+    const auto& pc = *all_pieces[k];
     const size_t n = pc.data.size() * sizeof(float);
     pieces.push_back({{"tensor", pc.name}, {"kind", pc.kind}, {"file", fname}, {"offset", offset}, {"bytes", n},
                       {"global_shape", pc.global_shape}, {"local_shape", pc.local_shape}, {"shard_dim", pc.shard_dim},
@@ -245,10 +251,10 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
                         " bytes: --save must be on a filesystem every rank shares");
       }
     }
-    json tensors = json::object();
+    json tensors = json::object(), fp8_scaling = json::object();
     for (const auto& s : all) {
       for (const auto& pc : json::parse(s)) {
-        auto& t = tensors[pc["tensor"].get<std::string>()];
+        auto& t = (pc["kind"] == "fp8_scaling" ? fp8_scaling : tensors)[pc["tensor"].get<std::string>()];
         t["global_shape"] = pc["global_shape"];
         t["dtype"] = "fp32";
         t["shards"].push_back(pc);
@@ -271,6 +277,7 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
                  {"layout", json::parse(snap.layout_json)},
                  {"config", snap.config_yaml},
                  {"tensors", tensors}};
+    if (!fp8_scaling.empty()) meta["fp8_scaling"] = fp8_scaling;
     const std::string text = meta.dump(1);
     write_file_synced(tmp_dir / "metadata.json", text.data(), text.size());
     // Its own checksum beside it: an edited or damaged metadata.json is refused before anything reads it.
@@ -608,6 +615,34 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
   return st;
 }
 
+void add_fp8_scaling(Snapshot& snap, const std::map<int64_t, std::vector<float>>& layers, int64_t history_len) {
+  for (const auto& [layer, data] : layers) {
+    const std::vector<int64_t> shape{kFp8Sites, 3, 1 + history_len};
+    snap.fp8_scaling.push_back({"decoder.layers." + std::to_string(layer) + ".fp8_scaling", "fp8_scaling", shape, shape, -1, 0, 1, 0,
+                                static_cast<int64_t>(data.size()), data});
+  }
+}
+
+std::map<int64_t, std::vector<float>> load_fp8_scaling(const std::string& dir, std::optional<int64_t> step, const std::vector<int64_t>& layers,
+                                                       int64_t* history_len) {
+  const Opened o = open_checkpoint(dir, step);
+  std::map<int64_t, std::vector<float>> out;
+  *history_len = 0;
+  if (!o.meta.contains("fp8_scaling")) return out;
+  const json& saved = o.meta["fp8_scaling"];
+  for (int64_t layer : layers) {
+    const std::string name = "decoder.layers." + std::to_string(layer) + ".fp8_scaling";
+    if (!saved.contains(name)) continue;
+    const auto shape = saved[name]["global_shape"].get<std::vector<int64_t>>();
+    if (shape.size() != 3 || shape[0] != kFp8Sites || shape[1] != 3 || shape[2] < 2) {
+      throw DataError(o.dir.string() + ": " + name + " has the shape " + shape_str(shape) + ", not [4, 3, 1 + history]: the checkpoint is damaged");
+    }
+    *history_len = shape[2] - 1;
+    out[layer] = read_piece(o.dir, saved[name]["shards"].at(0));
+  }
+  return out;
+}
+
 std::string checkpoint_config_yaml(const std::string& dir, std::optional<int64_t> step) {
   return open_checkpoint(dir, step).meta["config"].get<std::string>();
 }
@@ -648,6 +683,18 @@ std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> st
     out << "  " << name << " " << shape_str(t["global_shape"].get<std::vector<int64_t>>()) << " fp32, shards:";
     for (const auto& [k, c] : kinds) out << " " << k << " x" << c;
     out << "\n";
+  }
+  if (m.contains("fp8_scaling")) {
+    int64_t history = 0;
+    for (const auto& [name, t] : m["fp8_scaling"].items()) {
+      history = t["global_shape"].back().get<int64_t>() - 1;
+      for (const auto& pc : t["shards"]) {
+        bytes += pc["bytes"].get<int64_t>();
+        ++pieces;
+        if (verify) read_piece(o.dir, pc);
+      }
+    }
+    out << "FP8 delayed scaling: the scales and amax histories (" << history << " entries) of " << m["fp8_scaling"].size() << " layers\n";
   }
   out << total << " parameters, " << pieces << " pieces, " << bytes << " bytes in " << o.dir.string() << "\n";
   if (verify) out << "all checksums verified\n";

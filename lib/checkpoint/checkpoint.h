@@ -58,7 +58,18 @@ struct Snapshot {
   bool has_optimizer = false, has_master = false;
   std::string config_yaml, layout_json;
   int64_t vocab_size = 0;
+  // FP8's delayed-scaling state (model/fp8_scaling.h), one piece per FP8 layer ("decoder.layers.N.fp8_scaling",
+  // [4 sites, 3 tensors, 1 + history length]: the scale, then the amax history), written by one rank per pipeline
+  // stage; metadata.json lists them under "fp8_scaling", apart from the model's tensors.
+  std::vector<Piece> fp8_scaling;
 };
+
+// Adds `layers` (global layer -> its Fp8ScalingState::layer_state) to the snapshot.
+void add_fp8_scaling(Snapshot& snap, const std::map<int64_t, std::vector<float>>& layers, int64_t history_len);
+// The saved FP8 scaling state of each of `layers` found in the checkpoint (empty: none saved) and the saved history
+// length in *history_len.
+std::map<int64_t, std::vector<float>> load_fp8_scaling(const std::string& dir, std::optional<int64_t> step, const std::vector<int64_t>& layers,
+                                                       int64_t* history_len);
 
 // Copies this rank's state (parameters, optimizer state unless !with_optimizer, training state).
 std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& params, Optimizer& opt, const TrainState& state,

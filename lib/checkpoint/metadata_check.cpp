@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "config/errors.h"
@@ -80,7 +82,15 @@ void check_checkpoint_metadata(const json& meta, const fs::path& metadata, int64
   const fs::path dir = metadata.parent_path();
   std::map<std::string, int64_t> file_size;
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> file_ranges;  // per shard file: its pieces' byte ranges
-  for (const auto& [name, t] : tensors.items()) {
+  // The model's tensors, then FP8's delayed-scaling state (the same pieces, in the same shard files) where saved.
+  std::vector<std::pair<std::string, const json*>> all;
+  for (const auto& [name, t] : tensors.items()) all.emplace_back(name, &t);
+  if (meta.contains("fp8_scaling")) {
+    if (!meta["fp8_scaling"].is_object()) k.fail("", "'fp8_scaling' is not an object");
+    for (const auto& [name, t] : meta["fp8_scaling"].items()) all.emplace_back(name, &t);
+  }
+  for (const auto& [name, tp] : all) {
+    const json& t = *tp;
     const std::string where = "tensor " + name;
     const std::vector<int64_t> global = k.shape(t, "global_shape", where);
     const json& shards = k.field(t, "shards", where);

@@ -457,6 +457,10 @@ void check_fp8(const Config& c, Checker& k) {
   const auto& p = c.precision;
   if (p.fp8_amax_history_len < 1) k.error("--fp8-amax-history-len must be >= 1, got " + s(p.fp8_amax_history_len));
   if (p.fp8_margin < 0) k.error("--fp8-margin must be >= 0 (powers of 2 of headroom), got " + s(p.fp8_margin));
+  if (p.fp8_format && p.first_last_layers_bf16 && p.fp8_recipe == "delayed") {
+    k.error("--first-last-layers-bf16 does not work with --fp8-recipe delayed (as in Megatron: delayed scaling reduces its amaxes once per "
+            "forward, not per layer): use --fp8-recipe tensorwise, or drop --first-last-layers-bf16");
+  }
   if (p.first_last_layers_bf16) {
     if (p.num_layers_at_start_in_bf16 < 0 || p.num_layers_at_end_in_bf16 < 0) {
       k.error("--num-layers-at-start-in-bf16 and --num-layers-at-end-in-bf16 must be >= 0");

@@ -63,6 +63,26 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
     u->output.weight = layout.output_w;
     units_.push_back(std::move(u));
   }
+  if (D.fp8_delayed) {
+    std::vector<int64_t> fp8_layers;
+    for (const ModelLayout& layout : layouts_) {
+      for (const LayerParams& ly : layout.layers) {
+        if (D.fp8_layer(ly.layer)) fp8_layers.push_back(ly.layer);
+      }
+    }
+    fp8_ = std::make_unique<Fp8ScalingState>(fp8_delayed_recipe(D), std::move(fp8_layers));
+    fp8_weights_due_.assign(layouts_.size(), true);
+  }
+}
+
+void GPTModel::fp8_update(int first_kind, int last_kind) {
+  const int64_t n = fp8_->slots();
+  if (n == 0) return;
+  float* acc = fp8_->amax_accumulator(first_kind);  // (the kinds' accumulators are contiguous)
+  const int64_t count = (last_kind - first_kind + 1) * n;
+  if (groups_.tp->size() > 1) groups_.tp->all_reduce(acc, count, ReduceOp::kMax);
+  if (groups_.dp_cp->size() > 1) groups_.dp_cp->all_reduce(acc, count, ReduceOp::kMax);
+  fp8_->update(first_kind, last_kind);
 }
 
 GPTModel::~GPTModel() = default;
@@ -111,6 +131,11 @@ float GPTModel::forward_stage(int64_t id, const Microbatch& mb, int64_t step, bo
   R.mb = mb;
   R.ctx = std::make_unique<cpu::PassContext>(D, params_, groups_, seed_, R.mb, step, training);
   R.ctx->moe_stats = training ? &moe_stats_ : nullptr;
+  if (fp8_) {
+    R.ctx->fp8 = fp8_.get();
+    R.ctx->fp8_record = training;
+    R.ctx->fp8_cast_weights = training && fp8_weights_due_[static_cast<size_t>(chunk)];
+  }
   R.deferred.clear();
   const cpu::PassContext& c = *R.ctx;
   const size_t n = layout.layers.size();
@@ -134,6 +159,10 @@ float GPTModel::forward_stage(int64_t id, const Microbatch& mb, int64_t step, bo
   else if (output) *output = std::move(x);
   stash_[key] = std::move(rec);
   if (!training) release(key);  // no backward follows (evaluation)
+  if (fp8_ && training) {  // the forward scales of the stage (TE: at the fp8_autocast's exit)
+    fp8_weights_due_[static_cast<size_t>(chunk)] = false;
+    fp8_update(kFp8Input, kFp8Weight);
+  }
   return loss;
 }
 
@@ -161,6 +190,7 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
   Record& R = *found->second;
   cpu::PassContext& c = *R.ctx;
   c.finishing = last_microbatch;
+  c.fp8_record = true;
   c.loss_grad_scale = scale * static_cast<float>(dims_.cp);  // CP: as the lm loss's (output_unit.cpp)
   c.deferred = defer_weight_grads ? &R.deferred : nullptr;
   Activations dx, dmid;
@@ -193,6 +223,10 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
     *input_grad = std::move(dx);
   }
   if (!defer_weight_grads) release(key);
+  if (fp8_) {  // the gradient scales (TE: at the end of the microbatch's backward); the next iteration casts the weights anew
+    fp8_update(kFp8GradOutput, kFp8GradOutput);
+    if (last_microbatch) fp8_weights_due_[static_cast<size_t>(chunk)] = true;
+  }
 }
 
 void GPTModel::update_expert_biases(double rate) {
@@ -222,6 +256,7 @@ void GPTModel::backward_weights(int64_t id, bool last, int64_t chunk) {
   found->second->ctx->finishing = last;
   for (auto& work : found->second->deferred) work();
   release(key);
+  if (fp8_ && last) fp8_weights_due_[static_cast<size_t>(chunk)] = true;
 }
 
 }  // namespace mt

@@ -18,6 +18,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "model/cpu/pass_context.h"
+#include "model/fp8_scaling.h"
 #include "model/layout.h"
 #include "model/model_dims.h"
 #include "model/params.h"
@@ -86,6 +87,9 @@ class GPTModel {
   // each MoE layer's kept tokens per expert summed over TP x DP x CP, and bias += rate * sign(mean - count).
   // Collective over those groups; uses the statistics take_moe_stats() then returns.
   void update_expert_biases(double rate);
+  // FP8's delayed scaling state of this stage's FP8 layers (null without it: model/fp8_scaling.h); checkpoints
+  // carry it.
+  Fp8ScalingState* fp8_scaling() { return fp8_.get(); }
 
  private:
   struct Units;
@@ -102,6 +106,10 @@ class GPTModel {
   std::unique_ptr<cpu::MoeOptions> moe_options_;
   cpu::MoeStats moe_stats_;
   std::shared_ptr<Communicator> kv_group_;  // the TP ranks sharing this rank's K/V (kv_rep > 1)
+  std::unique_ptr<Fp8ScalingState> fp8_;
+  std::vector<bool> fp8_weights_due_;  // per chunk: its next training forward is the iteration's first
+  // The amax accumulators of kinds [first, last] reduced (max) over TP x DP x CP, then the update.
+  void fp8_update(int first_kind, int last_kind);
   std::unique_ptr<Record> take_record();
   void release(std::pair<int64_t, int64_t> key);
   void layer_finished(Record& r, const LayerParams& layer) const;  // reductions and the hook after a layer's backward

@@ -54,6 +54,10 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.fp8 = pr.fp8_format.has_value();
   d.fp8_grad_e5m2 = pr.fp8_format.value_or("") == "hybrid";
   d.fp8_wgrad = !(pr.no_fp8_wgrad && pr.fp8_recipe == "delayed");  // Megatron overrides the wgrad precision for delayed only
+  d.fp8_delayed = d.fp8 && pr.fp8_recipe == "delayed";
+  d.fp8_max_algo = pr.fp8_amax_compute_algo == "max";
+  d.fp8_history_len = pr.fp8_amax_history_len;
+  d.fp8_margin = pr.fp8_margin;
   if (pr.first_last_layers_bf16) {
     d.fp8_bf16_start = pr.num_layers_at_start_in_bf16;
     d.fp8_bf16_end = pr.num_layers_at_end_in_bf16;

@@ -51,11 +51,13 @@ struct ModelDims {
   int64_t cp = 1;
   bool cp_a2a = false;
   // FP8 (--fp8-format): the linear layers' GEMMs (QKV, projection, fc1, fc2) of the layers fp8_layer() names,
-  // Transformer Engine's tensorwise scaling: inputs and weights in E4M3, output gradients in E5M2 (hybrid) or
-  // E4M3; the weight-gradient GEMM in FP8 too (--no-fp8-wgrad counts for the delayed recipe only, as in Megatron).
-  // --first-last-layers-bf16 keeps the first
-  // fp8_bf16_start and the last fp8_bf16_end layers in 16 bits.
+  // Transformer Engine's tensorwise or delayed scaling (fp8_delayed: model/fp8_scaling.h, with the amax history's
+  // length, --fp8-amax-compute-algo max and the margin): inputs and weights in E4M3, output gradients in E5M2
+  // (hybrid) or E4M3; the weight-gradient GEMM in FP8 too (--no-fp8-wgrad counts for the delayed recipe only, as in
+  // Megatron). --first-last-layers-bf16 keeps the first fp8_bf16_start and the last fp8_bf16_end layers in 16 bits.
   bool fp8 = false, fp8_grad_e5m2 = false, fp8_wgrad = true;
+  bool fp8_delayed = false, fp8_max_algo = false;
+  int64_t fp8_history_len = 1, fp8_margin = 0;
   int64_t fp8_bf16_start = 0, fp8_bf16_end = 0;
   bool fp8_layer(int64_t global_layer) const { return fp8 && global_layer >= fp8_bf16_start && global_layer < L - fp8_bf16_end; }
 };

@@ -25,8 +25,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
 
   const auto& pr = c.precision;
   if (pr.fp8_format) {
-    no(pr.fp8_recipe == "delayed",
-       "--fp8-recipe delayed (Megatron's default) is not implemented yet: add --fp8-recipe tensorwise (current scaling, per tensor)");
     no(pr.fp8_recipe == "mxfp8", "--fp8-recipe mxfp8 needs Blackwell GPUs (MXFP8 tensor cores): use --fp8-recipe tensorwise");
     no(pr.fp8_recipe == "blockwise", "--fp8-recipe blockwise is not implemented yet: use --fp8-recipe tensorwise");
     no(c.moe.num_experts.has_value(), "FP8 (--fp8-format) in MoE layers (--num-experts) is not implemented yet: drop --fp8-format");

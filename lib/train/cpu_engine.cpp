@@ -46,6 +46,7 @@ CpuEngine::CpuEngine(const Config& cfg, ProcessGroups groups, const TokenSource&
   bool loaded = false;
   if (ck.load && (ck.ckpt_step || latest_checkpoint(*ck.load))) {
     resumed_ = load_checkpoint(*ck.load, load_options(cfg), model_->params(), *optimizer_, scaler_);
+    if (Fp8ScalingState* fp8 = model_->fp8_scaling()) restore_fp8_scaling(cfg, *fp8, lead);
     loaded = true;
   }
   announce_load(cfg, resumed_, loaded, lead);
@@ -151,7 +152,9 @@ void CpuEngine::save(TrainState state) {
   who.writes_optimizer = data_parallel_->distributed_optimizer() || groups_.dp_cp->rank() == 0;
   who.writes_expert_params = groups_.expert_dp->rank() == 0;
   who.writes_expert_optimizer = data_parallel_->distributed_optimizer() || groups_.expert_dp->rank() == 0;
-  saver_->save(take_snapshot(cfg_, model_->params(), *optimizer_, state, who, !cfg_.checkpoint.no_save_optim));
+  auto snap = take_snapshot(cfg_, model_->params(), *optimizer_, state, who, !cfg_.checkpoint.no_save_optim);
+  if (const Fp8ScalingState* fp8 = model_->fp8_scaling(); fp8 && groups_.tp->rank() == 0 && groups_.dp_cp->rank() == 0) add_fp8_scaling_to(*snap, *fp8);
+  saver_->save(std::move(snap));
 }
 
 void CpuEngine::finish() {

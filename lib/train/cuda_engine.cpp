@@ -140,6 +140,14 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
                                                       in_flight(static_cast<int64_t>(c)), model_.get()));
     chunks_models_.push_back(extra_chunks_.back().get());
   }
+  if (found) {  // FP8 delayed scaling: each chunk's scales and amax histories from the checkpoint
+    for (CudaGPT* m : chunks_models_) {
+      if (!m->fp8_delayed()) continue;
+      Fp8ScalingState st = m->fp8_scaling_state();
+      restore_fp8_scaling(cfg, st, lead && m == chunks_models_.front());
+      m->set_fp8_scaling_state(st);
+    }
+  }
   if (pp_ > 1) {
     boundary_activations_ = std::make_unique<StageBuffers>(model_->boundary_activation_bytes(mbs * S));
     boundary_gradients_ = std::make_unique<StageBuffers>(model_->boundary_gradient_bytes(mbs * S));

@@ -16,6 +16,7 @@
 #include "tensor/cuda/op_profiler.h"
 #include "tensor/dtype.h"
 #include "train/cuda_engine.h"
+#include "train/train_common.h"
 
 namespace mt {
 
@@ -376,7 +377,13 @@ void CudaEngine::save(TrainState state) {
   who.world_size = groups_.world->size();
   who.writes_params = dp_rank_ == 0;
   who.writes_optimizer = dp_rank_ == 0 || dist_opt_;
-  saver_->save(take_snapshot(cfg, *host_, *host_opt_, state, who, !cfg.checkpoint.no_save_optim));
+  auto snap = take_snapshot(cfg, *host_, *host_opt_, state, who, !cfg.checkpoint.no_save_optim);
+  if (groups_.tp->rank() == 0 && dp_rank_ == 0) {  // FP8 delayed scaling: one writer per stage
+    for (CudaGPT* m : chunks_models_) {
+      if (m->fp8_delayed()) add_fp8_scaling_to(*snap, m->fp8_scaling_state());
+    }
+  }
+  saver_->save(std::move(snap));
 }
 
 void CudaEngine::finish() {

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -136,6 +138,34 @@ std::unique_ptr<CheckpointSaver> make_saver(const Config& cfg, const ProcessGrou
     throw ConfigError("--async-save needs MPI_THREAD_MULTIPLE, which this MPI library did not grant: drop --async-save");
   }
   return std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, ck.ckpt_keep_last, groups.checkpoint);
+}
+
+void add_fp8_scaling_to(Snapshot& snap, const Fp8ScalingState& state) {
+  std::map<int64_t, std::vector<float>> layers;
+  for (size_t i = 0; i < state.layers.size(); ++i) layers[state.layers[i]] = state.layer_state(static_cast<int64_t>(i));
+  add_fp8_scaling(snap, layers, state.recipe.history_len);
+}
+
+void restore_fp8_scaling(const Config& cfg, Fp8ScalingState& state, bool lead) {
+  const auto& ck = cfg.checkpoint;
+  int64_t saved_len = 0;
+  const auto saved = load_fp8_scaling(*ck.load, ck.ckpt_step, state.layers, &saved_len);
+  size_t restored = 0;
+  for (const auto& [layer, data] : saved) {
+    if (!state.set_layer_state(state.index_of(layer), data, saved_len)) {
+      throw DataError(*ck.load + ": the FP8 scaling state of layer " + std::to_string(layer) + " has " + std::to_string(data.size()) +
+                      " values, not " + std::to_string(fp8_layer_state_size(saved_len)) + ": the checkpoint is damaged");
+    }
+    ++restored;
+  }
+  if (!lead) return;
+  if (restored < state.layers.size() && !state.layers.empty()) {
+    std::printf("note: the checkpoint holds no FP8 delayed-scaling state for %zu of this stage's %zu FP8 layers (saved without "
+                "--fp8-recipe delayed): their scales start at 1\n", state.layers.size() - restored, state.layers.size());
+  } else if (saved_len != state.recipe.history_len && restored > 0) {
+    std::printf("note: the checkpoint's FP8 amax histories hold %lld entries, --fp8-amax-history-len is %lld: the scales are kept, the "
+                "histories start afresh\n", static_cast<long long>(saved_len), static_cast<long long>(state.recipe.history_len));
+  }
 }
 
 }  // namespace mt

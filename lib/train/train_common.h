@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
 #include "data/token_source.h"
+#include "model/fp8_scaling.h"
 #include "train/log_line.h"
 #include "train/tensorboard.h"
 
@@ -44,5 +45,11 @@ class MetricsFile {
 LoadOptions load_options(const Config& cfg);
 // The --save saver (needs MPI_THREAD_MULTIPLE for --async-save across ranks: refused otherwise).
 std::unique_ptr<CheckpointSaver> make_saver(const Config& cfg, const ProcessGroups& groups);
+
+// FP8's delayed scaling in checkpoints: the rank that writes a stage's state (TP, DP and CP rank 0: every rank of
+// the amax group holds the same) adds it to its snapshot; a load restores each FP8 layer's scales and histories
+// (a checkpoint without them, say from a bf16 run: scales start at 1, with a note from `lead`).
+void add_fp8_scaling_to(Snapshot& snap, const Fp8ScalingState& state);
+void restore_fp8_scaling(const Config& cfg, Fp8ScalingState& state, bool lead);
 
 }  // namespace mt

@@ -235,6 +235,7 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
     valid_ok = valid_ok && worst_valid < 2e-2;
     char buf[320];
     const char* what = extra.find("--first-last-layers-bf16") != std::string::npos ? " (fp8 e4m3, first layer bf16)"
+                       : extra.find("--fp8-recipe delayed") != std::string::npos ? " (fp8, delayed scaling)"
                        : extra.find("--fp8-format") != std::string::npos ? " (fp8 hybrid, tensorwise)"
                        : extra.find("--rampup") != std::string::npos     ? " (batch ramp-up)"
                        : extra.find("--fp16") != std::string::npos      ? " (fp16)"
@@ -734,6 +735,12 @@ int main() {
   test_training("gpt", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe tensorwise ");  // biases, GELU apart from the GEMM
   test_training("llama-recompute", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe tensorwise --first-last-layers-bf16 "
                 "--num-layers-at-end-in-bf16 0 ");
+  // FP8 (delayed scaling, Megatron's default): the scales from the amax histories, updated per microbatch; the
+  // recompute casts with its forward's scales; the histories' max and the margin.
+  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed ");
+  test_training("gpt", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe delayed ");
+  test_training("llama-recompute", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 "
+                "--fp8-amax-compute-algo max --fp8-margin 1 ");
   test_moe_training("llama", "");
   test_moe_training("llama-recompute", "--moe-router-pre-softmax --moe-router-topk-scaling-factor 1.5 ");
   test_moe_training("llama", "--moe-router-score-function sigmoid --moe-layer-freq [0,1] ");
@@ -751,10 +758,12 @@ int main() {
   test_pipeline_schedule("llama", "zb-h1");
   test_pipeline_schedule("gpt", "zb-h1");
   test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe tensorwise ");  // deferred FP8 weight gradients
+  test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe delayed ");     // (with the backward's scales)
   test_pipeline_schedule("llama", "interleaved");
   test_pipeline_schedule("gpt", "interleaved");
   test_resume();
   test_resume("--fp16 --initial-loss-scale 65536 --loss-scale-window 2 ");
+  test_resume("--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max ");  // the scales and histories
   test_offload("llama", "");
   test_offload("gpt", "--optimizer-offload-fraction 0.5 ");
   test_offload("llama", "--optimizer-offload-fraction 0.3 ", "--fp16 --loss-scale 1024 ");

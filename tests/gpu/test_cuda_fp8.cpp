@@ -2,11 +2,15 @@
 // the amax and the cast (row-major and transposed, E4M3 and E5M2, tiles cut at the edges) byte for byte; the
 // FP8 GEMM (cuBLASLt, "TN", device scales, fp32 and bf16 outputs, bias, fast and precise accumulation) bit for
 // bit on operands whose sums are exact in fp32; a linear layer's forward in FP8 on random data within fp32
-// summation order. Exit 77 (skipped) where no GPU is visible.
+// summation order; delayed scaling's cast (the scale given, the amax gathered in the same pass, saturating what
+// the scale pushes past the format) and its update kernel against model/fp8_scaling.h's rule on the host, bit
+// for bit. Exit 77 (skipped) where no GPU is visible.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -14,6 +18,7 @@
 #include "kernels/cpu/fp8.h"
 #include "kernels/cuda/fp8_cast.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "model/fp8_scaling.h"
 #include "tensor/device_info.h"
 #include "tensor/dtype.h"
 #include "tensor/rng.h"
@@ -75,6 +80,77 @@ void test_cast(mt::cuda::Fp8Type type, int64_t rows, int64_t cols, float spread)
   cudaFree(amax);
   cudaFree(out);
   cudaFree(out_t);
+}
+
+// Delayed scaling's cast: the scale given (here one that saturates the largest values), the amax added to an
+// accumulator already holding `prior`; bytes, transposes, amax and inverse scale as the CPU computes them.
+void test_cast_scaled(mt::cuda::Fp8Type type, int64_t rows, int64_t cols, float spread, float scale, float prior) {
+  const size_t n = static_cast<size_t>(rows * cols);
+  const std::vector<uint16_t> x = test_values(n, 9, spread);
+  std::vector<float> xf(n);
+  for (size_t i = 0; i < n; ++i) xf[i] = mt::bf16_to_float(x[i]);
+  auto* dx = upload(x);
+  auto* scalars = upload(std::vector<float>{scale, prior, -1.0f});
+  auto* out = upload(std::vector<uint8_t>(n));
+  auto* out_t = upload(std::vector<uint8_t>(n));
+  mt::cuda::fp8_cast_scaled(reinterpret_cast<const mt::cuda::bf16*>(dx), rows, cols, scalars, scalars + 1, type, out, out_t, scalars + 2, nullptr);
+  cudaDeviceSynchronize();
+  const auto a = download(scalars, 3);
+  const auto q = download(out, n), qt = download(out_t, n);
+  const float want_amax = std::fmax(prior, mt::cpu::abs_max(xf.data(), static_cast<int64_t>(n)));
+  size_t bad = 0, bad_t = 0, saturated = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = xf[static_cast<size_t>(r * cols + c)] * scale;
+      const uint8_t want = mt::cpu::fp8_encode(v, cpu_format(type));
+      saturated += std::fabs(v) > mt::cpu::fp8_max(cpu_format(type));
+      bad += q[static_cast<size_t>(r * cols + c)] != want;
+      bad_t += qt[static_cast<size_t>(c * rows + r)] != want;
+    }
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "fp8 cast with a given scale %s %lldx%lld: amax %g (CPU %g), scale_inv %g, %zu saturated, %zu + %zu bytes differ",
+                type == mt::cuda::Fp8Type::kE5M2 ? "E5M2" : "E4M3", static_cast<long long>(rows), static_cast<long long>(cols), a[1], want_amax, a[2],
+                saturated, bad, bad_t);
+  check(a[1] == want_amax && a[2] == 1.0f / scale && bad == 0 && bad_t == 0, buf);
+  cudaFree(dx);
+  cudaFree(scalars);
+  cudaFree(out);
+  cudaFree(out_t);
+}
+
+// The update kernel on many tensors' histories (zeros, infinities, tiny and ordinary amaxes) against the host rule.
+void test_delayed_update(int64_t len, bool max_algo) {
+  const int64_t n = 1000, stride = 3 * n;  // one kind of a state [len][3][n]
+  std::vector<float> hist(static_cast<size_t>(len * stride), 0.0f), scale(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    scale[static_cast<size_t>(i)] = 1.0f + static_cast<float>(i % 13);
+    for (int64_t e = 0; e < len; ++e) {
+      const uint32_t r = mt::philox4x32(static_cast<uint64_t>(i * len + e), 0, 5).v[0];
+      float v = std::ldexp(static_cast<float>(r % 1000) / 100.0f, static_cast<int>(r % 41) - 20);
+      if (r % 17 == 0) v = 0.0f;
+      if (r % 97 == 0) v = std::numeric_limits<float>::infinity();
+      if (r % 89 == 0) v = 1e-42f;
+      hist[static_cast<size_t>(e * stride + i)] = v;
+    }
+  }
+  std::vector<float> want_hist = hist, want_scale = scale;
+  for (int64_t i = 0; i < n; ++i) {
+    want_scale[static_cast<size_t>(i)] = mt::fp8_delayed_update(want_hist.data() + i, stride, len, max_algo, 448.0f, want_scale[static_cast<size_t>(i)]);
+  }
+  auto* dh = upload(hist);
+  auto* ds = upload(scale);
+  mt::cuda::fp8_delayed_update(ds, dh, n, stride, len, max_algo, 448.0f, nullptr);
+  cudaDeviceSynchronize();
+  const auto got_hist = download(dh, hist.size());
+  const auto got_scale = download(ds, scale.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < hist.size(); ++i) bad += std::memcmp(&got_hist[i], &want_hist[i], 4) != 0;
+  for (size_t i = 0; i < scale.size(); ++i) bad += std::memcmp(&got_scale[i], &want_scale[i], 4) != 0;
+  check(bad == 0, "fp8 delayed-scaling update, history " + std::to_string(len) + (max_algo ? ", max" : ", most_recent") + ": " + std::to_string(bad) +
+                      " values differ from the host rule");
+  cudaFree(dh);
+  cudaFree(ds);
 }
 
 // A [M, K] and B [N, K] FP8 bytes of values in {0, +-0.5, +-1, +-1.5, +-2} (E4M3 and E5M2 both hold them): every
@@ -217,6 +293,15 @@ int main() {
     test_cast(t, 257, 33, 1e-3f);
     test_cast(t, 64, 64, 0.0f);
     test_cast(t, 192, 2048, 0.5f);  // tiles of the vectorised path
+  }
+  for (auto t : {mt::cuda::Fp8Type::kE4M3, mt::cuda::Fp8Type::kE5M2}) {
+    test_cast_scaled(t, 48, 80, 1.0f, 64.0f, 0.0f);        // the 32 x 32 path; values past the maximum saturate
+    test_cast_scaled(t, 192, 2048, 0.5f, 1.0f, 1e30f);     // the vectorised path; the accumulator's prior amax stays
+    test_cast_scaled(t, 257, 33, 1e-3f, 4096.0f, 1e-9f);
+  }
+  for (int64_t len : {1, 4}) {
+    test_delayed_update(len, false);
+    test_delayed_update(len, true);
   }
   for (bool fast : {true, false}) {
     test_gemm(CUDA_R_8F_E4M3, false, false, fast);

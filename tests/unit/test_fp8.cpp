@@ -113,7 +113,7 @@ TEST_CASE("fp8: the tensorwise scale is max / amax, 1 for a zero or non-finite a
 
 namespace {
 
-mt::Config tiny_llama(int64_t iters, const std::string& fp8_format) {
+mt::Config tiny_llama(int64_t iters, const std::string& fp8_format, const std::string& recipe = "tensorwise") {
   mt::Config c;
   mt::apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
   c.data.text_data_path = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
@@ -123,7 +123,7 @@ mt::Config tiny_llama(int64_t iters, const std::string& fp8_format) {
   c.precision.bf16 = true;
   if (!fp8_format.empty()) {
     c.precision.fp8_format = fp8_format;
-    c.precision.fp8_recipe = "tensorwise";
+    c.precision.fp8_recipe = recipe;
   }
   REQUIRE(mt::validate(c, 1, mt::Purpose::kTrain).ok());
   mt::resolve(c, 1, 257);
@@ -138,10 +138,12 @@ std::string errors_of(const mt::Config& c) {
 
 }  // namespace
 
-TEST_CASE("fp8: a tiny LLaMA trains with emulated FP8 (tensorwise, hybrid and e4m3) within 0.05 of fp32 in validation loss") {
+TEST_CASE("fp8: a tiny LLaMA trains with emulated FP8 (tensorwise and delayed, hybrid and e4m3) within 0.05 of fp32 in validation loss") {
   const mt::TrainResult base = mt::train(tiny_llama(60, ""), mt::ProcessGroups::single(), {true, 0});
-  for (const std::string format : {"hybrid", "e4m3"}) {
-    const mt::TrainResult f = mt::train(tiny_llama(60, format), mt::ProcessGroups::single(), {true, 0});
+  for (const std::string format : {"hybrid", "e4m3", "delayed hybrid", "delayed e4m3"}) {
+    const bool delayed = format.rfind("delayed ", 0) == 0;
+    const mt::TrainResult f = mt::train(tiny_llama(60, delayed ? format.substr(8) : format, delayed ? "delayed" : "tensorwise"),
+                                        mt::ProcessGroups::single(), {true, 0});
     REQUIRE(f.valid_losses.size() == 1);
     INFO(format << ": validation loss " << f.valid_losses.back() << " vs fp32 " << base.valid_losses.back());
     CHECK(f.losses[0] != base.losses[0]);  // quantised: not the fp32 numbers
@@ -182,7 +184,12 @@ TEST_CASE("fp8: Megatron's FP8 flags are checked, and recipes not implemented ar
   CHECK(refused(c).empty());
   mt::Config delayed = c;
   delayed.precision.fp8_recipe = "delayed";
-  CHECK_THAT(refused(delayed), MT_CONTAINS("add --fp8-recipe tensorwise"));
+  CHECK(refused(delayed).empty());
+  delayed.precision.first_last_layers_bf16 = true;  // Megatron: "Delayed scaling does not support first / last layer in BF16."
+  CHECK_THAT(errors_of(delayed), MT_CONTAINS("--first-last-layers-bf16 does not work with --fp8-recipe delayed"));
+  mt::Config blockwise = c;
+  blockwise.precision.fp8_recipe = "blockwise";
+  CHECK_THAT(refused(blockwise), MT_CONTAINS("blockwise is not implemented"));
   mt::Config mx = c;
   mx.precision.fp8_recipe = "mxfp8";
   CHECK_THAT(refused(mx), MT_CONTAINS("Blackwell"));

@@ -1,7 +1,8 @@
 // fp8_cast.cu: the amax by a grid-stride reduction (non-negative floats order as their bit patterns: one
 // atomicMax on the bits per block; fmaxf skips NaN), the cast by tiles through shared memory so that both the
 // row-major and the transposed outputs are written a row of a tile at a time: 64 x 64 with 8 values per load and
-// store where the sizes and pointers allow, else 32 x 32 one value per thread.
+// store where the sizes and pointers allow, else 32 x 32 one value per thread; under delayed scaling the cast takes
+// the scale given and gathers the amax of what it reads (a block reduction, one atomicMax per block).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -10,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/fp8_cast.h"
+#include "model/fp8_scaling.h"
 #include "tensor/cuda/cuda_check.h"
 
 namespace mt::cuda {
@@ -58,9 +60,30 @@ constexpr int kVecTile = 64;
 __device__ __forceinline__ uint8_t to_fp8(float x, float scale, __nv_fp8_interpretation_t kind) {
   return __nv_cvt_float_to_fp8(__fmul_rn(x, scale), __NV_SATFINITE, kind);
 }
-__global__ void cast_vec_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ amax, bool e5m2,
-                                uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* __restrict__ scale_inv) {
-  const float scale = scale_from_amax(*amax, e5m2 ? 57344.0f : 448.0f);
+// The block's max |x| atomically into *acc (non-negative floats order as their bits); every thread must call it.
+__device__ void block_amax_into(float m, unsigned* acc) {
+  __shared__ float warp_max[32];
+  const int t = threadIdx.y * blockDim.x + threadIdx.x, lane = t & 31, warp = t >> 5;
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < static_cast<int>((blockDim.x * blockDim.y) >> 5) ? warp_max[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0 && m > 0.0f) atomicMax(acc, __float_as_uint(m));
+  }
+}
+
+// The scale: *given (delayed scaling), else from *amax (tensorwise).
+__device__ __forceinline__ float cast_scale(const float* given, const float* amax, bool e5m2) {
+  return given ? *given : scale_from_amax(*amax, e5m2 ? 57344.0f : 448.0f);
+}
+
+__global__ void cast_vec_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ amax, const float* __restrict__ given,
+                                unsigned* __restrict__ acc, bool e5m2, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                                float* __restrict__ scale_inv) {
+  const float scale = cast_scale(given, amax, e5m2);
+  float m = 0.0f;
   if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
   __shared__ alignas(16) uint8_t tile[kVecTile][kVecTile + 8];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVecTile, c0 = static_cast<int64_t>(blockIdx.x) * kVecTile;
@@ -77,11 +100,13 @@ __global__ void cast_vec_kernel(const bf16* __restrict__ x, int64_t rows, int64_
         const float2 f = __bfloat1622float2(p[k]);
         q[2 * k] = to_fp8(f.x, scale, kind);
         q[2 * k + 1] = to_fp8(f.y, scale, kind);
+        m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
       }
       if (out) *reinterpret_cast<uint2*>(out + r * cols + c) = *reinterpret_cast<const uint2*>(q);
       *reinterpret_cast<uint2*>(&tile[i][group * 8]) = *reinterpret_cast<const uint2*>(q);
     }
   }
+  if (acc) block_amax_into(m, acc);
   if (!out_t) return;
   __syncthreads();
   for (int pass = 0; pass < 2; ++pass) {
@@ -95,9 +120,11 @@ __global__ void cast_vec_kernel(const bf16* __restrict__ x, int64_t rows, int64_
   }
 }
 
-__global__ void cast_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ amax, bool e5m2,
-                            uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* __restrict__ scale_inv) {
-  const float scale = scale_from_amax(*amax, e5m2 ? 57344.0f : 448.0f);
+__global__ void cast_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ amax, const float* __restrict__ given,
+                            unsigned* __restrict__ acc, bool e5m2, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                            float* __restrict__ scale_inv) {
+  const float scale = cast_scale(given, amax, e5m2);
+  float m = 0.0f;
   if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = __fdiv_rn(1.0f, scale);
   __shared__ uint8_t tile[kTile][kTile + 4];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
@@ -105,18 +132,42 @@ __global__ void cast_kernel(const bf16* __restrict__ x, int64_t rows, int64_t co
   for (int i = threadIdx.y; i < kTile; i += kRowsPerPass) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
-      const float v = __fmul_rn(__bfloat162float(x[r * cols + c]), scale);
-      const uint8_t q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, kind);
+      const float xv = __bfloat162float(x[r * cols + c]);
+      m = fmaxf(m, fabsf(xv));
+      const uint8_t q = __nv_cvt_float_to_fp8(__fmul_rn(xv, scale), __NV_SATFINITE, kind);
       if (out) out[r * cols + c] = q;
       tile[i][threadIdx.x] = q;
     }
   }
+  if (acc) block_amax_into(m, acc);
   if (!out_t) return;
   __syncthreads();
   for (int i = threadIdx.y; i < kTile; i += kRowsPerPass) {
     const int64_t c = c0 + i, r = r0 + threadIdx.x;  // out_t row c, column r
     if (c < cols && r < rows) out_t[c * rows + r] = tile[threadIdx.x][i];
   }
+}
+
+__global__ void delayed_update_kernel(float* __restrict__ scale, float* __restrict__ history, int64_t n, int64_t stride, int64_t len,
+                                      bool max_algo, float scaled_max) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) scale[i] = mt::fp8_delayed_update(history + i, stride, len, max_algo, scaled_max, scale[i]);
+}
+
+void cast(const bf16* x, int64_t rows, int64_t cols, const float* amax, const float* given, float* acc, Fp8Type type, uint8_t* out, uint8_t* out_t,
+          float* scale_inv, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  unsigned* acc_bits = reinterpret_cast<unsigned*>(acc);
+  const auto aligned = [](const void* p, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; };
+  if (rows % 8 == 0 && cols % 8 == 0 && aligned(x, 16) && aligned(out, 8) && aligned(out_t, 8)) {
+    const dim3 grid(static_cast<unsigned>((cols + kVecTile - 1) / kVecTile), static_cast<unsigned>((rows + kVecTile - 1) / kVecTile));
+    cast_vec_kernel<<<grid, 256, 0, stream>>>(x, rows, cols, amax, given, acc_bits, type == Fp8Type::kE5M2, out, out_t, scale_inv);
+    MT_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+  cast_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, amax, given, acc_bits, type == Fp8Type::kE5M2, out, out_t, scale_inv);
+  MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -133,16 +184,20 @@ void fp8_amax(const bf16* x, int64_t n, float* amax, cudaStream_t stream) {
 
 void fp8_cast(const bf16* x, int64_t rows, int64_t cols, const float* amax, Fp8Type type, uint8_t* out, uint8_t* out_t, float* scale_inv,
               cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return;
-  const auto aligned = [](const void* p, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; };
-  if (rows % 8 == 0 && cols % 8 == 0 && aligned(x, 16) && aligned(out, 8) && aligned(out_t, 8)) {
-    const dim3 grid(static_cast<unsigned>((cols + kVecTile - 1) / kVecTile), static_cast<unsigned>((rows + kVecTile - 1) / kVecTile));
-    cast_vec_kernel<<<grid, 256, 0, stream>>>(x, rows, cols, amax, type == Fp8Type::kE5M2, out, out_t, scale_inv);
-    MT_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-  cast_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, amax, type == Fp8Type::kE5M2, out, out_t, scale_inv);
+  cast(x, rows, cols, amax, nullptr, nullptr, type, out, out_t, scale_inv, stream);
+}
+
+void fp8_cast_scaled(const bf16* x, int64_t rows, int64_t cols, const float* scale, float* amax_accumulator, Fp8Type type, uint8_t* out,
+                     uint8_t* out_t, float* scale_inv, cudaStream_t stream) {
+  cast(x, rows, cols, nullptr, scale, amax_accumulator, type, out, out_t, scale_inv, stream);
+}
+
+void fp8_delayed_update(float* scale, float* history, int64_t n, int64_t stride, int64_t len, bool max_algo, float scaled_max,
+                        cudaStream_t stream) {
+  if (n <= 0) return;
+  const int threads = 128;
+  delayed_update_kernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, stream>>>(scale, history, n, stride, len, max_algo,
+                                                                                                    scaled_max);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

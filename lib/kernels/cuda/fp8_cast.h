@@ -21,4 +21,13 @@ void fp8_amax(const bf16* x, int64_t n, float* amax, cudaStream_t stream);
 void fp8_cast(const bf16* x, int64_t rows, int64_t cols, const float* amax, Fp8Type type, uint8_t* out, uint8_t* out_t, float* scale_inv,
               cudaStream_t stream);
 
+// Delayed scaling (model/fp8_scaling.h): the same cast with the scale given (*scale, not from an amax), and, when
+// amax_accumulator is not null, max |x| added to it (an atomic max) in the same pass: one read of x.
+void fp8_cast_scaled(const bf16* x, int64_t rows, int64_t cols, const float* scale, float* amax_accumulator, Fp8Type type, uint8_t* out,
+                     uint8_t* out_t, float* scale_inv, cudaStream_t stream);
+// The delayed-scaling update of n tensors after their accumulators' reduction: history [len][stride] (entry e of
+// tensor i at history[e * stride + i]) and scale [n], as fp8_delayed_update (model/fp8_scaling.h) computes it.
+void fp8_delayed_update(float* scale, float* history, int64_t n, int64_t stride, int64_t len, bool max_algo, float scaled_max,
+                        cudaStream_t stream);
+
 }  // namespace mt::cuda

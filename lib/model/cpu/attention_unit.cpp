@@ -33,7 +33,7 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   A.ln_full.resize(sz(T * h));
   c.gather_tokens(A.ln.data(), A.ln_full.data());
   Buf qkv(sz(T * qkv_local));
-  linear_unit_forward(c, ly.layer, A.qkv_lin, qkv.data(), A.ln_full.data(), ly.qkv_w, D.bias ? ly.qkv_b : kNoParam, T, h, qkv_local);
+  linear_unit_forward(c, ly.layer, kLinearQkv, A.qkv_lin, qkv.data(), A.ln_full.data(), ly.qkv_w, D.bias ? ly.qkv_b : kNoParam, T, h, qkv_local);
   A.q.resize(sz(T * D.nh_local * D.d));
   A.k.resize(sz(T * D.ng_local * D.d));
   A.v.resize(sz(T * D.ng_local * D.d));
@@ -68,7 +68,7 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
     attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer));
   }
   Buf proj(sz(T * h)), proj_local(sz(Tl * h));
-  linear_unit_forward(c, ly.layer, A.proj_lin, proj.data(), A.ctx.data(), ly.proj_w, kNoParam, T, D.nh_local * D.d, h);
+  linear_unit_forward(c, ly.layer, kLinearProj, A.proj_lin, proj.data(), A.ctx.data(), ly.proj_w, kNoParam, T, D.nh_local * D.d, h);
   c.reduce_tokens(proj.data(), proj_local.data());
   if (D.bias) {
     for (int64_t i = 0; i < Tl * h; ++i) proj_local[sz(i)] += c.P(ly.proj_b)[i % h];
@@ -90,7 +90,7 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
   }
   c.gather_tokens(branch.data(), full.data());
   Buf dctx(sz(T * Hd));
-  linear_unit_backward(c, ly.layer, A.proj_lin, dctx.data(), full.data(), ly.proj_w, kNoParam, A.ctx.data(), T, Hd, h);
+  linear_unit_backward(c, ly.layer, kLinearProj, A.proj_lin, dctx.data(), full.data(), ly.proj_w, kNoParam, A.ctx.data(), T, Hd, h);
   Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size());
   if (D.cp > 1) {
     context_attention_backward(c, ly.layer, dctx, A.q, A.k, A.v, dq, dk, dv, A.cp);
@@ -126,7 +126,7 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
     for (int64_t i = 0; i < T; ++i) std::memcpy(&dq_all[sz(i * D.qh_local * D.d + first)], &dq[sz(i * w)], sz(w) * sizeof(float));
     qkv_merge(dqkv.data(), dq_all.data(), dk.data(), dv.data(), T, D.qh_local, D.ng_local, D.d);
   }
-  linear_unit_backward(c, ly.layer, A.qkv_lin, full.data(), dqkv.data(), ly.qkv_w, D.bias ? ly.qkv_b : kNoParam, A.ln_full.data(), T, h,
+  linear_unit_backward(c, ly.layer, kLinearQkv, A.qkv_lin, full.data(), dqkv.data(), ly.qkv_w, D.bias ? ly.qkv_b : kNoParam, A.ln_full.data(), T, h,
                        qkv_local);
   c.reduce_tokens(full.data(), local.data());
   dx.resize(sz(Tl * h));

@@ -5,6 +5,10 @@
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/linear.h"
 
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
 namespace mt::cpu {
 namespace {
 
@@ -19,17 +23,44 @@ float quantize(const PassContext& c, Buf& q, const float* x, int64_t n, Fp8Forma
   return 1.0f / scale;
 }
 
+// Delayed scaling: quantises with the given scale (and adds the amax to *accumulator when not null); returns 1 / scale.
+float quantize_scaled(Buf& q, const float* x, int64_t n, float scale, Fp8Format format, float* accumulator) {
+  if (accumulator) *accumulator = std::fmax(*accumulator, abs_max(x, n));
+  q.resize(sz(n));
+  fp8_quantize(q.data(), x, n, scale, format);
+  return 1.0f / scale;
+}
+
+// The slot of (layer, site) in the stage's scaling state.
+int64_t fp8_slot(const PassContext& c, int64_t layer, int site) {
+  const int64_t index = c.fp8->index_of(layer);
+  if (index < 0) throw std::logic_error("FP8: layer " + std::to_string(layer) + " has no delayed-scaling state");
+  return index * kFp8Sites + site;
+}
+
 }  // namespace
 
-void linear_unit_forward(const PassContext& c, int64_t layer, LinearStash& s, float* y, const float* x, size_t w, size_t b, int64_t N,
+void linear_unit_forward(const PassContext& c, int64_t layer, int site, LinearStash& s, float* y, const float* x, size_t w, size_t b, int64_t N,
                          int64_t in, int64_t out) {
   const float* bias = b != kNoParam ? c.P(b) : nullptr;
   if (!c.D.fp8_layer(layer)) {
     linear_forward(y, x, c.P(w), bias, N, in, out);
     return;
   }
-  s.x_inv = quantize(c, s.xq, x, N * in, Fp8Format::kE4M3, true);
-  s.w_inv = quantize(c, s.wq, c.P(w), out * in, Fp8Format::kE4M3, false);
+  if (c.fp8) {
+    Fp8ScalingState& st = *c.fp8;
+    const int64_t slot = fp8_slot(c, layer, site);
+    const float sx = st.scales(kFp8Input)[slot];
+    s.x_inv = quantize_scaled(s.xq, x, N * in, sx, Fp8Format::kE4M3, c.fp8_record ? st.amax_accumulator(kFp8Input) + slot : nullptr);
+    // The weight: cast at the iteration's first training microbatch, that cast's scale kept for the rest.
+    float sw = st.scales(kFp8Weight)[slot];
+    if (c.fp8_cast_weights) st.weight_cast_scale[static_cast<size_t>(slot)] = sw;
+    else if (c.training) sw = st.weight_cast_scale[static_cast<size_t>(slot)];
+    s.w_inv = quantize_scaled(s.wq, c.P(w), out * in, sw, Fp8Format::kE4M3, c.fp8_cast_weights ? st.amax_accumulator(kFp8Weight) + slot : nullptr);
+  } else {
+    s.x_inv = quantize(c, s.xq, x, N * in, Fp8Format::kE4M3, true);
+    s.w_inv = quantize(c, s.wq, c.P(w), out * in, Fp8Format::kE4M3, false);
+  }
   gemm(false, true, N, out, in, s.x_inv * s.w_inv, s.xq.data(), in, s.wq.data(), in, 0.0f, y, out);
   if (bias) {
     for (int64_t i = 0; i < N; ++i) {
@@ -38,7 +69,7 @@ void linear_unit_forward(const PassContext& c, int64_t layer, LinearStash& s, fl
   }
 }
 
-void linear_unit_backward(const PassContext& c, int64_t layer, LinearStash& s, float* dx, const float* dy, size_t w, size_t b,
+void linear_unit_backward(const PassContext& c, int64_t layer, int site, LinearStash& s, float* dx, const float* dy, size_t w, size_t b,
                           const float* x, int64_t N, int64_t in, int64_t out) {
   if (!c.D.fp8_layer(layer)) {
     linear_backward_input(dx, dy, c.P(w), N, in, out);
@@ -49,7 +80,14 @@ void linear_unit_backward(const PassContext& c, int64_t layer, LinearStash& s, f
   }
   const Fp8Format grad_format = c.D.fp8_grad_e5m2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
   Buf dyq;
-  const float dy_inv = quantize(c, dyq, dy, N * out, grad_format, true);
+  float dy_inv = 0;
+  if (c.fp8) {
+    const int64_t slot = fp8_slot(c, layer, site);
+    dy_inv = quantize_scaled(dyq, dy, N * out, c.fp8->scales(kFp8GradOutput)[slot], grad_format,
+                             c.fp8_record ? c.fp8->amax_accumulator(kFp8GradOutput) + slot : nullptr);
+  } else {
+    dy_inv = quantize(c, dyq, dy, N * out, grad_format, true);
+  }
   gemm(false, false, N, in, out, dy_inv * s.w_inv, dyq.data(), out, s.wq.data(), in, 0.0f, dx, in);
   if (b != kNoParam) {  // from the unquantised gradient (Transformer Engine's fused cast + bias gradient)
     float* db = c.G(b);

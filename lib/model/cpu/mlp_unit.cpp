@@ -13,13 +13,13 @@ void MlpBody::forward(const PassContext& c, const float* ln, Buf& out, Stash& A)
   A.ln_full.resize(sz(T * h));
   c.gather_tokens(ln, A.ln_full.data());
   A.fc1.resize(sz(T * fc1_out));
-  linear_unit_forward(c, layer, A.fc1_lin, A.fc1.data(), A.ln_full.data(), fc1_w, fc1_b, T, h, fc1_out);
+  linear_unit_forward(c, layer, kLinearFc1, A.fc1_lin, A.fc1.data(), A.ln_full.data(), fc1_w, fc1_b, T, h, fc1_out);
   A.act.resize(sz(T * F));
   if (D.swiglu) swiglu_forward(A.act.data(), A.fc1.data(), T, F);
   else if (D.squared_relu) squared_relu_forward(A.act.data(), A.fc1.data(), T * F);
   else gelu_forward(A.act.data(), A.fc1.data(), T * F);
   Buf fc2(sz(T * h));
-  linear_unit_forward(c, layer, A.fc2_lin, fc2.data(), A.act.data(), fc2_w, kNoParam, T, F, h);
+  linear_unit_forward(c, layer, kLinearFc2, A.fc2_lin, fc2.data(), A.act.data(), fc2_w, kNoParam, T, F, h);
   out.resize(sz(Tl * h));
   c.reduce_tokens(fc2.data(), out.data());
 }
@@ -31,12 +31,12 @@ void MlpBody::backward(const PassContext& c, const float* dy, Buf& dln, Stash& A
   Buf full(sz(T * h));
   c.gather_tokens(dy, full.data());
   Buf dact(sz(T * F));
-  linear_unit_backward(c, layer, A.fc2_lin, dact.data(), full.data(), fc2_w, kNoParam, A.act.data(), T, F, h);
+  linear_unit_backward(c, layer, kLinearFc2, A.fc2_lin, dact.data(), full.data(), fc2_w, kNoParam, A.act.data(), T, F, h);
   Buf dfc1(sz(T * fc1_out));
   if (D.swiglu) swiglu_backward(dfc1.data(), dact.data(), A.fc1.data(), T, F);
   else if (D.squared_relu) squared_relu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * F);
   else gelu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * F);
-  linear_unit_backward(c, layer, A.fc1_lin, full.data(), dfc1.data(), fc1_w, fc1_b, A.ln_full.data(), T, h, fc1_out);
+  linear_unit_backward(c, layer, kLinearFc1, A.fc1_lin, full.data(), dfc1.data(), fc1_w, fc1_b, A.ln_full.data(), T, h, fc1_out);
   dln.resize(sz(Tl * h));
   c.reduce_tokens(full.data(), dln.data());
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "model/fp8_scaling.h"
 #include "model/model_dims.h"
 #include "model/params.h"
 
@@ -49,6 +50,11 @@ struct PassContext {
   float loss_grad_scale = 1;          // backward: the lm loss's gradient scale, which the MoE auxiliary losses share
   MoeStats* moe_stats = nullptr;      // training forward: where MoE layers add their losses and token counts
   WeightGradQueue* deferred = nullptr;  // backward: null runs weight-gradient work at once
+  // FP8's delayed scaling (null: tensorwise, or no FP8): the stage's scales and amax accumulators; whether this pass
+  // records amaxes (a training forward, every backward) and whether it casts the weights (the first training
+  // microbatch of the iteration: later ones reuse that cast's scale, model/fp8_scaling.h).
+  Fp8ScalingState* fp8 = nullptr;
+  bool fp8_record = false, fp8_cast_weights = false;
 
   PassContext(const ModelDims& dims, ParamStore& p, const ProcessGroups& g, uint64_t seed, const Microbatch& mb, int64_t step,
               bool training);

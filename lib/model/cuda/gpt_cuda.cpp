@@ -429,6 +429,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   Scratch& s = *s_;
   // Only this rank's kernels touch it (its size follows this rank's cuBLASLt answer): outside the arena.
   if (bgrad_epilogue_) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
+  if (D.fp8_delayed) init_fp8_scaling(dp);
 
   // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;

@@ -28,6 +28,7 @@
 #include "kernels/cuda/bf16_fwd.h"
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/norm_bf16.h"
+#include "model/fp8_scaling.h"
 #include "model/layout.h"
 #include "model/model_dims.h"
 #include "model/params.h"
@@ -136,6 +137,11 @@ class CudaGPT {
   const float* moe_stats() const { return moe_acc_; }
   int64_t moe_layer_count() const { return moe_layers_; }
   void zero_moe_stats();
+  // FP8's delayed scaling (model/fp8_scaling.h): whether this model uses it, and its state (scales, amax histories,
+  // the weights' cast scales) copied from the device (waits for the stream) or to it, for checkpoints.
+  bool fp8_delayed() const { return f8_scale_ != nullptr; }
+  Fp8ScalingState fp8_scaling_state() const;
+  void set_fp8_scaling_state(const Fp8ScalingState& state);
 
  private:
   struct LayerW;
@@ -195,6 +201,9 @@ class CudaGPT {
     // A deferred backward's output gradients per layer (allocated at the slot's first deferral): of the MLP
     // block and the attention block ([T, h]), of fc1 ([T, F1]) and of the QKV projection ([T, Wq]).
     std::vector<cuda::bf16*> dy_mlp, dfc1, dy_attn, dqkv;
+    // FP8 delayed scaling: the input scales its forward cast with (its recompute and weight gradients cast with them
+    // again) and the output-gradient scales of its backward (its deferred weight gradients'), [L_ x 4 sites] each.
+    float *f8_x_scale = nullptr, *f8_dy_scale = nullptr;
   };
   Slot* defer_into_ = nullptr;  // during a deferring backward: where layer_backward saves the output gradients
   void save_for_weights(std::vector<cuda::bf16*>& into, int64_t l, const cuda::bf16* from, int64_t width, int64_t T);
@@ -231,6 +240,19 @@ class CudaGPT {
   bool fp8_layer(int64_t l) const { return D_.fp8_layer(first_layer_ + l); }
   const Record* fp8_dyt_record_ = nullptr;  // whose dy the scratch's transposed FP8 dy holds (and its site)
   int fp8_dyt_site_ = -1;
+  // FP8 delayed scaling, the host state's layout on the device (slot l * 4 + site of this chunk's layers): scales
+  // [3][n], amax histories [len][3][n] (entry 0: the accumulators, reduced over TP x DP x CP by fp8_update), the
+  // weights' cast scales [n]. f8_record_: casts add to the accumulators (a training forward; not a recompute);
+  // f8_training_: the weights cast with this iteration's cast scales (else the current ones: evaluation);
+  // f8_cast_weights_: this forward is the iteration's first (it takes the weights' cast scales and their amaxes).
+  Fp8DelayedRecipe f8_recipe_;
+  int64_t f8_slots_ = 0;
+  float *f8_scale_ = nullptr, *f8_history_ = nullptr, *f8_wcast_ = nullptr;
+  bool f8_record_ = false, f8_training_ = false, f8_cast_weights_ = false, f8_weights_due_ = true;
+  StreamCollectives* amax_group_ = nullptr;  // DP x CP (null: one rank); TP through tp_
+  void init_fp8_scaling(StreamCollectives* dp);
+  void fp8_update(int first_kind, int last_kind);
+  float* fp8_slot_scales(bool grad) const;  // the active slot's snapshot
   void join_wgrad();
   void wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const cuda::bf16* dy, const cuda::bf16* x, int64_t h, int64_t w_off,
                        int64_t b_off);

@@ -5,10 +5,15 @@
 //   forward  y [T, out]  = x [T, in] . W [out, in]^T          (x, W row-major as they are)
 //   dgrad    dx [T, in]  = dy [T, out] . (W^T [in, out])^T     (W^T cast from W with the forward's amax)
 //   wgrad    dW [out, in] += dy^T [out, T] . (x^T [in, T])^T   (dy^T from the dgrad's cast, x^T with the forward's amax)
+// Delayed scaling (model/fp8_scaling.h): the casts take their scales from the state and add their amaxes to its
+// accumulators in the same pass (no amax pass); the transposes cast again with the scales of the first cast.
+#include <stdexcept>
+
 #include "kernels/cuda/bias_grad.h"
 #include "kernels/cuda/fp8_cast.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "model/cuda/gpt_cuda_state.h"
+#include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/op_profiler.h"
 
 namespace mt {
@@ -16,6 +21,61 @@ namespace mt {
 namespace {
 cudaDataType_t cuda_type(cuda::Fp8Type t) { return t == cuda::Fp8Type::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 }  // namespace
+
+void CudaGPT::init_fp8_scaling(StreamCollectives* dp) {
+  for (int64_t l = 0; l < L_; ++l) {
+    if (!fp8_layer(l)) throw std::logic_error("CUDA model: FP8 delayed scaling with a layer in 16 bits (refused by the validation)");
+  }
+  f8_recipe_ = fp8_delayed_recipe(D_);
+  f8_slots_ = L_ * kFp8Sites;
+  amax_group_ = dp;
+  const auto n = static_cast<size_t>(f8_slots_), len = static_cast<size_t>(f8_recipe_.history_len);
+  f8_scale_ = static_cast<float*>(alloc(3 * n * 4));
+  f8_history_ = static_cast<float*>(alloc(3 * len * n * 4));
+  f8_wcast_ = static_cast<float*>(alloc(n * 4));
+  for (Slot& slot : slots_) {
+    slot.f8_x_scale = static_cast<float*>(alloc(n * 4));
+    slot.f8_dy_scale = static_cast<float*>(alloc(n * 4));
+  }
+  std::vector<int64_t> layers;
+  for (int64_t l = 0; l < L_; ++l) layers.push_back(first_layer_ + l);
+  set_fp8_scaling_state(Fp8ScalingState(f8_recipe_, layers));
+}
+
+Fp8ScalingState CudaGPT::fp8_scaling_state() const {
+  std::vector<int64_t> layers;
+  for (int64_t l = 0; l < L_; ++l) layers.push_back(first_layer_ + l);
+  Fp8ScalingState st(f8_recipe_, layers);
+  MT_CUDA_CHECK(cudaMemcpyAsync(st.scale.data(), f8_scale_, st.scale.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  MT_CUDA_CHECK(cudaMemcpyAsync(st.history.data(), f8_history_, st.history.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  MT_CUDA_CHECK(cudaMemcpyAsync(st.weight_cast_scale.data(), f8_wcast_, st.weight_cast_scale.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return st;
+}
+
+void CudaGPT::set_fp8_scaling_state(const Fp8ScalingState& st) {
+  if (st.slots() != f8_slots_ || st.recipe.history_len != f8_recipe_.history_len) throw std::logic_error("CUDA model: FP8 scaling state of another shape");
+  MT_CUDA_CHECK(cudaMemcpyAsync(f8_scale_, st.scale.data(), st.scale.size() * 4, cudaMemcpyHostToDevice, stream_));
+  MT_CUDA_CHECK(cudaMemcpyAsync(f8_history_, st.history.data(), st.history.size() * 4, cudaMemcpyHostToDevice, stream_));
+  MT_CUDA_CHECK(cudaMemcpyAsync(f8_wcast_, st.weight_cast_scale.data(), st.weight_cast_scale.size() * 4, cudaMemcpyHostToDevice, stream_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // (the host copies are the caller's)
+}
+
+void CudaGPT::fp8_update(int first_kind, int last_kind) {
+  const int64_t n = f8_slots_, count = (last_kind - first_kind + 1) * n;
+  float* acc = f8_history_ + first_kind * n;  // the kinds' accumulators, contiguous
+  if (tp_) MT_PROF("fp8.amax_reduce", tp_->all_reduce_on(acc, count, WireType::kF32, ReduceOp::kMax, stream_));
+  if (amax_group_) MT_PROF("fp8.amax_reduce", amax_group_->all_reduce_on(acc, count, WireType::kF32, ReduceOp::kMax, stream_));
+  for (int k = first_kind; k <= last_kind; ++k) {
+    MT_PROF("fp8.scale_update", cuda::fp8_delayed_update(f8_scale_ + k * n, f8_history_ + k * n, n, 3 * n, f8_recipe_.history_len,
+                                                         f8_recipe_.max_algo, f8_recipe_.scaled_max(k != kFp8GradOutput), stream_));
+  }
+}
+
+float* CudaGPT::fp8_slot_scales(bool grad) const {
+  const Slot& slot = slots_[static_cast<size_t>(active_)];
+  return grad ? slot.f8_dy_scale : slot.f8_x_scale;
+}
 
 void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const bf16* x, int64_t w_off,
                              const bf16* bias, bf16* y) {
@@ -25,13 +85,22 @@ void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, i
     return;
   }
   Scratch& s = *s_;
-  float* amax_x = r.f8_amax + 2 * site;
-  float* amax_w = amax_x + 1;
   const auto e4m3 = cuda::Fp8Type::kE4M3;
-  MT_PROF("fwd.fp8_cast", cuda::fp8_amax(x, T * in, amax_x, stream_));
-  MT_PROF("fwd.fp8_cast", cuda::fp8_cast(x, T, in, amax_x, e4m3, s.f8_row, nullptr, s.f8_scalar(0), stream_));
-  MT_PROF("fwd.fp8_cast", cuda::fp8_amax(w(w_off), out * in, amax_w, stream_));
-  MT_PROF("fwd.fp8_cast", cuda::fp8_cast(w(w_off), out, in, amax_w, e4m3, s.f8_w, nullptr, s.f8_scalar(1), stream_));
+  if (f8_scale_) {
+    const int64_t slot = l * kFp8Sites + site, n = f8_slots_;
+    float* acc_x = f8_record_ ? f8_history_ + kFp8Input * n + slot : nullptr;
+    float* acc_w = f8_cast_weights_ ? f8_history_ + kFp8Weight * n + slot : nullptr;
+    const float* scale_w = f8_training_ ? f8_wcast_ + slot : f8_scale_ + kFp8Weight * n + slot;
+    MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(x, T, in, fp8_slot_scales(false) + slot, acc_x, e4m3, s.f8_row, nullptr, s.f8_scalar(0), stream_));
+    MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, scale_w, acc_w, e4m3, s.f8_w, nullptr, s.f8_scalar(1), stream_));
+  } else {
+    float* amax_x = r.f8_amax + 2 * site;
+    float* amax_w = amax_x + 1;
+    MT_PROF("fwd.fp8_cast", cuda::fp8_amax(x, T * in, amax_x, stream_));
+    MT_PROF("fwd.fp8_cast", cuda::fp8_cast(x, T, in, amax_x, e4m3, s.f8_row, nullptr, s.f8_scalar(0), stream_));
+    MT_PROF("fwd.fp8_cast", cuda::fp8_amax(w(w_off), out * in, amax_w, stream_));
+    MT_PROF("fwd.fp8_cast", cuda::fp8_cast(w(w_off), out, in, amax_w, e4m3, s.f8_w, nullptr, s.f8_scalar(1), stream_));
+  }
   MT_PROF(name, lt.gemm_fp8(T, out, in, 1.0f, s.f8_row, CUDA_R_8F_E4M3, s.f8_scalar(0), s.f8_w, CUDA_R_8F_E4M3, s.f8_scalar(1), 0.0f, y, out,
                             CUDA_R_16BF, bias, true, stream_));
 }
@@ -45,9 +114,17 @@ void CudaGPT::linear_dgrad(int64_t l, Record& r, int site, const char* name, int
   }
   Scratch& s = *s_;
   const auto grad = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3;
-  MT_PROF("bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), stream_));
-  MT_PROF("bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, s.f8_row, D_.fp8_wgrad ? s.f8_dyt : nullptr, s.f8_scalar(3), stream_));
-  MT_PROF("bwd.fp8_cast", cuda::fp8_cast(w(w_off), out, in, r.f8_amax + 2 * site + 1, cuda::Fp8Type::kE4M3, nullptr, s.f8_w, s.f8_scalar(1), stream_));
+  if (f8_scale_) {
+    const int64_t slot = l * kFp8Sites + site;
+    MT_PROF("bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, fp8_slot_scales(true) + slot, f8_history_ + kFp8GradOutput * f8_slots_ + slot, grad,
+                                                  s.f8_row, D_.fp8_wgrad ? s.f8_dyt : nullptr, s.f8_scalar(3), stream_));
+    MT_PROF("bwd.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, f8_wcast_ + slot, nullptr, cuda::Fp8Type::kE4M3, nullptr, s.f8_w,
+                                                  s.f8_scalar(1), stream_));
+  } else {
+    MT_PROF("bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), stream_));
+    MT_PROF("bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, s.f8_row, D_.fp8_wgrad ? s.f8_dyt : nullptr, s.f8_scalar(3), stream_));
+    MT_PROF("bwd.fp8_cast", cuda::fp8_cast(w(w_off), out, in, r.f8_amax + 2 * site + 1, cuda::Fp8Type::kE4M3, nullptr, s.f8_w, s.f8_scalar(1), stream_));
+  }
   MT_PROF(name, lt.gemm_fp8(T, in, out, 1.0f, s.f8_row, cuda_type(grad), s.f8_scalar(3), s.f8_w, CUDA_R_8F_E4M3, s.f8_scalar(1), 0.0f, dx, in,
                             CUDA_R_16BF, nullptr, false, stream_));
   fp8_dyt_record_ = D_.fp8_wgrad ? &r : nullptr;
@@ -62,11 +139,21 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
   }
   Scratch& s = *s_;
   const auto grad = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3;
-  if (fp8_dyt_record_ != &r || fp8_dyt_site_ != site) {  // a deferred weight gradient: dy's cast again (the same amax, the same bytes)
-    MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), ws));
-    MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
+  const int64_t slot = l * kFp8Sites + site;
+  if (fp8_dyt_record_ != &r || fp8_dyt_site_ != site) {  // a deferred weight gradient: dy's cast again (the same scale, the same bytes)
+    if (f8_scale_) {
+      MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, fp8_slot_scales(true) + slot, nullptr, grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
+    } else {
+      MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), ws));
+      MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
+    }
   }
-  MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(x, T, in, r.f8_amax + 2 * site, cuda::Fp8Type::kE4M3, nullptr, s.f8_xt, s.f8_scalar(4), ws));
+  if (f8_scale_) {
+    MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast_scaled(x, T, in, fp8_slot_scales(false) + slot, nullptr, cuda::Fp8Type::kE4M3, nullptr, s.f8_xt,
+                                                         s.f8_scalar(4), ws));
+  } else {
+    MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(x, T, in, r.f8_amax + 2 * site, cuda::Fp8Type::kE4M3, nullptr, s.f8_xt, s.f8_scalar(4), ws));
+  }
   MT_PROF_ON(ws, name, cuda::GemmLt::instance().gemm_fp8(out, in, T, 1.0f, s.f8_dyt, cuda_type(grad), s.f8_scalar(3), s.f8_xt, CUDA_R_8F_E4M3,
                                                          s.f8_scalar(4), 1.0f, g(w_off), in, CUDA_R_32F, nullptr, false, ws));
   if (b_off >= 0) MT_PROF_ON(ws, "bwd.bias_grad", cuda::bias_grad_bf16(g(b_off), dy, T, out, ws, dt_));

@@ -156,6 +156,14 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
     }
   }
   moe_record_stats_ = grad_scale > 0.0f;  // the MoE statistics of training forwards (not evaluation, not a recompute)
+  if (f8_scale_) {  // FP8 delayed scaling: this microbatch's input scales, and at the iteration's first the weights' cast scales
+    const bool training = grad_scale > 0.0f;
+    f8_record_ = f8_training_ = training;
+    f8_cast_weights_ = training && f8_weights_due_;
+    const size_t bytes = static_cast<size_t>(f8_slots_) * 4;
+    MT_CUDA_CHECK(cudaMemcpyAsync(slots_[static_cast<size_t>(slot)].f8_x_scale, f8_scale_ + kFp8Input * f8_slots_, bytes, cudaMemcpyDeviceToDevice, stream_));
+    if (f8_cast_weights_) MT_CUDA_CHECK(cudaMemcpyAsync(f8_wcast_, f8_scale_ + kFp8Weight * f8_slots_, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
   // Forward
   need_params(embed_end_);
   if (pre_) {
@@ -210,6 +218,11 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   }
   slots_[static_cast<size_t>(slot)].forwarded = grad_scale > 0.0f;
   moe_record_stats_ = false;
+  if (f8_scale_ && grad_scale > 0.0f) {  // the forward scales (TE: at the fp8_autocast's exit)
+    f8_weights_due_ = false;
+    fp8_update(kFp8Input, kFp8Weight);
+  }
+  f8_record_ = f8_cast_weights_ = false;
 }
 
 void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* output_grad, float* input_grad, bool defer_weights) {
@@ -223,6 +236,12 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
   defer_into_ = defer_weights ? &slots_[static_cast<size_t>(slot)] : nullptr;
   slots_[static_cast<size_t>(slot)].weights_due = defer_weights;
   const std::function<void(int64_t)> hook = defer_weights ? std::function<void(int64_t)>() : grads_ready_;
+  if (f8_scale_) {  // FP8 delayed scaling: this backward's output-gradient scales; recomputed layers record nothing
+    MT_CUDA_CHECK(cudaMemcpyAsync(slots_[static_cast<size_t>(slot)].f8_dy_scale, f8_scale_ + kFp8GradOutput * f8_slots_,
+                                  static_cast<size_t>(f8_slots_) * 4, cudaMemcpyDeviceToDevice, stream_));
+    f8_record_ = f8_cast_weights_ = false;
+    f8_training_ = true;
+  }
   const ModelDims& D = D_;
   Scratch& s = *s_;
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
@@ -282,6 +301,10 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
   // (the optimizer follows the compute stream).
   if (split_forward_) wait_tp_stream();
   defer_into_ = nullptr;
+  if (f8_scale_) {  // the output-gradient scales (TE: at the end of the microbatch's backward)
+    fp8_update(kFp8GradOutput, kFp8GradOutput);
+    if (final_backward_) f8_weights_due_ = true;
+  }
   if (!pre_) {  // the previous stage's output gradient
     MT_PROF("pp.input_grad", MT_CUDA_CHECK(cudaMemcpyAsync(input_grad, s.dres, boundary_gradient_bytes(T), cudaMemcpyDeviceToDevice, stream_)));
     // This stage's parameters start at its first layer (another chunk of the rank may still be computing
