@@ -4,7 +4,7 @@
 # (loss curves, recompute, checkpoint resume), NCCL collectives under mpirun and torchrun-style launches, and
 # with 2 or more GPUs the TP / TP+SP / DP layouts against the CPU engine (CTest label gpu; without a GPU
 # they report SKIP), LLaMA's layouts again in fp16; then a short GPU training run of each model family
-# under compute-sanitizer memcheck (bf16, LLaMA in fp16, MoE, FP8 and optimizer offload too; with 2 GPUs also TP 2 + SP), when
+# under compute-sanitizer memcheck (bf16, LLaMA in fp16, MoE, FP8 tensorwise and delayed, and optimizer offload too; with 2 GPUs also TP 2 + SP), when
 # the tool is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,9 +37,11 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   M="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3"
   # (and FP8's casts and GEMMs, tensorwise, GPT's biases and GELU apart from the GEMM)
   F8="--fp8-format hybrid --fp8-recipe tensorwise"
+  # (and delayed scaling: the scaled casts gathering their amaxes, the update kernel, the recompute's snapshots)
+  F8D="--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max"
   # (and the optimizer offloaded by half: pinned staging, the copy streams, the host update)
   OFF="--optimizer-cpu-offload --optimizer-offload-fraction 0.5"
-  for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L" "--bf16 $L $M" "--bf16 $L $F8" "--bf16 $F8" "--bf16 $L $OFF"; do
+  for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L" "--bf16 $L $M" "--bf16 $L $F8" "--bf16 $F8" "--bf16 $L $F8D" "--bf16 $L $OFF"; do
     # shellcheck disable=SC2086
     out=$(compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S $extra 2>&1) || {
       echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck"; exit 1; }

@@ -159,6 +159,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     }
     no(c.parallel.tensor_model_parallel_size > 1,
        "FP8 with tensor parallelism has not run on GPUs yet (its amax reduction over TP): use --device cpu, or TP 1 on the CUDA engine");
+    no(c.precision.fp8_recipe == "delayed" && c.derived.data_parallel_size > 1,
+       "FP8 delayed scaling with data parallelism has not run on GPUs yet (its amax reduction over DP): use --fp8-recipe tensorwise, or "
+       "--device cpu");
     const int64_t h = *c.model.hidden_size, heads = *c.model.num_attention_heads, d = c.model.kv_channels.value_or(h / heads);
     const int64_t F = c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(h, c.model.swiglu));
     const int64_t groups = c.derived.num_query_groups, T = c.training.micro_batch_size.value_or(1) * c.data.seq_length.value_or(16);

@@ -185,6 +185,13 @@ TEST_CASE("fp8: Megatron's FP8 flags are checked, and recipes not implemented ar
   mt::Config delayed = c;
   delayed.precision.fp8_recipe = "delayed";
   CHECK(refused(delayed).empty());
+#ifdef MEGATRAIN_HAVE_CUDA
+  mt::Config delayed_dp = delayed;  // the CUDA engine's amax reduction over DP has not run on GPUs: refused there by name
+  delayed_dp.derived.data_parallel_size = 2;
+  std::string cuda_refusals;
+  for (const auto& r : mt::cuda_engine_gaps(delayed_dp, 2)) cuda_refusals += r + "\n";
+  CHECK_THAT(cuda_refusals, MT_CONTAINS("FP8 delayed scaling with data parallelism has not run on GPUs"));
+#endif
   delayed.precision.first_last_layers_bf16 = true;  // Megatron: "Delayed scaling does not support first / last layer in BF16."
   CHECK_THAT(errors_of(delayed), MT_CONTAINS("--first-last-layers-bf16 does not work with --fp8-recipe delayed"));
   mt::Config blockwise = c;
