@@ -71,6 +71,8 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   }
   bytes += a * sb * h / rep;  // fc1 input (norm output)
   if (!recompute_mlp) bytes += a * sb * F * (mult + 1) / t;  // fc1 output(s) and activation output
+  const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
+  if (c.precision.fp8_format && fp8_wgrad) bytes += sb * (2 * h + n * d / t + F / t);  // FP8: the four GEMM inputs' transposes (1 byte)
   return bytes;
 }
 
@@ -91,9 +93,7 @@ double working_bytes_per_token(const Config& c) {
   bytes += a * (F + F1);                       // the MLP's activation and fc1 gradients
   if (sp || res != 4.0) bytes += 4.0 * h;      // the embedding's fp32 sum (and SP's gradient gather)
   if (sp) bytes += 3.0 * a * h / r + 2.0 * a * h;  // SP's local rows and gathers
-  if (c.precision.fp8_format) {                // an FP8 operand, dy^T, x^T (1 byte each)
-    bytes += std::max({h, Hd, F, Wq, F1}) + std::max({Wq, h, F1}) + std::max({h, Hd, F});
-  }
+  if (c.precision.fp8_format) bytes += std::max({h, Hd, F, Wq, F1}) + std::max({Wq, h, F1});  // an FP8 operand, dy^T (1 byte each)
   if (c.moe.num_experts) {  // the experts' gradients for top-k copies of each token, the router's
     const double k = static_cast<double>(c.moe.moe_router_topk);
     const double Fm = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F * t)));

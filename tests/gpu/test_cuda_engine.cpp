@@ -737,7 +737,7 @@ int main() {
                 "--num-layers-at-end-in-bf16 0 ");
   // FP8 (delayed scaling, Megatron's default): the scales from the amax histories, updated per microbatch; the
   // recompute casts with its forward's scales; the histories' max and the margin.
-  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed ");
+  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --eval-iters 2 --eval-interval 10 ");  // (and evaluation)
   test_training("gpt", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe delayed ");
   test_training("llama-recompute", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 "
                 "--fp8-amax-compute-algo max --fp8-margin 1 ");

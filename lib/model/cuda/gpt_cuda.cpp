@@ -250,7 +250,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   };
   // A layer's record: the dense MLP's buffers for a dense layer, the MoE buffers for an MoE layer (the shared
   // recompute record: whichever the stage's layers need).
-  auto full_record = [&](Record& r, bool dense_mlp, bool moe) {
+  auto full_record = [&](Record& r, bool dense_mlp, bool moe, bool fp8) {
     r.xn1 = b16(h);
     r.mean1 = f32(1, rows_l);
     r.rstd1 = f32(1, rows_l);
@@ -280,7 +280,15 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       r.ex_out = b16(h, k);
       r.aux_dscale = static_cast<float*>(alloc(static_cast<size_t>(experts_) * 4));
     }
-    if (D.fp8) r.f8_amax = static_cast<float*>(alloc(8 * sizeof(float)));
+    if (fp8) {
+      r.f8_amax = static_cast<float*>(alloc(8 * sizeof(float)));
+      const int64_t widths[4] = {h, Hd, h, F};  // the sites' inputs: QKV, projection, fc1, fc2
+      for (int site = 0; D.fp8_wgrad && site < 4; ++site) {  // (--no-fp8-wgrad: the weight gradients read x in bf16)
+        act_bytes_ += bytes(widths[site], 1, 1.0);
+        r.f8_xt[site] = static_cast<uint8_t*>(alloc(bytes(widths[site], 1, 1.0)));
+      }
+      r.f8_xinv = static_cast<float*>(alloc(4 * 64 * sizeof(float)));
+    }
     if (D.qk_norm) {
       r.q_pre = b16(Hd);
       r.k_pre = b16(KVd);
@@ -313,12 +321,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     for (int64_t l = 0; l < L_; ++l) {
       auto r = std::make_unique<Record>();
       r->x_in = res(h, rows_l);
-      if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r, !layers_[static_cast<size_t>(l)].moe, layers_[static_cast<size_t>(l)].moe);
+      if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r, !layers_[static_cast<size_t>(l)].moe, layers_[static_cast<size_t>(l)].moe, fp8_layer(l));
       records_.push_back(std::move(r));
     }
     if (full_recompute_) {
       recompute_record_ = std::make_unique<Record>();
-      full_record(*recompute_record_, moe_layers_ < L_, moe_layers_ > 0);
+      bool fp8_recomputed = false;
+      for (int64_t l = 0; l < L_; ++l) fp8_recomputed = fp8_recomputed || (recompute_layer_[static_cast<size_t>(l)] && fp8_layer(l));
+      full_record(*recompute_record_, moe_layers_ < L_, moe_layers_ > 0, fp8_recomputed);
     }
     // The other slots' records and output-layer activations (slot 0's are records_ and the scratch's).
     slots_.clear();
@@ -327,7 +337,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       for (int64_t l = 0; l < L_; ++l) {
         auto r = std::make_unique<Record>();
         r->x_in = res(h, rows_l);
-        if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r, !layers_[static_cast<size_t>(l)].moe, layers_[static_cast<size_t>(l)].moe);
+        if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r, !layers_[static_cast<size_t>(l)].moe, layers_[static_cast<size_t>(l)].moe, fp8_layer(l));
         slots_[k].records.push_back(std::move(r));
       }
       if (post_) {  // what the output layer's backward reads
@@ -362,7 +372,6 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       const auto widest = static_cast<size_t>(std::max({h, Hd, F, Wq, F1}));
       s.f8_row = static_cast<uint8_t*>(alloc(t * widest));
       s.f8_dyt = static_cast<uint8_t*>(alloc(t * static_cast<size_t>(std::max({Wq, h, F1}))));
-      s.f8_xt = static_cast<uint8_t*>(alloc(t * static_cast<size_t>(std::max({h, Hd, F}))));
       s.f8_w = static_cast<uint8_t*>(alloc(static_cast<size_t>(std::max({Wq * h, h * Hd, F1 * h, h * F}))));
       s.f8_scalars = static_cast<float*>(alloc(5 * 64 * sizeof(float)));
     }

@@ -201,8 +201,8 @@ class CudaGPT {
     // A deferred backward's output gradients per layer (allocated at the slot's first deferral): of the MLP
     // block and the attention block ([T, h]), of fc1 ([T, F1]) and of the QKV projection ([T, Wq]).
     std::vector<cuda::bf16*> dy_mlp, dfc1, dy_attn, dqkv;
-    // FP8 delayed scaling: the input scales its forward cast with (its recompute and weight gradients cast with them
-    // again) and the output-gradient scales of its backward (its deferred weight gradients'), [L_ x 4 sites] each.
+    // FP8 delayed scaling: the input scales its forward cast with (its recompute casts with them again) and the
+    // output-gradient scales of its backward (its deferred weight gradients' dy^T), [L_ x 4 sites] each.
     float *f8_x_scale = nullptr, *f8_dy_scale = nullptr;
   };
   Slot* defer_into_ = nullptr;  // during a deferring backward: where layer_backward saves the output gradients
@@ -249,6 +249,7 @@ class CudaGPT {
   int64_t f8_slots_ = 0;
   float *f8_scale_ = nullptr, *f8_history_ = nullptr, *f8_wcast_ = nullptr;
   bool f8_record_ = false, f8_training_ = false, f8_cast_weights_ = false, f8_weights_due_ = true;
+  bool f8_keep_xt_ = false;  // FP8 (either recipe): the forward's cast writes x^T for the weight gradient (not in evaluation)
   StreamCollectives* amax_group_ = nullptr;  // DP x CP (null: one rank); TP through tp_
   void init_fp8_scaling(StreamCollectives* dp);
   void fp8_update(int first_kind, int last_kind);

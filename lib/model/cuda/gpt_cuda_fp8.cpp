@@ -4,9 +4,11 @@
 // scales; the forward accumulates fast (split-accumulator off), the gradient GEMMs precisely, as TE does.
 //   forward  y [T, out]  = x [T, in] . W [out, in]^T          (x, W row-major as they are)
 //   dgrad    dx [T, in]  = dy [T, out] . (W^T [in, out])^T     (W^T cast from W with the forward's amax)
-//   wgrad    dW [out, in] += dy^T [out, T] . (x^T [in, T])^T   (dy^T from the dgrad's cast, x^T with the forward's amax)
+//   wgrad    dW [out, in] += dy^T [out, T] . (x^T [in, T])^T   (dy^T from the dgrad's cast, x^T written by the forward's
+//                                                               cast beside x, kept in the layer's record)
 // Delayed scaling (model/fp8_scaling.h): the casts take their scales from the state and add their amaxes to its
-// accumulators in the same pass (no amax pass); the transposes cast again with the scales of the first cast.
+// accumulators in the same pass (no amax pass); W^T (and a deferred weight gradient's dy^T) cast again with the
+// scales of the first cast.
 #include <stdexcept>
 
 #include "kernels/cuda/bias_grad.h"
@@ -86,22 +88,24 @@ void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, i
   }
   Scratch& s = *s_;
   const auto e4m3 = cuda::Fp8Type::kE4M3;
+  float* x_inv = r.f8_xinv + 64 * site;  // (x^T, kept for the weight gradient, carries it too)
+  uint8_t* x_t = D_.fp8_wgrad && f8_keep_xt_ ? r.f8_xt[site] : nullptr;  // (not in evaluation: no backward reads it)
   if (f8_scale_) {
     const int64_t slot = l * kFp8Sites + site, n = f8_slots_;
     float* acc_x = f8_record_ ? f8_history_ + kFp8Input * n + slot : nullptr;
     float* acc_w = f8_cast_weights_ ? f8_history_ + kFp8Weight * n + slot : nullptr;
     const float* scale_w = f8_training_ ? f8_wcast_ + slot : f8_scale_ + kFp8Weight * n + slot;
-    MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(x, T, in, fp8_slot_scales(false) + slot, acc_x, e4m3, s.f8_row, nullptr, s.f8_scalar(0), stream_));
+    MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(x, T, in, fp8_slot_scales(false) + slot, acc_x, e4m3, s.f8_row, x_t, x_inv, stream_));
     MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, scale_w, acc_w, e4m3, s.f8_w, nullptr, s.f8_scalar(1), stream_));
   } else {
     float* amax_x = r.f8_amax + 2 * site;
     float* amax_w = amax_x + 1;
     MT_PROF("fwd.fp8_cast", cuda::fp8_amax(x, T * in, amax_x, stream_));
-    MT_PROF("fwd.fp8_cast", cuda::fp8_cast(x, T, in, amax_x, e4m3, s.f8_row, nullptr, s.f8_scalar(0), stream_));
+    MT_PROF("fwd.fp8_cast", cuda::fp8_cast(x, T, in, amax_x, e4m3, s.f8_row, x_t, x_inv, stream_));
     MT_PROF("fwd.fp8_cast", cuda::fp8_amax(w(w_off), out * in, amax_w, stream_));
     MT_PROF("fwd.fp8_cast", cuda::fp8_cast(w(w_off), out, in, amax_w, e4m3, s.f8_w, nullptr, s.f8_scalar(1), stream_));
   }
-  MT_PROF(name, lt.gemm_fp8(T, out, in, 1.0f, s.f8_row, CUDA_R_8F_E4M3, s.f8_scalar(0), s.f8_w, CUDA_R_8F_E4M3, s.f8_scalar(1), 0.0f, y, out,
+  MT_PROF(name, lt.gemm_fp8(T, out, in, 1.0f, s.f8_row, CUDA_R_8F_E4M3, x_inv, s.f8_w, CUDA_R_8F_E4M3, s.f8_scalar(1), 0.0f, y, out,
                             CUDA_R_16BF, bias, true, stream_));
 }
 
@@ -148,14 +152,8 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
     }
   }
-  if (f8_scale_) {
-    MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast_scaled(x, T, in, fp8_slot_scales(false) + slot, nullptr, cuda::Fp8Type::kE4M3, nullptr, s.f8_xt,
-                                                         s.f8_scalar(4), ws));
-  } else {
-    MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(x, T, in, r.f8_amax + 2 * site, cuda::Fp8Type::kE4M3, nullptr, s.f8_xt, s.f8_scalar(4), ws));
-  }
-  MT_PROF_ON(ws, name, cuda::GemmLt::instance().gemm_fp8(out, in, T, 1.0f, s.f8_dyt, cuda_type(grad), s.f8_scalar(3), s.f8_xt, CUDA_R_8F_E4M3,
-                                                         s.f8_scalar(4), 1.0f, g(w_off), in, CUDA_R_32F, nullptr, false, ws));
+  MT_PROF_ON(ws, name, cuda::GemmLt::instance().gemm_fp8(out, in, T, 1.0f, s.f8_dyt, cuda_type(grad), s.f8_scalar(3), r.f8_xt[site], CUDA_R_8F_E4M3,
+                                                         r.f8_xinv + 64 * site, 1.0f, g(w_off), in, CUDA_R_32F, nullptr, false, ws));
   if (b_off >= 0) MT_PROF_ON(ws, "bwd.bias_grad", cuda::bias_grad_bf16(g(b_off), dy, T, out, ws, dt_));
   fp8_dyt_record_ = nullptr;
 }

@@ -36,8 +36,12 @@ struct CudaGPT::Record {
   bf16 *ex_rows = nullptr, *ex_fc1 = nullptr, *ex_act = nullptr, *ex_out = nullptr;
   std::vector<int32_t> per_expert;
   // FP8 layers: per linear site, the amax of its input and of its weight from the forward [4 x 2] (the backward
-  // casts their transposes with the same scales).
+  // casts the weight's transpose with the same scale), the input's transpose x^T in FP8 that the forward's cast wrote
+  // beside x (the weight gradient's operand: [h, T], [Hd, T], [h, T], [F, T]) and the inverse scales they carry
+  // (f8_xinv + 64 site: 256 bytes apart, as cuBLASLt assumes of its scale pointers).
   float* f8_amax = nullptr;
+  uint8_t* f8_xt[4] = {};
+  float* f8_xinv = nullptr;
 };
 
 // [T, .] unless marked [Tl, .]; the *_l buffers exist under sequence parallelism only.
@@ -62,10 +66,9 @@ struct CudaGPT::Scratch {
   int32_t *counts = nullptr, *counts_aux = nullptr, *offsets = nullptr, *counts_host = nullptr;
   float* wgrad_parts = nullptr;  // the router weight gradient's partial sums
   // FP8 layers: an FP8 operand [T, widest] (the forward's input, the backward's dy), a weight or its transpose,
-  // dy^T and x^T for the weight gradient, and the scalars f8_scalar(i) (256 bytes apart, the alignment cuBLASLt
-  // assumes of its scale pointers): 0 x's inverse scale, 1 the weight's, 2 dy's amax, 3 dy's inverse scale, 4
-  // x^T's inverse scale.
-  uint8_t *f8_row = nullptr, *f8_w = nullptr, *f8_dyt = nullptr, *f8_xt = nullptr;
+  // dy^T for the weight gradient, and the scalars f8_scalar(i) (256 bytes apart, the alignment cuBLASLt assumes of
+  // its scale pointers): 1 the weight's inverse scale, 2 dy's amax, 3 dy's inverse scale.
+  uint8_t *f8_row = nullptr, *f8_w = nullptr, *f8_dyt = nullptr;
   float* f8_scalars = nullptr;
   float* f8_scalar(int i) const { return f8_scalars + 64 * i; }
 };

@@ -156,6 +156,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
     }
   }
   moe_record_stats_ = grad_scale > 0.0f;  // the MoE statistics of training forwards (not evaluation, not a recompute)
+  f8_keep_xt_ = grad_scale > 0.0f;
   if (f8_scale_) {  // FP8 delayed scaling: this microbatch's input scales, and at the iteration's first the weights' cast scales
     const bool training = grad_scale > 0.0f;
     f8_record_ = f8_training_ = training;
@@ -236,6 +237,7 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
   defer_into_ = defer_weights ? &slots_[static_cast<size_t>(slot)] : nullptr;
   slots_[static_cast<size_t>(slot)].weights_due = defer_weights;
   const std::function<void(int64_t)> hook = defer_weights ? std::function<void(int64_t)>() : grads_ready_;
+  f8_keep_xt_ = true;  // (a recomputed layer's cast writes its x^T again)
   if (f8_scale_) {  // FP8 delayed scaling: this backward's output-gradient scales; recomputed layers record nothing
     MT_CUDA_CHECK(cudaMemcpyAsync(slots_[static_cast<size_t>(slot)].f8_dy_scale, f8_scale_ + kFp8GradOutput * f8_slots_,
                                   static_cast<size_t>(f8_slots_) * 4, cudaMemcpyDeviceToDevice, stream_));
