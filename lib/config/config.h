@@ -117,6 +117,8 @@ struct PrecisionConfig {
   std::string fp8_amax_compute_algo = "most_recent";
   int64_t fp8_margin = 0;                  // delayed scaling: scales 2^margin below the amax's
   bool no_fp8_wgrad = false;               // the weight-gradient GEMMs in 16 bits
+  bool tp_only_amax_red = false;           // delayed scaling: amaxes reduced over TP x CP only (not DP)
+  bool fp8_param_gather = false;           // Megatron's FP8 weights in the all-gather (refused: not implemented)
   bool first_last_layers_bf16 = false;     // the first / last layers' linears in 16 bits under FP8
   int64_t num_layers_at_start_in_bf16 = 1;
   int64_t num_layers_at_end_in_bf16 = 1;

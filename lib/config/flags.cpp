@@ -140,6 +140,8 @@ std::vector<FlagSpec> build_table() {
       F(kPrec, "fp8-amax-compute-algo", precision.fp8_amax_compute_algo, "FP8 amax algorithm", "max", "most_recent"),
       F(kPrec, "fp8-margin", precision.fp8_margin, "FP8 delayed scaling: scale down by 2^margin"),
       F(kPrec, "no-fp8-wgrad", precision.no_fp8_wgrad, "FP8: the weight-gradient GEMMs in bf16"),
+      F(kPrec, "tp-only-amax-red", precision.tp_only_amax_red, "FP8 delayed scaling: reduce the amaxes over TP (and CP) only, not DP"),
+      F(kPrec, "fp8-param-gather", precision.fp8_param_gather, "FP8 weights in the distributed optimizer's all-gather (not implemented)"),
       F(kPrec, "first-last-layers-bf16", precision.first_last_layers_bf16, "FP8: the first and last layers in bf16"),
       F(kPrec, "num-layers-at-start-in-bf16", precision.num_layers_at_start_in_bf16, "FP8: layers at the start in bf16 (--first-last-layers-bf16)"),
       F(kPrec, "num-layers-at-end-in-bf16", precision.num_layers_at_end_in_bf16, "FP8: layers at the end in bf16 (--first-last-layers-bf16)"),
@@ -247,6 +249,8 @@ std::vector<AliasSpec> build_aliases() {
        [](Config&, const std::string&) {
          return std::string("note: --use-mcore-models is deprecated and has no effect");
        }},
+      {"fp8-interval", true, "Deprecated in Megatron and ignored (the delayed scaling updates every microbatch)",
+       [](Config&, const std::string&) { return std::string("note: --fp8-interval is deprecated (as in Megatron) and ignored"); }},
       {"fp8-hybrid", false, "Old spelling of --fp8-format hybrid",
        [](Config& c, const std::string&) {
          c.precision.fp8_format = "hybrid";

@@ -81,7 +81,8 @@ void GPTModel::fp8_update(int first_kind, int last_kind) {
   float* acc = fp8_->amax_accumulator(first_kind);  // (the kinds' accumulators are contiguous)
   const int64_t count = (last_kind - first_kind + 1) * n;
   if (groups_.tp->size() > 1) groups_.tp->all_reduce(acc, count, ReduceOp::kMax);
-  if (groups_.dp_cp->size() > 1) groups_.dp_cp->all_reduce(acc, count, ReduceOp::kMax);
+  Communicator& rest = dims_.fp8_amax_over_dp ? *groups_.dp_cp : *groups_.cp;  // (--tp-only-amax-red: TP x CP only)
+  if (rest.size() > 1) rest.all_reduce(acc, count, ReduceOp::kMax);
   fp8_->update(first_kind, last_kind);
 }
 

@@ -58,6 +58,7 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.fp8_max_algo = pr.fp8_amax_compute_algo == "max";
   d.fp8_history_len = pr.fp8_amax_history_len;
   d.fp8_margin = pr.fp8_margin;
+  d.fp8_amax_over_dp = !pr.tp_only_amax_red;
   if (pr.first_last_layers_bf16) {
     d.fp8_bf16_start = pr.num_layers_at_start_in_bf16;
     d.fp8_bf16_end = pr.num_layers_at_end_in_bf16;

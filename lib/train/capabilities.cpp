@@ -24,6 +24,9 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "--moe-token-dispatcher-type flex (DeepEP) is not implemented: use alltoall or allgather");
 
   const auto& pr = c.precision;
+  no(pr.fp8_param_gather,
+     "--fp8-param-gather (FP8 weights in the distributed optimizer's all-gather) is not implemented: drop it (the weights are gathered in "
+     "bf16)");
   if (pr.fp8_format) {
     no(pr.fp8_recipe == "mxfp8", "--fp8-recipe mxfp8 needs Blackwell GPUs (MXFP8 tensor cores): use --fp8-recipe tensorwise");
     no(pr.fp8_recipe == "blockwise", "--fp8-recipe blockwise is not implemented yet: use --fp8-recipe tensorwise");
@@ -69,6 +72,7 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
       out.push_back("note: --fp8-amax-history-len, --fp8-amax-compute-algo and --fp8-margin belong to --fp8-recipe delayed: tensorwise "
                     "scales each tensor by its own amax");
     }
+    if (p.tp_only_amax_red) out.push_back("note: --tp-only-amax-red belongs to --fp8-recipe delayed: tensorwise reduces no amax history");
     if (p.no_fp8_wgrad) {
       out.push_back("note: --no-fp8-wgrad has no effect with --fp8-recipe tensorwise (as in Megatron, which overrides the weight-gradient "
                     "precision for the delayed recipe only): the weight-gradient GEMMs stay in FP8");
@@ -159,9 +163,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     }
     no(c.parallel.tensor_model_parallel_size > 1,
        "FP8 with tensor parallelism has not run on GPUs yet (its amax reduction over TP): use --device cpu, or TP 1 on the CUDA engine");
-    no(c.precision.fp8_recipe == "delayed" && c.derived.data_parallel_size > 1,
-       "FP8 delayed scaling with data parallelism has not run on GPUs yet (its amax reduction over DP): use --fp8-recipe tensorwise, or "
-       "--device cpu");
+    no(c.precision.fp8_recipe == "delayed" && c.derived.data_parallel_size > 1 && !c.precision.tp_only_amax_red,
+       "FP8 delayed scaling with data parallelism has not run on GPUs yet (its amax reduction over DP): use --fp8-recipe tensorwise, "
+       "--tp-only-amax-red (no reduction over DP), or --device cpu");
     const int64_t h = *c.model.hidden_size, heads = *c.model.num_attention_heads, d = c.model.kv_channels.value_or(h / heads);
     const int64_t F = c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(h, c.model.swiglu));
     const int64_t groups = c.derived.num_query_groups, T = c.training.micro_batch_size.value_or(1) * c.data.seq_length.value_or(16);

@@ -191,7 +191,14 @@ TEST_CASE("fp8: Megatron's FP8 flags are checked, and recipes not implemented ar
   std::string cuda_refusals;
   for (const auto& r : mt::cuda_engine_gaps(delayed_dp, 2)) cuda_refusals += r + "\n";
   CHECK_THAT(cuda_refusals, MT_CONTAINS("FP8 delayed scaling with data parallelism has not run on GPUs"));
+  delayed_dp.precision.tp_only_amax_red = true;  // no reduction over DP: nothing untried
+  cuda_refusals.clear();
+  for (const auto& r : mt::cuda_engine_gaps(delayed_dp, 2)) cuda_refusals += r + "\n";
+  CHECK(cuda_refusals.find("delayed") == std::string::npos);
 #endif
+  mt::Config param_gather = c;
+  param_gather.precision.fp8_param_gather = true;
+  CHECK_THAT(refused(param_gather), MT_CONTAINS("--fp8-param-gather"));
   delayed.precision.first_last_layers_bf16 = true;  // Megatron: "Delayed scaling does not support first / last layer in BF16."
   CHECK_THAT(errors_of(delayed), MT_CONTAINS("--first-last-layers-bf16 does not work with --fp8-recipe delayed"));
   mt::Config blockwise = c;

@@ -30,7 +30,7 @@ void CudaGPT::init_fp8_scaling(StreamCollectives* dp) {
   }
   f8_recipe_ = fp8_delayed_recipe(D_);
   f8_slots_ = L_ * kFp8Sites;
-  amax_group_ = dp;
+  amax_group_ = D_.fp8_amax_over_dp ? dp : nullptr;  // (--tp-only-amax-red: TP only; CP is refused on the CUDA engine)
   const auto n = static_cast<size_t>(f8_slots_), len = static_cast<size_t>(f8_recipe_.history_len);
   f8_scale_ = static_cast<float*>(alloc(3 * n * 4));
   f8_history_ = static_cast<float*>(alloc(3 * len * n * 4));
