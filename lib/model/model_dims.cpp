@@ -55,6 +55,7 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.fp8_grad_e5m2 = pr.fp8_format.value_or("") == "hybrid";
   d.fp8_wgrad = !(pr.no_fp8_wgrad && pr.fp8_recipe == "delayed");  // Megatron overrides the wgrad precision for delayed only
   d.fp8_delayed = d.fp8 && pr.fp8_recipe == "delayed";
+  d.fp8_blockwise = d.fp8 && pr.fp8_recipe == "blockwise";
   d.fp8_max_algo = pr.fp8_amax_compute_algo == "max";
   d.fp8_history_len = pr.fp8_amax_history_len;
   d.fp8_margin = pr.fp8_margin;

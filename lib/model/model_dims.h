@@ -57,6 +57,7 @@ struct ModelDims {
   // Megatron). --first-last-layers-bf16 keeps the first fp8_bf16_start and the last fp8_bf16_end layers in 16 bits.
   bool fp8 = false, fp8_grad_e5m2 = false, fp8_wgrad = true;
   bool fp8_delayed = false, fp8_max_algo = false, fp8_amax_over_dp = true;  // (--tp-only-amax-red: not over DP)
+  bool fp8_blockwise = false;  // --fp8-recipe blockwise: 1 x 128 blocks of inputs and gradients, 128 x 128 of weights
   int64_t fp8_history_len = 1, fp8_margin = 0;
   int64_t fp8_bf16_start = 0, fp8_bf16_end = 0;
   bool fp8_layer(int64_t global_layer) const { return fp8 && global_layer >= fp8_bf16_start && global_layer < L - fp8_bf16_end; }

@@ -29,7 +29,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "bf16)");
   if (pr.fp8_format) {
     no(pr.fp8_recipe == "mxfp8", "--fp8-recipe mxfp8 needs Blackwell GPUs (MXFP8 tensor cores): use --fp8-recipe tensorwise");
-    no(pr.fp8_recipe == "blockwise", "--fp8-recipe blockwise is not implemented yet: use --fp8-recipe tensorwise");
     no(c.moe.num_experts.has_value(), "FP8 (--fp8-format) in MoE layers (--num-experts) is not implemented yet: drop --fp8-format");
   }
   no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
@@ -65,16 +64,17 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   if (c.model.openai_gelu) {
     out.push_back("note: --openai-gelu: megatrain's GELU is always the tanh form (Megatron's bias-GELU fusion and --openai-gelu); nothing changes");
   }
-  if (c.precision.fp8_format && c.precision.fp8_recipe == "tensorwise") {
+  if (c.precision.fp8_format && c.precision.fp8_recipe != "delayed") {
     const PrecisionConfig& p = c.precision;
+    const std::string recipe = p.fp8_recipe;
     if (p.fp8_amax_history_len != d.precision.fp8_amax_history_len || p.fp8_amax_compute_algo != d.precision.fp8_amax_compute_algo ||
         p.fp8_margin != d.precision.fp8_margin) {
-      out.push_back("note: --fp8-amax-history-len, --fp8-amax-compute-algo and --fp8-margin belong to --fp8-recipe delayed: tensorwise "
-                    "scales each tensor by its own amax");
+      out.push_back("note: --fp8-amax-history-len, --fp8-amax-compute-algo and --fp8-margin belong to --fp8-recipe delayed: " + recipe +
+                    " scales " + (recipe == "blockwise" ? "each block" : "each tensor") + " by its own amax");
     }
-    if (p.tp_only_amax_red) out.push_back("note: --tp-only-amax-red belongs to --fp8-recipe delayed: tensorwise reduces no amax history");
+    if (p.tp_only_amax_red) out.push_back("note: --tp-only-amax-red belongs to --fp8-recipe delayed: " + recipe + " reduces no amax history");
     if (p.no_fp8_wgrad) {
-      out.push_back("note: --no-fp8-wgrad has no effect with --fp8-recipe tensorwise (as in Megatron, which overrides the weight-gradient "
+      out.push_back("note: --no-fp8-wgrad has no effect with --fp8-recipe " + recipe + " (as in Megatron, which overrides the weight-gradient "
                     "precision for the delayed recipe only): the weight-gradient GEMMs stay in FP8");
     }
   }
@@ -161,6 +161,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
       no(true, "FP8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell); this GPU (" + gpus.front().name + ") is " +
                    std::to_string(gpus.front().major) + "." + std::to_string(gpus.front().minor) + ": drop --fp8-format");
     }
+    no(c.precision.fp8_recipe == "blockwise",
+       "--fp8-recipe blockwise runs on the CPU engine only so far (its GEMMs with block scales are not written for the GPU yet): use "
+       "--fp8-recipe delayed or tensorwise, or --device cpu");
     no(c.parallel.tensor_model_parallel_size > 1,
        "FP8 with tensor parallelism has not run on GPUs yet (its amax reduction over TP): use --device cpu, or TP 1 on the CUDA engine");
     no(c.precision.fp8_recipe == "delayed" && c.derived.data_parallel_size > 1 && !c.precision.tp_only_amax_red,

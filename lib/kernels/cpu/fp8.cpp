@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace mt::cpu {
@@ -81,6 +82,33 @@ float abs_max(const float* x, int64_t n) {
 
 void fp8_quantize(float* q, const float* x, int64_t n, float scale, Fp8Format format) {
   for (int64_t i = 0; i < n; ++i) q[i] = fp8_round(x[i] * scale, format);
+}
+
+float fp8_block_scale(float amax, Fp8Format format) {
+  const float scale = fp8_scale_from_amax(amax, format);
+  uint32_t bits = 0;
+  std::memcpy(&bits, &scale, 4);
+  bits &= 0xFF800000u;  // 2^floor(log2 scale)
+  float pow2 = 0;
+  std::memcpy(&pow2, &bits, 4);
+  return pow2;
+}
+
+void fp8_quantize_blocks(float* out, const float* x, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols, Fp8Format format) {
+  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    const int64_t r1 = std::min(rows, r0 + block_rows);
+    for (int64_t c0 = 0; c0 < cols; c0 += block_cols) {
+      const int64_t c1 = std::min(cols, c0 + block_cols);
+      float amax = 0.0f;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(x[r * cols + c]));
+      }
+      const float scale = fp8_block_scale(amax, format);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) out[r * cols + c] = fp8_round(x[r * cols + c] * scale, format) / scale;
+      }
+    }
+  }
 }
 
 }  // namespace mt::cpu

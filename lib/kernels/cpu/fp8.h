@@ -26,4 +26,12 @@ float abs_max(const float* x, int64_t n);
 // q[i] = fp8_round(x[i] * scale): the FP8 values (unscaled; the tensor is q / scale).
 void fp8_quantize(float* q, const float* x, int64_t n, float scale, Fp8Format format);
 
+// Blockwise scaling (Transformer Engine's Float8BlockScaling, Megatron's --fp8-recipe blockwise): one scale per block,
+// from the block's amax as fp8_scale_from_amax, rounded down to a power of 2 (TE's default power_2_scale: the float's
+// mantissa bits cleared), so that dividing by it is exact.
+float fp8_block_scale(float amax, Fp8Format format);
+// out = fp8_round(x * s) / s per block of block_rows x block_cols (the edges' blocks cut short) of x [rows, cols]: the
+// values the FP8 bytes and their block scales stand for.
+void fp8_quantize_blocks(float* out, const float* x, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols, Fp8Format format);
+
 }  // namespace mt::cpu

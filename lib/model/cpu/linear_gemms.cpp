@@ -31,6 +31,29 @@ float quantize_scaled(Buf& q, const float* x, int64_t n, float scale, Fp8Format 
   return 1.0f / scale;
 }
 
+constexpr int64_t kFp8Block = 128;
+
+// Blockwise: dy in 1 x 128 blocks along its rows for the data gradient, and dy and x each in 128 x 1 blocks (128
+// tokens of a column: Transformer Engine's columnwise quantisation of the weight gradient's operands) for dW.
+void linear_blockwise_backward(const PassContext& c, LinearStash& s, float* dx, const float* dy, size_t w, size_t b, const float* x, int64_t N,
+                               int64_t in, int64_t out, Fp8Format grad_format) {
+  Buf dyq(sz(N * out));
+  fp8_quantize_blocks(dyq.data(), dy, N, out, 1, kFp8Block, grad_format);
+  gemm(false, false, N, in, out, 1.0f, dyq.data(), out, s.wq.data(), in, 0.0f, dx, in);
+  if (b != kNoParam) {  // from the unquantised gradient
+    float* db = c.G(b);
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t j = 0; j < out; ++j) db[j] += dy[i * out + j];
+    }
+  }
+  c.weight_grad(dy, N * out, [&c, w, x, N, in, out, grad_format](const float* g) {
+    Buf gq(sz(N * out)), xq(sz(N * in));
+    fp8_quantize_blocks(gq.data(), g, N, out, kFp8Block, 1, grad_format);
+    fp8_quantize_blocks(xq.data(), x, N, in, kFp8Block, 1, Fp8Format::kE4M3);
+    gemm(true, false, out, in, N, 1.0f, gq.data(), out, xq.data(), in, 1.0f, c.G(w), in);
+  });
+}
+
 // The slot of (layer, site) in the stage's scaling state.
 int64_t fp8_slot(const PassContext& c, int64_t layer, int site) {
   const int64_t index = c.fp8->index_of(layer);
@@ -47,7 +70,13 @@ void linear_unit_forward(const PassContext& c, int64_t layer, int site, LinearSt
     linear_forward(y, x, c.P(w), bias, N, in, out);
     return;
   }
-  if (c.fp8) {
+  if (c.D.fp8_blockwise) {  // x in 1 x 128 blocks along its rows, W in 128 x 128 blocks (its transpose: the same blocks)
+    s.xq.resize(sz(N * in));
+    s.wq.resize(sz(out * in));
+    fp8_quantize_blocks(s.xq.data(), x, N, in, 1, kFp8Block, Fp8Format::kE4M3);
+    fp8_quantize_blocks(s.wq.data(), c.P(w), out, in, kFp8Block, kFp8Block, Fp8Format::kE4M3);
+    s.x_inv = s.w_inv = 1.0f;  // (the blocks' values are held dequantised)
+  } else if (c.fp8) {
     Fp8ScalingState& st = *c.fp8;
     const int64_t slot = fp8_slot(c, layer, site);
     const float sx = st.scales(kFp8Input)[slot];
@@ -80,6 +109,10 @@ void linear_unit_backward(const PassContext& c, int64_t layer, int site, LinearS
   }
   const Fp8Format grad_format = c.D.fp8_grad_e5m2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
   Buf dyq;
+  if (c.D.fp8_blockwise) {
+    linear_blockwise_backward(c, s, dx, dy, w, b, x, N, in, out, grad_format);
+    return;
+  }
   float dy_inv = 0;
   if (c.fp8) {
     const int64_t slot = fp8_slot(c, layer, site);

@@ -205,8 +205,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     throw std::runtime_error("the CUDA engine fuses GELU into the experts' fc1 GEMMs, which needs --moe-ffn-hidden-size to be a multiple of 8 "
                              "(this model: " + std::to_string(F_moe_) + "): change it, or use --device cpu");
   }
-  if (D.fp8 && (tp_size_ > 1 || moe_layers_ > 0)) {  // (also refused by name in train/capabilities: a guard for other callers)
-    throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism and MoE layers so far: use --device cpu for those");
+  if (D.fp8 && (tp_size_ > 1 || moe_layers_ > 0 || D.fp8_blockwise)) {  // (also refused by name in train/capabilities: a guard for other callers)
+    throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism, MoE layers and blockwise scaling so far: use --device cpu for those");
   }
   if (!D.swiglu && D.F_local % 8 != 0) {
     throw std::runtime_error("the CUDA engine fuses GELU into the fc1 GEMM, which needs --ffn-hidden-size / TP to be a multiple of 8 (this model: " +
