@@ -133,6 +133,17 @@ TEST_CASE("fp8: blockwise scales are powers of 2 from each block's amax, and eac
   fp8_quantize_blocks(q, x, 2, 2, 2, 2, Fp8Format::kE4M3);
   CHECK(q[2] == 0.3125f);
   CHECK(q[3] == 0.0f);
+  // Columns (the weight gradient's 128 x 1 blocks, here 2 x 1) of a [3, 2] tensor, the last block cut short:
+  // column 0 = [0.5, 0.3 | 1e-6], column 1 = [-2, 3.5 | 0.25].
+  const float m[6] = {0.5f, -2.0f, 0.3f, 3.5f, 1e-6f, 0.25f};
+  float mq[6];
+  fp8_quantize_blocks(mq, m, 3, 2, 2, 1, Fp8Format::kE4M3);
+  CHECK(mq[0] == 0.5f);     // block amax 0.5 -> 896 -> 512: 256 exact
+  CHECK(mq[2] == 0.3125f);  // 0.3 x 512 = 153.6 -> 160 (steps of 16 in [128, 256)) -> 0.3125
+  CHECK(mq[4] == std::ldexp(1.0f, -20));  // alone: 448 / 1e-6 -> 2^28; 268.4 -> 256 (steps of 32) -> 2^-20
+  CHECK(mq[1] == -2.0f);    // amax 3.5 -> 128: -256 exact
+  CHECK(mq[3] == 3.5f);     // 448 exact
+  CHECK(mq[5] == 0.25f);    // alone: amax 0.25 -> 1792 -> 1024: 256 exact
 }
 
 namespace {

@@ -91,6 +91,7 @@ void linear_unit_forward(const PassContext& c, int64_t layer, int site, LinearSt
     s.w_inv = quantize(c, s.wq, c.P(w), out * in, Fp8Format::kE4M3, false);
   }
   gemm(false, true, N, out, in, s.x_inv * s.w_inv, s.xq.data(), in, s.wq.data(), in, 0.0f, y, out);
+  if (c.D.fp8_blockwise) Buf().swap(s.xq);  // (its backward quantises x again, in columns)
   if (bias) {
     for (int64_t i = 0; i < N; ++i) {
       for (int64_t j = 0; j < out; ++j) y[i * out + j] += bias[j];
