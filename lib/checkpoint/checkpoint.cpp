@@ -202,20 +202,17 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
   // This rank's shard file and its pieces' metadata.
   char fname[32];
   std::snprintf(fname, sizeof(fname), "rank_%05lld.bin", static_cast<long long>(snap.who.world_rank));
-  std::vector<uint64_t> sums(snap.pieces.size());
-  parallel_for(snap.pieces.size(), [&](size_t k) {
-    sums[k] = checksum64(snap.pieces[k].data.data(), snap.pieces[k].data.size() * sizeof(float));
-  });
+  // The model's pieces, then FP8's scaling state (model/fp8_scaling.h) where the snapshot has it.
+  std::vector<const Snapshot::Piece*> all_pieces;
+  for (const auto& pc : snap.pieces) all_pieces.push_back(&pc);
+  for (const auto& pc : snap.fp8_scaling) all_pieces.push_back(&pc);
+  std::vector<uint64_t> sums(all_pieces.size());
+  parallel_for(all_pieces.size(), [&](size_t k) { sums[k] = checksum64(all_pieces[k]->data.data(), all_pieces[k]->data.size() * sizeof(float)); });
   json pieces = json::array();
   std::FILE* f = std::fopen((tmp_dir / fname).c_str(), "wb");
   if (!f) throw DataError("cannot write " + (tmp_dir / fname).string() + ": " + std::strerror(errno));
   size_t offset = 0;
   bool ok = true;
-  std::vector<const Snapshot::Piece*> all_pieces;
-  for (const auto& pc : snap.pieces) all_pieces.push_back(&pc);
-  for (const auto& pc : snap.fp8_scaling) all_pieces.push_back(&pc);
-  sums.resize(all_pieces.size());
-  for (size_t k = snap.pieces.size(); k < all_pieces.size(); ++k) sums[k] = checksum64(all_pieces[k]->data.data(), all_pieces[k]->data.size() * sizeof(float));
   for (size_t k = 0; k < all_pieces.size(); ++k) {
     const auto& pc = *all_pieces[k];
     const size_t n = pc.data.size() * sizeof(float);

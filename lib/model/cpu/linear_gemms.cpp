@@ -33,6 +33,13 @@ float quantize_scaled(Buf& q, const float* x, int64_t n, float scale, Fp8Format 
 
 constexpr int64_t kFp8Block = 128;
 
+// db += the sum over rows of the unquantised dy [N, out] (Transformer Engine's fused cast + bias gradient).
+void add_bias_grad(float* db, const float* dy, int64_t N, int64_t out) {
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t j = 0; j < out; ++j) db[j] += dy[i * out + j];
+  }
+}
+
 // Blockwise: dy in 1 x 128 blocks along its rows for the data gradient, and dy and x each in 128 x 1 blocks (128
 // tokens of a column: Transformer Engine's columnwise quantisation of the weight gradient's operands) for dW.
 void linear_blockwise_backward(const PassContext& c, LinearStash& s, float* dx, const float* dy, size_t w, size_t b, const float* x, int64_t N,
@@ -40,12 +47,7 @@ void linear_blockwise_backward(const PassContext& c, LinearStash& s, float* dx, 
   Buf dyq(sz(N * out));
   fp8_quantize_blocks(dyq.data(), dy, N, out, 1, kFp8Block, grad_format);
   gemm(false, false, N, in, out, 1.0f, dyq.data(), out, s.wq.data(), in, 0.0f, dx, in);
-  if (b != kNoParam) {  // from the unquantised gradient
-    float* db = c.G(b);
-    for (int64_t i = 0; i < N; ++i) {
-      for (int64_t j = 0; j < out; ++j) db[j] += dy[i * out + j];
-    }
-  }
+  if (b != kNoParam) add_bias_grad(c.G(b), dy, N, out);
   c.weight_grad(dy, N * out, [&c, w, x, N, in, out, grad_format](const float* g) {
     Buf gq(sz(N * out)), xq(sz(N * in));
     fp8_quantize_blocks(gq.data(), g, N, out, kFp8Block, 1, grad_format);
@@ -123,12 +125,7 @@ void linear_unit_backward(const PassContext& c, int64_t layer, int site, LinearS
     dy_inv = quantize(c, dyq, dy, N * out, grad_format, true);
   }
   gemm(false, false, N, in, out, dy_inv * s.w_inv, dyq.data(), out, s.wq.data(), in, 0.0f, dx, in);
-  if (b != kNoParam) {  // from the unquantised gradient (Transformer Engine's fused cast + bias gradient)
-    float* db = c.G(b);
-    for (int64_t i = 0; i < N; ++i) {
-      for (int64_t j = 0; j < out; ++j) db[j] += dy[i * out + j];
-    }
-  }
+  if (b != kNoParam) add_bias_grad(c.G(b), dy, N, out);
   if (!c.D.fp8_wgrad) {
     c.weight_grad(dy, N * out, [&c, w, x, N, in, out](const float* g) { linear_backward_weight(c.G(w), nullptr, g, x, N, in, out); });
     return;
