@@ -174,6 +174,20 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
     const RankShape shape(c);
     m.working += (m.in_flight_microbatches - 1) * static_cast<double>(tokens) * (shape.res * h / shape.rep + a * h + 8.0 / shape.rep);
   }
+  if (c.precision.fp8_format) {  // the CUDA engine's FP8 copies of each FP8 layer's linear weights, W and W^T (1 byte each)
+    const RankShape shape(c);
+    const double Hd = shape.n * shape.d / t, Wq = Hd + 2 * std::max(1.0, shape.g / t) * shape.d;
+    const double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu))) / t;
+    const double per_layer = 2.0 * h * (Wq + Hd + (c.model.swiglu ? 3.0 : 2.0) * F);
+    int64_t fp8_layers = 0;
+    const auto& pr = c.precision;
+    const int64_t L = c.model.num_layers.value_or(0);
+    for (int64_t i = 0; i < nlayers; ++i) {
+      const int64_t l = first_layer + i;
+      if (!pr.first_last_layers_bf16 || (l >= pr.num_layers_at_start_in_bf16 && l < L - pr.num_layers_at_end_in_bf16)) ++fp8_layers;
+    }
+    m.working += per_layer * static_cast<double>(fp8_layers);
+  }
   m.overhead = c.derived.world_size > 1 ? kOverheadNccl : kOverheadOneGpu;
   m.total = m.weights + m.grads + m.optimizer + m.activations + m.logits + m.working + m.overhead;
   return m;

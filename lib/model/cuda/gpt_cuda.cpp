@@ -372,7 +372,6 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       const auto widest = static_cast<size_t>(std::max({h, Hd, F, Wq, F1}));
       s.f8_row = static_cast<uint8_t*>(alloc(t * widest));
       s.f8_dyt = static_cast<uint8_t*>(alloc(t * static_cast<size_t>(std::max({Wq, h, F1}))));
-      s.f8_w = static_cast<uint8_t*>(alloc(static_cast<size_t>(std::max({Wq * h, h * Hd, F1 * h, h * F}))));
       s.f8_scalars = static_cast<float*>(alloc(5 * 64 * sizeof(float)));
     }
     if (moe_layers_ > 0) {
@@ -438,6 +437,18 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   Scratch& s = *s_;
   // Only this rank's kernels touch it (its size follows this rank's cuBLASLt answer): outside the arena.
   if (bgrad_epilogue_) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
+  if (D.fp8) {  // the FP8 layers' cached FP8 weights (gpt_cuda_fp8.cpp)
+    const int64_t sizes[4] = {Wq * h, h * Hd, F1 * h, h * F};
+    f8_wq_.assign(static_cast<size_t>(4 * L_), nullptr);
+    f8_wqt_.assign(static_cast<size_t>(4 * L_), nullptr);
+    for (int64_t l = 0; l < L_; ++l) {
+      for (int site = 0; fp8_layer(l) && site < 4; ++site) {
+        f8_wq_[static_cast<size_t>(4 * l + site)] = static_cast<uint8_t*>(alloc(static_cast<size_t>(sizes[site])));
+        f8_wqt_[static_cast<size_t>(4 * l + site)] = static_cast<uint8_t*>(alloc(static_cast<size_t>(sizes[site])));
+      }
+    }
+    f8_winv_ = static_cast<float*>(alloc(static_cast<size_t>(4 * L_ * 64) * sizeof(float)));
+  }
   if (D.fp8_delayed) init_fp8_scaling(dp);
 
   // Fail here, with the shape named, rather than in the first step.

@@ -240,6 +240,7 @@ class CudaGPT {
   bool fp8_layer(int64_t l) const { return D_.fp8_layer(first_layer_ + l); }
   const Record* fp8_dyt_record_ = nullptr;  // whose dy the scratch's transposed FP8 dy holds (and its site)
   int fp8_dyt_site_ = -1;
+  bool f8_weights_due_ = true;  // FP8: the next training forward is the iteration's first (the weights cast anew)
   // FP8 delayed scaling, the host state's layout on the device (slot l * 4 + site of this chunk's layers): scales
   // [3][n], amax histories [len][3][n] (entry 0: the accumulators, reduced over TP x DP x CP by fp8_update), the
   // weights' cast scales [n]. f8_record_: casts add to the accumulators (a training forward; not a recompute);
@@ -248,8 +249,15 @@ class CudaGPT {
   Fp8DelayedRecipe f8_recipe_;
   int64_t f8_slots_ = 0;
   float *f8_scale_ = nullptr, *f8_history_ = nullptr, *f8_wcast_ = nullptr;
-  bool f8_record_ = false, f8_training_ = false, f8_cast_weights_ = false, f8_weights_due_ = true;
+  bool f8_record_ = false, f8_training_ = false, f8_cast_weights_ = false;
   bool f8_keep_xt_ = false;  // FP8 (either recipe): the forward's cast writes x^T for the weight gradient (not in evaluation)
+  // FP8 (either recipe): each FP8 layer's weights in FP8, W and W^T per site, cast in one pass at the iteration's
+  // first training forward (and at every evaluation forward) and read by its later microbatches, the recomputes and
+  // the data-gradient GEMMs (Transformer Engine's cached FP8 weights), with their inverse scales (f8_winv: 64 floats
+  // per site, 256 bytes apart). f8_weights_due_ says the weights changed since (the optimizer stepped).
+  std::vector<uint8_t*> f8_wq_, f8_wqt_;  // [L_ x 4]
+  float* f8_winv_ = nullptr;              // [L_ x 4 x 64]
+  bool f8_forward_casts_weights_ = false;
   StreamCollectives* amax_group_ = nullptr;  // DP x CP (null: one rank); TP through tp_
   void init_fp8_scaling(StreamCollectives* dp);
   void fp8_update(int first_kind, int last_kind);

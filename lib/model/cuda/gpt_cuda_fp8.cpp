@@ -3,12 +3,12 @@
 // cast to E4M3 with their own amax, the output gradient to E5M2 (hybrid) or E4M3, every GEMM "TN" with device
 // scales; the forward accumulates fast (split-accumulator off), the gradient GEMMs precisely, as TE does.
 //   forward  y [T, out]  = x [T, in] . W [out, in]^T          (x, W row-major as they are)
-//   dgrad    dx [T, in]  = dy [T, out] . (W^T [in, out])^T     (W^T cast from W with the forward's amax)
+//   dgrad    dx [T, in]  = dy [T, out] . (W^T [in, out])^T     (W^T cast with W, once per iteration: see f8_wq_)
 //   wgrad    dW [out, in] += dy^T [out, T] . (x^T [in, T])^T   (dy^T from the dgrad's cast, x^T written by the forward's
 //                                                               cast beside x, kept in the layer's record)
 // Delayed scaling (model/fp8_scaling.h): the casts take their scales from the state and add their amaxes to its
-// accumulators in the same pass (no amax pass); W^T (and a deferred weight gradient's dy^T) cast again with the
-// scales of the first cast.
+// accumulators in the same pass (no amax pass); a deferred weight gradient's dy^T casts again with the first cast's
+// scale.
 #include <stdexcept>
 
 #include "kernels/cuda/bias_grad.h"
@@ -90,22 +90,28 @@ void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, i
   const auto e4m3 = cuda::Fp8Type::kE4M3;
   float* x_inv = r.f8_xinv + 64 * site;  // (x^T, kept for the weight gradient, carries it too)
   uint8_t* x_t = D_.fp8_wgrad && f8_keep_xt_ ? r.f8_xt[site] : nullptr;  // (not in evaluation: no backward reads it)
+  const auto k = static_cast<size_t>(l * kFp8Sites + site);
+  uint8_t *wq = f8_wq_[k], *wqt = f8_wqt_[k];
+  float* w_inv = f8_winv_ + 64 * k;
+  const bool cast_w = f8_forward_casts_weights_;  // (else this iteration's cast, kept)
   if (f8_scale_) {
     const int64_t slot = l * kFp8Sites + site, n = f8_slots_;
     float* acc_x = f8_record_ ? f8_history_ + kFp8Input * n + slot : nullptr;
     float* acc_w = f8_cast_weights_ ? f8_history_ + kFp8Weight * n + slot : nullptr;
     const float* scale_w = f8_training_ ? f8_wcast_ + slot : f8_scale_ + kFp8Weight * n + slot;
     MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(x, T, in, fp8_slot_scales(false) + slot, acc_x, e4m3, s.f8_row, x_t, x_inv, stream_));
-    MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, scale_w, acc_w, e4m3, s.f8_w, nullptr, s.f8_scalar(1), stream_));
+    if (cast_w) MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, scale_w, acc_w, e4m3, wq, wqt, w_inv, stream_));
   } else {
     float* amax_x = r.f8_amax + 2 * site;
-    float* amax_w = amax_x + 1;
+    float* amax_w = f8_winv_ + 64 * k + 1;  // (the weight's amax beside its inverse scale)
     MT_PROF("fwd.fp8_cast", cuda::fp8_amax(x, T * in, amax_x, stream_));
     MT_PROF("fwd.fp8_cast", cuda::fp8_cast(x, T, in, amax_x, e4m3, s.f8_row, x_t, x_inv, stream_));
-    MT_PROF("fwd.fp8_cast", cuda::fp8_amax(w(w_off), out * in, amax_w, stream_));
-    MT_PROF("fwd.fp8_cast", cuda::fp8_cast(w(w_off), out, in, amax_w, e4m3, s.f8_w, nullptr, s.f8_scalar(1), stream_));
+    if (cast_w) {
+      MT_PROF("fwd.fp8_cast", cuda::fp8_amax(w(w_off), out * in, amax_w, stream_));
+      MT_PROF("fwd.fp8_cast", cuda::fp8_cast(w(w_off), out, in, amax_w, e4m3, wq, wqt, w_inv, stream_));
+    }
   }
-  MT_PROF(name, lt.gemm_fp8(T, out, in, 1.0f, s.f8_row, CUDA_R_8F_E4M3, x_inv, s.f8_w, CUDA_R_8F_E4M3, s.f8_scalar(1), 0.0f, y, out,
+  MT_PROF(name, lt.gemm_fp8(T, out, in, 1.0f, s.f8_row, CUDA_R_8F_E4M3, x_inv, wq, CUDA_R_8F_E4M3, w_inv, 0.0f, y, out,
                             CUDA_R_16BF, bias, true, stream_));
 }
 
@@ -122,14 +128,12 @@ void CudaGPT::linear_dgrad(int64_t l, Record& r, int site, const char* name, int
     const int64_t slot = l * kFp8Sites + site;
     MT_PROF("bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, fp8_slot_scales(true) + slot, f8_history_ + kFp8GradOutput * f8_slots_ + slot, grad,
                                                   s.f8_row, D_.fp8_wgrad ? s.f8_dyt : nullptr, s.f8_scalar(3), stream_));
-    MT_PROF("bwd.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, f8_wcast_ + slot, nullptr, cuda::Fp8Type::kE4M3, nullptr, s.f8_w,
-                                                  s.f8_scalar(1), stream_));
   } else {
     MT_PROF("bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), stream_));
     MT_PROF("bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, s.f8_row, D_.fp8_wgrad ? s.f8_dyt : nullptr, s.f8_scalar(3), stream_));
-    MT_PROF("bwd.fp8_cast", cuda::fp8_cast(w(w_off), out, in, r.f8_amax + 2 * site + 1, cuda::Fp8Type::kE4M3, nullptr, s.f8_w, s.f8_scalar(1), stream_));
   }
-  MT_PROF(name, lt.gemm_fp8(T, in, out, 1.0f, s.f8_row, cuda_type(grad), s.f8_scalar(3), s.f8_w, CUDA_R_8F_E4M3, s.f8_scalar(1), 0.0f, dx, in,
+  const auto k = static_cast<size_t>(l * kFp8Sites + site);  // W^T from the iteration's cast (the forward's)
+  MT_PROF(name, lt.gemm_fp8(T, in, out, 1.0f, s.f8_row, cuda_type(grad), s.f8_scalar(3), f8_wqt_[k], CUDA_R_8F_E4M3, f8_winv_ + 64 * k, 0.0f, dx, in,
                             CUDA_R_16BF, nullptr, false, stream_));
   fp8_dyt_record_ = D_.fp8_wgrad ? &r : nullptr;
   fp8_dyt_site_ = site;

@@ -254,7 +254,7 @@ void CudaGPT::backward_weights(const DeviceMicrobatch& mb, int64_t slot) {
     if (final_backward_ && grads_ready_) grads_ready_(layer_start_[k]);
   }
   if (final_backward_ && grads_ready_) grads_ready_(pre_ ? 0 : layer_start_[0]);
-  if (final_backward_) f8_weights_due_ = true;  // (FP8 delayed scaling: the next iteration casts the weights anew)
+  if (final_backward_) f8_weights_due_ = true;  // (FP8: the next iteration casts the weights anew)
   sl.weights_due = false;
 }
 

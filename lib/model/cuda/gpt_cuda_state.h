@@ -65,10 +65,10 @@ struct CudaGPT::Scratch {
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
   int32_t *counts = nullptr, *counts_aux = nullptr, *offsets = nullptr, *counts_host = nullptr;
   float* wgrad_parts = nullptr;  // the router weight gradient's partial sums
-  // FP8 layers: an FP8 operand [T, widest] (the forward's input, the backward's dy), a weight or its transpose,
-  // dy^T for the weight gradient, and the scalars f8_scalar(i) (256 bytes apart, the alignment cuBLASLt assumes of
-  // its scale pointers): 1 the weight's inverse scale, 2 dy's amax, 3 dy's inverse scale.
-  uint8_t *f8_row = nullptr, *f8_w = nullptr, *f8_dyt = nullptr;
+  // FP8 layers: an FP8 operand [T, widest] (the forward's input, the backward's dy), dy^T for the weight gradient,
+  // and the scalars f8_scalar(i) (256 bytes apart, the alignment cuBLASLt assumes of its scale pointers): 2 dy's
+  // amax, 3 dy's inverse scale.
+  uint8_t *f8_row = nullptr, *f8_dyt = nullptr;
   float* f8_scalars = nullptr;
   float* f8_scalar(int i) const { return f8_scalars + 64 * i; }
 };

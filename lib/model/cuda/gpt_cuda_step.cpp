@@ -157,6 +157,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   }
   moe_record_stats_ = grad_scale > 0.0f;  // the MoE statistics of training forwards (not evaluation, not a recompute)
   f8_keep_xt_ = grad_scale > 0.0f;
+  f8_forward_casts_weights_ = f8_weights_due_ || grad_scale <= 0.0f;  // (evaluation: the weights as they are now)
   if (f8_scale_) {  // FP8 delayed scaling: this microbatch's input scales, and at the iteration's first the weights' cast scales
     const bool training = grad_scale > 0.0f;
     f8_record_ = f8_training_ = training;
@@ -219,10 +220,8 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   }
   slots_[static_cast<size_t>(slot)].forwarded = grad_scale > 0.0f;
   moe_record_stats_ = false;
-  if (f8_scale_ && grad_scale > 0.0f) {  // the forward scales (TE: at the fp8_autocast's exit)
-    f8_weights_due_ = false;
-    fp8_update(kFp8Input, kFp8Weight);
-  }
+  if (grad_scale > 0.0f) f8_weights_due_ = false;  // (FP8: the later microbatches read this iteration's cast weights)
+  if (f8_scale_ && grad_scale > 0.0f) fp8_update(kFp8Input, kFp8Weight);  // the forward scales (TE: at the fp8_autocast's exit)
   f8_record_ = f8_cast_weights_ = false;
 }
 
@@ -238,6 +237,7 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
   slots_[static_cast<size_t>(slot)].weights_due = defer_weights;
   const std::function<void(int64_t)> hook = defer_weights ? std::function<void(int64_t)>() : grads_ready_;
   f8_keep_xt_ = true;  // (a recomputed layer's cast writes its x^T again)
+  f8_forward_casts_weights_ = false;  // (and reads the iteration's cast weights)
   if (f8_scale_) {  // FP8 delayed scaling: this backward's output-gradient scales; recomputed layers record nothing
     MT_CUDA_CHECK(cudaMemcpyAsync(slots_[static_cast<size_t>(slot)].f8_dy_scale, f8_scale_ + kFp8GradOutput * f8_slots_,
                                   static_cast<size_t>(f8_slots_) * 4, cudaMemcpyDeviceToDevice, stream_));
@@ -303,10 +303,8 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
   // (the optimizer follows the compute stream).
   if (split_forward_) wait_tp_stream();
   defer_into_ = nullptr;
-  if (f8_scale_) {  // the output-gradient scales (TE: at the end of the microbatch's backward)
-    fp8_update(kFp8GradOutput, kFp8GradOutput);
-    if (final_backward_) f8_weights_due_ = true;
-  }
+  if (f8_scale_) fp8_update(kFp8GradOutput, kFp8GradOutput);  // the output-gradient scales (TE: at the end of the microbatch's backward)
+  if (final_backward_) f8_weights_due_ = true;  // (FP8: the next iteration casts the weights anew)
   if (!pre_) {  // the previous stage's output gradient
     MT_PROF("pp.input_grad", MT_CUDA_CHECK(cudaMemcpyAsync(input_grad, s.dres, boundary_gradient_bytes(T), cudaMemcpyDeviceToDevice, stream_)));
     // This stage's parameters start at its first layer (another chunk of the rank may still be computing
