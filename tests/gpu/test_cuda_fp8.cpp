@@ -4,7 +4,8 @@
 // bit on operands whose sums are exact in fp32; a linear layer's forward in FP8 on random data within fp32
 // summation order; delayed scaling's cast (the scale given, the amax gathered in the same pass, saturating what
 // the scale pushes past the format) and its update kernel against model/fp8_scaling.h's rule on the host, bit
-// for bit. Exit 77 (skipped) where no GPU is visible.
+// for bit; SwiGLU and its backward fused with that cast against the two kernels apart (the activation kernel, then
+// the cast), byte for byte. Exit 77 (skipped) where no GPU is visible.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -16,7 +17,9 @@
 
 #include "device_buffers.h"
 #include "kernels/cpu/fp8.h"
+#include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/fp8_cast.h"
+#include "kernels/cuda/fp8_swiglu.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "model/fp8_scaling.h"
 #include "tensor/device_info.h"
@@ -117,6 +120,53 @@ void test_cast_scaled(mt::cuda::Fp8Type type, int64_t rows, int64_t cols, float 
   cudaFree(scalars);
   cudaFree(out);
   cudaFree(out_t);
+}
+
+// SwiGLU (forward: y [rows, F]; backward: dx [rows, 2F]) fused with delayed scaling's cast against the activation
+// kernel and fp8_cast_scaled apart: the same FP8 bytes (row-major and transposed), amax and inverse scale, and the
+// forward's optional 16-bit output equal to the activation kernel's. Tiles cut at the edges where rows or F are
+// not multiples of 64.
+void test_fused_swiglu(mt::cuda::Fp8Type type, bool backward, int64_t rows, int64_t F, float scale) {
+  namespace cu = mt::cuda;
+  const int64_t out_cols = backward ? 2 * F : F;
+  const size_t n_x = static_cast<size_t>(rows * 2 * F), n_y = static_cast<size_t>(rows * F), n_out = static_cast<size_t>(rows * out_cols);
+  auto* x = upload(test_values(n_x, 11, 2.0f));
+  auto* dy = upload(test_values(n_y, 13, 1.0f));
+  auto* y16 = upload(std::vector<uint16_t>(n_out));
+  auto* y16_fused = upload(std::vector<uint16_t>(n_y, 0xFFFF));
+  auto* scalars = upload(std::vector<float>{scale, 1e-6f, 1e-6f, -1.0f, -1.0f});  // scale, the two accumulators, the two inverses
+  std::vector<uint8_t*> bytes(4);
+  for (auto& b : bytes) b = upload(std::vector<uint8_t>(n_out, 0xAA));
+  const auto* bx = reinterpret_cast<const cu::bf16*>(x);
+  const auto* bdy = reinterpret_cast<const cu::bf16*>(dy);
+  auto* b16 = reinterpret_cast<cu::bf16*>(y16);
+  if (backward) cu::swiglu_backward_bf16(b16, bdy, bx, rows, F, nullptr);
+  else cu::swiglu_forward_bf16(b16, bx, rows, F, nullptr);
+  cu::fp8_cast_scaled(b16, rows, out_cols, scalars, scalars + 1, type, bytes[0], bytes[1], scalars + 3, nullptr);
+  const cu::Fp8CastTarget t{.scale = scalars, .amax_accumulator = scalars + 2, .type = type, .out = bytes[2], .out_t = bytes[3], .scale_inv = scalars + 4};
+  const bool launched = backward ? cu::fp8_swiglu_backward_cast(bdy, bx, rows, F, t, nullptr)
+                                 : cu::fp8_swiglu_forward_cast(bx, rows, F, t, reinterpret_cast<cu::bf16*>(y16_fused), nullptr);
+  cudaDeviceSynchronize();
+  const auto a = download(scalars, 5);
+  const auto q = download(bytes[0], n_out), qt = download(bytes[1], n_out), fq = download(bytes[2], n_out), fqt = download(bytes[3], n_out);
+  size_t bad = 0, bad_t = 0, bad16 = 0;
+  for (size_t i = 0; i < n_out; ++i) {
+    bad += q[i] != fq[i];
+    bad_t += qt[i] != fqt[i];
+  }
+  if (!backward) {
+    const auto want16 = download(y16, n_y), got16 = download(y16_fused, n_y);
+    for (size_t i = 0; i < n_y; ++i) bad16 += want16[i] != got16[i];
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "SwiGLU %s fused with the %s cast, %lldx%lld: amax %g (apart %g), scale_inv %g (%g), %zu + %zu bytes and %zu 16-bit values differ",
+                backward ? "backward" : "forward", type == cu::Fp8Type::kE5M2 ? "E5M2" : "E4M3", static_cast<long long>(rows),
+                static_cast<long long>(F), a[2], a[1], a[4], a[3], bad, bad_t, bad16);
+  check(launched && a[1] == a[2] && a[1] > 1e-6f && a[3] == a[4] && bad == 0 && bad_t == 0 && bad16 == 0, buf);
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(dy), static_cast<void*>(y16), static_cast<void*>(y16_fused), static_cast<void*>(scalars)}) {
+    cudaFree(p);
+  }
+  for (auto* b : bytes) cudaFree(b);
 }
 
 // The update kernel on many tensors' histories (zeros, infinities, tiny and ordinary amaxes) against the host rule.
@@ -298,6 +348,10 @@ int main() {
     test_cast_scaled(t, 48, 80, 1.0f, 64.0f, 0.0f);        // the 32 x 32 path; values past the maximum saturate
     test_cast_scaled(t, 192, 2048, 0.5f, 1.0f, 1e30f);     // the vectorised path; the accumulator's prior amax stays
     test_cast_scaled(t, 257, 33, 1e-3f, 4096.0f, 1e-9f);
+  }
+  for (bool backward : {false, true}) {
+    test_fused_swiglu(mt::cuda::Fp8Type::kE4M3, backward, 256, 512, 8.0f);
+    test_fused_swiglu(mt::cuda::Fp8Type::kE5M2, backward, 200, 72, 64.0f);  // edge tiles; values past the maximum saturate
   }
   for (int64_t len : {1, 4}) {
     test_delayed_update(len, false);

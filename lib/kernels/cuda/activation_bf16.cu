@@ -2,6 +2,7 @@
 // alignment allow, one otherwise.
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/bf16_common.cuh"
+#include "kernels/cuda/swiglu_math.cuh"
 #include "tensor/cuda/cuda_check.h"
 
 namespace mt::cuda {
@@ -30,9 +31,7 @@ template <typename T16>
 __global__ void swiglu_fwd(T16* y, const T16* x, int64_t N, int64_t F) {
   MT_GRID_LOOP(e, N * F) {
     const int64_t n = e / F, i = e % F;
-    const float g = to_f(x[n * 2 * F + i]), u = to_f(x[n * 2 * F + F + i]);
-    const float s = 1.0f / (1.0f + __expf(-g));
-    y[e] = from_f<T16>(g * s * u);
+    y[e] = from_f<T16>(swiglu_value(to_f(x[n * 2 * F + i]), to_f(x[n * 2 * F + F + i])));
   }
 }
 template <typename T16>
@@ -40,10 +39,10 @@ __global__ void swiglu_bwd(T16* dx, const T16* dy, const T16* x, int64_t N, int6
   MT_GRID_LOOP(e, N * F) {
     const int64_t n = e / F, i = e % F;
     const float g = to_f(x[n * 2 * F + i]), u = to_f(x[n * 2 * F + F + i]);
-    const float d = to_f(dy[e]);
-    const float s = 1.0f / (1.0f + __expf(-g));
-    dx[n * 2 * F + F + i] = from_f<T16>(d * g * s);
-    dx[n * 2 * F + i] = from_f<T16>(d * u * (s * (1.0f + g * (1.0f - s))));
+    float dg, du;
+    swiglu_grads(to_f(dy[e]), g, u, dg, du);
+    dx[n * 2 * F + F + i] = from_f<T16>(du);
+    dx[n * 2 * F + i] = from_f<T16>(dg);
   }
 }
 
@@ -75,7 +74,7 @@ __global__ void swiglu_fwd8(T16* y, const T16* x, int64_t N, int64_t F) {
     const Bf16x8 g = load_bf16x8(x + n * 2 * F + i), u = load_bf16x8(x + n * 2 * F + F + i);
     Bf16x8 o;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) o.x[k] = g.x[k] / (1.0f + __expf(-g.x[k])) * u.x[k];
+    for (int k = 0; k < 8; ++k) o.x[k] = swiglu_value(g.x[k], u.x[k]);
     store_bf16x8(y + n * F + i, o);
   }
 }
@@ -87,11 +86,7 @@ __global__ void swiglu_bwd8(T16* dx, const T16* dy, const T16* x, int64_t N, int
     const Bf16x8 g = load_bf16x8(x + n * 2 * F + i), u = load_bf16x8(x + n * 2 * F + F + i), d = load_bf16x8(dy + n * F + i);
     Bf16x8 dg, du;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float s = 1.0f / (1.0f + __expf(-g.x[k]));
-      du.x[k] = d.x[k] * g.x[k] * s;
-      dg.x[k] = d.x[k] * u.x[k] * (s * (1.0f + g.x[k] * (1.0f - s)));
-    }
+    for (int k = 0; k < 8; ++k) swiglu_grads(d.x[k], g.x[k], u.x[k], dg.x[k], du.x[k]);
     store_bf16x8(dx + n * 2 * F + i, dg);
     store_bf16x8(dx + n * 2 * F + F + i, du);
   }

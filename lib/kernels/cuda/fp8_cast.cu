@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/fp8_cast.h"
+#include "kernels/cuda/fp8_tile.cuh"
 #include "model/fp8_scaling.h"
 #include "tensor/cuda/cuda_check.h"
 
@@ -54,39 +55,21 @@ __global__ void amax_kernel(const bf16* __restrict__ x, int64_t n, unsigned* __r
 
 constexpr int kTile = 32, kRowsPerPass = 8;
 
-// The vectorised cast: 64 x 64 tiles, 256 threads, eight values per load and per store (rows and columns
-// multiples of 8, x 16-byte aligned, the outputs 8-byte aligned).
-constexpr int kVecTile = 64;
-__device__ __forceinline__ uint8_t to_fp8(float x, float scale, __nv_fp8_interpretation_t kind) {
-  return __nv_cvt_float_to_fp8(__fmul_rn(x, scale), __NV_SATFINITE, kind);
-}
-// The block's max |x| atomically into *acc (non-negative floats order as their bits); every thread must call it.
-__device__ void block_amax_into(float m, unsigned* acc) {
-  __shared__ float warp_max[32];
-  const int t = threadIdx.y * blockDim.x + threadIdx.x, lane = t & 31, warp = t >> 5;
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < static_cast<int>((blockDim.x * blockDim.y) >> 5) ? warp_max[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0 && m > 0.0f) atomicMax(acc, __float_as_uint(m));
-  }
-}
-
 // The scale: *given (delayed scaling), else from *amax (tensorwise).
 __device__ __forceinline__ float cast_scale(const float* given, const float* amax, bool e5m2) {
   return given ? *given : scale_from_amax(*amax, e5m2 ? 57344.0f : 448.0f);
 }
 
+// The vectorised cast: 64 x 64 tiles (kernels/cuda/fp8_tile.cuh), 256 threads, eight values per load and per
+// store (rows and columns multiples of 8, x 16-byte aligned, the outputs 8-byte aligned).
 __global__ void cast_vec_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ amax, const float* __restrict__ given,
                                 unsigned* __restrict__ acc, bool e5m2, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
                                 float* __restrict__ scale_inv) {
   const float scale = cast_scale(given, amax, e5m2);
   float m = 0.0f;
   if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
-  __shared__ alignas(16) uint8_t tile[kVecTile][kVecTile + 8];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVecTile, c0 = static_cast<int64_t>(blockIdx.x) * kVecTile;
+  __shared__ alignas(16) uint8_t tile[kFp8Tile][kFp8TilePitch];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kFp8Tile, c0 = static_cast<int64_t>(blockIdx.x) * kFp8Tile;
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
   const int t = threadIdx.x, group = t % 8;
   for (int pass = 0; pass < 2; ++pass) {
@@ -109,15 +92,7 @@ __global__ void cast_vec_kernel(const bf16* __restrict__ x, int64_t rows, int64_
   if (acc) block_amax_into(m, acc);
   if (!out_t) return;
   __syncthreads();
-  for (int pass = 0; pass < 2; ++pass) {
-    const int j = t / 8 + 32 * pass;  // the tile's column: out_t's row c0 + j
-    const int64_t c = c0 + j, r = r0 + group * 8;
-    if (c < cols && r < rows) {
-      alignas(8) uint8_t q[8];
-      for (int k = 0; k < 8; ++k) q[k] = tile[group * 8 + k][j];
-      *reinterpret_cast<uint2*>(out_t + c * rows + r) = *reinterpret_cast<const uint2*>(q);
-    }
-  }
+  store_tile_transposed(tile, out_t, c0, cols - c0, r0, rows);
 }
 
 __global__ void cast_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ amax, const float* __restrict__ given,
@@ -160,7 +135,7 @@ void cast(const bf16* x, int64_t rows, int64_t cols, const float* amax, const fl
   unsigned* acc_bits = reinterpret_cast<unsigned*>(acc);
   const auto aligned = [](const void* p, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; };
   if (rows % 8 == 0 && cols % 8 == 0 && aligned(x, 16) && aligned(out, 8) && aligned(out_t, 8)) {
-    const dim3 grid(static_cast<unsigned>((cols + kVecTile - 1) / kVecTile), static_cast<unsigned>((rows + kVecTile - 1) / kVecTile));
+    const dim3 grid(static_cast<unsigned>((cols + kFp8Tile - 1) / kFp8Tile), static_cast<unsigned>((rows + kFp8Tile - 1) / kFp8Tile));
     cast_vec_kernel<<<grid, 256, 0, stream>>>(x, rows, cols, amax, given, acc_bits, type == Fp8Type::kE5M2, out, out_t, scale_inv);
     MT_CUDA_CHECK(cudaGetLastError());
     return;

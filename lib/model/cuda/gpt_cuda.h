@@ -27,6 +27,7 @@
 #include "config/config.h"
 #include "kernels/cuda/bf16_fwd.h"
 #include "kernels/cuda/dropout.h"
+#include "kernels/cuda/fp8_swiglu.h"
 #include "kernels/cuda/norm_bf16.h"
 #include "model/fp8_scaling.h"
 #include "model/layout.h"
@@ -231,10 +232,18 @@ class CudaGPT {
   // kLinearQkv .. kLinearFc2; x [T, in], W [out, in], y / dy [T, out]. The FP8 weight gradient reuses the
   // transposed FP8 dy of the data-gradient GEMM just before it when there is one (else casts it again).
   enum LinearSite : int { kLinearQkv = 0, kLinearProj = 1, kLinearFc1 = 2, kLinearFc2 = 3 };
+  // x_cast / dy_cast: the FP8 operand was already written where fp8_input_target / fp8_grad_target say, by the
+  // kernel that produced it (delayed scaling's fused casts), so the GEMM reads it without casting x / dy.
   void linear_forward(int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const cuda::bf16* x, int64_t w_off,
-                      const cuda::bf16* bias, cuda::bf16* y);
+                      const cuda::bf16* bias, cuda::bf16* y, bool x_cast = false);
   void linear_dgrad(int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const cuda::bf16* dy, int64_t w_off,
-                    cuda::bf16* dx);
+                    cuda::bf16* dx, bool dy_cast = false);
+  // Delayed scaling: where the cast of an FP8 layer's GEMM input (the forward) or output gradient (the backward)
+  // goes, with its scale and amax accumulator; SwiGLU fuses these casts (kernels/cuda/fp8_swiglu.h) where
+  // fp8_fuses_swiglu says so.
+  cuda::Fp8CastTarget fp8_input_target(int64_t l, Record& r, int site) const;
+  cuda::Fp8CastTarget fp8_grad_target(int64_t l, int site) const;
+  bool fp8_fuses_swiglu(int64_t l) const;
   void linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const cuda::bf16* dy,
                     const cuda::bf16* x, int64_t w_off, int64_t b_off);
   bool fp8_layer(int64_t l) const { return D_.fp8_layer(first_layer_ + l); }

@@ -79,44 +79,67 @@ float* CudaGPT::fp8_slot_scales(bool grad) const {
   return grad ? slot.f8_dy_scale : slot.f8_x_scale;
 }
 
+cuda::Fp8CastTarget CudaGPT::fp8_input_target(int64_t l, Record& r, int site) const {
+  const int64_t slot = l * kFp8Sites + site;
+  return {.scale = f8_scale_ ? fp8_slot_scales(false) + slot : nullptr,  // (tensorwise: from the amax)
+          .amax_accumulator = f8_scale_ && f8_record_ ? f8_history_ + kFp8Input * f8_slots_ + slot : nullptr,
+          .type = cuda::Fp8Type::kE4M3,
+          .out = s_->f8_row,
+          .out_t = D_.fp8_wgrad && f8_keep_xt_ ? r.f8_xt[site] : nullptr,  // (not in evaluation: no backward reads it)
+          .scale_inv = r.f8_xinv + 64 * site};  // (x^T, kept for the weight gradient, carries it too)
+}
+
+cuda::Fp8CastTarget CudaGPT::fp8_grad_target(int64_t l, int site) const {
+  const int64_t slot = l * kFp8Sites + site;
+  return {.scale = fp8_slot_scales(true) + slot,
+          .amax_accumulator = f8_history_ + kFp8GradOutput * f8_slots_ + slot,
+          .type = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3,
+          .out = s_->f8_row,
+          .out_t = D_.fp8_wgrad ? s_->f8_dyt : nullptr,
+          .scale_inv = s_->f8_scalar(3)};
+}
+
+// SwiGLU's FP8 casts fused: delayed scaling (the scale known before the tensor exists), bf16, a dense layer.
+bool CudaGPT::fp8_fuses_swiglu(int64_t l) const {
+  return D_.swiglu && fp8_layer(l) && f8_scale_ != nullptr && dt_ == cuda::F16::kBF16 && !layers_[static_cast<size_t>(l)].moe;
+}
+
 void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const bf16* x, int64_t w_off,
-                             const bf16* bias, bf16* y) {
+                             const bf16* bias, bf16* y, bool x_cast) {
   auto& lt = cuda::GemmLt::instance();
   if (!fp8_layer(l)) {
     MT_PROF(name, lt.gemm_ex(false, true, T, out, in, 1.0f, x, in, w(w_off), in, 0.0f, y, out, ab_, ab_, bias, stream_));
     return;
   }
-  Scratch& s = *s_;
   const auto e4m3 = cuda::Fp8Type::kE4M3;
-  float* x_inv = r.f8_xinv + 64 * site;  // (x^T, kept for the weight gradient, carries it too)
-  uint8_t* x_t = D_.fp8_wgrad && f8_keep_xt_ ? r.f8_xt[site] : nullptr;  // (not in evaluation: no backward reads it)
+  const cuda::Fp8CastTarget t = fp8_input_target(l, r, site);
   const auto k = static_cast<size_t>(l * kFp8Sites + site);
   uint8_t *wq = f8_wq_[k], *wqt = f8_wqt_[k];
   float* w_inv = f8_winv_ + 64 * k;
   const bool cast_w = f8_forward_casts_weights_;  // (else this iteration's cast, kept)
+  if (x_cast && !f8_scale_) throw std::logic_error("CUDA model: an FP8 input cast by its producer without delayed scaling");
   if (f8_scale_) {
     const int64_t slot = l * kFp8Sites + site, n = f8_slots_;
-    float* acc_x = f8_record_ ? f8_history_ + kFp8Input * n + slot : nullptr;
     float* acc_w = f8_cast_weights_ ? f8_history_ + kFp8Weight * n + slot : nullptr;
     const float* scale_w = f8_training_ ? f8_wcast_ + slot : f8_scale_ + kFp8Weight * n + slot;
-    MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(x, T, in, fp8_slot_scales(false) + slot, acc_x, e4m3, s.f8_row, x_t, x_inv, stream_));
+    if (!x_cast) MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(x, T, in, t.scale, t.amax_accumulator, e4m3, t.out, t.out_t, t.scale_inv, stream_));
     if (cast_w) MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, scale_w, acc_w, e4m3, wq, wqt, w_inv, stream_));
   } else {
     float* amax_x = r.f8_amax + 2 * site;
     float* amax_w = f8_winv_ + 64 * k + 1;  // (the weight's amax beside its inverse scale)
     MT_PROF("fwd.fp8_cast", cuda::fp8_amax(x, T * in, amax_x, stream_));
-    MT_PROF("fwd.fp8_cast", cuda::fp8_cast(x, T, in, amax_x, e4m3, s.f8_row, x_t, x_inv, stream_));
+    MT_PROF("fwd.fp8_cast", cuda::fp8_cast(x, T, in, amax_x, e4m3, t.out, t.out_t, t.scale_inv, stream_));
     if (cast_w) {
       MT_PROF("fwd.fp8_cast", cuda::fp8_amax(w(w_off), out * in, amax_w, stream_));
       MT_PROF("fwd.fp8_cast", cuda::fp8_cast(w(w_off), out, in, amax_w, e4m3, wq, wqt, w_inv, stream_));
     }
   }
-  MT_PROF(name, lt.gemm_fp8(T, out, in, 1.0f, s.f8_row, CUDA_R_8F_E4M3, x_inv, wq, CUDA_R_8F_E4M3, w_inv, 0.0f, y, out,
+  MT_PROF(name, lt.gemm_fp8(T, out, in, 1.0f, t.out, CUDA_R_8F_E4M3, t.scale_inv, wq, CUDA_R_8F_E4M3, w_inv, 0.0f, y, out,
                             CUDA_R_16BF, bias, true, stream_));
 }
 
 void CudaGPT::linear_dgrad(int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const bf16* dy, int64_t w_off,
-                           bf16* dx) {
+                           bf16* dx, bool dy_cast) {
   auto& lt = cuda::GemmLt::instance();
   if (!fp8_layer(l)) {
     MT_PROF(name, lt.gemm_ex(false, false, T, in, out, 1.0f, dy, out, w(w_off), in, 0.0f, dx, in, ab_, ab_, nullptr, stream_));
@@ -124,10 +147,12 @@ void CudaGPT::linear_dgrad(int64_t l, Record& r, int site, const char* name, int
   }
   Scratch& s = *s_;
   const auto grad = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3;
+  if (dy_cast && !f8_scale_) throw std::logic_error("CUDA model: an FP8 output gradient cast by its producer without delayed scaling");
   if (f8_scale_) {
-    const int64_t slot = l * kFp8Sites + site;
-    MT_PROF("bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, fp8_slot_scales(true) + slot, f8_history_ + kFp8GradOutput * f8_slots_ + slot, grad,
-                                                  s.f8_row, D_.fp8_wgrad ? s.f8_dyt : nullptr, s.f8_scalar(3), stream_));
+    if (!dy_cast) {
+      const cuda::Fp8CastTarget t = fp8_grad_target(l, site);
+      MT_PROF("bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, t.scale, t.amax_accumulator, t.type, t.out, t.out_t, t.scale_inv, stream_));
+    }
   } else {
     MT_PROF("bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), stream_));
     MT_PROF("bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, s.f8_row, D_.fp8_wgrad ? s.f8_dyt : nullptr, s.f8_scalar(3), stream_));

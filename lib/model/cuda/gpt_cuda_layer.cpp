@@ -75,9 +75,15 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
     moe_forward(l, r, mb);
     return combine_rows(s.delta, s.delta_l, T);
   }
+  bool act_cast = false;  // (FP8 delayed scaling: SwiGLU wrote fc2's FP8 input itself)
   if (D.swiglu) {
     linear_forward(l, r, kLinearFc1, "fwd.gemm.fc1", T, h, F1, r.xn2, lw.fc1_w, w(lw.fc1_b), r.fc1);
-    MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_, dt_));
+    // (the 16-bit output too where a 16-bit weight gradient reads it)
+    if (fp8_fuses_swiglu(l)) {
+      MT_PROF("fwd.activation", act_cast = cuda::fp8_swiglu_forward_cast(r.fc1, T, F, fp8_input_target(l, r, kLinearFc2), D.fp8_wgrad ? nullptr : r.act,
+                                                                        stream_));
+    }
+    if (!act_cast) MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_, dt_));
   } else if (fp8_layer(l)) {  // (no GELU epilogue on the FP8 GEMM)
     linear_forward(l, r, kLinearFc1, "fwd.gemm.fc1", T, h, F, r.xn2, lw.fc1_w, w(lw.fc1_b), r.fc1);
     MT_PROF("fwd.activation", cuda::gelu_forward_bf16(r.act, r.fc1, T * F, stream_, dt_));
@@ -85,7 +91,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.act, F, ab_, ab_, w(lw.fc1_b), stream_,
                                        {cuda::GemmEpilogue::kGeluAux, r.fc1, F}));
   }
-  linear_forward(l, r, kLinearFc2, "fwd.gemm.fc2", T, F, h, r.act, lw.fc2_w, row_bias(lw.fc2_b), s.delta);
+  linear_forward(l, r, kLinearFc2, "fwd.gemm.fc2", T, F, h, r.act, lw.fc2_w, row_bias(lw.fc2_b), s.delta, act_cast);
   return combine_rows(s.delta, s.delta_l, T);
 }
 
@@ -124,8 +130,14 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (!defer) linear_wgrad(stream_, l, r, kLinearFc2, "bwd.gemm.fc2_wgrad", T, F, h, dy, r.act, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
   // (A row-parallel bias not from the epilogue takes this rank's rows: in the backward itself, deferred or not.)
   if (!fuse_row && lw.fc2_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc2_b), s.dres16, Tl, h, stream_, dt_));
-  if (D.swiglu) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
-  linear_dgrad(l, r, kLinearFc1, "bwd.gemm.fc1_dgrad", T, h, F1, s.dfc1, lw.fc1_w, s.dxn);
+  // FP8 delayed scaling: SwiGLU's backward writes fc1's FP8 output gradient (and its transpose) itself where nothing
+  // reads the 16-bit one (an FP8 weight gradient run now, no bias).
+  bool dfc1_cast = false;
+  if (D.swiglu && fp8_fuses_swiglu(l) && D.fp8_wgrad && !defer && lw.fc1_b < 0) {
+    MT_PROF("bwd.activation", dfc1_cast = cuda::fp8_swiglu_backward_cast(s.dact, r.fc1, T, F, fp8_grad_target(l, kLinearFc1), stream_));
+  }
+  if (D.swiglu && !dfc1_cast) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(s.dfc1, s.dact, r.fc1, T, F, stream_, dt_));
+  linear_dgrad(l, r, kLinearFc1, "bwd.gemm.fc1_dgrad", T, h, F1, s.dfc1, lw.fc1_w, s.dxn, dfc1_cast);
   if (defer) {
     save_for_weights(defer->dfc1, l, s.dfc1, F1, T);
   } else {
