@@ -638,6 +638,8 @@ int main() {
       test_norm(9, 8192, rms, true);
       test_norm(5, 4096, rms, true);  // two runs of 8 per thread
       test_norm(5, 6144, rms);        // three runs, in the four-run kernel
+      test_norm(3000, 768, rms);      // more rows than resident blocks: each block's weight-gradient sums cover several rows
+      test_norm(2500, 2048, rms, true);
       test_norm_partials(16, 2048, rms, true, 2, 8);
       test_norm_partials(9, 1000, rms, false, 3, 8);
       test_norm_partials(9, 1004, rms, true, 4, 5);  // h not a multiple of 8: the scalar kernels

@@ -1,5 +1,7 @@
 // norm_bf16.cu: one block per row for the forward and the input gradient (the row stays in registers
-// between the two passes; 16-byte loads where the row allows); the weight gradients in a second, column-parallel kernel over row ranges.
+// between the two passes; 16-byte loads where the row allows). The weight gradients: where the row takes one or two
+// 16-byte runs per thread, in the input gradient's kernel (its blocks walk rows and keep per-column sums), else in
+// a second, column-parallel kernel over row ranges; either way per-block partials, then a fixed-order sum.
 #include <algorithm>
 #include <initializer_list>
 
@@ -205,49 +207,69 @@ __global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, c
   }
 }
 
-template <int VPT, typename T16, typename R>
+// The input gradient of rows blockIdx.x, blockIdx.x + gridDim.x, ...; with kWeights also the weight (and bias,
+// pb not null) gradients' partial sums of those rows, in row order, into row blockIdx.x of pw (pb): the rows
+// are read once for both (the separate weight-gradient pass reads dy and x again).
+template <int VPT, bool kWeights, typename T16, typename R>
 __global__ void norm_bwd_dx_vec(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd, const T16* w,
-                                int64_t h, bool rms, RowDropout drop, Partials parts) {
-  const int64_t row = blockIdx.x;
-  const float mu = rms ? 0.0f : mean[row], r = rstd[row];
-  float xh[VPT][8], g[VPT][8];
-  float sg = 0.0f, sgx = 0.0f;
+                                int64_t N, int64_t h, bool rms, RowDropout drop, Partials parts, float* pw, float* pb) {
+  constexpr int kAcc = kWeights ? VPT : 1;
+  float aw[kAcc][8] = {}, ab[kAcc][8] = {};
+  const float hf = static_cast<float>(h);
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const float mu = rms ? 0.0f : mean[row], r = rstd[row];
+    float xh[VPT][8], g[VPT][8];
+    float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int64_t c = (threadIdx.x + static_cast<int64_t>(j) * blockDim.x) * 8;
+    for (int j = 0; j < VPT; ++j) {
+      const int64_t c = (threadIdx.x + static_cast<int64_t>(j) * blockDim.x) * 8;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) xh[j][k] = g[j][k] = 0.0f;
-    if (c < h) {
-      float wv[8];
-      load8(x + row * h + c, xh[j]);
-      load8_parts(dy + row * h + c, parts, g[j]);
-      load8(w + c, wv);
+      for (int k = 0; k < 8; ++k) xh[j][k] = g[j][k] = 0.0f;
+      if (c < h) {
+        float wv[8];
+        load8(x + row * h + c, xh[j]);
+        load8_parts(dy + row * h + c, parts, g[j]);
+        load8(w + c, wv);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        xh[j][k] = (xh[j][k] - mu) * r;
-        g[j][k] *= wv[k];
-        sg += g[j][k];
-        sgx += g[j][k] * xh[j][k];
+        for (int k = 0; k < 8; ++k) {
+          xh[j][k] = (xh[j][k] - mu) * r;
+          if constexpr (kWeights) {
+            aw[j][k] += g[j][k] * xh[j][k];
+            ab[j][k] += g[j][k];
+          }
+          g[j][k] *= wv[k];
+          sg += g[j][k];
+          sgx += g[j][k] * xh[j][k];
+        }
+      }
+    }
+    const float mg = rms ? 0.0f : block_sum(sg) / hf;
+    const float mgx = block_sum(sgx) / hf;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int64_t c = (threadIdx.x + static_cast<int64_t>(j) * blockDim.x) * 8;
+      if (c < h) {
+        float t[8];
+        load8(dres + row * h + c, t);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) t[k] += r * (g[j][k] - mg - xh[j][k] * mgx);
+        store8(dres + row * h + c, t);
+        if (drop.on()) {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) t[k] *= dropout_factor(drop, row, c + k, h);
+        }
+        store8(dres16 + row * h + c, t);
       }
     }
   }
-  const float hf = static_cast<float>(h);
-  const float mg = rms ? 0.0f : block_sum(sg) / hf;
-  const float mgx = block_sum(sgx) / hf;
+  if constexpr (kWeights) {
 #pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int64_t c = (threadIdx.x + static_cast<int64_t>(j) * blockDim.x) * 8;
-    if (c < h) {
-      float t[8];
-      load8(dres + row * h + c, t);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) t[k] += r * (g[j][k] - mg - xh[j][k] * mgx);
-      store8(dres + row * h + c, t);
-      if (drop.on()) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) t[k] *= dropout_factor(drop, row, c + k, h);
+    for (int j = 0; j < VPT; ++j) {
+      const int64_t c = (threadIdx.x + static_cast<int64_t>(j) * blockDim.x) * 8;
+      if (c < h) {
+        store8(pw + blockIdx.x * h + c, aw[j]);
+        if (pb) store8(pb + blockIdx.x * h + c, ab[j]);
       }
-      store8(dres16 + row * h + c, t);
     }
   }
 }
@@ -322,7 +344,33 @@ void add_norm_forward_t(R* sum_out, T16* y, float* mean, float* rstd, const R* x
   MT_CUDA_CHECK_LAUNCH();
 }
 
-constexpr int64_t kMaxRowBlocks = 256;  // the weight gradients' row ranges (partial sums per column)
+constexpr int64_t kMaxRowBlocks = 256;  // the weight-gradient pass's row ranges (partial sums per column)
+// The input-gradient kernel that sums the weight gradients too (rows of up to 2 runs of 8 per thread: more would
+// hold too many accumulators in registers): as many blocks as fit on the GPU at once, at most this many.
+constexpr int64_t kMaxFusedBlocks = 2048;
+
+int sm_count() {
+  static const int n = [] {
+    int device = 0, count = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&device));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  return n;
+}
+
+// The fused kernel over N rows: blocks resident at once (at least one row each), partials into pw / pb.
+template <int VPT, typename T16, typename R>
+int64_t launch_fused_dx(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd, const T16* w, int64_t N,
+                        int64_t h, bool rms, const RowDropout& drop, const Partials& parts, int threads, float* pw, float* pb, cudaStream_t stream) {
+  const auto kernel = norm_bwd_dx_vec<VPT, true, T16, R>;
+  int per_sm = 0;
+  MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  const int64_t nb = std::clamp<int64_t>(static_cast<int64_t>(std::max(per_sm, 1)) * sm_count(), 1, std::min(N, kMaxFusedBlocks));
+  kernel<<<static_cast<unsigned>(nb), threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, drop, parts, pw, pb);
+  MT_CUDA_CHECK_LAUNCH();
+  return nb;
+}
 
 template <typename T16, typename R>
 void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T16* dy, const R* x, const float* mean, const float* rstd,
@@ -331,12 +379,21 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
   if (N == 0) return;
   const dim3 rows(static_cast<unsigned>(N));
   const VecShape vs = vec_shape(h, {dres, dres16, dy, x, w}, parts);
+  const bool fused = vs.vpt == 1 || vs.vpt == 2;
+  const int64_t row_blocks = std::min<int64_t>(N, kMaxRowBlocks);
+  const int64_t rpb = (N + row_blocks - 1) / row_blocks;
+  const int64_t max_blocks = fused ? std::min(N, kMaxFusedBlocks) : (N + rpb - 1) / rpb;
+  auto& alloc = DeviceAllocator::instance();
+  const size_t bytes = static_cast<size_t>(max_blocks * h) * sizeof(float);
+  float* pw = scratch ? scratch : static_cast<float*>(alloc.allocate(bytes));
+  float* pb = db ? (scratch ? scratch + max_blocks * h : static_cast<float*>(alloc.allocate(bytes))) : nullptr;
+  int64_t nb = 0;  // the partials' rows
   if (vs.vpt == 1) {
-    norm_bwd_dx_vec<1><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts);
+    nb = launch_fused_dx<1>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, drop, parts, vs.threads, pw, pb, stream);
   } else if (vs.vpt == 2) {
-    norm_bwd_dx_vec<2><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts);
+    nb = launch_fused_dx<2>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, drop, parts, vs.threads, pw, pb, stream);
   } else if (vs.vpt == 4) {
-    norm_bwd_dx_vec<4><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts);
+    norm_bwd_dx_vec<4, false><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, drop, parts, nullptr, nullptr);
   } else {
     switch (cols_per_thread(h)) {
       case 4: norm_bwd_dx_kernel<4><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts); break;
@@ -347,15 +404,12 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
     }
   }
   MT_CUDA_CHECK_LAUNCH();
-  const int64_t row_blocks = std::min<int64_t>(N, kMaxRowBlocks);
-  const int64_t rpb = (N + row_blocks - 1) / row_blocks, nb = (N + rpb - 1) / rpb;
-  auto& alloc = DeviceAllocator::instance();
-  const size_t bytes = static_cast<size_t>(nb * h) * sizeof(float);
-  float* pw = scratch ? scratch : static_cast<float*>(alloc.allocate(bytes));
-  float* pb = db ? (scratch ? scratch + nb * h : static_cast<float*>(alloc.allocate(bytes))) : nullptr;
-  const dim3 grid(static_cast<unsigned>((h + 255) / 256), static_cast<unsigned>(nb));
-  norm_bwd_dw_kernel<<<grid, 256, 0, stream>>>(pw, pb, dy, x, mean, rstd, N, h, rpb, rms, parts);
-  MT_CUDA_CHECK_LAUNCH();
+  if (!fused) {  // the weight gradients in a second pass over dy and x
+    nb = (N + rpb - 1) / rpb;
+    const dim3 grid(static_cast<unsigned>((h + 255) / 256), static_cast<unsigned>(nb));
+    norm_bwd_dw_kernel<<<grid, 256, 0, stream>>>(pw, pb, dy, x, mean, rstd, N, h, rpb, rms, parts);
+    MT_CUDA_CHECK_LAUNCH();
+  }
   add_column_sums_kernel<<<grid_for(h, 256), 256, 0, stream>>>(dw, pw, nb, h);
   MT_CUDA_CHECK_LAUNCH();
   if (db) {
@@ -368,7 +422,10 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
   }
 }
 
-int64_t norm_backward_partials(int64_t h) { return 2 * kMaxRowBlocks * h; }
+int64_t norm_backward_partials(int64_t h) {
+  const bool may_fuse = h % 8 == 0 && h <= 2 * 8 * 256;  // (vec_shape: at most two runs of 8 per thread of 256)
+  return 2 * (may_fuse ? kMaxFusedBlocks : kMaxRowBlocks) * h;
+}
 
 void add_norm_forward(const AddNorm& a, cudaStream_t stream) {
   const RowDropout drop = a.dropout ? *a.dropout : RowDropout{};
