@@ -1,7 +1,7 @@
 // test_fp8_delayed.cpp: FP8 delayed scaling (model/fp8_scaling.h) against values worked by hand: the amax
 // history's roll, most_recent and max, the margin, a zero, infinite or tiny amax; the state's checkpoint layout;
-// and a CPU training run that resumes from a checkpoint exactly as it would have gone on (the scales and histories
-// saved and restored).
+// a CPU training run that resumes from a checkpoint exactly as it would have gone on (the scales and histories
+// saved and restored); and the amaxes reduced over DP unless --tp-only-amax-red.
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +15,8 @@
 #include "model/fp8_scaling.h"
 #include "model/gpt_model.h"
 #include "train/trainer.h"
+#include "fake_groups.h"
+#include "tiny_models.h"
 
 namespace {
 
@@ -137,4 +139,56 @@ TEST_CASE("fp8 delayed: a CPU run resumed from its checkpoint goes on exactly as
   REQUIRE(restored != nullptr);
   CHECK(restored->layer_state(0) == whole.model->fp8_scaling()->layer_state(0));
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// A DP group of two played by rank 0: a MAX all-reduce meets a second rank whose every amax is `other`.
+class DpWithLargerAmaxes final : public mt::test::NoCollectives {
+ public:
+  explicit DpWithLargerAmaxes(float other) : NoCollectives(0, 2), other_(other) {}
+  void all_reduce(float* x, int64_t n, mt::ReduceOp op) override {
+    if (op != mt::ReduceOp::kMax) fail();
+    for (int64_t i = 0; i < n; ++i) x[i] = std::fmax(x[i], other_);
+    ++max_reductions;
+  }
+  int max_reductions = 0;
+
+ private:
+  float other_;
+};
+
+}  // namespace
+
+TEST_CASE("fp8 delayed: the amaxes are reduced over DP, and with --tp-only-amax-red a DP rank keeps its own") {
+  for (bool tp_only : {false, true}) {
+    mt::Config c = mt::test::tiny_decoder(true);
+    c.precision.bf16 = true;
+    c.precision.fp8_format = "hybrid";
+    c.precision.fp8_recipe = "delayed";
+    c.precision.fp8_amax_history_len = 2;
+    c.precision.tp_only_amax_red = tp_only;
+    mt::ProcessGroups groups = mt::ProcessGroups::single();
+    auto dp = std::make_shared<DpWithLargerAmaxes>(1024.0f);  // far above what the tiny model's tensors reach
+    groups.dp_cp = dp;
+    mt::GPTModel m(c, groups);
+    const mt::Microbatch mb = mt::test::tiny_batch();
+    m.forward_stage(0, mb, 1, true, {}, nullptr);
+    m.backward_stage(0, 1.0f, true, {}, nullptr);
+    const mt::Fp8ScalingState& st = *m.fp8_scaling();
+    REQUIRE(st.slots() > 0);
+    int other_rank_scales = 0;  // the scales that come from the other rank's amax: max / 1024
+    for (int kind : {mt::kFp8Input, mt::kFp8Weight, mt::kFp8GradOutput}) {
+      const float from_other = (kind == mt::kFp8GradOutput ? 57344.0f : 448.0f) / 1024.0f;
+      for (int64_t i = 0; i < st.slots(); ++i) other_rank_scales += st.scales(kind)[i] == from_other;
+    }
+    INFO((tp_only ? "--tp-only-amax-red" : "default") << ": " << dp->max_reductions << " reductions over DP");
+    if (tp_only) {
+      CHECK(dp->max_reductions == 0);
+      CHECK(other_rank_scales == 0);
+    } else {
+      CHECK(dp->max_reductions == 2);  // the forward's update and the backward's
+      CHECK(other_rank_scales == 3 * st.slots());
+    }
+  }
 }

@@ -13,6 +13,7 @@
 #include "pipeline/cpu_stage.h"
 #include "pipeline/schedule.h"
 #include "pipeline/stage.h"
+#include "fake_groups.h"
 #include "tiny_models.h"
 
 using namespace mt;
@@ -36,35 +37,8 @@ Microbatch batch(int seed) {
   return mb;
 }
 
-// A group of `size` ranks seen from rank `rank`, for a model's pipeline coordinates (no collective runs:
-// one process plays every stage, so nothing may be communicated over it).
-class PositionOnly final : public Communicator {
- public:
-  PositionOnly(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  void all_reduce(float*, int64_t, ReduceOp) override { fail(); }
-  void all_reduce(double*, int64_t, ReduceOp) override { fail(); }
-  std::unique_ptr<CommRequest> all_reduce_async(float*, int64_t, ReduceOp) override { fail(); }
-  void reduce_scatter(const float*, float*, int64_t, ReduceOp) override { fail(); }
-  std::unique_ptr<CommRequest> reduce_scatter_v_async(const float*, float*, const std::vector<int64_t>&, ReduceOp) override { fail(); }
-  std::unique_ptr<CommRequest> all_gather_v_async(const float*, float*, const std::vector<int64_t>&) override { fail(); }
-  void all_gather(const float*, float*, int64_t) override { fail(); }
-  std::unique_ptr<CommRequest> all_gather_async(const float*, float*, int64_t) override { fail(); }
-  void all_to_all(const float*, float*, int64_t) override { fail(); }
-  void all_to_all_v(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&) override { fail(); }
-  void send(const float*, int64_t, int) override { fail(); }
-  void recv(float*, int64_t, int) override { fail(); }
-  std::unique_ptr<CommRequest> send_recv_batch_async(const std::vector<P2POp>&) override { fail(); }
-  void broadcast(void*, int64_t, int) override { fail(); }
-  void barrier() override { fail(); }
-  std::vector<std::string> all_gather_strings(const std::string&) override { fail(); }
-  std::shared_ptr<Communicator> sub_group(int, int, const std::string&) override { fail(); }
-
- private:
-  int rank_, size_;
-  [[noreturn]] static void fail() { throw std::logic_error("PositionOnly: no collectives"); }
-};
+// The pipeline group seen from one stage (one process plays every stage: nothing may be communicated over it).
+using PositionOnly = test::NoCollectives;
 
 ProcessGroups stage_groups(int pp_rank, int pp_size) {
   ProcessGroups g = ProcessGroups::single();
