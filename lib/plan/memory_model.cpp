@@ -70,8 +70,11 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
     return bytes;
   }
   bytes += a * sb * h / rep;  // fc1 input (norm output)
-  if (!recompute_mlp) bytes += a * sb * F * (mult + 1) / t;  // fc1 output(s) and activation output
   const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
+  // The CUDA engine under delayed scaling: SwiGLU writes fc2's FP8 input, and with FP8 weight gradients nothing keeps
+  // its 16-bit output.
+  const bool act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
+  if (!recompute_mlp) bytes += a * sb * F * (mult + (act_unread ? 0 : 1)) / t;  // fc1 output(s) and activation output
   if (c.precision.fp8_format && fp8_wgrad) bytes += sb * (2 * h + n * d / t + F / t);  // FP8: the four GEMM inputs' transposes (1 byte)
   return bytes;
 }

@@ -265,7 +265,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     r.rstd2 = f32(1, rows_l);
     if (dense_mlp) {
       r.fc1 = b16(F1);
-      r.act = b16(F);
+      if (!fp8 || !swiglu_output_unread()) r.act = b16(F);  // (FP8 delayed: SwiGLU writes fc2's FP8 input instead)
     }
     if (moe) {
       const double k = static_cast<double>(topk_);

@@ -101,8 +101,12 @@ cuda::Fp8CastTarget CudaGPT::fp8_grad_target(int64_t l, int site) const {
 
 // SwiGLU's FP8 casts fused: delayed scaling (the scale known before the tensor exists), bf16, a dense layer.
 bool CudaGPT::fp8_fuses_swiglu(int64_t l) const {
-  return D_.swiglu && fp8_layer(l) && f8_scale_ != nullptr && dt_ == cuda::F16::kBF16 && !layers_[static_cast<size_t>(l)].moe;
+  return D_.swiglu && D_.fp8_delayed && fp8_layer(l) && dt_ == cuda::F16::kBF16 && !layers_[static_cast<size_t>(l)].moe;
 }
+
+// ... and then nothing reads SwiGLU's 16-bit output (an FP8 weight gradient reads fc2's FP8 x^T), so no FP8 layer's
+// record keeps it. (Delayed scaling keeps every layer in FP8: --first-last-layers-bf16 is refused with it.)
+bool CudaGPT::swiglu_output_unread() const { return D_.swiglu && D_.fp8_delayed && D_.fp8_wgrad && dt_ == cuda::F16::kBF16; }
 
 void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const bf16* x, int64_t w_off,
                              const bf16* bias, bf16* y, bool x_cast) {

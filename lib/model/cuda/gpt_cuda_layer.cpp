@@ -83,6 +83,8 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
       MT_PROF("fwd.activation", act_cast = cuda::fp8_swiglu_forward_cast(r.fc1, T, F, fp8_input_target(l, r, kLinearFc2), D.fp8_wgrad ? nullptr : r.act,
                                                                         stream_));
     }
+    if (!act_cast && !r.act) throw std::logic_error("CUDA model: SwiGLU's fused FP8 cast does not take a " + std::to_string(T) + " x " + std::to_string(F) +
+                                                    " activation, and its 16-bit output has no buffer");
     if (!act_cast) MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_, dt_));
   } else if (fp8_layer(l)) {  // (no GELU epilogue on the FP8 GEMM)
     linear_forward(l, r, kLinearFc1, "fwd.gemm.fc1", T, h, F, r.xn2, lw.fc1_w, w(lw.fc1_b), r.fc1);
