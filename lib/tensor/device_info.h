@@ -2,6 +2,7 @@
 // for MFU). Compiled with the CUDA runtime when the CUDA backend is built; reports none otherwise.
 #pragma once
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -22,5 +23,15 @@ std::string gpu_unavailable_reason();
 bool built_with_cuda();
 // Makes GPU `index` current for this process (CUDA builds; a no-op otherwise).
 void set_cuda_device(int index);
+
+// A CUDA feature that is written but has never run on a GPU stays refused by name; on a GPU machine a developer
+// lifts that refusal to test it with MEGATRAIN_CUDA_UNVERIFIED=<name>[,<name>...] (docs/cuda-engine.md). Names:
+// "blockwise" (--fp8-recipe blockwise).
+inline bool cuda_unverified_allowed(const std::string& name) {
+  const char* env = std::getenv("MEGATRAIN_CUDA_UNVERIFIED");
+  if (env == nullptr) return false;
+  const std::string list = std::string(",") + env + ",";
+  return list.find("," + name + ",") != std::string::npos;
+}
 
 }  // namespace mt

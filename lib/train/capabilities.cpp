@@ -161,9 +161,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
       no(true, "FP8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell); this GPU (" + gpus.front().name + ") is " +
                    std::to_string(gpus.front().major) + "." + std::to_string(gpus.front().minor) + ": drop --fp8-format");
     }
-    no(c.precision.fp8_recipe == "blockwise",
-       "--fp8-recipe blockwise runs on the CPU engine only so far (its GEMMs with block scales are not written for the GPU yet): use "
-       "--fp8-recipe delayed or tensorwise, or --device cpu");
+    no(c.precision.fp8_recipe == "blockwise" && !cuda_unverified_allowed("blockwise"),
+       "--fp8-recipe blockwise runs on the CPU engine only so far (its GPU quantisation and block-scaled GEMMs are written but have not "
+       "run on a GPU yet): use --fp8-recipe delayed or tensorwise, or --device cpu");
     no(c.parallel.tensor_model_parallel_size > 1,
        "FP8 with tensor parallelism has not run on GPUs yet (its amax reduction over TP): use --device cpu, or TP 1 on the CUDA engine");
     no(c.precision.fp8_recipe == "delayed" && c.derived.data_parallel_size > 1 && !c.precision.tp_only_amax_red,

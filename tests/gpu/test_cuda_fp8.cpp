@@ -18,6 +18,7 @@
 #include "device_buffers.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cuda/activation_bf16.h"
+#include "kernels/cuda/fp8_block.h"
 #include "kernels/cuda/fp8_cast.h"
 #include "kernels/cuda/fp8_swiglu.h"
 #include "kernels/cuda/gemm_lt.h"
@@ -167,6 +168,143 @@ void test_fused_swiglu(mt::cuda::Fp8Type type, bool backward, int64_t rows, int6
     cudaFree(p);
   }
   for (auto* b : bytes) cudaFree(b);
+}
+
+// Blockwise quantisation on the GPU against kernels/cpu/fp8's fp8_quantize_blocks: every byte times its block's
+// inverse scale (in cuBLASLt's layouts, kernels/cuda/fp8_block.h) must be the CPU's dequantised value, bit for bit.
+std::vector<float> block_values(const std::vector<uint8_t>& q, const std::vector<float>& inv, int64_t rows, int64_t cols, int64_t block_rows,
+                                int64_t block_cols, mt::cpu::Fp8Format f) {
+  const auto pad4 = [](int64_t n) { return (n + 3) / 4 * 4; };
+  const int64_t kb = (cols + 127) / 128;
+  std::vector<float> v(q.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = static_cast<size_t>(r * cols + c);
+      const size_t s = block_rows == 1 ? static_cast<size_t>((c / 128) * pad4(rows) + r)  // 1 x 128 blocks along rows
+                                       : static_cast<size_t>((r / 128) * pad4(kb) + c / 128);  // 128 x 128
+      v[i] = mt::cpu::fp8_decode(q[i], f) * inv[s];
+    }
+  }
+  (void)block_cols;
+  return v;
+}
+
+void test_block_quantize(mt::cuda::Fp8Type type, int64_t rows, int64_t cols) {
+  namespace cu = mt::cuda;
+  const auto f = cpu_format(type);
+  const size_t n = static_cast<size_t>(rows * cols);
+  const std::vector<uint16_t> x = test_values(n, 17, 3.0f);
+  std::vector<float> xf(n), xt(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      xf[static_cast<size_t>(r * cols + c)] = mt::bf16_to_float(x[static_cast<size_t>(r * cols + c)]);
+      xt[static_cast<size_t>(c * rows + r)] = xf[static_cast<size_t>(r * cols + c)];
+    }
+  }
+  auto* dx = upload(x);
+  const auto* bx = reinterpret_cast<const cu::bf16*>(dx);
+  std::vector<uint8_t*> q(4);
+  for (auto& b : q) b = upload(std::vector<uint8_t>(n, 0xAA));
+  const size_t n_row = static_cast<size_t>(cu::fp8_vec128_scales(rows, cols)), n_col = static_cast<size_t>(cu::fp8_vec128_scales(cols, rows));
+  const size_t n_sq = static_cast<size_t>(cu::fp8_blk128_scales(rows, cols)), n_sqt = static_cast<size_t>(cu::fp8_blk128_scales(cols, rows));
+  float* s_row = upload(std::vector<float>(n_row, 0.0f));
+  float* s_col = upload(std::vector<float>(n_col, 0.0f));
+  float* s_sq = upload(std::vector<float>(n_sq, 0.0f));
+  float* s_sqt = upload(std::vector<float>(n_sqt, 0.0f));
+  cu::fp8_quantize_1x128(bx, rows, cols, type, q[0], s_row, q[1], s_col, nullptr);
+  cu::fp8_quantize_128x128(bx, rows, cols, type, q[2], s_sq, q[3], s_sqt, nullptr);
+  cudaDeviceSynchronize();
+  std::vector<float> want_row(n), want_col_t(n), want_sq(n), want_sq_t(n);
+  mt::cpu::fp8_quantize_blocks(want_row.data(), xf.data(), rows, cols, 1, 128, f);
+  mt::cpu::fp8_quantize_blocks(want_col_t.data(), xt.data(), cols, rows, 1, 128, f);  // (128 x 1 blocks of x, as rows of x^T)
+  mt::cpu::fp8_quantize_blocks(want_sq.data(), xf.data(), rows, cols, 128, 128, f);
+  mt::cpu::fp8_quantize_blocks(want_sq_t.data(), xt.data(), cols, rows, 128, 128, f);
+  const std::vector<float> got[4] = {block_values(download(q[0], n), download(s_row, n_row), rows, cols, 1, 128, f),
+                                     block_values(download(q[1], n), download(s_col, n_col), cols, rows, 1, 128, f),
+                                     block_values(download(q[2], n), download(s_sq, n_sq), rows, cols, 128, 128, f),
+                                     block_values(download(q[3], n), download(s_sqt, n_sqt), cols, rows, 128, 128, f)};
+  const std::vector<float>* want[4] = {&want_row, &want_col_t, &want_sq, &want_sq_t};
+  size_t bad[4] = {};
+  for (int k = 0; k < 4; ++k) {
+    for (size_t i = 0; i < n; ++i) bad[k] += std::memcmp(&got[k][i], &(*want[k])[i], 4) != 0;
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "fp8 blockwise quantisation %s %lldx%lld against the CPU's blocks: %zu (1 x 128) + %zu (128 x 1, transposed) + %zu + %zu "
+                "(128 x 128 and its transpose) values differ",
+                type == cu::Fp8Type::kE5M2 ? "E5M2" : "E4M3", static_cast<long long>(rows), static_cast<long long>(cols), bad[0], bad[1], bad[2], bad[3]);
+  check(bad[0] + bad[1] + bad[2] + bad[3] == 0, buf);
+  cudaFree(dx);
+  for (auto* b : q) cudaFree(b);
+  for (float* p : {s_row, s_col, s_sq, s_sqt}) cudaFree(p);
+}
+
+// The block-scaled GEMMs as the linear layers call them: forward / data gradient y [M, N] = x [M, K] (1 x 128) . W [N, K]^T
+// (128 x 128), bf16 out; weight gradient C [M, N] += dy^T [M, K] . x^T [N, K]^T, both 1 x 128 along K, fp32 accumulated.
+// Against the sums of the dequantised operands in double: within fp32 accumulation (relative 1e-5 of the row's scale).
+void test_block_gemm(bool weight_gradient, int64_t M, int64_t N, int64_t K, mt::cuda::Fp8Type a_type) {
+  namespace cu = mt::cuda;
+  using Mode = cu::GemmLt::ScaleMode;
+  const auto fa = cpu_format(a_type);
+  const std::vector<uint16_t> a16 = test_values(static_cast<size_t>(M * K), 21, 1.0f), b16 = test_values(static_cast<size_t>(N * K), 23, 0.05f);
+  auto* da = upload(a16);
+  auto* db = upload(b16);
+  auto* qa = upload(std::vector<uint8_t>(a16.size()));
+  auto* qb = upload(std::vector<uint8_t>(b16.size()));
+  float* sa = upload(std::vector<float>(static_cast<size_t>(cu::fp8_vec128_scales(M, K)), 0.0f));
+  const size_t nb = static_cast<size_t>(weight_gradient ? cu::fp8_vec128_scales(N, K) : cu::fp8_blk128_scales(N, K));
+  float* sb = upload(std::vector<float>(nb, 0.0f));
+  cu::fp8_quantize_1x128(reinterpret_cast<const cu::bf16*>(da), M, K, a_type, qa, sa, nullptr, nullptr, nullptr);
+  if (weight_gradient) cu::fp8_quantize_1x128(reinterpret_cast<const cu::bf16*>(db), N, K, cu::Fp8Type::kE4M3, qb, sb, nullptr, nullptr, nullptr);
+  else cu::fp8_quantize_128x128(reinterpret_cast<const cu::bf16*>(db), N, K, cu::Fp8Type::kE4M3, qb, sb, nullptr, nullptr, nullptr);
+  std::vector<float> c0(static_cast<size_t>(M * N), 0.0f);
+  for (size_t i = 0; i < c0.size(); ++i) c0[i] = weight_gradient ? static_cast<float>(static_cast<int>(i % 5) - 2) * 0.5f : 0.0f;
+  void* dc = weight_gradient ? static_cast<void*>(upload(c0)) : static_cast<void*>(upload(std::vector<uint16_t>(c0.size(), 0)));
+  cudaDeviceSynchronize();
+  const auto va = block_values(download(qa, a16.size()), download(sa, static_cast<size_t>(cu::fp8_vec128_scales(M, K))), M, K, 1, 128, fa);
+  const auto vb = block_values(download(qb, b16.size()), download(sb, nb), N, K, weight_gradient ? 1 : 128, 128, mt::cpu::Fp8Format::kE4M3);
+  std::string error;
+  try {
+    cu::GemmLt::instance().gemm_fp8(M, N, K, 1.0f, qa, a_type == cu::Fp8Type::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, sa, qb, CUDA_R_8F_E4M3, sb,
+                                    weight_gradient ? 1.0f : 0.0f, dc, N, weight_gradient ? CUDA_R_32F : CUDA_R_16BF, nullptr, false, nullptr,
+                                    Mode::kVec128, weight_gradient ? Mode::kVec128 : Mode::kBlock128);
+    cudaDeviceSynchronize();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  double worst = 0;
+  if (error.empty()) {
+    std::vector<float> got(c0.size());
+    if (weight_gradient) {
+      got = download(static_cast<float*>(dc), c0.size());
+    } else {
+      const auto g16 = download(static_cast<uint16_t*>(dc), c0.size());
+      for (size_t i = 0; i < got.size(); ++i) got[i] = mt::bf16_to_float(g16[i]);
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      double scale = 1e-30, diff = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = c0[static_cast<size_t>(m * N + n)], mag = std::fabs(acc);
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = static_cast<double>(va[static_cast<size_t>(m * K + k)]) * vb[static_cast<size_t>(n * K + k)];
+          acc += p;
+          mag += std::fabs(p);
+        }
+        scale = std::max(scale, mag);
+        diff = std::max(diff, std::fabs(acc - got[static_cast<size_t>(m * N + n)]));
+      }
+      worst = std::max(worst, diff / scale);
+    }
+  }
+  const double tolerance = weight_gradient ? 1e-5 : 8e-3;  // (bf16 output: its rounding)
+  char buf[320];
+  std::snprintf(buf, sizeof(buf), "fp8 block-scaled GEMM %s %lldx%lldx%lld (%s): worst error %.2e of the row's magnitude%s%s",
+                weight_gradient ? "1D x 1D, fp32 accumulated" : "1 x 128 by 128 x 128, bf16 out", static_cast<long long>(M), static_cast<long long>(N),
+                static_cast<long long>(K), a_type == cu::Fp8Type::kE5M2 ? "E5M2 x E4M3" : "E4M3", worst, error.empty() ? "" : ": ", error.c_str());
+  check(error.empty() && worst < tolerance, buf);
+  for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(qa), static_cast<void*>(qb), static_cast<void*>(sa),
+                  static_cast<void*>(sb), dc}) {
+    cudaFree(p);
+  }
 }
 
 // The update kernel on many tensors' histories (zeros, infinities, tiny and ordinary amaxes) against the host rule.
@@ -353,6 +491,14 @@ int main() {
     test_fused_swiglu(mt::cuda::Fp8Type::kE4M3, backward, 256, 512, 8.0f);
     test_fused_swiglu(mt::cuda::Fp8Type::kE5M2, backward, 200, 72, 64.0f);  // edge tiles; values past the maximum saturate
   }
+  for (auto t : {mt::cuda::Fp8Type::kE4M3, mt::cuda::Fp8Type::kE5M2}) {
+    test_block_quantize(t, 256, 384);
+    test_block_quantize(t, 200, 136);  // blocks cut at both edges
+  }
+  test_block_gemm(false, 256, 384, 512, mt::cuda::Fp8Type::kE4M3);
+  test_block_gemm(false, 256, 384, 512, mt::cuda::Fp8Type::kE5M2);
+  test_block_gemm(true, 384, 256, 512, mt::cuda::Fp8Type::kE5M2);
+  test_block_gemm(false, 208, 144, 336, mt::cuda::Fp8Type::kE4M3);  // K and the rows not multiples of 128
   for (int64_t len : {1, 4}) {
     test_delayed_update(len, false);
     test_delayed_update(len, true);

@@ -18,12 +18,6 @@
 namespace mt::cuda {
 namespace {
 
-__device__ __forceinline__ float scale_from_amax(float amax, float max) {
-  if (!(amax > 0.0f) || isinf(amax)) return 1.0f;
-  const float s = __fdiv_rn(max, amax);
-  return isinf(s) ? FLT_MAX : s;
-}
-
 // vec8: x is 16-byte aligned and n a multiple of 8 (eight values per load).
 __global__ void amax_kernel(const bf16* __restrict__ x, int64_t n, unsigned* __restrict__ amax_bits, bool vec8) {
   float m = 0.0f;
@@ -57,7 +51,7 @@ constexpr int kTile = 32, kRowsPerPass = 8;
 
 // The scale: *given (delayed scaling), else from *amax (tensorwise).
 __device__ __forceinline__ float cast_scale(const float* given, const float* amax, bool e5m2) {
-  return given ? *given : scale_from_amax(*amax, e5m2 ? 57344.0f : 448.0f);
+  return given ? *given : fp8_scale_from_amax(*amax, e5m2 ? 57344.0f : 448.0f);
 }
 
 // The vectorised cast: 64 x 64 tiles (kernels/cuda/fp8_tile.cuh), 256 threads, eight values per load and per

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_fp8.h>
 
+#include <cfloat>
 #include <cstdint>
 
 namespace mt::cuda {
@@ -11,6 +12,14 @@ namespace mt::cuda {
 // 64 x 64 tiles, 256 threads, eight values per load and store; a tile row is padded so that the transposed reads
 // of shared memory spread over the banks.
 constexpr int kFp8Tile = 64, kFp8TilePitch = kFp8Tile + 8;
+
+// The scale that maps amax to the format's largest value max (kernels/cpu/fp8's fp8_scale_from_amax): 1 for a zero or
+// non-finite amax, FLT_MAX where max / amax overflows.
+__device__ __forceinline__ float fp8_scale_from_amax(float amax, float max) {
+  if (!(amax > 0.0f) || isinf(amax)) return 1.0f;
+  const float s = __fdiv_rn(max, amax);
+  return isinf(s) ? FLT_MAX : s;
+}
 
 // x * scale rounded to nearest even, saturated to the format's largest finite value.
 __device__ __forceinline__ uint8_t to_fp8(float x, float scale, __nv_fp8_interpretation_t kind) {

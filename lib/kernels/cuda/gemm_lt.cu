@@ -143,12 +143,18 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
 
 void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* A, cudaDataType_t a_type, const float* a_scale, const void* B,
                       cudaDataType_t b_type, const float* b_scale, float beta, void* C, int64_t ldc, cudaDataType_t c_type, const void* bias,
-                      bool fast_accum, cudaStream_t stream) {
+                      bool fast_accum, cudaStream_t stream, ScaleMode a_mode, ScaleMode b_mode) {
   if (M == 0 || N == 0) return;
   if (K % 16 != 0 || N % 16 != 0 || M % 16 != 0) {
     throw std::logic_error("FP8 GEMM " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ": every dimension must be a multiple of 16");
   }
-  const Fp8Key key{M, N, K, ldc, static_cast<int>(a_type), static_cast<int>(b_type), static_cast<int>(c_type), bias != nullptr, fast_accum};
+  const bool blocks = a_mode != ScaleMode::kTensor || b_mode != ScaleMode::kTensor;
+  if (blocks && (fast_accum || (a_mode == ScaleMode::kBlock128 && b_mode == ScaleMode::kBlock128) || a_mode == ScaleMode::kTensor ||
+                 b_mode == ScaleMode::kTensor)) {
+    throw std::logic_error("FP8 GEMM with block scales: both operands in blocks, not both 128 x 128, and no fast accumulation");
+  }
+  const Fp8Key key{M, N, K, ldc, static_cast<int>(a_type), static_cast<int>(b_type), static_cast<int>(c_type), bias != nullptr, fast_accum,
+                   static_cast<int>(a_mode), static_cast<int>(b_mode)};
   std::lock_guard<std::mutex> lock(mu_);
   auto it = fp8_plans_.find(key);
   if (it == fp8_plans_.end()) {
@@ -160,6 +166,14 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
     const int8_t fast = fast_accum ? 1 : 0;
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    if (blocks) {  // cuBLASLt's A is our B
+      const auto mode = [](ScaleMode m) {
+        return static_cast<int32_t>(m == ScaleMode::kVec128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
+      };
+      const int32_t lt_a = mode(b_mode), lt_b = mode(a_mode);
+      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &lt_a, sizeof(lt_a)));
+      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &lt_b, sizeof(lt_b)));
+    }
     const void* dummy = reinterpret_cast<const void*>(std::uintptr_t{256});  // set per call; the heuristic needs them present
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof(dummy)));
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof(dummy)));
@@ -183,7 +197,8 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0) {
       throw std::runtime_error("cuBLASLt has no FP8 algorithm for a " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
-                               " GEMM on this GPU (FP8 needs compute capability 8.9 or newer)");
+                               (blocks ? " GEMM with block scales on this GPU (they need Hopper, compute capability 9.0, and cuBLAS 12.9 or newer)"
+                                       : " GEMM on this GPU (FP8 needs compute capability 8.9 or newer)"));
     }
     p.algo = result.algo;
     it = fp8_plans_.emplace(key, p).first;

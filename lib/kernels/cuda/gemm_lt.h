@@ -41,9 +41,14 @@ class GemmLt {
   // Hopper's FP8 tensor cores take; K, N and M multiples of 16. a_scale / b_scale: device pointers to the
   // dequantisation factors (the inverse scales). C bf16 or fp32. fast_accum: Hopper's faster accumulation
   // without periodic promotion to fp32 (Transformer Engine's choice for the forward GEMM only).
+  //
+  // Block scaling (Hopper, cuBLAS 12.9+; kernels/cuda/fp8_block.h has the layouts): a_mode / b_mode say what a_scale /
+  // b_scale point to: one factor (kTensor), one per row and 128-column block of K (kVec128: 1 x 128 blocks), or one per
+  // 128 x 128 block (kBlock128). Not both kBlock128; no fast accumulation with blocks.
+  enum class ScaleMode : int8_t { kTensor, kVec128, kBlock128 };
   void gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* A, cudaDataType_t a_type, const float* a_scale, const void* B,
                 cudaDataType_t b_type, const float* b_scale, float beta, void* C, int64_t ldc, cudaDataType_t c_type, const void* bias,
-                bool fast_accum, cudaStream_t stream);
+                bool fast_accum, cudaStream_t stream, ScaleMode a_mode = ScaleMode::kTensor, ScaleMode b_mode = ScaleMode::kTensor);
   // Whether cuBLASLt has an algorithm for this GEMM (no bias input) with this epilogue; the plan is created
   // and cached if so. Lets a caller use a fused epilogue only where one exists.
   bool has_algorithm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
@@ -72,7 +77,7 @@ class GemmLt {
   size_t workspace_bytes_ = 32u << 20;
   std::mutex mu_;
   std::map<Key, Plan> plans_;
-  using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool>;
+  using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool, int, int>;
   std::map<Fp8Key, Plan> fp8_plans_;
 };
 

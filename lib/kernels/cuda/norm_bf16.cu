@@ -359,15 +359,25 @@ int sm_count() {
   return n;
 }
 
-// The fused kernel over N rows: blocks resident at once (at least one row each), partials into pw / pb.
+// The fused kernel's blocks for N rows: as many as fit on the GPU at once (the occupancy of its bf16 form, queried once
+// per shape), at least one row each, at most kMaxFusedBlocks.
+int64_t fused_blocks(int vpt, int threads, int64_t N) {
+  static int per_sm[3][257] = {};  // [vpt][threads]: 0 until asked
+  int& n = per_sm[vpt][threads];
+  if (n == 0) {
+    const void* kernel = vpt == 1 ? reinterpret_cast<const void*>(norm_bwd_dx_vec<1, true, bf16, bf16>)
+                                  : reinterpret_cast<const void*>(norm_bwd_dx_vec<2, true, bf16, bf16>);
+    MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
+    n = std::max(n, 1);
+  }
+  return std::clamp<int64_t>(static_cast<int64_t>(n) * sm_count(), 1, std::min(N, kMaxFusedBlocks));
+}
+
 template <int VPT, typename T16, typename R>
 int64_t launch_fused_dx(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd, const T16* w, int64_t N,
                         int64_t h, bool rms, const RowDropout& drop, const Partials& parts, int threads, float* pw, float* pb, cudaStream_t stream) {
-  const auto kernel = norm_bwd_dx_vec<VPT, true, T16, R>;
-  int per_sm = 0;
-  MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-  const int64_t nb = std::clamp<int64_t>(static_cast<int64_t>(std::max(per_sm, 1)) * sm_count(), 1, std::min(N, kMaxFusedBlocks));
-  kernel<<<static_cast<unsigned>(nb), threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, drop, parts, pw, pb);
+  const int64_t nb = fused_blocks(VPT, threads, N);
+  norm_bwd_dx_vec<VPT, true><<<static_cast<unsigned>(nb), threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, drop, parts, pw, pb);
   MT_CUDA_CHECK_LAUNCH();
   return nb;
 }
@@ -382,7 +392,7 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
   const bool fused = vs.vpt == 1 || vs.vpt == 2;
   const int64_t row_blocks = std::min<int64_t>(N, kMaxRowBlocks);
   const int64_t rpb = (N + row_blocks - 1) / row_blocks;
-  const int64_t max_blocks = fused ? std::min(N, kMaxFusedBlocks) : (N + rpb - 1) / rpb;
+  const int64_t max_blocks = fused ? fused_blocks(vs.vpt, vs.threads, N) : (N + rpb - 1) / rpb;
   auto& alloc = DeviceAllocator::instance();
   const size_t bytes = static_cast<size_t>(max_blocks * h) * sizeof(float);
   float* pw = scratch ? scratch : static_cast<float*>(alloc.allocate(bytes));
@@ -423,8 +433,9 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
 }
 
 int64_t norm_backward_partials(int64_t h) {
-  const bool may_fuse = h % 8 == 0 && h <= 2 * 8 * 256;  // (vec_shape: at most two runs of 8 per thread of 256)
-  return 2 * (may_fuse ? kMaxFusedBlocks : kMaxRowBlocks) * h;
+  const VecShape vs = vec_shape(h, {}, Partials{});  // (a call whose pointers do not allow it takes the second pass: fewer blocks)
+  const bool may_fuse = vs.vpt == 1 || vs.vpt == 2;
+  return 2 * std::max(may_fuse ? fused_blocks(vs.vpt, vs.threads, kMaxFusedBlocks) : 0, kMaxRowBlocks) * h;
 }
 
 void add_norm_forward(const AddNorm& a, cudaStream_t stream) {

@@ -18,6 +18,7 @@
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/embedding_bf16.h"
+#include "kernels/cuda/fp8_block.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/norm_bf16.h"
@@ -28,9 +29,16 @@
 #include "tensor/cuda/cuda_check.h"
 #include "plan/memory_model.h"
 #include "tensor/cuda/device_allocator.h"
+#include "tensor/device_info.h"
 #include "tensor/cuda/op_profiler.h"
 
 namespace mt {
+
+float* CudaGPT::block_scales(int64_t n) {
+  void* p = alloc(static_cast<size_t>(n) * 4);
+  if (arena_mode_ != ArenaMode::kCount) MT_CUDA_CHECK(cudaMemset(p, 0, static_cast<size_t>(n) * 4));  // (the padding, never written)
+  return static_cast<float*>(p);
+}
 
 void* CudaGPT::alloc(size_t bytes) {
   if (arena_mode_ != ArenaMode::kOff) {
@@ -205,7 +213,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     throw std::runtime_error("the CUDA engine fuses GELU into the experts' fc1 GEMMs, which needs --moe-ffn-hidden-size to be a multiple of 8 "
                              "(this model: " + std::to_string(F_moe_) + "): change it, or use --device cpu");
   }
-  if (D.fp8 && (tp_size_ > 1 || moe_layers_ > 0 || D.fp8_blockwise)) {  // (also refused by name in train/capabilities: a guard for other callers)
+  // (also refused by name in train/capabilities: a guard for other callers)
+  if (D.fp8 && (tp_size_ > 1 || moe_layers_ > 0 || (D.fp8_blockwise && !cuda_unverified_allowed("blockwise")))) {
     throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism, MoE layers and blockwise scaling so far: use --device cpu for those");
   }
   if (!D.swiglu && D.F_local % 8 != 0) {
@@ -286,6 +295,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       for (int site = 0; D.fp8_wgrad && site < 4; ++site) {  // (--no-fp8-wgrad: the weight gradients read x in bf16)
         act_bytes_ += bytes(widths[site], 1, 1.0);
         r.f8_xt[site] = static_cast<uint8_t*>(alloc(bytes(widths[site], 1, 1.0)));
+        if (D.fp8_blockwise) r.f8_xt_scale[site] = block_scales(cuda::fp8_vec128_scales(widths[site], t));
       }
       r.f8_xinv = static_cast<float*>(alloc(4 * 64 * sizeof(float)));
     }
@@ -373,6 +383,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.f8_row = static_cast<uint8_t*>(alloc(t * widest));
       s.f8_dyt = static_cast<uint8_t*>(alloc(t * static_cast<size_t>(std::max({Wq, h, F1}))));
       s.f8_scalars = static_cast<float*>(alloc(5 * 64 * sizeof(float)));
+      if (D.fp8_blockwise) {
+        s.f8_row_scale = block_scales(cuda::fp8_vec128_scales(t, static_cast<int64_t>(widest)));
+        s.f8_dyt_scale = block_scales(cuda::fp8_vec128_scales(std::max({Wq, h, F1}), t));
+      }
     }
     if (moe_layers_ > 0) {
       const double k = static_cast<double>(topk_);
@@ -445,6 +459,13 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       for (int site = 0; fp8_layer(l) && site < 4; ++site) {
         f8_wq_[static_cast<size_t>(4 * l + site)] = static_cast<uint8_t*>(alloc(static_cast<size_t>(sizes[site])));
         f8_wqt_[static_cast<size_t>(4 * l + site)] = static_cast<uint8_t*>(alloc(static_cast<size_t>(sizes[site])));
+        if (D.fp8_blockwise) {  // W [out, in] and W^T [in, out] in 128 x 128 blocks
+          const int64_t outs[4] = {Wq, h, F1, h}, ins[4] = {h, Hd, h, F};
+          f8_wscale_.resize(static_cast<size_t>(4 * L_), nullptr);
+          f8_wtscale_.resize(static_cast<size_t>(4 * L_), nullptr);
+          f8_wscale_[static_cast<size_t>(4 * l + site)] = block_scales(cuda::fp8_blk128_scales(outs[site], ins[site]));
+          f8_wtscale_[static_cast<size_t>(4 * l + site)] = block_scales(cuda::fp8_blk128_scales(ins[site], outs[site]));
+        }
       }
     }
     f8_winv_ = static_cast<float*>(alloc(static_cast<size_t>(4 * L_ * 64) * sizeof(float)));

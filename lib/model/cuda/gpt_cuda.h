@@ -266,6 +266,7 @@ class CudaGPT {
   // the data-gradient GEMMs (Transformer Engine's cached FP8 weights), with their inverse scales (f8_winv: 64 floats
   // per site, 256 bytes apart). f8_weights_due_ says the weights changed since (the optimizer stepped).
   std::vector<uint8_t*> f8_wq_, f8_wqt_;  // [L_ x 4]
+  std::vector<float*> f8_wscale_, f8_wtscale_;  // blockwise: W's and W^T's 128 x 128 blocks' inverse scales [L_ x 4]
   float* f8_winv_ = nullptr;              // [L_ x 4 x 64]
   bool f8_forward_casts_weights_ = false;
   StreamCollectives* amax_group_ = nullptr;  // DP x CP (null: one rank); TP through tp_
@@ -371,6 +372,7 @@ class CudaGPT {
   }
   bool final_backward_ = false;
   void* alloc(size_t bytes);
+  float* block_scales(int64_t n);  // n floats, zeroed: FP8 block scales (their padding is never written)
   // MoE: the router's settings, the losses' coefficients, whether this forward adds to the statistics (a training
   // forward, not a recompute), and the statistics.
   int64_t moe_layers_ = 0, experts_ = 0, topk_ = 0, F_moe_ = 0;

@@ -10,8 +10,10 @@
 // accumulators in the same pass (no amax pass); a deferred weight gradient's dy^T casts again with the first cast's
 // scale.
 #include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/bias_grad.h"
+#include "kernels/cuda/fp8_block.h"
 #include "kernels/cuda/fp8_cast.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "model/cuda/gpt_cuda_state.h"
@@ -101,7 +103,7 @@ cuda::Fp8CastTarget CudaGPT::fp8_grad_target(int64_t l, int site) const {
 
 // SwiGLU's FP8 casts fused: delayed scaling (the scale known before the tensor exists), bf16, a dense layer.
 bool CudaGPT::fp8_fuses_swiglu(int64_t l) const {
-  return D_.swiglu && D_.fp8_delayed && fp8_layer(l) && dt_ == cuda::F16::kBF16 && !layers_[static_cast<size_t>(l)].moe;
+  return D_.swiglu && D_.fp8_delayed && f8_scale_ != nullptr && fp8_layer(l) && dt_ == cuda::F16::kBF16 && !layers_[static_cast<size_t>(l)].moe;
 }
 
 // ... and then nothing reads SwiGLU's 16-bit output (an FP8 weight gradient reads fc2's FP8 x^T), so no FP8 layer's
@@ -121,6 +123,16 @@ void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, i
   uint8_t *wq = f8_wq_[k], *wqt = f8_wqt_[k];
   float* w_inv = f8_winv_ + 64 * k;
   const bool cast_w = f8_forward_casts_weights_;  // (else this iteration's cast, kept)
+  if (D_.fp8_blockwise) {  // x in 1 x 128 blocks along its rows (x^T in blocks of 128 tokens), W in 128 x 128 blocks
+    if (x_cast) throw std::logic_error("CUDA model: blockwise FP8 takes no input cast by its producer");
+    using Mode = cuda::GemmLt::ScaleMode;
+    Scratch& s = *s_;
+    MT_PROF("fwd.fp8_cast", cuda::fp8_quantize_1x128(x, T, in, e4m3, s.f8_row, s.f8_row_scale, t.out_t, t.out_t ? r.f8_xt_scale[site] : nullptr, stream_));
+    if (cast_w) MT_PROF("fwd.fp8_cast", cuda::fp8_quantize_128x128(w(w_off), out, in, e4m3, wq, f8_wscale_[k], wqt, f8_wtscale_[k], stream_));
+    MT_PROF(name, lt.gemm_fp8(T, out, in, 1.0f, s.f8_row, CUDA_R_8F_E4M3, s.f8_row_scale, wq, CUDA_R_8F_E4M3, f8_wscale_[k], 0.0f, y, out,
+                              CUDA_R_16BF, bias, false, stream_, Mode::kVec128, Mode::kBlock128));
+    return;
+  }
   if (x_cast && !f8_scale_) throw std::logic_error("CUDA model: an FP8 input cast by its producer without delayed scaling");
   if (f8_scale_) {
     const int64_t slot = l * kFp8Sites + site, n = f8_slots_;
@@ -151,6 +163,18 @@ void CudaGPT::linear_dgrad(int64_t l, Record& r, int site, const char* name, int
   }
   Scratch& s = *s_;
   const auto grad = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3;
+  if (D_.fp8_blockwise) {  // dy in 1 x 128 blocks along its rows, dy^T in blocks of 128 tokens; W^T's 128 x 128 blocks
+    if (dy_cast) throw std::logic_error("CUDA model: blockwise FP8 takes no output gradient cast by its producer");
+    using Mode = cuda::GemmLt::ScaleMode;
+    const auto k = static_cast<size_t>(l * kFp8Sites + site);
+    uint8_t* dyt = D_.fp8_wgrad ? s.f8_dyt : nullptr;
+    MT_PROF("bwd.fp8_cast", cuda::fp8_quantize_1x128(dy, T, out, grad, s.f8_row, s.f8_row_scale, dyt, dyt ? s.f8_dyt_scale : nullptr, stream_));
+    MT_PROF(name, lt.gemm_fp8(T, in, out, 1.0f, s.f8_row, cuda_type(grad), s.f8_row_scale, f8_wqt_[k], CUDA_R_8F_E4M3, f8_wtscale_[k], 0.0f, dx, in,
+                              CUDA_R_16BF, nullptr, false, stream_, Mode::kVec128, Mode::kBlock128));
+    fp8_dyt_record_ = D_.fp8_wgrad ? &r : nullptr;
+    fp8_dyt_site_ = site;
+    return;
+  }
   if (dy_cast && !f8_scale_) throw std::logic_error("CUDA model: an FP8 output gradient cast by its producer without delayed scaling");
   if (f8_scale_) {
     if (!dy_cast) {
@@ -171,12 +195,25 @@ void CudaGPT::linear_dgrad(int64_t l, Record& r, int site, const char* name, int
 void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const bf16* dy,
                            const bf16* x, int64_t w_off, int64_t b_off) {
   if (!fp8_layer(l) || !D_.fp8_wgrad) {
+    if (x == nullptr) throw std::logic_error(std::string("CUDA model: ") + name + " in 16 bits without its 16-bit input (not kept)");
     wgrad_with_bias(ws, name, out, T, dy, x, in, w_off, b_off);
     return;
   }
   Scratch& s = *s_;
   const auto grad = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3;
   const int64_t slot = l * kFp8Sites + site;
+  if (D_.fp8_blockwise) {  // dy^T and x^T, both in blocks of 128 tokens
+    using Mode = cuda::GemmLt::ScaleMode;
+    if (fp8_dyt_record_ != &r || fp8_dyt_site_ != site) {  // a deferred weight gradient: dy quantised again (the same bytes)
+      MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_quantize_1x128(dy, T, out, grad, nullptr, nullptr, s.f8_dyt, s.f8_dyt_scale, ws));
+    }
+    MT_PROF_ON(ws, name, cuda::GemmLt::instance().gemm_fp8(out, in, T, 1.0f, s.f8_dyt, cuda_type(grad), s.f8_dyt_scale, r.f8_xt[site], CUDA_R_8F_E4M3,
+                                                           r.f8_xt_scale[site], 1.0f, g(w_off), in, CUDA_R_32F, nullptr, false, ws, Mode::kVec128,
+                                                           Mode::kVec128));
+    if (b_off >= 0) MT_PROF_ON(ws, "bwd.bias_grad", cuda::bias_grad_bf16(g(b_off), dy, T, out, ws, dt_));
+    fp8_dyt_record_ = nullptr;
+    return;
+  }
   if (fp8_dyt_record_ != &r || fp8_dyt_site_ != site) {  // a deferred weight gradient: dy's cast again (the same scale, the same bytes)
     if (f8_scale_) {
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, fp8_slot_scales(true) + slot, nullptr, grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));

@@ -42,6 +42,7 @@ struct CudaGPT::Record {
   float* f8_amax = nullptr;
   uint8_t* f8_xt[4] = {};
   float* f8_xinv = nullptr;
+  float* f8_xt_scale[4] = {};  // blockwise: x^T's inverse scales per 128 tokens of a feature (kernels/cuda/fp8_block.h)
 };
 
 // [T, .] unless marked [Tl, .]; the *_l buffers exist under sequence parallelism only.
@@ -70,6 +71,8 @@ struct CudaGPT::Scratch {
   // amax, 3 dy's inverse scale.
   uint8_t *f8_row = nullptr, *f8_dyt = nullptr;
   float* f8_scalars = nullptr;
+  // Blockwise: the inverse scales of f8_row (1 x 128 blocks along its rows) and f8_dyt (128 tokens of a feature).
+  float *f8_row_scale = nullptr, *f8_dyt_scale = nullptr;
   float* f8_scalar(int i) const { return f8_scalars + 64 * i; }
 };
 
