@@ -52,9 +52,6 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   bytes += a * sb * (n * d + 2 * std::max(g, 1.0) * d) / t;  // Q, K, V
   bytes += a * sb * n * d / t + 4.0 * sb * n / t;       // attention output + softmax statistics (flash)
   if (c.model.hidden_dropout > 0) bytes += 2 * sb * h / rep;  // two dropout masks, 1 byte each
-  const bool recompute_mlp = c.recompute.recompute_granularity.value_or("") == "selective" &&
-                             std::find(c.recompute.recompute_modules.begin(), c.recompute.recompute_modules.end(), "mlp") !=
-                                 c.recompute.recompute_modules.end();
   const double mult = c.model.swiglu ? 2.0 : 1.0;
   double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu)));
   double tokens = sb;
@@ -66,7 +63,7 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
     bytes += 12.0 * sb * static_cast<double>(c.moe.moe_router_topk);          // the choices, their weights and rows
     const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
     bytes += a * sb * h / rep;  // fc1 input
-    if (!recompute_mlp) bytes += a * tokens * F * (mult + 1) / etp;
+    bytes += a * tokens * F * (mult + 1) / etp;
     return bytes;
   }
   bytes += a * sb * h / rep;  // fc1 input (norm output)
@@ -74,7 +71,7 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   // The CUDA engine under delayed scaling: SwiGLU writes fc2's FP8 input, and with FP8 weight gradients nothing keeps
   // its 16-bit output.
   const bool act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
-  if (!recompute_mlp) bytes += a * sb * F * (mult + (act_unread ? 0 : 1)) / t;  // fc1 output(s) and activation output
+  bytes += a * sb * F * (mult + (act_unread ? 0 : 1)) / t;  // fc1 output(s) and activation output
   if (c.precision.fp8_format && fp8_wgrad) bytes += sb * (2 * h + n * d / t + F / t);  // FP8: the four GEMM inputs' transposes (1 byte)
   return bytes;
 }

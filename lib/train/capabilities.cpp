@@ -31,6 +31,12 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
     no(pr.fp8_recipe == "mxfp8", "--fp8-recipe mxfp8 needs Blackwell GPUs (MXFP8 tensor cores): use --fp8-recipe tensorwise");
     no(c.moe.num_experts.has_value(), "FP8 (--fp8-format) in MoE layers (--num-experts) is not implemented yet: drop --fp8-format");
   }
+  if (c.recompute.recompute_granularity.value_or("") == "selective") {  // (core_attn: flash attention stores no probabilities to recompute)
+    for (const auto& module : c.recompute.recompute_modules) {
+      no(module != "core_attn", "--recompute-modules " + module + " is not implemented (selective recompute covers core_attn only): use "
+                                "--recompute-granularity full, or drop " + module + " from --recompute-modules");
+    }
+  }
   no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
      "activation recompute (--recompute-granularity) is implemented on the CUDA engine only: drop it on the CPU engine (it keeps all activations)");
   no(c.data.dataloader_type == "cyclic" || c.data.dataloader_type == "external",
