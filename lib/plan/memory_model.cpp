@@ -73,6 +73,7 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   const bool act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
   bytes += a * sb * F * (mult + (act_unread ? 0 : 1)) / t;  // fc1 output(s) and activation output
   if (c.precision.fp8_format && fp8_wgrad) bytes += sb * (2 * h + n * d / t + F / t);  // FP8: the four GEMM inputs' transposes (1 byte)
+  if (c.precision.fp8_format && c.precision.fp8_recipe == "blockwise") bytes += sb * (2 * h + n * d / t + F / t) * 4.0 / 128.0;  // their block scales
   return bytes;
 }
 

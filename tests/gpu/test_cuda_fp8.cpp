@@ -189,16 +189,25 @@ std::vector<float> block_values(const std::vector<uint8_t>& q, const std::vector
   return v;
 }
 
+// A power of 2 per 128 x 128 block (2^-2 .. 2^2), and with per_row per row too: blocks get scales of their own, so a
+// scale read from the wrong place shows. (The GEMM test leaves rows out: a block's products then share one power of 2,
+// and its sums stay exact within the tensor cores' accumulator.)
+float block_factor(int64_t r, int64_t c, bool per_row) {
+  return std::ldexp(1.0f, static_cast<int>((7 * (r / 128) + 3 * (c / 128) + (per_row ? r % 3 : 0)) % 5) - 2);
+}
+
 void test_block_quantize(mt::cuda::Fp8Type type, int64_t rows, int64_t cols) {
   namespace cu = mt::cuda;
   const auto f = cpu_format(type);
   const size_t n = static_cast<size_t>(rows * cols);
-  const std::vector<uint16_t> x = test_values(n, 17, 3.0f);
+  std::vector<uint16_t> x = test_values(n, 17, 3.0f);
   std::vector<float> xf(n), xt(n);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
-      xf[static_cast<size_t>(r * cols + c)] = mt::bf16_to_float(x[static_cast<size_t>(r * cols + c)]);
-      xt[static_cast<size_t>(c * rows + r)] = xf[static_cast<size_t>(r * cols + c)];
+      const size_t i = static_cast<size_t>(r * cols + c);
+      x[i] = mt::float_to_bf16(mt::bf16_to_float(x[i]) * block_factor(r, c, true));  // (exact: a power of 2)
+      xf[i] = mt::bf16_to_float(x[i]);
+      xt[static_cast<size_t>(c * rows + r)] = xf[i];
     }
   }
   auto* dx = upload(x);
@@ -238,71 +247,109 @@ void test_block_quantize(mt::cuda::Fp8Type type, int64_t rows, int64_t cols) {
   for (float* p : {s_row, s_col, s_sq, s_sqt}) cudaFree(p);
 }
 
-// The block-scaled GEMMs as the linear layers call them: forward / data gradient y [M, N] = x [M, K] (1 x 128) . W [N, K]^T
-// (128 x 128), bf16 out; weight gradient C [M, N] += dy^T [M, K] . x^T [N, K]^T, both 1 x 128 along K, fp32 accumulated.
-// Against the sums of the dequantised operands in double: within fp32 accumulation (relative 1e-5 of the row's scale).
-void test_block_gemm(bool weight_gradient, int64_t M, int64_t N, int64_t K, mt::cuda::Fp8Type a_type) {
+// The block-scaled GEMMs exactly as the linear layers call them, each operand quantised by the kernels above (the
+// transposed outputs included) from bf16 values in {0, +-0.5, +-1, +-1.5, +-2} times a power of 2 per 128 x 128 block:
+// every block's products and sums are exact in the tensor cores' accumulator and in fp32, so each GEMM has one right
+// answer, and a scale read from another block than cuBLASLt's layout says gives another.
+//   kForward: y [T, out] = x [T, in] (1 x 128) . W [out, in]^T (128 x 128), bf16 out
+//   kDgrad:   dx [T, in] = dy [T, out] (1 x 128) . (W^T [in, out], the 128 x 128 quantisation's transpose)^T, bf16 out
+//   kWgrad:   dW [out, in] += dy^T [out, T] . x^T [in, T]^T, both the 1 x 128 quantisation's transposes, fp32 accumulated
+enum class BlockGemm { kForward, kDgrad, kWgrad };
+void test_block_gemm(BlockGemm kind, int64_t T, int64_t in, int64_t out, mt::cuda::Fp8Type grad_type) {
   namespace cu = mt::cuda;
   using Mode = cu::GemmLt::ScaleMode;
-  const auto fa = cpu_format(a_type);
-  const std::vector<uint16_t> a16 = test_values(static_cast<size_t>(M * K), 21, 1.0f), b16 = test_values(static_cast<size_t>(N * K), 23, 0.05f);
+  const float values[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f, -2.0f};
+  auto make = [&](int64_t rows, int64_t cols, uint64_t key) {
+    std::vector<uint16_t> v(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const size_t i = static_cast<size_t>(r * cols + c);
+        v[i] = mt::float_to_bf16(values[mt::philox4x32(i, 0, key).v[0] % 9] * block_factor(r, c, false));
+      }
+    }
+    return v;
+  };
+  // The two 16-bit tensors quantised: the activation-like one [T, K1] in 1 x 128 blocks (with its transpose), W [out, in].
+  const bool fwd = kind == BlockGemm::kForward, wgrad = kind == BlockGemm::kWgrad;
+  const int64_t a_cols = fwd ? in : out;  // x [T, in] or dy [T, out]
+  const auto fa = wgrad || !fwd ? cpu_format(grad_type) : mt::cpu::Fp8Format::kE4M3;
+  const auto ta = fwd ? cu::Fp8Type::kE4M3 : grad_type;
+  const std::vector<uint16_t> a16 = make(T, a_cols, 31), b16 = wgrad ? make(T, in, 37) : make(out, in, 41);
+  const int64_t b_rows = wgrad ? T : out, b_cols = in;
   auto* da = upload(a16);
   auto* db = upload(b16);
-  auto* qa = upload(std::vector<uint8_t>(a16.size()));
-  auto* qb = upload(std::vector<uint8_t>(b16.size()));
-  float* sa = upload(std::vector<float>(static_cast<size_t>(cu::fp8_vec128_scales(M, K)), 0.0f));
-  const size_t nb = static_cast<size_t>(weight_gradient ? cu::fp8_vec128_scales(N, K) : cu::fp8_blk128_scales(N, K));
-  float* sb = upload(std::vector<float>(nb, 0.0f));
-  cu::fp8_quantize_1x128(reinterpret_cast<const cu::bf16*>(da), M, K, a_type, qa, sa, nullptr, nullptr, nullptr);
-  if (weight_gradient) cu::fp8_quantize_1x128(reinterpret_cast<const cu::bf16*>(db), N, K, cu::Fp8Type::kE4M3, qb, sb, nullptr, nullptr, nullptr);
-  else cu::fp8_quantize_128x128(reinterpret_cast<const cu::bf16*>(db), N, K, cu::Fp8Type::kE4M3, qb, sb, nullptr, nullptr, nullptr);
-  std::vector<float> c0(static_cast<size_t>(M * N), 0.0f);
-  for (size_t i = 0; i < c0.size(); ++i) c0[i] = weight_gradient ? static_cast<float>(static_cast<int>(i % 5) - 2) * 0.5f : 0.0f;
-  void* dc = weight_gradient ? static_cast<void*>(upload(c0)) : static_cast<void*>(upload(std::vector<uint16_t>(c0.size(), 0)));
+  const size_t na = a16.size(), nb = b16.size();
+  auto* qa = upload(std::vector<uint8_t>(na)), *qa_t = upload(std::vector<uint8_t>(na));
+  auto* qb = upload(std::vector<uint8_t>(nb)), *qb_t = upload(std::vector<uint8_t>(nb));
+  const size_t s_a = static_cast<size_t>(cu::fp8_vec128_scales(T, a_cols)), s_at = static_cast<size_t>(cu::fp8_vec128_scales(a_cols, T));
+  const size_t s_b = static_cast<size_t>(wgrad ? cu::fp8_vec128_scales(b_rows, b_cols) : cu::fp8_blk128_scales(b_rows, b_cols));
+  const size_t s_bt = static_cast<size_t>(wgrad ? cu::fp8_vec128_scales(b_cols, b_rows) : cu::fp8_blk128_scales(b_cols, b_rows));
+  float *sa = upload(std::vector<float>(s_a, 0.0f)), *sa_t = upload(std::vector<float>(s_at, 0.0f));
+  float *sb = upload(std::vector<float>(s_b, 0.0f)), *sb_t = upload(std::vector<float>(s_bt, 0.0f));
+  cu::fp8_quantize_1x128(reinterpret_cast<const cu::bf16*>(da), T, a_cols, ta, qa, sa, qa_t, sa_t, nullptr);
+  if (wgrad) cu::fp8_quantize_1x128(reinterpret_cast<const cu::bf16*>(db), b_rows, b_cols, cu::Fp8Type::kE4M3, qb, sb, qb_t, sb_t, nullptr);
+  else cu::fp8_quantize_128x128(reinterpret_cast<const cu::bf16*>(db), b_rows, b_cols, cu::Fp8Type::kE4M3, qb, sb, qb_t, sb_t, nullptr);
   cudaDeviceSynchronize();
-  const auto va = block_values(download(qa, a16.size()), download(sa, static_cast<size_t>(cu::fp8_vec128_scales(M, K))), M, K, 1, 128, fa);
-  const auto vb = block_values(download(qb, b16.size()), download(sb, nb), N, K, weight_gradient ? 1 : 128, 128, mt::cpu::Fp8Format::kE4M3);
+  // The GEMM's operands [M, K] and [N, K] and their dequantised values.
+  const auto e4 = mt::cpu::Fp8Format::kE4M3;
+  int64_t M = 0, N = 0, K = 0;
+  std::vector<float> va, vb;
+  const uint8_t *opa = nullptr, *opb = nullptr;
+  const float *sca = nullptr, *scb = nullptr;
+  Mode mode_b = Mode::kBlock128;
+  if (fwd) {
+    M = T, N = out, K = in;
+    va = block_values(download(qa, na), download(sa, s_a), T, in, 1, 128, fa);
+    vb = block_values(download(qb, nb), download(sb, s_b), out, in, 128, 128, e4);
+    opa = qa, sca = sa, opb = qb, scb = sb;
+  } else if (kind == BlockGemm::kDgrad) {
+    M = T, N = in, K = out;
+    va = block_values(download(qa, na), download(sa, s_a), T, out, 1, 128, fa);
+    vb = block_values(download(qb_t, nb), download(sb_t, s_bt), in, out, 128, 128, e4);
+    opa = qa, sca = sa, opb = qb_t, scb = sb_t;
+  } else {
+    M = out, N = in, K = T;
+    va = block_values(download(qa_t, na), download(sa_t, s_at), out, T, 1, 128, fa);
+    vb = block_values(download(qb_t, nb), download(sb_t, s_bt), in, T, 1, 128, e4);
+    opa = qa_t, sca = sa_t, opb = qb_t, scb = sb_t, mode_b = Mode::kVec128;
+  }
+  std::vector<float> c0(static_cast<size_t>(M * N), 0.0f);
+  for (size_t i = 0; i < c0.size(); ++i) c0[i] = wgrad ? static_cast<float>(static_cast<int>(i % 5) - 2) * 0.125f : 0.0f;
+  void* dc = wgrad ? static_cast<void*>(upload(c0)) : static_cast<void*>(upload(std::vector<uint16_t>(c0.size(), 0)));
   std::string error;
   try {
-    cu::GemmLt::instance().gemm_fp8(M, N, K, 1.0f, qa, a_type == cu::Fp8Type::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, sa, qb, CUDA_R_8F_E4M3, sb,
-                                    weight_gradient ? 1.0f : 0.0f, dc, N, weight_gradient ? CUDA_R_32F : CUDA_R_16BF, nullptr, false, nullptr,
-                                    Mode::kVec128, weight_gradient ? Mode::kVec128 : Mode::kBlock128);
+    cu::GemmLt::instance().gemm_fp8(M, N, K, 1.0f, opa, ta == cu::Fp8Type::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, sca, opb, CUDA_R_8F_E4M3, scb,
+                                    wgrad ? 1.0f : 0.0f, dc, N, wgrad ? CUDA_R_32F : CUDA_R_16BF, nullptr, false, nullptr, Mode::kVec128, mode_b);
     cudaDeviceSynchronize();
   } catch (const std::exception& e) {
     error = e.what();
   }
+  size_t bad = 0;
   double worst = 0;
   if (error.empty()) {
-    std::vector<float> got(c0.size());
-    if (weight_gradient) {
-      got = download(static_cast<float*>(dc), c0.size());
-    } else {
-      const auto g16 = download(static_cast<uint16_t*>(dc), c0.size());
-      for (size_t i = 0; i < got.size(); ++i) got[i] = mt::bf16_to_float(g16[i]);
-    }
+    const auto g32 = wgrad ? download(static_cast<float*>(dc), c0.size()) : std::vector<float>();
+    const auto g16 = wgrad ? std::vector<uint16_t>() : download(static_cast<uint16_t*>(dc), c0.size());
     for (int64_t m = 0; m < M; ++m) {
-      double scale = 1e-30, diff = 0;
-      for (int64_t n = 0; n < N; ++n) {
-        double acc = c0[static_cast<size_t>(m * N + n)], mag = std::fabs(acc);
-        for (int64_t k = 0; k < K; ++k) {
-          const double p = static_cast<double>(va[static_cast<size_t>(m * K + k)]) * vb[static_cast<size_t>(n * K + k)];
-          acc += p;
-          mag += std::fabs(p);
-        }
-        scale = std::max(scale, mag);
-        diff = std::max(diff, std::fabs(acc - got[static_cast<size_t>(m * N + n)]));
+      for (int64_t n2 = 0; n2 < N; ++n2) {
+        double acc = c0[static_cast<size_t>(m * N + n2)];
+        for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(va[static_cast<size_t>(m * K + k)]) * vb[static_cast<size_t>(n2 * K + k)];
+        const size_t i = static_cast<size_t>(m * N + n2);
+        const float want = wgrad ? static_cast<float>(acc) : mt::bf16_to_float(mt::float_to_bf16(static_cast<float>(acc)));
+        const float got = wgrad ? g32[i] : mt::bf16_to_float(g16[i]);
+        bad += got != want;
+        worst = std::max(worst, std::fabs(static_cast<double>(got) - want));
       }
-      worst = std::max(worst, diff / scale);
     }
   }
-  const double tolerance = weight_gradient ? 1e-5 : 8e-3;  // (bf16 output: its rounding)
-  char buf[320];
-  std::snprintf(buf, sizeof(buf), "fp8 block-scaled GEMM %s %lldx%lldx%lld (%s): worst error %.2e of the row's magnitude%s%s",
-                weight_gradient ? "1D x 1D, fp32 accumulated" : "1 x 128 by 128 x 128, bf16 out", static_cast<long long>(M), static_cast<long long>(N),
-                static_cast<long long>(K), a_type == cu::Fp8Type::kE5M2 ? "E5M2 x E4M3" : "E4M3", worst, error.empty() ? "" : ": ", error.c_str());
-  check(error.empty() && worst < tolerance, buf);
-  for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(qa), static_cast<void*>(qb), static_cast<void*>(sa),
-                  static_cast<void*>(sb), dc}) {
+  static const char* names[] = {"forward (1 x 128 by 128 x 128, bf16 out)", "data gradient (dy by W^T's blocks, bf16 out)",
+                                "weight gradient (dy^T by x^T, 1 x 128 along tokens, fp32 accumulated)"};
+  char buf[360];
+  std::snprintf(buf, sizeof(buf), "fp8 block-scaled GEMM, %s, T %lld in %lld out %lld, %s: %zu values differ from the exact sums (worst %.3g)%s%s",
+                names[static_cast<int>(kind)], static_cast<long long>(T), static_cast<long long>(in), static_cast<long long>(out),
+                grad_type == cu::Fp8Type::kE5M2 ? "gradients E5M2" : "all E4M3", bad, worst, error.empty() ? "" : ": ", error.c_str());
+  check(error.empty() && bad == 0, buf);
+  for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(qa), static_cast<void*>(qa_t), static_cast<void*>(qb),
+                  static_cast<void*>(qb_t), static_cast<void*>(sa), static_cast<void*>(sa_t), static_cast<void*>(sb), static_cast<void*>(sb_t), dc}) {
     cudaFree(p);
   }
 }
@@ -495,10 +542,11 @@ int main() {
     test_block_quantize(t, 256, 384);
     test_block_quantize(t, 200, 136);  // blocks cut at both edges
   }
-  test_block_gemm(false, 256, 384, 512, mt::cuda::Fp8Type::kE4M3);
-  test_block_gemm(false, 256, 384, 512, mt::cuda::Fp8Type::kE5M2);
-  test_block_gemm(true, 384, 256, 512, mt::cuda::Fp8Type::kE5M2);
-  test_block_gemm(false, 208, 144, 336, mt::cuda::Fp8Type::kE4M3);  // K and the rows not multiples of 128
+  for (auto kind : {BlockGemm::kForward, BlockGemm::kDgrad, BlockGemm::kWgrad}) {
+    test_block_gemm(kind, 384, 256, 640, mt::cuda::Fp8Type::kE5M2);  // (more row blocks than column blocks, and the reverse)
+    test_block_gemm(kind, 256, 512, 384, mt::cuda::Fp8Type::kE4M3);
+    test_block_gemm(kind, 208, 144, 336, mt::cuda::Fp8Type::kE5M2);  // no dimension a multiple of 128
+  }
   for (int64_t len : {1, 4}) {
     test_delayed_update(len, false);
     test_delayed_update(len, true);

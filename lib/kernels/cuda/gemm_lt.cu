@@ -167,12 +167,17 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
     const int8_t fast = fast_accum ? 1 : 0;
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
     if (blocks) {  // cuBLASLt's A is our B
+#if CUBLAS_VERSION >= 120900
+      if (cublasLtGetVersion() < 120900) throw std::runtime_error("FP8 GEMMs with block scales need cuBLAS 12.9 or newer at run time");
       const auto mode = [](ScaleMode m) {
         return static_cast<int32_t>(m == ScaleMode::kVec128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
       };
       const int32_t lt_a = mode(b_mode), lt_b = mode(a_mode);
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &lt_a, sizeof(lt_a)));
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &lt_b, sizeof(lt_b)));
+#else
+      throw std::runtime_error("FP8 GEMMs with block scales need cuBLAS 12.9 or newer: this build's cuBLAS is older");
+#endif
     }
     const void* dummy = reinterpret_cast<const void*>(std::uintptr_t{256});  // set per call; the heuristic needs them present
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof(dummy)));

@@ -3,6 +3,7 @@
 // 16-byte runs per thread, in the input gradient's kernel (its blocks walk rows and keep per-column sums), else in
 // a second, column-parallel kernel over row ranges; either way per-block partials, then a fixed-order sum.
 #include <algorithm>
+#include <atomic>
 #include <initializer_list>
 
 #include "kernels/cuda/bf16_common.cuh"
@@ -362,13 +363,14 @@ int sm_count() {
 // The fused kernel's blocks for N rows: as many as fit on the GPU at once (the occupancy of its bf16 form, queried once
 // per shape), at least one row each, at most kMaxFusedBlocks.
 int64_t fused_blocks(int vpt, int threads, int64_t N) {
-  static int per_sm[3][257] = {};  // [vpt][threads]: 0 until asked
-  int& n = per_sm[vpt][threads];
+  static std::atomic<int> per_sm[3][257] = {};  // [vpt][threads]: 0 until asked (a race asks twice, for the same answer)
+  int n = per_sm[vpt][threads].load(std::memory_order_relaxed);
   if (n == 0) {
     const void* kernel = vpt == 1 ? reinterpret_cast<const void*>(norm_bwd_dx_vec<1, true, bf16, bf16>)
                                   : reinterpret_cast<const void*>(norm_bwd_dx_vec<2, true, bf16, bf16>);
     MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
     n = std::max(n, 1);
+    per_sm[vpt][threads].store(n, std::memory_order_relaxed);
   }
   return std::clamp<int64_t>(static_cast<int64_t>(n) * sm_count(), 1, std::min(N, kMaxFusedBlocks));
 }

@@ -295,7 +295,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       for (int site = 0; D.fp8_wgrad && site < 4; ++site) {  // (--no-fp8-wgrad: the weight gradients read x in bf16)
         act_bytes_ += bytes(widths[site], 1, 1.0);
         r.f8_xt[site] = static_cast<uint8_t*>(alloc(bytes(widths[site], 1, 1.0)));
-        if (D.fp8_blockwise) r.f8_xt_scale[site] = block_scales(cuda::fp8_vec128_scales(widths[site], t));
+        if (D.fp8_blockwise) {  // (4 bytes per 128 tokens of a feature)
+          act_bytes_ += static_cast<size_t>(cuda::fp8_vec128_scales(widths[site], t)) * 4;
+          r.f8_xt_scale[site] = block_scales(cuda::fp8_vec128_scales(widths[site], t));
+        }
       }
       r.f8_xinv = static_cast<float*>(alloc(4 * 64 * sizeof(float)));
     }
