@@ -55,7 +55,7 @@ ConfigCli::ConfigCli(CLI::App& app) : app_(app) {
     } else {
       h->opt = app.add_flag("--" + alias.name, h->flag, alias.help);
     }
-    h->opt->group("Old spellings (accepted, mapped)");
+    h->opt->group(alias.group);
     holders_.push_back(std::move(h));
   }
 }

@@ -39,6 +39,7 @@ struct ModelConfig {
   std::string transformer_impl = "transformer_engine";
   std::string attention_backend = "auto";
   bool apply_query_key_layer_scaling = false;
+  bool apply_layernorm_1p = false;  // zero-centred norm weights: the norms scale by 1 + weight
   bool qk_layernorm = false;
   bool openai_gelu = false;         // Megatron: the tanh GELU (what megatrain computes for GELU always)
   bool squared_relu = false;        // the MLP's activation relu(x)^2
@@ -75,6 +76,7 @@ struct TrainingConfig {
   std::string optimizer = "adam";
   OptFloat lr;
   double min_lr = 0.0;
+  OptFloat decoupled_lr, decoupled_min_lr;  // the embedding's and output layer's own peak and final rates
   double weight_decay = 0.01;
   double clip_grad = 1.0;
   double adam_beta1 = 0.9;
@@ -99,6 +101,7 @@ struct TrainingConfig {
   double optimizer_offload_fraction = 1.0;  // the share of the optimizer state (by elements, in parameter order) offloaded
   bool overlap_cpu_optimizer_d2h_h2d = false;  // Megatron's; megatrain's offload always overlaps its transfers
   OptInt exit_interval;           // stop (after saving) when iteration % N == 0
+  OptInt exit_duration_in_mins;   // stop (after saving) once training has run this many minutes (on any rank)
   int64_t exit_on_nan_count = 5;  // megatrain: stop after this many non-finite steps in a row
 };
 

@@ -54,6 +54,8 @@ std::vector<FlagSpec> build_table() {
         "transformer_engine", "local"),
       F(kNet, "attention-backend", model.attention_backend, "Attention implementation", "auto", "flash", "fused",
         "unfused", "local"),
+      F(kNet, "apply-layernorm-1p", model.apply_layernorm_1p,
+        "Zero-centred norm weights: every norm scales by 1 + weight, the weights start at 0 (CPU engine)"),
       F(kNet, "apply-query-key-layer-scaling", model.apply_query_key_layer_scaling, "Scale Q*K^T by 1/layer-number (fp16)"),
       F(kNet, "qk-layernorm", model.qk_layernorm, "Normalize each query and key head before RoPE (CPU engine)"),
       F(kNet, "openai-gelu", model.openai_gelu, "GELU in its tanh form (megatrain's GELU always is; docs/design-notes.md)"),
@@ -86,10 +88,15 @@ std::vector<FlagSpec> build_table() {
       F(kTrain, "overlap-cpu-optimizer-d2h-h2d", training.overlap_cpu_optimizer_d2h_h2d,
         "Overlap the offloaded optimizer's copies with its update (megatrain always does)"),
       F(kTrain, "exit-interval", training.exit_interval, "Exit (after a checkpoint when --save is set) at an iteration divisible by this"),
+      F(kTrain, "exit-duration-in-mins", training.exit_duration_in_mins,
+        "Exit (after a checkpoint when --save is set) at the first iteration after training has run this many minutes"),
       F(kTrain, "exit-on-nan-count", training.exit_on_nan_count, "Stop after this many non-finite steps in a row (megatrain)"),
       // Learning rate
       F(kLr, "lr", training.lr, "Peak learning rate"),
       F(kLr, "min-lr", training.min_lr, "Learning rate at the end of the decay"),
+      F(kLr, "decoupled-lr", training.decoupled_lr,
+        "Peak learning rate of the input embedding and output layer weights (the same schedule; CPU engine)"),
+      F(kLr, "decoupled-min-lr", training.decoupled_min_lr, "Final learning rate of those weights (default --min-lr)"),
       F(kLr, "lr-decay-style", training.lr_decay_style, "Decay shape", "constant", "linear", "cosine",
         "inverse-square-root", "WSD"),
       F(kLr, "lr-decay-iters", training.lr_decay_iters, "Iterations to decay over (default --train-iters)"),
@@ -243,6 +250,26 @@ std::vector<FlagSpec> build_table() {
 }
 #undef F
 
+// A Megatron flag accepted with a note because megatrain's results do not depend on it, and one refused by name.
+#define MT_INERT(NAME, VALUE, WHY)                                                                                    \
+  AliasSpec {                                                                                                         \
+    NAME, VALUE, "No effect here: " WHY, [](Config&, const std::string&) { return std::string("note: --" NAME " has no effect: " WHY); }, \
+        "Megatron flags without effect here (accepted with a note)"                                                   \
+  }
+#define MT_REFUSED(NAME, VALUE, WHY)                                                                                  \
+  AliasSpec {                                                                                                         \
+    NAME, VALUE, "Not supported: " WHY, [](Config&, const std::string&) -> std::string { throw ConfigError("--" NAME ": " WHY); }, \
+        "Megatron flags not supported (refused by name)"                                                              \
+  }
+
+int64_t parse_alias_int(const char* name, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || x < 0) throw ConfigError(std::string("--") + name + ": expected a whole number >= 0, got '" + v + "'");
+  return x;
+}
+
 std::vector<AliasSpec> build_aliases() {
   return {
       {"use-mcore-models", false, "Deprecated, no effect (megatrain has one model implementation)",
@@ -286,8 +313,62 @@ std::vector<AliasSpec> build_aliases() {
          c.recompute.recompute_granularity = "selective";
          return std::string("note: --recompute-activations is the old spelling of --recompute-granularity selective");
        }},
+      {"use-dist-ckpt", false, "Old spelling of --ckpt-format torch_dist",
+       [](Config& c, const std::string&) {
+         c.checkpoint.ckpt_format = "torch_dist";
+         return std::string("note: --use-dist-ckpt is the old spelling of --ckpt-format torch_dist");
+       }},
+      {"use-rotary-position-embeddings", false, "Old spelling of --position-embedding-type rope",
+       [](Config& c, const std::string&) {
+         c.model.position_embedding_type = "rope";
+         return std::string("note: --use-rotary-position-embeddings is the old spelling of --position-embedding-type rope");
+       }},
+      {"distributed-timeout-minutes", true, "Megatron's collective timeout in minutes: megatrain's --distributed-timeout-seconds x 60",
+       [](Config& c, const std::string& v) {
+         c.parallel.distributed_timeout_seconds = 60 * parse_alias_int("distributed-timeout-minutes", v);
+         return "note: --distributed-timeout-minutes " + v + " is --distributed-timeout-seconds " +
+                std::to_string(c.parallel.distributed_timeout_seconds) + " (a run ends this long after another rank failed)";
+       }},
+      // Megatron's switches for its PyTorch implementation's kernels and memory: megatrain's results do not depend on
+      // them (its own kernels; the same math either way), so each is accepted with a note.
+      MT_INERT("cross-entropy-loss-fusion", false, "the CUDA engine's cross-entropy is always one fused pass (the same loss)"),
+      MT_INERT("cross-entropy-fusion-impl", true, "megatrain has one cross-entropy implementation per engine"),
+      MT_INERT("no-gradient-accumulation-fusion", false, "the weight gradients always accumulate in fp32 (megatrain's GEMMs)"),
+      MT_INERT("no-masked-softmax-fusion", false, "attention is fused (cuDNN) on the CUDA engine and exact on the CPU engine"),
+      MT_INERT("no-bias-gelu-fusion", false, "kernel fusion does not change megatrain's results"),
+      MT_INERT("no-bias-swiglu-fusion", false, "kernel fusion does not change megatrain's results"),
+      MT_INERT("no-bias-dropout-fusion", false, "kernel fusion does not change megatrain's results"),
+      MT_INERT("no-rope-fusion", false, "kernel fusion does not change megatrain's results"),
+      MT_INERT("no-persist-layer-norm", false, "megatrain has its own norm kernels"),
+      MT_INERT("attention-softmax-in-fp32", false, "the softmax is always computed in fp32"),
+      MT_INERT("accumulate-allreduce-grads-in-fp32", false, "gradients always accumulate in fp32 (--grad-reduce-in-bf16 reduces in bf16)"),
+      MT_INERT("manual-gc", false, "megatrain has no Python garbage collector"),
+      MT_INERT("manual-gc-interval", true, "megatrain has no Python garbage collector"),
+      MT_INERT("no-manual-gc-eval", false, "megatrain has no Python garbage collector"),
+      MT_INERT("empty-unused-memory-level", true, "the CUDA engine keeps its memory pool (its peak is planned: megatrain plan)"),
+      MT_INERT("no-mmap-bin-files", false, "how the .bin files are read does not change the data"),
+      MT_INERT("no-create-attention-mask-in-dataloader", false, "megatrain never builds attention-mask tensors"),
+      MT_INERT("tp-comm-overlap", false, "megatrain overlaps the tensor-parallel communication its own way (docs/cuda-engine.md)"),
+      MT_INERT("defer-embedding-wgrad-compute", false, "the schedule of the embedding's weight gradient does not change the results"),
+      MT_INERT("ckpt-fully-parallel-save", false, "every rank writes its own shard"),
+      MT_INERT("ckpt-fully-parallel-load", false, "every rank reads its own shard"),
+      MT_INERT("ckpt-assume-constant-structure", false, "megatrain's checkpoint layout is computed, not cached"),
+      MT_INERT("tiktoken-pattern", true, "it belongs to --tokenizer-type TikTokenizer"),
+      MT_INERT("profile-step-start", true, "it belongs to --profile"),
+      MT_INERT("profile-step-end", true, "it belongs to --profile"),
+      MT_INERT("profile-ranks", true, "it belongs to --profile"),
+      // Megatron features megatrain does not have: a clear error rather than "unknown flag".
+      MT_REFUSED("use-torch-fsdp2", false, "megatrain shards the optimizer state with --use-distributed-optimizer; drop --use-torch-fsdp2"),
+      MT_REFUSED("use-custom-fsdp", false, "megatrain shards the optimizer state with --use-distributed-optimizer; drop --use-custom-fsdp"),
+      MT_REFUSED("wandb-exp-name", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
+      MT_REFUSED("wandb-save-dir", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
+      MT_REFUSED("wandb-entity", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
+      MT_REFUSED("log-num-zeros-in-grad", false, "counting the gradient's zeros is not implemented: drop it"),
+      MT_REFUSED("init-method-xavier-uniform", false, "only the normal initialisation of --init-method-std is implemented: drop it"),
   };
 }
+#undef MT_INERT
+#undef MT_REFUSED
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);

@@ -30,6 +30,7 @@ struct AliasSpec {
   std::string help;
   // Applies the alias; returns the one-line note to print.
   std::string (*apply)(Config&, const std::string& value);
+  const char* group = "Old spellings (accepted, mapped)";  // its --help group
 };
 
 const std::vector<FlagSpec>& flag_table();

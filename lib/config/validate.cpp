@@ -409,6 +409,9 @@ void check_values(const Config& c, Checker& k) {
   };
   if (t.lr) finite_at_least("--lr", *t.lr, 0);
   finite_at_least("--min-lr", t.min_lr, 0);
+  if (t.decoupled_lr) finite_at_least("--decoupled-lr", *t.decoupled_lr, 0);
+  if (t.decoupled_min_lr) finite_at_least("--decoupled-min-lr", *t.decoupled_min_lr, 0);
+  if (t.decoupled_min_lr && !t.decoupled_lr) k.error("--decoupled-min-lr needs --decoupled-lr (the embedding's and output layer's peak rate)");
   finite_at_least("--lr-warmup-init", t.lr_warmup_init, 0);
   finite_at_least("--weight-decay", t.weight_decay, 0);
   finite_at_least("--clip-grad", t.clip_grad, 0);
@@ -433,6 +436,7 @@ void check_training(const Config& c, Checker& k) {
   const auto& t = c.training;
   if (!t.train_iters && !t.train_samples) k.error("give --train-iters (or --train-samples): how long to train");
   if (t.train_iters && *t.train_iters < 0) k.error("--train-iters must be >= 0, got " + s(*t.train_iters));
+  if (t.exit_duration_in_mins && *t.exit_duration_in_mins < 0) k.error("--exit-duration-in-mins must be >= 0, got " + s(*t.exit_duration_in_mins));
   if (!t.lr) k.error("--lr is required for training: add e.g. --lr 3e-4");
   const auto& d = c.data;
   int sources = (d.mock_data ? 1 : 0) + (!d.data_path.empty() ? 1 : 0) + (!d.train_data_path.empty() ? 1 : 0) +

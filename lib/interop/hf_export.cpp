@@ -115,6 +115,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   const int64_t L = D.L, h = D.h, nh = D.nh, ng = D.ng, d = D.d, V = c.derived.padded_vocab_size;
   std::vector<Exported> out;
   auto put = [&](const std::string& name, std::vector<int64_t> shape, Values v) { out.push_back({name, std::move(shape), std::move(v)}); };
+  auto norm = [&](const std::string& name) {  // the scale a norm applies: --apply-layernorm-1p keeps 1 + weight's weight
+    Values v = get(name);
+    if (D.norm_1p) {
+      for (float& x : v) x += 1.0f;
+    }
+    return v;
+  };
   nlohmann::ordered_json config;
   const std::string dtype_name = opt.dtype == "bf16" ? "bfloat16" : "float32";
   if (family == "gpt2") {
@@ -126,7 +133,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     auto bias_or_zero = [&](const std::string& name, int64_t n) { return has(name) ? get(name) : Values(static_cast<size_t>(n), 0.0f); };
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".", o = "transformer.h." + std::to_string(l) + ".";
-      put(o + "ln_1.weight", {h}, get(p + "input_norm.weight"));
+      put(o + "ln_1.weight", {h}, norm(p + "input_norm.weight"));
       put(o + "ln_1.bias", {h}, get(p + "input_norm.bias"));
       const SplitQkv w = split_qkv(get(p + "attention.qkv.weight"), nh, ng, d, h);
       Values qkv = w.q;
@@ -140,14 +147,14 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       put(o + "attn.c_attn.bias", {3 * h}, qkv_b);
       put(o + "attn.c_proj.weight", {h, h}, transposed(get(p + "attention.proj.weight"), h, h));
       put(o + "attn.c_proj.bias", {h}, bias_or_zero(p + "attention.proj.bias", h));
-      put(o + "ln_2.weight", {h}, get(p + "mlp_norm.weight"));
+      put(o + "ln_2.weight", {h}, norm(p + "mlp_norm.weight"));
       put(o + "ln_2.bias", {h}, get(p + "mlp_norm.bias"));
       put(o + "mlp.c_fc.weight", {h, D.F}, transposed(get(p + "mlp.fc1.weight"), D.F, h));
       put(o + "mlp.c_fc.bias", {D.F}, bias_or_zero(p + "mlp.fc1.bias", D.F));
       put(o + "mlp.c_proj.weight", {D.F, h}, transposed(get(p + "mlp.fc2.weight"), h, D.F));
       put(o + "mlp.c_proj.bias", {h}, bias_or_zero(p + "mlp.fc2.bias", h));
     }
-    put("transformer.ln_f.weight", {h}, get("final_norm.weight"));
+    put("transformer.ln_f.weight", {h}, norm("final_norm.weight"));
     put("transformer.ln_f.bias", {h}, get("final_norm.bias"));
     if (!D.tied) put("lm_head.weight", {V, h}, get("output_layer.weight"));
     if (!D.bias) notes.push_back("note: the model has no biases (--disable-bias-linear); GPT-2's are written as zeros");
@@ -161,7 +168,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     put("model.embed_tokens.weight", {V, h}, get("embedding.word_embeddings.weight"));
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".", o = "model.layers." + std::to_string(l) + ".";
-      put(o + "input_layernorm.weight", {h}, get(p + "input_norm.weight"));
+      put(o + "input_layernorm.weight", {h}, norm(p + "input_norm.weight"));
       SplitQkv w = split_qkv(get(p + "attention.qkv.weight"), nh, ng, d, h);
       if (D.rotary_interleaved) {
         w.q = deinterleave_heads(w.q, nh, d, h);
@@ -182,7 +189,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         put(o + "self_attn.o_proj.bias", {h}, get(p + "attention.proj.bias"));
       }
       put(o + "self_attn.o_proj.weight", {h, nh * d}, get(p + "attention.proj.weight"));
-      put(o + "post_attention_layernorm.weight", {h}, get(p + "mlp_norm.weight"));
+      put(o + "post_attention_layernorm.weight", {h}, norm(p + "mlp_norm.weight"));
       if (!moe[static_cast<size_t>(l)] || D.experts == 0) {
         refuse(family == "mixtral", "MixtralForCausalLM has an MoE MLP in every layer (--moe-layer-freq must be 1)");
         put(o + "mlp.gate_proj.weight", {D.F, h}, get(p + "mlp.fc1_gate.weight"));
@@ -203,7 +210,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         put(y + "w2.weight", {h, D.F_moe}, get(x + "fc2.weight"));
       }
     }
-    put("model.norm.weight", {h}, get("final_norm.weight"));
+    put("model.norm.weight", {h}, norm("final_norm.weight"));
     if (!D.tied) put("lm_head.weight", {V, h}, get("output_layer.weight"));
     config = {{"architectures", {family == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM"}}, {"model_type", family},
               {"vocab_size", V}, {"hidden_size", h}, {"intermediate_size", family == "mixtral" ? D.F_moe : D.F}, {"num_hidden_layers", L},

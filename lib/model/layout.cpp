@@ -78,6 +78,7 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     p.chunk = chunk;
     return store.add(std::move(p));
   };
+  const InitKind norm_init = D.norm_1p ? InitKind::kZeros : InitKind::kOnes;  // (--apply-layernorm-1p: 1 + weight)
   auto add = [&](const std::string& name, std::vector<int64_t> shape, int shard_dim, InitKind init, float sd) {
     return put(make_param(name, std::move(shape), shard_dim, r, t, init, sd));
   };
@@ -99,19 +100,19 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     LayerParams ly;
     ly.layer = l;
     ly.first = store.size();
-    ly.input_norm_w = add(p + "input_norm.weight", {D.h}, -1, InitKind::kOnes, 0);
+    ly.input_norm_w = add(p + "input_norm.weight", {D.h}, -1, norm_init, 0);
     if (!D.rms) ly.input_norm_b = add(p + "input_norm.bias", {D.h}, -1, InitKind::kZeros, 0);
     ly.qkv_w = add_qkv(p + "attention.qkv.weight", {qkv_rows, D.h}, InitKind::kNormal, std);
     if (D.bias) ly.qkv_b = add_qkv(p + "attention.qkv.bias", {qkv_rows}, InitKind::kZeros, 0);
     if (D.qk_norm) {  // one [d] weight shared by every query head (and one by every key head), on every TP rank
-      ly.q_norm_w = add(p + "attention.q_norm.weight", {D.d}, -1, InitKind::kOnes, 0);
+      ly.q_norm_w = add(p + "attention.q_norm.weight", {D.d}, -1, norm_init, 0);
       if (!D.rms) ly.q_norm_b = add(p + "attention.q_norm.bias", {D.d}, -1, InitKind::kZeros, 0);
-      ly.k_norm_w = add(p + "attention.k_norm.weight", {D.d}, -1, InitKind::kOnes, 0);
+      ly.k_norm_w = add(p + "attention.k_norm.weight", {D.d}, -1, norm_init, 0);
       if (!D.rms) ly.k_norm_b = add(p + "attention.k_norm.bias", {D.d}, -1, InitKind::kZeros, 0);
     }
     ly.proj_w = add(p + "attention.proj.weight", {D.h, D.nh * D.d}, 1, InitKind::kNormal, out_std);
     if (D.bias) ly.proj_b = add(p + "attention.proj.bias", {D.h}, -1, InitKind::kZeros, 0);
-    ly.mlp_norm_w = add(p + "mlp_norm.weight", {D.h}, -1, InitKind::kOnes, 0);
+    ly.mlp_norm_w = add(p + "mlp_norm.weight", {D.h}, -1, norm_init, 0);
     if (!D.rms) ly.mlp_norm_b = add(p + "mlp_norm.bias", {D.h}, -1, InitKind::kZeros, 0);
     // An MLP of width F (global) at `prefix`, sliced `count` ways (slice `rank`); returns fc1_w, fc1_b, fc2_w, fc2_b.
     // With SwiGLU the gate and up projections are separate global tensors whose shards sit side by side, so
@@ -176,7 +177,7 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     M.layers.push_back(ly);
   }
   if (M.post_process) {
-    M.final_norm_w = add("final_norm.weight", {D.h}, -1, InitKind::kOnes, 0);
+    M.final_norm_w = add("final_norm.weight", {D.h}, -1, norm_init, 0);
     if (!D.rms) M.final_norm_b = add("final_norm.bias", {D.h}, -1, InitKind::kZeros, 0);
     if (!D.tied) {
       M.output_w = add("output_layer.weight", {D.V, D.h}, 0, InitKind::kNormal, std);

@@ -6,10 +6,10 @@
 
 namespace mt {
 
-LrSchedule::LrSchedule(const Config& c) {
+LrSchedule::LrSchedule(const Config& c, bool decoupled) {
   const auto& t = c.training;
-  max_lr_ = t.lr.value_or(0.0);
-  min_lr_ = t.min_lr;
+  max_lr_ = decoupled ? t.decoupled_lr.value_or(0.0) : t.lr.value_or(0.0);
+  min_lr_ = decoupled ? t.decoupled_min_lr.value_or(t.min_lr) : t.min_lr;
   init_lr_ = t.lr_warmup_init;
   gbs_ = std::max<int64_t>(1, c.derived.global_batch_size);
   const int64_t total = t.train_iters ? *t.train_iters * gbs_ : t.train_samples.value_or(0);

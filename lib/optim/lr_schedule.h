@@ -14,7 +14,9 @@ namespace mt {
 // batch-size ramp-up needs; with a fixed batch, lr(step) is the same as counting iterations).
 class LrSchedule {
  public:
-  explicit LrSchedule(const Config& cfg);
+  // decoupled: the schedule of the input embedding and output layer weights under --decoupled-lr (its peak, and
+  // --decoupled-min-lr or --min-lr at the end; warmup and decay as the others').
+  explicit LrSchedule(const Config& cfg, bool decoupled = false);
   // Learning rate of iteration `step` (1-based) at the fixed global batch size.
   double lr(int64_t step) const { return lr_at_samples(step * gbs_); }
   // Learning rate once `samples` samples have been consumed: the rate of the next update, as Megatron's

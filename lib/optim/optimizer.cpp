@@ -113,7 +113,11 @@ double Optimizer::params_norm() {
   return std::sqrt(owned_sum_sq(params_.params().f32(), false));
 }
 
-StepResult Optimizer::step(double lr, float loss_scale) {
+// Megatron's is_embedding_or_output_parameter: the word embeddings and the output layer's weight (not the learned
+// positions), which --decoupled-lr gives a rate of their own.
+static bool embedding_or_output(const std::string& name) { return name == "embedding.word_embeddings.weight" || name == "output_layer.weight"; }
+
+StepResult Optimizer::step(double lr, float loss_scale, double decoupled_lr) {
   StepResult r;
   float* g = params_.grads().f32();
   if (loss_scale != 1.0f) {
@@ -131,13 +135,14 @@ StepResult Optimizer::step(double lr, float loss_scale) {
   ++t_;
   float* w = master_.defined() ? master_.f32() : params_.params().f32();
   float* m = m_.f32();
-  const float lrf = static_cast<float>(lr);
+  const float lr_main = static_cast<float>(lr);
   const float b1 = static_cast<float>(beta1_), b2 = static_cast<float>(beta2_), eps = static_cast<float>(eps_);
   const float bc1 = static_cast<float>(1.0 - std::pow(beta1_, static_cast<double>(t_)));
   const float bc2 = static_cast<float>(1.0 - std::pow(beta2_, static_cast<double>(t_)));
   const float mom = static_cast<float>(momentum_);
   for (const auto& s : segments_) {
     const float wd = params_.info(s.param).weight_decay ? static_cast<float>(wd_) : 0.0f;
+    const float lrf = decoupled_lr >= 0 && embedding_or_output(params_.info(s.param).name) ? static_cast<float>(decoupled_lr) : lr_main;
     float* ws = master_.defined() ? w + s.state : w + s.begin;
     float* ms = m + s.state;
     const float* gs = g + s.begin;

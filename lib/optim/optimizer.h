@@ -29,8 +29,9 @@ class Optimizer {
   Optimizer(const Config& cfg, ParamStore& params, ProcessGroups groups, FlatRanges owned, bool sharded);
   Optimizer(const Config& cfg, ParamStore& params, ProcessGroups groups)
       : Optimizer(cfg, params, groups, FlatRanges{{0, params.numel()}}, false) {}
-  // Unscales by 1/loss_scale, measures and clips the gradients, updates the owned ranges with `lr`.
-  StepResult step(double lr, float loss_scale);
+  // Unscales by 1/loss_scale, measures and clips the gradients, updates the owned ranges with `lr` (the input
+  // embedding's and output layer's weights with decoupled_lr when it is >= 0: --decoupled-lr).
+  StepResult step(double lr, float loss_scale, double decoupled_lr = -1);
   // L2 norm of all parameters, each counted once (for --log-params-norm).
   double params_norm();
   int64_t iterations() const { return t_; }

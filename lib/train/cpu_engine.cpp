@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "model/context_parallel.h"
+#include "optim/lr_schedule.h"
 #include "pipeline/cpu_stage.h"
 #include "pipeline/configured_schedule.h"
 #include "train/moe_report.h"
@@ -86,7 +87,8 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   groups_.dp_cp->all_reduce(&loss, 1, ReduceOp::kAvg);
   StepResult result{};
   const bool loss_finite = std::isfinite(loss);
-  if (loss_finite) result = optimizer_->step(lr, loss_scale);
+  const double decoupled = cfg_.training.decoupled_lr ? LrSchedule(cfg_, true).lr_at_samples(first_sample) : -1.0;
+  if (loss_finite) result = optimizer_->step(lr, loss_scale, decoupled);
   if (loss_finite && !result.skipped) for_each_data_parallel([](DataParallel& d) { d.start_param_gather(); });
   const bool nonfinite = !loss_finite || result.skipped;
   scaler_.update(nonfinite);

@@ -40,6 +40,8 @@ T* device_zeros(size_t n) {
 
 CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSource& data, bool lead)
     : cfg_(cfg), groups_(std::move(groups)), data_(data), lead_(lead), scaler_(cfg) {
+  // (refused by name in train/capabilities: a guard for other callers)
+  if (cfg.training.decoupled_lr) throw std::runtime_error("--decoupled-lr is not implemented on the CUDA engine yet: use --device cpu");
   MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const auto gpus = visible_gpus();
   gpu_name_ = gpus.empty() ? std::string("GPU") : gpus.front().name;

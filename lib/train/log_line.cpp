@@ -20,12 +20,16 @@ std::string format_iteration_line(const IterationStats& s) {
   char buf[1024];
   int n = std::snprintf(buf, sizeof(buf),
                         " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
-                        "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch size: %5lld | "
-                        "lm loss: %.6E | ",
+                        "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | ",
                         timestamp_now().c_str(), static_cast<long long>(s.iteration), static_cast<long long>(s.train_iters),
-                        static_cast<long long>(s.consumed_samples), s.ms_per_iter, s.tflops_per_gpu, s.lr,
-                        static_cast<long long>(s.global_batch), s.loss);
+                        static_cast<long long>(s.consumed_samples), s.ms_per_iter, s.tflops_per_gpu, s.lr);
   std::string out(buf, static_cast<size_t>(n));
+  if (s.decoupled_lr >= 0) {
+    std::snprintf(buf, sizeof(buf), "decoupled learning rate: %.6E | ", s.decoupled_lr);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof(buf), "global batch size: %5lld | lm loss: %.6E | ", static_cast<long long>(s.global_batch), s.loss);
+  out += buf;
   for (const auto& [name, value] : s.moe_losses) {
     std::snprintf(buf, sizeof(buf), "%s: %.6E | ", name.c_str(), value);
     out += buf;

@@ -38,7 +38,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   const int64_t nmb = cfg.derived.num_microbatches, gbs = cfg.derived.global_batch_size;
   const int64_t world = groups.world->size(), dp = groups.dp->size();
   const BatchSchedule batches(cfg, dp);
-  const LrSchedule schedule(cfg);
+  const LrSchedule schedule(cfg), decoupled_schedule(cfg, true);
   const double flops_full_batch = flops_per_iteration(cfg);  // at the full global batch; per sample below
   auto flops_of = [&](int64_t batch) { return flops_full_batch * static_cast<double>(batch) / static_cast<double>(gbs); };
   const bool has_valid = data.has_split(Split::kValid) && cfg.logging.eval_iters > 0;
@@ -80,6 +80,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   int64_t interval_ok = 0, interval_iters = 0, interval_samples = 0;
   double last_grad_norm = 0, last_lr = 0;
   auto interval_start = Clock::now();
+  const auto train_start = interval_start;
   double excluded_secs = 0;  // evaluation, checkpoints and logging inside the interval
 
   // Takes the reports of the pending iterations: losses, counts, and the exit on a run of non-finite steps.
@@ -142,7 +143,13 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     res.iterations = it;
     const bool logging = it % cfg.logging.log_interval == 0 || it == iters;
     const bool evaluating = has_valid && (it % cfg.logging.eval_interval == 0 || it == iters);
-    const bool exiting = cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0;
+    bool out_of_time = false;  // --exit-duration-in-mins: on any rank, so that every rank stops at the same iteration (as Megatron)
+    if (cfg.training.exit_duration_in_mins.value_or(0) > 0) {  // (0: off, as Megatron's falsy value)
+      float over = std::chrono::duration<double>(Clock::now() - train_start).count() / 60.0 > static_cast<double>(*cfg.training.exit_duration_in_mins);
+      if (world > 1) groups.world->all_reduce(&over, 1, ReduceOp::kMax);
+      out_of_time = over > 0;
+    }
+    const bool exiting = out_of_time || (cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0);
     const bool saving = ck.save && (it % *ck.save_interval == 0 || it == iters || exiting);
     if (engine.reports_each_step() || logging || evaluating || saving) read();
     const auto side_start = Clock::now();
@@ -157,6 +164,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       s.tflops_per_gpu = flops_of(interval_samples) / secs / static_cast<double>(world) / 1e12;
       s.loss = interval_ok ? interval_loss / static_cast<double>(interval_ok) : NAN;
       s.lr = last_lr;
+      if (cfg.training.decoupled_lr) s.decoupled_lr = decoupled_schedule.lr_at_samples(consumed);
       s.grad_norm = last_grad_norm;
       s.loss_scale = engine.loss_scale();  // after this step's update, as Megatron logs it
       res.loss_scale = s.loss_scale;
@@ -207,7 +215,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       excluded_secs += std::chrono::duration<double>(Clock::now() - side_start).count();
     }
     if (exiting) {
-      if (lead) std::cout << "megatrain: exiting at iteration " << it << " (--exit-interval)\n";
+      if (lead) std::cout << "megatrain: exiting at iteration " << it << (out_of_time ? " (--exit-duration-in-mins)\n" : " (--exit-interval)\n");
       break;
     }
   }

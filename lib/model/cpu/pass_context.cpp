@@ -46,15 +46,28 @@ void PassContext::dropout_tokens(float* x, int64_t layer, int site, bool backwar
   }
 }
 
+// The scale a norm multiplies by: its weight, or 1 + weight under --apply-layernorm-1p (the weight's gradient is the
+// scale's: the kernels' weight gradient does not read the weight).
+const float* PassContext::norm_scale(size_t w, int64_t width, std::vector<float>& buf) const {
+  if (!D.norm_1p) return P(w);
+  buf.resize(static_cast<size_t>(width));
+  for (int64_t i = 0; i < width; ++i) buf[static_cast<size_t>(i)] = 1.0f + P(w)[i];
+  return buf.data();
+}
+
 void PassContext::norm_forward(float* out, float* mean, float* rstd, const float* x, size_t w, size_t b, int64_t n, int64_t width) const {
-  if (D.rms) rmsnorm_forward(out, rstd, x, P(w), n, width, D.eps);
-  else layernorm_forward(out, mean, rstd, x, P(w), P(b), n, width, D.eps);
+  std::vector<float> buf;
+  const float* scale = norm_scale(w, width, buf);
+  if (D.rms) rmsnorm_forward(out, rstd, x, scale, n, width, D.eps);
+  else layernorm_forward(out, mean, rstd, x, scale, P(b), n, width, D.eps);
 }
 
 void PassContext::norm_backward(float* dx, const float* dout, const float* x, const float* mean, const float* rstd, size_t w, size_t b, int64_t n,
                                 int64_t width) const {
-  if (D.rms) rmsnorm_backward(dx, G(w), dout, x, P(w), rstd, n, width);
-  else layernorm_backward(dx, G(w), G(b), dout, x, P(w), mean, rstd, n, width);
+  std::vector<float> buf;
+  const float* scale = norm_scale(w, width, buf);
+  if (D.rms) rmsnorm_backward(dx, G(w), dout, x, scale, rstd, n, width);
+  else layernorm_backward(dx, G(w), G(b), dout, x, scale, mean, rstd, n, width);
 }
 
 void PassContext::sum_replicated_grads(size_t first, size_t last) const {

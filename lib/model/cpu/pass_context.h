@@ -69,6 +69,7 @@ struct PassContext {
   void dropout_tokens(float* x, int64_t layer, int site, bool backward) const;
   // The configured norm over n rows of `width` (the hidden size, or a head's for --qk-layernorm).
   void norm_forward(float* out, float* mean, float* rstd, const float* x, size_t w, size_t b, int64_t n, int64_t width) const;
+  const float* norm_scale(size_t w, int64_t width, std::vector<float>& buf) const;
   void norm_backward(float* dx, const float* dout, const float* x, const float* mean, const float* rstd, size_t w, size_t b, int64_t n,
                      int64_t width) const;
   // Under SP every rank sees only its tokens, so the gradients of parameters replicated over TP (norms,

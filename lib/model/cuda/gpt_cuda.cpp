@@ -213,7 +213,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     throw std::runtime_error("the CUDA engine fuses GELU into the experts' fc1 GEMMs, which needs --moe-ffn-hidden-size to be a multiple of 8 "
                              "(this model: " + std::to_string(F_moe_) + "): change it, or use --device cpu");
   }
-  // (also refused by name in train/capabilities: a guard for other callers)
+  // (also refused by name in train/capabilities: guards for other callers)
+  if (D.norm_1p) throw std::runtime_error("--apply-layernorm-1p is not implemented on the CUDA engine yet: use --device cpu");
   if (D.fp8 && (tp_size_ > 1 || moe_layers_ > 0 || (D.fp8_blockwise && !cuda_unverified_allowed("blockwise")))) {
     throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism, MoE layers and blockwise scaling so far: use --device cpu for those");
   }

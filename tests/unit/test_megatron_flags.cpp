@@ -1,0 +1,110 @@
+// test_megatron_flags.cpp: Megatron flags with semantics of their own on the CPU engine. --apply-layernorm-1p: a
+// model whose norms scale by 1 + w computes what the plain model with weights 1 + w computes (loss and every
+// gradient), and its norm weights start at 0; --decoupled-lr: the word embeddings and the output layer move at their
+// own rate (frozen at 0, identical when equal to --lr), on the same schedule.
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "config/resolve.h"
+#include "config/validate.h"
+#include "config/yaml_io.h"
+#include "model/gpt_model.h"
+#include "optim/lr_schedule.h"
+#include "tiny_models.h"
+#include "train/trainer.h"
+
+using namespace mt;
+
+namespace {
+
+bool is_norm_weight(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("--apply-layernorm-1p: norms scale by 1 + weight, the weights start at 0") {
+  for (bool llama : {false, true}) {
+    Config plain = test::tiny_decoder(llama, 2, 0.0, llama);  // (LLaMA with --qk-layernorm: its head norms too)
+    Config one_p = plain;
+    one_p.model.apply_layernorm_1p = true;
+    GPTModel a(one_p, ProcessGroups::single()), b(plain, ProcessGroups::single());
+    ParamStore &pa = a.params(), &pb = b.params();
+    REQUIRE(pa.size() == pb.size());
+    int norms = 0;
+    for (size_t i = 0; i < pa.size(); ++i) {
+      const ParamInfo& p = pa.info(i);
+      if (!is_norm_weight(p.name)) continue;
+      ++norms;
+      for (int64_t e = 0; e < p.numel; ++e) CHECK(pa.param(i)[e] == 0.0f);  // zero-centred at the start
+      for (int64_t e = 0; e < p.numel; ++e) {  // then both models hold the same scales: 1 + w and w
+        pa.param(i)[e] = 0.03f * static_cast<float>((e * 7 + static_cast<int64_t>(i)) % 11) - 0.15f;
+        pb.param(i)[e] = 1.0f + pa.param(i)[e];
+      }
+    }
+    CHECK(norms == (llama ? 2 * 4 + 1 : 2 * 2 + 1));
+    for (GPTModel* m : {&a, &b}) {
+      m->params().zero_grads();
+      m->forward(test::tiny_batch(), 1, true);
+      m->backward(1.0f, true);
+    }
+    CHECK(a.forward(test::tiny_batch(), 1, false) == Approx(b.forward(test::tiny_batch(), 1, false)).epsilon(1e-6));
+    for (size_t i = 0; i < pa.size(); ++i) {
+      const ParamInfo& p = pa.info(i);
+      INFO(p.name);
+      double diff = 0, scale = 1e-12;
+      for (int64_t e = 0; e < p.numel; ++e) {
+        diff = std::max(diff, static_cast<double>(std::fabs(pa.grad(i)[e] - pb.grad(i)[e])));
+        scale = std::max(scale, static_cast<double>(std::fabs(pb.grad(i)[e])));
+      }
+      CHECK(diff / scale < 1e-5);  // (the norm weights' gradients too: d(1 + w) / dw = 1)
+    }
+  }
+}
+
+TEST_CASE("--decoupled-lr: the word embeddings and the output layer on their own rate") {
+  auto config = [](std::optional<double> decoupled, std::optional<double> decoupled_min, int64_t iters = 3) {
+    Config c;
+    apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
+    c.data.text_data_path = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
+    c.training.train_iters = iters;
+    c.training.lr_warmup_iters = 1;
+    c.logging.eval_interval = 1000;
+    c.logging.eval_iters = 0;
+    c.training.decoupled_lr = decoupled;
+    c.training.decoupled_min_lr = decoupled_min;
+    REQUIRE(validate(c, 1, Purpose::kTrain).ok());
+    resolve(c, 1, 257);
+    return c;
+  };
+  const Config base_cfg = config(std::nullopt, std::nullopt);
+  const TrainResult base = train(base_cfg, ProcessGroups::single(), {true, 0});
+  const TrainResult same = train(config(*base_cfg.training.lr, std::nullopt), ProcessGroups::single(), {true, 0});
+  const TrainResult frozen = train(config(0.0, 0.0), ProcessGroups::single(), {true, 0});  // (the final rate would default to --min-lr)
+  const TrainResult frozen_early = train(config(0.0, 0.0, 1), ProcessGroups::single(), {true, 0});  // after one step
+  ParamStore &pb = base.model->params(), &ps = same.model->params(), &pf = frozen.model->params(), &pi = frozen_early.model->params();
+  int decoupled = 0;
+  for (size_t i = 0; i < pb.size(); ++i) {
+    const ParamInfo& p = pb.info(i);
+    INFO(p.name);
+    const std::vector<float> vb(pb.param(i), pb.param(i) + p.numel), vs(ps.param(i), ps.param(i) + p.numel);
+    CHECK(vb == vs);  // --decoupled-lr equal to --lr changes nothing
+    const bool own_rate = p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
+    decoupled += own_rate;
+    const std::vector<float> vf(pf.param(i), pf.param(i) + p.numel), v0(pi.param(i), pi.param(i) + p.numel);
+    if (own_rate) CHECK(vf == v0);  // at rate 0 they never move
+    else CHECK(vf != v0);
+  }
+  CHECK(decoupled == 2);  // (the quickstart's output layer is untied)
+  // The schedule: the same warmup and decay between --decoupled-lr and --decoupled-min-lr (or --min-lr).
+  Config c = config(1e-2, 1e-3);
+  c.training.lr = 1e-3;
+  c.training.min_lr = 1e-4;
+  const LrSchedule main(c), own(c, true);
+  const int64_t gbs = c.derived.global_batch_size;
+  for (int64_t it : {0, 1, 2, 3}) CHECK(own.lr_at_samples(it * gbs) == Approx(10.0 * main.lr_at_samples(it * gbs)).epsilon(1e-9));
+  Config missing = config(std::nullopt, std::nullopt);
+  missing.training.decoupled_min_lr = 1e-4;
+  CHECK_FALSE(validate(missing, 1, Purpose::kTrain).ok());
+}
