@@ -87,6 +87,8 @@ std::vector<FlagSpec> build_table() {
         "With --optimizer-cpu-offload: the share of the optimizer state (master weights, Adam moments) on the CPU, the first parameters'"),
       F(kTrain, "overlap-cpu-optimizer-d2h-h2d", training.overlap_cpu_optimizer_d2h_h2d,
         "Overlap the offloaded optimizer's copies with its update (megatrain always does)"),
+      F(kTrain, "calculate-per-token-loss", training.calculate_per_token_loss,
+        "The loss and its gradient over all the global batch's tokens, not the mean of the microbatches' means (CPU engine)"),
       F(kTrain, "exit-interval", training.exit_interval, "Exit (after a checkpoint when --save is set) at an iteration divisible by this"),
       F(kTrain, "exit-duration-in-mins", training.exit_duration_in_mins,
         "Exit (after a checkpoint when --save is set) at the first iteration after training has run this many minutes"),

@@ -31,6 +31,7 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.V_local = d.V / tp;
   d.rms = c.model.normalization == "RMSNorm";
   d.norm_1p = c.model.apply_layernorm_1p;
+  d.per_token_loss = c.training.calculate_per_token_loss;
   d.swiglu = c.model.swiglu;
   d.bias = !c.model.disable_bias_linear;
   d.rope = c.model.position_embedding_type == "rope";

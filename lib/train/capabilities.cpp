@@ -31,6 +31,8 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
     no(pr.fp8_recipe == "mxfp8", "--fp8-recipe mxfp8 needs Blackwell GPUs (MXFP8 tensor cores): use --fp8-recipe tensorwise");
     no(c.moe.num_experts.has_value(), "FP8 (--fp8-format) in MoE layers (--num-experts) is not implemented yet: drop --fp8-format");
   }
+  no(c.training.calculate_per_token_loss && c.moe.num_experts.has_value(),
+     "--calculate-per-token-loss with MoE layers (--num-experts) is not implemented yet (their auxiliary losses' scale): drop it");
   if (c.recompute.recompute_granularity.value_or("") == "selective") {  // (core_attn: flash attention stores no probabilities to recompute)
     for (const auto& module : c.recompute.recompute_modules) {
       no(module != "core_attn", "--recompute-modules " + module + " is not implemented (selective recompute covers core_attn only): use "
@@ -158,6 +160,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.model.squared_relu, "--squared-relu is not implemented on the CUDA engine yet: use --device cpu");
   no(c.model.apply_layernorm_1p, "--apply-layernorm-1p (zero-centred norm weights) is not implemented on the CUDA engine yet: use --device cpu");
   no(c.training.decoupled_lr.has_value(), "--decoupled-lr is not implemented on the CUDA engine yet: use --device cpu, or drop it");
+  no(c.training.calculate_per_token_loss, "--calculate-per-token-loss is not implemented on the CUDA engine yet: use --device cpu, or drop it");
   no(c.model.rotary_interleaved, "--rotary-interleaved is not implemented on the CUDA engine yet: use --device cpu");
   no(c.parallel.context_parallel_size > 1,
      "--context-parallel-size > 1 runs on the CPU engine only so far: use --device cpu (the CUDA ring attention is not written yet)");

@@ -70,25 +70,37 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   for_each_data_parallel([](DataParallel& d) { d.finish_param_gather(); });  // parameters updated by the other shards last step
   model_->params().zero_grads();
   const float loss_scale = scaler_.scale();
+  // --calculate-per-token-loss (Megatron's): each microbatch's loss is its sum, and the gradients are divided by the
+  // global batch's loss tokens after the data-parallel reduction.
+  const bool per_token = cfg_.training.calculate_per_token_loss;
+  double tokens = 0;
+  if (per_token) {
+    for (int64_t m = 0; m < num_microbatches; ++m) tokens += loss_tokens(Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs);
+    groups_.dp->all_reduce(&tokens, 1, ReduceOp::kSum);
+    tokens = std::max(tokens, 1.0);
+  }
   CpuPipelineStage stage(
       *model_,
       [&](int64_t m) {
         return context_parallel_slice(make_microbatch(data_, Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs, mbs, S, cfg_),
                                       groups_.cp->rank(), groups_.cp->size());
       },
-      iteration, loss_scale / static_cast<float>(num_microbatches), groups_.pp.get(), mbs);
+      iteration, per_token ? loss_scale : loss_scale / static_cast<float>(num_microbatches), groups_.pp.get(), mbs);
   run_schedule(training_schedule(cfg_, groups_.pp->rank(), pp, num_microbatches), stage, [&] { for_each_data_parallel([](DataParallel& d) { d.arm(); }); });
   sum_tied_embedding_grads();
   for_each_data_parallel([](DataParallel& d) { d.finish(); });
   if (cfg_.moe.moe_router_enable_expert_bias) model_->update_expert_biases(cfg_.moe.moe_router_bias_update_rate);
   // The loss is the last stage's: every stage takes it (the others hold 0), so all decide alike.
-  double loss = stage.mean_loss();
+  double loss = stage.mean_loss() * (per_token ? static_cast<double>(num_microbatches) : 1.0);  // (per token: the losses' sum)
   if (pp > 1) groups_.pp->all_reduce(&loss, 1, ReduceOp::kSum);
-  groups_.dp_cp->all_reduce(&loss, 1, ReduceOp::kAvg);
+  groups_.dp_cp->all_reduce(&loss, 1, ReduceOp::kAvg);  // (each CP rank holds its sequences' whole loss)
+  if (per_token) loss *= static_cast<double>(dp) / tokens;
   StepResult result{};
   const bool loss_finite = std::isfinite(loss);
   const double decoupled = cfg_.training.decoupled_lr ? LrSchedule(cfg_, true).lr_at_samples(first_sample) : -1.0;
-  if (loss_finite) result = optimizer_->step(lr, loss_scale, decoupled);
+  // (per token: the reduction averaged over DP; the gradients become the sum over the tokens / their count)
+  const float unscale = per_token ? static_cast<float>(loss_scale * tokens / static_cast<double>(dp)) : loss_scale;
+  if (loss_finite) result = optimizer_->step(lr, unscale, decoupled);
   if (loss_finite && !result.skipped) for_each_data_parallel([](DataParallel& d) { d.start_param_gather(); });
   const bool nonfinite = !loss_finite || result.skipped;
   scaler_.update(nonfinite);
@@ -117,6 +129,13 @@ size_t CpuEngine::tied_embedding_param() const {
 
 std::vector<StepReport> CpuEngine::read_reports() { return std::exchange(reports_, {}); }
 
+double CpuEngine::loss_tokens(Split split, int64_t first_sample) const {
+  const Microbatch mb = make_microbatch(data_, split, first_sample, *cfg_.training.micro_batch_size, *cfg_.data.seq_length, cfg_);
+  double n = 0;
+  for (float m : mb.loss_mask) n += m;
+  return n;
+}
+
 double CpuEngine::evaluate(int64_t iteration) {
   for_each_data_parallel([](DataParallel& d) { d.finish_param_gather(); });
   const int64_t mbs = *cfg_.training.micro_batch_size, S = *cfg_.data.seq_length;
@@ -136,7 +155,11 @@ double CpuEngine::evaluate(int64_t iteration) {
       run_schedule(evaluation_schedule(cfg_, groups_.pp->rank(), pp, nmb), stage);
       sum += stage.mean_loss() * static_cast<double>(nmb);
     }
-    n += nmb;
+    if (cfg_.training.calculate_per_token_loss) {  // the losses' sums over the tokens they cover
+      for (int64_t m = 0; m < nmb; ++m) n += static_cast<int64_t>(loss_tokens(Split::kValid, it * per_iter + m * mbs * dp + r * mbs));
+    } else {
+      n += nmb;
+    }
   }
   if (pp > 1) groups_.pp->all_reduce(&sum, 1, ReduceOp::kSum);
   double buf[2] = {sum, static_cast<double>(n)};

@@ -42,6 +42,9 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     : cfg_(cfg), groups_(std::move(groups)), data_(data), lead_(lead), scaler_(cfg) {
   // (refused by name in train/capabilities: a guard for other callers)
   if (cfg.training.decoupled_lr) throw std::runtime_error("--decoupled-lr is not implemented on the CUDA engine yet: use --device cpu");
+  if (cfg.training.calculate_per_token_loss) {
+    throw std::runtime_error("--calculate-per-token-loss is not implemented on the CUDA engine yet: use --device cpu");
+  }
   MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const auto gpus = visible_gpus();
   gpu_name_ = gpus.empty() ? std::string("GPU") : gpus.front().name;

@@ -43,6 +43,23 @@ T="--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max
 # --device cuda insists: without a GPU (or, on a GPU machine, for an fp32 run) it says why and exits 2.
 expect device-cuda 2 'device cuda: |computes in bf16 or fp16: add --bf16' -- "$B" $T --device cuda
 expect recompute-cpu 2 'implemented on the CUDA engine only' -- "$B" $T --device cpu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+# Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh, its flags as written (but --fp8-param-gather, refused by
+# name) at toy size on the CPU engine: zero-centred norms, the decoupled rate, the per-token loss, its switches noted.
+M3=(--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --group-query-attention
+    --num-query-groups 2 --kv-channels 16 --seq-length 64 --max-position-embeddings 64 --position-embedding-type rope --rotary-base 1000000
+    --rotary-percent 1.0 --attention-dropout 0.0 --hidden-dropout 0.0 --swiglu --init-method-std 0.0134 --attention-backend fused
+    --apply-layernorm-1p --untie-embeddings-and-output-weights --disable-bias-linear --micro-batch-size 1 --global-batch-size 4
+    --train-samples 16 --lr-decay-samples 16 --lr-warmup-samples 4 --lr 0.00015 --min-lr 0.00001 --decoupled-lr 5.0e-4
+    --decoupled-min-lr 4.5e-5 --lr-decay-style cosine --clip-grad 1.0 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --bf16
+    --grad-reduce-in-bf16 --cross-entropy-loss-fusion --calculate-per-token-loss --manual-gc --empty-unused-memory-level 1
+    --exit-duration-in-mins 235 --fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max --tensor-model-parallel-size 1
+    --context-parallel-size 1 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --mock-data
+    --tokenizer-type NullTokenizer --vocab-size 256 --data-cache-path "$tmp/cache" --tiktoken-pattern v2 --split 99,1,0
+    --no-create-attention-mask-in-dataloader --no-mmap-bin-files --num-workers 1 --log-interval 1 --eval-iters 1 --eval-interval 2
+    --save-interval 1000 --log-throughput --profile-step-start 4 --profile-step-end 6 --ckpt-format torch_dist
+    --distributed-timeout-minutes 60 --save "$tmp/llama3-ckpt" --load "$tmp/llama3-ckpt" --tensorboard-dir "$tmp/llama3-tb" --device cpu)
+expect megatron-llama3-example 0 'decoupled learning rate: 4.500000E-05' -- "$B" "${M3[@]}"
+expect megatron-fp8-param-gather 2 'fp8-param-gather' -- "$B" "${M3[@]}" --fp8-param-gather
 
 # The README's first command, shortened: trains and the validation loss falls below the unigram entropy (3.31).
 out=$("$B" --config configs/quickstart.yaml --train-iters 60 --eval-interval 60 --log-interval 20 --log-dir "$tmp/logs" 2>&1); rc=$?

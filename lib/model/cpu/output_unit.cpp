@@ -33,8 +33,9 @@ float OutputUnit::forward(const PassContext& c, Buf& x, Stash& R) const {
   }
   // Context parallelism: the loss of the whole sequences, over every CP rank's tokens.
   if (D.cp > 1) c.groups.cp->all_reduce(sums, 2, ReduceOp::kSum);
-  R.denom = static_cast<float>(std::max(sums[1], 1.0));
-  return static_cast<float>(sums[0] / std::max(sums[1], 1.0));
+  // --calculate-per-token-loss: the sum, normalised by the whole global batch's tokens once they are counted.
+  R.denom = D.per_token_loss ? 1.0f : static_cast<float>(std::max(sums[1], 1.0));
+  return static_cast<float>(D.per_token_loss ? sums[0] : sums[0] / std::max(sums[1], 1.0));
 }
 
 void OutputUnit::backward(const PassContext& c, float scale, Buf& dx, Stash& R) const {

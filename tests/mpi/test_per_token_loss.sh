@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# test_per_token_loss.sh: --calculate-per-token-loss on preprocessed documents with --eod-mask-loss, so microbatches
+# hold different numbers of loss tokens: with one microbatch it is the plain loss (a sum over a count is the mean);
+# with four it differs from the mean of their means; DP 2 (distributed optimizer) and PP 2 train like one rank (the
+# tokens counted over the whole global batch, the losses summed over the stages).
+# Usage: test_per_token_loss.sh path/to/megatrain (from the repository root).
+set -u
+B=$(realpath "${1:?usage: test_per_token_loss.sh path/to/megatrain}")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fails=0
+head -c 60000 tests/data/tinyshakespeare.txt >"$tmp/corpus.txt"
+"$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/shakespeare" --tokenizer-type ByteTokenizer --append-eod --workers 1 >"$tmp/pre.log" 2>&1 ||
+  { echo "FAIL preprocess"; cat "$tmp/pre.log"; exit 1; }
+M=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2
+   --train-iters 6 --lr 2e-3 --lr-warmup-iters 2 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --log-interval 1 --seed 7
+   --adam-eps 1e-4 --make-vocab-size-divisible-by 1 --tokenizer-type ByteTokenizer --data-path "$tmp/shakespeare_text_document"
+   --split 100,0,0 --eod-mask-loss --device cpu)
+losses() { grep -o '"lm_loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+run() {  # run NAME [mpirun ranks] -- flags...
+  local name=$1 np=$2; shift 3
+  if [[ $np == 1 ]]; then "$B" "${M[@]}" "$@" --log-dir "$tmp/$name" >"$tmp/$name.log" 2>&1
+  else mpirun --oversubscribe --bind-to none -np "$np" -x OPENBLAS_NUM_THREADS=1 "$B" "${M[@]}" "$@" --log-dir "$tmp/$name" >"$tmp/$name.log" 2>&1; fi ||
+    { echo "FAIL $name"; tail -3 "$tmp/$name.log"; fails=$((fails + 1)); }
+}
+same() {  # same A B TOLERANCE: six losses each, equal within the relative tolerance
+  paste <(losses "$tmp/$1") <(losses "$tmp/$2") | awk -v t="$3" '{d=$1-$2; if (d<0) d=-d; if (NF!=2 || d > t*$1) bad=1} END{exit bad || NR!=6}'
+}
+run mean1 1 -- --global-batch-size 2
+run token1 1 -- --global-batch-size 2 --calculate-per-token-loss
+run mean4 1 -- --global-batch-size 8
+run token4 1 -- --global-batch-size 8 --calculate-per-token-loss
+run dp2 2 -- --global-batch-size 8 --calculate-per-token-loss --use-distributed-optimizer
+run pp2 2 -- --global-batch-size 8 --calculate-per-token-loss --pipeline-model-parallel-size 2
+if same mean1 token1 1e-6; then echo "ok   one microbatch: the per-token loss is the mean"; else echo "FAIL one microbatch differs"; paste <(losses "$tmp/mean1") <(losses "$tmp/token1"); fails=$((fails + 1)); fi
+if ! same mean4 token4 1e-6; then echo "ok   four microbatches with different token counts: the per-token loss is not the mean of the means"
+else echo "FAIL --calculate-per-token-loss changed nothing with four microbatches"; fails=$((fails + 1)); fi
+for layout in dp2 pp2; do
+  if same token4 "$layout" 1e-5; then echo "ok   $layout trains like one rank with the per-token loss"
+  else echo "FAIL $layout differs from one rank"; paste <(losses "$tmp/token4") <(losses "$tmp/$layout"); fails=$((fails + 1)); fi
+done
+echo "$fails failure(s)"
+exit $((fails > 0))
