@@ -172,9 +172,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
       no(true, "FP8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell); this GPU (" + gpus.front().name + ") is " +
                    std::to_string(gpus.front().major) + "." + std::to_string(gpus.front().minor) + ": drop --fp8-format");
     }
-    no(c.precision.fp8_recipe == "blockwise" && !gpus.empty() && gpus.front().major * 10 + gpus.front().minor != 90,
-       "--fp8-recipe blockwise needs Hopper (compute capability 9.0: cuBLASLt's 128-element block scaling); this GPU (" + gpus.front().name +
-           ") is not: use --fp8-recipe delayed or tensorwise");
+    if (c.precision.fp8_recipe == "blockwise" && !gpus.empty() && gpus.front().major * 10 + gpus.front().minor != 90) {
+      no(true, "--fp8-recipe blockwise needs Hopper (compute capability 9.0: cuBLASLt's 128-element block scaling); this GPU (" +
+                   gpus.front().name + ") is not: use --fp8-recipe delayed or tensorwise");
+    }
     no(c.precision.fp8_recipe == "blockwise" && !cuda_unverified_allowed("blockwise"),
        "--fp8-recipe blockwise runs on the CPU engine only so far (its GPU quantisation and block-scaled GEMMs are written but have not "
        "run on a GPU yet): use --fp8-recipe delayed or tensorwise, or --device cpu");
