@@ -233,6 +233,10 @@ void check_attention(const Config& c, Checker& k) {
   if (m.make_vocab_size_divisible_by < 1) {
     k.error("--make-vocab-size-divisible-by must be >= 1, got " + s(m.make_vocab_size_divisible_by));
   }
+  if (m.use_rope_scaling && (!std::isfinite(m.rope_scaling_factor) || m.rope_scaling_factor < 1)) {
+    k.error("--rope-scaling-factor must be a finite number >= 1, got " + num(m.rope_scaling_factor));
+  }
+  if (m.use_rope_scaling && m.position_embedding_type != "rope") k.error("--use-rope-scaling needs --position-embedding-type rope");
   if (m.rotary_percent <= 0 || m.rotary_percent > 1) {
     k.error("--rotary-percent must be in (0, 1], got " + std::to_string(m.rotary_percent));
   }

@@ -17,6 +17,7 @@
 #include "config/yaml_io.h"
 #include "interop/hf_layout.h"
 #include "interop/safetensors.h"
+#include "kernels/rope_frequencies.h"
 #include "model/model_dims.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
@@ -218,6 +219,11 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
               {"max_position_embeddings", D.max_pos}, {"rms_norm_eps", c.model.norm_epsilon}, {"rope_theta", c.model.rotary_base},
               {"attention_dropout", c.model.attention_dropout}, {"initializer_range", c.model.init_method_std},
               {"tie_word_embeddings", D.tied}, {"torch_dtype", dtype_name}};
+    if (c.model.use_rope_scaling) {  // LLaMA 3.1's (Megatron's fixed low / high factors and original length)
+      const RopeScaling r{.factor = c.model.rope_scaling_factor};
+      config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", r.factor}, {"low_freq_factor", r.low_freq_factor},
+                                {"high_freq_factor", r.high_freq_factor}, {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_positions)}};
+    }
     if (family == "llama") {
       config["attention_bias"] = D.bias;
       config["mlp_bias"] = D.bias;

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
+#include "kernels/rope_frequencies.h"
 #include "config/cli.h"
 #include "config/errors.h"
 #include "config/resolve.h"
@@ -164,7 +165,20 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     family = arch == "MixtralForCausalLM" ? "mixtral" : "llama";
     const int64_t h = hc.at("hidden_size").get<int64_t>(), nh = hc.at("num_attention_heads").get<int64_t>();
     const int64_t ng = field<int64_t>(hc, "num_key_value_heads", nh), pos = hc.at("max_position_embeddings").get<int64_t>();
-    refuse(!hc.value("rope_scaling", json()).is_null(), "rope_scaling (LLaMA 3.1's and others' RoPE scaling) is not implemented in megatrain");
+    // RoPE scaling: LLaMA 3.1's with Megatron's fixed factors (--use-rope-scaling); no other.
+    std::string rope_scaling_flags;
+    if (!hc.value("rope_scaling", json()).is_null()) {
+      const json& rs = hc["rope_scaling"];
+      const std::string type = field<std::string>(rs, "rope_type", field<std::string>(rs, "type", ""));
+      const RopeScaling fixed;
+      refuse(type != "llama3" || field<double>(rs, "low_freq_factor", 0) != fixed.low_freq_factor ||
+                 field<double>(rs, "high_freq_factor", 0) != fixed.high_freq_factor ||
+                 field<double>(rs, "original_max_position_embeddings", 0) != fixed.original_max_positions,
+             "rope_scaling other than LLaMA 3.1's (rope_type llama3, low 1, high 4, original 8192) is not implemented in megatrain");
+      std::ostringstream f;
+      f << " --use-rope-scaling --rope-scaling-factor " << field<double>(rs, "factor", 8.0);
+      rope_scaling_flags = f.str();
+    }
     // Newer configs hold RoPE's settings in rope_parameters: {"rope_type": "default", "rope_theta": ...}.
     double rope_theta = field<double>(hc, "rope_theta", 10000.0);
     if (hc.contains("rope_parameters") && hc["rope_parameters"].is_object()) {
@@ -182,7 +196,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
           << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
           << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", 1e-6)
-          << " --swiglu --position-embedding-type rope --rotary-base " << rope_theta;
+          << " --swiglu --position-embedding-type rope --rotary-base " << rope_theta << rope_scaling_flags;
     if (!attn_bias) flags << " --disable-bias-linear";
     if (!field<bool>(hc, "tie_word_embeddings", false)) flags << " --untie-embeddings-and-output-weights";
     if (family == "mixtral") {

@@ -42,6 +42,7 @@ struct ModelDims {
   bool squared_relu = false;        // --squared-relu: relu(x)^2 instead of GELU (not with SwiGLU)
   bool rotary_interleaved = false;  // --rotary-interleaved
   float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
+  float rope_scaling = 0;  // --use-rope-scaling: its factor (0: none; kernels/rope_frequencies.h)
   int64_t rot_dim;
   // Mixture of experts (experts == 0: a dense model). The experts are split over EP (experts_local each,
   // global indices [ep_rank * experts_local, ...)) and each expert's MLP over expert-TP (F_moe_local); the

@@ -1,7 +1,8 @@
 // test_megatron_flags.cpp: Megatron flags with semantics of their own on the CPU engine. --apply-layernorm-1p: a
 // model whose norms scale by 1 + w computes what the plain model with weights 1 + w computes (loss and every
 // gradient), and its norm weights start at 0; --decoupled-lr: the word embeddings and the output layer move at their
-// own rate (frozen at 0, identical when equal to --lr), on the same schedule.
+// own rate (frozen at 0, identical when equal to --lr), on the same schedule; --use-rope-scaling: LLaMA 3.1's
+// frequencies by hand, and the CPU RoPE rotating by them.
 #include <cmath>
 #include <map>
 #include <string>
@@ -9,6 +10,11 @@
 
 #include "catch.h"
 #include "config/resolve.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/rope_frequencies.h"
+#ifdef MEGATRAIN_HAVE_CUDA
+#include "kernels/cuda/rope.h"
+#endif
 #include "config/validate.h"
 #include "config/yaml_io.h"
 #include "model/gpt_model.h"
@@ -107,4 +113,63 @@ TEST_CASE("--decoupled-lr: the word embeddings and the output layer on their own
   Config missing = config(std::nullopt, std::nullopt);
   missing.training.decoupled_min_lr = 1e-4;
   CHECK_FALSE(validate(missing, 1, Purpose::kTrain).ok());
+}
+
+TEST_CASE("--use-rope-scaling: LLaMA 3.1's frequencies, and RoPE rotating by them") {
+  const int64_t rot = 128;
+  const double base = 500000.0;
+  const std::vector<double> plain = rope_inverse_frequencies(rot, base, {});
+  const std::vector<double> scaled = rope_inverse_frequencies(rot, base, RopeScaling{.factor = 8.0});
+  REQUIRE(plain.size() == 64);
+  int kept = 0, divided = 0, blended = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const double wavelength = 2.0 * 3.141592653589793 / plain[i];
+    INFO("i " << i << " wavelength " << wavelength);
+    CHECK(plain[i] == std::pow(base, -2.0 * static_cast<double>(i) / 128.0));
+    if (wavelength < 8192.0 / 4) {  // short wavelengths: kept
+      CHECK(scaled[i] == plain[i]);
+      ++kept;
+    } else if (wavelength > 8192.0) {  // long ones: slowed 8 times
+      CHECK(scaled[i] == Approx(plain[i] / 8).epsilon(1e-15));
+      ++divided;
+    } else {  // between: (1 - s) f / 8 + s f with s = (8192 / wavelength - 1) / 3
+      const double smooth = (8192.0 / wavelength - 1.0) / 3.0;
+      CHECK(scaled[i] == Approx((1.0 - smooth) * plain[i] / 8 + smooth * plain[i]).epsilon(1e-15));
+      CHECK(scaled[i] < plain[i]);
+      CHECK(scaled[i] > plain[i] / 8);
+      ++blended;
+    }
+  }
+  CHECK(kept > 0);
+  CHECK(divided > 0);
+  CHECK(blended > 0);
+  // The CPU RoPE with the scaling rotates channel pair i by position x scaled[i].
+  const int64_t T = 3, H = 1, d = rot;
+  std::vector<float> x(static_cast<size_t>(T * H * d));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
+  const std::vector<int32_t> pos = {0, 5000, 30000};
+  std::vector<float> y = x;
+  cpu::rope_forward(y.data(), pos.data(), T, H, d, rot, static_cast<float>(base), false, 8.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < rot / 2; ++i) {
+      const double ang = static_cast<double>(pos[static_cast<size_t>(t)]) * scaled[static_cast<size_t>(i)];
+      const float c = static_cast<float>(std::cos(ang)), s = static_cast<float>(std::sin(ang));
+      const float x1 = x[static_cast<size_t>(t * d + i)], x2 = x[static_cast<size_t>(t * d + i + rot / 2)];
+      CHECK(y[static_cast<size_t>(t * d + i)] == x1 * c - x2 * s);
+      CHECK(y[static_cast<size_t>(t * d + i + rot / 2)] == x2 * c + x1 * s);
+    }
+  }
+  cpu::rope_backward(y.data(), pos.data(), T, H, d, rot, static_cast<float>(base), false, 8.0f);
+  for (size_t i = 0; i < x.size(); ++i) CHECK(y[i] == Approx(x[i]).margin(1e-6));
+#ifdef MEGATRAIN_HAVE_CUDA
+  // The CUDA engine's table (host code): cos and sin of position x the same scaled frequencies.
+  const std::vector<float> table = cuda::rope_table(40000, rot, base, 8.0);
+  for (int32_t p : pos) {
+    for (int64_t i = 0; i < rot / 2; ++i) {
+      const double ang = static_cast<double>(p) * scaled[static_cast<size_t>(i)];
+      CHECK(table[static_cast<size_t>((p * rot / 2 + i) * 2)] == static_cast<float>(std::cos(ang)));
+      CHECK(table[static_cast<size_t>((p * rot / 2 + i) * 2 + 1)] == static_cast<float>(std::sin(ang)));
+    }
+  }
+#endif
 }

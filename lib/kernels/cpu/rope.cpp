@@ -3,15 +3,18 @@
 
 #include <cmath>
 
+#include "kernels/rope_frequencies.h"
+
 namespace mt::cpu {
 namespace {
 
-void rotate(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, float sign, bool interleaved) {
+void rotate(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, float sign, bool interleaved,
+            float scaling) {
   const int64_t half = rot_dim / 2;
+  const std::vector<double> inv_freq = rope_inverse_frequencies(rot_dim, static_cast<double>(base), RopeScaling{.factor = scaling});
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(static_cast<double>(base), -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
-      const double ang = static_cast<double>(positions[t]) * inv_freq;
+      const double ang = static_cast<double>(positions[t]) * inv_freq[static_cast<size_t>(i)];
       const float c = static_cast<float>(std::cos(ang)), s = sign * static_cast<float>(std::sin(ang));
       for (int64_t hh = 0; hh < H; ++hh) {
         float* row = x + (t * H + hh) * d;
@@ -26,12 +29,13 @@ void rotate(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d,
 
 }  // namespace
 
-void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved) {
-  rotate(x, positions, T, H, d, rot_dim, base, 1.0f, interleaved);
+void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved, float scaling) {
+  rotate(x, positions, T, H, d, rot_dim, base, 1.0f, interleaved, scaling);
 }
 
-void rope_backward(float* dx, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved) {
-  rotate(dx, positions, T, H, d, rot_dim, base, -1.0f, interleaved);
+void rope_backward(float* dx, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved,
+                   float scaling) {
+  rotate(dx, positions, T, H, d, rot_dim, base, -1.0f, interleaved, scaling);
 }
 
 }  // namespace mt::cpu

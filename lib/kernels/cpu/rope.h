@@ -6,8 +6,11 @@
 
 namespace mt::cpu {
 
-// x: [T, H, d]; positions: [T].
-void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved = false);
-void rope_backward(float* dx, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved = false);
+// x: [T, H, d]; positions: [T]. scaling: LLaMA 3.1's frequency scaling factor (--rope-scaling-factor; 0: none), see
+// kernels/rope_frequencies.h.
+void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved = false,
+                  float scaling = 0);
+void rope_backward(float* dx, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved = false,
+                   float scaling = 0);
 
 }  // namespace mt::cpu

@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/bf16_common.cuh"
 #include "kernels/cuda/rope.h"
+#include "kernels/rope_frequencies.h"
 #include "tensor/cuda/cuda_check.h"
 
 namespace mt::cuda {
@@ -25,12 +26,13 @@ __global__ void rope_kernel(E* x, const int32_t* pos, const float* table, int64_
 
 }  // namespace
 
-std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base) {
+std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base, double scaling) {
   const int64_t half = rot_dim / 2;
+  const std::vector<double> inv_freq = rope_inverse_frequencies(rot_dim, base, RopeScaling{.factor = scaling});
   std::vector<float> t(static_cast<size_t>(max_pos * half * 2));
   for (int64_t p = 0; p < max_pos; ++p) {
     for (int64_t i = 0; i < half; ++i) {
-      const double ang = static_cast<double>(p) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+      const double ang = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
       t[static_cast<size_t>((p * half + i) * 2)] = static_cast<float>(std::cos(ang));
       t[static_cast<size_t>((p * half + i) * 2 + 1)] = static_cast<float>(std::sin(ang));
     }

@@ -11,7 +11,7 @@
 namespace mt::cuda {
 
 // Table [max_pos, rot_dim / 2] of cos and sin (interleaved pairs), to upload once.
-std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base);
+std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base, double scaling = 0);  // (scaling: kernels/rope_frequencies.h)
 
 // sign = +1 forward, -1 backward (the inverse rotation).
 void rope_apply(float* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,

@@ -57,8 +57,8 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
     c.norm_forward(A.k.data(), A.k_mean.data(), A.k_rstd.data(), A.k_in.data(), ly.k_norm_w, ly.k_norm_b, nk, D.d);
   }
   if (D.rope) {
-    rope_forward(A.q.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved);
-    rope_forward(A.k.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved);
+    rope_forward(A.q.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
+    rope_forward(A.k.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
   }
   A.ctx.resize(sz(T * D.nh_local * D.d));
   if (D.cp > 1) {  // the keys of the whole sequence from the CP ranks
@@ -100,8 +100,8 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
                        scratch.data());
   }
   if (D.rope) {
-    rope_backward(dq.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved);
-    rope_backward(dk.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved);
+    rope_backward(dq.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
+    rope_backward(dk.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
   }
   if (D.qk_norm) {
     Buf dq_in(dq.size()), dk_in(dk.size());

@@ -192,7 +192,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, acc, stream_));
   }
   if (D.rope) {
-    const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base));
+    const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base), static_cast<double>(D.rope_scaling));
     rope_table_ = static_cast<float*>(alloc(table.size() * 4));
     MT_CUDA_CHECK(cudaMemcpy(rope_table_, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   }
