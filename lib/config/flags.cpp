@@ -89,6 +89,8 @@ std::vector<FlagSpec> build_table() {
         "With --optimizer-cpu-offload: the share of the optimizer state (master weights, Adam moments) on the CPU, the first parameters'"),
       F(kTrain, "overlap-cpu-optimizer-d2h-h2d", training.overlap_cpu_optimizer_d2h_h2d,
         "Overlap the offloaded optimizer's copies with its update (megatrain always does)"),
+      F(kTrain, "deterministic-mode", training.deterministic_mode,
+        "Bitwise-repeatable runs: the CPU engine always is; the CUDA engine refuses it (cuDNN's attention backward uses atomics)"),
       F(kTrain, "calculate-per-token-loss", training.calculate_per_token_loss,
         "The loss and its gradient over all the global batch's tokens, not the mean of the microbatches' means (CPU engine)"),
       F(kTrain, "exit-interval", training.exit_interval, "Exit (after a checkpoint when --save is set) at an iteration divisible by this"),

@@ -161,6 +161,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.model.apply_layernorm_1p, "--apply-layernorm-1p (zero-centred norm weights) is not implemented on the CUDA engine yet: use --device cpu");
   no(c.training.decoupled_lr.has_value(), "--decoupled-lr is not implemented on the CUDA engine yet: use --device cpu, or drop it");
   no(c.training.calculate_per_token_loss, "--calculate-per-token-loss is not implemented on the CUDA engine yet: use --device cpu, or drop it");
+  no(c.training.deterministic_mode, "--deterministic-mode: the CUDA engine is not bitwise repeatable (cuDNN's attention backward accumulates "
+                                    "with atomics): use --device cpu, which always is, or drop it");
   no(c.model.rotary_interleaved, "--rotary-interleaved is not implemented on the CUDA engine yet: use --device cpu");
   no(c.parallel.context_parallel_size > 1,
      "--context-parallel-size > 1 runs on the CPU engine only so far: use --device cpu (the CUDA ring attention is not written yet)");
