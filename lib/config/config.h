@@ -42,6 +42,8 @@ struct ModelConfig {
   std::string attention_backend = "auto";
   bool apply_query_key_layer_scaling = false;
   bool apply_layernorm_1p = false;  // zero-centred norm weights: the norms scale by 1 + weight
+  // Megatron switches megatrain checks against the rest of the configuration (flags.cpp, train/capabilities.cpp).
+  bool no_position_embedding = false, no_bias_gelu_fusion = false;
   bool qk_layernorm = false;
   bool openai_gelu = false;         // Megatron: the tanh GELU (what megatrain computes for GELU always)
   bool squared_relu = false;        // the MLP's activation relu(x)^2
@@ -103,8 +105,8 @@ struct TrainingConfig {
   double optimizer_offload_fraction = 1.0;  // the share of the optimizer state (by elements, in parameter order) offloaded
   bool overlap_cpu_optimizer_d2h_h2d = false;  // Megatron's; megatrain's offload always overlaps its transfers
   OptInt exit_interval;           // stop (after saving) when iteration % N == 0
-  bool calculate_per_token_loss = false;
-  bool deterministic_mode = false;  // bitwise-repeatable runs (the CPU engine always is)  // the loss over the global batch's tokens, not averaged per microbatch
+  bool calculate_per_token_loss = false;  // the loss over the global batch's tokens, not averaged per microbatch
+  bool deterministic_mode = false;        // bitwise-repeatable runs (the CPU engine always is)
   OptInt exit_duration_in_mins;   // stop (after saving) once training has run this many minutes (on any rank)
   int64_t exit_on_nan_count = 5;  // megatrain: stop after this many non-finite steps in a row
 };
@@ -182,6 +184,7 @@ struct DataConfig {
   bool eod_mask_loss = false;
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
+  bool no_create_attention_mask = false;  // Megatron's --no-create-attention-mask-in-dataloader (refused with the line above)
   OptString tokenizer_type;
   OptString vocab_file;
   OptString merge_file;

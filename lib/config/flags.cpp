@@ -268,6 +268,17 @@ std::vector<FlagSpec> build_table() {
         "Megatron flags not supported (refused by name)"                                                              \
   }
 
+// A Megatron setting megatrain has at its default only: that value accepted with a note, any other refused by name.
+#define MT_DEFAULT_ONLY(NAME, DEFAULT, WHY)                                                                            \
+  AliasSpec {                                                                                                         \
+    NAME, true, "Only " DEFAULT " (Megatron's default): " WHY,                                                        \
+        [](Config&, const std::string& v) -> std::string {                                                            \
+          if (v != DEFAULT) throw ConfigError("--" NAME " " + v + ": " WHY " (only " DEFAULT ", Megatron's default)"); \
+          return std::string("note: --" NAME " " DEFAULT " is megatrain's only setting");                             \
+        },                                                                                                            \
+        "Megatron flags megatrain has at their default only"                                                          \
+  }
+
 int64_t parse_alias_int(const char* name, const std::string& v) {
   char* end = nullptr;
   errno = 0;
@@ -319,16 +330,13 @@ std::vector<AliasSpec> build_aliases() {
          c.recompute.recompute_granularity = "selective";
          return std::string("note: --recompute-activations is the old spelling of --recompute-granularity selective");
        }},
-      {"no-position-embedding", false, "Old: no learned absolute positions (--position-embedding-type none unless rope)",
+      {"no-position-embedding", false, "Deprecated: no learned positions (Megatron accepts it with --position-embedding-type rope only)",
        [](Config& c, const std::string&) {
-         if (c.model.position_embedding_type == "learned_absolute") c.model.position_embedding_type = "none";
-         return std::string("note: --no-position-embedding is the old spelling of --position-embedding-type none (RoPE, if given, stays)");
+         c.model.no_position_embedding = true;  // (checked against the position embedding type once all flags are read)
+         return std::string("note: --no-position-embedding is deprecated (as in Megatron): the positions come from --position-embedding-type");
        }},
-      {"use-dist-ckpt", false, "Old spelling of --ckpt-format torch_dist",
-       [](Config& c, const std::string&) {
-         c.checkpoint.ckpt_format = "torch_dist";
-         return std::string("note: --use-dist-ckpt is the old spelling of --ckpt-format torch_dist");
-       }},
+      {"use-dist-ckpt", false, "Deprecated in Megatron, no effect (see --ckpt-format)",
+       [](Config&, const std::string&) { return std::string("note: --use-dist-ckpt is deprecated (as in Megatron) and has no effect"); }},
       {"use-rotary-position-embeddings", false, "Old spelling of --position-embedding-type rope",
        [](Config& c, const std::string&) {
          c.model.position_embedding_type = "rope";
@@ -336,7 +344,9 @@ std::vector<AliasSpec> build_aliases() {
        }},
       {"distributed-timeout-minutes", true, "Megatron's collective timeout in minutes: megatrain's --distributed-timeout-seconds x 60",
        [](Config& c, const std::string& v) {
-         c.parallel.distributed_timeout_seconds = 60 * parse_alias_int("distributed-timeout-minutes", v);
+         const int64_t minutes = parse_alias_int("distributed-timeout-minutes", v);
+         if (minutes < 1 || minutes > 1000000) throw ConfigError("--distributed-timeout-minutes must be in [1, 1000000], got " + v);
+         c.parallel.distributed_timeout_seconds = 60 * minutes;
          return "note: --distributed-timeout-minutes " + v + " is --distributed-timeout-seconds " +
                 std::to_string(c.parallel.distributed_timeout_seconds) + " (a run ends this long after another rank failed)";
        }},
@@ -344,9 +354,14 @@ std::vector<AliasSpec> build_aliases() {
       // them (its own kernels; the same math either way), so each is accepted with a note.
       MT_INERT("cross-entropy-loss-fusion", false, "the CUDA engine's cross-entropy is always one fused pass (the same loss)"),
       MT_INERT("cross-entropy-fusion-impl", true, "megatrain has one cross-entropy implementation per engine"),
-      MT_INERT("no-gradient-accumulation-fusion", false, "the weight gradients always accumulate in fp32 (megatrain's GEMMs)"),
+      MT_INERT("no-gradient-accumulation-fusion", false,
+               "the weight gradients always accumulate in fp32 (Megatron without the fusion rounds each microbatch's to 16 bits first)"),
       MT_INERT("no-masked-softmax-fusion", false, "attention is fused (cuDNN) on the CUDA engine and exact on the CPU engine"),
-      MT_INERT("no-bias-gelu-fusion", false, "kernel fusion does not change megatrain's results"),
+      {"no-bias-gelu-fusion", false, "Megatron's GELU without its fusion is the erf form: refused for GELU models (megatrain's is tanh)",
+       [](Config& c, const std::string&) {
+         c.model.no_bias_gelu_fusion = true;  // (checked against the activation: train/capabilities.cpp)
+         return std::string("note: --no-bias-gelu-fusion: kernel fusion does not change megatrain's SwiGLU");
+       }},
       MT_INERT("no-bias-swiglu-fusion", false, "kernel fusion does not change megatrain's results"),
       MT_INERT("no-bias-dropout-fusion", false, "kernel fusion does not change megatrain's results"),
       MT_INERT("no-rope-fusion", false, "kernel fusion does not change megatrain's results"),
@@ -358,7 +373,11 @@ std::vector<AliasSpec> build_aliases() {
       MT_INERT("no-manual-gc-eval", false, "megatrain has no Python garbage collector"),
       MT_INERT("empty-unused-memory-level", true, "the CUDA engine keeps its memory pool (its peak is planned: megatrain plan)"),
       MT_INERT("no-mmap-bin-files", false, "how the .bin files are read does not change the data"),
-      MT_INERT("no-create-attention-mask-in-dataloader", false, "megatrain never builds attention-mask tensors"),
+      {"no-create-attention-mask-in-dataloader", false, "No attention-mask tensors (megatrain builds none); not with --reset-attention-mask",
+       [](Config& c, const std::string&) {
+         c.data.no_create_attention_mask = true;
+         return std::string("note: --no-create-attention-mask-in-dataloader has no effect: megatrain never builds attention-mask tensors");
+       }},
       MT_INERT("tp-comm-overlap", false, "megatrain overlaps the tensor-parallel communication its own way (docs/cuda-engine.md)"),
       MT_INERT("defer-embedding-wgrad-compute", false, "the schedule of the embedding's weight gradient does not change the results"),
       MT_INERT("ckpt-fully-parallel-save", false, "every rank writes its own shard"),
@@ -382,8 +401,16 @@ std::vector<AliasSpec> build_aliases() {
       MT_INERT("num-dataset-builder-threads", true, "the dataset indices are built the same way"),
       MT_INERT("mmap-bin-files", false, "how the .bin files are read does not change the data"),
       MT_INERT("create-attention-mask-in-dataloader", false, "megatrain never builds attention-mask tensors"),
-      MT_INERT("check-for-nan-in-loss-and-grad", false, "megatrain always checks: a non-finite step is skipped and --exit-on-nan-count ends the run"),
-      MT_INERT("no-check-for-nan-in-loss-and-grad", false, "megatrain always checks: a non-finite step is skipped and --exit-on-nan-count ends the run"),
+      {"check-for-nan-in-loss-and-grad", false, "Megatron's NaN check (its default): the first non-finite loss or gradient ends the run",
+       [](Config& c, const std::string&) {
+         c.training.exit_on_nan_count = 1;
+         return std::string("note: --check-for-nan-in-loss-and-grad is --exit-on-nan-count 1 (megatrain's default skips up to 5 such steps)");
+       }},
+      {"no-check-for-nan-in-loss-and-grad", false, "Without Megatron's NaN check (megatrain still skips non-finite steps)",
+       [](Config&, const std::string&) {
+         return std::string("note: --no-check-for-nan-in-loss-and-grad: megatrain still skips a non-finite step (no update) and "
+                            "--exit-on-nan-count still ends the run");
+       }},
       MT_INERT("log-straggler", false, "megatrain has no straggler detector (the log line's time is the slowest rank's)"),
       MT_INERT("log-progress", false, "megatrain writes its progress to metrics.jsonl under --log-dir"),
       MT_INERT("enable-one-logger", false, "megatrain has no telemetry"),
@@ -396,15 +423,15 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("wandb-exp-name", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
       MT_REFUSED("wandb-save-dir", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
       MT_REFUSED("wandb-entity", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
-      MT_REFUSED("log-num-zeros-in-grad", false, "counting the gradient's zeros is not implemented: drop it"),
+      MT_INERT("log-num-zeros-in-grad", false, "the log line does not count the gradient's zeros (logging only)"),
       MT_REFUSED("init-method-xavier-uniform", false, "only the normal initialisation of --init-method-std is implemented: drop it"),
       MT_REFUSED("use-legacy-models", false, "megatrain has one model implementation (Megatron-Core's): drop it"),
       MT_REFUSED("use-precision-aware-optimizer", false, "the optimizer keeps fp32 master weights, gradients and moments: drop it"),
-      MT_REFUSED("main-grads-dtype", true, "the gradients are always fp32 (--grad-reduce-in-bf16 reduces them in bf16): drop it"),
-      MT_REFUSED("main-params-dtype", true, "the master weights are always fp32: drop it"),
-      MT_REFUSED("exp-avg-dtype", true, "Adam's moments are always fp32: drop it"),
-      MT_REFUSED("exp-avg-sq-dtype", true, "Adam's moments are always fp32: drop it"),
-      MT_REFUSED("num-distributed-optimizer-instances", true, "the distributed optimizer shards over the whole data-parallel group: drop it"),
+      MT_DEFAULT_ONLY("main-grads-dtype", "fp32", "the gradients are always fp32 (--grad-reduce-in-bf16 reduces them in bf16)"),
+      MT_DEFAULT_ONLY("main-params-dtype", "fp32", "the master weights are always fp32"),
+      MT_DEFAULT_ONLY("exp-avg-dtype", "fp32", "Adam's moments are always fp32"),
+      MT_DEFAULT_ONLY("exp-avg-sq-dtype", "fp32", "Adam's moments are always fp32"),
+      MT_DEFAULT_ONLY("num-distributed-optimizer-instances", "1", "the distributed optimizer shards over the whole data-parallel group"),
       MT_REFUSED("multi-latent-attention", false, "multi-latent attention (DeepSeek's) is not implemented"),
       MT_REFUSED("q-lora-rank", true, "multi-latent attention (DeepSeek's) is not implemented"),
       MT_REFUSED("kv-lora-rank", true, "multi-latent attention (DeepSeek's) is not implemented"),
@@ -432,6 +459,7 @@ std::vector<AliasSpec> build_aliases() {
 }
 #undef MT_INERT
 #undef MT_REFUSED
+#undef MT_DEFAULT_ONLY
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);

@@ -40,11 +40,14 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
       {"qk-layernorm", text(m.qk_layernorm)},
       {"squared-relu", text(m.squared_relu)},
       {"rotary-interleaved", text(m.rotary_interleaved)},
+      {"apply-layernorm-1p", text(m.apply_layernorm_1p)},
       {"num-experts", text(c.moe.num_experts)},
   };
   if (rope) {
     out.emplace_back("rotary-base", text(m.rotary_base));
     out.emplace_back("rotary-percent", text(m.rotary_percent));
+    out.emplace_back("use-rope-scaling", text(m.use_rope_scaling));
+    if (m.use_rope_scaling) out.emplace_back("rope-scaling-factor", text(m.rope_scaling_factor));
   } else {
     out.emplace_back("max-position-embeddings", text(m.max_position_embeddings));
   }

@@ -237,6 +237,9 @@ void check_attention(const Config& c, Checker& k) {
     k.error("--rope-scaling-factor must be a finite number >= 1, got " + num(m.rope_scaling_factor));
   }
   if (m.use_rope_scaling && m.position_embedding_type != "rope") k.error("--use-rope-scaling needs --position-embedding-type rope");
+  if (m.no_position_embedding && m.position_embedding_type != "rope") {  // (Megatron raises the same)
+    k.error("--no-position-embedding is deprecated and works only with --position-embedding-type rope: use --position-embedding-type none or rope");
+  }
   if (m.rotary_percent <= 0 || m.rotary_percent > 1) {
     k.error("--rotary-percent must be in (0, 1], got " + std::to_string(m.rotary_percent));
   }

@@ -31,6 +31,12 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
     no(pr.fp8_recipe == "mxfp8", "--fp8-recipe mxfp8 needs Blackwell GPUs (MXFP8 tensor cores): use --fp8-recipe tensorwise");
     no(c.moe.num_experts.has_value(), "FP8 (--fp8-format) in MoE layers (--num-experts) is not implemented yet: drop --fp8-format");
   }
+  no(c.model.no_bias_gelu_fusion && !c.model.swiglu && !c.model.squared_relu,
+     "--no-bias-gelu-fusion: Megatron's GELU without the fusion is the erf form, and megatrain's GELU is the tanh form (the fused one): "
+     "drop --no-bias-gelu-fusion");
+  no(c.data.no_create_attention_mask && c.data.reset_attention_mask,
+     "--no-create-attention-mask-in-dataloader with --reset-attention-mask: in Megatron the first leaves the documents unmasked, "
+     "megatrain masks them: drop one of the two");
   no(c.training.calculate_per_token_loss && c.moe.num_experts.has_value(),
      "--calculate-per-token-loss with MoE layers (--num-experts) is not implemented yet (their auxiliary losses' scale): drop it");
   if (c.recompute.recompute_granularity.value_or("") == "selective") {  // (core_attn: flash attention stores no probabilities to recompute)

@@ -129,6 +129,12 @@ size_t CpuEngine::tied_embedding_param() const {
 
 std::vector<StepReport> CpuEngine::read_reports() { return std::exchange(reports_, {}); }
 
+bool CpuEngine::any_rank(bool mine) {
+  float v = mine ? 1.0f : 0.0f;
+  if (groups_.world->size() > 1) groups_.world->all_reduce(&v, 1, ReduceOp::kMax);
+  return v > 0;
+}
+
 double CpuEngine::loss_tokens(Split split, int64_t first_sample) const {
   const Microbatch mb = make_microbatch(data_, split, first_sample, *cfg_.training.micro_batch_size, *cfg_.data.seq_length, cfg_);
   double n = 0;

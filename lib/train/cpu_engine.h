@@ -27,6 +27,7 @@ class CpuEngine final : public TrainingEngine {
   std::vector<StepReport> read_reports() override;
   double loss_scale() const override { return scaler_.scale(); }
   double params_norm() override { return optimizer_->params_norm(); }
+  bool any_rank(bool mine) override;
   double evaluate(int64_t iteration) override;
   void save(TrainState state) override;
   void finish() override;

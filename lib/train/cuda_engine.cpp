@@ -443,4 +443,16 @@ CudaEngine::~CudaEngine() {
   }
 }
 
+bool CudaEngine::any_rank(bool mine) {
+  if (groups_.world->size() == 1) return mine;
+  float v = mine ? 1.0f : 0.0f;
+  auto* flag = static_cast<float*>(DeviceAllocator::instance().allocate(sizeof(float)));
+  MT_CUDA_CHECK(cudaMemcpy(flag, &v, sizeof(float), cudaMemcpyHostToDevice));
+  MT_CUDA_CHECK(cudaDeviceSynchronize());  // (a pageable copy may still be in flight; NCCL's stream does not wait for it)
+  groups_.world->all_reduce(flag, 1, ReduceOp::kMax);  // (NCCL's: waits for its stream)
+  MT_CUDA_CHECK(cudaMemcpy(&v, flag, sizeof(float), cudaMemcpyDeviceToHost));
+  DeviceAllocator::instance().release(flag);
+  return v > 0;
+}
+
 }  // namespace mt

@@ -45,6 +45,7 @@ class CudaEngine final : public TrainingEngine {
   std::vector<StepReport> read_reports() override;
   double loss_scale() const override { return cfg_.precision.fp16 ? last_.loss_scale : 1.0; }
   double params_norm() override;
+  bool any_rank(bool mine) override;  // (over the world's NCCL communicator: a device flag)
   double evaluate(int64_t iteration) override;
   void save(TrainState state) override;
   double peak_tflops() const override { return peak_; }

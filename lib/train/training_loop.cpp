@@ -18,6 +18,12 @@ namespace mt {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+// --exit-duration-in-mins counts from the process's start, as Megatron's (_TRAIN_START_TIME): start-up, the model's
+// build and the checkpoint's load included.
+const Clock::time_point kProcessStart = Clock::now();
+}  // namespace
+
 void announce_load(const Config& cfg, const TrainState& state, bool loaded, bool lead) {
   if (!lead || !cfg.checkpoint.load) return;
   const auto& ck = cfg.checkpoint;
@@ -80,7 +86,6 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   int64_t interval_ok = 0, interval_iters = 0, interval_samples = 0;
   double last_grad_norm = 0, last_lr = 0;
   auto interval_start = Clock::now();
-  const auto train_start = interval_start;
   double excluded_secs = 0;  // evaluation, checkpoints and logging inside the interval
 
   // Takes the reports of the pending iterations: losses, counts, and the exit on a run of non-finite steps.
@@ -145,9 +150,8 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     const bool evaluating = has_valid && (it % cfg.logging.eval_interval == 0 || it == iters);
     bool out_of_time = false;  // --exit-duration-in-mins: on any rank, so that every rank stops at the same iteration (as Megatron)
     if (cfg.training.exit_duration_in_mins.value_or(0) > 0) {  // (0: off, as Megatron's falsy value)
-      float over = std::chrono::duration<double>(Clock::now() - train_start).count() / 60.0 > static_cast<double>(*cfg.training.exit_duration_in_mins);
-      if (world > 1) groups.world->all_reduce(&over, 1, ReduceOp::kMax);
-      out_of_time = over > 0;
+      out_of_time = engine.any_rank(std::chrono::duration<double>(Clock::now() - kProcessStart).count() / 60.0 >
+                                    static_cast<double>(*cfg.training.exit_duration_in_mins));
     }
     const bool exiting = out_of_time || (cfg.training.exit_interval && *cfg.training.exit_interval > 0 && it % *cfg.training.exit_interval == 0);
     const bool saving = ck.save && (it % *ck.save_interval == 0 || it == iters || exiting);

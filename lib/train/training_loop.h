@@ -51,6 +51,8 @@ class TrainingEngine {
   // After read_reports: fp16's loss scale after the last step (1 otherwise).
   virtual double loss_scale() const = 0;
   virtual double params_norm() = 0;
+  // Whether any rank passes true (a collective over the world: every rank calls it, at the same iteration).
+  virtual bool any_rank(bool mine) = 0;
   // The mean validation loss over --eval-iters batches, averaged over data parallelism.
   virtual double evaluate(int64_t iteration) = 0;
   // Writes the checkpoint of `state` (iteration, samples, counts from the loop; the engine adds its own).
