@@ -6,7 +6,6 @@
 #include <cstdio>
 
 #include "model/context_parallel.h"
-#include "optim/lr_schedule.h"
 #include "pipeline/cpu_stage.h"
 #include "pipeline/configured_schedule.h"
 #include "train/moe_report.h"
@@ -25,6 +24,7 @@ std::string mib(double bytes) {
 
 CpuEngine::CpuEngine(const Config& cfg, ProcessGroups groups, const TokenSource& data, bool lead)
     : cfg_(cfg), groups_(std::move(groups)), data_(data), scaler_(cfg) {
+  if (cfg.training.decoupled_lr) decoupled_.emplace(cfg, true);
   model_ = std::make_shared<GPTModel>(cfg, groups_);
   data_parallel_ = std::make_unique<DataParallel>(cfg, model_->params(), groups_.dp_cp);
   FlatRanges owned = data_parallel_->owned_ranges();
@@ -97,7 +97,7 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   if (per_token) loss *= static_cast<double>(dp) / tokens;
   StepResult result{};
   const bool loss_finite = std::isfinite(loss);
-  const double decoupled = cfg_.training.decoupled_lr ? LrSchedule(cfg_, true).lr_at_samples(first_sample) : -1.0;
+  const double decoupled = decoupled_ ? decoupled_->lr_at_samples(first_sample) : -1.0;
   // (per token: the reduction averaged over DP; the gradients become the sum over the tokens / their count)
   const float unscale = per_token ? static_cast<float>(loss_scale * tokens / static_cast<double>(dp)) : loss_scale;
   if (loss_finite) result = optimizer_->step(lr, unscale, decoupled);

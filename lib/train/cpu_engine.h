@@ -5,12 +5,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "checkpoint/checkpoint.h"
 #include "data/token_source.h"
 #include "model/gpt_model.h"
 #include "optim/data_parallel.h"
 #include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "train/training_loop.h"
 
@@ -51,6 +53,7 @@ class CpuEngine final : public TrainingEngine {
   }
   std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
+  std::optional<LrSchedule> decoupled_;  // --decoupled-lr: the word embeddings' and output layer's schedule
   std::unique_ptr<CheckpointSaver> saver_;
   TrainState resumed_;
   std::vector<StepReport> reports_;

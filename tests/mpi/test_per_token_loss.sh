@@ -10,9 +10,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fails=0
-head -c 60000 tests/data/tinyshakespeare.txt >"$tmp/corpus.txt"
-"$B" preprocess --input "$tmp/corpus.txt" --output-prefix "$tmp/shakespeare" --tokenizer-type ByteTokenizer --append-eod --workers 1 >"$tmp/pre.log" 2>&1 ||
-  { echo "FAIL preprocess"; cat "$tmp/pre.log"; exit 1; }
+source "$(dirname "$0")/shakespeare_documents.sh"
+make_documents "$B" "$tmp"
 M=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2
    --train-iters 6 --lr 2e-3 --lr-warmup-iters 2 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --log-interval 1 --seed 7
    --adam-eps 1e-4 --make-vocab-size-divisible-by 1 --tokenizer-type ByteTokenizer --data-path "$tmp/shakespeare_text_document"

@@ -31,6 +31,14 @@ __device__ __forceinline__ float warp_max(float m) {
   return m;
 }
 
+// The scale of a 1 x 128 block whose 128 values the warp's lanes hold four each (a warp-wide amax); lane 0 writes its
+// inverse to *inv unless inv is null (a row or column past the tensor's edge).
+__device__ __forceinline__ float warp_block_scale(const float (&v)[4], float fmax, float* inv) {
+  const float s = block_scale(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))), fmax);
+  if (inv != nullptr && (threadIdx.x & 31) == 0) *inv = __fdiv_rn(1.0f, s);
+  return s;
+}
+
 // Four values quantised with one scale, packed for one 4-byte store.
 __device__ __forceinline__ uint32_t quantize4(const float (&v)[4], float scale, __nv_fp8_interpretation_t kind) {
   uint32_t q = 0;
@@ -88,11 +96,7 @@ __global__ void quantize_tile_kernel(const bf16* __restrict__ x, int64_t rows, i
       float v[4];
       for (int k = 0; k < 4; ++k) v[k] = __bfloat162float(tile[rr][lane * 4 + k]);
       float scale = square_scale;
-      if constexpr (!kSquare) {
-        const float a = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-        scale = block_scale(a, fmax);
-        if (lane == 0 && r < rows) scale_inv[(c0 / kB) * pad4(rows) + r] = __fdiv_rn(1.0f, scale);
-      }
+      if constexpr (!kSquare) scale = warp_block_scale(v, fmax, r < rows ? scale_inv + (c0 / kB) * pad4(rows) + r : nullptr);
       if (r < rows && c_lane < cols) *reinterpret_cast<uint32_t*>(out + r * cols + c_lane) = quantize4(v, scale, kind);
     }
   }
@@ -103,11 +107,7 @@ __global__ void quantize_tile_kernel(const bf16* __restrict__ x, int64_t rows, i
       float v[4];
       for (int k = 0; k < 4; ++k) v[k] = __bfloat162float(tile[lane * 4 + k][cc]);
       float scale = square_scale;
-      if constexpr (!kSquare) {
-        const float a = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-        scale = block_scale(a, fmax);
-        if (lane == 0 && c < cols) t_scale_inv[(r0 / kB) * pad4(cols) + c] = __fdiv_rn(1.0f, scale);
-      }
+      if constexpr (!kSquare) scale = warp_block_scale(v, fmax, c < cols ? t_scale_inv + (r0 / kB) * pad4(cols) + c : nullptr);
       if (c < cols && r_lane < rows) *reinterpret_cast<uint32_t*>(out_t + c * rows + r_lane) = quantize4(v, scale, kind);
     }
   }
