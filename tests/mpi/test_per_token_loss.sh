@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test_per_token_loss.sh: --calculate-per-token-loss on preprocessed documents with --eod-mask-loss, so microbatches
 # hold different numbers of loss tokens: with one microbatch it is the plain loss (a sum over a count is the mean);
-# with four it differs from the mean of their means; DP 2 (distributed optimizer) and PP 2 train like one rank (the
-# tokens counted over the whole global batch, the losses summed over the stages).
+# with four it differs from the mean of their means; DP 2 (distributed optimizer), PP 2, CP 2 and TP 2 + SP train like
+# one rank (the tokens counted over the whole global batch and whole sequences, the losses summed over the stages).
 # Usage: test_per_token_loss.sh path/to/megatrain (from the repository root).
 set -u
 B=$(realpath "${1:?usage: test_per_token_loss.sh path/to/megatrain}")
@@ -12,9 +12,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fails=0
 source "$(dirname "$0")/shakespeare_documents.sh"
 make_documents "$B" "$tmp"
+# (the vocabulary padded to 512 alike at TP 1 and TP 2)
 M=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2
    --train-iters 6 --lr 2e-3 --lr-warmup-iters 2 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --log-interval 1 --seed 7
-   --adam-eps 1e-4 --make-vocab-size-divisible-by 1 --tokenizer-type ByteTokenizer --data-path "$tmp/shakespeare_text_document"
+   --adam-eps 1e-4 --make-vocab-size-divisible-by 256 --tokenizer-type ByteTokenizer --data-path "$tmp/shakespeare_text_document"
    --split 100,0,0 --eod-mask-loss --device cpu)
 losses() { grep -o '"lm_loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
 run() {  # run NAME [mpirun ranks] -- flags...
@@ -32,10 +33,12 @@ run mean4 1 -- --global-batch-size 8
 run token4 1 -- --global-batch-size 8 --calculate-per-token-loss
 run dp2 2 -- --global-batch-size 8 --calculate-per-token-loss --use-distributed-optimizer
 run pp2 2 -- --global-batch-size 8 --calculate-per-token-loss --pipeline-model-parallel-size 2
+run cp2 2 -- --global-batch-size 8 --calculate-per-token-loss --context-parallel-size 2
+run tp2 2 -- --global-batch-size 8 --calculate-per-token-loss --tensor-model-parallel-size 2 --sequence-parallel
 if same mean1 token1 1e-6; then echo "ok   one microbatch: the per-token loss is the mean"; else echo "FAIL one microbatch differs"; paste <(losses "$tmp/mean1") <(losses "$tmp/token1"); fails=$((fails + 1)); fi
 if ! same mean4 token4 1e-6; then echo "ok   four microbatches with different token counts: the per-token loss is not the mean of the means"
 else echo "FAIL --calculate-per-token-loss changed nothing with four microbatches"; fails=$((fails + 1)); fi
-for layout in dp2 pp2; do
+for layout in dp2 pp2 cp2 tp2; do
   if same token4 "$layout" 1e-5; then echo "ok   $layout trains like one rank with the per-token loss"
   else echo "FAIL $layout differs from one rank"; paste <(losses "$tmp/token4") <(losses "$tmp/$layout"); fails=$((fails + 1)); fi
 done
