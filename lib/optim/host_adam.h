@@ -14,6 +14,7 @@ namespace mt {
 
 struct HostAdamStep {
   float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  float decoupled_lr = -1;  // --decoupled-lr: the rate of the chunks marked decoupled, when >= 0 (the caller picks)
   float scale = 1;     // applied to the gradients: the clip factor times the loss scale's inverse
   float bc1 = 1, bc2 = 1;  // 1 - beta^t
   bool fp16 = false;   // the working copy's type: fp16, else bf16

@@ -113,9 +113,7 @@ double Optimizer::params_norm() {
   return std::sqrt(owned_sum_sq(params_.params().f32(), false));
 }
 
-// Megatron's is_embedding_or_output_parameter: the word embeddings and the output layer's weight (not the learned
-// positions), which --decoupled-lr gives a rate of their own.
-static bool embedding_or_output(const std::string& name) { return name == "embedding.word_embeddings.weight" || name == "output_layer.weight"; }
+bool takes_decoupled_lr(const std::string& name) { return name == "embedding.word_embeddings.weight" || name == "output_layer.weight"; }
 
 StepResult Optimizer::step(double lr, float loss_scale, double decoupled_lr) {
   StepResult r;
@@ -142,7 +140,7 @@ StepResult Optimizer::step(double lr, float loss_scale, double decoupled_lr) {
   const float mom = static_cast<float>(momentum_);
   for (const auto& s : segments_) {
     const float wd = params_.info(s.param).weight_decay ? static_cast<float>(wd_) : 0.0f;
-    const float lrf = decoupled_lr >= 0 && embedding_or_output(params_.info(s.param).name) ? static_cast<float>(decoupled_lr) : lr_main;
+    const float lrf = decoupled_lr >= 0 && takes_decoupled_lr(params_.info(s.param).name) ? static_cast<float>(decoupled_lr) : lr_main;
     float* ws = master_.defined() ? w + s.state : w + s.begin;
     float* ms = m + s.state;
     const float* gs = g + s.begin;

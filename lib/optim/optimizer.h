@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,10 @@ struct StepResult {
 };
 
 using FlatRanges = std::vector<std::pair<int64_t, int64_t>>;
+
+// Megatron's is_embedding_or_output_parameter: the word embeddings and the output layer's weight (not the learned
+// positions), which --decoupled-lr gives a rate of their own (both engines).
+bool takes_decoupled_lr(const std::string& name);
 
 class Optimizer {
  public:

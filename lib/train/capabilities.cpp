@@ -164,9 +164,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   }
   no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
   no(c.model.squared_relu, "--squared-relu is not implemented on the CUDA engine yet: use --device cpu");
-  no(c.model.apply_layernorm_1p, "--apply-layernorm-1p (zero-centred norm weights) is not implemented on the CUDA engine yet: use --device cpu");
-  no(c.training.decoupled_lr.has_value(), "--decoupled-lr is not implemented on the CUDA engine yet: use --device cpu, or drop it");
-  no(c.training.calculate_per_token_loss, "--calculate-per-token-loss is not implemented on the CUDA engine yet: use --device cpu, or drop it");
   no(c.training.deterministic_mode, "--deterministic-mode: the CUDA engine is not bitwise repeatable (cuDNN's attention backward accumulates "
                                     "with atomics): use --device cpu, which always is, or drop it");
   no(c.model.rotary_interleaved, "--rotary-interleaved is not implemented on the CUDA engine yet: use --device cpu");
@@ -184,9 +181,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
       no(true, "--fp8-recipe blockwise needs Hopper (compute capability 9.0: cuBLASLt's 128-element block scaling); this GPU (" +
                    gpus.front().name + ") is not: use --fp8-recipe delayed or tensorwise");
     }
-    no(c.precision.fp8_recipe == "blockwise" && !cuda_unverified_allowed("blockwise"),
-       "--fp8-recipe blockwise runs on the CPU engine only so far (its GPU quantisation and block-scaled GEMMs are written but have not "
-       "run on a GPU yet): use --fp8-recipe delayed or tensorwise, or --device cpu");
     no(c.parallel.tensor_model_parallel_size > 1,
        "FP8 with tensor parallelism has not run on GPUs yet (its amax reduction over TP): use --device cpu, or TP 1 on the CUDA engine");
     no(c.precision.fp8_recipe == "delayed" && c.derived.data_parallel_size > 1 && !c.precision.tp_only_amax_red,

@@ -41,10 +41,7 @@ T* device_zeros(size_t n) {
 CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSource& data, bool lead)
     : cfg_(cfg), groups_(std::move(groups)), data_(data), lead_(lead), scaler_(cfg) {
   // (refused by name in train/capabilities: a guard for other callers)
-  if (cfg.training.decoupled_lr) throw std::runtime_error("--decoupled-lr is not implemented on the CUDA engine yet: use --device cpu");
-  if (cfg.training.calculate_per_token_loss) {
-    throw std::runtime_error("--calculate-per-token-loss is not implemented on the CUDA engine yet: use --device cpu");
-  }
+  if (cfg.training.decoupled_lr) decoupled_.emplace(cfg, true);
   MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const auto gpus = visible_gpus();
   gpu_name_ = gpus.empty() ? std::string("GPU") : gpus.front().name;
@@ -213,7 +210,7 @@ void CudaEngine::setup_optimizer_state(const std::vector<Optimizer::Segment>& se
     const float nw = p.tied_copy ? 0.0f : 1.0f / static_cast<float>(std::max<int64_t>(1, holders));
     for (int64_t o = 0; o < sg.end - sg.begin; o += 65536) {
       chunks_.push_back({sg.begin + o, static_cast<int32_t>(std::min<int64_t>(65536, sg.end - sg.begin - o)), p.weight_decay ? 1 : 0, nw,
-                         explicit_state ? sg.state + o : -1});
+                         explicit_state ? sg.state + o : -1, takes_decoupled_lr(p.name) ? 1 : 0});
     }
   }
   // In flat order, so each data-parallel bucket's chunks are one run of the table (the overlapped parameter

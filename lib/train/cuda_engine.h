@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "optim/cuda/offloaded_adam.h"
 #include "optim/data_parallel.h"
 #include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "pipeline/cuda_stage.h"
 #include "pipeline/stage_link.h"
@@ -97,6 +99,7 @@ class CudaEngine final : public TrainingEngine {
   int64_t P_ = 0, n_state_ = 0, dp_ = 1, dp_rank_ = 0;
   bool dist_opt_ = false, overlap_gather_ = false;
   LossScaler scaler_;
+  std::optional<LrSchedule> decoupled_;  // --decoupled-lr: the word embeddings' and output layer's schedule
   TrainState resumed_;
 #ifdef MEGATRAIN_HAVE_NCCL
   // Declared before the model: the model keeps raw pointers into their symmetric windows.

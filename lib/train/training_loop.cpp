@@ -96,6 +96,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       const StepReport& r = reports[i];
       const bool loss_finite = std::isfinite(r.loss);
       res.losses.push_back(r.loss);
+      res.grad_norms.push_back(r.grad_norm);
       if (!r.moe_losses.empty()) res.moe_losses.push_back(r.moe_losses);
       if (r.expert_tokens_min >= 0) {
         res.dropped_fraction.push_back(r.dropped_fraction);

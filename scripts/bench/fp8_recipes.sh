@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # fp8_recipes.sh: each benchmark recipe in bf16 and then with each FP8 recipe (tensorwise, delayed, blockwise) in the
 # same call, on this machine's GPU, and each FP8 run's tokens/s as a ratio to bf16's (docs/PERF.md, "FP8 training").
-# Blockwise runs with MEGATRAIN_CUDA_UNVERIFIED=blockwise while its CUDA path waits for its first GPU verification.
 # Usage: scripts/bench/fp8_recipes.sh [recipe ...]   (default: LLaMA-1.5B and the LLaMA-3 8B shape)
 #        FP8_RECIPES="delayed blockwise" FP8_FORMAT=hybrid ITERS=30 scripts/bench/fp8_recipes.sh
 set -euo pipefail
@@ -22,7 +21,7 @@ for r in "${recipes[@]}"; do
     log="$LOG_DIR/$name.$precision.log"
     flags=()
     [[ $precision == bf16 ]] || flags=(--fp8-format "$FP8_FORMAT" --fp8-recipe "$precision")
-    if ! MEGATRAIN_CUDA_UNVERIFIED=blockwise "$BIN" --config "$r" --device cuda --train-iters "$ITERS" --log-interval 10 "${flags[@]}" >"$log" 2>&1; then
+    if ! "$BIN" --config "$r" --device cuda --train-iters "$ITERS" --log-interval 10 "${flags[@]}" >"$log" 2>&1; then
       echo "$name $precision: FAILED (see $log)"; tail -3 "$log"; continue
     fi
     line=$(grep "iteration" "$log" | grep "tokens/s" | tail -1)

@@ -9,6 +9,7 @@
 #include "config/validate.h"
 #include "config/yaml_io.h"
 #include "kernels/cpu/fp8.h"
+#include "tensor/device_info.h"
 #include "train/capabilities.h"
 #include "train/trainer.h"
 
@@ -239,11 +240,11 @@ TEST_CASE("fp8: Megatron's FP8 flags are checked, and recipes not implemented ar
   CHECK_THAT(errors_of(delayed), MT_CONTAINS("--first-last-layers-bf16 does not work with --fp8-recipe delayed"));
   mt::Config blockwise = c;
   blockwise.precision.fp8_recipe = "blockwise";
-  CHECK(refused(blockwise).empty());  // the CPU engine emulates it; the CUDA engine refuses it by name
+  CHECK(refused(blockwise).empty());  // the CPU engine emulates it; the CUDA engine runs it on Hopper
 #ifdef MEGATRAIN_HAVE_CUDA
-  std::string blockwise_cuda;
+  std::string blockwise_cuda;  // (another GPU refuses it by name; without a GPU nothing is said of it)
   for (const auto& r : mt::cuda_engine_gaps(blockwise, 1)) blockwise_cuda += r + "\n";
-  CHECK_THAT(blockwise_cuda, MT_CONTAINS("--fp8-recipe blockwise runs on the CPU engine only"));
+  if (mt::visible_gpus().empty()) CHECK_THAT(blockwise_cuda, !MT_CONTAINS("blockwise"));
 #endif
   mt::Config mx = c;
   mx.precision.fp8_recipe = "mxfp8";

@@ -38,7 +38,7 @@ __device__ __forceinline__ float part_sum(const T16* p, const Partials& parts) {
 
 template <int MAXC, typename T16, typename R>
 __global__ void add_norm_fwd_kernel(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b,
-                                    int64_t h, float eps, bool rms, RowDropout drop, Partials parts) {
+                                    int64_t h, float eps, bool rms, float w_off, RowDropout drop, Partials parts) {
   const int64_t row = blockIdx.x;
   const R* xr = x + row * h;
   const T16* dr = delta ? delta + row * h : nullptr;
@@ -68,7 +68,7 @@ __global__ void add_norm_fwd_kernel(R* sum_out, T16* y, float* mean, float* rstd
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     if (c < h) {
       if (sum_out) sum_out[row * h + c] = from_f<R>(v[j]);
-      float o = (v[j] - mu) * r * to_f(w[c]);
+      float o = (v[j] - mu) * r * (to_f(w[c]) + w_off);
       if (b) o += to_f(b[c]);
       y[row * h + c] = from_f<T16>(o);
     }
@@ -82,7 +82,7 @@ __global__ void add_norm_fwd_kernel(R* sum_out, T16* y, float* mean, float* rstd
 // Input gradient: one block per row, like the forward (the row in registers between the two passes).
 template <int MAXC, typename T16, typename R>
 __global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd,
-                                   const T16* w, int64_t h, bool rms, RowDropout drop, Partials parts) {
+                                   const T16* w, int64_t h, bool rms, float w_off, RowDropout drop, Partials parts) {
   const int64_t row = blockIdx.x;
   const float mu = rms ? 0.0f : mean[row], r = rstd[row];
   float xh[MAXC], g[MAXC];
@@ -93,7 +93,7 @@ __global__ void norm_bwd_dx_kernel(float* dres, T16* dres16, const T16* dy, cons
     xh[j] = g[j] = 0.0f;
     if (c < h) {
       xh[j] = (to_f(x[row * h + c]) - mu) * r;
-      g[j] = part_sum(dy + row * h + c, parts) * to_f(w[c]);
+      g[j] = part_sum(dy + row * h + c, parts) * (to_f(w[c]) + w_off);
       sg += g[j];
       sgx += g[j] * xh[j];
     }
@@ -154,7 +154,7 @@ __device__ __forceinline__ void load8_parts(const T16* p, const Partials& parts,
 
 template <int VPT, typename T16, typename R>
 __global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b,
-                                 int64_t h, float eps, bool rms, RowDropout drop, Partials parts) {
+                                 int64_t h, float eps, bool rms, float w_off, RowDropout drop, Partials parts) {
   const int64_t row = blockIdx.x, nv = h / 8;
   float v[VPT][8];
   float s = 0.0f;
@@ -196,6 +196,7 @@ __global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, c
       if (sum_out) store8(sum_out + row * h + c, v[j]);
       float wv[8], bv[8] = {}, o[8];
       load8(w + c, wv);
+      for (float& e : wv) e += w_off;
       if (b) load8(b + c, bv);
 #pragma unroll
       for (int k = 0; k < 8; ++k) o[k] = (v[j][k] - mu) * r * wv[k] + bv[k];
@@ -213,7 +214,7 @@ __global__ void add_norm_fwd_vec(R* sum_out, T16* y, float* mean, float* rstd, c
 // are read once for both (the separate weight-gradient pass reads dy and x again).
 template <int VPT, bool kWeights, typename T16, typename R>
 __global__ void norm_bwd_dx_vec(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd, const T16* w,
-                                int64_t N, int64_t h, bool rms, RowDropout drop, Partials parts, float* pw, float* pb) {
+                                int64_t N, int64_t h, bool rms, float w_off, RowDropout drop, Partials parts, float* pw, float* pb) {
   constexpr int kAcc = kWeights ? VPT : 1;
   float aw[kAcc][8] = {}, ab[kAcc][8] = {};
   const float hf = static_cast<float>(h);
@@ -231,6 +232,7 @@ __global__ void norm_bwd_dx_vec(float* dres, T16* dres16, const T16* dy, const R
         load8(x + row * h + c, xh[j]);
         load8_parts(dy + row * h + c, parts, g[j]);
         load8(w + c, wv);
+        for (float& e : wv) e += w_off;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           xh[j][k] = (xh[j][k] - mu) * r;
@@ -322,24 +324,24 @@ int cols_per_thread(int64_t h) {
 
 template <typename T16, typename R>
 void add_norm_forward_t(R* sum_out, T16* y, float* mean, float* rstd, const R* x, const T16* delta, const T16* w, const T16* b, int64_t N,
-                        int64_t h, float eps, bool rms, cudaStream_t stream, const RowDropout& drop, const Partials& parts) {
+                        int64_t h, float eps, bool rms, float w_off, cudaStream_t stream, const RowDropout& drop, const Partials& parts) {
   if (N == 0) return;
   const dim3 grid(static_cast<unsigned>(N));
   const VecShape vs = vec_shape(h, {sum_out, y, x, delta, w, b}, parts);
   if (vs.vpt) {
     switch (vs.vpt) {
-      case 1: add_norm_fwd_vec<1><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
-      case 2: add_norm_fwd_vec<2><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
-      default: add_norm_fwd_vec<4><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
+      case 1: add_norm_fwd_vec<1><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, w_off, drop, parts); break;
+      case 2: add_norm_fwd_vec<2><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, w_off, drop, parts); break;
+      default: add_norm_fwd_vec<4><<<grid, vs.threads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, w_off, drop, parts); break;
     }
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
   switch (cols_per_thread(h)) {
-    case 4: add_norm_fwd_kernel<4><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
-    case 8: add_norm_fwd_kernel<8><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
-    case 16: add_norm_fwd_kernel<16><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
-    case 32: add_norm_fwd_kernel<32><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, drop, parts); break;
+    case 4: add_norm_fwd_kernel<4><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, w_off, drop, parts); break;
+    case 8: add_norm_fwd_kernel<8><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, w_off, drop, parts); break;
+    case 16: add_norm_fwd_kernel<16><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, w_off, drop, parts); break;
+    case 32: add_norm_fwd_kernel<32><<<grid, kThreads, 0, stream>>>(sum_out, y, mean, rstd, x, delta, w, b, h, eps, rms, w_off, drop, parts); break;
     default: throw std::runtime_error("the CUDA norm kernels support hidden sizes up to 8192");
   }
   MT_CUDA_CHECK_LAUNCH();
@@ -377,16 +379,16 @@ int64_t fused_blocks(int vpt, int threads, int64_t N) {
 
 template <int VPT, typename T16, typename R>
 int64_t launch_fused_dx(float* dres, T16* dres16, const T16* dy, const R* x, const float* mean, const float* rstd, const T16* w, int64_t N,
-                        int64_t h, bool rms, const RowDropout& drop, const Partials& parts, int threads, float* pw, float* pb, cudaStream_t stream) {
+                        int64_t h, bool rms, float w_off, const RowDropout& drop, const Partials& parts, int threads, float* pw, float* pb, cudaStream_t stream) {
   const int64_t nb = fused_blocks(VPT, threads, N);
-  norm_bwd_dx_vec<VPT, true><<<static_cast<unsigned>(nb), threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, drop, parts, pw, pb);
+  norm_bwd_dx_vec<VPT, true><<<static_cast<unsigned>(nb), threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, w_off, drop, parts, pw, pb);
   MT_CUDA_CHECK_LAUNCH();
   return nb;
 }
 
 template <typename T16, typename R>
 void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T16* dy, const R* x, const float* mean, const float* rstd,
-                         const T16* w, int64_t N, int64_t h, bool rms, cudaStream_t stream, const RowDropout& drop, float* scratch,
+                         const T16* w, int64_t N, int64_t h, bool rms, float w_off, cudaStream_t stream, const RowDropout& drop, float* scratch,
                          const Partials& parts) {
   if (N == 0) return;
   const dim3 rows(static_cast<unsigned>(N));
@@ -401,17 +403,17 @@ void norm_backward_add_t(float* dres, T16* dres16, float* dw, float* db, const T
   float* pb = db ? (scratch ? scratch + max_blocks * h : static_cast<float*>(alloc.allocate(bytes))) : nullptr;
   int64_t nb = 0;  // the partials' rows
   if (vs.vpt == 1) {
-    nb = launch_fused_dx<1>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, drop, parts, vs.threads, pw, pb, stream);
+    nb = launch_fused_dx<1>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, w_off, drop, parts, vs.threads, pw, pb, stream);
   } else if (vs.vpt == 2) {
-    nb = launch_fused_dx<2>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, drop, parts, vs.threads, pw, pb, stream);
+    nb = launch_fused_dx<2>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, w_off, drop, parts, vs.threads, pw, pb, stream);
   } else if (vs.vpt == 4) {
-    norm_bwd_dx_vec<4, false><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, drop, parts, nullptr, nullptr);
+    norm_bwd_dx_vec<4, false><<<rows, vs.threads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, N, h, rms, w_off, drop, parts, nullptr, nullptr);
   } else {
     switch (cols_per_thread(h)) {
-      case 4: norm_bwd_dx_kernel<4><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts); break;
-      case 8: norm_bwd_dx_kernel<8><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts); break;
-      case 16: norm_bwd_dx_kernel<16><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts); break;
-      case 32: norm_bwd_dx_kernel<32><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, drop, parts); break;
+      case 4: norm_bwd_dx_kernel<4><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, w_off, drop, parts); break;
+      case 8: norm_bwd_dx_kernel<8><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, w_off, drop, parts); break;
+      case 16: norm_bwd_dx_kernel<16><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, w_off, drop, parts); break;
+      case 32: norm_bwd_dx_kernel<32><<<rows, kThreads, 0, stream>>>(dres, dres16, dy, x, mean, rstd, w, h, rms, w_off, drop, parts); break;
       default: throw std::runtime_error("the CUDA norm kernels support hidden sizes up to 8192");
     }
   }
@@ -449,11 +451,11 @@ void add_norm_forward(const AddNorm& a, cudaStream_t stream) {
   const int64_t N = a.rows, h = a.width;
   if (a.type == F16::kFP16) {
     if (a.res16)
-      add_norm_forward_t(hp(so16), hp(a.y), a.mean, a.rstd, hp(x16), hp(a.delta), hp(a.w), hp(a.b), N, h, a.eps, a.rms, stream, drop, a.parts);
-    else add_norm_forward_t(so, hp(a.y), a.mean, a.rstd, xf, hp(a.delta), hp(a.w), hp(a.b), N, h, a.eps, a.rms, stream, drop, a.parts);
+      add_norm_forward_t(hp(so16), hp(a.y), a.mean, a.rstd, hp(x16), hp(a.delta), hp(a.w), hp(a.b), N, h, a.eps, a.rms, a.w_offset, stream, drop, a.parts);
+    else add_norm_forward_t(so, hp(a.y), a.mean, a.rstd, xf, hp(a.delta), hp(a.w), hp(a.b), N, h, a.eps, a.rms, a.w_offset, stream, drop, a.parts);
   } else {
-    if (a.res16) add_norm_forward_t(so16, a.y, a.mean, a.rstd, x16, a.delta, a.w, a.b, N, h, a.eps, a.rms, stream, drop, a.parts);
-    else add_norm_forward_t(so, a.y, a.mean, a.rstd, xf, a.delta, a.w, a.b, N, h, a.eps, a.rms, stream, drop, a.parts);
+    if (a.res16) add_norm_forward_t(so16, a.y, a.mean, a.rstd, x16, a.delta, a.w, a.b, N, h, a.eps, a.rms, a.w_offset, stream, drop, a.parts);
+    else add_norm_forward_t(so, a.y, a.mean, a.rstd, xf, a.delta, a.w, a.b, N, h, a.eps, a.rms, a.w_offset, stream, drop, a.parts);
   }
 }
 
@@ -464,12 +466,12 @@ void norm_backward_add(const NormBackward& a, cudaStream_t stream) {
   const int64_t N = a.rows, h = a.width;
   if (a.type == F16::kFP16) {
     if (a.res16)
-      norm_backward_add_t(a.dres, hp(a.dres16), a.dw, a.db, hp(a.dy), hp(x16), a.mean, a.rstd, hp(a.w), N, h, a.rms, stream, drop, a.partials,
+      norm_backward_add_t(a.dres, hp(a.dres16), a.dw, a.db, hp(a.dy), hp(x16), a.mean, a.rstd, hp(a.w), N, h, a.rms, a.w_offset, stream, drop, a.partials,
                           a.parts);
-    else norm_backward_add_t(a.dres, hp(a.dres16), a.dw, a.db, hp(a.dy), xf, a.mean, a.rstd, hp(a.w), N, h, a.rms, stream, drop, a.partials, a.parts);
+    else norm_backward_add_t(a.dres, hp(a.dres16), a.dw, a.db, hp(a.dy), xf, a.mean, a.rstd, hp(a.w), N, h, a.rms, a.w_offset, stream, drop, a.partials, a.parts);
   } else {
-    if (a.res16) norm_backward_add_t(a.dres, a.dres16, a.dw, a.db, a.dy, x16, a.mean, a.rstd, a.w, N, h, a.rms, stream, drop, a.partials, a.parts);
-    else norm_backward_add_t(a.dres, a.dres16, a.dw, a.db, a.dy, xf, a.mean, a.rstd, a.w, N, h, a.rms, stream, drop, a.partials, a.parts);
+    if (a.res16) norm_backward_add_t(a.dres, a.dres16, a.dw, a.db, a.dy, x16, a.mean, a.rstd, a.w, N, h, a.rms, a.w_offset, stream, drop, a.partials, a.parts);
+    else norm_backward_add_t(a.dres, a.dres16, a.dw, a.db, a.dy, xf, a.mean, a.rstd, a.w, N, h, a.rms, a.w_offset, stream, drop, a.partials, a.parts);
   }
 }
 

@@ -23,7 +23,7 @@ struct Partials {
   int64_t stride = 0;
 };
 
-// s = x + dropout(delta) (delta may be null; dropout: hidden dropout, may be null); y = norm(s) * w (+ b), over
+// s = x + dropout(delta) (delta may be null; dropout: hidden dropout, may be null); y = norm(s) * (w + w_offset) (+ b), over
 // `rows` rows of `width`. parts: delta is the sum of that many partial blocks (see Partials). sum_out (may be
 // null) receives s; mean is unused (may be null) for RMSNorm. x and sum_out are float*, or with res16 of type
 // `type` (s rounded to it before the statistics are taken).
@@ -33,6 +33,7 @@ struct AddNorm {
   float *mean = nullptr, *rstd = nullptr;
   const void* x = nullptr;
   const bf16 *delta = nullptr, *w = nullptr, *b = nullptr;
+  float w_offset = 0.0f;  // the norm scales by w + w_offset (--apply-layernorm-1p: 1), added in fp32
   int64_t rows = 0, width = 0;
   float eps = 1e-5f;
   bool rms = false;
@@ -57,6 +58,7 @@ struct NormBackward {
   const void* x = nullptr;
   const float *mean = nullptr, *rstd = nullptr;
   const bf16* w = nullptr;
+  float w_offset = 0.0f;  // as AddNorm's (the weight gradient is the scale's either way)
   int64_t rows = 0, width = 0;
   bool rms = false;
   F16 type = F16::kBF16;

@@ -35,15 +35,17 @@ __global__ void sumsq_kernel(float* partials, const float* g, const AdamChunk* c
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
-__global__ void prepare_kernel(StepState* st, const float* partials, float max_norm, float b1, float b2, float loss_weight, LossScaleRule rule) {
-  const float used = rule.fp16 ? st->loss_scale : 1.0f, inv_ls = 1.0f / used;
+__global__ void prepare_kernel(StepState* st, const float* partials, float max_norm, float b1, float b2, float loss_weight, LossScaleRule rule,
+                               float per_token_dp) {
+  const float tokens_scale = per_token_dp > 0.0f ? per_token_dp / fmaxf(st->loss_tokens, 1.0f) : 1.0f;
+  const float used = rule.fp16 ? st->loss_scale : 1.0f, inv_ls = tokens_scale / used;
   st->unscale = inv_ls;
   double s = 0.0;
   for (int i = 0; i < kNormPartials; ++i) s += partials[i];
   const float norm = static_cast<float>(sqrt(s)) * inv_ls;
   st->grad_sumsq = static_cast<float>(s) * inv_ls * inv_ls;
   st->grad_norm = norm;
-  st->loss = st->loss_acc * loss_weight;
+  st->loss = st->loss_acc * loss_weight * tokens_scale;
   st->loss_acc = 0.0f;
   const bool loss_ok = isfinite(st->loss), bad = !isfinite(norm) || !loss_ok;
   st->skip = bad ? 1 : 0;
@@ -89,10 +91,11 @@ struct alignas(8) Half4 {
 };
 
 template <typename T16>
-__global__ void adam_kernel(float* w, float* m, float* v, T16* w16, const float* g, const AdamChunk* chunks, const StepState* st, float lr,
-                            float b1, float b2, float eps, float wd) {
+__global__ void adam_kernel(float* w, float* m, float* v, T16* w16, const float* g, const AdamChunk* chunks, const StepState* st, float base_lr,
+                            float decoupled_lr, float b1, float b2, float eps, float wd) {
   if (st->skip) return;
   const AdamChunk c = chunks[blockIdx.x];
+  const float lr = c.decoupled && decoupled_lr >= 0.0f ? decoupled_lr : base_lr;
   const float scale = st->clip_coef * st->unscale, bc1 = st->bc1, bc2 = st->bc2;
   const float decay = c.decay ? wd : 0.0f;
   const int64_t s0 = state_index(c);
@@ -170,16 +173,22 @@ void poison_if_nonfinite(float* partials, const float* value, cudaStream_t strea
 }
 
 void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, const LossScaleRule& rule,
-                  cudaStream_t stream) {
-  prepare_kernel<<<1, 1, 0, stream>>>(s, partials, max_norm, beta1, beta2, loss_weight, rule);
+                  cudaStream_t stream, float per_token_dp) {
+  prepare_kernel<<<1, 1, 0, stream>>>(s, partials, max_norm, beta1, beta2, loss_weight, rule, per_token_dp);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+__global__ void set_value_kernel(float* dst, float value) { *dst = value; }
+void set_value(float* dst, float value, cudaStream_t stream) {
+  set_value_kernel<<<1, 1, 0, stream>>>(dst, value);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T16>
 void adamw_multi_t(float* w, float* m, float* v, T16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
-                   float lr, float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream) {
+                   float lr, float decoupled_lr, float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream) {
   if (nchunks == 0) return;
-  adam_kernel<<<static_cast<unsigned>(nchunks), 512, 0, stream>>>(w, m, v, w16, g, chunks, s, lr, beta1, beta2, eps, weight_decay);
+  adam_kernel<<<static_cast<unsigned>(nchunks), 512, 0, stream>>>(w, m, v, w16, g, chunks, s, lr, decoupled_lr, beta1, beta2, eps, weight_decay);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -196,9 +205,9 @@ void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream, 
 }
 void adamw_multi(const AdamMulti& a, cudaStream_t stream) {
   if (a.type == F16::kFP16) {
-    adamw_multi_t(a.w, a.m, a.v, hp(a.w16), a.g, a.chunks, a.count, a.state, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, stream);
+    adamw_multi_t(a.w, a.m, a.v, hp(a.w16), a.g, a.chunks, a.count, a.state, a.lr, a.decoupled_lr, a.beta1, a.beta2, a.eps, a.weight_decay, stream);
   } else {
-    adamw_multi_t(a.w, a.m, a.v, a.w16, a.g, a.chunks, a.count, a.state, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, stream);
+    adamw_multi_t(a.w, a.m, a.v, a.w16, a.g, a.chunks, a.count, a.state, a.lr, a.decoupled_lr, a.beta1, a.beta2, a.eps, a.weight_decay, stream);
   }
 }
 void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream, F16 t) {

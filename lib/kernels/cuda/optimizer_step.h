@@ -31,6 +31,7 @@ struct StepState {
   int32_t clean_steps;
   float unscale;
   int32_t nan_total;  // skipped iterations that were not fp16 overflows (non-finite loss, or bf16 / fp32)
+  float loss_tokens;  // --calculate-per-token-loss: this step's loss tokens over the data-parallel group (set_value)
 };
 
 // How step_prepare treats the loss scale: bf16 / fp32 (fp16 false) use 1; fp16 reads StepState::loss_scale
@@ -52,6 +53,8 @@ struct AdamChunk {
   // Index of `start` in the optimizer state (master weights, m, v), which the distributed optimizer keeps
   // for its shard only; -1: the same as start (state laid out like the parameters).
   int64_t state = -1;
+  // 1: the chunk's parameter takes AdamMulti::decoupled_lr when that is >= 0 (--decoupled-lr).
+  int32_t decoupled = 0;
 };
 
 constexpr int kNormPartials = 1024;
@@ -65,8 +68,13 @@ void add_to_first(float* partials, float value, cudaStream_t stream);
 // through the partials' all-reduce (the distributed optimizer, where each rank's loss is its own).
 void poison_if_nonfinite(float* partials, const float* value, cudaStream_t stream);
 // From the partials and loss_acc: norm, clip, skip, t and the bias corrections; loss = loss_acc * loss_weight; loss_acc reset.
+// per_token_dp > 0 (--calculate-per-token-loss, the data-parallel size): the gradients and loss_acc hold sums over the
+// tokens, with the gradients averaged over DP; both are scaled by per_token_dp / max(loss_tokens, 1), which makes them
+// the global batch's sums over its loss tokens divided by their count (the loss then averaged over DP as usual).
 void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, const LossScaleRule& rule,
-                  cudaStream_t stream);
+                  cudaStream_t stream, float per_token_dp = 0.0f);
+// *dst = value, in stream order (a value known on the host, without a host buffer that must outlive the copy).
+void set_value(float* dst, float value, cudaStream_t stream);
 // w (fp32 master), m and v are indexed by the chunks' state index; g and w16 by their start.
 struct AdamMulti {
   float *w = nullptr, *m = nullptr, *v = nullptr;  // fp32 master weights and moments (indexed like the chunks' state)
@@ -76,6 +84,7 @@ struct AdamMulti {
   int64_t count = 0;                               // chunks
   const StepState* state = nullptr;
   float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  float decoupled_lr = -1;  // the rate of the chunks marked decoupled, when >= 0 (--decoupled-lr)
   F16 type = F16::kBF16;
 };
 void adamw_multi(const AdamMulti& a, cudaStream_t stream);

@@ -29,7 +29,6 @@
 #include "tensor/cuda/cuda_check.h"
 #include "plan/memory_model.h"
 #include "tensor/cuda/device_allocator.h"
-#include "tensor/device_info.h"
 #include "tensor/cuda/op_profiler.h"
 
 namespace mt {
@@ -62,6 +61,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       ab_(cfg.precision.fp16 ? CUDA_R_16F : CUDA_R_16BF),
       wire_(cfg.precision.fp16 ? WireType::kF16 : WireType::kBF16),
       res16_(!cfg.precision.fp32_residual_connection),
+      norm_offset_(D_.norm_1p ? 1.0f : 0.0f),
       hidden_dropout_(static_cast<float>(cfg.model.hidden_dropout)) {
   const ModelDims& D = D_;
   if (max_in_flight < 1) throw std::logic_error("CudaGPT: max_in_flight must be at least 1");
@@ -213,10 +213,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     throw std::runtime_error("the CUDA engine fuses GELU into the experts' fc1 GEMMs, which needs --moe-ffn-hidden-size to be a multiple of 8 "
                              "(this model: " + std::to_string(F_moe_) + "): change it, or use --device cpu");
   }
-  // (also refused by name in train/capabilities: guards for other callers)
-  if (D.norm_1p) throw std::runtime_error("--apply-layernorm-1p is not implemented on the CUDA engine yet: use --device cpu");
-  if (D.fp8 && (tp_size_ > 1 || moe_layers_ > 0 || (D.fp8_blockwise && !cuda_unverified_allowed("blockwise")))) {
-    throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism, MoE layers and blockwise scaling so far: use --device cpu for those");
+  if (D.fp8 && (tp_size_ > 1 || moe_layers_ > 0)) {
+    throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism and MoE layers so far: use --device cpu for those");
   }
   if (!D.swiglu && D.F_local % 8 != 0) {
     throw std::runtime_error("the CUDA engine fuses GELU into the fc1 GEMM, which needs --ffn-hidden-size / TP to be a multiple of 8 (this model: " +

@@ -302,6 +302,8 @@ class CudaGPT {
   // The residual stream (each layer's input and mid-layer sum, the final norm's input) in that 16-bit type
   // (Megatron's default), or fp32 with --fp32-residual-connection. Its gradient stays fp32.
   bool res16_;
+  // What the norm kernels add to each norm weight (in fp32): 1 under --apply-layernorm-1p (zero-centred weights).
+  float norm_offset_;
   void* res_at(void* p, int64_t off) const { return static_cast<char*>(p) + off * (res16_ ? 2 : 4); }
   // Hidden dropout (--hidden-dropout, training micro batches only): the key sites of DeviceMicrobatch::drop_keys.
   float hidden_dropout_;

@@ -44,10 +44,10 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
                                                         .table = nullptr, .rows = T, .heads = D.nh_local, .groups = D.ng_local, .head_dim = D.d,
                                                         .rot_dim = D.rot_dim, .type = dt_}, stream_));
     MT_PROF("fwd.qk_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = r.q, .mean = r.qn_mean, .rstd = r.qn_rstd, .x = r.q_pre,
-                                                   .delta = nullptr, .w = w(lw.qn_w), .b = w(lw.qn_b), .rows = T * D.nh_local, .width = D.d,
+                                                   .delta = nullptr, .w = w(lw.qn_w), .b = w(lw.qn_b), .w_offset = norm_offset_, .rows = T * D.nh_local, .width = D.d,
                                                    .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = true}, stream_));
     MT_PROF("fwd.qk_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = r.k, .mean = r.kn_mean, .rstd = r.kn_rstd, .x = r.k_pre,
-                                                   .delta = nullptr, .w = w(lw.kn_w), .b = w(lw.kn_b), .rows = T * D.ng_local, .width = D.d,
+                                                   .delta = nullptr, .w = w(lw.kn_w), .b = w(lw.kn_b), .w_offset = norm_offset_, .rows = T * D.ng_local, .width = D.d,
                                                    .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = true}, stream_));
     if (D.rope) {
       MT_PROF("fwd.rope", cuda::rope_apply_16(r.q, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, 1.0f, stream_, dt_));
@@ -68,7 +68,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   linear_forward(l, r, kLinearProj, "fwd.gemm.proj", T, Hd, h, r.o, lw.proj_w, row_bias(lw.proj_b), s.delta);
   const bf16* attn = combine_rows(s.delta, s.delta_l, T);
   MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = r.x_mid, .y = norm_out(r.xn2), .mean = r.mean2, .rstd = r.rstd2, .x = x_in,
-                                                  .delta = attn, .w = w(lw.ln2_w), .b = w(lw.ln2_b), .rows = Tl, .width = h, .eps = D.eps,
+                                                  .delta = attn, .w = w(lw.ln2_w), .b = w(lw.ln2_b), .w_offset = norm_offset_, .rows = Tl, .width = h, .eps = D.eps,
                                                   .rms = D.rms, .type = dt_, .res16 = res16_, .dropout = drop(mb, attn_site(first_layer_ + l), row0(T))}, stream_));
   gather_rows(s.xn_l, r.xn2, T);
   if (lw.moe) {
@@ -150,7 +150,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   const bf16* dmlp = combine_rows(s.dxn, s.dxn_l, T);
   MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lw.ln2_w), .db = g(lw.ln2_b), .dy = dmlp, .x = r.x_mid,
-                                               .mean = r.mean2, .rstd = r.rstd2, .w = w(lw.ln2_w), .rows = Tl, .width = h, .rms = D.rms,
+                                               .mean = r.mean2, .rstd = r.rstd2, .w = w(lw.ln2_w), .w_offset = norm_offset_, .rows = Tl, .width = h, .rms = D.rms,
                                                .type = dt_, .res16 = res16_, .dropout = drop(mb, attn_site(first_layer_ + l), row0(T))}, stream_));
   // Attention
   dy = gather_rows(s.dres16, s.dres16_full, T);
@@ -173,12 +173,12 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.qk_tmp, 0, static_cast<size_t>(Tq * D.d) * 4, stream_)));
     MT_PROF("bwd.qk_norm", cuda::norm_backward_add({.dres = s.qk_tmp, .dres16 = s.dq_pre, .dw = g(lw.qn_w),
                                                     .db = lw.qn_b >= 0 ? g(lw.qn_b) : nullptr, .dy = s.dq, .x = r.q_pre, .mean = r.qn_mean,
-                                                    .rstd = r.qn_rstd, .w = w(lw.qn_w), .rows = Tq, .width = D.d, .rms = D.rms, .type = dt_,
+                                                    .rstd = r.qn_rstd, .w = w(lw.qn_w), .w_offset = norm_offset_, .rows = Tq, .width = D.d, .rms = D.rms, .type = dt_,
                                                     .res16 = true}, stream_));
     MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.qk_tmp, 0, static_cast<size_t>(Tk * D.d) * 4, stream_)));
     MT_PROF("bwd.qk_norm", cuda::norm_backward_add({.dres = s.qk_tmp, .dres16 = s.dk_pre, .dw = g(lw.kn_w),
                                                     .db = lw.kn_b >= 0 ? g(lw.kn_b) : nullptr, .dy = s.dk, .x = r.k_pre, .mean = r.kn_mean,
-                                                    .rstd = r.kn_rstd, .w = w(lw.kn_w), .rows = Tk, .width = D.d, .rms = D.rms, .type = dt_,
+                                                    .rstd = r.kn_rstd, .w = w(lw.kn_w), .w_offset = norm_offset_, .rows = Tk, .width = D.d, .rms = D.rms, .type = dt_,
                                                     .res16 = true}, stream_));
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv, .dq = s.dq_pre, .dk = s.dk_pre, .dv = s.dv,
                                                                  .positions = mb.positions, .table = nullptr, .rows = T, .heads = D.nh_local,
@@ -217,7 +217,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   if (defer_proj && !sp_ && !defer) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
   MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lw.ln1_w), .db = g(lw.ln1_b), .dy = dattn, .x = x_in,
-                                               .mean = r.mean1, .rstd = r.rstd1, .w = w(lw.ln1_w), .rows = Tl, .width = h, .rms = D.rms,
+                                               .mean = r.mean1, .rstd = r.rstd1, .w = w(lw.ln1_w), .w_offset = norm_offset_, .rows = Tl, .width = h, .rms = D.rms,
                                                .type = dt_, .res16 = res16_, .dropout = first_layer_ + l > 0 ? drop(mb, mlp_site(first_layer_ + l - 1), row0(T)) : nullptr}, stream_));
   sum_replicated_grads(layer_replicated_[static_cast<size_t>(l)], stream_);
   // The side stream's GEMMs read this layer's saved inputs and s_->dfc1 / s_->qkv, which the next layer

@@ -94,7 +94,7 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
   reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
     MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward({.sum_out = res_at(r.x_mid, p0 * h), .y = xn + p0 * h, .mean = r.mean2 + p0,
                                                            .rstd = r.rstd2 + p0, .x = res_at(x_in, p0 * h), .delta = sum, .w = w(lw.ln2_w),
-                                                           .b = w(lw.ln2_b), .rows = pr, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_,
+                                                           .b = w(lw.ln2_b), .w_offset = norm_offset_, .rows = pr, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_,
                                                            .res16 = res16_, .dropout = drop(mb, attn_site(first_layer_ + l), row0(mb.B * mb.S) + p0),
                                                            .parts = parts}, st));
     if (sp_) gather_half(half, rows, s.xn_l, r.xn2, st);
@@ -134,7 +134,7 @@ void CudaGPT::mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb) {
   reduce_half(half, rows, s.delta, s.delta_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
     MT_PROF_ON(st, "fwd.add_norm", cuda::add_norm_forward({.sum_out = res_at(records_[static_cast<size_t>(l + 1)]->x_in, p0 * h), .y = xn + p0 * h,
                                                            .mean = n.mean1 + p0, .rstd = n.rstd1 + p0, .x = res_at(r.x_mid, p0 * h), .delta = sum,
-                                                           .w = w(nw.ln1_w), .b = w(nw.ln1_b), .rows = pr, .width = h, .eps = D.eps, .rms = D.rms,
+                                                           .w = w(nw.ln1_w), .b = w(nw.ln1_b), .w_offset = norm_offset_, .rows = pr, .width = h, .eps = D.eps, .rms = D.rms,
                                                            .type = dt_, .res16 = res16_, .dropout = drop(mb, mlp_site(first_layer_ + l), row0(mb.B * mb.S) + p0),
                                                            .parts = parts}, st));
     if (sp_) gather_half(half, rows, s.xn_l, n.xn1, st);
@@ -202,7 +202,7 @@ void CudaGPT::mlp_backward_half(int64_t l, int64_t half, Record& r, const Device
   reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
     MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add({.dres = s.dres + p0 * h, .dres16 = s.dres16 + p0 * h, .dw = g(lw.ln2_w), .db = g(lw.ln2_b),
                                                         .dy = sum, .x = res_at(x_mid, p0 * h), .mean = r.mean2 + p0, .rstd = r.rstd2 + p0,
-                                                        .w = w(lw.ln2_w), .rows = pr, .width = h, .rms = D.rms, .type = dt_, .res16 = res16_,
+                                                        .w = w(lw.ln2_w), .w_offset = norm_offset_, .rows = pr, .width = h, .rms = D.rms, .type = dt_, .res16 = res16_,
                                                         .dropout = drop(mb, attn_site(first_layer_ + l), row0(mb.B * mb.S) + p0), .partials = s.norm_part,
                                                         .parts = parts}, st));
     if (sp_) gather_half(half, rows, s.dres16, s.dres16_full, st);
@@ -244,7 +244,7 @@ void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const 
   reduce_half(half, rows, s.dxn, s.dxn_l, [&](cudaStream_t st, const bf16* sum, cuda::Partials parts) {
     MT_PROF_ON(st, "bwd.norm", cuda::norm_backward_add({.dres = s.dres + p0 * h, .dres16 = s.dres16 + p0 * h, .dw = g(lw.ln1_w), .db = g(lw.ln1_b),
                                                         .dy = sum, .x = res_at(x_in, p0 * h), .mean = r.mean1 + p0, .rstd = r.rstd1 + p0,
-                                                        .w = w(lw.ln1_w), .rows = pr, .width = h, .rms = D.rms, .type = dt_, .res16 = res16_,
+                                                        .w = w(lw.ln1_w), .w_offset = norm_offset_, .rows = pr, .width = h, .rms = D.rms, .type = dt_, .res16 = res16_,
                                                         .dropout = first_layer_ + l > 0 ? drop(mb, mlp_site(first_layer_ + l - 1), row0(mb.B * mb.S) + p0) : nullptr,
                                                         .partials = s.norm_part, .parts = parts}, st));
     if (sp_ && l > 0) gather_half(half, rows, s.dres16, s.dres16_full, st);

@@ -176,7 +176,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   need_params(layer_end_[0]);
   const LayerW& l0 = layers_[0];
   MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = norm_out(act(0).xn1), .mean = act(0).mean1, .rstd = act(0).rstd1,
-                                                  .x = records_[0]->x_in, .delta = nullptr, .w = w(l0.ln1_w), .b = w(l0.ln1_b), .rows = Tl,
+                                                  .x = records_[0]->x_in, .delta = nullptr, .w = w(l0.ln1_w), .b = w(l0.ln1_b), .w_offset = norm_offset_, .rows = Tl,
                                                   .width = h, .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = res16_}, stream_));
   gather_layer_rows(s.xn_l, act(0).xn1, T);
   if (split_forward_) {
@@ -184,7 +184,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
     need_params(numel_);
     MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = s.x_final, .y = norm_out(s.xnf), .mean = s.meanf, .rstd = s.rstdf,
                                                     .x = act(L_ - 1).x_mid, .delta = sp_ ? s.delta_l : s.delta, .w = w(lnf_w_), .b = w(lnf_b_),
-                                                    .rows = Tl, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = res16_,
+                                                    .w_offset = norm_offset_, .rows = Tl, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = res16_,
                                                     .dropout = drop(mb, mlp_site(first_layer_ + L_ - 1), row0(T))}, stream_));
     gather_rows(s.xn_l, s.xnf, T);
   }
@@ -196,14 +196,14 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
       const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
       need_params(layer_end_[static_cast<size_t>(l + 1)]);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = records_[static_cast<size_t>(l + 1)]->x_in, .y = norm_out(n.xn1), .mean = n.mean1,
-                                                      .rstd = n.rstd1, .x = r.x_mid, .delta = mlp, .w = w(nw.ln1_w), .b = w(nw.ln1_b), .rows = Tl,
+                                                      .rstd = n.rstd1, .x = r.x_mid, .delta = mlp, .w = w(nw.ln1_w), .b = w(nw.ln1_b), .w_offset = norm_offset_, .rows = Tl,
                                                       .width = h, .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = res16_,
                                                       .dropout = drop(mb, mlp_site(first_layer_ + l), row0(T))}, stream_));
       gather_rows(s.xn_l, n.xn1, T);
     } else if (post_) {
       need_params(numel_);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = s.x_final, .y = norm_out(s.xnf), .mean = s.meanf, .rstd = s.rstdf, .x = r.x_mid,
-                                                      .delta = mlp, .w = w(lnf_w_), .b = w(lnf_b_), .rows = Tl, .width = h, .eps = D.eps,
+                                                      .delta = mlp, .w = w(lnf_w_), .b = w(lnf_b_), .w_offset = norm_offset_, .rows = Tl, .width = h, .eps = D.eps,
                                                       .rms = D.rms, .type = dt_, .res16 = res16_, .dropout = drop(mb, mlp_site(first_layer_ + L_ - 1), row0(T))}, stream_));
       gather_rows(s.xn_l, s.xnf, T);
     } else {
@@ -254,7 +254,7 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
     const bf16* dfinal = combine_rows(s.xnf, s.dxn_l, T);
     MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.dres, 0, static_cast<size_t>(Tl * h) * 4, stream_)));
     MT_PROF("bwd.norm", cuda::norm_backward_add({.dres = s.dres, .dres16 = s.dres16, .dw = g(lnf_w_), .db = g(lnf_b_), .dy = dfinal, .x = s.x_final,
-                                                 .mean = s.meanf, .rstd = s.rstdf, .w = w(lnf_w_), .rows = Tl, .width = h, .rms = D.rms, .type = dt_,
+                                                 .mean = s.meanf, .rstd = s.rstdf, .w = w(lnf_w_), .w_offset = norm_offset_, .rows = Tl, .width = h, .rms = D.rms, .type = dt_,
                                                  .res16 = res16_, .dropout = drop(mb, mlp_site(first_layer_ + L_ - 1), row0(T))}, stream_));
     sum_replicated_grads(final_replicated_, stream_);
   } else {
@@ -281,7 +281,7 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
       const LayerW& lw = layers_[static_cast<size_t>(l)];
       MT_PROF("recompute.norm", cuda::add_norm_forward({.sum_out = nullptr, .y = norm_out(r.xn1), .mean = r.mean1, .rstd = r.rstd1,
                                                         .x = records_[static_cast<size_t>(l)]->x_in, .delta = nullptr, .w = w(lw.ln1_w),
-                                                        .b = w(lw.ln1_b), .rows = Tl, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_,
+                                                        .b = w(lw.ln1_b), .w_offset = norm_offset_, .rows = Tl, .width = h, .eps = D.eps, .rms = D.rms, .type = dt_,
                                                         .res16 = res16_}, stream_));
       gather_rows(s.xn_l, r.xn1, T);
       layer_forward(l, r, mb);

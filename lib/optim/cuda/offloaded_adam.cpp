@@ -125,7 +125,9 @@ void OffloadedAdam::finish(void* d_w16, cudaStream_t stream, const HostAdamStep&
     pool_.run(p.last - p.first, [&](int64_t i) {
       const cuda::AdamChunk& c = chunks_[static_cast<size_t>(p.first + i)];
       const int64_t off = c.start - p.start;
-      host_adamw(w_ + c.state, m_ + c.state, v_ + c.state, g + off, out + off, c.len, c.decay != 0, s);
+      HostAdamStep sc = s;
+      if (c.decoupled && s.decoupled_lr >= 0.0f) sc.lr = s.decoupled_lr;
+      host_adamw(w_ + c.state, m_ + c.state, v_ + c.state, g + off, out + off, c.len, c.decay != 0, sc);
     });
     MT_CUDA_CHECK(cudaMemcpyAsync(w16 + p.start, out, static_cast<size_t>(p.len) * 2, cudaMemcpyHostToDevice, up_));
     MT_CUDA_CHECK(cudaEventRecord(up_ev_[slot], up_));
