@@ -43,8 +43,10 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   OFF="--optimizer-cpu-offload --optimizer-offload-fraction 0.5"
   # (and blockwise FP8: the tile quantisation, the block-scaled GEMMs)
   F8B="--fp8-format hybrid --fp8-recipe blockwise"
+  # (and the document masks of --reset-attention-mask: the bias kernel, cuDNN's attention with it)
+  DOC="--reset-attention-mask --reset-position-ids"
   for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L" "--bf16 $L $M" "--bf16 $L $F8" "--bf16 $F8" "--bf16 $L $F8D" "--bf16 $L $OFF" \
-               "--bf16 $L $F8B"; do
+               "--bf16 $L $F8B" "--bf16 $L $DOC"; do
     # shellcheck disable=SC2086
     out=$(compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S $extra 2>&1) || {
       echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck"; exit 1; }

@@ -189,6 +189,7 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
     }
     m.working += per_layer * static_cast<double>(fp8_layers);
   }
+  if (c.data.reset_attention_mask) m.working += 2.0 * b * s * s;  // the CUDA engine's document-mask bias [b, 1, s, s], 16-bit
   m.overhead = c.derived.world_size > 1 ? kOverheadNccl : kOverheadOneGpu;
   m.total = m.weights + m.grads + m.optimizer + m.activations + m.logits + m.working + m.overhead;
   return m;

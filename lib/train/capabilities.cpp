@@ -162,7 +162,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(*c.model.hidden_size > 8192, "the CUDA norm kernels support hidden sizes up to 8192 (this model: " + std::to_string(*c.model.hidden_size) +
                                         "): use --device cpu");
   }
-  no(c.data.reset_attention_mask, "--reset-attention-mask is not implemented on the CUDA engine: drop it or use --device cpu");
+  // Document masks: cuDNN's attention with an additive bias built from the document starts (kernels/cuda/document_bias.h).
+  no(c.data.reset_attention_mask && c.data.seq_length.value_or(8) % 8 != 0,
+     "--reset-attention-mask on the CUDA engine needs --seq-length to be a multiple of 8 (its mask is written 8 columns at a time): change it, or "
+     "use --device cpu");
   no(c.model.squared_relu, "--squared-relu is not implemented on the CUDA engine yet: use --device cpu");
   no(c.training.deterministic_mode, "--deterministic-mode: the CUDA engine is not bitwise repeatable (cuDNN's attention backward accumulates "
                                     "with atomics): use --device cpu, which always is, or drop it");

@@ -1,9 +1,10 @@
 // microbatch_staging.cpp: layout of a slot (int32 words, T = tokens per microbatch): tokens [0, T),
 // labels [T, 2T), positions [2T, 3T), loss-mask bits [3T, 4T), the token CSR from 4T (ids T, offsets T + 1,
 // positions T), the position CSR from 7T + 1 (same three arrays), then (from 10T + 2, 8-byte aligned) the
-// hidden-dropout keys as uint64.
+// hidden-dropout keys as uint64, then the document starts of --reset-attention-mask (T).
 #include "train/microbatch_staging.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -13,7 +14,7 @@
 namespace mt {
 
 MicrobatchSlot::MicrobatchSlot(int64_t T, int64_t max_keys)
-    : T_(T), n_(static_cast<size_t>(10 * T + 2 + 2 * max_keys)), max_keys_(max_keys) {
+    : T_(T), n_(static_cast<size_t>(11 * T + 2 + 2 * max_keys)), max_keys_(max_keys) {
   MT_CUDA_CHECK(cudaMallocHost(&host_, n_ * 4));
   MT_CUDA_CHECK(cudaMalloc(&dev_, n_ * 4));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
@@ -46,6 +47,8 @@ DeviceMicrobatch MicrobatchSlot::upload(const Microbatch& mb, bool learned_pos, 
   DeviceMicrobatch d;
   if (learned_pos) put_csr(cuda::build_token_csr(mb.positions.data(), T, 0, max_pos), 7);
   if (!drop_keys.empty()) std::memcpy(h + 10 * T_ + 2, drop_keys.data(), drop_keys.size() * 8);
+  int32_t* row_start = h + 10 * T_ + 2 + 2 * max_keys_;
+  if (!mb.row_start.empty()) std::memcpy(row_start, mb.row_start.data(), static_cast<size_t>(T) * 4);
   MT_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, n_ * 4, cudaMemcpyHostToDevice, stream));
   MT_CUDA_CHECK(cudaEventRecord(copied_, stream));
   d.B = mb.B;
@@ -65,6 +68,9 @@ DeviceMicrobatch MicrobatchSlot::upload(const Microbatch& mb, bool learned_pos, 
     d.n_pos_ids = n_pos_;
   }
   if (!drop_keys.empty()) d.drop_keys = reinterpret_cast<const uint64_t*>(dev_ + 10 * T_ + 2);
+  if (!mb.row_start.empty()) d.row_start = dev_ + 10 * T_ + 2 + 2 * max_keys_;
+  static std::atomic<uint64_t> uploads{0};
+  d.serial = ++uploads;
   return d;
 }
 

@@ -26,6 +26,7 @@
 #include "config/resolve.h"
 #include "data/indexed_dataset.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cuda/document_bias.h"
 #include "kernels/cuda/sdpa_cudnn.h"
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt_model.h"
@@ -78,12 +79,25 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return num / den;
 }
 
-void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D) {
+// documents: each sample cut into documents (--reset-attention-mask) of lengths 1, 2, 3, ... in turn from a
+// sample-dependent start, attended through the bias of kernels/cuda/document_bias.h.
+void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool documents = false) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const size_t nq = static_cast<size_t>(B * S * Hq * D), nk = static_cast<size_t>(B * S * Hk * D);
   auto q = random_bf16_values(nq, 1, 1.0f), k = random_bf16_values(nk, 2, 1.0f), v = random_bf16_values(nk, 3, 1.0f);
   auto dout = random_bf16_values(nq, 4, 1.0f);
   mt::cpu::AttentionShape sh{B, S, Hq, Hk, D, scale, 0.0f, 0, 0, 0};
+  std::vector<int32_t> row_start;
+  if (documents) {
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t start = 0, len = 1 + b;
+      for (int64_t i = 0; i < S; ++i) {
+        if (i - start >= len) start = i, len = len % 40 + 1;
+        row_start.push_back(static_cast<int32_t>(start));
+      }
+    }
+    sh.row_start = row_start.data();
+  }
   std::vector<float> o(nq), probs(static_cast<size_t>(B * Hq * S * S)), dq(nq), dk(nk), dv(nk), scratch(static_cast<size_t>(S * S));
   mt::cpu::attention_forward(o.data(), probs.data(), q.data(), k.data(), v.data(), sh);
   mt::cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), probs.data(), q.data(), k.data(), v.data(), sh, scratch.data());
@@ -96,13 +110,16 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D) {
   auto* gdk = upload(std::vector<uint16_t>(nk));
   auto* gdv = upload(std::vector<uint16_t>(nk));
   auto* stats = upload(std::vector<float>(static_cast<size_t>(B * Hq * S)));
+  int32_t* starts = documents ? upload(row_start) : nullptr;
+  auto* bias = documents ? upload(std::vector<uint16_t>(static_cast<size_t>(B * S * S))) : nullptr;
   auto& sdpa = mt::cuda::CudnnSdpa::instance();
   const std::string name = "sdpa B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(Hq) + "/" + std::to_string(Hk) +
-                           " D" + std::to_string(D);
+                           " D" + std::to_string(D) + (documents ? " with documents" : "");
   try {
-    const mt::cuda::SdpaShape s{B, S, Hq, Hk, D, scale};
-    sdpa.forward(s, dq_, dk_, dv_, go, stats, nullptr);
-    sdpa.backward(s, dq_, dk_, dv_, go, ddo, stats, gdq, gdk, gdv, nullptr);
+    const mt::cuda::SdpaShape s{B, S, Hq, Hk, D, scale, mt::cuda::F16::kBF16, documents};
+    if (documents) mt::cuda::document_bias(reinterpret_cast<mt::cuda::bf16*>(bias), starts, B, S, nullptr);
+    sdpa.forward(s, dq_, dk_, dv_, go, stats, nullptr, bias);
+    sdpa.backward(s, dq_, dk_, dv_, go, ddo, stats, gdq, gdk, gdv, nullptr, bias);
     cudaDeviceSynchronize();
     const double eo = rel_err(from_bf16(download(go, nq)), o);
     const double eq = rel_err(from_bf16(download(gdq, nq)), dq);
@@ -115,7 +132,8 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D) {
     check(false, name + ": " + e.what());
   }
   for (void* p : {static_cast<void*>(dq_), static_cast<void*>(dk_), static_cast<void*>(dv_), static_cast<void*>(ddo), static_cast<void*>(go),
-                  static_cast<void*>(gdq), static_cast<void*>(gdk), static_cast<void*>(gdv), static_cast<void*>(stats)}) {
+                  static_cast<void*>(gdq), static_cast<void*>(gdk), static_cast<void*>(gdv), static_cast<void*>(stats),
+                  static_cast<void*>(starts), static_cast<void*>(bias)}) {
     cudaFree(p);
   }
 }
@@ -767,6 +785,16 @@ int main() {
   test_sdpa(2, 256, 8, 2, 64);
   test_sdpa(1, 384, 4, 1, 128);
   test_sdpa(2, 64, 4, 2, 32);
+  // --reset-attention-mask on the CUDA engine: cuDNN's attention with the document bias against the CPU's masked attention,
+  // then training runs whose first loss the masks move as on the CPU (short documents, a wide initialisation; GPT with
+  // learned positions, LLaMA recomputed, and evaluation).
+  test_sdpa(2, 128, 4, 4, 64, true);
+  test_sdpa(3, 256, 8, 2, 128, true);
+  {
+    const std::string docs = std::string(kPlain) + short_documents() + "--init-method-std 0.3 --reset-position-ids ";
+    test_flag_effect("gpt", docs + "--eval-iters 2 --eval-interval 10 ", "--reset-attention-mask ", 0, 1e-2);
+    test_flag_effect("llama-recompute", docs, "--reset-attention-mask ", 0, 1e-2);
+  }
   test_training("gpt");
   test_training("llama");
   test_training("llama-recompute");

@@ -33,7 +33,7 @@ using Dims = std::array<int64_t, 4>;
 
 Dims contiguous(const Dims& d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kBias };
 
 // One operation graph and its execution plan; owns every descriptor it made (the plan refers to them).
 class Graph {
@@ -211,7 +211,7 @@ class Graph {
 };
 
 struct Layouts {
-  Dims q_dims, q_str, kt_dims, kt_str, kv_dims, kv_str, stats_dims, stats_str, ss_dims, s_dims;
+  Dims q_dims, q_str, kt_dims, kt_str, kv_dims, kv_str, stats_dims, stats_str, ss_dims, s_dims, bias_dims, bias_str;
 };
 
 Layouts layouts(const SdpaShape& s) {
@@ -225,6 +225,8 @@ Layouts layouts(const SdpaShape& s) {
   l.stats_dims = {s.B, s.Hq, s.S, 1};
   l.stats_str = {s.Hq * s.S, s.S, 1, 1};
   l.s_dims = {s.B, s.Hq, s.S, s.S};
+  l.bias_dims = {s.B, 1, s.S, s.S};
+  l.bias_str = {s.S * s.S, s.S * s.S, s.S, 1};
   return l;
 }
 
@@ -242,6 +244,12 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
   g->matmul(q, kt, sc);
   Desc scaled = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_MUL, sc, scaled, scale);
+  if (s.bias) {  // (as cuDNN's frontend places a bias: onto the scaled scores, before the masks)
+    Desc bias = g->tensor(kBias, bf, l.bias_dims, l.bias_str, false);
+    Desc biased = g->virt(f, l.s_dims);
+    g->pointwise(CUDNN_POINTWISE_ADD, scaled, biased, bias);
+    scaled = biased;
+  }
   Desc masked = g->causal(scaled, l.s_dims, neg);
   Desc mx = g->virt(f, l.stats_dims);
   g->reduction(CUDNN_REDUCE_TENSOR_MAX, masked, mx);
@@ -289,6 +297,12 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
   g->matmul(q, kt, sc);
   Desc scaled = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_MUL, sc, scaled, scale);
+  if (s.bias) {
+    Desc bias = g->tensor(kBias, bf, l.bias_dims, l.bias_str, false);
+    Desc biased = g->virt(f, l.s_dims);
+    g->pointwise(CUDNN_POINTWISE_ADD, scaled, biased, bias);
+    scaled = biased;
+  }
   Desc shifted = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_SUB, scaled, shifted, stats);
   Desc masked = g->causal(shifted, l.s_dims, neg);
@@ -338,7 +352,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
 struct CudnnSdpa::Impl {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool>;
   struct Entry {
     std::unique_ptr<Graph> graph;
     void* workspace = nullptr;
@@ -349,7 +363,7 @@ struct CudnnSdpa::Impl {
   Entry& get(const SdpaShape& s, bool backward) {
     uint32_t scale_bits;
     std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
-    const Key key{s.B, s.S, s.Hq, s.Hk, s.D, scale_bits, backward, static_cast<int>(s.type)};
+    const Key key{s.B, s.S, s.Hq, s.Hk, s.D, scale_bits, backward, static_cast<int>(s.type), s.bias};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
@@ -372,7 +386,7 @@ struct CudnnSdpa::Impl {
     } else {
       e.error = std::string("cuDNN has no fused attention ") + (backward ? "backward" : "forward") + " for batch " +
                 std::to_string(s.B) + ", sequence " + std::to_string(s.S) + ", heads " + std::to_string(s.Hq) + "/" +
-                std::to_string(s.Hk) + ", head dim " + std::to_string(s.D) + ": " + why;
+                std::to_string(s.Hk) + ", head dim " + std::to_string(s.D) + (s.bias ? " with a document-mask bias" : "") + ": " + why;
     }
     return cache.emplace(key, std::move(e)).first->second;
   }
@@ -393,19 +407,27 @@ std::string CudnnSdpa::check(const SdpaShape& s) {
   return b.graph ? std::string() : b.error;
 }
 
-void CudnnSdpa::forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* stats, cudaStream_t stream) {
+void CudnnSdpa::forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* stats, cudaStream_t stream,
+                        const void* bias) {
   auto& e = impl_->get(s, false);
   if (!e.graph) throw std::runtime_error(e.error);
+  if (s.bias != (bias != nullptr)) throw std::logic_error("cuDNN attention: a bias pointer must come with SdpaShape::bias, and only with it");
   float scale = s.scale, neg = std::numeric_limits<float>::lowest();
   MT_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
-  e.graph->execute(impl_->handle, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
-                   {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats, &scale, &neg}, e.workspace);
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
+  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats, &scale, &neg};
+  if (bias) {
+    uids.push_back(kBias);
+    ptrs.push_back(const_cast<void*>(bias));
+  }
+  e.graph->execute(impl_->handle, uids, ptrs, e.workspace);
 }
 
 void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* d_o,
-                         const float* stats, void* dq, void* dk, void* dv, cudaStream_t stream) {
+                         const float* stats, void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias) {
   auto& e = impl_->get(s, true);
   if (!e.graph) throw std::runtime_error(e.error);
+  if (s.bias != (bias != nullptr)) throw std::logic_error("cuDNN attention: a bias pointer must come with SdpaShape::bias, and only with it");
   float scale = s.scale, neg = std::numeric_limits<float>::lowest(), one = 1.0f;
   auto& alloc = DeviceAllocator::instance();
   const size_t sum_bytes = static_cast<size_t>(s.B * s.Hq * s.S) * sizeof(float);
@@ -415,10 +437,14 @@ void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const
   MT_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, acc_bytes, stream));
   MT_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
   try {
-    e.graph->execute(impl_->handle, {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kSoftmaxSum, kDQAccum},
-                     {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
-                      const_cast<void*>(d_o), const_cast<float*>(stats), dq, dk, dv, &scale, &neg, &one, softmax_sum, dq_accum},
-                     e.workspace);
+    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kSoftmaxSum, kDQAccum};
+    std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o), const_cast<void*>(d_o),
+                            const_cast<float*>(stats), dq, dk, dv, &scale, &neg, &one, softmax_sum, dq_accum};
+    if (bias) {
+      uids.push_back(kBias);
+      ptrs.push_back(const_cast<void*>(bias));
+    }
+    e.graph->execute(impl_->handle, uids, ptrs, e.workspace);
   } catch (...) {
     alloc.release(softmax_sum);
     alloc.release(dq_accum);

@@ -6,6 +6,9 @@
 //
 // Layout (BSHD, as the model keeps it): Q, O, dQ, dO [B, S, Hq, D]; K, V, dK, dV [B, S, Hk, D], Hq a
 // multiple of Hk (grouped-query attention). Stats: [B, Hq, S] fp32 (log-sum-exp per row).
+// With SdpaShape::bias, an additive bias [B, 1, S, S] of the same 16-bit type goes onto the scaled scores before the
+// causal mask (cuDNN's bias input, shared by the heads): the document masks of --reset-attention-mask (kernels/cuda/
+// document_bias.h), 0 where a query may see a key and the type's lowest value where it may not.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -21,16 +24,18 @@ struct SdpaShape {
   int64_t B, S, Hq, Hk, D;
   float scale;
   F16 type = F16::kBF16;  // of Q, K, V, O and their gradients
+  bool bias = false;       // an additive bias [B, 1, S, S] (forward's and backward's `bias` argument)
 };
 
 class CudnnSdpa {
  public:
   static CudnnSdpa& instance();
   // O, stats from Q, K, V (bf16 device pointers).
-  void forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* stats, cudaStream_t stream);
+  void forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* stats, cudaStream_t stream,
+               const void* bias = nullptr);
   // dQ, dK, dV (bf16, overwritten) from the forward's inputs, O, dO and stats.
   void backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* d_o, const float* stats,
-                void* dq, void* dk, void* dv, cudaStream_t stream);
+                void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias = nullptr);
   // Whether cuDNN could build both graphs for this shape (tests; the model refuses otherwise).
   std::string check(const SdpaShape& s);
   ~CudnnSdpa();

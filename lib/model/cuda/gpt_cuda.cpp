@@ -15,6 +15,7 @@
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/bias_grad.h"
 #include "kernels/cuda/cross_entropy_bf16.h"
+#include "kernels/cuda/document_bias.h"
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/embedding_bf16.h"
@@ -196,6 +197,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     rope_table_ = static_cast<float*>(alloc(table.size() * 4));
     MT_CUDA_CHECK(cudaMemcpy(rope_table_, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   }
+  doc_mask_ = cfg.data.reset_attention_mask;
+  if (doc_mask_) {
+    const auto mbs = static_cast<size_t>(*cfg.training.micro_batch_size), S = static_cast<size_t>(D.S);
+    doc_bias_ = static_cast<bf16*>(alloc(mbs * S * S * 2));
+  }
 
   // Recompute: full granularity re-runs whole layers (uniform: every layer from its own input; block: the
   // first --recompute-num-layers layers). Selective keeps nothing extra to drop: flash attention never
@@ -325,6 +331,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   const char* a2a_env = std::getenv("MEGATRAIN_TP_SP_ALLTOALL");
   const char* split_env0 = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
   const bool may_split = max_in_flight == 1 && pre_ && post_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
+                         !doc_mask_ &&
                          std::find(recompute_layer_.begin(), recompute_layer_.end(), true) == recompute_layer_.end() &&
                          !(split_env0 && std::string(split_env0) == "0");
   const bool sp_all_to_all = sp_ && may_split && !(a2a_env && std::string(a2a_env) == "0");
@@ -476,7 +483,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
 
   // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;
-  const std::string why = cuda::CudnnSdpa::instance().check({mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_});
+  const std::string why = cuda::CudnnSdpa::instance().check({mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_});
   if (!why.empty()) throw std::runtime_error(why);
   // The split forward and backward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns both off): TP without K/V
   // replication, an even micro batch (under SP a multiple of 2 TP, so that every rank's piece of a half is
@@ -494,7 +501,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (kv_group_ && D.qk_norm) {
     throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
   }
-  split_forward_ = tp_ && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && mbs % 2 == 0 && aligned &&
+  split_forward_ = tp_ && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && !doc_mask_ && mbs % 2 == 0 && aligned &&
                    !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
   if (split_forward_ && bgrad_epilogue_) {
@@ -575,6 +582,16 @@ void CudaGPT::refresh_working() {
 }
 
 bool CudaGPT::recomputed(int64_t l) const { return recompute_layer_[static_cast<size_t>(l)]; }
+
+const bf16* CudaGPT::document_bias(const DeviceMicrobatch& mb) {
+  if (!doc_mask_) return nullptr;
+  if (mb.row_start == nullptr) throw std::logic_error("CudaGPT: --reset-attention-mask without the microbatch's document starts");
+  if (mb.serial == 0 || mb.serial != doc_bias_serial_) {
+    MT_PROF("fwd.document_bias", cuda::document_bias(doc_bias_, mb.row_start, mb.B, mb.S, stream_, dt_));
+    doc_bias_serial_ = mb.serial;
+  }
+  return doc_bias_;
+}
 
 // Hidden dropout at `site` of the micro batch's keys for rows starting at token t0 (null: none, e.g. in
 // evaluation, where the micro batch carries no keys). The returned descriptor lives until the next call.

@@ -52,6 +52,10 @@ struct DeviceMicrobatch {
   const uint64_t* drop_keys = nullptr;
   // MoE: the scale of the auxiliary losses' gradients (the lm loss's per-microbatch share: 1 / microbatches).
   float aux_grad_scale = 0;
+  // --reset-attention-mask: each token's document start in its sample [B * S] (null: one document per sample), and
+  // the upload's serial number (a new one per upload, 0: unknown), which tells the model when to rebuild its bias.
+  const int32_t* row_start = nullptr;
+  uint64_t serial = 0;
 };
 
 class CudaGPT {
@@ -344,6 +348,13 @@ class CudaGPT {
   float *master_ = nullptr, *grads_ = nullptr;
   cuda::bf16* w16_ = nullptr;
   float* rope_table_ = nullptr;
+  // --reset-attention-mask: the document-mask bias [micro batch, 1, S, S] cuDNN's attention adds (kernels/cuda/
+  // document_bias.h), built from a microbatch's document starts when its first attention needs it, and the serial of
+  // the upload it was built for (a pipeline's other microbatch in between makes the next attention rebuild it).
+  bool doc_mask_ = false;
+  cuda::bf16* doc_bias_ = nullptr;
+  uint64_t doc_bias_serial_ = 0;
+  const cuda::bf16* document_bias(const DeviceMicrobatch& mb);
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, out_w_ = -1;
   std::vector<LayerW> layers_;
   std::vector<std::unique_ptr<Record>> records_;
