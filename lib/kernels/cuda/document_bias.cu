@@ -17,7 +17,9 @@ template <typename T16>
 struct Lowest;
 template <>
 struct Lowest<__nv_bfloat16> {
-  static __device__ __nv_bfloat16 value() { return __ushort_as_bfloat16(0xFF7Fu); }  // -3.39e38
+  // -1.0e30: far below any score, yet finite after cuDNN's scaling (the type's lowest, -3.39e38, would reach -inf
+  // once multiplied by log2(e), and a key tile masked whole would then meet -inf - -inf in the running maximum).
+  static __device__ __nv_bfloat16 value() { return __ushort_as_bfloat16(0xF14Au); }
 };
 template <>
 struct Lowest<__half> {

@@ -1,8 +1,8 @@
 // document_bias.h (CUDA): the attention bias of --reset-attention-mask (Megatron's get_ltor_masks_and_position_ids):
 // a query at position i of a sample sees the keys from its document's first position row_start[i] on (and, by the
 // causal mask applied with it, up to i). bias [B, 1, S, S] of the run's 16-bit type: 0 where the key is in the
-// query's document or after it, the type's lowest finite value before it. cuDNN's attention adds it to the scaled
-// scores (kernels/cuda/sdpa_cudnn.h), so a masked score's probability is exactly 0.
+// query's document or after it, a large finite negative before it (bf16 -1e30, fp16 -65504). cuDNN's attention adds it
+// to the scaled scores (kernels/cuda/sdpa_cudnn.h), so a masked score's probability is exactly 0.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -22,7 +22,7 @@ constexpr int64_t kFp8BlockSize = 128;
 int64_t fp8_vec128_scales(int64_t R, int64_t K);
 int64_t fp8_blk128_scales(int64_t R, int64_t K);
 
-// x [rows, cols] (bf16, 16-byte aligned, cols a multiple of 8) quantised in 1 x 128 blocks along its rows into out
+// x [rows, cols] (bf16, 16-byte aligned, cols a multiple of 8, rows of 4; out 8-byte aligned) quantised in 1 x 128 blocks along its rows into out
 // [rows, cols] with out_scale_inv (vec128 of (rows, cols)), and/or in 128 x 1 blocks (128 consecutive rows of one
 // column) into out_t [cols, rows], the transpose, with out_t_scale_inv (vec128 of (cols, rows)). Either output may be
 // null (with its scales). One pass over x.

@@ -211,22 +211,28 @@ class Graph {
 };
 
 struct Layouts {
-  Dims q_dims, q_str, kt_dims, kt_str, kv_dims, kv_str, stats_dims, stats_str, ss_dims, s_dims, bias_dims, bias_str;
+  Dims q_dims, q_str, kt_dims, kt_str, kv_dims, kv_str, stats_dims, stats_str, sum_str, s_dims, t_dims, t_str, bias_dims, bias_str, kq_dims;
 };
 
+// S queries against Sk keys; a sample's rows q_stride() (kv_stride()) apart in the buffers.
 Layouts layouts(const SdpaShape& s) {
   Layouts l{};
+  const int64_t Sk = s.keys(), qr = s.q_stride(), kr = s.kv_stride();
   l.q_dims = {s.B, s.Hq, s.S, s.D};
-  l.q_str = {s.S * s.Hq * s.D, s.D, s.Hq * s.D, 1};
-  l.kv_dims = {s.B, s.Hk, s.S, s.D};
-  l.kv_str = {s.S * s.Hk * s.D, s.D, s.Hk * s.D, 1};
-  l.kt_dims = {s.B, s.Hk, s.D, s.S};
-  l.kt_str = {s.S * s.Hk * s.D, s.D, 1, s.Hk * s.D};
+  l.q_str = {qr * s.Hq * s.D, s.D, s.Hq * s.D, 1};
+  l.kv_dims = {s.B, s.Hk, Sk, s.D};
+  l.kv_str = {kr * s.Hk * s.D, s.D, s.Hk * s.D, 1};
+  l.kt_dims = {s.B, s.Hk, s.D, Sk};
+  l.kt_str = {kr * s.Hk * s.D, s.D, 1, s.Hk * s.D};
   l.stats_dims = {s.B, s.Hq, s.S, 1};
-  l.stats_str = {s.Hq * s.S, s.S, 1, 1};
-  l.s_dims = {s.B, s.Hq, s.S, s.S};
-  l.bias_dims = {s.B, 1, s.S, s.S};
-  l.bias_str = {s.S * s.S, s.S * s.S, s.S, 1};
+  l.stats_str = {s.Hq * qr, qr, 1, 1};
+  l.sum_str = {s.Hq * s.S, s.S, 1, 1};  // (the backward's own softmax sums: contiguous)
+  l.s_dims = {s.B, s.Hq, s.S, Sk};
+  l.t_dims = {s.B, s.Hq, Sk, s.S};  // P^T and dS^T: strided views of the [.., S, Sk] tensors
+  l.t_str = {s.Hq * s.S * Sk, s.S * Sk, 1, Sk};
+  l.kq_dims = {s.B, s.Hq, Sk, s.D};  // dK, dV per query head before GQA's sum over a group
+  l.bias_dims = {s.B, 1, s.S, Sk};
+  l.bias_str = {s.S * Sk, s.S * Sk, Sk, 1};
   return l;
 }
 
@@ -250,7 +256,7 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
     g->pointwise(CUDNN_POINTWISE_ADD, scaled, biased, bias);
     scaled = biased;
   }
-  Desc masked = g->causal(scaled, l.s_dims, neg);
+  Desc masked = s.causal ? g->causal(scaled, l.s_dims, neg) : scaled;
   Desc mx = g->virt(f, l.stats_dims);
   g->reduction(CUDNN_REDUCE_TENSOR_MAX, masked, mx);
   Desc sub = g->virt(f, l.s_dims);
@@ -283,7 +289,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
   Desc dk = g->tensor(kDK, bf, l.kv_dims, l.kv_str, false);
   Desc dv = g->tensor(kDV, bf, l.kv_dims, l.kv_str, false);
   Desc scale = g->scalar(kScale), neg = g->scalar(kNegInf), one = g->scalar(kOne);
-  Desc softmax_sum = g->tensor(kSoftmaxSum, f, l.stats_dims, l.stats_str, false);
+  Desc softmax_sum = g->tensor(kSoftmaxSum, f, l.stats_dims, l.sum_str, false);
   Desc dq_accum = g->tensor(kDQAccum, f, l.q_dims, contiguous(l.q_dims), false);
   const bool gqa = s.Hq != s.Hk;
   // softmax_sum = rowsum(dO * O)
@@ -305,17 +311,16 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
   }
   Desc shifted = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_SUB, scaled, shifted, stats);
-  Desc masked = g->causal(shifted, l.s_dims, neg);
+  Desc masked = s.causal ? g->causal(shifted, l.s_dims, neg) : shifted;
   Desc p = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_EXP, masked, p);
-  const Dims t_dims = {s.B, s.Hq, s.S, s.S}, t_str = {s.Hq * s.S * s.S, s.S * s.S, 1, s.S};
   // dV = P^T dO (summed over the heads of a group under GQA)
-  Desc pt = g->virt_strided(bf, t_dims, t_str);
+  Desc pt = g->virt_strided(bf, l.t_dims, l.t_str);
   g->reshape(p, pt);
   if (!gqa) {
     g->matmul(pt, d_o, dv);
   } else {
-    Desc dv_full = g->virt(bf, l.q_dims);
+    Desc dv_full = g->virt(bf, l.kq_dims);
     g->matmul(pt, d_o, dv_full);
     g->reduction(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
   }
@@ -329,12 +334,12 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
   Desc ds = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_MUL, dp2, ds, scale);
   // dK = dS^T Q
-  Desc dst = g->virt_strided(bf, t_dims, t_str);
+  Desc dst = g->virt_strided(bf, l.t_dims, l.t_str);
   g->reshape(ds, dst);
   if (!gqa) {
     g->matmul(dst, q, dk);
   } else {
-    Desc dk_full = g->virt(bf, l.q_dims);
+    Desc dk_full = g->virt(bf, l.kq_dims);
     g->matmul(dst, q, dk_full);
     g->reduction(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
   }
@@ -352,7 +357,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
 struct CudnnSdpa::Impl {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, int64_t, int64_t>;
   struct Entry {
     std::unique_ptr<Graph> graph;
     void* workspace = nullptr;
@@ -363,7 +368,7 @@ struct CudnnSdpa::Impl {
   Entry& get(const SdpaShape& s, bool backward) {
     uint32_t scale_bits;
     std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
-    const Key key{s.B, s.S, s.Hq, s.Hk, s.D, scale_bits, backward, static_cast<int>(s.type), s.bias};
+    const Key key{s.B, s.S, s.Hq, s.Hk, s.D, scale_bits, backward, static_cast<int>(s.type), s.bias, s.keys(), s.causal, s.q_stride(), s.kv_stride()};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;

@@ -8,7 +8,7 @@
 // multiple of Hk (grouped-query attention). Stats: [B, Hq, S] fp32 (log-sum-exp per row).
 // With SdpaShape::bias, an additive bias [B, 1, S, S] of the same 16-bit type goes onto the scaled scores before the
 // causal mask (cuDNN's bias input, shared by the heads): the document masks of --reset-attention-mask (kernels/cuda/
-// document_bias.h), 0 where a query may see a key and the type's lowest value where it may not.
+// document_bias.h), 0 where a query may see a key and a large negative value where it may not.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -25,6 +25,15 @@ struct SdpaShape {
   float scale;
   F16 type = F16::kBF16;  // of Q, K, V, O and their gradients
   bool bias = false;       // an additive bias [B, 1, S, S] (forward's and backward's `bias` argument)
+  // Blocks of a longer sequence (context parallelism's ring attention, kernels/cuda/context_attention.h): Sk keys and
+  // values (0: S), no causal mask unless `causal`, and the rows one sample takes in the buffers the pointers index
+  // (0: S for Q, O, dO, dQ and the statistics; Sk for K, V, dK and dV), so that a block is a run of each sample's rows.
+  int64_t Sk = 0;
+  bool causal = true;
+  int64_t q_rows = 0, kv_rows = 0;
+  int64_t keys() const { return Sk > 0 ? Sk : S; }
+  int64_t q_stride() const { return q_rows > 0 ? q_rows : S; }
+  int64_t kv_stride() const { return kv_rows > 0 ? kv_rows : keys(); }
 };
 
 class CudnnSdpa {

@@ -199,8 +199,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   }
   doc_mask_ = cfg.data.reset_attention_mask;
   if (doc_mask_) {
-    const auto mbs = static_cast<size_t>(*cfg.training.micro_batch_size), S = static_cast<size_t>(D.S);
-    doc_bias_ = static_cast<bf16*>(alloc(mbs * S * S * 2));
+    doc_bias_rows_ = *cfg.training.micro_batch_size;
+    if (share_params != nullptr && share_params->doc_bias_ != nullptr && share_params->doc_bias_rows_ >= doc_bias_rows_) {
+      doc_bias_ = share_params->doc_bias_;
+      doc_bias_serial_ = share_params->doc_bias_serial_;
+    } else {
+      const auto S = static_cast<size_t>(D.S);
+      doc_bias_ = static_cast<bf16*>(alloc(static_cast<size_t>(doc_bias_rows_) * S * S * 2));
+    }
   }
 
   // Recompute: full granularity re-runs whole layers (uniform: every layer from its own input; block: the
@@ -586,9 +592,10 @@ bool CudaGPT::recomputed(int64_t l) const { return recompute_layer_[static_cast<
 const bf16* CudaGPT::document_bias(const DeviceMicrobatch& mb) {
   if (!doc_mask_) return nullptr;
   if (mb.row_start == nullptr) throw std::logic_error("CudaGPT: --reset-attention-mask without the microbatch's document starts");
-  if (mb.serial == 0 || mb.serial != doc_bias_serial_) {
-    MT_PROF("fwd.document_bias", cuda::document_bias(doc_bias_, mb.row_start, mb.B, mb.S, stream_, dt_));
-    doc_bias_serial_ = mb.serial;
+  if (mb.B > doc_bias_rows_ || mb.S != D_.S) throw std::logic_error("CudaGPT: a microbatch larger than the document bias was sized for");
+  if (mb.serial == 0 || mb.serial != *doc_bias_serial_) {
+    MT_PROF("attention.document_bias", cuda::document_bias(doc_bias_, mb.row_start, mb.B, mb.S, stream_, dt_));
+    *doc_bias_serial_ = mb.serial;
   }
   return doc_bias_;
 }

@@ -350,10 +350,12 @@ class CudaGPT {
   float* rope_table_ = nullptr;
   // --reset-attention-mask: the document-mask bias [micro batch, 1, S, S] cuDNN's attention adds (kernels/cuda/
   // document_bias.h), built from a microbatch's document starts when its first attention needs it, and the serial of
-  // the upload it was built for (a pipeline's other microbatch in between makes the next attention rebuild it).
+  // the upload it was built for (a pipeline's other microbatch in between makes the next attention rebuild it). A
+  // stage's model chunks (share_params) share both: one bias per GPU, as the plan counts it.
   bool doc_mask_ = false;
   cuda::bf16* doc_bias_ = nullptr;
-  uint64_t doc_bias_serial_ = 0;
+  std::shared_ptr<uint64_t> doc_bias_serial_ = std::make_shared<uint64_t>(0);
+  int64_t doc_bias_rows_ = 0;  // the micro batch it was sized for
   const cuda::bf16* document_bias(const DeviceMicrobatch& mb);
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, out_w_ = -1;
   std::vector<LayerW> layers_;
