@@ -794,6 +794,11 @@ int main() {
     const std::string docs = std::string(kPlain) + short_documents() + "--init-method-std 0.3 --reset-position-ids ";
     test_flag_effect("gpt", docs + "--eval-iters 2 --eval-interval 10 ", "--reset-attention-mask ", 0, 1e-2);
     test_flag_effect("llama-recompute", docs, "--reset-attention-mask ", 0, 1e-2);
+    // Several microbatches in flight (each stage's bias rebuilt when another microbatch came between its forward and
+    // backward) and interleaved chunks (one bias shared by a stage's chunks), against the whole model's gradients.
+    const std::string pipe_docs = short_documents() + "--reset-attention-mask --reset-position-ids ";
+    test_pipeline_schedule("llama", "zb-h1", pipe_docs);
+    test_pipeline_schedule("gpt", "interleaved", pipe_docs);
   }
   test_training("gpt");
   test_training("llama");
