@@ -41,6 +41,7 @@ void CpuPipelineStage::forward(int64_t microbatch, int64_t chunk) {
   if (at.post_process) {
     loss_sum_ += loss;
     ++forwards_;
+    losses_.emplace_back(microbatch, loss);
   } else {
     outputs_[key] = std::move(out);
   }

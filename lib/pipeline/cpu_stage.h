@@ -32,6 +32,8 @@ class CpuPipelineStage final : public PipelineStage {
   void complete_exchange() override;
   // The mean of the forwarded microbatches' losses (the last stage's; 0 on the others).
   double mean_loss() const { return forwards_ ? loss_sum_ / static_cast<double>(forwards_) : 0.0; }
+  // Each forwarded microbatch's loss by its index (the last stage's; none on the others).
+  const std::vector<std::pair<int64_t, double>>& losses() const { return losses_; }
 
  private:
   GPTModel& model_;
@@ -43,6 +45,7 @@ class CpuPipelineStage final : public PipelineStage {
   bool training_;
   double loss_sum_ = 0;
   int64_t forwards_ = 0;
+  std::vector<std::pair<int64_t, double>> losses_;
   // By (chunk, microbatch): the activations received for the forward, the forward's output to send, the
   // gradient received for the backward, and the input gradient to send.
   using Key = std::pair<int64_t, int64_t>;

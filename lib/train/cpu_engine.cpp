@@ -71,14 +71,17 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   model_->params().zero_grads();
   const float loss_scale = scaler_.scale();
   // --calculate-per-token-loss (Megatron's): each microbatch's loss is its sum, and the gradients are divided by the
-  // global batch's loss tokens after the data-parallel reduction.
+  // global batch's loss tokens after the data-parallel reduction. Either way the loss reported is Megatron's: the
+  // global batch's token losses summed over its loss tokens (each microbatch's mean weighted by its tokens).
   const bool per_token = cfg_.training.calculate_per_token_loss;
+  std::vector<double> mb_tokens(static_cast<size_t>(num_microbatches));
   double tokens = 0;
-  if (per_token) {
-    for (int64_t m = 0; m < num_microbatches; ++m) tokens += loss_tokens(Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs);
-    groups_.dp->all_reduce(&tokens, 1, ReduceOp::kSum);
-    tokens = std::max(tokens, 1.0);
+  for (int64_t m = 0; m < num_microbatches; ++m) {
+    mb_tokens[static_cast<size_t>(m)] = loss_tokens(Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs);
+    tokens += mb_tokens[static_cast<size_t>(m)];
   }
+  groups_.dp->all_reduce(&tokens, 1, ReduceOp::kSum);
+  tokens = std::max(tokens, 1.0);
   CpuPipelineStage stage(
       *model_,
       [&](int64_t m) {
@@ -90,11 +93,13 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   sum_tied_embedding_grads();
   for_each_data_parallel([](DataParallel& d) { d.finish(); });
   if (cfg_.moe.moe_router_enable_expert_bias) model_->update_expert_biases(cfg_.moe.moe_router_bias_update_rate);
-  // The loss is the last stage's: every stage takes it (the others hold 0), so all decide alike.
-  double loss = stage.mean_loss() * (per_token ? static_cast<double>(num_microbatches) : 1.0);  // (per token: the losses' sum)
+  // The loss is the last stage's: every stage takes it (the others hold 0), so all decide alike. Each CP rank holds
+  // its sequences' whole loss, so the sum runs over DP only.
+  double loss = 0;
+  for (const auto& [m, l] : stage.losses()) loss += per_token ? l : l * mb_tokens[static_cast<size_t>(m)];
   if (pp > 1) groups_.pp->all_reduce(&loss, 1, ReduceOp::kSum);
-  groups_.dp_cp->all_reduce(&loss, 1, ReduceOp::kAvg);  // (each CP rank holds its sequences' whole loss)
-  if (per_token) loss *= static_cast<double>(dp) / tokens;
+  groups_.dp->all_reduce(&loss, 1, ReduceOp::kSum);
+  loss /= tokens;
   StepResult result{};
   const bool loss_finite = std::isfinite(loss);
   const double decoupled = decoupled_ ? decoupled_->lr_at_samples(first_sample) : -1.0;
@@ -147,28 +152,31 @@ double CpuEngine::evaluate(int64_t iteration) {
   const int64_t mbs = *cfg_.training.micro_batch_size, S = *cfg_.data.seq_length;
   const int64_t dp = groups_.dp->size(), r = groups_.dp->rank(), pp = groups_.pp->size();
   const int64_t per_iter = cfg_.derived.global_batch_size, nmb = cfg_.derived.num_microbatches;
-  double sum = 0;
-  int64_t n = 0;
+  // Megatron's: the token losses summed over the loss tokens (each microbatch's mean weighted by its tokens; with
+  // --calculate-per-token-loss each microbatch's loss is its sum already).
+  const bool per_token = cfg_.training.calculate_per_token_loss;
+  double sum = 0, n = 0;
   for (int64_t it = 0; it < cfg_.logging.eval_iters; ++it) {
+    auto first = [&](int64_t m) { return it * per_iter + m * mbs * dp + r * mbs; };
     auto get = [&](int64_t m) {
-      return context_parallel_slice(make_microbatch(data_, Split::kValid, it * per_iter + m * mbs * dp + r * mbs, mbs, S, cfg_), groups_.cp->rank(),
-                                    groups_.cp->size());
+      return context_parallel_slice(make_microbatch(data_, Split::kValid, first(m), mbs, S, cfg_), groups_.cp->rank(), groups_.cp->size());
     };
+    std::vector<double> mb_tokens(static_cast<size_t>(nmb));
+    for (int64_t m = 0; m < nmb; ++m) {
+      mb_tokens[static_cast<size_t>(m)] = loss_tokens(Split::kValid, first(m));
+      n += mb_tokens[static_cast<size_t>(m)];
+    }
+    auto add = [&](int64_t m, double l) { sum += per_token ? l : l * mb_tokens[static_cast<size_t>(m)]; };
     if (pp == 1) {
-      for (int64_t m = 0; m < nmb; ++m) sum += model_->forward(get(m), iteration, false);
+      for (int64_t m = 0; m < nmb; ++m) add(m, model_->forward(get(m), iteration, false));
     } else {  // the forwards through the stages; the loss is the last stage's
       CpuPipelineStage stage(*model_, get, iteration, 0.0f, groups_.pp.get(), mbs, false);
       run_schedule(evaluation_schedule(cfg_, groups_.pp->rank(), pp, nmb), stage);
-      sum += stage.mean_loss() * static_cast<double>(nmb);
-    }
-    if (cfg_.training.calculate_per_token_loss) {  // the losses' sums over the tokens they cover
-      for (int64_t m = 0; m < nmb; ++m) n += static_cast<int64_t>(loss_tokens(Split::kValid, it * per_iter + m * mbs * dp + r * mbs));
-    } else {
-      n += nmb;
+      for (const auto& [m, l] : stage.losses()) add(m, l);
     }
   }
   if (pp > 1) groups_.pp->all_reduce(&sum, 1, ReduceOp::kSum);
-  double buf[2] = {sum, static_cast<double>(n)};
+  double buf[2] = {sum, n};
   groups_.dp->all_reduce(buf, 2, ReduceOp::kSum);
   return buf[0] / std::max(1.0, buf[1]);
 }

@@ -119,9 +119,10 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
 #ifdef MEGATRAIN_HAVE_NCCL
   if (ddp_) ddp_->start_iteration();
 #endif
-  // The schedule's microbatches: each staged on the device with its share of the loss. --calculate-per-token-loss
-  // (Megatron's): each microbatch's loss and gradients are sums over its tokens, divided at the step by the global
-  // batch's loss tokens (step_prepare).
+  // The schedule's microbatches: each staged on the device with its share of the loss gradient (its tokens' mean over
+  // the microbatches; --calculate-per-token-loss, Megatron's: their sum, divided at the step by the global batch's loss
+  // tokens). The loss reported is Megatron's either way: the summed token losses over the global batch's loss tokens
+  // (step_prepare).
   const bool per_token = cfg.training.calculate_per_token_loss;
   double tokens = 0;
   const std::function<void(cudaEvent_t)> wait = [this](cudaEvent_t ev) { wait_event(ev); };
@@ -135,10 +136,10 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
         denom = std::max(denom, 1.0);
         MicrobatchSlot& slot = *slots_[static_cast<size_t>((it % 2) * nmb_max_ + mi)];
         make_drop_keys(mb, it);
-        const float w_mb = per_token ? 1.0f : static_cast<float>(1.0 / (denom * static_cast<double>(nmb_it)));
+        const float w_mb = per_token ? 1.0f : static_cast<float>(1.0 / (denom * static_cast<double>(nmb_it)));  // (the gradient's)
         DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait, drop_keys_);
         d.aux_grad_scale = static_cast<float>(grad_share_ / static_cast<double>(nmb_it));  // MoE: the aux losses' share, as the lm loss's
-        return CudaPipelineStage::Staged{d, w_mb * grad_share_, w_mb};
+        return CudaPipelineStage::Staged{d, w_mb * grad_share_, 1.0f};
       },
       &st_->loss_acc, stage_pipeline());
   run_schedule(training_schedule(cfg, pp_rank_, pp_, nmb_it), stage);
@@ -156,14 +157,13 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   const float clip = static_cast<float>(cfg.training.clip_grad);
   const float b1 = static_cast<float>(cfg.training.adam_beta1), b2 = static_cast<float>(cfg.training.adam_beta2);
   const float eps = static_cast<float>(cfg.training.adam_eps), wd = static_cast<float>(cfg.training.weight_decay);
-  if (per_token) {  // this rank's loss tokens, summed over DP on the device (no host wait)
-    cuda::set_value(&st_->loss_tokens, static_cast<float>(tokens), stream_);
+  // This rank's loss tokens, summed over DP on the device (no host wait).
+  cuda::set_value(&st_->loss_tokens, static_cast<float>(tokens), stream_);
 #ifdef MEGATRAIN_HAVE_NCCL
-    if (dp_nccl_ && dp_ > 1) MT_PROF("dp.loss_tokens", dp_nccl_->all_reduce_on(&st_->loss_tokens, 1, WireType::kF32, ReduceOp::kSum, stream_));
+  if (dp_nccl_ && dp_ > 1) MT_PROF("dp.loss_tokens", dp_nccl_->all_reduce_on(&st_->loss_tokens, 1, WireType::kF32, ReduceOp::kSum, stream_));
 #endif
-  }
   MT_PROF("opt.grad_norm", norm_partials(model_->grads(), false, &st_->loss_acc));
-  cuda::step_prepare(st_, partials_, clip, b1, b2, 1.0f, scale_rule_, stream_, per_token ? static_cast<float>(dp_) : 0.0f);
+  cuda::step_prepare(st_, partials_, clip, b1, b2, 1.0f, scale_rule_, stream_, static_cast<float>(dp_), per_token ? static_cast<float>(dp_) : 0.0f);
   // --decoupled-lr: the word embeddings' and output layer's rate, from the iteration's first sample (as the CPU engine).
   const float decoupled_lr = decoupled_ ? static_cast<float>(decoupled_->lr_at_samples(base)) : -1.0f;
   auto adamw = [&](int64_t first, int64_t count) {
@@ -321,8 +321,7 @@ double CudaEngine::evaluate(int64_t iteration) {
   const int64_t dp = groups_.dp->size(), dp_rank = groups_.dp->rank();
   const std::function<void(cudaEvent_t)> wait = [this](cudaEvent_t ev) { wait_event(ev); };
   MT_CUDA_CHECK(cudaMemsetAsync(eval_acc_, 0, 4, stream_));
-  // Each microbatch's mean loss, averaged; --calculate-per-token-loss: the losses' sums over the tokens they cover.
-  const bool per_token = cfg.training.calculate_per_token_loss;
+  // Megatron's: the token losses summed over the loss tokens they cover.
   double n = 0;
   const int64_t nmb = cfg.derived.num_microbatches;
   for (int64_t e = 0; e < cfg.logging.eval_iters; ++e) {
@@ -334,13 +333,11 @@ double CudaEngine::evaluate(int64_t iteration) {
           double denom = 0;
           for (float x : mb.loss_mask) denom += x;
           MicrobatchSlot& slot = *eval_slots_[static_cast<size_t>(mi) % eval_slots_.size()];
-          if (per_token) n += denom;
-          return CudaPipelineStage::Staged{slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait), 0.0f,
-                                           per_token ? 1.0f : static_cast<float>(1.0 / std::max(denom, 1.0))};
+          n += denom;
+          return CudaPipelineStage::Staged{slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait), 0.0f, 1.0f};
         },
         eval_acc_, stage_pipeline());
     run_schedule(evaluation_schedule(cfg, pp_rank_, pp_, nmb), stage);
-    if (!per_token) n += static_cast<double>(nmb);
   }
 #ifdef MEGATRAIN_HAVE_NCCL
   if (pp_nccl_) pp_nccl_->all_reduce_on(eval_acc_, 1, WireType::kF32, ReduceOp::kSum, stream_);
@@ -348,8 +345,8 @@ double CudaEngine::evaluate(int64_t iteration) {
   float acc = 0;
   wait_stream();
   MT_CUDA_CHECK(cudaMemcpy(&acc, eval_acc_, 4, cudaMemcpyDeviceToHost));
-  float sums[2] = {acc, static_cast<float>(n)};  // (every DP rank covers as many microbatches: the average of ratios is the ratio of sums)
-  if (dp_ > 1) dp_average(sums, per_token ? 2 : 1);
+  float sums[2] = {acc, static_cast<float>(n)};
+  if (dp_ > 1) dp_average(sums, 2);
   return sums[0] / std::max(sums[1], 1.0f);
 }
 

@@ -18,7 +18,7 @@ class GPTModel;
 
 struct TrainResult {
   std::shared_ptr<GPTModel> model;  // the trained shard
-  std::vector<double> losses;       // per iteration (mean over microbatches), skipped ones included
+  std::vector<double> losses;       // per iteration (summed over the loss tokens, as Megatron reports it), skipped ones included
   std::vector<double> valid_losses; // per validation run
   std::vector<double> grad_norms;   // per iteration, before clipping
   // MoE, per iteration: the auxiliary losses as logged (name, value) and the share of dropped choices.

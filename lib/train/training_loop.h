@@ -22,7 +22,7 @@ namespace mt {
 
 // One iteration as the engine reports it.
 struct StepReport {
-  double loss = 0;       // mean over the microbatches, averaged over data parallelism
+  double loss = 0;       // the token losses summed over the global batch's loss tokens (Megatron's report)
   double grad_norm = 0;  // before clipping
   bool skipped = false;  // the update was skipped: a non-finite loss or gradient (fp16: or an overflow)
   // MoE: the auxiliary losses as Megatron logs them (load_balancing_loss or its seq / global form, z_loss: without

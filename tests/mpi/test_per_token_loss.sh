@@ -3,6 +3,7 @@
 # hold different numbers of loss tokens: with one microbatch it is the plain loss (a sum over a count is the mean);
 # with four it differs from the mean of their means; DP 2 (distributed optimizer), PP 2, CP 2 and TP 2 + SP train like
 # one rank (the tokens counted over the whole global batch and whole sequences, the losses summed over the stages).
+# The loss reported is Megatron's either way (the token losses summed over the global batch's loss tokens).
 # Usage: test_per_token_loss.sh path/to/megatrain (from the repository root).
 set -u
 B=$(realpath "${1:?usage: test_per_token_loss.sh path/to/megatrain}")
@@ -38,6 +39,12 @@ run tp2 2 -- --global-batch-size 8 --calculate-per-token-loss --tensor-model-par
 if same mean1 token1 1e-6; then echo "ok   one microbatch: the per-token loss is the mean"; else echo "FAIL one microbatch differs"; paste <(losses "$tmp/mean1") <(losses "$tmp/token1"); fails=$((fails + 1)); fi
 if ! same mean4 token4 1e-6; then echo "ok   four microbatches with different token counts: the per-token loss is not the mean of the means"
 else echo "FAIL --calculate-per-token-loss changed nothing with four microbatches"; fails=$((fails + 1)); fi
+# The reported loss is Megatron's with or without the flag (the token losses summed over the loss tokens): the first
+# iteration, before any update, reports the same loss; the flag changes the gradients only.
+first() { losses "$tmp/$1" | head -1; }
+if awk -v a="$(first mean4)" -v b="$(first token4)" 'BEGIN{d=a-b; if (d<0) d=-d; exit !(a != "" && d <= 1e-6*a)}'; then
+  echo "ok   the first reported loss is the sum over the loss tokens with and without the flag ($(first mean4))"
+else echo "FAIL the first reported losses differ: $(first mean4) without the flag, $(first token4) with it"; fails=$((fails + 1)); fi
 for layout in dp2 pp2 cp2 tp2; do
   if same token4 "$layout" 1e-5; then echo "ok   $layout trains like one rank with the per-token loss"
   else echo "FAIL $layout differs from one rank"; paste <(losses "$tmp/token4") <(losses "$tmp/$layout"); fails=$((fails + 1)); fi

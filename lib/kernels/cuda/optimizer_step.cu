@@ -36,16 +36,18 @@ __global__ void sumsq_kernel(float* partials, const float* g, const AdamChunk* c
 }
 
 __global__ void prepare_kernel(StepState* st, const float* partials, float max_norm, float b1, float b2, float loss_weight, LossScaleRule rule,
-                               float per_token_dp) {
-  const float tokens_scale = per_token_dp > 0.0f ? per_token_dp / fmaxf(st->loss_tokens, 1.0f) : 1.0f;
-  const float used = rule.fp16 ? st->loss_scale : 1.0f, inv_ls = tokens_scale / used;
+                               float loss_tokens_dp, float grad_tokens_dp) {
+  const float tokens = fmaxf(st->loss_tokens, 1.0f);
+  const float loss_scale = loss_tokens_dp > 0.0f ? loss_tokens_dp / tokens : 1.0f;
+  const float grad_scale = grad_tokens_dp > 0.0f ? grad_tokens_dp / tokens : 1.0f;
+  const float used = rule.fp16 ? st->loss_scale : 1.0f, inv_ls = grad_scale / used;
   st->unscale = inv_ls;
   double s = 0.0;
   for (int i = 0; i < kNormPartials; ++i) s += partials[i];
   const float norm = static_cast<float>(sqrt(s)) * inv_ls;
   st->grad_sumsq = static_cast<float>(s) * inv_ls * inv_ls;
   st->grad_norm = norm;
-  st->loss = st->loss_acc * loss_weight * tokens_scale;
+  st->loss = st->loss_acc * loss_weight * loss_scale;
   st->loss_acc = 0.0f;
   const bool loss_ok = isfinite(st->loss), bad = !isfinite(norm) || !loss_ok;
   st->skip = bad ? 1 : 0;
@@ -173,8 +175,8 @@ void poison_if_nonfinite(float* partials, const float* value, cudaStream_t strea
 }
 
 void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, const LossScaleRule& rule,
-                  cudaStream_t stream, float per_token_dp) {
-  prepare_kernel<<<1, 1, 0, stream>>>(s, partials, max_norm, beta1, beta2, loss_weight, rule, per_token_dp);
+                  cudaStream_t stream, float loss_tokens_dp, float grad_tokens_dp) {
+  prepare_kernel<<<1, 1, 0, stream>>>(s, partials, max_norm, beta1, beta2, loss_weight, rule, loss_tokens_dp, grad_tokens_dp);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -31,7 +31,7 @@ struct StepState {
   int32_t clean_steps;
   float unscale;
   int32_t nan_total;  // skipped iterations that were not fp16 overflows (non-finite loss, or bf16 / fp32)
-  float loss_tokens;  // --calculate-per-token-loss: this step's loss tokens over the data-parallel group (set_value)
+  float loss_tokens;  // this step's loss tokens over the data-parallel group (set_value, then summed over DP)
 };
 
 // How step_prepare treats the loss scale: bf16 / fp32 (fp16 false) use 1; fp16 reads StepState::loss_scale
@@ -68,11 +68,12 @@ void add_to_first(float* partials, float value, cudaStream_t stream);
 // through the partials' all-reduce (the distributed optimizer, where each rank's loss is its own).
 void poison_if_nonfinite(float* partials, const float* value, cudaStream_t stream);
 // From the partials and loss_acc: norm, clip, skip, t and the bias corrections; loss = loss_acc * loss_weight; loss_acc reset.
-// per_token_dp > 0 (--calculate-per-token-loss, the data-parallel size): the gradients and loss_acc hold sums over the
-// tokens, with the gradients averaged over DP; both are scaled by per_token_dp / max(loss_tokens, 1), which makes them
-// the global batch's sums over its loss tokens divided by their count (the loss then averaged over DP as usual).
+// loss_tokens_dp > 0 (the data-parallel size): loss_acc holds this rank's summed token losses, scaled by loss_tokens_dp
+// / max(loss_tokens, 1) into its share of Megatron's reported loss (the sum over the global batch's loss tokens, once
+// averaged over DP). grad_tokens_dp > 0 (--calculate-per-token-loss): the gradients are sums over the tokens (averaged
+// over DP) and get the same scale, which makes them the global batch's sums over its loss tokens.
 void step_prepare(StepState* s, const float* partials, float max_norm, float beta1, float beta2, float loss_weight, const LossScaleRule& rule,
-                  cudaStream_t stream, float per_token_dp = 0.0f);
+                  cudaStream_t stream, float loss_tokens_dp = 0.0f, float grad_tokens_dp = 0.0f);
 // *dst = value, in stream order (a value known on the host, without a host buffer that must outlive the copy).
 void set_value(float* dst, float value, cudaStream_t stream);
 // w (fp32 master), m and v are indexed by the chunks' state index; g and w16 by their start.
