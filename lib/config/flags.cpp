@@ -92,7 +92,7 @@ std::vector<FlagSpec> build_table() {
       F(kTrain, "deterministic-mode", training.deterministic_mode,
         "Bitwise-repeatable runs: the CPU engine always is; the CUDA engine refuses it (cuDNN's attention backward uses atomics)"),
       F(kTrain, "calculate-per-token-loss", training.calculate_per_token_loss,
-        "The loss and its gradient over all the global batch's tokens, not the mean of the microbatches' means (not with MoE)"),
+        "The gradient as the sum over the global batch's loss tokens, not the mean of the microbatches' means (the reported loss is that sum either way; not with MoE)"),
       F(kTrain, "exit-interval", training.exit_interval, "Exit (after a checkpoint when --save is set) at an iteration divisible by this"),
       F(kTrain, "exit-duration-in-mins", training.exit_duration_in_mins,
         "Exit (after a checkpoint when --save is set) at the first iteration after training has run this many minutes"),

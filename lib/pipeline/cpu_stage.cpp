@@ -39,8 +39,6 @@ void CpuPipelineStage::forward(int64_t microbatch, int64_t chunk) {
   GPTModel::Activations out;
   const float loss = model_.forward_stage(microbatch, get_(microbatch), step_, training_, std::move(in), at.post_process ? nullptr : &out, chunk);
   if (at.post_process) {
-    loss_sum_ += loss;
-    ++forwards_;
     losses_.emplace_back(microbatch, loss);
   } else {
     outputs_[key] = std::move(out);

@@ -1,5 +1,5 @@
 // cpu_stage.h: the CPU engine's GPTModel as a pipeline stage (its model chunks): microbatches by index from
-// the training data, their mean loss kept on the host (the last virtual stage's), and the activations and
+// the training data, each one's loss kept on the host (the last virtual stage's), and the activations and
 // gradients at the virtual stage boundaries sent to and received from the neighbouring ranks over the
 // pipeline group (the model's [Tl, h] residual-stream rows, a size known in advance; with interleaving the
 // last rank's chunk c feeds the first rank's chunk c + 1, so the neighbours form a ring).
@@ -30,8 +30,6 @@ class CpuPipelineStage final : public PipelineStage {
   void backward_weights(int64_t microbatch, int64_t chunk, bool last) override;
   void exchange(const std::vector<ScheduleAction>& transfers) override;
   void complete_exchange() override;
-  // The mean of the forwarded microbatches' losses (the last stage's; 0 on the others).
-  double mean_loss() const { return forwards_ ? loss_sum_ / static_cast<double>(forwards_) : 0.0; }
   // Each forwarded microbatch's loss by its index (the last stage's; none on the others).
   const std::vector<std::pair<int64_t, double>>& losses() const { return losses_; }
 
@@ -43,8 +41,6 @@ class CpuPipelineStage final : public PipelineStage {
   Communicator* pipeline_;
   int64_t micro_batch_size_;
   bool training_;
-  double loss_sum_ = 0;
-  int64_t forwards_ = 0;
   std::vector<std::pair<int64_t, double>> losses_;
   // By (chunk, microbatch): the activations received for the forward, the forward's output to send, the
   // gradient received for the backward, and the input gradient to send.

@@ -280,8 +280,8 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
 
 // A Megatron dataset in a fresh directory: documents of one id repeated (under 250), 60% of them 1 or 2 long and the
 // rest 30 to 60, each closed by NullTokenizer's end of document (250). With --eod-mask-loss the samples hold very
-// different numbers of loss tokens, and (with a wide initialisation) their losses differ by their ids, so the
-// per-token loss differs from the mean of the microbatches' means. Returns the flags.
+// different numbers of loss tokens, and (with a wide initialisation) their losses differ by their ids, so weighting
+// them by their tokens differs from the mean of the microbatches' means. Returns the flags.
 std::string short_documents() {
   const auto dir = std::filesystem::temp_directory_path() / ("megatrain-docs-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

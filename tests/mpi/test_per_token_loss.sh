@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # test_per_token_loss.sh: --calculate-per-token-loss on preprocessed documents with --eod-mask-loss, so microbatches
-# hold different numbers of loss tokens: with one microbatch it is the plain loss (a sum over a count is the mean);
-# with four it differs from the mean of their means; DP 2 (distributed optimizer), PP 2, CP 2 and TP 2 + SP train like
-# one rank (the tokens counted over the whole global batch and whole sequences, the losses summed over the stages).
-# The loss reported is Megatron's either way (the token losses summed over the global batch's loss tokens).
+# hold different numbers of loss tokens: with one microbatch it trains as without it (a sum over a count is the mean);
+# with four its gradients differ from the mean of the microbatches' means; DP 2 (distributed optimizer), PP 2, CP 2
+# and TP 2 + SP train like one rank (the tokens counted over the whole global batch and whole sequences, the losses
+# summed over the stages). The loss reported is Megatron's either way (the token losses summed over the global batch's
+# loss tokens): the first iterations agree, and without the flag DP 2 and PP 2 report like one rank too.
 # Usage: test_per_token_loss.sh path/to/megatrain (from the repository root).
 set -u
 B=$(realpath "${1:?usage: test_per_token_loss.sh path/to/megatrain}")
@@ -36,8 +37,10 @@ run dp2 2 -- --global-batch-size 8 --calculate-per-token-loss --use-distributed-
 run pp2 2 -- --global-batch-size 8 --calculate-per-token-loss --pipeline-model-parallel-size 2
 run cp2 2 -- --global-batch-size 8 --calculate-per-token-loss --context-parallel-size 2
 run tp2 2 -- --global-batch-size 8 --calculate-per-token-loss --tensor-model-parallel-size 2 --sequence-parallel
+run mean_dp2 2 -- --global-batch-size 8 --use-distributed-optimizer
+run mean_pp2 2 -- --global-batch-size 8 --pipeline-model-parallel-size 2
 if same mean1 token1 1e-6; then echo "ok   one microbatch: the per-token loss is the mean"; else echo "FAIL one microbatch differs"; paste <(losses "$tmp/mean1") <(losses "$tmp/token1"); fails=$((fails + 1)); fi
-if ! same mean4 token4 1e-6; then echo "ok   four microbatches with different token counts: the per-token loss is not the mean of the means"
+if ! same mean4 token4 1e-6; then echo "ok   four microbatches with different token counts: the per-token gradients are not the mean of the means"
 else echo "FAIL --calculate-per-token-loss changed nothing with four microbatches"; fails=$((fails + 1)); fi
 # The reported loss is Megatron's with or without the flag (the token losses summed over the loss tokens): the first
 # iteration, before any update, reports the same loss; the flag changes the gradients only.
@@ -48,6 +51,10 @@ else echo "FAIL the first reported losses differ: $(first mean4) without the fla
 for layout in dp2 pp2 cp2 tp2; do
   if same token4 "$layout" 1e-5; then echo "ok   $layout trains like one rank with the per-token loss"
   else echo "FAIL $layout differs from one rank"; paste <(losses "$tmp/token4") <(losses "$tmp/$layout"); fails=$((fails + 1)); fi
+done
+for layout in mean_dp2 mean_pp2; do
+  if same mean4 "$layout" 1e-5; then echo "ok   $layout reports and trains like one rank without the flag"
+  else echo "FAIL $layout differs from one rank without the flag"; paste <(losses "$tmp/mean4") <(losses "$tmp/$layout"); fails=$((fails + 1)); fi
 done
 echo "$fails failure(s)"
 exit $((fails > 0))

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/bf16_common.cuh"
 #include "kernels/cuda/sdpa_cudnn.h"
@@ -77,7 +78,7 @@ __global__ void to_16_kernel(T16* out, const float* in, int64_t n) {
   }
 }
 
-unsigned blocks_for(int64_t n, int64_t per_block) { return static_cast<unsigned>(std::min<int64_t>((n + per_block - 1) / per_block, 4096)); }
+unsigned blocks_for(int64_t n, int64_t per_block) { return static_cast<unsigned>(std::clamp<int64_t>((n + per_block - 1) / per_block, 1, 4096)); }
 
 void add_rows(float* acc, const bf16* x, int64_t B, int64_t R, QueryRows q, int64_t width, F16 type, cudaStream_t stream) {
   const int64_t n = B * q.rows * width;
@@ -93,8 +94,16 @@ RingBlock ring_block(int64_t rank, int64_t source) {
   return source == rank ? RingBlock::kDiagonal : source < rank ? RingBlock::kFirstKeys : RingBlock::kLastQueries;
 }
 
+// cuDNN takes every tensor 16-byte aligned: the last-queries block's statistics start c floats in.
+void check_chunk(const RingShape& s) {
+  if (s.c <= 0 || s.c % 4 != 0) {
+    throw std::invalid_argument("ring attention: the chunk length (sequence / (2 x CP)) must be a positive multiple of 4, got " + std::to_string(s.c));
+  }
+}
+
 void ring_block_forward(const RingShape& s, RingBlock kind, const bf16* q, const bf16* k, const bf16* v, const RingScratch& scratch, float* acc,
                         float* acc_lse, bool first, cudaStream_t stream) {
+  check_chunk(s);
   if (first && kind != RingBlock::kDiagonal) throw std::logic_error("ring attention: the first block must be the diagonal (it covers every row)");
   const SdpaShape sh = block_shape(s, kind);
   const QueryRows qr = query_rows(s, kind);
@@ -120,6 +129,7 @@ void ring_output(const RingShape& s, const float* acc, bf16* out, cudaStream_t s
 
 void ring_block_backward(const RingShape& s, RingBlock kind, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout,
                          const float* lse, const RingScratch& scratch, float* dq, float* dk, float* dv, cudaStream_t stream) {
+  check_chunk(s);
   const SdpaShape sh = block_shape(s, kind);
   const QueryRows qr = query_rows(s, kind);
   const QueryRows kr = kind == RingBlock::kFirstKeys ? QueryRows{0, s.c} : QueryRows{0, 2 * s.c};  // the keys the block reads

@@ -24,7 +24,7 @@ RingBlock ring_block(int64_t rank, int64_t source);
 // One rank's share: q, out, dout [B, 2c, Hq, D] (the run's 16-bit type); k, v [B, 2c, Hk, D] (the source's); the
 // accumulators fp32 in the same layouts, the log-sum-exp [B, Hq, 2c] fp32.
 struct RingShape {
-  int64_t B = 0, c = 0, Hq = 0, Hk = 0, D = 0;
+  int64_t B = 0, c = 0, Hq = 0, Hk = 0, D = 0;  // c: the chunk length, a multiple of 4 (the statistics' alignment)
   float scale = 1;
   F16 type = F16::kBF16;
 };

@@ -391,7 +391,9 @@ struct CudnnSdpa::Impl {
     } else {
       e.error = std::string("cuDNN has no fused attention ") + (backward ? "backward" : "forward") + " for batch " +
                 std::to_string(s.B) + ", sequence " + std::to_string(s.S) + ", heads " + std::to_string(s.Hq) + "/" +
-                std::to_string(s.Hk) + ", head dim " + std::to_string(s.D) + (s.bias ? " with a document-mask bias" : "") + ": " + why;
+                std::to_string(s.Hk) + ", head dim " + std::to_string(s.D) +
+                (s.keys() != s.S ? ", " + std::to_string(s.keys()) + " keys" : std::string()) + (s.causal ? "" : ", no causal mask") +
+                (s.bias ? " with a document-mask bias" : "") + ": " + why;
     }
     return cache.emplace(key, std::move(e)).first->second;
   }

@@ -6,7 +6,7 @@
 //
 // Layout (BSHD, as the model keeps it): Q, O, dQ, dO [B, S, Hq, D]; K, V, dK, dV [B, S, Hk, D], Hq a
 // multiple of Hk (grouped-query attention). Stats: [B, Hq, S] fp32 (log-sum-exp per row).
-// With SdpaShape::bias, an additive bias [B, 1, S, S] of the same 16-bit type goes onto the scaled scores before the
+// With SdpaShape::bias, an additive bias [B, 1, S, Sk] of the same 16-bit type goes onto the scaled scores before the
 // causal mask (cuDNN's bias input, shared by the heads): the document masks of --reset-attention-mask (kernels/cuda/
 // document_bias.h), 0 where a query may see a key and a large negative value where it may not.
 #pragma once
@@ -24,7 +24,7 @@ struct SdpaShape {
   int64_t B, S, Hq, Hk, D;
   float scale;
   F16 type = F16::kBF16;  // of Q, K, V, O and their gradients
-  bool bias = false;       // an additive bias [B, 1, S, S] (forward's and backward's `bias` argument)
+  bool bias = false;       // an additive bias [B, 1, S, Sk] (forward's and backward's `bias` argument)
   // Blocks of a longer sequence (context parallelism's ring attention, kernels/cuda/context_attention.h): Sk keys and
   // values (0: S), no causal mask unless `causal`, and the rows one sample takes in the buffers the pointers index
   // (0: S for Q, O, dO, dQ and the statistics; Sk for K, V, dK and dV), so that a block is a run of each sample's rows.
