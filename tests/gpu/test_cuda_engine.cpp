@@ -52,14 +52,15 @@ void check(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
-std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+// To and from the 16-bit bits of bf16, or of fp16.
+std::vector<uint16_t> to_16(const std::vector<float>& x, bool fp16) {
   std::vector<uint16_t> o(x.size());
-  for (size_t i = 0; i < x.size(); ++i) o[i] = mt::float_to_bf16(x[i]);
+  for (size_t i = 0; i < x.size(); ++i) o[i] = fp16 ? mt::float_to_fp16(x[i]) : mt::float_to_bf16(x[i]);
   return o;
 }
-std::vector<float> from_bf16(const std::vector<uint16_t>& x) {
+std::vector<float> from_16(const std::vector<uint16_t>& x, bool fp16) {
   std::vector<float> o(x.size());
-  for (size_t i = 0; i < x.size(); ++i) o[i] = mt::bf16_to_float(x[i]);
+  for (size_t i = 0; i < x.size(); ++i) o[i] = fp16 ? mt::fp16_to_float(x[i]) : mt::bf16_to_float(x[i]);
   return o;
 }
 std::vector<float> random_bf16_values(size_t n, uint64_t key, float scale) {
@@ -80,8 +81,12 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // documents: each sample cut into documents (--reset-attention-mask) of lengths 1, 2, 3, ... in turn from a
-// sample-dependent start, attended through the bias of kernels/cuda/document_bias.h.
-void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool documents = false) {
+// sample-dependent start, attended through the bias of kernels/cuda/document_bias.h. fp16: the tensors (and the bias)
+// in fp16 (the values, bf16-rounded normals, are exact in it).
+void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool documents = false, bool fp16 = false) {
+  const auto to16 = [fp16](const std::vector<float>& x) { return to_16(x, fp16); };
+  const auto from16 = [fp16](const std::vector<uint16_t>& x) { return from_16(x, fp16); };
+  const mt::cuda::F16 type = fp16 ? mt::cuda::F16::kFP16 : mt::cuda::F16::kBF16;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const size_t nq = static_cast<size_t>(B * S * Hq * D), nk = static_cast<size_t>(B * S * Hk * D);
   auto q = random_bf16_values(nq, 1, 1.0f), k = random_bf16_values(nk, 2, 1.0f), v = random_bf16_values(nk, 3, 1.0f);
@@ -101,10 +106,10 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool doc
   std::vector<float> o(nq), probs(static_cast<size_t>(B * Hq * S * S)), dq(nq), dk(nk), dv(nk), scratch(static_cast<size_t>(S * S));
   mt::cpu::attention_forward(o.data(), probs.data(), q.data(), k.data(), v.data(), sh);
   mt::cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), probs.data(), q.data(), k.data(), v.data(), sh, scratch.data());
-  auto* dq_ = upload(to_bf16(q));
-  auto* dk_ = upload(to_bf16(k));
-  auto* dv_ = upload(to_bf16(v));
-  auto* ddo = upload(to_bf16(dout));
+  auto* dq_ = upload(to16(q));
+  auto* dk_ = upload(to16(k));
+  auto* dv_ = upload(to16(v));
+  auto* ddo = upload(to16(dout));
   auto* go = upload(std::vector<uint16_t>(nq));
   auto* gdq = upload(std::vector<uint16_t>(nq));
   auto* gdk = upload(std::vector<uint16_t>(nk));
@@ -114,17 +119,17 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool doc
   auto* bias = documents ? upload(std::vector<uint16_t>(static_cast<size_t>(B * S * S))) : nullptr;
   auto& sdpa = mt::cuda::CudnnSdpa::instance();
   const std::string name = "sdpa B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(Hq) + "/" + std::to_string(Hk) +
-                           " D" + std::to_string(D) + (documents ? " with documents" : "");
+                           " D" + std::to_string(D) + (documents ? " with documents" : "") + (fp16 ? " (fp16)" : "");
   try {
-    const mt::cuda::SdpaShape s{B, S, Hq, Hk, D, scale, mt::cuda::F16::kBF16, documents};
-    if (documents) mt::cuda::document_bias(reinterpret_cast<mt::cuda::bf16*>(bias), starts, B, S, nullptr);
+    const mt::cuda::SdpaShape s{B, S, Hq, Hk, D, scale, type, documents};
+    if (documents) mt::cuda::document_bias(reinterpret_cast<mt::cuda::bf16*>(bias), starts, B, S, nullptr, type);
     sdpa.forward(s, dq_, dk_, dv_, go, stats, nullptr, bias);
     sdpa.backward(s, dq_, dk_, dv_, go, ddo, stats, gdq, gdk, gdv, nullptr, bias);
     cudaDeviceSynchronize();
-    const double eo = rel_err(from_bf16(download(go, nq)), o);
-    const double eq = rel_err(from_bf16(download(gdq, nq)), dq);
-    const double ek = rel_err(from_bf16(download(gdk, nk)), dk);
-    const double ev = rel_err(from_bf16(download(gdv, nk)), dv);
+    const double eo = rel_err(from16(download(go, nq)), o);
+    const double eq = rel_err(from16(download(gdq, nq)), dq);
+    const double ek = rel_err(from16(download(gdk, nk)), dk);
+    const double ev = rel_err(from16(download(gdv, nk)), dv);
     char buf[256];
     std::snprintf(buf, sizeof(buf), "%s: O %.2e dQ %.2e dK %.2e dV %.2e (max error / max value)", name.c_str(), eo, eq, ek, ev);
     check(eo < 2e-2 && eq < 3e-2 && ek < 3e-2 && ev < 3e-2, buf);
@@ -790,6 +795,7 @@ int main() {
   // learned positions, LLaMA recomputed, and evaluation).
   test_sdpa(2, 128, 4, 4, 64, true);
   test_sdpa(3, 256, 8, 2, 128, true);
+  test_sdpa(2, 128, 4, 2, 64, true, true);
   {
     const std::string docs = std::string(kPlain) + short_documents() + "--init-method-std 0.3 --reset-position-ids ";
     test_flag_effect("gpt", docs + "--eval-iters 2 --eval-interval 10 ", "--reset-attention-mask ", 0, 1e-2);
