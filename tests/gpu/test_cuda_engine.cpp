@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "device_buffers.h"
+#include "gpu_check.h"
 #include "config/cli.h"
 #include "config/resolve.h"
 #include "data/indexed_dataset.h"
@@ -45,29 +46,11 @@
 
 namespace {
 
-int failures = 0;
-
-void check(bool ok, const std::string& what) {
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
-  if (!ok) ++failures;
-}
-
-// To and from the 16-bit bits of bf16, or of fp16.
-std::vector<uint16_t> to_16(const std::vector<float>& x, bool fp16) {
-  std::vector<uint16_t> o(x.size());
-  for (size_t i = 0; i < x.size(); ++i) o[i] = fp16 ? mt::float_to_fp16(x[i]) : mt::float_to_bf16(x[i]);
-  return o;
-}
-std::vector<float> from_16(const std::vector<uint16_t>& x, bool fp16) {
-  std::vector<float> o(x.size());
-  for (size_t i = 0; i < x.size(); ++i) o[i] = fp16 ? mt::fp16_to_float(x[i]) : mt::bf16_to_float(x[i]);
-  return o;
-}
-std::vector<float> random_bf16_values(size_t n, uint64_t key, float scale) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = mt::bf16_to_float(mt::float_to_bf16(scale * mt::philox_normal(key, i)));
-  return v;
-}
+using mt::test::check;
+using mt::test::failures;
+using mt::test::from_16;
+using mt::test::random_bf16_values;
+using mt::test::to_16;
 using mt::test::download;
 using mt::test::upload;
 // max |a - b| / max |b|

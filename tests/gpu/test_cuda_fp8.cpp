@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "device_buffers.h"
+#include "gpu_check.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/fp8_block.h"
@@ -29,12 +30,8 @@
 
 namespace {
 
-int failures = 0;
-void check(bool ok, const std::string& what) {
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  if (!ok) ++failures;
-}
+using mt::test::check;
+using mt::test::failures;
 using mt::test::download;
 using mt::test::upload;
 mt::cpu::Fp8Format cpu_format(mt::cuda::Fp8Type t) { return t == mt::cuda::Fp8Type::kE5M2 ? mt::cpu::Fp8Format::kE5M2 : mt::cpu::Fp8Format::kE4M3; }

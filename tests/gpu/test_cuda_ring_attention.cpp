@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "device_buffers.h"
+#include "gpu_check.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/context_attention.h"
 #include "tensor/device_info.h"
@@ -22,25 +23,12 @@
 
 namespace {
 
-int failures = 0;
-void check(bool ok, const std::string& what) {
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  if (!ok) ++failures;
-}
+using mt::test::check;
 using mt::test::download;
+using mt::test::failures;
+using mt::test::random_bf16_values;
+using mt::test::to_16;
 using mt::test::upload;
-
-std::vector<float> random_bf16_values(size_t n, uint64_t key) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = mt::bf16_to_float(mt::float_to_bf16(mt::philox_normal(key, i)));
-  return v;
-}
-std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<uint16_t> o(x.size());
-  for (size_t i = 0; i < x.size(); ++i) o[i] = mt::float_to_bf16(x[i]);
-  return o;
-}
 
 // Rank r's rows of a [B, S, H, D] tensor: chunks r and 2n - 1 - r of each sample (c rows each), in that order.
 std::vector<float> rank_rows(const std::vector<float>& whole, int64_t B, int64_t S, int64_t width, int64_t n, int64_t r) {
@@ -87,10 +75,10 @@ void test_ring(int64_t n, int64_t B, int64_t c, int64_t Hq, int64_t Hk, int64_t 
   std::vector<cu::bf16*> q_dev, k_dev, v_dev, dout_dev, out_dev;
   std::vector<float*> acc, acc_lse, gdq, gdk, gdv;
   for (int64_t r = 0; r < n; ++r) {
-    q_dev.push_back(reinterpret_cast<cu::bf16*>(upload(to_bf16(rank_rows(q, B, S, Hq * D, n, r)))));
-    k_dev.push_back(reinterpret_cast<cu::bf16*>(upload(to_bf16(rank_rows(k, B, S, Hk * D, n, r)))));
-    v_dev.push_back(reinterpret_cast<cu::bf16*>(upload(to_bf16(rank_rows(v, B, S, Hk * D, n, r)))));
-    dout_dev.push_back(reinterpret_cast<cu::bf16*>(upload(to_bf16(rank_rows(dout, B, S, Hq * D, n, r)))));
+    q_dev.push_back(reinterpret_cast<cu::bf16*>(upload(to_16(rank_rows(q, B, S, Hq * D, n, r)))));
+    k_dev.push_back(reinterpret_cast<cu::bf16*>(upload(to_16(rank_rows(k, B, S, Hk * D, n, r)))));
+    v_dev.push_back(reinterpret_cast<cu::bf16*>(upload(to_16(rank_rows(v, B, S, Hk * D, n, r)))));
+    dout_dev.push_back(reinterpret_cast<cu::bf16*>(upload(to_16(rank_rows(dout, B, S, Hq * D, n, r)))));
     out_dev.push_back(reinterpret_cast<cu::bf16*>(upload(std::vector<uint16_t>(lq))));
     acc.push_back(upload(std::vector<float>(lq)));
     acc_lse.push_back(upload(std::vector<float>(ll)));

@@ -1,0 +1,41 @@
+// gpu_check.h: what the GPU test programs share: a PASS / FAIL line per check with the failures counted (main
+// returns nonzero when any failed), bf16-exact random values, and the 16-bit conversions of whole vectors.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tensor/dtype.h"
+#include "tensor/rng.h"
+
+namespace mt::test {
+
+inline int failures = 0;
+inline void check(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
+  std::fflush(stdout);
+  if (!ok) ++failures;
+}
+
+// n normal values times scale, rounded to bf16 (exact in bf16, and for normal magnitudes in fp16 too).
+inline std::vector<float> random_bf16_values(size_t n, uint64_t key, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = bf16_to_float(float_to_bf16(scale * philox_normal(key, i)));
+  return v;
+}
+
+// To and from the 16-bit bits of bf16, or of fp16.
+inline std::vector<uint16_t> to_16(const std::vector<float>& x, bool fp16 = false) {
+  std::vector<uint16_t> o(x.size());
+  for (size_t i = 0; i < x.size(); ++i) o[i] = fp16 ? float_to_fp16(x[i]) : float_to_bf16(x[i]);
+  return o;
+}
+inline std::vector<float> from_16(const std::vector<uint16_t>& x, bool fp16 = false) {
+  std::vector<float> o(x.size());
+  for (size_t i = 0; i < x.size(); ++i) o[i] = fp16 ? fp16_to_float(x[i]) : bf16_to_float(x[i]);
+  return o;
+}
+
+}  // namespace mt::test
