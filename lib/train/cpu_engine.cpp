@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 
 #include "model/context_parallel.h"
 #include "pipeline/cpu_stage.h"
@@ -74,25 +75,23 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   // global batch's loss tokens after the data-parallel reduction. Either way the loss reported is Megatron's: the
   // global batch's token losses summed over its loss tokens (each microbatch's mean weighted by its tokens).
   const bool per_token = cfg_.training.calculate_per_token_loss;
-  std::vector<double> mb_tokens(static_cast<size_t>(num_microbatches));
-  double tokens = 0;
-  for (int64_t m = 0; m < num_microbatches; ++m) {
-    mb_tokens[static_cast<size_t>(m)] = loss_tokens(Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs);
-    tokens += mb_tokens[static_cast<size_t>(m)];
-  }
-  groups_.dp->all_reduce(&tokens, 1, ReduceOp::kSum);
-  tokens = std::max(tokens, 1.0);
+  std::vector<double> mb_tokens(static_cast<size_t>(num_microbatches));  // each microbatch's loss tokens (whole sequences)
   CpuPipelineStage stage(
       *model_,
       [&](int64_t m) {
-        return context_parallel_slice(make_microbatch(data_, Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs, mbs, S, cfg_),
-                                      groups_.cp->rank(), groups_.cp->size());
+        const Microbatch mb = make_microbatch(data_, Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs, mbs, S, cfg_);
+        mb_tokens[static_cast<size_t>(m)] = loss_tokens(mb);
+        return context_parallel_slice(mb, groups_.cp->rank(), groups_.cp->size());
       },
       iteration, per_token ? loss_scale : loss_scale / static_cast<float>(num_microbatches), groups_.pp.get(), mbs);
   run_schedule(training_schedule(cfg_, groups_.pp->rank(), pp, num_microbatches), stage, [&] { for_each_data_parallel([](DataParallel& d) { d.arm(); }); });
   sum_tied_embedding_grads();
   for_each_data_parallel([](DataParallel& d) { d.finish(); });
   if (cfg_.moe.moe_router_enable_expert_bias) model_->update_expert_biases(cfg_.moe.moe_router_bias_update_rate);
+  // Every stage forwards every microbatch, so every stage counted the tokens.
+  double tokens = std::accumulate(mb_tokens.begin(), mb_tokens.end(), 0.0);
+  groups_.dp->all_reduce(&tokens, 1, ReduceOp::kSum);
+  tokens = std::max(tokens, 1.0);
   // The loss is the last stage's: every stage takes it (the others hold 0), so all decide alike. Each CP rank holds
   // its sequences' whole loss, so the sum runs over DP only.
   double loss = 0;
@@ -140,8 +139,7 @@ bool CpuEngine::any_rank(bool mine) {
   return v > 0;
 }
 
-double CpuEngine::loss_tokens(Split split, int64_t first_sample) const {
-  const Microbatch mb = make_microbatch(data_, split, first_sample, *cfg_.training.micro_batch_size, *cfg_.data.seq_length, cfg_);
+double CpuEngine::loss_tokens(const Microbatch& mb) {
   double n = 0;
   for (float m : mb.loss_mask) n += m;
   return n;
@@ -157,15 +155,12 @@ double CpuEngine::evaluate(int64_t iteration) {
   const bool per_token = cfg_.training.calculate_per_token_loss;
   double sum = 0, n = 0;
   for (int64_t it = 0; it < cfg_.logging.eval_iters; ++it) {
-    auto first = [&](int64_t m) { return it * per_iter + m * mbs * dp + r * mbs; };
-    auto get = [&](int64_t m) {
-      return context_parallel_slice(make_microbatch(data_, Split::kValid, first(m), mbs, S, cfg_), groups_.cp->rank(), groups_.cp->size());
-    };
     std::vector<double> mb_tokens(static_cast<size_t>(nmb));
-    for (int64_t m = 0; m < nmb; ++m) {
-      mb_tokens[static_cast<size_t>(m)] = loss_tokens(Split::kValid, first(m));
-      n += mb_tokens[static_cast<size_t>(m)];
-    }
+    auto get = [&](int64_t m) {
+      const Microbatch mb = make_microbatch(data_, Split::kValid, it * per_iter + m * mbs * dp + r * mbs, mbs, S, cfg_);
+      mb_tokens[static_cast<size_t>(m)] = loss_tokens(mb);
+      return context_parallel_slice(mb, groups_.cp->rank(), groups_.cp->size());
+    };
     auto add = [&](int64_t m, double l) { sum += per_token ? l : l * mb_tokens[static_cast<size_t>(m)]; };
     if (pp == 1) {
       for (int64_t m = 0; m < nmb; ++m) add(m, model_->forward(get(m), iteration, false));
@@ -174,6 +169,7 @@ double CpuEngine::evaluate(int64_t iteration) {
       run_schedule(evaluation_schedule(cfg_, groups_.pp->rank(), pp, nmb), stage);
       for (const auto& [m, l] : stage.losses()) add(m, l);
     }
+    n += std::accumulate(mb_tokens.begin(), mb_tokens.end(), 0.0);  // (every stage forwarded every microbatch)
   }
   if (pp > 1) groups_.pp->all_reduce(&sum, 1, ReduceOp::kSum);
   double buf[2] = {sum, n};

@@ -37,8 +37,7 @@ class CpuEngine final : public TrainingEngine {
 
  private:
   void sum_tied_embedding_grads();
-  // The loss tokens (the loss mask's sum) of the microbatch of mbs samples from first_sample, whole sequences.
-  double loss_tokens(Split split, int64_t first_sample) const;
+  static double loss_tokens(const Microbatch& mb);  // the loss mask's sum (whole sequences, before the CP slice)
   size_t tied_embedding_param() const;  // this rank's tied word embeddings across stages, or kNoParam
   const Config& cfg_;
   ProcessGroups groups_;
