@@ -245,7 +245,7 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
   Desc v = g->tensor(kV, bf, l.kv_dims, l.kv_str, false);
   Desc o = g->tensor(kO, bf, l.q_dims, l.q_str, false);
   Desc stats = g->tensor(kStats, f, l.stats_dims, l.stats_str, false);
-  Desc scale = g->scalar(kScale), neg = g->scalar(kNegInf);
+  Desc scale = g->scalar(kScale), neg = s.causal ? g->scalar(kNegInf) : nullptr;
   Desc sc = g->virt(f, l.s_dims);
   g->matmul(q, kt, sc);
   Desc scaled = g->virt(f, l.s_dims);
@@ -288,7 +288,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
   Desc dq = g->tensor(kDQ, bf, l.q_dims, l.q_str, false);
   Desc dk = g->tensor(kDK, bf, l.kv_dims, l.kv_str, false);
   Desc dv = g->tensor(kDV, bf, l.kv_dims, l.kv_str, false);
-  Desc scale = g->scalar(kScale), neg = g->scalar(kNegInf), one = g->scalar(kOne);
+  Desc scale = g->scalar(kScale), neg = s.causal ? g->scalar(kNegInf) : nullptr, one = g->scalar(kOne);
   Desc softmax_sum = g->tensor(kSoftmaxSum, f, l.stats_dims, l.sum_str, false);
   Desc dq_accum = g->tensor(kDQAccum, f, l.q_dims, contiguous(l.q_dims), false);
   const bool gqa = s.Hq != s.Hk;
@@ -421,8 +421,12 @@ void CudnnSdpa::forward(const SdpaShape& s, const void* q, const void* k, const 
   if (s.bias != (bias != nullptr)) throw std::logic_error("cuDNN attention: a bias pointer must come with SdpaShape::bias, and only with it");
   float scale = s.scale, neg = std::numeric_limits<float>::lowest();
   MT_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
-  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
-  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats, &scale, &neg};
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats, &scale};
+  if (s.causal) {  // (the variant pack names only the graph's tensors: the mask's value is one only with the mask)
+    uids.push_back(kNegInf);
+    ptrs.push_back(&neg);
+  }
   if (bias) {
     uids.push_back(kBias);
     ptrs.push_back(const_cast<void*>(bias));
@@ -444,9 +448,13 @@ void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const
   MT_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, acc_bytes, stream));
   MT_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
   try {
-    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne, kSoftmaxSum, kDQAccum};
+    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kSoftmaxSum, kDQAccum};
     std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o), const_cast<void*>(d_o),
-                            const_cast<float*>(stats), dq, dk, dv, &scale, &neg, &one, softmax_sum, dq_accum};
+                            const_cast<float*>(stats), dq, dk, dv, &scale, &one, softmax_sum, dq_accum};
+    if (s.causal) {
+      uids.push_back(kNegInf);
+      ptrs.push_back(&neg);
+    }
     if (bias) {
       uids.push_back(kBias);
       ptrs.push_back(const_cast<void*>(bias));
