@@ -266,6 +266,40 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
   }
 }
 
+// Attention dropout: cuDNN draws its own masks (tests/gpu/test_cuda_attention_dropout.cpp checks them), not the CPU
+// engine's, so the curves agree only within dropout's noise: each engine's dropout moves the first loss (before any
+// update) by as much as the other's, within that noise; the GPU's curve follows the CPU's; and a recomputed run (its
+// forward run twice, drawing the same masks by the same seeds) trains as the run without recompute, within bf16's
+// rounding, which a recompute drawing other masks would not.
+void test_attention_dropout() {
+  mt::TrainOptions quiet{true, 0};
+  const std::string base = std::string(MT_PLAIN_BATCH "--train-iters 12 ") + "--init-method-std 0.2 ", flag = "--attention-dropout 0.3 ";
+  try {
+    const auto cpu0 = mt::train(make_config("llama", base), mt::ProcessGroups::single(), quiet);
+    const auto cpu1 = mt::train(make_config("llama", base + flag), mt::ProcessGroups::single(), quiet);
+    const auto gpu0 = mt::train_cuda(make_config("llama", base), mt::ProcessGroups::single(), quiet);
+    const auto gpu1 = mt::train_cuda(make_config("llama", base + flag), mt::ProcessGroups::single(), quiet);
+    const auto gpu1r = mt::train_cuda(make_config("llama-recompute", base + flag), mt::ProcessGroups::single(), quiet);
+    const size_t n = cpu0.losses.size();
+    bool ok = n > 1 && cpu1.losses.size() == n && gpu0.losses.size() == n && gpu1.losses.size() == n && gpu1r.losses.size() == n && gpu1.skipped == 0;
+    double worst = 0, worst_recompute = 0;
+    for (size_t k = 0; ok && k < n; ++k) {
+      worst = std::max(worst, std::fabs(gpu1.losses[k] - cpu1.losses[k]) / std::fabs(cpu1.losses[k]));
+      worst_recompute = std::max(worst_recompute, std::fabs(gpu1r.losses[k] - gpu1.losses[k]) / std::fabs(gpu1.losses[k]));
+    }
+    const double cpu_effect = ok ? cpu1.losses[0] - cpu0.losses[0] : 0, gpu_effect = ok ? gpu1.losses[0] - gpu0.losses[0] : 0;
+    char buf[400];
+    std::snprintf(buf, sizeof(buf), "attention dropout 0.3 (llama): the first loss moves by %.3e on the CPU, %.3e on the GPU; the GPU's curve "
+                  "%.4f -> %.4f, worst relative gap to the CPU's %.2e; recomputed against not %.2e", cpu_effect, gpu_effect,
+                  ok ? gpu1.losses.front() : 0.0, ok ? gpu1.losses.back() : 0.0, worst, worst_recompute);
+    check(ok && std::fabs(gpu_effect) > 1e-3 && std::fabs(gpu_effect) < 4 * std::fabs(cpu_effect) + 1e-2 && worst < 5e-2 &&
+              gpu1.losses.front() - gpu1.losses.back() > 0.1 && worst_recompute < 3e-3,
+          buf);
+  } catch (const std::exception& e) {
+    check(false, std::string("attention dropout: ") + e.what());
+  }
+}
+
 // A Megatron dataset in a fresh directory: documents of one id repeated (under 250), 60% of them 1 or 2 long and the
 // rest 30 to 60, each closed by NullTokenizer's end of document (250). With --eod-mask-loss the samples hold very
 // different numbers of loss tokens, and (with a wide initialisation) their losses differ by their ids, so weighting
@@ -796,6 +830,7 @@ int main() {
   // Hidden dropout: the CPU engine's masks, so the curves follow as closely as without dropout.
   test_training("gpt", std::string(kPlain) + "--hidden-dropout 0.1 ");
   test_training("llama-recompute", std::string(kPlain) + "--hidden-dropout 0.1 ");
+  test_attention_dropout();
   test_training("gpt", std::string(kPlain) + "--qk-layernorm ");
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm ");
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm --hidden-dropout 0.1 ");

@@ -13,7 +13,17 @@ __global__ void dropout_rows_kernel(float* x, int64_t rows, int64_t h, RowDropou
   }
 }
 
+__global__ void write_seed_kernel(int64_t* dst, uint64_t seed) {
+  dst[0] = static_cast<int64_t>(seed);
+  dst[1] = 0;
+}
+
 }  // namespace
+
+void write_philox_seed(int64_t* dst, uint64_t seed, cudaStream_t stream) {
+  write_seed_kernel<<<1, 1, 0, stream>>>(dst, seed);
+  MT_CUDA_CHECK_LAUNCH();
+}
 
 void dropout_rows_f32(float* x, int64_t rows, int64_t h, const RowDropout& d, cudaStream_t stream) {
   if (!d.on() || rows * h == 0) return;

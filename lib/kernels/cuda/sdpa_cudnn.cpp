@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda/dropout.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/device_allocator.h"
 
@@ -33,7 +34,10 @@ using Dims = std::array<int64_t, 4>;
 
 Dims contiguous(const Dims& d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kBias };
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kBias,
+  kSeed, kOffset, kDropScale, kDropScaleInv
+};
 
 // One operation graph and its execution plan; owns every descriptor it made (the plan refers to them).
 class Graph {
@@ -137,6 +141,26 @@ class Graph {
     pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, y, neg_inf, keep);
     return y;
   }
+
+  // Attention dropout's keep mask over `dims` (fp32 0 or 1): Bernoulli with probability `keep` from cuDNN's Philox
+  // generator, seeded by the int64 device scalars `seed` and `offset`.
+  Desc keep_mask(const Dims& dims, double keep, Desc seed, Desc offset) {
+    Desc rng = make(CUDNN_BACKEND_RNG_DESCRIPTOR);
+    const cudnnRngDistribution_t dist = CUDNN_RNG_DISTRIBUTION_BERNOULLI;
+    set(rng, CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, 1, &dist);
+    set(rng, CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, 1, &keep);
+    finalize(rng);
+    Desc y = virt(CUDNN_DATA_FLOAT, dims);
+    Desc op = make(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_RNG_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    set(op, CUDNN_ATTR_OPERATION_RNG_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rng);
+    set(op, CUDNN_ATTR_OPERATION_RNG_SEED, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &seed);
+    set(op, CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &offset);
+    finalize(op);
+    ops_.push_back(op);
+    return y;
+  }
+  Desc int64_scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_INT64, {1, 1, 1, 1}, {1, 1, 1, 1}, false); }
 
   // Finalizes the graph and the first execution plan an engine accepts; false (reason in `why`) if none.
   bool build(std::string* why) {
@@ -268,8 +292,17 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
   Desc lz = g->virt(f, l.stats_dims);
   g->pointwise(CUDNN_POINTWISE_LOG, z, lz);
   g->pointwise(CUDNN_POINTWISE_ADD, mx, stats, lz);
-  Desc p = g->virt(p_bf16 ? bf : f, l.s_dims);
+  const bool drop = s.dropout > 0;
+  Desc p = g->virt(p_bf16 && !drop ? bf : f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_DIV, e, p, z);
+  if (drop) {  // (as cuDNN's frontend: the mask, then the scale 1 / (1 - p) into the matmul's type)
+    Desc mask = g->keep_mask(l.s_dims, 1.0 - s.dropout, g->int64_scalar(kSeed), g->int64_scalar(kOffset));
+    Desc kept = g->virt(f, l.s_dims);
+    g->pointwise(CUDNN_POINTWISE_MUL, p, kept, mask);
+    Desc scaled_kept = g->virt(p_bf16 ? bf : f, l.s_dims);
+    g->pointwise(CUDNN_POINTWISE_MUL, kept, scaled_kept, g->scalar(kDropScale));
+    p = scaled_kept;
+  }
   g->matmul(p, v, o);
   if (!g->build(why)) return nullptr;
   return g;
@@ -288,16 +321,20 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
   Desc dq = g->tensor(kDQ, bf, l.q_dims, l.q_str, false);
   Desc dk = g->tensor(kDK, bf, l.kv_dims, l.kv_str, false);
   Desc dv = g->tensor(kDV, bf, l.kv_dims, l.kv_str, false);
-  Desc scale = g->scalar(kScale), neg = s.causal ? g->scalar(kNegInf) : nullptr, one = g->scalar(kOne);
+  Desc scale = g->scalar(kScale), neg = s.causal ? g->scalar(kNegInf) : nullptr;
   Desc softmax_sum = g->tensor(kSoftmaxSum, f, l.stats_dims, l.sum_str, false);
   Desc dq_accum = g->tensor(kDQAccum, f, l.q_dims, contiguous(l.q_dims), false);
-  const bool gqa = s.Hq != s.Hk;
-  // softmax_sum = rowsum(dO * O)
+  const bool gqa = s.Hq != s.Hk, drop = s.dropout > 0;
+  // Dropout (as cuDNN's frontend spells it): m the forward's keep mask, r = 1 / (1 - p). O = (P m r) V, so with
+  // dP' = dO V^T, dS = P (m dP' r - rowsum(dO O)) = (m dP' - (1 - p) rowsum(dO O)) P r.
+  Desc mask = drop ? g->keep_mask(l.s_dims, 1.0 - s.dropout, g->int64_scalar(kSeed), g->int64_scalar(kOffset)) : nullptr;
+  Desc drop_scale = drop ? g->scalar(kDropScale) : nullptr;
+  // softmax_sum = rowsum(dO * O) (times 1 - p under dropout)
   Desc doo = g->virt_strided(f, l.q_dims, l.q_str);
   g->pointwise(CUDNN_POINTWISE_MUL, d_o, doo, o);
   Desc rs = g->virt(f, l.stats_dims);
   g->reduction(CUDNN_REDUCE_TENSOR_ADD, doo, rs);
-  g->pointwise(CUDNN_POINTWISE_MUL, rs, softmax_sum, one);
+  g->pointwise(CUDNN_POINTWISE_MUL, rs, softmax_sum, g->scalar(drop ? kDropScaleInv : kOne));
   // P = exp(mask(scale * Q K^T) - stats)
   Desc sc = g->virt(f, l.s_dims);
   g->matmul(q, kt, sc);
@@ -314,9 +351,16 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
   Desc masked = s.causal ? g->causal(shifted, l.s_dims, neg) : shifted;
   Desc p = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_EXP, masked, p);
-  // dV = P^T dO (summed over the heads of a group under GQA)
+  // dV = P^T dO (summed over the heads of a group under GQA; P m r under dropout)
+  Desc p_used = p;
+  if (drop) {
+    Desc kept = g->virt(f, l.s_dims);
+    g->pointwise(CUDNN_POINTWISE_MUL, p, kept, mask);
+    p_used = g->virt(f, l.s_dims);
+    g->pointwise(CUDNN_POINTWISE_MUL, kept, p_used, drop_scale);
+  }
   Desc pt = g->virt_strided(bf, l.t_dims, l.t_str);
-  g->reshape(p, pt);
+  g->reshape(p_used, pt);
   if (!gqa) {
     g->matmul(pt, d_o, dv);
   } else {
@@ -327,10 +371,20 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
   // dS = scale * P * (dO V^T - softmax_sum)
   Desc dp = g->virt(f, l.s_dims);
   g->matmul(d_o, vt, dp);
+  if (drop) {
+    Desc dp_kept = g->virt(f, l.s_dims);
+    g->pointwise(CUDNN_POINTWISE_MUL, dp, dp_kept, mask);
+    dp = dp_kept;
+  }
   Desc dp1 = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_SUB, dp, dp1, softmax_sum);
   Desc dp2 = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_MUL, dp1, dp2, p);
+  if (drop) {
+    Desc dp3 = g->virt(f, l.s_dims);
+    g->pointwise(CUDNN_POINTWISE_MUL, dp2, dp3, drop_scale);
+    dp2 = dp3;
+  }
   Desc ds = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_MUL, dp2, ds, scale);
   // dK = dS^T Q
@@ -357,7 +411,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
 struct CudnnSdpa::Impl {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, int64_t, int64_t>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, int64_t, int64_t, uint32_t>;
   struct Entry {
     std::unique_ptr<Graph> graph;
     void* workspace = nullptr;
@@ -366,9 +420,11 @@ struct CudnnSdpa::Impl {
   std::map<Key, Entry> cache;
 
   Entry& get(const SdpaShape& s, bool backward) {
-    uint32_t scale_bits;
+    uint32_t scale_bits, dropout_bits;
     std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
-    const Key key{s.B, s.S, s.Hq, s.Hk, s.D, scale_bits, backward, static_cast<int>(s.type), s.bias, s.keys(), s.causal, s.q_stride(), s.kv_stride()};
+    std::memcpy(&dropout_bits, &s.dropout, sizeof(dropout_bits));
+    const Key key{s.B,      s.S,    s.Hq,         s.Hk,         s.D,       scale_bits, backward, static_cast<int>(s.type), s.bias, s.keys(),
+                  s.causal, s.q_stride(), s.kv_stride(), dropout_bits};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
@@ -376,6 +432,8 @@ struct CudnnSdpa::Impl {
     std::string why;
     if (s.D % 8 != 0 || s.D > 256 || s.Hq % s.Hk != 0) {
       why = "head dimension must be a multiple of 8 and at most 256, query heads a multiple of KV heads";
+    } else if (s.dropout < 0 || s.dropout >= 1) {
+      why = "the dropout probability must be in [0, 1)";
     } else if (!backward) {
       e.graph = forward_graph(handle, s, true, &why);
       if (!e.graph) {
@@ -393,7 +451,8 @@ struct CudnnSdpa::Impl {
                 std::to_string(s.B) + ", sequence " + std::to_string(s.S) + ", heads " + std::to_string(s.Hq) + "/" +
                 std::to_string(s.Hk) + ", head dim " + std::to_string(s.D) +
                 (s.keys() != s.S ? ", " + std::to_string(s.keys()) + " keys" : std::string()) + (s.causal ? "" : ", no causal mask") +
-                (s.bias ? " with a document-mask bias" : "") + ": " + why;
+                (s.bias ? " with a document-mask bias" : "") + (s.dropout > 0 ? " with dropout " + std::to_string(s.dropout) : std::string()) +
+                ": " + why;
     }
     return cache.emplace(key, std::move(e)).first->second;
   }
@@ -414,32 +473,64 @@ std::string CudnnSdpa::check(const SdpaShape& s) {
   return b.graph ? std::string() : b.error;
 }
 
+namespace {
+
+// The variant pack's scalars and optional tensors beside the fixed ones: the mask's value only with the causal mask,
+// the bias, and dropout's seed (a stream-ordered device pair {seed, offset 0}, released after the call) and scales:
+// the pack names exactly the graph's tensors.
+struct Extras {
+  float neg = std::numeric_limits<float>::lowest(), drop_scale = 1, drop_scale_inv = 1;
+  int64_t* seed = nullptr;
+  void add(const SdpaShape& s, const void* bias, uint64_t dropout_seed, cudaStream_t stream, std::vector<int64_t>& uids, std::vector<void*>& ptrs) {
+    if (s.causal) {
+      uids.push_back(kNegInf);
+      ptrs.push_back(&neg);
+    }
+    if (bias) {
+      uids.push_back(kBias);
+      ptrs.push_back(const_cast<void*>(bias));
+    }
+    if (s.dropout > 0) {
+      drop_scale = 1.0f / (1.0f - s.dropout);
+      drop_scale_inv = 1.0f - s.dropout;
+      seed = static_cast<int64_t*>(DeviceAllocator::instance().allocate(2 * sizeof(int64_t)));
+      write_philox_seed(seed, dropout_seed, stream);
+      uids.insert(uids.end(), {kSeed, kOffset, kDropScale});
+      ptrs.insert(ptrs.end(), {seed, seed + 1, &drop_scale});
+    }
+  }
+  ~Extras() {
+    if (seed) DeviceAllocator::instance().release(seed);  // (stream order keeps it for the call)
+  }
+};
+
+void check_arguments(const SdpaShape& s, const void* bias, uint64_t dropout_seed) {
+  if (s.bias != (bias != nullptr)) throw std::logic_error("cuDNN attention: a bias pointer must come with SdpaShape::bias, and only with it");
+  if ((s.dropout > 0) != (dropout_seed != 0)) throw std::logic_error("cuDNN attention: a dropout seed must come with SdpaShape::dropout, and only with it");
+}
+
+}  // namespace
+
 void CudnnSdpa::forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* stats, cudaStream_t stream,
-                        const void* bias) {
+                        const void* bias, uint64_t dropout_seed) {
   auto& e = impl_->get(s, false);
   if (!e.graph) throw std::runtime_error(e.error);
-  if (s.bias != (bias != nullptr)) throw std::logic_error("cuDNN attention: a bias pointer must come with SdpaShape::bias, and only with it");
-  float scale = s.scale, neg = std::numeric_limits<float>::lowest();
+  check_arguments(s, bias, dropout_seed);
+  float scale = s.scale;
   MT_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats, &scale};
-  if (s.causal) {  // (the variant pack names only the graph's tensors: the mask's value is one only with the mask)
-    uids.push_back(kNegInf);
-    ptrs.push_back(&neg);
-  }
-  if (bias) {
-    uids.push_back(kBias);
-    ptrs.push_back(const_cast<void*>(bias));
-  }
+  Extras extras;
+  extras.add(s, bias, dropout_seed, stream, uids, ptrs);
   e.graph->execute(impl_->handle, uids, ptrs, e.workspace);
 }
 
 void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* d_o,
-                         const float* stats, void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias) {
+                         const float* stats, void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias, uint64_t dropout_seed) {
   auto& e = impl_->get(s, true);
   if (!e.graph) throw std::runtime_error(e.error);
-  if (s.bias != (bias != nullptr)) throw std::logic_error("cuDNN attention: a bias pointer must come with SdpaShape::bias, and only with it");
-  float scale = s.scale, neg = std::numeric_limits<float>::lowest(), one = 1.0f;
+  check_arguments(s, bias, dropout_seed);
+  float scale = s.scale, one = 1.0f;
   auto& alloc = DeviceAllocator::instance();
   const size_t sum_bytes = static_cast<size_t>(s.B * s.Hq * s.S) * sizeof(float);
   const size_t acc_bytes = sum_bytes * static_cast<size_t>(s.D);
@@ -448,16 +539,17 @@ void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const
   MT_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, acc_bytes, stream));
   MT_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
   try {
-    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kSoftmaxSum, kDQAccum};
+    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kSoftmaxSum, kDQAccum};
     std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o), const_cast<void*>(d_o),
-                            const_cast<float*>(stats), dq, dk, dv, &scale, &one, softmax_sum, dq_accum};
-    if (s.causal) {
-      uids.push_back(kNegInf);
-      ptrs.push_back(&neg);
-    }
-    if (bias) {
-      uids.push_back(kBias);
-      ptrs.push_back(const_cast<void*>(bias));
+                            const_cast<float*>(stats), dq, dk, dv, &scale, softmax_sum, dq_accum};
+    Extras extras;
+    extras.add(s, bias, dropout_seed, stream, uids, ptrs);
+    if (s.dropout > 0) {  // (softmax_sum's factor: 1 - p under dropout, 1 without)
+      uids.push_back(kDropScaleInv);
+      ptrs.push_back(&extras.drop_scale_inv);
+    } else {
+      uids.push_back(kOne);
+      ptrs.push_back(&one);
     }
     e.graph->execute(impl_->handle, uids, ptrs, e.workspace);
   } catch (...) {

@@ -31,6 +31,11 @@ struct SdpaShape {
   int64_t Sk = 0;
   bool causal = true;
   int64_t q_rows = 0, kv_rows = 0;
+  // Attention dropout (--attention-dropout; 0: none): each probability is kept with probability 1 - dropout by cuDNN's
+  // Philox generator and scaled by 1 / (1 - dropout). The mask is a function of the call's seed (forward's and
+  // backward's `dropout_seed`) and of the element's place in [B, Hq, S, Sk], so the backward, given the forward's
+  // seed, regenerates the forward's mask. It is not the CPU engine's mask (kernels/cpu/attention.h).
+  float dropout = 0;
   int64_t keys() const { return Sk > 0 ? Sk : S; }
   int64_t q_stride() const { return q_rows > 0 ? q_rows : S; }
   int64_t kv_stride() const { return kv_rows > 0 ? kv_rows : keys(); }
@@ -41,10 +46,10 @@ class CudnnSdpa {
   static CudnnSdpa& instance();
   // O, stats from Q, K, V (bf16 device pointers).
   void forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* stats, cudaStream_t stream,
-               const void* bias = nullptr);
-  // dQ, dK, dV (bf16, overwritten) from the forward's inputs, O, dO and stats.
+               const void* bias = nullptr, uint64_t dropout_seed = 0);
+  // dQ, dK, dV (bf16, overwritten) from the forward's inputs, O, dO and stats (and the forward's dropout seed).
   void backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* d_o, const float* stats,
-                void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias = nullptr);
+                void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias = nullptr, uint64_t dropout_seed = 0);
   // Whether cuDNN could build both graphs for this shape (tests; the model refuses otherwise).
   std::string check(const SdpaShape& s);
   ~CudnnSdpa();

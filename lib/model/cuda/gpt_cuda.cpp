@@ -31,6 +31,7 @@
 #include "plan/memory_model.h"
 #include "tensor/cuda/device_allocator.h"
 #include "tensor/cuda/op_profiler.h"
+#include "tensor/rng.h"
 
 namespace mt {
 
@@ -337,7 +338,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   const char* a2a_env = std::getenv("MEGATRAIN_TP_SP_ALLTOALL");
   const char* split_env0 = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
   const bool may_split = max_in_flight == 1 && pre_ && post_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
-                         !doc_mask_ &&
+                         !doc_mask_ && D.attention_dropout <= 0 &&
                          std::find(recompute_layer_.begin(), recompute_layer_.end(), true) == recompute_layer_.end() &&
                          !(split_env0 && std::string(split_env0) == "0");
   const bool sp_all_to_all = sp_ && may_split && !(a2a_env && std::string(a2a_env) == "0");
@@ -489,7 +490,12 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
 
   // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;
-  const std::string why = cuda::CudnnSdpa::instance().check({mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_});
+  cuda::SdpaShape attention{mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_};
+  std::string why = cuda::CudnnSdpa::instance().check(attention);
+  if (why.empty() && D.attention_dropout > 0) {  // (training's graphs; evaluation's are the ones above)
+    attention.dropout = D.attention_dropout;
+    why = cuda::CudnnSdpa::instance().check(attention);
+  }
   if (!why.empty()) throw std::runtime_error(why);
   // The split forward and backward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns both off): TP without K/V
   // replication, an even micro batch (under SP a multiple of 2 TP, so that every rank's piece of a half is
@@ -507,7 +513,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (kv_group_ && D.qk_norm) {
     throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
   }
-  split_forward_ = tp_ && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && !doc_mask_ && mbs % 2 == 0 && aligned &&
+  split_forward_ = tp_ && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && !doc_mask_ && D.attention_dropout <= 0 &&
+                   mbs % 2 == 0 && aligned &&
                    !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
   if (split_forward_ && bgrad_epilogue_) {
@@ -598,6 +605,18 @@ const bf16* CudaGPT::document_bias(const DeviceMicrobatch& mb) {
     *doc_bias_serial_ = mb.serial;
   }
   return doc_bias_;
+}
+
+cuda::SdpaShape CudaGPT::attention_shape(const DeviceMicrobatch& mb) const {
+  cuda::SdpaShape sh{mb.B, mb.S, D_.nh_local, D_.ng_local, D_.d, D_.softmax_scale, dt_, doc_mask_};
+  if (mb.attention_seed != 0) sh.dropout = D_.attention_dropout;
+  return sh;
+}
+
+uint64_t CudaGPT::attention_seed(const DeviceMicrobatch& mb, int64_t l) const {
+  if (mb.attention_seed == 0 || D_.attention_dropout <= 0.0f) return 0;
+  const uint64_t seed = rng_key(mb.attention_seed, std::to_string(first_layer_ + l) + "/" + std::to_string(D_.tp_rank));
+  return seed != 0 ? seed : 1;  // (0 means none)
 }
 
 // Hidden dropout at `site` of the micro batch's keys for rows starting at token t0 (null: none, e.g. in

@@ -29,6 +29,7 @@
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/fp8_swiglu.h"
 #include "kernels/cuda/norm_bf16.h"
+#include "kernels/cuda/sdpa_cudnn.h"
 #include "model/fp8_scaling.h"
 #include "model/layout.h"
 #include "model/model_dims.h"
@@ -56,6 +57,9 @@ struct DeviceMicrobatch {
   // the upload's serial number (a new one per upload, 0: unknown), which tells the model when to rebuild its bias.
   const int32_t* row_start = nullptr;
   uint64_t serial = 0;
+  // Attention dropout (training only; 0: none): the micro batch's seed, from which each layer's cuDNN attention takes its
+  // own (CudaGPT::attention_seed).
+  uint64_t attention_seed = 0;
 };
 
 class CudaGPT {
@@ -357,6 +361,11 @@ class CudaGPT {
   std::shared_ptr<uint64_t> doc_bias_serial_ = std::make_shared<uint64_t>(0);
   int64_t doc_bias_rows_ = 0;  // the micro batch it was sized for
   const cuda::bf16* document_bias(const DeviceMicrobatch& mb);
+  // Attention dropout: layer l's cuDNN attention shape for the micro batch (its dropout set when the micro batch carries a
+  // seed) and the seed of its mask (0: none), a function of the micro batch's seed, the global layer and the TP rank
+  // (each rank's heads draw their own masks, as Megatron's model-parallel generator gives them).
+  cuda::SdpaShape attention_shape(const DeviceMicrobatch& mb) const;
+  uint64_t attention_seed(const DeviceMicrobatch& mb, int64_t l) const;
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, out_w_ = -1;
   std::vector<LayerW> layers_;
   std::vector<std::unique_ptr<Record>> records_;

@@ -37,7 +37,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
   const int64_t Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
   void* x_in = records_[static_cast<size_t>(l)]->x_in;
-  const cuda::SdpaShape sh{mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_};
+  const cuda::SdpaShape sh = attention_shape(mb);
   linear_forward(l, r, kLinearQkv, "fwd.gemm.qkv", T, h, Wq, r.xn1, lw.qkv_w, w(lw.qkv_b), s.qkv);
   if (D.qk_norm) {  // split, the norm of every query and key head, then RoPE (as Megatron: norm before rotary)
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q_pre, .k = r.k_pre, .v = r.v, .qkv = s.qkv, .positions = mb.positions,
@@ -64,7 +64,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
     MT_PROF("fwd.qkv_split_rope", copy_own_heads(r.q, s.q_all, T, false));
   }
   const bf16* doc_bias = document_bias(mb);
-  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_, doc_bias));
+  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_, doc_bias, attention_seed(mb, l)));
   // Row-parallel: the bias joins one rank's partial sum.
   linear_forward(l, r, kLinearProj, "fwd.gemm.proj", T, Hd, h, r.o, lw.proj_w, row_bias(lw.proj_b), s.delta);
   const bf16* attn = combine_rows(s.delta, s.delta_l, T);
@@ -164,8 +164,8 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (!defer && !defer_proj) linear_wgrad(stream_, l, r, kLinearProj, "bwd.gemm.proj_wgrad", T, Hd, h, dy, r.o, lw.proj_w, fuse_row ? lw.proj_b : -1);
   if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
   const bf16* doc_bias = document_bias(mb);
-  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward({mb.B, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_}, r.q, r.k,
-                                                                r.v, r.o, s.d_o, r.stats, s.dq, s.dk, s.dv, stream_, doc_bias));
+  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(attention_shape(mb), r.q, r.k, r.v, r.o, s.d_o, r.stats, s.dq, s.dk, s.dv, stream_,
+                                                                doc_bias, attention_seed(mb, l)));
   if (D.qk_norm) {  // RoPE undone, then the norms' backward (the residual-gradient slot as zeroed scratch)
     if (D.rope) {
       MT_PROF("bwd.rope", cuda::rope_apply_16(s.dq, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, -1.0f, stream_, dt_));
