@@ -4,7 +4,7 @@
 # (loss curves, recompute, checkpoint resume), NCCL collectives under mpirun and torchrun-style launches, and
 # with 2 or more GPUs the TP / TP+SP / DP layouts against the CPU engine (CTest label gpu; without a GPU
 # they report SKIP), LLaMA's layouts again in fp16; then a short GPU training run of each model family
-# under compute-sanitizer memcheck (bf16, LLaMA in fp16, MoE, FP8 tensorwise, delayed and blockwise, and optimizer offload too; with 2 GPUs also TP 2 + SP), when
+# under compute-sanitizer memcheck (bf16, LLaMA in fp16, MoE, FP8 tensorwise, delayed and blockwise, optimizer offload, documents and dropout too; with 2 GPUs also TP 2 + SP), when
 # the tool is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,8 +45,10 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   F8B="--fp8-format hybrid --fp8-recipe blockwise"
   # (and the document masks of --reset-attention-mask: the bias kernel, cuDNN's attention with it)
   DOC="--reset-attention-mask --reset-position-ids"
+  # (and dropout: attention dropout's generator state and masks inside cuDNN's graphs, hidden dropout's fused masks)
+  DROP="--attention-dropout 0.1 --hidden-dropout 0.1"
   for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L" "--bf16 $L $M" "--bf16 $L $F8" "--bf16 $F8" "--bf16 $L $F8D" "--bf16 $L $OFF" \
-               "--bf16 $L $F8B" "--bf16 $L $DOC"; do
+               "--bf16 $L $F8B" "--bf16 $L $DOC" "--bf16 $L $DROP"; do
     # shellcheck disable=SC2086
     out=$(compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S $extra 2>&1) || {
       echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck"; exit 1; }
