@@ -64,6 +64,8 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
     const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
     bytes += a * sb * h / rep;  // fc1 input
     bytes += a * tokens * F * (mult + 1) / etp;
+    const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
+    bytes += a * sb * shared * (mult + 1) / t;  // the shared expert's fc1 output(s) and activation output
     return bytes;
   }
   bytes += a * sb * h / rep;  // fc1 input (norm output)
@@ -100,6 +102,8 @@ double working_bytes_per_token(const Config& c) {
     const double Fm = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F * t)));
     const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
     bytes += a * k * (2 * h + (c.model.swiglu ? 3.0 : 2.0) * Fm / etp) + 4.0 * 2.0 * static_cast<double>(*c.moe.num_experts) + 4.0 * k;
+    const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0)) / t;
+    bytes += a * shared * (c.model.swiglu ? 3.0 : 1.0);  // the shared expert's activation and fc1 gradients
   }
   return bytes;
 }

@@ -389,6 +389,62 @@ void test_moe_training(const std::string& model, const std::string& extra) {
   }
 }
 
+// One MoE microbatch's gradients, parameter by parameter, against the CPU engine's (no aux losses: the staged
+// microbatches carry no aux-loss scale): the shared expert's own, and every parameter before it, which its input
+// gradient reaches. Each parameter's max |GPU - CPU| / max |CPU| in bf16's tolerance; the routed experts' (whose
+// tokens a near-tie in the router may send elsewhere in bf16) are reported, not checked.
+void test_moe_gradients(const std::string& model, const std::string& extra) {
+  const std::string name = "MoE gradients " + model + " " + extra;
+  try {
+    const mt::Config cfg = make_config(model, std::string(MT_PLAIN_BATCH "--train-iters 1 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 "
+                                                          "--moe-aux-loss-coeff 0 ") + extra);
+    mt::ParamStore store;
+    const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
+    cudaStream_t stream = nullptr;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
+    const StagedMicrobatches staged = stage_microbatches(cfg, gpu.dims(), 1, stream);
+    float* acc = nullptr;
+    cudaMalloc(&acc, 4);
+    const size_t P = static_cast<size_t>(gpu.numel());
+    cudaMemsetAsync(gpu.grads(), 0, P * 4, stream);
+    cudaMemsetAsync(acc, 0, 4, stream);
+    gpu.set_final_backward(true);
+    gpu.forward(staged.dev[0], staged.weight[0], staged.weight[0], acc, 0);
+    gpu.backward(staged.dev[0], 0);
+    cudaStreamSynchronize(stream);
+    const std::vector<float> g = download(gpu.grads(), P);
+    mt::GPTModel cpu(cfg, mt::ProcessGroups::single());
+    cpu.params().zero_grads();
+    cpu.forward(staged.host[0], 1, true);
+    cpu.backward(1.0f, true);
+    const float* c = cpu.params().grads().f32();
+    double worst = 0, worst_routed = 0;
+    std::string worst_name;
+    bool shared_seen = false;
+    for (const mt::ParamInfo& p : store.infos()) {
+      const std::vector<float> a(g.begin() + p.offset, g.begin() + p.offset + p.numel), b(c + p.offset, c + p.offset + p.numel);
+      const double e = rel_err(a, b);
+      const bool routed = p.name.find("local_experts") != std::string::npos || p.name.find(".experts.") != std::string::npos;
+      shared_seen = shared_seen || p.name.find("shared_experts") != std::string::npos;
+      if (routed) {
+        worst_routed = std::max(worst_routed, e);
+      } else if (e > worst) {
+        worst = e;
+        worst_name = p.name;
+      }
+    }
+    char buf[360];
+    std::snprintf(buf, sizeof(buf), "%s: worst parameter %s %.2e apart from the CPU engine's (the routed experts': %.2e)", name.c_str(), worst_name.c_str(),
+                  worst, worst_routed);
+    check(shared_seen == (extra.find("shared-expert") != std::string::npos) && worst < 5e-2, buf);
+    cudaFree(acc);
+    cudaStreamDestroy(stream);
+  } catch (const std::exception& e) {
+    check(false, name + ": " + e.what());
+  }
+}
+
 // Several microbatches in flight on the CUDA model (what pipeline schedules need): F0 F1 F2 into three
 // activation slots, then B2 B1 B0, gives the gradients of F0 B0 F1 B1 F2 B2 in one slot (up to the order of
 // the fp32 accumulation and cuDNN's atomic dQ) and the CPU engine's (bf16 tolerance), and the same losses.
@@ -883,6 +939,13 @@ int main() {
   test_moe_training("llama-recompute", "--moe-router-pre-softmax --moe-router-topk-scaling-factor 1.5 ");
   test_moe_training("llama", "--moe-router-score-function sigmoid --moe-layer-freq [0,1] ");
   test_moe_training("gpt", "--disable-bias-linear ");  // GELU experts
+  // Shared experts (a dense MLP over every token beside the routed ones): SwiGLU, recomputed, and GELU.
+  test_moe_training("llama", "--moe-shared-expert-intermediate-size 192 ");
+  test_moe_training("llama-recompute", "--moe-shared-expert-intermediate-size 128 --moe-shared-expert-overlap ");
+  test_moe_training("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");
+  test_moe_gradients("llama", "");
+  test_moe_gradients("llama", "--moe-shared-expert-intermediate-size 192 ");
+  test_moe_gradients("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");
   test_in_flight("gpt");
   test_in_flight("llama-recompute");
   test_pipeline_stages("llama", "");

@@ -171,6 +171,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
         lw.expert_fc1.push_back(offset(ex.fc1_w));
         lw.expert_fc2.push_back(offset(ex.fc2_w));
       }
+      lw.shared_fc1_w = offset(ly.shared_fc1_w);
+      lw.shared_fc2_w = offset(ly.shared_fc2_w);
       lw.moe_index = moe_layers_++;
     }
   }
@@ -183,6 +185,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     experts_ = D.experts;
     topk_ = D.topk;
     F_moe_ = D.F_moe_local;
+    F_shared_ = D.F_shared_local;
     moe_sigmoid_ = m.moe_router_score_function == "sigmoid";
     moe_pre_softmax_ = m.moe_router_pre_softmax;
     moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
@@ -299,6 +302,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       r.ex_fc1 = b16(F1m, k);
       r.ex_act = b16(Fm, k);
       r.ex_out = b16(h, k);
+      if (F_shared_ > 0) {
+        r.sh_fc1 = b16(D.swiglu ? 2 * F_shared_ : F_shared_);
+        r.sh_act = b16(F_shared_);
+      }
       r.aux_dscale = static_cast<float*>(alloc(static_cast<size_t>(experts_) * 4));
     }
     if (fp8) {
@@ -411,6 +418,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.ex_dact = b16(Fm, k);
       s.ex_dfc1 = b16(F1m, k);
       s.ex_din = b16(h, k);
+      if (F_shared_ > 0) {
+        if (D.swiglu) s.sh_dact = b16(F_shared_);
+        s.sh_dfc1 = b16(D.swiglu ? 2 * F_shared_ : F_shared_);
+      }
       s.dlogits = f32(experts_);
       s.dweight = f32(1, k);
       s.scores = f32(experts_);

@@ -195,6 +195,10 @@ class CudaGPT {
   // dispatch): the expert GEMMs' sizes.
   void moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   void moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const cuda::bf16* dy);
+  // The shared expert of an MoE layer (a dense MLP over every token of r.xn2): its output added into s.delta (the
+  // routed experts' combine), and its input gradient added into s.dxn.
+  void shared_expert_forward(const LayerW& lw, Record& r, int64_t T);
+  void shared_expert_backward(const LayerW& lw, Record& r, const cuda::bf16* dy, int64_t T);
   Record& act(int64_t l);  // layer l's activations (the shared recompute record for a recomputed layer)
   cuda::bf16* gather_layer_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
   // The activations of a microbatch in flight: every layer's record and what the output layer's backward reads
@@ -399,7 +403,7 @@ class CudaGPT {
   float* block_scales(int64_t n);  // n floats, zeroed: FP8 block scales (their padding is never written)
   // MoE: the router's settings, the losses' coefficients, whether this forward adds to the statistics (a training
   // forward, not a recompute), and the statistics.
-  int64_t moe_layers_ = 0, experts_ = 0, topk_ = 0, F_moe_ = 0;
+  int64_t moe_layers_ = 0, experts_ = 0, topk_ = 0, F_moe_ = 0, F_shared_ = 0;
   bool moe_sigmoid_ = false, moe_pre_softmax_ = false, moe_aux_ = false;
   float moe_scaling_ = 1, moe_aux_coeff_ = 0, moe_z_coeff_ = 0;
   bool moe_record_stats_ = false;

@@ -1,7 +1,7 @@
 // gpt_cuda_moe.cpp: an MoE layer's MLP slot on the CUDA engine, one GPU with every expert local: the router, the
 // top-k choice and the load-balancing and z losses (kernels/cuda/moe.cu), the choices permuted into expert-major rows,
 // one cuBLASLt GEMM pair per expert over its rows (their counts read back from the device first: the GEMMs' sizes,
-// as Megatron's dropless dispatch reads them), the weighted combine, and the backward of each. The CPU engine's
+// as Megatron's dropless dispatch reads them), the weighted combine, the shared expert, and the backward of each. The CPU engine's
 // model/cpu/moe_unit.cpp is the oracle.
 #include "model/cuda/gpt_cuda_state.h"
 
@@ -57,6 +57,42 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     off += n;
   }
   MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, r.route_weight, rt, stream_));
+  if (lw.shared_fc1_w >= 0) shared_expert_forward(lw, r, T);
+}
+
+// As the dense MLP, without biases (MoE layers have none here): fc1, the activation, and fc2 accumulated onto the
+// routed output (C = s.delta: one rounding of their fp32 sum to 16 bits).
+void CudaGPT::shared_expert_forward(const LayerW& lw, Record& r, int64_t T) {
+  const ModelDims& D = D_;
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t h = D.h, Fs = F_shared_, F1s = D.swiglu ? 2 * F_shared_ : F_shared_;
+  if (D.swiglu) {
+    MT_PROF("fwd.moe.shared.gemm.fc1", lt.gemm_ex(false, true, T, F1s, h, 1.0f, r.xn2, h, w(lw.shared_fc1_w), h, 0.0f, r.sh_fc1, F1s, ab_, ab_, nullptr, stream_));
+    MT_PROF("fwd.moe.shared.activation", cuda::swiglu_forward_bf16(r.sh_act, r.sh_fc1, T, Fs, stream_, dt_));
+  } else {
+    MT_PROF("fwd.moe.shared.gemm.fc1", lt.gemm_ex(false, true, T, Fs, h, 1.0f, r.xn2, h, w(lw.shared_fc1_w), h, 0.0f, r.sh_act, Fs, ab_, ab_, nullptr,
+                                                  stream_, {cuda::GemmEpilogue::kGeluAux, r.sh_fc1, Fs}));
+  }
+  MT_PROF("fwd.moe.shared.gemm.fc2", lt.gemm_ex(false, true, T, h, Fs, 1.0f, r.sh_act, Fs, w(lw.shared_fc2_w), Fs, 1.0f, s.delta, h, ab_, ab_, nullptr, stream_));
+}
+
+void CudaGPT::shared_expert_backward(const LayerW& lw, Record& r, const bf16* dy, int64_t T) {
+  const ModelDims& D = D_;
+  Scratch& s = *s_;
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t h = D.h, Fs = F_shared_, F1s = D.swiglu ? 2 * F_shared_ : F_shared_;
+  if (D.swiglu) {
+    MT_PROF("bwd.moe.shared.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, Fs, h, 1.0f, dy, h, w(lw.shared_fc2_w), Fs, 0.0f, s.sh_dact, Fs, ab_, ab_, nullptr, stream_));
+  } else {
+    MT_PROF("bwd.moe.shared.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, Fs, h, 1.0f, dy, h, w(lw.shared_fc2_w), Fs, 0.0f, s.sh_dfc1, Fs, ab_, ab_, nullptr,
+                                                        stream_, {cuda::GemmEpilogue::kDGelu, r.sh_fc1, Fs}));
+  }
+  wgrad_with_bias(stream_, "bwd.moe.shared.gemm.fc2_wgrad", h, T, dy, r.sh_act, Fs, lw.shared_fc2_w, -1);
+  if (D.swiglu) MT_PROF("bwd.moe.shared.activation", cuda::swiglu_backward_bf16(s.sh_dfc1, s.sh_dact, r.sh_fc1, T, Fs, stream_, dt_));
+  // (added onto the routed experts' and the router's input gradient)
+  MT_PROF("bwd.moe.shared.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1s, 1.0f, s.sh_dfc1, F1s, w(lw.shared_fc1_w), h, 1.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
+  wgrad_with_bias(stream_, "bwd.moe.shared.gemm.fc1_wgrad", F1s, T, s.sh_dfc1, r.xn2, h, lw.shared_fc1_w, -1);
 }
 
 void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const bf16* dy) {
@@ -92,6 +128,7 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
                                                       mb.aux_grad_scale, rt, stream_));
   MT_PROF("bwd.moe.input", cuda::moe_input_backward(s.dxn, s.ex_din, r.row, s.dlogits, w(lw.router_w), rt, stream_));
   MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, r.xn2, rt, stream_));
+  if (lw.shared_fc1_w >= 0) shared_expert_backward(lw, r, dy, T);
 }
 
 }  // namespace mt

@@ -17,6 +17,7 @@ struct CudaGPT::LayerW {
   bool moe = false;
   int64_t router_w = -1;
   std::vector<int64_t> expert_fc1, expert_fc2;
+  int64_t shared_fc1_w = -1, shared_fc2_w = -1;  // the shared expert (--moe-shared-expert-intermediate-size; -1: none)
   int64_t moe_index = -1;  // its place among the stage's MoE layers (the statistics' rows)
 };
 
@@ -35,6 +36,8 @@ struct CudaGPT::Record {
   int32_t *top = nullptr, *row = nullptr;
   bf16 *ex_rows = nullptr, *ex_fc1 = nullptr, *ex_act = nullptr, *ex_out = nullptr;
   std::vector<int32_t> per_expert;
+  // The shared expert (every token): its fc1 output [T, F1s] and activation [T, Fs].
+  bf16 *sh_fc1 = nullptr, *sh_act = nullptr;
   // FP8 layers: per linear site, the amax of its input and of its weight from the forward [4 x 2] (the backward
   // casts the weight's transpose with the same scale), the input's transpose x^T in FP8 that the forward's cast wrote
   // beside x (the weight gradient's operand: [h, T], [Hd, T], [h, T], [F, T]) and the inverse scales they carry
@@ -63,6 +66,7 @@ struct CudaGPT::Scratch {
   // statistics (scores [T, E], counts, score sums, the z-loss's sum then each token's lse^2 [1 + T]), the rows per
   // expert and their offsets, and a pinned host copy of the counts.
   bf16 *ex_dout = nullptr, *ex_dact = nullptr, *ex_dfc1 = nullptr, *ex_din = nullptr;
+  bf16 *sh_dact = nullptr, *sh_dfc1 = nullptr;  // the shared expert's activation [T, Fs] and fc1 [T, F1s] gradients
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
   int32_t *counts = nullptr, *counts_aux = nullptr, *offsets = nullptr, *counts_host = nullptr;
   float* wgrad_parts = nullptr;  // the router weight gradient's partial sums
