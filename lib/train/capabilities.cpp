@@ -203,7 +203,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(m.moe_expert_capacity_factor.has_value(), "--moe-expert-capacity-factor is not implemented on the CUDA engine (dropless only)" + cpu);
     no(m.moe_router_load_balancing_type == "seq_aux_loss" || m.moe_router_load_balancing_type == "global_aux_loss",
        "--moe-router-load-balancing-type " + m.moe_router_load_balancing_type + " is not implemented on the CUDA engine (aux_loss and none are)" + cpu);
-    no(m.moe_router_num_groups.has_value(), "group-limited routing (--moe-router-num-groups) is not implemented on the CUDA engine" + cpu);
+    no(m.moe_router_num_groups.has_value() && !cuda_unverified_allowed("moe-group-limited-routing"),
+       "group-limited routing (--moe-router-num-groups) has not run on a GPU yet on the CUDA engine" + cpu);
     no(m.moe_router_enable_expert_bias, "--moe-router-enable-expert-bias is not implemented on the CUDA engine" + cpu);
     no(m.moe_shared_expert_intermediate_size.has_value() && !cuda_unverified_allowed("moe-shared-experts"),
        "shared experts (--moe-shared-expert-intermediate-size) have not run on a GPU yet on the CUDA engine" + cpu);

@@ -943,6 +943,9 @@ int main() {
   test_moe_training("llama", "--moe-shared-expert-intermediate-size 192 ");
   test_moe_training("llama-recompute", "--moe-shared-expert-intermediate-size 128 --moe-shared-expert-overlap ");
   test_moe_training("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");
+  // Group-limited routing (DeepSeek's): the best group of two experts, and 2 of 4 groups of 8 experts with sigmoid scores.
+  test_moe_training("llama", "--moe-router-num-groups 2 --moe-router-group-topk 1 ");
+  test_moe_training("llama", "--num-experts 8 --moe-router-score-function sigmoid --moe-router-num-groups 4 --moe-router-group-topk 2 ");
   test_moe_gradients("llama", "");
   test_moe_gradients("llama", "--moe-shared-expert-intermediate-size 192 ");
   test_moe_gradients("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");

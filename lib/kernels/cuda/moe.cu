@@ -28,6 +28,32 @@ __device__ void top_k(const float* v, int E, int k, int32_t* idx) {
   }
 }
 
+// Megatron's group_limited_topk (as kernels/cpu/router.cpp): each of the groups of E / groups experts scored by the sum
+// of its best k / group_topk scores, the best group_topk groups kept, the top k over their experts.
+__device__ void limited_top_k(const float* v, int E, int k, int groups, int group_topk, int32_t* idx) {
+  if (groups <= 0 || group_topk <= 0) {
+    top_k(v, E, k, idx);
+    return;
+  }
+  const int per = E / groups, best = k / group_topk;
+  float group_score[kMaxExperts];
+  int32_t tmp[kMaxExperts];
+  for (int g = 0; g < groups; ++g) {
+    top_k(v + g * per, per, best, tmp);
+    double sum = 0;
+    for (int i = 0; i < best; ++i) sum += v[g * per + tmp[i]];
+    group_score[g] = static_cast<float>(sum);
+  }
+  int32_t kept[kMaxExperts];
+  top_k(group_score, groups, group_topk, kept);
+  float masked[kMaxExperts];
+  for (int e = 0; e < E; ++e) masked[e] = -INFINITY;
+  for (int i = 0; i < group_topk; ++i) {
+    for (int e = kept[i] * per; e < (kept[i] + 1) * per; ++e) masked[e] = v[e];
+  }
+  top_k(masked, E, k, idx);
+}
+
 __global__ void logits_kernel(float* logits, const __nv_bfloat16* xn, const __nv_bfloat16* w, int64_t T, int64_t E, int64_t h) {
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
@@ -57,7 +83,7 @@ __global__ void route_kernel(int32_t* top, float* weight, const float* logits, M
     for (int e = 0; e < E; ++e) scores[e] = x[e];
   }
   int32_t* idx = top + t * k;
-  top_k(scores, E, k, idx);
+  limited_top_k(scores, E, k, static_cast<int>(r.num_groups), static_cast<int>(r.group_topk), idx);
   float* w = weight + t * k;
   if (r.sigmoid) {
     double sum = 0;

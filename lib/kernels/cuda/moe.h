@@ -17,11 +17,13 @@ struct MoeRouting {
   int64_t tokens = 0, experts = 0, topk = 1, hidden = 0;
   bool sigmoid = false, pre_softmax = false;
   float scaling = 1.0f;
+  int64_t num_groups = 0, group_topk = 0;  // group-limited routing (Megatron's group_limited_topk; 0: off)
 };
 
 // logits[T, E] (fp32) = xn[T, h] w[E, h]^T, accumulated in fp32.
 void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st);
-// top[T, k] (descending, ties to the lower expert) and weight[T, k].
+// top[T, k] (descending, ties to the lower expert; with groups, among the experts of the best group_topk groups, each
+// group scored by the sum of its best topk / group_topk scores) and weight[T, k].
 void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st);
 // The choices' rows: counts[E] per expert, offsets[E + 1], row[T * k] (expert-major, each expert's choices in
 // token order).

@@ -188,6 +188,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     F_shared_ = D.F_shared_local;
     moe_sigmoid_ = m.moe_router_score_function == "sigmoid";
     moe_pre_softmax_ = m.moe_router_pre_softmax;
+    moe_groups_ = m.moe_router_num_groups.value_or(0);
+    moe_group_topk_ = m.moe_router_group_topk.value_or(0);
     moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
     moe_aux_ = m.moe_router_load_balancing_type == "aux_loss" && m.moe_aux_loss_coeff > 0;
     moe_aux_coeff_ = static_cast<float>(m.moe_aux_loss_coeff);
