@@ -946,6 +946,9 @@ int main() {
   // Group-limited routing (DeepSeek's): the best group of two experts, and 2 of 4 groups of 8 experts with sigmoid scores.
   test_moe_training("llama", "--moe-router-num-groups 2 --moe-router-group-topk 1 ");
   test_moe_training("llama", "--num-experts 8 --moe-router-score-function sigmoid --moe-router-num-groups 4 --moe-router-group-topk 2 ");
+  // The aux loss per sequence (seq_aux_loss), softmax and sigmoid scores (the batch's four sequences each their own).
+  test_moe_training("llama", "--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-1 ");
+  test_moe_training("llama-recompute", "--moe-router-load-balancing-type seq_aux_loss --moe-router-score-function sigmoid --moe-aux-loss-coeff 1e-1 ");
   test_moe_gradients("llama", "");
   test_moe_gradients("llama", "--moe-shared-expert-intermediate-size 192 ");
   test_moe_gradients("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");

@@ -189,30 +189,35 @@ __global__ void aux_scores_kernel(float* scores, int32_t* counts_aux, float* lse
   }
   int32_t idx[kMaxExperts];
   top_k(s, E, static_cast<int>(r.topk), idx);
-  for (int j = 0; j < r.topk; ++j) atomicAdd(&counts_aux[idx[j]], 1);
+  int32_t* counts = counts_aux + (t / r.balance_len()) * E;
+  for (int j = 0; j < r.topk; ++j) atomicAdd(&counts[idx[j]], 1);
 }
 
-// Block e (< E) sums expert e's scores over the tokens; block E sums lse^2: fixed orders.
-__global__ void column_sums_kernel(float* probsum, float* z, const float* scores, const float* lse2, int64_t T, int64_t E) {
-  const int64_t e = blockIdx.x;
+// Block g E + e (< G E) sums expert e's scores over group g's n tokens; block G E sums lse^2 over all T: fixed orders.
+__global__ void column_sums_kernel(float* probsum, float* z, const float* scores, const float* lse2, int64_t T, int64_t E, int64_t G, int64_t n) {
+  const int64_t i = blockIdx.x, g = i / E, e = i % E;
   float s = 0.0f;
-  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) s += e < E ? scores[t * E + e] : lse2[t];
+  if (i < G * E) {
+    for (int64_t t = g * n + threadIdx.x; t < (g + 1) * n; t += blockDim.x) s += scores[t * E + e];
+  } else {
+    for (int64_t t = threadIdx.x; t < T; t += blockDim.x) s += lse2[t];
+  }
   s = block_sum(s);
   if (threadIdx.x == 0) {
-    if (e < E) probsum[e] = s;
+    if (i < G * E) probsum[i] = s;
     else z[0] = s;
   }
 }
 
 __global__ void aux_finish_kernel(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts,
-                                  float coeff, bool aux, bool zloss, int64_t T, int64_t E, int64_t k) {
+                                  float coeff, bool aux, bool zloss, int64_t T, int64_t E, int64_t k, int64_t G, int64_t n) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  const double C = static_cast<double>(E) / (static_cast<double>(k) * static_cast<double>(T) * static_cast<double>(T));
+  const double C = static_cast<double>(E) / (static_cast<double>(k) * static_cast<double>(n) * static_cast<double>(n)) / static_cast<double>(G);
   if (aux) {
     double value = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      value += static_cast<double>(probsum[e]) * counts_aux[e];
-      dscale[e] = static_cast<float>(coeff * C * counts_aux[e]);
+    for (int64_t i = 0; i < G * E; ++i) {
+      value += static_cast<double>(probsum[i]) * counts_aux[i];
+      dscale[i] = static_cast<float>(coeff * C * counts_aux[i]);
     }
     if (acc) acc[0] += static_cast<float>(C * value);
   }
@@ -270,7 +275,8 @@ __global__ void router_backward_kernel(float* dlogits, const float* logits, cons
   double sum = 0;
   for (int e = 0; e < E; ++e) sum += exp(static_cast<double>(x[e] - mx));
   const double lse = mx + log(sum);
-  if (dscale) {  // through the aux scores (router.cpp's aux_scores_backward)
+  if (dscale) {  // through the aux scores (router.cpp's aux_scores_backward), with the row of the token's group
+    dscale += (t / r.balance_len()) * E;
     if (r.sigmoid) {
       double sg[kMaxExperts], tot = 1e-20, dot = 0;
       for (int e = 0; e < E; ++e) tot += (sg[e] = sigm(x[e]));
@@ -365,17 +371,19 @@ void moe_combine_backward(bf16* dy_rows, float* dweight, const bf16* dout, const
 }
 
 void moe_aux_stats(float* scores, int32_t* counts_aux, float* probsum, float* z, const float* logits, const MoeRouting& r, cudaStream_t st) {
-  MT_CUDA_CHECK(cudaMemsetAsync(counts_aux, 0, static_cast<size_t>(r.experts) * 4, st));
+  const int64_t G = r.balance_groups();
+  MT_CUDA_CHECK(cudaMemsetAsync(counts_aux, 0, static_cast<size_t>(G * r.experts) * 4, st));
   float* lse2 = z + 1;  // z: [1 + T] (the sum, then each token's lse^2)
   aux_scores_kernel<<<blocks(r.tokens, 128), 128, 0, st>>>(scores, counts_aux, lse2, logits, r);
   MT_CUDA_CHECK(cudaGetLastError());
-  column_sums_kernel<<<static_cast<unsigned>(r.experts + 1), 256, 0, st>>>(probsum, z, scores, lse2, r.tokens, r.experts);
+  column_sums_kernel<<<static_cast<unsigned>(G * r.experts + 1), 256, 0, st>>>(probsum, z, scores, lse2, r.tokens, r.experts, G, r.balance_len());
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
 void moe_aux_finish(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
                     bool aux, bool zloss, const MoeRouting& r, cudaStream_t st) {
-  aux_finish_kernel<<<1, 32, 0, st>>>(dscale, acc, counts_aux, probsum, z, counts, aux_coeff, aux, zloss, r.tokens, r.experts, r.topk);
+  aux_finish_kernel<<<1, 32, 0, st>>>(dscale, acc, counts_aux, probsum, z, counts, aux_coeff, aux, zloss, r.tokens, r.experts, r.topk,
+                                      r.balance_groups(), r.balance_len());
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/bf16_fwd.h"
+#include "tensor/rng.h"  // MT_HD
 
 namespace mt::cuda {
 
@@ -18,6 +19,11 @@ struct MoeRouting {
   bool sigmoid = false, pre_softmax = false;
   float scaling = 1.0f;
   int64_t num_groups = 0, group_topk = 0;  // group-limited routing (Megatron's group_limited_topk; 0: off)
+  // The load-balancing loss per sequence of seq_len tokens (seq_aux_loss), averaged over the micro batch's sequences;
+  // 0: over the micro batch's tokens (aux_loss).
+  int64_t seq_len = 0;
+  MT_HD int64_t balance_groups() const { return seq_len > 0 ? tokens / seq_len : 1; }  // the sequences (aux_loss: 1)
+  MT_HD int64_t balance_len() const { return seq_len > 0 ? seq_len : tokens; }
 };
 
 // logits[T, E] (fp32) = xn[T, h] w[E, h]^T, accumulated in fp32.
@@ -36,10 +42,12 @@ void moe_combine(bf16* out, const bf16* y, const int32_t* row, const float* weig
 void moe_combine_backward(bf16* dy_rows, float* dweight, const bf16* dout, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r,
                           cudaStream_t st);
 // The load-balancing statistics of the aux loss: scores[T, E] (softmax, or sigmoid normalised over the experts),
-// counts_aux[E] of a plain top-k of them, probsum[E] (in token order), and the z-loss's sum of lse^2 into z[0].
+// counts_aux[G, E] of a plain top-k of them, probsum[G, E] (in token order), G = r.balance_groups() (the sequences
+// under seq_aux_loss, else 1), and the z-loss's sum of lse^2 into z[0].
 void moe_aux_stats(float* scores, int32_t* counts_aux, float* probsum, float* z, const float* logits, const MoeRouting& r, cudaStream_t st);
-// Per layer and microbatch, from the statistics: dscale[E] = aux_coeff E / (k T^2) counts_aux[e] (the aux loss's
-// gradient per score; with aux) and, unless acc is null, acc[0] += the aux loss without its coefficient, acc[1] +=
+// Per layer and microbatch, from the statistics: dscale[G, E] = aux_coeff E / (k n^2 G) counts_aux[g, e] (the aux
+// loss's gradient per score of group g's tokens, n of them; with aux) and, unless acc is null, acc[0] += the aux loss
+// without its coefficient (the sum over the groups of E / (k n^2 G) sum_e probsum counts_aux), acc[1] +=
 // mean lse^2 (z), acc[2 + e] += the tokens expert e kept (counts).
 void moe_aux_finish(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
                     bool aux, bool zloss, const MoeRouting& r, cudaStream_t st);

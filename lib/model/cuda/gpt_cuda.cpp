@@ -191,7 +191,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     moe_groups_ = m.moe_router_num_groups.value_or(0);
     moe_group_topk_ = m.moe_router_group_topk.value_or(0);
     moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
-    moe_aux_ = m.moe_router_load_balancing_type == "aux_loss" && m.moe_aux_loss_coeff > 0;
+    moe_seq_aux_ = m.moe_router_load_balancing_type == "seq_aux_loss";
+    moe_aux_ = (m.moe_router_load_balancing_type == "aux_loss" || moe_seq_aux_) && m.moe_aux_loss_coeff > 0;
     moe_aux_coeff_ = static_cast<float>(m.moe_aux_loss_coeff);
     moe_z_coeff_ = static_cast<float>(m.moe_z_loss_coeff.value_or(0.0));
     const size_t acc = static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4;
@@ -239,6 +240,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
                              std::to_string(D.F_local) + "): change --ffn-hidden-size, or use --device cpu");
   }
   const int64_t T = *cfg.training.micro_batch_size * D.S;
+  const int64_t balance_groups = moe_seq_aux_ ? *cfg.training.micro_batch_size : 1;  // (the aux loss's: per sequence under seq_aux_loss)
   if (sp_ && T % tp_size_ != 0) {
     throw std::runtime_error("sequence parallelism needs --micro-batch-size x --seq-length divisible by --tensor-model-parallel-size");
   }
@@ -308,7 +310,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
         r.sh_fc1 = b16(D.swiglu ? 2 * F_shared_ : F_shared_);
         r.sh_act = b16(F_shared_);
       }
-      r.aux_dscale = static_cast<float*>(alloc(static_cast<size_t>(experts_) * 4));
+      r.aux_dscale = static_cast<float*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
     }
     if (fp8) {
       r.f8_amax = static_cast<float*>(alloc(8 * sizeof(float)));
@@ -428,10 +430,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.dweight = f32(1, k);
       s.scores = f32(experts_);
       s.zsum = static_cast<float*>(alloc(static_cast<size_t>(T + 1) * 4));  // the sum, then each token's lse^2
-      s.probsum = static_cast<float*>(alloc(static_cast<size_t>(experts_) * 4));
+      s.probsum = static_cast<float*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
       s.wgrad_parts = static_cast<float*>(alloc(static_cast<size_t>(cuda::moe_router_wgrad_scratch({T, experts_, topk_, h})) * 4));
       s.counts = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_) * 4));
-      s.counts_aux = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_) * 4));
+      s.counts_aux = static_cast<int32_t*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
       s.offsets = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_ + 1) * 4));
       if (arena_mode_ != ArenaMode::kCount) {  // (not in the arena's counting pass, which is thrown away)
         void* pinned = nullptr;
