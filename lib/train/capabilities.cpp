@@ -203,8 +203,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(m.moe_expert_capacity_factor.has_value(), "--moe-expert-capacity-factor is not implemented on the CUDA engine (dropless only)" + cpu);
     no(m.moe_router_load_balancing_type == "seq_aux_loss" && !cuda_unverified_allowed("moe-seq-aux-loss"),
        "--moe-router-load-balancing-type seq_aux_loss has not run on a GPU yet on the CUDA engine" + cpu);
-    no(m.moe_router_load_balancing_type == "global_aux_loss",
-       "--moe-router-load-balancing-type global_aux_loss is not implemented on the CUDA engine (aux_loss, seq_aux_loss and none are)" + cpu);
+    no(m.moe_router_load_balancing_type == "global_aux_loss" && !cuda_unverified_allowed("moe-global-aux-loss"),
+       "--moe-router-load-balancing-type global_aux_loss has not run on a GPU yet on the CUDA engine" + cpu);
     no(m.moe_router_num_groups.has_value() && !cuda_unverified_allowed("moe-group-limited-routing"),
        "group-limited routing (--moe-router-num-groups) has not run on a GPU yet on the CUDA engine" + cpu);
     no(m.moe_router_enable_expert_bias, "--moe-router-enable-expert-bias is not implemented on the CUDA engine" + cpu);

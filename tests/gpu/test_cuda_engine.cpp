@@ -949,6 +949,9 @@ int main() {
   // The aux loss per sequence (seq_aux_loss), softmax and sigmoid scores (the batch's four sequences each their own).
   test_moe_training("llama", "--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-1 ");
   test_moe_training("llama-recompute", "--moe-router-load-balancing-type seq_aux_loss --moe-router-score-function sigmoid --moe-aux-loss-coeff 1e-1 ");
+  // global_aux_loss: the counts averaged over the iteration's microbatches so far (two per iteration here), recomputed too.
+  test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 ");
+  test_moe_training("llama-recompute", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 --moe-layer-freq [1,0] ");
   test_moe_gradients("llama", "");
   test_moe_gradients("llama", "--moe-shared-expert-intermediate-size 192 ");
   test_moe_gradients("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");

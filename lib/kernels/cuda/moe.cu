@@ -210,14 +210,21 @@ __global__ void column_sums_kernel(float* probsum, float* z, const float* scores
 }
 
 __global__ void aux_finish_kernel(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts,
-                                  float coeff, bool aux, bool zloss, int64_t T, int64_t E, int64_t k, int64_t G, int64_t n) {
+                                  float coeff, bool aux, bool zloss, int64_t T, int64_t E, int64_t k, int64_t G, int64_t n, float* global,
+                                  bool accumulate) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   const double C = static_cast<double>(E) / (static_cast<double>(k) * static_cast<double>(n) * static_cast<double>(n)) / static_cast<double>(G);
   if (aux) {
+    if (global && accumulate) {  // (global_aux_loss: G is 1)
+      for (int64_t e = 0; e < E; ++e) global[e] += static_cast<float>(counts_aux[e]);
+      global[E] += 1.0f;
+    }
+    const bool averaged = global && global[E] > 0.0f;  // (an evaluation forward before any training one: its own counts)
     double value = 0;
     for (int64_t i = 0; i < G * E; ++i) {
-      value += static_cast<double>(probsum[i]) * counts_aux[i];
-      dscale[i] = static_cast<float>(coeff * C * counts_aux[i]);
+      const double count = averaged ? static_cast<double>(global[i]) / global[E] : static_cast<double>(counts_aux[i]);
+      value += static_cast<double>(probsum[i]) * count;
+      dscale[i] = static_cast<float>(coeff * C * count);
     }
     if (acc) acc[0] += static_cast<float>(C * value);
   }
@@ -381,9 +388,9 @@ void moe_aux_stats(float* scores, int32_t* counts_aux, float* probsum, float* z,
 }
 
 void moe_aux_finish(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
-                    bool aux, bool zloss, const MoeRouting& r, cudaStream_t st) {
+                    bool aux, bool zloss, const MoeRouting& r, cudaStream_t st, float* global, bool accumulate) {
   aux_finish_kernel<<<1, 32, 0, st>>>(dscale, acc, counts_aux, probsum, z, counts, aux_coeff, aux, zloss, r.tokens, r.experts, r.topk,
-                                      r.balance_groups(), r.balance_len());
+                                      r.balance_groups(), r.balance_len(), global, accumulate);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -49,8 +49,11 @@ void moe_aux_stats(float* scores, int32_t* counts_aux, float* probsum, float* z,
 // loss's gradient per score of group g's tokens, n of them; with aux) and, unless acc is null, acc[0] += the aux loss
 // without its coefficient (the sum over the groups of E / (k n^2 G) sum_e probsum counts_aux), acc[1] +=
 // mean lse^2 (z), acc[2 + e] += the tokens expert e kept (counts).
+// global (global_aux_loss; null otherwise): the layer's running [E + 1] over the iteration's microbatches (the aux
+// counts summed, then how many microbatches), which the loss and its gradient use averaged in place of this
+// microbatch's counts; `accumulate` (a training forward, not a recompute or evaluation) adds this microbatch first.
 void moe_aux_finish(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
-                    bool aux, bool zloss, const MoeRouting& r, cudaStream_t st);
+                    bool aux, bool zloss, const MoeRouting& r, cudaStream_t st, float* global = nullptr, bool accumulate = false);
 // dlogits[T, E] (overwritten) = the top-k backward of dweight + grad_scale x (the aux scores' backward of dscale, and
 // z_coeff / T x d(lse^2)) where those are on (dscale null: no aux loss; z_coeff 0: none).
 void moe_router_backward(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,

@@ -192,7 +192,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     moe_group_topk_ = m.moe_router_group_topk.value_or(0);
     moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
     moe_seq_aux_ = m.moe_router_load_balancing_type == "seq_aux_loss";
-    moe_aux_ = (m.moe_router_load_balancing_type == "aux_loss" || moe_seq_aux_) && m.moe_aux_loss_coeff > 0;
+    moe_global_aux_ = m.moe_router_load_balancing_type == "global_aux_loss";
+    moe_aux_ = (m.moe_router_load_balancing_type == "aux_loss" || moe_seq_aux_ || moe_global_aux_) && m.moe_aux_loss_coeff > 0;
+    if (moe_global_aux_ && moe_aux_) {
+      if (max_in_flight > 1) throw std::logic_error("CUDA model: global_aux_loss with several microbatches in flight is not implemented");
+      const size_t bytes = static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4;
+      moe_global_ = static_cast<float*>(alloc(bytes));
+      MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, bytes, stream_));
+    }
     moe_aux_coeff_ = static_cast<float>(m.moe_aux_loss_coeff);
     moe_z_coeff_ = static_cast<float>(m.moe_z_loss_coeff.value_or(0.0));
     const size_t acc = static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4;
@@ -602,6 +609,7 @@ CudaGPT::~CudaGPT() {
 
 void CudaGPT::zero_moe_stats() {
   if (moe_acc_) MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4, stream_));
+  if (moe_global_) MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4, stream_));
 }
 
 void CudaGPT::refresh_working() {

@@ -404,11 +404,15 @@ class CudaGPT {
   // MoE: the router's settings, the losses' coefficients, whether this forward adds to the statistics (a training
   // forward, not a recompute), and the statistics.
   int64_t moe_layers_ = 0, experts_ = 0, topk_ = 0, F_moe_ = 0, F_shared_ = 0, moe_groups_ = 0, moe_group_topk_ = 0;
-  bool moe_seq_aux_ = false;  // --moe-router-load-balancing-type seq_aux_loss: the aux loss per sequence
+  bool moe_seq_aux_ = false, moe_global_aux_ = false;  // --moe-router-load-balancing-type seq_aux_loss: the aux loss per sequence
   bool moe_sigmoid_ = false, moe_pre_softmax_ = false, moe_aux_ = false;
   float moe_scaling_ = 1, moe_aux_coeff_ = 0, moe_z_coeff_ = 0;
   bool moe_record_stats_ = false;
   float* moe_acc_ = nullptr;
+  // global_aux_loss: per MoE layer [E + 1], the iteration's aux counts summed over its microbatches so far and how
+  // many (zeroed with moe_acc_ after each step). A recompute uses them as its forward did: one microbatch between
+  // a forward and its backward (pipeline parallelism refuses more).
+  float* moe_global_ = nullptr;
 };
 
 }  // namespace mt

@@ -30,7 +30,8 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   if (moe_aux_ || moe_record_stats_) {
     MT_PROF("fwd.moe.aux", cuda::moe_aux_finish(r.aux_dscale, moe_record_stats_ ? moe_acc_ + lw.moe_index * (2 + E) : nullptr, s.counts_aux, s.probsum,
-                                                 s.zsum, s.counts, moe_aux_coeff_, moe_aux_, zloss, rt, stream_));
+                                                 s.zsum, s.counts, moe_aux_coeff_, moe_aux_, zloss, rt, stream_,
+                                                 moe_global_ ? moe_global_ + lw.moe_index * (E + 1) : nullptr, moe_record_stats_));
   }
   MT_PROF("fwd.moe.gather", cuda::moe_gather(r.ex_rows, r.xn2, r.row, rt, stream_));
   // The rows per expert: the GEMMs' sizes, on the host.
