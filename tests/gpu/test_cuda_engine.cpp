@@ -27,6 +27,8 @@
 #include "config/resolve.h"
 #include "data/indexed_dataset.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/router.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/document_bias.h"
 #include "kernels/cuda/sdpa_cudnn.h"
 #include "model/cuda/gpt_cuda.h"
@@ -358,7 +360,7 @@ void test_flag_effect(const std::string& model, const std::string& base, const s
 }
 
 // MoE layers on one GPU (every expert local) against the CPU engine: the loss curve, the load-balancing and
-// z-losses of every iteration (bf16 tolerance) and the tokens per expert the router sends.
+// z-losses of every iteration (bf16 tolerance) (the choices themselves: test_moe_route).
 const char* const kMoe = MT_PLAIN_BATCH "--train-iters 30 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 "
                                         "--moe-z-loss-coeff 1e-3 ";
 void test_moe_training(const std::string& model, const std::string& extra) {
@@ -386,6 +388,51 @@ void test_moe_training(const std::string& model, const std::string& extra) {
     check(ok && worst < 2e-2 && worst_aux < 3e-2 && drop > 0.1 && gpu.skipped == 0, buf);
   } catch (const std::exception& e) {
     check(false, "MoE training " + model + ": " + e.what());
+  }
+}
+
+// The route kernel's choices against the CPU router's (kernels/cpu/router.cpp) on random logits: the experts each
+// token picks (exactly; the scores are computed alike, so only a tie within float rounding could differ) and their
+// weights. Group-limited routing changes the choices but not the load-balancing statistics, so only this sees it.
+void test_moe_route(int64_t E, int64_t k, bool sigmoid, bool pre_softmax, int64_t groups, int64_t group_topk) {
+  const int64_t T = 1024;
+  char name[160];
+  std::snprintf(name, sizeof(name), "MoE route kernel: %lld experts, top %lld, %s%s, groups %lld / %lld", static_cast<long long>(E),
+                static_cast<long long>(k), sigmoid ? "sigmoid" : "softmax", pre_softmax ? " pre-softmax" : "", static_cast<long long>(groups),
+                static_cast<long long>(group_topk));
+  try {
+    std::vector<float> logits(static_cast<size_t>(T * E));
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = mt::philox_normal(77, i);
+    mt::cpu::RouterSettings s{E, k, sigmoid, pre_softmax, 1.0f, groups, group_topk};
+    std::vector<int32_t> top(static_cast<size_t>(T * k)), plain_top(static_cast<size_t>(T * k));
+    std::vector<float> weight(static_cast<size_t>(T * k)), plain_weight(static_cast<size_t>(T * k));
+    mt::cpu::route_topk(s, logits.data(), nullptr, T, top.data(), weight.data());
+    mt::cpu::RouterSettings plain = s;
+    plain.num_groups = plain.group_topk = 0;
+    mt::cpu::route_topk(plain, logits.data(), nullptr, T, plain_top.data(), plain_weight.data());
+    float* d_logits = upload(logits);
+    int32_t* d_top = upload(std::vector<int32_t>(top.size()));
+    float* d_weight = upload(std::vector<float>(weight.size()));
+    const mt::cuda::MoeRouting r{T, E, k, 0, sigmoid, pre_softmax, 1.0f, groups, group_topk};
+    mt::cuda::moe_route(d_top, d_weight, d_logits, r, nullptr);
+    const std::vector<int32_t> g_top = download(d_top, top.size());
+    const std::vector<float> g_weight = download(d_weight, weight.size());
+    int64_t differ = 0, grouped = 0;
+    double worst = 0;
+    for (size_t i = 0; i < top.size(); ++i) {
+      differ += g_top[i] != top[i];
+      grouped += top[i] != plain_top[i];
+      worst = std::max(worst, static_cast<double>(std::fabs(g_weight[i] - weight[i])));
+    }
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "%s: %lld of %lld choices differ from the CPU router's, weights within %.2e; groups change %lld choices",
+                  name, static_cast<long long>(differ), static_cast<long long>(top.size()), worst, static_cast<long long>(grouped));
+    check(differ == 0 && worst < 1e-6 && (groups == 0 || grouped > 0), buf);
+    cudaFree(d_logits);
+    cudaFree(d_top);
+    cudaFree(d_weight);
+  } catch (const std::exception& e) {
+    check(false, std::string(name) + ": " + e.what());
   }
 }
 
@@ -941,9 +988,14 @@ int main() {
   test_moe_training("gpt", "--disable-bias-linear ");  // GELU experts
   // Shared experts (a dense MLP over every token beside the routed ones): SwiGLU, recomputed, and GELU.
   test_moe_training("llama", "--moe-shared-expert-intermediate-size 192 ");
-  test_moe_training("llama-recompute", "--moe-shared-expert-intermediate-size 128 --moe-shared-expert-overlap ");
+  test_moe_training("llama-recompute", "--moe-shared-expert-intermediate-size 128 ");
   test_moe_training("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");
-  // Group-limited routing (DeepSeek's): the best group of two experts, and 2 of 4 groups of 8 experts with sigmoid scores.
+  // Group-limited routing (DeepSeek's): the route kernel against the CPU router, then training: the best group of two
+  // experts, and 2 of 4 groups of 8 experts with sigmoid scores.
+  test_moe_route(8, 2, false, false, 0, 0);
+  test_moe_route(64, 8, true, false, 8, 4);
+  test_moe_route(16, 4, false, true, 4, 2);
+  test_moe_route(32, 6, false, false, 4, 3);
   test_moe_training("llama", "--moe-router-num-groups 2 --moe-router-group-topk 1 ");
   test_moe_training("llama", "--num-experts 8 --moe-router-score-function sigmoid --moe-router-num-groups 4 --moe-router-group-topk 2 ");
   // The aux loss per sequence (seq_aux_loss), softmax and sigmoid scores (the batch's four sequences each their own).

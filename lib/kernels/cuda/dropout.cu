@@ -15,7 +15,7 @@ __global__ void dropout_rows_kernel(float* x, int64_t rows, int64_t h, RowDropou
 
 __global__ void write_seed_kernel(int64_t* dst, uint64_t seed) {
   dst[0] = static_cast<int64_t>(seed);
-  dst[1] = 0;
+  dst[2] = 0;
 }
 
 }  // namespace

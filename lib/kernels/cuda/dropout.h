@@ -23,8 +23,8 @@ struct RowDropout {
 // x[r, :] *= mask over rows [0, rows) of width h (fp32, in place).
 void dropout_rows_f32(float* x, int64_t rows, int64_t h, const RowDropout& d, cudaStream_t stream);
 
-// Attention dropout's generator state for cuDNN (kernels/cuda/sdpa_cudnn.h): dst[0] = seed, dst[1] = 0 (the offset), in
-// stream order.
+// Attention dropout's generator state for cuDNN (kernels/cuda/sdpa_cudnn.h): dst[0] = seed, dst[2] = 0 (the offset; 16
+// bytes apart, the alignment cuDNN's tensors declare), in stream order.
 void write_philox_seed(int64_t* dst, uint64_t seed, cudaStream_t stream);
 
 }  // namespace mt::cuda

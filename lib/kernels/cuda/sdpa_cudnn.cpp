@@ -476,7 +476,8 @@ std::string CudnnSdpa::check(const SdpaShape& s) {
 namespace {
 
 // The variant pack's scalars and optional tensors beside the fixed ones: the mask's value only with the causal mask,
-// the bias, and dropout's seed (a stream-ordered device pair {seed, offset 0}, released after the call) and scales:
+// the bias, and dropout's seed (stream-ordered device scalars: the seed, and 16 bytes on the offset 0; released after
+// the call) and scales:
 // the pack names exactly the graph's tensors.
 struct Extras {
   float neg = std::numeric_limits<float>::lowest(), drop_scale = 1, drop_scale_inv = 1;
@@ -493,10 +494,10 @@ struct Extras {
     if (s.dropout > 0) {
       drop_scale = 1.0f / (1.0f - s.dropout);
       drop_scale_inv = 1.0f - s.dropout;
-      seed = static_cast<int64_t*>(DeviceAllocator::instance().allocate(2 * sizeof(int64_t)));
+      seed = static_cast<int64_t*>(DeviceAllocator::instance().allocate(4 * sizeof(int64_t)));
       write_philox_seed(seed, dropout_seed, stream);
       uids.insert(uids.end(), {kSeed, kOffset, kDropScale});
-      ptrs.insert(ptrs.end(), {seed, seed + 1, &drop_scale});
+      ptrs.insert(ptrs.end(), {seed, seed + 2, &drop_scale});
     }
   }
   ~Extras() {
