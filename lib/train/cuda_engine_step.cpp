@@ -16,6 +16,7 @@
 #include "tensor/cuda/op_profiler.h"
 #include "tensor/dtype.h"
 #include "train/cuda_engine.h"
+#include "train/moe_report.h"
 #include "train/train_common.h"
 
 namespace mt {
@@ -275,7 +276,8 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
   std::vector<float> hist(out.size() * static_cast<size_t>(moe_row_));
   MT_CUDA_CHECK(cudaMemcpy(hist.data(), moe_hist_, hist.size() * 4, cudaMemcpyDeviceToHost));
   const auto& moe = cfg_.moe;
-  const bool aux = moe.moe_router_load_balancing_type == "aux_loss" && moe.moe_aux_loss_coeff > 0, z = moe.moe_z_loss_coeff.value_or(0.0) > 0;
+  const std::string aux_name = balance_loss_name(moe);
+  const bool aux = !aux_name.empty(), z = moe.moe_z_loss_coeff.value_or(0.0) > 0;
   for (size_t i = 0; i < out.size(); ++i) {
     const float* step = hist.data() + i * static_cast<size_t>(moe_row_);
     const double per = static_cast<double>(std::max<int64_t>(1, microbatches[i])) * static_cast<double>(layers);
@@ -291,7 +293,7 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
       }
     }
     StepReport& r = out[i];
-    if (aux) r.moe_losses.emplace_back("load_balancing_loss", aux_sum / per);
+    if (aux) r.moe_losses.emplace_back(aux_name, aux_sum / per);
     if (z) r.moe_losses.emplace_back("z_loss", z_sum / per);
     r.expert_tokens_min = lo;
     r.expert_tokens_max = hi;

@@ -7,6 +7,12 @@
 
 namespace mt {
 
+std::string balance_loss_name(const MoeConfig& m) {
+  const std::string& balance = m.moe_router_load_balancing_type;
+  if (balance == "none" || m.moe_aux_loss_coeff <= 0) return "";
+  return balance == "seq_aux_loss" ? "seq_load_balancing_loss" : balance == "global_aux_loss" ? "global_load_balancing_loss" : "load_balancing_loss";
+}
+
 void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::MoeStats& stats, int64_t num_microbatches, StepReport& out) {
   const MoeConfig& m = cfg.moe;
   if (!m.num_experts) return;
@@ -44,13 +50,7 @@ void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::
   groups.pp->all_reduce(totals, 2, ReduceOp::kSum);
   groups.dp_cp->all_reduce(losses, 2, ReduceOp::kAvg);
   const double scale = 1.0 / (static_cast<double>(std::max<int64_t>(1, num_microbatches)) * std::max(1.0, moe_layers));
-  const std::string& balance = m.moe_router_load_balancing_type;
-  if (balance != "none" && m.moe_aux_loss_coeff > 0) {
-    const std::string name = balance == "seq_aux_loss" ? "seq_load_balancing_loss"
-                             : balance == "global_aux_loss" ? "global_load_balancing_loss"
-                                                            : "load_balancing_loss";
-    out.moe_losses.emplace_back(name, losses[0] * scale);
-  }
+  if (const std::string name = balance_loss_name(m); !name.empty()) out.moe_losses.emplace_back(name, losses[0] * scale);
   if (m.moe_z_loss_coeff.value_or(0.0) > 0) out.moe_losses.emplace_back("z_loss", losses[1] * scale);
   if (totals[1] > 0) {
     out.expert_tokens_min = -extremes[0];
