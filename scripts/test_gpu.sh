@@ -34,7 +34,8 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
       --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear"
   L="$L0 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
   # (and the MoE layer, its routing and expert GEMMs, recomputed)
-  M="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3"
+  M="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-shared-expert-intermediate-size 192
+     --moe-router-num-groups 2 --moe-router-group-topk 1"
   # (and FP8's casts and GEMMs, tensorwise, GPT's biases and GELU apart from the GEMM)
   F8="--fp8-format hybrid --fp8-recipe tensorwise"
   # (and delayed scaling: the scaled casts gathering their amaxes, the update kernel, the recompute's snapshots)

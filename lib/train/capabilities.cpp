@@ -201,15 +201,12 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(c.precision.fp16, "mixture of experts on the CUDA engine computes in bf16: use --bf16");
     no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
     no(m.moe_expert_capacity_factor.has_value(), "--moe-expert-capacity-factor is not implemented on the CUDA engine (dropless only)" + cpu);
-    no(m.moe_router_load_balancing_type == "seq_aux_loss" && !cuda_unverified_allowed("moe-seq-aux-loss"),
-       "--moe-router-load-balancing-type seq_aux_loss has not run on a GPU yet on the CUDA engine" + cpu);
-    no(m.moe_router_load_balancing_type == "global_aux_loss" && !cuda_unverified_allowed("moe-global-aux-loss"),
-       "--moe-router-load-balancing-type global_aux_loss has not run on a GPU yet on the CUDA engine" + cpu);
-    no(m.moe_router_num_groups.has_value() && !cuda_unverified_allowed("moe-group-limited-routing"),
-       "group-limited routing (--moe-router-num-groups) has not run on a GPU yet on the CUDA engine" + cpu);
+    // (Both ran on a GPU with the CPU engine's loss curves; their aux losses' values, which the curves hardly show, are
+    // yet to be compared there.)
+    no((m.moe_router_load_balancing_type == "seq_aux_loss" && !cuda_unverified_allowed("moe-seq-aux-loss")) ||
+           (m.moe_router_load_balancing_type == "global_aux_loss" && !cuda_unverified_allowed("moe-global-aux-loss")),
+       "--moe-router-load-balancing-type " + m.moe_router_load_balancing_type + " is not yet verified on a GPU on the CUDA engine" + cpu);
     no(m.moe_router_enable_expert_bias, "--moe-router-enable-expert-bias is not implemented on the CUDA engine" + cpu);
-    no(m.moe_shared_expert_intermediate_size.has_value() && !cuda_unverified_allowed("moe-shared-experts"),
-       "shared experts (--moe-shared-expert-intermediate-size) have not run on a GPU yet on the CUDA engine" + cpu);
     no(!c.model.disable_bias_linear, "MoE layers with biases are not implemented on the CUDA engine: add --disable-bias-linear, or use --device cpu");
     no(m.moe_router_dtype == "fp64", "--moe-router-dtype fp64 is not implemented on the CUDA engine (the router accumulates in fp32)" + cpu);
   }
