@@ -164,7 +164,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.data.reset_attention_mask && c.data.seq_length.value_or(8) % 8 != 0,
      "--reset-attention-mask on the CUDA engine needs --seq-length to be a multiple of 8 (its mask is written 8 columns at a time): change it, or "
      "use --device cpu");
-  no(c.model.squared_relu, "--squared-relu is not implemented on the CUDA engine yet: use --device cpu");
+  no(c.model.squared_relu && !cuda_unverified_allowed("squared-relu"), "--squared-relu on the CUDA engine has not run on a GPU yet: use --device cpu");
+  no(c.model.squared_relu && c.moe.num_experts.has_value(), "--squared-relu experts are not implemented on the CUDA engine: use --device cpu");
   no(c.training.deterministic_mode, "--deterministic-mode: the CUDA engine is not bitwise repeatable (cuDNN's attention backward accumulates "
                                     "with atomics): use --device cpu, which always is, or drop it");
   no(c.model.rotary_interleaved, "--rotary-interleaved is not implemented on the CUDA engine yet: use --device cpu");

@@ -251,6 +251,9 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
                        : extra.find("--fp8-recipe delayed") != std::string::npos ? " (fp8, delayed scaling)"
                        : extra.find("--fp8-recipe blockwise") != std::string::npos ? " (fp8, blockwise scaling)"
                        : extra.find("--fp8-format") != std::string::npos ? " (fp8 hybrid, tensorwise)"
+                       : extra.find("--squared-relu --fp16") != std::string::npos ? " (squared ReLU, fp16)"
+                       : extra.find("--squared-relu --recompute") != std::string::npos ? " (squared ReLU, recomputed)"
+                       : extra.find("--squared-relu") != std::string::npos ? " (squared ReLU)"
                        : extra.find("--rampup") != std::string::npos     ? " (batch ramp-up)"
                        : extra.find("--fp16") != std::string::npos      ? " (fp16)"
                        : extra.find("--fp32-residual") != std::string::npos ? " (fp32 residual stream)"
@@ -939,6 +942,10 @@ int main() {
   test_training("gpt", std::string(kPlain) + "--hidden-dropout 0.1 ");
   test_training("llama-recompute", std::string(kPlain) + "--hidden-dropout 0.1 ");
   test_attention_dropout();
+  // Squared ReLU (Nemotron's MLP activation), apart from the fc1 GEMM: plain, recomputed, and with biases under fp16.
+  test_training("gpt", std::string(kPlain) + "--squared-relu ");
+  test_training("gpt", std::string(kPlain) + "--squared-relu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
+  test_training("gpt", std::string(kPlain) + "--squared-relu --fp16 --loss-scale 1024 ");
   test_training("gpt", std::string(kPlain) + "--qk-layernorm ");
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm ");
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm --hidden-dropout 0.1 ");

@@ -28,6 +28,17 @@ __global__ void gelu_bwd(T16* dx, const T16* dy, const T16* x, int64_t n) {
   MT_GRID_LOOP(i, n) dx[i] = from_f<T16>(to_f(dy[i]) * gelu_grad(to_f(x[i])));
 }
 template <typename T16>
+__global__ void squared_relu_fwd(T16* y, const T16* x, int64_t n) {
+  MT_GRID_LOOP(i, n) {
+    const float v = fmaxf(to_f(x[i]), 0.0f);
+    y[i] = from_f<T16>(v * v);
+  }
+}
+template <typename T16>
+__global__ void squared_relu_bwd(T16* dx, const T16* dy, const T16* x, int64_t n) {
+  MT_GRID_LOOP(i, n) dx[i] = from_f<T16>(2.0f * fmaxf(to_f(x[i]), 0.0f) * to_f(dy[i]));
+}
+template <typename T16>
 __global__ void swiglu_fwd(T16* y, const T16* x, int64_t N, int64_t F) {
   MT_GRID_LOOP(e, N * F) {
     const int64_t n = e / F, i = e % F;
@@ -146,6 +157,18 @@ void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, F
 void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream, F16 t) {
   if (t == F16::kFP16) gelu_backward_bf16_t(hp(dx), hp(dy), hp(x), n, stream);
   else gelu_backward_bf16_t(dx, dy, x, n, stream);
+}
+void squared_relu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, F16 t) {
+  if (n == 0) return;
+  if (t == F16::kFP16) squared_relu_fwd<<<grid_for(n, 256), 256, 0, stream>>>(hp(y), hp(x), n);
+  else squared_relu_fwd<<<grid_for(n, 256), 256, 0, stream>>>(y, x, n);
+  MT_CUDA_CHECK_LAUNCH();
+}
+void squared_relu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream, F16 t) {
+  if (n == 0) return;
+  if (t == F16::kFP16) squared_relu_bwd<<<grid_for(n, 256), 256, 0, stream>>>(hp(dx), hp(dy), hp(x), n);
+  else squared_relu_bwd<<<grid_for(n, 256), 256, 0, stream>>>(dx, dy, x, n);
+  MT_CUDA_CHECK_LAUNCH();
 }
 void swiglu_forward_bf16(bf16* y, const bf16* x, int64_t N, int64_t F, cudaStream_t stream, F16 t) {
   if (t == F16::kFP16) swiglu_forward_bf16_t(hp(y), hp(x), N, F, stream);

@@ -87,9 +87,10 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
     if (!act_cast && !r.act) throw std::logic_error("CUDA model: SwiGLU's fused FP8 cast does not take a " + std::to_string(T) + " x " + std::to_string(F) +
                                                     " activation, and its 16-bit output has no buffer");
     if (!act_cast) MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act, r.fc1, T, F, stream_, dt_));
-  } else if (fp8_layer(l)) {  // (no GELU epilogue on the FP8 GEMM)
+  } else if (fp8_layer(l) || D.squared_relu) {  // (no GELU epilogue on the FP8 GEMM; squared ReLU has none)
     linear_forward(l, r, kLinearFc1, "fwd.gemm.fc1", T, h, F, r.xn2, lw.fc1_w, w(lw.fc1_b), r.fc1);
-    MT_PROF("fwd.activation", cuda::gelu_forward_bf16(r.act, r.fc1, T * F, stream_, dt_));
+    if (D.squared_relu) MT_PROF("fwd.activation", cuda::squared_relu_forward_bf16(r.act, r.fc1, T * F, stream_, dt_));
+    else MT_PROF("fwd.activation", cuda::gelu_forward_bf16(r.act, r.fc1, T * F, stream_, dt_));
   } else {  // GELU in the GEMM's epilogue, its input kept for the backward
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, T, F, h, 1.0f, r.xn2, h, w(lw.fc1_w), h, 0.0f, r.act, F, ab_, ab_, w(lw.fc1_b), stream_,
                                        {cuda::GemmEpilogue::kGeluAux, r.fc1, F}));
@@ -122,9 +123,10 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   } else {
   if (D.swiglu) {
     linear_dgrad(l, r, kLinearFc2, "bwd.gemm.fc2_dgrad", T, F, h, dy, lw.fc2_w, s.dact);
-  } else if (fp8_layer(l)) {  // (no GELU epilogue on the FP8 GEMM)
+  } else if (fp8_layer(l) || D.squared_relu) {  // (no GELU epilogue on the FP8 GEMM; squared ReLU has none)
     linear_dgrad(l, r, kLinearFc2, "bwd.gemm.fc2_dgrad", T, F, h, dy, lw.fc2_w, s.dact);
-    MT_PROF("bwd.activation", cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * F, stream_, dt_));
+    if (D.squared_relu) MT_PROF("bwd.activation", cuda::squared_relu_backward_bf16(s.dfc1, s.dact, r.fc1, T * F, stream_, dt_));
+    else MT_PROF("bwd.activation", cuda::gelu_backward_bf16(s.dfc1, s.dact, r.fc1, T * F, stream_, dt_));
   } else {  // the GELU backward in the epilogue: straight to d(fc1 output)
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, s.dfc1, F, ab_, ab_, nullptr, stream_,
                                              {cuda::GemmEpilogue::kDGelu, r.fc1, F}));
