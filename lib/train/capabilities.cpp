@@ -168,7 +168,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.model.squared_relu && c.moe.num_experts.has_value(), "--squared-relu experts are not implemented on the CUDA engine: use --device cpu");
   no(c.training.deterministic_mode, "--deterministic-mode: the CUDA engine is not bitwise repeatable (cuDNN's attention backward accumulates "
                                     "with atomics): use --device cpu, which always is, or drop it");
-  no(c.model.rotary_interleaved, "--rotary-interleaved is not implemented on the CUDA engine yet: use --device cpu");
+  no(c.model.rotary_interleaved && !cuda_unverified_allowed("rotary-interleaved"),
+     "--rotary-interleaved on the CUDA engine has not run on a GPU yet: use --device cpu");
   no(c.parallel.context_parallel_size > 1,
      "--context-parallel-size > 1 runs on the CPU engine only so far: use --device cpu (the CUDA ring attention is not written yet)");
   if (c.precision.fp8_format) {

@@ -232,9 +232,9 @@ void test_norm_partials(int64_t N, int64_t h, bool rms, bool res16, int count, i
   if (!rms) expect(tag + " backward db", gb_parts.get(), gb_one.get(), 0.0);
 }
 
-void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool rope) {
+void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool rope, bool interleaved = false) {
   const std::string tag = "qkv split/merge T" + std::to_string(T) + " " + std::to_string(nh) + "/" + std::to_string(ng) + " d" +
-                          std::to_string(d) + (rope ? " rope " + std::to_string(rot) : "");
+                          std::to_string(d) + (rope ? " rope " + std::to_string(rot) : "") + (interleaved ? " interleaved" : "");
   const int64_t W = (nh + 2 * ng) * d;
   Vec qkv = randn(static_cast<size_t>(T * W));
   std::vector<int32_t> pos(static_cast<size_t>(T));
@@ -242,8 +242,8 @@ void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool ro
   Vec q(static_cast<size_t>(T * nh * d)), k(static_cast<size_t>(T * ng * d)), v(k.size());
   cpu::qkv_split(q.data(), k.data(), v.data(), qkv.data(), T, nh, ng, d);
   if (rope) {
-    cpu::rope_forward(q.data(), pos.data(), T, nh, d, rot, 10000.0f);
-    cpu::rope_forward(k.data(), pos.data(), T, ng, d, rot, 10000.0f);
+    cpu::rope_forward(q.data(), pos.data(), T, nh, d, rot, 10000.0f, interleaved);
+    cpu::rope_forward(k.data(), pos.data(), T, ng, d, rot, 10000.0f, interleaved);
   }
   const auto table = cuda::rope_table(64, rot, 10000.0);
   F32 dtable(table);
@@ -252,8 +252,15 @@ void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool ro
   MT_CUDA_CHECK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
   B16 dqkv(qkv), dq(q.size()), dk(k.size()), dv(v.size());
   cuda::qkv_split_rope({.q = dq.b(), .k = dk.b(), .v = dv.b(), .qkv = dqkv.b(), .positions = dpos, .table = rope ? dtable.p : nullptr, .rows = T,
-                        .heads = nh, .groups = ng, .head_dim = d, .rot_dim = rot, .type = g_t}, nullptr);
+                        .heads = nh, .groups = ng, .head_dim = d, .rot_dim = rot, .type = g_t, .interleaved = interleaved}, nullptr);
   expect(tag + " Q", dq.get(), q, 1e-2);
+  if (rope) {  // (the rotation alone on separate heads: rope_apply_16, as --qk-layernorm runs it)
+    Vec q0(q.size()), k0(k.size()), v0(v.size());
+    cpu::qkv_split(q0.data(), k0.data(), v0.data(), qkv.data(), T, nh, ng, d);
+    B16 dq0(q0);
+    cuda::rope_apply_16(dq0.b(), dpos, dtable.p, T, nh, d, rot, 1.0f, nullptr, g_t, interleaved);
+    expect(tag + " Q (rope_apply_16)", dq0.get(), q, 1e-2);
+  }
   expect(tag + " K", dk.get(), k, 1e-2);
   expect(tag + " V", dv.get(), v, 1e-6);
   // Backward: gradients through the inverse rotation into the fused layout.
@@ -261,13 +268,13 @@ void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool ro
   B16 dgq(gq), dgk(gk), dgv(gv), dout(qkv.size());
   Vec rq = gq, rk = gk, want(qkv.size());
   if (rope) {
-    cpu::rope_backward(rq.data(), pos.data(), T, nh, d, rot, 10000.0f);
-    cpu::rope_backward(rk.data(), pos.data(), T, ng, d, rot, 10000.0f);
+    cpu::rope_backward(rq.data(), pos.data(), T, nh, d, rot, 10000.0f, interleaved);
+    cpu::rope_backward(rk.data(), pos.data(), T, ng, d, rot, 10000.0f, interleaved);
   }
   cpu::qkv_merge(want.data(), rq.data(), rk.data(), gv.data(), T, nh, ng, d);
   cuda::qkv_merge_rope_backward({.dqkv = dout.b(), .dq = dgq.b(), .dk = dgk.b(), .dv = dgv.b(), .positions = dpos,
                                  .table = rope ? dtable.p : nullptr, .rows = T, .heads = nh, .groups = ng, .head_dim = d, .rot_dim = rot,
-                                 .type = g_t}, nullptr);
+                                 .type = g_t, .interleaved = interleaved}, nullptr);
   expect(tag + " backward", dout.get(), want, 1e-2);
   cudaFree(dpos);
 }
@@ -282,6 +289,12 @@ void test_activations(int64_t N, int64_t F) {
   cuda::gelu_backward_bf16(gdx.b(), gdy.b(), gx.b(), N * F, nullptr, g_t);
   expect("gelu forward " + tag, gy.get(), y, 1e-2);
   expect("gelu backward " + tag, gdx.get(), dx, 1e-2);
+  cpu::squared_relu_forward(y.data(), x.data(), N * F);
+  cpu::squared_relu_backward(dx.data(), dy.data(), x.data(), N * F);
+  cuda::squared_relu_forward_bf16(gy.b(), gx.b(), N * F, nullptr, g_t);
+  cuda::squared_relu_backward_bf16(gdx.b(), gdy.b(), gx.b(), N * F, nullptr, g_t);
+  expect("squared relu forward " + tag, gy.get(), y, 1e-2);
+  expect("squared relu backward " + tag, gdx.get(), dx, 1e-2);
   Vec x2 = randn(static_cast<size_t>(N * 2 * F)), y2(static_cast<size_t>(N * F)), dx2(x2.size());
   cpu::swiglu_forward(y2.data(), x2.data(), N, F);
   cpu::swiglu_backward(dx2.data(), dy.data(), x2.data(), N, F);
@@ -648,6 +661,8 @@ int main() {
     test_qkv(13, 6, 3, 16, 8, true);   // partial rotary: scalar path
     test_qkv(9, 4, 4, 24, 24, false);  // d not a multiple of 16: scalar path
     test_qkv(11, 4, 1, 64, 64, true);
+    test_qkv(13, 6, 2, 16, 16, true, true);  // --rotary-interleaved (never the vectorised path)
+    test_qkv(13, 6, 3, 16, 8, true, true);
     test_activations(3, 5);
     test_activations(37, 264);
     test_cross_entropy(17, 1003);

@@ -251,6 +251,7 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
                        : extra.find("--fp8-recipe delayed") != std::string::npos ? " (fp8, delayed scaling)"
                        : extra.find("--fp8-recipe blockwise") != std::string::npos ? " (fp8, blockwise scaling)"
                        : extra.find("--fp8-format") != std::string::npos ? " (fp8 hybrid, tensorwise)"
+                       : extra.find("--rotary-interleaved") != std::string::npos ? " (interleaved RoPE)"
                        : extra.find("--squared-relu --fp16") != std::string::npos ? " (squared ReLU, fp16)"
                        : extra.find("--squared-relu --recompute") != std::string::npos ? " (squared ReLU, recomputed)"
                        : extra.find("--squared-relu") != std::string::npos ? " (squared ReLU)"
@@ -946,6 +947,9 @@ int main() {
   test_training("gpt", std::string(kPlain) + "--squared-relu ");
   test_training("gpt", std::string(kPlain) + "--squared-relu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
   test_training("gpt", std::string(kPlain) + "--squared-relu --fp16 --loss-scale 1024 ");
+  // Interleaved RoPE pairs (the split/merge kernels, and rope_apply_16 under --qk-layernorm).
+  test_training("llama", std::string(kPlain) + "--rotary-interleaved ");
+  test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm --rotary-interleaved ");
   test_training("gpt", std::string(kPlain) + "--qk-layernorm ");
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm ");
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm --hidden-dropout 0.1 ");

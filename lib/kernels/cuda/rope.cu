@@ -11,16 +11,18 @@ namespace {
 
 // E: float, or a 16-bit type (computed in fp32, rounded once per element).
 template <typename E>
-__global__ void rope_kernel(E* x, const int32_t* pos, const float* table, int64_t T, int64_t H, int64_t d, int64_t half, float sign) {
+__global__ void rope_kernel(E* x, const int32_t* pos, const float* table, int64_t T, int64_t H, int64_t d, int64_t half, float sign,
+                            bool interleaved) {
   const int64_t total = T * H * half;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = k % half, th = k / half, t = th / H;
     const float c = table[(static_cast<int64_t>(pos[t]) * half + i) * 2];
     const float s = sign * table[(static_cast<int64_t>(pos[t]) * half + i) * 2 + 1];
     E* row = x + th * d;
-    const float x1 = to_f(row[i]), x2 = to_f(row[i + half]);
-    row[i] = from_f<E>(x1 * c - x2 * s);
-    row[i + half] = from_f<E>(x2 * c + x1 * s);
+    const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+    const float x1 = to_f(row[a]), x2 = to_f(row[b]);
+    row[a] = from_f<E>(x1 * c - x2 * s);
+    row[b] = from_f<E>(x2 * c + x1 * s);
   }
 }
 
@@ -41,22 +43,22 @@ std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base, dou
 }
 
 void rope_apply(float* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
-                cudaStream_t stream) {
+                cudaStream_t stream, bool interleaved) {
   const int64_t half = rot_dim / 2, total = T * H * half;
   if (total == 0) return;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65535 * 4));
-  rope_kernel<<<blocks, 256, 0, stream>>>(x, positions, table, T, H, d, half, sign);
+  rope_kernel<<<blocks, 256, 0, stream>>>(x, positions, table, T, H, d, half, sign, interleaved);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 void rope_apply_16(bf16* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
-                   cudaStream_t stream, F16 t) {
+                   cudaStream_t stream, F16 t, bool interleaved) {
   const int64_t half = rot_dim / 2, total = T * H * half;
   if (total == 0) return;
   if (t == F16::kFP16) {
-    rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(hp(x), positions, table, T, H, d, half, sign);
+    rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(hp(x), positions, table, T, H, d, half, sign, interleaved);
   } else {
-    rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, positions, table, T, H, d, half, sign);
+    rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, positions, table, T, H, d, half, sign, interleaved);
   }
   MT_CUDA_CHECK_LAUNCH();
 }

@@ -14,11 +14,12 @@ namespace mt::cuda {
 std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base, double scaling = 0);  // (scaling: kernels/rope_frequencies.h)
 
 // sign = +1 forward, -1 backward (the inverse rotation).
+// interleaved (--rotary-interleaved): pairs (2i, 2i + 1) instead of (i, i + rot_dim / 2).
 void rope_apply(float* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
-                cudaStream_t stream);
+                cudaStream_t stream, bool interleaved = false);
 // The same on 16-bit heads of type t (the same rotation as qkv_split_rope, for heads normalised between split
 // and RoPE by --qk-layernorm).
 void rope_apply_16(bf16* x, const int32_t* positions, const float* table, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float sign,
-                   cudaStream_t stream, F16 t = F16::kBF16);
+                   cudaStream_t stream, F16 t = F16::kBF16, bool interleaved = false);
 
 }  // namespace mt::cuda

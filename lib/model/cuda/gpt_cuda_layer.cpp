@@ -42,7 +42,7 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
   if (D.qk_norm) {  // split, the norm of every query and key head, then RoPE (as Megatron: norm before rotary)
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q_pre, .k = r.k_pre, .v = r.v, .qkv = s.qkv, .positions = mb.positions,
                                                         .table = nullptr, .rows = T, .heads = D.nh_local, .groups = D.ng_local, .head_dim = D.d,
-                                                        .rot_dim = D.rot_dim, .type = dt_}, stream_));
+                                                        .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
     MT_PROF("fwd.qk_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = r.q, .mean = r.qn_mean, .rstd = r.qn_rstd, .x = r.q_pre,
                                                    .delta = nullptr, .w = w(lw.qn_w), .b = w(lw.qn_b), .w_offset = norm_offset_, .rows = T * D.nh_local, .width = D.d,
                                                    .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = true}, stream_));
@@ -50,17 +50,17 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
                                                    .delta = nullptr, .w = w(lw.kn_w), .b = w(lw.kn_b), .w_offset = norm_offset_, .rows = T * D.ng_local, .width = D.d,
                                                    .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = true}, stream_));
     if (D.rope) {
-      MT_PROF("fwd.rope", cuda::rope_apply_16(r.q, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, 1.0f, stream_, dt_));
-      MT_PROF("fwd.rope", cuda::rope_apply_16(r.k, mb.positions, rope_table_, T, D.ng_local, D.d, D.rot_dim, 1.0f, stream_, dt_));
+      MT_PROF("fwd.rope", cuda::rope_apply_16(r.q, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, 1.0f, stream_, dt_, D.rotary_interleaved));
+      MT_PROF("fwd.rope", cuda::rope_apply_16(r.k, mb.positions, rope_table_, T, D.ng_local, D.d, D.rot_dim, 1.0f, stream_, dt_, D.rotary_interleaved));
     }
   } else if (!kv_group_) {
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q, .k = r.k, .v = r.v, .qkv = s.qkv, .positions = mb.positions,
                                                         .table = D.rope ? rope_table_ : nullptr, .rows = T, .heads = D.nh_local,
-                                                        .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
+                                                        .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
   } else {  // the group's query heads, then this rank's nh_local of them
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = s.q_all, .k = r.k, .v = r.v, .qkv = s.qkv, .positions = mb.positions,
                                                         .table = D.rope ? rope_table_ : nullptr, .rows = T, .heads = D.qh_local,
-                                                        .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
+                                                        .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
     MT_PROF("fwd.qkv_split_rope", copy_own_heads(r.q, s.q_all, T, false));
   }
   const bf16* doc_bias = document_bias(mb);
@@ -170,8 +170,8 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                                 doc_bias, attention_seed(mb, l)));
   if (D.qk_norm) {  // RoPE undone, then the norms' backward (the residual-gradient slot as zeroed scratch)
     if (D.rope) {
-      MT_PROF("bwd.rope", cuda::rope_apply_16(s.dq, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, -1.0f, stream_, dt_));
-      MT_PROF("bwd.rope", cuda::rope_apply_16(s.dk, mb.positions, rope_table_, T, D.ng_local, D.d, D.rot_dim, -1.0f, stream_, dt_));
+      MT_PROF("bwd.rope", cuda::rope_apply_16(s.dq, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, -1.0f, stream_, dt_, D.rotary_interleaved));
+      MT_PROF("bwd.rope", cuda::rope_apply_16(s.dk, mb.positions, rope_table_, T, D.ng_local, D.d, D.rot_dim, -1.0f, stream_, dt_, D.rotary_interleaved));
     }
     const int64_t Tq = T * D.nh_local, Tk = T * D.ng_local;
     MT_PROF("bwd.memset", MT_CUDA_CHECK(cudaMemsetAsync(s.qk_tmp, 0, static_cast<size_t>(Tq * D.d) * 4, stream_)));
@@ -186,7 +186,7 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                     .res16 = true}, stream_));
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv, .dq = s.dq_pre, .dk = s.dk_pre, .dv = s.dv,
                                                                  .positions = mb.positions, .table = nullptr, .rows = T, .heads = D.nh_local,
-                                                                 .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
+                                                                 .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
     // Each TP rank's heads add to the shared norm weights: summed over TP here (under SP with the layer's
     // other replicated parameters).
     if (tp_ && !sp_ && final_backward_) {
@@ -199,12 +199,12 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   } else if (!kv_group_) {
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv, .dq = s.dq, .dk = s.dk, .dv = s.dv, .positions = mb.positions,
                                                                  .table = D.rope ? rope_table_ : nullptr, .rows = T, .heads = D.nh_local,
-                                                                 .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
+                                                                 .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
   } else {  // zero for the group's query heads other ranks own: their gradients arrive in the replica sum
     MT_PROF("bwd.qkv_merge_rope", copy_own_heads(s.dq, s.q_all, T, true));
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv, .dq = s.q_all, .dk = s.dk, .dv = s.dv, .positions = mb.positions,
                                                                  .table = D.rope ? rope_table_ : nullptr, .rows = T, .heads = D.qh_local,
-                                                                 .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
+                                                                 .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
   }
   linear_dgrad(l, r, kLinearQkv, "bwd.gemm.qkv_dgrad", T, h, Wq, s.qkv, lw.qkv_w, s.dxn);
   if (defer) {

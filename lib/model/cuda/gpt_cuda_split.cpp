@@ -80,7 +80,7 @@ void CudaGPT::attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb
                                      w(lw.qkv_b), stream_));
   MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q + r0 * Hd, .k = r.k + r0 * KVd, .v = r.v + r0 * KVd, .qkv = s.qkv + r0 * Wq,
                                                       .positions = layer_positions(mb) + r0, .table = D.rope ? rope_table_ : nullptr, .rows = rows,
-                                                      .heads = D.nh_local, .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
+                                                      .heads = D.nh_local, .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
   const cuda::SdpaShape sh{Bh, mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
   MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q + r0 * Hd, r.k + r0 * KVd, r.v + r0 * KVd, r.o + r0 * Hd,
                                                                r.stats + half * Bh * D.nh_local * mb.S, stream_));
@@ -231,7 +231,7 @@ void CudaGPT::attention_backward_half(int64_t l, int64_t half, Record& r, const 
   MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv + r0 * Wq, .dq = s.dq + r0 * Hd, .dk = s.dk + r0 * KVd,
                                                                .dv = s.dv + r0 * KVd, .positions = layer_positions(mb) + r0,
                                                                .table = D.rope ? rope_table_ : nullptr, .rows = rows, .heads = D.nh_local,
-                                                               .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_}, stream_));
+                                                               .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
   MT_PROF("bwd.gemm.qkv_dgrad", lt.gemm_ex(false, false, rows, h, Wq, 1.0f, s.qkv + r0 * Wq, Wq, w(lw.qkv_w), h, 0.0f, s.dxn + r0 * h, h, ab_, ab_, nullptr,
                                            stream_));
   if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), s.qkv + r0 * Wq, rows, Wq, stream_, dt_));
