@@ -55,7 +55,7 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   SEQ="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-router-load-balancing-type seq_aux_loss"
   GLOBAL="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-router-load-balancing-type global_aux_loss"
   for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L" "--bf16 $L $M" "--bf16 $L $F8" "--bf16 $F8" "--bf16 $L $F8D" "--bf16 $L $OFF" \
-               "--bf16 $L $F8B" "--bf16 $L $DOC" "--bf16 $L $DROP" "--bf16 $SQ" "--bf16 $L $SEQ --rotary-interleaved" "--bf16 $L $GLOBAL"; do
+               "--bf16 $L $F8B" "--bf16 $L $DOC" "--bf16 $L $DROP" "--bf16 $SQ $F8" "--bf16 $L $SEQ --rotary-interleaved" "--bf16 $L $GLOBAL"; do
     # shellcheck disable=SC2086
     out=$(compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S $extra 2>&1) || {
       echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck"; exit 1; }

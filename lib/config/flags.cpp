@@ -62,7 +62,7 @@ std::vector<FlagSpec> build_table() {
       F(kNet, "qk-layernorm", model.qk_layernorm, "Normalize each query and key head before RoPE"),
       F(kNet, "openai-gelu", model.openai_gelu, "GELU in its tanh form (megatrain's GELU always is; docs/design-notes.md)"),
       F(kNet, "squared-relu", model.squared_relu, "Squared ReLU as the MLP's activation"),
-      F(kNet, "rotary-interleaved", model.rotary_interleaved, "RoPE on interleaved channel pairs instead of halves (CPU engine)"),
+      F(kNet, "rotary-interleaved", model.rotary_interleaved, "RoPE on interleaved channel pairs instead of halves"),
       F(kNet, "vocab-size", model.vocab_size, "Vocabulary size (NullTokenizer / mock data)"),
       // Regularization
       F(kReg, "hidden-dropout", model.hidden_dropout, "Dropout after attention and MLP"),

@@ -943,12 +943,16 @@ int main() {
   test_training("gpt", std::string(kPlain) + "--hidden-dropout 0.1 ");
   test_training("llama-recompute", std::string(kPlain) + "--hidden-dropout 0.1 ");
   test_attention_dropout();
-  // Squared ReLU (Nemotron's MLP activation), apart from the fc1 GEMM: plain, recomputed, and with biases under fp16.
+  // Squared ReLU (Nemotron's MLP activation), apart from the fc1 GEMM: plain, recomputed, and with biases under fp16;
+  // then with a wide initialisation, where the activation matters from the start, against the CPU's curve and its
+  // gradient norms (GELU there would stand apart).
   test_training("gpt", std::string(kPlain) + "--squared-relu ");
+  test_flag_effect("gpt", std::string(kPlain) + "--init-method-std 0.2 ", "--squared-relu ", 0, 0.0);
   test_training("gpt", std::string(kPlain) + "--squared-relu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
   test_training("gpt", std::string(kPlain) + "--squared-relu --fp16 --loss-scale 1024 ");
   // Interleaved RoPE pairs (the split/merge kernels, and rope_apply_16 under --qk-layernorm).
   test_training("llama", std::string(kPlain) + "--rotary-interleaved ");
+  test_flag_effect("llama", std::string(kPlain) + "--init-method-std 0.2 ", "--rotary-interleaved ", 0, 0.0);
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm --rotary-interleaved ");
   test_training("gpt", std::string(kPlain) + "--qk-layernorm ");
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm ");

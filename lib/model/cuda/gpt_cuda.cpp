@@ -242,9 +242,12 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (D.fp8 && (tp_size_ > 1 || moe_layers_ > 0)) {
     throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism and MoE layers so far: use --device cpu for those");
   }
-  if (!D.swiglu && D.F_local % 8 != 0) {
+  if (!D.swiglu && !D.squared_relu && D.F_local % 8 != 0) {
     throw std::runtime_error("the CUDA engine fuses GELU into the fc1 GEMM, which needs --ffn-hidden-size / TP to be a multiple of 8 (this model: " +
                              std::to_string(D.F_local) + "): change --ffn-hidden-size, or use --device cpu");
+  }
+  if (D.squared_relu && moe_layers_ > 0) {  // (refused by name in train/capabilities: a guard for other callers)
+    throw std::runtime_error("--squared-relu experts are not implemented on the CUDA engine: use --device cpu");
   }
   const int64_t T = *cfg.training.micro_batch_size * D.S;
   const int64_t balance_groups = moe_seq_aux_ ? *cfg.training.micro_batch_size : 1;  // (the aux loss's: per sequence under seq_aux_loss)
