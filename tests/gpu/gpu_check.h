@@ -2,6 +2,8 @@
 // returns nonzero when any failed), bf16-exact random values, and the 16-bit conversions of whole vectors.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -24,6 +26,18 @@ inline std::vector<float> random_bf16_values(size_t n, uint64_t key, float scale
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = bf16_to_float(float_to_bf16(scale * philox_normal(key, i)));
   return v;
+}
+
+// max |a - b| / max |b| over the vectors; infinite where a holds a value that is not finite.
+template <typename A, typename B>
+double rel_err(const std::vector<A>& a, const std::vector<B>& b) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(static_cast<double>(a[i]))) return INFINITY;
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return num / den;
 }
 
 // To and from the 16-bit bits of bf16, or of fp16.

@@ -29,6 +29,7 @@ using mt::test::download;
 using mt::test::failures;
 using mt::test::from_16;
 using mt::test::random_bf16_values;
+using mt::test::rel_err;
 using mt::test::to_16;
 using mt::test::upload;
 
@@ -205,17 +206,6 @@ Reference reference(const Case& c, const std::vector<int>& mask, const std::vect
     }
   }
   return out;
-}
-
-// max |a - b| / max |b|.
-double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num = std::max(num, std::fabs(a[i] - b[i]));
-    den = std::max(den, std::fabs(b[i]));
-  }
-  return num / den;
 }
 
 void test_case(const Case& c) {

@@ -55,15 +55,7 @@ using mt::test::random_bf16_values;
 using mt::test::to_16;
 using mt::test::download;
 using mt::test::upload;
-// max |a - b| / max |b|
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, static_cast<double>(std::fabs(a[i] - b[i])));
-    den = std::max(den, static_cast<double>(std::fabs(b[i])));
-  }
-  return num / den;
-}
+using mt::test::rel_err;
 
 // documents: each sample cut into documents (--reset-attention-mask) of lengths 1, 2, 3, ... in turn from a
 // sample-dependent start, attended through the bias of kernels/cuda/document_bias.h. fp16: the tensors (and the bias)

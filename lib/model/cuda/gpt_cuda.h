@@ -195,10 +195,12 @@ class CudaGPT {
   // dispatch): the expert GEMMs' sizes.
   void moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   void moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const cuda::bf16* dy);
-  // The shared expert of an MoE layer (a dense MLP over every token of r.xn2): its output added into s.delta (the
-  // routed experts' combine), and its input gradient added into s.dxn.
-  void shared_expert_forward(const LayerW& lw, Record& r, int64_t T);
-  void shared_expert_backward(const LayerW& lw, Record& r, const cuda::bf16* dy, int64_t T);
+  // One expert's MLP over n rows (a routed expert's rows, or the shared expert over every token; gpt_cuda_moe.cpp):
+  // out = fc2(act(fc1(x))) (beta 1: added onto out), and its backward (din_beta 1: added onto din).
+  void expert_forward(bool shared, int64_t n, int64_t F, const cuda::bf16* x, int64_t w1, int64_t w2, cuda::bf16* fc1_out, cuda::bf16* act,
+                      cuda::bf16* out, float beta);
+  void expert_backward(bool shared, int64_t n, int64_t F, const cuda::bf16* dout, const cuda::bf16* x, int64_t w1, int64_t w2,
+                       const cuda::bf16* fc1_out, const cuda::bf16* act, cuda::bf16* dact, cuda::bf16* dfc1, cuda::bf16* din, float din_beta);
   Record& act(int64_t l);  // layer l's activations (the shared recompute record for a recomputed layer)
   cuda::bf16* gather_layer_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
   // The activations of a microbatch in flight: every layer's record and what the output layer's backward reads

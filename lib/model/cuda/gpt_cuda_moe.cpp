@@ -17,7 +17,6 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
-  auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, h = D.h, E = experts_, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
   const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0};
   MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_));
@@ -42,65 +41,62 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = r.per_expert[static_cast<size_t>(e)];
     if (n > 0) {
-      bf16* fc1 = r.ex_fc1 + off * F1m;
-      bf16* act = r.ex_act + off * Fm;
-      if (D.swiglu) {
-        MT_PROF("fwd.moe.gemm.fc1", lt.gemm_ex(false, true, n, F1m, h, 1.0f, r.ex_rows + off * h, h, w(lw.expert_fc1[static_cast<size_t>(e)]), h, 0.0f, fc1,
-                                               F1m, ab_, ab_, nullptr, stream_));
-        MT_PROF("fwd.moe.activation", cuda::swiglu_forward_bf16(act, fc1, n, Fm, stream_, dt_));
-      } else {
-        MT_PROF("fwd.moe.gemm.fc1", lt.gemm_ex(false, true, n, Fm, h, 1.0f, r.ex_rows + off * h, h, w(lw.expert_fc1[static_cast<size_t>(e)]), h, 0.0f, act,
-                                               Fm, ab_, ab_, nullptr, stream_, {cuda::GemmEpilogue::kGeluAux, fc1, Fm}));
-      }
-      MT_PROF("fwd.moe.gemm.fc2", lt.gemm_ex(false, true, n, h, Fm, 1.0f, act, Fm, w(lw.expert_fc2[static_cast<size_t>(e)]), Fm, 0.0f, r.ex_out + off * h, h,
-                                             ab_, ab_, nullptr, stream_));
+      const auto e_ = static_cast<size_t>(e);
+      expert_forward(false, n, Fm, r.ex_rows + off * h, lw.expert_fc1[e_], lw.expert_fc2[e_], r.ex_fc1 + off * F1m, r.ex_act + off * Fm,
+                     r.ex_out + off * h, 0.0f);
     }
     off += n;
   }
   MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, r.route_weight, rt, stream_));
-  if (lw.shared_fc1_w >= 0) shared_expert_forward(lw, r, T);
+  if (lw.shared_fc1_w >= 0) expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f);
 }
 
-// As the dense MLP, without biases (MoE layers have none here): fc1, the activation, and fc2 accumulated onto the
-// routed output (C = s.delta: one rounding of their fp32 sum to 16 bits).
-void CudaGPT::shared_expert_forward(const LayerW& lw, Record& r, int64_t T) {
-  const ModelDims& D = D_;
-  Scratch& s = *s_;
+// One expert's MLP over n rows of x (no biases: MoE layers have none here): fc1, then SwiGLU (or GELU in fc1's
+// epilogue) into fc1_out and act, and fc2 into out, with beta 1 accumulating onto what out holds (one rounding of the
+// fp32 sum to 16 bits). `shared`: the shared expert's profile names.
+void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, int64_t w1, int64_t w2, bf16* fc1_out, bf16* act, bf16* out,
+                             float beta) {
   auto& lt = cuda::GemmLt::instance();
-  const int64_t h = D.h, Fs = F_shared_, F1s = D.swiglu ? 2 * F_shared_ : F_shared_;
-  if (D.swiglu) {
-    MT_PROF("fwd.moe.shared.gemm.fc1", lt.gemm_ex(false, true, T, F1s, h, 1.0f, r.xn2, h, w(lw.shared_fc1_w), h, 0.0f, r.sh_fc1, F1s, ab_, ab_, nullptr, stream_));
-    MT_PROF("fwd.moe.shared.activation", cuda::swiglu_forward_bf16(r.sh_act, r.sh_fc1, T, Fs, stream_, dt_));
+  const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
+  if (D_.swiglu) {
+    MT_PROF(shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1",
+            lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, nullptr, stream_));
+    MT_PROF(shared ? "fwd.moe.shared.activation" : "fwd.moe.activation", cuda::swiglu_forward_bf16(act, fc1_out, n, F, stream_, dt_));
   } else {
-    MT_PROF("fwd.moe.shared.gemm.fc1", lt.gemm_ex(false, true, T, Fs, h, 1.0f, r.xn2, h, w(lw.shared_fc1_w), h, 0.0f, r.sh_act, Fs, ab_, ab_, nullptr,
-                                                  stream_, {cuda::GemmEpilogue::kGeluAux, r.sh_fc1, Fs}));
+    MT_PROF(shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1",
+            lt.gemm_ex(false, true, n, F, h, 1.0f, x, h, w(w1), h, 0.0f, act, F, ab_, ab_, nullptr, stream_, {cuda::GemmEpilogue::kGeluAux, fc1_out, F}));
   }
-  MT_PROF("fwd.moe.shared.gemm.fc2", lt.gemm_ex(false, true, T, h, Fs, 1.0f, r.sh_act, Fs, w(lw.shared_fc2_w), Fs, 1.0f, s.delta, h, ab_, ab_, nullptr, stream_));
+  MT_PROF(shared ? "fwd.moe.shared.gemm.fc2" : "fwd.moe.gemm.fc2",
+          lt.gemm_ex(false, true, n, h, F, 1.0f, act, F, w(w2), F, beta, out, h, ab_, ab_, nullptr, stream_));
 }
 
-void CudaGPT::shared_expert_backward(const LayerW& lw, Record& r, const bf16* dy, int64_t T) {
-  const ModelDims& D = D_;
-  Scratch& s = *s_;
+// Its backward from dout [n, h]: dact (SwiGLU's) and dfc1 as scratch, the input gradient into din (beta 1: accumulated
+// onto it), and both weight gradients.
+void CudaGPT::expert_backward(bool shared, int64_t n, int64_t F, const bf16* dout, const bf16* x, int64_t w1, int64_t w2, const bf16* fc1_out,
+                              const bf16* act, bf16* dact, bf16* dfc1, bf16* din, float din_beta) {
   auto& lt = cuda::GemmLt::instance();
-  const int64_t h = D.h, Fs = F_shared_, F1s = D.swiglu ? 2 * F_shared_ : F_shared_;
-  if (D.swiglu) {
-    MT_PROF("bwd.moe.shared.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, Fs, h, 1.0f, dy, h, w(lw.shared_fc2_w), Fs, 0.0f, s.sh_dact, Fs, ab_, ab_, nullptr, stream_));
-  } else {
-    MT_PROF("bwd.moe.shared.gemm.fc2_dgrad", lt.gemm_ex(false, false, T, Fs, h, 1.0f, dy, h, w(lw.shared_fc2_w), Fs, 0.0f, s.sh_dfc1, Fs, ab_, ab_, nullptr,
-                                                        stream_, {cuda::GemmEpilogue::kDGelu, r.sh_fc1, Fs}));
+  const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
+  if (D_.swiglu) {
+    MT_PROF(shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad",
+            lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dact, F, ab_, ab_, nullptr, stream_));
+  } else {  // the GELU backward in the epilogue, straight to d(fc1 output)
+    MT_PROF(shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad",
+            lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dfc1, F, ab_, ab_, nullptr, stream_,
+                       {cuda::GemmEpilogue::kDGelu, const_cast<bf16*>(fc1_out), F}));
   }
-  wgrad_with_bias(stream_, "bwd.moe.shared.gemm.fc2_wgrad", h, T, dy, r.sh_act, Fs, lw.shared_fc2_w, -1);
-  if (D.swiglu) MT_PROF("bwd.moe.shared.activation", cuda::swiglu_backward_bf16(s.sh_dfc1, s.sh_dact, r.sh_fc1, T, Fs, stream_, dt_));
-  // (added onto the routed experts' and the router's input gradient)
-  MT_PROF("bwd.moe.shared.gemm.fc1_dgrad", lt.gemm_ex(false, false, T, h, F1s, 1.0f, s.sh_dfc1, F1s, w(lw.shared_fc1_w), h, 1.0f, s.dxn, h, ab_, ab_, nullptr, stream_));
-  wgrad_with_bias(stream_, "bwd.moe.shared.gemm.fc1_wgrad", F1s, T, s.sh_dfc1, r.xn2, h, lw.shared_fc1_w, -1);
+  wgrad_with_bias(stream_, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", h, n, dout, act, F, w2, -1);
+  if (D_.swiglu) {
+    MT_PROF(shared ? "bwd.moe.shared.activation" : "bwd.moe.activation", cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, stream_, dt_));
+  }
+  MT_PROF(shared ? "bwd.moe.shared.gemm.fc1_dgrad" : "bwd.moe.gemm.fc1_dgrad",
+          lt.gemm_ex(false, false, n, h, F1, 1.0f, dfc1, F1, w(w1), h, din_beta, din, h, ab_, ab_, nullptr, stream_));
+  wgrad_with_bias(stream_, shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", F1, n, dfc1, x, h, w1, -1);
 }
 
 void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const bf16* dy) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
-  auto& lt = cuda::GemmLt::instance();
   const int64_t T = mb.B * mb.S, h = D.h, E = experts_, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
   const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0};
   MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, dy, r.ex_out, r.row, r.route_weight, rt, stream_));
@@ -108,19 +104,9 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = r.per_expert[static_cast<size_t>(e)];
     if (n > 0) {
-      const bf16* dout = s.ex_dout + off * h;
-      bf16* dfc1 = s.ex_dfc1 + off * F1m;
-      const int64_t fc2 = lw.expert_fc2[static_cast<size_t>(e)], fc1 = lw.expert_fc1[static_cast<size_t>(e)];
-      if (D.swiglu) {
-        MT_PROF("bwd.moe.gemm.fc2_dgrad", lt.gemm_ex(false, false, n, Fm, h, 1.0f, dout, h, w(fc2), Fm, 0.0f, s.ex_dact + off * Fm, Fm, ab_, ab_, nullptr, stream_));
-      } else {  // the GELU backward in the epilogue, straight to d(fc1 output)
-        MT_PROF("bwd.moe.gemm.fc2_dgrad", lt.gemm_ex(false, false, n, Fm, h, 1.0f, dout, h, w(fc2), Fm, 0.0f, dfc1, Fm, ab_, ab_, nullptr, stream_,
-                                                     {cuda::GemmEpilogue::kDGelu, r.ex_fc1 + off * F1m, Fm}));
-      }
-      wgrad_with_bias(stream_, "bwd.moe.gemm.fc2_wgrad", h, n, dout, r.ex_act + off * Fm, Fm, fc2, -1);
-      if (D.swiglu) MT_PROF("bwd.moe.activation", cuda::swiglu_backward_bf16(dfc1, s.ex_dact + off * Fm, r.ex_fc1 + off * F1m, n, Fm, stream_, dt_));
-      MT_PROF("bwd.moe.gemm.fc1_dgrad", lt.gemm_ex(false, false, n, h, F1m, 1.0f, dfc1, F1m, w(fc1), h, 0.0f, s.ex_din + off * h, h, ab_, ab_, nullptr, stream_));
-      wgrad_with_bias(stream_, "bwd.moe.gemm.fc1_wgrad", F1m, n, dfc1, r.ex_rows + off * h, h, fc1, -1);
+      const auto e_ = static_cast<size_t>(e);
+      expert_backward(false, n, Fm, s.ex_dout + off * h, r.ex_rows + off * h, lw.expert_fc1[e_], lw.expert_fc2[e_], r.ex_fc1 + off * F1m,
+                      r.ex_act + off * Fm, s.ex_dact + off * Fm, s.ex_dfc1 + off * F1m, s.ex_din + off * h, 0.0f);
     }
     off += n;
   }
@@ -129,7 +115,10 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
                                                       mb.aux_grad_scale, rt, stream_));
   MT_PROF("bwd.moe.input", cuda::moe_input_backward(s.dxn, s.ex_din, r.row, s.dlogits, w(lw.router_w), rt, stream_));
   MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, r.xn2, rt, stream_));
-  if (lw.shared_fc1_w >= 0) shared_expert_backward(lw, r, dy, T);
+  // The shared expert, its input gradient added onto the routed experts' and the router's.
+  if (lw.shared_fc1_w >= 0) {
+    expert_backward(true, T, F_shared_, dy, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.sh_dact, s.sh_dfc1, s.dxn, 1.0f);
+  }
 }
 
 }  // namespace mt
