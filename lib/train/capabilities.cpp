@@ -164,12 +164,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.data.reset_attention_mask && c.data.seq_length.value_or(8) % 8 != 0,
      "--reset-attention-mask on the CUDA engine needs --seq-length to be a multiple of 8 (its mask is written 8 columns at a time): change it, or "
      "use --device cpu");
-  no(c.model.squared_relu && !cuda_unverified_allowed("squared-relu"), "--squared-relu on the CUDA engine has not run on a GPU yet: use --device cpu");
   no(c.model.squared_relu && c.moe.num_experts.has_value(), "--squared-relu experts are not implemented on the CUDA engine: use --device cpu");
   no(c.training.deterministic_mode, "--deterministic-mode: the CUDA engine is not bitwise repeatable (cuDNN's attention backward accumulates "
                                     "with atomics): use --device cpu, which always is, or drop it");
-  no(c.model.rotary_interleaved && !cuda_unverified_allowed("rotary-interleaved"),
-     "--rotary-interleaved on the CUDA engine has not run on a GPU yet: use --device cpu");
   no(c.parallel.context_parallel_size > 1,
      "--context-parallel-size > 1 runs on the CPU engine only so far: use --device cpu (the CUDA ring attention is not written yet)");
   if (c.precision.fp8_format) {
@@ -203,11 +200,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(c.precision.fp16, "mixture of experts on the CUDA engine computes in bf16: use --bf16");
     no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
     no(m.moe_expert_capacity_factor.has_value(), "--moe-expert-capacity-factor is not implemented on the CUDA engine (dropless only)" + cpu);
-    // (Both ran on a GPU with the CPU engine's loss curves; their aux losses' values, which the curves hardly show, are
-    // yet to be compared there.)
-    no((m.moe_router_load_balancing_type == "seq_aux_loss" && !cuda_unverified_allowed("moe-seq-aux-loss")) ||
-           (m.moe_router_load_balancing_type == "global_aux_loss" && !cuda_unverified_allowed("moe-global-aux-loss")),
-       "--moe-router-load-balancing-type " + m.moe_router_load_balancing_type + " is not yet verified on a GPU on the CUDA engine" + cpu);
     no(m.moe_router_enable_expert_bias, "--moe-router-enable-expert-bias is not implemented on the CUDA engine" + cpu);
     no(!c.model.disable_bias_linear, "MoE layers with biases are not implemented on the CUDA engine: add --disable-bias-linear, or use --device cpu");
     no(m.moe_router_dtype == "fp64", "--moe-router-dtype fp64 is not implemented on the CUDA engine (the router accumulates in fp32)" + cpu);

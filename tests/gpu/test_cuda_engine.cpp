@@ -334,22 +334,27 @@ void test_flag_effect(const std::string& model, const std::string& base, const s
     bool ok = n > 0 && cpu1.losses.size() == n && gpu0.losses.size() == n && gpu1.losses.size() == n && gpu1.skipped == 0;
     const size_t i = at < 0 ? n - 1 : static_cast<size_t>(at);
     const double cpu_effect = ok ? cpu1.losses[i] - cpu0.losses[i] : 0, gpu_effect = ok ? gpu1.losses[i] - gpu0.losses[i] : 0;
-    double worst = 0, worst_norm = 0;  // (the gradient norms too: Adam would hide a gradient scaled by a constant)
-    ok = ok && cpu1.grad_norms.size() == n && gpu1.grad_norms.size() == n;
+    double worst = 0, worst_norm = 0, base_norm = 0;  // (the gradient norms too: Adam would hide a gradient scaled by a constant)
+    ok = ok && cpu0.grad_norms.size() == n && gpu0.grad_norms.size() == n && cpu1.grad_norms.size() == n && gpu1.grad_norms.size() == n;
     for (size_t k = 0; ok && k < n; ++k) {
       worst = std::max(worst, std::fabs(gpu1.losses[k] - cpu1.losses[k]) / std::fabs(cpu1.losses[k]));
       worst_norm = std::max(worst_norm, std::fabs(gpu1.grad_norms[k] - cpu1.grad_norms[k]) / std::fabs(cpu1.grad_norms[k]));
+      base_norm = std::max(base_norm, std::fabs(gpu0.grad_norms[k] - cpu0.grad_norms[k]) / std::fabs(cpu0.grad_norms[k]));
     }
     bool valid = cpu1.valid_losses.size() == gpu1.valid_losses.size();
     for (size_t k = 0; valid && k < cpu1.valid_losses.size(); ++k) {
       valid = std::fabs(gpu1.valid_losses[k] - cpu1.valid_losses[k]) < 2e-2 * std::fabs(cpu1.valid_losses[k]);
     }
-    char buf[480];
+    char buf[560];
     std::snprintf(buf, sizeof(buf), "training %s with %s: the loss of iteration %zu moves by %.3e on the CPU, %.3e on the GPU; worst relative gap "
-                  "%.2e over %zu iterations (gradient norms %.2e), %zu validation runs %s", model.c_str(), flag.c_str(), i + 1, cpu_effect, gpu_effect,
-                  worst, n, worst_norm, gpu1.valid_losses.size(), valid ? "agree" : "differ");
+                  "%.2e over %zu iterations (gradient norms %.2e; without the flag %.2e), %zu validation runs %s", model.c_str(), flag.c_str(), i + 1,
+                  cpu_effect, gpu_effect, worst, n, worst_norm, base_norm, gpu1.valid_losses.size(), valid ? "agree" : "differ");
     const bool effect_ok = min_effect <= 0 || (std::fabs(cpu_effect) > min_effect && std::fabs(gpu_effect - cpu_effect) < 0.25 * std::fabs(cpu_effect));
-    check(ok && valid && worst < 2e-2 && worst_norm < (min_effect <= 0 ? 3e-2 : 1e-1) && effect_ok, buf);
+    // The gradient norms within bf16's tolerance, or (a wide initialisation amplifying bf16's rounding over the
+    // iterations) within twice the gap the same model shows without the flag (up to 1e-1): the flag adds no disagreement
+    // of its own.
+    const double norm_tolerance = std::max(min_effect <= 0 ? 3e-2 : 1e-1, std::min(2 * base_norm, 1e-1));
+    check(ok && valid && worst < 2e-2 && worst_norm < norm_tolerance && effect_ok, buf);
   } catch (const std::exception& e) {
     check(false, "training " + model + " with " + flag + ": " + e.what());
   }
@@ -433,14 +438,16 @@ void test_moe_route(int64_t E, int64_t k, bool sigmoid, bool pre_softmax, int64_
 }
 
 // One MoE microbatch's gradients, parameter by parameter, against the CPU engine's (no aux losses: the staged
-// microbatches carry no aux-loss scale): the shared expert's own, and every parameter before it, which its input
-// gradient reaches. Each parameter's max |GPU - CPU| / max |CPU| in bf16's tolerance; the routed experts' and the
-// routers' (which a near-tie in the router, sending a token elsewhere in bf16, moves by several percent: 8e-2 seen
-// for a router) are reported, not checked.
+// microbatches carry no aux-loss scale): the routers', the routed and shared experts', and every parameter before
+// them, which their input gradients reach. Each parameter's max |GPU - CPU| / max |CPU| in bf16's tolerance. Every
+// token picks all four experts (top 4 of 4): with top 2, a near-tie in a router that bf16 breaks the other way than
+// the CPU's fp32 sends a token elsewhere, moving the routers' and experts' gradients, and every one upstream of them
+// (the embedding's), by 5e-2 to 2e-1 (seen); with every expert chosen there is no choice to flip, and the routing
+// weights, the expert GEMMs and the gathers still differ per token.
 void test_moe_gradients(const std::string& model, const std::string& extra) {
   const std::string name = "MoE gradients " + model + " " + extra;
   try {
-    const mt::Config cfg = make_config(model, std::string(MT_PLAIN_BATCH "--train-iters 1 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 "
+    const mt::Config cfg = make_config(model, std::string(MT_PLAIN_BATCH "--train-iters 1 --num-experts 4 --moe-router-topk 4 --moe-ffn-hidden-size 128 "
                                                           "--moe-aux-loss-coeff 0 ") + extra);
     mt::ParamStore store;
     const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
@@ -465,24 +472,23 @@ void test_moe_gradients(const std::string& model, const std::string& extra) {
     const float* c = cpu.params().grads().f32();
     double worst = 0, worst_routed = 0;
     std::string worst_name;
-    bool shared_seen = false;
+    bool shared_seen = false, router_seen = false;
     for (const mt::ParamInfo& p : store.infos()) {
       const std::vector<float> a(g.begin() + p.offset, g.begin() + p.offset + p.numel), b(c + p.offset, c + p.offset + p.numel);
       const double e = rel_err(a, b);
       const bool routed = p.name.find(".experts.") != std::string::npos || p.name.find("mlp.router.") != std::string::npos;
       shared_seen = shared_seen || p.name.find("shared_experts") != std::string::npos;
-      if (routed) {
-        worst_routed = std::max(worst_routed, e);
-      } else if (e > worst) {
+      router_seen = router_seen || p.name.find("mlp.router.") != std::string::npos;
+      if (routed) worst_routed = std::max(worst_routed, e);
+      if (e > worst) {
         worst = e;
         worst_name = p.name;
       }
     }
     char buf[360];
-    std::snprintf(buf, sizeof(buf), "%s: worst parameter %s %.2e apart from the CPU engine's (the routed experts' and routers': %.2e)", name.c_str(),
-                  worst_name.c_str(),
-                  worst, worst_routed);
-    check(shared_seen == (extra.find("shared-expert") != std::string::npos) && worst < 5e-2, buf);
+    std::snprintf(buf, sizeof(buf), "%s: worst parameter %s %.2e apart from the CPU engine's (the routed experts' and routers' worst: %.2e)",
+                  name.c_str(), worst_name.c_str(), worst, worst_routed);
+    check(router_seen && shared_seen == (extra.find("shared-expert") != std::string::npos) && worst < 5e-2, buf);
     cudaFree(acc);
     cudaStreamDestroy(stream);
   } catch (const std::exception& e) {
@@ -939,12 +945,12 @@ int main() {
   // then with a wide initialisation, where the activation matters from the start, against the CPU's curve and its
   // gradient norms (GELU there would stand apart).
   test_training("gpt", std::string(kPlain) + "--squared-relu ");
-  test_flag_effect("gpt", std::string(kPlain) + "--init-method-std 0.2 ", "--squared-relu ", 0, 0.0);
+  test_flag_effect("gpt", std::string(kPlain) + "--init-method-std 0.2 ", "--squared-relu ", 0, 2e-2);  // (-8.1e-2 seen)
   test_training("gpt", std::string(kPlain) + "--squared-relu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
   test_training("gpt", std::string(kPlain) + "--squared-relu --fp16 --loss-scale 1024 ");
   // Interleaved RoPE pairs (the split/merge kernels, and rope_apply_16 under --qk-layernorm).
   test_training("llama", std::string(kPlain) + "--rotary-interleaved ");
-  test_flag_effect("llama", std::string(kPlain) + "--init-method-std 0.2 ", "--rotary-interleaved ", 0, 0.0);
+  test_flag_effect("llama", std::string(kPlain) + "--init-method-std 0.2 ", "--rotary-interleaved ", 0, 5e-2);  // (2.2e-1 seen)
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm --rotary-interleaved ");
   test_training("gpt", std::string(kPlain) + "--qk-layernorm ");
   test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm ");
@@ -1019,6 +1025,7 @@ moe_tests:
   test_moe_training("llama-recompute", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 --moe-layer-freq [1,0] ");
   test_moe_gradients("llama", "");
   test_moe_gradients("llama", "--moe-shared-expert-intermediate-size 192 ");
+  test_moe_gradients("llama-recompute", "--moe-router-score-function sigmoid ");
   test_moe_gradients("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");
   if (only && std::string(only) == "moe") {
     std::printf("%d failure(s)\n", failures);
