@@ -60,7 +60,8 @@ struct LayerParams {
   std::vector<Expert> experts;
   size_t shared_fc1_w = kNoParam, shared_fc1_b = kNoParam, shared_fc2_w = kNoParam, shared_fc2_b = kNoParam;
   // The layer's parameters are the indices [first, end) (registration order); the dense ones are contiguous in the
-  // flat buffers, the experts' sit in the expert range after every dense parameter (ParamStore::group_range).
+  // flat buffers, the experts' sit in the expert range after every dense parameter (ParamStore::group_range), and
+  // the expert bias (not trainable) after both.
   size_t first = 0, end = 0;
 };
 

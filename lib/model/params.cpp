@@ -31,7 +31,7 @@ size_t ParamStore::add(ParamInfo info) {
 std::pair<int64_t, int64_t> ParamStore::group_range(GradGroup g) const {
   int64_t lo = total_, hi = 0;
   for (const ParamInfo& p : infos_) {
-    if (p.grad_group != g) continue;
+    if (p.grad_group != g || !p.trainable) continue;  // (the buffers at the end belong to no group)
     lo = std::min(lo, p.offset);
     hi = std::max(hi, p.offset + p.numel);
   }
@@ -41,11 +41,12 @@ std::pair<int64_t, int64_t> ParamStore::group_range(GradGroup g) const {
 
 void ParamStore::allocate() {
   // The dense parameters first, the experts' after them: each gradient group one flat range (a dense model's
-  // offsets are its registration order, as before).
+  // offsets are its registration order, as before). Last the buffers that no optimizer updates (the expert bias):
+  // the trainable parameters then lie in one range from 0, as the optimizer state does.
   int64_t off = 0;
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = 0; pass < 3; ++pass) {
     for (ParamInfo& p : infos_) {
-      if ((p.grad_group == GradGroup::kExpert) != (pass == 1)) continue;
+      if ((!p.trainable ? 2 : p.grad_group == GradGroup::kExpert ? 1 : 0) != pass) continue;
       p.offset = off;
       off += p.numel;
     }

@@ -39,7 +39,8 @@ struct ParamInfo {
   float init_std = 0.02f;
   bool weight_decay = true;           // Megatron: no decay on biases and norm weights
   // false: state kept with the parameters and checkpointed, but no optimizer touches it (Megatron's persistent
-  // buffers: the router's expert bias, updated outside the gradient).
+  // buffers: the router's expert bias, updated outside the gradient). Such buffers sit after every trainable
+  // parameter in the flat buffers, in no gradient group.
   bool trainable = true;
   int64_t offset = 0;                 // element offset in the flat buffers
   int64_t numel = 0;
@@ -57,8 +58,8 @@ class ParamStore {
   // Registers a parameter; returns its index. allocate() assigns the offsets: registration order within each
   // gradient group, the dense group first.
   size_t add(ParamInfo info);
-  // Allocates the flat buffers (zeroed), the expert parameters' offsets after all the dense ones. No add() after
-  // this.
+  // Allocates the flat buffers (zeroed), the expert parameters' offsets after all the dense ones, the buffers
+  // (trainable false) last. No add() after this.
   void allocate();
   // Draws every parameter from the counter-based RNG: element e of the *global* tensor of parameter p
   // gets normal(key(seed, p.name), e) * std, so a shard holds exactly its slice of the full model.
@@ -66,8 +67,8 @@ class ParamStore {
 
   size_t size() const { return infos_.size(); }
   int64_t numel() const { return total_; }
-  // The flat range of one gradient group's parameters: allocate() places the dense parameters first and the
-  // expert parameters after them, each group in registration order.
+  // The flat range of one gradient group's trainable parameters: allocate() places the dense parameters first and
+  // the expert parameters after them, each group in registration order.
   std::pair<int64_t, int64_t> group_range(GradGroup g) const;
   bool has_experts() const { return group_range(GradGroup::kExpert).second > group_range(GradGroup::kExpert).first; }
   const ParamInfo& info(size_t i) const { return infos_[i]; }

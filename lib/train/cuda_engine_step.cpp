@@ -214,6 +214,11 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   MT_CUDA_CHECK(cudaMemcpyAsync(loss_hist_ + slot, &st_->loss, 4, cudaMemcpyDeviceToDevice, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(norm_hist_ + slot, &st_->grad_norm, 4, cudaMemcpyDeviceToDevice, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(skip_hist_ + slot, &st_->skip, 4, cudaMemcpyDeviceToDevice, stream_));
+  // Aux-loss-free balancing (Megatron's expert bias): each MoE layer's bias from the iteration's expert counts,
+  // before they are cleared (as the CPU engine, after the step; the bias is no parameter of the optimizer).
+  if (cfg.moe.moe_router_enable_expert_bias) {
+    for (CudaGPT* m : chunks_models_) m->update_expert_biases(static_cast<float>(cfg.moe.moe_router_bias_update_rate));
+  }
   if (moe_row_ > 0) {  // this step's MoE statistics, then a clean sum for the next
     MT_CUDA_CHECK(cudaMemcpyAsync(moe_hist_ + slot * static_cast<size_t>(moe_row_), model_->moe_stats(), static_cast<size_t>(moe_row_) * 4,
                                   cudaMemcpyDeviceToDevice, stream_));
@@ -394,6 +399,7 @@ void CudaEngine::save(TrainState state) {
   who.world_size = groups_.world->size();
   who.writes_params = dp_rank_ == 0;
   who.writes_optimizer = dp_rank_ == 0 || dist_opt_;
+  for (const CudaGPT* m : chunks_models_) m->download_expert_biases(*host_);  // (fp32: not in the working weights)
   auto snap = take_snapshot(cfg, *host_, *host_opt_, state, who, !cfg.checkpoint.no_save_optim);
   if (groups_.tp->rank() == 0 && dp_rank_ == 0) {  // FP8 delayed scaling: one writer per stage
     for (CudaGPT* m : chunks_models_) {

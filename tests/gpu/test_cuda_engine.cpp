@@ -392,30 +392,76 @@ void test_moe_training(const std::string& model, const std::string& extra) {
   }
 }
 
+// Aux-loss-free balancing (--moe-router-enable-expert-bias): both engines train 30 iterations; the GPU run's
+// checkpoint, loaded by the CPU engine, holds each MoE layer's bias, which must be the CPU run's: each step moves every
+// element by +-rate from the iteration's expert counts, so a bias never updated, updated the wrong way, or not saved
+// stands apart at once. A token that a near-tie in bf16 routes elsewhere can move a count across the mean: up to a
+// quarter of the elements may differ (2 rates each, seen on a flip), and the curves follow the CPU's (bf16 tolerance).
+void test_moe_expert_bias(const std::string& model, const std::string& extra) {
+  const std::string name = "MoE expert bias " + model + " " + extra;
+  char tmpl[] = "/tmp/megatrain-cuda-bias-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  mt::TrainOptions quiet{true, 0};
+  try {
+    const std::string flags = std::string(kMoe) + "--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2 " + extra;
+    const auto cpu = mt::train(make_config(model, flags), mt::ProcessGroups::single(), quiet);
+    const auto gpu = mt::train_cuda(make_config(model, flags + "--save " + dir + " --save-interval 30 "), mt::ProcessGroups::single(), quiet);
+    const auto saved = mt::train(make_config(model, flags + "--load " + dir + " "), mt::ProcessGroups::single(), quiet);
+    int64_t elements = 0, equal = 0, layers = 0;
+    double worst_curve = 0, largest = 0;
+    for (const mt::ParamInfo& p : cpu.model->params().infos()) {
+      if (p.name.find("mlp.router.expert_bias") == std::string::npos) continue;
+      ++layers;
+      const float* a = cpu.model->params().params().f32() + p.offset;
+      const mt::ParamInfo* q = nullptr;
+      for (const mt::ParamInfo& i : saved.model->params().infos()) q = i.name == p.name ? &i : q;
+      if (!q) throw std::runtime_error("the GPU's checkpoint has no " + p.name);
+      const float* b = saved.model->params().params().f32() + q->offset;
+      for (int64_t e = 0; e < p.numel; ++e, ++elements) {
+        equal += std::fabs(a[e] - b[e]) < 1e-6f;
+        largest = std::max(largest, static_cast<double>(std::fabs(a[e])));
+      }
+    }
+    const bool same_len = cpu.losses.size() == gpu.losses.size() && !cpu.losses.empty();
+    for (size_t i = 0; same_len && i < cpu.losses.size(); ++i) worst_curve = std::max(worst_curve, std::fabs(gpu.losses[i] - cpu.losses[i]) / cpu.losses[i]);
+    char buf[360];
+    std::snprintf(buf, sizeof(buf), "%s: %lld of %lld bias elements (%lld layers) equal to the CPU run's, largest |bias| %.3f; curves within %.2e", name.c_str(),
+                  static_cast<long long>(equal), static_cast<long long>(elements), static_cast<long long>(layers), largest, worst_curve);
+    check(layers > 0 && same_len && 4 * equal >= 3 * elements && largest > 0.05 && worst_curve < 2e-2, buf);
+  } catch (const std::exception& e) {
+    check(false, name + ": " + e.what());
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // The route kernel's choices against the CPU router's (kernels/cpu/router.cpp) on random logits: the experts each
 // token picks (exactly; the scores are computed alike, so only a tie within float rounding could differ) and their
-// weights. Group-limited routing changes the choices but not the load-balancing statistics, so only this sees it.
-void test_moe_route(int64_t E, int64_t k, bool sigmoid, bool pre_softmax, int64_t groups, int64_t group_topk) {
+// weights. Group-limited routing changes the choices but not the load-balancing statistics, so only this sees it;
+// so does the expert bias (`with_bias`: added to the scores for the choice only; "groups change" then counts the
+// choices that groups and bias together change).
+void test_moe_route(int64_t E, int64_t k, bool sigmoid, bool pre_softmax, int64_t groups, int64_t group_topk, bool with_bias = false) {
   const int64_t T = 1024;
   char name[160];
-  std::snprintf(name, sizeof(name), "MoE route kernel: %lld experts, top %lld, %s%s, groups %lld / %lld", static_cast<long long>(E),
+  std::snprintf(name, sizeof(name), "MoE route kernel: %lld experts, top %lld, %s%s, groups %lld / %lld%s", static_cast<long long>(E),
                 static_cast<long long>(k), sigmoid ? "sigmoid" : "softmax", pre_softmax ? " pre-softmax" : "", static_cast<long long>(groups),
-                static_cast<long long>(group_topk));
+                static_cast<long long>(group_topk), with_bias ? ", expert bias" : "");
   try {
-    std::vector<float> logits(static_cast<size_t>(T * E));
+    std::vector<float> logits(static_cast<size_t>(T * E)), bias(static_cast<size_t>(E));
     for (size_t i = 0; i < logits.size(); ++i) logits[i] = mt::philox_normal(77, i);
+    for (size_t e = 0; e < bias.size(); ++e) bias[e] = 0.1f * mt::philox_normal(78, e);
     mt::cpu::RouterSettings s{E, k, sigmoid, pre_softmax, 1.0f, groups, group_topk};
     std::vector<int32_t> top(static_cast<size_t>(T * k)), plain_top(static_cast<size_t>(T * k));
     std::vector<float> weight(static_cast<size_t>(T * k)), plain_weight(static_cast<size_t>(T * k));
-    mt::cpu::route_topk(s, logits.data(), nullptr, T, top.data(), weight.data());
+    mt::cpu::route_topk(s, logits.data(), with_bias ? bias.data() : nullptr, T, top.data(), weight.data());
     mt::cpu::RouterSettings plain = s;
     plain.num_groups = plain.group_topk = 0;
     mt::cpu::route_topk(plain, logits.data(), nullptr, T, plain_top.data(), plain_weight.data());
     float* d_logits = upload(logits);
+    float* d_bias = upload(bias);
     int32_t* d_top = upload(std::vector<int32_t>(top.size()));
     float* d_weight = upload(std::vector<float>(weight.size()));
     const mt::cuda::MoeRouting r{T, E, k, 0, sigmoid, pre_softmax, 1.0f, groups, group_topk};
-    mt::cuda::moe_route(d_top, d_weight, d_logits, r, nullptr);
+    mt::cuda::moe_route(d_top, d_weight, d_logits, r, nullptr, with_bias ? d_bias : nullptr);
     const std::vector<int32_t> g_top = download(d_top, top.size());
     const std::vector<float> g_weight = download(d_weight, weight.size());
     int64_t differ = 0, grouped = 0;
@@ -428,8 +474,9 @@ void test_moe_route(int64_t E, int64_t k, bool sigmoid, bool pre_softmax, int64_
     char buf[320];
     std::snprintf(buf, sizeof(buf), "%s: %lld of %lld choices differ from the CPU router's, weights within %.2e; groups change %lld choices",
                   name, static_cast<long long>(differ), static_cast<long long>(top.size()), worst, static_cast<long long>(grouped));
-    check(differ == 0 && worst < 1e-6 && (groups == 0 || grouped > 0), buf);
+    check(differ == 0 && worst < 1e-6 && ((groups == 0 && !with_bias) || grouped > 0), buf);
     cudaFree(d_logits);
+    cudaFree(d_bias);
     cudaFree(d_top);
     cudaFree(d_weight);
   } catch (const std::exception& e) {
@@ -1015,6 +1062,11 @@ moe_tests:
   test_moe_route(64, 8, true, false, 8, 4);
   test_moe_route(16, 4, false, true, 4, 2);
   test_moe_route(32, 6, false, false, 4, 3);
+  test_moe_route(8, 2, true, false, 0, 0, true);
+  test_moe_route(64, 8, true, false, 8, 4, true);
+  // Aux-loss-free balancing: the biases after 30 iterations, plain and recomputed, and a resume that must restore them.
+  test_moe_expert_bias("llama", "");
+  test_moe_expert_bias("llama-recompute", "--moe-shared-expert-intermediate-size 128 ");
   test_moe_training("llama", "--moe-router-num-groups 2 --moe-router-group-topk 1 ");
   test_moe_training("llama", "--num-experts 8 --moe-router-score-function sigmoid --moe-router-num-groups 4 --moe-router-group-topk 2 ");
   // The aux loss per sequence (seq_aux_loss), softmax and sigmoid scores (the batch's four sequences each their own).
@@ -1055,6 +1107,8 @@ moe_tests:
   test_offload("llama", "--optimizer-offload-fraction 0.3 ", "--fp16 --loss-scale 1024 ");
   test_offload("llama", "--optimizer-offload-fraction 0.5 ", "--fp16 --initial-loss-scale 4294967296 ");  // skipped steps at the start
   test_resume("--optimizer-cpu-offload --optimizer-offload-fraction 0.6 ");
+  test_resume("--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-router-score-function sigmoid --moe-router-enable-expert-bias "
+              "--moe-router-bias-update-rate 1e-2 ");
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -65,7 +65,7 @@ __global__ void logits_kernel(float* logits, const __nv_bfloat16* xn, const __nv
   if (lane == 0) logits[t * E + e] = s;
 }
 
-__global__ void route_kernel(int32_t* top, float* weight, const float* logits, MoeRouting r) {
+__global__ void route_kernel(int32_t* top, float* weight, const float* logits, MoeRouting r, const float* expert_bias) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= r.tokens) return;
   const int E = static_cast<int>(r.experts), k = static_cast<int>(r.topk);
@@ -83,7 +83,13 @@ __global__ void route_kernel(int32_t* top, float* weight, const float* logits, M
     for (int e = 0; e < E; ++e) scores[e] = x[e];
   }
   int32_t* idx = top + t * k;
-  limited_top_k(scores, E, k, static_cast<int>(r.num_groups), static_cast<int>(r.group_topk), idx);
+  if (expert_bias) {  // the choice from the biased scores, the weights from the scores
+    float choice[kMaxExperts];
+    for (int e = 0; e < E; ++e) choice[e] = scores[e] + expert_bias[e];
+    limited_top_k(choice, E, k, static_cast<int>(r.num_groups), static_cast<int>(r.group_topk), idx);
+  } else {
+    limited_top_k(scores, E, k, static_cast<int>(r.num_groups), static_cast<int>(r.group_topk), idx);
+  }
   float* w = weight + t * k;
   if (r.sigmoid) {
     double sum = 0;
@@ -207,6 +213,17 @@ __global__ void column_sums_kernel(float* probsum, float* z, const float* scores
     if (i < G * E) probsum[i] = s;
     else z[0] = s;
   }
+}
+
+// One block per layer, one thread per expert: sign(mean - count) as sign(sum - E count), exact on the whole counts.
+__global__ void update_expert_bias_kernel(float* bias, const float* acc, int64_t E, float rate) {
+  const int64_t l = blockIdx.x, e = threadIdx.x;
+  if (e >= E) return;
+  const float* counts = acc + l * (2 + E) + 2;
+  double sum = 0;
+  for (int64_t i = 0; i < E; ++i) sum += counts[i];
+  const double offset = sum - static_cast<double>(E) * counts[e];
+  bias[l * E + e] += rate * (offset > 0 ? 1.0f : offset < 0 ? -1.0f : 0.0f);
 }
 
 __global__ void aux_finish_kernel(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts,
@@ -349,9 +366,16 @@ void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRo
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st) {
+void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st, const float* expert_bias) {
   if (r.experts > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
-  route_kernel<<<blocks(r.tokens, 128), 128, 0, st>>>(top, weight, logits, r);
+  route_kernel<<<blocks(r.tokens, 128), 128, 0, st>>>(top, weight, logits, r, expert_bias);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_update_expert_bias(float* bias, const float* acc, int64_t layers, int64_t E, float rate, cudaStream_t st) {
+  if (layers <= 0) return;
+  if (E > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
+  update_expert_bias_kernel<<<static_cast<unsigned>(layers), kMaxExperts, 0, st>>>(bias, acc, E, rate);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

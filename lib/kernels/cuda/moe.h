@@ -29,8 +29,13 @@ struct MoeRouting {
 // logits[T, E] (fp32) = xn[T, h] w[E, h]^T, accumulated in fp32.
 void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st);
 // top[T, k] (descending, ties to the lower expert; with groups, among the experts of the best group_topk groups, each
-// group scored by the sum of its best topk / group_topk scores) and weight[T, k].
-void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st);
+// group scored by the sum of its best topk / group_topk scores) and weight[T, k]. expert_bias (E floats, may be null:
+// --moe-router-enable-expert-bias) is added to the scores for the choice only, not the weights.
+void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st, const float* expert_bias = nullptr);
+// Aux-loss-free balancing after a step (Megatron's get_updated_expert_bias), for `layers` MoE layers: each layer's
+// bias[E] += rate x sign(mean count - count[e]), the counts being the tokens each expert kept over the iteration:
+// acc[l (2 + E) + 2 + e] (moe_aux_finish's statistics).
+void moe_update_expert_bias(float* bias, const float* acc, int64_t layers, int64_t E, float rate, cudaStream_t st);
 // The choices' rows: counts[E] per expert, offsets[E + 1], row[T * k] (expert-major, each expert's choices in
 // token order).
 void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, const int32_t* top, const MoeRouting& r, cudaStream_t st);

@@ -87,7 +87,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   // Every parameter is a view into the flat buffers; cuBLASLt's kernels load 16-byte vectors, so each view
   // must start on a multiple of 8 elements (true when hidden, FFN and vocabulary sizes are multiples of 8).
   for (const auto& p : layout.infos()) {
-    if (p.offset % 8 != 0) {
+    if (p.offset % 8 != 0 && p.trainable) {  // (a buffer such as the expert bias is no GEMM operand)
       throw std::runtime_error("the CUDA engine needs every parameter to start on a multiple of 8 elements; " + p.name +
                                " does not (make --hidden-size, --ffn-hidden-size and the padded vocabulary multiples of 8 per tensor-parallel rank), or use --device cpu");
     }
@@ -158,7 +158,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     int64_t lo = numel_, hi = 0;  // the layer's dense parameters (an MoE layer's experts sit in the expert range)
     for (size_t i = ly.first; i < ly.end; ++i) {
       if (layout.info(i).tp_replicated()) layer_replicated_[static_cast<size_t>(l)].emplace_back(layout.info(i).offset, layout.info(i).numel);
-      if (layout.info(i).grad_group != GradGroup::kDense) continue;
+      if (layout.info(i).grad_group != GradGroup::kDense || !layout.info(i).trainable) continue;
       lo = std::min(lo, layout.info(i).offset);
       hi = std::max(hi, layout.info(i).offset + layout.info(i).numel);
     }
@@ -174,6 +174,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       lw.shared_fc1_w = offset(ly.shared_fc1_w);
       lw.shared_fc2_w = offset(ly.shared_fc2_w);
       lw.moe_index = moe_layers_++;
+      if (ly.expert_bias != kNoParam) expert_bias_offsets_.push_back(layout.info(ly.expert_bias).offset);
     }
   }
   embed_end_ = pre_ ? layout.info(where.embedding_end - 1).offset + layout.info(where.embedding_end - 1).numel : 0;
@@ -205,6 +206,16 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     const size_t acc = static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4;
     moe_acc_ = static_cast<float*>(alloc(acc));
     MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, acc, stream_));
+    if (!expert_bias_offsets_.empty()) {  // (every MoE layer has one, or none does)
+      if (static_cast<int64_t>(expert_bias_offsets_.size()) != moe_layers_) throw std::logic_error("CUDA model: an expert bias in some MoE layers only");
+      std::vector<float> bias(static_cast<size_t>(moe_layers_ * experts_));
+      for (int64_t l = 0; l < moe_layers_; ++l) {
+        const float* from = layout.params().f32() + expert_bias_offsets_[static_cast<size_t>(l)];
+        std::copy(from, from + experts_, bias.begin() + l * experts_);
+      }
+      expert_bias_ = static_cast<float*>(alloc(bias.size() * 4));
+      MT_CUDA_CHECK(cudaMemcpy(expert_bias_, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
+    }
   }
   if (D.rope) {
     const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base), static_cast<double>(D.rope_scaling));
@@ -614,6 +625,20 @@ CudaGPT::~CudaGPT() {
 void CudaGPT::zero_moe_stats() {
   if (moe_acc_) MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4, stream_));
   if (moe_global_) MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4, stream_));
+}
+
+void CudaGPT::update_expert_biases(float rate) {
+  if (expert_bias_) cuda::moe_update_expert_bias(expert_bias_, moe_acc_, moe_layers_, experts_, rate, stream_);
+}
+
+void CudaGPT::download_expert_biases(ParamStore& host) const {
+  if (!expert_bias_) return;
+  std::vector<float> bias(static_cast<size_t>(moe_layers_ * experts_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  MT_CUDA_CHECK(cudaMemcpy(bias.data(), expert_bias_, bias.size() * 4, cudaMemcpyDeviceToHost));
+  for (int64_t l = 0; l < moe_layers_; ++l) {
+    std::copy(bias.begin() + l * experts_, bias.begin() + (l + 1) * experts_, host.params().f32() + expert_bias_offsets_[static_cast<size_t>(l)]);
+  }
 }
 
 void CudaGPT::refresh_working() {

@@ -146,6 +146,11 @@ class CudaGPT {
   const float* moe_stats() const { return moe_acc_; }
   int64_t moe_layer_count() const { return moe_layers_; }
   void zero_moe_stats();
+  // --moe-router-enable-expert-bias: each MoE layer's bias (fp32, on the device, from the layout's values) moved by
+  // `rate` towards balance from the iteration's statistics (queued after the step, before zero_moe_stats), and
+  // copied into the host store's values for a checkpoint (waits for the stream).
+  void update_expert_biases(float rate);
+  void download_expert_biases(ParamStore& host) const;
   // FP8's delayed scaling (model/fp8_scaling.h): whether this model uses it, and its state (scales, amax histories,
   // the weights' cast scales) copied from the device (waits for the stream) or to it, for checkpoints.
   bool fp8_delayed() const { return f8_scale_ != nullptr; }
@@ -415,6 +420,10 @@ class CudaGPT {
   // many (zeroed with moe_acc_ after each step). A recompute uses them as its forward did: one microbatch between
   // a forward and its backward (pipeline parallelism refuses more).
   float* moe_global_ = nullptr;
+  // --moe-router-enable-expert-bias: per MoE layer [E] in fp32 (not in the 16-bit weights), and where each layer's
+  // sits in the flat buffers (the host store's values).
+  float* expert_bias_ = nullptr;
+  std::vector<int64_t> expert_bias_offsets_;
 };
 
 }  // namespace mt
