@@ -6,6 +6,7 @@
 // Exit 77 (skipped, with a message) where no GPU is visible.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/embedding_bf16.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/norm_bf16.h"
 #include "kernels/cuda/optimizer_step.h"
 #include "kernels/cuda/qkv_layout.h"
@@ -630,6 +632,90 @@ void test_device_loss_scaler() {
   if (!same) ++failures;
 }
 
+// The MoE layer's data movement (bf16 only, as the MoE layer): the permutation of T x k choices into expert-major
+// rows (each expert's in token order; several chunks of the permutation, a chunk's choices spread over its warps),
+// the gather, the weighted combine and its backward, and the input gradient (the rows' sum and the router's term),
+// against plain loops. `skew`: most tokens put expert 0 first (an uneven split, as a router early in training makes).
+// h % 8 != 0 takes the one-column kernels.
+void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew) {
+  const std::string name = "moe dispatch T " + std::to_string(T) + " E " + std::to_string(E) + " k " + std::to_string(k) + " h " + std::to_string(h) +
+                           (skew ? " skewed" : "");
+  std::vector<int32_t> top(static_cast<size_t>(T * k));
+  for (int64_t t = 0; t < T; ++t) {  // k distinct experts per token
+    std::vector<int32_t> e(static_cast<size_t>(E));
+    for (int64_t x = 0; x < E; ++x) e[static_cast<size_t>(x)] = static_cast<int32_t>(x);
+    std::shuffle(e.begin(), e.end(), rng);
+    if (skew && rng() % 4 != 0) std::swap(e[0], *std::find(e.begin(), e.end(), 0));
+    for (int64_t j = 0; j < k; ++j) top[static_cast<size_t>(t * k + j)] = e[static_cast<size_t>(j)];
+  }
+  // The reference permutation: expert-major, token order within each expert.
+  std::vector<int32_t> counts(static_cast<size_t>(E)), offsets(static_cast<size_t>(E + 1)), row(top.size());
+  for (int32_t e : top) ++counts[static_cast<size_t>(e)];
+  for (int64_t e = 0; e < E; ++e) offsets[static_cast<size_t>(e + 1)] = offsets[static_cast<size_t>(e)] + counts[static_cast<size_t>(e)];
+  std::vector<int32_t> at(offsets.begin(), offsets.end() - 1);
+  for (size_t i = 0; i < top.size(); ++i) row[i] = at[static_cast<size_t>(top[i])]++;
+  const cuda::MoeRouting r{T, E, k, h};
+  auto idev = [](const std::vector<int32_t>& v) {
+    int32_t* d = nullptr;
+    MT_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(1, v.size()) * 4));
+    MT_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return d;
+  };
+  auto iget = [](const int32_t* d, size_t n) {
+    std::vector<int32_t> v(n);
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    MT_CUDA_CHECK(cudaMemcpy(v.data(), d, n * 4, cudaMemcpyDeviceToHost));
+    return v;
+  };
+  int32_t* d_top = idev(top);
+  int32_t* d_row = idev(std::vector<int32_t>(top.size(), -7));
+  int32_t* d_counts = idev(std::vector<int32_t>(counts.size(), -7));
+  int32_t* d_offsets = idev(std::vector<int32_t>(offsets.size(), -7));
+  int32_t* d_parts = idev(std::vector<int32_t>(static_cast<size_t>(cuda::moe_permute_scratch(r)), -7));
+  cuda::moe_permute(d_row, d_counts, d_offsets, d_parts, d_top, r, nullptr);
+  const bool perm_ok = iget(d_row, row.size()) == row && iget(d_counts, counts.size()) == counts && iget(d_offsets, offsets.size()) == offsets;
+  std::printf("%-4s %-48s the rows, counts and offsets %s\n", perm_ok ? "ok" : "FAIL", (name + " permute").c_str(), perm_ok ? "equal" : "differ");
+  if (!perm_ok) ++failures;
+  // Gather, combine, combine backward, input backward, against loops over the same bf16 inputs.
+  const size_t Tk = top.size(), H = static_cast<size_t>(h), TH = static_cast<size_t>(T) * H;
+  const Vec xn = randn(TH), y = randn(Tk * H), dout = randn(TH), w = randn(static_cast<size_t>(E) * H, 0.1f);
+  Vec weight(Tk), dlogits(static_cast<size_t>(T * E));
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (auto& x : weight) x = u(rng);
+  for (auto& x : dlogits) x = u(rng) - 0.5f;
+  B16 d_xn(xn), d_y(y), d_dout(dout), d_w(w), d_rows(Tk * H), d_out(TH), d_dy_rows(Tk * H), d_dxn(TH);
+  F32 d_weight(weight), d_dlogits(dlogits), d_dweight(Tk);
+  cuda::moe_gather(d_rows.b(), d_xn.b(), d_row, r, nullptr);
+  cuda::moe_combine(d_out.b(), d_y.b(), d_row, d_weight.p, r, nullptr);
+  cuda::moe_combine_backward(d_dy_rows.b(), d_dweight.p, d_dout.b(), d_y.b(), d_row, d_weight.p, r, nullptr);
+  cuda::moe_input_backward(d_dxn.b(), d_y.b(), d_row, d_dlogits.p, d_w.b(), r, nullptr);  // (y standing in for the rows' gradients)
+  Vec rows(Tk * H), out(TH), dy_rows(Tk * H), dweight(Tk), dxn(TH);
+  for (int64_t t = 0; t < T; ++t) {
+    const size_t at_t = static_cast<size_t>(t) * H;
+    for (int64_t j = 0; j < k; ++j) {
+      const size_t i = static_cast<size_t>(t * k + j), rr = static_cast<size_t>(row[i]) * H;
+      double dot = 0;
+      for (size_t c = 0; c < H; ++c) {
+        rows[rr + c] = xn[at_t + c];
+        out[at_t + c] += weight[i] * y[rr + c];
+        dy_rows[rr + c] = round16(weight[i] * dout[at_t + c]);
+        dot += static_cast<double>(y[rr + c]) * dout[at_t + c];
+        dxn[at_t + c] += y[rr + c];
+      }
+      dweight[i] = static_cast<float>(dot);
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      for (size_t c = 0; c < H; ++c) dxn[at_t + c] += dlogits[static_cast<size_t>(t * E + e)] * w[static_cast<size_t>(e) * H + c];
+    }
+  }
+  expect(name + " gather", d_rows.get(), rows, 0.0);
+  expect(name + " combine", d_out.get(), out, 8e-3);
+  expect(name + " combine backward rows", d_dy_rows.get(), dy_rows, 0.0);
+  expect(name + " combine backward weights", d_dweight.get(), dweight, 1e-5);
+  expect(name + " input backward", d_dxn.get(), dxn, 8e-3);
+  for (int32_t* d : {d_top, d_row, d_counts, d_offsets, d_parts}) cudaFree(d);
+}
+
 }  // namespace
 
 int main() {
@@ -681,6 +767,12 @@ int main() {
     test_adamw(100003, 50000);  // one of each in the same launch
   }
   test_device_loss_scaler();
+  g_t = cuda::F16::kBF16;
+  test_moe_dispatch(1000, 8, 2, 2048, false);  // 8 chunks of the permutation, the last one partial
+  test_moe_dispatch(1000, 8, 2, 264, true);
+  test_moe_dispatch(333, 64, 6, 100, false);  // h % 8 != 0: the one-column kernels
+  test_moe_dispatch(300, 256, 8, 136, true);  // the most experts
+  test_moe_dispatch(5, 4, 1, 40, false);      // under one chunk, under one input-gradient block of tokens
   for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
     g_t = t;
     test_dropout(13, 40, 5, 9);    // rows spanning two samples; the vectorised norms (one warp per row)

@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <initializer_list>
+#include <stdexcept>
 
 #include "kernels/cuda/bf16_common.cuh"
 #include "kernels/cuda/moe.h"
@@ -107,56 +109,126 @@ __global__ void route_kernel(int32_t* top, float* weight, const float* logits, M
   for (int j = 0; j < k; ++j) w[j] *= r.scaling;
 }
 
-// One block: warp w counts, then places, the choices of experts w, w + warps, ... in token order.
-__global__ void permute_kernel(int32_t* row, int32_t* counts, int32_t* offsets, const int32_t* top, int64_t n, int64_t E) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int64_t e = warp; e < E; e += warps) {
-    int32_t c = 0;
-    for (int64_t base = 0; base < n; base += 32) {
-      const bool mine = base + lane < n && top[base + lane] == e;
-      c += __popc(__ballot_sync(0xffffffffu, mine));
-    }
-    if (lane == 0) counts[e] = c;
+// The permutation in three deterministic passes over chunks of kPermuteChunk choices: each chunk's count per expert
+// (parts[chunk, e]); then, in one block, the totals, the experts' offsets and each chunk's first row per expert (in
+// place of its count); then each chunk places its choices, each expert's in token order (warp ballots of equal experts,
+// then the warps before it).
+constexpr int kPermuteChunk = 256, kPermuteWarps = kPermuteChunk / 32;
+__global__ void permute_count_kernel(int32_t* parts, const int32_t* top, int64_t n, int64_t E) {
+  __shared__ int32_t count[kMaxExperts];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kPermuteChunk) + threadIdx.x;
+  if (i < n) atomicAdd(&count[top[i]], 1);  // integer counts: the order does not matter
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) parts[blockIdx.x * E + e] = count[e];
+}
+
+__global__ void permute_scan_kernel(int32_t* parts, int32_t* counts, int32_t* offsets, int64_t chunks, int64_t E) {
+  __shared__ int32_t start[kMaxExperts + 1];
+  const int64_t e = threadIdx.x;
+  int32_t total = 0;
+  if (e < E) {
+    for (int64_t c = 0; c < chunks; ++c) total += parts[c * E + e];
+    counts[e] = total;
+    start[e] = total;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     int32_t off = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      offsets[e] = off;
-      off += counts[e];
+    for (int64_t x = 0; x < E; ++x) {
+      const int32_t n = start[x];
+      start[x] = off;
+      offsets[x] = off;
+      off += n;
     }
     offsets[E] = off;
   }
   __syncthreads();
-  for (int64_t e = warp; e < E; e += warps) {
-    int32_t at = offsets[e];
-    for (int64_t base = 0; base < n; base += 32) {
-      const bool mine = base + lane < n && top[base + lane] == e;
-      const unsigned ballot = __ballot_sync(0xffffffffu, mine);
-      if (mine) row[base + lane] = at + __popc(ballot & ((1u << lane) - 1u));
-      at += __popc(ballot);
+  if (e < E) {
+    int32_t at = start[e];
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int32_t n = parts[c * E + e];
+      parts[c * E + e] = at;
+      at += n;
     }
   }
 }
 
-__global__ void gather_kernel(__nv_bfloat16* rows, const __nv_bfloat16* xn, const int32_t* row, int64_t n, int64_t k, int64_t h) {
-  const int64_t i = blockIdx.x;  // one (token, slot) per block
-  if (i >= n) return;
-  const __nv_bfloat16* src = xn + (i / k) * h;
-  __nv_bfloat16* dst = rows + static_cast<int64_t>(row[i]) * h;
-  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) dst[c] = src[c];
+__global__ void permute_place_kernel(int32_t* row, const int32_t* parts, const int32_t* top, int64_t n, int64_t E) {
+  __shared__ int32_t warp_count[kPermuteWarps][kMaxExperts];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t x = threadIdx.x; x < kPermuteWarps * E; x += blockDim.x) warp_count[x / E][x % E] = 0;
+  __syncthreads();
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kPermuteChunk) + threadIdx.x;
+  const int32_t e = i < n ? top[i] : -1;
+  const unsigned same = __match_any_sync(0xffffffffu, e);
+  if (e >= 0 && lane == __ffs(same) - 1) warp_count[warp][e] = __popc(same);
+  __syncthreads();
+  if (e < 0) return;
+  int32_t rank = __popc(same & ((1u << lane) - 1u));
+  for (int w = 0; w < warp; ++w) rank += warp_count[w][e];
+  row[i] = parts[blockIdx.x * E + e] + rank;
 }
 
-__global__ void combine_kernel(__nv_bfloat16* out, const __nv_bfloat16* y, const int32_t* row, const float* weight, int64_t T, int64_t k, int64_t h) {
-  const int64_t t = blockIdx.x;
-  if (t >= T) return;
-  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < k; ++j) s += weight[t * k + j] * __bfloat162float(y[static_cast<int64_t>(row[t * k + j]) * h + c]);
-    out[t * h + c] = __float2bfloat16(s);
+// The row copies and sums, eight columns a thread where the hidden size allows it (W = 8: h % 8 == 0 and the buffers
+// 16-byte aligned), else one.
+template <int W>
+struct Cols {
+  float x[W];
+};
+template <int W>
+__device__ __forceinline__ Cols<W> load_cols(const __nv_bfloat16* p) {
+  Cols<W> v;
+  if constexpr (W == 8) {
+    const Bf16x8 b = load_bf16x8(p);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v.x[q] = b.x[q];
+  } else {
+    v.x[0] = __bfloat162float(*p);
+  }
+  return v;
+}
+template <int W>
+__device__ __forceinline__ void store_cols(__nv_bfloat16* p, const Cols<W>& v) {
+  if constexpr (W == 8) {
+    Bf16x8 b;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) b.x[q] = v.x[q];
+    store_bf16x8(p, b);
+  } else {
+    *p = __float2bfloat16(v.x[0]);
   }
 }
 
+// One token per block: its row copied to each of its k slots' rows.
+template <int W>
+__global__ void gather_kernel(__nv_bfloat16* rows, const __nv_bfloat16* xn, const int32_t* row, int64_t T, int64_t k, int64_t h) {
+  const int64_t t = blockIdx.x;
+  if (t >= T) return;
+  for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) {
+    const Cols<W> v = load_cols<W>(xn + t * h + c);
+    for (int64_t j = 0; j < k; ++j) store_cols<W>(rows + static_cast<int64_t>(row[t * k + j]) * h + c, v);
+  }
+}
+
+template <int W>
+__global__ void combine_kernel(__nv_bfloat16* out, const __nv_bfloat16* y, const int32_t* row, const float* weight, int64_t T, int64_t k, int64_t h) {
+  const int64_t t = blockIdx.x;
+  if (t >= T) return;
+  for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) {
+    Cols<W> s{};
+    for (int64_t j = 0; j < k; ++j) {
+      const float wj = weight[t * k + j];
+      const Cols<W> v = load_cols<W>(y + static_cast<int64_t>(row[t * k + j]) * h + c);
+#pragma unroll
+      for (int q = 0; q < W; ++q) s.x[q] += wj * v.x[q];
+    }
+    store_cols<W>(out + t * h + c, s);
+  }
+}
+
+template <int W>
 __global__ void combine_backward_kernel(__nv_bfloat16* dy_rows, float* dweight, const __nv_bfloat16* dout, const __nv_bfloat16* y, const int32_t* row,
                                         const float* weight, int64_t n, int64_t k, int64_t h) {
   const int64_t i = blockIdx.x;  // one (token, slot)
@@ -164,16 +236,20 @@ __global__ void combine_backward_kernel(__nv_bfloat16* dy_rows, float* dweight, 
   const int64_t t = i / k, r = row[i];
   const float w = weight[i];
   float s = 0.0f;
-  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
-    const float d = __bfloat162float(dout[t * h + c]);
-    dy_rows[r * h + c] = __float2bfloat16(w * d);
-    s += __bfloat162float(y[r * h + c]) * d;
+  for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) {
+    const Cols<W> d = load_cols<W>(dout + t * h + c), v = load_cols<W>(y + r * h + c);
+    Cols<W> o;
+#pragma unroll
+    for (int q = 0; q < W; ++q) {
+      o.x[q] = w * d.x[q];
+      s += v.x[q] * d.x[q];
+    }
+    store_cols<W>(dy_rows + r * h + c, o);
   }
   s = block_sum(s);
   if (threadIdx.x == 0) dweight[i] = s;
 }
 
-// One thread per token: the aux scores, their plain top-k counts (integer atomics: exact), the token's lse^2.
 __global__ void aux_scores_kernel(float* scores, int32_t* counts_aux, float* lse2, const float* logits, MoeRouting r) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= r.tokens) return;
@@ -324,15 +400,35 @@ __global__ void router_backward_kernel(float* dlogits, const float* logits, cons
   }
 }
 
+// kInputTokens tokens per block, so that each router weight read serves all of them; per element the slots' rows are
+// summed in slot order, then the router's term in expert order.
+constexpr int kInputTokens = 4;
+template <int W>
 __global__ void input_backward_kernel(__nv_bfloat16* dxn, const __nv_bfloat16* drows, const int32_t* row, const float* dlogits, const __nv_bfloat16* w,
                                       int64_t T, int64_t E, int64_t k, int64_t h) {
-  const int64_t t = blockIdx.x;
-  if (t >= T) return;
-  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < k; ++j) s += __bfloat162float(drows[static_cast<int64_t>(row[t * k + j]) * h + c]);
-    for (int64_t e = 0; e < E; ++e) s += dlogits[t * E + e] * __bfloat162float(w[e * h + c]);
-    dxn[t * h + c] = __float2bfloat16(s);
+  __shared__ float dl[kInputTokens][kMaxExperts];
+  const int64_t t0 = blockIdx.x * static_cast<int64_t>(kInputTokens);
+  const int tokens = static_cast<int>(T - t0 < kInputTokens ? T - t0 : kInputTokens);
+  for (int64_t x = threadIdx.x; x < kInputTokens * E; x += blockDim.x) dl[x / E][x % E] = x / E < tokens ? dlogits[(t0 + x / E) * E + x % E] : 0.0f;
+  __syncthreads();
+  for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) {
+    Cols<W> s[kInputTokens] = {};
+    for (int u = 0; u < tokens; ++u) {
+      for (int64_t j = 0; j < k; ++j) {
+        const Cols<W> v = load_cols<W>(drows + static_cast<int64_t>(row[(t0 + u) * k + j]) * h + c);
+#pragma unroll
+        for (int q = 0; q < W; ++q) s[u].x[q] += v.x[q];
+      }
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const Cols<W> we = load_cols<W>(w + e * h + c);
+#pragma unroll
+      for (int u = 0; u < kInputTokens; ++u) {
+#pragma unroll
+        for (int q = 0; q < W; ++q) s[u].x[q] += dl[u][e] * we.x[q];
+      }
+    }
+    for (int u = 0; u < tokens; ++u) store_cols<W>(dxn + (t0 + u) * h + c, s[u]);
   }
 }
 
@@ -379,25 +475,61 @@ void moe_update_expert_bias(float* bias, const float* acc, int64_t layers, int64
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, const int32_t* top, const MoeRouting& r, cudaStream_t st) {
-  permute_kernel<<<1, 1024, 0, st>>>(row, counts, offsets, top, r.tokens * r.topk, r.experts);
+int64_t moe_permute_scratch(const MoeRouting& r) { return (r.tokens * r.topk + kPermuteChunk - 1) / kPermuteChunk * r.experts; }
+
+void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, int32_t* parts, const int32_t* top, const MoeRouting& r, cudaStream_t st) {
+  if (r.experts > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
+  const int64_t n = r.tokens * r.topk, chunks = (n + kPermuteChunk - 1) / kPermuteChunk;
+  if (chunks == 0) {
+    MT_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(r.experts) * 4, st));
+    MT_CUDA_CHECK(cudaMemsetAsync(offsets, 0, static_cast<size_t>(r.experts + 1) * 4, st));
+    return;
+  }
+  permute_count_kernel<<<static_cast<unsigned>(chunks), kPermuteChunk, 0, st>>>(parts, top, n, r.experts);
+  MT_CUDA_CHECK(cudaGetLastError());
+  permute_scan_kernel<<<1, kMaxExperts, 0, st>>>(parts, counts, offsets, chunks, r.experts);
+  MT_CUDA_CHECK(cudaGetLastError());
+  permute_place_kernel<<<static_cast<unsigned>(chunks), kPermuteChunk, 0, st>>>(row, parts, top, n, r.experts);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+// Eight columns a thread when the hidden size and every buffer allow 16-byte accesses.
+bool eight_wide(int64_t h, std::initializer_list<const void*> buffers) {
+  if (h % 8 != 0) return false;
+  for (const void* p : buffers) {
+    if (!aligned16(p)) return false;
+  }
+  return true;
+}
+}  // namespace
+
 void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st) {
-  gather_kernel<<<static_cast<unsigned>(r.tokens * r.topk), 128, 0, st>>>(B(rows), B(xn), row, r.tokens * r.topk, r.topk, r.hidden);
+  if (eight_wide(r.hidden, {rows, xn})) {
+    gather_kernel<8><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(rows), B(xn), row, r.tokens, r.topk, r.hidden);
+  } else {
+    gather_kernel<1><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(rows), B(xn), row, r.tokens, r.topk, r.hidden);
+  }
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
 void moe_combine(bf16* out, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r, cudaStream_t st) {
-  combine_kernel<<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(out), B(y), row, weight, r.tokens, r.topk, r.hidden);
+  if (eight_wide(r.hidden, {out, y})) {
+    combine_kernel<8><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(out), B(y), row, weight, r.tokens, r.topk, r.hidden);
+  } else {
+    combine_kernel<1><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(out), B(y), row, weight, r.tokens, r.topk, r.hidden);
+  }
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
 void moe_combine_backward(bf16* dy_rows, float* dweight, const bf16* dout, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r,
                           cudaStream_t st) {
-  combine_backward_kernel<<<static_cast<unsigned>(r.tokens * r.topk), 128, 0, st>>>(B(dy_rows), dweight, B(dout), B(y), row, weight, r.tokens * r.topk,
-                                                                                     r.topk, r.hidden);
+  const auto blocks_n = static_cast<unsigned>(r.tokens * r.topk);
+  if (eight_wide(r.hidden, {dy_rows, dout, y})) {
+    combine_backward_kernel<8><<<blocks_n, 128, 0, st>>>(B(dy_rows), dweight, B(dout), B(y), row, weight, r.tokens * r.topk, r.topk, r.hidden);
+  } else {
+    combine_backward_kernel<1><<<blocks_n, 128, 0, st>>>(B(dy_rows), dweight, B(dout), B(y), row, weight, r.tokens * r.topk, r.topk, r.hidden);
+  }
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -425,7 +557,13 @@ void moe_router_backward(float* dlogits, const float* logits, const int32_t* top
 }
 
 void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st) {
-  input_backward_kernel<<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(dxn), B(drows), row, dlogits, B(w), r.tokens, r.experts, r.topk, r.hidden);
+  if (r.experts > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
+  const unsigned grid = blocks(r.tokens, kInputTokens);
+  if (eight_wide(r.hidden, {dxn, drows, w})) {
+    input_backward_kernel<8><<<grid, 128, 0, st>>>(B(dxn), B(drows), row, dlogits, B(w), r.tokens, r.experts, r.topk, r.hidden);
+  } else {
+    input_backward_kernel<1><<<grid, 128, 0, st>>>(B(dxn), B(drows), row, dlogits, B(w), r.tokens, r.experts, r.topk, r.hidden);
+  }
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

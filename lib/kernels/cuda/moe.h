@@ -37,8 +37,9 @@ void moe_route(int32_t* top, float* weight, const float* logits, const MoeRoutin
 // acc[l (2 + E) + 2 + e] (moe_aux_finish's statistics).
 void moe_update_expert_bias(float* bias, const float* acc, int64_t layers, int64_t E, float rate, cudaStream_t st);
 // The choices' rows: counts[E] per expert, offsets[E + 1], row[T * k] (expert-major, each expert's choices in
-// token order).
-void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, const int32_t* top, const MoeRouting& r, cudaStream_t st);
+// token order); parts: moe_permute_scratch(r) ints.
+void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, int32_t* parts, const int32_t* top, const MoeRouting& r, cudaStream_t st);
+int64_t moe_permute_scratch(const MoeRouting& r);
 // rows[row[t k + j]] = xn[t].
 void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st);
 // out[t] = sum_j weight[t, j] y[row[t k + j]] (fp32 sums, in slot order).

@@ -70,6 +70,7 @@ struct CudaGPT::Scratch {
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
   int32_t *counts = nullptr, *counts_aux = nullptr, *offsets = nullptr, *counts_host = nullptr;
   float* wgrad_parts = nullptr;  // the router weight gradient's partial sums
+  int32_t* permute_parts = nullptr;  // the permutation's counts, then first rows, per chunk of choices and expert
   // FP8 layers: an FP8 operand [T, widest] (the forward's input, the backward's dy), dy^T for the weight gradient,
   // and the scalars f8_scalar(i) (256 bytes apart, the alignment cuBLASLt assumes of its scale pointers): 2 dy's
   // amax, 3 dy's inverse scale.
