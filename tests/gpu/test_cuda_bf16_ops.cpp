@@ -425,6 +425,39 @@ void test_gemm_gelu(int64_t M, int64_t K, int64_t N, int64_t N2) {
   expect("GEMM GELU-backward epilogue " + tag, dg.get(), want, 1e-2);
 }
 
+// GEMMs whose rows change from call to call (an MoE expert's; GemmLt's bucketed plans, `varying`): the forward form
+// y[n, N] = x[n, K] W[N, K]^T, the data gradient dx[n, K] = dy[n, N] W[N, K] and the weight gradient
+// dW[N, K] += dy[n, N]^T x[n, K] (fp32, accumulated; its K the varying rows) at sizes inside one bucket and across
+// buckets, largest first (a plan chosen for a bucket's top size runs its smaller sizes too), each against the CPU
+// GEMM; and the plans they add: one per bucket and form, not one per size.
+void test_gemm_varying(int64_t N, int64_t K) {
+  auto& lt = cuda::GemmLt::instance();
+  const size_t plans_before = lt.cached_plans();
+  const std::vector<int64_t> sizes = {512, 500, 257, 256, 255, 129, 77, 17, 1, 300, 511};  // buckets 512, 256 and 512 again
+  const Vec w = randn(static_cast<size_t>(N * K), 0.05f);
+  B16 dw(w);
+  for (int64_t n : sizes) {
+    const std::string tag = std::to_string(n) + "x" + std::to_string(N) + "x" + std::to_string(K);
+    const Vec x = randn(static_cast<size_t>(n * K)), dy = randn(static_cast<size_t>(n * N));
+    Vec y(static_cast<size_t>(n * N)), dx(static_cast<size_t>(n * K)), gw(static_cast<size_t>(N * K), 0.5f);
+    cpu::gemm(false, true, n, N, K, 1.0f, x.data(), K, w.data(), K, 0.0f, y.data(), N);
+    cpu::gemm(false, false, n, K, N, 1.0f, dy.data(), N, w.data(), K, 0.0f, dx.data(), K);
+    cpu::gemm(true, false, N, K, n, 1.0f, dy.data(), N, x.data(), K, 1.0f, gw.data(), K);
+    B16 d_x(x), d_dy(dy), d_y(y.size()), d_dx(dx.size());
+    F32 d_gw(Vec(static_cast<size_t>(N * K), 0.5f));
+    lt.gemm_ex(false, true, n, N, K, 1.0f, d_x.b(), K, dw.b(), K, 0.0f, d_y.b(), N, g_ab(), g_ab(), nullptr, nullptr, {}, true);
+    lt.gemm_ex(false, false, n, K, N, 1.0f, d_dy.b(), N, dw.b(), K, 0.0f, d_dx.b(), K, g_ab(), g_ab(), nullptr, nullptr, {}, true);
+    lt.gemm_ex(true, false, N, K, n, 1.0f, d_dy.b(), N, d_x.b(), K, 1.0f, d_gw.p, K, g_ab(), CUDA_R_32F, nullptr, nullptr, {}, true);
+    expect("varying GEMM forward " + tag, d_y.get(), y, 1e-2);
+    expect("varying GEMM data gradient " + tag, d_dx.get(), dx, 1e-2);
+    expect("varying GEMM weight gradient " + tag, d_gw.get(), gw, 1e-2);
+  }
+  const size_t added = lt.cached_plans() - plans_before;
+  const bool ok = added <= 6;  // three forms x buckets 256 and 512
+  std::printf("%-4s %-48s %zu plans added for %zu sizes (at most 6)\n", ok ? "ok" : "FAIL", "varying GEMM plans", added, sizes.size());
+  if (!ok) ++failures;
+}
+
 // A weight-gradient GEMM dW[n, h] += dy[T, n]^T x[T, h] with the bias gradient db[n] = sum over T of dy from
 // its epilogue (written, not accumulated).
 void test_wgrad_bias_epilogue(int64_t T, int64_t n, int64_t h) {
@@ -757,6 +790,7 @@ int main() {
     test_cross_entropy_sharded(9, 50304, 4);
     test_gemm_gelu(333, 64, 264, 40);
     test_gemm_gelu(1024, 768, 3072, 768);
+    test_gemm_varying(264, 128);
     test_wgrad_bias_epilogue(333, 264, 40);
     test_wgrad_bias_epilogue(4096, 2304, 768);
     test_bias_grad(301, 7);

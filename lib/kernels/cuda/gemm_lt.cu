@@ -42,7 +42,7 @@ void GemmLt::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 }
 
 GemmLt::Plan* GemmLt::create_plan(const Key& key, const void* bias, const GemmEpilogue& ep, bool required) {
-  const auto& [ta, tb, M, N, K, lda, ldb, ldc, ab_i, c_i, has_bias, kind, ld_aux] = key;
+  const auto& [ta, tb, M, N, K, lda, ldb, ldc, ab_i, c_i, has_bias, kind, ld_aux, varying] = key;
   const auto ab = static_cast<cudaDataType_t>(ab_i), c_type = static_cast<cudaDataType_t>(c_i);
   const bool gelu = ep.kind == GemmEpilogue::kGeluAux || ep.kind == GemmEpilogue::kDGelu;
   Plan p{};
@@ -101,7 +101,7 @@ GemmLt::Plan* GemmLt::create_plan(const Key& key, const void* bias, const GemmEp
 
 bool GemmLt::has_algorithm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
                            cudaDataType_t c_type, const GemmEpilogue& ep) {
-  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), false, static_cast<int>(ep.kind), ep.ld_aux};
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), false, static_cast<int>(ep.kind), ep.ld_aux, false};
   GemmEpilogue probe = ep;  // the heuristic needs the output pointers present, not valid: each call sets its own
   if (probe.aux == nullptr) probe.aux = reinterpret_cast<void*>(std::uintptr_t{256});
   std::lock_guard<std::mutex> lock(mu_);
@@ -110,7 +110,7 @@ bool GemmLt::has_algorithm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, in
 
 void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
                      int64_t ldb, float beta, void* C, int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type, const void* bias,
-                     cudaStream_t stream, const GemmEpilogue& ep) {
+                     cudaStream_t stream, const GemmEpilogue& ep, bool varying) {
   if (M == 0 || N == 0) return;
   const bool has_bias = bias != nullptr;
   const bool gelu = ep.kind == GemmEpilogue::kGeluAux || ep.kind == GemmEpilogue::kDGelu;
@@ -123,12 +123,31 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
   if ((ep.kind == GemmEpilogue::kDGelu || ep.kind == GemmEpilogue::kBiasGrad) && has_bias) {
     throw std::logic_error("GEMM epilogue: no bias input with a backward epilogue");
   }
-  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), has_bias, static_cast<int>(ep.kind), ep.ld_aux};
+  // A varying GEMM's plan is the one of its bucket's sizes, each where the leading dimensions hold it (in the
+  // column-major view the first operand has K rows when tb, the second M rows when ta, else K).
+  int64_t plan_M = M, plan_K = K;
+  if (varying) {
+    const auto up = [](int64_t x) { return (x + kVaryingBucket - 1) / kVaryingBucket * kVaryingBucket; };
+    if (!ta || up(M) <= lda) plan_M = up(M);
+    if ((!tb || up(K) <= ldb) && (ta || up(K) <= lda)) plan_K = up(K);
+  }
+  const Key key{ta, tb, plan_M, N, plan_K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), has_bias, static_cast<int>(ep.kind), ep.ld_aux,
+                varying};
   Plan* plan = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(key);
     plan = it != plans_.end() ? &it->second : create_plan(key, bias, ep, true);
+    if (varying) {  // this call's sizes (column-major view: m = N, n = M)
+      const auto set = [](cublasLtMatrixLayout_t l, int64_t rows, int64_t cols) {
+        const auto r = static_cast<uint64_t>(rows), c = static_cast<uint64_t>(cols);
+        MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &r, sizeof(r)));
+        MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &c, sizeof(c)));
+      };
+      set(plan->a, tb ? K : N, tb ? N : K);
+      set(plan->b, ta ? M : K, ta ? K : M);
+      set(plan->c, N, M);
+    }
     if (has_bias) {
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
@@ -136,9 +155,10 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     if (ep.kind == GemmEpilogue::kBiasGrad) {
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.aux, sizeof(ep.aux)));
     }
+    // (launched under the lock: the pointers and sizes just set are this call's until it is queued)
+    MT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
+                                   workspace_locked(stream), workspace_bytes_, stream));
   }
-  MT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
-                                 workspace(stream), workspace_bytes_, stream));
 }
 
 void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* A, cudaDataType_t a_type, const float* a_scale, const void* B,

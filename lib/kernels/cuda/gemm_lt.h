@@ -33,9 +33,13 @@ class GemmLt {
             int64_t ldb, float beta, float* C, int64_t ldc, cudaDataType_t ab, cudaStream_t stream);
   // The general form: C of type c_type (CUDA_R_32F or CUDA_R_16BF); bias (null or a vector of N values of
   // C's type) is added to every row by cuBLASLt's epilogue.
+  // varying: M and K change from call to call (an MoE expert's rows): the algorithm is chosen once per M and K rounded
+  // up to kVaryingBucket and reused for every size in the bucket (the layouts take each call's sizes), so that a new
+  // split of the tokens neither waits for cuBLASLt's heuristic nor adds a plan.
   void gemm_ex(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
                int64_t ldb, float beta, void* C, int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type, const void* bias,
-               cudaStream_t stream, const GemmEpilogue& epilogue = {});
+               cudaStream_t stream, const GemmEpilogue& epilogue = {}, bool varying = false);
+  static constexpr int64_t kVaryingBucket = 256;
   // FP8 (Hopper): C[M,N] = alpha * (*a_scale) * (*b_scale) * A B^T + beta * C (+ bias, N values of C's type), A [M,K]
   // and B [N,K] row-major FP8 (CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2, not both E5M2): both K-contiguous, the only form
   // Hopper's FP8 tensor cores take; K, N and M multiples of 16. a_scale / b_scale: device pointers to the
@@ -59,7 +63,8 @@ class GemmLt {
 
  private:
   GemmLt();
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, int, int64_t>;
+  // (the last: a varying plan, whose layouts each call resizes)
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, int, int64_t, bool>;
   struct Plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;

@@ -293,8 +293,9 @@ class CudaGPT {
   void fp8_update(int first_kind, int last_kind);
   float* fp8_slot_scales(bool grad) const;  // the active slot's snapshot
   void join_wgrad();
+  // (varying: T changes from call to call, an MoE expert's rows: GemmLt's bucketed plans)
   void wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const cuda::bf16* dy, const cuda::bf16* x, int64_t h, int64_t w_off,
-                       int64_t b_off);
+                       int64_t b_off, bool varying = false);
   void copy_own_heads(cuda::bf16* own, cuda::bf16* group, int64_t T, bool to_group);
   cuda::bf16* gather_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
   cuda::bf16* norm_out(cuda::bf16* full) const;

@@ -60,14 +60,15 @@ void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, i
   const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
   if (D_.swiglu) {
     MT_PROF(shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1",
-            lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, nullptr, stream_));
+            lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, nullptr, stream_, {}, !shared));
     MT_PROF(shared ? "fwd.moe.shared.activation" : "fwd.moe.activation", cuda::swiglu_forward_bf16(act, fc1_out, n, F, stream_, dt_));
   } else {
     MT_PROF(shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1",
-            lt.gemm_ex(false, true, n, F, h, 1.0f, x, h, w(w1), h, 0.0f, act, F, ab_, ab_, nullptr, stream_, {cuda::GemmEpilogue::kGeluAux, fc1_out, F}));
+            lt.gemm_ex(false, true, n, F, h, 1.0f, x, h, w(w1), h, 0.0f, act, F, ab_, ab_, nullptr, stream_, {cuda::GemmEpilogue::kGeluAux, fc1_out, F},
+                       !shared));
   }
   MT_PROF(shared ? "fwd.moe.shared.gemm.fc2" : "fwd.moe.gemm.fc2",
-          lt.gemm_ex(false, true, n, h, F, 1.0f, act, F, w(w2), F, beta, out, h, ab_, ab_, nullptr, stream_));
+          lt.gemm_ex(false, true, n, h, F, 1.0f, act, F, w(w2), F, beta, out, h, ab_, ab_, nullptr, stream_, {}, !shared));
 }
 
 // Its backward from dout [n, h]: dact (SwiGLU's) and dfc1 as scratch, the input gradient into din (beta 1: accumulated
@@ -78,19 +79,19 @@ void CudaGPT::expert_backward(bool shared, int64_t n, int64_t F, const bf16* dou
   const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
   if (D_.swiglu) {
     MT_PROF(shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad",
-            lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dact, F, ab_, ab_, nullptr, stream_));
+            lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dact, F, ab_, ab_, nullptr, stream_, {}, !shared));
   } else {  // the GELU backward in the epilogue, straight to d(fc1 output)
     MT_PROF(shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad",
             lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dfc1, F, ab_, ab_, nullptr, stream_,
-                       {cuda::GemmEpilogue::kDGelu, const_cast<bf16*>(fc1_out), F}));
+                       {cuda::GemmEpilogue::kDGelu, const_cast<bf16*>(fc1_out), F}, !shared));
   }
-  wgrad_with_bias(stream_, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", h, n, dout, act, F, w2, -1);
+  wgrad_with_bias(stream_, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", h, n, dout, act, F, w2, -1, !shared);
   if (D_.swiglu) {
     MT_PROF(shared ? "bwd.moe.shared.activation" : "bwd.moe.activation", cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, stream_, dt_));
   }
   MT_PROF(shared ? "bwd.moe.shared.gemm.fc1_dgrad" : "bwd.moe.gemm.fc1_dgrad",
-          lt.gemm_ex(false, false, n, h, F1, 1.0f, dfc1, F1, w(w1), h, din_beta, din, h, ab_, ab_, nullptr, stream_));
-  wgrad_with_bias(stream_, shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", F1, n, dfc1, x, h, w1, -1);
+          lt.gemm_ex(false, false, n, h, F1, 1.0f, dfc1, F1, w(w1), h, din_beta, din, h, ab_, ab_, nullptr, stream_, {}, !shared));
+  wgrad_with_bias(stream_, shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", F1, n, dfc1, x, h, w1, -1, !shared);
 }
 
 void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const bf16* dy) {
