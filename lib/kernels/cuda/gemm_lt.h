@@ -1,6 +1,6 @@
 // gemm_lt.h (CUDA): row-major GEMM through cuBLASLt, fp32 accumulation, fp32 or bf16 inputs, the
-// algorithm chosen by cuBLASLt's heuristic once per shape and cached. Same argument order as
-// kernels/cpu/linear.h's gemm().
+// algorithm chosen by cuBLASLt's heuristic once per shape (a varying GEMM's: per bucket of shapes) and cached.
+// Same argument order as kernels/cpu/linear.h's gemm().
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
