@@ -48,16 +48,18 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   DOC="--reset-attention-mask --reset-position-ids"
   # (and dropout: attention dropout's generator state and masks inside cuDNN's graphs, hidden dropout's fused masks)
   DROP="--attention-dropout 0.1 --hidden-dropout 0.1"
-  # (and squared ReLU, interleaved RoPE, seq_aux_loss and global_aux_loss, and the expert bias. A feature written but
+  # (and squared ReLU, interleaved RoPE, seq_aux_loss and global_aux_loss, the expert bias, capacity factors. A feature written but
   # refused until its GPU tests pass joins these runs through MEGATRAIN_CUDA_UNVERIFIED=<name>, exported here while
-  # it is refused; none is at present.)
+  # it is refused.)
+  export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-moe-capacity}
+  CAP="--num-experts 4 --moe-router-topk 2 --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2"
   BIAS="--num-experts 4 --moe-router-topk 2 --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2"
   SQ="--squared-relu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
   SEQ="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-router-load-balancing-type seq_aux_loss"
   GLOBAL="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-router-load-balancing-type global_aux_loss"
   for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L" "--bf16 $L $M" "--bf16 $L $F8" "--bf16 $F8" "--bf16 $L $F8D" "--bf16 $L $OFF" \
                "--bf16 $L $F8B" "--bf16 $L $DOC" "--bf16 $L $DROP" "--bf16 $SQ $F8" "--bf16 $L $SEQ --rotary-interleaved" "--bf16 $L $GLOBAL" \
-               "--bf16 $L $BIAS"; do
+               "--bf16 $L $BIAS" "--bf16 $L $CAP"; do
     # shellcheck disable=SC2086
     out=$(compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S $extra 2>&1) || {
       echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck"; exit 1; }

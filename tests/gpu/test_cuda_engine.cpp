@@ -382,11 +382,22 @@ void test_moe_training(const std::string& model, const std::string& extra) {
       }
     }
     const double drop = ok ? gpu.losses.front() - gpu.losses.back() : 0;
-    char buf[320];
-    std::snprintf(buf, sizeof(buf), "MoE training %s %s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst gap %.2e, aux / z losses %.2e apart",
+    // The share of dropped choices per iteration (a capacity factor: the GPU's routing drops what the CPU's drops, up
+    // to the choices a bf16 near-tie moves; dropless: none on either).
+    const bool capacity = extra.find("--moe-expert-capacity-factor") != std::string::npos;
+    double most_dropped = 0, worst_dropped = 0;
+    ok = ok && cpu.dropped_fraction.size() == gpu.dropped_fraction.size();
+    for (size_t i = 0; ok && i < gpu.dropped_fraction.size(); ++i) {
+      most_dropped = std::max(most_dropped, gpu.dropped_fraction[i]);
+      worst_dropped = std::max(worst_dropped, std::fabs(gpu.dropped_fraction[i] - cpu.dropped_fraction[i]));
+    }
+    const bool dropped_ok = capacity ? most_dropped > 0 && worst_dropped < 2e-2 : most_dropped == 0 && worst_dropped == 0;
+    char buf[400];
+    std::snprintf(buf, sizeof(buf), "MoE training %s %s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst gap %.2e, aux / z losses %.2e apart; "
+                  "dropped up to %.3f, %.1e from the CPU's",
                   model.c_str(), extra.c_str(), gpu.losses.size(), ok ? cpu.losses.front() : 0.0, ok ? cpu.losses.back() : 0.0,
-                  ok ? gpu.losses.front() : 0.0, ok ? gpu.losses.back() : 0.0, worst, worst_aux);
-    check(ok && worst < 2e-2 && worst_aux < 3e-2 && drop > 0.1 && gpu.skipped == 0, buf);
+                  ok ? gpu.losses.front() : 0.0, ok ? gpu.losses.back() : 0.0, worst, worst_aux, most_dropped, worst_dropped);
+    check(ok && worst < 2e-2 && worst_aux < 3e-2 && drop > 0.1 && gpu.skipped == 0 && dropped_ok, buf);
   } catch (const std::exception& e) {
     check(false, "MoE training " + model + ": " + e.what());
   }
@@ -1089,6 +1100,15 @@ moe_tests:
   test_moe_training("llama", "--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2 ");
   test_moe_training("llama-recompute", "--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2 "
                     "--moe-shared-expert-intermediate-size 128 ");
+  // Capacity factors (dropping by probability and by position; recomputed; with a shared expert, and with the expert
+  // bias counting only the kept choices).
+  test_moe_training("llama", "--moe-expert-capacity-factor 1.0 --moe-token-dispatcher-type alltoall ");
+  test_moe_training("llama-recompute", "--moe-expert-capacity-factor 0.75 --moe-token-drop-policy position --moe-token-dispatcher-type alltoall ");
+  test_moe_training("gpt", "--disable-bias-linear --moe-expert-capacity-factor 1.1 --moe-shared-expert-intermediate-size 128 "
+                           "--moe-token-dispatcher-type alltoall ");
+  test_moe_training("llama", "--moe-expert-capacity-factor 0.5 --moe-router-score-function sigmoid --moe-router-enable-expert-bias "
+                             "--moe-token-dispatcher-type alltoall "
+                             "--moe-router-bias-update-rate 1e-2 ");
   test_moe_training("llama", "--moe-router-num-groups 2 --moe-router-group-topk 1 ");
   test_moe_training("llama", "--num-experts 8 --moe-router-score-function sigmoid --moe-router-num-groups 4 --moe-router-group-topk 2 ");
   // The aux loss per sequence (seq_aux_loss), softmax and sigmoid scores (the batch's four sequences each their own).

@@ -208,7 +208,10 @@ __global__ void gather_kernel(__nv_bfloat16* rows, const __nv_bfloat16* xn, cons
   if (t >= T) return;
   for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) {
     const Cols<W> v = load_cols<W>(xn + t * h + c);
-    for (int64_t j = 0; j < k; ++j) store_cols<W>(rows + static_cast<int64_t>(row[t * k + j]) * h + c, v);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t r = row[t * k + j];
+      if (r >= 0) store_cols<W>(rows + r * h + c, v);  // (-1: dropped by the capacity)
+    }
   }
 }
 
@@ -219,8 +222,10 @@ __global__ void combine_kernel(__nv_bfloat16* out, const __nv_bfloat16* y, const
   for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) {
     Cols<W> s{};
     for (int64_t j = 0; j < k; ++j) {
+      const int64_t r = row[t * k + j];
+      if (r < 0) continue;  // dropped: its weight counts as 0
       const float wj = weight[t * k + j];
-      const Cols<W> v = load_cols<W>(y + static_cast<int64_t>(row[t * k + j]) * h + c);
+      const Cols<W> v = load_cols<W>(y + r * h + c);
 #pragma unroll
       for (int q = 0; q < W; ++q) s.x[q] += wj * v.x[q];
     }
@@ -234,6 +239,10 @@ __global__ void combine_backward_kernel(__nv_bfloat16* dy_rows, float* dweight, 
   const int64_t i = blockIdx.x;  // one (token, slot)
   if (i >= n) return;
   const int64_t t = i / k, r = row[i];
+  if (r < 0) {  // dropped: no row, and no gradient for its weight
+    if (threadIdx.x == 0) dweight[i] = 0.0f;
+    return;
+  }
   const float w = weight[i];
   float s = 0.0f;
   for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) {
@@ -415,7 +424,9 @@ __global__ void input_backward_kernel(__nv_bfloat16* dxn, const __nv_bfloat16* d
     Cols<W> s[kInputTokens] = {};
     for (int u = 0; u < tokens; ++u) {
       for (int64_t j = 0; j < k; ++j) {
-        const Cols<W> v = load_cols<W>(drows + static_cast<int64_t>(row[(t0 + u) * k + j]) * h + c);
+        const int64_t r = row[(t0 + u) * k + j];
+        if (r < 0) continue;
+        const Cols<W> v = load_cols<W>(drows + r * h + c);
 #pragma unroll
         for (int q = 0; q < W; ++q) s[u].x[q] += v.x[q];
       }

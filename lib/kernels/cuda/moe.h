@@ -40,7 +40,7 @@ void moe_update_expert_bias(float* bias, const float* acc, int64_t layers, int64
 // token order); parts: moe_permute_scratch(r) ints.
 void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, int32_t* parts, const int32_t* top, const MoeRouting& r, cudaStream_t st);
 int64_t moe_permute_scratch(const MoeRouting& r);
-// rows[row[t k + j]] = xn[t].
+// rows[row[t k + j]] = xn[t]. Here and below a row of -1 is a choice the capacity dropped: no row, weight 0.
 void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st);
 // out[t] = sum_j weight[t, j] y[row[t k + j]] (fp32 sums, in slot order).
 void moe_combine(bf16* out, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r, cudaStream_t st);

@@ -193,6 +193,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     moe_group_topk_ = m.moe_router_group_topk.value_or(0);
     moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
     moe_seq_aux_ = m.moe_router_load_balancing_type == "seq_aux_loss";
+    moe_capacity_factor_ = m.moe_expert_capacity_factor.value_or(0.0);
+    moe_drop_by_probability_ = m.moe_token_drop_policy == "probs";
+    if (moe_capacity_factor_ > 0 && m.moe_pad_expert_input_to_capacity) {
+      throw std::logic_error("CUDA model: --moe-pad-expert-input-to-capacity is not implemented");
+    }
     moe_global_aux_ = m.moe_router_load_balancing_type == "global_aux_loss";
     moe_aux_ = (m.moe_router_load_balancing_type == "aux_loss" || moe_seq_aux_ || moe_global_aux_) && m.moe_aux_loss_coeff > 0;
     if (moe_global_aux_ && moe_aux_) {

@@ -199,6 +199,10 @@ class CudaGPT {
   // to s_->dxn (gpt_cuda_moe.cpp). The forward's row counts per expert wait for the device (as Megatron's dropless
   // dispatch): the expert GEMMs' sizes.
   void moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  // --moe-expert-capacity-factor: the choices that fit their expert's capacity, decided on the host as the CPU engine
+  // decides them (kernels/cpu/router.h), r.row (-1: dropped), r.per_expert and the kept counts uploaded; false (and
+  // nothing done) where every token fits.
+  bool moe_capacity(Record& r, int64_t tokens, int64_t seq_length);
   void moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const cuda::bf16* dy);
   // One expert's MLP over n rows (a routed expert's rows, or the shared expert over every token; gpt_cuda_moe.cpp):
   // out = fc2(act(fc1(x))) (beta 1: added onto out), and its backward (din_beta 1: added onto din).
@@ -416,6 +420,15 @@ class CudaGPT {
   bool moe_sigmoid_ = false, moe_pre_softmax_ = false, moe_aux_ = false;
   float moe_scaling_ = 1, moe_aux_coeff_ = 0, moe_z_coeff_ = 0;
   bool moe_record_stats_ = false;
+  double moe_capacity_factor_ = 0;  // 0: dropless
+  bool moe_drop_by_probability_ = true;
+  // The capacity decision's host copies: the choices and weights, Megatron's token order (for capacity_order_size_),
+  // the keep flags and rows.
+  std::vector<int32_t> capacity_top_, capacity_row_;
+  std::vector<float> capacity_weight_;
+  std::vector<int64_t> capacity_order_;
+  std::vector<uint8_t> capacity_keep_;
+  std::pair<int64_t, int64_t> capacity_order_size_{-1, -1};
   float* moe_acc_ = nullptr;
   // global_aux_loss: per MoE layer [E + 1], the iteration's aux counts summed over its microbatches so far and how
   // many (zeroed with moe_acc_ after each step). A recompute uses them as its forward did: one microbatch between

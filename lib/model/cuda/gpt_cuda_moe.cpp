@@ -5,6 +5,7 @@
 // model/cpu/moe_unit.cpp is the oracle.
 #include "model/cuda/gpt_cuda_state.h"
 
+#include "kernels/cpu/router.h"
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/moe.h"
@@ -22,6 +23,8 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_));
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
   MT_PROF("fwd.moe.permute", cuda::moe_permute(r.row, s.counts, s.offsets, s.permute_parts, r.top, rt, stream_));
+  // A capacity that drops: the host's rows and kept counts replace the permutation's (before the statistics read them).
+  const bool dropping = moe_capacity_factor_ > 0 && moe_capacity(r, T, mb.S);
   // The aux loss's gradient per score and the statistics (a training forward; a recompute only recomputes the former).
   const bool zloss = moe_z_coeff_ > 0;
   if (moe_aux_ || zloss) {
@@ -33,10 +36,12 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                  moe_global_ ? moe_global_ + lw.moe_index * (E + 1) : nullptr, moe_record_stats_));
   }
   MT_PROF("fwd.moe.gather", cuda::moe_gather(r.ex_rows, r.xn2, r.row, rt, stream_));
-  // The rows per expert: the GEMMs' sizes, on the host.
-  MT_PROF("fwd.moe.counts", MT_CUDA_CHECK(cudaMemcpyAsync(s.counts_host, s.counts, static_cast<size_t>(E) * 4, cudaMemcpyDeviceToHost, stream_)));
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  r.per_expert.assign(s.counts_host, s.counts_host + E);
+  // The rows per expert: the GEMMs' sizes, on the host (with a capacity, already there).
+  if (!dropping) {
+    MT_PROF("fwd.moe.counts", MT_CUDA_CHECK(cudaMemcpyAsync(s.counts_host, s.counts, static_cast<size_t>(E) * 4, cudaMemcpyDeviceToHost, stream_)));
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    r.per_expert.assign(s.counts_host, s.counts_host + E);
+  }
   int64_t off = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = r.per_expert[static_cast<size_t>(e)];
@@ -49,6 +54,42 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, r.route_weight, rt, stream_));
   if (lw.shared_fc1_w >= 0) expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f);
+}
+
+bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
+  const int64_t k = topk_, E = experts_, n = T * k;
+  const int64_t capacity = cpu::expert_capacity(moe_capacity_factor_, T, k, E);
+  if (capacity > T) return false;  // Megatron: no dropping when every token fits
+  capacity_top_.resize(static_cast<size_t>(n));
+  capacity_weight_.resize(static_cast<size_t>(n));
+  MT_PROF("fwd.moe.capacity", {
+    MT_CUDA_CHECK(cudaMemcpyAsync(capacity_top_.data(), r.top, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+    MT_CUDA_CHECK(cudaMemcpyAsync(capacity_weight_.data(), r.route_weight, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (capacity_order_size_ != std::make_pair(T, S)) {
+      capacity_order_ = cpu::megatron_token_order(T, S);
+      capacity_order_size_ = {T, S};
+    }
+    capacity_keep_.assign(static_cast<size_t>(n), 0);
+    cpu::capacity_keep(capacity_top_.data(), capacity_weight_.data(), capacity_order_, k, E, capacity, moe_drop_by_probability_, capacity_keep_.data());
+    // Expert-major rows of the kept choices, each expert's in token order (as moe_permute places them).
+    r.per_expert.assign(static_cast<size_t>(E), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (capacity_keep_[static_cast<size_t>(i)]) ++r.per_expert[static_cast<size_t>(capacity_top_[static_cast<size_t>(i)])];
+    }
+    std::vector<int32_t> at(static_cast<size_t>(E), 0);
+    for (int64_t e = 1; e < E; ++e) at[static_cast<size_t>(e)] = at[static_cast<size_t>(e - 1)] + r.per_expert[static_cast<size_t>(e - 1)];
+    capacity_row_.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const auto ii = static_cast<size_t>(i);
+      capacity_row_[ii] = capacity_keep_[ii] ? at[static_cast<size_t>(capacity_top_[ii])]++ : -1;
+    }
+    MT_CUDA_CHECK(cudaMemcpyAsync(r.row, capacity_row_.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
+    MT_CUDA_CHECK(cudaMemcpyAsync(s_->counts, r.per_expert.data(), static_cast<size_t>(E) * 4, cudaMemcpyHostToDevice, stream_));
+    // (the host copies are read again by the next MoE layer: the copies from pageable memory are staged before
+    // cudaMemcpyAsync returns)
+  });
+  return true;
 }
 
 // One expert's MLP over n rows of x (no biases: MoE layers have none here): fc1, then SwiGLU (or GELU in fc1's
