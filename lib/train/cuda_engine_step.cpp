@@ -279,6 +279,7 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
   if (microbatches.size() != out.size()) throw std::logic_error("CUDA engine: MoE statistics for another number of steps");
   const int64_t layers = model_->moe_layer_count(), E = model_->dims().experts;
   const int64_t tokens_per_microbatch = cfg_.training.micro_batch_size.value_or(1) * cfg_.data.seq_length.value_or(0);
+  const bool capacity = cfg_.moe.moe_expert_capacity_factor.has_value();
   std::vector<float> hist(out.size() * static_cast<size_t>(moe_row_));
   MT_CUDA_CHECK(cudaMemcpy(hist.data(), moe_hist_, hist.size() * 4, cudaMemcpyDeviceToHost));
   const auto& moe = cfg_.moe;
@@ -306,7 +307,7 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
     r.expert_tokens_mean = sum / static_cast<double>(layers * E);
     // The choices routed (every microbatch's tokens, top k, each MoE layer) less those kept (the counts).
     const double routed = per * static_cast<double>(tokens_per_microbatch * model_->dims().topk);
-    r.dropped_fraction = routed > 0 && sum < routed ? (routed - sum) / routed : 0.0;
+    r.dropped_fraction = capacity && routed > 0 && sum < routed ? (routed - sum) / routed : 0.0;  // (dropless: none, exactly)
   }
 }
 

@@ -670,9 +670,11 @@ void test_device_loss_scaler() {
 // the gather, the weighted combine and its backward, and the input gradient (the rows' sum and the router's term),
 // against plain loops. `skew`: most tokens put expert 0 first (an uneven split, as a router early in training makes).
 // h % 8 != 0 takes the one-column kernels.
-void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew) {
+// `drops`: then about a fifth of the choices dropped (row -1, as a capacity factor drops them) for the kernels after
+// the permutation: no row gathered or combined, no gradient.
+void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew, bool drops = false) {
   const std::string name = "moe dispatch T " + std::to_string(T) + " E " + std::to_string(E) + " k " + std::to_string(k) + " h " + std::to_string(h) +
-                           (skew ? " skewed" : "");
+                           (skew ? " skewed" : "") + (drops ? " drops" : "");
   std::vector<int32_t> top(static_cast<size_t>(T * k));
   for (int64_t t = 0; t < T; ++t) {  // k distinct experts per token
     std::vector<int32_t> e(static_cast<size_t>(E));
@@ -709,6 +711,17 @@ void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew) {
   const bool perm_ok = iget(d_row, row.size()) == row && iget(d_counts, counts.size()) == counts && iget(d_offsets, offsets.size()) == offsets;
   std::printf("%-4s %-48s the rows, counts and offsets %s\n", perm_ok ? "ok" : "FAIL", (name + " permute").c_str(), perm_ok ? "equal" : "differ");
   if (!perm_ok) ++failures;
+  if (drops) {  // the kept choices' rows renumbered, expert-major in token order
+    std::vector<int32_t> kept(static_cast<size_t>(E), 0), next(static_cast<size_t>(E), 0);
+    std::vector<bool> keep(top.size());
+    for (size_t i = 0; i < top.size(); ++i) {
+      keep[i] = rng() % 5 != 0;
+      if (keep[i]) ++kept[static_cast<size_t>(top[i])];
+    }
+    for (int64_t e = 1; e < E; ++e) next[static_cast<size_t>(e)] = next[static_cast<size_t>(e - 1)] + kept[static_cast<size_t>(e - 1)];
+    for (size_t i = 0; i < top.size(); ++i) row[i] = keep[i] ? next[static_cast<size_t>(top[i])]++ : -1;
+    MT_CUDA_CHECK(cudaMemcpy(d_row, row.data(), row.size() * 4, cudaMemcpyHostToDevice));
+  }
   // Gather, combine, combine backward, input backward, against loops over the same bf16 inputs.
   const size_t Tk = top.size(), H = static_cast<size_t>(h), TH = static_cast<size_t>(T) * H;
   const Vec xn = randn(TH), y = randn(Tk * H), dout = randn(TH), w = randn(static_cast<size_t>(E) * H, 0.1f);
@@ -726,7 +739,9 @@ void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew) {
   for (int64_t t = 0; t < T; ++t) {
     const size_t at_t = static_cast<size_t>(t) * H;
     for (int64_t j = 0; j < k; ++j) {
-      const size_t i = static_cast<size_t>(t * k + j), rr = static_cast<size_t>(row[i]) * H;
+      const size_t i = static_cast<size_t>(t * k + j);
+      if (row[i] < 0) continue;  // dropped: no row, dweight 0
+      const size_t rr = static_cast<size_t>(row[i]) * H;
       double dot = 0;
       for (size_t c = 0; c < H; ++c) {
         rows[rr + c] = xn[at_t + c];
@@ -741,9 +756,15 @@ void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew) {
       for (size_t c = 0; c < H; ++c) dxn[at_t + c] += dlogits[static_cast<size_t>(t * E + e)] * w[static_cast<size_t>(e) * H + c];
     }
   }
-  expect(name + " gather", d_rows.get(), rows, 0.0);
+  // (the rows in use: every choice's, or the kept ones')
+  const auto used = static_cast<size_t>(std::count_if(row.begin(), row.end(), [](int32_t r) { return r >= 0; })) * H;
+  const auto head = [used](Vec v) {
+    v.resize(used);
+    return v;
+  };
+  expect(name + " gather", head(d_rows.get()), head(rows), 0.0);
   expect(name + " combine", d_out.get(), out, 8e-3);
-  expect(name + " combine backward rows", d_dy_rows.get(), dy_rows, 0.0);
+  expect(name + " combine backward rows", head(d_dy_rows.get()), head(dy_rows), 0.0);
   expect(name + " combine backward weights", d_dweight.get(), dweight, 1e-5);
   expect(name + " input backward", d_dxn.get(), dxn, 8e-3);
   for (int32_t* d : {d_top, d_row, d_counts, d_offsets, d_parts}) cudaFree(d);
@@ -807,6 +828,8 @@ int main() {
   test_moe_dispatch(333, 64, 6, 100, false);  // h % 8 != 0: the one-column kernels
   test_moe_dispatch(300, 256, 8, 136, true);  // the most experts
   test_moe_dispatch(5, 4, 1, 40, false);      // under one chunk, under one input-gradient block of tokens
+  test_moe_dispatch(1000, 8, 2, 2048, true, true);  // choices dropped by a capacity
+  test_moe_dispatch(333, 64, 6, 100, false, true);
   for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
     g_t = t;
     test_dropout(13, 40, 5, 9);    // rows spanning two samples; the vectorised norms (one warp per row)

@@ -156,9 +156,16 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.aux, sizeof(ep.aux)));
     }
     // (launched under the lock: the pointers and sizes just set are this call's until it is queued)
-    MT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
-                                   workspace_locked(stream), workspace_bytes_, stream));
+    const cublasStatus_t status = cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
+                                                 workspace_locked(stream), workspace_bytes_, stream);
+    if (status == CUBLAS_STATUS_SUCCESS || !(varying && (plan_M != M || plan_K != K))) {
+      MT_CUBLAS_CHECK(status);
+      return;
+    }
   }
+  // The bucket's algorithm refused these sizes (cuBLASLt checks an algorithm against each call's problem): a plan of
+  // their own, as a GEMM that does not vary gets (the refused call queued nothing).
+  gemm_ex(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab, c_type, bias, stream, ep, false);
 }
 
 void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* A, cudaDataType_t a_type, const float* a_scale, const void* B,
