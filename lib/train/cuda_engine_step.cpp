@@ -279,10 +279,10 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
   if (microbatches.size() != out.size()) throw std::logic_error("CUDA engine: MoE statistics for another number of steps");
   const int64_t layers = model_->moe_layer_count(), E = model_->dims().experts;
   const int64_t tokens_per_microbatch = cfg_.training.micro_batch_size.value_or(1) * cfg_.data.seq_length.value_or(0);
-  const bool capacity = cfg_.moe.moe_expert_capacity_factor.has_value();
   std::vector<float> hist(out.size() * static_cast<size_t>(moe_row_));
   MT_CUDA_CHECK(cudaMemcpy(hist.data(), moe_hist_, hist.size() * 4, cudaMemcpyDeviceToHost));
   const auto& moe = cfg_.moe;
+  const bool capacity = moe.moe_expert_capacity_factor.has_value();
   const std::string aux_name = balance_loss_name(moe);
   const bool aux = !aux_name.empty(), z = moe.moe_z_loss_coeff.value_or(0.0) > 0;
   for (size_t i = 0; i < out.size(); ++i) {

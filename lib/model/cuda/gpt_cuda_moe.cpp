@@ -22,9 +22,9 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0};
   MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_));
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
-  MT_PROF("fwd.moe.permute", cuda::moe_permute(r.row, s.counts, s.offsets, s.permute_parts, r.top, rt, stream_));
-  // A capacity that drops: the host's rows and kept counts replace the permutation's (before the statistics read them).
+  // A capacity that drops: the host's rows and kept counts (before the statistics read them), else the permutation's.
   const bool dropping = moe_capacity_factor_ > 0 && moe_capacity(r, T, mb.S);
+  if (!dropping) MT_PROF("fwd.moe.permute", cuda::moe_permute(r.row, s.counts, s.offsets, s.permute_parts, r.top, rt, stream_));
   // The aux loss's gradient per score and the statistics (a training forward; a recompute only recomputes the former).
   const bool zloss = moe_z_coeff_ > 0;
   if (moe_aux_ || zloss) {
