@@ -403,6 +403,35 @@ void test_moe_training(const std::string& model, const std::string& extra) {
   }
 }
 
+// The routed experts' GEMMs on several streams (MEGATRAIN_MOE_EXPERT_STREAMS) give the same bits as on the compute
+// stream alone: each expert writes only its own rows and gradients, and the compute stream waits for every expert
+// stream before the combine (forward) and the router's backward. A missing wait shows as a loss or gradient norm that
+// differs, or as a memcheck race in scripts/test_gpu.sh.
+void test_moe_streams(const std::string& model, const std::string& extra) {
+  const std::string name = "MoE expert streams " + model + " " + extra;
+  try {
+    const mt::Config cfg = make_config(model, std::string(MT_PLAIN_BATCH "--train-iters 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128 "
+                                                          "--moe-aux-loss-coeff 1e-2 ") + extra);
+    mt::TrainOptions quiet{true, 0};
+    std::vector<mt::TrainResult> runs;
+    for (const char* streams : {"1", "4", "3"}) {
+      setenv("MEGATRAIN_MOE_EXPERT_STREAMS", streams, 1);
+      runs.push_back(mt::train_cuda(cfg, mt::ProcessGroups::single(), quiet));
+    }
+    unsetenv("MEGATRAIN_MOE_EXPERT_STREAMS");
+    bool same = !runs[0].losses.empty();
+    for (size_t k = 1; same && k < runs.size(); ++k) same = runs[k].losses == runs[0].losses && runs[k].grad_norms == runs[0].grad_norms;
+    char buf[300];
+    std::snprintf(buf, sizeof(buf), "%s: %zu iterations on 1, 4 and 3 streams, losses and gradient norms %s (last loss %.6f / %.6f / %.6f)", name.c_str(),
+                  runs[0].losses.size(), same ? "identical" : "DIFFER", runs[0].losses.empty() ? 0.0 : runs[0].losses.back(),
+                  runs[1].losses.empty() ? 0.0 : runs[1].losses.back(), runs[2].losses.empty() ? 0.0 : runs[2].losses.back());
+    check(same, buf);
+  } catch (const std::exception& e) {
+    unsetenv("MEGATRAIN_MOE_EXPERT_STREAMS");
+    check(false, name + ": " + e.what());
+  }
+}
+
 // Aux-loss-free balancing (--moe-router-enable-expert-bias) on the CUDA model, exactly: biases of +-1 set in the host
 // store (what a checkpoint load leaves there) outweigh any sigmoid score, so every token of a microbatch must pick
 // experts 0 and 1 in the first MoE layer and 2 and 3 in the second (the upload, each layer's bias in the route);
@@ -1079,6 +1108,9 @@ int main() {
   test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe blockwise ");  // deferred weight gradients quantise dy again
 moe_tests:
   test_moe_training("llama", "");
+  test_moe_streams("llama", "");
+  test_moe_streams("llama-recompute", "--moe-shared-expert-intermediate-size 128 ");
+  test_moe_streams("gpt", "--disable-bias-linear ");  // GELU experts (the epilogue's auxiliary rows)
   test_moe_training("llama-recompute", "--moe-router-pre-softmax --moe-router-topk-scaling-factor 1.5 ");
   test_moe_training("llama", "--moe-router-score-function sigmoid --moe-layer-freq [0,1] ");
   test_moe_training("gpt", "--disable-bias-linear ");  // GELU experts

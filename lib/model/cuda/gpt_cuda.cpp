@@ -206,6 +206,21 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       moe_global_ = static_cast<float*>(alloc(bytes));
       MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, bytes, stream_));
     }
+    int64_t streams = 4;
+    if (const char* env = std::getenv("MEGATRAIN_MOE_EXPERT_STREAMS")) {
+      streams = std::atoll(env);
+      if (streams < 1 || streams > 64) throw std::runtime_error("MEGATRAIN_MOE_EXPERT_STREAMS must be a number of streams from 1 to 64");
+    }
+    streams = std::min(streams, experts_);
+    if (streams > 1) {
+      expert_streams_.resize(static_cast<size_t>(streams));
+      expert_done_ev_.resize(static_cast<size_t>(streams));
+      for (int64_t i = 0; i < streams; ++i) {
+        MT_CUDA_CHECK(cudaStreamCreateWithFlags(&expert_streams_[static_cast<size_t>(i)], cudaStreamNonBlocking));
+        MT_CUDA_CHECK(cudaEventCreateWithFlags(&expert_done_ev_[static_cast<size_t>(i)], cudaEventDisableTiming));
+      }
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&experts_fork_ev_, cudaEventDisableTiming));
+    }
     moe_aux_coeff_ = static_cast<float>(m.moe_aux_loss_coeff);
     moe_z_coeff_ = static_cast<float>(m.moe_z_loss_coeff.value_or(0.0));
     const size_t acc = static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4;
@@ -626,6 +641,12 @@ CudaGPT::~CudaGPT() {
     cuda::GemmLt::instance().release_workspace(wgrad_stream_);
     cudaStreamDestroy(wgrad_stream_);
   }
+  for (cudaEvent_t e : expert_done_ev_) cudaEventDestroy(e);
+  if (experts_fork_ev_) cudaEventDestroy(experts_fork_ev_);
+  for (cudaStream_t st : expert_streams_) {
+    cuda::GemmLt::instance().release_workspace(st);
+    cudaStreamDestroy(st);
+  }
 }
 
 void CudaGPT::zero_moe_stats() {
@@ -736,6 +757,23 @@ void CudaGPT::join_wgrad() {
   if (!wgrad_stream_) return;
   MT_CUDA_CHECK(cudaEventRecord(join_ev_, wgrad_stream_));
   MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_ev_, 0));
+}
+
+void CudaGPT::fork_experts() {
+  if (expert_streams_.empty()) return;
+  MT_CUDA_CHECK(cudaEventRecord(experts_fork_ev_, stream_));
+  for (cudaStream_t st : expert_streams_) MT_CUDA_CHECK(cudaStreamWaitEvent(st, experts_fork_ev_, 0));
+}
+
+cudaStream_t CudaGPT::expert_stream(int64_t i) const {
+  return expert_streams_.empty() ? stream_ : expert_streams_[static_cast<size_t>(i) % expert_streams_.size()];
+}
+
+void CudaGPT::join_experts() {
+  for (size_t i = 0; i < expert_streams_.size(); ++i) {
+    MT_CUDA_CHECK(cudaEventRecord(expert_done_ev_[i], expert_streams_[i]));
+    MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, expert_done_ev_[i], 0));
+  }
 }
 
 bf16* CudaGPT::gather_rows(bf16* local, bf16* full, int64_t T) {

@@ -206,10 +206,23 @@ class CudaGPT {
   void moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const cuda::bf16* dy);
   // One expert's MLP over n rows (a routed expert's rows, or the shared expert over every token; gpt_cuda_moe.cpp):
   // out = fc2(act(fc1(x))) (beta 1: added onto out), and its backward (din_beta 1: added onto din).
+  // Queued on stream st.
   void expert_forward(bool shared, int64_t n, int64_t F, const cuda::bf16* x, int64_t w1, int64_t w2, cuda::bf16* fc1_out, cuda::bf16* act,
-                      cuda::bf16* out, float beta);
+                      cuda::bf16* out, float beta, cudaStream_t st);
   void expert_backward(bool shared, int64_t n, int64_t F, const cuda::bf16* dout, const cuda::bf16* x, int64_t w1, int64_t w2,
-                       const cuda::bf16* fc1_out, const cuda::bf16* act, cuda::bf16* dact, cuda::bf16* dfc1, cuda::bf16* din, float din_beta);
+                       const cuda::bf16* fc1_out, const cuda::bf16* act, cuda::bf16* dact, cuda::bf16* dfc1, cuda::bf16* din, float din_beta,
+                       cudaStream_t st);
+  // The routed experts' GEMMs spread over expert_streams_ (TransformerEngine's GroupedLinear without a grouped GEMM:
+  // one expert's last partial wave of tiles runs beside the next one's first): fork_experts() makes them wait for the
+  // compute stream's work so far, expert_stream(i) is the i-th non-empty expert's, join_experts() makes the compute
+  // stream wait for all of them. Each expert writes only its own rows and gradients, so the results are the same
+  // bits on any number of streams. MEGATRAIN_MOE_EXPERT_STREAMS (default 4; 1: the compute stream alone).
+  void fork_experts();
+  cudaStream_t expert_stream(int64_t i) const;
+  void join_experts();
+  std::vector<cudaStream_t> expert_streams_;
+  std::vector<cudaEvent_t> expert_done_ev_;
+  cudaEvent_t experts_fork_ev_ = nullptr;
   Record& act(int64_t l);  // layer l's activations (the shared recompute record for a recomputed layer)
   cuda::bf16* gather_layer_rows(cuda::bf16* local, cuda::bf16* full, int64_t T);
   // The activations of a microbatch in flight: every layer's record and what the output layer's backward reads

@@ -42,18 +42,20 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
     r.per_expert.assign(s.counts_host, s.counts_host + E);
   }
-  int64_t off = 0;
+  fork_experts();
+  int64_t off = 0, busy = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = r.per_expert[static_cast<size_t>(e)];
     if (n > 0) {
       const auto e_ = static_cast<size_t>(e);
       expert_forward(false, n, Fm, r.ex_rows + off * h, lw.expert_fc1[e_], lw.expert_fc2[e_], r.ex_fc1 + off * F1m, r.ex_act + off * Fm,
-                     r.ex_out + off * h, 0.0f);
+                     r.ex_out + off * h, 0.0f, expert_stream(busy++));
     }
     off += n;
   }
+  join_experts();
   MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, r.route_weight, rt, stream_));
-  if (lw.shared_fc1_w >= 0) expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f);
+  if (lw.shared_fc1_w >= 0) expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f, stream_);
 }
 
 bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
@@ -96,43 +98,43 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
 // epilogue) into fc1_out and act, and fc2 into out, with beta 1 accumulating onto what out holds (one rounding of the
 // fp32 sum to 16 bits). `shared`: the shared expert's profile names.
 void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, int64_t w1, int64_t w2, bf16* fc1_out, bf16* act, bf16* out,
-                             float beta) {
+                             float beta, cudaStream_t st) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
   if (D_.swiglu) {
-    MT_PROF(shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1",
-            lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, nullptr, stream_, {}, !shared));
-    MT_PROF(shared ? "fwd.moe.shared.activation" : "fwd.moe.activation", cuda::swiglu_forward_bf16(act, fc1_out, n, F, stream_, dt_));
+    MT_PROF_ON(st, shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1",
+            lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, nullptr, st, {}, !shared));
+    MT_PROF_ON(st, shared ? "fwd.moe.shared.activation" : "fwd.moe.activation", cuda::swiglu_forward_bf16(act, fc1_out, n, F, st, dt_));
   } else {
-    MT_PROF(shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1",
-            lt.gemm_ex(false, true, n, F, h, 1.0f, x, h, w(w1), h, 0.0f, act, F, ab_, ab_, nullptr, stream_, {cuda::GemmEpilogue::kGeluAux, fc1_out, F},
+    MT_PROF_ON(st, shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1",
+            lt.gemm_ex(false, true, n, F, h, 1.0f, x, h, w(w1), h, 0.0f, act, F, ab_, ab_, nullptr, st, {cuda::GemmEpilogue::kGeluAux, fc1_out, F},
                        !shared));
   }
-  MT_PROF(shared ? "fwd.moe.shared.gemm.fc2" : "fwd.moe.gemm.fc2",
-          lt.gemm_ex(false, true, n, h, F, 1.0f, act, F, w(w2), F, beta, out, h, ab_, ab_, nullptr, stream_, {}, !shared));
+  MT_PROF_ON(st, shared ? "fwd.moe.shared.gemm.fc2" : "fwd.moe.gemm.fc2",
+          lt.gemm_ex(false, true, n, h, F, 1.0f, act, F, w(w2), F, beta, out, h, ab_, ab_, nullptr, st, {}, !shared));
 }
 
 // Its backward from dout [n, h]: dact (SwiGLU's) and dfc1 as scratch, the input gradient into din (beta 1: accumulated
 // onto it), and both weight gradients.
 void CudaGPT::expert_backward(bool shared, int64_t n, int64_t F, const bf16* dout, const bf16* x, int64_t w1, int64_t w2, const bf16* fc1_out,
-                              const bf16* act, bf16* dact, bf16* dfc1, bf16* din, float din_beta) {
+                              const bf16* act, bf16* dact, bf16* dfc1, bf16* din, float din_beta, cudaStream_t st) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
   if (D_.swiglu) {
-    MT_PROF(shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad",
-            lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dact, F, ab_, ab_, nullptr, stream_, {}, !shared));
+    MT_PROF_ON(st, shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad",
+            lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dact, F, ab_, ab_, nullptr, st, {}, !shared));
   } else {  // the GELU backward in the epilogue, straight to d(fc1 output)
-    MT_PROF(shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad",
-            lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dfc1, F, ab_, ab_, nullptr, stream_,
+    MT_PROF_ON(st, shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad",
+            lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dfc1, F, ab_, ab_, nullptr, st,
                        {cuda::GemmEpilogue::kDGelu, const_cast<bf16*>(fc1_out), F}, !shared));
   }
-  wgrad_with_bias(stream_, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", h, n, dout, act, F, w2, -1, !shared);
+  wgrad_with_bias(st, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", h, n, dout, act, F, w2, -1, !shared);
   if (D_.swiglu) {
-    MT_PROF(shared ? "bwd.moe.shared.activation" : "bwd.moe.activation", cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, stream_, dt_));
+    MT_PROF_ON(st, shared ? "bwd.moe.shared.activation" : "bwd.moe.activation", cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, st, dt_));
   }
-  MT_PROF(shared ? "bwd.moe.shared.gemm.fc1_dgrad" : "bwd.moe.gemm.fc1_dgrad",
-          lt.gemm_ex(false, false, n, h, F1, 1.0f, dfc1, F1, w(w1), h, din_beta, din, h, ab_, ab_, nullptr, stream_, {}, !shared));
-  wgrad_with_bias(stream_, shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", F1, n, dfc1, x, h, w1, -1, !shared);
+  MT_PROF_ON(st, shared ? "bwd.moe.shared.gemm.fc1_dgrad" : "bwd.moe.gemm.fc1_dgrad",
+          lt.gemm_ex(false, false, n, h, F1, 1.0f, dfc1, F1, w(w1), h, din_beta, din, h, ab_, ab_, nullptr, st, {}, !shared));
+  wgrad_with_bias(st, shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", F1, n, dfc1, x, h, w1, -1, !shared);
 }
 
 void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const bf16* dy) {
@@ -142,16 +144,18 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   const int64_t T = mb.B * mb.S, h = D.h, E = experts_, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
   const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0};
   MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, dy, r.ex_out, r.row, r.route_weight, rt, stream_));
-  int64_t off = 0;
+  fork_experts();
+  int64_t off = 0, busy = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = r.per_expert[static_cast<size_t>(e)];
     if (n > 0) {
       const auto e_ = static_cast<size_t>(e);
       expert_backward(false, n, Fm, s.ex_dout + off * h, r.ex_rows + off * h, lw.expert_fc1[e_], lw.expert_fc2[e_], r.ex_fc1 + off * F1m,
-                      r.ex_act + off * Fm, s.ex_dact + off * Fm, s.ex_dfc1 + off * F1m, s.ex_din + off * h, 0.0f);
+                      r.ex_act + off * Fm, s.ex_dact + off * Fm, s.ex_dfc1 + off * F1m, s.ex_din + off * h, 0.0f, expert_stream(busy++));
     }
     off += n;
   }
+  join_experts();
   // The router: through the weights, plus the aux and z losses' gradients at the lm loss's scale.
   MT_PROF("bwd.moe.router", cuda::moe_router_backward(s.dlogits, r.logits, r.top, s.dweight, moe_aux_ ? r.aux_dscale : nullptr, moe_z_coeff_,
                                                       mb.aux_grad_scale, rt, stream_));
@@ -159,7 +163,7 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, r.xn2, rt, stream_));
   // The shared expert, its input gradient added onto the routed experts' and the router's.
   if (lw.shared_fc1_w >= 0) {
-    expert_backward(true, T, F_shared_, dy, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.sh_dact, s.sh_dfc1, s.dxn, 1.0f);
+    expert_backward(true, T, F_shared_, dy, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.sh_dact, s.sh_dfc1, s.dxn, 1.0f, stream_);
   }
 }
 
