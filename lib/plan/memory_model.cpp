@@ -38,6 +38,14 @@ struct RankShape {
         res(c.precision.fp32_residual_connection || !half_precision(c) ? 4.0 : a) {}
 };
 
+// The experts' rows per token of an MoE layer: its top-k choices, or padded to capacity (--moe-pad-expert-input-to-capacity)
+// every expert's capacity, capacity factor x top-k per token, at most every expert.
+double expert_rows_per_token(const Config& c) {
+  const double k = static_cast<double>(c.moe.moe_router_topk);
+  if (!c.moe.moe_pad_expert_input_to_capacity || !c.moe.moe_expert_capacity_factor) return k;
+  return std::max(k, std::min(static_cast<double>(c.moe.num_experts.value_or(1)), *c.moe.moe_expert_capacity_factor * k));
+}
+
 // Bytes of activations one transformer layer keeps for backward, per microbatch, on one rank.
 double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
@@ -57,7 +65,7 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   double tokens = sb;
   if (moe) {
     F = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F)));
-    tokens = sb * static_cast<double>(c.moe.moe_router_topk);
+    tokens = sb * expert_rows_per_token(c);
     bytes += 4.0 * sb * static_cast<double>(c.moe.num_experts.value_or(0));  // router logits (fp32)
     bytes += 2 * a * tokens * h / rep;                                        // permuted tokens, the experts' outputs
     bytes += 12.0 * sb * static_cast<double>(c.moe.moe_router_topk);          // the choices, their weights and rows
@@ -98,10 +106,10 @@ double working_bytes_per_token(const Config& c) {
   if (sp) bytes += 3.0 * a * h / r + 2.0 * a * h;  // SP's local rows and gathers
   if (c.precision.fp8_format) bytes += std::max({h, Hd, F, Wq, F1}) + std::max({Wq, h, F1});  // an FP8 operand, dy^T (1 byte each)
   if (c.moe.num_experts) {  // the experts' gradients for top-k copies of each token, the router's
-    const double k = static_cast<double>(c.moe.moe_router_topk);
+    const double k = static_cast<double>(c.moe.moe_router_topk), rows = expert_rows_per_token(c);
     const double Fm = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F * t)));
     const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
-    bytes += a * k * (2 * h + (c.model.swiglu ? 3.0 : 2.0) * Fm / etp) + 4.0 * 2.0 * static_cast<double>(*c.moe.num_experts) + 4.0 * k;
+    bytes += a * rows * (2 * h + (c.model.swiglu ? 3.0 : 2.0) * Fm / etp) + 4.0 * 2.0 * static_cast<double>(*c.moe.num_experts) + 4.0 * k;
     const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0)) / t;
     bytes += a * shared * (c.model.swiglu ? 3.0 : 1.0);  // the shared expert's activation and fc1 gradients
   }

@@ -770,6 +770,40 @@ void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew, bo
   for (int32_t* d : {d_top, d_row, d_counts, d_offsets, d_parts}) cudaFree(d);
 }
 
+// --moe-pad-expert-input-to-capacity's padding rows: rows[map row] = xn[map token] (the forward), then zeros there (their
+// output gradients); every other row untouched.
+void test_moe_pad_rows(int64_t rows_n, int64_t T, int64_t pads, int64_t h) {
+  const std::string name = "moe pad rows " + std::to_string(pads) + " of " + std::to_string(rows_n) + " h " + std::to_string(h);
+  std::vector<int32_t> which(static_cast<size_t>(rows_n));
+  for (int64_t i = 0; i < rows_n; ++i) which[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::shuffle(which.begin(), which.end(), rng);
+  std::vector<int32_t> map(static_cast<size_t>(2 * pads));
+  for (int64_t i = 0; i < pads; ++i) {
+    map[static_cast<size_t>(2 * i)] = which[static_cast<size_t>(i)];
+    map[static_cast<size_t>(2 * i + 1)] = static_cast<int32_t>(rng() % static_cast<uint64_t>(T));
+  }
+  const auto H = static_cast<size_t>(h);
+  const Vec xn = randn(static_cast<size_t>(T) * H), before = randn(static_cast<size_t>(rows_n) * H);
+  B16 d_xn(xn), d_rows(before);
+  int32_t* d_map = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&d_map, std::max<size_t>(1, map.size()) * 4));
+  MT_CUDA_CHECK(cudaMemcpy(d_map, map.data(), map.size() * 4, cudaMemcpyHostToDevice));
+  Vec want = rounded16(before);
+  cuda::moe_pad_rows(d_rows.b(), d_xn.b(), d_map, pads, h, nullptr);
+  for (int64_t i = 0; i < pads; ++i) {
+    const size_t r = static_cast<size_t>(map[static_cast<size_t>(2 * i)]) * H, t = static_cast<size_t>(map[static_cast<size_t>(2 * i + 1)]) * H;
+    for (size_t c = 0; c < H; ++c) want[r + c] = round16(xn[t + c]);
+  }
+  expect(name + " copied", d_rows.get(), want, 0.0);
+  cuda::moe_pad_rows(d_rows.b(), nullptr, d_map, pads, h, nullptr);
+  for (int64_t i = 0; i < pads; ++i) {
+    const size_t r = static_cast<size_t>(map[static_cast<size_t>(2 * i)]) * H;
+    for (size_t c = 0; c < H; ++c) want[r + c] = 0.0f;
+  }
+  expect(name + " zeroed", d_rows.get(), want, 0.0);
+  cudaFree(d_map);
+}
+
 }  // namespace
 
 int main() {
@@ -830,6 +864,9 @@ int main() {
   test_moe_dispatch(5, 4, 1, 40, false);      // under one chunk, under one input-gradient block of tokens
   test_moe_dispatch(1000, 8, 2, 2048, true, true);  // choices dropped by a capacity
   test_moe_dispatch(333, 64, 6, 100, false, true);
+  test_moe_pad_rows(600, 300, 250, 2048);
+  test_moe_pad_rows(90, 40, 33, 100);  // h % 8 != 0: one column a thread
+  test_moe_pad_rows(8, 4, 0, 64);      // nothing to pad
   for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
     g_t = t;
     test_dropout(13, 40, 5, 9);    // rows spanning two samples; the vectorised norms (one warp per row)

@@ -1141,6 +1141,11 @@ moe_tests:
   test_moe_training("llama", "--moe-expert-capacity-factor 0.5 --moe-router-score-function sigmoid --moe-router-enable-expert-bias "
                              "--moe-token-dispatcher-type alltoall "
                              "--moe-router-bias-update-rate 1e-2 ");
+  // Padded to capacity: the experts below capacity take tokens they were not routed to, at weight 0 (the curves as
+  // without padding; a padding row's output gradient left unzeroed, or a row read from the wrong token, moves them).
+  test_moe_training("llama", "--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity --moe-token-dispatcher-type alltoall ");
+  test_moe_training("llama-recompute", "--moe-expert-capacity-factor 1.1 --moe-pad-expert-input-to-capacity --moe-token-drop-policy position "
+                                       "--moe-token-dispatcher-type alltoall --moe-shared-expert-intermediate-size 128 ");
   test_moe_training("llama", "--moe-router-num-groups 2 --moe-router-group-topk 1 ");
   test_moe_training("llama", "--num-experts 8 --moe-router-score-function sigmoid --moe-router-num-groups 4 --moe-router-group-topk 2 ");
   // The aux loss per sequence (seq_aux_loss), softmax and sigmoid scores (the batch's four sequences each their own).

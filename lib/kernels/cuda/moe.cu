@@ -216,6 +216,14 @@ __global__ void gather_kernel(__nv_bfloat16* rows, const __nv_bfloat16* xn, cons
 }
 
 template <int W>
+__global__ void pad_rows_kernel(__nv_bfloat16* rows, const __nv_bfloat16* xn, const int32_t* map, int64_t n, int64_t h) {
+  const int64_t i = blockIdx.x;
+  if (i >= n) return;
+  const int64_t r = map[2 * i], t = map[2 * i + 1];
+  for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) store_cols<W>(rows + r * h + c, xn ? load_cols<W>(xn + t * h + c) : Cols<W>{});
+}
+
+template <int W>
 __global__ void combine_kernel(__nv_bfloat16* out, const __nv_bfloat16* y, const int32_t* row, const float* weight, int64_t T, int64_t k, int64_t h) {
   const int64_t t = blockIdx.x;
   if (t >= T) return;
@@ -520,6 +528,16 @@ void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting
     gather_kernel<8><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(rows), B(xn), row, r.tokens, r.topk, r.hidden);
   } else {
     gather_kernel<1><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(rows), B(xn), row, r.tokens, r.topk, r.hidden);
+  }
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_pad_rows(bf16* rows, const bf16* xn, const int32_t* map, int64_t n, int64_t h, cudaStream_t st) {
+  if (n == 0) return;
+  if (eight_wide(h, {rows, xn})) {
+    pad_rows_kernel<8><<<static_cast<unsigned>(n), 128, 0, st>>>(B(rows), B(xn), map, n, h);
+  } else {
+    pad_rows_kernel<1><<<static_cast<unsigned>(n), 128, 0, st>>>(B(rows), B(xn), map, n, h);
   }
   MT_CUDA_CHECK(cudaGetLastError());
 }

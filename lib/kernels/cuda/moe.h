@@ -42,6 +42,9 @@ void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, int32_t* parts
 int64_t moe_permute_scratch(const MoeRouting& r);
 // rows[row[t k + j]] = xn[t]. Here and below a row of -1 is a choice the capacity dropped: no row, weight 0.
 void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st);
+// --moe-pad-expert-input-to-capacity: the padding rows of n pairs map[2 i] = row, map[2 i + 1] = token (tokens an
+// expert does not route to, weight 0): rows[row] = xn[token], or zeros where xn is null (their output gradients).
+void moe_pad_rows(bf16* rows, const bf16* xn, const int32_t* map, int64_t n, int64_t h, cudaStream_t st);
 // out[t] = sum_j weight[t, j] y[row[t k + j]] (fp32 sums, in slot order).
 void moe_combine(bf16* out, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r, cudaStream_t st);
 // dy_rows[row] = weight x dout[t]; dweight[t, j] = <y[row], dout[t]>.

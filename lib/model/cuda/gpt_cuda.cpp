@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/router.h"
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/bias_grad.h"
 #include "kernels/cuda/cross_entropy_bf16.h"
@@ -195,9 +196,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     moe_seq_aux_ = m.moe_router_load_balancing_type == "seq_aux_loss";
     moe_capacity_factor_ = m.moe_expert_capacity_factor.value_or(0.0);
     moe_drop_by_probability_ = m.moe_token_drop_policy == "probs";
-    if (moe_capacity_factor_ > 0 && m.moe_pad_expert_input_to_capacity) {
-      throw std::logic_error("CUDA model: --moe-pad-expert-input-to-capacity is not implemented");
-    }
+    moe_pad_ = moe_capacity_factor_ > 0 && m.moe_pad_expert_input_to_capacity;
     moe_global_aux_ = m.moe_router_load_balancing_type == "global_aux_loss";
     moe_aux_ = (m.moe_router_load_balancing_type == "aux_loss" || moe_seq_aux_ || moe_global_aux_) && m.moe_aux_loss_coeff > 0;
     if (moe_global_aux_ && moe_aux_) {
@@ -286,6 +285,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     throw std::runtime_error("sequence parallelism needs --micro-batch-size x --seq-length divisible by --tensor-model-parallel-size");
   }
   T_max_ = T;
+  // The experts' rows of a microbatch: its top-k choices, or padded to capacity every expert's capacity (at most every
+  // token, beyond which nothing drops or pads).
+  moe_rows_ = T * topk_;
+  if (moe_pad_) moe_rows_ = std::max(moe_rows_, experts_ * std::min(T, cpu::expert_capacity(moe_capacity_factor_, T, topk_, experts_)));
   // The output layer's rows at a time (about 512 MiB of logits, as `megatrain plan` counts them);
   // MEGATRAIN_LOSS_CHUNK_ROWS overrides it (0: the whole microbatch at once).
   loss_chunk_rows_ = output_layer_chunk_rows(D.V_local, T);
@@ -343,10 +346,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       r.route_weight = f32(1, k);
       r.top = reinterpret_cast<int32_t*>(f32(1, k));
       r.row = reinterpret_cast<int32_t*>(f32(1, k));
-      r.ex_rows = b16(h, k);
-      r.ex_fc1 = b16(F1m, k);
-      r.ex_act = b16(Fm, k);
-      r.ex_out = b16(h, k);
+      r.ex_rows = b16_rows(h, moe_rows_);
+      r.ex_fc1 = b16_rows(F1m, moe_rows_);
+      r.ex_act = b16_rows(Fm, moe_rows_);
+      r.ex_out = b16_rows(h, moe_rows_);
+      if (moe_pad_) r.pad_map = static_cast<int32_t*>(alloc(static_cast<size_t>(2 * moe_rows_) * 4));
       if (F_shared_ > 0) {
         r.sh_fc1 = b16(D.swiglu ? 2 * F_shared_ : F_shared_);
         r.sh_act = b16(F_shared_);
@@ -459,10 +463,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     if (moe_layers_ > 0) {
       const double k = static_cast<double>(topk_);
       const int64_t Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
-      s.ex_dout = b16(h, k);
-      s.ex_dact = b16(Fm, k);
-      s.ex_dfc1 = b16(F1m, k);
-      s.ex_din = b16(h, k);
+      s.ex_dout = b16_rows(h, moe_rows_);
+      s.ex_dact = b16_rows(Fm, moe_rows_);
+      s.ex_dfc1 = b16_rows(F1m, moe_rows_);
+      s.ex_din = b16_rows(h, moe_rows_);
       if (F_shared_ > 0) {
         if (D.swiglu) s.sh_dact = b16(F_shared_);
         s.sh_dfc1 = b16(D.swiglu ? 2 * F_shared_ : F_shared_);

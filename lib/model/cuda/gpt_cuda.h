@@ -434,10 +434,12 @@ class CudaGPT {
   float moe_scaling_ = 1, moe_aux_coeff_ = 0, moe_z_coeff_ = 0;
   bool moe_record_stats_ = false;
   double moe_capacity_factor_ = 0;  // 0: dropless
+  bool moe_pad_ = false;            // --moe-pad-expert-input-to-capacity
+  int64_t moe_rows_ = 0;            // the experts' rows of a microbatch at most
   bool moe_drop_by_probability_ = true;
   // The capacity decision's host copies: the choices and weights, Megatron's token order (for capacity_order_size_),
   // the keep flags and rows.
-  std::vector<int32_t> capacity_top_, capacity_row_;
+  std::vector<int32_t> capacity_top_, capacity_row_, capacity_pad_map_;
   std::vector<float> capacity_weight_;
   std::vector<int64_t> capacity_order_;
   std::vector<uint8_t> capacity_keep_;

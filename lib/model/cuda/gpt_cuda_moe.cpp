@@ -5,6 +5,8 @@
 // model/cpu/moe_unit.cpp is the oracle.
 #include "model/cuda/gpt_cuda_state.h"
 
+#include <algorithm>
+
 #include "kernels/cpu/router.h"
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/gemm_lt.h"
@@ -36,6 +38,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                  moe_global_ ? moe_global_ + lw.moe_index * (E + 1) : nullptr, moe_record_stats_));
   }
   MT_PROF("fwd.moe.gather", cuda::moe_gather(r.ex_rows, r.xn2, r.row, rt, stream_));
+  if (dropping && r.pads > 0) MT_PROF("fwd.moe.gather", cuda::moe_pad_rows(r.ex_rows, r.xn2, r.pad_map, r.pads, h, stream_));
   // The rows per expert: the GEMMs' sizes, on the host (with a capacity, already there).
   if (!dropping) {
     MT_PROF("fwd.moe.counts", MT_CUDA_CHECK(cudaMemcpyAsync(s.counts_host, s.counts, static_cast<size_t>(E) * 4, cudaMemcpyDeviceToHost, stream_)));
@@ -61,6 +64,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
 bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
   const int64_t k = topk_, E = experts_, n = T * k;
   const int64_t capacity = cpu::expert_capacity(moe_capacity_factor_, T, k, E);
+  r.pads = 0;
   if (capacity > T) return false;  // Megatron: no dropping when every token fits
   capacity_top_.resize(static_cast<size_t>(n));
   capacity_weight_.resize(static_cast<size_t>(n));
@@ -74,20 +78,49 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
     }
     capacity_keep_.assign(static_cast<size_t>(n), 0);
     cpu::capacity_keep(capacity_top_.data(), capacity_weight_.data(), capacity_order_, k, E, capacity, moe_drop_by_probability_, capacity_keep_.data());
-    // Expert-major rows of the kept choices, each expert's in token order (as moe_permute places them).
-    r.per_expert.assign(static_cast<size_t>(E), 0);
-    for (int64_t i = 0; i < n; ++i) {
-      if (capacity_keep_[static_cast<size_t>(i)]) ++r.per_expert[static_cast<size_t>(capacity_top_[static_cast<size_t>(i)])];
+    // Expert-major rows of the kept choices, each expert's in token order (as moe_permute places them); padding to
+    // capacity, the tokens each expert takes beside them (Megatron's capacity mask, as the CPU engine's), the expert's
+    // rows in token order again.
+    std::vector<std::vector<int64_t>> pads;
+    if (moe_pad_) {
+      pads = cpu::capacity_padding(capacity_top_.data(), capacity_keep_.data(), capacity_order_, k, E, capacity);
+      for (auto& p : pads) std::sort(p.begin(), p.end());
     }
+    std::vector<int32_t> kept(static_cast<size_t>(E), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (capacity_keep_[static_cast<size_t>(i)]) ++kept[static_cast<size_t>(capacity_top_[static_cast<size_t>(i)])];
+    }
+    r.per_expert = kept;
+    for (int64_t e = 0; moe_pad_ && e < E; ++e) r.per_expert[static_cast<size_t>(e)] += static_cast<int32_t>(pads[static_cast<size_t>(e)].size());
+    // Each expert's rows from its first: a kept choice of token t takes the next row after the pads of tokens before t.
     std::vector<int32_t> at(static_cast<size_t>(E), 0);
     for (int64_t e = 1; e < E; ++e) at[static_cast<size_t>(e)] = at[static_cast<size_t>(e - 1)] + r.per_expert[static_cast<size_t>(e - 1)];
+    std::vector<size_t> next_pad(static_cast<size_t>(E), 0);
     capacity_row_.resize(static_cast<size_t>(n));
+    capacity_pad_map_.clear();
+    auto pads_before = [&](int64_t e, int64_t token) {  // the expert's pads of tokens before `token`, placed
+      const auto e_ = static_cast<size_t>(e);
+      while (moe_pad_ && next_pad[e_] < pads[e_].size() && pads[e_][next_pad[e_]] < token) {
+        capacity_pad_map_.push_back(at[e_]++);
+        capacity_pad_map_.push_back(static_cast<int32_t>(pads[e_][next_pad[e_]++]));
+      }
+    };
     for (int64_t i = 0; i < n; ++i) {
       const auto ii = static_cast<size_t>(i);
-      capacity_row_[ii] = capacity_keep_[ii] ? at[static_cast<size_t>(capacity_top_[ii])]++ : -1;
+      if (!capacity_keep_[ii]) {
+        capacity_row_[ii] = -1;
+        continue;
+      }
+      pads_before(capacity_top_[ii], i / k);
+      capacity_row_[ii] = at[static_cast<size_t>(capacity_top_[ii])]++;
     }
+    for (int64_t e = 0; e < E; ++e) pads_before(e, T);
+    r.pads = static_cast<int64_t>(capacity_pad_map_.size() / 2);
     MT_CUDA_CHECK(cudaMemcpyAsync(r.row, capacity_row_.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
-    MT_CUDA_CHECK(cudaMemcpyAsync(s_->counts, r.per_expert.data(), static_cast<size_t>(E) * 4, cudaMemcpyHostToDevice, stream_));
+    MT_CUDA_CHECK(cudaMemcpyAsync(s_->counts, kept.data(), static_cast<size_t>(E) * 4, cudaMemcpyHostToDevice, stream_));
+    if (r.pads > 0) {
+      MT_CUDA_CHECK(cudaMemcpyAsync(r.pad_map, capacity_pad_map_.data(), capacity_pad_map_.size() * 4, cudaMemcpyHostToDevice, stream_));
+    }
     // (the host copies are read again by the next MoE layer: the copies from pageable memory are staged before
     // cudaMemcpyAsync returns)
   });
@@ -144,6 +177,8 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   const int64_t T = mb.B * mb.S, h = D.h, E = experts_, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
   const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0};
   MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, dy, r.ex_out, r.row, r.route_weight, rt, stream_));
+  // (padding rows: weight 0, so no output gradient; their input gradients are read by no token)
+  if (r.pads > 0) MT_PROF("bwd.moe.combine", cuda::moe_pad_rows(s.ex_dout, nullptr, r.pad_map, r.pads, h, stream_));
   fork_experts();
   int64_t off = 0, busy = 0;
   for (int64_t e = 0; e < E; ++e) {

@@ -30,12 +30,16 @@ struct CudaGPT::Record {
   bf16 *q_pre = nullptr, *k_pre = nullptr;
   float *qn_mean = nullptr, *qn_rstd = nullptr, *kn_mean = nullptr, *kn_rstd = nullptr;
   // MoE (the model has MoE layers): the router's logits [T, E], the choices top [T, k] with their weights and rows
-  // [T, k], the experts' rows (expert-major) [T k, h], fc1 outputs [T k, F1], activations [T k, F], outputs [T k, h],
+  // [T, k], the experts' rows (expert-major) [R, h], fc1 outputs [R, F1], activations [R, F], outputs [R, h] (R = T k, or
+  // with padding to capacity at most E capacity),
   // the aux loss's gradient per score [E], and the rows per expert (host, from the forward).
   float *logits = nullptr, *route_weight = nullptr, *aux_dscale = nullptr;
   int32_t *top = nullptr, *row = nullptr;
   bf16 *ex_rows = nullptr, *ex_fc1 = nullptr, *ex_act = nullptr, *ex_out = nullptr;
   std::vector<int32_t> per_expert;
+  // --moe-pad-expert-input-to-capacity: the padding rows' (row, token) pairs (moe_pad_rows) and how many.
+  int32_t* pad_map = nullptr;
+  int64_t pads = 0;
   // The shared expert (every token): its fc1 output [T, F1s] and activation [T, Fs].
   bf16 *sh_fc1 = nullptr, *sh_act = nullptr;
   // FP8 layers: per linear site, the amax of its input and of its weight from the forward [4 x 2] (the backward
