@@ -142,6 +142,19 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
                                                       in_flight(static_cast<int64_t>(c)), model_.get()));
     chunks_models_.push_back(extra_chunks_.back().get());
   }
+  // Context parallelism: the ring attention's sends and receives over the CP group (each rank's share of a
+  // microbatch: context_parallel_slice in the steps).
+  cp_ = groups_.cp->size();
+  cp_rank_ = groups_.cp->rank();
+  if (cp_ > 1) {
+#ifdef MEGATRAIN_HAVE_NCCL
+    cp_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.cp);
+    if (!cp_nccl_) throw std::logic_error("CUDA engine: the context-parallel group is not an NCCL communicator");
+    for (CudaGPT* m : chunks_models_) m->set_context_parallel(cp_nccl_.get());
+#else
+    throw std::logic_error("CUDA engine: context parallelism needs NCCL");
+#endif
+  }
   if (found) {  // FP8 delayed scaling: each chunk's scales and amax histories from the checkpoint
     for (CudaGPT* m : chunks_models_) {
       if (!m->fp8_delayed()) continue;

@@ -106,7 +106,7 @@ class CudaEngine final : public TrainingEngine {
   std::shared_ptr<NcclCommunicator> tp_nccl_, dp_nccl_;
   // Pipeline parallelism: the pipeline group (the stages' transfers, the loss and the norm's partial sums)
   // and the embedding group (the tied word embeddings' gradient sum between the first and the last stage).
-  std::shared_ptr<NcclCommunicator> pp_nccl_, embedding_nccl_;
+  std::shared_ptr<NcclCommunicator> pp_nccl_, embedding_nccl_, cp_nccl_;
 #endif
   std::unique_ptr<CudaGPT> model_;  // chunk 0 of this stage: it owns the parameter, gradient and master buffers
   std::vector<std::unique_ptr<CudaGPT>> extra_chunks_;  // interleaving: the stage's other chunks, in model_'s buffers
@@ -114,6 +114,7 @@ class CudaEngine final : public TrainingEngine {
   std::vector<ModelLayout> chunk_layouts_;
   // PP > 1: the link to the neighbouring stages and the pools of boundary buffers (kept across iterations).
   int64_t pp_ = 1, pp_rank_ = 0;
+  int64_t cp_ = 1, cp_rank_ = 0;  // context parallelism
   std::unique_ptr<StageLink> link_;
   std::unique_ptr<StageBuffers> boundary_activations_, boundary_gradients_;
   int64_t tied_offset_ = -1, tied_numel_ = 0;  // this stage's tied word embeddings across stages (-1: none)

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "kernels/cuda/embedding.h"
+#include "model/context_parallel.h"
 #include "pipeline/configured_schedule.h"
 #include "pipeline/cuda_stage.h"
 #include "pipeline/schedule.h"
@@ -130,14 +131,18 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   CudaPipelineStage stage(
       chunks_models_,
       [&](int64_t mi) {
-        const Microbatch mb = make_microbatch(data_, Split::kTrain, base + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
+        const Microbatch whole = make_microbatch(data_, Split::kTrain, base + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
+        // Context parallelism: this rank's two chunks of each sequence; the loss is the whole sequences' mean (each CP
+        // rank's gradient a part of it, times the CP size: the gradients are averaged over DP x CP, as Megatron's).
+        const Microbatch mb = context_parallel_slice(whole, cp_rank_, cp_);
         double denom = 0;
-        for (float x : mb.loss_mask) denom += x;
-        tokens += denom;
+        for (float x : whole.loss_mask) denom += x;
+        for (float x : mb.loss_mask) tokens += x;  // (this rank's, summed over DP x CP below)
         denom = std::max(denom, 1.0);
         MicrobatchSlot& slot = *slots_[static_cast<size_t>((it % 2) * nmb_max_ + mi)];
         make_drop_keys(mb, it);
-        const float w_mb = per_token ? 1.0f : static_cast<float>(1.0 / (denom * static_cast<double>(nmb_it)));  // (the gradient's)
+        // (--calculate-per-token-loss: the step's scale by the DP x CP group's loss tokens makes them the whole sum)
+        const float w_mb = per_token ? 1.0f : static_cast<float>(static_cast<double>(cp_) / (denom * static_cast<double>(nmb_it)));  // (the gradient's)
         DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait, drop_keys_);
         d.aux_grad_scale = static_cast<float>(grad_share_ / static_cast<double>(nmb_it));  // MoE: the aux losses' share, as the lm loss's
         if (cfg.model.attention_dropout > 0) d.attention_seed = dropout_key(static_cast<uint64_t>(cfg.training.seed), it, mb.first_sample, -1, kDropAttnProbs);
@@ -341,9 +346,9 @@ double CudaEngine::evaluate(int64_t iteration) {
     CudaPipelineStage stage(
         chunks_models_,
         [&](int64_t mi) {
-          const Microbatch mb = make_microbatch(data_, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg);
+          const Microbatch mb = context_parallel_slice(make_microbatch(data_, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg), cp_rank_, cp_);
           double denom = 0;
-          for (float x : mb.loss_mask) denom += x;
+          for (float x : mb.loss_mask) denom += x;  // (this rank's: the sums run over DP x CP)
           MicrobatchSlot& slot = *eval_slots_[static_cast<size_t>(mi) % eval_slots_.size()];
           n += denom;
           return CudaPipelineStage::Staged{slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait), 0.0f, 1.0f};

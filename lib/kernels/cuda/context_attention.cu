@@ -120,10 +120,12 @@ void ring_block_forward(const RingShape& s, RingBlock kind, const bf16* q, const
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void ring_output(const RingShape& s, const float* acc, bf16* out, cudaStream_t stream) {
-  const int64_t n = s.B * 2 * s.c * s.Hq * s.D;
-  if (s.type == F16::kFP16) to_16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(reinterpret_cast<__half*>(out), acc, n);
-  else to_16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(out, acc, n);
+void ring_output(const RingShape& s, const float* acc, bf16* out, cudaStream_t stream) { ring_to_16(acc, out, s.B * 2 * s.c * s.Hq * s.D, s.type, stream); }
+
+void ring_to_16(const float* in, bf16* out, int64_t n, F16 type, cudaStream_t stream) {
+  if (n == 0) return;
+  if (type == F16::kFP16) to_16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(reinterpret_cast<__half*>(out), in, n);
+  else to_16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(out, in, n);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

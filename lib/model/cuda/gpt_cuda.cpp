@@ -279,7 +279,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (D.squared_relu && moe_layers_ > 0) {  // (refused by name in train/capabilities: a guard for other callers)
     throw std::runtime_error("--squared-relu experts are not implemented on the CUDA engine: use --device cpu");
   }
-  const int64_t T = *cfg.training.micro_batch_size * D.S;
+  // (context parallelism: this rank's two chunks of each sequence)
+  S_local_ = D.S / std::max<int64_t>(1, D.cp);
+  const int64_t T = *cfg.training.micro_batch_size * S_local_;
   const int64_t balance_groups = moe_seq_aux_ ? *cfg.training.micro_batch_size : 1;  // (the aux loss's: per sequence under seq_aux_loss)
   if (sp_ && T % tp_size_ != 0) {
     throw std::runtime_error("sequence parallelism needs --micro-batch-size x --seq-length divisible by --tensor-model-parallel-size");
@@ -506,6 +508,19 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       if (sp_all_to_all) s.parts = b16(h);
     }
     if (sp_ || res16_ || !post_) s.emb = f32(h);  // (!post_: the output gradient's dropout in the backward)
+    if (D.cp > 1) {
+      s.ring_acc = f32(Hd);
+      s.ring_dq = f32(Hd);
+      for (int i = 0; i < 2; ++i) {
+        s.ring_kv[i] = b16(2 * KVd);
+        s.ring_dkv[i] = f32(2 * KVd);
+      }
+      s.ring_out = b16(Hd);
+      s.ring_dq16 = b16(Hd);
+      s.ring_dk16 = b16(KVd);
+      s.ring_dv16 = b16(KVd);
+      s.ring_lse = f32(D.nh_local);
+    }
   };
   if (tp_) {
     const size_t before = act_bytes_;
@@ -549,9 +564,20 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   }
   if (D.fp8_delayed) init_fp8_scaling(dp);
 
+  if (D.cp > 1) {
+    // Ring attention (gpt_cuda_context.cpp); the rest of context parallelism's settings are refused before here.
+    if (D.cp_a2a || doc_mask_ || D.attention_dropout > 0) throw std::logic_error("CudaGPT: context parallelism runs p2p, without documents or attention dropout");
+    if (S_local_ % 8 != 0) {
+      throw std::runtime_error("context parallelism on the CUDA engine needs --seq-length / (2 x --context-parallel-size) to be a multiple of 4 (this run: " +
+                               std::to_string(D.S) + " / " + std::to_string(2 * D.cp) + "): change the sequence length, or use --device cpu");
+    }
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&cp_stream_, cudaStreamNonBlocking));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&cp_ready_ev_, cudaEventDisableTiming));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&cp_done_ev_, cudaEventDisableTiming));
+  }
   // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;
-  cuda::SdpaShape attention{mbs, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_};
+  cuda::SdpaShape attention{mbs, S_local_, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_};
   std::string why = cuda::CudnnSdpa::instance().check(attention);
   if (why.empty() && D.attention_dropout > 0) {  // (training's graphs; evaluation's are the ones above)
     attention.dropout = D.attention_dropout;
@@ -574,7 +600,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (kv_group_ && D.qk_norm) {
     throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
   }
-  split_forward_ = tp_ && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && !doc_mask_ && D.attention_dropout <= 0 &&
+  split_forward_ = tp_ && D.cp == 1 && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && !doc_mask_ && D.attention_dropout <= 0 &&
                    !D.squared_relu &&
                    mbs % 2 == 0 && aligned &&
                    !(split_env && std::string(split_env) == "0") &&
@@ -645,6 +671,9 @@ CudaGPT::~CudaGPT() {
     cuda::GemmLt::instance().release_workspace(wgrad_stream_);
     cudaStreamDestroy(wgrad_stream_);
   }
+  if (cp_ready_ev_) cudaEventDestroy(cp_ready_ev_);
+  if (cp_done_ev_) cudaEventDestroy(cp_done_ev_);
+  if (cp_stream_) cudaStreamDestroy(cp_stream_);
   for (cudaEvent_t e : expert_done_ev_) cudaEventDestroy(e);
   if (experts_fork_ev_) cudaEventDestroy(experts_fork_ev_);
   for (cudaStream_t st : expert_streams_) {

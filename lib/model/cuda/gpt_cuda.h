@@ -26,6 +26,7 @@
 #include "comm/cuda/stream_collectives.h"
 #include "config/config.h"
 #include "kernels/cuda/bf16_fwd.h"
+#include "kernels/cuda/context_attention.h"
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/fp8_swiglu.h"
 #include "kernels/cuda/norm_bf16.h"
@@ -394,6 +395,26 @@ class CudaGPT {
   // seed) and the seed of its mask (0: none), a function of the micro batch's seed, the global layer and the TP rank
   // (each rank's heads draw their own masks, as Megatron's model-parallel generator gives them).
   cuda::SdpaShape attention_shape(const DeviceMicrobatch& mb) const;
+  // Context parallelism, --cp-comm-type p2p (gpt_cuda_context.cpp): the layer's attention over the whole sequences
+  // from this rank's two chunks of each, the other ranks' K/V blocks coming round the ring (kernels/cuda/
+  // context_attention.h), r.o and r.stats (the merged log-sum-exp) written; the backward into s.dq, s.dk, s.dv, each K/V
+  // block's gradients travelling round with it back to their rank. The transfers run on cp_stream_, each block's
+  // beside the attention of the one before.
+  void ring_attention_forward(Record& r, const DeviceMicrobatch& mb);
+  void ring_attention_backward(Record& r, const DeviceMicrobatch& mb);
+  cuda::RingShape ring_shape(const DeviceMicrobatch& mb) const;
+  // Posts a batch of ring transfers after the compute stream's work so far (one to the next rank, one from the previous).
+  void ring_pass(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int64_t n, WireType type);
+  void ring_wait();  // the compute stream waits for the last batch posted
+
+ public:
+  // The context-parallel group (--context-parallel-size > 1): the ring's sends and receives. Set before the first step.
+  void set_context_parallel(StreamCollectives* cp) { cp_ = cp; }
+
+ private:
+  StreamCollectives* cp_ = nullptr;
+  cudaStream_t cp_stream_ = nullptr;
+  cudaEvent_t cp_ready_ev_ = nullptr, cp_done_ev_ = nullptr;
   uint64_t attention_seed(const DeviceMicrobatch& mb, int64_t l) const;
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, out_w_ = -1;
   std::vector<LayerW> layers_;
@@ -401,6 +422,7 @@ class CudaGPT {
   std::unique_ptr<Record> recompute_record_;
   std::unique_ptr<Scratch> s_;
   int64_t T_max_ = 0;
+  int64_t S_local_ = 0;  // a microbatch's rows per sequence on this rank (the sequence length / CP)
   int64_t loss_chunk_rows_ = 0;  // the output layer's and the loss's rows at a time (output_layer())
   bool full_recompute_ = false;
   std::vector<bool> recompute_layer_;

@@ -63,8 +63,12 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
                                                         .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
     MT_PROF("fwd.qkv_split_rope", copy_own_heads(r.q, s.q_all, T, false));
   }
-  const bf16* doc_bias = document_bias(mb);
-  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_, doc_bias, attention_seed(mb, l)));
+  if (D.cp > 1) {
+    ring_attention_forward(r, mb);
+  } else {
+    const bf16* doc_bias = document_bias(mb);
+    MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q, r.k, r.v, r.o, r.stats, stream_, doc_bias, attention_seed(mb, l)));
+  }
   // Row-parallel: the bias joins one rank's partial sum.
   linear_forward(l, r, kLinearProj, "fwd.gemm.proj", T, Hd, h, r.o, lw.proj_w, row_bias(lw.proj_b), s.delta);
   const bf16* attn = combine_rows(s.delta, s.delta_l, T);
@@ -165,9 +169,13 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (defer) save_for_weights(defer->dy_attn, l, dy, h, T);
   if (!defer && !defer_proj) linear_wgrad(stream_, l, r, kLinearProj, "bwd.gemm.proj_wgrad", T, Hd, h, dy, r.o, lw.proj_w, fuse_row ? lw.proj_b : -1);
   if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
-  const bf16* doc_bias = document_bias(mb);
-  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(attention_shape(mb), r.q, r.k, r.v, r.o, s.d_o, r.stats, s.dq, s.dk, s.dv, stream_,
-                                                                doc_bias, attention_seed(mb, l)));
+  if (D.cp > 1) {
+    ring_attention_backward(r, mb);
+  } else {
+    const bf16* doc_bias = document_bias(mb);
+    MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(attention_shape(mb), r.q, r.k, r.v, r.o, s.d_o, r.stats, s.dq, s.dk, s.dv, stream_,
+                                                                  doc_bias, attention_seed(mb, l)));
+  }
   if (D.qk_norm) {  // RoPE undone, then the norms' backward (the residual-gradient slot as zeroed scratch)
     if (D.rope) {
       MT_PROF("bwd.rope", cuda::rope_apply_16(s.dq, mb.positions, rope_table_, T, D.nh_local, D.d, D.rot_dim, -1.0f, stream_, dt_, D.rotary_interleaved));

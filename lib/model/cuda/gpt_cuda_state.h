@@ -83,6 +83,14 @@ struct CudaGPT::Scratch {
   // Blockwise: the inverse scales of f8_row (1 x 128 blocks along its rows) and f8_dyt (128 tokens of a feature).
   float *f8_row_scale = nullptr, *f8_dyt_scale = nullptr;
   float* f8_scalar(int i) const { return f8_scalars + 64 * i; }
+  // Context parallelism (ring attention, gpt_cuda_context.cpp): the merged output's fp32 accumulator [T, Hd], two
+  // buffers of the K/V block coming round the ring [2][T, 2 KVd] (keys, then values), the queries' fp32 gradient
+  // [T, Hd], two buffers of the K/V gradients travelling with their block [2][T, 2 KVd] fp32, and one block's
+  // scratch (its 16-bit output and gradients, its log-sum-exp [T, heads]).
+  float *ring_acc = nullptr, *ring_dq = nullptr, *ring_dkv[2] = {};
+  bf16* ring_kv[2] = {};
+  bf16 *ring_out = nullptr, *ring_dq16 = nullptr, *ring_dk16 = nullptr, *ring_dv16 = nullptr;
+  float* ring_lse = nullptr;
 };
 
 }  // namespace mt

@@ -142,7 +142,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   const ModelDims& D = D_;
   Scratch& s = *s_;
   const int64_t T = mb.B * mb.S, Tl = local_rows(T), h = D.h;
-  if (T > T_max_ || mb.S != D.S) throw std::logic_error("CUDA model: microbatch larger than the buffers");
+  if (T > T_max_ || mb.S != S_local_) throw std::logic_error("CUDA model: microbatch larger than the buffers");
   if (split_forward_ && sp_ && T != T_max_) throw std::logic_error("CUDA model: the split layers under SP need micro batches of the configured size");
   if (slots_[static_cast<size_t>(slot)].forwarded || slots_[static_cast<size_t>(slot)].weights_due) {
     throw std::logic_error("CUDA model: a forward into slot " + std::to_string(slot) + " before the backward of the microbatch in it");
