@@ -50,8 +50,7 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   DROP="--attention-dropout 0.1 --hidden-dropout 0.1"
   # (and squared ReLU, interleaved RoPE, seq_aux_loss and global_aux_loss, the expert bias, capacity factors padded to capacity. A feature written but
   # refused until its GPU tests pass joins these runs through MEGATRAIN_CUDA_UNVERIFIED=<name>, exported here while
-  # it is refused.)
-  export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-moe-capacity}
+  # it is refused: none at present.)
   CAP="--num-experts 4 --moe-router-topk 2 --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2
        --moe-pad-expert-input-to-capacity"
   BIAS="--num-experts 4 --moe-router-topk 2 --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2"

@@ -212,8 +212,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(world_size > 1, "mixture of experts on the CUDA engine runs on one GPU so far (no TP, DP or EP): use --device cpu for multi-rank MoE");
     no(c.precision.fp16, "mixture of experts on the CUDA engine computes in bf16: use --bf16");
     no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
-    no(m.moe_expert_capacity_factor.has_value() && !cuda_unverified_allowed("moe-capacity"),
-       "--moe-expert-capacity-factor on the CUDA engine has not run on a GPU yet" + cpu);
     no(!c.model.disable_bias_linear, "MoE layers with biases are not implemented on the CUDA engine: add --disable-bias-linear, or use --device cpu");
     no(m.moe_router_dtype == "fp64", "--moe-router-dtype fp64 is not implemented on the CUDA engine (the router accumulates in fp32)" + cpu);
   }
