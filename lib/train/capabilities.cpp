@@ -168,17 +168,18 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.training.deterministic_mode, "--deterministic-mode: the CUDA engine is not bitwise repeatable (cuDNN's attention backward accumulates "
                                     "with atomics): use --device cpu, which always is, or drop it");
   if (const int64_t cp = c.parallel.context_parallel_size; cp > 1) {
-    // Ring attention (model/cuda/gpt_cuda_context.cpp): written, and refused until it has run on 2+ GPUs against the CPU engine.
+    // Ring attention and the all-to-all's (model/cuda/gpt_cuda_context.cpp): verified on one GPU with the ranks as threads,
+    // and refused until they have run on 2+ GPUs against the CPU engine.
     const std::string cpu = ": use --device cpu (the CPU engine runs it)";
     no(!cuda_unverified_allowed("context-parallel"),
        "--context-parallel-size > 1 on the CUDA engine has not run on several GPUs yet" + cpu);
-    no(c.parallel.cp_comm_type != "p2p", "--cp-comm-type " + c.parallel.cp_comm_type + " is not implemented on the CUDA engine (p2p is)" + cpu +
-                                             ", or --cp-comm-type p2p");
+    no(c.parallel.cp_comm_type != "p2p" && c.parallel.cp_comm_type != "a2a",
+       "--cp-comm-type " + c.parallel.cp_comm_type + " is not implemented on the CUDA engine (p2p and a2a are)" + cpu + ", or --cp-comm-type p2p");
     no(c.data.reset_attention_mask, "--reset-attention-mask with context parallelism is not implemented on the CUDA engine" + cpu);
     no(c.model.attention_dropout > 0 || c.model.hidden_dropout > 0,
        "dropout with context parallelism is not implemented on the CUDA engine: set --attention-dropout 0 --hidden-dropout 0, or use --device cpu");
     no(c.precision.fp8_format.has_value(), "FP8 with context parallelism is not implemented on the CUDA engine" + cpu);
-    no(c.data.seq_length.value_or(0) % (8 * cp) != 0,
+    no(c.parallel.cp_comm_type == "p2p" && c.data.seq_length.value_or(0) % (8 * cp) != 0,
        "context parallelism on the CUDA engine needs --seq-length to be a multiple of 8 x --context-parallel-size (chunks of a multiple of 4 "
        "tokens for cuDNN): change it" + cpu);
   }

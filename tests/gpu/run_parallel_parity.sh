@@ -124,7 +124,7 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # Context parallelism (ring attention over NCCL; refused by name until these pass: the gate is lifted for them
   # at the top): CP 2, and with 4 GPUs CP 2 x DP 2 with the distributed optimizer and CP 2 x TP 2 + SP.
   if [[ $family != mqa ]]; then
-    layouts+=("cp2 2 --context-parallel-size 2")
+    layouts+=("cp2 2 --context-parallel-size 2" "cp2a2a 2 --context-parallel-size 2 --cp-comm-type a2a")
     ((n >= 4)) && layouts+=("cp2dp2do 4 --context-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce"
                             "cp2tp2sp 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel")
   fi

@@ -4,7 +4,8 @@
 // engine's singletons assume one), the others wait inside the ring's collectives. Each rank forwards and backwards its
 // two chunks of every sequence (context_parallel_slice); the ranks' gradients summed and their losses summed must be
 // the whole sequence's on one model (bf16 tolerance): the ring's order, the block kinds, the travelling K/V gradients,
-// the positions. The NCCL ring itself (the engine's) needs 2+ GPUs. Exit 77 (skipped) where no GPU is visible.
+// the positions; and for --cp-comm-type a2a the all-to-alls' layouts (an in-process all-to-all). The NCCL collectives
+// themselves (the engine's) need 2+ GPUs. Exit 77 (skipped) where no GPU is visible.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -47,6 +48,7 @@ struct RingShared {
   int64_t generation = 0;
   bool failed = false;
   std::vector<std::vector<mt::StreamCollectives::Transfer>> posted;
+  std::vector<const void*> sends = std::vector<const void*>(static_cast<size_t>(size));  // each rank's all-to-all input
 };
 thread_local std::unique_lock<std::mutex>* held = nullptr;  // this thread's hold on RingShared::m
 
@@ -82,7 +84,20 @@ class ThreadRing final : public mt::StreamCollectives {
   void all_reduce_on(void*, int64_t, mt::WireType, mt::ReduceOp, cudaStream_t) override { unused(); }
   void reduce_scatter_on(const void*, void*, int64_t, mt::WireType, cudaStream_t) override { unused(); }
   void all_gather_on(const void*, void*, int64_t, mt::WireType, cudaStream_t) override { unused(); }
-  void all_to_all_on(const void*, void*, int64_t, mt::WireType, cudaStream_t) override { unused(); }
+  // recv[r n ..) = rank r's send[this rank's n ..).
+  void all_to_all_on(const void* send, void* recv, int64_t n, mt::WireType type, cudaStream_t s) override {
+    const size_t bytes = static_cast<size_t>(n) * (type == mt::WireType::kF32 ? 4 : 2);
+    if (cudaStreamSynchronize(s) != cudaSuccess) throw std::runtime_error("all-to-all: the stream failed");
+    sends_[static_cast<size_t>(rank_)] = send;
+    barrier();
+    for (int r = 0; r < shared_.size; ++r) {
+      const char* from = static_cast<const char*>(sends_[static_cast<size_t>(r)]) + static_cast<size_t>(rank_) * bytes;
+      if (cudaMemcpy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes, from, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess) {
+        throw std::runtime_error("all-to-all: the copy failed");
+      }
+    }
+    barrier();
+  }
   void all_to_all_v_on(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&, mt::WireType, cudaStream_t) override { unused(); }
   void group_start() override {}
   void group_end() override {}
@@ -92,7 +107,7 @@ class ThreadRing final : public mt::StreamCollectives {
   }
 
  private:
-  [[noreturn]] static void unused() { throw std::logic_error("ring: only send_recv_on is used by the context-parallel attention"); }
+  [[noreturn]] static void unused() { throw std::logic_error("ring: only send_recv_on and all_to_all_on are used by the context-parallel attention"); }
   void barrier() {
     const int64_t gen = shared_.generation;
     if (++shared_.arrived == shared_.size) {
@@ -106,9 +121,10 @@ class ThreadRing final : public mt::StreamCollectives {
   }
   RingShared& shared_;
   int rank_;
+  std::vector<const void*>& sends_ = shared_.sends;
 };
 
-mt::Config make_config(const std::string& model, int64_t cp) {
+mt::Config make_config(const std::string& model, int64_t cp, const std::string& comm) {
   std::string flags =
       "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 2 "
       "--global-batch-size 2 --lr 1e-3 --vocab-size 250 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --train-iters 1 --seed 11 --bf16 "
@@ -122,7 +138,7 @@ mt::Config make_config(const std::string& model, int64_t cp) {
              "--untie-embeddings-and-output-weights --disable-bias-linear --recompute-granularity full --recompute-method uniform "
              "--recompute-num-layers 1 ";
   }
-  if (cp > 1) flags += "--context-parallel-size " + std::to_string(cp) + " ";
+  if (cp > 1) flags += "--context-parallel-size " + std::to_string(cp) + " --cp-comm-type " + comm + " ";
   CLI::App app;
   mt::ConfigCli cli(app);
   app.parse(flags, false);
@@ -167,11 +183,11 @@ void release(RankRun& run) {
   cudaStreamDestroy(run.stream);
 }
 
-void test_context_parallel(const std::string& model, int64_t cp) {
+void test_context_parallel(const std::string& model, int64_t cp, const std::string& comm = "p2p") {
   char name[160];
-  std::snprintf(name, sizeof(name), "context parallelism %s CP %lld (ranks as threads, one GPU)", model.c_str(), static_cast<long long>(cp));
+  std::snprintf(name, sizeof(name), "context parallelism %s CP %lld %s (ranks as threads, one GPU)", model.c_str(), static_cast<long long>(cp), comm.c_str());
   try {
-    const mt::Config whole_cfg = make_config(model, 1), cp_cfg = make_config(model, cp);
+    const mt::Config whole_cfg = make_config(model, 1, comm), cp_cfg = make_config(model, cp, comm);
     auto data = mt::open_training_data(whole_cfg);
     const mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, 0, *whole_cfg.training.micro_batch_size, *whole_cfg.data.seq_length, whole_cfg);
     double denom = 0;
@@ -254,6 +270,9 @@ int main() {
   test_context_parallel("llama", 4);
   test_context_parallel("gpt", 2);  // learned positions (the chunks' own), GELU, biases
   test_context_parallel("llama-recompute", 2);  // the ring again in the recompute
+  test_context_parallel("llama", 2, "a2a");      // all-to-all between the sequence and the heads (GQA: 4 heads, 2 groups)
+  test_context_parallel("gpt", 4, "a2a");
+  test_context_parallel("llama-recompute", 2, "a2a");
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -508,7 +508,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       if (sp_all_to_all) s.parts = b16(h);
     }
     if (sp_ || res16_ || !post_) s.emb = f32(h);  // (!post_: the output gradient's dropout in the backward)
-    if (D.cp > 1) {
+    if (D.cp > 1 && D.cp_a2a) {
+      for (bf16** b : {&s.a2a_q, &s.a2a_o, &s.a2a_do, &s.a2a_dq, &s.a2a_send, &s.a2a_recv}) *b = b16(Hd);
+      for (bf16** b : {&s.a2a_k, &s.a2a_v, &s.a2a_dk, &s.a2a_dv}) *b = b16(KVd);
+    } else if (D.cp > 1) {
       s.ring_acc = f32(Hd);
       s.ring_dq = f32(Hd);
       for (int i = 0; i < 2; ++i) {
@@ -566,8 +569,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
 
   if (D.cp > 1) {
     // Ring attention (gpt_cuda_context.cpp); the rest of context parallelism's settings are refused before here.
-    if (D.cp_a2a || doc_mask_ || D.attention_dropout > 0) throw std::logic_error("CudaGPT: context parallelism runs p2p, without documents or attention dropout");
-    if (S_local_ % 8 != 0) {
+    if (doc_mask_ || D.attention_dropout > 0) throw std::logic_error("CudaGPT: context parallelism runs without documents or attention dropout");
+    if (D.cp_a2a && (D.nh_local % D.cp != 0 || D.ng_local % D.cp != 0)) {
+      throw std::runtime_error("--cp-comm-type a2a needs each TP rank's attention heads and query groups divisible by --context-parallel-size");
+    }
+    if (!D.cp_a2a && S_local_ % 8 != 0) {
       throw std::runtime_error("context parallelism on the CUDA engine needs --seq-length / (2 x --context-parallel-size) to be a multiple of 4 (this run: " +
                                std::to_string(D.S) + " / " + std::to_string(2 * D.cp) + "): change the sequence length, or use --device cpu");
     }
@@ -578,6 +584,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;
   cuda::SdpaShape attention{mbs, S_local_, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_};
+  if (D.cp > 1 && D.cp_a2a) attention = {mbs, D.S, D.nh_local / D.cp, D.ng_local / D.cp, D.d, D.softmax_scale, dt_};  // (the all-to-all's)
   std::string why = cuda::CudnnSdpa::instance().check(attention);
   if (why.empty() && D.attention_dropout > 0) {  // (training's graphs; evaluation's are the ones above)
     attention.dropout = D.attention_dropout;

@@ -406,6 +406,15 @@ class CudaGPT {
   // Posts a batch of ring transfers after the compute stream's work so far (one to the next rank, one from the previous).
   void ring_pass(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int64_t n, WireType type);
   void ring_wait();  // the compute stream waits for the last batch posted
+  // --cp-comm-type a2a (gpt_cuda_context.cpp): an all-to-all gives each rank every row of H / CP of the heads, cuDNN's
+  // causal attention runs over the whole sequences, and an all-to-all takes the output back; r.stats holds the
+  // statistics in that layout. The backward gathers its inputs again the same way.
+  void a2a_attention_forward(Record& r, const DeviceMicrobatch& mb);
+  void a2a_attention_backward(Record& r, const DeviceMicrobatch& mb);
+  // local [B, 2c, heads, d] -> sequence [B, S, heads / CP, d] over the CP group, and back.
+  void a2a_to_sequence(cuda::bf16* sequence, const cuda::bf16* local, int64_t heads, const DeviceMicrobatch& mb);
+  void a2a_to_local(cuda::bf16* local, const cuda::bf16* sequence, int64_t heads, const DeviceMicrobatch& mb);
+  cuda::SdpaShape a2a_shape(const DeviceMicrobatch& mb) const;
 
  public:
   // The context-parallel group (--context-parallel-size > 1): the ring's sends and receives. Set before the first step.

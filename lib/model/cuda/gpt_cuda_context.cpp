@@ -4,11 +4,13 @@
 // r - i's, which the ring brings from the previous rank while step i - 1's block is computed. The blocks merge by
 // their log-sum-exp (kernels/cuda/context_attention.h). The backward walks the ring again: each K/V block travels
 // with the fp32 gradients of its keys and values, every rank adding its queries' share, and one last hop takes them
-// home. The CPU engine's model/cpu/context_attention.cpp is the oracle.
+// home. --cp-comm-type a2a (Ulysses): all-to-alls between the sequence and the heads around one whole-sequence
+// attention. The CPU engine's model/cpu/context_attention.cpp is the oracle.
 #include "model/cuda/gpt_cuda_state.h"
 
 #include <stdexcept>
 
+#include "kernels/cuda/context_a2a.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/op_profiler.h"
 
@@ -90,6 +92,52 @@ void CudaGPT::ring_attention_backward(Record& r, const DeviceMicrobatch& mb) {
     cuda::ring_to_16(dkv, s.dk, kv, dt_, stream_);
     cuda::ring_to_16(dkv + kv, s.dv, kv, dt_, stream_);
   });
+}
+
+cuda::SdpaShape CudaGPT::a2a_shape(const DeviceMicrobatch& mb) const {
+  const int64_t cp = D_.cp;
+  return cuda::SdpaShape{mb.B, mb.S * cp, D_.nh_local / cp, D_.ng_local / cp, D_.d, D_.softmax_scale, dt_};
+}
+
+void CudaGPT::a2a_to_sequence(bf16* sequence, const bf16* local, int64_t heads, const DeviceMicrobatch& mb) {
+  if (!cp_) throw std::logic_error("CudaGPT: context parallelism without its group (set_context_parallel)");
+  Scratch& s = *s_;
+  const cuda::A2aShape shape{mb.B, mb.S / 2, D_.cp, heads, D_.d};
+  cuda::a2a_pack_heads(s.a2a_send, local, shape, false, stream_);
+  MT_PROF("cp.all_to_all", cp_->all_to_all_on(s.a2a_send, s.a2a_recv, mb.B * mb.S * heads / D_.cp * D_.d, wire_, stream_));
+  cuda::a2a_sequence_order(sequence, s.a2a_recv, shape, false, stream_);
+}
+
+void CudaGPT::a2a_to_local(bf16* local, const bf16* sequence, int64_t heads, const DeviceMicrobatch& mb) {
+  if (!cp_) throw std::logic_error("CudaGPT: context parallelism without its group (set_context_parallel)");
+  Scratch& s = *s_;
+  const cuda::A2aShape shape{mb.B, mb.S / 2, D_.cp, heads, D_.d};
+  cuda::a2a_sequence_order(s.a2a_send, sequence, shape, true, stream_);
+  MT_PROF("cp.all_to_all", cp_->all_to_all_on(s.a2a_send, s.a2a_recv, mb.B * mb.S * heads / D_.cp * D_.d, wire_, stream_));
+  cuda::a2a_pack_heads(local, s.a2a_recv, shape, true, stream_);
+}
+
+void CudaGPT::a2a_attention_forward(Record& r, const DeviceMicrobatch& mb) {
+  Scratch& s = *s_;
+  a2a_to_sequence(s.a2a_q, r.q, D_.nh_local, mb);
+  a2a_to_sequence(s.a2a_k, r.k, D_.ng_local, mb);
+  a2a_to_sequence(s.a2a_v, r.v, D_.ng_local, mb);
+  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(a2a_shape(mb), s.a2a_q, s.a2a_k, s.a2a_v, s.a2a_o, r.stats, stream_));
+  a2a_to_local(r.o, s.a2a_o, D_.nh_local, mb);
+}
+
+void CudaGPT::a2a_attention_backward(Record& r, const DeviceMicrobatch& mb) {
+  Scratch& s = *s_;
+  a2a_to_sequence(s.a2a_q, r.q, D_.nh_local, mb);
+  a2a_to_sequence(s.a2a_k, r.k, D_.ng_local, mb);
+  a2a_to_sequence(s.a2a_v, r.v, D_.ng_local, mb);
+  a2a_to_sequence(s.a2a_o, r.o, D_.nh_local, mb);
+  a2a_to_sequence(s.a2a_do, s.d_o, D_.nh_local, mb);
+  MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(a2a_shape(mb), s.a2a_q, s.a2a_k, s.a2a_v, s.a2a_o, s.a2a_do, r.stats, s.a2a_dq,
+                                                                s.a2a_dk, s.a2a_dv, stream_));
+  a2a_to_local(s.dq, s.a2a_dq, D_.nh_local, mb);
+  a2a_to_local(s.dk, s.a2a_dk, D_.ng_local, mb);
+  a2a_to_local(s.dv, s.a2a_dv, D_.ng_local, mb);
 }
 
 }  // namespace mt

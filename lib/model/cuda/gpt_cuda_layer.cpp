@@ -63,7 +63,9 @@ const bf16* CudaGPT::layer_forward(int64_t l, Record& r, const DeviceMicrobatch&
                                                         .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
     MT_PROF("fwd.qkv_split_rope", copy_own_heads(r.q, s.q_all, T, false));
   }
-  if (D.cp > 1) {
+  if (D.cp > 1 && D.cp_a2a) {
+    a2a_attention_forward(r, mb);
+  } else if (D.cp > 1) {
     ring_attention_forward(r, mb);
   } else {
     const bf16* doc_bias = document_bias(mb);
@@ -169,7 +171,9 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (defer) save_for_weights(defer->dy_attn, l, dy, h, T);
   if (!defer && !defer_proj) linear_wgrad(stream_, l, r, kLinearProj, "bwd.gemm.proj_wgrad", T, Hd, h, dy, r.o, lw.proj_w, fuse_row ? lw.proj_b : -1);
   if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16, Tl, h, stream_, dt_));
-  if (D.cp > 1) {
+  if (D.cp > 1 && D.cp_a2a) {
+    a2a_attention_backward(r, mb);
+  } else if (D.cp > 1) {
     ring_attention_backward(r, mb);
   } else {
     const bf16* doc_bias = document_bias(mb);

@@ -91,6 +91,11 @@ struct CudaGPT::Scratch {
   bf16* ring_kv[2] = {};
   bf16 *ring_out = nullptr, *ring_dq16 = nullptr, *ring_dk16 = nullptr, *ring_dv16 = nullptr;
   float* ring_lse = nullptr;
+  // --cp-comm-type a2a: the attention's inputs, output, output gradient and input gradients in the all-to-all's layout
+  // ([B, S, heads / CP, d], every row of the sequence and this rank's share of the heads), and the all-to-all's two
+  // staging buffers [CP][T, heads / CP, d].
+  bf16 *a2a_q = nullptr, *a2a_k = nullptr, *a2a_v = nullptr, *a2a_o = nullptr, *a2a_do = nullptr;
+  bf16 *a2a_dq = nullptr, *a2a_dk = nullptr, *a2a_dv = nullptr, *a2a_send = nullptr, *a2a_recv = nullptr;
 };
 
 }  // namespace mt
