@@ -176,8 +176,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(c.parallel.cp_comm_type != "p2p" && c.parallel.cp_comm_type != "a2a",
        "--cp-comm-type " + c.parallel.cp_comm_type + " is not implemented on the CUDA engine (p2p and a2a are)" + cpu + ", or --cp-comm-type p2p");
     no(c.data.reset_attention_mask, "--reset-attention-mask with context parallelism is not implemented on the CUDA engine" + cpu);
-    no(c.model.attention_dropout > 0 || c.model.hidden_dropout > 0,
-       "dropout with context parallelism is not implemented on the CUDA engine: set --attention-dropout 0 --hidden-dropout 0, or use --device cpu");
+    no(c.model.attention_dropout > 0,
+       "attention dropout with context parallelism is not implemented on the CUDA engine: set --attention-dropout 0, or use --device cpu");
     no(c.precision.fp8_format.has_value(), "FP8 with context parallelism is not implemented on the CUDA engine" + cpu);
     no(c.parallel.cp_comm_type == "p2p" && c.data.seq_length.value_or(0) % (8 * cp) != 0,
        "context parallelism on the CUDA engine needs --seq-length to be a multiple of 8 x --context-parallel-size (chunks of a multiple of 4 "

@@ -124,11 +124,12 @@ class ThreadRing final : public mt::StreamCollectives {
   std::vector<const void*>& sends_ = shared_.sends;
 };
 
-mt::Config make_config(const std::string& model, int64_t cp, const std::string& comm) {
+mt::Config make_config(const std::string& model, int64_t cp, const std::string& comm, const std::string& extra) {
   std::string flags =
       "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 2 "
-      "--global-batch-size 2 --lr 1e-3 --vocab-size 250 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --train-iters 1 --seed 11 --bf16 "
-      "--mock-data ";
+      "--global-batch-size 2 --lr 1e-3 --vocab-size 250 --attention-dropout 0 --eval-iters 0 --train-iters 1 --seed 11 --bf16 "
+      "--mock-data " + extra;
+  if (extra.find("--hidden-dropout") == std::string::npos) flags += " --hidden-dropout 0 ";
   if (model == "llama") {
     flags += "--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention --num-query-groups 2 "
              "--untie-embeddings-and-output-weights --disable-bias-linear ";
@@ -169,8 +170,19 @@ void prepare(RankRun& run, const mt::Config& cfg, const mt::Microbatch& mb) {
   cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking);
   run.model = std::make_unique<mt::CudaGPT>(cfg, run.store, where, run.stream, nullptr, true, nullptr, 1);
   const mt::ModelDims& D = run.model->dims();
-  run.slot = std::make_unique<mt::MicrobatchSlot>(mb.B * mb.S);
-  run.dev = run.slot->upload(mb, D.learned_pos, 0, D.V_local, D.max_pos, run.stream, [](cudaEvent_t e) { cudaEventSynchronize(e); });
+  // Hidden dropout: each sample's keys (the embedding's, then per layer the attention block's and the MLP's), as the
+  // engine's steps make them; the masks follow the tokens' places in the whole sequence.
+  std::vector<uint64_t> keys;
+  const auto seed = static_cast<uint64_t>(cfg.training.seed);
+  for (int64_t b = 0; cfg.model.hidden_dropout > 0 && b < mb.B; ++b) {
+    keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, -1, mt::kDropEmbedding));
+    for (int64_t l = 0; l < D.L; ++l) {
+      keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, l, mt::kDropAttnOut));
+      keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, l, mt::kDropMlpOut));
+    }
+  }
+  run.slot = std::make_unique<mt::MicrobatchSlot>(mb.B * mb.S, static_cast<int64_t>(keys.size()));
+  run.dev = run.slot->upload(mb, D.learned_pos, 0, D.V_local, D.max_pos, run.stream, [](cudaEvent_t e) { cudaEventSynchronize(e); }, keys);
   cudaMalloc(&run.acc, 4);
   cudaMemsetAsync(run.model->grads(), 0, static_cast<size_t>(run.model->numel()) * 4, run.stream);
   cudaMemsetAsync(run.acc, 0, 4, run.stream);
@@ -183,11 +195,12 @@ void release(RankRun& run) {
   cudaStreamDestroy(run.stream);
 }
 
-void test_context_parallel(const std::string& model, int64_t cp, const std::string& comm = "p2p") {
-  char name[160];
-  std::snprintf(name, sizeof(name), "context parallelism %s CP %lld %s (ranks as threads, one GPU)", model.c_str(), static_cast<long long>(cp), comm.c_str());
+void test_context_parallel(const std::string& model, int64_t cp, const std::string& comm = "p2p", const std::string& extra = "") {
+  char name[200];
+  std::snprintf(name, sizeof(name), "context parallelism %s CP %lld %s %s(ranks as threads, one GPU)", model.c_str(), static_cast<long long>(cp),
+                comm.c_str(), extra.c_str());
   try {
-    const mt::Config whole_cfg = make_config(model, 1, comm), cp_cfg = make_config(model, cp, comm);
+    const mt::Config whole_cfg = make_config(model, 1, comm, extra), cp_cfg = make_config(model, cp, comm, extra);
     auto data = mt::open_training_data(whole_cfg);
     const mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, 0, *whole_cfg.training.micro_batch_size, *whole_cfg.data.seq_length, whole_cfg);
     double denom = 0;
@@ -273,6 +286,10 @@ int main() {
   test_context_parallel("llama", 2, "a2a");      // all-to-all between the sequence and the heads (GQA: 4 heads, 2 groups)
   test_context_parallel("gpt", 4, "a2a");
   test_context_parallel("llama-recompute", 2, "a2a");
+  // Hidden dropout: the CP ranks draw the whole sequence's masks at their tokens' places (the gradients and losses as
+  // the whole model's only if they do).
+  test_context_parallel("gpt", 2, "p2p", "--hidden-dropout 0.1 ");
+  test_context_parallel("llama-recompute", 4, "p2p", "--hidden-dropout 0.1 ");
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

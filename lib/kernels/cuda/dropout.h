@@ -16,7 +16,10 @@ struct RowDropout {
   const uint64_t* keys = nullptr;  // [B, stride]: each sample's keys, one per site
   int32_t stride = 0, site = 0;    // the row length of keys; this call's site (its column)
   int64_t t0 = 0;                  // the micro batch's token index of the call's row 0
-  int64_t S = 1;                   // tokens per sample
+  int64_t S = 1;                   // tokens per sample (this rank's, under context parallelism)
+  // Context parallelism: the rank's two chunks of each sequence (model/context_parallel.h); the masks follow the
+  // tokens' places in the whole sequence, as the CPU engine's.
+  int64_t cp = 1, cp_rank = 0;
   MT_HD bool on() const { return p > 0.0f && keys != nullptr; }
 };
 

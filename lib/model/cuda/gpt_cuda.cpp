@@ -742,7 +742,7 @@ uint64_t CudaGPT::attention_seed(const DeviceMicrobatch& mb, int64_t l) const {
 // evaluation, where the micro batch carries no keys). The returned descriptor lives until the next call.
 const cuda::RowDropout* CudaGPT::drop(const DeviceMicrobatch& mb, int32_t site, int64_t t0) {
   if (hidden_dropout_ <= 0.0f || !mb.drop_keys) return nullptr;
-  drop_ = {hidden_dropout_, mb.drop_keys, static_cast<int32_t>(1 + 2 * D_.L), site, t0, mb.S};
+  drop_ = {hidden_dropout_, mb.drop_keys, static_cast<int32_t>(1 + 2 * D_.L), site, t0, mb.S, D_.cp, cp_ ? cp_->group_rank() : 0};
   return &drop_;
 }
 
