@@ -83,7 +83,20 @@ class ThreadRing final : public mt::StreamCollectives {
   }
   void all_reduce_on(void*, int64_t, mt::WireType, mt::ReduceOp, cudaStream_t) override { unused(); }
   void reduce_scatter_on(const void*, void*, int64_t, mt::WireType, cudaStream_t) override { unused(); }
-  void all_gather_on(const void*, void*, int64_t, mt::WireType, cudaStream_t) override { unused(); }
+  // recv[r n ..) = rank r's send.
+  void all_gather_on(const void* send, void* recv, int64_t n, mt::WireType type, cudaStream_t s) override {
+    const size_t bytes = static_cast<size_t>(n) * (type == mt::WireType::kF32 ? 4 : 2);
+    if (cudaStreamSynchronize(s) != cudaSuccess) throw std::runtime_error("all-gather: the stream failed");
+    sends_[static_cast<size_t>(rank_)] = send;
+    barrier();
+    for (int r = 0; r < shared_.size; ++r) {
+      if (cudaMemcpy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes, sends_[static_cast<size_t>(r)], bytes, cudaMemcpyDeviceToDevice) !=
+          cudaSuccess) {
+        throw std::runtime_error("all-gather: the copy failed");
+      }
+    }
+    barrier();
+  }
   // recv[r n ..) = rank r's send[this rank's n ..).
   void all_to_all_on(const void* send, void* recv, int64_t n, mt::WireType type, cudaStream_t s) override {
     const size_t bytes = static_cast<size_t>(n) * (type == mt::WireType::kF32 ? 4 : 2);
@@ -107,7 +120,7 @@ class ThreadRing final : public mt::StreamCollectives {
   }
 
  private:
-  [[noreturn]] static void unused() { throw std::logic_error("ring: only send_recv_on and all_to_all_on are used by the context-parallel attention"); }
+  [[noreturn]] static void unused() { throw std::logic_error("ring: the context-parallel attention uses send / receive, all-to-all and all-gather only"); }
   void barrier() {
     const int64_t gen = shared_.generation;
     if (++shared_.arrived == shared_.size) {
@@ -126,10 +139,11 @@ class ThreadRing final : public mt::StreamCollectives {
 
 mt::Config make_config(const std::string& model, int64_t cp, const std::string& comm, const std::string& extra) {
   std::string flags =
-      "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 2 "
-      "--global-batch-size 2 --lr 1e-3 --vocab-size 250 --attention-dropout 0 --eval-iters 0 --train-iters 1 --seed 11 --bf16 "
+      "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+      "--lr 1e-3 --vocab-size 250 --attention-dropout 0 --eval-iters 0 --train-iters 1 --seed 11 --bf16 "
       "--mock-data " + extra;
   if (extra.find("--hidden-dropout") == std::string::npos) flags += " --hidden-dropout 0 ";
+  if (extra.find("--micro-batch-size") == std::string::npos) flags += " --micro-batch-size 2 --global-batch-size 2 ";
   if (model == "llama") {
     flags += "--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention --num-query-groups 2 "
              "--untie-embeddings-and-output-weights --disable-bias-linear ";
@@ -206,6 +220,10 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
     double denom = 0;
     for (float x : mb.loss_mask) denom += x;
     const auto w = static_cast<float>(1.0 / std::max(denom, 1.0));
+    // With --reset-attention-mask: the tokens after a document boundary (none would make the check vacuous).
+    int64_t in_later_documents = 0;
+    for (int32_t x : mb.row_start) in_later_documents += x > 0 ? 1 : 0;
+    if (whole_cfg.data.reset_attention_mask && in_later_documents == 0) throw std::runtime_error("the microbatch holds one document per sample");
     // The whole sequences on one model.
     RankRun whole;
     prepare(whole, whole_cfg, mb);
@@ -290,6 +308,9 @@ int main() {
   // the whole model's only if they do).
   test_context_parallel("gpt", 2, "p2p", "--hidden-dropout 0.1 ");
   test_context_parallel("llama-recompute", 4, "p2p", "--hidden-dropout 0.1 ");
+  // Documents inside sequences (a2a: the gathered document starts, the whole sequences' masks).
+  test_context_parallel("llama", 2, "a2a", "--reset-attention-mask --reset-position-ids --micro-batch-size 4 --global-batch-size 4 ");
+  test_context_parallel("gpt", 4, "a2a", "--reset-attention-mask --reset-position-ids --micro-batch-size 4 --global-batch-size 4 ");
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

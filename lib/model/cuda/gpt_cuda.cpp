@@ -15,6 +15,7 @@
 #include "kernels/cpu/router.h"
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/bias_grad.h"
+#include "kernels/cuda/context_a2a.h"
 #include "kernels/cuda/cross_entropy_bf16.h"
 #include "kernels/cuda/document_bias.h"
 #include "kernels/cuda/dropout.h"
@@ -511,6 +512,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     if (D.cp > 1 && D.cp_a2a) {
       for (bf16** b : {&s.a2a_q, &s.a2a_o, &s.a2a_do, &s.a2a_dq, &s.a2a_send, &s.a2a_recv}) *b = b16(Hd);
       for (bf16** b : {&s.a2a_k, &s.a2a_v, &s.a2a_dk, &s.a2a_dv}) *b = b16(KVd);
+      if (doc_mask_) {  // every rank's document starts, then in the sequence's order [B S]
+        s.doc_starts_all = static_cast<int32_t*>(alloc(static_cast<size_t>(D.cp) * t * 4));
+        s.doc_starts = static_cast<int32_t*>(alloc(static_cast<size_t>(D.cp) * t * 4));
+      }
     } else if (D.cp > 1) {
       s.ring_acc = f32(Hd);
       s.ring_dq = f32(Hd);
@@ -569,7 +574,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
 
   if (D.cp > 1) {
     // Ring attention (gpt_cuda_context.cpp); the rest of context parallelism's settings are refused before here.
-    if (doc_mask_ || D.attention_dropout > 0) throw std::logic_error("CudaGPT: context parallelism runs without documents or attention dropout");
+    if ((doc_mask_ && !D.cp_a2a) || D.attention_dropout > 0) {
+      throw std::logic_error("CudaGPT: context parallelism runs without attention dropout, and with documents only all-to-all");
+    }
     if (D.cp_a2a && (D.nh_local % D.cp != 0 || D.ng_local % D.cp != 0)) {
       throw std::runtime_error("--cp-comm-type a2a needs each TP rank's attention heads and query groups divisible by --context-parallel-size");
     }
@@ -584,7 +591,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;
   cuda::SdpaShape attention{mbs, S_local_, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_};
-  if (D.cp > 1 && D.cp_a2a) attention = {mbs, D.S, D.nh_local / D.cp, D.ng_local / D.cp, D.d, D.softmax_scale, dt_};  // (the all-to-all's)
+  if (D.cp > 1 && D.cp_a2a) attention = {mbs, D.S, D.nh_local / D.cp, D.ng_local / D.cp, D.d, D.softmax_scale, dt_, doc_mask_};  // (the all-to-all's)
   std::string why = cuda::CudnnSdpa::instance().check(attention);
   if (why.empty() && D.attention_dropout > 0) {  // (training's graphs; evaluation's are the ones above)
     attention.dropout = D.attention_dropout;
@@ -718,9 +725,19 @@ bool CudaGPT::recomputed(int64_t l) const { return recompute_layer_[static_cast<
 const bf16* CudaGPT::document_bias(const DeviceMicrobatch& mb) {
   if (!doc_mask_) return nullptr;
   if (mb.row_start == nullptr) throw std::logic_error("CudaGPT: --reset-attention-mask without the microbatch's document starts");
-  if (mb.B > doc_bias_rows_ || mb.S != D_.S) throw std::logic_error("CudaGPT: a microbatch larger than the document bias was sized for");
+  const int64_t S = mb.S * D_.cp;  // (context parallelism: the all-to-all's attention over the whole sequences)
+  if (mb.B > doc_bias_rows_ || S != D_.S) throw std::logic_error("CudaGPT: a microbatch larger than the document bias was sized for");
   if (mb.serial == 0 || mb.serial != *doc_bias_serial_) {
-    MT_PROF("attention.document_bias", cuda::document_bias(doc_bias_, mb.row_start, mb.B, mb.S, stream_, dt_));
+    const int32_t* starts = mb.row_start;
+    if (D_.cp > 1) {  // every CP rank's starts, gathered and put in the sequence's order (4-byte values as pairs of 16-bit)
+      if (!cp_) throw std::logic_error("CudaGPT: context parallelism without its group (set_context_parallel)");
+      const int64_t T = mb.B * mb.S;
+      MT_PROF("attention.document_bias", cp_->all_gather_on(mb.row_start, s_->doc_starts_all, T, WireType::kF32, stream_));
+      MT_PROF("attention.document_bias", cuda::a2a_sequence_order(reinterpret_cast<bf16*>(s_->doc_starts), reinterpret_cast<const bf16*>(s_->doc_starts_all),
+                                                                   {mb.B, mb.S / 2, D_.cp, D_.cp, 2}, false, stream_));
+      starts = s_->doc_starts;
+    }
+    MT_PROF("attention.document_bias", cuda::document_bias(doc_bias_, starts, mb.B, S, stream_, dt_));
     *doc_bias_serial_ = mb.serial;
   }
   return doc_bias_;

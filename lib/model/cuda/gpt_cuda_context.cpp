@@ -96,7 +96,7 @@ void CudaGPT::ring_attention_backward(Record& r, const DeviceMicrobatch& mb) {
 
 cuda::SdpaShape CudaGPT::a2a_shape(const DeviceMicrobatch& mb) const {
   const int64_t cp = D_.cp;
-  return cuda::SdpaShape{mb.B, mb.S * cp, D_.nh_local / cp, D_.ng_local / cp, D_.d, D_.softmax_scale, dt_};
+  return cuda::SdpaShape{mb.B, mb.S * cp, D_.nh_local / cp, D_.ng_local / cp, D_.d, D_.softmax_scale, dt_, doc_mask_};
 }
 
 void CudaGPT::a2a_to_sequence(bf16* sequence, const bf16* local, int64_t heads, const DeviceMicrobatch& mb) {
@@ -122,7 +122,8 @@ void CudaGPT::a2a_attention_forward(Record& r, const DeviceMicrobatch& mb) {
   a2a_to_sequence(s.a2a_q, r.q, D_.nh_local, mb);
   a2a_to_sequence(s.a2a_k, r.k, D_.ng_local, mb);
   a2a_to_sequence(s.a2a_v, r.v, D_.ng_local, mb);
-  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(a2a_shape(mb), s.a2a_q, s.a2a_k, s.a2a_v, s.a2a_o, r.stats, stream_));
+  const bf16* doc_bias = document_bias(mb);  // (--reset-attention-mask: the whole sequences' documents)
+  MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(a2a_shape(mb), s.a2a_q, s.a2a_k, s.a2a_v, s.a2a_o, r.stats, stream_, doc_bias));
   a2a_to_local(r.o, s.a2a_o, D_.nh_local, mb);
 }
 
@@ -133,8 +134,9 @@ void CudaGPT::a2a_attention_backward(Record& r, const DeviceMicrobatch& mb) {
   a2a_to_sequence(s.a2a_v, r.v, D_.ng_local, mb);
   a2a_to_sequence(s.a2a_o, r.o, D_.nh_local, mb);
   a2a_to_sequence(s.a2a_do, s.d_o, D_.nh_local, mb);
+  const bf16* doc_bias = document_bias(mb);
   MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(a2a_shape(mb), s.a2a_q, s.a2a_k, s.a2a_v, s.a2a_o, s.a2a_do, r.stats, s.a2a_dq,
-                                                                s.a2a_dk, s.a2a_dv, stream_));
+                                                                s.a2a_dk, s.a2a_dv, stream_, doc_bias));
   a2a_to_local(s.dq, s.a2a_dq, D_.nh_local, mb);
   a2a_to_local(s.dk, s.a2a_dk, D_.ng_local, mb);
   a2a_to_local(s.dv, s.a2a_dv, D_.ng_local, mb);

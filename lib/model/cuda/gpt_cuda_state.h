@@ -96,6 +96,8 @@ struct CudaGPT::Scratch {
   // staging buffers [CP][T, heads / CP, d].
   bf16 *a2a_q = nullptr, *a2a_k = nullptr, *a2a_v = nullptr, *a2a_o = nullptr, *a2a_do = nullptr;
   bf16 *a2a_dq = nullptr, *a2a_dk = nullptr, *a2a_dv = nullptr, *a2a_send = nullptr, *a2a_recv = nullptr;
+  // ... with --reset-attention-mask: every CP rank's document starts [CP][T], and in the sequence's order [B, S].
+  int32_t *doc_starts_all = nullptr, *doc_starts = nullptr;
 };
 
 }  // namespace mt
