@@ -212,7 +212,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   if (const auto& m = c.moe; m.num_experts) {
     // The CUDA MoE layer: one GPU with every expert local (docs/moe.md); the rest of the MoE flags on the CPU engine.
     const std::string cpu = ": use --device cpu (the CPU engine runs it), or drop it";
-    no(world_size > 1, "mixture of experts on the CUDA engine runs on one GPU so far (no TP, DP or EP): use --device cpu for multi-rank MoE");
+    no(world_size > 1, "mixture of experts on the CUDA engine runs on one GPU so far (no TP, DP, EP, PP or CP): use --device cpu for multi-rank MoE");
     no(c.precision.fp16, "mixture of experts on the CUDA engine computes in bf16: use --bf16");
     no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
     no(!c.model.disable_bias_linear, "MoE layers with biases are not implemented on the CUDA engine: add --disable-bias-linear, or use --device cpu");

@@ -164,8 +164,9 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     }
   }
   if (pp_ > 1) {
-    boundary_activations_ = std::make_unique<StageBuffers>(model_->boundary_activation_bytes(mbs * S));
-    boundary_gradients_ = std::make_unique<StageBuffers>(model_->boundary_gradient_bytes(mbs * S));
+    // (a microbatch's rows on this rank: its two chunks of each sequence under context parallelism)
+    boundary_activations_ = std::make_unique<StageBuffers>(model_->boundary_activation_bytes(mbs * S / cp_));
+    boundary_gradients_ = std::make_unique<StageBuffers>(model_->boundary_gradient_bytes(mbs * S / cp_));
   }
   // Data-parallel rank 0 writes the parameters; the optimizer state is written by rank 0 (every replica
   // holds the same) or, with the distributed optimizer, by every rank for its shard. Ranks that write keep

@@ -79,6 +79,8 @@ class ThreadRing final : public mt::StreamCollectives {
         throw std::runtime_error("ring: the copy failed");
       }
     }
+    // (device-to-device cudaMemcpy returns before the copy ends, on the legacy stream: done before any rank goes on)
+    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("ring: a copy failed");
     barrier();  // (no sender reuses its buffers before every copy is done)
   }
   void all_reduce_on(void*, int64_t, mt::WireType, mt::ReduceOp, cudaStream_t) override { unused(); }
@@ -95,6 +97,7 @@ class ThreadRing final : public mt::StreamCollectives {
         throw std::runtime_error("all-gather: the copy failed");
       }
     }
+    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("ring: a copy failed");
     barrier();
   }
   // recv[r n ..) = rank r's send[this rank's n ..).
@@ -109,6 +112,7 @@ class ThreadRing final : public mt::StreamCollectives {
         throw std::runtime_error("all-to-all: the copy failed");
       }
     }
+    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("ring: a copy failed");
     barrier();
   }
   void all_to_all_v_on(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&, mt::WireType, cudaStream_t) override { unused(); }

@@ -414,18 +414,24 @@ void test_moe_streams(const std::string& model, const std::string& extra) {
                                                           "--moe-aux-loss-coeff 1e-2 ") + extra);
     mt::TrainOptions quiet{true, 0};
     std::vector<mt::TrainResult> runs;
-    for (const char* streams : {"1", "4", "3"}) {
+    for (const char* streams : {"1", "1", "4", "3"}) {
       setenv("MEGATRAIN_MOE_EXPERT_STREAMS", streams, 1);
       runs.push_back(mt::train_cuda(cfg, mt::ProcessGroups::single(), quiet));
     }
     unsetenv("MEGATRAIN_MOE_EXPERT_STREAMS");
-    bool same = !runs[0].losses.empty();
-    for (size_t k = 1; same && k < runs.size(); ++k) same = runs[k].losses == runs[0].losses && runs[k].grad_norms == runs[0].grad_norms;
+    // The same bits; or, should the engine itself not repeat (cuDNN's attention backward may accumulate with atomics),
+    // no further apart than two runs on one stream.
+    auto gap = [](const mt::TrainResult& a, const mt::TrainResult& b) {
+      double g = a.losses.size() == b.losses.size() && a.grad_norms.size() == b.grad_norms.size() && !a.losses.empty() ? 0.0 : INFINITY;
+      for (size_t i = 0; std::isfinite(g) && i < a.losses.size(); ++i) g = std::max(g, std::fabs(a.losses[i] - b.losses[i]));
+      for (size_t i = 0; std::isfinite(g) && i < a.grad_norms.size(); ++i) g = std::max(g, std::fabs(a.grad_norms[i] - b.grad_norms[i]));
+      return g;
+    };
+    const double noise = gap(runs[0], runs[1]), worst = std::max(gap(runs[0], runs[2]), gap(runs[0], runs[3]));
     char buf[300];
-    std::snprintf(buf, sizeof(buf), "%s: %zu iterations on 1, 4 and 3 streams, losses and gradient norms %s (last loss %.6f / %.6f / %.6f)", name.c_str(),
-                  runs[0].losses.size(), same ? "identical" : "DIFFER", runs[0].losses.empty() ? 0.0 : runs[0].losses.back(),
-                  runs[1].losses.empty() ? 0.0 : runs[1].losses.back(), runs[2].losses.empty() ? 0.0 : runs[2].losses.back());
-    check(same, buf);
+    std::snprintf(buf, sizeof(buf), "%s: %zu iterations on 1, 4 and 3 streams, losses and gradient norms %.2e apart (two runs on one stream: %.2e)",
+                  name.c_str(), runs[0].losses.size(), worst, noise);
+    check(std::isfinite(noise) && worst <= noise, buf);
   } catch (const std::exception& e) {
     unsetenv("MEGATRAIN_MOE_EXPERT_STREAMS");
     check(false, name + ": " + e.what());

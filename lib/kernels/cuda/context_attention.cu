@@ -90,6 +90,15 @@ void add_rows(float* acc, const bf16* x, int64_t B, int64_t R, QueryRows q, int6
 
 }  // namespace
 
+std::string ring_check(const RingShape& s) {
+  if (s.c <= 0 || s.c % 4 != 0) return "ring attention: the chunk length (sequence / (2 x CP)) must be a positive multiple of 4";
+  for (RingBlock kind : {RingBlock::kDiagonal, RingBlock::kFirstKeys, RingBlock::kLastQueries}) {
+    const std::string why = CudnnSdpa::instance().check(block_shape(s, kind));
+    if (!why.empty()) return why;
+  }
+  return "";
+}
+
 RingBlock ring_block(int64_t rank, int64_t source) {
   return source == rank ? RingBlock::kDiagonal : source < rank ? RingBlock::kFirstKeys : RingBlock::kLastQueries;
 }

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda/bf16_fwd.h"
 
@@ -43,6 +44,8 @@ void ring_block_forward(const RingShape& s, RingBlock kind, const bf16* q, const
                         float* acc_lse, bool first, cudaStream_t stream);
 // The merged output in the 16-bit type.
 void ring_output(const RingShape& s, const float* acc, bf16* out, cudaStream_t stream);
+// Why cuDNN cannot build one of the three blocks' graphs for this shape ("" when it can build them all).
+std::string ring_check(const RingShape& s);
 // n fp32 values (the accumulated gradients) in the 16-bit type.
 void ring_to_16(const float* in, bf16* out, int64_t n, F16 type, cudaStream_t stream);
 // The block's gradients from the merged output `out`, its log-sum-exp and dout: dq (fp32, this rank's) +=, dk and dv

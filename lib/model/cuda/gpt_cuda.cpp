@@ -597,6 +597,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     attention.dropout = D.attention_dropout;
     why = cuda::CudnnSdpa::instance().check(attention);
   }
+  if (why.empty() && D.cp > 1 && !D.cp_a2a) why = cuda::ring_check({mbs, S_local_ / 2, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_});
   if (!why.empty()) throw std::runtime_error(why);
   // The split forward and backward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns both off): TP without K/V
   // replication, an even micro batch (under SP a multiple of 2 TP, so that every rank's piece of a half is
