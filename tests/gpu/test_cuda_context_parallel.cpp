@@ -220,7 +220,24 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
   try {
     const mt::Config whole_cfg = make_config(model, 1, comm, extra), cp_cfg = make_config(model, cp, comm, extra);
     auto data = mt::open_training_data(whole_cfg);
-    const mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, 0, *whole_cfg.training.micro_batch_size, *whole_cfg.data.seq_length, whole_cfg);
+    mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, 0, *whole_cfg.training.micro_batch_size, *whole_cfg.data.seq_length, whole_cfg);
+    if (whole_cfg.data.reset_attention_mask) {
+      // Megatron's mock documents are longer than these sequences: documents of 5 to 60 tokens instead, each token's
+      // document start and (--reset-position-ids) its position in its document, as the data loader makes them.
+      uint64_t state = 12345;
+      for (int64_t b = 0; b < mb.B; ++b) {
+        int64_t start = 0;
+        for (int64_t s = 0; s < mb.S; ++s) {
+          if (s > start && s - start >= 5 + static_cast<int64_t>(state % 56)) {
+            start = s;
+            state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+          }
+          const auto t = static_cast<size_t>(b * mb.S + s);
+          mb.row_start[t] = static_cast<int32_t>(start);
+          if (whole_cfg.data.reset_position_ids) mb.positions[t] = static_cast<int32_t>(s - start);
+        }
+      }
+    }
     double denom = 0;
     for (float x : mb.loss_mask) denom += x;
     const auto w = static_cast<float>(1.0 / std::max(denom, 1.0));
