@@ -175,9 +175,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
        "--context-parallel-size > 1 on the CUDA engine has not run on several GPUs yet" + cpu);
     no(c.parallel.cp_comm_type != "p2p" && c.parallel.cp_comm_type != "a2a",
        "--cp-comm-type " + c.parallel.cp_comm_type + " is not implemented on the CUDA engine (p2p and a2a are)" + cpu + ", or --cp-comm-type p2p");
-    no(c.data.reset_attention_mask && c.parallel.cp_comm_type != "a2a",
-       "--reset-attention-mask with context parallelism runs on the CUDA engine with --cp-comm-type a2a only (the ring's blocks take no "
-       "document masks yet)" + cpu + ", or --cp-comm-type a2a");
     no(c.model.attention_dropout > 0,
        "attention dropout with context parallelism is not implemented on the CUDA engine: set --attention-dropout 0, or use --device cpu");
     no(c.precision.fp8_format.has_value(), "FP8 with context parallelism is not implemented on the CUDA engine" + cpu);

@@ -329,7 +329,11 @@ int main() {
   // the whole model's only if they do).
   test_context_parallel("gpt", 2, "p2p", "--hidden-dropout 0.1 ");
   test_context_parallel("llama-recompute", 4, "p2p", "--hidden-dropout 0.1 ");
-  // Documents inside sequences (a2a: the gathered document starts, the whole sequences' masks).
+  // Documents inside sequences: the ring's blocks each with their document bias (a query whose document starts after
+  // every key of a block), and a2a with the gathered document starts and the whole sequences' masks.
+  test_context_parallel("llama", 2, "p2p", "--reset-attention-mask --reset-position-ids --micro-batch-size 4 --global-batch-size 4 ");
+  test_context_parallel("llama-recompute", 4, "p2p", "--reset-attention-mask --reset-position-ids --micro-batch-size 4 --global-batch-size 4 ");
+  test_context_parallel("gpt", 4, "p2p", "--reset-attention-mask --micro-batch-size 4 --global-batch-size 4 ");
   test_context_parallel("llama", 2, "a2a", "--reset-attention-mask --reset-position-ids --micro-batch-size 4 --global-batch-size 4 ");
   test_context_parallel("gpt", 4, "a2a", "--reset-attention-mask --reset-position-ids --micro-batch-size 4 --global-batch-size 4 ");
   std::printf("%d failure(s)\n", failures);

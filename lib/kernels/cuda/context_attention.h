@@ -28,6 +28,7 @@ struct RingShape {
   int64_t B = 0, c = 0, Hq = 0, Hk = 0, D = 0;  // c: the chunk length, a multiple of 4 (the statistics' alignment)
   float scale = 1;
   F16 type = F16::kBF16;
+  bool documents = false;  // --reset-attention-mask: each block adds its document bias (ring_document_bias)
 };
 
 // Scratch of one block: its 16-bit output [B, 2c, Hq, D] and log-sum-exp [B, Hq, 2c], and in the backward its
@@ -38,10 +39,16 @@ struct RingScratch {
   bf16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
 };
 
+// Documents inside sequences: the bias [B, 1, queries, keys] of block (rank, source) (its query and key rows as the
+// block kind takes them) from this rank's document starts row_start [B, 2c] (each token's document's first place in the
+// sequence): 0 where the key's place in the sequence is in the query's document or after its start, a large finite
+// negative before (kernels/cuda/document_bias.h's values); causality stays the block kind's. A query whose document
+// starts after every key of a block gets no weight from it once the blocks merge. bias: B x 2c x 2c values at most.
+void ring_document_bias(bf16* bias, const int32_t* row_start, const RingShape& s, int64_t cp, int64_t rank, int64_t source, cudaStream_t stream);
 // The block of (q, the source's k and v), merged into acc [B, 2c, Hq, D] and acc_lse [B, Hq, 2c]; `first` (the
-// diagonal, the ring's first step) overwrites them.
+// diagonal, the ring's first step) overwrites them. bias: the block's document bias (s.documents), else null.
 void ring_block_forward(const RingShape& s, RingBlock kind, const bf16* q, const bf16* k, const bf16* v, const RingScratch& scratch, float* acc,
-                        float* acc_lse, bool first, cudaStream_t stream);
+                        float* acc_lse, bool first, cudaStream_t stream, const bf16* bias = nullptr);
 // The merged output in the 16-bit type.
 void ring_output(const RingShape& s, const float* acc, bf16* out, cudaStream_t stream);
 // Why cuDNN cannot build one of the three blocks' graphs for this shape ("" when it can build them all).
@@ -51,6 +58,6 @@ void ring_to_16(const float* in, bf16* out, int64_t n, F16 type, cudaStream_t st
 // The block's gradients from the merged output `out`, its log-sum-exp and dout: dq (fp32, this rank's) +=, dk and dv
 // (fp32, the source's) +=.
 void ring_block_backward(const RingShape& s, RingBlock kind, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout,
-                         const float* lse, const RingScratch& scratch, float* dq, float* dk, float* dv, cudaStream_t stream);
+                         const float* lse, const RingScratch& scratch, float* dq, float* dk, float* dv, cudaStream_t stream, const bf16* bias = nullptr);
 
 }  // namespace mt::cuda

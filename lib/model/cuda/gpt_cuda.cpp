@@ -243,7 +243,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     MT_CUDA_CHECK(cudaMemcpy(rope_table_, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   }
   doc_mask_ = cfg.data.reset_attention_mask;
-  if (doc_mask_) {
+  if (doc_mask_ && (D.cp == 1 || D.cp_a2a)) {  // (the ring builds each block's bias instead: ring_bias)
     doc_bias_rows_ = *cfg.training.micro_batch_size;
     if (share_params != nullptr && share_params->doc_bias_ != nullptr && share_params->doc_bias_rows_ >= doc_bias_rows_) {
       doc_bias_ = share_params->doc_bias_;
@@ -528,6 +528,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.ring_dk16 = b16(KVd);
       s.ring_dv16 = b16(KVd);
       s.ring_lse = f32(D.nh_local);
+      if (doc_mask_) s.ring_bias = b16_rows(S_local_, T);
     }
   };
   if (tp_) {
@@ -574,9 +575,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
 
   if (D.cp > 1) {
     // Ring attention (gpt_cuda_context.cpp); the rest of context parallelism's settings are refused before here.
-    if ((doc_mask_ && !D.cp_a2a) || D.attention_dropout > 0) {
-      throw std::logic_error("CudaGPT: context parallelism runs without attention dropout, and with documents only all-to-all");
-    }
+    if (D.attention_dropout > 0) throw std::logic_error("CudaGPT: context parallelism runs without attention dropout");
     if (D.cp_a2a && (D.nh_local % D.cp != 0 || D.ng_local % D.cp != 0)) {
       throw std::runtime_error("--cp-comm-type a2a needs each TP rank's attention heads and query groups divisible by --context-parallel-size");
     }
@@ -597,7 +596,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     attention.dropout = D.attention_dropout;
     why = cuda::CudnnSdpa::instance().check(attention);
   }
-  if (why.empty() && D.cp > 1 && !D.cp_a2a) why = cuda::ring_check({mbs, S_local_ / 2, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_});
+  if (why.empty() && D.cp > 1 && !D.cp_a2a) why = cuda::ring_check({mbs, S_local_ / 2, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_});
   if (!why.empty()) throw std::runtime_error(why);
   // The split forward and backward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns both off): TP without K/V
   // replication, an even micro batch (under SP a multiple of 2 TP, so that every rank's piece of a half is

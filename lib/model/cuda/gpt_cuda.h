@@ -403,6 +403,7 @@ class CudaGPT {
   void ring_attention_forward(Record& r, const DeviceMicrobatch& mb);
   void ring_attention_backward(Record& r, const DeviceMicrobatch& mb);
   cuda::RingShape ring_shape(const DeviceMicrobatch& mb) const;
+  const cuda::bf16* ring_bias(const cuda::RingShape& shape, const DeviceMicrobatch& mb, int64_t rank, int64_t source);
   // Posts a batch of ring transfers after the compute stream's work so far (one to the next rank, one from the previous).
   void ring_pass(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int64_t n, WireType type);
   void ring_wait();  // the compute stream waits for the last batch posted

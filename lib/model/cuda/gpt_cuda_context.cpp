@@ -17,7 +17,15 @@
 namespace mt {
 
 cuda::RingShape CudaGPT::ring_shape(const DeviceMicrobatch& mb) const {
-  return cuda::RingShape{mb.B, mb.S / 2, D_.nh_local, D_.ng_local, D_.d, D_.softmax_scale, dt_};
+  if (doc_mask_ && mb.row_start == nullptr) throw std::logic_error("CudaGPT: --reset-attention-mask without the microbatch's document starts");
+  return cuda::RingShape{mb.B, mb.S / 2, D_.nh_local, D_.ng_local, D_.d, D_.softmax_scale, dt_, doc_mask_};
+}
+
+// --reset-attention-mask: block (rank, source)'s document bias in s_->ring_bias, else null.
+const bf16* CudaGPT::ring_bias(const cuda::RingShape& shape, const DeviceMicrobatch& mb, int64_t rank, int64_t source) {
+  if (!shape.documents) return nullptr;
+  MT_PROF("attention.document_bias", cuda::ring_document_bias(s_->ring_bias, mb.row_start, shape, D_.cp, rank, source, stream_));
+  return s_->ring_bias;
 }
 
 void CudaGPT::ring_pass(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int64_t n, WireType type) {
@@ -49,7 +57,9 @@ void CudaGPT::ring_attention_forward(Record& r, const DeviceMicrobatch& mb) {
     bf16* next = s.ring_kv[i % 2];
     // The next block comes while this one is computed (its buffer's last reader, step i - 1, queued before).
     if (i + 1 < cp) ring_pass(k, v, next, next + kv, kv, wire_);
-    MT_PROF("fwd.attention", cuda::ring_block_forward(shape, cuda::ring_block(rank, source), r.q, k, v, scratch, s.ring_acc, r.stats, i == 0, stream_));
+    const bf16* bias = ring_bias(shape, mb, rank, source);
+    MT_PROF("fwd.attention",
+            cuda::ring_block_forward(shape, cuda::ring_block(rank, source), r.q, k, v, scratch, s.ring_acc, r.stats, i == 0, stream_, bias));
     if (i + 1 < cp) {
       ring_wait();
       k = next;
@@ -74,8 +84,9 @@ void CudaGPT::ring_attention_backward(Record& r, const DeviceMicrobatch& mb) {
     const int64_t source = (rank - i + cp) % cp;
     bf16* next = s.ring_kv[i % 2];
     if (i + 1 < cp) ring_pass(k, v, next, next + kv, kv, wire_);  // the next block, beside this one's backward
+    const bf16* bias = ring_bias(shape, mb, rank, source);
     MT_PROF("bwd.attention", cuda::ring_block_backward(shape, cuda::ring_block(rank, source), r.q, k, v, r.o, s.d_o, r.stats, scratch, s.ring_dq, dkv,
-                                                       dkv + kv, stream_));
+                                                       dkv + kv, stream_, bias));
     // This block's key and value gradients, with this rank's share added, go on to the next rank (after the last
     // step, to the block's own rank); the previous rank's come in for the next block.
     float* incoming = s.ring_dkv[(i + 1) % 2];

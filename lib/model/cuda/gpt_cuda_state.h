@@ -91,6 +91,7 @@ struct CudaGPT::Scratch {
   bf16* ring_kv[2] = {};
   bf16 *ring_out = nullptr, *ring_dq16 = nullptr, *ring_dk16 = nullptr, *ring_dv16 = nullptr;
   float* ring_lse = nullptr;
+  bf16* ring_bias = nullptr;  // --reset-attention-mask: one block's document bias [B, 2c, 2c] at most
   // --cp-comm-type a2a: the attention's inputs, output, output gradient and input gradients in the all-to-all's layout
   // ([B, S, heads / CP, d], every row of the sequence and this rank's share of the heads), and the all-to-all's two
   // staging buffers [CP][T, heads / CP, d].
