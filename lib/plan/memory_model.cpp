@@ -113,6 +113,17 @@ double working_bytes_per_token(const Config& c) {
     const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0)) / t;
     bytes += a * shared * (c.model.swiglu ? 3.0 : 1.0);  // the shared expert's activation and fc1 gradients
   }
+  if (const double cp = static_cast<double>(c.parallel.context_parallel_size); cp > 1) {
+    // The CUDA engine's context-parallel attention scratch (model/cuda/gpt_cuda_context.cpp): the ring's fp32 output and
+    // dQ accumulators, two K/V blocks in flight and two of their fp32 gradients, one block's 16-bit output and
+    // gradients and its log-sum-exp; or the all-to-all's Q, K, V, O, dO, dQ, dK, dV and two staging buffers (with
+    // documents, every rank's document starts twice).
+    if (c.parallel.cp_comm_type == "a2a") {
+      bytes += a * (6 * Hd + 4 * KVd) + (c.data.reset_attention_mask ? 8.0 * cp : 0.0);
+    } else {
+      bytes += 8.0 * Hd + 2 * a * 2 * KVd + 2 * 4.0 * 2 * KVd + a * (2 * Hd + 2 * KVd) + 4.0 * n / t;
+    }
+  }
   return bytes;
 }
 
@@ -201,7 +212,12 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
     }
     m.working += per_layer * static_cast<double>(fp8_layers);
   }
-  if (c.data.reset_attention_mask) m.working += 2.0 * b * s * s;  // the CUDA engine's document-mask bias [b, 1, s, s], 16-bit
+  if (c.data.reset_attention_mask) {
+    // The CUDA engine's document-mask bias [b, 1, S, S], 16-bit, over the whole sequences; the ring (context
+    // parallelism, p2p) builds one block's [b, 2c, 2c] instead.
+    const double cp = static_cast<double>(c.parallel.context_parallel_size), whole = s * cp;
+    m.working += cp > 1 && c.parallel.cp_comm_type == "p2p" ? 2.0 * b * s * s : 2.0 * b * whole * whole;
+  }
   m.overhead = c.derived.world_size > 1 ? kOverheadNccl : kOverheadOneGpu;
   m.total = m.weights + m.grads + m.optimizer + m.activations + m.logits + m.working + m.overhead;
   return m;
