@@ -1,7 +1,6 @@
-// test_cuda_context_parallel.cpp: the CUDA model's context parallelism (model/cuda/gpt_cuda_context.cpp) on one GPU.
-// CP ranks run as threads of one process, each with its own model and stream, linked by an in-process ring (each
-// batch of sends and receives copied between the threads' buffers); only one thread runs host code at a time (the
-// engine's singletons assume one), the others wait inside the ring's collectives. Each rank forwards and backwards its
+// test_cuda_context_parallel.cpp: the CUDA model's context parallelism (model/cuda/gpt_cuda_context.cpp) on one GPU,
+// alone and with tensor parallelism. The ranks run as threads of one process, each with its own model and stream,
+// linked by in-process collectives (thread_collectives.h). Each rank forwards and backwards its
 // two chunks of every sequence (context_parallel_slice); the ranks' gradients summed and their losses summed must be
 // the whole sequence's on one model (bf16 tolerance): the ring's order, the block kinds, the travelling K/V gradients,
 // the positions; and for --cp-comm-type a2a the all-to-alls' layouts (an in-process all-to-all). The NCCL collectives
@@ -10,7 +9,6 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -21,6 +19,7 @@
 
 #include "device_buffers.h"
 #include "gpu_check.h"
+#include "thread_collectives.h"
 #include "config/cli.h"
 #include "config/resolve.h"
 #include "model/context_parallel.h"
@@ -37,111 +36,7 @@ using mt::test::download;
 using mt::test::failures;
 using mt::test::rel_err;
 
-// The ranks' shared state: one mutex that the running thread holds (released while it waits in a collective), a
-// barrier, and each rank's posted batch.
-struct RingShared {
-  explicit RingShared(int n) : size(n), posted(static_cast<size_t>(n)) {}
-  int size;
-  std::mutex m;
-  std::condition_variable cv;
-  int arrived = 0;
-  int64_t generation = 0;
-  bool failed = false;
-  std::vector<std::vector<mt::StreamCollectives::Transfer>> posted;
-  std::vector<const void*> sends = std::vector<const void*>(static_cast<size_t>(size));  // each rank's all-to-all input
-};
-thread_local std::unique_lock<std::mutex>* held = nullptr;  // this thread's hold on RingShared::m
-
-class ThreadRing final : public mt::StreamCollectives {
- public:
-  ThreadRing(RingShared& shared, int rank) : shared_(shared), rank_(rank) {}
-  int group_rank() const override { return rank_; }
-  int group_size() const override { return shared_.size; }
-  void send_recv_on(const std::vector<Transfer>& batch, mt::WireType type, cudaStream_t s) override {
-    const size_t elem = type == mt::WireType::kF32 ? 4 : 2;
-    if (cudaStreamSynchronize(s) != cudaSuccess) throw std::runtime_error("ring: the stream failed");
-    shared_.posted[static_cast<size_t>(rank_)] = batch;
-    barrier();
-    // The k-th receive from a peer takes the k-th send of that peer to this rank (the order each was posted in).
-    std::vector<int> taken(static_cast<size_t>(shared_.size), 0);
-    for (const Transfer& t : batch) {
-      if (t.send) continue;
-      int k = taken[static_cast<size_t>(t.peer)]++;
-      const Transfer* match = nullptr;
-      for (const Transfer& u : shared_.posted[static_cast<size_t>(t.peer)]) {
-        if (u.send && u.peer == rank_ && k-- == 0) {
-          match = &u;
-          break;
-        }
-      }
-      if (!match || match->n != t.n) throw std::runtime_error("ring: a receive without its matching send");
-      if (cudaMemcpy(t.data, match->data, static_cast<size_t>(t.n) * elem, cudaMemcpyDeviceToDevice) != cudaSuccess) {
-        throw std::runtime_error("ring: the copy failed");
-      }
-    }
-    // (device-to-device cudaMemcpy returns before the copy ends, on the legacy stream: done before any rank goes on)
-    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("ring: a copy failed");
-    barrier();  // (no sender reuses its buffers before every copy is done)
-  }
-  void all_reduce_on(void*, int64_t, mt::WireType, mt::ReduceOp, cudaStream_t) override { unused(); }
-  void reduce_scatter_on(const void*, void*, int64_t, mt::WireType, cudaStream_t) override { unused(); }
-  // recv[r n ..) = rank r's send.
-  void all_gather_on(const void* send, void* recv, int64_t n, mt::WireType type, cudaStream_t s) override {
-    const size_t bytes = static_cast<size_t>(n) * (type == mt::WireType::kF32 ? 4 : 2);
-    if (cudaStreamSynchronize(s) != cudaSuccess) throw std::runtime_error("all-gather: the stream failed");
-    sends_[static_cast<size_t>(rank_)] = send;
-    barrier();
-    for (int r = 0; r < shared_.size; ++r) {
-      if (cudaMemcpy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes, sends_[static_cast<size_t>(r)], bytes, cudaMemcpyDeviceToDevice) !=
-          cudaSuccess) {
-        throw std::runtime_error("all-gather: the copy failed");
-      }
-    }
-    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("ring: a copy failed");
-    barrier();
-  }
-  // recv[r n ..) = rank r's send[this rank's n ..).
-  void all_to_all_on(const void* send, void* recv, int64_t n, mt::WireType type, cudaStream_t s) override {
-    const size_t bytes = static_cast<size_t>(n) * (type == mt::WireType::kF32 ? 4 : 2);
-    if (cudaStreamSynchronize(s) != cudaSuccess) throw std::runtime_error("all-to-all: the stream failed");
-    sends_[static_cast<size_t>(rank_)] = send;
-    barrier();
-    for (int r = 0; r < shared_.size; ++r) {
-      const char* from = static_cast<const char*>(sends_[static_cast<size_t>(r)]) + static_cast<size_t>(rank_) * bytes;
-      if (cudaMemcpy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes, from, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess) {
-        throw std::runtime_error("all-to-all: the copy failed");
-      }
-    }
-    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("ring: a copy failed");
-    barrier();
-  }
-  void all_to_all_v_on(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&, mt::WireType, cudaStream_t) override { unused(); }
-  void group_start() override {}
-  void group_end() override {}
-  std::shared_ptr<StreamCollectives> stream_sub_group(int, int, const std::string&) override {
-    unused();
-    return nullptr;
-  }
-
- private:
-  [[noreturn]] static void unused() { throw std::logic_error("ring: the context-parallel attention uses send / receive, all-to-all and all-gather only"); }
-  void barrier() {
-    const int64_t gen = shared_.generation;
-    if (++shared_.arrived == shared_.size) {
-      shared_.arrived = 0;
-      ++shared_.generation;
-      shared_.cv.notify_all();
-    } else {
-      shared_.cv.wait(*held, [&] { return shared_.generation != gen || shared_.failed; });
-    }
-    if (shared_.failed) throw std::runtime_error("ring: another rank failed");
-  }
-  RingShared& shared_;
-  int rank_;
-  std::vector<const void*>& sends_ = shared_.sends;
-};
-
-mt::Config make_config(const std::string& model, int64_t cp, const std::string& comm, const std::string& extra) {
+mt::Config make_config(const std::string& model, int64_t tp, int64_t cp, const std::string& comm, const std::string& extra) {
   std::string flags =
       "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
       "--lr 1e-3 --vocab-size 250 --attention-dropout 0 --eval-iters 0 --train-iters 1 --seed 11 --bf16 "
@@ -158,11 +53,13 @@ mt::Config make_config(const std::string& model, int64_t cp, const std::string& 
              "--recompute-num-layers 1 ";
   }
   if (cp > 1) flags += "--context-parallel-size " + std::to_string(cp) + " --cp-comm-type " + comm + " ";
+  if (tp > 1) flags += "--tensor-model-parallel-size " + std::to_string(tp) + " ";
+  else if (extra.find("--sequence-parallel") != std::string::npos) flags.erase(flags.find("--sequence-parallel"), 19);  // (the whole model: TP 1)
   CLI::App app;
   mt::ConfigCli cli(app);
   app.parse(flags, false);
   mt::Config c = cli.build();
-  mt::resolve(c, static_cast<int>(cp));
+  mt::resolve(c, static_cast<int>(tp * cp));
   return c;
 }
 
@@ -183,10 +80,14 @@ void forward_backward(RankRun& run, float w) {
   if (cudaStreamSynchronize(run.stream) != cudaSuccess) throw std::runtime_error("the model's stream failed");
 }
 
-void prepare(RankRun& run, const mt::Config& cfg, const mt::Microbatch& mb) {
-  const mt::ModelLayout where = mt::build_model_layout(cfg, {}, run.store);
+// The model of TP rank tp_rank (its collectives `tp`, null at TP 1) with its microbatch staged.
+void prepare(RankRun& run, const mt::Config& cfg, const mt::Microbatch& mb, int64_t tp_rank = 0, mt::StreamCollectives* tp = nullptr) {
+  mt::LayoutCoordinates at;
+  at.tp_rank = tp_rank;
+  at.tp_size = cfg.parallel.tensor_model_parallel_size;
+  const mt::ModelLayout where = mt::build_model_layout(cfg, at, run.store);
   cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking);
-  run.model = std::make_unique<mt::CudaGPT>(cfg, run.store, where, run.stream, nullptr, true, nullptr, 1);
+  run.model = std::make_unique<mt::CudaGPT>(cfg, run.store, where, run.stream, tp, true, nullptr, 1);
   const mt::ModelDims& D = run.model->dims();
   // Hidden dropout: each sample's keys (the embedding's, then per layer the attention block's and the MLP's), as the
   // engine's steps make them; the masks follow the tokens' places in the whole sequence.
@@ -200,7 +101,8 @@ void prepare(RankRun& run, const mt::Config& cfg, const mt::Microbatch& mb) {
     }
   }
   run.slot = std::make_unique<mt::MicrobatchSlot>(mb.B * mb.S, static_cast<int64_t>(keys.size()));
-  run.dev = run.slot->upload(mb, D.learned_pos, 0, D.V_local, D.max_pos, run.stream, [](cudaEvent_t e) { cudaEventSynchronize(e); }, keys);
+  run.dev = run.slot->upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, run.stream, [](cudaEvent_t e) { cudaEventSynchronize(e); },
+                             keys);
   cudaMalloc(&run.acc, 4);
   cudaMemsetAsync(run.model->grads(), 0, static_cast<size_t>(run.model->numel()) * 4, run.stream);
   cudaMemsetAsync(run.acc, 0, 4, run.stream);
@@ -213,12 +115,24 @@ void release(RankRun& run) {
   cudaStreamDestroy(run.stream);
 }
 
-void test_context_parallel(const std::string& model, int64_t cp, const std::string& comm = "p2p", const std::string& extra = "") {
-  char name[200];
-  std::snprintf(name, sizeof(name), "context parallelism %s CP %lld %s %s(ranks as threads, one GPU)", model.c_str(), static_cast<long long>(cp),
-                comm.c_str(), extra.c_str());
+// Global element index of local element e of a TP shard (row-major, split along shard_dim), as checkpoints assemble them.
+int64_t global_index(const mt::ParamInfo& p, int64_t e) {
+  if (p.shard_dim < 0 || p.shard_count <= 1) return e;
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(p.shard_dim) + 1; d < p.local_shape.size(); ++d) inner *= p.local_shape[d];
+  const int64_t dl = p.local_shape[static_cast<size_t>(p.shard_dim)], dg = p.global_shape[static_cast<size_t>(p.shard_dim)];
+  return ((e / (inner * dl)) * dg + p.shard_rank * dl + (e / inner) % dl) * inner + e % inner;
+}
+
+// TP x CP ranks as threads (thread (t, c): TP rank t of TP group c, CP rank c of CP group t) against the whole
+// sequences on one model: the gradients of the TP shards put at their global places and summed over CP (a parameter
+// TP replicates taken from TP rank 0), the loss summed over CP.
+void test_context_parallel(const std::string& model, int64_t cp, const std::string& comm = "p2p", const std::string& extra = "", int64_t tp = 1) {
+  char name[220];
+  std::snprintf(name, sizeof(name), "context parallelism %s CP %lld %s%s %s(ranks as threads, one GPU)", model.c_str(), static_cast<long long>(cp),
+                comm.c_str(), tp > 1 ? (" x TP " + std::to_string(tp)).c_str() : "", extra.c_str());
   try {
-    const mt::Config whole_cfg = make_config(model, 1, comm, extra), cp_cfg = make_config(model, cp, comm, extra);
+    const mt::Config whole_cfg = make_config(model, 1, 1, comm, extra), grid_cfg = make_config(model, tp, cp, comm, extra);
     auto data = mt::open_training_data(whole_cfg);
     mt::Microbatch mb = mt::make_microbatch(*data, mt::Split::kTrain, 0, *whole_cfg.training.micro_batch_size, *whole_cfg.data.seq_length, whole_cfg);
     if (whole_cfg.data.reset_attention_mask) {
@@ -251,42 +165,56 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
     forward_backward(whole, w);
     const std::vector<float> g_whole = download(whole.model->grads(), static_cast<size_t>(whole.model->numel()));
     const float loss_whole = download(whole.acc, 1)[0];
-    // The CP ranks, each with its chunks, the gradients and losses (each a part of the whole sequence's) summed.
-    RingShared shared(static_cast<int>(cp));
-    std::vector<std::unique_ptr<ThreadRing>> rings;
-    std::vector<RankRun> ranks(static_cast<size_t>(cp));
-    for (int64_t r = 0; r < cp; ++r) {
-      rings.push_back(std::make_unique<ThreadRing>(shared, static_cast<int>(r)));
-      prepare(ranks[static_cast<size_t>(r)], cp_cfg, mt::context_parallel_slice(mb, r, cp));
-      ranks[static_cast<size_t>(r)].model->set_context_parallel(rings.back().get());
-    }
-    std::vector<std::string> errors(static_cast<size_t>(cp));
+    // The grid: each rank built, run and checked in its own thread (the models' constructors meet over TP too).
+    mt::test::Baton baton;
+    std::vector<std::unique_ptr<mt::test::ThreadGroup>> tp_groups, cp_groups;
+    for (int64_t c = 0; c < cp; ++c) tp_groups.push_back(std::make_unique<mt::test::ThreadGroup>(baton, static_cast<int>(tp)));
+    for (int64_t t = 0; t < tp; ++t) cp_groups.push_back(std::make_unique<mt::test::ThreadGroup>(baton, static_cast<int>(cp)));
+    const auto n = static_cast<size_t>(tp * cp);
+    std::vector<RankRun> ranks(n);
+    std::vector<std::unique_ptr<mt::test::ThreadCollectives>> tp_of(n), cp_of(n);
+    std::vector<std::string> errors(n);
     std::vector<std::thread> threads;
-    for (int64_t r = 0; r < cp; ++r) {
-      threads.emplace_back([&, r] {
-        std::unique_lock<std::mutex> lock(shared.m);
-        held = &lock;
-        try {
-          forward_backward(ranks[static_cast<size_t>(r)], w);
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-          shared.failed = true;
-          shared.cv.notify_all();
-        }
-        held = nullptr;
-      });
+    for (int64_t t = 0; t < tp; ++t) {
+      for (int64_t c = 0; c < cp; ++c) {
+        const auto i = static_cast<size_t>(c * tp + t);
+        tp_of[i] = std::make_unique<mt::test::ThreadCollectives>(*tp_groups[static_cast<size_t>(c)], static_cast<int>(t));
+        cp_of[i] = std::make_unique<mt::test::ThreadCollectives>(*cp_groups[static_cast<size_t>(t)], static_cast<int>(c));
+        threads.emplace_back([&, t, c, i] {
+          std::unique_lock<std::mutex> lock(baton.m);
+          mt::test::baton_held = &lock;
+          try {
+            prepare(ranks[i], grid_cfg, mt::context_parallel_slice(mb, c, cp), t, tp > 1 ? tp_of[i].get() : nullptr);
+            if (cp > 1) ranks[i].model->set_context_parallel(cp_of[i].get());
+            forward_backward(ranks[i], w);
+          } catch (const std::exception& e) {
+            errors[i] = e.what();
+            baton.failed = true;
+            baton.cv.notify_all();
+          }
+          mt::test::baton_held = nullptr;
+        });
+      }
     }
-    for (auto& t : threads) t.join();
+    for (auto& th : threads) th.join();
     for (const std::string& e : errors) {
       if (!e.empty()) throw std::runtime_error(e);
     }
     std::vector<float> g_sum(g_whole.size(), 0.0f);
     float loss_sum = 0;
-    for (RankRun& run : ranks) {
-      if (run.model->numel() != whole.model->numel()) throw std::logic_error("the CP ranks' layout differs from the whole model's");
-      const std::vector<float> g = download(run.model->grads(), g_sum.size());
-      for (size_t i = 0; i < g.size(); ++i) g_sum[i] += g[i];
-      loss_sum += download(run.acc, 1)[0];
+    for (int64_t t = 0; t < tp; ++t) {
+      for (int64_t c = 0; c < cp; ++c) {
+        RankRun& run = ranks[static_cast<size_t>(c * tp + t)];
+        const std::vector<float> g = download(run.model->grads(), static_cast<size_t>(run.model->numel()));
+        for (const mt::ParamInfo& p : run.store.infos()) {
+          if (p.replica > 0 || (p.shard_dim < 0 && t > 0) || !p.trainable) continue;
+          const mt::ParamInfo& whole_p = whole.store.info(whole.store.index_of(p.name));
+          for (int64_t e = 0; e < p.numel; ++e) {
+            g_sum[static_cast<size_t>(whole_p.offset + global_index(p, e))] += g[static_cast<size_t>(p.offset + e)];
+          }
+        }
+        if (t == 0) loss_sum += download(run.acc, 1)[0];
+      }
     }
     // Per parameter: the worst relative gap.
     double worst = 0;
@@ -336,6 +264,12 @@ int main() {
   test_context_parallel("gpt", 4, "p2p", "--reset-attention-mask --micro-batch-size 4 --global-batch-size 4 ");
   test_context_parallel("llama", 2, "a2a", "--reset-attention-mask --reset-position-ids --micro-batch-size 4 --global-batch-size 4 ");
   test_context_parallel("gpt", 4, "a2a", "--reset-attention-mask --reset-position-ids --micro-batch-size 4 --global-batch-size 4 ");
+  // With tensor parallelism (the harness's TP collectives first, on their own): each CP group's ranks hold one TP
+  // rank's heads, the ring and the all-to-all run on them, and the TP reductions (and SP's gathers) meet as usual.
+  test_context_parallel("llama", 1, "p2p", "", 2);
+  test_context_parallel("llama", 2, "p2p", "", 2);
+  test_context_parallel("llama", 2, "p2p", "--sequence-parallel ", 2);
+  test_context_parallel("gpt", 2, "a2a", "", 2);
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }
