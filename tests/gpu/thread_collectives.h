@@ -4,7 +4,9 @@
 // the Baton's mutex and lets go of it only while it waits inside a collective. A collective waits for its stream,
 // meets the group's other ranks, moves or reduces their device buffers with plain copies (rank 0 of the group reduces
 // on the host), waits for the device and meets them again, so no rank reuses a buffer a peer still reads. NCCL cannot
-// do this: it refuses two ranks on one GPU.
+// do this: it refuses two ranks on one GPU. (The caching allocator and cuDNN's workspaces are shared by the threads:
+// safe because every collective here waits for the stream it is given, and the model records its compute stream's
+// work on that stream's event before each one; a collective on a side stream without that would not be.)
 #pragma once
 
 #include <cuda_runtime.h>
