@@ -574,7 +574,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (D.fp8_delayed) init_fp8_scaling(dp);
 
   if (D.cp > 1) {
-    // Ring attention (gpt_cuda_context.cpp); the rest of context parallelism's settings are refused before here.
+    // Ring or all-to-all attention (gpt_cuda_context.cpp); the rest of context parallelism's settings are refused before here.
     if (D.attention_dropout > 0) throw std::logic_error("CudaGPT: context parallelism runs without attention dropout");
     if (D.cp_a2a && (D.nh_local % D.cp != 0 || D.ng_local % D.cp != 0)) {
       throw std::runtime_error("--cp-comm-type a2a needs each TP rank's attention heads and query groups divisible by --context-parallel-size");
