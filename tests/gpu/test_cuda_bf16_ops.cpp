@@ -767,6 +767,41 @@ void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew, bo
   expect(name + " combine backward rows", head(d_dy_rows.get()), head(dy_rows), 0.0);
   expect(name + " combine backward weights", d_dweight.get(), dweight, 1e-5);
   expect(name + " input backward", d_dxn.get(), dxn, 8e-3);
+  // The router: its logits by the kernel and by the engine's cuBLASLt GEMM (16-bit inputs, fp32 output), against fp64 dots;
+  // its weight gradient dw += dlogits^T xn in the kernel's order (64 parts of the tokens, each summed in order by fused
+  // multiply-adds, then the parts in order): bit for bit.
+  Vec logits(static_cast<size_t>(T * E)), dw0 = randn(static_cast<size_t>(E) * H, 0.1f, false), dw = dw0;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) {
+      double dot = 0;
+      for (size_t c = 0; c < H; ++c) dot += static_cast<double>(xn[static_cast<size_t>(t) * H + c]) * w[static_cast<size_t>(e) * H + c];
+      logits[static_cast<size_t>(t * E + e)] = static_cast<float>(dot);
+    }
+  }
+  F32 d_logits(logits.size()), d_dw(dw0), d_wparts(static_cast<size_t>(cuda::moe_router_wgrad_scratch(r)));
+  cuda::moe_router_logits(d_logits.p, d_xn.b(), d_w.b(), r, nullptr);
+  expect(name + " router logits (kernel)", d_logits.get(), logits, 1e-5);
+  auto& lt = cuda::GemmLt::instance();
+  if (lt.has_algorithm(false, true, T, E, h, h, h, E, CUDA_R_16BF, CUDA_R_32F, {})) {
+    lt.gemm_ex(false, true, T, E, h, 1.0f, d_xn.b(), h, d_w.b(), h, 0.0f, d_logits.p, E, CUDA_R_16BF, CUDA_R_32F, nullptr, nullptr);
+    expect(name + " router logits (GEMM)", d_logits.get(), logits, 1e-5);
+  }
+  cuda::moe_router_wgrad(d_dw.p, d_wparts.p, d_dlogits.p, d_xn.b(), r, nullptr);
+  const int64_t parts = 64, per = (T + parts - 1) / parts;
+  for (int64_t e = 0; e < E; ++e) {
+    for (size_t c = 0; c < H; ++c) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < parts; ++p) {
+        float part = 0.0f;
+        for (int64_t t = p * per; t < std::min(T, (p + 1) * per); ++t) {
+          part = std::fma(dlogits[static_cast<size_t>(t * E + e)], xn[static_cast<size_t>(t) * H + c], part);
+        }
+        sum += part;
+      }
+      dw[static_cast<size_t>(e) * H + c] += sum;
+    }
+  }
+  expect(name + " router weight gradient", d_dw.get(), dw, 0.0);
   for (int32_t* d : {d_top, d_row, d_counts, d_offsets, d_parts}) cudaFree(d);
 }
 

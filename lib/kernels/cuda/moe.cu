@@ -451,16 +451,26 @@ __global__ void input_backward_kernel(__nv_bfloat16* dxn, const __nv_bfloat16* d
   }
 }
 
-// The router's weight gradient in two deterministic passes: block (column chunk, e, part) sums its part of the
-// tokens into partial[part, e, c]; then each (e, c) adds its parts in order.
+// The router's weight gradient in two deterministic passes: block (column chunk, expert tile, part) sums its part of the
+// tokens into partial[part, e, c] for up to kWgradTile experts at once, so that each token's row of xn is read once per
+// tile rather than once per expert; then each (e, c) adds its parts in order.
 constexpr int kWgradParts = 64;
+constexpr int kWgradTile = 8;
 __global__ void router_wgrad_partial_kernel(float* partial, const float* dlogits, const __nv_bfloat16* xn, int64_t T, int64_t E, int64_t h) {
-  const int64_t e = blockIdx.y, part = blockIdx.z, c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t e0 = blockIdx.y * static_cast<int64_t>(kWgradTile), part = blockIdx.z, c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= h) return;
+  const int tile = static_cast<int>(E - e0 < kWgradTile ? E - e0 : kWgradTile);
   const int64_t per = (T + kWgradParts - 1) / kWgradParts, t0 = part * per, t1 = t0 + per < T ? t0 + per : T;
-  float s = 0.0f;
-  for (int64_t t = t0; t < t1; ++t) s += dlogits[t * E + e] * __bfloat162float(xn[t * h + c]);
-  partial[(part * E + e) * h + c] = s;
+  float s[kWgradTile] = {};
+  for (int64_t t = t0; t < t1; ++t) {
+    const float x = __bfloat162float(xn[t * h + c]);
+    const float* dl = dlogits + t * E + e0;
+#pragma unroll
+    for (int j = 0; j < kWgradTile; ++j) {
+      if (j < tile) s[j] += dl[j] * x;
+    }
+  }
+  for (int j = 0; j < tile; ++j) partial[(part * E + e0 + j) * h + c] = s[j];
 }
 __global__ void router_wgrad_sum_kernel(float* dw, const float* partial, int64_t E, int64_t h) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -597,7 +607,7 @@ void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const 
 }
 
 void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st) {
-  const dim3 grid(blocks(r.hidden, 128), static_cast<unsigned>(r.experts), kWgradParts);
+  const dim3 grid(blocks(r.hidden, 128), blocks(r.experts, kWgradTile), kWgradParts);
   router_wgrad_partial_kernel<<<grid, 128, 0, st>>>(partial, dlogits, B(xn), r.tokens, r.experts, r.hidden);
   MT_CUDA_CHECK(cudaGetLastError());
   router_wgrad_sum_kernel<<<blocks(r.experts * r.hidden, 256), 256, 0, st>>>(dw, partial, r.experts, r.hidden);

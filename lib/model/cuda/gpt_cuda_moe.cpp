@@ -22,7 +22,14 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   Scratch& s = *s_;
   const int64_t T = mb.B * mb.S, h = D.h, E = experts_, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
   const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0};
-  MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_));
+  // The router's logits as one cuBLASLt GEMM (16-bit inputs, fp32 accumulation and output) where it has an algorithm for
+  // E fp32 columns, else a warp per logit.
+  auto& lt = cuda::GemmLt::instance();
+  if (lt.has_algorithm(false, true, T, E, h, h, h, E, ab_, CUDA_R_32F, {})) {
+    MT_PROF("fwd.moe.router", lt.gemm_ex(false, true, T, E, h, 1.0f, r.xn2, h, w(lw.router_w), h, 0.0f, r.logits, E, ab_, CUDA_R_32F, nullptr, stream_));
+  } else {
+    MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_));
+  }
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
   // A capacity that drops: the host's rows and kept counts (before the statistics read them), else the permutation's.
   const bool dropping = moe_capacity_factor_ > 0 && moe_capacity(r, T, mb.S);
