@@ -162,16 +162,56 @@ class CudaGPT {
   struct LayerW;
   struct Record;
   struct Scratch;
-  // Returns the MLP output of this rank's rows (combined over TP).
+  // A layer's units (gpt_cuda_units.cpp), each written once and run over a span of the microbatch's rows: all of them
+  // (layer_forward and layer_backward's schedule), or half of its sequences (the split TP layers' schedule,
+  // gpt_cuda_split.cpp, the same units around each half's TP reduction). A span is rows [first, first + rows) of the
+  // layers' [T, .] buffers, `seqs` whole sequences with their positions; its rows of the residual stream (this rank's:
+  // under SP a piece of every rank's) are [piece_first, piece_first + piece_rows). What needs a whole microbatch (context
+  // parallelism, documents, attention dropout, qk-norm, K/V groups, squared ReLU, FP8, MoE, deferred weight gradients)
+  // takes whole spans only (require_whole).
+  struct RowSpan {
+    int64_t first = 0, rows = 0, seqs = 0;
+    const int32_t* positions = nullptr;
+    int64_t piece_first = 0, piece_rows = 0;
+    bool whole = true;
+  };
+  RowSpan whole_span(const DeviceMicrobatch& mb) const;
+  RowSpan half_span(const DeviceMicrobatch& mb, int64_t half) const;
+  void require_whole(int64_t l, const RowSpan& sp, const char* unit) const;
+  // The attention block: from r.xn1's rows to the projection's output in s_->delta's (partial sums under TP).
+  void attention_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp);
+  // The MLP block (dense; MoE over whole spans): from r.xn2's rows to s_->delta's.
+  void mlp_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp);
+  // The residual adds and norms between the blocks, over the residual rows [p0, p0 + pr) on stream st; sum is the
+  // block's output of those rows (summed over TP, or with parts its TP partials, which the kernel adds):
+  // mlp_norm_forward: x_mid = x_in + attention, xn2 = the MLP's input norm of it; input_norm_forward (l > 0): layer l's
+  // x_in = x_mid(l - 1) + MLP(l - 1), xn1 = its input norm. The backwards take d xn2 / d xn1 as sum and add the norm's
+  // input gradient into s_->dres (and dres16).
+  void mlp_norm_forward(int64_t l, Record& r, const DeviceMicrobatch& mb, int64_t p0, int64_t pr, const cuda::bf16* sum, cuda::Partials parts,
+                        cudaStream_t st);
+  void input_norm_forward(int64_t l, const DeviceMicrobatch& mb, int64_t p0, int64_t pr, const cuda::bf16* sum, cuda::Partials parts, cudaStream_t st);
+  void mlp_norm_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, int64_t p0, int64_t pr, const cuda::bf16* sum, cuda::Partials parts,
+                         cudaStream_t st);
+  void input_norm_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, int64_t p0, int64_t pr, const cuda::bf16* sum, cuda::Partials parts,
+                           cudaStream_t st);
+  // The MLP block's backward from its output gradient dy (the span's rows) to its input gradient in s_->dxn's rows, fc2's
+  // weight gradient on the compute stream (or saved for backward_weights); fc1's is mlp_fc1_wgrad's, on the stream the
+  // schedule picks (none for an MoE layer or a deferring backward).
+  void mlp_backward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp, const cuda::bf16* dy);
+  void mlp_fc1_wgrad(int64_t l, Record& r, const RowSpan& sp, cudaStream_t ws);
+  // The attention block's backward from dy to s_->dxn's rows (s_->qkv's rows then hold d(QKV)), the projection's weight
+  // gradient on the compute stream when proj_wgrad; attention_wgrads: the QKV weight gradient (and with proj the
+  // projection's, then proj_done_ev_) on ws (none for a deferring backward).
+  void attention_backward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp, const cuda::bf16* dy, bool proj_wgrad);
+  void attention_wgrads(int64_t l, Record& r, const RowSpan& sp, const cuda::bf16* dy, bool proj, cudaStream_t ws);
+  // The plain schedule over every row: returns the MLP output of this rank's rows (combined over TP).
   const cuda::bf16* layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   // Tensor parallelism: the forward of every layer as two halves of the micro batch's sequences,
   // interleaved block by block, so each half's row-parallel all-reduce overlaps the other half's attention or
-  // MLP (DeepSpeed Domino's schedule). The same operations per row as layer_forward (not bit for bit: GEMMs
-  // of half the rows may take other cuBLASLt algorithms). Ends with s_->delta (under SP this rank's rows in
-  // s_->delta_l) holding the last layer's MLP output and the compute stream after both halves' reductions.
+  // MLP (DeepSpeed Domino's schedule). The same units as layer_forward (not bit for bit: GEMMs of half the rows
+  // may take other cuBLASLt algorithms). Ends with s_->delta (under SP this rank's rows in s_->delta_l) holding
+  // the last layer's MLP output and the compute stream after both halves' reductions.
   void split_layers_forward(const DeviceMicrobatch& mb);
-  void attention_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
-  void mlp_half(int64_t l, int64_t half, const DeviceMicrobatch& mb);
   // Half `half`'s rows of base ([T, h]: s_->delta, or s_->dxn in the backward) summed over TP on tp_stream_, after the compute stream's work so far,
   // then `then` on tp_stream_ (the norm, forward or backward, that consumes the sum; may be empty), given
   // the sum's rows and their Partials; wait_reduced: the compute stream waits for both. Without SP the sum is
@@ -250,8 +290,6 @@ class CudaGPT {
   void activate(int64_t slot);
   void park(Slot& into);
   void split_layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb);
-  void mlp_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
-  void attention_backward_half(int64_t l, int64_t half, Record& r, const DeviceMicrobatch& mb);
   void embed(const DeviceMicrobatch& mb, int64_t T);
   void loss(const DeviceMicrobatch& mb, float grad_scale, int64_t r0, int64_t n);
   void output_layer(const DeviceMicrobatch& mb, float grad_scale, int64_t T);

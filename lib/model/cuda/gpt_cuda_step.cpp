@@ -192,14 +192,9 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
     Record& r = act(l);
     const bf16* mlp = layer_forward(l, r, mb);
     if (l + 1 < L_) {
-      Record& n = act(l + 1);
-      const LayerW& nw = layers_[static_cast<size_t>(l + 1)];
       need_params(layer_end_[static_cast<size_t>(l + 1)]);
-      MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = records_[static_cast<size_t>(l + 1)]->x_in, .y = norm_out(n.xn1), .mean = n.mean1,
-                                                      .rstd = n.rstd1, .x = r.x_mid, .delta = mlp, .w = w(nw.ln1_w), .b = w(nw.ln1_b), .w_offset = norm_offset_, .rows = Tl,
-                                                      .width = h, .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = res16_,
-                                                      .dropout = drop(mb, mlp_site(first_layer_ + l), row0(T))}, stream_));
-      gather_rows(s.xn_l, n.xn1, T);
+      input_norm_forward(l + 1, mb, 0, Tl, mlp, {}, stream_);
+      gather_rows(s.xn_l, act(l + 1).xn1, T);
     } else if (post_) {
       need_params(numel_);
       MT_PROF("fwd.add_norm", cuda::add_norm_forward({.sum_out = s.x_final, .y = norm_out(s.xnf), .mean = s.meanf, .rstd = s.rstdf, .x = r.x_mid,
