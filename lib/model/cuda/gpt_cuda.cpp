@@ -1,8 +1,8 @@
 // gpt_cuda.cpp: the CUDA model's set-up (parameters from the shared layout, activation buffers, the TP
-// arena, the split-layer decision) and the helpers every pass uses (dropout descriptors, TP row combines and
-// gathers, the weight-gradient side stream, the SP replicated-gradient sums). The passes: gpt_cuda_step.cpp
-// (embedding, loss, the microbatch's forward and backward), gpt_cuda_layer.cpp (a layer's forward and
-// backward), gpt_cuda_split.cpp (the TP layers as two interleaved halves of the microbatch).
+// arena, the split-layer decision) and the small state every pass reads (dropout descriptors, attention shapes and
+// seeds, document biases). The rest: gpt_cuda_streams.cpp (TP row combines and gathers, the side streams),
+// gpt_cuda_step.cpp (embedding, loss, the microbatch's forward and backward), gpt_cuda_units.cpp (a layer's
+// units), gpt_cuda_layer.cpp and gpt_cuda_split.cpp (their schedules: all rows, or two interleaved halves under TP).
 #include "model/cuda/gpt_cuda_state.h"
 
 #include <algorithm>
@@ -382,10 +382,6 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       r.kn_rstd = f32(D.ng_local);
     }
   };
-  auto& lt = cuda::GemmLt::instance();
-  auto fusable_k = [&](int64_t n, int64_t x_width, int64_t k) {
-    return lt.has_algorithm(true, false, n, x_width, k, n, x_width, x_width, ab_, CUDA_R_32F, {cuda::GemmEpilogue::kBiasGrad, nullptr, 0});
-  };
   // The activations (records and scratch). With TP they are carved from one symmetric window of the TP
   // group, the same offsets on every rank, so that NCCL runs every TP collective on them (all-reduces,
   // SP's gathers and scatters, the loss statistics) with its symmetric kernels: a first pass only counts
@@ -498,7 +494,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     bgrad_len_ = (std::max({Wq, F1, h}) + 7) / 8 * 8;  // the second stream's part 32-byte aligned too
     // Bias gradients from the weight-gradient GEMMs' epilogue where cuBLASLt has one for every such shape
     // (else the bias-gradient kernel).
-    auto fusable = [&](int64_t n, int64_t x_width) { return fusable_k(n, x_width, T); };
+    auto fusable = [&](int64_t n, int64_t x_width) { return bias_grad_fusable(n, x_width, T); };
     bgrad_epilogue_ = D.bias && fusable(Wq, h) && fusable(F1, h) && fusable(h, F) && fusable(h, W_.Hd);
     if (tp_ && post_) s.ce_stats = static_cast<float*>(alloc(static_cast<size_t>(4 * loss_chunk_rows_) * 4));
     if (sp_) {
@@ -552,95 +548,12 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   Scratch& s = *s_;
   // Only this rank's kernels touch it (its size follows this rank's cuBLASLt answer): outside the arena.
   if (bgrad_epilogue_) s.bgrad = static_cast<float*>(alloc(static_cast<size_t>(2 * bgrad_len_) * 4));
-  if (D.fp8) {  // the FP8 layers' cached FP8 weights (gpt_cuda_fp8.cpp)
-    const int64_t sizes[4] = {Wq * h, h * Hd, F1 * h, h * F};
-    f8_wq_.assign(static_cast<size_t>(4 * L_), nullptr);
-    f8_wqt_.assign(static_cast<size_t>(4 * L_), nullptr);
-    for (int64_t l = 0; l < L_; ++l) {
-      for (int site = 0; fp8_layer(l) && site < 4; ++site) {
-        f8_wq_[static_cast<size_t>(4 * l + site)] = static_cast<uint8_t*>(alloc(static_cast<size_t>(sizes[site])));
-        f8_wqt_[static_cast<size_t>(4 * l + site)] = static_cast<uint8_t*>(alloc(static_cast<size_t>(sizes[site])));
-        if (D.fp8_blockwise) {  // W [out, in] and W^T [in, out] in 128 x 128 blocks
-          const int64_t outs[4] = {Wq, h, F1, h}, ins[4] = {h, Hd, h, F};
-          f8_wscale_.resize(static_cast<size_t>(4 * L_), nullptr);
-          f8_wtscale_.resize(static_cast<size_t>(4 * L_), nullptr);
-          f8_wscale_[static_cast<size_t>(4 * l + site)] = block_scales(cuda::fp8_blk128_scales(outs[site], ins[site]));
-          f8_wtscale_[static_cast<size_t>(4 * l + site)] = block_scales(cuda::fp8_blk128_scales(ins[site], outs[site]));
-        }
-      }
-    }
-    f8_winv_ = static_cast<float*>(alloc(static_cast<size_t>(4 * L_ * 64) * sizeof(float)));
-  }
+  if (D.fp8) allocate_fp8_weights();
   if (D.fp8_delayed) init_fp8_scaling(dp);
 
-  if (D.cp > 1) {
-    // Ring or all-to-all attention (gpt_cuda_context.cpp); the rest of context parallelism's settings are refused before here.
-    if (D.attention_dropout > 0) throw std::logic_error("CudaGPT: context parallelism runs without attention dropout");
-    if (D.cp_a2a && (D.nh_local % D.cp != 0 || D.ng_local % D.cp != 0)) {
-      throw std::runtime_error("--cp-comm-type a2a needs each TP rank's attention heads and query groups divisible by --context-parallel-size");
-    }
-    if (!D.cp_a2a && S_local_ % 8 != 0) {
-      throw std::runtime_error("context parallelism on the CUDA engine needs --seq-length / (2 x --context-parallel-size) to be a multiple of 4 (this run: " +
-                               std::to_string(D.S) + " / " + std::to_string(2 * D.cp) + "): change the sequence length, or use --device cpu");
-    }
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&cp_stream_, cudaStreamNonBlocking));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&cp_ready_ev_, cudaEventDisableTiming));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&cp_done_ev_, cudaEventDisableTiming));
-  }
-  // Fail here, with the shape named, rather than in the first step.
   const int64_t mbs = *cfg.training.micro_batch_size;
-  cuda::SdpaShape attention{mbs, S_local_, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_};
-  if (D.cp > 1 && D.cp_a2a) attention = {mbs, D.S, D.nh_local / D.cp, D.ng_local / D.cp, D.d, D.softmax_scale, dt_, doc_mask_};  // (the all-to-all's)
-  std::string why = cuda::CudnnSdpa::instance().check(attention);
-  if (why.empty() && D.attention_dropout > 0) {  // (training's graphs; evaluation's are the ones above)
-    attention.dropout = D.attention_dropout;
-    why = cuda::CudnnSdpa::instance().check(attention);
-  }
-  if (why.empty() && D.cp > 1 && !D.cp_a2a) why = cuda::ring_check({mbs, S_local_ / 2, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_});
-  if (!why.empty()) throw std::runtime_error(why);
-  // The split forward and backward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns both off): TP without K/V
-  // replication, an even micro batch (under SP a multiple of 2 TP, so that every rank's piece of a half is
-  // whole sequences, and no recomputed layer: the recompute runs the plain forward, in the natural row order),
-  // cuDNN attention for half of it and, with the bias-gradient epilogue, that epilogue for half of the rows.
-  // Each half's rows (and under SP each piece's) start 256-byte aligned in every [rows, width] buffer
-  // (cuBLASLt's plans assume it).
-  const int64_t half_rows = mbs / 2 * D.S;
-  bool aligned = true;
-  for (int64_t width : {h, Wq, W_.Hd, W_.KVd, F, F1}) aligned = aligned && (half_rows * width * 2) % 256 == 0;
-  aligned = aligned && (piece(half_rows) * h * 2) % 256 == 0;
-  const bool any_recompute = std::find(recompute_layer_.begin(), recompute_layer_.end(), true) != recompute_layer_.end();
-  const bool sp_ok = !sp_ || (mbs % (2 * tp_size_) == 0 && !any_recompute);
-  const char* split_env = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
-  if (kv_group_ && D.qk_norm) {
-    throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
-  }
-  split_forward_ = tp_ && D.cp == 1 && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && !doc_mask_ && D.attention_dropout <= 0 &&
-                   !D.squared_relu &&
-                   mbs % 2 == 0 && aligned &&
-                   !(split_env && std::string(split_env) == "0") &&
-                   cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
-  if (split_forward_ && bgrad_epilogue_) {
-    // (Under SP the row-parallel biases' gradients come from this rank's rows, not from the epilogue.)
-    split_forward_ = fusable_k(Wq, h, half_rows) && fusable_k(F1, h, half_rows) &&
-                     (sp_ || (fusable_k(h, F, half_rows) && fusable_k(h, W_.Hd, half_rows)));
-  }
-  if (tp_) agree_over_tp(split_forward_, "MEGATRAIN_TP_SPLIT_FORWARD");
-  all_to_all_ = split_forward_ && s.parts != nullptr;
-  if (split_forward_) {
-    int least = 0, greatest = 0;  // the reductions go first when SMs free up
-    MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    MT_CUDA_CHECK(cudaStreamCreateWithPriority(&tp_stream_, cudaStreamNonBlocking, greatest));
-    for (int i = 0; i < 2; ++i) {
-      MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_ev_[i], cudaEventDisableTiming));
-      MT_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_ev_[i], cudaEventDisableTiming));
-    }
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&tp_done_ev_, cudaEventDisableTiming));
-    // The split backward's norms run on tp_stream_, away from the caching allocator (compute stream only).
-    const auto part_bytes = static_cast<size_t>(cuda::norm_backward_partials(h)) * 4;
-    s.norm_part = static_cast<float*>(alloc(part_bytes));
-    act_bytes_ += part_bytes;
-    if (sp_) s.half_pos = static_cast<int32_t*>(alloc(static_cast<size_t>(T) * 4));
-  }
+  check_attention(mbs);
+  choose_split_layers(mbs, max_in_flight);
   if (!post_) {  // unit weights for the kernel that sums the stage's output (see forward)
     const std::vector<float> ones(static_cast<size_t>(h), 1.0f);
     float* tmp = static_cast<float*>(alloc(static_cast<size_t>(h) * 4));
@@ -654,20 +567,6 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
 
 size_t CudaGPT::boundary_activation_bytes(int64_t tokens) const { return static_cast<size_t>(local_rows(tokens) * D_.h) * (res16_ ? 2 : 4); }
 size_t CudaGPT::boundary_gradient_bytes(int64_t tokens) const { return static_cast<size_t>(local_rows(tokens) * D_.h) * 4; }
-
-// The TP ranks must issue the same collectives: a setting that follows each rank's environment must agree.
-void CudaGPT::agree_over_tp(bool mine, const char* env) {
-  float* agree = static_cast<float*>(alloc(4));
-  const float one = mine ? 1.0f : 0.0f;
-  MT_CUDA_CHECK(cudaMemcpyAsync(agree, &one, 4, cudaMemcpyHostToDevice, stream_));
-  tp_->all_reduce_on(agree, 1, WireType::kF32, ReduceOp::kSum, stream_);
-  float sum = 0;
-  MT_CUDA_CHECK(cudaMemcpyAsync(&sum, agree, 4, cudaMemcpyDeviceToHost, stream_));
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (sum != 0.0f && sum != static_cast<float>(tp_size_)) {
-    throw std::runtime_error(std::string("the tensor-parallel ranks disagree on ") + env + ": set it the same for every rank (mpirun -x)");
-  }
-}
 
 CudaGPT::~CudaGPT() {
   for (void* p : owned_) device_free(p);
@@ -761,91 +660,6 @@ const cuda::RowDropout* CudaGPT::drop(const DeviceMicrobatch& mb, int32_t site, 
   if (hidden_dropout_ <= 0.0f || !mb.drop_keys) return nullptr;
   drop_ = {hidden_dropout_, mb.drop_keys, static_cast<int32_t>(1 + 2 * D_.L), site, t0, mb.S, D_.cp, cp_ ? cp_->group_rank() : 0};
   return &drop_;
-}
-
-const bf16* CudaGPT::combine_rows(bf16* full, bf16* local, int64_t T) {
-  if (!tp_) return full;
-  if (sp_) {
-    MT_PROF("tp.reduce_scatter", tp_->reduce_scatter_on(full, local, T / tp_size_ * D_.h, wire_, stream_));
-    return local;
-  }
-  MT_PROF("tp.all_reduce", tp_->all_reduce_on(full, T * D_.h, wire_, ReduceOp::kSum, stream_));
-  return full;
-}
-
-// K/V replication: this rank's nh_local query heads [T, nh_local, d] and all its group's [T, qh_local, d].
-// Forward: own = its slice of group; backward: group = own in its slice, zeros elsewhere.
-void CudaGPT::copy_own_heads(bf16* own, bf16* group, int64_t T, bool to_group) {
-  const size_t row = static_cast<size_t>(D_.nh_local * D_.d) * 2, all = static_cast<size_t>(D_.qh_local * D_.d) * 2;
-  char* slice = reinterpret_cast<char*>(group) + static_cast<size_t>(D_.tp_rank % D_.kv_rep) * row;
-  const auto rows = static_cast<size_t>(T);
-  if (to_group) {
-    MT_CUDA_CHECK(cudaMemsetAsync(group, 0, all * rows, stream_));
-    MT_CUDA_CHECK(cudaMemcpy2DAsync(slice, all, own, row, row, rows, cudaMemcpyDeviceToDevice, stream_));
-  } else {
-    MT_CUDA_CHECK(cudaMemcpy2DAsync(own, row, slice, all, row, rows, cudaMemcpyDeviceToDevice, stream_));
-  }
-}
-
-// A weight gradient dW[n, h] += dy[T, n]^T x[T, h] on stream ws and, with a bias, its gradient from the GEMM's
-// epilogue (the sum over tokens of dy, from the same read) added to the bias's. Nothing here takes
-// temporaries from the caching allocator, which assumes the compute stream.
-void CudaGPT::wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const bf16* dy, const bf16* x, int64_t h, int64_t w_off,
-                              int64_t b_off, bool varying) {
-  auto& lt = cuda::GemmLt::instance();
-  if (b_off < 0) {
-    MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, ab_, CUDA_R_32F, nullptr, ws, {}, varying));
-    return;
-  }
-  float* tmp = ws == stream_ ? s_->bgrad : s_->bgrad + bgrad_len_;  // one per stream: the two may run at once
-  MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, ab_, CUDA_R_32F, nullptr, ws,
-                                  {cuda::GemmEpilogue::kBiasGrad, tmp, 0}, varying));
-  MT_PROF_ON(ws, "bwd.bias_grad", cuda::add_f32(g(b_off), tmp, n, ws));
-}
-
-cudaStream_t CudaGPT::fork_wgrad() {
-  if (!wgrad_stream_) return stream_;
-  MT_CUDA_CHECK(cudaEventRecord(fork_ev_, stream_));
-  MT_CUDA_CHECK(cudaStreamWaitEvent(wgrad_stream_, fork_ev_, 0));
-  return wgrad_stream_;
-}
-
-void CudaGPT::join_wgrad() {
-  if (!wgrad_stream_) return;
-  MT_CUDA_CHECK(cudaEventRecord(join_ev_, wgrad_stream_));
-  MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_ev_, 0));
-}
-
-void CudaGPT::fork_experts() {
-  if (expert_streams_.empty()) return;
-  MT_CUDA_CHECK(cudaEventRecord(experts_fork_ev_, stream_));
-  for (cudaStream_t st : expert_streams_) MT_CUDA_CHECK(cudaStreamWaitEvent(st, experts_fork_ev_, 0));
-}
-
-cudaStream_t CudaGPT::expert_stream(int64_t i) const {
-  return expert_streams_.empty() ? stream_ : expert_streams_[static_cast<size_t>(i) % expert_streams_.size()];
-}
-
-void CudaGPT::join_experts() {
-  for (size_t i = 0; i < expert_streams_.size(); ++i) {
-    MT_CUDA_CHECK(cudaEventRecord(expert_done_ev_[i], expert_streams_[i]));
-    MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, expert_done_ev_[i], 0));
-  }
-}
-
-bf16* CudaGPT::gather_rows(bf16* local, bf16* full, int64_t T) {
-  if (!sp_) return local;
-  MT_PROF("tp.all_gather", tp_->all_gather_on(local, full, T / tp_size_ * D_.h, wire_, stream_));
-  return full;
-}
-
-bf16* CudaGPT::norm_out(bf16* full) const { return sp_ ? s_->xn_l : full; }
-
-void CudaGPT::sum_replicated_grads(const std::vector<std::pair<int64_t, int64_t>>& params, cudaStream_t st) {
-  if (!sp_ || !final_backward_ || params.empty()) return;
-  tp_->group_start();
-  for (const auto& [off, n] : params) tp_->all_reduce_on(g(off), n, WireType::kF32, ReduceOp::kSum, st);
-  MT_PROF_ON(st, "tp.replicated_grads", tp_->group_end());
 }
 
 }  // namespace mt

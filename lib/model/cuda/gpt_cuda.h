@@ -223,6 +223,14 @@ class CudaGPT {
   void wait_reduced(int64_t half);
   // Throws, naming `env`, unless every TP rank has the same `mine` (a setting read from each rank's environment).
   void agree_over_tp(bool mine, const char* env);
+  // Set-up steps after the activations (gpt_cuda_setup.cpp): the FP8 layers' cached weights; the attention shapes
+  // cuDNN must run (and context parallelism's stream), checked before the first step; whether the TP layers split
+  // (split_forward_, with the TP stream and its events). bias_grad_fusable: whether cuBLASLt has the bias-gradient
+  // epilogue for a weight gradient dW[n, x_width] over k rows.
+  void allocate_fp8_weights();
+  void check_attention(int64_t micro_batch);
+  void choose_split_layers(int64_t micro_batch, int64_t max_in_flight);
+  bool bias_grad_fusable(int64_t n, int64_t x_width, int64_t k) const;
   // The compute stream waits for everything queued on tp_stream_ so far.
   void wait_tp_stream();
   // The split layers under SP. The residual stream keeps SP's layout (rank r holds tokens [r T / TP, (r + 1) T / TP)),
