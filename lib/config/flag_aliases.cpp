@@ -1,0 +1,228 @@
+// flag_aliases.cpp: the Megatron flags outside the flag table: old spellings mapped onto it, flags accepted with a
+// note because megatrain's results do not depend on them, settings megatrain has at their default only, and those
+// refused by name.
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "config/errors.h"
+#include "config/flags.h"
+
+namespace mt {
+namespace {
+
+// A Megatron flag accepted with a note because megatrain's results do not depend on it, and one refused by name.
+#define MT_INERT(NAME, VALUE, WHY)                                                                                    \
+  AliasSpec {                                                                                                         \
+    NAME, VALUE, "No effect here: " WHY, [](Config&, const std::string&) { return std::string("note: --" NAME " has no effect: " WHY); }, \
+        "Megatron flags without effect here (accepted with a note)"                                                   \
+  }
+#define MT_REFUSED(NAME, VALUE, WHY)                                                                                  \
+  AliasSpec {                                                                                                         \
+    NAME, VALUE, "Not supported: " WHY, [](Config&, const std::string&) -> std::string { throw ConfigError("--" NAME ": " WHY); }, \
+        "Megatron flags not supported (refused by name)"                                                              \
+  }
+
+// A Megatron setting megatrain has at its default only: that value accepted with a note, any other refused by name.
+#define MT_DEFAULT_ONLY(NAME, DEFAULT, WHY)                                                                            \
+  AliasSpec {                                                                                                         \
+    NAME, true, "Only " DEFAULT " (Megatron's default): " WHY,                                                        \
+        [](Config&, const std::string& v) -> std::string {                                                            \
+          if (v != DEFAULT) throw ConfigError("--" NAME " " + v + ": " WHY " (only " DEFAULT ", Megatron's default)"); \
+          return std::string("note: --" NAME " " DEFAULT " is megatrain's only setting");                             \
+        },                                                                                                            \
+        "Megatron flags megatrain has at their default only"                                                          \
+  }
+
+int64_t parse_alias_int(const char* name, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || x < 0) throw ConfigError(std::string("--") + name + ": expected a whole number >= 0, got '" + v + "'");
+  return x;
+}
+
+std::vector<AliasSpec> build_aliases() {
+  return {
+      {"use-mcore-models", false, "Deprecated, no effect (megatrain has one model implementation)",
+       [](Config&, const std::string&) {
+         return std::string("note: --use-mcore-models is deprecated and has no effect");
+       }},
+      {"fp8-interval", true, "Deprecated in Megatron and ignored (the delayed scaling updates every microbatch)",
+       [](Config&, const std::string&) { return std::string("note: --fp8-interval is deprecated (as in Megatron) and ignored"); }},
+      {"fp8-hybrid", false, "Old spelling of --fp8-format hybrid",
+       [](Config& c, const std::string&) {
+         c.precision.fp8_format = "hybrid";
+         return std::string("note: --fp8-hybrid is the old spelling of --fp8-format hybrid");
+       }},
+      {"cpu-optimizer", false, "Old spelling of --optimizer-cpu-offload",
+       [](Config& c, const std::string&) {
+         c.training.optimizer_cpu_offload = true;
+         return std::string("note: --cpu-optimizer is the old spelling of --optimizer-cpu-offload");
+       }},
+      {"cpu-optimizer-type", true, "Old spelling: the CPU optimizer's type, now --optimizer with --optimizer-cpu-offload",
+       [](Config& c, const std::string& v) {
+         std::string t = v;
+         std::transform(t.begin(), t.end(), t.begin(), ::tolower);
+         if (t == "adam" || t == "adamw" || t == "hybridadam" || t == "cpuadam" || t == "torch_adam") {
+           c.training.optimizer = "adam";
+         } else if (t == "sgd") {
+           c.training.optimizer = "sgd";
+         } else {
+           throw ConfigError("--cpu-optimizer-type '" + v + "' is not known: use --optimizer adam|sgd with --optimizer-cpu-offload");
+         }
+         c.training.optimizer_cpu_offload = true;
+         return "note: --cpu-optimizer-type " + v + " is the old spelling of --optimizer " + c.training.optimizer +
+                " --optimizer-cpu-offload";
+       }},
+      {"use-flash-attn", false, "Old spelling of --attention-backend flash",
+       [](Config& c, const std::string&) {
+         c.model.attention_backend = "flash";
+         return std::string("note: --use-flash-attn is the old spelling of --attention-backend flash");
+       }},
+      {"recompute-activations", false, "Old spelling of --recompute-granularity selective",
+       [](Config& c, const std::string&) {
+         c.recompute.recompute_granularity = "selective";
+         return std::string("note: --recompute-activations is the old spelling of --recompute-granularity selective");
+       }},
+      {"no-position-embedding", false, "Deprecated: no learned positions (Megatron accepts it with --position-embedding-type rope only)",
+       [](Config& c, const std::string&) {
+         c.model.no_position_embedding = true;  // (checked against the position embedding type once all flags are read)
+         return std::string("note: --no-position-embedding is deprecated (as in Megatron): the positions come from --position-embedding-type");
+       }},
+      {"use-dist-ckpt", false, "Deprecated in Megatron, no effect (see --ckpt-format)",
+       [](Config&, const std::string&) { return std::string("note: --use-dist-ckpt is deprecated (as in Megatron) and has no effect"); }},
+      {"use-rotary-position-embeddings", false, "Old spelling of --position-embedding-type rope",
+       [](Config& c, const std::string&) {
+         c.model.position_embedding_type = "rope";
+         return std::string("note: --use-rotary-position-embeddings is the old spelling of --position-embedding-type rope");
+       }},
+      {"distributed-timeout-minutes", true, "Megatron's collective timeout in minutes: megatrain's --distributed-timeout-seconds x 60",
+       [](Config& c, const std::string& v) {
+         const int64_t minutes = parse_alias_int("distributed-timeout-minutes", v);
+         if (minutes < 1 || minutes > 1000000) throw ConfigError("--distributed-timeout-minutes must be in [1, 1000000], got " + v);
+         c.parallel.distributed_timeout_seconds = 60 * minutes;
+         return "note: --distributed-timeout-minutes " + v + " is --distributed-timeout-seconds " +
+                std::to_string(c.parallel.distributed_timeout_seconds) + " (a run ends this long after another rank failed)";
+       }},
+      // Megatron's switches for its PyTorch implementation's kernels and memory: megatrain's results do not depend on
+      // them (its own kernels; the same math either way), so each is accepted with a note.
+      MT_INERT("cross-entropy-loss-fusion", false, "the CUDA engine's cross-entropy is always one fused pass (the same loss)"),
+      MT_INERT("cross-entropy-fusion-impl", true, "megatrain has one cross-entropy implementation per engine"),
+      MT_INERT("no-gradient-accumulation-fusion", false,
+               "the weight gradients always accumulate in fp32 (Megatron without the fusion rounds each microbatch's to 16 bits first)"),
+      MT_INERT("no-masked-softmax-fusion", false, "attention is fused (cuDNN) on the CUDA engine and exact on the CPU engine"),
+      {"no-bias-gelu-fusion", false, "Megatron's GELU without its fusion is the erf form: refused for GELU models (megatrain's is tanh)",
+       [](Config& c, const std::string&) {
+         c.model.no_bias_gelu_fusion = true;  // (checked against the activation: train/capabilities.cpp)
+         return std::string("note: --no-bias-gelu-fusion: kernel fusion does not change megatrain's SwiGLU");
+       }},
+      MT_INERT("no-bias-swiglu-fusion", false, "kernel fusion does not change megatrain's results"),
+      MT_INERT("no-bias-dropout-fusion", false, "kernel fusion does not change megatrain's results"),
+      MT_INERT("no-rope-fusion", false, "kernel fusion does not change megatrain's results"),
+      MT_INERT("no-persist-layer-norm", false, "megatrain has its own norm kernels"),
+      MT_INERT("attention-softmax-in-fp32", false, "the softmax is always computed in fp32"),
+      MT_INERT("accumulate-allreduce-grads-in-fp32", false, "gradients always accumulate in fp32 (--grad-reduce-in-bf16 reduces in bf16)"),
+      MT_INERT("manual-gc", false, "megatrain has no Python garbage collector"),
+      MT_INERT("manual-gc-interval", true, "megatrain has no Python garbage collector"),
+      MT_INERT("no-manual-gc-eval", false, "megatrain has no Python garbage collector"),
+      MT_INERT("empty-unused-memory-level", true, "the CUDA engine keeps its memory pool (its peak is planned: megatrain plan)"),
+      MT_INERT("no-mmap-bin-files", false, "how the .bin files are read does not change the data"),
+      {"no-create-attention-mask-in-dataloader", false, "No attention-mask tensors (megatrain builds none); not with --reset-attention-mask",
+       [](Config& c, const std::string&) {
+         c.data.no_create_attention_mask = true;
+         return std::string("note: --no-create-attention-mask-in-dataloader has no effect: megatrain never builds attention-mask tensors");
+       }},
+      MT_INERT("tp-comm-overlap", false, "megatrain overlaps the tensor-parallel communication its own way (docs/cuda-engine.md)"),
+      MT_INERT("defer-embedding-wgrad-compute", false, "the schedule of the embedding's weight gradient does not change the results"),
+      MT_INERT("ckpt-fully-parallel-save", false, "every rank writes its own shard"),
+      MT_INERT("ckpt-fully-parallel-load", false, "every rank reads its own shard"),
+      MT_INERT("ckpt-assume-constant-structure", false, "megatrain's checkpoint layout is computed, not cached"),
+      MT_INERT("tiktoken-pattern", true, "it belongs to --tokenizer-type TikTokenizer"),
+      MT_INERT("profile-step-start", true, "it belongs to --profile"),
+      MT_INERT("profile-step-end", true, "it belongs to --profile"),
+      MT_INERT("profile-ranks", true, "it belongs to --profile"),
+      MT_INERT("no-async-tensor-model-parallel-allreduce", false, "the overlap of the tensor-parallel reduction does not change the results"),
+      MT_INERT("overlap-p2p-communication", false, "the pipeline's transfers overlap megatrain's way; the results are the same"),
+      MT_INERT("no-overlap-p2p-communication", false, "the pipeline's transfers overlap megatrain's way; the results are the same"),
+      MT_INERT("align-grad-reduce", false, "the gradient reductions' launch order does not change the results"),
+      MT_INERT("align-param-gather", false, "the parameter all-gathers' launch order does not change the results"),
+      MT_INERT("no-gradient-reduce-div-fusion", false, "the gradient average is the same either way"),
+      MT_INERT("bias-swiglu-fusion", false, "kernel fusion does not change megatrain's results"),
+      MT_INERT("disable-bf16-reduced-precision-matmul", false, "megatrain's 16-bit GEMMs accumulate in fp32"),
+      MT_INERT("use-cpu-initialization", false, "megatrain initialises every parameter on the host, the same values on any layout"),
+      MT_INERT("use-persistent-ckpt-worker", false, "--async-save writes from a thread of its own"),
+      MT_INERT("auto-detect-ckpt-format", false, "megatrain reads its own checkpoint format"),
+      MT_INERT("num-dataset-builder-threads", true, "the dataset indices are built the same way"),
+      MT_INERT("mmap-bin-files", false, "how the .bin files are read does not change the data"),
+      MT_INERT("create-attention-mask-in-dataloader", false, "megatrain never builds attention-mask tensors"),
+      {"check-for-nan-in-loss-and-grad", false, "Megatron's NaN check (its default): the first non-finite loss or gradient ends the run",
+       [](Config& c, const std::string&) {
+         c.training.exit_on_nan_count = 1;
+         return std::string("note: --check-for-nan-in-loss-and-grad is --exit-on-nan-count 1 (megatrain's default skips up to 5 such steps)");
+       }},
+      {"no-check-for-nan-in-loss-and-grad", false, "Without Megatron's NaN check (megatrain still skips non-finite steps)",
+       [](Config&, const std::string&) {
+         return std::string("note: --no-check-for-nan-in-loss-and-grad: megatrain still skips a non-finite step (no update) and "
+                            "--exit-on-nan-count still ends the run");
+       }},
+      MT_REFUSED("log-straggler", false, "megatrain has no straggler detector (the log line's time is the slowest rank's): drop it"),
+      MT_REFUSED("log-progress", false, "megatrain writes no progress.txt; its progress is in metrics.jsonl under --log-dir: drop it"),
+      MT_REFUSED("enable-one-logger", false, "megatrain has no telemetry: drop it"),
+      MT_INERT("no-one-logger", false, "megatrain has no telemetry"),
+      MT_REFUSED("one-logger-project", true, "megatrain has no telemetry: drop it"),
+      MT_REFUSED("one-logger-run-name", true, "megatrain has no telemetry: drop it"),
+      // Megatron features megatrain does not have: a clear error rather than "unknown flag".
+      MT_REFUSED("use-torch-fsdp2", false, "megatrain shards the optimizer state with --use-distributed-optimizer; drop --use-torch-fsdp2"),
+      MT_REFUSED("use-custom-fsdp", false, "megatrain shards the optimizer state with --use-distributed-optimizer; drop --use-custom-fsdp"),
+      MT_REFUSED("wandb-exp-name", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
+      MT_REFUSED("wandb-save-dir", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
+      MT_REFUSED("wandb-entity", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
+      MT_REFUSED("log-num-zeros-in-grad", false, "counting the gradient's zeros is not implemented: drop it"),
+      MT_REFUSED("init-method-xavier-uniform", false, "only the normal initialisation of --init-method-std is implemented: drop it"),
+      MT_REFUSED("use-legacy-models", false, "megatrain has one model implementation (Megatron-Core's): drop it"),
+      MT_REFUSED("use-precision-aware-optimizer", false, "the optimizer keeps fp32 master weights, gradients and moments: drop it"),
+      MT_DEFAULT_ONLY("main-grads-dtype", "fp32", "the gradients are always fp32 (--grad-reduce-in-bf16 reduces them in bf16)"),
+      MT_DEFAULT_ONLY("main-params-dtype", "fp32", "the master weights are always fp32"),
+      MT_DEFAULT_ONLY("exp-avg-dtype", "fp32", "Adam's moments are always fp32"),
+      MT_DEFAULT_ONLY("exp-avg-sq-dtype", "fp32", "Adam's moments are always fp32"),
+      MT_DEFAULT_ONLY("num-distributed-optimizer-instances", "1", "the distributed optimizer shards over the whole data-parallel group"),
+      MT_REFUSED("multi-latent-attention", false, "multi-latent attention (DeepSeek's) is not implemented"),
+      MT_REFUSED("q-lora-rank", true, "multi-latent attention (DeepSeek's) is not implemented"),
+      MT_REFUSED("kv-lora-rank", true, "multi-latent attention (DeepSeek's) is not implemented"),
+      MT_REFUSED("mtp-num-layers", true, "multi-token prediction is not implemented"),
+      MT_REFUSED("hybrid-override-pattern", true, "hybrid (Mamba) models are not implemented"),
+      MT_REFUSED("heterogeneous-layers-config-path", true, "heterogeneous layers are not implemented"),
+      MT_REFUSED("retro-add-retriever", false, "RETRO is not implemented"),
+      MT_REFUSED("qk-l2-norm", false, "L2 query-key normalisation is not implemented (--qk-layernorm is)"),
+      MT_REFUSED("window-size", true, "sliding-window attention is not implemented"),
+      MT_REFUSED("softmax-scale", true, "a custom attention softmax scale is not implemented (1 / sqrt(head dim) is used)"),
+      MT_REFUSED("no-rope-freq", true, "layers without RoPE are not implemented"),
+      MT_REFUSED("rotary-scaling-factor", true, "RoPE frequency scaling is not implemented"),
+      MT_REFUSED("save-retain-interval", true, "megatrain keeps checkpoints with --ckpt-keep-last N"),
+      MT_REFUSED("non-persistent-save-interval", true, "non-persistent (local) checkpoints are not implemented: use --save-interval"),
+      MT_REFUSED("ckpt-convert-format", true, "megatrain writes HuggingFace models with `megatrain checkpoint export` (docs/huggingface.md)"),
+      MT_REFUSED("pretrained-checkpoint", true, "load the weights with --load and --finetune"),
+      MT_REFUSED("embedding-path", true, "pre-trained embeddings from a file are not implemented"),
+      MT_REFUSED("data-args-path", true, "give the data with --data-path (or --train-data-path / --valid-data-path)"),
+      MT_REFUSED("per-split-data-args-path", true, "give the data with --train-data-path / --valid-data-path / --test-data-path"),
+      MT_REFUSED("object-storage-cache-path", true, "object-storage datasets are not supported: give local files"),
+      MT_REFUSED("s3-cache-path", true, "object-storage datasets are not supported: give local files"),
+      MT_REFUSED("microbatch-group-size-per-virtual-pipeline-stage", true,
+                 "the interleaved schedule groups microbatches by the pipeline size (Megatron's default): drop it"),
+  };
+}
+#undef MT_INERT
+#undef MT_REFUSED
+#undef MT_DEFAULT_ONLY
+
+}  // namespace
+
+const std::vector<AliasSpec>& alias_table() {
+  static const std::vector<AliasSpec> table = build_aliases();
+  return table;
+}
+
+}  // namespace mt
