@@ -216,9 +216,11 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(m.moe_router_dtype == "fp64", "--moe-router-dtype fp64 is not implemented on the CUDA engine (the router accumulates in fp32)" + cpu);
   }
   const bool pp = c.parallel.pipeline_model_parallel_size > 1;
-  // The CUDA stages (1F1B over NCCL) are in, and tested on one GPU as two stages of one process; until the
-  // multi-GPU runs have checked them against the CPU engine, pipeline parallelism stays refused here.
-  no(pp, "--pipeline-model-parallel-size > 1 has not run on GPUs yet on the CUDA engine: use --device cpu (every pipeline schedule runs on the "
+  // The CUDA stages (1F1B, interleaved and ZB-H1 over NCCL) are in, and tested on one GPU as two stages of one process;
+  // until tests/gpu/run_parallel_parity.sh's PP layouts have checked them against the CPU engine on several GPUs,
+  // pipeline parallelism stays refused here (MEGATRAIN_CUDA_UNVERIFIED=pipeline-parallel lifts it for those runs).
+  no(pp && !cuda_unverified_allowed("pipeline-parallel"),
+     "--pipeline-model-parallel-size > 1 has not run on GPUs yet on the CUDA engine: use --device cpu (every pipeline schedule runs on the "
          "CPU engine)");
   no(pp && c.parallel.pipeline_schedule == "zb-h1" && c.recompute.recompute_granularity == "full",
      "--pipeline-schedule zb-h1 on the CUDA engine runs the weight gradients apart only without full recompute (a recomputed layer's "

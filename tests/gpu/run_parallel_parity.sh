@@ -6,7 +6,8 @@
 # layers (micro batch 4), and TP 2 / TP 2 + SP of a LLaMA with one K/V head (replicated over
 # the TP ranks), must give the same loss per iteration, the same gradient norm and, from the final parameters, the same
 # validation loss. The distributed optimizer's sharded checkpoint must resume on the GPUs and on the CPU
-# engine. Context parallelism: CP 2 (with 4 GPUs also CP 2 x DP 2 + distributed optimizer, CP 2 x TP 2 + SP).
+# engine. Context parallelism: CP 2 (with 4 GPUs also CP 2 x DP 2 + distributed optimizer, CP 2 x TP 2 + SP). Pipeline
+# parallelism: PP 2 with 1F1B, ZB-H1 and interleaved (with 4 GPUs also PP 2 x DP 2 + distributed optimizer, PP 2 x TP 2 + SP).
 # Needs at least 2 visible GPUs (exit 77, skipped, otherwise).
 # Usage: run_parallel_parity.sh path/to/megatrain
 set -u
@@ -30,7 +31,7 @@ LLAMA="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embeddi
   --untie-embeddings-and-output-weights --disable-bias-linear"
 fails=0
 # The CUDA features refused by name until these runs pass on several GPUs (lib/train/capabilities.cpp).
-export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel}
+export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel}
 
 # name ranks device model flags...: one run, its metrics in $work/name/metrics.jsonl
 run() {
@@ -128,6 +129,15 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
     ((n >= 4)) && layouts+=("cp2dp2do 4 --context-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce"
                             "cp2tp2sp 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel")
   fi
+  # Pipeline parallelism (the stages' activations and gradients over NCCL; refused by name until these pass: the gate
+  # is lifted for them at the top): PP 2 with 1F1B and with ZB-H1 (GPT's tied embedding: the last stage's copy summed
+  # with the first's), and with 4 GPUs PP 2 x DP 2 with the distributed optimizer and PP 2 x TP 2 + SP. Interleaving
+  # (more layers) below.
+  if [[ $family != mqa ]]; then
+    layouts+=("pp2 2 --pipeline-model-parallel-size 2" "pp2zb 2 --pipeline-model-parallel-size 2 --pipeline-schedule zb-h1")
+    ((n >= 4)) && layouts+=("pp2dp2do 4 --pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce"
+                            "pp2tp2sp 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel")
+  fi
   # TP 2 runs its forward as two interleaved halves of the micro batch (the all-reduces overlapped); tp2whole:
   # the plain forward.
   [[ $family != mqa ]] && layouts+=("tp2whole 2 --tensor-model-parallel-size 2")
@@ -165,6 +175,18 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4rs" lm_loss 1e-4
   [[ $family != mqa ]] && compare "$family-tp2sp4" "$family-tp2sp4rs" grad_norm 1e-3
   [[ $family == mqa ]] && continue
+  # Interleaved 1F1B: two virtual stages a rank (4 layers, one a chunk), and the same with 4 layers on two plain
+  # stages, against the CPU engine's 4-layer run.
+  if run "$family-cpu4" 1 cpu "$model" --num-layers 4; then
+    for l in "pp2v2 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1" "pp2l4 2 --pipeline-model-parallel-size 2"; do
+      read -r name np extra <<<"$l"
+      # shellcheck disable=SC2086
+      run "$family-$name" "$np" cuda "$model" --num-layers 4 $extra || continue
+      compare "$family-$name" "$family-cpu4" lm_loss 5e-3
+      compare "$family-$name" "$family-cpu4" grad_norm 3e-2
+      compare "$family-$name" "$family-cpu4" validation_lm_loss 5e-3
+    done
+  fi
   # Hidden dropout (0.1): both engines draw the same masks (dropout_key per sample and site), so the layouts
   # follow the CPU engine's dropped-out run as closely as the runs without dropout follow theirs.
   if run "$family-cpudrop" 1 cpu "$model" --hidden-dropout 0.1; then
