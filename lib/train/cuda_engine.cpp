@@ -68,6 +68,13 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   if (dist_opt_) {
     shard_layout_ = std::make_unique<DataParallel>(cfg, *host_, groups_.dp_cp);
     owned = shard_layout_->owned_ranges();
+    if (host_->has_experts()) {  // (as the CPU engine shards them: model/layout's expert group over expert-DP)
+      if (groups_.expert_dp->size() != dp_ || groups_.expert_dp->rank() != dp_rank_) {
+        throw std::logic_error("CUDA engine: the experts' data-parallel group must be the data-parallel group (no expert parallelism here)");
+      }
+      expert_layout_ = std::make_unique<DataParallel>(cfg, *host_, groups_.expert_dp, GradGroup::kExpert);
+      for (const auto& r : expert_layout_->owned_ranges()) owned.push_back(r);
+    }
   }
   const std::vector<Optimizer::Segment> segments = Optimizer::make_segments(*host_, owned);
   n_state_ = segments.empty() ? 0 : segments.back().state + (segments.back().end - segments.back().begin);
@@ -175,6 +182,7 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   setup_optimizer_state(segments);
   setup_data_parallel();
   shard_layout_.reset();  // refers to the host parameters; its buckets were copied
+  expert_layout_.reset();
   if (!keep_host_) {
     host_opt_.reset();
     host_.reset();
@@ -347,6 +355,10 @@ void CudaEngine::setup_data_parallel() {
   if (dist_opt_) {
     std::vector<DeviceBucket> buckets;
     for (const auto& b : shard_layout_->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
+    // (the experts' last: without the overlap, which MoE refuses here, every bucket goes at the end of the backward)
+    if (expert_layout_) {
+      for (const auto& b : expert_layout_->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
+    }
     ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), P_, std::move(buckets), cfg.training.overlap_grad_reduce,
                                                 cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream_);
   } else {

@@ -219,6 +219,13 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   MT_CUDA_CHECK(cudaMemcpyAsync(loss_hist_ + slot, &st_->loss, 4, cudaMemcpyDeviceToDevice, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(norm_hist_ + slot, &st_->grad_norm, 4, cudaMemcpyDeviceToDevice, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(skip_hist_ + slot, &st_->skip, 4, cudaMemcpyDeviceToDevice, stream_));
+  // Data parallelism: the MoE statistics summed over the replicas (the expert bias and the log take every replica's
+  // tokens, as the CPU engine's; the losses are averaged at the log).
+#ifdef MEGATRAIN_HAVE_NCCL
+  if (moe_row_ > 0 && dp_ > 1) {
+    for (CudaGPT* m : chunks_models_) m->sum_moe_stats(*dp_nccl_);
+  }
+#endif
   // Aux-loss-free balancing (Megatron's expert bias): each MoE layer's bias from the iteration's expert counts,
   // before they are cleared (as the CPU engine, after the step; the bias is no parameter of the optimizer).
   if (cfg.moe.moe_router_enable_expert_bias) {
@@ -292,7 +299,8 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
   const bool aux = !aux_name.empty(), z = moe.moe_z_loss_coeff.value_or(0.0) > 0;
   for (size_t i = 0; i < out.size(); ++i) {
     const float* step = hist.data() + i * static_cast<size_t>(moe_row_);
-    const double per = static_cast<double>(std::max<int64_t>(1, microbatches[i])) * static_cast<double>(layers);
+    // (summed over the DP replicas at the step: the losses' average, the routed choices of every replica)
+    const double per = static_cast<double>(std::max<int64_t>(1, microbatches[i])) * static_cast<double>(layers) * static_cast<double>(dp_);
     double aux_sum = 0, z_sum = 0, lo = 1e300, hi = 0, sum = 0;
     for (int64_t l = 0; l < layers; ++l) {
       const float* row = step + l * (2 + E);
@@ -408,6 +416,9 @@ void CudaEngine::save(TrainState state) {
   who.world_size = groups_.world->size();
   who.writes_params = dp_rank_ == 0;
   who.writes_optimizer = dp_rank_ == 0 || dist_opt_;
+  // (MoE: the experts' data-parallel group is the DP group on this engine)
+  who.writes_expert_params = who.writes_params;
+  who.writes_expert_optimizer = who.writes_optimizer;
   for (const CudaGPT* m : chunks_models_) m->download_expert_biases(*host_);  // (fp32: not in the working weights)
   auto snap = take_snapshot(cfg, *host_, *host_opt_, state, who, !cfg.checkpoint.no_save_optim);
   if (groups_.tp->rank() == 0 && dp_rank_ == 0) {  // FP8 delayed scaling: one writer per stage

@@ -8,6 +8,7 @@
 # validation loss. The distributed optimizer's sharded checkpoint must resume on the GPUs and on the CPU
 # engine. Context parallelism: CP 2 (with 4 GPUs also CP 2 x DP 2 + distributed optimizer, CP 2 x TP 2 + SP). Pipeline
 # parallelism: PP 2 with 1F1B, ZB-H1 and interleaved (with 4 GPUs also PP 2 x DP 2 + distributed optimizer, PP 2 x TP 2 + SP).
+# Mixture of experts (LLaMA): DP 2, with the distributed optimizer, the expert bias and a capacity factor.
 # Needs at least 2 visible GPUs (exit 77, skipped, otherwise).
 # Usage: run_parallel_parity.sh path/to/megatrain
 set -u
@@ -31,7 +32,7 @@ LLAMA="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embeddi
   --untie-embeddings-and-output-weights --disable-bias-linear"
 fails=0
 # The CUDA features refused by name until these runs pass on several GPUs (lib/train/capabilities.cpp).
-export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel}
+export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel,moe-data-parallel}
 
 # name ranks device model flags...: one run, its metrics in $work/name/metrics.jsonl
 run() {
@@ -186,6 +187,32 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
       compare "$family-$name" "$family-cpu4" grad_norm 3e-2
       compare "$family-$name" "$family-cpu4" validation_lm_loss 5e-3
     done
+  fi
+  # Mixture of experts with data parallelism (every expert on every rank; refused by name until these pass: the gate is
+  # lifted for them at the top): DP 2, with the distributed optimizer (the experts' shards after the dense ones), with
+  # the expert bias (its counts summed over DP) and with a capacity factor (each rank's tokens); the distributed
+  # optimizer's checkpoint resumed by the CPU engine on one rank (one writer of the experts).
+  if [[ $family == llama ]]; then
+    MOE="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall"
+    for variant in "moe" "moebias --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2" \
+                   "moecap --moe-expert-capacity-factor 1.0"; do
+      read -r tag vflags <<<"$variant"
+      # shellcheck disable=SC2086
+      run "$family-cpu$tag" 1 cpu "$model" $MOE $vflags || continue
+      for l in "gpu1$tag 1" "dp2$tag 2" "dp2do$tag 2 --use-distributed-optimizer"; do
+        read -r name np extra <<<"$l"
+        # shellcheck disable=SC2086
+        run "$family-$name" "$np" cuda "$model" $MOE $vflags $extra || continue
+        compare "$family-$name" "$family-cpu$tag" lm_loss 5e-3
+        compare "$family-$name" "$family-cpu$tag" grad_norm 3e-2
+        compare "$family-$name" "$family-cpu$tag" validation_lm_loss 5e-3
+      done
+    done
+    # shellcheck disable=SC2086
+    if run "$family-dp2domoe-save" 2 cuda "$model" $MOE --use-distributed-optimizer --save "$work/$family-moe-ckpt" --save-interval 5 --exit-interval 5; then
+      # shellcheck disable=SC2086
+      run "$family-cpumoe-resume" 1 cpu "$model" $MOE --load "$work/$family-moe-ckpt" && compare_tail "$family-cpumoe-resume" "$family-cpumoe" lm_loss 5e-3
+    fi
   fi
   # Hidden dropout (0.1): both engines draw the same masks (dropout_key per sample and site), so the layouts
   # follow the CPU engine's dropped-out run as closely as the runs without dropout follow theirs.

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -327,6 +328,29 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK(cuda_engine_gaps(o, 2).empty());
   o.training.overlap_param_gather = true;  // the gather overlapped with the next forward
   CHECK(cuda_engine_gaps(o, 2).empty());
+  // MoE: one GPU; data parallelism refused by name until it has run on several GPUs, and with that gate lifted the
+  // layouts and settings it does not cover still refused by name.
+  Config m = c;
+  m.model.disable_bias_linear = true;
+  m.moe.num_experts = 4;
+  m.moe.moe_router_topk = 2;
+  CHECK(cuda_engine_gaps(m, 1).empty());
+  CHECK_THAT(gaps_text(cuda_engine_gaps(m, 2)), MT_CONTAINS("mixture of experts with data parallelism has not run"));
+  const char* before = std::getenv("MEGATRAIN_CUDA_UNVERIFIED");
+  const std::string saved = before ? before : "";
+  setenv("MEGATRAIN_CUDA_UNVERIFIED", "moe-data-parallel", 1);
+  CHECK(cuda_engine_gaps(m, 2).empty());
+  Config overlap = m;
+  overlap.training.overlap_grad_reduce = true;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(overlap, 2)), MT_CONTAINS("--overlap-grad-reduce / --overlap-param-gather with mixture of experts"));
+  Config global = m;
+  global.moe.moe_router_load_balancing_type = "global_aux_loss";
+  CHECK_THAT(gaps_text(cuda_engine_gaps(global, 2)), MT_CONTAINS("global_aux_loss with data parallelism"));
+  Config tensor = m;
+  tensor.parallel.tensor_model_parallel_size = 2;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(tensor, 2)), MT_CONTAINS("data parallelism only so far"));
+  if (before) setenv("MEGATRAIN_CUDA_UNVERIFIED", saved.c_str(), 1);
+  else unsetenv("MEGATRAIN_CUDA_UNVERIFIED");
 }
 
 TEST_CASE("batch-size ramp-up: Megatron's steps, a pure function of the consumed samples") {

@@ -600,6 +600,10 @@ void CudaGPT::zero_moe_stats() {
   if (moe_global_) MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4, stream_));
 }
 
+void CudaGPT::sum_moe_stats(StreamCollectives& group) {
+  if (moe_acc_) group.all_reduce_on(moe_acc_, moe_layers_ * (2 + experts_), WireType::kF32, ReduceOp::kSum, stream_);
+}
+
 void CudaGPT::update_expert_biases(float rate) {
   if (expert_bias_) cuda::moe_update_expert_bias(expert_bias_, moe_acc_, moe_layers_, experts_, rate, stream_);
 }

@@ -147,6 +147,9 @@ class CudaGPT {
   const float* moe_stats() const { return moe_acc_; }
   int64_t moe_layer_count() const { return moe_layers_; }
   void zero_moe_stats();
+  // The MoE statistics summed over a group's ranks (data parallelism: the expert bias and the log take every replica's
+  // tokens), in place, on the training stream.
+  void sum_moe_stats(StreamCollectives& group);
   // --moe-router-enable-expert-bias: each MoE layer's bias (fp32, on the device, from the layout's values) moved by
   // `rate` towards balance from the iteration's statistics (queued after the step, before zero_moe_stats), and
   // copied into the host store's values for a checkpoint (waits for the stream).
