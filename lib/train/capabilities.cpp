@@ -212,16 +212,16 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     // Data parallelism (every expert on every rank, expert-DP = DP): written, refused until it has run on several GPUs.
     const auto& par = c.parallel;
     const bool dp_only = par.tensor_model_parallel_size == 1 && par.pipeline_model_parallel_size == 1 && par.context_parallel_size == 1 &&
-                         par.expert_model_parallel_size == 1;
+                         par.expert_model_parallel_size == 1 && c.derived.expert_tensor_parallel_size == 1;
     no(world_size > 1 && !dp_only,
-       "mixture of experts on the CUDA engine runs on one GPU or with data parallelism only so far (no TP, EP, PP or CP): use --device cpu for "
-       "those layouts");
+       "mixture of experts on the CUDA engine runs on one GPU or with data parallelism only so far (no TP, EP, expert-TP, PP or CP): use "
+       "--device cpu for those layouts");
     no(world_size > 1 && !cuda_unverified_allowed("moe-data-parallel"),
        "mixture of experts with data parallelism has not run on several GPUs yet on the CUDA engine: use --device cpu for multi-rank MoE");
     no(world_size > 1 && (c.training.overlap_grad_reduce || c.training.overlap_param_gather),
        "--overlap-grad-reduce / --overlap-param-gather with mixture of experts on the CUDA engine is not implemented (the experts' gradients "
        "sit apart from their layers'): drop them, or use --device cpu");
-    no(world_size > 1 && m.moe_router_load_balancing_type == "global_aux_loss",
+    no(world_size > 1 && m.moe_router_load_balancing_type == "global_aux_loss" && m.moe_aux_loss_coeff > 0,
        "global_aux_loss with data parallelism is not implemented on the CUDA engine (its expert counts summed over DP): use aux_loss or "
        "seq_aux_loss, or --device cpu");
     no(c.precision.fp16, "mixture of experts on the CUDA engine computes in bf16: use --bf16");

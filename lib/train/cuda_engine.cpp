@@ -354,11 +354,15 @@ void CudaEngine::setup_data_parallel() {
   if (dp_ <= 1) return;
   if (dist_opt_) {
     std::vector<DeviceBucket> buckets;
-    for (const auto& b : shard_layout_->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
-    // (the experts' last: without the overlap, which MoE refuses here, every bucket goes at the end of the backward)
+    // (highest first, as DeviceDataParallel takes them: the experts' region lies after every dense parameter. Without the
+    // overlap, which MoE refuses here, every bucket goes at the end of the backward.)
     if (expert_layout_) {
+      if (cfg.training.overlap_grad_reduce || overlap_gather_) {  // (refused by name in train/capabilities: a guard for other callers)
+        throw std::logic_error("CUDA engine: the experts' buckets are not reduced or gathered overlapped");
+      }
       for (const auto& b : expert_layout_->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
     }
+    for (const auto& b : shard_layout_->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
     ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), P_, std::move(buckets), cfg.training.overlap_grad_reduce,
                                                 cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream_);
   } else {

@@ -189,9 +189,11 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
     done
   fi
   # Mixture of experts with data parallelism (every expert on every rank; refused by name until these pass: the gate is
-  # lifted for them at the top): DP 2, with the distributed optimizer (the experts' shards after the dense ones), with
-  # the expert bias (its counts summed over DP) and with a capacity factor (each rank's tokens); the distributed
-  # optimizer's checkpoint resumed by the CPU engine on one rank (one writer of the experts).
+  # lifted for them at the top): DP 2, with the distributed optimizer (the experts' shards before the dense ones), with
+  # the expert bias (its counts summed over DP) and with a capacity factor (each rank's tokens); the MoE statistics of the
+  # log (summed over the replicas: the mean tokens per expert exactly the CPU engine's, the aux and z losses averaged);
+  # the distributed optimizer's checkpoints resumed on the GPUs and by the CPU engine on one rank (one writer of the
+  # experts; the expert bias from the device).
   if [[ $family == llama ]]; then
     MOE="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall"
     for variant in "moe" "moebias --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2" \
@@ -206,13 +208,23 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
         compare "$family-$name" "$family-cpu$tag" lm_loss 5e-3
         compare "$family-$name" "$family-cpu$tag" grad_norm 3e-2
         compare "$family-$name" "$family-cpu$tag" validation_lm_loss 5e-3
+        compare "$family-$name" "$family-cpu$tag" load_balancing_loss 1e-2
+        compare "$family-$name" "$family-cpu$tag" z_loss 1e-2
+        [[ $tag != moecap ]] && compare "$family-$name" "$family-cpu$tag" expert_tokens_mean 1e-6
+        [[ $tag == moecap ]] && compare "$family-$name" "$family-cpu$tag" dropped_fraction 5e-2
       done
-    done
-    # shellcheck disable=SC2086
-    if run "$family-dp2domoe-save" 2 cuda "$model" $MOE --use-distributed-optimizer --save "$work/$family-moe-ckpt" --save-interval 5 --exit-interval 5; then
+      [[ $tag == moecap ]] && continue
       # shellcheck disable=SC2086
-      run "$family-cpumoe-resume" 1 cpu "$model" $MOE --load "$work/$family-moe-ckpt" && compare_tail "$family-cpumoe-resume" "$family-cpumoe" lm_loss 5e-3
-    fi
+      if run "$family-dp2do$tag-save" 2 cuda "$model" $MOE $vflags --use-distributed-optimizer --save "$work/$family-$tag-ckpt" --save-interval 5 \
+        --exit-interval 5; then
+        # shellcheck disable=SC2086
+        run "$family-dp2do$tag-resume" 2 cuda "$model" $MOE $vflags --use-distributed-optimizer --load "$work/$family-$tag-ckpt" &&
+          compare_tail "$family-dp2do$tag-resume" "$family-dp2do$tag" lm_loss 5e-4
+        # shellcheck disable=SC2086
+        run "$family-cpu$tag-resume" 1 cpu "$model" $MOE $vflags --load "$work/$family-$tag-ckpt" &&
+          compare_tail "$family-cpu$tag-resume" "$family-cpu$tag" lm_loss 5e-3
+      fi
+    done
   fi
   # Hidden dropout (0.1): both engines draw the same masks (dropout_key per sample and site), so the layouts
   # follow the CPU engine's dropped-out run as closely as the runs without dropout follow theirs.

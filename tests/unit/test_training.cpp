@@ -345,10 +345,16 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK_THAT(gaps_text(cuda_engine_gaps(overlap, 2)), MT_CONTAINS("--overlap-grad-reduce / --overlap-param-gather with mixture of experts"));
   Config global = m;
   global.moe.moe_router_load_balancing_type = "global_aux_loss";
+  global.moe.moe_aux_loss_coeff = 1e-2;
   CHECK_THAT(gaps_text(cuda_engine_gaps(global, 2)), MT_CONTAINS("global_aux_loss with data parallelism"));
   Config tensor = m;
   tensor.parallel.tensor_model_parallel_size = 2;
   CHECK_THAT(gaps_text(cuda_engine_gaps(tensor, 2)), MT_CONTAINS("data parallelism only so far"));
+  Config expert_tensor = m;
+  expert_tensor.derived.expert_tensor_parallel_size = 2;  // (TP 1 with --expert-tensor-parallel-size 2)
+  CHECK_THAT(gaps_text(cuda_engine_gaps(expert_tensor, 2)), MT_CONTAINS("data parallelism only so far"));
+  global.moe.moe_aux_loss_coeff = 0.0;  // (no aux loss: nothing counted over DP)
+  CHECK(cuda_engine_gaps(global, 2).empty());
   if (before) setenv("MEGATRAIN_CUDA_UNVERIFIED", saved.c_str(), 1);
   else unsetenv("MEGATRAIN_CUDA_UNVERIFIED");
 }
