@@ -183,60 +183,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   for (size_t i : {where.final_norm_w, where.final_norm_b}) {
     if (i != kNoParam) final_replicated_.emplace_back(layout.info(i).offset, layout.info(i).numel);
   }
-  if (moe_layers_ > 0) {
-    const MoeConfig& m = cfg.moe;
-    experts_ = D.experts;
-    topk_ = D.topk;
-    F_moe_ = D.F_moe_local;
-    F_shared_ = D.F_shared_local;
-    moe_sigmoid_ = m.moe_router_score_function == "sigmoid";
-    moe_pre_softmax_ = m.moe_router_pre_softmax;
-    moe_groups_ = m.moe_router_num_groups.value_or(0);
-    moe_group_topk_ = m.moe_router_group_topk.value_or(0);
-    moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
-    moe_seq_aux_ = m.moe_router_load_balancing_type == "seq_aux_loss";
-    moe_capacity_factor_ = m.moe_expert_capacity_factor.value_or(0.0);
-    moe_drop_by_probability_ = m.moe_token_drop_policy == "probs";
-    moe_pad_ = moe_capacity_factor_ > 0 && m.moe_pad_expert_input_to_capacity;
-    moe_global_aux_ = m.moe_router_load_balancing_type == "global_aux_loss";
-    moe_aux_ = (m.moe_router_load_balancing_type == "aux_loss" || moe_seq_aux_ || moe_global_aux_) && m.moe_aux_loss_coeff > 0;
-    if (moe_global_aux_ && moe_aux_) {
-      if (max_in_flight > 1) throw std::logic_error("CUDA model: global_aux_loss with several microbatches in flight is not implemented");
-      const size_t bytes = static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4;
-      moe_global_ = static_cast<float*>(alloc(bytes));
-      MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, bytes, stream_));
-    }
-    int64_t streams = 4;
-    if (const char* env = std::getenv("MEGATRAIN_MOE_EXPERT_STREAMS")) {
-      streams = std::atoll(env);
-      if (streams < 1 || streams > 64) throw std::runtime_error("MEGATRAIN_MOE_EXPERT_STREAMS must be a number of streams from 1 to 64");
-    }
-    streams = std::min(streams, experts_);
-    if (streams > 1) {
-      expert_streams_.resize(static_cast<size_t>(streams));
-      expert_done_ev_.resize(static_cast<size_t>(streams));
-      for (int64_t i = 0; i < streams; ++i) {
-        MT_CUDA_CHECK(cudaStreamCreateWithFlags(&expert_streams_[static_cast<size_t>(i)], cudaStreamNonBlocking));
-        MT_CUDA_CHECK(cudaEventCreateWithFlags(&expert_done_ev_[static_cast<size_t>(i)], cudaEventDisableTiming));
-      }
-      MT_CUDA_CHECK(cudaEventCreateWithFlags(&experts_fork_ev_, cudaEventDisableTiming));
-    }
-    moe_aux_coeff_ = static_cast<float>(m.moe_aux_loss_coeff);
-    moe_z_coeff_ = static_cast<float>(m.moe_z_loss_coeff.value_or(0.0));
-    const size_t acc = static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4;
-    moe_acc_ = static_cast<float*>(alloc(acc));
-    MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, acc, stream_));
-    if (!expert_bias_offsets_.empty()) {  // (every MoE layer has one, or none does)
-      if (static_cast<int64_t>(expert_bias_offsets_.size()) != moe_layers_) throw std::logic_error("CUDA model: an expert bias in some MoE layers only");
-      std::vector<float> bias(static_cast<size_t>(moe_layers_ * experts_));
-      for (int64_t l = 0; l < moe_layers_; ++l) {
-        const float* from = layout.params().f32() + expert_bias_offsets_[static_cast<size_t>(l)];
-        std::copy(from, from + experts_, bias.begin() + l * experts_);
-      }
-      expert_bias_ = static_cast<float*>(alloc(bias.size() * 4));
-      MT_CUDA_CHECK(cudaMemcpy(expert_bias_, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
-    }
-  }
+  if (moe_layers_ > 0) setup_moe(cfg.moe, layout, max_in_flight);
   if (D.rope) {
     const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base), static_cast<double>(D.rope_scaling));
     rope_table_ = static_cast<float*>(alloc(table.size() * 4));
@@ -592,29 +539,6 @@ CudaGPT::~CudaGPT() {
   for (cudaStream_t st : expert_streams_) {
     cuda::GemmLt::instance().release_workspace(st);
     cudaStreamDestroy(st);
-  }
-}
-
-void CudaGPT::zero_moe_stats() {
-  if (moe_acc_) MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4, stream_));
-  if (moe_global_) MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4, stream_));
-}
-
-void CudaGPT::sum_moe_stats(StreamCollectives& group) {
-  if (moe_acc_) group.all_reduce_on(moe_acc_, moe_layers_ * (2 + experts_), WireType::kF32, ReduceOp::kSum, stream_);
-}
-
-void CudaGPT::update_expert_biases(float rate) {
-  if (expert_bias_) cuda::moe_update_expert_bias(expert_bias_, moe_acc_, moe_layers_, experts_, rate, stream_);
-}
-
-void CudaGPT::download_expert_biases(ParamStore& host) const {
-  if (!expert_bias_) return;
-  std::vector<float> bias(static_cast<size_t>(moe_layers_ * experts_));
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  MT_CUDA_CHECK(cudaMemcpy(bias.data(), expert_bias_, bias.size() * 4, cudaMemcpyDeviceToHost));
-  for (int64_t l = 0; l < moe_layers_; ++l) {
-    std::copy(bias.begin() + l * experts_, bias.begin() + (l + 1) * experts_, host.params().f32() + expert_bias_offsets_[static_cast<size_t>(l)]);
   }
 }
 

@@ -251,6 +251,7 @@ class CudaGPT {
   // to s_->dxn (gpt_cuda_moe.cpp). The forward's row counts per expert wait for the device (as Megatron's dropless
   // dispatch): the expert GEMMs' sizes.
   void moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  void setup_moe(const MoeConfig& moe, const ParamStore& layout, int64_t max_in_flight);
   // --moe-expert-capacity-factor: the choices that fit their expert's capacity, decided on the host as the CPU engine
   // decides them (kernels/cpu/router.h), r.row (-1: dropped), r.per_expert and the kept counts uploaded; false (and
   // nothing done) where every token fits.

@@ -1,4 +1,4 @@
-// gpt_cuda_moe.cpp: an MoE layer's MLP slot on the CUDA engine, one GPU with every expert local: the router, the
+// gpt_cuda_moe.cpp: the MoE layers' set-up and device state (statistics, expert bias) and an MoE layer's MLP slot on the CUDA engine, one GPU with every expert local: the router, the
 // top-k choice and the load-balancing and z losses (kernels/cuda/moe.cu), the choices permuted into expert-major rows,
 // one cuBLASLt GEMM pair per expert over its rows (their counts read back from the device first: the GEMMs' sizes,
 // as Megatron's dropless dispatch reads them), the weighted combine, the shared expert, and the backward of each. The CPU engine's
@@ -6,6 +6,10 @@
 #include "model/cuda/gpt_cuda_state.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "kernels/cpu/router.h"
 #include "kernels/cuda/activation_bf16.h"
@@ -15,6 +19,86 @@
 #include "tensor/cuda/op_profiler.h"
 
 namespace mt {
+
+// The MoE layers' settings, the device state they keep (the statistics, the running counts of global_aux_loss, each
+// layer's expert bias from the layout's values) and the experts' streams.
+void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t max_in_flight) {
+  const ModelDims& D = D_;
+  experts_ = D.experts;
+  topk_ = D.topk;
+  F_moe_ = D.F_moe_local;
+  F_shared_ = D.F_shared_local;
+  moe_sigmoid_ = m.moe_router_score_function == "sigmoid";
+  moe_pre_softmax_ = m.moe_router_pre_softmax;
+  moe_groups_ = m.moe_router_num_groups.value_or(0);
+  moe_group_topk_ = m.moe_router_group_topk.value_or(0);
+  moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
+  moe_seq_aux_ = m.moe_router_load_balancing_type == "seq_aux_loss";
+  moe_capacity_factor_ = m.moe_expert_capacity_factor.value_or(0.0);
+  moe_drop_by_probability_ = m.moe_token_drop_policy == "probs";
+  moe_pad_ = moe_capacity_factor_ > 0 && m.moe_pad_expert_input_to_capacity;
+  moe_global_aux_ = m.moe_router_load_balancing_type == "global_aux_loss";
+  moe_aux_ = (m.moe_router_load_balancing_type == "aux_loss" || moe_seq_aux_ || moe_global_aux_) && m.moe_aux_loss_coeff > 0;
+  if (moe_global_aux_ && moe_aux_) {
+    if (max_in_flight > 1) throw std::logic_error("CUDA model: global_aux_loss with several microbatches in flight is not implemented");
+    const size_t bytes = static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4;
+    moe_global_ = static_cast<float*>(alloc(bytes));
+    MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, bytes, stream_));
+  }
+  int64_t streams = 4;
+  if (const char* env = std::getenv("MEGATRAIN_MOE_EXPERT_STREAMS")) {
+    streams = std::atoll(env);
+    if (streams < 1 || streams > 64) throw std::runtime_error("MEGATRAIN_MOE_EXPERT_STREAMS must be a number of streams from 1 to 64");
+  }
+  streams = std::min(streams, experts_);
+  if (streams > 1) {
+    expert_streams_.resize(static_cast<size_t>(streams));
+    expert_done_ev_.resize(static_cast<size_t>(streams));
+    for (int64_t i = 0; i < streams; ++i) {
+      MT_CUDA_CHECK(cudaStreamCreateWithFlags(&expert_streams_[static_cast<size_t>(i)], cudaStreamNonBlocking));
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&expert_done_ev_[static_cast<size_t>(i)], cudaEventDisableTiming));
+    }
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&experts_fork_ev_, cudaEventDisableTiming));
+  }
+  moe_aux_coeff_ = static_cast<float>(m.moe_aux_loss_coeff);
+  moe_z_coeff_ = static_cast<float>(m.moe_z_loss_coeff.value_or(0.0));
+  const size_t acc = static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4;
+  moe_acc_ = static_cast<float*>(alloc(acc));
+  MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, acc, stream_));
+  if (!expert_bias_offsets_.empty()) {  // (every MoE layer has one, or none does)
+    if (static_cast<int64_t>(expert_bias_offsets_.size()) != moe_layers_) throw std::logic_error("CUDA model: an expert bias in some MoE layers only");
+    std::vector<float> bias(static_cast<size_t>(moe_layers_ * experts_));
+    for (int64_t l = 0; l < moe_layers_; ++l) {
+      const float* from = layout.params().f32() + expert_bias_offsets_[static_cast<size_t>(l)];
+      std::copy(from, from + experts_, bias.begin() + l * experts_);
+    }
+    expert_bias_ = static_cast<float*>(alloc(bias.size() * 4));
+    MT_CUDA_CHECK(cudaMemcpy(expert_bias_, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
+  }
+}
+
+void CudaGPT::zero_moe_stats() {
+  if (moe_acc_) MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4, stream_));
+  if (moe_global_) MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4, stream_));
+}
+
+void CudaGPT::sum_moe_stats(StreamCollectives& group) {
+  if (moe_acc_) group.all_reduce_on(moe_acc_, moe_layers_ * (2 + experts_), WireType::kF32, ReduceOp::kSum, stream_);
+}
+
+void CudaGPT::update_expert_biases(float rate) {
+  if (expert_bias_) cuda::moe_update_expert_bias(expert_bias_, moe_acc_, moe_layers_, experts_, rate, stream_);
+}
+
+void CudaGPT::download_expert_biases(ParamStore& host) const {
+  if (!expert_bias_) return;
+  std::vector<float> bias(static_cast<size_t>(moe_layers_ * experts_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  MT_CUDA_CHECK(cudaMemcpy(bias.data(), expert_bias_, bias.size() * 4, cudaMemcpyDeviceToHost));
+  for (int64_t l = 0; l < moe_layers_; ++l) {
+    std::copy(bias.begin() + l * experts_, bias.begin() + (l + 1) * experts_, host.params().f32() + expert_bias_offsets_[static_cast<size_t>(l)]);
+  }
+}
 
 void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const ModelDims& D = D_;
