@@ -1,8 +1,9 @@
-// gpt_cuda_moe.cpp: the MoE layers' set-up and device state (statistics, expert bias) and an MoE layer's MLP slot on the CUDA engine, one GPU with every expert local: the router, the
-// top-k choice and the load-balancing and z losses (kernels/cuda/moe.cu), the choices permuted into expert-major rows,
-// one cuBLASLt GEMM pair per expert over its rows (their counts read back from the device first: the GEMMs' sizes,
-// as Megatron's dropless dispatch reads them), the weighted combine, the shared expert, and the backward of each. The CPU engine's
-// model/cpu/moe_unit.cpp is the oracle.
+// gpt_cuda_moe.cpp: the MoE layers on the CUDA engine, every expert on this rank: their set-up and device state
+// (statistics, expert bias), and an MoE layer's MLP slot: the router, the top-k choice and the load-balancing and z
+// losses (kernels/cuda/moe.cu), the choices permuted into expert-major rows, one cuBLASLt GEMM pair per expert over its
+// rows (their counts read back from the device first: the GEMMs' sizes, as Megatron's dropless dispatch reads them),
+// the weighted combine, the shared expert, and the backward of each. The CPU engine's model/cpu/moe_unit.cpp is the
+// oracle.
 #include "model/cuda/gpt_cuda_state.h"
 
 #include <algorithm>
