@@ -91,7 +91,7 @@ class CudaEngine final : public TrainingEngine {
   std::unique_ptr<Optimizer> host_opt_;
   std::unique_ptr<DataParallel> shard_layout_;
   // MoE with the distributed optimizer: the experts' shards over expert-DP (the DP group itself: no expert parallelism
-  // on this engine), their buckets after the dense ones.
+  // on this engine), their buckets queued before the dense ones (the highest offsets first).
   std::unique_ptr<DataParallel> expert_layout_;
   // MoE: each pending step's statistics (the model's sums over its microbatches, moe_row_ floats) and microbatches.
   int64_t moe_row_ = 0;
