@@ -878,8 +878,13 @@ int main() {
     test_cross_entropy(9, 50304);
     test_cross_entropy_sharded(17, 1006, 2);
     test_cross_entropy_sharded(9, 50304, 4);
+    cuda::GemmLt::instance().set_autotune(false);  // (cuBLASLt's first heuristic algorithm, as MEGATRAIN_GEMM_AUTOTUNE=0)
     test_gemm_gelu(333, 64, 264, 40);
     test_gemm_gelu(1024, 768, 3072, 768);
+    // the same GEMMs with their algorithm timed among cuBLASLt's candidates (shapes of their own: new plans, tuned)
+    cuda::GemmLt::instance().set_autotune(true);
+    test_gemm_gelu(1040, 768, 3072, 768);
+    test_gemm_gelu(336, 64, 264, 40);
     test_gemm_varying(264, 128);
     test_wgrad_bias_epilogue(333, 264, 40);
     test_wgrad_bias_epilogue(4096, 2304, 768);

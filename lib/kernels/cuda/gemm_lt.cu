@@ -1,6 +1,8 @@
 // gemm_lt.cu: a row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so cuBLASLt gets
 // B as its first operand and A as its second.
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -15,7 +17,53 @@ GemmLt& GemmLt::instance() {
   return *g;
 }
 
-GemmLt::GemmLt() { MT_CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+GemmLt::GemmLt() {
+  MT_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  const char* tune = std::getenv("MEGATRAIN_GEMM_AUTOTUNE");
+  tune_ = tune == nullptr || std::string(tune) != "0";  // on unless MEGATRAIN_GEMM_AUTOTUNE=0
+}
+
+void GemmLt::tune_plan(Plan& plan, const void* A, const void* B, void* C, cudaStream_t stream) {
+  cublasLtMatmulPreference_t pref;
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                                       sizeof(workspace_bytes_)));
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
+  int found = 0;
+  MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, kTuneCandidates, results, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found <= 1) return;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  MT_CUDA_CHECK(cudaEventCreate(&start));
+  MT_CUDA_CHECK(cudaEventCreate(&stop));
+  const float alpha = 1.0f, beta = 0.0f;
+  void* ws = workspace_locked(stream);
+  float best_ms = 0.0f;
+  int best = -1;
+  for (int i = 0; i < found; ++i) {
+    const auto run = [&] {
+      return cublasLtMatmul(handle_, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c, &results[i].algo, ws, workspace_bytes_, stream);
+    };
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || run() != CUBLAS_STATUS_SUCCESS) continue;  // (a warm-up run)
+    float ms = 0.0f;
+    for (int rep = 0; rep < 3; ++rep) {  // the fastest of three runs
+      MT_CUDA_CHECK(cudaEventRecord(start, stream));
+      MT_CUBLAS_CHECK(run());
+      MT_CUDA_CHECK(cudaEventRecord(stop, stream));
+      MT_CUDA_CHECK(cudaEventSynchronize(stop));
+      float t = 0.0f;
+      MT_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+      ms = rep == 0 ? t : std::min(ms, t);
+    }
+    if (best < 0 || ms < best_ms) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (best >= 0) plan.algo = results[best].algo;
+}
 
 void* GemmLt::workspace(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -155,6 +203,7 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     if (ep.kind == GemmEpilogue::kBiasGrad) {
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.aux, sizeof(ep.aux)));
     }
+    if (it == plans_.end() && tune_ && beta == 0.0f && !varying) tune_plan(*plan, A, B, C, stream);
     // (launched under the lock: the pointers and sizes just set are this call's until it is queued)
     const cublasStatus_t status = cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
                                                  workspace_locked(stream), workspace_bytes_, stream);

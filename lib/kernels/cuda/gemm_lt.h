@@ -58,6 +58,12 @@ class GemmLt {
   bool has_algorithm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
                      cudaDataType_t c_type, const GemmEpilogue& epilogue);
   size_t cached_plans() const { return plans_.size(); }
+  // Whether new plans of GEMMs that overwrite their output are timed over several algorithms (on by default;
+  // MEGATRAIN_GEMM_AUTOTUNE=0 turns it off at start-up; tests turn it on and off).
+  void set_autotune(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tune_ = on;
+  }
   // Frees the workspace of a stream about to be destroyed.
   void release_workspace(cudaStream_t stream);
 
@@ -73,6 +79,13 @@ class GemmLt {
   // Under mu_: the plan for key (bias: any pointer of a bias-input GEMM; epilogue pointers are set per call),
   // cached; none found: nullptr, or an exception naming the shape when `required`.
   Plan* create_plan(const Key& key, const void* bias, const GemmEpilogue& ep, bool required);
+  // On unless MEGATRAIN_GEMM_AUTOTUNE=0 (read once): a new plan of a GEMM that overwrites its output (beta 0, sizes that do not vary)
+  // times up to kTuneCandidates of cuBLASLt's heuristic algorithms on the call's own operands, after the work queued on the
+  // stream so far (each run writes the same output, which the call then writes again), and keeps the fastest. The
+  // epilogue pointers and the bias are set on plan.op for this call. Under mu_.
+  static constexpr int kTuneCandidates = 8;
+  bool tune_ = true;
+  void tune_plan(Plan& plan, const void* A, const void* B, void* C, cudaStream_t stream);
   cublasLtHandle_t handle_ = nullptr;
   // One workspace per stream: GEMMs on two streams may run at the same time (tensor parallelism's
   // weight-gradient GEMMs beside the compute stream).
