@@ -71,6 +71,10 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
   const float out_std = std / std::sqrt(2.0f * static_cast<float>(D.L));
   const int64_t r = D.tp_rank, t = D.tp;
   ModelLayout M;
+  M.ep_rank = at.ep_rank;
+  M.ep_size = at.ep_size;
+  M.etp_rank = at.etp_rank;
+  M.etp_size = at.etp_size;
   M.layers_range = stage_layers(cfg, at.pp_rank, at.pp_size, chunk);
   M.pre_process = at.pp_rank == 0 && chunk == 0;
   M.post_process = at.pp_rank == at.pp_size - 1 && chunk == chunks - 1;

@@ -76,6 +76,8 @@ struct ModelLayout {
   size_t output_w = kNoParam;
   std::vector<LayerParams> layers;  // layers_range.count() of them, in order
   size_t embedding_end = 0;         // one past the embedding's parameter indices (0 without the embedding)
+  // This rank's place in the expert grid (LayoutCoordinates'): the MoE layers' experts are EP rank ep_rank's.
+  int64_t ep_rank = 0, ep_size = 1, etp_rank = 0, etp_size = 1;
 };
 
 // Registers the parameters of the stage at `at` in `store` (which must be empty), allocates and

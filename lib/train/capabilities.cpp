@@ -211,11 +211,22 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     const std::string cpu = ": use --device cpu (the CPU engine runs it), or drop it";
     // Data parallelism (every expert on every rank, expert-DP = DP): written, refused until it has run on several GPUs.
     const auto& par = c.parallel;
-    const bool dp_only = par.tensor_model_parallel_size == 1 && par.pipeline_model_parallel_size == 1 && par.context_parallel_size == 1 &&
-                         par.expert_model_parallel_size == 1 && c.derived.expert_tensor_parallel_size == 1;
-    no(world_size > 1 && !dp_only,
-       "mixture of experts on the CUDA engine runs on one GPU or with data parallelism only so far (no TP, EP, expert-TP, PP or CP): use "
+    const bool dp_ep_only = par.tensor_model_parallel_size == 1 && par.pipeline_model_parallel_size == 1 && par.context_parallel_size == 1 &&
+                            c.derived.expert_tensor_parallel_size == 1;
+    no(world_size > 1 && !dp_ep_only,
+       "mixture of experts on the CUDA engine runs on one GPU or with data and expert parallelism only so far (no TP, expert-TP, PP or CP): use "
        "--device cpu for those layouts");
+    // Expert parallelism (the alltoall dispatch over NCCL, the experts' gradients over expert-DP): written, refused until
+    // it has run on several GPUs; its layers are checked on one GPU by tests/gpu/test_cuda_expert_parallel.
+    const bool ep = par.expert_model_parallel_size > 1;
+    no(ep && !cuda_unverified_allowed("expert-parallel"),
+       "--expert-model-parallel-size > 1 has not run on GPUs yet on the CUDA engine: use --device cpu (the CPU engine runs every expert layout)");
+    no(ep && c.precision.grad_reduce_in_bf16,
+       "--grad-reduce-in-bf16 with expert parallelism is not implemented on the CUDA engine (the experts' reduction over expert-DP): drop it, "
+       "or use --device cpu");
+    no(ep && !c.training.use_distributed_optimizer,
+       "expert parallelism on the CUDA engine needs --use-distributed-optimizer (each parameter's norm and update by its owner): add it, "
+       "or use --device cpu");
     no(world_size > 1 && !cuda_unverified_allowed("moe-data-parallel"),
        "mixture of experts with data parallelism has not run on several GPUs yet on the CUDA engine: use --device cpu for multi-rank MoE");
     no(world_size > 1 && (c.training.overlap_grad_reduce || c.training.overlap_param_gather),

@@ -51,7 +51,9 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   const auto& ck = cfg.checkpoint;
   host_ = std::make_unique<ParamStore>();
   // One layout per model chunk of this stage (interleaving: every virtual stage of this rank), one store.
-  chunk_layouts_ = build_model_chunks(cfg, {groups_.tp->rank(), groups_.tp->size(), groups_.pp->rank(), groups_.pp->size()}, *host_);
+  // (expert parallelism: this rank's experts; the experts' tensor parallelism is refused by name on this engine)
+  chunk_layouts_ = build_model_chunks(
+      cfg, {groups_.tp->rank(), groups_.tp->size(), groups_.pp->rank(), groups_.pp->size(), groups_.ep->rank(), groups_.ep->size()}, *host_);
   host_->release_grads();  // the gradients live on the device
   dp_ = groups_.dp_cp->size();
   dp_rank_ = groups_.dp_cp->rank();
@@ -69,8 +71,8 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     shard_layout_ = std::make_unique<DataParallel>(cfg, *host_, groups_.dp_cp);
     owned = shard_layout_->owned_ranges();
     if (host_->has_experts()) {  // (as the CPU engine shards them: model/layout's expert group over expert-DP)
-      if (groups_.expert_dp->size() != dp_ || groups_.expert_dp->rank() != dp_rank_) {
-        throw std::logic_error("CUDA engine: the experts' data-parallel group must be the data-parallel group (no expert parallelism here)");
+      if (groups_.expert_dp->size() * groups_.ep->size() != dp_) {
+        throw std::logic_error("CUDA engine: the experts' data-parallel group times EP must be the data-parallel group (no TP or CP with MoE here)");
       }
       expert_layout_ = std::make_unique<DataParallel>(cfg, *host_, groups_.expert_dp, GradGroup::kExpert);
       for (const auto& r : expert_layout_->owned_ranges()) owned.push_back(r);
@@ -160,6 +162,22 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     for (CudaGPT* m : chunks_models_) m->set_context_parallel(cp_nccl_.get());
 #else
     throw std::logic_error("CUDA engine: context parallelism needs NCCL");
+#endif
+  }
+  // Expert parallelism: the MoE layers' all-to-alls over the EP group (written, refused by name in train/capabilities
+  // until it has run on several GPUs; the distributed optimizer required, so that every parameter's norm and update
+  // is its owner's).
+  if (groups_.ep->size() > 1) {
+#ifdef MEGATRAIN_HAVE_NCCL
+    // (refused by name in train/capabilities: guards for other callers. fp16's reductions average, which would scale the
+    // experts' gradients by 1 / expert-DP instead of 1 / DP; a bf16 reduction would take a second shadow of every gradient)
+    if (!dist_opt_) throw std::logic_error("CUDA engine: expert parallelism without the distributed optimizer");
+    if (cfg.precision.fp16 || cfg.precision.grad_reduce_in_bf16) throw std::logic_error("CUDA engine: expert parallelism in fp16 or with bf16 reductions");
+    ep_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.ep);
+    if (!ep_nccl_) throw std::logic_error("CUDA engine: the expert-parallel group is not an NCCL communicator");
+    for (CudaGPT* m : chunks_models_) m->set_expert_parallel(ep_nccl_.get());
+#else
+    throw std::logic_error("CUDA engine: expert parallelism needs NCCL");
 #endif
   }
   if (found) {  // FP8 delayed scaling: each chunk's scales and amax histories from the checkpoint
@@ -360,7 +378,19 @@ void CudaEngine::setup_data_parallel() {
       if (cfg.training.overlap_grad_reduce || overlap_gather_) {  // (refused by name in train/capabilities: a guard for other callers)
         throw std::logic_error("CUDA engine: the experts' buckets are not reduced or gathered overlapped");
       }
-      for (const auto& b : expert_layout_->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
+      std::vector<DeviceBucket> expert_buckets;
+      for (const auto& b : expert_layout_->buckets()) expert_buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
+      if (groups_.ep->size() == 1) {  // (expert-DP is the DP group: one set of buckets)
+        buckets = std::move(expert_buckets);
+      } else if (groups_.expert_dp->size() > 1) {
+        // Expert parallelism: the experts' gradients summed over expert-DP (scaled by 1 / DP in the backward as the dense
+        // ones, Megatron's expert gradient scaling) and their updated weights gathered there; with expert-DP 1 each
+        // rank's experts are its own, whole.
+        expert_dp_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.expert_dp);
+        if (!expert_dp_nccl_) throw std::logic_error("CUDA engine: the experts' data-parallel group is not an NCCL communicator");
+        expert_ddp_ = std::make_unique<DeviceDataParallel>(expert_dp_nccl_, model_->grads(), P_, std::move(expert_buckets), false,
+                                                           cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream_);
+      }
     }
     for (const auto& b : shard_layout_->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
     ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), P_, std::move(buckets), cfg.training.overlap_grad_reduce,

@@ -90,8 +90,8 @@ class CudaEngine final : public TrainingEngine {
   std::unique_ptr<ParamStore> host_;
   std::unique_ptr<Optimizer> host_opt_;
   std::unique_ptr<DataParallel> shard_layout_;
-  // MoE with the distributed optimizer: the experts' shards over expert-DP (the DP group itself: no expert parallelism
-  // on this engine), their buckets queued before the dense ones (the highest offsets first).
+  // MoE with the distributed optimizer: the experts' shards over expert-DP (without EP the DP group itself, their buckets
+  // queued before the dense ones, the highest offsets first; with EP expert_ddp_'s).
   std::unique_ptr<DataParallel> expert_layout_;
   // MoE: each pending step's statistics (the model's sums over its microbatches, moe_row_ floats) and microbatches.
   int64_t moe_row_ = 0;
@@ -109,7 +109,7 @@ class CudaEngine final : public TrainingEngine {
   std::shared_ptr<NcclCommunicator> tp_nccl_, dp_nccl_;
   // Pipeline parallelism: the pipeline group (the stages' transfers, the loss and the norm's partial sums)
   // and the embedding group (the tied word embeddings' gradient sum between the first and the last stage).
-  std::shared_ptr<NcclCommunicator> pp_nccl_, embedding_nccl_, cp_nccl_;
+  std::shared_ptr<NcclCommunicator> pp_nccl_, embedding_nccl_, cp_nccl_, ep_nccl_;
 #endif
   std::unique_ptr<CudaGPT> model_;  // chunk 0 of this stage: it owns the parameter, gradient and master buffers
   std::vector<std::unique_ptr<CudaGPT>> extra_chunks_;  // interleaving: the stage's other chunks, in model_'s buffers
@@ -140,6 +140,10 @@ class CudaEngine final : public TrainingEngine {
   float grad_share_ = 1.0f;
 #ifdef MEGATRAIN_HAVE_NCCL
   std::unique_ptr<DeviceDataParallel> ddp_;
+  // Expert parallelism with expert-DP > 1: the experts' buckets over expert-DP (reduced after the dense ones are queued,
+  // gathered after the step); null otherwise.
+  std::unique_ptr<DeviceDataParallel> expert_ddp_;
+  std::shared_ptr<NcclCommunicator> expert_dp_nccl_;
 #endif
   // --overlap-param-gather: the chunks [first, second) of the table that update the bucket starting at lo.
   std::map<int64_t, std::pair<int64_t, int64_t>> bucket_chunks_;

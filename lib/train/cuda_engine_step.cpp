@@ -120,6 +120,7 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model_->grads(), 0, static_cast<size_t>(P_) * 4, stream_)));
 #ifdef MEGATRAIN_HAVE_NCCL
   if (ddp_) ddp_->start_iteration();
+  if (expert_ddp_) expert_ddp_->start_iteration();
 #endif
   // The schedule's microbatches: each staged on the device with its share of the loss gradient (its tokens' mean over
   // the microbatches; --calculate-per-token-loss, Megatron's: their sum, divided at the step by the global batch's loss
@@ -159,6 +160,9 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
     // The loss is the last stage's (the others hold 0): every stage takes the same skip decision.
     MT_PROF("pp.loss", pp_nccl_->all_reduce_on(&st_->loss_acc, 1, WireType::kF32, ReduceOp::kSum, stream_));
   }
+  // (expert parallelism: the experts' reductions over expert-DP first, and the compute stream waits for them before the
+  // dense ones start, so the two groups' collectives never run at once)
+  if (expert_ddp_) MT_PROF("dp.expert_grad_reduce_wait", expert_ddp_->finish());
   if (ddp_) MT_PROF("dp.grad_all_reduce_wait", ddp_->finish());
 #endif
   const float clip = static_cast<float>(cfg.training.clip_grad);
@@ -208,6 +212,7 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
     adamw(0, n_chunks);
     offloaded();
     if (dist_opt_) MT_PROF("dp.param_gather", ddp_->gather_params(model_->working()));
+    if (expert_ddp_) MT_PROF("dp.expert_param_gather", expert_ddp_->gather_params(model_->working()));
   }
 #else
   adamw(0, n_chunks);
@@ -398,9 +403,9 @@ void CudaEngine::save(TrainState state) {
   host_opt_->set_iterations(h.t);
   if (!dist_opt_) {
     host_opt_->refresh_working_weights();
-  } else if (dp_rank_ == 0) {
+  } else if (dp_rank_ == 0 || groups_.expert_dp->rank() == 0) {
     // This rank holds the master weights of its shard only; the working weights of every shard were gathered
-    // after the step: they are the parameters to write.
+    // after the step: they are the parameters to write (the dense ones by DP rank 0, the experts by expert-DP rank 0).
     std::vector<uint16_t> w16(static_cast<size_t>(P_));
     MT_CUDA_CHECK(cudaMemcpy(w16.data(), model_->working(), static_cast<size_t>(P_) * 2, cudaMemcpyDeviceToHost));
     float* hp = host_->params().f32();
@@ -416,9 +421,10 @@ void CudaEngine::save(TrainState state) {
   who.world_size = groups_.world->size();
   who.writes_params = dp_rank_ == 0;
   who.writes_optimizer = dp_rank_ == 0 || dist_opt_;
-  // (MoE: the experts' data-parallel group is the DP group on this engine)
-  who.writes_expert_params = who.writes_params;
-  who.writes_expert_optimizer = who.writes_optimizer;
+  // (MoE: the experts by expert-DP rank 0, their optimizer state by every rank with the distributed optimizer; without EP
+  // expert-DP is the DP group)
+  who.writes_expert_params = groups_.expert_dp->rank() == 0;
+  who.writes_expert_optimizer = groups_.expert_dp->rank() == 0 || dist_opt_;
   for (const CudaGPT* m : chunks_models_) m->download_expert_biases(*host_);  // (fp32: not in the working weights)
   auto snap = take_snapshot(cfg, *host_, *host_opt_, state, who, !cfg.checkpoint.no_save_optim);
   if (groups_.tp->rank() == 0 && dp_rank_ == 0) {  // FP8 delayed scaling: one writer per stage

@@ -8,7 +8,8 @@
 # validation loss. The distributed optimizer's sharded checkpoint must resume on the GPUs and on the CPU
 # engine. Context parallelism: CP 2 (with 4 GPUs also CP 2 x DP 2 + distributed optimizer, CP 2 x TP 2 + SP). Pipeline
 # parallelism: PP 2 with 1F1B, ZB-H1 and interleaved (with 4 GPUs also PP 2 x DP 2 + distributed optimizer, PP 2 x TP 2 + SP).
-# Mixture of experts (LLaMA): DP 2, with the distributed optimizer, the expert bias and a capacity factor.
+# Mixture of experts (LLaMA): DP 2, with the distributed optimizer, the expert bias and a capacity factor; expert
+# parallelism EP 2 (with 4 GPUs also EP 2 x expert-DP 2, and EP 4), with the distributed optimizer.
 # Needs at least 2 visible GPUs (exit 77, skipped, otherwise).
 # Usage: run_parallel_parity.sh path/to/megatrain
 set -u
@@ -32,7 +33,7 @@ LLAMA="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embeddi
   --untie-embeddings-and-output-weights --disable-bias-linear"
 fails=0
 # The CUDA features refused by name until these runs pass on several GPUs (lib/train/capabilities.cpp).
-export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel,moe-data-parallel}
+export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel,moe-data-parallel,expert-parallel}
 
 # name ranks device model flags...: one run, its metrics in $work/name/metrics.jsonl
 run() {
@@ -201,7 +202,11 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
       read -r tag vflags <<<"$variant"
       # shellcheck disable=SC2086
       run "$family-cpu$tag" 1 cpu "$model" $MOE $vflags || continue
-      for l in "gpu1$tag 1" "dp2$tag 2" "dp2do$tag 2 --use-distributed-optimizer"; do
+      layouts=("gpu1$tag 1" "dp2$tag 2" "dp2do$tag 2 --use-distributed-optimizer"
+               "ep2do$tag 2 --expert-model-parallel-size 2 --use-distributed-optimizer")
+      ((n >= 4)) && layouts+=("ep2dp4do$tag 4 --expert-model-parallel-size 2 --use-distributed-optimizer"
+                              "ep4do$tag 4 --expert-model-parallel-size 4 --use-distributed-optimizer")
+      for l in "${layouts[@]}"; do
         read -r name np extra <<<"$l"
         # shellcheck disable=SC2086
         run "$family-$name" "$np" cuda "$model" $MOE $vflags $extra || continue
@@ -223,6 +228,18 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
         # shellcheck disable=SC2086
         run "$family-cpu$tag-resume" 1 cpu "$model" $MOE $vflags --load "$work/$family-$tag-ckpt" &&
           compare_tail "$family-cpu$tag-resume" "$family-cpu$tag" lm_loss 5e-3
+      fi
+      # Expert parallelism's checkpoints: each EP rank's experts written by its expert-DP rank 0, resumed on EP 2 and by
+      # the CPU engine on one rank.
+      # shellcheck disable=SC2086
+      if run "$family-ep2do$tag-save" 2 cuda "$model" $MOE $vflags --expert-model-parallel-size 2 --use-distributed-optimizer \
+        --save "$work/$family-$tag-ep-ckpt" --save-interval 5 --exit-interval 5; then
+        # shellcheck disable=SC2086
+        run "$family-ep2do$tag-resume" 2 cuda "$model" $MOE $vflags --expert-model-parallel-size 2 --use-distributed-optimizer \
+          --load "$work/$family-$tag-ep-ckpt" && compare_tail "$family-ep2do$tag-resume" "$family-ep2do$tag" lm_loss 5e-4
+        # shellcheck disable=SC2086
+        run "$family-cpu$tag-epresume" 1 cpu "$model" $MOE $vflags --load "$work/$family-$tag-ep-ckpt" &&
+          compare_tail "$family-cpu$tag-epresume" "$family-cpu$tag" lm_loss 5e-3
       fi
     done
   fi

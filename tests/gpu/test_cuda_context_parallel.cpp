@@ -19,6 +19,7 @@
 
 #include "device_buffers.h"
 #include "gpu_check.h"
+#include "rank_run.h"
 #include "thread_collectives.h"
 #include "config/cli.h"
 #include "config/resolve.h"
@@ -34,7 +35,19 @@ namespace {
 using mt::test::check;
 using mt::test::download;
 using mt::test::failures;
+using mt::test::forward_backward;
+using mt::test::global_index;
+using mt::test::prepare;
 using mt::test::rel_err;
+using mt::test::release;
+using mt::test::RankRun;
+
+mt::LayoutCoordinates tp_coordinates(int64_t tp_rank, int64_t tp_size) {
+  mt::LayoutCoordinates at;
+  at.tp_rank = tp_rank;
+  at.tp_size = tp_size;
+  return at;
+}
 
 mt::Config make_config(const std::string& model, int64_t tp, int64_t cp, const std::string& comm, const std::string& extra) {
   std::string flags =
@@ -61,67 +74,6 @@ mt::Config make_config(const std::string& model, int64_t tp, int64_t cp, const s
   mt::Config c = cli.build();
   mt::resolve(c, static_cast<int>(tp * cp));
   return c;
-}
-
-struct RankRun {
-  mt::ParamStore store;
-  std::unique_ptr<mt::CudaGPT> model;
-  std::unique_ptr<mt::MicrobatchSlot> slot;
-  mt::DeviceMicrobatch dev;
-  cudaStream_t stream = nullptr;
-  float* acc = nullptr;
-};
-
-// One microbatch's forward and backward on `run`, its loss added to run.acc with weight w.
-void forward_backward(RankRun& run, float w) {
-  run.model->set_final_backward(true);
-  run.model->forward(run.dev, w, w, run.acc, 0);
-  run.model->backward(run.dev, 0);
-  if (cudaStreamSynchronize(run.stream) != cudaSuccess) throw std::runtime_error("the model's stream failed");
-}
-
-// The model of TP rank tp_rank (its collectives `tp`, null at TP 1) with its microbatch staged.
-void prepare(RankRun& run, const mt::Config& cfg, const mt::Microbatch& mb, int64_t tp_rank = 0, mt::StreamCollectives* tp = nullptr) {
-  mt::LayoutCoordinates at;
-  at.tp_rank = tp_rank;
-  at.tp_size = cfg.parallel.tensor_model_parallel_size;
-  const mt::ModelLayout where = mt::build_model_layout(cfg, at, run.store);
-  cudaStreamCreateWithFlags(&run.stream, cudaStreamNonBlocking);
-  run.model = std::make_unique<mt::CudaGPT>(cfg, run.store, where, run.stream, tp, true, nullptr, 1);
-  const mt::ModelDims& D = run.model->dims();
-  // Hidden dropout: each sample's keys (the embedding's, then per layer the attention block's and the MLP's), as the
-  // engine's steps make them; the masks follow the tokens' places in the whole sequence.
-  std::vector<uint64_t> keys;
-  const auto seed = static_cast<uint64_t>(cfg.training.seed);
-  for (int64_t b = 0; cfg.model.hidden_dropout > 0 && b < mb.B; ++b) {
-    keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, -1, mt::kDropEmbedding));
-    for (int64_t l = 0; l < D.L; ++l) {
-      keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, l, mt::kDropAttnOut));
-      keys.push_back(mt::dropout_key(seed, 1, mb.first_sample + b, l, mt::kDropMlpOut));
-    }
-  }
-  run.slot = std::make_unique<mt::MicrobatchSlot>(mb.B * mb.S, static_cast<int64_t>(keys.size()));
-  run.dev = run.slot->upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, run.stream, [](cudaEvent_t e) { cudaEventSynchronize(e); },
-                             keys);
-  cudaMalloc(&run.acc, 4);
-  cudaMemsetAsync(run.model->grads(), 0, static_cast<size_t>(run.model->numel()) * 4, run.stream);
-  cudaMemsetAsync(run.acc, 0, 4, run.stream);
-  cudaStreamSynchronize(run.stream);
-}
-
-void release(RankRun& run) {
-  run.model.reset();
-  cudaFree(run.acc);
-  cudaStreamDestroy(run.stream);
-}
-
-// Global element index of local element e of a TP shard (row-major, split along shard_dim), as checkpoints assemble them.
-int64_t global_index(const mt::ParamInfo& p, int64_t e) {
-  if (p.shard_dim < 0 || p.shard_count <= 1) return e;
-  int64_t inner = 1;
-  for (size_t d = static_cast<size_t>(p.shard_dim) + 1; d < p.local_shape.size(); ++d) inner *= p.local_shape[d];
-  const int64_t dl = p.local_shape[static_cast<size_t>(p.shard_dim)], dg = p.global_shape[static_cast<size_t>(p.shard_dim)];
-  return ((e / (inner * dl)) * dg + p.shard_rank * dl + (e / inner) % dl) * inner + e % inner;
 }
 
 // TP x CP ranks as threads (thread (t, c): TP rank t of TP group c, CP rank c of CP group t) against the whole
@@ -161,7 +113,7 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
     if (whole_cfg.data.reset_attention_mask && in_later_documents == 0) throw std::runtime_error("the microbatch holds one document per sample");
     // The whole sequences on one model.
     RankRun whole;
-    prepare(whole, whole_cfg, mb);
+    prepare(whole, whole_cfg, mb, tp_coordinates(0, 1));
     forward_backward(whole, w);
     const std::vector<float> g_whole = download(whole.model->grads(), static_cast<size_t>(whole.model->numel()));
     const float loss_whole = download(whole.acc, 1)[0];
@@ -184,7 +136,7 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
           std::unique_lock<std::mutex> lock(baton.m);
           mt::test::baton_held = &lock;
           try {
-            prepare(ranks[i], grid_cfg, mt::context_parallel_slice(mb, c, cp), t, tp > 1 ? tp_of[i].get() : nullptr);
+            prepare(ranks[i], grid_cfg, mt::context_parallel_slice(mb, c, cp), tp_coordinates(t, tp), tp > 1 ? tp_of[i].get() : nullptr);
             if (cp > 1) ranks[i].model->set_context_parallel(cp_of[i].get());
             forward_backward(ranks[i], w);
           } catch (const std::exception& e) {

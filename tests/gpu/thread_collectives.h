@@ -1,5 +1,5 @@
 // thread_collectives.h: the CUDA model's stream collectives between threads of one process on one GPU, so that
-// parallel layouts (context and tensor parallelism) can be checked without several GPUs. Each rank is a thread with
+// parallel layouts (context, tensor and expert parallelism) can be checked without several GPUs. Each rank is a thread with
 // its own model and stream; only one thread runs host code at a time (the engine's singletons assume one): it holds
 // the Baton's mutex and lets go of it only while it waits inside a collective. A collective waits for its stream,
 // meets the group's other ranks, moves or reduces their device buffers with plain copies (rank 0 of the group reduces
@@ -34,7 +34,8 @@ inline thread_local std::unique_lock<std::mutex>* baton_held = nullptr;  // this
 
 // One group's meeting point.
 struct ThreadGroup {
-  ThreadGroup(Baton& b, int n) : baton(b), size(n), posted(static_cast<size_t>(n)), sends(static_cast<size_t>(n)), recvs(static_cast<size_t>(n)) {}
+  ThreadGroup(Baton& b, int n)
+      : baton(b), size(n), posted(static_cast<size_t>(n)), sends(static_cast<size_t>(n)), recvs(static_cast<size_t>(n)), send_counts(static_cast<size_t>(n)) {}
   Baton& baton;
   int size;
   int arrived = 0;
@@ -42,6 +43,7 @@ struct ThreadGroup {
   std::vector<std::vector<StreamCollectives::Transfer>> posted;
   std::vector<const void*> sends;
   std::vector<void*> recvs;
+  std::vector<std::vector<int64_t>> send_counts;  // all_to_all_v_on: each rank's counts per destination
 };
 
 class ThreadCollectives final : public StreamCollectives {
@@ -104,8 +106,27 @@ class ThreadCollectives final : public StreamCollectives {
     }
     finish();
   }
-  void all_to_all_v_on(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&, WireType, cudaStream_t) override {
-    throw std::logic_error("thread collectives: all_to_all_v_on is not implemented");
+  // recv holds rank r's block for this rank (recv_counts[r] elements, r in order); each rank's send holds its blocks in
+  // destination order.
+  void all_to_all_v_on(const void* send, const std::vector<int64_t>& send_counts, void* recv, const std::vector<int64_t>& recv_counts, WireType type,
+                       cudaStream_t s) override {
+    g_.send_counts[static_cast<size_t>(rank_)] = send_counts;
+    post(s, send, recv);
+    const size_t e = bytes_of(type);
+    size_t at = 0;
+    for (int r = 0; r < g_.size; ++r) {
+      const std::vector<int64_t>& theirs = g_.send_counts[static_cast<size_t>(r)];
+      if (theirs.size() != static_cast<size_t>(g_.size) || recv_counts.size() != static_cast<size_t>(g_.size) ||
+          theirs[static_cast<size_t>(rank_)] != recv_counts[static_cast<size_t>(r)]) {
+        throw std::runtime_error("thread collectives: all_to_all_v_on's counts do not match between the ranks");
+      }
+      int64_t offset = 0;
+      for (int q = 0; q < rank_; ++q) offset += theirs[static_cast<size_t>(q)];
+      const auto n = static_cast<size_t>(recv_counts[static_cast<size_t>(r)]);
+      if (n > 0) copy(static_cast<char*>(recv) + at * e, static_cast<const char*>(g_.sends[static_cast<size_t>(r)]) + static_cast<size_t>(offset) * e, n * e);
+      at += n;
+    }
+    finish();
   }
   void group_start() override {}  // (each collective completes as it is called)
   void group_end() override {}

@@ -349,12 +349,23 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK_THAT(gaps_text(cuda_engine_gaps(global, 2)), MT_CONTAINS("global_aux_loss with data parallelism"));
   Config tensor = m;
   tensor.parallel.tensor_model_parallel_size = 2;
-  CHECK_THAT(gaps_text(cuda_engine_gaps(tensor, 2)), MT_CONTAINS("data parallelism only so far"));
+  CHECK_THAT(gaps_text(cuda_engine_gaps(tensor, 2)), MT_CONTAINS("data and expert parallelism only so far"));
   Config expert_tensor = m;
   expert_tensor.derived.expert_tensor_parallel_size = 2;  // (TP 1 with --expert-tensor-parallel-size 2)
-  CHECK_THAT(gaps_text(cuda_engine_gaps(expert_tensor, 2)), MT_CONTAINS("data parallelism only so far"));
+  CHECK_THAT(gaps_text(cuda_engine_gaps(expert_tensor, 2)), MT_CONTAINS("data and expert parallelism only so far"));
   global.moe.moe_aux_loss_coeff = 0.0;  // (no aux loss: nothing counted over DP)
   CHECK(cuda_engine_gaps(global, 2).empty());
+  // Expert parallelism: refused by name until it has run on several GPUs; with that gate lifted, the distributed
+  // optimizer required.
+  Config expert = m;
+  expert.parallel.expert_model_parallel_size = 2;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(expert, 2)), MT_CONTAINS("--expert-model-parallel-size > 1 has not run on GPUs yet"));
+  setenv("MEGATRAIN_CUDA_UNVERIFIED", "moe-data-parallel,expert-parallel", 1);
+  CHECK_THAT(gaps_text(cuda_engine_gaps(expert, 2)), MT_CONTAINS("needs --use-distributed-optimizer"));
+  expert.training.use_distributed_optimizer = true;
+  CHECK(cuda_engine_gaps(expert, 2).empty());
+  expert.parallel.tensor_model_parallel_size = 2;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(expert, 4)), MT_CONTAINS("data and expert parallelism only so far"));
   if (before) setenv("MEGATRAIN_CUDA_UNVERIFIED", saved.c_str(), 1);
   else unsetenv("MEGATRAIN_CUDA_UNVERIFIED");
 }

@@ -77,6 +77,17 @@ void NcclCommunicator::wait_stream(const char* op) { wait_until([this] { return 
 
 void NcclCommunicator::wait_event(cudaEvent_t event, const char* op) { wait_until([event] { return cudaEventQuery(event); }, op); }
 
+void NcclCommunicator::host_wait_on(cudaStream_t s, const char* op) {
+  cudaEvent_t ev = nullptr;
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  struct Destroy {
+    cudaEvent_t e;
+    ~Destroy() { cudaEventDestroy(e); }
+  } destroy{ev};
+  MT_CUDA_CHECK(cudaEventRecord(ev, s));
+  wait_event(ev, op);
+}
+
 std::string nccl_wait_description() {
   std::lock_guard<std::mutex> lock(g_wait_mu);
   const int64_t since = g_wait_since_ns.load();

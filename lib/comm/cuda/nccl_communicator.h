@@ -86,6 +86,8 @@ class NcclCommunicator final : public Communicator, public StreamCollectives {
   // Waits for the work queued so far on this communicator's stream, watching for NCCL errors and the
   // timeout; throws std::runtime_error (after aborting the communicator) on either.
   void wait_stream(const char* op);
+  // The same for the work queued so far on another stream s (an event recorded there, waited for as wait_event).
+  void host_wait_on(cudaStream_t s, const char* op) override;
   // A communicator of the ranks with the same color (ncclCommSplit), ordered by key.
   std::shared_ptr<NcclCommunicator> split(int color, int key, const std::string& name);
 

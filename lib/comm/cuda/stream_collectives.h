@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,13 @@ class StreamCollectives {
   virtual void* alloc_window(size_t bytes) {
     (void)bytes;
     return nullptr;
+  }
+  // The host waits for the work queued so far on s, which may include this group's collectives (e.g. before reading
+  // counts that an all-to-all brought): NCCL's watches for errors and --distributed-timeout-seconds, so a dead peer
+  // ends the job naming `op` instead of hanging it.
+  virtual void host_wait_on(cudaStream_t s, const char* op) {
+    (void)op;
+    if (cudaStreamSynchronize(s) != cudaSuccess) throw std::runtime_error(std::string("a CUDA stream failed before ") + op);
   }
   // The ranks of this group with the same color, ordered by key (collective: every rank calls it).
   virtual std::shared_ptr<StreamCollectives> stream_sub_group(int color, int key, const std::string& name) = 0;

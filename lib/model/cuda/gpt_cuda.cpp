@@ -59,7 +59,7 @@ void* CudaGPT::alloc(size_t bytes) {
 
 CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout& where, cudaStream_t stream, StreamCollectives* tp,
                  bool keep_master, StreamCollectives* dp, int64_t max_in_flight, const CudaGPT* share_params)
-    : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1)),
+    : D_(model_dims(cfg, tp ? tp->group_rank() : 0, tp ? tp->group_size() : 1, where.ep_rank, where.ep_size, where.etp_rank, where.etp_size)),
       stream_(stream),
       dt_(cfg.precision.fp16 ? cuda::F16::kFP16 : cuda::F16::kBF16),
       ab_(cfg.precision.fp16 ? CUDA_R_16F : CUDA_R_16BF),
@@ -69,8 +69,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       hidden_dropout_(static_cast<float>(cfg.model.hidden_dropout)) {
   const ModelDims& D = D_;
   if (max_in_flight < 1) throw std::logic_error("CudaGPT: max_in_flight must be at least 1");
-  // MoE on one GPU (the experts all local: no TP, EP or expert-TP on this engine yet; refused by name before here).
-  if (cfg.moe.num_experts && (D.tp > 1 || D.ep > 1 || D.etp > 1)) throw std::logic_error("CudaGPT: MoE layers on one TP / EP rank only");
+  // MoE: every expert local, or split over EP (set_expert_parallel); no TP or expert-TP with MoE on this engine yet
+  // (refused by name before here).
+  if (cfg.moe.num_experts && (D.tp > 1 || D.etp > 1)) throw std::logic_error("CudaGPT: MoE layers on one TP / expert-TP rank only");
   if (D.tp > 1) {
     tp_ = tp;
     tp_size_ = D.tp;
@@ -297,8 +298,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       r.top = reinterpret_cast<int32_t*>(f32(1, k));
       r.row = reinterpret_cast<int32_t*>(f32(1, k));
       r.ex_rows = b16_rows(h, moe_rows_);
-      r.ex_fc1 = b16_rows(F1m, moe_rows_);
-      r.ex_act = b16_rows(Fm, moe_rows_);
+      if (D.ep == 1) {  // (expert parallelism: the rows this rank's experts receive, in growing buffers)
+        r.ex_fc1 = b16_rows(F1m, moe_rows_);
+        r.ex_act = b16_rows(Fm, moe_rows_);
+      }
       r.ex_out = b16_rows(h, moe_rows_);
       if (moe_pad_) r.pad_map = static_cast<int32_t*>(alloc(static_cast<size_t>(2 * moe_rows_) * 4));
       if (F_shared_ > 0) {
@@ -410,8 +413,12 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       const double k = static_cast<double>(topk_);
       const int64_t Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
       s.ex_dout = b16_rows(h, moe_rows_);
-      s.ex_dact = b16_rows(Fm, moe_rows_);
-      s.ex_dfc1 = b16_rows(F1m, moe_rows_);
+      if (D.ep == 1) {
+        s.ex_dact = b16_rows(Fm, moe_rows_);
+        s.ex_dfc1 = b16_rows(F1m, moe_rows_);
+      } else {
+        s.ep_counts = static_cast<int32_t*>(alloc(static_cast<size_t>(2 * experts_) * 4));
+      }
       s.ex_din = b16_rows(h, moe_rows_);
       if (F_shared_ > 0) {
         if (D.swiglu) s.sh_dact = b16(F_shared_);
@@ -429,7 +436,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.permute_parts = static_cast<int32_t*>(alloc(static_cast<size_t>(cuda::moe_permute_scratch({T, experts_, topk_, h})) * 4));
       if (arena_mode_ != ArenaMode::kCount) {  // (not in the arena's counting pass, which is thrown away)
         void* pinned = nullptr;
-        MT_CUDA_CHECK(cudaMallocHost(&pinned, static_cast<size_t>(experts_) * 4));
+        MT_CUDA_CHECK(cudaMallocHost(&pinned, static_cast<size_t>(2 * experts_) * 4));  // (EP: the counts sent, then received)
         s.counts_host = static_cast<int32_t*>(pinned);
       }
     }

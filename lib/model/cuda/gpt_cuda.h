@@ -470,9 +470,21 @@ class CudaGPT {
  public:
   // The context-parallel group (--context-parallel-size > 1): the ring's sends and receives. Set before the first step.
   void set_context_parallel(StreamCollectives* cp) { cp_ = cp; }
+  // The expert-parallel group (the layout's ep_size > 1, --expert-model-parallel-size): the all-to-alls that carry the MoE
+  // layers' rows to this rank's experts and back (gpt_cuda_expert_parallel.cpp). Set before the first step.
+  void set_expert_parallel(StreamCollectives* ep);
 
  private:
   StreamCollectives* cp_ = nullptr;
+  StreamCollectives* ep_ = nullptr;
+  // Expert parallelism: the counts per expert exchanged, r.per_expert made this rank's experts' and their rows received
+  // into r.ep_rows (returns how many); the rows of r (owner order <-> this rank's experts' order) over the EP group.
+  int64_t ep_dispatch(Record& r);
+  // The host waits for the training stream's queued work: through the EP group where there is one (its all-to-alls may
+  // be queued there: a dead peer then ends the job within --distributed-timeout-seconds, naming `op`).
+  void host_wait(const char* op);
+  void ep_to_experts(const Record& r, const cuda::bf16* owner_rows, cuda::bf16* expert_rows, const char* name);
+  void ep_to_owners(const Record& r, const cuda::bf16* expert_rows, cuda::bf16* owner_rows, const char* name);
   cudaStream_t cp_stream_ = nullptr;
   cudaEvent_t cp_ready_ev_ = nullptr, cp_done_ev_ = nullptr;
   uint64_t attention_seed(const DeviceMicrobatch& mb, int64_t l) const;

@@ -51,7 +51,7 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
     streams = std::atoll(env);
     if (streams < 1 || streams > 64) throw std::runtime_error("MEGATRAIN_MOE_EXPERT_STREAMS must be a number of streams from 1 to 64");
   }
-  streams = std::min(streams, experts_);
+  streams = std::min(streams, D.experts_local);
   if (streams > 1) {
     expert_streams_.resize(static_cast<size_t>(streams));
     expert_done_ev_.resize(static_cast<size_t>(streams));
@@ -134,21 +134,31 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // The rows per expert: the GEMMs' sizes, on the host (with a capacity, already there).
   if (!dropping) {
     MT_PROF("fwd.moe.counts", MT_CUDA_CHECK(cudaMemcpyAsync(s.counts_host, s.counts, static_cast<size_t>(E) * 4, cudaMemcpyDeviceToHost, stream_)));
-    MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    host_wait("the MoE layer's expert counts");
     r.per_expert.assign(s.counts_host, s.counts_host + E);
+  }
+  // This rank's experts' rows: its own choices', or under expert parallelism what every EP rank sends them.
+  bf16 *rows = r.ex_rows, *fc1 = r.ex_fc1, *act = r.ex_act, *out = r.ex_out;
+  if (D.ep > 1) {
+    const auto idle = [this] { host_wait("the MoE layer's expert buffers"); };
+    const int64_t R = ep_dispatch(r);
+    rows = r.ep_rows.get<bf16>();
+    fc1 = r.ep_fc1.need<bf16>(static_cast<size_t>(R * F1m) * 2, idle);
+    act = r.ep_act.need<bf16>(static_cast<size_t>(R * Fm) * 2, idle);
+    out = s.ep_out.need<bf16>(static_cast<size_t>(R * h) * 2, idle);
   }
   fork_experts();
   int64_t off = 0, busy = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = r.per_expert[static_cast<size_t>(e)];
+  for (size_t e = 0; e < r.per_expert.size(); ++e) {
+    const int64_t n = r.per_expert[e];
     if (n > 0) {
-      const auto e_ = static_cast<size_t>(e);
-      expert_forward(false, n, Fm, r.ex_rows + off * h, lw.expert_fc1[e_], lw.expert_fc2[e_], r.ex_fc1 + off * F1m, r.ex_act + off * Fm,
-                     r.ex_out + off * h, 0.0f, expert_stream(busy++));
+      expert_forward(false, n, Fm, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act + off * Fm, out + off * h, 0.0f,
+                     expert_stream(busy++));
     }
     off += n;
   }
   join_experts();
+  if (D.ep > 1) ep_to_owners(r, out, r.ex_out, "fwd.moe.ep.combine");
   MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, r.route_weight, rt, stream_));
   if (lw.shared_fc1_w >= 0) expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f, stream_);
 }
@@ -163,7 +173,7 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
   MT_PROF("fwd.moe.capacity", {
     MT_CUDA_CHECK(cudaMemcpyAsync(capacity_top_.data(), r.top, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
     MT_CUDA_CHECK(cudaMemcpyAsync(capacity_weight_.data(), r.route_weight, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
-    MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    host_wait("the MoE layer's capacity");
     if (capacity_order_size_ != std::make_pair(T, S)) {
       capacity_order_ = cpu::megatron_token_order(T, S);
       capacity_order_size_ = {T, S};
@@ -271,18 +281,33 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, dy, r.ex_out, r.row, r.route_weight, rt, stream_));
   // (padding rows: weight 0, so no output gradient; their input gradients are read by no token)
   if (r.pads > 0) MT_PROF("bwd.moe.combine", cuda::moe_pad_rows(s.ex_dout, nullptr, r.pad_map, r.pads, h, stream_));
+  // This rank's experts' rows and buffers (under expert parallelism the output gradients travel to them first).
+  bf16 *dout = s.ex_dout, *rows = r.ex_rows, *fc1 = r.ex_fc1, *act = r.ex_act, *dact = s.ex_dact, *dfc1 = s.ex_dfc1, *din = s.ex_din;
+  if (D.ep > 1) {
+    const auto idle = [this] { host_wait("the MoE layer's expert buffers"); };
+    int64_t R = 0;
+    for (int32_t n : r.per_expert) R += n;
+    dout = s.ep_dout.need<bf16>(static_cast<size_t>(R * h) * 2, idle);
+    din = s.ep_din.need<bf16>(static_cast<size_t>(R * h) * 2, idle);
+    dact = s.ep_dact.need<bf16>(static_cast<size_t>(R * Fm) * 2, idle);
+    dfc1 = s.ep_dfc1.need<bf16>(static_cast<size_t>(R * F1m) * 2, idle);
+    rows = r.ep_rows.get<bf16>();
+    fc1 = r.ep_fc1.get<bf16>();
+    act = r.ep_act.get<bf16>();
+    ep_to_experts(r, s.ex_dout, dout, "bwd.moe.ep.dispatch");
+  }
   fork_experts();
   int64_t off = 0, busy = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = r.per_expert[static_cast<size_t>(e)];
+  for (size_t e = 0; e < r.per_expert.size(); ++e) {
+    const int64_t n = r.per_expert[e];
     if (n > 0) {
-      const auto e_ = static_cast<size_t>(e);
-      expert_backward(false, n, Fm, s.ex_dout + off * h, r.ex_rows + off * h, lw.expert_fc1[e_], lw.expert_fc2[e_], r.ex_fc1 + off * F1m,
-                      r.ex_act + off * Fm, s.ex_dact + off * Fm, s.ex_dfc1 + off * F1m, s.ex_din + off * h, 0.0f, expert_stream(busy++));
+      expert_backward(false, n, Fm, dout + off * h, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act + off * Fm,
+                      dact + off * Fm, dfc1 + off * F1m, din + off * h, 0.0f, expert_stream(busy++));
     }
     off += n;
   }
   join_experts();
+  if (D.ep > 1) ep_to_owners(r, din, s.ex_din, "bwd.moe.ep.combine");
   // The router: through the weights, plus the aux and z losses' gradients at the lm loss's scale.
   MT_PROF("bwd.moe.router", cuda::moe_router_backward(s.dlogits, r.logits, r.top, s.dweight, moe_aux_ ? r.aux_dscale : nullptr, moe_z_coeff_,
                                                       mb.aux_grad_scale, rt, stream_));

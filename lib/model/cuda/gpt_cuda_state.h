@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "model/cuda/gpt_cuda.h"
+#include "tensor/cuda/growing_buffer.h"
 
 namespace mt {
 
@@ -37,6 +38,13 @@ struct CudaGPT::Record {
   int32_t *top = nullptr, *row = nullptr;
   bf16 *ex_rows = nullptr, *ex_fc1 = nullptr, *ex_act = nullptr, *ex_out = nullptr;
   std::vector<int32_t> per_expert;
+  // Expert parallelism (gpt_cuda_expert_parallel.cpp): ex_rows and ex_out hold this rank's choices in owner order (every
+  // expert's, expert-major) and per_expert the rows of this rank's experts; their rows, fc1 outputs and activations
+  // (received from every EP rank, expert-major, each expert's in source-rank order) grow with what arrives. ep_from[s][j]:
+  // the rows EP rank s sent to local expert j; ep_send / ep_recv: the elements sent to and received from each EP rank.
+  GrowingBuffer ep_rows, ep_fc1, ep_act;
+  std::vector<std::vector<int64_t>> ep_from;
+  std::vector<int64_t> ep_send, ep_recv;
   // --moe-pad-expert-input-to-capacity: the padding rows' (row, token) pairs (moe_pad_rows) and how many.
   int32_t* pad_map = nullptr;
   int64_t pads = 0;
@@ -74,6 +82,11 @@ struct CudaGPT::Scratch {
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
   int32_t *counts = nullptr, *counts_aux = nullptr, *offsets = nullptr, *counts_host = nullptr;
   float* wgrad_parts = nullptr;  // the router weight gradient's partial sums
+  // Expert parallelism: the rows in transit (source-rank-major), this rank's experts' outputs, output gradients, input
+  // gradients and activation / fc1 gradients (expert-major), and the counts per expert sent and received [2E] (with
+  // counts_host holding 2E then).
+  GrowingBuffer ep_transit, ep_out, ep_dout, ep_din, ep_dact, ep_dfc1;
+  int32_t* ep_counts = nullptr;
   int32_t* permute_parts = nullptr;  // the permutation's counts, then first rows, per chunk of choices and expert
   // FP8 layers: an FP8 operand [T, widest] (the forward's input, the backward's dy), dy^T for the weight gradient,
   // and the scalars f8_scalar(i) (256 bytes apart, the alignment cuBLASLt assumes of its scale pointers): 2 dy's

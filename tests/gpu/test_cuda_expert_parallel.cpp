@@ -1,0 +1,197 @@
+// test_cuda_expert_parallel.cpp: the CUDA model's expert parallelism (model/cuda/gpt_cuda_expert_parallel.cpp) on one
+// GPU. The EP ranks run as threads of one process, each with its own model (its share of the experts), stream and
+// two microbatches, linked by in-process collectives (thread_collectives.h). One model with every expert runs the ranks'
+// microbatches one after another; the EP ranks' gradients summed (the dense ones over the ranks, each expert's from
+// the rank that holds it) and their losses summed must be that model's (bf16 tolerance): the counts exchanged, the
+// rows' order through both all-to-alls, each expert's rows from every rank, the combine and the backward's way back.
+// The NCCL all-to-alls themselves (the engine's) need 2+ GPUs. Exit 77 (skipped) where no GPU is visible.
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device_buffers.h"
+#include "gpu_check.h"
+#include "rank_run.h"
+#include "thread_collectives.h"
+#include "config/cli.h"
+#include "config/resolve.h"
+#include "model/cuda/gpt_cuda.h"
+#include "model/layout.h"
+#include "tensor/device_info.h"
+#include "train/train_common.h"
+
+namespace {
+
+using mt::test::check;
+using mt::test::download;
+using mt::test::failures;
+using mt::test::RankRun;
+using mt::test::rel_err;
+
+// A tiny Mixtral-style model (llama: RMSNorm, SwiGLU experts, RoPE, GQA; gpt: LayerNorm, GELU experts, learned
+// positions) with 8 experts, top-2, an aux loss and a z-loss, on `ep` ranks of expert parallelism (DP = EP).
+mt::Config make_config(const std::string& model, int64_t ep, const std::string& extra) {
+  std::string flags =
+      "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2 "
+      "--lr 1e-3 --vocab-size 250 --attention-dropout 0 --hidden-dropout 0 --eval-iters 0 --train-iters 1 --seed 11 --bf16 --mock-data "
+      "--disable-bias-linear --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 96 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 " +
+      extra;
+  flags += " --global-batch-size " + std::to_string(2 * ep) + " ";
+  if (model == "llama") {
+    flags += "--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention --num-query-groups 2 "
+             "--untie-embeddings-and-output-weights ";
+  }
+  if (ep > 1) flags += "--expert-model-parallel-size " + std::to_string(ep) + " ";
+  CLI::App app;
+  mt::ConfigCli cli(app);
+  app.parse(flags, false);
+  mt::Config c = cli.build();
+  mt::resolve(c, static_cast<int>(ep));
+  return c;
+}
+
+void test_expert_parallel(const std::string& model, int64_t ep, const std::string& extra = "") {
+  char name[260];
+  std::snprintf(name, sizeof(name), "expert parallelism %s EP %lld %s(ranks as threads, one GPU)", model.c_str(), static_cast<long long>(ep), extra.c_str());
+  try {
+    const mt::Config one_cfg = make_config(model, 1, extra), grid_cfg = make_config(model, ep, extra);
+    auto data = mt::open_training_data(one_cfg);
+    const int64_t mbs = *one_cfg.training.micro_batch_size, S = *one_cfg.data.seq_length;
+    // Two microbatches per rank (rank r's are 2r and 2r + 1): the second one's rows reuse, or grow, the first one's
+    // buffers (tight, MEGATRAIN_TEST_TIGHT_BUFFERS=1 in main, so that they grow whenever more rows arrive).
+    constexpr int64_t kPerRank = 2;
+    std::vector<mt::Microbatch> mbs_of(static_cast<size_t>(ep * kPerRank));
+    double denom = 0;
+    for (size_t i = 0; i < mbs_of.size(); ++i) {
+      mbs_of[i] = mt::make_microbatch(*data, mt::Split::kTrain, static_cast<int64_t>(i) * mbs, mbs, S, one_cfg);
+      for (float x : mbs_of[i].loss_mask) denom += x;
+    }
+    const auto w = static_cast<float>(1.0 / std::max(denom, 1.0));
+    // Every microbatch on one model with every expert, the gradients and losses accumulating.
+    RankRun one;
+    mt::test::prepare(one, one_cfg, mbs_of[0], mt::LayoutCoordinates{});
+    for (size_t i = 0; i < mbs_of.size(); ++i) {
+      if (i > 0) mt::test::stage(one, one_cfg, mbs_of[i]);
+      one.dev.aux_grad_scale = 1.0f;
+      mt::test::forward_backward(one, w);
+    }
+    const std::vector<float> g_one = download(one.model->grads(), static_cast<size_t>(one.model->numel()));
+    const float loss_one = download(one.acc, 1)[0];
+    // The EP ranks, each built, run and checked in its own thread.
+    mt::test::Baton baton;
+    mt::test::ThreadGroup group(baton, static_cast<int>(ep));
+    const auto n = static_cast<size_t>(ep);
+    std::vector<RankRun> ranks(n);
+    std::vector<std::unique_ptr<mt::test::ThreadCollectives>> ep_of(n);
+    std::vector<std::string> errors(n);
+    std::vector<std::thread> threads;
+    for (int64_t r = 0; r < ep; ++r) {
+      const auto i = static_cast<size_t>(r);
+      ep_of[i] = std::make_unique<mt::test::ThreadCollectives>(group, static_cast<int>(r));
+      threads.emplace_back([&, r, i] {
+        std::unique_lock<std::mutex> lock(baton.m);
+        mt::test::baton_held = &lock;
+        try {
+          mt::LayoutCoordinates at;
+          at.ep_rank = r;
+          at.ep_size = ep;
+          mt::test::prepare(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(r * kPerRank)], at);
+          ranks[i].model->set_expert_parallel(ep_of[i].get());
+          for (int64_t k = 0; k < kPerRank; ++k) {
+            if (k > 0) mt::test::stage(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(r * kPerRank + k)]);
+            ranks[i].dev.aux_grad_scale = 1.0f;
+            mt::test::forward_backward(ranks[i], w);
+          }
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+          baton.failed = true;
+          baton.cv.notify_all();
+        }
+        mt::test::baton_held = nullptr;
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int pass = 0; pass < 2; ++pass) {  // (the root cause first: the others only say another rank failed)
+      for (const std::string& e : errors) {
+        if (!e.empty() && (pass == 1 || e.find("another rank failed") == std::string::npos)) throw std::runtime_error(e);
+      }
+    }
+    // The ranks' gradients at the one model's places: the dense parameters summed over the ranks (each rank's share of
+    // the tokens), each expert from the rank that holds it; every expert must be held by exactly one rank.
+    std::vector<float> g_sum(g_one.size(), 0.0f);
+    std::vector<int> holders(one.store.infos().size(), 0);
+    float loss_sum = 0;
+    for (RankRun& run : ranks) {
+      const std::vector<float> g = download(run.model->grads(), static_cast<size_t>(run.model->numel()));
+      for (const mt::ParamInfo& p : run.store.infos()) {
+        if (!p.trainable) continue;
+        const size_t at = one.store.index_of(p.name);
+        const mt::ParamInfo& one_p = one.store.info(at);
+        if (p.numel != one_p.numel) throw std::logic_error(p.name + ": an EP rank's size differs from the one model's");
+        ++holders[at];
+        for (int64_t e = 0; e < p.numel; ++e) g_sum[static_cast<size_t>(one_p.offset + e)] += g[static_cast<size_t>(p.offset + e)];
+      }
+      loss_sum += download(run.acc, 1)[0];
+    }
+    double worst = 0;
+    std::string worst_name;
+    int64_t experts_checked = 0;
+    for (size_t i = 0; i < one.store.infos().size(); ++i) {
+      const mt::ParamInfo& p = one.store.info(i);
+      if (!p.trainable) continue;
+      const bool expert = p.grad_group == mt::GradGroup::kExpert;
+      if (holders[i] != (expert ? 1 : static_cast<int>(ep))) {
+        throw std::logic_error(p.name + ": held by " + std::to_string(holders[i]) + " EP ranks");
+      }
+      experts_checked += expert ? 1 : 0;
+      const std::vector<float> a(g_sum.begin() + p.offset, g_sum.begin() + p.offset + p.numel), b(g_one.begin() + p.offset, g_one.begin() + p.offset + p.numel);
+      const double e = rel_err(a, b);
+      if (e > worst || !std::isfinite(e)) {
+        worst = e;
+        worst_name = p.name;
+      }
+    }
+    if (experts_checked == 0) throw std::logic_error("no expert parameters were compared");
+    const double loss_gap = std::fabs(loss_sum - loss_one) / std::fabs(loss_one);
+    char buf[500];
+    std::snprintf(buf, sizeof(buf), "%s: loss %.6f (one model %.6f, %.2e apart); worst parameter gradient %s %.2e from the one model's (%lld expert tensors)",
+                  name, loss_sum, loss_one, loss_gap, worst_name.c_str(), worst, static_cast<long long>(experts_checked));
+    check(loss_gap < 2e-3 && worst < 3e-2 && std::isfinite(worst), buf);
+    for (RankRun& run : ranks) mt::test::release(run);
+    mt::test::release(one);
+  } catch (const std::exception& e) {
+    check(false, std::string(name) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+int main() {
+  setenv("MEGATRAIN_TEST_TIGHT_BUFFERS", "1", 1);  // (read once, at the first growth)
+  if (mt::visible_gpus().empty()) {
+    std::printf("SKIP: no GPU visible (%s)\n", mt::gpu_unavailable_reason().c_str());
+    return 77;
+  }
+  test_expert_parallel("llama", 2);
+  test_expert_parallel("llama", 4);
+  test_expert_parallel("gpt", 2);  // GELU experts (the GEMM's epilogue)
+  test_expert_parallel("llama", 8, "--moe-shared-expert-intermediate-size 64 ");  // one expert per rank, and the shared expert beside them
+  // The dispatch again in the backward's recompute (the same counts and rows as the forward's).
+  test_expert_parallel("llama", 2, "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
+  // A capacity that drops, and padding to capacity: each rank's kept and padding rows, in owner order, cross the ranks.
+  test_expert_parallel("llama", 2, "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall ");
+  test_expert_parallel("llama", 4, "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity ");
+  // Group-limited routing and sigmoid scores with an expert bias: the routing is each rank's own; the dispatch the same.
+  test_expert_parallel("gpt", 4, "--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 4 --moe-router-group-topk 2 ");
+  std::printf("%d failure(s)\n", failures);
+  return failures == 0 ? 0 : 1;
+}
