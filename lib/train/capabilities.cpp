@@ -221,17 +221,11 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     const bool ep = par.expert_model_parallel_size > 1;
     no(ep && !cuda_unverified_allowed("expert-parallel"),
        "--expert-model-parallel-size > 1 has not run on GPUs yet on the CUDA engine: use --device cpu (the CPU engine runs every expert layout)");
-    no(ep && c.precision.grad_reduce_in_bf16,
-       "--grad-reduce-in-bf16 with expert parallelism is not implemented on the CUDA engine (the experts' reduction over expert-DP): drop it, "
-       "or use --device cpu");
     no(ep && !c.training.use_distributed_optimizer,
        "expert parallelism on the CUDA engine needs --use-distributed-optimizer (each parameter's norm and update by its owner): add it, "
        "or use --device cpu");
     no(world_size > 1 && !cuda_unverified_allowed("moe-data-parallel"),
        "mixture of experts with data parallelism has not run on several GPUs yet on the CUDA engine: use --device cpu for multi-rank MoE");
-    no(world_size > 1 && (c.training.overlap_grad_reduce || c.training.overlap_param_gather),
-       "--overlap-grad-reduce / --overlap-param-gather with mixture of experts on the CUDA engine is not implemented (the experts' gradients "
-       "sit apart from their layers'): drop them, or use --device cpu");
     no(world_size > 1 && m.moe_router_load_balancing_type == "global_aux_loss" && m.moe_aux_loss_coeff > 0,
        "global_aux_loss with data parallelism is not implemented on the CUDA engine (its expert counts summed over DP): use aux_loss or "
        "seq_aux_loss, or --device cpu");

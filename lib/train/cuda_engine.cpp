@@ -170,9 +170,9 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   if (groups_.ep->size() > 1) {
 #ifdef MEGATRAIN_HAVE_NCCL
     // (refused by name in train/capabilities: guards for other callers. fp16's reductions average, which would scale the
-    // experts' gradients by 1 / expert-DP instead of 1 / DP; a bf16 reduction would take a second shadow of every gradient)
+    // experts' gradients by 1 / expert-DP instead of 1 / DP)
     if (!dist_opt_) throw std::logic_error("CUDA engine: expert parallelism without the distributed optimizer");
-    if (cfg.precision.fp16 || cfg.precision.grad_reduce_in_bf16) throw std::logic_error("CUDA engine: expert parallelism in fp16 or with bf16 reductions");
+    if (cfg.precision.fp16) throw std::logic_error("CUDA engine: expert parallelism in fp16");
     ep_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.ep);
     if (!ep_nccl_) throw std::logic_error("CUDA engine: the expert-parallel group is not an NCCL communicator");
     for (CudaGPT* m : chunks_models_) m->set_expert_parallel(ep_nccl_.get());
@@ -370,41 +370,58 @@ void CudaEngine::setup_data_parallel() {
 #ifdef MEGATRAIN_HAVE_NCCL
   const Config& cfg = cfg_;
   if (dp_ <= 1) return;
+  // MoE: the experts' gradients in a set of buckets of their own, reduced after the backward, not overlapped (they lie
+  // after every dense parameter, so the layers' readiness, which the overlap keys on, does not cover them), and
+  // summed over expert-DP: the DP group itself without expert parallelism (its communicator, so the two sets of buckets
+  // are ordered on one stream), DP / EP ranks with it (none at expert-DP 1: each rank's experts are its own, whole). Both
+  // are scaled by 1 / DP in the backward (Megatron's expert gradient scaling, as the CPU engine's).
+  const bool experts = host_->has_experts();
+  std::shared_ptr<NcclCommunicator> expert_comm;
+  if (experts && groups_.expert_dp->size() > 1) {
+    if (groups_.ep->size() == 1) {
+      expert_comm = dp_nccl_;
+    } else {
+      expert_dp_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.expert_dp);
+      if (!expert_dp_nccl_) throw std::logic_error("CUDA engine: the experts' data-parallel group is not an NCCL communicator");
+      expert_comm = expert_dp_nccl_;
+    }
+  }
+  const bool bf16_wire = cfg.precision.grad_reduce_in_bf16, prescaled = !cfg.precision.fp16;
   if (dist_opt_) {
-    std::vector<DeviceBucket> buckets;
-    // (highest first, as DeviceDataParallel takes them: the experts' region lies after every dense parameter. Without the
-    // overlap, which MoE refuses here, every bucket goes at the end of the backward.)
+    // (highest first, as DeviceDataParallel takes them)
+    std::vector<DeviceBucket> buckets, expert_buckets;
     if (expert_layout_) {
-      if (cfg.training.overlap_grad_reduce || overlap_gather_) {  // (refused by name in train/capabilities: a guard for other callers)
-        throw std::logic_error("CUDA engine: the experts' buckets are not reduced or gathered overlapped");
-      }
-      std::vector<DeviceBucket> expert_buckets;
       for (const auto& b : expert_layout_->buckets()) expert_buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
-      if (groups_.ep->size() == 1) {  // (expert-DP is the DP group: one set of buckets)
-        buckets = std::move(expert_buckets);
-      } else if (groups_.expert_dp->size() > 1) {
-        // Expert parallelism: the experts' gradients summed over expert-DP (scaled by 1 / DP in the backward as the dense
-        // ones, Megatron's expert gradient scaling) and their updated weights gathered there; with expert-DP 1 each
-        // rank's experts are its own, whole.
-        expert_dp_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.expert_dp);
-        if (!expert_dp_nccl_) throw std::logic_error("CUDA engine: the experts' data-parallel group is not an NCCL communicator");
-        expert_ddp_ = std::make_unique<DeviceDataParallel>(expert_dp_nccl_, model_->grads(), P_, std::move(expert_buckets), false,
-                                                           cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream_);
-      }
+    }
+    if (expert_comm && !expert_buckets.empty()) {
+      expert_ddp_ = std::make_unique<DeviceDataParallel>(expert_comm, model_->grads(), std::move(expert_buckets), false, bf16_wire, prescaled, stream_);
     }
     for (const auto& b : shard_layout_->buckets()) buckets.push_back({b.begin, b.end, b.shard_counts, b.shard_begin, b.shard_end});
-    ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), P_, std::move(buckets), cfg.training.overlap_grad_reduce,
-                                                cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream_);
+    ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), std::move(buckets), cfg.training.overlap_grad_reduce, bf16_wire, prescaled,
+                                                stream_);
   } else {
+    // (without the distributed optimizer: every gradient all-reduced; MoE's experts apart, above the dense ones)
     const int64_t bucket = cfg.training.ddp_bucket_size.value_or(40000000);
-    ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), P_, bucket, cfg.training.overlap_grad_reduce,
-                                                cfg.precision.grad_reduce_in_bf16, !cfg.precision.fp16, stream_);
+    const int64_t dense_end = experts ? host_->group_range(GradGroup::kExpert).first : P_;
+    if (experts) {
+      if (!expert_comm) throw std::logic_error("CUDA engine: MoE with data parallelism and without the distributed optimizer needs expert-DP > 1");
+      expert_ddp_ = std::make_unique<DeviceDataParallel>(expert_comm, model_->grads(), dense_end, P_, bucket, false, bf16_wire, prescaled, stream_);
+    }
+    ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), 0, dense_end, bucket, cfg.training.overlap_grad_reduce, bf16_wire, prescaled,
+                                                stream_);
   }
   for (CudaGPT* m : chunks_models_) m->set_grads_ready_hook([this](int64_t lowest) { ddp_->on_grads_ready(lowest); });
   grad_share_ = ddp_->grad_share();
   if (!overlap_gather_) return;
   for (CudaGPT* m : chunks_models_) m->set_params_needed_hook([this](int64_t end) { ddp_->wait_params(end); });
+  // (MoE: the experts' chunks, after every dense one, are updated and gathered after the backward, not overlapped)
   int64_t covered = 0;
+  if (experts) {
+    const int64_t expert_lo = host_->group_range(GradGroup::kExpert).first;
+    const auto first = std::find_if(gpu_chunks_.begin(), gpu_chunks_.end(), [&](const cuda::AdamChunk& c) { return c.start >= expert_lo; });
+    expert_chunks_ = {first - gpu_chunks_.begin(), static_cast<int64_t>(gpu_chunks_.size())};
+    covered += expert_chunks_.second - expert_chunks_.first;
+  }
   for (const DeviceBucket& b : ddp_->bucket_list()) {
     const auto in = [&](const cuda::AdamChunk& c) { return c.start >= b.lo && c.start < b.hi; };
     const auto first = std::find_if(gpu_chunks_.begin(), gpu_chunks_.end(), in);

@@ -140,9 +140,12 @@ class CudaEngine final : public TrainingEngine {
   float grad_share_ = 1.0f;
 #ifdef MEGATRAIN_HAVE_NCCL
   std::unique_ptr<DeviceDataParallel> ddp_;
-  // Expert parallelism with expert-DP > 1: the experts' buckets over expert-DP (reduced after the dense ones are queued,
-  // gathered after the step); null otherwise.
+  // MoE with expert-DP > 1: the experts' buckets over expert-DP (reduced after the dense ones, not overlapped; gathered
+  // after the step); null otherwise.
   std::unique_ptr<DeviceDataParallel> expert_ddp_;
+  // --overlap-param-gather with MoE: the optimizer chunks of the experts [first, end), updated and gathered after the
+  // backward (not bucket by bucket).
+  std::pair<int64_t, int64_t> expert_chunks_{0, 0};
   std::shared_ptr<NcclCommunicator> expert_dp_nccl_;
 #endif
   // --overlap-param-gather: the chunks [first, second) of the table that update the bucket starting at lo.

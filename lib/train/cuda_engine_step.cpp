@@ -160,10 +160,10 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
     // The loss is the last stage's (the others hold 0): every stage takes the same skip decision.
     MT_PROF("pp.loss", pp_nccl_->all_reduce_on(&st_->loss_acc, 1, WireType::kF32, ReduceOp::kSum, stream_));
   }
-  // (expert parallelism: the experts' reductions over expert-DP first, and the compute stream waits for them before the
-  // dense ones start, so the two groups' collectives never run at once)
-  if (expert_ddp_) MT_PROF("dp.expert_grad_reduce_wait", expert_ddp_->finish());
+  // (MoE: the experts' reductions after the dense ones, which the compute stream waits for first, so that two groups'
+  // collectives never run at once)
   if (ddp_) MT_PROF("dp.grad_all_reduce_wait", ddp_->finish());
+  if (expert_ddp_) MT_PROF("dp.expert_grad_reduce_wait", expert_ddp_->finish());
 #endif
   const float clip = static_cast<float>(cfg.training.clip_grad);
   const float b1 = static_cast<float>(cfg.training.adam_beta1), b2 = static_cast<float>(cfg.training.adam_beta2);
@@ -204,6 +204,8 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   // after the step or (--overlap-param-gather) bucket by bucket as the step updates them, on the
   // communicator's stream, while the rest of the step and the next forward run.
   if (overlap_gather_) {
+    if (expert_chunks_.second > expert_chunks_.first) adamw(expert_chunks_.first, expert_chunks_.second - expert_chunks_.first);
+    if (expert_ddp_) MT_PROF("dp.expert_param_gather", expert_ddp_->gather_params(model_->working()));
     ddp_->start_param_gather(model_->working(), [&](int64_t lo) {
       const auto [first, last] = bucket_chunks_.at(lo);
       if (last > first) adamw(first, last - first);

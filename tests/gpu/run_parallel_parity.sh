@@ -8,8 +8,9 @@
 # validation loss. The distributed optimizer's sharded checkpoint must resume on the GPUs and on the CPU
 # engine. Context parallelism: CP 2 (with 4 GPUs also CP 2 x DP 2 + distributed optimizer, CP 2 x TP 2 + SP). Pipeline
 # parallelism: PP 2 with 1F1B, ZB-H1 and interleaved (with 4 GPUs also PP 2 x DP 2 + distributed optimizer, PP 2 x TP 2 + SP).
-# Mixture of experts (LLaMA): DP 2, with the distributed optimizer, the expert bias and a capacity factor; expert
-# parallelism EP 2 (with 4 GPUs also EP 2 x expert-DP 2, and EP 4), with the distributed optimizer.
+# Mixture of experts (LLaMA): DP 2, with the distributed optimizer, the expert bias and a capacity factor, with the
+# overlaps (the experts' buckets after the backward); expert parallelism EP 2 (with 4 GPUs also EP 2 x expert-DP 2, and
+# EP 4), with the distributed optimizer, and with the overlaps.
 # Needs at least 2 visible GPUs (exit 77, skipped, otherwise).
 # Usage: run_parallel_parity.sh path/to/megatrain
 set -u
@@ -203,7 +204,9 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
       # shellcheck disable=SC2086
       run "$family-cpu$tag" 1 cpu "$model" $MOE $vflags || continue
       layouts=("gpu1$tag 1" "dp2$tag 2" "dp2do$tag 2 --use-distributed-optimizer"
-               "ep2do$tag 2 --expert-model-parallel-size 2 --use-distributed-optimizer")
+               "dp2ov$tag 2 --overlap-grad-reduce" "dp2doov$tag 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
+               "ep2do$tag 2 --expert-model-parallel-size 2 --use-distributed-optimizer"
+               "ep2doov$tag 2 --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
       ((n >= 4)) && layouts+=("ep2dp4do$tag 4 --expert-model-parallel-size 2 --use-distributed-optimizer"
                               "ep4do$tag 4 --expert-model-parallel-size 4 --use-distributed-optimizer")
       for l in "${layouts[@]}"; do

@@ -14,20 +14,20 @@
 
 namespace mt {
 
-DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, int64_t bucket_elems,
+DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t lo, int64_t hi, int64_t bucket_elems,
                                        bool overlap, bool reduce_bf16, bool prescaled, cudaStream_t compute)
     : comm_(std::move(comm)), grads_(grads), overlap_(overlap), op_(prescaled ? ReduceOp::kSum : ReduceOp::kAvg), compute_(compute) {
-  if (reduce_bf16) alloc_shadow(numel);
+  if (reduce_bf16) alloc_shadow(lo, hi);
   bucket_elems = std::max<int64_t>(bucket_elems, 1 << 20);
-  for (int64_t hi = numel; hi > 0;) {
-    const int64_t lo = std::max<int64_t>(0, hi - bucket_elems);
-    buckets_.push_back({lo, hi, {}, lo, hi});
-    hi = lo;
+  for (int64_t top = hi; top > lo;) {
+    const int64_t bottom = std::max<int64_t>(lo, top - bucket_elems);
+    buckets_.push_back({bottom, top, {}, bottom, top});
+    top = bottom;
   }
 }
 
-DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, std::vector<DeviceBucket> sharded,
-                                       bool overlap, bool reduce_bf16, bool prescaled, cudaStream_t compute)
+DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, std::vector<DeviceBucket> sharded, bool overlap,
+                                       bool reduce_bf16, bool prescaled, cudaStream_t compute)
     : comm_(std::move(comm)),
       grads_(grads),
       overlap_(overlap),
@@ -35,14 +35,16 @@ DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, f
       op_(prescaled ? ReduceOp::kSum : ReduceOp::kAvg),
       compute_(compute),
       buckets_(std::move(sharded)) {
-  if (reduce_bf16) alloc_shadow(numel);
+  if (buckets_.empty()) throw std::logic_error("DeviceDataParallel: no buckets");
+  if (reduce_bf16) alloc_shadow(buckets_.back().lo, buckets_.front().hi);  // (highest first)
   // Tests: make every bucket's gather late, so a forward that does not wait for the buckets it reads sees
   // last step's weights.
   if (const char* delay = std::getenv("MEGATRAIN_TEST_GATHER_DELAY_US")) test_delay_us_ = std::atoll(delay);
 }
 
-void DeviceDataParallel::alloc_shadow(int64_t numel) {
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(numel, 1)) * 2;
+void DeviceDataParallel::alloc_shadow(int64_t lo, int64_t hi) {
+  base_ = lo;
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(hi - lo, 1)) * 2;
   shadow_ = comm_->alloc_window(bytes);
   shadow_window_ = shadow_ != nullptr;
   if (!shadow_window_) shadow_ = device_malloc(bytes, "the distributed optimizer's parameter gather buffer");
@@ -63,14 +65,14 @@ void DeviceDataParallel::launch_next() {
   }
   // The rounding to bf16 runs on the communicator's stream too, after the compute stream's work so far: on
   // the compute stream it was a gap of 0.15-0.3 ms per layer in the backward (one pass over the bucket).
-  auto* s = static_cast<cuda::bf16*>(shadow_);
+  auto* s = static_cast<cuda::bf16*>(shadow_);  // (flat offset o at s[o - base_])
   cudaStream_t cs = comm_->stream();
   comm_->follow(compute_);
-  MT_PROF_ON(cs, "dp.grad_to_bf16", cuda::cast_to_bf16(s + b.lo, grads_ + b.lo, n, cs));
-  if (sharded_) comm_->reduce_scatter_v_after(s + b.lo, b.shard_counts, WireType::kBF16, op_, cs);
-  else comm_->all_reduce_bf16_after(s + b.lo, n, op_, cs);
+  MT_PROF_ON(cs, "dp.grad_to_bf16", cuda::cast_to_bf16(s + (b.lo - base_), grads_ + b.lo, n, cs));
+  if (sharded_) comm_->reduce_scatter_v_after(s + (b.lo - base_), b.shard_counts, WireType::kBF16, op_, cs);
+  else comm_->all_reduce_bf16_after(s + (b.lo - base_), n, op_, cs);
   // Widen what this rank uses: its block (distributed optimizer) or the whole bucket.
-  cuda::cast_from_bf16(grads_ + b.shard_lo, s + b.shard_lo, b.shard_hi - b.shard_lo, comm_->stream());
+  cuda::cast_from_bf16(grads_ + b.shard_lo, s + (b.shard_lo - base_), b.shard_hi - b.shard_lo, comm_->stream());
 }
 
 void DeviceDataParallel::on_grads_ready(int64_t lowest) {

@@ -28,17 +28,17 @@ struct DeviceBucket {
 
 class DeviceDataParallel {
  public:
-  // All-reduce buckets of bucket_elems elements. reduce_bf16 (--grad-reduce-in-bf16): each bucket is rounded
+  // All-reduce buckets of bucket_elems elements over the flat range [lo, hi) of the gradients. reduce_bf16 (--grad-reduce-in-bf16): each bucket is rounded
   // to bf16, reduced in bf16 (half the bytes on the wire) and widened back into the fp32 buffer.
   // prescaled: the reductions sum, and the caller's backward scales each rank's gradients by grad_share()
   // = 1 / DP (NCCL's symmetric-memory kernels only sum; exact in bf16 / fp32 for DP a power of two); else
   // they average (fp16, whose gradients would lose log2(DP) bits to underflow with the scaling in the backward).
-  DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, int64_t bucket_elems, bool overlap,
+  DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t lo, int64_t hi, int64_t bucket_elems, bool overlap,
                      bool reduce_bf16, bool prescaled, cudaStream_t compute);
-  // Distributed optimizer: the given sharded buckets (highest first); afterwards each rank's blocks hold the
+  // Distributed optimizer: the given sharded buckets (highest first; not empty); afterwards each rank's blocks hold the
   // DP average, the rest of the buffer is stale.
-  DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, int64_t numel, std::vector<DeviceBucket> sharded, bool overlap,
-                     bool reduce_bf16, bool prescaled, cudaStream_t compute);
+  DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, float* grads, std::vector<DeviceBucket> sharded, bool overlap, bool reduce_bf16,
+                     bool prescaled, cudaStream_t compute);
   ~DeviceDataParallel();
   void start_iteration() { next_ = 0; }
   // The backward's hook: gradients at offsets >= lowest are final.
@@ -64,12 +64,13 @@ class DeviceDataParallel {
 
  private:
   void launch_next();
-  void alloc_shadow(int64_t numel);
+  void alloc_shadow(int64_t lo, int64_t hi);  // the shadow of [lo, hi)
   std::shared_ptr<NcclCommunicator> comm_;
   float* grads_;
   bool overlap_, sharded_ = false;
   ReduceOp op_;
-  void* shadow_ = nullptr;  // bf16 copy of the gradients (reduce_bf16), in the group's window where it has one
+  void* shadow_ = nullptr;  // bf16 copy of the gradients (reduce_bf16) from flat offset base_, in the group's window where it has one
+  int64_t base_ = 0;
   bool shadow_window_ = false;
   cudaStream_t compute_;
   std::vector<DeviceBucket> buckets_;  // highest first
