@@ -36,7 +36,14 @@ DeviceDataParallel::DeviceDataParallel(std::shared_ptr<NcclCommunicator> comm, f
       compute_(compute),
       buckets_(std::move(sharded)) {
   if (buckets_.empty()) throw std::logic_error("DeviceDataParallel: no buckets");
-  if (reduce_bf16) alloc_shadow(buckets_.back().lo, buckets_.front().hi);  // (highest first)
+  if (reduce_bf16) {
+    int64_t lo = buckets_.front().lo, hi = buckets_.front().hi;
+    for (const DeviceBucket& b : buckets_) {
+      lo = std::min(lo, b.lo);
+      hi = std::max(hi, b.hi);
+    }
+    alloc_shadow(lo, hi);
+  }
   // Tests: make every bucket's gather late, so a forward that does not wait for the buckets it reads sees
   // last step's weights.
   if (const char* delay = std::getenv("MEGATRAIN_TEST_GATHER_DELAY_US")) test_delay_us_ = std::atoll(delay);
