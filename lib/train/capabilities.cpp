@@ -221,6 +221,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     const bool ep = par.expert_model_parallel_size > 1;
     no(ep && !cuda_unverified_allowed("expert-parallel"),
        "--expert-model-parallel-size > 1 has not run on GPUs yet on the CUDA engine: use --device cpu (the CPU engine runs every expert layout)");
+    no(ep && par.expert_model_parallel_size != c.derived.data_parallel_size && (c.training.overlap_grad_reduce || c.training.overlap_param_gather),
+       "--overlap-grad-reduce / --overlap-param-gather with expert parallelism smaller than data parallelism is not implemented on the CUDA "
+       "engine (the DP reductions would run beside the EP all-to-alls on another communicator): drop them, set "
+       "--expert-model-parallel-size to the data-parallel size, or use --device cpu");
     no(ep && !c.training.use_distributed_optimizer,
        "expert parallelism on the CUDA engine needs --use-distributed-optimizer (each parameter's norm and update by its owner): add it, "
        "or use --device cpu");

@@ -173,7 +173,14 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     // experts' gradients by 1 / expert-DP instead of 1 / DP)
     if (!dist_opt_) throw std::logic_error("CUDA engine: expert parallelism without the distributed optimizer");
     if (cfg.precision.fp16) throw std::logic_error("CUDA engine: expert parallelism in fp16");
-    ep_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.ep);
+    // (EP = DP: the all-to-alls on the DP group's communicator, the same members in the same order, so that they and the
+    // overlapped DP reductions are ordered by one communicator; EP < DP with the overlaps is refused by name)
+    if (groups_.ep->size() == dp_) {
+      if (groups_.ep->rank() != dp_rank_) throw std::logic_error("CUDA engine: EP = DP with another rank order");
+      ep_nccl_ = dp_nccl_;
+    } else {
+      ep_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.ep);
+    }
     if (!ep_nccl_) throw std::logic_error("CUDA engine: the expert-parallel group is not an NCCL communicator");
     for (CudaGPT* m : chunks_models_) m->set_expert_parallel(ep_nccl_.get());
 #else
@@ -402,10 +409,12 @@ void CudaEngine::setup_data_parallel() {
   } else {
     // (without the distributed optimizer: every gradient all-reduced; MoE's experts apart, above the dense ones)
     const int64_t bucket = cfg.training.ddp_bucket_size.value_or(40000000);
-    const int64_t dense_end = experts ? host_->group_range(GradGroup::kExpert).first : P_;
+    const auto expert_range = host_->group_range(GradGroup::kExpert);
+    const int64_t dense_end = experts ? expert_range.first : P_;
     if (experts) {
       if (!expert_comm) throw std::logic_error("CUDA engine: MoE with data parallelism and without the distributed optimizer needs expert-DP > 1");
-      expert_ddp_ = std::make_unique<DeviceDataParallel>(expert_comm, model_->grads(), dense_end, P_, bucket, false, bf16_wire, prescaled, stream_);
+      expert_ddp_ = std::make_unique<DeviceDataParallel>(expert_comm, model_->grads(), expert_range.first, expert_range.second, bucket, false, bf16_wire,
+                                                         prescaled, stream_);
     }
     ddp_ = std::make_unique<DeviceDataParallel>(dp_nccl_, model_->grads(), 0, dense_end, bucket, cfg.training.overlap_grad_reduce, bf16_wire, prescaled,
                                                 stream_);

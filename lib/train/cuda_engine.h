@@ -90,8 +90,8 @@ class CudaEngine final : public TrainingEngine {
   std::unique_ptr<ParamStore> host_;
   std::unique_ptr<Optimizer> host_opt_;
   std::unique_ptr<DataParallel> shard_layout_;
-  // MoE with the distributed optimizer: the experts' shards over expert-DP (without EP the DP group itself, their buckets
-  // queued before the dense ones, the highest offsets first; with EP expert_ddp_'s).
+  // MoE with the distributed optimizer: the experts' shards over expert-DP (without EP the DP group itself), their
+  // buckets reduced by expert_ddp_ after the dense ones.
   std::unique_ptr<DataParallel> expert_layout_;
   // MoE: each pending step's statistics (the model's sums over its microbatches, moe_row_ floats) and microbatches.
   int64_t moe_row_ = 0;

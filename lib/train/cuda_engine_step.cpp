@@ -160,8 +160,8 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
     // The loss is the last stage's (the others hold 0): every stage takes the same skip decision.
     MT_PROF("pp.loss", pp_nccl_->all_reduce_on(&st_->loss_acc, 1, WireType::kF32, ReduceOp::kSum, stream_));
   }
-  // (MoE: the experts' reductions after the dense ones, which the compute stream waits for first, so that two groups'
-  // collectives never run at once)
+  // (MoE: the experts' reductions after the dense ones, which the compute stream waits for first, so that the two
+  // groups' reductions never run at once)
   if (ddp_) MT_PROF("dp.grad_all_reduce_wait", ddp_->finish());
   if (expert_ddp_) MT_PROF("dp.expert_grad_reduce_wait", expert_ddp_->finish());
 #endif
@@ -199,6 +199,19 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
     hs.fp16 = cfg.precision.fp16;
     MT_PROF("opt.offloaded_adamw", offload_->finish(model_->working(), stream_, hs, [this](cudaEvent_t ev) { wait_event(ev); }));
   };
+  // Data parallelism: the MoE statistics summed over the replicas (the expert bias and the log take every replica's
+  // tokens, as the CPU engine's; the losses are averaged at the log). Before the parameter gathers: on the same
+  // communicator it would wait for all of them, and the next forward would overlap none.
+#ifdef MEGATRAIN_HAVE_NCCL
+  if (moe_row_ > 0 && dp_ > 1) {
+    for (CudaGPT* m : chunks_models_) m->sum_moe_stats(*dp_nccl_);
+  }
+#endif
+  // Aux-loss-free balancing (Megatron's expert bias): each MoE layer's bias from the iteration's expert counts,
+  // before they are cleared (as the CPU engine, after the step; the bias is no parameter of the optimizer).
+  if (cfg.moe.moe_router_enable_expert_bias) {
+    for (CudaGPT* m : chunks_models_) m->update_expert_biases(static_cast<float>(cfg.moe.moe_router_bias_update_rate));
+  }
 #ifdef MEGATRAIN_HAVE_NCCL
   // Distributed optimizer: each rank updates the working weights of its blocks; every rank gets all of them,
   // after the step or (--overlap-param-gather) bucket by bucket as the step updates them, on the
@@ -226,18 +239,6 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   MT_CUDA_CHECK(cudaMemcpyAsync(loss_hist_ + slot, &st_->loss, 4, cudaMemcpyDeviceToDevice, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(norm_hist_ + slot, &st_->grad_norm, 4, cudaMemcpyDeviceToDevice, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(skip_hist_ + slot, &st_->skip, 4, cudaMemcpyDeviceToDevice, stream_));
-  // Data parallelism: the MoE statistics summed over the replicas (the expert bias and the log take every replica's
-  // tokens, as the CPU engine's; the losses are averaged at the log).
-#ifdef MEGATRAIN_HAVE_NCCL
-  if (moe_row_ > 0 && dp_ > 1) {
-    for (CudaGPT* m : chunks_models_) m->sum_moe_stats(*dp_nccl_);
-  }
-#endif
-  // Aux-loss-free balancing (Megatron's expert bias): each MoE layer's bias from the iteration's expert counts,
-  // before they are cleared (as the CPU engine, after the step; the bias is no parameter of the optimizer).
-  if (cfg.moe.moe_router_enable_expert_bias) {
-    for (CudaGPT* m : chunks_models_) m->update_expert_biases(static_cast<float>(cfg.moe.moe_router_bias_update_rate));
-  }
   if (moe_row_ > 0) {  // this step's MoE statistics, then a clean sum for the next
     MT_CUDA_CHECK(cudaMemcpyAsync(moe_hist_ + slot * static_cast<size_t>(moe_row_), model_->moe_stats(), static_cast<size_t>(moe_row_) * 4,
                                   cudaMemcpyDeviceToDevice, stream_));

@@ -366,6 +366,12 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK_THAT(gaps_text(cuda_engine_gaps(expert, 2)), MT_CONTAINS("needs --use-distributed-optimizer"));
   expert.training.use_distributed_optimizer = true;
   CHECK(cuda_engine_gaps(expert, 2).empty());
+  Config expert_overlap = expert;  // (the overlaps: EP = DP only, one communicator)
+  expert_overlap.training.overlap_grad_reduce = true;
+  expert_overlap.derived.data_parallel_size = 2;
+  CHECK(cuda_engine_gaps(expert_overlap, 2).empty());
+  expert_overlap.derived.data_parallel_size = 4;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(expert_overlap, 4)), MT_CONTAINS("expert parallelism smaller than data parallelism"));
   expert.parallel.tensor_model_parallel_size = 2;
   CHECK_THAT(gaps_text(cuda_engine_gaps(expert, 4)), MT_CONTAINS("data and expert parallelism only so far"));
   if (before) setenv("MEGATRAIN_CUDA_UNVERIFIED", saved.c_str(), 1);

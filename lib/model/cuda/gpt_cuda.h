@@ -506,8 +506,7 @@ class CudaGPT {
   char* arena_ = nullptr;
   size_t arena_size_ = 0, arena_used_ = 0;
   // The lowest flat offset of each layer's dense parameters, and one past the highest. An MoE layer's experts sit in
-  // the expert range after every dense parameter: a multi-rank MoE run (refused today) must report their gradients
-  // and gather them apart.
+  // the expert range after every dense parameter: the engine reduces and gathers them apart (not by these hooks).
   std::vector<int64_t> layer_start_;
   std::vector<int64_t> layer_end_;
   int64_t bgrad_len_ = 0;             // each stream's part of Scratch::bgrad
