@@ -113,6 +113,9 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
     if (c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "selective") {
       out.push_back("note: --recompute-granularity selective keeps nothing less on the CUDA engine: flash attention never stores the attention probabilities");
     }
+    if (c.moe.num_experts && c.parallel.expert_model_parallel_size > 1 && c.moe.moe_token_dispatcher_type == "allgather") {
+      out.push_back("note: --moe-token-dispatcher-type allgather: the CUDA engine dispatches by all-to-all with per-rank counts (the same results)");
+    }
     return out;
   }
   if (c.model.attention_backend != d.model.attention_backend) {

@@ -366,6 +366,11 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK_THAT(gaps_text(cuda_engine_gaps(expert, 2)), MT_CONTAINS("needs --use-distributed-optimizer"));
   expert.training.use_distributed_optimizer = true;
   CHECK(cuda_engine_gaps(expert, 2).empty());
+  Config allgather = expert;  // (Megatron's default dispatcher: the CUDA engine's all-to-all, said once)
+  allgather.moe.moe_token_dispatcher_type = "allgather";
+  CHECK_THAT(gaps_text(inert_flag_notes(allgather, true)), MT_CONTAINS("dispatches by all-to-all"));
+  allgather.moe.moe_token_dispatcher_type = "alltoall";
+  CHECK_THAT(gaps_text(inert_flag_notes(allgather, true)), !MT_CONTAINS("dispatches by all-to-all"));
   Config expert_overlap = expert;  // (the overlaps: EP = DP only, one communicator)
   expert_overlap.training.overlap_grad_reduce = true;
   expert_overlap.derived.data_parallel_size = 2;
