@@ -11,10 +11,8 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "device_buffers.h"
@@ -125,36 +123,19 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
     const auto n = static_cast<size_t>(tp * cp);
     std::vector<RankRun> ranks(n);
     std::vector<std::unique_ptr<mt::test::ThreadCollectives>> tp_of(n), cp_of(n);
-    std::vector<std::string> errors(n);
-    std::vector<std::thread> threads;
     for (int64_t t = 0; t < tp; ++t) {
       for (int64_t c = 0; c < cp; ++c) {
         const auto i = static_cast<size_t>(c * tp + t);
         tp_of[i] = std::make_unique<mt::test::ThreadCollectives>(*tp_groups[static_cast<size_t>(c)], static_cast<int>(t));
         cp_of[i] = std::make_unique<mt::test::ThreadCollectives>(*cp_groups[static_cast<size_t>(t)], static_cast<int>(c));
-        threads.emplace_back([&, t, c, i] {
-          std::unique_lock<std::mutex> lock(baton.m);
-          mt::test::baton_held = &lock;
-          try {
-            prepare(ranks[i], grid_cfg, mt::context_parallel_slice(mb, c, cp), tp_coordinates(t, tp), tp > 1 ? tp_of[i].get() : nullptr);
-            if (cp > 1) ranks[i].model->set_context_parallel(cp_of[i].get());
-            forward_backward(ranks[i], w);
-          } catch (const std::exception& e) {
-            errors[i] = e.what();
-            baton.failed = true;
-            baton.cv.notify_all();
-          }
-          mt::test::baton_held = nullptr;
-        });
       }
     }
-    for (auto& th : threads) th.join();
-    // (the root cause first: the others only say another rank failed)
-    for (int pass = 0; pass < 2; ++pass) {
-      for (const std::string& e : errors) {
-        if (!e.empty() && (pass == 1 || e.find("another rank failed") == std::string::npos)) throw std::runtime_error(e);
-      }
-    }
+    mt::test::run_ranks(baton, n, [&](size_t i) {
+      const auto t = static_cast<int64_t>(i) % tp, c = static_cast<int64_t>(i) / tp;
+      prepare(ranks[i], grid_cfg, mt::context_parallel_slice(mb, c, cp), tp_coordinates(t, tp), tp > 1 ? tp_of[i].get() : nullptr);
+      if (cp > 1) ranks[i].model->set_context_parallel(cp_of[i].get());
+      forward_backward(ranks[i], w);
+    });
     std::vector<float> g_sum(g_whole.size(), 0.0f);
     float loss_sum = 0;
     double tp_copies_gap = 0;  // what TP replicates (norms, the loss) differing between the TP ranks

@@ -12,10 +12,8 @@
 #include <cstdlib>
 #include <cstdio>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "device_buffers.h"
@@ -92,39 +90,20 @@ void test_expert_parallel(const std::string& model, int64_t ep, const std::strin
     const auto n = static_cast<size_t>(ep);
     std::vector<RankRun> ranks(n);
     std::vector<std::unique_ptr<mt::test::ThreadCollectives>> ep_of(n);
-    std::vector<std::string> errors(n);
-    std::vector<std::thread> threads;
-    for (int64_t r = 0; r < ep; ++r) {
-      const auto i = static_cast<size_t>(r);
-      ep_of[i] = std::make_unique<mt::test::ThreadCollectives>(group, static_cast<int>(r));
-      threads.emplace_back([&, r, i] {
-        std::unique_lock<std::mutex> lock(baton.m);
-        mt::test::baton_held = &lock;
-        try {
-          mt::LayoutCoordinates at;
-          at.ep_rank = r;
-          at.ep_size = ep;
-          mt::test::prepare(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(r * kPerRank)], at);
-          ranks[i].model->set_expert_parallel(ep_of[i].get());
-          for (int64_t k = 0; k < kPerRank; ++k) {
-            if (k > 0) mt::test::stage(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(r * kPerRank + k)]);
-            ranks[i].dev.aux_grad_scale = 1.0f;
-            mt::test::forward_backward(ranks[i], w);
-          }
-        } catch (const std::exception& e) {
-          errors[i] = e.what();
-          baton.failed = true;
-          baton.cv.notify_all();
-        }
-        mt::test::baton_held = nullptr;
-      });
-    }
-    for (auto& th : threads) th.join();
-    for (int pass = 0; pass < 2; ++pass) {  // (the root cause first: the others only say another rank failed)
-      for (const std::string& e : errors) {
-        if (!e.empty() && (pass == 1 || e.find("another rank failed") == std::string::npos)) throw std::runtime_error(e);
+    for (int64_t r = 0; r < ep; ++r) ep_of[static_cast<size_t>(r)] = std::make_unique<mt::test::ThreadCollectives>(group, static_cast<int>(r));
+    mt::test::run_ranks(baton, n, [&](size_t i) {
+      const auto r = static_cast<int64_t>(i);
+      mt::LayoutCoordinates at;
+      at.ep_rank = r;
+      at.ep_size = ep;
+      mt::test::prepare(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(r * kPerRank)], at);
+      ranks[i].model->set_expert_parallel(ep_of[i].get());
+      for (int64_t k = 0; k < kPerRank; ++k) {
+        if (k > 0) mt::test::stage(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(r * kPerRank + k)]);
+        ranks[i].dev.aux_grad_scale = 1.0f;
+        mt::test::forward_backward(ranks[i], w);
       }
-    }
+    });
     // The ranks' gradients at the one model's places: the dense parameters summed over the ranks (each rank's share of
     // the tokens), each expert from the rank that holds it; every expert must be held by exactly one rank.
     std::vector<float> g_sum(g_one.size(), 0.0f);

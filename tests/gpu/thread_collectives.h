@@ -14,10 +14,12 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/cuda/stream_collectives.h"
@@ -196,5 +198,32 @@ class ThreadCollectives final : public StreamCollectives {
   ThreadGroup& g_;
   int rank_;
 };
+
+// Runs rank(i) for i in [0, n), each in a thread holding the baton but while it waits in a collective; rethrows a
+// rank's exception after every thread ended (the root cause first: the other ranks only say another rank failed).
+inline void run_ranks(Baton& baton, size_t n, const std::function<void(size_t)>& rank) {
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      std::unique_lock<std::mutex> lock(baton.m);
+      baton_held = &lock;
+      try {
+        rank(i);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+        baton.failed = true;
+        baton.cv.notify_all();
+      }
+      baton_held = nullptr;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const std::string& e : errors) {
+      if (!e.empty() && (pass == 1 || e.find("another rank failed") == std::string::npos)) throw std::runtime_error(e);
+    }
+  }
+}
 
 }  // namespace mt::test

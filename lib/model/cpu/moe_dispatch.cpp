@@ -4,34 +4,15 @@
 #include <algorithm>
 #include <cstring>
 
+#include "model/regroup_rows.h"
+
 namespace mt::cpu {
 namespace {
 
 // Blocks of rows ordered (a, b) with a the outer index, block (a, b) counts[a][b] rows of h: copied into the
 // order with b outer (or back with inverse).
 void regroup(const float* in, float* out, const std::vector<std::vector<int64_t>>& counts, int64_t h, bool inverse) {
-  const size_t A = counts.size(), B = A ? counts[0].size() : 0;
-  std::vector<std::vector<int64_t>> outer_a(A, std::vector<int64_t>(B)), outer_b(A, std::vector<int64_t>(B));
-  int64_t off = 0;
-  for (size_t a = 0; a < A; ++a) {
-    for (size_t b = 0; b < B; ++b) {
-      outer_a[a][b] = off;
-      off += counts[a][b];
-    }
-  }
-  off = 0;
-  for (size_t b = 0; b < B; ++b) {
-    for (size_t a = 0; a < A; ++a) {
-      outer_b[a][b] = off;
-      off += counts[a][b];
-    }
-  }
-  for (size_t a = 0; a < A; ++a) {
-    for (size_t b = 0; b < B; ++b) {
-      const int64_t from = inverse ? outer_b[a][b] : outer_a[a][b], to = inverse ? outer_a[a][b] : outer_b[a][b];
-      std::memcpy(out + to * h, in + from * h, sz(counts[a][b] * h) * sizeof(float));
-    }
-  }
+  for (const RowBlockMove& m : regroup_moves(counts, inverse)) std::memcpy(out + m.to * h, in + m.from * h, sz(m.rows * h) * sizeof(float));
 }
 
 int64_t total(const std::vector<int64_t>& v) {

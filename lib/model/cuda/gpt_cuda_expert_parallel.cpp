@@ -9,6 +9,7 @@
 #include <string>
 
 #include "model/cuda/gpt_cuda_state.h"
+#include "model/regroup_rows.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/op_profiler.h"
 
@@ -18,30 +19,10 @@ namespace {
 // Blocks of rows (a, b), a the outer index and block (a, b) counts[a][b] rows of row_bytes, copied from a-outer order in
 // `from` into b-outer order in `to` (inverse: from b-outer back to a-outer).
 void regroup_rows(void* to, const void* from, const std::vector<std::vector<int64_t>>& counts, size_t row_bytes, bool inverse, cudaStream_t st) {
-  const size_t A = counts.size(), B = A ? counts[0].size() : 0;
-  std::vector<std::vector<int64_t>> a_outer(A, std::vector<int64_t>(B)), b_outer(A, std::vector<int64_t>(B));
-  int64_t at = 0;
-  for (size_t a = 0; a < A; ++a) {
-    for (size_t b = 0; b < B; ++b) {
-      a_outer[a][b] = at;
-      at += counts[a][b];
-    }
-  }
-  at = 0;
-  for (size_t b = 0; b < B; ++b) {
-    for (size_t a = 0; a < A; ++a) {
-      b_outer[a][b] = at;
-      at += counts[a][b];
-    }
-  }
-  for (size_t a = 0; a < A; ++a) {
-    for (size_t b = 0; b < B; ++b) {
-      if (counts[a][b] == 0) continue;
-      const int64_t src = inverse ? b_outer[a][b] : a_outer[a][b], dst = inverse ? a_outer[a][b] : b_outer[a][b];
-      MT_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(to) + static_cast<size_t>(dst) * row_bytes,
-                                    static_cast<const char*>(from) + static_cast<size_t>(src) * row_bytes,
-                                    static_cast<size_t>(counts[a][b]) * row_bytes, cudaMemcpyDeviceToDevice, st));
-    }
+  for (const RowBlockMove& m : regroup_moves(counts, inverse)) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(to) + static_cast<size_t>(m.to) * row_bytes,
+                                  static_cast<const char*>(from) + static_cast<size_t>(m.from) * row_bytes, static_cast<size_t>(m.rows) * row_bytes,
+                                  cudaMemcpyDeviceToDevice, st));
   }
 }
 
