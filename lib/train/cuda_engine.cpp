@@ -229,7 +229,8 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   norm_hist_ = device_zeros<float>(hist);
   skip_hist_ = device_zeros<int32_t>(hist);
   avg_buf_ = device_zeros<float>(std::max<size_t>(hist, 3));
-  moe_row_ = model_->moe_layer_count() * (2 + model_->dims().experts);
+  // (every chunk's MoE layers, chunk after chunk: under interleaving each chunk keeps its own statistics)
+  for (const CudaGPT* m : chunks_models_) moe_row_ += m->moe_layer_count() * (2 + model_->dims().experts);
   if (moe_row_ > 0) moe_hist_ = device_zeros<float>(hist * static_cast<size_t>(moe_row_));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&drained_, cudaEventDisableTiming));
   if (ck.save) saver_ = make_saver(cfg, groups_);

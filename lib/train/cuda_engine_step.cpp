@@ -1,12 +1,14 @@
 // cuda_engine_step.cpp: the CUDA engine's iteration (the schedule over the staged microbatches, the gradient
 // reductions, the norm, the skip decision and AdamW, all queued), its per-iteration history, evaluation,
 // checkpoints and the per-op profile.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 
+#include "config/moe_pattern.h"
 #include "kernels/cuda/embedding.h"
 #include "model/context_parallel.h"
 #include "pipeline/configured_schedule.h"
@@ -239,12 +241,18 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   MT_CUDA_CHECK(cudaMemcpyAsync(loss_hist_ + slot, &st_->loss, 4, cudaMemcpyDeviceToDevice, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(norm_hist_ + slot, &st_->grad_norm, 4, cudaMemcpyDeviceToDevice, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(skip_hist_ + slot, &st_->skip, 4, cudaMemcpyDeviceToDevice, stream_));
-  if (moe_row_ > 0) {  // this step's MoE statistics, then a clean sum for the next
-    MT_CUDA_CHECK(cudaMemcpyAsync(moe_hist_ + slot * static_cast<size_t>(moe_row_), model_->moe_stats(), static_cast<size_t>(moe_row_) * 4,
-                                  cudaMemcpyDeviceToDevice, stream_));
-    model_->zero_moe_stats();
-    moe_microbatches_.push_back(nmb_it);
+  if (moe_row_ > 0) {  // this step's MoE statistics (each chunk's rows in turn), then a clean sum for the next
+    size_t at = slot * static_cast<size_t>(moe_row_);
+    for (CudaGPT* m : chunks_models_) {
+      const auto row = static_cast<size_t>(m->moe_layer_count() * (2 + m->dims().experts));
+      if (row == 0) continue;
+      MT_CUDA_CHECK(cudaMemcpyAsync(moe_hist_ + at, m->moe_stats(), row * 4, cudaMemcpyDeviceToDevice, stream_));
+      m->zero_moe_stats();
+      at += row;
+    }
   }
+  // (a stage without MoE layers still takes part in the report's sums over the pipeline)
+  if (cfg.moe.num_experts) moe_microbatches_.push_back(nmb_it);
   ++pending_;
 }
 
@@ -291,44 +299,58 @@ std::vector<StepReport> CudaEngine::read_reports() {
   return out;
 }
 
-// Each read step's MoE statistics (docs/moe.md): the auxiliary losses averaged over its microbatches and MoE layers,
-// and the tokens per expert (min / mean / max over layers x experts), as the CPU engine reports them.
+// Each read step's MoE statistics (docs/moe.md): the auxiliary losses averaged over its microbatches and the model's MoE
+// layers, and the tokens per expert (min / mean / max over layers x experts), as the CPU engine reports them. Under
+// pipeline parallelism each stage holds its own layers' rows: the sums and extremes are taken over the stages (every
+// stage calls, with MoE layers or without).
 void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
   const std::vector<int64_t> microbatches = std::exchange(moe_microbatches_, {});
-  if (moe_row_ == 0 || out.empty()) return;
+  if (!cfg_.moe.num_experts || out.empty()) return;
   if (microbatches.size() != out.size()) throw std::logic_error("CUDA engine: MoE statistics for another number of steps");
-  const int64_t layers = model_->moe_layer_count(), E = model_->dims().experts;
-  const int64_t tokens_per_microbatch = cfg_.training.micro_batch_size.value_or(1) * cfg_.data.seq_length.value_or(0);
+  const int64_t E = model_->dims().experts, local_layers = moe_row_ / (2 + E);
+  int64_t layers = 0;
+  for (bool moe : moe_layer_pattern(cfg_)) layers += moe ? 1 : 0;
+  // (a rank's tokens: under context parallelism its share of each sequence)
+  const int64_t tokens_per_microbatch = cfg_.training.micro_batch_size.value_or(1) * cfg_.data.seq_length.value_or(0) / cp_;
   std::vector<float> hist(out.size() * static_cast<size_t>(moe_row_));
-  MT_CUDA_CHECK(cudaMemcpy(hist.data(), moe_hist_, hist.size() * 4, cudaMemcpyDeviceToHost));
+  if (moe_row_ > 0) MT_CUDA_CHECK(cudaMemcpy(hist.data(), moe_hist_, hist.size() * 4, cudaMemcpyDeviceToHost));
+  // Per step: the sums (aux, z, tokens kept) and the extremes (-min, max) of this stage's rows.
+  const size_t steps = out.size();
+  std::vector<double> sums(3 * steps, 0.0), extremes(2 * steps, -1e300);
+  for (size_t i = 0; i < steps; ++i) {
+    const float* step = hist.data() + i * static_cast<size_t>(moe_row_);
+    for (int64_t l = 0; l < local_layers; ++l) {
+      const float* row = step + l * (2 + E);
+      sums[3 * i] += row[0];
+      sums[3 * i + 1] += row[1];
+      for (int64_t e = 0; e < E; ++e) {
+        extremes[2 * i] = std::max(extremes[2 * i], -static_cast<double>(row[2 + e]));
+        extremes[2 * i + 1] = std::max(extremes[2 * i + 1], static_cast<double>(row[2 + e]));
+        sums[3 * i + 2] += row[2 + e];
+      }
+    }
+  }
+  if (pp_ > 1) {
+    groups_.pp->all_reduce(sums.data(), static_cast<int64_t>(sums.size()), ReduceOp::kSum);
+    groups_.pp->all_reduce(extremes.data(), static_cast<int64_t>(extremes.size()), ReduceOp::kMax);
+  }
   const auto& moe = cfg_.moe;
   const bool capacity = moe.moe_expert_capacity_factor.has_value();
   const std::string aux_name = balance_loss_name(moe);
   const bool aux = !aux_name.empty(), z = moe.moe_z_loss_coeff.value_or(0.0) > 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const float* step = hist.data() + i * static_cast<size_t>(moe_row_);
+  for (size_t i = 0; i < steps; ++i) {
     // (summed over the DP replicas at the step: the losses' average, the routed choices of every replica)
     const double per = static_cast<double>(std::max<int64_t>(1, microbatches[i])) * static_cast<double>(layers) * static_cast<double>(dp_);
-    double aux_sum = 0, z_sum = 0, lo = 1e300, hi = 0, sum = 0;
-    for (int64_t l = 0; l < layers; ++l) {
-      const float* row = step + l * (2 + E);
-      aux_sum += row[0];
-      z_sum += row[1];
-      for (int64_t e = 0; e < E; ++e) {
-        lo = std::min(lo, static_cast<double>(row[2 + e]));
-        hi = std::max(hi, static_cast<double>(row[2 + e]));
-        sum += row[2 + e];
-      }
-    }
     StepReport& r = out[i];
-    if (aux) r.moe_losses.emplace_back(aux_name, aux_sum / per);
-    if (z) r.moe_losses.emplace_back("z_loss", z_sum / per);
-    r.expert_tokens_min = lo;
-    r.expert_tokens_max = hi;
-    r.expert_tokens_mean = sum / static_cast<double>(layers * E);
+    if (aux) r.moe_losses.emplace_back(aux_name, sums[3 * i] / per);
+    if (z) r.moe_losses.emplace_back("z_loss", sums[3 * i + 1] / per);
+    r.expert_tokens_min = -extremes[2 * i];
+    r.expert_tokens_max = extremes[2 * i + 1];
+    r.expert_tokens_mean = sums[3 * i + 2] / static_cast<double>(layers * E);
     // The choices routed (every microbatch's tokens, top k, each MoE layer) less those kept (the counts).
     const double routed = per * static_cast<double>(tokens_per_microbatch * model_->dims().topk);
-    r.dropped_fraction = capacity && routed > 0 && sum < routed ? (routed - sum) / routed : 0.0;  // (dropless: none, exactly)
+    const double kept = sums[3 * i + 2];
+    r.dropped_fraction = capacity && routed > 0 && kept < routed ? (routed - kept) / routed : 0.0;  // (dropless: none, exactly)
   }
 }
 

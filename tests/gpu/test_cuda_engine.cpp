@@ -927,9 +927,9 @@ void test_pipeline_schedule(const std::string& model, const std::string& kind = 
     // Each rank's first chunk owns the gradient buffer of all its chunks.
     const double e = rel_err(gradients_by_name(whole_store, {{&stores[0], stage[0].get()}, {&stores[1], stage[static_cast<size_t>(chunks)].get()}}),
                              whole_grads);
-    char buf[320];
+    char buf[480];
     std::snprintf(buf, sizeof(buf), "%s%s: %s over 2 CUDA stages (4 microbatches, linked in memory) vs the whole model: losses %.7f / %.7f, gradients %.2e apart",
-                  model.c_str(), extra.empty() ? "" : " (fp8)", kind == "zb-h1" ? "ZB-H1 (weight gradients apart)" : chunks > 1 ? "interleaved 1F1B (2 chunks per rank)" : "1F1B",
+                  model.c_str(), extra.empty() ? "" : (" " + extra).c_str(), kind == "zb-h1" ? "ZB-H1 (weight gradients apart)" : chunks > 1 ? "interleaved 1F1B (2 chunks per rank)" : "1F1B",
                   losses[1], losses[0], e);
     check(losses[0] > 1.0f && std::fabs(losses[1] - losses[0]) <= 1e-6f * std::fabs(losses[0]) && e < 1e-5, buf);
     cudaFree(acc);
@@ -1184,6 +1184,13 @@ moe_tests:
   test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe delayed ");     // (with the backward's scales)
   test_pipeline_schedule("llama", "interleaved");
   test_pipeline_schedule("gpt", "interleaved");
+  // MoE layers in the stages: the routing, aux and z losses' gradients and the experts' per microbatch in flight; a
+  // stage without MoE layers beside one with them.
+  const std::string moe = "--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 ";
+  test_pipeline_stages("llama", moe);
+  test_pipeline_stages("llama-recompute", moe + "--moe-layer-freq [0,0,1,1] --moe-shared-expert-intermediate-size 96 ");
+  test_pipeline_schedule("llama", "1f1b", moe);
+  test_pipeline_schedule("llama", "interleaved", moe + "--moe-router-load-balancing-type seq_aux_loss ");
   test_resume();
   test_resume("--fp16 --initial-loss-scale 65536 --loss-scale-window 2 ");
   test_resume("--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max ");  // the scales and histories

@@ -107,7 +107,7 @@ class CudaGPT {
   // backward saved and its activations.
   void backward_weights(const DeviceMicrobatch& mb, int64_t slot);
   // Whether backward can defer the weight gradients here (no full recompute, no split TP layers).
-  bool can_defer_weights() const { return !full_recompute_ && !split_forward_; }
+  bool can_defer_weights() const { return !full_recompute_ && !split_forward_ && moe_layers_ == 0; }
   cudaStream_t stream() const { return stream_; }
   bool pre_process() const { return pre_; }
   bool post_process() const { return post_; }

@@ -225,7 +225,7 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
   if (!slots_[static_cast<size_t>(slot)].forwarded) throw std::logic_error("CUDA model: a backward without its forward (slot " + std::to_string(slot) + ")");
   slots_[static_cast<size_t>(slot)].forwarded = false;
   if (defer_weights && !can_defer_weights()) {
-    throw std::logic_error("CUDA model: the weight gradients run apart only without full recompute and the split TP layers");
+    throw std::logic_error("CUDA model: the weight gradients run apart only without full recompute, the split TP layers and MoE layers");
   }
   // A deferring backward saves the layers' output gradients into the slot and leaves the hooks to W.
   defer_into_ = defer_weights ? &slots_[static_cast<size_t>(slot)] : nullptr;
