@@ -216,10 +216,16 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     const std::string cpu = ": use --device cpu (the CPU engine runs it), or drop it";
     // Data parallelism (every expert on every rank, expert-DP = DP): written, refused until it has run on several GPUs.
     const auto& par = c.parallel;
-    const bool no_tp_cp = par.tensor_model_parallel_size == 1 && par.context_parallel_size == 1 && c.derived.expert_tensor_parallel_size == 1;
-    no(world_size > 1 && !no_tp_cp,
-       "mixture of experts on the CUDA engine runs with data, expert and pipeline parallelism only so far (no TP, expert-TP or CP): use "
+    const bool no_tp = par.tensor_model_parallel_size == 1 && c.derived.expert_tensor_parallel_size == 1;
+    no(world_size > 1 && !no_tp,
+       "mixture of experts on the CUDA engine runs with data, expert, pipeline and context parallelism only so far (no TP or expert-TP): use "
        "--device cpu for those layouts");
+    const bool context = par.context_parallel_size > 1;
+    no(context && par.expert_model_parallel_size > 1,
+       "expert parallelism with context parallelism is not implemented on the CUDA engine: use one of the two, or --device cpu");
+    no(context && m.moe_expert_capacity_factor.has_value(),
+       "--moe-expert-capacity-factor with context parallelism is not implemented on the CUDA engine (the drops decided over every CP rank's "
+       "tokens): drop it, or use --device cpu");
     const bool pp = par.pipeline_model_parallel_size > 1;
     no(pp && m.moe_router_load_balancing_type == "global_aux_loss" && m.moe_aux_loss_coeff > 0,
        "global_aux_loss with pipeline parallelism is not implemented on the CUDA engine (its running counts with several microbatches in "

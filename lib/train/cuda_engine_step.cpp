@@ -147,7 +147,8 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
         // (--calculate-per-token-loss: the step's scale by the DP x CP group's loss tokens makes them the whole sum)
         const float w_mb = per_token ? 1.0f : static_cast<float>(static_cast<double>(cp_) / (denom * static_cast<double>(nmb_it)));  // (the gradient's)
         DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait, drop_keys_);
-        d.aux_grad_scale = static_cast<float>(grad_share_ / static_cast<double>(nmb_it));  // MoE: the aux losses' share, as the lm loss's
+        // MoE: the aux losses' share, as the lm loss's (under CP times the CP size, as its: each rank's gradient is its tokens' part)
+        d.aux_grad_scale = static_cast<float>(grad_share_ * static_cast<double>(cp_) / static_cast<double>(nmb_it));
         if (cfg.model.attention_dropout > 0) d.attention_seed = dropout_key(static_cast<uint64_t>(cfg.training.seed), it, mb.first_sample, -1, kDropAttnProbs);
         return CudaPipelineStage::Staged{d, w_mb * grad_share_, 1.0f};
       },

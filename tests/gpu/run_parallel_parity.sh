@@ -196,7 +196,7 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # log (summed over the replicas: the mean tokens per expert exactly the CPU engine's, the aux and z losses averaged);
   # the distributed optimizer's checkpoints resumed on the GPUs and by the CPU engine on one rank (one writer of the
   # experts; the expert bias from the device). With pipeline parallelism (a layer a stage; with 4 GPUs EP 2 in each
-  # stage) the log's MoE statistics are summed over the stages.
+  # stage) the log's MoE statistics are summed over the stages; with context parallelism over the CP ranks.
   if [[ $family == llama ]]; then
     MOE="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall"
     for variant in "moe" "moebias --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2" \
@@ -212,6 +212,9 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
       ((n >= 4)) && layouts+=("ep2dp4do$tag 4 --expert-model-parallel-size 2 --use-distributed-optimizer"
                               "ep4do$tag 4 --expert-model-parallel-size 4 --use-distributed-optimizer"
                               "pp2ep2do$tag 4 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2 --use-distributed-optimizer")
+      # (context parallelism: the aux and z statistics over the CP group; capacity factors with it are refused on the GPUs)
+      [[ $tag != moecap ]] && layouts+=("cp2$tag 2 --context-parallel-size 2" "cp2a2a$tag 2 --context-parallel-size 2 --cp-comm-type a2a")
+      [[ $tag != moecap ]] && ((n >= 4)) && layouts+=("cp2dp2do$tag 4 --context-parallel-size 2 --use-distributed-optimizer")
       for l in "${layouts[@]}"; do
         read -r name np extra <<<"$l"
         # shellcheck disable=SC2086

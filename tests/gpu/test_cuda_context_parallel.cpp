@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -39,6 +40,9 @@ using mt::test::prepare;
 using mt::test::rel_err;
 using mt::test::release;
 using mt::test::RankRun;
+
+// The MoE aux and z losses' gradient scale (the engine's share of the step; any value both sides use).
+constexpr float kAuxGradScale = 0.25f;
 
 mt::LayoutCoordinates tp_coordinates(int64_t tp_rank, int64_t tp_size) {
   mt::LayoutCoordinates at;
@@ -112,6 +116,7 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
     // The whole sequences on one model.
     RankRun whole;
     prepare(whole, whole_cfg, mb, tp_coordinates(0, 1));
+    whole.dev.aux_grad_scale = kAuxGradScale;
     forward_backward(whole, w);
     const std::vector<float> g_whole = download(whole.model->grads(), static_cast<size_t>(whole.model->numel()));
     const float loss_whole = download(whole.acc, 1)[0];
@@ -134,6 +139,7 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
       const auto t = static_cast<int64_t>(i) % tp, c = static_cast<int64_t>(i) / tp;
       prepare(ranks[i], grid_cfg, mt::context_parallel_slice(mb, c, cp), tp_coordinates(t, tp), tp > 1 ? tp_of[i].get() : nullptr);
       if (cp > 1) ranks[i].model->set_context_parallel(cp_of[i].get());
+      ranks[i].dev.aux_grad_scale = kAuxGradScale;
       forward_backward(ranks[i], w);
     });
     std::vector<float> g_sum(g_whole.size(), 0.0f);
@@ -175,11 +181,36 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
         worst_name = p.name;
       }
     }
+    // MoE: each rank's statistics per layer (the aux and z losses over the whole sequences: every CP rank's the whole
+    // model's) and the tokens its experts kept (summed over CP: the whole model's, every choice of every token).
+    double moe_gap = 0;
+    const int64_t moe_layers = whole.model->moe_layer_count(), E = whole.model->dims().experts;
+    if (moe_layers > 0) {
+      const auto row = static_cast<size_t>(2 + E);
+      const std::vector<float> want = download(whole.model->moe_stats(), static_cast<size_t>(moe_layers) * row);
+      std::vector<double> kept(static_cast<size_t>(moe_layers), 0.0), kept_whole(static_cast<size_t>(moe_layers), 0.0);
+      for (int64_t c = 0; c < cp; ++c) {
+        const std::vector<float> got = download(ranks[static_cast<size_t>(c * tp)].model->moe_stats(), want.size());
+        for (int64_t l = 0; l < moe_layers; ++l) {
+          for (size_t j = 0; j < 2; ++j) {
+            const float a = got[static_cast<size_t>(l) * row + j], b = want[static_cast<size_t>(l) * row + j];
+            if (b != 0.0f) moe_gap = std::max(moe_gap, static_cast<double>(std::fabs(a - b) / std::fabs(b)));
+          }
+          for (int64_t e = 0; e < E; ++e) {
+            kept[static_cast<size_t>(l)] += got[static_cast<size_t>(l) * row + 2 + static_cast<size_t>(e)];
+            if (c == 0) kept_whole[static_cast<size_t>(l)] += want[static_cast<size_t>(l) * row + 2 + static_cast<size_t>(e)];
+          }
+        }
+      }
+      if (kept != kept_whole) throw std::runtime_error("the CP ranks' experts kept another number of tokens than the whole model's");
+      if (want[0] == 0.0f && want[1] == 0.0f) throw std::runtime_error("no MoE statistics recorded (the check would be vacuous)");
+    }
     const double loss_gap = std::fabs(loss_sum - loss_whole) / std::fabs(loss_whole);
-    char buf[400];
+    char buf[480];
     std::snprintf(buf, sizeof(buf), "%s: loss %.6f (whole %.6f, %.2e apart); worst parameter gradient %s %.2e from the whole sequence's; TP ranks' "
-                  "copies %.2e apart", name, loss_sum, loss_whole, loss_gap, worst_name.c_str(), worst, tp_copies_gap);
-    check(loss_gap < 2e-3 && worst < 3e-2 && std::isfinite(worst) && tp_copies_gap < 1e-5, buf);
+                  "copies %.2e apart%s", name, loss_sum, loss_whole, loss_gap, worst_name.c_str(), worst, tp_copies_gap,
+                  moe_layers > 0 ? ("; MoE aux / z losses " + std::to_string(moe_gap) + " apart").c_str() : "");
+    check(loss_gap < 2e-3 && worst < 3e-2 && std::isfinite(worst) && tp_copies_gap < 1e-5 && moe_gap < 2e-2, buf);
     for (RankRun& run : ranks) release(run);
     release(whole);
   } catch (const std::exception& e) {
@@ -219,6 +250,13 @@ int main() {
   test_context_parallel("llama", 2, "p2p", "", 2);
   test_context_parallel("llama", 2, "p2p", "--sequence-parallel ", 2);
   test_context_parallel("gpt", 2, "a2a", "", 2);
+  // MoE layers: each CP rank routes its own tokens; the aux and z losses' statistics summed over the CP group (the
+  // whole sequences' counts, scores and lse^2), each rank's router gradient its tokens' part.
+  const std::string moe = "--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-1 --moe-z-loss-coeff 1e-2 ";
+  test_context_parallel("llama", 2, "p2p", moe);
+  test_context_parallel("llama-recompute", 4, "p2p", moe + "--moe-router-load-balancing-type seq_aux_loss --moe-shared-expert-intermediate-size 64 ");
+  test_context_parallel("llama", 2, "a2a", moe + "--moe-router-score-function sigmoid --moe-router-enable-expert-bias ");
+  test_context_parallel("llama", 2, "p2p", moe + "--moe-router-load-balancing-type global_aux_loss ");
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

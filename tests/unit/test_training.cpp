@@ -351,10 +351,10 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK_THAT(gaps_text(cuda_engine_gaps(global, 2)), MT_CONTAINS("global_aux_loss with data parallelism"));
   Config tensor = m;
   tensor.parallel.tensor_model_parallel_size = 2;
-  CHECK_THAT(gaps_text(cuda_engine_gaps(tensor, 2)), MT_CONTAINS("data, expert and pipeline parallelism only so far"));
+  CHECK_THAT(gaps_text(cuda_engine_gaps(tensor, 2)), MT_CONTAINS("data, expert, pipeline and context parallelism only so far"));
   Config expert_tensor = m;
   expert_tensor.derived.expert_tensor_parallel_size = 2;  // (TP 1 with --expert-tensor-parallel-size 2)
-  CHECK_THAT(gaps_text(cuda_engine_gaps(expert_tensor, 2)), MT_CONTAINS("data, expert and pipeline parallelism only so far"));
+  CHECK_THAT(gaps_text(cuda_engine_gaps(expert_tensor, 2)), MT_CONTAINS("data, expert, pipeline and context parallelism only so far"));
   global.moe.moe_aux_loss_coeff = 0.0;  // (no aux loss: nothing counted over DP)
   CHECK(cuda_engine_gaps(global, 2).empty());
   // Pipeline parallelism with MoE: behind the pipeline's own gate (not the data-parallel one at DP 1); global_aux_loss
@@ -374,6 +374,15 @@ TEST_CASE("the CUDA engine names what it does not run") {
   Config pipeline_zb = pipeline;
   pipeline_zb.parallel.pipeline_schedule = "zb-h1";
   CHECK_THAT(gaps_text(cuda_engine_gaps(pipeline_zb, 2)), MT_CONTAINS("zb-h1 with MoE layers"));
+  // Context parallelism with MoE: behind its own gate; capacity factors and EP with it refused by name.
+  Config context = m;
+  context.parallel.context_parallel_size = 2;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(context, 2)), MT_CONTAINS("--context-parallel-size > 1 on the CUDA engine has not run"));
+  setenv("MEGATRAIN_CUDA_UNVERIFIED", "context-parallel", 1);
+  CHECK(cuda_engine_gaps(context, 2).empty());
+  Config context_capacity = context;
+  context_capacity.moe.moe_expert_capacity_factor = 1.0;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(context_capacity, 2)), MT_CONTAINS("--moe-expert-capacity-factor with context parallelism"));
   setenv("MEGATRAIN_CUDA_UNVERIFIED", "moe-data-parallel", 1);
   // Expert parallelism: refused by name until it has run on several GPUs; with that gate lifted, the distributed
   // optimizer required.
@@ -396,7 +405,7 @@ TEST_CASE("the CUDA engine names what it does not run") {
   expert_overlap.derived.data_parallel_size = 4;
   CHECK_THAT(gaps_text(cuda_engine_gaps(expert_overlap, 4)), MT_CONTAINS("expert parallelism smaller than data parallelism"));
   expert.parallel.tensor_model_parallel_size = 2;
-  CHECK_THAT(gaps_text(cuda_engine_gaps(expert, 4)), MT_CONTAINS("data, expert and pipeline parallelism only so far"));
+  CHECK_THAT(gaps_text(cuda_engine_gaps(expert, 4)), MT_CONTAINS("data, expert, pipeline and context parallelism only so far"));
   if (before) setenv("MEGATRAIN_CUDA_UNVERIFIED", saved.c_str(), 1);
   else unsetenv("MEGATRAIN_CUDA_UNVERIFIED");
 }

@@ -267,7 +267,7 @@ __global__ void combine_backward_kernel(__nv_bfloat16* dy_rows, float* dweight, 
   if (threadIdx.x == 0) dweight[i] = s;
 }
 
-__global__ void aux_scores_kernel(float* scores, int32_t* counts_aux, float* lse2, const float* logits, MoeRouting r) {
+__global__ void aux_scores_kernel(float* scores, float* counts_aux, float* lse2, const float* logits, MoeRouting r) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= r.tokens) return;
   const int E = static_cast<int>(r.experts);
@@ -288,8 +288,8 @@ __global__ void aux_scores_kernel(float* scores, int32_t* counts_aux, float* lse
   }
   int32_t idx[kMaxExperts];
   top_k(s, E, static_cast<int>(r.topk), idx);
-  int32_t* counts = counts_aux + (t / r.balance_len()) * E;
-  for (int j = 0; j < r.topk; ++j) atomicAdd(&counts[idx[j]], 1);
+  float* counts = counts_aux + (t / r.balance_len()) * E;  // (whole numbers, exact in fp32 below 2^24)
+  for (int j = 0; j < r.topk; ++j) atomicAdd(&counts[idx[j]], 1.0f);
 }
 
 // Block g E + e (< G E) sums expert e's scores over group g's n tokens; block G E sums lse^2 over all T: fixed orders.
@@ -319,14 +319,14 @@ __global__ void update_expert_bias_kernel(float* bias, const float* acc, int64_t
   bias[l * E + e] += rate * (offset > 0 ? 1.0f : offset < 0 ? -1.0f : 0.0f);
 }
 
-__global__ void aux_finish_kernel(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts,
+__global__ void aux_finish_kernel(float* dscale, float* acc, const float* counts_aux, const float* probsum, const float* z, const int32_t* counts,
                                   float coeff, bool aux, bool zloss, int64_t T, int64_t E, int64_t k, int64_t G, int64_t n, float* global,
                                   bool accumulate) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   const double C = static_cast<double>(E) / (static_cast<double>(k) * static_cast<double>(n) * static_cast<double>(n)) / static_cast<double>(G);
   if (aux) {
     if (global && accumulate) {  // (global_aux_loss: G is 1)
-      for (int64_t e = 0; e < E; ++e) global[e] += static_cast<float>(counts_aux[e]);
+      for (int64_t e = 0; e < E; ++e) global[e] += counts_aux[e];
       global[E] += 1.0f;
     }
     const bool averaged = global && global[E] > 0.0f;  // (an evaluation forward before any training one: its own counts)
@@ -412,7 +412,7 @@ __global__ void router_backward_kernel(float* dlogits, const float* logits, cons
     }
   }
   if (z_coeff > 0.0f) {
-    const double zs = static_cast<double>(z_coeff) / static_cast<double>(r.tokens) * grad_scale;
+    const double zs = static_cast<double>(z_coeff) / static_cast<double>(r.tokens * r.shards) * grad_scale;
     for (int e = 0; e < E; ++e) dx[e] += static_cast<float>(zs * 2.0 * lse * exp(static_cast<double>(x[e]) - lse));
   }
 }
@@ -572,7 +572,7 @@ void moe_combine_backward(bf16* dy_rows, float* dweight, const bf16* dout, const
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_aux_stats(float* scores, int32_t* counts_aux, float* probsum, float* z, const float* logits, const MoeRouting& r, cudaStream_t st) {
+void moe_aux_stats(float* scores, float* counts_aux, float* probsum, float* z, const float* logits, const MoeRouting& r, cudaStream_t st) {
   const int64_t G = r.balance_groups();
   MT_CUDA_CHECK(cudaMemsetAsync(counts_aux, 0, static_cast<size_t>(G * r.experts) * 4, st));
   float* lse2 = z + 1;  // z: [1 + T] (the sum, then each token's lse^2)
@@ -582,10 +582,10 @@ void moe_aux_stats(float* scores, int32_t* counts_aux, float* probsum, float* z,
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_aux_finish(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
+void moe_aux_finish(float* dscale, float* acc, const float* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
                     bool aux, bool zloss, const MoeRouting& r, cudaStream_t st, float* global, bool accumulate) {
-  aux_finish_kernel<<<1, 32, 0, st>>>(dscale, acc, counts_aux, probsum, z, counts, aux_coeff, aux, zloss, r.tokens, r.experts, r.topk,
-                                      r.balance_groups(), r.balance_len(), global, accumulate);
+  aux_finish_kernel<<<1, 32, 0, st>>>(dscale, acc, counts_aux, probsum, z, counts, aux_coeff, aux, zloss, r.tokens * r.shards, r.experts, r.topk,
+                                      r.balance_groups(), r.balance_len() * r.shards, global, accumulate);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

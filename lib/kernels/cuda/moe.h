@@ -22,8 +22,11 @@ struct MoeRouting {
   // The load-balancing loss per sequence of seq_len tokens (seq_aux_loss), averaged over the micro batch's sequences;
   // 0: over the micro batch's tokens (aux_loss).
   int64_t seq_len = 0;
+  // The ranks holding shares of the microbatch's sequences (context parallelism; 1 otherwise): the balance and z losses
+  // count all their tokens (the statistics summed over them between moe_aux_stats and moe_aux_finish).
+  int64_t shards = 1;
   MT_HD int64_t balance_groups() const { return seq_len > 0 ? tokens / seq_len : 1; }  // the sequences (aux_loss: 1)
-  MT_HD int64_t balance_len() const { return seq_len > 0 ? seq_len : tokens; }
+  MT_HD int64_t balance_len() const { return seq_len > 0 ? seq_len : tokens; }          // (this rank's tokens of each)
 };
 
 // logits[T, E] (fp32) = xn[T, h] w[E, h]^T, accumulated in fp32.
@@ -53,18 +56,19 @@ void moe_combine_backward(bf16* dy_rows, float* dweight, const bf16* dout, const
 // The load-balancing statistics of the aux loss: scores[T, E] (softmax, or sigmoid normalised over the experts),
 // counts_aux[G, E] of a plain top-k of them, probsum[G, E] (in token order), G = r.balance_groups() (the sequences
 // under seq_aux_loss, else 1), and the z-loss's sum of lse^2 into z[0].
-void moe_aux_stats(float* scores, int32_t* counts_aux, float* probsum, float* z, const float* logits, const MoeRouting& r, cudaStream_t st);
-// Per layer and microbatch, from the statistics: dscale[G, E] = aux_coeff E / (k n^2 G) counts_aux[g, e] (the aux
-// loss's gradient per score of group g's tokens, n of them; with aux) and, unless acc is null, acc[0] += the aux loss
-// without its coefficient (the sum over the groups of E / (k n^2 G) sum_e probsum counts_aux), acc[1] +=
-// mean lse^2 (z), acc[2 + e] += the tokens expert e kept (counts).
+void moe_aux_stats(float* scores, float* counts_aux, float* probsum, float* z, const float* logits, const MoeRouting& r, cudaStream_t st);
+// Per layer and microbatch, from the statistics (under context parallelism summed over the r.shards ranks first):
+// dscale[G, E] = aux_coeff E / (k n^2 G) counts_aux[g, e] (the aux loss's gradient per score of group g's tokens, n of
+// them over every shard; with aux) and, unless acc is null, acc[0] += the aux loss without its coefficient (the sum over
+// the groups of E / (k n^2 G) sum_e probsum counts_aux), acc[1] += mean lse^2 (z, over every shard's tokens),
+// acc[2 + e] += the tokens expert e kept on this rank (counts).
 // global (global_aux_loss; null otherwise): the layer's running [E + 1] over the iteration's microbatches (the aux
 // counts summed, then how many microbatches), which the loss and its gradient use averaged in place of this
 // microbatch's counts; `accumulate` (a training forward, not a recompute or evaluation) adds this microbatch first.
-void moe_aux_finish(float* dscale, float* acc, const int32_t* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
+void moe_aux_finish(float* dscale, float* acc, const float* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
                     bool aux, bool zloss, const MoeRouting& r, cudaStream_t st, float* global = nullptr, bool accumulate = false);
 // dlogits[T, E] (overwritten) = the top-k backward of dweight + grad_scale x (the aux scores' backward of dscale, and
-// z_coeff / T x d(lse^2)) where those are on (dscale null: no aux loss; z_coeff 0: none).
+// z_coeff / (T shards) x d(lse^2)) where those are on (dscale null: no aux loss; z_coeff 0: none).
 void moe_router_backward(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,
                          float grad_scale, const MoeRouting& r, cudaStream_t st);
 // dxn[t] = sum_j drows[row[t k + j]] + sum_e dlogits[t, e] w[e] (overwritten, bf16).

@@ -431,7 +431,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.probsum = static_cast<float*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
       s.wgrad_parts = static_cast<float*>(alloc(static_cast<size_t>(cuda::moe_router_wgrad_scratch({T, experts_, topk_, h})) * 4));
       s.counts = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_) * 4));
-      s.counts_aux = static_cast<int32_t*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
+      s.counts_aux = static_cast<float*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
       s.offsets = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_ + 1) * 4));
       s.permute_parts = static_cast<int32_t*>(alloc(static_cast<size_t>(cuda::moe_permute_scratch({T, experts_, topk_, h})) * 4));
       if (arena_mode_ != ArenaMode::kCount) {  // (not in the arena's counting pass, which is thrown away)

@@ -106,7 +106,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
   const int64_t T = mb.B * mb.S, h = D.h, E = experts_, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
-  const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0};
+  const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0, D.cp};
   // The router's logits as one cuBLASLt GEMM (16-bit inputs, fp32 accumulation and output) where it has an algorithm for
   // E fp32 columns, else a warp per logit.
   auto& lt = cuda::GemmLt::instance();
@@ -123,6 +123,17 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const bool zloss = moe_z_coeff_ > 0;
   if (moe_aux_ || zloss) {
     MT_PROF("fwd.moe.aux", cuda::moe_aux_stats(s.scores, s.counts_aux, s.probsum, s.zsum, r.logits, rt, stream_));
+    // Context parallelism: the statistics over the whole sequences, every CP rank's share (Megatron's counts over the
+    // tp_cp group; as the CPU engine's sum_over_microbatch). Each rank's gradient stays its own tokens'.
+    if (D.cp > 1) {
+      if (!cp_) throw std::logic_error("CudaGPT: context parallelism without its group (set_context_parallel)");
+      const int64_t GE = rt.balance_groups() * E;
+      cp_->group_start();
+      cp_->all_reduce_on(s.counts_aux, GE, WireType::kF32, ReduceOp::kSum, stream_);
+      cp_->all_reduce_on(s.probsum, GE, WireType::kF32, ReduceOp::kSum, stream_);
+      cp_->all_reduce_on(s.zsum, 1, WireType::kF32, ReduceOp::kSum, stream_);
+      MT_PROF("cp.moe_statistics", cp_->group_end());
+    }
   }
   if (moe_aux_ || moe_record_stats_) {
     MT_PROF("fwd.moe.aux", cuda::moe_aux_finish(r.aux_dscale, moe_record_stats_ ? moe_acc_ + lw.moe_index * (2 + E) : nullptr, s.counts_aux, s.probsum,
@@ -277,7 +288,7 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
   const int64_t T = mb.B * mb.S, h = D.h, E = experts_, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
-  const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0};
+  const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0, D.cp};
   MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, dy, r.ex_out, r.row, r.route_weight, rt, stream_));
   // (padding rows: weight 0, so no output gradient; their input gradients are read by no token)
   if (r.pads > 0) MT_PROF("bwd.moe.combine", cuda::moe_pad_rows(s.ex_dout, nullptr, r.pad_map, r.pads, h, stream_));

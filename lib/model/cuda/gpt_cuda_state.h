@@ -80,7 +80,8 @@ struct CudaGPT::Scratch {
   bf16 *ex_dout = nullptr, *ex_dact = nullptr, *ex_dfc1 = nullptr, *ex_din = nullptr;
   bf16 *sh_dact = nullptr, *sh_dfc1 = nullptr;  // the shared expert's activation [T, Fs] and fc1 [T, F1s] gradients
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
-  int32_t *counts = nullptr, *counts_aux = nullptr, *offsets = nullptr, *counts_host = nullptr;
+  float* counts_aux = nullptr;
+  int32_t *counts = nullptr, *offsets = nullptr, *counts_host = nullptr;
   float* wgrad_parts = nullptr;  // the router weight gradient's partial sums
   // Expert parallelism: the rows in transit (source-rank-major), this rank's experts' outputs, output gradients, input
   // gradients and activation / fc1 gradients (expert-major), and the counts per expert sent and received [2E] (with
