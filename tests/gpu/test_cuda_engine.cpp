@@ -1017,13 +1017,29 @@ void test_offload(const std::string& model, const std::string& extra, const std:
 
 }  // namespace
 
+// MoE layers in the stages: the routing, aux and z losses' gradients and the experts' per microbatch in flight; a
+// stage without MoE layers beside one with them.
+void test_pipeline_moe() {
+  const std::string moe = "--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 ";
+  test_pipeline_stages("llama", moe);
+  test_pipeline_stages("llama-recompute", moe + "--moe-layer-freq [0,0,1,1] --moe-shared-expert-intermediate-size 96 ");
+  test_pipeline_schedule("llama", "1f1b", moe);
+  test_pipeline_schedule("llama", "interleaved", moe + "--moe-router-load-balancing-type seq_aux_loss ");
+}
+
 int main() {
   if (mt::visible_gpus().empty()) {
     std::printf("SKIP: no GPU visible (%s)\n", mt::gpu_unavailable_reason().c_str());
     return 77;
   }
-  // MT_GPU_TEST_ONLY=moe: only the MoE tests (a quick run of them on the GPU machine).
+  // MT_GPU_TEST_ONLY=moe: only the MoE tests (a quick run of them on the GPU machine); =pipeline-moe: only the MoE
+  // pipeline stages.
   const char* only = std::getenv("MT_GPU_TEST_ONLY");
+  if (only && std::string(only) == "pipeline-moe") {
+    test_pipeline_moe();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
   if (only && std::string(only) == "moe") goto moe_tests;
   test_sdpa(2, 128, 4, 4, 64);
   test_sdpa(2, 256, 8, 2, 64);
@@ -1184,13 +1200,7 @@ moe_tests:
   test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe delayed ");     // (with the backward's scales)
   test_pipeline_schedule("llama", "interleaved");
   test_pipeline_schedule("gpt", "interleaved");
-  // MoE layers in the stages: the routing, aux and z losses' gradients and the experts' per microbatch in flight; a
-  // stage without MoE layers beside one with them.
-  const std::string moe = "--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 ";
-  test_pipeline_stages("llama", moe);
-  test_pipeline_stages("llama-recompute", moe + "--moe-layer-freq [0,0,1,1] --moe-shared-expert-intermediate-size 96 ");
-  test_pipeline_schedule("llama", "1f1b", moe);
-  test_pipeline_schedule("llama", "interleaved", moe + "--moe-router-load-balancing-type seq_aux_loss ");
+  test_pipeline_moe();
   test_resume();
   test_resume("--fp16 --initial-loss-scale 65536 --loss-scale-window 2 ");
   test_resume("--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max ");  // the scales and histories
