@@ -216,10 +216,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     const std::string cpu = ": use --device cpu (the CPU engine runs it), or drop it";
     // Data parallelism (every expert on every rank, expert-DP = DP): written, refused until it has run on several GPUs.
     const auto& par = c.parallel;
-    const bool no_tp = par.tensor_model_parallel_size == 1 && c.derived.expert_tensor_parallel_size == 1;
-    no(world_size > 1 && !no_tp,
-       "mixture of experts on the CUDA engine runs with data, expert, pipeline and context parallelism only so far (no TP or expert-TP): use "
-       "--device cpu for those layouts");
+    no(c.derived.expert_tensor_parallel_size != par.tensor_model_parallel_size,
+       "--expert-tensor-parallel-size other than --tensor-model-parallel-size is not implemented on the CUDA engine (its experts split over "
+       "TP, Megatron's default): drop --expert-tensor-parallel-size, or use --device cpu");
     const bool context = par.context_parallel_size > 1;
     no(context && par.expert_model_parallel_size > 1,
        "expert parallelism with context parallelism is not implemented on the CUDA engine: use one of the two, or --device cpu");

@@ -1,5 +1,5 @@
 // test_cuda_context_parallel.cpp: the CUDA model's context parallelism (model/cuda/gpt_cuda_context.cpp) on one GPU,
-// alone and with tensor parallelism. The ranks run as threads of one process, each with its own model and stream,
+// alone and with tensor parallelism, with dense and MoE layers. The ranks run as threads of one process, each with its own model and stream,
 // linked by in-process collectives (thread_collectives.h). Each rank forwards and backwards its
 // two chunks of every sequence (context_parallel_slice); the ranks' gradients summed and their losses summed must be
 // the whole sequence's on one model (bf16 tolerance): the ring's order, the block kinds, the travelling K/V gradients,
@@ -260,6 +260,16 @@ int main() {
   test_context_parallel("llama-recompute", 4, "p2p", moe + "--moe-router-load-balancing-type seq_aux_loss --moe-shared-expert-intermediate-size 64 ");
   test_context_parallel("llama", 2, "a2a", moe + "--moe-router-score-function sigmoid --moe-router-enable-expert-bias ");
   test_context_parallel("llama", 2, "a2a", moe + "--moe-router-load-balancing-type global_aux_loss ");
+  // MoE under TP + SP (the experts split over expert-TP = TP, Megatron's default): every TP rank routes the gathered rows
+  // alike, its experts' shards give partial outputs and routing-weight gradients, the layer's TP reductions complete them
+  // (the aux and z terms at 1 / TP each, the router weight's gradient summed over TP); with a shared expert, recomputed,
+  // a capacity factor (the drops decided over the gathered rows), and CP 2 x TP 2.
+  test_context_parallel("llama", 1, "p2p", moe + "--sequence-parallel --micro-batch-size 4 --global-batch-size 4 ", 2);
+  test_context_parallel("llama-recompute", 1, "p2p", moe + "--sequence-parallel --moe-shared-expert-intermediate-size 64 "
+                        "--moe-router-load-balancing-type seq_aux_loss ", 2);
+  test_context_parallel("llama", 1, "p2p", moe + "--sequence-parallel --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall "
+                        "--moe-pad-expert-input-to-capacity ", 2);
+  test_context_parallel("llama", 2, "a2a", moe + "--sequence-parallel ", 2);
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -69,9 +69,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       hidden_dropout_(static_cast<float>(cfg.model.hidden_dropout)) {
   const ModelDims& D = D_;
   if (max_in_flight < 1) throw std::logic_error("CudaGPT: max_in_flight must be at least 1");
-  // MoE: every expert local, or split over EP (set_expert_parallel); no TP or expert-TP with MoE on this engine yet
-  // (refused by name before here).
-  if (cfg.moe.num_experts && (D.tp > 1 || D.etp > 1)) throw std::logic_error("CudaGPT: MoE layers on one TP / expert-TP rank only");
+  // MoE: every expert local, or split over EP (set_expert_parallel); under TP the experts split over expert-TP = TP, the
+  // MoE layer running on the TP group's gathered rows as the dense MLP does (gpt_cuda_moe.cpp). Expert-TP other than TP
+  // is refused by name before here.
+  if (cfg.moe.num_experts && D.etp != D.tp) throw std::logic_error("CudaGPT: MoE layers with expert-TP other than TP");
   if (D.tp > 1) {
     tp_ = tp;
     tp_size_ = D.tp;

@@ -1,4 +1,6 @@
-// gpt_cuda_moe.cpp: the MoE layers on the CUDA engine, every expert on this rank: their set-up and device state
+// gpt_cuda_moe.cpp: the MoE layers on the CUDA engine (every expert on this rank, or this EP rank's; under TP each
+// expert's shards of expert-TP = TP, over the TP group's gathered rows, the output a partial sum that the layer reduces
+// over TP as the dense MLP's: Megatron's allgather dispatch over TP): their set-up and device state
 // (statistics, expert bias), and an MoE layer's MLP slot: the router, the top-k choice and the load-balancing and z
 // losses (kernels/cuda/moe.cu), the choices permuted into expert-major rows, one cuBLASLt GEMM pair per expert over its
 // rows (their counts read back from the device first: the GEMMs' sizes, as Megatron's dropless dispatch reads them),
@@ -319,9 +321,14 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   }
   join_experts();
   if (D.ep > 1) ep_to_owners(r, din, s.ex_din, "bwd.moe.ep.combine");
-  // The router: through the weights, plus the aux and z losses' gradients at the lm loss's scale.
+  // The router: through the weights, plus the aux and z losses' gradients at the lm loss's scale. Under TP every rank
+  // routes the group's gathered rows alike, and its routing weights' gradient is a partial sum (its experts' shards'
+  // outputs), as the router's weight and input gradients are; the TP sums complete them (the router weight is
+  // TP-replicated under SP, its gradient summed over TP; the input gradient's rows are reduced as the dense MLP's), so
+  // the aux and z losses' own terms enter each rank's share at 1 / TP.
+  const float aux_scale = mb.aux_grad_scale / static_cast<float>(D.tp);
   MT_PROF("bwd.moe.router", cuda::moe_router_backward(s.dlogits, r.logits, r.top, s.dweight, moe_aux_ ? r.aux_dscale : nullptr, moe_z_coeff_,
-                                                      mb.aux_grad_scale, rt, stream_));
+                                                      aux_scale, rt, stream_));
   MT_PROF("bwd.moe.input", cuda::moe_input_backward(s.dxn, s.ex_din, r.row, s.dlogits, w(lw.router_w), rt, stream_));
   MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, r.xn2, rt, stream_));
   // The shared expert, its input gradient added onto the routed experts' and the router's.
