@@ -51,9 +51,11 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   const auto& ck = cfg.checkpoint;
   host_ = std::make_unique<ParamStore>();
   // One layout per model chunk of this stage (interleaving: every virtual stage of this rank), one store.
-  // (expert parallelism: this rank's experts; the experts' tensor parallelism is refused by name on this engine)
-  chunk_layouts_ = build_model_chunks(
-      cfg, {groups_.tp->rank(), groups_.tp->size(), groups_.pp->rank(), groups_.pp->size(), groups_.ep->rank(), groups_.ep->size()}, *host_);
+  // (expert parallelism: this rank's experts; expert-TP: their shards, expert-TP = TP on this engine)
+  chunk_layouts_ = build_model_chunks(cfg,
+                                      {groups_.tp->rank(), groups_.tp->size(), groups_.pp->rank(), groups_.pp->size(), groups_.ep->rank(), groups_.ep->size(),
+                                       groups_.expert_tp->rank(), groups_.expert_tp->size()},
+                                      *host_);
   host_->release_grads();  // the gradients live on the device
   dp_ = groups_.dp_cp->size();
   dp_rank_ = groups_.dp_cp->rank();

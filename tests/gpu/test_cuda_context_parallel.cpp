@@ -48,6 +48,8 @@ mt::LayoutCoordinates tp_coordinates(int64_t tp_rank, int64_t tp_size) {
   mt::LayoutCoordinates at;
   at.tp_rank = tp_rank;
   at.tp_size = tp_size;
+  at.etp_rank = tp_rank;  // (MoE: the experts split over expert-TP = TP, Megatron's default)
+  at.etp_size = tp_size;
   return at;
 }
 
