@@ -196,7 +196,8 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # log (summed over the replicas: the mean tokens per expert exactly the CPU engine's, the aux and z losses averaged);
   # the distributed optimizer's checkpoints resumed on the GPUs and by the CPU engine on one rank (one writer of the
   # experts; the expert bias from the device). With pipeline parallelism (a layer a stage; with 4 GPUs EP 2 in each
-  # stage) the log's MoE statistics are summed over the stages; with context parallelism over the CP ranks.
+  # stage) the log's MoE statistics are summed over the stages; with context parallelism over the CP ranks. TP 2 + SP:
+  # the experts split over expert-TP = TP, the capacity's drops decided over the gathered rows.
   if [[ $family == llama ]]; then
     MOE="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall"
     for variant in "moe" "moebias --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2" \
@@ -208,7 +209,7 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
                "dp2ov$tag 2 --overlap-grad-reduce" "dp2doov$tag 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
                "ep2do$tag 2 --expert-model-parallel-size 2 --use-distributed-optimizer"
                "ep2doov$tag 2 --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
-               "pp2$tag 2 --pipeline-model-parallel-size 2")
+               "pp2$tag 2 --pipeline-model-parallel-size 2" "tp2sp$tag 2 --tensor-model-parallel-size 2 --sequence-parallel")
       ((n >= 4)) && layouts+=("ep2dp4do$tag 4 --expert-model-parallel-size 2 --use-distributed-optimizer"
                               "ep4do$tag 4 --expert-model-parallel-size 4 --use-distributed-optimizer"
                               "pp2ep2do$tag 4 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2 --use-distributed-optimizer")

@@ -75,7 +75,7 @@ void CudaGPT::check_attention(int64_t mbs) {
 }
 
 // The split forward and backward (MEGATRAIN_TP_SPLIT_FORWARD=0 turns both off): TP without K/V
-// replication, an even micro batch (under SP a multiple of 2 TP, so that every rank's piece of a half is
+// replication, no MoE layer (it routes the whole microbatch at once), an even micro batch (under SP a multiple of 2 TP, so that every rank's piece of a half is
 // whole sequences, and no recomputed layer: the recompute runs the plain forward, in the natural row order),
 // cuDNN attention for half of it and, with the bias-gradient epilogue, that epilogue for half of the rows.
 // Each half's rows (and under SP each piece's) start 256-byte aligned in every [rows, width] buffer
@@ -95,7 +95,7 @@ void CudaGPT::choose_split_layers(int64_t mbs, int64_t max_in_flight) {
     throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
   }
   split_forward_ = tp_ && D.cp == 1 && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && !doc_mask_ && D.attention_dropout <= 0 &&
-                   !D.squared_relu &&
+                   !D.squared_relu && std::none_of(layers_.begin(), layers_.end(), [](const LayerW& lw) { return lw.moe; }) &&
                    mbs % 2 == 0 && aligned &&
                    !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
