@@ -216,6 +216,11 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     const std::string cpu = ": use --device cpu (the CPU engine runs it), or drop it";
     // Data parallelism (every expert on every rank, expert-DP = DP): written, refused until it has run on several GPUs.
     const auto& par = c.parallel;
+    // Tensor parallelism (the experts' shards over expert-TP = TP): verified on one GPU with the TP ranks as threads,
+    // refused until it has run on several GPUs.
+    no(par.tensor_model_parallel_size > 1 && !cuda_unverified_allowed("moe-tensor-parallel"),
+       "mixture of experts with tensor parallelism has not run on several GPUs yet on the CUDA engine: use --device cpu (the CPU engine "
+       "runs every expert layout)");
     no(c.derived.expert_tensor_parallel_size != par.tensor_model_parallel_size,
        "--expert-tensor-parallel-size other than --tensor-model-parallel-size is not implemented on the CUDA engine (its experts split over "
        "TP, Megatron's default): drop --expert-tensor-parallel-size, or use --device cpu");

@@ -34,7 +34,7 @@ LLAMA="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embeddi
   --untie-embeddings-and-output-weights --disable-bias-linear"
 fails=0
 # The CUDA features refused by name until these runs pass on several GPUs (lib/train/capabilities.cpp).
-export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel,moe-data-parallel,expert-parallel}
+export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel,moe-data-parallel,expert-parallel,moe-tensor-parallel}
 
 # name ranks device model flags...: one run, its metrics in $work/name/metrics.jsonl
 run() {
@@ -212,7 +212,8 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
                "pp2$tag 2 --pipeline-model-parallel-size 2" "tp2sp$tag 2 --tensor-model-parallel-size 2 --sequence-parallel")
       ((n >= 4)) && layouts+=("ep2dp4do$tag 4 --expert-model-parallel-size 2 --use-distributed-optimizer"
                               "ep4do$tag 4 --expert-model-parallel-size 4 --use-distributed-optimizer"
-                              "pp2ep2do$tag 4 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2 --use-distributed-optimizer")
+                              "pp2ep2do$tag 4 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2 --use-distributed-optimizer"
+                              "tp2ep2do$tag 4 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 --use-distributed-optimizer")
       # (context parallelism: the aux and z statistics over the CP group; capacity factors with it are refused on the GPUs)
       [[ $tag != moecap ]] && layouts+=("cp2$tag 2 --context-parallel-size 2" "cp2a2a$tag 2 --context-parallel-size 2 --cp-comm-type a2a")
       [[ $tag != moecap ]] && ((n >= 4)) && layouts+=("cp2dp2do$tag 4 --context-parallel-size 2 --use-distributed-optimizer")

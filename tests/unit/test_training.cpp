@@ -354,7 +354,10 @@ TEST_CASE("the CUDA engine names what it does not run") {
   tensor.parallel.tensor_model_parallel_size = 2;
   CHECK_THAT(gaps_text(cuda_engine_gaps(tensor, 2)), MT_CONTAINS("--expert-tensor-parallel-size other than --tensor-model-parallel-size"));
   tensor.derived.expert_tensor_parallel_size = 2;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(tensor, 2)), MT_CONTAINS("mixture of experts with tensor parallelism has not run"));
+  setenv("MEGATRAIN_CUDA_UNVERIFIED", "moe-data-parallel,moe-tensor-parallel", 1);
   CHECK(cuda_engine_gaps(tensor, 2).empty());
+  setenv("MEGATRAIN_CUDA_UNVERIFIED", "moe-data-parallel", 1);
   Config expert_tensor = m;
   expert_tensor.derived.expert_tensor_parallel_size = 2;  // (TP 1 with --expert-tensor-parallel-size 2)
   CHECK_THAT(gaps_text(cuda_engine_gaps(expert_tensor, 2)), MT_CONTAINS("--expert-tensor-parallel-size other than --tensor-model-parallel-size"));
@@ -392,7 +395,7 @@ TEST_CASE("the CUDA engine names what it does not run") {
   Config expert = m;
   expert.parallel.expert_model_parallel_size = 2;
   CHECK_THAT(gaps_text(cuda_engine_gaps(expert, 2)), MT_CONTAINS("--expert-model-parallel-size > 1 has not run on GPUs yet"));
-  setenv("MEGATRAIN_CUDA_UNVERIFIED", "moe-data-parallel,expert-parallel", 1);
+  setenv("MEGATRAIN_CUDA_UNVERIFIED", "moe-data-parallel,expert-parallel,moe-tensor-parallel", 1);
   CHECK_THAT(gaps_text(cuda_engine_gaps(expert, 2)), MT_CONTAINS("needs --use-distributed-optimizer"));
   expert.training.use_distributed_optimizer = true;
   CHECK(cuda_engine_gaps(expert, 2).empty());
