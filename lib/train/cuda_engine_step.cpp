@@ -147,8 +147,12 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
         // (--calculate-per-token-loss: the step's scale by the DP x CP group's loss tokens makes them the whole sum)
         const float w_mb = per_token ? 1.0f : static_cast<float>(static_cast<double>(cp_) / (denom * static_cast<double>(nmb_it)));  // (the gradient's)
         DeviceMicrobatch d = slot.upload(mb, D.learned_pos, D.tp_rank * D.V_local, D.V_local, D.max_pos, stream_, wait, drop_keys_);
-        // MoE: the aux losses' share, as the lm loss's (under CP times the CP size, as its: each rank's gradient is its tokens' part)
-        d.aux_grad_scale = static_cast<float>(grad_share_ * static_cast<double>(cp_) / static_cast<double>(nmb_it));
+        // MoE: the aux losses' share, as the lm loss's (under CP times the CP size, as its: each rank's gradient is its tokens' part).
+        // --calculate-per-token-loss: as the lm loss's sum, times the microbatch's tokens (whole sequences: the CPU engine's
+        // MoE unit, the same scale as without the flag when every token counts), since the step divides every gradient by
+        // the global batch's loss tokens.
+        const double routed = static_cast<double>(mbs * S);
+        d.aux_grad_scale = static_cast<float>(per_token ? grad_share_ * routed : grad_share_ * static_cast<double>(cp_) / static_cast<double>(nmb_it));
         if (cfg.model.attention_dropout > 0) d.attention_seed = dropout_key(static_cast<uint64_t>(cfg.training.seed), it, mb.first_sample, -1, kDropAttnProbs);
         return CudaPipelineStage::Staged{d, w_mb * grad_share_, 1.0f};
       },

@@ -4,7 +4,8 @@
 # with four its gradients differ from the mean of the microbatches' means; DP 2 (distributed optimizer), PP 2, CP 2
 # and TP 2 + SP train like one rank (the tokens counted over the whole global batch and whole sequences, the losses
 # summed over the stages). The loss reported is Megatron's either way (the token losses summed over the global batch's
-# loss tokens): the first iterations agree, and without the flag DP 2 and PP 2 report like one rank too.
+# loss tokens): the first iterations agree, and without the flag DP 2 and PP 2 report like one rank too. MoE layers'
+# aux and z losses with the flag: below.
 # Usage: test_per_token_loss.sh path/to/megatrain (from the repository root).
 set -u
 B=$(realpath "${1:?usage: test_per_token_loss.sh path/to/megatrain}")
@@ -55,6 +56,44 @@ done
 for layout in mean_dp2 mean_pp2; do
   if same mean4 "$layout" 1e-5; then echo "ok   $layout reports and trains like one rank without the flag"
   else echo "FAIL $layout differs from one rank without the flag"; paste <(losses "$tmp/mean4") <(losses "$tmp/$layout"); fails=$((fails + 1)); fi
+done
+# MoE (aux and z losses): with the flag their gradients are multiplied by the microbatch's tokens, so that when every
+# token counts (mock data, no masked tokens) the per-token run trains as the mean's (a missing or rank-local factor moves
+# the router's gradients by the tokens per microbatch), and every layout, EP 2 among them, like one rank; with masked
+# document ends (the aux weight then the microbatch's tokens over the loss tokens) DP 2, CP 2 and TP 2 + SP like one rank.
+MOE=(--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-1 --moe-z-loss-coeff 1e-2 --moe-token-dispatcher-type alltoall --disable-bias-linear)
+MOCK=(--mock-data --vocab-size 256 --tokenizer-type NullTokenizer)
+mock() {  # mock NAME RANKS -- flags: the model on mock data (every token counts)
+  local name=$1 np=$2; shift 3
+  local flags=() skip=0
+  for f in "${M[@]}"; do  # (M without its data flags)
+    if ((skip)); then skip=0; continue; fi
+    case $f in --data-path|--tokenizer-type|--split) skip=1; continue ;; --eod-mask-loss) continue ;; esac
+    flags+=("$f")
+  done
+  if [[ $np == 1 ]]; then "$B" "${flags[@]}" "${MOCK[@]}" "$@" --log-dir "$tmp/$name" >"$tmp/$name.log" 2>&1
+  else mpirun --oversubscribe --bind-to none -np "$np" -x OPENBLAS_NUM_THREADS=1 "$B" "${flags[@]}" "${MOCK[@]}" "$@" --log-dir "$tmp/$name" >"$tmp/$name.log" 2>&1; fi ||
+    { echo "FAIL $name"; tail -3 "$tmp/$name.log"; fails=$((fails + 1)); }
+}
+mock moe_mean4 1 -- --global-batch-size 8 "${MOE[@]}"
+mock moe_token4 1 -- --global-batch-size 8 --calculate-per-token-loss "${MOE[@]}"
+mock moe_dp2 2 -- --global-batch-size 8 --calculate-per-token-loss --use-distributed-optimizer "${MOE[@]}"
+mock moe_ep2 2 -- --global-batch-size 8 --calculate-per-token-loss --use-distributed-optimizer --expert-model-parallel-size 2 "${MOE[@]}"
+mock moe_cp2 2 -- --global-batch-size 8 --calculate-per-token-loss --context-parallel-size 2 "${MOE[@]}"
+mock moe_tp2 2 -- --global-batch-size 8 --calculate-per-token-loss --tensor-model-parallel-size 2 --sequence-parallel "${MOE[@]}"
+if same moe_mean4 moe_token4 1e-5; then echo "ok   MoE, every token counting: the per-token run trains as the mean's (the aux and z losses at the same scale)"
+else echo "FAIL MoE: the per-token run differs from the mean's with every token counting"; paste <(losses "$tmp/moe_mean4") <(losses "$tmp/moe_token4"); fails=$((fails + 1)); fi
+for layout in moe_dp2 moe_ep2 moe_cp2 moe_tp2; do
+  if same moe_token4 "$layout" 1e-5; then echo "ok   $layout trains like one rank with the per-token loss"
+  else echo "FAIL $layout differs from one rank"; paste <(losses "$tmp/moe_token4") <(losses "$tmp/$layout"); fails=$((fails + 1)); fi
+done
+run moe_doc4 1 -- --global-batch-size 8 --calculate-per-token-loss "${MOE[@]}"
+run moe_doc_dp2 2 -- --global-batch-size 8 --calculate-per-token-loss --use-distributed-optimizer "${MOE[@]}"
+run moe_doc_cp2 2 -- --global-batch-size 8 --calculate-per-token-loss --context-parallel-size 2 "${MOE[@]}"
+run moe_doc_tp2 2 -- --global-batch-size 8 --calculate-per-token-loss --tensor-model-parallel-size 2 --sequence-parallel "${MOE[@]}"
+for layout in moe_doc_dp2 moe_doc_cp2 moe_doc_tp2; do
+  if same moe_doc4 "$layout" 1e-5; then echo "ok   $layout (masked document ends) trains like one rank with the per-token loss"
+  else echo "FAIL $layout differs from one rank"; paste <(losses "$tmp/moe_doc4") <(losses "$tmp/$layout"); fails=$((fails + 1)); fi
 done
 echo "$fails failure(s)"
 exit $((fails > 0))

@@ -336,15 +336,21 @@ void MoeUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Stash& A)
   A.dispatcher.combine_backward(c, branch, dy, dweight);
   experts_backward(c, ly, A, dy, drows);
   A.dispatcher.dispatch_backward(c, drows, dln);
-  // The router: through the routing weights, plus the auxiliary losses' gradients (scaled as the lm loss's).
+  // The router: through the routing weights, plus the auxiliary losses' gradients (scaled as the lm loss's). With
+  // --calculate-per-token-loss the gradients are divided by the global batch's loss tokens at the step, so the aux and z
+  // losses are multiplied by the microbatch's tokens, as Megatron's router does (its intent: the same scale as without
+  // the flag when every token counts). Megatron multiplies by the rank's own routed tokens, which under SP is T / TP with
+  // the TP ranks' gradients summed; the microbatch's tokens (the TP group's, and under CP every CP rank's through the
+  // lm loss's CP factor) keep every layout equal to one rank (docs/moe.md).
+  const float aux_scale = c.loss_grad_scale * (c.D.per_token_loss ? static_cast<float>(c.T * c.D.cp) : 1.0f);
   Buf dlogits(sz(Tl * E));
   route_topk_backward(o.router, A.logits.data(), A.top.data(), dweight.data(), Tl, dlogits.data());
   if (!A.aux_dscores.empty()) {
     Buf scaled(A.aux_dscores.size());
-    for (size_t i = 0; i < scaled.size(); ++i) scaled[i] = A.aux_dscores[i] * c.loss_grad_scale;
+    for (size_t i = 0; i < scaled.size(); ++i) scaled[i] = A.aux_dscores[i] * aux_scale;
     aux_scores_backward(A.logits.data(), scaled.data(), Tl, E, o.router.sigmoid, dlogits.data());
   }
-  if (A.z_scale > 0) z_loss_backward(A.logits.data(), Tl, E, A.z_scale * c.loss_grad_scale, dlogits.data());
+  if (A.z_scale > 0) z_loss_backward(A.logits.data(), Tl, E, A.z_scale * aux_scale, dlogits.data());
   Buf dln_router(sz(Tl * h));
   linear_backward_input(dln_router.data(), dlogits.data(), c.P(ly.router_w), Tl, h, E);
   for (int64_t i = 0; i < Tl * h; ++i) dln[sz(i)] += dln_router[sz(i)];
