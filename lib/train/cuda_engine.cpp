@@ -74,7 +74,8 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     owned = shard_layout_->owned_ranges();
     if (host_->has_experts()) {  // (as the CPU engine shards them: model/layout's expert group over expert-DP)
       if (groups_.expert_dp->size() * groups_.ep->size() != dp_) {
-        throw std::logic_error("CUDA engine: the experts' data-parallel group times EP must be the data-parallel group (no TP or CP with MoE here)");
+        throw std::logic_error("CUDA engine: the experts' data-parallel group times EP must be the data-parallel group (DP x CP; under TP each TP "
+                               "rank's, with expert-TP = TP)");
       }
       expert_layout_ = std::make_unique<DataParallel>(cfg, *host_, groups_.expert_dp, GradGroup::kExpert);
       for (const auto& r : expert_layout_->owned_ranges()) owned.push_back(r);
@@ -234,6 +235,7 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   // (every chunk's MoE layers, chunk after chunk: under interleaving each chunk keeps its own statistics)
   for (const CudaGPT* m : chunks_models_) moe_row_ += m->moe_layer_count() * (2 + model_->dims().experts);
   if (moe_row_ > 0) moe_hist_ = device_zeros<float>(hist * static_cast<size_t>(moe_row_));
+  if (cfg.moe.num_experts && pp_ > 1) moe_stage_sums_ = device_zeros<double>(3 * hist);
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&drained_, cudaEventDisableTiming));
   if (ck.save) saver_ = make_saver(cfg, groups_);
   // MEGATRAIN_PROFILE_ITER=N: per-op device time of iteration N (printed once, by rank 0).
@@ -524,7 +526,7 @@ CudaEngine::~CudaEngine() {
   for (void* p : {static_cast<void*>(m_), static_cast<void*>(v_), static_cast<void*>(st_), static_cast<void*>(partials_), static_cast<void*>(d_chunks_),
                   static_cast<void*>(d_gpu_chunks_ != d_chunks_ ? d_gpu_chunks_ : nullptr),
                   static_cast<void*>(eval_acc_), static_cast<void*>(avg_buf_), static_cast<void*>(loss_hist_), static_cast<void*>(norm_hist_),
-                  static_cast<void*>(skip_hist_), static_cast<void*>(moe_hist_)}) {
+                  static_cast<void*>(skip_hist_), static_cast<void*>(moe_hist_), static_cast<void*>(moe_stage_sums_)}) {
     device_free(p);
   }
 }

@@ -96,6 +96,7 @@ class CudaEngine final : public TrainingEngine {
   // MoE: each pending step's statistics (the model's sums over its microbatches, moe_row_ floats) and microbatches.
   int64_t moe_row_ = 0;
   float* moe_hist_ = nullptr;
+  double* moe_stage_sums_ = nullptr;  // PP > 1: the report's sums over the stages, staged on the device for NCCL
   std::vector<int64_t> moe_microbatches_;
   void add_moe_reports(std::vector<StepReport>& out);  // the distributed optimizer's buckets (set-up only)
   bool keep_host_ = false, loaded_ = false;

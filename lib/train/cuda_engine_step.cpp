@@ -335,10 +335,16 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
       }
     }
   }
-  if (pp_ > 1) {
-    groups_.pp->all_reduce(sums.data(), static_cast<int64_t>(sums.size()), ReduceOp::kSum);
-    groups_.pp->all_reduce(extremes.data(), static_cast<int64_t>(extremes.size()), ReduceOp::kMax);
+  if (pp_ > 1) {  // (NCCL reduces device memory: each set through the device buffer, as dp_average does)
+    for (auto [values, op] : {std::pair{&sums, ReduceOp::kSum}, std::pair{&extremes, ReduceOp::kMax}}) {
+      const size_t bytes = values->size() * sizeof(double);
+      MT_CUDA_CHECK(cudaMemcpy(moe_stage_sums_, values->data(), bytes, cudaMemcpyHostToDevice));
+      MT_CUDA_CHECK(cudaDeviceSynchronize());  // (a pageable copy may still be in flight; NCCL's stream is not ordered with it)
+      groups_.pp->all_reduce(moe_stage_sums_, static_cast<int64_t>(values->size()), op);
+      MT_CUDA_CHECK(cudaMemcpy(values->data(), moe_stage_sums_, bytes, cudaMemcpyDeviceToHost));
+    }
   }
+  if (layers == 0) return;  // (--num-experts with every layer dense by --moe-layer-freq: nothing to report, as the CPU engine)
   const auto& moe = cfg_.moe;
   const bool capacity = moe.moe_expert_capacity_factor.has_value();
   const std::string aux_name = balance_loss_name(moe);
