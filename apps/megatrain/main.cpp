@@ -65,14 +65,14 @@ int main(int argc, char** argv) {
   } catch (const mt::ConfigErrors& e) {
     // Every rank finds the same configuration errors: rank 0 says them.
     if (is_lead_rank()) {
-      for (const auto& m : e.messages) std::cerr << "megatrain: error: " << m << "\n" << std::flush;
+      for (const auto& m : e.messages) std::cerr << ("megatrain: error: " + m + "\n") << std::flush;
     }
     return config_error_exit();
   } catch (const mt::ConfigError& e) {
-    if (is_lead_rank()) std::cerr << "megatrain: error: " << e.what() << "\n" << std::flush;
+    if (is_lead_rank()) std::cerr << ("megatrain: error: " + std::string(e.what()) + "\n") << std::flush;
     return config_error_exit();
   } catch (const mt::DataError& e) {
-    std::cerr << "megatrain: error: " << e.what() << "\n";
+    std::cerr << ("megatrain: error: " + std::string(e.what()) + "\n");  // (one write: ranks' lines do not interleave)
     return 2;
   } catch (const std::bad_alloc&) {
     std::cerr << "megatrain: error: out of host memory: the model, batch or data is too large for this machine; `megatrain plan` shows the memory "

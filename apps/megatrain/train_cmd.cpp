@@ -1,5 +1,7 @@
 // train_cmd.cpp: `megatrain [train]`: flags and recipe -> validated config -> training.
 #include <iostream>
+#include <sstream>
+#include <string>
 
 #include "commands.h"
 #include "config/errors.h"
@@ -29,7 +31,8 @@ void run_aborting_on_error(const LaunchInfo& launch, F&& run) {
     run();
   } catch (const std::exception& e) {
     if (launch.world_size > 1 && mpi_active()) {
-      std::cerr << "megatrain: error on rank " << launch.rank << ": " << e.what() << "\n";
+      // (one write of the whole line: the other ranks' lines do not cut into it)
+      std::cerr << ("megatrain: error on rank " + std::to_string(launch.rank) + ": " + e.what() + "\n") << std::flush;
       mpi_abort_job(1);
     }
     throw;
@@ -61,9 +64,10 @@ int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, ch
       groups.checkpoint = tcp;
     }
     if (lead) {
-      std::cerr << "megatrain: " << launch.world_size << " ranks (" << launcher_name(launch.kind) << "), one GPU each: DP "
-                << cfg.derived.data_parallel_size << ", gradients averaged over NCCL" << (cfg.training.overlap_grad_reduce ? " during the backward" : "")
-                << "\n";
+      std::ostringstream line;
+      line << "megatrain: " << launch.world_size << " ranks (" << launcher_name(launch.kind) << "), one GPU each: DP "
+           << cfg.derived.data_parallel_size << ", gradients averaged over NCCL" << (cfg.training.overlap_grad_reduce ? " during the backward" : "") << "\n";
+      std::cerr << line.str() << std::flush;
     }
 #else
     (void)argc;
@@ -145,9 +149,10 @@ int run_train(int argc, char** argv) {
       start_collective_watchdog(cfg.parallel.distributed_timeout_seconds, launch.rank);
     }
     if (lead) {
-      std::cerr << "megatrain: " << launch.world_size << " ranks (" << launcher_name(launch.kind) << "): TP "
-                << cfg.parallel.tensor_model_parallel_size << " x DP " << cfg.derived.data_parallel_size << ", collectives over "
-                << (mpi_active() ? "MPI" : "TCP") << "\n";
+      std::ostringstream line;  // (one write: another rank's error line does not cut into it)
+      line << "megatrain: " << launch.world_size << " ranks (" << launcher_name(launch.kind) << "): TP " << cfg.parallel.tensor_model_parallel_size
+           << " x DP " << cfg.derived.data_parallel_size << ", collectives over " << (mpi_active() ? "MPI" : "TCP") << "\n";
+      std::cerr << line.str() << std::flush;
     }
   }
   run_aborting_on_error(launch, [&] { train(cfg, groups, TrainOptions{false, launch.rank}); });
