@@ -231,11 +231,10 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   loss_hist_ = device_zeros<float>(hist);
   norm_hist_ = device_zeros<float>(hist);
   skip_hist_ = device_zeros<int32_t>(hist);
-  avg_buf_ = device_zeros<float>(std::max<size_t>(hist, 3));
+  avg_buf_ = device_zeros<float>(3 * hist);  // (the MoE report's three sums per step over the pipeline at most)
   // (every chunk's MoE layers, chunk after chunk: under interleaving each chunk keeps its own statistics)
   for (const CudaGPT* m : chunks_models_) moe_row_ += m->moe_layer_count() * (2 + model_->dims().experts);
   if (moe_row_ > 0) moe_hist_ = device_zeros<float>(hist * static_cast<size_t>(moe_row_));
-  if (cfg.moe.num_experts && pp_ > 1) moe_stage_sums_ = device_zeros<double>(3 * hist);
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&drained_, cudaEventDisableTiming));
   if (ck.save) saver_ = make_saver(cfg, groups_);
   // MEGATRAIN_PROFILE_ITER=N: per-op device time of iteration N (printed once, by rank 0).
@@ -526,7 +525,7 @@ CudaEngine::~CudaEngine() {
   for (void* p : {static_cast<void*>(m_), static_cast<void*>(v_), static_cast<void*>(st_), static_cast<void*>(partials_), static_cast<void*>(d_chunks_),
                   static_cast<void*>(d_gpu_chunks_ != d_chunks_ ? d_gpu_chunks_ : nullptr),
                   static_cast<void*>(eval_acc_), static_cast<void*>(avg_buf_), static_cast<void*>(loss_hist_), static_cast<void*>(norm_hist_),
-                  static_cast<void*>(skip_hist_), static_cast<void*>(moe_hist_), static_cast<void*>(moe_stage_sums_)}) {
+                  static_cast<void*>(skip_hist_), static_cast<void*>(moe_hist_)}) {
     device_free(p);
   }
 }

@@ -71,6 +71,8 @@ class CudaEngine final : public TrainingEngine {
   void norm_partials(const float* x, bool by_state, const float* loss = nullptr, float host_part = 0.0f);
   // Averages host values over the data-parallel group (log and validation time only).
   void dp_average(float* values, int64_t n);
+  // values[n] (host) reduced over `group` through avg_buf_ (NCCL reduces device memory; n at most 3 x the history).
+  void reduce_through_device(Communicator& group, float* values, int64_t n, ReduceOp op);
   void params_gathered();
   void profile_report(int64_t iteration, double waited_before, int64_t mallocs_before);
   void make_drop_keys(const Microbatch& mb, int64_t step);
@@ -96,7 +98,6 @@ class CudaEngine final : public TrainingEngine {
   // MoE: each pending step's statistics (the model's sums over its microbatches, moe_row_ floats) and microbatches.
   int64_t moe_row_ = 0;
   float* moe_hist_ = nullptr;
-  double* moe_stage_sums_ = nullptr;  // PP > 1: the report's sums over the stages, staged on the device for NCCL
   std::vector<int64_t> moe_microbatches_;
   void add_moe_reports(std::vector<StepReport>& out);  // the distributed optimizer's buckets (set-up only)
   bool keep_host_ = false, loaded_ = false;

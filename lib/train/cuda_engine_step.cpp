@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 
 #include "config/moe_pattern.h"
 #include "kernels/cuda/embedding.h"
@@ -72,12 +73,14 @@ void CudaEngine::norm_partials(const float* x, bool by_state, const float* loss,
 }
 
 // Through the NCCL group on a small device buffer, so torchrun-style launches without MPI work too.
-void CudaEngine::dp_average(float* values, int64_t n) {
+void CudaEngine::reduce_through_device(Communicator& group, float* values, int64_t n, ReduceOp op) {
   MT_CUDA_CHECK(cudaMemcpy(avg_buf_, values, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
   MT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may still be in flight; NCCL's stream is not ordered with it
-  groups_.dp_cp->all_reduce(avg_buf_, n, ReduceOp::kAvg);
+  group.all_reduce(avg_buf_, n, op);
   MT_CUDA_CHECK(cudaMemcpy(values, avg_buf_, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
 }
+
+void CudaEngine::dp_average(float* values, int64_t n) { reduce_through_device(*groups_.dp_cp, values, n, ReduceOp::kAvg); }
 
 // Every bucket's parameters on the compute stream (the overlapped gather is otherwise waited for by the next
 // forward): before the weights leave the device and at the end.
@@ -321,7 +324,7 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
   if (moe_row_ > 0) MT_CUDA_CHECK(cudaMemcpy(hist.data(), moe_hist_, hist.size() * 4, cudaMemcpyDeviceToHost));
   // Per step: the sums (aux, z, tokens kept) and the extremes (-min, max) of this stage's rows.
   const size_t steps = out.size();
-  std::vector<double> sums(3 * steps, 0.0), extremes(2 * steps, -1e300);
+  std::vector<float> sums(3 * steps, 0.0f), extremes(2 * steps, -std::numeric_limits<float>::infinity());
   for (size_t i = 0; i < steps; ++i) {
     const float* step = hist.data() + i * static_cast<size_t>(moe_row_);
     for (int64_t l = 0; l < local_layers; ++l) {
@@ -329,20 +332,15 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
       sums[3 * i] += row[0];
       sums[3 * i + 1] += row[1];
       for (int64_t e = 0; e < E; ++e) {
-        extremes[2 * i] = std::max(extremes[2 * i], -static_cast<double>(row[2 + e]));
-        extremes[2 * i + 1] = std::max(extremes[2 * i + 1], static_cast<double>(row[2 + e]));
+        extremes[2 * i] = std::max(extremes[2 * i], -row[2 + e]);
+        extremes[2 * i + 1] = std::max(extremes[2 * i + 1], row[2 + e]);
         sums[3 * i + 2] += row[2 + e];
       }
     }
   }
-  if (pp_ > 1) {  // (NCCL reduces device memory: each set through the device buffer, as dp_average does)
-    for (auto [values, op] : {std::pair{&sums, ReduceOp::kSum}, std::pair{&extremes, ReduceOp::kMax}}) {
-      const size_t bytes = values->size() * sizeof(double);
-      MT_CUDA_CHECK(cudaMemcpy(moe_stage_sums_, values->data(), bytes, cudaMemcpyHostToDevice));
-      MT_CUDA_CHECK(cudaDeviceSynchronize());  // (a pageable copy may still be in flight; NCCL's stream is not ordered with it)
-      groups_.pp->all_reduce(moe_stage_sums_, static_cast<int64_t>(values->size()), op);
-      MT_CUDA_CHECK(cudaMemcpy(values->data(), moe_stage_sums_, bytes, cudaMemcpyDeviceToHost));
-    }
+  if (pp_ > 1) {
+    reduce_through_device(*groups_.pp, sums.data(), static_cast<int64_t>(sums.size()), ReduceOp::kSum);
+    reduce_through_device(*groups_.pp, extremes.data(), static_cast<int64_t>(extremes.size()), ReduceOp::kMax);
   }
   if (layers == 0) return;  // (--num-experts with every layer dense by --moe-layer-freq: nothing to report, as the CPU engine)
   const auto& moe = cfg_.moe;

@@ -29,6 +29,7 @@
 #include "kernels/cuda/context_attention.h"
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/fp8_swiglu.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/norm_bf16.h"
 #include "kernels/cuda/sdpa_cudnn.h"
 #include "model/fp8_scaling.h"
@@ -256,6 +257,8 @@ class CudaGPT {
   // decides them (kernels/cpu/router.h), r.row (-1: dropped), r.per_expert and the kept counts uploaded; false (and
   // nothing done) where every token fits.
   bool moe_capacity(Record& r, int64_t tokens, int64_t seq_length);
+  // The MoE kernels' shape of microbatch mb: its tokens, the router's settings, and the CP shards its sequences span.
+  cuda::MoeRouting moe_routing(const DeviceMicrobatch& mb) const;
   void moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const cuda::bf16* dy);
   // One expert's MLP over n rows (a routed expert's rows, or the shared expert over every token; gpt_cuda_moe.cpp):
   // out = fc2(act(fc1(x))) (beta 1: added onto out), and its backward (din_beta 1: added onto din).

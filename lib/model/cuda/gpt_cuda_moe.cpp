@@ -103,12 +103,16 @@ void CudaGPT::download_expert_biases(ParamStore& host) const {
   }
 }
 
+cuda::MoeRouting CudaGPT::moe_routing(const DeviceMicrobatch& mb) const {
+  return {mb.B * mb.S, experts_, topk_, D_.h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0, D_.cp};
+}
+
 void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
   const int64_t T = mb.B * mb.S, h = D.h, E = experts_, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
-  const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0, D.cp};
+  const cuda::MoeRouting rt = moe_routing(mb);
   // The router's logits as one cuBLASLt GEMM (16-bit inputs, fp32 accumulation and output) where it has an algorithm for
   // E fp32 columns, else a warp per logit.
   auto& lt = cuda::GemmLt::instance();
@@ -289,8 +293,8 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
-  const int64_t T = mb.B * mb.S, h = D.h, E = experts_, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
-  const cuda::MoeRouting rt{T, E, topk_, h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0, D.cp};
+  const int64_t T = mb.B * mb.S, h = D.h, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
+  const cuda::MoeRouting rt = moe_routing(mb);
   MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, dy, r.ex_out, r.row, r.route_weight, rt, stream_));
   // (padding rows: weight 0, so no output gradient; their input gradients are read by no token)
   if (r.pads > 0) MT_PROF("bwd.moe.combine", cuda::moe_pad_rows(s.ex_dout, nullptr, r.pad_map, r.pads, h, stream_));
