@@ -59,7 +59,7 @@ for layout in mean_dp2 mean_pp2; do
 done
 # MoE (aux and z losses): with the flag their gradients are multiplied by the microbatch's tokens, so that when every
 # token counts (mock data, no masked tokens) the per-token run trains as the mean's (a missing or rank-local factor moves
-# the router's gradients by the tokens per microbatch), and every layout, EP 2 among them, like one rank; with masked
+# the router's gradients by the tokens per microbatch), and every layout, EP 2 and PP 2 among them, like one rank; with masked
 # document ends (the aux weight then the microbatch's tokens over the loss tokens) DP 2, CP 2 and TP 2 + SP like one rank.
 MOE=(--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-1 --moe-z-loss-coeff 1e-2 --moe-token-dispatcher-type alltoall --disable-bias-linear)
 MOCK=(--mock-data --vocab-size 256 --tokenizer-type NullTokenizer)
@@ -81,9 +81,10 @@ mock moe_dp2 2 -- --global-batch-size 8 --calculate-per-token-loss --use-distrib
 mock moe_ep2 2 -- --global-batch-size 8 --calculate-per-token-loss --use-distributed-optimizer --expert-model-parallel-size 2 "${MOE[@]}"
 mock moe_cp2 2 -- --global-batch-size 8 --calculate-per-token-loss --context-parallel-size 2 "${MOE[@]}"
 mock moe_tp2 2 -- --global-batch-size 8 --calculate-per-token-loss --tensor-model-parallel-size 2 --sequence-parallel "${MOE[@]}"
+mock moe_pp2 2 -- --global-batch-size 8 --calculate-per-token-loss --pipeline-model-parallel-size 2 "${MOE[@]}"
 if same moe_mean4 moe_token4 1e-5; then echo "ok   MoE, every token counting: the per-token run trains as the mean's (the aux and z losses at the same scale)"
 else echo "FAIL MoE: the per-token run differs from the mean's with every token counting"; paste <(losses "$tmp/moe_mean4") <(losses "$tmp/moe_token4"); fails=$((fails + 1)); fi
-for layout in moe_dp2 moe_ep2 moe_cp2 moe_tp2; do
+for layout in moe_dp2 moe_ep2 moe_cp2 moe_tp2 moe_pp2; do
   if same moe_token4 "$layout" 1e-5; then echo "ok   $layout trains like one rank with the per-token loss"
   else echo "FAIL $layout differs from one rank"; paste <(losses "$tmp/moe_token4") <(losses "$tmp/$layout"); fails=$((fails + 1)); fi
 done
