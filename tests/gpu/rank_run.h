@@ -26,9 +26,11 @@ struct RankRun {
   float* acc = nullptr;
 };
 
-// One microbatch's forward and backward on `run`, its loss added to run.acc with weight w.
-inline void forward_backward(RankRun& run, float w) {
-  run.model->set_final_backward(true);
+// One microbatch's forward and backward on `run`, its loss added to run.acc with weight w. `last`: the iteration's
+// last microbatch, whose backward completes the gradients over TP (the SP-replicated ones, the router's) as the
+// engine's last microbatch does; an earlier one's backward only accumulates.
+inline void forward_backward(RankRun& run, float w, bool last = true) {
+  run.model->set_final_backward(last);
   run.model->forward(run.dev, w, w, run.acc, 0);
   run.model->backward(run.dev, 0);
   if (cudaStreamSynchronize(run.stream) != cudaSuccess) throw std::runtime_error("the model's stream failed");

@@ -118,7 +118,7 @@ void test_expert_parallel(const std::string& model, int64_t ep, const std::strin
       for (int64_t k = 0; k < kPerRank; ++k) {
         if (k > 0) mt::test::stage(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(r * kPerRank + k)]);
         ranks[i].dev.aux_grad_scale = 1.0f;
-        mt::test::forward_backward(ranks[i], w);
+        mt::test::forward_backward(ranks[i], w, k == kPerRank - 1);
       }
     });
     // The ranks' gradients at the one model's places: the dense parameters summed over the EP ranks (each rank's share of
