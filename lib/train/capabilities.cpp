@@ -258,9 +258,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
     no(!c.model.disable_bias_linear, "MoE layers with biases are not implemented on the CUDA engine: add --disable-bias-linear, or use --device cpu");
     no(m.moe_router_dtype == "fp64", "--moe-router-dtype fp64 is not implemented on the CUDA engine (the router accumulates in fp32)" + cpu);
-    // The aux and z losses' scale under --calculate-per-token-loss: written, refused until its GPU test has run.
-    no(c.training.calculate_per_token_loss && !cuda_unverified_allowed("moe-per-token-loss"),
-       "--calculate-per-token-loss with MoE layers has not run on GPUs yet on the CUDA engine: use --device cpu, or drop it");
   }
   const bool pp = c.parallel.pipeline_model_parallel_size > 1;
   // The CUDA stages (1F1B, interleaved and ZB-H1 over NCCL) are in, and tested on one GPU as two stages of one process;

@@ -1176,7 +1176,7 @@ moe_tests:
   // global_aux_loss: the counts averaged over the iteration's microbatches so far (two per iteration here), recomputed too.
   test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 ");
   // --calculate-per-token-loss: the aux and z losses times the microbatch's tokens, the step's gradients over the batch's
-  // loss tokens (MEGATRAIN_CUDA_UNVERIFIED=moe-per-token-loss until this has passed).
+  // loss tokens.
   test_moe_training("llama", "--calculate-per-token-loss --moe-aux-loss-coeff 1e-1 ");
   test_moe_training("llama-recompute", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 --moe-layer-freq [1,0] ");
   test_moe_gradients("llama", "");
