@@ -167,7 +167,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.data.reset_attention_mask && c.data.seq_length.value_or(8) % 8 != 0,
      "--reset-attention-mask on the CUDA engine needs --seq-length to be a multiple of 8 (its mask is written 8 columns at a time): change it, or "
      "use --device cpu");
-  no(c.model.squared_relu && c.moe.num_experts.has_value(), "--squared-relu experts are not implemented on the CUDA engine: use --device cpu");
   no(c.training.deterministic_mode, "--deterministic-mode: the CUDA engine is not bitwise repeatable (cuDNN's attention backward accumulates "
                                     "with atomics): use --device cpu, which always is, or drop it");
   if (const int64_t cp = c.parallel.context_parallel_size; cp > 1) {
@@ -256,7 +255,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
        "seq_aux_loss, or --device cpu");
     no(c.precision.fp16, "mixture of experts on the CUDA engine computes in bf16: use --bf16");
     no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
-    no(!c.model.disable_bias_linear, "MoE layers with biases are not implemented on the CUDA engine: add --disable-bias-linear, or use --device cpu");
+    no(!c.model.disable_bias_linear && *m.num_experts % 8 != 0,
+       "MoE layers with biases on the CUDA engine need --num-experts to be a multiple of 8 (the router's bias keeps the next parameter "
+       "16-byte aligned): change --num-experts, add --disable-bias-linear, or use --device cpu");
     no(m.moe_router_dtype == "fp64", "--moe-router-dtype fp64 is not implemented on the CUDA engine (the router accumulates in fp32)" + cpu);
   }
   const bool pp = c.parallel.pipeline_model_parallel_size > 1;

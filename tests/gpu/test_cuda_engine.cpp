@@ -1136,6 +1136,13 @@ moe_tests:
   test_moe_training("llama-recompute", "--moe-router-pre-softmax --moe-router-topk-scaling-factor 1.5 ");
   test_moe_training("llama", "--moe-router-score-function sigmoid --moe-layer-freq [0,1] ");
   test_moe_training("gpt", "--disable-bias-linear ");  // GELU experts
+  // GPT's biases (the router's, each expert's fc1 and fc2, the fc2 bias inside the routing weight; 8 experts, so that
+  // the router's bias keeps the next parameter aligned), and squared ReLU experts with and without them.
+  test_moe_training("gpt", "--num-experts 8 ");
+  test_moe_training("gpt", "--squared-relu --num-experts 8 ");
+  test_moe_training("gpt", "--squared-relu --disable-bias-linear --moe-shared-expert-intermediate-size 128 --recompute-granularity full "
+                           "--recompute-method uniform --recompute-num-layers 1 ");
+  test_moe_streams("gpt", "");  // (the biases' gradients after the expert streams)
   // Shared experts (a dense MLP over every token beside the routed ones): SwiGLU, recomputed, and GELU.
   test_moe_training("llama", "--moe-shared-expert-intermediate-size 192 ");
   test_moe_training("llama-recompute", "--moe-shared-expert-intermediate-size 128 ");
@@ -1183,6 +1190,8 @@ moe_tests:
   test_moe_gradients("llama", "--moe-shared-expert-intermediate-size 192 ");
   test_moe_gradients("llama-recompute", "--moe-router-score-function sigmoid ");
   test_moe_gradients("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");
+  test_moe_gradients("gpt", "--num-experts 8 --moe-router-topk 8 ");  // the biases' gradients
+  test_moe_gradients("gpt", "--squared-relu --disable-bias-linear --moe-shared-expert-intermediate-size 128 ");
   if (only && std::string(only) == "moe") {
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;

@@ -39,12 +39,13 @@ using mt::test::rel_err;
 
 // A tiny Mixtral-style model (llama: RMSNorm, SwiGLU experts, RoPE, GQA; gpt: LayerNorm, GELU experts, learned
 // positions) with 8 experts, top-2, an aux loss and a z-loss, on `ep` ranks of expert parallelism (DP = EP).
+// model "gpt-bias": gpt with biases (the router's, the experts' fc1 and fc2).
 mt::Config make_config(const std::string& model, int64_t ep, const std::string& extra, int64_t tp = 1) {
   std::string flags =
       "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2 "
-      "--lr 1e-3 --vocab-size 250 --attention-dropout 0 --hidden-dropout 0 --eval-iters 0 --train-iters 1 --seed 11 --bf16 --mock-data "
-      "--disable-bias-linear --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 96 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 " +
-      extra;
+      "--lr 1e-3 --vocab-size 250 --attention-dropout 0 --hidden-dropout 0 --eval-iters 0 --train-iters 1 --seed 11 --bf16 --mock-data " +
+      std::string(model == "gpt-bias" ? "" : "--disable-bias-linear ") +
+      "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 96 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 " + extra;
   flags += " --global-batch-size " + std::to_string(2 * ep) + " ";
   if (model == "llama") {
     flags += "--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention --num-query-groups 2 "
@@ -202,6 +203,9 @@ int main() {
   test_expert_parallel("llama", 2, "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall ");
   test_expert_parallel("llama", 4, "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity ");
   // Group-limited routing and sigmoid scores with an expert bias: the routing is each rank's own; the dispatch the same.
+  // Biases (each expert's from the rows it received), and squared ReLU experts.
+  test_expert_parallel("gpt-bias", 2);
+  test_expert_parallel("gpt", 2, "--squared-relu ");
   test_expert_parallel("gpt", 4, "--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 4 --moe-router-group-topk 2 ");
   // EP x TP (the experts' shards over expert-TP = TP): the TP group's gathered rows cross the EP ranks of one TP rank.
   // Every expert chosen (top-8 of 8): the TP layers' attention rounds differently from one model's, which can flip a

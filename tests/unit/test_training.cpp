@@ -336,6 +336,13 @@ TEST_CASE("the CUDA engine names what it does not run") {
   m.moe.moe_router_topk = 2;
   CHECK(cuda_engine_gaps(m, 1).empty());
   CHECK_THAT(gaps_text(cuda_engine_gaps(m, 2)), MT_CONTAINS("mixture of experts with data parallelism has not run"));
+  // Biases (the router's and the experts') and squared ReLU experts: on one GPU, with the router's bias a multiple of 8.
+  Config biased = m;
+  biased.model.disable_bias_linear = false;
+  biased.model.squared_relu = true;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(biased, 1)), MT_CONTAINS("need --num-experts to be a multiple of 8"));
+  biased.moe.num_experts = 8;
+  CHECK(cuda_engine_gaps(biased, 1).empty());
   const char* before = std::getenv("MEGATRAIN_CUDA_UNVERIFIED");
   const std::string saved = before ? before : "";
   setenv("MEGATRAIN_CUDA_UNVERIFIED", "moe-data-parallel", 1);

@@ -616,4 +616,38 @@ void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf1
 
 int64_t moe_router_wgrad_scratch(const MoeRouting& r) { return kWgradParts * r.experts * r.hidden; }
 
+namespace {
+
+__global__ void router_bias_kernel(float* logits, const __nv_bfloat16* b, int64_t T, int64_t E) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < T * E) logits[i] += to_f(b[i % E]);
+}
+
+// One block per expert: its column of dlogits summed by 256 threads (strided, in token order), then a fixed tree.
+__global__ void router_bias_grad_kernel(float* db, const float* dlogits, int64_t T, int64_t E) {
+  __shared__ float part[256];
+  const int64_t e = blockIdx.x;
+  float sum = 0.0f;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) sum += dlogits[t * E + e];
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) db[e] += part[0];
+}
+
+}  // namespace
+
+void moe_router_bias(float* logits, const bf16* b, const MoeRouting& r, cudaStream_t st) {
+  router_bias_kernel<<<blocks(r.tokens * r.experts, 256), 256, 0, st>>>(logits, B(b), r.tokens, r.experts);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_router_bias_grad(float* db, const float* dlogits, const MoeRouting& r, cudaStream_t st) {
+  router_bias_grad_kernel<<<static_cast<unsigned>(r.experts), 256, 0, st>>>(db, dlogits, r.tokens, r.experts);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace mt::cuda

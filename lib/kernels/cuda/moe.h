@@ -76,5 +76,9 @@ void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const 
 // dw[E, h] += dlogits^T xn (fp32, the tokens in 64 parts summed in order); partial: moe_router_wgrad_scratch floats.
 void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st);
 int64_t moe_router_wgrad_scratch(const MoeRouting& r);
+// --add-bias-linear: logits[T, E] += b[E] (after either logits path, in fp32), and its gradient db[E] += the column sums
+// of dlogits (per expert in a fixed order).
+void moe_router_bias(float* logits, const bf16* b, const MoeRouting& r, cudaStream_t st);
+void moe_router_bias_grad(float* db, const float* dlogits, const MoeRouting& r, cudaStream_t st);
 
 }  // namespace mt::cuda

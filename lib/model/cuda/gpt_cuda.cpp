@@ -90,11 +90,15 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   numel_ = layout.numel();
   // Every parameter is a view into the flat buffers; cuBLASLt's kernels load 16-byte vectors, so each view
   // must start on a multiple of 8 elements (true when hidden, FFN and vocabulary sizes are multiples of 8).
+  const ParamInfo* before = nullptr;
   for (const auto& p : layout.infos()) {
     if (p.offset % 8 != 0 && p.trainable) {  // (a buffer such as the expert bias is no GEMM operand)
-      throw std::runtime_error("the CUDA engine needs every parameter to start on a multiple of 8 elements; " + p.name +
-                               " does not (make --hidden-size, --ffn-hidden-size and the padded vocabulary multiples of 8 per tensor-parallel rank), or use --device cpu");
+      const std::string cause = before ? ", as " + before->name + " before it has " + std::to_string(before->numel) + " elements" : "";
+      throw std::runtime_error("the CUDA engine needs every parameter to start on a multiple of 8 elements; " + p.name + " does not" + cause +
+                               " (make --hidden-size, --ffn-hidden-size, the padded vocabulary and, with biases, --num-experts multiples of 8 per "
+                               "tensor-parallel rank), or use --device cpu");
     }
+    before = &p;
   }
   if (share_params) {
     // Another model chunk of this stage (interleaving): the parameters, gradients and master weights of every
@@ -171,9 +175,12 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     if (ly.moe) {
       lw.moe = true;
       lw.router_w = offset(ly.router_w);
+      lw.router_b = offset(ly.router_b);
       for (const auto& ex : ly.experts) {
         lw.expert_fc1.push_back(offset(ex.fc1_w));
         lw.expert_fc2.push_back(offset(ex.fc2_w));
+        lw.expert_fc1_b.push_back(offset(ex.fc1_b));
+        lw.expert_fc2_b.push_back(offset(ex.fc2_b));
       }
       lw.shared_fc1_w = offset(ly.shared_fc1_w);
       lw.shared_fc2_w = offset(ly.shared_fc2_w);
@@ -215,7 +222,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     for (int64_t l = 0; l < L_; ++l) recompute_layer_[static_cast<size_t>(l)] = block ? l < n : true;
   }
 
-  if (!D.swiglu && moe_layers_ > 0 && F_moe_ % 8 != 0) {
+  if (!D.swiglu && !D.squared_relu && moe_layers_ > 0 && F_moe_ % 8 != 0) {
     throw std::runtime_error("the CUDA engine fuses GELU into the experts' fc1 GEMMs, which needs --moe-ffn-hidden-size to be a multiple of 8 "
                              "(this model: " + std::to_string(F_moe_) + "): change it, or use --device cpu");
   }
@@ -225,9 +232,6 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (!D.swiglu && !D.squared_relu && D.F_local % 8 != 0) {
     throw std::runtime_error("the CUDA engine fuses GELU into the fc1 GEMM, which needs --ffn-hidden-size / TP to be a multiple of 8 (this model: " +
                              std::to_string(D.F_local) + "): change --ffn-hidden-size, or use --device cpu");
-  }
-  if (D.squared_relu && moe_layers_ > 0) {  // (refused by name in train/capabilities: a guard for other callers)
-    throw std::runtime_error("--squared-relu experts are not implemented on the CUDA engine: use --device cpu");
   }
   // (context parallelism: this rank's two chunks of each sequence)
   S_local_ = D.S / std::max<int64_t>(1, D.cp);
@@ -422,7 +426,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       }
       s.ex_din = b16_rows(h, moe_rows_);
       if (F_shared_ > 0) {
-        if (D.swiglu) s.sh_dact = b16(F_shared_);
+        if (D.swiglu || D.squared_relu) s.sh_dact = b16(F_shared_);
         s.sh_dfc1 = b16(D.swiglu ? 2 * F_shared_ : F_shared_);
       }
       s.dlogits = f32(experts_);

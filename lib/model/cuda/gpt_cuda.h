@@ -261,10 +261,10 @@ class CudaGPT {
   cuda::MoeRouting moe_routing(const DeviceMicrobatch& mb) const;
   void moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const cuda::bf16* dy);
   // One expert's MLP over n rows (a routed expert's rows, or the shared expert over every token; gpt_cuda_moe.cpp):
-  // out = fc2(act(fc1(x))) (beta 1: added onto out), and its backward (din_beta 1: added onto din).
-  // Queued on stream st.
+  // out = fc2(act(fc1(x))) (+ the biases b1, b2 where >= 0; beta 1: added onto out), and its backward (din_beta 1:
+  // added onto din; the bias gradients apart, moe_backward's). Queued on stream st.
   void expert_forward(bool shared, int64_t n, int64_t F, const cuda::bf16* x, int64_t w1, int64_t w2, cuda::bf16* fc1_out, cuda::bf16* act,
-                      cuda::bf16* out, float beta, cudaStream_t st);
+                      cuda::bf16* out, float beta, cudaStream_t st, int64_t b1 = -1, int64_t b2 = -1);
   void expert_backward(bool shared, int64_t n, int64_t F, const cuda::bf16* dout, const cuda::bf16* x, int64_t w1, int64_t w2,
                        const cuda::bf16* fc1_out, const cuda::bf16* act, cuda::bf16* dact, cuda::bf16* dfc1, cuda::bf16* din, float din_beta,
                        cudaStream_t st);

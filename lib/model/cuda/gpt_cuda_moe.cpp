@@ -16,6 +16,7 @@
 
 #include "kernels/cpu/router.h"
 #include "kernels/cuda/activation_bf16.h"
+#include "kernels/cuda/bias_grad.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/moe.h"
 #include "tensor/cuda/cuda_check.h"
@@ -121,6 +122,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   } else {
     MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_));
   }
+  if (lw.router_b >= 0) MT_PROF("fwd.moe.router", cuda::moe_router_bias(r.logits, w(lw.router_b), rt, stream_));
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
   // A capacity that drops: the host's rows and kept counts (before the statistics read them), else the permutation's.
   const bool dropping = moe_capacity_factor_ > 0 && moe_capacity(r, T, mb.S);
@@ -170,7 +172,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     const int64_t n = r.per_expert[e];
     if (n > 0) {
       expert_forward(false, n, Fm, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act + off * Fm, out + off * h, 0.0f,
-                     expert_stream(busy++));
+                     expert_stream(busy++), lw.expert_fc1_b[e], lw.expert_fc2_b[e]);
     }
     off += n;
   }
@@ -246,46 +248,48 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
   return true;
 }
 
-// One expert's MLP over n rows of x (no biases: MoE layers have none here): fc1, then SwiGLU (or GELU in fc1's
-// epilogue) into fc1_out and act, and fc2 into out, with beta 1 accumulating onto what out holds (one rounding of the
-// fp32 sum to 16 bits). `shared`: the shared expert's profile names.
+// One expert's MLP over n rows of x: fc1 (+ b1), then SwiGLU, squared ReLU or GELU (GELU in fc1's epilogue) into
+// fc1_out and act, and fc2 (+ b2) into out, with beta 1 accumulating onto what out holds (one rounding of the fp32 sum
+// to 16 bits; the shared expert, which has no biases). `shared`: the shared expert's profile names.
 void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, int64_t w1, int64_t w2, bf16* fc1_out, bf16* act, bf16* out,
-                             float beta, cudaStream_t st) {
+                             float beta, cudaStream_t st, int64_t b1, int64_t b2) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
-  if (D_.swiglu) {
-    MT_PROF_ON(st, shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1",
-            lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, nullptr, st, {}, !shared));
-    MT_PROF_ON(st, shared ? "fwd.moe.shared.activation" : "fwd.moe.activation", cuda::swiglu_forward_bf16(act, fc1_out, n, F, st, dt_));
+  const char* fc1_name = shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1";
+  const char* act_name = shared ? "fwd.moe.shared.activation" : "fwd.moe.activation";
+  if (D_.swiglu || D_.squared_relu) {
+    MT_PROF_ON(st, fc1_name, lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, w(b1), st, {}, !shared));
+    if (D_.swiglu) MT_PROF_ON(st, act_name, cuda::swiglu_forward_bf16(act, fc1_out, n, F, st, dt_));
+    else MT_PROF_ON(st, act_name, cuda::squared_relu_forward_bf16(act, fc1_out, n * F, st, dt_));
   } else {
-    MT_PROF_ON(st, shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1",
-            lt.gemm_ex(false, true, n, F, h, 1.0f, x, h, w(w1), h, 0.0f, act, F, ab_, ab_, nullptr, st, {cuda::GemmEpilogue::kGeluAux, fc1_out, F},
-                       !shared));
+    MT_PROF_ON(st, fc1_name,
+               lt.gemm_ex(false, true, n, F, h, 1.0f, x, h, w(w1), h, 0.0f, act, F, ab_, ab_, w(b1), st, {cuda::GemmEpilogue::kGeluAux, fc1_out, F},
+                          !shared));
   }
   MT_PROF_ON(st, shared ? "fwd.moe.shared.gemm.fc2" : "fwd.moe.gemm.fc2",
-          lt.gemm_ex(false, true, n, h, F, 1.0f, act, F, w(w2), F, beta, out, h, ab_, ab_, nullptr, st, {}, !shared));
+             lt.gemm_ex(false, true, n, h, F, 1.0f, act, F, w(w2), F, beta, out, h, ab_, ab_, w(b2), st, {}, !shared));
 }
 
-// Its backward from dout [n, h]: dact (SwiGLU's) and dfc1 as scratch, the input gradient into din (beta 1: accumulated
-// onto it), and both weight gradients.
+// Its backward from dout [n, h]: dact (SwiGLU's and squared ReLU's) and dfc1 as scratch, the input gradient into din
+// (beta 1: accumulated onto it), and both weight gradients.
 void CudaGPT::expert_backward(bool shared, int64_t n, int64_t F, const bf16* dout, const bf16* x, int64_t w1, int64_t w2, const bf16* fc1_out,
                               const bf16* act, bf16* dact, bf16* dfc1, bf16* din, float din_beta, cudaStream_t st) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
-  if (D_.swiglu) {
-    MT_PROF_ON(st, shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad",
-            lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dact, F, ab_, ab_, nullptr, st, {}, !shared));
+  const char* dgrad_name = shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad";
+  if (D_.swiglu || D_.squared_relu) {
+    MT_PROF_ON(st, dgrad_name, lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dact, F, ab_, ab_, nullptr, st, {}, !shared));
   } else {  // the GELU backward in the epilogue, straight to d(fc1 output)
-    MT_PROF_ON(st, shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad",
-            lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dfc1, F, ab_, ab_, nullptr, st,
-                       {cuda::GemmEpilogue::kDGelu, const_cast<bf16*>(fc1_out), F}, !shared));
+    MT_PROF_ON(st, dgrad_name,
+               lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dfc1, F, ab_, ab_, nullptr, st,
+                          {cuda::GemmEpilogue::kDGelu, const_cast<bf16*>(fc1_out), F}, !shared));
   }
   wgrad_with_bias(st, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", h, n, dout, act, F, w2, -1, !shared);
-  if (D_.swiglu) {
-    MT_PROF_ON(st, shared ? "bwd.moe.shared.activation" : "bwd.moe.activation", cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, st, dt_));
-  }
+  const char* act_name = shared ? "bwd.moe.shared.activation" : "bwd.moe.activation";
+  if (D_.swiglu) MT_PROF_ON(st, act_name, cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, st, dt_));
+  else if (D_.squared_relu) MT_PROF_ON(st, act_name, cuda::squared_relu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
   MT_PROF_ON(st, shared ? "bwd.moe.shared.gemm.fc1_dgrad" : "bwd.moe.gemm.fc1_dgrad",
-          lt.gemm_ex(false, false, n, h, F1, 1.0f, dfc1, F1, w(w1), h, din_beta, din, h, ab_, ab_, nullptr, st, {}, !shared));
+             lt.gemm_ex(false, false, n, h, F1, 1.0f, dfc1, F1, w(w1), h, din_beta, din, h, ab_, ab_, nullptr, st, {}, !shared));
   wgrad_with_bias(st, shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", F1, n, dfc1, x, h, w1, -1, !shared);
 }
 
@@ -324,6 +328,19 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
     off += n;
   }
   join_experts();
+  // The experts' bias gradients (--add-bias-linear): the column sums of each expert's rows of the output gradient and
+  // of d(fc1 output), on the layer's stream (the kernel's scratch is not the expert streams' to share).
+  if (!lw.expert_fc1_b.empty() && lw.expert_fc1_b.front() >= 0) {
+    off = 0;
+    for (size_t e = 0; e < r.per_expert.size(); ++e) {
+      const int64_t n = r.per_expert[e];
+      if (n > 0) {
+        MT_PROF("bwd.moe.bias_grad", cuda::bias_grad_bf16(g(lw.expert_fc2_b[e]), dout + off * h, n, h, stream_, dt_));
+        MT_PROF("bwd.moe.bias_grad", cuda::bias_grad_bf16(g(lw.expert_fc1_b[e]), dfc1 + off * F1m, n, F1m, stream_, dt_));
+      }
+      off += n;
+    }
+  }
   if (D.ep > 1) ep_to_owners(r, din, s.ex_din, "bwd.moe.ep.combine");
   // The router: through the weights, plus the aux and z losses' gradients at the lm loss's scale. Under TP every rank
   // routes the group's gathered rows alike, and its routing weights' gradient is a partial sum (its experts' shards'
@@ -335,6 +352,7 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
                                                       aux_scale, rt, stream_));
   MT_PROF("bwd.moe.input", cuda::moe_input_backward(s.dxn, s.ex_din, r.row, s.dlogits, w(lw.router_w), rt, stream_));
   MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, r.xn2, rt, stream_));
+  if (lw.router_b >= 0) MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_bias_grad(g(lw.router_b), s.dlogits, rt, stream_));
   // The shared expert, its input gradient added onto the routed experts' and the router's.
   if (lw.shared_fc1_w >= 0) {
     expert_backward(true, T, F_shared_, dy, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.sh_dact, s.sh_dfc1, s.dxn, 1.0f, stream_);

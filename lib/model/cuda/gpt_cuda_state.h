@@ -14,10 +14,11 @@ struct CudaGPT::LayerW {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
   int64_t qn_w = -1, qn_b = -1, kn_w = -1, kn_b = -1;  // --qk-layernorm
-  // An MoE layer: the router [E, h] and each expert's fc1 ([2F, h] with SwiGLU: gate and up) and fc2 [h, F].
+  // An MoE layer: the router [E, h] and each expert's fc1 ([2F, h] with SwiGLU: gate and up) and fc2 [h, F], and with
+  // --add-bias-linear their biases (the router's [E], each expert's fc1 [2F] and fc2 [h]; -1: none).
   bool moe = false;
-  int64_t router_w = -1;
-  std::vector<int64_t> expert_fc1, expert_fc2;
+  int64_t router_w = -1, router_b = -1;
+  std::vector<int64_t> expert_fc1, expert_fc2, expert_fc1_b, expert_fc2_b;
   int64_t shared_fc1_w = -1, shared_fc2_w = -1;  // the shared expert (--moe-shared-expert-intermediate-size; -1: none)
   int64_t moe_index = -1;  // its place among the stage's MoE layers (the statistics' rows)
 };
