@@ -258,6 +258,14 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(!c.model.disable_bias_linear && *m.num_experts % 8 != 0,
        "MoE layers with biases on the CUDA engine need --num-experts to be a multiple of 8 (the router's bias keeps the next parameter "
        "16-byte aligned): change --num-experts, add --disable-bias-linear, or use --device cpu");
+    // The experts' rows sit back to back in their fc1 and activation buffers (and with biases the fc1 biases before the
+    // next parameter): 16-byte aligned for cuBLASLt where the expert width is a multiple of 8. (SwiGLU experts' GEMMs
+    // take any width.)
+    const int64_t F_dense = c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(c.model.hidden_size.value_or(0), c.model.swiglu));
+    const int64_t F_moe = m.moe_ffn_hidden_size.value_or(F_dense) / std::max<int64_t>(1, c.derived.expert_tensor_parallel_size);
+    no((!c.model.swiglu || !c.model.disable_bias_linear) && F_moe % 8 != 0,
+       "the CUDA engine's GELU and squared-ReLU experts, and experts with biases, need --moe-ffn-hidden-size / --expert-tensor-parallel-size "
+       "to be a multiple of 8 (this model: " + std::to_string(F_moe) + "): change --moe-ffn-hidden-size, or use --device cpu");
     no(m.moe_router_dtype == "fp64", "--moe-router-dtype fp64 is not implemented on the CUDA engine (the router accumulates in fp32)" + cpu);
   }
   const bool pp = c.parallel.pipeline_model_parallel_size > 1;
