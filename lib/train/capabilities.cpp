@@ -266,7 +266,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no((!c.model.swiglu || !c.model.disable_bias_linear) && F_moe % 8 != 0,
        "the CUDA engine's GELU and squared-ReLU experts, and experts with biases, need --moe-ffn-hidden-size / --expert-tensor-parallel-size "
        "to be a multiple of 8 (this model: " + std::to_string(F_moe) + "): change --moe-ffn-hidden-size, or use --device cpu");
-    no(m.moe_router_dtype == "fp64", "--moe-router-dtype fp64 is not implemented on the CUDA engine (the router accumulates in fp32)" + cpu);
   }
   const bool pp = c.parallel.pipeline_model_parallel_size > 1;
   // The CUDA stages (1F1B, interleaved and ZB-H1 over NCCL) are in, and tested on one GPU as two stages of one process;

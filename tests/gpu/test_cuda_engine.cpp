@@ -1140,6 +1140,8 @@ moe_tests:
   // the router's bias keeps the next parameter aligned), and squared ReLU experts with and without them.
   test_moe_training("gpt", "--num-experts 8 ");
   test_moe_training("gpt", "--squared-relu --num-experts 8 ");
+  test_moe_training("gpt", "--num-experts 8 --moe-router-dtype fp64 ");  // (the logits and the bias summed in double)
+  test_moe_training("llama-recompute", "--moe-router-dtype fp64 --moe-router-score-function sigmoid ");
   test_moe_training("gpt", "--squared-relu --disable-bias-linear --moe-shared-expert-intermediate-size 128 --recompute-granularity full "
                            "--recompute-method uniform --recompute-num-layers 1 ");
   test_moe_streams("gpt", "");  // (the biases' gradients after the expert streams)

@@ -343,6 +343,8 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK_THAT(gaps_text(cuda_engine_gaps(biased, 1)), MT_CONTAINS("need --num-experts to be a multiple of 8"));
   biased.moe.num_experts = 8;
   CHECK(cuda_engine_gaps(biased, 1).empty());
+  biased.moe.moe_router_dtype = "fp64";  // (the logits summed in double)
+  CHECK(cuda_engine_gaps(biased, 1).empty());
   biased.moe.moe_ffn_hidden_size = 100;  // (the experts' rows and biases 16-byte aligned)
   CHECK_THAT(gaps_text(cuda_engine_gaps(biased, 1)), MT_CONTAINS("need --moe-ffn-hidden-size / --expert-tensor-parallel-size to be a multiple of 8"));
   const char* before = std::getenv("MEGATRAIN_CUDA_UNVERIFIED");

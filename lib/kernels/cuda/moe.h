@@ -31,6 +31,8 @@ struct MoeRouting {
 
 // logits[T, E] (fp32) = xn[T, h] w[E, h]^T, accumulated in fp32.
 void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st);
+// --moe-router-dtype fp64: the same products (and the bias b[E], may be null) summed in double, rounded to fp32 once.
+void moe_router_logits_fp64(float* logits, const bf16* xn, const bf16* w, const bf16* b, const MoeRouting& r, cudaStream_t st);
 // top[T, k] (descending, ties to the lower expert; with groups, among the experts of the best group_topk groups, each
 // group scored by the sum of its best topk / group_topk scores) and weight[T, k]. expert_bias (E floats, may be null:
 // --moe-router-enable-expert-bias) is added to the scores for the choice only, not the weights.

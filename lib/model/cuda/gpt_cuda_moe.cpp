@@ -34,6 +34,7 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   F_shared_ = D.F_shared_local;
   moe_sigmoid_ = m.moe_router_score_function == "sigmoid";
   moe_pre_softmax_ = m.moe_router_pre_softmax;
+  moe_router_fp64_ = m.moe_router_dtype == "fp64";
   moe_groups_ = m.moe_router_num_groups.value_or(0);
   moe_group_topk_ = m.moe_router_group_topk.value_or(0);
   moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
@@ -117,12 +118,14 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // The router's logits as one cuBLASLt GEMM (16-bit inputs, fp32 accumulation and output) where it has an algorithm for
   // E fp32 columns, else a warp per logit.
   auto& lt = cuda::GemmLt::instance();
-  if (lt.has_algorithm(false, true, T, E, h, h, h, E, ab_, CUDA_R_32F, {})) {
+  if (moe_router_fp64_) {  // (the bias inside the double sum, as the CPU engine's)
+    MT_PROF("fwd.moe.router", cuda::moe_router_logits_fp64(r.logits, r.xn2, w(lw.router_w), w(lw.router_b), rt, stream_));
+  } else if (lt.has_algorithm(false, true, T, E, h, h, h, E, ab_, CUDA_R_32F, {})) {
     MT_PROF("fwd.moe.router", lt.gemm_ex(false, true, T, E, h, 1.0f, r.xn2, h, w(lw.router_w), h, 0.0f, r.logits, E, ab_, CUDA_R_32F, nullptr, stream_));
   } else {
     MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_));
   }
-  if (lw.router_b >= 0) MT_PROF("fwd.moe.router", cuda::moe_router_bias(r.logits, w(lw.router_b), rt, stream_));
+  if (lw.router_b >= 0 && !moe_router_fp64_) MT_PROF("fwd.moe.router", cuda::moe_router_bias(r.logits, w(lw.router_b), rt, stream_));
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
   // A capacity that drops: the host's rows and kept counts (before the statistics read them), else the permutation's.
   const bool dropping = moe_capacity_factor_ > 0 && moe_capacity(r, T, mb.S);
