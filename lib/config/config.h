@@ -34,6 +34,7 @@ struct ModelConfig {
   OptInt max_position_embeddings;
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
+  bool add_qkv_bias = false;  // the QKV layers' biases even with --disable-bias-linear (Qwen's)
   int64_t make_vocab_size_divisible_by = 128;
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;

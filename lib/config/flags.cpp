@@ -52,6 +52,7 @@ std::vector<FlagSpec> build_table() {
       F(kNet, "max-position-embeddings", model.max_position_embeddings, "Maximum sequence length the model supports (>= --seq-length)"),
       F(kNet, "untie-embeddings-and-output-weights", model.untie_embeddings_and_output_weights, "Separate output layer weights"),
       F(kNet, "disable-bias-linear", model.disable_bias_linear, "No biases in the linear layers"),
+      F(kNet, "add-qkv-bias", model.add_qkv_bias, "Biases in the QKV layers even with --disable-bias-linear (Qwen's)"),
       F(kNet, "make-vocab-size-divisible-by", model.make_vocab_size_divisible_by, "Pad the vocabulary to a multiple of this times TP"),
       F(kNet, "transformer-impl", model.transformer_impl, "Layer implementation (megatrain always uses its own kernels)",
         "transformer_engine", "local"),

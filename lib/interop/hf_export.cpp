@@ -178,7 +178,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       put(o + "self_attn.q_proj.weight", {nh * d, h}, w.q);
       put(o + "self_attn.k_proj.weight", {ng * d, h}, w.k);
       put(o + "self_attn.v_proj.weight", {ng * d, h}, w.v);
-      if (D.bias) {
+      if (D.qkv_bias) {  // (--add-qkv-bias alone: HF's attention_bias with o_proj's bias zeros, the same model)
         SplitQkv b = split_qkv(get(p + "attention.qkv.bias"), nh, ng, d, 1);
         if (D.rotary_interleaved) {
           b.q = deinterleave_heads(b.q, nh, d, 1);
@@ -187,7 +187,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         put(o + "self_attn.q_proj.bias", {nh * d}, b.q);
         put(o + "self_attn.k_proj.bias", {ng * d}, b.k);
         put(o + "self_attn.v_proj.bias", {ng * d}, b.v);
-        put(o + "self_attn.o_proj.bias", {h}, get(p + "attention.proj.bias"));
+        put(o + "self_attn.o_proj.bias", {h}, D.bias ? get(p + "attention.proj.bias") : Values(static_cast<size_t>(h), 0.0f));
       }
       put(o + "self_attn.o_proj.weight", {h, nh * d}, get(p + "attention.proj.weight"));
       put(o + "post_attention_layernorm.weight", {h}, norm(p + "mlp_norm.weight"));
@@ -225,11 +225,11 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
                                 {"high_freq_factor", r.high_freq_factor}, {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_positions)}};
     }
     if (family == "llama") {
-      config["attention_bias"] = D.bias;
+      config["attention_bias"] = D.qkv_bias;
       config["mlp_bias"] = D.bias;
     } else {
       const MoeConfig& mc = c.moe;
-      refuse(D.bias, "MixtralForCausalLM has no biases (--disable-bias-linear)");
+      refuse(D.qkv_bias, "MixtralForCausalLM has no biases (--disable-bias-linear, without --add-qkv-bias)");
       refuse(mc.moe_router_score_function != "softmax" || mc.moe_router_pre_softmax || mc.moe_router_topk_scaling_factor.has_value() ||
                  mc.moe_router_num_groups.has_value() || mc.moe_router_enable_expert_bias,
              "Mixtral's router is a softmax over the top-k logits: no --moe-router-pre-softmax, sigmoid scores, scaling factor, "

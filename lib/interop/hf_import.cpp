@@ -191,13 +191,15 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     const int64_t window = field<int64_t>(hc, "sliding_window", 0);
     refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
     const bool attn_bias = field<bool>(hc, "attention_bias", false), mlp_bias = field<bool>(hc, "mlp_bias", false);
-    refuse(attn_bias != mlp_bias, "attention_bias and mlp_bias differ (megatrain's --disable-bias-linear covers both)");
+    // attention_bias without mlp_bias: --add-qkv-bias (Qwen's), if o_proj's biases are zeros (checked with the weights).
+    refuse(!attn_bias && mlp_bias, "mlp_bias without attention_bias (megatrain's --disable-bias-linear covers both)");
     flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh
           << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
           << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", 1e-6)
           << " --swiglu --position-embedding-type rope --rotary-base " << rope_theta << rope_scaling_flags;
-    if (!attn_bias) flags << " --disable-bias-linear";
+    if (!attn_bias || !mlp_bias) flags << " --disable-bias-linear";
+    if (attn_bias && !mlp_bias) flags << " --add-qkv-bias";
     if (!field<bool>(hc, "tie_word_embeddings", false)) flags << " --untie-embeddings-and-output-weights";
     if (family == "mixtral") {
       flags << " --num-experts " << hc.at("num_local_experts").get<int64_t>() << " --moe-router-topk " << hc.at("num_experts_per_tok").get<int64_t>()
@@ -262,10 +264,16 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       set(p + "attention.qkv.weight", merge_qkv(hf.take(o + "self_attn.q_proj.weight", {nh * d, h}), hf.take(o + "self_attn.k_proj.weight", {ng * d, h}),
                                                 hf.take(o + "self_attn.v_proj.weight", {ng * d, h}), nh, ng, d, h));
       set(p + "attention.proj.weight", hf.take(o + "self_attn.o_proj.weight", {h, nh * d}));
-      if (D.bias) {
+      if (D.qkv_bias) {
         set(p + "attention.qkv.bias", merge_qkv(hf.take(o + "self_attn.q_proj.bias", {nh * d}), hf.take(o + "self_attn.k_proj.bias", {ng * d}),
                                                 hf.take(o + "self_attn.v_proj.bias", {ng * d}), nh, ng, d, 1));
-        set(p + "attention.proj.bias", hf.take(o + "self_attn.o_proj.bias", {h}));
+        const auto o_bias = hf.take(o + "self_attn.o_proj.bias", {h});
+        if (D.bias) {
+          set(p + "attention.proj.bias", o_bias);
+        } else if (std::any_of(o_bias.begin(), o_bias.end(), [](float x) { return x != 0.0f; })) {
+          throw ConfigError("cannot import: " + o + "self_attn.o_proj.bias is not zero, and the model has attention_bias without mlp_bias (megatrain's "
+                            "--add-qkv-bias biases only the QKV layers): such a model cannot be imported");
+        }
       }
       set(p + "mlp_norm.weight", hf.take(o + "post_attention_layernorm.weight", {h}));
       if (family == "llama") {

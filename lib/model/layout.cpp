@@ -107,7 +107,7 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     ly.input_norm_w = add(p + "input_norm.weight", {D.h}, -1, norm_init, 0);
     if (!D.rms) ly.input_norm_b = add(p + "input_norm.bias", {D.h}, -1, InitKind::kZeros, 0);
     ly.qkv_w = add_qkv(p + "attention.qkv.weight", {qkv_rows, D.h}, InitKind::kNormal, std);
-    if (D.bias) ly.qkv_b = add_qkv(p + "attention.qkv.bias", {qkv_rows}, InitKind::kZeros, 0);
+    if (D.qkv_bias) ly.qkv_b = add_qkv(p + "attention.qkv.bias", {qkv_rows}, InitKind::kZeros, 0);
     if (D.qk_norm) {  // one [d] weight shared by every query head (and one by every key head), on every TP rank
       ly.q_norm_w = add(p + "attention.q_norm.weight", {D.d}, -1, norm_init, 0);
       if (!D.rms) ly.q_norm_b = add(p + "attention.q_norm.bias", {D.d}, -1, InitKind::kZeros, 0);

@@ -34,6 +34,7 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.per_token_loss = c.training.calculate_per_token_loss;
   d.swiglu = c.model.swiglu;
   d.bias = !c.model.disable_bias_linear;
+  d.qkv_bias = d.bias || c.model.add_qkv_bias;
   d.rope = c.model.position_embedding_type == "rope";
   d.learned_pos = c.model.position_embedding_type == "learned_absolute";
   d.tied = !c.model.untie_embeddings_and_output_weights;

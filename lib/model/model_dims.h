@@ -36,6 +36,7 @@ struct ModelDims {
   // ranks, each computing its nh_local query heads of it. qh_local: query heads in the local QKV rows.
   int64_t kv_rep, qh_local;
   bool rms, swiglu, bias, rope, learned_pos, tied, sequence_parallel;
+  bool qkv_bias = false;  // the QKV layers' biases: with every bias, or alone (--add-qkv-bias)
   bool per_token_loss = false;  // --calculate-per-token-loss: the output layer returns (and differentiates) the loss sum
   bool norm_1p = false;  // --apply-layernorm-1p: the norms scale by 1 + weight (zero-centred weights, initialised to 0)
   bool qk_norm;  // --qk-layernorm: the configured norm over each query and key head (width d), before RoPE

@@ -82,6 +82,8 @@ check llama_tp2_sp 2 $LLAMA --tensor-model-parallel-size 2 --sequence-parallel
 check llama_pp2_rotary_interleaved 2 $LLAMA --pipeline-model-parallel-size 2 --rotary-interleaved
 # Context parallelism with the distributed optimizer (each DP x CP rank holds a shard of the optimizer state).
 check llama_cp2_dp2_distopt 4 $LLAMA --context-parallel-size 2 --use-distributed-optimizer
+# Qwen's QKV biases alone: HF's attention_bias with o_proj's bias zeros (and back to --add-qkv-bias on import).
+check llama_qkv_bias_tp2 2 $LLAMA --add-qkv-bias --tensor-model-parallel-size 2
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED

@@ -8,6 +8,7 @@
 #include "tiny_models.h"
 #include "kernels/cpu/rope.h"
 #include "model/gpt_model.h"
+#include "model/layout.h"
 
 using namespace mt;
 using namespace mt::test;
@@ -141,4 +142,17 @@ TEST_CASE("initialisation: Megatron's scheme, and a shard holds its slice of the
   for (int64_t r = 0; r < p.global_shape[0]; ++r) {
     for (int64_t j = 0; j < F / 2; ++j) CHECK(shard.param(0)[r * (F / 2) + j] == ps.param(fc2)[r * F + F / 2 + j]);
   }
+}
+
+TEST_CASE("whole-model gradient check: --add-qkv-bias (LLaMA without the other biases, Qwen's)") {
+  Config l = tiny(true);
+  REQUIRE(l.model.disable_bias_linear);
+  l.model.add_qkv_bias = true;
+  resolve(l, 1);
+  ParamStore store;
+  build_model_layout(l, {}, store);
+  CHECK_NOTHROW(store.index_of("layers.0.attention.qkv.bias"));
+  CHECK_THROWS(store.index_of("layers.0.attention.proj.bias"));
+  CHECK_THROWS(store.index_of("layers.0.mlp.fc2.bias"));
+  check_config(l);
 }

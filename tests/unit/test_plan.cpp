@@ -35,6 +35,30 @@ TEST_CASE("parameter counts of published models") {
   CHECK(mx.active == mx.total - 32LL * 6 * 3 * 4096 * 14336);
 }
 
+TEST_CASE("parameter counts: Qwen2.5-0.5B's QKV biases (--add-qkv-bias)") {
+  // Qwen2.5-0.5B: 24 layers, h 896, 14 heads, 2 KV groups, ffn 4864, vocab 151,936, tied; biases on Q, K and V only:
+  // 494,032,768 parameters.
+  Config c;
+  c.model.num_layers = 24;
+  c.model.hidden_size = 896;
+  c.model.num_attention_heads = 14;
+  c.model.group_query_attention = true;
+  c.model.num_query_groups = 2;
+  c.model.ffn_hidden_size = 4864;
+  c.model.swiglu = true;
+  c.model.normalization = "RMSNorm";
+  c.model.position_embedding_type = "rope";
+  c.model.disable_bias_linear = true;
+  c.model.add_qkv_bias = true;
+  c.model.vocab_size = 151936;
+  c.data.seq_length = 4096;
+  c.model.max_position_embeddings = 4096;
+  resolve(c, 1);
+  CHECK(count_params(c).total == 494032768);
+  c.model.add_qkv_bias = false;
+  CHECK(count_params(c).total == 494032768 - 24 * (896 + 2 * 128));
+}
+
 TEST_CASE("parameters per rank add up to the model") {
   Config c = recipe("llama3-70b", 16);  // TP4 PP4 DP1
   int64_t sum = 0;

@@ -33,7 +33,7 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   A.ln_full.resize(sz(T * h));
   c.gather_tokens(A.ln.data(), A.ln_full.data());
   Buf qkv(sz(T * qkv_local));
-  linear_unit_forward(c, ly.layer, kLinearQkv, A.qkv_lin, qkv.data(), A.ln_full.data(), ly.qkv_w, D.bias ? ly.qkv_b : kNoParam, T, h, qkv_local);
+  linear_unit_forward(c, ly.layer, kLinearQkv, A.qkv_lin, qkv.data(), A.ln_full.data(), ly.qkv_w, D.qkv_bias ? ly.qkv_b : kNoParam, T, h, qkv_local);
   A.q.resize(sz(T * D.nh_local * D.d));
   A.k.resize(sz(T * D.ng_local * D.d));
   A.v.resize(sz(T * D.ng_local * D.d));
@@ -126,7 +126,7 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
     for (int64_t i = 0; i < T; ++i) std::memcpy(&dq_all[sz(i * D.qh_local * D.d + first)], &dq[sz(i * w)], sz(w) * sizeof(float));
     qkv_merge(dqkv.data(), dq_all.data(), dk.data(), dv.data(), T, D.qh_local, D.ng_local, D.d);
   }
-  linear_unit_backward(c, ly.layer, kLinearQkv, A.qkv_lin, full.data(), dqkv.data(), ly.qkv_w, D.bias ? ly.qkv_b : kNoParam, A.ln_full.data(), T, h,
+  linear_unit_backward(c, ly.layer, kLinearQkv, A.qkv_lin, full.data(), dqkv.data(), ly.qkv_w, D.qkv_bias ? ly.qkv_b : kNoParam, A.ln_full.data(), T, h,
                        qkv_local);
   c.reduce_tokens(full.data(), local.data());
   dx.resize(sz(Tl * h));
