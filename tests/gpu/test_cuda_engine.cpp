@@ -243,6 +243,7 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
                        : extra.find("--fp8-recipe delayed") != std::string::npos ? " (fp8, delayed scaling)"
                        : extra.find("--fp8-recipe blockwise") != std::string::npos ? " (fp8, blockwise scaling)"
                        : extra.find("--fp8-format") != std::string::npos ? " (fp8 hybrid, tensorwise)"
+                       : extra.find("--add-qkv-bias") != std::string::npos ? " (QKV biases alone)"
                        : extra.find("--rotary-interleaved") != std::string::npos ? " (interleaved RoPE)"
                        : extra.find("--squared-relu --fp16") != std::string::npos ? " (squared ReLU, fp16)"
                        : extra.find("--squared-relu --recompute") != std::string::npos ? " (squared ReLU, recomputed)"
@@ -1076,6 +1077,10 @@ int main() {
   test_flag_effect("gpt", std::string(kPlain) + "--init-method-std 0.2 ", "--squared-relu ", 0, 2e-2);  // (-8.1e-2 seen)
   test_training("gpt", std::string(kPlain) + "--squared-relu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
   test_training("gpt", std::string(kPlain) + "--squared-relu --fp16 --loss-scale 1024 ");
+  // Qwen's QKV biases alone (--add-qkv-bias; MEGATRAIN_CUDA_UNVERIFIED=qkv-bias until this has passed): the QKV GEMM's
+  // bias and its gradient's kernel (no other bias, so no bias-gradient epilogue), plain and recomputed.
+  test_training("llama", std::string(kPlain) + "--add-qkv-bias ");
+  test_training("llama-recompute", std::string(kPlain) + "--add-qkv-bias --init-method-std 0.2 ");
   // Interleaved RoPE pairs (the split/merge kernels, and rope_apply_16 under --qk-layernorm).
   test_training("llama", std::string(kPlain) + "--rotary-interleaved ");
   test_flag_effect("llama", std::string(kPlain) + "--init-method-std 0.2 ", "--rotary-interleaved ", 0, 5e-2);  // (2.2e-1 seen)
