@@ -212,6 +212,25 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("s3-cache-path", true, "object-storage datasets are not supported: give local files"),
       MT_REFUSED("microbatch-group-size-per-virtual-pipeline-stage", true,
                  "the interleaved schedule groups microbatches by the pipeline size (Megatron's default): drop it"),
+      // Megatron's MoE flags outside megatrain's MoE (docs/moe.md).
+      MT_INERT("moe-use-legacy-grouped-gemm", false, "megatrain has one grouped-GEMM path per engine (the same results)"),
+      MT_INERT("moe-router-fusion", false, "kernel fusion does not change megatrain's results"),
+      MT_INERT("overlap-moe-expert-parallel-comm", false,
+               "megatrain does not overlap the EP all-to-alls with another microbatch's compute (the results are the same)"),
+      MT_REFUSED("moe-layer-recompute", false,
+                 "recomputing only the MoE layers is not implemented: use --recompute-granularity full (CUDA engine), or drop it"),
+      MT_REFUSED("moe-extended-tp", false, "deprecated in Megatron: split the experts with --expert-tensor-parallel-size"),
+      MT_REFUSED("moe-input-jitter-eps", true, "the router's input jitter is not implemented: drop it"),
+      MT_REFUSED("moe-per-layer-logging", false, "per-layer MoE logging is not implemented (the log line sums the layers' load_balancing_loss): drop it"),
+      MT_REFUSED("moe-router-force-load-balancing", false, "forced balanced routing (Megatron's benchmarking aid) is not implemented: drop it"),
+      MT_REFUSED("moe-router-padding-for-fp8", false, "FP8 in MoE layers is not implemented: drop it and --fp8-format"),
+      MT_REFUSED("moe-enable-deepep", false, "DeepEP is not implemented: use --moe-token-dispatcher-type alltoall"),
+      MT_REFUSED("moe-deepep-num-sms", true, "DeepEP is not implemented: use --moe-token-dispatcher-type alltoall"),
+      MT_REFUSED("moe-apply-probs-on-input", false, "applying the routing weights to the experts' inputs is not implemented: drop it"),
+      MT_REFUSED("moe-use-upcycling", false, "upcycling a dense checkpoint into MoE is not implemented: drop it"),
+      MT_REFUSED("moe-upcycling-granularity", true, "upcycling a dense checkpoint into MoE is not implemented: drop it"),
+      MT_REFUSED("delay-wgrad-compute", false, "delaying the weight gradients for the EP overlap is not implemented (--pipeline-schedule zb-h1 "
+                                               "defers them in the pipeline): drop it"),
   };
 }
 #undef MT_INERT
