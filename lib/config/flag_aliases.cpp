@@ -229,8 +229,9 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("moe-apply-probs-on-input", false, "applying the routing weights to the experts' inputs is not implemented: drop it"),
       MT_REFUSED("moe-use-upcycling", false, "upcycling a dense checkpoint into MoE is not implemented: drop it"),
       MT_REFUSED("moe-upcycling-granularity", true, "upcycling a dense checkpoint into MoE is not implemented: drop it"),
-      MT_REFUSED("delay-wgrad-compute", false, "delaying the weight gradients for the EP overlap is not implemented (--pipeline-schedule zb-h1 "
-                                               "defers them in the pipeline): drop it"),
+      MT_INERT("delay-wgrad-compute", false,
+               "megatrain does not delay the weight gradients for the EP overlap (the same results; --pipeline-schedule zb-h1 defers them in "
+               "the pipeline)"),
   };
 }
 #undef MT_INERT

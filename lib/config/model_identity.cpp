@@ -51,7 +51,7 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
   } else {
     out.emplace_back("max-position-embeddings", text(m.max_position_embeddings));
   }
-  if (m.add_qkv_bias && m.disable_bias_linear) out.emplace_back("add-qkv-bias", "true");  // (only where it adds parameters)
+  out.emplace_back("add-qkv-bias", text(m.add_qkv_bias && m.disable_bias_linear));  // (only where it adds parameters)
   if (c.moe.num_experts) {
     out.emplace_back("moe-router-topk", text(c.moe.moe_router_topk));
     out.emplace_back("moe-ffn-hidden-size", text(c.moe.moe_ffn_hidden_size));

@@ -191,8 +191,10 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     const int64_t window = field<int64_t>(hc, "sliding_window", 0);
     refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
     const bool attn_bias = field<bool>(hc, "attention_bias", false), mlp_bias = field<bool>(hc, "mlp_bias", false);
-    // attention_bias without mlp_bias: --add-qkv-bias (Qwen's), if o_proj's biases are zeros (checked with the weights).
+    // attention_bias without mlp_bias (LlamaForCausalLM's, as megatrain exports --add-qkv-bias): the QKV biases alone, if
+    // o_proj's biases are zeros (checked with the weights). Mistral and Mixtral have no biases.
     refuse(!attn_bias && mlp_bias, "mlp_bias without attention_bias (megatrain's --disable-bias-linear covers both)");
+    refuse(attn_bias && arch != "LlamaForCausalLM", arch + " with attention_bias (its modeling code has no biases)");
     flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh
           << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "

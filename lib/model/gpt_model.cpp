@@ -175,7 +175,7 @@ void GPTModel::layer_finished(Record& r, const LayerParams& ly) const {
       // Every replica of the group's QKV block gets the sum: its own query heads' rows from their owner,
       // and the K/V rows from all the group's query heads.
       kv_group_->all_reduce(c.G(ly.qkv_w), params_.info(ly.qkv_w).numel, ReduceOp::kSum);
-      if (dims_.bias) kv_group_->all_reduce(c.G(ly.qkv_b), params_.info(ly.qkv_b).numel, ReduceOp::kSum);
+      if (ly.qkv_b != kNoParam) kv_group_->all_reduce(c.G(ly.qkv_b), params_.info(ly.qkv_b).numel, ReduceOp::kSum);
     }
     if (grads_ready_ && c.finishing) grads_ready_(ly.first);
   });
