@@ -161,7 +161,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
           << " --ffn-hidden-size " << field<int64_t>(hc, "n_inner", 4 * h) << " --max-position-embeddings " << pos << " --seq-length " << pos
           << " --norm-epsilon " << field<double>(hc, "layer_norm_epsilon", 1e-5) << " --position-embedding-type learned_absolute";
     if (!field<bool>(hc, "tie_word_embeddings", true)) flags << " --untie-embeddings-and-output-weights";
-  } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "MixtralForCausalLM") {
+  } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen2ForCausalLM") {
     family = arch == "MixtralForCausalLM" ? "mixtral" : "llama";
     const int64_t h = hc.at("hidden_size").get<int64_t>(), nh = hc.at("num_attention_heads").get<int64_t>();
     const int64_t ng = field<int64_t>(hc, "num_key_value_heads", nh), pos = hc.at("max_position_embeddings").get<int64_t>();
@@ -188,13 +188,16 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       rope_theta = field<double>(rp, "rope_theta", rope_theta);
     }
     refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
-    const int64_t window = field<int64_t>(hc, "sliding_window", 0);
+    // Qwen2: its sliding window applies only with use_sliding_window (off in Qwen2 / 2.5's configs).
+    const bool qwen2 = arch == "Qwen2ForCausalLM";
+    const int64_t window = qwen2 && !field<bool>(hc, "use_sliding_window", false) ? 0 : field<int64_t>(hc, "sliding_window", 0);
     refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
-    const bool attn_bias = field<bool>(hc, "attention_bias", false), mlp_bias = field<bool>(hc, "mlp_bias", false);
+    // (Qwen2's QKV layers always have biases, its o_proj and MLP none: --add-qkv-bias)
+    const bool attn_bias = qwen2 || field<bool>(hc, "attention_bias", false), mlp_bias = !qwen2 && field<bool>(hc, "mlp_bias", false);
     // attention_bias without mlp_bias (LlamaForCausalLM's, as megatrain exports --add-qkv-bias): the QKV biases alone, if
     // o_proj's biases are zeros (checked with the weights). Mistral and Mixtral have no biases.
     refuse(!attn_bias && mlp_bias, "mlp_bias without attention_bias (megatrain's --disable-bias-linear covers both)");
-    refuse(attn_bias && arch != "LlamaForCausalLM", arch + " with attention_bias (its modeling code has no biases)");
+    refuse(attn_bias && arch != "LlamaForCausalLM" && !qwen2, arch + " with attention_bias (its modeling code has no biases)");
     flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh
           << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
@@ -210,7 +213,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     }
   } else {
     throw ConfigError("cannot import " + (arch.empty() ? std::string("a model without \"architectures\"") : arch) +
-                      ": megatrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM and MixtralForCausalLM");
+                      ": megatrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM and Qwen2ForCausalLM");
   }
   const int64_t V = hc.at("vocab_size").get<int64_t>();
   flags << " --vocab-size " << V << " --make-vocab-size-divisible-by 1";
@@ -269,7 +272,10 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       if (D.qkv_bias) {
         set(p + "attention.qkv.bias", merge_qkv(hf.take(o + "self_attn.q_proj.bias", {nh * d}), hf.take(o + "self_attn.k_proj.bias", {ng * d}),
                                                 hf.take(o + "self_attn.v_proj.bias", {ng * d}), nh, ng, d, 1));
-        const auto o_bias = hf.take(o + "self_attn.o_proj.bias", {h});
+        // (Qwen2's o_proj has no bias tensor; LLaMA's attention_bias gives it one, which must be zeros here. Its name with
+        // or without the base model's "model.")
+        const bool o_has = hf.has(o + "self_attn.o_proj.bias") || hf.has(o.substr(6) + "self_attn.o_proj.bias");
+        const auto o_bias = D.bias || o_has ? hf.take(o + "self_attn.o_proj.bias", {h}) : Values{};
         if (D.bias) {
           set(p + "attention.proj.bias", o_bias);
         } else if (std::any_of(o_bias.begin(), o_bias.end(), [](float x) { return x != 0.0f; })) {

@@ -84,6 +84,36 @@ check llama_pp2_rotary_interleaved 2 $LLAMA --pipeline-model-parallel-size 2 --r
 check llama_cp2_dp2_distopt 4 $LLAMA --context-parallel-size 2 --use-distributed-optimizer
 # Qwen's QKV biases alone: HF's attention_bias with o_proj's bias zeros (and back to --add-qkv-bias on import).
 check llama_qkv_bias_tp2 2 $LLAMA --add-qkv-bias --tensor-model-parallel-size 2
+# The same model as Qwen2 writes it (Qwen2ForCausalLM: no attention_bias key, no o_proj bias tensors, a sliding window
+# that use_sliding_window leaves off): imported, it exports the same bytes as the LLaMA form.
+"$PY" - "$W/llama_qkv_bias_tp2-hf" "$W/qwen2-hf" <<'PYQ'
+import json, os, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst, exist_ok=True)
+c = json.load(open(os.path.join(src, "config.json")))
+c["architectures"], c["model_type"] = ["Qwen2ForCausalLM"], "qwen2"
+c.pop("attention_bias", None); c.pop("mlp_bias", None)
+c.update(use_sliding_window=False, sliding_window=8, max_window_layers=1)
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+data = open(os.path.join(src, "model.safetensors"), "rb").read()
+(n,) = struct.unpack("<Q", data[:8]); header = json.loads(data[8:8 + n]); body = data[8 + n:]
+out, blobs, at = {}, [], 0
+for name, e in header.items():
+    if name == "__metadata__" or name.endswith("o_proj.bias"):
+        continue
+    b, end = e["data_offsets"]
+    out[name] = dict(e, data_offsets=[at, at + end - b]); blobs.append(body[b:end]); at += end - b
+h = json.dumps(out).encode(); h += b" " * (-len(h) % 8)
+open(os.path.join(dst, "model.safetensors"), "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PYQ
+if "$BIN" checkpoint import --hf "$W/qwen2-hf" --save "$W/qwen2-ckpt" >"$W/qwen2-import.log" 2>&1 &&
+   grep -q -- "--add-qkv-bias" "$W/qwen2-import.log" &&
+   "$BIN" checkpoint export "$W/qwen2-ckpt" --hf "$W/qwen2-again" --dtype fp32 >/dev/null 2>&1 &&
+   cmp -s "$W/llama_qkv_bias_tp2-hf/model.safetensors" "$W/qwen2-again/model.safetensors"; then
+  echo "PASS qwen2: Qwen2ForCausalLM's form imports as --add-qkv-bias, the same weights"
+else
+  cat "$W/qwen2-import.log"; fail "qwen2: the Qwen2 form's import"
+fi
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED
