@@ -153,10 +153,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
 #endif
   no(!c.precision.bf16 && !c.precision.fp16,
      "the CUDA engine computes in bf16 or fp16: add --bf16 (or --fp16 with loss scaling); fp32 training runs with --device cpu");
-  // --add-qkv-bias alone (the QKV biases without the others): written for the CPU engine; the CUDA layers take the bias
-  // where the layout has one, which has not run on a GPU with the other biases absent.
-  no(c.model.add_qkv_bias && c.model.disable_bias_linear && !cuda_unverified_allowed("qkv-bias"),
-     "--add-qkv-bias has not run on GPUs yet on the CUDA engine: use --device cpu (the CPU engine runs it), or drop it");
   no(c.model.qk_layernorm && c.derived.num_query_groups < c.parallel.tensor_model_parallel_size,
      "--qk-layernorm with fewer query groups than --tensor-model-parallel-size (K/V replicated over TP) is not implemented on the CUDA "
      "engine yet: raise --num-query-groups, lower TP, or --device cpu");

@@ -56,27 +56,19 @@ __device__ void limited_top_k(const float* v, int E, int k, int groups, int grou
   top_k(masked, E, k, idx);
 }
 
-__global__ void logits_kernel(float* logits, const __nv_bfloat16* xn, const __nv_bfloat16* w, int64_t T, int64_t E, int64_t h) {
+// The router's logits, a warp per (token, expert), accumulated in Accumulator (float, or double for
+// --moe-router-dtype fp64, where the bias joins the sum before the one rounding to fp32).
+template <typename Accumulator>
+__global__ void logits_kernel(float* logits, const __nv_bfloat16* xn, const __nv_bfloat16* w, const __nv_bfloat16* b, int64_t T, int64_t E,
+                              int64_t h) {
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (warp >= T * E) return;
   const int64_t t = warp / E, e = warp % E;
-  float s = 0.0f;
-  for (int64_t i = lane; i < h; i += 32) s += __bfloat162float(xn[t * h + i]) * __bfloat162float(w[e * h + i]);
-  s = warp_sum(s);
-  if (lane == 0) logits[t * E + e] = s;
-}
-
-__global__ void logits_fp64_kernel(float* logits, const __nv_bfloat16* xn, const __nv_bfloat16* w, const __nv_bfloat16* b, int64_t T, int64_t E,
-                                   int64_t h) {
-  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  if (warp >= T * E) return;
-  const int64_t t = warp / E, e = warp % E;
-  double s = 0.0;
-  for (int64_t i = lane; i < h; i += 32) s += static_cast<double>(__bfloat162float(xn[t * h + i])) * __bfloat162float(w[e * h + i]);
+  Accumulator s = 0;
+  for (int64_t i = lane; i < h; i += 32) s += static_cast<Accumulator>(__bfloat162float(xn[t * h + i])) * __bfloat162float(w[e * h + i]);
   for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
-  if (lane == 0) logits[t * E + e] = static_cast<float>(s + (b ? static_cast<double>(__bfloat162float(b[e])) : 0.0));
+  if (lane == 0) logits[t * E + e] = static_cast<float>(b ? s + static_cast<Accumulator>(__bfloat162float(b[e])) : s);
 }
 
 __global__ void route_kernel(int32_t* top, float* weight, const float* logits, MoeRouting r, const float* expert_bias) {
@@ -499,12 +491,12 @@ unsigned blocks(int64_t n, int64_t per) { return static_cast<unsigned>((n + per 
 }  // namespace
 
 void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st) {
-  logits_kernel<<<blocks(r.tokens * r.experts * 32, 256), 256, 0, st>>>(logits, B(xn), B(w), r.tokens, r.experts, r.hidden);
+  logits_kernel<float><<<blocks(r.tokens * r.experts * 32, 256), 256, 0, st>>>(logits, B(xn), B(w), nullptr, r.tokens, r.experts, r.hidden);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
 void moe_router_logits_fp64(float* logits, const bf16* xn, const bf16* w, const bf16* b, const MoeRouting& r, cudaStream_t st) {
-  logits_fp64_kernel<<<blocks(r.tokens * r.experts * 32, 256), 256, 0, st>>>(logits, B(xn), B(w), b ? B(b) : nullptr, r.tokens, r.experts, r.hidden);
+  logits_kernel<double><<<blocks(r.tokens * r.experts * 32, 256), 256, 0, st>>>(logits, B(xn), B(w), b ? B(b) : nullptr, r.tokens, r.experts, r.hidden);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
