@@ -253,7 +253,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(data_parallel && m.moe_router_load_balancing_type == "global_aux_loss" && m.moe_aux_loss_coeff > 0,
        "global_aux_loss with data parallelism is not implemented on the CUDA engine (its expert counts summed over DP): use aux_loss or "
        "seq_aux_loss, or --device cpu");
-    no(c.precision.fp16, "mixture of experts on the CUDA engine computes in bf16: use --bf16");
+    // fp16: the MoE kernels in the run's 16-bit type, the router's aux and z gradients times the loss scale. With expert
+    // parallelism not: fp16's gradient reductions average, which would scale the experts' gradients by 1 / expert-DP
+    // instead of 1 / DP.
+    no(c.precision.fp16 && ep, "expert parallelism in fp16 is not implemented on the CUDA engine: use --bf16, or --device cpu");
     no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
     no(!c.model.disable_bias_linear && *m.num_experts % 8 != 0,
        "MoE layers with biases on the CUDA engine need --num-experts to be a multiple of 8 (the router's bias keeps the next parameter "

@@ -665,7 +665,7 @@ void test_device_loss_scaler() {
   if (!same) ++failures;
 }
 
-// The MoE layer's data movement (bf16 only, as the MoE layer): the permutation of T x k choices into expert-major
+// The MoE layer's data movement (in bf16 and in fp16, as the run's type): the permutation of T x k choices into expert-major
 // rows (each expert's in token order; several chunks of the permutation, a chunk's choices spread over its warps),
 // the gather, the weighted combine and its backward, and the input gradient (the rows' sum and the router's term),
 // against plain loops. `skew`: most tokens put expert 0 first (an uneven split, as a router early in training makes).
@@ -731,10 +731,10 @@ void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew, bo
   for (auto& x : dlogits) x = u(rng) - 0.5f;
   B16 d_xn(xn), d_y(y), d_dout(dout), d_w(w), d_rows(Tk * H), d_out(TH), d_dy_rows(Tk * H), d_dxn(TH);
   F32 d_weight(weight), d_dlogits(dlogits), d_dweight(Tk);
-  cuda::moe_gather(d_rows.b(), d_xn.b(), d_row, r, nullptr);
-  cuda::moe_combine(d_out.b(), d_y.b(), d_row, d_weight.p, r, nullptr);
-  cuda::moe_combine_backward(d_dy_rows.b(), d_dweight.p, d_dout.b(), d_y.b(), d_row, d_weight.p, r, nullptr);
-  cuda::moe_input_backward(d_dxn.b(), d_y.b(), d_row, d_dlogits.p, d_w.b(), r, nullptr);  // (y standing in for the rows' gradients)
+  cuda::moe_gather(d_rows.b(), d_xn.b(), d_row, r, nullptr, g_t);
+  cuda::moe_combine(d_out.b(), d_y.b(), d_row, d_weight.p, r, nullptr, g_t);
+  cuda::moe_combine_backward(d_dy_rows.b(), d_dweight.p, d_dout.b(), d_y.b(), d_row, d_weight.p, r, nullptr, g_t);
+  cuda::moe_input_backward(d_dxn.b(), d_y.b(), d_row, d_dlogits.p, d_w.b(), r, nullptr, g_t);  // (y standing in for the rows' gradients)
   Vec rows(Tk * H), out(TH), dy_rows(Tk * H), dweight(Tk), dxn(TH);
   for (int64_t t = 0; t < T; ++t) {
     const size_t at_t = static_cast<size_t>(t) * H;
@@ -779,14 +779,14 @@ void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew, bo
     }
   }
   F32 d_logits(logits.size()), d_dw(dw0), d_wparts(static_cast<size_t>(cuda::moe_router_wgrad_scratch(r)));
-  cuda::moe_router_logits(d_logits.p, d_xn.b(), d_w.b(), r, nullptr);
+  cuda::moe_router_logits(d_logits.p, d_xn.b(), d_w.b(), r, nullptr, g_t);
   expect(name + " router logits (kernel)", d_logits.get(), logits, 1e-5);
   auto& lt = cuda::GemmLt::instance();
-  if (lt.has_algorithm(false, true, T, E, h, h, h, E, CUDA_R_16BF, CUDA_R_32F, {})) {
-    lt.gemm_ex(false, true, T, E, h, 1.0f, d_xn.b(), h, d_w.b(), h, 0.0f, d_logits.p, E, CUDA_R_16BF, CUDA_R_32F, nullptr, nullptr);
+  if (lt.has_algorithm(false, true, T, E, h, h, h, E, g_ab(), CUDA_R_32F, {})) {
+    lt.gemm_ex(false, true, T, E, h, 1.0f, d_xn.b(), h, d_w.b(), h, 0.0f, d_logits.p, E, g_ab(), CUDA_R_32F, nullptr, nullptr);
     expect(name + " router logits (GEMM)", d_logits.get(), logits, 1e-5);
   }
-  cuda::moe_router_wgrad(d_dw.p, d_wparts.p, d_dlogits.p, d_xn.b(), r, nullptr);
+  cuda::moe_router_wgrad(d_dw.p, d_wparts.p, d_dlogits.p, d_xn.b(), r, nullptr, g_t);
   const int64_t parts = 64, per = (T + parts - 1) / parts;
   for (int64_t e = 0; e < E; ++e) {
     for (size_t c = 0; c < H; ++c) {
@@ -803,6 +803,41 @@ void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew, bo
   }
   expect(name + " router weight gradient", d_dw.get(), dw, 0.0);
   for (int32_t* d : {d_top, d_row, d_counts, d_offsets, d_parts}) cudaFree(d);
+}
+
+// fp16: the router's backward takes the aux and z terms times the device-side loss scale, as the lm loss's gradient
+// (the routing weights' part) carries it. With no routing-weight gradient, the scale 1024 (a power of two) must give
+// exactly 1024 times the unscaled gradient, and a null scale the unscaled one.
+void test_moe_router_loss_scale() {
+  const int64_t T = 64, E = 8, k = 2;
+  const cuda::MoeRouting r{T, E, k, 16};
+  Vec logits = randn(static_cast<size_t>(T * E), 1.0f, false), dscale(static_cast<size_t>(E));
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (auto& x : dscale) x = u(rng);
+  std::vector<int32_t> top(static_cast<size_t>(T * k));
+  for (int64_t t = 0; t < T; ++t) {
+    top[static_cast<size_t>(t * k)] = static_cast<int32_t>(t % E);
+    top[static_cast<size_t>(t * k + 1)] = static_cast<int32_t>((t + 3) % E);
+  }
+  int32_t* d_top = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&d_top, top.size() * 4));
+  MT_CUDA_CHECK(cudaMemcpy(d_top, top.data(), top.size() * 4, cudaMemcpyHostToDevice));
+  F32 d_logits(logits), d_dscale(dscale), d_dweight(Vec(static_cast<size_t>(T * k), 0.0f)), d_scale(Vec{1024.0f}), plain(logits.size()),
+      scaled(logits.size());
+  cuda::moe_router_backward(plain.p, d_logits.p, d_top, d_dweight.p, d_dscale.p, 1e-2f, 0.37f, r, nullptr);
+  cuda::moe_router_backward(scaled.p, d_logits.p, d_top, d_dweight.p, d_dscale.p, 1e-2f, 0.37f, r, nullptr, d_scale.p);
+  Vec want = plain.get();
+  double norm = 0;
+  for (float& x : want) {
+    norm += std::fabs(x);
+    x *= 1024.0f;
+  }
+  expect("moe router backward under fp16's loss scale", scaled.get(), want, 0.0);
+  if (norm == 0) {
+    std::printf("FAIL moe router backward: the aux and z terms gave no gradient\n");
+    ++failures;
+  }
+  cudaFree(d_top);
 }
 
 // --moe-pad-expert-input-to-capacity's padding rows: rows[map row] = xn[map token] (the forward), then zeros there (their
@@ -824,13 +859,13 @@ void test_moe_pad_rows(int64_t rows_n, int64_t T, int64_t pads, int64_t h) {
   MT_CUDA_CHECK(cudaMalloc(&d_map, std::max<size_t>(1, map.size()) * 4));
   MT_CUDA_CHECK(cudaMemcpy(d_map, map.data(), map.size() * 4, cudaMemcpyHostToDevice));
   Vec want = rounded16(before);
-  cuda::moe_pad_rows(d_rows.b(), d_xn.b(), d_map, pads, h, nullptr);
+  cuda::moe_pad_rows(d_rows.b(), d_xn.b(), d_map, pads, h, nullptr, g_t);
   for (int64_t i = 0; i < pads; ++i) {
     const size_t r = static_cast<size_t>(map[static_cast<size_t>(2 * i)]) * H, t = static_cast<size_t>(map[static_cast<size_t>(2 * i + 1)]) * H;
     for (size_t c = 0; c < H; ++c) want[r + c] = round16(xn[t + c]);
   }
   expect(name + " copied", d_rows.get(), want, 0.0);
-  cuda::moe_pad_rows(d_rows.b(), nullptr, d_map, pads, h, nullptr);
+  cuda::moe_pad_rows(d_rows.b(), nullptr, d_map, pads, h, nullptr, g_t);
   for (int64_t i = 0; i < pads; ++i) {
     const size_t r = static_cast<size_t>(map[static_cast<size_t>(2 * i)]) * H;
     for (size_t c = 0; c < H; ++c) want[r + c] = 0.0f;
@@ -896,17 +931,20 @@ int main() {
     test_adamw(100003, 50000);  // one of each in the same launch
   }
   test_device_loss_scaler();
-  g_t = cuda::F16::kBF16;
-  test_moe_dispatch(1000, 8, 2, 2048, false);  // 8 chunks of the permutation, the last one partial
-  test_moe_dispatch(1000, 8, 2, 264, true);
-  test_moe_dispatch(333, 64, 6, 100, false);  // h % 8 != 0: the one-column kernels
-  test_moe_dispatch(300, 256, 8, 136, true);  // the most experts
-  test_moe_dispatch(5, 4, 1, 40, false);      // under one chunk, under one input-gradient block of tokens
-  test_moe_dispatch(1000, 8, 2, 2048, true, true);  // choices dropped by a capacity
-  test_moe_dispatch(333, 64, 6, 100, false, true);
-  test_moe_pad_rows(600, 300, 250, 2048);
-  test_moe_pad_rows(90, 40, 33, 100);  // h % 8 != 0: one column a thread
-  test_moe_pad_rows(8, 4, 0, 64);      // nothing to pad
+  test_moe_router_loss_scale();
+  for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
+    g_t = t;
+    test_moe_dispatch(1000, 8, 2, 2048, false);  // 8 chunks of the permutation, the last one partial
+    test_moe_dispatch(1000, 8, 2, 264, true);
+    test_moe_dispatch(333, 64, 6, 100, false);  // h % 8 != 0: the one-column kernels
+    test_moe_dispatch(300, 256, 8, 136, true);  // the most experts
+    test_moe_dispatch(5, 4, 1, 40, false);      // under one chunk, under one input-gradient block of tokens
+    test_moe_dispatch(1000, 8, 2, 2048, true, true);  // choices dropped by a capacity
+    test_moe_dispatch(333, 64, 6, 100, false, true);
+    test_moe_pad_rows(600, 300, 250, 2048);
+    test_moe_pad_rows(90, 40, 33, 100);  // h % 8 != 0: one column a thread
+    test_moe_pad_rows(8, 4, 0, 64);      // nothing to pad
+  }
   for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
     g_t = t;
     test_dropout(13, 40, 5, 9);    // rows spanning two samples; the vectorised norms (one warp per row)

@@ -1147,6 +1147,14 @@ moe_tests:
   test_moe_training("gpt", "--squared-relu --num-experts 8 ");
   test_moe_training("gpt", "--num-experts 8 --moe-router-dtype fp64 ");  // (the logits and the bias summed in double)
   test_moe_training("llama-recompute", "--moe-router-dtype fp64 --moe-router-score-function sigmoid ");
+  // fp16 (refused on the CUDA engine until these passed in the twenty-seventh session): the MoE kernels in fp16, and the router's aux and z
+  // gradients times the loss scale (static here, as the CPU engine's, so that neither skips; a large aux coefficient, so
+  // that an unscaled aux gradient would stand apart); SwiGLU, GELU experts with a shared expert recomputed, a capacity.
+  test_moe_training("llama", "--fp16 --loss-scale 1024 --moe-aux-loss-coeff 1e-1 --moe-z-loss-coeff 1e-2 ");
+  test_moe_training("gpt", "--fp16 --loss-scale 1024 --disable-bias-linear --moe-shared-expert-intermediate-size 128 --recompute-granularity full "
+                           "--recompute-method uniform --recompute-num-layers 1 ");
+  test_moe_training("llama", "--fp16 --loss-scale 1024 --moe-expert-capacity-factor 1.0 --moe-token-dispatcher-type alltoall ");
+  test_moe_streams("llama", "--fp16 --loss-scale 1024 ");
   test_moe_training("gpt", "--squared-relu --disable-bias-linear --moe-shared-expert-intermediate-size 128 --recompute-granularity full "
                            "--recompute-method uniform --recompute-num-layers 1 ");
   test_moe_streams("gpt", "");  // (the biases' gradients after the expert streams)

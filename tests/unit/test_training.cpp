@@ -353,6 +353,13 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK(cuda_engine_gaps(biased, 1).empty());
   biased.moe.moe_ffn_hidden_size = 100;  // (the experts' rows and biases 16-byte aligned)
   CHECK_THAT(gaps_text(cuda_engine_gaps(biased, 1)), MT_CONTAINS("need --moe-ffn-hidden-size / --expert-tensor-parallel-size to be a multiple of 8"));
+  // fp16: on one GPU; with expert parallelism not.
+  Config half = m;
+  half.precision.bf16 = false;
+  half.precision.fp16 = true;
+  CHECK(cuda_engine_gaps(half, 1).empty());
+  half.parallel.expert_model_parallel_size = 2;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(half, 2)), MT_CONTAINS("expert parallelism in fp16 is not implemented"));
   const char* before = std::getenv("MEGATRAIN_CUDA_UNVERIFIED");
   const std::string saved = before ? before : "";
   setenv("MEGATRAIN_CUDA_UNVERIFIED", "moe-data-parallel", 1);

@@ -58,17 +58,16 @@ __device__ void limited_top_k(const float* v, int E, int k, int groups, int grou
 
 // The router's logits, a warp per (token, expert), accumulated in Accumulator (float, or double for
 // --moe-router-dtype fp64, where the bias joins the sum before the one rounding to fp32).
-template <typename Accumulator>
-__global__ void logits_kernel(float* logits, const __nv_bfloat16* xn, const __nv_bfloat16* w, const __nv_bfloat16* b, int64_t T, int64_t E,
-                              int64_t h) {
+template <typename Accumulator, typename T16>
+__global__ void logits_kernel(float* logits, const T16* xn, const T16* w, const T16* b, int64_t T, int64_t E, int64_t h) {
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (warp >= T * E) return;
   const int64_t t = warp / E, e = warp % E;
   Accumulator s = 0;
-  for (int64_t i = lane; i < h; i += 32) s += static_cast<Accumulator>(__bfloat162float(xn[t * h + i])) * __bfloat162float(w[e * h + i]);
+  for (int64_t i = lane; i < h; i += 32) s += static_cast<Accumulator>(to_f(xn[t * h + i])) * to_f(w[e * h + i]);
   for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
-  if (lane == 0) logits[t * E + e] = static_cast<float>(b ? s + static_cast<Accumulator>(__bfloat162float(b[e])) : s);
+  if (lane == 0) logits[t * E + e] = static_cast<float>(b ? s + static_cast<Accumulator>(to_f(b[e])) : s);
 }
 
 __global__ void route_kernel(int32_t* top, float* weight, const float* logits, MoeRouting r, const float* expert_bias) {
@@ -181,33 +180,33 @@ template <int W>
 struct Cols {
   float x[W];
 };
-template <int W>
-__device__ __forceinline__ Cols<W> load_cols(const __nv_bfloat16* p) {
+template <int W, typename T16>
+__device__ __forceinline__ Cols<W> load_cols(const T16* p) {
   Cols<W> v;
   if constexpr (W == 8) {
     const Bf16x8 b = load_bf16x8(p);
 #pragma unroll
     for (int q = 0; q < 8; ++q) v.x[q] = b.x[q];
   } else {
-    v.x[0] = __bfloat162float(*p);
+    v.x[0] = to_f(*p);
   }
   return v;
 }
-template <int W>
-__device__ __forceinline__ void store_cols(__nv_bfloat16* p, const Cols<W>& v) {
+template <int W, typename T16>
+__device__ __forceinline__ void store_cols(T16* p, const Cols<W>& v) {
   if constexpr (W == 8) {
     Bf16x8 b;
 #pragma unroll
     for (int q = 0; q < 8; ++q) b.x[q] = v.x[q];
     store_bf16x8(p, b);
   } else {
-    *p = __float2bfloat16(v.x[0]);
+    *p = from_f<T16>(v.x[0]);
   }
 }
 
 // One token per block: its row copied to each of its k slots' rows.
-template <int W>
-__global__ void gather_kernel(__nv_bfloat16* rows, const __nv_bfloat16* xn, const int32_t* row, int64_t T, int64_t k, int64_t h) {
+template <int W, typename T16>
+__global__ void gather_kernel(T16* rows, const T16* xn, const int32_t* row, int64_t T, int64_t k, int64_t h) {
   const int64_t t = blockIdx.x;
   if (t >= T) return;
   for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) {
@@ -219,16 +218,16 @@ __global__ void gather_kernel(__nv_bfloat16* rows, const __nv_bfloat16* xn, cons
   }
 }
 
-template <int W>
-__global__ void pad_rows_kernel(__nv_bfloat16* rows, const __nv_bfloat16* xn, const int32_t* map, int64_t n, int64_t h) {
+template <int W, typename T16>
+__global__ void pad_rows_kernel(T16* rows, const T16* xn, const int32_t* map, int64_t n, int64_t h) {
   const int64_t i = blockIdx.x;
   if (i >= n) return;
   const int64_t r = map[2 * i], t = map[2 * i + 1];
   for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) store_cols<W>(rows + r * h + c, xn ? load_cols<W>(xn + t * h + c) : Cols<W>{});
 }
 
-template <int W>
-__global__ void combine_kernel(__nv_bfloat16* out, const __nv_bfloat16* y, const int32_t* row, const float* weight, int64_t T, int64_t k, int64_t h) {
+template <int W, typename T16>
+__global__ void combine_kernel(T16* out, const T16* y, const int32_t* row, const float* weight, int64_t T, int64_t k, int64_t h) {
   const int64_t t = blockIdx.x;
   if (t >= T) return;
   for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) {
@@ -245,8 +244,8 @@ __global__ void combine_kernel(__nv_bfloat16* out, const __nv_bfloat16* y, const
   }
 }
 
-template <int W>
-__global__ void combine_backward_kernel(__nv_bfloat16* dy_rows, float* dweight, const __nv_bfloat16* dout, const __nv_bfloat16* y, const int32_t* row,
+template <int W, typename T16>
+__global__ void combine_backward_kernel(T16* dy_rows, float* dweight, const T16* dout, const T16* y, const int32_t* row,
                                         const float* weight, int64_t n, int64_t k, int64_t h) {
   const int64_t i = blockIdx.x;  // one (token, slot)
   if (i >= n) return;
@@ -348,9 +347,11 @@ __global__ void aux_finish_kernel(float* dscale, float* acc, const float* counts
 }
 
 __global__ void router_backward_kernel(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,
-                                       float grad_scale, MoeRouting r) {
+                                       float lm_grad_scale, MoeRouting r, const float* loss_scale) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= r.tokens) return;
+  // (fp16: the aux and z terms times the loss scale, as the lm loss's gradient that dweight carries already)
+  const float grad_scale = loss_scale ? lm_grad_scale * *loss_scale : lm_grad_scale;
   const int E = static_cast<int>(r.experts), k = static_cast<int>(r.topk);
   const float* x = logits + t * E;
   float* dx = dlogits + t * E;
@@ -424,8 +425,8 @@ __global__ void router_backward_kernel(float* dlogits, const float* logits, cons
 // kInputTokens tokens per block, so that each router weight read serves all of them; per element the slots' rows are
 // summed in slot order, then the router's term in expert order.
 constexpr int kInputTokens = 4;
-template <int W>
-__global__ void input_backward_kernel(__nv_bfloat16* dxn, const __nv_bfloat16* drows, const int32_t* row, const float* dlogits, const __nv_bfloat16* w,
+template <int W, typename T16>
+__global__ void input_backward_kernel(T16* dxn, const T16* drows, const int32_t* row, const float* dlogits, const T16* w,
                                       int64_t T, int64_t E, int64_t k, int64_t h) {
   __shared__ float dl[kInputTokens][kMaxExperts];
   const int64_t t0 = blockIdx.x * static_cast<int64_t>(kInputTokens);
@@ -460,14 +461,15 @@ __global__ void input_backward_kernel(__nv_bfloat16* dxn, const __nv_bfloat16* d
 // tile rather than once per expert; then each (e, c) adds its parts in order.
 constexpr int kWgradParts = 64;
 constexpr int kWgradTile = 8;
-__global__ void router_wgrad_partial_kernel(float* partial, const float* dlogits, const __nv_bfloat16* xn, int64_t T, int64_t E, int64_t h) {
+template <typename T16>
+__global__ void router_wgrad_partial_kernel(float* partial, const float* dlogits, const T16* xn, int64_t T, int64_t E, int64_t h) {
   const int64_t e0 = blockIdx.y * static_cast<int64_t>(kWgradTile), part = blockIdx.z, c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= h) return;
   const int tile = static_cast<int>(E - e0 < kWgradTile ? E - e0 : kWgradTile);
   const int64_t per = (T + kWgradParts - 1) / kWgradParts, t0 = part * per, t1 = t0 + per < T ? t0 + per : T;
   float s[kWgradTile] = {};
   for (int64_t t = t0; t < t1; ++t) {
-    const float x = __bfloat162float(xn[t * h + c]);
+    const float x = to_f(xn[t * h + c]);
     const float* dl = dlogits + t * E + e0;
 #pragma unroll
     for (int j = 0; j < kWgradTile; ++j) {
@@ -484,20 +486,36 @@ __global__ void router_wgrad_sum_kernel(float* dw, const float* partial, int64_t
   dw[i] += s;
 }
 
-const __nv_bfloat16* B(const bf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
-__nv_bfloat16* B(bf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+// The run's 16-bit type: f(tag) with a value of it, whose type the launcher reads its bf16*-typed buffers as (P<T16>).
+template <typename F>
+void with_type(F16 dt, F&& f) {
+  if (dt == F16::kFP16) f(__half{});
+  else f(__nv_bfloat16{});
+}
+template <typename T16>
+const T16* P(const bf16* p) { return reinterpret_cast<const T16*>(p); }
+template <typename T16>
+T16* P(bf16* p) { return reinterpret_cast<T16*>(p); }
 unsigned blocks(int64_t n, int64_t per) { return static_cast<unsigned>((n + per - 1) / per); }
 
 }  // namespace
 
-void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st) {
-  logits_kernel<float><<<blocks(r.tokens * r.experts * 32, 256), 256, 0, st>>>(logits, B(xn), B(w), nullptr, r.tokens, r.experts, r.hidden);
-  MT_CUDA_CHECK(cudaGetLastError());
+void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st, F16 dt) {
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    logits_kernel<float, T16><<<blocks(r.tokens * r.experts * 32, 256), 256, 0, st>>>(logits, P<T16>(xn), P<T16>(w), nullptr, r.tokens, r.experts,
+        r.hidden);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
-void moe_router_logits_fp64(float* logits, const bf16* xn, const bf16* w, const bf16* b, const MoeRouting& r, cudaStream_t st) {
-  logits_kernel<double><<<blocks(r.tokens * r.experts * 32, 256), 256, 0, st>>>(logits, B(xn), B(w), b ? B(b) : nullptr, r.tokens, r.experts, r.hidden);
-  MT_CUDA_CHECK(cudaGetLastError());
+void moe_router_logits_fp64(float* logits, const bf16* xn, const bf16* w, const bf16* b, const MoeRouting& r, cudaStream_t st, F16 dt) {
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    logits_kernel<double, T16><<<blocks(r.tokens * r.experts * 32, 256), 256, 0, st>>>(logits, P<T16>(xn), P<T16>(w), b ? P<T16>(b) : nullptr,
+        r.tokens, r.experts, r.hidden);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
 void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st, const float* expert_bias) {
@@ -542,43 +560,57 @@ bool eight_wide(int64_t h, std::initializer_list<const void*> buffers) {
 }
 }  // namespace
 
-void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st) {
-  if (eight_wide(r.hidden, {rows, xn})) {
-    gather_kernel<8><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(rows), B(xn), row, r.tokens, r.topk, r.hidden);
-  } else {
-    gather_kernel<1><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(rows), B(xn), row, r.tokens, r.topk, r.hidden);
-  }
-  MT_CUDA_CHECK(cudaGetLastError());
+void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st, F16 dt) {
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    if (eight_wide(r.hidden, {rows, xn})) {
+      gather_kernel<8, T16><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(P<T16>(rows), P<T16>(xn), row, r.tokens, r.topk, r.hidden);
+    } else {
+      gather_kernel<1, T16><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(P<T16>(rows), P<T16>(xn), row, r.tokens, r.topk, r.hidden);
+    }
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
-void moe_pad_rows(bf16* rows, const bf16* xn, const int32_t* map, int64_t n, int64_t h, cudaStream_t st) {
+void moe_pad_rows(bf16* rows, const bf16* xn, const int32_t* map, int64_t n, int64_t h, cudaStream_t st, F16 dt) {
   if (n == 0) return;
-  if (eight_wide(h, {rows, xn})) {
-    pad_rows_kernel<8><<<static_cast<unsigned>(n), 128, 0, st>>>(B(rows), B(xn), map, n, h);
-  } else {
-    pad_rows_kernel<1><<<static_cast<unsigned>(n), 128, 0, st>>>(B(rows), B(xn), map, n, h);
-  }
-  MT_CUDA_CHECK(cudaGetLastError());
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    if (eight_wide(h, {rows, xn})) {
+      pad_rows_kernel<8, T16><<<static_cast<unsigned>(n), 128, 0, st>>>(P<T16>(rows), P<T16>(xn), map, n, h);
+    } else {
+      pad_rows_kernel<1, T16><<<static_cast<unsigned>(n), 128, 0, st>>>(P<T16>(rows), P<T16>(xn), map, n, h);
+    }
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
-void moe_combine(bf16* out, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r, cudaStream_t st) {
-  if (eight_wide(r.hidden, {out, y})) {
-    combine_kernel<8><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(out), B(y), row, weight, r.tokens, r.topk, r.hidden);
-  } else {
-    combine_kernel<1><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(B(out), B(y), row, weight, r.tokens, r.topk, r.hidden);
-  }
-  MT_CUDA_CHECK(cudaGetLastError());
+void moe_combine(bf16* out, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r, cudaStream_t st, F16 dt) {
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    if (eight_wide(r.hidden, {out, y})) {
+      combine_kernel<8, T16><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(P<T16>(out), P<T16>(y), row, weight, r.tokens, r.topk, r.hidden);
+    } else {
+      combine_kernel<1, T16><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(P<T16>(out), P<T16>(y), row, weight, r.tokens, r.topk, r.hidden);
+    }
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
 void moe_combine_backward(bf16* dy_rows, float* dweight, const bf16* dout, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r,
-                          cudaStream_t st) {
+                          cudaStream_t st, F16 dt) {
   const auto blocks_n = static_cast<unsigned>(r.tokens * r.topk);
-  if (eight_wide(r.hidden, {dy_rows, dout, y})) {
-    combine_backward_kernel<8><<<blocks_n, 128, 0, st>>>(B(dy_rows), dweight, B(dout), B(y), row, weight, r.tokens * r.topk, r.topk, r.hidden);
-  } else {
-    combine_backward_kernel<1><<<blocks_n, 128, 0, st>>>(B(dy_rows), dweight, B(dout), B(y), row, weight, r.tokens * r.topk, r.topk, r.hidden);
-  }
-  MT_CUDA_CHECK(cudaGetLastError());
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    if (eight_wide(r.hidden, {dy_rows, dout, y})) {
+      combine_backward_kernel<8, T16><<<blocks_n, 128, 0, st>>>(P<T16>(dy_rows), dweight, P<T16>(dout), P<T16>(y), row, weight, r.tokens * r.topk,
+          r.topk, r.hidden);
+    } else {
+      combine_backward_kernel<1, T16><<<blocks_n, 128, 0, st>>>(P<T16>(dy_rows), dweight, P<T16>(dout), P<T16>(y), row, weight, r.tokens * r.topk,
+          r.topk, r.hidden);
+    }
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
 void moe_aux_stats(float* scores, float* counts_aux, float* probsum, float* z, const float* logits, const MoeRouting& r, cudaStream_t st) {
@@ -599,35 +631,43 @@ void moe_aux_finish(float* dscale, float* acc, const float* counts_aux, const fl
 }
 
 void moe_router_backward(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,
-                         float grad_scale, const MoeRouting& r, cudaStream_t st) {
-  router_backward_kernel<<<blocks(r.tokens, 128), 128, 0, st>>>(dlogits, logits, top, dweight, dscale, z_coeff, grad_scale, r);
+                         float grad_scale, const MoeRouting& r, cudaStream_t st, const float* loss_scale) {
+  router_backward_kernel<<<blocks(r.tokens, 128), 128, 0, st>>>(dlogits, logits, top, dweight, dscale, z_coeff, grad_scale, r, loss_scale);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st) {
+void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st,
+                        F16 dt) {
   if (r.experts > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
   const unsigned grid = blocks(r.tokens, kInputTokens);
-  if (eight_wide(r.hidden, {dxn, drows, w})) {
-    input_backward_kernel<8><<<grid, 128, 0, st>>>(B(dxn), B(drows), row, dlogits, B(w), r.tokens, r.experts, r.topk, r.hidden);
-  } else {
-    input_backward_kernel<1><<<grid, 128, 0, st>>>(B(dxn), B(drows), row, dlogits, B(w), r.tokens, r.experts, r.topk, r.hidden);
-  }
-  MT_CUDA_CHECK(cudaGetLastError());
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    if (eight_wide(r.hidden, {dxn, drows, w})) {
+      input_backward_kernel<8, T16><<<grid, 128, 0, st>>>(P<T16>(dxn), P<T16>(drows), row, dlogits, P<T16>(w), r.tokens, r.experts, r.topk, r.hidden);
+    } else {
+      input_backward_kernel<1, T16><<<grid, 128, 0, st>>>(P<T16>(dxn), P<T16>(drows), row, dlogits, P<T16>(w), r.tokens, r.experts, r.topk, r.hidden);
+    }
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
-void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st) {
+void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st, F16 dt) {
   const dim3 grid(blocks(r.hidden, 128), blocks(r.experts, kWgradTile), kWgradParts);
-  router_wgrad_partial_kernel<<<grid, 128, 0, st>>>(partial, dlogits, B(xn), r.tokens, r.experts, r.hidden);
-  MT_CUDA_CHECK(cudaGetLastError());
-  router_wgrad_sum_kernel<<<blocks(r.experts * r.hidden, 256), 256, 0, st>>>(dw, partial, r.experts, r.hidden);
-  MT_CUDA_CHECK(cudaGetLastError());
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    router_wgrad_partial_kernel<T16><<<grid, 128, 0, st>>>(partial, dlogits, P<T16>(xn), r.tokens, r.experts, r.hidden);
+    MT_CUDA_CHECK(cudaGetLastError());
+    router_wgrad_sum_kernel<<<blocks(r.experts * r.hidden, 256), 256, 0, st>>>(dw, partial, r.experts, r.hidden);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
 int64_t moe_router_wgrad_scratch(const MoeRouting& r) { return kWgradParts * r.experts * r.hidden; }
 
 namespace {
 
-__global__ void router_bias_kernel(float* logits, const __nv_bfloat16* b, int64_t T, int64_t E) {
+template <typename T16>
+__global__ void router_bias_kernel(float* logits, const T16* b, int64_t T, int64_t E) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < T * E) logits[i] += to_f(b[i % E]);
 }
@@ -649,9 +689,12 @@ __global__ void router_bias_grad_kernel(float* db, const float* dlogits, int64_t
 
 }  // namespace
 
-void moe_router_bias(float* logits, const bf16* b, const MoeRouting& r, cudaStream_t st) {
-  router_bias_kernel<<<blocks(r.tokens * r.experts, 256), 256, 0, st>>>(logits, B(b), r.tokens, r.experts);
-  MT_CUDA_CHECK(cudaGetLastError());
+void moe_router_bias(float* logits, const bf16* b, const MoeRouting& r, cudaStream_t st, F16 dt) {
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    router_bias_kernel<T16><<<blocks(r.tokens * r.experts, 256), 256, 0, st>>>(logits, P<T16>(b), r.tokens, r.experts);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
 void moe_router_bias_grad(float* db, const float* dlogits, const MoeRouting& r, cudaStream_t st) {

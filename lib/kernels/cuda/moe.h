@@ -1,4 +1,5 @@
-// moe.h (CUDA): the MoE layer's kernels on the CUDA engine (bf16 activations, fp32 router math), computed as the
+// moe.h (CUDA): the MoE layer's kernels on the CUDA engine (16-bit activations, bf16 or fp16: the launchers' last
+// argument, as bf16_fwd.h's; fp32 router math), computed as the
 // CPU engine's kernels/cpu/router.cpp and model/cpu/moe_unit.cpp do: the router's logits, the top-k choice and
 // weights (softmax after or before the choice, or sigmoid; scaled), the load-balancing scores and counts, the
 // deterministic permutation of the choices into expert-major rows (each expert's rows in token order), the
@@ -30,9 +31,9 @@ struct MoeRouting {
 };
 
 // logits[T, E] (fp32) = xn[T, h] w[E, h]^T, accumulated in fp32.
-void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st);
+void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 // --moe-router-dtype fp64: the same products (and the bias b[E], may be null) summed in double, rounded to fp32 once.
-void moe_router_logits_fp64(float* logits, const bf16* xn, const bf16* w, const bf16* b, const MoeRouting& r, cudaStream_t st);
+void moe_router_logits_fp64(float* logits, const bf16* xn, const bf16* w, const bf16* b, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 // top[T, k] (descending, ties to the lower expert; with groups, among the experts of the best group_topk groups, each
 // group scored by the sum of its best topk / group_topk scores) and weight[T, k]. expert_bias (E floats, may be null:
 // --moe-router-enable-expert-bias) is added to the scores for the choice only, not the weights.
@@ -46,15 +47,15 @@ void moe_update_expert_bias(float* bias, const float* acc, int64_t layers, int64
 void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, int32_t* parts, const int32_t* top, const MoeRouting& r, cudaStream_t st);
 int64_t moe_permute_scratch(const MoeRouting& r);
 // rows[row[t k + j]] = xn[t]. Here and below a row of -1 is a choice the capacity dropped: no row, weight 0.
-void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st);
+void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 // --moe-pad-expert-input-to-capacity: the padding rows of n pairs map[2 i] = row, map[2 i + 1] = token (tokens an
 // expert does not route to, weight 0): rows[row] = xn[token], or zeros where xn is null (their output gradients).
-void moe_pad_rows(bf16* rows, const bf16* xn, const int32_t* map, int64_t n, int64_t h, cudaStream_t st);
+void moe_pad_rows(bf16* rows, const bf16* xn, const int32_t* map, int64_t n, int64_t h, cudaStream_t st, F16 dt = F16::kBF16);
 // out[t] = sum_j weight[t, j] y[row[t k + j]] (fp32 sums, in slot order).
-void moe_combine(bf16* out, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r, cudaStream_t st);
+void moe_combine(bf16* out, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 // dy_rows[row] = weight x dout[t]; dweight[t, j] = <y[row], dout[t]>.
 void moe_combine_backward(bf16* dy_rows, float* dweight, const bf16* dout, const bf16* y, const int32_t* row, const float* weight, const MoeRouting& r,
-                          cudaStream_t st);
+                          cudaStream_t st, F16 dt = F16::kBF16);
 // The load-balancing statistics of the aux loss: scores[T, E] (softmax, or sigmoid normalised over the experts),
 // counts_aux[G, E] of a plain top-k of them, probsum[G, E] (in token order), G = r.balance_groups() (the sequences
 // under seq_aux_loss, else 1), and the z-loss's sum of lse^2 into z[0].
@@ -70,17 +71,19 @@ void moe_aux_stats(float* scores, float* counts_aux, float* probsum, float* z, c
 void moe_aux_finish(float* dscale, float* acc, const float* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
                     bool aux, bool zloss, const MoeRouting& r, cudaStream_t st, float* global = nullptr, bool accumulate = false);
 // dlogits[T, E] (overwritten) = the top-k backward of dweight + grad_scale x (the aux scores' backward of dscale, and
-// z_coeff / (T shards) x d(lse^2)) where those are on (dscale null: no aux loss; z_coeff 0: none).
+// z_coeff / (T shards) x d(lse^2)) where those are on (dscale null: no aux loss; z_coeff 0: none); under fp16 that
+// grad_scale times the device-side loss scale (loss_scale, null in bf16), as the lm loss's gradient carries it.
 void moe_router_backward(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,
-                         float grad_scale, const MoeRouting& r, cudaStream_t st);
+                         float grad_scale, const MoeRouting& r, cudaStream_t st, const float* loss_scale = nullptr);
 // dxn[t] = sum_j drows[row[t k + j]] + sum_e dlogits[t, e] w[e] (overwritten, bf16).
-void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st);
+void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st,
+                        F16 dt = F16::kBF16);
 // dw[E, h] += dlogits^T xn (fp32, the tokens in 64 parts summed in order); partial: moe_router_wgrad_scratch floats.
-void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st);
+void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 int64_t moe_router_wgrad_scratch(const MoeRouting& r);
 // --add-bias-linear: logits[T, E] += b[E] (after either logits path, in fp32), and its gradient db[E] += the column sums
 // of dlogits (per expert in a fixed order).
-void moe_router_bias(float* logits, const bf16* b, const MoeRouting& r, cudaStream_t st);
+void moe_router_bias(float* logits, const bf16* b, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 void moe_router_bias_grad(float* db, const float* dlogits, const MoeRouting& r, cudaStream_t st);
 
 }  // namespace mt::cuda

@@ -119,13 +119,13 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // E fp32 columns, else a warp per logit.
   auto& lt = cuda::GemmLt::instance();
   if (moe_router_fp64_) {  // (the bias inside the double sum, as the CPU engine's)
-    MT_PROF("fwd.moe.router", cuda::moe_router_logits_fp64(r.logits, r.xn2, w(lw.router_w), w(lw.router_b), rt, stream_));
+    MT_PROF("fwd.moe.router", cuda::moe_router_logits_fp64(r.logits, r.xn2, w(lw.router_w), w(lw.router_b), rt, stream_, dt_));
   } else if (lt.has_algorithm(false, true, T, E, h, h, h, E, ab_, CUDA_R_32F, {})) {
     MT_PROF("fwd.moe.router", lt.gemm_ex(false, true, T, E, h, 1.0f, r.xn2, h, w(lw.router_w), h, 0.0f, r.logits, E, ab_, CUDA_R_32F, nullptr, stream_));
   } else {
-    MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_));
+    MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_, dt_));
   }
-  if (lw.router_b >= 0 && !moe_router_fp64_) MT_PROF("fwd.moe.router", cuda::moe_router_bias(r.logits, w(lw.router_b), rt, stream_));
+  if (lw.router_b >= 0 && !moe_router_fp64_) MT_PROF("fwd.moe.router", cuda::moe_router_bias(r.logits, w(lw.router_b), rt, stream_, dt_));
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
   // A capacity that drops: the host's rows and kept counts (before the statistics read them), else the permutation's.
   const bool dropping = moe_capacity_factor_ > 0 && moe_capacity(r, T, mb.S);
@@ -151,8 +151,8 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                  s.zsum, s.counts, moe_aux_coeff_, moe_aux_, zloss, rt, stream_,
                                                  moe_global_ ? moe_global_ + lw.moe_index * (E + 1) : nullptr, moe_record_stats_));
   }
-  MT_PROF("fwd.moe.gather", cuda::moe_gather(r.ex_rows, r.xn2, r.row, rt, stream_));
-  if (dropping && r.pads > 0) MT_PROF("fwd.moe.gather", cuda::moe_pad_rows(r.ex_rows, r.xn2, r.pad_map, r.pads, h, stream_));
+  MT_PROF("fwd.moe.gather", cuda::moe_gather(r.ex_rows, r.xn2, r.row, rt, stream_, dt_));
+  if (dropping && r.pads > 0) MT_PROF("fwd.moe.gather", cuda::moe_pad_rows(r.ex_rows, r.xn2, r.pad_map, r.pads, h, stream_, dt_));
   // The rows per expert: the GEMMs' sizes, on the host (with a capacity, already there).
   if (!dropping) {
     MT_PROF("fwd.moe.counts", MT_CUDA_CHECK(cudaMemcpyAsync(s.counts_host, s.counts, static_cast<size_t>(E) * 4, cudaMemcpyDeviceToHost, stream_)));
@@ -181,7 +181,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   join_experts();
   if (D.ep > 1) ep_to_owners(r, out, r.ex_out, "fwd.moe.ep.combine");
-  MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, r.route_weight, rt, stream_));
+  MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, r.route_weight, rt, stream_, dt_));
   if (lw.shared_fc1_w >= 0) expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f, stream_);
 }
 
@@ -302,9 +302,9 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   Scratch& s = *s_;
   const int64_t T = mb.B * mb.S, h = D.h, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
   const cuda::MoeRouting rt = moe_routing(mb);
-  MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, dy, r.ex_out, r.row, r.route_weight, rt, stream_));
+  MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, dy, r.ex_out, r.row, r.route_weight, rt, stream_, dt_));
   // (padding rows: weight 0, so no output gradient; their input gradients are read by no token)
-  if (r.pads > 0) MT_PROF("bwd.moe.combine", cuda::moe_pad_rows(s.ex_dout, nullptr, r.pad_map, r.pads, h, stream_));
+  if (r.pads > 0) MT_PROF("bwd.moe.combine", cuda::moe_pad_rows(s.ex_dout, nullptr, r.pad_map, r.pads, h, stream_, dt_));
   // This rank's experts' rows and buffers (under expert parallelism the output gradients travel to them first).
   bf16 *dout = s.ex_dout, *rows = r.ex_rows, *fc1 = r.ex_fc1, *act = r.ex_act, *dact = s.ex_dact, *dfc1 = s.ex_dfc1, *din = s.ex_din;
   if (D.ep > 1) {
@@ -349,12 +349,13 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   // routes the group's gathered rows alike, and its routing weights' gradient is a partial sum (its experts' shards'
   // outputs), as the router's weight and input gradients are; the TP sums complete them (the router weight is
   // TP-replicated under SP, its gradient summed over TP; the input gradient's rows are reduced as the dense MLP's), so
-  // the aux and z losses' own terms enter each rank's share at 1 / TP.
+  // the aux and z losses' own terms enter each rank's share at 1 / TP. Under fp16 they take the loss scale too (the
+  // routing weights' gradient has it already, from the lm loss's).
   const float aux_scale = mb.aux_grad_scale / static_cast<float>(D.tp);
   MT_PROF("bwd.moe.router", cuda::moe_router_backward(s.dlogits, r.logits, r.top, s.dweight, moe_aux_ ? r.aux_dscale : nullptr, moe_z_coeff_,
-                                                      aux_scale, rt, stream_));
-  MT_PROF("bwd.moe.input", cuda::moe_input_backward(s.dxn, s.ex_din, r.row, s.dlogits, w(lw.router_w), rt, stream_));
-  MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, r.xn2, rt, stream_));
+                                                      aux_scale, rt, stream_, loss_scale_));
+  MT_PROF("bwd.moe.input", cuda::moe_input_backward(s.dxn, s.ex_din, r.row, s.dlogits, w(lw.router_w), rt, stream_, dt_));
+  MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, r.xn2, rt, stream_, dt_));
   if (lw.router_b >= 0) MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_bias_grad(g(lw.router_b), s.dlogits, rt, stream_));
   // The shared expert, its input gradient added onto the routed experts' and the router's.
   if (lw.shared_fc1_w >= 0) {
