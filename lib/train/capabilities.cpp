@@ -153,6 +153,13 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
 #endif
   no(!c.precision.bf16 && !c.precision.fp16,
      "the CUDA engine computes in bf16 or fp16: add --bf16 (or --fp16 with loss scaling); fp32 training runs with --device cpu");
+  // --add-qkv-bias alone (Qwen's QKV biases without the others) under TP: the bias's own gradient kernel and, with fewer
+  // query groups than TP, the K/V replicas' bias sums; written, refused by name until it has run on several GPUs
+  // (tests/gpu/run_parallel_parity.sh). On one GPU it runs.
+  no(c.model.add_qkv_bias && c.model.disable_bias_linear && c.parallel.tensor_model_parallel_size > 1 &&
+         !cuda_unverified_allowed("qkv-bias-tensor-parallel"),
+     "--add-qkv-bias with tensor parallelism has not run on several GPUs yet on the CUDA engine: use --device cpu (the CPU engine runs it), "
+     "or --tensor-model-parallel-size 1");
   no(c.model.qk_layernorm && c.derived.num_query_groups < c.parallel.tensor_model_parallel_size,
      "--qk-layernorm with fewer query groups than --tensor-model-parallel-size (K/V replicated over TP) is not implemented on the CUDA "
      "engine yet: raise --num-query-groups, lower TP, or --device cpu");

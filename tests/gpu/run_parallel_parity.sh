@@ -34,7 +34,7 @@ LLAMA="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embeddi
   --untie-embeddings-and-output-weights --disable-bias-linear"
 fails=0
 # The CUDA features refused by name until these runs pass on several GPUs (lib/train/capabilities.cpp).
-export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel,moe-data-parallel,expert-parallel,moe-tensor-parallel}
+export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel,moe-data-parallel,expert-parallel,moe-tensor-parallel,qkv-bias-tensor-parallel}
 
 # name ranks device model flags...: one run, its metrics in $work/name/metrics.jsonl
 run() {
@@ -272,6 +272,17 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
       awk '{r = ($1 - $2) / $2; if (r < 0) r = -r; if (r > m) m = r} END {printf "%.2e", m}')
     if awk -v d="$d" 'BEGIN{exit !(d > 1e-3)}'; then echo "PASS $family-cpudrop: differs from $family-cpu by $d";
     else echo "FAIL $family-cpudrop: hidden dropout changed the loss by only $d"; fails=$((fails + 1)); fi
+  fi
+  # --add-qkv-bias alone (Qwen's QKV biases; LLaMA's families, which have no other bias): the bias split with the QKV
+  # columns, its own gradient kernel, and for MQA the K/V replicas' bias sums over TP (refused by name until these pass).
+  if [[ $family != gpt ]] && run "$family-cpuqkvb" 1 cpu "$model" --add-qkv-bias; then
+    for l in "gpu1qkvb 1" "tp2qkvb 2 --tensor-model-parallel-size 2" "tp2spqkvb 2 --tensor-model-parallel-size 2 --sequence-parallel"; do
+      read -r name np extra <<<"$l"
+      # shellcheck disable=SC2086
+      run "$family-$name" "$np" cuda "$model" --add-qkv-bias $extra || continue
+      compare "$family-$name" "$family-cpuqkvb" lm_loss 5e-3
+      compare "$family-$name" "$family-cpuqkvb" grad_norm 3e-2
+    done
   fi
   # --qk-layernorm: the per-head norms' shared weights summed over the TP ranks (and, under SP, with the
   # other replicated parameters), against the CPU engine's run with the same flag.

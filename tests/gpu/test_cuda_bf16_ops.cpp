@@ -807,7 +807,8 @@ void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew, bo
 
 // fp16: the router's backward takes the aux and z terms times the device-side loss scale, as the lm loss's gradient
 // (the routing weights' part) carries it. With no routing-weight gradient, the scale 1024 (a power of two) must give
-// exactly 1024 times the unscaled gradient, and a null scale the unscaled one.
+// exactly 1024 times the unscaled gradient; with the routing weights' gradient alone, exactly the unscaled one (it has
+// the scale already: scaling it again would be wrong).
 void test_moe_router_loss_scale() {
   const int64_t T = 64, E = 8, k = 2;
   const cuda::MoeRouting r{T, E, k, 16};
@@ -833,8 +834,17 @@ void test_moe_router_loss_scale() {
     x *= 1024.0f;
   }
   expect("moe router backward under fp16's loss scale", scaled.get(), want, 0.0);
-  if (norm == 0) {
-    std::printf("FAIL moe router backward: the aux and z terms gave no gradient\n");
+  Vec dweight(static_cast<size_t>(T * k));
+  for (auto& x : dweight) x = u(rng) - 0.5f;
+  F32 d_routing(dweight);
+  cuda::moe_router_backward(plain.p, d_logits.p, d_top, d_routing.p, nullptr, 0.0f, 0.37f, r, nullptr);
+  cuda::moe_router_backward(scaled.p, d_logits.p, d_top, d_routing.p, nullptr, 0.0f, 0.37f, r, nullptr, d_scale.p);
+  const Vec routing = plain.get();
+  double routing_norm = 0;
+  for (float x : routing) routing_norm += std::fabs(x);
+  expect("moe router backward: the routing weights' part unscaled", scaled.get(), routing, 0.0);
+  if (norm == 0 || routing_norm == 0) {
+    std::printf("FAIL moe router backward: the aux and z terms or the routing weights' gave no gradient\n");
     ++failures;
   }
   cudaFree(d_top);

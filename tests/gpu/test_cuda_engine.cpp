@@ -361,6 +361,14 @@ void test_flag_effect(const std::string& model, const std::string& base, const s
   }
 }
 
+// Qwen's QKV biases alone (--add-qkv-bias; refused on the CUDA engine until this passed in the twenty-seventh session): the
+// QKV GEMM's bias and its gradient's kernel (no other bias, so no bias-gradient epilogue), plain, recomputed, and in fp16.
+void test_qkv_bias() {
+  test_training("llama", std::string(kPlain) + "--add-qkv-bias ");
+  test_training("llama-recompute", std::string(kPlain) + "--add-qkv-bias --init-method-std 0.2 ");
+  test_training("llama", std::string(kPlain) + "--add-qkv-bias --fp16 --loss-scale 1024 ");
+}
+
 // MoE layers on one GPU (every expert local) against the CPU engine: the loss curve, the load-balancing and
 // z-losses of every iteration (bf16 tolerance) (the choices themselves: test_moe_route).
 const char* const kMoe = MT_PLAIN_BATCH "--train-iters 30 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 "
@@ -1042,6 +1050,11 @@ int main() {
     return failures == 0 ? 0 : 1;
   }
   if (only && std::string(only) == "moe") goto moe_tests;
+  if (only && std::string(only) == "qkv-bias") {  // (=qkv-bias: only the --add-qkv-bias cases)
+    test_qkv_bias();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
   test_sdpa(2, 128, 4, 4, 64);
   test_sdpa(2, 256, 8, 2, 64);
   test_sdpa(1, 384, 4, 1, 128);
@@ -1077,10 +1090,7 @@ int main() {
   test_flag_effect("gpt", std::string(kPlain) + "--init-method-std 0.2 ", "--squared-relu ", 0, 2e-2);  // (-8.1e-2 seen)
   test_training("gpt", std::string(kPlain) + "--squared-relu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
   test_training("gpt", std::string(kPlain) + "--squared-relu --fp16 --loss-scale 1024 ");
-  // Qwen's QKV biases alone (--add-qkv-bias; refused on the CUDA engine until this passed in the twenty-seventh session): the QKV GEMM's
-  // bias and its gradient's kernel (no other bias, so no bias-gradient epilogue), plain and recomputed.
-  test_training("llama", std::string(kPlain) + "--add-qkv-bias ");
-  test_training("llama-recompute", std::string(kPlain) + "--add-qkv-bias --init-method-std 0.2 ");
+  test_qkv_bias();
   // Interleaved RoPE pairs (the split/merge kernels, and rope_apply_16 under --qk-layernorm).
   test_training("llama", std::string(kPlain) + "--rotary-interleaved ");
   test_flag_effect("llama", std::string(kPlain) + "--init-method-std 0.2 ", "--rotary-interleaved ", 0, 5e-2);  // (2.2e-1 seen)
@@ -1149,12 +1159,15 @@ moe_tests:
   test_moe_training("llama-recompute", "--moe-router-dtype fp64 --moe-router-score-function sigmoid ");
   // fp16 (refused on the CUDA engine until these passed in the twenty-seventh session): the MoE kernels in fp16, and the router's aux and z
   // gradients times the loss scale (static here, as the CPU engine's, so that neither skips; a large aux coefficient, so
-  // that an unscaled aux gradient would stand apart); SwiGLU, GELU experts with a shared expert recomputed, a capacity.
+  // that an unscaled aux gradient stands apart: with the loss scale left out, the first case's aux and z losses were
+  // 1.4e-1 apart, against 2.9e-4); SwiGLU, GELU experts with a shared expert recomputed, a capacity.
   test_moe_training("llama", "--fp16 --loss-scale 1024 --moe-aux-loss-coeff 1e-1 --moe-z-loss-coeff 1e-2 ");
   test_moe_training("gpt", "--fp16 --loss-scale 1024 --disable-bias-linear --moe-shared-expert-intermediate-size 128 --recompute-granularity full "
                            "--recompute-method uniform --recompute-num-layers 1 ");
   test_moe_training("llama", "--fp16 --loss-scale 1024 --moe-expert-capacity-factor 1.0 --moe-token-dispatcher-type alltoall ");
   test_moe_streams("llama", "--fp16 --loss-scale 1024 ");
+  // (GPT's biases: the router's bias kernel in fp16, and the fp64 router's logits kernel)
+  test_moe_training("gpt", "--fp16 --loss-scale 1024 --num-experts 8 --moe-router-dtype fp64 ");
   test_moe_training("gpt", "--squared-relu --disable-bias-linear --moe-shared-expert-intermediate-size 128 --recompute-granularity full "
                            "--recompute-method uniform --recompute-num-layers 1 ");
   test_moe_streams("gpt", "");  // (the biases' gradients after the expert streams)

@@ -328,12 +328,16 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK(cuda_engine_gaps(o, 2).empty());
   o.training.overlap_param_gather = true;  // the gather overlapped with the next forward
   CHECK(cuda_engine_gaps(o, 2).empty());
-  // --add-qkv-bias alone (Qwen's QKV biases): on the CUDA engine since its GPU tests passed, also under TP.
+  // --add-qkv-bias alone (Qwen's QKV biases): on one GPU (and data parallel) since its GPU tests passed; under TP refused
+  // by name until it has run on several GPUs.
   Config qkv_bias = c;
   qkv_bias.model.disable_bias_linear = true;
   qkv_bias.model.add_qkv_bias = true;
   CHECK(cuda_engine_gaps(qkv_bias, 1).empty());
-  CHECK(cuda_engine_gaps(qkv_bias, 2).empty());
+  CHECK(cuda_engine_gaps(qkv_bias, 2).empty());  // (DP 2)
+  qkv_bias.parallel.tensor_model_parallel_size = 2;
+  qkv_bias.parallel.sequence_parallel = true;
+  CHECK_THAT(gaps_text(cuda_engine_gaps(qkv_bias, 2)), MT_CONTAINS("--add-qkv-bias with tensor parallelism has not run on several GPUs"));
   // MoE: one GPU; data parallelism refused by name until it has run on several GPUs, and with that gate lifted the
   // layouts and settings it does not cover still refused by name.
   Config m = c;

@@ -75,7 +75,7 @@ void moe_aux_finish(float* dscale, float* acc, const float* counts_aux, const fl
 // grad_scale times the device-side loss scale (loss_scale, null in bf16), as the lm loss's gradient carries it.
 void moe_router_backward(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,
                          float grad_scale, const MoeRouting& r, cudaStream_t st, const float* loss_scale = nullptr);
-// dxn[t] = sum_j drows[row[t k + j]] + sum_e dlogits[t, e] w[e] (overwritten, bf16).
+// dxn[t] = sum_j drows[row[t k + j]] + sum_e dlogits[t, e] w[e] (overwritten, 16-bit).
 void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st,
                         F16 dt = F16::kBF16);
 // dw[E, h] += dlogits^T xn (fp32, the tokens in 64 parts summed in order); partial: moe_router_wgrad_scratch floats.
