@@ -91,8 +91,13 @@ class PatternReader {
 
 }  // namespace
 
-std::vector<bool> parse_moe_layer_freq(const std::string& text, int64_t num_layers) {
+std::vector<bool> parse_moe_layer_freq(const std::string& given, int64_t num_layers) {
   std::vector<bool> out(static_cast<size_t>(std::max<int64_t>(0, num_layers)), false);
+  // A pattern still inside the quotes that a launcher script wrote for a second shell ("'([1]*48)'", as scripts that
+  // hand their Megatron flags to `ray job submit` or `bash -c` do): those quotes are not part of it.
+  std::string text = given;
+  const size_t a = text.find_first_not_of(" \t"), b = text.find_last_not_of(" \t");
+  if (a != std::string::npos && b > a && (text[a] == '\'' || text[a] == '"') && text[b] == text[a]) text = text.substr(a + 1, b - a - 1);
   size_t first = text.find_first_not_of(" \t");
   if (first != std::string::npos && std::isdigit(static_cast<unsigned char>(text[first])) && text.find_first_of("[(*+") == std::string::npos) {
     int64_t n = 0;

@@ -31,7 +31,21 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "bf16)");
   if (pr.fp8_format) {
     no(pr.fp8_recipe == "mxfp8", "--fp8-recipe mxfp8 needs Blackwell GPUs (MXFP8 tensor cores): use --fp8-recipe tensorwise");
-    no(c.moe.num_experts.has_value(), "FP8 (--fp8-format) in MoE layers (--num-experts) is not implemented yet: drop --fp8-format");
+  }
+  // FP8 in MoE layers: the CPU engine emulates each expert's GEMMs with its own scales (Transformer Engine's grouped
+  // linear, as Megatron's TEGroupedMLP uses it), amaxes reduced over TP (= expert-TP) and CP as the dense layers'.
+  if (pr.fp8_format && c.moe.num_experts) {
+    const int64_t etp = p.expert_tensor_parallel_size.value_or(p.tensor_model_parallel_size);
+    no(cuda_engine, "FP8 (--fp8-format) in MoE layers (--num-experts) is not implemented on the CUDA engine yet: use --device cpu (the CPU "
+                    "engine emulates it), or drop --fp8-format");
+    no(pr.fp8_recipe == "delayed", "--fp8-recipe delayed in MoE layers is not implemented (each expert's amax history): use --fp8-recipe "
+                                   "tensorwise or blockwise, or drop --fp8-format");
+    no(etp != p.tensor_model_parallel_size,
+       "FP8 in MoE layers with --expert-tensor-parallel-size other than --tensor-model-parallel-size is not implemented (the experts' amaxes "
+       "are reduced over TP): leave --expert-tensor-parallel-size at TP, or drop --fp8-format");
+    no(cp && p.expert_model_parallel_size > 1,
+       "FP8 in MoE layers with both context and expert parallelism is not implemented (the experts' amaxes are reduced over CP): drop one of "
+       "them, or --fp8-format");
   }
   no(c.model.no_bias_gelu_fusion && !c.model.swiglu && !c.model.squared_relu,
      "--no-bias-gelu-fusion: Megatron's GELU without the fusion is the erf form, and megatrain's GELU is the tanh form (the fused one): "

@@ -65,13 +65,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string model = argv[1];
-  // [--common FLAGS... --layout] LAYOUT FLAGS... [--param-tolerance X]
+  // [--common FLAGS... --layout] LAYOUT FLAGS... [--param-tolerance X] [--loss-tolerance X]
+  // --loss-tolerance: for layouts that compute another function by design (FP8 under expert parallelism, where an
+  // expert's rows from several ranks' microbatches share its scales): the losses and aux losses within X, and the
+  // routing (a near-tie may fall the other way) and the drops not compared.
   std::string flags, common;
   bool in_common = false;
-  double param_tolerance = 1e-4;
+  double param_tolerance = 1e-4, loss_tolerance = 1e-5;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--param-tolerance" && i + 1 < argc) param_tolerance = std::stod(argv[++i]);
+    else if (a == "--loss-tolerance" && i + 1 < argc) loss_tolerance = std::stod(argv[++i]);
     else if (a == "--common") in_common = true;
     else if (a == "--layout") in_common = false;
     else (in_common ? common : flags) += a + " ";
@@ -99,8 +103,9 @@ int main(int argc, char** argv) {
       worst_loss = std::max(worst_loss, rel);
     }
     // MoE: the auxiliary losses as closely, and the same share of dropped choices.
-    if (par.moe_losses.size() != ref.moe_losses.size() || par.dropped_fraction != ref.dropped_fraction ||
-        par.routing_digest != ref.routing_digest) {
+    const bool exact = loss_tolerance <= 1e-5;
+    if (par.moe_losses.size() != ref.moe_losses.size() || (exact && (par.dropped_fraction != ref.dropped_fraction ||
+                                                                     par.routing_digest != ref.routing_digest))) {
       worst_loss = 1;
     } else {
       for (size_t i = 0; i < ref.moe_losses.size(); ++i) {
@@ -110,7 +115,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (worst_loss > 1e-5) ++failures;
+    if (worst_loss > loss_tolerance) ++failures;
     const ParamStore& ps = par.model->params();
     const ParamStore& rs = ref.model->params();
     double worst_param = 0;

@@ -175,6 +175,11 @@ TEST_CASE("--moe-layer-freq: Megatron's integer and list forms") {
   CHECK(parse_moe_layer_freq("[0]+[1]*3", 4) == std::vector<bool>{false, true, true, true});
   CHECK(parse_moe_layer_freq("([0]*1+[1]*1)*2", 4) == std::vector<bool>{false, true, false, true});
   CHECK(parse_moe_layer_freq("[1, 0, 1]", 3) == std::vector<bool>{true, false, true});
+  // (still in the quotes a launcher script meant for a second shell, as Qwen3-MoE's Megatron scripts pass it)
+  CHECK(parse_moe_layer_freq("'([1]*3)'", 3) == std::vector<bool>{true, true, true});
+  CHECK(parse_moe_layer_freq("\"[0]+[1]*2\"", 3) == std::vector<bool>{false, true, true});
+  CHECK(parse_moe_layer_freq("'2'", 4) == std::vector<bool>{true, false, true, false});
+  CHECK_THROWS_AS(parse_moe_layer_freq("'[1]*3", 3), ConfigError);  // (unmatched)
   CHECK_THROWS_AS(parse_moe_layer_freq("[0]+[1]*3", 5), ConfigError);  // 4 entries for 5 layers
   CHECK_THROWS_AS(parse_moe_layer_freq("[0,2]", 2), ConfigError);
   CHECK_THROWS_AS(parse_moe_layer_freq("[0]+", 1), ConfigError);

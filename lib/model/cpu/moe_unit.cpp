@@ -38,33 +38,72 @@ MoeOptions MoeOptions::from(const Config& cfg) {
 
 namespace {
 
-// The routed experts' MLPs over their rows (expert-major, per_expert rows each).
+// The routed experts' MLPs over their rows (expert-major, per_expert rows each). Under FP8 (the layer's GEMMs in FP8)
+// each expert's GEMMs quantise with scales of their own, from the amaxes of that expert's rows, weight and output
+// gradient (Transformer Engine's grouped linear: a quantiser per GEMM), reduced over TP (= expert-TP: its weight and
+// column shards) and CP (its rows) as a dense layer's; every expert takes part, with rows or not, so that those
+// reductions meet on every rank.
 void experts_forward(const PassContext& c, const LayerParams& ly, MoeUnit::Stash& A, Buf& y) {
   const ModelDims& D = c.D;
   const int64_t h = D.h, F = D.F_moe_local, fc1_out = F * (D.swiglu ? 2 : 1);
+  const bool fp8 = D.fp8_layer(ly.layer);
   int64_t N = 0;
   for (int64_t n : A.per_expert) N += n;
   A.fc1.resize(sz(N * fc1_out));
   A.act.resize(sz(N * F));
   y.resize(sz(N * h));
+  if (fp8) {
+    A.fc1_lin.resize(ly.experts.size());
+    A.fc2_lin.resize(ly.experts.size());
+  }
   int64_t off = 0;
   for (size_t j = 0; j < ly.experts.size(); ++j) {
     const int64_t n = A.per_expert[j];
     const LayerParams::Expert& ex = ly.experts[j];
-    if (n > 0) {
+    if (n > 0 || fp8) {
       float* fc1 = A.fc1.data() + off * fc1_out;
       float* act = A.act.data() + off * F;
-      linear_forward(fc1, A.rows.data() + off * h, c.P(ex.fc1_w), ex.fc1_b != kNoParam ? c.P(ex.fc1_b) : nullptr, n, h, fc1_out);
+      if (fp8) linear_unit_forward(c, ly.layer, kLinearFc1, A.fc1_lin[j], fc1, A.rows.data() + off * h, ex.fc1_w, ex.fc1_b, n, h, fc1_out);
+      else linear_forward(fc1, A.rows.data() + off * h, c.P(ex.fc1_w), ex.fc1_b != kNoParam ? c.P(ex.fc1_b) : nullptr, n, h, fc1_out);
       if (D.swiglu) swiglu_forward(act, fc1, n, F);
       else if (D.squared_relu) squared_relu_forward(act, fc1, n * F);
       else gelu_forward(act, fc1, n * F);
-      linear_forward(y.data() + off * h, act, c.P(ex.fc2_w), ex.fc2_b != kNoParam ? c.P(ex.fc2_b) : nullptr, n, F, h);
+      if (fp8) linear_unit_forward(c, ly.layer, kLinearFc2, A.fc2_lin[j], y.data() + off * h, act, ex.fc2_w, ex.fc2_b, n, F, h);
+      else linear_forward(y.data() + off * h, act, c.P(ex.fc2_w), ex.fc2_b != kNoParam ? c.P(ex.fc2_b) : nullptr, n, F, h);
     }
     off += n;
   }
 }
 
+// Their backward under FP8: each expert's two GEMMs' backward in the layer's precision (its data gradients, then its
+// weight and bias gradients through c.weight_grad, each expert's FP8 operands kept in its stashes until then).
+void experts_backward_fp8(const PassContext& c, const LayerParams& ly, MoeUnit::Stash& A, const Buf& dy, Buf& dx) {
+  const ModelDims& D = c.D;
+  const int64_t h = D.h, F = D.F_moe_local, fc1_out = F * (D.swiglu ? 2 : 1);
+  const int64_t N = static_cast<int64_t>(dy.size()) / h;
+  Buf dact(sz(N * F)), dfc1(sz(N * fc1_out));
+  dx.resize(sz(N * h));
+  int64_t off = 0;
+  for (size_t j = 0; j < ly.experts.size(); ++j) {
+    const int64_t n = A.per_expert[j];
+    const LayerParams::Expert& ex = ly.experts[j];
+    float* da = dact.data() + off * F;
+    float* df = dfc1.data() + off * fc1_out;
+    const float* fc1 = A.fc1.data() + off * fc1_out;
+    linear_unit_backward(c, ly.layer, kLinearFc2, A.fc2_lin[j], da, dy.data() + off * h, ex.fc2_w, ex.fc2_b, A.act.data() + off * F, n, F, h);
+    if (D.swiglu) swiglu_backward(df, da, fc1, n, F);
+    else if (D.squared_relu) squared_relu_backward(df, da, fc1, n * F);
+    else gelu_backward(df, da, fc1, n * F);
+    linear_unit_backward(c, ly.layer, kLinearFc1, A.fc1_lin[j], dx.data() + off * h, df, ex.fc1_w, ex.fc1_b, A.rows.data() + off * h, n, h, fc1_out);
+    off += n;
+  }
+}
+
 void experts_backward(const PassContext& c, const LayerParams& ly, MoeUnit::Stash& A, const Buf& dy, Buf& dx) {
+  if (c.D.fp8_layer(ly.layer)) {
+    experts_backward_fp8(c, ly, A, dy, dx);
+    return;
+  }
   const ModelDims& D = c.D;
   const int64_t h = D.h, F = D.F_moe_local, fc1_out = F * (D.swiglu ? 2 : 1);
   const int64_t N = static_cast<int64_t>(dy.size()) / h;
@@ -251,7 +290,10 @@ double choice_hash(int64_t sample, int64_t position, int64_t expert, bool kept) 
   return static_cast<double>(z >> 40);
 }
 
-MlpBody shared_body(const PassContext& c, const LayerParams& ly) { return MlpBody{ly.shared_fc1_w, ly.shared_fc1_b, ly.shared_fc2_w, c.D.F_shared_local}; }
+// (in the layer's precision: under FP8 its GEMMs too, as Megatron's shared expert's Transformer Engine linear layers)
+MlpBody shared_body(const PassContext& c, const LayerParams& ly) {
+  return MlpBody{ly.shared_fc1_w, ly.shared_fc1_b, ly.shared_fc2_w, c.D.F_shared_local, ly.layer};
+}
 
 }  // namespace
 

@@ -95,6 +95,7 @@ struct MoeUnit {
     TokenDispatcher dispatcher{true};
     Buf rows, fc1, act;  // the local experts' rows (expert-major), fc1 outputs and activations
     std::vector<int64_t> per_expert;
+    std::vector<LinearStash> fc1_lin, fc2_lin;  // FP8: each local expert's GEMMs' quantised operands
     MlpBody::Stash shared;
     float z_scale = 0;  // d(z loss) / d(sum of lse^2 over this rank's tokens)
   };
