@@ -102,17 +102,19 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   auto refuse = [](bool bad, const std::string& why) {
     if (bad) throw ConfigError("cannot export to HuggingFace: " + why);
   };
-  refuse(D.qk_norm, "--qk-layernorm has no place in GPT2LMHeadModel, LlamaForCausalLM or MixtralForCausalLM");
   refuse(c.model.rotary_percent != 1.0, "--rotary-percent below 1 (partial rotary) has no place in LlamaForCausalLM");
   refuse(D.squared_relu, "--squared-relu has no place in the exported families");
   const std::vector<bool> moe = moe_layer_pattern(c);
   const bool any_moe = D.experts > 0 && std::find(moe.begin(), moe.end(), true) != moe.end();
   std::string family;
   if (!D.swiglu && !D.rms && D.learned_pos) family = "gpt2";
-  else if (D.swiglu && D.rms && D.rope && !any_moe) family = "llama";
-  else if (D.swiglu && D.rms && D.rope && any_moe) family = "mixtral";
-  refuse(family.empty(), "the model is neither GPT-2 shaped (LayerNorm, GELU, learned positions) nor LLaMA / Mixtral shaped "
+  // (--qk-layernorm: Qwen3's per-head RMSNorms of the queries and keys before RoPE, and Qwen3-MoE's)
+  else if (D.swiglu && D.rms && D.rope && !any_moe) family = D.qk_norm ? "qwen3" : "llama";
+  else if (D.swiglu && D.rms && D.rope && any_moe) family = D.qk_norm ? "qwen3_moe" : "mixtral";
+  refuse(family.empty(), "the model is neither GPT-2 shaped (LayerNorm, GELU, learned positions) nor LLaMA / Mixtral / Qwen3 shaped "
                          "(RMSNorm, SwiGLU, RoPE)");
+  refuse(family == "gpt2" && D.qk_norm, "--qk-layernorm has no place in GPT2LMHeadModel");
+  const bool qwen3 = family == "qwen3" || family == "qwen3_moe";
   const int64_t L = D.L, h = D.h, nh = D.nh, ng = D.ng, d = D.d, V = c.derived.padded_vocab_size;
   std::vector<Exported> out;
   auto put = [&](const std::string& name, std::vector<int64_t> shape, Values v) { out.push_back({name, std::move(shape), std::move(v)}); };
@@ -166,8 +168,10 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
               {"attn_pdrop", c.model.attention_dropout}, {"initializer_range", c.model.init_method_std}, {"scale_attn_weights", true},
               {"tie_word_embeddings", D.tied}, {"torch_dtype", dtype_name}};
   } else {
-    refuse(D.learned_pos, "LLaMA / Mixtral take RoPE, not learned positions");
+    refuse(D.learned_pos, "LLaMA / Mixtral / Qwen3 take RoPE, not learned positions");
+    refuse(qwen3 && D.bias, "Qwen3's MLPs have no biases (--disable-bias-linear, with --add-qkv-bias for the attention's)");
     put("model.embed_tokens.weight", {V, h}, get("embedding.word_embeddings.weight"));
+    std::vector<int64_t> dense_layers;  // (Qwen3-MoE's mlp_only_layers)
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".", o = "model.layers." + std::to_string(l) + ".";
       put(o + "input_layernorm.weight", {h}, norm(p + "input_norm.weight"));
@@ -191,9 +195,19 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         put(o + "self_attn.o_proj.bias", {h}, D.bias ? get(p + "attention.proj.bias") : Values(static_cast<size_t>(h), 0.0f));
       }
       put(o + "self_attn.o_proj.weight", {h, nh * d}, get(p + "attention.proj.weight"));
+      if (qwen3) {  // one [d] weight shared by the heads, in HF's rotate-half order of the head dimension
+        Values qn = norm(p + "attention.q_norm.weight"), kn = norm(p + "attention.k_norm.weight");
+        if (D.rotary_interleaved) {
+          qn = deinterleave_heads(qn, 1, d, 1);
+          kn = deinterleave_heads(kn, 1, d, 1);
+        }
+        put(o + "self_attn.q_norm.weight", {d}, qn);
+        put(o + "self_attn.k_norm.weight", {d}, kn);
+      }
       put(o + "post_attention_layernorm.weight", {h}, norm(p + "mlp_norm.weight"));
       if (!moe[static_cast<size_t>(l)] || D.experts == 0) {
         refuse(family == "mixtral", "MixtralForCausalLM has an MoE MLP in every layer (--moe-layer-freq must be 1)");
+        if (family == "qwen3_moe") dense_layers.push_back(l);
         put(o + "mlp.gate_proj.weight", {D.F, h}, get(p + "mlp.fc1_gate.weight"));
         put(o + "mlp.up_proj.weight", {D.F, h}, get(p + "mlp.fc1_up.weight"));
         put(o + "mlp.down_proj.weight", {h, D.F}, get(p + "mlp.fc2.weight"));
@@ -201,6 +215,16 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
           put(o + "mlp.gate_proj.bias", {D.F}, get(p + "mlp.fc1_gate.bias"));
           put(o + "mlp.up_proj.bias", {D.F}, get(p + "mlp.fc1_up.bias"));
           put(o + "mlp.down_proj.bias", {h}, get(p + "mlp.fc2.bias"));
+        }
+        continue;
+      }
+      if (family == "qwen3_moe") {  // (Qwen3MoeSparseMoeBlock: mlp.gate, mlp.experts.N.{gate,up,down}_proj)
+        put(o + "mlp.gate.weight", {D.experts, h}, get(p + "mlp.router.weight"));
+        for (int64_t e = 0; e < D.experts; ++e) {
+          const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + "mlp.experts." + std::to_string(e) + ".";
+          put(y + "gate_proj.weight", {D.F_moe, h}, get(x + "fc1_gate.weight"));
+          put(y + "up_proj.weight", {D.F_moe, h}, get(x + "fc1_up.weight"));
+          put(y + "down_proj.weight", {h, D.F_moe}, get(x + "fc2.weight"));
         }
         continue;
       }
@@ -214,7 +238,11 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     }
     put("model.norm.weight", {h}, norm("final_norm.weight"));
     if (!D.tied) put("lm_head.weight", {V, h}, get("output_layer.weight"));
-    config = {{"architectures", {family == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM"}}, {"model_type", family},
+    const std::string arch = family == "mixtral" ? "MixtralForCausalLM"
+                             : family == "qwen3"   ? "Qwen3ForCausalLM"
+                             : family == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                                     : "LlamaForCausalLM";
+    config = {{"architectures", {arch}}, {"model_type", family},
               {"vocab_size", V}, {"hidden_size", h}, {"intermediate_size", family == "mixtral" ? D.F_moe : D.F}, {"num_hidden_layers", L},
               {"num_attention_heads", nh}, {"num_key_value_heads", ng}, {"head_dim", d}, {"hidden_act", "silu"},
               {"max_position_embeddings", D.max_pos}, {"rms_norm_eps", c.model.norm_epsilon}, {"rope_theta", c.model.rotary_base},
@@ -228,7 +256,30 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     if (family == "llama") {
       config["attention_bias"] = D.qkv_bias;
       config["mlp_bias"] = D.bias;
-    } else {
+    } else if (qwen3) {
+      config["attention_bias"] = D.qkv_bias;  // (its o_proj's bias too, written as zeros above)
+      config["use_sliding_window"] = false;
+      config["sliding_window"] = nullptr;
+      config["max_window_layers"] = L;
+    }
+    if (family == "qwen3_moe") {
+      const MoeConfig& mc = c.moe;
+      // Qwen3-MoE's router: a softmax over every expert, the top k, renormalised over them with norm_topk_prob (Megatron's
+      // softmax over the top-k logits, the same values) or not (--moe-router-pre-softmax).
+      refuse(mc.moe_router_score_function != "softmax" || mc.moe_router_topk_scaling_factor.has_value() || mc.moe_router_num_groups.has_value() ||
+                 mc.moe_router_enable_expert_bias,
+             "Qwen3-MoE's router is a softmax with the top k, renormalised or not: no sigmoid scores, scaling factor, groups or expert bias");
+      refuse(mc.moe_expert_capacity_factor.has_value(), "Qwen3-MoE is dropless (no --moe-expert-capacity-factor)");
+      refuse(D.F_shared > 0, "Qwen3-MoE has no shared experts");
+      config["num_experts"] = D.experts;
+      config["num_experts_per_tok"] = D.topk;
+      config["moe_intermediate_size"] = D.F_moe;
+      config["norm_topk_prob"] = !mc.moe_router_pre_softmax;
+      config["decoder_sparse_step"] = 1;
+      config["mlp_only_layers"] = dense_layers;
+      config["router_aux_loss_coef"] = mc.moe_aux_loss_coeff;
+      config["output_router_logits"] = false;
+    } else if (family == "mixtral") {
       const MoeConfig& mc = c.moe;
       refuse(D.qkv_bias, "MixtralForCausalLM has no biases (--disable-bias-linear, without --add-qkv-bias)");
       refuse(mc.moe_router_score_function != "softmax" || mc.moe_router_pre_softmax || mc.moe_router_topk_scaling_factor.has_value() ||

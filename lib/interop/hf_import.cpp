@@ -19,6 +19,7 @@
 #include "kernels/rope_frequencies.h"
 #include "config/cli.h"
 #include "config/errors.h"
+#include "config/moe_pattern.h"
 #include "config/resolve.h"
 #include "config/validate.h"
 #include "interop/hf_layout.h"
@@ -161,8 +162,10 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
           << " --ffn-hidden-size " << field<int64_t>(hc, "n_inner", 4 * h) << " --max-position-embeddings " << pos << " --seq-length " << pos
           << " --norm-epsilon " << field<double>(hc, "layer_norm_epsilon", 1e-5) << " --position-embedding-type learned_absolute";
     if (!field<bool>(hc, "tie_word_embeddings", true)) flags << " --untie-embeddings-and-output-weights";
-  } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen2ForCausalLM") {
-    family = arch == "MixtralForCausalLM" ? "mixtral" : "llama";
+  } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen2ForCausalLM" ||
+             arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM") {
+    family = arch == "MixtralForCausalLM" ? "mixtral" : arch == "Qwen3ForCausalLM" ? "qwen3" : arch == "Qwen3MoeForCausalLM" ? "qwen3_moe" : "llama";
+    const bool qwen3 = family == "qwen3" || family == "qwen3_moe";
     const int64_t h = hc.at("hidden_size").get<int64_t>(), nh = hc.at("num_attention_heads").get<int64_t>();
     const int64_t ng = field<int64_t>(hc, "num_key_value_heads", nh), pos = hc.at("max_position_embeddings").get<int64_t>();
     // RoPE scaling: LLaMA 3.1's with Megatron's fixed factors (--use-rope-scaling); no other.
@@ -188,16 +191,16 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       rope_theta = field<double>(rp, "rope_theta", rope_theta);
     }
     refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
-    // Qwen2: its sliding window applies only with use_sliding_window (off in Qwen2 / 2.5's configs).
+    // Qwen2 and Qwen3: the sliding window applies only with use_sliding_window (off in their released configs).
     const bool qwen2 = arch == "Qwen2ForCausalLM";
-    const int64_t window = qwen2 && !field<bool>(hc, "use_sliding_window", false) ? 0 : field<int64_t>(hc, "sliding_window", 0);
+    const int64_t window = (qwen2 || qwen3) && !field<bool>(hc, "use_sliding_window", false) ? 0 : field<int64_t>(hc, "sliding_window", 0);
     refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
     // (Qwen2's QKV layers always have biases, its o_proj and MLP none: --add-qkv-bias)
     const bool attn_bias = qwen2 || field<bool>(hc, "attention_bias", false), mlp_bias = !qwen2 && field<bool>(hc, "mlp_bias", false);
     // attention_bias without mlp_bias (LlamaForCausalLM's, as megatrain exports --add-qkv-bias): the QKV biases alone, if
     // o_proj's biases are zeros (checked with the weights). Mistral and Mixtral have no biases.
     refuse(!attn_bias && mlp_bias, "mlp_bias without attention_bias (megatrain's --disable-bias-linear covers both)");
-    refuse(attn_bias && arch != "LlamaForCausalLM" && !qwen2, arch + " with attention_bias (its modeling code has no biases)");
+    refuse(attn_bias && arch != "LlamaForCausalLM" && !qwen2 && !qwen3, arch + " with attention_bias (its modeling code has no biases)");
     flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh
           << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
@@ -206,6 +209,23 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     if (!attn_bias || !mlp_bias) flags << " --disable-bias-linear";
     if (attn_bias && !mlp_bias) flags << " --add-qkv-bias";
     if (!field<bool>(hc, "tie_word_embeddings", false)) flags << " --untie-embeddings-and-output-weights";
+    if (qwen3) flags << " --qk-layernorm";  // (RMSNorms of each query and key head before RoPE)
+    if (family == "qwen3_moe") {
+      // Qwen3MoeSparseMoeBlock in layer l unless l is in mlp_only_layers, where (l + 1) % decoder_sparse_step == 0 (an
+      // explicit --moe-layer-freq list); its softmax over the experts with the top k renormalised (norm_topk_prob:
+      // Megatron's softmax over the top-k logits) or not (--moe-router-pre-softmax).
+      const int64_t L = hc.at("num_hidden_layers").get<int64_t>(), step = field<int64_t>(hc, "decoder_sparse_step", 1);
+      refuse(step < 1, "decoder_sparse_step below 1");
+      std::set<int64_t> dense;
+      for (const auto& x : hc.value("mlp_only_layers", json::array())) dense.insert(x.get<int64_t>());
+      std::string pattern = "[";
+      for (int64_t l = 0; l < L; ++l) pattern += std::string(l ? "," : "") + ((dense.count(l) == 0 && (l + 1) % step == 0) ? "1" : "0");
+      pattern += "]";
+      flags << " --num-experts " << hc.at("num_experts").get<int64_t>() << " --moe-router-topk " << hc.at("num_experts_per_tok").get<int64_t>()
+            << " --moe-ffn-hidden-size " << hc.at("moe_intermediate_size").get<int64_t>() << " --moe-aux-loss-coeff "
+            << field<double>(hc, "router_aux_loss_coef", 0.0) << " --moe-layer-freq " << pattern;
+      if (!field<bool>(hc, "norm_topk_prob", false)) flags << " --moe-router-pre-softmax";
+    }
     if (family == "mixtral") {
       flags << " --num-experts " << hc.at("num_local_experts").get<int64_t>() << " --moe-router-topk " << hc.at("num_experts_per_tok").get<int64_t>()
             << " --moe-ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --moe-aux-loss-coeff "
@@ -213,7 +233,8 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     }
   } else {
     throw ConfigError("cannot import " + (arch.empty() ? std::string("a model without \"architectures\"") : arch) +
-                      ": megatrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM and Qwen2ForCausalLM");
+                      ": megatrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, "
+                      "Qwen3ForCausalLM and Qwen3MoeForCausalLM");
   }
   const int64_t V = hc.at("vocab_size").get<int64_t>();
   flags << " --vocab-size " << V << " --make-vocab-size-divisible-by 1";
@@ -237,6 +258,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     std::memcpy(ps.param(i), v.data(), v.size() * sizeof(float));
   };
   const int64_t L = D.L, h = D.h, nh = D.nh, ng = D.ng, d = D.d;
+  const std::vector<bool> moe = moe_layer_pattern(c);
   if (family == "gpt2") {
     set("embedding.word_embeddings.weight", hf.take("transformer.wte.weight", {V, h}));
     set("embedding.position_embeddings.weight", hf.take("transformer.wpe.weight", {D.max_pos, h}));
@@ -283,8 +305,12 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
                             "--add-qkv-bias biases only the QKV layers): such a model cannot be imported");
         }
       }
+      if (D.qk_norm) {
+        set(p + "attention.q_norm.weight", hf.take(o + "self_attn.q_norm.weight", {d}));
+        set(p + "attention.k_norm.weight", hf.take(o + "self_attn.k_norm.weight", {d}));
+      }
       set(p + "mlp_norm.weight", hf.take(o + "post_attention_layernorm.weight", {h}));
-      if (family == "llama") {
+      if (family == "llama" || family == "qwen3" || (family == "qwen3_moe" && !moe[static_cast<size_t>(l)])) {
         set(p + "mlp.fc1_gate.weight", hf.take(o + "mlp.gate_proj.weight", {D.F, h}));
         set(p + "mlp.fc1_up.weight", hf.take(o + "mlp.up_proj.weight", {D.F, h}));
         set(p + "mlp.fc2.weight", hf.take(o + "mlp.down_proj.weight", {h, D.F}));
@@ -292,6 +318,16 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
           set(p + "mlp.fc1_gate.bias", hf.take(o + "mlp.gate_proj.bias", {D.F}));
           set(p + "mlp.fc1_up.bias", hf.take(o + "mlp.up_proj.bias", {D.F}));
           set(p + "mlp.fc2.bias", hf.take(o + "mlp.down_proj.bias", {h}));
+        }
+        continue;
+      }
+      if (family == "qwen3_moe") {
+        set(p + "mlp.router.weight", hf.take(o + "mlp.gate.weight", {D.experts, h}));
+        for (int64_t e = 0; e < D.experts; ++e) {
+          const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + "mlp.experts." + std::to_string(e) + ".";
+          set(x + "fc1_gate.weight", hf.take(y + "gate_proj.weight", {D.F_moe, h}));
+          set(x + "fc1_up.weight", hf.take(y + "up_proj.weight", {D.F_moe, h}));
+          set(x + "fc2.weight", hf.take(y + "down_proj.weight", {h, D.F_moe}));
         }
         continue;
       }

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""hf_reference.py: HuggingFace's modeling code for GPT2LMHeadModel, LlamaForCausalLM and MixtralForCausalLM,
+"""hf_reference.py: HuggingFace's modeling code for GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
+Qwen3ForCausalLM and Qwen3MoeForCausalLM (LLaMA's with RMSNorms of each query and key head before RoPE; Qwen3-MoE's
+sparse block: a softmax over the experts, the top k, renormalised with norm_topk_prob),
 written out in PyTorch (the distribution's python3-torch; no transformers package), reading an exported directory
 by HF's tensor names (config.json, model.safetensors or model.safetensors.index.json) and printing the mean
 cross entropy on the token rows of a file (each line S + 1 ids). In float64, so that megatrain's fp32 loss is
@@ -114,6 +116,9 @@ def llama(cfg, W, tokens):
         q = linear(a, W, p + "self_attn.q_proj").reshape(B, S, nh, d).transpose(1, 2)
         k = linear(a, W, p + "self_attn.k_proj").reshape(B, S, ng, d).transpose(1, 2)
         v = linear(a, W, p + "self_attn.v_proj").reshape(B, S, ng, d).transpose(1, 2)
+        if p + "self_attn.q_norm.weight" in W:  # Qwen3: per head, over the head dimension, before RoPE
+            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q, k = rope(q, theta), rope(k, theta)
         k, v = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
         o = attention(q, k, v).transpose(1, 2).reshape(B, S, nh * d)
@@ -127,6 +132,18 @@ def llama(cfg, W, tokens):
             for e in range(cfg["num_local_experts"]):
                 q_ = f"{p}block_sparse_moe.experts.{e}."
                 y = (torch.nn.functional.silu(m @ W[q_ + "w1.weight"].T) * (m @ W[q_ + "w3.weight"].T)) @ W[q_ + "w2.weight"].T
+                weight = (top_w * (top_i == e)).sum(-1, keepdim=True)
+                out = out + weight * y
+            x = x + out
+        elif p + "mlp.gate.weight" in W:  # Qwen3-MoE
+            probs = torch.softmax(m @ W[p + "mlp.gate.weight"].T, -1)
+            top_w, top_i = torch.topk(probs, cfg["num_experts_per_tok"], -1)
+            if cfg.get("norm_topk_prob", False):
+                top_w = top_w / top_w.sum(-1, keepdim=True)
+            out = torch.zeros_like(m)
+            for e in range(cfg["num_experts"]):
+                q_ = f"{p}mlp.experts.{e}."
+                y = (torch.nn.functional.silu(m @ W[q_ + "gate_proj.weight"].T) * (m @ W[q_ + "up_proj.weight"].T)) @ W[q_ + "down_proj.weight"].T
                 weight = (top_w * (top_i == e)).sum(-1, keepdim=True)
                 out = out + weight * y
             x = x + out

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# test_hf_export.sh: megatrain checkpoint export and import against HuggingFace's modeling code. Tiny GPT-2, LLaMA (GQA)
-# and Mixtral-style models train 3 iterations under TP 2 (Mixtral: EP 2; LLaMA also PP 2 with interleaved
+# test_hf_export.sh: megatrain checkpoint export and import against HuggingFace's modeling code. Tiny GPT-2, LLaMA (GQA),
+# Qwen3 (QK norms), Mixtral- and Qwen3-MoE-style models train 3 iterations under TP 2 (Mixtral: EP 2; LLaMA also PP 2 with interleaved
 # RoPE, and CP 2 x DP 2 with the distributed optimizer) and are exported; tests/interop/hf_reference.py (HF's GPT2LMHeadModel / LlamaForCausalLM /
 # MixtralForCausalLM in PyTorch, by HF's tensor names) computes the loss on a batch that megatrain's one-rank
 # model computes too: equal within 1e-5 (fp32 export; bf16 within bf16's rounding). Import of the export
@@ -117,6 +117,14 @@ fi
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED
+# Qwen3: --qk-layernorm's RMSNorms of each query and key head before RoPE (Qwen3ForCausalLM), also with interleaved RoPE
+# (the norms' weights then in HF's rotate-half order) and QKV biases; Qwen3-MoE (Qwen3MoeForCausalLM): a dense first
+# layer (mlp_only_layers), the top-k weights renormalised (norm_topk_prob) or not (--moe-router-pre-softmax).
+check qwen3_tp2_sp 2 $LLAMA --qk-layernorm --tensor-model-parallel-size 2 --sequence-parallel
+check qwen3_interleaved_qkv_bias 1 $LLAMA --qk-layernorm --rotary-interleaved --add-qkv-bias
+check qwen3_moe_tp2_ep2 4 $MIXTRAL --qk-layernorm --moe-layer-freq [0,1] --tensor-model-parallel-size 2 --expert-model-parallel-size 2 \
+  --sequence-parallel --moe-token-dispatcher-type alltoall
+check qwen3_moe_pre_softmax_ep2 2 $MIXTRAL --qk-layernorm --moe-router-pre-softmax --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 
 # The imported checkpoint fine-tunes like the original (same flags, same layout: the same losses).
 finetune_losses() { grep -o 'lm loss: [0-9.E+-]*' "$1" | cut -d' ' -f3 | tr '\n' ' '; }
@@ -234,9 +242,10 @@ out=$("$BIN" checkpoint export "$W/nowhere" --hf "$W/x" 2>&1) && fail "export of
 grep -q "nowhere" <<<"$out" || fail "missing checkpoint: the message does not name it: $out"
 out=$("$BIN" checkpoint export "$W/gpt2_tp2-ckpt" --hf "$W/x" --max-shard-size lots 2>&1) && fail "--max-shard-size lots accepted"
 grep -q "max-shard-size" <<<"$out" || fail "--max-shard-size lots: $out"
+# (GPT-2 with QK norms: no family has both)
 # shellcheck disable=SC2086
-"$BIN" $LLAMA --qk-layernorm --train-iters 1 --save "$W/qk" --save-interval 1 >/dev/null 2>&1 || fail "qk-layernorm training"
-out=$("$BIN" checkpoint export "$W/qk" --hf "$W/qk-hf" 2>&1) && fail "a --qk-layernorm model exported"
+"$BIN" $GPT --qk-layernorm --train-iters 1 --save "$W/qk" --save-interval 1 >/dev/null 2>&1 || fail "qk-layernorm training"
+out=$("$BIN" checkpoint export "$W/qk" --hf "$W/qk-hf" 2>&1) && fail "a GPT-2 shaped --qk-layernorm model exported"
 grep -q "qk-layernorm" <<<"$out" || fail "--qk-layernorm: the refusal does not say why: $out"
 [[ $failures == 0 ]] && echo "all HuggingFace export checks passed"
 exit $((failures > 0))
