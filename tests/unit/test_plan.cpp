@@ -33,6 +33,22 @@ TEST_CASE("parameter counts of published models") {
   CHECK(mx.total == 46702792704);
   // Active: all but 6 of the 8 experts in each of the 32 layers (3 x 4096 x 14336 each).
   CHECK(mx.active == mx.total - 32LL * 6 * 3 * 4096 * 14336);
+  // Qwen3-8B (8.19B; 6.95B without the embeddings and output layer) and Qwen3-30B-A3B (30.5B, 3.3B active; 29.9B
+  // without them): head dimension 128 (--kv-channels) and the QK norms' two [128] weights per layer counted.
+  // (at TP 1: under the recipe's TP 2 Megatron pads the 151,936 rows to a multiple of 256, 152,064)
+  Config qwen8;
+  apply_yaml_file(qwen8, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/qwen3-8b.yaml");
+  qwen8.parallel.tensor_model_parallel_size = 1;
+  qwen8.parallel.sequence_parallel = false;
+  resolve(qwen8, 1);
+  const ParamCounts q8 = count_params(qwen8);
+  CHECK(q8.total == 8190735360);
+  CHECK(q8.total - 2LL * 151936 * 4096 == 6946075648);
+  CHECK(count_params(recipe("qwen3-8b", 2)).total == 8190735360 + 2LL * 128 * 4096);
+  const ParamCounts q30 = count_params(recipe("qwen3-30b-a3b", 8));
+  CHECK(q30.total == 30532122624);
+  CHECK(q30.active == 3353032704);  // 8 of the 128 experts in each of the 48 layers
+  CHECK(q30.total - q30.active == 48LL * 120 * 3 * 2048 * 768);
 }
 
 TEST_CASE("parameter counts: Qwen2.5-0.5B's QKV biases (--add-qkv-bias)") {
