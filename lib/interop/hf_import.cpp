@@ -191,9 +191,13 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       rope_theta = field<double>(rp, "rope_theta", rope_theta);
     }
     refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
-    // Qwen2 and Qwen3: the sliding window applies only with use_sliding_window (off in their released configs).
+    // Qwen2 and Qwen3: the sliding window applies only with use_sliding_window (off in their released configs), and
+    // then to the layers from max_window_layers on.
     const bool qwen2 = arch == "Qwen2ForCausalLM";
-    const int64_t window = (qwen2 || qwen3) && !field<bool>(hc, "use_sliding_window", false) ? 0 : field<int64_t>(hc, "sliding_window", 0);
+    const int64_t layers = hc.at("num_hidden_layers").get<int64_t>();
+    const bool windowed = !(qwen2 || qwen3) ||
+                          (field<bool>(hc, "use_sliding_window", false) && field<int64_t>(hc, "max_window_layers", 0) < layers);
+    const int64_t window = windowed ? field<int64_t>(hc, "sliding_window", 0) : 0;
     refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
     // (Qwen2's QKV layers always have biases, its o_proj and MLP none: --add-qkv-bias)
     const bool attn_bias = qwen2 || field<bool>(hc, "attention_bias", false), mlp_bias = !qwen2 && field<bool>(hc, "mlp_bias", false);
@@ -202,7 +206,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     refuse(!attn_bias && mlp_bias, "mlp_bias without attention_bias (megatrain's --disable-bias-linear covers both)");
     refuse(attn_bias && arch != "LlamaForCausalLM" && !qwen2 && !qwen3, arch + " with attention_bias (its modeling code has no biases)");
     flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh
-          << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", h / nh)
+          << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", qwen3 ? 128 : h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
           << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", 1e-6)
           << " --swiglu --position-embedding-type rope --rotary-base " << rope_theta << rope_scaling_flags;

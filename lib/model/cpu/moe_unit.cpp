@@ -41,7 +41,8 @@ namespace {
 // The routed experts' MLPs over their rows (expert-major, per_expert rows each). Under FP8 (the layer's GEMMs in FP8)
 // each expert's GEMMs quantise with scales of their own, from the amaxes of that expert's rows, weight and output
 // gradient (Transformer Engine's grouped linear: a quantiser per GEMM), reduced over TP (= expert-TP: its weight and
-// column shards) and CP (its rows) as a dense layer's; every expert takes part, with rows or not, so that those
+// column shards) and CP (its rows) as a dense layer's (megatrain's choice, so that those layouts compute one rank's
+// function: Megatron's experts reduce no amax over TP); every expert takes part, with rows or not, so that those
 // reductions meet on every rank.
 void experts_forward(const PassContext& c, const LayerParams& ly, MoeUnit::Stash& A, Buf& y) {
   const ModelDims& D = c.D;

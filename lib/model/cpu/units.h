@@ -52,7 +52,7 @@ struct MlpBody {
   };
   size_t fc1_w = kNoParam, fc1_b = kNoParam, fc2_w = kNoParam;
   int64_t F_local = 0;
-  int64_t layer = -1;  // the global layer (its GEMMs' precision); -1: 16 bits / fp32 always (the shared expert)
+  int64_t layer = -1;  // the global layer (its GEMMs' precision: FP8 where fp8_layer() says); -1: never FP8
   // out[Tl, h] (overwritten) from ln[Tl, h].
   void forward(const PassContext& c, const float* ln, Buf& out, Stash& s) const;
   // dln[Tl, h] (overwritten) from the output gradient dy[Tl, h].
