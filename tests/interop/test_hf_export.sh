@@ -114,6 +114,21 @@ if "$BIN" checkpoint import --hf "$W/qwen2-hf" --save "$W/qwen2-ckpt" >"$W/qwen2
 else
   cat "$W/qwen2-import.log"; fail "qwen2: the Qwen2 form's import"
 fi
+# Its sliding window on (use_sliding_window) covers the layers from max_window_layers on: none of the 2 at 2 (imports),
+# the second at 1 (refused, naming it).
+for mwl in 2 1; do
+  cp -r "$W/qwen2-hf" "$W/qwen2-window$mwl"
+  "$PY" -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c.update(use_sliding_window=True, max_window_layers=int(sys.argv[2])); json.dump(c, open(p, 'w'))" \
+    "$W/qwen2-window$mwl/config.json" "$mwl"
+  out=$("$BIN" checkpoint import --hf "$W/qwen2-window$mwl" --save "$W/qwen2-window$mwl-ckpt" 2>&1); rc=$?
+  ok=0
+  if [[ $mwl == 2 ]]; then [[ $rc == 0 ]] && ok=1; elif [[ $rc != 0 ]] && grep -q "sliding-window" <<<"$out"; then ok=1; fi
+  if [[ $ok == 1 ]]; then
+    echo "PASS qwen2 with use_sliding_window and max_window_layers $mwl: $([[ $rc == 0 ]] && echo imported || echo refused)"
+  else
+    fail "qwen2 with use_sliding_window and max_window_layers $mwl: rc $rc, $out"
+  fi
+done
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED
