@@ -27,7 +27,9 @@ namespace mt {
 namespace fs = std::filesystem;
 namespace {
 
+using hf::HfMoeNames;
 using hf::SplitQkv;
+using hf::hf_moe_names;
 using hf::Values;
 using hf::split_qkv;
 using hf::transposed;
@@ -218,22 +220,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         }
         continue;
       }
-      if (family == "qwen3_moe") {  // (Qwen3MoeSparseMoeBlock: mlp.gate, mlp.experts.N.{gate,up,down}_proj)
-        put(o + "mlp.gate.weight", {D.experts, h}, get(p + "mlp.router.weight"));
-        for (int64_t e = 0; e < D.experts; ++e) {
-          const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + "mlp.experts." + std::to_string(e) + ".";
-          put(y + "gate_proj.weight", {D.F_moe, h}, get(x + "fc1_gate.weight"));
-          put(y + "up_proj.weight", {D.F_moe, h}, get(x + "fc1_up.weight"));
-          put(y + "down_proj.weight", {h, D.F_moe}, get(x + "fc2.weight"));
-        }
-        continue;
-      }
-      put(o + "block_sparse_moe.gate.weight", {D.experts, h}, get(p + "mlp.router.weight"));
+      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe");
+      put(o + hn.block + "gate.weight", {D.experts, h}, get(p + "mlp.router.weight"));
       for (int64_t e = 0; e < D.experts; ++e) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + "block_sparse_moe.experts." + std::to_string(e) + ".";
-        put(y + "w1.weight", {D.F_moe, h}, get(x + "fc1_gate.weight"));
-        put(y + "w3.weight", {D.F_moe, h}, get(x + "fc1_up.weight"));
-        put(y + "w2.weight", {h, D.F_moe}, get(x + "fc2.weight"));
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + hn.block + "experts." + std::to_string(e) + ".";
+        put(y + hn.gate + ".weight", {D.F_moe, h}, get(x + "fc1_gate.weight"));
+        put(y + hn.up + ".weight", {D.F_moe, h}, get(x + "fc1_up.weight"));
+        put(y + hn.down + ".weight", {h, D.F_moe}, get(x + "fc2.weight"));
       }
     }
     put("model.norm.weight", {h}, norm("final_norm.weight"));

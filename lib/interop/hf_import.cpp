@@ -32,7 +32,9 @@ namespace mt {
 namespace fs = std::filesystem;
 namespace {
 
+using hf::HfMoeNames;
 using hf::Values;
+using hf::hf_moe_names;
 using hf::merge_qkv;
 using hf::transposed;
 using json = nlohmann::json;
@@ -325,22 +327,13 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         }
         continue;
       }
-      if (family == "qwen3_moe") {
-        set(p + "mlp.router.weight", hf.take(o + "mlp.gate.weight", {D.experts, h}));
-        for (int64_t e = 0; e < D.experts; ++e) {
-          const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + "mlp.experts." + std::to_string(e) + ".";
-          set(x + "fc1_gate.weight", hf.take(y + "gate_proj.weight", {D.F_moe, h}));
-          set(x + "fc1_up.weight", hf.take(y + "up_proj.weight", {D.F_moe, h}));
-          set(x + "fc2.weight", hf.take(y + "down_proj.weight", {h, D.F_moe}));
-        }
-        continue;
-      }
-      set(p + "mlp.router.weight", hf.take(o + "block_sparse_moe.gate.weight", {D.experts, h}));
+      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe");
+      set(p + "mlp.router.weight", hf.take(o + hn.block + "gate.weight", {D.experts, h}));
       for (int64_t e = 0; e < D.experts; ++e) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + "block_sparse_moe.experts." + std::to_string(e) + ".";
-        set(x + "fc1_gate.weight", hf.take(y + "w1.weight", {D.F_moe, h}));
-        set(x + "fc1_up.weight", hf.take(y + "w3.weight", {D.F_moe, h}));
-        set(x + "fc2.weight", hf.take(y + "w2.weight", {h, D.F_moe}));
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + hn.block + "experts." + std::to_string(e) + ".";
+        set(x + "fc1_gate.weight", hf.take(y + hn.gate + ".weight", {D.F_moe, h}));
+        set(x + "fc1_up.weight", hf.take(y + hn.up + ".weight", {D.F_moe, h}));
+        set(x + "fc2.weight", hf.take(y + hn.down + ".weight", {h, D.F_moe}));
       }
     }
     set("final_norm.weight", hf.take("model.norm.weight", {h}));

@@ -9,6 +9,15 @@ namespace mt::hf {
 
 using Values = std::vector<float>;
 
+// An MoE layer's HF names: Mixtral's block_sparse_moe.{gate, experts.E.w1 / w3 / w2} or Qwen3-MoE's
+// mlp.{gate, experts.E.gate_proj / up_proj / down_proj} (megatrain's router, fc1_gate, fc1_up, fc2).
+struct HfMoeNames {
+  const char *block, *gate, *up, *down;
+};
+inline HfMoeNames hf_moe_names(bool qwen3_moe) {
+  return qwen3_moe ? HfMoeNames{"mlp.", "gate_proj", "up_proj", "down_proj"} : HfMoeNames{"block_sparse_moe.", "w1", "w3", "w2"};
+}
+
 // A [rows, cols] matrix transposed (GPT-2's Conv1D weights are [in, out]).
 inline Values transposed(const Values& w, int64_t rows, int64_t cols) {
   Values t(w.size());

@@ -104,6 +104,20 @@ def linear(x, W, name):
     return y + W[name + ".bias"] if name + ".bias" in W else y
 
 
+def sparse_moe(m, W, block, names, experts, k, renormalise):
+    """A softmax over the experts, the top k (renormalised over them or not), each a SwiGLU MLP: gate, up, down."""
+    probs = torch.softmax(m @ W[block + "gate.weight"].T, -1)
+    top_w, top_i = torch.topk(probs, k, -1)
+    if renormalise:
+        top_w = top_w / top_w.sum(-1, keepdim=True)
+    out = torch.zeros_like(m)
+    for e in range(experts):
+        q = f"{block}experts.{e}."
+        y = (torch.nn.functional.silu(m @ W[q + names[0] + ".weight"].T) * (m @ W[q + names[1] + ".weight"].T)) @ W[q + names[2] + ".weight"].T
+        out = out + (top_w * (top_i == e)).sum(-1, keepdim=True) * y
+    return out
+
+
 def llama(cfg, W, tokens):
     B, S = tokens.shape
     h, nh, ng = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -125,28 +139,10 @@ def llama(cfg, W, tokens):
         x = x + linear(o, W, p + "self_attn.o_proj")
         m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         if p + "block_sparse_moe.gate.weight" in W:  # Mixtral: softmax, top-k, renormalised
-            probs = torch.softmax(m @ W[p + "block_sparse_moe.gate.weight"].T, -1)
-            top_w, top_i = torch.topk(probs, cfg["num_experts_per_tok"], -1)
-            top_w = top_w / top_w.sum(-1, keepdim=True)
-            out = torch.zeros_like(m)
-            for e in range(cfg["num_local_experts"]):
-                q_ = f"{p}block_sparse_moe.experts.{e}."
-                y = (torch.nn.functional.silu(m @ W[q_ + "w1.weight"].T) * (m @ W[q_ + "w3.weight"].T)) @ W[q_ + "w2.weight"].T
-                weight = (top_w * (top_i == e)).sum(-1, keepdim=True)
-                out = out + weight * y
-            x = x + out
-        elif p + "mlp.gate.weight" in W:  # Qwen3-MoE
-            probs = torch.softmax(m @ W[p + "mlp.gate.weight"].T, -1)
-            top_w, top_i = torch.topk(probs, cfg["num_experts_per_tok"], -1)
-            if cfg.get("norm_topk_prob", False):
-                top_w = top_w / top_w.sum(-1, keepdim=True)
-            out = torch.zeros_like(m)
-            for e in range(cfg["num_experts"]):
-                q_ = f"{p}mlp.experts.{e}."
-                y = (torch.nn.functional.silu(m @ W[q_ + "gate_proj.weight"].T) * (m @ W[q_ + "up_proj.weight"].T)) @ W[q_ + "down_proj.weight"].T
-                weight = (top_w * (top_i == e)).sum(-1, keepdim=True)
-                out = out + weight * y
-            x = x + out
+            x = x + sparse_moe(m, W, p + "block_sparse_moe.", ("w1", "w3", "w2"), cfg["num_local_experts"], cfg["num_experts_per_tok"], True)
+        elif p + "mlp.gate.weight" in W:  # Qwen3-MoE: renormalised with norm_topk_prob
+            x = x + sparse_moe(m, W, p + "mlp.", ("gate_proj", "up_proj", "down_proj"), cfg["num_experts"], cfg["num_experts_per_tok"],
+                               cfg.get("norm_topk_prob", False))
         else:
             g = linear(m, W, p + "mlp.gate_proj")
             u = linear(m, W, p + "mlp.up_proj")

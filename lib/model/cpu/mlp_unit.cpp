@@ -6,6 +6,18 @@
 
 namespace mt::cpu {
 
+void mlp_activation_forward(const ModelDims& D, float* act, const float* fc1, int64_t n, int64_t F) {
+  if (D.swiglu) swiglu_forward(act, fc1, n, F);
+  else if (D.squared_relu) squared_relu_forward(act, fc1, n * F);
+  else gelu_forward(act, fc1, n * F);
+}
+
+void mlp_activation_backward(const ModelDims& D, float* dfc1, const float* dact, const float* fc1, int64_t n, int64_t F) {
+  if (D.swiglu) swiglu_backward(dfc1, dact, fc1, n, F);
+  else if (D.squared_relu) squared_relu_backward(dfc1, dact, fc1, n * F);
+  else gelu_backward(dfc1, dact, fc1, n * F);
+}
+
 void MlpBody::forward(const PassContext& c, const float* ln, Buf& out, Stash& A) const {
   const ModelDims& D = c.D;
   const int64_t T = c.T, Tl = c.Tl, h = D.h, F = F_local;
@@ -15,9 +27,7 @@ void MlpBody::forward(const PassContext& c, const float* ln, Buf& out, Stash& A)
   A.fc1.resize(sz(T * fc1_out));
   linear_unit_forward(c, layer, kLinearFc1, A.fc1_lin, A.fc1.data(), A.ln_full.data(), fc1_w, fc1_b, T, h, fc1_out);
   A.act.resize(sz(T * F));
-  if (D.swiglu) swiglu_forward(A.act.data(), A.fc1.data(), T, F);
-  else if (D.squared_relu) squared_relu_forward(A.act.data(), A.fc1.data(), T * F);
-  else gelu_forward(A.act.data(), A.fc1.data(), T * F);
+  mlp_activation_forward(D, A.act.data(), A.fc1.data(), T, F);
   Buf fc2(sz(T * h));
   linear_unit_forward(c, layer, kLinearFc2, A.fc2_lin, fc2.data(), A.act.data(), fc2_w, kNoParam, T, F, h);
   out.resize(sz(Tl * h));
@@ -33,9 +43,7 @@ void MlpBody::backward(const PassContext& c, const float* dy, Buf& dln, Stash& A
   Buf dact(sz(T * F));
   linear_unit_backward(c, layer, kLinearFc2, A.fc2_lin, dact.data(), full.data(), fc2_w, kNoParam, A.act.data(), T, F, h);
   Buf dfc1(sz(T * fc1_out));
-  if (D.swiglu) swiglu_backward(dfc1.data(), dact.data(), A.fc1.data(), T, F);
-  else if (D.squared_relu) squared_relu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * F);
-  else gelu_backward(dfc1.data(), dact.data(), A.fc1.data(), T * F);
+  mlp_activation_backward(D, dfc1.data(), dact.data(), A.fc1.data(), T, F);
   linear_unit_backward(c, layer, kLinearFc1, A.fc1_lin, full.data(), dfc1.data(), fc1_w, fc1_b, A.ln_full.data(), T, h, fc1_out);
   dln.resize(sz(Tl * h));
   c.reduce_tokens(full.data(), dln.data());

@@ -66,9 +66,7 @@ void experts_forward(const PassContext& c, const LayerParams& ly, MoeUnit::Stash
       float* act = A.act.data() + off * F;
       if (fp8) linear_unit_forward(c, ly.layer, kLinearFc1, A.fc1_lin[j], fc1, A.rows.data() + off * h, ex.fc1_w, ex.fc1_b, n, h, fc1_out);
       else linear_forward(fc1, A.rows.data() + off * h, c.P(ex.fc1_w), ex.fc1_b != kNoParam ? c.P(ex.fc1_b) : nullptr, n, h, fc1_out);
-      if (D.swiglu) swiglu_forward(act, fc1, n, F);
-      else if (D.squared_relu) squared_relu_forward(act, fc1, n * F);
-      else gelu_forward(act, fc1, n * F);
+      mlp_activation_forward(D, act, fc1, n, F);
       if (fp8) linear_unit_forward(c, ly.layer, kLinearFc2, A.fc2_lin[j], y.data() + off * h, act, ex.fc2_w, ex.fc2_b, n, F, h);
       else linear_forward(y.data() + off * h, act, c.P(ex.fc2_w), ex.fc2_b != kNoParam ? c.P(ex.fc2_b) : nullptr, n, F, h);
     }
@@ -92,9 +90,7 @@ void experts_backward_fp8(const PassContext& c, const LayerParams& ly, MoeUnit::
     float* df = dfc1.data() + off * fc1_out;
     const float* fc1 = A.fc1.data() + off * fc1_out;
     linear_unit_backward(c, ly.layer, kLinearFc2, A.fc2_lin[j], da, dy.data() + off * h, ex.fc2_w, ex.fc2_b, A.act.data() + off * F, n, F, h);
-    if (D.swiglu) swiglu_backward(df, da, fc1, n, F);
-    else if (D.squared_relu) squared_relu_backward(df, da, fc1, n * F);
-    else gelu_backward(df, da, fc1, n * F);
+    mlp_activation_backward(D, df, da, fc1, n, F);
     linear_unit_backward(c, ly.layer, kLinearFc1, A.fc1_lin[j], dx.data() + off * h, df, ex.fc1_w, ex.fc1_b, A.rows.data() + off * h, n, h, fc1_out);
     off += n;
   }
@@ -115,9 +111,7 @@ void experts_backward(const PassContext& c, const LayerParams& ly, MoeUnit::Stas
     const int64_t n = A.per_expert[j];
     if (n > 0) {
       linear_backward_input(dact.data() + off * F, dy.data() + off * h, c.P(ly.experts[j].fc2_w), n, F, h);
-      if (D.swiglu) swiglu_backward(dfc1.data() + off * fc1_out, dact.data() + off * F, A.fc1.data() + off * fc1_out, n, F);
-      else if (D.squared_relu) squared_relu_backward(dfc1.data() + off * fc1_out, dact.data() + off * F, A.fc1.data() + off * fc1_out, n * F);
-      else gelu_backward(dfc1.data() + off * fc1_out, dact.data() + off * F, A.fc1.data() + off * fc1_out, n * F);
+      mlp_activation_backward(D, dfc1.data() + off * fc1_out, dact.data() + off * F, A.fc1.data() + off * fc1_out, n, F);
       linear_backward_input(dx.data() + off * h, dfc1.data() + off * fc1_out, c.P(ly.experts[j].fc1_w), n, h, fc1_out);
     }
     off += n;

@@ -45,6 +45,11 @@ struct AttentionUnit {
 
 // The TP-parallel MLP body over the TP group's tokens: fc2(act(fc1(gather(ln)))) reduced back to this rank's
 // tokens (SP: reduce-scattered), without fc2's bias; act GELU or SwiGLU. The dense MLP and the shared expert.
+// The MLP's activation over n rows of fc1's output (F columns out; SwiGLU's fc1 rows hold 2F): SwiGLU, squared ReLU or
+// GELU as the model has it, and its backward (dfc1 from dact, overwritten). Shared by the dense MLP and the experts.
+void mlp_activation_forward(const ModelDims& D, float* act, const float* fc1, int64_t n, int64_t F);
+void mlp_activation_backward(const ModelDims& D, float* dfc1, const float* dact, const float* fc1, int64_t n, int64_t F);
+
 struct MlpBody {
   struct Stash {
     Buf ln_full, fc1, act;
