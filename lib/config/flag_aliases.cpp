@@ -224,8 +224,9 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("moe-per-layer-logging", false, "per-layer MoE logging is not implemented (the log line sums the layers' load_balancing_loss): drop it"),
       MT_REFUSED("moe-router-force-load-balancing", false, "forced balanced routing (Megatron's benchmarking aid) is not implemented: drop it"),
       MT_REFUSED("moe-router-padding-for-fp8", false,
-                 "padding each expert's tokens to a multiple of 16 for FP8 GEMMs is not implemented (the CPU engine's FP8 emulation needs "
-                 "none; FP8 in MoE layers is not on the CUDA engine yet): drop it"),
+                 "padding the routing map for FP8 (extra zero-weight choices per expert) is not implemented: drop it (the CUDA engine "
+                 "pads each expert's rows with zero rows to a multiple of 16, as Megatron's grouped MLP does without this flag; the "
+                 "CPU engine needs no padding)"),
       MT_REFUSED("moe-router-topk-limited-devices", true,
                  "device-limited routing under this name left Megatron: use --moe-router-num-groups (the EP size) with "
                  "--moe-router-group-topk (the devices per token), which score each group by its best experts' sum"),

@@ -447,6 +447,27 @@ void test_moe_streams(const std::string& model, const std::string& extra) {
   }
 }
 
+// FP8 in MoE layers on the CUDA engine (gpt_cuda_moe_fp8.cpp) against the CPU engine's emulation: each expert's GEMMs
+// with scales of their own, its rows padded to 16 with zero rows. Tensorwise and blockwise; SwiGLU, GELU experts with
+// and without biases (the padding rows' activations zeroed), squared ReLU, a shared expert recomputed, a capacity with
+// padding to it, a first layer in bf16 beside FP8 layers; and the same bits on 1, 3 and 4 expert streams.
+void test_fp8_moe() {
+  test_moe_training("llama", "--fp8-format hybrid --fp8-recipe tensorwise ");
+  test_moe_training("gpt", "--disable-bias-linear --fp8-format hybrid --fp8-recipe tensorwise ");
+  test_moe_training("gpt", "--num-experts 8 --fp8-format e4m3 --fp8-recipe tensorwise ");
+  test_moe_training("gpt", "--squared-relu --num-experts 8 --fp8-format hybrid --fp8-recipe tensorwise ");
+  test_moe_training("llama-recompute", "--moe-shared-expert-intermediate-size 128 --fp8-format hybrid --fp8-recipe tensorwise ");
+  test_moe_training("llama", "--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity --moe-token-dispatcher-type alltoall "
+                             "--fp8-format hybrid --fp8-recipe tensorwise ");
+  test_moe_training("llama", "--first-last-layers-bf16 --num-layers-at-start-in-bf16 1 --num-layers-at-end-in-bf16 0 --fp8-format hybrid "
+                             "--fp8-recipe tensorwise ");
+  test_moe_training("llama", "--fp8-format hybrid --fp8-recipe blockwise ");
+  test_moe_training("llama-recompute", "--moe-shared-expert-intermediate-size 128 --fp8-format hybrid --fp8-recipe blockwise ");
+  test_moe_training("gpt", "--num-experts 8 --fp8-format hybrid --fp8-recipe blockwise ");
+  test_moe_streams("llama", "--fp8-format hybrid --fp8-recipe tensorwise --moe-shared-expert-intermediate-size 128 ");
+  test_moe_streams("llama", "--fp8-format hybrid --fp8-recipe blockwise ");
+}
+
 // Aux-loss-free balancing (--moe-router-enable-expert-bias) on the CUDA model, exactly: biases of +-1 set in the host
 // store (what a checkpoint load leaves there) outweigh any sigmoid score, so every token of a microbatch must pick
 // experts 0 and 1 in the first MoE layer and 2 and 3 in the second (the upload, each layer's bias in the route);
@@ -1050,6 +1071,11 @@ int main() {
     return failures == 0 ? 0 : 1;
   }
   if (only && std::string(only) == "moe") goto moe_tests;
+  if (only && std::string(only) == "fp8-moe") {  // (=fp8-moe: only the FP8 MoE cases)
+    test_fp8_moe();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
   if (only && std::string(only) == "qkv-bias") {  // (=qkv-bias: only the --add-qkv-bias cases)
     test_qkv_bias();
     std::printf("%d failure(s)\n", failures);
@@ -1144,6 +1170,7 @@ int main() {
   test_training("llama-recompute", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe blockwise ");
   test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe blockwise ");  // deferred weight gradients quantise dy again
 moe_tests:
+  test_fp8_moe();
   test_moe_training("llama", "");
   test_moe_streams("llama", "");
   test_moe_streams("llama-recompute", "--moe-shared-expert-intermediate-size 128 ");

@@ -219,7 +219,7 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
 
 void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* A, cudaDataType_t a_type, const float* a_scale, const void* B,
                       cudaDataType_t b_type, const float* b_scale, float beta, void* C, int64_t ldc, cudaDataType_t c_type, const void* bias,
-                      bool fast_accum, cudaStream_t stream, ScaleMode a_mode, ScaleMode b_mode) {
+                      bool fast_accum, cudaStream_t stream, ScaleMode a_mode, ScaleMode b_mode, bool varying) {
   if (M == 0 || N == 0) return;
   if (K % 16 != 0 || N % 16 != 0 || M % 16 != 0) {
     throw std::logic_error("FP8 GEMM " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ": every dimension must be a multiple of 16");
@@ -229,9 +229,11 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
                  b_mode == ScaleMode::kTensor)) {
     throw std::logic_error("FP8 GEMM with block scales: both operands in blocks, not both 128 x 128, and no fast accumulation");
   }
-  const Fp8Key key{M, N, K, ldc, static_cast<int>(a_type), static_cast<int>(b_type), static_cast<int>(c_type), bias != nullptr, fast_accum,
-                   static_cast<int>(a_mode), static_cast<int>(b_mode)};
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto up = [](int64_t x) { return (x + kVaryingBucket - 1) / kVaryingBucket * kVaryingBucket; };
+  const int64_t plan_M = varying ? up(M) : M, plan_K = varying ? up(K) : K;
+  const Fp8Key key{plan_M, N, plan_K, ldc, static_cast<int>(a_type), static_cast<int>(b_type), static_cast<int>(c_type), bias != nullptr, fast_accum,
+                   static_cast<int>(a_mode), static_cast<int>(b_mode), varying};
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = fp8_plans_.find(key);
   if (it == fp8_plans_.end()) {
     Plan p{};
@@ -265,7 +267,7 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
       const auto bias_type = static_cast<int32_t>(c_type);
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     }
-    const auto m = static_cast<uint64_t>(N), n = static_cast<uint64_t>(M), k = static_cast<uint64_t>(K);
+    const auto m = static_cast<uint64_t>(N), n = static_cast<uint64_t>(plan_M), k = static_cast<uint64_t>(plan_K);
     MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, b_type, k, m, static_cast<int64_t>(k)));
     MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, a_type, k, n, static_cast<int64_t>(k)));
     MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, c_type, m, n, ldc));
@@ -289,8 +291,26 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
   if (bias) MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  MT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c, &plan.algo, workspace_locked(stream),
-                                 workspace_bytes_, stream));
+  if (varying) {  // this call's sizes: cuBLASLt's A [K, N] and B [K, M], both with leading dimension K, C [N, M]
+    const auto set = [](cublasLtMatrixLayout_t l, int64_t rows, int64_t cols, int64_t ld) {
+      const auto r = static_cast<uint64_t>(rows), c = static_cast<uint64_t>(cols);
+      MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &r, sizeof(r)));
+      MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &c, sizeof(c)));
+      MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_LD, &ld, sizeof(ld)));
+    };
+    set(plan.a, K, N, K);
+    set(plan.b, K, M, K);
+    set(plan.c, N, M, ldc);
+  }
+  const cublasStatus_t status = cublasLtMatmul(handle_, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c, &plan.algo,
+                                               workspace_locked(stream), workspace_bytes_, stream);
+  if (status == CUBLAS_STATUS_SUCCESS || !(varying && (plan_M != M || plan_K != K))) {
+    MT_CUBLAS_CHECK(status);
+    return;
+  }
+  // The bucket's algorithm refused these sizes: a plan of their own (the refused call queued nothing).
+  lock.unlock();
+  gemm_fp8(M, N, K, alpha, A, a_type, a_scale, B, b_type, b_scale, beta, C, ldc, c_type, bias, fast_accum, stream, a_mode, b_mode, false);
 }
 
 }  // namespace mt::cuda

@@ -49,10 +49,14 @@ class GemmLt {
   // Block scaling (Hopper, cuBLAS 12.9+; kernels/cuda/fp8_block.h has the layouts): a_mode / b_mode say what a_scale /
   // b_scale point to: one factor (kTensor), one per row and 128-column block of K (kVec128: 1 x 128 blocks), or one per
   // 128 x 128 block (kBlock128). Not both kBlock128; no fast accumulation with blocks.
+  // varying: M and K change from call to call (an MoE expert's rows, padded to 16), as gemm_ex's: one plan per bucket of
+  // M and K rounded up to kVaryingBucket, each call setting its sizes (and K, the operands' leading dimension).
   enum class ScaleMode : int8_t { kTensor, kVec128, kBlock128 };
   void gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* A, cudaDataType_t a_type, const float* a_scale, const void* B,
                 cudaDataType_t b_type, const float* b_scale, float beta, void* C, int64_t ldc, cudaDataType_t c_type, const void* bias,
-                bool fast_accum, cudaStream_t stream, ScaleMode a_mode = ScaleMode::kTensor, ScaleMode b_mode = ScaleMode::kTensor);
+                bool fast_accum, cudaStream_t stream, ScaleMode a_mode = ScaleMode::kTensor, ScaleMode b_mode = ScaleMode::kTensor,
+                bool varying = false);
+  size_t cached_fp8_plans() const { return fp8_plans_.size(); }
   // Whether cuBLASLt has an algorithm for this GEMM (no bias input) with this epilogue; the plan is created
   // and cached if so. Lets a caller use a fused epilogue only where one exists.
   bool has_algorithm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
@@ -95,7 +99,7 @@ class GemmLt {
   size_t workspace_bytes_ = 32u << 20;
   std::mutex mu_;
   std::map<Key, Plan> plans_;
-  using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool, int, int>;
+  using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool, int, int, bool>;  // (the last: varying)
   std::map<Fp8Key, Plan> fp8_plans_;
 };
 

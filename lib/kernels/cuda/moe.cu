@@ -127,7 +127,7 @@ __global__ void permute_count_kernel(int32_t* parts, const int32_t* top, int64_t
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) parts[blockIdx.x * E + e] = count[e];
 }
 
-__global__ void permute_scan_kernel(int32_t* parts, int32_t* counts, int32_t* offsets, int64_t chunks, int64_t E) {
+__global__ void permute_scan_kernel(int32_t* parts, int32_t* counts, int32_t* offsets, int64_t chunks, int64_t E, int32_t align) {
   __shared__ int32_t start[kMaxExperts + 1];
   const int64_t e = threadIdx.x;
   int32_t total = 0;
@@ -143,7 +143,7 @@ __global__ void permute_scan_kernel(int32_t* parts, int32_t* counts, int32_t* of
       const int32_t n = start[x];
       start[x] = off;
       offsets[x] = off;
-      off += n;
+      off += (n + align - 1) / align * align;
     }
     offsets[E] = off;
   }
@@ -543,7 +543,7 @@ void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, int32_t* parts
   }
   permute_count_kernel<<<static_cast<unsigned>(chunks), kPermuteChunk, 0, st>>>(parts, top, n, r.experts);
   MT_CUDA_CHECK(cudaGetLastError());
-  permute_scan_kernel<<<1, kMaxExperts, 0, st>>>(parts, counts, offsets, chunks, r.experts);
+  permute_scan_kernel<<<1, kMaxExperts, 0, st>>>(parts, counts, offsets, chunks, r.experts, static_cast<int32_t>(r.row_align));
   MT_CUDA_CHECK(cudaGetLastError());
   permute_place_kernel<<<static_cast<unsigned>(chunks), kPermuteChunk, 0, st>>>(row, parts, top, n, r.experts);
   MT_CUDA_CHECK(cudaGetLastError());

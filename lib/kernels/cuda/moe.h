@@ -26,6 +26,9 @@ struct MoeRouting {
   // The ranks holding shares of the microbatch's sequences (context parallelism; 1 otherwise): the balance and z losses
   // count all their tokens (the statistics summed over them between moe_aux_stats and moe_aux_finish).
   int64_t shards = 1;
+  // Each expert's first row a multiple of this (FP8 experts: 16, the FP8 GEMMs' granule; the rows between an expert's
+  // last and the next one's first are no choice's, the caller's to zero). 1: back to back.
+  int64_t row_align = 1;
   MT_HD int64_t balance_groups() const { return seq_len > 0 ? tokens / seq_len : 1; }  // the sequences (aux_loss: 1)
   MT_HD int64_t balance_len() const { return seq_len > 0 ? seq_len : tokens; }          // (this rank's tokens of each)
 };
@@ -43,7 +46,7 @@ void moe_route(int32_t* top, float* weight, const float* logits, const MoeRoutin
 // acc[l (2 + E) + 2 + e] (moe_aux_finish's statistics).
 void moe_update_expert_bias(float* bias, const float* acc, int64_t layers, int64_t E, float rate, cudaStream_t st);
 // The choices' rows: counts[E] per expert, offsets[E + 1], row[T * k] (expert-major, each expert's choices in
-// token order); parts: moe_permute_scratch(r) ints.
+// token order, each expert's first row a multiple of r.row_align); parts: moe_permute_scratch(r) ints.
 void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, int32_t* parts, const int32_t* top, const MoeRouting& r, cudaStream_t st);
 int64_t moe_permute_scratch(const MoeRouting& r);
 // rows[row[t k + j]] = xn[t]. Here and below a row of -1 is a choice the capacity dropped: no row, weight 0.

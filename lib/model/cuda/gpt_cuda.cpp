@@ -228,8 +228,12 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     throw std::runtime_error("the CUDA engine's GELU and squared-ReLU experts need --moe-ffn-hidden-size to be a multiple of 8 (this model: " +
                              std::to_string(F_moe_) + "): change it, or use --device cpu");
   }
-  if (D.fp8 && (tp_size_ > 1 || moe_layers_ > 0)) {
-    throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism and MoE layers so far: use --device cpu for those");
+  if (D.fp8 && tp_size_ > 1) {
+    throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism so far: use --device cpu for it");
+  }
+  if (D.fp8 && moe_layers_ > 0 && (F_moe_ % 16 != 0 || F_shared_ % 16 != 0 || !D.fp8_wgrad || D.fp8_delayed)) {
+    throw std::logic_error("CUDA model: FP8 MoE layers need expert widths that are multiples of 16 and tensorwise or blockwise scaling "
+                           "(refused by the capability checks)");
   }
   if (!D.swiglu && !D.squared_relu && D.F_local % 8 != 0) {
     throw std::runtime_error("the CUDA engine fuses GELU into the fc1 GEMM, which needs --ffn-hidden-size / TP to be a multiple of 8 (this model: " +
@@ -247,6 +251,13 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   // token, beyond which nothing drops or pads).
   moe_rows_ = T * topk_;
   if (moe_pad_) moe_rows_ = std::max(moe_rows_, experts_ * std::min(T, cpu::expert_capacity(moe_capacity_factor_, T, topk_, experts_)));
+  // FP8 experts: each expert's rows start at a multiple of 16, the gaps zero rows (gpt_cuda_moe_fp8.cpp).
+  if (D.fp8 && moe_layers_ > 0) {
+    if (D.ep > 1) throw std::logic_error("CUDA model: FP8 MoE layers with expert parallelism (refused by the capability checks)");
+    moe_row_align_ = 16;
+    moe_rows_ += experts_ * (moe_row_align_ - 1);
+    f8_moe_width_ = std::max({D.h, D.swiglu ? 2 * F_moe_ : F_moe_, D.swiglu ? 2 * F_shared_ : F_shared_});
+  }
   // The output layer's rows at a time (about 512 MiB of logits, as `megatrain plan` counts them);
   // MEGATRAIN_LOSS_CHUNK_ROWS overrides it (0: the whole microbatch at once).
   loss_chunk_rows_ = output_layer_chunk_rows(D.V_local, T);
@@ -268,6 +279,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     const size_t b = static_cast<size_t>(rows) * static_cast<size_t>(n) * 2;
     act_bytes_ += b;
     return static_cast<bf16*>(alloc(b));
+  };
+  auto u8_rows = [&](int64_t n, int64_t rows) {  // FP8 bytes, `rows` rows
+    const size_t b = static_cast<size_t>(rows) * static_cast<size_t>(n);
+    act_bytes_ += b;
+    return static_cast<uint8_t*>(alloc(b));
   };
   auto f32 = [&](int64_t n, double rows = 1.0) {
     act_bytes_ += bytes(n, 4, rows);
@@ -329,6 +345,18 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
         }
       }
       r.f8_xinv = static_cast<float*>(alloc(4 * 64 * sizeof(float)));
+    }
+    if (moe && fp8) {  // the FP8 experts' x^T and inverse scales (gpt_cuda_moe_fp8.cpp)
+      const int64_t widths[2] = {h, F_moe_}, shared[2] = {h, F_shared_}, blocks = moe_rows_ / cuda::kFp8BlockSize + experts_ + 1;
+      for (int site = 0; site < 2; ++site) {
+        r.ex_f8_xt[site] = u8_rows(widths[site], moe_rows_);
+        if (F_shared_ > 0) r.sh_f8_xt[site] = u8_rows(shared[site], T);
+        if (D.fp8_blockwise) {
+          r.ex_f8_xt_scale[site] = block_scales((widths[site] + 3) / 4 * 4 * blocks);
+          if (F_shared_ > 0) r.sh_f8_xt_scale[site] = block_scales(cuda::fp8_vec128_scales(shared[site], T));
+        }
+      }
+      r.ex_f8_xinv = static_cast<float*>(alloc(static_cast<size_t>((experts_ + 1) * 2 * 64) * sizeof(float)));
     }
     if (D.qk_norm) {
       r.q_pre = b16(Hd);
@@ -427,8 +455,18 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
         s.ep_counts = static_cast<int32_t*>(alloc(static_cast<size_t>(2 * experts_) * 4));
       }
       s.ex_din = b16_rows(h, moe_rows_);
+      if (D.fp8) {  // the FP8 experts' scratch (gpt_cuda_moe_fp8.cpp): every routed expert's share, or the shared expert's
+        const int64_t rows = std::max(moe_rows_, T), width = f8_moe_width_;
+        s.ex_f8_row = u8_rows(width, rows);
+        s.ex_f8_dyt = u8_rows(width, rows);
+        s.ex_f8_scalars = static_cast<float*>(alloc(static_cast<size_t>((experts_ + 1) * 3 * 64) * sizeof(float)));
+        if (D.fp8_blockwise) {
+          s.ex_f8_row_scale = block_scales((width + cuda::kFp8BlockSize - 1) / cuda::kFp8BlockSize * rows);
+          s.ex_f8_dyt_scale = block_scales((width + 3) / 4 * 4 * (rows / cuda::kFp8BlockSize + experts_ + 1));
+        }
+      }
       if (F_shared_ > 0) {
-        if (D.swiglu || D.squared_relu) s.sh_dact = b16(F_shared_);
+        if (D.swiglu || D.squared_relu || D.fp8) s.sh_dact = b16(F_shared_);
         s.sh_dfc1 = b16(D.swiglu ? 2 * F_shared_ : F_shared_);
       }
       s.dlogits = f32(experts_);

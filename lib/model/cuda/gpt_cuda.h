@@ -263,11 +263,49 @@ class CudaGPT {
   // One expert's MLP over n rows (a routed expert's rows, or the shared expert over every token; gpt_cuda_moe.cpp):
   // out = fc2(act(fc1(x))) (+ the biases b1, b2 where >= 0; beta 1: added onto out), and its backward (din_beta 1:
   // added onto din; the bias gradients apart, moe_backward's). Queued on stream st.
+  // FP8 layers (f8 not null: gpt_cuda_moe_fp8.cpp): n is the expert's rows padded to 16 (the FP8 GEMMs' granule), the
+  // rows past `real` zero in x (and, for the backward, in dout).
+  struct ExpertFp8;
   void expert_forward(bool shared, int64_t n, int64_t F, const cuda::bf16* x, int64_t w1, int64_t w2, cuda::bf16* fc1_out, cuda::bf16* act,
-                      cuda::bf16* out, float beta, cudaStream_t st, int64_t b1 = -1, int64_t b2 = -1);
+                      cuda::bf16* out, float beta, cudaStream_t st, int64_t b1 = -1, int64_t b2 = -1, const ExpertFp8* f8 = nullptr,
+                      int64_t real = 0);
   void expert_backward(bool shared, int64_t n, int64_t F, const cuda::bf16* dout, const cuda::bf16* x, int64_t w1, int64_t w2,
                        const cuda::bf16* fc1_out, const cuda::bf16* act, cuda::bf16* dact, cuda::bf16* dfc1, cuda::bf16* din, float din_beta,
-                       cudaStream_t st);
+                       cudaStream_t st, const ExpertFp8* f8 = nullptr);
+  // FP8 experts (gpt_cuda_moe_fp8.cpp, as the CPU engine's experts_forward under FP8): each routed expert's fc1 and fc2,
+  // and the shared expert's, with scales of their own (tensorwise: from the amaxes of its rows, its weight and its output
+  // gradient; blockwise: 1 x 128 and 128 x 128 blocks of them), each expert's rows padded with zero rows to a multiple
+  // of 16 (moe_row_align_: the permutation leaves the gaps, the layer zeroes them). ExpertFp8 locates one expert's
+  // cached FP8 weights, its kept x^T and inverse scales in the record, and its share of the scratch: routed expert e
+  // (first row `off`, `blocks` 128-row blocks of the experts before it), or e = E the shared expert (every token).
+  struct ExpertFp8Weight {
+    uint8_t *wq = nullptr, *wqt = nullptr;  // W [out, in] and W^T, cast at the iteration's first forward
+    float* inv = nullptr;                   // tensorwise: the inverse scale, the amax at [1] (64 floats)
+    float *scale = nullptr, *tscale = nullptr;  // blockwise: the 128 x 128 blocks' inverse scales of W and W^T
+  };
+  struct ExpertFp8 {
+    ExpertFp8Weight* w[2] = {};
+    uint8_t* xt[2] = {};  // fc1's and fc2's inputs transposed [in, n] (the weight gradients' operands)
+    float* xinv[2] = {};  // tensorwise: their inverse scales
+    float* xt_scale[2] = {};  // blockwise: x^T's inverse scales (128 rows of a feature)
+    uint8_t *row = nullptr, *dyt = nullptr;  // scratch: the row-major FP8 operand [n, .], dy^T [., n]
+    float *row_scale = nullptr, *dyt_scale = nullptr;  // blockwise: their inverse scales
+    float* scalars = nullptr;  // tensorwise scratch: x's amax, dy's amax, dy's inverse scale (64 floats apart)
+  };
+  ExpertFp8 expert_fp8(int64_t l, Record& r, int64_t e, int64_t off, int64_t blocks);
+  void allocate_expert_fp8_weights();
+  // One expert GEMM site in FP8: y [n, out] = x [n, in] W^T (+ bias; beta 1: added onto y), x^T kept for the backward;
+  // and dx [n, in] = dy W (dx_beta 1: added onto dx) with dW += dy^T x.
+  void expert_linear_fp8(const ExpertFp8& f, int site, const char* name, int64_t n, int64_t in, int64_t out, const cuda::bf16* x, int64_t w_off,
+                         const cuda::bf16* bias, float beta, cuda::bf16* y, cudaStream_t st);
+  void expert_linear_fp8_backward(const ExpertFp8& f, int site, const char* dgrad_name, const char* wgrad_name, int64_t n, int64_t in, int64_t out,
+                                  const cuda::bf16* dy, int64_t w_off, float dx_beta, cuda::bf16* dx, cudaStream_t st);
+  // The zero rows after each routed expert's (rows: per_expert, their starts aligned to moe_row_align_) in buf [., width].
+  void zero_expert_padding(cuda::bf16* buf, int64_t width, const std::vector<int32_t>& per_expert, cudaStream_t st);
+  int64_t moe_row_align_ = 1;  // 16 with FP8 experts, else 1
+  int64_t align_rows(int64_t n) const { return (n + moe_row_align_ - 1) / moe_row_align_ * moe_row_align_; }
+  int64_t f8_moe_width_ = 0;   // the widest row of the FP8 experts' scratch operands
+  std::vector<ExpertFp8Weight> f8_expert_w_;  // [L_][E + 1][2]: the routed experts', then the shared expert's
   // The routed experts' GEMMs spread over expert_streams_ (TransformerEngine's GroupedLinear without a grouped GEMM:
   // one expert's last partial wave of tiles runs beside the next one's first): fork_experts() makes them wait for the
   // compute stream's work so far, expert_stream(i) is the i-th non-empty expert's, join_experts() makes the compute

@@ -17,6 +17,7 @@
 #include "kernels/cpu/router.h"
 #include "kernels/cuda/activation_bf16.h"
 #include "kernels/cuda/bias_grad.h"
+#include "kernels/cuda/fp8_block.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/moe.h"
 #include "tensor/cuda/cuda_check.h"
@@ -106,7 +107,9 @@ void CudaGPT::download_expert_biases(ParamStore& host) const {
 }
 
 cuda::MoeRouting CudaGPT::moe_routing(const DeviceMicrobatch& mb) const {
-  return {mb.B * mb.S, experts_, topk_, D_.h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0, D_.cp};
+  cuda::MoeRouting rt{mb.B * mb.S, experts_, topk_, D_.h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0, D_.cp};
+  rt.row_align = moe_row_align_;
+  return rt;
 }
 
 void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
@@ -169,20 +172,28 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     act = r.ep_act.need<bf16>(static_cast<size_t>(R * Fm) * 2, idle);
     out = s.ep_out.need<bf16>(static_cast<size_t>(R * h) * 2, idle);
   }
+  // FP8: each expert's rows padded with zero rows to a multiple of 16 (gpt_cuda_moe_fp8.cpp).
+  const bool f8 = fp8_layer(l);
+  if (f8) zero_expert_padding(rows, h, r.per_expert, stream_);
   fork_experts();
-  int64_t off = 0, busy = 0;
+  int64_t off = 0, busy = 0, blocks = 0;
   for (size_t e = 0; e < r.per_expert.size(); ++e) {
-    const int64_t n = r.per_expert[e];
+    const int64_t n = r.per_expert[e], rows_e = f8 ? align_rows(n) : n;
     if (n > 0) {
-      expert_forward(false, n, Fm, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act + off * Fm, out + off * h, 0.0f,
-                     expert_stream(busy++), lw.expert_fc1_b[e], lw.expert_fc2_b[e]);
+      const ExpertFp8 x8 = f8 ? expert_fp8(l, r, static_cast<int64_t>(e), off, blocks) : ExpertFp8{};
+      expert_forward(false, rows_e, Fm, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act + off * Fm, out + off * h, 0.0f,
+                     expert_stream(busy++), lw.expert_fc1_b[e], lw.expert_fc2_b[e], f8 ? &x8 : nullptr, n);
     }
-    off += n;
+    off += align_rows(n);
+    blocks += (rows_e + cuda::kFp8BlockSize - 1) / cuda::kFp8BlockSize;
   }
   join_experts();
   if (D.ep > 1) ep_to_owners(r, out, r.ex_out, "fwd.moe.ep.combine");
   MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, r.route_weight, rt, stream_, dt_));
-  if (lw.shared_fc1_w >= 0) expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f, stream_);
+  if (lw.shared_fc1_w >= 0) {
+    const ExpertFp8 x8 = f8 ? expert_fp8(l, r, E, 0, 0) : ExpertFp8{};
+    expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f, stream_, -1, -1, f8 ? &x8 : nullptr, T);
+  }
 }
 
 bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
@@ -218,7 +229,9 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
     for (int64_t e = 0; moe_pad_ && e < E; ++e) r.per_expert[static_cast<size_t>(e)] += static_cast<int32_t>(pads[static_cast<size_t>(e)].size());
     // Each expert's rows from its first: a kept choice of token t takes the next row after the pads of tokens before t.
     std::vector<int32_t> at(static_cast<size_t>(E), 0);
-    for (int64_t e = 1; e < E; ++e) at[static_cast<size_t>(e)] = at[static_cast<size_t>(e - 1)] + r.per_expert[static_cast<size_t>(e - 1)];
+    for (int64_t e = 1; e < E; ++e) {
+      at[static_cast<size_t>(e)] = at[static_cast<size_t>(e - 1)] + static_cast<int32_t>(align_rows(r.per_expert[static_cast<size_t>(e - 1)]));
+    }
     std::vector<size_t> next_pad(static_cast<size_t>(E), 0);
     capacity_row_.resize(static_cast<size_t>(n));
     capacity_pad_map_.clear();
@@ -255,11 +268,22 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
 // fc1_out and act, and fc2 (+ b2) into out, with beta 1 accumulating onto what out holds (one rounding of the fp32 sum
 // to 16 bits; the shared expert, which has no biases). `shared`: the shared expert's profile names.
 void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, int64_t w1, int64_t w2, bf16* fc1_out, bf16* act, bf16* out,
-                             float beta, cudaStream_t st, int64_t b1, int64_t b2) {
+                             float beta, cudaStream_t st, int64_t b1, int64_t b2, const ExpertFp8* f8, int64_t real) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
   const char* fc1_name = shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1";
   const char* act_name = shared ? "fwd.moe.shared.activation" : "fwd.moe.activation";
+  const char* fc2_name = shared ? "fwd.moe.shared.gemm.fc2" : "fwd.moe.gemm.fc2";
+  if (f8) {  // (GELU apart from the FP8 GEMM, as the dense FP8 layers run it)
+    expert_linear_fp8(*f8, 0, fc1_name, n, h, F1, x, w1, w(b1), 0.0f, fc1_out, st);
+    if (D_.swiglu) MT_PROF_ON(st, act_name, cuda::swiglu_forward_bf16(act, fc1_out, n, F, st, dt_));
+    else if (D_.squared_relu) MT_PROF_ON(st, act_name, cuda::squared_relu_forward_bf16(act, fc1_out, n * F, st, dt_));
+    else MT_PROF_ON(st, act_name, cuda::gelu_forward_bf16(act, fc1_out, n * F, st, dt_));
+    // The padding rows' activations: act(b1) with biases, zero without; zero either way, so that fc2's amax is the rows'.
+    if (b1 >= 0 && real < n) MT_CUDA_CHECK(cudaMemsetAsync(act + real * F, 0, static_cast<size_t>((n - real) * F) * 2, st));
+    expert_linear_fp8(*f8, 1, fc2_name, n, F, h, act, w2, w(b2), beta, out, st);
+    return;
+  }
   if (D_.swiglu || D_.squared_relu) {
     MT_PROF_ON(st, fc1_name, lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, w(b1), st, {}, !shared));
     if (D_.swiglu) MT_PROF_ON(st, act_name, cuda::swiglu_forward_bf16(act, fc1_out, n, F, st, dt_));
@@ -269,17 +293,27 @@ void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, i
                lt.gemm_ex(false, true, n, F, h, 1.0f, x, h, w(w1), h, 0.0f, act, F, ab_, ab_, w(b1), st, {cuda::GemmEpilogue::kGeluAux, fc1_out, F},
                           !shared));
   }
-  MT_PROF_ON(st, shared ? "fwd.moe.shared.gemm.fc2" : "fwd.moe.gemm.fc2",
-             lt.gemm_ex(false, true, n, h, F, 1.0f, act, F, w(w2), F, beta, out, h, ab_, ab_, w(b2), st, {}, !shared));
+  MT_PROF_ON(st, fc2_name, lt.gemm_ex(false, true, n, h, F, 1.0f, act, F, w(w2), F, beta, out, h, ab_, ab_, w(b2), st, {}, !shared));
 }
 
 // Its backward from dout [n, h]: dact (SwiGLU's and squared ReLU's) and dfc1 as scratch, the input gradient into din
 // (beta 1: accumulated onto it), and both weight gradients.
 void CudaGPT::expert_backward(bool shared, int64_t n, int64_t F, const bf16* dout, const bf16* x, int64_t w1, int64_t w2, const bf16* fc1_out,
-                              const bf16* act, bf16* dact, bf16* dfc1, bf16* din, float din_beta, cudaStream_t st) {
+                              const bf16* act, bf16* dact, bf16* dfc1, bf16* din, float din_beta, cudaStream_t st, const ExpertFp8* f8) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
   const char* dgrad_name = shared ? "bwd.moe.shared.gemm.fc2_dgrad" : "bwd.moe.gemm.fc2_dgrad";
+  if (f8) {  // (the weight gradients from the FP8 x^T the forward kept: x and act are not read)
+    const char* act_name = shared ? "bwd.moe.shared.activation" : "bwd.moe.activation";
+    expert_linear_fp8_backward(*f8, 1, dgrad_name, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", n, F, h, dout, w2, 0.0f, dact,
+                               st);
+    if (D_.swiglu) MT_PROF_ON(st, act_name, cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, st, dt_));
+    else if (D_.squared_relu) MT_PROF_ON(st, act_name, cuda::squared_relu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
+    else MT_PROF_ON(st, act_name, cuda::gelu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
+    expert_linear_fp8_backward(*f8, 0, shared ? "bwd.moe.shared.gemm.fc1_dgrad" : "bwd.moe.gemm.fc1_dgrad",
+                               shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", n, h, F1, dfc1, w1, din_beta, din, st);
+    return;
+  }
   if (D_.swiglu || D_.squared_relu) {
     MT_PROF_ON(st, dgrad_name, lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dact, F, ab_, ab_, nullptr, st, {}, !shared));
   } else {  // the GELU backward in the epilogue, straight to d(fc1 output)
@@ -320,15 +354,19 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
     act = r.ep_act.get<bf16>();
     ep_to_experts(r, s.ex_dout, dout, "bwd.moe.ep.dispatch");
   }
+  const bool f8 = fp8_layer(l);
+  if (f8) zero_expert_padding(dout, h, r.per_expert, stream_);
   fork_experts();
-  int64_t off = 0, busy = 0;
+  int64_t off = 0, busy = 0, blocks = 0;
   for (size_t e = 0; e < r.per_expert.size(); ++e) {
-    const int64_t n = r.per_expert[e];
+    const int64_t n = r.per_expert[e], rows_e = f8 ? align_rows(n) : n;
     if (n > 0) {
-      expert_backward(false, n, Fm, dout + off * h, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act + off * Fm,
-                      dact + off * Fm, dfc1 + off * F1m, din + off * h, 0.0f, expert_stream(busy++));
+      const ExpertFp8 x8 = f8 ? expert_fp8(l, r, static_cast<int64_t>(e), off, blocks) : ExpertFp8{};
+      expert_backward(false, rows_e, Fm, dout + off * h, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act + off * Fm,
+                      dact + off * Fm, dfc1 + off * F1m, din + off * h, 0.0f, expert_stream(busy++), f8 ? &x8 : nullptr);
     }
-    off += n;
+    off += align_rows(n);
+    blocks += (rows_e + cuda::kFp8BlockSize - 1) / cuda::kFp8BlockSize;
   }
   join_experts();
   // The experts' bias gradients (--add-bias-linear): the column sums of each expert's rows of the output gradient and
@@ -341,7 +379,7 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
         MT_PROF("bwd.moe.bias_grad", cuda::bias_grad_bf16(g(lw.expert_fc2_b[e]), dout + off * h, n, h, stream_, dt_));
         MT_PROF("bwd.moe.bias_grad", cuda::bias_grad_bf16(g(lw.expert_fc1_b[e]), dfc1 + off * F1m, n, F1m, stream_, dt_));
       }
-      off += n;
+      off += align_rows(n);
     }
   }
   if (D.ep > 1) ep_to_owners(r, din, s.ex_din, "bwd.moe.ep.combine");
@@ -359,7 +397,9 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   if (lw.router_b >= 0) MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_bias_grad(g(lw.router_b), s.dlogits, rt, stream_));
   // The shared expert, its input gradient added onto the routed experts' and the router's.
   if (lw.shared_fc1_w >= 0) {
-    expert_backward(true, T, F_shared_, dy, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.sh_dact, s.sh_dfc1, s.dxn, 1.0f, stream_);
+    const ExpertFp8 x8 = f8 ? expert_fp8(l, r, experts_, 0, 0) : ExpertFp8{};
+    expert_backward(true, T, F_shared_, dy, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.sh_dact, s.sh_dfc1, s.dxn, 1.0f, stream_,
+                    f8 ? &x8 : nullptr);
   }
 }
 

@@ -31,7 +31,8 @@ void CudaGPT::allocate_fp8_weights() {
   f8_wq_.assign(static_cast<size_t>(4 * L_), nullptr);
   f8_wqt_.assign(static_cast<size_t>(4 * L_), nullptr);
   for (int64_t l = 0; l < L_; ++l) {
-    for (int site = 0; fp8_layer(l) && site < 4; ++site) {
+    const int sites = layers_[static_cast<size_t>(l)].moe ? 2 : 4;  // (an MoE layer's MLP: the experts' own, below)
+    for (int site = 0; fp8_layer(l) && site < sites; ++site) {
       f8_wq_[static_cast<size_t>(4 * l + site)] = static_cast<uint8_t*>(alloc(static_cast<size_t>(sizes[site])));
       f8_wqt_[static_cast<size_t>(4 * l + site)] = static_cast<uint8_t*>(alloc(static_cast<size_t>(sizes[site])));
       if (D.fp8_blockwise) {  // W [out, in] and W^T [in, out] in 128 x 128 blocks
@@ -44,6 +45,7 @@ void CudaGPT::allocate_fp8_weights() {
     }
   }
   f8_winv_ = static_cast<float*>(alloc(static_cast<size_t>(4 * L_ * 64) * sizeof(float)));
+  if (moe_layers_ > 0) allocate_expert_fp8_weights();  // (the experts': gpt_cuda_moe_fp8.cpp)
 }
 
 // Fail here, with the shape named, rather than in the first step.

@@ -59,6 +59,12 @@ struct CudaGPT::Record {
   uint8_t* f8_xt[4] = {};
   float* f8_xinv = nullptr;
   float* f8_xt_scale[4] = {};  // blockwise: x^T's inverse scales per 128 tokens of a feature (kernels/cuda/fp8_block.h)
+  // FP8 MoE layers (gpt_cuda_moe_fp8.cpp): the routed experts' fc1 and fc2 inputs transposed, expert e's [in, n_e] from
+  // byte off_e x in ([h, R] and [Fm, R] in all), the shared expert's ([h, T], [Fs, T]), their inverse scales (tensorwise:
+  // 64 floats per expert and site, the shared expert's last) or x^T's block scales (blockwise).
+  uint8_t *ex_f8_xt[2] = {}, *sh_f8_xt[2] = {};
+  float* ex_f8_xinv = nullptr;
+  float *ex_f8_xt_scale[2] = {}, *sh_f8_xt_scale[2] = {};
 };
 
 // [T, .] unless marked [Tl, .]; the *_l buffers exist under sequence parallelism only.
@@ -98,6 +104,10 @@ struct CudaGPT::Scratch {
   // Blockwise: the inverse scales of f8_row (1 x 128 blocks along its rows) and f8_dyt (128 tokens of a feature).
   float *f8_row_scale = nullptr, *f8_dyt_scale = nullptr;
   float* f8_scalar(int i) const { return f8_scalars + 64 * i; }
+  // FP8 MoE layers: the experts' row-major FP8 operands and dy^T (each expert's share from its first row), their block
+  // scales (blockwise), and each expert's scalars (tensorwise: 3 x 64 floats, the shared expert's last).
+  uint8_t *ex_f8_row = nullptr, *ex_f8_dyt = nullptr;
+  float *ex_f8_row_scale = nullptr, *ex_f8_dyt_scale = nullptr, *ex_f8_scalars = nullptr;
   // Context parallelism (ring attention, gpt_cuda_context.cpp): the merged output's fp32 accumulator [T, Hd], two
   // buffers of the K/V block coming round the ring [2][T, 2 KVd] (keys, then values), the queries' fp32 gradient
   // [T, Hd], two buffers of the K/V gradients travelling with their block [2][T, 2 KVd] fp32, and one block's
