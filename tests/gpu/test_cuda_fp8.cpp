@@ -1,7 +1,7 @@
 // test_cuda_fp8.cpp: the CUDA engine's FP8 pieces against the CPU emulation (kernels/cpu/fp8) on the GPU machine:
 // the amax and the cast (row-major and transposed, E4M3 and E5M2, tiles cut at the edges) byte for byte; the
 // FP8 GEMM (cuBLASLt, "TN", device scales, fp32 and bf16 outputs, bias, fast and precise accumulation) bit for
-// bit on operands whose sums are exact in fp32; a linear layer's forward in FP8 on random data within fp32
+// bit on operands whose sums are exact in fp32 (and with plans that vary with M and K, as the MoE experts' do); a linear layer's forward in FP8 on random data within fp32
 // summation order; delayed scaling's cast (the scale given, the amax gathered in the same pass, saturating what
 // the scale pushes past the format) and its update kernel against model/fp8_scaling.h's rule on the host, bit
 // for bit; SwiGLU and its backward fused with that cast against the two kernels apart (the activation kernel, then
@@ -252,7 +252,9 @@ void test_block_quantize(mt::cuda::Fp8Type type, int64_t rows, int64_t cols) {
 //   kDgrad:   dx [T, in] = dy [T, out] (1 x 128) . (W^T [in, out], the 128 x 128 quantisation's transpose)^T, bf16 out
 //   kWgrad:   dW [out, in] += dy^T [out, T] . x^T [in, T]^T, both the 1 x 128 quantisation's transposes, fp32 accumulated
 enum class BlockGemm { kForward, kDgrad, kWgrad };
-void test_block_gemm(BlockGemm kind, int64_t T, int64_t in, int64_t out, mt::cuda::Fp8Type grad_type) {
+// varying: as an MoE expert's GEMMs run them (T, the tokens, from a plan of T's 256-row bucket, which an earlier call may
+// have made for another T).
+void test_block_gemm(BlockGemm kind, int64_t T, int64_t in, int64_t out, mt::cuda::Fp8Type grad_type, bool varying = false) {
   namespace cu = mt::cuda;
   using Mode = cu::GemmLt::ScaleMode;
   const float values[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f, -2.0f};
@@ -316,7 +318,8 @@ void test_block_gemm(BlockGemm kind, int64_t T, int64_t in, int64_t out, mt::cud
   std::string error;
   try {
     cu::GemmLt::instance().gemm_fp8(M, N, K, 1.0f, opa, ta == cu::Fp8Type::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, sca, opb, CUDA_R_8F_E4M3, scb,
-                                    wgrad ? 1.0f : 0.0f, dc, N, wgrad ? CUDA_R_32F : CUDA_R_16BF, nullptr, false, nullptr, Mode::kVec128, mode_b);
+                                    wgrad ? 1.0f : 0.0f, dc, N, wgrad ? CUDA_R_32F : CUDA_R_16BF, nullptr, false, nullptr, Mode::kVec128, mode_b,
+                                    varying);
     cudaDeviceSynchronize();
   } catch (const std::exception& e) {
     error = e.what();
@@ -341,8 +344,8 @@ void test_block_gemm(BlockGemm kind, int64_t T, int64_t in, int64_t out, mt::cud
   static const char* names[] = {"forward (1 x 128 by 128 x 128, bf16 out)", "data gradient (dy by W^T's blocks, bf16 out)",
                                 "weight gradient (dy^T by x^T, 1 x 128 along tokens, fp32 accumulated)"};
   char buf[360];
-  std::snprintf(buf, sizeof(buf), "fp8 block-scaled GEMM, %s, T %lld in %lld out %lld, %s: %zu values differ from the exact sums (worst %.3g)%s%s",
-                names[static_cast<int>(kind)], static_cast<long long>(T), static_cast<long long>(in), static_cast<long long>(out),
+  std::snprintf(buf, sizeof(buf), "fp8 block-scaled GEMM%s, %s, T %lld in %lld out %lld, %s: %zu values differ from the exact sums (worst %.3g)%s%s",
+                varying ? " (varying plan)" : "", names[static_cast<int>(kind)], static_cast<long long>(T), static_cast<long long>(in), static_cast<long long>(out),
                 grad_type == cu::Fp8Type::kE5M2 ? "gradients E5M2" : "all E4M3", bad, worst, error.empty() ? "" : ": ", error.c_str());
   check(error.empty() && bad == 0, buf);
   for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(qa), static_cast<void*>(qa_t), static_cast<void*>(qb),
@@ -387,8 +390,10 @@ void test_delayed_update(int64_t len, bool max_algo) {
 
 // A [M, K] and B [N, K] FP8 bytes of values in {0, +-0.5, +-1, +-1.5, +-2} (E4M3 and E5M2 both hold them): every
 // product and every partial sum is exact in fp32, so the GEMM has one right answer.
-void test_gemm(cudaDataType_t a_type, bool bf16_out, bool bias, bool fast) {
-  const int64_t M = 32, N = 48, K = 64;
+// varying: the plan of M's and K's 256-row buckets, as an MoE expert's GEMMs take it (tokens are M forward, K for the
+// weight gradient), after a call of other sizes in the same buckets made it.
+void test_gemm(cudaDataType_t a_type, bool bf16_out, bool bias, bool fast, int64_t M = 32, int64_t K = 64, bool varying = false) {
+  const int64_t N = 48;
   const float values[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f, -2.0f};
   const auto af = a_type == CUDA_R_8F_E5M2 ? mt::cpu::Fp8Format::kE5M2 : mt::cpu::Fp8Format::kE4M3;
   std::vector<uint8_t> A(static_cast<size_t>(M * K)), B(static_cast<size_t>(N * K));
@@ -401,6 +406,7 @@ void test_gemm(cudaDataType_t a_type, bool bf16_out, bool bias, bool fast) {
     Bv[i] = values[mt::philox4x32(i, 0, 4).v[0] % 9];
     B[i] = mt::cpu::fp8_encode(Bv[i], mt::cpu::Fp8Format::kE4M3);
   }
+  using Mode = mt::cuda::GemmLt::ScaleMode;
   const float sa = 0.5f, sb = 0.25f, alpha = 2.0f, beta = bf16_out ? 0.0f : 1.0f;
   std::vector<float> C0(static_cast<size_t>(M * N)), bias_v(static_cast<size_t>(N));
   for (size_t i = 0; i < C0.size(); ++i) C0[i] = static_cast<float>(static_cast<int>(i % 7) - 3) * 0.125f;
@@ -426,7 +432,7 @@ void test_gemm(cudaDataType_t a_type, bool bf16_out, bool bias, bool fast) {
     if (bf16_out) {
       auto* dC = upload(std::vector<uint16_t>(C0.size()));
       mt::cuda::GemmLt::instance().gemm_fp8(M, N, K, alpha, dA, a_type, scale_a, dB, CUDA_R_8F_E4M3, scale_b, 0.0f, dC, N, CUDA_R_16BF,
-                                            bias ? dbias : nullptr, fast, nullptr);
+                                            bias ? dbias : nullptr, fast, nullptr, Mode::kTensor, Mode::kTensor, varying);
       cudaDeviceSynchronize();
       const auto c = download(dC, C0.size());
       for (size_t i = 0; i < c.size(); ++i) got[i] = mt::bf16_to_float(c[i]);
@@ -434,7 +440,7 @@ void test_gemm(cudaDataType_t a_type, bool bf16_out, bool bias, bool fast) {
     } else {
       auto* dC = upload(C0);
       mt::cuda::GemmLt::instance().gemm_fp8(M, N, K, alpha, dA, a_type, scale_a, dB, CUDA_R_8F_E4M3, scale_b, beta, dC, N, CUDA_R_32F, nullptr, fast,
-                                            nullptr);
+                                            nullptr, Mode::kTensor, Mode::kTensor, varying);
       cudaDeviceSynchronize();
       got = download(dC, C0.size());
       cudaFree(dC);
@@ -442,8 +448,8 @@ void test_gemm(cudaDataType_t a_type, bool bf16_out, bool bias, bool fast) {
     size_t bad = 0;
     for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i];
     char buf[200];
-    std::snprintf(buf, sizeof(buf), "fp8 GEMM %s x E4M3 -> %s%s, %s accumulation: %zu of %zu outputs differ from the exact sums",
-                  a_type == CUDA_R_8F_E5M2 ? "E5M2" : "E4M3", bf16_out ? "bf16" : "fp32 (beta 1)", bias ? " + bias" : "", fast ? "fast" : "precise",
+    std::snprintf(buf, sizeof(buf), "fp8 GEMM%s M %lld K %lld, %s x E4M3 -> %s%s, %s accumulation: %zu of %zu outputs differ from the exact sums",
+                  varying ? " (varying plan)" : "", static_cast<long long>(M), static_cast<long long>(K), a_type == CUDA_R_8F_E5M2 ? "E5M2" : "E4M3", bf16_out ? "bf16" : "fp32 (beta 1)", bias ? " + bias" : "", fast ? "fast" : "precise",
                   bad, got.size());
     check(bad == 0, buf);
   } catch (const std::exception& e) {
@@ -552,6 +558,18 @@ int main() {
     test_gemm(CUDA_R_8F_E4M3, false, false, fast);
     test_gemm(CUDA_R_8F_E5M2, false, false, fast);
     test_gemm(CUDA_R_8F_E4M3, true, true, fast);
+  }
+  // Varying plans (the MoE experts' FP8 GEMMs): a bucket's plan made by its largest size first, then smaller ones in it;
+  // the tokens as M (forward, data gradient) and as K (weight gradient); fewer plans than sizes.
+  const size_t plans = mt::cuda::GemmLt::instance().cached_fp8_plans();
+  for (int64_t M : {240, 48, 16, 272}) test_gemm(CUDA_R_8F_E4M3, true, true, true, M, 64, true);
+  for (int64_t K : {256, 208, 32}) test_gemm(CUDA_R_8F_E5M2, false, false, false, 48, K, true);
+  const size_t added = mt::cuda::GemmLt::instance().cached_fp8_plans() - plans;
+  check(added < 7, "fp8 varying GEMMs: " + std::to_string(added) + " plans for 7 sizes in 3 buckets (fewer plans than sizes)");
+  for (int64_t T : {496, 400, 144}) {
+    test_block_gemm(BlockGemm::kForward, T, 256, 384, mt::cuda::Fp8Type::kE4M3, true);
+    test_block_gemm(BlockGemm::kDgrad, T, 256, 384, mt::cuda::Fp8Type::kE5M2, true);
+    test_block_gemm(BlockGemm::kWgrad, T, 256, 384, mt::cuda::Fp8Type::kE5M2, true);
   }
   test_linear(256, 512, 384);
   std::printf("%d failure(s)\n", failures);
