@@ -74,6 +74,10 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
     bytes += a * tokens * F * (mult + 1) / etp;
     const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
     bytes += a * sb * shared * (mult + 1) / t;  // the shared expert's fc1 output(s) and activation output
+    if (c.precision.fp8_format) {  // FP8 (tensorwise / blockwise): the GEMM inputs' transposes, 1 byte (blockwise: and their scales)
+      const double xt = sb * (h + n * d / t) + tokens * (h + F / etp) + sb * (h + shared / t);
+      bytes += xt * (c.precision.fp8_recipe == "blockwise" ? 1.0 + 4.0 / 128.0 : 1.0);
+    }
     return bytes;
   }
   bytes += a * sb * h / rep;  // fc1 input (norm output)
@@ -112,6 +116,10 @@ double working_bytes_per_token(const Config& c) {
     bytes += a * rows * (2 * h + (c.model.swiglu ? 3.0 : 2.0) * Fm / etp) + 4.0 * 2.0 * static_cast<double>(*c.moe.num_experts) + 4.0 * k;
     const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0)) / t;
     bytes += a * shared * (c.model.swiglu ? 3.0 : 1.0);  // the shared expert's activation and fc1 gradients
+    if (c.precision.fp8_format) {  // the FP8 experts' operand and dy^T, each expert's rows or the shared expert's
+      const double widest = std::max({h, (c.model.swiglu ? 2.0 : 1.0) * Fm / etp, (c.model.swiglu ? 2.0 : 1.0) * shared});
+      bytes += 2.0 * std::max(rows, 1.0) * widest;
+    }
   }
   if (const double cp = static_cast<double>(c.parallel.context_parallel_size); cp > 1) {
     // The CUDA engine's context-parallel attention scratch (model/cuda/gpt_cuda_context.cpp): the ring's fp32 output and
@@ -202,15 +210,25 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
     const RankShape shape(c);
     const double Hd = shape.n * shape.d / t, Wq = Hd + 2 * std::max(1.0, shape.g / t) * shape.d;
     const double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu))) / t;
-    const double per_layer = 2.0 * h * (Wq + Hd + (c.model.swiglu ? 3.0 : 2.0) * F);
-    int64_t fp8_layers = 0;
+    const double mlp_width = c.model.swiglu ? 3.0 : 2.0;  // fc1's outputs and fc2's input per unit of F
+    const double per_layer = 2.0 * h * (Wq + Hd + mlp_width * F);
+    // An MoE layer: the attention's, every local expert's (fc1 and fc2 at expert-TP) and the shared expert's.
+    double per_moe_layer = 0;
+    if (c.moe.num_experts) {
+      const double Fm = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F * t)));
+      const double etp = static_cast<double>(c.derived.expert_tensor_parallel_size);
+      const double local = static_cast<double>(*c.moe.num_experts / std::max<int64_t>(1, c.parallel.expert_model_parallel_size));
+      const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0)) / t;
+      per_moe_layer = 2.0 * h * (Wq + Hd + mlp_width * (local * Fm / etp + shared));
+    }
     const auto& pr = c.precision;
     const int64_t L = c.model.num_layers.value_or(0);
     for (int64_t i = 0; i < nlayers; ++i) {
       const int64_t l = first_layer + i;
-      if (!pr.first_last_layers_bf16 || (l >= pr.num_layers_at_start_in_bf16 && l < L - pr.num_layers_at_end_in_bf16)) ++fp8_layers;
+      if (!pr.first_last_layers_bf16 || (l >= pr.num_layers_at_start_in_bf16 && l < L - pr.num_layers_at_end_in_bf16)) {
+        m.working += pattern[static_cast<size_t>(l)] ? per_moe_layer : per_layer;
+      }
     }
-    m.working += per_layer * static_cast<double>(fp8_layers);
   }
   if (c.data.reset_attention_mask) {
     // The CUDA engine's document-mask bias [b, 1, S, S], 16-bit, over the whole sequences; the ring (context

@@ -186,4 +186,15 @@ TEST_CASE("memory model: the output layer's chunk of logits and the plan against
     INFO(name << ": plan " << planned << " GiB, measured " << gib << " GiB");
     CHECK(std::abs(planned - gib) <= 0.10 * gib);
   }
+  // FP8 in the MoE layers (the experts' x^T, FP8 weights and scratch; 2026-12-04, device peak at iteration 6): 105.87 GiB
+  // tensorwise, 106.13 GiB blockwise.
+  for (const auto& [fp8_recipe, gib] : {std::pair<const char*, double>{"tensorwise", 105.87}, {"blockwise", 106.13}}) {
+    Config c = recipe("bench/moe-3.9b", 1);
+    c.precision.fp8_format = "hybrid";
+    c.precision.fp8_recipe = fp8_recipe;
+    const double planned = estimate_memory(c).total / (1024.0 * 1024.0 * 1024.0);
+    INFO("moe-3.9b FP8 " << fp8_recipe << ": plan " << planned << " GiB, measured " << gib << " GiB");
+    CHECK(std::abs(planned - gib) <= 0.10 * gib);
+    CHECK(planned > estimate_memory(recipe("bench/moe-3.9b", 1)).total / (1024.0 * 1024.0 * 1024.0) + 10.0);  // (the FP8 copies counted)
+  }
 }
