@@ -285,6 +285,17 @@ std::map<int64_t, std::vector<float>> load_fp8_scaling(const std::string& dir, s
     }
     *history_len = shape[2] - 1;
     out[layer] = read_piece(o.dir, saved[name]["shards"].at(0));
+    // An MoE layer's experts' sites, after the layer's (add_fp8_scaling).
+    const std::string experts = "decoder.layers." + std::to_string(layer) + ".mlp.experts.fp8_scaling";
+    if (saved.contains(experts)) {
+      const auto eshape = saved[experts]["global_shape"].get<std::vector<int64_t>>();
+      if (eshape.size() != 3 || eshape[0] % 2 != 0 || eshape[1] != 3 || eshape[2] != shape[2]) {
+        throw DataError(o.dir.string() + ": " + experts + " has the shape " + shape_str(eshape) + ", not [2 x experts, 3, " +
+                        std::to_string(shape[2]) + "]: the checkpoint is damaged");
+      }
+      const std::vector<float> more = read_piece(o.dir, saved[experts]["shards"].at(0));
+      out[layer].insert(out[layer].end(), more.begin(), more.end());
+    }
   }
   return out;
 }
@@ -331,16 +342,20 @@ std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> st
     out << "\n";
   }
   if (m.contains("fp8_scaling")) {
-    int64_t history = 0;
+    int64_t history = 0, layers = 0, experts = 0;
     for (const auto& [name, t] : m["fp8_scaling"].items()) {
       history = t["global_shape"].back().get<int64_t>() - 1;
+      if (name.find(".mlp.experts.") != std::string::npos) experts += t["global_shape"].front().get<int64_t>() / 2;
+      else ++layers;
       for (const auto& pc : t["shards"]) {
         bytes += pc["bytes"].get<int64_t>();
         ++pieces;
         if (verify) read_piece(o.dir, pc);
       }
     }
-    out << "FP8 delayed scaling: the scales and amax histories (" << history << " entries) of " << m["fp8_scaling"].size() << " layers\n";
+    out << "FP8 delayed scaling: the scales and amax histories (" << history << " entries) of " << layers << " layers";
+    if (experts > 0) out << " and " << experts << " experts (in their MoE layers)";
+    out << "\n";
   }
   out << total << " parameters, " << pieces << " pieces, " << bytes << " bytes in " << o.dir.string() << "\n";
   if (verify) out << "all checksums verified\n";

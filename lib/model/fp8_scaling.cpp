@@ -6,7 +6,13 @@
 
 namespace mt {
 
-Fp8ScalingState::Fp8ScalingState(const Fp8DelayedRecipe& r, std::vector<int64_t> fp8_layers) : recipe(r), layers(std::move(fp8_layers)) {
+Fp8ScalingState::Fp8ScalingState(const Fp8DelayedRecipe& r, std::vector<int64_t> fp8_layers, std::vector<int64_t> layer_experts)
+    : recipe(r), layers(std::move(fp8_layers)), experts(std::move(layer_experts)) {
+  experts.resize(layers.size(), 0);
+  for (int64_t e : experts) {
+    first.push_back(n_slots_);
+    n_slots_ += kFp8Sites + 2 * e;
+  }
   const auto n = static_cast<size_t>(slots());
   scale.assign(3 * n, 1.0f);
   history.assign(3 * static_cast<size_t>(recipe.history_len) * n, 0.0f);
@@ -25,10 +31,11 @@ void Fp8ScalingState::update(int first_kind, int last_kind) {
 
 std::vector<float> Fp8ScalingState::layer_state(int64_t index) const {
   const int64_t n = slots(), len = recipe.history_len;
+  const int64_t E = experts[static_cast<size_t>(index)];
   std::vector<float> out;
-  out.reserve(static_cast<size_t>(fp8_layer_state_size(len)));
-  for (int site = 0; site < kFp8Sites; ++site) {
-    const int64_t slot = index * kFp8Sites + site;
+  out.reserve(static_cast<size_t>(fp8_layer_state_size(len, E)));
+  for (int site = 0; site < kFp8Sites + 2 * E; ++site) {
+    const int64_t slot = this->slot(index, site);
     for (int k = 0; k < 3; ++k) {
       out.push_back(scale[static_cast<size_t>(k * n + slot)]);
       for (int64_t e = 0; e < len; ++e) out.push_back(history[static_cast<size_t>((e * 3 + k) * n + slot)]);
@@ -38,11 +45,12 @@ std::vector<float> Fp8ScalingState::layer_state(int64_t index) const {
 }
 
 bool Fp8ScalingState::set_layer_state(int64_t index, const std::vector<float>& data, int64_t saved_len) {
-  if (saved_len < 1 || static_cast<int64_t>(data.size()) != fp8_layer_state_size(saved_len)) return false;
+  const int64_t E = experts[static_cast<size_t>(index)];
+  if (saved_len < 1 || static_cast<int64_t>(data.size()) != fp8_layer_state_size(saved_len, E)) return false;
   const int64_t n = slots(), len = recipe.history_len;
   size_t at = 0;
-  for (int site = 0; site < kFp8Sites; ++site) {
-    const int64_t slot = index * kFp8Sites + site;
+  for (int site = 0; site < kFp8Sites + 2 * E; ++site) {
+    const int64_t slot = this->slot(index, site);
     for (int k = 0; k < 3; ++k) {
       scale[static_cast<size_t>(k * n + slot)] = data[at];
       for (int64_t e = 0; e < saved_len; ++e) {

@@ -38,9 +38,12 @@
 
 namespace mt {
 
-// The three scaled tensors of a linear site, and the four sites of a layer.
+// The three scaled tensors of a linear site, and the four sites of a layer. An MoE layer's routed experts have two
+// sites each after those (fp8_expert_site: expert j's fc1 and fc2, Transformer Engine's grouped linear keeping a
+// quantiser per GEMM); its shared expert takes the layer's fc1 and fc2 sites, as a dense MLP.
 enum Fp8Tensor : int { kFp8Input = 0, kFp8Weight = 1, kFp8GradOutput = 2 };
 constexpr int kFp8Sites = 4;
+constexpr int fp8_expert_site(int64_t expert, bool fc2) { return kFp8Sites + 2 * static_cast<int>(expert) + (fc2 ? 1 : 0); }
 
 struct Fp8DelayedRecipe {
   int64_t history_len = 1;
@@ -78,33 +81,40 @@ MT_HOST_DEVICE inline float fp8_delayed_update(float* history, int64_t stride, i
 }
 
 // The scaling state of one pipeline stage (or model chunk): its FP8 layers' sites, in the order of `layers` (global
-// layer indices). slot(i, site) = i * 4 + site; scale[k][slot], history[entry][k][slot] (the accumulators, entry 0,
-// of the three kinds contiguous: what an update reduces; the CUDA engine keeps the same layout on the device).
+// layer indices), each layer's 4 + 2 x experts[i] sites back to back: slot(i, site) = first[i] + site (i * 4 + site
+// without experts, the layout the CUDA engine keeps on the device); scale[k][slot], history[entry][k][slot] (the
+// accumulators, entry 0, of the three kinds contiguous: what an update reduces).
 struct Fp8ScalingState {
   Fp8DelayedRecipe recipe;
   std::vector<int64_t> layers;
+  std::vector<int64_t> experts;  // per layer: its routed experts' count (an MoE layer's on this rank; 0: none)
+  std::vector<int64_t> first;    // per layer: its first slot
   std::vector<float> scale;    // [3][n]
   std::vector<float> history;  // [len][3][n]
   // The weights' scales as their cast of this iteration used them (kFp8Weight's at the first microbatch).
   std::vector<float> weight_cast_scale;  // [n]
 
   Fp8ScalingState() = default;
-  Fp8ScalingState(const Fp8DelayedRecipe& r, std::vector<int64_t> fp8_layers);
-  int64_t slots() const { return static_cast<int64_t>(layers.size()) * kFp8Sites; }
+  Fp8ScalingState(const Fp8DelayedRecipe& r, std::vector<int64_t> fp8_layers, std::vector<int64_t> layer_experts = {});
+  int64_t slots() const { return n_slots_; }
+  int64_t slot(int64_t index, int site) const { return first[static_cast<size_t>(index)] + site; }
   float* scales(int kind) { return scale.data() + kind * slots(); }
   const float* scales(int kind) const { return scale.data() + kind * slots(); }
   float* amax_accumulator(int kind) { return history.data() + kind * slots(); }
   // Updates kinds [first, last] from their accumulators (already reduced over the amax group).
   void update(int first_kind, int last_kind);
-  // A layer's state for checkpoints: [4 sites][3 kinds][1 + len] (the scale, then the history).
+  // A layer's state for checkpoints: [4 + 2 x experts sites][3 kinds][1 + len] (the scale, then the history).
   std::vector<float> layer_state(int64_t index) const;
   // Restores it; a history of another length (another --fp8-amax-history-len) keeps the scales and starts the
   // history afresh. Returns false for data of the wrong size.
   bool set_layer_state(int64_t index, const std::vector<float>& data, int64_t saved_len);
   int64_t index_of(int64_t global_layer) const;  // -1: not an FP8 layer of this state
+
+ private:
+  int64_t n_slots_ = 0;
 };
 
-// The saved state's length of one layer's entry for a history of `len`.
-inline int64_t fp8_layer_state_size(int64_t len) { return kFp8Sites * 3 * (1 + len); }
+// The saved state's length of one layer's entry for a history of `len` (an MoE layer: with its experts' sites).
+inline int64_t fp8_layer_state_size(int64_t len, int64_t experts = 0) { return (kFp8Sites + 2 * experts) * 3 * (1 + len); }
 
 }  // namespace mt

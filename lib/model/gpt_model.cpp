@@ -64,13 +64,15 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
     units_.push_back(std::move(u));
   }
   if (D.fp8_delayed) {
-    std::vector<int64_t> fp8_layers;
+    std::vector<int64_t> fp8_layers, experts;  // (an MoE layer's experts: scaling slots of their own)
     for (const ModelLayout& layout : layouts_) {
       for (const LayerParams& ly : layout.layers) {
-        if (D.fp8_layer(ly.layer)) fp8_layers.push_back(ly.layer);
+        if (!D.fp8_layer(ly.layer)) continue;
+        fp8_layers.push_back(ly.layer);
+        experts.push_back(static_cast<int64_t>(ly.experts.size()));
       }
     }
-    fp8_ = std::make_unique<Fp8ScalingState>(fp8_delayed_recipe(D), std::move(fp8_layers));
+    fp8_ = std::make_unique<Fp8ScalingState>(fp8_delayed_recipe(D), std::move(fp8_layers), std::move(experts));
     fp8_weights_due_.assign(layouts_.size(), true);
   }
 }

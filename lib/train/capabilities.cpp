@@ -41,8 +41,15 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
     no(cuda_engine && p.expert_model_parallel_size > 1,
        "FP8 in MoE layers with expert parallelism is not implemented on the CUDA engine (the experts' FP8 rows are padded per expert on "
        "one rank): use --device cpu, or drop --fp8-format");
-    no(pr.fp8_recipe == "delayed", "--fp8-recipe delayed in MoE layers is not implemented (each expert's amax history): use --fp8-recipe "
-                                   "tensorwise or blockwise, or drop --fp8-format");
+    // Delayed scaling: each expert's sites with scales and amax histories of their own (model/fp8_scaling.h), on the
+    // CPU engine; not under EP, where Megatron's amax reduction over DP would fold other ranks' experts into each slot.
+    no(pr.fp8_recipe == "delayed" && p.expert_model_parallel_size > 1,
+       "--fp8-recipe delayed in MoE layers with expert parallelism is not implemented (the amax histories are kept per local expert, and "
+       "the reduction over data parallelism would mix other ranks' experts): use --fp8-recipe tensorwise or blockwise, or drop "
+       "--expert-model-parallel-size");
+    no(cuda_engine && pr.fp8_recipe == "delayed",
+       "--fp8-recipe delayed in MoE layers is not implemented on the CUDA engine yet (each expert's amax history on the device): use "
+       "--fp8-recipe tensorwise or blockwise, or --device cpu");
     no(etp != p.tensor_model_parallel_size,
        "FP8 in MoE layers with --expert-tensor-parallel-size other than --tensor-model-parallel-size is not implemented (the experts' amaxes "
        "are reduced over TP): leave --expert-tensor-parallel-size at TP, or drop --fp8-format");

@@ -1,7 +1,7 @@
 // test_fp8_delayed.cpp: FP8 delayed scaling (model/fp8_scaling.h) against values worked by hand: the amax
-// history's roll, most_recent and max, the margin, a zero, infinite or tiny amax; the state's checkpoint layout;
-// a CPU training run that resumes from a checkpoint exactly as it would have gone on (the scales and histories
-// saved and restored); and the amaxes reduced over DP unless --tp-only-amax-red.
+// history's roll, most_recent and max, the margin, a zero, infinite or tiny amax; the state's checkpoint layout (an
+// MoE layer's experts' sites too); a CPU training run, dense or MoE, that resumes from a checkpoint exactly as it
+// would have gone on (the scales and histories saved and restored); and the amaxes reduced over DP unless --tp-only-amax-red.
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
@@ -91,9 +91,32 @@ TEST_CASE("fp8 delayed: the state updates every kind's slots and keeps its layou
   CHECK_FALSE(resized.set_layer_state(0, {1.0f, 2.0f}, 2));
 }
 
+TEST_CASE("fp8 delayed: an MoE layer's experts have sites of their own after the layer's, and its checkpoint entry carries them") {
+  mt::Fp8DelayedRecipe r;
+  r.history_len = 2;
+  mt::Fp8ScalingState st(r, {0, 1, 2}, {0, 3, 0});  // layer 1: an MoE layer of 3 experts
+  REQUIRE(st.slots() == 4 + 10 + 4);
+  CHECK(st.slot(1, 2) == 6);  // (fc1's site: the shared expert's)
+  CHECK(st.slot(1, mt::fp8_expert_site(2, true)) == 4 + 4 + 5);  // expert 2's fc2
+  CHECK(st.slot(2, 0) == 14);
+  st.amax_accumulator(mt::kFp8Input)[st.slot(1, mt::fp8_expert_site(1, false))] = 8.0f;  // expert 1's fc1 input
+  st.update(mt::kFp8Input, mt::kFp8GradOutput);
+  CHECK(st.scales(mt::kFp8Input)[st.slot(1, mt::fp8_expert_site(1, false))] == 56.0f);  // 448 / 8
+  CHECK(st.scales(mt::kFp8Input)[st.slot(1, mt::fp8_expert_site(0, false))] == 1.0f);
+  const std::vector<float> entry = st.layer_state(1);
+  REQUIRE(entry.size() == static_cast<size_t>(mt::fp8_layer_state_size(2, 3)));
+  CHECK(entry[static_cast<size_t>((mt::fp8_expert_site(1, false) * 3 + mt::kFp8Input) * 3)] == 56.0f);
+  mt::Fp8ScalingState other(r, {1}, {3});
+  REQUIRE(other.set_layer_state(0, entry, 2));
+  CHECK(other.layer_state(0) == entry);
+  CHECK_FALSE(other.set_layer_state(0, st.layer_state(0), 2));  // a dense layer's entry: another size
+  mt::Fp8ScalingState dense(r, {1});
+  CHECK_FALSE(dense.set_layer_state(0, entry, 2));
+}
+
 namespace {
 
-mt::Config tiny_delayed(int64_t iters, const std::string& dir) {
+mt::Config tiny_delayed(int64_t iters, const std::string& dir, bool moe = false) {
   mt::Config c;
   mt::apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
   c.data.text_data_path = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
@@ -110,6 +133,12 @@ mt::Config tiny_delayed(int64_t iters, const std::string& dir) {
     c.checkpoint.save = dir;
     c.checkpoint.save_interval = 3;
   }
+  if (moe) {  // every layer an MoE layer of 4 experts with a shared expert: each expert's sites scaled on their own
+    c.moe.num_experts = 4;
+    c.moe.moe_router_topk = 2;
+    c.moe.moe_aux_loss_coeff = 1e-2;
+    c.moe.moe_shared_expert_intermediate_size = 32;
+  }
   REQUIRE(mt::validate(c, 1, mt::Purpose::kTrain).ok());
   mt::resolve(c, 1, 257);
   return c;
@@ -118,27 +147,37 @@ mt::Config tiny_delayed(int64_t iters, const std::string& dir) {
 }  // namespace
 
 TEST_CASE("fp8 delayed: a CPU run resumed from its checkpoint goes on exactly as without the stop") {
-  const auto dir = std::filesystem::temp_directory_path() / "megatrain_fp8_delayed_resume";
-  std::filesystem::remove_all(dir);
-  const mt::TrainResult whole = mt::train(tiny_delayed(6, ""), mt::ProcessGroups::single(), {true, 0});
-  const mt::TrainResult first = mt::train(tiny_delayed(3, dir.string()), mt::ProcessGroups::single(), {true, 0});
-  const mt::Fp8ScalingState* st = first.model->fp8_scaling();
-  REQUIRE(st != nullptr);
-  CHECK(st->scales(mt::kFp8Input)[0] != 1.0f);  // updated from the amaxes
-  CHECK(st->scales(mt::kFp8GradOutput)[0] != 1.0f);
-  const std::string info = mt::inspect_checkpoint(dir.string(), std::nullopt, true);
-  CHECK_THAT(info, MT_CONTAINS("FP8 delayed scaling: the scales and amax histories (4 entries) of 2 layers"));
-  mt::Config more = tiny_delayed(6, "");
-  more.checkpoint.load = dir.string();
-  const mt::TrainResult resumed = mt::train(more, mt::ProcessGroups::single(), {true, 0});
-  REQUIRE(whole.losses.size() == 6);
-  REQUIRE(resumed.losses.size() >= 3);
-  for (size_t i = 0; i < 3; ++i) CHECK(resumed.losses[resumed.losses.size() - 3 + i] == whole.losses[3 + i]);
-  // And the state it ends with is the uninterrupted run's (scales, histories, the weights' cast scales aside).
-  mt::Fp8ScalingState* restored = resumed.model->fp8_scaling();
-  REQUIRE(restored != nullptr);
-  CHECK(restored->layer_state(0) == whole.model->fp8_scaling()->layer_state(0));
-  std::filesystem::remove_all(dir);
+  for (bool moe : {false, true}) {
+    INFO((moe ? "MoE layers (each expert's scales)" : "dense layers"));
+    const auto dir = std::filesystem::temp_directory_path() / "megatrain_fp8_delayed_resume";
+    std::filesystem::remove_all(dir);
+    const mt::TrainResult whole = mt::train(tiny_delayed(6, "", moe), mt::ProcessGroups::single(), {true, 0});
+    const mt::TrainResult first = mt::train(tiny_delayed(3, dir.string(), moe), mt::ProcessGroups::single(), {true, 0});
+    const mt::Fp8ScalingState* st = first.model->fp8_scaling();
+    REQUIRE(st != nullptr);
+    CHECK(st->scales(mt::kFp8Input)[0] != 1.0f);  // updated from the amaxes
+    CHECK(st->scales(mt::kFp8GradOutput)[0] != 1.0f);
+    if (moe) {  // an expert's sites too (expert 0's fc1 in layer 0)
+      REQUIRE(st->experts[0] == 4);
+      CHECK(st->scales(mt::kFp8Input)[st->slot(0, mt::fp8_expert_site(0, false))] != 1.0f);
+      CHECK(st->scales(mt::kFp8GradOutput)[st->slot(0, mt::fp8_expert_site(3, true))] != 1.0f);
+    }
+    const std::string info = mt::inspect_checkpoint(dir.string(), std::nullopt, true);
+    CHECK_THAT(info, MT_CONTAINS(moe ? "FP8 delayed scaling: the scales and amax histories (4 entries) of 2 layers and 8 experts"
+                                     : "FP8 delayed scaling: the scales and amax histories (4 entries) of 2 layers\n"));
+    mt::Config more = tiny_delayed(6, "", moe);
+    more.checkpoint.load = dir.string();
+    const mt::TrainResult resumed = mt::train(more, mt::ProcessGroups::single(), {true, 0});
+    REQUIRE(whole.losses.size() == 6);
+    REQUIRE(resumed.losses.size() >= 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(resumed.losses[resumed.losses.size() - 3 + i] == whole.losses[3 + i]);
+    // And the state it ends with is the uninterrupted run's (scales, histories, the weights' cast scales aside).
+    mt::Fp8ScalingState* restored = resumed.model->fp8_scaling();
+    REQUIRE(restored != nullptr);
+    CHECK(restored->layer_state(0) == whole.model->fp8_scaling()->layer_state(0));
+    CHECK(restored->layer_state(1) == whole.model->fp8_scaling()->layer_state(1));
+    std::filesystem::remove_all(dir);
+  }
 }
 
 namespace {

@@ -56,11 +56,11 @@ void linear_blockwise_backward(const PassContext& c, LinearStash& s, float* dx, 
   });
 }
 
-// The slot of (layer, site) in the stage's scaling state.
+// The slot of (layer, site) in the stage's scaling state (site: an expert's, fp8_expert_site, in an MoE layer).
 int64_t fp8_slot(const PassContext& c, int64_t layer, int site) {
   const int64_t index = c.fp8->index_of(layer);
   if (index < 0) throw std::logic_error("FP8: layer " + std::to_string(layer) + " has no delayed-scaling state");
-  return index * kFp8Sites + site;
+  return c.fp8->slot(index, site);
 }
 
 }  // namespace

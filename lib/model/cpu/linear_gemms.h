@@ -7,7 +7,7 @@
 // and db from the unquantised dy. An amax is the whole tensor's: reduced (max) over TP, and for activations and
 // gradients over CP, so that every layout quantises what one rank would. With the delayed recipe (c.fp8 set) the
 // scales come from the stage's scaling state instead, and each tensor's amax goes to its accumulator
-// (model/fp8_scaling.h); `site` is the layer's linear site (kLinearQkv ..).
+// (model/fp8_scaling.h); `site` is the layer's linear site (kLinearQkv .., or an MoE layer's fp8_expert_site).
 #pragma once
 
 #include "model/cpu/pass_context.h"
