@@ -66,6 +66,8 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   if (moe) {
     F = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F)));
     tokens = sb * expert_rows_per_token(c);
+    // (FP8 on the CUDA engine: each expert's rows start at a multiple of 16, up to 15 rows of padding each)
+    if (c.precision.fp8_format) tokens += 15.0 * static_cast<double>(c.moe.num_experts.value_or(0) / std::max<int64_t>(1, c.parallel.expert_model_parallel_size));
     bytes += 4.0 * sb * static_cast<double>(c.moe.num_experts.value_or(0));  // router logits (fp32)
     bytes += 2 * a * tokens * h / rep;                                        // permuted tokens, the experts' outputs
     bytes += 12.0 * sb * static_cast<double>(c.moe.moe_router_topk);          // the choices, their weights and rows
@@ -75,7 +77,7 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
     const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
     bytes += a * sb * shared * (mult + 1) / t;  // the shared expert's fc1 output(s) and activation output
     if (c.precision.fp8_format) {  // FP8 (tensorwise / blockwise): the GEMM inputs' transposes, 1 byte (blockwise: and their scales)
-      const double xt = sb * (h + n * d / t) + tokens * (h + F / etp) + sb * (h + shared / t);
+      const double xt = sb * (h + n * d / t) + tokens * (h + F / etp) + (shared > 0 ? sb * (h + shared / t) : 0.0);
       bytes += xt * (c.precision.fp8_recipe == "blockwise" ? 1.0 + 4.0 / 128.0 : 1.0);
     }
     return bytes;

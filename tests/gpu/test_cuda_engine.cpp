@@ -466,6 +466,10 @@ void test_fp8_moe() {
   test_moe_training("gpt", "--num-experts 8 --fp8-format hybrid --fp8-recipe blockwise ");
   test_moe_streams("llama", "--fp8-format hybrid --fp8-recipe tensorwise --moe-shared-expert-intermediate-size 128 ");
   test_moe_streams("llama", "--fp8-format hybrid --fp8-recipe blockwise ");
+  // Many experts, top-1, over 256 tokens a microbatch: experts without rows in an iteration's first microbatch that get
+  // rows in its second (their weights cast at the first all the same); with evaluation runs (no x^T kept).
+  test_moe_training("llama", "--num-experts 128 --moe-router-topk 1 --fp8-format hybrid --fp8-recipe tensorwise --eval-iters 2 --eval-interval 10 ");
+  test_moe_training("llama", "--num-experts 64 --moe-router-topk 1 --fp8-format hybrid --fp8-recipe blockwise ");
 }
 
 // Aux-loss-free balancing (--moe-router-enable-expert-bias) on the CUDA model, exactly: biases of +-1 set in the host

@@ -175,9 +175,8 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
   // column-major view the first operand has K rows when tb, the second M rows when ta, else K).
   int64_t plan_M = M, plan_K = K;
   if (varying) {
-    const auto up = [](int64_t x) { return (x + kVaryingBucket - 1) / kVaryingBucket * kVaryingBucket; };
-    if (!ta || up(M) <= lda) plan_M = up(M);
-    if ((!tb || up(K) <= ldb) && (ta || up(K) <= lda)) plan_K = up(K);
+    if (!ta || varying_bucket(M) <= lda) plan_M = varying_bucket(M);
+    if ((!tb || varying_bucket(K) <= ldb) && (ta || varying_bucket(K) <= lda)) plan_K = varying_bucket(K);
   }
   const Key key{ta, tb, plan_M, N, plan_K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), has_bias, static_cast<int>(ep.kind), ep.ld_aux,
                 varying};
@@ -229,8 +228,7 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
                  b_mode == ScaleMode::kTensor)) {
     throw std::logic_error("FP8 GEMM with block scales: both operands in blocks, not both 128 x 128, and no fast accumulation");
   }
-  const auto up = [](int64_t x) { return (x + kVaryingBucket - 1) / kVaryingBucket * kVaryingBucket; };
-  const int64_t plan_M = varying ? up(M) : M, plan_K = varying ? up(K) : K;
+  const int64_t plan_M = varying ? varying_bucket(M) : M, plan_K = varying ? varying_bucket(K) : K;
   const Fp8Key key{plan_M, N, plan_K, ldc, static_cast<int>(a_type), static_cast<int>(b_type), static_cast<int>(c_type), bias != nullptr, fast_accum,
                    static_cast<int>(a_mode), static_cast<int>(b_mode), varying};
   std::unique_lock<std::mutex> lock(mu_);

@@ -40,6 +40,7 @@ class GemmLt {
                int64_t ldb, float beta, void* C, int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type, const void* bias,
                cudaStream_t stream, const GemmEpilogue& epilogue = {}, bool varying = false);
   static constexpr int64_t kVaryingBucket = 256;
+  static int64_t varying_bucket(int64_t x) { return (x + kVaryingBucket - 1) / kVaryingBucket * kVaryingBucket; }
   // FP8 (Hopper): C[M,N] = alpha * (*a_scale) * (*b_scale) * A B^T + beta * C (+ bias, N values of C's type), A [M,K]
   // and B [N,K] row-major FP8 (CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2, not both E5M2): both K-contiguous, the only form
   // Hopper's FP8 tensor cores take; K, N and M multiples of 16. a_scale / b_scale: device pointers to the
@@ -56,7 +57,10 @@ class GemmLt {
                 cudaDataType_t b_type, const float* b_scale, float beta, void* C, int64_t ldc, cudaDataType_t c_type, const void* bias,
                 bool fast_accum, cudaStream_t stream, ScaleMode a_mode = ScaleMode::kTensor, ScaleMode b_mode = ScaleMode::kTensor,
                 bool varying = false);
-  size_t cached_fp8_plans() const { return fp8_plans_.size(); }
+  size_t cached_fp8_plans() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fp8_plans_.size();
+  }
   // Whether cuBLASLt has an algorithm for this GEMM (no bias input) with this epilogue; the plan is created
   // and cached if so. Lets a caller use a fused epilogue only where one exists.
   bool has_algorithm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,

@@ -336,7 +336,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     if (fp8) {
       r.f8_amax = static_cast<float*>(alloc(8 * sizeof(float)));
       const int64_t widths[4] = {h, Hd, h, F};  // the sites' inputs: QKV, projection, fc1, fc2
-      for (int site = 0; D.fp8_wgrad && site < 4; ++site) {  // (--no-fp8-wgrad: the weight gradients read x in bf16)
+      const int sites = dense_mlp ? 4 : 2;  // (an MoE layer's MLP: its experts' own, below)
+      for (int site = 0; D.fp8_wgrad && site < sites; ++site) {  // (--no-fp8-wgrad: the weight gradients read x in bf16)
         act_bytes_ += bytes(widths[site], 1, 1.0);
         r.f8_xt[site] = static_cast<uint8_t*>(alloc(bytes(widths[site], 1, 1.0)));
         if (D.fp8_blockwise) {  // (4 bytes per 128 tokens of a feature)

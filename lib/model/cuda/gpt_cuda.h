@@ -266,6 +266,9 @@ class CudaGPT {
   // FP8 layers (f8 not null: gpt_cuda_moe_fp8.cpp): n is the expert's rows padded to 16 (the FP8 GEMMs' granule), the
   // rows past `real` zero in x (and, for the backward, in dout).
   struct ExpertFp8;
+  void expert_activation(const char* name, int64_t n, int64_t F, const cuda::bf16* fc1_out, cuda::bf16* act, cudaStream_t st);
+  void expert_activation_backward(const char* name, int64_t n, int64_t F, const cuda::bf16* dact, const cuda::bf16* fc1_out, cuda::bf16* dfc1,
+                                  cudaStream_t st);
   void expert_forward(bool shared, int64_t n, int64_t F, const cuda::bf16* x, int64_t w1, int64_t w2, cuda::bf16* fc1_out, cuda::bf16* act,
                       cuda::bf16* out, float beta, cudaStream_t st, int64_t b1 = -1, int64_t b2 = -1, const ExpertFp8* f8 = nullptr,
                       int64_t real = 0);
@@ -294,6 +297,10 @@ class CudaGPT {
   };
   ExpertFp8 expert_fp8(int64_t l, Record& r, int64_t e, int64_t off, int64_t blocks);
   void allocate_expert_fp8_weights();
+  // An expert's weight cast to FP8 (W and W^T, with its scale), at the iteration's first forward; the experts without
+  // rows in that forward are cast too, on the compute stream (a later microbatch, or a recompute, reads their cast).
+  void cast_expert_fp8_weight(const ExpertFp8Weight& wt, int64_t w_off, int64_t out, int64_t in, cudaStream_t st);
+  void cast_idle_expert_fp8_weights(int64_t l, const std::vector<int32_t>& per_expert);
   // One expert GEMM site in FP8: y [n, out] = x [n, in] W^T (+ bias; beta 1: added onto y), x^T kept for the backward;
   // and dx [n, in] = dy W (dx_beta 1: added onto dx) with dW += dy^T x.
   void expert_linear_fp8(const ExpertFp8& f, int site, const char* name, int64_t n, int64_t in, int64_t out, const cuda::bf16* x, int64_t w_off,

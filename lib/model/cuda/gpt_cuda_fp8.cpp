@@ -22,10 +22,6 @@
 
 namespace mt {
 
-namespace {
-cudaDataType_t cuda_type(cuda::Fp8Type t) { return t == cuda::Fp8Type::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
-}  // namespace
-
 void CudaGPT::init_fp8_scaling(StreamCollectives* dp) {
   for (int64_t l = 0; l < L_; ++l) {
     if (!fp8_layer(l)) throw std::logic_error("CUDA model: FP8 delayed scaling with a layer in 16 bits (refused by the validation)");
@@ -169,7 +165,7 @@ void CudaGPT::linear_dgrad(int64_t l, Record& r, int site, const char* name, int
     const auto k = static_cast<size_t>(l * kFp8Sites + site);
     uint8_t* dyt = D_.fp8_wgrad ? s.f8_dyt : nullptr;
     MT_PROF("bwd.fp8_cast", cuda::fp8_quantize_1x128(dy, T, out, grad, s.f8_row, s.f8_row_scale, dyt, dyt ? s.f8_dyt_scale : nullptr, stream_));
-    MT_PROF(name, lt.gemm_fp8(T, in, out, 1.0f, s.f8_row, cuda_type(grad), s.f8_row_scale, f8_wqt_[k], CUDA_R_8F_E4M3, f8_wtscale_[k], 0.0f, dx, in,
+    MT_PROF(name, lt.gemm_fp8(T, in, out, 1.0f, s.f8_row, fp8_data_type(grad), s.f8_row_scale, f8_wqt_[k], CUDA_R_8F_E4M3, f8_wtscale_[k], 0.0f, dx, in,
                               CUDA_R_16BF, nullptr, false, stream_, Mode::kVec128, Mode::kBlock128));
     fp8_dyt_record_ = D_.fp8_wgrad ? &r : nullptr;
     fp8_dyt_site_ = site;
@@ -186,7 +182,7 @@ void CudaGPT::linear_dgrad(int64_t l, Record& r, int site, const char* name, int
     MT_PROF("bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, s.f8_row, D_.fp8_wgrad ? s.f8_dyt : nullptr, s.f8_scalar(3), stream_));
   }
   const auto k = static_cast<size_t>(l * kFp8Sites + site);  // W^T from the iteration's cast (the forward's)
-  MT_PROF(name, lt.gemm_fp8(T, in, out, 1.0f, s.f8_row, cuda_type(grad), s.f8_scalar(3), f8_wqt_[k], CUDA_R_8F_E4M3, f8_winv_ + 64 * k, 0.0f, dx, in,
+  MT_PROF(name, lt.gemm_fp8(T, in, out, 1.0f, s.f8_row, fp8_data_type(grad), s.f8_scalar(3), f8_wqt_[k], CUDA_R_8F_E4M3, f8_winv_ + 64 * k, 0.0f, dx, in,
                             CUDA_R_16BF, nullptr, false, stream_));
   fp8_dyt_record_ = D_.fp8_wgrad ? &r : nullptr;
   fp8_dyt_site_ = site;
@@ -207,7 +203,7 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
     if (fp8_dyt_record_ != &r || fp8_dyt_site_ != site) {  // a deferred weight gradient: dy quantised again (the same bytes)
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_quantize_1x128(dy, T, out, grad, nullptr, nullptr, s.f8_dyt, s.f8_dyt_scale, ws));
     }
-    MT_PROF_ON(ws, name, cuda::GemmLt::instance().gemm_fp8(out, in, T, 1.0f, s.f8_dyt, cuda_type(grad), s.f8_dyt_scale, r.f8_xt[site], CUDA_R_8F_E4M3,
+    MT_PROF_ON(ws, name, cuda::GemmLt::instance().gemm_fp8(out, in, T, 1.0f, s.f8_dyt, fp8_data_type(grad), s.f8_dyt_scale, r.f8_xt[site], CUDA_R_8F_E4M3,
                                                            r.f8_xt_scale[site], 1.0f, g(w_off), in, CUDA_R_32F, nullptr, false, ws, Mode::kVec128,
                                                            Mode::kVec128));
     if (b_off >= 0) MT_PROF_ON(ws, "bwd.bias_grad", cuda::bias_grad_bf16(g(b_off), dy, T, out, ws, dt_));
@@ -222,7 +218,7 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
     }
   }
-  MT_PROF_ON(ws, name, cuda::GemmLt::instance().gemm_fp8(out, in, T, 1.0f, s.f8_dyt, cuda_type(grad), s.f8_scalar(3), r.f8_xt[site], CUDA_R_8F_E4M3,
+  MT_PROF_ON(ws, name, cuda::GemmLt::instance().gemm_fp8(out, in, T, 1.0f, s.f8_dyt, fp8_data_type(grad), s.f8_scalar(3), r.f8_xt[site], CUDA_R_8F_E4M3,
                                                          r.f8_xinv + 64 * site, 1.0f, g(w_off), in, CUDA_R_32F, nullptr, false, ws));
   if (b_off >= 0) MT_PROF_ON(ws, "bwd.bias_grad", cuda::bias_grad_bf16(g(b_off), dy, T, out, ws, dt_));
   fp8_dyt_record_ = nullptr;

@@ -174,7 +174,10 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   // FP8: each expert's rows padded with zero rows to a multiple of 16 (gpt_cuda_moe_fp8.cpp).
   const bool f8 = fp8_layer(l);
-  if (f8) zero_expert_padding(rows, h, r.per_expert, stream_);
+  if (f8) {
+    zero_expert_padding(rows, h, r.per_expert, stream_);
+    cast_idle_expert_fp8_weights(l, r.per_expert);
+  }
   fork_experts();
   int64_t off = 0, busy = 0, blocks = 0;
   for (size_t e = 0; e < r.per_expert.size(); ++e) {
@@ -264,6 +267,19 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
   return true;
 }
 
+// SwiGLU, squared ReLU or GELU of n rows of an expert's fc1 output into act [n, F], and its backward from dact into dfc1.
+void CudaGPT::expert_activation(const char* name, int64_t n, int64_t F, const bf16* fc1_out, bf16* act, cudaStream_t st) {
+  if (D_.swiglu) MT_PROF_ON(st, name, cuda::swiglu_forward_bf16(act, fc1_out, n, F, st, dt_));
+  else if (D_.squared_relu) MT_PROF_ON(st, name, cuda::squared_relu_forward_bf16(act, fc1_out, n * F, st, dt_));
+  else MT_PROF_ON(st, name, cuda::gelu_forward_bf16(act, fc1_out, n * F, st, dt_));
+}
+
+void CudaGPT::expert_activation_backward(const char* name, int64_t n, int64_t F, const bf16* dact, const bf16* fc1_out, bf16* dfc1, cudaStream_t st) {
+  if (D_.swiglu) MT_PROF_ON(st, name, cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, st, dt_));
+  else if (D_.squared_relu) MT_PROF_ON(st, name, cuda::squared_relu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
+  else MT_PROF_ON(st, name, cuda::gelu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
+}
+
 // One expert's MLP over n rows of x: fc1 (+ b1), then SwiGLU, squared ReLU or GELU (GELU in fc1's epilogue) into
 // fc1_out and act, and fc2 (+ b2) into out, with beta 1 accumulating onto what out holds (one rounding of the fp32 sum
 // to 16 bits; the shared expert, which has no biases). `shared`: the shared expert's profile names.
@@ -276,9 +292,7 @@ void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, i
   const char* fc2_name = shared ? "fwd.moe.shared.gemm.fc2" : "fwd.moe.gemm.fc2";
   if (f8) {  // (GELU apart from the FP8 GEMM, as the dense FP8 layers run it)
     expert_linear_fp8(*f8, 0, fc1_name, n, h, F1, x, w1, w(b1), 0.0f, fc1_out, st);
-    if (D_.swiglu) MT_PROF_ON(st, act_name, cuda::swiglu_forward_bf16(act, fc1_out, n, F, st, dt_));
-    else if (D_.squared_relu) MT_PROF_ON(st, act_name, cuda::squared_relu_forward_bf16(act, fc1_out, n * F, st, dt_));
-    else MT_PROF_ON(st, act_name, cuda::gelu_forward_bf16(act, fc1_out, n * F, st, dt_));
+    expert_activation(act_name, n, F, fc1_out, act, st);
     // The padding rows' activations: act(b1) with biases, zero without; zero either way, so that fc2's amax is the rows'.
     if (b1 >= 0 && real < n) MT_CUDA_CHECK(cudaMemsetAsync(act + real * F, 0, static_cast<size_t>((n - real) * F) * 2, st));
     expert_linear_fp8(*f8, 1, fc2_name, n, F, h, act, w2, w(b2), beta, out, st);
@@ -286,8 +300,7 @@ void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, i
   }
   if (D_.swiglu || D_.squared_relu) {
     MT_PROF_ON(st, fc1_name, lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, w(b1), st, {}, !shared));
-    if (D_.swiglu) MT_PROF_ON(st, act_name, cuda::swiglu_forward_bf16(act, fc1_out, n, F, st, dt_));
-    else MT_PROF_ON(st, act_name, cuda::squared_relu_forward_bf16(act, fc1_out, n * F, st, dt_));
+    expert_activation(act_name, n, F, fc1_out, act, st);
   } else {
     MT_PROF_ON(st, fc1_name,
                lt.gemm_ex(false, true, n, F, h, 1.0f, x, h, w(w1), h, 0.0f, act, F, ab_, ab_, w(b1), st, {cuda::GemmEpilogue::kGeluAux, fc1_out, F},
@@ -307,9 +320,7 @@ void CudaGPT::expert_backward(bool shared, int64_t n, int64_t F, const bf16* dou
     const char* act_name = shared ? "bwd.moe.shared.activation" : "bwd.moe.activation";
     expert_linear_fp8_backward(*f8, 1, dgrad_name, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", n, F, h, dout, w2, 0.0f, dact,
                                st);
-    if (D_.swiglu) MT_PROF_ON(st, act_name, cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, st, dt_));
-    else if (D_.squared_relu) MT_PROF_ON(st, act_name, cuda::squared_relu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
-    else MT_PROF_ON(st, act_name, cuda::gelu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
+    expert_activation_backward(act_name, n, F, dact, fc1_out, dfc1, st);
     expert_linear_fp8_backward(*f8, 0, shared ? "bwd.moe.shared.gemm.fc1_dgrad" : "bwd.moe.gemm.fc1_dgrad",
                                shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", n, h, F1, dfc1, w1, din_beta, din, st);
     return;
@@ -323,8 +334,7 @@ void CudaGPT::expert_backward(bool shared, int64_t n, int64_t F, const bf16* dou
   }
   wgrad_with_bias(st, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", h, n, dout, act, F, w2, -1, !shared);
   const char* act_name = shared ? "bwd.moe.shared.activation" : "bwd.moe.activation";
-  if (D_.swiglu) MT_PROF_ON(st, act_name, cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, st, dt_));
-  else if (D_.squared_relu) MT_PROF_ON(st, act_name, cuda::squared_relu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
+  if (D_.swiglu || D_.squared_relu) expert_activation_backward(act_name, n, F, dact, fc1_out, dfc1, st);
   MT_PROF_ON(st, shared ? "bwd.moe.shared.gemm.fc1_dgrad" : "bwd.moe.gemm.fc1_dgrad",
              lt.gemm_ex(false, false, n, h, F1, 1.0f, dfc1, F1, w(w1), h, din_beta, din, h, ab_, ab_, nullptr, st, {}, !shared));
   wgrad_with_bias(st, shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", F1, n, dfc1, x, h, w1, -1, !shared);

@@ -23,7 +23,6 @@
 namespace mt {
 
 namespace {
-cudaDataType_t fp8_type(cuda::Fp8Type t) { return t == cuda::Fp8Type::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 int64_t pad4(int64_t n) { return (n + 3) / 4 * 4; }
 int64_t row_blocks(int64_t width) { return (width + cuda::kFp8BlockSize - 1) / cuda::kFp8BlockSize; }
 }  // namespace
@@ -90,16 +89,37 @@ void CudaGPT::zero_expert_padding(bf16* buf, int64_t width, const std::vector<in
   }
 }
 
+void CudaGPT::cast_expert_fp8_weight(const ExpertFp8Weight& wt, int64_t w_off, int64_t out, int64_t in, cudaStream_t st) {
+  const auto e4m3 = cuda::Fp8Type::kE4M3;
+  if (D_.fp8_blockwise) {
+    MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_quantize_128x128(w(w_off), out, in, e4m3, wt.wq, wt.scale, wt.wqt, wt.tscale, st));
+    return;
+  }
+  MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_amax(w(w_off), out * in, wt.inv + 1, st));
+  MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast(w(w_off), out, in, wt.inv + 1, e4m3, wt.wq, wt.wqt, wt.inv, st));
+}
+
+void CudaGPT::cast_idle_expert_fp8_weights(int64_t l, const std::vector<int32_t>& per_expert) {
+  if (!f8_forward_casts_weights_) return;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  const int64_t E = experts_, h = D_.h, F1 = D_.swiglu ? 2 * F_moe_ : F_moe_;
+  for (size_t e = 0; e < per_expert.size(); ++e) {
+    if (per_expert[e] > 0) continue;
+    const auto at = static_cast<size_t>((l * (E + 1) + static_cast<int64_t>(e)) * 2);
+    cast_expert_fp8_weight(f8_expert_w_[at], lw.expert_fc1[e], F1, h, stream_);
+    cast_expert_fp8_weight(f8_expert_w_[at + 1], lw.expert_fc2[e], h, F_moe_, stream_);
+  }
+}
+
 void CudaGPT::expert_linear_fp8(const ExpertFp8& f, int site, const char* name, int64_t n, int64_t in, int64_t out, const bf16* x, int64_t w_off,
                                 const bf16* bias, float beta, bf16* y, cudaStream_t st) {
   using Mode = cuda::GemmLt::ScaleMode;
   auto& lt = cuda::GemmLt::instance();
   const auto e4m3 = cuda::Fp8Type::kE4M3;
   const ExpertFp8Weight& wt = *f.w[site];
-  const bool cast_w = f8_forward_casts_weights_;  // (else this iteration's cast, kept)
+  if (f8_forward_casts_weights_) cast_expert_fp8_weight(wt, w_off, out, in, st);  // (else this iteration's cast, kept)
   if (D_.fp8_blockwise) {
     MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_quantize_1x128(x, n, in, e4m3, f.row, f.row_scale, f.xt[site], f.xt_scale[site], st));
-    if (cast_w) MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_quantize_128x128(w(w_off), out, in, e4m3, wt.wq, wt.scale, wt.wqt, wt.tscale, st));
     MT_PROF_ON(st, name, lt.gemm_fp8(n, out, in, 1.0f, f.row, CUDA_R_8F_E4M3, f.row_scale, wt.wq, CUDA_R_8F_E4M3, wt.scale, beta, y, out, CUDA_R_16BF,
                                      bias, false, st, Mode::kVec128, Mode::kBlock128, true));
     return;
@@ -107,10 +127,6 @@ void CudaGPT::expert_linear_fp8(const ExpertFp8& f, int site, const char* name, 
   float* amax_x = f.scalars;
   MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_amax(x, n * in, amax_x, st));
   MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast(x, n, in, amax_x, e4m3, f.row, f.xt[site], f.xinv[site], st));
-  if (cast_w) {
-    MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_amax(w(w_off), out * in, wt.inv + 1, st));
-    MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast(w(w_off), out, in, wt.inv + 1, e4m3, wt.wq, wt.wqt, wt.inv, st));
-  }
   MT_PROF_ON(st, name, lt.gemm_fp8(n, out, in, 1.0f, f.row, CUDA_R_8F_E4M3, f.xinv[site], wt.wq, CUDA_R_8F_E4M3, wt.inv, beta, y, out, CUDA_R_16BF, bias,
                                    true, st, Mode::kTensor, Mode::kTensor, true));
 }
@@ -124,18 +140,18 @@ void CudaGPT::expert_linear_fp8_backward(const ExpertFp8& f, int site, const cha
   const auto grad = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3;
   if (D_.fp8_blockwise) {
     MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_quantize_1x128(dy, n, out, grad, f.row, f.row_scale, f.dyt, f.dyt_scale, st));
-    MT_PROF_ON(st, dgrad_name, lt.gemm_fp8(n, in, out, 1.0f, f.row, fp8_type(grad), f.row_scale, wt.wqt, CUDA_R_8F_E4M3, wt.tscale, dx_beta, dx, in,
+    MT_PROF_ON(st, dgrad_name, lt.gemm_fp8(n, in, out, 1.0f, f.row, fp8_data_type(grad), f.row_scale, wt.wqt, CUDA_R_8F_E4M3, wt.tscale, dx_beta, dx, in,
                                            CUDA_R_16BF, nullptr, false, st, Mode::kVec128, Mode::kBlock128, true));
-    MT_PROF_ON(st, wgrad_name, lt.gemm_fp8(out, in, n, 1.0f, f.dyt, fp8_type(grad), f.dyt_scale, f.xt[site], CUDA_R_8F_E4M3, f.xt_scale[site], 1.0f,
+    MT_PROF_ON(st, wgrad_name, lt.gemm_fp8(out, in, n, 1.0f, f.dyt, fp8_data_type(grad), f.dyt_scale, f.xt[site], CUDA_R_8F_E4M3, f.xt_scale[site], 1.0f,
                                            g(w_off), in, CUDA_R_32F, nullptr, false, st, Mode::kVec128, Mode::kVec128, true));
     return;
   }
   float *amax_dy = f.scalars + 64, *dy_inv = f.scalars + 128;
   MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_amax(dy, n * out, amax_dy, st));
   MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_cast(dy, n, out, amax_dy, grad, f.row, f.dyt, dy_inv, st));
-  MT_PROF_ON(st, dgrad_name, lt.gemm_fp8(n, in, out, 1.0f, f.row, fp8_type(grad), dy_inv, wt.wqt, CUDA_R_8F_E4M3, wt.inv, dx_beta, dx, in, CUDA_R_16BF,
+  MT_PROF_ON(st, dgrad_name, lt.gemm_fp8(n, in, out, 1.0f, f.row, fp8_data_type(grad), dy_inv, wt.wqt, CUDA_R_8F_E4M3, wt.inv, dx_beta, dx, in, CUDA_R_16BF,
                                          nullptr, false, st, Mode::kTensor, Mode::kTensor, true));
-  MT_PROF_ON(st, wgrad_name, lt.gemm_fp8(out, in, n, 1.0f, f.dyt, fp8_type(grad), dy_inv, f.xt[site], CUDA_R_8F_E4M3, f.xinv[site], 1.0f, g(w_off), in,
+  MT_PROF_ON(st, wgrad_name, lt.gemm_fp8(out, in, n, 1.0f, f.dyt, fp8_data_type(grad), dy_inv, f.xt[site], CUDA_R_8F_E4M3, f.xinv[site], 1.0f, g(w_off), in,
                                          CUDA_R_32F, nullptr, false, st, Mode::kTensor, Mode::kTensor, true));
 }
 

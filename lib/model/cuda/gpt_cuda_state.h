@@ -10,6 +10,8 @@
 namespace mt {
 
 using cuda::bf16;
+// cuBLASLt's type of an FP8 operand.
+inline cudaDataType_t fp8_data_type(cuda::Fp8Type t) { return t == cuda::Fp8Type::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 struct CudaGPT::LayerW {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
