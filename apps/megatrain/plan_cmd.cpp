@@ -119,17 +119,21 @@ int run_plan(int argc, char** argv) {
   const bool moe = cfg.moe.num_experts.has_value();
   const RankLayout layout = RankLayout::from_config(cfg, world);
 
+  int64_t moe_layers = 0;
+  if (moe) {
+    for (bool m : moe_layer_pattern(cfg)) moe_layers += m ? 1 : 0;
+  }
+  // (a model whose every layer is an MoE layer has no dense MLP: its --ffn-hidden-size is not used)
+  const std::string ffn = moe_layers == *cfg.model.num_layers ? std::string("MLP") : "ffn " + std::to_string(*cfg.model.ffn_hidden_size);
   std::printf("megatrain plan\n");
-  std::printf("model: %lld layers, hidden %lld, %lld heads (%lld query groups, head dim %lld), ffn %lld%s, %s, %s, vocab %lld (padded %lld), seq %lld\n",
+  std::printf("model: %lld layers, hidden %lld, %lld heads (%lld query groups, head dim %lld), %s%s, %s, %s, vocab %lld (padded %lld), seq %lld\n",
               static_cast<long long>(*cfg.model.num_layers), static_cast<long long>(*cfg.model.hidden_size),
               static_cast<long long>(*cfg.model.num_attention_heads), static_cast<long long>(d.num_query_groups),
-              static_cast<long long>(*cfg.model.kv_channels), static_cast<long long>(*cfg.model.ffn_hidden_size),
+              static_cast<long long>(*cfg.model.kv_channels), ffn.c_str(),
               cfg.model.swiglu ? " SwiGLU" : " GELU", cfg.model.normalization.c_str(),
               cfg.model.position_embedding_type.c_str(), static_cast<long long>(d.vocab_size),
               static_cast<long long>(d.padded_vocab_size), static_cast<long long>(*cfg.data.seq_length));
   if (moe) {
-    int64_t moe_layers = 0;
-    for (bool m : moe_layer_pattern(cfg)) moe_layers += m ? 1 : 0;
     std::printf("moe: %lld experts, top-%lld, expert ffn %lld, %lld of %lld layers MoE (--moe-layer-freq %s)\n",
                 static_cast<long long>(*cfg.moe.num_experts), static_cast<long long>(cfg.moe.moe_router_topk),
                 static_cast<long long>(cfg.moe.moe_ffn_hidden_size.value_or(0)), static_cast<long long>(moe_layers),

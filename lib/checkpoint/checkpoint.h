@@ -59,8 +59,9 @@ struct Snapshot {
   std::string config_yaml, layout_json;
   int64_t vocab_size = 0;
   // FP8's delayed-scaling state (model/fp8_scaling.h), one piece per FP8 layer ("decoder.layers.N.fp8_scaling",
-  // [4 sites, 3 tensors, 1 + history length]: the scale, then the amax history), written by one rank per pipeline
-  // stage; metadata.json lists them under "fp8_scaling", apart from the model's tensors.
+  // [4 sites, 3 tensors, 1 + history length]: the scale, then the amax history) and for an MoE layer one more for its
+  // experts' sites ("decoder.layers.N.mlp.experts.fp8_scaling", [2 x experts, 3, 1 + history length]), written by one
+  // rank per pipeline stage; metadata.json lists them under "fp8_scaling", apart from the model's tensors.
   std::vector<Piece> fp8_scaling;
 };
 

@@ -342,11 +342,15 @@ std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> st
     out << "\n";
   }
   if (m.contains("fp8_scaling")) {
-    int64_t history = 0, layers = 0, experts = 0;
+    int64_t history = 0, layers = 0, moe_layers = 0, experts = 0;
     for (const auto& [name, t] : m["fp8_scaling"].items()) {
       history = t["global_shape"].back().get<int64_t>() - 1;
-      if (name.find(".mlp.experts.") != std::string::npos) experts += t["global_shape"].front().get<int64_t>() / 2;
-      else ++layers;
+      if (name.find(".mlp.experts.") != std::string::npos) {
+        experts += t["global_shape"].front().get<int64_t>() / 2;
+        ++moe_layers;
+      } else {
+        ++layers;
+      }
       for (const auto& pc : t["shards"]) {
         bytes += pc["bytes"].get<int64_t>();
         ++pieces;
@@ -354,7 +358,7 @@ std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> st
       }
     }
     out << "FP8 delayed scaling: the scales and amax histories (" << history << " entries) of " << layers << " layers";
-    if (experts > 0) out << " and " << experts << " experts (in their MoE layers)";
+    if (experts > 0) out << ", with the experts of " << moe_layers << " MoE layers (" << experts << " in all)";
     out << "\n";
   }
   out << total << " parameters, " << pieces << " pieces, " << bytes << " bytes in " << o.dir.string() << "\n";

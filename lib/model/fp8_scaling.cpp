@@ -11,7 +11,7 @@ Fp8ScalingState::Fp8ScalingState(const Fp8DelayedRecipe& r, std::vector<int64_t>
   experts.resize(layers.size(), 0);
   for (int64_t e : experts) {
     first.push_back(n_slots_);
-    n_slots_ += kFp8Sites + 2 * e;
+    n_slots_ += layer_sites(e);
   }
   const auto n = static_cast<size_t>(slots());
   scale.assign(3 * n, 1.0f);
@@ -34,7 +34,7 @@ std::vector<float> Fp8ScalingState::layer_state(int64_t index) const {
   const int64_t E = experts[static_cast<size_t>(index)];
   std::vector<float> out;
   out.reserve(static_cast<size_t>(fp8_layer_state_size(len, E)));
-  for (int site = 0; site < kFp8Sites + 2 * E; ++site) {
+  for (int site = 0; site < layer_sites(E); ++site) {
     const int64_t slot = this->slot(index, site);
     for (int k = 0; k < 3; ++k) {
       out.push_back(scale[static_cast<size_t>(k * n + slot)]);
@@ -49,7 +49,7 @@ bool Fp8ScalingState::set_layer_state(int64_t index, const std::vector<float>& d
   if (saved_len < 1 || static_cast<int64_t>(data.size()) != fp8_layer_state_size(saved_len, E)) return false;
   const int64_t n = slots(), len = recipe.history_len;
   size_t at = 0;
-  for (int site = 0; site < kFp8Sites + 2 * E; ++site) {
+  for (int site = 0; site < layer_sites(E); ++site) {
     const int64_t slot = this->slot(index, site);
     for (int k = 0; k < 3; ++k) {
       scale[static_cast<size_t>(k * n + slot)] = data[at];

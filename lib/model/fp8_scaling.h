@@ -1,7 +1,8 @@
 // fp8_scaling.h: Transformer Engine's delayed FP8 scaling (Megatron's default --fp8-recipe delayed), the state and
 // its update rule, shared by both engines and the checkpoints.
 //
-// Each FP8 layer's four linear sites (QKV, projection, fc1, fc2) have three scaled tensors: the input and the weight
+// Each FP8 layer's four linear sites (QKV, projection, fc1, fc2; an MoE layer's experts' fc1 and fc2 after them, two
+// sites an expert, the shared expert's the layer's fc1 and fc2) have three scaled tensors: the input and the weight
 // (forward, E4M3) and the output gradient (backward, E5M2 under hybrid). Each has a scale and an amax history of
 // --fp8-amax-history-len entries, entry 0 accumulating (max) the amax of every cast since the last update. A cast
 // quantises with the scale as it stands (x * scale rounded and saturated), it does not wait for its own amax:
@@ -98,6 +99,7 @@ struct Fp8ScalingState {
   Fp8ScalingState(const Fp8DelayedRecipe& r, std::vector<int64_t> fp8_layers, std::vector<int64_t> layer_experts = {});
   int64_t slots() const { return n_slots_; }
   int64_t slot(int64_t index, int site) const { return first[static_cast<size_t>(index)] + site; }
+  static int64_t layer_sites(int64_t experts) { return kFp8Sites + 2 * experts; }  // a layer's sites
   float* scales(int kind) { return scale.data() + kind * slots(); }
   const float* scales(int kind) const { return scale.data() + kind * slots(); }
   float* amax_accumulator(int kind) { return history.data() + kind * slots(); }
@@ -115,6 +117,6 @@ struct Fp8ScalingState {
 };
 
 // The saved state's length of one layer's entry for a history of `len` (an MoE layer: with its experts' sites).
-inline int64_t fp8_layer_state_size(int64_t len, int64_t experts = 0) { return (kFp8Sites + 2 * experts) * 3 * (1 + len); }
+inline int64_t fp8_layer_state_size(int64_t len, int64_t experts = 0) { return Fp8ScalingState::layer_sites(experts) * 3 * (1 + len); }
 
 }  // namespace mt

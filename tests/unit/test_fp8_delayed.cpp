@@ -163,7 +163,7 @@ TEST_CASE("fp8 delayed: a CPU run resumed from its checkpoint goes on exactly as
       CHECK(st->scales(mt::kFp8GradOutput)[st->slot(0, mt::fp8_expert_site(3, true))] != 1.0f);
     }
     const std::string info = mt::inspect_checkpoint(dir.string(), std::nullopt, true);
-    CHECK_THAT(info, MT_CONTAINS(moe ? "FP8 delayed scaling: the scales and amax histories (4 entries) of 2 layers and 8 experts"
+    CHECK_THAT(info, MT_CONTAINS(moe ? "FP8 delayed scaling: the scales and amax histories (4 entries) of 2 layers, with the experts of 2 MoE layers (8 in all)"
                                      : "FP8 delayed scaling: the scales and amax histories (4 entries) of 2 layers\n"));
     mt::Config more = tiny_delayed(6, "", moe);
     more.checkpoint.load = dir.string();
