@@ -13,7 +13,8 @@ bad() {  # bad NAME PATTERN -- command...: rc 1 or 2 (not a signal), the pattern
   local out rc start=$SECONDS
   out=$(timeout 10 "$@" 2>&1); rc=$?
   local line
-  line=$(grep -m1 'error' <<<"$out")
+  # (megatrain's own line first: under mpirun, MPI's abort banner, which also says "errorcode", may come before it)
+  line=$(grep -m1 'megatrain: error' <<<"$out" || grep -m1 'error' <<<"$out")
   if [[ $rc -ne 1 && $rc -ne 2 ]] || ! grep -qE -- "$pat" <<<"$line" || ((SECONDS - start > 5)); then
     echo "FAIL $name: rc=$rc, $((SECONDS - start)) s, want '$pat' in:"; echo "$out" | tail -5; fails=$((fails + 1))
   else
