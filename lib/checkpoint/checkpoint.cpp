@@ -295,6 +295,10 @@ void CheckpointSaver::save(std::unique_ptr<Snapshot> snap) {
   });
 }
 
+std::string fp8_scaling_piece(int64_t layer, bool experts) {
+  return "decoder.layers." + std::to_string(layer) + (experts ? ".mlp.experts.fp8_scaling" : ".fp8_scaling");
+}
+
 void add_fp8_scaling(Snapshot& snap, const std::map<int64_t, std::vector<float>>& layers, int64_t history_len) {
   const auto site_size = static_cast<size_t>(3 * (1 + history_len));
   for (const auto& [layer, data] : layers) {
@@ -302,11 +306,11 @@ void add_fp8_scaling(Snapshot& snap, const std::map<int64_t, std::vector<float>>
     // (expert e's fc1 then fc2), by global expert.
     const size_t dense = kFp8Sites * site_size;
     const std::vector<int64_t> shape{kFp8Sites, 3, 1 + history_len};
-    snap.fp8_scaling.push_back({"decoder.layers." + std::to_string(layer) + ".fp8_scaling", "fp8_scaling", shape, shape, -1, 0, 1, 0,
+    snap.fp8_scaling.push_back({fp8_scaling_piece(layer, false), "fp8_scaling", shape, shape, -1, 0, 1, 0,
                                 static_cast<int64_t>(dense), std::vector<float>(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(dense))});
     if (data.size() > dense) {
       const std::vector<int64_t> experts{static_cast<int64_t>((data.size() - dense) / site_size), 3, 1 + history_len};
-      snap.fp8_scaling.push_back({"decoder.layers." + std::to_string(layer) + ".mlp.experts.fp8_scaling", "fp8_scaling", experts, experts, -1, 0, 1,
+      snap.fp8_scaling.push_back({fp8_scaling_piece(layer, true), "fp8_scaling", experts, experts, -1, 0, 1,
                                   0, static_cast<int64_t>(data.size() - dense),
                                   std::vector<float>(data.begin() + static_cast<std::ptrdiff_t>(dense), data.end())});
     }

@@ -66,6 +66,8 @@ struct Snapshot {
 };
 
 // Adds `layers` (global layer -> its Fp8ScalingState::layer_state) to the snapshot.
+// The names of a layer's delayed-scaling pieces: its four sites', or (experts) its MoE experts' sites'.
+std::string fp8_scaling_piece(int64_t layer, bool experts);
 void add_fp8_scaling(Snapshot& snap, const std::map<int64_t, std::vector<float>>& layers, int64_t history_len);
 // The saved FP8 scaling state of each of `layers` found in the checkpoint (empty: none saved) and the saved history
 // length in *history_len.

@@ -277,7 +277,7 @@ std::map<int64_t, std::vector<float>> load_fp8_scaling(const std::string& dir, s
   if (!o.meta.contains("fp8_scaling")) return out;
   const json& saved = o.meta["fp8_scaling"];
   for (int64_t layer : layers) {
-    const std::string name = "decoder.layers." + std::to_string(layer) + ".fp8_scaling";
+    const std::string name = fp8_scaling_piece(layer, false);
     if (!saved.contains(name)) continue;
     const auto shape = saved[name]["global_shape"].get<std::vector<int64_t>>();
     if (shape.size() != 3 || shape[0] != kFp8Sites || shape[1] != 3 || shape[2] < 2) {
@@ -286,7 +286,7 @@ std::map<int64_t, std::vector<float>> load_fp8_scaling(const std::string& dir, s
     *history_len = shape[2] - 1;
     out[layer] = read_piece(o.dir, saved[name]["shards"].at(0));
     // An MoE layer's experts' sites, after the layer's (add_fp8_scaling).
-    const std::string experts = "decoder.layers." + std::to_string(layer) + ".mlp.experts.fp8_scaling";
+    const std::string experts = fp8_scaling_piece(layer, true);
     if (saved.contains(experts)) {
       const auto eshape = saved[experts]["global_shape"].get<std::vector<int64_t>>();
       if (eshape.size() != 3 || eshape[0] % 2 != 0 || eshape[1] != 3 || eshape[2] != shape[2]) {

@@ -152,9 +152,9 @@ void restore_fp8_scaling(const Config& cfg, Fp8ScalingState& state, bool lead) {
   const auto saved = load_fp8_scaling(*ck.load, ck.ckpt_step, state.layers, &saved_len);
   size_t restored = 0;
   for (const auto& [layer, data] : saved) {
-    if (!state.set_layer_state(state.index_of(layer), data, saved_len)) {
-      const int64_t index = state.index_of(layer);
-      const int64_t experts = index >= 0 ? state.experts[static_cast<size_t>(index)] : 0;
+    const int64_t index = state.index_of(layer);  // (load_fp8_scaling reads this state's layers only)
+    if (!state.set_layer_state(index, data, saved_len)) {
+      const int64_t experts = state.experts[static_cast<size_t>(index)];
       throw DataError(*ck.load + ": the FP8 scaling state of layer " + std::to_string(layer) + " has " + std::to_string(data.size()) +
                       " values, not " + std::to_string(fp8_layer_state_size(saved_len, experts)) +
                       (experts > 0 ? " (its " + std::to_string(experts) + " experts' too)" : std::string()) +

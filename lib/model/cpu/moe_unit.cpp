@@ -63,12 +63,13 @@ void experts_forward(const PassContext& c, const LayerParams& ly, MoeUnit::Stash
     const int64_t n = A.per_expert[j];
     const LayerParams::Expert& ex = ly.experts[j];
     if (n > 0 || fp8) {
+      const int fc1_site = fp8_expert_site(static_cast<int64_t>(j), false), fc2_site = fp8_expert_site(static_cast<int64_t>(j), true);
       float* fc1 = A.fc1.data() + off * fc1_out;
       float* act = A.act.data() + off * F;
-      if (fp8) linear_unit_forward(c, ly.layer, fp8_expert_site(static_cast<int64_t>(j), false), A.fc1_lin[j], fc1, A.rows.data() + off * h, ex.fc1_w, ex.fc1_b, n, h, fc1_out);
+      if (fp8) linear_unit_forward(c, ly.layer, fc1_site, A.fc1_lin[j], fc1, A.rows.data() + off * h, ex.fc1_w, ex.fc1_b, n, h, fc1_out);
       else linear_forward(fc1, A.rows.data() + off * h, c.P(ex.fc1_w), ex.fc1_b != kNoParam ? c.P(ex.fc1_b) : nullptr, n, h, fc1_out);
       mlp_activation_forward(D, act, fc1, n, F);
-      if (fp8) linear_unit_forward(c, ly.layer, fp8_expert_site(static_cast<int64_t>(j), true), A.fc2_lin[j], y.data() + off * h, act, ex.fc2_w, ex.fc2_b, n, F, h);
+      if (fp8) linear_unit_forward(c, ly.layer, fc2_site, A.fc2_lin[j], y.data() + off * h, act, ex.fc2_w, ex.fc2_b, n, F, h);
       else linear_forward(y.data() + off * h, act, c.P(ex.fc2_w), ex.fc2_b != kNoParam ? c.P(ex.fc2_b) : nullptr, n, F, h);
     }
     off += n;
@@ -90,9 +91,10 @@ void experts_backward_fp8(const PassContext& c, const LayerParams& ly, MoeUnit::
     float* da = dact.data() + off * F;
     float* df = dfc1.data() + off * fc1_out;
     const float* fc1 = A.fc1.data() + off * fc1_out;
-    linear_unit_backward(c, ly.layer, fp8_expert_site(static_cast<int64_t>(j), true), A.fc2_lin[j], da, dy.data() + off * h, ex.fc2_w, ex.fc2_b, A.act.data() + off * F, n, F, h);
+    const int fc1_site = fp8_expert_site(static_cast<int64_t>(j), false), fc2_site = fp8_expert_site(static_cast<int64_t>(j), true);
+    linear_unit_backward(c, ly.layer, fc2_site, A.fc2_lin[j], da, dy.data() + off * h, ex.fc2_w, ex.fc2_b, A.act.data() + off * F, n, F, h);
     mlp_activation_backward(D, df, da, fc1, n, F);
-    linear_unit_backward(c, ly.layer, fp8_expert_site(static_cast<int64_t>(j), false), A.fc1_lin[j], dx.data() + off * h, df, ex.fc1_w, ex.fc1_b, A.rows.data() + off * h, n, h, fc1_out);
+    linear_unit_backward(c, ly.layer, fc1_site, A.fc1_lin[j], dx.data() + off * h, df, ex.fc1_w, ex.fc1_b, A.rows.data() + off * h, n, h, fc1_out);
     off += n;
   }
 }
