@@ -56,14 +56,14 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   BIAS="--num-experts 4 --moe-router-topk 2 --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2"
   SQ="--squared-relu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
   # (and MoE with GPT's biases, the router's and the experts', and squared ReLU experts; and Qwen's QKV biases alone, recomputed; and MoE in fp16;
-  # and FP8 in MoE layers, tensorwise and blockwise: the experts' casts, padding rows and FP8 GEMMs, a shared expert, recomputed)
+  # and FP8 in MoE layers, tensorwise, blockwise and delayed: the experts' casts, padding rows and FP8 GEMMs, their scaling slots, a shared expert, recomputed)
   MOEB="--num-experts 8 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --squared-relu"
   SEQ="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-router-load-balancing-type seq_aux_loss"
   GLOBAL="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-router-load-balancing-type global_aux_loss"
   for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L" "--bf16 $L $M" "--bf16 $L $F8" "--bf16 $F8" "--bf16 $L $F8D" "--bf16 $L $OFF" \
                "--bf16 $L $F8B" "--bf16 $L $DOC" "--bf16 $L $DROP" "--bf16 $SQ $F8" "--bf16 $L $SEQ --rotary-interleaved" "--bf16 $L $GLOBAL" \
                "--bf16 $L $BIAS" "--bf16 $L $CAP" "--bf16 $MOEB" "--bf16 $L --add-qkv-bias" "--fp16 --initial-loss-scale 1024 $L $M" \
-               "--bf16 $L $M $F8" "--bf16 $L $M $F8B"; do
+               "--bf16 $L $M $F8" "--bf16 $L $M $F8B" "--bf16 $L $M $F8D"; do
     # shellcheck disable=SC2086
     out=$(compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S $extra 2>&1) || {
       echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck"; exit 1; }

@@ -36,10 +36,9 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   // linear, as Megatron's TEGroupedMLP uses it), amaxes reduced over TP (= expert-TP) and CP as the dense layers'.
   if (pr.fp8_format && c.moe.num_experts) {
     const int64_t etp = p.expert_tensor_parallel_size.value_or(p.tensor_model_parallel_size);
-    // (The CUDA engine's own gaps, FP8 MoE with EP and delayed scaling there, are cuda_engine_gaps': --device auto then
-    // trains on the CPU engine.)
-    // Delayed scaling: each expert's sites with scales and amax histories of their own (model/fp8_scaling.h), on the
-    // CPU engine; not under EP, where Megatron's amax reduction over DP would fold other ranks' experts into each slot.
+    // (The CUDA engine's own gap, FP8 MoE with EP, is cuda_engine_gaps': --device auto then trains on the CPU engine.)
+    // Delayed scaling: each expert's sites with scales and amax histories of their own (model/fp8_scaling.h), on both
+    // engines; not under EP, where Megatron's amax reduction over DP would fold other ranks' experts into each slot.
     no(pr.fp8_recipe == "delayed" && p.expert_model_parallel_size > 1,
        "--fp8-recipe delayed in MoE layers with expert parallelism is not implemented (the amax histories are kept per local expert, and "
        "the reduction over data parallelism would mix other ranks' experts): use --fp8-recipe tensorwise or blockwise, or drop "
@@ -289,13 +288,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     // instead of 1 / DP.
     no(c.precision.fp16 && ep, "expert parallelism in fp16 is not implemented on the CUDA engine: use --bf16, or --device cpu");
     no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
-    // FP8 in MoE layers (gpt_cuda_moe_fp8.cpp: each expert's GEMMs, its rows padded to 16), tensorwise or blockwise, on one rank's experts.
+    // FP8 in MoE layers (gpt_cuda_moe_fp8.cpp: each expert's GEMMs, its rows padded to 16), with any recipe, on one rank's experts.
     if (c.precision.fp8_format) {
       no(ep, "FP8 in MoE layers with expert parallelism is not implemented on the CUDA engine (each expert's FP8 rows are padded on "
              "the rank that routes them): use --device cpu, or drop --fp8-format");
-      no(c.precision.fp8_recipe == "delayed",
-         "FP8 delayed scaling (--fp8-recipe delayed, the default recipe) in MoE layers is not implemented on the CUDA engine yet (each "
-         "expert's amax histories on the device): add --fp8-recipe tensorwise or blockwise, or use --device cpu");
     }
     no(!c.model.disable_bias_linear && *m.num_experts % 8 != 0,
        "MoE layers with biases on the CUDA engine need --num-experts to be a multiple of 8 (the router's bias keeps the next parameter "

@@ -23,6 +23,7 @@
 
 #include "device_buffers.h"
 #include "gpu_check.h"
+#include "checkpoint/checkpoint.h"
 #include "config/cli.h"
 #include "config/resolve.h"
 #include "data/indexed_dataset.h"
@@ -447,6 +448,83 @@ void test_moe_streams(const std::string& model, const std::string& extra) {
   }
 }
 
+// FP8 delayed scaling in MoE layers: after 3 iterations the CUDA engine's scales and amax histories (every expert's
+// site, the shared expert's and the dense layers') follow the CPU engine's, read back from each engine's checkpoint. The
+// amaxes are of bf16 activations and gradients on one side and fp32 ones on the other, so they agree to a few percent,
+// not bits; a site that one engine recorded and the other did not (an amax 0 against one that is not) fails.
+void test_fp8_moe_scaling_state(const std::string& extra) {
+  const std::string name = "MoE FP8 delayed-scaling state against the CPU engine's " + extra;
+  char tmpl_cpu[] = "/tmp/megatrain-fp8moe-cpu-XXXXXX", tmpl_gpu[] = "/tmp/megatrain-fp8moe-gpu-XXXXXX";
+  const std::string dir_cpu = mkdtemp(tmpl_cpu), dir_gpu = mkdtemp(tmpl_gpu);
+  try {
+    const std::string base = std::string(kMoe) + extra + "--train-iters 3 --save-interval 3 ";
+    mt::TrainOptions quiet{true, 0};
+    mt::train(make_config("llama", base + "--save " + dir_cpu + " "), mt::ProcessGroups::single(), quiet);
+    mt::train_cuda(make_config("llama", base + "--save " + dir_gpu + " "), mt::ProcessGroups::single(), quiet);
+    int64_t len_cpu = 0, len_gpu = 0;
+    const auto cpu = mt::load_fp8_scaling(dir_cpu, 3, {0, 1}, &len_cpu);
+    const auto gpu = mt::load_fp8_scaling(dir_gpu, 3, {0, 1}, &len_gpu);
+    bool ok = cpu.size() == 2 && gpu.size() == 2 && len_cpu == len_gpu;
+    double worst = 0;
+    size_t values = 0, recorded = 0, pattern = 0;
+    for (const auto& [layer, a] : cpu) {
+      const auto it = gpu.find(layer);
+      if (it == gpu.end() || it->second.size() != a.size()) {
+        ok = false;
+        continue;
+      }
+      values += a.size();
+      for (size_t i = 0; i < a.size(); ++i) {
+        const double x = a[i], y = it->second[i];
+        if ((x == 0) != (y == 0)) ++pattern;
+        if (x != 0 && x != 1) ++recorded;  // (an amax, or a scale moved from its start)
+        if (x != 0) worst = std::max(worst, std::fabs(y - x) / std::fabs(x));
+      }
+    }
+    char buf[400];
+    std::snprintf(buf, sizeof(buf), "%s: %zu values over %zu layers, %zu recorded or moved, %zu zero on one engine only, worst relative gap %.2e", name.c_str(),
+                  values, cpu.size(), recorded, pattern, worst);
+    check(ok && pattern == 0 && recorded > values / 4 && worst < 0.1, buf);
+  } catch (const std::exception& e) {
+    check(false, name + ": " + e.what());
+  }
+  std::filesystem::remove_all(dir_cpu);
+  std::filesystem::remove_all(dir_gpu);
+}
+
+void test_resume(const std::string& precision = "");
+
+// Delayed scaling's SwiGLU fused with the FP8 casts (the dense layers' and the experts') against the separate kernels
+// (MEGATRAIN_FP8_FUSED_SWIGLU=0): the same bytes by construction, so the same losses and gradient norms, or no further
+// apart than two runs of the fused path.
+void test_fused_swiglu_bits(const std::string& model, const std::string& extra) {
+  const std::string name = "FP8 SwiGLU fused with its casts against the separate kernels " + model + " " + extra;
+  try {
+    const mt::Config cfg = make_config(model, std::string(MT_PLAIN_BATCH "--train-iters 8 ") + extra);
+    mt::TrainOptions quiet{true, 0};
+    std::vector<mt::TrainResult> runs;
+    for (const char* fused : {"1", "1", "0"}) {
+      setenv("MEGATRAIN_FP8_FUSED_SWIGLU", fused, 1);
+      runs.push_back(mt::train_cuda(cfg, mt::ProcessGroups::single(), quiet));
+    }
+    unsetenv("MEGATRAIN_FP8_FUSED_SWIGLU");
+    auto gap = [](const mt::TrainResult& a, const mt::TrainResult& b) {
+      double g = a.losses.size() == b.losses.size() && a.grad_norms.size() == b.grad_norms.size() && !a.losses.empty() ? 0.0 : INFINITY;
+      for (size_t i = 0; std::isfinite(g) && i < a.losses.size(); ++i) g = std::max(g, std::fabs(a.losses[i] - b.losses[i]));
+      for (size_t i = 0; std::isfinite(g) && i < a.grad_norms.size(); ++i) g = std::max(g, std::fabs(a.grad_norms[i] - b.grad_norms[i]));
+      return g;
+    };
+    const double noise = gap(runs[0], runs[1]), worst = gap(runs[0], runs[2]);
+    char buf[300];
+    std::snprintf(buf, sizeof(buf), "%s: %zu iterations, losses and gradient norms %.2e apart (two fused runs: %.2e)", name.c_str(), runs[0].losses.size(),
+                  worst, noise);
+    check(std::isfinite(noise) && worst <= noise, buf);
+  } catch (const std::exception& e) {
+    unsetenv("MEGATRAIN_FP8_FUSED_SWIGLU");
+    check(false, name + ": " + e.what());
+  }
+}
+
 // FP8 in MoE layers on the CUDA engine (gpt_cuda_moe_fp8.cpp) against the CPU engine's emulation: each expert's GEMMs
 // with scales of their own, its rows padded to 16 with zero rows. Tensorwise and blockwise; SwiGLU, GELU experts with
 // and without biases (the padding rows' activations zeroed), squared ReLU, a shared expert recomputed, a capacity with
@@ -470,6 +548,23 @@ void test_fp8_moe() {
   // rows in its second (their weights cast at the first all the same); with evaluation runs (no x^T kept).
   test_moe_training("llama", "--num-experts 128 --moe-router-topk 1 --fp8-format hybrid --fp8-recipe tensorwise --eval-iters 2 --eval-interval 10 ");
   test_moe_training("llama", "--num-experts 64 --moe-router-topk 1 --fp8-format hybrid --fp8-recipe blockwise ");
+  // Delayed scaling (Megatron's default recipe): each expert's sites with scales and amax histories of their own, the
+  // shared expert's the layer's fc1 and fc2; an MoE layer before a dense one (whose sites then start after the experts'),
+  // recomputed layers (the microbatch's scales, nothing recorded), idle experts' weights (their amax recorded at the first
+  // microbatch all the same), evaluation, the expert streams, the state against the CPU engine's and a resume.
+  test_moe_training("llama", "--fp8-format hybrid --fp8-recipe delayed ");
+  test_moe_training("gpt", "--disable-bias-linear --fp8-format e4m3 --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max ");
+  test_moe_training("llama-recompute", "--moe-shared-expert-intermediate-size 128 --moe-layer-freq [1,0] --fp8-format hybrid --fp8-recipe delayed "
+                                       "--fp8-amax-history-len 3 --fp8-amax-compute-algo max ");
+  test_moe_training("llama", "--num-experts 128 --moe-router-topk 1 --fp8-format hybrid --fp8-recipe delayed --eval-iters 2 --eval-interval 10 ");
+  test_moe_streams("llama", "--fp8-format hybrid --fp8-recipe delayed --moe-shared-expert-intermediate-size 128 ");
+  test_fused_swiglu_bits("llama-recompute", "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-shared-expert-intermediate-size 128 "
+                                            "--moe-layer-freq [1,0] --fp8-format hybrid --fp8-recipe delayed ");
+  test_fp8_moe_scaling_state("--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max "
+                             "--moe-shared-expert-intermediate-size 128 --moe-layer-freq [1,0] ");
+  test_fp8_moe_scaling_state("--num-experts 8 --moe-router-topk 1 --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 2 ");
+  test_resume("--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 --fp8-format hybrid --fp8-recipe delayed "
+              "--fp8-amax-history-len 4 --fp8-amax-compute-algo max ");
 }
 
 // Aux-loss-free balancing (--moe-router-enable-expert-bias) on the CUDA model, exactly: biases of +-1 set in the host
@@ -995,7 +1090,7 @@ void test_fp16_dynamic_scale() {
 // Save at iteration 5 of 10, resume from it on the GPU and on the CPU engine: the resumed iterations follow
 // the uninterrupted run (the same checkpoint format serves both engines).
 // fp16: the same with the loss scaler's state in the checkpoint (a scale that grew twice by iteration 5).
-void test_resume(const std::string& precision = "") {
+void test_resume(const std::string& precision) {
   const bool fp16 = precision.find("--fp16") != std::string::npos;
   char tmpl[] = "/tmp/megatrain-cuda-ckpt-XXXXXX";
   const std::string dir = mkdtemp(tmpl);

@@ -231,8 +231,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (D.fp8 && tp_size_ > 1) {
     throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism so far: use --device cpu for it");
   }
-  if (D.fp8 && moe_layers_ > 0 && (F_moe_ % 16 != 0 || F_shared_ % 16 != 0 || !D.fp8_wgrad || D.fp8_delayed)) {
-    throw std::logic_error("CUDA model: FP8 MoE layers need expert widths that are multiples of 16 and tensorwise or blockwise scaling "
+  if (D.fp8 && moe_layers_ > 0 && (F_moe_ % 16 != 0 || F_shared_ % 16 != 0 || !D.fp8_wgrad)) {
+    throw std::logic_error("CUDA model: FP8 MoE layers need expert widths that are multiples of 16 and FP8 weight gradients "
                            "(refused by the capability checks)");
   }
   if (!D.swiglu && !D.squared_relu && D.F_local % 8 != 0) {
@@ -266,6 +266,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     if (v < 0) throw std::runtime_error("MEGATRAIN_LOSS_CHUNK_ROWS must be 0 (whole microbatches) or a number of rows");
     loss_chunk_rows_ = v == 0 ? T : std::min<int64_t>(T, v);
   }
+  // MEGATRAIN_FP8_FUSED_SWIGLU=0: SwiGLU and delayed scaling's FP8 casts as separate kernels (the same bytes; for A/B
+  // measurements and the tests that compare both paths).
+  if (const char* env = std::getenv("MEGATRAIN_FP8_FUSED_SWIGLU")) fp8_fused_swiglu_ = std::string(env) != "0";
   const double rows_l = sp_ ? 1.0 / static_cast<double>(tp_size_) : 1.0;  // Tl / T
   W_ = {D.nh_local * D.d, D.ng_local * D.d, (D.qh_local + 2 * D.ng_local) * D.d, D.F_local, D.swiglu ? 2 * D.F_local : D.F_local};
   const int64_t h = D.h, Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;

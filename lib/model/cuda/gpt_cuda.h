@@ -283,7 +283,7 @@ class CudaGPT {
   // (first row `off`, `blocks` 128-row blocks of the experts before it), or e = E the shared expert (every token).
   struct ExpertFp8Weight {
     uint8_t *wq = nullptr, *wqt = nullptr;  // W [out, in] and W^T, cast at the iteration's first forward
-    float* inv = nullptr;                   // tensorwise: the inverse scale, the amax at [1] (64 floats)
+    float* inv = nullptr;                   // tensorwise and delayed: the inverse scale (tensorwise: the amax at [1]; 64 floats)
     float *scale = nullptr, *tscale = nullptr;  // blockwise: the 128 x 128 blocks' inverse scales of W and W^T
   };
   struct ExpertFp8 {
@@ -294,19 +294,27 @@ class CudaGPT {
     uint8_t *row = nullptr, *dyt = nullptr;  // scratch: the row-major FP8 operand [n, .], dy^T [., n]
     float *row_scale = nullptr, *dyt_scale = nullptr;  // blockwise: their inverse scales
     float* scalars = nullptr;  // tensorwise scratch: x's amax, dy's amax, dy's inverse scale (64 floats apart)
+    int64_t slot[2] = {-1, -1};  // delayed scaling: fc1's and fc2's slots (a routed expert's, or the layer's fc1 / fc2 for the shared one)
+    bool fuse_swiglu = false;  // delayed scaling, SwiGLU without biases in bf16: its kernels write fc2's FP8 input and fc1's FP8 output gradient
   };
   ExpertFp8 expert_fp8(int64_t l, Record& r, int64_t e, int64_t off, int64_t blocks);
   void allocate_expert_fp8_weights();
   // An expert's weight cast to FP8 (W and W^T, with its scale), at the iteration's first forward; the experts without
   // rows in that forward are cast too, on the compute stream (a later microbatch, or a recompute, reads their cast).
-  void cast_expert_fp8_weight(const ExpertFp8Weight& wt, int64_t w_off, int64_t out, int64_t in, cudaStream_t st);
+  void cast_expert_fp8_weight(const ExpertFp8Weight& wt, int64_t slot, int64_t w_off, int64_t out, int64_t in, cudaStream_t st);
   void cast_idle_expert_fp8_weights(int64_t l, const std::vector<int32_t>& per_expert);
   // One expert GEMM site in FP8: y [n, out] = x [n, in] W^T (+ bias; beta 1: added onto y), x^T kept for the backward;
   // and dx [n, in] = dy W (dx_beta 1: added onto dx) with dW += dy^T x.
+  // x_cast / dy_cast: the FP8 operand is in the scratch already (SwiGLU's fused kernels wrote it).
   void expert_linear_fp8(const ExpertFp8& f, int site, const char* name, int64_t n, int64_t in, int64_t out, const cuda::bf16* x, int64_t w_off,
-                         const cuda::bf16* bias, float beta, cuda::bf16* y, cudaStream_t st);
+                         const cuda::bf16* bias, float beta, cuda::bf16* y, cudaStream_t st, bool x_cast = false);
   void expert_linear_fp8_backward(const ExpertFp8& f, int site, const char* dgrad_name, const char* wgrad_name, int64_t n, int64_t in, int64_t out,
-                                  const cuda::bf16* dy, int64_t w_off, float dx_beta, cuda::bf16* dx, cudaStream_t st);
+                                  const cuda::bf16* dy, int64_t w_off, float dx_beta, cuda::bf16* dx, cudaStream_t st, bool dy_cast = false);
+  // SwiGLU fused with the delayed casts (f.fuse_swiglu): fc2's FP8 input (and x^T) from fc1's output, or fc1's FP8 output
+  // gradient (and its transpose) from d(act); false where the fused kernel does not apply (nothing written).
+  bool expert_swiglu_fp8(const ExpertFp8& f, const char* name, int64_t n, int64_t F, const cuda::bf16* fc1_out, cudaStream_t st);
+  bool expert_swiglu_backward_fp8(const ExpertFp8& f, const char* name, int64_t n, int64_t F, const cuda::bf16* dact, const cuda::bf16* fc1_out,
+                                  cudaStream_t st);
   // The zero rows after each routed expert's (rows: per_expert, their starts aligned to moe_row_align_) in buf [., width].
   void zero_expert_padding(cuda::bf16* buf, int64_t width, const std::vector<int32_t>& per_expert, cudaStream_t st);
   int64_t moe_row_align_ = 1;  // 16 with FP8 experts, else 1
@@ -380,19 +388,23 @@ class CudaGPT {
   cuda::Fp8CastTarget fp8_grad_target(int64_t l, int site) const;
   bool fp8_fuses_swiglu(int64_t l) const;
   bool swiglu_output_unread() const;  // (the FP8 layers' records hold no SwiGLU output: see gpt_cuda_fp8.cpp)
+  bool fp8_fused_swiglu_ = true;  // (MEGATRAIN_FP8_FUSED_SWIGLU=0: the separate kernels)
   void linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const cuda::bf16* dy,
                     const cuda::bf16* x, int64_t w_off, int64_t b_off);
   bool fp8_layer(int64_t l) const { return D_.fp8_layer(first_layer_ + l); }
   const Record* fp8_dyt_record_ = nullptr;  // whose dy the scratch's transposed FP8 dy holds (and its site)
   int fp8_dyt_site_ = -1;
   bool f8_weights_due_ = true;  // FP8: the next training forward is the iteration's first (the weights cast anew)
-  // FP8 delayed scaling, the host state's layout on the device (slot l * 4 + site of this chunk's layers): scales
-  // [3][n], amax histories [len][3][n] (entry 0: the accumulators, reduced over TP x DP x CP by fp8_update), the
-  // weights' cast scales [n]. f8_record_: casts add to the accumulators (a training forward; not a recompute);
+  // FP8 delayed scaling, the host state's layout on the device (Fp8ScalingState's slots: layer l's sites from
+  // f8_first_[l], its 4 linear sites, then an MoE layer's two per routed expert): scales [3][n], amax histories
+  // [len][3][n] (entry 0: the accumulators, reduced over TP x DP x CP by fp8_update), the weights' cast scales [n]. f8_record_: casts add to the accumulators (a training forward; not a recompute);
   // f8_training_: the weights cast with this iteration's cast scales (else the current ones: evaluation);
   // f8_cast_weights_: this forward is the iteration's first (it takes the weights' cast scales and their amaxes).
   Fp8DelayedRecipe f8_recipe_;
   int64_t f8_slots_ = 0;
+  std::vector<int64_t> f8_first_;  // per layer: its first slot
+  int64_t fp8_scaling_slot(int64_t l, int site) const { return f8_first_[static_cast<size_t>(l)] + site; }
+  Fp8ScalingState fp8_scaling_layout() const;  // this chunk's FP8 layers and their experts, scales at 1
   float *f8_scale_ = nullptr, *f8_history_ = nullptr, *f8_wcast_ = nullptr;
   bool f8_record_ = false, f8_training_ = false, f8_cast_weights_ = false;
   bool f8_keep_xt_ = false;  // FP8 (either recipe): the forward's cast writes x^T for the weight gradient (not in evaluation)

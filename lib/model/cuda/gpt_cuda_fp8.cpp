@@ -26,8 +26,11 @@ void CudaGPT::init_fp8_scaling(StreamCollectives* dp) {
   for (int64_t l = 0; l < L_; ++l) {
     if (!fp8_layer(l)) throw std::logic_error("CUDA model: FP8 delayed scaling with a layer in 16 bits (refused by the validation)");
   }
+  if (moe_layers_ > 0 && D_.ep > 1) throw std::logic_error("CUDA model: FP8 delayed scaling with expert parallelism (refused by the validation)");
   f8_recipe_ = fp8_delayed_recipe(D_);
-  f8_slots_ = L_ * kFp8Sites;
+  const Fp8ScalingState layout = fp8_scaling_layout();
+  f8_slots_ = layout.slots();
+  f8_first_ = layout.first;
   amax_group_ = D_.fp8_amax_over_dp ? dp : nullptr;  // (--tp-only-amax-red: TP only; CP is refused on the CUDA engine)
   const auto n = static_cast<size_t>(f8_slots_), len = static_cast<size_t>(f8_recipe_.history_len);
   f8_scale_ = static_cast<float*>(alloc(3 * n * 4));
@@ -37,15 +40,22 @@ void CudaGPT::init_fp8_scaling(StreamCollectives* dp) {
     slot.f8_x_scale = static_cast<float*>(alloc(n * 4));
     slot.f8_dy_scale = static_cast<float*>(alloc(n * 4));
   }
-  std::vector<int64_t> layers;
-  for (int64_t l = 0; l < L_; ++l) layers.push_back(first_layer_ + l);
-  set_fp8_scaling_state(Fp8ScalingState(f8_recipe_, layers));
+  set_fp8_scaling_state(layout);
+}
+
+// Every layer of the chunk is an FP8 layer under delayed scaling; an MoE layer has its routed experts' sites too (this
+// rank's experts: all of them, expert parallelism being refused with delayed scaling).
+Fp8ScalingState CudaGPT::fp8_scaling_layout() const {
+  std::vector<int64_t> layers, experts;
+  for (int64_t l = 0; l < L_; ++l) {
+    layers.push_back(first_layer_ + l);
+    experts.push_back(layers_[static_cast<size_t>(l)].moe ? experts_ : 0);
+  }
+  return Fp8ScalingState(f8_recipe_, layers, experts);
 }
 
 Fp8ScalingState CudaGPT::fp8_scaling_state() const {
-  std::vector<int64_t> layers;
-  for (int64_t l = 0; l < L_; ++l) layers.push_back(first_layer_ + l);
-  Fp8ScalingState st(f8_recipe_, layers);
+  Fp8ScalingState st = fp8_scaling_layout();
   MT_CUDA_CHECK(cudaMemcpyAsync(st.scale.data(), f8_scale_, st.scale.size() * 4, cudaMemcpyDeviceToHost, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(st.history.data(), f8_history_, st.history.size() * 4, cudaMemcpyDeviceToHost, stream_));
   MT_CUDA_CHECK(cudaMemcpyAsync(st.weight_cast_scale.data(), f8_wcast_, st.weight_cast_scale.size() * 4, cudaMemcpyDeviceToHost, stream_));
@@ -78,7 +88,7 @@ float* CudaGPT::fp8_slot_scales(bool grad) const {
 }
 
 cuda::Fp8CastTarget CudaGPT::fp8_input_target(int64_t l, Record& r, int site) const {
-  const int64_t slot = l * kFp8Sites + site;
+  const int64_t slot = f8_scale_ ? fp8_scaling_slot(l, site) : 0;
   return {.scale = f8_scale_ ? fp8_slot_scales(false) + slot : nullptr,  // (tensorwise: from the amax)
           .amax_accumulator = f8_scale_ && f8_record_ ? f8_history_ + kFp8Input * f8_slots_ + slot : nullptr,
           .type = cuda::Fp8Type::kE4M3,
@@ -88,7 +98,7 @@ cuda::Fp8CastTarget CudaGPT::fp8_input_target(int64_t l, Record& r, int site) co
 }
 
 cuda::Fp8CastTarget CudaGPT::fp8_grad_target(int64_t l, int site) const {
-  const int64_t slot = l * kFp8Sites + site;
+  const int64_t slot = fp8_scaling_slot(l, site);
   return {.scale = fp8_slot_scales(true) + slot,
           .amax_accumulator = f8_history_ + kFp8GradOutput * f8_slots_ + slot,
           .type = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3,
@@ -97,14 +107,18 @@ cuda::Fp8CastTarget CudaGPT::fp8_grad_target(int64_t l, int site) const {
           .scale_inv = s_->f8_scalar(3)};
 }
 
-// SwiGLU's FP8 casts fused: delayed scaling (the scale known before the tensor exists), bf16, a dense layer.
+// SwiGLU's FP8 casts fused: delayed scaling (the scale known before the tensor exists), bf16, a dense layer (an MoE
+// layer's experts: ExpertFp8::fuse_swiglu).
 bool CudaGPT::fp8_fuses_swiglu(int64_t l) const {
-  return D_.swiglu && D_.fp8_delayed && f8_scale_ != nullptr && fp8_layer(l) && dt_ == cuda::F16::kBF16 && !layers_[static_cast<size_t>(l)].moe;
+  return D_.swiglu && D_.fp8_delayed && f8_scale_ != nullptr && fp8_layer(l) && dt_ == cuda::F16::kBF16 && !layers_[static_cast<size_t>(l)].moe &&
+         fp8_fused_swiglu_;
 }
 
 // ... and then nothing reads SwiGLU's 16-bit output (an FP8 weight gradient reads fc2's FP8 x^T), so no FP8 layer's
 // record keeps it. (Delayed scaling keeps every layer in FP8: --first-last-layers-bf16 is refused with it.)
-bool CudaGPT::swiglu_output_unread() const { return D_.swiglu && D_.fp8_delayed && D_.fp8_wgrad && dt_ == cuda::F16::kBF16; }
+bool CudaGPT::swiglu_output_unread() const {
+  return D_.swiglu && D_.fp8_delayed && D_.fp8_wgrad && dt_ == cuda::F16::kBF16 && fp8_fused_swiglu_;
+}
 
 void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const bf16* x, int64_t w_off,
                              const bf16* bias, bf16* y, bool x_cast) {
@@ -131,7 +145,7 @@ void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, i
   }
   if (x_cast && !f8_scale_) throw std::logic_error("CUDA model: an FP8 input cast by its producer without delayed scaling");
   if (f8_scale_) {
-    const int64_t slot = l * kFp8Sites + site, n = f8_slots_;
+    const int64_t slot = fp8_scaling_slot(l, site), n = f8_slots_;
     float* acc_w = f8_cast_weights_ ? f8_history_ + kFp8Weight * n + slot : nullptr;
     const float* scale_w = f8_training_ ? f8_wcast_ + slot : f8_scale_ + kFp8Weight * n + slot;
     if (!x_cast) MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(x, T, in, t.scale, t.amax_accumulator, e4m3, t.out, t.out_t, t.scale_inv, stream_));
@@ -197,7 +211,6 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
   }
   Scratch& s = *s_;
   const auto grad = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3;
-  const int64_t slot = l * kFp8Sites + site;
   if (D_.fp8_blockwise) {  // dy^T and x^T, both in blocks of 128 tokens
     using Mode = cuda::GemmLt::ScaleMode;
     if (fp8_dyt_record_ != &r || fp8_dyt_site_ != site) {  // a deferred weight gradient: dy quantised again (the same bytes)
@@ -212,7 +225,7 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
   }
   if (fp8_dyt_record_ != &r || fp8_dyt_site_ != site) {  // a deferred weight gradient: dy's cast again (the same scale, the same bytes)
     if (f8_scale_) {
-      MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, fp8_slot_scales(true) + slot, nullptr, grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
+      MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, fp8_slot_scales(true) + fp8_scaling_slot(l, site), nullptr, grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
     } else {
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), ws));
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));

@@ -292,10 +292,12 @@ void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, i
   const char* fc2_name = shared ? "fwd.moe.shared.gemm.fc2" : "fwd.moe.gemm.fc2";
   if (f8) {  // (GELU apart from the FP8 GEMM, as the dense FP8 layers run it)
     expert_linear_fp8(*f8, 0, fc1_name, n, h, F1, x, w1, w(b1), 0.0f, fc1_out, st);
-    expert_activation(act_name, n, F, fc1_out, act, st);
+    // (delayed scaling: SwiGLU writes fc2's FP8 input itself, the padding rows' zero as fc1's output rows are)
+    const bool act_cast = expert_swiglu_fp8(*f8, act_name, n, F, fc1_out, st);
+    if (!act_cast) expert_activation(act_name, n, F, fc1_out, act, st);
     // The padding rows' activations: act(b1) with biases, zero without; zero either way, so that fc2's amax is the rows'.
     if (b1 >= 0 && real < n) MT_CUDA_CHECK(cudaMemsetAsync(act + real * F, 0, static_cast<size_t>((n - real) * F) * 2, st));
-    expert_linear_fp8(*f8, 1, fc2_name, n, F, h, act, w2, w(b2), beta, out, st);
+    expert_linear_fp8(*f8, 1, fc2_name, n, F, h, act, w2, w(b2), beta, out, st, act_cast);
     return;
   }
   if (D_.swiglu || D_.squared_relu) {
@@ -320,9 +322,11 @@ void CudaGPT::expert_backward(bool shared, int64_t n, int64_t F, const bf16* dou
     const char* act_name = shared ? "bwd.moe.shared.activation" : "bwd.moe.activation";
     expert_linear_fp8_backward(*f8, 1, dgrad_name, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", n, F, h, dout, w2, 0.0f, dact,
                                st);
-    expert_activation_backward(act_name, n, F, dact, fc1_out, dfc1, st);
+    // (delayed scaling: SwiGLU's backward writes fc1's FP8 output gradient itself; nothing reads the 16-bit one without biases)
+    const bool dfc1_cast = expert_swiglu_backward_fp8(*f8, act_name, n, F, dact, fc1_out, st);
+    if (!dfc1_cast) expert_activation_backward(act_name, n, F, dact, fc1_out, dfc1, st);
     expert_linear_fp8_backward(*f8, 0, shared ? "bwd.moe.shared.gemm.fc1_dgrad" : "bwd.moe.gemm.fc1_dgrad",
-                               shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", n, h, F1, dfc1, w1, din_beta, din, st);
+                               shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", n, h, F1, dfc1, w1, din_beta, din, st, dfc1_cast);
     return;
   }
   if (D_.swiglu || D_.squared_relu) {

@@ -2,7 +2,10 @@
 // emulates them (model/cpu/moe_unit.cpp through linear_gemms): each routed expert's fc1 and fc2, and the shared
 // expert's, quantised with scales of their own (Transformer Engine's grouped linear in Megatron's TEGroupedMLP: a
 // quantiser per GEMM), tensorwise (from the amaxes of the expert's rows, its weight and its output gradient) or
-// blockwise (1 x 128 blocks of the rows, 128 x 128 of the weight, 128 rows of a feature for the weight gradient).
+// blockwise (1 x 128 blocks of the rows, 128 x 128 of the weight, 128 rows of a feature for the weight gradient), or
+// delayed (each expert's two sites with scales and amax histories of their own, model/fp8_scaling.h: the casts take the
+// scale as it stands and add their amax to the site's accumulator in the same pass; the shared expert's, the layer's fc1
+// and fc2 sites).
 //
 // Hopper's FP8 GEMMs take every dimension a multiple of 16, and the weight gradient's dimension is the expert's rows.
 // So, as Megatron pads each expert's rows for FP8 (Fp8Padding), every expert's rows start at a multiple of 16
@@ -75,6 +78,12 @@ CudaGPT::ExpertFp8 CudaGPT::expert_fp8(int64_t l, Record& r, int64_t e, int64_t 
     f.dyt_scale = s.ex_f8_dyt_scale + blocks * pad4(f8_moe_width_);
   }
   f.scalars = s.ex_f8_scalars + e * 3 * 64;
+  if (f8_scale_) {
+    for (int site = 0; site < 2; ++site) f.slot[site] = fp8_scaling_slot(l, shared ? (site ? kLinearFc2 : kLinearFc1) : fp8_expert_site(e, site == 1));
+    const LayerW& lw = layers_[static_cast<size_t>(l)];
+    const bool bias = !shared && !lw.expert_fc1_b.empty() && lw.expert_fc1_b[static_cast<size_t>(e)] >= 0;
+    f.fuse_swiglu = D_.swiglu && dt_ == cuda::F16::kBF16 && !bias && fp8_fused_swiglu_;
+  }
   return f;
 }
 
@@ -89,10 +98,17 @@ void CudaGPT::zero_expert_padding(bf16* buf, int64_t width, const std::vector<in
   }
 }
 
-void CudaGPT::cast_expert_fp8_weight(const ExpertFp8Weight& wt, int64_t w_off, int64_t out, int64_t in, cudaStream_t st) {
+void CudaGPT::cast_expert_fp8_weight(const ExpertFp8Weight& wt, int64_t slot, int64_t w_off, int64_t out, int64_t in, cudaStream_t st) {
   const auto e4m3 = cuda::Fp8Type::kE4M3;
   if (D_.fp8_blockwise) {
     MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_quantize_128x128(w(w_off), out, in, e4m3, wt.wq, wt.scale, wt.wqt, wt.tscale, st));
+    return;
+  }
+  if (f8_scale_) {  // delayed: the iteration's cast scale in training (its amax recorded at the first microbatch), else the current one
+    const int64_t n = f8_slots_;
+    const float* scale = f8_training_ ? f8_wcast_ + slot : f8_scale_ + kFp8Weight * n + slot;
+    float* accumulator = f8_cast_weights_ ? f8_history_ + kFp8Weight * n + slot : nullptr;
+    MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, scale, accumulator, e4m3, wt.wq, wt.wqt, wt.inv, st));
     return;
   }
   MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_amax(w(w_off), out * in, wt.inv + 1, st));
@@ -105,34 +121,76 @@ void CudaGPT::cast_idle_expert_fp8_weights(int64_t l, const std::vector<int32_t>
   const int64_t E = experts_, h = D_.h, F1 = D_.swiglu ? 2 * F_moe_ : F_moe_;
   for (size_t e = 0; e < per_expert.size(); ++e) {
     if (per_expert[e] > 0) continue;
-    const auto at = static_cast<size_t>((l * (E + 1) + static_cast<int64_t>(e)) * 2);
-    cast_expert_fp8_weight(f8_expert_w_[at], lw.expert_fc1[e], F1, h, stream_);
-    cast_expert_fp8_weight(f8_expert_w_[at + 1], lw.expert_fc2[e], h, F_moe_, stream_);
+    const auto j = static_cast<int64_t>(e);
+    const auto at = static_cast<size_t>((l * (E + 1) + j) * 2);
+    const int64_t fc1_slot = f8_scale_ ? fp8_scaling_slot(l, fp8_expert_site(j, false)) : -1;
+    const int64_t fc2_slot = f8_scale_ ? fp8_scaling_slot(l, fp8_expert_site(j, true)) : -1;
+    cast_expert_fp8_weight(f8_expert_w_[at], fc1_slot, lw.expert_fc1[e], F1, h, stream_);
+    cast_expert_fp8_weight(f8_expert_w_[at + 1], fc2_slot, lw.expert_fc2[e], h, F_moe_, stream_);
   }
 }
 
+bool CudaGPT::expert_swiglu_fp8(const ExpertFp8& f, const char* name, int64_t n, int64_t F, const bf16* fc1_out, cudaStream_t st) {
+  if (!f.fuse_swiglu) return false;
+  const int64_t slot = f.slot[1];
+  const cuda::Fp8CastTarget t{.scale = fp8_slot_scales(false) + slot,
+                              .amax_accumulator = f8_record_ ? f8_history_ + kFp8Input * f8_slots_ + slot : nullptr,
+                              .type = cuda::Fp8Type::kE4M3,
+                              .out = f.row,
+                              .out_t = f.xt[1],
+                              .scale_inv = f.xinv[1]};
+  bool cast = false;
+  MT_PROF_ON(st, name, cast = cuda::fp8_swiglu_forward_cast(fc1_out, n, F, t, nullptr, st));
+  return cast;
+}
+
+bool CudaGPT::expert_swiglu_backward_fp8(const ExpertFp8& f, const char* name, int64_t n, int64_t F, const bf16* dact, const bf16* fc1_out,
+                                         cudaStream_t st) {
+  if (!f.fuse_swiglu) return false;
+  const int64_t slot = f.slot[0];
+  const cuda::Fp8CastTarget t{.scale = fp8_slot_scales(true) + slot,
+                              .amax_accumulator = f8_history_ + kFp8GradOutput * f8_slots_ + slot,
+                              .type = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3,
+                              .out = f.row,
+                              .out_t = f.dyt,
+                              .scale_inv = f.scalars + 128};
+  bool cast = false;
+  MT_PROF_ON(st, name, cast = cuda::fp8_swiglu_backward_cast(dact, fc1_out, n, F, t, st));
+  return cast;
+}
+
 void CudaGPT::expert_linear_fp8(const ExpertFp8& f, int site, const char* name, int64_t n, int64_t in, int64_t out, const bf16* x, int64_t w_off,
-                                const bf16* bias, float beta, bf16* y, cudaStream_t st) {
+                                const bf16* bias, float beta, bf16* y, cudaStream_t st, bool x_cast) {
   using Mode = cuda::GemmLt::ScaleMode;
   auto& lt = cuda::GemmLt::instance();
   const auto e4m3 = cuda::Fp8Type::kE4M3;
   const ExpertFp8Weight& wt = *f.w[site];
-  if (f8_forward_casts_weights_) cast_expert_fp8_weight(wt, w_off, out, in, st);  // (else this iteration's cast, kept)
+  if (f8_forward_casts_weights_) cast_expert_fp8_weight(wt, f.slot[site], w_off, out, in, st);  // (else this iteration's cast, kept)
   if (D_.fp8_blockwise) {
     MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_quantize_1x128(x, n, in, e4m3, f.row, f.row_scale, f.xt[site], f.xt_scale[site], st));
     MT_PROF_ON(st, name, lt.gemm_fp8(n, out, in, 1.0f, f.row, CUDA_R_8F_E4M3, f.row_scale, wt.wq, CUDA_R_8F_E4M3, wt.scale, beta, y, out, CUDA_R_16BF,
                                      bias, false, st, Mode::kVec128, Mode::kBlock128, true));
     return;
   }
-  float* amax_x = f.scalars;
-  MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_amax(x, n * in, amax_x, st));
-  MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast(x, n, in, amax_x, e4m3, f.row, f.xt[site], f.xinv[site], st));
+  if (x_cast && !f8_scale_) throw std::logic_error("CUDA model: an expert's FP8 input cast by its producer without delayed scaling");
+  if (f8_scale_) {  // delayed: the microbatch's scale, the amax to the accumulator (not in a recompute or evaluation)
+    const int64_t slot = f.slot[site];
+    float* accumulator = f8_record_ ? f8_history_ + kFp8Input * f8_slots_ + slot : nullptr;
+    if (!x_cast) {
+      MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast_scaled(x, n, in, fp8_slot_scales(false) + slot, accumulator, e4m3, f.row, f.xt[site], f.xinv[site],
+                                                               st));
+    }
+  } else {
+    float* amax_x = f.scalars;
+    MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_amax(x, n * in, amax_x, st));
+    MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast(x, n, in, amax_x, e4m3, f.row, f.xt[site], f.xinv[site], st));
+  }
   MT_PROF_ON(st, name, lt.gemm_fp8(n, out, in, 1.0f, f.row, CUDA_R_8F_E4M3, f.xinv[site], wt.wq, CUDA_R_8F_E4M3, wt.inv, beta, y, out, CUDA_R_16BF, bias,
                                    true, st, Mode::kTensor, Mode::kTensor, true));
 }
 
 void CudaGPT::expert_linear_fp8_backward(const ExpertFp8& f, int site, const char* dgrad_name, const char* wgrad_name, int64_t n, int64_t in,
-                                         int64_t out, const bf16* dy, int64_t w_off, float dx_beta, bf16* dx, cudaStream_t st) {
+                                         int64_t out, const bf16* dy, int64_t w_off, float dx_beta, bf16* dx, cudaStream_t st, bool dy_cast) {
   using Mode = cuda::GemmLt::ScaleMode;
   auto& lt = cuda::GemmLt::instance();
   if (f.xt[site] == nullptr) throw std::logic_error("CUDA model: an FP8 expert's backward without its forward's x^T");
@@ -147,8 +205,17 @@ void CudaGPT::expert_linear_fp8_backward(const ExpertFp8& f, int site, const cha
     return;
   }
   float *amax_dy = f.scalars + 64, *dy_inv = f.scalars + 128;
-  MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_amax(dy, n * out, amax_dy, st));
-  MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_cast(dy, n, out, amax_dy, grad, f.row, f.dyt, dy_inv, st));
+  if (dy_cast && !f8_scale_) throw std::logic_error("CUDA model: an expert's FP8 output gradient cast by its producer without delayed scaling");
+  if (f8_scale_) {  // delayed: the backward's scale, the amax to the accumulator
+    const int64_t slot = f.slot[site];
+    if (!dy_cast) {
+      MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_cast_scaled(dy, n, out, fp8_slot_scales(true) + slot, f8_history_ + kFp8GradOutput * f8_slots_ + slot,
+                                                               grad, f.row, f.dyt, dy_inv, st));
+    }
+  } else {
+    MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_amax(dy, n * out, amax_dy, st));
+    MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_cast(dy, n, out, amax_dy, grad, f.row, f.dyt, dy_inv, st));
+  }
   MT_PROF_ON(st, dgrad_name, lt.gemm_fp8(n, in, out, 1.0f, f.row, fp8_data_type(grad), dy_inv, wt.wqt, CUDA_R_8F_E4M3, wt.inv, dx_beta, dx, in, CUDA_R_16BF,
                                          nullptr, false, st, Mode::kTensor, Mode::kTensor, true));
   MT_PROF_ON(st, wgrad_name, lt.gemm_fp8(out, in, n, 1.0f, f.dyt, fp8_data_type(grad), dy_inv, f.xt[site], CUDA_R_8F_E4M3, f.xinv[site], 1.0f, g(w_off), in,
