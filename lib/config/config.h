@@ -168,6 +168,7 @@ struct MoeConfig {
   std::string moe_token_drop_policy = "probs";
   bool moe_pad_expert_input_to_capacity = false;
   bool moe_permute_fusion = false;
+  bool moe_per_layer_logging = false;  // TensorBoard: each layer's auxiliary losses (moe/<name>_layer_<i>)
 };
 
 struct DataConfig {

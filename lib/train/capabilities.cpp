@@ -92,6 +92,10 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   if (c.logging.tensorboard_queue_size != d.logging.tensorboard_queue_size) {
     out.push_back("note: --tensorboard-queue-size has no effect: TensorBoard scalars are written and flushed at each log line");
   }
+  if (c.moe.moe_per_layer_logging && !c.logging.tensorboard_dir) {
+    out.push_back("note: --moe-per-layer-logging writes each layer's MoE losses to TensorBoard only (as Megatron's): add --tensorboard-dir "
+                  "to keep them");
+  }
   if (c.model.openai_gelu) {
     out.push_back("note: --openai-gelu: megatrain's GELU is always the tanh form (Megatron's bias-GELU fusion and --openai-gelu); nothing changes");
   }

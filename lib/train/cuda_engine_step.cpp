@@ -338,9 +338,26 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
       }
     }
   }
+  // --moe-per-layer-logging: per step, [2][num_layers] of each layer's aux and z sums (a stage's own layers; the others 0).
+  const auto L = static_cast<size_t>(cfg_.model.num_layers.value_or(0));
+  std::vector<float> per_layer(cfg_.moe.moe_per_layer_logging ? steps * 2 * L : 0, 0.0f);
+  if (!per_layer.empty()) {
+    std::vector<int64_t> global;
+    for (const CudaGPT* m : chunks_models_) {
+      for (int64_t g : m->moe_layer_indices()) global.push_back(g);
+    }
+    for (size_t i = 0; i < steps; ++i) {
+      for (size_t l = 0; l < global.size(); ++l) {
+        const float* row = hist.data() + i * static_cast<size_t>(moe_row_) + l * static_cast<size_t>(2 + E);
+        per_layer[i * 2 * L + static_cast<size_t>(global[l])] = row[0];
+        per_layer[i * 2 * L + L + static_cast<size_t>(global[l])] = row[1];
+      }
+    }
+  }
   if (pp_ > 1) {
     reduce_through_device(*groups_.pp, sums.data(), static_cast<int64_t>(sums.size()), ReduceOp::kSum);
     reduce_through_device(*groups_.pp, extremes.data(), static_cast<int64_t>(extremes.size()), ReduceOp::kMax);
+    if (!per_layer.empty()) reduce_through_device(*groups_.pp, per_layer.data(), static_cast<int64_t>(per_layer.size()), ReduceOp::kSum);
   }
   if (layers == 0) return;  // (--num-experts with every layer dense by --moe-layer-freq: nothing to report, as the CPU engine)
   const auto& moe = cfg_.moe;
@@ -353,6 +370,10 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
     StepReport& r = out[i];
     if (aux) r.moe_losses.emplace_back(aux_name, sums[3 * i] / per);
     if (z) r.moe_losses.emplace_back("z_loss", sums[3 * i + 1] / per);
+    if (!per_layer.empty()) {
+      const std::vector<double> step(per_layer.begin() + static_cast<std::ptrdiff_t>(i * 2 * L), per_layer.begin() + static_cast<std::ptrdiff_t>((i + 1) * 2 * L));
+      add_layer_losses(moe, step, 1.0 / (per / static_cast<double>(layers)), r);
+    }
     r.expert_tokens_min = -extremes[2 * i];
     r.expert_tokens_max = extremes[2 * i + 1];
     r.expert_tokens_mean = sums[3 * i + 2] / static_cast<double>(layers * E);

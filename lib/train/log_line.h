@@ -27,6 +27,8 @@ struct IterationStats {
   double decoupled_lr = -1;  // --decoupled-lr: the embedding's and output layer's rate (printed after the learning rate)
   DeviceMemory memory;
   std::vector<std::pair<std::string, double>> moe_losses;  // printed after the lm loss, as Megatron's
+  // --moe-per-layer-logging: each loss per layer (every layer of the model, 0 for dense ones), to TensorBoard only
+  std::vector<std::pair<std::string, std::vector<double>>> moe_layer_losses;
   double expert_tokens_min = -1, expert_tokens_mean = 0, expert_tokens_max = 0, dropped_fraction = 0;  // min < 0: no MoE
 };
 

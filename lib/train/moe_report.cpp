@@ -13,6 +13,17 @@ std::string balance_loss_name(const MoeConfig& m) {
   return balance == "seq_aux_loss" ? "seq_load_balancing_loss" : balance == "global_aux_loss" ? "global_load_balancing_loss" : "load_balancing_loss";
 }
 
+void add_layer_losses(const MoeConfig& m, const std::vector<double>& per_layer, double scale, StepReport& out) {
+  const size_t L = per_layer.size() / 2;
+  auto named = [&](const std::string& name, size_t from) {
+    std::vector<double> v(per_layer.begin() + static_cast<std::ptrdiff_t>(from), per_layer.begin() + static_cast<std::ptrdiff_t>(from + L));
+    for (double& x : v) x *= scale;
+    out.moe_layer_losses.emplace_back(name, std::move(v));
+  };
+  if (const std::string name = balance_loss_name(m); !name.empty()) named(name, 0);
+  if (m.moe_z_loss_coeff.value_or(0.0) > 0) named("z_loss", L);
+}
+
 void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::MoeStats& stats, int64_t num_microbatches, StepReport& out) {
   const MoeConfig& m = cfg.moe;
   if (!m.num_experts) return;
@@ -52,6 +63,18 @@ void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::
   const double scale = 1.0 / (static_cast<double>(std::max<int64_t>(1, num_microbatches)) * std::max(1.0, moe_layers));
   if (const std::string name = balance_loss_name(m); !name.empty()) out.moe_losses.emplace_back(name, losses[0] * scale);
   if (m.moe_z_loss_coeff.value_or(0.0) > 0) out.moe_losses.emplace_back("z_loss", losses[1] * scale);
+  if (m.moe_per_layer_logging) {  // each layer's (every stage's layers: summed over PP, averaged over DP x CP as the totals)
+    const size_t L = static_cast<size_t>(cfg.model.num_layers.value_or(0));
+    std::vector<double> per_layer(2 * L, 0.0);
+    for (const auto& [layer, st] : stats) {
+      if (layer < 0 || static_cast<size_t>(layer) >= L) continue;
+      per_layer[static_cast<size_t>(layer)] = st.aux;
+      per_layer[L + static_cast<size_t>(layer)] = st.z;
+    }
+    groups.pp->all_reduce(per_layer.data(), static_cast<int64_t>(per_layer.size()), ReduceOp::kSum);
+    groups.dp_cp->all_reduce(per_layer.data(), static_cast<int64_t>(per_layer.size()), ReduceOp::kAvg);
+    add_layer_losses(m, per_layer, 1.0 / static_cast<double>(std::max<int64_t>(1, num_microbatches)), out);
+  }
   if (totals[1] > 0) {
     out.expert_tokens_min = -extremes[0];
     out.expert_tokens_max = extremes[1];

@@ -81,6 +81,9 @@ void MetricsFile::iteration(const IterationStats& s) {
       tb.scalar("mem-allocated-count", s.memory.allocations, it);
     }
     for (const auto& [name, value] : s.moe_losses) both(name, value);  // Megatron's track_moe_metrics tags
+    for (const auto& [name, per_layer] : s.moe_layer_losses) {  // --moe-per-layer-logging (its tags: every layer, by index)
+      for (size_t l = 0; l < per_layer.size(); ++l) tb.scalar("moe/" + name + "_layer_" + std::to_string(l), per_layer[l], it);
+    }
   });
   if (!out_) return;
   nlohmann::json j = {{"iteration", s.iteration}, {"consumed_samples", s.consumed_samples}, {"global_batch_size", s.global_batch}, {"lm_loss", s.loss},

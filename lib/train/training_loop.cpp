@@ -81,6 +81,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   // The interval being logged.
   double interval_loss = 0;
   std::vector<std::pair<std::string, double>> interval_moe;  // summed over the interval's good iterations
+  std::vector<std::pair<std::string, std::vector<double>>> interval_moe_layers;  // (--moe-per-layer-logging) likewise, per layer
   double tokens_min = 0, tokens_mean = 0, tokens_max = 0, dropped = 0;
   int64_t moe_iters = 0;
   int64_t interval_ok = 0, interval_iters = 0, interval_samples = 0;
@@ -98,6 +99,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       res.losses.push_back(r.loss);
       res.grad_norms.push_back(r.grad_norm);
       if (!r.moe_losses.empty()) res.moe_losses.push_back(r.moe_losses);
+      if (!r.moe_layer_losses.empty()) res.moe_layer_losses.push_back(r.moe_layer_losses);
       if (r.expert_tokens_min >= 0) {
         res.dropped_fraction.push_back(r.dropped_fraction);
         res.routing_digest.push_back(r.routing_digest);
@@ -114,6 +116,15 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
           interval_moe = r.moe_losses;
         } else {
           for (size_t j = 0; j < interval_moe.size(); ++j) interval_moe[j].second += r.moe_losses[j].second;
+        }
+        if (interval_moe_layers.size() != r.moe_layer_losses.size()) {
+          interval_moe_layers = r.moe_layer_losses;
+        } else {
+          for (size_t j = 0; j < interval_moe_layers.size(); ++j) {
+            std::vector<double>& sum = interval_moe_layers[j].second;
+            const std::vector<double>& add = r.moe_layer_losses[j].second;
+            for (size_t l = 0; l < sum.size() && l < add.size(); ++l) sum[l] += add[l];
+          }
         }
       }
       if (r.expert_tokens_min >= 0) {
@@ -181,6 +192,10 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       if (cfg.logging.log_params_norm) s.params_norm = engine.params_norm();
       s.memory = engine.device_memory(it);
       for (const auto& [name, sum] : interval_moe) s.moe_losses.emplace_back(name, interval_ok ? sum / static_cast<double>(interval_ok) : NAN);
+      for (auto [name, per_layer] : interval_moe_layers) {
+        for (double& x : per_layer) x = interval_ok ? x / static_cast<double>(interval_ok) : NAN;
+        s.moe_layer_losses.emplace_back(name, std::move(per_layer));
+      }
       if (moe_iters > 0) {
         const double n = static_cast<double>(moe_iters);
         s.expert_tokens_min = tokens_min / n;
@@ -193,6 +208,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       interval_loss = 0;
       interval_ok = interval_iters = interval_samples = 0;
       interval_moe.clear();
+      interval_moe_layers.clear();
       tokens_min = tokens_mean = tokens_max = dropped = 0;
       moe_iters = 0;
     }

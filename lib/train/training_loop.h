@@ -29,6 +29,9 @@ struct StepReport {
   // their coefficients, averaged over microbatches and MoE layers), and the tokens each expert received this
   // iteration over every layer and rank (min / mean / max over layers x experts) with the share of dropped choices.
   std::vector<std::pair<std::string, double>> moe_losses;
+  // --moe-per-layer-logging: the same losses per layer (averaged over microbatches, not layers), by global layer index
+  // over every layer of the model (a dense layer's 0), as Megatron's tracker holds them.
+  std::vector<std::pair<std::string, std::vector<double>>> moe_layer_losses;
   double expert_tokens_min = -1, expert_tokens_mean = 0, expert_tokens_max = 0, dropped_fraction = 0;
   double routing_digest = 0;  // the layers' routing digests summed over every rank (cpu::MoeLayerStats)
 };

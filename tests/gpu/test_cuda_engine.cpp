@@ -494,6 +494,38 @@ void test_fp8_moe_scaling_state(const std::string& extra) {
 
 void test_resume(const std::string& precision = "");
 
+// --moe-per-layer-logging on the CUDA engine (its per-layer rows of the MoE statistics, mapped to global layers): each
+// layer's losses follow the CPU engine's, a dense layer's are 0, and their mean over the MoE layers is the logged value.
+void test_moe_per_layer_logging(const std::string& model, const std::string& extra) {
+  const std::string name = "MoE per-layer logging " + model + " " + extra;
+  try {
+    const mt::Config cfg = make_config(model, std::string(kMoe) + "--num-layers 3 --moe-layer-freq [1,0,1] --moe-z-loss-coeff 1e-3 "
+                                                                 "--moe-per-layer-logging " + extra);
+    mt::TrainOptions quiet{true, 0};
+    const auto cpu = mt::train(cfg, mt::ProcessGroups::single(), quiet);
+    const auto gpu = mt::train_cuda(cfg, mt::ProcessGroups::single(), quiet);
+    bool ok = !gpu.moe_layer_losses.empty() && cpu.moe_layer_losses.size() == gpu.moe_layer_losses.size() &&
+              gpu.moe_layer_losses.size() == gpu.moe_losses.size();
+    double worst = 0, worst_mean = 0;
+    for (size_t i = 0; ok && i < gpu.moe_layer_losses.size(); ++i) {
+      ok = gpu.moe_layer_losses[i].size() == 2 && cpu.moe_layer_losses[i].size() == 2 && gpu.moe_losses[i].size() == 2;
+      for (size_t j = 0; ok && j < 2; ++j) {
+        const std::vector<double>& g = gpu.moe_layer_losses[i][j].second;
+        const std::vector<double>& c = cpu.moe_layer_losses[i][j].second;
+        ok = g.size() == 3 && c.size() == 3 && g[1] == 0.0 && c[1] == 0.0 && g[0] > 0 && g[2] > 0;
+        for (size_t l = 0; ok && l < 3; l += 2) worst = std::max(worst, std::fabs(g[l] - c[l]) / std::fabs(c[l]));
+        if (ok) worst_mean = std::max(worst_mean, std::fabs((g[0] + g[2]) / 2 - gpu.moe_losses[i][j].second) / gpu.moe_losses[i][j].second);
+      }
+    }
+    char buf[300];
+    std::snprintf(buf, sizeof(buf), "%s: %zu iterations, layers within %.2e of the CPU's, their mean within %.2e of the logged value", name.c_str(),
+                  gpu.moe_layer_losses.size(), worst, worst_mean);
+    check(ok && worst < 3e-2 && worst_mean < 1e-5, buf);
+  } catch (const std::exception& e) {
+    check(false, name + ": " + e.what());
+  }
+}
+
 // Delayed scaling's SwiGLU fused with the FP8 casts (the dense layers' and the experts') against the separate kernels
 // (MEGATRAIN_FP8_FUSED_SWIGLU=0): the same bytes by construction, so the same losses and gradient norms, or no further
 // apart than two runs of the fused path.
@@ -1276,6 +1308,8 @@ moe_tests:
   test_moe_streams("gpt", "--disable-bias-linear ");  // GELU experts (the epilogue's auxiliary rows)
   test_moe_training("llama-recompute", "--moe-router-pre-softmax --moe-router-topk-scaling-factor 1.5 ");
   test_moe_training("llama", "--moe-router-score-function sigmoid --moe-layer-freq [0,1] ");
+  test_moe_per_layer_logging("llama", "");
+  test_moe_per_layer_logging("llama-recompute", "--moe-router-load-balancing-type seq_aux_loss ");
   test_moe_training("gpt", "--disable-bias-linear ");  // GELU experts
   // GPT's biases (the router's, each expert's fc1 and fc2, the fc2 bias inside the routing weight; 8 experts, so that
   // the router's bias keeps the next parameter aligned), and squared ReLU experts with and without them.

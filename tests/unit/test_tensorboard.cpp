@@ -205,3 +205,52 @@ TEST_CASE("TensorBoard flags Megatron has and megatrain does not implement are r
   REQUIRE(cuda_gaps.size() == 1);
   CHECK_THAT(cuda_gaps[0], MT_CONTAINS("--log-timers-to-tensorboard"));
 }
+
+// --moe-per-layer-logging (Megatron's track_moe_metrics with per_layer_logging): each auxiliary loss of the log line also
+// per layer, tagged moe/<name>_layer_<i> over every layer of the model (a dense layer's 0), each layer's value averaged
+// over the microbatches; the log line's value is their sum over the MoE layers' count.
+TEST_CASE("--moe-per-layer-logging writes each layer's MoE losses to TensorBoard") {
+  const auto dir = std::filesystem::temp_directory_path() / ("mt_tb_moe_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  Config c;
+  apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
+  c.data.text_data_path = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
+  c.model.num_layers = 3;
+  c.moe.num_experts = 4;
+  c.moe.moe_router_topk = 2;
+  c.moe.moe_ffn_hidden_size = 64;
+  c.moe.moe_aux_loss_coeff = 1e-2;
+  c.moe.moe_z_loss_coeff = 1e-3;
+  c.moe.moe_layer_freq = "[1,0,1]";
+  c.moe.moe_per_layer_logging = true;
+  c.training.train_iters = 4;
+  c.logging.log_interval = 2;
+  c.logging.eval_interval = 100;
+  c.logging.tensorboard_dir = dir.string();
+  REQUIRE(validate(c, 1, Purpose::kTrain).ok());
+  resolve(c, 1, 257);
+  train(c, ProcessGroups::single(), {true, 0});
+  const Events ev = read_events(only_event_file(dir));
+  std::map<std::string, std::vector<Scalar>> by_tag;
+  for (const Scalar& s : ev.scalars) by_tag[s.tag].push_back(s);
+  for (const std::string name : {"load_balancing_loss", "z_loss"}) {
+    INFO(name);
+    REQUIRE(by_tag[name].size() == 2);  // iterations 2 and 4
+    CHECK(by_tag.count("moe/" + name + "_layer_3") == 0);
+    for (size_t k = 0; k < 2; ++k) {
+      double sum = 0;
+      for (int l = 0; l < 3; ++l) {
+        const auto& layer = by_tag["moe/" + name + "_layer_" + std::to_string(l)];
+        REQUIRE(layer.size() == 2);
+        CHECK(layer[k].step == by_tag[name][k].step);
+        if (l == 1) CHECK(layer[k].value == 0.0);  // the dense layer
+        else CHECK(layer[k].value > 0.0);
+        sum += layer[k].value;
+      }
+      CHECK(sum / 2.0 == Approx(by_tag[name][k].value).epsilon(1e-5));  // (two MoE layers)
+    }
+  }
+  // The two MoE layers route differently, so their losses differ.
+  CHECK(by_tag["moe/load_balancing_loss_layer_0"][1].value != by_tag["moe/load_balancing_loss_layer_2"][1].value);
+  std::filesystem::remove_all(dir);
+}

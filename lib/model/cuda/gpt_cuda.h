@@ -147,6 +147,7 @@ class CudaGPT {
   // expert kept), on the device; nullptr without MoE layers.
   const float* moe_stats() const { return moe_acc_; }
   int64_t moe_layer_count() const { return moe_layers_; }
+  std::vector<int64_t> moe_layer_indices() const;  // the global layer index of each row of moe_stats()
   void zero_moe_stats();
   // The MoE statistics summed over a group's ranks (data parallelism: the expert bias and the log take every replica's
   // tokens), in place, on the training stream.

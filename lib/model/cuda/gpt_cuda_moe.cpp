@@ -83,6 +83,15 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   }
 }
 
+std::vector<int64_t> CudaGPT::moe_layer_indices() const {
+  std::vector<int64_t> out(static_cast<size_t>(moe_layers_), -1);
+  for (int64_t l = 0; l < L_; ++l) {
+    const LayerW& lw = layers_[static_cast<size_t>(l)];
+    if (lw.moe) out[static_cast<size_t>(lw.moe_index)] = first_layer_ + l;
+  }
+  return out;
+}
+
 void CudaGPT::zero_moe_stats() {
   if (moe_acc_) MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4, stream_));
   if (moe_global_) MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4, stream_));
