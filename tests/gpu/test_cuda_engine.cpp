@@ -413,6 +413,14 @@ void test_moe_training(const std::string& model, const std::string& extra) {
   }
 }
 
+// The largest difference between two runs' losses and gradient norms (infinite where their lengths differ).
+double run_gap(const mt::TrainResult& a, const mt::TrainResult& b) {
+  double g = a.losses.size() == b.losses.size() && a.grad_norms.size() == b.grad_norms.size() && !a.losses.empty() ? 0.0 : INFINITY;
+  for (size_t i = 0; std::isfinite(g) && i < a.losses.size(); ++i) g = std::max(g, std::fabs(a.losses[i] - b.losses[i]));
+  for (size_t i = 0; std::isfinite(g) && i < a.grad_norms.size(); ++i) g = std::max(g, std::fabs(a.grad_norms[i] - b.grad_norms[i]));
+  return g;
+}
+
 // The routed experts' GEMMs on several streams (MEGATRAIN_MOE_EXPERT_STREAMS) give the same bits as on the compute
 // stream alone: each expert writes only its own rows and gradients, and the compute stream waits for every expert
 // stream before the combine (forward) and the router's backward. A missing wait shows as a loss or gradient norm that
@@ -431,13 +439,7 @@ void test_moe_streams(const std::string& model, const std::string& extra) {
     unsetenv("MEGATRAIN_MOE_EXPERT_STREAMS");
     // The same bits; or, should the engine itself not repeat (cuDNN's attention backward may accumulate with atomics),
     // no further apart than two runs on one stream.
-    auto gap = [](const mt::TrainResult& a, const mt::TrainResult& b) {
-      double g = a.losses.size() == b.losses.size() && a.grad_norms.size() == b.grad_norms.size() && !a.losses.empty() ? 0.0 : INFINITY;
-      for (size_t i = 0; std::isfinite(g) && i < a.losses.size(); ++i) g = std::max(g, std::fabs(a.losses[i] - b.losses[i]));
-      for (size_t i = 0; std::isfinite(g) && i < a.grad_norms.size(); ++i) g = std::max(g, std::fabs(a.grad_norms[i] - b.grad_norms[i]));
-      return g;
-    };
-    const double noise = gap(runs[0], runs[1]), worst = std::max(gap(runs[0], runs[2]), gap(runs[0], runs[3]));
+    const double noise = run_gap(runs[0], runs[1]), worst = std::max(run_gap(runs[0], runs[2]), run_gap(runs[0], runs[3]));
     char buf[300];
     std::snprintf(buf, sizeof(buf), "%s: %zu iterations on 1, 4 and 3 streams, losses and gradient norms %.2e apart (two runs on one stream: %.2e)",
                   name.c_str(), runs[0].losses.size(), worst, noise);
@@ -540,13 +542,7 @@ void test_fused_swiglu_bits(const std::string& model, const std::string& extra) 
       runs.push_back(mt::train_cuda(cfg, mt::ProcessGroups::single(), quiet));
     }
     unsetenv("MEGATRAIN_FP8_FUSED_SWIGLU");
-    auto gap = [](const mt::TrainResult& a, const mt::TrainResult& b) {
-      double g = a.losses.size() == b.losses.size() && a.grad_norms.size() == b.grad_norms.size() && !a.losses.empty() ? 0.0 : INFINITY;
-      for (size_t i = 0; std::isfinite(g) && i < a.losses.size(); ++i) g = std::max(g, std::fabs(a.losses[i] - b.losses[i]));
-      for (size_t i = 0; std::isfinite(g) && i < a.grad_norms.size(); ++i) g = std::max(g, std::fabs(a.grad_norms[i] - b.grad_norms[i]));
-      return g;
-    };
-    const double noise = gap(runs[0], runs[1]), worst = gap(runs[0], runs[2]);
+    const double noise = run_gap(runs[0], runs[1]), worst = run_gap(runs[0], runs[2]);
     char buf[300];
     std::snprintf(buf, sizeof(buf), "%s: %zu iterations, losses and gradient norms %.2e apart (two fused runs: %.2e)", name.c_str(), runs[0].losses.size(),
                   worst, noise);
