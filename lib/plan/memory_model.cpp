@@ -73,7 +73,10 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
     bytes += 12.0 * sb * static_cast<double>(c.moe.moe_router_topk);          // the choices, their weights and rows
     const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
     bytes += a * sb * h / rep;  // fc1 input
-    bytes += a * tokens * F * (mult + 1) / etp;
+    // (the CUDA engine under delayed scaling, SwiGLU experts without biases: SwiGLU writes fc2's FP8 input, no 16-bit output)
+    const bool experts_act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && !c.precision.no_fp8_wgrad &&
+                                    !c.precision.fp16 && c.model.disable_bias_linear;
+    bytes += a * tokens * F * (mult + (experts_act_unread ? 0 : 1)) / etp;
     const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
     bytes += a * sb * shared * (mult + 1) / t;  // the shared expert's fc1 output(s) and activation output
     if (c.precision.fp8_format) {  // FP8 (tensorwise / blockwise): the GEMM inputs' transposes, 1 byte (blockwise: and their scales)

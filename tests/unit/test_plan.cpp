@@ -188,7 +188,8 @@ TEST_CASE("memory model: the output layer's chunk of logits and the plan against
   }
   // FP8 in the MoE layers (the experts' x^T, FP8 weights and scratch; 2026-12-04, device peak): 104.37 GiB tensorwise and
   // delayed on b43fa90; 106.13 GiB blockwise on 5939e81, whose MoE records still held two unused dense x^T buffers (about
-  // 1.5 GiB, dropped since, as tensorwise's fall from 105.87 measured).
+  // 1.5 GiB, dropped since, as tensorwise's fall from 105.87 measured). Delayed scaling's records have held no 16-bit
+  // expert activation since (4.02 GiB less, predicted 100.35 GiB; the plan says 99.04): not yet measured.
   for (const auto& [fp8_recipe, gib] :
        {std::pair<const char*, double>{"tensorwise", 104.37}, {"delayed", 104.37}, {"blockwise", 106.13}}) {
     Config c = recipe("bench/moe-3.9b", 1);
@@ -197,6 +198,6 @@ TEST_CASE("memory model: the output layer's chunk of logits and the plan against
     const double planned = estimate_memory(c).total / (1024.0 * 1024.0 * 1024.0);
     INFO("moe-3.9b FP8 " << fp8_recipe << ": plan " << planned << " GiB, measured " << gib << " GiB");
     CHECK(std::abs(planned - gib) <= 0.10 * gib);
-    CHECK(planned > estimate_memory(recipe("bench/moe-3.9b", 1)).total / (1024.0 * 1024.0 * 1024.0) + 10.0);  // (the FP8 copies counted)
+    CHECK(planned > estimate_memory(recipe("bench/moe-3.9b", 1)).total / (1024.0 * 1024.0 * 1024.0) + 5.0);  // (the FP8 copies counted)
   }
 }

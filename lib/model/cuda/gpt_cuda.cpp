@@ -326,7 +326,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       r.ex_rows = b16_rows(h, moe_rows_);
       if (D.ep == 1) {  // (expert parallelism: the rows this rank's experts receive, in growing buffers)
         r.ex_fc1 = b16_rows(F1m, moe_rows_);
-        r.ex_act = b16_rows(Fm, moe_rows_);
+        // (FP8 delayed scaling with SwiGLU experts without biases: SwiGLU writes fc2's FP8 input, nothing reads a 16-bit one)
+        if (!fp8 || !experts_swiglu_output_unread()) r.ex_act = b16_rows(Fm, moe_rows_);
       }
       r.ex_out = b16_rows(h, moe_rows_);
       if (moe_pad_) r.pad_map = static_cast<int32_t*>(alloc(static_cast<size_t>(2 * moe_rows_) * 4));

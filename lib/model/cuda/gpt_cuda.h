@@ -389,6 +389,7 @@ class CudaGPT {
   cuda::Fp8CastTarget fp8_grad_target(int64_t l, int site) const;
   bool fp8_fuses_swiglu(int64_t l) const;
   bool swiglu_output_unread() const;  // (the FP8 layers' records hold no SwiGLU output: see gpt_cuda_fp8.cpp)
+  bool experts_swiglu_output_unread() const;  // (nor the MoE layers' records their routed experts')
   bool fp8_fused_swiglu_ = true;  // (MEGATRAIN_FP8_FUSED_SWIGLU=0: the separate kernels)
   void linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const cuda::bf16* dy,
                     const cuda::bf16* x, int64_t w_off, int64_t b_off);

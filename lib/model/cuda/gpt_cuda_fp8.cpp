@@ -120,6 +120,9 @@ bool CudaGPT::swiglu_output_unread() const {
   return D_.swiglu && D_.fp8_delayed && D_.fp8_wgrad && dt_ == cuda::F16::kBF16 && fp8_fused_swiglu_;
 }
 
+// The same for the routed experts where every one of them fuses (ExpertFp8::fuse_swiglu: no biases).
+bool CudaGPT::experts_swiglu_output_unread() const { return swiglu_output_unread() && !D_.bias; }
+
 void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, int64_t T, int64_t in, int64_t out, const bf16* x, int64_t w_off,
                              const bf16* bias, bf16* y, bool x_cast) {
   auto& lt = cuda::GemmLt::instance();

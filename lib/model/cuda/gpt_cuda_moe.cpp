@@ -193,7 +193,8 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     const int64_t n = r.per_expert[e], rows_e = f8 ? align_rows(n) : n;
     if (n > 0) {
       const ExpertFp8 x8 = f8 ? expert_fp8(l, r, static_cast<int64_t>(e), off, blocks) : ExpertFp8{};
-      expert_forward(false, rows_e, Fm, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act + off * Fm, out + off * h, 0.0f,
+      bf16* act_e = act ? act + off * Fm : nullptr;  // (none under FP8 delayed scaling's fused SwiGLU)
+      expert_forward(false, rows_e, Fm, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act_e, out + off * h, 0.0f,
                      expert_stream(busy++), lw.expert_fc1_b[e], lw.expert_fc2_b[e], f8 ? &x8 : nullptr, n);
     }
     off += align_rows(n);
@@ -303,6 +304,10 @@ void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, i
     expert_linear_fp8(*f8, 0, fc1_name, n, h, F1, x, w1, w(b1), 0.0f, fc1_out, st);
     // (delayed scaling: SwiGLU writes fc2's FP8 input itself, the padding rows' zero as fc1's output rows are)
     const bool act_cast = expert_swiglu_fp8(*f8, act_name, n, F, fc1_out, st);
+    if (!act_cast && act == nullptr) {
+      throw std::logic_error("CUDA model: SwiGLU's fused FP8 cast does not take an expert's " + std::to_string(n) + " x " + std::to_string(F) +
+                             " activation, and its 16-bit output has no buffer");
+    }
     if (!act_cast) expert_activation(act_name, n, F, fc1_out, act, st);
     // The padding rows' activations: act(b1) with biases, zero without; zero either way, so that fc2's amax is the rows'.
     if (b1 >= 0 && real < n) MT_CUDA_CHECK(cudaMemsetAsync(act + real * F, 0, static_cast<size_t>((n - real) * F) * 2, st));
@@ -385,8 +390,9 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
     const int64_t n = r.per_expert[e], rows_e = f8 ? align_rows(n) : n;
     if (n > 0) {
       const ExpertFp8 x8 = f8 ? expert_fp8(l, r, static_cast<int64_t>(e), off, blocks) : ExpertFp8{};
-      expert_backward(false, rows_e, Fm, dout + off * h, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act + off * Fm,
-                      dact + off * Fm, dfc1 + off * F1m, din + off * h, 0.0f, expert_stream(busy++), f8 ? &x8 : nullptr);
+      const bf16* act_e = act ? act + off * Fm : nullptr;  // (none under FP8 delayed scaling's fused SwiGLU: the FP8 backward reads none)
+      expert_backward(false, rows_e, Fm, dout + off * h, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act_e, dact + off * Fm,
+                      dfc1 + off * F1m, din + off * h, 0.0f, expert_stream(busy++), f8 ? &x8 : nullptr);
     }
     off += align_rows(n);
     blocks += (rows_e + cuda::kFp8BlockSize - 1) / cuda::kFp8BlockSize;
