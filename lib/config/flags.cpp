@@ -197,6 +197,8 @@ std::vector<FlagSpec> build_table() {
       F(kMoe, "moe-router-bias-update-rate", moe.moe_router_bias_update_rate, "Expert bias update rate"),
       F(kMoe, "moe-shared-expert-intermediate-size", moe.moe_shared_expert_intermediate_size, "Shared expert hidden size"),
       F(kMoe, "moe-shared-expert-overlap", moe.moe_shared_expert_overlap, "Overlap the shared expert with the dispatch (same results)"),
+      F(kMoe, "moe-apply-probs-on-input", moe.moe_apply_probs_on_input,
+        "Scale each expert's input by its routing weight instead of its output (Llama 4's MoE; needs --moe-router-topk 1)"),
       F(kMoe, "moe-per-layer-logging", moe.moe_per_layer_logging,
         "Each layer's auxiliary losses to TensorBoard as moe/<name>_layer_<i> (with --tensorboard-dir)"),
       // Data

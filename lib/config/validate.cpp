@@ -556,6 +556,9 @@ void check_moe(const Config& c, Checker& k) {
       m.moe_router_load_balancing_type != "none") {
     k.error("--moe-expert-capacity-factor works only with --moe-router-load-balancing-type aux_loss, seq_aux_loss or none (as in Megatron)");
   }
+  if (m.moe_apply_probs_on_input && m.moe_router_topk != 1) {
+    k.error("--moe-apply-probs-on-input works only with --moe-router-topk 1 (as in Megatron): set --moe-router-topk 1, or drop it");
+  }
   if (m.moe_pad_expert_input_to_capacity && !m.moe_expert_capacity_factor) {
     k.error("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
   }

@@ -24,6 +24,9 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "--moe-router-load-balancing-type sinkhorn is not implemented: use aux_loss, seq_aux_loss, global_aux_loss or none");
   no(m.num_experts && m.moe_token_dispatcher_type == "flex",
      "--moe-token-dispatcher-type flex (DeepEP) is not implemented: use alltoall or allgather");
+  no(m.num_experts && m.moe_apply_probs_on_input && m.moe_pad_expert_input_to_capacity,
+     "--moe-apply-probs-on-input with --moe-pad-expert-input-to-capacity is not implemented (the padding rows would need weights of "
+     "their own): drop one of them");
 
   const auto& pr = c.precision;
   no(pr.fp8_param_gather,
@@ -292,6 +295,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     // instead of 1 / DP.
     no(c.precision.fp16 && ep, "expert parallelism in fp16 is not implemented on the CUDA engine: use --bf16, or --device cpu");
     no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
+    no(m.moe_apply_probs_on_input, "--moe-apply-probs-on-input is not implemented on the CUDA engine yet" + cpu);
     // FP8 in MoE layers (gpt_cuda_moe_fp8.cpp: each expert's GEMMs, its rows padded to 16), with any recipe, on one rank's experts.
     if (c.precision.fp8_format) {
       no(ep, "FP8 in MoE layers with expert parallelism is not implemented on the CUDA engine (each expert's FP8 rows are padded on "

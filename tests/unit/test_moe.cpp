@@ -9,10 +9,13 @@
 #include "config/errors.h"
 #include "config/moe_pattern.h"
 #include "config/resolve.h"
+#include "config/validate.h"
 #include "grad_check.h"
 #include "kernels/cpu/router.h"
 #include "model/gpt_model.h"
+#include "tensor/device_info.h"
 #include "tiny_models.h"
+#include "train/capabilities.h"
 
 using namespace mt;
 using namespace mt::cpu;
@@ -275,6 +278,14 @@ TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared exper
   SECTION("LLaMA: capacity dropping") {
     check_moe_model(true, [](Config& c) { c.moe.moe_expert_capacity_factor = 1.0; });
   }
+  SECTION("LLaMA: sigmoid top-1 with the routing weight on the expert's input (Llama 4's --moe-apply-probs-on-input)") {
+    check_moe_model(true, [](Config& c) {  // (sigmoid: a softmax over one choice would make the weight 1, its gradient 0)
+      c.moe.moe_router_score_function = "sigmoid";
+      c.moe.num_experts = 2;  // (top-1 over 4 experts leaves one too few tokens for gradients above the differences' noise)
+      c.moe.moe_router_topk = 1;
+      c.moe.moe_apply_probs_on_input = true;
+    });
+  }
 }
 
 TEST_CASE("aux-loss-free balancing: the expert bias steers the choice, moves by the rate against the load, and is not trained") {
@@ -309,4 +320,35 @@ TEST_CASE("aux-loss-free balancing: the expert bias steers the choice, moves by 
   for (int e = 0; e < 4; ++e) ps.param(bias)[e] = e == 3 ? 100.0f : 0.0f;
   model.forward(mb, 1, true);
   CHECK(model.moe_stats().at(1).tokens[3] == 12.0);
+}
+
+TEST_CASE("--moe-apply-probs-on-input: top-1 only (Megatron's assertion), not with padding to capacity, the CPU engine only") {
+  Config c = tiny_decoder(true, 2);
+  c.moe.num_experts = 4;
+  c.moe.moe_router_topk = 2;
+  c.moe.moe_apply_probs_on_input = true;
+  auto errors = [](const Config& k) {
+    std::string all;
+    for (const auto& e : validate(k, 1, Purpose::kTrain).errors) all += e + "\n";
+    return all;
+  };
+  CHECK_THAT(errors(c), MT_CONTAINS("--moe-apply-probs-on-input works only with --moe-router-topk 1"));
+  c.moe.moe_router_topk = 1;
+  CHECK_THAT(errors(c), !MT_CONTAINS("--moe-apply-probs-on-input"));
+  auto refused = [](const Config& k, bool cuda) {
+    std::string all;
+    for (const auto& s : unsupported_features(k, 1, cuda)) all += s + "\n";
+    return all;
+  };
+  CHECK(refused(c, false).empty());
+  Config padded = c;
+  padded.moe.moe_expert_capacity_factor = 1.0;
+  padded.moe.moe_token_dispatcher_type = "alltoall";
+  padded.moe.moe_pad_expert_input_to_capacity = true;
+  CHECK_THAT(refused(padded, false), MT_CONTAINS("with --moe-pad-expert-input-to-capacity is not implemented"));
+  if (built_with_cuda()) {
+    std::string gaps;
+    for (const auto& s : cuda_engine_gaps(c, 1)) gaps += s + "\n";
+    CHECK_THAT(gaps, MT_CONTAINS("--moe-apply-probs-on-input is not implemented on the CUDA engine"));
+  }
 }

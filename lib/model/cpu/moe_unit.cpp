@@ -34,6 +34,7 @@ MoeOptions MoeOptions::from(const Config& cfg) {
   o.aux_coeff = m.moe_aux_loss_coeff;
   o.z_coeff = m.moe_z_loss_coeff.value_or(0.0);
   o.alltoall = m.moe_token_dispatcher_type == "alltoall";
+  o.probs_on_input = m.moe_apply_probs_on_input;
   return o;
 }
 
@@ -350,7 +351,17 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   if (training) ++st.microbatches;
 
   A.dispatcher = TokenDispatcher(o.alltoall);
-  A.dispatcher.dispatch(c, mine, A.ln.data(), A.rows, A.per_expert);
+  if (o.probs_on_input) {
+    // Megatron's moe_apply_probs_on_input (top-1): the expert's input row is the token's norm output times its routing
+    // weight, and the combine adds the expert's output unweighted (the weights sent with the rows are 1).
+    A.scaled_ln.assign(sz(Tl * h), 0.0f);
+    for (Assignment& a : mine) {
+      const float w = a.weight;
+      for (int64_t i = 0; i < h; ++i) A.scaled_ln[sz(a.token * h + i)] = w * A.ln[sz(a.token * h + i)];
+      a.weight = 1.0f;
+    }
+  }
+  A.dispatcher.dispatch(c, mine, o.probs_on_input ? A.scaled_ln.data() : A.ln.data(), A.rows, A.per_expert);
   Buf y, out;
   experts_forward(c, ly, A, y);
   A.dispatcher.combine(c, y, out);
@@ -375,7 +386,25 @@ void MoeUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Stash& A)
   Buf dy, dweight, drows;
   A.dispatcher.combine_backward(c, branch, dy, dweight);
   experts_backward(c, ly, A, dy, drows);
-  A.dispatcher.dispatch_backward(c, drows, dln);
+  if (o.probs_on_input) {
+    // Through the scaled input instead: each kept choice's weight gradient is its input gradient's dot with the token's
+    // norm output, and the norm output's gradient takes the weight (the combine's weights were constants).
+    Buf dscaled(sz(Tl * h), 0.0f);
+    A.dispatcher.dispatch_backward(c, drows, dscaled);
+    for (int64_t t = 0; t < Tl; ++t) {
+      const size_t i = sz(t * D.topk);
+      dweight[i] = 0;
+      if (!A.keep[i]) continue;
+      double dot = 0;
+      for (int64_t j = 0; j < h; ++j) {
+        dot += static_cast<double>(dscaled[sz(t * h + j)]) * A.ln[sz(t * h + j)];
+        dln[sz(t * h + j)] += A.weight[i] * dscaled[sz(t * h + j)];
+      }
+      dweight[i] = static_cast<float>(dot);
+    }
+  } else {
+    A.dispatcher.dispatch_backward(c, drows, dln);
+  }
   // The router: through the routing weights, plus the auxiliary losses' gradients (scaled as the lm loss's). With
   // --calculate-per-token-loss the gradients are divided by the global batch's loss tokens at the step, so the aux and z
   // losses are multiplied by the microbatch's tokens, as Megatron's router does (its intent: the same scale as without

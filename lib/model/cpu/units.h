@@ -84,6 +84,7 @@ struct MoeOptions {
   std::string balance = "aux_loss";  // aux_loss | seq_aux_loss | global_aux_loss | none
   double aux_coeff = 0, z_coeff = 0;
   bool alltoall = false;
+  bool probs_on_input = false;  // --moe-apply-probs-on-input: the weight scales the expert's input (top-1), the combine adds
   static MoeOptions from(const Config& cfg);
   bool aux_enabled() const { return balance != "none" && aux_coeff > 0; }
 };
@@ -95,6 +96,7 @@ struct MoeOptions {
 struct MoeUnit {
   struct Stash {
     Buf x, ln, mean, rstd, logits, weight, aux_dscores;  // logits, aux_dscores [Tl, E]; weight [Tl, k]
+    Buf scaled_ln;  // --moe-apply-probs-on-input: each kept token's norm output times its routing weight [Tl, h]
     std::vector<int32_t> top;                            // [Tl, k]
     std::vector<uint8_t> keep;                           // [Tl, k]
     TokenDispatcher dispatcher{true};
