@@ -168,8 +168,8 @@ struct MoeConfig {
   std::string moe_token_drop_policy = "probs";
   bool moe_pad_expert_input_to_capacity = false;
   bool moe_permute_fusion = false;
-  bool moe_per_layer_logging = false;
-  bool moe_apply_probs_on_input = false;  // the routing weight scales the expert's input, not its output (Llama 4; top-1)  // TensorBoard: each layer's auxiliary losses (moe/<name>_layer_<i>)
+  bool moe_per_layer_logging = false;     // TensorBoard: each layer's auxiliary losses (moe/<name>_layer_<i>)
+  bool moe_apply_probs_on_input = false;  // the routing weight scales the expert's input, not its output (Llama 4; top-1)
 };
 
 struct DataConfig {

@@ -23,7 +23,9 @@ struct TrainResult {
   std::vector<double> grad_norms;   // per iteration, before clipping
   // MoE, per iteration: the auxiliary losses as logged (name, value) and the share of dropped choices.
   std::vector<std::vector<std::pair<std::string, double>>> moe_losses;
-  std::vector<std::vector<std::pair<std::string, std::vector<double>>>> moe_layer_losses;  // (--moe-per-layer-logging) per layer
+  // --moe-per-layer-logging: the last iteration's losses per layer (only the last: a value per layer and iteration would
+  // grow by kilobytes an iteration over a long run).
+  std::vector<std::pair<std::string, std::vector<double>>> moe_layer_losses;
   std::vector<double> dropped_fraction;
   std::vector<double> routing_digest;  // the same choices and drops give the same digest whatever the layout
   int64_t iterations = 0;

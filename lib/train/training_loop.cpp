@@ -99,7 +99,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       res.losses.push_back(r.loss);
       res.grad_norms.push_back(r.grad_norm);
       if (!r.moe_losses.empty()) res.moe_losses.push_back(r.moe_losses);
-      if (!r.moe_layer_losses.empty()) res.moe_layer_losses.push_back(r.moe_layer_losses);
+      if (!r.moe_layer_losses.empty()) res.moe_layer_losses = r.moe_layer_losses;
       if (r.expert_tokens_min >= 0) {
         res.dropped_fraction.push_back(r.dropped_fraction);
         res.routing_digest.push_back(r.routing_digest);

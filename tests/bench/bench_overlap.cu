@@ -75,11 +75,10 @@ int main(int argc, char** argv) {
                            .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f}, s);
   };
   const auto nch = static_cast<int64_t>(chunks.size());
-  cudaEvent_t start, gemm_done, opt_done, fork;
-  cudaEventCreate(&start);
-  cudaEventCreate(&gemm_done);
-  cudaEventCreate(&opt_done);
-  cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+  cudaEvent_t start, gemm_done, opt_done;
+  MT_CUDA_CHECK(cudaEventCreate(&start));
+  MT_CUDA_CHECK(cudaEventCreate(&gemm_done));
+  MT_CUDA_CHECK(cudaEventCreate(&opt_done));
   // One case: the GEMMs and/or AdamW from a common start; the time until both are done.
   auto measure = [&](const char* name, bool with_gemms, bool with_adam, cudaStream_t s_opt, int pieces) {
     std::vector<float> times;

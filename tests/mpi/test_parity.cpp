@@ -115,6 +115,18 @@ int main(int argc, char** argv) {
         }
       }
     }
+    // --moe-per-layer-logging: the last iteration's losses per layer (each stage's layers summed over the pipeline).
+    if (par.moe_layer_losses.size() != ref.moe_layer_losses.size()) {
+      worst_loss = 1;
+    } else {
+      for (size_t j = 0; j < ref.moe_layer_losses.size(); ++j) {
+        const std::vector<double>&a = par.moe_layer_losses[j].second, &b = ref.moe_layer_losses[j].second;
+        if (a.size() != b.size()) worst_loss = 1;
+        for (size_t l = 0; l < a.size() && l < b.size(); ++l) {
+          worst_loss = std::max(worst_loss, std::fabs(a[l] - b[l]) / std::max(1e-12, std::fabs(b[l])));
+        }
+      }
+    }
     if (worst_loss > loss_tolerance) ++failures;
     const ParamStore& ps = par.model->params();
     const ParamStore& rs = ref.model->params();
