@@ -50,7 +50,10 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   DROP="--attention-dropout 0.1 --hidden-dropout 0.1"
   # (and squared ReLU, interleaved RoPE, seq_aux_loss and global_aux_loss, the expert bias, capacity factors padded to capacity. A feature written but
   # refused until its GPU tests pass joins these runs through MEGATRAIN_CUDA_UNVERIFIED=<name>, exported here while
-  # it is refused: none at present.)
+  # it is refused: moe-probs-on-input, Llama 4's routing weight on the experts' inputs, PROBS below.)
+  export MEGATRAIN_CUDA_UNVERIFIED=moe-probs-on-input
+  PROBS="--num-experts 4 --moe-router-topk 1 --moe-router-score-function sigmoid --moe-apply-probs-on-input --moe-aux-loss-coeff 1e-2
+         --moe-expert-capacity-factor 1.0 --moe-token-dispatcher-type alltoall"
   CAP="--num-experts 4 --moe-router-topk 2 --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2
        --moe-pad-expert-input-to-capacity"
   BIAS="--num-experts 4 --moe-router-topk 2 --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2"
@@ -63,7 +66,7 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   for extra in "--bf16" "--bf16 $L" "--fp16 --initial-loss-scale 1024 $L" "--bf16 $L $M" "--bf16 $L $F8" "--bf16 $F8" "--bf16 $L $F8D" "--bf16 $L $OFF" \
                "--bf16 $L $F8B" "--bf16 $L $DOC" "--bf16 $L $DROP" "--bf16 $SQ $F8" "--bf16 $L $SEQ --rotary-interleaved" "--bf16 $L $GLOBAL" \
                "--bf16 $L $BIAS" "--bf16 $L $CAP" "--bf16 $MOEB" "--bf16 $L --add-qkv-bias" "--fp16 --initial-loss-scale 1024 $L $M" \
-               "--bf16 $L $M $F8" "--bf16 $L $M $F8B" "--bf16 $L $M $F8D"; do
+               "--bf16 $L $M $F8" "--bf16 $L $M $F8B" "--bf16 $L $M $F8D" "--bf16 $L $PROBS"; do
     # shellcheck disable=SC2086
     out=$(compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD_DIR/bin/megatrain" $S $extra 2>&1) || {
       echo "$out" | tail -20; echo "FAIL: compute-sanitizer memcheck"; exit 1; }

@@ -204,16 +204,25 @@ __device__ __forceinline__ void store_cols(T16* p, const Cols<W>& v) {
   }
 }
 
-// One token per block: its row copied to each of its k slots' rows.
+// One token per block: its row copied to each of its k slots' rows (times the slot's weight where row_weight is given).
 template <int W, typename T16>
-__global__ void gather_kernel(T16* rows, const T16* xn, const int32_t* row, int64_t T, int64_t k, int64_t h) {
+__global__ void gather_kernel(T16* rows, const T16* xn, const int32_t* row, const float* row_weight, int64_t T, int64_t k, int64_t h) {
   const int64_t t = blockIdx.x;
   if (t >= T) return;
   for (int64_t c = threadIdx.x * W; c < h; c += blockDim.x * W) {
     const Cols<W> v = load_cols<W>(xn + t * h + c);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t r = row[t * k + j];
-      if (r >= 0) store_cols<W>(rows + r * h + c, v);  // (-1: dropped by the capacity)
+      if (r < 0) continue;  // (-1: dropped by the capacity)
+      if (row_weight) {
+        const float wj = row_weight[t * k + j];
+        Cols<W> s;
+#pragma unroll
+        for (int q = 0; q < W; ++q) s.x[q] = wj * v.x[q];
+        store_cols<W>(rows + r * h + c, s);
+      } else {
+        store_cols<W>(rows + r * h + c, v);
+      }
     }
   }
 }
@@ -426,8 +435,8 @@ __global__ void router_backward_kernel(float* dlogits, const float* logits, cons
 // summed in slot order, then the router's term in expert order.
 constexpr int kInputTokens = 4;
 template <int W, typename T16>
-__global__ void input_backward_kernel(T16* dxn, const T16* drows, const int32_t* row, const float* dlogits, const T16* w,
-                                      int64_t T, int64_t E, int64_t k, int64_t h) {
+__global__ void input_backward_kernel(T16* dxn, const T16* drows, const int32_t* row, const float* row_weight, const float* dlogits,
+                                      const T16* w, int64_t T, int64_t E, int64_t k, int64_t h) {
   __shared__ float dl[kInputTokens][kMaxExperts];
   const int64_t t0 = blockIdx.x * static_cast<int64_t>(kInputTokens);
   const int tokens = static_cast<int>(T - t0 < kInputTokens ? T - t0 : kInputTokens);
@@ -440,8 +449,9 @@ __global__ void input_backward_kernel(T16* dxn, const T16* drows, const int32_t*
         const int64_t r = row[(t0 + u) * k + j];
         if (r < 0) continue;
         const Cols<W> v = load_cols<W>(drows + r * h + c);
+        const float wj = row_weight ? row_weight[(t0 + u) * k + j] : 1.0f;
 #pragma unroll
-        for (int q = 0; q < W; ++q) s[u].x[q] += v.x[q];
+        for (int q = 0; q < W; ++q) s[u].x[q] += wj * v.x[q];
       }
     }
     for (int64_t e = 0; e < E; ++e) {
@@ -560,13 +570,13 @@ bool eight_wide(int64_t h, std::initializer_list<const void*> buffers) {
 }
 }  // namespace
 
-void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st, F16 dt) {
+void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st, F16 dt, const float* row_weight) {
   with_type(dt, [&](auto tag) {
     using T16 = decltype(tag);
     if (eight_wide(r.hidden, {rows, xn})) {
-      gather_kernel<8, T16><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(P<T16>(rows), P<T16>(xn), row, r.tokens, r.topk, r.hidden);
+      gather_kernel<8, T16><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(P<T16>(rows), P<T16>(xn), row, row_weight, r.tokens, r.topk, r.hidden);
     } else {
-      gather_kernel<1, T16><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(P<T16>(rows), P<T16>(xn), row, r.tokens, r.topk, r.hidden);
+      gather_kernel<1, T16><<<static_cast<unsigned>(r.tokens), 128, 0, st>>>(P<T16>(rows), P<T16>(xn), row, row_weight, r.tokens, r.topk, r.hidden);
     }
     MT_CUDA_CHECK(cudaGetLastError());
   });
@@ -637,15 +647,17 @@ void moe_router_backward(float* dlogits, const float* logits, const int32_t* top
 }
 
 void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st,
-                        F16 dt) {
+                        F16 dt, const float* row_weight) {
   if (r.experts > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
   const unsigned grid = blocks(r.tokens, kInputTokens);
   with_type(dt, [&](auto tag) {
     using T16 = decltype(tag);
     if (eight_wide(r.hidden, {dxn, drows, w})) {
-      input_backward_kernel<8, T16><<<grid, 128, 0, st>>>(P<T16>(dxn), P<T16>(drows), row, dlogits, P<T16>(w), r.tokens, r.experts, r.topk, r.hidden);
+      input_backward_kernel<8, T16><<<grid, 128, 0, st>>>(P<T16>(dxn), P<T16>(drows), row, row_weight, dlogits, P<T16>(w), r.tokens, r.experts, r.topk,
+                                                          r.hidden);
     } else {
-      input_backward_kernel<1, T16><<<grid, 128, 0, st>>>(P<T16>(dxn), P<T16>(drows), row, dlogits, P<T16>(w), r.tokens, r.experts, r.topk, r.hidden);
+      input_backward_kernel<1, T16><<<grid, 128, 0, st>>>(P<T16>(dxn), P<T16>(drows), row, row_weight, dlogits, P<T16>(w), r.tokens, r.experts, r.topk,
+                                                          r.hidden);
     }
     MT_CUDA_CHECK(cudaGetLastError());
   });

@@ -50,7 +50,9 @@ void moe_update_expert_bias(float* bias, const float* acc, int64_t layers, int64
 void moe_permute(int32_t* row, int32_t* counts, int32_t* offsets, int32_t* parts, const int32_t* top, const MoeRouting& r, cudaStream_t st);
 int64_t moe_permute_scratch(const MoeRouting& r);
 // rows[row[t k + j]] = xn[t]. Here and below a row of -1 is a choice the capacity dropped: no row, weight 0.
-void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
+// row_weight (not null: --moe-apply-probs-on-input): each row is its slot's weight times the token's row, rounded once.
+void moe_gather(bf16* rows, const bf16* xn, const int32_t* row, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16,
+                const float* row_weight = nullptr);
 // --moe-pad-expert-input-to-capacity: the padding rows of n pairs map[2 i] = row, map[2 i + 1] = token (tokens an
 // expert does not route to, weight 0): rows[row] = xn[token], or zeros where xn is null (their output gradients).
 void moe_pad_rows(bf16* rows, const bf16* xn, const int32_t* map, int64_t n, int64_t h, cudaStream_t st, F16 dt = F16::kBF16);
@@ -79,8 +81,9 @@ void moe_aux_finish(float* dscale, float* acc, const float* counts_aux, const fl
 void moe_router_backward(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,
                          float grad_scale, const MoeRouting& r, cudaStream_t st, const float* loss_scale = nullptr);
 // dxn[t] = sum_j drows[row[t k + j]] + sum_e dlogits[t, e] w[e] (overwritten, 16-bit).
+// row_weight (not null: --moe-apply-probs-on-input): each row's gradient enters its token's times the slot's weight.
 void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st,
-                        F16 dt = F16::kBF16);
+                        F16 dt = F16::kBF16, const float* row_weight = nullptr);
 // dw[E, h] += dlogits^T xn (fp32, the tokens in 64 parts summed in order); partial: moe_router_wgrad_scratch floats.
 void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 int64_t moe_router_wgrad_scratch(const MoeRouting& r);

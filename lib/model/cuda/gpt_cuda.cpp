@@ -269,6 +269,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   // MEGATRAIN_FP8_FUSED_SWIGLU=0: SwiGLU and delayed scaling's FP8 casts as separate kernels (the same bytes; for A/B
   // measurements and the tests that compare both paths).
   if (const char* env = std::getenv("MEGATRAIN_FP8_FUSED_SWIGLU")) fp8_fused_swiglu_ = std::string(env) != "0";
+  if (moe_probs_on_input_) {  // (the combine's weights, all 1: the routing weights went into the experts' inputs)
+    const std::vector<float> ones(static_cast<size_t>(T * topk_), 1.0f);
+    moe_ones_ = static_cast<float*>(alloc(ones.size() * 4));
+    MT_CUDA_CHECK(cudaMemcpy(moe_ones_, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
+  }
   const double rows_l = sp_ ? 1.0 / static_cast<double>(tp_size_) : 1.0;  // Tl / T
   W_ = {D.nh_local * D.d, D.ng_local * D.d, (D.qh_local + 2 * D.ng_local) * D.d, D.F_local, D.swiglu ? 2 * D.F_local : D.F_local};
   const int64_t h = D.h, Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;

@@ -591,6 +591,10 @@ class CudaGPT {
   bool moe_record_stats_ = false;
   double moe_capacity_factor_ = 0;  // 0: dropless
   bool moe_pad_ = false;            // --moe-pad-expert-input-to-capacity
+  // --moe-apply-probs-on-input (Llama 4, top-1): the gather scales each row by its routing weight, the combine takes
+  // moe_ones_ [T x k] as its weights, and the weight's gradient is the experts' input gradient's dot with the token's row.
+  bool moe_probs_on_input_ = false;
+  float* moe_ones_ = nullptr;
   int64_t moe_rows_ = 0;            // the experts' rows of a microbatch at most
   bool moe_drop_by_probability_ = true;
   // The capacity decision's host copies: the choices and weights, Megatron's token order (for capacity_order_size_),

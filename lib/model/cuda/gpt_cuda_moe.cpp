@@ -43,6 +43,10 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   moe_capacity_factor_ = m.moe_expert_capacity_factor.value_or(0.0);
   moe_drop_by_probability_ = m.moe_token_drop_policy == "probs";
   moe_pad_ = moe_capacity_factor_ > 0 && m.moe_pad_expert_input_to_capacity;
+  moe_probs_on_input_ = m.moe_apply_probs_on_input;
+  if (moe_probs_on_input_ && (moe_pad_ || D.ep > 1)) {
+    throw std::logic_error("CUDA model: --moe-apply-probs-on-input with padding to capacity or expert parallelism (refused by the capability checks)");
+  }
   moe_global_aux_ = m.moe_router_load_balancing_type == "global_aux_loss";
   moe_aux_ = (m.moe_router_load_balancing_type == "aux_loss" || moe_seq_aux_ || moe_global_aux_) && m.moe_aux_loss_coeff > 0;
   if (moe_global_aux_ && moe_aux_) {
@@ -163,7 +167,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                  s.zsum, s.counts, moe_aux_coeff_, moe_aux_, zloss, rt, stream_,
                                                  moe_global_ ? moe_global_ + lw.moe_index * (E + 1) : nullptr, moe_record_stats_));
   }
-  MT_PROF("fwd.moe.gather", cuda::moe_gather(r.ex_rows, r.xn2, r.row, rt, stream_, dt_));
+  MT_PROF("fwd.moe.gather", cuda::moe_gather(r.ex_rows, r.xn2, r.row, rt, stream_, dt_, moe_probs_on_input_ ? r.route_weight : nullptr));
   if (dropping && r.pads > 0) MT_PROF("fwd.moe.gather", cuda::moe_pad_rows(r.ex_rows, r.xn2, r.pad_map, r.pads, h, stream_, dt_));
   // The rows per expert: the GEMMs' sizes, on the host (with a capacity, already there).
   if (!dropping) {
@@ -202,7 +206,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   join_experts();
   if (D.ep > 1) ep_to_owners(r, out, r.ex_out, "fwd.moe.ep.combine");
-  MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, r.route_weight, rt, stream_, dt_));
+  MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, moe_probs_on_input_ ? moe_ones_ : r.route_weight, rt, stream_, dt_));
   if (lw.shared_fc1_w >= 0) {
     const ExpertFp8 x8 = f8 ? expert_fp8(l, r, E, 0, 0) : ExpertFp8{};
     expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f, stream_, -1, -1, f8 ? &x8 : nullptr, T);
@@ -364,7 +368,9 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   Scratch& s = *s_;
   const int64_t T = mb.B * mb.S, h = D.h, Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
   const cuda::MoeRouting rt = moe_routing(mb);
-  MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, dy, r.ex_out, r.row, r.route_weight, rt, stream_, dt_));
+  // (--moe-apply-probs-on-input: unweighted, and the weights' gradient comes from the experts' input gradients below)
+  MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, dy, r.ex_out, r.row, moe_probs_on_input_ ? moe_ones_ : r.route_weight, rt,
+                                                        stream_, dt_));
   // (padding rows: weight 0, so no output gradient; their input gradients are read by no token)
   if (r.pads > 0) MT_PROF("bwd.moe.combine", cuda::moe_pad_rows(s.ex_dout, nullptr, r.pad_map, r.pads, h, stream_, dt_));
   // This rank's experts' rows and buffers (under expert parallelism the output gradients travel to them first).
@@ -412,6 +418,11 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
     }
   }
   if (D.ep > 1) ep_to_owners(r, din, s.ex_din, "bwd.moe.ep.combine");
+  if (moe_probs_on_input_) {
+    // Each choice's weight gradient: <its row's input gradient, the token's row> (the combine-backward kernel's dot, its
+    // rows written into the no longer needed output-gradient rows); the input gradient then takes the weights.
+    MT_PROF("bwd.moe.combine", cuda::moe_combine_backward(s.ex_dout, s.dweight, r.xn2, s.ex_din, r.row, moe_ones_, rt, stream_, dt_));
+  }
   // The router: through the weights, plus the aux and z losses' gradients at the lm loss's scale. Under TP every rank
   // routes the group's gathered rows alike, and its routing weights' gradient is a partial sum (its experts' shards'
   // outputs), as the router's weight and input gradients are; the TP sums complete them (the router weight is
@@ -421,7 +432,8 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   const float aux_scale = mb.aux_grad_scale / static_cast<float>(D.tp);
   MT_PROF("bwd.moe.router", cuda::moe_router_backward(s.dlogits, r.logits, r.top, s.dweight, moe_aux_ ? r.aux_dscale : nullptr, moe_z_coeff_,
                                                       aux_scale, rt, stream_, loss_scale_));
-  MT_PROF("bwd.moe.input", cuda::moe_input_backward(s.dxn, s.ex_din, r.row, s.dlogits, w(lw.router_w), rt, stream_, dt_));
+  MT_PROF("bwd.moe.input", cuda::moe_input_backward(s.dxn, s.ex_din, r.row, s.dlogits, w(lw.router_w), rt, stream_, dt_,
+                                                    moe_probs_on_input_ ? r.route_weight : nullptr));
   MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, r.xn2, rt, stream_, dt_));
   if (lw.router_b >= 0) MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_bias_grad(g(lw.router_b), s.dlogits, rt, stream_));
   // The shared expert, its input gradient added onto the routed experts' and the router's.
