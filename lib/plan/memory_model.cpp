@@ -61,6 +61,10 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   bytes += a * sb * n * d / t + 4.0 * sb * n / t;       // attention output + softmax statistics (flash)
   if (c.model.hidden_dropout > 0) bytes += 2 * sb * h / rep;  // two dropout masks, 1 byte each
   const double mult = c.model.swiglu ? 2.0 : 1.0;
+  const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
+  // The CUDA engine under delayed scaling: SwiGLU writes fc2's FP8 input, and with FP8 weight gradients nothing keeps
+  // its 16-bit output (the routed experts' too, where they have no biases).
+  const bool act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
   double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu)));
   double tokens = sb;
   if (moe) {
@@ -73,10 +77,7 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
     bytes += 12.0 * sb * static_cast<double>(c.moe.moe_router_topk);          // the choices, their weights and rows
     const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
     bytes += a * sb * h / rep;  // fc1 input
-    // (the CUDA engine under delayed scaling, SwiGLU experts without biases: SwiGLU writes fc2's FP8 input, no 16-bit output)
-    const bool experts_act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && !c.precision.no_fp8_wgrad &&
-                                    !c.precision.fp16 && c.model.disable_bias_linear;
-    bytes += a * tokens * F * (mult + (experts_act_unread ? 0 : 1)) / etp;
+    bytes += a * tokens * F * (mult + (act_unread && c.model.disable_bias_linear ? 0 : 1)) / etp;
     const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
     bytes += a * sb * shared * (mult + 1) / t;  // the shared expert's fc1 output(s) and activation output
     if (c.precision.fp8_format) {  // FP8 (tensorwise / blockwise): the GEMM inputs' transposes, 1 byte (blockwise: and their scales)
@@ -86,10 +87,6 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
     return bytes;
   }
   bytes += a * sb * h / rep;  // fc1 input (norm output)
-  const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
-  // The CUDA engine under delayed scaling: SwiGLU writes fc2's FP8 input, and with FP8 weight gradients nothing keeps
-  // its 16-bit output.
-  const bool act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
   bytes += a * sb * F * (mult + (act_unread ? 0 : 1)) / t;  // fc1 output(s) and activation output
   if (c.precision.fp8_format && fp8_wgrad) bytes += sb * (2 * h + n * d / t + F / t);  // FP8: the four GEMM inputs' transposes (1 byte)
   if (c.precision.fp8_format && c.precision.fp8_recipe == "blockwise") bytes += sb * (2 * h + n * d / t + F / t) * 4.0 / 128.0;  // their block scales

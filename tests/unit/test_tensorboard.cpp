@@ -120,6 +120,24 @@ std::string only_event_file(const std::filesystem::path& dir) {
   return files[0];
 }
 
+
+// The quickstart recipe on the bundled Shakespeare bytes, writing TensorBoard events into dir (emptied first).
+Config quickstart_with_tensorboard(const std::filesystem::path& dir) {
+  std::filesystem::remove_all(dir);
+  Config c;
+  apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
+  c.data.text_data_path = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
+  c.logging.tensorboard_dir = dir.string();
+  return c;
+}
+
+// The scalars of dir's only event file, by tag, in the order written.
+std::map<std::string, std::vector<Scalar>> scalars_by_tag(const std::filesystem::path& dir) {
+  std::map<std::string, std::vector<Scalar>> by_tag;
+  for (const Scalar& s : read_events(only_event_file(dir)).scalars) by_tag[s.tag].push_back(s);
+  return by_tag;
+}
+
 }  // namespace
 
 TEST_CASE("CRC-32C and TFRecord's mask match their published values") {
@@ -154,24 +172,18 @@ TEST_CASE("the TensorBoard writer frames and encodes scalar events") {
 
 TEST_CASE("a training run with --tensorboard-dir writes Megatron's scalars at each log line") {
   const auto dir = std::filesystem::temp_directory_path() / ("mt_tb_run_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  Config c;
-  apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
-  c.data.text_data_path = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
+  Config c = quickstart_with_tensorboard(dir);
   c.training.train_iters = 6;
   c.logging.log_interval = 2;
   c.logging.eval_interval = 6;
   c.logging.eval_iters = 2;
-  c.logging.tensorboard_dir = dir.string();
   c.logging.log_validation_ppl_to_tensorboard = true;
   c.logging.log_throughput = true;
   c.logging.no_log_loss_scale_to_tensorboard = true;
   REQUIRE(validate(c, 1, Purpose::kTrain).ok());
   resolve(c, 1, 257);
   const TrainResult r = train(c, ProcessGroups::single(), {true, 0});
-  const Events ev = read_events(only_event_file(dir));
-  std::map<std::string, std::vector<Scalar>> by_tag;
-  for (const Scalar& s : ev.scalars) by_tag[s.tag].push_back(s);
+  auto by_tag = scalars_by_tag(dir);
   REQUIRE(by_tag["lm loss"].size() == 3);  // iterations 2, 4, 6
   CHECK(by_tag["lm loss"][0].step == 2);
   CHECK(by_tag["lm loss"][2].step == 6);
@@ -211,10 +223,7 @@ TEST_CASE("TensorBoard flags Megatron has and megatrain does not implement are r
 // over the microbatches; the log line's value is their sum over the MoE layers' count.
 TEST_CASE("--moe-per-layer-logging writes each layer's MoE losses to TensorBoard") {
   const auto dir = std::filesystem::temp_directory_path() / ("mt_tb_moe_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  Config c;
-  apply_yaml_file(c, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/quickstart.yaml");
-  c.data.text_data_path = std::string(MEGATRAIN_SOURCE_DIR) + "/tests/data/tinyshakespeare.txt";
+  Config c = quickstart_with_tensorboard(dir);
   c.model.num_layers = 3;
   c.moe.num_experts = 4;
   c.moe.moe_router_topk = 2;
@@ -226,13 +235,10 @@ TEST_CASE("--moe-per-layer-logging writes each layer's MoE losses to TensorBoard
   c.training.train_iters = 4;
   c.logging.log_interval = 2;
   c.logging.eval_interval = 100;
-  c.logging.tensorboard_dir = dir.string();
   REQUIRE(validate(c, 1, Purpose::kTrain).ok());
   resolve(c, 1, 257);
   train(c, ProcessGroups::single(), {true, 0});
-  const Events ev = read_events(only_event_file(dir));
-  std::map<std::string, std::vector<Scalar>> by_tag;
-  for (const Scalar& s : ev.scalars) by_tag[s.tag].push_back(s);
+  auto by_tag = scalars_by_tag(dir);
   for (const std::string name : {"load_balancing_loss", "z_loss"}) {
     INFO(name);
     REQUIRE(by_tag[name].size() == 2);  // iterations 2 and 4

@@ -311,6 +311,9 @@ class CudaGPT {
                          const cuda::bf16* bias, float beta, cuda::bf16* y, cudaStream_t st, bool x_cast = false);
   void expert_linear_fp8_backward(const ExpertFp8& f, int site, const char* dgrad_name, const char* wgrad_name, int64_t n, int64_t in, int64_t out,
                                   const cuda::bf16* dy, int64_t w_off, float dx_beta, cuda::bf16* dx, cudaStream_t st, bool dy_cast = false);
+  // Delayed scaling's cast of an expert's input (site 0: fc1, 1: fc2) or output gradient into its scratch and x^T / dy^T.
+  cuda::Fp8CastTarget expert_input_target(const ExpertFp8& f, int site) const;
+  cuda::Fp8CastTarget expert_grad_target(const ExpertFp8& f, int site) const;
   // SwiGLU fused with the delayed casts (f.fuse_swiglu): fc2's FP8 input (and x^T) from fc1's output, or fc1's FP8 output
   // gradient (and its transpose) from d(act); false where the fused kernel does not apply (nothing written).
   bool expert_swiglu_fp8(const ExpertFp8& f, const char* name, int64_t n, int64_t F, const cuda::bf16* fc1_out, cudaStream_t st);
@@ -422,6 +425,13 @@ class CudaGPT {
   void init_fp8_scaling(StreamCollectives* dp);
   void fp8_update(int first_kind, int last_kind);
   float* fp8_slot_scales(bool grad) const;  // the active slot's snapshot
+  // Delayed scaling, per scaling slot: the weight's cast scale (the iteration's in training, else the current one) and the
+  // accumulators a cast adds its amax to (null where this pass records none: inputs in a training forward, weights at the
+  // iteration's first, output gradients always).
+  const float* fp8_weight_scale(int64_t slot) const;
+  float* fp8_input_accumulator(int64_t slot) const;
+  float* fp8_weight_accumulator(int64_t slot) const;
+  float* fp8_grad_accumulator(int64_t slot) const;
   void join_wgrad();
   // (varying: T changes from call to call, an MoE expert's rows: GemmLt's bucketed plans)
   void wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const cuda::bf16* dy, const cuda::bf16* x, int64_t h, int64_t w_off,

@@ -87,10 +87,17 @@ float* CudaGPT::fp8_slot_scales(bool grad) const {
   return grad ? slot.f8_dy_scale : slot.f8_x_scale;
 }
 
+const float* CudaGPT::fp8_weight_scale(int64_t slot) const {
+  return f8_training_ ? f8_wcast_ + slot : f8_scale_ + kFp8Weight * f8_slots_ + slot;
+}
+float* CudaGPT::fp8_input_accumulator(int64_t slot) const { return f8_scale_ && f8_record_ ? f8_history_ + kFp8Input * f8_slots_ + slot : nullptr; }
+float* CudaGPT::fp8_weight_accumulator(int64_t slot) const { return f8_cast_weights_ ? f8_history_ + kFp8Weight * f8_slots_ + slot : nullptr; }
+float* CudaGPT::fp8_grad_accumulator(int64_t slot) const { return f8_history_ + kFp8GradOutput * f8_slots_ + slot; }
+
 cuda::Fp8CastTarget CudaGPT::fp8_input_target(int64_t l, Record& r, int site) const {
   const int64_t slot = f8_scale_ ? fp8_scaling_slot(l, site) : 0;
   return {.scale = f8_scale_ ? fp8_slot_scales(false) + slot : nullptr,  // (tensorwise: from the amax)
-          .amax_accumulator = f8_scale_ && f8_record_ ? f8_history_ + kFp8Input * f8_slots_ + slot : nullptr,
+          .amax_accumulator = fp8_input_accumulator(slot),
           .type = cuda::Fp8Type::kE4M3,
           .out = s_->f8_row,
           .out_t = D_.fp8_wgrad && f8_keep_xt_ ? r.f8_xt[site] : nullptr,  // (not in evaluation: no backward reads it)
@@ -100,7 +107,7 @@ cuda::Fp8CastTarget CudaGPT::fp8_input_target(int64_t l, Record& r, int site) co
 cuda::Fp8CastTarget CudaGPT::fp8_grad_target(int64_t l, int site) const {
   const int64_t slot = fp8_scaling_slot(l, site);
   return {.scale = fp8_slot_scales(true) + slot,
-          .amax_accumulator = f8_history_ + kFp8GradOutput * f8_slots_ + slot,
+          .amax_accumulator = fp8_grad_accumulator(slot),
           .type = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3,
           .out = s_->f8_row,
           .out_t = D_.fp8_wgrad ? s_->f8_dyt : nullptr,
@@ -148,11 +155,11 @@ void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, i
   }
   if (x_cast && !f8_scale_) throw std::logic_error("CUDA model: an FP8 input cast by its producer without delayed scaling");
   if (f8_scale_) {
-    const int64_t slot = fp8_scaling_slot(l, site), n = f8_slots_;
-    float* acc_w = f8_cast_weights_ ? f8_history_ + kFp8Weight * n + slot : nullptr;
-    const float* scale_w = f8_training_ ? f8_wcast_ + slot : f8_scale_ + kFp8Weight * n + slot;
+    const int64_t slot = fp8_scaling_slot(l, site);
     if (!x_cast) MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(x, T, in, t.scale, t.amax_accumulator, e4m3, t.out, t.out_t, t.scale_inv, stream_));
-    if (cast_w) MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, scale_w, acc_w, e4m3, wq, wqt, w_inv, stream_));
+    if (cast_w) {
+      MT_PROF("fwd.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, fp8_weight_scale(slot), fp8_weight_accumulator(slot), e4m3, wq, wqt, w_inv, stream_));
+    }
   } else {
     float* amax_x = r.f8_amax + 2 * site;
     float* amax_w = f8_winv_ + 64 * k + 1;  // (the weight's amax beside its inverse scale)
@@ -228,7 +235,8 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
   }
   if (fp8_dyt_record_ != &r || fp8_dyt_site_ != site) {  // a deferred weight gradient: dy's cast again (the same scale, the same bytes)
     if (f8_scale_) {
-      MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, fp8_slot_scales(true) + fp8_scaling_slot(l, site), nullptr, grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
+      const float* scale = fp8_slot_scales(true) + fp8_scaling_slot(l, site);
+      MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, scale, nullptr, grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
     } else {
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), ws));
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));

@@ -104,11 +104,9 @@ void CudaGPT::cast_expert_fp8_weight(const ExpertFp8Weight& wt, int64_t slot, in
     MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_quantize_128x128(w(w_off), out, in, e4m3, wt.wq, wt.scale, wt.wqt, wt.tscale, st));
     return;
   }
-  if (f8_scale_) {  // delayed: the iteration's cast scale in training (its amax recorded at the first microbatch), else the current one
-    const int64_t n = f8_slots_;
-    const float* scale = f8_training_ ? f8_wcast_ + slot : f8_scale_ + kFp8Weight * n + slot;
-    float* accumulator = f8_cast_weights_ ? f8_history_ + kFp8Weight * n + slot : nullptr;
-    MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, scale, accumulator, e4m3, wt.wq, wt.wqt, wt.inv, st));
+  if (f8_scale_) {  // delayed
+    MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast_scaled(w(w_off), out, in, fp8_weight_scale(slot), fp8_weight_accumulator(slot), e4m3, wt.wq, wt.wqt,
+                                                             wt.inv, st));
     return;
   }
   MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_amax(w(w_off), out * in, wt.inv + 1, st));
@@ -130,32 +128,36 @@ void CudaGPT::cast_idle_expert_fp8_weights(int64_t l, const std::vector<int32_t>
   }
 }
 
+cuda::Fp8CastTarget CudaGPT::expert_input_target(const ExpertFp8& f, int site) const {
+  return {.scale = fp8_slot_scales(false) + f.slot[site],  // (the microbatch's; a recompute's the first forward's)
+          .amax_accumulator = fp8_input_accumulator(f.slot[site]),
+          .type = cuda::Fp8Type::kE4M3,
+          .out = f.row,
+          .out_t = f.xt[site],  // (not in evaluation: no backward reads it)
+          .scale_inv = f.xinv[site]};
+}
+
+cuda::Fp8CastTarget CudaGPT::expert_grad_target(const ExpertFp8& f, int site) const {
+  return {.scale = fp8_slot_scales(true) + f.slot[site],
+          .amax_accumulator = fp8_grad_accumulator(f.slot[site]),
+          .type = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3,
+          .out = f.row,
+          .out_t = f.dyt,
+          .scale_inv = f.scalars + 128};
+}
+
 bool CudaGPT::expert_swiglu_fp8(const ExpertFp8& f, const char* name, int64_t n, int64_t F, const bf16* fc1_out, cudaStream_t st) {
   if (!f.fuse_swiglu) return false;
-  const int64_t slot = f.slot[1];
-  const cuda::Fp8CastTarget t{.scale = fp8_slot_scales(false) + slot,
-                              .amax_accumulator = f8_record_ ? f8_history_ + kFp8Input * f8_slots_ + slot : nullptr,
-                              .type = cuda::Fp8Type::kE4M3,
-                              .out = f.row,
-                              .out_t = f.xt[1],
-                              .scale_inv = f.xinv[1]};
   bool cast = false;
-  MT_PROF_ON(st, name, cast = cuda::fp8_swiglu_forward_cast(fc1_out, n, F, t, nullptr, st));
+  MT_PROF_ON(st, name, cast = cuda::fp8_swiglu_forward_cast(fc1_out, n, F, expert_input_target(f, 1), nullptr, st));
   return cast;
 }
 
 bool CudaGPT::expert_swiglu_backward_fp8(const ExpertFp8& f, const char* name, int64_t n, int64_t F, const bf16* dact, const bf16* fc1_out,
                                          cudaStream_t st) {
   if (!f.fuse_swiglu) return false;
-  const int64_t slot = f.slot[0];
-  const cuda::Fp8CastTarget t{.scale = fp8_slot_scales(true) + slot,
-                              .amax_accumulator = f8_history_ + kFp8GradOutput * f8_slots_ + slot,
-                              .type = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3,
-                              .out = f.row,
-                              .out_t = f.dyt,
-                              .scale_inv = f.scalars + 128};
   bool cast = false;
-  MT_PROF_ON(st, name, cast = cuda::fp8_swiglu_backward_cast(dact, fc1_out, n, F, t, st));
+  MT_PROF_ON(st, name, cast = cuda::fp8_swiglu_backward_cast(dact, fc1_out, n, F, expert_grad_target(f, 0), st));
   return cast;
 }
 
@@ -173,12 +175,10 @@ void CudaGPT::expert_linear_fp8(const ExpertFp8& f, int site, const char* name, 
     return;
   }
   if (x_cast && !f8_scale_) throw std::logic_error("CUDA model: an expert's FP8 input cast by its producer without delayed scaling");
-  if (f8_scale_) {  // delayed: the microbatch's scale, the amax to the accumulator (not in a recompute or evaluation)
-    const int64_t slot = f.slot[site];
-    float* accumulator = f8_record_ ? f8_history_ + kFp8Input * f8_slots_ + slot : nullptr;
+  if (f8_scale_) {  // delayed: the scale as it stands, the amax to the accumulator
     if (!x_cast) {
-      MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast_scaled(x, n, in, fp8_slot_scales(false) + slot, accumulator, e4m3, f.row, f.xt[site], f.xinv[site],
-                                                               st));
+      const cuda::Fp8CastTarget t = expert_input_target(f, site);
+      MT_PROF_ON(st, "fwd.moe.fp8_cast", cuda::fp8_cast_scaled(x, n, in, t.scale, t.amax_accumulator, t.type, t.out, t.out_t, t.scale_inv, st));
     }
   } else {
     float* amax_x = f.scalars;
@@ -207,10 +207,9 @@ void CudaGPT::expert_linear_fp8_backward(const ExpertFp8& f, int site, const cha
   float *amax_dy = f.scalars + 64, *dy_inv = f.scalars + 128;
   if (dy_cast && !f8_scale_) throw std::logic_error("CUDA model: an expert's FP8 output gradient cast by its producer without delayed scaling");
   if (f8_scale_) {  // delayed: the backward's scale, the amax to the accumulator
-    const int64_t slot = f.slot[site];
     if (!dy_cast) {
-      MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_cast_scaled(dy, n, out, fp8_slot_scales(true) + slot, f8_history_ + kFp8GradOutput * f8_slots_ + slot,
-                                                               grad, f.row, f.dyt, dy_inv, st));
+      const cuda::Fp8CastTarget t = expert_grad_target(f, site);
+      MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_cast_scaled(dy, n, out, t.scale, t.amax_accumulator, t.type, t.out, t.out_t, t.scale_inv, st));
     }
   } else {
     MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_amax(dy, n * out, amax_dy, st));
