@@ -48,10 +48,9 @@ if command -v compute-sanitizer >/dev/null && command -v nvidia-smi >/dev/null &
   DOC="--reset-attention-mask --reset-position-ids"
   # (and dropout: attention dropout's generator state and masks inside cuDNN's graphs, hidden dropout's fused masks)
   DROP="--attention-dropout 0.1 --hidden-dropout 0.1"
-  # (and squared ReLU, interleaved RoPE, seq_aux_loss and global_aux_loss, the expert bias, capacity factors padded to capacity. A feature written but
-  # refused until its GPU tests pass joins these runs through MEGATRAIN_CUDA_UNVERIFIED=<name>, exported here while
-  # it is refused: moe-probs-on-input, Llama 4's routing weight on the experts' inputs, PROBS below.)
-  export MEGATRAIN_CUDA_UNVERIFIED=moe-probs-on-input
+  # (and squared ReLU, interleaved RoPE, seq_aux_loss and global_aux_loss, the expert bias, capacity factors padded to capacity, and Llama 4's
+  # routing weight on the experts' inputs, PROBS. A feature written but refused until its GPU tests pass joins these runs
+  # through MEGATRAIN_CUDA_UNVERIFIED=<name>, exported here while it is refused.)
   PROBS="--num-experts 4 --moe-router-topk 1 --moe-router-score-function sigmoid --moe-apply-probs-on-input --moe-aux-loss-coeff 1e-2
          --moe-expert-capacity-factor 1.0 --moe-token-dispatcher-type alltoall"
   CAP="--num-experts 4 --moe-router-topk 2 --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2

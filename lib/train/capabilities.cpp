@@ -296,9 +296,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(c.precision.fp16 && ep, "expert parallelism in fp16 is not implemented on the CUDA engine: use --bf16, or --device cpu");
     no(*m.num_experts > 256, "the CUDA MoE router supports at most 256 experts" + cpu);
     // --moe-apply-probs-on-input (gpt_cuda_moe.cpp: the weighted gather, unit combine weights, the weights' gradient from the
-    // experts' input gradients): written, refused by name until its test_cuda_engine cases have run on a GPU.
-    no(m.moe_apply_probs_on_input && !cuda_unverified_allowed("moe-probs-on-input"),
-       "--moe-apply-probs-on-input has not run on a GPU yet on the CUDA engine" + cpu);
+    // experts' input gradients): GPU-verified on one rank (thirtieth session); not with EP.
     no(m.moe_apply_probs_on_input && ep, "--moe-apply-probs-on-input with expert parallelism is not implemented on the CUDA engine" + cpu);
     // FP8 in MoE layers (gpt_cuda_moe_fp8.cpp: each expert's GEMMs, its rows padded to 16), with any recipe, on one rank's experts.
     if (c.precision.fp8_format) {

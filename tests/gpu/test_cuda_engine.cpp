@@ -1305,8 +1305,8 @@ moe_tests:
   test_moe_training("llama-recompute", "--moe-router-pre-softmax --moe-router-topk-scaling-factor 1.5 ");
   test_moe_training("llama", "--moe-router-score-function sigmoid --moe-layer-freq [0,1] ");
   test_moe_per_layer_logging("llama", "");
-  // --moe-apply-probs-on-input (Llama 4: sigmoid top-1, the routing weight on the expert's input; refused by name on the
-  // CUDA engine until these pass): plain, recomputed with a capacity that drops, in fp16, and on several expert streams.
+  // --moe-apply-probs-on-input (Llama 4: sigmoid top-1, the routing weight on the expert's input; its gate lifted when these
+  // passed in the thirtieth session): plain, recomputed with a capacity that drops, in fp16, and on several expert streams.
   test_moe_training("llama", "--moe-router-topk 1 --moe-router-score-function sigmoid --moe-apply-probs-on-input ");
   test_moe_training("llama-recompute", "--moe-router-topk 1 --moe-router-score-function sigmoid --moe-apply-probs-on-input "
                                        "--moe-expert-capacity-factor 1.0 --moe-token-dispatcher-type alltoall ");
