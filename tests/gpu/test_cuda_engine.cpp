@@ -1212,6 +1212,13 @@ int main() {
   test_sdpa(2, 256, 8, 2, 64);
   test_sdpa(1, 384, 4, 1, 128);
   test_sdpa(2, 64, 4, 2, 32);
+  if (only && std::string(only) == "attention") {  // (=attention: only cuDNN's attention against the CPU's, and two trainings)
+    test_sdpa(2, 128, 4, 4, 64, true);
+    test_training("gpt");
+    test_training("llama-recompute");
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
   // --reset-attention-mask on the CUDA engine: cuDNN's attention with the document bias against the CPU's masked attention,
   // then training runs whose first loss the masks move as on the CPU (short documents, a wide initialisation; GPT with
   // learned positions, LLaMA recomputed, and evaluation).

@@ -17,13 +17,36 @@ GemmLt& GemmLt::instance() {
   return *g;
 }
 
+namespace {
+size_t element_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : t == CUDA_R_16BF || t == CUDA_R_16F ? 2 : 1; }
+}  // namespace
+
 GemmLt::GemmLt() {
   MT_CUBLAS_CHECK(cublasLtCreate(&handle_));
   const char* tune = std::getenv("MEGATRAIN_GEMM_AUTOTUNE");
   tune_ = tune == nullptr || std::string(tune) != "0";  // on unless MEGATRAIN_GEMM_AUTOTUNE=0
 }
 
-void GemmLt::tune_plan(Plan& plan, const void* A, const void* B, void* C, cudaStream_t stream) {
+void GemmLt::tune_plan(Plan& plan, const void* A, const void* B, void* C, float beta, size_t c_bytes, cudaStream_t stream) {
+  // A GEMM that accumulates into C (a weight gradient into its fp32 main gradient) is timed on a copy's worth of C kept
+  // aside and restored after the runs: each run adds to C. Where that copy does not fit, the heuristic's first stays.
+  void* kept = nullptr;
+  if (beta != 0.0f) {
+    if (cudaMalloc(&kept, c_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    MT_CUDA_CHECK(cudaMemcpyAsync(kept, C, c_bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  tune_candidates(plan, A, B, C, beta, stream);
+  if (kept) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(C, kept, c_bytes, cudaMemcpyDeviceToDevice, stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    MT_CUDA_CHECK(cudaFree(kept));
+  }
+}
+
+void GemmLt::tune_candidates(Plan& plan, const void* A, const void* B, void* C, float beta, cudaStream_t stream) {
   cublasLtMatmulPreference_t pref;
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
@@ -36,7 +59,7 @@ void GemmLt::tune_plan(Plan& plan, const void* A, const void* B, void* C, cudaSt
   cudaEvent_t start = nullptr, stop = nullptr;
   MT_CUDA_CHECK(cudaEventCreate(&start));
   MT_CUDA_CHECK(cudaEventCreate(&stop));
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f;
   void* ws = workspace_locked(stream);
   float best_ms = 0.0f;
   int best = -1;
@@ -202,7 +225,7 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     if (ep.kind == GemmEpilogue::kBiasGrad) {
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.aux, sizeof(ep.aux)));
     }
-    if (it == plans_.end() && tune_ && beta == 0.0f && !varying) tune_plan(*plan, A, B, C, stream);
+    if (it == plans_.end() && tune_ && !varying) tune_plan(*plan, A, B, C, beta, static_cast<size_t>(M) * ldc * element_bytes(c_type), stream);
     // (launched under the lock: the pointers and sizes just set are this call's until it is queued)
     const cublasStatus_t status = cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
                                                  workspace_locked(stream), workspace_bytes_, stream);
@@ -233,8 +256,9 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
                    static_cast<int>(a_mode), static_cast<int>(b_mode), varying};
   std::unique_lock<std::mutex> lock(mu_);
   auto it = fp8_plans_.find(key);
+  Plan created{};
   if (it == fp8_plans_.end()) {
-    Plan p{};
+    Plan& p = created;
     MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     // Column-major view: C^T [N, M] = B [K, N]^T (first operand, transposed) x A^T [K, M] (second, as is): "TN".
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
@@ -282,13 +306,15 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
                                        : " GEMM on this GPU (FP8 needs compute capability 8.9 or newer)"));
     }
     p.algo = result.algo;
-    it = fp8_plans_.emplace(key, p).first;
   }
+  const bool new_plan = it == fp8_plans_.end();
+  if (new_plan) it = fp8_plans_.emplace(key, created).first;
   Plan& plan = it->second;
   // cuBLASLt's A is our B: its scale is b_scale.
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
   if (bias) MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (new_plan && tune_ && !varying) tune_plan(plan, A, B, C, beta, static_cast<size_t>(M) * ldc * element_bytes(c_type), stream);
   if (varying) {  // this call's sizes: cuBLASLt's A [K, N] and B [K, M], both with leading dimension K, C [N, M]
     const auto set = [](cublasLtMatrixLayout_t l, int64_t rows, int64_t cols, int64_t ld) {
       const auto r = static_cast<uint64_t>(rows), c = static_cast<uint64_t>(cols);

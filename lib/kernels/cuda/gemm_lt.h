@@ -66,7 +66,7 @@ class GemmLt {
   bool has_algorithm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
                      cudaDataType_t c_type, const GemmEpilogue& epilogue);
   size_t cached_plans() const { return plans_.size(); }
-  // Whether new plans of GEMMs that overwrite their output are timed over several algorithms (on by default;
+  // Whether new plans of GEMMs whose sizes do not vary are timed over several algorithms (on by default;
   // MEGATRAIN_GEMM_AUTOTUNE=0 turns it off at start-up; tests turn it on and off).
   void set_autotune(bool on) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -87,13 +87,16 @@ class GemmLt {
   // Under mu_: the plan for key (bias: any pointer of a bias-input GEMM; epilogue pointers are set per call),
   // cached; none found: nullptr, or an exception naming the shape when `required`.
   Plan* create_plan(const Key& key, const void* bias, const GemmEpilogue& ep, bool required);
-  // On unless MEGATRAIN_GEMM_AUTOTUNE=0 (read once): a new plan of a GEMM that overwrites its output (beta 0, sizes that do not vary)
-  // times up to kTuneCandidates of cuBLASLt's heuristic algorithms on the call's own operands, after the work queued on the
-  // stream so far (each run writes the same output, which the call then writes again), and keeps the fastest. The
-  // epilogue pointers and the bias are set on plan.op for this call. Under mu_.
+  // On unless MEGATRAIN_GEMM_AUTOTUNE=0 (read once): a new plan of a GEMM whose sizes do not vary, 16-bit or FP8, times up
+  // to kTuneCandidates of cuBLASLt's heuristic algorithms on the call's own operands, after the work queued on the stream
+  // so far, and keeps the fastest. A GEMM that overwrites its output (beta 0) writes the same output in each run, which
+  // the call then writes again; one that accumulates (beta != 0: the weight gradients into their fp32 main gradients)
+  // has C's c_bytes kept aside in a buffer of their own and restored after the runs (not tuned if that buffer cannot be
+  // had). The epilogue, scale and bias pointers are set on plan.op for this call. Under mu_.
   static constexpr int kTuneCandidates = 8;
   bool tune_ = true;
-  void tune_plan(Plan& plan, const void* A, const void* B, void* C, cudaStream_t stream);
+  void tune_plan(Plan& plan, const void* A, const void* B, void* C, float beta, size_t c_bytes, cudaStream_t stream);
+  void tune_candidates(Plan& plan, const void* A, const void* B, void* C, float beta, cudaStream_t stream);
   cublasLtHandle_t handle_ = nullptr;
   // One workspace per stream: GEMMs on two streams may run at the same time (tensor parallelism's
   // weight-gradient GEMMs beside the compute stream).
