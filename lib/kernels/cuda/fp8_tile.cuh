@@ -42,19 +42,27 @@ __device__ __forceinline__ void block_amax_into(float m, unsigned* acc) {
 
 // The tile (rows r0.. of the input, its columns j = 0..63) as rows of the transposed output: out_t's row
 // first_row + j gets the tile's column j at columns r0.. (out_t's leading dimension: rows). Columns j >= valid_cols
-// and input rows >= rows are skipped; rows a multiple of 8, out_t 8-byte aligned. 256 threads (1-D), after a
-// __syncthreads() that follows the tile's writes.
+// and input rows >= rows are skipped; rows a multiple of 8, out_t 4-byte aligned. 256 threads (1-D), after a
+// __syncthreads() that follows the tile's writes. Each thread reads a 4 x 4 block of bytes as four 4-byte words
+// (rows 4g..4g+3 of tile columns 4q..4q+3), transposes it in registers, and writes four 4-byte runs: one shared-memory
+// load per four output bytes (a byte a load before), and each warp still writes 64 contiguous bytes of a row.
 __device__ __forceinline__ void store_tile_transposed(const uint8_t (*tile)[kFp8TilePitch], uint8_t* __restrict__ out_t, int64_t first_row,
                                                       int64_t valid_cols, int64_t r0, int64_t rows) {
-  const int t = threadIdx.x, group = t % 8;
-  for (int pass = 0; pass < 2; ++pass) {
-    const int j = t / 8 + 32 * pass;
-    const int64_t r = r0 + group * 8;
-    if (j < valid_cols && r < rows) {
-      alignas(8) uint8_t q[8];
-      for (int k = 0; k < 8; ++k) q[k] = tile[group * 8 + k][j];
-      *reinterpret_cast<uint2*>(out_t + (first_row + j) * rows + r) = *reinterpret_cast<const uint2*>(q);
-    }
+  const int t = threadIdx.x, g = t % 16, q = t / 16;
+  const int64_t r = r0 + 4 * g;
+  if (r >= rows) return;
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) w[k] = *reinterpret_cast<const uint32_t*>(&tile[4 * g + k][4 * q]);
+  // w[k]'s byte c is the tile's (row 4g + k, column 4q + c); column c's output run is bytes c of w[0..3] in order.
+  const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+  const uint32_t runs[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632), __byte_perm(hi01, hi23, 0x5410),
+                            __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int j = 4 * q + c;
+    if (j < valid_cols) *reinterpret_cast<uint32_t*>(out_t + (first_row + j) * rows + r) = runs[c];
   }
 }
 
