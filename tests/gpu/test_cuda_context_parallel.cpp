@@ -1,5 +1,5 @@
 // test_cuda_context_parallel.cpp: the CUDA model's context parallelism (model/cuda/gpt_cuda_context.cpp) on one GPU,
-// alone and with tensor parallelism, with dense and MoE layers. The ranks run as threads of one process, each with its own model and stream,
+// alone and with tensor parallelism, with dense and MoE layers; and TP alone, in FP8 too. The ranks run as threads of one process, each with its own model and stream,
 // linked by in-process collectives (thread_collectives.h). Each rank forwards and backwards its
 // two chunks of every sequence (context_parallel_slice); the ranks' gradients summed and their losses summed must be
 // the whole sequence's on one model (bf16 tolerance): the ring's order, the block kinds, the travelling K/V gradients,
@@ -207,12 +207,42 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
       if (kept != kept_whole) throw std::runtime_error("the CP ranks' experts kept another number of tokens than the whole model's");
       if (want[0] == 0.0f && want[1] == 0.0f) throw std::runtime_error("no MoE statistics recorded (the check would be vacuous)");
     }
+    // FP8 delayed scaling: the amax histories and scales after the iteration's updates (each reduced over TP) the same on
+    // every rank, bit for bit, and the whole model's (within the gradients' rounding: the output gradients' amaxes).
+    double fp8_gap = 0, fp8_ranks_gap = 0;
+    if (whole.model->fp8_delayed()) {
+      const mt::Fp8ScalingState want = whole.model->fp8_scaling_state();
+      std::vector<float> first;
+      for (size_t i = 0; i < n; ++i) {
+        const mt::Fp8ScalingState got = ranks[i].model->fp8_scaling_state();
+        if (got.history.size() != want.history.size() || got.scale.size() != want.scale.size()) {
+          throw std::runtime_error("a rank's FP8 scaling state has another shape than the whole model's");
+        }
+        std::vector<float> all = got.history;
+        all.insert(all.end(), got.scale.begin(), got.scale.end());
+        std::vector<float> whole_all = want.history;
+        whole_all.insert(whole_all.end(), want.scale.begin(), want.scale.end());
+        if (i == 0) first = all;
+        for (size_t j = 0; j < all.size(); ++j) {
+          fp8_ranks_gap = std::max(fp8_ranks_gap, static_cast<double>(std::fabs(all[j] - first[j])));
+          if (whole_all[j] != 0.0f) fp8_gap = std::max(fp8_gap, static_cast<double>(std::fabs(all[j] - whole_all[j]) / std::fabs(whole_all[j])));
+          else if (all[j] != 0.0f) fp8_gap = std::max(fp8_gap, 1.0);
+        }
+      }
+      if (std::all_of(want.history.begin(), want.history.end(), [](float x) { return x == 0.0f; })) {
+        throw std::runtime_error("no FP8 amax recorded (the check would be vacuous)");
+      }
+    }
     const double loss_gap = std::fabs(loss_sum - loss_whole) / std::fabs(loss_whole);
-    char buf[480];
+    char buf[600];
     std::snprintf(buf, sizeof(buf), "%s: loss %.6f (whole %.6f, %.2e apart); worst parameter gradient %s %.2e from the whole sequence's; TP ranks' "
                   "copies %.2e apart%s", name, loss_sum, loss_whole, loss_gap, worst_name.c_str(), worst, tp_copies_gap,
-                  moe_layers > 0 ? ("; MoE aux / z losses " + std::to_string(moe_gap) + " apart").c_str() : "");
-    check(loss_gap < 2e-3 && worst < 3e-2 && std::isfinite(worst) && tp_copies_gap < 1e-5 && moe_gap < 2e-2, buf);
+                  moe_layers > 0 ? ("; MoE aux / z losses " + std::to_string(moe_gap) + " apart").c_str()
+                  : whole.model->fp8_delayed() ? ("; FP8 amax histories and scales " + std::to_string(fp8_gap) + " from the whole model's, " +
+                                                   std::to_string(fp8_ranks_gap) + " between ranks").c_str()
+                                               : "");
+    check(loss_gap < 2e-3 && worst < 3e-2 && std::isfinite(worst) && tp_copies_gap < 1e-5 && moe_gap < 2e-2 && fp8_gap < 5e-2 && fp8_ranks_gap == 0,
+          buf);
     for (RankRun& run : ranks) release(run);
     release(whole);
   } catch (const std::exception& e) {
@@ -252,6 +282,14 @@ int main() {
   test_context_parallel("llama", 2, "p2p", "", 2);
   test_context_parallel("llama", 2, "p2p", "--sequence-parallel ", 2);
   test_context_parallel("gpt", 2, "a2a", "", 2);
+  // FP8 under TP (no CP: FP8 with CP is refused on the CUDA engine): tensorwise, each TP shard's amax reduced over TP
+  // before its cast, and delayed scaling, the amax accumulators reduced at each update; without and with SP, recomputed.
+  const std::string fp8 = "--fp8-format hybrid --fp8-recipe ";
+  test_context_parallel("llama", 1, "p2p", fp8 + "tensorwise ", 2);
+  test_context_parallel("llama", 1, "p2p", fp8 + "tensorwise --sequence-parallel ", 2);
+  test_context_parallel("llama", 1, "p2p", fp8 + "delayed ", 2);
+  test_context_parallel("llama-recompute", 1, "p2p", fp8 + "delayed --sequence-parallel ", 2);
+  test_context_parallel("gpt", 1, "p2p", fp8 + "tensorwise --sequence-parallel ", 2);  // (GPT's biases and GELU apart from the GEMM)
   // MoE layers: each CP rank routes its own tokens; the aux and z losses' statistics summed over the CP group (the
   // whole sequences' counts, scores and lse^2), each rank's router gradient its tokens' part.
   // The ring's attention rounds differently from the whole sequence's (a2a's is the same), which can flip a near-tie of

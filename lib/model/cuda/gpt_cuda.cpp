@@ -228,8 +228,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     throw std::runtime_error("the CUDA engine's GELU and squared-ReLU experts need --moe-ffn-hidden-size to be a multiple of 8 (this model: " +
                              std::to_string(F_moe_) + "): change it, or use --device cpu");
   }
-  if (D.fp8 && tp_size_ > 1) {
-    throw std::runtime_error("FP8 on the CUDA engine runs without tensor parallelism so far: use --device cpu for it");
+  if (D.fp8 && tp_size_ > 1 && (moe_layers_ > 0 || D.fp8_blockwise || D.kv_rep > 1)) {
+    throw std::logic_error("CUDA model: FP8 under tensor parallelism with MoE layers, blockwise scaling or K/V heads replicated over TP "
+                           "(refused by the capability checks)");
   }
   if (D.fp8 && moe_layers_ > 0 && (F_moe_ % 16 != 0 || F_shared_ % 16 != 0 || !D.fp8_wgrad)) {
     throw std::logic_error("CUDA model: FP8 MoE layers need expert widths that are multiples of 16 and FP8 weight gradients "

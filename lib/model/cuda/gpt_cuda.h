@@ -425,6 +425,8 @@ class CudaGPT {
   void init_fp8_scaling(StreamCollectives* dp);
   void fp8_update(int first_kind, int last_kind);
   float* fp8_slot_scales(bool grad) const;  // the active slot's snapshot
+  bool fp8_tp_sharded(int site, bool output_gradient) const;  // tensorwise under TP: whether the cast's tensor is a TP shard
+  void fp8_amax_over_tp(float* amax);                           // ... whose amax is then reduced (max) over TP
   // Delayed scaling, per scaling slot: the weight's cast scale (the iteration's in training, else the current one) and the
   // accumulators a cast adds its amax to (null where this pass records none: inputs in a training forward, weights at the
   // iteration's first, output gradients always).

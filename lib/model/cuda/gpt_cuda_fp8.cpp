@@ -82,6 +82,20 @@ void CudaGPT::fp8_update(int first_kind, int last_kind) {
   }
 }
 
+// Tensorwise scaling under TP: an amax is the whole tensor's, as on one GPU (and as the CPU engine's emulation, docs/fp8.md).
+// A column-parallel layer's input (QKV's, fc1's: the norm's output, under SP gathered) and a row-parallel layer's output
+// gradient (the residual stream's, under SP gathered) are whole on every TP rank; the row-parallel inputs (projection,
+// fc2), the column-parallel output gradients (QKV, fc1) and every weight are shards, whose amax is reduced (max) over TP.
+bool CudaGPT::fp8_tp_sharded(int site, bool output_gradient) const {
+  if (!tp_) return false;
+  const bool row_parallel = site == kLinearProj || site == kLinearFc2;
+  return output_gradient ? !row_parallel : row_parallel;
+}
+
+void CudaGPT::fp8_amax_over_tp(float* amax) {
+  MT_PROF("fp8.amax_reduce", tp_->all_reduce_on(amax, 1, WireType::kF32, ReduceOp::kMax, stream_));
+}
+
 float* CudaGPT::fp8_slot_scales(bool grad) const {
   const Slot& slot = slots_[static_cast<size_t>(active_)];
   return grad ? slot.f8_dy_scale : slot.f8_x_scale;
@@ -164,9 +178,11 @@ void CudaGPT::linear_forward(int64_t l, Record& r, int site, const char* name, i
     float* amax_x = r.f8_amax + 2 * site;
     float* amax_w = f8_winv_ + 64 * k + 1;  // (the weight's amax beside its inverse scale)
     MT_PROF("fwd.fp8_cast", cuda::fp8_amax(x, T * in, amax_x, stream_));
+    if (fp8_tp_sharded(site, false)) fp8_amax_over_tp(amax_x);
     MT_PROF("fwd.fp8_cast", cuda::fp8_cast(x, T, in, amax_x, e4m3, t.out, t.out_t, t.scale_inv, stream_));
     if (cast_w) {
       MT_PROF("fwd.fp8_cast", cuda::fp8_amax(w(w_off), out * in, amax_w, stream_));
+      if (tp_) fp8_amax_over_tp(amax_w);  // (every weight is a shard under TP)
       MT_PROF("fwd.fp8_cast", cuda::fp8_cast(w(w_off), out, in, amax_w, e4m3, wq, wqt, w_inv, stream_));
     }
   }
@@ -203,6 +219,7 @@ void CudaGPT::linear_dgrad(int64_t l, Record& r, int site, const char* name, int
     }
   } else {
     MT_PROF("bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), stream_));
+    if (fp8_tp_sharded(site, true)) fp8_amax_over_tp(s.f8_scalar(2));
     MT_PROF("bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, s.f8_row, D_.fp8_wgrad ? s.f8_dyt : nullptr, s.f8_scalar(3), stream_));
   }
   const auto k = static_cast<size_t>(l * kFp8Sites + site);  // W^T from the iteration's cast (the forward's)
@@ -238,6 +255,9 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
       const float* scale = fp8_slot_scales(true) + fp8_scaling_slot(l, site);
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, scale, nullptr, grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
     } else {
+      // (A deferred recast of a TP-sharded output gradient would need its amax over TP on this stream: the only deferral
+      // under TP is the projection's, whose output gradient every TP rank holds whole.)
+      if (fp8_tp_sharded(site, true)) throw std::logic_error("CUDA model: a deferred FP8 weight gradient of a TP-sharded output gradient");
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), ws));
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
     }

@@ -38,15 +38,20 @@ void CudaGPT::layer_backward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const bool defer = defer_into_ != nullptr;  // B only: the weight gradients' inputs saved for backward_weights
   // MLP: fc1's weight gradient on the side stream, beside the input gradient's TP reduction.
   mlp_backward_unit(l, r, mb, all, gather_rows(s.dres16, s.dres16_full, T));
-  if (!lw.moe && !defer) mlp_fc1_wgrad(l, r, all, fork_wgrad());
+  // (An FP8 layer's weight gradients stay on the compute stream: they read the output gradient's FP8 transpose and
+  // scale from the scratch that the next dgrad's cast writes.)
+  const bool side = !fp8_layer(l);
+  if (!lw.moe && !defer) mlp_fc1_wgrad(l, r, all, side ? fork_wgrad() : stream_);
   mlp_norm_backward(l, r, mb, 0, Tl, combine_rows(s.dxn, s.dxn_l, T), {}, stream_);
   // Attention. Under TP the projection's weight gradient waits for the side stream beside the QKV dgrad's
   // collective, which is longer than the QKV weight gradient alone: off the critical path (its dy is read before the
   // norm's backward below overwrites it).
   const bf16* dy = gather_rows(s.dres16, s.dres16_full, T);
-  const bool defer_proj = wgrad_stream_ != nullptr;
+  // (An FP8 layer's projection weight gradient runs right after its dgrad, which cast dy^T for it: later, after the QKV
+  // dgrad's cast, it would cast dy again, and the QKV weight gradient after it its own output gradient again.)
+  const bool defer_proj = wgrad_stream_ != nullptr && side;
   attention_backward_unit(l, r, mb, all, dy, !defer_proj);
-  if (!defer) attention_wgrads(l, r, all, dy, defer_proj, fork_wgrad());
+  if (!defer) attention_wgrads(l, r, all, dy, defer_proj, side ? fork_wgrad() : stream_);
   const bf16* dattn = combine_rows(s.dxn, s.dxn_l, T);
   if (defer_proj && !sp_ && !defer) MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, proj_done_ev_, 0));  // under SP dy is dres16_full
   input_norm_backward(l, r, mb, 0, Tl, dattn, {}, stream_);

@@ -96,7 +96,10 @@ void CudaGPT::choose_split_layers(int64_t mbs, int64_t max_in_flight) {
   if (kv_group_ && D.qk_norm) {
     throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
   }
+  // (Not with FP8: each half would cast its own rows, and under tensorwise scaling reduce their amaxes over TP beside the
+  // other half's reductions on the TP stream.)
   split_forward_ = tp_ && D.cp == 1 && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && !doc_mask_ && D.attention_dropout <= 0 &&
+                   !D.fp8 &&
                    !D.squared_relu && std::none_of(layers_.begin(), layers_.end(), [](const LayerW& lw) { return lw.moe; }) &&
                    mbs % 2 == 0 && aligned &&
                    !(split_env && std::string(split_env) == "0") &&
