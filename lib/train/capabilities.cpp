@@ -229,8 +229,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     }
     // FP8 under TP (gpt_cuda_fp8.cpp): tensorwise reduces each TP shard's amax over TP before its cast, delayed scaling
     // its amax accumulators at each update; the split TP layers and the side stream's weight gradients are off in FP8
-    // layers. Written, refused by name until tests/gpu (test_cuda_tensor_parallel_fp8 on one GPU, run_parallel_parity.sh
-    // on two) have run it.
+    // layers. Written, refused by name until tests/gpu (test_cuda_context_parallel's FP8 cases, TP ranks as threads on one
+    // GPU; run_parallel_parity.sh on two) have run it.
     const int64_t tp = c.parallel.tensor_model_parallel_size;
     no(tp > 1 && !cuda_unverified_allowed("fp8-tensor-parallel"),
        "FP8 with tensor parallelism has not run on GPUs yet on the CUDA engine (its amax reductions over TP): use --device cpu, or TP 1 "
@@ -243,9 +243,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
        "use --device cpu, or raise --num-query-groups");
     no(tp > 1 && c.moe.num_experts.has_value(),
        "FP8 in MoE layers with tensor parallelism is not implemented on the CUDA engine: use --device cpu, or TP 1");
-    no(tp > 1 && c.parallel.pipeline_schedule == "zb-h1" && c.parallel.pipeline_model_parallel_size > 1,
-       "FP8 with tensor parallelism and --pipeline-schedule zb-h1 is not implemented on the CUDA engine (its weight gradients would cast "
-       "TP-sharded output gradients again, apart): use --pipeline-schedule 1f1b, or --device cpu");
+    no(tp > 1 && c.parallel.pipeline_schedule == "zb-h1" && c.parallel.pipeline_model_parallel_size > 1 && c.precision.fp8_recipe == "tensorwise",
+       "tensorwise FP8 with tensor parallelism and --pipeline-schedule zb-h1 is not implemented on the CUDA engine (its weight gradients "
+       "would cast TP-sharded output gradients again, apart, each needing its amax over TP): use --fp8-recipe delayed, --pipeline-schedule "
+       "1f1b, or --device cpu");
     // Delayed scaling's amax reduction over DP (fp8_update: the accumulators over the amax group): written, refused by
     // name until run_parallel_parity.sh has run it on two GPUs.
     no(c.precision.fp8_recipe == "delayed" && c.derived.data_parallel_size > 1 && !c.precision.tp_only_amax_red &&
@@ -255,9 +256,11 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     const int64_t h = *c.model.hidden_size, heads = *c.model.num_attention_heads, d = c.model.kv_channels.value_or(h / heads);
     const int64_t F = c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(h, c.model.swiglu));
     const int64_t groups = c.derived.num_query_groups, T = c.training.micro_batch_size.value_or(1) * c.data.seq_length.value_or(16);
-    no(h % 16 != 0 || (heads * d) % 16 != 0 || ((heads + 2 * groups) * d) % 16 != 0 || F % 16 != 0 || T % 16 != 0,
-       "FP8 GEMMs need the hidden size, heads x head dimension, the QKV width, --ffn-hidden-size and --micro-batch-size x --seq-length to be "
-       "multiples of 16: change them, or use --device cpu");
+    // (Under TP each rank's share of the heads, the QKV width and the FFN: its GEMMs' sizes.)
+    const int64_t share = std::max<int64_t>(1, tp);
+    no(h % 16 != 0 || (heads / share * d) % 16 != 0 || ((heads + 2 * groups) / share * d) % 16 != 0 || (F / share) % 16 != 0 || T % 16 != 0,
+       "FP8 GEMMs need the hidden size, heads x head dimension, the QKV width, --ffn-hidden-size (each divided by "
+       "--tensor-model-parallel-size) and --micro-batch-size x --seq-length to be multiples of 16: change them, or use --device cpu");
     if (const auto& m = c.moe; m.num_experts) {  // (the experts' GEMMs: their rows are padded to 16 per expert)
       const int64_t F_moe = m.moe_ffn_hidden_size.value_or(F), F_shared = m.moe_shared_expert_intermediate_size.value_or(0);
       no(F_moe % 16 != 0 || F_shared % 16 != 0,

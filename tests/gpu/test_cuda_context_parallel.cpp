@@ -207,27 +207,44 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
       if (kept != kept_whole) throw std::runtime_error("the CP ranks' experts kept another number of tokens than the whole model's");
       if (want[0] == 0.0f && want[1] == 0.0f) throw std::runtime_error("no MoE statistics recorded (the check would be vacuous)");
     }
-    // FP8 delayed scaling: the amax histories and scales after the iteration's updates (each reduced over TP) the same on
-    // every rank, bit for bit, and the whole model's (within the gradients' rounding: the output gradients' amaxes).
+    // FP8 under TP: every cast's scale the same on every TP rank, bit for bit (each TP shard's amax reduced over TP): the
+    // inverse scales the casts last used (tensorwise: the weights' equal to the whole model's too, the max over the shards
+    // being exact) and under delayed scaling the amax histories and scales after the iteration's updates; the inputs' and
+    // weights' amaxes within rounding of the whole model's (the output gradients', at delayed scaling's first scale of 1,
+    // near E5M2's smallest values, are left to the gradients' check).
     double fp8_gap = 0, fp8_ranks_gap = 0;
+    const bool fp8 = whole.model->dims().fp8;
+    if (fp8) {
+      const std::vector<float> want = whole.model->fp8_last_inverse_scales();
+      const std::vector<float> first = ranks[0].model->fp8_last_inverse_scales();
+      const size_t weights = want.size() / 2;  // (then the inputs')
+      for (size_t i = 0; i < n; ++i) {
+        const std::vector<float> got = ranks[i].model->fp8_last_inverse_scales();
+        for (size_t j = 0; j < got.size(); ++j) {
+          fp8_ranks_gap = std::max(fp8_ranks_gap, static_cast<double>(std::fabs(got[j] - first[j])));
+          if (j < weights && !whole.model->fp8_delayed()) fp8_gap = std::max(fp8_gap, got[j] == want[j] ? 0.0 : 1.0);
+          else if (want[j] != 0.0f) fp8_gap = std::max(fp8_gap, static_cast<double>(std::fabs(got[j] - want[j]) / std::fabs(want[j])));
+        }
+      }
+      if (std::all_of(want.begin(), want.end(), [](float x) { return x == 0.0f; })) throw std::runtime_error("no FP8 scale recorded (a vacuous check)");
+    }
     if (whole.model->fp8_delayed()) {
       const mt::Fp8ScalingState want = whole.model->fp8_scaling_state();
-      std::vector<float> first;
+      const mt::Fp8ScalingState first = ranks[0].model->fp8_scaling_state();
+      const auto slots = static_cast<size_t>(want.slots());
       for (size_t i = 0; i < n; ++i) {
         const mt::Fp8ScalingState got = ranks[i].model->fp8_scaling_state();
         if (got.history.size() != want.history.size() || got.scale.size() != want.scale.size()) {
           throw std::runtime_error("a rank's FP8 scaling state has another shape than the whole model's");
         }
-        std::vector<float> all = got.history;
-        all.insert(all.end(), got.scale.begin(), got.scale.end());
-        std::vector<float> whole_all = want.history;
-        whole_all.insert(whole_all.end(), want.scale.begin(), want.scale.end());
-        if (i == 0) first = all;
-        for (size_t j = 0; j < all.size(); ++j) {
-          fp8_ranks_gap = std::max(fp8_ranks_gap, static_cast<double>(std::fabs(all[j] - first[j])));
-          if (whole_all[j] != 0.0f) fp8_gap = std::max(fp8_gap, static_cast<double>(std::fabs(all[j] - whole_all[j]) / std::fabs(whole_all[j])));
-          else if (all[j] != 0.0f) fp8_gap = std::max(fp8_gap, 1.0);
+        for (size_t j = 0; j < got.history.size(); ++j) {
+          fp8_ranks_gap = std::max(fp8_ranks_gap, static_cast<double>(std::fabs(got.history[j] - first.history[j])));
+          const bool gradient = (j / slots) % 3 == static_cast<size_t>(mt::kFp8GradOutput);  // ([len][3 kinds][slots])
+          if (!gradient && want.history[j] != 0.0f) {
+            fp8_gap = std::max(fp8_gap, static_cast<double>(std::fabs(got.history[j] - want.history[j]) / std::fabs(want.history[j])));
+          }
         }
+        for (size_t j = 0; j < got.scale.size(); ++j) fp8_ranks_gap = std::max(fp8_ranks_gap, static_cast<double>(std::fabs(got.scale[j] - first.scale[j])));
       }
       if (std::all_of(want.history.begin(), want.history.end(), [](float x) { return x == 0.0f; })) {
         throw std::runtime_error("no FP8 amax recorded (the check would be vacuous)");
@@ -238,10 +255,13 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
     std::snprintf(buf, sizeof(buf), "%s: loss %.6f (whole %.6f, %.2e apart); worst parameter gradient %s %.2e from the whole sequence's; TP ranks' "
                   "copies %.2e apart%s", name, loss_sum, loss_whole, loss_gap, worst_name.c_str(), worst, tp_copies_gap,
                   moe_layers > 0 ? ("; MoE aux / z losses " + std::to_string(moe_gap) + " apart").c_str()
-                  : whole.model->fp8_delayed() ? ("; FP8 amax histories and scales " + std::to_string(fp8_gap) + " from the whole model's, " +
-                                                   std::to_string(fp8_ranks_gap) + " between ranks").c_str()
-                                               : "");
-    check(loss_gap < 2e-3 && worst < 3e-2 && std::isfinite(worst) && tp_copies_gap < 1e-5 && moe_gap < 2e-2 && fp8_gap < 5e-2 && fp8_ranks_gap == 0,
+                  : fp8 ? ("; FP8 scales and amaxes " + std::to_string(fp8_gap) + " from the whole model's, " + std::to_string(fp8_ranks_gap) +
+                           " between ranks").c_str()
+                        : "");
+    // (FP8: a value computed in another order can round to the neighbouring FP8 value, one step of 6-25% of it)
+    const double grad_tol = fp8 ? 8e-2 : 3e-2, loss_tol = fp8 ? 5e-3 : 2e-3;
+    check(loss_gap < loss_tol && worst < grad_tol && std::isfinite(worst) && tp_copies_gap < 1e-5 && moe_gap < 2e-2 && fp8_gap < 5e-2 &&
+              fp8_ranks_gap == 0,
           buf);
     for (RankRun& run : ranks) release(run);
     release(whole);

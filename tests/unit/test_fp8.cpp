@@ -239,12 +239,16 @@ TEST_CASE("fp8: Megatron's FP8 flags are checked, and recipes not implemented ar
       for (const auto& r : mt::cuda_engine_gaps(k, 2)) all += r + "\n";
       return all;
     };
+    const char* before = std::getenv("MEGATRAIN_CUDA_UNVERIFIED");
+    const std::string saved = before ? before : "";
+    unsetenv("MEGATRAIN_CUDA_UNVERIFIED");
     mt::Config tp = c;
     tp.parallel.tensor_model_parallel_size = 2;
     tp.parallel.sequence_parallel = true;
     CHECK_THAT(gaps(tp), MT_CONTAINS("FP8 with tensor parallelism has not run on GPUs yet on the CUDA engine"));
-    const char* before = std::getenv("MEGATRAIN_CUDA_UNVERIFIED");
-    const std::string saved = before ? before : "";
+    mt::Config narrow = tp;  // (each TP rank's FFN share: 48 / 2 = 24, not a multiple of 16)
+    narrow.model.ffn_hidden_size = 48;
+    CHECK_THAT(gaps(narrow), MT_CONTAINS("each divided by --tensor-model-parallel-size"));
     setenv("MEGATRAIN_CUDA_UNVERIFIED", "fp8-tensor-parallel", 1);
     CHECK(gaps(tp).empty());
     mt::Config tp_delayed = tp;

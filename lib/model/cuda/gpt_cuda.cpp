@@ -228,6 +228,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     throw std::runtime_error("the CUDA engine's GELU and squared-ReLU experts need --moe-ffn-hidden-size to be a multiple of 8 (this model: " +
                              std::to_string(F_moe_) + "): change it, or use --device cpu");
   }
+  if (D.fp8 && (D.F_local % 16 != 0 || (D.nh_local * D.d) % 16 != 0 || ((D.nh_local + 2 * D.ng_local) * D.d) % 16 != 0 || D.h % 16 != 0)) {
+    throw std::runtime_error("FP8 GEMMs need this rank's FFN width, heads x head dimension and QKV width, and the hidden size, to be multiples "
+                             "of 16: change --ffn-hidden-size, the heads or --tensor-model-parallel-size, or use --device cpu");
+  }
   if (D.fp8 && tp_size_ > 1 && (moe_layers_ > 0 || D.fp8_blockwise || D.kv_rep > 1)) {
     throw std::logic_error("CUDA model: FP8 under tensor parallelism with MoE layers, blockwise scaling or K/V heads replicated over TP "
                            "(refused by the capability checks)");

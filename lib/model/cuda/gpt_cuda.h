@@ -160,6 +160,9 @@ class CudaGPT {
   // FP8's delayed scaling (model/fp8_scaling.h): whether this model uses it, and its state (scales, amax histories,
   // the weights' cast scales) copied from the device (waits for the stream) or to it, for checkpoints.
   bool fp8_delayed() const { return f8_scale_ != nullptr; }
+  // FP8 casts' inverse scales as last used (tests: under tensorwise TP every rank's must be equal): each layer's 4 sites'
+  // weights, then each layer's 4 input sites from its record (0 where a site has none, or the layer is recomputed).
+  std::vector<float> fp8_last_inverse_scales() const;
   Fp8ScalingState fp8_scaling_state() const;
   void set_fp8_scaling_state(const Fp8ScalingState& state);
 

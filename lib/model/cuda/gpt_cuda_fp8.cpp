@@ -63,6 +63,23 @@ Fp8ScalingState CudaGPT::fp8_scaling_state() const {
   return st;
 }
 
+std::vector<float> CudaGPT::fp8_last_inverse_scales() const {
+  std::vector<float> out(static_cast<size_t>(8 * L_), 0.0f);
+  if (!f8_winv_) return out;
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<float> all(static_cast<size_t>(4 * L_ * 64));
+  MT_CUDA_CHECK(cudaMemcpy(all.data(), f8_winv_, all.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  for (size_t k = 0; k < static_cast<size_t>(4 * L_); ++k) out[k] = all[64 * k];
+  for (int64_t l = 0; l < L_; ++l) {
+    const Record* r = static_cast<size_t>(l) < records_.size() ? records_[static_cast<size_t>(l)].get() : nullptr;
+    if (r == nullptr || r->f8_xinv == nullptr) continue;
+    std::vector<float> x(4 * 64);
+    MT_CUDA_CHECK(cudaMemcpy(x.data(), r->f8_xinv, x.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t site = 0; site < 4; ++site) out[static_cast<size_t>(4 * L_ + 4 * l) + site] = x[64 * site];
+  }
+  return out;
+}
+
 void CudaGPT::set_fp8_scaling_state(const Fp8ScalingState& st) {
   if (st.slots() != f8_slots_ || st.recipe.history_len != f8_recipe_.history_len) throw std::logic_error("CUDA model: FP8 scaling state of another shape");
   MT_CUDA_CHECK(cudaMemcpyAsync(f8_scale_, st.scale.data(), st.scale.size() * 4, cudaMemcpyHostToDevice, stream_));
@@ -255,8 +272,8 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
       const float* scale = fp8_slot_scales(true) + fp8_scaling_slot(l, site);
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast_scaled(dy, T, out, scale, nullptr, grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
     } else {
-      // (A deferred recast of a TP-sharded output gradient would need its amax over TP on this stream: the only deferral
-      // under TP is the projection's, whose output gradient every TP rank holds whole.)
+      // (A deferred recast of a TP-sharded output gradient would need its amax over TP on this stream: under TP an FP8
+      // layer defers no weight gradient, and ZB-H1 is refused with tensorwise FP8 under TP.)
       if (fp8_tp_sharded(site, true)) throw std::logic_error("CUDA model: a deferred FP8 weight gradient of a TP-sharded output gradient");
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_amax(dy, T * out, s.f8_scalar(2), ws));
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_cast(dy, T, out, s.f8_scalar(2), grad, nullptr, s.f8_dyt, s.f8_scalar(3), ws));
