@@ -37,7 +37,13 @@ inline thread_local std::unique_lock<std::mutex>* baton_held = nullptr;  // this
 // One group's meeting point.
 struct ThreadGroup {
   ThreadGroup(Baton& b, int n)
-      : baton(b), size(n), posted(static_cast<size_t>(n)), sends(static_cast<size_t>(n)), recvs(static_cast<size_t>(n)), send_counts(static_cast<size_t>(n)) {}
+      : baton(b),
+        size(n),
+        posted(static_cast<size_t>(n)),
+        sends(static_cast<size_t>(n)),
+        recvs(static_cast<size_t>(n)),
+        send_counts(static_cast<size_t>(n)),
+        signatures(static_cast<size_t>(n)) {}
   Baton& baton;
   int size;
   int arrived = 0;
@@ -46,6 +52,7 @@ struct ThreadGroup {
   std::vector<const void*> sends;
   std::vector<void*> recvs;
   std::vector<std::vector<int64_t>> send_counts;  // all_to_all_v_on: each rank's counts per destination
+  std::vector<std::string> signatures;             // each rank's collective: its kind, size and type (they must agree)
 };
 
 class ThreadCollectives final : public StreamCollectives {
@@ -77,14 +84,14 @@ class ThreadCollectives final : public StreamCollectives {
   }
   // recv[r n ..) = rank r's send.
   void all_gather_on(const void* send, void* recv, int64_t n, WireType type, cudaStream_t s) override {
-    post(s, send, recv);
+    post(s, send, recv, "all_gather", n, type);
     const size_t bytes = static_cast<size_t>(n) * bytes_of(type);
     for (int r = 0; r < g_.size; ++r) copy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes, g_.sends[static_cast<size_t>(r)], bytes);
     finish();
   }
   // recv[r n ..) = rank r's send[this rank's n ..).
   void all_to_all_on(const void* send, void* recv, int64_t n, WireType type, cudaStream_t s) override {
-    post(s, send, recv);
+    post(s, send, recv, "all_to_all", n, type);
     const size_t bytes = static_cast<size_t>(n) * bytes_of(type);
     for (int r = 0; r < g_.size; ++r) {
       copy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes, static_cast<const char*>(g_.sends[static_cast<size_t>(r)]) + static_cast<size_t>(rank_) * bytes,
@@ -93,7 +100,7 @@ class ThreadCollectives final : public StreamCollectives {
     finish();
   }
   void all_reduce_on(void* data, int64_t n, WireType type, ReduceOp op, cudaStream_t s) override {
-    post(s, data, data);
+    post(s, data, data, op == ReduceOp::kMax ? "all_reduce(max)" : op == ReduceOp::kAvg ? "all_reduce(avg)" : "all_reduce(sum)", n, type);
     if (rank_ == 0) {
       const std::vector<float> sum = reduce(0, n, type, op);
       for (int r = 0; r < g_.size; ++r) upload(g_.recvs[static_cast<size_t>(r)], sum, type);
@@ -102,7 +109,7 @@ class ThreadCollectives final : public StreamCollectives {
   }
   // recv[n] = the sum over ranks of send[rank n ..).
   void reduce_scatter_on(const void* send, void* recv, int64_t n, WireType type, cudaStream_t s) override {
-    post(s, send, recv);
+    post(s, send, recv, "reduce_scatter", n, type);
     if (rank_ == 0) {
       for (int r = 0; r < g_.size; ++r) upload(g_.recvs[static_cast<size_t>(r)], reduce(r * n, n, type, ReduceOp::kSum), type);
     }
@@ -113,7 +120,7 @@ class ThreadCollectives final : public StreamCollectives {
   void all_to_all_v_on(const void* send, const std::vector<int64_t>& send_counts, void* recv, const std::vector<int64_t>& recv_counts, WireType type,
                        cudaStream_t s) override {
     g_.send_counts[static_cast<size_t>(rank_)] = send_counts;
-    post(s, send, recv);
+    post(s, send, recv, "all_to_all_v", -1, type);  // (the counts are checked below)
     const size_t e = bytes_of(type);
     size_t at = 0;
     for (int r = 0; r < g_.size; ++r) {
@@ -143,11 +150,21 @@ class ThreadCollectives final : public StreamCollectives {
   }
   static void wait_stream(cudaStream_t s) { check(cudaStreamSynchronize(s), "the stream failed"); }
   static void copy(void* to, const void* from, size_t bytes) { check(cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToDevice), "a copy failed"); }
-  void post(cudaStream_t s, const void* send, void* recv) {
+  // Every rank of the group must call the same collective with the same size and type (NCCL's rule; a mismatch there
+  // hangs or mixes buffers): each posts its signature and, after the meeting, checks every other rank's.
+  void post(cudaStream_t s, const void* send, void* recv, const char* kind, int64_t n, WireType type) {
     wait_stream(s);
     g_.sends[static_cast<size_t>(rank_)] = send;
     g_.recvs[static_cast<size_t>(rank_)] = recv;
+    const std::string mine = std::string(kind) + " of " + std::to_string(n) + " x " + std::to_string(bytes_of(type)) + " bytes";
+    g_.signatures[static_cast<size_t>(rank_)] = mine;
     barrier();
+    for (int r = 0; r < g_.size; ++r) {
+      if (g_.signatures[static_cast<size_t>(r)] != mine) {
+        throw std::runtime_error("thread collectives: the ranks called different collectives (rank " + std::to_string(rank_) + ": " + mine + "; rank " +
+                                 std::to_string(r) + ": " + g_.signatures[static_cast<size_t>(r)] + ")");
+      }
+    }
   }
   // (device-to-device cudaMemcpy may return before the copy ends: every copy done before any rank goes on)
   void finish() {
