@@ -30,9 +30,10 @@ GemmLt::GemmLt() {
 void GemmLt::tune_plan(Plan& plan, const void* A, const void* B, void* C, float beta, size_t c_bytes, cudaStream_t stream) {
   // A GEMM that accumulates into C (a weight gradient into its fp32 main gradient) is timed on a copy's worth of C kept
   // aside and restored after the runs: each run adds to C. Where that copy does not fit, the heuristic's first stays.
+  // (Stream-ordered allocation: cudaFree would wait for the whole device, other streams' collectives included.)
   void* kept = nullptr;
   if (beta != 0.0f) {
-    if (cudaMalloc(&kept, c_bytes) != cudaSuccess) {
+    if (cudaMallocAsync(&kept, c_bytes, stream) != cudaSuccess) {
       (void)cudaGetLastError();
       return;
     }
@@ -41,8 +42,7 @@ void GemmLt::tune_plan(Plan& plan, const void* A, const void* B, void* C, float 
   tune_candidates(plan, A, B, C, beta, stream);
   if (kept) {
     MT_CUDA_CHECK(cudaMemcpyAsync(C, kept, c_bytes, cudaMemcpyDeviceToDevice, stream));
-    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    MT_CUDA_CHECK(cudaFree(kept));
+    MT_CUDA_CHECK(cudaFreeAsync(kept, stream));
   }
 }
 

@@ -91,8 +91,8 @@ class GemmLt {
   // to kTuneCandidates of cuBLASLt's heuristic algorithms on the call's own operands, after the work queued on the stream
   // so far, and keeps the fastest. A GEMM that overwrites its output (beta 0) writes the same output in each run, which
   // the call then writes again; one that accumulates (beta != 0: the weight gradients into their fp32 main gradients)
-  // has C's c_bytes kept aside in a buffer of their own and restored after the runs (not tuned if that buffer cannot be
-  // had). The epilogue, scale and bias pointers are set on plan.op for this call. Under mu_.
+  // has C's c_bytes kept aside in a stream-ordered buffer of their own and restored after the runs (not tuned if that
+  // buffer cannot be had). The epilogue, scale and bias pointers are set on plan.op for this call. Under mu_.
   static constexpr int kTuneCandidates = 8;
   bool tune_ = true;
   void tune_plan(Plan& plan, const void* A, const void* B, void* C, float beta, size_t c_bytes, cudaStream_t stream);
