@@ -195,15 +195,19 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # the CPU engine's emulation on one rank, with a small learning rate (the CUDA engine runs Adam only, and Adam turns a
   # value rounded the other way in another layout into a full step; the CPU parity tests train FP8 with SGD): tensorwise
   # under TP 2 and TP 2 + SP (each shard's amax over TP before its cast), delayed under TP 2 + SP (the amax accumulators
-  # over TP at each update) and DP 2 (over DP: the amax group).
+  # over TP at each update) and DP 2 (over DP: the amax group); with 4 GPUs both under TP 2 + SP x DP 2 with the
+  # distributed optimizer. (FP8 under TP with PP is refused on the CUDA engine.)
   if [[ $family == llama ]]; then
     F8="--lr 1e-4 --fp8-format hybrid --fp8-recipe"
     F8D="--fp8-amax-history-len 3 --fp8-amax-compute-algo max"
     # shellcheck disable=SC2086
     if run "$family-cpu-f8" 1 cpu "$model" $F8 tensorwise && run "$family-cpu-f8d" 1 cpu "$model" $F8 delayed $F8D; then
       for l in "f8tp2 f8 2 tensorwise --tensor-model-parallel-size 2" "f8tp2sp f8 2 tensorwise --tensor-model-parallel-size 2 --sequence-parallel" \
-               "f8dtp2sp f8d 2 delayed $F8D --tensor-model-parallel-size 2 --sequence-parallel" "f8ddp2 f8d 2 delayed $F8D --use-distributed-optimizer"; do
+               "f8dtp2sp f8d 2 delayed $F8D --tensor-model-parallel-size 2 --sequence-parallel" "f8ddp2 f8d 2 delayed $F8D --use-distributed-optimizer" \
+               "f8dtp2dp2 f8d 4 delayed $F8D --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer" \
+               "f8tp2dp2 f8 4 tensorwise --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer"; do
         read -r name ref np recipe extra <<<"$l"
+        ((np <= n)) || continue
         # shellcheck disable=SC2086
         run "$family-$name" "$np" cuda "$model" $F8 $recipe $extra || continue
         compare "$family-$name" "$family-cpu-$ref" lm_loss 1e-2

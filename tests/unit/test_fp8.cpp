@@ -264,6 +264,9 @@ TEST_CASE("fp8: Megatron's FP8 flags are checked, and recipes not implemented ar
     tp_moe.moe.num_experts = 4;
     tp_moe.moe.moe_router_topk = 2;
     CHECK_THAT(gaps(tp_moe), MT_CONTAINS("FP8 in MoE layers with tensor parallelism is not implemented on the CUDA engine"));
+    mt::Config tp_pp = tp;
+    tp_pp.parallel.pipeline_model_parallel_size = 2;
+    CHECK_THAT(gaps(tp_pp), MT_CONTAINS("FP8 with tensor and pipeline parallelism together is not implemented on the CUDA engine"));
     mt::Config dp_delayed = delayed;  // (delayed with DP: its own name)
     dp_delayed.derived.data_parallel_size = 2;
     setenv("MEGATRAIN_CUDA_UNVERIFIED", "fp8-amax-data-parallel", 1);

@@ -256,9 +256,9 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
                    static_cast<int>(a_mode), static_cast<int>(b_mode), varying};
   std::unique_lock<std::mutex> lock(mu_);
   auto it = fp8_plans_.find(key);
-  Plan created{};
-  if (it == fp8_plans_.end()) {
-    Plan& p = created;
+  const bool new_plan = it == fp8_plans_.end();
+  if (new_plan) {
+    Plan p{};
     MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     // Column-major view: C^T [N, M] = B [K, N]^T (first operand, transposed) x A^T [K, M] (second, as is): "TN".
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
@@ -306,9 +306,8 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
                                        : " GEMM on this GPU (FP8 needs compute capability 8.9 or newer)"));
     }
     p.algo = result.algo;
+    it = fp8_plans_.emplace(key, p).first;
   }
-  const bool new_plan = it == fp8_plans_.end();
-  if (new_plan) it = fp8_plans_.emplace(key, created).first;
   Plan& plan = it->second;
   // cuBLASLt's A is our B: its scale is b_scale.
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
