@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device_buffers.h"
@@ -53,6 +55,29 @@ mt::LayoutCoordinates tp_coordinates(int64_t tp_rank, int64_t tp_size) {
   return at;
 }
 
+// extra without its --fp8-* flags and their values.
+std::string without_fp8_flags(const std::string& extra) {
+  std::string out, word;
+  bool skip_value = false;
+  for (size_t i = 0; i <= extra.size(); ++i) {
+    if (i < extra.size() && extra[i] != ' ') {
+      word += extra[i];
+      continue;
+    }
+    if (word.empty()) continue;
+    if (skip_value && word.rfind("--", 0) != 0) {
+      skip_value = false;
+    } else if (word.rfind("--fp8-", 0) == 0) {
+      skip_value = true;
+    } else {
+      skip_value = false;
+      out += word + " ";
+    }
+    word.clear();
+  }
+  return out;
+}
+
 mt::Config make_config(const std::string& model, int64_t tp, int64_t cp, const std::string& comm, const std::string& extra) {
   std::string flags =
       "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
@@ -83,7 +108,22 @@ mt::Config make_config(const std::string& model, int64_t tp, int64_t cp, const s
 // TP x CP ranks as threads (thread (t, c): TP rank t of TP group c, CP rank c of CP group t) against the whole
 // sequences on one model: the gradients of the TP shards put at their global places and summed over CP (a parameter
 // TP replicates taken from TP rank 0), the loss summed over CP.
+// FP8 delayed scaling: one microbatch's forward and backward first, so that the measured one casts with scales from an
+// amax history (the first iteration's scales of 1 leave most output gradients below E5M2's normal range), then the
+// gradients and the loss zeroed again. A no-op for other models.
+void delayed_scaling_warm_up(RankRun& run, float w) {
+  if (!run.model->fp8_delayed()) return;
+  forward_backward(run, w);
+  cudaMemsetAsync(run.model->grads(), 0, static_cast<size_t>(run.model->numel()) * 4, run.stream);
+  cudaMemsetAsync(run.acc, 0, 4, run.stream);
+  if (cudaStreamSynchronize(run.stream) != cudaSuccess) throw std::runtime_error("the model's stream failed");
+}
+
+// MT_GPU_TEST_ONLY=fp8: only the FP8 cases.
+bool only_fp8 = false;
+
 void test_context_parallel(const std::string& model, int64_t cp, const std::string& comm = "p2p", const std::string& extra = "", int64_t tp = 1) {
+  if (only_fp8 && extra.find("--fp8-format") == std::string::npos) return;
   char name[220];
   std::snprintf(name, sizeof(name), "context parallelism %s CP %lld %s%s %s(ranks as threads, one GPU)", model.c_str(), static_cast<long long>(cp),
                 comm.c_str(), tp > 1 ? (" x TP " + std::to_string(tp)).c_str() : "", extra.c_str());
@@ -119,6 +159,7 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
     RankRun whole;
     prepare(whole, whole_cfg, mb, tp_coordinates(0, 1));
     whole.dev.aux_grad_scale = kAuxGradScale;
+    delayed_scaling_warm_up(whole, w);
     forward_backward(whole, w);
     const std::vector<float> g_whole = download(whole.model->grads(), static_cast<size_t>(whole.model->numel()));
     const float loss_whole = download(whole.acc, 1)[0];
@@ -142,6 +183,7 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
       prepare(ranks[i], grid_cfg, mt::context_parallel_slice(mb, c, cp), tp_coordinates(t, tp), tp > 1 ? tp_of[i].get() : nullptr);
       if (cp > 1) ranks[i].model->set_context_parallel(cp_of[i].get());
       ranks[i].dev.aux_grad_scale = kAuxGradScale;
+      delayed_scaling_warm_up(ranks[i], w);
       forward_backward(ranks[i], w);
     });
     std::vector<float> g_sum(g_whole.size(), 0.0f);
@@ -183,6 +225,40 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
         worst_name = p.name;
       }
     }
+    // FP8: the parameters' gaps beside the FP8 quantisation's own effect on each (the whole model in FP8 against itself
+    // in bf16), the three largest gaps named in the message.
+    std::string fp8_detail;
+    double fp8_grad_excess = 0;  // the largest gap over its bound, max(8e-2, 2 x FP8's own effect on that parameter)
+    if (whole.model->dims().fp8) {
+      RankRun plain;
+      prepare(plain, make_config(model, 1, 1, comm, without_fp8_flags(extra)), mb, tp_coordinates(0, 1));
+      plain.dev.aux_grad_scale = kAuxGradScale;
+      forward_backward(plain, w);
+      const std::vector<float> g_plain = download(plain.model->grads(), static_cast<size_t>(plain.model->numel()));
+      const float loss_plain = download(plain.acc, 1)[0];
+      std::string excess_name;
+      std::vector<std::pair<double, std::string>> gaps;
+      for (const mt::ParamInfo& p : whole.store.infos()) {
+        const mt::ParamInfo& q = plain.store.info(plain.store.index_of(p.name));
+        const std::vector<float> a(g_sum.begin() + p.offset, g_sum.begin() + p.offset + p.numel), b(g_whole.begin() + p.offset, g_whole.begin() + p.offset + p.numel),
+            c(g_plain.begin() + q.offset, g_plain.begin() + q.offset + q.numel);
+        char item[200];
+        std::snprintf(item, sizeof(item), "%s %.2e (FP8 against bf16 %.2e)", p.name.c_str(), rel_err(a, b), rel_err(b, c));
+        gaps.emplace_back(rel_err(a, b), item);
+        const double excess = rel_err(a, b) / std::max(8e-2, 2.0 * rel_err(b, c));
+        if (excess > fp8_grad_excess) {
+          fp8_grad_excess = excess;
+          excess_name = item;
+        }
+      }
+      release(plain);
+      std::sort(gaps.begin(), gaps.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+      for (size_t i = 0; i < std::min<size_t>(3, gaps.size()); ++i) fp8_detail += (i ? ", " : "; largest gaps: ") + gaps[i].second;
+      char tail[300];
+      std::snprintf(tail, sizeof(tail), "; nearest its bound: %s; the whole model's loss in FP8 %.2e from bf16's", excess_name.c_str(),
+                    std::fabs(loss_whole - loss_plain) / std::fabs(loss_plain));
+      fp8_detail += tail;
+    }
     // MoE: each rank's statistics per layer (the aux and z losses over the whole sequences: every CP rank's the whole
     // model's) and the tokens its experts kept (summed over CP: the whole model's, every choice of every token).
     double moe_gap = 0;
@@ -213,6 +289,7 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
     // weights' amaxes within rounding of the whole model's (the output gradients', at delayed scaling's first scale of 1,
     // near E5M2's smallest values, are left to the gradients' check).
     double fp8_gap = 0, fp8_ranks_gap = 0;
+    std::string fp8_worst;
     const bool fp8 = whole.model->dims().fp8;
     if (fp8) {
       const std::vector<float> want = whole.model->fp8_last_inverse_scales();
@@ -222,8 +299,13 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
         const std::vector<float> got = ranks[i].model->fp8_last_inverse_scales();
         for (size_t j = 0; j < got.size(); ++j) {
           fp8_ranks_gap = std::max(fp8_ranks_gap, static_cast<double>(std::fabs(got[j] - first[j])));
-          if (j < weights && !whole.model->fp8_delayed()) fp8_gap = std::max(fp8_gap, got[j] == want[j] ? 0.0 : 1.0);
-          else if (want[j] != 0.0f) fp8_gap = std::max(fp8_gap, static_cast<double>(std::fabs(got[j] - want[j]) / std::fabs(want[j])));
+          const double gap = j < weights && !whole.model->fp8_delayed() ? (got[j] == want[j] ? 0.0 : 1.0)
+                             : want[j] != 0.0f ? static_cast<double>(std::fabs(got[j] - want[j]) / std::fabs(want[j])) : 0.0;
+          if (gap > fp8_gap) {
+            fp8_gap = gap;
+            const size_t k = j < weights ? j : j - weights;
+            fp8_worst = std::string(j < weights ? "weight" : "input") + " of layer " + std::to_string(k / 4) + " site " + std::to_string(k % 4);
+          }
         }
       }
       if (std::all_of(want.begin(), want.end(), [](float x) { return x == 0.0f; })) throw std::runtime_error("no FP8 scale recorded (a vacuous check)");
@@ -251,16 +333,23 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
       }
     }
     const double loss_gap = std::fabs(loss_sum - loss_whole) / std::fabs(loss_whole);
-    char buf[600];
+    char buf[1600];
     std::snprintf(buf, sizeof(buf), "%s: loss %.6f (whole %.6f, %.2e apart); worst parameter gradient %s %.2e from the whole sequence's; TP ranks' "
                   "copies %.2e apart%s", name, loss_sum, loss_whole, loss_gap, worst_name.c_str(), worst, tp_copies_gap,
                   moe_layers > 0 ? ("; MoE aux / z losses " + std::to_string(moe_gap) + " apart").c_str()
-                  : fp8 ? ("; FP8 scales and amaxes " + std::to_string(fp8_gap) + " from the whole model's, " + std::to_string(fp8_ranks_gap) +
-                           " between ranks").c_str()
+                  : fp8 ? ("; FP8 scales and amaxes " + std::to_string(fp8_gap) + " from the whole model's" + (fp8_worst.empty() ? "" : " (" + fp8_worst + ")") +
+                           ", " + std::to_string(fp8_ranks_gap) + " between ranks" + fp8_detail).c_str()
                         : "");
-    // (FP8: a value computed in another order can round to the neighbouring FP8 value, one step of 6-25% of it)
-    const double grad_tol = fp8 ? 8e-2 : 3e-2, loss_tol = fp8 ? 5e-3 : 2e-3;
-    check(loss_gap < loss_tol && worst < grad_tol && std::isfinite(worst) && tp_copies_gap < 1e-5 && moe_gap < 2e-2 && fp8_gap < 5e-2 &&
+    // (FP8: a value computed in another order can round to the neighbouring FP8 value, one step of 6-25% of it, and in
+    // these small models (hidden 128) through the layers those steps compound: measured on an H200, the gradients of
+    // the TP 2 layouts differ from the whole model's by up to 1.54 times as much as FP8's own quantisation moves the
+    // whole model's from bf16's (GPT's norm weights the most), and under delayed scaling the losses too (5e-5 and 9e-5,
+    // FP8 against bf16 4e-5 and 9e-5). So an FP8 layout's parameter passes within twice that, and at least 8e-2; a
+    // missing reduction or a misplaced shard moves a gradient by about its whole size. The scales are checked exactly
+    // between the ranks above.)
+    const double loss_tol = fp8 ? 5e-3 : 2e-3;
+    const bool grads_ok = fp8 ? fp8_grad_excess < 1.0 : worst < 3e-2;
+    check(loss_gap < loss_tol && grads_ok && std::isfinite(worst) && tp_copies_gap < 1e-5 && moe_gap < 2e-2 && fp8_gap < 5e-2 &&
               fp8_ranks_gap == 0,
           buf);
     for (RankRun& run : ranks) release(run);
@@ -277,6 +366,8 @@ int main() {
     std::printf("SKIP: no GPU visible (%s)\n", mt::gpu_unavailable_reason().c_str());
     return 77;
   }
+  const char* only = std::getenv("MT_GPU_TEST_ONLY");
+  only_fp8 = only != nullptr && std::string(only) == "fp8";
   test_context_parallel("llama", 2);
   test_context_parallel("llama", 4);
   test_context_parallel("gpt", 2);  // learned positions (the chunks' own), GELU, biases
@@ -307,9 +398,12 @@ int main() {
   const std::string fp8 = "--fp8-format hybrid --fp8-recipe ";
   test_context_parallel("llama", 1, "p2p", fp8 + "tensorwise ", 2);
   test_context_parallel("llama", 1, "p2p", fp8 + "tensorwise --sequence-parallel ", 2);
-  test_context_parallel("llama", 1, "p2p", fp8 + "delayed ", 2);
-  test_context_parallel("llama-recompute", 1, "p2p", fp8 + "delayed --sequence-parallel ", 2);
-  test_context_parallel("gpt", 1, "p2p", fp8 + "tensorwise --sequence-parallel ", 2);  // (GPT's biases and GELU apart from the GEMM)
+  test_context_parallel("llama", 1, "p2p", fp8 + "delayed --fp8-amax-history-len 4 ", 2);
+  test_context_parallel("llama-recompute", 1, "p2p", fp8 + "delayed --fp8-amax-history-len 4 --sequence-parallel ", 2);
+  test_context_parallel("gpt", 1, "p2p", fp8 + "tensorwise ", 2);  // (GPT's biases and GELU apart from the GEMM)
+  test_context_parallel("gpt", 1, "p2p", fp8 + "tensorwise --sequence-parallel ", 2);
+  test_context_parallel("gpt", 1, "p2p", fp8 + "delayed --fp8-amax-history-len 4 --sequence-parallel ", 2);
+  test_context_parallel("gpt", 1, "p2p", "--fp8-format e4m3 --fp8-recipe tensorwise ", 2);
   // MoE layers: each CP rank routes its own tokens; the aux and z losses' statistics summed over the CP group (the
   // whole sequences' counts, scores and lse^2), each rank's router gradient its tokens' part.
   // The ring's attention rounds differently from the whole sequence's (a2a's is the same), which can flip a near-tie of

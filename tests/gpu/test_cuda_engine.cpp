@@ -1184,6 +1184,31 @@ void test_pipeline_moe() {
   test_pipeline_schedule("llama", "interleaved", moe + "--moe-router-load-balancing-type seq_aux_loss ");
 }
 
+// The dense FP8 cases against the CPU engine's emulation (MT_GPU_TEST_ONLY=fp8 runs only these).
+void test_fp8_dense() {
+  // FP8 (tensorwise): the curves follow the CPU engine's emulation of the same quantisation.
+  test_fp8_differs("llama");
+  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe tensorwise ");
+  test_training("gpt", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe tensorwise ");  // biases, GELU apart from the GEMM
+  test_training("llama-recompute", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe tensorwise --first-last-layers-bf16 "
+                "--num-layers-at-end-in-bf16 0 ");
+  // FP8 (delayed scaling, Megatron's default): the scales from the amax histories, updated per microbatch; the
+  // recompute casts with its forward's scales; the histories' max and the margin.
+  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --eval-iters 2 --eval-interval 10 ");  // (and evaluation)
+  test_training("gpt", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe delayed ");
+  test_training("llama-recompute", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 "
+                "--fp8-amax-compute-algo max --fp8-margin 1 ");
+  // (SwiGLU's fused casts: with the 16-bit weight gradients, which read its 16-bit output too; with a fc1 bias, whose
+  // gradient reads the 16-bit output gradient, so the backward casts apart)
+  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --no-fp8-wgrad ");
+  test_training("gpt", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --swiglu ");
+  // FP8 blockwise: 1 x 128 blocks of the inputs and output gradients, 128 x 128 of the weights, block-scaled cuBLASLt GEMMs.
+  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe blockwise ");
+  test_training("gpt", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe blockwise ");
+  test_training("llama-recompute", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe blockwise ");
+  test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe blockwise ");  // deferred weight gradients quantise dy again
+}
+
 int main() {
   if (mt::visible_gpus().empty()) {
     std::printf("SKIP: no GPU visible (%s)\n", mt::gpu_unavailable_reason().c_str());
@@ -1200,6 +1225,11 @@ int main() {
   if (only && std::string(only) == "moe") goto moe_tests;
   if (only && std::string(only) == "fp8-moe") {  // (=fp8-moe: only the FP8 MoE cases)
     test_fp8_moe();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "fp8") {  // (=fp8: only the dense FP8 cases)
+    test_fp8_dense();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
@@ -1282,27 +1312,7 @@ int main() {
   test_training("llama", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
   test_pipeline_schedule("llama");
   unsetenv("MEGATRAIN_LOSS_CHUNK_ROWS");
-  // FP8 (tensorwise): the curves follow the CPU engine's emulation of the same quantisation.
-  test_fp8_differs("llama");
-  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe tensorwise ");
-  test_training("gpt", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe tensorwise ");  // biases, GELU apart from the GEMM
-  test_training("llama-recompute", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe tensorwise --first-last-layers-bf16 "
-                "--num-layers-at-end-in-bf16 0 ");
-  // FP8 (delayed scaling, Megatron's default): the scales from the amax histories, updated per microbatch; the
-  // recompute casts with its forward's scales; the histories' max and the margin.
-  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --eval-iters 2 --eval-interval 10 ");  // (and evaluation)
-  test_training("gpt", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe delayed ");
-  test_training("llama-recompute", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 "
-                "--fp8-amax-compute-algo max --fp8-margin 1 ");
-  // (SwiGLU's fused casts: with the 16-bit weight gradients, which read its 16-bit output too; with a fc1 bias, whose
-  // gradient reads the 16-bit output gradient, so the backward casts apart)
-  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --no-fp8-wgrad ");
-  test_training("gpt", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed --swiglu ");
-  // FP8 blockwise: 1 x 128 blocks of the inputs and output gradients, 128 x 128 of the weights, block-scaled cuBLASLt GEMMs.
-  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe blockwise ");
-  test_training("gpt", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe blockwise ");
-  test_training("llama-recompute", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe blockwise ");
-  test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe blockwise ");  // deferred weight gradients quantise dy again
+  test_fp8_dense();
 moe_tests:
   test_fp8_moe();
   test_moe_training("llama", "");

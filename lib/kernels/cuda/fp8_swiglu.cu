@@ -17,21 +17,28 @@
 namespace mt::cuda {
 namespace {
 
-__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+// Two values rounded to bf16 (one paired conversion) and back to fp32.
+__device__ __forceinline__ void round_bf16x2(float& a, float& b) {
+  const float2 r = __bfloat1622float2(__float22bfloat162_rn(make_float2(a, b)));
+  a = r.x;
+  b = r.y;
+}
 
 // kParts 1: the forward (y [rows, F]); 2: the backward (dx [rows, 2F]: part 0 the gate's columns, part 1 the up's).
-template <int kParts>
-__global__ void swiglu_cast_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x, int64_t rows, int64_t F, const float* __restrict__ scale_ptr,
-                                   unsigned* __restrict__ acc, bool e5m2, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                                   float* __restrict__ scale_inv, bf16* __restrict__ y16) {
+// The format a template argument and the conversions in pairs: the kernel is bound by its instruction issue otherwise
+// (Nsight Compute: 69% of issue slots busy, DRAM at 64% of its bandwidth, against the bf16 SwiGLU's 82%).
+template <int kParts, __nv_fp8_interpretation_t kKind>
+__global__ void __launch_bounds__(256) swiglu_cast_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x, int64_t rows, int64_t F,
+                                                          const float* __restrict__ scale_ptr, unsigned* __restrict__ acc, uint8_t* __restrict__ out,
+                                                          uint8_t* __restrict__ out_t, float* __restrict__ scale_inv, bf16* __restrict__ y16) {
   const float scale = *scale_ptr;
   if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
   __shared__ alignas(16) uint8_t tile[kParts][kFp8Tile][kFp8TilePitch];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kFp8Tile, c0 = static_cast<int64_t>(blockIdx.x) * kFp8Tile;
   const int64_t out_cols = kParts * F;
-  const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
   const int t = threadIdx.x, group = t % 8;
   float m = 0.0f;
+#pragma unroll
   for (int pass = 0; pass < 2; ++pass) {
     const int i = t / 8 + 32 * pass;
     const int64_t r = r0 + i, c = c0 + group * 8;
@@ -40,28 +47,24 @@ __global__ void swiglu_cast_kernel(const bf16* __restrict__ dy, const bf16* __re
       Bf16x8 v[kParts];
       if constexpr (kParts == 1) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[0].x[k] = round_bf16(swiglu_value(g.x[k], u.x[k]));
-        if (y16) store_bf16x8(y16 + r * F + c, v[0]);
+        for (int k = 0; k < 8; ++k) v[0].x[k] = swiglu_value(g.x[k], u.x[k]);
       } else {
         const Bf16x8 d = load_bf16x8(dy + r * F + c);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          float dg, du;
-          swiglu_grads(d.x[k], g.x[k], u.x[k], dg, du);
-          v[0].x[k] = round_bf16(dg);
-          v[1].x[k] = round_bf16(du);
-        }
+        for (int k = 0; k < 8; ++k) swiglu_grads(d.x[k], g.x[k], u.x[k], v[0].x[k], v[1].x[k]);
       }
 #pragma unroll
       for (int p = 0; p < kParts; ++p) {
-        alignas(8) uint8_t q[8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          q[k] = to_fp8(v[p].x[k], scale, kind);
-          m = fmaxf(m, fabsf(v[p].x[k]));
-        }
-        if (out) *reinterpret_cast<uint2*>(out + r * out_cols + p * F + c) = *reinterpret_cast<const uint2*>(q);
-        *reinterpret_cast<uint2*>(&tile[p][i][group * 8]) = *reinterpret_cast<const uint2*>(q);
+        for (int k = 0; k < 8; k += 2) round_bf16x2(v[p].x[k], v[p].x[k + 1]);
+        if (kParts == 1 && y16) store_bf16x8(y16 + r * F + c, v[0]);
+        uint2 q;
+        q.x = to_fp8x4<kKind>(v[p].x[0], v[p].x[1], v[p].x[2], v[p].x[3], scale);
+        q.y = to_fp8x4<kKind>(v[p].x[4], v[p].x[5], v[p].x[6], v[p].x[7], scale);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[p].x[k]));
+        if (out) *reinterpret_cast<uint2*>(out + r * out_cols + p * F + c) = q;
+        *reinterpret_cast<uint2*>(&tile[p][i][group * 8]) = q;
       }
     }
   }
@@ -81,8 +84,12 @@ bool launch(const bf16* dy, const bf16* x, int64_t rows, int64_t F, const Fp8Cas
     return false;
   }
   const dim3 grid(static_cast<unsigned>((F + kFp8Tile - 1) / kFp8Tile), static_cast<unsigned>((rows + kFp8Tile - 1) / kFp8Tile));
-  swiglu_cast_kernel<kParts><<<grid, 256, 0, stream>>>(dy, x, rows, F, t.scale, reinterpret_cast<unsigned*>(t.amax_accumulator),
-                                                       t.type == Fp8Type::kE5M2, t.out, t.out_t, t.scale_inv, y16);
+  auto* acc = reinterpret_cast<unsigned*>(t.amax_accumulator);
+  if (t.type == Fp8Type::kE5M2) {
+    swiglu_cast_kernel<kParts, __NV_E5M2><<<grid, 256, 0, stream>>>(dy, x, rows, F, t.scale, acc, t.out, t.out_t, t.scale_inv, y16);
+  } else {
+    swiglu_cast_kernel<kParts, __NV_E4M3><<<grid, 256, 0, stream>>>(dy, x, rows, F, t.scale, acc, t.out, t.out_t, t.scale_inv, y16);
+  }
   MT_CUDA_CHECK(cudaGetLastError());
   return true;
 }

@@ -26,6 +26,15 @@ __device__ __forceinline__ uint8_t to_fp8(float x, float scale, __nv_fp8_interpr
   return __nv_cvt_float_to_fp8(__fmul_rn(x, scale), __NV_SATFINITE, kind);
 }
 
+// Four values x * scale rounded and saturated as to_fp8, in two paired conversions (one instruction per pair on
+// sm_89 and later), value k in byte k.
+template <__nv_fp8_interpretation_t kKind>
+__device__ __forceinline__ uint32_t to_fp8x4(float a, float b, float c, float d, float scale) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, scale), __fmul_rn(b, scale)), __NV_SATFINITE, kKind);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(c, scale), __fmul_rn(d, scale)), __NV_SATFINITE, kKind);
+  return lo | (hi << 16);
+}
+
 // The block's max |x| atomically into *acc (non-negative floats order as their bits); every thread must call it.
 __device__ __forceinline__ void block_amax_into(float m, unsigned* acc) {
   __shared__ float warp_max[32];
