@@ -58,6 +58,8 @@ class CudaEngine final : public TrainingEngine {
   void finish() override;
 
  private:
+  // The iteration's gradients zeroed on the compute stream, less the ranges the chunks' weight gradient GEMMs overwrite.
+  void zero_gradients();
   void setup_optimizer_state(const std::vector<Optimizer::Segment>& segments);
   void setup_data_parallel();
   // Every host wait on the device goes through here: with data or tensor parallelism it polls an NCCL

@@ -114,6 +114,23 @@ StagePipeline CudaEngine::stage_pipeline() {
   return {link_.get(), static_cast<int>(pp_rank_), static_cast<int>(pp_), boundary_activations_.get(), boundary_gradients_.get()};
 }
 
+// The iteration's gradients zeroed, but for those the chunks' first weight gradient GEMMs overwrite
+// (MEGATRAIN_WGRAD_OVERWRITE=1: CudaGPT::overwritten_gradients).
+void CudaEngine::zero_gradients() {
+  std::vector<std::pair<int64_t, int64_t>> kept;
+  for (CudaGPT* m : chunks_models_) {
+    m->begin_gradients();
+    kept.insert(kept.end(), m->overwritten_gradients().begin(), m->overwritten_gradients().end());
+  }
+  std::sort(kept.begin(), kept.end());
+  int64_t from = 0;
+  for (const auto& [offset, count] : kept) {
+    if (offset > from) MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model_->grads() + from, 0, static_cast<size_t>(offset - from) * 4, stream_)));
+    from = std::max(from, offset + count);
+  }
+  if (P_ > from) MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model_->grads() + from, 0, static_cast<size_t>(P_ - from) * 4, stream_)));
+}
+
 void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   const Config& cfg = cfg_;
   const ModelDims& D = model_->dims();
@@ -122,7 +139,7 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   const double waited_before = MicrobatchSlot::wait_ms;
   const int64_t mallocs_before = DeviceAllocator::instance().stats().device_mallocs;
   if (it == profile_iter_) OpProfiler::instance().enable(stream_);
-  MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model_->grads(), 0, static_cast<size_t>(P_) * 4, stream_)));
+  zero_gradients();
 #ifdef MEGATRAIN_HAVE_NCCL
   if (ddp_) ddp_->start_iteration();
   if (expert_ddp_) expert_ddp_->start_iteration();

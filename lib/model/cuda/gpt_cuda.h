@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -133,6 +134,13 @@ class CudaGPT {
   int64_t numel() const { return numel_; }
   float* master() const { return master_; }
   float* grads() const { return grads_; }
+  // MEGATRAIN_WGRAD_OVERWRITE=1 (off by default until measured on a GPU): the weight gradients that only their weight
+  // gradient GEMMs write (the dense layers' linear weights and an untied output layer's, without the split TP layers)
+  // are written by the iteration's first such GEMM with beta 0 instead of accumulated into zeroed memory, the same
+  // bits (0 + x is x); the engine zeroes everything else. Their ranges [offset, offset + count) in grads(), sorted:
+  const std::vector<std::pair<int64_t, int64_t>>& overwritten_gradients() const { return overwrite_ranges_; }
+  // ... and the start of an iteration's gradients (none of them written yet).
+  void begin_gradients() { std::fill(overwrite_written_.begin(), overwrite_written_.end(), char{0}); }
   cuda::bf16* working() const { return w16_; }  // the 16-bit working copy (bf16 or fp16: half_type())
   const ModelDims& dims() const { return D_; }
   size_t activation_bytes() const { return act_bytes_; }
@@ -238,6 +246,12 @@ class CudaGPT {
   void allocate_fp8_weights();
   void check_attention(int64_t micro_batch);
   void choose_split_layers(int64_t micro_batch, int64_t max_in_flight);
+  // The overwritten gradients' ranges (after choose_split_layers), and a weight gradient GEMM's beta into g(w_off): 0 at
+  // the iteration's first GEMM of such a range (then marked written), else 1.
+  void choose_overwritten_gradients();
+  float wgrad_beta(int64_t w_off);
+  std::vector<std::pair<int64_t, int64_t>> overwrite_ranges_;
+  std::vector<char> overwrite_written_;
   bool bias_grad_fusable(int64_t n, int64_t x_width, int64_t k) const;
   // The compute stream waits for everything queued on tp_stream_ so far.
   void wait_tp_stream();

@@ -255,13 +255,14 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
   }
   Scratch& s = *s_;
   const auto grad = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3;
+  const float beta = wgrad_beta(w_off);
   if (D_.fp8_blockwise) {  // dy^T and x^T, both in blocks of 128 tokens
     using Mode = cuda::GemmLt::ScaleMode;
     if (fp8_dyt_record_ != &r || fp8_dyt_site_ != site) {  // a deferred weight gradient: dy quantised again (the same bytes)
       MT_PROF_ON(ws, "bwd.fp8_cast", cuda::fp8_quantize_1x128(dy, T, out, grad, nullptr, nullptr, s.f8_dyt, s.f8_dyt_scale, ws));
     }
     MT_PROF_ON(ws, name, cuda::GemmLt::instance().gemm_fp8(out, in, T, 1.0f, s.f8_dyt, fp8_data_type(grad), s.f8_dyt_scale, r.f8_xt[site], CUDA_R_8F_E4M3,
-                                                           r.f8_xt_scale[site], 1.0f, g(w_off), in, CUDA_R_32F, nullptr, false, ws, Mode::kVec128,
+                                                           r.f8_xt_scale[site], beta, g(w_off), in, CUDA_R_32F, nullptr, false, ws, Mode::kVec128,
                                                            Mode::kVec128));
     if (b_off >= 0) MT_PROF_ON(ws, "bwd.bias_grad", cuda::bias_grad_bf16(g(b_off), dy, T, out, ws, dt_));
     fp8_dyt_record_ = nullptr;
@@ -280,7 +281,7 @@ void CudaGPT::linear_wgrad(cudaStream_t ws, int64_t l, Record& r, int site, cons
     }
   }
   MT_PROF_ON(ws, name, cuda::GemmLt::instance().gemm_fp8(out, in, T, 1.0f, s.f8_dyt, fp8_data_type(grad), s.f8_scalar(3), r.f8_xt[site], CUDA_R_8F_E4M3,
-                                                         r.f8_xinv + 64 * site, 1.0f, g(w_off), in, CUDA_R_32F, nullptr, false, ws));
+                                                         r.f8_xinv + 64 * site, beta, g(w_off), in, CUDA_R_32F, nullptr, false, ws));
   if (b_off >= 0) MT_PROF_ON(ws, "bwd.bias_grad", cuda::bias_grad_bf16(g(b_off), dy, T, out, ws, dt_));
   fp8_dyt_record_ = nullptr;
 }

@@ -128,4 +128,34 @@ void CudaGPT::choose_split_layers(int64_t mbs, int64_t max_in_flight) {
   }
 }
 
+void CudaGPT::choose_overwritten_gradients() {
+  const char* env = std::getenv("MEGATRAIN_WGRAD_OVERWRITE");
+  if (!env || std::string(env) != "1" || split_forward_) return;  // (the split layers' halves add to one gradient)
+  const int64_t h = D_.h;
+  for (const LayerW& lw : layers_) {
+    if (lw.moe) continue;  // (an MoE layer's experts: one without tokens writes nothing)
+    for (const auto& [off, count] : {std::pair{lw.qkv_w, W_.Wq * h}, std::pair{lw.proj_w, h * W_.Hd}, std::pair{lw.fc1_w, W_.F1 * h},
+                                     std::pair{lw.fc2_w, h * W_.F}}) {
+      if (off >= 0) overwrite_ranges_.emplace_back(off, count);
+    }
+  }
+  if (post_ && out_w_ >= 0 && !D_.tied) overwrite_ranges_.emplace_back(out_w_, D_.V_local * h);
+  std::sort(overwrite_ranges_.begin(), overwrite_ranges_.end());
+  for (size_t i = 1; i < overwrite_ranges_.size(); ++i) {
+    if (overwrite_ranges_[i - 1].first + overwrite_ranges_[i - 1].second > overwrite_ranges_[i].first) {
+      throw std::logic_error("CUDA model: overlapping weight gradient ranges");
+    }
+  }
+  overwrite_written_.assign(overwrite_ranges_.size(), char{1});  // (begin_gradients clears them: until then, accumulate)
+}
+
+float CudaGPT::wgrad_beta(int64_t w_off) {
+  const auto it = std::lower_bound(overwrite_ranges_.begin(), overwrite_ranges_.end(), std::pair{w_off, int64_t{0}});
+  if (it == overwrite_ranges_.end() || it->first != w_off) return 1.0f;
+  char& written = overwrite_written_[static_cast<size_t>(it - overwrite_ranges_.begin())];
+  if (written) return 1.0f;
+  written = 1;
+  return 0.0f;
+}
+
 }  // namespace mt

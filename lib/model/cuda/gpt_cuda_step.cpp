@@ -95,7 +95,8 @@ void CudaGPT::output_layer(const DeviceMicrobatch& mb, float grad_scale, int64_t
     MT_PROF("fwd.gemm.logits", lt.gemm_ex(false, true, n, V, h, 1.0f, x, h, w(out_w_), h, 0.0f, s.logits, V, ab_, ab_, nullptr, stream_));
     loss(mb, grad_scale, r0, n);
     if (!train) continue;
-    MT_PROF("bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, n, 1.0f, s.logits, V, x, h, 1.0f, g(out_w_), h, ab_, CUDA_R_32F, nullptr, stream_));
+    const float beta = wgrad_beta(out_w_);  // (0: the iteration's first chunk of rows, where the gradient is overwritten)
+    MT_PROF("bwd.gemm.logits_wgrad", lt.gemm_ex(true, false, V, h, n, 1.0f, s.logits, V, x, h, beta, g(out_w_), h, ab_, CUDA_R_32F, nullptr, stream_));
     MT_PROF("bwd.gemm.logits_dgrad", lt.gemm_ex(false, false, n, h, V, 1.0f, s.logits, V, w(out_w_), h, 0.0f, x, h, ab_, ab_, nullptr, stream_));
   }
 }

@@ -60,12 +60,13 @@ void CudaGPT::copy_own_heads(bf16* own, bf16* group, int64_t T, bool to_group) {
 void CudaGPT::wgrad_with_bias(cudaStream_t ws, const char* name, int64_t n, int64_t T, const bf16* dy, const bf16* x, int64_t h, int64_t w_off,
                               int64_t b_off, bool varying) {
   auto& lt = cuda::GemmLt::instance();
+  const float beta = wgrad_beta(w_off);
   if (b_off < 0) {
-    MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, ab_, CUDA_R_32F, nullptr, ws, {}, varying));
+    MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, beta, g(w_off), h, ab_, CUDA_R_32F, nullptr, ws, {}, varying));
     return;
   }
   float* tmp = ws == stream_ ? s_->bgrad : s_->bgrad + bgrad_len_;  // one per stream: the two may run at once
-  MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, 1.0f, g(w_off), h, ab_, CUDA_R_32F, nullptr, ws,
+  MT_PROF_ON(ws, name, lt.gemm_ex(true, false, n, h, T, 1.0f, dy, n, x, h, beta, g(w_off), h, ab_, CUDA_R_32F, nullptr, ws,
                                   {cuda::GemmEpilogue::kBiasGrad, tmp, 0}, varying));
   MT_PROF_ON(ws, "bwd.bias_grad", cuda::add_f32(g(b_off), tmp, n, ws));
 }
