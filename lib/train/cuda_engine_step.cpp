@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <string>
 
 #include "config/moe_pattern.h"
 #include "kernels/cuda/embedding.h"
@@ -115,8 +117,14 @@ StagePipeline CudaEngine::stage_pipeline() {
 }
 
 // The iteration's gradients zeroed, but for those the chunks' first weight gradient GEMMs overwrite
-// (MEGATRAIN_WGRAD_OVERWRITE=1: CudaGPT::overwritten_gradients).
+// (MEGATRAIN_WGRAD_OVERWRITE=1: CudaGPT::overwritten_gradients). MEGATRAIN_WGRAD_OVERWRITE=check fills those with NaN
+// instead (all bytes 0xFF), for the tests: a range that a GEMM accumulated into, or one read before its first write,
+// then shows in the losses.
 void CudaEngine::zero_gradients() {
+  static const bool check = [] {
+    const char* env = std::getenv("MEGATRAIN_WGRAD_OVERWRITE");
+    return env && std::string(env) == "check";
+  }();
   std::vector<std::pair<int64_t, int64_t>> kept;
   for (CudaGPT* m : chunks_models_) {
     m->begin_gradients();
@@ -126,6 +134,7 @@ void CudaEngine::zero_gradients() {
   int64_t from = 0;
   for (const auto& [offset, count] : kept) {
     if (offset > from) MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model_->grads() + from, 0, static_cast<size_t>(offset - from) * 4, stream_)));
+    if (check) MT_CUDA_CHECK(cudaMemsetAsync(model_->grads() + offset, 0xFF, static_cast<size_t>(count) * 4, stream_));
     from = std::max(from, offset + count);
   }
   if (P_ > from) MT_PROF("opt.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(model_->grads() + from, 0, static_cast<size_t>(P_ - from) * 4, stream_)));

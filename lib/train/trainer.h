@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,13 +17,35 @@ namespace mt {
 
 class GPTModel;
 
+// MoE: the auxiliary losses of each iteration as logged, their names once and the values in rows (a name per value
+// and iteration would grow a long run's result by about 100 bytes an iteration).
+struct MoeLossHistory {
+  std::vector<std::string> names;
+  std::vector<double> values;  // [iteration][names.size()]
+  size_t size() const { return names.empty() ? 0 : values.size() / names.size(); }
+  bool empty() const { return size() == 0; }
+  double at(size_t iteration, size_t j) const { return values.at(iteration * names.size() + j); }
+  void push_back(const std::vector<std::pair<std::string, double>>& losses) {
+    if (losses.empty()) return;
+    if (names.empty()) {
+      for (const auto& [name, value] : losses) names.push_back(name);
+    } else if (losses.size() != names.size()) {
+      throw std::logic_error("training: the MoE losses' names changed during the run");
+    }
+    for (size_t j = 0; j < losses.size(); ++j) {
+      if (losses[j].first != names[j]) throw std::logic_error("training: the MoE losses' names changed during the run");
+      values.push_back(losses[j].second);
+    }
+  }
+};
+
 struct TrainResult {
   std::shared_ptr<GPTModel> model;  // the trained shard
   std::vector<double> losses;       // per iteration (summed over the loss tokens, as Megatron reports it), skipped ones included
   std::vector<double> valid_losses; // per validation run
   std::vector<double> grad_norms;   // per iteration, before clipping
-  // MoE, per iteration: the auxiliary losses as logged (name, value) and the share of dropped choices.
-  std::vector<std::vector<std::pair<std::string, double>>> moe_losses;
+  // MoE, per iteration: the auxiliary losses as logged and the share of dropped choices.
+  MoeLossHistory moe_losses;
   // --moe-per-layer-logging: the last iteration's losses per layer (only the last: a value per layer and iteration would
   // grow by kilobytes an iteration over a long run).
   std::vector<std::pair<std::string, std::vector<double>>> moe_layer_losses;

@@ -384,10 +384,10 @@ void test_moe_training(const std::string& model, const std::string& extra) {
     bool ok = cpu.losses.size() == gpu.losses.size() && !cpu.losses.empty() && cpu.moe_losses.size() == gpu.moe_losses.size() &&
               !gpu.moe_losses.empty();
     for (size_t i = 0; ok && i < cpu.losses.size(); ++i) worst = std::max(worst, std::fabs(gpu.losses[i] - cpu.losses[i]) / std::fabs(cpu.losses[i]));
+    ok = ok && cpu.moe_losses.names == gpu.moe_losses.names;
     for (size_t i = 0; ok && i < cpu.moe_losses.size(); ++i) {
-      ok = cpu.moe_losses[i].size() == gpu.moe_losses[i].size();
-      for (size_t j = 0; ok && j < cpu.moe_losses[i].size(); ++j) {
-        const double a = gpu.moe_losses[i][j].second, b = cpu.moe_losses[i][j].second;
+      for (size_t j = 0; j < cpu.moe_losses.names.size(); ++j) {
+        const double a = gpu.moe_losses.at(i, j), b = cpu.moe_losses.at(i, j);
         worst_aux = std::max(worst_aux, std::fabs(a - b) / std::max(1e-12, std::fabs(b)));
       }
     }
@@ -507,14 +507,14 @@ void test_moe_per_layer_logging(const std::string& model, const std::string& ext
     const auto cpu = mt::train(cfg, mt::ProcessGroups::single(), quiet);
     const auto gpu = mt::train_cuda(cfg, mt::ProcessGroups::single(), quiet);
     // (the last iteration's, which is all a result keeps)
-    bool ok = gpu.moe_layer_losses.size() == 2 && cpu.moe_layer_losses.size() == 2 && !gpu.moe_losses.empty() && gpu.moe_losses.back().size() == 2;
+    bool ok = gpu.moe_layer_losses.size() == 2 && cpu.moe_layer_losses.size() == 2 && !gpu.moe_losses.empty() && gpu.moe_losses.names.size() == 2;
     double worst = 0, worst_mean = 0;
     for (size_t j = 0; ok && j < 2; ++j) {
       const std::vector<double>& g = gpu.moe_layer_losses[j].second;
       const std::vector<double>& c = cpu.moe_layer_losses[j].second;
       ok = g.size() == 3 && c.size() == 3 && g[1] == 0.0 && c[1] == 0.0 && g[0] > 0 && g[2] > 0;
       for (size_t l = 0; ok && l < 3; l += 2) worst = std::max(worst, std::fabs(g[l] - c[l]) / std::fabs(c[l]));
-      const double logged = gpu.moe_losses.back()[j].second;
+      const double logged = gpu.moe_losses.at(gpu.moe_losses.size() - 1, j);
       if (ok) worst_mean = std::max(worst_mean, std::fabs((g[0] + g[2]) / 2 - logged) / logged);
     }
     char buf[300];

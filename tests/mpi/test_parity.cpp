@@ -104,13 +104,13 @@ int main(int argc, char** argv) {
     }
     // MoE: the auxiliary losses as closely, and the same share of dropped choices.
     const bool exact = loss_tolerance <= 1e-5;
-    if (par.moe_losses.size() != ref.moe_losses.size() || (exact && (par.dropped_fraction != ref.dropped_fraction ||
+    if (par.moe_losses.size() != ref.moe_losses.size() || par.moe_losses.names != ref.moe_losses.names || (exact && (par.dropped_fraction != ref.dropped_fraction ||
                                                                      par.routing_digest != ref.routing_digest))) {
       worst_loss = 1;
     } else {
       for (size_t i = 0; i < ref.moe_losses.size(); ++i) {
-        for (size_t j = 0; j < ref.moe_losses[i].size(); ++j) {
-          const double a = par.moe_losses[i][j].second, b = ref.moe_losses[i][j].second;
+        for (size_t j = 0; j < ref.moe_losses.names.size(); ++j) {
+          const double a = par.moe_losses.at(i, j), b = ref.moe_losses.at(i, j);
           worst_loss = std::max(worst_loss, std::fabs(a - b) / std::max(1e-12, std::fabs(b)));
         }
       }

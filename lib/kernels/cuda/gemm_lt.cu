@@ -113,7 +113,7 @@ void GemmLt::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 }
 
 GemmLt::Plan* GemmLt::create_plan(const Key& key, const void* bias, const GemmEpilogue& ep, bool required) {
-  const auto& [ta, tb, M, N, K, lda, ldb, ldc, ab_i, c_i, has_bias, kind, ld_aux, varying] = key;
+  const auto& [ta, tb, M, N, K, lda, ldb, ldc, ab_i, c_i, has_bias, kind, ld_aux, varying, accumulates] = key;
   const auto ab = static_cast<cudaDataType_t>(ab_i), c_type = static_cast<cudaDataType_t>(c_i);
   const bool gelu = ep.kind == GemmEpilogue::kGeluAux || ep.kind == GemmEpilogue::kDGelu;
   Plan p{};
@@ -172,7 +172,7 @@ GemmLt::Plan* GemmLt::create_plan(const Key& key, const void* bias, const GemmEp
 
 bool GemmLt::has_algorithm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab,
                            cudaDataType_t c_type, const GemmEpilogue& ep) {
-  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), false, static_cast<int>(ep.kind), ep.ld_aux, false};
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), false, static_cast<int>(ep.kind), ep.ld_aux, false, false};
   GemmEpilogue probe = ep;  // the heuristic needs the output pointers present, not valid: each call sets its own
   if (probe.aux == nullptr) probe.aux = reinterpret_cast<void*>(std::uintptr_t{256});
   std::lock_guard<std::mutex> lock(mu_);
@@ -202,7 +202,7 @@ void GemmLt::gemm_ex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     if ((!tb || varying_bucket(K) <= ldb) && (ta || varying_bucket(K) <= lda)) plan_K = varying_bucket(K);
   }
   const Key key{ta, tb, plan_M, N, plan_K, lda, ldb, ldc, static_cast<int>(ab), static_cast<int>(c_type), has_bias, static_cast<int>(ep.kind), ep.ld_aux,
-                varying};
+                varying, beta != 0.0f};
   Plan* plan = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -253,7 +253,7 @@ void GemmLt::gemm_fp8(int64_t M, int64_t N, int64_t K, float alpha, const void* 
   }
   const int64_t plan_M = varying ? varying_bucket(M) : M, plan_K = varying ? varying_bucket(K) : K;
   const Fp8Key key{plan_M, N, plan_K, ldc, static_cast<int>(a_type), static_cast<int>(b_type), static_cast<int>(c_type), bias != nullptr, fast_accum,
-                   static_cast<int>(a_mode), static_cast<int>(b_mode), varying};
+                   static_cast<int>(a_mode), static_cast<int>(b_mode), varying, beta != 0.0f};
   std::unique_lock<std::mutex> lock(mu_);
   auto it = fp8_plans_.find(key);
   const bool new_plan = it == fp8_plans_.end();

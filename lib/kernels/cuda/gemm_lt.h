@@ -78,7 +78,9 @@ class GemmLt {
  private:
   GemmLt();
   // (the last: a varying plan, whose layouts each call resizes)
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, int, int64_t, bool>;
+  // (the last two: varying, and beta not 0, so that a GEMM that overwrites its output and one that accumulates into it
+  // are tuned apart)
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, int, int64_t, bool, bool>;
   struct Plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
@@ -106,7 +108,7 @@ class GemmLt {
   size_t workspace_bytes_ = 32u << 20;
   std::mutex mu_;
   std::map<Key, Plan> plans_;
-  using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool, int, int, bool>;  // (the last: varying)
+  using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool, int, int, bool, bool>;  // (the last: varying, beta not 0)
   std::map<Fp8Key, Plan> fp8_plans_;
 };
 

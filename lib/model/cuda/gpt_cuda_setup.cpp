@@ -130,13 +130,13 @@ void CudaGPT::choose_split_layers(int64_t mbs, int64_t max_in_flight) {
 
 void CudaGPT::choose_overwritten_gradients() {
   const char* env = std::getenv("MEGATRAIN_WGRAD_OVERWRITE");
-  if (!env || std::string(env) != "1" || split_forward_) return;  // (the split layers' halves add to one gradient)
+  if (!env || (std::string(env) != "1" && std::string(env) != "check") || split_forward_) return;  // (the split layers' halves add to one gradient)
   const int64_t h = D_.h;
   for (const LayerW& lw : layers_) {
-    if (lw.moe) continue;  // (an MoE layer's experts: one without tokens writes nothing)
+    // (An MoE layer has no fc1 / fc2 of its own: its experts, one of which may get no tokens, stay zeroed.)
     for (const auto& [off, count] : {std::pair{lw.qkv_w, W_.Wq * h}, std::pair{lw.proj_w, h * W_.Hd}, std::pair{lw.fc1_w, W_.F1 * h},
                                      std::pair{lw.fc2_w, h * W_.F}}) {
-      if (off >= 0) overwrite_ranges_.emplace_back(off, count);
+      if (off >= 0 && !(lw.moe && (off == lw.fc1_w || off == lw.fc2_w))) overwrite_ranges_.emplace_back(off, count);
     }
   }
   if (post_ && out_w_ >= 0 && !D_.tied) overwrite_ranges_.emplace_back(out_w_, D_.V_local * h);
