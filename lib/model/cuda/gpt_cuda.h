@@ -250,6 +250,9 @@ class CudaGPT {
   // the iteration's first GEMM of such a range (then marked written), else 1.
   void choose_overwritten_gradients();
   float wgrad_beta(int64_t w_off);
+  // The iteration's last backward of an MoE layer: its routed experts' weight gradients that no GEMM wrote (no rows
+  // in any microbatch) zeroed on the compute stream.
+  void zero_unwritten_experts(const LayerW& lw);
   std::vector<std::pair<int64_t, int64_t>> overwrite_ranges_;
   std::vector<char> overwrite_written_;
   bool bias_grad_fusable(int64_t n, int64_t x_width, int64_t k) const;

@@ -404,6 +404,7 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
     blocks += (rows_e + cuda::kFp8BlockSize - 1) / cuda::kFp8BlockSize;
   }
   join_experts();
+  if (final_backward_) zero_unwritten_experts(lw);
   // The experts' bias gradients (--add-bias-linear): the column sums of each expert's rows of the output gradient and
   // of d(fc1 output), on the layer's stream (the kernel's scratch is not the expert streams' to share).
   if (!lw.expert_fc1_b.empty() && lw.expert_fc1_b.front() >= 0) {

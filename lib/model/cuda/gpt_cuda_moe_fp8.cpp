@@ -196,11 +196,12 @@ void CudaGPT::expert_linear_fp8_backward(const ExpertFp8& f, int site, const cha
   if (f.xt[site] == nullptr) throw std::logic_error("CUDA model: an FP8 expert's backward without its forward's x^T");
   const ExpertFp8Weight& wt = *f.w[site];
   const auto grad = D_.fp8_grad_e5m2 ? cuda::Fp8Type::kE5M2 : cuda::Fp8Type::kE4M3;
+  const float beta = wgrad_beta(w_off);
   if (D_.fp8_blockwise) {
     MT_PROF_ON(st, "bwd.moe.fp8_cast", cuda::fp8_quantize_1x128(dy, n, out, grad, f.row, f.row_scale, f.dyt, f.dyt_scale, st));
     MT_PROF_ON(st, dgrad_name, lt.gemm_fp8(n, in, out, 1.0f, f.row, fp8_data_type(grad), f.row_scale, wt.wqt, CUDA_R_8F_E4M3, wt.tscale, dx_beta, dx, in,
                                            CUDA_R_16BF, nullptr, false, st, Mode::kVec128, Mode::kBlock128, true));
-    MT_PROF_ON(st, wgrad_name, lt.gemm_fp8(out, in, n, 1.0f, f.dyt, fp8_data_type(grad), f.dyt_scale, f.xt[site], CUDA_R_8F_E4M3, f.xt_scale[site], 1.0f,
+    MT_PROF_ON(st, wgrad_name, lt.gemm_fp8(out, in, n, 1.0f, f.dyt, fp8_data_type(grad), f.dyt_scale, f.xt[site], CUDA_R_8F_E4M3, f.xt_scale[site], beta,
                                            g(w_off), in, CUDA_R_32F, nullptr, false, st, Mode::kVec128, Mode::kVec128, true));
     return;
   }
@@ -217,7 +218,7 @@ void CudaGPT::expert_linear_fp8_backward(const ExpertFp8& f, int site, const cha
   }
   MT_PROF_ON(st, dgrad_name, lt.gemm_fp8(n, in, out, 1.0f, f.row, fp8_data_type(grad), dy_inv, wt.wqt, CUDA_R_8F_E4M3, wt.inv, dx_beta, dx, in, CUDA_R_16BF,
                                          nullptr, false, st, Mode::kTensor, Mode::kTensor, true));
-  MT_PROF_ON(st, wgrad_name, lt.gemm_fp8(out, in, n, 1.0f, f.dyt, fp8_data_type(grad), dy_inv, f.xt[site], CUDA_R_8F_E4M3, f.xinv[site], 1.0f, g(w_off), in,
+  MT_PROF_ON(st, wgrad_name, lt.gemm_fp8(out, in, n, 1.0f, f.dyt, fp8_data_type(grad), dy_inv, f.xt[site], CUDA_R_8F_E4M3, f.xinv[site], beta, g(w_off), in,
                                          CUDA_R_32F, nullptr, false, st, Mode::kTensor, Mode::kTensor, true));
 }
 

@@ -14,6 +14,7 @@
 #include "kernels/cuda/norm_bf16.h"
 #include "kernels/cuda/sdpa_cudnn.h"
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/op_profiler.h"
 
 namespace mt {
 
@@ -133,10 +134,21 @@ void CudaGPT::choose_overwritten_gradients() {
   if (!env || (std::string(env) != "1" && std::string(env) != "check") || split_forward_) return;  // (the split layers' halves add to one gradient)
   const int64_t h = D_.h;
   for (const LayerW& lw : layers_) {
-    // (An MoE layer has no fc1 / fc2 of its own: its experts, one of which may get no tokens, stay zeroed.)
     for (const auto& [off, count] : {std::pair{lw.qkv_w, W_.Wq * h}, std::pair{lw.proj_w, h * W_.Hd}, std::pair{lw.fc1_w, W_.F1 * h},
                                      std::pair{lw.fc2_w, h * W_.F}}) {
       if (off >= 0 && !(lw.moe && (off == lw.fc1_w || off == lw.fc2_w))) overwrite_ranges_.emplace_back(off, count);
+    }
+    if (!lw.moe) continue;
+    // An MoE layer's experts (a routed expert that gets no rows in the whole iteration is zeroed at its last backward:
+    // zero_unwritten_experts) and its shared expert.
+    const int64_t f1 = D_.swiglu ? 2 * F_moe_ : F_moe_, shared_f1 = D_.swiglu ? 2 * F_shared_ : F_shared_;
+    for (size_t e = 0; e < lw.expert_fc1.size(); ++e) {
+      overwrite_ranges_.emplace_back(lw.expert_fc1[e], f1 * h);
+      overwrite_ranges_.emplace_back(lw.expert_fc2[e], h * F_moe_);
+    }
+    if (lw.shared_fc1_w >= 0) {
+      overwrite_ranges_.emplace_back(lw.shared_fc1_w, shared_f1 * h);
+      overwrite_ranges_.emplace_back(lw.shared_fc2_w, h * F_shared_);
     }
   }
   if (post_ && out_w_ >= 0 && !D_.tied) overwrite_ranges_.emplace_back(out_w_, D_.V_local * h);
@@ -147,6 +159,20 @@ void CudaGPT::choose_overwritten_gradients() {
     }
   }
   overwrite_written_.assign(overwrite_ranges_.size(), char{1});  // (begin_gradients clears them: until then, accumulate)
+}
+
+void CudaGPT::zero_unwritten_experts(const LayerW& lw) {
+  if (overwrite_ranges_.empty()) return;
+  for (const std::vector<int64_t>* weights : {&lw.expert_fc1, &lw.expert_fc2}) {
+    for (int64_t off : *weights) {
+      const auto it = std::lower_bound(overwrite_ranges_.begin(), overwrite_ranges_.end(), std::pair{off, int64_t{0}});
+      if (it == overwrite_ranges_.end() || it->first != off) continue;
+      char& written = overwrite_written_[static_cast<size_t>(it - overwrite_ranges_.begin())];
+      if (written) continue;
+      MT_PROF("bwd.moe.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(g(off), 0, static_cast<size_t>(it->second) * 4, stream_)));
+      written = 1;
+    }
+  }
 }
 
 float CudaGPT::wgrad_beta(int64_t w_off) {
