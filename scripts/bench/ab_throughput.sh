@@ -4,6 +4,8 @@
 # A = $BASE_BIN (a baseline build, e.g. main before a change), B = $BIN (this tree's). Prints one line
 # per run and, last, a table of B / A per workload (the mean of each binary's runs).
 # Usage: BASE_BIN=/path/to/base/megatrain [BIN=build/bin/megatrain] [ROUNDS=2] scripts/bench/ab_throughput.sh [recipe ...]
+# A switch of one build: BASE_BIN=build/bin/megatrain A_ENV="MEGATRAIN_WGRAD_OVERWRITE=0" B_ENV="MEGATRAIN_WGRAD_OVERWRITE=1"
+# (each a list of NAME=VALUE words, set for that side's runs only).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-build/bin/megatrain}
@@ -18,9 +20,11 @@ for r in "${recipes[@]}"; do
   name=$(basename "$r" .yaml)
   for ((k = 0; k < ROUNDS; ++k)); do
     for which in A B; do
-      bin=$BASE_BIN; [[ $which == B ]] && bin=$BIN
+      bin=$BASE_BIN; side_env=${A_ENV:-}
+      [[ $which == B ]] && { bin=$BIN; side_env=${B_ENV:-}; }
       log="$LOG_DIR/$name.$which.$k.log"
-      if ! "$bin" --config "$r" --device cuda --train-iters "${ITERS:-30}" --log-interval 10 >"$log" 2>&1; then
+      # shellcheck disable=SC2086
+      if ! env $side_env "$bin" --config "$r" --device cuda --train-iters "${ITERS:-30}" --log-interval 10 >"$log" 2>&1; then
         echo "$name $which: FAILED (see $log)"; tail -3 "$log"; continue
       fi
       line=$(grep "iteration" "$log" | grep "tokens/s" | tail -1)
