@@ -187,6 +187,7 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
       },
       &st_->loss_acc, stage_pipeline());
   run_schedule(training_schedule(cfg, pp_rank_, pp_, nmb_it), stage);
+  for (const CudaGPT* m : chunks_models_) m->check_gradients_written();  // (MEGATRAIN_WGRAD_OVERWRITE: none left unzeroed)
 #ifdef MEGATRAIN_HAVE_NCCL
   if (pp_nccl_) {
     // Tied embeddings across the stages (Megatron's _allreduce_word_embedding_grads): the first stage's word

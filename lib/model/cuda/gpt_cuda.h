@@ -141,6 +141,9 @@ class CudaGPT {
   const std::vector<std::pair<int64_t, int64_t>>& overwritten_gradients() const { return overwrite_ranges_; }
   // ... and the start of an iteration's gradients (none of them written yet).
   void begin_gradients() { std::fill(overwrite_written_.begin(), overwrite_written_.end(), char{0}); }
+  // ... and after the iteration's backward: throws where a range was neither written nor zeroed (its gradient would be
+  // the last iteration's).
+  void check_gradients_written() const;
   cuda::bf16* working() const { return w16_; }  // the 16-bit working copy (bf16 or fp16: half_type())
   const ModelDims& dims() const { return D_; }
   size_t activation_bytes() const { return act_bytes_; }

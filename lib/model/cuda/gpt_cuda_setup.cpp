@@ -175,6 +175,15 @@ void CudaGPT::zero_unwritten_experts(const LayerW& lw) {
   }
 }
 
+void CudaGPT::check_gradients_written() const {
+  for (size_t i = 0; i < overwrite_ranges_.size(); ++i) {
+    if (!overwrite_written_[i]) {
+      throw std::logic_error("CUDA model: the weight gradient at offset " + std::to_string(overwrite_ranges_[i].first) +
+                             " was not written this iteration (MEGATRAIN_WGRAD_OVERWRITE): unset MEGATRAIN_WGRAD_OVERWRITE, and report it");
+    }
+  }
+}
+
 float CudaGPT::wgrad_beta(int64_t w_off) {
   const auto it = std::lower_bound(overwrite_ranges_.begin(), overwrite_ranges_.end(), std::pair{w_off, int64_t{0}});
   if (it == overwrite_ranges_.end() || it->first != w_off) return 1.0f;
