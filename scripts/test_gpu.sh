@@ -13,6 +13,13 @@ export NCCL_NVLS_ENABLE=0
 [[ -d "$BUILD_DIR" ]] || cmake -S . -B "$BUILD_DIR" -G Ninja
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure "$@"
+# The weight gradients overwritten by their iteration's first GEMM (MEGATRAIN_WGRAD_OVERWRITE, off by default): trainings
+# against the CPU engine with the overwritten ranges NaN-filled at each step's start (the variable's check mode).
+if nvidia-smi -L >/dev/null 2>&1; then
+  MT_GPU_TEST_ONLY=wgrad-overwrite "$BUILD_DIR/tests/test_cuda_engine" >/tmp/megatrain-wgrad-overwrite.log 2>&1 || {
+    grep FAIL /tmp/megatrain-wgrad-overwrite.log; echo "FAIL: weight gradient overwrite (log: /tmp/megatrain-wgrad-overwrite.log)"; exit 1; }
+  echo "weight gradient overwrite: $(grep -c '^PASS' /tmp/megatrain-wgrad-overwrite.log) checks passed"
+fi
 # The multi-GPU layouts once more in fp16 (a static loss scale, so neither engine skips): TP collectives in
 # fp16, sequence parallelism, data parallelism and the distributed optimizer (LLaMA family).
 if [[ $(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true) -ge 2 ]]; then

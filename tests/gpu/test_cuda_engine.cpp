@@ -1184,6 +1184,29 @@ void test_pipeline_moe() {
   test_pipeline_schedule("llama", "interleaved", moe + "--moe-router-load-balancing-type seq_aux_loss ");
 }
 
+// MT_GPU_TEST_ONLY=wgrad-overwrite: the weight gradients that their iteration's first GEMM overwrites instead of
+// accumulating into zeroed memory (docs/cuda-engine.md), in MEGATRAIN_WGRAD_OVERWRITE=check mode, which fills those
+// ranges with NaN at each step's start, so that a range another writer accumulates into, or one read before its first
+// GEMM, turns the curve to NaN: trainings of several microbatches a step (the first overwrites, the rest accumulate)
+// against the CPU engine, bf16 and fp16, recomputed, in FP8 (each recipe), and MoE layers (experts that get no rows in a
+// step are zeroed at the layer's last backward; the shared expert; FP8 experts).
+void test_wgrad_overwrite() {
+  setenv("MEGATRAIN_WGRAD_OVERWRITE", "check", 1);
+  test_training("gpt");  // (biases: the bias-gradient epilogue beside an overwritten weight)
+  test_training("llama");
+  test_training("llama", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
+  test_training("llama-recompute");
+  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe tensorwise ");
+  test_training("llama", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe delayed ");
+  test_training("gpt", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe blockwise ");
+  test_moe_training("llama", "");
+  test_moe_training("gpt", "--num-experts 8 ");
+  test_moe_training("llama-recompute", "--moe-shared-expert-intermediate-size 128 ");
+  test_moe_training("llama", "--fp8-format hybrid --fp8-recipe delayed ");
+  test_moe_training("llama", "--num-experts 64 --moe-router-topk 1 --fp8-format hybrid --fp8-recipe blockwise ");
+  unsetenv("MEGATRAIN_WGRAD_OVERWRITE");
+}
+
 // The dense FP8 cases against the CPU engine's emulation (MT_GPU_TEST_ONLY=fp8 runs only these).
 void test_fp8_dense() {
   // FP8 (tensorwise): the curves follow the CPU engine's emulation of the same quantisation.
@@ -1225,6 +1248,11 @@ int main() {
   if (only && std::string(only) == "moe") goto moe_tests;
   if (only && std::string(only) == "fp8-moe") {  // (=fp8-moe: only the FP8 MoE cases)
     test_fp8_moe();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "wgrad-overwrite") {
+    test_wgrad_overwrite();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
