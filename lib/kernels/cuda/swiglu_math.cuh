@@ -6,8 +6,9 @@
 namespace mt::cuda {
 
 // The sigmoid and the division by the fast intrinsics (__expf, and __fdividef's approximate reciprocal: within 2 ulp
-// of fp32, then rounded to 16 bits), not IEEE division's instruction sequence: the FP8 casts fused with SwiGLU are
-// bound by their instruction issue.
+// of fp32, then rounded to 16 bits; for g below about -87, where 1 + exp(-g) passes 2^126, silu(g) comes out 0 instead
+// of a value below 1e-36), not IEEE division's instruction sequence: the FP8 casts fused with SwiGLU are bound by their
+// instruction issue.
 
 // silu(g) * u
 __device__ __forceinline__ float swiglu_value(float g, float u) { return __fdividef(g, 1.0f + __expf(-g)) * u; }
