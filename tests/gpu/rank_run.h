@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "model/cuda/gpt_cuda.h"
@@ -73,6 +74,29 @@ inline void release(RankRun& run) {
   run.slot.reset();
   cudaFree(run.acc);
   cudaStreamDestroy(run.stream);
+}
+
+// extra without its --fp8-* flags and their values.
+inline std::string without_fp8_flags(const std::string& extra) {
+  std::string out, word;
+  bool skip_value = false;
+  for (size_t i = 0; i <= extra.size(); ++i) {
+    if (i < extra.size() && extra[i] != ' ') {
+      word += extra[i];
+      continue;
+    }
+    if (word.empty()) continue;
+    if (skip_value && word.rfind("--", 0) != 0) {
+      skip_value = false;
+    } else if (word.rfind("--fp8-", 0) == 0) {
+      skip_value = true;
+    } else {
+      skip_value = false;
+      out += word + " ";
+    }
+    word.clear();
+  }
+  return out;
 }
 
 // Global element index of local element e of a TP shard (row-major, split along shard_dim), as checkpoints assemble them.

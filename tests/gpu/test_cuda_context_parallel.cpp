@@ -55,29 +55,6 @@ mt::LayoutCoordinates tp_coordinates(int64_t tp_rank, int64_t tp_size) {
   return at;
 }
 
-// extra without its --fp8-* flags and their values.
-std::string without_fp8_flags(const std::string& extra) {
-  std::string out, word;
-  bool skip_value = false;
-  for (size_t i = 0; i <= extra.size(); ++i) {
-    if (i < extra.size() && extra[i] != ' ') {
-      word += extra[i];
-      continue;
-    }
-    if (word.empty()) continue;
-    if (skip_value && word.rfind("--", 0) != 0) {
-      skip_value = false;
-    } else if (word.rfind("--fp8-", 0) == 0) {
-      skip_value = true;
-    } else {
-      skip_value = false;
-      out += word + " ";
-    }
-    word.clear();
-  }
-  return out;
-}
-
 mt::Config make_config(const std::string& model, int64_t tp, int64_t cp, const std::string& comm, const std::string& extra) {
   std::string flags =
       "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
@@ -231,7 +208,7 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
     double fp8_grad_excess = 0;  // the largest gap over its bound, max(8e-2, 2 x FP8's own effect on that parameter)
     if (whole.model->dims().fp8) {
       RankRun plain;
-      prepare(plain, make_config(model, 1, 1, comm, without_fp8_flags(extra)), mb, tp_coordinates(0, 1));
+      prepare(plain, make_config(model, 1, 1, comm, mt::test::without_fp8_flags(extra)), mb, tp_coordinates(0, 1));
       plain.dev.aux_grad_scale = kAuxGradScale;
       forward_backward(plain, w);
       const std::vector<float> g_plain = download(plain.model->grads(), static_cast<size_t>(plain.model->numel()));

@@ -321,6 +321,9 @@ class CudaGPT {
     int64_t slot[2] = {-1, -1};  // delayed scaling: fc1's and fc2's slots (a routed expert's, or the layer's fc1 / fc2 for the shared one)
     bool fuse_swiglu = false;  // delayed scaling, SwiGLU without biases in bf16: its kernels write fc2's FP8 input and fc1's FP8 output gradient
   };
+  // FP8 under EP: the routed experts' FP8 buffers for `rows` arrived rows (the forward's x^T, kept in the record, and
+  // the row-major operand; the backward's operand and dy^T).
+  void expert_fp8_rows(Record& r, int64_t rows, bool forward);
   ExpertFp8 expert_fp8(int64_t l, Record& r, int64_t e, int64_t off, int64_t blocks);
   void allocate_expert_fp8_weights();
   // An expert's weight cast to FP8 (W and W^T, with its scale), at the iteration's first forward; the experts without

@@ -52,8 +52,11 @@ int64_t CudaGPT::ep_dispatch(Record& r) {
   Scratch& s = *s_;
   const int64_t E = experts_, n = D_.ep, El = D_.experts_local, h = D_.h;
   // The rows per expert this rank sends (r.per_expert: every expert's, in owner order) and those its experts receive.
+  // FP8: each expert's block padded to 16 rows (zero rows, as the owner layout leaves them), so that on the receiving
+  // rank every source's rows of an expert, and so the expert's, stay 16-aligned.
   int32_t* host = s.counts_host;
-  std::copy(r.per_expert.begin(), r.per_expert.end(), host);
+  r.owner_per_expert = r.per_expert;
+  for (size_t e = 0; e < r.per_expert.size(); ++e) host[e] = static_cast<int32_t>(align_rows(r.per_expert[e]));
   MT_PROF("fwd.moe.ep.counts", {
     MT_CUDA_CHECK(cudaMemcpyAsync(s.ep_counts, host, static_cast<size_t>(E) * 4, cudaMemcpyHostToDevice, stream_));
     ep_->all_to_all_on(s.ep_counts, s.ep_counts + E, El, WireType::kF32, stream_);  // (4-byte integers, moved as they are)
@@ -70,7 +73,7 @@ int64_t CudaGPT::ep_dispatch(Record& r) {
       if (got < 0) throw std::runtime_error("expert parallelism: EP rank " + std::to_string(q) + " sent a negative row count");
       r.ep_from[static_cast<size_t>(q)][static_cast<size_t>(j)] = got;
       local[static_cast<size_t>(j)] += got;
-      r.ep_send[static_cast<size_t>(q)] += static_cast<int64_t>(r.per_expert[static_cast<size_t>(q * El + j)]) * h;
+      r.ep_send[static_cast<size_t>(q)] += static_cast<int64_t>(host[q * El + j]) * h;
       r.ep_recv[static_cast<size_t>(q)] += static_cast<int64_t>(got) * h;
     }
   }

@@ -177,16 +177,18 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   // This rank's experts' rows: its own choices', or under expert parallelism what every EP rank sends them.
   bf16 *rows = r.ex_rows, *fc1 = r.ex_fc1, *act = r.ex_act, *out = r.ex_out;
+  const bool f8 = fp8_layer(l);
   if (D.ep > 1) {
     const auto idle = [this] { host_wait("the MoE layer's expert buffers"); };
+    if (f8) zero_expert_padding(r.ex_rows, h, r.per_expert, stream_);  // (FP8: the padded blocks travel, gaps zero)
     const int64_t R = ep_dispatch(r);
     rows = r.ep_rows.get<bf16>();
     fc1 = r.ep_fc1.need<bf16>(static_cast<size_t>(R * F1m) * 2, idle);
     act = r.ep_act.need<bf16>(static_cast<size_t>(R * Fm) * 2, idle);
     out = s.ep_out.need<bf16>(static_cast<size_t>(R * h) * 2, idle);
+    if (f8) expert_fp8_rows(r, R, true);
   }
   // FP8: each expert's rows padded with zero rows to a multiple of 16 (gpt_cuda_moe_fp8.cpp).
-  const bool f8 = fp8_layer(l);
   if (f8) {
     zero_expert_padding(rows, h, r.per_expert, stream_);
     cast_idle_expert_fp8_weights(l, r.per_expert);
@@ -386,6 +388,11 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
     rows = r.ep_rows.get<bf16>();
     fc1 = r.ep_fc1.get<bf16>();
     act = r.ep_act.get<bf16>();
+    // (FP8: the owner layout's padding rows zero before they travel, and the experts' FP8 scratch for what arrives)
+    if (fp8_layer(l)) {
+      zero_expert_padding(s.ex_dout, h, r.owner_per_expert, stream_);
+      expert_fp8_rows(r, R, false);
+    }
     ep_to_experts(r, s.ex_dout, dout, "bwd.moe.ep.dispatch");
   }
   const bool f8 = fp8_layer(l);

@@ -56,26 +56,52 @@ void CudaGPT::allocate_expert_fp8_weights() {
   }
 }
 
+void CudaGPT::expert_fp8_rows(Record& r, int64_t rows, bool forward) {
+  Scratch& s = *s_;
+  const auto idle = [this] { host_wait("the FP8 experts' buffers"); };
+  const int64_t width = f8_moe_width_, blocks = rows / cuda::kFp8BlockSize + D_.experts_local + 1;
+  const auto n = static_cast<size_t>(rows);
+  if (forward && f8_keep_xt_) {
+    const int64_t widths[2] = {D_.h, F_moe_};
+    for (int site = 0; site < 2; ++site) {
+      r.ep_f8_xt[site].need<uint8_t>(n * static_cast<size_t>(widths[site]), idle);
+      if (D_.fp8_blockwise) r.ep_f8_xt_scale[site].need<float>(static_cast<size_t>(pad4(widths[site]) * blocks) * 4, idle);
+    }
+  }
+  s.ep_f8_row.need<uint8_t>(n * static_cast<size_t>(width), idle);
+  if (!forward) s.ep_f8_dyt.need<uint8_t>(n * static_cast<size_t>(width), idle);
+  if (D_.fp8_blockwise) {
+    s.ep_f8_row_scale.need<float>(n * static_cast<size_t>(row_blocks(width)) * 4, idle);
+    if (!forward) s.ep_f8_dyt_scale.need<float>(static_cast<size_t>(pad4(width) * blocks) * 4, idle);
+  }
+}
+
 CudaGPT::ExpertFp8 CudaGPT::expert_fp8(int64_t l, Record& r, int64_t e, int64_t off, int64_t blocks) {
   const int64_t E = experts_;
   const bool shared = e == E;
   Scratch& s = *s_;
   ExpertFp8 f;
   const int64_t widths[2] = {D_.h, shared ? F_shared_ : F_moe_};
+  // (Under EP the routed experts' rows are those that arrived, their buffers expert_fp8_rows's.)
+  const bool arrived = D_.ep > 1 && !shared;
   for (int site = 0; site < 2; ++site) {
     f.w[site] = &f8_expert_w_[static_cast<size_t>((l * (E + 1) + e) * 2 + site)];
     if (f.w[site]->wq == nullptr) throw std::logic_error("CUDA model: an FP8 expert without its FP8 weights");
     if (f8_keep_xt_) {  // (evaluation keeps no x^T: nothing reads it)
-      f.xt[site] = shared ? r.sh_f8_xt[site] : r.ex_f8_xt[site] + off * widths[site];
-      if (D_.fp8_blockwise) f.xt_scale[site] = shared ? r.sh_f8_xt_scale[site] : r.ex_f8_xt_scale[site] + blocks * pad4(widths[site]);
+      uint8_t* xt = arrived ? r.ep_f8_xt[site].get<uint8_t>() : r.ex_f8_xt[site];
+      f.xt[site] = shared ? r.sh_f8_xt[site] : xt + off * widths[site];
+      if (D_.fp8_blockwise) {
+        float* xt_scale = arrived ? r.ep_f8_xt_scale[site].get<float>() : r.ex_f8_xt_scale[site];
+        f.xt_scale[site] = shared ? r.sh_f8_xt_scale[site] : xt_scale + blocks * pad4(widths[site]);
+      }
     }
     f.xinv[site] = r.ex_f8_xinv + (e * 2 + site) * 64;
   }
-  f.row = s.ex_f8_row + off * f8_moe_width_;
-  f.dyt = s.ex_f8_dyt + off * f8_moe_width_;
+  f.row = (arrived ? s.ep_f8_row.get<uint8_t>() : s.ex_f8_row) + off * f8_moe_width_;
+  f.dyt = (arrived ? s.ep_f8_dyt.get<uint8_t>() : s.ex_f8_dyt) + off * f8_moe_width_;
   if (D_.fp8_blockwise) {
-    f.row_scale = s.ex_f8_row_scale + off * row_blocks(f8_moe_width_);
-    f.dyt_scale = s.ex_f8_dyt_scale + blocks * pad4(f8_moe_width_);
+    f.row_scale = (arrived ? s.ep_f8_row_scale.get<float>() : s.ex_f8_row_scale) + off * row_blocks(f8_moe_width_);
+    f.dyt_scale = (arrived ? s.ep_f8_dyt_scale.get<float>() : s.ex_f8_dyt_scale) + blocks * pad4(f8_moe_width_);
   }
   f.scalars = s.ex_f8_scalars + e * 3 * 64;
   if (f8_scale_) {

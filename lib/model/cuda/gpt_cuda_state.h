@@ -48,6 +48,11 @@ struct CudaGPT::Record {
   GrowingBuffer ep_rows, ep_fc1, ep_act;
   std::vector<std::vector<int64_t>> ep_from;
   std::vector<int64_t> ep_send, ep_recv;
+  // FP8 under EP: the rows this rank routed per expert (owner order; each expert's block padded to 16 rows, and the
+  // padded blocks travel, so that every expert's rows on the receiving rank stay 16-aligned), and the routed experts'
+  // x^T and block scales for the rows that arrive (ex_f8_xt's part; they grow with them).
+  std::vector<int32_t> owner_per_expert;
+  GrowingBuffer ep_f8_xt[2], ep_f8_xt_scale[2];
   // --moe-pad-expert-input-to-capacity: the padding rows' (row, token) pairs (moe_pad_rows) and how many.
   int32_t* pad_map = nullptr;
   int64_t pads = 0;
@@ -110,6 +115,8 @@ struct CudaGPT::Scratch {
   // scales (blockwise), and each expert's scalars (tensorwise: 3 x 64 floats, the shared expert's last).
   uint8_t *ex_f8_row = nullptr, *ex_f8_dyt = nullptr;
   float *ex_f8_row_scale = nullptr, *ex_f8_dyt_scale = nullptr, *ex_f8_scalars = nullptr;
+  // ... and under EP the routed experts' (ex_f8_row's, ex_f8_dyt's and their scales' part), for the rows that arrive.
+  GrowingBuffer ep_f8_row, ep_f8_dyt, ep_f8_row_scale, ep_f8_dyt_scale;
   // Context parallelism (ring attention, gpt_cuda_context.cpp): the merged output's fp32 accumulator [T, Hd], two
   // buffers of the K/V block coming round the ring [2][T, 2 KVd] (keys, then values), the queries' fp32 gradient
   // [T, Hd], two buffers of the K/V gradients travelling with their block [2][T, 2 KVd] fp32, and one block's
