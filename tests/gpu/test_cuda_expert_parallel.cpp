@@ -105,7 +105,12 @@ void test_expert_parallel(const std::string& model, int64_t ep, const std::strin
         plain.dev.aux_grad_scale = 1.0f;
         mt::test::forward_backward(plain, w);
       }
-      g_plain = download(plain.model->grads(), static_cast<size_t>(plain.model->numel()));
+      const std::vector<float> g = download(plain.model->grads(), static_cast<size_t>(plain.model->numel()));
+      g_plain.assign(g_one.size(), 0.0f);  // (at the FP8 model's offsets, by name)
+      for (const mt::ParamInfo& p : plain.store.infos()) {
+        const mt::ParamInfo& q = one.store.info(one.store.index_of(p.name));
+        std::copy(g.begin() + p.offset, g.begin() + p.offset + p.numel, g_plain.begin() + q.offset);
+      }
       mt::test::release(plain);
     }
     // The EP ranks, each built, run and checked in its own thread.
@@ -242,7 +247,8 @@ int main() {
   test_expert_parallel("gpt", 2, "--moe-router-topk 8 --moe-shared-expert-intermediate-size 64 ", 2);
   // FP8 in MoE layers under EP (tensorwise and blockwise; delayed scaling is refused with EP): each expert's block of
   // rows padded to 16 where it is routed, the padded blocks (zero rows) crossing the ranks, so the rows that arrive stay
-  // 16-aligned per expert; the FP8 buffers grow with them. With the shared expert, recomputed, and a capacity.
+  // 16-aligned per expert; the FP8 buffers grow with them. With the shared expert, recomputed, a capacity (padded to
+  // it too), and a bf16 MoE layer in the FP8 model.
   test_expert_parallel("llama", 2, "--fp8-format hybrid --fp8-recipe tensorwise ");
   test_expert_parallel("llama", 4, "--fp8-format hybrid --fp8-recipe tensorwise --moe-shared-expert-intermediate-size 64 ");
   test_expert_parallel("gpt", 2, "--fp8-format e4m3 --fp8-recipe tensorwise ");
@@ -250,6 +256,11 @@ int main() {
   test_expert_parallel("llama", 2, "--fp8-format hybrid --fp8-recipe tensorwise --recompute-granularity full --recompute-method uniform "
                        "--recompute-num-layers 1 ");
   test_expert_parallel("llama", 2, "--fp8-format hybrid --fp8-recipe tensorwise --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall ");
+  test_expert_parallel("llama", 4, "--fp8-format hybrid --fp8-recipe tensorwise --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall "
+                       "--moe-pad-expert-input-to-capacity ");
+  // (a bf16 MoE layer in an FP8 model: its rows aligned to 16 too, the gaps zero as they travel)
+  test_expert_parallel("llama", 2, "--fp8-format hybrid --fp8-recipe tensorwise --first-last-layers-bf16 --num-layers-at-start-in-bf16 1 "
+                       "--num-layers-at-end-in-bf16 0 ");
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -353,9 +353,15 @@ TEST_CASE("fp8: in MoE layers, what is not implemented is refused by name") {
     CHECK_THAT(cuda_gaps(c), !MT_CONTAINS("FP8"));  // (tensorwise: the experts' FP8 GEMMs, rows padded to 16)
     // (with EP: written, refused by name until it has run on a GPU, then lifted by MEGATRAIN_CUDA_UNVERIFIED)
     CHECK_THAT(cuda_gaps(ep), MT_CONTAINS("FP8 in MoE layers with expert parallelism has not run on a GPU yet on the CUDA engine"));
+    const char* before = std::getenv("MEGATRAIN_CUDA_UNVERIFIED");
+    const std::string saved = before ? before : "";
     setenv("MEGATRAIN_CUDA_UNVERIFIED", "expert-parallel,fp8-expert-parallel", 1);
     CHECK_THAT(cuda_gaps(ep), !MT_CONTAINS("FP8"));
-    unsetenv("MEGATRAIN_CUDA_UNVERIFIED");
+    mt::Config ep_bias = ep;  // (but not with biases: the padding rows would enter fc2's scale)
+    ep_bias.model.disable_bias_linear = false;
+    CHECK_THAT(cuda_gaps(ep_bias), MT_CONTAINS("FP8 in MoE layers with expert parallelism and biases"));
+    if (before) setenv("MEGATRAIN_CUDA_UNVERIFIED", saved.c_str(), 1);
+    else unsetenv("MEGATRAIN_CUDA_UNVERIFIED");
     CHECK_THAT(cuda_gaps(delayed), !MT_CONTAINS("FP8"));
   }
   delayed.parallel.expert_model_parallel_size = 2;

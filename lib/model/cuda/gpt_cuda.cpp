@@ -258,7 +258,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   if (moe_pad_) moe_rows_ = std::max(moe_rows_, experts_ * std::min(T, cpu::expert_capacity(moe_capacity_factor_, T, topk_, experts_)));
   // FP8 experts: each expert's rows start at a multiple of 16, the gaps zero rows (gpt_cuda_moe_fp8.cpp).
   if (D.fp8 && moe_layers_ > 0) {
-    if (D.ep > 1) throw std::logic_error("CUDA model: FP8 MoE layers with expert parallelism (refused by the capability checks)");
+    // (Under EP the padded blocks travel: gpt_cuda_expert_parallel.cpp. Expert biases with it are refused: the gaps
+    // inside an expert's arrived rows would take act(b1) into fc2's amax.)
+    if (D.ep > 1 && D.bias) throw std::logic_error("CUDA model: FP8 MoE layers with expert parallelism and biases (refused by the capability checks)");
     moe_row_align_ = 16;
     moe_rows_ += experts_ * (moe_row_align_ - 1);
     f8_moe_width_ = std::max({D.h, D.swiglu ? 2 * F_moe_ : F_moe_, D.swiglu ? 2 * F_shared_ : F_shared_});

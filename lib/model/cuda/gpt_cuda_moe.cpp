@@ -180,7 +180,8 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const bool f8 = fp8_layer(l);
   if (D.ep > 1) {
     const auto idle = [this] { host_wait("the MoE layer's expert buffers"); };
-    if (f8) zero_expert_padding(r.ex_rows, h, r.per_expert, stream_);  // (FP8: the padded blocks travel, gaps zero)
+    // (FP8 models, every MoE layer's rows aligned to 16, even a bf16 one's: the padded blocks travel, their gaps zero)
+    if (moe_row_align_ > 1) zero_expert_padding(r.ex_rows, h, r.per_expert, stream_);
     const int64_t R = ep_dispatch(r);
     rows = r.ep_rows.get<bf16>();
     fc1 = r.ep_fc1.need<bf16>(static_cast<size_t>(R * F1m) * 2, idle);
@@ -388,11 +389,10 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
     rows = r.ep_rows.get<bf16>();
     fc1 = r.ep_fc1.get<bf16>();
     act = r.ep_act.get<bf16>();
-    // (FP8: the owner layout's padding rows zero before they travel, and the experts' FP8 scratch for what arrives)
-    if (fp8_layer(l)) {
-      zero_expert_padding(s.ex_dout, h, r.owner_per_expert, stream_);
-      expert_fp8_rows(r, R, false);
-    }
+    // (FP8 models: the owner layout's padding rows zero before they travel; FP8 layers: the experts' FP8 scratch for
+    // what arrives)
+    if (moe_row_align_ > 1) zero_expert_padding(s.ex_dout, h, r.owner_per_expert, stream_);
+    if (fp8_layer(l)) expert_fp8_rows(r, R, false);
     ep_to_experts(r, s.ex_dout, dout, "bwd.moe.ep.dispatch");
   }
   const bool f8 = fp8_layer(l);

@@ -56,6 +56,8 @@ void CudaGPT::allocate_expert_fp8_weights() {
   }
 }
 
+// (The block scales' buffers are not zeroed as block_scales()'s are: h, the experts' widths and every expert's rows are
+// multiples of 16 here, so their layouts have no padding entries to hold.)
 void CudaGPT::expert_fp8_rows(Record& r, int64_t rows, bool forward) {
   Scratch& s = *s_;
   const auto idle = [this] { host_wait("the FP8 experts' buffers"); };
@@ -97,11 +99,13 @@ CudaGPT::ExpertFp8 CudaGPT::expert_fp8(int64_t l, Record& r, int64_t e, int64_t 
     }
     f.xinv[site] = r.ex_f8_xinv + (e * 2 + site) * 64;
   }
-  f.row = (arrived ? s.ep_f8_row.get<uint8_t>() : s.ex_f8_row) + off * f8_moe_width_;
-  f.dyt = (arrived ? s.ep_f8_dyt.get<uint8_t>() : s.ex_f8_dyt) + off * f8_moe_width_;
+  // (Under EP dy^T's buffers exist from the first backward on: a forward takes null for them, never read there.)
+  const auto at = [](auto* base, int64_t offset) { return base ? base + offset : nullptr; };
+  f.row = at(arrived ? s.ep_f8_row.get<uint8_t>() : s.ex_f8_row, off * f8_moe_width_);
+  f.dyt = at(arrived ? s.ep_f8_dyt.get<uint8_t>() : s.ex_f8_dyt, off * f8_moe_width_);
   if (D_.fp8_blockwise) {
-    f.row_scale = (arrived ? s.ep_f8_row_scale.get<float>() : s.ex_f8_row_scale) + off * row_blocks(f8_moe_width_);
-    f.dyt_scale = (arrived ? s.ep_f8_dyt_scale.get<float>() : s.ex_f8_dyt_scale) + blocks * pad4(f8_moe_width_);
+    f.row_scale = at(arrived ? s.ep_f8_row_scale.get<float>() : s.ex_f8_row_scale, off * row_blocks(f8_moe_width_));
+    f.dyt_scale = at(arrived ? s.ep_f8_dyt_scale.get<float>() : s.ex_f8_dyt_scale, blocks * pad4(f8_moe_width_));
   }
   f.scalars = s.ex_f8_scalars + e * 3 * 64;
   if (f8_scale_) {
