@@ -363,13 +363,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       }
       r.f8_xinv = static_cast<float*>(alloc(4 * 64 * sizeof(float)));
     }
-    if (moe && fp8) {  // the FP8 experts' x^T and inverse scales (gpt_cuda_moe_fp8.cpp)
+    if (moe && fp8) {  // the FP8 experts' x^T and inverse scales (gpt_cuda_moe_fp8.cpp; under EP the routed experts' grow
+                       // with the rows that arrive: Record::ep_f8_xt)
       const int64_t widths[2] = {h, F_moe_}, shared[2] = {h, F_shared_}, blocks = moe_rows_ / cuda::kFp8BlockSize + experts_ + 1;
       for (int site = 0; site < 2; ++site) {
-        r.ex_f8_xt[site] = u8_rows(widths[site], moe_rows_);
+        if (D.ep == 1) r.ex_f8_xt[site] = u8_rows(widths[site], moe_rows_);
         if (F_shared_ > 0) r.sh_f8_xt[site] = u8_rows(shared[site], T);
         if (D.fp8_blockwise) {
-          r.ex_f8_xt_scale[site] = block_scales((widths[site] + 3) / 4 * 4 * blocks);
+          if (D.ep == 1) r.ex_f8_xt_scale[site] = block_scales((widths[site] + 3) / 4 * 4 * blocks);
           if (F_shared_ > 0) r.sh_f8_xt_scale[site] = block_scales(cuda::fp8_vec128_scales(shared[site], T));
         }
       }
@@ -473,7 +474,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       }
       s.ex_din = b16_rows(h, moe_rows_);
       if (D.fp8) {  // the FP8 experts' scratch (gpt_cuda_moe_fp8.cpp): every routed expert's share, or the shared expert's
-        const int64_t rows = std::max(moe_rows_, T), width = f8_moe_width_;
+        // (under EP the routed experts' grow with the rows that arrive, Scratch::ep_f8_row: here the shared expert's only)
+        const int64_t rows = D.ep > 1 ? T : std::max(moe_rows_, T), width = f8_moe_width_;
         s.ex_f8_row = u8_rows(width, rows);
         s.ex_f8_dyt = u8_rows(width, rows);
         s.ex_f8_scalars = static_cast<float*>(alloc(static_cast<size_t>((experts_ + 1) * 3 * 64) * sizeof(float)));
