@@ -121,10 +121,7 @@ StagePipeline CudaEngine::stage_pipeline() {
 // instead (all bytes 0xFF), for the tests: a range that a GEMM accumulated into, or one read before its first write,
 // then shows in the losses.
 void CudaEngine::zero_gradients() {
-  static const bool check = [] {
-    const char* env = std::getenv("MEGATRAIN_WGRAD_OVERWRITE");
-    return env && std::string(env) == "check";
-  }();
+  const bool check = CudaGPT::wgrad_overwrite_mode() == CudaGPT::WgradOverwrite::kCheck;
   std::vector<std::pair<int64_t, int64_t>> kept;
   for (CudaGPT* m : chunks_models_) {
     m->begin_gradients();

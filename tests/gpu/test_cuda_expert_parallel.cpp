@@ -83,13 +83,16 @@ void test_expert_parallel(const std::string& model, int64_t ep, const std::strin
     }
     const auto w = static_cast<float>(1.0 / std::max(denom, 1.0));
     // Every microbatch on one model with every expert, the gradients and losses accumulating.
+    const auto run_all = [&](RankRun& run, const mt::Config& cfg) {
+      mt::test::prepare(run, cfg, mbs_of[0], mt::LayoutCoordinates{});
+      for (size_t i = 0; i < mbs_of.size(); ++i) {
+        if (i > 0) mt::test::stage(run, cfg, mbs_of[i]);
+        run.dev.aux_grad_scale = 1.0f;
+        mt::test::forward_backward(run, w);
+      }
+    };
     RankRun one;
-    mt::test::prepare(one, one_cfg, mbs_of[0], mt::LayoutCoordinates{});
-    for (size_t i = 0; i < mbs_of.size(); ++i) {
-      if (i > 0) mt::test::stage(one, one_cfg, mbs_of[i]);
-      one.dev.aux_grad_scale = 1.0f;
-      mt::test::forward_backward(one, w);
-    }
+    run_all(one, one_cfg);
     const std::vector<float> g_one = download(one.model->grads(), static_cast<size_t>(one.model->numel()));
     const float loss_one = download(one.acc, 1)[0];
     // FP8: the same microbatches on the one model in bf16, for what FP8's quantisation itself does to each gradient. (An
@@ -97,14 +100,8 @@ void test_expert_parallel(const std::string& model, int64_t ep, const std::strin
     // EP rank's microbatch of that step, so the EP ranks quantise with other scales than the one model.)
     std::vector<float> g_plain;
     if (one.model->dims().fp8) {
-      const mt::Config plain_cfg = make_config(model, 1, mt::test::without_fp8_flags(extra));
       RankRun plain;
-      mt::test::prepare(plain, plain_cfg, mbs_of[0], mt::LayoutCoordinates{});
-      for (size_t i = 0; i < mbs_of.size(); ++i) {
-        if (i > 0) mt::test::stage(plain, plain_cfg, mbs_of[i]);
-        plain.dev.aux_grad_scale = 1.0f;
-        mt::test::forward_backward(plain, w);
-      }
+      run_all(plain, make_config(model, 1, mt::test::without_fp8_flags(extra)));
       const std::vector<float> g = download(plain.model->grads(), static_cast<size_t>(plain.model->numel()));
       g_plain.assign(g_one.size(), 0.0f);  // (at the FP8 model's offsets, by name)
       for (const mt::ParamInfo& p : plain.store.infos()) {

@@ -135,9 +135,13 @@ class CudaGPT {
   float* master() const { return master_; }
   float* grads() const { return grads_; }
   // MEGATRAIN_WGRAD_OVERWRITE=1 (off by default until measured on a GPU): the weight gradients that only their weight
-  // gradient GEMMs write (the dense layers' linear weights and an untied output layer's, without the split TP layers)
-  // are written by the iteration's first such GEMM with beta 0 instead of accumulated into zeroed memory, the same
-  // bits (0 + x is x); the engine zeroes everything else. Their ranges [offset, offset + count) in grads(), sorted:
+  // gradient GEMMs write (the layers' linear weights, the routed and shared experts', an untied output layer's; not
+  // with the split TP layers) are written by the iteration's first such GEMM with beta 0 instead of accumulated into
+  // zeroed memory, the same bits (0 + x is x); the engine zeroes everything else. =check: the engine fills those ranges
+  // with NaN instead of leaving them (tests).
+  enum class WgradOverwrite { kOff, kOn, kCheck };
+  static WgradOverwrite wgrad_overwrite_mode();
+  // Their ranges [offset, offset + count) in grads(), sorted:
   const std::vector<std::pair<int64_t, int64_t>>& overwritten_gradients() const { return overwrite_ranges_; }
   // ... and the start of an iteration's gradients (none of them written yet).
   void begin_gradients() { std::fill(overwrite_written_.begin(), overwrite_written_.end(), char{0}); }
@@ -253,6 +257,8 @@ class CudaGPT {
   // the iteration's first GEMM of such a range (then marked written), else 1.
   void choose_overwritten_gradients();
   float wgrad_beta(int64_t w_off);
+  // The written flag of the range starting at `off` (and its count), null where none does.
+  char* overwrite_flag(int64_t off, int64_t* count = nullptr);
   // The iteration's last backward of an MoE layer: its routed experts' weight gradients that no GEMM wrote (no rows
   // in any microbatch) zeroed on the compute stream.
   void zero_unwritten_experts(const LayerW& lw);

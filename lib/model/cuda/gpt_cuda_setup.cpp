@@ -129,14 +129,23 @@ void CudaGPT::choose_split_layers(int64_t mbs, int64_t max_in_flight) {
   }
 }
 
+CudaGPT::WgradOverwrite CudaGPT::wgrad_overwrite_mode() {
+  static const WgradOverwrite mode = [] {
+    const char* env = std::getenv("MEGATRAIN_WGRAD_OVERWRITE");
+    const std::string v = env ? env : "";
+    return v == "1" ? WgradOverwrite::kOn : v == "check" ? WgradOverwrite::kCheck : WgradOverwrite::kOff;
+  }();
+  return mode;
+}
+
 void CudaGPT::choose_overwritten_gradients() {
-  const char* env = std::getenv("MEGATRAIN_WGRAD_OVERWRITE");
-  if (!env || (std::string(env) != "1" && std::string(env) != "check") || split_forward_) return;  // (the split layers' halves add to one gradient)
+  if (wgrad_overwrite_mode() == WgradOverwrite::kOff || split_forward_) return;  // (the split layers' halves add to one gradient)
   const int64_t h = D_.h;
   for (const LayerW& lw : layers_) {
+    // (an MoE layer has no fc1 / fc2 of its own: -1)
     for (const auto& [off, count] : {std::pair{lw.qkv_w, W_.Wq * h}, std::pair{lw.proj_w, h * W_.Hd}, std::pair{lw.fc1_w, W_.F1 * h},
                                      std::pair{lw.fc2_w, h * W_.F}}) {
-      if (off >= 0 && !(lw.moe && (off == lw.fc1_w || off == lw.fc2_w))) overwrite_ranges_.emplace_back(off, count);
+      if (off >= 0) overwrite_ranges_.emplace_back(off, count);
     }
     if (!lw.moe) continue;
     // An MoE layer's experts (a routed expert that gets no rows in the whole iteration is zeroed at its last backward:
@@ -161,16 +170,21 @@ void CudaGPT::choose_overwritten_gradients() {
   overwrite_written_.assign(overwrite_ranges_.size(), char{1});  // (begin_gradients clears them: until then, accumulate)
 }
 
+char* CudaGPT::overwrite_flag(int64_t off, int64_t* count) {
+  const auto it = std::lower_bound(overwrite_ranges_.begin(), overwrite_ranges_.end(), std::pair{off, int64_t{0}});
+  if (it == overwrite_ranges_.end() || it->first != off) return nullptr;
+  if (count) *count = it->second;
+  return &overwrite_written_[static_cast<size_t>(it - overwrite_ranges_.begin())];
+}
+
 void CudaGPT::zero_unwritten_experts(const LayerW& lw) {
-  if (overwrite_ranges_.empty()) return;
   for (const std::vector<int64_t>* weights : {&lw.expert_fc1, &lw.expert_fc2}) {
     for (int64_t off : *weights) {
-      const auto it = std::lower_bound(overwrite_ranges_.begin(), overwrite_ranges_.end(), std::pair{off, int64_t{0}});
-      if (it == overwrite_ranges_.end() || it->first != off) continue;
-      char& written = overwrite_written_[static_cast<size_t>(it - overwrite_ranges_.begin())];
-      if (written) continue;
-      MT_PROF("bwd.moe.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(g(off), 0, static_cast<size_t>(it->second) * 4, stream_)));
-      written = 1;
+      int64_t count = 0;
+      char* written = overwrite_flag(off, &count);
+      if (written == nullptr || *written) continue;
+      MT_PROF("bwd.moe.zero_grads", MT_CUDA_CHECK(cudaMemsetAsync(g(off), 0, static_cast<size_t>(count) * 4, stream_)));
+      *written = 1;
     }
   }
 }
@@ -185,11 +199,9 @@ void CudaGPT::check_gradients_written() const {
 }
 
 float CudaGPT::wgrad_beta(int64_t w_off) {
-  const auto it = std::lower_bound(overwrite_ranges_.begin(), overwrite_ranges_.end(), std::pair{w_off, int64_t{0}});
-  if (it == overwrite_ranges_.end() || it->first != w_off) return 1.0f;
-  char& written = overwrite_written_[static_cast<size_t>(it - overwrite_ranges_.begin())];
-  if (written) return 1.0f;
-  written = 1;
+  char* written = overwrite_flag(w_off);
+  if (written == nullptr || *written) return 1.0f;
+  *written = 1;
   return 0.0f;
 }
 
