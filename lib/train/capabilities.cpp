@@ -278,9 +278,34 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(par.tensor_model_parallel_size > 1 && !cuda_unverified_allowed("moe-tensor-parallel"),
        "mixture of experts with tensor parallelism has not run on several GPUs yet on the CUDA engine: use --device cpu (the CPU engine "
        "runs every expert layout)");
-    no(c.derived.expert_tensor_parallel_size != par.tensor_model_parallel_size,
-       "--expert-tensor-parallel-size other than --tensor-model-parallel-size is not implemented on the CUDA engine (its experts split over "
-       "TP, Megatron's default): drop --expert-tensor-parallel-size, or use --device cpu");
+    // Expert-TP other than TP (Megatron's MoE parallel folding; gpt_cuda_expert_tensor_parallel.cpp): each TP rank's experts
+    // take the rows of its own slice of the tokens, gathered over the expert-TP group. Written without a GPU (thirty-second
+    // session), refused by name until test_cuda_expert_parallel's folded cases have passed and it has run on several GPUs.
+    const int64_t pipeline = std::max<int64_t>(1, par.pipeline_model_parallel_size);
+    const int64_t dp = world_size / std::max<int64_t>(1, par.tensor_model_parallel_size * pipeline * par.context_parallel_size);
+    if (const int64_t etp = c.derived.expert_tensor_parallel_size; etp != par.tensor_model_parallel_size) {
+      const int64_t expert_dp = world_size / std::max<int64_t>(1, etp * par.expert_model_parallel_size * pipeline);
+      no(!cuda_unverified_allowed("expert-tensor-parallel"),
+         "--expert-tensor-parallel-size other than --tensor-model-parallel-size has not run on GPUs yet on the CUDA engine: use --device cpu "
+         "(the CPU engine runs every expert layout), or drop --expert-tensor-parallel-size");
+      no(c.precision.fp16, "--expert-tensor-parallel-size other than --tensor-model-parallel-size in fp16 is not implemented on the CUDA "
+                           "engine: use --bf16, or --device cpu");
+      no(m.moe_apply_probs_on_input, "--moe-apply-probs-on-input with --expert-tensor-parallel-size other than --tensor-model-parallel-size is "
+                                     "not implemented on the CUDA engine" + cpu);
+      no(par.context_parallel_size > 1, "--expert-tensor-parallel-size other than --tensor-model-parallel-size with context parallelism is not "
+                                        "implemented on the CUDA engine: use one of the two, or --device cpu");
+      no(dp > 1 && !c.training.use_distributed_optimizer,
+         "--expert-tensor-parallel-size other than --tensor-model-parallel-size with data parallelism needs --use-distributed-optimizer on the "
+         "CUDA engine (each parameter's norm and update by its owner): add it, or use --device cpu");
+      no(dp > 1 && (c.training.overlap_grad_reduce || c.training.overlap_param_gather),
+         "--overlap-grad-reduce / --overlap-param-gather with --expert-tensor-parallel-size other than --tensor-model-parallel-size is not "
+         "implemented on the CUDA engine (the DP reductions would run beside the expert-TP gathers on another communicator): drop them, or use "
+         "--device cpu");
+      no(dp == 1 && expert_dp > 1,
+         "--expert-tensor-parallel-size other than --tensor-model-parallel-size without data parallelism needs --expert-model-parallel-size x "
+         "--expert-tensor-parallel-size = --tensor-model-parallel-size on the CUDA engine (each expert shard on one rank; expert-DP is " +
+             std::to_string(expert_dp) + "): change one of them, or use --device cpu");
+    }
     const bool context = par.context_parallel_size > 1;
     no(context && par.expert_model_parallel_size > 1,
        "expert parallelism with context parallelism is not implemented on the CUDA engine: use one of the two, or --device cpu");
@@ -299,15 +324,14 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     const bool ep = par.expert_model_parallel_size > 1;
     no(ep && !cuda_unverified_allowed("expert-parallel"),
        "--expert-model-parallel-size > 1 has not run on GPUs yet on the CUDA engine: use --device cpu (the CPU engine runs every expert layout)");
-    no(ep && par.expert_model_parallel_size != c.derived.data_parallel_size && (c.training.overlap_grad_reduce || c.training.overlap_param_gather),
+    no(ep && dp > 1 && par.expert_model_parallel_size != dp && (c.training.overlap_grad_reduce || c.training.overlap_param_gather),
        "--overlap-grad-reduce / --overlap-param-gather with expert parallelism smaller than data parallelism is not implemented on the CUDA "
        "engine (the DP reductions would run beside the EP all-to-alls on another communicator): drop them, set "
        "--expert-model-parallel-size to the data-parallel size, or use --device cpu");
-    no(ep && !c.training.use_distributed_optimizer,
+    no(ep && dp > 1 && !c.training.use_distributed_optimizer,
        "expert parallelism on the CUDA engine needs --use-distributed-optimizer (each parameter's norm and update by its owner): add it, "
        "or use --device cpu");
-    const bool data_parallel =
-        world_size / std::max<int64_t>(1, par.tensor_model_parallel_size * par.pipeline_model_parallel_size * par.context_parallel_size) > 1;
+    const bool data_parallel = dp > 1;
     no(data_parallel && !cuda_unverified_allowed("moe-data-parallel"),
        "mixture of experts with data parallelism has not run on several GPUs yet on the CUDA engine: use --device cpu for multi-rank MoE");
     no(data_parallel && m.moe_router_load_balancing_type == "global_aux_loss" && m.moe_aux_loss_coeff > 0,

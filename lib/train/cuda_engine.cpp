@@ -73,9 +73,9 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     shard_layout_ = std::make_unique<DataParallel>(cfg, *host_, groups_.dp_cp);
     owned = shard_layout_->owned_ranges();
     if (host_->has_experts()) {  // (as the CPU engine shards them: model/layout's expert group over expert-DP)
-      if (groups_.expert_dp->size() * groups_.ep->size() != dp_) {
-        throw std::logic_error("CUDA engine: the experts' data-parallel group times EP must be the data-parallel group (DP x CP; under TP each TP "
-                               "rank's, with expert-TP = TP)");
+      // (Megatron's folding: the expert grid, expert-TP x EP x expert-DP, spans the ranks of TP x DP x CP)
+      if (groups_.expert_dp->size() * groups_.ep->size() * groups_.expert_tp->size() != dp_ * groups_.tp->size()) {
+        throw std::logic_error("CUDA engine: expert-TP x EP x expert-DP must be TP x DP x CP");
       }
       expert_layout_ = std::make_unique<DataParallel>(cfg, *host_, groups_.expert_dp, GradGroup::kExpert);
       for (const auto& r : expert_layout_->owned_ranges()) owned.push_back(r);
@@ -174,7 +174,8 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
 #ifdef MEGATRAIN_HAVE_NCCL
     // (refused by name in train/capabilities: guards for other callers. fp16's reductions average, which would scale the
     // experts' gradients by 1 / expert-DP instead of 1 / DP)
-    if (!dist_opt_) throw std::logic_error("CUDA engine: expert parallelism without the distributed optimizer");
+    // (without it only where each expert shard has one holder, so the TP sums of the norms meet every one: DP 1, expert-DP 1)
+    if (!dist_opt_ && (dp_ > 1 || groups_.expert_dp->size() > 1)) throw std::logic_error("CUDA engine: expert parallelism without the distributed optimizer");
     if (cfg.precision.fp16) throw std::logic_error("CUDA engine: expert parallelism in fp16");
     // (EP = DP: the all-to-alls on the DP group's communicator, the same members in the same order, so that they and the
     // overlapped DP reductions are ordered by one communicator; EP < DP with the overlaps is refused by name)
@@ -188,6 +189,25 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     for (CudaGPT* m : chunks_models_) m->set_expert_parallel(ep_nccl_.get());
 #else
     throw std::logic_error("CUDA engine: expert parallelism needs NCCL");
+#endif
+  }
+  // Expert-TP other than TP: the MoE layers' gathers and reduce-scatters of the experts' rows over the expert-TP group
+  // (refused by name in train/capabilities until it has run on several GPUs). Its expert-DP group reduces and shards the
+  // experts' gradients (setup_data_parallel), which needs the distributed optimizer where DP > 1, or one holder of each
+  // expert shard where DP = 1.
+  if (host_->has_experts() && groups_.expert_tp != groups_.tp) {
+#ifdef MEGATRAIN_HAVE_NCCL
+    if (cfg.precision.fp16) throw std::logic_error("CUDA engine: expert-TP other than TP in fp16");  // (refused by name: guards)
+    if (!dist_opt_ && (dp_ > 1 || groups_.expert_dp->size() > 1)) {
+      throw std::logic_error("CUDA engine: expert-TP other than TP without the distributed optimizer, or with expert-DP > 1 at DP 1");
+    }
+    if (groups_.expert_tp->size() > 1) {
+      etp_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.expert_tp);
+      if (!etp_nccl_) throw std::logic_error("CUDA engine: the expert-tensor-parallel group is not an NCCL communicator");
+      for (CudaGPT* m : chunks_models_) m->set_expert_tensor_parallel(etp_nccl_.get());
+    }
+#else
+    throw std::logic_error("CUDA engine: expert tensor parallelism needs NCCL");
 #endif
   }
   if (found) {  // FP8 delayed scaling: each chunk's scales and amax histories from the checkpoint
@@ -253,12 +273,16 @@ void CudaEngine::setup_optimizer_state(const std::vector<Optimizer::Segment>& se
   // parameter. A parameter n TP ranks hold (norms, row-parallel biases and positions: all TP ranks; a
   // K/V-replicated QKV shard: its group's ranks) counts 1/n in each rank's norm partials, which are then
   // summed over TP (and over DP with the distributed optimizer): every parameter once.
-  const int64_t tp = groups_.tp->size();
+  const int64_t tp = groups_.tp->size(), etp = groups_.expert_tp->size();
   const bool explicit_state = dist_opt_ || offloading_;
   for (const auto& sg : segments) {
     const ParamInfo& p = host_->info(sg.param);
-    // Held by tp / shard_count ranks: whole (shard_dim < 0) or a K/V-replicated shard.
-    const int64_t holders = p.shard_dim < 0 ? tp : tp / std::max<int64_t>(1, p.shard_count);
+    // Held by tp / shard_count ranks: whole (shard_dim < 0) or a K/V-replicated shard. An expert's: by every expert-TP
+    // rank where whole, else by one (its expert-TP shard; with the distributed optimizer one expert-DP rank's range, and
+    // without it expert-DP is 1 or lies outside the TP group's sums).
+    const int64_t holders = p.grad_group == GradGroup::kExpert ? (p.shard_dim < 0 ? etp : 1)
+                            : p.shard_dim < 0                  ? tp
+                                                               : tp / std::max<int64_t>(1, p.shard_count);
     // The last stage's copy of the tied word embeddings counts nothing: the first stage's holds the same.
     const float nw = p.tied_copy ? 0.0f : 1.0f / static_cast<float>(std::max<int64_t>(1, holders));
     for (int64_t o = 0; o < sg.end - sg.begin; o += 65536) {
@@ -391,7 +415,7 @@ void CudaEngine::setup_data_parallel() {
   const bool experts = host_->has_experts();
   std::shared_ptr<NcclCommunicator> expert_comm;
   if (experts && groups_.expert_dp->size() > 1) {
-    if (groups_.ep->size() == 1) {
+    if (groups_.expert_dp == groups_.dp_cp) {  // (the same group: no EP, expert-TP = TP)
       expert_comm = dp_nccl_;
     } else {
       expert_dp_nccl_ = std::dynamic_pointer_cast<NcclCommunicator>(groups_.expert_dp);

@@ -113,7 +113,7 @@ class CudaEngine final : public TrainingEngine {
   std::shared_ptr<NcclCommunicator> tp_nccl_, dp_nccl_;
   // Pipeline parallelism: the pipeline group (the stages' transfers, the loss and the norm's partial sums)
   // and the embedding group (the tied word embeddings' gradient sum between the first and the last stage).
-  std::shared_ptr<NcclCommunicator> pp_nccl_, embedding_nccl_, cp_nccl_, ep_nccl_;
+  std::shared_ptr<NcclCommunicator> pp_nccl_, embedding_nccl_, cp_nccl_, ep_nccl_, etp_nccl_;
 #endif
   std::unique_ptr<CudaGPT> model_;  // chunk 0 of this stage: it owns the parameter, gradient and master buffers
   std::vector<std::unique_ptr<CudaGPT>> extra_chunks_;  // interleaving: the stage's other chunks, in model_'s buffers

@@ -35,7 +35,7 @@ LLAMA="--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embeddi
   --untie-embeddings-and-output-weights --disable-bias-linear"
 fails=0
 # The CUDA features refused by name until these runs pass on several GPUs (lib/train/capabilities.cpp).
-export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel,moe-data-parallel,expert-parallel,moe-tensor-parallel,qkv-bias-tensor-parallel,fp8-tensor-parallel,fp8-amax-data-parallel,fp8-expert-parallel}
+export MEGATRAIN_CUDA_UNVERIFIED=${MEGATRAIN_CUDA_UNVERIFIED:-context-parallel,pipeline-parallel,moe-data-parallel,expert-parallel,moe-tensor-parallel,qkv-bias-tensor-parallel,fp8-tensor-parallel,fp8-amax-data-parallel,fp8-expert-parallel,expert-tensor-parallel}
 
 # name ranks device model flags...: one run, its metrics in $work/name/metrics.jsonl
 run() {
@@ -223,7 +223,10 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
   # the distributed optimizer's checkpoints resumed on the GPUs and by the CPU engine on one rank (one writer of the
   # experts; the expert bias from the device). With pipeline parallelism (a layer a stage; with 4 GPUs EP 2 in each
   # stage) the log's MoE statistics are summed over the stages; with context parallelism over the CP ranks. TP 2 + SP:
-  # the experts split over expert-TP = TP, the capacity's drops decided over the gathered rows.
+  # the experts split over expert-TP = TP, the capacity's drops decided over the gathered rows. Expert-TP other than TP
+  # (Megatron's folding, gated as expert-tensor-parallel): TP 2 = expert-TP 1 x EP 2 (each TP rank's slice of the rows to
+  # the experts), and with 4 GPUs that with DP 2 (expert-DP 2), TP 4 = expert-TP 2 x EP 2 (the rows gathered over
+  # expert-TP), and expert-TP 2 over DP 2 without TP.
   if [[ $family == llama ]]; then
     MOE="--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall"
     for variant in "moe" "moebias --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2" \
@@ -235,11 +238,15 @@ for family in ${PARITY_FAMILIES:-gpt llama mqa}; do  # PARITY_FAMILIES: a subset
                "dp2ov$tag 2 --overlap-grad-reduce" "dp2doov$tag 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
                "ep2do$tag 2 --expert-model-parallel-size 2 --use-distributed-optimizer"
                "ep2doov$tag 2 --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
-               "pp2$tag 2 --pipeline-model-parallel-size 2" "tp2sp$tag 2 --tensor-model-parallel-size 2 --sequence-parallel")
+               "pp2$tag 2 --pipeline-model-parallel-size 2" "tp2sp$tag 2 --tensor-model-parallel-size 2 --sequence-parallel"
+               "tp2etp1ep2$tag 2 --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1 --expert-model-parallel-size 2"
+               "etp2dp2do$tag 2 --expert-tensor-parallel-size 2 --use-distributed-optimizer")
       ((n >= 4)) && layouts+=("ep2dp4do$tag 4 --expert-model-parallel-size 2 --use-distributed-optimizer"
                               "ep4do$tag 4 --expert-model-parallel-size 4 --use-distributed-optimizer"
                               "pp2ep2do$tag 4 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2 --use-distributed-optimizer"
-                              "tp2ep2do$tag 4 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 --use-distributed-optimizer")
+                              "tp2ep2do$tag 4 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 --use-distributed-optimizer"
+                              "tp2etp1ep2dp2do$tag 4 --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1 --expert-model-parallel-size 2 --use-distributed-optimizer"
+                              "tp4etp2ep2$tag 4 --tensor-model-parallel-size 4 --sequence-parallel --expert-tensor-parallel-size 2 --expert-model-parallel-size 2")
       # (context parallelism: the aux and z statistics over the CP group; capacity factors with it are refused on the GPUs)
       [[ $tag != moecap ]] && layouts+=("cp2$tag 2 --context-parallel-size 2" "cp2a2a$tag 2 --context-parallel-size 2 --cp-comm-type a2a")
       [[ $tag != moecap ]] && ((n >= 4)) && layouts+=("cp2dp2do$tag 4 --context-parallel-size 2 --use-distributed-optimizer")

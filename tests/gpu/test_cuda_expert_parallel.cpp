@@ -37,45 +37,61 @@ using mt::test::failures;
 using mt::test::RankRun;
 using mt::test::rel_err;
 
+// The ranks: TP x DP, folded into expert-TP x EP x expert-DP (Megatron's MoE parallel folding; expert-TP = TP and EP =
+// DP unless given).
+struct Grid {
+  int64_t ep = 1, tp = 1, etp = -1, dp = -1;
+  int64_t expert_tp() const { return etp > 0 ? etp : tp; }
+  int64_t data() const { return dp > 0 ? dp : ep; }
+  int64_t ranks() const { return tp * data(); }
+  int64_t expert_data() const { return ranks() / (expert_tp() * ep); }
+};
+
 // A tiny Mixtral-style model (llama: RMSNorm, SwiGLU experts, RoPE, GQA; gpt: LayerNorm, GELU experts, learned
-// positions) with 8 experts, top-2, an aux loss and a z-loss, on `ep` ranks of expert parallelism (DP = EP).
+// positions) with 8 experts, top-2, an aux loss and a z-loss, on the grid's ranks (one rank: Grid{}).
 // model "gpt-bias": gpt with biases (the router's, the experts' fc1 and fc2).
-mt::Config make_config(const std::string& model, int64_t ep, const std::string& extra, int64_t tp = 1) {
+mt::Config make_config(const std::string& model, const Grid& grid, const std::string& extra) {
+  const int64_t ep = grid.ep, tp = grid.tp;
   std::string flags =
       "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2 "
       "--lr 1e-3 --vocab-size 250 --attention-dropout 0 --hidden-dropout 0 --eval-iters 0 --train-iters 1 --seed 11 --bf16 --mock-data " +
       std::string(model == "gpt-bias" ? "" : "--disable-bias-linear ") +
       "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 96 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 " + extra;
-  flags += " --global-batch-size " + std::to_string(2 * ep) + " ";
+  flags += " --global-batch-size " + std::to_string(2 * grid.data()) + " ";
   if (model == "llama") {
     flags += "--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --group-query-attention --num-query-groups 2 "
              "--untie-embeddings-and-output-weights ";
   }
   if (ep > 1) flags += "--expert-model-parallel-size " + std::to_string(ep) + " ";
-  if (tp > 1) flags += "--tensor-model-parallel-size " + std::to_string(tp) + " --sequence-parallel ";  // (expert-TP = TP)
+  if (tp > 1) flags += "--tensor-model-parallel-size " + std::to_string(tp) + " --sequence-parallel ";
+  if (grid.expert_tp() != tp) flags += "--expert-tensor-parallel-size " + std::to_string(grid.expert_tp()) + " ";
   CLI::App app;
   mt::ConfigCli cli(app);
   app.parse(flags, false);
   mt::Config c = cli.build();
-  mt::resolve(c, static_cast<int>(ep * tp));
+  mt::resolve(c, static_cast<int>(grid.ranks()));
   return c;
 }
 
-// EP ranks x TP ranks as threads: thread (e, t) is EP rank e (a DP replica, its own microbatches) and TP rank t of EP
-// rank e's TP group; TP rank t's EP group joins the threads (e, t) over e. Under TP each expert's shards split over
-// expert-TP = TP, so the rows exchanged are the TP group's gathered rows and the outputs partial sums.
-void test_expert_parallel(const std::string& model, int64_t ep, const std::string& extra = "", int64_t tp = 1) {
-  char name[260];
-  std::snprintf(name, sizeof(name), "expert parallelism %s EP %lld%s %s(ranks as threads, one GPU)", model.c_str(), static_cast<long long>(ep),
-                tp > 1 ? (" x TP " + std::to_string(tp)).c_str() : "", extra.c_str());
+// The grid's ranks as threads: thread i is TP rank i % TP of DP replica i / TP (its own microbatches), and in the expert
+// grid expert-TP rank i % expert-TP, EP rank (i / expert-TP) % EP (the EP group joins the threads of one expert-TP rank
+// and expert-DP replica). With expert-TP = TP (EP = DP) the rows exchanged are the TP group's gathered rows and the
+// outputs partial sums; with another expert-TP each TP rank's experts take its own slice of the rows, gathered over
+// the expert-TP group (gpt_cuda_expert_tensor_parallel.cpp).
+void test_expert_parallel(const std::string& model, const Grid& grid, const std::string& extra = "") {
+  const int64_t ep = grid.ep, tp = grid.tp, etp = grid.expert_tp(), dp = grid.data();
+  char name[300];
+  std::snprintf(name, sizeof(name), "expert parallelism %s EP %lld%s%s%s %s(ranks as threads, one GPU)", model.c_str(), static_cast<long long>(ep),
+                tp > 1 ? (" x TP " + std::to_string(tp)).c_str() : "", etp != tp ? (" expert-TP " + std::to_string(etp)).c_str() : "",
+                dp != ep ? (" DP " + std::to_string(dp)).c_str() : "", extra.c_str());
   try {
-    const mt::Config one_cfg = make_config(model, 1, extra), grid_cfg = make_config(model, ep, extra, tp);
+    const mt::Config one_cfg = make_config(model, Grid{}, extra), grid_cfg = make_config(model, grid, extra);
     auto data = mt::open_training_data(one_cfg);
     const int64_t mbs = *one_cfg.training.micro_batch_size, S = *one_cfg.data.seq_length;
     // Two microbatches per rank (rank r's are 2r and 2r + 1): the second one's rows reuse, or grow, the first one's
     // buffers (tight, MEGATRAIN_TEST_TIGHT_BUFFERS=1 in main, so that they grow whenever more rows arrive).
     constexpr int64_t kPerRank = 2;
-    std::vector<mt::Microbatch> mbs_of(static_cast<size_t>(ep * kPerRank));
+    std::vector<mt::Microbatch> mbs_of(static_cast<size_t>(dp * kPerRank));
     double denom = 0;
     for (size_t i = 0; i < mbs_of.size(); ++i) {
       mbs_of[i] = mt::make_microbatch(*data, mt::Split::kTrain, static_cast<int64_t>(i) * mbs, mbs, S, one_cfg);
@@ -101,7 +117,7 @@ void test_expert_parallel(const std::string& model, int64_t ep, const std::strin
     std::vector<float> g_plain;
     if (one.model->dims().fp8) {
       RankRun plain;
-      run_all(plain, make_config(model, 1, mt::test::without_fp8_flags(extra)));
+      run_all(plain, make_config(model, Grid{}, mt::test::without_fp8_flags(extra)));
       const std::vector<float> g = download(plain.model->grads(), static_cast<size_t>(plain.model->numel()));
       g_plain.assign(g_one.size(), 0.0f);  // (at the FP8 model's offsets, by name)
       for (const mt::ParamInfo& p : plain.store.infos()) {
@@ -110,53 +126,69 @@ void test_expert_parallel(const std::string& model, int64_t ep, const std::strin
       }
       mt::test::release(plain);
     }
-    // The EP ranks, each built, run and checked in its own thread.
+    // The ranks, each built, run and checked in its own thread.
+    const auto n = static_cast<size_t>(grid.ranks());
+    if (static_cast<int64_t>(n) % (etp * ep) != 0) throw std::logic_error("the expert grid does not divide the ranks");
+    const auto tp_rank = [&](size_t i) { return static_cast<int64_t>(i) % tp; };
+    const auto dp_rank = [&](size_t i) { return static_cast<int64_t>(i) / tp; };
+    const auto etp_rank = [&](size_t i) { return static_cast<int64_t>(i) % etp; };
+    const auto ep_rank = [&](size_t i) { return static_cast<int64_t>(i) / etp % ep; };
+    const auto ep_group = [&](size_t i) { return static_cast<size_t>(etp_rank(i) + etp * (static_cast<int64_t>(i) / (etp * ep))); };
     mt::test::Baton baton;
-    std::vector<std::unique_ptr<mt::test::ThreadGroup>> ep_groups, tp_groups;
-    for (int64_t t = 0; t < tp; ++t) ep_groups.push_back(std::make_unique<mt::test::ThreadGroup>(baton, static_cast<int>(ep)));
-    for (int64_t r = 0; r < ep; ++r) tp_groups.push_back(std::make_unique<mt::test::ThreadGroup>(baton, static_cast<int>(tp)));
-    const auto n = static_cast<size_t>(ep * tp);
+    std::vector<std::unique_ptr<mt::test::ThreadGroup>> ep_groups, tp_groups, etp_groups;
+    for (size_t g = 0; g < n / static_cast<size_t>(ep); ++g) ep_groups.push_back(std::make_unique<mt::test::ThreadGroup>(baton, static_cast<int>(ep)));
+    for (size_t g = 0; g < n / static_cast<size_t>(tp); ++g) tp_groups.push_back(std::make_unique<mt::test::ThreadGroup>(baton, static_cast<int>(tp)));
+    for (size_t g = 0; g < n / static_cast<size_t>(etp); ++g) etp_groups.push_back(std::make_unique<mt::test::ThreadGroup>(baton, static_cast<int>(etp)));
     std::vector<RankRun> ranks(n);
-    std::vector<std::unique_ptr<mt::test::ThreadCollectives>> ep_of(n), tp_of(n);
-    for (int64_t r = 0; r < ep; ++r) {
-      for (int64_t t = 0; t < tp; ++t) {
-        const auto i = static_cast<size_t>(r * tp + t);
-        ep_of[i] = std::make_unique<mt::test::ThreadCollectives>(*ep_groups[static_cast<size_t>(t)], static_cast<int>(r));
-        tp_of[i] = std::make_unique<mt::test::ThreadCollectives>(*tp_groups[static_cast<size_t>(r)], static_cast<int>(t));
-      }
+    std::vector<std::unique_ptr<mt::test::ThreadCollectives>> ep_of(n), tp_of(n), etp_of(n);
+    for (size_t i = 0; i < n; ++i) {
+      ep_of[i] = std::make_unique<mt::test::ThreadCollectives>(*ep_groups[ep_group(i)], static_cast<int>(ep_rank(i)));
+      tp_of[i] = std::make_unique<mt::test::ThreadCollectives>(*tp_groups[static_cast<size_t>(dp_rank(i))], static_cast<int>(tp_rank(i)));
+      etp_of[i] = std::make_unique<mt::test::ThreadCollectives>(*etp_groups[i / static_cast<size_t>(etp)], static_cast<int>(etp_rank(i)));
     }
     mt::test::run_ranks(baton, n, [&](size_t i) {
-      const auto r = static_cast<int64_t>(i) / tp, t = static_cast<int64_t>(i) % tp;
+      const int64_t d = dp_rank(i);
       mt::LayoutCoordinates at;
-      at.ep_rank = r;
+      at.ep_rank = ep_rank(i);
       at.ep_size = ep;
-      at.tp_rank = at.etp_rank = t;
-      at.tp_size = at.etp_size = tp;
-      mt::test::prepare(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(r * kPerRank)], at, tp > 1 ? tp_of[i].get() : nullptr);
-      ranks[i].model->set_expert_parallel(ep_of[i].get());
+      at.tp_rank = tp_rank(i);
+      at.tp_size = tp;
+      at.etp_rank = etp_rank(i);
+      at.etp_size = etp;
+      mt::test::prepare(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(d * kPerRank)], at, tp > 1 ? tp_of[i].get() : nullptr);
+      if (ep > 1) ranks[i].model->set_expert_parallel(ep_of[i].get());
+      if (etp != tp && etp > 1) ranks[i].model->set_expert_tensor_parallel(etp_of[i].get());
       for (int64_t k = 0; k < kPerRank; ++k) {
-        if (k > 0) mt::test::stage(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(r * kPerRank + k)]);
+        if (k > 0) mt::test::stage(ranks[i], grid_cfg, mbs_of[static_cast<size_t>(d * kPerRank + k)]);
         ranks[i].dev.aux_grad_scale = 1.0f;
         mt::test::forward_backward(ranks[i], w, k == kPerRank - 1);
       }
     });
-    // The ranks' gradients at the one model's places: the dense parameters summed over the EP ranks (each rank's share of
-    // the tokens), each expert from the rank that holds it; every expert must be held by exactly one EP rank. Under TP
-    // each shard goes to its global place, and what TP replicates is taken from TP rank 0 (the other TP ranks' copies
-    // must equal it: the router's gradient summed over TP).
+    // The ranks' gradients at the one model's places: the dense parameters summed over the DP replicas (each one's share
+    // of the tokens), each expert shard over the expert-DP replicas that hold it (each one's rows); every expert shard
+    // must be held by expert-DP ranks. Under TP each shard goes to its global place, and what TP replicates is taken
+    // from TP rank 0 (the other TP ranks' copies must equal it: the router's gradient summed over TP).
     std::vector<float> g_sum(g_one.size(), 0.0f);
     std::vector<int> holders(one.store.infos().size(), 0);
     float loss_sum = 0;
     double tp_copies_gap = 0;
     for (size_t i = 0; i < n; ++i) {
       RankRun& run = ranks[i];
-      const bool tp_lead = i % static_cast<size_t>(tp) == 0;
+      const bool tp_lead = tp_rank(i) == 0, etp_lead = etp_rank(i) == 0;
       const std::vector<float> g = download(run.model->grads(), static_cast<size_t>(run.model->numel()));
       for (const mt::ParamInfo& p : run.store.infos()) {
         if (!p.trainable || p.replica > 0) continue;
         const size_t at = one.store.index_of(p.name);
         const mt::ParamInfo& one_p = one.store.info(at);
         if (p.global_shape != one_p.global_shape) throw std::logic_error(p.name + ": a rank's global shape differs from the one model's");
+        if (p.grad_group == mt::GradGroup::kExpert) {  // (whole on every expert-TP rank where unsharded: counted once)
+          if (p.shard_dim < 0 && !etp_lead) continue;
+          if (etp_lead) ++holders[at];
+          for (int64_t e = 0; e < p.numel; ++e) {
+            g_sum[static_cast<size_t>(one_p.offset + mt::test::global_index(p, e))] += g[static_cast<size_t>(p.offset + e)];
+          }
+          continue;
+        }
         if (p.shard_dim < 0 && !tp_lead) {
           RankRun& lead = ranks[i - i % static_cast<size_t>(tp)];
           const mt::ParamInfo& p0 = lead.store.info(lead.store.index_of(p.name));
@@ -178,8 +210,8 @@ void test_expert_parallel(const std::string& model, int64_t ep, const std::strin
       const mt::ParamInfo& p = one.store.info(i);
       if (!p.trainable) continue;
       const bool expert = p.grad_group == mt::GradGroup::kExpert;
-      if (holders[i] != (expert ? 1 : static_cast<int>(ep))) {
-        throw std::logic_error(p.name + ": held by " + std::to_string(holders[i]) + " EP ranks");
+      if (holders[i] != static_cast<int>(expert ? grid.expert_data() : dp)) {
+        throw std::logic_error(p.name + ": held by " + std::to_string(holders[i]) + (expert ? " expert-DP ranks" : " DP ranks"));
       }
       experts_checked += expert ? 1 : 0;
       const std::vector<float> a(g_sum.begin() + p.offset, g_sum.begin() + p.offset + p.numel), b(g_one.begin() + p.offset, g_one.begin() + p.offset + p.numel);
@@ -223,40 +255,58 @@ int main() {
     std::printf("SKIP: no GPU visible (%s)\n", mt::gpu_unavailable_reason().c_str());
     return 77;
   }
-  test_expert_parallel("llama", 2);
-  test_expert_parallel("llama", 4);
-  test_expert_parallel("gpt", 2);  // GELU experts (the GEMM's epilogue)
-  test_expert_parallel("llama", 8, "--moe-shared-expert-intermediate-size 64 ");  // one expert per rank, and the shared expert beside them
+  test_expert_parallel("llama", {2});
+  test_expert_parallel("llama", {4});
+  test_expert_parallel("gpt", {2});  // GELU experts (the GEMM's epilogue)
+  test_expert_parallel("llama", {8}, "--moe-shared-expert-intermediate-size 64 ");  // one expert per rank, and the shared expert beside them
   // The dispatch again in the backward's recompute (the same counts and rows as the forward's).
-  test_expert_parallel("llama", 2, "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
+  test_expert_parallel("llama", {2}, "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
   // A capacity that drops, and padding to capacity: each rank's kept and padding rows, in owner order, cross the ranks.
-  test_expert_parallel("llama", 2, "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall ");
-  test_expert_parallel("llama", 4, "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity ");
+  test_expert_parallel("llama", {2}, "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall ");
+  test_expert_parallel("llama", {4}, "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity ");
   // Group-limited routing and sigmoid scores with an expert bias: the routing is each rank's own; the dispatch the same.
   // Biases (each expert's from the rows it received), and squared ReLU experts.
-  test_expert_parallel("gpt-bias", 2);
-  test_expert_parallel("gpt", 2, "--squared-relu ");
-  test_expert_parallel("gpt", 4, "--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 4 --moe-router-group-topk 2 ");
+  test_expert_parallel("gpt-bias", {2});
+  test_expert_parallel("gpt", {2}, "--squared-relu ");
+  test_expert_parallel("gpt", {4}, "--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 4 --moe-router-group-topk 2 ");
   // EP x TP (the experts' shards over expert-TP = TP): the TP group's gathered rows cross the EP ranks of one TP rank.
   // Every expert chosen (top-8 of 8): the TP layers' attention rounds differently from one model's, which can flip a
   // near-tie of the top-k (test_cuda_context_parallel's TP cases measured it).
-  test_expert_parallel("llama", 2, "--moe-router-topk 8 ", 2);
-  test_expert_parallel("gpt", 2, "--moe-router-topk 8 --moe-shared-expert-intermediate-size 64 ", 2);
+  test_expert_parallel("llama", {2, 2}, "--moe-router-topk 8 ");
+  test_expert_parallel("gpt", {2, 2}, "--moe-router-topk 8 --moe-shared-expert-intermediate-size 64 ");
+  // Expert-TP other than TP (Megatron's MoE parallel folding): each TP rank's experts take its own slice of the rows,
+  // routed over all of them as before (under TP top-8: every expert chosen, as above), and with an expert-TP group of
+  // more than one rank the rows gathered over it. TP 2 = expert-TP 1 x EP 2 (the EP group is the TP group): SwiGLU,
+  // GELU with biases, the shared expert, a capacity (dropping by position, so that the TP layers' rounding cannot move
+  // a drop), recomputed; with DP 2 (expert-DP 2: each expert's gradient from two ranks' rows); TP 4 = expert-TP 2 x EP 2;
+  // TP 1 with expert-TP 2 over DP 2 (each rank's rows gathered with the other replica's), with a capacity padded to.
+  test_expert_parallel("llama", {.ep = 2, .tp = 2, .etp = 1, .dp = 1}, "--moe-router-topk 8 ");
+  test_expert_parallel("gpt-bias", {.ep = 2, .tp = 2, .etp = 1, .dp = 1}, "--moe-router-topk 8 ");
+  test_expert_parallel("gpt", {.ep = 2, .tp = 2, .etp = 1, .dp = 1}, "--moe-router-topk 8 --moe-shared-expert-intermediate-size 64 ");
+  test_expert_parallel("llama", {.ep = 2, .tp = 2, .etp = 1, .dp = 1},
+                       "--moe-router-topk 8 --moe-expert-capacity-factor 0.75 --moe-token-drop-policy position --moe-token-dispatcher-type alltoall ");
+  test_expert_parallel("llama", {.ep = 2, .tp = 2, .etp = 1, .dp = 1},
+                       "--moe-router-topk 8 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
+  test_expert_parallel("llama", {.ep = 2, .tp = 2, .etp = 1, .dp = 2}, "--moe-router-topk 8 ");
+  test_expert_parallel("llama", {.ep = 2, .tp = 4, .etp = 2, .dp = 1}, "--moe-router-topk 8 ");
+  test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2});
+  test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2},
+                       "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity ");
   // FP8 in MoE layers under EP (tensorwise and blockwise; delayed scaling is refused with EP): each expert's block of
   // rows padded to 16 where it is routed, the padded blocks (zero rows) crossing the ranks, so the rows that arrive stay
   // 16-aligned per expert; the FP8 buffers grow with them. With the shared expert, recomputed, a capacity (padded to
   // it too), and a bf16 MoE layer in the FP8 model.
-  test_expert_parallel("llama", 2, "--fp8-format hybrid --fp8-recipe tensorwise ");
-  test_expert_parallel("llama", 4, "--fp8-format hybrid --fp8-recipe tensorwise --moe-shared-expert-intermediate-size 64 ");
-  test_expert_parallel("gpt", 2, "--fp8-format e4m3 --fp8-recipe tensorwise ");
-  test_expert_parallel("llama", 2, "--fp8-format hybrid --fp8-recipe blockwise ");
-  test_expert_parallel("llama", 2, "--fp8-format hybrid --fp8-recipe tensorwise --recompute-granularity full --recompute-method uniform "
+  test_expert_parallel("llama", {2}, "--fp8-format hybrid --fp8-recipe tensorwise ");
+  test_expert_parallel("llama", {4}, "--fp8-format hybrid --fp8-recipe tensorwise --moe-shared-expert-intermediate-size 64 ");
+  test_expert_parallel("gpt", {2}, "--fp8-format e4m3 --fp8-recipe tensorwise ");
+  test_expert_parallel("llama", {2}, "--fp8-format hybrid --fp8-recipe blockwise ");
+  test_expert_parallel("llama", {2}, "--fp8-format hybrid --fp8-recipe tensorwise --recompute-granularity full --recompute-method uniform "
                        "--recompute-num-layers 1 ");
-  test_expert_parallel("llama", 2, "--fp8-format hybrid --fp8-recipe tensorwise --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall ");
-  test_expert_parallel("llama", 4, "--fp8-format hybrid --fp8-recipe tensorwise --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall "
+  test_expert_parallel("llama", {2}, "--fp8-format hybrid --fp8-recipe tensorwise --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall ");
+  test_expert_parallel("llama", {4}, "--fp8-format hybrid --fp8-recipe tensorwise --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall "
                        "--moe-pad-expert-input-to-capacity ");
   // (a bf16 MoE layer in an FP8 model: its rows aligned to 16 too, the gaps zero as they travel)
-  test_expert_parallel("llama", 2, "--fp8-format hybrid --fp8-recipe tensorwise --first-last-layers-bf16 --num-layers-at-start-in-bf16 1 "
+  test_expert_parallel("llama", {2}, "--fp8-format hybrid --fp8-recipe tensorwise --first-last-layers-bf16 --num-layers-at-start-in-bf16 1 "
                        "--num-layers-at-end-in-bf16 0 ");
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;

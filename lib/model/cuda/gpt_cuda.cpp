@@ -70,9 +70,17 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   const ModelDims& D = D_;
   if (max_in_flight < 1) throw std::logic_error("CudaGPT: max_in_flight must be at least 1");
   // MoE: every expert local, or split over EP (set_expert_parallel); under TP the experts split over expert-TP = TP, the
-  // MoE layer running on the TP group's gathered rows as the dense MLP does (gpt_cuda_moe.cpp). Expert-TP other than TP
-  // is refused by name before here.
-  if (cfg.moe.num_experts && D.etp != D.tp) throw std::logic_error("CudaGPT: MoE layers with expert-TP other than TP");
+  // MoE layer running on the TP group's gathered rows as the dense MLP does (gpt_cuda_moe.cpp). With expert-TP other than
+  // TP each rank's experts take the rows of its own slice of the tokens, gathered over an expert-TP group of more than
+  // one rank (set_expert_tensor_parallel; gpt_cuda_expert_tensor_parallel.cpp).
+  if (cfg.moe.num_experts && D.etp != D.tp) {
+    if (D.tp > 1 && !D.sequence_parallel) throw std::logic_error("CudaGPT: MoE layers under TP without sequence parallelism (refused by validation)");
+    if (D.fp8 || cfg.moe.moe_apply_probs_on_input || D.cp > 1) {
+      throw std::logic_error("CudaGPT: expert-TP other than TP with FP8, --moe-apply-probs-on-input or CP (refused by the capability checks)");
+    }
+    moe_own_rows_ = true;
+    moe_etp_gathers_ = D.etp > 1;
+  }
   if (D.tp > 1) {
     tp_ = tp;
     tp_size_ = D.tp;
@@ -336,7 +344,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       r.top = reinterpret_cast<int32_t*>(f32(1, k));
       r.row = reinterpret_cast<int32_t*>(f32(1, k));
       r.ex_rows = b16_rows(h, moe_rows_);
-      if (D.ep == 1) {  // (expert parallelism: the rows this rank's experts receive, in growing buffers)
+      if (!moe_rows_travel()) {  // (expert parallelism, expert-TP's gather: the rows this rank's experts receive, in growing buffers)
         r.ex_fc1 = b16_rows(F1m, moe_rows_);
         // (FP8 delayed scaling with SwiGLU experts without biases: SwiGLU writes fc2's FP8 input, nothing reads a 16-bit one)
         if (!fp8 || !experts_swiglu_output_unread()) r.ex_act = b16_rows(Fm, moe_rows_);
@@ -466,12 +474,12 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       const double k = static_cast<double>(topk_);
       const int64_t Fm = F_moe_, F1m = D.swiglu ? 2 * F_moe_ : F_moe_;
       s.ex_dout = b16_rows(h, moe_rows_);
-      if (D.ep == 1) {
+      if (!moe_rows_travel()) {
         s.ex_dact = b16_rows(Fm, moe_rows_);
         s.ex_dfc1 = b16_rows(F1m, moe_rows_);
-      } else {
-        s.ep_counts = static_cast<int32_t*>(alloc(static_cast<size_t>(2 * experts_) * 4));
       }
+      if (D.ep > 1) s.ep_counts = static_cast<int32_t*>(alloc(static_cast<size_t>(2 * experts_) * 4));
+      if (moe_etp_gathers_) s.etp_counts = static_cast<int32_t*>(alloc(static_cast<size_t>((D.etp + 1) * D.experts_local) * 4));
       s.ex_din = b16_rows(h, moe_rows_);
       if (D.fp8) {  // the FP8 experts' scratch (gpt_cuda_moe_fp8.cpp): every routed expert's share, or the shared expert's
         // (under EP the routed experts' grow with the rows that arrive, Scratch::ep_f8_row: here the shared expert's only)
@@ -502,6 +510,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
         void* pinned = nullptr;
         MT_CUDA_CHECK(cudaMallocHost(&pinned, static_cast<size_t>(2 * experts_) * 4));  // (EP: the counts sent, then received)
         s.counts_host = static_cast<int32_t*>(pinned);
+        if (moe_etp_gathers_) {  // (expert-TP: this rank's counts per local expert, then every rank's)
+          MT_CUDA_CHECK(cudaMallocHost(&pinned, static_cast<size_t>((D.etp + 1) * D.experts_local) * 4));
+          s.etp_counts_host = static_cast<int32_t*>(pinned);
+        }
       }
     }
     if (D.qk_norm) {
@@ -590,6 +602,7 @@ size_t CudaGPT::boundary_gradient_bytes(int64_t tokens) const { return static_ca
 CudaGPT::~CudaGPT() {
   for (void* p : owned_) device_free(p);
   if (s_ && s_->counts_host) cudaFreeHost(s_->counts_host);
+  if (s_ && s_->etp_counts_host) cudaFreeHost(s_->etp_counts_host);
   if (fork_ev_) cudaEventDestroy(fork_ev_);
   if (join_ev_) cudaEventDestroy(join_ev_);
   if (proj_done_ev_) cudaEventDestroy(proj_done_ev_);

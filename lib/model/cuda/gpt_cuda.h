@@ -283,9 +283,10 @@ class CudaGPT {
   // dispatch): the expert GEMMs' sizes.
   void moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   void setup_moe(const MoeConfig& moe, const ParamStore& layout, int64_t max_in_flight);
-  // --moe-expert-capacity-factor: the choices that fit their expert's capacity, decided on the host as the CPU engine
-  // decides them (kernels/cpu/router.h), r.row (-1: dropped), r.per_expert and the kept counts uploaded; false (and
-  // nothing done) where every token fits.
+  // The rows on the host: --moe-expert-capacity-factor's choices that fit their expert's capacity, decided as the CPU
+  // engine decides them (kernels/cpu/router.h), and with moe_own_rows_ only this TP rank's slice of the tokens; r.row
+  // (-1: dropped, or another TP rank's), r.per_expert (the slice's) and the kept counts (every token's, the statistics')
+  // uploaded. False (and nothing done) where no capacity drops and every row is this rank's: the device permutes them.
   bool moe_capacity(Record& r, int64_t tokens, int64_t seq_length);
   // The MoE kernels' shape of microbatch mb: its tokens, the router's settings, and the CP shards its sequences span.
   cuda::MoeRouting moe_routing(const DeviceMicrobatch& mb) const;
@@ -579,10 +580,30 @@ class CudaGPT {
   // The expert-parallel group (the layout's ep_size > 1, --expert-model-parallel-size): the all-to-alls that carry the MoE
   // layers' rows to this rank's experts and back (gpt_cuda_expert_parallel.cpp). Set before the first step.
   void set_expert_parallel(StreamCollectives* ep);
+  // The expert-tensor-parallel group where it is not the TP group (--expert-tensor-parallel-size other than TP, with more
+  // than one rank): each expert's rows gathered over it and the partial outputs reduce-scattered back
+  // (gpt_cuda_expert_tensor_parallel.cpp). Set before the first step.
+  void set_expert_tensor_parallel(StreamCollectives* etp);
 
  private:
   StreamCollectives* cp_ = nullptr;
   StreamCollectives* ep_ = nullptr;
+  StreamCollectives* etp_ = nullptr;
+  // Expert-TP other than TP (Megatron's MoE parallel folding): each TP rank's experts take only the rows of its own slice
+  // of the microbatch (every TP rank still routes all of the TP group's rows, as with expert-TP = TP, so the statistics,
+  // the capacity and the router's gradients are unchanged; the other ranks' choices get row -1, as dropped ones do), so
+  // the combined output is complete on the slice's rows and zero elsewhere, and the layer's TP reduction sums the slices.
+  // moe_own_rows_: that mode; moe_etp_gathers_: with an expert-TP group of more than one rank, whose rows are gathered.
+  bool moe_own_rows_ = false, moe_etp_gathers_ = false;
+  // The experts' rows come from other ranks (EP's all-to-all, or expert-TP's gather): their buffers grow with them.
+  bool moe_rows_travel() const { return D_.ep > 1 || moe_etp_gathers_; }
+  // Expert-TP's gather: the rows of this rank's experts (local_rows of them, expert-major, r.per_expert each) gathered
+  // from every expert-TP rank into r.etp_rows (expert-major, each expert's in expert-TP rank order), r.per_expert made
+  // the gathered counts; returns how many. The partial outputs (or input gradients) of the gathered rows summed back to
+  // this rank's rows by etp_to_local; etp_to_experts gathers the output gradients as the forward gathered the rows.
+  int64_t etp_gather(Record& r, const cuda::bf16* local, int64_t local_rows);
+  void etp_to_experts(const Record& r, const cuda::bf16* local, cuda::bf16* gathered, const char* name);
+  void etp_to_local(const Record& r, const cuda::bf16* gathered, cuda::bf16* local, const char* name);
   // Expert parallelism: the counts per expert exchanged, r.per_expert made this rank's experts' and their rows received
   // into r.ep_rows (returns how many); the rows of r (owner order <-> this rank's experts' order) over the EP group.
   int64_t ep_dispatch(Record& r);

@@ -35,7 +35,7 @@ int64_t sum_of(const std::vector<int64_t>& v) {
 }  // namespace
 
 void CudaGPT::host_wait(const char* op) {
-  if (ep_ != nullptr) ep_->host_wait_on(stream_, op);
+  if (StreamCollectives* group = ep_ != nullptr ? ep_ : etp_) group->host_wait_on(stream_, op);
   else MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

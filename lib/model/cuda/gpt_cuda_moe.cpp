@@ -143,8 +143,9 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   if (lw.router_b >= 0 && !moe_router_fp64_) MT_PROF("fwd.moe.router", cuda::moe_router_bias(r.logits, w(lw.router_b), rt, stream_, dt_));
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
-  // A capacity that drops: the host's rows and kept counts (before the statistics read them), else the permutation's.
-  const bool dropping = moe_capacity_factor_ > 0 && moe_capacity(r, T, mb.S);
+  // A capacity that drops, or this TP rank's slice of the rows (expert-TP other than TP): the host's rows and kept counts
+  // (before the statistics read them), else the permutation's.
+  const bool dropping = (moe_capacity_factor_ > 0 || moe_own_rows_) && moe_capacity(r, T, mb.S);
   if (!dropping) MT_PROF("fwd.moe.permute", cuda::moe_permute(r.row, s.counts, s.offsets, s.permute_parts, r.top, rt, stream_));
   // The aux loss's gradient per score and the statistics (a training forward; a recompute only recomputes the former).
   const bool zloss = moe_z_coeff_ > 0;
@@ -175,18 +176,29 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     host_wait("the MoE layer's expert counts");
     r.per_expert.assign(s.counts_host, s.counts_host + E);
   }
-  // This rank's experts' rows: its own choices', or under expert parallelism what every EP rank sends them.
+  // This rank's experts' rows: its own choices', or under expert parallelism what every EP rank sends them, and with
+  // expert-TP other than TP (more than one rank) what every expert-TP rank has, gathered.
   bf16 *rows = r.ex_rows, *fc1 = r.ex_fc1, *act = r.ex_act, *out = r.ex_out;
+  bf16* local_out = r.ex_out;  // (this rank's rows' outputs, before the way back over EP)
   const bool f8 = fp8_layer(l);
-  if (D.ep > 1) {
+  if (moe_rows_travel()) {
     const auto idle = [this] { host_wait("the MoE layer's expert buffers"); };
-    // (FP8 models, every MoE layer's rows aligned to 16, even a bf16 one's: the padded blocks travel, their gaps zero)
-    if (moe_row_align_ > 1) zero_expert_padding(r.ex_rows, h, r.per_expert, stream_);
-    const int64_t R = ep_dispatch(r);
-    rows = r.ep_rows.get<bf16>();
+    int64_t R = 0;
+    for (int32_t n : r.per_expert) R += n;
+    if (D.ep > 1) {
+      // (FP8 models, every MoE layer's rows aligned to 16, even a bf16 one's: the padded blocks travel, their gaps zero)
+      if (moe_row_align_ > 1) zero_expert_padding(r.ex_rows, h, r.per_expert, stream_);
+      R = ep_dispatch(r);
+      rows = r.ep_rows.get<bf16>();
+      local_out = s.ep_out.need<bf16>(static_cast<size_t>(std::max<int64_t>(R, 1) * h) * 2, idle);
+    }
+    if (moe_etp_gathers_) {
+      R = etp_gather(r, rows, R);
+      rows = r.etp_rows.get<bf16>();
+    }
     fc1 = r.ep_fc1.need<bf16>(static_cast<size_t>(R * F1m) * 2, idle);
     act = r.ep_act.need<bf16>(static_cast<size_t>(R * Fm) * 2, idle);
-    out = s.ep_out.need<bf16>(static_cast<size_t>(R * h) * 2, idle);
+    out = moe_etp_gathers_ ? s.etp_out.need<bf16>(static_cast<size_t>(std::max<int64_t>(R, 1) * h) * 2, idle) : local_out;
     if (f8) expert_fp8_rows(r, R, true);
   }
   // FP8: each expert's rows padded with zero rows to a multiple of 16 (gpt_cuda_moe_fp8.cpp).
@@ -208,7 +220,8 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     blocks += (rows_e + cuda::kFp8BlockSize - 1) / cuda::kFp8BlockSize;
   }
   join_experts();
-  if (D.ep > 1) ep_to_owners(r, out, r.ex_out, "fwd.moe.ep.combine");
+  if (moe_etp_gathers_) etp_to_local(r, out, local_out, "fwd.moe.etp.scatter");
+  if (D.ep > 1) ep_to_owners(r, local_out, r.ex_out, "fwd.moe.ep.combine");
   MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, moe_probs_on_input_ ? moe_ones_ : r.route_weight, rt, stream_, dt_));
   if (lw.shared_fc1_w >= 0) {
     const ExpertFp8 x8 = f8 ? expert_fp8(l, r, E, 0, 0) : ExpertFp8{};
@@ -218,9 +231,13 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
 
 bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
   const int64_t k = topk_, E = experts_, n = T * k;
-  const int64_t capacity = cpu::expert_capacity(moe_capacity_factor_, T, k, E);
+  const int64_t capacity = moe_capacity_factor_ > 0 ? cpu::expert_capacity(moe_capacity_factor_, T, k, E) : T + 1;
   r.pads = 0;
-  if (capacity > T) return false;  // Megatron: no dropping when every token fits
+  const bool drops = capacity <= T;  // Megatron: no dropping when every token fits
+  if (!drops && !moe_own_rows_) return false;
+  // (expert-TP other than TP: this TP rank's slice of the tokens, [first, last); the others' choices get no row here)
+  const int64_t first = moe_own_rows_ ? T / tp_size_ * tp_rank_ : 0, last = moe_own_rows_ ? first + T / tp_size_ : T;
+  const auto mine = [&](int64_t token) { return token >= first && token < last; };
   capacity_top_.resize(static_cast<size_t>(n));
   capacity_weight_.resize(static_cast<size_t>(n));
   MT_PROF("fwd.moe.capacity", {
@@ -231,22 +248,31 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
       capacity_order_ = cpu::megatron_token_order(T, S);
       capacity_order_size_ = {T, S};
     }
-    capacity_keep_.assign(static_cast<size_t>(n), 0);
-    cpu::capacity_keep(capacity_top_.data(), capacity_weight_.data(), capacity_order_, k, E, capacity, moe_drop_by_probability_, capacity_keep_.data());
-    // Expert-major rows of the kept choices, each expert's in token order (as moe_permute places them); padding to
-    // capacity, the tokens each expert takes beside them (Megatron's capacity mask, as the CPU engine's), the expert's
-    // rows in token order again.
+    capacity_keep_.assign(static_cast<size_t>(n), 1);
+    if (drops) {
+      cpu::capacity_keep(capacity_top_.data(), capacity_weight_.data(), capacity_order_, k, E, capacity, moe_drop_by_probability_,
+                         capacity_keep_.data());
+    }
+    // Expert-major rows of the kept choices (this rank's slice's), each expert's in token order (as moe_permute places
+    // them); padding to capacity, the tokens each expert takes beside them (Megatron's capacity mask, as the CPU
+    // engine's; the slice's), the expert's rows in token order again.
     std::vector<std::vector<int64_t>> pads;
-    if (moe_pad_) {
+    if (moe_pad_ && drops) {
       pads = cpu::capacity_padding(capacity_top_.data(), capacity_keep_.data(), capacity_order_, k, E, capacity);
-      for (auto& p : pads) std::sort(p.begin(), p.end());
+      for (auto& p : pads) {
+        p.erase(std::remove_if(p.begin(), p.end(), [&](int64_t t) { return !mine(t); }), p.end());
+        std::sort(p.begin(), p.end());
+      }
     }
+    // (the kept counts, every token's: the statistics'; r.per_expert the slice's rows)
     std::vector<int32_t> kept(static_cast<size_t>(E), 0);
+    r.per_expert.assign(static_cast<size_t>(E), 0);
     for (int64_t i = 0; i < n; ++i) {
-      if (capacity_keep_[static_cast<size_t>(i)]) ++kept[static_cast<size_t>(capacity_top_[static_cast<size_t>(i)])];
+      if (!capacity_keep_[static_cast<size_t>(i)]) continue;
+      ++kept[static_cast<size_t>(capacity_top_[static_cast<size_t>(i)])];
+      if (mine(i / k)) ++r.per_expert[static_cast<size_t>(capacity_top_[static_cast<size_t>(i)])];
     }
-    r.per_expert = kept;
-    for (int64_t e = 0; moe_pad_ && e < E; ++e) r.per_expert[static_cast<size_t>(e)] += static_cast<int32_t>(pads[static_cast<size_t>(e)].size());
+    for (int64_t e = 0; !pads.empty() && e < E; ++e) r.per_expert[static_cast<size_t>(e)] += static_cast<int32_t>(pads[static_cast<size_t>(e)].size());
     // Each expert's rows from its first: a kept choice of token t takes the next row after the pads of tokens before t.
     std::vector<int32_t> at(static_cast<size_t>(E), 0);
     for (int64_t e = 1; e < E; ++e) {
@@ -257,14 +283,14 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
     capacity_pad_map_.clear();
     auto pads_before = [&](int64_t e, int64_t token) {  // the expert's pads of tokens before `token`, placed
       const auto e_ = static_cast<size_t>(e);
-      while (moe_pad_ && next_pad[e_] < pads[e_].size() && pads[e_][next_pad[e_]] < token) {
+      while (!pads.empty() && next_pad[e_] < pads[e_].size() && pads[e_][next_pad[e_]] < token) {
         capacity_pad_map_.push_back(at[e_]++);
         capacity_pad_map_.push_back(static_cast<int32_t>(pads[e_][next_pad[e_]++]));
       }
     };
     for (int64_t i = 0; i < n; ++i) {
       const auto ii = static_cast<size_t>(i);
-      if (!capacity_keep_[ii]) {
+      if (!capacity_keep_[ii] || !mine(i / k)) {
         capacity_row_[ii] = -1;
         continue;
       }
@@ -376,24 +402,36 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
                                                         stream_, dt_));
   // (padding rows: weight 0, so no output gradient; their input gradients are read by no token)
   if (r.pads > 0) MT_PROF("bwd.moe.combine", cuda::moe_pad_rows(s.ex_dout, nullptr, r.pad_map, r.pads, h, stream_, dt_));
-  // This rank's experts' rows and buffers (under expert parallelism the output gradients travel to them first).
+  // This rank's experts' rows and buffers (under expert parallelism the output gradients travel to them first, and with
+  // expert-TP's gather they are gathered as the rows were).
   bf16 *dout = s.ex_dout, *rows = r.ex_rows, *fc1 = r.ex_fc1, *act = r.ex_act, *dact = s.ex_dact, *dfc1 = s.ex_dfc1, *din = s.ex_din;
-  if (D.ep > 1) {
+  bf16* local_din = s.ex_din;  // (this rank's rows' input gradients, before the way back over EP)
+  if (moe_rows_travel()) {
     const auto idle = [this] { host_wait("the MoE layer's expert buffers"); };
-    int64_t R = 0;
+    int64_t R = 0;  // (the experts' rows: gathered over expert-TP where it gathers)
     for (int32_t n : r.per_expert) R += n;
-    dout = s.ep_dout.need<bf16>(static_cast<size_t>(R * h) * 2, idle);
-    din = s.ep_din.need<bf16>(static_cast<size_t>(R * h) * 2, idle);
+    const int64_t local = moe_etp_gathers_ ? r.local_rows : R;  // (this rank's own, or what EP brought)
+    if (D.ep > 1) {
+      dout = s.ep_dout.need<bf16>(static_cast<size_t>(std::max<int64_t>(local, 1) * h) * 2, idle);
+      local_din = s.ep_din.need<bf16>(static_cast<size_t>(std::max<int64_t>(local, 1) * h) * 2, idle);
+      // (FP8 models: the owner layout's padding rows zero before they travel; FP8 layers: the experts' FP8 scratch for
+      // what arrives)
+      if (moe_row_align_ > 1) zero_expert_padding(s.ex_dout, h, r.owner_per_expert, stream_);
+      if (fp8_layer(l)) expert_fp8_rows(r, R, false);
+      ep_to_experts(r, s.ex_dout, dout, "bwd.moe.ep.dispatch");
+    }
+    din = local_din;
+    if (moe_etp_gathers_) {
+      bf16* gathered = s.etp_dout.need<bf16>(static_cast<size_t>(std::max<int64_t>(R, 1) * h) * 2, idle);
+      etp_to_experts(r, dout, gathered, "bwd.moe.etp.gather");
+      dout = gathered;
+      din = s.etp_din.need<bf16>(static_cast<size_t>(std::max<int64_t>(R, 1) * h) * 2, idle);
+    }
     dact = s.ep_dact.need<bf16>(static_cast<size_t>(R * Fm) * 2, idle);
     dfc1 = s.ep_dfc1.need<bf16>(static_cast<size_t>(R * F1m) * 2, idle);
-    rows = r.ep_rows.get<bf16>();
+    rows = moe_etp_gathers_ ? r.etp_rows.get<bf16>() : r.ep_rows.get<bf16>();
     fc1 = r.ep_fc1.get<bf16>();
     act = r.ep_act.get<bf16>();
-    // (FP8 models: the owner layout's padding rows zero before they travel; FP8 layers: the experts' FP8 scratch for
-    // what arrives)
-    if (moe_row_align_ > 1) zero_expert_padding(s.ex_dout, h, r.owner_per_expert, stream_);
-    if (fp8_layer(l)) expert_fp8_rows(r, R, false);
-    ep_to_experts(r, s.ex_dout, dout, "bwd.moe.ep.dispatch");
   }
   const bool f8 = fp8_layer(l);
   if (f8) zero_expert_padding(dout, h, r.per_expert, stream_);
@@ -425,7 +463,8 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
       off += align_rows(n);
     }
   }
-  if (D.ep > 1) ep_to_owners(r, din, s.ex_din, "bwd.moe.ep.combine");
+  if (moe_etp_gathers_) etp_to_local(r, din, local_din, "bwd.moe.etp.scatter");
+  if (D.ep > 1) ep_to_owners(r, local_din, s.ex_din, "bwd.moe.ep.combine");
   if (moe_probs_on_input_) {
     // Each choice's weight gradient: <its row's input gradient, the token's row> (the combine-backward kernel's dot, its
     // rows written into the no longer needed output-gradient rows); the input gradient then takes the weights.

@@ -53,6 +53,13 @@ struct CudaGPT::Record {
   // x^T and block scales for the rows that arrive (ex_f8_xt's part; they grow with them).
   std::vector<int32_t> owner_per_expert;
   GrowingBuffer ep_f8_xt[2], ep_f8_xt_scale[2];
+  // Expert-TP other than TP, over an expert-TP group of more than one rank (gpt_cuda_expert_tensor_parallel.cpp): the
+  // rows gathered from every expert-TP rank (expert-major, each expert's in rank order), etp_counts[q][j] the rows rank
+  // q brought to local expert j, etp_block the rows of each rank's block in the gather (the most any rank has), and
+  // local_rows this rank's own (before the gather).
+  GrowingBuffer etp_rows;
+  std::vector<std::vector<int64_t>> etp_counts;
+  int64_t etp_block = 0, local_rows = 0;
   // --moe-pad-expert-input-to-capacity: the padding rows' (row, token) pairs (moe_pad_rows) and how many.
   int32_t* pad_map = nullptr;
   int64_t pads = 0;
@@ -102,6 +109,11 @@ struct CudaGPT::Scratch {
   // counts_host holding 2E then).
   GrowingBuffer ep_transit, ep_out, ep_dout, ep_din, ep_dact, ep_dfc1;
   int32_t* ep_counts = nullptr;
+  // Expert-TP's gather: every rank's block of rows in transit, the gathered rows' outputs or output gradients, their
+  // input gradients, and the counts per local expert gathered [(expert-TP + 1) x local experts] (the host's in a pinned
+  // copy of its own).
+  GrowingBuffer etp_transit, etp_out, etp_dout, etp_din;
+  int32_t *etp_counts = nullptr, *etp_counts_host = nullptr;
   int32_t* permute_parts = nullptr;  // the permutation's counts, then first rows, per chunk of choices and expert
   // FP8 layers: an FP8 operand [T, widest] (the forward's input, the backward's dy), dy^T for the weight gradient,
   // and the scalars f8_scalar(i) (256 bytes apart, the alignment cuBLASLt assumes of its scale pointers): 2 dy's
