@@ -51,7 +51,7 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   const auto& ck = cfg.checkpoint;
   host_ = std::make_unique<ParamStore>();
   // One layout per model chunk of this stage (interleaving: every virtual stage of this rank), one store.
-  // (expert parallelism: this rank's experts; expert-TP: their shards, expert-TP = TP on this engine)
+  // (expert parallelism: this rank's experts; expert-TP: their shards)
   chunk_layouts_ = build_model_chunks(cfg,
                                       {groups_.tp->rank(), groups_.tp->size(), groups_.pp->rank(), groups_.pp->size(), groups_.ep->rank(), groups_.ep->size(),
                                        groups_.expert_tp->rank(), groups_.expert_tp->size()},
@@ -179,7 +179,7 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     if (cfg.precision.fp16) throw std::logic_error("CUDA engine: expert parallelism in fp16");
     // (EP = DP: the all-to-alls on the DP group's communicator, the same members in the same order, so that they and the
     // overlapped DP reductions are ordered by one communicator; EP < DP with the overlaps is refused by name)
-    if (groups_.ep->size() == dp_) {
+    if (groups_.ep->size() == dp_ && groups_.expert_tp == groups_.tp) {  // (folded layouts: EP may be the TP group's ranks instead)
       if (groups_.ep->rank() != dp_rank_) throw std::logic_error("CUDA engine: EP = DP with another rank order");
       ep_nccl_ = dp_nccl_;
     } else {

@@ -278,7 +278,8 @@ int main() {
   // routed over all of them as before (under TP top-8: every expert chosen, as above), and with an expert-TP group of
   // more than one rank the rows gathered over it. TP 2 = expert-TP 1 x EP 2 (the EP group is the TP group): SwiGLU,
   // GELU with biases, the shared expert, a capacity (dropping by position, so that the TP layers' rounding cannot move
-  // a drop), recomputed; with DP 2 (expert-DP 2: each expert's gradient from two ranks' rows); TP 4 = expert-TP 2 x EP 2;
+  // a drop), recomputed; with DP 2 (expert-DP 2: each expert's gradient from two ranks' rows; the EP group is not the
+  // DP group); TP 4 = expert-TP 2 x EP 2;
   // TP 1 with expert-TP 2 over DP 2 (each rank's rows gathered with the other replica's), with a capacity padded to.
   test_expert_parallel("llama", {.ep = 2, .tp = 2, .etp = 1, .dp = 1}, "--moe-router-topk 8 ");
   test_expert_parallel("gpt-bias", {.ep = 2, .tp = 2, .etp = 1, .dp = 1}, "--moe-router-topk 8 ");
@@ -288,7 +289,7 @@ int main() {
   test_expert_parallel("llama", {.ep = 2, .tp = 2, .etp = 1, .dp = 1},
                        "--moe-router-topk 8 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
   test_expert_parallel("llama", {.ep = 2, .tp = 2, .etp = 1, .dp = 2}, "--moe-router-topk 8 ");
-  test_expert_parallel("llama", {.ep = 2, .tp = 4, .etp = 2, .dp = 1}, "--moe-router-topk 8 ");
+  test_expert_parallel("gpt", {.ep = 2, .tp = 4, .etp = 2, .dp = 1}, "--moe-router-topk 8 ");  // (GPT: a head per TP rank, no K/V replication)
   test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2});
   test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2},
                        "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity ");

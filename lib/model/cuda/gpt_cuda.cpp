@@ -78,7 +78,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     if (D.fp8 || cfg.moe.moe_apply_probs_on_input || D.cp > 1) {
       throw std::logic_error("CudaGPT: expert-TP other than TP with FP8, --moe-apply-probs-on-input or CP (refused by the capability checks)");
     }
-    moe_own_rows_ = true;
+    moe_own_rows_ = D.tp > 1;  // (at TP 1 every row is this rank's)
     moe_etp_gathers_ = D.etp > 1;
   }
   if (D.tp > 1) {

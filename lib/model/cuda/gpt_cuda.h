@@ -593,7 +593,8 @@ class CudaGPT {
   // of the microbatch (every TP rank still routes all of the TP group's rows, as with expert-TP = TP, so the statistics,
   // the capacity and the router's gradients are unchanged; the other ranks' choices get row -1, as dropped ones do), so
   // the combined output is complete on the slice's rows and zero elsewhere, and the layer's TP reduction sums the slices.
-  // moe_own_rows_: that mode; moe_etp_gathers_: with an expert-TP group of more than one rank, whose rows are gathered.
+  // moe_own_rows_: that mode (TP > 1); moe_etp_gathers_: with an expert-TP group of more than one rank, whose rows are
+  // gathered.
   bool moe_own_rows_ = false, moe_etp_gathers_ = false;
   // The experts' rows come from other ranks (EP's all-to-all, or expert-TP's gather): their buffers grow with them.
   bool moe_rows_travel() const { return D_.ep > 1 || moe_etp_gathers_; }

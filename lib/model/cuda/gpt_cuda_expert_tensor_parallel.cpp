@@ -57,7 +57,7 @@ int64_t CudaGPT::etp_gather(Record& r, const bf16* local, int64_t local_rows) {
     MT_CUDA_CHECK(cudaMemcpyAsync(s.etp_counts, host, static_cast<size_t>(El) * 4, cudaMemcpyHostToDevice, stream_));
     etp_->all_gather_on(s.etp_counts, s.etp_counts + El, El, WireType::kF32, stream_);  // (4-byte integers, moved as they are)
     MT_CUDA_CHECK(cudaMemcpyAsync(host + El, s.etp_counts + El, static_cast<size_t>(n * El) * 4, cudaMemcpyDeviceToHost, stream_));
-    host_wait("the MoE layer's expert counts (expert-TP all-gather)");
+    etp_->host_wait_on(stream_, "the MoE layer's expert counts (expert-TP all-gather)");
   });
   r.etp_counts.assign(static_cast<size_t>(n), std::vector<int64_t>(static_cast<size_t>(El)));
   r.local_rows = local_rows;
@@ -78,7 +78,7 @@ int64_t CudaGPT::etp_gather(Record& r, const bf16* local, int64_t local_rows) {
     rows += total;
   }
   r.per_expert = gathered;
-  bf16* into = r.etp_rows.need<bf16>(static_cast<size_t>(std::max<int64_t>(rows, 1) * h) * 2, [this] { host_wait("the expert-TP rows' buffer"); });
+  bf16* into = r.etp_rows.need<bf16>(static_cast<size_t>(std::max<int64_t>(rows, 1) * h) * 2, [this] { etp_->host_wait_on(stream_, "the expert-TP rows' buffer"); });
   etp_to_experts(r, local, into, "fwd.moe.etp.gather");
   return rows;
 }
@@ -87,7 +87,7 @@ void CudaGPT::etp_to_experts(const Record& r, const bf16* local, bf16* gathered,
   Scratch& s = *s_;
   const int64_t n = D_.etp, h = D_.h, block = std::max<int64_t>(r.etp_block, 1);
   // (n + 1 blocks: this rank's rows staged in the last, padded to the block, the gathered blocks before it)
-  bf16* transit = s.etp_transit.need<bf16>(static_cast<size_t>((n + 1) * block * h) * 2, [this] { host_wait("the expert-TP transit buffer"); });
+  bf16* transit = s.etp_transit.need<bf16>(static_cast<size_t>((n + 1) * block * h) * 2, [this] { etp_->host_wait_on(stream_, "the expert-TP transit buffer"); });
   bf16* stage = transit + n * block * h;
   MT_PROF(name, {
     if (r.local_rows > 0) {
@@ -101,7 +101,7 @@ void CudaGPT::etp_to_experts(const Record& r, const bf16* local, bf16* gathered,
 void CudaGPT::etp_to_local(const Record& r, const bf16* gathered, bf16* local, const char* name) {
   Scratch& s = *s_;
   const int64_t n = D_.etp, h = D_.h, block = std::max<int64_t>(r.etp_block, 1);
-  bf16* transit = s.etp_transit.need<bf16>(static_cast<size_t>((n + 1) * block * h) * 2, [this] { host_wait("the expert-TP transit buffer"); });
+  bf16* transit = s.etp_transit.need<bf16>(static_cast<size_t>((n + 1) * block * h) * 2, [this] { etp_->host_wait_on(stream_, "the expert-TP transit buffer"); });
   bf16* summed = transit + n * block * h;
   MT_PROF(name, {
     // (the rows past a rank's count in its block are summed too, and never read)
