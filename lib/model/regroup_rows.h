@@ -40,4 +40,24 @@ inline std::vector<RowBlockMove> regroup_moves(const std::vector<std::vector<int
   return moves;
 }
 
+// Expert-TP's gather (the CUDA engine's gpt_cuda_expert_tensor_parallel.cpp): rank a's rows, counts[a][b] for local
+// expert b, sit in a block of `block` rows starting at a x block (block: at least every rank's total); the moves from
+// those blocks to the expert-major order (to_experts) or back, the blocks' unused rows left out.
+inline std::vector<RowBlockMove> padded_block_moves(const std::vector<std::vector<int64_t>>& counts, int64_t block, bool to_experts) {
+  // (each rank's unused rows as a last column, which lands after every expert's rows in the expert-major order)
+  std::vector<std::vector<int64_t>> padded = counts;
+  int64_t real = 0;
+  for (auto& a : padded) {
+    int64_t n = 0;
+    for (int64_t c : a) n += c;
+    real += n;
+    a.push_back(block - n);
+  }
+  std::vector<RowBlockMove> moves;
+  for (const RowBlockMove& m : regroup_moves(padded, !to_experts)) {
+    if ((to_experts ? m.to : m.from) < real) moves.push_back(m);
+  }
+  return moves;
+}
+
 }  // namespace mt

@@ -13,6 +13,7 @@
 #include "grad_check.h"
 #include "kernels/cpu/router.h"
 #include "model/gpt_model.h"
+#include "model/regroup_rows.h"
 #include "tensor/device_info.h"
 #include "tiny_models.h"
 #include "train/capabilities.h"
@@ -137,6 +138,53 @@ TEST_CASE("capacity: a hand-worked example of both drop policies and padding") {
   // 1, 3, so `position` keeps rows 0 and 2 (the first position of both sequences), not the first sequence.
   capacity_keep(top.data(), weight.data(), megatron_token_order(4, 2), 1, 2, 2, false, keep.data());
   CHECK(keep == std::vector<uint8_t>{1, 0, 1, 1});
+}
+
+TEST_CASE("the CUDA engine's host placement of the experts' rows: drops, pads, a TP rank's slice, alignment") {
+  // 4 tokens, top-2 over 3 experts; token 3's choice of expert 0 dropped; padding: expert 1 takes token 2, expert 2
+  // token 3. Each expert's rows in token order, its pads among them by token.
+  const std::vector<int32_t> top = {0, 1, 1, 2, 0, 2, 1, 0};
+  const std::vector<uint8_t> keep = {1, 1, 1, 1, 1, 1, 1, 0};
+  const std::vector<std::vector<int64_t>> pads = {{}, {2}, {3}};
+  // Every token: expert 0 rows 0-1 (t0, t2), expert 1 rows 2-5 (t0, t1, pad t2, t3), expert 2 rows 6-8 (t1, t2, pad t3).
+  ExpertRows all = place_expert_rows(top.data(), keep.data(), pads, 4, 2, 3, 0, 4, 1);
+  CHECK(all.per_expert == std::vector<int32_t>{2, 4, 3});
+  CHECK(all.row == std::vector<int32_t>{0, 2, 3, 6, 1, 7, 5, -1});
+  CHECK(all.pad_map == std::vector<int32_t>{4, 2, 8, 3});
+  // The second of two TP ranks' slices (tokens 2 and 3): the first slice's choices get no row, its pads stay.
+  ExpertRows second = place_expert_rows(top.data(), keep.data(), pads, 4, 2, 3, 2, 4, 1);
+  CHECK(second.per_expert == std::vector<int32_t>{1, 2, 2});
+  CHECK(second.row == std::vector<int32_t>{-1, -1, -1, -1, 0, 3, 2, -1});
+  CHECK(second.pad_map == std::vector<int32_t>{1, 2, 4, 3});
+  // The first slice, each expert's block at a multiple of 16 (FP8): the other slice's pads left out.
+  ExpertRows first = place_expert_rows(top.data(), keep.data(), pads, 4, 2, 3, 0, 2, 16);
+  CHECK(first.per_expert == std::vector<int32_t>{1, 2, 1});
+  CHECK(first.row == std::vector<int32_t>{0, 16, 17, 32, -1, -1, -1, -1});
+  CHECK(first.pad_map.empty());
+  // Without pads (no padding to capacity).
+  ExpertRows plain = place_expert_rows(top.data(), keep.data(), {}, 4, 2, 3, 0, 4, 1);
+  CHECK(plain.per_expert == std::vector<int32_t>{2, 3, 2});
+  CHECK(plain.row == std::vector<int32_t>{0, 2, 3, 5, 1, 6, 4, -1});
+}
+
+TEST_CASE("expert-TP's block moves: rank-major blocks padded to the largest count <-> expert-major rows") {
+  // Two expert-TP ranks, two local experts: rank 0 brings 1 row of expert 0 and 2 of expert 1, rank 1 one row of
+  // expert 1; blocks of 3 rows (rank 1's last two rows unused).
+  const std::vector<std::vector<int64_t>> counts = {{1, 2}, {0, 1}};
+  const auto to_experts = padded_block_moves(counts, 3, true);
+  REQUIRE(to_experts.size() == 3);
+  CHECK((to_experts[0].from == 0 && to_experts[0].to == 0 && to_experts[0].rows == 1));  // rank 0's expert 0
+  CHECK((to_experts[1].from == 1 && to_experts[1].to == 1 && to_experts[1].rows == 2));  // rank 0's expert 1
+  CHECK((to_experts[2].from == 3 && to_experts[2].to == 3 && to_experts[2].rows == 1));  // rank 1's expert 1, from its block
+  const auto back = padded_block_moves(counts, 3, false);
+  REQUIRE(back.size() == 3);
+  CHECK((back[2].from == 3 && back[2].to == 3 && back[2].rows == 1));
+  // Blocks larger than every count: rank 1's rows start at its block.
+  const auto wide = padded_block_moves({{1, 0}, {1, 1}}, 4, true);
+  REQUIRE(wide.size() == 3);
+  CHECK((wide[0].from == 0 && wide[0].to == 0));  // rank 0's expert 0
+  CHECK((wide[1].from == 4 && wide[1].to == 1));  // rank 1's expert 0 after it
+  CHECK((wide[2].from == 5 && wide[2].to == 2));  // rank 1's expert 1
 }
 
 TEST_CASE("auxiliary losses: the scores' and the z-loss's gradients") {

@@ -197,6 +197,48 @@ std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const uin
   return pad;
 }
 
+ExpertRows place_expert_rows(const int32_t* top, const uint8_t* keep, const std::vector<std::vector<int64_t>>& pads, int64_t n, int64_t topk,
+                             int64_t experts, int64_t first, int64_t last, int64_t align) {
+  const auto mine = [&](int64_t token) { return token >= first && token < last; };
+  const auto E = static_cast<size_t>(experts);
+  ExpertRows out;
+  out.per_expert.assign(E, 0);
+  // (the slice's pads, in token order)
+  std::vector<std::vector<int64_t>> slice(E);
+  for (size_t e = 0; e < E && !pads.empty(); ++e) {
+    for (int64_t t : pads[e]) {
+      if (mine(t)) slice[e].push_back(t);
+    }
+    std::sort(slice[e].begin(), slice[e].end());
+    out.per_expert[e] += static_cast<int32_t>(slice[e].size());
+  }
+  for (int64_t i = 0; i < n * topk; ++i) {
+    if (keep[i] && mine(i / topk)) ++out.per_expert[static_cast<size_t>(top[i])];
+  }
+  // Each expert's rows from its first: a kept choice of token t takes the next row after the pads of tokens before t.
+  std::vector<int32_t> at(E, 0);
+  for (size_t e = 1; e < E; ++e) {
+    const int64_t prev = out.per_expert[e - 1];
+    at[e] = at[e - 1] + static_cast<int32_t>((prev + align - 1) / align * align);
+  }
+  std::vector<size_t> next(E, 0);
+  const auto pads_before = [&](size_t e, int64_t token) {  // the expert's pads of tokens before `token`, placed
+    while (next[e] < slice[e].size() && slice[e][next[e]] < token) {
+      out.pad_map.push_back(at[e]++);
+      out.pad_map.push_back(static_cast<int32_t>(slice[e][next[e]++]));
+    }
+  };
+  out.row.assign(static_cast<size_t>(n * topk), -1);
+  for (int64_t i = 0; i < n * topk; ++i) {
+    if (!keep[i] || !mine(i / topk)) continue;
+    const auto e = static_cast<size_t>(top[i]);
+    pads_before(e, i / topk);
+    out.row[static_cast<size_t>(i)] = at[e]++;
+  }
+  for (size_t e = 0; e < E; ++e) pads_before(e, n);
+  return out;
+}
+
 void aux_scores(const float* logits, int64_t n, int64_t experts, bool sigmoid_scores, float* scores) {
   for (int64_t t = 0; t < n; ++t) {
     const float* x = logits + t * experts;

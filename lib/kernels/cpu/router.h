@@ -41,6 +41,17 @@ std::vector<int64_t> megatron_token_order(int64_t n, int64_t seq_length);
 std::vector<std::vector<int64_t>> capacity_padding(const int32_t* top, const uint8_t* keep, const std::vector<int64_t>& order, int64_t topk,
                                                    int64_t experts, int64_t capacity);
 
+// The experts' rows of n tokens' choices as the CUDA engine lays them out on the host (CudaGPT::moe_capacity):
+// expert-major, each expert's rows in token order with its padding tokens (pads[e], from capacity_padding; may be
+// empty: none) placed among its kept ones by token, each expert's block starting at a multiple of `align` (FP8: 16).
+// Only the tokens in [first, last) take rows (a TP rank's slice, with expert-TP other than TP). row[n k]: the choice's
+// row (-1: dropped, or another slice's token); per_expert[E]: the rows (pads included); pad_map: (row, token) pairs.
+struct ExpertRows {
+  std::vector<int32_t> row, per_expert, pad_map;
+};
+ExpertRows place_expert_rows(const int32_t* top, const uint8_t* keep, const std::vector<std::vector<int64_t>>& pads, int64_t n, int64_t topk,
+                             int64_t experts, int64_t first, int64_t last, int64_t align);
+
 // The scores the load-balancing losses use (compute_routing_scores_for_aux_loss): softmax over all experts, or
 // sigmoid normalised to sum 1 per token; and the top-k of them (no bias, no groups, no capacity): counts[E] += .
 void aux_scores(const float* logits, int64_t n, int64_t experts, bool sigmoid, float* scores);

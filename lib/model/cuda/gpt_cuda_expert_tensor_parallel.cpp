@@ -21,17 +21,7 @@ namespace {
 // (expert j's rows from rank 0, then rank 1, ...). to_experts: blocks -> expert-major, else back.
 void move_blocks(bf16* to, const bf16* from, const std::vector<std::vector<int64_t>>& counts, int64_t block, int64_t h, bool to_experts,
                  cudaStream_t st) {
-  // (each rank's block padded by a last column of its unused rows, which land after every expert's rows and are skipped)
-  std::vector<std::vector<int64_t>> padded = counts;
-  int64_t real = 0;
-  for (auto& q : padded) {
-    int64_t n = 0;
-    for (int64_t c : q) n += c;
-    real += n;
-    q.push_back(block - n);
-  }
-  for (const RowBlockMove& m : regroup_moves(padded, !to_experts)) {
-    if ((to_experts ? m.to : m.from) >= real) continue;
+  for (const RowBlockMove& m : padded_block_moves(counts, block, to_experts)) {
     MT_CUDA_CHECK(cudaMemcpyAsync(to + m.to * h, from + m.from * h, static_cast<size_t>(m.rows * h) * sizeof(bf16), cudaMemcpyDeviceToDevice, st));
   }
 }

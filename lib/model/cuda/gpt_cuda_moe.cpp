@@ -237,7 +237,6 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
   if (!drops && !moe_own_rows_) return false;
   // (expert-TP other than TP: this TP rank's slice of the tokens, [first, last); the others' choices get no row here)
   const int64_t first = moe_own_rows_ ? T / tp_size_ * tp_rank_ : 0, last = moe_own_rows_ ? first + T / tp_size_ : T;
-  const auto mine = [&](int64_t token) { return token >= first && token < last; };
   capacity_top_.resize(static_cast<size_t>(n));
   capacity_weight_.resize(static_cast<size_t>(n));
   MT_PROF("fwd.moe.capacity", {
@@ -253,51 +252,19 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
       cpu::capacity_keep(capacity_top_.data(), capacity_weight_.data(), capacity_order_, k, E, capacity, moe_drop_by_probability_,
                          capacity_keep_.data());
     }
-    // Expert-major rows of the kept choices (this rank's slice's), each expert's in token order (as moe_permute places
-    // them); padding to capacity, the tokens each expert takes beside them (Megatron's capacity mask, as the CPU
-    // engine's; the slice's), the expert's rows in token order again.
+    // Padding to capacity: the tokens each expert takes beside its kept ones (Megatron's capacity mask, as the CPU
+    // engine's). The kept counts, every token's, are the statistics'; the rows (expert-major, as moe_permute places
+    // them, with the pads among them by token) only this rank's slice's.
     std::vector<std::vector<int64_t>> pads;
-    if (moe_pad_ && drops) {
-      pads = cpu::capacity_padding(capacity_top_.data(), capacity_keep_.data(), capacity_order_, k, E, capacity);
-      for (auto& p : pads) {
-        p.erase(std::remove_if(p.begin(), p.end(), [&](int64_t t) { return !mine(t); }), p.end());
-        std::sort(p.begin(), p.end());
-      }
-    }
-    // (the kept counts, every token's: the statistics'; r.per_expert the slice's rows)
+    if (moe_pad_ && drops) pads = cpu::capacity_padding(capacity_top_.data(), capacity_keep_.data(), capacity_order_, k, E, capacity);
     std::vector<int32_t> kept(static_cast<size_t>(E), 0);
-    r.per_expert.assign(static_cast<size_t>(E), 0);
     for (int64_t i = 0; i < n; ++i) {
-      if (!capacity_keep_[static_cast<size_t>(i)]) continue;
-      ++kept[static_cast<size_t>(capacity_top_[static_cast<size_t>(i)])];
-      if (mine(i / k)) ++r.per_expert[static_cast<size_t>(capacity_top_[static_cast<size_t>(i)])];
+      if (capacity_keep_[static_cast<size_t>(i)]) ++kept[static_cast<size_t>(capacity_top_[static_cast<size_t>(i)])];
     }
-    for (int64_t e = 0; !pads.empty() && e < E; ++e) r.per_expert[static_cast<size_t>(e)] += static_cast<int32_t>(pads[static_cast<size_t>(e)].size());
-    // Each expert's rows from its first: a kept choice of token t takes the next row after the pads of tokens before t.
-    std::vector<int32_t> at(static_cast<size_t>(E), 0);
-    for (int64_t e = 1; e < E; ++e) {
-      at[static_cast<size_t>(e)] = at[static_cast<size_t>(e - 1)] + static_cast<int32_t>(align_rows(r.per_expert[static_cast<size_t>(e - 1)]));
-    }
-    std::vector<size_t> next_pad(static_cast<size_t>(E), 0);
-    capacity_row_.resize(static_cast<size_t>(n));
-    capacity_pad_map_.clear();
-    auto pads_before = [&](int64_t e, int64_t token) {  // the expert's pads of tokens before `token`, placed
-      const auto e_ = static_cast<size_t>(e);
-      while (!pads.empty() && next_pad[e_] < pads[e_].size() && pads[e_][next_pad[e_]] < token) {
-        capacity_pad_map_.push_back(at[e_]++);
-        capacity_pad_map_.push_back(static_cast<int32_t>(pads[e_][next_pad[e_]++]));
-      }
-    };
-    for (int64_t i = 0; i < n; ++i) {
-      const auto ii = static_cast<size_t>(i);
-      if (!capacity_keep_[ii] || !mine(i / k)) {
-        capacity_row_[ii] = -1;
-        continue;
-      }
-      pads_before(capacity_top_[ii], i / k);
-      capacity_row_[ii] = at[static_cast<size_t>(capacity_top_[ii])]++;
-    }
-    for (int64_t e = 0; e < E; ++e) pads_before(e, T);
+    cpu::ExpertRows placed = cpu::place_expert_rows(capacity_top_.data(), capacity_keep_.data(), pads, T, k, E, first, last, moe_row_align_);
+    r.per_expert = std::move(placed.per_expert);
+    capacity_row_ = std::move(placed.row);
+    capacity_pad_map_ = std::move(placed.pad_map);
     r.pads = static_cast<int64_t>(capacity_pad_map_.size() / 2);
     MT_CUDA_CHECK(cudaMemcpyAsync(r.row, capacity_row_.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
     MT_CUDA_CHECK(cudaMemcpyAsync(s_->counts, kept.data(), static_cast<size_t>(E) * 4, cudaMemcpyHostToDevice, stream_));
