@@ -170,6 +170,7 @@ struct MoeConfig {
   bool moe_permute_fusion = false;
   bool moe_per_layer_logging = false;     // TensorBoard: each layer's auxiliary losses (moe/<name>_layer_<i>)
   bool moe_apply_probs_on_input = false;  // the routing weight scales the expert's input, not its output (Llama 4; top-1)
+  bool moe_router_force_load_balancing = false;  // benchmarking: random router logits (N(0, 1)), the gradient straight through
 };
 
 struct DataConfig {

@@ -199,6 +199,9 @@ std::vector<FlagSpec> build_table() {
       F(kMoe, "moe-shared-expert-overlap", moe.moe_shared_expert_overlap, "Overlap the shared expert with the dispatch (same results)"),
       F(kMoe, "moe-apply-probs-on-input", moe.moe_apply_probs_on_input,
         "Scale each expert's input by its routing weight instead of its output (Llama 4's MoE; needs --moe-router-topk 1)"),
+      F(kMoe, "moe-router-force-load-balancing", moe.moe_router_force_load_balancing,
+        "Benchmarking: random router logits (standard normal per token and expert), so the routing is balanced; their gradient "
+        "passes straight through to the router (Megatron's)"),
       F(kMoe, "moe-per-layer-logging", moe.moe_per_layer_logging,
         "Each layer's auxiliary losses to TensorBoard as moe/<name>_layer_<i> (with --tensorboard-dir)"),
       // Data

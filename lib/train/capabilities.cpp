@@ -307,6 +307,12 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
              std::to_string(expert_dp) + "): change one of them, or use --device cpu");
     }
     const bool context = par.context_parallel_size > 1;
+    // --moe-router-force-load-balancing (kernels/cuda/moe.cu: the CPU engine's random logits, model/moe_random_logits.h):
+    // written without a GPU (thirty-second session), refused by name until test_cuda_engine's MoE case has run it.
+    no(m.moe_router_force_load_balancing && !cuda_unverified_allowed("moe-force-load-balancing"),
+       "--moe-router-force-load-balancing has not run on a GPU yet on the CUDA engine: use --device cpu, or drop it");
+    no(m.moe_router_force_load_balancing && context,
+       "--moe-router-force-load-balancing with context parallelism is not implemented on the CUDA engine" + cpu);
     no(context && par.expert_model_parallel_size > 1,
        "expert parallelism with context parallelism is not implemented on the CUDA engine: use one of the two, or --device cpu");
     no(context && m.moe_expert_capacity_factor.has_value(),

@@ -53,6 +53,7 @@ DeviceMicrobatch MicrobatchSlot::upload(const Microbatch& mb, bool learned_pos, 
   MT_CUDA_CHECK(cudaEventRecord(copied_, stream));
   d.B = mb.B;
   d.S = mb.S;
+  d.first_sample = mb.first_sample;
   d.tokens = dev_;
   d.labels = dev_ + T_;
   d.positions = dev_ + 2 * T_;

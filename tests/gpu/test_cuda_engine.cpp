@@ -1422,6 +1422,11 @@ moe_tests:
   // loss tokens.
   test_moe_training("llama", "--calculate-per-token-loss --moe-aux-loss-coeff 1e-1 ");
   test_moe_training("llama-recompute", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 --moe-layer-freq [1,0] ");
+  // --moe-router-force-load-balancing (written without a GPU in the thirty-second session; refused by name as
+  // moe-force-load-balancing until these pass): the CPU engine's random logits from each token's place, the router's
+  // gradient straight through; recomputed, and with a capacity.
+  test_moe_training("llama", "--moe-router-force-load-balancing ");
+  test_moe_training("llama-recompute", "--moe-router-force-load-balancing --moe-expert-capacity-factor 1.0 --moe-token-dispatcher-type alltoall ");
   test_moe_gradients("llama", "");
   test_moe_gradients("llama", "--moe-shared-expert-intermediate-size 192 ");
   test_moe_gradients("llama-recompute", "--moe-router-score-function sigmoid ");

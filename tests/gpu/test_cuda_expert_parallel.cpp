@@ -293,6 +293,10 @@ int main() {
   test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2});
   test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2},
                        "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity ");
+  // --moe-router-force-load-balancing: the random logits from each token's place route every rank as the one model (no
+  // near-ties from the TP layers' rounding: top-2 under TP too).
+  test_expert_parallel("llama", {2}, "--moe-router-force-load-balancing ");
+  test_expert_parallel("llama", {.ep = 2, .tp = 2, .etp = 1, .dp = 1}, "--moe-router-force-load-balancing ");
   // FP8 in MoE layers under EP (tensorwise and blockwise; delayed scaling is refused with EP): each expert's block of
   // rows padded to 16 where it is routed, the padded blocks (zero rows) crossing the ranks, so the rows that arrive stay
   // 16-aligned per expert; the FP8 buffers grow with them. With the shared expert, recomputed, a capacity (padded to

@@ -336,6 +336,43 @@ TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared exper
   }
 }
 
+TEST_CASE("--moe-router-force-load-balancing: random logits from the token's place, the router's gradient straight through") {
+  Config c = tiny_decoder(true, 2);
+  c.moe.num_experts = 4;
+  c.moe.moe_router_topk = 2;
+  c.moe.moe_ffn_hidden_size = 8;
+  c.moe.moe_layer_freq = "[0,1]";
+  c.moe.moe_aux_loss_coeff = 0.5;
+  c.moe.moe_z_loss_coeff = 0.1;
+  c.moe.moe_router_force_load_balancing = true;
+  resolve(c, 1);
+  GPTModel model(c, ProcessGroups::single());
+  const Microbatch mb = tiny_batch();
+  ParamStore& ps = model.params();
+  const ParamInfo& router = ps.info(ps.index_of("layers.1.mlp.router.weight"));
+  ps.zero_grads();
+  const double loss = model.forward(mb, 1);
+  const cpu::MoeLayerStats first = model.take_moe_stats().begin()->second;
+  model.backward(1.0f);
+  // Megatron's RandomSTE: the backward treats the random logits as the router's, so its weight has a gradient.
+  double norm = 0;
+  for (int64_t e = 0; e < router.numel; ++e) norm += std::pow(ps.grads().f32()[router.offset + e], 2);
+  CHECK(norm > 0);
+  CHECK(first.z > 0);
+  // The forward reads no router weight: scaled, the same loss, routing and losses.
+  for (int64_t e = 0; e < router.numel; ++e) ps.params().f32()[router.offset + e] *= 3.0f;
+  CHECK(model.forward(mb, 1) == loss);
+  const cpu::MoeLayerStats again = model.take_moe_stats().begin()->second;
+  CHECK(again.routing_digest == first.routing_digest);
+  CHECK(again.aux == first.aux);
+  CHECK(again.z == first.z);
+  // Other samples (their global indices): other logits, another routing.
+  Microbatch later = mb;
+  later.first_sample += 1000;
+  model.forward(later, 1);
+  CHECK(model.take_moe_stats().begin()->second.routing_digest != first.routing_digest);
+}
+
 TEST_CASE("aux-loss-free balancing: the expert bias steers the choice, moves by the rate against the load, and is not trained") {
   Config c = tiny_decoder(true, 2);
   c.moe.num_experts = 4;

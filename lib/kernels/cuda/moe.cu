@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/bf16_common.cuh"
 #include "kernels/cuda/moe.h"
+#include "model/moe_random_logits.h"
 #include "tensor/cuda/cuda_check.h"
 
 namespace mt::cuda {
@@ -496,6 +497,13 @@ __global__ void router_wgrad_sum_kernel(float* dw, const float* partial, int64_t
   dw[i] += s;
 }
 
+__global__ void random_logits_kernel(float* logits, int64_t T, int64_t E, uint64_t key, int64_t layer, int64_t first_sample, int64_t S) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * E) return;
+  const int64_t t = i / E;
+  logits[i] = moe_random_logit(key, layer, first_sample + t / S, t % S, S, E, i % E);
+}
+
 // The run's 16-bit type: f(tag) with a value of it, whose type the launcher reads its bf16*-typed buffers as (P<T16>).
 template <typename F>
 void with_type(F16 dt, F&& f) {
@@ -526,6 +534,12 @@ void moe_router_logits_fp64(float* logits, const bf16* xn, const bf16* w, const 
         r.tokens, r.experts, r.hidden);
     MT_CUDA_CHECK(cudaGetLastError());
   });
+}
+
+void moe_random_logits(float* logits, const MoeRouting& r, uint64_t key, int64_t layer, int64_t first_sample, int64_t seq_length, cudaStream_t st) {
+  if (r.tokens % seq_length != 0) throw std::logic_error("moe_random_logits: the rows are not whole sequences");
+  random_logits_kernel<<<blocks(r.tokens * r.experts, 256), 256, 0, st>>>(logits, r.tokens, r.experts, key, layer, first_sample, seq_length);
+  MT_CUDA_CHECK(cudaGetLastError());
 }
 
 void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st, const float* expert_bias) {

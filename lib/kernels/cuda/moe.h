@@ -37,6 +37,10 @@ struct MoeRouting {
 void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 // --moe-router-dtype fp64: the same products (and the bias b[E], may be null) summed in double, rounded to fp32 once.
 void moe_router_logits_fp64(float* logits, const bf16* xn, const bf16* w, const bf16* b, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
+// --moe-router-force-load-balancing: logits[T, E] replaced by model/moe_random_logits.h's standard normal values for the
+// T rows of whole sequences of seq_length (row t: sample first_sample + t / seq_length, position t % seq_length) in
+// global layer `layer`, as the CPU engine draws them.
+void moe_random_logits(float* logits, const MoeRouting& r, uint64_t key, int64_t layer, int64_t first_sample, int64_t seq_length, cudaStream_t st);
 // top[T, k] (descending, ties to the lower expert; with groups, among the experts of the best group_topk groups, each
 // group scored by the sum of its best topk / group_topk scores) and weight[T, k]. expert_bias (E floats, may be null:
 // --moe-router-enable-expert-bias) is added to the scores for the choice only, not the weights.

@@ -13,6 +13,7 @@
 #include "kernels/cpu/linear.h"
 #include "model/cpu/units.h"
 #include "model/fp8_scaling.h"
+#include "model/moe_random_logits.h"
 
 namespace mt::cpu {
 
@@ -35,6 +36,7 @@ MoeOptions MoeOptions::from(const Config& cfg) {
   o.z_coeff = m.moe_z_loss_coeff.value_or(0.0);
   o.alltoall = m.moe_token_dispatcher_type == "alltoall";
   o.probs_on_input = m.moe_apply_probs_on_input;
+  o.force_balance = m.moe_router_force_load_balancing;
   return o;
 }
 
@@ -308,6 +310,13 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   c.norm_forward(A.ln.data(), A.mean.data(), A.rstd.data(), A.x.data(), ly.mlp_norm_w, ly.mlp_norm_b, Tl, h);
   A.logits.resize(sz(Tl * E));
   router_logits(c, ly, o, A.ln.data(), Tl, A.logits.data());
+  if (o.force_balance) {  // (the backward then takes them for the router's: the gradient straight through)
+    const uint64_t key = moe_random_logits_key(c.seed);
+    for (int64_t t = 0; t < Tl; ++t) {
+      const int64_t sample = c.mb.first_sample + (c.t0 + t) / c.mb.S, position = sequence_position(c.mb, c.t0 + t);
+      for (int64_t e = 0; e < E; ++e) A.logits[sz(t * E + e)] = moe_random_logit(key, ly.layer, sample, position, D.S, E, e);
+    }
+  }
   MoeLayerStats scratch;
   MoeLayerStats& st = c.moe_stats ? (*c.moe_stats)[ly.layer] : scratch;
   const bool training = c.training;

@@ -85,6 +85,7 @@ struct MoeOptions {
   double aux_coeff = 0, z_coeff = 0;
   bool alltoall = false;
   bool probs_on_input = false;  // --moe-apply-probs-on-input: the weight scales the expert's input (top-1), the combine adds
+  bool force_balance = false;   // --moe-router-force-load-balancing: random logits (model/moe_random_logits.h)
   static MoeOptions from(const Config& cfg);
   bool aux_enabled() const { return balance != "none" && aux_coeff > 0; }
 };

@@ -202,7 +202,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   for (size_t i : {where.final_norm_w, where.final_norm_b}) {
     if (i != kNoParam) final_replicated_.emplace_back(layout.info(i).offset, layout.info(i).numel);
   }
-  if (moe_layers_ > 0) setup_moe(cfg.moe, layout, max_in_flight);
+  if (moe_layers_ > 0) setup_moe(cfg.moe, layout, max_in_flight, static_cast<uint64_t>(cfg.training.seed));
   if (D.rope) {
     const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base), static_cast<double>(D.rope_scaling));
     rope_table_ = static_cast<float*>(alloc(table.size() * 4));

@@ -43,6 +43,7 @@ namespace mt {
 // One microbatch's inputs on the device (uploaded by the trainer from pinned staging buffers).
 struct DeviceMicrobatch {
   int64_t B = 0, S = 0;
+  int64_t first_sample = 0;  // the global index of its first sample (--moe-router-force-load-balancing's random logits)
   const int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr;
   const float* loss_mask = nullptr;
   // CSR of token positions per distinct token id (and per position id, with learned positions): the
@@ -282,7 +283,7 @@ class CudaGPT {
   // to s_->dxn (gpt_cuda_moe.cpp). The forward's row counts per expert wait for the device (as Megatron's dropless
   // dispatch): the expert GEMMs' sizes.
   void moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
-  void setup_moe(const MoeConfig& moe, const ParamStore& layout, int64_t max_in_flight);
+  void setup_moe(const MoeConfig& moe, const ParamStore& layout, int64_t max_in_flight, uint64_t seed);
   // The rows on the host: --moe-expert-capacity-factor's choices that fit their expert's capacity, decided as the CPU
   // engine decides them (kernels/cpu/router.h), and with moe_own_rows_ only this TP rank's slice of the tokens; r.row
   // (-1: dropped, or another TP rank's), r.per_expert (the slice's) and the kept counts (every token's, the statistics')
@@ -653,6 +654,9 @@ class CudaGPT {
   bool moe_seq_aux_ = false, moe_global_aux_ = false;  // --moe-router-load-balancing-type seq_aux_loss: the aux loss per sequence
   bool moe_sigmoid_ = false, moe_pre_softmax_ = false, moe_aux_ = false;
   bool moe_router_fp64_ = false;  // --moe-router-dtype fp64: the logits accumulated in double
+  // --moe-router-force-load-balancing: the logits replaced by random ones (model/moe_random_logits.h), their key.
+  bool moe_force_balance_ = false;
+  uint64_t moe_random_key_ = 0;
   float moe_scaling_ = 1, moe_aux_coeff_ = 0, moe_z_coeff_ = 0;
   bool moe_record_stats_ = false;
   double moe_capacity_factor_ = 0;  // 0: dropless

@@ -20,6 +20,7 @@
 #include "kernels/cuda/fp8_block.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/moe.h"
+#include "model/moe_random_logits.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/op_profiler.h"
 
@@ -27,7 +28,7 @@ namespace mt {
 
 // The MoE layers' settings, the device state they keep (the statistics, the running counts of global_aux_loss, each
 // layer's expert bias from the layout's values) and the experts' streams.
-void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t max_in_flight) {
+void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t max_in_flight, uint64_t seed) {
   const ModelDims& D = D_;
   experts_ = D.experts;
   topk_ = D.topk;
@@ -36,6 +37,9 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   moe_sigmoid_ = m.moe_router_score_function == "sigmoid";
   moe_pre_softmax_ = m.moe_router_pre_softmax;
   moe_router_fp64_ = m.moe_router_dtype == "fp64";
+  moe_force_balance_ = m.moe_router_force_load_balancing;
+  moe_random_key_ = moe_random_logits_key(seed);
+  if (moe_force_balance_ && D.cp > 1) throw std::logic_error("CUDA model: --moe-router-force-load-balancing with CP (refused by the capability checks)");
   moe_groups_ = m.moe_router_num_groups.value_or(0);
   moe_group_topk_ = m.moe_router_group_topk.value_or(0);
   moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
@@ -142,6 +146,10 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
     MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_, dt_));
   }
   if (lw.router_b >= 0 && !moe_router_fp64_) MT_PROF("fwd.moe.router", cuda::moe_router_bias(r.logits, w(lw.router_b), rt, stream_, dt_));
+  // (the backward then takes them for the router's: the gradient straight through, as Megatron's)
+  if (moe_force_balance_) {
+    MT_PROF("fwd.moe.router", cuda::moe_random_logits(r.logits, rt, moe_random_key_, first_layer_ + l, mb.first_sample, mb.S, stream_));
+  }
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
   // A capacity that drops, or this TP rank's slice of the rows (expert-TP other than TP): the host's rows and kept counts
   // (before the statistics read them), else the permutation's.
