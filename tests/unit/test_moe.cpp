@@ -240,9 +240,8 @@ TEST_CASE("--moe-layer-freq: Megatron's integer and list forms") {
 
 namespace {
 
-// Every parameter of a 2-layer model whose second layer is MoE against central differences of the whole
-// objective (lm loss + coeff x load balancing + coeff x z-loss).
-void check_moe_model(bool llama, const std::function<void(Config&)>& set) {
+// A 2-layer model whose second layer is MoE (4 experts, top-2, aux and z losses).
+Config tiny_moe_decoder(bool llama) {
   Config c = tiny_decoder(llama, 2);
   c.moe.num_experts = 4;
   c.moe.moe_router_topk = 2;
@@ -250,6 +249,13 @@ void check_moe_model(bool llama, const std::function<void(Config&)>& set) {
   c.moe.moe_layer_freq = "[0,1]";
   c.moe.moe_aux_loss_coeff = 0.5;
   c.moe.moe_z_loss_coeff = 0.1;
+  return c;
+}
+
+// Every parameter of tiny_moe_decoder against central differences of the whole objective (lm loss + coeff x load
+// balancing + coeff x z-loss).
+void check_moe_model(bool llama, const std::function<void(Config&)>& set) {
+  Config c = tiny_moe_decoder(llama);
   set(c);
   resolve(c, 1);
   GPTModel model(c, ProcessGroups::single());
@@ -337,13 +343,7 @@ TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared exper
 }
 
 TEST_CASE("--moe-router-force-load-balancing: random logits from the token's place, the router's gradient straight through") {
-  Config c = tiny_decoder(true, 2);
-  c.moe.num_experts = 4;
-  c.moe.moe_router_topk = 2;
-  c.moe.moe_ffn_hidden_size = 8;
-  c.moe.moe_layer_freq = "[0,1]";
-  c.moe.moe_aux_loss_coeff = 0.5;
-  c.moe.moe_z_loss_coeff = 0.1;
+  Config c = tiny_moe_decoder(true);
   c.moe.moe_router_force_load_balancing = true;
   resolve(c, 1);
   GPTModel model(c, ProcessGroups::single());
