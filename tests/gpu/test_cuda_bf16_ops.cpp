@@ -29,6 +29,7 @@
 #include "kernels/cuda/embedding_bf16.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/moe.h"
+#include "model/moe_random_logits.h"
 #include "kernels/cuda/norm_bf16.h"
 #include "kernels/cuda/optimizer_step.h"
 #include "kernels/cuda/qkv_layout.h"
@@ -805,6 +806,21 @@ void test_moe_dispatch(int64_t T, int64_t E, int64_t k, int64_t h, bool skew, bo
   for (int32_t* d : {d_top, d_row, d_counts, d_offsets, d_parts}) cudaFree(d);
 }
 
+// --moe-router-force-load-balancing: the kernel's random logits against the host's function (model/moe_random_logits.h,
+// the CPU engine's) for every row and expert, with a first sample and layer other than 0 (within an ulp of logf / cosf).
+void test_moe_random_logits() {
+  const int64_t S = 48, B = 3, E = 16, first_sample = 1234, layer = 5;
+  const uint64_t key = mt::moe_random_logits_key(7);
+  const cuda::MoeRouting r{B * S, E, 2, 16};
+  F32 d_logits(Vec(static_cast<size_t>(B * S * E), 0.0f));
+  cuda::moe_random_logits(d_logits.p, r, key, layer, first_sample, S, nullptr);
+  Vec want(static_cast<size_t>(B * S * E));
+  for (int64_t t = 0; t < B * S; ++t) {
+    for (int64_t e = 0; e < E; ++e) want[static_cast<size_t>(t * E + e)] = mt::moe_random_logit(key, layer, first_sample + t / S, t % S, S, E, e);
+  }
+  expect("moe random logits (--moe-router-force-load-balancing) against the host's", d_logits.get(), want, 1e-5);
+}
+
 // fp16: the router's backward takes the aux and z terms times the device-side loss scale, as the lm loss's gradient
 // (the routing weights' part) carries it. With no routing-weight gradient, the scale 1024 (a power of two) must give
 // exactly 1024 times the unscaled gradient; with the routing weights' gradient alone, exactly the unscaled one (it has
@@ -942,6 +958,7 @@ int main() {
   }
   test_device_loss_scaler();
   test_moe_router_loss_scale();
+  test_moe_random_logits();
   for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
     g_t = t;
     test_moe_dispatch(1000, 8, 2, 2048, false);  // 8 chunks of the permutation, the last one partial

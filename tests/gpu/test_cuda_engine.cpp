@@ -1429,6 +1429,7 @@ moe_tests:
   test_moe_training("llama-recompute", "--moe-router-force-load-balancing --moe-expert-capacity-factor 1.0 --moe-token-dispatcher-type alltoall ");
   test_moe_gradients("llama", "");
   test_moe_gradients("llama", "--moe-shared-expert-intermediate-size 192 ");
+  test_moe_gradients("llama", "--moe-router-force-load-balancing ");  // (the router's gradient from the random logits: every expert chosen)
   test_moe_gradients("llama-recompute", "--moe-router-score-function sigmoid ");
   test_moe_gradients("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");
   test_moe_gradients("gpt", "--num-experts 8 --moe-router-topk 8 ");  // the biases' gradients

@@ -359,10 +359,15 @@ TEST_CASE("--moe-router-force-load-balancing: random logits from the token's pla
   for (int64_t e = 0; e < router.numel; ++e) norm += std::pow(ps.grads().f32()[router.offset + e], 2);
   CHECK(norm > 0);
   CHECK(first.z > 0);
-  // The forward reads no router weight: scaled, the same loss, routing and losses.
+  const std::vector<float> grad(ps.grads().f32() + router.offset, ps.grads().f32() + router.offset + router.numel);
+  // The forward reads no router weight: scaled, the same loss, routing and losses, and the same router gradient (taken
+  // at the random logits, not at the router's own).
   for (int64_t e = 0; e < router.numel; ++e) ps.params().f32()[router.offset + e] *= 3.0f;
+  ps.zero_grads();
   CHECK(model.forward(mb, 1) == loss);
   const cpu::MoeLayerStats again = model.take_moe_stats().begin()->second;
+  model.backward(1.0f);
+  CHECK(std::vector<float>(ps.grads().f32() + router.offset, ps.grads().f32() + router.offset + router.numel) == grad);
   CHECK(again.routing_digest == first.routing_digest);
   CHECK(again.aux == first.aux);
   CHECK(again.z == first.z);

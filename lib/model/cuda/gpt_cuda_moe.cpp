@@ -147,8 +147,9 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   if (lw.router_b >= 0 && !moe_router_fp64_) MT_PROF("fwd.moe.router", cuda::moe_router_bias(r.logits, w(lw.router_b), rt, stream_, dt_));
   // (the backward then takes them for the router's: the gradient straight through, as Megatron's)
-  if (moe_force_balance_) {
-    MT_PROF("fwd.moe.router", cuda::moe_random_logits(r.logits, rt, moe_random_key_, first_layer_ + l, mb.first_sample, mb.S, stream_));
+  if (moe_force_balance_) {  // (rows in their natural order, whole sequences: no CP, which is refused)
+    if (D.cp > 1 || mb.S != D.S) throw std::logic_error("CUDA model: --moe-router-force-load-balancing needs the rows of whole sequences");
+    MT_PROF("fwd.moe.router", cuda::moe_random_logits(r.logits, rt, moe_random_key_, first_layer_ + l, mb.first_sample, D.S, stream_));
   }
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
   // A capacity that drops, or this TP rank's slice of the rows (expert-TP other than TP): the host's rows and kept counts
