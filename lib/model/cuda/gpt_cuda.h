@@ -606,6 +606,7 @@ class CudaGPT {
   int64_t etp_gather(Record& r, const cuda::bf16* local, int64_t local_rows);
   void etp_to_experts(const Record& r, const cuda::bf16* local, cuda::bf16* gathered, const char* name);
   void etp_to_local(const Record& r, const cuda::bf16* gathered, cuda::bf16* local, const char* name);
+  cuda::bf16* etp_transit(const Record& r);
   // Expert parallelism: the counts per expert exchanged, r.per_expert made this rank's experts' and their rows received
   // into r.ep_rows (returns how many); the rows of r (owner order <-> this rank's experts' order) over the EP group.
   int64_t ep_dispatch(Record& r);

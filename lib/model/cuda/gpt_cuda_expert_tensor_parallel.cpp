@@ -73,11 +73,16 @@ int64_t CudaGPT::etp_gather(Record& r, const bf16* local, int64_t local_rows) {
   return rows;
 }
 
+// The transit buffer of r's blocks: expert-TP + 1 blocks of r.etp_block rows (at least 1), the ranks' blocks then this
+// rank's own (its rows staged for the gather, or its summed rows after the reduce-scatter).
+bf16* CudaGPT::etp_transit(const Record& r) {
+  const int64_t rows = (D_.etp + 1) * std::max<int64_t>(r.etp_block, 1);
+  return s_->etp_transit.need<bf16>(static_cast<size_t>(rows * D_.h) * 2, [this] { etp_->host_wait_on(stream_, "the expert-TP transit buffer"); });
+}
+
 void CudaGPT::etp_to_experts(const Record& r, const bf16* local, bf16* gathered, const char* name) {
-  Scratch& s = *s_;
   const int64_t n = D_.etp, h = D_.h, block = std::max<int64_t>(r.etp_block, 1);
-  // (n + 1 blocks: this rank's rows staged in the last, padded to the block, the gathered blocks before it)
-  bf16* transit = s.etp_transit.need<bf16>(static_cast<size_t>((n + 1) * block * h) * 2, [this] { etp_->host_wait_on(stream_, "the expert-TP transit buffer"); });
+  bf16* transit = etp_transit(r);
   bf16* stage = transit + n * block * h;
   MT_PROF(name, {
     if (r.local_rows > 0) {
@@ -89,9 +94,8 @@ void CudaGPT::etp_to_experts(const Record& r, const bf16* local, bf16* gathered,
 }
 
 void CudaGPT::etp_to_local(const Record& r, const bf16* gathered, bf16* local, const char* name) {
-  Scratch& s = *s_;
   const int64_t n = D_.etp, h = D_.h, block = std::max<int64_t>(r.etp_block, 1);
-  bf16* transit = s.etp_transit.need<bf16>(static_cast<size_t>((n + 1) * block * h) * 2, [this] { etp_->host_wait_on(stream_, "the expert-TP transit buffer"); });
+  bf16* transit = etp_transit(r);
   bf16* summed = transit + n * block * h;
   MT_PROF(name, {
     // (the rows past a rank's count in its block are summed too, and never read)

@@ -147,15 +147,14 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   if (lw.router_b >= 0 && !moe_router_fp64_) MT_PROF("fwd.moe.router", cuda::moe_router_bias(r.logits, w(lw.router_b), rt, stream_, dt_));
   // (the backward then takes them for the router's: the gradient straight through, as Megatron's)
-  if (moe_force_balance_) {  // (rows in their natural order, whole sequences: no CP, which is refused)
-    if (D.cp > 1 || mb.S != D.S) throw std::logic_error("CUDA model: --moe-router-force-load-balancing needs the rows of whole sequences");
+  if (moe_force_balance_) {  // (rows in their natural order, whole sequences: CP is refused in setup_moe)
     MT_PROF("fwd.moe.router", cuda::moe_random_logits(r.logits, rt, moe_random_key_, first_layer_ + l, mb.first_sample, D.S, stream_));
   }
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
   // A capacity that drops, or this TP rank's slice of the rows (expert-TP other than TP): the host's rows and kept counts
   // (before the statistics read them), else the permutation's.
-  const bool dropping = (moe_capacity_factor_ > 0 || moe_own_rows_) && moe_capacity(r, T, mb.S);
-  if (!dropping) MT_PROF("fwd.moe.permute", cuda::moe_permute(r.row, s.counts, s.offsets, s.permute_parts, r.top, rt, stream_));
+  const bool host_rows = (moe_capacity_factor_ > 0 || moe_own_rows_) && moe_capacity(r, T, mb.S);
+  if (!host_rows) MT_PROF("fwd.moe.permute", cuda::moe_permute(r.row, s.counts, s.offsets, s.permute_parts, r.top, rt, stream_));
   // The aux loss's gradient per score and the statistics (a training forward; a recompute only recomputes the former).
   const bool zloss = moe_z_coeff_ > 0;
   if (moe_aux_ || zloss) {
@@ -178,9 +177,9 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
                                                  moe_global_ ? moe_global_ + lw.moe_index * (E + 1) : nullptr, moe_record_stats_));
   }
   MT_PROF("fwd.moe.gather", cuda::moe_gather(r.ex_rows, r.xn2, r.row, rt, stream_, dt_, moe_probs_on_input_ ? r.route_weight : nullptr));
-  if (dropping && r.pads > 0) MT_PROF("fwd.moe.gather", cuda::moe_pad_rows(r.ex_rows, r.xn2, r.pad_map, r.pads, h, stream_, dt_));
+  if (host_rows && r.pads > 0) MT_PROF("fwd.moe.gather", cuda::moe_pad_rows(r.ex_rows, r.xn2, r.pad_map, r.pads, h, stream_, dt_));
   // The rows per expert: the GEMMs' sizes, on the host (with a capacity, already there).
-  if (!dropping) {
+  if (!host_rows) {
     MT_PROF("fwd.moe.counts", MT_CUDA_CHECK(cudaMemcpyAsync(s.counts_host, s.counts, static_cast<size_t>(E) * 4, cudaMemcpyDeviceToHost, stream_)));
     host_wait("the MoE layer's expert counts");
     r.per_expert.assign(s.counts_host, s.counts_host + E);
