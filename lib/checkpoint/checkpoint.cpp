@@ -194,6 +194,7 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
                  {"iteration", it},
                  {"vocab_size", snap.vocab_size},
                  {"consumed_samples", st.consumed_samples},
+                 {"lr_schedule_start_samples", st.lr_schedule_start_samples},
                  {"flops_so_far", st.flops_so_far},
                  {"skipped_iterations", st.skipped},
                  {"nan_iterations", st.nan_iterations},

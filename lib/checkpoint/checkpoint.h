@@ -29,6 +29,10 @@ struct TrainState {
   double flops_so_far = 0;
   int64_t skipped = 0, nan_iterations = 0;
   LossScaler::State scaler{1.0f, 0, 0};
+  // The samples consumed when the learning-rate schedule started: 0, or the dense run's after --moe-use-upcycling
+  // (Megatron's upcycled run keeps the data position and starts a fresh schedule). The rate is the schedule's at
+  // consumed - lr_schedule_start_samples.
+  int64_t lr_schedule_start_samples = 0;
 };
 
 struct CheckpointRank {
@@ -111,6 +115,9 @@ struct LoadOptions {
   int64_t model_tensors = 0;    // the whole model's tensors, when the store holds one pipeline stage (0: the store's)
   // The run's configuration: the checkpoint's architecture settings must be its (config/model_identity.h).
   const Config* run_config = nullptr;
+  // --moe-use-upcycling (checkpoint/upcycle.h): the checkpoint holds the dense counterpart of run_config's MoE model,
+  // loaded weights only; the state returned is iteration 1, with the dense run's data position (none with --finetune).
+  bool upcycle = false;
 };
 
 // Loads into this rank's shard; throws DataError naming the file / tensor on any problem.

@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_files.h"
 #include "checkpoint/metadata_check.h"
+#include "checkpoint/upcycle.h"
 #include "config/errors.h"
 #include "config/model_identity.h"
 #include "config/yaml_io.h"
@@ -185,6 +186,8 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     throw DataError(o.dir.string() + " was trained with a vocabulary of " + std::to_string(o.meta["vocab_size"].get<int64_t>()) +
                     " tokens, this run has " + std::to_string(lo.vocab_size) + ": use the same tokenizer");
   }
+  const bool upcycle = lo.upcycle && lo.run_config;
+  if (upcycle) check_upcycling_destination(*lo.run_config);
   if (lo.run_config && o.meta.contains("config") && o.meta["config"].is_string()) {
     // Another model can have the same tensor shapes (8 heads of 64 for 4 of 128): compare what the model is.
     Config saved;
@@ -194,21 +197,35 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     } catch (const std::exception&) {
       readable = false;  // written by a version with other flags: the shapes below still guard the load
     }
-    const std::vector<std::string> diff = readable ? model_identity_differences(saved, *lo.run_config) : std::vector<std::string>{};
+    if (upcycle && readable && saved.moe.num_experts) {
+      throw DataError(o.dir.string() + " holds an MoE model already (" + std::to_string(*saved.moe.num_experts) +
+                      " experts): --moe-use-upcycling loads a dense model's checkpoint; to continue this one drop --moe-use-upcycling");
+    }
+    const Config expected = upcycle ? upcycling_dense_config(*lo.run_config) : *lo.run_config;
+    const std::vector<std::string> diff = readable ? model_identity_differences(saved, expected) : std::vector<std::string>{};
     if (!diff.empty()) {
       std::string list;
       for (const auto& d : diff) list += (list.empty() ? "" : "; ") + d;
-      throw DataError(o.dir.string() + " holds another model (" + list + "): give the checkpoint's settings, or --use-checkpoint-args");
+      throw DataError(o.dir.string() + " holds another model (" + list + "): " +
+                      (upcycle ? "--moe-use-upcycling needs the dense model of the run's shape, its MLP --moe-ffn-hidden-size x "
+                                 "--moe-upcycling-granularity wide"
+                               : "give the checkpoint's settings, or --use-checkpoint-args"));
     }
   }
   const auto model_tensors = lo.model_tensors > 0 ? static_cast<size_t>(lo.model_tensors) : params.size();
-  if (tensors.size() != model_tensors) {
+  if (!upcycle && tensors.size() != model_tensors) {
     throw DataError(o.dir.string() + " holds " + std::to_string(tensors.size()) + " tensors, the model has " + std::to_string(model_tensors) +
                     ": the model differs from the checkpoint's (--use-checkpoint-args takes its shape)");
   }
+  // Where each parameter comes from: its own tensor, or (upcycling) a slice of a dense tensor, or (nullopt) nowhere.
+  std::vector<std::optional<UpcycleSource>> sources(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    sources[i] = upcycle ? upcycling_source(*lo.run_config, params.info(i)) : UpcycleSource{params.info(i), 1.0f};
+  }
   // Shapes first, for every tensor: a mismatch names the tensor and both shapes.
   for (size_t i = 0; i < params.size(); ++i) {
-    const ParamInfo& p = params.info(i);
+    if (!sources[i]) continue;
+    const ParamInfo& p = sources[i]->view;
     if (!tensors.contains(p.name)) throw DataError(o.dir.string() + " has no tensor " + p.name + ": the model differs from the checkpoint's");
     const auto saved = tensors[p.name]["global_shape"].get<std::vector<int64_t>>();
     bool ok = saved == p.global_shape;
@@ -216,24 +233,37 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     const bool vocab = p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
     if (!ok && vocab && saved.size() == 2 && saved[1] == p.global_shape[1]) ok = true;
     if (!ok) {
-      throw DataError("tensor " + p.name + ": the checkpoint holds " + shape_str(saved) + ", the model expects " +
-                      shape_str(p.global_shape) + ": use the checkpoint's model flags (--use-checkpoint-args)");
+      throw DataError("tensor " + p.name + ": the checkpoint holds " + shape_str(saved) + ", the model expects " + shape_str(p.global_shape) +
+                      (upcycle ? ": upcycling needs the dense model's MLP --moe-ffn-hidden-size x --moe-upcycling-granularity wide (and its "
+                                 "dense layers' --ffn-hidden-size that wide)"
+                               : ": use the checkpoint's model flags (--use-checkpoint-args)"));
     }
   }
-  const bool want_optim = lo.load_optimizer && !lo.finetune;
+  const bool want_optim = lo.load_optimizer && !lo.finetune && !upcycle;
   // Segments of the optimizer by parameter, so parameters load independently (in parallel).
   std::vector<std::vector<const Optimizer::Segment*>> segs(params.size());
   for (const auto& seg : opt.segments()) segs[seg.param].push_back(&seg);
   parallel_for(params.size(), [&](size_t i) {
-    const ParamInfo& p = params.info(i);
+    float* w = params.param(i);
+    if (!sources[i]) {  // (upcycling) the initial values, the router's rows repeated at a granularity above 1
+      const ParamInfo& p = params.info(i);
+      repeat_router_rows(*lo.run_config, p, w);
+      for (const Optimizer::Segment* sg : segs[i]) {
+        if (opt.master()) std::memcpy(opt.master() + sg->state, w + (sg->begin - p.offset), static_cast<size_t>(sg->end - sg->begin) * sizeof(float));
+      }
+      return;
+    }
+    const ParamInfo& p = sources[i]->view;  // (p.offset: the parameter's own)
     const auto saved = tensors[p.name]["global_shape"].get<std::vector<int64_t>>();
     const bool master_saved = has_kind(o, p.name, "master");
-    float* w = params.param(i);
     // The most precise saved copy of the weights: fp32 master weights when present.
-    const auto weights = assemble_local(o, p.name, master_saved ? "master" : "param", saved, p, w);
+    auto weights = assemble_local(o, p.name, master_saved ? "master" : "param", saved, p, w);
+    if (sources[i]->scale != 1.0f) {
+      for (float& x : weights) x *= sources[i]->scale;
+    }
     // The working copy: the saved (rounded) one when this run keeps fp32 master weights, else the most
     // precise saved copy.
-    const auto working = (master_saved && opt.master()) ? assemble_local(o, p.name, "param", saved, p, w) : weights;
+    const auto working = (master_saved && opt.master() && !upcycle) ? assemble_local(o, p.name, "param", saved, p, w) : weights;
     std::memcpy(w, working.data(), static_cast<size_t>(p.numel) * sizeof(float));
     if (p.trainable && (opt.master() || want_optim)) {  // (a buffer such as the expert bias has no optimizer state)
       const std::vector<float> zeros(static_cast<size_t>(p.numel), 0.0f);
@@ -253,9 +283,17 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
   });
   if (opt.master()) opt.refresh_working_weights();  // bf16 / fp16 copies of what was loaded
   TrainState st;
+  if (upcycle) {  // (Megatron: iteration 1; the data position and FLOPs of the dense run; a fresh schedule and optimizer)
+    st.iteration = 1;
+    if (lo.finetune) return st;
+    st.consumed_samples = st.lr_schedule_start_samples = o.meta["consumed_samples"].get<int64_t>();
+    st.flops_so_far = o.meta["flops_so_far"].get<double>();
+    return st;
+  }
   if (lo.finetune) return st;
   st.iteration = o.meta["iteration"].get<int64_t>();
   st.consumed_samples = o.meta["consumed_samples"].get<int64_t>();
+  st.lr_schedule_start_samples = o.meta.value("lr_schedule_start_samples", int64_t{0});
   st.flops_so_far = o.meta["flops_so_far"].get<double>();
   st.skipped = o.meta["skipped_iterations"].get<int64_t>();
   st.nan_iterations = o.meta["nan_iterations"].get<int64_t>();
@@ -322,6 +360,9 @@ std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> st
   out << "checkpoint " << o.dir.string() << "\n";
   out << "iteration " << m["iteration"] << ", consumed samples " << m["consumed_samples"] << ", FLOPs so far "
       << m["flops_so_far"].get<double>() << "\n";
+  if (m.value("lr_schedule_start_samples", int64_t{0}) > 0) {
+    out << "learning-rate schedule started at " << m["lr_schedule_start_samples"] << " consumed samples (an upcycled model)\n";
+  }
   out << "layout: " << m["layout"].dump() << "\n";
   out << "optimizer: " << m["optimizer"].dump() << "; loss scaler: " << m["loss_scaler"].dump() << "\n";
   int64_t total = 0, bytes = 0, pieces = 0;

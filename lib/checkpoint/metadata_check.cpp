@@ -63,7 +63,10 @@ void check_checkpoint_metadata(const json& meta, const fs::path& metadata, int64
   if (!meta.is_object()) k.fail("", "not a JSON object");
   const int64_t it = k.integer(meta, "iteration", "", 0, kMaxExact);
   if (it != iteration) k.fail("", "'iteration' is " + std::to_string(it) + " in the directory of iteration " + std::to_string(iteration));
-  k.integer(meta, "consumed_samples", "", 0, kMaxExact);
+  const int64_t consumed = k.integer(meta, "consumed_samples", "", 0, kMaxExact);
+  if (meta.contains("lr_schedule_start_samples") && k.integer(meta, "lr_schedule_start_samples", "", 0, kMaxExact) > consumed) {
+    k.fail("", "'lr_schedule_start_samples' exceeds 'consumed_samples'");
+  }
   k.integer(meta, "skipped_iterations", "", 0, kMaxExact);
   k.integer(meta, "nan_iterations", "", 0, kMaxExact);
   const json& flops = k.field(meta, "flops_so_far", "");

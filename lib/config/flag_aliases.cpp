@@ -230,8 +230,6 @@ std::vector<AliasSpec> build_aliases() {
                  "--moe-router-group-topk (the devices per token), which score each group by its best experts' sum"),
       MT_REFUSED("moe-enable-deepep", false, "DeepEP is not implemented: use --moe-token-dispatcher-type alltoall"),
       MT_REFUSED("moe-deepep-num-sms", true, "DeepEP is not implemented: use --moe-token-dispatcher-type alltoall"),
-      MT_REFUSED("moe-use-upcycling", false, "upcycling a dense checkpoint into MoE is not implemented: drop it"),
-      MT_REFUSED("moe-upcycling-granularity", true, "upcycling a dense checkpoint into MoE is not implemented: drop it"),
       MT_INERT("delay-wgrad-compute", false,
                "megatrain does not delay the weight gradients for the EP overlap (the same results; --pipeline-schedule zb-h1 defers them in "
                "the pipeline)"),

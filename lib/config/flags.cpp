@@ -202,6 +202,11 @@ std::vector<FlagSpec> build_table() {
       F(kMoe, "moe-router-force-load-balancing", moe.moe_router_force_load_balancing,
         "Benchmarking: random router logits (standard normal per token and expert), so the routing is balanced; their gradient "
         "passes straight through to the router (Megatron's)"),
+      F(kMoe, "moe-use-upcycling", moe.moe_use_upcycling,
+        "Start the MoE model from the dense model's checkpoint in --load (its MLPs copied into the experts), save it to --save at "
+        "iteration 1 and train on (Megatron's upcycling; once: later runs drop it)"),
+      F(kMoe, "moe-upcycling-granularity", moe.moe_upcycling_granularity,
+        "Upcycling: the dense MLP's width over an expert's (--moe-ffn-hidden-size); each expert takes one slice of it (1: a copy)"),
       F(kMoe, "moe-per-layer-logging", moe.moe_per_layer_logging,
         "Each layer's auxiliary losses to TensorBoard as moe/<name>_layer_<i> (with --tensorboard-dir)"),
       // Data

@@ -441,6 +441,10 @@ void check_values(const Config& c, Checker& k) {
 void check_training(const Config& c, Checker& k) {
   check_values(c, k);
   const auto& t = c.training;
+  if (c.moe.moe_use_upcycling) {  // (Megatron asserts --save; its load of the dense model needs --load)
+    if (!c.checkpoint.load) k.error("--moe-use-upcycling needs --load: the directory of the dense model's checkpoint to upcycle");
+    if (!c.checkpoint.save) k.error("--moe-use-upcycling needs --save: the upcycled model is saved there before training (as in Megatron)");
+  }
   if (!t.train_iters && !t.train_samples) k.error("give --train-iters (or --train-samples): how long to train");
   if (t.train_iters && *t.train_iters < 0) k.error("--train-iters must be >= 0, got " + s(*t.train_iters));
   if (t.exit_duration_in_mins && *t.exit_duration_in_mins < 0) k.error("--exit-duration-in-mins must be >= 0, got " + s(*t.exit_duration_in_mins));
@@ -488,8 +492,15 @@ void check_fp8(const Config& c, Checker& k) {
 // Megatron's MoE rules (transformer_config.py, arguments.py, MoELayer), each with the fix.
 void check_moe(const Config& c, Checker& k) {
   const MoeConfig& m = c.moe;
+  if (m.moe_use_upcycling && (!m.num_experts || *m.num_experts < 1)) {
+    k.error("--moe-use-upcycling turns a dense checkpoint into an MoE model: give the MoE model's flags (--num-experts and the others)");
+  }
+  if (m.moe_upcycling_granularity != 1 && !m.moe_use_upcycling) k.warn("--moe-upcycling-granularity has no effect without --moe-use-upcycling");
   if (!m.num_experts || *m.num_experts < 1) return;
   const int64_t E = *m.num_experts, topk = m.moe_router_topk;
+  if (m.moe_use_upcycling && (m.moe_upcycling_granularity < 1 || E % m.moe_upcycling_granularity != 0)) {
+    k.error("--moe-upcycling-granularity must be a positive divisor of --num-experts " + s(E) + ", got " + s(m.moe_upcycling_granularity));
+  }
   const int64_t tp = c.parallel.tensor_model_parallel_size, etp = c.parallel.expert_tensor_parallel_size.value_or(tp);
   if (c.model.num_layers) {
     try {

@@ -307,6 +307,11 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
              std::to_string(expert_dp) + "): change one of them, or use --device cpu");
     }
     const bool context = par.context_parallel_size > 1;
+    // --moe-use-upcycling: the load is the host's (checkpoint/upcycle.h, as the CPU engine's), but the save of the upcycled
+    // model before the first step has not run on a GPU (thirty-third session): refused by name until test_cuda_engine's case has.
+    no(m.moe_use_upcycling && !cuda_unverified_allowed("moe-upcycling"),
+       "--moe-use-upcycling has not run on a GPU yet on the CUDA engine: upcycle with --device cpu (then train the saved model on the GPU "
+       "without --moe-use-upcycling), or drop it");
     // --moe-router-force-load-balancing (kernels/cuda/moe.cu: the CPU engine's random logits, model/moe_random_logits.h):
     // written without a GPU (thirty-second session), refused by name until test_cuda_engine's MoE case has run it.
     no(m.moe_router_force_load_balancing && !cuda_unverified_allowed("moe-force-load-balancing"),

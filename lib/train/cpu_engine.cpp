@@ -46,9 +46,10 @@ CpuEngine::CpuEngine(const Config& cfg, ProcessGroups groups, const TokenSource&
   // Resume: parameters, optimizer state, loss scaler, iteration and data position.
   const auto& ck = cfg.checkpoint;
   bool loaded = false;
-  if (ck.load && (ck.ckpt_step || latest_checkpoint(*ck.load))) {
+  if (checkpoint_to_load(cfg)) {
     resumed_ = load_checkpoint(*ck.load, load_options(cfg), model_->params(), *optimizer_, scaler_);
-    if (Fp8ScalingState* fp8 = model_->fp8_scaling()) restore_fp8_scaling(cfg, *fp8, lead);
+    // (an upcycled model starts FP8's delayed scaling afresh: its experts have none saved)
+    if (Fp8ScalingState* fp8 = model_->fp8_scaling(); fp8 && !cfg.moe.moe_use_upcycling) restore_fp8_scaling(cfg, *fp8, lead);
     loaded = true;
   }
   announce_load(cfg, resumed_, loaded, lead);

@@ -85,7 +85,7 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   n_state_ = segments.empty() ? 0 : segments.back().state + (segments.back().end - segments.back().begin);
   // The host optimizer (fp32 master weights, Adam moments) exists only to load or save checkpoints.
   if (ck.load || ck.save) host_opt_ = std::make_unique<Optimizer>(cfg, *host_, groups_, owned, dist_opt_);
-  const bool found = ck.load && (ck.ckpt_step || latest_checkpoint(*ck.load));
+  const bool found = checkpoint_to_load(cfg);
   if (found) {
     const LoadOptions lo = load_options(cfg);
     resumed_ = load_checkpoint(*ck.load, lo, *host_, *host_opt_, scaler_);
@@ -210,7 +210,7 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
     throw std::logic_error("CUDA engine: expert tensor parallelism needs NCCL");
 #endif
   }
-  if (found) {  // FP8 delayed scaling: each chunk's scales and amax histories from the checkpoint
+  if (found && !cfg.moe.moe_use_upcycling) {  // FP8 delayed scaling: each chunk's scales and amax histories from the checkpoint
     for (CudaGPT* m : chunks_models_) {
       if (!m->fp8_delayed()) continue;
       Fp8ScalingState st = m->fp8_scaling_state();

@@ -132,7 +132,19 @@ LoadOptions load_options(const Config& cfg) {
   // A pipeline stage (and an EP rank: its experts) holds some of the model's tensors; the checkpoint must hold all of them.
   if (cfg.parallel.pipeline_model_parallel_size > 1 || cfg.parallel.expert_model_parallel_size > 1) lo.model_tensors = model_tensor_count(cfg);
   lo.run_config = &cfg;
+  lo.upcycle = cfg.moe.moe_use_upcycling;
+  if (lo.upcycle) lo.load_optimizer = false;  // (Megatron forces --no-load-optim and --no-load-rng)
   return lo;
+}
+
+bool checkpoint_to_load(const Config& cfg) {
+  const auto& ck = cfg.checkpoint;
+  const bool found = ck.load && (ck.ckpt_step || latest_checkpoint(*ck.load));
+  if (!found && cfg.moe.moe_use_upcycling) {
+    throw DataError("--moe-use-upcycling: no checkpoint in --load " + ck.load.value_or("") + " (no latest_checkpointed_iteration.txt): give the dense "
+                    "model's checkpoint directory");
+  }
+  return found;
 }
 
 std::unique_ptr<CheckpointSaver> make_saver(const Config& cfg, const ProcessGroups& groups) {

@@ -43,6 +43,8 @@ class MetricsFile {
 };
 
 LoadOptions load_options(const Config& cfg);
+// Whether the run loads a checkpoint (--load holding one, or --ckpt-step); with --moe-use-upcycling one must be there.
+bool checkpoint_to_load(const Config& cfg);
 // The --save saver (needs MPI_THREAD_MULTIPLE for --async-save across ranks: refused otherwise).
 std::unique_ptr<CheckpointSaver> make_saver(const Config& cfg, const ProcessGroups& groups);
 

@@ -32,6 +32,14 @@ void announce_load(const Config& cfg, const TrainState& state, bool loaded, bool
     return;
   }
   const LoadOptions lo = load_options(cfg);
+  if (lo.upcycle) {
+    const MoeConfig& m = cfg.moe;
+    std::cout << "megatrain: upcycled the dense model of " << checkpoint_path(*ck.load, ck.ckpt_step.value_or(latest_checkpoint(*ck.load).value_or(0)))
+              << " into " << *m.num_experts << " experts" << (m.moe_upcycling_granularity > 1 ? " of 1/" + std::to_string(m.moe_upcycling_granularity) + " its MLP's width each" : std::string(" (copies of its MLP)"))
+              << (lo.finetune ? " (--finetune: from sample 0)" : "") << ": training from iteration " << state.iteration + 1
+              << " with fresh optimizer state and learning-rate schedule\n";
+    return;
+  }
   std::cout << "megatrain: loaded " << checkpoint_path(*ck.load, ck.ckpt_step.value_or(latest_checkpoint(*ck.load).value_or(0)))
             << (lo.finetune ? " (weights only, --finetune)" : "") << (!lo.load_optimizer && !lo.finetune ? " (without optimizer state)" : "")
             << ": continuing after iteration " << state.iteration << "\n";
@@ -69,6 +77,9 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   res.skipped = resumed.skipped;
   res.nan_iterations = resumed.nan_iterations;
   int64_t consumed = resumed.consumed_samples;  // samples consumed by the iterations stepped so far
+  // The learning rate: the schedule's at the samples consumed since it started (an upcycled model's restarts).
+  const int64_t lr_start = resumed.lr_schedule_start_samples;
+  auto lr_at = [&](const LrSchedule& sch, int64_t samples) { return sch.lr_at_samples(samples - lr_start); };
   double flops_done = resumed.flops_so_far;
   int64_t nan_in_a_row = 0;
   std::string nan_exit;  // --exit-on-nan-count reached: the message
@@ -145,18 +156,23 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     pending.clear();
   };
 
+  // Megatron's upcycling saves the upcycled model (iteration 1) before training.
+  if (cfg.moe.moe_use_upcycling && ck.save) {
+    engine.save(resumed);
+    if (lead) std::cout << "megatrain: saved the upcycled model at iteration " << resumed.iteration << " to " << *ck.save << "\n" << std::flush;
+  }
   const int64_t first_iter = resumed.iteration + 1;
   for (int64_t it = first_iter; it <= iters; ++it) {
     // The data position continues from the checkpoint's consumed samples (the batch size may differ).
     const int64_t base = consumed, batch = batches.global_batch(consumed), nmb_it = batch / (mbs * dp);
     // As Megatron's scheduler, stepped after each update: the update uses the rate of the samples consumed
     // before it (the first update the warmup's initial rate); the log shows the rate after it.
-    engine.step(it, base, nmb_it, schedule.lr_at_samples(base));
+    engine.step(it, base, nmb_it, lr_at(schedule, base));
     consumed += batch;
     flops_done += flops_of(batch);
     interval_samples += batch;
     ++interval_iters;
-    pending.push_back({it, schedule.lr_at_samples(consumed)});
+    pending.push_back({it, lr_at(schedule, consumed)});
     res.iterations = it;
     const bool logging = it % cfg.logging.log_interval == 0 || it == iters;
     const bool evaluating = has_valid && (it % cfg.logging.eval_interval == 0 || it == iters);
@@ -180,7 +196,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       s.tflops_per_gpu = flops_of(interval_samples) / secs / static_cast<double>(world) / 1e12;
       s.loss = interval_ok ? interval_loss / static_cast<double>(interval_ok) : NAN;
       s.lr = last_lr;
-      if (cfg.training.decoupled_lr) s.decoupled_lr = decoupled_schedule.lr_at_samples(consumed);
+      if (cfg.training.decoupled_lr) s.decoupled_lr = lr_at(decoupled_schedule, consumed);
       s.grad_norm = last_grad_norm;
       s.loss_scale = engine.loss_scale();  // after this step's update, as Megatron logs it
       res.loss_scale = s.loss_scale;
@@ -223,6 +239,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       TrainState state;
       state.iteration = it;
       state.consumed_samples = consumed;
+      state.lr_schedule_start_samples = lr_start;
       state.flops_so_far = flops_done;
       state.skipped = res.skipped;
       state.nan_iterations = res.nan_iterations;

@@ -1148,6 +1148,38 @@ void test_resume(const std::string& precision) {
   std::filesystem::remove_all(dir);
 }
 
+// --moe-use-upcycling (written without a GPU in the thirty-third session; refused by name as moe-upcycling until this
+// passes): a dense LLaMA trained and saved on the GPU, upcycled at granularity 2 on the GPU (the save of the upcycled
+// model before the first step) and on the CPU engine: the curves agree; the GPU's iteration-1 checkpoint resumes on the
+// GPU as the uninterrupted run continued.
+void test_upcycling() {
+  char tmpl[] = "/tmp/megatrain-cuda-upcycle-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  mt::TrainOptions quiet{true, 0};
+  try {
+    const std::string moe = MT_PLAIN_BATCH "--train-iters 20 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 ";
+    const std::string up = moe + "--moe-upcycling-granularity 2 --moe-use-upcycling --load " + dir + "/dense --save-interval 100 ";
+    mt::train_cuda(make_config("llama", MT_PLAIN_BATCH "--train-iters 20 --exit-interval 10 --save " + dir + "/dense --save-interval 10 "),
+                   mt::ProcessGroups::single(), quiet);
+    const auto gpu = mt::train_cuda(make_config("llama", up + "--save " + dir + "/gpu "), mt::ProcessGroups::single(), quiet);
+    const auto cpu = mt::train(make_config("llama", up + "--save " + dir + "/cpu "), mt::ProcessGroups::single(), quiet);
+    const auto resumed = mt::train_cuda(make_config("llama", moe + "--load " + dir + "/gpu --ckpt-step 1 "), mt::ProcessGroups::single(), quiet);
+    bool ok = gpu.losses.size() == 19 && cpu.losses.size() == 19 && resumed.losses.size() == 19;
+    double worst = 0, worst_resumed = 0;
+    for (size_t i = 0; ok && i < gpu.losses.size(); ++i) {
+      worst = std::max(worst, std::fabs(gpu.losses[i] - cpu.losses[i]) / cpu.losses[i]);
+      worst_resumed = std::max(worst_resumed, std::fabs(resumed.losses[i] - gpu.losses[i]) / gpu.losses[i]);
+    }
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "upcycling at granularity 2: %zu iterations, GPU %.4f -> %.4f, gap to the CPU engine %.2e, resumed from "
+                  "iteration 1 %.2e from the run", gpu.losses.size(), ok ? gpu.losses.front() : 0.0, ok ? gpu.losses.back() : 0.0, worst, worst_resumed);
+    check(ok && worst < 2e-2 && worst_resumed < 1e-3 && gpu.losses.front() - gpu.losses.back() > 0.05, buf);
+  } catch (const std::exception& e) {
+    check(false, std::string("upcycling: ") + e.what());
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // --optimizer-cpu-offload: the offloaded share of the update runs on the CPU threads, the same float operations
 // as the GPU's kernel, so the run follows the one without offload to within fp32 rounding (the CPU and the GPU may
 // fuse a multiply-add differently, and a rare flipped bf16 rounding of a weight moves the loss a little); the
@@ -1258,6 +1290,11 @@ int main() {
   }
   if (only && std::string(only) == "fp8") {  // (=fp8: only the dense FP8 cases)
     test_fp8_dense();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "upcycling") {  // (=upcycling: only --moe-use-upcycling's case)
+    test_upcycling();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
@@ -1434,6 +1471,7 @@ moe_tests:
   test_moe_gradients("gpt", "--disable-bias-linear --moe-shared-expert-intermediate-size 256 ");
   test_moe_gradients("gpt", "--num-experts 8 --moe-router-topk 8 ");  // the biases' gradients
   test_moe_gradients("gpt", "--squared-relu --disable-bias-linear --moe-shared-expert-intermediate-size 128 ");
+  test_upcycling();
   if (only && std::string(only) == "moe") {
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
