@@ -116,7 +116,8 @@ struct LoadOptions {
   // The run's configuration: the checkpoint's architecture settings must be its (config/model_identity.h).
   const Config* run_config = nullptr;
   // --moe-use-upcycling (checkpoint/upcycle.h): the checkpoint holds the dense counterpart of run_config's MoE model,
-  // loaded weights only; the state returned is iteration 1, with the dense run's data position (none with --finetune).
+  // loaded weights only; the state returned is iteration 0 with no FLOPs, at the dense run's data position (0 with
+  // --finetune), where the learning-rate schedule starts.
   bool upcycle = false;
 };
 

@@ -245,11 +245,15 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
   for (const auto& seg : opt.segments()) segs[seg.param].push_back(&seg);
   parallel_for(params.size(), [&](size_t i) {
     float* w = params.param(i);
-    if (!sources[i]) {  // (upcycling) the initial values, the router's rows repeated at a granularity above 1
+    if (!sources[i]) {  // (upcycling) the fp32 initial values, the router's rows repeated at a granularity above 1
       const ParamInfo& p = params.info(i);
-      repeat_router_rows(*lo.run_config, p, w);
+      std::vector<float> initial(static_cast<size_t>(p.numel));
+      params.initial_values(i, static_cast<uint64_t>(lo.run_config->training.seed), initial.data(), 0, p.numel);
+      repeat_router_rows(*lo.run_config, p, initial.data());
+      for (int64_t e = 0; e < p.numel; ++e) w[e] = opt.to_working(initial[static_cast<size_t>(e)]);  // (every element: no gather before the save)
       for (const Optimizer::Segment* sg : segs[i]) {
-        if (opt.master()) std::memcpy(opt.master() + sg->state, w + (sg->begin - p.offset), static_cast<size_t>(sg->end - sg->begin) * sizeof(float));
+        const size_t bytes = static_cast<size_t>(sg->end - sg->begin) * sizeof(float);
+        if (opt.master()) std::memcpy(opt.master() + sg->state, initial.data() + (sg->begin - p.offset), bytes);
       }
       return;
     }
@@ -265,6 +269,11 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     // precise saved copy.
     const auto working = (master_saved && opt.master() && !upcycle) ? assemble_local(o, p.name, "param", saved, p, w) : weights;
     std::memcpy(w, working.data(), static_cast<size_t>(p.numel) * sizeof(float));
+    // (upcycling: the working copy rounded on every rank for every element, as a fresh run's; the save before the first
+    // step writes it without a parameter gather)
+    if (upcycle) {
+      for (int64_t e = 0; e < p.numel; ++e) w[e] = opt.to_working(weights[static_cast<size_t>(e)]);
+    }
     if (p.trainable && (opt.master() || want_optim)) {  // (a buffer such as the expert bias has no optimizer state)
       const std::vector<float> zeros(static_cast<size_t>(p.numel), 0.0f);
       const auto m = want_optim ? assemble_local(o, p.name, "exp_avg", saved, p, zeros.data()) : std::vector<float>();
@@ -283,11 +292,8 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
   });
   if (opt.master()) opt.refresh_working_weights();  // bf16 / fp16 copies of what was loaded
   TrainState st;
-  if (upcycle) {  // (Megatron: iteration 1; the data position and FLOPs of the dense run; a fresh schedule and optimizer)
-    st.iteration = 1;
-    if (lo.finetune) return st;
-    st.consumed_samples = st.lr_schedule_start_samples = o.meta["consumed_samples"].get<int64_t>();
-    st.flops_so_far = o.meta["flops_so_far"].get<double>();
+  if (upcycle) {  // (Megatron: training from iteration 0 with no FLOPs counted, at the dense run's data position, a fresh schedule)
+    if (!lo.finetune) st.consumed_samples = st.lr_schedule_start_samples = o.meta["consumed_samples"].get<int64_t>();
     return st;
   }
   if (lo.finetune) return st;

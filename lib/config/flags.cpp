@@ -203,8 +203,8 @@ std::vector<FlagSpec> build_table() {
         "Benchmarking: random router logits (standard normal per token and expert), so the routing is balanced; their gradient "
         "passes straight through to the router (Megatron's)"),
       F(kMoe, "moe-use-upcycling", moe.moe_use_upcycling,
-        "Start the MoE model from the dense model's checkpoint in --load (its MLPs copied into the experts), save it to --save at "
-        "iteration 1 and train on (Megatron's upcycling; once: later runs drop it)"),
+        "Start the MoE model from the dense model's checkpoint in --load (its MLPs copied into the experts), save it to --save "
+        "(iteration 0) and train from there (Megatron's upcycling; once: later runs drop it)"),
       F(kMoe, "moe-upcycling-granularity", moe.moe_upcycling_granularity,
         "Upcycling: the dense MLP's width over an expert's (--moe-ffn-hidden-size); each expert takes one slice of it (1: a copy)"),
       F(kMoe, "moe-per-layer-logging", moe.moe_per_layer_logging,

@@ -104,16 +104,7 @@ void ParamStore::initialize(uint64_t seed) {
   for (size_t i = 0; i < infos_.size(); ++i) {
     const ParamInfo& p = infos_[i];
     float* w = param(i);
-    auto fill = [&, i](int64_t lo, int64_t hi) {
-      const uint64_t key = rng_key(seed, p.name);
-      for (int64_t e = lo; e < hi; ++e) {
-        switch (p.init) {
-          case InitKind::kZeros: w[e] = 0.0f; break;
-          case InitKind::kOnes: w[e] = 1.0f; break;
-          case InitKind::kNormal: w[e] = p.init_std * philox_normal(key, static_cast<uint64_t>(global_index(i, e))); break;
-        }
-      }
-    };
+    auto fill = [&, i](int64_t lo, int64_t hi) { initial_values(i, seed, w, lo, hi); };
     if (p.numel < (1 << 20) || nthreads == 1) {
       fill(0, p.numel);
       continue;
@@ -125,6 +116,18 @@ void ParamStore::initialize(uint64_t seed) {
       if (lo < hi) pool.emplace_back(fill, lo, hi);
     }
     for (auto& th : pool) th.join();
+  }
+}
+
+void ParamStore::initial_values(size_t i, uint64_t seed, float* out, int64_t lo, int64_t hi) const {
+  const ParamInfo& p = infos_[i];
+  const uint64_t key = rng_key(seed, p.name);
+  for (int64_t e = lo; e < hi; ++e) {
+    switch (p.init) {
+      case InitKind::kZeros: out[e] = 0.0f; break;
+      case InitKind::kOnes: out[e] = 1.0f; break;
+      case InitKind::kNormal: out[e] = p.init_std * philox_normal(key, static_cast<uint64_t>(global_index(i, e))); break;
+    }
   }
 }
 

@@ -64,6 +64,8 @@ class ParamStore {
   // Draws every parameter from the counter-based RNG: element e of the *global* tensor of parameter p
   // gets normal(key(seed, p.name), e) * std, so a shard holds exactly its slice of the full model.
   void initialize(uint64_t seed);
+  // Elements [lo, hi) of parameter i's initial values (as initialize draws them) into out[lo, hi).
+  void initial_values(size_t i, uint64_t seed, float* out, int64_t lo, int64_t hi) const;
 
   size_t size() const { return infos_.size(); }
   int64_t numel() const { return total_; }

@@ -67,6 +67,11 @@ size_t Optimizer::state_bytes() const {
   return m_.nbytes() + (v_.defined() ? v_.nbytes() : 0) + (master_.defined() ? master_.nbytes() : 0);
 }
 
+float Optimizer::to_working(float x) const {
+  if (!master_.defined()) return x;
+  return bf16_ ? round_bf16(x) : round_fp16(x);
+}
+
 void Optimizer::round_to_working(const Segment& s) {
   if (!master_.defined()) return;
   const float* src = master_.f32() + s.state;

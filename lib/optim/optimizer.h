@@ -58,6 +58,8 @@ class Optimizer {
   void set_iterations(int64_t t) { t_ = t; }
   // After loading master weights: the working copy is their bf16/fp16 rounding.
   void refresh_working_weights();
+  // A master weight's working copy: its bf16 / fp16 rounding (itself in fp32 training).
+  float to_working(float x) const;
 
  private:
   double owned_sum_sq(const float* buf, bool master);

@@ -102,7 +102,8 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   loss /= tokens;
   StepResult result{};
   const bool loss_finite = std::isfinite(loss);
-  const double decoupled = decoupled_ ? decoupled_->lr_at_samples(first_sample) : -1.0;
+  // (from the schedule's start: an upcycled model's restarts)
+  const double decoupled = decoupled_ ? decoupled_->lr_at_samples(first_sample - resumed_.lr_schedule_start_samples) : -1.0;
   // (per token: the reduction averaged over DP; the gradients become the sum over the tokens / their count)
   const float unscale = per_token ? static_cast<float>(loss_scale * tokens / static_cast<double>(dp)) : loss_scale;
   if (loss_finite) result = optimizer_->step(lr, unscale, decoupled);

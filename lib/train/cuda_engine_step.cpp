@@ -210,7 +210,7 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   MT_PROF("opt.grad_norm", norm_partials(model_->grads(), false, &st_->loss_acc));
   cuda::step_prepare(st_, partials_, clip, b1, b2, 1.0f, scale_rule_, stream_, static_cast<float>(dp_), per_token ? static_cast<float>(dp_) : 0.0f);
   // --decoupled-lr: the word embeddings' and output layer's rate, from the iteration's first sample (as the CPU engine).
-  const float decoupled_lr = decoupled_ ? static_cast<float>(decoupled_->lr_at_samples(base)) : -1.0f;
+  const float decoupled_lr = decoupled_ ? static_cast<float>(decoupled_->lr_at_samples(base - resumed_.lr_schedule_start_samples)) : -1.0f;
   auto adamw = [&](int64_t first, int64_t count) {
     if (count <= 0) return;
     MT_PROF("opt.adamw", cuda::adamw_multi({.w = master_, .m = m_, .v = v_, .w16 = model_->working(), .g = model_->grads(),

@@ -36,8 +36,8 @@ void announce_load(const Config& cfg, const TrainState& state, bool loaded, bool
     const MoeConfig& m = cfg.moe;
     std::cout << "megatrain: upcycled the dense model of " << checkpoint_path(*ck.load, ck.ckpt_step.value_or(latest_checkpoint(*ck.load).value_or(0)))
               << " into " << *m.num_experts << " experts" << (m.moe_upcycling_granularity > 1 ? " of 1/" + std::to_string(m.moe_upcycling_granularity) + " its MLP's width each" : std::string(" (copies of its MLP)"))
-              << (lo.finetune ? " (--finetune: from sample 0)" : "") << ": training from iteration " << state.iteration + 1
-              << " with fresh optimizer state and learning-rate schedule\n";
+              << (lo.finetune ? " (--finetune: from sample 0)" : " (continuing its data after " + std::to_string(state.consumed_samples) + " samples)")
+              << ": training from iteration " << state.iteration + 1 << " with fresh optimizer state and learning-rate schedule\n";
     return;
   }
   std::cout << "megatrain: loaded " << checkpoint_path(*ck.load, ck.ckpt_step.value_or(latest_checkpoint(*ck.load).value_or(0)))
@@ -156,7 +156,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     pending.clear();
   };
 
-  // Megatron's upcycling saves the upcycled model (iteration 1) before training.
+  // Megatron's upcycling saves the upcycled model before training (megatrain: as iteration 0, which the training continues).
   if (cfg.moe.moe_use_upcycling && ck.save) {
     engine.save(resumed);
     if (lead) std::cout << "megatrain: saved the upcycled model at iteration " << resumed.iteration << " to " << *ck.save << "\n" << std::flush;

@@ -1150,8 +1150,8 @@ void test_resume(const std::string& precision) {
 
 // --moe-use-upcycling (written without a GPU in the thirty-third session; refused by name as moe-upcycling until this
 // passes): a dense LLaMA trained and saved on the GPU, upcycled at granularity 2 on the GPU (the save of the upcycled
-// model before the first step) and on the CPU engine: the curves agree; the GPU's iteration-1 checkpoint resumes on the
-// GPU as the uninterrupted run continued.
+// model before the first step) and on the CPU engine: the curves agree; the GPU's saved upcycled model (iteration 0)
+// trains on the GPU as the upcycling run did.
 void test_upcycling() {
   char tmpl[] = "/tmp/megatrain-cuda-upcycle-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
@@ -1163,8 +1163,8 @@ void test_upcycling() {
                    mt::ProcessGroups::single(), quiet);
     const auto gpu = mt::train_cuda(make_config("llama", up + "--save " + dir + "/gpu "), mt::ProcessGroups::single(), quiet);
     const auto cpu = mt::train(make_config("llama", up + "--save " + dir + "/cpu "), mt::ProcessGroups::single(), quiet);
-    const auto resumed = mt::train_cuda(make_config("llama", moe + "--load " + dir + "/gpu --ckpt-step 1 "), mt::ProcessGroups::single(), quiet);
-    bool ok = gpu.losses.size() == 19 && cpu.losses.size() == 19 && resumed.losses.size() == 19;
+    const auto resumed = mt::train_cuda(make_config("llama", moe + "--load " + dir + "/gpu --ckpt-step 0 "), mt::ProcessGroups::single(), quiet);
+    bool ok = gpu.losses.size() == 20 && cpu.losses.size() == 20 && resumed.losses.size() == 20;
     double worst = 0, worst_resumed = 0;
     for (size_t i = 0; ok && i < gpu.losses.size(); ++i) {
       worst = std::max(worst, std::fabs(gpu.losses[i] - cpu.losses[i]) / cpu.losses[i]);
@@ -1172,7 +1172,7 @@ void test_upcycling() {
     }
     char buf[320];
     std::snprintf(buf, sizeof(buf), "upcycling at granularity 2: %zu iterations, GPU %.4f -> %.4f, gap to the CPU engine %.2e, resumed from "
-                  "iteration 1 %.2e from the run", gpu.losses.size(), ok ? gpu.losses.front() : 0.0, ok ? gpu.losses.back() : 0.0, worst, worst_resumed);
+                  "iteration 0 %.2e from the run", gpu.losses.size(), ok ? gpu.losses.front() : 0.0, ok ? gpu.losses.back() : 0.0, worst, worst_resumed);
     check(ok && worst < 2e-2 && worst_resumed < 1e-3 && gpu.losses.front() - gpu.losses.back() > 0.05, buf);
   } catch (const std::exception& e) {
     check(false, std::string("upcycling: ") + e.what());

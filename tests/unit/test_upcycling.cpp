@@ -77,10 +77,13 @@ TEST_CASE("upcycling at granularity 2: each expert a scaled half of the dense ML
   resolve(dense, 1);
   GPTModel dense_model(dense, ProcessGroups::single());
   save_dense(dense, dense_model, dense_dir.str());
-  const Config moe = moe_of(dense, 2, save_dir.str());
+  Config moe = moe_of(dense, 2, save_dir.str());
+  moe.moe.moe_shared_expert_intermediate_size = 8;
+  resolve(moe, 1);
   GPTModel fresh(moe, ProcessGroups::single()), model(moe, ProcessGroups::single());
   const TrainState st = upcycle(moe, model, dense_dir.str());
-  CHECK(st.iteration == 1);
+  CHECK(st.iteration == 0);
+  CHECK(st.flops_so_far == 0);
   CHECK(st.consumed_samples == 64);
   CHECK(st.lr_schedule_start_samples == 64);
   const ParamStore &d = dense_model.params(), &m = model.params();
@@ -104,6 +107,9 @@ TEST_CASE("upcycling at granularity 2: each expert a scaled half of the dense ML
         for (int64_t c = 0; c < F; ++c) CHECK(ew[static_cast<size_t>(r * F + c)] == dw[static_cast<size_t>(r * 2 * F + slice * F + c)] * scale);
       }
     }
+    for (const char* shared : {"fc1_gate.weight", "fc1_up.weight", "fc2.weight"}) {  // (the shared expert: its initial values)
+      CHECK(values(m, p + "mlp.shared_experts." + shared) == values(fresh.params(), p + "mlp.shared_experts." + shared));
+    }
     const auto router = values(m, p + "mlp.router.weight"), initial = values(fresh.params(), p + "mlp.router.weight");
     for (int64_t e = 0; e < 4; ++e) {
       for (int64_t c = 0; c < h; ++c) CHECK(router[static_cast<size_t>(e * h + c)] == initial[static_cast<size_t>((e / 2) * h + c)]);
@@ -111,6 +117,34 @@ TEST_CASE("upcycling at granularity 2: each expert a scaled half of the dense ML
   }
   CHECK(values(m, "embedding.word_embeddings.weight") == values(d, "embedding.word_embeddings.weight"));
   CHECK(values(m, "output_layer.weight") == values(d, "output_layer.weight"));
+}
+
+TEST_CASE("upcycling GELU experts with biases at granularity 2: fc1's bias sliced and scaled, fc2's copied, the router's bias in pairs") {
+  TempDir dense_dir, save_dir;
+  Config dense = tiny_decoder(false);  // GPT: GELU, biases, ffn 20
+  dense.training.seed = 5;
+  resolve(dense, 1);
+  GPTModel dense_model(dense, ProcessGroups::single());
+  ParamStore& d = dense_model.params();
+  for (size_t i = 0; i < d.size(); ++i) {  // biases away from their zero initial values
+    if (d.info(i).name.find("bias") == std::string::npos) continue;
+    for (int64_t e = 0; e < d.info(i).numel; ++e) d.param(i)[e] = 0.01f * static_cast<float>(e + 1);
+  }
+  save_dense(dense, dense_model, dense_dir.str());
+  const Config moe = moe_of(dense, 2, save_dir.str());
+  GPTModel fresh(moe, ProcessGroups::single()), model(moe, ProcessGroups::single());
+  upcycle(moe, model, dense_dir.str());
+  const float scale = static_cast<float>(std::sqrt(2.0));  // (GELU: the square root of the activation scale g)
+  const ParamStore& m = model.params();
+  const int64_t F = 10;
+  for (int64_t e = 0; e < 4; ++e) {
+    const std::string x = "layers.1.mlp.experts." + std::to_string(e) + ".";
+    const auto db1 = values(d, "layers.1.mlp.fc1.bias"), eb1 = values(m, x + "fc1.bias");
+    for (int64_t i = 0; i < F; ++i) CHECK(eb1[static_cast<size_t>(i)] == db1[static_cast<size_t>((e % 2) * F + i)] * scale);
+    CHECK(values(m, x + "fc2.bias") == values(d, "layers.1.mlp.fc2.bias"));
+  }
+  const auto bias = values(m, "layers.1.mlp.router.bias"), initial = values(fresh.params(), "layers.1.mlp.router.bias");
+  for (int64_t e = 0; e < 4; ++e) CHECK(bias[static_cast<size_t>(e)] == initial[static_cast<size_t>(e / 2)]);
 }
 
 TEST_CASE("upcycling at granularity 1: copies; the dropless top-2 model computes the dense model's loss") {
