@@ -536,7 +536,17 @@ void check_moe(const Config& c, Checker& k) {
     k.error("experts with biases need --expert-tensor-parallel-size 1 (as in Megatron): add --disable-bias-linear or set "
             "--expert-tensor-parallel-size 1");
   }
-  if (m.moe_router_score_function == "softmax" && topk == 1 && !m.moe_router_pre_softmax) {
+  if (m.moe_router_load_balancing_type == "sinkhorn") {  // (Megatron's sinkhorn_load_balancing; docs/moe.md)
+    if (m.moe_aux_loss_coeff > 0) k.error("--moe-router-load-balancing-type sinkhorn takes no aux loss (as in Megatron): set --moe-aux-loss-coeff 0");
+    if (m.moe_router_enable_expert_bias) k.error("--moe-router-enable-expert-bias does not apply to sinkhorn routing: drop one of them");
+    if (m.moe_router_num_groups) k.error("group-limited routing (--moe-router-num-groups) does not apply to sinkhorn routing: drop one of them");
+    if (m.moe_router_topk_scaling_factor) k.error("--moe-router-topk-scaling-factor does not apply to sinkhorn routing: drop one of them");
+    if (m.moe_router_score_function != "softmax" || m.moe_router_pre_softmax) {
+      k.warn("sinkhorn routing has its own scores (sigmoid at --moe-router-topk 1, else the softmax over all experts): "
+             "--moe-router-score-function and --moe-router-pre-softmax have no effect with it");
+    }
+  }
+  if (m.moe_router_score_function == "softmax" && topk == 1 && !m.moe_router_pre_softmax && m.moe_router_load_balancing_type != "sinkhorn") {
     k.warn("--moe-router-topk 1 with softmax scores after the choice gives every token the weight 1: the router learns from the "
            "load-balancing loss only (add --moe-router-pre-softmax to train it through the weights too)");
   }

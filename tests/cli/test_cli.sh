@@ -67,7 +67,9 @@ vl=$(grep -oE 'lm loss value: [0-9.E+-]+' <<<"$out" | tail -1 | awk '{print $4}'
 if [[ $rc -eq 0 ]] && awk -v v="$vl" 'BEGIN{exit !(v < 2.9)}' && grep -q '"lm_loss"' "$tmp/logs/metrics.jsonl" \
    && grep -q 'iteration       60/      60 | consumed samples:          960 |' <<<"$out"; then echo "ok   quickstart trains (validation loss $vl)"; else
   echo "FAIL quickstart: rc=$rc loss=$vl"; echo "$out" | tail -5; fails=$((fails + 1)); fi
-expect not-implemented 2 'sinkhorn is not implemented' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-router-load-balancing-type sinkhorn
+expect not-implemented 2 'flex \(DeepEP\) is not implemented' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-token-dispatcher-type flex
+expect sinkhorn-routing 0 'tokens per expert' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-router-load-balancing-type sinkhorn \
+  --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
 expect bad-data-file 2 "cannot read --text-data-path '/nonexistent'" -- "$B" --config configs/quickstart.yaml --text-data-path /nonexistent
 
 # Multi-rank training under mpirun: one log line per iteration (rank 0), TP x DP layout announced.

@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/router.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/dropout.h"
 #include "kernels/cpu/linear.h"
@@ -821,6 +822,36 @@ void test_moe_random_logits() {
   expect("moe random logits (--moe-router-force-load-balancing) against the host's", d_logits.get(), want, 1e-5);
 }
 
+// Sinkhorn routing (--moe-router-load-balancing-type sinkhorn): the one-block kernel against the host's normalisation
+// (the same updates and stopping rule in fp32; the sums over tokens in another order), and the top-2 choice it makes
+// through moe_route's choice scores against the host's route_topk (up to a near tie).
+void test_moe_sinkhorn(int64_t T, int64_t E) {
+  const cuda::MoeRouting r{T, E, 2, 16, false, true};
+  Vec logits = randn(static_cast<size_t>(T * E), 1.0f, false);
+  for (int64_t t = 0; t < T; ++t) logits[static_cast<size_t>(t * E)] += 1.5f;  // (an expert every token prefers)
+  F32 d_logits(logits), d_scratch(static_cast<size_t>(T * (E + 1)));
+  cuda::moe_sinkhorn(d_scratch.p, d_logits.p, r, nullptr);
+  const Vec want = mt::cpu::sinkhorn_normalize(logits.data(), T, E);
+  Vec got = d_scratch.get();
+  got.resize(static_cast<size_t>(T * E));
+  expect("moe sinkhorn T" + std::to_string(T) + " E" + std::to_string(E) + " against the host's", got, want, 1e-3);
+  Buf<int32_t> d_top(static_cast<size_t>(T * 2));
+  F32 d_weight(static_cast<size_t>(T * 2));
+  cuda::moe_route(d_top.p, d_weight.p, d_logits.p, r, nullptr, nullptr, d_scratch.p);
+  std::vector<int32_t> top(static_cast<size_t>(T * 2)), host_top(top.size());
+  MT_CUDA_CHECK(cudaMemcpy(top.data(), d_top.p, top.size() * 4, cudaMemcpyDeviceToHost));
+  Vec host_weight(top.size());
+  mt::cpu::RouterSettings rs{E, 2, false, true, 1.0f, 0, 0};
+  mt::cpu::route_topk(rs, logits.data(), nullptr, T, host_top.data(), host_weight.data(), want.data());
+  int64_t differ = 0;
+  for (size_t i = 0; i < top.size(); ++i) differ += top[i] != host_top[i];
+  const bool choice_ok = differ <= T / 100;
+  std::printf("%-4s moe sinkhorn's top-2 choice: %lld of %lld differ from the host's\n", choice_ok ? "ok" : "FAIL", static_cast<long long>(differ),
+              static_cast<long long>(T * 2));
+  if (!choice_ok) ++failures;
+  expect("moe sinkhorn's routing weights (the softmax over all experts)", d_weight.get(), host_weight, differ == 0 ? 1e-5 : 1e-1);
+}
+
 // fp16: the router's backward takes the aux and z terms times the device-side loss scale, as the lm loss's gradient
 // (the routing weights' part) carries it. With no routing-weight gradient, the scale 1024 (a power of two) must give
 // exactly 1024 times the unscaled gradient; with the routing weights' gradient alone, exactly the unscaled one (it has
@@ -959,6 +990,8 @@ int main() {
   test_device_loss_scaler();
   test_moe_router_loss_scale();
   test_moe_random_logits();
+  test_moe_sinkhorn(512, 8);
+  test_moe_sinkhorn(4096, 64);
   for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
     g_t = t;
     test_moe_dispatch(1000, 8, 2, 2048, false);  // 8 chunks of the permutation, the last one partial

@@ -282,7 +282,7 @@ void check_moe_model(bool llama, const std::function<void(Config&)>& set) {
   const double base = objective();
   model.forward(mb, 1);
   const cpu::MoeLayerStats first = model.take_moe_stats().begin()->second;
-  CHECK(first.aux > 0);
+  if (c.moe.moe_aux_loss_coeff > 0) CHECK(first.aux > 0);
   CHECK(first.z > 0);
   if (c.moe.moe_expert_capacity_factor) CHECK(first.dropped > 0);  // the capacity case does drop
   CHECK(std::isfinite(base));
@@ -328,6 +328,16 @@ TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared exper
   }
   SECTION("LLaMA: global_aux_loss") {
     check_moe_model(true, [](Config& c) { c.moe.moe_router_load_balancing_type = "global_aux_loss"; });
+  }
+  SECTION("LLaMA: sinkhorn routing, top-2 (the weights the softmax over all experts) and top-1 (sigmoid)") {
+    for (const int64_t k : {2, 1}) {
+      check_moe_model(true, [k](Config& c) {
+        c.moe.moe_router_load_balancing_type = "sinkhorn";
+        c.moe.moe_aux_loss_coeff = 0;
+        c.moe.moe_router_topk = k;
+        if (k == 1) c.moe.num_experts = 2;  // (as the top-1 case below: enough tokens per expert for gradients above the noise)
+      });
+    }
   }
   SECTION("LLaMA: capacity dropping") {
     check_moe_model(true, [](Config& c) { c.moe.moe_expert_capacity_factor = 1.0; });
@@ -410,6 +420,78 @@ TEST_CASE("aux-loss-free balancing: the expert bias steers the choice, moves by 
   for (int e = 0; e < 4; ++e) ps.param(bias)[e] = e == 3 ? 100.0f : 0.0f;
   model.forward(mb, 1, true);
   CHECK(model.moe_stats().at(1).tokens[3] == 12.0);
+}
+
+TEST_CASE("sinkhorn routing: Megatron's normalisation balances the choice in training; evaluation chooses by the scores") {
+  // Megatron's sinkhorn: after the last round every expert's column sums to 1 / E and every token's row to about 1 / n.
+  const int64_t n = 12, E = 4;
+  std::vector<float> logits(static_cast<size_t>(n * E));
+  fill_normal(logits, 3, 1.0f);
+  for (int64_t t = 0; t < n; ++t) logits[static_cast<size_t>(t * E)] += 3.0f;  // every token prefers expert 0
+  const std::vector<float> normalised = sinkhorn_normalize(logits.data(), n, E);
+  for (int64_t e = 0; e < E; ++e) {
+    double column = 0;
+    for (int64_t t = 0; t < n; ++t) column += normalised[static_cast<size_t>(t * E + e)];
+    CHECK(column == Approx(1.0 / E).epsilon(1e-4));
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    double row = 0;
+    for (int64_t e = 0; e < E; ++e) row += normalised[static_cast<size_t>(t * E + e)];
+    CHECK(row == Approx(1.0 / n).epsilon(1e-2));
+  }
+  // The top-1 choice: by the scores every token takes expert 0; by the normalised logits the experts share them.
+  RouterSettings s{E, 1, true, false, 1.0f, 0, 0};
+  std::vector<int32_t> top(static_cast<size_t>(n));
+  std::vector<float> weight(static_cast<size_t>(n));
+  route_topk(s, logits.data(), nullptr, n, top.data(), weight.data());
+  CHECK(std::count(top.begin(), top.end(), 0) == n);
+  route_topk(s, logits.data(), nullptr, n, top.data(), weight.data(), normalised.data());
+  std::vector<int64_t> per(static_cast<size_t>(E), 0);
+  for (int32_t e : top) ++per[static_cast<size_t>(e)];
+  CHECK(*std::max_element(per.begin(), per.end()) <= 5);
+  // The weights stay sigmoid's of the chosen expert's logit.
+  for (int64_t t = 0; t < n; ++t) {
+    CHECK(weight[static_cast<size_t>(t)] == Approx(1.0 / (1.0 + std::exp(-static_cast<double>(logits[static_cast<size_t>(t * E + top[static_cast<size_t>(t)])])))));
+  }
+  // In the model (GPT: the router has a bias): a router that sends most tokens to expert 2. Training spreads them;
+  // evaluation chooses by the scores, as the same model with sigmoid top-1 routing and no balancing does.
+  Config c = tiny_moe_decoder(false);
+  c.moe.moe_router_load_balancing_type = "sinkhorn";
+  c.moe.moe_aux_loss_coeff = 0;
+  c.moe.moe_router_topk = 1;
+  resolve(c, 1);
+  Config plain = c;
+  plain.moe.moe_router_load_balancing_type = "none";
+  plain.moe.moe_router_score_function = "sigmoid";
+  resolve(plain, 1);
+  GPTModel model(c, ProcessGroups::single()), reference(plain, ProcessGroups::single());
+  ParamStore& ps = model.params();
+  const size_t router = ps.index_of("layers.1.mlp.router.bias");
+  for (int64_t e = 0; e < 4; ++e) ps.param(router)[e] = e == 2 ? 3.0f : 0.0f;
+  std::copy(ps.params().f32(), ps.params().f32() + ps.numel(), reference.params().params().f32());
+  const Microbatch mb = tiny_batch();
+  const float trained = model.forward(mb, 1, true), trained_plain = reference.forward(mb, 1, true);
+  const std::vector<double> tokens = model.take_moe_stats().at(1).tokens, tokens_plain = reference.take_moe_stats().at(1).tokens;
+  INFO("tokens per expert: sinkhorn " << tokens[0] << " " << tokens[1] << " " << tokens[2] << " " << tokens[3] << ", by the scores " << tokens_plain[2]);
+  CHECK(tokens_plain[2] >= 10.0);
+  CHECK(*std::max_element(tokens.begin(), tokens.end()) <= 4.0);
+  CHECK(trained != trained_plain);
+  CHECK(model.forward(mb, 1, false) == reference.forward(mb, 1, false));
+}
+
+TEST_CASE("sinkhorn routing's rules: no aux loss, expert bias, groups or scaling (as Megatron's)") {
+  Config c = tiny_moe_decoder(true);
+  c.moe.moe_router_load_balancing_type = "sinkhorn";
+  auto errors = [](const Config& k) {
+    std::string all;
+    for (const auto& e : validate(k, 1, Purpose::kPrint).errors) all += e + "\n";
+    return all;
+  };
+  CHECK_THAT(errors(c), MT_CONTAINS("--moe-aux-loss-coeff 0"));
+  c.moe.moe_aux_loss_coeff = 0;
+  CHECK(errors(c).find("sinkhorn") == std::string::npos);
+  c.moe.moe_router_topk_scaling_factor = 2.0;
+  CHECK_THAT(errors(c), MT_CONTAINS("--moe-router-topk-scaling-factor does not apply to sinkhorn"));
 }
 
 TEST_CASE("--moe-apply-probs-on-input: top-1 only (Megatron's assertion), not with padding to capacity, nor with EP on the CUDA engine") {

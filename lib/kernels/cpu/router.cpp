@@ -53,7 +53,8 @@ float sigmoid(float x) { return static_cast<float>(1.0 / (1.0 + std::exp(-static
 
 }  // namespace
 
-void route_topk(const RouterSettings& s, const float* logits, const float* expert_bias, int64_t n, int32_t* top, float* weight) {
+void route_topk(const RouterSettings& s, const float* logits, const float* expert_bias, int64_t n, int32_t* top, float* weight,
+                const float* choice_scores) {
   const int64_t E = s.experts, k = s.topk;
   std::vector<float> scores(static_cast<size_t>(E)), choice(static_cast<size_t>(E)), picked(static_cast<size_t>(k));
   for (int64_t t = 0; t < n; ++t) {
@@ -67,7 +68,11 @@ void route_topk(const RouterSettings& s, const float* logits, const float* exper
     } else {
       std::copy(x, x + E, scores.begin());
     }
-    for (int64_t e = 0; e < E; ++e) choice[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] + (expert_bias ? expert_bias[e] : 0.0f);
+    if (choice_scores) {
+      std::copy(choice_scores + t * E, choice_scores + (t + 1) * E, choice.begin());
+    } else {
+      for (int64_t e = 0; e < E; ++e) choice[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] + (expert_bias ? expert_bias[e] : 0.0f);
+    }
     limited_top(s, choice.data(), idx);
     for (int64_t j = 0; j < k; ++j) picked[static_cast<size_t>(j)] = scores[static_cast<size_t>(idx[j])];
     if (s.sigmoid) {
@@ -119,6 +124,33 @@ void route_topk_backward(const RouterSettings& s, const float* logits, const int
       for (int64_t j = 0; j < k; ++j) dx[idx[j]] += static_cast<float>(p[static_cast<size_t>(j)] * (dpicked[static_cast<size_t>(j)] - dot));
     }
   }
+}
+
+std::vector<float> sinkhorn_normalize(const float* logits, int64_t n, int64_t experts) {
+  const size_t N = static_cast<size_t>(n), E = static_cast<size_t>(experts);
+  std::vector<float> cost(N * E), d0(N, 1.0f), d1(E, 1.0f), d1_old(E, 1.0f);
+  for (size_t i = 0; i < N * E; ++i) cost[i] = std::exp(logits[i]);
+  const float eps = 1e-8f, tol = 1e-4f;
+  for (int round = 0; round < kSinkhornMaxIterations; ++round) {
+    for (size_t t = 0; t < N; ++t) {
+      float sum = 0;
+      for (size_t e = 0; e < E; ++e) sum += d1[e] * cost[t * E + e];
+      d0[t] = (1.0f / static_cast<float>(N)) * 1.0f / (sum + eps);
+    }
+    float error = 0;
+    for (size_t e = 0; e < E; ++e) {
+      float sum = 0;
+      for (size_t t = 0; t < N; ++t) sum += d0[t] * cost[t * E + e];
+      d1[e] = (1.0f / static_cast<float>(E)) * 1.0f / (sum + eps);
+      error += std::fabs(d1_old[e] - d1[e]);
+    }
+    d1_old = d1;
+    if (error / static_cast<float>(E) <= tol) break;
+  }
+  for (size_t t = 0; t < N; ++t) {
+    for (size_t e = 0; e < E; ++e) cost[t * E + e] = d1[e] * cost[t * E + e] * d0[t];
+  }
+  return cost;
 }
 
 int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t topk, int64_t experts) {

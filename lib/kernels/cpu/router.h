@@ -21,7 +21,17 @@ struct RouterSettings {
 
 // The top-k choice of n tokens: top[n, k] expert indices (descending score, ties to the lower index) and their
 // routing weights weight[n, k]. expert_bias (E values, may be null) is added to the scores for the choice only.
-void route_topk(const RouterSettings& s, const float* logits, const float* expert_bias, int64_t n, int32_t* top, float* weight);
+// choice (n x E values, may be null: --moe-router-load-balancing-type sinkhorn in training) replaces the scores for the
+// choice; the weights stay the scores'.
+void route_topk(const RouterSettings& s, const float* logits, const float* expert_bias, int64_t n, int32_t* top, float* weight,
+                const float* choice = nullptr);
+
+// Megatron's sinkhorn (moe_utils.sinkhorn, S-BASE's balancing): cost = exp(logits[n, E]) scaled by a factor per token
+// d0[n] and per expert d1[E], alternately d0 = 1/n / (cost d1 + eps) and d1 = 1/E / (d0 cost + eps), until the mean
+// change of d1 is at most 1e-4 (at most kSinkhornMaxIterations rounds); returns d1 cost d0, n x E, in fp32 as
+// Megatron's. Its top-k is the training's choice (router.cpp's sinkhorn_load_balancing).
+constexpr int kSinkhornMaxIterations = 10000;
+std::vector<float> sinkhorn_normalize(const float* logits, int64_t n, int64_t experts);
 // dlogits[n, E] (overwritten) from the gradient of the routing weights dweight[n, k].
 void route_topk_backward(const RouterSettings& s, const float* logits, const int32_t* top, const float* dweight, int64_t n, float* dlogits);
 

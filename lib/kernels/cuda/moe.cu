@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/bf16_common.cuh"
 #include "kernels/cuda/moe.h"
+#include "kernels/cpu/router.h"  // kSinkhornMaxIterations
 #include "model/moe_random_logits.h"
 #include "tensor/cuda/cuda_check.h"
 
@@ -71,7 +72,7 @@ __global__ void logits_kernel(float* logits, const T16* xn, const T16* w, const 
   if (lane == 0) logits[t * E + e] = static_cast<float>(b ? s + static_cast<Accumulator>(to_f(b[e])) : s);
 }
 
-__global__ void route_kernel(int32_t* top, float* weight, const float* logits, MoeRouting r, const float* expert_bias) {
+__global__ void route_kernel(int32_t* top, float* weight, const float* logits, MoeRouting r, const float* expert_bias, const float* choice_scores) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= r.tokens) return;
   const int E = static_cast<int>(r.experts), k = static_cast<int>(r.topk);
@@ -89,7 +90,9 @@ __global__ void route_kernel(int32_t* top, float* weight, const float* logits, M
     for (int e = 0; e < E; ++e) scores[e] = x[e];
   }
   int32_t* idx = top + t * k;
-  if (expert_bias) {  // the choice from the biased scores, the weights from the scores
+  if (choice_scores) {  // (sinkhorn routing: the normalised logits choose)
+    top_k(choice_scores + t * E, E, k, idx);
+  } else if (expert_bias) {  // the choice from the biased scores, the weights from the scores
     float choice[kMaxExperts];
     for (int e = 0; e < E; ++e) choice[e] = scores[e] + expert_bias[e];
     limited_top_k(choice, E, k, static_cast<int>(r.num_groups), static_cast<int>(r.group_topk), idx);
@@ -111,6 +114,47 @@ __global__ void route_kernel(int32_t* top, float* weight, const float* logits, M
     for (int j = 0; j < k; ++j) w[j] = static_cast<float>(exp(static_cast<double>(scores[idx[j]] - mx)) / sum);
   }
   for (int j = 0; j < k; ++j) w[j] *= r.scaling;
+}
+
+// Megatron's sinkhorn in one block of kSinkhornThreads: cost = exp(logits) in scratch, then rounds of d0[t] (a thread per
+// token, its E products summed in order) and d1[e] (a warp per expert, its lanes' strided sums combined by shuffles), the
+// mean change of d1 deciding in thread 0 whether to go on, as kernels/cpu/router.cpp's sinkhorn_normalize.
+constexpr int kSinkhornThreads = 1024;
+__global__ void sinkhorn_kernel(float* cost, const float* logits, int64_t T, int E) {
+  __shared__ float d1[kMaxExperts], d1_old[kMaxExperts];
+  __shared__ int go_on;
+  float* d0 = cost + T * E;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  for (int64_t i = tid; i < T * E; i += kSinkhornThreads) cost[i] = expf(logits[i]);
+  for (int e = tid; e < E; e += kSinkhornThreads) d1[e] = d1_old[e] = 1.0f;
+  __syncthreads();
+  const float eps = 1e-8f, tol = 1e-4f;
+  for (int round = 0; round < cpu::kSinkhornMaxIterations; ++round) {
+    for (int64_t t = tid; t < T; t += kSinkhornThreads) {
+      float sum = 0;
+      for (int e = 0; e < E; ++e) sum += d1[e] * cost[t * E + e];
+      d0[t] = (1.0f / static_cast<float>(T)) * 1.0f / (sum + eps);
+    }
+    __syncthreads();
+    for (int e = warp; e < E; e += kSinkhornThreads / 32) {
+      float sum = 0;
+      for (int64_t t = lane; t < T; t += 32) sum += d0[t] * cost[t * E + e];
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) d1[e] = (1.0f / static_cast<float>(E)) * 1.0f / (sum + eps);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float error = 0;
+      for (int e = 0; e < E; ++e) {
+        error += fabsf(d1_old[e] - d1[e]);
+        d1_old[e] = d1[e];
+      }
+      go_on = error / static_cast<float>(E) > tol;
+    }
+    __syncthreads();
+    if (!go_on) break;
+  }
+  for (int64_t i = tid; i < T * E; i += kSinkhornThreads) cost[i] = d1[i % E] * cost[i] * d0[i / E];
 }
 
 // The permutation in three deterministic passes over chunks of kPermuteChunk choices: each chunk's count per expert
@@ -541,9 +585,16 @@ void moe_random_logits(float* logits, const MoeRouting& r, uint64_t key, int64_t
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st, const float* expert_bias) {
+void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st, const float* expert_bias,
+               const float* choice) {
   if (r.experts > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
-  route_kernel<<<blocks(r.tokens, 128), 128, 0, st>>>(top, weight, logits, r, expert_bias);
+  route_kernel<<<blocks(r.tokens, 128), 128, 0, st>>>(top, weight, logits, r, expert_bias, choice);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_sinkhorn(float* scratch, const float* logits, const MoeRouting& r, cudaStream_t st) {
+  if (r.experts > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
+  sinkhorn_kernel<<<1, kSinkhornThreads, 0, st>>>(scratch, logits, r.tokens, static_cast<int>(r.experts));
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -44,7 +44,13 @@ void moe_random_logits(float* logits, const MoeRouting& r, uint64_t key, int64_t
 // top[T, k] (descending, ties to the lower expert; with groups, among the experts of the best group_topk groups, each
 // group scored by the sum of its best topk / group_topk scores) and weight[T, k]. expert_bias (E floats, may be null:
 // --moe-router-enable-expert-bias) is added to the scores for the choice only, not the weights.
-void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st, const float* expert_bias = nullptr);
+// choice (T x E, may be null: sinkhorn routing in training) replaces the scores for the choice; the weights stay the scores'.
+void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st, const float* expert_bias = nullptr,
+               const float* choice = nullptr);
+// --moe-router-load-balancing-type sinkhorn (training): scratch[0, T E) = the Sinkhorn-normalised logits[T, E] of
+// kernels/cpu/router.h's sinkhorn_normalize (one block; the same updates and stopping rule in fp32, the sums over
+// tokens in a fixed warp order); scratch holds T (E + 1) floats (the per-token factors after the matrix).
+void moe_sinkhorn(float* scratch, const float* logits, const MoeRouting& r, cudaStream_t st);
 // Aux-loss-free balancing after a step (Megatron's get_updated_expert_bias), for `layers` MoE layers: each layer's
 // bias[E] += rate x sign(mean count - count[e]), the counts being the tokens each expert kept over the iteration:
 // acc[l (2 + E) + 2 + e] (moe_aux_finish's statistics).

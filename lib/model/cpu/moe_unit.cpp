@@ -37,6 +37,13 @@ MoeOptions MoeOptions::from(const Config& cfg) {
   o.alltoall = m.moe_token_dispatcher_type == "alltoall";
   o.probs_on_input = m.moe_apply_probs_on_input;
   o.force_balance = m.moe_router_force_load_balancing;
+  o.sinkhorn = m.moe_router_load_balancing_type == "sinkhorn";
+  if (o.sinkhorn) {  // (Megatron's sinkhorn_load_balancing: no pre-softmax flag, scaling, groups or expert bias)
+    o.router.sigmoid = o.router.topk == 1;
+    o.router.pre_softmax = o.router.topk > 1;
+    o.router.scaling = 1.0f;
+    o.router.num_groups = o.router.group_topk = 0;
+  }
   return o;
 }
 
@@ -216,6 +223,40 @@ void apply_capacity(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
   }
 }
 
+// --moe-router-load-balancing-type sinkhorn (training): the choice scores of this rank's tokens, Sinkhorn-normalised over
+// the microbatch's tokens. The logits are gathered over TP (under SP) and CP and placed in the batch's order (sample,
+// then position), so that every layout normalises the same matrix as one rank. (Megatron normalises each rank's own
+// tokens: under TP + SP or CP its choice depends on the layout.)
+std::vector<float> sinkhorn_choice(const PassContext& c, const float* logits) {
+  const ModelDims& D = c.D;
+  const int64_t Tl = c.Tl, E = D.experts, row = E + 1;
+  std::vector<float> rows(sz(Tl * row));  // each row: its place in the microbatch, then its logits
+  std::vector<int64_t> place(sz(Tl));
+  for (int64_t t = 0; t < Tl; ++t) {
+    place[sz(t)] = (c.t0 + t) / c.mb.S * D.S + sequence_position(c.mb, c.t0 + t);
+    rows[sz(t * row)] = static_cast<float>(place[sz(t)]);  // (exact: a microbatch holds far fewer than 2^24 tokens)
+    std::copy(logits + t * E, logits + (t + 1) * E, rows.begin() + t * row + 1);
+  }
+  auto gather = [&](Communicator& g) {
+    std::vector<float> all(rows.size() * sz(g.size()));
+    g.all_gather(rows.data(), all.data(), static_cast<int64_t>(rows.size()));
+    rows = std::move(all);
+  };
+  if (D.sequence_parallel && c.groups.tp->size() > 1) gather(*c.groups.tp);
+  if (D.cp > 1) gather(*c.groups.cp);
+  const int64_t n = static_cast<int64_t>(rows.size()) / row;
+  std::vector<float> ordered(sz(n * E));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t at = static_cast<int64_t>(rows[sz(i * row)]);
+    if (at < 0 || at >= n) throw std::logic_error("sinkhorn: a token's place outside the microbatch");
+    std::copy(rows.begin() + i * row + 1, rows.begin() + (i + 1) * row, ordered.begin() + at * E);
+  }
+  const std::vector<float> normalised = sinkhorn_normalize(ordered.data(), n, E);
+  std::vector<float> mine(sz(Tl * E));
+  for (int64_t t = 0; t < Tl; ++t) std::copy(normalised.begin() + place[sz(t)] * E, normalised.begin() + (place[sz(t)] + 1) * E, mine.begin() + t * E);
+  return mine;
+}
+
 // Sums over the ranks holding the rest of the microbatch's tokens: TP (under SP) and CP (Megatron's tp_cp group).
 void sum_over_microbatch(const PassContext& c, double* v, int64_t n) {
   if (c.groups.tp->size() > 1) c.groups.tp->all_reduce(v, n, ReduceOp::kSum);
@@ -330,7 +371,9 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   }
   A.top.resize(sz(Tl * k));
   A.weight.resize(sz(Tl * k));
-  route_topk(o.router, A.logits.data(), ly.expert_bias != kNoParam ? c.P(ly.expert_bias) : nullptr, Tl, A.top.data(), A.weight.data());
+  const std::vector<float> sinkhorn = o.sinkhorn && training ? sinkhorn_choice(c, A.logits.data()) : std::vector<float>();
+  route_topk(o.router, A.logits.data(), ly.expert_bias != kNoParam ? c.P(ly.expert_bias) : nullptr, Tl, A.top.data(), A.weight.data(),
+             sinkhorn.empty() ? nullptr : sinkhorn.data());
   std::vector<std::vector<int64_t>> pads;
   apply_capacity(c, o, A, pads);
   std::vector<Assignment> mine;

@@ -86,8 +86,12 @@ struct MoeOptions {
   bool alltoall = false;
   bool probs_on_input = false;  // --moe-apply-probs-on-input: the weight scales the expert's input (top-1), the combine adds
   bool force_balance = false;   // --moe-router-force-load-balancing: random logits (model/moe_random_logits.h)
+  // --moe-router-load-balancing-type sinkhorn: in training the choice is the top-k of the Sinkhorn-normalised logits over
+  // the microbatch's tokens; the weights (and the choice in evaluation) sigmoid's at top-1, else the softmax's over all
+  // experts (router settings to match).
+  bool sinkhorn = false;
   static MoeOptions from(const Config& cfg);
-  bool aux_enabled() const { return balance != "none" && aux_coeff > 0; }
+  bool aux_enabled() const { return balance != "none" && !sinkhorn && aux_coeff > 0; }
 };
 
 // out = x + dropout(routed experts(norm(x)) + shared expert(norm(x))): Megatron's MoE layer in the MLP slot.

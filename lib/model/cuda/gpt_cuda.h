@@ -658,6 +658,9 @@ class CudaGPT {
   // --moe-router-force-load-balancing: the logits replaced by random ones (model/moe_random_logits.h), their key.
   bool moe_force_balance_ = false;
   uint64_t moe_random_key_ = 0;
+  // --moe-router-load-balancing-type sinkhorn: a training forward (or its recompute) chooses by the Sinkhorn-normalised
+  // logits (moe_training_ set by forward and backward; evaluation chooses by the scores).
+  bool moe_sinkhorn_ = false, moe_training_ = false;
   float moe_scaling_ = 1, moe_aux_coeff_ = 0, moe_z_coeff_ = 0;
   bool moe_record_stats_ = false;
   double moe_capacity_factor_ = 0;  // 0: dropless

@@ -44,6 +44,14 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   moe_group_topk_ = m.moe_router_group_topk.value_or(0);
   moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
   moe_seq_aux_ = m.moe_router_load_balancing_type == "seq_aux_loss";
+  moe_sinkhorn_ = m.moe_router_load_balancing_type == "sinkhorn";
+  if (moe_sinkhorn_) {  // (Megatron's sinkhorn_load_balancing: sigmoid at top-1, else the softmax over all experts; as the CPU engine's)
+    if (D.cp > 1) throw std::logic_error("CUDA model: sinkhorn routing with CP (refused by the capability checks)");
+    moe_sigmoid_ = topk_ == 1;
+    moe_pre_softmax_ = topk_ > 1;
+    moe_scaling_ = 1.0f;
+    moe_groups_ = moe_group_topk_ = 0;
+  }
   moe_capacity_factor_ = m.moe_expert_capacity_factor.value_or(0.0);
   moe_drop_by_probability_ = m.moe_token_drop_policy == "probs";
   moe_pad_ = moe_capacity_factor_ > 0 && m.moe_pad_expert_input_to_capacity;
@@ -150,7 +158,11 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (moe_force_balance_) {  // (rows in their natural order, whole sequences: CP is refused in setup_moe)
     MT_PROF("fwd.moe.router", cuda::moe_random_logits(r.logits, rt, moe_random_key_, first_layer_ + l, mb.first_sample, D.S, stream_));
   }
-  MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr));
+  // (sinkhorn routing in training: the normalised logits choose; rows in their natural order, whole sequences)
+  const bool sinkhorn = moe_sinkhorn_ && moe_training_;
+  if (sinkhorn) MT_PROF("fwd.moe.route", cuda::moe_sinkhorn(s.sinkhorn, r.logits, rt, stream_));
+  MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr,
+                                           sinkhorn ? s.sinkhorn : nullptr));
   // A capacity that drops, or this TP rank's slice of the rows (expert-TP other than TP): the host's rows and kept counts
   // (before the statistics read them), else the permutation's.
   const bool host_rows = (moe_capacity_factor_ > 0 || moe_own_rows_) && moe_capacity(r, T, mb.S);

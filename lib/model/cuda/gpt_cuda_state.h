@@ -101,6 +101,7 @@ struct CudaGPT::Scratch {
   bf16 *ex_dout = nullptr, *ex_dact = nullptr, *ex_dfc1 = nullptr, *ex_din = nullptr;
   bf16 *sh_dact = nullptr, *sh_dfc1 = nullptr;  // the shared expert's activation [T, Fs] and fc1 [T, F1s] gradients
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
+  float* sinkhorn = nullptr;  // sinkhorn routing: the normalised logits [T, E], then the tokens' factors [T]
   float* counts_aux = nullptr;
   int32_t *counts = nullptr, *offsets = nullptr, *counts_host = nullptr;
   float* wgrad_parts = nullptr;  // the router weight gradient's partial sums

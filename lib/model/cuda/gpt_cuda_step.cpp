@@ -157,6 +157,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
     }
   }
   moe_record_stats_ = grad_scale > 0.0f;  // the MoE statistics of training forwards (not evaluation, not a recompute)
+  moe_training_ = grad_scale > 0.0f;
   f8_keep_xt_ = grad_scale > 0.0f;
   f8_forward_casts_weights_ = f8_weights_due_ || grad_scale <= 0.0f;  // (evaluation: the weights as they are now)
   if (f8_scale_) {  // FP8 delayed scaling: this microbatch's input scales, and at the iteration's first the weights' cast scales
@@ -233,6 +234,7 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
   slots_[static_cast<size_t>(slot)].weights_due = defer_weights;
   const std::function<void(int64_t)> hook = defer_weights ? std::function<void(int64_t)>() : grads_ready_;
   f8_keep_xt_ = true;  // (a recomputed layer's cast writes its x^T again)
+  moe_training_ = true;  // (a recomputed MoE layer chooses as its training forward did)
   f8_forward_casts_weights_ = false;  // (and reads the iteration's cast weights)
   if (f8_scale_) {  // FP8 delayed scaling: this backward's output-gradient scales; recomputed layers record nothing
     MT_CUDA_CHECK(cudaMemcpyAsync(slots_[static_cast<size_t>(slot)].f8_dy_scale, f8_scale_ + kFp8GradOutput * f8_slots_,
