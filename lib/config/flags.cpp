@@ -175,7 +175,7 @@ std::vector<FlagSpec> build_table() {
       F(kMoe, "moe-layer-freq", moe.moe_layer_freq,
         "MoE layer pattern: N (every N-th layer from the first) or a list such as \"[0]+[1]*3\" (one 0/1 per layer)"),
       F(kMoe, "moe-router-load-balancing-type", moe.moe_router_load_balancing_type, "Load balancing", "aux_loss",
-        "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"),
+        "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"),
       F(kMoe, "moe-aux-loss-coeff", moe.moe_aux_loss_coeff, "Auxiliary load-balancing loss weight"),
       F(kMoe, "moe-z-loss-coeff", moe.moe_z_loss_coeff, "Router z-loss weight"),
       F(kMoe, "moe-token-dispatcher-type", moe.moe_token_dispatcher_type, "Token dispatcher", "allgather", "alltoall",

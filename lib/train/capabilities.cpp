@@ -20,6 +20,8 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "--cp-comm-type " + p.cp_comm_type + " is not implemented: use p2p (ring attention) or a2a (all-to-all over heads)");
 
   const auto& m = c.moe;
+  no(m.num_experts && m.moe_router_load_balancing_type == "quantile_balancing",
+     "--moe-router-load-balancing-type quantile_balancing is not implemented: use aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none");
   no(m.num_experts && m.moe_token_dispatcher_type == "flex",
      "--moe-token-dispatcher-type flex (DeepEP) is not implemented: use alltoall or allgather");
   no(m.num_experts && m.moe_apply_probs_on_input && m.moe_pad_expert_input_to_capacity,
