@@ -255,7 +255,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_INERT("moe-dispatch-fwd-dtype", true, "a setting of the flex dispatcher's NCCL EP, which megatrain does not implement"),
       MT_INERT("moe-combine-bwd-dtype", true, "a setting of the flex dispatcher's NCCL EP, which megatrain does not implement"),
       MT_REFUSED("moe-latent-size", true, "latent projections around the experts are not implemented: drop it"),
-      MT_REFUSED("moe-shared-expert-gate", false, "the shared expert's sigmoid gate is not implemented: drop it"),
       MT_REFUSED("moe-router-force-biased", true,
                  "random router biases (a benchmarking aid) are not implemented: use --moe-router-force-load-balancing, or drop it"),
       MT_REFUSED("moe-router-padding-for-quantization", false,

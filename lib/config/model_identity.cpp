@@ -59,6 +59,7 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
     for (bool m : moe_layer_pattern(c)) pattern += m ? '1' : '0';
     out.emplace_back("moe-layer-freq", pattern);
     out.emplace_back("moe-shared-expert-intermediate-size", text(c.moe.moe_shared_expert_intermediate_size));
+    if (c.moe.moe_shared_expert_intermediate_size) out.emplace_back("moe-shared-expert-gate", text(c.moe.moe_shared_expert_gate));
   }
   return out;
 }

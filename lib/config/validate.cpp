@@ -529,6 +529,9 @@ void check_moe(const Config& c, Checker& k) {
   if (m.moe_shared_expert_overlap && m.moe_token_dispatcher_type != "alltoall") {
     k.error("--moe-shared-expert-overlap works only with --moe-token-dispatcher-type alltoall (as in Megatron)");
   }
+  if (m.moe_shared_expert_gate && !m.moe_shared_expert_intermediate_size) {
+    k.warn("--moe-shared-expert-gate has no effect without a shared expert (--moe-shared-expert-intermediate-size)");
+  }
   if (m.moe_shared_expert_overlap && !m.moe_shared_expert_intermediate_size) {
     k.error("--moe-shared-expert-overlap needs a shared expert: add --moe-shared-expert-intermediate-size");
   }

@@ -264,10 +264,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
              "Qwen3-MoE's router is a softmax with the top k, renormalised or not: no sigmoid scores, scaling factor, groups or expert bias");
       refuse(mc.moe_expert_capacity_factor.has_value(), "Qwen3-MoE is dropless (no --moe-expert-capacity-factor)");
       refuse(D.F_shared > 0, "Qwen3-MoE has no shared experts");
+      // (sinkhorn routing's trained model routes by the softmax over all experts, the top k not renormalised: top-1 would be sigmoid's)
+      const bool sinkhorn = mc.moe_router_load_balancing_type == "sinkhorn";
+      refuse(sinkhorn && D.topk == 1, "sinkhorn routing at --moe-router-topk 1 weighs by a sigmoid, which Qwen3-MoE's router cannot");
       config["num_experts"] = D.experts;
       config["num_experts_per_tok"] = D.topk;
       config["moe_intermediate_size"] = D.F_moe;
-      config["norm_topk_prob"] = !mc.moe_router_pre_softmax;
+      config["norm_topk_prob"] = !mc.moe_router_pre_softmax && !sinkhorn;
       config["decoder_sparse_step"] = 1;
       config["mlp_only_layers"] = dense_layers;
       config["router_aux_loss_coef"] = mc.moe_aux_loss_coeff;
@@ -280,6 +283,9 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
              "Mixtral's router is a softmax over the top-k logits: no --moe-router-pre-softmax, sigmoid scores, scaling factor, "
              "groups or expert bias");
       refuse(mc.moe_expert_capacity_factor.has_value(), "Mixtral is dropless (no --moe-expert-capacity-factor)");
+      refuse(mc.moe_router_load_balancing_type == "sinkhorn",
+             "a model trained with sinkhorn routing weighs by the softmax over all experts (or a sigmoid at top-1), not Mixtral's "
+             "softmax over the top k: export it as Qwen3-MoE (--qk-layernorm), or train with another balancing type");
       refuse(D.F_shared > 0, "Mixtral has no shared experts");
       config["num_local_experts"] = D.experts;
       config["num_experts_per_tok"] = D.topk;

@@ -175,6 +175,7 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
         ly.shared_fc1_b = mlp[1];
         ly.shared_fc2_w = mlp[2];
         ly.shared_fc2_b = mlp[3];
+        if (cfg.moe.moe_shared_expert_gate) ly.shared_gate_w = add(p + "mlp.shared_experts.gate.weight", {1, D.h}, -1, InitKind::kNormal, std);
       }
     }
     ly.end = store.size();

@@ -59,6 +59,7 @@ struct LayerParams {
   size_t expert_bias = kNoParam;  // --moe-router-enable-expert-bias: [E], not trained (ParamInfo::trainable false)
   std::vector<Expert> experts;
   size_t shared_fc1_w = kNoParam, shared_fc1_b = kNoParam, shared_fc2_w = kNoParam, shared_fc2_b = kNoParam;
+  size_t shared_gate_w = kNoParam;  // --moe-shared-expert-gate: [1, h], on every TP rank
   // The layer's parameters are the indices [first, end) (registration order); the dense ones are contiguous in the
   // flat buffers, the experts' sit in the expert range after every dense parameter (ParamStore::group_range), and
   // the expert bias (not trainable) after both.

@@ -326,6 +326,12 @@ TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared exper
       c.moe.moe_shared_expert_intermediate_size = 12;
     });
   }
+  SECTION("LLaMA: a shared expert with its gate (--moe-shared-expert-gate)") {
+    check_moe_model(true, [](Config& c) {
+      c.moe.moe_shared_expert_intermediate_size = 12;
+      c.moe.moe_shared_expert_gate = true;
+    });
+  }
   SECTION("LLaMA: global_aux_loss") {
     check_moe_model(true, [](Config& c) { c.moe.moe_router_load_balancing_type = "global_aux_loss"; });
   }

@@ -145,7 +145,7 @@ std::vector<float> sinkhorn_normalize(const float* logits, int64_t n, int64_t ex
       error += std::fabs(d1_old[e] - d1[e]);
     }
     d1_old = d1;
-    if (error / static_cast<float>(E) <= tol) break;
+    if (!(error / static_cast<float>(E) > tol)) break;  // (Megatron's `while error > tol`: a NaN stops it too)
   }
   for (size_t t = 0; t < N; ++t) {
     for (size_t e = 0; e < E; ++e) cost[t * E + e] = d1[e] * cost[t * E + e] * d0[t];

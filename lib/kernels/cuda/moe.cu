@@ -116,29 +116,30 @@ __global__ void route_kernel(int32_t* top, float* weight, const float* logits, M
   for (int j = 0; j < k; ++j) w[j] *= r.scaling;
 }
 
-// Megatron's sinkhorn in one block of kSinkhornThreads: cost = exp(logits) in scratch, then rounds of d0[t] (a thread per
-// token, its E products summed in order) and d1[e] (a warp per expert, its lanes' strided sums combined by shuffles), the
-// mean change of d1 deciding in thread 0 whether to go on, as kernels/cpu/router.cpp's sinkhorn_normalize.
+// Megatron's sinkhorn in one block of kSinkhornThreads: cost = exp(logits) expert-major in scratch ([E, T], so that both
+// phases read consecutive tokens), then rounds of d0[t] (a thread per token, its E products summed in order) and d1[e]
+// (a warp per expert, its lanes' strided sums combined by shuffles), the mean change of d1 deciding in thread 0 whether
+// to go on, as kernels/cpu/router.cpp's sinkhorn_normalize; out[T, E] = d1 cost d0.
 constexpr int kSinkhornThreads = 1024;
-__global__ void sinkhorn_kernel(float* cost, const float* logits, int64_t T, int E) {
+__global__ void __launch_bounds__(kSinkhornThreads) sinkhorn_kernel(float* out, float* cost, const float* logits, int64_t T, int E) {
   __shared__ float d1[kMaxExperts], d1_old[kMaxExperts];
   __shared__ int go_on;
   float* d0 = cost + T * E;
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  for (int64_t i = tid; i < T * E; i += kSinkhornThreads) cost[i] = expf(logits[i]);
+  for (int64_t i = tid; i < T * E; i += kSinkhornThreads) cost[(i % E) * T + i / E] = expf(logits[i]);
   for (int e = tid; e < E; e += kSinkhornThreads) d1[e] = d1_old[e] = 1.0f;
   __syncthreads();
   const float eps = 1e-8f, tol = 1e-4f;
   for (int round = 0; round < cpu::kSinkhornMaxIterations; ++round) {
     for (int64_t t = tid; t < T; t += kSinkhornThreads) {
       float sum = 0;
-      for (int e = 0; e < E; ++e) sum += d1[e] * cost[t * E + e];
+      for (int e = 0; e < E; ++e) sum += d1[e] * cost[e * T + t];
       d0[t] = (1.0f / static_cast<float>(T)) * 1.0f / (sum + eps);
     }
     __syncthreads();
     for (int e = warp; e < E; e += kSinkhornThreads / 32) {
       float sum = 0;
-      for (int64_t t = lane; t < T; t += 32) sum += d0[t] * cost[t * E + e];
+      for (int64_t t = lane; t < T; t += 32) sum += d0[t] * cost[e * T + t];
       for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
       if (lane == 0) d1[e] = (1.0f / static_cast<float>(E)) * 1.0f / (sum + eps);
     }
@@ -154,7 +155,7 @@ __global__ void sinkhorn_kernel(float* cost, const float* logits, int64_t T, int
     __syncthreads();
     if (!go_on) break;
   }
-  for (int64_t i = tid; i < T * E; i += kSinkhornThreads) cost[i] = d1[i % E] * cost[i] * d0[i / E];
+  for (int64_t i = tid; i < T * E; i += kSinkhornThreads) out[i] = d1[i % E] * cost[(i % E) * T + i / E] * d0[i / E];
 }
 
 // The permutation in three deterministic passes over chunks of kPermuteChunk choices: each chunk's count per expert
@@ -592,9 +593,9 @@ void moe_route(int32_t* top, float* weight, const float* logits, const MoeRoutin
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_sinkhorn(float* scratch, const float* logits, const MoeRouting& r, cudaStream_t st) {
+void moe_sinkhorn(float* out, float* scratch, const float* logits, const MoeRouting& r, cudaStream_t st) {
   if (r.experts > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
-  sinkhorn_kernel<<<1, kSinkhornThreads, 0, st>>>(scratch, logits, r.tokens, static_cast<int>(r.experts));
+  sinkhorn_kernel<<<1, kSinkhornThreads, 0, st>>>(out, scratch, logits, r.tokens, static_cast<int>(r.experts));
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -769,6 +770,61 @@ void moe_router_bias(float* logits, const bf16* b, const MoeRouting& r, cudaStre
   with_type(dt, [&](auto tag) {
     using T16 = decltype(tag);
     router_bias_kernel<T16><<<blocks(r.tokens * r.experts, 256), 256, 0, st>>>(logits, P<T16>(b), r.tokens, r.experts);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+namespace {
+
+template <typename T16>
+__global__ void shared_gate_forward_kernel(float* gate, T16* delta, const T16* shared, const T16* xn, const T16* w, int64_t T, int64_t h) {
+  const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= T) return;
+  float dot = 0;
+  for (int64_t i = lane; i < h; i += 32) dot += to_f(xn[t * h + i]) * to_f(w[i]);
+  for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+  const float s = sigm(dot);
+  if (lane == 0) gate[t] = s;
+  for (int64_t i = lane; i < h; i += 32) delta[t * h + i] = from_f<T16>(to_f(delta[t * h + i]) + s * to_f(shared[t * h + i]));
+}
+
+template <typename T16>
+__global__ void shared_gate_backward_kernel(T16* dshared, float* dlogit, T16* dxn, const T16* dy, const T16* shared, const float* gate,
+                                            const T16* w, int64_t T, int64_t h) {
+  const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= T) return;
+  const float s = gate[t];
+  float dot = 0;
+  for (int64_t i = lane; i < h; i += 32) {
+    const float d = to_f(dy[t * h + i]);
+    dot += d * to_f(shared[t * h + i]);
+    dshared[t * h + i] = from_f<T16>(s * d);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+  const float dl = dot * s * (1.0f - s);
+  if (lane == 0) dlogit[t] = dl;
+  for (int64_t i = lane; i < h; i += 32) dxn[t * h + i] = from_f<T16>(to_f(dxn[t * h + i]) + dl * to_f(w[i]));
+}
+
+}  // namespace
+
+void moe_shared_gate_forward(float* gate, bf16* delta, const bf16* shared, const bf16* xn, const bf16* w, int64_t T, int64_t h, cudaStream_t st,
+                             F16 dt) {
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    shared_gate_forward_kernel<T16><<<blocks(T * 32, 256), 256, 0, st>>>(gate, P<T16>(delta), P<T16>(shared), P<T16>(xn), P<T16>(w), T, h);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void moe_shared_gate_backward(bf16* dshared, float* dlogit, bf16* dxn, const bf16* dy, const bf16* shared, const float* gate, const bf16* w,
+                              int64_t T, int64_t h, cudaStream_t st, F16 dt) {
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    shared_gate_backward_kernel<T16><<<blocks(T * 32, 256), 256, 0, st>>>(P<T16>(dshared), dlogit, P<T16>(dxn), P<T16>(dy), P<T16>(shared), gate,
+                                                                         P<T16>(w), T, h);
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }

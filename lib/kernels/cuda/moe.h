@@ -47,10 +47,10 @@ void moe_random_logits(float* logits, const MoeRouting& r, uint64_t key, int64_t
 // choice (T x E, may be null: sinkhorn routing in training) replaces the scores for the choice; the weights stay the scores'.
 void moe_route(int32_t* top, float* weight, const float* logits, const MoeRouting& r, cudaStream_t st, const float* expert_bias = nullptr,
                const float* choice = nullptr);
-// --moe-router-load-balancing-type sinkhorn (training): scratch[0, T E) = the Sinkhorn-normalised logits[T, E] of
+// --moe-router-load-balancing-type sinkhorn (training): out[T, E] = the Sinkhorn-normalised logits[T, E] of
 // kernels/cpu/router.h's sinkhorn_normalize (one block; the same updates and stopping rule in fp32, the sums over
-// tokens in a fixed warp order); scratch holds T (E + 1) floats (the per-token factors after the matrix).
-void moe_sinkhorn(float* scratch, const float* logits, const MoeRouting& r, cudaStream_t st);
+// tokens in a fixed warp order); scratch: T (E + 1) floats (the costs expert-major, then the per-token factors).
+void moe_sinkhorn(float* out, float* scratch, const float* logits, const MoeRouting& r, cudaStream_t st);
 // Aux-loss-free balancing after a step (Megatron's get_updated_expert_bias), for `layers` MoE layers: each layer's
 // bias[E] += rate x sign(mean count - count[e]), the counts being the tokens each expert kept over the iteration:
 // acc[l (2 + E) + 2 + e] (moe_aux_finish's statistics).
@@ -101,5 +101,14 @@ int64_t moe_router_wgrad_scratch(const MoeRouting& r);
 // of dlogits (per expert in a fixed order).
 void moe_router_bias(float* logits, const bf16* b, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 void moe_router_bias_grad(float* db, const float* dlogits, const MoeRouting& r, cudaStream_t st);
+// --moe-shared-expert-gate, a warp per token: gate[t] = sigmoid(xn[t] . w) (fp32, the products summed over the lanes'
+// strided parts by shuffles) and delta[t] += gate[t] shared[t] (rounded once), for T tokens of width h.
+void moe_shared_gate_forward(float* gate, bf16* delta, const bf16* shared, const bf16* xn, const bf16* w, int64_t T, int64_t h,
+                             cudaStream_t st, F16 dt = F16::kBF16);
+// Its backward: dshared[t] = gate[t] dy[t] (the shared expert's output gradient) and dlogit[t] = (dy[t] . shared[t])
+// gate (1 - gate) (under TP a partial sum with this rank's share of the shared output, as the weight's and input's
+// gradients it feeds are); dxn[t] += dlogit[t] w (rounded once). The weight's gradient: moe_router_wgrad with one expert.
+void moe_shared_gate_backward(bf16* dshared, float* dlogit, bf16* dxn, const bf16* dy, const bf16* shared, const float* gate, const bf16* w,
+                              int64_t T, int64_t h, cudaStream_t st, F16 dt = F16::kBF16);
 
 }  // namespace mt::cuda

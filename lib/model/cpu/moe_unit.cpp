@@ -420,6 +420,17 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   if (ly.shared_fc1_w != kNoParam) {
     Buf shared;
     shared_body(c, ly).forward(c, A.ln.data(), shared, A.shared);
+    if (ly.shared_gate_w != kNoParam) {  // (Megatron's shared expert gate: the output times sigmoid(ln . g) per token)
+      const float* g = c.P(ly.shared_gate_w);
+      A.shared_gate.resize(sz(Tl));
+      for (int64_t t = 0; t < Tl; ++t) {
+        double logit = 0;
+        for (int64_t i = 0; i < h; ++i) logit += static_cast<double>(A.ln[sz(t * h + i)]) * g[i];
+        A.shared_gate[sz(t)] = static_cast<float>(1.0 / (1.0 + std::exp(-logit)));
+      }
+      A.shared_out = shared;
+      for (int64_t i = 0; i < Tl * h; ++i) shared[sz(i)] *= A.shared_gate[sz(i / h)];
+    }
     for (int64_t i = 0; i < Tl * h; ++i) out[sz(i)] += shared[sz(i)];
   }
   c.dropout_tokens(out.data(), ly.layer, kDropMlpOut, false);
@@ -434,7 +445,34 @@ void MoeUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Stash& A)
   const int64_t Tl = c.Tl, h = D.h, E = D.experts;
   Buf branch = dout, dln(sz(Tl * h), 0.0f);
   c.dropout_tokens(branch.data(), ly.layer, kDropMlpOut, true);
-  if (ly.shared_fc1_w != kNoParam) shared_body(c, ly).backward(c, branch.data(), dln, A.shared);
+  if (ly.shared_fc1_w != kNoParam && ly.shared_gate_w != kNoParam) {
+    // The gate: the shared expert's output gradient times the gate; the gate's logit gradient (the output gradient's dot
+    // with the ungated output, times s (1 - s)) into its weight (a partial sum over this rank's tokens, as a norm's) and
+    // into the norm output's gradient.
+    const float* g = c.P(ly.shared_gate_w);
+    float* dg = c.G(ly.shared_gate_w);
+    Buf dshared(sz(Tl * h)), dlogit(sz(Tl));
+    for (int64_t t = 0; t < Tl; ++t) {
+      const float s = A.shared_gate[sz(t)];
+      double dot = 0;
+      for (int64_t i = 0; i < h; ++i) {
+        dot += static_cast<double>(branch[sz(t * h + i)]) * A.shared_out[sz(t * h + i)];
+        dshared[sz(t * h + i)] = branch[sz(t * h + i)] * s;
+      }
+      dlogit[sz(t)] = static_cast<float>(dot * s * (1.0 - s));
+    }
+    shared_body(c, ly).backward(c, dshared.data(), dln, A.shared);
+    for (int64_t i = 0; i < h; ++i) {
+      double sum = 0;
+      for (int64_t t = 0; t < Tl; ++t) sum += static_cast<double>(dlogit[sz(t)]) * A.ln[sz(t * h + i)];
+      dg[i] += static_cast<float>(sum);
+    }
+    for (int64_t t = 0; t < Tl; ++t) {
+      for (int64_t i = 0; i < h; ++i) dln[sz(t * h + i)] += dlogit[sz(t)] * g[i];
+    }
+  } else if (ly.shared_fc1_w != kNoParam) {
+    shared_body(c, ly).backward(c, branch.data(), dln, A.shared);
+  }
   Buf dy, dweight, drows;
   A.dispatcher.combine_backward(c, branch, dy, dweight);
   experts_backward(c, ly, A, dy, drows);

@@ -109,6 +109,7 @@ struct MoeUnit {
     std::vector<int64_t> per_expert;
     std::vector<LinearStash> fc1_lin, fc2_lin;  // FP8: each local expert's GEMMs' quantised operands
     MlpBody::Stash shared;
+    Buf shared_out, shared_gate;  // --moe-shared-expert-gate: the shared expert's ungated output [Tl, h] and its gates [Tl]
     float z_scale = 0;  // d(z loss) / d(sum of lse^2 over this rank's tokens)
   };
   const LayerParams* p = nullptr;

@@ -194,6 +194,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       }
       lw.shared_fc1_w = offset(ly.shared_fc1_w);
       lw.shared_fc2_w = offset(ly.shared_fc2_w);
+      if (ly.shared_gate_w != kNoParam) lw.shared_gate_w = offset(ly.shared_gate_w);
       lw.moe_index = moe_layers_++;
       if (ly.expert_bias != kNoParam) expert_bias_offsets_.push_back(layout.info(ly.expert_bias).offset);
     }
@@ -354,6 +355,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       if (F_shared_ > 0) {
         r.sh_fc1 = b16(D.swiglu ? 2 * F_shared_ : F_shared_);
         r.sh_act = b16(F_shared_);
+        if (shared_gate_) {
+          r.sh_out = b16(h);
+          r.sh_gate = f32(1);
+        }
       }
       r.aux_dscale = static_cast<float*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
     }
@@ -495,11 +500,15 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       if (F_shared_ > 0) {
         if (D.swiglu || D.squared_relu || D.fp8) s.sh_dact = b16(F_shared_);
         s.sh_dfc1 = b16(D.swiglu ? 2 * F_shared_ : F_shared_);
+        if (shared_gate_) {
+          s.sh_dgated = b16(h);
+          s.sh_dlogit = f32(1);
+        }
       }
       s.dlogits = f32(experts_);
       s.dweight = f32(1, k);
       s.scores = f32(experts_);
-      if (moe_sinkhorn_) s.sinkhorn = f32(experts_ + 1);
+      if (moe_sinkhorn_) s.sinkhorn = f32(2 * experts_ + 1);
       s.zsum = static_cast<float*>(alloc(static_cast<size_t>(T + 1) * 4));  // the sum, then each token's lse^2
       s.probsum = static_cast<float*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
       s.wgrad_parts = static_cast<float*>(alloc(static_cast<size_t>(cuda::moe_router_wgrad_scratch({T, experts_, topk_, h})) * 4));

@@ -661,6 +661,7 @@ class CudaGPT {
   // --moe-router-load-balancing-type sinkhorn: a training forward (or its recompute) chooses by the Sinkhorn-normalised
   // logits (moe_training_ set by forward and backward; evaluation chooses by the scores).
   bool moe_sinkhorn_ = false, moe_training_ = false;
+  bool shared_gate_ = false;  // --moe-shared-expert-gate (with a shared expert)
   float moe_scaling_ = 1, moe_aux_coeff_ = 0, moe_z_coeff_ = 0;
   bool moe_record_stats_ = false;
   double moe_capacity_factor_ = 0;  // 0: dropless

@@ -45,6 +45,7 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
   moe_seq_aux_ = m.moe_router_load_balancing_type == "seq_aux_loss";
   moe_sinkhorn_ = m.moe_router_load_balancing_type == "sinkhorn";
+  shared_gate_ = m.moe_shared_expert_gate && F_shared_ > 0;
   if (moe_sinkhorn_) {  // (Megatron's sinkhorn_load_balancing: sigmoid at top-1, else the softmax over all experts; as the CPU engine's)
     if (D.cp > 1) throw std::logic_error("CUDA model: sinkhorn routing with CP (refused by the capability checks)");
     moe_sigmoid_ = topk_ == 1;
@@ -160,7 +161,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   }
   // (sinkhorn routing in training: the normalised logits choose; rows in their natural order, whole sequences)
   const bool sinkhorn = moe_sinkhorn_ && moe_training_;
-  if (sinkhorn) MT_PROF("fwd.moe.route", cuda::moe_sinkhorn(s.sinkhorn, r.logits, rt, stream_));
+  if (sinkhorn) MT_PROF("fwd.moe.route", cuda::moe_sinkhorn(s.sinkhorn, s.sinkhorn + T * E, r.logits, rt, stream_));
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr,
                                            sinkhorn ? s.sinkhorn : nullptr));
   // A capacity that drops, or this TP rank's slice of the rows (expert-TP other than TP): the host's rows and kept counts
@@ -245,7 +246,12 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   MT_PROF("fwd.moe.combine", cuda::moe_combine(s.delta, r.ex_out, r.row, moe_probs_on_input_ ? moe_ones_ : r.route_weight, rt, stream_, dt_));
   if (lw.shared_fc1_w >= 0) {
     const ExpertFp8 x8 = f8 ? expert_fp8(l, r, E, 0, 0) : ExpertFp8{};
-    expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f, stream_, -1, -1, f8 ? &x8 : nullptr, T);
+    if (lw.shared_gate_w >= 0) {  // (its output apart, then added times each token's gate: the same factor on every TP rank's partial sums)
+      expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, r.sh_out, 0.0f, stream_, -1, -1, f8 ? &x8 : nullptr, T);
+      MT_PROF("fwd.moe.shared.gate", cuda::moe_shared_gate_forward(r.sh_gate, s.delta, r.sh_out, r.xn2, w(lw.shared_gate_w), T, h, stream_, dt_));
+    } else {
+      expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f, stream_, -1, -1, f8 ? &x8 : nullptr, T);
+    }
   }
 }
 
@@ -473,7 +479,18 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   // The shared expert, its input gradient added onto the routed experts' and the router's.
   if (lw.shared_fc1_w >= 0) {
     const ExpertFp8 x8 = f8 ? expert_fp8(l, r, experts_, 0, 0) : ExpertFp8{};
-    expert_backward(true, T, F_shared_, dy, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.sh_dact, s.sh_dfc1, s.dxn, 1.0f, stream_,
+    const bf16* shared_dy = dy;
+    if (lw.shared_gate_w >= 0) {
+      // The gate: the shared expert's output gradient times it; its logit's gradient (under TP from this rank's partial
+      // output, so the weight's and the input's gradients are partial sums as the router's are) into the input gradient
+      // and the weight (a one-expert router weight gradient).
+      MT_PROF("bwd.moe.shared.gate", cuda::moe_shared_gate_backward(s.sh_dgated, s.sh_dlogit, s.dxn, dy, r.sh_out, r.sh_gate, w(lw.shared_gate_w), T, h,
+                                                                     stream_, dt_));
+      MT_PROF("bwd.moe.shared.gate", cuda::moe_router_wgrad(g(lw.shared_gate_w), s.wgrad_parts, s.sh_dlogit, r.xn2, cuda::MoeRouting{T, 1, 1, h},
+                                                             stream_, dt_));
+      shared_dy = s.sh_dgated;
+    }
+    expert_backward(true, T, F_shared_, shared_dy, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.sh_dact, s.sh_dfc1, s.dxn, 1.0f, stream_,
                     f8 ? &x8 : nullptr);
   }
 }

@@ -22,6 +22,7 @@ struct CudaGPT::LayerW {
   int64_t router_w = -1, router_b = -1;
   std::vector<int64_t> expert_fc1, expert_fc2, expert_fc1_b, expert_fc2_b;
   int64_t shared_fc1_w = -1, shared_fc2_w = -1;  // the shared expert (--moe-shared-expert-intermediate-size; -1: none)
+  int64_t shared_gate_w = -1;                     // its gate (--moe-shared-expert-gate; -1: none)
   int64_t moe_index = -1;  // its place among the stage's MoE layers (the statistics' rows)
 };
 
@@ -65,6 +66,8 @@ struct CudaGPT::Record {
   int64_t pads = 0;
   // The shared expert (every token): its fc1 output [T, F1s] and activation [T, Fs].
   bf16 *sh_fc1 = nullptr, *sh_act = nullptr;
+  bf16* sh_out = nullptr;      // --moe-shared-expert-gate: the shared expert's ungated output [T, h] (under TP its partial sums)
+  float* sh_gate = nullptr;    // and each token's gate [T]
   // FP8 layers: per linear site, the amax of its input and of its weight from the forward [4 x 2] (the backward
   // casts the weight's transpose with the same scale), the input's transpose x^T in FP8 that the forward's cast wrote
   // beside x (the weight gradient's operand: [h, T], [Hd, T], [h, T], [F, T]) and the inverse scales they carry
@@ -99,9 +102,11 @@ struct CudaGPT::Scratch {
   // statistics (scores [T, E], counts, score sums, the z-loss's sum then each token's lse^2 [1 + T]), the rows per
   // expert and their offsets, and a pinned host copy of the counts.
   bf16 *ex_dout = nullptr, *ex_dact = nullptr, *ex_dfc1 = nullptr, *ex_din = nullptr;
-  bf16 *sh_dact = nullptr, *sh_dfc1 = nullptr;  // the shared expert's activation [T, Fs] and fc1 [T, F1s] gradients
+  bf16 *sh_dact = nullptr, *sh_dfc1 = nullptr;
+  bf16* sh_dgated = nullptr;   // --moe-shared-expert-gate: the shared expert's output gradient [T, h] and the gate logits' [T]
+  float* sh_dlogit = nullptr;  // the shared expert's activation [T, Fs] and fc1 [T, F1s] gradients
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
-  float* sinkhorn = nullptr;  // sinkhorn routing: the normalised logits [T, E], then the tokens' factors [T]
+  float* sinkhorn = nullptr;  // sinkhorn routing: the normalised logits [T, E], then the kernel's scratch [T (E + 1)]
   float* counts_aux = nullptr;
   int32_t *counts = nullptr, *offsets = nullptr, *counts_host = nullptr;
   float* wgrad_parts = nullptr;  // the router weight gradient's partial sums
