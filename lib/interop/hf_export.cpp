@@ -112,7 +112,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   if (!D.swiglu && !D.rms && D.learned_pos) family = "gpt2";
   // (--qk-layernorm: Qwen3's per-head RMSNorms of the queries and keys before RoPE, and Qwen3-MoE's)
   else if (D.swiglu && D.rms && D.rope && !any_moe) family = D.qk_norm ? "qwen3" : "llama";
-  else if (D.swiglu && D.rms && D.rope && any_moe) family = D.qk_norm ? "qwen3_moe" : "mixtral";
+  else if (D.swiglu && D.rms && D.rope && any_moe) family = D.qk_norm ? "qwen3_moe" : D.F_shared > 0 ? "qwen2_moe" : "mixtral";
   refuse(family.empty(), "the model is neither GPT-2 shaped (LayerNorm, GELU, learned positions) nor LLaMA / Mixtral / Qwen3 shaped "
                          "(RMSNorm, SwiGLU, RoPE)");
   refuse(family == "gpt2" && D.qk_norm, "--qk-layernorm has no place in GPT2LMHeadModel");
@@ -194,7 +194,8 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         put(o + "self_attn.q_proj.bias", {nh * d}, b.q);
         put(o + "self_attn.k_proj.bias", {ng * d}, b.k);
         put(o + "self_attn.v_proj.bias", {ng * d}, b.v);
-        put(o + "self_attn.o_proj.bias", {h}, D.bias ? get(p + "attention.proj.bias") : Values(static_cast<size_t>(h), 0.0f));
+        // (Qwen2-MoE's o_proj has no bias)
+        if (family != "qwen2_moe") put(o + "self_attn.o_proj.bias", {h}, D.bias ? get(p + "attention.proj.bias") : Values(static_cast<size_t>(h), 0.0f));
       }
       put(o + "self_attn.o_proj.weight", {h, nh * d}, get(p + "attention.proj.weight"));
       if (qwen3) {  // one [d] weight shared by the heads, in HF's rotate-half order of the head dimension
@@ -209,7 +210,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       put(o + "post_attention_layernorm.weight", {h}, norm(p + "mlp_norm.weight"));
       if (!moe[static_cast<size_t>(l)] || D.experts == 0) {
         refuse(family == "mixtral", "MixtralForCausalLM has an MoE MLP in every layer (--moe-layer-freq must be 1)");
-        if (family == "qwen3_moe") dense_layers.push_back(l);
+        if (family == "qwen3_moe" || family == "qwen2_moe") dense_layers.push_back(l);
         put(o + "mlp.gate_proj.weight", {D.F, h}, get(p + "mlp.fc1_gate.weight"));
         put(o + "mlp.up_proj.weight", {D.F, h}, get(p + "mlp.fc1_up.weight"));
         put(o + "mlp.down_proj.weight", {h, D.F}, get(p + "mlp.fc2.weight"));
@@ -220,7 +221,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         }
         continue;
       }
-      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe");
+      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe" || family == "qwen2_moe");
       put(o + hn.block + "gate.weight", {D.experts, h}, get(p + "mlp.router.weight"));
       for (int64_t e = 0; e < D.experts; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + hn.block + "experts." + std::to_string(e) + ".";
@@ -228,12 +229,20 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         put(y + hn.up + ".weight", {D.F_moe, h}, get(x + "fc1_up.weight"));
         put(y + hn.down + ".weight", {h, D.F_moe}, get(x + "fc2.weight"));
       }
+      if (family == "qwen2_moe") {  // the shared expert and its gate
+        const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_expert.";
+        put(y + "gate_proj.weight", {D.F_shared, h}, get(x + "fc1_gate.weight"));
+        put(y + "up_proj.weight", {D.F_shared, h}, get(x + "fc1_up.weight"));
+        put(y + "down_proj.weight", {h, D.F_shared}, get(x + "fc2.weight"));
+        put(o + "mlp.shared_expert_gate.weight", {1, h}, get(x + "gate.weight"));
+      }
     }
     put("model.norm.weight", {h}, norm("final_norm.weight"));
     if (!D.tied) put("lm_head.weight", {V, h}, get("output_layer.weight"));
     const std::string arch = family == "mixtral" ? "MixtralForCausalLM"
                              : family == "qwen3"   ? "Qwen3ForCausalLM"
                              : family == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                             : family == "qwen2_moe" ? "Qwen2MoeForCausalLM"
                                                      : "LlamaForCausalLM";
     config = {{"architectures", {arch}}, {"model_type", family},
               {"vocab_size", V}, {"hidden_size", h}, {"intermediate_size", family == "mixtral" ? D.F_moe : D.F}, {"num_hidden_layers", L},
@@ -249,13 +258,20 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     if (family == "llama") {
       config["attention_bias"] = D.qkv_bias;
       config["mlp_bias"] = D.bias;
+    } else if (family == "qwen2_moe") {  // (QKV biases always, no other)
+      refuse(!D.qkv_bias || D.bias, "Qwen2-MoE's attention has QKV biases and no other: use --disable-bias-linear --add-qkv-bias");
+      refuse(!c.moe.moe_shared_expert_gate, "Qwen2-MoE's shared expert has a gate: add --moe-shared-expert-gate");
+      config["qkv_bias"] = true;
+      config["use_sliding_window"] = false;
+      config["sliding_window"] = nullptr;
+      config["max_window_layers"] = L;
     } else if (qwen3) {
       config["attention_bias"] = D.qkv_bias;  // (its o_proj's bias too, written as zeros above)
       config["use_sliding_window"] = false;
       config["sliding_window"] = nullptr;
       config["max_window_layers"] = L;
     }
-    if (family == "qwen3_moe") {
+    if (family == "qwen3_moe" || family == "qwen2_moe") {
       const MoeConfig& mc = c.moe;
       // Qwen3-MoE's router: a softmax over every expert, the top k, renormalised over them with norm_topk_prob (Megatron's
       // softmax over the top-k logits, the same values) or not (--moe-router-pre-softmax).
@@ -263,7 +279,8 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
                  mc.moe_router_enable_expert_bias,
              "Qwen3-MoE's router is a softmax with the top k, renormalised or not: no sigmoid scores, scaling factor, groups or expert bias");
       refuse(mc.moe_expert_capacity_factor.has_value(), "Qwen3-MoE is dropless (no --moe-expert-capacity-factor)");
-      refuse(D.F_shared > 0, "Qwen3-MoE has no shared experts");
+      refuse(family == "qwen3_moe" && D.F_shared > 0, "Qwen3-MoE has no shared experts (Qwen2-MoE's, without --qk-layernorm, have)");
+      if (family == "qwen2_moe") config["shared_expert_intermediate_size"] = D.F_shared;
       // (sinkhorn routing's trained model routes by the softmax over all experts, the top k not renormalised: top-1 would be sigmoid's)
       const bool sinkhorn = mc.moe_router_load_balancing_type == "sinkhorn";
       refuse(sinkhorn && D.topk == 1, "sinkhorn routing at --moe-router-topk 1 weighs by a sigmoid, which Qwen3-MoE's router cannot");

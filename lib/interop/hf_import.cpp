@@ -165,8 +165,12 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
           << " --norm-epsilon " << field<double>(hc, "layer_norm_epsilon", 1e-5) << " --position-embedding-type learned_absolute";
     if (!field<bool>(hc, "tie_word_embeddings", true)) flags << " --untie-embeddings-and-output-weights";
   } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen2ForCausalLM" ||
-             arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM") {
-    family = arch == "MixtralForCausalLM" ? "mixtral" : arch == "Qwen3ForCausalLM" ? "qwen3" : arch == "Qwen3MoeForCausalLM" ? "qwen3_moe" : "llama";
+             arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Qwen2MoeForCausalLM") {
+    family = arch == "MixtralForCausalLM"    ? "mixtral"
+             : arch == "Qwen3ForCausalLM"    ? "qwen3"
+             : arch == "Qwen3MoeForCausalLM" ? "qwen3_moe"
+             : arch == "Qwen2MoeForCausalLM" ? "qwen2_moe"
+                                             : "llama";
     const bool qwen3 = family == "qwen3" || family == "qwen3_moe";
     const int64_t h = hc.at("hidden_size").get<int64_t>(), nh = hc.at("num_attention_heads").get<int64_t>();
     const int64_t ng = field<int64_t>(hc, "num_key_value_heads", nh), pos = hc.at("max_position_embeddings").get<int64_t>();
@@ -195,14 +199,16 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
     // Qwen2 and Qwen3: the sliding window applies only with use_sliding_window (off in their released configs), and
     // then to the layers from max_window_layers on.
-    const bool qwen2 = arch == "Qwen2ForCausalLM";
+    const bool qwen2_moe = family == "qwen2_moe", qwen2 = arch == "Qwen2ForCausalLM" || qwen2_moe;
     const int64_t layers = hc.at("num_hidden_layers").get<int64_t>();
     const bool windowed = !(qwen2 || qwen3) ||
                           (field<bool>(hc, "use_sliding_window", false) && field<int64_t>(hc, "max_window_layers", 0) < layers);
     const int64_t window = windowed ? field<int64_t>(hc, "sliding_window", 0) : 0;
     refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
     // (Qwen2's QKV layers always have biases, its o_proj and MLP none: --add-qkv-bias)
-    const bool attn_bias = qwen2 || field<bool>(hc, "attention_bias", false), mlp_bias = !qwen2 && field<bool>(hc, "mlp_bias", false);
+    // (Qwen2-MoE's: qkv_bias, true in its released configs)
+    const bool attn_bias = qwen2_moe ? field<bool>(hc, "qkv_bias", true) : qwen2 || field<bool>(hc, "attention_bias", false);
+    const bool mlp_bias = !qwen2 && field<bool>(hc, "mlp_bias", false);
     // attention_bias without mlp_bias (LlamaForCausalLM's, as megatrain exports --add-qkv-bias): the QKV biases alone, if
     // o_proj's biases are zeros (checked with the weights). Mistral and Mixtral have no biases.
     refuse(!attn_bias && mlp_bias, "mlp_bias without attention_bias (megatrain's --disable-bias-linear covers both)");
@@ -216,8 +222,8 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     if (attn_bias && !mlp_bias) flags << " --add-qkv-bias";
     if (!field<bool>(hc, "tie_word_embeddings", false)) flags << " --untie-embeddings-and-output-weights";
     if (qwen3) flags << " --qk-layernorm";  // (RMSNorms of each query and key head before RoPE)
-    if (family == "qwen3_moe") {
-      // Qwen3MoeSparseMoeBlock in layer l unless l is in mlp_only_layers, where (l + 1) % decoder_sparse_step == 0 (an
+    if (family == "qwen3_moe" || qwen2_moe) {
+      // Qwen3MoeSparseMoeBlock (Qwen2MoeSparseMoeBlock) in layer l unless l is in mlp_only_layers, where (l + 1) % decoder_sparse_step == 0 (an
       // explicit --moe-layer-freq list); its softmax over the experts with the top k renormalised (norm_topk_prob:
       // Megatron's softmax over the top-k logits) or not (--moe-router-pre-softmax).
       const int64_t L = hc.at("num_hidden_layers").get<int64_t>(), step = field<int64_t>(hc, "decoder_sparse_step", 1);
@@ -231,6 +237,9 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
             << " --moe-ffn-hidden-size " << hc.at("moe_intermediate_size").get<int64_t>() << " --moe-aux-loss-coeff "
             << field<double>(hc, "router_aux_loss_coef", 0.0) << " --moe-layer-freq " << pattern;
       if (!field<bool>(hc, "norm_topk_prob", false)) flags << " --moe-router-pre-softmax";
+      // Qwen2-MoE's shared expert, its output times sigmoid(shared_expert_gate . x)
+      const int64_t shared = qwen2_moe ? field<int64_t>(hc, "shared_expert_intermediate_size", 0) : 0;
+      if (shared > 0) flags << " --moe-shared-expert-intermediate-size " << shared << " --moe-shared-expert-gate";
     }
     if (family == "mixtral") {
       flags << " --num-experts " << hc.at("num_local_experts").get<int64_t>() << " --moe-router-topk " << hc.at("num_experts_per_tok").get<int64_t>()
@@ -240,7 +249,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   } else {
     throw ConfigError("cannot import " + (arch.empty() ? std::string("a model without \"architectures\"") : arch) +
                       ": megatrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, "
-                      "Qwen3ForCausalLM and Qwen3MoeForCausalLM");
+                      "Qwen2MoeForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM");
   }
   const int64_t V = hc.at("vocab_size").get<int64_t>();
   flags << " --vocab-size " << V << " --make-vocab-size-divisible-by 1";
@@ -316,7 +325,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         set(p + "attention.k_norm.weight", hf.take(o + "self_attn.k_norm.weight", {d}));
       }
       set(p + "mlp_norm.weight", hf.take(o + "post_attention_layernorm.weight", {h}));
-      if (family == "llama" || family == "qwen3" || (family == "qwen3_moe" && !moe[static_cast<size_t>(l)])) {
+      if (family == "llama" || family == "qwen3" || ((family == "qwen3_moe" || family == "qwen2_moe") && !moe[static_cast<size_t>(l)])) {
         set(p + "mlp.fc1_gate.weight", hf.take(o + "mlp.gate_proj.weight", {D.F, h}));
         set(p + "mlp.fc1_up.weight", hf.take(o + "mlp.up_proj.weight", {D.F, h}));
         set(p + "mlp.fc2.weight", hf.take(o + "mlp.down_proj.weight", {h, D.F}));
@@ -327,13 +336,20 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         }
         continue;
       }
-      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe");
+      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe" || family == "qwen2_moe");
       set(p + "mlp.router.weight", hf.take(o + hn.block + "gate.weight", {D.experts, h}));
       for (int64_t e = 0; e < D.experts; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + hn.block + "experts." + std::to_string(e) + ".";
         set(x + "fc1_gate.weight", hf.take(y + hn.gate + ".weight", {D.F_moe, h}));
         set(x + "fc1_up.weight", hf.take(y + hn.up + ".weight", {D.F_moe, h}));
         set(x + "fc2.weight", hf.take(y + hn.down + ".weight", {h, D.F_moe}));
+      }
+      if (D.F_shared > 0) {  // (Qwen2-MoE)
+        const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_expert.";
+        set(x + "fc1_gate.weight", hf.take(y + "gate_proj.weight", {D.F_shared, h}));
+        set(x + "fc1_up.weight", hf.take(y + "up_proj.weight", {D.F_shared, h}));
+        set(x + "fc2.weight", hf.take(y + "down_proj.weight", {h, D.F_shared}));
+        set(x + "gate.weight", hf.take(o + "mlp.shared_expert_gate.weight", {1, h}));
       }
     }
     set("final_norm.weight", hf.take("model.norm.weight", {h}));

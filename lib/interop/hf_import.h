@@ -1,5 +1,5 @@
 // hf_import.h: a HuggingFace model directory (GPT2LMHeadModel, LlamaForCausalLM / MistralForCausalLM without a
-// sliding window, MixtralForCausalLM) as a megatrain checkpoint at iteration 0, weights only: the model's flags
+// sliding window, MixtralForCausalLM, Qwen2 / Qwen3 and their MoE forms) as a megatrain checkpoint at iteration 0, weights only: the model's flags
 // come from config.json (one note each), the tensors from the safetensors files by HF's names, transformed into
 // megatrain's layouts (the inverse of hf_export). Training then loads it in any layout with --load DIR
 // --finetune (or --no-load-optim).

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """hf_reference.py: HuggingFace's modeling code for GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
-Qwen3ForCausalLM and Qwen3MoeForCausalLM (LLaMA's with RMSNorms of each query and key head before RoPE; Qwen3-MoE's
+Qwen3ForCausalLM, Qwen3MoeForCausalLM and Qwen2MoeForCausalLM (LLaMA's with RMSNorms of each query and key head before RoPE; Qwen3-MoE's
 sparse block: a softmax over the experts, the top k, renormalised with norm_topk_prob),
 written out in PyTorch (the distribution's python3-torch; no transformers package), reading an exported directory
 by HF's tensor names (config.json, model.safetensors or model.safetensors.index.json) and printing the mean
@@ -140,9 +140,13 @@ def llama(cfg, W, tokens):
         m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         if p + "block_sparse_moe.gate.weight" in W:  # Mixtral: softmax, top-k, renormalised
             x = x + sparse_moe(m, W, p + "block_sparse_moe.", ("w1", "w3", "w2"), cfg["num_local_experts"], cfg["num_experts_per_tok"], True)
-        elif p + "mlp.gate.weight" in W:  # Qwen3-MoE: renormalised with norm_topk_prob
+        elif p + "mlp.gate.weight" in W:  # Qwen3-MoE / Qwen2-MoE: renormalised with norm_topk_prob
             x = x + sparse_moe(m, W, p + "mlp.", ("gate_proj", "up_proj", "down_proj"), cfg["num_experts"], cfg["num_experts_per_tok"],
                                cfg.get("norm_topk_prob", False))
+            if p + "mlp.shared_expert.gate_proj.weight" in W:  # Qwen2-MoE: the shared expert times sigmoid(its gate)
+                q = p + "mlp.shared_expert."
+                y = (torch.nn.functional.silu(m @ W[q + "gate_proj.weight"].T) * (m @ W[q + "up_proj.weight"].T)) @ W[q + "down_proj.weight"].T
+                x = x + torch.sigmoid(m @ W[p + "mlp.shared_expert_gate.weight"].T) * y
         else:
             g = linear(m, W, p + "mlp.gate_proj")
             u = linear(m, W, p + "mlp.up_proj")

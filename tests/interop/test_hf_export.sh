@@ -140,6 +140,11 @@ check qwen3_interleaved_qkv_bias 1 $LLAMA --qk-layernorm --rotary-interleaved --
 check qwen3_moe_tp2_ep2 4 $MIXTRAL --qk-layernorm --moe-layer-freq [0,1] --tensor-model-parallel-size 2 --expert-model-parallel-size 2 \
   --sequence-parallel --moe-token-dispatcher-type alltoall
 check qwen3_moe_pre_softmax_ep2 2 $MIXTRAL --qk-layernorm --moe-router-pre-softmax --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+# Qwen2-MoE (Qwen2MoeForCausalLM): QKV biases, a shared expert with its sigmoid gate, a dense first layer; and a model
+# trained with sinkhorn routing, exported as Qwen3-MoE without renormalising the top k.
+check qwen2_moe_tp2_ep2 4 $MIXTRAL --add-qkv-bias --moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate --moe-layer-freq [0,1] \
+  --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
+check qwen3_moe_sinkhorn 1 $MIXTRAL --qk-layernorm --moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0
 
 # The imported checkpoint fine-tunes like the original (same flags, same layout: the same losses).
 finetune_losses() { grep -o 'lm loss: [0-9.E+-]*' "$1" | cut -d' ' -f3 | tr '\n' ' '; }
