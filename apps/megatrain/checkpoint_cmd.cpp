@@ -53,7 +53,8 @@ int run_checkpoint(int argc, char** argv) {
   exp->add_option("--ckpt-step", export_step, "Iteration to export (default: the latest)");
   exp->add_option("--dtype", dtype, "Weights' type in the safetensors files")->check(CLI::IsMember({"bf16", "fp32"}));
   exp->add_option("--max-shard-size", shard, "Largest safetensors file before sharding (e.g. 5GB, 500MB)");
-  auto* imp = app.add_subcommand("import", "Write a HuggingFace model (GPT-2, LLaMA, Mistral, Mixtral) as a megatrain checkpoint at iteration 0");
+  auto* imp = app.add_subcommand(
+      "import", "Write a HuggingFace model (GPT-2, LLaMA, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) as a megatrain checkpoint at iteration 0");
   std::string import_hf_dir, import_save;
   imp->add_option("--hf", import_hf_dir, "HuggingFace model directory (config.json and safetensors)")->required();
   imp->add_option("--save", import_save, "Checkpoint directory to write (train with --load it --finetune)")->required();

@@ -171,7 +171,8 @@ struct MoeConfig {
   bool moe_per_layer_logging = false;     // TensorBoard: each layer's auxiliary losses (moe/<name>_layer_<i>)
   bool moe_apply_probs_on_input = false;  // the routing weight scales the expert's input, not its output (Llama 4; top-1)
   bool moe_router_force_load_balancing = false;  // benchmarking: random router logits (N(0, 1)), the gradient straight through
-  bool moe_shared_expert_gate = false;  // the shared expert's output times sigmoid(x . g), g a [1, h] weight (Qwen2-MoE)
+  bool moe_shared_expert_gate = false;
+  OptFloat moe_input_jitter_eps;  // the router's input times noise uniform in [1 - eps, 1 + eps] (model/moe_input_jitter.h)  // the shared expert's output times sigmoid(x . g), g a [1, h] weight (Qwen2-MoE)
   // Megatron's upcycling: --load holds a dense model's checkpoint, whose MLPs become the experts (checkpoint/upcycle.h);
   // the granularity: how many experts' widths make one dense MLP (1: each expert a copy of it).
   bool moe_use_upcycling = false;

@@ -220,7 +220,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("moe-layer-recompute", false,
                  "recomputing only the MoE layers is not implemented: use --recompute-granularity full (CUDA engine), or drop it"),
       MT_REFUSED("moe-extended-tp", false, "deprecated in Megatron: split the experts with --expert-tensor-parallel-size"),
-      MT_REFUSED("moe-input-jitter-eps", true, "the router's input jitter is not implemented: drop it"),
       MT_REFUSED("moe-router-padding-for-fp8", false,
                  "padding the routing map for FP8 (extra zero-weight choices per expert) is not implemented: drop it (the CUDA engine "
                  "pads each expert's rows with zero rows to a multiple of 16, as Megatron's grouped MLP does without this flag; the "

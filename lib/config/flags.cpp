@@ -196,6 +196,8 @@ std::vector<FlagSpec> build_table() {
         "Aux-loss-free balancing: a per-expert bias on the scores for the choice, updated outside the gradient"),
       F(kMoe, "moe-router-bias-update-rate", moe.moe_router_bias_update_rate, "Expert bias update rate"),
       F(kMoe, "moe-shared-expert-intermediate-size", moe.moe_shared_expert_intermediate_size, "Shared expert hidden size"),
+      F(kMoe, "moe-input-jitter-eps", moe.moe_input_jitter_eps,
+        "The router's input multiplied by noise uniform in [1 - eps, 1 + eps] per token and channel (the experts' input unchanged)"),
       F(kMoe, "moe-shared-expert-gate", moe.moe_shared_expert_gate,
         "The shared expert's output scaled by a sigmoid gate of the token (a [1, hidden] weight; Qwen2-MoE's)"),
       F(kMoe, "moe-shared-expert-overlap", moe.moe_shared_expert_overlap, "Overlap the shared expert with the dispatch (same results)"),

@@ -539,6 +539,9 @@ void check_moe(const Config& c, Checker& k) {
     k.error("experts with biases need --expert-tensor-parallel-size 1 (as in Megatron): add --disable-bias-linear or set "
             "--expert-tensor-parallel-size 1");
   }
+  if (m.moe_input_jitter_eps && !(*m.moe_input_jitter_eps > 0 && *m.moe_input_jitter_eps < 1)) {
+    k.error("--moe-input-jitter-eps must be in (0, 1) (the noise is uniform in [1 - eps, 1 + eps]), got " + std::to_string(*m.moe_input_jitter_eps));
+  }
   if (m.moe_router_load_balancing_type == "sinkhorn") {  // (Megatron's sinkhorn_load_balancing; docs/moe.md)
     if (m.moe_aux_loss_coeff > 0) k.error("--moe-router-load-balancing-type sinkhorn takes no aux loss (as in Megatron): set --moe-aux-loss-coeff 0");
     if (m.moe_router_enable_expert_bias) k.error("--moe-router-enable-expert-bias does not apply to sinkhorn routing: drop one of them");

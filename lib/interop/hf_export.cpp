@@ -106,6 +106,8 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   };
   refuse(c.model.rotary_percent != 1.0, "--rotary-percent below 1 (partial rotary) has no place in LlamaForCausalLM");
   refuse(D.squared_relu, "--squared-relu has no place in the exported families");
+  refuse(c.moe.num_experts && c.moe.moe_apply_probs_on_input,
+         "--moe-apply-probs-on-input weighs the experts' inputs; HF's MoE blocks weigh their outputs (another function)");
   const std::vector<bool> moe = moe_layer_pattern(c);
   const bool any_moe = D.experts > 0 && std::find(moe.begin(), moe.end(), true) != moe.end();
   std::string family;
@@ -116,6 +118,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   refuse(family.empty(), "the model is neither GPT-2 shaped (LayerNorm, GELU, learned positions) nor LLaMA / Mixtral / Qwen3 shaped "
                          "(RMSNorm, SwiGLU, RoPE)");
   refuse(family == "gpt2" && D.qk_norm, "--qk-layernorm has no place in GPT2LMHeadModel");
+  if (family == "qwen2_moe") {
+    refuse(!c.moe.moe_shared_expert_gate,
+           "a Mixtral-shaped model with a shared expert is Qwen2-MoE's, whose shared expert has a gate (--moe-shared-expert-gate): this model "
+           "was trained without it");
+    refuse(!D.qkv_bias || D.bias, "Qwen2-MoE's attention has QKV biases and no other (--disable-bias-linear --add-qkv-bias): this model "
+                                  "was trained otherwise");
+  }
   const bool qwen3 = family == "qwen3" || family == "qwen3_moe";
   const int64_t L = D.L, h = D.h, nh = D.nh, ng = D.ng, d = D.d, V = c.derived.padded_vocab_size;
   std::vector<Exported> out;
@@ -195,7 +204,9 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         put(o + "self_attn.k_proj.bias", {ng * d}, b.k);
         put(o + "self_attn.v_proj.bias", {ng * d}, b.v);
         // (Qwen2-MoE's o_proj has no bias)
-        if (family != "qwen2_moe") put(o + "self_attn.o_proj.bias", {h}, D.bias ? get(p + "attention.proj.bias") : Values(static_cast<size_t>(h), 0.0f));
+        if (family != "qwen2_moe") {
+          put(o + "self_attn.o_proj.bias", {h}, D.bias ? get(p + "attention.proj.bias") : Values(static_cast<size_t>(h), 0.0f));
+        }
       }
       put(o + "self_attn.o_proj.weight", {h, nh * d}, get(p + "attention.proj.weight"));
       if (qwen3) {  // one [d] weight shared by the heads, in HF's rotate-half order of the head dimension
@@ -258,9 +269,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     if (family == "llama") {
       config["attention_bias"] = D.qkv_bias;
       config["mlp_bias"] = D.bias;
-    } else if (family == "qwen2_moe") {  // (QKV biases always, no other)
-      refuse(!D.qkv_bias || D.bias, "Qwen2-MoE's attention has QKV biases and no other: use --disable-bias-linear --add-qkv-bias");
-      refuse(!c.moe.moe_shared_expert_gate, "Qwen2-MoE's shared expert has a gate: add --moe-shared-expert-gate");
+    } else if (family == "qwen2_moe") {  // (QKV biases always, no other: refused above otherwise)
       config["qkv_bias"] = true;
       config["use_sliding_window"] = false;
       config["sliding_window"] = nullptr;
@@ -283,7 +292,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       if (family == "qwen2_moe") config["shared_expert_intermediate_size"] = D.F_shared;
       // (sinkhorn routing's trained model routes by the softmax over all experts, the top k not renormalised: top-1 would be sigmoid's)
       const bool sinkhorn = mc.moe_router_load_balancing_type == "sinkhorn";
-      refuse(sinkhorn && D.topk == 1, "sinkhorn routing at --moe-router-topk 1 weighs by a sigmoid, which Qwen3-MoE's router cannot");
+      refuse(sinkhorn && D.topk == 1, "sinkhorn routing at --moe-router-topk 1 weighs by a sigmoid, which HF's softmax routers cannot");
       config["num_experts"] = D.experts;
       config["num_experts_per_tok"] = D.topk;
       config["moe_intermediate_size"] = D.F_moe;

@@ -201,8 +201,11 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     // then to the layers from max_window_layers on.
     const bool qwen2_moe = family == "qwen2_moe", qwen2 = arch == "Qwen2ForCausalLM" || qwen2_moe;
     const int64_t layers = hc.at("num_hidden_layers").get<int64_t>();
-    const bool windowed = !(qwen2 || qwen3) ||
-                          (field<bool>(hc, "use_sliding_window", false) && field<int64_t>(hc, "max_window_layers", 0) < layers);
+    // (Qwen2-MoE's newer configs window other layers, or list them in layer_types: any window there is refused)
+    bool sliding_layer = false;
+    for (const auto& t : hc.value("layer_types", json::array())) sliding_layer = sliding_layer || (t.is_string() && t.get<std::string>() == "sliding_attention");
+    const bool windowed = !(qwen2 || qwen3) || sliding_layer ||
+                          (field<bool>(hc, "use_sliding_window", false) && (qwen2_moe || field<int64_t>(hc, "max_window_layers", 0) < layers));
     const int64_t window = windowed ? field<int64_t>(hc, "sliding_window", 0) : 0;
     refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
     // (Qwen2's QKV layers always have biases, its o_proj and MLP none: --add-qkv-bias)
@@ -238,8 +241,12 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
             << field<double>(hc, "router_aux_loss_coef", 0.0) << " --moe-layer-freq " << pattern;
       if (!field<bool>(hc, "norm_topk_prob", false)) flags << " --moe-router-pre-softmax";
       // Qwen2-MoE's shared expert, its output times sigmoid(shared_expert_gate . x)
-      const int64_t shared = qwen2_moe ? field<int64_t>(hc, "shared_expert_intermediate_size", 0) : 0;
-      if (shared > 0) flags << " --moe-shared-expert-intermediate-size " << shared << " --moe-shared-expert-gate";
+      // (HF's default 5632 where config.json leaves it out; its block always has the shared expert and the gate)
+      if (qwen2_moe) {
+        const int64_t shared = field<int64_t>(hc, "shared_expert_intermediate_size", 5632);
+        refuse(shared < 1, "Qwen2-MoE with shared_expert_intermediate_size " + std::to_string(shared) + " (its block always has a shared expert)");
+        flags << " --moe-shared-expert-intermediate-size " << shared << " --moe-shared-expert-gate";
+      }
     }
     if (family == "mixtral") {
       flags << " --num-experts " << hc.at("num_local_experts").get<int64_t>() << " --moe-router-topk " << hc.at("num_experts_per_tok").get<int64_t>()

@@ -55,7 +55,7 @@ ParamCounts count_params(const Config& c) {
   const int64_t attn = attention_params(s, c.model.qk_layernorm);
   p.dense_layer = attn + s.norm * s.h + mlp_params(s, s.F);
   const int64_t router = s.h * s.E + s.bias * s.E;  // the router's bias with --add-bias-linear (Megatron 2025)
-  const int64_t shared = s.shared ? mlp_params(s, s.shared) : 0;
+  const int64_t shared = s.shared ? mlp_params(s, s.shared) + (c.moe.moe_shared_expert_gate ? s.h : 0) : 0;  // (its gate: [1, h])
   p.moe_layer = attn + s.norm * s.h + router + s.E * mlp_params(s, s.Fmoe) + shared;
   p.final_norm = s.norm * s.h;
   for (int64_t l = 0; l < L; ++l) (is_moe_layer(c, l) ? p.num_moe_layers : p.num_dense_layers) += 1;

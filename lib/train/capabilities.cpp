@@ -307,6 +307,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
              std::to_string(expert_dp) + "): change one of them, or use --device cpu");
     }
     const bool context = par.context_parallel_size > 1;
+    no(m.moe_input_jitter_eps.has_value(), "--moe-input-jitter-eps is not implemented on the CUDA engine" + cpu);
     // The shared expert's gate (moe.cu's shared_gate kernels around the shared expert): written without a GPU (thirty-third
     // session), refused by name until test_cuda_engine's MoE cases have run it.
     no(m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size && !cuda_unverified_allowed("moe-shared-gate"),

@@ -267,5 +267,15 @@ grep -q "max-shard-size" <<<"$out" || fail "--max-shard-size lots: $out"
 "$BIN" $GPT --qk-layernorm --train-iters 1 --save "$W/qk" --save-interval 1 >/dev/null 2>&1 || fail "qk-layernorm training"
 out=$("$BIN" checkpoint export "$W/qk" --hf "$W/qk-hf" 2>&1) && fail "a GPT-2 shaped --qk-layernorm model exported"
 grep -q "qk-layernorm" <<<"$out" || fail "--qk-layernorm: the refusal does not say why: $out"
+# (a Mixtral-shaped model with an ungated shared expert: Qwen2-MoE's has a gate; top-1 sinkhorn: a sigmoid's weights)
+refused_export() {  # name text flags...
+  local name=$1 text=$2; shift 2
+  # shellcheck disable=SC2086,SC2068
+  "$BIN" $@ --train-iters 1 --save "$W/$name" --save-interval 1 >/dev/null 2>&1 || { fail "$name: training"; return; }
+  out=$("$BIN" checkpoint export "$W/$name" --hf "$W/$name-hf" 2>&1) && { fail "$name: exported"; return; }
+  grep -q -- "$text" <<<"$out" && echo "PASS $name: refused" || fail "$name: the refusal does not say why: $out"
+}
+refused_export ungated_shared_expert "moe-shared-expert-gate" $MIXTRAL --add-qkv-bias --moe-shared-expert-intermediate-size 32
+refused_export sinkhorn_top1 "sigmoid" $MIXTRAL --qk-layernorm --moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0 --moe-router-topk 1
 [[ $failures == 0 ]] && echo "all HuggingFace export checks passed"
 exit $((failures > 0))

@@ -326,6 +326,9 @@ TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared exper
       c.moe.moe_shared_expert_intermediate_size = 12;
     });
   }
+  SECTION("LLaMA: the router's input jitter (--moe-input-jitter-eps)") {
+    check_moe_model(true, [](Config& c) { c.moe.moe_input_jitter_eps = 0.3; });
+  }
   SECTION("LLaMA: a shared expert with its gate (--moe-shared-expert-gate)") {
     check_moe_model(true, [](Config& c) {
       c.moe.moe_shared_expert_intermediate_size = 12;
@@ -483,6 +486,28 @@ TEST_CASE("sinkhorn routing: Megatron's normalisation balances the choice in tra
   CHECK(*std::max_element(tokens.begin(), tokens.end()) <= 4.0);
   CHECK(trained != trained_plain);
   CHECK(model.forward(mb, 1, false) == reference.forward(mb, 1, false));
+}
+
+TEST_CASE("--moe-input-jitter-eps: the router's input times noise of the token's place; the experts' input unchanged") {
+  // With a router that scores nothing (zero weights), jitter cannot change the choice or the weights: the loss is the
+  // unjittered model's. With the router's weights, the logits (hence the loss) move, by no more than eps allows.
+  Config c = tiny_moe_decoder(true);
+  Config jittered = c;
+  jittered.moe.moe_input_jitter_eps = 0.05;
+  resolve(c, 1);
+  resolve(jittered, 1);
+  GPTModel plain(c, ProcessGroups::single()), noisy(jittered, ProcessGroups::single());
+  const Microbatch mb = tiny_batch();
+  const float a = plain.forward(mb, 1, false), b = noisy.forward(mb, 1, false);
+  CHECK(a != b);
+  CHECK(std::fabs(a - b) < 0.05 * std::fabs(a));
+  ParamStore &p = plain.params(), &q = noisy.params();
+  const size_t router = p.index_of("layers.1.mlp.router.weight");
+  for (int64_t i = 0; i < p.info(router).numel; ++i) p.param(router)[i] = q.param(router)[i] = 0.0f;
+  CHECK(plain.forward(mb, 1, false) == noisy.forward(mb, 1, false));
+  // Out of (0, 1): refused.
+  jittered.moe.moe_input_jitter_eps = 1.5;
+  CHECK_FALSE(validate(jittered, 1, Purpose::kPrint).ok());
 }
 
 TEST_CASE("sinkhorn routing's rules: no aux loss, expert bias, groups or scaling (as Megatron's)") {

@@ -102,12 +102,12 @@ int64_t moe_router_wgrad_scratch(const MoeRouting& r);
 void moe_router_bias(float* logits, const bf16* b, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 void moe_router_bias_grad(float* db, const float* dlogits, const MoeRouting& r, cudaStream_t st);
 // --moe-shared-expert-gate, a warp per token: gate[t] = sigmoid(xn[t] . w) (fp32, the products summed over the lanes'
-// strided parts by shuffles) and delta[t] += gate[t] shared[t] (rounded once), for T tokens of width h.
+// strided parts by shuffles) and delta[t] += gate[t] shared[t] (shared in 16 bits, the sum rounded to them), for T tokens.
 void moe_shared_gate_forward(float* gate, bf16* delta, const bf16* shared, const bf16* xn, const bf16* w, int64_t T, int64_t h,
                              cudaStream_t st, F16 dt = F16::kBF16);
 // Its backward: dshared[t] = gate[t] dy[t] (the shared expert's output gradient) and dlogit[t] = (dy[t] . shared[t])
 // gate (1 - gate) (under TP a partial sum with this rank's share of the shared output, as the weight's and input's
-// gradients it feeds are); dxn[t] += dlogit[t] w (rounded once). The weight's gradient: moe_router_wgrad with one expert.
+// gradients it feeds are); dxn[t] += dlogit[t] w (rounded to 16 bits). The weight's gradient: moe_router_wgrad with one expert.
 void moe_shared_gate_backward(bf16* dshared, float* dlogit, bf16* dxn, const bf16* dy, const bf16* shared, const float* gate, const bf16* w,
                               int64_t T, int64_t h, cudaStream_t st, F16 dt = F16::kBF16);
 

@@ -13,6 +13,7 @@
 #include "kernels/cpu/linear.h"
 #include "model/cpu/units.h"
 #include "model/fp8_scaling.h"
+#include "model/moe_input_jitter.h"
 #include "model/moe_random_logits.h"
 
 namespace mt::cpu {
@@ -38,6 +39,7 @@ MoeOptions MoeOptions::from(const Config& cfg) {
   o.probs_on_input = m.moe_apply_probs_on_input;
   o.force_balance = m.moe_router_force_load_balancing;
   o.sinkhorn = m.moe_router_load_balancing_type == "sinkhorn";
+  o.jitter_eps = static_cast<float>(m.moe_input_jitter_eps.value_or(0.0));
   if (o.sinkhorn) {  // (Megatron's sinkhorn_load_balancing: no pre-softmax flag, scaling, groups or expert bias)
     o.router.sigmoid = o.router.topk == 1;
     o.router.pre_softmax = o.router.topk > 1;
@@ -223,6 +225,17 @@ void apply_capacity(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
   }
 }
 
+// --moe-input-jitter-eps: f(i, factor) for element i of this rank's [Tl, h] router input, the factor its token's noise.
+template <typename F>
+void for_each_jitter(const PassContext& c, const LayerParams& ly, const MoeOptions& o, F f) {
+  const int64_t h = c.D.h;
+  const uint64_t key = moe_input_jitter_key(c.seed);
+  for (int64_t t = 0; t < c.Tl; ++t) {
+    const int64_t sample = c.mb.first_sample + (c.t0 + t) / c.mb.S, position = sequence_position(c.mb, c.t0 + t);
+    for (int64_t i = 0; i < h; ++i) f(t * h + i, moe_input_jitter(key, o.jitter_eps, ly.layer, sample, position, c.D.S, h, i));
+  }
+}
+
 // --moe-router-load-balancing-type sinkhorn (training): the choice scores of this rank's tokens, Sinkhorn-normalised over
 // the microbatch's tokens. The logits are gathered over TP (under SP) and CP and placed in the batch's order (sample,
 // then position), so that every layout normalises the same matrix as one rank. (Megatron normalises each rank's own
@@ -350,7 +363,11 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   A.rstd.resize(sz(Tl));
   c.norm_forward(A.ln.data(), A.mean.data(), A.rstd.data(), A.x.data(), ly.mlp_norm_w, ly.mlp_norm_b, Tl, h);
   A.logits.resize(sz(Tl * E));
-  router_logits(c, ly, o, A.ln.data(), Tl, A.logits.data());
+  if (o.jitter_eps > 0) {  // (Megatron's apply_input_jitter: the router's input only, in training and evaluation)
+    A.jittered.resize(sz(Tl * h));
+    for_each_jitter(c, ly, o, [&](int64_t i, float factor) { A.jittered[sz(i)] = A.ln[sz(i)] * factor; });
+  }
+  router_logits(c, ly, o, o.jitter_eps > 0 ? A.jittered.data() : A.ln.data(), Tl, A.logits.data());
   if (o.force_balance) {  // (the backward then takes them for the router's: the gradient straight through)
     const uint64_t key = moe_random_logits_key(c.seed);
     for (int64_t t = 0; t < Tl; ++t) {
@@ -512,10 +529,14 @@ void MoeUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Stash& A)
   if (A.z_scale > 0) z_loss_backward(A.logits.data(), Tl, E, A.z_scale * aux_scale, dlogits.data());
   Buf dln_router(sz(Tl * h));
   linear_backward_input(dln_router.data(), dlogits.data(), c.P(ly.router_w), Tl, h, E);
+  if (o.jitter_eps > 0) {  // (through the noise: the router's input was the norm output times it)
+    for_each_jitter(c, ly, o, [&](int64_t i, float factor) { dln_router[sz(i)] *= factor; });
+  }
   for (int64_t i = 0; i < Tl * h; ++i) dln[sz(i)] += dln_router[sz(i)];
   const size_t rw = ly.router_w, rb = ly.router_b;
-  c.weight_grad(dlogits.data(), Tl * E, [&c, &A, rw, rb, Tl, h, E](const float* g) {
-    linear_backward_weight(c.G(rw), rb != kNoParam ? c.G(rb) : nullptr, g, A.ln.data(), Tl, h, E);
+  const bool jittered = o.jitter_eps > 0;
+  c.weight_grad(dlogits.data(), Tl * E, [&c, &A, jittered, rw, rb, Tl, h, E](const float* g) {
+    linear_backward_weight(c.G(rw), rb != kNoParam ? c.G(rb) : nullptr, g, jittered ? A.jittered.data() : A.ln.data(), Tl, h, E);
   });
   dx.resize(sz(Tl * h));
   c.norm_backward(dx.data(), dln.data(), A.x.data(), A.mean.data(), A.rstd.data(), ly.mlp_norm_w, ly.mlp_norm_b, Tl, h);

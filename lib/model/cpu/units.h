@@ -90,6 +90,7 @@ struct MoeOptions {
   // the microbatch's tokens; the weights (and the choice in evaluation) sigmoid's at top-1, else the softmax's over all
   // experts (router settings to match).
   bool sinkhorn = false;
+  float jitter_eps = 0;  // --moe-input-jitter-eps (0: none; model/moe_input_jitter.h)
   static MoeOptions from(const Config& cfg);
   bool aux_enabled() const { return balance != "none" && !sinkhorn && aux_coeff > 0; }
 };
@@ -109,7 +110,8 @@ struct MoeUnit {
     std::vector<int64_t> per_expert;
     std::vector<LinearStash> fc1_lin, fc2_lin;  // FP8: each local expert's GEMMs' quantised operands
     MlpBody::Stash shared;
-    Buf shared_out, shared_gate;  // --moe-shared-expert-gate: the shared expert's ungated output [Tl, h] and its gates [Tl]
+    Buf shared_out, shared_gate;
+    Buf jittered;  // --moe-input-jitter-eps: the router's input [Tl, h] (the norm output times the noise)  // --moe-shared-expert-gate: the shared expert's ungated output [Tl, h] and its gates [Tl]
     float z_scale = 0;  // d(z loss) / d(sum of lse^2 over this rank's tokens)
   };
   const LayerParams* p = nullptr;

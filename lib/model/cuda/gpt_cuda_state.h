@@ -103,8 +103,8 @@ struct CudaGPT::Scratch {
   // expert and their offsets, and a pinned host copy of the counts.
   bf16 *ex_dout = nullptr, *ex_dact = nullptr, *ex_dfc1 = nullptr, *ex_din = nullptr;
   bf16 *sh_dact = nullptr, *sh_dfc1 = nullptr;
-  bf16* sh_dgated = nullptr;   // --moe-shared-expert-gate: the shared expert's output gradient [T, h] and the gate logits' [T]
-  float* sh_dlogit = nullptr;  // the shared expert's activation [T, Fs] and fc1 [T, F1s] gradients
+  bf16* sh_dgated = nullptr;   // --moe-shared-expert-gate: the shared expert's output gradient [T, h]
+  float* sh_dlogit = nullptr;  // and the gate logits' [T]  // the shared expert's activation [T, Fs] and fc1 [T, F1s] gradients
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
   float* sinkhorn = nullptr;  // sinkhorn routing: the normalised logits [T, E], then the kernel's scratch [T (E + 1)]
   float* counts_aux = nullptr;
