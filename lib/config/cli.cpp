@@ -68,6 +68,13 @@ void reject_unknown_arguments(const std::vector<std::string>& remaining) {
       std::string name = arg.substr(0, arg.find('='));
       throw ConfigError("unknown flag " + name + ": did you mean --" + nearest_flag(name) + "? (megatrain --help lists all flags)");
     }
+    // (Megatron's list form: --moe-router-load-balancing-type aux_loss seq_aux_loss, a coefficient each)
+    for (const char* type : {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"}) {
+      if (arg == type) {
+        throw ConfigError("unexpected argument '" + arg + "': several load-balancing types at once (Megatron's list form of "
+                          "--moe-router-load-balancing-type and --moe-aux-loss-coeff) are not implemented: give one type and one coefficient");
+      }
+    }
     throw ConfigError("unexpected argument '" + arg + "': flags take the form --name value (megatrain --help)");
   }
 }
