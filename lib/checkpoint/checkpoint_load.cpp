@@ -265,14 +265,14 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     if (sources[i]->scale != 1.0f) {
       for (float& x : weights) x *= sources[i]->scale;
     }
-    // The working copy: the saved (rounded) one when this run keeps fp32 master weights, else the most
-    // precise saved copy.
-    const auto working = (master_saved && opt.master() && !upcycle) ? assemble_local(o, p.name, "param", saved, p, w) : weights;
-    std::memcpy(w, working.data(), static_cast<size_t>(p.numel) * sizeof(float));
-    // (upcycling: the working copy rounded on every rank for every element, as a fresh run's; the save before the first
-    // step writes it without a parameter gather)
     if (upcycle) {
+      // The working copy rounded on every rank for every element, as a fresh run's (the save before the first step
+      // writes it without a parameter gather).
       for (int64_t e = 0; e < p.numel; ++e) w[e] = opt.to_working(weights[static_cast<size_t>(e)]);
+    } else {
+      // The working copy: the saved (rounded) one when this run keeps fp32 master weights, else the most precise saved copy.
+      const auto working = (master_saved && opt.master()) ? assemble_local(o, p.name, "param", saved, p, w) : weights;
+      std::memcpy(w, working.data(), static_cast<size_t>(p.numel) * sizeof(float));
     }
     if (p.trainable && (opt.master() || want_optim)) {  // (a buffer such as the expert bias has no optimizer state)
       const std::vector<float> zeros(static_cast<size_t>(p.numel), 0.0f);
