@@ -300,6 +300,9 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
   st.iteration = o.meta["iteration"].get<int64_t>();
   st.consumed_samples = o.meta["consumed_samples"].get<int64_t>();
   st.lr_schedule_start_samples = o.meta.value("lr_schedule_start_samples", int64_t{0});
+  // --no-load-optim: Megatron loads no opt_param_scheduler state then, so its schedule starts again at the load
+  // (warmup included) while the iteration and the data continue.
+  if (!lo.load_optimizer) st.lr_schedule_start_samples = st.consumed_samples;
   st.flops_so_far = o.meta["flops_so_far"].get<double>();
   st.skipped = o.meta["skipped_iterations"].get<int64_t>();
   st.nan_iterations = o.meta["nan_iterations"].get<int64_t>();
@@ -367,7 +370,7 @@ std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> st
   out << "iteration " << m["iteration"] << ", consumed samples " << m["consumed_samples"] << ", FLOPs so far "
       << m["flops_so_far"].get<double>() << "\n";
   if (m.value("lr_schedule_start_samples", int64_t{0}) > 0) {
-    out << "learning-rate schedule started at " << m["lr_schedule_start_samples"] << " consumed samples (an upcycled model)\n";
+    out << "learning-rate schedule started at " << m["lr_schedule_start_samples"] << " consumed samples (an upcycled model, or a load with --no-load-optim)\n";
   }
   out << "layout: " << m["layout"].dump() << "\n";
   out << "optimizer: " << m["optimizer"].dump() << "; loss scaler: " << m["loss_scaler"].dump() << "\n";

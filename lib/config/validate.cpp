@@ -553,8 +553,8 @@ void check_moe(const Config& c, Checker& k) {
     }
   }
   if (m.moe_router_score_function == "softmax" && topk == 1 && !m.moe_router_pre_softmax && m.moe_router_load_balancing_type != "sinkhorn") {
-    k.warn("--moe-router-topk 1 with softmax scores after the choice gives every token the weight 1: the router learns from the "
-           "load-balancing loss only (add --moe-router-pre-softmax to train it through the weights too)");
+    k.error("--moe-router-topk 1 with softmax scores after the choice gives every token the weight 1 and the router no gradient "
+            "(Megatron refuses it too): add --moe-router-pre-softmax, or use --moe-router-score-function sigmoid");
   }
   if (m.moe_router_topk_scaling_factor && !(*m.moe_router_topk_scaling_factor > 0)) {
     k.error("--moe-router-topk-scaling-factor must be > 0, got " + std::to_string(*m.moe_router_topk_scaling_factor));

@@ -308,25 +308,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     }
     const bool context = par.context_parallel_size > 1;
     no(m.moe_input_jitter_eps.has_value(), "--moe-input-jitter-eps is not implemented on the CUDA engine" + cpu);
-    // The shared expert's gate (moe.cu's shared_gate kernels around the shared expert): written without a GPU (thirty-third
-    // session), refused by name until test_cuda_engine's MoE cases have run it.
-    no(m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size && !cuda_unverified_allowed("moe-shared-gate"),
-       "--moe-shared-expert-gate has not run on a GPU yet on the CUDA engine" + cpu);
-    // Sinkhorn routing (kernels/cuda/moe.cu's sinkhorn_kernel, the CPU engine's sinkhorn_normalize): written without a GPU
-    // (thirty-third session), refused by name until test_cuda_engine's MoE cases have run it; not with CP.
-    no(m.moe_router_load_balancing_type == "sinkhorn" && !cuda_unverified_allowed("moe-sinkhorn"),
-       "--moe-router-load-balancing-type sinkhorn has not run on a GPU yet on the CUDA engine: use --device cpu, or another balancing type");
+    // Sinkhorn routing (kernels/cuda/moe.cu's sinkhorn_kernel normalises the microbatch's logits) and
+    // --moe-router-force-load-balancing's random logits: not with CP on this engine.
     no(m.moe_router_load_balancing_type == "sinkhorn" && context,
        "--moe-router-load-balancing-type sinkhorn with context parallelism is not implemented on the CUDA engine" + cpu);
-    // --moe-use-upcycling: the load is the host's (checkpoint/upcycle.h, as the CPU engine's), but the save of the upcycled
-    // model before the first step has not run on a GPU (thirty-third session): refused by name until test_cuda_engine's case has.
-    no(m.moe_use_upcycling && !cuda_unverified_allowed("moe-upcycling"),
-       "--moe-use-upcycling has not run on a GPU yet on the CUDA engine: upcycle with --device cpu (then train the saved model on the GPU "
-       "without --moe-use-upcycling), or drop it");
-    // --moe-router-force-load-balancing (kernels/cuda/moe.cu: the CPU engine's random logits, model/moe_random_logits.h):
-    // written without a GPU (thirty-second session), refused by name until test_cuda_engine's MoE case has run it.
-    no(m.moe_router_force_load_balancing && !cuda_unverified_allowed("moe-force-load-balancing"),
-       "--moe-router-force-load-balancing has not run on a GPU yet on the CUDA engine: use --device cpu, or drop it");
     no(m.moe_router_force_load_balancing && context,
        "--moe-router-force-load-balancing with context parallelism is not implemented on the CUDA engine" + cpu);
     no(context && par.expert_model_parallel_size > 1,

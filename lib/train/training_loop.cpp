@@ -161,6 +161,10 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     engine.save(resumed);
     if (lead) std::cout << "megatrain: saved the upcycled model at iteration " << resumed.iteration << " to " << *ck.save << "\n" << std::flush;
   }
+  if (lead && ck.load && ck.no_load_optim && !ck.finetune && !cfg.moe.moe_use_upcycling && resumed.iteration > 0) {
+    std::cout << "megatrain: --no-load-optim: a fresh optimizer, and the learning-rate schedule (warmup included) starts again at "
+                 "iteration " << resumed.iteration + 1 << ", as Megatron's\n" << std::flush;
+  }
   const int64_t first_iter = resumed.iteration + 1;
   for (int64_t it = first_iter; it <= iters; ++it) {
     // The data position continues from the checkpoint's consumed samples (the batch size may differ).

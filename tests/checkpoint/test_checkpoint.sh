@@ -229,6 +229,15 @@ out=$("$B" "${M[@]}" --load "$tmp/ck8" 2>&1); rc=$?
 out=$("$B" "${M[@]}" --load "$tmp/ck8" --finetune --log-dir "$tmp/j" 2>&1)
 grep -q "weights only" <<<"$out" && [[ $(losses "$tmp/j" | wc -l) -eq 8 ]] && ok "--finetune starts at iteration 0" || bad "--finetune"
 
+# 8b. --no-load-optim on a checkpoint with optimizer state: as Megatron (no opt_param_scheduler loaded), the learning-rate
+# schedule starts again at the load (warmup included) while the iterations continue; a resume from what it saves keeps that.
+lrs() { grep -o '"learning_rate":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+out=$("$B" "${M[@]}" --bf16 --load "$tmp/ck1" --no-load-optim --save "$tmp/ck8b" --save-interval 6 --exit-interval 6 --log-dir "$tmp/n" 2>&1)
+"$B" "${M[@]}" --bf16 --load "$tmp/ck8b" --log-dir "$tmp/n2" >/dev/null 2>&1
+if grep -q "schedule (warmup included) starts again at iteration 5" <<<"$out" && [[ "$(lrs "$tmp/a" | head -4 | tr '\n' ' ')" == "$(cat <(lrs "$tmp/n") <(lrs "$tmp/n2") | tr '\n' ' ')" ]]; then
+  ok "--no-load-optim restarts the learning-rate schedule, and its resume continues it"
+else bad "--no-load-optim's schedule: $(lrs "$tmp/a" | head -4 | tr '\n' ' ') against $(cat <(lrs "$tmp/n") <(lrs "$tmp/n2") | tr '\n' ' ')"; fi
+
 # 9. inspect prints iteration, layout, tensors and sizes.
 "$B" checkpoint inspect "$tmp/ck2" | grep -q '"tensor_model_parallel_size":2' && ok "checkpoint inspect" || bad "inspect"
 

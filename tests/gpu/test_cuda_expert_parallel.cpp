@@ -63,7 +63,8 @@ mt::Config make_config(const std::string& model, const Grid& grid, const std::st
              "--untie-embeddings-and-output-weights ";
   }
   if (ep > 1) flags += "--expert-model-parallel-size " + std::to_string(ep) + " ";
-  if (tp > 1) flags += "--tensor-model-parallel-size " + std::to_string(tp) + " --sequence-parallel ";
+  // (the vocabulary padded to 256 on every TP size, as on the one model: Megatron pads to a multiple of 128 x TP)
+  if (tp > 1) flags += "--tensor-model-parallel-size " + std::to_string(tp) + " --sequence-parallel --make-vocab-size-divisible-by " + std::to_string(128 / tp) + " ";
   if (grid.expert_tp() != tp) flags += "--expert-tensor-parallel-size " + std::to_string(grid.expert_tp()) + " ";
   CLI::App app;
   mt::ConfigCli cli(app);
@@ -91,10 +92,16 @@ void test_expert_parallel(const std::string& model, const Grid& grid, const std:
     // Two microbatches per rank (rank r's are 2r and 2r + 1): the second one's rows reuse, or grow, the first one's
     // buffers (tight, MEGATRAIN_TEST_TIGHT_BUFFERS=1 in main, so that they grow whenever more rows arrive).
     constexpr int64_t kPerRank = 2;
+    // Tensorwise FP8: every DP rank takes the same two microbatches. An expert's tensorwise scales come from the rows it
+    // takes at once, under EP every EP rank's microbatch of the step: with other microbatches on the ranks than on the
+    // one model they are other scales (seen in the thirty-fourth session: one expert whose rows from the two ranks differ
+    // in range, its FP8 gradients 2.5 times as far from bf16's as the one model's), with the same ones the same scales.
+    const bool same_on_ranks = extra.find("--fp8-recipe tensorwise") != std::string::npos;
     std::vector<mt::Microbatch> mbs_of(static_cast<size_t>(dp * kPerRank));
     double denom = 0;
     for (size_t i = 0; i < mbs_of.size(); ++i) {
-      mbs_of[i] = mt::make_microbatch(*data, mt::Split::kTrain, static_cast<int64_t>(i) * mbs, mbs, S, one_cfg);
+      const int64_t sample = static_cast<int64_t>(same_on_ranks ? i % kPerRank : i) * mbs;
+      mbs_of[i] = mt::make_microbatch(*data, mt::Split::kTrain, sample, mbs, S, one_cfg);
       for (float x : mbs_of[i].loss_mask) denom += x;
     }
     const auto w = static_cast<float>(1.0 / std::max(denom, 1.0));
@@ -204,7 +211,7 @@ void test_expert_parallel(const std::string& model, const Grid& grid, const std:
       if (tp_lead) loss_sum += download(run.acc, 1)[0];
     }
     double worst = 0, fp8_excess = 0;  // (FP8: the largest gap over max(3e-2, 2 x FP8's own effect on the parameter))
-    std::string worst_name, excess_name;
+    std::string worst_name, excess_name, over;  // (over: every tensor past its bound, printed when the check fails)
     int64_t experts_checked = 0;
     for (size_t i = 0; i < one.store.infos().size(); ++i) {
       const mt::ParamInfo& p = one.store.info(i);
@@ -216,6 +223,7 @@ void test_expert_parallel(const std::string& model, const Grid& grid, const std:
       experts_checked += expert ? 1 : 0;
       const std::vector<float> a(g_sum.begin() + p.offset, g_sum.begin() + p.offset + p.numel), b(g_one.begin() + p.offset, g_one.begin() + p.offset + p.numel);
       const double e = rel_err(a, b);
+      if (g_plain.empty() && !(e < 3e-2)) over += "\n    " + p.name + " " + std::to_string(e);
       if (e > worst || !std::isfinite(e)) {
         worst = e;
         worst_name = p.name;
@@ -223,6 +231,10 @@ void test_expert_parallel(const std::string& model, const Grid& grid, const std:
       if (!g_plain.empty()) {  // (the one model in bf16 has the same layout: the same offsets)
         const std::vector<float> c(g_plain.begin() + p.offset, g_plain.begin() + p.offset + p.numel);
         const double excess = e / std::max(3e-2, 2.0 * rel_err(b, c));
+        if (!(excess < 1.0)) {
+          over += "\n    " + p.name + " " + std::to_string(e) + " (FP8 against bf16 " + std::to_string(rel_err(b, c)) + ", these ranks' FP8 against bf16 " +
+                  std::to_string(rel_err(a, c)) + ")";
+        }
         if (excess > fp8_excess || !std::isfinite(excess)) {
           fp8_excess = excess;
           excess_name = p.name + " (FP8 against bf16 " + std::to_string(rel_err(b, c)) + ")";
@@ -239,7 +251,9 @@ void test_expert_parallel(const std::string& model, const Grid& grid, const std:
     // (FP8: each gradient within twice what FP8's quantisation does to it, as test_cuda_context_parallel's TP cases, and
     // the loss within FP8's tolerance there)
     const bool grads_ok = g_plain.empty() ? worst < 3e-2 : fp8_excess < 1.0;
-    check(loss_gap < (g_plain.empty() ? 2e-3 : 5e-3) && grads_ok && std::isfinite(worst) && tp_copies_gap < 1e-5, buf);
+    const bool ok = loss_gap < (g_plain.empty() ? 2e-3 : 5e-3) && grads_ok && std::isfinite(worst) && tp_copies_gap < 1e-5;
+    check(ok, buf);
+    if (!ok && !over.empty()) std::printf("  the tensors past their bound:%s\n", over.c_str());
     for (RankRun& run : ranks) mt::test::release(run);
     mt::test::release(one);
   } catch (const std::exception& e) {
@@ -290,9 +304,17 @@ int main() {
                        "--moe-router-topk 8 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
   test_expert_parallel("llama", {.ep = 2, .tp = 2, .etp = 1, .dp = 2}, "--moe-router-topk 8 ");
   test_expert_parallel("gpt", {.ep = 2, .tp = 4, .etp = 2, .dp = 1}, "--moe-router-topk 8 ");  // (GPT: a head per TP rank, no K/V replication)
-  test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2});
+  // Expert-TP across DP ranks: top-8 (every token at every expert), and top-2 with the router's random logits. (Top-2 by
+  // the router fails on the GPU for a reason outside the layout, seen in the thirty-fourth session: the expert-TP partial
+  // sums rounded to bf16 apart move one near-tied token's choice in the second layer, so two experts' three tensors there
+  // were 0.10 to 0.20 from the one model's and every other tensor within 3e-2; at top-8 within 5.7e-3.)
+  test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2}, "--moe-router-topk 8 ");
+  test_expert_parallel("llama", {.ep = 2, .tp = 1, .etp = 2, .dp = 4}, "--moe-router-topk 8 ");
+  test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2}, "--moe-router-force-load-balancing ");
   test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2},
-                       "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity ");
+                       "--moe-router-force-load-balancing --moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall "
+                       "--moe-pad-expert-input-to-capacity ");
+  test_expert_parallel("llama", {.ep = 2, .tp = 1, .etp = 2, .dp = 4}, "--moe-router-force-load-balancing ");
   // --moe-router-force-load-balancing: the random logits from each token's place route every rank as the one model (no
   // near-ties from the TP layers' rounding: top-2 under TP too).
   test_expert_parallel("llama", {2}, "--moe-router-force-load-balancing ");
