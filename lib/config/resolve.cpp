@@ -81,6 +81,8 @@ void resolve(Config& cfg, int64_t world_size, int64_t tokenizer_vocab) {
   }
   if (!p.expert_tensor_parallel_size) p.expert_tensor_parallel_size = p.tensor_model_parallel_size;
   if (cfg.moe.num_experts && !cfg.moe.moe_ffn_hidden_size) cfg.moe.moe_ffn_hidden_size = m.ffn_hidden_size;
+  // (Megatron: a negative capacity factor is None, dropless; validate() warned)
+  if (cfg.moe.moe_expert_capacity_factor && *cfg.moe.moe_expert_capacity_factor < 0) cfg.moe.moe_expert_capacity_factor.reset();
   if (p.sequence_parallel && p.tensor_model_parallel_size == 1) p.sequence_parallel = false;  // validate() warned
 
   d.world_size = world_size;

@@ -573,20 +573,23 @@ void check_moe(const Config& c, Checker& k) {
   if (m.moe_router_enable_expert_bias && m.moe_router_score_function != "sigmoid") {
     k.error("--moe-router-enable-expert-bias supports only --moe-router-score-function sigmoid (as in Megatron)");
   }
-  if (m.moe_expert_capacity_factor && !(*m.moe_expert_capacity_factor > 0)) {
-    k.error("--moe-expert-capacity-factor must be > 0 (leave it unset for dropless routing)");
+  // A negative capacity factor is dropless routing, as Megatron's TransformerConfig makes it (None; resolve() unsets it).
+  const bool capacity = m.moe_expert_capacity_factor && *m.moe_expert_capacity_factor >= 0;
+  if (m.moe_expert_capacity_factor && *m.moe_expert_capacity_factor < 0) {
+    k.warn("--moe-expert-capacity-factor " + std::to_string(*m.moe_expert_capacity_factor) + " is negative: dropless routing (as in Megatron)");
   }
-  if (m.moe_expert_capacity_factor && m.moe_token_dispatcher_type != "alltoall") {
-    k.error("--moe-expert-capacity-factor works only with --moe-token-dispatcher-type alltoall (as in Megatron)");
+  if (capacity && !(*m.moe_expert_capacity_factor > 0)) {
+    k.error("--moe-expert-capacity-factor 0 would drop every token: give a factor > 0, or leave it unset (or negative) for dropless routing");
   }
-  if (m.moe_expert_capacity_factor && m.moe_router_load_balancing_type != "aux_loss" && m.moe_router_load_balancing_type != "seq_aux_loss" &&
-      m.moe_router_load_balancing_type != "none") {
-    k.error("--moe-expert-capacity-factor works only with --moe-router-load-balancing-type aux_loss, seq_aux_loss or none (as in Megatron)");
+  if (capacity && m.moe_router_load_balancing_type != "aux_loss" && m.moe_router_load_balancing_type != "seq_aux_loss" &&
+      m.moe_router_load_balancing_type != "global_aux_loss" && m.moe_router_load_balancing_type != "none") {
+    k.error("--moe-expert-capacity-factor works only with --moe-router-load-balancing-type aux_loss, seq_aux_loss, global_aux_loss or none "
+            "(as in Megatron)");
   }
   if (m.moe_apply_probs_on_input && m.moe_router_topk != 1) {
     k.error("--moe-apply-probs-on-input works only with --moe-router-topk 1 (as in Megatron): set --moe-router-topk 1, or drop it");
   }
-  if (m.moe_pad_expert_input_to_capacity && !m.moe_expert_capacity_factor) {
+  if (m.moe_pad_expert_input_to_capacity && !capacity) {
     k.error("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
   }
   if (m.moe_aux_loss_coeff < 0 || !std::isfinite(m.moe_aux_loss_coeff)) k.error("--moe-aux-loss-coeff must be >= 0");

@@ -1470,6 +1470,9 @@ moe_tests:
   test_moe_training("llama-recompute", "--moe-router-load-balancing-type seq_aux_loss --moe-router-score-function sigmoid --moe-aux-loss-coeff 1e-1 ");
   // global_aux_loss: the counts averaged over the iteration's microbatches so far (two per iteration here), recomputed too.
   test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 ");
+  // (a capacity with global_aux_loss and with the allgather dispatcher, which Megatron's current rules allow: added in
+  // the thirty-fourth session after its GPU runs)
+  test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 --moe-expert-capacity-factor 0.75 ");
   // --calculate-per-token-loss: the aux and z losses times the microbatch's tokens, the step's gradients over the batch's
   // loss tokens.
   test_moe_training("llama", "--calculate-per-token-loss --moe-aux-loss-coeff 1e-1 ");

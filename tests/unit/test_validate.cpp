@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "catch.h"
+#include "config/resolve.h"
 #include "config/validate.h"
 
 using namespace mt;
@@ -83,11 +84,24 @@ TEST_CASE("Megatron's MoE rules, each named with its fix") {
   Config d = base();
   d.moe.num_experts = 8;
   d.moe.moe_expert_capacity_factor = 1.0;
-  rejects(d, 1, "works only with --moe-token-dispatcher-type alltoall");
+  accepts(d, 1);  // (either dispatcher: Megatron no longer ties capacity to alltoall)
   d.moe.moe_token_dispatcher_type = "alltoall";
   accepts(d, 1);
   d.moe.moe_router_load_balancing_type = "global_aux_loss";
-  rejects(d, 1, "aux_loss, seq_aux_loss or none");
+  accepts(d, 1);
+  d.moe.moe_router_load_balancing_type = "sinkhorn";
+  d.moe.moe_aux_loss_coeff = 0;
+  rejects(d, 1, "aux_loss, seq_aux_loss, global_aux_loss or none");
+  d.moe.moe_router_load_balancing_type = "aux_loss";
+  d.moe.moe_expert_capacity_factor = 0.0;
+  rejects(d, 1, "would drop every token");
+  d.moe.moe_expert_capacity_factor = -1.0;  // (Megatron's dropless: None)
+  d.moe.moe_pad_expert_input_to_capacity = true;
+  rejects(d, 1, "needs --moe-expert-capacity-factor");
+  d.moe.moe_pad_expert_input_to_capacity = false;
+  accepts(d, 1);
+  resolve(d, 1);
+  CHECK_FALSE(d.moe.moe_expert_capacity_factor.has_value());
   Config e = base();
   e.moe.num_experts = 8;
   e.moe.moe_pad_expert_input_to_capacity = true;
