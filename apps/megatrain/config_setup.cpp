@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/schedule_on_load.h"
 #include "config/errors.h"
 #include "config/flags.h"
 #include "config/yaml_io.h"
@@ -87,6 +88,18 @@ Config setup_config(CLI::App& app, ConfigCli& cli, int argc, char** argv, int64_
   }
   if (!d.ok()) throw ConfigErrors(d.errors);
   resolve(cfg, world_size, known_tokenizer_vocab(cfg));
+  // A resume loads the scheduler's state (not with --finetune, --no-load-optim or upcycling, as Megatron): the
+  // checkpoint's schedule against this command's, once it has stepped (an iteration-0 checkpoint, such as an upcycled
+  // model saved alone with --train-iters 0, has no schedule under way to keep).
+  const auto& ck = cfg.checkpoint;
+  if (purpose == Purpose::kTrain && ck.load && !ck.finetune && !ck.no_load_optim && !cfg.moe.moe_use_upcycling &&
+      (ck.ckpt_step || latest_checkpoint(*ck.load))) {
+    const CheckpointInfo info = checkpoint_info(*ck.load, ck.ckpt_step);
+    if (!info.lr_schedule_json.empty() && info.iteration > 0) {
+      const std::string note = reconcile_lr_schedule(cfg, info.lr_schedule_json, info.dir);
+      if (!note.empty() && announce) std::cerr << "megatrain: note: " << note << "\n";
+    }
+  }
   return cfg;
 }
 

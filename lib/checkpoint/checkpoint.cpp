@@ -20,6 +20,7 @@
 
 #include "checkpoint/checkpoint_files.h"
 #include "checkpoint/metadata_check.h"
+#include "checkpoint/schedule_on_load.h"
 #include "config/errors.h"
 #include "config/model_identity.h"
 #include "config/yaml_io.h"
@@ -42,6 +43,7 @@ std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& par
   s->has_optimizer = with_optimizer;
   s->has_master = opt.master() != nullptr;
   s->config_yaml = config_to_yaml(cfg);
+  s->lr_schedule_json = lr_schedule_to_json(LrSchedule(cfg).settings());
   s->vocab_size = cfg.derived.vocab_size;
   s->layout_json = json{{"world_size", who.world_size},
                          {"tensor_model_parallel_size", cfg.parallel.tensor_model_parallel_size},
@@ -205,6 +207,7 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
                  {"rng", "counter-based: every random number is a function of (seed, iteration, sample); no state to save"},
                  {"layout", json::parse(snap.layout_json)},
                  {"config", snap.config_yaml},
+                 {"lr_schedule", json::parse(snap.lr_schedule_json)},
                  {"tensors", tensors}};
     if (!fp8_scaling.empty()) meta["fp8_scaling"] = fp8_scaling;
     const std::string text = meta.dump(1);

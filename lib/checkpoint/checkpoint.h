@@ -60,7 +60,7 @@ struct Snapshot {
   int64_t optimizer_step = 0;
   std::string optimizer_kind;
   bool has_optimizer = false, has_master = false;
-  std::string config_yaml, layout_json;
+  std::string config_yaml, layout_json, lr_schedule_json;
   int64_t vocab_size = 0;
   // FP8's delayed-scaling state (model/fp8_scaling.h), one piece per FP8 layer ("decoder.layers.N.fp8_scaling",
   // [4 sites, 3 tensors, 1 + history length]: the scale, then the amax history) and for an MoE layer one more for its
@@ -136,6 +136,7 @@ struct CheckpointInfo {
   std::string config_yaml;
   int64_t vocab_size = 0;
   std::map<std::string, std::vector<int64_t>> shapes;
+  std::string lr_schedule_json;  // (the schedule it was saved with, in samples; empty in checkpoints from before it was kept)
 };
 CheckpointInfo checkpoint_info(const std::string& dir, std::optional<int64_t> step);
 

@@ -214,6 +214,9 @@ struct CheckpointConfig {
   std::string ckpt_format = "torch_dist";
   bool async_save = false;
   bool use_checkpoint_args = false;
+  // At a resume, Megatron's scheduler checks the command's schedule against the checkpoint's (schedule_on_load.h).
+  bool override_opt_param_scheduler = false;        // this command's schedule
+  bool use_checkpoint_opt_param_scheduler = false;  // the checkpoint's
   int64_t ckpt_keep_last = 0;  // megatrain: keep only the newest N checkpoints (0: all)
 };
 

@@ -359,6 +359,9 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
   if (t.overlap_param_gather && !(t.use_distributed_optimizer && t.overlap_grad_reduce)) {
     k.error("--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce: add them or drop it");
   }
+  if (c.checkpoint.override_opt_param_scheduler && c.checkpoint.use_checkpoint_opt_param_scheduler) {
+    k.error("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler contradict each other (Megatron refuses both): keep one");
+  }
   if (c.checkpoint.save && (!c.checkpoint.save_interval || *c.checkpoint.save_interval <= 0)) {
     k.error("--save needs --save-interval > 0" +
             (c.checkpoint.save_interval ? ", got " + s(*c.checkpoint.save_interval) : std::string(": add e.g. --save-interval 1000")));

@@ -32,6 +32,12 @@ namespace mt {
 namespace fs = std::filesystem;
 namespace {
 
+// A top-1 router whose one weight is renormalised to 1 (Mixtral; Qwen's norm_topk_prob) is Megatron's softmax after a
+// top-1 choice, which Megatron refuses.
+const char* const kTopOneRenormalised =
+    "a top-1 MoE whose one routing weight is renormalised to 1 (Mixtral, or Qwen's norm_topk_prob) has no Megatron form: "
+    "Megatron refuses a softmax after a top-1 choice (its router would get no gradient)";
+
 using hf::HfMoeNames;
 using hf::Values;
 using hf::hf_moe_names;
@@ -240,6 +246,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
             << " --moe-ffn-hidden-size " << hc.at("moe_intermediate_size").get<int64_t>() << " --moe-aux-loss-coeff "
             << field<double>(hc, "router_aux_loss_coef", 0.0) << " --moe-layer-freq " << pattern;
       if (!field<bool>(hc, "norm_topk_prob", false)) flags << " --moe-router-pre-softmax";
+      refuse(field<bool>(hc, "norm_topk_prob", false) && hc.at("num_experts_per_tok").get<int64_t>() == 1, kTopOneRenormalised);
       // Qwen2-MoE's shared expert, its output times sigmoid(shared_expert_gate . x)
       // (HF's default 5632 where config.json leaves it out; its block always has the shared expert and the gate)
       if (qwen2_moe) {
@@ -249,6 +256,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       }
     }
     if (family == "mixtral") {
+      refuse(hc.at("num_experts_per_tok").get<int64_t>() == 1, kTopOneRenormalised);
       flags << " --num-experts " << hc.at("num_local_experts").get<int64_t>() << " --moe-router-topk " << hc.at("num_experts_per_tok").get<int64_t>()
             << " --moe-ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --moe-aux-loss-coeff "
             << field<double>(hc, "router_aux_loss_coef", 0.0);

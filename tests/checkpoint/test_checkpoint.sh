@@ -190,7 +190,7 @@ for k in 1 2 3 4 5 6 7 8; do
   fi
 done
 last=$(cat "$tmp/ck4/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0)
-if [[ $survived -eq 8 ]] && "$B" "${BIG[@]}" --train-iters $((last + 1)) >"$tmp/resume.log" 2>&1 && grep -q "continuing after iteration $last" "$tmp/resume.log"; then
+if [[ $survived -eq 8 ]] && "$B" "${BIG[@]}" --exit-interval $((last + 1)) >"$tmp/resume.log" 2>&1 && grep -q "continuing after iteration $last" "$tmp/resume.log"; then
   ok "kill -9 x8 ($mid_save of them mid-save): $survived/8 loadable, resumed after iteration $last"
 else bad "resume after kills"; tail -3 "$tmp/resume.log"; fi
 
@@ -237,6 +237,24 @@ out=$("$B" "${M[@]}" --bf16 --load "$tmp/ck1" --no-load-optim --save "$tmp/ck8b"
 if grep -q "schedule (warmup included) starts again at iteration 5" <<<"$out" && [[ "$(lrs "$tmp/a" | head -4 | tr '\n' ' ')" == "$(cat <(lrs "$tmp/n") <(lrs "$tmp/n2") | tr '\n' ' ')" ]]; then
   ok "--no-load-optim restarts the learning-rate schedule, and its resume continues it"
 else bad "--no-load-optim's schedule: $(lrs "$tmp/a" | head -4 | tr '\n' ' ') against $(cat <(lrs "$tmp/n") <(lrs "$tmp/n2") | tr '\n' ' ')"; fi
+
+# 8c. A resume with another learning-rate schedule (Megatron's OptimizerParamScheduler check): refused by default, naming
+# the setting and both flags; --override-opt_param-scheduler trains with the command's, --use-checkpoint-opt_param-scheduler
+# (or its other spelling) with the checkpoint's; both at once refused; a longer --train-iters moves the decay, refused too.
+out=$("$B" "${M[@]}" --bf16 --lr 2e-3 --load "$tmp/ck1" 2>&1); rc=$?
+[[ $rc -ne 0 ]] && grep -q "learning rate (--lr) is 0.001, this command's 0.002.*--override-opt_param-scheduler.*--use-checkpoint-opt_param-scheduler" <<<"$out" \
+  && ok "another --lr at a resume: refused, both flags named" || bad "schedule check: $out"
+M12=(); prev=""; for a in "${M[@]}"; do [[ $prev == --train-iters ]] && a=12; M12+=("$a"); prev=$a; done
+out=$("$B" "${M12[@]}" --bf16 --load "$tmp/ck1" 2>&1); rc=$?
+[[ $rc -ne 0 ]] && grep -q "its decay .* is 64 samples, this command's 96 samples" <<<"$out" && ok "a longer --train-iters at a resume: refused" || bad "decay check: $out"
+"$B" "${M[@]}" --bf16 --lr 2e-3 --load "$tmp/ck1" --override-opt_param-scheduler --log-dir "$tmp/ov" >/dev/null 2>&1
+"$B" "${M[@]}" --bf16 --lr 2e-3 --log-dir "$tmp/ov0" >/dev/null 2>&1
+"$B" "${M[@]}" --bf16 --lr 2e-3 --load "$tmp/ck1" --use-checkpoint-opt-param-scheduler --log-dir "$tmp/uc" >/dev/null 2>&1
+if [[ "$(lrs "$tmp/ov")" == "$(lrs "$tmp/ov0" | tail -4)" && "$(lrs "$tmp/uc")" == "$(lrs "$tmp/a" | tail -4)" && $(lrs "$tmp/uc" | wc -l) -eq 4 ]]; then
+  ok "--override-opt_param-scheduler takes the command's schedule, --use-checkpoint-opt_param-scheduler the checkpoint's"
+else bad "override / use-checkpoint: $(lrs "$tmp/ov" | tr '\n' ' ') / $(lrs "$tmp/uc" | tr '\n' ' ')"; fi
+out=$("$B" "${M[@]}" --load "$tmp/ck1" --override-opt_param-scheduler --use-checkpoint-opt_param-scheduler 2>&1); rc=$?
+[[ $rc -ne 0 ]] && grep -q "contradict each other" <<<"$out" && ok "both scheduler flags: refused" || bad "both scheduler flags: $out"
 
 # 9. inspect prints iteration, layout, tensors and sizes.
 "$B" checkpoint inspect "$tmp/ck2" | grep -q '"tensor_model_parallel_size":2' && ok "checkpoint inspect" || bad "inspect"

@@ -190,6 +190,11 @@ cp "$W/llama_tp2_sp-hf/config.json" "$W/bad-hf/config.json"
 out=$("$BIN" checkpoint import --hf "$W/bad-hf" --save "$W/bad-ck" 2>&1) && fail "a truncated safetensors file imported"
 grep -q "model.safetensors" <<<"$out" || fail "truncated safetensors: $out"
 [[ -e "$W/bad-ck" ]] && fail "a failed import left a checkpoint"
+# A top-1 Mixtral (its one weight renormalised to 1): no Megatron form (Megatron refuses softmax after a top-1 choice).
+mkdir -p "$W/top1-hf" && cp "$W/mixtral_ep2-hf/model.safetensors" "$W/top1-hf/"
+sed 's/"num_experts_per_tok": 2/"num_experts_per_tok": 1/' "$W/mixtral_ep2-hf/config.json" >"$W/top1-hf/config.json"
+out=$("$BIN" checkpoint import --hf "$W/top1-hf" --save "$W/top1-ck" 2>&1) && fail "a top-1 Mixtral imported"
+grep -q "has no Megatron form" <<<"$out" && echo "PASS a top-1 Mixtral: refused by name" || fail "top-1 Mixtral: $out"
 
 # Damaged safetensors files and config.json: 150 mutants (flipped bytes in the header length, the header and the
 # data; truncations; config values changed), each imported: an import or one error line, never a signal or a hang.

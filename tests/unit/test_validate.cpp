@@ -102,6 +102,15 @@ TEST_CASE("Megatron's MoE rules, each named with its fix") {
   accepts(d, 1);
   resolve(d, 1);
   CHECK_FALSE(d.moe.moe_expert_capacity_factor.has_value());
+  Config t = base();  // (top-1 softmax after the choice: Megatron's "Please use --moe-router-pre-softmax when topk is 1")
+  t.moe.num_experts = 8;
+  t.moe.moe_router_topk = 1;
+  rejects(t, 1, "add --moe-router-pre-softmax");
+  t.moe.moe_router_pre_softmax = true;
+  accepts(t, 1);
+  t.moe.moe_router_pre_softmax = false;
+  t.moe.moe_router_score_function = "sigmoid";
+  accepts(t, 1);
   Config e = base();
   e.moe.num_experts = 8;
   e.moe.moe_pad_expert_input_to_capacity = true;
