@@ -95,9 +95,13 @@ Config setup_config(CLI::App& app, ConfigCli& cli, int argc, char** argv, int64_
   if (purpose == Purpose::kTrain && ck.load && !ck.finetune && !ck.no_load_optim && !cfg.moe.moe_use_upcycling &&
       (ck.ckpt_step || latest_checkpoint(*ck.load))) {
     const CheckpointInfo info = checkpoint_info(*ck.load, ck.ckpt_step);
-    if (!info.lr_schedule_json.empty() && info.iteration > 0) {
+    // (without optimizer state the loader names --no-load-optim; an older checkpoint keeps no schedule to compare)
+    if (!info.lr_schedule_json.empty() && info.iteration > 0 && info.has_optimizer) {
       const std::string note = reconcile_lr_schedule(cfg, info.lr_schedule_json, info.dir);
       if (!note.empty() && announce) std::cerr << "megatrain: note: " << note << "\n";
+    } else if (info.lr_schedule_json.empty() && ck.use_checkpoint_opt_param_scheduler && announce) {
+      std::cerr << "megatrain: note: --use-checkpoint-opt_param-scheduler: " << info.dir
+                << " keeps no learning-rate schedule (saved before megatrain kept one): the command's is used\n";
     }
   }
   return cfg;

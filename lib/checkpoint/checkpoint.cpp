@@ -43,7 +43,7 @@ std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& par
   s->has_optimizer = with_optimizer;
   s->has_master = opt.master() != nullptr;
   s->config_yaml = config_to_yaml(cfg);
-  s->lr_schedule_json = lr_schedule_to_json(LrSchedule(cfg).settings());
+  s->lr_schedule_json = lr_schedule_to_json(cfg);
   s->vocab_size = cfg.derived.vocab_size;
   s->layout_json = json{{"world_size", who.world_size},
                          {"tensor_model_parallel_size", cfg.parallel.tensor_model_parallel_size},

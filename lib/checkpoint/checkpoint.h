@@ -137,6 +137,7 @@ struct CheckpointInfo {
   int64_t vocab_size = 0;
   std::map<std::string, std::vector<int64_t>> shapes;
   std::string lr_schedule_json;  // (the schedule it was saved with, in samples; empty in checkpoints from before it was kept)
+  bool has_optimizer = false;    // (its optimizer state saved: not with --no-save-optim)
 };
 CheckpointInfo checkpoint_info(const std::string& dir, std::optional<int64_t> step);
 

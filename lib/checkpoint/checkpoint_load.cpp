@@ -359,6 +359,7 @@ CheckpointInfo checkpoint_info(const std::string& dir, std::optional<int64_t> st
   info.config_yaml = o.meta["config"].get<std::string>();
   info.vocab_size = o.meta.value("vocab_size", int64_t{0});
   if (o.meta.contains("lr_schedule")) info.lr_schedule_json = o.meta["lr_schedule"].dump();
+  info.has_optimizer = o.meta["optimizer"].value("saved", false);
   for (const auto& [name, t] : o.meta["tensors"].items()) info.shapes[name] = t["global_shape"].get<std::vector<int64_t>>();
   return info;
 }

@@ -77,15 +77,15 @@ std::vector<AliasSpec> build_aliases() {
          return "note: --cpu-optimizer-type " + v + " is the old spelling of --optimizer " + c.training.optimizer +
                 " --optimizer-cpu-offload";
        }},
-      {"override-opt-param-scheduler", false, "Megatron's other spelling of --override-opt_param-scheduler",
+      {"override-opt_param-scheduler", false, "Megatron's first spelling of --override-opt-param-scheduler",
        [](Config& c, const std::string&) {
          c.checkpoint.override_opt_param_scheduler = true;
-         return std::string("note: --override-opt-param-scheduler is Megatron's other spelling of --override-opt_param-scheduler");
+         return std::string("note: --override-opt_param-scheduler is --override-opt-param-scheduler");
        }},
-      {"use-checkpoint-opt-param-scheduler", false, "Megatron's other spelling of --use-checkpoint-opt_param-scheduler",
+      {"use-checkpoint-opt_param-scheduler", false, "Megatron's first spelling of --use-checkpoint-opt-param-scheduler",
        [](Config& c, const std::string&) {
          c.checkpoint.use_checkpoint_opt_param_scheduler = true;
-         return std::string("note: --use-checkpoint-opt-param-scheduler is Megatron's other spelling of --use-checkpoint-opt_param-scheduler");
+         return std::string("note: --use-checkpoint-opt_param-scheduler is --use-checkpoint-opt-param-scheduler");
        }},
       {"use-flash-attn", false, "Old spelling of --attention-backend flash",
        [](Config& c, const std::string&) {

@@ -248,9 +248,9 @@ std::vector<FlagSpec> build_table() {
         "torch_dist", "torch", "zarr", "fsdp_dtensor"),
       F(kCkpt, "async-save", checkpoint.async_save, "Write checkpoints in the background"),
       F(kCkpt, "use-checkpoint-args", checkpoint.use_checkpoint_args, "Take model arguments from the checkpoint"),
-      F(kCkpt, "override-opt_param-scheduler", checkpoint.override_opt_param_scheduler,
+      F(kCkpt, "override-opt-param-scheduler", checkpoint.override_opt_param_scheduler,
         "At a resume, train with this command's learning-rate schedule where the checkpoint's differs (else an error)"),
-      F(kCkpt, "use-checkpoint-opt_param-scheduler", checkpoint.use_checkpoint_opt_param_scheduler,
+      F(kCkpt, "use-checkpoint-opt-param-scheduler", checkpoint.use_checkpoint_opt_param_scheduler,
         "At a resume, keep the checkpoint's learning-rate schedule where this command's differs (else an error)"),
       F(kCkpt, "ckpt-keep-last", checkpoint.ckpt_keep_last, "Keep only the newest N checkpoints, deleted after a newer one is committed (megatrain; 0 keeps all)"),
       // Logging / validation
