@@ -374,6 +374,7 @@ std::string inspect_checkpoint(const std::string& dir, std::optional<int64_t> st
   if (m.value("lr_schedule_start_samples", int64_t{0}) > 0) {
     out << "learning-rate schedule started at " << m["lr_schedule_start_samples"] << " consumed samples (an upcycled model, or a load with --no-load-optim)\n";
   }
+  if (m.contains("lr_schedule")) out << "learning-rate schedule (checked at a resume): " << m["lr_schedule"].dump() << "\n";
   out << "layout: " << m["layout"].dump() << "\n";
   out << "optimizer: " << m["optimizer"].dump() << "; loss scaler: " << m["loss_scaler"].dump() << "\n";
   int64_t total = 0, bytes = 0, pieces = 0;

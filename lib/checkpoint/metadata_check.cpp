@@ -67,6 +67,19 @@ void check_checkpoint_metadata(const json& meta, const fs::path& metadata, int64
   if (meta.contains("lr_schedule_start_samples") && k.integer(meta, "lr_schedule_start_samples", "", 0, kMaxExact) > consumed) {
     k.fail("", "'lr_schedule_start_samples' exceeds 'consumed_samples'");
   }
+  if (meta.contains("lr_schedule")) {  // (the schedule a resume checks; checkpoint/schedule_on_load.h)
+    const json& sc = k.field(meta, "lr_schedule", "");
+    for (const char* rate : {"max_lr", "min_lr", "weight_decay"}) {
+      const json& v = k.field(sc, rate, "lr_schedule");
+      if (!v.is_number() || !std::isfinite(v.get<double>())) k.fail("lr_schedule", std::string("'") + rate + "' is not a finite number");
+    }
+    for (const char* samples : {"warmup_samples", "decay_samples", "train_samples"}) k.integer(sc, samples, "lr_schedule", 0, kMaxExact);
+    if (!k.field(sc, "decay_style", "lr_schedule").is_string()) k.fail("lr_schedule", "'decay_style' is not a string");
+    for (const char* rate : {"decoupled_lr", "decoupled_min_lr"}) {
+      const json& v = k.field(sc, rate, "lr_schedule");
+      if (!v.is_null() && (!v.is_number() || !std::isfinite(v.get<double>()))) k.fail("lr_schedule", std::string("'") + rate + "' is not null or a finite number");
+    }
+  }
   k.integer(meta, "skipped_iterations", "", 0, kMaxExact);
   k.integer(meta, "nan_iterations", "", 0, kMaxExact);
   const json& flops = k.field(meta, "flops_so_far", "");

@@ -74,6 +74,8 @@ vandal iteration 's/"iteration": 2/"iteration": 1e30/'
 bad metadata-iteration "'iteration' is not an integer" -- "$B" "${Q[@]}" --load "$tmp/ck_iteration"
 vandal rank 's/"shard_rank": 0/"shard_rank": 7/'
 bad metadata-shard-rank "'shard_rank' is 7, outside \[0, 0\]" -- "$B" "${Q[@]}" --load "$tmp/ck_rank"
+vandal schedule 's/"decay_samples":\s*\d+/"decay_samples": "many"/'
+bad metadata-schedule "'decay_samples' is not an integer" -- "$B" "${Q[@]}" --load "$tmp/ck_schedule"
 # Tokenizer files and launcher environments.
 printf 'hello world\n' >"$tmp/corpus.txt"
 printf '{"a": -5, "<|endoftext|>": 2}' >"$tmp/vocab.json"
