@@ -27,11 +27,11 @@ class LrSchedule {
   int64_t decay_steps() const { return decay_ / gbs_; }
   // What Megatron's OptimizerParamScheduler keeps in a checkpoint and checks at a load: the schedule in samples.
   struct Settings {
-    double max_lr = 0, min_lr = 0, init_lr = 0;
-    int64_t warmup_samples = 0, decay_samples = 0, wsd_decay_samples = 0;
-    std::string style, wsd_style;
+    double max_lr = 0, min_lr = 0;
+    int64_t warmup_samples = 0, decay_samples = 0;
+    std::string style;
   };
-  Settings settings() const { return {max_lr_, min_lr_, init_lr_, warmup_, decay_, wsd_decay_, style_, wsd_style_}; }
+  Settings settings() const { return {max_lr_, min_lr_, warmup_, decay_, style_}; }
 
  private:
   double max_lr_, min_lr_, init_lr_;
