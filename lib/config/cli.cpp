@@ -35,6 +35,7 @@ ConfigCli::ConfigCli(CLI::App& app) : app_(app) {
       h->opt = app.add_flag("--" + spec.name, h->flag, help);
     } else if (flag_is_list(spec)) {
       h->opt = app.add_option("--" + spec.name, h->values, help);
+      h->opt->inject_separator(true);  // (an empty value between the occurrences: the last one wins, as argparse's)
     } else {
       h->opt = app.add_option("--" + spec.name, h->value, help);
       h->opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -68,13 +69,6 @@ void reject_unknown_arguments(const std::vector<std::string>& remaining) {
       std::string name = arg.substr(0, arg.find('='));
       throw ConfigError("unknown flag " + name + ": did you mean --" + nearest_flag(name) + "? (megatrain --help lists all flags)");
     }
-    // (Megatron's list form: --moe-router-load-balancing-type aux_loss seq_aux_loss, a coefficient each)
-    for (const char* type : {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"}) {
-      if (arg == type) {
-        throw ConfigError("unexpected argument '" + arg + "': several load-balancing types at once (Megatron's list form of "
-                          "--moe-router-load-balancing-type and --moe-aux-loss-coeff) are not implemented: give one type and one coefficient");
-      }
-    }
     throw ConfigError("unexpected argument '" + arg + "': flags take the form --name value (megatrain --help)");
   }
 }
@@ -90,15 +84,13 @@ Config ConfigCli::build() const {
     } else if (flag_is_bool(*h->spec)) {
       set_flag_from_string(cfg, *h->spec, "true", "command line");
     } else if (flag_is_list(*h->spec)) {
-      // One quoted argument "0.3 a 0.7 b" is split like Megatron's shell-expanded form.
-      std::vector<std::string> items;
+      // One quoted argument "0.3 a 0.7 b" is split like Megatron's shell-expanded form. Given twice, the last
+      // occurrence's values (argparse's nargs='+': "--data-path a b --data-path c" reads c).
+      std::string items;
       for (const auto& v : h->values) {
-        Config tmp;
-        set_flag_from_string(tmp, *h->spec, v, "command line");
-        auto field = h->spec->field(tmp);
-        for (const auto& s : *std::get<StringList*>(field)) items.push_back(s);
+        if (v.empty()) items.clear(); else items += (items.empty() ? "" : " ") + v;
       }
-      set_flag_from_list(cfg, *h->spec, items, "command line");
+      set_flag_from_string(cfg, *h->spec, items, "command line");
     } else {
       set_flag_from_string(cfg, *h->spec, h->value, "command line");
     }

@@ -14,6 +14,7 @@ using OptInt = std::optional<int64_t>;
 using OptFloat = std::optional<double>;
 using OptString = std::optional<std::string>;
 using StringList = std::vector<std::string>;
+using FloatList = std::vector<double>;
 
 struct ModelConfig {
   OptInt num_layers;
@@ -149,8 +150,10 @@ struct MoeConfig {
   // Megatron's pattern: an integer N (every N-th layer from layer 0 is MoE) or a list expression such as
   // "[0]+[1]*3" or "([0]*3+[1])*2" with one 0/1 per layer (model/moe_pattern.h parses it).
   std::string moe_layer_freq = "1";
-  std::string moe_router_load_balancing_type = "aux_loss";
-  double moe_aux_loss_coeff = 0.0;
+  // One type, or Megatron's list form: several auxiliary losses at once, --moe-aux-loss-coeff giving one coefficient each
+  // (aux_loss_coeff() reads them as Megatron's get_aux_loss_coeff).
+  StringList moe_router_load_balancing_type = {"aux_loss"};
+  FloatList moe_aux_loss_coeff = {0.0};
   OptFloat moe_z_loss_coeff;
   std::string moe_token_dispatcher_type = "allgather";
   bool moe_grouped_gemm = false;
@@ -171,13 +174,33 @@ struct MoeConfig {
   bool moe_per_layer_logging = false;     // TensorBoard: each layer's auxiliary losses (moe/<name>_layer_<i>)
   bool moe_apply_probs_on_input = false;  // the routing weight scales the expert's input, not its output (Llama 4; top-1)
   bool moe_router_force_load_balancing = false;  // benchmarking: random router logits (N(0, 1)), the gradient straight through
-  bool moe_shared_expert_gate = false;
-  OptFloat moe_input_jitter_eps;  // the router's input times noise uniform in [1 - eps, 1 + eps] (model/moe_input_jitter.h)  // the shared expert's output times sigmoid(x . g), g a [1, h] weight (Qwen2-MoE)
+  bool moe_shared_expert_gate = false;  // the shared expert's output times sigmoid(x . g), g a [1, h] weight (Qwen2-MoE)
+  OptFloat moe_input_jitter_eps;  // the router's input times noise uniform in [1 - eps, 1 + eps] (model/moe_input_jitter.h)
   // Megatron's upcycling: --load holds a dense model's checkpoint, whose MLPs become the experts (checkpoint/upcycle.h);
   // the granularity: how many experts' widths make one dense MLP (1: each expert a copy of it).
   bool moe_use_upcycling = false;
   int64_t moe_upcycling_granularity = 1;
+
+  // The coefficient of one auxiliary loss (aux_loss, seq_aux_loss or global_aux_loss), as Megatron's get_aux_loss_coeff:
+  // with one type, --moe-aux-loss-coeff's value when the type is that one; with a list, the coefficient at its position.
+  // 0 when the type is not chosen.
+  double aux_loss_coeff(const std::string& type) const {
+    for (size_t i = 0; i < moe_router_load_balancing_type.size(); ++i) {
+      if (moe_router_load_balancing_type[i] != type) continue;
+      if (moe_router_load_balancing_type.size() == 1) return moe_aux_loss_coeff.size() == 1 ? moe_aux_loss_coeff[0] : 0.0;
+      return i < moe_aux_loss_coeff.size() ? moe_aux_loss_coeff[i] : 0.0;
+    }
+    return 0.0;
+  }
+  // Whether the routing's balancing is this one type alone (sinkhorn, quantile_balancing, none, ...).
+  bool load_balancing_is(const std::string& type) const {
+    return moe_router_load_balancing_type.size() == 1 && moe_router_load_balancing_type[0] == type;
+  }
 };
+
+// The auxiliary losses in Megatron's order (its router applies and logs them so), with their log names.
+inline constexpr const char* kAuxLossTypes[3] = {"aux_loss", "seq_aux_loss", "global_aux_loss"};
+inline constexpr const char* kAuxLossNames[3] = {"load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss"};
 
 struct DataConfig {
   StringList data_path;

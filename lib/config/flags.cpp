@@ -174,9 +174,11 @@ std::vector<FlagSpec> build_table() {
       F(kMoe, "moe-ffn-hidden-size", moe.moe_ffn_hidden_size, "Expert MLP hidden size (default --ffn-hidden-size)"),
       F(kMoe, "moe-layer-freq", moe.moe_layer_freq,
         "MoE layer pattern: N (every N-th layer from the first) or a list such as \"[0]+[1]*3\" (one 0/1 per layer)"),
-      F(kMoe, "moe-router-load-balancing-type", moe.moe_router_load_balancing_type, "Load balancing", "aux_loss",
+      F(kMoe, "moe-router-load-balancing-type", moe.moe_router_load_balancing_type,
+        "Load balancing: one type, or several auxiliary losses at once (a --moe-aux-loss-coeff each)", "aux_loss",
         "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"),
-      F(kMoe, "moe-aux-loss-coeff", moe.moe_aux_loss_coeff, "Auxiliary load-balancing loss weight"),
+      F(kMoe, "moe-aux-loss-coeff", moe.moe_aux_loss_coeff,
+        "Auxiliary load-balancing loss weight (one per --moe-router-load-balancing-type type)"),
       F(kMoe, "moe-z-loss-coeff", moe.moe_z_loss_coeff, "Router z-loss weight"),
       F(kMoe, "moe-token-dispatcher-type", moe.moe_token_dispatcher_type, "Token dispatcher", "allgather", "alltoall",
         "flex"),
@@ -390,27 +392,35 @@ std::string nearest_flag(std::string_view name) {
 
 std::string flag_value_text(const Config& cfg_in, const FlagSpec& spec) {
   Config cfg = cfg_in;
+  auto number = [](double d) {
+    std::ostringstream o;
+    o << d;
+    return o.str();
+  };
   return std::visit(
-      [](auto* p) -> std::string {
+      [&](auto* p) -> std::string {
         using T = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<T, bool>) {
           return *p ? "true" : "false";
         } else if constexpr (std::is_same_v<T, int64_t>) {
           return std::to_string(*p);
         } else if constexpr (std::is_same_v<T, double>) {
-          std::ostringstream o;
-          o << *p;
-          return o.str();
+          return number(*p);
         } else if constexpr (std::is_same_v<T, std::string>) {
           return *p;
         } else if constexpr (std::is_same_v<T, OptInt>) {
           return *p ? std::to_string(**p) : "";
         } else if constexpr (std::is_same_v<T, OptFloat>) {
-          std::ostringstream o;
-          if (*p) o << **p;
-          return o.str();
+          return *p ? number(**p) : "";
         } else if constexpr (std::is_same_v<T, OptString>) {
           return p->value_or("");
+        } else if constexpr (std::is_same_v<T, FloatList>) {
+          std::string s;
+          for (double x : *p) {
+            if (!s.empty()) s += ' ';
+            s += number(x);
+          }
+          return s;
         } else {
           std::string s;
           for (const auto& x : *p) s += (s.empty() ? "" : " ") + x;
@@ -427,6 +437,7 @@ const char* flag_type_name(const FlagSpec& spec) {
         using T = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, OptInt>) return "INT";
         else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, OptFloat>) return "FLOAT";
+        else if constexpr (std::is_same_v<T, FloatList>) return "FLOAT ...";
         else if constexpr (std::is_same_v<T, StringList>) return "LIST";
         else return "TEXT";
       },
@@ -440,7 +451,8 @@ bool flag_is_bool(const FlagSpec& spec) {
 
 bool flag_is_list(const FlagSpec& spec) {
   Config c;
-  return std::holds_alternative<StringList*>(spec.field(c));
+  const FieldPtr field = spec.field(c);
+  return std::holds_alternative<StringList*>(field) || std::holds_alternative<FloatList*>(field);
 }
 
 void set_flag_from_string(Config& cfg, const FlagSpec& spec, const std::string& value, const std::string& source) {
@@ -459,12 +471,12 @@ void set_flag_from_string(Config& cfg, const FlagSpec& spec, const std::string& 
         } else if constexpr (std::is_same_v<T, std::string>) {
           *p = check_choice(spec, value, source);
         } else {
-          // A list given as one string: "0.3 a 0.7 b" or "a,b".
-          StringList items;
+          // A list given as one string: "0.3 a 0.7 b" (Megatron's shell-expanded form).
+          std::vector<std::string> items;
           std::string tok;
           std::istringstream in(value);
           while (in >> tok) items.push_back(tok);
-          *p = items;
+          set_flag_from_list(cfg, spec, items, source);
         }
       },
       spec.field(cfg));
@@ -474,7 +486,14 @@ void set_flag_from_list(Config& cfg, const FlagSpec& spec, const std::vector<std
                         const std::string& source) {
   auto field = spec.field(cfg);
   if (auto* p = std::get_if<StringList*>(&field)) {
+    for (const auto& v : values) check_choice(spec, v, source);
     **p = values;
+    return;
+  }
+  if (auto* p = std::get_if<FloatList*>(&field)) {
+    FloatList numbers;
+    for (const auto& v : values) numbers.push_back(parse_float(spec, v, source));
+    **p = numbers;
     return;
   }
   if (values.size() == 1) {
@@ -490,7 +509,7 @@ void unset_flag(Config& cfg, const FlagSpec& spec, const std::string& source) {
         using T = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<T, OptInt> || std::is_same_v<T, OptFloat> || std::is_same_v<T, OptString>) {
           p->reset();
-        } else if constexpr (std::is_same_v<T, StringList>) {
+        } else if constexpr (std::is_same_v<T, StringList> || std::is_same_v<T, FloatList>) {
           p->clear();
         } else {
           throw ConfigError(where(spec, source) + ": needs a value, got null");

@@ -492,6 +492,40 @@ void check_fp8(const Config& c, Checker& k) {
   }
 }
 
+bool any_coefficient(const MoeConfig& m) {
+  return std::any_of(m.moe_aux_loss_coeff.begin(), m.moe_aux_loss_coeff.end(), [](double x) { return x > 0; });
+}
+
+// --moe-router-load-balancing-type and --moe-aux-loss-coeff: one type with one coefficient, or Megatron's list form
+// (several auxiliary losses at once, a coefficient each; TransformerConfig asserts the lengths match).
+void validate_load_balancing(const MoeConfig& m, Checker& k) {
+  const StringList& types = m.moe_router_load_balancing_type;
+  const FloatList& coeffs = m.moe_aux_loss_coeff;
+  for (double x : coeffs) {
+    if (!(x >= 0) || !std::isfinite(x)) k.error("--moe-aux-loss-coeff must be >= 0, got " + num(x));
+  }
+  if (types.empty()) k.error("--moe-router-load-balancing-type needs a type (aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none)");
+  if (coeffs.empty()) k.error("--moe-aux-loss-coeff needs a value (0 for no auxiliary loss)");
+  if (types.size() == 1 && coeffs.size() > 1) {
+    k.error("--moe-aux-loss-coeff gives " + s(static_cast<int64_t>(coeffs.size())) + " coefficients for the one load-balancing type " +
+            types[0] + ": give one, or a type for each in --moe-router-load-balancing-type (Megatron's list form)");
+  }
+  if (types.size() < 2) return;
+  if (coeffs.size() != types.size()) {
+    k.error("--moe-router-load-balancing-type gives " + s(static_cast<int64_t>(types.size())) + " types and --moe-aux-loss-coeff " +
+            s(static_cast<int64_t>(coeffs.size())) + " coefficients: give a coefficient for each type, in the same order (as Megatron)");
+  }
+  for (size_t i = 0; i < types.size(); ++i) {
+    if (types[i] == "sinkhorn" || types[i] == "quantile_balancing") {
+      k.error("--moe-router-load-balancing-type " + types[i] + " balances the routing by itself and takes no auxiliary loss: give it alone "
+              "(Megatron's list form combines aux_loss, seq_aux_loss and global_aux_loss)");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (types[j] == types[i]) k.error("--moe-router-load-balancing-type names " + types[i] + " twice: give each type once, with one coefficient");
+    }
+  }
+}
+
 // Megatron's MoE rules (transformer_config.py, arguments.py, MoELayer), each with the fix.
 void check_moe(const Config& c, Checker& k) {
   const MoeConfig& m = c.moe;
@@ -545,8 +579,9 @@ void check_moe(const Config& c, Checker& k) {
   if (m.moe_input_jitter_eps && !(*m.moe_input_jitter_eps > 0 && *m.moe_input_jitter_eps < 1)) {
     k.error("--moe-input-jitter-eps must be in (0, 1) (the noise is uniform in [1 - eps, 1 + eps]), got " + std::to_string(*m.moe_input_jitter_eps));
   }
-  if (m.moe_router_load_balancing_type == "sinkhorn") {  // (Megatron's sinkhorn_load_balancing; docs/moe.md)
-    if (m.moe_aux_loss_coeff > 0) k.error("--moe-router-load-balancing-type sinkhorn takes no aux loss (as in Megatron): set --moe-aux-loss-coeff 0");
+  validate_load_balancing(m, k);
+  if (m.load_balancing_is("sinkhorn")) {  // (Megatron's sinkhorn_load_balancing; docs/moe.md)
+    if (any_coefficient(m)) k.error("--moe-router-load-balancing-type sinkhorn takes no aux loss (as in Megatron): set --moe-aux-loss-coeff 0");
     if (m.moe_router_enable_expert_bias) k.error("--moe-router-enable-expert-bias does not apply to sinkhorn routing: drop one of them");
     if (m.moe_router_num_groups) k.error("group-limited routing (--moe-router-num-groups) does not apply to sinkhorn routing: drop one of them");
     if (m.moe_router_topk_scaling_factor) k.error("--moe-router-topk-scaling-factor does not apply to sinkhorn routing: drop one of them");
@@ -555,7 +590,7 @@ void check_moe(const Config& c, Checker& k) {
              "--moe-router-score-function and --moe-router-pre-softmax have no effect with it");
     }
   }
-  if (m.moe_router_score_function == "softmax" && topk == 1 && !m.moe_router_pre_softmax && m.moe_router_load_balancing_type != "sinkhorn") {
+  if (m.moe_router_score_function == "softmax" && topk == 1 && !m.moe_router_pre_softmax && !m.load_balancing_is("sinkhorn")) {
     k.error("--moe-router-topk 1 with softmax scores after the choice gives every token the weight 1 and the router no gradient "
             "(Megatron refuses it too): add --moe-router-pre-softmax, or use --moe-router-score-function sigmoid");
   }
@@ -584,8 +619,9 @@ void check_moe(const Config& c, Checker& k) {
   if (capacity && !(*m.moe_expert_capacity_factor > 0)) {
     k.error("--moe-expert-capacity-factor 0 would drop every token: give a factor > 0, or leave it unset (or negative) for dropless routing");
   }
-  if (capacity && m.moe_router_load_balancing_type != "aux_loss" && m.moe_router_load_balancing_type != "seq_aux_loss" &&
-      m.moe_router_load_balancing_type != "global_aux_loss" && m.moe_router_load_balancing_type != "none") {
+  if (capacity && std::any_of(m.moe_router_load_balancing_type.begin(), m.moe_router_load_balancing_type.end(), [](const std::string& t) {
+        return t != "aux_loss" && t != "seq_aux_loss" && t != "global_aux_loss" && t != "none";
+      })) {
     k.error("--moe-expert-capacity-factor works only with --moe-router-load-balancing-type aux_loss, seq_aux_loss, global_aux_loss or none "
             "(as in Megatron)");
   }
@@ -595,7 +631,6 @@ void check_moe(const Config& c, Checker& k) {
   if (m.moe_pad_expert_input_to_capacity && !capacity) {
     k.error("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
   }
-  if (m.moe_aux_loss_coeff < 0 || !std::isfinite(m.moe_aux_loss_coeff)) k.error("--moe-aux-loss-coeff must be >= 0");
   if (m.moe_z_loss_coeff && (*m.moe_z_loss_coeff < 0 || !std::isfinite(*m.moe_z_loss_coeff))) k.error("--moe-z-loss-coeff must be >= 0");
   if (m.moe_router_bias_update_rate < 0) k.error("--moe-router-bias-update-rate must be >= 0");
 }

@@ -174,6 +174,10 @@ std::string config_to_yaml(const Config& cfg_in) {
             if (*p) out << format_double(**p); else out << YAML::Null;
           } else if constexpr (std::is_same_v<T, OptString>) {
             if (*p) out << YAML::DoubleQuoted << **p; else out << YAML::Null;
+          } else if constexpr (std::is_same_v<T, FloatList>) {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (double x : *p) out << format_double(x);
+            out << YAML::EndSeq;
           } else {
             out << YAML::Flow << YAML::BeginSeq;
             for (const auto& s : *p) out << YAML::DoubleQuoted << s;

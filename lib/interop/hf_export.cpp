@@ -34,6 +34,15 @@ using hf::Values;
 using hf::split_qkv;
 using hf::transposed;
 
+// HF's router_aux_loss_coef (its one load-balancing loss, the batch's): the coefficient of the first auxiliary loss
+// trained with (aux_loss, seq_aux_loss, global_aux_loss in that order), 0 without one. Training metadata only.
+double router_aux_loss_coef(const MoeConfig& mc) {
+  for (const char* type : kAuxLossTypes) {
+    if (mc.aux_loss_coeff(type) > 0) return mc.aux_loss_coeff(type);
+  }
+  return 0.0;
+}
+
 // --rotary-interleaved rotates the pairs (2i, 2i + 1) of each head; HF rotates (i, i + d/2): each head's rows
 // reordered so that HF's rotation meets the same pairs.
 Values deinterleave_heads(const Values& w, int64_t heads, int64_t d, int64_t cols) {
@@ -291,7 +300,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       refuse(family == "qwen3_moe" && D.F_shared > 0, "Qwen3-MoE has no shared experts (Qwen2-MoE's, without --qk-layernorm, have)");
       if (family == "qwen2_moe") config["shared_expert_intermediate_size"] = D.F_shared;
       // (sinkhorn routing's trained model routes by the softmax over all experts, the top k not renormalised: top-1 would be sigmoid's)
-      const bool sinkhorn = mc.moe_router_load_balancing_type == "sinkhorn";
+      const bool sinkhorn = mc.load_balancing_is("sinkhorn");
       refuse(sinkhorn && D.topk == 1, "sinkhorn routing at --moe-router-topk 1 weighs by a sigmoid, which HF's softmax routers cannot");
       config["num_experts"] = D.experts;
       config["num_experts_per_tok"] = D.topk;
@@ -299,7 +308,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       config["norm_topk_prob"] = !mc.moe_router_pre_softmax && !sinkhorn;
       config["decoder_sparse_step"] = 1;
       config["mlp_only_layers"] = dense_layers;
-      config["router_aux_loss_coef"] = mc.moe_aux_loss_coeff;
+      config["router_aux_loss_coef"] = router_aux_loss_coef(mc);
       config["output_router_logits"] = false;
     } else if (family == "mixtral") {
       const MoeConfig& mc = c.moe;
@@ -309,13 +318,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
              "Mixtral's router is a softmax over the top-k logits: no --moe-router-pre-softmax, sigmoid scores, scaling factor, "
              "groups or expert bias");
       refuse(mc.moe_expert_capacity_factor.has_value(), "Mixtral is dropless (no --moe-expert-capacity-factor)");
-      refuse(mc.moe_router_load_balancing_type == "sinkhorn",
+      refuse(mc.load_balancing_is("sinkhorn"),
              "a model trained with sinkhorn routing weighs by the softmax over all experts (or a sigmoid at top-1), not Mixtral's "
              "softmax over the top k: export it as Qwen3-MoE (--qk-layernorm), or train with another balancing type");
       refuse(D.F_shared > 0, "Mixtral has no shared experts");
       config["num_local_experts"] = D.experts;
       config["num_experts_per_tok"] = D.topk;
-      config["router_aux_loss_coef"] = mc.moe_aux_loss_coeff;
+      config["router_aux_loss_coef"] = router_aux_loss_coef(mc);
       config["output_router_logits"] = false;
       config["sliding_window"] = nullptr;
     }

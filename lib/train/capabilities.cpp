@@ -20,7 +20,7 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "--cp-comm-type " + p.cp_comm_type + " is not implemented: use p2p (ring attention) or a2a (all-to-all over heads)");
 
   const auto& m = c.moe;
-  no(m.num_experts && m.moe_router_load_balancing_type == "quantile_balancing",
+  no(m.num_experts && m.load_balancing_is("quantile_balancing"),
      "--moe-router-load-balancing-type quantile_balancing is not implemented: use aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none");
   no(m.num_experts && m.moe_token_dispatcher_type == "flex",
      "--moe-token-dispatcher-type flex (DeepEP) is not implemented: use alltoall or allgather");
@@ -308,9 +308,14 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     }
     const bool context = par.context_parallel_size > 1;
     no(m.moe_input_jitter_eps.has_value(), "--moe-input-jitter-eps is not implemented on the CUDA engine" + cpu);
+    int64_t aux_losses = 0;
+    for (const char* type : kAuxLossTypes) aux_losses += m.aux_loss_coeff(type) > 0 ? 1 : 0;
+    no(aux_losses > 1,
+       "several auxiliary losses at once (Megatron's list form of --moe-router-load-balancing-type) are not implemented on the CUDA "
+       "engine: give one type and one coefficient, or use --device cpu (the CPU engine runs it)");
     // Sinkhorn routing (kernels/cuda/moe.cu's sinkhorn_kernel normalises the microbatch's logits) and
     // --moe-router-force-load-balancing's random logits: not with CP on this engine.
-    no(m.moe_router_load_balancing_type == "sinkhorn" && context,
+    no(m.load_balancing_is("sinkhorn") && context,
        "--moe-router-load-balancing-type sinkhorn with context parallelism is not implemented on the CUDA engine" + cpu);
     no(m.moe_router_force_load_balancing && context,
        "--moe-router-force-load-balancing with context parallelism is not implemented on the CUDA engine" + cpu);
@@ -320,7 +325,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
        "--moe-expert-capacity-factor with context parallelism is not implemented on the CUDA engine (the drops decided over every CP rank's "
        "tokens): drop it, or use --device cpu");
     const bool pp = par.pipeline_model_parallel_size > 1;
-    no(pp && m.moe_router_load_balancing_type == "global_aux_loss" && m.moe_aux_loss_coeff > 0,
+    no(pp && m.aux_loss_coeff("global_aux_loss") > 0,
        "global_aux_loss with pipeline parallelism is not implemented on the CUDA engine (its running counts with several microbatches in "
        "flight): use aux_loss or seq_aux_loss, or --device cpu");
     no(pp && par.pipeline_schedule == "zb-h1",
@@ -341,7 +346,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     const bool data_parallel = dp > 1;
     no(data_parallel && !cuda_unverified_allowed("moe-data-parallel"),
        "mixture of experts with data parallelism has not run on several GPUs yet on the CUDA engine: use --device cpu for multi-rank MoE");
-    no(data_parallel && m.moe_router_load_balancing_type == "global_aux_loss" && m.moe_aux_loss_coeff > 0,
+    no(data_parallel && m.aux_loss_coeff("global_aux_loss") > 0,
        "global_aux_loss with data parallelism is not implemented on the CUDA engine (its expert counts summed over DP): use aux_loss or "
        "seq_aux_loss, or --device cpu");
     // fp16: the MoE kernels in the run's 16-bit type, the router's aux and z gradients times the loss scale. With expert

@@ -386,16 +386,22 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
   if (layers == 0) return;  // (--num-experts with every layer dense by --moe-layer-freq: nothing to report, as the CPU engine)
   const auto& moe = cfg_.moe;
   const bool capacity = moe.moe_expert_capacity_factor.has_value();
-  const std::string aux_name = balance_loss_name(moe);
-  const bool aux = !aux_name.empty(), z = moe.moe_z_loss_coeff.value_or(0.0) > 0;
+  // (one load-balancing loss at most on this engine: the capability checks refuse Megatron's list form here)
+  const auto logged = logged_balance_losses(moe);
+  const bool aux = !logged.empty(), z = moe.moe_z_loss_coeff.value_or(0.0) > 0;
+  const size_t aux_slot = aux ? logged[0].first : 0;
   for (size_t i = 0; i < steps; ++i) {
     // (summed over the DP replicas at the step: the losses' average, the routed choices of every replica)
     const double per = static_cast<double>(std::max<int64_t>(1, microbatches[i])) * static_cast<double>(layers) * static_cast<double>(dp_);
     StepReport& r = out[i];
-    if (aux) r.moe_losses.emplace_back(aux_name, sums[3 * i] / per);
+    if (aux) r.moe_losses.emplace_back(logged[0].second, sums[3 * i] / per);
     if (z) r.moe_losses.emplace_back("z_loss", sums[3 * i + 1] / per);
     if (!per_layer.empty()) {
-      const std::vector<double> step(per_layer.begin() + static_cast<std::ptrdiff_t>(i * 2 * L), per_layer.begin() + static_cast<std::ptrdiff_t>((i + 1) * 2 * L));
+      std::vector<double> step(kMoeLossSlots * L, 0.0);  // (moe_report.h's slots: the aux loss at its type's, the z-loss last)
+      for (size_t l = 0; l < L; ++l) {
+        step[aux_slot * L + l] = per_layer[i * 2 * L + l];
+        step[3 * L + l] = per_layer[i * 2 * L + L + l];
+      }
       add_layer_losses(moe, step, 1.0 / (per / static_cast<double>(layers)), r);
     }
     r.expert_tokens_min = -extremes[2 * i];

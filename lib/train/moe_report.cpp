@@ -7,21 +7,23 @@
 
 namespace mt {
 
-std::string balance_loss_name(const MoeConfig& m) {
-  const std::string& balance = m.moe_router_load_balancing_type;
-  if (balance == "none" || m.moe_aux_loss_coeff <= 0) return "";
-  return balance == "seq_aux_loss" ? "seq_load_balancing_loss" : balance == "global_aux_loss" ? "global_load_balancing_loss" : "load_balancing_loss";
+std::vector<std::pair<size_t, std::string>> logged_balance_losses(const MoeConfig& m) {
+  std::vector<std::pair<size_t, std::string>> out;
+  for (size_t i = 0; i < 3; ++i) {
+    if (m.aux_loss_coeff(kAuxLossTypes[i]) > 0) out.emplace_back(i, kAuxLossNames[i]);
+  }
+  return out;
 }
 
 void add_layer_losses(const MoeConfig& m, const std::vector<double>& per_layer, double scale, StepReport& out) {
-  const size_t L = per_layer.size() / 2;
-  auto named = [&](const std::string& name, size_t from) {
-    std::vector<double> v(per_layer.begin() + static_cast<std::ptrdiff_t>(from), per_layer.begin() + static_cast<std::ptrdiff_t>(from + L));
+  const size_t L = per_layer.size() / kMoeLossSlots;
+  auto named = [&](const std::string& name, size_t slot) {
+    std::vector<double> v(per_layer.begin() + static_cast<std::ptrdiff_t>(slot * L), per_layer.begin() + static_cast<std::ptrdiff_t>((slot + 1) * L));
     for (double& x : v) x *= scale;
     out.moe_layer_losses.emplace_back(name, std::move(v));
   };
-  if (const std::string name = balance_loss_name(m); !name.empty()) named(name, 0);
-  if (m.moe_z_loss_coeff.value_or(0.0) > 0) named("z_loss", L);
+  for (const auto& [slot, name] : logged_balance_losses(m)) named(name, slot);
+  if (m.moe_z_loss_coeff.value_or(0.0) > 0) named("z_loss", 3);
 }
 
 void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::MoeStats& stats, int64_t num_microbatches, StepReport& out) {
@@ -29,12 +31,12 @@ void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::
   if (!m.num_experts) return;
   double moe_layers = 0;
   for (bool b : moe_layer_pattern(cfg)) moe_layers += b ? 1 : 0;
-  double losses[2] = {0, 0};  // load balancing, z
+  double losses[kMoeLossSlots] = {0, 0, 0, 0};  // the load-balancing losses (kAuxLossTypes' order), z
   double counts[3] = {0, 0, 0};  // dropped, routed, routing digest
   double lo = 1e300, hi = 0, sum = 0, n = 0;
   for (const auto& [layer, st] : stats) {
-    losses[0] += st.aux;
-    losses[1] += st.z;
+    for (size_t i = 0; i < 3; ++i) losses[i] += st.aux[i];
+    losses[3] += st.z;
     counts[0] += st.dropped;
     counts[1] += st.routed;
     counts[2] += st.routing_digest;
@@ -54,22 +56,22 @@ void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::
   }
   groups.tp->all_reduce(counts, 3, ReduceOp::kSum);
   groups.dp_cp->all_reduce(counts, 3, ReduceOp::kSum);
-  groups.pp->all_reduce(losses, 2, ReduceOp::kSum);
+  groups.pp->all_reduce(losses, kMoeLossSlots, ReduceOp::kSum);
   groups.pp->all_reduce(counts, 3, ReduceOp::kSum);
   double extremes[2] = {-lo, hi}, totals[2] = {sum, n};
   groups.pp->all_reduce(extremes, 2, ReduceOp::kMax);
   groups.pp->all_reduce(totals, 2, ReduceOp::kSum);
-  groups.dp_cp->all_reduce(losses, 2, ReduceOp::kAvg);
+  groups.dp_cp->all_reduce(losses, kMoeLossSlots, ReduceOp::kAvg);
   const double scale = 1.0 / (static_cast<double>(std::max<int64_t>(1, num_microbatches)) * std::max(1.0, moe_layers));
-  if (const std::string name = balance_loss_name(m); !name.empty()) out.moe_losses.emplace_back(name, losses[0] * scale);
-  if (m.moe_z_loss_coeff.value_or(0.0) > 0) out.moe_losses.emplace_back("z_loss", losses[1] * scale);
+  for (const auto& [slot, name] : logged_balance_losses(m)) out.moe_losses.emplace_back(name, losses[slot] * scale);
+  if (m.moe_z_loss_coeff.value_or(0.0) > 0) out.moe_losses.emplace_back("z_loss", losses[3] * scale);
   if (m.moe_per_layer_logging) {  // each layer's (every stage's layers: summed over PP, averaged over DP x CP as the totals)
     const size_t L = static_cast<size_t>(cfg.model.num_layers.value_or(0));
-    std::vector<double> per_layer(2 * L, 0.0);
+    std::vector<double> per_layer(kMoeLossSlots * L, 0.0);
     for (const auto& [layer, st] : stats) {
       if (layer < 0 || static_cast<size_t>(layer) >= L) continue;
-      per_layer[static_cast<size_t>(layer)] = st.aux;
-      per_layer[L + static_cast<size_t>(layer)] = st.z;
+      for (size_t i = 0; i < 3; ++i) per_layer[i * L + static_cast<size_t>(layer)] = st.aux[i];
+      per_layer[3 * L + static_cast<size_t>(layer)] = st.z;
     }
     groups.pp->all_reduce(per_layer.data(), static_cast<int64_t>(per_layer.size()), ReduceOp::kSum);
     groups.dp_cp->all_reduce(per_layer.data(), static_cast<int64_t>(per_layer.size()), ReduceOp::kAvg);

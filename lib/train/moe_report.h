@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -13,12 +14,16 @@
 
 namespace mt {
 
-// The log line's name of the load-balancing loss (Megatron's): load_balancing_loss, seq_load_balancing_loss or
-// global_load_balancing_loss; empty when there is none (type none, or coefficient 0).
-std::string balance_loss_name(const MoeConfig& m);
+// The load-balancing losses a run logs (Megatron's names and order): (index in config.h's kAuxLossTypes, name) of each
+// chosen type with a coefficient > 0 (load_balancing_loss, seq_load_balancing_loss, global_load_balancing_loss); none
+// with type none or sinkhorn.
+std::vector<std::pair<size_t, std::string>> logged_balance_losses(const MoeConfig& m);
 
-// --moe-per-layer-logging: per_layer holds [2][num_layers] (the load-balancing and z losses' sums, by global layer
-// index); each named loss present in the log line gets its layers' values times `scale` in out.moe_layer_losses.
+// The per-layer losses' slots: the three load-balancing losses (kAuxLossTypes' order), then the z-loss.
+inline constexpr size_t kMoeLossSlots = 4;
+
+// --moe-per-layer-logging: per_layer holds [kMoeLossSlots][num_layers] (the losses' sums, by global layer index); each
+// named loss present in the log line gets its layers' values times `scale` in out.moe_layer_losses.
 void add_layer_losses(const MoeConfig& m, const std::vector<double>& per_layer, double scale, StepReport& out);
 
 // Collective over the world (every rank of an MoE model calls it once per iteration).

@@ -68,8 +68,15 @@ if [[ $rc -eq 0 ]] && awk -v v="$vl" 'BEGIN{exit !(v < 2.9)}' && grep -q '"lm_lo
    && grep -q 'iteration       60/      60 | consumed samples:          960 |' <<<"$out"; then echo "ok   quickstart trains (validation loss $vl)"; else
   echo "FAIL quickstart: rc=$rc loss=$vl"; echo "$out" | tail -5; fails=$((fails + 1)); fi
 expect not-implemented 2 'flex \(DeepEP\) is not implemented' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-token-dispatcher-type flex
-expect balancing-type-list 2 'several load-balancing types at once' -- "$B" --config configs/quickstart.yaml --num-experts 4 \
-  --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 1e-2 1e-3
+# Megatron's list form: several auxiliary losses, a coefficient each, each logged under its own name.
+expect balancing-type-list 0 'load_balancing_loss: [0-9.E+-]+ \| seq_load_balancing_loss: [0-9.E+-]+ \| loss scale' -- "$B" \
+  --config configs/quickstart.yaml --num-experts 4 --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 1e-2 1e-3 \
+  --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
+expect balancing-type-list-lengths 2 'gives 2 types and --moe-aux-loss-coeff 1 coefficients' -- "$B" --config configs/quickstart.yaml \
+  --num-experts 4 --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 1e-2 --device cpu
+# A list flag given twice: the last occurrence, as argparse's.
+expect list-flag-twice 0 'moe_aux_loss_coeff: \[0.001\]' -- "$B" --config configs/quickstart.yaml --num-experts 4 \
+  --moe-aux-loss-coeff 1e-2 5e-2 --moe-aux-loss-coeff 1e-3 --print-config
 expect sinkhorn-routing 0 'tokens per expert' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-router-load-balancing-type sinkhorn \
   --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
 expect bad-data-file 2 "cannot read --text-data-path '/nonexistent'" -- "$B" --config configs/quickstart.yaml --text-data-path /nonexistent

@@ -299,7 +299,7 @@ mt::Config tiny_moe(int64_t iters, const std::string& fp8_format, const std::str
   mt::Config c = tiny_llama(iters, fp8_format, recipe);
   c.moe.num_experts = 4;
   c.moe.moe_router_topk = 2;
-  c.moe.moe_aux_loss_coeff = 1e-2;
+  c.moe.moe_aux_loss_coeff = {1e-2};
   c.moe.moe_shared_expert_intermediate_size = 32;
   REQUIRE(mt::validate(c, 1, mt::Purpose::kTrain).ok());
   mt::resolve(c, 1, 257);

@@ -136,7 +136,7 @@ mt::Config tiny_delayed(int64_t iters, const std::string& dir, bool moe = false)
   if (moe) {  // every layer an MoE layer of 4 experts with a shared expert: each expert's sites scaled on their own
     c.moe.num_experts = 4;
     c.moe.moe_router_topk = 2;
-    c.moe.moe_aux_loss_coeff = 1e-2;
+    c.moe.moe_aux_loss_coeff = {1e-2};
     c.moe.moe_shared_expert_intermediate_size = 32;
   }
   REQUIRE(mt::validate(c, 1, mt::Purpose::kTrain).ok());

@@ -247,7 +247,7 @@ Config tiny_moe_decoder(bool llama) {
   c.moe.moe_router_topk = 2;
   c.moe.moe_ffn_hidden_size = 8;
   c.moe.moe_layer_freq = "[0,1]";
-  c.moe.moe_aux_loss_coeff = 0.5;
+  c.moe.moe_aux_loss_coeff = {0.5};
   c.moe.moe_z_loss_coeff = 0.1;
   return c;
 }
@@ -276,13 +276,15 @@ void check_moe_model(bool llama, const std::function<void(Config&)>& set) {
     const auto& layer = st.begin()->second;
     if (digest < 0) digest = layer.routing_digest;
     if (layer.routing_digest != digest) moved = true;
-    return lm + c.moe.moe_aux_loss_coeff * layer.aux + *c.moe.moe_z_loss_coeff * layer.z;
+    double balance = 0;  // (each chosen load-balancing loss times its coefficient: one type, or Megatron's list form)
+    for (size_t t = 0; t < 3; ++t) balance += c.moe.aux_loss_coeff(kAuxLossTypes[t]) * layer.aux[t];
+    return lm + balance + *c.moe.moe_z_loss_coeff * layer.z;
   };
   int64_t checked = 0, left_out = 0;
   const double base = objective();
   model.forward(mb, 1);
   const cpu::MoeLayerStats first = model.take_moe_stats().begin()->second;
-  if (c.moe.moe_aux_loss_coeff > 0) CHECK(first.aux > 0);
+  for (size_t t = 0; t < 3; ++t) CHECK((first.aux[t] > 0) == (c.moe.aux_loss_coeff(kAuxLossTypes[t]) > 0));
   CHECK(first.z > 0);
   if (c.moe.moe_expert_capacity_factor) CHECK(first.dropped > 0);  // the capacity case does drop
   CHECK(std::isfinite(base));
@@ -311,6 +313,61 @@ void check_moe_model(bool llama, const std::function<void(Config&)>& set) {
 
 }  // namespace
 
+TEST_CASE("Megatron's list form of the load-balancing types: each loss as alone, the gradients summed") {
+  // One forward and backward per configuration of the same weights: the list's losses equal each type's alone, and its
+  // gradient minus the lm loss's alone is the sum of each type's share.
+  struct Run {
+    double aux[3];
+    std::vector<float> grad;
+  };
+  auto run = [](const StringList& types, const FloatList& coeffs) {
+    Config c = tiny_moe_decoder(true);
+    c.moe.moe_router_load_balancing_type = types;
+    c.moe.moe_aux_loss_coeff = coeffs;
+    c.moe.moe_z_loss_coeff = 0.0;
+    resolve(c, 1);
+    GPTModel model(c, ProcessGroups::single());
+    ParamStore& ps = model.params();
+    ps.zero_grads();
+    model.forward(tiny_batch(), 1);
+    const cpu::MoeLayerStats st = model.take_moe_stats().begin()->second;
+    model.backward(1.0f);
+    return Run{{st.aux[0], st.aux[1], st.aux[2]}, std::vector<float>(ps.grads().f32(), ps.grads().f32() + ps.numel())};
+  };
+  const Run none = run({"none"}, {0.0});
+  const Run both = run({"global_aux_loss", "aux_loss", "seq_aux_loss"}, {0.25, 0.5, 0.75});
+  const Run aux = run({"aux_loss"}, {0.5}), seq = run({"seq_aux_loss"}, {0.75}), global = run({"global_aux_loss"}, {0.25});
+  CHECK(both.aux[0] == aux.aux[0]);
+  CHECK(both.aux[1] == seq.aux[1]);
+  CHECK(both.aux[2] == global.aux[2]);
+  CHECK(aux.aux[0] > 0);
+  CHECK(seq.aux[1] > 0);
+  CHECK(global.aux[2] > 0);
+  CHECK(aux.aux[1] == 0);  // (a type not chosen: not computed)
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < none.grad.size(); ++i) {
+    const double expected = double(aux.grad[i]) + seq.grad[i] + global.grad[i] - 2.0 * none.grad[i];
+    diff = std::max(diff, std::abs(both.grad[i] - expected));
+    scale = std::max(scale, std::abs(both.grad[i] - double(none.grad[i])));
+  }
+  INFO("largest difference " << diff << ", largest share of the balancing losses " << scale);
+  CHECK(scale > 1e-4);
+  CHECK(diff <= 1e-6 + 1e-4 * scale);
+  if (built_with_cuda()) {  // (the CUDA engine computes one load-balancing loss: the list form refused there by name)
+    Config c = tiny_moe_decoder(true);
+    c.moe.moe_router_load_balancing_type = {"aux_loss", "seq_aux_loss"};
+    c.moe.moe_aux_loss_coeff = {1e-2, 1e-3};
+    resolve(c, 1);
+    std::string all;
+    for (const auto& line : cuda_engine_gaps(c, 1)) all += line + "\n";
+    CHECK_THAT(all, MT_CONTAINS("several auxiliary losses at once"));
+    c.moe.moe_aux_loss_coeff = {1e-2, 0.0};  // (one of them with a coefficient: the CUDA engine's one loss)
+    all.clear();
+    for (const auto& line : cuda_engine_gaps(c, 1)) all += line + "\n";
+    CHECK_THAT(all, !MT_CONTAINS("several auxiliary losses at once"));
+  }
+}
+
 TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared expert, every balancing loss)") {
   SECTION("LLaMA: softmax top-2, aux_loss, z-loss, SwiGLU experts") { check_moe_model(true, [](Config&) {}); }
   SECTION("GPT: biases in the router and GELU experts, pre-softmax, scaled") {
@@ -322,7 +379,7 @@ TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared exper
   SECTION("LLaMA: sigmoid, seq_aux_loss, a shared expert") {
     check_moe_model(true, [](Config& c) {
       c.moe.moe_router_score_function = "sigmoid";
-      c.moe.moe_router_load_balancing_type = "seq_aux_loss";
+      c.moe.moe_router_load_balancing_type = {"seq_aux_loss"};
       c.moe.moe_shared_expert_intermediate_size = 12;
     });
   }
@@ -336,13 +393,25 @@ TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared exper
     });
   }
   SECTION("LLaMA: global_aux_loss") {
-    check_moe_model(true, [](Config& c) { c.moe.moe_router_load_balancing_type = "global_aux_loss"; });
+    check_moe_model(true, [](Config& c) { c.moe.moe_router_load_balancing_type = {"global_aux_loss"}; });
+  }
+  SECTION("LLaMA: Megatron's list form, aux_loss + seq_aux_loss + global_aux_loss, a coefficient each") {
+    check_moe_model(true, [](Config& c) {
+      c.moe.moe_router_load_balancing_type = {"seq_aux_loss", "aux_loss", "global_aux_loss"};
+      c.moe.moe_aux_loss_coeff = {0.3, 0.5, 0.2};
+    });
+  }
+  SECTION("LLaMA: the list form with one coefficient 0 (that loss neither computed nor logged)") {
+    check_moe_model(true, [](Config& c) {
+      c.moe.moe_router_load_balancing_type = {"aux_loss", "seq_aux_loss"};
+      c.moe.moe_aux_loss_coeff = {0.0, 0.4};
+    });
   }
   SECTION("LLaMA: sinkhorn routing, top-2 (the weights the softmax over all experts) and top-1 (sigmoid)") {
     for (const int64_t k : {2, 1}) {
       check_moe_model(true, [k](Config& c) {
-        c.moe.moe_router_load_balancing_type = "sinkhorn";
-        c.moe.moe_aux_loss_coeff = 0;
+        c.moe.moe_router_load_balancing_type = {"sinkhorn"};
+        c.moe.moe_aux_loss_coeff = {0};
         c.moe.moe_router_topk = k;
         if (k == 1) c.moe.num_experts = 2;  // (as the top-1 case below: enough tokens per expert for gradients above the noise)
       });
@@ -388,7 +457,7 @@ TEST_CASE("--moe-router-force-load-balancing: random logits from the token's pla
   model.backward(1.0f);
   CHECK(std::vector<float>(ps.grads().f32() + router.offset, ps.grads().f32() + router.offset + router.numel) == grad);
   CHECK(again.routing_digest == first.routing_digest);
-  CHECK(again.aux == first.aux);
+  for (size_t t = 0; t < 3; ++t) CHECK(again.aux[t] == first.aux[t]);
   CHECK(again.z == first.z);
   // Other samples (their global indices): other logits, another routing.
   Microbatch later = mb;
@@ -465,12 +534,12 @@ TEST_CASE("sinkhorn routing: Megatron's normalisation balances the choice in tra
   // In the model (GPT: the router has a bias): a router that sends most tokens to expert 2. Training spreads them;
   // evaluation chooses by the scores, as the same model with sigmoid top-1 routing and no balancing does.
   Config c = tiny_moe_decoder(false);
-  c.moe.moe_router_load_balancing_type = "sinkhorn";
-  c.moe.moe_aux_loss_coeff = 0;
+  c.moe.moe_router_load_balancing_type = {"sinkhorn"};
+  c.moe.moe_aux_loss_coeff = {0};
   c.moe.moe_router_topk = 1;
   resolve(c, 1);
   Config plain = c;
-  plain.moe.moe_router_load_balancing_type = "none";
+  plain.moe.moe_router_load_balancing_type = {"none"};
   plain.moe.moe_router_score_function = "sigmoid";
   resolve(plain, 1);
   GPTModel model(c, ProcessGroups::single()), reference(plain, ProcessGroups::single());
@@ -512,14 +581,14 @@ TEST_CASE("--moe-input-jitter-eps: the router's input times noise of the token's
 
 TEST_CASE("sinkhorn routing's rules: no aux loss, expert bias, groups or scaling (as Megatron's)") {
   Config c = tiny_moe_decoder(true);
-  c.moe.moe_router_load_balancing_type = "sinkhorn";
+  c.moe.moe_router_load_balancing_type = {"sinkhorn"};
   auto errors = [](const Config& k) {
     std::string all;
     for (const auto& e : validate(k, 1, Purpose::kPrint).errors) all += e + "\n";
     return all;
   };
   CHECK_THAT(errors(c), MT_CONTAINS("--moe-aux-loss-coeff 0"));
-  c.moe.moe_aux_loss_coeff = 0;
+  c.moe.moe_aux_loss_coeff = {0};
   CHECK(errors(c).find("sinkhorn") == std::string::npos);
   c.moe.moe_router_topk_scaling_factor = 2.0;
   CHECK_THAT(errors(c), MT_CONTAINS("--moe-router-topk-scaling-factor does not apply to sinkhorn"));

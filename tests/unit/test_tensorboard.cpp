@@ -228,7 +228,7 @@ TEST_CASE("--moe-per-layer-logging writes each layer's MoE losses to TensorBoard
   c.moe.num_experts = 4;
   c.moe.moe_router_topk = 2;
   c.moe.moe_ffn_hidden_size = 64;
-  c.moe.moe_aux_loss_coeff = 1e-2;
+  c.moe.moe_aux_loss_coeff = {1e-2};
   c.moe.moe_z_loss_coeff = 1e-3;
   c.moe.moe_layer_freq = "[1,0,1]";
   c.moe.moe_per_layer_logging = true;

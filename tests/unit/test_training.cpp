@@ -374,8 +374,8 @@ TEST_CASE("the CUDA engine names what it does not run") {
   overlap.training.overlap_param_gather = true;
   CHECK(cuda_engine_gaps(overlap, 2).empty());
   Config global = m;
-  global.moe.moe_router_load_balancing_type = "global_aux_loss";
-  global.moe.moe_aux_loss_coeff = 1e-2;
+  global.moe.moe_router_load_balancing_type = {"global_aux_loss"};
+  global.moe.moe_aux_loss_coeff = {1e-2};
   CHECK_THAT(gaps_text(cuda_engine_gaps(global, 2)), MT_CONTAINS("global_aux_loss with data parallelism"));
   // TP: the experts split over expert-TP = TP (Megatron's default); another expert-TP size refused by name.
   Config tensor = m;
@@ -389,7 +389,7 @@ TEST_CASE("the CUDA engine names what it does not run") {
   Config expert_tensor = m;
   expert_tensor.derived.expert_tensor_parallel_size = 2;  // (TP 1 with --expert-tensor-parallel-size 2)
   CHECK_THAT(gaps_text(cuda_engine_gaps(expert_tensor, 2)), MT_CONTAINS("--expert-tensor-parallel-size other than --tensor-model-parallel-size"));
-  global.moe.moe_aux_loss_coeff = 0.0;  // (no aux loss: nothing counted over DP)
+  global.moe.moe_aux_loss_coeff = {0.0};  // (no aux loss: nothing counted over DP)
   CHECK(cuda_engine_gaps(global, 2).empty());
   // --calculate-per-token-loss with MoE: both engines run it.
   Config per_token = m;
@@ -407,8 +407,8 @@ TEST_CASE("the CUDA engine names what it does not run") {
   CHECK(cuda_engine_gaps(pipeline, 2).empty());
   CHECK_THAT(gaps_text(cuda_engine_gaps(pipeline, 4)), MT_CONTAINS("mixture of experts with data parallelism has not run"));
   Config pipeline_global = pipeline;
-  pipeline_global.moe.moe_router_load_balancing_type = "global_aux_loss";
-  pipeline_global.moe.moe_aux_loss_coeff = 1e-2;
+  pipeline_global.moe.moe_router_load_balancing_type = {"global_aux_loss"};
+  pipeline_global.moe.moe_aux_loss_coeff = {1e-2};
   CHECK_THAT(gaps_text(cuda_engine_gaps(pipeline_global, 2)), MT_CONTAINS("global_aux_loss with pipeline parallelism"));
   Config pipeline_zb = pipeline;
   pipeline_zb.parallel.pipeline_schedule = "zb-h1";

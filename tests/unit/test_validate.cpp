@@ -75,6 +75,37 @@ TEST_CASE("expert grid") {
   rejects(e, 1, "--moe-router-topk 5 must be between 1 and --num-experts 4");
 }
 
+TEST_CASE("the load-balancing types: one, or Megatron's list form with a coefficient each") {
+  Config c = base();
+  c.moe.num_experts = 4;
+  c.moe.moe_router_load_balancing_type = {"aux_loss", "seq_aux_loss"};
+  c.moe.moe_aux_loss_coeff = {1e-2, 1e-3};
+  accepts(c, 1);
+  c.moe.moe_aux_loss_coeff = {1e-2};
+  rejects(c, 1, "gives 2 types and --moe-aux-loss-coeff 1 coefficients");
+  c.moe.moe_router_load_balancing_type = {"aux_loss"};
+  c.moe.moe_aux_loss_coeff = {1e-2, 1e-3};
+  rejects(c, 1, "gives 2 coefficients for the one load-balancing type aux_loss");
+  c.moe.moe_router_load_balancing_type = {"aux_loss", "aux_loss"};
+  rejects(c, 1, "names aux_loss twice");
+  c.moe.moe_router_load_balancing_type = {"aux_loss", "sinkhorn"};
+  rejects(c, 1, "sinkhorn balances the routing by itself");
+  c.moe.moe_router_load_balancing_type = {"aux_loss", "global_aux_loss"};
+  c.moe.moe_aux_loss_coeff = {1e-2, -1.0};
+  rejects(c, 1, "--moe-aux-loss-coeff must be >= 0");
+  c.moe.moe_aux_loss_coeff = {};
+  rejects(c, 1, "--moe-aux-loss-coeff needs a value");
+  c.moe.moe_aux_loss_coeff = {1e-2, 0.0};
+  c.moe.moe_expert_capacity_factor = 1.0;
+  accepts(c, 1);  // (capacity: every type of the list one that allows it)
+  CHECK(c.moe.aux_loss_coeff("aux_loss") == 1e-2);
+  CHECK(c.moe.aux_loss_coeff("global_aux_loss") == 0.0);
+  CHECK(c.moe.aux_loss_coeff("seq_aux_loss") == 0.0);
+  c.moe.moe_router_load_balancing_type = {"none"};
+  c.moe.moe_aux_loss_coeff = {1e-2};
+  CHECK(c.moe.aux_loss_coeff("aux_loss") == 0.0);  // (Megatron's get_aux_loss_coeff: only the chosen type's)
+}
+
 TEST_CASE("Megatron's MoE rules, each named with its fix") {
   Config c = base();
   c.moe.num_experts = 8;
@@ -87,12 +118,12 @@ TEST_CASE("Megatron's MoE rules, each named with its fix") {
   accepts(d, 1);  // (either dispatcher: Megatron no longer ties capacity to alltoall)
   d.moe.moe_token_dispatcher_type = "alltoall";
   accepts(d, 1);
-  d.moe.moe_router_load_balancing_type = "global_aux_loss";
+  d.moe.moe_router_load_balancing_type = {"global_aux_loss"};
   accepts(d, 1);
-  d.moe.moe_router_load_balancing_type = "sinkhorn";
-  d.moe.moe_aux_loss_coeff = 0;
+  d.moe.moe_router_load_balancing_type = {"sinkhorn"};
+  d.moe.moe_aux_loss_coeff = {0};
   rejects(d, 1, "aux_loss, seq_aux_loss, global_aux_loss or none");
-  d.moe.moe_router_load_balancing_type = "aux_loss";
+  d.moe.moe_router_load_balancing_type = {"aux_loss"};
   d.moe.moe_expert_capacity_factor = 0.0;
   rejects(d, 1, "would drop every token");
   d.moe.moe_expert_capacity_factor = -1.0;  // (Megatron's dropless: None)

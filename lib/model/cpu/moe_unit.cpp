@@ -32,13 +32,12 @@ MoeOptions MoeOptions::from(const Config& cfg) {
   o.capacity_factor = m.moe_expert_capacity_factor;
   o.drop_by_probability = m.moe_token_drop_policy == "probs";
   o.pad_to_capacity = m.moe_pad_expert_input_to_capacity;
-  o.balance = m.moe_router_load_balancing_type;
-  o.aux_coeff = m.moe_aux_loss_coeff;
+  for (size_t i = 0; i < 3; ++i) o.aux_coeff[i] = m.aux_loss_coeff(kAuxLossTypes[i]);
   o.z_coeff = m.moe_z_loss_coeff.value_or(0.0);
   o.alltoall = m.moe_token_dispatcher_type == "alltoall";
   o.probs_on_input = m.moe_apply_probs_on_input;
   o.force_balance = m.moe_router_force_load_balancing;
-  o.sinkhorn = m.moe_router_load_balancing_type == "sinkhorn";
+  o.sinkhorn = m.load_balancing_is("sinkhorn");
   o.jitter_eps = static_cast<float>(m.moe_input_jitter_eps.value_or(0.0));
   if (o.sinkhorn) {  // (Megatron's sinkhorn_load_balancing: no pre-softmax flag, scaling, groups or expert bias)
     o.router.sigmoid = o.router.topk == 1;
@@ -276,38 +275,40 @@ void sum_over_microbatch(const PassContext& c, double* v, int64_t n) {
   if (c.D.cp > 1) c.groups.cp->all_reduce(v, n, ReduceOp::kSum);
 }
 
-// The load-balancing loss of the configured type: its value (without the coefficient, over the TP group's
-// tokens; global_aux_loss: summed over DP too, as Megatron logs it) and d(coeff * loss)/d(scores) in A.aux_dscores.
-double balance_loss(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A, MoeLayerStats& st) {
+// seq_aux_loss: the aux loss per sequence, averaged over the microbatch's sequences. Returns its value (without the
+// coefficient, over the TP group's tokens) and adds d(coeff * loss)/d(scores) to dscores.
+double sequence_balance_loss(const PassContext& c, const Buf& scores, double coeff, std::vector<float>& dscores) {
+  const ModelDims& D = c.D;
+  const int64_t Tl = c.Tl, E = D.experts, k = D.topk;
+  const int64_t B = c.mb.B, S = c.mb.S * D.cp;  // the whole sequence's length (CP: every rank's share)
+  std::vector<double> counts(sz(B * E), 0.0), probs(sz(B * E), 0.0);
+  for (int64_t t = 0; t < Tl; ++t) {
+    const int64_t b = (c.t0 + t) / c.mb.S;
+    std::vector<double> one(sz(E), 0.0);
+    aux_topk_counts(&scores[sz(t * E)], 1, E, k, one.data());
+    for (int64_t e = 0; e < E; ++e) {
+      counts[sz(b * E + e)] += one[sz(e)];
+      probs[sz(b * E + e)] += scores[sz(t * E + e)];
+    }
+  }
+  sum_over_microbatch(c, counts.data(), B * E);
+  sum_over_microbatch(c, probs.data(), B * E);
+  const double C = static_cast<double>(E) / (static_cast<double>(k) * S * S) / static_cast<double>(B);
+  double value = 0;
+  for (int64_t i = 0; i < B * E; ++i) value += probs[sz(i)] * counts[sz(i)];
+  for (int64_t t = 0; t < Tl; ++t) {
+    const int64_t b = (c.t0 + t) / c.mb.S;
+    for (int64_t e = 0; e < E; ++e) dscores[sz(t * E + e)] += static_cast<float>(coeff * C * counts[sz(b * E + e)]);
+  }
+  return C * value;
+}
+
+// aux_loss over the microbatch's tokens, or global_aux_loss (global: the counts over DP too, averaged over the
+// iteration's microbatches so far; its value summed over DP, as Megatron logs it). Returns the value without the
+// coefficient and adds d(coeff * loss)/d(scores) to dscores.
+double batch_balance_loss(const PassContext& c, const Buf& scores, double coeff, bool global, std::vector<float>& dscores, MoeLayerStats& st) {
   const ModelDims& D = c.D;
   const int64_t Tl = c.Tl, T = c.T, E = D.experts, k = D.topk;
-  Buf scores(sz(Tl * E));
-  aux_scores(A.logits.data(), Tl, E, o.router.sigmoid, scores.data());
-  A.aux_dscores.assign(sz(Tl * E), 0.0f);
-  if (o.balance == "seq_aux_loss") {  // per sequence, averaged over the microbatch's sequences
-    const int64_t B = c.mb.B, S = c.mb.S * D.cp;  // the whole sequence's length (CP: every rank's share)
-    std::vector<double> counts(sz(B * E), 0.0), probs(sz(B * E), 0.0);
-    std::vector<int32_t> idx(sz(k));
-    for (int64_t t = 0; t < Tl; ++t) {
-      const int64_t b = (c.t0 + t) / c.mb.S;
-      std::vector<double> one(sz(E), 0.0);
-      aux_topk_counts(&scores[sz(t * E)], 1, E, k, one.data());
-      for (int64_t e = 0; e < E; ++e) {
-        counts[sz(b * E + e)] += one[sz(e)];
-        probs[sz(b * E + e)] += scores[sz(t * E + e)];
-      }
-    }
-    sum_over_microbatch(c, counts.data(), B * E);
-    sum_over_microbatch(c, probs.data(), B * E);
-    const double C = static_cast<double>(E) / (static_cast<double>(k) * S * S) / static_cast<double>(B);
-    double value = 0;
-    for (int64_t i = 0; i < B * E; ++i) value += probs[sz(i)] * counts[sz(i)];
-    for (int64_t t = 0; t < Tl; ++t) {
-      const int64_t b = (c.t0 + t) / c.mb.S;
-      for (int64_t e = 0; e < E; ++e) A.aux_dscores[sz(t * E + e)] = static_cast<float>(o.aux_coeff * C * counts[sz(b * E + e)]);
-    }
-    return C * value;
-  }
   std::vector<double> counts(sz(E), 0.0), probs(sz(E), 0.0);
   aux_topk_counts(scores.data(), Tl, E, k, counts.data());
   for (int64_t t = 0; t < Tl; ++t) {
@@ -315,7 +316,7 @@ double balance_loss(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
   }
   sum_over_microbatch(c, counts.data(), E);
   double tokens = static_cast<double>(T * D.cp);
-  if (o.balance == "global_aux_loss") {  // counts over DP too, averaged over the iteration's microbatches so far
+  if (global) {
     c.groups.dp->all_reduce(counts.data(), E, ReduceOp::kSum);
     st.global_counts.resize(sz(E), 0.0);
     for (int64_t e = 0; e < E; ++e) st.global_counts[sz(e)] += counts[sz(e)];
@@ -325,14 +326,26 @@ double balance_loss(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
   }
   const double C = static_cast<double>(E) / (static_cast<double>(k) * tokens * tokens);
   for (int64_t t = 0; t < Tl; ++t) {
-    for (int64_t e = 0; e < E; ++e) A.aux_dscores[sz(t * E + e)] = static_cast<float>(o.aux_coeff * C * counts[sz(e)]);
+    for (int64_t e = 0; e < E; ++e) dscores[sz(t * E + e)] += static_cast<float>(coeff * C * counts[sz(e)]);
   }
   double value = 0;
   for (int64_t e = 0; e < E; ++e) value += probs[sz(e)] * counts[sz(e)];
   value *= C;
   sum_over_microbatch(c, &value, 1);
-  if (o.balance == "global_aux_loss") c.groups.dp->all_reduce(&value, 1, ReduceOp::kSum);
+  if (global) c.groups.dp->all_reduce(&value, 1, ReduceOp::kSum);
   return value;
+}
+
+// The load-balancing losses chosen (one, or Megatron's list form: several, a coefficient each): each value (without
+// its coefficient) added to st.aux at its type's index, and the sum of d(coeff * loss)/d(scores) in A.aux_dscores.
+void balance_losses(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A, MoeLayerStats& st) {
+  const int64_t Tl = c.Tl, E = c.D.experts;
+  Buf scores(sz(Tl * E));
+  aux_scores(A.logits.data(), Tl, E, o.router.sigmoid, scores.data());
+  A.aux_dscores.assign(sz(Tl * E), 0.0f);
+  if (o.aux_coeff[0] > 0) st.aux[0] += batch_balance_loss(c, scores, o.aux_coeff[0], false, A.aux_dscores, st);
+  if (o.aux_coeff[1] > 0) st.aux[1] += sequence_balance_loss(c, scores, o.aux_coeff[1], A.aux_dscores);
+  if (o.aux_coeff[2] > 0) st.aux[2] += batch_balance_loss(c, scores, o.aux_coeff[2], true, A.aux_dscores, st);
 }
 
 // A 24-bit hash of one routing choice (splitmix64 of its fields).
@@ -416,7 +429,7 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
     return a.expert < b.expert || (a.expert == b.expert && a.token < b.token);
   });
   A.aux_dscores.clear();
-  if (training && o.aux_enabled()) st.aux += balance_loss(c, o, A, st);
+  if (training && o.aux_enabled()) balance_losses(c, o, A, st);
   if (training) ++st.microbatches;
 
   A.dispatcher = TokenDispatcher(o.alltoall);

@@ -24,7 +24,8 @@ using WeightGradQueue = std::vector<std::function<void()>>;
 // coefficient, over the TP group's tokens) and the z-loss (mean lse^2 over them), the tokens each expert kept on
 // this rank, the choices routed and dropped; global_aux_loss's running token counts.
 struct MoeLayerStats {
-  double aux = 0, z = 0;
+  double aux[3] = {0, 0, 0};  // the load-balancing losses by type (config.h's kAuxLossTypes), without their coefficients
+  double z = 0;
   int64_t microbatches = 0;
   std::vector<double> tokens;
   double routed = 0, dropped = 0;

@@ -81,8 +81,8 @@ struct MoeOptions {
   bool router_fp64 = false;
   std::optional<double> capacity_factor;
   bool drop_by_probability = true, pad_to_capacity = false;
-  std::string balance = "aux_loss";  // aux_loss | seq_aux_loss | global_aux_loss | none
-  double aux_coeff = 0, z_coeff = 0;
+  double aux_coeff[3] = {0, 0, 0};  // aux_loss, seq_aux_loss, global_aux_loss (config.h's kAuxLossTypes); 0: not chosen
+  double z_coeff = 0;
   bool alltoall = false;
   bool probs_on_input = false;  // --moe-apply-probs-on-input: the weight scales the expert's input (top-1), the combine adds
   bool force_balance = false;   // --moe-router-force-load-balancing: random logits (model/moe_random_logits.h)
@@ -92,7 +92,7 @@ struct MoeOptions {
   bool sinkhorn = false;
   float jitter_eps = 0;  // --moe-input-jitter-eps (0: none; model/moe_input_jitter.h)
   static MoeOptions from(const Config& cfg);
-  bool aux_enabled() const { return balance != "none" && !sinkhorn && aux_coeff > 0; }
+  bool aux_enabled() const { return !sinkhorn && (aux_coeff[0] > 0 || aux_coeff[1] > 0 || aux_coeff[2] > 0); }
 };
 
 // out = x + dropout(routed experts(norm(x)) + shared expert(norm(x))): Megatron's MoE layer in the MLP slot.

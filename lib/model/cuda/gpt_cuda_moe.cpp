@@ -43,8 +43,14 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   moe_groups_ = m.moe_router_num_groups.value_or(0);
   moe_group_topk_ = m.moe_router_group_topk.value_or(0);
   moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
-  moe_seq_aux_ = m.moe_router_load_balancing_type == "seq_aux_loss";
-  moe_sinkhorn_ = m.moe_router_load_balancing_type == "sinkhorn";
+  // The one load-balancing type of this engine (the capability checks refuse Megatron's list form with several
+  // coefficients): the type with a coefficient, else the first given.
+  std::string balance = m.moe_router_load_balancing_type.empty() ? "none" : m.moe_router_load_balancing_type[0];
+  for (const char* type : kAuxLossTypes) {
+    if (m.aux_loss_coeff(type) > 0) balance = type;
+  }
+  moe_seq_aux_ = balance == "seq_aux_loss";
+  moe_sinkhorn_ = m.load_balancing_is("sinkhorn");
   shared_gate_ = m.moe_shared_expert_gate && F_shared_ > 0;
   if (moe_sinkhorn_) {  // (Megatron's sinkhorn_load_balancing: sigmoid at top-1, else the softmax over all experts; as the CPU engine's)
     if (D.cp > 1) throw std::logic_error("CUDA model: sinkhorn routing with CP (refused by the capability checks)");
@@ -60,8 +66,8 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   if (moe_probs_on_input_ && (moe_pad_ || D.ep > 1)) {
     throw std::logic_error("CUDA model: --moe-apply-probs-on-input with padding to capacity or expert parallelism (refused by the capability checks)");
   }
-  moe_global_aux_ = m.moe_router_load_balancing_type == "global_aux_loss";
-  moe_aux_ = (m.moe_router_load_balancing_type == "aux_loss" || moe_seq_aux_ || moe_global_aux_) && m.moe_aux_loss_coeff > 0;
+  moe_global_aux_ = balance == "global_aux_loss";
+  moe_aux_ = m.aux_loss_coeff(balance) > 0;
   if (moe_global_aux_ && moe_aux_) {
     if (max_in_flight > 1) throw std::logic_error("CUDA model: global_aux_loss with several microbatches in flight is not implemented");
     const size_t bytes = static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4;
@@ -83,7 +89,7 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
     }
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&experts_fork_ev_, cudaEventDisableTiming));
   }
-  moe_aux_coeff_ = static_cast<float>(m.moe_aux_loss_coeff);
+  moe_aux_coeff_ = static_cast<float>(m.aux_loss_coeff(balance));
   moe_z_coeff_ = static_cast<float>(m.moe_z_loss_coeff.value_or(0.0));
   const size_t acc = static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4;
   moe_acc_ = static_cast<float*>(alloc(acc));
