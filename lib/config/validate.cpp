@@ -608,8 +608,8 @@ void check_moe(const Config& c, Checker& k) {
               s(gt > 0 ? topk / gt : 0) + ") at most the experts per group (" + s(g > 0 ? E / g : 0) + ")");
     }
   }
-  if (m.moe_router_enable_expert_bias && m.moe_router_score_function != "sigmoid") {
-    k.error("--moe-router-enable-expert-bias supports only --moe-router-score-function sigmoid (as in Megatron)");
+  if (m.moe_router_enable_expert_bias && m.moe_router_score_function == "softmax") {
+    k.error("--moe-router-enable-expert-bias supports only --moe-router-score-function sigmoid or sqrtsoftplus (as in Megatron)");
   }
   // A negative capacity factor is dropless routing, as Megatron's TransformerConfig makes it (None; resolve() unsets it).
   const bool capacity = m.moe_expert_capacity_factor && *m.moe_expert_capacity_factor >= 0;

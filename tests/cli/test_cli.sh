@@ -74,6 +74,8 @@ expect balancing-type-list 0 'load_balancing_loss: [0-9.E+-]+ \| seq_load_balanc
   --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
 expect balancing-type-list-lengths 2 'gives 2 types and --moe-aux-loss-coeff 1 coefficients' -- "$B" --config configs/quickstart.yaml \
   --num-experts 4 --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 1e-2 --device cpu
+expect sqrtsoftplus-expert-bias 0 'tokens per expert' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-router-score-function sqrtsoftplus \
+  --moe-router-enable-expert-bias --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
 # A list flag given twice: the last occurrence, as argparse's.
 expect list-flag-twice 0 'moe_aux_loss_coeff: \[0.001\]' -- "$B" --config configs/quickstart.yaml --num-experts 4 \
   --moe-aux-loss-coeff 1e-2 5e-2 --moe-aux-loss-coeff 1e-3 --print-config

@@ -840,7 +840,7 @@ void test_moe_sinkhorn(int64_t T, int64_t E) {
   std::vector<int32_t> top(static_cast<size_t>(T * 2)), host_top(top.size());
   MT_CUDA_CHECK(cudaMemcpy(top.data(), d_top.p, top.size() * 4, cudaMemcpyDeviceToHost));
   Vec host_weight(top.size());
-  mt::cpu::RouterSettings rs{E, 2, false, true, 1.0f, 0, 0};
+  mt::cpu::RouterSettings rs{E, 2, mt::cpu::ScoreFunction::kSoftmax, true, 1.0f, 0, 0};
   mt::cpu::route_topk(rs, logits.data(), nullptr, T, host_top.data(), host_weight.data(), want.data());
   int64_t differ = 0;
   for (size_t i = 0; i < top.size(); ++i) differ += top[i] != host_top[i];

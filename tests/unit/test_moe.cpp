@@ -76,11 +76,20 @@ TEST_CASE("router: the routing weights' gradient, every score function") {
     check_router(s);
   }
   SECTION("sigmoid, normalised over the chosen") {
-    s.sigmoid = true;
+    s.score = ScoreFunction::kSigmoid;
     check_router(s);
   }
   SECTION("sigmoid, top-1 (not normalised)") {
-    s.sigmoid = true;
+    s.score = ScoreFunction::kSigmoid;
+    s.topk = 1;
+    check_router(s);
+  }
+  SECTION("sqrtsoftplus, normalised over the chosen") {
+    s.score = ScoreFunction::kSqrtSoftplus;
+    check_router(s);
+  }
+  SECTION("sqrtsoftplus, top-1 (not normalised)") {
+    s.score = ScoreFunction::kSqrtSoftplus;
     s.topk = 1;
     check_router(s);
   }
@@ -111,13 +120,25 @@ TEST_CASE("router: top-k choices as Megatron's (descending, ties to the lower ex
   RouterSettings sg;
   sg.experts = 4;
   sg.topk = 2;
-  sg.sigmoid = true;
+  sg.score = ScoreFunction::kSigmoid;
   const std::vector<float> logits = {0.0f, 1.0f, 2.0f, 3.0f}, bias = {10.0f, 0.0f, 0.0f, 0.0f};
   route_topk(sg, logits.data(), bias.data(), 1, top.data(), w.data());
   CHECK(top == std::vector<int32_t>{0, 3});
   const double s0 = 0.5, s3 = 1.0 / (1.0 + std::exp(-3.0));
   CHECK(w[0] == Approx(s0 / (s0 + s3)));
   CHECK(w[1] == Approx(s3 / (s0 + s3)));
+  // sqrtsoftplus (Megatron's: sqrt(softplus(x)), torch's softplus x itself above 20), normalised over the chosen.
+  sg.score = ScoreFunction::kSqrtSoftplus;
+  const std::vector<float> wide = {-1.0f, 25.0f, 0.5f, 2.0f};
+  route_topk(sg, wide.data(), nullptr, 1, top.data(), w.data());
+  CHECK(top == std::vector<int32_t>{1, 3});
+  const double q1 = std::sqrt(25.0), q3 = std::sqrt(std::log1p(std::exp(2.0)));
+  CHECK(w[0] == Approx(q1 / (q1 + q3)));
+  CHECK(w[1] == Approx(q3 / (q1 + q3)));
+  sg.topk = 1;  // (top-1: the score itself, not normalised)
+  route_topk(sg, wide.data(), nullptr, 1, top.data(), w.data());
+  CHECK(top[0] == 1);
+  CHECK(w[0] == Approx(q1));
 }
 
 TEST_CASE("capacity: a hand-worked example of both drop policies and padding") {
@@ -192,12 +213,12 @@ TEST_CASE("auxiliary losses: the scores' and the z-loss's gradients") {
   std::vector<float> logits(static_cast<size_t>(n * E)), dscores(static_cast<size_t>(n * E));
   fill_normal(logits, 5);
   fill_normal(dscores, 6);
-  for (bool sigmoid : {false, true}) {
+  for (ScoreFunction score : {ScoreFunction::kSoftmax, ScoreFunction::kSigmoid, ScoreFunction::kSqrtSoftplus}) {
     std::vector<float> d(logits.size(), 0.0f);
-    aux_scores_backward(logits.data(), dscores.data(), n, E, sigmoid, d.data());
+    aux_scores_backward(logits.data(), dscores.data(), n, E, score, d.data());
     auto f = [&] {
       std::vector<float> sc(logits.size());
-      aux_scores(logits.data(), n, E, sigmoid, sc.data());
+      aux_scores(logits.data(), n, E, score, sc.data());
       double v = 0;
       for (size_t i = 0; i < sc.size(); ++i) v += static_cast<double>(sc[i]) * dscores[i];
       return v;
@@ -207,7 +228,7 @@ TEST_CASE("auxiliary losses: the scores' and the z-loss's gradients") {
       num.push_back(numeric_grad(f, &logits[i], 1e-2));
       a.push_back(d[i]);
     }
-    INFO("sigmoid " << sigmoid);
+    INFO("score function " << static_cast<int>(score));
     CHECK(worst_ratio(a, num, 1e-5, 1e-3) <= 1.0);
   }
   std::vector<float> dz(logits.size(), 0.0f);
@@ -365,6 +386,10 @@ TEST_CASE("Megatron's list form of the load-balancing types: each loss as alone,
     all.clear();
     for (const auto& line : cuda_engine_gaps(c, 1)) all += line + "\n";
     CHECK_THAT(all, !MT_CONTAINS("several auxiliary losses at once"));
+    c.moe.moe_router_score_function = "sqrtsoftplus";  // (written on the CUDA engine, refused until it has run on a GPU)
+    all.clear();
+    for (const auto& line : cuda_engine_gaps(c, 1)) all += line + "\n";
+    CHECK_THAT(all, MT_CONTAINS("--moe-router-score-function sqrtsoftplus has not run on a GPU yet"));
   }
 }
 
@@ -374,6 +399,14 @@ TEST_CASE("whole-model gradient check: MoE layers (router, experts, shared exper
     check_moe_model(false, [](Config& c) {
       c.moe.moe_router_pre_softmax = true;
       c.moe.moe_router_topk_scaling_factor = 1.5;
+    });
+  }
+  SECTION("LLaMA: sqrtsoftplus scores (DeepSeek-V4's), aux_loss and seq_aux_loss, scaled") {
+    check_moe_model(true, [](Config& c) {
+      c.moe.moe_router_score_function = "sqrtsoftplus";
+      c.moe.moe_router_topk_scaling_factor = 2.0;
+      c.moe.moe_router_load_balancing_type = {"aux_loss", "seq_aux_loss"};
+      c.moe.moe_aux_loss_coeff = {0.5, 0.25};
     });
   }
   SECTION("LLaMA: sigmoid, seq_aux_loss, a shared expert") {
@@ -518,7 +551,7 @@ TEST_CASE("sinkhorn routing: Megatron's normalisation balances the choice in tra
     CHECK(row == Approx(1.0 / n).epsilon(1e-2));
   }
   // The top-1 choice: by the scores every token takes expert 0; by the normalised logits the experts share them.
-  RouterSettings s{E, 1, true, false, 1.0f, 0, 0};
+  RouterSettings s{E, 1, ScoreFunction::kSigmoid, false, 1.0f, 0, 0};
   std::vector<int32_t> top(static_cast<size_t>(n));
   std::vector<float> weight(static_cast<size_t>(n));
   route_topk(s, logits.data(), nullptr, n, top.data(), weight.data());

@@ -51,7 +51,29 @@ void softmax_row(const float* x, int64_t m, float* y) {
 
 float sigmoid(float x) { return static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x)))); }
 
+// torch.nn.functional.softplus (beta 1, threshold 20: x itself above it).
+double softplus(float x) { return x > 20.0f ? static_cast<double>(x) : std::log1p(std::exp(static_cast<double>(x))); }
+
+// A score of its own per expert (sigmoid or sqrtsoftplus), in fp32 as Megatron's.
+float elementwise_score(ScoreFunction f, float x) {
+  return f == ScoreFunction::kSigmoid ? sigmoid(x) : static_cast<float>(std::sqrt(softplus(x)));
+}
+
+// d score / d x at x, given the score s: sigmoid's s (1 - s); sqrtsoftplus's softplus'(x) / (2 s), softplus' being
+// sigmoid (1 above torch's threshold).
+double elementwise_score_derivative(ScoreFunction f, float x, double s) {
+  if (f == ScoreFunction::kSigmoid) return s * (1.0 - s);
+  const double slope = x > 20.0f ? 1.0 : 1.0 / (1.0 + std::exp(-static_cast<double>(x)));
+  return s > 0 ? slope / (2.0 * s) : 0.0;
+}
+
 }  // namespace
+
+ScoreFunction score_function_named(const std::string& name) {
+  if (name == "sigmoid") return ScoreFunction::kSigmoid;
+  if (name == "sqrtsoftplus") return ScoreFunction::kSqrtSoftplus;
+  return ScoreFunction::kSoftmax;
+}
 
 void route_topk(const RouterSettings& s, const float* logits, const float* expert_bias, int64_t n, int32_t* top, float* weight,
                 const float* choice_scores) {
@@ -61,8 +83,9 @@ void route_topk(const RouterSettings& s, const float* logits, const float* exper
     const float* x = logits + t * E;
     int32_t* idx = top + t * k;
     float* w = weight + t * k;
-    if (s.sigmoid) {
-      for (int64_t e = 0; e < E; ++e) scores[static_cast<size_t>(e)] = sigmoid(x[e]);
+    const bool elementwise = s.score != ScoreFunction::kSoftmax;
+    if (elementwise) {
+      for (int64_t e = 0; e < E; ++e) scores[static_cast<size_t>(e)] = elementwise_score(s.score, x[e]);
     } else if (s.pre_softmax) {
       softmax_row(x, E, scores.data());
     } else {
@@ -75,7 +98,7 @@ void route_topk(const RouterSettings& s, const float* logits, const float* exper
     }
     limited_top(s, choice.data(), idx);
     for (int64_t j = 0; j < k; ++j) picked[static_cast<size_t>(j)] = scores[static_cast<size_t>(idx[j])];
-    if (s.sigmoid) {
+    if (elementwise) {
       double sum = 0;
       for (float p : picked) sum += p;
       for (int64_t j = 0; j < k; ++j) w[j] = k > 1 ? static_cast<float>(picked[static_cast<size_t>(j)] / (sum + 1e-20)) : picked[static_cast<size_t>(j)];
@@ -98,8 +121,8 @@ void route_topk_backward(const RouterSettings& s, const float* logits, const int
     float* dx = dlogits + t * E;
     std::fill(dx, dx + E, 0.0f);
     for (int64_t j = 0; j < k; ++j) dpicked[static_cast<size_t>(j)] = static_cast<double>(dweight[t * k + j]) * s.scaling;
-    if (s.sigmoid) {
-      for (int64_t j = 0; j < k; ++j) picked[static_cast<size_t>(j)] = sigmoid(x[idx[j]]);
+    if (s.score != ScoreFunction::kSoftmax) {
+      for (int64_t j = 0; j < k; ++j) picked[static_cast<size_t>(j)] = elementwise_score(s.score, x[idx[j]]);
       if (k > 1) {  // w_j = s_j / (sum + eps): dw/ds_i = delta_ij / sum - s_j / sum^2
         double sum = 1e-20, dot = 0;
         for (int64_t j = 0; j < k; ++j) sum += picked[static_cast<size_t>(j)];
@@ -107,8 +130,8 @@ void route_topk_backward(const RouterSettings& s, const float* logits, const int
         for (int64_t j = 0; j < k; ++j) dpicked[static_cast<size_t>(j)] = dpicked[static_cast<size_t>(j)] / sum - dot / (sum * sum);
       }
       for (int64_t j = 0; j < k; ++j) {
-        const double sg = picked[static_cast<size_t>(j)];
-        dx[idx[j]] += static_cast<float>(dpicked[static_cast<size_t>(j)] * sg * (1.0 - sg));
+        const double slope = elementwise_score_derivative(s.score, x[idx[j]], picked[static_cast<size_t>(j)]);
+        dx[idx[j]] += static_cast<float>(dpicked[static_cast<size_t>(j)] * slope);
       }
     } else if (s.pre_softmax) {  // through the softmax over all experts
       softmax_row(x, E, scores.data());
@@ -271,16 +294,16 @@ ExpertRows place_expert_rows(const int32_t* top, const uint8_t* keep, const std:
   return out;
 }
 
-void aux_scores(const float* logits, int64_t n, int64_t experts, bool sigmoid_scores, float* scores) {
+void aux_scores(const float* logits, int64_t n, int64_t experts, ScoreFunction score, float* scores) {
   for (int64_t t = 0; t < n; ++t) {
     const float* x = logits + t * experts;
     float* y = scores + t * experts;
-    if (!sigmoid_scores) {
+    if (score == ScoreFunction::kSoftmax) {
       softmax_row(x, experts, y);
       continue;
     }
     double sum = 1e-20;
-    for (int64_t e = 0; e < experts; ++e) sum += (y[e] = sigmoid(x[e]));
+    for (int64_t e = 0; e < experts; ++e) sum += (y[e] = elementwise_score(score, x[e]));
     for (int64_t e = 0; e < experts; ++e) y[e] = static_cast<float>(y[e] / sum);
   }
 }
@@ -293,13 +316,13 @@ void aux_topk_counts(const float* scores, int64_t n, int64_t experts, int64_t to
   }
 }
 
-void aux_scores_backward(const float* logits, const float* dscores, int64_t n, int64_t experts, bool sigmoid_scores, float* dlogits) {
+void aux_scores_backward(const float* logits, const float* dscores, int64_t n, int64_t experts, ScoreFunction score, float* dlogits) {
   std::vector<float> y(static_cast<size_t>(experts)), sg(static_cast<size_t>(experts));
   for (int64_t t = 0; t < n; ++t) {
     const float* x = logits + t * experts;
     const float* dy = dscores + t * experts;
     float* dx = dlogits + t * experts;
-    if (!sigmoid_scores) {
+    if (score == ScoreFunction::kSoftmax) {
       softmax_row(x, experts, y.data());
       double dot = 0;
       for (int64_t e = 0; e < experts; ++e) dot += static_cast<double>(dy[e]) * y[static_cast<size_t>(e)];
@@ -307,12 +330,11 @@ void aux_scores_backward(const float* logits, const float* dscores, int64_t n, i
       continue;
     }
     double sum = 1e-20, dot = 0;
-    for (int64_t e = 0; e < experts; ++e) sum += (sg[static_cast<size_t>(e)] = sigmoid(x[e]));
+    for (int64_t e = 0; e < experts; ++e) sum += (sg[static_cast<size_t>(e)] = elementwise_score(score, x[e]));
     for (int64_t e = 0; e < experts; ++e) dot += static_cast<double>(dy[e]) * sg[static_cast<size_t>(e)];
     for (int64_t e = 0; e < experts; ++e) {
-      const double s = sg[static_cast<size_t>(e)];
       const double ds = dy[e] / sum - dot / (sum * sum);
-      dx[e] += static_cast<float>(ds * s * (1.0 - s));
+      dx[e] += static_cast<float>(ds * elementwise_score_derivative(score, x[e], sg[static_cast<size_t>(e)]));
     }
   }
 }

@@ -7,13 +7,19 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace mt::cpu {
 
+// --moe-router-score-function: softmax (over the chosen, or over all experts with pre_softmax), or a score per expert
+// (sigmoid, or sqrtsoftplus: sqrt(softplus(x)), DeepSeek-V4's), normalised over the chosen at top-k > 1.
+enum class ScoreFunction { kSoftmax, kSigmoid, kSqrtSoftplus };
+ScoreFunction score_function_named(const std::string& name);  // "softmax" | "sigmoid" | "sqrtsoftplus"
+
 struct RouterSettings {
   int64_t experts = 0, topk = 1;
-  bool sigmoid = false;      // --moe-router-score-function sigmoid (else softmax)
+  ScoreFunction score = ScoreFunction::kSoftmax;
   bool pre_softmax = false;  // --moe-router-pre-softmax: softmax over all experts, then the top k
   float scaling = 1.0f;      // --moe-router-topk-scaling-factor
   int64_t num_groups = 0, group_topk = 0;  // group-limited routing (0: off)
@@ -63,11 +69,11 @@ ExpertRows place_expert_rows(const int32_t* top, const uint8_t* keep, const std:
                              int64_t experts, int64_t first, int64_t last, int64_t align);
 
 // The scores the load-balancing losses use (compute_routing_scores_for_aux_loss): softmax over all experts, or
-// sigmoid normalised to sum 1 per token; and the top-k of them (no bias, no groups, no capacity): counts[E] += .
-void aux_scores(const float* logits, int64_t n, int64_t experts, bool sigmoid, float* scores);
+// sigmoid (sqrtsoftplus) normalised to sum 1 per token; and the top-k of them (no bias, no groups, no capacity): counts[E] += .
+void aux_scores(const float* logits, int64_t n, int64_t experts, ScoreFunction score, float* scores);
 void aux_topk_counts(const float* scores, int64_t n, int64_t experts, int64_t topk, double* counts);
 // dlogits[n, E] += the gradient through aux_scores of dscores[n, E].
-void aux_scores_backward(const float* logits, const float* dscores, int64_t n, int64_t experts, bool sigmoid, float* dlogits);
+void aux_scores_backward(const float* logits, const float* dscores, int64_t n, int64_t experts, ScoreFunction score, float* dlogits);
 
 // z-loss: returns sum over the n tokens of logsumexp(logits)^2; dlogits += scale * d/dlogits of that sum.
 double z_loss_sum(const float* logits, int64_t n, int64_t experts);

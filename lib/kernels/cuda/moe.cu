@@ -18,6 +18,20 @@ constexpr int kMaxExperts = 256;
 
 __device__ __forceinline__ float sigm(float x) { return static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(x)))); }
 
+// An element-wise score (r.sigmoid): sigmoid, or sqrtsoftplus's sqrt(softplus(x)) (torch's softplus: x above 20), as
+// router.cpp's elementwise_score.
+__device__ __forceinline__ float elementwise_score(const MoeRouting& r, float x) {
+  if (!r.sqrtsoftplus) return sigm(x);
+  const double softplus = x > 20.0f ? static_cast<double>(x) : log1p(exp(static_cast<double>(x)));
+  return static_cast<float>(sqrt(softplus));
+}
+// d score / d x given the score s (router.cpp's elementwise_score_derivative).
+__device__ __forceinline__ double elementwise_slope(const MoeRouting& r, float x, double s) {
+  if (!r.sqrtsoftplus) return s * (1.0 - s);
+  const double slope = x > 20.0f ? 1.0 : 1.0 / (1.0 + exp(-static_cast<double>(x)));
+  return s > 0 ? slope / (2.0 * s) : 0.0;
+}
+
 // The top k of v[0..E) (descending, ties to the lower index) into idx.
 __device__ void top_k(const float* v, int E, int k, int32_t* idx) {
   for (int j = 0; j < k; ++j) {
@@ -79,7 +93,7 @@ __global__ void route_kernel(int32_t* top, float* weight, const float* logits, M
   const float* x = logits + t * E;
   float scores[kMaxExperts];
   if (r.sigmoid) {
-    for (int e = 0; e < E; ++e) scores[e] = sigm(x[e]);
+    for (int e = 0; e < E; ++e) scores[e] = elementwise_score(r, x[e]);
   } else if (r.pre_softmax) {
     float mx = x[0];
     for (int e = 1; e < E; ++e) mx = fmaxf(mx, x[e]);
@@ -339,7 +353,7 @@ __global__ void aux_scores_kernel(float* scores, float* counts_aux, float* lse2,
   lse2[t] = static_cast<float>(lse * lse);
   if (r.sigmoid) {
     double tot = 1e-20;
-    for (int e = 0; e < E; ++e) tot += (s[e] = sigm(x[e]));
+    for (int e = 0; e < E; ++e) tot += (s[e] = elementwise_score(r, x[e]));
     for (int e = 0; e < E; ++e) s[e] = static_cast<float>(s[e] / tot);
   } else {
     for (int e = 0; e < E; ++e) s[e] = static_cast<float>(exp(static_cast<double>(x[e] - mx)) / sum);
@@ -417,14 +431,14 @@ __global__ void router_backward_kernel(float* dlogits, const float* logits, cons
   // Through the routing weights (router.cpp's route_topk_backward).
   if (r.sigmoid) {
     double s[kMaxExperts];
-    for (int j = 0; j < k; ++j) s[j] = sigm(x[idx[j]]);
+    for (int j = 0; j < k; ++j) s[j] = elementwise_score(r, x[idx[j]]);
     if (k > 1) {
       double sum = 1e-20, dot = 0;
       for (int j = 0; j < k; ++j) sum += s[j];
       for (int j = 0; j < k; ++j) dot += dp[j] * s[j];
       for (int j = 0; j < k; ++j) dp[j] = dp[j] / sum - dot / (sum * sum);
     }
-    for (int j = 0; j < k; ++j) dx[idx[j]] += static_cast<float>(dp[j] * s[j] * (1.0 - s[j]));
+    for (int j = 0; j < k; ++j) dx[idx[j]] += static_cast<float>(dp[j] * elementwise_slope(r, x[idx[j]], s[j]));
   } else if (r.pre_softmax) {
     float mx = x[0];
     for (int e = 1; e < E; ++e) mx = fmaxf(mx, x[e]);
@@ -456,11 +470,11 @@ __global__ void router_backward_kernel(float* dlogits, const float* logits, cons
     dscale += (t / r.balance_len()) * E;
     if (r.sigmoid) {
       double sg[kMaxExperts], tot = 1e-20, dot = 0;
-      for (int e = 0; e < E; ++e) tot += (sg[e] = sigm(x[e]));
+      for (int e = 0; e < E; ++e) tot += (sg[e] = elementwise_score(r, x[e]));
       for (int e = 0; e < E; ++e) dot += static_cast<double>(dscale[e]) * sg[e];
       for (int e = 0; e < E; ++e) {
         const double ds = dscale[e] / tot - dot / (tot * tot);
-        dx[e] += static_cast<float>(grad_scale * ds * sg[e] * (1.0 - sg[e]));
+        dx[e] += static_cast<float>(grad_scale * ds * elementwise_slope(r, x[e], sg[e]));
       }
     } else {
       double dot = 0;

@@ -17,7 +17,7 @@ namespace mt::cuda {
 
 struct MoeRouting {
   int64_t tokens = 0, experts = 0, topk = 1, hidden = 0;
-  bool sigmoid = false, pre_softmax = false;
+  bool sigmoid = false, pre_softmax = false;  // sigmoid: an element-wise score (sigmoid, or sqrtsoftplus below) normalised over the chosen
   float scaling = 1.0f;
   int64_t num_groups = 0, group_topk = 0;  // group-limited routing (Megatron's group_limited_topk; 0: off)
   // The load-balancing loss per sequence of seq_len tokens (seq_aux_loss), averaged over the micro batch's sequences;
@@ -29,6 +29,8 @@ struct MoeRouting {
   // Each expert's first row a multiple of this (FP8 experts: 16, the FP8 GEMMs' granule; the rows between an expert's
   // last and the next one's first are no choice's, the caller's to zero). 1: back to back.
   int64_t row_align = 1;
+  // --moe-router-score-function sqrtsoftplus (with sigmoid set): sqrt(softplus(x)) as the element-wise score.
+  bool sqrtsoftplus = false;
   MT_HD int64_t balance_groups() const { return seq_len > 0 ? tokens / seq_len : 1; }  // the sequences (aux_loss: 1)
   MT_HD int64_t balance_len() const { return seq_len > 0 ? seq_len : tokens; }          // (this rank's tokens of each)
 };

@@ -23,7 +23,7 @@ MoeOptions MoeOptions::from(const Config& cfg) {
   MoeOptions o;
   o.router.experts = m.num_experts.value_or(0);
   o.router.topk = m.moe_router_topk;
-  o.router.sigmoid = m.moe_router_score_function == "sigmoid";
+  o.router.score = score_function_named(m.moe_router_score_function);
   o.router.pre_softmax = m.moe_router_pre_softmax;
   o.router.scaling = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
   o.router.num_groups = m.moe_router_num_groups.value_or(0);
@@ -40,7 +40,7 @@ MoeOptions MoeOptions::from(const Config& cfg) {
   o.sinkhorn = m.load_balancing_is("sinkhorn");
   o.jitter_eps = static_cast<float>(m.moe_input_jitter_eps.value_or(0.0));
   if (o.sinkhorn) {  // (Megatron's sinkhorn_load_balancing: no pre-softmax flag, scaling, groups or expert bias)
-    o.router.sigmoid = o.router.topk == 1;
+    o.router.score = o.router.topk == 1 ? ScoreFunction::kSigmoid : ScoreFunction::kSoftmax;
     o.router.pre_softmax = o.router.topk > 1;
     o.router.scaling = 1.0f;
     o.router.num_groups = o.router.group_topk = 0;
@@ -341,7 +341,7 @@ double batch_balance_loss(const PassContext& c, const Buf& scores, double coeff,
 void balance_losses(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A, MoeLayerStats& st) {
   const int64_t Tl = c.Tl, E = c.D.experts;
   Buf scores(sz(Tl * E));
-  aux_scores(A.logits.data(), Tl, E, o.router.sigmoid, scores.data());
+  aux_scores(A.logits.data(), Tl, E, o.router.score, scores.data());
   A.aux_dscores.assign(sz(Tl * E), 0.0f);
   if (o.aux_coeff[0] > 0) st.aux[0] += batch_balance_loss(c, scores, o.aux_coeff[0], false, A.aux_dscores, st);
   if (o.aux_coeff[1] > 0) st.aux[1] += sequence_balance_loss(c, scores, o.aux_coeff[1], A.aux_dscores);
@@ -537,7 +537,7 @@ void MoeUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Stash& A)
   if (!A.aux_dscores.empty()) {
     Buf scaled(A.aux_dscores.size());
     for (size_t i = 0; i < scaled.size(); ++i) scaled[i] = A.aux_dscores[i] * aux_scale;
-    aux_scores_backward(A.logits.data(), scaled.data(), Tl, E, o.router.sigmoid, dlogits.data());
+    aux_scores_backward(A.logits.data(), scaled.data(), Tl, E, o.router.score, dlogits.data());
   }
   if (A.z_scale > 0) z_loss_backward(A.logits.data(), Tl, E, A.z_scale * aux_scale, dlogits.data());
   Buf dln_router(sz(Tl * h));

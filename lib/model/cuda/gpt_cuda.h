@@ -654,6 +654,7 @@ class CudaGPT {
   int64_t moe_layers_ = 0, experts_ = 0, topk_ = 0, F_moe_ = 0, F_shared_ = 0, moe_groups_ = 0, moe_group_topk_ = 0;
   bool moe_seq_aux_ = false, moe_global_aux_ = false;  // --moe-router-load-balancing-type seq_aux_loss: the aux loss per sequence
   bool moe_sigmoid_ = false, moe_pre_softmax_ = false, moe_aux_ = false;
+  bool moe_sqrtsoftplus_ = false;  // --moe-router-score-function sqrtsoftplus (moe_sigmoid_ set too: an element-wise score)
   bool moe_router_fp64_ = false;  // --moe-router-dtype fp64: the logits accumulated in double
   // --moe-router-force-load-balancing: the logits replaced by random ones (model/moe_random_logits.h), their key.
   bool moe_force_balance_ = false;

@@ -34,7 +34,8 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   topk_ = D.topk;
   F_moe_ = D.F_moe_local;
   F_shared_ = D.F_shared_local;
-  moe_sigmoid_ = m.moe_router_score_function == "sigmoid";
+  moe_sigmoid_ = m.moe_router_score_function == "sigmoid" || m.moe_router_score_function == "sqrtsoftplus";  // (element-wise scores)
+  moe_sqrtsoftplus_ = m.moe_router_score_function == "sqrtsoftplus";
   moe_pre_softmax_ = m.moe_router_pre_softmax;
   moe_router_fp64_ = m.moe_router_dtype == "fp64";
   moe_force_balance_ = m.moe_router_force_load_balancing;
@@ -55,6 +56,7 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   if (moe_sinkhorn_) {  // (Megatron's sinkhorn_load_balancing: sigmoid at top-1, else the softmax over all experts; as the CPU engine's)
     if (D.cp > 1) throw std::logic_error("CUDA model: sinkhorn routing with CP (refused by the capability checks)");
     moe_sigmoid_ = topk_ == 1;
+    moe_sqrtsoftplus_ = false;
     moe_pre_softmax_ = topk_ > 1;
     moe_scaling_ = 1.0f;
     moe_groups_ = moe_group_topk_ = 0;
@@ -140,6 +142,7 @@ void CudaGPT::download_expert_biases(ParamStore& host) const {
 
 cuda::MoeRouting CudaGPT::moe_routing(const DeviceMicrobatch& mb) const {
   cuda::MoeRouting rt{mb.B * mb.S, experts_, topk_, D_.h, moe_sigmoid_, moe_pre_softmax_, moe_scaling_, moe_groups_, moe_group_topk_, moe_seq_aux_ ? mb.S : 0, D_.cp};
+  rt.sqrtsoftplus = moe_sqrtsoftplus_;
   rt.row_align = moe_row_align_;
   return rt;
 }
