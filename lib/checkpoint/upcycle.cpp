@@ -64,7 +64,10 @@ std::optional<UpcycleSource> upcycling_source(const Config& run, const ParamInfo
 
 void repeat_router_rows(const Config& run, const ParamInfo& p, float* values) {
   const int64_t g = run.moe.moe_upcycling_granularity;
-  if (g == 1 || p.name.find(".mlp.router.") == std::string::npos || p.name.find("expert_bias") != std::string::npos) return;
+  if (g == 1 || p.name.find(".mlp.router.") == std::string::npos || p.name.find("expert_bias") != std::string::npos ||
+      p.name.find("qb_beta") != std::string::npos) {
+    return;
+  }
   if (p.shard_dim >= 0 && p.shard_count > 1) throw std::logic_error("upcycling: the router " + p.name + " is sharded");
   const int64_t rows = p.global_shape[0], cols = p.global_shape.size() == 2 ? p.global_shape[1] : 1;
   const std::vector<float> initial(values, values + rows * cols);

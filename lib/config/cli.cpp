@@ -35,7 +35,7 @@ ConfigCli::ConfigCli(CLI::App& app) : app_(app) {
       h->opt = app.add_flag("--" + spec.name, h->flag, help);
     } else if (flag_is_list(spec)) {
       h->opt = app.add_option("--" + spec.name, h->values, help);
-      h->opt->inject_separator(true);  // (an empty value between the occurrences: the last one wins, as argparse's)
+      h->opt->trigger_on_parse();  // (each occurrence replaces the earlier ones' values: the last one wins, as argparse's)
     } else {
       h->opt = app.add_option("--" + spec.name, h->value, help);
       h->opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -87,9 +87,7 @@ Config ConfigCli::build() const {
       // One quoted argument "0.3 a 0.7 b" is split like Megatron's shell-expanded form. Given twice, the last
       // occurrence's values (argparse's nargs='+': "--data-path a b --data-path c" reads c).
       std::string items;
-      for (const auto& v : h->values) {
-        if (v.empty()) items.clear(); else items += (items.empty() ? "" : " ") + v;
-      }
+      for (const auto& v : h->values) items += (items.empty() ? "" : " ") + v;
       set_flag_from_string(cfg, *h->spec, items, "command line");
     } else {
       set_flag_from_string(cfg, *h->spec, h->value, "command line");

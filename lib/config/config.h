@@ -168,6 +168,8 @@ struct MoeConfig {
   OptInt moe_router_group_topk;
   bool moe_router_enable_expert_bias = false;
   double moe_router_bias_update_rate = 1e-3;
+  // --moe-router-load-balancing-type quantile_balancing: qb_beta = ema * qb_beta + (1 - ema) * the global batch's quantile.
+  double moe_router_quantile_balancing_ema = 0.0;
   std::string moe_token_drop_policy = "probs";
   bool moe_pad_expert_input_to_capacity = false;
   bool moe_permute_fusion = false;
@@ -185,6 +187,7 @@ struct MoeConfig {
   // with one type, --moe-aux-loss-coeff's value when the type is that one; with a list, the coefficient at its position.
   // 0 when the type is not chosen.
   double aux_loss_coeff(const std::string& type) const {
+    if (type != "aux_loss" && type != "seq_aux_loss" && type != "global_aux_loss") return 0.0;  // (none, sinkhorn: no aux loss)
     for (size_t i = 0; i < moe_router_load_balancing_type.size(); ++i) {
       if (moe_router_load_balancing_type[i] != type) continue;
       if (moe_router_load_balancing_type.size() == 1) return moe_aux_loss_coeff.size() == 1 ? moe_aux_loss_coeff[0] : 0.0;

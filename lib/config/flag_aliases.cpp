@@ -314,7 +314,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("moe-router-padding-for-quantization", false,
                  "padding the routing map for FP8 / FP4 is not implemented: drop it (the CUDA engine pads each expert's rows with zero "
                  "rows to a multiple of 16, as Megatron's grouped MLP does without this flag)"),
-      MT_REFUSED("moe-router-quantile-balancing-ema", true, "quantile balancing is not implemented: drop it"),
       MT_REFUSED("moe-token-dropping", false, "unsupported in Megatron too: drop tokens with --moe-expert-capacity-factor"),
       MT_REFUSED("moe-enable-routing-replay", false, "routing replay is not implemented: drop it"),
       MT_REFUSED("moe-deepep-num-sms", true, "DeepEP is not implemented: use --moe-token-dispatcher-type alltoall"),

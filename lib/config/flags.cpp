@@ -198,6 +198,8 @@ std::vector<FlagSpec> build_table() {
       F(kMoe, "moe-router-enable-expert-bias", moe.moe_router_enable_expert_bias,
         "Aux-loss-free balancing: a per-expert bias on the scores for the choice, updated outside the gradient"),
       F(kMoe, "moe-router-bias-update-rate", moe.moe_router_bias_update_rate, "Expert bias update rate"),
+      F(kMoe, "moe-router-quantile-balancing-ema", moe.moe_router_quantile_balancing_ema,
+        "quantile_balancing: the share of the old per-expert bias kept at each update (0: replaced by the batch's quantile)"),
       F(kMoe, "moe-shared-expert-intermediate-size", moe.moe_shared_expert_intermediate_size, "Shared expert hidden size"),
       F(kMoe, "moe-input-jitter-eps", moe.moe_input_jitter_eps,
         "The router's input multiplied by noise uniform in [1 - eps, 1 + eps] per token and channel (the experts' input unchanged)"),

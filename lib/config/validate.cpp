@@ -526,6 +526,38 @@ void validate_load_balancing(const MoeConfig& m, Checker& k) {
   }
 }
 
+// --moe-router-load-balancing-type quantile_balancing (Megatron's QB: router.quantile_balancing, moe_utils.qb_dual_update).
+void check_quantile_balancing(const Config& c, Checker& k) {
+  const MoeConfig& m = c.moe;
+  const double ema = m.moe_router_quantile_balancing_ema;
+  if (!(ema >= 0 && ema < 1)) k.error("--moe-router-quantile-balancing-ema must be in [0, 1), got " + num(ema));
+  if (!m.load_balancing_is("quantile_balancing")) {
+    if (ema != 0) k.warn("--moe-router-quantile-balancing-ema has no effect without --moe-router-load-balancing-type quantile_balancing");
+    return;
+  }
+  const int64_t E = m.num_experts.value_or(0), topk = m.moe_router_topk;
+  if (topk >= E) {
+    k.error("quantile_balancing chooses by the top k + 1 of each token's biased logits: --moe-router-topk " + s(topk) +
+            " must be below --num-experts " + s(E));
+  }
+  if (m.moe_router_num_groups || m.moe_router_group_topk) {
+    k.error("quantile_balancing does not support group-limited routing (as in Megatron): drop --moe-router-num-groups and --moe-router-group-topk");
+  }
+  if (m.moe_router_enable_expert_bias) {
+    k.error("quantile_balancing balances with its own per-expert bias (qb_beta) and never reads the expert bias: drop "
+            "--moe-router-enable-expert-bias");
+  }
+  if (any_coefficient(m)) {
+    k.warn("--moe-aux-loss-coeff has no effect with quantile_balancing (its bias balances the load; Megatron computes no aux loss "
+           "with it)");
+  }
+  const int64_t tokens = c.training.micro_batch_size.value_or(1) * c.data.seq_length.value_or(0);
+  if (tokens > 0 && E > 0 && (tokens * topk) % E != 0) {
+    k.error("quantile_balancing needs each microbatch's choices (--micro-batch-size x --seq-length x --moe-router-topk = " + s(tokens * topk) +
+            ") divisible by --num-experts " + s(E) + " (Megatron asserts it): change one of them");
+  }
+}
+
 // Megatron's MoE rules (transformer_config.py, arguments.py, MoELayer), each with the fix.
 void check_moe(const Config& c, Checker& k) {
   const MoeConfig& m = c.moe;
@@ -590,6 +622,7 @@ void check_moe(const Config& c, Checker& k) {
              "--moe-router-score-function and --moe-router-pre-softmax have no effect with it");
     }
   }
+  check_quantile_balancing(c, k);
   if (m.moe_router_score_function == "softmax" && topk == 1 && !m.moe_router_pre_softmax && !m.load_balancing_is("sinkhorn")) {
     k.error("--moe-router-topk 1 with softmax scores after the choice gives every token the weight 1 and the router no gradient "
             "(Megatron refuses it too): add --moe-router-pre-softmax, or use --moe-router-score-function sigmoid");

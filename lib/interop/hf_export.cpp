@@ -294,8 +294,9 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       // Qwen3-MoE's router: a softmax over every expert, the top k, renormalised over them with norm_topk_prob (Megatron's
       // softmax over the top-k logits, the same values) or not (--moe-router-pre-softmax).
       refuse(mc.moe_router_score_function != "softmax" || mc.moe_router_topk_scaling_factor.has_value() || mc.moe_router_num_groups.has_value() ||
-                 mc.moe_router_enable_expert_bias,
-             "Qwen3-MoE's router is a softmax with the top k, renormalised or not: no sigmoid scores, scaling factor, groups or expert bias");
+                 mc.moe_router_enable_expert_bias || mc.load_balancing_is("quantile_balancing"),
+             "Qwen3-MoE's router is a softmax with the top k, renormalised or not: no sigmoid scores, scaling factor, groups, expert bias "
+             "or quantile balancing's bias");
       refuse(mc.moe_expert_capacity_factor.has_value(), "Qwen3-MoE is dropless (no --moe-expert-capacity-factor)");
       refuse(family == "qwen3_moe" && D.F_shared > 0, "Qwen3-MoE has no shared experts (Qwen2-MoE's, without --qk-layernorm, have)");
       if (family == "qwen2_moe") config["shared_expert_intermediate_size"] = D.F_shared;
@@ -314,9 +315,9 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       const MoeConfig& mc = c.moe;
       refuse(D.qkv_bias, "MixtralForCausalLM has no biases (--disable-bias-linear, without --add-qkv-bias)");
       refuse(mc.moe_router_score_function != "softmax" || mc.moe_router_pre_softmax || mc.moe_router_topk_scaling_factor.has_value() ||
-                 mc.moe_router_num_groups.has_value() || mc.moe_router_enable_expert_bias,
+                 mc.moe_router_num_groups.has_value() || mc.moe_router_enable_expert_bias || mc.load_balancing_is("quantile_balancing"),
              "Mixtral's router is a softmax over the top-k logits: no --moe-router-pre-softmax, sigmoid scores, scaling factor, "
-             "groups or expert bias");
+             "groups, expert bias or quantile balancing's bias");
       refuse(mc.moe_expert_capacity_factor.has_value(), "Mixtral is dropless (no --moe-expert-capacity-factor)");
       refuse(mc.load_balancing_is("sinkhorn"),
              "a model trained with sinkhorn routing weighs by the softmax over all experts (or a sigmoid at top-1), not Mixtral's "

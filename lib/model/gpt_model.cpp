@@ -255,6 +255,30 @@ void GPTModel::update_expert_biases(double rate) {
   }
 }
 
+void GPTModel::update_quantile_biases(double ema) {
+  for (const ModelLayout& layout : layouts_) {
+    for (const LayerParams& ly : layout.layers) {
+      if (ly.quantile_bias == kNoParam) continue;
+      // Megatron's _update_router_qb_beta: this rank's mean quantile over its microbatches, averaged over DP x CP, blended
+      // with the bias, re-centred to mean 0.
+      const cpu::MoeLayerStats& st = moe_stats_[ly.layer];
+      std::vector<double> mean(static_cast<size_t>(dims_.experts), 0.0);
+      for (size_t e = 0; e < st.quantile_sum.size() && e < mean.size(); ++e) {
+        mean[e] = st.quantile_sum[e] / static_cast<double>(std::max<int64_t>(1, st.quantile_count));
+      }
+      groups_.dp_cp->all_reduce(mean.data(), dims_.experts, ReduceOp::kAvg);
+      float* beta = params_.param(ly.quantile_bias);
+      std::vector<double> blended(mean.size());
+      double centre = 0;
+      for (size_t e = 0; e < mean.size(); ++e) {
+        blended[e] = ema * beta[e] + (1.0 - ema) * mean[e];
+        centre += blended[e] / static_cast<double>(mean.size());
+      }
+      for (size_t e = 0; e < mean.size(); ++e) beta[e] = static_cast<float>(blended[e] - centre);
+    }
+  }
+}
+
 void GPTModel::backward_weights(int64_t id, bool last, int64_t chunk) {
   const std::pair<int64_t, int64_t> key{chunk, id};
   auto found = stash_.find(key);

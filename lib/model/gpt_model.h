@@ -87,6 +87,9 @@ class GPTModel {
   // each MoE layer's kept tokens per expert summed over TP x DP x CP, and bias += rate * sign(mean - count).
   // Collective over those groups; uses the statistics take_moe_stats() then returns.
   void update_expert_biases(double rate);
+  // quantile_balancing: each MoE layer's qb_beta from the iteration's quantiles (Megatron's _update_router_qb_beta).
+  // Collective over DP x CP.
+  void update_quantile_biases(double ema);
   // FP8's delayed scaling state of this stage's FP8 layers (null without it: model/fp8_scaling.h); checkpoints
   // carry it.
   Fp8ScalingState* fp8_scaling() { return fp8_.get(); }

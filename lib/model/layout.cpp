@@ -159,6 +159,12 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
         bias.weight_decay = false;
         ly.expert_bias = put(bias);
       }
+      if (cfg.moe.load_balancing_is("quantile_balancing")) {  // Megatron's qb_beta: a persistent fp32 buffer, zeros
+        ParamInfo beta = make_param(p + "mlp.router.qb_beta", {D.experts}, -1, r, t, InitKind::kZeros, 0);
+        beta.trainable = false;
+        beta.weight_decay = false;
+        ly.quantile_bias = put(beta);
+      }
       for (int64_t j = 0; j < D.experts_local; ++j) {
         LayerParams::Expert ex;
         ex.global = D.ep_rank * D.experts_local + j;

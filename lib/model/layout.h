@@ -57,12 +57,13 @@ struct LayerParams {
   bool moe = false;
   size_t router_w = kNoParam, router_b = kNoParam;
   size_t expert_bias = kNoParam;  // --moe-router-enable-expert-bias: [E], not trained (ParamInfo::trainable false)
+  size_t quantile_bias = kNoParam;  // quantile_balancing's qb_beta: [E], not trained
   std::vector<Expert> experts;
   size_t shared_fc1_w = kNoParam, shared_fc1_b = kNoParam, shared_fc2_w = kNoParam, shared_fc2_b = kNoParam;
   size_t shared_gate_w = kNoParam;  // --moe-shared-expert-gate: [1, h], on every TP rank
   // The layer's parameters are the indices [first, end) (registration order); the dense ones are contiguous in the
   // flat buffers, the experts' sit in the expert range after every dense parameter (ParamStore::group_range), and
-  // the expert bias (not trainable) after both.
+  // the expert bias and qb_beta (not trainable) after both.
   size_t first = 0, end = 0;
 };
 

@@ -20,8 +20,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "--cp-comm-type " + p.cp_comm_type + " is not implemented: use p2p (ring attention) or a2a (all-to-all over heads)");
 
   const auto& m = c.moe;
-  no(m.num_experts && m.load_balancing_is("quantile_balancing"),
-     "--moe-router-load-balancing-type quantile_balancing is not implemented: use aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none");
   no(m.num_experts && m.moe_token_dispatcher_type == "flex",
      "--moe-token-dispatcher-type flex (DeepEP) is not implemented: use alltoall or allgather");
   no(m.num_experts && m.moe_apply_probs_on_input && m.moe_pad_expert_input_to_capacity,
@@ -312,6 +310,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     // until test_cuda_engine's moe group has run them.
     no(m.moe_router_score_function == "sqrtsoftplus" && !cuda_unverified_allowed("moe-sqrtsoftplus"),
        "--moe-router-score-function sqrtsoftplus has not run on a GPU yet on the CUDA engine: use --device cpu (the CPU engine runs it)");
+    no(m.load_balancing_is("quantile_balancing"),
+       "--moe-router-load-balancing-type quantile_balancing is not implemented on the CUDA engine: use --device cpu (the CPU engine runs "
+       "it), or another balancing type");
     int64_t aux_losses = 0;
     for (const char* type : kAuxLossTypes) aux_losses += m.aux_loss_coeff(type) > 0 ? 1 : 0;
     no(aux_losses > 1,

@@ -89,6 +89,7 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   sum_tied_embedding_grads();
   for_each_data_parallel([](DataParallel& d) { d.finish(); });
   if (cfg_.moe.moe_router_enable_expert_bias) model_->update_expert_biases(cfg_.moe.moe_router_bias_update_rate);
+  if (cfg_.moe.load_balancing_is("quantile_balancing")) model_->update_quantile_biases(cfg_.moe.moe_router_quantile_balancing_ema);
   // Every stage forwards every microbatch, so every stage counted the tokens.
   double tokens = std::accumulate(mb_tokens.begin(), mb_tokens.end(), 0.0);
   groups_.dp->all_reduce(&tokens, 1, ReduceOp::kSum);

@@ -110,6 +110,14 @@ XB=("${X[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bia
 if [[ "$(losses "$tmp/xb1" | tail -4)" == "$(losses "$tmp/xb3")" && $(losses "$tmp/xb3" | wc -l) -eq 4 ]]; then ok "exact resume, MoE EP2 with the expert bias"; else
   bad "exact resume with the expert bias"; paste <(losses "$tmp/xb1" | tail -4) <(losses "$tmp/xb3"); fi
 
+# Quantile balancing's qb_beta likewise (EP 2 x DP 2: its mean over DP at each iteration).
+XQ=("${X[@]}" --moe-router-load-balancing-type quantile_balancing --moe-router-quantile-balancing-ema 0.5 --expert-model-parallel-size 2)
+"${MPI[@]}" -np 2 "$B" "${M[@]}" "${XQ[@]}" --log-dir "$tmp/xq1" >/dev/null 2>&1
+"${MPI[@]}" -np 2 "$B" "${M[@]}" "${XQ[@]}" --save "$tmp/ckxq" --save-interval 100 --exit-interval 4 --log-dir "$tmp/xq2" >/dev/null 2>&1
+"${MPI[@]}" -np 2 "$B" "${M[@]}" "${XQ[@]}" --load "$tmp/ckxq" --log-dir "$tmp/xq3" >/dev/null 2>&1
+if [[ "$(losses "$tmp/xq1" | tail -4)" == "$(losses "$tmp/xq3")" && $(losses "$tmp/xq3" | wc -l) -eq 4 ]]; then ok "exact resume, MoE EP2 with quantile balancing"; else
+  bad "exact resume with quantile balancing"; paste <(losses "$tmp/xq1" | tail -4) <(losses "$tmp/xq3"); fi
+
 # 3g. Checkpoints do not depend on context parallelism: a CP2 x DP2 run's checkpoint continues on 1 rank and on CP4
 # like the uninterrupted CP2 run.
 C=(--context-parallel-size 2 --use-distributed-optimizer)

@@ -76,7 +76,10 @@ expect balancing-type-list-lengths 2 'gives 2 types and --moe-aux-loss-coeff 1 c
   --num-experts 4 --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 1e-2 --device cpu
 expect sqrtsoftplus-expert-bias 0 'tokens per expert' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-router-score-function sqrtsoftplus \
   --moe-router-enable-expert-bias --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
-# A list flag given twice: the last occurrence, as argparse's.
+expect quantile-balancing 0 'tokens per expert' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-router-load-balancing-type \
+  quantile_balancing --moe-router-quantile-balancing-ema 0.5 --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
+# A list flag given twice: the last occurrence, as argparse's (an empty value stays a value).
+expect list-flag-empty-value 0 'data_path: \["a", "b"\]' -- "$B" --config configs/quickstart.yaml --data-path a "" b --print-config
 expect list-flag-twice 0 'moe_aux_loss_coeff: \[0.001\]' -- "$B" --config configs/quickstart.yaml --num-experts 4 \
   --moe-aux-loss-coeff 1e-2 5e-2 --moe-aux-loss-coeff 1e-3 --print-config
 expect sinkhorn-routing 0 'tokens per expert' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-router-load-balancing-type sinkhorn \

@@ -1482,6 +1482,10 @@ moe_tests:
   test_moe_training("llama-recompute", "--moe-router-load-balancing-type seq_aux_loss --moe-router-score-function sigmoid --moe-aux-loss-coeff 1e-1 ");
   // global_aux_loss: the counts averaged over the iteration's microbatches so far (two per iteration here), recomputed too.
   test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 ");
+  // Megatron's list form with one coefficient above 0 (the CUDA engine's one loss: seq_aux_loss here, the second type),
+  // and type none with a coefficient (no loss, as the CPU engine and Megatron). Thirty-fifth session, not yet run.
+  test_moe_training("llama", "--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0 1e-1 ");
+  test_moe_training("llama", "--moe-router-load-balancing-type none --moe-aux-loss-coeff 1e-1 ");
   // (a capacity with global_aux_loss and with the allgather dispatcher, which Megatron's current rules allow: added in
   // the thirty-fourth session after its GPU runs)
   test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 --moe-expert-capacity-factor 0.75 ");

@@ -390,6 +390,11 @@ TEST_CASE("Megatron's list form of the load-balancing types: each loss as alone,
     all.clear();
     for (const auto& line : cuda_engine_gaps(c, 1)) all += line + "\n";
     CHECK_THAT(all, MT_CONTAINS("--moe-router-score-function sqrtsoftplus has not run on a GPU yet"));
+    c.moe.moe_router_load_balancing_type = {"quantile_balancing"};  // (the CPU engine's only)
+    c.moe.moe_aux_loss_coeff = {0.0};
+    all.clear();
+    for (const auto& line : cuda_engine_gaps(c, 1)) all += line + "\n";
+    CHECK_THAT(all, MT_CONTAINS("quantile_balancing is not implemented on the CUDA engine"));
   }
 }
 
@@ -531,6 +536,76 @@ TEST_CASE("aux-loss-free balancing: the expert bias steers the choice, moves by 
   for (int e = 0; e < 4; ++e) ps.param(bias)[e] = e == 3 ? 100.0f : 0.0f;
   model.forward(mb, 1, true);
   CHECK(model.moe_stats().at(1).tokens[3] == 12.0);
+}
+
+TEST_CASE("quantile balancing: Megatron's qb_dual_update by hand, and qb_beta's update, steering and state") {
+  // 4 tokens, 2 experts, top-1: each expert's target is 4 x 1 / 2 = 2 tokens, so its quantile is the 3rd largest of
+  // logits - alpha, alpha each token's 2nd largest choice score (logits - beta).
+  const std::vector<float> logits = {3, 1, 2, 0, 4, 1, 1, 0.5f};
+  std::vector<float> choice(8), shifted(8), quantile(2);
+  const std::vector<float> zero = {0, 0}, beta = {1, -1};
+  quantile_choice_scores(logits.data(), zero.data(), 4, 2, 1, choice.data(), shifted.data());
+  CHECK(choice == logits);
+  CHECK(shifted == std::vector<float>{2, 0, 2, 0, 3, 0, 0.5f, 0});
+  column_quantiles(shifted.data(), 4, 2, 1, quantile.data());
+  CHECK(quantile == std::vector<float>{2, 0});
+  quantile_choice_scores(logits.data(), beta.data(), 4, 2, 1, choice.data(), shifted.data());
+  CHECK(choice == std::vector<float>{2, 2, 1, 1, 3, 2, 0, 1.5f});
+  CHECK(shifted == std::vector<float>{1, -1, 1, -1, 2, -1, 1, 0.5f});  // (alpha 2, 1, 2, 0)
+  column_quantiles(shifted.data(), 4, 2, 1, quantile.data());
+  CHECK(quantile == std::vector<float>{1, -1});
+  CHECK_THROWS(column_quantiles(shifted.data(), 3, 2, 1, quantile.data()));  // (3 choices over 2 experts)
+
+  // The model: qb_beta a persistent [E] buffer outside the gradient; the update the quantiles' mean over the
+  // iteration's microbatches, blended by the EMA and re-centred; evaluation neither updates nor accumulates.
+  Config c = tiny_decoder(true, 2);
+  c.moe.num_experts = 4;
+  c.moe.moe_router_topk = 2;
+  c.moe.moe_ffn_hidden_size = 8;
+  c.moe.moe_layer_freq = "[0,1]";
+  c.moe.moe_router_load_balancing_type = {"quantile_balancing"};
+  resolve(c, 1);
+  GPTModel model(c, ProcessGroups::single());
+  ParamStore& ps = model.params();
+  const size_t qb = ps.index_of("layers.1.mlp.router.qb_beta");
+  CHECK_FALSE(ps.info(qb).trainable);
+  const Microbatch mb = tiny_batch();
+  ps.zero_grads();
+  model.forward(mb, 1);
+  model.forward(mb, 1);  // (two microbatches: their quantiles summed)
+  model.backward(1.0f);
+  CHECK(ps.grad(qb)[0] == 0.0f);
+  const cpu::MoeLayerStats st = model.moe_stats().at(1);
+  REQUIRE(st.quantile_count == 2);
+  REQUIRE(st.quantile_sum.size() == 4);
+  model.update_quantile_biases(0.0);
+  double mean = 0;
+  for (int e = 0; e < 4; ++e) mean += st.quantile_sum[static_cast<size_t>(e)] / 2.0 / 4.0;
+  double spread = 0;
+  for (int e = 0; e < 4; ++e) {
+    CHECK(ps.param(qb)[e] == Approx(st.quantile_sum[static_cast<size_t>(e)] / 2.0 - mean).margin(1e-6));
+    spread = std::max(spread, std::abs(static_cast<double>(ps.param(qb)[e])));
+  }
+  CHECK(spread > 0);
+  // ema 0.75: three quarters of the bias kept, a quarter the new mean quantile, re-centred.
+  const std::vector<float> before(ps.param(qb), ps.param(qb) + 4);
+  model.update_quantile_biases(0.75);
+  std::vector<double> blended(4);
+  double centre = 0;
+  for (int e = 0; e < 4; ++e) {
+    blended[static_cast<size_t>(e)] = 0.75 * before[static_cast<size_t>(e)] + 0.25 * (st.quantile_sum[static_cast<size_t>(e)] / 2.0);
+    centre += blended[static_cast<size_t>(e)] / 4.0;
+  }
+  for (int e = 0; e < 4; ++e) CHECK(ps.param(qb)[e] == Approx(blended[static_cast<size_t>(e)] - centre).margin(1e-6));
+  // A bias far below one expert's makes every token choose it (the choice is logits - qb_beta), in training and in
+  // evaluation.
+  (void)model.take_moe_stats();
+  for (int e = 0; e < 4; ++e) ps.param(qb)[e] = 0.0f;
+  const float plain = model.forward(mb, 1, false);
+  for (int e = 0; e < 4; ++e) ps.param(qb)[e] = e == 2 ? -100.0f : 0.0f;
+  CHECK(model.forward(mb, 1, false) != plain);
+  model.forward(mb, 1, true);
+  CHECK(model.moe_stats().at(1).tokens[2] == 12.0);
 }
 
 TEST_CASE("sinkhorn routing: Megatron's normalisation balances the choice in training; evaluation chooses by the scores") {

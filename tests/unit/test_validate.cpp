@@ -104,6 +104,40 @@ TEST_CASE("the load-balancing types: one, or Megatron's list form with a coeffic
   c.moe.moe_router_load_balancing_type = {"none"};
   c.moe.moe_aux_loss_coeff = {1e-2};
   CHECK(c.moe.aux_loss_coeff("aux_loss") == 0.0);  // (Megatron's get_aux_loss_coeff: only the chosen type's)
+  CHECK(c.moe.aux_loss_coeff("none") == 0.0);      // (and only of the three auxiliary losses)
+  c.moe.moe_router_load_balancing_type = {"none", "aux_loss"};
+  c.moe.moe_aux_loss_coeff = {0.5, 0.0};
+  CHECK(c.moe.aux_loss_coeff("none") == 0.0);
+  CHECK(c.moe.aux_loss_coeff("aux_loss") == 0.0);
+}
+
+TEST_CASE("quantile balancing's rules (Megatron's QB), each with its fix") {
+  Config c = base();
+  c.moe.num_experts = 4;
+  c.moe.moe_router_load_balancing_type = {"quantile_balancing"};
+  c.moe.moe_aux_loss_coeff = {0.0};
+  accepts(c, 1);
+  c.moe.moe_router_topk = 4;
+  rejects(c, 1, "--moe-router-topk 4 must be below --num-experts 4");
+  c.moe.moe_router_topk = 2;
+  c.moe.moe_router_num_groups = 2;
+  c.moe.moe_router_group_topk = 1;
+  rejects(c, 1, "quantile_balancing does not support group-limited routing");
+  c.moe.moe_router_num_groups.reset();
+  c.moe.moe_router_group_topk.reset();
+  c.moe.moe_router_score_function = "sigmoid";
+  c.moe.moe_router_enable_expert_bias = true;
+  rejects(c, 1, "drop --moe-router-enable-expert-bias");
+  c.moe.moe_router_enable_expert_bias = false;
+  c.moe.moe_router_quantile_balancing_ema = 1.0;
+  rejects(c, 1, "--moe-router-quantile-balancing-ema must be in [0, 1)");
+  c.moe.moe_router_quantile_balancing_ema = 0.9;
+  accepts(c, 1);
+  c.moe.num_experts = 5;
+  c.moe.moe_router_topk = 1;
+  rejects(c, 1, "divisible by --num-experts 5");
+  c.moe.moe_expert_capacity_factor = 1.0;
+  rejects(c, 1, "--moe-expert-capacity-factor works only with");
 }
 
 TEST_CASE("Megatron's MoE rules, each named with its fix") {

@@ -2,6 +2,9 @@
 #include "kernels/cpu/router.h"
 
 #include <algorithm>
+#include <string>
+#include <stdexcept>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -174,6 +177,33 @@ std::vector<float> sinkhorn_normalize(const float* logits, int64_t n, int64_t ex
     for (size_t e = 0; e < E; ++e) cost[t * E + e] = d1[e] * cost[t * E + e] * d0[t];
   }
   return cost;
+}
+
+void quantile_choice_scores(const float* logits, const float* beta, int64_t n, int64_t experts, int64_t topk, float* choice, float* shifted) {
+  if (topk >= experts) throw std::invalid_argument("quantile balancing: top-k must be below the experts");
+  std::vector<float> row(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* x = logits + t * experts;
+    for (int64_t e = 0; e < experts; ++e) choice[t * experts + e] = x[e] - beta[e];
+    std::copy(choice + t * experts, choice + (t + 1) * experts, row.begin());
+    std::nth_element(row.begin(), row.begin() + topk, row.end(), std::greater<float>());
+    const float alpha = row[static_cast<size_t>(topk)];
+    for (int64_t e = 0; e < experts; ++e) shifted[t * experts + e] = x[e] - alpha;
+  }
+}
+
+void column_quantiles(const float* shifted, int64_t m, int64_t experts, int64_t topk, float* quantile) {
+  const int64_t target = m * topk / experts;
+  if ((m * topk) % experts != 0 || target >= m) {
+    throw std::invalid_argument("quantile balancing: the tokens' choices (" + std::to_string(m * topk) + ") not a multiple of the " +
+                                std::to_string(experts) + " experts");
+  }
+  std::vector<float> column(static_cast<size_t>(m));
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t t = 0; t < m; ++t) column[static_cast<size_t>(t)] = shifted[t * experts + e];
+    std::nth_element(column.begin(), column.begin() + target, column.end(), std::greater<float>());
+    quantile[e] = column[static_cast<size_t>(target)];
+  }
 }
 
 int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t topk, int64_t experts) {

@@ -38,6 +38,13 @@ void route_topk(const RouterSettings& s, const float* logits, const float* exper
 // Megatron's. Its top-k is the training's choice (router.cpp's sinkhorn_load_balancing).
 constexpr int kSinkhornMaxIterations = 10000;
 std::vector<float> sinkhorn_normalize(const float* logits, int64_t n, int64_t experts);
+// Megatron's quantile balancing (moe_utils.qb_dual_update), in two halves around the gather of a microbatch's tokens:
+// choice[n, E] = logits - beta (the routing's choice: its top k), and shifted[n, E] = logits - alpha, alpha each token's
+// (k + 1)-th largest choice score; then over the microbatch's m gathered rows of shifted, quantile[E] = each column's
+// (m k / E + 1)-th largest value (m k must be a multiple of E, k below E).
+void quantile_choice_scores(const float* logits, const float* beta, int64_t n, int64_t experts, int64_t topk, float* choice, float* shifted);
+void column_quantiles(const float* shifted, int64_t m, int64_t experts, int64_t topk, float* quantile);
+
 // dlogits[n, E] (overwritten) from the gradient of the routing weights dweight[n, k].
 void route_topk_backward(const RouterSettings& s, const float* logits, const int32_t* top, const float* dweight, int64_t n, float* dlogits);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "config/moe_pattern.h"
 #include "model/context_parallel.h"
@@ -38,6 +39,7 @@ MoeOptions MoeOptions::from(const Config& cfg) {
   o.probs_on_input = m.moe_apply_probs_on_input;
   o.force_balance = m.moe_router_force_load_balancing;
   o.sinkhorn = m.load_balancing_is("sinkhorn");
+  o.quantile = m.load_balancing_is("quantile_balancing");
   o.jitter_eps = static_cast<float>(m.moe_input_jitter_eps.value_or(0.0));
   if (o.sinkhorn) {  // (Megatron's sinkhorn_load_balancing: no pre-softmax flag, scaling, groups or expert bias)
     o.router.score = o.router.topk == 1 ? ScoreFunction::kSigmoid : ScoreFunction::kSoftmax;
@@ -348,6 +350,31 @@ void balance_losses(const PassContext& c, const MoeOptions& o, MoeUnit::Stash& A
   if (o.aux_coeff[2] > 0) st.aux[2] += batch_balance_loss(c, scores, o.aux_coeff[2], true, A.aux_dscores, st);
 }
 
+// --moe-router-load-balancing-type quantile_balancing (Megatron's qb_dual_update): the choice scores of this rank's tokens,
+// logits - qb_beta (route_topk takes their top k; the weights stay the score function's). In training, alpha is each
+// token's (k + 1)-th largest choice score, and each expert's quantile the (m k / E + 1)-th largest of logits - alpha over
+// the microbatch's m tokens (gathered over TP under SP, and CP: Megatron's tp_cp group); it is added to st.quantile_sum.
+std::vector<float> quantile_choice(const PassContext& c, const LayerParams& ly, const float* logits, bool training, MoeLayerStats& st) {
+  const ModelDims& D = c.D;
+  const int64_t Tl = c.Tl, E = D.experts, k = D.topk;
+  std::vector<float> choice(sz(Tl * E)), shifted(sz(Tl * E));
+  quantile_choice_scores(logits, c.P(ly.quantile_bias), Tl, E, k, choice.data(), shifted.data());
+  if (!training) return choice;
+  auto gather = [&](Communicator& g) {
+    std::vector<float> all(shifted.size() * sz(g.size()));
+    g.all_gather(shifted.data(), all.data(), static_cast<int64_t>(shifted.size()));
+    shifted = std::move(all);
+  };
+  if (D.sequence_parallel && c.groups.tp->size() > 1) gather(*c.groups.tp);
+  if (D.cp > 1) gather(*c.groups.cp);
+  std::vector<float> quantile(sz(E));
+  column_quantiles(shifted.data(), static_cast<int64_t>(shifted.size()) / E, E, k, quantile.data());
+  st.quantile_sum.resize(sz(E), 0.0);
+  for (int64_t e = 0; e < E; ++e) st.quantile_sum[sz(e)] += quantile[sz(e)];
+  ++st.quantile_count;
+  return choice;
+}
+
 // A 24-bit hash of one routing choice (splitmix64 of its fields).
 double choice_hash(int64_t sample, int64_t position, int64_t expert, bool kept) {
   uint64_t z = static_cast<uint64_t>(sample) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(position) << 20 ^ static_cast<uint64_t>(expert) << 40 ^
@@ -401,9 +428,11 @@ void MoeUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   }
   A.top.resize(sz(Tl * k));
   A.weight.resize(sz(Tl * k));
-  const std::vector<float> sinkhorn = o.sinkhorn && training ? sinkhorn_choice(c, A.logits.data()) : std::vector<float>();
+  const std::vector<float> choice = o.sinkhorn && training ? sinkhorn_choice(c, A.logits.data())
+                                   : o.quantile           ? quantile_choice(c, ly, A.logits.data(), training, st)
+                                                          : std::vector<float>();
   route_topk(o.router, A.logits.data(), ly.expert_bias != kNoParam ? c.P(ly.expert_bias) : nullptr, Tl, A.top.data(), A.weight.data(),
-             sinkhorn.empty() ? nullptr : sinkhorn.data());
+             choice.empty() ? nullptr : choice.data());
   std::vector<std::vector<int64_t>> pads;
   apply_capacity(c, o, A, pads);
   std::vector<Assignment> mine;

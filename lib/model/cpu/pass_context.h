@@ -31,6 +31,9 @@ struct MoeLayerStats {
   double routed = 0, dropped = 0;
   std::vector<double> global_counts;
   int64_t global_steps = 0;
+  // quantile_balancing: the microbatches' column quantiles summed (Megatron's qb_beta_accum) and their count.
+  std::vector<double> quantile_sum;
+  int64_t quantile_count = 0;
   // A digest of the routing: over every (token, expert) choice, a hash of the token's global sample and position,
   // the expert and whether it was kept, summed (exactly, below 2^53): equal digests over the ranks of a layout
   // mean the same choices and the same drops.

@@ -90,6 +90,9 @@ struct MoeOptions {
   // the microbatch's tokens; the weights (and the choice in evaluation) sigmoid's at top-1, else the softmax's over all
   // experts (router settings to match).
   bool sinkhorn = false;
+  // --moe-router-load-balancing-type quantile_balancing: the choice is the top-k of logits - qb_beta (the layer's
+  // quantile_bias); in training each microbatch's column quantile is accumulated for the iteration's update.
+  bool quantile = false;
   float jitter_eps = 0;  // --moe-input-jitter-eps (0: none; model/moe_input_jitter.h)
   static MoeOptions from(const Config& cfg);
   bool aux_enabled() const { return !sinkhorn && (aux_coeff[0] > 0 || aux_coeff[1] > 0 || aux_coeff[2] > 0); }

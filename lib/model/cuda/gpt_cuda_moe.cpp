@@ -47,9 +47,14 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   // The one load-balancing type of this engine (the capability checks refuse Megatron's list form with several
   // coefficients): the type with a coefficient, else the first given.
   std::string balance = m.moe_router_load_balancing_type.empty() ? "none" : m.moe_router_load_balancing_type[0];
+  int64_t aux_types = 0;
   for (const char* type : kAuxLossTypes) {
-    if (m.aux_loss_coeff(type) > 0) balance = type;
+    if (m.aux_loss_coeff(type) > 0) {
+      balance = type;
+      ++aux_types;
+    }
   }
+  if (aux_types > 1) throw std::logic_error("CUDA model: several auxiliary losses at once (refused by the capability checks)");
   moe_seq_aux_ = balance == "seq_aux_loss";
   moe_sinkhorn_ = m.load_balancing_is("sinkhorn");
   shared_gate_ = m.moe_shared_expert_gate && F_shared_ > 0;
