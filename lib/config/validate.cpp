@@ -504,7 +504,7 @@ void validate_load_balancing(const MoeConfig& m, Checker& k) {
   for (double x : coeffs) {
     if (!(x >= 0) || !std::isfinite(x)) k.error("--moe-aux-loss-coeff must be >= 0, got " + num(x));
   }
-  if (types.empty()) k.error("--moe-router-load-balancing-type needs a type (aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none)");
+  if (types.empty()) k.error("--moe-router-load-balancing-type needs a type (aux_loss, seq_aux_loss, global_aux_loss, sinkhorn, quantile_balancing or none)");
   if (coeffs.empty()) k.error("--moe-aux-loss-coeff needs a value (0 for no auxiliary loss)");
   if (types.size() == 1 && coeffs.size() > 1) {
     k.error("--moe-aux-loss-coeff gives " + s(static_cast<int64_t>(coeffs.size())) + " coefficients for the one load-balancing type " +
@@ -530,11 +530,12 @@ void validate_load_balancing(const MoeConfig& m, Checker& k) {
 void check_quantile_balancing(const Config& c, Checker& k) {
   const MoeConfig& m = c.moe;
   const double ema = m.moe_router_quantile_balancing_ema;
-  if (!(ema >= 0 && ema < 1)) k.error("--moe-router-quantile-balancing-ema must be in [0, 1), got " + num(ema));
   if (!m.load_balancing_is("quantile_balancing")) {
     if (ema != 0) k.warn("--moe-router-quantile-balancing-ema has no effect without --moe-router-load-balancing-type quantile_balancing");
     return;
   }
+  // (1 keeps the bias as loaded; Megatron checks no range)
+  if (!(ema >= 0 && ema <= 1)) k.error("--moe-router-quantile-balancing-ema must be in [0, 1], got " + num(ema));
   const int64_t E = m.num_experts.value_or(0), topk = m.moe_router_topk;
   if (topk >= E) {
     k.error("quantile_balancing chooses by the top k + 1 of each token's biased logits: --moe-router-topk " + s(topk) +

@@ -139,6 +139,9 @@ TEST_CASE("router: top-k choices as Megatron's (descending, ties to the lower ex
   route_topk(sg, wide.data(), nullptr, 1, top.data(), w.data());
   CHECK(top[0] == 1);
   CHECK(w[0] == Approx(q1));
+  const std::vector<float> huge = {800.0f, 0.0f, 0.0f, 0.0f};  // (above torch's threshold: the logit itself, finite)
+  route_topk(sg, huge.data(), nullptr, 1, top.data(), w.data());
+  CHECK(w[0] == Approx(std::sqrt(800.0)));
 }
 
 TEST_CASE("capacity: a hand-worked example of both drop policies and padding") {
@@ -555,6 +558,10 @@ TEST_CASE("quantile balancing: Megatron's qb_dual_update by hand, and qb_beta's 
   column_quantiles(shifted.data(), 4, 2, 1, quantile.data());
   CHECK(quantile == std::vector<float>{1, -1});
   CHECK_THROWS(column_quantiles(shifted.data(), 3, 2, 1, quantile.data()));  // (3 choices over 2 experts)
+  // Distinct values (8 tokens, 2 experts, top-1: the 5th largest of each column, Megatron's sort(descending)[m k / E]).
+  const std::vector<float> columns = {8, -1, 3, -2, 6, -3, 1, -4, 7, -5, 2, -6, 5, -7, 4, -8};
+  column_quantiles(columns.data(), 8, 2, 1, quantile.data());
+  CHECK(quantile == std::vector<float>{4, -5});
 
   // The model: qb_beta a persistent [E] buffer outside the gradient; the update the quantiles' mean over the
   // iteration's microbatches, blended by the EMA and re-centred; evaluation neither updates nor accumulates.
@@ -606,6 +613,7 @@ TEST_CASE("quantile balancing: Megatron's qb_dual_update by hand, and qb_beta's 
   CHECK(model.forward(mb, 1, false) != plain);
   model.forward(mb, 1, true);
   CHECK(model.moe_stats().at(1).tokens[2] == 12.0);
+  CHECK(model.moe_stats().at(1).quantile_count == 1);  // (the training forward's; the evaluations' none)
 }
 
 TEST_CASE("sinkhorn routing: Megatron's normalisation balances the choice in training; evaluation chooses by the scores") {

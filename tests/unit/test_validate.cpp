@@ -129,8 +129,8 @@ TEST_CASE("quantile balancing's rules (Megatron's QB), each with its fix") {
   c.moe.moe_router_enable_expert_bias = true;
   rejects(c, 1, "drop --moe-router-enable-expert-bias");
   c.moe.moe_router_enable_expert_bias = false;
-  c.moe.moe_router_quantile_balancing_ema = 1.0;
-  rejects(c, 1, "--moe-router-quantile-balancing-ema must be in [0, 1)");
+  c.moe.moe_router_quantile_balancing_ema = 1.5;
+  rejects(c, 1, "--moe-router-quantile-balancing-ema must be in [0, 1]");
   c.moe.moe_router_quantile_balancing_ema = 0.9;
   accepts(c, 1);
   c.moe.num_experts = 5;

@@ -55,6 +55,7 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
     }
   }
   if (aux_types > 1) throw std::logic_error("CUDA model: several auxiliary losses at once (refused by the capability checks)");
+  if (m.load_balancing_is("quantile_balancing")) throw std::logic_error("CUDA model: quantile_balancing (refused by the capability checks)");
   moe_seq_aux_ = balance == "seq_aux_loss";
   moe_sinkhorn_ = m.load_balancing_is("sinkhorn");
   shared_gate_ = m.moe_shared_expert_gate && F_shared_ > 0;
