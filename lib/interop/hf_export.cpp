@@ -108,12 +108,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     if (i == kNoParam) throw DataError("the checkpoint's model has no " + name);
     return Values(ps.param(i), ps.param(i) + ps.info(i).numel);
   };
-  auto has = [&](const std::string& name) { return ps.index_of(name) != kNoParam; };
+  auto has = [&](const std::string& name) {  // (index_of throws for a missing name)
+    return std::any_of(ps.infos().begin(), ps.infos().end(), [&](const ParamInfo& p) { return p.name == name; });
+  };
   std::vector<std::string> notes;
   auto refuse = [](bool bad, const std::string& why) {
     if (bad) throw ConfigError("cannot export to HuggingFace: " + why);
   };
-  refuse(c.model.rotary_percent != 1.0, "--rotary-percent below 1 (partial rotary) has no place in LlamaForCausalLM");
   refuse(D.squared_relu, "--squared-relu has no place in the exported families");
   refuse(c.moe.num_experts && c.moe.moe_apply_probs_on_input,
          "--moe-apply-probs-on-input weighs the experts' inputs; HF's MoE blocks weigh their outputs (another function)");
@@ -123,10 +124,37 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   if (!D.swiglu && !D.rms && D.learned_pos) family = "gpt2";
   // (--qk-layernorm: Qwen3's per-head RMSNorms of the queries and keys before RoPE, and Qwen3-MoE's)
   else if (D.swiglu && D.rms && D.rope && !any_moe) family = D.qk_norm ? "qwen3" : "llama";
+  // (sigmoid routers, with or without the expert bias: GLM-4.5's Glm4MoeForCausalLM, its e_score_correction_bias)
+  else if (D.swiglu && D.rms && D.rope && any_moe && c.moe.moe_router_score_function == "sigmoid") family = "glm4_moe";
   else if (D.swiglu && D.rms && D.rope && any_moe) family = D.qk_norm ? "qwen3_moe" : D.F_shared > 0 ? "qwen2_moe" : "mixtral";
   refuse(family.empty(), "the model is neither GPT-2 shaped (LayerNorm, GELU, learned positions) nor LLaMA / Mixtral / Qwen3 shaped "
                          "(RMSNorm, SwiGLU, RoPE)");
   refuse(family == "gpt2" && D.qk_norm, "--qk-layernorm has no place in GPT2LMHeadModel");
+  const bool glm = family == "glm4_moe";
+  refuse(!glm && c.model.rotary_percent != 1.0, "--rotary-percent below 1 (partial rotary) has no place in " +
+                                                    std::string(family == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM") +
+                                                    " (GLM-4.5's Glm4MoeForCausalLM, a sigmoid-routed MoE, has it)");
+  refuse(glm && D.rotary_interleaved && D.rot_dim < D.d, "--rotary-interleaved with partial rotary has no place in Glm4MoeForCausalLM");
+  if (glm) {  // GLM-4.5's MoE block: sigmoid scores (+ e_score_correction_bias for the choice), the top k renormalised, scaled
+    const MoeConfig& mc = c.moe;
+    refuse(D.bias, "Glm4MoeForCausalLM has no biases but its QKV ones (--disable-bias-linear, with --add-qkv-bias or not)");
+    refuse(D.topk == 1, "Glm4MoeForCausalLM renormalises the top k (norm_topk_prob), which at --moe-router-topk 1 makes every weight 1, "
+                        "where megatrain's sigmoid router weighs by the score");
+    refuse(!mc.load_balancing_is("aux_loss") && !mc.load_balancing_is("seq_aux_loss") && !mc.load_balancing_is("global_aux_loss") &&
+               !mc.load_balancing_is("none") && mc.moe_router_load_balancing_type.size() == 1,
+           "Glm4MoeForCausalLM routes by the top k of the sigmoid scores (plus its bias): no sinkhorn or quantile balancing");
+    refuse(mc.moe_expert_capacity_factor.has_value(), "Glm4MoeForCausalLM is dropless (no --moe-expert-capacity-factor)");
+    refuse(mc.moe_shared_expert_gate, "Glm4MoeForCausalLM's shared experts have no gate (--moe-shared-expert-gate)");
+    refuse(D.F_shared > 0 && D.F_shared % D.F_moe != 0, "Glm4MoeForCausalLM's shared experts are n_shared_experts x --moe-ffn-hidden-size wide: "
+                                                         "--moe-shared-expert-intermediate-size must be a multiple of it");
+    refuse(mc.moe_router_num_groups.has_value() && D.topk / mc.moe_router_group_topk.value_or(1) != 2,
+           "Glm4MoeForCausalLM scores each expert group by its best two experts: group-limited routing needs --moe-router-topk = 2 x "
+           "--moe-router-group-topk");
+    bool dense_prefix = true;
+    for (int64_t l = 1; l < D.L; ++l) dense_prefix = dense_prefix && (moe[static_cast<size_t>(l)] || !moe[static_cast<size_t>(l - 1)]);
+    refuse(!dense_prefix, "Glm4MoeForCausalLM's dense layers are its first ones (first_k_dense_replace): --moe-layer-freq must be dense "
+                          "layers, then MoE layers");
+  }
   if (family == "qwen2_moe") {
     refuse(!c.moe.moe_shared_expert_gate,
            "a Mixtral-shaped model with a shared expert is Qwen2-MoE's, whose shared expert has a gate (--moe-shared-expert-gate): this model "
@@ -212,13 +240,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         put(o + "self_attn.q_proj.bias", {nh * d}, b.q);
         put(o + "self_attn.k_proj.bias", {ng * d}, b.k);
         put(o + "self_attn.v_proj.bias", {ng * d}, b.v);
-        // (Qwen2-MoE's o_proj has no bias)
-        if (family != "qwen2_moe") {
+        // (Qwen2-MoE's and GLM-4.5's o_proj have no bias)
+        if (family != "qwen2_moe" && !glm) {
           put(o + "self_attn.o_proj.bias", {h}, D.bias ? get(p + "attention.proj.bias") : Values(static_cast<size_t>(h), 0.0f));
         }
       }
       put(o + "self_attn.o_proj.weight", {h, nh * d}, get(p + "attention.proj.weight"));
-      if (qwen3) {  // one [d] weight shared by the heads, in HF's rotate-half order of the head dimension
+      if (qwen3 || (glm && D.qk_norm)) {  // one [d] weight shared by the heads, in HF's rotate-half order of the head dimension
         Values qn = norm(p + "attention.q_norm.weight"), kn = norm(p + "attention.k_norm.weight");
         if (D.rotary_interleaved) {
           qn = deinterleave_heads(qn, 1, d, 1);
@@ -230,7 +258,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       put(o + "post_attention_layernorm.weight", {h}, norm(p + "mlp_norm.weight"));
       if (!moe[static_cast<size_t>(l)] || D.experts == 0) {
         refuse(family == "mixtral", "MixtralForCausalLM has an MoE MLP in every layer (--moe-layer-freq must be 1)");
-        if (family == "qwen3_moe" || family == "qwen2_moe") dense_layers.push_back(l);
+        if (family == "qwen3_moe" || family == "qwen2_moe" || glm) dense_layers.push_back(l);
         put(o + "mlp.gate_proj.weight", {D.F, h}, get(p + "mlp.fc1_gate.weight"));
         put(o + "mlp.up_proj.weight", {D.F, h}, get(p + "mlp.fc1_up.weight"));
         put(o + "mlp.down_proj.weight", {h, D.F}, get(p + "mlp.fc2.weight"));
@@ -241,13 +269,23 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         }
         continue;
       }
-      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe" || family == "qwen2_moe");
+      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe" || family == "qwen2_moe" || glm);
       put(o + hn.block + "gate.weight", {D.experts, h}, get(p + "mlp.router.weight"));
       for (int64_t e = 0; e < D.experts; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + hn.block + "experts." + std::to_string(e) + ".";
         put(y + hn.gate + ".weight", {D.F_moe, h}, get(x + "fc1_gate.weight"));
         put(y + hn.up + ".weight", {D.F_moe, h}, get(x + "fc1_up.weight"));
         put(y + hn.down + ".weight", {h, D.F_moe}, get(x + "fc2.weight"));
+      }
+      if (glm) {  // the bias of the choice (zeros without --moe-router-enable-expert-bias), the ungated shared experts
+        put(o + "mlp.gate.e_score_correction_bias", {D.experts},
+            has(p + "mlp.router.expert_bias") ? get(p + "mlp.router.expert_bias") : Values(static_cast<size_t>(D.experts), 0.0f));
+        if (D.F_shared > 0) {
+          const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_experts.";
+          put(y + "gate_proj.weight", {D.F_shared, h}, get(x + "fc1_gate.weight"));
+          put(y + "up_proj.weight", {D.F_shared, h}, get(x + "fc1_up.weight"));
+          put(y + "down_proj.weight", {h, D.F_shared}, get(x + "fc2.weight"));
+        }
       }
       if (family == "qwen2_moe") {  // the shared expert and its gate
         const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_expert.";
@@ -263,6 +301,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
                              : family == "qwen3"   ? "Qwen3ForCausalLM"
                              : family == "qwen3_moe" ? "Qwen3MoeForCausalLM"
                              : family == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+                             : glm                   ? "Glm4MoeForCausalLM"
                                                      : "LlamaForCausalLM";
     config = {{"architectures", {arch}}, {"model_type", family},
               {"vocab_size", V}, {"hidden_size", h}, {"intermediate_size", family == "mixtral" ? D.F_moe : D.F}, {"num_hidden_layers", L},
@@ -288,6 +327,26 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       config["use_sliding_window"] = false;
       config["sliding_window"] = nullptr;
       config["max_window_layers"] = L;
+    }
+    if (glm) {
+      const MoeConfig& mc = c.moe;
+      config["attention_bias"] = D.qkv_bias;
+      config["use_qk_norm"] = D.qk_norm;
+      config["partial_rotary_factor"] = static_cast<double>(D.rot_dim) / static_cast<double>(d);
+      config["moe_intermediate_size"] = D.F_moe;
+      config["n_routed_experts"] = D.experts;
+      config["num_experts_per_tok"] = D.topk;
+      config["n_shared_experts"] = D.F_shared / D.F_moe;
+      config["routed_scaling_factor"] = mc.moe_router_topk_scaling_factor.value_or(1.0);
+      config["n_group"] = mc.moe_router_num_groups.value_or(1);
+      config["topk_group"] = mc.moe_router_group_topk.value_or(1);
+      config["first_k_dense_replace"] = static_cast<int64_t>(dense_layers.size());
+      config["norm_topk_prob"] = true;
+      if (D.F_shared == 0) notes.push_back("note: n_shared_experts 0: Glm4MoeForCausalLM builds shared experts 0 wide (nothing added)");
+      if (mc.moe_router_num_groups.has_value() && mc.moe_router_enable_expert_bias) {
+        notes.push_back("note: HF's Glm4Moe masks the experts of the groups not chosen with 0 where Megatron masks them with -inf: the "
+                        "two choose alike while every chosen group's biased scores (sigmoid + e_score_correction_bias) are positive");
+      }
     }
     if (family == "qwen3_moe" || family == "qwen2_moe") {
       const MoeConfig& mc = c.moe;

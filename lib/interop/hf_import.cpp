@@ -171,8 +171,9 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
           << " --norm-epsilon " << field<double>(hc, "layer_norm_epsilon", 1e-5) << " --position-embedding-type learned_absolute";
     if (!field<bool>(hc, "tie_word_embeddings", true)) flags << " --untie-embeddings-and-output-weights";
   } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen2ForCausalLM" ||
-             arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Qwen2MoeForCausalLM") {
+             arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Qwen2MoeForCausalLM" || arch == "Glm4MoeForCausalLM") {
     family = arch == "MixtralForCausalLM"    ? "mixtral"
+             : arch == "Glm4MoeForCausalLM"  ? "glm4_moe"
              : arch == "Qwen3ForCausalLM"    ? "qwen3"
              : arch == "Qwen3MoeForCausalLM" ? "qwen3_moe"
              : arch == "Qwen2MoeForCausalLM" ? "qwen2_moe"
@@ -196,12 +197,15 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     }
     // Newer configs hold RoPE's settings in rope_parameters: {"rope_type": "default", "rope_theta": ...}.
     double rope_theta = field<double>(hc, "rope_theta", 10000.0);
+    double partial_rotary = field<double>(hc, "partial_rotary_factor", 1.0);  // (GLM-4.5's: RoPE on the first part of each head)
     if (hc.contains("rope_parameters") && hc["rope_parameters"].is_object()) {
       const json& rp = hc["rope_parameters"];
       const std::string type = field<std::string>(rp, "rope_type", "default");
       refuse(type != "default", "rope_parameters with rope_type " + type + " (RoPE scaling is not implemented in megatrain)");
       rope_theta = field<double>(rp, "rope_theta", rope_theta);
+      partial_rotary = field<double>(rp, "partial_rotary_factor", partial_rotary);
     }
+    refuse(family != "glm4_moe" && partial_rotary != 1.0, arch + " with partial_rotary_factor (its modeling code rotates whole heads)");
     refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
     // Qwen2 and Qwen3: the sliding window applies only with use_sliding_window (off in their released configs), and
     // then to the layers from max_window_layers on.
@@ -216,21 +220,45 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
     // (Qwen2's QKV layers always have biases, its o_proj and MLP none: --add-qkv-bias)
     // (Qwen2-MoE's: qkv_bias, true in its released configs)
+    const bool glm = family == "glm4_moe";
     const bool attn_bias = qwen2_moe ? field<bool>(hc, "qkv_bias", true) : qwen2 || field<bool>(hc, "attention_bias", false);
-    const bool mlp_bias = !qwen2 && field<bool>(hc, "mlp_bias", false);
+    const bool mlp_bias = !qwen2 && !glm && field<bool>(hc, "mlp_bias", false);
     // attention_bias without mlp_bias (LlamaForCausalLM's, as megatrain exports --add-qkv-bias): the QKV biases alone, if
     // o_proj's biases are zeros (checked with the weights). Mistral and Mixtral have no biases.
     refuse(!attn_bias && mlp_bias, "mlp_bias without attention_bias (megatrain's --disable-bias-linear covers both)");
-    refuse(attn_bias && arch != "LlamaForCausalLM" && !qwen2 && !qwen3, arch + " with attention_bias (its modeling code has no biases)");
+    refuse(attn_bias && arch != "LlamaForCausalLM" && !qwen2 && !qwen3 && !glm, arch + " with attention_bias (its modeling code has no biases)");
     flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh
           << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", qwen3 ? 128 : h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
           << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", 1e-6)
           << " --swiglu --position-embedding-type rope --rotary-base " << rope_theta << rope_scaling_flags;
+    if (partial_rotary != 1.0) flags << " --rotary-percent " << partial_rotary;
     if (!attn_bias || !mlp_bias) flags << " --disable-bias-linear";
     if (attn_bias && !mlp_bias) flags << " --add-qkv-bias";
     if (!field<bool>(hc, "tie_word_embeddings", false)) flags << " --untie-embeddings-and-output-weights";
-    if (qwen3) flags << " --qk-layernorm";  // (RMSNorms of each query and key head before RoPE)
+    if (qwen3 || (glm && field<bool>(hc, "use_qk_norm", false))) flags << " --qk-layernorm";  // (RMSNorms of each query and key head before RoPE)
+    if (glm) {
+      // Glm4MoeMoE in layer l from first_k_dense_replace on: sigmoid scores, e_score_correction_bias added for the choice
+      // (megatrain's expert bias), groups scored by their best two experts, the top k renormalised (norm_topk_prob) and
+      // scaled (routed_scaling_factor), plus n_shared_experts ungated shared experts.
+      const int64_t L = hc.at("num_hidden_layers").get<int64_t>(), dense = field<int64_t>(hc, "first_k_dense_replace", 1);
+      const int64_t topk = hc.at("num_experts_per_tok").get<int64_t>(), groups = field<int64_t>(hc, "n_group", 1);
+      const int64_t group_topk = field<int64_t>(hc, "topk_group", 1), shared = field<int64_t>(hc, "n_shared_experts", 1);
+      refuse(!field<bool>(hc, "norm_topk_prob", true), "Glm4Moe without norm_topk_prob (megatrain's sigmoid router renormalises the top k)");
+      refuse(topk == 1, "Glm4Moe at num_experts_per_tok 1 (its renormalised weight is 1; megatrain's sigmoid router weighs by the score)");
+      refuse(groups > 1 && (group_topk < 1 || topk / group_topk != 2 || topk % group_topk != 0),
+             "Glm4Moe's groups score by their best two experts: n_group > 1 needs num_experts_per_tok = 2 x topk_group");
+      std::string pattern = "[";
+      for (int64_t l = 0; l < L; ++l) pattern += std::string(l ? "," : "") + (l >= dense ? "1" : "0");
+      pattern += "]";
+      flags << " --num-experts " << hc.at("n_routed_experts").get<int64_t>() << " --moe-router-topk " << topk << " --moe-ffn-hidden-size "
+            << hc.at("moe_intermediate_size").get<int64_t>() << " --moe-layer-freq " << pattern
+            << " --moe-router-score-function sigmoid --moe-router-enable-expert-bias";
+      const double scaling = field<double>(hc, "routed_scaling_factor", 1.0);
+      if (scaling != 1.0) flags << " --moe-router-topk-scaling-factor " << scaling;
+      if (groups > 1) flags << " --moe-router-num-groups " << groups << " --moe-router-group-topk " << group_topk;
+      if (shared > 0) flags << " --moe-shared-expert-intermediate-size " << shared * hc.at("moe_intermediate_size").get<int64_t>();
+    }
     if (family == "qwen3_moe" || qwen2_moe) {
       // Qwen3MoeSparseMoeBlock (Qwen2MoeSparseMoeBlock) in layer l unless l is in mlp_only_layers, where (l + 1) % decoder_sparse_step == 0 (an
       // explicit --moe-layer-freq list); its softmax over the experts with the top k renormalised (norm_topk_prob:
@@ -264,7 +292,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   } else {
     throw ConfigError("cannot import " + (arch.empty() ? std::string("a model without \"architectures\"") : arch) +
                       ": megatrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, "
-                      "Qwen2MoeForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM");
+                      "Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and Glm4MoeForCausalLM");
   }
   const int64_t V = hc.at("vocab_size").get<int64_t>();
   flags << " --vocab-size " << V << " --make-vocab-size-divisible-by 1";
@@ -340,7 +368,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         set(p + "attention.k_norm.weight", hf.take(o + "self_attn.k_norm.weight", {d}));
       }
       set(p + "mlp_norm.weight", hf.take(o + "post_attention_layernorm.weight", {h}));
-      if (family == "llama" || family == "qwen3" || ((family == "qwen3_moe" || family == "qwen2_moe") && !moe[static_cast<size_t>(l)])) {
+      if (family == "llama" || family == "qwen3" || ((family == "qwen3_moe" || family == "qwen2_moe" || family == "glm4_moe") && !moe[static_cast<size_t>(l)])) {
         set(p + "mlp.fc1_gate.weight", hf.take(o + "mlp.gate_proj.weight", {D.F, h}));
         set(p + "mlp.fc1_up.weight", hf.take(o + "mlp.up_proj.weight", {D.F, h}));
         set(p + "mlp.fc2.weight", hf.take(o + "mlp.down_proj.weight", {h, D.F}));
@@ -351,15 +379,21 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         }
         continue;
       }
-      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe" || family == "qwen2_moe");
+      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe" || family == "qwen2_moe" || family == "glm4_moe");
       set(p + "mlp.router.weight", hf.take(o + hn.block + "gate.weight", {D.experts, h}));
+      if (family == "glm4_moe") set(p + "mlp.router.expert_bias", hf.take(o + "mlp.gate.e_score_correction_bias", {D.experts}));
       for (int64_t e = 0; e < D.experts; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + hn.block + "experts." + std::to_string(e) + ".";
         set(x + "fc1_gate.weight", hf.take(y + hn.gate + ".weight", {D.F_moe, h}));
         set(x + "fc1_up.weight", hf.take(y + hn.up + ".weight", {D.F_moe, h}));
         set(x + "fc2.weight", hf.take(y + hn.down + ".weight", {h, D.F_moe}));
       }
-      if (D.F_shared > 0) {  // (Qwen2-MoE)
+      if (D.F_shared > 0 && family == "glm4_moe") {  // (GLM-4.5's, ungated)
+        const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_experts.";
+        set(x + "fc1_gate.weight", hf.take(y + "gate_proj.weight", {D.F_shared, h}));
+        set(x + "fc1_up.weight", hf.take(y + "up_proj.weight", {D.F_shared, h}));
+        set(x + "fc2.weight", hf.take(y + "down_proj.weight", {h, D.F_shared}));
+      } else if (D.F_shared > 0) {  // (Qwen2-MoE)
         const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_expert.";
         set(x + "fc1_gate.weight", hf.take(y + "gate_proj.weight", {D.F_shared, h}));
         set(x + "fc1_up.weight", hf.take(y + "up_proj.weight", {D.F_shared, h}));
@@ -370,12 +404,21 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     set("final_norm.weight", hf.take("model.norm.weight", {h}));
     if (!D.tied) set("output_layer.weight", hf.take("lm_head.weight", {V, h}));
   }
+  // GLM-4.5's checkpoints carry their multi-token-prediction layers as model.layers.{L..} (HF's modeling skips them too).
+  int64_t skipped_layers = 0;
+  auto beyond_layers = [&](const std::string& n) {
+    if (family != "glm4_moe" || n.rfind("model.layers.", 0) != 0) return false;
+    const bool beyond = std::atoll(n.c_str() + 13) >= L;
+    skipped_layers += beyond ? 1 : 0;
+    return beyond;
+  };
   std::vector<std::string> unused = hf.unused();
   // HF writes tied heads sometimes; rotary caches in old checkpoints: both carry nothing megatrain needs.
   unused.erase(std::remove_if(unused.begin(), unused.end(),
                               [&](const std::string& n) {
                                 return (D.tied && n == "lm_head.weight") || n.find("rotary_emb.inv_freq") != std::string::npos ||
-                                       n.find(".attn.bias") != std::string::npos || n.find(".attn.masked_bias") != std::string::npos;
+                                       n.find(".attn.bias") != std::string::npos || n.find(".attn.masked_bias") != std::string::npos ||
+                                       beyond_layers(n);
                               }),
                unused.end());
   if (!unused.empty()) {
@@ -393,6 +436,10 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   std::vector<std::string> out;
   out.push_back("imported " + dir.string() + " (" + arch + ") into " + opt.save_dir + " at iteration 0, weights only");
   out.push_back("the model's flags: " + flag_text);
+  if (skipped_layers > 0) {
+    out.push_back("note: " + std::to_string(skipped_layers) + " tensor(s) of layers from " + std::to_string(L) +
+                  " on (GLM's multi-token-prediction layers, which megatrain does not train) left out");
+  }
   out.push_back("note: train from it with --load " + opt.save_dir + " --finetune (or --no-load-optim) and these model flags (or "
                 "--use-checkpoint-args); a tokenizer of " + std::to_string(V) + " tokens; under TP the vocabulary is padded to a multiple of "
                 "--make-vocab-size-divisible-by x TP (zero rows)");

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """hf_reference.py: HuggingFace's modeling code for GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
-Qwen3ForCausalLM, Qwen3MoeForCausalLM and Qwen2MoeForCausalLM (LLaMA's with RMSNorms of each query and key head before RoPE; Qwen3-MoE's
+Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM and Glm4MoeForCausalLM (LLaMA's with RMSNorms of each query and key head before RoPE; Qwen3-MoE's
 sparse block: a softmax over the experts, the top k, renormalised with norm_topk_prob),
 written out in PyTorch (the distribution's python3-torch; no transformers package), reading an exported directory
 by HF's tensor names (config.json, model.safetensors or model.safetensors.index.json) and printing the mean
@@ -90,13 +90,43 @@ def gpt2(cfg, W, tokens):
     return x @ head.T
 
 
-def rope(x, theta):  # [B, H, S, d], HF's rotate_half
-    d, S = x.shape[-1], x.shape[2]
+def rope(x, theta, partial=1.0):  # [B, H, S, d], HF's rotate_half on the first int(d x partial) dims (GLM-4.5's partial_rotary_factor)
+    S = x.shape[2]
+    d = int(x.shape[-1] * partial)
+    rot, rest = x[..., :d], x[..., d:]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     freqs = torch.arange(S, dtype=torch.float64)[:, None] * inv[None]
     emb = torch.cat([freqs, freqs], -1)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
+    x1, x2 = rot[..., : d // 2], rot[..., d // 2:]
+    return torch.cat([rot * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin(), rest], -1)
+
+
+def swiglu_mlp(m, W, q):
+    return (torch.nn.functional.silu(m @ W[q + "gate_proj.weight"].T) * (m @ W[q + "up_proj.weight"].T)) @ W[q + "down_proj.weight"].T
+
+
+def glm4_moe(cfg, m, W, p):
+    """GLM-4.5's Glm4MoeMoE: sigmoid scores, e_score_correction_bias added for the choice, groups scored by their best two
+    experts (the other groups' scores 0), the top k renormalised and scaled by routed_scaling_factor; plus the shared experts."""
+    E, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    G, TG = cfg.get("n_group", 1), cfg.get("topk_group", 1)
+    scores = torch.sigmoid(m @ W[p + "mlp.gate.weight"].T)
+    choice = scores + W[p + "mlp.gate.e_score_correction_bias"]
+    flat = choice.reshape(-1, E)
+    group_scores = flat.view(-1, G, E // G).topk(2, dim=-1)[0].sum(-1)
+    group_idx = torch.topk(group_scores, k=TG, dim=-1)[1]
+    mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    mask = mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+    top_i = torch.topk(flat.masked_fill(~mask.bool(), 0.0), k=k, dim=-1)[1]
+    top_w = scores.reshape(-1, E).gather(1, top_i)
+    top_w = top_w / (top_w.sum(-1, keepdim=True) + 1e-20) * cfg.get("routed_scaling_factor", 1.0)
+    top_i, top_w = top_i.reshape(*m.shape[:-1], k), top_w.reshape(*m.shape[:-1], k)
+    out = torch.zeros_like(m)
+    for e in range(E):
+        out = out + (top_w * (top_i == e)).sum(-1, keepdim=True) * swiglu_mlp(m, W, f"{p}mlp.experts.{e}.")
+    if p + "mlp.shared_experts.gate_proj.weight" in W:
+        out = out + swiglu_mlp(m, W, p + "mlp.shared_experts.")
+    return out
 
 
 def linear(x, W, name):
@@ -133,12 +163,15 @@ def llama(cfg, W, tokens):
         if p + "self_attn.q_norm.weight" in W:  # Qwen3: per head, over the head dimension, before RoPE
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
-        q, k = rope(q, theta), rope(k, theta)
+        partial = cfg.get("partial_rotary_factor", 1.0)
+        q, k = rope(q, theta, partial), rope(k, theta, partial)
         k, v = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
         o = attention(q, k, v).transpose(1, 2).reshape(B, S, nh * d)
         x = x + linear(o, W, p + "self_attn.o_proj")
         m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        if p + "block_sparse_moe.gate.weight" in W:  # Mixtral: softmax, top-k, renormalised
+        if p + "mlp.gate.e_score_correction_bias" in W:  # GLM-4.5
+            x = x + glm4_moe(cfg, m, W, p)
+        elif p + "block_sparse_moe.gate.weight" in W:  # Mixtral: softmax, top-k, renormalised
             x = x + sparse_moe(m, W, p + "block_sparse_moe.", ("w1", "w3", "w2"), cfg["num_local_experts"], cfg["num_experts_per_tok"], True)
         elif p + "mlp.gate.weight" in W:  # Qwen3-MoE / Qwen2-MoE: renormalised with norm_topk_prob
             x = x + sparse_moe(m, W, p + "mlp.", ("gate_proj", "up_proj", "down_proj"), cfg["num_experts"], cfg["num_experts_per_tok"],

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_hf_export.sh: megatrain checkpoint export and import against HuggingFace's modeling code. Tiny GPT-2, LLaMA (GQA),
-# Qwen3 (QK norms), Mixtral- and Qwen3-MoE-style models train 3 iterations under TP 2 (Mixtral: EP 2; LLaMA also PP 2 with interleaved
+# Qwen3 (QK norms), Mixtral-, Qwen3-MoE- and GLM-4.5-style models train 3 iterations under TP 2 (Mixtral: EP 2; LLaMA also PP 2 with interleaved
 # RoPE, and CP 2 x DP 2 with the distributed optimizer) and are exported; tests/interop/hf_reference.py (HF's GPT2LMHeadModel / LlamaForCausalLM /
 # MixtralForCausalLM in PyTorch, by HF's tensor names) computes the loss on a batch that megatrain's one-rank
 # model computes too: equal within 1e-5 (fp32 export; bf16 within bf16's rounding). Import of the export
@@ -145,6 +145,15 @@ check qwen3_moe_pre_softmax_ep2 2 $MIXTRAL --qk-layernorm --moe-router-pre-softm
 check qwen2_moe_tp2_ep2 4 $MIXTRAL --add-qkv-bias --moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate --moe-layer-freq [0,1] \
   --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 check qwen3_moe_sinkhorn 1 $MIXTRAL --qk-layernorm --moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0
+# GLM-4.5 (Glm4MoeForCausalLM): sigmoid routers with the expert bias (its e_score_correction_bias), scaled, ungated shared
+# experts, a dense first layer, partial RoPE, QKV biases; and with group-limited routing and QK norms (without the bias:
+# HF masks the other groups' experts with 0 where Megatron masks them with -inf, the same choice while every biased score
+# is positive, as sigmoid scores are without a bias).
+GLM="$MIXTRAL --moe-router-score-function sigmoid --rotary-percent 0.5 --moe-layer-freq [0,1]"
+check glm4_moe_tp2_ep2 4 $GLM --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.05 --moe-router-topk-scaling-factor 2.5 \
+  --add-qkv-bias --moe-shared-expert-intermediate-size 96 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 \
+  --expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall
+check glm4_moe_groups_qk_norm 1 $GLM --qk-layernorm --moe-router-num-groups 2 --moe-router-group-topk 1
 
 # The imported checkpoint fine-tunes like the original (same flags, same layout: the same losses).
 finetune_losses() { grep -o 'lm loss: [0-9.E+-]*' "$1" | cut -d' ' -f3 | tr '\n' ' '; }
@@ -282,5 +291,39 @@ refused_export() {  # name text flags...
 }
 refused_export ungated_shared_expert "moe-shared-expert-gate" $MIXTRAL --add-qkv-bias --moe-shared-expert-intermediate-size 32
 refused_export sinkhorn_top1 "sigmoid" $MIXTRAL --qk-layernorm --moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0 --moe-router-topk 1
+# GLM-4.5 as its hub checkpoints write it: RoPE's settings in rope_parameters (transformers 5) and a multi-token-prediction
+# layer after the last (model.layers.L.*, which HF's modeling skips): imported with a note, the same weights exported.
+"$PY" - "$W/glm4_moe_tp2_ep2-hf" "$W/glm-mtp-hf" <<'PYG'
+import json, os, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst, exist_ok=True)
+c = json.load(open(os.path.join(src, "config.json")))
+c["rope_parameters"] = {"rope_type": "default", "rope_theta": c.pop("rope_theta"), "partial_rotary_factor": c.pop("partial_rotary_factor")}
+c["num_nextn_predict_layers"] = 1
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+data = open(os.path.join(src, "model.safetensors"), "rb").read()
+(n,) = struct.unpack("<Q", data[:8]); header = json.loads(data[8:8 + n]); body = data[8 + n:]
+out, blobs, at = {}, [], 0
+for name, e in header.items():
+    if name == "__metadata__":
+        continue
+    b, end = e["data_offsets"]
+    out[name] = dict(e, data_offsets=[at, at + end - b]); blobs.append(body[b:end]); at += end - b
+L = c["num_hidden_layers"]
+extra = struct.pack("<4f", 1, 2, 3, 4)
+out[f"model.layers.{L}.eh_proj.weight"] = {"dtype": "F32", "shape": [2, 2], "data_offsets": [at, at + len(extra)]}; blobs.append(extra)
+h = json.dumps(out).encode(); h += b" " * (-len(h) % 8)
+open(os.path.join(dst, "model.safetensors"), "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PYG
+if "$BIN" checkpoint import --hf "$W/glm-mtp-hf" --save "$W/glm-mtp-ckpt" >"$W/glm-mtp-import.log" 2>&1 &&
+   grep -q -- "--rotary-percent 0.5" "$W/glm-mtp-import.log" && grep -q "multi-token-prediction" "$W/glm-mtp-import.log" &&
+   "$BIN" checkpoint export "$W/glm-mtp-ckpt" --hf "$W/glm-mtp-again" --dtype fp32 >/dev/null 2>&1 &&
+   cmp -s "$W/glm4_moe_tp2_ep2-hf/model.safetensors" "$W/glm-mtp-again/model.safetensors"; then
+  echo "PASS glm-mtp: rope_parameters and an MTP layer import, the same weights"
+else
+  cat "$W/glm-mtp-import.log"; fail "glm-mtp: GLM-4.5's hub form's import"
+fi
+refused_export glm_top1 "moe-router-topk 1" $MIXTRAL --moe-router-score-function sigmoid --moe-router-topk 1
+refused_export glm_dense_last "first_k_dense_replace" $MIXTRAL --moe-router-score-function sigmoid --moe-layer-freq [1,0]
 [[ $failures == 0 ]] && echo "all HuggingFace export checks passed"
 exit $((failures > 0))
