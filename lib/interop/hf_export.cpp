@@ -60,6 +60,7 @@ struct Exported {
   std::string name;
   std::vector<int64_t> shape;
   Values values;
+  bool fp32 = false;  // written in fp32 whatever --dtype says (HF's _keep_in_fp32_modules: GLM's e_score_correction_bias)
 };
 
 }  // namespace
@@ -280,6 +281,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       if (glm) {  // the bias of the choice (zeros without --moe-router-enable-expert-bias), the ungated shared experts
         put(o + "mlp.gate.e_score_correction_bias", {D.experts},
             has(p + "mlp.router.expert_bias") ? get(p + "mlp.router.expert_bias") : Values(static_cast<size_t>(D.experts), 0.0f));
+        out.back().fp32 = true;  // (it decides the choice: HF keeps it in fp32, as Megatron does)
         if (D.F_shared > 0) {
           const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_experts.";
           put(y + "gate_proj.weight", {D.F_shared, h}, get(x + "fc1_gate.weight"));
@@ -332,7 +334,10 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       const MoeConfig& mc = c.moe;
       config["attention_bias"] = D.qkv_bias;
       config["use_qk_norm"] = D.qk_norm;
-      config["partial_rotary_factor"] = static_cast<double>(D.rot_dim) / static_cast<double>(d);
+      // (HF rotates int(head_dim x factor) channels: the factor nudged up until that is exactly the rotary dimension)
+      double factor = static_cast<double>(D.rot_dim) / static_cast<double>(d);
+      while (static_cast<int64_t>(static_cast<double>(d) * factor) < D.rot_dim) factor = std::nextafter(factor, 2.0);
+      config["partial_rotary_factor"] = factor;
       config["moe_intermediate_size"] = D.F_moe;
       config["n_routed_experts"] = D.experts;
       config["num_experts_per_tok"] = D.topk;
@@ -402,11 +407,11 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       fs::remove(entry.path());
     }
   }
-  const int64_t es = opt.dtype == "bf16" ? 2 : 4;
+  auto bf16_of = [&](const Exported& t) { return opt.dtype == "bf16" && !t.fp32; };
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0, total = 0;
   for (size_t i = 0; i < out.size(); ++i) {
-    const int64_t bytes = static_cast<int64_t>(out[i].values.size()) * es;
+    const int64_t bytes = static_cast<int64_t>(out[i].values.size()) * (bf16_of(out[i]) ? 2 : 4);
     if (in_shard > 0 && in_shard + bytes > opt.max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
@@ -426,9 +431,10 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   for (size_t k = 0; k < shards.size(); ++k) {
     std::vector<SafeTensor> tensors;
     for (size_t i : shards[k]) {
-      SafeTensor t{out[i].name, opt.dtype == "bf16" ? "BF16" : "F32", out[i].shape, {}};
-      t.bytes.resize(out[i].values.size() * static_cast<size_t>(es));
-      if (opt.dtype == "bf16") {
+      const bool bf16 = bf16_of(out[i]);
+      SafeTensor t{out[i].name, bf16 ? "BF16" : "F32", out[i].shape, {}};
+      t.bytes.resize(out[i].values.size() * (bf16 ? 2u : 4u));
+      if (bf16) {
         for (size_t j = 0; j < out[i].values.size(); ++j) {
           const uint16_t b = float_to_bf16(out[i].values[j]);
           std::memcpy(t.bytes.data() + 2 * j, &b, 2);

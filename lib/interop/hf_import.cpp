@@ -197,7 +197,8 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     }
     // Newer configs hold RoPE's settings in rope_parameters: {"rope_type": "default", "rope_theta": ...}.
     double rope_theta = field<double>(hc, "rope_theta", 10000.0);
-    double partial_rotary = field<double>(hc, "partial_rotary_factor", 1.0);  // (GLM-4.5's: RoPE on the first part of each head)
+    // (GLM-4.5's: RoPE on the first part of each head; HF's Glm4MoeConfig defaults it to 0.5)
+    double partial_rotary = field<double>(hc, "partial_rotary_factor", family == "glm4_moe" ? 0.5 : 1.0);
     if (hc.contains("rope_parameters") && hc["rope_parameters"].is_object()) {
       const json& rp = hc["rope_parameters"];
       const std::string type = field<std::string>(rp, "rope_type", "default");
@@ -206,6 +207,11 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       partial_rotary = field<double>(rp, "partial_rotary_factor", partial_rotary);
     }
     refuse(family != "glm4_moe" && partial_rotary != 1.0, arch + " with partial_rotary_factor (its modeling code rotates whole heads)");
+    {
+      const int64_t head = field<int64_t>(hc, "head_dim", hc.at("hidden_size").get<int64_t>() / hc.at("num_attention_heads").get<int64_t>());
+      const auto rotated = static_cast<int64_t>(static_cast<double>(head) * partial_rotary);
+      refuse(rotated % 2 != 0, "partial_rotary_factor rotating an odd " + std::to_string(rotated) + " channels of each head (megatrain rotates pairs)");
+    }
     refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
     // Qwen2 and Qwen3: the sliding window applies only with use_sliding_window (off in their released configs), and
     // then to the layers from max_window_layers on.
@@ -230,7 +236,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh
           << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", qwen3 ? 128 : h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
-          << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", 1e-6)
+          << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", family == "glm4_moe" ? 1e-5 : 1e-6)
           << " --swiglu --position-embedding-type rope --rotary-base " << rope_theta << rope_scaling_flags;
     if (partial_rotary != 1.0) flags << " --rotary-percent " << partial_rotary;
     if (!attn_bias || !mlp_bias) flags << " --disable-bias-linear";
@@ -406,9 +412,11 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   }
   // GLM-4.5's checkpoints carry their multi-token-prediction layers as model.layers.{L..} (HF's modeling skips them too).
   int64_t skipped_layers = 0;
+  const int64_t mtp_layers = family == "glm4_moe" ? field<int64_t>(hc, "num_nextn_predict_layers", 0) : 0;
   auto beyond_layers = [&](const std::string& n) {
-    if (family != "glm4_moe" || n.rfind("model.layers.", 0) != 0) return false;
-    const bool beyond = std::atoll(n.c_str() + 13) >= L;
+    if (mtp_layers == 0 || n.rfind("model.layers.", 0) != 0) return false;
+    const int64_t layer = std::atoll(n.c_str() + 13);
+    const bool beyond = layer >= L && layer < L + mtp_layers;
     skipped_layers += beyond ? 1 : 0;
     return beyond;
   };

@@ -119,12 +119,14 @@ def glm4_moe(cfg, m, W, p):
     mask = mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
     top_i = torch.topk(flat.masked_fill(~mask.bool(), 0.0), k=k, dim=-1)[1]
     top_w = scores.reshape(-1, E).gather(1, top_i)
-    top_w = top_w / (top_w.sum(-1, keepdim=True) + 1e-20) * cfg.get("routed_scaling_factor", 1.0)
+    if cfg.get("norm_topk_prob", True):
+        top_w = top_w / (top_w.sum(-1, keepdim=True) + 1e-20)
+    top_w = top_w * cfg.get("routed_scaling_factor", 1.0)
     top_i, top_w = top_i.reshape(*m.shape[:-1], k), top_w.reshape(*m.shape[:-1], k)
     out = torch.zeros_like(m)
     for e in range(E):
         out = out + (top_w * (top_i == e)).sum(-1, keepdim=True) * swiglu_mlp(m, W, f"{p}mlp.experts.{e}.")
-    if p + "mlp.shared_experts.gate_proj.weight" in W:
+    if cfg.get("n_shared_experts", 1) > 0:
         out = out + swiglu_mlp(m, W, p + "mlp.shared_experts.")
     return out
 
@@ -163,13 +165,14 @@ def llama(cfg, W, tokens):
         if p + "self_attn.q_norm.weight" in W:  # Qwen3: per head, over the head dimension, before RoPE
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
-        partial = cfg.get("partial_rotary_factor", 1.0)
+        glm = cfg["architectures"][0] == "Glm4MoeForCausalLM"
+        partial = cfg.get("partial_rotary_factor", cfg.get("rope_parameters", {}).get("partial_rotary_factor", 0.5 if glm else 1.0))
         q, k = rope(q, theta, partial), rope(k, theta, partial)
         k, v = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
         o = attention(q, k, v).transpose(1, 2).reshape(B, S, nh * d)
         x = x + linear(o, W, p + "self_attn.o_proj")
         m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        if p + "mlp.gate.e_score_correction_bias" in W:  # GLM-4.5
+        if glm and l >= cfg.get("first_k_dense_replace", 1):  # GLM-4.5's MoE layers (by its config, as HF builds them)
             x = x + glm4_moe(cfg, m, W, p)
         elif p + "block_sparse_moe.gate.weight" in W:  # Mixtral: softmax, top-k, renormalised
             x = x + sparse_moe(m, W, p + "block_sparse_moe.", ("w1", "w3", "w2"), cfg["num_local_experts"], cfg["num_experts_per_tok"], True)

@@ -153,7 +153,8 @@ GLM="$MIXTRAL --moe-router-score-function sigmoid --rotary-percent 0.5 --moe-lay
 check glm4_moe_tp2_ep2 4 $GLM --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.05 --moe-router-topk-scaling-factor 2.5 \
   --add-qkv-bias --moe-shared-expert-intermediate-size 96 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 \
   --expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall
-check glm4_moe_groups_qk_norm 1 $GLM --qk-layernorm --moe-router-num-groups 2 --moe-router-group-topk 1
+check glm4_moe_groups_qk_norm 1 $GLM --qk-layernorm --num-experts 8 --moe-router-topk 4 --moe-router-num-groups 2 --moe-router-group-topk 2 \
+  --moe-shared-expert-intermediate-size 48
 
 # The imported checkpoint fine-tunes like the original (same flags, same layout: the same losses).
 finetune_losses() { grep -o 'lm loss: [0-9.E+-]*' "$1" | cut -d' ' -f3 | tr '\n' ' '; }
@@ -293,12 +294,14 @@ refused_export ungated_shared_expert "moe-shared-expert-gate" $MIXTRAL --add-qkv
 refused_export sinkhorn_top1 "sigmoid" $MIXTRAL --qk-layernorm --moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0 --moe-router-topk 1
 # GLM-4.5 as its hub checkpoints write it: RoPE's settings in rope_parameters (transformers 5) and a multi-token-prediction
 # layer after the last (model.layers.L.*, which HF's modeling skips): imported with a note, the same weights exported.
-"$PY" - "$W/glm4_moe_tp2_ep2-hf" "$W/glm-mtp-hf" <<'PYG'
+cat >"$W/glm_form.py" <<'PYG'
 import json, os, struct, sys
 src, dst = sys.argv[1], sys.argv[2]
 os.makedirs(dst, exist_ok=True)
 c = json.load(open(os.path.join(src, "config.json")))
-c["rope_parameters"] = {"rope_type": "default", "rope_theta": c.pop("rope_theta"), "partial_rotary_factor": c.pop("partial_rotary_factor")}
+c["rope_parameters"] = {"rope_type": "default", "rope_theta": c.pop("rope_theta")}
+assert c.pop("partial_rotary_factor") == 0.5  # (left out: HF's Glm4MoeConfig default)
+c.pop("rms_norm_eps")  # (likewise: 1e-5, the test's)
 c["num_nextn_predict_layers"] = 1
 json.dump(c, open(os.path.join(dst, "config.json"), "w"))
 data = open(os.path.join(src, "model.safetensors"), "rb").read()
@@ -312,9 +315,13 @@ for name, e in header.items():
 L = c["num_hidden_layers"]
 extra = struct.pack("<4f", 1, 2, 3, 4)
 out[f"model.layers.{L}.eh_proj.weight"] = {"dtype": "F32", "shape": [2, 2], "data_offsets": [at, at + len(extra)]}; blobs.append(extra)
+at += len(extra)
+if len(sys.argv) > 3:  # (a layer past the MTP ones: refused as unused)
+    out[f"model.layers.{L + 1}.eh_proj.weight"] = {"dtype": "F32", "shape": [2, 2], "data_offsets": [at, at + len(extra)]}; blobs.append(extra)
 h = json.dumps(out).encode(); h += b" " * (-len(h) % 8)
 open(os.path.join(dst, "model.safetensors"), "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 PYG
+"$PY" "$W/glm_form.py" "$W/glm4_moe_tp2_ep2-hf" "$W/glm-mtp-hf"
 if "$BIN" checkpoint import --hf "$W/glm-mtp-hf" --save "$W/glm-mtp-ckpt" >"$W/glm-mtp-import.log" 2>&1 &&
    grep -q -- "--rotary-percent 0.5" "$W/glm-mtp-import.log" && grep -q "multi-token-prediction" "$W/glm-mtp-import.log" &&
    "$BIN" checkpoint export "$W/glm-mtp-ckpt" --hf "$W/glm-mtp-again" --dtype fp32 >/dev/null 2>&1 &&
@@ -323,6 +330,17 @@ if "$BIN" checkpoint import --hf "$W/glm-mtp-hf" --save "$W/glm-mtp-ckpt" >"$W/g
 else
   cat "$W/glm-mtp-import.log"; fail "glm-mtp: GLM-4.5's hub form's import"
 fi
+"$PY" "$W/glm_form.py" "$W/glm4_moe_tp2_ep2-hf" "$W/glm-extra-hf" extra
+out=$("$BIN" checkpoint import --hf "$W/glm-extra-hf" --save "$W/glm-extra-ckpt" 2>&1) && fail "glm-extra: a layer past the MTP ones imported"
+grep -q "no place for" <<<"$out" && echo "PASS glm-extra: a layer past the MTP ones refused" || fail "glm-extra: $out"
+# the bf16 export keeps the expert bias in fp32
+"$PY" -c "
+import json, struct, sys
+d = open(sys.argv[1], 'rb').read(); (n,) = struct.unpack('<Q', d[:8]); h = json.loads(d[8:8 + n])
+bias = [v['dtype'] for k, v in h.items() if k.endswith('e_score_correction_bias')]
+w = [v['dtype'] for k, v in h.items() if k.endswith('gate.weight')]
+sys.exit(0 if bias and set(bias) == {'F32'} and set(w) == {'BF16'} else 1)" "$W/glm4_moe_tp2_ep2-hf-bf16/model.safetensors" &&
+  echo "PASS glm bf16: e_score_correction_bias in fp32" || fail "glm bf16: e_score_correction_bias not fp32"
 refused_export glm_top1 "moe-router-topk 1" $MIXTRAL --moe-router-score-function sigmoid --moe-router-topk 1
 refused_export glm_dense_last "first_k_dense_replace" $MIXTRAL --moe-router-score-function sigmoid --moe-layer-freq [1,0]
 [[ $failures == 0 ]] && echo "all HuggingFace export checks passed"
