@@ -139,8 +139,6 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   if (glm) {  // GLM-4.5's MoE block: sigmoid scores (+ e_score_correction_bias for the choice), the top k renormalised, scaled
     const MoeConfig& mc = c.moe;
     refuse(D.bias, "Glm4MoeForCausalLM has no biases but its QKV ones (--disable-bias-linear, with --add-qkv-bias or not)");
-    refuse(D.topk == 1, "Glm4MoeForCausalLM renormalises the top k (norm_topk_prob), which at --moe-router-topk 1 makes every weight 1, "
-                        "where megatrain's sigmoid router weighs by the score");
     refuse(!mc.load_balancing_is("aux_loss") && !mc.load_balancing_is("seq_aux_loss") && !mc.load_balancing_is("global_aux_loss") &&
                !mc.load_balancing_is("none") && mc.moe_router_load_balancing_type.size() == 1,
            "Glm4MoeForCausalLM routes by the top k of the sigmoid scores (plus its bias): no sinkhorn or quantile balancing");
@@ -346,7 +344,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       config["n_group"] = mc.moe_router_num_groups.value_or(1);
       config["topk_group"] = mc.moe_router_group_topk.value_or(1);
       config["first_k_dense_replace"] = static_cast<int64_t>(dense_layers.size());
-      config["norm_topk_prob"] = true;
+      config["norm_topk_prob"] = D.topk > 1;  // (megatrain's sigmoid router renormalises the top k, at top-1 weighs by the score)
       if (D.F_shared == 0) notes.push_back("note: n_shared_experts 0: Glm4MoeForCausalLM builds shared experts 0 wide (nothing added)");
       if (mc.moe_router_num_groups.has_value() && mc.moe_router_enable_expert_bias) {
         notes.push_back("note: HF's Glm4Moe masks the experts of the groups not chosen with 0 where Megatron masks them with -inf: the "

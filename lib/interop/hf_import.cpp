@@ -250,8 +250,11 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       const int64_t L = hc.at("num_hidden_layers").get<int64_t>(), dense = field<int64_t>(hc, "first_k_dense_replace", 1);
       const int64_t topk = hc.at("num_experts_per_tok").get<int64_t>(), groups = field<int64_t>(hc, "n_group", 1);
       const int64_t group_topk = field<int64_t>(hc, "topk_group", 1), shared = field<int64_t>(hc, "n_shared_experts", 1);
-      refuse(!field<bool>(hc, "norm_topk_prob", true), "Glm4Moe without norm_topk_prob (megatrain's sigmoid router renormalises the top k)");
-      refuse(topk == 1, "Glm4Moe at num_experts_per_tok 1 (its renormalised weight is 1; megatrain's sigmoid router weighs by the score)");
+      // (megatrain's sigmoid router renormalises the top k, and at top-1 weighs by the score)
+      const bool renormalised = field<bool>(hc, "norm_topk_prob", true);
+      refuse(!renormalised && topk > 1, "Glm4Moe without norm_topk_prob above top-1 (megatrain's sigmoid router renormalises the top k)");
+      refuse(renormalised && topk == 1, "Glm4Moe at num_experts_per_tok 1 with norm_topk_prob (its weight is 1; megatrain's sigmoid router "
+                                        "weighs by the score)");
       refuse(groups > 1 && (group_topk < 1 || topk / group_topk != 2 || topk % group_topk != 0),
              "Glm4Moe's groups score by their best two experts: n_group > 1 needs num_experts_per_tok = 2 x topk_group");
       std::string pattern = "[";

@@ -341,7 +341,7 @@ bias = [v['dtype'] for k, v in h.items() if k.endswith('e_score_correction_bias'
 w = [v['dtype'] for k, v in h.items() if k.endswith('gate.weight')]
 sys.exit(0 if bias and set(bias) == {'F32'} and set(w) == {'BF16'} else 1)" "$W/glm4_moe_tp2_ep2-hf-bf16/model.safetensors" &&
   echo "PASS glm bf16: e_score_correction_bias in fp32" || fail "glm bf16: e_score_correction_bias not fp32"
-refused_export glm_top1 "moe-router-topk 1" $MIXTRAL --moe-router-score-function sigmoid --moe-router-topk 1
+check glm4_moe_top1 1 $GLM --moe-router-topk 1 --moe-router-topk-scaling-factor 1.5 --moe-shared-expert-intermediate-size 48
 refused_export glm_dense_last "first_k_dense_replace" $MIXTRAL --moe-router-score-function sigmoid --moe-layer-freq [1,0]
 [[ $failures == 0 ]] && echo "all HuggingFace export checks passed"
 exit $((failures > 0))
