@@ -146,7 +146,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     refuse(mc.moe_shared_expert_gate, "Glm4MoeForCausalLM's shared experts have no gate (--moe-shared-expert-gate)");
     refuse(D.F_shared > 0 && D.F_shared % D.F_moe != 0, "Glm4MoeForCausalLM's shared experts are n_shared_experts x --moe-ffn-hidden-size wide: "
                                                          "--moe-shared-expert-intermediate-size must be a multiple of it");
-    refuse(mc.moe_router_num_groups.has_value() && D.topk / mc.moe_router_group_topk.value_or(1) != 2,
+    refuse(mc.moe_router_num_groups.value_or(1) > mc.moe_router_group_topk.value_or(1) && D.topk / mc.moe_router_group_topk.value_or(1) != 2,
            "Glm4MoeForCausalLM scores each expert group by its best two experts: group-limited routing needs --moe-router-topk = 2 x "
            "--moe-router-group-topk");
     bool dense_prefix = true;
@@ -341,12 +341,14 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       config["num_experts_per_tok"] = D.topk;
       config["n_shared_experts"] = D.F_shared / D.F_moe;
       config["routed_scaling_factor"] = mc.moe_router_topk_scaling_factor.value_or(1.0);
-      config["n_group"] = mc.moe_router_num_groups.value_or(1);
-      config["topk_group"] = mc.moe_router_group_topk.value_or(1);
+      // (groups that mask nothing, every group kept, as HF's one group)
+      const bool masking = mc.moe_router_num_groups.value_or(1) > mc.moe_router_group_topk.value_or(1);
+      config["n_group"] = masking ? mc.moe_router_num_groups.value_or(1) : 1;
+      config["topk_group"] = masking ? mc.moe_router_group_topk.value_or(1) : 1;
       config["first_k_dense_replace"] = static_cast<int64_t>(dense_layers.size());
       config["norm_topk_prob"] = D.topk > 1;  // (megatrain's sigmoid router renormalises the top k, at top-1 weighs by the score)
       if (D.F_shared == 0) notes.push_back("note: n_shared_experts 0: Glm4MoeForCausalLM builds shared experts 0 wide (nothing added)");
-      if (mc.moe_router_num_groups.has_value() && mc.moe_router_enable_expert_bias) {
+      if (masking && mc.moe_router_enable_expert_bias) {
         notes.push_back("note: HF's Glm4Moe masks the experts of the groups not chosen with 0 where Megatron masks them with -inf: the "
                         "two choose alike while every chosen group's biased scores (sigmoid + e_score_correction_bias) are positive");
       }

@@ -255,8 +255,8 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       refuse(!renormalised && topk > 1, "Glm4Moe without norm_topk_prob above top-1 (megatrain's sigmoid router renormalises the top k)");
       refuse(renormalised && topk == 1, "Glm4Moe at num_experts_per_tok 1 with norm_topk_prob (its weight is 1; megatrain's sigmoid router "
                                         "weighs by the score)");
-      refuse(groups > 1 && (group_topk < 1 || topk / group_topk != 2 || topk % group_topk != 0),
-             "Glm4Moe's groups score by their best two experts: n_group > 1 needs num_experts_per_tok = 2 x topk_group");
+      refuse(groups > group_topk && (group_topk < 1 || topk / group_topk != 2 || topk % group_topk != 0),
+             "Glm4Moe's groups score by their best two experts: n_group > topk_group needs num_experts_per_tok = 2 x topk_group");
       std::string pattern = "[";
       for (int64_t l = 0; l < L; ++l) pattern += std::string(l ? "," : "") + (l >= dense ? "1" : "0");
       pattern += "]";
@@ -265,7 +265,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
             << " --moe-router-score-function sigmoid --moe-router-enable-expert-bias";
       const double scaling = field<double>(hc, "routed_scaling_factor", 1.0);
       if (scaling != 1.0) flags << " --moe-router-topk-scaling-factor " << scaling;
-      if (groups > 1) flags << " --moe-router-num-groups " << groups << " --moe-router-group-topk " << group_topk;
+      if (groups > group_topk) flags << " --moe-router-num-groups " << groups << " --moe-router-group-topk " << group_topk;  // (else none masked)
       if (shared > 0) flags << " --moe-shared-expert-intermediate-size " << shared * hc.at("moe_intermediate_size").get<int64_t>();
     }
     if (family == "qwen3_moe" || qwen2_moe) {

@@ -153,8 +153,10 @@ GLM="$MIXTRAL --moe-router-score-function sigmoid --rotary-percent 0.5 --moe-lay
 check glm4_moe_tp2_ep2 4 $GLM --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.05 --moe-router-topk-scaling-factor 2.5 \
   --add-qkv-bias --moe-shared-expert-intermediate-size 96 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 \
   --expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall
-check glm4_moe_groups_qk_norm 1 $GLM --qk-layernorm --num-experts 8 --moe-router-topk 4 --moe-router-num-groups 2 --moe-router-group-topk 2 \
+check glm4_moe_groups_qk_norm 1 $GLM --qk-layernorm --num-experts 8 --moe-router-topk 2 --moe-router-num-groups 2 --moe-router-group-topk 1 \
   --moe-shared-expert-intermediate-size 48
+# (groups that mask nothing, every group kept: HF's one group)
+check glm4_moe_groups_all_kept 1 $GLM --num-experts 8 --moe-router-topk 4 --moe-router-num-groups 2 --moe-router-group-topk 2
 
 # The imported checkpoint fine-tunes like the original (same flags, same layout: the same losses).
 finetune_losses() { grep -o 'lm loss: [0-9.E+-]*' "$1" | cut -d' ' -f3 | tr '\n' ' '; }
