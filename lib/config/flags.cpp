@@ -440,7 +440,7 @@ const char* flag_type_name(const FlagSpec& spec) {
         using T = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, OptInt>) return "INT";
         else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, OptFloat>) return "FLOAT";
-        else if constexpr (std::is_same_v<T, FloatList>) return "FLOAT ...";
+        else if constexpr (std::is_same_v<T, FloatList>) return "FLOAT";  // (CLI11 adds " ..." for a list)
         else if constexpr (std::is_same_v<T, StringList>) return "LIST";
         else return "TEXT";
       },

@@ -50,7 +50,7 @@ void set_flag_from_list(Config& cfg, const FlagSpec& spec, const std::vector<std
 // Clears an optional field (YAML null); list fields become empty; plain fields are an error.
 void unset_flag(Config& cfg, const FlagSpec& spec, const std::string& source);
 bool parse_bool_text(std::string_view flag, const std::string& value, const std::string& source);
-// The field's value as text ("" when unset); type name for --help ("INT", "FLOAT", "TEXT", "LIST", "FLOAT ...").
+// The field's value as text ("" when unset); type name for --help ("INT", "FLOAT", "TEXT", "LIST"; a list of numbers "FLOAT").
 std::string flag_value_text(const Config& cfg, const FlagSpec& spec);
 const char* flag_type_name(const FlagSpec& spec);
 bool flag_is_bool(const FlagSpec& spec);

@@ -41,9 +41,7 @@ Config all_flags_changed() {
     } else if (std::string(flag_type_name(spec)) == "INT") {
       v = "7";
     } else if (std::string(flag_type_name(spec)) == "FLOAT") {
-      v = "0.000123456789";
-    } else if (std::string(flag_type_name(spec)) == "FLOAT ...") {
-      v = "0.000123456789 0.5";
+      v = flag_is_list(spec) ? "0.000123456789 0.5" : "0.000123456789";
     } else if (flag_is_list(spec)) {
       v = "0.3 path/a 0.7 path/b";
     } else {
