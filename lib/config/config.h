@@ -3,7 +3,9 @@
 // (None) and get derived values in resolve(). The flag table that binds names to fields is flags.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -143,6 +145,10 @@ struct RecomputeConfig {
   StringList recompute_modules = {"core_attn"};
 };
 
+// The auxiliary losses in Megatron's order (its router applies and logs them so), with their log names.
+inline constexpr const char* kAuxLossTypes[3] = {"aux_loss", "seq_aux_loss", "global_aux_loss"};
+inline constexpr const char* kAuxLossNames[3] = {"load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss"};
+
 struct MoeConfig {
   OptInt num_experts;
   int64_t moe_router_topk = 2;
@@ -187,7 +193,9 @@ struct MoeConfig {
   // with one type, --moe-aux-loss-coeff's value when the type is that one; with a list, the coefficient at its position.
   // 0 when the type is not chosen.
   double aux_loss_coeff(const std::string& type) const {
-    if (type != "aux_loss" && type != "seq_aux_loss" && type != "global_aux_loss") return 0.0;  // (none, sinkhorn: no aux loss)
+    if (std::none_of(std::begin(kAuxLossTypes), std::end(kAuxLossTypes), [&](const char* t) { return type == t; })) {
+      return 0.0;  // (none, sinkhorn, quantile_balancing: no aux loss)
+    }
     for (size_t i = 0; i < moe_router_load_balancing_type.size(); ++i) {
       if (moe_router_load_balancing_type[i] != type) continue;
       if (moe_router_load_balancing_type.size() == 1) return moe_aux_loss_coeff.size() == 1 ? moe_aux_loss_coeff[0] : 0.0;
@@ -201,9 +209,6 @@ struct MoeConfig {
   }
 };
 
-// The auxiliary losses in Megatron's order (its router applies and logs them so), with their log names.
-inline constexpr const char* kAuxLossTypes[3] = {"aux_loss", "seq_aux_loss", "global_aux_loss"};
-inline constexpr const char* kAuxLossNames[3] = {"load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss"};
 
 struct DataConfig {
   StringList data_path;

@@ -280,19 +280,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         put(o + "mlp.gate.e_score_correction_bias", {D.experts},
             has(p + "mlp.router.expert_bias") ? get(p + "mlp.router.expert_bias") : Values(static_cast<size_t>(D.experts), 0.0f));
         out.back().fp32 = true;  // (it decides the choice: HF keeps it in fp32, as Megatron does)
-        if (D.F_shared > 0) {
-          const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_experts.";
-          put(y + "gate_proj.weight", {D.F_shared, h}, get(x + "fc1_gate.weight"));
-          put(y + "up_proj.weight", {D.F_shared, h}, get(x + "fc1_up.weight"));
-          put(y + "down_proj.weight", {h, D.F_shared}, get(x + "fc2.weight"));
-        }
       }
-      if (family == "qwen2_moe") {  // the shared expert and its gate
-        const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_expert.";
+      if (family == "qwen2_moe" || (glm && D.F_shared > 0)) {  // the shared expert (Qwen2-MoE's with its gate; GLM-4.5's ungated)
+        const std::string x = p + "mlp.shared_experts.", y = o + (glm ? "mlp.shared_experts." : "mlp.shared_expert.");
         put(y + "gate_proj.weight", {D.F_shared, h}, get(x + "fc1_gate.weight"));
         put(y + "up_proj.weight", {D.F_shared, h}, get(x + "fc1_up.weight"));
         put(y + "down_proj.weight", {h, D.F_shared}, get(x + "fc2.weight"));
-        put(o + "mlp.shared_expert_gate.weight", {1, h}, get(x + "gate.weight"));
+        if (!glm) put(o + "mlp.shared_expert_gate.weight", {1, h}, get(x + "gate.weight"));
       }
     }
     put("model.norm.weight", {h}, norm("final_norm.weight"));

@@ -397,17 +397,12 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         set(x + "fc1_up.weight", hf.take(y + hn.up + ".weight", {D.F_moe, h}));
         set(x + "fc2.weight", hf.take(y + hn.down + ".weight", {h, D.F_moe}));
       }
-      if (D.F_shared > 0 && family == "glm4_moe") {  // (GLM-4.5's, ungated)
-        const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_experts.";
+      if (D.F_shared > 0) {  // (Qwen2-MoE's, with its gate; GLM-4.5's, ungated)
+        const std::string x = p + "mlp.shared_experts.", y = o + (family == "glm4_moe" ? "mlp.shared_experts." : "mlp.shared_expert.");
         set(x + "fc1_gate.weight", hf.take(y + "gate_proj.weight", {D.F_shared, h}));
         set(x + "fc1_up.weight", hf.take(y + "up_proj.weight", {D.F_shared, h}));
         set(x + "fc2.weight", hf.take(y + "down_proj.weight", {h, D.F_shared}));
-      } else if (D.F_shared > 0) {  // (Qwen2-MoE)
-        const std::string x = p + "mlp.shared_experts.", y = o + "mlp.shared_expert.";
-        set(x + "fc1_gate.weight", hf.take(y + "gate_proj.weight", {D.F_shared, h}));
-        set(x + "fc1_up.weight", hf.take(y + "up_proj.weight", {D.F_shared, h}));
-        set(x + "fc2.weight", hf.take(y + "down_proj.weight", {h, D.F_shared}));
-        set(x + "gate.weight", hf.take(o + "mlp.shared_expert_gate.weight", {1, h}));
+        if (family == "qwen2_moe") set(x + "gate.weight", hf.take(o + "mlp.shared_expert_gate.weight", {1, h}));
       }
     }
     set("final_norm.weight", hf.take("model.norm.weight", {h}));

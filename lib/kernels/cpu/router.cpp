@@ -9,6 +9,8 @@
 #include <limits>
 #include <numeric>
 
+#include "model/moe_scores.h"
+
 namespace mt::cpu {
 namespace {
 
@@ -52,23 +54,9 @@ void softmax_row(const float* x, int64_t m, float* y) {
   for (int64_t i = 0; i < m; ++i) y[i] = static_cast<float>(std::exp(static_cast<double>(x[i] - mx)) / sum);
 }
 
-float sigmoid(float x) { return static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x)))); }
-
-// torch.nn.functional.softplus (beta 1, threshold 20: x itself above it).
-double softplus(float x) { return x > 20.0f ? static_cast<double>(x) : std::log1p(std::exp(static_cast<double>(x))); }
-
-// A score of its own per expert (sigmoid or sqrtsoftplus), in fp32 as Megatron's.
-float elementwise_score(ScoreFunction f, float x) {
-  return f == ScoreFunction::kSigmoid ? sigmoid(x) : static_cast<float>(std::sqrt(softplus(x)));
-}
-
-// d score / d x at x, given the score s: sigmoid's s (1 - s); sqrtsoftplus's softplus'(x) / (2 s), softplus' being
-// sigmoid (1 above torch's threshold).
-double elementwise_score_derivative(ScoreFunction f, float x, double s) {
-  if (f == ScoreFunction::kSigmoid) return s * (1.0 - s);
-  const double slope = x > 20.0f ? 1.0 : 1.0 / (1.0 + std::exp(-static_cast<double>(x)));
-  return s > 0 ? slope / (2.0 * s) : 0.0;
-}
+// A score of its own per expert (sigmoid or sqrtsoftplus; model/moe_scores.h) and its derivative given the score s.
+float elementwise_score(ScoreFunction f, float x) { return moe_elementwise_score(f == ScoreFunction::kSqrtSoftplus, x); }
+double elementwise_score_derivative(ScoreFunction f, float x, double s) { return moe_elementwise_slope(f == ScoreFunction::kSqrtSoftplus, x, s); }
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include "kernels/cuda/moe.h"
 #include "kernels/cpu/router.h"  // kSinkhornMaxIterations
 #include "model/moe_random_logits.h"
+#include "model/moe_scores.h"
 #include "tensor/cuda/cuda_check.h"
 
 namespace mt::cuda {
@@ -18,19 +19,10 @@ constexpr int kMaxExperts = 256;
 
 __device__ __forceinline__ float sigm(float x) { return static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(x)))); }
 
-// An element-wise score (r.sigmoid): sigmoid, or sqrtsoftplus's sqrt(softplus(x)) (torch's softplus: x above 20), as
-// router.cpp's elementwise_score.
-__device__ __forceinline__ float elementwise_score(const MoeRouting& r, float x) {
-  if (!r.sqrtsoftplus) return sigm(x);
-  const double softplus = x > 20.0f ? static_cast<double>(x) : log1p(exp(static_cast<double>(x)));
-  return static_cast<float>(sqrt(softplus));
-}
-// d score / d x given the score s (router.cpp's elementwise_score_derivative).
-__device__ __forceinline__ double elementwise_slope(const MoeRouting& r, float x, double s) {
-  if (!r.sqrtsoftplus) return s * (1.0 - s);
-  const double slope = x > 20.0f ? 1.0 : 1.0 / (1.0 + exp(-static_cast<double>(x)));
-  return s > 0 ? slope / (2.0 * s) : 0.0;
-}
+// An element-wise score (r.sigmoid): sigmoid, or sqrtsoftplus's sqrt(softplus(x)) (model/moe_scores.h, the CPU
+// router's too), and its derivative given the score s.
+__device__ __forceinline__ float elementwise_score(const MoeRouting& r, float x) { return moe_elementwise_score(r.sqrtsoftplus, x); }
+__device__ __forceinline__ double elementwise_slope(const MoeRouting& r, float x, double s) { return moe_elementwise_slope(r.sqrtsoftplus, x, s); }
 
 // The top k of v[0..E) (descending, ties to the lower index) into idx.
 __device__ void top_k(const float* v, int E, int k, int32_t* idx) {

@@ -237,6 +237,18 @@ void for_each_jitter(const PassContext& c, const LayerParams& ly, const MoeOptio
   }
 }
 
+// rows (this rank's tokens' rows) replaced by every rank's of the microbatch: gathered over TP (under SP), then CP
+// (Megatron's tp_cp group), in rank order.
+void gather_microbatch_rows(const PassContext& c, std::vector<float>& rows) {
+  auto gather = [&](Communicator& g) {
+    std::vector<float> all(rows.size() * sz(g.size()));
+    g.all_gather(rows.data(), all.data(), static_cast<int64_t>(rows.size()));
+    rows = std::move(all);
+  };
+  if (c.D.sequence_parallel && c.groups.tp->size() > 1) gather(*c.groups.tp);
+  if (c.D.cp > 1) gather(*c.groups.cp);
+}
+
 // --moe-router-load-balancing-type sinkhorn (training): the choice scores of this rank's tokens, Sinkhorn-normalised over
 // the microbatch's tokens. The logits are gathered over TP (under SP) and CP and placed in the batch's order (sample,
 // then position), so that every layout normalises the same matrix as one rank. (Megatron normalises each rank's own
@@ -251,13 +263,7 @@ std::vector<float> sinkhorn_choice(const PassContext& c, const float* logits) {
     rows[sz(t * row)] = static_cast<float>(place[sz(t)]);  // (exact: a microbatch holds far fewer than 2^24 tokens)
     std::copy(logits + t * E, logits + (t + 1) * E, rows.begin() + t * row + 1);
   }
-  auto gather = [&](Communicator& g) {
-    std::vector<float> all(rows.size() * sz(g.size()));
-    g.all_gather(rows.data(), all.data(), static_cast<int64_t>(rows.size()));
-    rows = std::move(all);
-  };
-  if (D.sequence_parallel && c.groups.tp->size() > 1) gather(*c.groups.tp);
-  if (D.cp > 1) gather(*c.groups.cp);
+  gather_microbatch_rows(c, rows);
   const int64_t n = static_cast<int64_t>(rows.size()) / row;
   std::vector<float> ordered(sz(n * E));
   for (int64_t i = 0; i < n; ++i) {
@@ -360,13 +366,7 @@ std::vector<float> quantile_choice(const PassContext& c, const LayerParams& ly, 
   std::vector<float> choice(sz(Tl * E)), shifted(sz(Tl * E));
   quantile_choice_scores(logits, c.P(ly.quantile_bias), Tl, E, k, choice.data(), shifted.data());
   if (!training) return choice;
-  auto gather = [&](Communicator& g) {
-    std::vector<float> all(shifted.size() * sz(g.size()));
-    g.all_gather(shifted.data(), all.data(), static_cast<int64_t>(shifted.size()));
-    shifted = std::move(all);
-  };
-  if (D.sequence_parallel && c.groups.tp->size() > 1) gather(*c.groups.tp);
-  if (D.cp > 1) gather(*c.groups.cp);
+  gather_microbatch_rows(c, shifted);
   std::vector<float> quantile(sz(E));
   column_quantiles(shifted.data(), static_cast<int64_t>(shifted.size()) / E, E, k, quantile.data());
   st.quantile_sum.resize(sz(E), 0.0);
