@@ -1456,6 +1456,13 @@ moe_tests:
   test_moe_training("llama-recompute", "--moe-router-score-function sqrtsoftplus --moe-router-load-balancing-type seq_aux_loss "
                                        "--moe-aux-loss-coeff 1e-1 --moe-router-topk-scaling-factor 2.0 ");
   test_moe_gradients("llama", "--moe-router-score-function sqrtsoftplus ");
+  // The router's input noise (--moe-input-jitter-eps; written without a GPU in the thirty-sixth session, refused until
+  // these pass): training (recomputed too, with the fp64 router and GPT's router bias) and the gradients against the CPU
+  // engine's.
+  test_moe_training("llama", "--moe-input-jitter-eps 0.1 ");
+  test_moe_training("llama-recompute", "--moe-input-jitter-eps 0.2 --moe-router-dtype fp64 ");
+  test_moe_training("gpt", "--num-experts 8 --moe-input-jitter-eps 0.1 ");
+  test_moe_gradients("llama", "--moe-input-jitter-eps 0.3 ");
   // Aux-loss-free balancing: the CUDA model's biases exactly, then training against the CPU engine (and a resume below).
   test_moe_expert_bias("llama");
   test_moe_expert_bias("llama-recompute");

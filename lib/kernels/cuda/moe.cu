@@ -8,6 +8,7 @@
 #include "kernels/cuda/bf16_common.cuh"
 #include "kernels/cuda/moe.h"
 #include "kernels/cpu/router.h"  // kSinkhornMaxIterations
+#include "model/moe_input_jitter.h"
 #include "model/moe_random_logits.h"
 #include "model/moe_scores.h"
 #include "tensor/cuda/cuda_check.h"
@@ -486,9 +487,9 @@ __global__ void router_backward_kernel(float* dlogits, const float* logits, cons
 // kInputTokens tokens per block, so that each router weight read serves all of them; per element the slots' rows are
 // summed in slot order, then the router's term in expert order.
 constexpr int kInputTokens = 4;
-template <int W, typename T16>
+template <int W, typename T16, bool Jitter>
 __global__ void input_backward_kernel(T16* dxn, const T16* drows, const int32_t* row, const float* row_weight, const float* dlogits,
-                                      const T16* w, int64_t T, int64_t E, int64_t k, int64_t h) {
+                                      const T16* w, int64_t T, int64_t E, int64_t k, int64_t h, MoeJitter jitter) {
   __shared__ float dl[kInputTokens][kMaxExperts];
   const int64_t t0 = blockIdx.x * static_cast<int64_t>(kInputTokens);
   const int tokens = static_cast<int>(T - t0 < kInputTokens ? T - t0 : kInputTokens);
@@ -506,12 +507,31 @@ __global__ void input_backward_kernel(T16* dxn, const T16* drows, const int32_t*
         for (int q = 0; q < W; ++q) s[u].x[q] += wj * v.x[q];
       }
     }
-    for (int64_t e = 0; e < E; ++e) {
-      const Cols<W> we = load_cols<W>(w + e * h + c);
+    if constexpr (Jitter) {  // (the router's term apart, then times its elements' noise, as the CPU engine's)
+      Cols<W> rt[kInputTokens] = {};
+      for (int64_t e = 0; e < E; ++e) {
+        const Cols<W> we = load_cols<W>(w + e * h + c);
 #pragma unroll
-      for (int u = 0; u < kInputTokens; ++u) {
+        for (int u = 0; u < kInputTokens; ++u) {
 #pragma unroll
-        for (int q = 0; q < W; ++q) s[u].x[q] += dl[u][e] * we.x[q];
+          for (int q = 0; q < W; ++q) rt[u].x[q] += dl[u][e] * we.x[q];
+        }
+      }
+      for (int u = 0; u < tokens; ++u) {
+        const int64_t t = t0 + u, sample = jitter.first_sample + t / jitter.seq_length, position = t % jitter.seq_length;
+#pragma unroll
+        for (int q = 0; q < W; ++q) {
+          s[u].x[q] += rt[u].x[q] * moe_input_jitter(jitter.key, jitter.eps, jitter.layer, sample, position, jitter.seq_length, h, c + q);
+        }
+      }
+    } else {
+      for (int64_t e = 0; e < E; ++e) {
+        const Cols<W> we = load_cols<W>(w + e * h + c);
+#pragma unroll
+        for (int u = 0; u < kInputTokens; ++u) {
+#pragma unroll
+          for (int q = 0; q < W; ++q) s[u].x[q] += dl[u][e] * we.x[q];
+        }
       }
     }
     for (int u = 0; u < tokens; ++u) store_cols<W>(dxn + (t0 + u) * h + c, s[u]);
@@ -546,6 +566,14 @@ __global__ void router_wgrad_sum_kernel(float* dw, const float* partial, int64_t
   float s = 0.0f;
   for (int p = 0; p < kWgradParts; ++p) s += partial[p * E * h + i];
   dw[i] += s;
+}
+
+template <typename T16>
+__global__ void input_jitter_kernel(T16* out, const T16* xn, int64_t T, int64_t h, MoeJitter j) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * h) return;
+  const int64_t t = i / h, sample = j.first_sample + t / j.seq_length, position = t % j.seq_length;
+  out[i] = from_f<T16>(to_f(xn[i]) * moe_input_jitter(j.key, j.eps, j.layer, sample, position, j.seq_length, h, i % h));
 }
 
 __global__ void random_logits_kernel(float* logits, int64_t T, int64_t E, uint64_t key, int64_t layer, int64_t first_sample, int64_t S) {
@@ -583,6 +611,14 @@ void moe_router_logits_fp64(float* logits, const bf16* xn, const bf16* w, const 
     using T16 = decltype(tag);
     logits_kernel<double, T16><<<blocks(r.tokens * r.experts * 32, 256), 256, 0, st>>>(logits, P<T16>(xn), P<T16>(w), b ? P<T16>(b) : nullptr,
         r.tokens, r.experts, r.hidden);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void moe_jitter_router_input(bf16* out, const bf16* xn, const MoeRouting& r, const MoeJitter& j, cudaStream_t st, F16 dt) {
+  with_type(dt, [&](auto tag) {
+    using T16 = decltype(tag);
+    input_jitter_kernel<T16><<<blocks(r.tokens * r.hidden, 256), 256, 0, st>>>(P<T16>(out), P<T16>(xn), r.tokens, r.hidden, j);
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -718,17 +754,20 @@ void moe_router_backward(float* dlogits, const float* logits, const int32_t* top
 }
 
 void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st,
-                        F16 dt, const float* row_weight) {
+                        F16 dt, const float* row_weight, const MoeJitter* jitter) {
   if (r.experts > kMaxExperts) throw std::runtime_error("the CUDA MoE router supports at most 256 experts");
   const unsigned grid = blocks(r.tokens, kInputTokens);
+  const MoeJitter j = jitter ? *jitter : MoeJitter{};
   with_type(dt, [&](auto tag) {
     using T16 = decltype(tag);
-    if (eight_wide(r.hidden, {dxn, drows, w})) {
-      input_backward_kernel<8, T16><<<grid, 128, 0, st>>>(P<T16>(dxn), P<T16>(drows), row, row_weight, dlogits, P<T16>(w), r.tokens, r.experts, r.topk,
-                                                          r.hidden);
+    const bool wide = eight_wide(r.hidden, {dxn, drows, w});
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, 128, 0, st>>>(P<T16>(dxn), P<T16>(drows), row, row_weight, dlogits, P<T16>(w), r.tokens, r.experts, r.topk, r.hidden, j);
+    };
+    if (jitter) {
+      wide ? launch(input_backward_kernel<8, T16, true>) : launch(input_backward_kernel<1, T16, true>);
     } else {
-      input_backward_kernel<1, T16><<<grid, 128, 0, st>>>(P<T16>(dxn), P<T16>(drows), row, row_weight, dlogits, P<T16>(w), r.tokens, r.experts, r.topk,
-                                                          r.hidden);
+      wide ? launch(input_backward_kernel<8, T16, false>) : launch(input_backward_kernel<1, T16, false>);
     }
     MT_CUDA_CHECK(cudaGetLastError());
   });

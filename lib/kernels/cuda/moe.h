@@ -43,6 +43,15 @@ void moe_router_logits_fp64(float* logits, const bf16* xn, const bf16* w, const 
 // T rows of whole sequences of seq_length (row t: sample first_sample + t / seq_length, position t % seq_length) in
 // global layer `layer`, as the CPU engine draws them.
 void moe_random_logits(float* logits, const MoeRouting& r, uint64_t key, int64_t layer, int64_t first_sample, int64_t seq_length, cudaStream_t st);
+// --moe-input-jitter-eps: the noise of model/moe_input_jitter.h for T rows of whole sequences of seq_length (row t:
+// sample first_sample + t / seq_length, position t % seq_length) in global layer `layer`, as the CPU engine draws it.
+struct MoeJitter {
+  uint64_t key = 0;
+  float eps = 0;
+  int64_t layer = 0, first_sample = 0, seq_length = 1;
+};
+// out[T, h] = xn[T, h] times each element's noise factor (the router's input; the experts take xn).
+void moe_jitter_router_input(bf16* out, const bf16* xn, const MoeRouting& r, const MoeJitter& j, cudaStream_t st, F16 dt = F16::kBF16);
 // top[T, k] (descending, ties to the lower expert; with groups, among the experts of the best group_topk groups, each
 // group scored by the sum of its best topk / group_topk scores) and weight[T, k]. expert_bias (E floats, may be null:
 // --moe-router-enable-expert-bias) is added to the scores for the choice only, not the weights.
@@ -94,8 +103,10 @@ void moe_router_backward(float* dlogits, const float* logits, const int32_t* top
                          float grad_scale, const MoeRouting& r, cudaStream_t st, const float* loss_scale = nullptr);
 // dxn[t] = sum_j drows[row[t k + j]] + sum_e dlogits[t, e] w[e] (overwritten, 16-bit).
 // row_weight (not null: --moe-apply-probs-on-input): each row's gradient enters its token's times the slot's weight.
+// jitter (not null: --moe-input-jitter-eps): the router's term times each element's noise factor (the router read xn
+// times it).
 void moe_input_backward(bf16* dxn, const bf16* drows, const int32_t* row, const float* dlogits, const bf16* w, const MoeRouting& r, cudaStream_t st,
-                        F16 dt = F16::kBF16, const float* row_weight = nullptr);
+                        F16 dt = F16::kBF16, const float* row_weight = nullptr, const MoeJitter* jitter = nullptr);
 // dw[E, h] += dlogits^T xn (fp32, the tokens in 64 parts summed in order); partial: moe_router_wgrad_scratch floats.
 void moe_router_wgrad(float* dw, float* partial, const float* dlogits, const bf16* xn, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 int64_t moe_router_wgrad_scratch(const MoeRouting& r);

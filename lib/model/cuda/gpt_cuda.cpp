@@ -509,6 +509,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.dweight = f32(1, k);
       s.scores = f32(experts_);
       if (moe_sinkhorn_) s.sinkhorn = f32(2 * experts_ + 1);
+      if (moe_jitter_eps_ > 0) s.router_input = b16(h);
       s.zsum = static_cast<float*>(alloc(static_cast<size_t>(T + 1) * 4));  // the sum, then each token's lse^2
       s.probsum = static_cast<float*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
       s.wgrad_parts = static_cast<float*>(alloc(static_cast<size_t>(cuda::moe_router_wgrad_scratch({T, experts_, topk_, h})) * 4));

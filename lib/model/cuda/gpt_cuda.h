@@ -291,6 +291,8 @@ class CudaGPT {
   bool moe_capacity(Record& r, int64_t tokens, int64_t seq_length);
   // The MoE kernels' shape of microbatch mb: its tokens, the router's settings, and the CP shards its sequences span.
   cuda::MoeRouting moe_routing(const DeviceMicrobatch& mb) const;
+  // Layer l's router-input noise for microbatch mb (--moe-input-jitter-eps; rows in their natural order).
+  cuda::MoeJitter moe_jitter(int64_t l, const DeviceMicrobatch& mb) const;
   void moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, const cuda::bf16* dy);
   // One expert's MLP over n rows (a routed expert's rows, or the shared expert over every token; gpt_cuda_moe.cpp):
   // out = fc2(act(fc1(x))) (+ the biases b1, b2 where >= 0; beta 1: added onto out), and its backward (din_beta 1:
@@ -659,6 +661,9 @@ class CudaGPT {
   // --moe-router-force-load-balancing: the logits replaced by random ones (model/moe_random_logits.h), their key.
   bool moe_force_balance_ = false;
   uint64_t moe_random_key_ = 0;
+  // --moe-input-jitter-eps: the router's input times noise (model/moe_input_jitter.h), its eps (0: off) and key.
+  float moe_jitter_eps_ = 0;
+  uint64_t moe_jitter_key_ = 0;
   // --moe-router-load-balancing-type sinkhorn: a training forward (or its recompute) chooses by the Sinkhorn-normalised
   // logits (moe_training_ set by forward and backward; evaluation chooses by the scores).
   bool moe_sinkhorn_ = false, moe_training_ = false;

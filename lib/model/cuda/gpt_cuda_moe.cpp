@@ -20,6 +20,7 @@
 #include "kernels/cuda/fp8_block.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/moe.h"
+#include "model/moe_input_jitter.h"
 #include "model/moe_random_logits.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/op_profiler.h"
@@ -41,6 +42,9 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   moe_force_balance_ = m.moe_router_force_load_balancing;
   moe_random_key_ = moe_random_logits_key(seed);
   if (moe_force_balance_ && D.cp > 1) throw std::logic_error("CUDA model: --moe-router-force-load-balancing with CP (refused by the capability checks)");
+  moe_jitter_eps_ = static_cast<float>(m.moe_input_jitter_eps.value_or(0.0));
+  moe_jitter_key_ = moe_input_jitter_key(seed);
+  if (moe_jitter_eps_ > 0 && D.cp > 1) throw std::logic_error("CUDA model: --moe-input-jitter-eps with CP (refused by the capability checks)");
   moe_groups_ = m.moe_router_num_groups.value_or(0);
   moe_group_topk_ = m.moe_router_group_topk.value_or(0);
   moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
@@ -153,6 +157,10 @@ cuda::MoeRouting CudaGPT::moe_routing(const DeviceMicrobatch& mb) const {
   return rt;
 }
 
+cuda::MoeJitter CudaGPT::moe_jitter(int64_t l, const DeviceMicrobatch& mb) const {
+  return cuda::MoeJitter{moe_jitter_key_, moe_jitter_eps_, first_layer_ + l, mb.first_sample, D_.S};
+}
+
 void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
@@ -162,12 +170,18 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // The router's logits as one cuBLASLt GEMM (16-bit inputs, fp32 accumulation and output) where it has an algorithm for
   // E fp32 columns, else a warp per logit.
   auto& lt = cuda::GemmLt::instance();
+  // (--moe-input-jitter-eps: the router reads the norm output times its noise; the experts read it as it is)
+  const bf16* router_in = r.xn2;
+  if (moe_jitter_eps_ > 0) {
+    MT_PROF("fwd.moe.router", cuda::moe_jitter_router_input(s.router_input, r.xn2, rt, moe_jitter(l, mb), stream_, dt_));
+    router_in = s.router_input;
+  }
   if (moe_router_fp64_) {  // (the bias inside the double sum, as the CPU engine's)
-    MT_PROF("fwd.moe.router", cuda::moe_router_logits_fp64(r.logits, r.xn2, w(lw.router_w), w(lw.router_b), rt, stream_, dt_));
+    MT_PROF("fwd.moe.router", cuda::moe_router_logits_fp64(r.logits, router_in, w(lw.router_w), w(lw.router_b), rt, stream_, dt_));
   } else if (lt.has_algorithm(false, true, T, E, h, h, h, E, ab_, CUDA_R_32F, {})) {
-    MT_PROF("fwd.moe.router", lt.gemm_ex(false, true, T, E, h, 1.0f, r.xn2, h, w(lw.router_w), h, 0.0f, r.logits, E, ab_, CUDA_R_32F, nullptr, stream_));
+    MT_PROF("fwd.moe.router", lt.gemm_ex(false, true, T, E, h, 1.0f, router_in, h, w(lw.router_w), h, 0.0f, r.logits, E, ab_, CUDA_R_32F, nullptr, stream_));
   } else {
-    MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, r.xn2, w(lw.router_w), rt, stream_, dt_));
+    MT_PROF("fwd.moe.router", cuda::moe_router_logits(r.logits, router_in, w(lw.router_w), rt, stream_, dt_));
   }
   if (lw.router_b >= 0 && !moe_router_fp64_) MT_PROF("fwd.moe.router", cuda::moe_router_bias(r.logits, w(lw.router_b), rt, stream_, dt_));
   // (the backward then takes them for the router's: the gradient straight through, as Megatron's)
@@ -487,9 +501,14 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
   const float aux_scale = mb.aux_grad_scale / static_cast<float>(D.tp);
   MT_PROF("bwd.moe.router", cuda::moe_router_backward(s.dlogits, r.logits, r.top, s.dweight, moe_aux_ ? r.aux_dscale : nullptr, moe_z_coeff_,
                                                       aux_scale, rt, stream_, loss_scale_));
+  // (--moe-input-jitter-eps: the router's input gradient times the noise, its weight gradient from the noisy input,
+  // drawn again here: the forward's copy is scratch)
+  const cuda::MoeJitter jitter = moe_jitter(l, mb);
+  const bool jittered = moe_jitter_eps_ > 0;
   MT_PROF("bwd.moe.input", cuda::moe_input_backward(s.dxn, s.ex_din, r.row, s.dlogits, w(lw.router_w), rt, stream_, dt_,
-                                                    moe_probs_on_input_ ? r.route_weight : nullptr));
-  MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, r.xn2, rt, stream_, dt_));
+                                                    moe_probs_on_input_ ? r.route_weight : nullptr, jittered ? &jitter : nullptr));
+  if (jittered) MT_PROF("bwd.moe.router", cuda::moe_jitter_router_input(s.router_input, r.xn2, rt, jitter, stream_, dt_));
+  MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_wgrad(g(lw.router_w), s.wgrad_parts, s.dlogits, jittered ? s.router_input : r.xn2, rt, stream_, dt_));
   if (lw.router_b >= 0) MT_PROF("bwd.moe.router_wgrad", cuda::moe_router_bias_grad(g(lw.router_b), s.dlogits, rt, stream_));
   // The shared expert, its input gradient added onto the routed experts' and the router's.
   if (lw.shared_fc1_w >= 0) {

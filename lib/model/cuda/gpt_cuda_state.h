@@ -106,6 +106,7 @@ struct CudaGPT::Scratch {
   bf16* sh_dgated = nullptr;   // --moe-shared-expert-gate: the shared expert's output gradient [T, h]
   float* sh_dlogit = nullptr;  // and the gate logits' [T]  // the shared expert's activation [T, Fs] and fc1 [T, F1s] gradients
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
+  bf16* router_input = nullptr;  // --moe-input-jitter-eps: the router's input, the norm output times its noise [T, h]
   float* sinkhorn = nullptr;  // sinkhorn routing: the normalised logits [T, E], then the kernel's scratch [T (E + 1)]
   float* counts_aux = nullptr;
   int32_t *counts = nullptr, *offsets = nullptr, *counts_host = nullptr;
