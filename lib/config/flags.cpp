@@ -49,6 +49,8 @@ std::vector<FlagSpec> build_table() {
       F(kNet, "rotary-percent", model.rotary_percent, "Fraction of the head dimension RoPE rotates"),
       F(kNet, "use-rope-scaling", model.use_rope_scaling, "LLaMA 3.1's RoPE frequency scaling (low 1, high 4, original 8192 positions)"),
       F(kNet, "rope-scaling-factor", model.rope_scaling_factor, "The factor of --use-rope-scaling"),
+      F(kNet, "rotary-seq-len-interpolation-factor", model.rotary_seq_len_interpolation_factor,
+        "RoPE's linear position interpolation: every position divided by this factor (HuggingFace's linear rope type)"),
       F(kNet, "max-position-embeddings", model.max_position_embeddings, "Maximum sequence length the model supports (>= --seq-length)"),
       F(kNet, "untie-embeddings-and-output-weights", model.untie_embeddings_and_output_weights, "Separate output layer weights"),
       F(kNet, "disable-bias-linear", model.disable_bias_linear, "No biases in the linear layers"),

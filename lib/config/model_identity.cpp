@@ -48,6 +48,8 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
     out.emplace_back("rotary-percent", text(m.rotary_percent));
     out.emplace_back("use-rope-scaling", text(m.use_rope_scaling));
     if (m.use_rope_scaling) out.emplace_back("rope-scaling-factor", text(m.rope_scaling_factor));
+    // (not --rotary-seq-len-interpolation-factor: position interpolation is how a trained model's context is extended,
+    // by continuing from its checkpoint with the factor, so a change of it is the run's to make)
   } else {
     out.emplace_back("max-position-embeddings", text(m.max_position_embeddings));
   }

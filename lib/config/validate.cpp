@@ -237,6 +237,10 @@ void check_attention(const Config& c, Checker& k) {
     k.error("--rope-scaling-factor must be a finite number >= 1, got " + num(m.rope_scaling_factor));
   }
   if (m.use_rope_scaling && m.position_embedding_type != "rope") k.error("--use-rope-scaling needs --position-embedding-type rope");
+  if (const auto& f = m.rotary_seq_len_interpolation_factor) {
+    if (*f < 1) k.error("--rotary-seq-len-interpolation-factor must be >= 1 (positions are divided by it), got " + s(*f));
+    if (m.position_embedding_type != "rope") k.error("--rotary-seq-len-interpolation-factor needs --position-embedding-type rope");
+  }
   if (m.no_position_embedding && m.position_embedding_type != "rope") {  // (Megatron raises the same)
     k.error("--no-position-embedding is deprecated and works only with --position-embedding-type rope: use --position-embedding-type none or rope");
   }

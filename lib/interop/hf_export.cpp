@@ -303,10 +303,15 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
               {"max_position_embeddings", D.max_pos}, {"rms_norm_eps", c.model.norm_epsilon}, {"rope_theta", c.model.rotary_base},
               {"attention_dropout", c.model.attention_dropout}, {"initializer_range", c.model.init_method_std},
               {"tie_word_embeddings", D.tied}, {"torch_dtype", dtype_name}};
+    const auto interpolation = c.model.rotary_seq_len_interpolation_factor;
+    refuse(c.model.use_rope_scaling && interpolation.has_value(),
+           "--use-rope-scaling with --rotary-seq-len-interpolation-factor: HF's rope_scaling holds one rope type (llama3 or linear)");
     if (c.model.use_rope_scaling) {  // LLaMA 3.1's (Megatron's fixed low / high factors and original length)
       const RopeScaling r{.factor = c.model.rope_scaling_factor};
       config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", r.factor}, {"low_freq_factor", r.low_freq_factor},
                                 {"high_freq_factor", r.high_freq_factor}, {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_positions)}};
+    } else if (interpolation) {  // (HF's linear rope type: the positions divided by the factor, as Megatron's)
+      config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", static_cast<double>(*interpolation)}};
     }
     if (family == "llama") {
       config["attention_bias"] = D.qkv_bias;

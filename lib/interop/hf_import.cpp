@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -181,28 +182,36 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     const bool qwen3 = family == "qwen3" || family == "qwen3_moe";
     const int64_t h = hc.at("hidden_size").get<int64_t>(), nh = hc.at("num_attention_heads").get<int64_t>();
     const int64_t ng = field<int64_t>(hc, "num_key_value_heads", nh), pos = hc.at("max_position_embeddings").get<int64_t>();
-    // RoPE scaling: LLaMA 3.1's with Megatron's fixed factors (--use-rope-scaling); no other.
+    // RoPE scaling, in rope_scaling or (newer configs) rope_parameters: LLaMA 3.1's with Megatron's fixed factors
+    // (--use-rope-scaling), or linear position interpolation by a whole factor (--rotary-seq-len-interpolation-factor).
     std::string rope_scaling_flags;
-    if (!hc.value("rope_scaling", json()).is_null()) {
-      const json& rs = hc["rope_scaling"];
-      const std::string type = field<std::string>(rs, "rope_type", field<std::string>(rs, "type", ""));
-      const RopeScaling fixed;
-      refuse(type != "llama3" || field<double>(rs, "low_freq_factor", 0) != fixed.low_freq_factor ||
-                 field<double>(rs, "high_freq_factor", 0) != fixed.high_freq_factor ||
-                 field<double>(rs, "original_max_position_embeddings", 0) != fixed.original_max_positions,
-             "rope_scaling other than LLaMA 3.1's (rope_type llama3, low 1, high 4, original 8192) is not implemented in megatrain");
+    auto rope_scaling = [&](const json& rs) {
+      const std::string type = field<std::string>(rs, "rope_type", field<std::string>(rs, "type", "default"));
+      if (type == "default") return;
       std::ostringstream f;
-      f << " --use-rope-scaling --rope-scaling-factor " << field<double>(rs, "factor", 8.0);
+      if (type == "linear") {
+        const double factor = field<double>(rs, "factor", 1.0);
+        refuse(!(factor >= 1) || factor != std::floor(factor),
+               "rope_scaling linear with factor " + std::to_string(factor) + " (Megatron's --rotary-seq-len-interpolation-factor is a whole number >= 1)");
+        f << " --rotary-seq-len-interpolation-factor " << static_cast<int64_t>(factor);
+      } else {
+        const RopeScaling fixed;
+        refuse(type != "llama3" || field<double>(rs, "low_freq_factor", 0) != fixed.low_freq_factor ||
+                   field<double>(rs, "high_freq_factor", 0) != fixed.high_freq_factor ||
+                   field<double>(rs, "original_max_position_embeddings", 0) != fixed.original_max_positions,
+               "rope scaling of rope_type " + type + " (megatrain has LLaMA 3.1's llama3 with low 1, high 4, original 8192, and linear)");
+        f << " --use-rope-scaling --rope-scaling-factor " << field<double>(rs, "factor", 8.0);
+      }
       rope_scaling_flags = f.str();
-    }
+    };
+    if (!hc.value("rope_scaling", json()).is_null()) rope_scaling(hc["rope_scaling"]);
     // Newer configs hold RoPE's settings in rope_parameters: {"rope_type": "default", "rope_theta": ...}.
     double rope_theta = field<double>(hc, "rope_theta", 10000.0);
     // (GLM-4.5's: RoPE on the first part of each head; HF's Glm4MoeConfig defaults it to 0.5)
     double partial_rotary = field<double>(hc, "partial_rotary_factor", family == "glm4_moe" ? 0.5 : 1.0);
     if (hc.contains("rope_parameters") && hc["rope_parameters"].is_object()) {
       const json& rp = hc["rope_parameters"];
-      const std::string type = field<std::string>(rp, "rope_type", "default");
-      refuse(type != "default", "rope_parameters with rope_type " + type + " (RoPE scaling is not implemented in megatrain)");
+      rope_scaling(rp);
       rope_theta = field<double>(rp, "rope_theta", rope_theta);
       partial_rotary = field<double>(rp, "partial_rotary_factor", partial_rotary);
     }

@@ -10,6 +10,9 @@ std::vector<double> rope_inverse_frequencies(int64_t rot_dim, double base, const
   const int64_t half = rot_dim / 2;
   std::vector<double> inv(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv[static_cast<size_t>(i)] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+  if (scaling.position_interpolation != 1) {  // (position / factor x frequency: the frequency divided instead)
+    for (double& f : inv) f /= scaling.position_interpolation;
+  }
   if (scaling.factor <= 0) return inv;
   const double low_wavelength = scaling.original_max_positions / scaling.low_freq_factor;
   const double high_wavelength = scaling.original_max_positions / scaling.high_freq_factor;

@@ -44,7 +44,8 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.rotary_interleaved = c.model.rotary_interleaved;
   d.eps = static_cast<float>(c.model.norm_epsilon);
   d.rope_base = static_cast<float>(c.model.rotary_base);
-  d.rope_scaling = c.model.use_rope_scaling ? static_cast<float>(c.model.rope_scaling_factor) : 0.0f;
+  d.rope_scaling = RopeScaling{.factor = c.model.use_rope_scaling ? c.model.rope_scaling_factor : 0.0,
+                                 .position_interpolation = static_cast<double>(c.model.rotary_seq_len_interpolation_factor.value_or(1))};
   d.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
   d.attention_dropout = static_cast<float>(c.model.attention_dropout);
   // Query-key layer scaling divides the scores by the layer number and the softmax multiplies it back:

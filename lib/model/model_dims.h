@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "kernels/rope_frequencies.h"
 
 namespace mt {
 
@@ -43,7 +44,7 @@ struct ModelDims {
   bool squared_relu = false;        // --squared-relu: relu(x)^2 instead of GELU (not with SwiGLU)
   bool rotary_interleaved = false;  // --rotary-interleaved
   float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
-  float rope_scaling = 0;  // --use-rope-scaling: its factor (0: none; kernels/rope_frequencies.h)
+  RopeScaling rope_scaling;  // --use-rope-scaling's factor, --rotary-seq-len-interpolation-factor (kernels/rope_frequencies.h)
   int64_t rot_dim;
   // Mixture of experts (experts == 0: a dense model). The experts are split over EP (experts_local each,
   // global indices [ep_rank * experts_local, ...)) and each expert's MLP over expert-TP (F_moe_local); the

@@ -2,7 +2,7 @@
 // model whose norms scale by 1 + w computes what the plain model with weights 1 + w computes (loss and every
 // gradient), and its norm weights start at 0; --decoupled-lr: the word embeddings and the output layer move at their
 // own rate (frozen at 0, identical when equal to --lr), on the same schedule; --use-rope-scaling: LLaMA 3.1's
-// frequencies by hand, and the CPU RoPE rotating by them.
+// frequencies by hand, and the CPU RoPE rotating by them; --rotary-seq-len-interpolation-factor: the positions divided.
 #include <cmath>
 #include <map>
 #include <string>
@@ -149,7 +149,7 @@ TEST_CASE("--use-rope-scaling: LLaMA 3.1's frequencies, and RoPE rotating by the
   for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
   const std::vector<int32_t> pos = {0, 5000, 30000};
   std::vector<float> y = x;
-  cpu::rope_forward(y.data(), pos.data(), T, H, d, rot, static_cast<float>(base), false, 8.0f);
+  cpu::rope_forward(y.data(), pos.data(), T, H, d, rot, static_cast<float>(base), false, RopeScaling{.factor = 8.0});
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < rot / 2; ++i) {
       const double ang = static_cast<double>(pos[static_cast<size_t>(t)]) * scaled[static_cast<size_t>(i)];
@@ -159,11 +159,11 @@ TEST_CASE("--use-rope-scaling: LLaMA 3.1's frequencies, and RoPE rotating by the
       CHECK(y[static_cast<size_t>(t * d + i + rot / 2)] == x2 * c + x1 * s);
     }
   }
-  cpu::rope_backward(y.data(), pos.data(), T, H, d, rot, static_cast<float>(base), false, 8.0f);
+  cpu::rope_backward(y.data(), pos.data(), T, H, d, rot, static_cast<float>(base), false, RopeScaling{.factor = 8.0});
   for (size_t i = 0; i < x.size(); ++i) CHECK(y[i] == Approx(x[i]).margin(1e-6));
 #ifdef MEGATRAIN_HAVE_CUDA
   // The CUDA engine's table (host code): cos and sin of position x the same scaled frequencies.
-  const std::vector<float> table = cuda::rope_table(40000, rot, base, 8.0);
+  const std::vector<float> table = cuda::rope_table(40000, rot, base, RopeScaling{.factor = 8.0});
   for (int32_t p : pos) {
     for (int64_t i = 0; i < rot / 2; ++i) {
       const double ang = static_cast<double>(p) * scaled[static_cast<size_t>(i)];
@@ -172,4 +172,58 @@ TEST_CASE("--use-rope-scaling: LLaMA 3.1's frequencies, and RoPE rotating by the
     }
   }
 #endif
+}
+
+TEST_CASE("--rotary-seq-len-interpolation-factor: every position divided by the factor (Megatron's, HF's linear rope type)") {
+  const int64_t rot = 64;
+  const double base = 10000.0;
+  const std::vector<double> plain = rope_inverse_frequencies(rot, base, {});
+  const std::vector<double> interpolated = rope_inverse_frequencies(rot, base, RopeScaling{.position_interpolation = 4});
+  REQUIRE(interpolated.size() == plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) CHECK(interpolated[i] == plain[i] / 4);
+  // The CPU RoPE at position 4p with the factor rotates as at position p without it (the same angles, bit for bit).
+  const int64_t T = 3, H = 2, d = rot;
+  std::vector<float> x(static_cast<size_t>(T * H * d));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.02f * static_cast<float>(i % 13) - 0.1f;
+  const std::vector<int32_t> far = {0, 12, 4000}, near = {0, 3, 1000};
+  std::vector<float> a = x, b = x;
+  cpu::rope_forward(a.data(), far.data(), T, H, d, rot, static_cast<float>(base), false, RopeScaling{.position_interpolation = 4});
+  cpu::rope_forward(b.data(), near.data(), T, H, d, rot, static_cast<float>(base));
+  CHECK(a == b);
+  std::vector<float> moved = x;
+  cpu::rope_forward(moved.data(), far.data(), T, H, d, rot, static_cast<float>(base));
+  CHECK(moved != a);  // (without the factor the same positions rotate otherwise)
+#ifdef MEGATRAIN_HAVE_CUDA
+  // The CUDA engine's table (host code): row 4p with the factor is row p without it.
+  const std::vector<float> with = cuda::rope_table(4096, rot, base, RopeScaling{.position_interpolation = 4}), without = cuda::rope_table(1024, rot, base);
+  for (int64_t p : {0, 1, 3, 1000}) {
+    for (int64_t i = 0; i < rot; ++i) CHECK(with[static_cast<size_t>(4 * p * rot + i)] == without[static_cast<size_t>(p * rot + i)]);
+  }
+#endif
+  // The flag reaches the model: LLaMA with factor 2 at positions 0, 2, 4, ... computes what it computes without the
+  // factor at positions 0, 1, 2, ...
+  Config plain_model = test::tiny_decoder(true, 2, 0.0, false);
+  Config factor_two = plain_model;
+  factor_two.model.rotary_seq_len_interpolation_factor = 2;
+  CHECK(model_dims(factor_two, 0, 1).rope_scaling.position_interpolation == 2.0);
+  CHECK(model_dims(plain_model, 0, 1).rope_scaling.position_interpolation == 1.0);
+  GPTModel with_factor(factor_two, ProcessGroups::single()), without_factor(plain_model, ProcessGroups::single());
+  Microbatch spread = test::tiny_batch();
+  for (int32_t& p : spread.positions) p *= 2;
+  const double loss_with = with_factor.forward(spread, 1, false), loss_without = without_factor.forward(test::tiny_batch(), 1, false);
+  CHECK(loss_with == loss_without);
+  CHECK(without_factor.forward(spread, 1, false) != loss_without);
+  // Validation: a whole number >= 1, with RoPE.
+  auto complaints = [](const Config& c) {
+    int n = 0;
+    for (const std::string& e : validate(c, 1, Purpose::kTrain).errors) n += e.find("--rotary-seq-len-interpolation-factor") != std::string::npos ? 1 : 0;
+    return n;
+  };
+  Config zero = plain_model;
+  zero.model.rotary_seq_len_interpolation_factor = 0;
+  CHECK(complaints(zero) == 1);
+  Config learned = test::tiny_decoder(false, 2, 0.0, false);
+  learned.model.rotary_seq_len_interpolation_factor = 2;
+  CHECK(complaints(learned) == 1);
+  CHECK(complaints(factor_two) == 0);
 }

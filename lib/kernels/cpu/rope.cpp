@@ -9,9 +9,9 @@ namespace mt::cpu {
 namespace {
 
 void rotate(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, float sign, bool interleaved,
-            float scaling) {
+            const RopeScaling& scaling) {
   const int64_t half = rot_dim / 2;
-  const std::vector<double> inv_freq = rope_inverse_frequencies(rot_dim, static_cast<double>(base), RopeScaling{.factor = scaling});
+  const std::vector<double> inv_freq = rope_inverse_frequencies(rot_dim, static_cast<double>(base), scaling);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double ang = static_cast<double>(positions[t]) * inv_freq[static_cast<size_t>(i)];
@@ -29,12 +29,12 @@ void rotate(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d,
 
 }  // namespace
 
-void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved, float scaling) {
+void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved, const RopeScaling& scaling) {
   rotate(x, positions, T, H, d, rot_dim, base, 1.0f, interleaved, scaling);
 }
 
 void rope_backward(float* dx, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved,
-                   float scaling) {
+                   const RopeScaling& scaling) {
   rotate(dx, positions, T, H, d, rot_dim, base, -1.0f, interleaved, scaling);
 }
 

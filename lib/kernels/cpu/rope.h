@@ -4,13 +4,15 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/rope_frequencies.h"
+
 namespace mt::cpu {
 
-// x: [T, H, d]; positions: [T]. scaling: LLaMA 3.1's frequency scaling factor (--rope-scaling-factor; 0: none), see
-// kernels/rope_frequencies.h.
+// x: [T, H, d]; positions: [T]. scaling: LLaMA 3.1's frequency scaling and the linear position interpolation
+// (kernels/rope_frequencies.h; the default: neither).
 void rope_forward(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved = false,
-                  float scaling = 0);
+                  const RopeScaling& scaling = {});
 void rope_backward(float* dx, const int32_t* positions, int64_t T, int64_t H, int64_t d, int64_t rot_dim, float base, bool interleaved = false,
-                   float scaling = 0);
+                   const RopeScaling& scaling = {});
 
 }  // namespace mt::cpu

@@ -28,9 +28,9 @@ __global__ void rope_kernel(E* x, const int32_t* pos, const float* table, int64_
 
 }  // namespace
 
-std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base, double scaling) {
+std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base, const RopeScaling& scaling) {
   const int64_t half = rot_dim / 2;
-  const std::vector<double> inv_freq = rope_inverse_frequencies(rot_dim, base, RopeScaling{.factor = scaling});
+  const std::vector<double> inv_freq = rope_inverse_frequencies(rot_dim, base, scaling);
   std::vector<float> t(static_cast<size_t>(max_pos * half * 2));
   for (int64_t p = 0; p < max_pos; ++p) {
     for (int64_t i = 0; i < half; ++i) {

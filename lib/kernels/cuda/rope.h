@@ -7,11 +7,12 @@
 #include <vector>
 
 #include "kernels/cuda/bf16_fwd.h"
+#include "kernels/rope_frequencies.h"
 
 namespace mt::cuda {
 
 // Table [max_pos, rot_dim / 2] of cos and sin (interleaved pairs), to upload once.
-std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base, double scaling = 0);  // (scaling: kernels/rope_frequencies.h)
+std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base, const RopeScaling& scaling = {});  // (kernels/rope_frequencies.h)
 
 // sign = +1 forward, -1 backward (the inverse rotation).
 // interleaved (--rotary-interleaved): pairs (2i, 2i + 1) instead of (i, i + rot_dim / 2).

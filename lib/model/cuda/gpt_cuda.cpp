@@ -205,7 +205,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   }
   if (moe_layers_ > 0) setup_moe(cfg.moe, layout, max_in_flight, static_cast<uint64_t>(cfg.training.seed));
   if (D.rope) {
-    const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base), static_cast<double>(D.rope_scaling));
+    const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base), D.rope_scaling);
     rope_table_ = static_cast<float*>(alloc(table.size() * 4));
     MT_CUDA_CHECK(cudaMemcpy(rope_table_, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   }
