@@ -90,11 +90,28 @@ def gpt2(cfg, W, tokens):
     return x @ head.T
 
 
-def rope(x, theta, partial=1.0):  # [B, H, S, d], HF's rotate_half on the first int(d x partial) dims (GLM-4.5's partial_rotary_factor)
+def rope_scaled(inv, scaling):  # HF's rope types: linear (positions / factor) and llama3 (LLaMA 3.1's wavelength bands)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        return inv / scaling["factor"]
+    if kind == "llama3":
+        factor, low, high, old = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"], scaling["original_max_position_embeddings"]
+        wavelength = 2 * math.pi / inv
+        scaled = torch.where(wavelength > old / low, inv / factor, inv)
+        smooth = (old / wavelength - low) / (high - low)
+        medium = (wavelength >= old / high) & (wavelength <= old / low)
+        return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    assert kind == "default", kind
+    return inv
+
+
+def rope(x, theta, partial=1.0, scaling=None):  # [B, H, S, d], HF's rotate_half on the first int(d x partial) dims (GLM-4.5's partial_rotary_factor)
     S = x.shape[2]
     d = int(x.shape[-1] * partial)
     rot, rest = x[..., :d], x[..., d:]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if scaling:
+        inv = rope_scaled(inv, scaling)
     freqs = torch.arange(S, dtype=torch.float64)[:, None] * inv[None]
     emb = torch.cat([freqs, freqs], -1)
     x1, x2 = rot[..., : d // 2], rot[..., d // 2:]
@@ -167,7 +184,8 @@ def llama(cfg, W, tokens):
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         glm = cfg["architectures"][0] == "Glm4MoeForCausalLM"
         partial = cfg.get("partial_rotary_factor", cfg.get("rope_parameters", {}).get("partial_rotary_factor", 0.5 if glm else 1.0))
-        q, k = rope(q, theta, partial), rope(k, theta, partial)
+        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+        q, k = rope(q, theta, partial, scaling), rope(k, theta, partial, scaling)
         k, v = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
         o = attention(q, k, v).transpose(1, 2).reshape(B, S, nh * d)
         x = x + linear(o, W, p + "self_attn.o_proj")

@@ -132,6 +132,37 @@ done
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED
+# RoPE's scaling as HF's rope_scaling: linear position interpolation (--rotary-seq-len-interpolation-factor), and
+# LLaMA 3.1's wavelength bands (--use-rope-scaling; at rotary dimension 16 and base 1e4 both bands past the kept one).
+check llama_rope_linear_tp2 2 $LLAMA --rotary-seq-len-interpolation-factor 4 --tensor-model-parallel-size 2
+check llama_rope_llama3 1 $LLAMA --use-rope-scaling --rope-scaling-factor 8
+# transformers 5's form (the scaling inside rope_parameters) imports the same; a linear factor that is not whole is refused.
+for form in llama3-parameters linear-2.5; do
+  cp -r "$W/llama_rope_$([[ $form == llama3-parameters ]] && echo llama3 || echo linear_tp2)-hf" "$W/rope-$form"
+  "$PY" -c "
+import json, sys
+p, form = sys.argv[1], sys.argv[2]
+c = json.load(open(p))
+if form == 'linear-2.5':
+    c['rope_scaling']['factor'] = 2.5
+else:
+    c['rope_parameters'] = dict(c.pop('rope_scaling'), rope_theta=c.pop('rope_theta'))
+json.dump(c, open(p, 'w'))" "$W/rope-$form/config.json" "$form"
+  out=$("$BIN" checkpoint import --hf "$W/rope-$form" --save "$W/rope-$form-ckpt" 2>&1); rc=$?
+  if [[ $form == llama3-parameters ]]; then
+    if [[ $rc == 0 ]] && grep -q -- "--use-rope-scaling --rope-scaling-factor 8" <<<"$out" &&
+       "$BIN" checkpoint export "$W/rope-$form-ckpt" --hf "$W/rope-$form-again" --dtype fp32 >/dev/null 2>&1 &&
+       cmp -s "$W/llama_rope_llama3-hf/model.safetensors" "$W/rope-$form-again/model.safetensors"; then
+      echo "PASS rope_parameters with rope_type llama3: imported as --use-rope-scaling, the same weights"
+    else
+      fail "rope_parameters with rope_type llama3: rc $rc, $out"
+    fi
+  elif [[ $rc != 0 ]] && grep -q "rotary-seq-len-interpolation-factor" <<<"$out"; then
+    echo "PASS rope_scaling linear with factor 2.5: refused, naming the flag"
+  else
+    fail "rope_scaling linear with factor 2.5: rc $rc, $out"
+  fi
+done
 # Qwen3: --qk-layernorm's RMSNorms of each query and key head before RoPE (Qwen3ForCausalLM), also with interleaved RoPE
 # (the norms' weights then in HF's rotate-half order) and QKV biases; Qwen3-MoE (Qwen3MoeForCausalLM): a dense first
 # layer (mlp_only_layers), the top-k weights renormalised (norm_topk_prob) or not (--moe-router-pre-softmax).
