@@ -254,7 +254,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("qk-l2-norm", false, "L2 query-key normalisation is not implemented (--qk-layernorm is)"),
       MT_REFUSED("window-size", true, "sliding-window attention is not implemented"),
       MT_REFUSED("softmax-scale", true, "a custom attention softmax scale is not implemented (1 / sqrt(head dim) is used)"),
-      MT_REFUSED("no-rope-freq", true, "layers without RoPE are not implemented"),
       MT_REFUSED("rotary-scaling-factor", true, "RoPE frequency scaling is not implemented"),
       MT_REFUSED("save-retain-interval", true, "megatrain keeps checkpoints with --ckpt-keep-last N"),
       MT_REFUSED("non-persistent-save-interval", true, "non-persistent (local) checkpoints are not implemented: use --save-interval"),

@@ -51,6 +51,9 @@ std::vector<FlagSpec> build_table() {
       F(kNet, "rope-scaling-factor", model.rope_scaling_factor, "The factor of --use-rope-scaling"),
       F(kNet, "rotary-seq-len-interpolation-factor", model.rotary_seq_len_interpolation_factor,
         "RoPE's linear position interpolation: every position divided by this factor (HuggingFace's linear rope type)"),
+      F(kNet, "no-rope-freq", model.no_rope_freq,
+        "Layers without RoPE (Llama 4's): N skips it in every N-th layer (the last of each N), or a list of 0/1 per layer such as "
+        "\"([0]*3+[1])*2\" (1: no RoPE)"),
       F(kNet, "max-position-embeddings", model.max_position_embeddings, "Maximum sequence length the model supports (>= --seq-length)"),
       F(kNet, "untie-embeddings-and-output-weights", model.untie_embeddings_and_output_weights, "Separate output layer weights"),
       F(kNet, "disable-bias-linear", model.disable_bias_linear, "No biases in the linear layers"),

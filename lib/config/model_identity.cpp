@@ -1,6 +1,8 @@
 // model_identity.cpp: the architecture settings, compared by value.
 #include "config/model_identity.h"
 
+#include "config/errors.h"
+#include "config/layer_pattern.h"
 #include "config/moe_pattern.h"
 
 #include <sstream>
@@ -47,6 +49,13 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
     out.emplace_back("rotary-base", text(m.rotary_base));
     out.emplace_back("rotary-percent", text(m.rotary_percent));
     out.emplace_back("use-rope-scaling", text(m.use_rope_scaling));
+    std::string skipped;  // (--no-rope-freq, as the layers it names: "" without it)
+    try {
+      for (bool b : rope_skipped_layers(c)) skipped += b ? '1' : '0';
+    } catch (const ConfigError&) {
+      skipped = m.no_rope_freq;
+    }
+    out.emplace_back("no-rope-freq", skipped);
     if (m.use_rope_scaling) out.emplace_back("rope-scaling-factor", text(m.rope_scaling_factor));
     // (not --rotary-seq-len-interpolation-factor: position interpolation is how a trained model's context is extended,
     // by continuing from its checkpoint with the factor, so a change of it is the run's to make)

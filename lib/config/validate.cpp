@@ -8,6 +8,7 @@
 #include <string>
 
 #include "config/errors.h"
+#include "config/layer_pattern.h"
 #include "config/moe_pattern.h"
 #include "config/resolve.h"
 
@@ -237,6 +238,14 @@ void check_attention(const Config& c, Checker& k) {
     k.error("--rope-scaling-factor must be a finite number >= 1, got " + num(m.rope_scaling_factor));
   }
   if (m.use_rope_scaling && m.position_embedding_type != "rope") k.error("--use-rope-scaling needs --position-embedding-type rope");
+  if (!m.no_rope_freq.empty()) {
+    if (m.position_embedding_type != "rope") k.error("--no-rope-freq picks the layers without RoPE: it needs --position-embedding-type rope");
+    try {
+      if (c.model.num_layers) (void)rope_skipped_layers(c);
+    } catch (const ConfigError& e) {
+      k.error(e.what());
+    }
+  }
   if (const auto& f = m.rotary_seq_len_interpolation_factor) {
     if (*f < 1) k.error("--rotary-seq-len-interpolation-factor must be >= 1 (positions are divided by it), got " + s(*f));
     if (m.position_embedding_type != "rope") k.error("--rotary-seq-len-interpolation-factor needs --position-embedding-type rope");

@@ -117,6 +117,8 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     if (bad) throw ConfigError("cannot export to HuggingFace: " + why);
   };
   refuse(D.squared_relu, "--squared-relu has no place in the exported families");
+  refuse(std::find(D.rope_skipped.begin(), D.rope_skipped.end(), true) != D.rope_skipped.end(),
+         "--no-rope-freq (layers without RoPE) has no place in the exported families (LLaMA, Qwen, Mixtral, GLM rotate in every layer)");
   refuse(c.moe.num_experts && c.moe.moe_apply_probs_on_input,
          "--moe-apply-probs-on-input weighs the experts' inputs; HF's MoE blocks weigh their outputs (another function)");
   const std::vector<bool> moe = moe_layer_pattern(c);

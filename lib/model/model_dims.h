@@ -45,6 +45,11 @@ struct ModelDims {
   bool rotary_interleaved = false;  // --rotary-interleaved
   float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
   RopeScaling rope_scaling;  // --use-rope-scaling's factor, --rotary-seq-len-interpolation-factor (kernels/rope_frequencies.h)
+  std::vector<bool> rope_skipped;  // --no-rope-freq: per global layer, true where the layer has no RoPE (empty: none)
+  // Whether global layer `layer` rotates its queries and keys.
+  bool rope_in(int64_t layer) const {
+    return rope && (rope_skipped.empty() || !rope_skipped[static_cast<size_t>(layer)]);
+  }
   int64_t rot_dim;
   // Mixture of experts (experts == 0: a dense model). The experts are split over EP (experts_local each,
   // global indices [ep_rank * experts_local, ...)) and each expert's MLP over expert-TP (F_moe_local); the

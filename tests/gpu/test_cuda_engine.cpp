@@ -1277,6 +1277,15 @@ void test_fp8_dense() {
   test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe blockwise ");  // deferred weight gradients quantise dy again
 }
 
+// --no-rope-freq (Llama 4's layers without RoPE; written without a GPU in the thirty-sixth session, refused until these
+// pass): the second of two layers without RoPE, plain and under --qk-layernorm recomputed (rope_apply_16's path), and the
+// first with a wide initialisation, where the rotation matters from the start, against the CPU engine's first loss.
+void test_no_rope() {
+  test_training("llama", std::string(kPlain) + "--no-rope-freq 2 ");
+  test_training("llama-recompute", std::string(kPlain) + "--qk-layernorm --no-rope-freq [1,0] ");
+  test_flag_effect("llama", std::string(kPlain) + "--init-method-std 0.2 ", "--no-rope-freq [1,0] ", 0, 5e-2);
+}
+
 int main() {
   if (mt::visible_gpus().empty()) {
     std::printf("SKIP: no GPU visible (%s)\n", mt::gpu_unavailable_reason().c_str());
@@ -1313,6 +1322,11 @@ int main() {
   }
   if (only && std::string(only) == "upcycling") {  // (=upcycling: only --moe-use-upcycling's case)
     test_upcycling();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "no-rope") {  // (=no-rope: only --no-rope-freq's cases)
+    test_no_rope();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
@@ -1364,6 +1378,7 @@ int main() {
   test_training("gpt", std::string(kPlain) + "--squared-relu --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
   test_training("gpt", std::string(kPlain) + "--squared-relu --fp16 --loss-scale 1024 ");
   test_qkv_bias();
+  test_no_rope();
   // Interleaved RoPE pairs (the split/merge kernels, and rope_apply_16 under --qk-layernorm).
   test_training("llama", std::string(kPlain) + "--rotary-interleaved ");
   test_flag_effect("llama", std::string(kPlain) + "--init-method-std 0.2 ", "--rotary-interleaved ", 0, 5e-2);  // (2.2e-1 seen)

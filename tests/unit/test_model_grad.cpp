@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "catch.h"
+#include "config/layer_pattern.h"
 #include "config/resolve.h"
 #include "grad_check.h"
 #include "tiny_models.h"
@@ -155,4 +156,43 @@ TEST_CASE("whole-model gradient check: --add-qkv-bias (LLaMA without the other b
   CHECK_THROWS(store.index_of("layers.0.attention.proj.bias"));
   CHECK_THROWS(store.index_of("layers.0.mlp.fc2.bias"));
   check_config(l);
+}
+
+TEST_CASE("--no-rope-freq: Megatron's patterns, layers without RoPE, and the gradients through them") {
+  // The patterns as Megatron's no_rope_freq reads them: N is [0] * (N - 1) + [1] repeated (N dividing the layers).
+  auto pattern = [](const std::string& text) {
+    Config c = tiny(true);
+    c.model.num_layers = 8;
+    c.model.no_rope_freq = text;
+    return rope_skipped_layers(c);
+  };
+  const std::vector<bool> every_fourth = {false, false, false, true, false, false, false, true};
+  CHECK(pattern("4") == every_fourth);
+  CHECK(pattern("([0]*3+[1]*1)*2") == every_fourth);
+  CHECK(pattern("1") == std::vector<bool>(8, true));
+  for (const std::string bad : {"3", "[0,1]", "[0]*7+[2]", "0", "[0]*8+"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(pattern(bad), MT_CONTAINS("--no-rope-freq"));
+  }
+  // Every layer without RoPE is the model without position embeddings (the same parameters); one layer without it is
+  // neither that nor the plain model.
+  auto loss = [](const std::string& skipped, const std::string& positions) {
+    Config m = tiny(true);
+    m.model.no_rope_freq = skipped;
+    m.model.position_embedding_type = positions;
+    resolve(m, 1);
+    GPTModel model(m, ProcessGroups::single());
+    return model.forward(tiny_batch(), 1, false);
+  };
+  const std::string rope = "rope";
+  const double none = loss("", "none"), all_skipped = loss("[1,1]", rope), first_skipped = loss("[1,0]", rope), plain = loss("", rope);
+  CHECK(all_skipped == none);
+  CHECK(first_skipped != none);
+  CHECK(first_skipped != plain);
+  CHECK(loss("[0,0]", rope) == plain);
+  // The gradients with RoPE in the second layer only.
+  Config g = tiny(true);
+  g.model.no_rope_freq = "[1,0]";
+  resolve(g, 1);
+  check_config(g);
 }

@@ -56,7 +56,7 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
     c.norm_forward(A.q.data(), A.q_mean.data(), A.q_rstd.data(), A.q_in.data(), ly.q_norm_w, ly.q_norm_b, nq, D.d);
     c.norm_forward(A.k.data(), A.k_mean.data(), A.k_rstd.data(), A.k_in.data(), ly.k_norm_w, ly.k_norm_b, nk, D.d);
   }
-  if (D.rope) {
+  if (D.rope_in(ly.layer)) {
     rope_forward(A.q.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
     rope_forward(A.k.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
   }
@@ -99,7 +99,7 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
     attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer),
                        scratch.data());
   }
-  if (D.rope) {
+  if (D.rope_in(ly.layer)) {
     rope_backward(dq.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
     rope_backward(dk.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
   }

@@ -49,6 +49,7 @@ void CudaGPT::attention_forward_unit(int64_t l, Record& r, const DeviceMicrobatc
   Scratch& s = *s_;
   const int64_t o = sp.first, n = sp.rows, h = D.h;
   const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
+  const bool rope = D.rope_in(first_layer_ + l);  // (--no-rope-freq: not in every layer)
   linear_forward(l, r, kLinearQkv, "fwd.gemm.qkv", n, h, Wq, r.xn1 + o * h, lw.qkv_w, w(lw.qkv_b), s.qkv + o * Wq);
   if (D.qk_norm) {  // split, the norm of every query and key head, then RoPE (as Megatron: norm before rotary)
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q_pre, .k = r.k_pre, .v = r.v, .qkv = s.qkv, .positions = sp.positions,
@@ -60,17 +61,17 @@ void CudaGPT::attention_forward_unit(int64_t l, Record& r, const DeviceMicrobatc
     MT_PROF("fwd.qk_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = r.k, .mean = r.kn_mean, .rstd = r.kn_rstd, .x = r.k_pre,
                                                    .delta = nullptr, .w = w(lw.kn_w), .b = w(lw.kn_b), .w_offset = norm_offset_, .rows = n * D.ng_local, .width = D.d,
                                                    .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = true}, stream_));
-    if (D.rope) {
+    if (rope) {
       MT_PROF("fwd.rope", cuda::rope_apply_16(r.q, sp.positions, rope_table_, n, D.nh_local, D.d, D.rot_dim, 1.0f, stream_, dt_, D.rotary_interleaved));
       MT_PROF("fwd.rope", cuda::rope_apply_16(r.k, sp.positions, rope_table_, n, D.ng_local, D.d, D.rot_dim, 1.0f, stream_, dt_, D.rotary_interleaved));
     }
   } else if (!kv_group_) {
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q + o * Hd, .k = r.k + o * KVd, .v = r.v + o * KVd, .qkv = s.qkv + o * Wq,
-                                                        .positions = sp.positions, .table = D.rope ? rope_table_ : nullptr, .rows = n, .heads = D.nh_local,
+                                                        .positions = sp.positions, .table = rope ? rope_table_ : nullptr, .rows = n, .heads = D.nh_local,
                                                         .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
   } else {  // the group's query heads, then this rank's nh_local of them
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = s.q_all, .k = r.k, .v = r.v, .qkv = s.qkv, .positions = sp.positions,
-                                                        .table = D.rope ? rope_table_ : nullptr, .rows = n, .heads = D.qh_local,
+                                                        .table = rope ? rope_table_ : nullptr, .rows = n, .heads = D.qh_local,
                                                         .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
     MT_PROF("fwd.qkv_split_rope", copy_own_heads(r.q, s.q_all, n, false));
   }
@@ -235,6 +236,7 @@ void CudaGPT::attention_backward_unit(int64_t l, Record& r, const DeviceMicrobat
   Scratch& s = *s_;
   const int64_t o = sp.first, n = sp.rows, h = D.h;
   const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
+  const bool rope = D.rope_in(first_layer_ + l);
   Slot* const defer = defer_into_;
   const bool fuse_row = bgrad_epilogue_ && !sp_;
   linear_dgrad(l, r, kLinearProj, "bwd.gemm.proj_dgrad", n, Hd, h, dy, lw.proj_w, s.d_o + o * Hd);
@@ -254,7 +256,7 @@ void CudaGPT::attention_backward_unit(int64_t l, Record& r, const DeviceMicrobat
                                                                   attention_seed(mb, l)));
   }
   if (D.qk_norm) {  // RoPE undone, then the norms' backward (the residual-gradient slot as zeroed scratch)
-    if (D.rope) {
+    if (rope) {
       MT_PROF("bwd.rope", cuda::rope_apply_16(s.dq, sp.positions, rope_table_, n, D.nh_local, D.d, D.rot_dim, -1.0f, stream_, dt_, D.rotary_interleaved));
       MT_PROF("bwd.rope", cuda::rope_apply_16(s.dk, sp.positions, rope_table_, n, D.ng_local, D.d, D.rot_dim, -1.0f, stream_, dt_, D.rotary_interleaved));
     }
@@ -283,13 +285,13 @@ void CudaGPT::attention_backward_unit(int64_t l, Record& r, const DeviceMicrobat
     }
   } else if (!kv_group_) {
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv + o * Wq, .dq = s.dq + o * Hd, .dk = s.dk + o * KVd, .dv = s.dv + o * KVd,
-                                                                 .positions = sp.positions, .table = D.rope ? rope_table_ : nullptr, .rows = n,
+                                                                 .positions = sp.positions, .table = rope ? rope_table_ : nullptr, .rows = n,
                                                                  .heads = D.nh_local, .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_,
                                                                  .interleaved = D.rotary_interleaved}, stream_));
   } else {  // zero for the group's query heads other ranks own: their gradients arrive in the replica sum
     MT_PROF("bwd.qkv_merge_rope", copy_own_heads(s.dq, s.q_all, n, true));
     MT_PROF("bwd.qkv_merge_rope", cuda::qkv_merge_rope_backward({.dqkv = s.qkv, .dq = s.q_all, .dk = s.dk, .dv = s.dv, .positions = sp.positions,
-                                                                 .table = D.rope ? rope_table_ : nullptr, .rows = n, .heads = D.qh_local,
+                                                                 .table = rope ? rope_table_ : nullptr, .rows = n, .heads = D.qh_local,
                                                                  .groups = D.ng_local, .head_dim = D.d, .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
   }
   linear_dgrad(l, r, kLinearQkv, "bwd.gemm.qkv_dgrad", n, h, Wq, s.qkv + o * Wq, lw.qkv_w, s.dxn + o * h);
