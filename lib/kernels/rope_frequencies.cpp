@@ -10,10 +10,15 @@ std::vector<double> rope_inverse_frequencies(int64_t rot_dim, double base, const
   const int64_t half = rot_dim / 2;
   std::vector<double> inv(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv[static_cast<size_t>(i)] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
-  if (scaling.position_interpolation != 1) {  // (position / factor x frequency: the frequency divided instead)
-    for (double& f : inv) f /= scaling.position_interpolation;
-  }
-  if (scaling.factor <= 0) return inv;
+  // (the position interpolation last: Megatron picks LLaMA 3.1's bands from the unscaled frequencies, then divides the
+  // positions; position / factor x frequency is the frequency divided)
+  auto interpolate = [&scaling](std::vector<double>& v) {
+    if (scaling.position_interpolation != 1) {
+      for (double& f : v) f /= scaling.position_interpolation;
+    }
+    return v;
+  };
+  if (scaling.factor <= 0) return interpolate(inv);
   const double low_wavelength = scaling.original_max_positions / scaling.low_freq_factor;
   const double high_wavelength = scaling.original_max_positions / scaling.high_freq_factor;
   for (double& f : inv) {
@@ -25,7 +30,7 @@ std::vector<double> rope_inverse_frequencies(int64_t rot_dim, double base, const
       f = (1.0 - smooth) * f / scaling.factor + smooth * f;
     }
   }
-  return inv;
+  return interpolate(inv);
 }
 
 }  // namespace mt

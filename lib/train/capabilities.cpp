@@ -309,16 +309,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
              std::to_string(expert_dp) + "): change one of them, or use --device cpu");
     }
     const bool context = par.context_parallel_size > 1;
-    // The router's input noise (kernels/cuda/moe.cu's input_jitter_kernel and the input backward's noisy router term):
-    // written without a GPU (thirty-sixth session), refused until test_cuda_engine's moe group has run it.
-    const bool jitter = m.moe_input_jitter_eps.value_or(0.0) > 0;
-    no(jitter && !cuda_unverified_allowed("moe-input-jitter"),
-       "--moe-input-jitter-eps has not run on a GPU yet on the CUDA engine: use --device cpu (the CPU engine runs it)");
-    no(jitter && context, "--moe-input-jitter-eps with context parallelism is not implemented on the CUDA engine" + cpu);
-    // sqrtsoftplus scores (kernels/cuda/moe.cu's elementwise_score): written without a GPU (thirty-fifth session), refused
-    // until test_cuda_engine's moe group has run them.
-    no(m.moe_router_score_function == "sqrtsoftplus" && !cuda_unverified_allowed("moe-sqrtsoftplus"),
-       "--moe-router-score-function sqrtsoftplus has not run on a GPU yet on the CUDA engine: use --device cpu (the CPU engine runs it)");
+    // The router's input noise (kernels/cuda/moe.cu's input_jitter_kernel and the input backward's noisy router term; run
+    // on a GPU in the thirty-sixth session): its token places are the rows' natural order, not CP's chunks.
+    no(m.moe_input_jitter_eps.value_or(0.0) > 0 && context, "--moe-input-jitter-eps with context parallelism is not implemented on the CUDA engine" + cpu);
     no(m.load_balancing_is("quantile_balancing"),
        "--moe-router-load-balancing-type quantile_balancing is not implemented on the CUDA engine: use --device cpu (the CPU engine runs "
        "it), or another balancing type");

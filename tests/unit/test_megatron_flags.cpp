@@ -181,6 +181,11 @@ TEST_CASE("--rotary-seq-len-interpolation-factor: every position divided by the 
   const std::vector<double> interpolated = rope_inverse_frequencies(rot, base, RopeScaling{.position_interpolation = 4});
   REQUIRE(interpolated.size() == plain.size());
   for (size_t i = 0; i < plain.size(); ++i) CHECK(interpolated[i] == plain[i] / 4);
+  // With LLaMA 3.1's scaling too: its bands chosen from the frequencies before the interpolation (Megatron scales
+  // inv_freq, then divides the positions), so a wavelength the interpolation would carry into another band keeps its own.
+  const std::vector<double> llama3 = rope_inverse_frequencies(rot, 500000.0, RopeScaling{.factor = 8.0});
+  const std::vector<double> both = rope_inverse_frequencies(rot, 500000.0, RopeScaling{.factor = 8.0, .position_interpolation = 4});
+  for (size_t i = 0; i < llama3.size(); ++i) CHECK(both[i] == llama3[i] / 4);
   // The CPU RoPE at position 4p with the factor rotates as at position p without it (the same angles, bit for bit).
   const int64_t T = 3, H = 2, d = rot;
   std::vector<float> x(static_cast<size_t>(T * H * d));
