@@ -20,7 +20,10 @@ enum class LayerEvery { kFirst, kLast };
 std::vector<bool> parse_layer_pattern(const std::string& text, int64_t num_layers, const std::string& flag, LayerEvery every,
                                       const std::string& what);
 
-// --no-rope-freq (Llama 4's layers without RoPE): which layers skip RoPE (empty without the flag).
+// --no-rope-freq (Llama 4's layers without RoPE): which layers skip RoPE (empty without the flag, or with 0: off, as in
+// Megatron).
 std::vector<bool> rope_skipped_layers(const Config& cfg);
+// Whether --no-rope-freq is given and not 0.
+bool rope_skipping_given(const Config& cfg);
 
 }  // namespace mt

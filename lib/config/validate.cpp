@@ -238,7 +238,7 @@ void check_attention(const Config& c, Checker& k) {
     k.error("--rope-scaling-factor must be a finite number >= 1, got " + num(m.rope_scaling_factor));
   }
   if (m.use_rope_scaling && m.position_embedding_type != "rope") k.error("--use-rope-scaling needs --position-embedding-type rope");
-  if (!m.no_rope_freq.empty()) {
+  if (rope_skipping_given(c)) {
     if (m.position_embedding_type != "rope") k.error("--no-rope-freq picks the layers without RoPE: it needs --position-embedding-type rope");
     try {
       if (c.model.num_layers) (void)rope_skipped_layers(c);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "config/layer_pattern.h"
 #include "config/resolve.h"
 #include "tensor/device_info.h"
 
@@ -177,7 +178,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
      "the CUDA engine computes in bf16 or fp16: add --bf16 (or --fp16 with loss scaling); fp32 training runs with --device cpu");
   // --no-rope-freq (gpt_cuda_units.cpp's attention units: the rotation's table left out in the layers without RoPE, the
   // path models without RoPE take): written without a GPU (thirty-sixth session), refused until test_cuda_engine runs it.
-  no(!c.model.no_rope_freq.empty() && !cuda_unverified_allowed("no-rope-freq"),
+  no(rope_skipping_given(c) && !cuda_unverified_allowed("no-rope-freq"),
      "--no-rope-freq has not run on a GPU yet on the CUDA engine: use --device cpu (the CPU engine runs it)");
   // --add-qkv-bias alone (Qwen's QKV biases without the others) under TP: the bias's own gradient kernel and, with fewer
   // query groups than TP, the K/V replicas' bias sums; written, refused by name until it has run on several GPUs
