@@ -504,6 +504,12 @@ void set_flag_from_list(Config& cfg, const FlagSpec& spec, const std::vector<std
     **p = numbers;
     return;
   }
+  if (spec.name == "moe-layer-freq" || spec.name == "no-rope-freq") {  // (a YAML list of 0/1 per layer: the pattern "[0,1,...]")
+    std::string pattern = "[";
+    for (const auto& v : values) pattern += (pattern.size() > 1 ? "," : "") + v;
+    set_flag_from_string(cfg, spec, pattern + "]", source);
+    return;
+  }
   if (values.size() == 1) {
     set_flag_from_string(cfg, spec, values[0], source);
     return;

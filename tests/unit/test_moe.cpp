@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "catch.h"
+#include "config/yaml_io.h"
 #include "config/errors.h"
 #include "config/moe_pattern.h"
 #include "config/resolve.h"
@@ -260,6 +261,12 @@ TEST_CASE("--moe-layer-freq: Megatron's integer and list forms") {
   CHECK_THROWS_AS(parse_moe_layer_freq("[0]+", 1), ConfigError);
   CHECK_THROWS_AS(parse_moe_layer_freq("0", 2), ConfigError);
   CHECK_THROWS_AS(parse_moe_layer_freq("import os", 2), ConfigError);
+  // A YAML recipe's list (Megatron's YAML configs hold the pattern as a list): the same pattern, for --no-rope-freq too.
+  Config c;
+  apply_yaml_text(c, "moe_layer_freq: [0, 1, 1]\nno_rope_freq: [0, 0, 1]\n", "a recipe");
+  CHECK(c.moe.moe_layer_freq == "[0,1,1]");
+  CHECK(c.model.no_rope_freq == "[0,0,1]");
+  CHECK(parse_moe_layer_freq(c.moe.moe_layer_freq, 3) == std::vector<bool>{false, true, true});
 }
 
 namespace {
