@@ -88,6 +88,7 @@ Config setup_config(CLI::App& app, ConfigCli& cli, int argc, char** argv, int64_
   }
   if (!d.ok()) throw ConfigErrors(d.errors);
   resolve(cfg, world_size, known_tokenizer_vocab(cfg));
+  if (const Diagnostics v = validate_vocabulary(cfg); !v.ok()) throw ConfigErrors(v.errors);
   // A resume loads the scheduler's state (not with --finetune, --no-load-optim or upcycling, as Megatron): the
   // checkpoint's schedule against this command's, once it has stepped (an iteration-0 checkpoint, such as an upcycled
   // model saved alone with --train-iters 0, has no schedule under way to keep).

@@ -55,6 +55,8 @@ struct ModelConfig {
   bool squared_relu = false;        // the MLP's activation relu(x)^2
   bool rotary_interleaved = false;  // RoPE on interleaved channel pairs (2i, 2i + 1) instead of halves
   OptInt vocab_size;
+  OptInt padded_vocab_size;         // the embedding's rows as given (else the vocabulary padded by --make-vocab-size-divisible-by x TP)
+  bool no_pad_vocab_size = false;   // Megatron's --no-pad-vocab-size: the embedding's rows are the tokenizer's vocabulary
 };
 
 struct ParallelConfig {
@@ -232,6 +234,9 @@ struct DataConfig {
   OptString vocab_file;
   OptString merge_file;
   OptString tokenizer_model;
+  OptInt null_tokenizer_eod_id;       // NullTokenizer's end of document (default: --vocab-size, its extra id)
+  int64_t null_tokenizer_pad_id = -1;  // NullTokenizer's padding id: labels equal to it take no loss (-1: none)
+  int64_t vocab_extra_ids = 0;         // T5's sentinel tokens (only 0: megatrain trains decoder-only models)
 };
 
 struct CheckpointConfig {

@@ -196,6 +196,25 @@ std::vector<AliasSpec> build_aliases() {
       MT_INERT("ckpt-fully-parallel-load", false, "every rank reads its own shard"),
       MT_INERT("ckpt-assume-constant-structure", false, "megatrain's checkpoint layout is computed, not cached"),
       MT_INERT("tiktoken-pattern", true, "it belongs to --tokenizer-type TikTokenizer"),
+      MT_INERT("tiktoken-num-special-tokens", true, "it belongs to --tokenizer-type TikTokenizer"),
+      {"disable-pad-vocab-size", false, "Megatron's other spelling of --no-pad-vocab-size",
+       [](Config& c, const std::string&) {
+         c.model.no_pad_vocab_size = true;
+         return std::string("note: --disable-pad-vocab-size is --no-pad-vocab-size");
+       }},
+      // Megatron's tokenizer settings that shape how text becomes ids: training reads ids that `megatrain preprocess`
+      // (or Megatron's preprocess_data.py) already made.
+      MT_INERT("tokenizer-hf-no-use-fast", false, "training reads token ids made beforehand (megatrain preprocess tokenizes)"),
+      MT_INERT("tokenizer-hf-no-include-special-tokens", false, "training reads token ids made beforehand (megatrain preprocess tokenizes)"),
+      MT_INERT("tokenizer-hf-include-special-tokens", false, "training reads token ids made beforehand (megatrain preprocess tokenizes)"),
+      MT_INERT("tokenizer-sentencepiece-legacy", false, "training reads token ids made beforehand (megatrain preprocess tokenizes)"),
+      MT_INERT("no-tokenizer-sentencepiece-ignore-extra-whitespaces", false, "training reads token ids made beforehand (megatrain preprocess tokenizes)"),
+      MT_INERT("disable-tokenizer-sentencepiece-ignore-extra-whitespaces", false,
+               "training reads token ids made beforehand (megatrain preprocess tokenizes)"),
+      MT_INERT("trust-remote-code", false, "megatrain reads a local tokenizer.json and runs no code from it"),
+      MT_INERT("chat-template", true, "a chat template formats conversations for fine-tuning; pretraining reads token ids"),
+      MT_REFUSED("tokenizer-metadata", true, "megatrain picks the tokenizer by --tokenizer-type and its files: drop it"),
+      MT_REFUSED("tokenizer-special-tokens", true, "a tokenizer's own special-token list (TikTokenizer's) is not implemented: drop it"),
       MT_INERT("profile-step-start", true, "it belongs to --profile"),
       MT_INERT("profile-step-end", true, "it belongs to --profile"),
       MT_INERT("profile-ranks", true, "it belongs to --profile"),

@@ -244,6 +244,13 @@ std::vector<FlagSpec> build_table() {
       F(kTok, "vocab-file", data.vocab_file, "GPT-2 vocab.json"),
       F(kTok, "merge-file", data.merge_file, "GPT-2 merges.txt"),
       F(kTok, "tokenizer-model", data.tokenizer_model, "HuggingFaceTokenizer: a local tokenizer.json, or its directory; SentencePiece: the .model file"),
+      F(kTok, "null-tokenizer-eod-id", data.null_tokenizer_eod_id, "NullTokenizer's end-of-document id (default: --vocab-size, its extra id)"),
+      F(kTok, "null-tokenizer-pad-id", data.null_tokenizer_pad_id,
+        "NullTokenizer's padding id: labels equal to it take no loss and it reads as id 0, as Megatron's GPT dataset (-1: none)"),
+      F(kTok, "vocab-extra-ids", data.vocab_extra_ids, "T5's sentinel tokens: only 0 (megatrain trains decoder-only models)"),
+      F(kTok, "padded-vocab-size", model.padded_vocab_size,
+        "The embedding's rows, as given (a multiple of TP, at least the vocabulary); default: padded by --make-vocab-size-divisible-by x TP"),
+      F(kTok, "no-pad-vocab-size", model.no_pad_vocab_size, "No vocabulary padding: the embedding's rows are the tokenizer's vocabulary"),
       // Checkpointing
       F(kCkpt, "save", checkpoint.save, "Directory to save checkpoints to"),
       F(kCkpt, "load", checkpoint.load, "Directory to load a checkpoint from"),

@@ -99,7 +99,11 @@ void resolve(Config& cfg, int64_t world_size, int64_t tokenizer_vocab) {
   const bool null_tokenizer = cfg.data.tokenizer_type.value_or("") == "NullTokenizer" && m.vocab_size;
   const int64_t vocab = tokenizer_vocab > 0 ? tokenizer_vocab : null_tokenizer ? *m.vocab_size + 1 : m.vocab_size.value_or(0);
   d.vocab_size = vocab;
-  d.padded_vocab_size = vocab > 0 ? padded_vocab_size(vocab, m.make_vocab_size_divisible_by, p.tensor_model_parallel_size) : 0;
+  // (--padded-vocab-size as given, --no-pad-vocab-size the vocabulary itself, as Megatron; validation checks them)
+  d.padded_vocab_size = m.padded_vocab_size ? *m.padded_vocab_size
+                        : vocab <= 0        ? 0
+                        : m.no_pad_vocab_size ? vocab
+                                              : padded_vocab_size(vocab, m.make_vocab_size_divisible_by, p.tensor_model_parallel_size);
   d.num_query_groups = effective_query_groups(cfg);
   d.layers_per_stage = layers_per_pipeline_stage(cfg);
 }

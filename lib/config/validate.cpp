@@ -234,6 +234,22 @@ void check_attention(const Config& c, Checker& k) {
   if (m.make_vocab_size_divisible_by < 1) {
     k.error("--make-vocab-size-divisible-by must be >= 1, got " + s(m.make_vocab_size_divisible_by));
   }
+  if (m.padded_vocab_size && *m.padded_vocab_size < 1) k.error("--padded-vocab-size must be >= 1, got " + s(*m.padded_vocab_size));
+  const auto& d = c.data;
+  if (d.vocab_extra_ids != 0) k.error("--vocab-extra-ids: T5's sentinel tokens have no place in megatrain's decoder-only models: drop it");
+  const bool null_tokenizer = d.tokenizer_type.value_or("") == "NullTokenizer";
+  if ((d.null_tokenizer_eod_id || d.null_tokenizer_pad_id != -1) && !null_tokenizer) {
+    k.error(std::string(d.null_tokenizer_eod_id ? "--null-tokenizer-eod-id" : "--null-tokenizer-pad-id") +
+            " applies to --tokenizer-type NullTokenizer: add it, or drop the flag");
+  }
+  if (null_tokenizer && m.vocab_size) {  // (NullTokenizer's ids: 0 to --vocab-size, the last its default end of document)
+    if (d.null_tokenizer_eod_id && (*d.null_tokenizer_eod_id < 0 || *d.null_tokenizer_eod_id > *m.vocab_size)) {
+      k.error("--null-tokenizer-eod-id " + s(*d.null_tokenizer_eod_id) + " is not an id of NullTokenizer's 0 to " + s(*m.vocab_size));
+    }
+    if (d.null_tokenizer_pad_id < -1 || d.null_tokenizer_pad_id > *m.vocab_size) {
+      k.error("--null-tokenizer-pad-id " + s(d.null_tokenizer_pad_id) + " is not -1 (none) or an id of NullTokenizer's 0 to " + s(*m.vocab_size));
+    }
+  }
   if (m.use_rope_scaling && (!std::isfinite(m.rope_scaling_factor) || m.rope_scaling_factor < 1)) {
     k.error("--rope-scaling-factor must be a finite number >= 1, got " + num(m.rope_scaling_factor));
   }
@@ -683,6 +699,24 @@ void check_moe(const Config& c, Checker& k) {
 }
 
 }  // namespace
+
+Diagnostics validate_vocabulary(const Config& c) {
+  Checker k;
+  const ModelConfig& m = c.model;
+  const int64_t tp = c.parallel.tensor_model_parallel_size;
+  // The embedding's rows as given (--padded-vocab-size) or unpadded (--no-pad-vocab-size): split over TP, holding the
+  // vocabulary.
+  const int64_t rows = c.derived.padded_vocab_size, vocab = c.derived.vocab_size;
+  const std::string rows_flag = m.padded_vocab_size ? "--padded-vocab-size" : "--no-pad-vocab-size";
+  if ((m.padded_vocab_size || m.no_pad_vocab_size) && rows > 0 && tp > 0 && rows % tp != 0) {
+    k.error(rows_flag + ": the embedding's " + s(rows) + " rows do not split over TP " + s(tp) + ": give a multiple of " + s(tp) +
+            (m.padded_vocab_size ? "" : " (or drop --no-pad-vocab-size)"));
+  }
+  if (m.padded_vocab_size && vocab > 0 && *m.padded_vocab_size < vocab) {
+    k.error("--padded-vocab-size " + s(*m.padded_vocab_size) + " is below the vocabulary's " + s(vocab) + " ids: give at least " + s(vocab));
+  }
+  return k.d;
+}
 
 Diagnostics validate(const Config& c, int64_t world, Purpose purpose) {
   Checker k;

@@ -22,5 +22,7 @@ enum class Purpose {
 };
 
 Diagnostics validate(const Config& cfg, int64_t world_size, Purpose purpose);
+// After resolve(): the embedding's rows (--padded-vocab-size, --no-pad-vocab-size) against the vocabulary and TP.
+Diagnostics validate_vocabulary(const Config& resolved);
 
 }  // namespace mt

@@ -7,7 +7,8 @@
 
 namespace mt {
 
-MockDataset::MockDataset(int64_t vocab, uint64_t seed, int64_t seq_length) : vocab_(vocab), seed_(seed), seq_(seq_length) {
+MockDataset::MockDataset(int64_t vocab, uint64_t seed, int64_t seq_length, int32_t eod)
+    : vocab_(vocab), seed_(seed), seq_(seq_length), eod_(eod >= 0 ? eod : static_cast<int32_t>(vocab - 1)) {
   for (auto& s : starts_) s.push_back(0);
 }
 

@@ -11,10 +11,11 @@ namespace mt {
 
 class MockDataset final : public TokenSource {
  public:
-  MockDataset(int64_t vocab, uint64_t seed, int64_t seq_length);
+  // eod: the end-of-document id (-1: vocab - 1, the last id; --null-tokenizer-eod-id sets another).
+  MockDataset(int64_t vocab, uint64_t seed, int64_t seq_length, int32_t eod = -1);
   void sample(Split split, int64_t index, int64_t len, int32_t* out) const override;
   int64_t vocab_size() const override { return vocab_; }
-  int32_t eod() const override { return static_cast<int32_t>(vocab_ - 1); }
+  int32_t eod() const override { return eod_; }
   bool has_split(Split) const override { return true; }
   std::string describe() const override;
 
@@ -23,6 +24,7 @@ class MockDataset final : public TokenSource {
   int64_t vocab_;
   uint64_t seed_;
   int64_t seq_;
+  int32_t eod_;
   // Per split: document start offsets in the token stream, extended on demand.
   mutable std::mutex mu_;
   mutable std::vector<int64_t> starts_[3];

@@ -19,7 +19,9 @@ std::unique_ptr<TokenSource> make_token_source(const Config& cfg) {
     if (*cfg.model.vocab_size < 3) throw ConfigError("--vocab-size must be at least 3 for mock data");
     // The tokenizer's vocabulary where resolve() knows it (NullTokenizer's is --vocab-size + 1: its end of document
     // is the extra id, as Megatron's mock dataset takes the tokenizer's), else --vocab-size.
-    return std::make_unique<MockDataset>(cfg.derived.vocab_size > 0 ? cfg.derived.vocab_size : *cfg.model.vocab_size, seed, seq);
+    const bool null_tokenizer = cfg.data.tokenizer_type.value_or("") == "NullTokenizer";
+    return std::make_unique<MockDataset>(cfg.derived.vocab_size > 0 ? cfg.derived.vocab_size : *cfg.model.vocab_size, seed, seq,
+                                         null_tokenizer ? static_cast<int32_t>(cfg.data.null_tokenizer_eod_id.value_or(-1)) : -1);
   }
   if (!cfg.data.data_path.empty() || !cfg.data.train_data_path.empty()) {
     const auto tok = make_tokenizer(cfg);
@@ -47,6 +49,9 @@ Microbatch make_microbatch(const TokenSource& src, Split split, int64_t first_sa
   if (cfg.data.reset_attention_mask) mb.row_start.assign(n, 0);
   std::vector<int32_t> buf(static_cast<size_t>(S + 1));
   const int32_t eod = src.eod();
+  // Megatron's GPT dataset: labels equal to the padding id take no loss, and the id reads as 0 in tokens and labels (a
+  // padding id equal to the end of document is no padding id, as Megatron resets one that collides).
+  const int32_t pad = pad_token_id(cfg) == eod ? -1 : pad_token_id(cfg);
   for (int64_t b = 0; b < B; ++b) {
     src.sample(split, first_sample + b, S + 1, buf.data());
     for (int32_t t : buf) {
@@ -65,6 +70,15 @@ Microbatch make_microbatch(const TokenSource& src, Split split, int64_t first_sa
       if (cfg.data.reset_attention_mask) mb.row_start[i] = doc_start;
       if (cfg.data.reset_position_ids && mb.tokens[i] == eod) pos = 0;
       if (mb.tokens[i] == eod) doc_start = static_cast<int32_t>(s + 1);  // later tokens never see this document
+    }
+    if (pad < 0) continue;
+    for (int64_t s = 0; s < S; ++s) {
+      const auto i = static_cast<size_t>(b * S + s);
+      if (mb.labels[i] == pad) {
+        mb.loss_mask[i] = 0.0f;
+        mb.labels[i] = 0;
+      }
+      if (mb.tokens[i] == pad) mb.tokens[i] = 0;
     }
   }
   return mb;

@@ -35,7 +35,7 @@ class ByteTokenizer final : public Tokenizer {
 // vocabulary is V + 1 (Megatron's _NullTokenizer: vocab_size = V + 1, eod = V).
 class NullTokenizer final : public Tokenizer {
  public:
-  explicit NullTokenizer(int64_t v) : v_(v + 1) {}
+  NullTokenizer(int64_t v, int64_t eod) : v_(v + 1), eod_(eod >= 0 ? static_cast<int32_t>(eod) : static_cast<int32_t>(v)) {}
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> out;
     std::string cur;
@@ -63,17 +63,18 @@ class NullTokenizer final : public Tokenizer {
     return s;
   }
   int64_t vocab_size() const override { return v_; }
-  int32_t eod() const override { return static_cast<int32_t>(v_ - 1); }
+  int32_t eod() const override { return eod_; }
   std::string name() const override { return "NullTokenizer"; }
 
  private:
   int64_t v_;
+  int32_t eod_;
 };
 
 }  // namespace
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file, const std::string& merge_file,
-                                          int64_t vocab_size, const std::string& tokenizer_model) {
+                                          int64_t vocab_size, const std::string& tokenizer_model, int64_t null_eod) {
   if (type == "HuggingFaceTokenizer") {
     if (tokenizer_model.empty()) {
       throw ConfigError("HuggingFaceTokenizer needs --tokenizer-model: a local tokenizer.json, or the directory holding it "
@@ -93,16 +94,20 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
   if (type == "ByteTokenizer") return std::make_unique<ByteTokenizer>();
   if (type == "NullTokenizer") {
     if (vocab_size < 1) throw ConfigError("NullTokenizer needs --vocab-size");
-    return std::make_unique<NullTokenizer>(vocab_size);
+    return std::make_unique<NullTokenizer>(vocab_size, null_eod);
   }
   throw ConfigError("--tokenizer-type " + type +
                     " is not implemented: use GPT2BPETokenizer, HuggingFaceTokenizer (a BPE tokenizer.json), SentencePieceTokenizer, "
                     "GPTSentencePieceTokenizer, Llama2Tokenizer (a SentencePiece .model), NullTokenizer or ByteTokenizer");
 }
 
+int32_t pad_token_id(const Config& cfg) {
+  return cfg.data.tokenizer_type.value_or("") == "NullTokenizer" ? static_cast<int32_t>(cfg.data.null_tokenizer_pad_id) : -1;
+}
+
 std::unique_ptr<Tokenizer> make_tokenizer(const Config& cfg) {
   return make_tokenizer(cfg.data.tokenizer_type.value_or(""), cfg.data.vocab_file.value_or(""), cfg.data.merge_file.value_or(""),
-                        cfg.model.vocab_size.value_or(0), cfg.data.tokenizer_model.value_or(""));
+                        cfg.model.vocab_size.value_or(0), cfg.data.tokenizer_model.value_or(""), cfg.data.null_tokenizer_eod_id.value_or(-1));
 }
 
 }  // namespace mt

@@ -26,8 +26,12 @@ class Tokenizer {
 
 // From --tokenizer-type and its files; throws ConfigError naming what is missing or wrong.
 std::unique_ptr<Tokenizer> make_tokenizer(const Config& cfg);
-// tokenizer_model: HuggingFaceTokenizer's tokenizer.json (or its directory).
+// tokenizer_model: HuggingFaceTokenizer's tokenizer.json (or its directory); null_eod: NullTokenizer's end of document
+// (-1: --vocab-size, its extra id).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
-                                          const std::string& merge_file, int64_t vocab_size, const std::string& tokenizer_model = "");
+                                          const std::string& merge_file, int64_t vocab_size, const std::string& tokenizer_model = "",
+                                          int64_t null_eod = -1);
+// Megatron's padding id for the GPT dataset: NullTokenizer's --null-tokenizer-pad-id (-1, none, otherwise).
+int32_t pad_token_id(const Config& cfg);
 
 }  // namespace mt

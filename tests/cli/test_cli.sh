@@ -85,6 +85,15 @@ expect list-flag-twice 0 'moe_aux_loss_coeff: \[0.001\]' -- "$B" --config config
 expect sinkhorn-routing 0 'tokens per expert' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-router-load-balancing-type sinkhorn \
   --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
 expect bad-data-file 2 "cannot read --text-data-path '/nonexistent'" -- "$B" --config configs/quickstart.yaml --text-data-path /nonexistent
+# Megatron's tokenizer settings for how text becomes ids: accepted with a note (training reads ids); its T5 and metadata
+# flags refused by name; Llama 4's layers without RoPE and RoPE's position interpolation train.
+expect tokenizer-settings-inert 0 'tokenizer-hf-no-use-fast has no effect' -- "$B" --config configs/quickstart.yaml --tokenizer-hf-no-use-fast \
+  --trust-remote-code --tokenizer-hf-no-include-special-tokens --train-iters 1 --eval-iters 0 --device cpu
+expect tokenizer-metadata 2 'tokenizer-metadata: megatrain picks the tokenizer' -- "$B" --config configs/quickstart.yaml --tokenizer-metadata m.json
+expect vocab-extra-ids 2 "vocab-extra-ids: T5's sentinel tokens" -- "$B" --config configs/quickstart.yaml --vocab-extra-ids 100
+expect no-rope-interpolation 0 'iteration +2/' -- "$B" --config configs/quickstart.yaml --no-rope-freq [1,0] --rotary-seq-len-interpolation-factor 4 \
+  --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
+expect no-rope-bad 2 'no-rope-freq 3 must divide --num-layers 2' -- "$B" --config configs/quickstart.yaml --no-rope-freq 3
 
 # Multi-rank training under mpirun: one log line per iteration (rank 0), TP x DP layout announced.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

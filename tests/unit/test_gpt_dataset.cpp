@@ -7,6 +7,7 @@
 #include "catch.h"
 #include "config/errors.h"
 #include "config/resolve.h"
+#include "config/validate.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/tokenizer.h"
@@ -206,4 +207,59 @@ TEST_CASE("NullTokenizer is Megatron's: --vocab-size V ids and the end of docume
   mt::resolve(c, 1);
   CHECK(c.derived.vocab_size == 101);
   CHECK(mt::open_training_data(c)->vocab_size() == 101);
+}
+
+TEST_CASE("Megatron's tokenizer settings: NullTokenizer's end-of-document and padding ids, the embedding's rows as given") {
+  // --null-tokenizer-eod-id: the tokenizer's and the mock data's end of document.
+  CHECK(mt::make_tokenizer("NullTokenizer", "", "", 100, "", 7)->eod() == 7);
+  mt::Config c;
+  c.model.num_layers = 1;
+  c.model.hidden_size = 32;
+  c.model.num_attention_heads = 4;
+  c.model.vocab_size = 100;
+  c.data.tokenizer_type = "NullTokenizer";
+  c.data.mock_data = true;
+  c.data.seq_length = 64;
+  c.training.micro_batch_size = 2;
+  c.data.null_tokenizer_eod_id = 7;
+  mt::resolve(c, 1);
+  const auto mock = mt::open_training_data(c);
+  CHECK(mock->eod() == 7);
+  // --null-tokenizer-pad-id: labels equal to it take no loss, and it reads as 0 in tokens and labels (Megatron's GPT
+  // dataset); mock documents count 1, 2, 3, ..., so id 5 stands in every document of 6 tokens or more.
+  const Microbatch plain = make_microbatch(*mock, Split::kTrain, 0, 2, 64, c);
+  c.data.null_tokenizer_pad_id = 5;
+  const Microbatch padded = make_microbatch(*mock, Split::kTrain, 0, 2, 64, c);
+  int masked = 0;
+  for (size_t i = 0; i < plain.tokens.size(); ++i) {
+    const bool pad_label = plain.labels[i] == 5;
+    masked += pad_label ? 1 : 0;
+    CHECK(padded.loss_mask[i] == (pad_label ? 0.0f : plain.loss_mask[i]));
+    CHECK(padded.labels[i] == (pad_label ? 0 : plain.labels[i]));
+    CHECK(padded.tokens[i] == (plain.tokens[i] == 5 ? 0 : plain.tokens[i]));
+  }
+  CHECK(masked > 0);
+  // A padding id equal to the end of document is none (Megatron resets one that collides with a special token).
+  c.data.null_tokenizer_pad_id = 7;
+  const Microbatch colliding = make_microbatch(*mock, Split::kTrain, 0, 2, 64, c);
+  CHECK(colliding.tokens == plain.tokens);
+  CHECK(colliding.loss_mask == plain.loss_mask);
+  // --padded-vocab-size as given, --no-pad-vocab-size the vocabulary itself; either checked against it and TP.
+  mt::Config rows = c;
+  rows.data.null_tokenizer_pad_id = -1;
+  rows.model.padded_vocab_size = 104;
+  mt::resolve(rows, 1);
+  CHECK(rows.derived.padded_vocab_size == 104);
+  CHECK(mt::validate_vocabulary(rows).ok());
+  rows.model.padded_vocab_size = 100;  // (below the 101 ids)
+  mt::resolve(rows, 1);
+  CHECK_FALSE(mt::validate_vocabulary(rows).ok());
+  rows.model.padded_vocab_size.reset();
+  rows.model.no_pad_vocab_size = true;
+  mt::resolve(rows, 1);
+  CHECK(rows.derived.padded_vocab_size == 101);
+  CHECK(mt::validate_vocabulary(rows).ok());
+  rows.parallel.tensor_model_parallel_size = 2;  // (101 rows do not split over TP 2)
+  mt::resolve(rows, 2);
+  CHECK_FALSE(mt::validate_vocabulary(rows).ok());
 }
