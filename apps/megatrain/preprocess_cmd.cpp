@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "config/errors.h"
 #include "data/indexed_dataset.h"
+#include "data/hf_tokenizer.h"
 #include "data/tokenizer.h"
 
 namespace mt {
@@ -27,6 +28,7 @@ struct Options {
   std::vector<std::string> json_keys{"text"};
   int64_t vocab_size = 0;
   bool append_eod = false;
+  bool hf_no_special_tokens = false;
   int workers = 0;
 };
 
@@ -104,6 +106,8 @@ int run_preprocess(int argc, char** argv) {
   app.add_option("--merge-file", o.merge_file, "GPT-2 merges.txt");
   app.add_option("--vocab-size", o.vocab_size, "Vocabulary size (NullTokenizer)");
   app.add_flag("--append-eod", o.append_eod, "Append the end-of-document token to every document");
+  app.add_flag("--tokenizer-hf-no-include-special-tokens", o.hf_no_special_tokens,
+               "HuggingFaceTokenizer: leave out the post-processor's special tokens (BOS, ...), as HF's add_special_tokens=False");
   app.add_option("--workers", o.workers, "Tokenizer threads (default: all cores)");
   bool split_sentences = false;
   app.add_flag("--split-sentences", split_sentences, "Not supported: documents are stored whole");
@@ -114,6 +118,11 @@ int run_preprocess(int argc, char** argv) {
   }
   if (split_sentences) throw ConfigError("--split-sentences is not supported: megatrain stores each document as one sequence");
   const auto tok = make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.vocab_size, o.tokenizer_model);
+  if (o.hf_no_special_tokens) {
+    auto* hf = dynamic_cast<HfBpeTokenizer*>(tok.get());
+    if (!hf) throw ConfigError("--tokenizer-hf-no-include-special-tokens applies to --tokenizer-type HuggingFaceTokenizer");
+    hf->leave_out_special_tokens();
+  }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (o.workers > cores) {
     std::cerr << "megatrain preprocess: note: --workers " << o.workers << " is more than this machine's " << cores << " cores: using " << cores << "\n";

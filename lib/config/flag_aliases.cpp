@@ -205,7 +205,7 @@ std::vector<AliasSpec> build_aliases() {
       // Megatron's tokenizer settings that shape how text becomes ids: training reads ids that `megatrain preprocess`
       // (or Megatron's preprocess_data.py) already made.
       MT_INERT("tokenizer-hf-no-use-fast", false, "training reads token ids made beforehand (megatrain preprocess tokenizes)"),
-      MT_INERT("tokenizer-hf-no-include-special-tokens", false, "training reads token ids made beforehand (megatrain preprocess tokenizes)"),
+      MT_INERT("tokenizer-hf-no-include-special-tokens", false, "training reads token ids made beforehand (megatrain preprocess takes it)"),
       MT_INERT("tokenizer-hf-include-special-tokens", false, "training reads token ids made beforehand (megatrain preprocess tokenizes)"),
       MT_INERT("tokenizer-sentencepiece-legacy", false, "training reads token ids made beforehand (megatrain preprocess tokenizes)"),
       MT_INERT("no-tokenizer-sentencepiece-ignore-extra-whitespaces", false, "training reads token ids made beforehand (megatrain preprocess tokenizes)"),

@@ -26,6 +26,11 @@ class HfBpeTokenizer final : public Tokenizer {
  public:
   // `path`: tokenizer.json, or a directory holding it.
   explicit HfBpeTokenizer(const std::string& path);
+  // Megatron's --tokenizer-hf-no-include-special-tokens (HF's add_special_tokens=False): no post-processor tokens.
+  void leave_out_special_tokens() {
+    prefix_.clear();
+    suffix_.clear();
+  }
   ~HfBpeTokenizer() override;
   std::vector<int32_t> encode(std::string_view text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;

