@@ -90,6 +90,7 @@ struct TrainingConfig {
   double min_lr = 0.0;
   OptFloat decoupled_lr, decoupled_min_lr;  // the embedding's and output layer's own peak and final rates
   double weight_decay = 0.01;
+  bool apply_wd_to_qk_layernorm = false;  // weight decay on the QK norms' weights and biases too (Qwen3-Next's)
   double clip_grad = 1.0;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
@@ -236,6 +237,7 @@ struct DataConfig {
   OptString tokenizer_model;
   OptInt null_tokenizer_eod_id;       // NullTokenizer's end of document (default: --vocab-size, its extra id)
   int64_t null_tokenizer_pad_id = -1;  // NullTokenizer's padding id: labels equal to it take no loss (-1: none)
+  bool allow_ambiguous_pad_tokens = false;  // a padding id equal to the end of document still masks (Megatron's opt-in)
   int64_t vocab_extra_ids = 0;         // T5's sentinel tokens (only 0: megatrain trains decoder-only models)
 };
 

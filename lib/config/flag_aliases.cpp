@@ -92,6 +92,38 @@ std::vector<AliasSpec> build_aliases() {
          c.model.attention_backend = "flash";
          return std::string("note: --use-flash-attn is the old spelling of --attention-backend flash");
        }},
+      {"no-weight-decay-cond-type", true, "Deprecated in Megatron: apply_wd_to_qk_layernorm is --apply-wd-to-qk-layernorm",
+       [](Config& c, const std::string& v) {
+         if (v != "apply_wd_to_qk_layernorm") {
+           throw ConfigError("--no-weight-decay-cond-type " + v + ": its one value is apply_wd_to_qk_layernorm (Megatron: use --apply-wd-to-qk-layernorm)");
+         }
+         c.training.apply_wd_to_qk_layernorm = true;
+         return std::string("note: --no-weight-decay-cond-type apply_wd_to_qk_layernorm is deprecated (as in Megatron): it is --apply-wd-to-qk-layernorm");
+       }},
+      {"encoder-num-layers", true, "Megatron's other name of --num-layers for GPT models",
+       [](Config& c, const std::string& v) {
+         if (c.model.num_layers) throw ConfigError("--encoder-num-layers with --num-layers: give one (as Megatron)");
+         c.model.num_layers = parse_alias_int("encoder-num-layers", v);
+         return std::string("note: --encoder-num-layers is --num-layers for a GPT model");
+       }},
+      {"encoder-seq-length", true, "Megatron's other name of --seq-length for GPT models",
+       [](Config& c, const std::string& v) {
+         if (c.data.seq_length) throw ConfigError("--encoder-seq-length with --seq-length: give one (as Megatron)");
+         c.data.seq_length = parse_alias_int("encoder-seq-length", v);
+         return std::string("note: --encoder-seq-length is --seq-length for a GPT model");
+       }},
+      // Deprecated in Megatron, which stops with these same directions.
+      MT_REFUSED("batch-size", true, "no longer valid (as in Megatron): use --micro-batch-size"),
+      MT_REFUSED("warmup", true, "no longer valid (as in Megatron): use --lr-warmup-fraction"),
+      MT_REFUSED("model-parallel-size", true, "no longer valid (as in Megatron): use --tensor-model-parallel-size"),
+      MT_REFUSED("checkpoint-activations", false,
+                 "no longer valid (as in Megatron): use --recompute-activations, or --recompute-granularity and --recompute-method"),
+      MT_REFUSED("decoder-seq-length", true, "it belongs to encoder-decoder models (T5); megatrain trains decoder-only GPT models"),
+      MT_REFUSED("decoder-num-layers", true, "it belongs to encoder-decoder models (T5); megatrain trains decoder-only GPT models"),
+      MT_REFUSED("fp16-lm-cross-entropy", false, "megatrain computes the loss in fp32 (a loss in fp16 is not implemented): drop it"),
+      MT_REFUSED("dataloader-inter-document-masking", false,
+                 "attention restricted by the dataset's document boundaries is not implemented: use --reset-attention-mask (documents "
+                 "end at the end-of-document token: preprocess with --append-eod)"),
       {"recompute-activations", false, "Old spelling of --recompute-granularity selective",
        [](Config& c, const std::string&) {
          c.recompute.recompute_granularity = "selective";
@@ -173,7 +205,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_INERT("overlap-param-gather-with-optimizer-step", false, "a scheduling choice of the parameter all-gathers (the same results)"),
       MT_INERT("wgrad-deferral-limit", true, "a scheduling choice of the weight gradients (the same results)"),
       MT_INERT("overlap-p2p-communication-warmup-flush", false, "a scheduling choice of the pipeline's sends (the same results)"),
-      MT_REFUSED("apply-wd-to-qk-layernorm", false, "weight decay on the QK norms' weights is not implemented (norm weights take none)"),
       MT_REFUSED("attention-output-gate", false, "a gated attention output is not implemented"),
       MT_REFUSED("experimental-attention-variant", true, "other attention variants (linear, gated delta net) are not implemented"),
       MT_REFUSED("linear-attention-freq", true, "linear attention layers are not implemented"),

@@ -236,6 +236,9 @@ void check_attention(const Config& c, Checker& k) {
   }
   if (m.padded_vocab_size && *m.padded_vocab_size < 1) k.error("--padded-vocab-size must be >= 1, got " + s(*m.padded_vocab_size));
   const auto& d = c.data;
+  if (c.training.apply_wd_to_qk_layernorm && !m.qk_layernorm) {
+    k.warn("--apply-wd-to-qk-layernorm has no effect without --qk-layernorm (no QK norms to decay)");
+  }
   if (d.vocab_extra_ids != 0) k.error("--vocab-extra-ids: T5's sentinel tokens have no place in megatrain's decoder-only models: drop it");
   const bool null_tokenizer = d.tokenizer_type.value_or("") == "NullTokenizer";
   if ((d.null_tokenizer_eod_id || d.null_tokenizer_pad_id != -1) && !null_tokenizer) {

@@ -50,8 +50,9 @@ Microbatch make_microbatch(const TokenSource& src, Split split, int64_t first_sa
   std::vector<int32_t> buf(static_cast<size_t>(S + 1));
   const int32_t eod = src.eod();
   // Megatron's GPT dataset: labels equal to the padding id take no loss, and the id reads as 0 in tokens and labels (a
-  // padding id equal to the end of document is no padding id, as Megatron resets one that collides).
-  const int32_t pad = pad_token_id(cfg) == eod ? -1 : pad_token_id(cfg);
+  // padding id equal to the end of document is no padding id, as Megatron resets one that collides, unless
+  // --allow-ambiguous-pad-tokens).
+  const int32_t pad = pad_token_id(cfg) == eod && !cfg.data.allow_ambiguous_pad_tokens ? -1 : pad_token_id(cfg);
   for (int64_t b = 0; b < B; ++b) {
     src.sample(split, first_sample + b, S + 1, buf.data());
     for (int32_t t : buf) {

@@ -109,10 +109,16 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     ly.qkv_w = add_qkv(p + "attention.qkv.weight", {qkv_rows, D.h}, InitKind::kNormal, std);
     if (D.qkv_bias) ly.qkv_b = add_qkv(p + "attention.qkv.bias", {qkv_rows}, InitKind::kZeros, 0);
     if (D.qk_norm) {  // one [d] weight shared by every query head (and one by every key head), on every TP rank
-      ly.q_norm_w = add(p + "attention.q_norm.weight", {D.d}, -1, norm_init, 0);
-      if (!D.rms) ly.q_norm_b = add(p + "attention.q_norm.bias", {D.d}, -1, InitKind::kZeros, 0);
-      ly.k_norm_w = add(p + "attention.k_norm.weight", {D.d}, -1, norm_init, 0);
-      if (!D.rms) ly.k_norm_b = add(p + "attention.k_norm.bias", {D.d}, -1, InitKind::kZeros, 0);
+      // (--apply-wd-to-qk-layernorm: Megatron's Qwen3-Next rule, these norms' weights and biases decayed)
+      auto add_qk_norm = [&](const std::string& name, InitKind init) {
+        ParamInfo n = make_param(name, {D.d}, -1, r, t, init, 0);
+        n.weight_decay = cfg.training.apply_wd_to_qk_layernorm;
+        return put(n);
+      };
+      ly.q_norm_w = add_qk_norm(p + "attention.q_norm.weight", norm_init);
+      if (!D.rms) ly.q_norm_b = add_qk_norm(p + "attention.q_norm.bias", InitKind::kZeros);
+      ly.k_norm_w = add_qk_norm(p + "attention.k_norm.weight", norm_init);
+      if (!D.rms) ly.k_norm_b = add_qk_norm(p + "attention.k_norm.bias", InitKind::kZeros);
     }
     ly.proj_w = add(p + "attention.proj.weight", {D.h, D.nh * D.d}, 1, InitKind::kNormal, out_std);
     if (D.bias) ly.proj_b = add(p + "attention.proj.bias", {D.h}, -1, InitKind::kZeros, 0);

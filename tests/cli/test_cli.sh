@@ -94,6 +94,10 @@ expect vocab-extra-ids 2 "vocab-extra-ids: T5's sentinel tokens" -- "$B" --confi
 expect no-rope-interpolation 0 'iteration +2/' -- "$B" --config configs/quickstart.yaml --no-rope-freq [1,0] --rotary-seq-len-interpolation-factor 4 \
   --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
 expect no-rope-bad 2 'no-rope-freq 3 must divide --num-layers 2' -- "$B" --config configs/quickstart.yaml --no-rope-freq 3
+# Megatron's deprecated flags stop with its own directions; its other names of --num-layers / --seq-length map.
+expect deprecated-batch-size 2 'batch-size: no longer valid \(as in Megatron\): use --micro-batch-size' -- "$B" --config configs/quickstart.yaml --batch-size 4
+expect encoder-names 0 'encoder-seq-length is --seq-length' -- "$B" plan --encoder-num-layers 4 --hidden-size 64 --num-attention-heads 4 \
+  --encoder-seq-length 32 --max-position-embeddings 32 --vocab-size 100 --world-size 1
 
 # Multi-rank training under mpirun: one log line per iteration (rank 0), TP x DP layout announced.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -244,6 +244,10 @@ TEST_CASE("Megatron's tokenizer settings: NullTokenizer's end-of-document and pa
   const Microbatch colliding = make_microbatch(*mock, Split::kTrain, 0, 2, 64, c);
   CHECK(colliding.tokens == plain.tokens);
   CHECK(colliding.loss_mask == plain.loss_mask);
+  c.data.allow_ambiguous_pad_tokens = true;  // (Megatron's opt-in: the end of document's labels then take no loss)
+  const Microbatch ambiguous = make_microbatch(*mock, Split::kTrain, 0, 2, 64, c);
+  for (size_t i = 0; i < plain.tokens.size(); ++i) CHECK(ambiguous.loss_mask[i] == (plain.labels[i] == 7 ? 0.0f : 1.0f));
+  c.data.allow_ambiguous_pad_tokens = false;
   // --padded-vocab-size as given, --no-pad-vocab-size the vocabulary itself; either checked against it and TP.
   mt::Config rows = c;
   rows.data.null_tokenizer_pad_id = -1;

@@ -232,3 +232,28 @@ TEST_CASE("--rotary-seq-len-interpolation-factor: every position divided by the 
   CHECK(complaints(learned) == 1);
   CHECK(complaints(factor_two) == 0);
 }
+
+TEST_CASE("--apply-wd-to-qk-layernorm: the QK norms' weights decay (Megatron's Qwen3-Next rule), other norms do not") {
+  for (bool apply : {false, true}) {
+    Config c = test::tiny_decoder(true, 2, 0.0, true);
+    c.training.apply_wd_to_qk_layernorm = apply;
+    GPTModel model(c, ProcessGroups::single());
+    int qk = 0;
+    for (size_t i = 0; i < model.params().size(); ++i) {
+      const ParamInfo& p = model.params().info(i);
+      const bool qk_norm = p.name.find("q_norm.") != std::string::npos || p.name.find("k_norm.") != std::string::npos;
+      INFO(p.name);
+      if (qk_norm) {
+        ++qk;
+        CHECK(p.weight_decay == apply);
+      } else {
+        CHECK(p.weight_decay == (p.global_shape.size() > 1));
+      }
+    }
+    CHECK(qk == 4);
+  }
+  // Megatron's deprecated spelling.
+  Config c;
+  apply_yaml_text(c, "no_weight_decay_cond_type: apply_wd_to_qk_layernorm\n", "a recipe");
+  CHECK(c.training.apply_wd_to_qk_layernorm);
+}
