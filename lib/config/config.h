@@ -34,7 +34,7 @@ struct ModelConfig {
   bool use_rope_scaling = false;     // LLaMA 3.1's RoPE frequency scaling
   double rope_scaling_factor = 8.0;  // its factor (Megatron: low 1, high 4, original 8192 fixed)
   OptInt rotary_seq_len_interpolation_factor;  // RoPE's linear position interpolation: positions divided by it
-  std::string no_rope_freq;  // the layers without RoPE (Llama 4's): N (every N-th) or a 0/1 list; empty: none (config/layer_pattern.h)
+  OptString no_rope_freq;  // the layers without RoPE (Llama 4's): N (every N-th) or a 0/1 list; unset: none (config/layer_pattern.h)
   double rotary_percent = 1.0;
   OptInt max_position_embeddings;
   bool untie_embeddings_and_output_weights = false;

@@ -132,14 +132,14 @@ std::vector<bool> parse_layer_pattern(const std::string& given, int64_t num_laye
 }
 
 bool rope_skipping_given(const Config& cfg) {  // (0 is off, as Megatron's `if self.no_rope_freq:` reads it)
-  const std::string& text = cfg.model.no_rope_freq;
+  const std::string text = cfg.model.no_rope_freq.value_or("");
   const size_t a = text.find_first_not_of(" \t"), b = text.find_last_not_of(" \t");
   return a != std::string::npos && text.substr(a, b - a + 1) != "0";
 }
 
 std::vector<bool> rope_skipped_layers(const Config& cfg) {
   if (!rope_skipping_given(cfg)) return {};
-  return parse_layer_pattern(cfg.model.no_rope_freq, cfg.model.num_layers.value_or(0), "no-rope-freq", LayerEvery::kLast,
+  return parse_layer_pattern(*cfg.model.no_rope_freq, cfg.model.num_layers.value_or(0), "no-rope-freq", LayerEvery::kLast,
                              "0 (RoPE) or 1 (no RoPE)");
 }
 

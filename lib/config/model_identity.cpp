@@ -53,7 +53,7 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
     try {
       for (bool b : rope_skipped_layers(c)) skipped += b ? '1' : '0';
     } catch (const ConfigError&) {
-      skipped = m.no_rope_freq;
+      skipped = m.no_rope_freq.value_or("");
     }
     out.emplace_back("no-rope-freq", skipped);
     if (m.use_rope_scaling) out.emplace_back("rope-scaling-factor", text(m.rope_scaling_factor));

@@ -179,7 +179,7 @@ TEST_CASE("--no-rope-freq: Megatron's patterns, layers without RoPE, and the gra
   // neither that nor the plain model.
   auto loss = [](const std::string& skipped, const std::string& positions) {
     Config m = tiny(true);
-    m.model.no_rope_freq = skipped;
+    if (!skipped.empty()) m.model.no_rope_freq = skipped;
     m.model.position_embedding_type = positions;
     resolve(m, 1);
     GPTModel model(m, ProcessGroups::single());
