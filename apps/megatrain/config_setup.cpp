@@ -46,7 +46,9 @@ Config setup_config(CLI::App& app, ConfigCli& cli, int argc, char** argv, int64_
     Config saved;
     apply_yaml_text(saved, checkpoint_config_yaml(*cfg.checkpoint.load, cfg.checkpoint.ckpt_step), "checkpoint config");
     for (const auto& spec : flag_table()) {
-      if (spec.group != "Network size" || flag_is_list(spec)) continue;
+      // (and the embedding's rows as saved: --padded-vocab-size, --no-pad-vocab-size, as Megatron restores padded_vocab_size)
+      const bool rows = spec.name == "padded-vocab-size" || spec.name == "no-pad-vocab-size";
+      if ((spec.group != "Network size" && !rows) || flag_is_list(spec)) continue;
       const std::string v = flag_value_text(saved, spec);
       if (v.empty()) unset_flag(cfg, spec, "checkpoint");
       else set_flag_from_string(cfg, spec, v, "checkpoint");

@@ -141,6 +141,7 @@ struct PrecisionConfig {
   int64_t num_layers_at_start_in_bf16 = 1;
   int64_t num_layers_at_end_in_bf16 = 1;
   bool grad_reduce_in_bf16 = false;
+  bool ddp_reduce_scatter_with_fp32_accumulation = false;  // Megatron's: bf16 on the wire, summed in fp32 (not with bf16 reductions here)
 };
 
 struct RecomputeConfig {

@@ -102,14 +102,16 @@ std::vector<AliasSpec> build_aliases() {
        }},
       {"encoder-num-layers", true, "Megatron's other name of --num-layers for GPT models",
        [](Config& c, const std::string& v) {
-         if (c.model.num_layers) throw ConfigError("--encoder-num-layers with --num-layers: give one (as Megatron)");
-         c.model.num_layers = parse_alias_int("encoder-num-layers", v);
+         const int64_t n = parse_alias_int("encoder-num-layers", v);
+         if (c.model.num_layers && *c.model.num_layers != n) throw ConfigError("--encoder-num-layers " + v + " with another --num-layers: give one");
+         c.model.num_layers = n;
          return std::string("note: --encoder-num-layers is --num-layers for a GPT model");
        }},
       {"encoder-seq-length", true, "Megatron's other name of --seq-length for GPT models",
        [](Config& c, const std::string& v) {
-         if (c.data.seq_length) throw ConfigError("--encoder-seq-length with --seq-length: give one (as Megatron)");
-         c.data.seq_length = parse_alias_int("encoder-seq-length", v);
+         const int64_t n = parse_alias_int("encoder-seq-length", v);
+         if (c.data.seq_length && *c.data.seq_length != n) throw ConfigError("--encoder-seq-length " + v + " with another --seq-length: give one");
+         c.data.seq_length = n;
          return std::string("note: --encoder-seq-length is --seq-length for a GPT model");
        }},
       // Deprecated in Megatron, which stops with these same directions.
@@ -250,7 +252,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_DEFAULT_ONLY("rope-type", "rope", "YaRN (multi-latent attention's) is not implemented"),
       MT_INERT("ddp-num-buckets", true, "how the gradients are bucketed for their reduction does not change the results (--ddp-bucket-size sets megatrain's)"),
       MT_INERT("ddp-pad-buckets-for-high-nccl-busbw", false, "the buckets' padding does not change the results"),
-      MT_INERT("ddp-reduce-scatter-with-fp32-accumulation", false, "megatrain reduces the fp32 gradients in fp32 already"),
       MT_INERT("keep-fp8-transpose-cache", false, "where FP8 transposes are kept does not change the results"),
       MT_INERT("no-pin-cpu-grads", false, "pinned host memory does not change the results of the offloaded optimizer"),
       MT_INERT("no-pin-cpu-params", false, "pinned host memory does not change the results of the offloaded optimizer"),

@@ -168,6 +168,8 @@ std::vector<FlagSpec> build_table() {
       F(kPrec, "num-layers-at-start-in-bf16", precision.num_layers_at_start_in_bf16, "FP8: layers at the start in bf16 (--first-last-layers-bf16)"),
       F(kPrec, "num-layers-at-end-in-bf16", precision.num_layers_at_end_in_bf16, "FP8: layers at the end in bf16 (--first-last-layers-bf16)"),
       F(kPrec, "grad-reduce-in-bf16", precision.grad_reduce_in_bf16, "Reduce gradients in bf16"),
+      F(kPrec, "ddp-reduce-scatter-with-fp32-accumulation", precision.ddp_reduce_scatter_with_fp32_accumulation,
+        "Gradient reductions summed in fp32 (megatrain's fp32 gradients are; refused with --grad-reduce-in-bf16, which sums in bf16)"),
       F(kPrec, "fp32-residual-connection", precision.fp32_residual_connection,
         "Keep the residual stream in fp32 (default: the 16-bit type of --bf16/--fp16; the CPU engine always fp32)"),
       // Recompute
@@ -254,7 +256,9 @@ std::vector<FlagSpec> build_table() {
       F(kTok, "vocab-extra-ids", data.vocab_extra_ids, "T5's sentinel tokens: only 0 (megatrain trains decoder-only models)"),
       F(kTok, "padded-vocab-size", model.padded_vocab_size,
         "The embedding's rows, as given (a multiple of TP, at least the vocabulary); default: padded by --make-vocab-size-divisible-by x TP"),
-      F(kTok, "no-pad-vocab-size", model.no_pad_vocab_size, "No vocabulary padding: the embedding's rows are the tokenizer's vocabulary"),
+      F(kTok, "no-pad-vocab-size", model.no_pad_vocab_size,
+        "No vocabulary padding: the embedding's rows are the tokenizer's vocabulary (Megatron then needs --padded-vocab-size; megatrain "
+        "takes the vocabulary)"),
       // Checkpointing
       F(kCkpt, "save", checkpoint.save, "Directory to save checkpoints to"),
       F(kCkpt, "load", checkpoint.load, "Directory to load a checkpoint from"),
@@ -513,6 +517,10 @@ void set_flag_from_list(Config& cfg, const FlagSpec& spec, const std::vector<std
     FloatList numbers;
     for (const auto& v : values) numbers.push_back(parse_float(spec, v, source));
     **p = numbers;
+    return;
+  }
+  if (spec.name == "no-rope-freq" && values.empty()) {  // (an empty list: no layer without RoPE, as Megatron's falsy [])
+    unset_flag(cfg, spec, source);
     return;
   }
   if (spec.name == "moe-layer-freq" || spec.name == "no-rope-freq") {  // (a YAML list of 0/1 per layer: the pattern "[0,1,...]")

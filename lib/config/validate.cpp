@@ -239,6 +239,10 @@ void check_attention(const Config& c, Checker& k) {
   if (c.training.apply_wd_to_qk_layernorm && !m.qk_layernorm) {
     k.warn("--apply-wd-to-qk-layernorm has no effect without --qk-layernorm (no QK norms to decay)");
   }
+  if (c.precision.ddp_reduce_scatter_with_fp32_accumulation && c.precision.grad_reduce_in_bf16) {
+    k.error("--ddp-reduce-scatter-with-fp32-accumulation with --grad-reduce-in-bf16: megatrain's bf16 reductions sum in bf16 (bf16 on the wire "
+            "with fp32 sums is not implemented): drop one of them");
+  }
   if (d.vocab_extra_ids != 0) k.error("--vocab-extra-ids: T5's sentinel tokens have no place in megatrain's decoder-only models: drop it");
   const bool null_tokenizer = d.tokenizer_type.value_or("") == "NullTokenizer";
   if ((d.null_tokenizer_eod_id || d.null_tokenizer_pad_id != -1) && !null_tokenizer) {

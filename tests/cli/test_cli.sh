@@ -94,6 +94,11 @@ expect vocab-extra-ids 2 "vocab-extra-ids: T5's sentinel tokens" -- "$B" --confi
 expect no-rope-interpolation 0 'iteration +2/' -- "$B" --config configs/quickstart.yaml --no-rope-freq [1,0] --rotary-seq-len-interpolation-factor 4 \
   --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
 expect no-rope-bad 2 'no-rope-freq 3 must divide --num-layers 2' -- "$B" --config configs/quickstart.yaml --no-rope-freq 3
+# The embedding's rows as given: checked against the vocabulary and TP after the tokenizer's vocabulary is known.
+expect padded-vocab-below 2 'padded-vocab-size 50 is below the vocabulary.s 100 ids' -- "$B" plan --num-layers 2 --hidden-size 64 \
+  --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --vocab-size 100 --padded-vocab-size 50 --world-size 1
+expect no-pad-odd-vocab 2 'no-pad-vocab-size: the embedding.s 101 rows do not split over TP 2' -- "$B" plan --num-layers 2 --hidden-size 64 \
+  --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --vocab-size 101 --no-pad-vocab-size --tensor-model-parallel-size 2 --world-size 2
 # Megatron's deprecated flags stop with its own directions; its other names of --num-layers / --seq-length map.
 expect deprecated-batch-size 2 'batch-size: no longer valid \(as in Megatron\): use --micro-batch-size' -- "$B" --config configs/quickstart.yaml --batch-size 4
 expect encoder-names 0 'encoder-seq-length is --seq-length' -- "$B" plan --encoder-num-layers 4 --hidden-size 64 --num-attention-heads 4 \
