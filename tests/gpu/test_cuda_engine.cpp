@@ -726,32 +726,42 @@ void test_moe_route(int64_t E, int64_t k, mt::cpu::ScoreFunction score, bool pre
 // the CPU's fp32 sends a token elsewhere, moving the routers' and experts' gradients, and every one upstream of them
 // (the embedding's), by 5e-2 to 2e-1 (seen); with every expert chosen there is no choice to flip, and the routing
 // weights, the expert GEMMs and the gathers still differ per token.
+// One microbatch's gradients of a model on the GPU and on the CPU engine (in the store's layout).
+std::pair<std::vector<float>, std::vector<float>> gradients_both(const mt::Config& cfg, mt::ParamStore& store) {
+  const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
+  const StagedMicrobatches staged = stage_microbatches(cfg, gpu.dims(), 1, stream);
+  float* acc = nullptr;
+  cudaMalloc(&acc, 4);
+  const size_t P = static_cast<size_t>(gpu.numel());
+  cudaMemsetAsync(gpu.grads(), 0, P * 4, stream);
+  cudaMemsetAsync(acc, 0, 4, stream);
+  gpu.set_final_backward(true);
+  gpu.forward(staged.dev[0], staged.weight[0], staged.weight[0], acc, 0);
+  gpu.backward(staged.dev[0], 0);
+  cudaStreamSynchronize(stream);
+  std::vector<float> g = download(gpu.grads(), P);
+  cudaFree(acc);
+  mt::GPTModel cpu(cfg, mt::ProcessGroups::single());
+  cpu.params().zero_grads();
+  cpu.forward(staged.host[0], 1, true);
+  cpu.backward(1.0f, true);
+  const float* c = cpu.params().grads().f32();
+  std::vector<float> h(c, c + cpu.params().numel());
+  cudaStreamDestroy(stream);
+  return {std::move(g), std::move(h)};
+}
+
 void test_moe_gradients(const std::string& model, const std::string& extra) {
   const std::string name = "MoE gradients " + model + " " + extra;
   try {
     const mt::Config cfg = make_config(model, std::string(MT_PLAIN_BATCH "--train-iters 1 --num-experts 4 --moe-router-topk 4 --moe-ffn-hidden-size 128 "
                                                           "--moe-aux-loss-coeff 0 ") + extra);
     mt::ParamStore store;
-    const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
-    cudaStream_t stream = nullptr;
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
-    const StagedMicrobatches staged = stage_microbatches(cfg, gpu.dims(), 1, stream);
-    float* acc = nullptr;
-    cudaMalloc(&acc, 4);
-    const size_t P = static_cast<size_t>(gpu.numel());
-    cudaMemsetAsync(gpu.grads(), 0, P * 4, stream);
-    cudaMemsetAsync(acc, 0, 4, stream);
-    gpu.set_final_backward(true);
-    gpu.forward(staged.dev[0], staged.weight[0], staged.weight[0], acc, 0);
-    gpu.backward(staged.dev[0], 0);
-    cudaStreamSynchronize(stream);
-    const std::vector<float> g = download(gpu.grads(), P);
-    mt::GPTModel cpu(cfg, mt::ProcessGroups::single());
-    cpu.params().zero_grads();
-    cpu.forward(staged.host[0], 1, true);
-    cpu.backward(1.0f, true);
-    const float* c = cpu.params().grads().f32();
+    const auto [g, cpu_grads] = gradients_both(cfg, store);
+    const float* c = cpu_grads.data();
     double worst = 0, worst_routed = 0;
     std::string worst_name;
     bool shared_seen = false, router_seen = false;
@@ -771,8 +781,6 @@ void test_moe_gradients(const std::string& model, const std::string& extra) {
     std::snprintf(buf, sizeof(buf), "%s: worst parameter %s %.2e apart from the CPU engine's (the routed experts' and routers' worst: %.2e)",
                   name.c_str(), worst_name.c_str(), worst, worst_routed);
     check(router_seen && shared_seen == (extra.find("shared-expert") != std::string::npos) && worst < 5e-2, buf);
-    cudaFree(acc);
-    cudaStreamDestroy(stream);
   } catch (const std::exception& e) {
     check(false, name + ": " + e.what());
   }
@@ -1275,36 +1283,6 @@ void test_fp8_dense() {
   test_training("gpt", std::string(kPlain) + "--fp8-format e4m3 --fp8-recipe blockwise ");
   test_training("llama-recompute", std::string(kPlain) + "--fp8-format hybrid --fp8-recipe blockwise ");
   test_pipeline_schedule("llama", "zb-h1", "--fp8-format hybrid --fp8-recipe blockwise ");  // deferred weight gradients quantise dy again
-}
-
-// One microbatch's gradients of a dense model on the GPU and on the CPU engine.
-std::pair<std::vector<float>, std::vector<float>> gradients_both(const mt::Config& cfg, mt::ParamStore& store) {
-  const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
-  cudaStream_t stream = nullptr;
-  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  std::vector<float> g;
-  {
-    mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
-    const StagedMicrobatches staged = stage_microbatches(cfg, gpu.dims(), 1, stream);
-    float* acc = nullptr;
-    cudaMalloc(&acc, 4);
-    const size_t P = static_cast<size_t>(gpu.numel());
-    cudaMemsetAsync(gpu.grads(), 0, P * 4, stream);
-    cudaMemsetAsync(acc, 0, 4, stream);
-    gpu.set_final_backward(true);
-    gpu.forward(staged.dev[0], staged.weight[0], staged.weight[0], acc, 0);
-    gpu.backward(staged.dev[0], 0);
-    cudaStreamSynchronize(stream);
-    g = download(gpu.grads(), P);
-    cudaFree(acc);
-    mt::GPTModel cpu(cfg, mt::ProcessGroups::single());
-    cpu.params().zero_grads();
-    cpu.forward(staged.host[0], 1, true);
-    cpu.backward(1.0f, true);
-    const float* c = cpu.params().grads().f32();
-    cudaStreamDestroy(stream);
-    return {g, std::vector<float>(c, c + cpu.params().numel())};
-  }
 }
 
 // --no-rope-freq (Llama 4's layers without RoPE; written without a GPU in the thirty-sixth session, refused until these

@@ -185,6 +185,24 @@ TEST_CASE("--eod-mask-loss, --reset-position-ids and --reset-attention-mask foll
   CHECK(make_microbatch(mock, Split::kTrain, 0, 1, 64, Config{}).row_start.empty());
 }
 
+namespace {
+
+// A one-layer model on mock data with NullTokenizer's --vocab-size 100, sequences of seq_length.
+mt::Config null_tokenizer_mock_data(int64_t seq_length) {
+  mt::Config c;
+  c.model.num_layers = 1;
+  c.model.hidden_size = 32;
+  c.model.num_attention_heads = 4;
+  c.model.vocab_size = 100;
+  c.data.tokenizer_type = "NullTokenizer";
+  c.data.mock_data = true;
+  c.data.seq_length = seq_length;
+  c.training.micro_batch_size = 2;
+  return c;
+}
+
+}  // namespace
+
 TEST_CASE("NullTokenizer is Megatron's: --vocab-size V ids and the end of document V, a vocabulary of V + 1") {
   const auto tok = mt::make_tokenizer("NullTokenizer", "", "", 100);
   CHECK(tok->vocab_size() == 101);
@@ -195,15 +213,7 @@ TEST_CASE("NullTokenizer is Megatron's: --vocab-size V ids and the end of docume
   CHECK(mt::padded_vocab_size(tok->vocab_size(), 128, 1) == 128);
   CHECK(mt::padded_vocab_size(mt::make_tokenizer("NullTokenizer", "", "", 128256)->vocab_size(), 128, 1) == 128384);
   // Mock data with NullTokenizer (the benchmark recipes): the model and the data agree on V + 1.
-  mt::Config c;
-  c.model.num_layers = 1;
-  c.model.hidden_size = 32;
-  c.model.num_attention_heads = 4;
-  c.model.vocab_size = 100;
-  c.data.tokenizer_type = "NullTokenizer";
-  c.data.mock_data = true;
-  c.data.seq_length = 16;
-  c.training.micro_batch_size = 2;
+  mt::Config c = null_tokenizer_mock_data(16);
   mt::resolve(c, 1);
   CHECK(c.derived.vocab_size == 101);
   CHECK(mt::open_training_data(c)->vocab_size() == 101);
@@ -212,15 +222,7 @@ TEST_CASE("NullTokenizer is Megatron's: --vocab-size V ids and the end of docume
 TEST_CASE("Megatron's tokenizer settings: NullTokenizer's end-of-document and padding ids, the embedding's rows as given") {
   // --null-tokenizer-eod-id: the tokenizer's and the mock data's end of document.
   CHECK(mt::make_tokenizer("NullTokenizer", "", "", 100, "", 7)->eod() == 7);
-  mt::Config c;
-  c.model.num_layers = 1;
-  c.model.hidden_size = 32;
-  c.model.num_attention_heads = 4;
-  c.model.vocab_size = 100;
-  c.data.tokenizer_type = "NullTokenizer";
-  c.data.mock_data = true;
-  c.data.seq_length = 64;
-  c.training.micro_batch_size = 2;
+  mt::Config c = null_tokenizer_mock_data(64);
   c.data.null_tokenizer_eod_id = 7;
   mt::resolve(c, 1);
   const auto mock = mt::open_training_data(c);
