@@ -16,6 +16,7 @@
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/device_allocator.h"
 #include "tensor/device_info.h"
+#include "train/moe_report.h"
 #include "train/train_common.h"
 
 namespace mt {
@@ -251,11 +252,12 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   loss_hist_ = device_zeros<float>(hist);
   norm_hist_ = device_zeros<float>(hist);
   skip_hist_ = device_zeros<int32_t>(hist);
-  // (the MoE report's three sums per step over the pipeline at most; with --moe-per-layer-logging each layer's two losses)
-  const auto per_step = std::max<size_t>(3, cfg.moe.moe_per_layer_logging ? 2 * static_cast<size_t>(cfg.model.num_layers.value_or(0)) : 0);
+  // (the MoE report's sums per step over the pipeline at most: the three load-balancing losses, the z-loss and the tokens
+  // kept; with --moe-per-layer-logging each layer's four losses)
+  const auto per_step = std::max<size_t>(5, cfg.moe.moe_per_layer_logging ? kMoeLossSlots * static_cast<size_t>(cfg.model.num_layers.value_or(0)) : 0);
   avg_buf_ = device_zeros<float>(per_step * hist);
   // (every chunk's MoE layers, chunk after chunk: under interleaving each chunk keeps its own statistics)
-  for (const CudaGPT* m : chunks_models_) moe_row_ += m->moe_layer_count() * (2 + model_->dims().experts);
+  for (const CudaGPT* m : chunks_models_) moe_row_ += m->moe_layer_count() * m->moe_stats_row();
   if (moe_row_ > 0) moe_hist_ = device_zeros<float>(hist * static_cast<size_t>(moe_row_));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&drained_, cudaEventDisableTiming));
   if (ck.save) saver_ = make_saver(cfg, groups_);

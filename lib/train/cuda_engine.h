@@ -73,7 +73,7 @@ class CudaEngine final : public TrainingEngine {
   void norm_partials(const float* x, bool by_state, const float* loss = nullptr, float host_part = 0.0f);
   // Averages host values over the data-parallel group (log and validation time only).
   void dp_average(float* values, int64_t n);
-  // values[n] (host) reduced over `group` through avg_buf_ (NCCL reduces device memory; n at most 3 x the history).
+  // values[n] (host) reduced over `group` through avg_buf_ (NCCL reduces device memory; n at most the history x its values per step).
   void reduce_through_device(Communicator& group, float* values, int64_t n, ReduceOp op);
   void params_gathered();
   void profile_report(int64_t iteration, double waited_before, int64_t mallocs_before);

@@ -13,6 +13,7 @@
 
 #include "config/moe_pattern.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/moe.h"
 #include "model/context_parallel.h"
 #include "pipeline/configured_schedule.h"
 #include "pipeline/cuda_stage.h"
@@ -246,6 +247,11 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   if (cfg.moe.moe_router_enable_expert_bias) {
     for (CudaGPT* m : chunks_models_) m->update_expert_biases(static_cast<float>(cfg.moe.moe_router_bias_update_rate));
   }
+  // Quantile balancing (Megatron's _update_router_qb_beta): each MoE layer's qb_beta from the iteration's quantiles,
+  // summed over the replicas above.
+  if (cfg.moe.load_balancing_is("quantile_balancing")) {
+    for (CudaGPT* m : chunks_models_) m->update_quantile_biases(cfg.moe.moe_router_quantile_balancing_ema);
+  }
 #ifdef MEGATRAIN_HAVE_NCCL
   // Distributed optimizer: each rank updates the working weights of its blocks; every rank gets all of them,
   // after the step or (--overlap-param-gather) bucket by bucket as the step updates them, on the
@@ -276,7 +282,7 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   if (moe_row_ > 0) {  // this step's MoE statistics (each chunk's rows in turn), then a clean sum for the next
     size_t at = slot * static_cast<size_t>(moe_row_);
     for (CudaGPT* m : chunks_models_) {
-      const auto row = static_cast<size_t>(m->moe_layer_count() * (2 + m->dims().experts));
+      const auto row = static_cast<size_t>(m->moe_layer_count() * m->moe_stats_row());
       if (row == 0) continue;
       MT_CUDA_CHECK(cudaMemcpyAsync(moe_hist_ + at, m->moe_stats(), row * 4, cudaMemcpyDeviceToDevice, stream_));
       m->zero_moe_stats();
@@ -339,32 +345,34 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
   const std::vector<int64_t> microbatches = std::exchange(moe_microbatches_, {});
   if (!cfg_.moe.num_experts || out.empty()) return;
   if (microbatches.size() != out.size()) throw std::logic_error("CUDA engine: MoE statistics for another number of steps");
-  const int64_t E = model_->dims().experts, local_layers = moe_row_ / (2 + E);
+  const int64_t E = model_->dims().experts, row_floats = model_->moe_stats_row(), local_layers = moe_row_ / row_floats;
+  constexpr size_t head = static_cast<size_t>(cuda::kMoeStatsHead), kSums = head + 1;  // (the row's losses, then the tokens kept)
   int64_t layers = 0;
   for (bool moe : moe_layer_pattern(cfg_)) layers += moe ? 1 : 0;
   // (a rank's tokens: under context parallelism its share of each sequence)
   const int64_t tokens_per_microbatch = cfg_.training.micro_batch_size.value_or(1) * cfg_.data.seq_length.value_or(0) / cp_;
   std::vector<float> hist(out.size() * static_cast<size_t>(moe_row_));
   if (moe_row_ > 0) MT_CUDA_CHECK(cudaMemcpy(hist.data(), moe_hist_, hist.size() * 4, cudaMemcpyDeviceToHost));
-  // Per step: the sums (aux, z, tokens kept) and the extremes (-min, max) of this stage's rows.
+  // Per step: the sums (each load-balancing loss, z, tokens kept) and the extremes (-min, max) of this stage's rows.
   const size_t steps = out.size();
-  std::vector<float> sums(3 * steps, 0.0f), extremes(2 * steps, -std::numeric_limits<float>::infinity());
+  std::vector<float> sums(kSums * steps, 0.0f), extremes(2 * steps, -std::numeric_limits<float>::infinity());
   for (size_t i = 0; i < steps; ++i) {
     const float* step = hist.data() + i * static_cast<size_t>(moe_row_);
     for (int64_t l = 0; l < local_layers; ++l) {
-      const float* row = step + l * (2 + E);
-      sums[3 * i] += row[0];
-      sums[3 * i + 1] += row[1];
+      const float* row = step + l * row_floats;
+      for (size_t j = 0; j < head; ++j) sums[kSums * i + j] += row[j];
       for (int64_t e = 0; e < E; ++e) {
-        extremes[2 * i] = std::max(extremes[2 * i], -row[2 + e]);
-        extremes[2 * i + 1] = std::max(extremes[2 * i + 1], row[2 + e]);
-        sums[3 * i + 2] += row[2 + e];
+        extremes[2 * i] = std::max(extremes[2 * i], -row[head + static_cast<size_t>(e)]);
+        extremes[2 * i + 1] = std::max(extremes[2 * i + 1], row[head + static_cast<size_t>(e)]);
+        sums[kSums * i + head] += row[head + static_cast<size_t>(e)];
       }
     }
   }
-  // --moe-per-layer-logging: per step, [2][num_layers] of each layer's aux and z sums (a stage's own layers; the others 0).
+  // --moe-per-layer-logging: per step, [kMoeLossSlots][num_layers] of each layer's losses (moe_report.h's slots, the
+  // row's order: the three load-balancing losses, then z; a stage's own layers, the others 0).
+  static_assert(kMoeLossSlots == head, "the per-layer slots are the statistics row's losses");
   const auto L = static_cast<size_t>(cfg_.model.num_layers.value_or(0));
-  std::vector<float> per_layer(cfg_.moe.moe_per_layer_logging ? steps * 2 * L : 0, 0.0f);
+  std::vector<float> per_layer(cfg_.moe.moe_per_layer_logging ? steps * kMoeLossSlots * L : 0, 0.0f);
   if (!per_layer.empty()) {
     std::vector<int64_t> global;
     for (const CudaGPT* m : chunks_models_) {
@@ -372,9 +380,8 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
     }
     for (size_t i = 0; i < steps; ++i) {
       for (size_t l = 0; l < global.size(); ++l) {
-        const float* row = hist.data() + i * static_cast<size_t>(moe_row_) + l * static_cast<size_t>(2 + E);
-        per_layer[i * 2 * L + static_cast<size_t>(global[l])] = row[0];
-        per_layer[i * 2 * L + L + static_cast<size_t>(global[l])] = row[1];
+        const float* row = hist.data() + i * static_cast<size_t>(moe_row_) + l * static_cast<size_t>(row_floats);
+        for (size_t j = 0; j < kMoeLossSlots; ++j) per_layer[(i * kMoeLossSlots + j) * L + static_cast<size_t>(global[l])] = row[j];
       }
     }
   }
@@ -386,30 +393,24 @@ void CudaEngine::add_moe_reports(std::vector<StepReport>& out) {
   if (layers == 0) return;  // (--num-experts with every layer dense by --moe-layer-freq: nothing to report, as the CPU engine)
   const auto& moe = cfg_.moe;
   const bool capacity = moe.moe_expert_capacity_factor.has_value();
-  // (one load-balancing loss at most on this engine: the capability checks refuse Megatron's list form here)
-  const auto logged = logged_balance_losses(moe);
-  const bool aux = !logged.empty(), z = moe.moe_z_loss_coeff.value_or(0.0) > 0;
-  const size_t aux_slot = aux ? logged[0].first : 0;
+  const bool z = moe.moe_z_loss_coeff.value_or(0.0) > 0;
   for (size_t i = 0; i < steps; ++i) {
     // (summed over the DP replicas at the step: the losses' average, the routed choices of every replica)
     const double per = static_cast<double>(std::max<int64_t>(1, microbatches[i])) * static_cast<double>(layers) * static_cast<double>(dp_);
     StepReport& r = out[i];
-    if (aux) r.moe_losses.emplace_back(logged[0].second, sums[3 * i] / per);
-    if (z) r.moe_losses.emplace_back("z_loss", sums[3 * i + 1] / per);
+    for (const auto& [slot, name] : logged_balance_losses(moe)) r.moe_losses.emplace_back(name, sums[kSums * i + slot] / per);
+    if (z) r.moe_losses.emplace_back("z_loss", sums[kSums * i + head - 1] / per);
     if (!per_layer.empty()) {
-      std::vector<double> step(kMoeLossSlots * L, 0.0);  // (moe_report.h's slots: the aux loss at its type's, the z-loss last)
-      for (size_t l = 0; l < L; ++l) {
-        step[aux_slot * L + l] = per_layer[i * 2 * L + l];
-        step[3 * L + l] = per_layer[i * 2 * L + L + l];
-      }
+      const std::vector<double> step(per_layer.begin() + static_cast<std::ptrdiff_t>(i * kMoeLossSlots * L),
+                                     per_layer.begin() + static_cast<std::ptrdiff_t>((i + 1) * kMoeLossSlots * L));
       add_layer_losses(moe, step, 1.0 / (per / static_cast<double>(layers)), r);
     }
     r.expert_tokens_min = -extremes[2 * i];
     r.expert_tokens_max = extremes[2 * i + 1];
-    r.expert_tokens_mean = sums[3 * i + 2] / static_cast<double>(layers * E);
+    r.expert_tokens_mean = sums[kSums * i + head] / static_cast<double>(layers * E);
     // The choices routed (every microbatch's tokens, top k, each MoE layer) less those kept (the counts).
     const double routed = per * static_cast<double>(tokens_per_microbatch * model_->dims().topk);
-    const double kept = sums[3 * i + 2];
+    const double kept = sums[kSums * i + head];
     r.dropped_fraction = capacity && routed > 0 && kept < routed ? (routed - kept) / routed : 0.0;  // (dropless: none, exactly)
   }
 }
@@ -510,7 +511,7 @@ void CudaEngine::save(TrainState state) {
   // expert-DP is the DP group)
   who.writes_expert_params = groups_.expert_dp->rank() == 0;
   who.writes_expert_optimizer = groups_.expert_dp->rank() == 0 || dist_opt_;
-  for (const CudaGPT* m : chunks_models_) m->download_expert_biases(*host_);  // (fp32: not in the working weights)
+  for (const CudaGPT* m : chunks_models_) m->download_router_biases(*host_);  // (fp32: not in the working weights)
   auto snap = take_snapshot(cfg, *host_, *host_opt_, state, who, !cfg.checkpoint.no_save_optim);
   if (groups_.tp->rank() == 0 && dp_rank_ == 0) {  // FP8 delayed scaling: one writer per stage
     for (CudaGPT* m : chunks_models_) {

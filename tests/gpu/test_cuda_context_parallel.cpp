@@ -241,19 +241,19 @@ void test_context_parallel(const std::string& model, int64_t cp, const std::stri
     double moe_gap = 0;
     const int64_t moe_layers = whole.model->moe_layer_count(), E = whole.model->dims().experts;
     if (moe_layers > 0) {
-      const auto row = static_cast<size_t>(2 + E);
+      const auto row = static_cast<size_t>(whole.model->moe_stats_row()), head = row - static_cast<size_t>(E);
       const std::vector<float> want = download(whole.model->moe_stats(), static_cast<size_t>(moe_layers) * row);
       std::vector<double> kept(static_cast<size_t>(moe_layers), 0.0), kept_whole(static_cast<size_t>(moe_layers), 0.0);
       for (int64_t c = 0; c < cp; ++c) {
         const std::vector<float> got = download(ranks[static_cast<size_t>(c * tp)].model->moe_stats(), want.size());
         for (int64_t l = 0; l < moe_layers; ++l) {
-          for (size_t j = 0; j < 2; ++j) {
+          for (size_t j = 0; j < head; ++j) {
             const float a = got[static_cast<size_t>(l) * row + j], b = want[static_cast<size_t>(l) * row + j];
             if (b != 0.0f) moe_gap = std::max(moe_gap, static_cast<double>(std::fabs(a - b) / std::fabs(b)));
           }
           for (int64_t e = 0; e < E; ++e) {
-            kept[static_cast<size_t>(l)] += got[static_cast<size_t>(l) * row + 2 + static_cast<size_t>(e)];
-            if (c == 0) kept_whole[static_cast<size_t>(l)] += want[static_cast<size_t>(l) * row + 2 + static_cast<size_t>(e)];
+            kept[static_cast<size_t>(l)] += got[static_cast<size_t>(l) * row + head + static_cast<size_t>(e)];
+            if (c == 0) kept_whole[static_cast<size_t>(l)] += want[static_cast<size_t>(l) * row + head + static_cast<size_t>(e)];
           }
         }
       }

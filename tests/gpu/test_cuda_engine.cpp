@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
@@ -30,6 +31,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/router.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_quantile.h"
 #include "kernels/cuda/document_bias.h"
 #include "kernels/cuda/sdpa_cudnn.h"
 #include "model/cuda/gpt_cuda.h"
@@ -507,9 +509,12 @@ void test_moe_per_layer_logging(const std::string& model, const std::string& ext
     const auto cpu = mt::train(cfg, mt::ProcessGroups::single(), quiet);
     const auto gpu = mt::train_cuda(cfg, mt::ProcessGroups::single(), quiet);
     // (the last iteration's, which is all a result keeps)
-    bool ok = gpu.moe_layer_losses.size() == 2 && cpu.moe_layer_losses.size() == 2 && !gpu.moe_losses.empty() && gpu.moe_losses.names.size() == 2;
+    // (the losses logged: a load-balancing loss per type with a coefficient, and z)
+    const size_t losses = cpu.moe_layer_losses.size();
+    bool ok = losses >= 2 && gpu.moe_layer_losses.size() == losses && !gpu.moe_losses.empty() && gpu.moe_losses.names.size() == losses;
+    for (size_t j = 0; ok && j < losses; ++j) ok = gpu.moe_layer_losses[j].first == cpu.moe_layer_losses[j].first;
     double worst = 0, worst_mean = 0;
-    for (size_t j = 0; ok && j < 2; ++j) {
+    for (size_t j = 0; ok && j < losses; ++j) {
       const std::vector<double>& g = gpu.moe_layer_losses[j].second;
       const std::vector<double>& c = cpu.moe_layer_losses[j].second;
       ok = g.size() == 3 && c.size() == 3 && g[1] == 0.0 && c[1] == 0.0 && g[0] > 0 && g[2] > 0;
@@ -639,15 +644,16 @@ void test_moe_expert_bias(const std::string& model) {
     gpu.forward(staged.dev[0], staged.weight[0], staged.weight[0], acc, 0);
     gpu.backward(staged.dev[0], 0);
     cudaStreamSynchronize(stream);
-    const std::vector<float> stats = download(gpu.moe_stats(), 2 * (2 + 4));
+    const int64_t row = gpu.moe_stats_row(), head = row - 4;
+    const std::vector<float> stats = download(gpu.moe_stats(), static_cast<size_t>(2 * row));
     bool counts_ok = true;
     for (int l = 0; l < 2; ++l) {
-      for (int e = 0; e < 4; ++e) counts_ok = counts_ok && stats[static_cast<size_t>(l * 6 + 2 + e)] == (set[l][e] > 0 ? static_cast<float>(T) : 0.0f);
+      for (int e = 0; e < 4; ++e) counts_ok = counts_ok && stats[static_cast<size_t>(l * row + head + e)] == (set[l][e] > 0 ? static_cast<float>(T) : 0.0f);
     }
     const float rate = 0.25f;
     gpu.update_expert_biases(rate);
     for (size_t l = 0; l < 2; ++l) std::fill(store.params().f32() + biases[l]->offset, store.params().f32() + biases[l]->offset + 4, 7.0f);
-    gpu.download_expert_biases(store);
+    gpu.download_router_biases(store);
     double worst = 0;
     for (size_t l = 0; l < 2; ++l) {
       for (size_t e = 0; e < 4; ++e) {  // (counts T, T, 0, 0 against a mean of T / 2: the chosen pair down, the others up)
@@ -1324,6 +1330,158 @@ void test_no_rope() {
   }
 }
 
+// Quantile balancing's kernels against the CPU engine's functions, exactly (the same fp32 subtractions, an exact
+// selection): the choice scores logits - qb_beta and logits - alpha, each expert's quantile over two microbatches summed,
+// and the update of qb_beta (the blend with ema 0.25 and the re-centring, in double) from those sums.
+void test_moe_quantile_kernels(int64_t T, int64_t E, int64_t k) {
+  char name[160];
+  std::snprintf(name, sizeof(name), "quantile balancing kernels: %lld tokens, %lld experts, top %lld", static_cast<long long>(T), static_cast<long long>(E),
+                static_cast<long long>(k));
+  try {
+    std::vector<float> logits(static_cast<size_t>(2 * T * E)), beta(static_cast<size_t>(E));
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = mt::philox_normal(91, i);
+    for (size_t e = 0; e < beta.size(); ++e) beta[e] = 0.3f * mt::philox_normal(92, e);
+    // (a few exact ties, as bf16 logits have: the selections' values do not depend on their order)
+    for (size_t i = 0; i + 3 < logits.size(); i += 97) logits[i + 3] = logits[i];
+    std::vector<float> choice(static_cast<size_t>(T * E)), shifted(choice.size()), quantile(static_cast<size_t>(E)), want_acc(static_cast<size_t>(E + 1), 0.0f);
+    float* d_logits = upload(logits);
+    float* d_beta = upload(beta);
+    float* d_choice = upload(choice);
+    float* d_shifted = upload(shifted);
+    float* d_acc = upload(want_acc);
+    mt::cuda::MoeRouting r{T, E, k, 0};
+    bool scores_equal = true;
+    for (int64_t mb = 0; mb < 2; ++mb) {
+      const float* x = logits.data() + mb * T * E;
+      mt::cpu::quantile_choice_scores(x, beta.data(), T, E, k, choice.data(), shifted.data());
+      mt::cpu::column_quantiles(shifted.data(), T, E, k, quantile.data());
+      for (int64_t e = 0; e < E; ++e) want_acc[static_cast<size_t>(e)] += quantile[static_cast<size_t>(e)];
+      want_acc[static_cast<size_t>(E)] += 1.0f;
+      mt::cuda::moe_quantile_scores(d_choice, d_shifted, d_logits + mb * T * E, d_beta, r, nullptr);
+      mt::cuda::moe_quantile_accumulate(d_acc, d_shifted, r, nullptr);
+      scores_equal = scores_equal && download(d_choice, choice.size()) == choice && download(d_shifted, shifted.size()) == shifted;
+    }
+    const bool sums_equal = download(d_acc, want_acc.size()) == want_acc;
+    // The update: the CPU engine's arithmetic (GPTModel::update_quantile_biases) on the same sums.
+    const double ema = 0.25;
+    std::vector<double> blended(static_cast<size_t>(E));
+    double centre = 0;
+    for (size_t e = 0; e < blended.size(); ++e) {
+      blended[e] = ema * beta[e] + (1.0 - ema) * (want_acc[e] / static_cast<double>(want_acc[static_cast<size_t>(E)]));
+      centre += blended[e] / static_cast<double>(E);
+    }
+    std::vector<float> want_beta(blended.size());
+    for (size_t e = 0; e < blended.size(); ++e) want_beta[e] = static_cast<float>(blended[e] - centre);
+    mt::cuda::moe_update_quantile_bias(d_beta, d_acc, 1, E, ema, nullptr);
+    const bool update_equal = download(d_beta, beta.size()) == want_beta;
+    const std::vector<float> cleared = download(d_acc, want_acc.size());
+    const bool zeroed = std::all_of(cleared.begin(), cleared.end(), [](float v) { return v == 0.0f; });
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "%s: choice and shifted scores %s, quantile sums %s, qb_beta's update %s, the sums %s", name,
+                  scores_equal ? "equal" : "DIFFER", sums_equal ? "equal" : "DIFFER", update_equal ? "equal" : "DIFFERS", zeroed ? "cleared" : "NOT cleared");
+    check(scores_equal && sums_equal && update_equal && zeroed, buf);
+    for (float* p : {d_logits, d_beta, d_choice, d_shifted, d_acc}) cudaFree(p);
+  } catch (const std::exception& e) {
+    check(false, std::string(name) + ": " + e.what());
+  }
+}
+
+// Quantile balancing in the CUDA model: qb_beta of -+10 set in the host store (what a checkpoint load leaves there)
+// must send every token of the first MoE layer to experts 0 and 1 and of the second to 2 and 3 (the upload, the choice
+// by logits - qb_beta); after one training microbatch each layer's qb_beta, updated with ema 0.5 and brought back into
+// the host store (a checkpoint's source), follows the CPU engine's within bf16's reach (the logits differ by bf16's
+// rounding; the selections and the update are exact, test_moe_quantile_kernels).
+void test_moe_quantile_model(const std::string& model) {
+  const std::string name = "quantile balancing (the CUDA model's) " + model;
+  try {
+    const mt::Config cfg = make_config(model, std::string(MT_PLAIN_BATCH "--train-iters 1 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 "
+                                                          "--moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0 "
+                                                          "--moe-router-quantile-balancing-ema 0.5 "));
+    const float set[2][4] = {{-10, -10, 10, 10}, {10, 10, -10, -10}};
+    auto set_betas = [&](mt::ParamStore& store) {
+      std::vector<const mt::ParamInfo*> betas;
+      for (const mt::ParamInfo& p : store.infos()) {
+        if (p.name.find("mlp.router.qb_beta") != std::string::npos) betas.push_back(&p);
+      }
+      if (betas.size() != 2) throw std::runtime_error("expected two MoE layers with a qb_beta, found " + std::to_string(betas.size()));
+      for (size_t l = 0; l < 2; ++l) std::copy(set[l], set[l] + 4, store.params().f32() + betas[l]->offset);
+      return betas;
+    };
+    mt::ParamStore store;
+    const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
+    const auto betas = set_betas(store);
+    cudaStream_t stream = nullptr;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
+    const StagedMicrobatches staged = stage_microbatches(cfg, gpu.dims(), 1, stream);
+    const int64_t T = staged.host[0].B * staged.host[0].S;
+    float* acc = nullptr;
+    cudaMalloc(&acc, 4);
+    cudaMemsetAsync(acc, 0, 4, stream);
+    gpu.set_final_backward(true);
+    gpu.forward(staged.dev[0], staged.weight[0], staged.weight[0], acc, 0);
+    gpu.backward(staged.dev[0], 0);
+    const int64_t row = gpu.moe_stats_row(), head = row - 4;
+    const std::vector<float> stats = download(gpu.moe_stats(), static_cast<size_t>(2 * row));
+    bool counts_ok = true;
+    for (int l = 0; l < 2; ++l) {
+      for (int e = 0; e < 4; ++e) counts_ok = counts_ok && stats[static_cast<size_t>(l * row + head + e)] == (set[l][e] < 0 ? static_cast<float>(T) : 0.0f);
+    }
+    gpu.update_quantile_biases(0.5);
+    for (size_t l = 0; l < 2; ++l) std::fill(store.params().f32() + betas[l]->offset, store.params().f32() + betas[l]->offset + 4, 7.0f);
+    gpu.download_router_biases(store);
+    cudaFree(acc);
+    cudaStreamDestroy(stream);
+    mt::GPTModel cpu(cfg, mt::ProcessGroups::single());
+    const auto cpu_betas = set_betas(cpu.params());
+    cpu.params().zero_grads();
+    cpu.forward(staged.host[0], 1, true);
+    cpu.backward(1.0f, true);
+    cpu.update_quantile_biases(0.5);
+    double worst = 0, moved = INFINITY;
+    for (size_t l = 0; l < 2; ++l) {
+      for (size_t e = 0; e < 4; ++e) {
+        const float g = store.params().f32()[betas[l]->offset + e], c = cpu.params().params().f32()[cpu_betas[l]->offset + e];
+        worst = std::max(worst, static_cast<double>(std::fabs(g - c)));
+        moved = std::min(moved, static_cast<double>(std::fabs(g - set[l][e])));
+      }
+    }
+    char buf[360];
+    std::snprintf(buf, sizeof(buf), "%s: every token on its layer's pair: %s (%lld tokens); after one update qb_beta within %.2e of the CPU engine's, "
+                  "each moved by %.2f at least", name.c_str(), counts_ok ? "yes" : "no", static_cast<long long>(T), worst, moved);
+    check(counts_ok && worst < 2e-2 && moved > 1.0, buf);
+  } catch (const std::exception& e) {
+    check(false, name + ": " + e.what());
+  }
+}
+
+// Quantile balancing (thirty-seventh session, written without a GPU; refused by name, moe-quantile-balancing, until these
+// pass): the kernels, the model's choice and update, and trainings against the CPU engine's curves (the z-loss logged
+// beside; 8 experts with the EMA and sigmoid scores, recomputed), and a resume (qb_beta in the checkpoint).
+void test_moe_quantile() {
+  test_moe_quantile_kernels(512, 8, 2);
+  test_moe_quantile_kernels(2048, 64, 8);
+  test_moe_quantile_kernels(4096, 256, 8);
+  test_moe_quantile_model("llama");
+  test_moe_training("llama", "--moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0 --moe-z-loss-coeff 1e-3 ");
+  test_moe_training("llama-recompute", "--num-experts 8 --moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0 --moe-z-loss-coeff 1e-3 "
+                                       "--moe-router-quantile-balancing-ema 0.5 --moe-router-score-function sigmoid ");
+  test_resume("--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0 ");
+}
+
+// Megatron's list form with several coefficients above 0 (thirty-seventh session, written without a GPU; refused by name,
+// moe-aux-loss-list, until these pass): every type's loss logged under its own name against the CPU engine's, their
+// gradients summed (seq_aux_loss's per sequence beside the batch-level types' rows), recomputed, with the z-loss and
+// sigmoid scores, global_aux_loss's running counts beside the others, per-layer logging, and the router's gradients.
+void test_moe_aux_loss_list() {
+  test_moe_training("llama", "--moe-router-load-balancing-type aux_loss seq_aux_loss global_aux_loss --moe-aux-loss-coeff 1e-1 5e-2 2e-2 ");
+  test_moe_training("llama-recompute", "--moe-router-load-balancing-type seq_aux_loss aux_loss --moe-aux-loss-coeff 1e-1 1e-1 --moe-z-loss-coeff 1e-3 "
+                                       "--moe-router-score-function sigmoid ");
+  test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss aux_loss --moe-aux-loss-coeff 1e-1 1e-1 --moe-expert-capacity-factor 0.75 ");
+  test_moe_per_layer_logging("llama-recompute", "--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 1e-2 1e-2 ");
+  test_moe_gradients("llama", "--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 1 1 ");
+}
+
 int main() {
   if (mt::visible_gpus().empty()) {
     std::printf("SKIP: no GPU visible (%s)\n", mt::gpu_unavailable_reason().c_str());
@@ -1360,6 +1518,17 @@ int main() {
   }
   if (only && std::string(only) == "upcycling") {  // (=upcycling: only --moe-use-upcycling's case)
     test_upcycling();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "moe-quantile") {  // (=moe-quantile: only quantile balancing's cases)
+    test_moe_quantile();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "moe-aux-list") {  // (=moe-aux-list: only the list form with several coefficients)
+    test_moe_aux_loss_list();
+  test_moe_quantile();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
@@ -1547,6 +1716,7 @@ moe_tests:
   // and type none with a coefficient (no loss, as the CPU engine and Megatron). Thirty-fifth session, not yet run.
   test_moe_training("llama", "--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0 1e-1 ");
   test_moe_training("llama", "--moe-router-load-balancing-type none --moe-aux-loss-coeff 1e-1 ");
+  test_moe_aux_loss_list();
   // (a capacity with global_aux_loss and with the allgather dispatcher, which Megatron's current rules allow: added in
   // the thirty-fourth session after its GPU runs)
   test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 --moe-expert-capacity-factor 0.75 ");

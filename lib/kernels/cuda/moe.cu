@@ -4,6 +4,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/bf16_common.cuh"
 #include "kernels/cuda/moe.h"
@@ -377,35 +378,41 @@ __global__ void column_sums_kernel(float* probsum, float* z, const float* scores
 __global__ void update_expert_bias_kernel(float* bias, const float* acc, int64_t E, float rate) {
   const int64_t l = blockIdx.x, e = threadIdx.x;
   if (e >= E) return;
-  const float* counts = acc + l * (2 + E) + 2;
+  const float* counts = acc + l * (kMoeStatsHead + E) + kMoeStatsHead;
   double sum = 0;
   for (int64_t i = 0; i < E; ++i) sum += counts[i];
   const double offset = sum - static_cast<double>(E) * counts[e];
   bias[l * E + e] += rate * (offset > 0 ? 1.0f : offset < 0 ? -1.0f : 0.0f);
 }
 
-__global__ void aux_finish_kernel(float* dscale, float* acc, const float* counts_aux, const float* probsum, const float* z, const int32_t* counts,
-                                  float coeff, bool aux, bool zloss, int64_t T, int64_t E, int64_t k, int64_t G, int64_t n, float* global,
-                                  bool accumulate) {
+// One load-balancing type (moe_balance_finish): G groups of n tokens, the gradient per score into dscale's Gd rows.
+__global__ void balance_finish_kernel(float* dscale, int64_t Gd, bool add, float* value, const float* counts_aux, const float* probsum, float coeff,
+                                      int64_t E, int64_t k, int64_t G, int64_t n, float* global, bool accumulate) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   const double C = static_cast<double>(E) / (static_cast<double>(k) * static_cast<double>(n) * static_cast<double>(n)) / static_cast<double>(G);
-  if (aux) {
-    if (global && accumulate) {  // (global_aux_loss: G is 1)
-      for (int64_t e = 0; e < E; ++e) global[e] += counts_aux[e];
-      global[E] += 1.0f;
-    }
-    const bool averaged = global && global[E] > 0.0f;  // (an evaluation forward before any training one: its own counts)
-    double value = 0;
-    for (int64_t i = 0; i < G * E; ++i) {
-      const double count = averaged ? static_cast<double>(global[i]) / global[E] : static_cast<double>(counts_aux[i]);
-      value += static_cast<double>(probsum[i]) * count;
-      dscale[i] = static_cast<float>(coeff * C * count);
-    }
-    if (acc) acc[0] += static_cast<float>(C * value);
+  if (global && accumulate) {  // (global_aux_loss: G is 1)
+    for (int64_t e = 0; e < E; ++e) global[e] += counts_aux[e];
+    global[E] += 1.0f;
   }
-  if (!acc) return;
-  if (zloss) acc[1] += z[0] / static_cast<float>(T);
-  for (int64_t e = 0; e < E; ++e) acc[2 + e] += static_cast<float>(counts[e]);
+  const bool averaged = global && global[E] > 0.0f;  // (an evaluation forward before any training one: its own counts)
+  double sum = 0;
+  for (int64_t i = 0; i < G * E; ++i) {
+    const double count = averaged ? static_cast<double>(global[i]) / global[E] : static_cast<double>(counts_aux[i]);
+    sum += static_cast<double>(probsum[i]) * count;
+    const float d = static_cast<float>(coeff * C * count);
+    // (G is Gd, or 1: a batch-level type's row enters each of the Gd groups' rows)
+    for (int64_t row = G == Gd ? i / E : 0; row < (G == Gd ? i / E + 1 : Gd); ++row) {
+      float& to = dscale[row * E + i % E];
+      to = add ? to + d : d;
+    }
+  }
+  if (value) value[0] += static_cast<float>(C * sum);
+}
+
+__global__ void stats_finish_kernel(float* acc, const float* z, const int32_t* counts, bool zloss, int64_t T, int64_t E) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (zloss) acc[kMoeStatsHead - 1] += z[0] / static_cast<float>(T);
+  for (int64_t e = 0; e < E; ++e) acc[kMoeStatsHead + e] += static_cast<float>(counts[e]);
 }
 
 __global__ void router_backward_kernel(float* dlogits, const float* logits, const int32_t* top, const float* dweight, const float* dscale, float z_coeff,
@@ -740,10 +747,19 @@ void moe_aux_stats(float* scores, float* counts_aux, float* probsum, float* z, c
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_aux_finish(float* dscale, float* acc, const float* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
-                    bool aux, bool zloss, const MoeRouting& r, cudaStream_t st, float* global, bool accumulate) {
-  aux_finish_kernel<<<1, 32, 0, st>>>(dscale, acc, counts_aux, probsum, z, counts, aux_coeff, aux, zloss, r.tokens * r.shards, r.experts, r.topk,
-                                      r.balance_groups(), r.balance_len() * r.shards, global, accumulate);
+void moe_balance_finish(float* dscale, int64_t dscale_groups, bool add, float* value, const float* counts_aux, const float* probsum, float coeff,
+                        const MoeRouting& r, cudaStream_t st, float* global, bool accumulate) {
+  const int64_t G = r.balance_groups();
+  if (G != dscale_groups && G != 1) throw std::logic_error("moe_balance_finish: statistics of " + std::to_string(G) + " groups for a gradient of " +
+                                                           std::to_string(dscale_groups));
+  if (global && G != 1) throw std::logic_error("moe_balance_finish: global_aux_loss's statistics per sequence");
+  balance_finish_kernel<<<1, 32, 0, st>>>(dscale, dscale_groups, add, value, counts_aux, probsum, coeff, r.experts, r.topk, G, r.balance_len() * r.shards,
+                                          global, accumulate);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_stats_finish(float* acc, const float* z, const int32_t* counts, bool zloss, const MoeRouting& r, cudaStream_t st) {
+  stats_finish_kernel<<<1, 32, 0, st>>>(acc, z, counts, zloss, r.tokens * r.shards, r.experts);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

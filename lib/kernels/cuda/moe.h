@@ -35,6 +35,11 @@ struct MoeRouting {
   MT_HD int64_t balance_len() const { return seq_len > 0 ? seq_len : tokens; }          // (this rank's tokens of each)
 };
 
+// A layer's row of statistics (CudaGPT::moe_stats): the three load-balancing losses without their coefficients
+// (config.h's kAuxLossTypes' order: aux_loss, seq_aux_loss, global_aux_loss), the z-loss's mean lse^2, then the tokens
+// each of the E experts kept.
+inline constexpr int64_t kMoeStatsHead = 4;
+
 // logits[T, E] (fp32) = xn[T, h] w[E, h]^T, accumulated in fp32.
 void moe_router_logits(float* logits, const bf16* xn, const bf16* w, const MoeRouting& r, cudaStream_t st, F16 dt = F16::kBF16);
 // --moe-router-dtype fp64: the same products (and the bias b[E], may be null) summed in double, rounded to fp32 once.
@@ -64,7 +69,7 @@ void moe_route(int32_t* top, float* weight, const float* logits, const MoeRoutin
 void moe_sinkhorn(float* out, float* scratch, const float* logits, const MoeRouting& r, cudaStream_t st);
 // Aux-loss-free balancing after a step (Megatron's get_updated_expert_bias), for `layers` MoE layers: each layer's
 // bias[E] += rate x sign(mean count - count[e]), the counts being the tokens each expert kept over the iteration:
-// acc[l (2 + E) + 2 + e] (moe_aux_finish's statistics).
+// acc[l (kMoeStatsHead + E) + kMoeStatsHead + e] (moe_stats_finish's statistics).
 void moe_update_expert_bias(float* bias, const float* acc, int64_t layers, int64_t E, float rate, cudaStream_t st);
 // The choices' rows: counts[E] per expert, offsets[E + 1], row[T * k] (expert-major, each expert's choices in
 // token order, each expert's first row a multiple of r.row_align); parts: moe_permute_scratch(r) ints.
@@ -86,16 +91,19 @@ void moe_combine_backward(bf16* dy_rows, float* dweight, const bf16* dout, const
 // counts_aux[G, E] of a plain top-k of them, probsum[G, E] (in token order), G = r.balance_groups() (the sequences
 // under seq_aux_loss, else 1), and the z-loss's sum of lse^2 into z[0].
 void moe_aux_stats(float* scores, float* counts_aux, float* probsum, float* z, const float* logits, const MoeRouting& r, cudaStream_t st);
-// Per layer and microbatch, from the statistics (under context parallelism summed over the r.shards ranks first):
-// dscale[G, E] = aux_coeff E / (k n^2 G) counts_aux[g, e] (the aux loss's gradient per score of group g's tokens, n of
-// them over every shard; with aux) and, unless acc is null, acc[0] += the aux loss without its coefficient (the sum over
-// the groups of E / (k n^2 G) sum_e probsum counts_aux), acc[1] += mean lse^2 (z, over every shard's tokens),
-// acc[2 + e] += the tokens expert e kept on this rank (counts).
+// One load-balancing loss type per layer and microbatch, from its statistics (under context parallelism summed over the
+// r.shards ranks first; G = r.balance_groups() groups of n tokens over every shard): its gradient per score,
+// coeff E / (k n^2 G) counts_aux[g, e], into dscale[dscale_groups, E] (written, or with `add` added; a batch-level
+// type's one row (G 1) enters every row, a seq_aux_loss's group g row g), and unless value is null value[0] += the loss
+// without its coefficient (the sum over the groups of E / (k n^2 G) sum_e probsum counts_aux).
 // global (global_aux_loss; null otherwise): the layer's running [E + 1] over the iteration's microbatches (the aux
 // counts summed, then how many microbatches), which the loss and its gradient use averaged in place of this
 // microbatch's counts; `accumulate` (a training forward, not a recompute or evaluation) adds this microbatch first.
-void moe_aux_finish(float* dscale, float* acc, const float* counts_aux, const float* probsum, const float* z, const int32_t* counts, float aux_coeff,
-                    bool aux, bool zloss, const MoeRouting& r, cudaStream_t st, float* global = nullptr, bool accumulate = false);
+void moe_balance_finish(float* dscale, int64_t dscale_groups, bool add, float* value, const float* counts_aux, const float* probsum, float coeff,
+                        const MoeRouting& r, cudaStream_t st, float* global = nullptr, bool accumulate = false);
+// The rest of a training forward's row (kMoeStatsHead + E floats at acc): acc[3] += mean lse^2 (z, over every shard's
+// tokens; with zloss), acc[4 + e] += the tokens expert e kept on this rank (counts).
+void moe_stats_finish(float* acc, const float* z, const int32_t* counts, bool zloss, const MoeRouting& r, cudaStream_t st);
 // dlogits[T, E] (overwritten) = the top-k backward of dweight + grad_scale x (the aux scores' backward of dscale, and
 // z_coeff / (T shards) x d(lse^2)) where those are on (dscale null: no aux loss; z_coeff 0: none); under fp16 that
 // grad_scale times the device-side loss scale (loss_scale, null in bf16), as the lm loss's gradient carries it.

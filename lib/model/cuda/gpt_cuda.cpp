@@ -197,6 +197,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       if (ly.shared_gate_w != kNoParam) lw.shared_gate_w = offset(ly.shared_gate_w);
       lw.moe_index = moe_layers_++;
       if (ly.expert_bias != kNoParam) expert_bias_offsets_.push_back(layout.info(ly.expert_bias).offset);
+      if (ly.quantile_bias != kNoParam) quantile_bias_offsets_.push_back(layout.info(ly.quantile_bias).offset);
     }
   }
   embed_end_ = pre_ ? layout.info(where.embedding_end - 1).offset + layout.info(where.embedding_end - 1).numel : 0;
@@ -509,12 +510,17 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.dweight = f32(1, k);
       s.scores = f32(experts_);
       if (moe_sinkhorn_) s.sinkhorn = f32(2 * experts_ + 1);
+      if (!quantile_bias_offsets_.empty()) s.quantile_shifted = f32(experts_);
       if (moe_jitter_eps_ > 0) s.router_input = b16(h);
       s.zsum = static_cast<float*>(alloc(static_cast<size_t>(T + 1) * 4));  // the sum, then each token's lse^2
       s.probsum = static_cast<float*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
       s.wgrad_parts = static_cast<float*>(alloc(static_cast<size_t>(cuda::moe_router_wgrad_scratch({T, experts_, topk_, h})) * 4));
       s.counts = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_) * 4));
       s.counts_aux = static_cast<float*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
+      if (moe_seq_aux_ && (moe_aux_coeffs_[0] > 0 || moe_aux_coeffs_[2] > 0)) {
+        s.counts_aux_batch = static_cast<float*>(alloc(static_cast<size_t>(experts_) * 4));
+        s.probsum_batch = static_cast<float*>(alloc(static_cast<size_t>(experts_) * 4));
+      }
       s.offsets = static_cast<int32_t*>(alloc(static_cast<size_t>(experts_ + 1) * 4));
       s.permute_parts = static_cast<int32_t*>(alloc(static_cast<size_t>(cuda::moe_permute_scratch({T, experts_, topk_, h})) * 4));
       if (arena_mode_ != ArenaMode::kCount) {  // (not in the arena's counting pass, which is thrown away)

@@ -159,20 +159,26 @@ class CudaGPT {
   // Refreshes the 16-bit working copy from the fp32 master weights (after loading; needs the master).
   void refresh_working();
   // MoE: the statistics the training forwards added since the last zeroing, per MoE layer of the stage (rows of
-  // 2 + E floats: the load-balancing loss without its coefficient, the z-loss's mean lse^2, then the tokens each
-  // expert kept), on the device; nullptr without MoE layers.
+  // cuda::kMoeStatsHead + E floats: the three load-balancing losses without their coefficients, the z-loss's mean
+  // lse^2, then the tokens each expert kept), on the device; nullptr without MoE layers.
   const float* moe_stats() const { return moe_acc_; }
   int64_t moe_layer_count() const { return moe_layers_; }
+  int64_t moe_stats_row() const;  // the floats of a layer's row of moe_stats()
   std::vector<int64_t> moe_layer_indices() const;  // the global layer index of each row of moe_stats()
   void zero_moe_stats();
-  // The MoE statistics summed over a group's ranks (data parallelism: the expert bias and the log take every replica's
-  // tokens), in place, on the training stream.
+  // The MoE statistics summed over a group's ranks (data parallelism: the expert bias, qb_beta and the log take every
+  // replica's tokens), in place, on the training stream.
   void sum_moe_stats(StreamCollectives& group);
   // --moe-router-enable-expert-bias: each MoE layer's bias (fp32, on the device, from the layout's values) moved by
   // `rate` towards balance from the iteration's statistics (queued after the step, before zero_moe_stats), and
   // copied into the host store's values for a checkpoint (waits for the stream).
   void update_expert_biases(float rate);
-  void download_expert_biases(ParamStore& host) const;
+  // --moe-router-load-balancing-type quantile_balancing: each MoE layer's qb_beta (fp32, on the device, from the layout's
+  // values) updated from the iteration's quantiles with --moe-router-quantile-balancing-ema (queued after the step,
+  // after sum_moe_stats), as the CPU engine's GPTModel::update_quantile_biases.
+  void update_quantile_biases(double ema);
+  // The expert biases and the qb_betas into the host store's values, for a checkpoint (waits for the stream).
+  void download_router_biases(ParamStore& host) const;
   // FP8's delayed scaling (model/fp8_scaling.h): whether this model uses it, and its state (scales, amax histories,
   // the weights' cast scales) copied from the device (waits for the stream) or to it, for checkpoints.
   bool fp8_delayed() const { return f8_scale_ != nullptr; }
@@ -654,8 +660,12 @@ class CudaGPT {
   // MoE: the router's settings, the losses' coefficients, whether this forward adds to the statistics (a training
   // forward, not a recompute), and the statistics.
   int64_t moe_layers_ = 0, experts_ = 0, topk_ = 0, F_moe_ = 0, F_shared_ = 0, moe_groups_ = 0, moe_group_topk_ = 0;
-  bool moe_seq_aux_ = false, moe_global_aux_ = false;  // --moe-router-load-balancing-type seq_aux_loss: the aux loss per sequence
-  bool moe_sigmoid_ = false, moe_pre_softmax_ = false, moe_aux_ = false;
+  // The load-balancing losses' coefficients (config.h's kAuxLossTypes' order: aux_loss, seq_aux_loss, global_aux_loss;
+  // 0: not chosen; Megatron's list form may choose several), whether any is chosen, and whether seq_aux_loss is (the
+  // aux gradient's rows then per sequence).
+  float moe_aux_coeffs_[3] = {0, 0, 0};
+  bool moe_aux_ = false, moe_seq_aux_ = false;
+  bool moe_sigmoid_ = false, moe_pre_softmax_ = false;
   bool moe_sqrtsoftplus_ = false;  // --moe-router-score-function sqrtsoftplus (moe_sigmoid_ set too: an element-wise score)
   bool moe_router_fp64_ = false;  // --moe-router-dtype fp64: the logits accumulated in double
   // --moe-router-force-load-balancing: the logits replaced by random ones (model/moe_random_logits.h), their key.
@@ -668,7 +678,7 @@ class CudaGPT {
   // logits (moe_training_ set by forward and backward; evaluation chooses by the scores).
   bool moe_sinkhorn_ = false, moe_training_ = false;
   bool shared_gate_ = false;  // --moe-shared-expert-gate (with a shared expert)
-  float moe_scaling_ = 1, moe_aux_coeff_ = 0, moe_z_coeff_ = 0;
+  float moe_scaling_ = 1, moe_z_coeff_ = 0;
   bool moe_record_stats_ = false;
   double moe_capacity_factor_ = 0;  // 0: dropless
   bool moe_pad_ = false;            // --moe-pad-expert-input-to-capacity
@@ -694,6 +704,10 @@ class CudaGPT {
   // sits in the flat buffers (the host store's values).
   float* expert_bias_ = nullptr;
   std::vector<int64_t> expert_bias_offsets_;
+  // quantile_balancing: per MoE layer its qb_beta [E] (fp32), where each sits in the flat buffers, and the iteration's
+  // quantiles [E + 1] (their sums, then how many microbatches; summed over DP by sum_moe_stats).
+  float *quantile_bias_ = nullptr, *quantile_acc_ = nullptr;
+  std::vector<int64_t> quantile_bias_offsets_;
 };
 
 }  // namespace mt

@@ -20,6 +20,7 @@
 #include "kernels/cuda/fp8_block.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_quantile.h"
 #include "model/moe_input_jitter.h"
 #include "model/moe_random_logits.h"
 #include "tensor/cuda/cuda_check.h"
@@ -48,19 +49,12 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   moe_groups_ = m.moe_router_num_groups.value_or(0);
   moe_group_topk_ = m.moe_router_group_topk.value_or(0);
   moe_scaling_ = m.moe_router_topk_scaling_factor ? static_cast<float>(*m.moe_router_topk_scaling_factor) : 1.0f;
-  // The one load-balancing type of this engine (the capability checks refuse Megatron's list form with several
-  // coefficients): the type with a coefficient, else the first given.
-  std::string balance = m.moe_router_load_balancing_type.empty() ? "none" : m.moe_router_load_balancing_type[0];
-  int64_t aux_types = 0;
-  for (const char* type : kAuxLossTypes) {
-    if (m.aux_loss_coeff(type) > 0) {
-      balance = type;
-      ++aux_types;
-    }
-  }
-  if (aux_types > 1) throw std::logic_error("CUDA model: several auxiliary losses at once (refused by the capability checks)");
-  if (m.load_balancing_is("quantile_balancing")) throw std::logic_error("CUDA model: quantile_balancing (refused by the capability checks)");
-  moe_seq_aux_ = balance == "seq_aux_loss";
+  // The load-balancing losses: each type with a coefficient (Megatron's list form may give several), each computed from
+  // the same scores and their gradients summed.
+  for (size_t i = 0; i < 3; ++i) moe_aux_coeffs_[i] = static_cast<float>(m.aux_loss_coeff(kAuxLossTypes[i]));
+  moe_aux_ = moe_aux_coeffs_[0] > 0 || moe_aux_coeffs_[1] > 0 || moe_aux_coeffs_[2] > 0;
+  moe_seq_aux_ = moe_aux_coeffs_[1] > 0;
+  if (m.load_balancing_is("quantile_balancing") && D.cp > 1) throw std::logic_error("CUDA model: quantile_balancing with CP (refused by the capability checks)");
   moe_sinkhorn_ = m.load_balancing_is("sinkhorn");
   shared_gate_ = m.moe_shared_expert_gate && F_shared_ > 0;
   if (moe_sinkhorn_) {  // (Megatron's sinkhorn_load_balancing: sigmoid at top-1, else the softmax over all experts; as the CPU engine's)
@@ -78,9 +72,7 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   if (moe_probs_on_input_ && (moe_pad_ || D.ep > 1)) {
     throw std::logic_error("CUDA model: --moe-apply-probs-on-input with padding to capacity or expert parallelism (refused by the capability checks)");
   }
-  moe_global_aux_ = balance == "global_aux_loss";
-  moe_aux_ = m.aux_loss_coeff(balance) > 0;
-  if (moe_global_aux_ && moe_aux_) {
+  if (moe_aux_coeffs_[2] > 0) {  // global_aux_loss's running counts
     if (max_in_flight > 1) throw std::logic_error("CUDA model: global_aux_loss with several microbatches in flight is not implemented");
     const size_t bytes = static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4;
     moe_global_ = static_cast<float*>(alloc(bytes));
@@ -101,9 +93,8 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
     }
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&experts_fork_ev_, cudaEventDisableTiming));
   }
-  moe_aux_coeff_ = static_cast<float>(m.aux_loss_coeff(balance));
   moe_z_coeff_ = static_cast<float>(m.moe_z_loss_coeff.value_or(0.0));
-  const size_t acc = static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4;
+  const size_t acc = static_cast<size_t>(moe_layers_ * moe_stats_row()) * 4;
   moe_acc_ = static_cast<float*>(alloc(acc));
   MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, acc, stream_));
   if (!expert_bias_offsets_.empty()) {  // (every MoE layer has one, or none does)
@@ -116,6 +107,19 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
     expert_bias_ = static_cast<float*>(alloc(bias.size() * 4));
     MT_CUDA_CHECK(cudaMemcpy(expert_bias_, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
   }
+  if (!quantile_bias_offsets_.empty()) {  // quantile_balancing: every MoE layer's qb_beta, and the quantiles' sums
+    if (static_cast<int64_t>(quantile_bias_offsets_.size()) != moe_layers_) throw std::logic_error("CUDA model: a qb_beta in some MoE layers only");
+    std::vector<float> beta(static_cast<size_t>(moe_layers_ * experts_));
+    for (int64_t l = 0; l < moe_layers_; ++l) {
+      const float* from = layout.params().f32() + quantile_bias_offsets_[static_cast<size_t>(l)];
+      std::copy(from, from + experts_, beta.begin() + l * experts_);
+    }
+    quantile_bias_ = static_cast<float*>(alloc(beta.size() * 4));
+    MT_CUDA_CHECK(cudaMemcpy(quantile_bias_, beta.data(), beta.size() * 4, cudaMemcpyHostToDevice));
+    const size_t bytes = static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4;
+    quantile_acc_ = static_cast<float*>(alloc(bytes));
+    MT_CUDA_CHECK(cudaMemsetAsync(quantile_acc_, 0, bytes, stream_));
+  }
 }
 
 std::vector<int64_t> CudaGPT::moe_layer_indices() const {
@@ -127,27 +131,38 @@ std::vector<int64_t> CudaGPT::moe_layer_indices() const {
   return out;
 }
 
+int64_t CudaGPT::moe_stats_row() const { return cuda::kMoeStatsHead + experts_; }
+
 void CudaGPT::zero_moe_stats() {
-  if (moe_acc_) MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, static_cast<size_t>(moe_layers_ * (2 + experts_)) * 4, stream_));
+  if (moe_acc_) MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, static_cast<size_t>(moe_layers_ * moe_stats_row()) * 4, stream_));
   if (moe_global_) MT_CUDA_CHECK(cudaMemsetAsync(moe_global_, 0, static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4, stream_));
 }
 
 void CudaGPT::sum_moe_stats(StreamCollectives& group) {
-  if (moe_acc_) group.all_reduce_on(moe_acc_, moe_layers_ * (2 + experts_), WireType::kF32, ReduceOp::kSum, stream_);
+  if (moe_acc_) group.all_reduce_on(moe_acc_, moe_layers_ * moe_stats_row(), WireType::kF32, ReduceOp::kSum, stream_);
+  if (quantile_acc_) group.all_reduce_on(quantile_acc_, moe_layers_ * (experts_ + 1), WireType::kF32, ReduceOp::kSum, stream_);
 }
 
 void CudaGPT::update_expert_biases(float rate) {
   if (expert_bias_) cuda::moe_update_expert_bias(expert_bias_, moe_acc_, moe_layers_, experts_, rate, stream_);
 }
 
-void CudaGPT::download_expert_biases(ParamStore& host) const {
-  if (!expert_bias_) return;
-  std::vector<float> bias(static_cast<size_t>(moe_layers_ * experts_));
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  MT_CUDA_CHECK(cudaMemcpy(bias.data(), expert_bias_, bias.size() * 4, cudaMemcpyDeviceToHost));
-  for (int64_t l = 0; l < moe_layers_; ++l) {
-    std::copy(bias.begin() + l * experts_, bias.begin() + (l + 1) * experts_, host.params().f32() + expert_bias_offsets_[static_cast<size_t>(l)]);
-  }
+void CudaGPT::update_quantile_biases(double ema) {
+  if (quantile_bias_) cuda::moe_update_quantile_bias(quantile_bias_, quantile_acc_, moe_layers_, experts_, ema, stream_);
+}
+
+void CudaGPT::download_router_biases(ParamStore& host) const {
+  const auto download = [&](const float* device, const std::vector<int64_t>& offsets) {
+    if (!device) return;
+    std::vector<float> values(static_cast<size_t>(moe_layers_ * experts_));
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    MT_CUDA_CHECK(cudaMemcpy(values.data(), device, values.size() * 4, cudaMemcpyDeviceToHost));
+    for (int64_t l = 0; l < moe_layers_; ++l) {
+      std::copy(values.begin() + l * experts_, values.begin() + (l + 1) * experts_, host.params().f32() + offsets[static_cast<size_t>(l)]);
+    }
+  };
+  download(expert_bias_, expert_bias_offsets_);
+  download(quantile_bias_, quantile_bias_offsets_);
 }
 
 cuda::MoeRouting CudaGPT::moe_routing(const DeviceMicrobatch& mb) const {
@@ -191,33 +206,61 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // (sinkhorn routing in training: the normalised logits choose; rows in their natural order, whole sequences)
   const bool sinkhorn = moe_sinkhorn_ && moe_training_;
   if (sinkhorn) MT_PROF("fwd.moe.route", cuda::moe_sinkhorn(s.sinkhorn, s.sinkhorn + T * E, r.logits, rt, stream_));
+  // (quantile_balancing: the top k of logits - qb_beta choose, written into s.scores; a training forward adds the
+  // microbatch's quantiles for the iteration's update)
+  const bool quantile = quantile_bias_ != nullptr;
+  if (quantile) {
+    MT_PROF("fwd.moe.route", cuda::moe_quantile_scores(s.scores, moe_record_stats_ ? s.quantile_shifted : nullptr, r.logits,
+                                                       quantile_bias_ + lw.moe_index * E, rt, stream_));
+    if (moe_record_stats_) MT_PROF("fwd.moe.route", cuda::moe_quantile_accumulate(quantile_acc_ + lw.moe_index * (E + 1), s.quantile_shifted, rt, stream_));
+  }
   MT_PROF("fwd.moe.route", cuda::moe_route(r.top, r.route_weight, r.logits, rt, stream_, expert_bias_ ? expert_bias_ + lw.moe_index * E : nullptr,
-                                           sinkhorn ? s.sinkhorn : nullptr));
+                                           sinkhorn ? s.sinkhorn : quantile ? s.scores : nullptr));
   // A capacity that drops, or this TP rank's slice of the rows (expert-TP other than TP): the host's rows and kept counts
   // (before the statistics read them), else the permutation's.
   const bool host_rows = (moe_capacity_factor_ > 0 || moe_own_rows_) && moe_capacity(r, T, mb.S);
   if (!host_rows) MT_PROF("fwd.moe.permute", cuda::moe_permute(r.row, s.counts, s.offsets, s.permute_parts, r.top, rt, stream_));
-  // The aux loss's gradient per score and the statistics (a training forward; a recompute only recomputes the former).
+  // The aux losses' gradient per score and the statistics (a training forward; a recompute only recomputes the former).
+  // seq_aux_loss's statistics per sequence (rt), the batch-level types' over the microbatch (batch; in their own buffers
+  // when both are chosen); the z-loss's sum comes with either.
   const bool zloss = moe_z_coeff_ > 0;
+  const bool batch_types = moe_aux_coeffs_[0] > 0 || moe_aux_coeffs_[2] > 0;
+  cuda::MoeRouting batch = rt;
+  batch.seq_len = 0;
+  float* counts_batch = moe_seq_aux_ ? s.counts_aux_batch : s.counts_aux;
+  float* probsum_batch = moe_seq_aux_ ? s.probsum_batch : s.probsum;
   if (moe_aux_ || zloss) {
-    MT_PROF("fwd.moe.aux", cuda::moe_aux_stats(s.scores, s.counts_aux, s.probsum, s.zsum, r.logits, rt, stream_));
+    if (moe_seq_aux_) MT_PROF("fwd.moe.aux", cuda::moe_aux_stats(s.scores, s.counts_aux, s.probsum, s.zsum, r.logits, rt, stream_));
+    if (batch_types || !moe_seq_aux_) MT_PROF("fwd.moe.aux", cuda::moe_aux_stats(s.scores, counts_batch, probsum_batch, s.zsum, r.logits, batch, stream_));
     // Context parallelism: the statistics over the whole sequences, every CP rank's share (Megatron's counts over the
     // tp_cp group; as the CPU engine's sum_over_microbatch). Each rank's gradient stays its own tokens'.
     if (D.cp > 1) {
       if (!cp_) throw std::logic_error("CudaGPT: context parallelism without its group (set_context_parallel)");
-      const int64_t GE = rt.balance_groups() * E;
       cp_->group_start();
-      cp_->all_reduce_on(s.counts_aux, GE, WireType::kF32, ReduceOp::kSum, stream_);
-      cp_->all_reduce_on(s.probsum, GE, WireType::kF32, ReduceOp::kSum, stream_);
+      if (moe_seq_aux_) {
+        cp_->all_reduce_on(s.counts_aux, rt.balance_groups() * E, WireType::kF32, ReduceOp::kSum, stream_);
+        cp_->all_reduce_on(s.probsum, rt.balance_groups() * E, WireType::kF32, ReduceOp::kSum, stream_);
+      }
+      if (batch_types || !moe_seq_aux_) {
+        cp_->all_reduce_on(counts_batch, E, WireType::kF32, ReduceOp::kSum, stream_);
+        cp_->all_reduce_on(probsum_batch, E, WireType::kF32, ReduceOp::kSum, stream_);
+      }
       cp_->all_reduce_on(s.zsum, 1, WireType::kF32, ReduceOp::kSum, stream_);
       MT_PROF("cp.moe_statistics", cp_->group_end());
     }
   }
-  if (moe_aux_ || moe_record_stats_) {
-    MT_PROF("fwd.moe.aux", cuda::moe_aux_finish(r.aux_dscale, moe_record_stats_ ? moe_acc_ + lw.moe_index * (2 + E) : nullptr, s.counts_aux, s.probsum,
-                                                 s.zsum, s.counts, moe_aux_coeff_, moe_aux_, zloss, rt, stream_,
-                                                 moe_global_ ? moe_global_ + lw.moe_index * (E + 1) : nullptr, moe_record_stats_));
+  float* acc = moe_record_stats_ ? moe_acc_ + lw.moe_index * moe_stats_row() : nullptr;
+  bool first_type = true;  // (the first chosen type writes the gradient per score, the others add theirs)
+  for (size_t i = 0; i < 3; ++i) {
+    if (moe_aux_coeffs_[i] <= 0) continue;
+    const bool per_sequence = i == 1, global = i == 2;
+    MT_PROF("fwd.moe.aux", cuda::moe_balance_finish(r.aux_dscale, rt.balance_groups(), !first_type, acc ? acc + i : nullptr,
+                                                     per_sequence ? s.counts_aux : counts_batch, per_sequence ? s.probsum : probsum_batch,
+                                                     moe_aux_coeffs_[i], per_sequence ? rt : batch, stream_,
+                                                     global ? moe_global_ + lw.moe_index * (E + 1) : nullptr, moe_record_stats_));
+    first_type = false;
   }
+  if (acc) MT_PROF("fwd.moe.aux", cuda::moe_stats_finish(acc, s.zsum, s.counts, zloss, rt, stream_));
   MT_PROF("fwd.moe.gather", cuda::moe_gather(r.ex_rows, r.xn2, r.row, rt, stream_, dt_, moe_probs_on_input_ ? r.route_weight : nullptr));
   if (host_rows && r.pads > 0) MT_PROF("fwd.moe.gather", cuda::moe_pad_rows(r.ex_rows, r.xn2, r.pad_map, r.pads, h, stream_, dt_));
   // The rows per expert: the GEMMs' sizes, on the host (with a capacity, already there).

@@ -108,7 +108,13 @@ struct CudaGPT::Scratch {
   float *dlogits = nullptr, *dweight = nullptr, *scores = nullptr, *probsum = nullptr, *zsum = nullptr;
   bf16* router_input = nullptr;  // --moe-input-jitter-eps: the router's input, the norm output times its noise [T, h]
   float* sinkhorn = nullptr;  // sinkhorn routing: the normalised logits [T, E], then the kernel's scratch [T (E + 1)]
+  // quantile_balancing: logits - alpha [T, E] in a training forward (scores holds the choice, logits - qb_beta, before
+  // the route kernel reads it)
+  float* quantile_shifted = nullptr;
   float* counts_aux = nullptr;
+  // seq_aux_loss beside a batch-level type (aux_loss, global_aux_loss): that type's statistics over the microbatch [E]
+  // (counts_aux and probsum then hold the per-sequence ones).
+  float *counts_aux_batch = nullptr, *probsum_batch = nullptr;
   int32_t *counts = nullptr, *offsets = nullptr, *counts_host = nullptr;
   float* wgrad_parts = nullptr;  // the router weight gradient's partial sums
   // Expert parallelism: the rows in transit (source-rank-major), this rank's experts' outputs, output gradients, input
