@@ -149,6 +149,13 @@ struct RecomputeConfig {
   OptString recompute_method;
   OptInt recompute_num_layers;
   StringList recompute_modules = {"core_attn"};
+  // Megatron's deprecated --moe-layer-recompute: resolve() turns it into --recompute-granularity selective with "moe"
+  // among the modules, as Megatron's TransformerConfig does.
+  bool moe_layer_recompute = false;
+  // Selective recompute of `module` (resolved: granularity selective, the module among recompute_modules).
+  bool recomputes(const std::string& module) const {
+    return recompute_granularity.value_or("") == "selective" && std::find(recompute_modules.begin(), recompute_modules.end(), module) != recompute_modules.end();
+  }
 };
 
 // The auxiliary losses in Megatron's order (its router applies and logs them so), with their log names.

@@ -355,8 +355,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_INERT("moe-router-fusion", false, "kernel fusion does not change megatrain's results"),
       MT_INERT("overlap-moe-expert-parallel-comm", false,
                "megatrain does not overlap the EP all-to-alls with another microbatch's compute (the results are the same)"),
-      MT_REFUSED("moe-layer-recompute", false,
-                 "recomputing only the MoE layers is not implemented: use --recompute-granularity full (CUDA engine), or drop it"),
       MT_REFUSED("moe-extended-tp", false, "deprecated in Megatron: split the experts with --expert-tensor-parallel-size"),
       MT_REFUSED("moe-router-padding-for-fp8", false,
                  "padding the routing map for FP8 (extra zero-weight choices per expert) is not implemented: drop it (the CUDA engine "

@@ -176,7 +176,10 @@ std::vector<FlagSpec> build_table() {
       F(kRecompute, "recompute-granularity", recompute.recompute_granularity, "Activation recompute", "full", "selective"),
       F(kRecompute, "recompute-method", recompute.recompute_method, "Which layers recompute (full)", "uniform", "block"),
       F(kRecompute, "recompute-num-layers", recompute.recompute_num_layers, "Layers per recompute unit / recomputed layers"),
-      F(kRecompute, "recompute-modules", recompute.recompute_modules, "Modules recomputed with selective recompute"),
+      F(kRecompute, "recompute-modules", recompute.recompute_modules,
+        "Modules recomputed with selective recompute: core_attn, and on the CUDA engine mlp (dense layers' MLP) and moe (MoE layers' MLP)"),
+      F(kRecompute, "moe-layer-recompute", recompute.moe_layer_recompute,
+        "Deprecated (as in Megatron): --recompute-granularity selective with moe among --recompute-modules"),
       // MoE
       F(kMoe, "num-experts", moe.num_experts, "Experts per MoE layer"),
       F(kMoe, "moe-router-topk", moe.moe_router_topk, "Experts each token is routed to"),

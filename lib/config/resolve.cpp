@@ -84,6 +84,11 @@ void resolve(Config& cfg, int64_t world_size, int64_t tokenizer_vocab) {
   // (Megatron: a negative capacity factor is None, dropless; validate() warned)
   if (cfg.moe.moe_expert_capacity_factor && *cfg.moe.moe_expert_capacity_factor < 0) cfg.moe.moe_expert_capacity_factor.reset();
   if (p.sequence_parallel && p.tensor_model_parallel_size == 1) p.sequence_parallel = false;  // validate() warned
+  auto& rc = cfg.recompute;  // (--moe-layer-recompute: Megatron's mapping; validate() warned, and refused it with full)
+  if (rc.moe_layer_recompute && rc.recompute_granularity.value_or("") != "full") {
+    rc.recompute_granularity = "selective";
+    if (std::find(rc.recompute_modules.begin(), rc.recompute_modules.end(), "moe") == rc.recompute_modules.end()) rc.recompute_modules.push_back("moe");
+  }
 
   d.world_size = world_size;
   const int64_t model_par = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;

@@ -425,6 +425,31 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
   if (r.recompute_num_layers && *r.recompute_num_layers < 1) {
     k.error("--recompute-num-layers must be >= 1, got " + s(*r.recompute_num_layers));
   }
+  // Selective recompute's modules (Megatron's TransformerConfig checks). --moe-layer-recompute adds "moe" (resolve()).
+  if (r.moe_layer_recompute) {
+    if (r.recompute_granularity.value_or("") == "full") k.error("--moe-layer-recompute with --recompute-granularity full: give one of them (as Megatron)");
+    k.warn("--moe-layer-recompute is deprecated (as in Megatron): use --recompute-granularity selective --recompute-modules moe");
+  }
+  const bool selective = r.recompute_granularity.value_or("") == "selective" || (r.moe_layer_recompute && !r.recompute_granularity);
+  if (!selective && r.recompute_modules != RecomputeConfig{}.recompute_modules) {
+    k.warn("--recompute-modules has no effect without --recompute-granularity selective");
+  }
+  for (const std::string& module : selective ? r.recompute_modules : StringList{}) {
+    static const char* const kModules[] = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out",
+                                           "gdp_in_proj", "gdp_qkv", "mhc"};
+    if (std::none_of(std::begin(kModules), std::end(kModules), [&](const char* m) { return module == m; })) {
+      k.error("--recompute-modules: unknown module '" + module +
+              "' (Megatron's: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc)");
+    } else if (module == "moe_act" && !c.moe.moe_grouped_gemm) {
+      k.error("--recompute-modules moe_act needs --moe-grouped-gemm (as Megatron)");
+    } else if (module == "mla_up_proj") {
+      k.error("--recompute-modules mla_up_proj needs multi-latent attention, which megatrain does not implement: drop it");
+    } else if (module.rfind("gdn", 0) == 0 || module.rfind("gdp", 0) == 0 || module == "mhc") {
+      k.error("--recompute-modules " + module + " belongs to attention variants megatrain does not implement: drop it");
+    } else if (module == "shared_experts" && c.moe.moe_shared_expert_overlap) {
+      k.error("--recompute-modules shared_experts cannot work with --moe-shared-expert-overlap (as Megatron): drop one of them");
+    }
+  }
   if (c.model.num_layers && r.recompute_num_layers && c.parallel.pipeline_model_parallel_size > 0) {
     const int64_t per_stage = *c.model.num_layers / c.parallel.pipeline_model_parallel_size;
     if (r.recompute_method.value_or("") == "block" && *r.recompute_num_layers > per_stage) {

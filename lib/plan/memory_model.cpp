@@ -47,7 +47,37 @@ double expert_rows_per_token(const Config& c) {
 }
 
 // Bytes of activations one transformer layer keeps for backward, per microbatch, on one rank.
-double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
+// The MLP block's own buffers of one layer (what selective recompute of mlp / moe leaves out of a layer, keeping its
+// input, the norm output): dense, fc1's output(s) and the activation; MoE, the router's logits, the permuted tokens and
+// the experts' outputs, the choices, the experts' fc1 outputs and activations, and the shared expert's.
+double mlp_block_bytes(const Config& c, bool moe) {
+  const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
+  const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
+  const RankShape r(c);
+  const double h = r.h, t = r.t, a = r.a, rep = r.rep;
+  const double sb = s * b;
+  const double mult = c.model.swiglu ? 2.0 : 1.0;
+  const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
+  // The CUDA engine under delayed scaling: SwiGLU writes fc2's FP8 input, and with FP8 weight gradients nothing keeps
+  // its 16-bit output (the routed experts' too, where they have no biases).
+  const bool act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
+  double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu)));
+  if (!moe) return a * sb * F * (mult + (act_unread ? 0 : 1)) / t;  // fc1 output(s) and activation output
+  F = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F)));
+  double tokens = sb * expert_rows_per_token(c);
+  // (FP8 on the CUDA engine: each expert's rows start at a multiple of 16, up to 15 rows of padding each)
+  if (c.precision.fp8_format) tokens += 15.0 * static_cast<double>(c.moe.num_experts.value_or(0) / std::max<int64_t>(1, c.parallel.expert_model_parallel_size));
+  double bytes = 4.0 * sb * static_cast<double>(c.moe.num_experts.value_or(0));  // router logits (fp32)
+  bytes += 2 * a * tokens * h / rep;                                               // permuted tokens, the experts' outputs
+  bytes += 12.0 * sb * static_cast<double>(c.moe.moe_router_topk);                 // the choices, their weights and rows
+  const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
+  bytes += a * tokens * F * (mult + (act_unread && c.model.disable_bias_linear ? 0 : 1)) / etp;
+  const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
+  bytes += a * sb * shared * (mult + 1) / t;  // the shared expert's fc1 output(s) and activation output
+  return bytes;
+}
+
+double layer_activation_bytes(const Config& c, bool moe, bool full_recompute, bool mlp_recompute) {
   const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
   const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
   const RankShape r(c);
@@ -60,34 +90,22 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute) {
   bytes += a * sb * (n * d + 2 * std::max(g, 1.0) * d) / t;  // Q, K, V
   bytes += a * sb * n * d / t + 4.0 * sb * n / t;       // attention output + softmax statistics (flash)
   if (c.model.hidden_dropout > 0) bytes += 2 * sb * h / rep;  // two dropout masks, 1 byte each
-  const double mult = c.model.swiglu ? 2.0 : 1.0;
+  bytes += a * sb * h / rep;  // fc1 input (norm output)
+  if (!mlp_recompute) bytes += mlp_block_bytes(c, moe);
   const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
-  // The CUDA engine under delayed scaling: SwiGLU writes fc2's FP8 input, and with FP8 weight gradients nothing keeps
-  // its 16-bit output (the routed experts' too, where they have no biases).
-  const bool act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
   double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu)));
-  double tokens = sb;
   if (moe) {
     F = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F)));
-    tokens = sb * expert_rows_per_token(c);
-    // (FP8 on the CUDA engine: each expert's rows start at a multiple of 16, up to 15 rows of padding each)
-    if (c.precision.fp8_format) tokens += 15.0 * static_cast<double>(c.moe.num_experts.value_or(0) / std::max<int64_t>(1, c.parallel.expert_model_parallel_size));
-    bytes += 4.0 * sb * static_cast<double>(c.moe.num_experts.value_or(0));  // router logits (fp32)
-    bytes += 2 * a * tokens * h / rep;                                        // permuted tokens, the experts' outputs
-    bytes += 12.0 * sb * static_cast<double>(c.moe.moe_router_topk);          // the choices, their weights and rows
-    const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
-    bytes += a * sb * h / rep;  // fc1 input
-    bytes += a * tokens * F * (mult + (act_unread && c.model.disable_bias_linear ? 0 : 1)) / etp;
-    const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
-    bytes += a * sb * shared * (mult + 1) / t;  // the shared expert's fc1 output(s) and activation output
     if (c.precision.fp8_format) {  // FP8 (tensorwise / blockwise): the GEMM inputs' transposes, 1 byte (blockwise: and their scales)
+      double tokens = sb * expert_rows_per_token(c) + 15.0 * static_cast<double>(c.moe.num_experts.value_or(0) /
+                                                                                  std::max<int64_t>(1, c.parallel.expert_model_parallel_size));
+      const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
+      const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
       const double xt = sb * (h + n * d / t) + tokens * (h + F / etp) + (shared > 0 ? sb * (h + shared / t) : 0.0);
       bytes += xt * (c.precision.fp8_recipe == "blockwise" ? 1.0 + 4.0 / 128.0 : 1.0);
     }
     return bytes;
   }
-  bytes += a * sb * h / rep;  // fc1 input (norm output)
-  bytes += a * sb * F * (mult + (act_unread ? 0 : 1)) / t;  // fc1 output(s) and activation output
   if (c.precision.fp8_format && fp8_wgrad) bytes += sb * (2 * h + n * d / t + F / t);  // FP8: the four GEMM inputs' transposes (1 byte)
   if (c.precision.fp8_format && c.precision.fp8_recipe == "blockwise") bytes += sb * (2 * h + n * d / t + F / t) * 4.0 / 128.0;  // their block scales
   return bytes;
@@ -175,19 +193,22 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const std::string gran = c.recompute.recompute_granularity.value_or("");
   const std::string method = c.recompute.recompute_method.value_or("");
   const int64_t k = c.recompute.recompute_num_layers.value_or(1);
-  double per_mb = 0;
+  double per_mb = 0, shared_mlp = 0;
   const std::vector<bool> pattern = moe_layer_pattern(c);
   for (int64_t i = 0; i < nlayers; ++i) {
     const int64_t l = first_layer + i;
     const bool moe = pattern[static_cast<size_t>(l)];
     bool full = false;
     if (gran == "full") full = method == "uniform" || (method == "block" && i < k);
-    per_mb += layer_activation_bytes(c, moe, full);
+    // (selective recompute of mlp / moe: the layers' MLP blocks share one set of buffers, the largest, once)
+    const bool mlp_recompute = c.recompute.recomputes(moe ? "moe" : "mlp");
+    if (mlp_recompute) shared_mlp = std::max(shared_mlp, mlp_block_bytes(c, moe));
+    per_mb += layer_activation_bytes(c, moe, full, mlp_recompute);
   }
   if (gran == "full" && method == "uniform") {
     // Uniform keeps only each chunk's input, plus one chunk's activations during its recompute.
     per_mb = per_mb / static_cast<double>(std::max<int64_t>(1, k)) +
-             static_cast<double>(std::min(k, nlayers)) * layer_activation_bytes(c, false, false);
+             static_cast<double>(std::min(k, nlayers)) * layer_activation_bytes(c, false, false, false);
   }
   const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
   const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
@@ -196,7 +217,7 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const double a = half ? 2.0 : 4.0;
   if (stage == 0) per_mb += a * s * b * h + 8.0 * s * b;  // embedding output + token ids
   m.activations_per_microbatch = per_mb;
-  m.activations = per_mb * m.in_flight_microbatches;
+  m.activations = per_mb * m.in_flight_microbatches + shared_mlp;
   const auto tokens = static_cast<int64_t>(s * b);
   if (stage == pp - 1) {
     // One chunk of rows of bf16 logits at a time (the loss gradient written over them), then the labels' losses.

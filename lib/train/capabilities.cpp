@@ -58,10 +58,12 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   no(c.data.no_create_attention_mask && c.data.reset_attention_mask,
      "--no-create-attention-mask-in-dataloader with --reset-attention-mask: in Megatron the first leaves the documents unmasked, "
      "megatrain masks them: drop one of the two");
-  if (c.recompute.recompute_granularity.value_or("") == "selective") {  // (core_attn: flash attention stores no probabilities to recompute)
+  if (c.recompute.recompute_granularity.value_or("") == "selective") {
+    // core_attn: flash attention stores no probabilities to recompute; mlp and moe: the CUDA engine's (cuda_engine_gaps).
     for (const auto& module : c.recompute.recompute_modules) {
-      no(module != "core_attn", "--recompute-modules " + module + " is not implemented (selective recompute covers core_attn only): use "
-                                "--recompute-granularity full, or drop " + module + " from --recompute-modules");
+      no(module != "core_attn" && module != "mlp" && module != "moe",
+         "--recompute-modules " + module + " is not implemented (selective recompute covers core_attn, mlp and moe): use moe (an MoE layer's "
+         "whole MLP block, its activations included) or mlp (a dense layer's), or --recompute-granularity full, or drop " + module);
     }
   }
   no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
@@ -133,8 +135,10 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
     if (c.model.attention_backend != d.model.attention_backend) {
       out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect: the CUDA engine always uses cuDNN's fused (flash) attention");
     }
-    if (c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "selective") {
-      out.push_back("note: --recompute-granularity selective keeps nothing less on the CUDA engine: flash attention never stores the attention probabilities");
+    if (c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "selective" && !c.recompute.recomputes("mlp") &&
+        !c.recompute.recomputes("moe")) {
+      out.push_back("note: --recompute-granularity selective with core_attn keeps nothing less on the CUDA engine: flash attention never stores "
+                    "the attention probabilities (--recompute-modules mlp / moe recompute the MLP blocks)");
     }
     if (c.moe.num_experts && c.parallel.expert_model_parallel_size > 1 && c.moe.moe_token_dispatcher_type == "allgather") {
       out.push_back("note: --moe-token-dispatcher-type allgather: the CUDA engine dispatches by all-to-all with per-rank counts (the same results)");
@@ -178,6 +182,20 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
      "the CUDA engine computes in bf16 or fp16: add --bf16 (or --fp16 with loss scaling); fp32 training runs with --device cpu");
   // --no-rope-freq (gpt_cuda_units.cpp's attention units: the rotation's table left out in the layers without RoPE, the
   // path models without RoPE take): written without a GPU (thirty-sixth session), refused until test_cuda_engine runs it.
+  // Selective recompute of the MLP blocks (--recompute-modules mlp / moe, --moe-layer-recompute; gpt_cuda_step.cpp's
+  // backward re-runs a layer's MLP from its saved norm output, the layers' MLP activations in one shared record):
+  // written without a GPU (thirty-seventh session), refused by name until test_cuda_engine's =selective-recompute
+  // group has passed. Not with FP8 (the recomputed casts would record their amaxes and x^T again) nor with deferred
+  // weight gradients (ZB-H1: a later recompute overwrites what the deferred GEMMs read).
+  const bool mlp_recompute = c.recompute.recomputes("mlp") || c.recompute.recomputes("moe");
+  no(mlp_recompute && !cuda_unverified_allowed("selective-recompute"),
+     "--recompute-modules mlp / moe (or --moe-layer-recompute) have not run on a GPU yet on the CUDA engine: use --recompute-granularity "
+     "full --recompute-method uniform --recompute-num-layers 1, or drop them");
+  no(mlp_recompute && c.precision.fp8_format.has_value(),
+     "--recompute-modules mlp / moe with FP8 is not implemented on the CUDA engine: use --recompute-granularity full, or drop them");
+  no(mlp_recompute && c.parallel.pipeline_model_parallel_size > 1 && c.parallel.pipeline_schedule == "zb-h1",
+     "--recompute-modules mlp / moe with --pipeline-schedule zb-h1 is not implemented on the CUDA engine (its deferred weight gradients read "
+     "the recomputed activations): use another schedule, or drop them");
   no(rope_skipping_given(c) && !cuda_unverified_allowed("no-rope-freq"),
      "--no-rope-freq has not run on a GPU yet on the CUDA engine: use --device cpu (the CPU engine runs it)");
   // --add-qkv-bias alone (Qwen's QKV biases without the others) under TP: the bias's own gradient kernel and, with fewer
@@ -324,7 +342,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     int64_t aux_losses = 0;
     for (const char* type : kAuxLossTypes) aux_losses += m.aux_loss_coeff(type) > 0 ? 1 : 0;
     // (each type's statistics and gradient per score in kernels/cuda/moe.cu's moe_balance_finish, summed: written without a
-    // GPU in the thirty-seventh session, refused by name until MT_GPU_TEST_ONLY=moe's list-form cases have passed)
+    // GPU in the thirty-seventh session, refused by name until MT_GPU_TEST_ONLY=moe-aux-list has passed)
     no(aux_losses > 1 && !cuda_unverified_allowed("moe-aux-loss-list"),
        "several auxiliary losses at once (Megatron's list form of --moe-router-load-balancing-type) have not run on a GPU yet on the CUDA "
        "engine: give one type and one coefficient, or use --device cpu (the CPU engine runs it)");

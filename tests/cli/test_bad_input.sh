@@ -33,7 +33,7 @@ bad clip-grad '--clip-grad must be a finite number >= 0' -- "$B" "${Q[@]}" --cli
 bad init-std '--init-method-std must be a finite number >= 0' -- "$B" "${Q[@]}" --init-method-std -1
 bad dropout '--hidden-dropout must be in \[0, 1\)' -- "$B" "${Q[@]}" --hidden-dropout 1.5
 bad min-lr '--min-lr must be a finite number >= 0' -- "$B" "${Q[@]}" --min-lr -1
-bad recompute-mlp '--recompute-modules mlp is not implemented' -- "$B" "${Q[@]}" --recompute-granularity selective --recompute-modules core_attn mlp
+bad recompute-layernorm '--recompute-modules layernorm is not implemented' -- "$B" "${Q[@]}" --recompute-granularity selective --recompute-modules core_attn layernorm
 bad nan-split "--split 'nan,1,1'" -- "$B" "${Q[@]}" --split nan,1,1
 bad inf-split "--split 'inf,1,1'" -- "$B" "${Q[@]}" --split inf,1,1
 bad nan-blend "--data-path: 'nan' is not a weight" -- "$B" --config configs/quickstart.yaml --text-data-path "" --tokenizer-type NullTokenizer \

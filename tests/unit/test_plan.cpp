@@ -109,6 +109,28 @@ TEST_CASE("memory model: LLaMA-3 70B on 64 GPUs against Megatron's formula") {
   CHECK(m.optimizer_sharded == Approx(m.optimizer_unsharded / 4).epsilon(0.01));
 }
 
+TEST_CASE("memory model: selective recompute of the MoE blocks keeps one layer's MLP buffers") {
+  Config c = recipe("mixtral-8x7b", 32);  // (full recompute in the recipe)
+  c.recompute.recompute_granularity.reset();
+  c.recompute.recompute_method.reset();
+  c.recompute.recompute_num_layers.reset();
+  const MemoryEstimate none = estimate_memory(c);
+  c.recompute.recompute_granularity = "selective";
+  c.recompute.recompute_modules = {"core_attn", "moe"};
+  const MemoryEstimate moe = estimate_memory(c);
+  c.recompute.recompute_modules = {"core_attn", "mlp"};  // (mlp: dense layers only; Mixtral has none)
+  const MemoryEstimate mlp = estimate_memory(c);
+  INFO("activations: none " << none.activations << ", moe " << moe.activations << ", mlp " << mlp.activations);
+  CHECK(mlp.activations == Approx(none.activations));
+  // The experts' buffers dominate a Mixtral layer's: recomputing them keeps well under half, yet more than the
+  // layers' inputs alone.
+  CHECK(moe.activations < none.activations / 2);
+  c.recompute.recompute_granularity = "full";
+  c.recompute.recompute_method = "uniform";
+  c.recompute.recompute_num_layers = 1;
+  CHECK(estimate_memory(c).activations < moe.activations);
+}
+
 TEST_CASE("memory model: recompute lowers activations, layers change nothing else") {
   Config c = recipe("llama3-8b", 8);
   const double sel = estimate_memory(c).activations;

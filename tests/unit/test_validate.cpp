@@ -111,6 +111,41 @@ TEST_CASE("the load-balancing types: one, or Megatron's list form with a coeffic
   CHECK(c.moe.aux_loss_coeff("aux_loss") == 0.0);
 }
 
+TEST_CASE("selective recompute's modules (Megatron's checks) and --moe-layer-recompute") {
+  Config c = base();
+  c.recompute.recompute_granularity = "selective";
+  c.recompute.recompute_modules = {"core_attn", "mlp", "moe", "layernorm"};
+  accepts(c, 1);
+  c.recompute.recompute_modules = {"attention"};
+  rejects(c, 1, "unknown module 'attention'");
+  c.recompute.recompute_modules = {"moe_act"};
+  rejects(c, 1, "moe_act needs --moe-grouped-gemm");
+  c.moe.moe_grouped_gemm = true;
+  accepts(c, 1);
+  c.recompute.recompute_modules = {"mla_up_proj"};
+  rejects(c, 1, "mla_up_proj needs multi-latent attention");
+  c.recompute.recompute_modules = {"core_attn"};
+  c.recompute.recompute_granularity.reset();
+  c.recompute.moe_layer_recompute = true;
+  const Diagnostics d = validate(c, 1, Purpose::kTrain);
+  CHECK(d.ok());
+  CHECK(has(d.warnings, "--moe-layer-recompute is deprecated"));
+  resolve(c, 1);  // (Megatron's mapping: selective, moe among the modules)
+  CHECK(c.recompute.recompute_granularity == std::optional<std::string>("selective"));
+  CHECK(c.recompute.recomputes("moe"));
+  CHECK(c.recompute.recomputes("core_attn"));
+  CHECK_FALSE(c.recompute.recomputes("mlp"));
+  Config full = base();
+  full.recompute.moe_layer_recompute = true;
+  full.recompute.recompute_granularity = "full";
+  full.recompute.recompute_method = "uniform";
+  full.recompute.recompute_num_layers = 1;
+  rejects(full, 1, "--moe-layer-recompute with --recompute-granularity full");
+  Config ignored = base();  // (modules without selective: Megatron ignores them; a warning here)
+  ignored.recompute.recompute_modules = {"moe"};
+  CHECK(has(validate(ignored, 1, Purpose::kTrain).warnings, "--recompute-modules has no effect without --recompute-granularity selective"));
+}
+
 TEST_CASE("quantile balancing's rules (Megatron's QB), each with its fix") {
   Config c = base();
   c.moe.num_experts = 4;

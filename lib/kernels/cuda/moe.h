@@ -24,7 +24,7 @@ struct MoeRouting {
   // 0: over the micro batch's tokens (aux_loss).
   int64_t seq_len = 0;
   // The ranks holding shares of the microbatch's sequences (context parallelism; 1 otherwise): the balance and z losses
-  // count all their tokens (the statistics summed over them between moe_aux_stats and moe_aux_finish).
+  // count all their tokens (the statistics summed over them between moe_aux_stats and moe_balance_finish / moe_stats_finish).
   int64_t shards = 1;
   // Each expert's first row a multiple of this (FP8 experts: 16, the FP8 GEMMs' granule; the rows between an expert's
   // last and the next one's first are no choice's, the caller's to zero). 1: back to back.

@@ -95,7 +95,8 @@ __global__ void update_quantile_bias_kernel(float* beta, float* acc, int64_t lay
   double blended[kMaxExperts];
   double centre = 0;
   for (int64_t e = 0; e < E; ++e) {
-    blended[e] = ema * static_cast<double>(b[e]) + (1.0 - ema) * (static_cast<double>(a[e]) / count);
+    // (rounded products and sum, no fused multiply-add: the host's arithmetic)
+    blended[e] = __dadd_rn(__dmul_rn(ema, static_cast<double>(b[e])), __dmul_rn(1.0 - ema, static_cast<double>(a[e]) / count));
     centre += blended[e] / static_cast<double>(E);
   }
   for (int64_t e = 0; e < E; ++e) {

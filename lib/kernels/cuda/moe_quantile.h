@@ -22,7 +22,8 @@ void moe_quantile_accumulate(float* acc, const float* shifted, const MoeRouting&
 // Once per iteration (Megatron's _update_router_qb_beta), for `layers` MoE layers of E experts: each layer's
 // beta[E] = ema beta + (1 - ema) mean, mean = acc's sums over its count (both summed over the data-parallel replicas
 // first: every replica counts the same microbatches, so this is the replicas' average of their means), then re-centred
-// to mean 0, in double and in the CPU engine's order; acc [layers (E + 1)] zeroed for the next iteration.
+// to mean 0, in double and in the CPU engine's order; acc [layers (E + 1)] zeroed for the next iteration. (The sums are
+// fp32, where the CPU engine's are double: with several microbatches qb_beta may differ from its in the last bit.)
 void moe_update_quantile_bias(float* beta, float* acc, int64_t layers, int64_t E, double ema, cudaStream_t st);
 
 }  // namespace mt::cuda

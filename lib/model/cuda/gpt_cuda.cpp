@@ -233,6 +233,14 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     const int64_t n = rc.recompute_num_layers.value_or(1);
     for (int64_t l = 0; l < L_; ++l) recompute_layer_[static_cast<size_t>(l)] = block ? l < n : true;
   }
+  // Selective recompute of the MLP blocks: --recompute-modules mlp (dense layers), moe (MoE layers; --moe-layer-recompute).
+  mlp_recompute_layer_.assign(static_cast<size_t>(L_), false);
+  for (int64_t l = 0; l < L_; ++l) {
+    const bool moe = layers_[static_cast<size_t>(l)].moe;
+    mlp_recompute_layer_[static_cast<size_t>(l)] = rc.recomputes(moe ? "moe" : "mlp");
+    mlp_recompute_ = mlp_recompute_ || mlp_recompute_layer_[static_cast<size_t>(l)];
+  }
+  if (mlp_recompute_ && D.fp8) throw std::logic_error("CUDA model: --recompute-modules mlp / moe with FP8 (refused by the capability checks)");
 
   if (!D.swiglu && moe_layers_ > 0 && F_moe_ % 8 != 0) {  // (refused by name in train/capabilities: a guard for other callers)
     throw std::runtime_error("the CUDA engine's GELU and squared-ReLU experts need --moe-ffn-hidden-size to be a multiple of 8 (this model: " +
@@ -319,21 +327,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     act_bytes_ += bytes(n, rb, rows);
     return alloc(bytes(n, rb, rows));
   };
-  // A layer's record: the dense MLP's buffers for a dense layer, the MoE buffers for an MoE layer (the shared
-  // recompute record: whichever the stage's layers need).
-  auto full_record = [&](Record& r, bool dense_mlp, bool moe, bool fp8) {
-    r.xn1 = b16(h);
-    r.mean1 = f32(1, rows_l);
-    r.rstd1 = f32(1, rows_l);
-    r.q = b16(Hd);
-    r.k = b16(KVd);
-    r.v = b16(KVd);
-    r.o = b16(Hd);
-    r.stats = f32(D.nh_local);
-    r.x_mid = res(h, rows_l);
-    r.xn2 = b16(h);
-    r.mean2 = f32(1, rows_l);
-    r.rstd2 = f32(1, rows_l);
+  // A layer's MLP block's buffers: the dense MLP's for a dense layer, the MoE layer's for an MoE layer.
+  auto mlp_buffers = [&](Record& r, bool dense_mlp, bool moe, bool fp8) {
     if (dense_mlp) {
       r.fc1 = b16(F1);
       if (!fp8 || !swiglu_output_unread()) r.act = b16(F);  // (FP8 delayed: SwiGLU writes fc2's FP8 input instead)
@@ -363,6 +358,23 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       }
       r.aux_dscale = static_cast<float*>(alloc(static_cast<size_t>(balance_groups * experts_) * 4));
     }
+  };
+  // A layer's record: the dense MLP's buffers for a dense layer, the MoE buffers for an MoE layer (the shared
+  // recompute record: whichever the stage's layers need); a layer whose MLP block is recomputed takes mlp_record_'s.
+  auto full_record = [&](Record& r, bool dense_mlp, bool moe, bool fp8) {
+    r.xn1 = b16(h);
+    r.mean1 = f32(1, rows_l);
+    r.rstd1 = f32(1, rows_l);
+    r.q = b16(Hd);
+    r.k = b16(KVd);
+    r.v = b16(KVd);
+    r.o = b16(Hd);
+    r.stats = f32(D.nh_local);
+    r.x_mid = res(h, rows_l);
+    r.xn2 = b16(h);
+    r.mean2 = f32(1, rows_l);
+    r.rstd2 = f32(1, rows_l);
+    mlp_buffers(r, dense_mlp, moe, fp8);
     if (fp8) {
       r.f8_amax = static_cast<float*>(alloc(8 * sizeof(float)));
       const int64_t widths[4] = {h, Hd, h, F};  // the sites' inputs: QKV, projection, fc1, fc2
@@ -411,17 +423,58 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   const char* split_env0 = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
   const bool may_split = max_in_flight == 1 && pre_ && post_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
                          !doc_mask_ && D.attention_dropout <= 0 && !D.squared_relu &&
-                         std::find(recompute_layer_.begin(), recompute_layer_.end(), true) == recompute_layer_.end() &&
+                         std::find(recompute_layer_.begin(), recompute_layer_.end(), true) == recompute_layer_.end() && !mlp_recompute_ &&
                          !(split_env0 && std::string(split_env0) == "0");
   const bool sp_all_to_all = sp_ && may_split && !(a2a_env && std::string(a2a_env) == "0");
   if (sp_) agree_over_tp(sp_all_to_all, "MEGATRAIN_TP_SP_ALLTOALL");
-  auto allocate_activations = [&]() {
-    for (int64_t l = 0; l < L_; ++l) {
-      auto r = std::make_unique<Record>();
-      r->x_in = res(h, rows_l);
-      if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r, !layers_[static_cast<size_t>(l)].moe, layers_[static_cast<size_t>(l)].moe, fp8_layer(l));
-      records_.push_back(std::move(r));
+  // The MLP block's buffers of `from` in `to` (what mlp_buffers allocates; under EP the rows that arrive stay in each
+  // record's own growing buffers).
+  auto share_mlp_buffers = [](Record& to, const Record& from) {
+    to.fc1 = from.fc1;
+    to.act = from.act;
+    to.logits = from.logits;
+    to.route_weight = from.route_weight;
+    to.top = from.top;
+    to.row = from.row;
+    to.ex_rows = from.ex_rows;
+    to.ex_fc1 = from.ex_fc1;
+    to.ex_act = from.ex_act;
+    to.ex_out = from.ex_out;
+    to.pad_map = from.pad_map;
+    to.sh_fc1 = from.sh_fc1;
+    to.sh_act = from.sh_act;
+    to.sh_out = from.sh_out;
+    to.sh_gate = from.sh_gate;
+    to.aux_dscale = from.aux_dscale;
+  };
+  // A layer's record (its input; the rest unless the whole layer is recomputed, with the MLP block's buffers shared
+  // where that block is recomputed).
+  auto layer_record = [&](int64_t l) {
+    auto r = std::make_unique<Record>();
+    r->x_in = res(h, rows_l);
+    const auto k = static_cast<size_t>(l);
+    if (recompute_layer_[k]) return r;
+    const bool moe = layers_[k].moe;
+    if (!mlp_recompute_layer_[k]) {
+      full_record(*r, !moe, moe, fp8_layer(l));
+      return r;
     }
+    full_record(*r, false, false, false);
+    share_mlp_buffers(*r, *mlp_record_);
+    return r;
+  };
+  auto allocate_activations = [&]() {
+    if (mlp_recompute_) {
+      bool dense = false, moe = false;
+      for (int64_t l = 0; l < L_; ++l) {
+        const auto k = static_cast<size_t>(l);
+        dense = dense || (mlp_recompute_layer_[k] && !layers_[k].moe);
+        moe = moe || (mlp_recompute_layer_[k] && layers_[k].moe);
+      }
+      mlp_record_ = std::make_unique<Record>();
+      mlp_buffers(*mlp_record_, dense, moe, false);
+    }
+    for (int64_t l = 0; l < L_; ++l) records_.push_back(layer_record(l));
     if (full_recompute_) {
       recompute_record_ = std::make_unique<Record>();
       bool fp8_recomputed = false;
@@ -432,12 +485,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     slots_.clear();
     slots_.resize(static_cast<size_t>(max_in_flight));
     for (size_t k = 1; k < slots_.size(); ++k) {
-      for (int64_t l = 0; l < L_; ++l) {
-        auto r = std::make_unique<Record>();
-        r->x_in = res(h, rows_l);
-        if (!recompute_layer_[static_cast<size_t>(l)]) full_record(*r, !layers_[static_cast<size_t>(l)].moe, layers_[static_cast<size_t>(l)].moe, fp8_layer(l));
-        slots_[k].records.push_back(std::move(r));
-      }
+      for (int64_t l = 0; l < L_; ++l) slots_[k].records.push_back(layer_record(l));
       if (post_) {  // what the output layer's backward reads
         slots_[k].x_final = res(h, rows_l);
         slots_[k].xnf = b16(h);
@@ -581,6 +629,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     allocate_activations();
     records_.clear();
     recompute_record_.reset();
+    mlp_record_.reset();
     slots_.clear();
     s_.reset();
     act_bytes_ = before;

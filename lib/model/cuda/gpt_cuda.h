@@ -110,7 +110,7 @@ class CudaGPT {
   // backward saved and its activations.
   void backward_weights(const DeviceMicrobatch& mb, int64_t slot);
   // Whether backward can defer the weight gradients here (no full recompute, no split TP layers).
-  bool can_defer_weights() const { return !full_recompute_ && !split_forward_ && moe_layers_ == 0; }
+  bool can_defer_weights() const { return !full_recompute_ && !mlp_recompute_ && !split_forward_ && moe_layers_ == 0; }
   cudaStream_t stream() const { return stream_; }
   bool pre_process() const { return pre_; }
   bool post_process() const { return post_; }
@@ -211,7 +211,8 @@ class CudaGPT {
   // The attention block: from r.xn1's rows to the projection's output in s_->delta's (partial sums under TP).
   void attention_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp);
   // The MLP block (dense; MoE over whole spans): from r.xn2's rows to s_->delta's.
-  void mlp_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp);
+  // (with_output false: a dense MLP's recompute, which leaves out fc2's GEMM: its backward reads no output)
+  void mlp_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp, bool with_output = true);
   // The residual adds and norms between the blocks, over the residual rows [p0, p0 + pr) on stream st; sum is the
   // block's output of those rows (summed over TP, or with parts its TP partials, which the kernel adds):
   // mlp_norm_forward: x_mid = x_in + attention, xn2 = the MLP's input norm of it; input_norm_forward (l > 0): layer l's
@@ -488,6 +489,11 @@ class CudaGPT {
   void sum_replicated_grads(const std::vector<std::pair<int64_t, int64_t>>& params, cudaStream_t st);
   const cuda::bf16* row_bias(int64_t off) const { return tp_rank_ == 0 ? w(off) : nullptr; }
   bool recomputed(int64_t l) const;
+  // Selective recompute of layer l's MLP block (--recompute-modules mlp for a dense layer, moe for an MoE layer): its
+  // record's MLP buffers are mlp_record_'s, shared by every such layer, filled again from its saved norm output
+  // before its backward (recompute_mlp).
+  bool mlp_recomputed(int64_t l) const { return mlp_recompute_layer_[static_cast<size_t>(l)]; }
+  void recompute_mlp(int64_t l, Record& r, const DeviceMicrobatch& mb);
   const cuda::bf16* w(int64_t off) const { return off < 0 ? nullptr : w16_ + off; }
   float* g(int64_t off) const { return off < 0 ? nullptr : grads_ + off; }
 
@@ -630,12 +636,15 @@ class CudaGPT {
   std::vector<LayerW> layers_;
   std::vector<std::unique_ptr<Record>> records_;
   std::unique_ptr<Record> recompute_record_;
+  std::unique_ptr<Record> mlp_record_;  // the MLP buffers of the layers whose MLP is recomputed (mlp_recomputed)
   std::unique_ptr<Scratch> s_;
   int64_t T_max_ = 0;
   int64_t S_local_ = 0;  // a microbatch's rows per sequence on this rank (the sequence length / CP)
   int64_t loss_chunk_rows_ = 0;  // the output layer's and the loss's rows at a time (output_layer())
   bool full_recompute_ = false;
   std::vector<bool> recompute_layer_;
+  bool mlp_recompute_ = false;  // (some layer's MLP block recomputed)
+  std::vector<bool> mlp_recompute_layer_;
   size_t act_bytes_ = 0;
   std::vector<void*> owned_;
   // With TP, the activations are carved from one symmetric window of the TP group (alloc: count, then carve).

@@ -131,7 +131,7 @@ std::vector<int64_t> CudaGPT::moe_layer_indices() const {
   return out;
 }
 
-int64_t CudaGPT::moe_stats_row() const { return cuda::kMoeStatsHead + experts_; }
+int64_t CudaGPT::moe_stats_row() const { return cuda::kMoeStatsHead + D_.experts; }  // (D_'s: a chunk without MoE layers has no experts_)
 
 void CudaGPT::zero_moe_stats() {
   if (moe_acc_) MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, static_cast<size_t>(moe_layers_ * moe_stats_row()) * 4, stream_));

@@ -222,6 +222,15 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
   f8_record_ = f8_cast_weights_ = false;
 }
 
+// Selective recompute (--recompute-modules mlp / moe): layer l's MLP block again from its saved norm output (r.xn2, every
+// row of the microbatch), into the buffers every such layer shares. A backward records no MoE statistics
+// (moe_record_stats_ is off after the forward) and routes as the training forward did (moe_training_); the dense MLP
+// leaves out fc2's GEMM, whose output its backward does not read. (FP8 is refused with it: its casts would record again.)
+void CudaGPT::recompute_mlp(int64_t l, Record& r, const DeviceMicrobatch& mb) {
+  if (moe_record_stats_) throw std::logic_error("CUDA model: an MLP recompute while the MoE statistics are recorded");
+  mlp_forward_unit(l, r, mb, whole_span(mb), layers_[static_cast<size_t>(l)].moe);
+}
+
 void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* output_grad, float* input_grad, bool defer_weights) {
   activate(slot);
   if (!slots_[static_cast<size_t>(slot)].forwarded) throw std::logic_error("CUDA model: a backward without its forward (slot " + std::to_string(slot) + ")");
@@ -284,6 +293,7 @@ void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* ou
       gather_rows(s.xn_l, r.xn1, T);
       layer_forward(l, r, mb);
     }
+    if (mlp_recomputed(l)) recompute_mlp(l, r, mb);
     if (split_forward_) {
       if (split_sp && l + 1 == L_) gather_layer_rows(s.dres16, s.dres16_full, T);  // the final norm's input gradient
       split_layer_backward(l, r, mb);

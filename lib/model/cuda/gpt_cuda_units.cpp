@@ -90,7 +90,7 @@ void CudaGPT::attention_forward_unit(int64_t l, Record& r, const DeviceMicrobatc
   linear_forward(l, r, kLinearProj, "fwd.gemm.proj", n, Hd, h, r.o + o * Hd, lw.proj_w, row_bias(lw.proj_b), s.delta + o * h);
 }
 
-void CudaGPT::mlp_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp) {
+void CudaGPT::mlp_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp, bool with_output) {
   require_whole(l, sp, "the MLP block");
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
@@ -120,6 +120,7 @@ void CudaGPT::mlp_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb,
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, n, F, h, 1.0f, r.xn2 + o * h, h, w(lw.fc1_w), h, 0.0f, r.act + o * F, F, ab_, ab_, w(lw.fc1_b), stream_,
                                        {cuda::GemmEpilogue::kGeluAux, r.fc1 + o * F, F}));
   }
+  if (!with_output) return;
   // (r.act is null only where SwiGLU's FP8 cast wrote fc2's input: whole spans, o = 0)
   linear_forward(l, r, kLinearFc2, "fwd.gemm.fc2", n, F, h, r.act ? r.act + o * F : nullptr, lw.fc2_w, row_bias(lw.fc2_b), s.delta + o * h, act_cast);
 }
