@@ -177,9 +177,16 @@ int run_plan(int argc, char** argv) {
                   ? (" [" + std::to_string(static_cast<int>(std::lround(100 * cfg.training.optimizer_offload_fraction))) + "% offloaded: " +
                      gib((cfg.training.use_distributed_optimizer ? mem.optimizer_sharded : mem.optimizer_unsharded) * cfg.training.optimizer_offload_fraction) + " in host memory]").c_str()
                   : "");
+  std::string recompute = cfg.recompute.recompute_granularity.value_or("none");
+  if (recompute == "selective") {  // (the modules; mlp / moe: one layer's MLP buffers shared, beside the microbatches')
+    recompute += " of";
+    for (const std::string& module : cfg.recompute.recompute_modules) recompute += " " + module;
+    const double shared = mem.activations - mem.activations_per_microbatch * mem.in_flight_microbatches;
+    if (shared > 0) recompute += ", + " + gib(shared) + " of MLP buffers shared by the recomputed layers";
+  }
   std::printf("  activations             %s   (%s per microbatch x %g in flight under %s, recompute %s)\n",
               gib(mem.activations).c_str(), gib(mem.activations_per_microbatch).c_str(), mem.in_flight_microbatches,
-              schedule_name(cfg).c_str(), cfg.recompute.recompute_granularity.value_or("none").c_str());
+              schedule_name(cfg).c_str(), recompute.c_str());
   std::printf("  logits and loss         %s   (the output layer's rows in chunks)\n", gib(mem.logits).c_str());
   std::printf("  working buffers         %s   (one microbatch's gradients through a layer)\n", gib(mem.working).c_str());
   std::printf("  runtime overhead        %s   (CUDA context, workspaces, NCCL)\n", gib(mem.overhead).c_str());

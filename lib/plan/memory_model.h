@@ -18,7 +18,7 @@ struct MemoryEstimate {
   double optimizer_sharded = 0;   // the same with it
   double activations_per_microbatch = 0;
   double in_flight_microbatches = 1;  // the schedule's peak, in microbatches of the whole stage
-  double activations = 0;         // per microbatch x in flight
+  double activations = 0;         // per microbatch x in flight (+ the MLP buffers shared by selectively recomputed layers)
   double logits = 0;              // output layer and loss (last stage): one chunk of rows' logits
   double working = 0;             // one microbatch's working buffers (gradients in flight through a layer, FP8 copies)
   double overhead = 0;            // CUDA context, cuBLAS / cuDNN workspaces, NCCL (measured, not derived)
