@@ -431,6 +431,10 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
     k.warn("--moe-layer-recompute is deprecated (as in Megatron): use --recompute-granularity selective --recompute-modules moe");
   }
   const bool selective = r.recompute_granularity.value_or("") == "selective" || (r.moe_layer_recompute && !r.recompute_granularity);
+  if (selective && r.recompute_num_layers) {
+    k.error("--recompute-num-layers with --recompute-granularity selective: it counts the layers of full recompute (Megatron: it must be "
+            "unset with selective): drop it");
+  }
   if (!selective && r.recompute_modules != RecomputeConfig{}.recompute_modules) {
     k.warn("--recompute-modules has no effect without --recompute-granularity selective");
   }

@@ -50,7 +50,7 @@ double expert_rows_per_token(const Config& c) {
 // The MLP block's own buffers of one layer (what selective recompute of mlp / moe leaves out of a layer, keeping its
 // input, the norm output): dense, fc1's output(s) and the activation; MoE, the router's logits, the permuted tokens and
 // the experts' outputs, the choices, the experts' fc1 outputs and activations, and the shared expert's.
-double mlp_block_bytes(const Config& c, bool moe) {
+double mlp_block_bytes(const Config& c, bool moe, bool shared_only) {
   const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
   const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
   const RankShape r(c);
@@ -71,7 +71,10 @@ double mlp_block_bytes(const Config& c, bool moe) {
   bytes += 2 * a * tokens * h / rep;                                               // permuted tokens, the experts' outputs
   bytes += 12.0 * sb * static_cast<double>(c.moe.moe_router_topk);                 // the choices, their weights and rows
   const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
-  bytes += a * tokens * F * (mult + (act_unread && c.model.disable_bias_linear ? 0 : 1)) / etp;
+  // (the experts' fc1 outputs and activations: where rows travel, over EP or expert-TP's gather, they grow in each
+  // layer's own buffers, which selective recompute does not share)
+  const bool travel = c.parallel.expert_model_parallel_size > 1 || (etp > 1 && etp != t);
+  if (!(shared_only && travel)) bytes += a * tokens * F * (mult + (act_unread && c.model.disable_bias_linear ? 0 : 1)) / etp;
   const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
   bytes += a * sb * shared * (mult + 1) / t;  // the shared expert's fc1 output(s) and activation output
   return bytes;
@@ -91,7 +94,8 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute, bo
   bytes += a * sb * n * d / t + 4.0 * sb * n / t;       // attention output + softmax statistics (flash)
   if (c.model.hidden_dropout > 0) bytes += 2 * sb * h / rep;  // two dropout masks, 1 byte each
   bytes += a * sb * h / rep;  // fc1 input (norm output)
-  if (!mlp_recompute) bytes += mlp_block_bytes(c, moe);
+  // (selective recompute of the block: what it shares leaves the layer; under EP the experts' rows stay, see mlp_block_bytes)
+  bytes += mlp_recompute ? mlp_block_bytes(c, moe, false) - mlp_block_bytes(c, moe, true) : mlp_block_bytes(c, moe, false);
   const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
   double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu)));
   if (moe) {
@@ -193,16 +197,17 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const std::string gran = c.recompute.recompute_granularity.value_or("");
   const std::string method = c.recompute.recompute_method.value_or("");
   const int64_t k = c.recompute.recompute_num_layers.value_or(1);
-  double per_mb = 0, shared_mlp = 0;
+  double per_mb = 0, shared_dense = 0, shared_moe = 0;
   const std::vector<bool> pattern = moe_layer_pattern(c);
   for (int64_t i = 0; i < nlayers; ++i) {
     const int64_t l = first_layer + i;
     const bool moe = pattern[static_cast<size_t>(l)];
     bool full = false;
     if (gran == "full") full = method == "uniform" || (method == "block" && i < k);
-    // (selective recompute of mlp / moe: the layers' MLP blocks share one set of buffers, the largest, once)
+    // (selective recompute of mlp / moe: the layers' MLP blocks share one set of buffers, a dense layer's and an MoE
+    // layer's side by side, once per model chunk)
     const bool mlp_recompute = c.recompute.recomputes(moe ? "moe" : "mlp");
-    if (mlp_recompute) shared_mlp = std::max(shared_mlp, mlp_block_bytes(c, moe));
+    if (mlp_recompute) (moe ? shared_moe : shared_dense) = mlp_block_bytes(c, moe, true);
     per_mb += layer_activation_bytes(c, moe, full, mlp_recompute);
   }
   if (gran == "full" && method == "uniform") {
@@ -217,7 +222,7 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const double a = half ? 2.0 : 4.0;
   if (stage == 0) per_mb += a * s * b * h + 8.0 * s * b;  // embedding output + token ids
   m.activations_per_microbatch = per_mb;
-  m.activations = per_mb * m.in_flight_microbatches + shared_mlp;
+  m.activations = per_mb * m.in_flight_microbatches + (shared_dense + shared_moe) * static_cast<double>(std::max<int64_t>(1, virtual_stages_per_rank(c)));
   const auto tokens = static_cast<int64_t>(s * b);
   if (stage == pp - 1) {
     // One chunk of rows of bf16 logits at a time (the loss gradient written over them), then the labels' losses.

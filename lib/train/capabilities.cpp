@@ -60,8 +60,11 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "megatrain masks them: drop one of the two");
   if (c.recompute.recompute_granularity.value_or("") == "selective") {
     // core_attn: flash attention stores no probabilities to recompute; mlp and moe: the CUDA engine's (cuda_engine_gaps).
+    // (moe_act and shared_experts beside moe: parts of the MoE block that moe recomputes whole, as in Megatron)
+    const bool moe = c.recompute.recomputes("moe");
     for (const auto& module : c.recompute.recompute_modules) {
-      no(module != "core_attn" && module != "mlp" && module != "moe",
+      const bool covered = moe && (module == "moe_act" || module == "shared_experts");
+      no(module != "core_attn" && module != "mlp" && module != "moe" && !covered,
          "--recompute-modules " + module + " is not implemented (selective recompute covers core_attn, mlp and moe): use moe (an MoE layer's "
          "whole MLP block, its activations included) or mlp (a dense layer's), or --recompute-granularity full, or drop " + module);
     }

@@ -1472,12 +1472,45 @@ void test_moe_quantile() {
   test_resume("--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0 ");
 }
 
+// Selective recompute against the same GPU run without it, on 4 layers (so that three layers' backwards read MLP buffers
+// that later layers' forwards overwrote): one microbatch's gradients, parameter by parameter, and 8 iterations' losses and
+// gradient norms. The recompute re-runs the same kernels on the same inputs, so the same bits are expected; should the
+// engine itself not repeat (cuDNN's attention backward), no further apart than two runs without. A backward that read
+// another layer's buffers, a recompute that routed otherwise or added the MoE statistics again (global_aux_loss's running
+// counts, the expert bias's counts) moves them.
+void test_recompute_same(const std::string& name, const std::string& extra, const std::string& recompute) {
+  try {
+    const std::string base = std::string(MT_PLAIN_BATCH "--num-layers 4 ") + extra;
+    auto grads = [&](const std::string& more) {
+      mt::ParamStore store;
+      return gradients_both(make_config("llama", base + "--train-iters 1 " + more), store).first;
+    };
+    const std::vector<float> plain = grads(""), again = grads(""), recomputed = grads(recompute);
+    double grad_noise = 0, grad_gap = 0;
+    bool sizes = plain.size() == again.size() && plain.size() == recomputed.size() && !plain.empty();
+    for (size_t i = 0; sizes && i < plain.size(); ++i) {
+      grad_noise = std::max(grad_noise, static_cast<double>(std::fabs(plain[i] - again[i])));
+      grad_gap = std::max(grad_gap, static_cast<double>(std::fabs(plain[i] - recomputed[i])));
+    }
+    mt::TrainOptions quiet{true, 0};
+    const auto run = [&](const std::string& more) { return mt::train_cuda(make_config("llama", base + "--train-iters 8 " + more), mt::ProcessGroups::single(), quiet); };
+    const mt::TrainResult a = run(""), b = run(""), c = run(recompute);
+    const double noise = run_gap(a, b), gap = run_gap(a, c);
+    char buf[400];
+    std::snprintf(buf, sizeof(buf), "selective recompute %s [%s]: gradients %.2e from the run without (two runs without: %.2e); %zu iterations' losses "
+                  "and gradient norms %.2e (%.2e)", name.c_str(), recompute.c_str(), grad_gap, grad_noise, c.losses.size(), gap, noise);
+    check(sizes && std::isfinite(noise) && c.losses.size() == 8 && grad_gap <= grad_noise && gap <= noise, buf);
+  } catch (const std::exception& e) {
+    check(false, "selective recompute " + name + ": " + e.what());
+  }
+}
+
 // Selective recompute of the MLP blocks (--recompute-modules mlp / moe, --moe-layer-recompute; thirty-seventh session,
 // written without a GPU, refused by name as selective-recompute until these pass): the activations the model keeps
-// shrink by the MLP blocks of all but one layer (their buffers shared), and trainings follow the CPU engine's curves
-// (a backward that read another layer's MLP buffers, or a recompute that routed otherwise, would not): dense, MoE with
-// a shared expert and a capacity padded to, dense and MoE layers mixed with both modules, sinkhorn routing (the
-// training's choice again), global_aux_loss (its running counts not added twice), and the deprecated flag.
+// shrink by the MLP blocks of all but one layer (their buffers shared); the same gradients and curves as without it
+// (test_recompute_same: dense, MoE with a shared expert and a capacity padded to, dense and MoE layers mixed with both
+// modules, sinkhorn routing by the deprecated flag, global_aux_loss with the expert bias, quantile balancing); and one
+// training against the CPU engine's curve.
 void test_selective_recompute() {
   const std::string name = "selective recompute of the MoE blocks: the activations kept";
   try {
@@ -1506,14 +1539,18 @@ void test_selective_recompute() {
   } catch (const std::exception& e) {
     check(false, name + ": " + e.what());
   }
-  test_training("llama", std::string(kPlain) + "--recompute-granularity selective --recompute-modules mlp ");
-  test_training("gpt", std::string(kPlain) + "--recompute-granularity selective --recompute-modules core_attn mlp ");
-  test_moe_training("llama", "--recompute-granularity selective --recompute-modules moe --moe-shared-expert-intermediate-size 128 "
-                             "--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity --moe-token-dispatcher-type alltoall ");
-  test_moe_training("llama", "--recompute-granularity selective --recompute-modules mlp moe --moe-layer-freq [1,0] --moe-z-loss-coeff 1e-3 ");
-  test_moe_training("llama", "--moe-layer-recompute --moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0 --moe-z-loss-coeff 1e-3 ");
-  test_moe_training("llama", "--recompute-granularity selective --recompute-modules moe --moe-router-load-balancing-type global_aux_loss "
-                             "--moe-aux-loss-coeff 1e-1 ");
+  const std::string moe = "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 ";
+  const std::string selective = "--recompute-granularity selective --recompute-modules ";
+  test_recompute_same("dense", "", selective + "mlp ");
+  test_recompute_same("MoE", moe + "--moe-shared-expert-intermediate-size 128 --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity "
+                             "--moe-token-dispatcher-type alltoall ", selective + "moe ");
+  test_recompute_same("mixed", moe + "--moe-layer-freq [1,0,1,0] ", selective + "core_attn mlp moe ");
+  test_recompute_same("sinkhorn", moe + "--moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0 ", "--moe-layer-recompute ");
+  test_recompute_same("global_aux_loss", "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-router-load-balancing-type global_aux_loss "
+                                         "--moe-aux-loss-coeff 1e-1 --moe-router-score-function sigmoid --moe-router-enable-expert-bias ", selective + "moe ");
+  test_recompute_same("quantile_balancing", "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-router-load-balancing-type "
+                                            "quantile_balancing --moe-aux-loss-coeff 0 --moe-z-loss-coeff 1e-3 ", selective + "moe ");
+  test_moe_training("llama", "--num-layers 4 --recompute-granularity selective --recompute-modules moe --moe-shared-expert-intermediate-size 128 ");
 }
 
 // The list form's router gradients on the GPU: with aux_loss and seq_aux_loss at once, every parameter's gradient is the

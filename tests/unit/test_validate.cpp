@@ -124,6 +124,10 @@ TEST_CASE("selective recompute's modules (Megatron's checks) and --moe-layer-rec
   accepts(c, 1);
   c.recompute.recompute_modules = {"mla_up_proj"};
   rejects(c, 1, "mla_up_proj needs multi-latent attention");
+  c.recompute.recompute_modules = {"moe"};
+  c.recompute.recompute_num_layers = 2;
+  rejects(c, 1, "--recompute-num-layers with --recompute-granularity selective");
+  c.recompute.recompute_num_layers.reset();
   c.recompute.recompute_modules = {"core_attn"};
   c.recompute.recompute_granularity.reset();
   c.recompute.moe_layer_recompute = true;

@@ -93,13 +93,15 @@ void CudaGPT::choose_split_layers(int64_t mbs, int64_t max_in_flight) {
   aligned = aligned && (piece(half_rows) * h * 2) % 256 == 0;
   const bool any_recompute = std::find(recompute_layer_.begin(), recompute_layer_.end(), true) != recompute_layer_.end();
   const bool sp_ok = !sp_ || (mbs % (2 * tp_size_) == 0 && !any_recompute);
+  // (not with the MLP blocks recomputed: the backward would re-run the block over whole rows where the forward split them)
   const char* split_env = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
   if (kv_group_ && D.qk_norm) {
     throw std::runtime_error("--qk-layernorm with K/V replicated over TP (fewer query groups than TP) is not implemented on the CUDA engine");
   }
   // (Not with FP8: each half would cast its own rows, and under tensorwise scaling reduce their amaxes over TP beside the
   // other half's reductions on the TP stream.)
-  split_forward_ = tp_ && D.cp == 1 && max_in_flight == 1 && pre_ && post_ && sp_ok && !kv_group_ && !D.qk_norm && !doc_mask_ && D.attention_dropout <= 0 &&
+  split_forward_ = tp_ && D.cp == 1 && max_in_flight == 1 && pre_ && post_ && sp_ok && !mlp_recompute_ && !kv_group_ && !D.qk_norm && !doc_mask_ &&
+                   D.attention_dropout <= 0 &&
                    !D.fp8 &&
                    !D.squared_relu && std::none_of(layers_.begin(), layers_.end(), [](const LayerW& lw) { return lw.moe; }) &&
                    mbs % 2 == 0 && aligned &&

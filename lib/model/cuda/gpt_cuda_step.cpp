@@ -228,7 +228,7 @@ void CudaGPT::forward(const DeviceMicrobatch& mb, float grad_scale, float loss_w
 // leaves out fc2's GEMM, whose output its backward does not read. (FP8 is refused with it: its casts would record again.)
 void CudaGPT::recompute_mlp(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   if (moe_record_stats_) throw std::logic_error("CUDA model: an MLP recompute while the MoE statistics are recorded");
-  mlp_forward_unit(l, r, mb, whole_span(mb), layers_[static_cast<size_t>(l)].moe);
+  mlp_forward_unit(l, r, mb, whole_span(mb), false);  // (the MoE block always writes its experts' outputs: its backward reads them)
 }
 
 void CudaGPT::backward(const DeviceMicrobatch& mb, int64_t slot, const float* output_grad, float* input_grad, bool defer_weights) {
