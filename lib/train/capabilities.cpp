@@ -183,24 +183,19 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
 #endif
   no(!c.precision.bf16 && !c.precision.fp16,
      "the CUDA engine computes in bf16 or fp16: add --bf16 (or --fp16 with loss scaling); fp32 training runs with --device cpu");
-  // --no-rope-freq (gpt_cuda_units.cpp's attention units: the rotation's table left out in the layers without RoPE, the
-  // path models without RoPE take): written without a GPU (thirty-sixth session), refused until test_cuda_engine runs it.
+  // (--no-rope-freq: gpt_cuda_units.cpp's attention units leave the rotation's table out in the layers without RoPE; its GPU
+  // group, =no-rope, passed on an H200 in the thirty-seventh session.)
   // Selective recompute of the MLP blocks (--recompute-modules mlp / moe, --moe-layer-recompute; gpt_cuda_step.cpp's
-  // backward re-runs a layer's MLP from its saved norm output, the layers' MLP activations in one shared record):
-  // written without a GPU (thirty-seventh session), refused by name until test_cuda_engine's =selective-recompute
-  // group has passed. Not with FP8 (the recomputed casts would record their amaxes and x^T again) nor with deferred
-  // weight gradients (ZB-H1: a later recompute overwrites what the deferred GEMMs read).
+  // backward re-runs a layer's MLP from its saved norm output, the layers' MLP activations in one shared record): its GPU
+  // group (=selective-recompute) passed on an H200 in the thirty-seventh session. Not with FP8 (the recomputed casts would
+  // record their amaxes and x^T again) nor with deferred weight gradients (ZB-H1: a later recompute overwrites what the
+  // deferred GEMMs read).
   const bool mlp_recompute = c.recompute.recomputes("mlp") || c.recompute.recomputes("moe");
-  no(mlp_recompute && !cuda_unverified_allowed("selective-recompute"),
-     "--recompute-modules mlp / moe (or --moe-layer-recompute) have not run on a GPU yet on the CUDA engine: use --recompute-granularity "
-     "full --recompute-method uniform --recompute-num-layers 1, or drop them");
   no(mlp_recompute && c.precision.fp8_format.has_value(),
      "--recompute-modules mlp / moe with FP8 is not implemented on the CUDA engine: use --recompute-granularity full, or drop them");
   no(mlp_recompute && c.parallel.pipeline_model_parallel_size > 1 && c.parallel.pipeline_schedule == "zb-h1",
      "--recompute-modules mlp / moe with --pipeline-schedule zb-h1 is not implemented on the CUDA engine (its deferred weight gradients read "
      "the recomputed activations): use another schedule, or drop them");
-  no(rope_skipping_given(c) && !cuda_unverified_allowed("no-rope-freq"),
-     "--no-rope-freq has not run on a GPU yet on the CUDA engine: use --device cpu (the CPU engine runs it)");
   // --add-qkv-bias alone (Qwen's QKV biases without the others) under TP: the bias's own gradient kernel and, with fewer
   // query groups than TP, the K/V replicas' bias sums; written, refused by name until it has run on several GPUs
   // (tests/gpu/run_parallel_parity.sh). On one GPU it runs.
@@ -335,20 +330,12 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     // on a GPU in the thirty-sixth session): its token places are the rows' natural order, not CP's chunks.
     no(m.moe_input_jitter_eps.value_or(0.0) > 0 && context, "--moe-input-jitter-eps with context parallelism is not implemented on the CUDA engine" + cpu);
     // Quantile balancing (kernels/cuda/moe_quantile.cu: the choice scores, each expert's quantile by an exact selection,
-    // the qb_beta update after the step): written without a GPU in the thirty-seventh session, refused by name until
-    // MT_GPU_TEST_ONLY=moe-quantile has passed; not with CP (the quantiles over every CP rank's tokens).
-    no(m.load_balancing_is("quantile_balancing") && !cuda_unverified_allowed("moe-quantile-balancing"),
-       "--moe-router-load-balancing-type quantile_balancing has not run on a GPU yet on the CUDA engine: use --device cpu (the CPU engine "
-       "runs it), or another balancing type");
+    // the qb_beta update after the step; its GPU group, =moe-quantile, passed in the thirty-seventh session): not with CP
+    // (the quantiles over every CP rank's tokens).
     no(m.load_balancing_is("quantile_balancing") && context,
        "--moe-router-load-balancing-type quantile_balancing with context parallelism is not implemented on the CUDA engine" + cpu);
-    int64_t aux_losses = 0;
-    for (const char* type : kAuxLossTypes) aux_losses += m.aux_loss_coeff(type) > 0 ? 1 : 0;
-    // (each type's statistics and gradient per score in kernels/cuda/moe.cu's moe_balance_finish, summed: written without a
-    // GPU in the thirty-seventh session, refused by name until MT_GPU_TEST_ONLY=moe-aux-list has passed)
-    no(aux_losses > 1 && !cuda_unverified_allowed("moe-aux-loss-list"),
-       "several auxiliary losses at once (Megatron's list form of --moe-router-load-balancing-type) have not run on a GPU yet on the CUDA "
-       "engine: give one type and one coefficient, or use --device cpu (the CPU engine runs it)");
+    // (Megatron's list form, several auxiliary losses at once: each type's statistics and gradient per score in
+    // kernels/cuda/moe.cu's moe_balance_finish, summed; its GPU group, =moe-aux-list, passed in the thirty-seventh session.)
     // Sinkhorn routing (kernels/cuda/moe.cu's sinkhorn_kernel normalises the microbatch's logits) and
     // --moe-router-force-load-balancing's random logits: not with CP on this engine.
     no(m.load_balancing_is("sinkhorn") && context,

@@ -733,7 +733,7 @@ void test_moe_route(int64_t E, int64_t k, mt::cpu::ScoreFunction score, bool pre
 // (the embedding's), by 5e-2 to 2e-1 (seen); with every expert chosen there is no choice to flip, and the routing
 // weights, the expert GEMMs and the gathers still differ per token.
 // One microbatch's gradients of a model on the GPU and on the CPU engine (in the store's layout).
-std::pair<std::vector<float>, std::vector<float>> gradients_both(const mt::Config& cfg, mt::ParamStore& store) {
+std::pair<std::vector<float>, std::vector<float>> gradients_both(const mt::Config& cfg, mt::ParamStore& store, float aux_grad_scale = 0.0f) {
   const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -745,8 +745,10 @@ std::pair<std::vector<float>, std::vector<float>> gradients_both(const mt::Confi
   cudaMemsetAsync(gpu.grads(), 0, P * 4, stream);
   cudaMemsetAsync(acc, 0, 4, stream);
   gpu.set_final_backward(true);
-  gpu.forward(staged.dev[0], staged.weight[0], staged.weight[0], acc, 0);
-  gpu.backward(staged.dev[0], 0);
+  mt::DeviceMicrobatch mb = staged.dev[0];
+  if (aux_grad_scale > 0.0f) mb.aux_grad_scale = aux_grad_scale;  // (the aux losses' gradients at this scale; the CPU's below stay off)
+  gpu.forward(mb, staged.weight[0], staged.weight[0], acc, 0);
+  gpu.backward(mb, 0);
   cudaStreamSynchronize(stream);
   std::vector<float> g = download(gpu.grads(), P);
   cudaFree(acc);
@@ -1306,11 +1308,12 @@ void test_no_rope() {
       mt::ParamStore with_store, without_store;
       const auto [gpu, cpu] = gradients_both(make_config("llama", base + "--no-rope-freq [1,0] "), with_store);
       const auto [gpu_plain, cpu_plain] = gradients_both(make_config("llama", base), without_store);
-      double worst = 0, qkv_gap = 0, qkv_effect = 0;
+      double worst = 0, qkv_gap = 0, qkv_effect = 0, worst_plain = 0;
       std::string worst_name;
       for (const mt::ParamInfo& p : with_store.infos()) {
         auto slice = [&p](const std::vector<float>& v) { return std::vector<float>(v.begin() + p.offset, v.begin() + p.offset + p.numel); };
         const double e = rel_err(slice(gpu), slice(cpu));
+        worst_plain = std::max(worst_plain, rel_err(slice(gpu_plain), slice(cpu_plain)));  // (bf16's reach at this wide initialisation)
         if (e > worst) {
           worst = e;
           worst_name = p.name;
@@ -1321,9 +1324,9 @@ void test_no_rope() {
         }
       }
       char buf[360];
-      std::snprintf(buf, sizeof(buf), "%s: worst parameter %s %.2e apart from the CPU engine's; the first layer's QKV %.2e (%.2e without the flag)",
-                    name.c_str(), worst_name.c_str(), worst, qkv_gap, qkv_effect);
-      check(worst < 5e-2 && qkv_effect > 10 * qkv_gap && qkv_effect > 5e-2, buf);
+      std::snprintf(buf, sizeof(buf), "%s: worst parameter %s %.2e apart from the CPU engine's (without the flag: %.2e); the first layer's QKV %.2e "
+                    "(%.2e without the flag)", name.c_str(), worst_name.c_str(), worst, worst_plain, qkv_gap, qkv_effect);
+      check(worst < 2 * worst_plain + 1e-2 && qkv_effect > 10 * qkv_gap && qkv_effect > 5e-2, buf);
     } catch (const std::exception& e) {
       check(false, name + ": " + e.what());
     }
@@ -1553,33 +1556,38 @@ void test_selective_recompute() {
   test_moe_training("llama", "--num-layers 4 --recompute-granularity selective --recompute-modules moe --moe-shared-expert-intermediate-size 128 ");
 }
 
-// The list form's router gradients on the GPU: with aux_loss and seq_aux_loss at once, every parameter's gradient is the
-// sum of each type's alone less the plain one's (the routing, and so every other gradient, the same in the four runs:
-// the coefficients do not enter the forward), within fp32's rounding of the balancing losses' share, which must be
-// there (top 2 of 8: with every expert chosen the balancing losses' gradients vanish). A type whose gradient per score
-// overwrote instead of adding, a sequence's row mixed with the batch's, or a type left out moves it by that share.
+// The list form's router gradients on the GPU: with aux_loss and seq_aux_loss at once, the last MoE layer's router weight
+// gradient is the sum of each type's alone less the plain one's (the forward, and the gradient reaching that router from
+// above, the same in the four runs: the coefficients do not enter the forward, and no balancing loss lies above it), within
+// fp32's rounding of the balancing losses' share, which must be there (top 2 of 8: with every expert chosen the balancing
+// losses' gradients vanish). Lower layers take the difference through 16-bit input gradients, whose rounding is not
+// linear, so they are not compared. A type whose gradient per score overwrote instead of adding, a sequence's row mixed
+// with the batch's, or a type left out moves it by that share.
 void test_moe_aux_loss_list_gradients() {
-  const std::string name = "MoE gradients of the list form (aux_loss + seq_aux_loss)";
+  const std::string name = "MoE router gradients of the list form (aux_loss + seq_aux_loss)";
   try {
     const std::string base = MT_PLAIN_BATCH "--train-iters 1 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128 --init-method-std 0.2 ";
-    auto grads = [&](const std::string& extra) {
+    auto router_grads = [&](const std::string& extra) {
       mt::ParamStore store;
-      return gradients_both(make_config("llama", base + extra), store).first;
+      const std::vector<float> g = gradients_both(make_config("llama", base + extra), store, 1.0f).first;
+      for (const mt::ParamInfo& p : store.infos()) {
+        if (p.name == "layers.1.mlp.router.weight") return std::vector<float>(g.begin() + p.offset, g.begin() + p.offset + p.numel);
+      }
+      throw std::runtime_error("no layers.1.mlp.router.weight");
     };
-    const std::vector<float> none = grads("--moe-aux-loss-coeff 0 ");
-    const std::vector<float> aux = grads("--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.5 ");
-    const std::vector<float> seq = grads("--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 0.3 ");
-    const std::vector<float> both = grads("--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0.5 0.3 ");
+    const std::vector<float> none = router_grads("--moe-aux-loss-coeff 0 ");
+    const std::vector<float> aux = router_grads("--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.5 ");
+    const std::vector<float> seq = router_grads("--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 0.3 ");
+    const std::vector<float> both = router_grads("--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0.5 0.3 ");
     double diff = 0, share = 0;
-    bool sizes = none.size() == both.size() && aux.size() == both.size() && seq.size() == both.size() && !both.empty();
-    for (size_t i = 0; sizes && i < both.size(); ++i) {
+    for (size_t i = 0; i < both.size(); ++i) {
       const double expected = static_cast<double>(aux[i]) + seq[i] - none[i];
       diff = std::max(diff, std::fabs(both[i] - expected));
       share = std::max(share, std::fabs(static_cast<double>(both[i]) - none[i]));
     }
     char buf[300];
     std::snprintf(buf, sizeof(buf), "%s: the sum of each type's gradients within %.2e; the balancing losses' largest share %.2e", name.c_str(), diff, share);
-    check(sizes && share > 1e-5 && diff <= 1e-3 * share, buf);
+    check(share > 1e-5 && diff <= 1e-4 * share, buf);
   } catch (const std::exception& e) {
     check(false, name + ": " + e.what());
   }
