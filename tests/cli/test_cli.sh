@@ -103,6 +103,11 @@ expect no-pad-odd-vocab 2 'no-pad-vocab-size: the embedding.s 101 rows do not sp
 expect deprecated-batch-size 2 'batch-size: no longer valid \(as in Megatron\): use --micro-batch-size' -- "$B" --config configs/quickstart.yaml --batch-size 4
 expect encoder-names 0 'encoder-seq-length is --seq-length' -- "$B" plan --encoder-num-layers 4 --hidden-size 64 --num-attention-heads 4 \
   --encoder-seq-length 32 --max-position-embeddings 32 --vocab-size 100 --world-size 1
+# Megatron's --moe-layer-recompute: selective recompute of the MoE blocks (the plan names it), refused with full.
+expect moe-layer-recompute 0 'recompute selective of core_attn moe, \+ [0-9.]+ GiB of MLP buffers shared' -- "$B" plan --num-layers 4 --hidden-size 64 \
+  --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --vocab-size 100 --num-experts 4 --moe-router-topk 2 --moe-layer-recompute --world-size 1
+expect moe-layer-recompute-full 2 'moe-layer-recompute with --recompute-granularity full' -- "$B" plan --config configs/mixtral-8x7b.yaml --world-size 32 \
+  --moe-layer-recompute
 
 # Multi-rank training under mpirun: one log line per iteration (rank 0), TP x DP layout announced.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
