@@ -1461,9 +1461,9 @@ void test_moe_quantile_model(const std::string& model) {
   }
 }
 
-// Quantile balancing (thirty-seventh session, written without a GPU; refused by name, moe-quantile-balancing, until these
-// pass): the kernels, the model's choice and update, and trainings against the CPU engine's curves (the z-loss logged
-// beside; 8 experts with the EMA and sigmoid scores, recomputed), and a resume (qb_beta in the checkpoint).
+// Quantile balancing (thirty-seventh session; these passed on an H200 the same day, lifting its gate): the kernels, the
+// model's choice and update, and trainings against the CPU engine's curves (the z-loss logged beside; 8 experts with the
+// EMA and sigmoid scores, recomputed), and a resume (qb_beta in the checkpoint).
 void test_moe_quantile() {
   test_moe_quantile_kernels(512, 8, 2);
   test_moe_quantile_kernels(2048, 64, 8);
@@ -1509,8 +1509,7 @@ void test_recompute_same(const std::string& name, const std::string& extra, cons
 }
 
 // Selective recompute of the MLP blocks (--recompute-modules mlp / moe, --moe-layer-recompute; thirty-seventh session,
-// written without a GPU, refused by name as selective-recompute until these pass): the activations the model keeps
-// shrink by the MLP blocks of all but one layer (their buffers shared); the same gradients and curves as without it
+// these passed on an H200 the same day, lifting its gate): the activations the model keeps shrink by the MLP blocks of all but one layer (their buffers shared); the same gradients and curves as without it
 // (test_recompute_same: dense, MoE with a shared expert and a capacity padded to, dense and MoE layers mixed with both
 // modules, sinkhorn routing by the deprecated flag, global_aux_loss with the expert bias, quantile balancing); and one
 // training against the CPU engine's curve.
@@ -1593,9 +1592,8 @@ void test_moe_aux_loss_list_gradients() {
   }
 }
 
-// Megatron's list form with several coefficients above 0 (thirty-seventh session, written without a GPU; refused by name,
-// moe-aux-loss-list, until these pass): every type's loss logged under its own name against the CPU engine's, their
-// gradients summed (seq_aux_loss's per sequence beside the batch-level types' rows), recomputed, with the z-loss and
+// Megatron's list form with several coefficients above 0 (thirty-seventh session; these passed on an H200 the same day,
+// lifting its gate): every type's loss logged under its own name against the CPU engine's, their gradients summed (seq_aux_loss's per sequence beside the batch-level types' rows), recomputed, with the z-loss and
 // sigmoid scores, global_aux_loss's running counts beside the others, per-layer logging, and the router's gradients.
 void test_moe_aux_loss_list() {
   test_moe_training("llama", "--moe-router-load-balancing-type aux_loss seq_aux_loss global_aux_loss --moe-aux-loss-coeff 1e-1 5e-2 2e-2 ");
