@@ -610,6 +610,24 @@ void test_fp8_moe_state() {
               "--fp8-amax-history-len 4 --fp8-amax-compute-algo max ");
 }
 
+// One training microbatch (staged's first: forward and final backward) on a CUDA model; returns the tokens each expert of each MoE layer
+// kept (the statistics row's counts, layer-major) and the microbatch's tokens.
+std::pair<std::vector<float>, int64_t> one_training_microbatch_counts(const StagedMicrobatches& staged, mt::CudaGPT& gpu, cudaStream_t stream) {
+  float* acc = nullptr;
+  cudaMalloc(&acc, 4);
+  cudaMemsetAsync(acc, 0, 4, stream);
+  gpu.set_final_backward(true);
+  gpu.forward(staged.dev[0], staged.weight[0], staged.weight[0], acc, 0);
+  gpu.backward(staged.dev[0], 0);
+  cudaStreamSynchronize(stream);
+  cudaFree(acc);
+  const int64_t layers = gpu.moe_layer_count(), row = gpu.moe_stats_row(), E = gpu.dims().experts, head = row - E;
+  const std::vector<float> stats = download(gpu.moe_stats(), static_cast<size_t>(layers * row));
+  std::vector<float> counts;
+  for (int64_t l = 0; l < layers; ++l) counts.insert(counts.end(), stats.begin() + l * row + head, stats.begin() + (l + 1) * row);
+  return {counts, staged.host[0].B * staged.host[0].S};
+}
+
 // Aux-loss-free balancing (--moe-router-enable-expert-bias) on the CUDA model, exactly: biases of +-1 set in the host
 // store (what a checkpoint load leaves there) outweigh any sigmoid score, so every token of a microbatch must pick
 // experts 0 and 1 in the first MoE layer and 2 and 3 in the second (the upload, each layer's bias in the route);
@@ -636,19 +654,10 @@ void test_moe_expert_bias(const std::string& model) {
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
     const StagedMicrobatches staged = stage_microbatches(cfg, gpu.dims(), 1, stream);
-    const int64_t T = staged.host[0].B * staged.host[0].S;
-    float* acc = nullptr;
-    cudaMalloc(&acc, 4);
-    cudaMemsetAsync(acc, 0, 4, stream);
-    gpu.set_final_backward(true);
-    gpu.forward(staged.dev[0], staged.weight[0], staged.weight[0], acc, 0);
-    gpu.backward(staged.dev[0], 0);
-    cudaStreamSynchronize(stream);
-    const int64_t row = gpu.moe_stats_row(), head = row - 4;
-    const std::vector<float> stats = download(gpu.moe_stats(), static_cast<size_t>(2 * row));
-    bool counts_ok = true;
-    for (int l = 0; l < 2; ++l) {
-      for (int e = 0; e < 4; ++e) counts_ok = counts_ok && stats[static_cast<size_t>(l * row + head + e)] == (set[l][e] > 0 ? static_cast<float>(T) : 0.0f);
+    const auto [counts, T] = one_training_microbatch_counts(staged, gpu, stream);
+    bool counts_ok = counts.size() == 8;
+    for (int l = 0; counts_ok && l < 2; ++l) {
+      for (int e = 0; e < 4; ++e) counts_ok = counts_ok && counts[static_cast<size_t>(l * 4 + e)] == (set[l][e] > 0 ? static_cast<float>(T) : 0.0f);
     }
     const float rate = 0.25f;
     gpu.update_expert_biases(rate);
@@ -665,7 +674,6 @@ void test_moe_expert_bias(const std::string& model) {
     std::snprintf(buf, sizeof(buf), "%s: every token on its layer's biased pair: %s (%lld tokens); after one update the biases within %.1e of +-(1 - %.2f)",
                   name.c_str(), counts_ok ? "yes" : "no", static_cast<long long>(T), worst, rate);
     check(counts_ok && worst == 0.0, buf);
-    cudaFree(acc);
     cudaStreamDestroy(stream);
   } catch (const std::exception& e) {
     check(false, name + ": " + e.what());
@@ -1419,24 +1427,14 @@ void test_moe_quantile_model(const std::string& model) {
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
     const StagedMicrobatches staged = stage_microbatches(cfg, gpu.dims(), 1, stream);
-    const int64_t T = staged.host[0].B * staged.host[0].S;
-    float* acc = nullptr;
-    cudaMalloc(&acc, 4);
-    cudaMemsetAsync(acc, 0, 4, stream);
-    gpu.set_final_backward(true);
-    gpu.forward(staged.dev[0], staged.weight[0], staged.weight[0], acc, 0);
-    gpu.backward(staged.dev[0], 0);
-    cudaStreamSynchronize(stream);
-    const int64_t row = gpu.moe_stats_row(), head = row - 4;
-    const std::vector<float> stats = download(gpu.moe_stats(), static_cast<size_t>(2 * row));
-    bool counts_ok = true;
-    for (int l = 0; l < 2; ++l) {
-      for (int e = 0; e < 4; ++e) counts_ok = counts_ok && stats[static_cast<size_t>(l * row + head + e)] == (set[l][e] < 0 ? static_cast<float>(T) : 0.0f);
+    const auto [counts, T] = one_training_microbatch_counts(staged, gpu, stream);
+    bool counts_ok = counts.size() == 8;
+    for (int l = 0; counts_ok && l < 2; ++l) {
+      for (int e = 0; e < 4; ++e) counts_ok = counts_ok && counts[static_cast<size_t>(l * 4 + e)] == (set[l][e] < 0 ? static_cast<float>(T) : 0.0f);
     }
     gpu.update_quantile_biases(0.25);
     for (size_t l = 0; l < 2; ++l) std::fill(store.params().f32() + betas[l]->offset, store.params().f32() + betas[l]->offset + 4, 7.0f);
     gpu.download_router_biases(store);
-    cudaFree(acc);
     cudaStreamDestroy(stream);
     mt::GPTModel cpu(cfg, mt::ProcessGroups::single());
     const auto cpu_betas = set_betas(cpu.params());

@@ -97,25 +97,22 @@ void CudaGPT::setup_moe(const MoeConfig& m, const ParamStore& layout, int64_t ma
   const size_t acc = static_cast<size_t>(moe_layers_ * moe_stats_row()) * 4;
   moe_acc_ = static_cast<float*>(alloc(acc));
   MT_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, acc, stream_));
-  if (!expert_bias_offsets_.empty()) {  // (every MoE layer has one, or none does)
-    if (static_cast<int64_t>(expert_bias_offsets_.size()) != moe_layers_) throw std::logic_error("CUDA model: an expert bias in some MoE layers only");
-    std::vector<float> bias(static_cast<size_t>(moe_layers_ * experts_));
+  // A vector of E fp32 values per MoE layer (every layer has one, or none does), from the layout's values, on the device.
+  auto upload_per_layer = [&](const std::vector<int64_t>& offsets, const char* what) -> float* {
+    if (offsets.empty()) return nullptr;
+    if (static_cast<int64_t>(offsets.size()) != moe_layers_) throw std::logic_error(std::string("CUDA model: ") + what + " in some MoE layers only");
+    std::vector<float> values(static_cast<size_t>(moe_layers_ * experts_));
     for (int64_t l = 0; l < moe_layers_; ++l) {
-      const float* from = layout.params().f32() + expert_bias_offsets_[static_cast<size_t>(l)];
-      std::copy(from, from + experts_, bias.begin() + l * experts_);
+      const float* from = layout.params().f32() + offsets[static_cast<size_t>(l)];
+      std::copy(from, from + experts_, values.begin() + l * experts_);
     }
-    expert_bias_ = static_cast<float*>(alloc(bias.size() * 4));
-    MT_CUDA_CHECK(cudaMemcpy(expert_bias_, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
-  }
-  if (!quantile_bias_offsets_.empty()) {  // quantile_balancing: every MoE layer's qb_beta, and the quantiles' sums
-    if (static_cast<int64_t>(quantile_bias_offsets_.size()) != moe_layers_) throw std::logic_error("CUDA model: a qb_beta in some MoE layers only");
-    std::vector<float> beta(static_cast<size_t>(moe_layers_ * experts_));
-    for (int64_t l = 0; l < moe_layers_; ++l) {
-      const float* from = layout.params().f32() + quantile_bias_offsets_[static_cast<size_t>(l)];
-      std::copy(from, from + experts_, beta.begin() + l * experts_);
-    }
-    quantile_bias_ = static_cast<float*>(alloc(beta.size() * 4));
-    MT_CUDA_CHECK(cudaMemcpy(quantile_bias_, beta.data(), beta.size() * 4, cudaMemcpyHostToDevice));
+    float* device = static_cast<float*>(alloc(values.size() * 4));
+    MT_CUDA_CHECK(cudaMemcpy(device, values.data(), values.size() * 4, cudaMemcpyHostToDevice));
+    return device;
+  };
+  expert_bias_ = upload_per_layer(expert_bias_offsets_, "an expert bias");
+  quantile_bias_ = upload_per_layer(quantile_bias_offsets_, "a qb_beta");
+  if (quantile_bias_) {  // quantile_balancing: the quantiles' sums
     const size_t bytes = static_cast<size_t>(moe_layers_ * (experts_ + 1)) * 4;
     quantile_acc_ = static_cast<float*>(alloc(bytes));
     MT_CUDA_CHECK(cudaMemsetAsync(quantile_acc_, 0, bytes, stream_));
