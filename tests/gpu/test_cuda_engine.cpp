@@ -1258,7 +1258,9 @@ void test_pipeline_moe() {
 // ranges with NaN at each step's start, so that a range another writer accumulates into, or one read before its first
 // GEMM, turns the curve to NaN: trainings of several microbatches a step (the first overwrites, the rest accumulate)
 // against the CPU engine, bf16 and fp16, recomputed, in FP8 (each recipe), and MoE layers (experts that get no rows in a
-// step are zeroed at the layer's last backward; the shared expert; FP8 experts).
+// step are zeroed at the layer's last backward; the shared expert; FP8 experts), the optimizer offloaded by half (its
+// copies read the gradients after the backward), and the MLP blocks recomputed by selective recompute. (Unset, the mode
+// is on for every one-rank run in this file; check mode also proves the ranges are each written once a step.)
 void test_wgrad_overwrite() {
   setenv("MEGATRAIN_WGRAD_OVERWRITE", "check", 1);
   test_training("gpt");  // (biases: the bias-gradient epilogue beside an overwritten weight)
@@ -1273,6 +1275,9 @@ void test_wgrad_overwrite() {
   test_moe_training("llama-recompute", "--moe-shared-expert-intermediate-size 128 ");
   test_moe_training("llama", "--fp8-format hybrid --fp8-recipe delayed ");
   test_moe_training("llama", "--num-experts 64 --moe-router-topk 1 --moe-router-pre-softmax --fp8-format hybrid --fp8-recipe blockwise ");
+  test_offload("llama", "--optimizer-offload-fraction 0.5 ");
+  test_training("llama", std::string(kPlain) + "--recompute-granularity selective --recompute-modules mlp ");
+  test_moe_training("llama", "--num-layers 4 --recompute-granularity selective --recompute-modules moe --moe-shared-expert-intermediate-size 128 ");
   unsetenv("MEGATRAIN_WGRAD_OVERWRITE");
 }
 

@@ -650,7 +650,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   const int64_t mbs = *cfg.training.micro_batch_size;
   check_attention(mbs);
   choose_split_layers(mbs, max_in_flight);
-  choose_overwritten_gradients();
+  choose_overwritten_gradients(cfg.derived.world_size);
   if (!post_) {  // unit weights for the kernel that sums the stage's output (see forward)
     const std::vector<float> ones(static_cast<size_t>(h), 1.0f);
     float* tmp = static_cast<float*>(alloc(static_cast<size_t>(h) * 4));

@@ -135,12 +135,13 @@ class CudaGPT {
   int64_t numel() const { return numel_; }
   float* master() const { return master_; }
   float* grads() const { return grads_; }
-  // MEGATRAIN_WGRAD_OVERWRITE=1 (off by default until measured on a GPU): the weight gradients that only their weight
-  // gradient GEMMs write (the layers' linear weights, the routed and shared experts', an untied output layer's; not
-  // with the split TP layers) are written by the iteration's first such GEMM with beta 0 instead of accumulated into
-  // zeroed memory, the same bits (0 + x is x); the engine zeroes everything else. =check: the engine fills those ranges
-  // with NaN instead of leaving them (tests).
-  enum class WgradOverwrite { kOff, kOn, kCheck };
+  // The weight gradients that only their weight gradient GEMMs write (the layers' linear weights, the routed and shared
+  // experts', an untied output layer's; not with the split TP layers) are written by the iteration's first such GEMM
+  // with beta 0 instead of accumulated into zeroed memory, the same bits (0 + x is x); the engine zeroes everything
+  // else. MEGATRAIN_WGRAD_OVERWRITE unset (kAuto): on when the run is one rank (the layouts of several have not run it
+  // in check mode), =1 on for every layout, =0 off, =check: on, and the engine fills those ranges with NaN instead of
+  // leaving them (tests). Any other value is an error.
+  enum class WgradOverwrite { kAuto, kOff, kOn, kCheck };
   static WgradOverwrite wgrad_overwrite_mode();
   // Their ranges [offset, offset + count) in grads(), sorted:
   const std::vector<std::pair<int64_t, int64_t>>& overwritten_gradients() const { return overwrite_ranges_; }
@@ -263,7 +264,7 @@ class CudaGPT {
   void choose_split_layers(int64_t micro_batch, int64_t max_in_flight);
   // The overwritten gradients' ranges (after choose_split_layers), and a weight gradient GEMM's beta into g(w_off): 0 at
   // the iteration's first GEMM of such a range (then marked written), else 1.
-  void choose_overwritten_gradients();
+  void choose_overwritten_gradients(int64_t world_size);
   float wgrad_beta(int64_t w_off);
   // The written flag of the range starting at `off` (and its count), null where none does.
   char* overwrite_flag(int64_t off, int64_t* count = nullptr);

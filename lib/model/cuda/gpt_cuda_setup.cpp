@@ -135,13 +135,19 @@ CudaGPT::WgradOverwrite CudaGPT::wgrad_overwrite_mode() {
   static const WgradOverwrite mode = [] {
     const char* env = std::getenv("MEGATRAIN_WGRAD_OVERWRITE");
     const std::string v = env ? env : "";
-    return v == "1" ? WgradOverwrite::kOn : v == "check" ? WgradOverwrite::kCheck : WgradOverwrite::kOff;
+    if (v.empty()) return WgradOverwrite::kAuto;
+    if (v == "0") return WgradOverwrite::kOff;
+    if (v == "1") return WgradOverwrite::kOn;
+    if (v == "check") return WgradOverwrite::kCheck;
+    throw std::invalid_argument("MEGATRAIN_WGRAD_OVERWRITE=" + v + " is not 0, 1 or check: unset it (on for one rank) or set one of those");
   }();
   return mode;
 }
 
-void CudaGPT::choose_overwritten_gradients() {
-  if (wgrad_overwrite_mode() == WgradOverwrite::kOff || split_forward_) return;  // (the split layers' halves add to one gradient)
+void CudaGPT::choose_overwritten_gradients(int64_t world_size) {
+  const WgradOverwrite mode = wgrad_overwrite_mode();
+  if (mode == WgradOverwrite::kOff || (mode == WgradOverwrite::kAuto && world_size > 1)) return;
+  if (split_forward_) return;  // (the split layers' halves add to one gradient)
   const int64_t h = D_.h;
   for (const LayerW& lw : layers_) {
     // (an MoE layer has no fc1 / fc2 of its own: -1)
