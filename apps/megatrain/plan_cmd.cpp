@@ -178,11 +178,15 @@ int run_plan(int argc, char** argv) {
                      gib((cfg.training.use_distributed_optimizer ? mem.optimizer_sharded : mem.optimizer_unsharded) * cfg.training.optimizer_offload_fraction) + " in host memory]").c_str()
                   : "");
   std::string recompute = cfg.recompute.recompute_granularity.value_or("none");
-  if (recompute == "selective") {  // (the modules; mlp / moe: one layer's MLP buffers shared, beside the microbatches')
+  if (recompute == "selective") {  // (the modules)
     recompute += " of";
     for (const std::string& module : cfg.recompute.recompute_modules) recompute += " " + module;
-    const double shared = mem.activations - mem.activations_per_microbatch * mem.in_flight_microbatches;
-    if (shared > 0) recompute += ", + " + gib(shared) + " of MLP buffers shared by the recomputed layers";
+  }
+  // (beside the microbatches': mlp / moe, one layer's MLP buffers; moe_act and FP8 MoE layers, one layer's experts' activations)
+  const double shared = mem.activations - mem.activations_per_microbatch * mem.in_flight_microbatches;
+  if (shared > 0) {
+    const bool mlp = cfg.recompute.recomputes("mlp") || cfg.recompute.recomputes("moe");
+    recompute += ", + " + gib(shared) + (mlp ? " of MLP buffers shared by the recomputed layers" : " of the experts' activations the layers share");
   }
   std::printf("  activations             %s   (%s per microbatch x %g in flight under %s, recompute %s)\n",
               gib(mem.activations).c_str(), gib(mem.activations_per_microbatch).c_str(), mem.in_flight_microbatches,

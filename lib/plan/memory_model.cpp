@@ -50,6 +50,33 @@ double expert_rows_per_token(const Config& c) {
 // The MLP block's own buffers of one layer (what selective recompute of mlp / moe leaves out of a layer, keeping its
 // input, the norm output): dense, fc1's output(s) and the activation; MoE, the router's logits, the permuted tokens and
 // the experts' outputs, the choices, the experts' fc1 outputs and activations, and the shared expert's.
+// An MoE layer's routed experts' 16-bit activation output (the CUDA engine: none under delayed scaling's fused SwiGLU
+// without biases, where nothing reads it).
+double expert_activation_bytes(const Config& c) {
+  const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
+  const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
+  const RankShape r(c);
+  const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
+  const bool act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
+  if (act_unread && c.model.disable_bias_linear) return 0;
+  const double F = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(
+      c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(r.h), c.model.swiglu))));
+  double tokens = s * b * expert_rows_per_token(c);
+  if (c.precision.fp8_format) tokens += 15.0 * static_cast<double>(c.moe.num_experts.value_or(0) / std::max<int64_t>(1, c.parallel.expert_model_parallel_size));
+  const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
+  return r.a * tokens * F / etp;
+}
+
+// Whether MoE layer l keeps its routed experts' activation in one buffer that the layers share (the CUDA engine's
+// CudaGPT::expert_act_shared): an FP8 layer (its backward reads none) or --recompute-modules moe_act, where the whole
+// block is not recomputed.
+bool expert_activation_shared(const Config& c, int64_t l, bool mlp_recompute) {
+  const auto& pr = c.precision;
+  const int64_t L = c.model.num_layers.value_or(0);
+  const bool fp8_layer = pr.fp8_format && (!pr.first_last_layers_bf16 || (l >= pr.num_layers_at_start_in_bf16 && l < L - pr.num_layers_at_end_in_bf16));
+  return !mlp_recompute && (fp8_layer || c.recompute.recomputes("moe_act"));
+}
+
 double mlp_block_bytes(const Config& c, bool moe, bool shared_only) {
   const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
   const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
@@ -74,13 +101,13 @@ double mlp_block_bytes(const Config& c, bool moe, bool shared_only) {
   // (the experts' fc1 outputs and activations: where rows travel, over EP or expert-TP's gather, they grow in each
   // layer's own buffers, which selective recompute does not share)
   const bool travel = c.parallel.expert_model_parallel_size > 1 || (etp > 1 && etp != t);
-  if (!(shared_only && travel)) bytes += a * tokens * F * (mult + (act_unread && c.model.disable_bias_linear ? 0 : 1)) / etp;
+  if (!(shared_only && travel)) bytes += a * tokens * F * mult / etp + expert_activation_bytes(c);
   const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
   bytes += a * sb * shared * (mult + 1) / t;  // the shared expert's fc1 output(s) and activation output
   return bytes;
 }
 
-double layer_activation_bytes(const Config& c, bool moe, bool full_recompute, bool mlp_recompute) {
+double layer_activation_bytes(const Config& c, bool moe, bool full_recompute, bool mlp_recompute, bool expert_act_shared = false) {
   const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
   const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
   const RankShape r(c);
@@ -96,6 +123,7 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute, bo
   bytes += a * sb * h / rep;  // fc1 input (norm output)
   // (selective recompute of the block: what it shares leaves the layer; under EP the experts' rows stay, see mlp_block_bytes)
   bytes += mlp_recompute ? mlp_block_bytes(c, moe, false) - mlp_block_bytes(c, moe, true) : mlp_block_bytes(c, moe, false);
+  if (moe && expert_act_shared) bytes -= expert_activation_bytes(c);  // (counted once per chunk instead)
   const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
   double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu)));
   if (moe) {
@@ -197,7 +225,7 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const std::string gran = c.recompute.recompute_granularity.value_or("");
   const std::string method = c.recompute.recompute_method.value_or("");
   const int64_t k = c.recompute.recompute_num_layers.value_or(1);
-  double per_mb = 0, shared_dense = 0, shared_moe = 0;
+  double per_mb = 0, shared_dense = 0, shared_moe = 0, shared_expert_act = 0;
   const std::vector<bool> pattern = moe_layer_pattern(c);
   for (int64_t i = 0; i < nlayers; ++i) {
     const int64_t l = first_layer + i;
@@ -208,7 +236,9 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
     // layer's side by side, once per model chunk)
     const bool mlp_recompute = c.recompute.recomputes(moe ? "moe" : "mlp");
     if (mlp_recompute) (moe ? shared_moe : shared_dense) = mlp_block_bytes(c, moe, true);
-    per_mb += layer_activation_bytes(c, moe, full, mlp_recompute);
+    const bool act_shared = moe && !full && expert_activation_shared(c, l, mlp_recompute);
+    if (act_shared) shared_expert_act = expert_activation_bytes(c);
+    per_mb += layer_activation_bytes(c, moe, full, mlp_recompute, act_shared);
   }
   if (gran == "full" && method == "uniform") {
     // Uniform keeps only each chunk's input, plus one chunk's activations during its recompute.
@@ -222,7 +252,8 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const double a = half ? 2.0 : 4.0;
   if (stage == 0) per_mb += a * s * b * h + 8.0 * s * b;  // embedding output + token ids
   m.activations_per_microbatch = per_mb;
-  m.activations = per_mb * m.in_flight_microbatches + (shared_dense + shared_moe) * static_cast<double>(std::max<int64_t>(1, virtual_stages_per_rank(c)));
+  m.activations = per_mb * m.in_flight_microbatches +
+                  (shared_dense + shared_moe + shared_expert_act) * static_cast<double>(std::max<int64_t>(1, virtual_stages_per_rank(c)));
   const auto tokens = static_cast<int64_t>(s * b);
   if (stage == pp - 1) {
     // One chunk of rows of bf16 logits at a time (the loss gradient written over them), then the labels' losses.

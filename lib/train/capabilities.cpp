@@ -59,14 +59,15 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "--no-create-attention-mask-in-dataloader with --reset-attention-mask: in Megatron the first leaves the documents unmasked, "
      "megatrain masks them: drop one of the two");
   if (c.recompute.recompute_granularity.value_or("") == "selective") {
-    // core_attn: flash attention stores no probabilities to recompute; mlp and moe: the CUDA engine's (cuda_engine_gaps).
-    // (moe_act and shared_experts beside moe: parts of the MoE block that moe recomputes whole, as in Megatron)
+    // core_attn: flash attention stores no probabilities to recompute; mlp, moe and moe_act: the CUDA engine's
+    // (cuda_engine_gaps). (shared_experts beside moe: part of the MoE block that moe recomputes whole, as in Megatron)
     const bool moe = c.recompute.recomputes("moe");
     for (const auto& module : c.recompute.recompute_modules) {
-      const bool covered = moe && (module == "moe_act" || module == "shared_experts");
-      no(module != "core_attn" && module != "mlp" && module != "moe" && !covered,
-         "--recompute-modules " + module + " is not implemented (selective recompute covers core_attn, mlp and moe): use moe (an MoE layer's "
-         "whole MLP block, its activations included) or mlp (a dense layer's), or --recompute-granularity full, or drop " + module);
+      const bool covered = moe && module == "shared_experts";
+      no(module != "core_attn" && module != "mlp" && module != "moe" && module != "moe_act" && !covered,
+         "--recompute-modules " + module + " is not implemented (selective recompute covers core_attn, mlp, moe and moe_act): use moe (an MoE "
+         "layer's whole MLP block, its activations included), moe_act (the experts' activation function) or mlp (a dense layer's), or "
+         "--recompute-granularity full, or drop " + module);
     }
   }
   no(!cuda_engine && c.recompute.recompute_granularity.has_value(),
@@ -139,9 +140,9 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
       out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect: the CUDA engine always uses cuDNN's fused (flash) attention");
     }
     if (c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "selective" && !c.recompute.recomputes("mlp") &&
-        !c.recompute.recomputes("moe")) {
+        !c.recompute.recomputes("moe") && !(c.recompute.recomputes("moe_act") && c.moe.num_experts.value_or(0) > 0)) {
       out.push_back("note: --recompute-granularity selective with core_attn keeps nothing less on the CUDA engine: flash attention never stores "
-                    "the attention probabilities (--recompute-modules mlp / moe recompute the MLP blocks)");
+                    "the attention probabilities (--recompute-modules mlp / moe recompute the MLP blocks, moe_act the experts' activations)");
     }
     if (c.moe.num_experts && c.parallel.expert_model_parallel_size > 1 && c.moe.moe_token_dispatcher_type == "allgather") {
       out.push_back("note: --moe-token-dispatcher-type allgather: the CUDA engine dispatches by all-to-all with per-rank counts (the same results)");
@@ -191,6 +192,13 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   // record their amaxes and x^T again) nor with deferred weight gradients (ZB-H1: a later recompute overwrites what the
   // deferred GEMMs read).
   const bool mlp_recompute = c.recompute.recomputes("mlp") || c.recompute.recomputes("moe");
+  // --recompute-modules moe_act (gpt_cuda_moe.cpp: the layers' routed experts' activations in one shared buffer, computed
+  // again from fc1's output before each layer's expert backward; FP8 layers read none): refused until its GPU group
+  // (=moe-act-recompute) has run.
+  no(c.recompute.recomputes("moe_act") && !c.recompute.recomputes("moe") && c.moe.num_experts.value_or(0) > 0 &&
+         !cuda_unverified_allowed("moe-act-recompute"),
+     "--recompute-modules moe_act has not run on a GPU yet on the CUDA engine: use --recompute-modules moe (the whole MoE block), or drop "
+     "moe_act");
   no(mlp_recompute && c.precision.fp8_format.has_value(),
      "--recompute-modules mlp / moe with FP8 is not implemented on the CUDA engine: use --recompute-granularity full, or drop them");
   no(mlp_recompute && c.parallel.pipeline_model_parallel_size > 1 && c.parallel.pipeline_schedule == "zb-h1",

@@ -108,6 +108,10 @@ expect moe-layer-recompute 0 'recompute selective of core_attn moe, \+ [0-9.]+ G
   --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --vocab-size 100 --num-experts 4 --moe-router-topk 2 --moe-layer-recompute --world-size 1
 expect moe-layer-recompute-full 2 'moe-layer-recompute with --recompute-granularity full' -- "$B" plan --config configs/mixtral-8x7b.yaml --world-size 32 \
   --moe-layer-recompute
+# --recompute-modules moe_act: the experts' activations of one layer kept, the plan says so.
+expect moe-act-recompute 0 'recompute selective of moe_act, \+ [0-9.]+ GiB of the experts. activations the layers share' -- "$B" plan --num-layers 4 \
+  --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --vocab-size 100 --num-experts 4 --moe-router-topk 2 \
+  --moe-grouped-gemm --recompute-granularity selective --recompute-modules moe_act --world-size 1
 
 # Multi-rank training under mpirun: one log line per iteration (rank 0), TP x DP layout announced.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -1558,6 +1558,53 @@ void test_selective_recompute() {
   test_moe_training("llama", "--num-layers 4 --recompute-granularity selective --recompute-modules moe --moe-shared-expert-intermediate-size 128 ");
 }
 
+// --recompute-modules moe_act (Megatron's output-discarding recompute of the experts' activation function; thirty-eighth
+// session): the MoE layers' routed experts' activations in one buffer the layers share, computed again from fc1's output
+// before each layer's expert backward. The activations kept shrink by all but one layer's; the same gradients and curves
+// as without it where the kernels are the same (SwiGLU: with a shared expert and a capacity padded to; dense and MoE
+// layers mixed, with mlp; an FP8 model whose first layer is bf16, the FP8 layers recomputing nothing); GELU experts with
+// biases (the forward's GELU then apart from fc1's GEMM, the kernel the recompute runs) and squared ReLU against the CPU
+// engine's curves.
+void test_moe_act_recompute() {
+  const std::string name = "selective recompute of moe_act: the activations kept";
+  try {
+    auto bytes = [](const std::string& extra) {
+      const mt::Config cfg = make_config("llama", std::string(MT_PLAIN_BATCH "--train-iters 1 --num-layers 4 --num-experts 4 --moe-router-topk 2 "
+                                                                  "--moe-ffn-hidden-size 128 ") + extra);
+      mt::ParamStore store;
+      const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
+      cudaStream_t stream = nullptr;
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      size_t kept = 0;
+      {
+        mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
+        kept = gpu.activation_bytes();
+      }
+      cudaStreamDestroy(stream);
+      return kept;
+    };
+    const size_t plain = bytes(""), selective = bytes("--recompute-granularity selective --recompute-modules moe_act ");
+    // (each MoE layer's experts' activations: 256 tokens x top 2 rows of 128 bf16 values; three layers' no longer kept)
+    const size_t act = 256 * 2 * 128 * 2;
+    char buf[240];
+    std::snprintf(buf, sizeof(buf), "%s: %.3f MiB without, %.3f MiB with (%.3f MiB less expected)", name.c_str(), plain / 1048576.0,
+                  selective / 1048576.0, 3.0 * act / 1048576.0);
+    check(selective + 3 * act == plain, buf);
+  } catch (const std::exception& e) {
+    check(false, name + ": " + e.what());
+  }
+  const std::string moe = "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 ";
+  const std::string selective = "--recompute-granularity selective --recompute-modules ";
+  test_recompute_same("moe_act", moe + "--moe-shared-expert-intermediate-size 128 --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity "
+                                       "--moe-token-dispatcher-type alltoall ", selective + "moe_act ");
+  test_recompute_same("moe_act mixed", moe + "--moe-layer-freq [1,0,1,0] ", selective + "core_attn mlp moe_act ");
+  test_recompute_same("moe_act FP8", moe + "--fp8-format hybrid --fp8-recipe blockwise --first-last-layers-bf16 --num-layers-at-start-in-bf16 1 "
+                                           "--num-layers-at-end-in-bf16 0 ", selective + "moe_act ");
+  test_moe_training("llama", "--num-layers 4 --recompute-granularity selective --recompute-modules moe_act --moe-shared-expert-intermediate-size 128 ");
+  test_moe_training("gpt", "--num-experts 8 --recompute-granularity selective --recompute-modules moe_act ");
+  test_moe_training("gpt", "--squared-relu --recompute-granularity selective --recompute-modules moe_act ");
+}
+
 // The list form's router gradients on the GPU: with aux_loss and seq_aux_loss at once, the last MoE layer's router weight
 // gradient is the sum of each type's alone less the plain one's (the forward, and the gradient reaching that router from
 // above, the same in the four runs: the coefficients do not enter the forward, and no balancing loss lies above it), within
@@ -1648,6 +1695,11 @@ int main() {
   }
   if (only && std::string(only) == "selective-recompute") {  // (=selective-recompute: only --recompute-modules mlp / moe)
     test_selective_recompute();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "moe-act-recompute") {  // (=moe-act-recompute: only --recompute-modules moe_act)
+    test_moe_act_recompute();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
@@ -1848,6 +1900,7 @@ moe_tests:
   test_moe_aux_loss_list();
   test_moe_quantile();
   test_selective_recompute();
+  test_moe_act_recompute();
   // (a capacity with global_aux_loss and with the allgather dispatcher, which Megatron's current rules allow: added in
   // the thirty-fourth session after its GPU runs)
   test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 --moe-expert-capacity-factor 0.75 ");

@@ -275,6 +275,9 @@ int main() {
   test_expert_parallel("llama", {8}, "--moe-shared-expert-intermediate-size 64 ");  // one expert per rank, and the shared expert beside them
   // The dispatch again in the backward's recompute (the same counts and rows as the forward's).
   test_expert_parallel("llama", {2}, "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
+  // --recompute-modules moe_act: the experts' activations of the rows that arrived, in one growing buffer the layers share,
+  // computed again before each layer's expert backward (SwiGLU; GELU with expert-TP's rows over TP 2).
+  test_expert_parallel("llama", {4}, "--recompute-granularity selective --recompute-modules moe_act ");
   // A capacity that drops, and padding to capacity: each rank's kept and padding rows, in owner order, cross the ranks.
   test_expert_parallel("llama", {2}, "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall ");
   test_expert_parallel("llama", {4}, "--moe-expert-capacity-factor 0.75 --moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity ");
@@ -309,6 +312,7 @@ int main() {
   // sums rounded to bf16 apart move one near-tied token's choice in the second layer, so two experts' three tensors there
   // were 0.10 to 0.20 from the one model's and every other tensor within 3e-2; at top-8 within 5.7e-3.)
   test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2}, "--moe-router-topk 8 ");
+  test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2}, "--moe-router-topk 8 --recompute-granularity selective --recompute-modules moe_act ");
   test_expert_parallel("llama", {.ep = 2, .tp = 1, .etp = 2, .dp = 4}, "--moe-router-topk 8 ");
   test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2}, "--moe-router-force-load-balancing ");
   test_expert_parallel("llama", {.ep = 1, .tp = 1, .etp = 2, .dp = 2},
@@ -318,6 +322,7 @@ int main() {
   // --moe-router-force-load-balancing: the random logits from each token's place route every rank as the one model (no
   // near-ties from the TP layers' rounding: top-2 under TP too).
   test_expert_parallel("llama", {2}, "--moe-router-force-load-balancing ");
+  test_expert_parallel("gpt", {.ep = 2, .tp = 2, .etp = 1, .dp = 1}, "--moe-router-topk 8 --recompute-granularity selective --recompute-modules moe_act ");
   test_expert_parallel("llama", {.ep = 2, .tp = 2, .etp = 1, .dp = 1}, "--moe-router-force-load-balancing ");
   // FP8 in MoE layers under EP (tensorwise and blockwise; delayed scaling is refused with EP): each expert's block of
   // rows padded to 16 where it is routed, the padded blocks (zero rows) crossing the ranks, so the rows that arrive stay

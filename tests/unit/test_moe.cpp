@@ -751,3 +751,32 @@ TEST_CASE("--moe-apply-probs-on-input: top-1 only (Megatron's assertion), not wi
     CHECK_THAT(gaps(ep, 2), MT_CONTAINS("--moe-apply-probs-on-input with expert parallelism is not implemented on the CUDA engine"));
   }
 }
+
+TEST_CASE("--recompute-modules moe_act: accepted by the CUDA engine beside the others, layernorm still refused by name") {
+  Config c = tiny_decoder(true, 2);
+  c.moe.num_experts = 4;
+  c.moe.moe_router_topk = 2;
+  c.moe.moe_grouped_gemm = true;
+  c.recompute.recompute_granularity = "selective";
+  c.recompute.recompute_modules = {"moe_act"};
+  auto refused = [](const Config& k, bool cuda) {
+    std::string all;
+    for (const auto& s : unsupported_features(k, 1, cuda)) all += s + "\n";
+    return all;
+  };
+  CHECK_THAT(refused(c, true), !MT_CONTAINS("moe_act"));
+  // (the CPU engine keeps every activation: recompute of any kind is the CUDA engine's)
+  CHECK_THAT(refused(c, false), MT_CONTAINS("activation recompute (--recompute-granularity) is implemented on the CUDA engine only"));
+  c.recompute.recompute_modules = {"moe_act", "layernorm"};
+  CHECK_THAT(refused(c, true), MT_CONTAINS("--recompute-modules layernorm is not implemented (selective recompute covers core_attn, mlp, moe and moe_act)"));
+  c.recompute.recompute_modules = {"moe", "shared_experts"};
+  CHECK_THAT(refused(c, true), !MT_CONTAINS("shared_experts"));
+  c.recompute.recompute_modules = {"shared_experts"};
+  CHECK_THAT(refused(c, true), MT_CONTAINS("--recompute-modules shared_experts is not implemented"));
+  if (built_with_cuda()) {
+    c.recompute.recompute_modules = {"moe_act"};
+    std::string gaps;
+    for (const auto& s : cuda_engine_gaps(c, 1)) gaps += s + "\n";
+    CHECK_THAT(gaps, MT_CONTAINS("--recompute-modules moe_act has not run on a GPU yet on the CUDA engine"));
+  }
+}

@@ -141,6 +141,40 @@ TEST_CASE("memory model: selective recompute of the MoE blocks keeps one layer's
   CHECK(estimate_memory(c).activations < moe.activations);
 }
 
+TEST_CASE("memory model: moe_act keeps one layer's experts' activations, as FP8 MoE layers do") {
+  Config c = recipe("mixtral-8x7b", 32);
+  c.recompute.recompute_granularity.reset();
+  c.recompute.recompute_method.reset();
+  c.recompute.recompute_num_layers.reset();
+  c.parallel.expert_model_parallel_size = 1;
+  c.parallel.pipeline_model_parallel_size = 1;
+  resolve(c, 32);
+  const MemoryEstimate none = estimate_memory(c);
+  c.recompute.recompute_granularity = "selective";
+  c.recompute.recompute_modules = {"core_attn", "moe_act"};
+  const MemoryEstimate act = estimate_memory(c);
+  // Each layer's routed experts' activations: tokens x top-2 rows of moe-ffn 14336 bf16 values (expert-TP = TP 2, SP).
+  const double tokens = static_cast<double>(*c.training.micro_batch_size * *c.data.seq_length);
+  const double one_layer = 2.0 * tokens * 2 * 14336 / 2;
+  const double layers = static_cast<double>(*c.model.num_layers);
+  INFO("none " << none.activations << ", moe_act " << act.activations << ", one layer's experts' activations " << one_layer);
+  CHECK(none.activations - act.activations == Approx((layers - 1) * one_layer).epsilon(1e-9));
+  CHECK(act.activations - act.activations_per_microbatch * act.in_flight_microbatches == Approx(one_layer).epsilon(1e-9));
+  // FP8 layers read none of them in the backward: shared without moe_act too (and moe_act changes nothing there).
+  c.precision.fp8_format = "hybrid";
+  c.precision.fp8_recipe = "tensorwise";
+  const double fp8_act = estimate_memory(c).activations;
+  c.recompute.recompute_granularity.reset();
+  CHECK(estimate_memory(c).activations == Approx(fp8_act));
+  // With the first layer in bf16, moe_act recomputes that one's too.
+  c.precision.first_last_layers_bf16 = true;
+  c.precision.num_layers_at_start_in_bf16 = 1;
+  c.precision.num_layers_at_end_in_bf16 = 0;
+  const double fp8_first_bf16 = estimate_memory(c).activations;
+  c.recompute.recompute_granularity = "selective";
+  CHECK(fp8_first_bf16 - estimate_memory(c).activations == Approx(one_layer + 15.0 * 8 * 14336 * 2 / 2).epsilon(1e-9));
+}
+
 TEST_CASE("memory model: recompute lowers activations, layers change nothing else") {
   Config c = recipe("llama3-8b", 8);
   const double sel = estimate_memory(c).activations;

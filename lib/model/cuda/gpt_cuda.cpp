@@ -240,6 +240,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     mlp_recompute_layer_[static_cast<size_t>(l)] = rc.recomputes(moe ? "moe" : "mlp");
     mlp_recompute_ = mlp_recompute_ || mlp_recompute_layer_[static_cast<size_t>(l)];
   }
+  // --recompute-modules moe_act: the routed experts' activation recomputed in the backward (expert_act_shared).
+  moe_act_recompute_ = rc.recomputes("moe_act");
   if (mlp_recompute_ && D.fp8) throw std::logic_error("CUDA model: --recompute-modules mlp / moe with FP8 (refused by the capability checks)");
 
   if (!D.swiglu && moe_layers_ > 0 && F_moe_ % 8 != 0) {  // (refused by name in train/capabilities: a guard for other callers)
@@ -328,7 +330,8 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     return alloc(bytes(n, rb, rows));
   };
   // A layer's MLP block's buffers: the dense MLP's for a dense layer, the MoE layer's for an MoE layer.
-  auto mlp_buffers = [&](Record& r, bool dense_mlp, bool moe, bool fp8) {
+  // (expert_act_own false: the routed experts' activation in the buffer the layers share, expert_act_shared)
+  auto mlp_buffers = [&](Record& r, bool dense_mlp, bool moe, bool fp8, bool expert_act_own) {
     if (dense_mlp) {
       r.fc1 = b16(F1);
       if (!fp8 || !swiglu_output_unread()) r.act = b16(F);  // (FP8 delayed: SwiGLU writes fc2's FP8 input instead)
@@ -344,7 +347,11 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       if (!moe_rows_travel()) {  // (expert parallelism, expert-TP's gather: the rows this rank's experts receive, in growing buffers)
         r.ex_fc1 = b16_rows(F1m, moe_rows_);
         // (FP8 delayed scaling with SwiGLU experts without biases: SwiGLU writes fc2's FP8 input, nothing reads a 16-bit one)
-        if (!fp8 || !experts_swiglu_output_unread()) r.ex_act = b16_rows(Fm, moe_rows_);
+        if ((!fp8 || !experts_swiglu_output_unread()) && expert_act_own) r.ex_act = b16_rows(Fm, moe_rows_);
+        if ((!fp8 || !experts_swiglu_output_unread()) && !expert_act_own) {
+          if (expert_act_shared_ == nullptr) expert_act_shared_ = b16_rows(Fm, moe_rows_);
+          r.ex_act = expert_act_shared_;
+        }
       }
       r.ex_out = b16_rows(h, moe_rows_);
       if (moe_pad_) r.pad_map = static_cast<int32_t*>(alloc(static_cast<size_t>(2 * moe_rows_) * 4));
@@ -361,7 +368,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   };
   // A layer's record: the dense MLP's buffers for a dense layer, the MoE buffers for an MoE layer (the shared
   // recompute record: whichever the stage's layers need); a layer whose MLP block is recomputed takes mlp_record_'s.
-  auto full_record = [&](Record& r, bool dense_mlp, bool moe, bool fp8) {
+  auto full_record = [&](Record& r, bool dense_mlp, bool moe, bool fp8, bool expert_act_own = true) {
     r.xn1 = b16(h);
     r.mean1 = f32(1, rows_l);
     r.rstd1 = f32(1, rows_l);
@@ -374,7 +381,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     r.xn2 = b16(h);
     r.mean2 = f32(1, rows_l);
     r.rstd2 = f32(1, rows_l);
-    mlp_buffers(r, dense_mlp, moe, fp8);
+    mlp_buffers(r, dense_mlp, moe, fp8, expert_act_own);
     if (fp8) {
       r.f8_amax = static_cast<float*>(alloc(8 * sizeof(float)));
       const int64_t widths[4] = {h, Hd, h, F};  // the sites' inputs: QKV, projection, fc1, fc2
@@ -456,7 +463,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     if (recompute_layer_[k]) return r;
     const bool moe = layers_[k].moe;
     if (!mlp_recompute_layer_[k]) {
-      full_record(*r, !moe, moe, fp8_layer(l));
+      full_record(*r, !moe, moe, fp8_layer(l), !expert_act_shared(l));
       return r;
     }
     full_record(*r, false, false, false);
@@ -464,6 +471,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     return r;
   };
   auto allocate_activations = [&]() {
+    expert_act_shared_ = nullptr;  // (each pass allocates its own: the arena's counting pass, then the carving one)
     if (mlp_recompute_) {
       bool dense = false, moe = false;
       for (int64_t l = 0; l < L_; ++l) {
@@ -472,7 +480,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
         moe = moe || (mlp_recompute_layer_[k] && layers_[k].moe);
       }
       mlp_record_ = std::make_unique<Record>();
-      mlp_buffers(*mlp_record_, dense, moe, false);
+      mlp_buffers(*mlp_record_, dense, moe, false, true);
     }
     for (int64_t l = 0; l < L_; ++l) records_.push_back(layer_record(l));
     if (full_recompute_) {

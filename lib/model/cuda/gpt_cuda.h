@@ -313,7 +313,7 @@ class CudaGPT {
                                   cudaStream_t st);
   void expert_forward(bool shared, int64_t n, int64_t F, const cuda::bf16* x, int64_t w1, int64_t w2, cuda::bf16* fc1_out, cuda::bf16* act,
                       cuda::bf16* out, float beta, cudaStream_t st, int64_t b1 = -1, int64_t b2 = -1, const ExpertFp8* f8 = nullptr,
-                      int64_t real = 0);
+                      int64_t real = 0, bool act_apart = false);
   void expert_backward(bool shared, int64_t n, int64_t F, const cuda::bf16* dout, const cuda::bf16* x, int64_t w1, int64_t w2,
                        const cuda::bf16* fc1_out, const cuda::bf16* act, cuda::bf16* dact, cuda::bf16* dfc1, cuda::bf16* din, float din_beta,
                        cudaStream_t st, const ExpertFp8* f8 = nullptr);
@@ -495,6 +495,13 @@ class CudaGPT {
   // before its backward (recompute_mlp).
   bool mlp_recomputed(int64_t l) const { return mlp_recompute_layer_[static_cast<size_t>(l)]; }
   void recompute_mlp(int64_t l, Record& r, const DeviceMicrobatch& mb);
+  // An MoE layer's routed experts' 16-bit activation output not kept per layer but written into one buffer that every
+  // such layer shares (expert_act_shared_, or under EP and expert-TP's gather Scratch::ep_act_shared): in FP8 layers the
+  // backward reads none (the weight gradients take the FP8 x^T the forward kept), and --recompute-modules moe_act
+  // (Megatron's output-discarding recompute of the experts' activation) computes it again from fc1's output before the
+  // layer's expert backward. Not where the whole MLP block is recomputed (mlp_recomputed: its own shared record).
+  bool expert_act_shared(int64_t l) const;
+  bool expert_act_recomputed(int64_t l) const { return expert_act_shared(l) && !fp8_layer(l); }
   const cuda::bf16* w(int64_t off) const { return off < 0 ? nullptr : w16_ + off; }
   float* g(int64_t off) const { return off < 0 ? nullptr : grads_ + off; }
 
@@ -645,6 +652,8 @@ class CudaGPT {
   bool full_recompute_ = false;
   std::vector<bool> recompute_layer_;
   bool mlp_recompute_ = false;  // (some layer's MLP block recomputed)
+  bool moe_act_recompute_ = false;  // --recompute-modules moe_act (expert_act_shared)
+  cuda::bf16* expert_act_shared_ = nullptr;  // (allocated with the records where some layer shares it)
   std::vector<bool> mlp_recompute_layer_;
   size_t act_bytes_ = 0;
   std::vector<void*> owned_;

@@ -270,7 +270,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
   // expert-TP other than TP (more than one rank) what every expert-TP rank has, gathered.
   bf16 *rows = r.ex_rows, *fc1 = r.ex_fc1, *act = r.ex_act, *out = r.ex_out;
   bf16* local_out = r.ex_out;  // (this rank's rows' outputs, before the way back over EP)
-  const bool f8 = fp8_layer(l);
+  const bool f8 = fp8_layer(l), act_recomputed = expert_act_recomputed(l);
   if (moe_rows_travel()) {
     const auto idle = [this] { host_wait("the MoE layer's expert buffers"); };
     int64_t R = 0;
@@ -287,7 +287,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
       rows = r.etp_rows.get<bf16>();
     }
     fc1 = r.ep_fc1.need<bf16>(static_cast<size_t>(R * F1m) * 2, idle);
-    act = r.ep_act.need<bf16>(static_cast<size_t>(R * Fm) * 2, idle);
+    act = (expert_act_shared(l) ? s.ep_act_shared : r.ep_act).need<bf16>(static_cast<size_t>(R * Fm) * 2, idle);
     out = moe_etp_gathers_ ? s.etp_out.need<bf16>(static_cast<size_t>(std::max<int64_t>(R, 1) * h) * 2, idle) : local_out;
     if (f8) expert_fp8_rows(r, R, true);
   }
@@ -304,7 +304,7 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
       const ExpertFp8 x8 = f8 ? expert_fp8(l, r, static_cast<int64_t>(e), off, blocks) : ExpertFp8{};
       bf16* act_e = act ? act + off * Fm : nullptr;  // (none under FP8 delayed scaling's fused SwiGLU)
       expert_forward(false, rows_e, Fm, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act_e, out + off * h, 0.0f,
-                     expert_stream(busy++), lw.expert_fc1_b[e], lw.expert_fc2_b[e], f8 ? &x8 : nullptr, n);
+                     expert_stream(busy++), lw.expert_fc1_b[e], lw.expert_fc2_b[e], f8 ? &x8 : nullptr, n, act_recomputed);
     }
     off += align_rows(n);
     blocks += (rows_e + cuda::kFp8BlockSize - 1) / cuda::kFp8BlockSize;
@@ -322,6 +322,11 @@ void CudaGPT::moe_forward(int64_t l, Record& r, const DeviceMicrobatch& mb) {
       expert_forward(true, T, F_shared_, r.xn2, lw.shared_fc1_w, lw.shared_fc2_w, r.sh_fc1, r.sh_act, s.delta, 1.0f, stream_, -1, -1, f8 ? &x8 : nullptr, T);
     }
   }
+}
+
+bool CudaGPT::expert_act_shared(int64_t l) const {
+  const auto k = static_cast<size_t>(l);
+  return layers_[k].moe && !mlp_recompute_layer_[k] && (fp8_layer(l) || moe_act_recompute_);
 }
 
 bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
@@ -389,7 +394,7 @@ void CudaGPT::expert_activation_backward(const char* name, int64_t n, int64_t F,
 // fc1_out and act, and fc2 (+ b2) into out, with beta 1 accumulating onto what out holds (one rounding of the fp32 sum
 // to 16 bits; the shared expert, which has no biases). `shared`: the shared expert's profile names.
 void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, int64_t w1, int64_t w2, bf16* fc1_out, bf16* act, bf16* out,
-                             float beta, cudaStream_t st, int64_t b1, int64_t b2, const ExpertFp8* f8, int64_t real) {
+                             float beta, cudaStream_t st, int64_t b1, int64_t b2, const ExpertFp8* f8, int64_t real, bool act_apart) {
   auto& lt = cuda::GemmLt::instance();
   const int64_t h = D_.h, F1 = D_.swiglu ? 2 * F : F;
   const char* fc1_name = shared ? "fwd.moe.shared.gemm.fc1" : "fwd.moe.gemm.fc1";
@@ -409,7 +414,7 @@ void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, i
     expert_linear_fp8(*f8, 1, fc2_name, n, F, h, act, w2, w(b2), beta, out, st, act_cast);
     return;
   }
-  if (D_.swiglu || D_.squared_relu) {
+  if (D_.swiglu || D_.squared_relu || act_apart) {  // (act_apart: GELU too, by the kernel a recompute runs again)
     MT_PROF_ON(st, fc1_name, lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, w(b1), st, {}, !shared));
     expert_activation(act_name, n, F, fc1_out, act, st);
   } else {
@@ -493,9 +498,9 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
     dfc1 = s.ep_dfc1.need<bf16>(static_cast<size_t>(R * F1m) * 2, idle);
     rows = moe_etp_gathers_ ? r.etp_rows.get<bf16>() : r.ep_rows.get<bf16>();
     fc1 = r.ep_fc1.get<bf16>();
-    act = r.ep_act.get<bf16>();
+    act = expert_act_shared(l) ? s.ep_act_shared.need<bf16>(static_cast<size_t>(R * Fm) * 2, idle) : r.ep_act.get<bf16>();
   }
-  const bool f8 = fp8_layer(l);
+  const bool f8 = fp8_layer(l), recompute_act = expert_act_recomputed(l);
   if (f8) zero_expert_padding(dout, h, r.per_expert, stream_);
   fork_experts();
   int64_t off = 0, busy = 0, blocks = 0;
@@ -503,7 +508,9 @@ void CudaGPT::moe_backward(int64_t l, Record& r, const DeviceMicrobatch& mb, con
     const int64_t n = r.per_expert[e], rows_e = f8 ? align_rows(n) : n;
     if (n > 0) {
       const ExpertFp8 x8 = f8 ? expert_fp8(l, r, static_cast<int64_t>(e), off, blocks) : ExpertFp8{};
-      const bf16* act_e = act ? act + off * Fm : nullptr;  // (none under FP8 delayed scaling's fused SwiGLU: the FP8 backward reads none)
+      bf16* act_e = act ? act + off * Fm : nullptr;  // (none under FP8 delayed scaling's fused SwiGLU: the FP8 backward reads none)
+      // (--recompute-modules moe_act: the activation again, by the forward's kernel, from the fc1 output kept)
+      if (recompute_act) expert_activation("bwd.moe.recompute.activation", n, Fm, fc1 + off * F1m, act_e, expert_stream(busy));
       expert_backward(false, rows_e, Fm, dout + off * h, rows + off * h, lw.expert_fc1[e], lw.expert_fc2[e], fc1 + off * F1m, act_e, dact + off * Fm,
                       dfc1 + off * F1m, din + off * h, 0.0f, expert_stream(busy++), f8 ? &x8 : nullptr);
     }

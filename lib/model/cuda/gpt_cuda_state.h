@@ -121,6 +121,7 @@ struct CudaGPT::Scratch {
   // gradients and activation / fc1 gradients (expert-major), and the counts per expert sent and received [2E] (with
   // counts_host holding 2E then).
   GrowingBuffer ep_transit, ep_out, ep_dout, ep_din, ep_dact, ep_dfc1;
+  GrowingBuffer ep_act_shared;  // (the experts' activations of the layers that share them: CudaGPT::expert_act_shared)
   int32_t* ep_counts = nullptr;
   // Expert-TP's gather: every rank's block of rows in transit, the gathered rows' outputs or output gradients, their
   // input gradients, and the counts per local expert gathered [(expert-TP + 1) x local experts] (the host's in a pinned
