@@ -177,7 +177,8 @@ std::vector<FlagSpec> build_table() {
       F(kRecompute, "recompute-method", recompute.recompute_method, "Which layers recompute (full)", "uniform", "block"),
       F(kRecompute, "recompute-num-layers", recompute.recompute_num_layers, "Layers per recompute unit / recomputed layers"),
       F(kRecompute, "recompute-modules", recompute.recompute_modules,
-        "Modules recomputed with selective recompute: core_attn, and on the CUDA engine mlp (dense layers' MLP) and moe (MoE layers' MLP)"),
+        "Modules recomputed with selective recompute: core_attn, and on the CUDA engine mlp (dense layers' MLP), moe (MoE layers' MLP) and "
+        "moe_act (the experts' activation function)"),
       F(kRecompute, "moe-layer-recompute", recompute.moe_layer_recompute,
         "Deprecated (as in Megatron): --recompute-granularity selective with moe among --recompute-modules"),
       // MoE

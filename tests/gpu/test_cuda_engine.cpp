@@ -1559,7 +1559,7 @@ void test_selective_recompute() {
 }
 
 // --recompute-modules moe_act (Megatron's output-discarding recompute of the experts' activation function; thirty-eighth
-// session): the MoE layers' routed experts' activations in one buffer the layers share, computed again from fc1's output
+// session, these passed on an H100 the same day, lifting its gate): the MoE layers' routed experts' activations in one buffer the layers share, computed again from fc1's output
 // before each layer's expert backward. The activations kept shrink by all but one layer's; the same gradients and curves
 // as without it where the kernels are the same (SwiGLU: with a shared expert and a capacity padded to; dense and MoE
 // layers mixed, with mlp; an FP8 model whose first layer is bf16, the FP8 layers recomputing nothing); GELU experts with
@@ -1602,7 +1602,7 @@ void test_moe_act_recompute() {
                                            "--num-layers-at-end-in-bf16 0 ", selective + "moe_act ");
   test_moe_training("llama", "--num-layers 4 --recompute-granularity selective --recompute-modules moe_act --moe-shared-expert-intermediate-size 128 ");
   test_moe_training("gpt", "--num-experts 8 --recompute-granularity selective --recompute-modules moe_act ");
-  test_moe_training("gpt", "--squared-relu --recompute-granularity selective --recompute-modules moe_act ");
+  test_moe_training("gpt", "--num-experts 8 --squared-relu --recompute-granularity selective --recompute-modules moe_act ");
 }
 
 // The list form's router gradients on the GPU: with aux_loss and seq_aux_loss at once, the last MoE layer's router weight

@@ -773,10 +773,10 @@ TEST_CASE("--recompute-modules moe_act: accepted by the CUDA engine beside the o
   CHECK_THAT(refused(c, true), !MT_CONTAINS("shared_experts"));
   c.recompute.recompute_modules = {"shared_experts"};
   CHECK_THAT(refused(c, true), MT_CONTAINS("--recompute-modules shared_experts is not implemented"));
-  if (built_with_cuda()) {
+  if (built_with_cuda()) {  // (ran on a GPU in the thirty-eighth session)
     c.recompute.recompute_modules = {"moe_act"};
     std::string gaps;
     for (const auto& s : cuda_engine_gaps(c, 1)) gaps += s + "\n";
-    CHECK_THAT(gaps, MT_CONTAINS("--recompute-modules moe_act has not run on a GPU yet on the CUDA engine"));
+    CHECK_THAT(gaps, !MT_CONTAINS("moe_act"));
   }
 }
