@@ -272,6 +272,7 @@ struct LoggingConfig {
   int64_t log_interval = 100;
   bool log_throughput = false;
   bool log_params_norm = false;
+  bool log_num_zeros_in_grad = false;  // Megatron's count_zeros_fp32 of the step's gradients (StepReport::num_zeros)
   OptString tensorboard_dir;
   int64_t tensorboard_log_interval = 1;
   int64_t tensorboard_queue_size = 1000;

@@ -319,7 +319,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("wandb-exp-name", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
       MT_REFUSED("wandb-save-dir", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
       MT_REFUSED("wandb-entity", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
-      MT_REFUSED("log-num-zeros-in-grad", false, "counting the gradient's zeros is not implemented: drop it"),
       MT_REFUSED("init-method-xavier-uniform", false, "only the normal initialisation of --init-method-std is implemented: drop it"),
       MT_REFUSED("use-legacy-models", false, "megatrain has one model implementation (Megatron-Core's): drop it"),
       MT_REFUSED("use-precision-aware-optimizer", false, "the optimizer keeps fp32 master weights, gradients and moments: drop it"),

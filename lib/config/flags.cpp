@@ -286,6 +286,8 @@ std::vector<FlagSpec> build_table() {
       F(kLog, "log-interval", logging.log_interval, "Iterations between log lines"),
       F(kLog, "log-throughput", logging.log_throughput, "Log TFLOP/s per GPU (megatrain always does)"),
       F(kLog, "log-params-norm", logging.log_params_norm, "Log the parameter norm"),
+      F(kLog, "log-num-zeros-in-grad", logging.log_num_zeros_in_grad,
+        "Log the number of zero entries in the gradient (each parameter counted once; not on skipped iterations)"),
       F(kLog, "tensorboard-dir", logging.tensorboard_dir, "TensorBoard directory (rank 0 writes the scalars of each log line there)"),
       F(kLog, "tensorboard-log-interval", logging.tensorboard_log_interval, "TensorBoard points only at log lines of iterations divisible by this"),
       F(kLog, "tensorboard-queue-size", logging.tensorboard_queue_size, "TensorBoard queue size (no effect: written at each log line)"),

@@ -22,6 +22,7 @@ Optimizer::Optimizer(const Config& c, ParamStore& params, ProcessGroups groups, 
       clip_(c.training.clip_grad),
       bf16_(c.precision.bf16),
       fp16_(c.precision.fp16),
+      count_zeros_(c.logging.log_num_zeros_in_grad),
       experts_(c.moe.num_experts.has_value()) {
   segments_ = make_segments(params_, std::move(owned));
   const int64_t state = segments_.empty() ? 0 : segments_.back().state + (segments_.back().end - segments_.back().begin);
@@ -84,7 +85,8 @@ void Optimizer::round_to_working(const Segment& s) {
   }
 }
 
-double Optimizer::owned_sum_sq(const float* buf, bool master) {
+template <typename Term>
+double Optimizer::owned_sum(const float* buf, bool master, Term term) {
   // Each parameter counted once. Dense: those replicated over TP (norms, row-parallel biases, the router) on TP
   // rank 0 only, replicated shards (K/V replication) on their first holder only, the tied embedding once (on the
   // first stage); summed over TP and PP (and DP x CP when the optimizer is sharded). Experts (Megatron's expert
@@ -100,7 +102,7 @@ double Optimizer::owned_sum_sq(const float* buf, bool master) {
     if (p.tied_copy) continue;    // the tied embedding's last-stage copy: counted on the first stage
     const float* x = master ? buf + s.state : buf + s.begin;
     double& into = sq[expert ? 1 : 0];
-    for (int64_t i = 0; i < s.end - s.begin; ++i) into += static_cast<double>(x[i]) * x[i];
+    for (int64_t i = 0; i < s.end - s.begin; ++i) into += term(x[i]);
   }
   groups_.tp->all_reduce(&sq[0], 1, ReduceOp::kSum);
   groups_.pp->all_reduce(sq, 2, ReduceOp::kSum);
@@ -111,6 +113,10 @@ double Optimizer::owned_sum_sq(const float* buf, bool master) {
     if (sharded_) groups_.expert_dp->all_reduce(&sq[1], 1, ReduceOp::kSum);
   }
   return sq[0] + sq[1];
+}
+
+double Optimizer::owned_sum_sq(const float* buf, bool master) {
+  return owned_sum(buf, master, [](float x) { return static_cast<double>(x) * x; });
 }
 
 double Optimizer::params_norm() {
@@ -134,6 +140,8 @@ StepResult Optimizer::step(double lr, float loss_scale, double decoupled_lr) {
     r.skipped = true;
     return r;
   }
+  // (Megatron logs the count as the fp32 value its max over the model-parallel group passes through)
+  if (count_zeros_) r.num_zeros = static_cast<float>(owned_sum(g, false, [](float x) { return x == 0.0f ? 1.0 : 0.0; }));
   const float clip = (clip_ > 0 && r.grad_norm > clip_) ? static_cast<float>(clip_ / (r.grad_norm + 1e-6)) : 1.0f;
   ++t_;
   float* w = master_.defined() ? master_.f32() : params_.params().f32();

@@ -19,6 +19,9 @@ namespace mt {
 struct StepResult {
   double grad_norm = 0;  // before clipping, of the unscaled gradients
   bool skipped = false;  // non-finite gradients (fp16 overflow or NaN): no update
+  // --log-num-zeros-in-grad: the gradient's entries that are exactly 0, each parameter counted once (Megatron's
+  // count_zeros_fp32); -1 when not counted (the flag unset, or a skipped step, where Megatron has none).
+  double num_zeros = -1;
 };
 
 using FlatRanges = std::vector<std::pair<int64_t, int64_t>>;
@@ -62,6 +65,9 @@ class Optimizer {
   float to_working(float x) const;
 
  private:
+  // The sum over this rank's owned entries of term(x), each parameter counted once, summed over the ranks.
+  template <typename Term>
+  double owned_sum(const float* buf, bool master, Term term);
   double owned_sum_sq(const float* buf, bool master);
   void round_to_working(const Segment& s);
   ParamStore& params_;
@@ -71,6 +77,7 @@ class Optimizer {
   std::string kind_;
   double beta1_, beta2_, eps_, wd_, momentum_, clip_;
   bool bf16_, fp16_;
+  bool count_zeros_;  // --log-num-zeros-in-grad
   bool experts_;  // an MoE model: expert parameters' sums over the expert grid (on every stage alike)
   Tensor master_, m_, v_;
   int64_t t_ = 0;

@@ -192,6 +192,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   // record their amaxes and x^T again) nor with deferred weight gradients (ZB-H1: a later recompute overwrites what the
   // deferred GEMMs read).
   const bool mlp_recompute = c.recompute.recomputes("mlp") || c.recompute.recomputes("moe");
+  // --log-num-zeros-in-grad (cuda_engine_step.cpp: cuda::add_zero_count over the norm's chunks, summed over the ranks as
+  // the norm at the read): written in the thirty-eighth session without a GPU; refused until its GPU group (=num-zeros) runs.
+  no(c.logging.log_num_zeros_in_grad && !cuda_unverified_allowed("log-num-zeros-in-grad"),
+     "--log-num-zeros-in-grad has not run on a GPU yet on the CUDA engine: drop it (the CPU engine counts them: --device cpu)");
   // --recompute-modules moe_act (gpt_cuda_moe.cpp: the layers' routed experts' activations in one shared buffer, computed
   // again from fc1's output before each layer's expert backward; FP8 layers read none): its GPU group (=moe-act-recompute)
   // and its EP cases passed on an H100 in the thirty-eighth session.

@@ -112,6 +112,7 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   const bool nonfinite = !loss_finite || result.skipped;
   scaler_.update(nonfinite);
   StepReport report{loss, result.grad_norm, nonfinite};
+  report.num_zeros = nonfinite ? -1 : result.num_zeros;
   fill_moe_report(cfg_, groups_, model_->take_moe_stats(), num_microbatches, report);
   reports_.push_back(std::move(report));
 }

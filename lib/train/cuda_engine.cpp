@@ -252,6 +252,7 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   loss_hist_ = device_zeros<float>(hist);
   norm_hist_ = device_zeros<float>(hist);
   skip_hist_ = device_zeros<int32_t>(hist);
+  if (cfg.logging.log_num_zeros_in_grad) zeros_hist_ = device_zeros<double>(hist);
   // (the MoE report's sums per step over the pipeline at most: the three load-balancing losses, the z-loss and the tokens
   // kept; with --moe-per-layer-logging each layer's four losses)
   const auto per_step = std::max<size_t>(5, cfg.moe.moe_per_layer_logging ? kMoeLossSlots * static_cast<size_t>(cfg.model.num_layers.value_or(0)) : 0);
@@ -553,7 +554,7 @@ CudaEngine::~CudaEngine() {
   for (void* p : {static_cast<void*>(m_), static_cast<void*>(v_), static_cast<void*>(st_), static_cast<void*>(partials_), static_cast<void*>(d_chunks_),
                   static_cast<void*>(d_gpu_chunks_ != d_chunks_ ? d_gpu_chunks_ : nullptr),
                   static_cast<void*>(eval_acc_), static_cast<void*>(avg_buf_), static_cast<void*>(loss_hist_), static_cast<void*>(norm_hist_),
-                  static_cast<void*>(skip_hist_), static_cast<void*>(moe_hist_)}) {
+                  static_cast<void*>(skip_hist_), static_cast<void*>(moe_hist_), static_cast<void*>(zeros_hist_)}) {
     device_free(p);
   }
 }

@@ -128,6 +128,9 @@ class CudaEngine final : public TrainingEngine {
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *partials_ = nullptr, *eval_acc_ = nullptr, *avg_buf_ = nullptr;
   float *loss_hist_ = nullptr, *norm_hist_ = nullptr;
   int32_t* skip_hist_ = nullptr;
+  // --log-num-zeros-in-grad: each pending step's zero entries of the gradient on this rank (weighted as the norm's
+  // squares), summed over the ranks as the norm at read_reports; null without the flag.
+  double* zeros_hist_ = nullptr;
   cuda::StepState* st_ = nullptr;
   cuda::LossScaleRule scale_rule_;
   std::vector<cuda::AdamChunk> chunks_;  // every parameter chunk (the gradient norm)

@@ -209,6 +209,10 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   if (dp_nccl_ && dp_ > 1) MT_PROF("dp.loss_tokens", dp_nccl_->all_reduce_on(&st_->loss_tokens, 1, WireType::kF32, ReduceOp::kSum, stream_));
 #endif
   MT_PROF("opt.grad_norm", norm_partials(model_->grads(), false, &st_->loss_acc));
+  if (zeros_hist_) {  // (--log-num-zeros-in-grad: the gradients the norm measures, before the update; summed over the ranks at the read)
+    MT_CUDA_CHECK(cudaMemsetAsync(zeros_hist_ + pending_, 0, sizeof(double), stream_));
+    MT_PROF("opt.count_zeros", cuda::add_zero_count(zeros_hist_ + pending_, model_->grads(), d_chunks_, static_cast<int64_t>(chunks_.size()), stream_));
+  }
   cuda::step_prepare(st_, partials_, clip, b1, b2, 1.0f, scale_rule_, stream_, static_cast<float>(dp_), per_token ? static_cast<float>(dp_) : 0.0f);
   // --decoupled-lr: the word embeddings' and output layer's rate, from the iteration's first sample (as the CPU engine).
   const float decoupled_lr = decoupled_ ? static_cast<float>(decoupled_->lr_at_samples(base - resumed_.lr_schedule_start_samples)) : -1.0f;
@@ -330,9 +334,25 @@ std::vector<StepReport> CudaEngine::read_reports() {
     MT_CUDA_CHECK(cudaMemcpy(skips.data(), skip_hist_, n * 4, cudaMemcpyDeviceToHost));
     if (dp_ > 1) dp_average(losses.data(), static_cast<int64_t>(n));
   }
+  std::vector<double> zeros(n, -1.0);
+  if (zeros_hist_ && n > 0) {
+#ifdef MEGATRAIN_HAVE_NCCL
+    // (the ranks' counts summed as the norm's partials are: over TP, DP with the distributed optimizer, and PP; in place, in
+    // double: a count passes 2^24)
+    if (tp_nccl_) tp_nccl_->all_reduce(zeros_hist_, static_cast<int64_t>(n), ReduceOp::kSum);
+    if (dist_opt_) dp_nccl_->all_reduce(zeros_hist_, static_cast<int64_t>(n), ReduceOp::kSum);
+    if (pp_nccl_) pp_nccl_->all_reduce(zeros_hist_, static_cast<int64_t>(n), ReduceOp::kSum);
+#endif
+    MT_CUDA_CHECK(cudaMemcpy(zeros.data(), zeros_hist_, n * sizeof(double), cudaMemcpyDeviceToHost));
+    // (Megatron logs the count as the fp32 value its max over the model-parallel group passes through)
+    for (size_t i = 0; i < n; ++i) zeros[i] = skips[i] != 0 ? -1.0 : static_cast<double>(static_cast<float>(std::nearbyint(zeros[i])));
+  }
   pending_ = 0;
   std::vector<StepReport> out;
-  for (size_t i = 0; i < n; ++i) out.push_back({losses[i], norms[i], skips[i] != 0});
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back({losses[i], norms[i], skips[i] != 0});
+    out.back().num_zeros = zeros[i];
+  }
   add_moe_reports(out);
   return out;
 }

@@ -36,6 +36,10 @@ std::string format_iteration_line(const IterationStats& s) {
   }
   std::snprintf(buf, sizeof(buf), "loss scale: %.1f | grad norm: %.3f | ", s.loss_scale, s.grad_norm);
   out += buf;
+  if (s.num_zeros >= 0) {  // (Megatron's: the count as a Python float)
+    std::snprintf(buf, sizeof(buf), "num zeros: %.1f | ", s.num_zeros);
+    out += buf;
+  }
   if (s.params_norm >= 0) {
     std::snprintf(buf, sizeof(buf), "params norm: %.3f | ", s.params_norm);
     out += buf;

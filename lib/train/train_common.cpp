@@ -69,6 +69,7 @@ void MetricsFile::iteration(const IterationStats& s) {
     both("lm loss", s.loss);
     if (!log_.no_log_loss_scale_to_tensorboard) both("loss-scale", s.loss_scale);
     both("grad-norm", s.grad_norm);
+    if (s.num_zeros >= 0) both("num-zeros", s.num_zeros);
     if (s.params_norm >= 0) both("params-norm", s.params_norm);
     tb.scalar("iteration-time", s.ms_per_iter / 1000.0, it);
     if (log_.log_throughput) tb.scalar("throughput", s.tflops_per_gpu, it);  // as Megatron: with --log-throughput
@@ -92,6 +93,7 @@ void MetricsFile::iteration(const IterationStats& s) {
                       {"tflops_per_gpu", s.tflops_per_gpu}, {"skipped_iterations", s.skipped},
                       {"nan_iterations", s.nan_iters}};
   if (s.mfu >= 0) j["mfu"] = s.mfu;
+  if (s.num_zeros >= 0) j["num_zeros"] = s.num_zeros;
   if (s.memory.reserved >= 0) {
     j["gpu_memory_in_use_bytes"] = s.memory.in_use_most;
     j["gpu_memory_max_allocated_bytes"] = s.memory.max_allocated_most;

@@ -44,6 +44,7 @@ struct TrainResult {
   std::vector<double> losses;       // per iteration (summed over the loss tokens, as Megatron reports it), skipped ones included
   std::vector<double> valid_losses; // per validation run
   std::vector<double> grad_norms;   // per iteration, before clipping
+  std::vector<double> num_zeros;    // --log-num-zeros-in-grad: per iteration (-1 where skipped)
   // MoE, per iteration: the auxiliary losses as logged and the share of dropped choices.
   MoeLossHistory moe_losses;
   // --moe-per-layer-logging: the last iteration's losses per layer (only the last: a value per layer and iteration would

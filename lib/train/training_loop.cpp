@@ -96,7 +96,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   double tokens_min = 0, tokens_mean = 0, tokens_max = 0, dropped = 0;
   int64_t moe_iters = 0;
   int64_t interval_ok = 0, interval_iters = 0, interval_samples = 0;
-  double last_grad_norm = 0, last_lr = 0;
+  double last_grad_norm = 0, last_lr = 0, last_num_zeros = -1;
   auto interval_start = Clock::now();
   double excluded_secs = 0;  // evaluation, checkpoints and logging inside the interval
 
@@ -109,6 +109,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       const bool loss_finite = std::isfinite(r.loss);
       res.losses.push_back(r.loss);
       res.grad_norms.push_back(r.grad_norm);
+      if (cfg.logging.log_num_zeros_in_grad) res.num_zeros.push_back(r.num_zeros);
       if (!r.moe_losses.empty()) res.moe_losses.push_back(r.moe_losses);
       if (!r.moe_layer_losses.empty()) res.moe_layer_losses = r.moe_layer_losses;
       if (r.expert_tokens_min >= 0) {
@@ -151,6 +152,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
                    std::to_string(pending[i].iteration) + "): lower --lr, raise --lr-warmup-iters or check the data";
       }
       last_grad_norm = r.grad_norm;
+      last_num_zeros = r.skipped || !loss_finite ? -1 : r.num_zeros;
       last_lr = pending[i].lr;
     }
     pending.clear();
@@ -202,6 +204,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       s.lr = last_lr;
       if (cfg.training.decoupled_lr) s.decoupled_lr = lr_at(decoupled_schedule, consumed);
       s.grad_norm = last_grad_norm;
+      s.num_zeros = last_num_zeros;
       s.loss_scale = engine.loss_scale();  // after this step's update, as Megatron logs it
       res.loss_scale = s.loss_scale;
       s.skipped = res.skipped;

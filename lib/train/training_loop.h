@@ -25,6 +25,7 @@ struct StepReport {
   double loss = 0;       // the token losses summed over the global batch's loss tokens (Megatron's report)
   double grad_norm = 0;  // before clipping
   bool skipped = false;  // the update was skipped: a non-finite loss or gradient (fp16: or an overflow)
+  double num_zeros = -1;  // --log-num-zeros-in-grad: the gradient's zero entries (-1: not counted, or a skipped step)
   // MoE: the auxiliary losses as Megatron logs them (load_balancing_loss or its seq / global form, z_loss: without
   // their coefficients, averaged over microbatches and MoE layers), and the tokens each expert received this
   // iteration over every layer and rank (min / mean / max over layers x experts) with the share of dropped choices.

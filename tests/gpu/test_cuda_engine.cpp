@@ -1558,6 +1558,44 @@ void test_selective_recompute() {
   test_moe_training("llama", "--num-layers 4 --recompute-granularity selective --recompute-modules moe --moe-shared-expert-intermediate-size 128 ");
 }
 
+// --log-num-zeros-in-grad (thirty-eighth session, written without a GPU: MT_GPU_TEST_ONLY=num-zeros): each iteration's
+// count of zero gradient entries as the CPU engine's, within 1% (most of them the untied input embedding's rows of the
+// tokens no sample holds, which both engines leave at 0.0f; a gradient zero in exact arithmetic may round onto 0.0f in one
+// engine only), some zeros there, and the update unchanged by the count (the curve as without the flag, within 1e-3: the
+// runs are not bit-reproducible);
+// with the optimizer offloaded by half (the offloaded chunks' gradients still on the device) and fp16 (a dynamic scale whose
+// first steps overflow: no count on a skipped step, as Megatron's None).
+void test_num_zeros(const std::string& extra) {
+  const std::string name = "--log-num-zeros-in-grad " + extra;
+  try {
+    mt::TrainOptions quiet{true, 0};
+    const std::string base = std::string(kPlain) + "--train-iters 8 --log-num-zeros-in-grad " + extra;
+    const auto cpu = mt::train(make_config("llama", base), mt::ProcessGroups::single(), quiet);
+    const auto gpu = mt::train_cuda(make_config("llama", base), mt::ProcessGroups::single(), quiet);
+    const auto plain = mt::train_cuda(make_config("llama", std::string(kPlain) + "--train-iters 8 " + extra), mt::ProcessGroups::single(), quiet);
+    const double gap = run_gap(plain, gpu);
+    bool ok = gpu.num_zeros.size() == 8 && cpu.num_zeros.size() == 8 && gap <= 1e-3;
+    double worst = 0, least = 1e300;
+    int skipped = 0;
+    for (size_t i = 0; ok && i < 8; ++i) {
+      if (gpu.num_zeros[i] < 0 || cpu.num_zeros[i] < 0) {  // (a skipped step: none on either engine)
+        ok = gpu.num_zeros[i] == cpu.num_zeros[i];
+        ++skipped;
+        continue;
+      }
+      worst = std::max(worst, std::fabs(gpu.num_zeros[i] - cpu.num_zeros[i]) / std::max(1.0, cpu.num_zeros[i]));
+      least = std::min(least, gpu.num_zeros[i]);
+    }
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "%s: GPU %.0f, CPU %.0f zeros at the last step, worst relative gap %.2e, %d skipped steps, the curve %.2e from "
+                  "the one without", name.c_str(), gpu.num_zeros.empty() ? -1.0 : gpu.num_zeros.back(), cpu.num_zeros.empty() ? -1.0 : cpu.num_zeros.back(),
+                  worst, skipped, gap);
+    check(ok && worst <= 1e-2 && least > 0 && skipped < 8, buf);
+  } catch (const std::exception& e) {
+    check(false, name + ": " + e.what());
+  }
+}
+
 // --recompute-modules moe_act (Megatron's output-discarding recompute of the experts' activation function; thirty-eighth
 // session, these passed on an H100 the same day, lifting its gate): the MoE layers' routed experts' activations in one buffer the layers share, computed again from fc1's output
 // before each layer's expert backward. The activations kept shrink by all but one layer's; the same gradients and curves
@@ -1695,6 +1733,14 @@ int main() {
   }
   if (only && std::string(only) == "selective-recompute") {  // (=selective-recompute: only --recompute-modules mlp / moe)
     test_selective_recompute();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "num-zeros") {  // (=num-zeros: only --log-num-zeros-in-grad)
+    test_num_zeros("");
+    test_num_zeros("--optimizer-cpu-offload --optimizer-offload-fraction 0.5 ");
+    test_num_zeros("--fp16 --initial-loss-scale 4294967296 ");
+    test_num_zeros("--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 ");
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
@@ -1901,6 +1947,10 @@ moe_tests:
   test_moe_quantile();
   test_selective_recompute();
   test_moe_act_recompute();
+  test_num_zeros("");
+  test_num_zeros("--optimizer-cpu-offload --optimizer-offload-fraction 0.5 ");
+  test_num_zeros("--fp16 --initial-loss-scale 4294967296 ");
+  test_num_zeros("--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 ");
   // (a capacity with global_aux_loss and with the allgather dispatcher, which Megatron's current rules allow: added in
   // the thirty-fourth session after its GPU runs)
   test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 --moe-expert-capacity-factor 0.75 ");

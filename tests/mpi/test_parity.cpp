@@ -128,6 +128,26 @@ int main(int argc, char** argv) {
       }
     }
     if (worst_loss > loss_tolerance) ++failures;
+    // --log-num-zeros-in-grad: every iteration's count of zero gradient entries as one rank's (each parameter counted once
+    // over the layout's ranks), and with untied embeddings some zeros there (the input embedding's rows of the tokens no
+    // sample holds, hidden-size entries each; GPT's tied output layer gives every row a gradient). Within 2: a gradient
+    // that is zero in exact arithmetic but summed in another order (GPT's key bias: softmax ignores a score added to a
+    // whole row) may land on 0.0f in one layout and not the other.
+    std::string zeros_note;
+    if (cfg.logging.log_num_zeros_in_grad) {
+      const bool some = !ref.num_zeros.empty() && (ref.num_zeros.back() > 0 || !cfg.model.untie_embeddings_and_output_weights);
+      bool same = par.num_zeros.size() == ref.num_zeros.size() && some;
+      for (size_t i = 0; same && i < ref.num_zeros.size(); ++i) same = std::fabs(par.num_zeros[i] - ref.num_zeros[i]) <= 2.0;
+      zeros_note = ", num zeros " + std::to_string(static_cast<long long>(par.num_zeros.empty() ? -1 : par.num_zeros.back())) + " / " +
+                   std::to_string(static_cast<long long>(ref.num_zeros.empty() ? -1 : ref.num_zeros.back()));
+      if (!same) {
+        ++failures;
+        for (size_t i = 0; i < std::max(par.num_zeros.size(), ref.num_zeros.size()); ++i) {
+          zeros_note += " [" + std::to_string(i) + ": " + (i < par.num_zeros.size() ? std::to_string(par.num_zeros[i]) : "-") + " / " +
+                        (i < ref.num_zeros.size() ? std::to_string(ref.num_zeros[i]) : "-") + "]";
+        }
+      }
+    }
     const ParamStore& ps = par.model->params();
     const ParamStore& rs = ref.model->params();
     double worst_param = 0;
@@ -146,9 +166,9 @@ int main(int argc, char** argv) {
     if (worst_param > param_tolerance) ++failures;
     for (int r = 0; r < world; ++r) {
       if (r == rank) {
-        std::printf("rank %d %s [%s%s]: losses %.6f..%.6f, worst loss rel diff %.2e, worst param rel diff %.2e (%s) %s\n", rank,
+        std::printf("rank %d %s [%s%s]: losses %.6f..%.6f, worst loss rel diff %.2e, worst param rel diff %.2e (%s)%s %s\n", rank,
                     model.c_str(), common.c_str(), flags.c_str(), ref.losses.front(), ref.losses.back(), worst_loss, worst_param,
-                    worst_name.c_str(), failures ? "FAIL" : "ok");
+                    worst_name.c_str(), zeros_note.c_str(), failures ? "FAIL" : "ok");
         std::fflush(stdout);
       }
       groups.world->barrier();

@@ -17,6 +17,7 @@
 #include "config/validate.h"
 #include "config/yaml_io.h"
 #include "data/mock_dataset.h"
+#include "model/gpt_model.h"
 #include "optim/batch_schedule.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -24,6 +25,7 @@
 #include "tensor/dtype.h"
 #include "tensor/device_info.h"
 #include "train/capabilities.h"
+#include "train/log_line.h"
 #include "train/trainer.h"
 
 using namespace mt;
@@ -563,4 +565,56 @@ TEST_CASE("a ramped-up run: batch sizes and samples as scheduled, learning rate 
   REQUIRE(rest.losses.size() == 5);
   for (size_t i = 0; i < 5; ++i) CHECK(rest.losses[i] == full.losses[i + 4]);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("--log-num-zeros-in-grad: the gradient's zero entries, counted as Megatron's count_zeros_fp32 and logged after the grad norm") {
+  Config c;
+  c.training.clip_grad = 1.0;
+  c.logging.log_num_zeros_in_grad = true;
+  ParamStore ps;
+  for (const char* name : {"w", "norm"}) {
+    ParamInfo p;
+    p.name = name;
+    p.local_shape = p.global_shape = {name[0] == 'w' ? int64_t{4} : int64_t{2}};
+    p.init = InitKind::kOnes;
+    ps.add(p);
+  }
+  ps.allocate();
+  ps.initialize(1);
+  Optimizer opt(c, ps, ProcessGroups::single());
+  const float grads[6] = {0.0f, 0.5f, 0.0f, -0.25f, 0.0f, 1.0f};
+  auto step = [&](Optimizer& o, float last) {
+    for (int i = 0; i < 6; ++i) ps.grad(static_cast<size_t>(i / 4))[i % 4] = i == 5 ? last : grads[i];
+    return o.step(0.01, 1.0f);
+  };
+  CHECK(step(opt, 1.0f).num_zeros == 3);
+  CHECK(step(opt, INFINITY).num_zeros == -1);  // a skipped step: none (Megatron's None)
+  c.logging.log_num_zeros_in_grad = false;
+  Optimizer quiet(c, ps, ProcessGroups::single());
+  CHECK(step(quiet, 1.0f).num_zeros == -1);
+  // The log line: after the grad norm, as Megatron's " num zeros: 3.0 |"; nothing where there is no count.
+  IterationStats s;
+  s.grad_norm = 1.5;
+  s.num_zeros = 3;
+  CHECK_THAT(format_iteration_line(s), MT_CONTAINS("| grad norm: 1.500 | num zeros: 3.0 | number of skipped iterations:"));
+  s.num_zeros = -1;
+  CHECK_THAT(format_iteration_line(s), !MT_CONTAINS("num zeros"));
+  // A training on bytes: every iteration counted, the bytes no sample holds leaving the input embedding's rows at 0, and the
+  // last count is the zero entries of the model's last gradient (one rank: every parameter once).
+  Config t = tiny_llama_on_shakespeare(3);
+  t.logging.log_num_zeros_in_grad = true;
+  const TrainResult r = train(t, ProcessGroups::single(), {true, 0});
+  REQUIRE(r.num_zeros.size() == 3);
+  const ParamStore& trained = r.model->params();
+  double zeros = 0;
+  for (int64_t i = 0; i < trained.numel(); ++i) zeros += trained.grads().f32()[i] == 0.0f ? 1 : 0;
+  INFO("counted " << r.num_zeros.back() << ", in the gradient buffer " << zeros << " of " << trained.numel());
+  CHECK(r.num_zeros.back() == zeros);
+  CHECK(zeros >= static_cast<double>(*t.model.hidden_size));
+  if (built_with_cuda()) {  // (written without a GPU: the CUDA engine refuses it by name until its GPU group has run)
+    t.precision.bf16 = true;
+    std::string gaps;
+    for (const auto& g : cuda_engine_gaps(t, 1)) gaps += g + "\n";
+    CHECK_THAT(gaps, MT_CONTAINS("--log-num-zeros-in-grad has not run on a GPU yet on the CUDA engine"));
+  }
 }

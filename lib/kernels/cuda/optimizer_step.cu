@@ -35,6 +35,18 @@ __global__ void sumsq_kernel(float* partials, const float* g, const AdamChunk* c
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
+__global__ void zero_count_kernel(double* count, const float* g, const AdamChunk* chunks, int64_t nchunks) {
+  double acc = 0.0;
+  for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
+    const AdamChunk ch = chunks[c];
+    int zeros = 0;
+    for (int64_t k = threadIdx.x; k < ch.len; k += blockDim.x) zeros += g[ch.start + k] == 0.0f ? 1 : 0;
+    acc += static_cast<double>(zeros) * ch.norm_weight;
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0 && acc != 0.0) atomicAdd(count, acc);
+}
+
 __global__ void prepare_kernel(StepState* st, const float* partials, float max_norm, float b1, float b2, float loss_weight, LossScaleRule rule,
                                float loss_tokens_dp, float grad_tokens_dp) {
   const float tokens = fmaxf(st->loss_tokens, 1.0f);
@@ -159,6 +171,12 @@ void cast_from_bf16_t(float* out, const T16* in, int64_t n, cudaStream_t stream)
 
 void sumsq_partials(float* partials, const float* x, const AdamChunk* chunks, int64_t nchunks, bool by_state, cudaStream_t stream) {
   sumsq_kernel<<<kNormPartials, 256, 0, stream>>>(partials, x, chunks, nchunks, by_state);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void add_zero_count(double* count, const float* g, const AdamChunk* chunks, int64_t nchunks, cudaStream_t stream) {
+  if (nchunks == 0) return;
+  zero_count_kernel<<<kNormPartials, 256, 0, stream>>>(count, g, chunks, nchunks);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -62,6 +62,9 @@ constexpr int kNormPartials = 1024;
 // step_prepare applies it).
 // x is indexed by the chunks' start (gradients), or by their state index when by_state (master weights).
 void sumsq_partials(float* partials, const float* x, const AdamChunk* chunks, int64_t nchunks, bool by_state, cudaStream_t stream);
+// *count += the sum over the chunks of norm_weight x (the gradient entries that are exactly 0), in double (each chunk's
+// count an integer, its weight 1 / its holders as in the norm): --log-num-zeros-in-grad, Megatron's count_zeros_fp32.
+void add_zero_count(double* count, const float* g, const AdamChunk* chunks, int64_t nchunks, cudaStream_t stream);
 // partials[0] += value (a sum computed elsewhere, e.g. the offloaded master weights' on the CPU).
 void add_to_first(float* partials, float value, cudaStream_t stream);
 // partials[0] = NaN when *value is not finite: a rank's non-finite loss reaches every rank's skip decision
