@@ -7,6 +7,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/schedule_on_load.h"
+#include "config/batch_steps.h"
 #include "config/errors.h"
 #include "config/flags.h"
 #include "config/yaml_io.h"
@@ -65,7 +66,8 @@ Config setup_config(CLI::App& app, ConfigCli& cli, int argc, char** argv, int64_
     cfg.training.micro_batch_size = 1;
     cfg.notes.push_back("note: the plan assumes --micro-batch-size 1 (training needs it given)");
   }
-  if (purpose == Purpose::kPlan && !cfg.training.global_batch_size && cfg.training.rampup_batch_size.empty()) {
+  if (purpose == Purpose::kPlan && !cfg.training.global_batch_size && cfg.training.rampup_batch_size.empty() &&
+      !cfg.training.step_batch_size_schedule) {
     cfg.notes.push_back("note: the plan assumes --global-batch-size = micro batch x data-parallel size (Megatron's default)");
   }
   if (cfg.checkpoint.no_save_rng || cfg.checkpoint.no_load_rng) {
@@ -91,6 +93,15 @@ Config setup_config(CLI::App& app, ConfigCli& cli, int argc, char** argv, int64_
   if (!d.ok()) throw ConfigErrors(d.errors);
   resolve(cfg, world_size, known_tokenizer_vocab(cfg));
   if (const Diagnostics v = validate_vocabulary(cfg); !v.ok()) throw ConfigErrors(v.errors);
+  // A plan under a step schedule: the batch it ends at, as Megatron's calculator takes its last entry (training sets
+  // each iteration's from the schedule; Megatron's own global_batch_size is then micro batch x DP).
+  if (purpose == Purpose::kPlan && cfg.training.step_batch_size_schedule) {
+    const std::vector<BatchStep> steps = parse_batch_steps(*cfg.training.step_batch_size_schedule, cfg.data.seq_length.value_or(0));
+    auto& dv = cfg.derived;
+    dv.global_batch_size = steps.back().batch;
+    dv.num_microbatches = std::max<int64_t>(1, dv.global_batch_size / (*cfg.training.micro_batch_size * dv.data_parallel_size));
+    if (announce) std::cerr << "megatrain: note: the plan takes the step schedule's last global batch size, " << dv.global_batch_size << "\n";
+  }
   // A resume loads the scheduler's state (not with --finetune, --no-load-optim or upcycling, as Megatron): the
   // checkpoint's schedule against this command's, once it has stepped (an iteration-0 checkpoint, such as an upcycled
   // model saved alone with --train-iters 0, has no schedule under way to keep).

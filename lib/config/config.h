@@ -83,6 +83,7 @@ struct TrainingConfig {
   OptInt micro_batch_size;
   OptInt global_batch_size;  // MBS * DP
   StringList rampup_batch_size;
+  OptString step_batch_size_schedule;  // Megatron's "THRESHOLD:BATCH ..." (config/batch_steps.h; not with global_batch_size)
   OptInt train_iters;
   OptInt train_samples;
   std::string optimizer = "adam";

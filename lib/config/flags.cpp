@@ -89,6 +89,9 @@ std::vector<FlagSpec> build_table() {
       F(kTrain, "micro-batch-size", training.micro_batch_size, "Samples per microbatch per data-parallel rank (required)"),
       F(kTrain, "global-batch-size", training.global_batch_size, "Samples per iteration (default micro-batch-size * DP)"),
       F(kTrain, "rampup-batch-size", training.rampup_batch_size, "Batch-size ramp-up: <start> <increment> <samples>"),
+      F(kTrain, "step-batch-size-schedule", training.step_batch_size_schedule,
+        "Step-wise global batch sizes, Megatron's \"THRESHOLD:BATCH ...\": from each threshold of consumed tokens on (K, M, B, T "
+        "suffixes; the first 0) that batch size; not with --global-batch-size"),
       F(kTrain, "train-iters", training.train_iters, "Iterations to train for"),
       F(kTrain, "train-samples", training.train_samples, "Samples to train for (instead of --train-iters)"),
       F(kTrain, "optimizer", training.optimizer, "Optimizer", "adam", "sgd"),

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "config/batch_steps.h"
 #include "config/errors.h"
 #include "config/layer_pattern.h"
 #include "config/moe_pattern.h"
@@ -340,6 +341,31 @@ void check_rampup(const Config& c, int64_t dp, Checker& k) {
   }
 }
 
+// --step-batch-size-schedule (Megatron's rules: its parse, and not with --global-batch-size). Each batch size's division
+// into whole microbatches is checked where the run starts, from the batch in effect there on (BatchSchedule::check_from),
+// as Megatron checks the current one: a resumed run on more GPUs may have passed entries it could not split.
+void check_step_batch_schedule(const Config& c, Checker& k) {
+  const auto& t = c.training;
+  if (!t.step_batch_size_schedule) return;
+  try {
+    parse_batch_steps(*t.step_batch_size_schedule, c.data.seq_length.value_or(0));
+  } catch (const std::invalid_argument& e) {
+    k.error("--step-batch-size-schedule: " + std::string(e.what()));
+  }
+  if (t.global_batch_size) {
+    k.error("Cannot specify both --step-batch-size-schedule and --global-batch-size (as Megatron): drop --global-batch-size, the schedule sets "
+            "each iteration's");
+  }
+  if (!t.rampup_batch_size.empty()) {
+    k.error("--step-batch-size-schedule with --rampup-batch-size: give one of them (Megatron deprecates --rampup-batch-size for the schedule)");
+  }
+  if (t.train_iters || t.lr_decay_iters || t.lr_warmup_iters > 0) {
+    k.warn("--step-batch-size-schedule with --train-iters / --lr-decay-iters / --lr-warmup-iters: as in Megatron the learning-rate schedule "
+           "counts an iteration as micro-batch x DP samples, not the schedule's batch; --train-samples with --lr-decay-samples / "
+           "--lr-warmup-samples follow the samples");
+  }
+}
+
 void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
   const auto& p = c.parallel;
   const int64_t mp = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;
@@ -360,6 +386,7 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
     }
   }
   check_rampup(c, dp, k);
+  check_step_batch_schedule(c, k);
   if (c.data.seq_length) {
     const int64_t seq = *c.data.seq_length, cp = p.context_parallel_size;
     if (cp > 1 && p.cp_comm_type == "a2a" && c.model.num_attention_heads) {

@@ -64,11 +64,17 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   if (lead) {
     std::cout << "megatrain: data: " << data.describe() << "\n";
     for (const std::string& line : engine.describe()) std::cout << "megatrain: " << line << "\n";
-    std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb << " microbatches of "
-              << mbs << " per data-parallel rank"
-              << (batches.ramping() ? ", the batch ramped up from " + cfg.training.rampup_batch_size[0] : std::string()) << "), world size "
-              << world << "\n"
-              << std::flush;
+    if (batches.stepping()) {
+      std::cout << "megatrain: training " << iters << " iterations of " << S << "-token samples, the global batch from the step schedule \""
+                << *cfg.training.step_batch_size_schedule << "\" (microbatches of " << mbs << "), world size " << world << "\n"
+                << std::flush;
+    } else {
+      std::cout << "megatrain: training " << iters << " iterations of " << gbs << " samples x " << S << " tokens (" << nmb << " microbatches of "
+                << mbs << " per data-parallel rank"
+                << (batches.ramping() ? ", the batch ramped up from " + cfg.training.rampup_batch_size[0] : std::string()) << "), world size "
+                << world << "\n"
+                << std::flush;
+    }
   }
 
   const TrainState resumed = engine.resumed();
@@ -77,6 +83,12 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   res.skipped = resumed.skipped;
   res.nan_iterations = resumed.nan_iterations;
   int64_t consumed = resumed.consumed_samples;  // samples consumed by the iterations stepped so far
+  {  // (a step schedule's batches from here on: whole microbatches, a multiple of PP of them when interleaved)
+    const auto& p = cfg.parallel;
+    const bool interleaved = p.pipeline_model_parallel_size > 1 &&
+                             (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1);
+    batches.check_from(consumed, interleaved ? p.pipeline_model_parallel_size : 1);
+  }
   // The learning rate: the schedule's at the samples consumed since it started (an upcycled model's restarts).
   const int64_t lr_start = resumed.lr_schedule_start_samples;
   auto lr_at = [&](const LrSchedule& sch, int64_t samples) { return sch.lr_at_samples(samples - lr_start); };

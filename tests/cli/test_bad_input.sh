@@ -34,6 +34,9 @@ bad init-std '--init-method-std must be a finite number >= 0' -- "$B" "${Q[@]}" 
 bad dropout '--hidden-dropout must be in \[0, 1\)' -- "$B" "${Q[@]}" --hidden-dropout 1.5
 bad min-lr '--min-lr must be a finite number >= 0' -- "$B" "${Q[@]}" --min-lr -1
 bad recompute-layernorm '--recompute-modules layernorm is not implemented' -- "$B" "${Q[@]}" --recompute-granularity selective --recompute-modules core_attn layernorm
+bad step-batch-with-global 'Cannot specify both --step-batch-size-schedule and --global-batch-size' -- "$B" "${Q[@]}" --step-batch-size-schedule 0:16,1M:32
+bad step-batch-entry "step-batch-size-schedule: entry '1M' has no ':'" -- "$B" --num-layers 2 --hidden-size 64 --num-attention-heads 4 \
+  --seq-length 32 --max-position-embeddings 32 --vocab-size 100 --mock-data --micro-batch-size 2 --train-iters 2 --step-batch-size-schedule "0:4 1M"
 bad nan-split "--split 'nan,1,1'" -- "$B" "${Q[@]}" --split nan,1,1
 bad inf-split "--split 'inf,1,1'" -- "$B" "${Q[@]}" --split inf,1,1
 bad nan-blend "--data-path: 'nan' is not a weight" -- "$B" --config configs/quickstart.yaml --text-data-path "" --tokenizer-type NullTokenizer \

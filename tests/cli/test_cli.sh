@@ -108,6 +108,12 @@ expect moe-layer-recompute 0 'recompute selective of core_attn moe, \+ [0-9.]+ G
   --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --vocab-size 100 --num-experts 4 --moe-router-topk 2 --moe-layer-recompute --world-size 1
 expect moe-layer-recompute-full 2 'moe-layer-recompute with --recompute-granularity full' -- "$B" plan --config configs/mixtral-8x7b.yaml --world-size 32 \
   --moe-layer-recompute
+# Megatron's --step-batch-size-schedule: 4 samples a step, then 8 from 1K tokens (31 samples at 32 a sample) on; and its
+# --log-num-zeros-in-grad after the grad norm.
+expect step-batch-schedule 0 'iteration +12/ +12 \| consumed samples: +64 .*global batch size: +8 .*grad norm: [0-9.]+ \| num zeros: [0-9]+\.0 \|' -- \
+  "$B" --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --vocab-size 100 --mock-data \
+  --micro-batch-size 2 --lr 1e-3 --eval-iters 0 --log-interval 4 --device cpu --train-samples 60 --step-batch-size-schedule "0:4 1K:8" \
+  --untie-embeddings-and-output-weights --log-num-zeros-in-grad
 # --recompute-modules moe_act: the experts' activations of one layer kept, the plan says so.
 expect moe-act-recompute 0 'recompute selective of moe_act, \+ [0-9.]+ GiB of the experts. activations the layers share' -- "$B" plan --num-layers 4 \
   --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --vocab-size 100 --num-experts 4 --moe-router-topk 2 \

@@ -27,9 +27,11 @@ namespace {
 // multi-rank run's only.
 Config make_config(const std::string& model, const std::string& common, const std::string& layout_flags) {
   const std::string schedule = common.find("--train-samples") != std::string::npos ? "" : "--train-iters 8 --lr-warmup-iters 2 ";
+  // (a step batch-size schedule sets each iteration's batch: no --global-batch-size beside it)
+  const std::string batch = common.find("--step-batch-size-schedule") != std::string::npos ? "" : "--global-batch-size 8 ";
   std::string base =
       "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 "
-      "--micro-batch-size 2 --global-batch-size 8 --lr 2e-3 --mock-data "
+      "--micro-batch-size 2 " + batch + "--lr 2e-3 --mock-data "
       "--vocab-size 120 --make-vocab-size-divisible-by 32 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 "
       "--log-interval 1000 --clip-grad 0.5 --seed 7 "
       // Adam turns rounding-level gradients (the key bias's is exactly zero in exact arithmetic) into

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "catch.h"
+#include "config/batch_steps.h"
 #include "config/errors.h"
 #include "config/resolve.h"
 #include "config/validate.h"
@@ -508,6 +509,60 @@ TEST_CASE("batch-size ramp-up: Megatron's steps, a pure function of the consumed
   CHECK(!BatchSchedule(c, 2).ramping());
   CHECK(BatchSchedule(c, 2).global_batch(0) == 64);
   CHECK(BatchSchedule(c, 2).train_iterations(1000) == 15);
+}
+
+TEST_CASE("--step-batch-size-schedule: Megatron's parse and steps, a pure function of the consumed samples") {
+  // Megatron's example, thresholds in tokens at 4096 per sample (250B tokens: 61,035,156 samples, integer division).
+  const auto steps = parse_batch_steps("0:768 250B:1536 500B:3072 750B:6144", 4096);
+  REQUIRE(steps.size() == 4);
+  CHECK((steps[1].from_samples == 61035156 && steps[1].batch == 1536));
+  CHECK((steps[3].from_samples == 183105468 && steps[3].batch == 6144));
+  // Commas, lower-case and decimal suffixes, any order (sorted); a suffix on a batch size.
+  const auto mixed = parse_batch_steps(" 1.5k:16, 0:8 ,3K:1k", 100);
+  REQUIRE(mixed.size() == 3);
+  CHECK((mixed[0].from_samples == 0 && mixed[0].batch == 8));
+  CHECK((mixed[1].from_samples == 15 && mixed[1].batch == 16));
+  CHECK((mixed[2].from_samples == 30 && mixed[2].batch == 1000));
+  auto refused = [](const std::string& text, int64_t seq) {
+    try {
+      parse_batch_steps(text, seq);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK_THAT(refused("0:8 100", 10), MT_CONTAINS("entry '100' has no ':'"));
+  CHECK_THAT(refused("0:8 1Q:16", 10), MT_CONTAINS("entry '1Q:16' has no number"));
+  CHECK_THAT(refused("100:8", 10), MT_CONTAINS("the first threshold must be 0, got 10 samples"));
+  CHECK_THAT(refused("0:8 5:16", 10), MT_CONTAINS("strictly increasing in samples"));  // (5 tokens: sample 0 again)
+  CHECK_THAT(refused("0:0", 10), MT_CONTAINS("every batch size must be positive"));
+  CHECK_THAT(refused(" , ", 10), MT_CONTAINS("no entries"));
+  // The schedule's batches: from each threshold on; Megatron's update_train_iters loop for --train-samples (the last
+  // iteration may pass them); the samples consumed; whole microbatches checked from the batch in effect on.
+  Config c;
+  c.training.micro_batch_size = 2;
+  c.data.seq_length = 10;
+  c.derived.global_batch_size = 4;  // (micro batch x DP, Megatron's global_batch_size beside a schedule)
+  c.training.step_batch_size_schedule = "0:4 200:8 400:12";  // samples 0, 20, 40
+  const BatchSchedule b(c, 2);
+  CHECK(b.stepping());
+  CHECK(b.global_batch(0) == 4);
+  CHECK(b.global_batch(19) == 4);
+  CHECK(b.global_batch(20) == 8);
+  CHECK(b.global_batch(1000) == 12);
+  CHECK(b.max_global_batch() == 12);
+  CHECK(b.microbatches(20) == 2);
+  CHECK(b.train_iterations(50) == 9);  // 5 x 4, 3 x 8 (44), then 12: 56 >= 50
+  CHECK(b.samples_after(9) == 56);
+  CHECK_NOTHROW(b.check_from(0, 1));  // (4, 8 and 12 over micro batch 2 x DP 2)
+  Config early = c;
+  early.training.step_batch_size_schedule = "0:6 200:8";  // (6 does not split over micro batch 2 x DP 2, 8 does)
+  const BatchSchedule e(early, 2);
+  CHECK_THROWS_WITH(e.check_from(0, 1), MT_CONTAINS("the batch size 6 (from 0 tokens on)"));
+  CHECK_NOTHROW(e.check_from(20, 1));  // (resumed past it, as Megatron checks only the batch in effect)
+  CHECK_NOTHROW(e.check_from(20, 2));  // (interleaved over PP 2: 8 samples are 2 microbatches per DP rank, a multiple of PP)
+  CHECK_THROWS_WITH(b.check_from(20, 2), MT_CONTAINS("the batch size 12 (from 400 tokens on) is not a multiple of micro-batch-size x DP x PP "
+                                                     "(interleaved) = 8"));  // (12: 3 microbatches per DP rank)
 }
 
 TEST_CASE("a ramped-up run: batch sizes and samples as scheduled, learning rate by samples, resumed mid-ramp bit for bit") {

@@ -394,6 +394,28 @@ TEST_CASE("every violation is reported at once, required flags named") {
   CHECK(d.errors.size() >= 8);
 }
 
+TEST_CASE("--step-batch-size-schedule: Megatron's rules") {
+  Config c = base();
+  c.training.global_batch_size.reset();
+  c.training.train_iters.reset();
+  c.training.train_samples = 1000;
+  c.training.step_batch_size_schedule = "0:8 1K:16";
+  accepts(c, 2);
+  Config both = c;
+  both.training.global_batch_size = 16;
+  rejects(both, 2, "Cannot specify both --step-batch-size-schedule and --global-batch-size");
+  Config ramp = c;
+  ramp.training.rampup_batch_size = {"8", "8", "300"};
+  rejects(ramp, 2, "--step-batch-size-schedule with --rampup-batch-size: give one of them");
+  Config bad = c;
+  bad.training.step_batch_size_schedule = "1K:8";
+  rejects(bad, 2, "--step-batch-size-schedule: the first threshold must be 0");
+  Config iters = c;
+  iters.training.train_samples.reset();
+  iters.training.train_iters = 10;
+  CHECK(has(validate(iters, 2, Purpose::kTrain).warnings, "counts an iteration as micro-batch x DP samples"));
+}
+
 TEST_CASE("--rampup-batch-size: Megatron's rules, every batch size in whole microbatches") {
   Config c = base();
   c.training.train_iters.reset();
