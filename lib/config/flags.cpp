@@ -297,7 +297,7 @@ std::vector<FlagSpec> build_table() {
       F(kLog, "log-batch-size-to-tensorboard", logging.log_batch_size_to_tensorboard, "Write the batch size to TensorBoard"),
       F(kLog, "log-validation-ppl-to-tensorboard", logging.log_validation_ppl_to_tensorboard, "Write the validation perplexity to TensorBoard"),
       F(kLog, "log-world-size-to-tensorboard", logging.log_world_size_to_tensorboard, "Write the world size to TensorBoard"),
-      F(kLog, "log-timers-to-tensorboard", logging.log_timers_to_tensorboard, "Write the timers to TensorBoard (not implemented)"),
+      F(kLog, "log-timers-to-tensorboard", logging.log_timers_to_tensorboard, "Write the iteration time (and with --log-throughput the throughput) to TensorBoard, Megatron's timers at --timing-log-level 0"),
       F(kLog, "log-memory-to-tensorboard", logging.log_memory_to_tensorboard, "Write GPU memory use to TensorBoard (CUDA engine)"),
       F(kLog, "no-log-learning-rate-to-tensorboard", logging.no_log_learning_rate_to_tensorboard, "Leave the learning rate out of TensorBoard"),
       F(kLog, "no-log-loss-scale-to-tensorboard", logging.no_log_loss_scale_to_tensorboard, "Leave the loss scale out of TensorBoard"),

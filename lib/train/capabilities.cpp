@@ -82,7 +82,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   no(c.checkpoint.ckpt_format != "torch_dist",
      "--ckpt-format " + c.checkpoint.ckpt_format + " is not supported: megatrain writes its own sharded, reshardable format "
      "(leave --ckpt-format at its default)");
-  no(c.logging.log_timers_to_tensorboard, "--log-timers-to-tensorboard is not implemented yet (megatrain has no timers): drop it");
   no(!cuda_engine && c.logging.log_memory_to_tensorboard,
      "--log-memory-to-tensorboard logs GPU memory, which the CPU engine has none of: train with --device cuda, or drop it");
   no(c.logging.wandb_project.has_value(), "--wandb-project is not supported: metrics go to metrics.jsonl under --log-dir");

@@ -192,7 +192,10 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     ++interval_iters;
     pending.push_back({it, lr_at(schedule, consumed)});
     res.iterations = it;
-    const bool logging = it % cfg.logging.log_interval == 0 || it == iters;
+    // Megatron (since January 2026) also logs the run's first iteration, to show the start-up's cost, without ending the
+    // interval: the next line still covers every iteration since the interval began.
+    const bool interval_end = it % cfg.logging.log_interval == 0 || it == iters;
+    const bool logging = interval_end || it == first_iter;
     const bool evaluating = has_valid && (it % cfg.logging.eval_interval == 0 || it == iters);
     bool out_of_time = false;  // --exit-duration-in-mins: on any rank, so that every rank stops at the same iteration (as Megatron)
     if (cfg.training.exit_duration_in_mins.value_or(0) > 0) {  // (0: off, as Megatron's falsy value)
@@ -238,8 +241,11 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
         s.expert_tokens_max = tokens_max / n;
         s.dropped_fraction = dropped / n;
       }
+      s.first_iteration = it == first_iter;
       if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
       metrics.iteration(s);
+    }
+    if (logging && interval_end) {
       interval_loss = 0;
       interval_ok = interval_iters = interval_samples = 0;
       interval_moe.clear();
@@ -265,7 +271,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       engine.save(state);
       if (lead) std::cout << "megatrain: " << (ck.async_save ? "saving" : "saved") << " checkpoint at iteration " << it << " to " << *ck.save << "\n" << std::flush;
     }
-    if (logging) {  // the next interval starts now
+    if (interval_end) {  // the next interval starts now
       interval_start = Clock::now();
       excluded_secs = 0;
     } else {

@@ -180,19 +180,31 @@ TEST_CASE("a training run with --tensorboard-dir writes Megatron's scalars at ea
   c.logging.log_validation_ppl_to_tensorboard = true;
   c.logging.log_throughput = true;
   c.logging.no_log_loss_scale_to_tensorboard = true;
+  c.logging.log_timers_to_tensorboard = true;
   REQUIRE(validate(c, 1, Purpose::kTrain).ok());
   resolve(c, 1, 257);
   const TrainResult r = train(c, ProcessGroups::single(), {true, 0});
   auto by_tag = scalars_by_tag(dir);
-  REQUIRE(by_tag["lm loss"].size() == 3);  // iterations 2, 4, 6
-  CHECK(by_tag["lm loss"][0].step == 2);
-  CHECK(by_tag["lm loss"][2].step == 6);
-  CHECK(by_tag["lm loss vs samples"][2].step == 6 * *c.training.global_batch_size);
+  REQUIRE(by_tag["lm loss"].size() == 4);  // the first iteration (as Megatron logs it), then iterations 2, 4, 6
+  CHECK(by_tag["lm loss"][0].step == 1);
+  CHECK(by_tag["lm loss"][1].step == 2);
+  CHECK(by_tag["lm loss"][3].step == 6);
+  CHECK(by_tag["lm loss vs samples"][3].step == 6 * *c.training.global_batch_size);
   REQUIRE(r.losses.size() == 6);
-  CHECK(by_tag["lm loss"][2].value == Approx((r.losses[4] + r.losses[5]) / 2).epsilon(1e-5));
-  for (const char* tag : {"learning-rate", "grad-norm", "iteration-time", "throughput"}) {
+  CHECK(by_tag["lm loss"][0].value == Approx(r.losses[0]).epsilon(1e-5));
+  // (the first iteration's line ends no interval: iteration 2's still averages iterations 1 and 2)
+  CHECK(by_tag["lm loss"][1].value == Approx((r.losses[0] + r.losses[1]) / 2).epsilon(1e-5));
+  CHECK(by_tag["lm loss"][3].value == Approx((r.losses[4] + r.losses[5]) / 2).epsilon(1e-5));
+  for (const char* tag : {"learning-rate", "grad-norm"}) {
     INFO(tag);
-    CHECK(by_tag[tag].size() == 3);
+    CHECK(by_tag[tag].size() == 4);
+  }
+  // Megatron's timers (--log-timers-to-tensorboard at --timing-log-level 0): the iteration time and, with --log-throughput,
+  // the throughput, not at the run's first iteration.
+  for (const char* tag : {"iteration-time", "throughput"}) {
+    INFO(tag);
+    REQUIRE(by_tag[tag].size() == 3);
+    CHECK(by_tag[tag][0].step == 2);
   }
   CHECK(by_tag.count("loss-scale") == 0);  // --no-log-loss-scale-to-tensorboard
   CHECK(by_tag.count("batch-size") == 0);  // only with --log-batch-size-to-tensorboard, as Megatron
@@ -202,20 +214,19 @@ TEST_CASE("a training run with --tensorboard-dir writes Megatron's scalars at ea
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("TensorBoard flags Megatron has and megatrain does not implement are refused by name") {
+TEST_CASE("TensorBoard flags: GPU memory refused by name on the CPU engine, the timers (level 0) on both") {
   Config c;
   c.logging.tensorboard_dir = "tb";
   CHECK(unsupported_features(c, 1, false).empty());
   c.logging.log_timers_to_tensorboard = true;
   c.logging.log_memory_to_tensorboard = true;
   const auto gaps = unsupported_features(c, 1, false);
-  REQUIRE(gaps.size() == 2);
-  CHECK_THAT(gaps[0], MT_CONTAINS("--log-timers-to-tensorboard"));
-  CHECK_THAT(gaps[1], MT_CONTAINS("--log-memory-to-tensorboard"));
+  REQUIRE(gaps.size() == 1);
+  CHECK_THAT(gaps[0], MT_CONTAINS("--log-memory-to-tensorboard"));
   // GPU memory: the CUDA engine logs it (Megatron's mem-* tags), the CPU engine has none to log.
-  const auto cuda_gaps = unsupported_features(c, 1, true);
-  REQUIRE(cuda_gaps.size() == 1);
-  CHECK_THAT(cuda_gaps[0], MT_CONTAINS("--log-timers-to-tensorboard"));
+  CHECK(unsupported_features(c, 1, true).empty());
+  c.logging.timing_log_level = 1;  // (the timers of levels 1 and 2 are Megatron's own code's)
+  CHECK_THAT(unsupported_features(c, 1, true).front(), MT_CONTAINS("--timing-log-level > 0 is not implemented"));
 }
 
 // --moe-per-layer-logging (Megatron's track_moe_metrics with per_layer_logging): each auxiliary loss of the log line also
@@ -241,13 +252,13 @@ TEST_CASE("--moe-per-layer-logging writes each layer's MoE losses to TensorBoard
   auto by_tag = scalars_by_tag(dir);
   for (const std::string name : {"load_balancing_loss", "z_loss"}) {
     INFO(name);
-    REQUIRE(by_tag[name].size() == 2);  // iterations 2 and 4
+    REQUIRE(by_tag[name].size() == 3);  // the first iteration (as Megatron logs it), then iterations 2 and 4
     CHECK(by_tag.count("moe/" + name + "_layer_3") == 0);
-    for (size_t k = 0; k < 2; ++k) {
+    for (size_t k = 0; k < 3; ++k) {
       double sum = 0;
       for (int l = 0; l < 3; ++l) {
         const auto& layer = by_tag["moe/" + name + "_layer_" + std::to_string(l)];
-        REQUIRE(layer.size() == 2);
+        REQUIRE(layer.size() == 3);
         CHECK(layer[k].step == by_tag[name][k].step);
         if (l == 1) CHECK(layer[k].value == 0.0);  // the dense layer
         else CHECK(layer[k].value > 0.0);
@@ -257,6 +268,6 @@ TEST_CASE("--moe-per-layer-logging writes each layer's MoE losses to TensorBoard
     }
   }
   // The two MoE layers route differently, so their losses differ.
-  CHECK(by_tag["moe/load_balancing_loss_layer_0"][1].value != by_tag["moe/load_balancing_loss_layer_2"][1].value);
+  CHECK(by_tag["moe/load_balancing_loss_layer_0"][2].value != by_tag["moe/load_balancing_loss_layer_2"][2].value);
   std::filesystem::remove_all(dir);
 }
