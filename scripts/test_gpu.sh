@@ -13,7 +13,7 @@ export NCCL_NVLS_ENABLE=0
 [[ -d "$BUILD_DIR" ]] || cmake -S . -B "$BUILD_DIR" -G Ninja
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure "$@"
-# The weight gradients overwritten by their iteration's first GEMM (MEGATRAIN_WGRAD_OVERWRITE, off by default): trainings
+# The weight gradients overwritten by their iteration's first GEMM (MEGATRAIN_WGRAD_OVERWRITE, on by default for one rank): trainings
 # against the CPU engine with the overwritten ranges NaN-filled at each step's start (the variable's check mode).
 if nvidia-smi -L >/dev/null 2>&1; then
   MT_GPU_TEST_ONLY=wgrad-overwrite "$BUILD_DIR/tests/test_cuda_engine" >/tmp/megatrain-wgrad-overwrite.log 2>&1 || {

@@ -80,7 +80,7 @@ Config ConfigCli::build() const {
   for (const auto& h : holders_) {
     if (h->opt->count() == 0) continue;
     if (h->alias) {
-      cfg.notes.push_back(h->alias->apply(cfg, h->value));
+      if (std::string note = h->alias->apply(cfg, h->value); !note.empty()) cfg.notes.push_back(std::move(note));
     } else if (flag_is_bool(*h->spec)) {
       set_flag_from_string(cfg, *h->spec, "true", "command line");
     } else if (flag_is_list(*h->spec)) {

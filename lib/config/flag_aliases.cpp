@@ -158,11 +158,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_INERT("no-gradient-accumulation-fusion", false,
                "the weight gradients always accumulate in fp32 (Megatron without the fusion rounds each microbatch's to 16 bits first)"),
       MT_INERT("no-masked-softmax-fusion", false, "attention is fused (cuDNN) on the CUDA engine and exact on the CPU engine"),
-      {"no-bias-gelu-fusion", false, "Megatron's GELU without its fusion is the erf form: refused for GELU models (megatrain's is tanh)",
-       [](Config& c, const std::string&) {
-         c.model.no_bias_gelu_fusion = true;  // (checked against the activation: train/capabilities.cpp)
-         return std::string("note: --no-bias-gelu-fusion: kernel fusion does not change megatrain's SwiGLU");
-       }},
       MT_INERT("no-bias-swiglu-fusion", false, "kernel fusion does not change megatrain's results"),
       MT_INERT("no-bias-dropout-fusion", false, "kernel fusion does not change megatrain's results"),
       MT_INERT("no-rope-fusion", false, "kernel fusion does not change megatrain's results"),

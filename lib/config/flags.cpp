@@ -69,6 +69,9 @@ std::vector<FlagSpec> build_table() {
       F(kNet, "qk-layernorm", model.qk_layernorm, "Normalize each query and key head before RoPE"),
       F(kNet, "openai-gelu", model.openai_gelu, "GELU in its tanh form (megatrain's GELU always is; docs/design-notes.md)"),
       F(kNet, "squared-relu", model.squared_relu, "Squared ReLU as the MLP's activation"),
+      F(kNet, "no-bias-gelu-fusion", model.no_bias_gelu_fusion,
+        "GELU in its exact erf form (Megatron's F.gelu) instead of its bias-GELU fusion's tanh form; Megatron also uses it without "
+        "biases (--disable-bias-linear)"),
       F(kNet, "rotary-interleaved", model.rotary_interleaved, "RoPE on interleaved channel pairs instead of halves"),
       F(kNet, "vocab-size", model.vocab_size, "Vocabulary size (NullTokenizer / mock data)"),
       // Regularization

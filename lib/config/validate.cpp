@@ -359,6 +359,14 @@ void check_step_batch_schedule(const Config& c, Checker& k) {
   if (!t.rampup_batch_size.empty()) {
     k.error("--step-batch-size-schedule with --rampup-batch-size: give one of them (Megatron deprecates --rampup-batch-size for the schedule)");
   }
+  const auto& p = c.parallel;
+  const bool interleaved = p.pipeline_model_parallel_size > 1 &&
+                           (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1);
+  if (interleaved && c.logging.eval_iters > 0) {
+    k.error("--step-batch-size-schedule with interleaved pipelining: evaluation takes micro-batch x DP samples (Megatron's global batch "
+            "beside a schedule), one microbatch, which the interleaved schedule cannot split over the stages: set --eval-iters 0, or drop the "
+            "virtual stages");
+  }
   if (t.train_iters || t.lr_decay_iters || t.lr_warmup_iters > 0) {
     k.warn("--step-batch-size-schedule with --train-iters / --lr-decay-iters / --lr-warmup-iters: as in Megatron the learning-rate schedule "
            "counts an iteration as micro-batch x DP samples, not the schedule's batch; --train-samples with --lr-decay-samples / "
@@ -473,6 +481,9 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
               "' (Megatron's: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc)");
     } else if (module == "moe_act" && !c.moe.moe_grouped_gemm) {
       k.error("--recompute-modules moe_act needs --moe-grouped-gemm (as Megatron)");
+    } else if ((module == "moe_act" || module == "layernorm") && c.precision.fp8_format && c.precision.fp8_recipe == "delayed") {
+      k.error("Delayed scaling does not support moe_act and layernorm recompute for fp8 (as Megatron): use --fp8-recipe tensorwise or "
+              "blockwise, or drop " + module);
     } else if (module == "mla_up_proj") {
       k.error("--recompute-modules mla_up_proj needs multi-latent attention, which megatrain does not implement: drop it");
     } else if (module.rfind("gdn", 0) == 0 || module.rfind("gdp", 0) == 0 || module == "mhc") {

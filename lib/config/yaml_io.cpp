@@ -81,7 +81,7 @@ void apply_node(Config& cfg, const YAML::Node& map, const std::string& source, c
       const std::string v = val.IsNull() ? "" : val.Scalar();
       // A boolean old spelling set to false means "not given".
       if (!alias->takes_value && !parse_bool_text(alias->name, v.empty() ? "true" : v, where)) continue;
-      cfg.notes.push_back(alias->apply(cfg, v));
+      if (std::string note = alias->apply(cfg, v); !note.empty()) cfg.notes.push_back(std::move(note));
       continue;
     }
     if (val.IsMap()) {

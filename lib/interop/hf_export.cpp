@@ -212,7 +212,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     if (!D.qkv_bias) notes.push_back("note: the model has no biases (--disable-bias-linear); GPT-2's are written as zeros");
     else if (!D.bias) notes.push_back("note: the model has only QKV biases (--add-qkv-bias); GPT-2's other biases are written as zeros");
     config = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", V}, {"n_positions", D.max_pos}, {"n_ctx", D.max_pos},
-              {"n_embd", h}, {"n_layer", L}, {"n_head", nh}, {"n_inner", D.F}, {"activation_function", "gelu_new"},
+              {"n_embd", h}, {"n_layer", L}, {"n_head", nh}, {"n_inner", D.F}, {"activation_function", D.gelu_erf ? "gelu" : "gelu_new"},
               {"layer_norm_epsilon", c.model.norm_epsilon}, {"resid_pdrop", c.model.hidden_dropout}, {"embd_pdrop", c.model.hidden_dropout},
               {"attn_pdrop", c.model.attention_dropout}, {"initializer_range", c.model.init_method_std}, {"scale_attn_weights", true},
               {"tie_word_embeddings", D.tied}, {"torch_dtype", dtype_name}};

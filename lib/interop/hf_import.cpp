@@ -164,13 +164,15 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     family = "gpt2";
     const int64_t h = hc.at("n_embd").get<int64_t>(), pos = hc.at("n_positions").get<int64_t>();
     const std::string act = field<std::string>(hc, "activation_function", "gelu_new");
-    refuse(act != "gelu_new" && act != "gelu_pytorch_tanh", "GPT-2 with activation_function " + act + " (megatrain's GELU is the tanh form, gelu_new)");
+    refuse(act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu",
+           "GPT-2 with activation_function " + act + " (megatrain's GELU is the tanh form, gelu_new, or the erf form, gelu)");
     refuse(!field<bool>(hc, "scale_attn_weights", true) || field<bool>(hc, "scale_attn_by_inverse_layer_idx", false),
            "GPT-2 attention scaled otherwise than by 1/sqrt(head dim) (scale_attn_weights false or scale_attn_by_inverse_layer_idx)");
     flags << "--num-layers " << hc.at("n_layer").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << hc.at("n_head").get<int64_t>()
           << " --ffn-hidden-size " << field<int64_t>(hc, "n_inner", 4 * h) << " --max-position-embeddings " << pos << " --seq-length " << pos
           << " --norm-epsilon " << field<double>(hc, "layer_norm_epsilon", 1e-5) << " --position-embedding-type learned_absolute";
     if (!field<bool>(hc, "tie_word_embeddings", true)) flags << " --untie-embeddings-and-output-weights";
+    if (act == "gelu") flags << " --no-bias-gelu-fusion";  // (HF's exact GELU: Megatron's without the bias-GELU fusion)
   } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen2ForCausalLM" ||
              arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Qwen2MoeForCausalLM" || arch == "Glm4MoeForCausalLM") {
     family = arch == "MixtralForCausalLM"    ? "mixtral"

@@ -42,6 +42,7 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.sequence_parallel = c.parallel.sequence_parallel && tp > 1;
   d.qk_norm = c.model.qk_layernorm;
   d.squared_relu = c.model.squared_relu;
+  d.gelu_erf = !c.model.swiglu && !c.model.squared_relu && (c.model.no_bias_gelu_fusion || c.model.disable_bias_linear);
   d.rotary_interleaved = c.model.rotary_interleaved;
   d.eps = static_cast<float>(c.model.norm_epsilon);
   d.rope_base = static_cast<float>(c.model.rotary_base);

@@ -42,6 +42,9 @@ struct ModelDims {
   bool norm_1p = false;  // --apply-layernorm-1p: the norms scale by 1 + weight (zero-centred weights, initialised to 0)
   bool qk_norm;  // --qk-layernorm: the configured norm over each query and key head (width d), before RoPE
   bool squared_relu = false;        // --squared-relu: relu(x)^2 instead of GELU (not with SwiGLU)
+  // GELU's exact erf form (Megatron's F.gelu) instead of the tanh form of its bias-GELU fusion: --no-bias-gelu-fusion, or
+  // no biases (Megatron turns the fusion off with --disable-bias-linear). Not with SwiGLU or squared ReLU.
+  bool gelu_erf = false;
   bool rotary_interleaved = false;  // --rotary-interleaved
   float eps, rope_base, hidden_dropout, attention_dropout, softmax_scale;
   RopeScaling rope_scaling;  // --use-rope-scaling's factor, --rotary-seq-len-interpolation-factor (kernels/rope_frequencies.h)

@@ -67,15 +67,16 @@ int64_t BatchSchedule::samples_after(int64_t iterations) const {
   return consumed;
 }
 
-void BatchSchedule::check_from(int64_t consumed, int64_t pp_multiple) const {
+void BatchSchedule::check_from(int64_t consumed, int64_t end, int64_t pp_multiple) const {
   const int64_t unit = mbs_ * dp_ * std::max<int64_t>(1, pp_multiple);
   for (size_t i = 0; i < steps_.size(); ++i) {
-    const bool later = i + 1 < steps_.size() && steps_[i + 1].from_samples <= consumed;
-    if (later || steps_[i].batch % unit == 0) continue;
+    const bool passed = i + 1 < steps_.size() && steps_[i + 1].from_samples <= consumed;
+    const bool unreached = i > 0 && steps_[i].from_samples >= end;
+    if (passed || unreached || steps_[i].batch % unit == 0) continue;
     const std::string from = seq_ > 0 ? std::to_string(steps_[i].from_samples * seq_) + " tokens" : std::to_string(steps_[i].from_samples) + " samples";
     throw ConfigError("--step-batch-size-schedule: the batch size " + std::to_string(steps_[i].batch) + " (from " + from +
                       " on) is not a multiple of micro-batch-size x DP" + (pp_multiple > 1 ? " x PP (interleaved)" : "") + " = " +
-                      std::to_string(unit) + ": make every batch size of the schedule one");
+                      std::to_string(unit) + ": make each batch size the run reaches a multiple of " + std::to_string(unit));
   }
 }
 

@@ -32,10 +32,10 @@ class BatchSchedule {
   int64_t train_iterations(int64_t train_samples) const;
   // Samples consumed by the first `iterations` iterations.
   int64_t samples_after(int64_t iterations) const;
-  // A step schedule's batch in effect at `consumed` samples and every later one split into whole microbatches of
-  // micro-batch x DP (and, interleaved, a multiple of PP of them): else a ConfigError naming the entry, before the
-  // run starts (Megatron asserts it when the batch comes into effect).
-  void check_from(int64_t consumed, int64_t pp_multiple) const;
+  // A step schedule's batch in effect at `consumed` samples and every later one the run reaches before `end` samples,
+  // split into whole microbatches of micro-batch x DP (and, interleaved, a multiple of PP of them): else a ConfigError
+  // naming the entry, before the run starts (Megatron asserts it when the batch comes into effect).
+  void check_from(int64_t consumed, int64_t end, int64_t pp_multiple) const;
 
  private:
   int64_t full_ = 0, max_ = 0, start_ = 0, increment_ = 0, ramp_samples_ = 0, increments_ = 0, mbs_ = 1, dp_ = 1, seq_ = 0;

@@ -52,9 +52,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
        "FP8 in MoE layers with both context and expert parallelism is not implemented (the experts' amaxes are reduced over CP): drop one of "
        "them, or --fp8-format");
   }
-  no(c.model.no_bias_gelu_fusion && !c.model.swiglu && !c.model.squared_relu,
-     "--no-bias-gelu-fusion: Megatron's GELU without the fusion is the erf form, and megatrain's GELU is the tanh form (the fused one): "
-     "drop --no-bias-gelu-fusion");
   no(c.data.no_create_attention_mask && c.data.reset_attention_mask,
      "--no-create-attention-mask-in-dataloader with --reset-attention-mask: in Megatron the first leaves the documents unmasked, "
      "megatrain masks them: drop one of the two");
@@ -96,6 +93,9 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   const Config d;
   if (c.model.transformer_impl != d.model.transformer_impl) out.push_back("note: --transformer-impl has no effect: megatrain has one layer implementation");
   if (c.data.num_workers != d.data.num_workers) out.push_back("note: --num-workers has no effect: samples are read on demand by the training thread");
+  if (c.model.no_bias_gelu_fusion && (c.model.swiglu || c.model.squared_relu)) {
+    out.push_back("note: --no-bias-gelu-fusion: kernel fusion does not change megatrain's SwiGLU or squared ReLU");
+  }
   if (c.logging.tensorboard_queue_size != d.logging.tensorboard_queue_size) {
     out.push_back("note: --tensorboard-queue-size has no effect: TensorBoard scalars are written and flushed at each log line");
   }
@@ -191,6 +191,12 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   // record their amaxes and x^T again) nor with deferred weight gradients (ZB-H1: a later recompute overwrites what the
   // deferred GEMMs read).
   const bool mlp_recompute = c.recompute.recomputes("mlp") || c.recompute.recomputes("moe");
+  // GELU's exact erf form (Megatron's F.gelu: --no-bias-gelu-fusion, or GELU without biases, where Megatron drops its bias-GELU
+  // fusion): the CUDA engine runs it apart from the GEMMs (kernels/cuda/activation_bf16.cu), written in the thirty-eighth
+  // session without a GPU; refused until its GPU group (=gelu-erf) runs.
+  no(!c.model.swiglu && !c.model.squared_relu && (c.model.no_bias_gelu_fusion || c.model.disable_bias_linear) && !cuda_unverified_allowed("gelu-erf"),
+     "GELU in its exact erf form (Megatron's without the bias-GELU fusion: --no-bias-gelu-fusion, or --disable-bias-linear) has not run on a "
+     "GPU yet on the CUDA engine: use --device cpu, or keep the biases (the fused tanh form), or --swiglu");
   // --log-num-zeros-in-grad (cuda_engine_step.cpp: cuda::add_zero_count over the norm's chunks, summed over the ranks as
   // the norm at the read): written in the thirty-eighth session without a GPU; refused until its GPU group (=num-zeros) runs.
   no(c.logging.log_num_zeros_in_grad && !cuda_unverified_allowed("log-num-zeros-in-grad"),

@@ -24,8 +24,8 @@ struct IterationStats {
   double tokens_per_s_per_gpu = 0;
   double mfu = -1;  // < 0: unknown peak (CPU)
   double params_norm = -1;
-  double num_zeros = -1;
-  bool first_iteration = false;  // the run's first iteration (Megatron's is_first_iteration: no timers to TensorBoard)  // --log-num-zeros-in-grad: the last iteration's count (< 0: none, as Megatron's on a skipped step)
+  double num_zeros = -1;  // --log-num-zeros-in-grad: the last iteration's count (< 0: none, as Megatron's on a skipped step)
+  bool first_iteration = false;  // the run's first iteration (Megatron's is_first_iteration: no iteration-time to TensorBoard)
   double decoupled_lr = -1;  // --decoupled-lr: the embedding's and output layer's rate (printed after the learning rate)
   DeviceMemory memory;
   std::vector<std::pair<std::string, double>> moe_losses;  // printed after the lm loss, as Megatron's

@@ -57,6 +57,13 @@ void MetricsFile::tensorboard(F&& write) {
 }
 
 void MetricsFile::iteration(const IterationStats& s) {
+  // Megatron's timers at --timing-log-level 0 (the only one here), at every log line whatever --tensorboard-log-interval:
+  // with --log-timers-to-tensorboard the iteration time (not at the run's first iteration) and with --log-throughput the
+  // throughput.
+  if (log_.log_timers_to_tensorboard) tensorboard([&](TensorBoardWriter& tb) {
+    if (!s.first_iteration) tb.scalar("iteration-time", s.ms_per_iter / 1000.0, s.iteration);
+    if (log_.log_throughput) tb.scalar("throughput", s.tflops_per_gpu, s.iteration);
+  });
   if (s.iteration % log_.tensorboard_log_interval == 0) tensorboard([&](TensorBoardWriter& tb) {  // Megatron's tags (its training_log)
     const int64_t it = s.iteration, n = s.consumed_samples;
     auto both = [&](const std::string& tag, double v) {
@@ -71,12 +78,6 @@ void MetricsFile::iteration(const IterationStats& s) {
     both("grad-norm", s.grad_norm);
     if (s.num_zeros >= 0) both("num-zeros", s.num_zeros);
     if (s.params_norm >= 0) both("params-norm", s.params_norm);
-    // Megatron's timers at --timing-log-level 0 (the only one here): the iteration time, and with --log-throughput the
-    // throughput, only with --log-timers-to-tensorboard and not at the run's first iteration.
-    if (log_.log_timers_to_tensorboard && !s.first_iteration) {
-      tb.scalar("iteration-time", s.ms_per_iter / 1000.0, it);
-      if (log_.log_throughput) tb.scalar("throughput", s.tflops_per_gpu, it);
-    }
     tb.scalar("tokens-per-second-per-gpu", s.tokens_per_s_per_gpu, it);
     if (s.mfu >= 0) tb.scalar("mfu", s.mfu, it);
     if (log_.log_memory_to_tensorboard && s.memory.reserved >= 0) {  // Megatron's tags (torch.cuda.memory_stats there)

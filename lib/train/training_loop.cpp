@@ -87,7 +87,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     const auto& p = cfg.parallel;
     const bool interleaved = p.pipeline_model_parallel_size > 1 &&
                              (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1);
-    batches.check_from(consumed, interleaved ? p.pipeline_model_parallel_size : 1);
+    batches.check_from(consumed, batches.samples_after(iters), interleaved ? p.pipeline_model_parallel_size : 1);
   }
   // The learning rate: the schedule's at the samples consumed since it started (an upcycled model's restarts).
   const int64_t lr_start = resumed.lr_schedule_start_samples;
@@ -192,10 +192,11 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     ++interval_iters;
     pending.push_back({it, lr_at(schedule, consumed)});
     res.iterations = it;
-    // Megatron (since January 2026) also logs the run's first iteration, to show the start-up's cost, without ending the
-    // interval: the next line still covers every iteration since the interval began.
-    const bool interval_end = it % cfg.logging.log_interval == 0 || it == iters;
-    const bool logging = interval_end || it == first_iter;
+    // Megatron (since January 2026) also logs the run's first iteration, to show the start-up's cost, and never ends the
+    // interval there (its should_reset = not is_first_iteration): the next line covers every iteration since the interval
+    // began, the first included, even at --log-interval 1.
+    const bool logging = it % cfg.logging.log_interval == 0 || it == iters || it == first_iter;
+    const bool interval_end = logging && it != first_iter;
     const bool evaluating = has_valid && (it % cfg.logging.eval_interval == 0 || it == iters);
     bool out_of_time = false;  // --exit-duration-in-mins: on any rank, so that every rank stops at the same iteration (as Megatron)
     if (cfg.training.exit_duration_in_mins.value_or(0) > 0) {  // (0: off, as Megatron's falsy value)
@@ -245,7 +246,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       if (lead) std::cout << format_iteration_line(s) << "\n" << std::flush;
       metrics.iteration(s);
     }
-    if (logging && interval_end) {
+    if (interval_end) {
       interval_loss = 0;
       interval_ok = interval_iters = interval_samples = 0;
       interval_moe.clear();

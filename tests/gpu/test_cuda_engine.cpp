@@ -1558,6 +1558,19 @@ void test_selective_recompute() {
   test_moe_training("llama", "--num-layers 4 --recompute-granularity selective --recompute-modules moe --moe-shared-expert-intermediate-size 128 ");
 }
 
+// GELU's exact erf form (thirty-eighth session, written without a GPU: MT_GPU_TEST_ONLY=gelu-erf): Megatron's activation
+// without its bias-GELU fusion (--no-bias-gelu-fusion, or no biases: --disable-bias-linear), run apart from the GEMMs (no
+// cuBLASLt epilogue, whose GELU is the tanh form), against the CPU engine's curves: dense GPT without biases and with them
+// under the flag, recomputed, in fp16, in FP8 (tensorwise), and MoE layers (routed and shared experts, moe_act recomputed).
+void test_gelu_erf() {
+  test_training("gpt", std::string(kPlain) + "--disable-bias-linear ");
+  test_training("gpt", std::string(kPlain) + "--no-bias-gelu-fusion --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
+  test_training("gpt", std::string(kPlain) + "--no-bias-gelu-fusion --fp16 --loss-scale 1024 ");
+  test_training("gpt", std::string(kPlain) + "--no-bias-gelu-fusion --fp8-format hybrid --fp8-recipe tensorwise ");
+  test_moe_training("gpt", "--num-experts 8 --disable-bias-linear --moe-shared-expert-intermediate-size 128 ");
+  test_moe_training("gpt", "--num-experts 8 --no-bias-gelu-fusion --recompute-granularity selective --recompute-modules moe_act ");
+}
+
 // --log-num-zeros-in-grad (thirty-eighth session, written without a GPU: MT_GPU_TEST_ONLY=num-zeros): each iteration's
 // count of zero gradient entries as the CPU engine's, within 1% (most of them the untied input embedding's rows of the
 // tokens no sample holds, which both engines leave at 0.0f; a gradient zero in exact arithmetic may round onto 0.0f in one
@@ -1733,6 +1746,11 @@ int main() {
   }
   if (only && std::string(only) == "selective-recompute") {  // (=selective-recompute: only --recompute-modules mlp / moe)
     test_selective_recompute();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "gelu-erf") {  // (=gelu-erf: only GELU's erf form)
+    test_gelu_erf();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
@@ -1951,6 +1969,7 @@ moe_tests:
   test_num_zeros("--optimizer-cpu-offload --optimizer-offload-fraction 0.5 ");
   test_num_zeros("--fp16 --initial-loss-scale 4294967296 ");
   test_num_zeros("--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 ");
+  test_gelu_erf();
   // (a capacity with global_aux_loss and with the allgather dispatcher, which Megatron's current rules allow: added in
   // the thirty-fourth session after its GPU runs)
   test_moe_training("llama", "--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-1 --moe-expert-capacity-factor 0.75 ");

@@ -83,7 +83,10 @@ def gpt2(cfg, W, tokens):
         x = x + o @ W[p + "attn.c_proj.weight"] + W[p + "attn.c_proj.bias"]
         m = layer_norm(x, W[p + "ln_2.weight"], W[p + "ln_2.bias"], eps)
         m = m @ W[p + "mlp.c_fc.weight"] + W[p + "mlp.c_fc.bias"]
-        m = 0.5 * m * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (m + 0.044715 * m ** 3)))  # gelu_new
+        if cfg.get("activation_function", "gelu_new") == "gelu":  # (HF's exact GELU)
+            m = torch.nn.functional.gelu(m)
+        else:
+            m = 0.5 * m * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (m + 0.044715 * m ** 3)))  # gelu_new
         x = x + m @ W[p + "mlp.c_proj.weight"] + W[p + "mlp.c_proj.bias"]
     x = layer_norm(x, W["transformer.ln_f.weight"], W["transformer.ln_f.bias"], eps)
     head = W["transformer.wte.weight"] if cfg.get("tie_word_embeddings", True) else W["lm_head.weight"]

@@ -78,6 +78,8 @@ check() {
 }
 
 check gpt2_tp2 2 $GPT --tensor-model-parallel-size 2
+# GELU's exact erf form (Megatron without the bias-GELU fusion): HF's activation_function "gelu", PyTorch's F.gelu.
+check gpt2_gelu_erf 1 $GPT --no-bias-gelu-fusion
 check llama_tp2_sp 2 $LLAMA --tensor-model-parallel-size 2 --sequence-parallel
 check llama_pp2_rotary_interleaved 2 $LLAMA --pipeline-model-parallel-size 2 --rotary-interleaved
 # Context parallelism with the distributed optimizer (each DP x CP rank holds a shard of the optimizer state).

@@ -10,6 +10,7 @@
 #include "kernels/cpu/rope.h"
 #include "model/gpt_model.h"
 #include "model/layout.h"
+#include "model/model_dims.h"
 
 using namespace mt;
 using namespace mt::test;
@@ -79,6 +80,23 @@ TEST_CASE("whole-model gradient check: --squared-relu (GPT) and --rotary-interle
   l.model.rotary_interleaved = true;
   resolve(l, 1);
   check_config(l);
+}
+
+TEST_CASE("whole-model gradient check: GELU's erf form (GPT without biases, as Megatron drops its bias-GELU fusion there)") {
+  Config g = tiny(false);
+  g.model.disable_bias_linear = true;
+  resolve(g, 1);
+  CHECK(model_dims(g, 0, 1).gelu_erf);
+  check_config(g);
+  Config b = tiny(false);  // (with biases: the fused tanh form, unless --no-bias-gelu-fusion)
+  resolve(b, 1);
+  CHECK(!model_dims(b, 0, 1).gelu_erf);
+  b.model.no_bias_gelu_fusion = true;
+  CHECK(model_dims(b, 0, 1).gelu_erf);
+  Config l = tiny(true);  // (SwiGLU: no GELU)
+  l.model.no_bias_gelu_fusion = true;
+  resolve(l, 1);
+  CHECK(!model_dims(l, 0, 1).gelu_erf);
 }
 
 TEST_CASE("--rotary-interleaved: the rotate-half rotation on interleaved channel pairs") {

@@ -1,4 +1,5 @@
 // test_ops_grad.cpp: every CPU op's backward against finite differences, on random odd shapes.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -101,6 +102,19 @@ TEST_CASE("gelu and swiglu backward") {
   Vec dx(23);
   cpu::gelu_backward(dx.data(), R.data(), x.data(), 23);
   check_all(f, x, dx, "gelu");
+  // The exact erf form (Megatron's F.gelu): its values (x Phi(x): 0.8413447, -0.1586553 at +-1) and its gradient.
+  float v[2] = {1.0f, -1.0f}, gv[2];
+  cpu::gelu_erf_forward(gv, v, 2);
+  CHECK(gv[0] == Approx(0.8413447460685429).epsilon(1e-6));
+  CHECK(gv[1] == Approx(-0.15865525393145707).epsilon(1e-6));
+  cpu::gelu_forward(gv, v, 1);
+  CHECK(std::abs(gv[0] - 0.8413447460685429) > 1e-4);  // (the tanh form differs: 0.841192)
+  auto fe = [&] {
+    cpu::gelu_erf_forward(y.data(), x.data(), 23);
+    return dot(y, R);
+  };
+  cpu::gelu_erf_backward(dx.data(), R.data(), x.data(), 23);
+  check_all(fe, x, dx, "gelu erf");
   const int64_t N = 3, F = 5;
   Vec xs(static_cast<size_t>(N * 2 * F)), Rs(static_cast<size_t>(N * F)), ys(Rs.size());
   fill_normal(xs, 11, 2.0f);

@@ -554,14 +554,15 @@ TEST_CASE("--step-batch-size-schedule: Megatron's parse and steps, a pure functi
   CHECK(b.microbatches(20) == 2);
   CHECK(b.train_iterations(50) == 9);  // 5 x 4, 3 x 8 (44), then 12: 56 >= 50
   CHECK(b.samples_after(9) == 56);
-  CHECK_NOTHROW(b.check_from(0, 1));  // (4, 8 and 12 over micro batch 2 x DP 2)
+  CHECK_NOTHROW(b.check_from(0, 1000, 1));  // (4, 8 and 12 over micro batch 2 x DP 2)
   Config early = c;
   early.training.step_batch_size_schedule = "0:6 200:8";  // (6 does not split over micro batch 2 x DP 2, 8 does)
   const BatchSchedule e(early, 2);
-  CHECK_THROWS_WITH(e.check_from(0, 1), MT_CONTAINS("the batch size 6 (from 0 tokens on)"));
-  CHECK_NOTHROW(e.check_from(20, 1));  // (resumed past it, as Megatron checks only the batch in effect)
-  CHECK_NOTHROW(e.check_from(20, 2));  // (interleaved over PP 2: 8 samples are 2 microbatches per DP rank, a multiple of PP)
-  CHECK_THROWS_WITH(b.check_from(20, 2), MT_CONTAINS("the batch size 12 (from 400 tokens on) is not a multiple of micro-batch-size x DP x PP "
+  CHECK_THROWS_WITH(e.check_from(0, 1000, 1), MT_CONTAINS("the batch size 6 (from 0 tokens on)"));
+  CHECK_NOTHROW(e.check_from(20, 1000, 1));  // (resumed past it, as Megatron checks only the batch in effect)
+  CHECK_NOTHROW(b.check_from(20, 40, 2));  // (a run that ends before 40 samples never reaches the 12)
+  CHECK_NOTHROW(e.check_from(20, 1000, 2));  // (interleaved over PP 2: 8 samples are 2 microbatches per DP rank, a multiple of PP)
+  CHECK_THROWS_WITH(b.check_from(20, 1000, 2), MT_CONTAINS("the batch size 12 (from 400 tokens on) is not a multiple of micro-batch-size x DP x PP "
                                                      "(interleaved) = 8"));  // (12: 3 microbatches per DP rank)
 }
 
@@ -671,5 +672,12 @@ TEST_CASE("--log-num-zeros-in-grad: the gradient's zero entries, counted as Mega
     std::string gaps;
     for (const auto& g : cuda_engine_gaps(t, 1)) gaps += g + "\n";
     CHECK_THAT(gaps, MT_CONTAINS("--log-num-zeros-in-grad has not run on a GPU yet on the CUDA engine"));
+    // (GELU's erf form, likewise written without a GPU: GPT without biases, or --no-bias-gelu-fusion)
+    t.logging.log_num_zeros_in_grad = false;
+    t.model.swiglu = false;
+    t.model.disable_bias_linear = true;
+    gaps.clear();
+    for (const auto& g : cuda_engine_gaps(t, 1)) gaps += g + "\n";
+    CHECK_THAT(gaps, MT_CONTAINS("GELU in its exact erf form"));
   }
 }

@@ -7,6 +7,7 @@ namespace mt::cpu {
 namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCoeff = 0.044715f;
+constexpr float kSqrtHalf = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
 }  // namespace
 
 void gelu_forward(float* y, const float* x, int64_t n) {
@@ -23,6 +24,17 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
     const float t = std::tanh(inner);
     const float dinner = kSqrt2OverPi * (1.0f + 3.0f * kCoeff * v * v);
     dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner);
+  }
+}
+
+void gelu_erf_forward(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kSqrtHalf));
+}
+
+void gelu_erf_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    dx[i] = dy[i] * (0.5f * (1.0f + std::erf(v * kSqrtHalf)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v));
   }
 }
 

@@ -1,4 +1,5 @@
-// activation.h: GELU (tanh form, as Megatron's bias_gelu) and SwiGLU, forward and backward.
+// activation.h: GELU (tanh form, as Megatron's bias_gelu; or the exact erf form, its F.gelu), squared ReLU and SwiGLU,
+// forward and backward.
 #pragma once
 #include <cstdint>
 
@@ -6,6 +7,10 @@ namespace mt::cpu {
 
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);  // dx may alias dy
+// The exact form, x Phi(x) = x (1 + erf(x / sqrt 2)) / 2: Megatron's activation without the bias-GELU fusion
+// (--no-bias-gelu-fusion, or no biases: --disable-bias-linear turns the fusion off). dx may alias dy.
+void gelu_erf_forward(float* y, const float* x, int64_t n);
+void gelu_erf_backward(float* dx, const float* dy, const float* x, int64_t n);
 
 // y = relu(x)^2 (--squared-relu); dx may alias dy.
 void squared_relu_forward(float* y, const float* x, int64_t n);

@@ -10,8 +10,17 @@ namespace {
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f, kCoeff = 0.044715f;
 
-__device__ __forceinline__ float gelu(float v) { return 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + kCoeff * v * v * v))); }
+constexpr float kSqrtHalf = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
+
+// Erf: the exact form x Phi(x) (Megatron's F.gelu), else the tanh form (its bias-GELU fusion).
+template <bool Erf>
+__device__ __forceinline__ float gelu(float v) {
+  if constexpr (Erf) return 0.5f * v * (1.0f + erff(v * kSqrtHalf));
+  return 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + kCoeff * v * v * v)));
+}
+template <bool Erf>
 __device__ __forceinline__ float gelu_grad(float v) {
+  if constexpr (Erf) return 0.5f * (1.0f + erff(v * kSqrtHalf)) + v * kInvSqrt2Pi * expf(-0.5f * v * v);
   const float t = tanhf(kSqrt2OverPi * (v + kCoeff * v * v * v));
   return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCoeff * v * v);
 }
@@ -19,13 +28,13 @@ __device__ __forceinline__ float gelu_grad(float v) {
 #define MT_GRID_LOOP(i, n) \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-template <typename T16>
+template <typename T16, bool Erf>
 __global__ void gelu_fwd(T16* y, const T16* x, int64_t n) {
-  MT_GRID_LOOP(i, n) y[i] = from_f<T16>(gelu(to_f(x[i])));
+  MT_GRID_LOOP(i, n) y[i] = from_f<T16>(gelu<Erf>(to_f(x[i])));
 }
-template <typename T16>
+template <typename T16, bool Erf>
 __global__ void gelu_bwd(T16* dx, const T16* dy, const T16* x, int64_t n) {
-  MT_GRID_LOOP(i, n) dx[i] = from_f<T16>(to_f(dy[i]) * gelu_grad(to_f(x[i])));
+  MT_GRID_LOOP(i, n) dx[i] = from_f<T16>(to_f(dy[i]) * gelu_grad<Erf>(to_f(x[i])));
 }
 template <typename T16>
 __global__ void squared_relu_fwd(T16* y, const T16* x, int64_t n) {
@@ -58,22 +67,22 @@ __global__ void swiglu_bwd(T16* dx, const T16* dy, const T16* x, int64_t N, int6
 }
 
 // Vectorised forms: 8 bf16 per thread step (16-byte loads); used when the sizes and pointers allow.
-template <typename T16>
+template <typename T16, bool Erf>
 __global__ void gelu_fwd8(T16* y, const T16* x, int64_t n8) {
   MT_GRID_LOOP(i, n8) {
     Bf16x8 v = load_bf16x8(x + 8 * i);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v.x[k] = gelu(v.x[k]);
+    for (int k = 0; k < 8; ++k) v.x[k] = gelu<Erf>(v.x[k]);
     store_bf16x8(y + 8 * i, v);
   }
 }
-template <typename T16>
+template <typename T16, bool Erf>
 __global__ void gelu_bwd8(T16* dx, const T16* dy, const T16* x, int64_t n8) {
   MT_GRID_LOOP(i, n8) {
     Bf16x8 d = load_bf16x8(dy + 8 * i);
     const Bf16x8 v = load_bf16x8(x + 8 * i);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) d.x[k] *= gelu_grad(v.x[k]);
+    for (int k = 0; k < 8; ++k) d.x[k] *= gelu_grad<Erf>(v.x[k]);
     store_bf16x8(dx + 8 * i, d);
   }
 }
@@ -105,26 +114,26 @@ __global__ void swiglu_bwd8(T16* dx, const T16* dy, const T16* x, int64_t N, int
 
 }  // namespace
 
-template <typename T16>
+template <typename T16, bool Erf>
 void gelu_forward_bf16_t(T16* y, const T16* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (n % 8 == 0 && aligned16(y) && aligned16(x)) {
-    gelu_fwd8<<<grid_for(n / 8, 256), 256, 0, stream>>>(y, x, n / 8);
+    gelu_fwd8<T16, Erf><<<grid_for(n / 8, 256), 256, 0, stream>>>(y, x, n / 8);
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
-  gelu_fwd<<<grid_for(n, 256), 256, 0, stream>>>(y, x, n);
+  gelu_fwd<T16, Erf><<<grid_for(n, 256), 256, 0, stream>>>(y, x, n);
   MT_CUDA_CHECK_LAUNCH();
 }
-template <typename T16>
+template <typename T16, bool Erf>
 void gelu_backward_bf16_t(T16* dx, const T16* dy, const T16* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (n % 8 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x)) {
-    gelu_bwd8<<<grid_for(n / 8, 256), 256, 0, stream>>>(dx, dy, x, n / 8);
+    gelu_bwd8<T16, Erf><<<grid_for(n / 8, 256), 256, 0, stream>>>(dx, dy, x, n / 8);
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
-  gelu_bwd<<<grid_for(n, 256), 256, 0, stream>>>(dx, dy, x, n);
+  gelu_bwd<T16, Erf><<<grid_for(n, 256), 256, 0, stream>>>(dx, dy, x, n);
   MT_CUDA_CHECK_LAUNCH();
 }
 template <typename T16>
@@ -150,13 +159,23 @@ void swiglu_backward_bf16_t(T16* dx, const T16* dy, const T16* x, int64_t N, int
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, F16 t) {
-  if (t == F16::kFP16) gelu_forward_bf16_t(hp(y), hp(x), n, stream);
-  else gelu_forward_bf16_t(y, x, n, stream);
+void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, F16 t, bool erf) {
+  if (t == F16::kFP16) {
+    if (erf) gelu_forward_bf16_t<__half, true>(hp(y), hp(x), n, stream);
+    else gelu_forward_bf16_t<__half, false>(hp(y), hp(x), n, stream);
+  } else {
+    if (erf) gelu_forward_bf16_t<bf16, true>(y, x, n, stream);
+    else gelu_forward_bf16_t<bf16, false>(y, x, n, stream);
+  }
 }
-void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream, F16 t) {
-  if (t == F16::kFP16) gelu_backward_bf16_t(hp(dx), hp(dy), hp(x), n, stream);
-  else gelu_backward_bf16_t(dx, dy, x, n, stream);
+void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream, F16 t, bool erf) {
+  if (t == F16::kFP16) {
+    if (erf) gelu_backward_bf16_t<__half, true>(hp(dx), hp(dy), hp(x), n, stream);
+    else gelu_backward_bf16_t<__half, false>(hp(dx), hp(dy), hp(x), n, stream);
+  } else {
+    if (erf) gelu_backward_bf16_t<bf16, true>(dx, dy, x, n, stream);
+    else gelu_backward_bf16_t<bf16, false>(dx, dy, x, n, stream);
+  }
 }
 void squared_relu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, F16 t) {
   if (n == 0) return;

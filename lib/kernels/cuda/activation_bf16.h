@@ -1,4 +1,4 @@
-// activation_bf16.h (CUDA): GELU (tanh form), squared ReLU and SwiGLU on bf16 activations, fp32 math; the formulas of
+// activation_bf16.h (CUDA): GELU (tanh or erf form), squared ReLU and SwiGLU on bf16 activations, fp32 math; the formulas of
 // kernels/cpu/activation.h. SwiGLU's input row is [gate (F) | up (F)].
 #pragma once
 #include <cuda_runtime.h>
@@ -9,8 +9,9 @@
 
 namespace mt::cuda {
 
-void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
-void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
+// (erf: the exact form, kernels/cpu/activation.h's gelu_erf_*)
+void gelu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, F16 t = F16::kBF16, bool erf = false);
+void gelu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream, F16 t = F16::kBF16, bool erf = false);
 // y = relu(x)^2; dx = 2 relu(x) dy (--squared-relu).
 void squared_relu_forward_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
 void squared_relu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);

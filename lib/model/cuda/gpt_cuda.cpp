@@ -429,7 +429,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   const char* a2a_env = std::getenv("MEGATRAIN_TP_SP_ALLTOALL");
   const char* split_env0 = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
   const bool may_split = max_in_flight == 1 && pre_ && post_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
-                         !doc_mask_ && D.attention_dropout <= 0 && !D.squared_relu &&
+                         !doc_mask_ && D.attention_dropout <= 0 && !D.squared_relu && !D.gelu_erf &&
                          std::find(recompute_layer_.begin(), recompute_layer_.end(), true) == recompute_layer_.end() && !mlp_recompute_ &&
                          !(split_env0 && std::string(split_env0) == "0");
   const bool sp_all_to_all = sp_ && may_split && !(a2a_env && std::string(a2a_env) == "0");
@@ -519,10 +519,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     s.dq = b16(Hd);
     s.dk = b16(KVd);
     s.dv = b16(KVd);
-    if (D.swiglu || D.squared_relu) s.dact = b16(F);  // (the activation's gradient, apart from the GEMM)
+    if (D.swiglu || D.squared_relu || D.gelu_erf) s.dact = b16(F);  // (the activation's gradient, apart from the GEMM)
     s.dfc1 = b16(F1);
     if (D.fp8) {  // (FP8 runs GELU's backward apart from the data-gradient GEMM, into dact)
-      if (!D.swiglu && !D.squared_relu) s.dact = b16(F);
+      if (!D.swiglu && !D.squared_relu && !D.gelu_erf) s.dact = b16(F);
       const auto widest = static_cast<size_t>(std::max({h, Hd, F, Wq, F1}));
       s.f8_row = static_cast<uint8_t*>(alloc(t * widest));
       s.f8_dyt = static_cast<uint8_t*>(alloc(t * static_cast<size_t>(std::max({Wq, h, F1}))));
@@ -555,7 +555,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
         }
       }
       if (F_shared_ > 0) {
-        if (D.swiglu || D.squared_relu || D.fp8) s.sh_dact = b16(F_shared_);
+        if (D.swiglu || D.squared_relu || D.gelu_erf || D.fp8) s.sh_dact = b16(F_shared_);
         s.sh_dfc1 = b16(D.swiglu ? 2 * F_shared_ : F_shared_);
         if (shared_gate_) {
           s.sh_dgated = b16(h);

@@ -381,13 +381,13 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
 void CudaGPT::expert_activation(const char* name, int64_t n, int64_t F, const bf16* fc1_out, bf16* act, cudaStream_t st) {
   if (D_.swiglu) MT_PROF_ON(st, name, cuda::swiglu_forward_bf16(act, fc1_out, n, F, st, dt_));
   else if (D_.squared_relu) MT_PROF_ON(st, name, cuda::squared_relu_forward_bf16(act, fc1_out, n * F, st, dt_));
-  else MT_PROF_ON(st, name, cuda::gelu_forward_bf16(act, fc1_out, n * F, st, dt_));
+  else MT_PROF_ON(st, name, cuda::gelu_forward_bf16(act, fc1_out, n * F, st, dt_, D_.gelu_erf));
 }
 
 void CudaGPT::expert_activation_backward(const char* name, int64_t n, int64_t F, const bf16* dact, const bf16* fc1_out, bf16* dfc1, cudaStream_t st) {
   if (D_.swiglu) MT_PROF_ON(st, name, cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, st, dt_));
   else if (D_.squared_relu) MT_PROF_ON(st, name, cuda::squared_relu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
-  else MT_PROF_ON(st, name, cuda::gelu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
+  else MT_PROF_ON(st, name, cuda::gelu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_, D_.gelu_erf));
 }
 
 // One expert's MLP over n rows of x: fc1 (+ b1), then SwiGLU, squared ReLU or GELU (GELU in fc1's epilogue) into
@@ -414,7 +414,7 @@ void CudaGPT::expert_forward(bool shared, int64_t n, int64_t F, const bf16* x, i
     expert_linear_fp8(*f8, 1, fc2_name, n, F, h, act, w2, w(b2), beta, out, st, act_cast);
     return;
   }
-  if (D_.swiglu || D_.squared_relu || act_apart) {  // (act_apart: GELU too, by the kernel a recompute runs again)
+  if (D_.swiglu || D_.squared_relu || D_.gelu_erf || act_apart) {  // (act_apart: GELU too, by the kernel a recompute runs again)
     MT_PROF_ON(st, fc1_name, lt.gemm_ex(false, true, n, F1, h, 1.0f, x, h, w(w1), h, 0.0f, fc1_out, F1, ab_, ab_, w(b1), st, {}, !shared));
     expert_activation(act_name, n, F, fc1_out, act, st);
   } else {
@@ -443,16 +443,16 @@ void CudaGPT::expert_backward(bool shared, int64_t n, int64_t F, const bf16* dou
                                shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", n, h, F1, dfc1, w1, din_beta, din, st, dfc1_cast);
     return;
   }
-  if (D_.swiglu || D_.squared_relu) {
+  if (D_.swiglu || D_.squared_relu || D_.gelu_erf) {
     MT_PROF_ON(st, dgrad_name, lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dact, F, ab_, ab_, nullptr, st, {}, !shared));
-  } else {  // the GELU backward in the epilogue, straight to d(fc1 output)
+  } else {  // the GELU backward (tanh form) in the epilogue, straight to d(fc1 output)
     MT_PROF_ON(st, dgrad_name,
                lt.gemm_ex(false, false, n, F, h, 1.0f, dout, h, w(w2), F, 0.0f, dfc1, F, ab_, ab_, nullptr, st,
                           {cuda::GemmEpilogue::kDGelu, const_cast<bf16*>(fc1_out), F}, !shared));
   }
   wgrad_with_bias(st, shared ? "bwd.moe.shared.gemm.fc2_wgrad" : "bwd.moe.gemm.fc2_wgrad", h, n, dout, act, F, w2, -1, !shared);
   const char* act_name = shared ? "bwd.moe.shared.activation" : "bwd.moe.activation";
-  if (D_.swiglu || D_.squared_relu) expert_activation_backward(act_name, n, F, dact, fc1_out, dfc1, st);
+  if (D_.swiglu || D_.squared_relu || D_.gelu_erf) expert_activation_backward(act_name, n, F, dact, fc1_out, dfc1, st);
   MT_PROF_ON(st, shared ? "bwd.moe.shared.gemm.fc1_dgrad" : "bwd.moe.gemm.fc1_dgrad",
              lt.gemm_ex(false, false, n, h, F1, 1.0f, dfc1, F1, w(w1), h, din_beta, din, h, ab_, ab_, nullptr, st, {}, !shared));
   wgrad_with_bias(st, shared ? "bwd.moe.shared.gemm.fc1_wgrad" : "bwd.moe.gemm.fc1_wgrad", F1, n, dfc1, x, h, w1, -1, !shared);

@@ -103,7 +103,7 @@ void CudaGPT::choose_split_layers(int64_t mbs, int64_t max_in_flight) {
   split_forward_ = tp_ && D.cp == 1 && max_in_flight == 1 && pre_ && post_ && sp_ok && !mlp_recompute_ && !kv_group_ && !D.qk_norm && !doc_mask_ &&
                    D.attention_dropout <= 0 &&
                    !D.fp8 &&
-                   !D.squared_relu && std::none_of(layers_.begin(), layers_.end(), [](const LayerW& lw) { return lw.moe; }) &&
+                   !D.squared_relu && !D.gelu_erf && std::none_of(layers_.begin(), layers_.end(), [](const LayerW& lw) { return lw.moe; }) &&
                    mbs % 2 == 0 && aligned &&
                    !(split_env && std::string(split_env) == "0") &&
                    cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
@@ -201,7 +201,7 @@ void CudaGPT::check_gradients_written() const {
   for (size_t i = 0; i < overwrite_ranges_.size(); ++i) {
     if (!overwrite_written_[i]) {
       throw std::logic_error("CUDA model: the weight gradient at offset " + std::to_string(overwrite_ranges_[i].first) +
-                             " was not written this iteration (MEGATRAIN_WGRAD_OVERWRITE): unset MEGATRAIN_WGRAD_OVERWRITE, and report it");
+                             " was not written this iteration (the weight gradients written by their first GEMM): set MEGATRAIN_WGRAD_OVERWRITE=0, and report it");
     }
   }
 }

@@ -36,7 +36,7 @@ CudaGPT::RowSpan CudaGPT::half_span(const DeviceMicrobatch& mb, int64_t half) co
 void CudaGPT::require_whole(int64_t l, const RowSpan& sp, const char* unit) const {
   if (sp.whole) return;
   const ModelDims& D = D_;
-  if (D.qk_norm || kv_group_ || D.cp > 1 || doc_mask_ || D.attention_dropout > 0 || D.squared_relu || fp8_layer(l) || layers_[static_cast<size_t>(l)].moe ||
+  if (D.qk_norm || kv_group_ || D.cp > 1 || doc_mask_ || D.attention_dropout > 0 || D.squared_relu || D.gelu_erf || fp8_layer(l) || layers_[static_cast<size_t>(l)].moe ||
       defer_into_) {
     throw std::logic_error(std::string("CUDA model: ") + unit + " of layer " + std::to_string(l) + " over part of a microbatch with a feature that needs all of it");
   }
@@ -112,10 +112,10 @@ void CudaGPT::mlp_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb,
     if (!act_cast && !r.act) throw std::logic_error("CUDA model: SwiGLU's fused FP8 cast does not take a " + std::to_string(n) + " x " + std::to_string(F) +
                                                     " activation, and its 16-bit output has no buffer");
     if (!act_cast) MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act + o * F, r.fc1 + o * F1, n, F, stream_, dt_));
-  } else if (fp8_layer(l) || D.squared_relu) {  // (no GELU epilogue on the FP8 GEMM; squared ReLU has none)
+  } else if (fp8_layer(l) || D.squared_relu || D.gelu_erf) {  // (no GELU epilogue on the FP8 GEMM, nor in the erf form; squared ReLU has none)
     linear_forward(l, r, kLinearFc1, "fwd.gemm.fc1", n, h, F, r.xn2 + o * h, lw.fc1_w, w(lw.fc1_b), r.fc1 + o * F);
     if (D.squared_relu) MT_PROF("fwd.activation", cuda::squared_relu_forward_bf16(r.act + o * F, r.fc1 + o * F, n * F, stream_, dt_));
-    else MT_PROF("fwd.activation", cuda::gelu_forward_bf16(r.act + o * F, r.fc1 + o * F, n * F, stream_, dt_));
+    else MT_PROF("fwd.activation", cuda::gelu_forward_bf16(r.act + o * F, r.fc1 + o * F, n * F, stream_, dt_, D.gelu_erf));
   } else {  // GELU in the GEMM's epilogue, its input kept for the backward
     MT_PROF("fwd.gemm.fc1", lt.gemm_ex(false, true, n, F, h, 1.0f, r.xn2 + o * h, h, w(lw.fc1_w), h, 0.0f, r.act + o * F, F, ab_, ab_, w(lw.fc1_b), stream_,
                                        {cuda::GemmEpilogue::kGeluAux, r.fc1 + o * F, F}));
@@ -195,10 +195,10 @@ void CudaGPT::mlp_backward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb
   bf16* dfc1 = s.dfc1 + o * F1;
   if (D.swiglu) {
     linear_dgrad(l, r, kLinearFc2, "bwd.gemm.fc2_dgrad", n, F, h, dy, lw.fc2_w, s.dact + o * F);
-  } else if (fp8_layer(l) || D.squared_relu) {  // (no GELU epilogue on the FP8 GEMM; squared ReLU has none)
+  } else if (fp8_layer(l) || D.squared_relu || D.gelu_erf) {  // (no GELU epilogue on the FP8 GEMM, nor in the erf form; squared ReLU has none)
     linear_dgrad(l, r, kLinearFc2, "bwd.gemm.fc2_dgrad", n, F, h, dy, lw.fc2_w, s.dact + o * F);
     if (D.squared_relu) MT_PROF("bwd.activation", cuda::squared_relu_backward_bf16(dfc1, s.dact + o * F, r.fc1 + o * F, n * F, stream_, dt_));
-    else MT_PROF("bwd.activation", cuda::gelu_backward_bf16(dfc1, s.dact + o * F, r.fc1 + o * F, n * F, stream_, dt_));
+    else MT_PROF("bwd.activation", cuda::gelu_backward_bf16(dfc1, s.dact + o * F, r.fc1 + o * F, n * F, stream_, dt_, D.gelu_erf));
   } else {  // the GELU backward in the epilogue: straight to d(fc1 output)
     MT_PROF("bwd.gemm.fc2_dgrad", lt.gemm_ex(false, false, n, F, h, 1.0f, dy, h, w(lw.fc2_w), F, 0.0f, dfc1, F, ab_, ab_, nullptr, stream_,
                                              {cuda::GemmEpilogue::kDGelu, r.fc1 + o * F, F}));
