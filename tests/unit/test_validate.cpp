@@ -120,6 +120,13 @@ TEST_CASE("selective recompute's modules (Megatron's checks) and --moe-layer-rec
   rejects(c, 1, "unknown module 'attention'");
   c.recompute.recompute_modules = {"moe_act"};
   rejects(c, 1, "moe_act needs --moe-grouped-gemm");
+  {  // (Megatron: "Delayed scaling does not support moe_act and layernorm recompute for fp8")
+    Config d = c;
+    d.moe.moe_grouped_gemm = true;
+    d.precision.fp8_format = "hybrid";
+    d.precision.fp8_recipe = "delayed";
+    rejects(d, 1, "Delayed scaling does not support moe_act and layernorm recompute for fp8");
+  }
   c.moe.moe_grouped_gemm = true;
   accepts(c, 1);
   c.recompute.recompute_modules = {"mla_up_proj"};
@@ -410,6 +417,12 @@ TEST_CASE("--step-batch-size-schedule: Megatron's rules") {
   Config bad = c;
   bad.training.step_batch_size_schedule = "1K:8";
   rejects(bad, 2, "--step-batch-size-schedule: the first threshold must be 0");
+  Config interleaved = c;  // (evaluation takes micro batch x DP samples: one microbatch, which interleaving cannot split)
+  interleaved.parallel.pipeline_model_parallel_size = 2;
+  interleaved.parallel.num_virtual_stages_per_pipeline_rank = 2;
+  interleaved.model.num_layers = 4;
+  interleaved.logging.eval_iters = 2;
+  rejects(interleaved, 4, "--step-batch-size-schedule with interleaved pipelining: evaluation takes micro-batch x DP samples");
   Config iters = c;
   iters.training.train_samples.reset();
   iters.training.train_iters = 10;
