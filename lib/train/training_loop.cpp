@@ -192,11 +192,13 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     ++interval_iters;
     pending.push_back({it, lr_at(schedule, consumed)});
     res.iterations = it;
-    // Megatron (since January 2026) also logs the run's first iteration, to show the start-up's cost, and never ends the
-    // interval there (its should_reset = not is_first_iteration): the next line covers every iteration since the interval
-    // began, the first included, even at --log-interval 1.
-    const bool logging = it % cfg.logging.log_interval == 0 || it == iters || it == first_iter;
-    const bool interval_end = logging && it != first_iter;
+    // Megatron (since January 2026) also logs the run's first iteration, to show the start-up's cost, without ending the
+    // interval: the next line still covers every iteration since the interval began. Where the first iteration also ends
+    // an interval (--log-interval 1, or a resume one iteration before a log line) it ends it here; Megatron's should_reset
+    // = not is_first_iteration keeps it open, so that its next line averages two iterations, which would make a resumed
+    // run's log differ from the uninterrupted one's.
+    const bool interval_end = it % cfg.logging.log_interval == 0 || it == iters;
+    const bool logging = interval_end || it == first_iter;
     const bool evaluating = has_valid && (it % cfg.logging.eval_interval == 0 || it == iters);
     bool out_of_time = false;  // --exit-duration-in-mins: on any rank, so that every rank stops at the same iteration (as Megatron)
     if (cfg.training.exit_duration_in_mins.value_or(0) > 0) {  // (0: off, as Megatron's falsy value)
