@@ -1511,6 +1511,24 @@ void test_recompute_same(const std::string& name, const std::string& extra, cons
   }
 }
 
+// The activation bytes a 4-layer LLaMA MoE model (4 experts, top 2, expert FFN 128) keeps with `extra`: what selective
+// recompute's groups compare.
+size_t moe_activation_bytes(const std::string& extra) {
+  const mt::Config cfg = make_config("llama", std::string(MT_PLAIN_BATCH "--train-iters 1 --num-layers 4 --num-experts 4 --moe-router-topk 2 "
+                                                              "--moe-ffn-hidden-size 128 ") + extra);
+  mt::ParamStore store;
+  const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  size_t kept = 0;
+  {
+    mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
+    kept = gpu.activation_bytes();
+  }
+  cudaStreamDestroy(stream);
+  return kept;
+}
+
 // Selective recompute of the MLP blocks (--recompute-modules mlp / moe, --moe-layer-recompute; thirty-seventh session,
 // these passed on an H200 the same day, lifting its gate): the activations the model keeps shrink by the MLP blocks of all but one layer (their buffers shared); the same gradients and curves as without it
 // (test_recompute_same: dense, MoE with a shared expert and a capacity padded to, dense and MoE layers mixed with both
@@ -1519,22 +1537,7 @@ void test_recompute_same(const std::string& name, const std::string& extra, cons
 void test_selective_recompute() {
   const std::string name = "selective recompute of the MoE blocks: the activations kept";
   try {
-    auto bytes = [](const std::string& extra) {
-      const mt::Config cfg = make_config("llama", std::string(MT_PLAIN_BATCH "--train-iters 1 --num-layers 4 --num-experts 4 --moe-router-topk 2 "
-                                                                  "--moe-ffn-hidden-size 128 ") + extra);
-      mt::ParamStore store;
-      const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
-      cudaStream_t stream = nullptr;
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-      size_t kept = 0;
-      {
-        mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
-        kept = gpu.activation_bytes();
-      }
-      cudaStreamDestroy(stream);
-      return kept;
-    };
-    const size_t plain = bytes(""), selective = bytes("--recompute-granularity selective --recompute-modules moe ");
+    const size_t plain = moe_activation_bytes(""), selective = moe_activation_bytes("--recompute-granularity selective --recompute-modules moe ");
     // (each MoE layer's experts' fc1 outputs alone: 256 tokens x top 2 rows of 2 x 128 bf16 values; three layers' saved)
     const size_t fc1 = 256 * 2 * 256 * 2;
     char buf[240];
@@ -1619,22 +1622,7 @@ void test_num_zeros(const std::string& extra) {
 void test_moe_act_recompute() {
   const std::string name = "selective recompute of moe_act: the activations kept";
   try {
-    auto bytes = [](const std::string& extra) {
-      const mt::Config cfg = make_config("llama", std::string(MT_PLAIN_BATCH "--train-iters 1 --num-layers 4 --num-experts 4 --moe-router-topk 2 "
-                                                                  "--moe-ffn-hidden-size 128 ") + extra);
-      mt::ParamStore store;
-      const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
-      cudaStream_t stream = nullptr;
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-      size_t kept = 0;
-      {
-        mt::CudaGPT gpu(cfg, store, where, stream, nullptr, true, nullptr, 1);
-        kept = gpu.activation_bytes();
-      }
-      cudaStreamDestroy(stream);
-      return kept;
-    };
-    const size_t plain = bytes(""), selective = bytes("--recompute-granularity selective --recompute-modules moe_act ");
+    const size_t plain = moe_activation_bytes(""), selective = moe_activation_bytes("--recompute-granularity selective --recompute-modules moe_act ");
     // (each MoE layer's experts' activations: 256 tokens x top 2 rows of 128 bf16 values; three layers' no longer kept)
     const size_t act = 256 * 2 * 128 * 2;
     char buf[240];
