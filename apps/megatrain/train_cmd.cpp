@@ -1,4 +1,5 @@
 // train_cmd.cpp: `megatrain [train]`: flags and recipe -> validated config -> training.
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -51,6 +52,9 @@ int run_cuda_training(const Config& cfg, const LaunchInfo& launch, int& argc, ch
     set_cuda_device(static_cast<int>(launch.local_rank % ngpu));
     const int64_t timeout = cfg.parallel.distributed_timeout_seconds;
     const RankLayout layout = RankLayout::from_config(cfg, launch.world_size);
+    // --deterministic-mode: NCCL's ring algorithm unless NCCL_ALGO names another fixed-order one (validation refused the
+    // rest), read by NCCL when the world communicator starts below (Megatron's apply_determinism_env)
+    if (cfg.training.deterministic_mode) setenv("NCCL_ALGO", "Ring", 0);
     if (launch.kind != LauncherKind::kTorchrun) {
       mpi_initialize(&argc, &argv);
       groups = make_nccl_process_groups(make_nccl_world(launch, timeout), layout, launch.rank);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -544,9 +545,28 @@ void check_values(const Config& c, Checker& k) {
   if (!std::isfinite(pr.min_loss_scale) || pr.min_loss_scale <= 0) k.error("--min-loss-scale must be a finite number > 0, got " + num(pr.min_loss_scale));
 }
 
+// NCCL_ALGO under --deterministic-mode (Megatron's apply_determinism_env): every comma-separated token one whose reduction
+// order is fixed (Tree's is not).
+bool deterministic_nccl_algo(const std::string& value) {
+  int tokens = 0;
+  std::stringstream in(value);
+  for (std::string token; std::getline(in, token, ',');) {
+    const auto first = token.find_first_not_of(" \t"), last = token.find_last_not_of(" \t");
+    if (first == std::string::npos) continue;
+    token = token.substr(first, last - first + 1);
+    if (token != "Ring" && token != "CollnetDirect" && token != "CollnetChain" && token != "^NVLS") return false;
+    ++tokens;
+  }
+  return tokens > 0;
+}
+
 void check_training(const Config& c, Checker& k) {
   check_values(c, k);
   const auto& t = c.training;
+  if (const char* algo = std::getenv("NCCL_ALGO"); t.deterministic_mode && algo != nullptr && !deterministic_nccl_algo(algo)) {
+    k.error(std::string("--deterministic-mode: NCCL_ALGO=") + algo + " is not a deterministic setting (each token must be Ring, CollnetDirect, "
+            "CollnetChain or ^NVLS, as in Megatron): unset it (megatrain then uses Ring) or set NCCL_ALGO=Ring");
+  }
   if (c.moe.moe_use_upcycling) {  // (Megatron asserts --save; its load of the dense model needs --load)
     if (!c.checkpoint.load) k.error("--moe-use-upcycling needs --load: the directory of the dense model's checkpoint to upcycle");
     if (!c.checkpoint.save) k.error("--moe-use-upcycling needs --save: the upcycled model is saved there before training (as in Megatron)");

@@ -176,9 +176,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   auto no = [&](bool cond, const std::string& msg) {
     if (cond) out.push_back(msg);
   };
-#ifdef MEGATRAIN_HAVE_NCCL
-  (void)world_size;
-#else
+#ifndef MEGATRAIN_HAVE_NCCL
   no(world_size > 1, "this build has no NCCL: the CUDA engine runs one rank only (or use --device cpu for multi-rank runs)");
 #endif
   no(!c.precision.bf16 && !c.precision.fp16,
@@ -191,16 +189,11 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   // record their amaxes and x^T again) nor with deferred weight gradients (ZB-H1: a later recompute overwrites what the
   // deferred GEMMs read).
   const bool mlp_recompute = c.recompute.recomputes("mlp") || c.recompute.recomputes("moe");
-  // GELU's exact erf form (Megatron's F.gelu: --no-bias-gelu-fusion, or GELU without biases, where Megatron drops its bias-GELU
-  // fusion): the CUDA engine runs it apart from the GEMMs (kernels/cuda/activation_bf16.cu), written in the thirty-eighth
-  // session without a GPU; refused until its GPU group (=gelu-erf) runs.
-  no(!c.model.swiglu && !c.model.squared_relu && (c.model.no_bias_gelu_fusion || c.model.disable_bias_linear) && !cuda_unverified_allowed("gelu-erf"),
-     "GELU in its exact erf form (Megatron's without the bias-GELU fusion: --no-bias-gelu-fusion, or --disable-bias-linear) has not run on a "
-     "GPU yet on the CUDA engine: use --device cpu, or keep the biases (the fused tanh form), or --swiglu");
-  // --log-num-zeros-in-grad (cuda_engine_step.cpp: cuda::add_zero_count over the norm's chunks, summed over the ranks as
-  // the norm at the read): written in the thirty-eighth session without a GPU; refused until its GPU group (=num-zeros) runs.
-  no(c.logging.log_num_zeros_in_grad && !cuda_unverified_allowed("log-num-zeros-in-grad"),
-     "--log-num-zeros-in-grad has not run on a GPU yet on the CUDA engine: drop it (the CPU engine counts them: --device cpu)");
+  // (GELU's exact erf form, Megatron's F.gelu: --no-bias-gelu-fusion, or GELU without biases, where Megatron drops its bias-GELU
+  // fusion: the CUDA engine runs it apart from the GEMMs, kernels/cuda/activation_bf16.cu; and --log-num-zeros-in-grad,
+  // cuda_engine_step.cpp's cuda::add_zero_count over the norm's chunks, summed over the ranks as the norm's partials are: both
+  // written in the thirty-eighth session without a GPU; their GPU groups, =gelu-erf and =num-zeros, passed on an H100 in the
+  // thirty-ninth.)
   // --recompute-modules moe_act (gpt_cuda_moe.cpp: the layers' routed experts' activations in one shared buffer, computed
   // again from fc1's output before each layer's expert backward; FP8 layers read none): its GPU group (=moe-act-recompute)
   // and its EP cases passed on an H100 in the thirty-eighth session.
@@ -230,8 +223,11 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.data.reset_attention_mask && c.data.seq_length.value_or(8) % 8 != 0,
      "--reset-attention-mask on the CUDA engine needs --seq-length to be a multiple of 8 (its mask is written 8 columns at a time): change it, or "
      "use --device cpu");
-  no(c.training.deterministic_mode, "--deterministic-mode: the CUDA engine is not bitwise repeatable (cuDNN's attention backward accumulates "
-                                    "with atomics): use --device cpu, which always is, or drop it");
+  // --deterministic-mode: cuDNN's attention backward without its atomic dQ accumulator (kernels/cuda/sdpa_cudnn.h), NCCL's
+  // ring algorithm (train_cmd.cpp). Its GPU group (=deterministic) passed on an H100 in the thirty-ninth session; refused on
+  // several GPUs until it has run there (NCCL's reductions in a fixed order).
+  no(c.training.deterministic_mode && world_size > 1 && !cuda_unverified_allowed("deterministic-mode-multi-gpu"),
+     "--deterministic-mode on the CUDA engine has not run on several GPUs yet: use --device cpu, which is always bitwise repeatable, or drop it");
   if (const int64_t cp = c.parallel.context_parallel_size; cp > 1) {
     // Ring attention and the all-to-all's (model/cuda/gpt_cuda_context.cpp): verified on one GPU with the ranks as threads,
     // and refused until they have run on 2+ GPUs against the CPU engine.

@@ -293,6 +293,13 @@ void test_activations(int64_t N, int64_t F) {
   cuda::gelu_backward_bf16(gdx.b(), gdy.b(), gx.b(), N * F, nullptr, g_t);
   expect("gelu forward " + tag, gy.get(), y, 1e-2);
   expect("gelu backward " + tag, gdx.get(), dx, 1e-2);
+  // (GELU's exact erf form, Megatron's activation without the bias-GELU fusion)
+  cpu::gelu_erf_forward(y.data(), x.data(), N * F);
+  cpu::gelu_erf_backward(dx.data(), dy.data(), x.data(), N * F);
+  cuda::gelu_forward_bf16(gy.b(), gx.b(), N * F, nullptr, g_t, true);
+  cuda::gelu_backward_bf16(gdx.b(), gdy.b(), gx.b(), N * F, nullptr, g_t, true);
+  expect("gelu erf forward " + tag, gy.get(), y, 1e-2);
+  expect("gelu erf backward " + tag, gdx.get(), dx, 1e-2);
   cpu::squared_relu_forward(y.data(), x.data(), N * F);
   cpu::squared_relu_backward(dx.data(), dy.data(), x.data(), N * F);
   cuda::squared_relu_forward_bf16(gy.b(), gx.b(), N * F, nullptr, g_t);

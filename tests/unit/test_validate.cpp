@@ -1,6 +1,8 @@
 // test_validate.cpp: every rule of REFERENCE.md section 2 rejects and accepts, and all violations
 // are reported at once.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "catch.h"
 #include "config/resolve.h"
@@ -452,4 +454,25 @@ TEST_CASE("--rampup-batch-size: Megatron's rules, every batch size in whole micr
   rejects(with(same, {"8", "eight", "300"}), 2, "takes 3 integers");
   rejects(with(same, {"0", "8", "300"}), 2, "positive start, increment and sample count");
   rejects(with(same, {"8", "8", "0"}), 2, "positive start, increment and sample count");
+}
+
+TEST_CASE("--deterministic-mode: NCCL_ALGO only where each token has a fixed reduction order (Megatron's rule)") {
+  Config c = base();
+  c.training.deterministic_mode = true;
+  const char* before = std::getenv("NCCL_ALGO");
+  const std::string saved = before ? before : "";
+  unsetenv("NCCL_ALGO");
+  accepts(c, 2);  // (unset: megatrain sets Ring)
+  for (const char* good : {"Ring", "Ring,CollnetDirect", " ^NVLS ", "CollnetChain"}) {
+    setenv("NCCL_ALGO", good, 1);
+    accepts(c, 2);
+  }
+  for (const char* bad : {"Tree", "Ring,Tree", "ring", ",", "NVLS"}) {
+    setenv("NCCL_ALGO", bad, 1);
+    rejects(c, 2, "is not a deterministic setting");
+  }
+  c.training.deterministic_mode = false;
+  accepts(c, 2);  // (Tree is NCCL's business without the flag)
+  if (before) setenv("NCCL_ALGO", saved.c_str(), 1);
+  else unsetenv("NCCL_ALGO");
 }

@@ -7,6 +7,7 @@
 #include <cudnn.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -308,7 +309,7 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
   return g;
 }
 
-std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::string* why) {
+std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, bool deterministic, std::string* why) {
   auto g = std::make_unique<Graph>(h);
   const Layouts l = layouts(s);
   const cudnnDataType_t bf = s.type == F16::kFP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
@@ -323,7 +324,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
   Desc dv = g->tensor(kDV, bf, l.kv_dims, l.kv_str, false);
   Desc scale = g->scalar(kScale), neg = s.causal ? g->scalar(kNegInf) : nullptr;
   Desc softmax_sum = g->tensor(kSoftmaxSum, f, l.stats_dims, l.sum_str, false);
-  Desc dq_accum = g->tensor(kDQAccum, f, l.q_dims, contiguous(l.q_dims), false);
+  Desc dq_accum = deterministic ? nullptr : g->tensor(kDQAccum, f, l.q_dims, contiguous(l.q_dims), false);
   const bool gqa = s.Hq != s.Hk, drop = s.dropout > 0;
   // Dropout (as cuDNN's frontend spells it): m the forward's keep mask, r = 1 / (1 - p). O = (P m r) V, so with
   // dP' = dO V^T, dS = P (m dP' r - rowsum(dO O)) = (m dP' - (1 - p) rowsum(dO O)) P r.
@@ -397,11 +398,16 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
     g->matmul(dst, q, dk_full);
     g->reduction(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
   }
-  // dQ = dS K through an fp32 accumulator
+  // dQ = dS K through an fp32 accumulator (the flash engines add each key block's share into it with atomics), or, in
+  // deterministic mode, written whole (cuDNN then keeps dS in a workspace and sums over the keys in a fixed order)
   Desc k = g->virt_strided(bf, l.kv_dims, l.kv_str);
   g->reshape(kt, k);
-  g->matmul(ds, k, dq_accum);
-  g->pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
+  if (deterministic) {
+    g->matmul(ds, k, dq);
+  } else {
+    g->matmul(ds, k, dq_accum);
+    g->pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
+  }
   if (!g->build(why)) return nullptr;
   return g;
 }
@@ -411,7 +417,8 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, std::
 struct CudnnSdpa::Impl {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, int64_t, int64_t, uint32_t>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, int64_t, int64_t, uint32_t, bool>;
+  std::atomic<bool> deterministic{false};
   struct Entry {
     std::unique_ptr<Graph> graph;
     void* workspace = nullptr;
@@ -419,12 +426,13 @@ struct CudnnSdpa::Impl {
   };
   std::map<Key, Entry> cache;
 
-  Entry& get(const SdpaShape& s, bool backward) {
+  // (`deterministic`: the backward's kind; the forward has one)
+  Entry& get(const SdpaShape& s, bool backward, bool deterministic_backward = false) {
     uint32_t scale_bits, dropout_bits;
     std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
     std::memcpy(&dropout_bits, &s.dropout, sizeof(dropout_bits));
     const Key key{s.B,      s.S,    s.Hq,         s.Hk,         s.D,       scale_bits, backward, static_cast<int>(s.type), s.bias, s.keys(),
-                  s.causal, s.q_stride(), s.kv_stride(), dropout_bits};
+                  s.causal, s.q_stride(), s.kv_stride(), dropout_bits, backward && deterministic_backward};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
@@ -442,7 +450,7 @@ struct CudnnSdpa::Impl {
         if (!e.graph) why += "; with fp32 probabilities: " + why32;
       }
     } else {
-      e.graph = backward_graph(handle, s, &why);
+      e.graph = backward_graph(handle, s, std::get<14>(key), &why);
     }
     if (e.graph) {
       if (e.graph->workspace_bytes() > 0) e.workspace = DeviceAllocator::instance().allocate(static_cast<size_t>(e.graph->workspace_bytes()));
@@ -452,6 +460,7 @@ struct CudnnSdpa::Impl {
                 std::to_string(s.Hk) + ", head dim " + std::to_string(s.D) +
                 (s.keys() != s.S ? ", " + std::to_string(s.keys()) + " keys" : std::string()) + (s.causal ? "" : ", no causal mask") +
                 (s.bias ? " with a document-mask bias" : "") + (s.dropout > 0 ? " with dropout " + std::to_string(s.dropout) : std::string()) +
+                (std::get<14>(key) ? " in deterministic mode (--deterministic-mode)" : "") +
                 ": " + why;
     }
     return cache.emplace(key, std::move(e)).first->second;
@@ -466,10 +475,13 @@ CudnnSdpa& CudnnSdpa::instance() {
 CudnnSdpa::CudnnSdpa() : impl_(std::make_unique<Impl>()) { MT_CUDNN_CHECK(cudnnCreate(&impl_->handle)); }
 CudnnSdpa::~CudnnSdpa() = default;
 
+void CudnnSdpa::set_deterministic(bool on) { impl_->deterministic = on; }
+bool CudnnSdpa::deterministic() const { return impl_->deterministic; }
+
 std::string CudnnSdpa::check(const SdpaShape& s) {
   auto& f = impl_->get(s, false);
   if (!f.graph) return f.error;
-  auto& b = impl_->get(s, true);
+  auto& b = impl_->get(s, true, impl_->deterministic);
   return b.graph ? std::string() : b.error;
 }
 
@@ -528,7 +540,8 @@ void CudnnSdpa::forward(const SdpaShape& s, const void* q, const void* k, const 
 
 void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* d_o,
                          const float* stats, void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias, uint64_t dropout_seed) {
-  auto& e = impl_->get(s, true);
+  const bool deterministic = impl_->deterministic;
+  auto& e = impl_->get(s, true, deterministic);
   if (!e.graph) throw std::runtime_error(e.error);
   check_arguments(s, bias, dropout_seed);
   float scale = s.scale, one = 1.0f;
@@ -536,13 +549,17 @@ void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const
   const size_t sum_bytes = static_cast<size_t>(s.B * s.Hq * s.S) * sizeof(float);
   const size_t acc_bytes = sum_bytes * static_cast<size_t>(s.D);
   void* softmax_sum = alloc.allocate(sum_bytes);
-  void* dq_accum = alloc.allocate(acc_bytes);
-  MT_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, acc_bytes, stream));
+  void* dq_accum = deterministic ? nullptr : alloc.allocate(acc_bytes);
+  if (dq_accum) MT_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, acc_bytes, stream));
   MT_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
   try {
-    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kSoftmaxSum, kDQAccum};
+    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kSoftmaxSum};
     std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o), const_cast<void*>(d_o),
-                            const_cast<float*>(stats), dq, dk, dv, &scale, softmax_sum, dq_accum};
+                            const_cast<float*>(stats), dq, dk, dv, &scale, softmax_sum};
+    if (dq_accum) {
+      uids.push_back(kDQAccum);
+      ptrs.push_back(dq_accum);
+    }
     Extras extras;
     extras.add(s, bias, dropout_seed, stream, uids, ptrs);
     if (s.dropout > 0) {  // (softmax_sum's factor: 1 - p under dropout, 1 without)
@@ -555,12 +572,12 @@ void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const
     e.graph->execute(impl_->handle, uids, ptrs, e.workspace);
   } catch (...) {
     alloc.release(softmax_sum);
-    alloc.release(dq_accum);
+    if (dq_accum) alloc.release(dq_accum);
     throw;
   }
   // The blocks go back to the cache; stream order keeps them alive for the kernel that uses them.
   alloc.release(softmax_sum);
-  alloc.release(dq_accum);
+  if (dq_accum) alloc.release(dq_accum);
 }
 
 }  // namespace mt::cuda

@@ -52,6 +52,12 @@ class CudnnSdpa {
                 void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias = nullptr, uint64_t dropout_seed = 0);
   // Whether cuDNN could build both graphs for this shape (tests; the model refuses otherwise).
   std::string check(const SdpaShape& s);
+  // --deterministic-mode: the backward without the fp32 dQ accumulator that cuDNN's flash engines add into with atomics
+  // (their order varies from run to run); dQ = dS K is written whole from a dP workspace of B x Hq x S x Sk 16-bit values
+  // (the frontend's deterministic algorithm on Hopper), bitwise repeatable at some cost in time and memory. Process-wide
+  // (the model sets it from its configuration); the graphs of both kinds stay cached.
+  void set_deterministic(bool on);
+  bool deterministic() const;
   ~CudnnSdpa();
 
  private:

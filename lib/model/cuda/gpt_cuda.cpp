@@ -69,6 +69,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       hidden_dropout_(static_cast<float>(cfg.model.hidden_dropout)) {
   const ModelDims& D = D_;
   if (max_in_flight < 1) throw std::logic_error("CudaGPT: max_in_flight must be at least 1");
+  // --deterministic-mode: cuDNN's attention backward without its atomic dQ accumulator (kernels/cuda/sdpa_cudnn.h); the
+  // engine's own kernels are deterministic either way (fixed-order reductions; integer counts where atomics add).
+  cuda::CudnnSdpa::instance().set_deterministic(cfg.training.deterministic_mode);
   // MoE: every expert local, or split over EP (set_expert_parallel); under TP the experts split over expert-TP = TP, the
   // MoE layer running on the TP group's gathered rows as the dense MLP does (gpt_cuda_moe.cpp). With expert-TP other than
   // TP each rank's experts take the rows of its own slice of the tokens, gathered over an expert-TP group of more than
