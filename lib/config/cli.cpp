@@ -51,7 +51,10 @@ ConfigCli::ConfigCli(CLI::App& app) : app_(app) {
   for (const auto& alias : alias_table()) {
     auto h = std::make_unique<Holder>();
     h->alias = &alias;
-    if (alias.takes_value) {
+    if (alias.takes_list) {
+      h->opt = app.add_option("--" + alias.name, h->values, alias.help);
+      h->opt->trigger_on_parse();  // (the last occurrence's values, as the flag table's lists)
+    } else if (alias.takes_value) {
       h->opt = app.add_option("--" + alias.name, h->value, alias.help);
     } else {
       h->opt = app.add_flag("--" + alias.name, h->flag, alias.help);
@@ -80,7 +83,12 @@ Config ConfigCli::build() const {
   for (const auto& h : holders_) {
     if (h->opt->count() == 0) continue;
     if (h->alias) {
-      if (std::string note = h->alias->apply(cfg, h->value); !note.empty()) cfg.notes.push_back(std::move(note));
+      std::string value = h->value;
+      if (h->alias->takes_list) {
+        value.clear();
+        for (const auto& v : h->values) value += (value.empty() ? "" : " ") + v;
+      }
+      if (std::string note = h->alias->apply(cfg, value); !note.empty()) cfg.notes.push_back(std::move(note));
     } else if (flag_is_bool(*h->spec)) {
       set_flag_from_string(cfg, *h->spec, "true", "command line");
     } else if (flag_is_list(*h->spec)) {

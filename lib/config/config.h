@@ -84,6 +84,7 @@ struct TrainingConfig {
   OptInt global_batch_size;  // MBS * DP
   StringList rampup_batch_size;
   OptString step_batch_size_schedule;  // Megatron's "THRESHOLD:BATCH ..." (config/batch_steps.h; not with global_batch_size)
+  OptInt eval_global_batch_size, eval_micro_batch_size;  // evaluation's batch (default: training's)
   OptInt train_iters;
   OptInt train_samples;
   std::string optimizer = "adam";
@@ -301,6 +302,8 @@ struct Derived {
   int64_t expert_data_parallel_size = 1;
   int64_t global_batch_size = 1;
   int64_t num_microbatches = 1;
+  // Evaluation's: --eval-global-batch-size / --eval-micro-batch-size, else training's (Megatron's defaults)
+  int64_t eval_global_batch_size = 1, eval_micro_batch_size = 1, eval_num_microbatches = 1;
   int64_t vocab_size = 0;          // the tokenizer's (or --vocab-size)
   int64_t padded_vocab_size = 0;   // ceil(V / (divisible-by * TP)) * divisible-by * TP
   int64_t num_query_groups = 1;    // effective: one per head without GQA

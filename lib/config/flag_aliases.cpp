@@ -19,6 +19,17 @@ namespace {
     NAME, VALUE, "No effect here: " WHY, [](Config&, const std::string&) { return std::string("note: --" NAME " has no effect: " WHY); }, \
         "Megatron flags without effect here (accepted with a note)"                                                   \
   }
+// The same for a flag of one or more values (Megatron's nargs='+').
+#define MT_INERT_LIST(NAME, WHY)                                                                                      \
+  AliasSpec {                                                                                                         \
+    NAME, true, "No effect here: " WHY, [](Config&, const std::string&) { return std::string("note: --" NAME " has no effect: " WHY); }, \
+        "Megatron flags without effect here (accepted with a note)", true                                             \
+  }
+#define MT_REFUSED_LIST(NAME, WHY)                                                                                    \
+  AliasSpec {                                                                                                         \
+    NAME, true, "Not supported: " WHY, [](Config&, const std::string&) -> std::string { throw ConfigError("--" NAME ": " WHY); }, \
+        "Megatron flags not supported (refused by name)", true                                                        \
+  }
 #define MT_REFUSED(NAME, VALUE, WHY)                                                                                  \
   AliasSpec {                                                                                                         \
     NAME, VALUE, "Not supported: " WHY, [](Config&, const std::string&) -> std::string { throw ConfigError("--" NAME ": " WHY); }, \
@@ -251,8 +262,17 @@ std::vector<AliasSpec> build_aliases() {
       MT_INERT("no-pin-cpu-grads", false, "pinned host memory does not change the results of the offloaded optimizer"),
       MT_INERT("no-pin-cpu-params", false, "pinned host memory does not change the results of the offloaded optimizer"),
       MT_INERT("use-torch-optimizer-for-cpu-offload", false, "the offloaded optimizer is megatrain's own AdamW, the same update"),
-      MT_INERT("cuda-graph-modules", true, "megatrain does not capture CUDA graphs (the same results)"),
-      MT_INERT("cuda-graph-scope", true, "megatrain does not capture CUDA graphs (the same results)"),
+      MT_INERT_LIST("cuda-graph-modules", "megatrain does not capture CUDA graphs (the same results)"),
+      MT_INERT_LIST("cuda-graph-scope", "megatrain does not capture CUDA graphs (the same results)"),
+      MT_INERT("cuda-graph-warmup-steps", true, "megatrain does not capture CUDA graphs (the same results)"),
+      MT_REFUSED_LIST("offload-modules", "activation offloading (--fine-grained-activation-offloading) is not implemented: use "
+                                         "--recompute-granularity full"),
+      MT_INERT("verify-integrity", false,
+               "megatrain always writes a checksum of every checkpoint piece and of metadata.json, and checks them at every load"),
+      MT_INERT("disable-gloo-process-groups", false, "megatrain makes no Gloo process groups (MPI or TCP on CPUs, NCCL on GPUs)"),
+      MT_INERT("tp-comm-overlap-cfg", true, "it configures Transformer Engine's --tp-comm-overlap, which megatrain does its own way"),
+      MT_INERT("use-transformer-engine-op-fuser", false, "a Transformer Engine kernel choice for the experts (the same results)"),
+      MT_INERT("async-ckpt-use-cpu-shm", false, "--async-save writes from megatrain's own background thread (the same checkpoints)"),
       MT_REFUSED("override-ckpt-iteration", true, "overriding a checkpoint's iteration is not implemented: pick a checkpoint with --ckpt-step"),
       MT_REFUSED("check-for-large-grads", false, "a check for large gradients is not implemented (megatrain counts and skips NaN / inf steps): drop it"),
       MT_INERT("tiktoken-pattern", true, "it belongs to --tokenizer-type TikTokenizer"),

@@ -91,6 +91,9 @@ std::vector<FlagSpec> build_table() {
       // Training
       F(kTrain, "micro-batch-size", training.micro_batch_size, "Samples per microbatch per data-parallel rank (required)"),
       F(kTrain, "global-batch-size", training.global_batch_size, "Samples per iteration (default micro-batch-size * DP)"),
+      F(kTrain, "eval-global-batch-size", training.eval_global_batch_size,
+        "Samples per evaluation iteration (default --global-batch-size); a multiple of --eval-micro-batch-size x DP"),
+      F(kTrain, "eval-micro-batch-size", training.eval_micro_batch_size, "Samples per evaluation microbatch per data-parallel rank (default --micro-batch-size)"),
       F(kTrain, "rampup-batch-size", training.rampup_batch_size, "Batch-size ramp-up: <start> <increment> <samples>"),
       F(kTrain, "step-batch-size-schedule", training.step_batch_size_schedule,
         "Step-wise global batch sizes, Megatron's \"THRESHOLD:BATCH ...\": from each threshold of consumed tokens on (K, M, B, T "

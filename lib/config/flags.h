@@ -31,6 +31,7 @@ struct AliasSpec {
   // Applies the alias; returns the one-line note to print.
   std::string (*apply)(Config&, const std::string& value);
   const char* group = "Old spellings (accepted, mapped)";  // its --help group
+  bool takes_list = false;  // one or more values (Megatron's nargs='+'), given to `apply` joined by spaces
 };
 
 const std::vector<FlagSpec>& flag_table();

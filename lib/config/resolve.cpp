@@ -100,6 +100,9 @@ void resolve(Config& cfg, int64_t world_size, int64_t tokenizer_vocab) {
   const int64_t gbs = cfg.training.global_batch_size.value_or(mbs * d.data_parallel_size);
   d.global_batch_size = gbs;
   d.num_microbatches = std::max<int64_t>(1, gbs / std::max<int64_t>(1, mbs * d.data_parallel_size));
+  d.eval_micro_batch_size = cfg.training.eval_micro_batch_size.value_or(mbs);
+  d.eval_global_batch_size = cfg.training.eval_global_batch_size.value_or(gbs);
+  d.eval_num_microbatches = std::max<int64_t>(1, d.eval_global_batch_size / std::max<int64_t>(1, d.eval_micro_batch_size * d.data_parallel_size));
   // NullTokenizer is Megatron's: --vocab-size V ids and the end of document V, a vocabulary of V + 1.
   const bool null_tokenizer = cfg.data.tokenizer_type.value_or("") == "NullTokenizer" && m.vocab_size;
   const int64_t vocab = tokenizer_vocab > 0 ? tokenizer_vocab : null_tokenizer ? *m.vocab_size + 1 : m.vocab_size.value_or(0);

@@ -396,6 +396,24 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
   }
   check_rampup(c, dp, k);
   check_step_batch_schedule(c, k);
+  // Evaluation's batch (Megatron's --eval-global-batch-size / --eval-micro-batch-size, training's by default): whole
+  // microbatches on every DP rank, a multiple of PP of them when interleaved.
+  const auto& t = c.training;
+  if (t.eval_micro_batch_size && *t.eval_micro_batch_size <= 0) k.error("--eval-micro-batch-size must be positive, got " + s(*t.eval_micro_batch_size));
+  if (t.eval_global_batch_size && *t.eval_global_batch_size <= 0) k.error("--eval-global-batch-size must be positive, got " + s(*t.eval_global_batch_size));
+  if ((t.eval_micro_batch_size || t.eval_global_batch_size) && t.micro_batch_size && *t.micro_batch_size > 0 &&
+      t.eval_micro_batch_size.value_or(1) > 0 && t.eval_global_batch_size.value_or(1) > 0) {
+    const int64_t emb = t.eval_micro_batch_size.value_or(*t.micro_batch_size);
+    const int64_t egb = t.eval_global_batch_size.value_or(t.global_batch_size.value_or(*t.micro_batch_size * dp));
+    if (egb % (emb * dp) != 0) {
+      k.error("the evaluation's global batch " + s(egb) + " is not divisible by its micro-batch-size(" + s(emb) + ") x DP(" + s(dp) + ") = " +
+              s(emb * dp) + " (as Megatron asks): change --eval-global-batch-size or --eval-micro-batch-size");
+    } else if (const bool vpp = p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1;
+               vpp && p.pipeline_model_parallel_size > 1 && (egb / (emb * dp)) % p.pipeline_model_parallel_size != 0 && c.logging.eval_iters > 0) {
+      k.error("interleaved pipelining needs the evaluation's microbatches (" + s(egb / (emb * dp)) + ") divisible by PP(" +
+              s(p.pipeline_model_parallel_size) + "): change --eval-global-batch-size");
+    }
+  }
   if (c.data.seq_length) {
     const int64_t seq = *c.data.seq_length, cp = p.context_parallel_size;
     if (cp > 1 && p.cp_comm_type == "a2a" && c.model.num_attention_heads) {

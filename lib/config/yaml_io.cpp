@@ -75,10 +75,17 @@ void apply_node(Config& cfg, const YAML::Node& map, const std::string& source, c
       continue;
     }
     if (const AliasSpec* alias = find_alias(key)) {
-      if (!val.IsScalar() && !val.IsNull()) {
+      std::string v;
+      if (alias->takes_list && val.IsSequence()) {  // (a list of plain values, joined as the command line's)
+        for (const auto& item : val) {
+          if (!item.IsScalar()) throw ConfigError("key '" + key + "' (" + where + "): list items must be plain values");
+          v += (v.empty() ? "" : " ") + item.Scalar();
+        }
+      } else if (!val.IsScalar() && !val.IsNull()) {
         throw ConfigError("key '" + key + "' (" + where + "): expected a value");
+      } else {
+        v = val.IsNull() ? "" : val.Scalar();
       }
-      const std::string v = val.IsNull() ? "" : val.Scalar();
       // A boolean old spelling set to false means "not given".
       if (!alias->takes_value && !parse_bool_text(alias->name, v.empty() ? "true" : v, where)) continue;
       if (std::string note = alias->apply(cfg, v); !note.empty()) cfg.notes.push_back(std::move(note));

@@ -25,11 +25,13 @@ std::unique_ptr<TokenSource> make_token_source(const Config& cfg) {
   }
   if (!cfg.data.data_path.empty() || !cfg.data.train_data_path.empty()) {
     const auto tok = make_tokenizer(cfg);
-    const int64_t gbs = cfg.derived.global_batch_size;
     const BatchSchedule batches(cfg, 1);  // the global batch of each iteration (a ramp-up's too)
     const int64_t iters = cfg.training.train_iters ? *cfg.training.train_iters : batches.train_iterations(*cfg.training.train_samples);
     const int64_t eval_iters = cfg.logging.eval_iters;
-    const int64_t samples[3] = {batches.samples_after(iters), (iters / cfg.logging.eval_interval + 1) * eval_iters * gbs, eval_iters * gbs};
+    // (Megatron's: the validation split holds every evaluation's batches, each evaluation continuing where the last stopped,
+    // one per --eval-interval and the final one; the test split one evaluation's)
+    const int64_t egbs = cfg.derived.eval_global_batch_size;
+    const int64_t samples[3] = {batches.samples_after(iters), (iters / cfg.logging.eval_interval + 1) * eval_iters * egbs, eval_iters * egbs};
     return std::make_unique<GptDataset>(cfg, tok->vocab_size(), tok->eod(), samples);
   }
   throw ConfigError("no data source: give --mock-data, --data-path or --text-data-path");

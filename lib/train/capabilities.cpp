@@ -223,6 +223,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.data.reset_attention_mask && c.data.seq_length.value_or(8) % 8 != 0,
      "--reset-attention-mask on the CUDA engine needs --seq-length to be a multiple of 8 (its mask is written 8 columns at a time): change it, or "
      "use --device cpu");
+  // Evaluation in microbatches other than training's: the model's buffers and cuDNN's plans are sized for the training one.
+  no(c.training.eval_micro_batch_size && *c.training.eval_micro_batch_size != c.training.micro_batch_size.value_or(0),
+     "--eval-micro-batch-size other than --micro-batch-size is not implemented on the CUDA engine (its buffers are sized for the training "
+     "microbatch): drop it (--eval-global-batch-size alone sets the evaluation's batch), or use --device cpu");
   // --deterministic-mode: cuDNN's attention backward without its atomic dQ accumulator (kernels/cuda/sdpa_cudnn.h), NCCL's
   // ring algorithm (train_cmd.cpp). Its GPU group (=deterministic) passed on an H100 in the thirty-ninth session; refused on
   // several GPUs until it has run there (NCCL's reductions in a fixed order).

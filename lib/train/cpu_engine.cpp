@@ -149,11 +149,11 @@ double CpuEngine::loss_tokens(const Microbatch& mb) {
   return n;
 }
 
-double CpuEngine::evaluate(int64_t iteration) {
+double CpuEngine::evaluate(int64_t iteration, Split split, int64_t first_sample) {
   for_each_data_parallel([](DataParallel& d) { d.finish_param_gather(); });
-  const int64_t mbs = *cfg_.training.micro_batch_size, S = *cfg_.data.seq_length;
+  const int64_t mbs = cfg_.derived.eval_micro_batch_size, S = *cfg_.data.seq_length;
   const int64_t dp = groups_.dp->size(), r = groups_.dp->rank(), pp = groups_.pp->size();
-  const int64_t per_iter = cfg_.derived.global_batch_size, nmb = cfg_.derived.num_microbatches;
+  const int64_t per_iter = cfg_.derived.eval_global_batch_size, nmb = cfg_.derived.eval_num_microbatches;
   // Megatron's: the token losses summed over the loss tokens (each microbatch's mean weighted by its tokens; with
   // --calculate-per-token-loss each microbatch's loss is its sum already).
   const bool per_token = cfg_.training.calculate_per_token_loss;
@@ -161,7 +161,7 @@ double CpuEngine::evaluate(int64_t iteration) {
   for (int64_t it = 0; it < cfg_.logging.eval_iters; ++it) {
     std::vector<double> mb_tokens(static_cast<size_t>(nmb));
     auto get = [&](int64_t m) {
-      const Microbatch mb = make_microbatch(data_, Split::kValid, it * per_iter + m * mbs * dp + r * mbs, mbs, S, cfg_);
+      const Microbatch mb = make_microbatch(data_, split, first_sample + it * per_iter + m * mbs * dp + r * mbs, mbs, S, cfg_);
       mb_tokens[static_cast<size_t>(m)] = loss_tokens(mb);
       return context_parallel_slice(mb, groups_.cp->rank(), groups_.cp->size());
     };

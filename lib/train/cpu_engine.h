@@ -30,7 +30,7 @@ class CpuEngine final : public TrainingEngine {
   double loss_scale() const override { return scaler_.scale(); }
   double params_norm() override { return optimizer_->params_norm(); }
   bool any_rank(bool mine) override;
-  double evaluate(int64_t iteration) override;
+  double evaluate(int64_t iteration, Split split, int64_t first_sample) override;
   void save(TrainState state) override;
   void finish() override;
   std::shared_ptr<GPTModel> cpu_model() const override { return model_; }

@@ -48,7 +48,7 @@ class CudaEngine final : public TrainingEngine {
   double loss_scale() const override { return cfg_.precision.fp16 ? last_.loss_scale : 1.0; }
   double params_norm() override;
   bool any_rank(bool mine) override;  // (over the world's NCCL communicator: a device flag)
-  double evaluate(int64_t iteration) override;
+  double evaluate(int64_t iteration, Split split, int64_t first_sample) override;
   void save(TrainState state) override;
   double peak_tflops() const override { return peak_; }
   // The caching allocator's and device_malloc's counts, and the most GPU memory any rank's process has used (total - free, sampled at log intervals; the caching allocator

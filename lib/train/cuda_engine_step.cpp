@@ -449,23 +449,24 @@ double CudaEngine::params_norm() {
   return std::sqrt(sq);
 }
 
-double CudaEngine::evaluate(int64_t iteration) {
+double CudaEngine::evaluate(int64_t iteration, Split split, int64_t first_sample) {
   (void)iteration;  // evaluation draws no dropout
   const Config& cfg = cfg_;
   const ModelDims& D = model_->dims();
-  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, gbs = cfg.derived.global_batch_size;
+  // (the evaluation's microbatch is the training's: capabilities.cpp refuses another --eval-micro-batch-size here)
+  const int64_t mbs = *cfg.training.micro_batch_size, S = *cfg.data.seq_length, gbs = cfg.derived.eval_global_batch_size;
   const int64_t dp = groups_.dp->size(), dp_rank = groups_.dp->rank();
   const std::function<void(cudaEvent_t)> wait = [this](cudaEvent_t ev) { wait_event(ev); };
   MT_CUDA_CHECK(cudaMemsetAsync(eval_acc_, 0, 4, stream_));
   // Megatron's: the token losses summed over the loss tokens they cover.
   double n = 0;
-  const int64_t nmb = cfg.derived.num_microbatches;
+  const int64_t nmb = cfg.derived.eval_num_microbatches;
   for (int64_t e = 0; e < cfg.logging.eval_iters; ++e) {
     // The forwards through the stages (the loss the last stage's), each microbatch staged as its forward comes.
     CudaPipelineStage stage(
         chunks_models_,
         [&](int64_t mi) {
-          const Microbatch mb = context_parallel_slice(make_microbatch(data_, Split::kValid, e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg), cp_rank_, cp_);
+          const Microbatch mb = context_parallel_slice(make_microbatch(data_, split, first_sample + e * gbs + mi * mbs * dp + dp_rank * mbs, mbs, S, cfg), cp_rank_, cp_);
           double denom = 0;
           for (float x : mb.loss_mask) denom += x;  // (this rank's: the sums run over DP x CP)
           MicrobatchSlot& slot = *eval_slots_[static_cast<size_t>(mi) % eval_slots_.size()];

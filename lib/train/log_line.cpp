@@ -73,10 +73,10 @@ std::string format_iteration_line(const IterationStats& s) {
   return out;
 }
 
-std::string format_validation_line(int64_t iteration, double loss) {
-  char buf[256];
-  std::snprintf(buf, sizeof(buf), " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | ",
-                static_cast<long long>(iteration), loss, std::exp(std::min(loss, 20.0)));
+std::string format_validation_line(int64_t iteration, double loss, const std::string& where) {
+  char buf[320];
+  std::snprintf(buf, sizeof(buf), " validation loss at iteration %lld%s | lm loss value: %.6E | lm loss PPL: %.6E | ",
+                static_cast<long long>(iteration), where.c_str(), loss, std::exp(std::min(loss, 20.0)));
   const std::string line(buf);
   const std::string bar(line.size() + 1, '-');
   return bar + "\n" + line + "\n" + bar;

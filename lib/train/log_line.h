@@ -35,7 +35,9 @@ struct IterationStats {
 };
 
 std::string format_iteration_line(const IterationStats& s);
-std::string format_validation_line(int64_t iteration, double loss);
+// Megatron's " validation loss at iteration N | lm loss value: ... | lm loss PPL: ... |" between dashed rules; `where` follows
+// the iteration: "" during training, " on validation set" / " on test set" for the evaluations after the last iteration.
+std::string format_validation_line(int64_t iteration, double loss, const std::string& where = "");
 std::string timestamp_now();
 
 }  // namespace mt

@@ -118,6 +118,15 @@ MetricsFile::~MetricsFile() = default;
 
 void MetricsFile::validation(int64_t iteration, double loss, int64_t samples) {
   if (out_) write_line(nlohmann::json{{"iteration", iteration}, {"validation_lm_loss", loss}}.dump());
+  validation_scalars(iteration, loss, samples);
+}
+
+void MetricsFile::test(int64_t iteration, double loss, int64_t samples) {
+  if (out_) write_line(nlohmann::json{{"iteration", iteration}, {"test_lm_loss", loss}}.dump());
+  validation_scalars(iteration, loss, samples);
+}
+
+void MetricsFile::validation_scalars(int64_t iteration, double loss, int64_t samples) {
   tensorboard([&](TensorBoardWriter& tb) {
     tb.scalar("lm loss validation", loss, iteration);
     tb.scalar("lm loss validation vs samples", loss, samples);

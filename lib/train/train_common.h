@@ -29,11 +29,15 @@ class MetricsFile {
   void iteration(const IterationStats& s);
   // consumed_samples: by the training so far (TensorBoard's "vs samples" step).
   void validation(int64_t iteration, double loss, int64_t consumed_samples);
+  // The test split's evaluation after the last iteration: TensorBoard's validation tags, as Megatron writes it (its test
+  // evaluation reports through the same function); metrics.jsonl's test_lm_loss.
+  void test(int64_t iteration, double loss, int64_t consumed_samples);
 
  private:
   std::unique_ptr<std::ofstream> out_;
   bool write_failed_ = false;  // warned once
   void write_line(const std::string& line);
+  void validation_scalars(int64_t iteration, double loss, int64_t consumed_samples);
   std::unique_ptr<TensorBoardWriter> tb_;
   const LoggingConfig log_;
   int64_t world_size_ = 1;

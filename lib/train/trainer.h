@@ -42,7 +42,8 @@ struct MoeLossHistory {
 struct TrainResult {
   std::shared_ptr<GPTModel> model;  // the trained shard
   std::vector<double> losses;       // per iteration (summed over the loss tokens, as Megatron reports it), skipped ones included
-  std::vector<double> valid_losses; // per validation run
+  std::vector<double> valid_losses; // per validation run (the one after the last iteration included)
+  std::vector<double> test_losses;  // the test split's evaluation after the last iteration (none without a test split)
   std::vector<double> grad_norms;   // per iteration, before clipping
   std::vector<double> num_zeros;    // --log-num-zeros-in-grad: per iteration (-1 where skipped)
   // MoE, per iteration: the auxiliary losses as logged and the share of dropped choices.

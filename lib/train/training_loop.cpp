@@ -56,6 +56,8 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   const double flops_full_batch = flops_per_iteration(cfg);  // at the full global batch; per sample below
   auto flops_of = [&](int64_t batch) { return flops_full_batch * static_cast<double>(batch) / static_cast<double>(gbs); };
   const bool has_valid = data.has_split(Split::kValid) && cfg.logging.eval_iters > 0;
+  const int64_t per_evaluation = cfg.logging.eval_iters * cfg.derived.eval_global_batch_size;  // samples of a split
+  bool exited = false;  // by --exit-interval / --exit-duration-in-mins: no evaluations after the last iteration
   const auto& ck = cfg.checkpoint;
   // The run's length in iterations: fixed, or from --train-samples (under a batch-size ramp-up, Megatron's
   // count: the ramp's iterations, then whole full batches).
@@ -199,7 +201,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     // run's log differ from the uninterrupted one's.
     const bool interval_end = it % cfg.logging.log_interval == 0 || it == iters;
     const bool logging = interval_end || it == first_iter;
-    const bool evaluating = has_valid && (it % cfg.logging.eval_interval == 0 || it == iters);
+    const bool evaluating = has_valid && it % cfg.logging.eval_interval == 0;
     bool out_of_time = false;  // --exit-duration-in-mins: on any rank, so that every rank stops at the same iteration (as Megatron)
     if (cfg.training.exit_duration_in_mins.value_or(0) > 0) {  // (0: off, as Megatron's falsy value)
       out_of_time = engine.any_rank(std::chrono::duration<double>(Clock::now() - kProcessStart).count() / 60.0 >
@@ -257,8 +259,8 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
       moe_iters = 0;
     }
     if (!nan_exit.empty()) throw std::runtime_error(nan_exit);
-    if (evaluating) {
-      const double vl = engine.evaluate(it);
+    if (evaluating) {  // (each evaluation continues the validation split where the last stopped, as Megatron's iterator)
+      const double vl = engine.evaluate(it, Split::kValid, (it / cfg.logging.eval_interval - 1) * per_evaluation);
       res.valid_losses.push_back(vl);
       if (lead) std::cout << format_validation_line(it, vl) << "\n" << std::flush;
       metrics.validation(it, vl, consumed);
@@ -282,8 +284,23 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
     }
     if (exiting) {
       if (lead) std::cout << "megatrain: exiting at iteration " << it << (out_of_time ? " (--exit-duration-in-mins)\n" : " (--exit-interval)\n");
+      exited = true;
       break;
     }
+  }
+  // After the last iteration (not after an exit), Megatron's pretrain evaluates once more on the validation split, after
+  // every evaluation of the run so far, and once on the test split from its start.
+  if (!exited && has_valid) {
+    const double vl = engine.evaluate(iters, Split::kValid, (iters / cfg.logging.eval_interval) * per_evaluation);
+    res.valid_losses.push_back(vl);
+    if (lead) std::cout << format_validation_line(iters, vl, " on validation set") << "\n" << std::flush;
+    metrics.validation(iters, vl, consumed);
+  }
+  if (!exited && data.has_split(Split::kTest) && cfg.logging.eval_iters > 0) {
+    const double tl = engine.evaluate(iters, Split::kTest, 0);
+    res.test_losses.push_back(tl);
+    if (lead) std::cout << format_validation_line(iters, tl, " on test set") << "\n" << std::flush;
+    metrics.test(iters, tl, consumed);
   }
   engine.finish();
   return res;

@@ -57,8 +57,9 @@ class TrainingEngine {
   virtual double params_norm() = 0;
   // Whether any rank passes true (a collective over the world: every rank calls it, at the same iteration).
   virtual bool any_rank(bool mine) = 0;
-  // The mean validation loss over --eval-iters batches, averaged over data parallelism.
-  virtual double evaluate(int64_t iteration) = 0;
+  // The mean loss over --eval-iters evaluation batches (--eval-global-batch-size samples in microbatches of
+  // --eval-micro-batch-size each) of `split` from its sample `first_sample` on, over every token of them (all DP ranks').
+  virtual double evaluate(int64_t iteration, Split split, int64_t first_sample) = 0;
   // Writes the checkpoint of `state` (iteration, samples, counts from the loop; the engine adds its own).
   virtual void save(TrainState state) = 0;
   // Peak dense 16-bit TFLOP/s of one device for MFU (<= 0: unknown, no MFU).

@@ -238,6 +238,11 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
     for (size_t i = 0; valid_ok && i < cpu.valid_losses.size(); ++i) {
       worst_valid = std::max(worst_valid, std::fabs(gpu.valid_losses[i] - cpu.valid_losses[i]) / std::fabs(cpu.valid_losses[i]));
     }
+    // (and the test split's evaluation after the last iteration)
+    valid_ok = valid_ok && cpu.test_losses.size() == gpu.test_losses.size();
+    for (size_t i = 0; valid_ok && i < cpu.test_losses.size(); ++i) {
+      worst_valid = std::max(worst_valid, std::fabs(gpu.test_losses[i] - cpu.test_losses[i]) / std::fabs(cpu.test_losses[i]));
+    }
     valid_ok = valid_ok && worst_valid < 2e-2;
     char buf[320];
     const char* what = extra.find("--first-last-layers-bf16") != std::string::npos ? " (fp8 e4m3, first layer bf16)"
@@ -259,9 +264,10 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
                        : extra.find("--qk-layernorm") != std::string::npos ? " (qk-layernorm)"
                        : evaluates                                      ? " (validation)"
                                                                         : "";
-    std::snprintf(buf, sizeof(buf), "training %s%s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e; %zu validation runs, gap %.2e",
-                  model.c_str(), what, gpu.losses.size(), same_len ? cpu.losses.front() : 0.0, same_len ? cpu.losses.back() : 0.0,
-                  same_len ? gpu.losses.front() : 0.0, same_len ? gpu.losses.back() : 0.0, worst, gpu.valid_losses.size(), worst_valid);
+    std::snprintf(buf, sizeof(buf), "training %s%s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e; %zu validation runs "
+                  "and %zu test, gap %.2e", model.c_str(), what, gpu.losses.size(), same_len ? cpu.losses.front() : 0.0,
+                  same_len ? cpu.losses.back() : 0.0, same_len ? gpu.losses.front() : 0.0, same_len ? gpu.losses.back() : 0.0, worst,
+                  gpu.valid_losses.size(), gpu.test_losses.size(), worst_valid);
     check(same_len && worst < 2e-2 && drop > 0.1 && gpu.skipped == 0 && valid_ok, buf);
   } catch (const std::exception& e) {
     check(false, "training " + model + ": " + e.what());
@@ -1694,6 +1700,15 @@ void test_deterministic() {
   }
 }
 
+// Evaluation as Megatron's (thirty-ninth session, MT_GPU_TEST_ONLY=evaluation): the validation batches continuing from one
+// evaluation to the next, the evaluations after the last iteration on the validation and the test split, and
+// --eval-global-batch-size (more microbatches than training's, and fewer), against the CPU engine.
+void test_evaluation() {
+  test_training("gpt", std::string(kPlain) + "--eval-iters 2 --eval-interval 10 ");
+  test_training("llama", std::string(kPlain) + "--eval-iters 1 --eval-interval 15 --eval-global-batch-size 16 ");
+  test_training("llama", std::string(kPlain) + "--eval-iters 2 --eval-interval 10 --eval-global-batch-size 4 --micro-batch-size 2 ");
+}
+
 // --recompute-modules moe_act (Megatron's output-discarding recompute of the experts' activation function; thirty-eighth
 // session, these passed on an H100 the same day, lifting its gate): the MoE layers' routed experts' activations in one buffer the layers share, computed again from fc1's output
 // before each layer's expert backward. The activations kept shrink by all but one layer's; the same gradients and curves
@@ -1829,6 +1844,11 @@ int main() {
     test_num_zeros("--optimizer-cpu-offload --optimizer-offload-fraction 0.5 ");
     test_num_zeros("--fp16 --initial-loss-scale 4294967296 ", 32, true);
     test_num_zeros("--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 ");
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "evaluation") {  // (=evaluation: only the evaluation's batches)
+    test_evaluation();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }

@@ -140,7 +140,8 @@ TEST_CASE("training on an indexed dataset: the loss falls and validation runs") 
   c.logging.eval_iters = 2;
   resolve(c, 1);
   const TrainResult r = train(c, ProcessGroups::single(), {true, 0});
-  CHECK(r.valid_losses.size() == 1);
+  CHECK(r.valid_losses.size() == 2);  // (at iteration 30, and after the last iteration)
+  CHECK(r.test_losses.empty());        // (--split 90,10,0: no test split)
   CHECK(r.losses.back() < r.losses.front() - 0.5);
   fs::remove_all(dir);
 }

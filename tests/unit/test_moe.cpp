@@ -336,7 +336,9 @@ void check_moe_model(bool llama, const std::function<void(Config&)>& set) {
       diff_sq += (a - n) * (a - n);
     }
     INFO(p.name << ": |analytic - numeric| = " << std::sqrt(diff_sq) << ", |numeric| " << std::sqrt(num_sq));
-    CHECK(std::sqrt(diff_sq) <= 3e-3 * std::sqrt(num_sq) + 1e-5);
+    // (the floor: the fp32 forward's rounding through the central difference, about ulp(loss) / step = 5e-7 / 2e-2 per element,
+    // up to 16 elements; the BLAS kernels, chosen by the CPU, move it: 1e-5 held on some CPUs, not on an AVX-512 EPYC)
+    CHECK(std::sqrt(diff_sq) <= 3e-3 * std::sqrt(num_sq) + 8e-5);
   }
   INFO("elements whose step moved the routing: " << left_out << " of " << checked + left_out);
   CHECK(left_out * 4 <= checked);

@@ -207,9 +207,16 @@ TEST_CASE("a training run with --tensorboard-dir writes Megatron's scalars at ea
   CHECK(by_tag["throughput"][0].step == 1);
   CHECK(by_tag.count("loss-scale") == 0);  // --no-log-loss-scale-to-tensorboard
   CHECK(by_tag.count("batch-size") == 0);  // only with --log-batch-size-to-tensorboard, as Megatron
-  REQUIRE(by_tag["lm loss validation"].size() == 1);
-  CHECK(by_tag["lm loss validation"][0].value == Approx(r.valid_losses.back()).epsilon(1e-5));
-  CHECK(by_tag["lm loss validation ppl"].size() == 1);
+  // (the evaluation at iteration 6, the one after the last iteration, and the test split's, each under Megatron's
+  // validation tags at the same step)
+  REQUIRE(r.valid_losses.size() == 2);
+  const auto& validation = by_tag["lm loss validation"];
+  REQUIRE(validation.size() == 2 + r.test_losses.size());
+  CHECK(validation[0].value == Approx(r.valid_losses[0]).epsilon(1e-5));
+  CHECK(validation[1].value == Approx(r.valid_losses[1]).epsilon(1e-5));
+  if (!r.test_losses.empty()) CHECK(validation[2].value == Approx(r.test_losses[0]).epsilon(1e-5));
+  for (const auto& point : validation) CHECK(point.step == 6);
+  CHECK(by_tag["lm loss validation ppl"].size() == validation.size());
   std::filesystem::remove_all(dir);
 }
 

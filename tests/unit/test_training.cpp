@@ -78,7 +78,7 @@ TEST_CASE("a tiny LLaMA on tinyshakespeare bytes beats the unigram entropy; same
   CHECK(h1 == Approx(3.3128).epsilon(1e-3));
   const Config c = tiny_llama_on_shakespeare(60);
   const TrainResult a = train(c, ProcessGroups::single(), {true, 0});
-  REQUIRE(a.valid_losses.size() == 1);
+  REQUIRE(a.valid_losses.size() == 2);  // (at iteration 60, and after the last iteration on the next batches)
   INFO("validation loss " << a.valid_losses.back() << " vs unigram entropy " << h1);
   CHECK(a.losses.front() > 5.0);                 // starts near ln(257) = 5.55
   CHECK(a.valid_losses.back() < h1 - 0.5);       // a clear margin below a unigram model
@@ -183,9 +183,66 @@ TEST_CASE("the update uses the rate before its samples (Megatron steps its sched
     return train(c, ProcessGroups::single(), {true, 0});
   };
   const TrainResult a = run(0.01, 1.0), b = run(0.5, 0.01);
-  REQUIRE(a.valid_losses.size() == 1);
-  REQUIRE(b.valid_losses.size() == 1);
+  REQUIRE(a.valid_losses.size() == 2);  // (at iteration 1, and after the last iteration)
+  REQUIRE(b.valid_losses.size() == 2);
   CHECK(a.valid_losses[0] == b.valid_losses[0]);
+  CHECK(a.valid_losses[1] == b.valid_losses[1]);
+}
+
+TEST_CASE("evaluation as Megatron's: the validation batches continue from one evaluation to the next, a last one on each split") {
+  // A model that does not move (learning rate 0), so each evaluation's loss is its batches'. Iterations 4, batches of 4.
+  auto run = [](int64_t interval, auto&& change) {
+    Config c = tiny_mock_gpt(1, 16, 64);
+    c.training.train_iters = 4;
+    c.training.global_batch_size = 4;
+    c.training.lr = 0.0;
+    c.logging.eval_interval = interval;
+    c.logging.eval_iters = 1;
+    change(c);
+    REQUIRE(validate(c, 1, Purpose::kTrain).ok());
+    resolve(c, 1);
+    return train(c, ProcessGroups::single(), {true, 0});
+  };
+  const auto same = [](Config&) {};
+  // Every 2 iterations: at 2 (batch 0), at 4 (batch 1), then the last on the validation split (batch 2) and the test
+  // split's first batch (mock data's documents of each split start alike, so its loss is not compared with the
+  // validation split's).
+  const TrainResult a = run(2, same);
+  REQUIRE(a.valid_losses.size() == 3);
+  REQUIRE(a.test_losses.size() == 1);
+  CHECK(a.valid_losses[0] != a.valid_losses[1]);
+  CHECK(a.valid_losses[1] != a.valid_losses[2]);
+  // Every 4: at 4 (batch 0), then the last (batch 1); the test split from its start again.
+  const TrainResult b = run(4, same);
+  REQUIRE(b.valid_losses.size() == 2);
+  CHECK(b.valid_losses[0] == a.valid_losses[0]);
+  CHECK(b.valid_losses[1] == a.valid_losses[1]);
+  REQUIRE(b.test_losses.size() == 1);
+  CHECK(b.test_losses[0] == a.test_losses[0]);
+  // --eval-global-batch-size 8: batches 0 and 1 in one evaluation, their mean (equal token counts); in microbatches of 2
+  // (--eval-micro-batch-size) the same.
+  const TrainResult c = run(4, [](Config& x) { x.training.eval_global_batch_size = 8; });
+  REQUIRE(c.valid_losses.size() == 2);
+  CHECK(c.valid_losses[0] == Approx((a.valid_losses[0] + a.valid_losses[1]) / 2).epsilon(1e-6));
+  const TrainResult d = run(4, [](Config& x) {
+    x.training.eval_global_batch_size = 8;
+    x.training.eval_micro_batch_size = 2;
+  });
+  REQUIRE(d.valid_losses.size() == 2);
+  CHECK(d.valid_losses[0] == Approx(c.valid_losses[0]).epsilon(1e-6));
+  CHECK(d.valid_losses[1] == Approx(c.valid_losses[1]).epsilon(1e-6));
+  // A run that --exit-interval ends: no evaluation after it.
+  const TrainResult e = run(2, [](Config& x) { x.training.exit_interval = 2; });
+  CHECK(e.valid_losses.size() == 1);
+  CHECK(e.test_losses.empty());
+  // The evaluation's batch must be whole microbatches (Megatron's rule).
+  Config bad = tiny_mock_gpt(1, 16, 64);
+  bad.training.train_iters = 4;
+  bad.training.lr = 1e-3;
+  bad.training.eval_global_batch_size = 6;
+  std::string errors;
+  for (const auto& m : validate(bad, 1, Purpose::kTrain).errors) errors += m + "\n";
+  CHECK_THAT(errors, MT_CONTAINS("the evaluation's global batch 6 is not divisible by its micro-batch-size(4) x DP(1) = 4"));
 }
 
 TEST_CASE("fp16 dynamic loss scaling: shrink once the hysteresis is used up, grow after the window") {
