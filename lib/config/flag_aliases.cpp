@@ -362,8 +362,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("per-split-data-args-path", true, "give the data with --train-data-path / --valid-data-path / --test-data-path"),
       MT_REFUSED("object-storage-cache-path", true, "object-storage datasets are not supported: give local files"),
       MT_REFUSED("s3-cache-path", true, "object-storage datasets are not supported: give local files"),
-      MT_REFUSED("microbatch-group-size-per-virtual-pipeline-stage", true,
-                 "the interleaved schedule groups microbatches by the pipeline size (Megatron's default): drop it"),
       // Megatron's MoE flags outside megatrain's MoE (docs/moe.md).
       MT_INERT("moe-use-legacy-grouped-gemm", false, "megatrain has one grouped-GEMM path per engine (the same results)"),
       MT_INERT("moe-router-fusion", false, "kernel fusion does not change megatrain's results"),

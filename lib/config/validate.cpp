@@ -375,23 +375,44 @@ void check_step_batch_schedule(const Config& c, Checker& k) {
   }
 }
 
+// Interleaved pipelining's rule for `nmb` microbatches of `what` (Megatron's, checked where its schedule runs): groups of
+// --microbatch-group-size-per-virtual-pipeline-stage (default PP) microbatches, the group in [PP, microbatches], the last
+// group none or at least PP. "" when they fit (or without interleaving).
+std::string interleaved_microbatch_problem(const Config& c, int64_t nmb, const std::string& what, const std::string& fix) {
+  const auto& p = c.parallel;
+  const bool vpp = p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1;
+  const int64_t pp = p.pipeline_model_parallel_size;
+  if (!vpp || pp <= 1) return "";
+  if (!p.microbatch_group_size_per_vp_stage) {
+    if (nmb % pp == 0) return "";
+    return "interleaved pipelining needs the number of " + what + " (" + s(nmb) + ") divisible by PP(" + s(pp) + "): " + fix;
+  }
+  const int64_t g = *p.microbatch_group_size_per_vp_stage;
+  if (g > nmb) {
+    return "--microbatch-group-size-per-virtual-pipeline-stage " + s(g) + " is more than the " + what + " (" + s(nmb) + "; Megatron's range is [PP, " +
+           "microbatches]): lower it, or " + fix;
+  }
+  if (nmb % g != 0 && nmb % g < pp) {
+    return "the " + what + " (" + s(nmb) + ") leave a last group of " + s(nmb % g) + " with --microbatch-group-size-per-virtual-pipeline-stage " +
+           s(g) + ", fewer than PP(" + s(pp) + ") (Megatron: a dependency bubble): " + fix + ", or change the group size";
+  }
+  return "";
+}
+
 void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
   const auto& p = c.parallel;
   const int64_t mp = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;
   if (mp < 1 || world % mp != 0) return;
   const int64_t dp = world / mp;
-  if (c.training.micro_batch_size && c.training.global_batch_size && *c.training.micro_batch_size > 0) {
-    const int64_t mbs = *c.training.micro_batch_size, gbs = *c.training.global_batch_size;
+  if (c.training.micro_batch_size && *c.training.micro_batch_size > 0 && !c.training.step_batch_size_schedule) {
+    // (without --global-batch-size: one microbatch per DP rank, Megatron's default)
+    const int64_t mbs = *c.training.micro_batch_size, gbs = c.training.global_batch_size.value_or(mbs * dp);
     if (gbs % (mbs * dp) != 0) {
       k.error("--global-batch-size " + s(gbs) + " is not divisible by micro-batch-size(" + s(mbs) + ") x DP(" + s(dp) +
               ") = " + s(mbs * dp) + ": use a multiple of " + s(mbs * dp));
     } else {
       const int64_t nmb = gbs / (mbs * dp);
-      const bool vpp = (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1);
-      if (vpp && p.pipeline_model_parallel_size > 1 && nmb % p.pipeline_model_parallel_size != 0) {
-        k.error("interleaved pipelining needs the number of microbatches (" + s(nmb) + ") divisible by PP(" +
-                s(p.pipeline_model_parallel_size) + "): change --global-batch-size");
-      }
+      if (std::string why = interleaved_microbatch_problem(c, nmb, "microbatches", "change --global-batch-size"); !why.empty()) k.error(why);
     }
   }
   check_rampup(c, dp, k);
@@ -408,10 +429,22 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
     if (egb % (emb * dp) != 0) {
       k.error("the evaluation's global batch " + s(egb) + " is not divisible by its micro-batch-size(" + s(emb) + ") x DP(" + s(dp) + ") = " +
               s(emb * dp) + " (as Megatron asks): change --eval-global-batch-size or --eval-micro-batch-size");
-    } else if (const bool vpp = p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1;
-               vpp && p.pipeline_model_parallel_size > 1 && (egb / (emb * dp)) % p.pipeline_model_parallel_size != 0 && c.logging.eval_iters > 0) {
-      k.error("interleaved pipelining needs the evaluation's microbatches (" + s(egb / (emb * dp)) + ") divisible by PP(" +
-              s(p.pipeline_model_parallel_size) + "): change --eval-global-batch-size");
+    } else if (c.logging.eval_iters > 0) {
+      if (std::string why = interleaved_microbatch_problem(c, egb / (emb * dp), "evaluation's microbatches", "change --eval-global-batch-size");
+          !why.empty()) {
+        k.error(why);
+      }
+    }
+  }
+  if (const auto& g = p.microbatch_group_size_per_vp_stage; g) {
+    const bool vpp = p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1;
+    if (*g < p.pipeline_model_parallel_size) {
+      k.error("--microbatch-group-size-per-virtual-pipeline-stage " + s(*g) + " is less than PP(" + s(p.pipeline_model_parallel_size) +
+              ") (Megatron's range is [PP, microbatches]): raise it");
+    }
+    if (vpp && (!t.rampup_batch_size.empty() || t.step_batch_size_schedule)) {
+      k.error("--microbatch-group-size-per-virtual-pipeline-stage with a changing batch (--rampup-batch-size, --step-batch-size-schedule) is not "
+              "implemented: drop one of them");
     }
   }
   if (c.data.seq_length) {

@@ -10,6 +10,9 @@
 
 namespace mt {
 
+// The interleaved schedule's microbatches per virtual-stage group: --microbatch-group-size-per-virtual-pipeline-stage, or
+// the pipeline size (Megatron's default).
+int64_t microbatch_group_size(const Config& cfg);
 // One training iteration of num_microbatches on pipeline rank `rank` of `stages`.
 Schedule training_schedule(const Config& cfg, int64_t rank, int64_t stages, int64_t num_microbatches);
 // The forwards of an evaluation iteration.

@@ -129,36 +129,58 @@ Schedule zero_bubble_h1_schedule(int64_t rank, int64_t stages, int64_t num_micro
 
 namespace {
 
-int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0)) ? 1 : 0); }
-
-// Megatron's interleaved order: the k-th forward (or backward) of a rank runs chunk (k / stages) % chunks
-// (backwards from the last chunk) of microbatch (k / (stages x chunks)) x stages + k % stages: groups of
-// `stages` microbatches pass through each chunk in turn. Negative k as Megatron's Python computes it.
-int64_t interleaved_chunk(int64_t k, int64_t stages, int64_t chunks, bool forward) {
-  const int64_t in_group = k - floor_div(k, stages * chunks) * stages * chunks;
-  const int64_t chunk = in_group / stages;
-  return forward ? chunk : chunks - 1 - chunk;
-}
-
-ScheduleAction interleaved_action(int64_t k, int64_t stages, int64_t chunks, bool forward) {
-  const int64_t group = k / (stages * chunks);
-  return {forward ? ActionKind::kForward : ActionKind::kBackward, group * stages + k % stages, interleaved_chunk(k, stages, chunks, forward)};
-}
-
-}  // namespace
-
-Schedule interleaved_schedule(int64_t rank, int64_t stages, int64_t chunks, int64_t num_microbatches) {
-  check_stage(rank, stages, "interleaved_schedule");
-  if (chunks < 1) throw std::logic_error("interleaved_schedule: chunks must be >= 1");
-  if (chunks == 1) return one_f_one_b_schedule(rank, stages, num_microbatches);
-  if (num_microbatches % stages != 0) {
-    throw std::logic_error("interleaved_schedule: the number of microbatches (" + std::to_string(num_microbatches) +
-                           ") must be a multiple of the pipeline size (" + std::to_string(stages) + ")");
+// Megatron's interleaved order (get_schedule_table): groups of `group` microbatches (the last group takes the rest) pass
+// through the chunks in turn, so the k-th forward of a rank runs the table's k-th (microbatch, chunk), and its k-th
+// backward the same microbatch through chunk chunks - 1 - chunk. group = stages: Megatron's default, depth-first.
+class InterleavedTable {
+ public:
+  InterleavedTable(int64_t microbatches, int64_t chunks, int64_t group) : chunks_(chunks) {
+    for (int64_t first = 0; first < microbatches; first += group) {
+      const int64_t end = first + group >= microbatches ? microbatches : first + group;
+      for (int64_t c = 0; c < chunks; ++c) {
+        for (int64_t m = first; m < end; ++m) entries_.push_back({m, c});
+      }
+    }
   }
+  // The chunk of the k-th forward (backward); k outside [0, total) wraps as Megatron's Python index does.
+  int64_t chunk(int64_t k, bool forward) const {
+    const auto total = static_cast<int64_t>(entries_.size());
+    const int64_t c = entries_[static_cast<size_t>(((k % total) + total) % total)].second;
+    return forward ? c : chunks_ - 1 - c;
+  }
+  ScheduleAction action(int64_t k, bool forward) const {
+    return {forward ? ActionKind::kForward : ActionKind::kBackward, entries_[static_cast<size_t>(k)].first, chunk(k, forward)};
+  }
+
+ private:
+  int64_t chunks_;
+  std::vector<std::pair<int64_t, int64_t>> entries_;  // (microbatch, chunk) in the forwards' order
+};
+
+// Megatron's rules for the group (forward_backward_pipelining_with_interleaving): between the stages and the
+// microbatches, and a last group of none or at least `stages` (else the pipeline waits on itself).
+void check_group(int64_t stages, int64_t microbatches, int64_t group, const char* what) {
+  if (group < stages || group > microbatches) {
+    throw std::logic_error(std::string(what) + ": the microbatches per virtual-stage group (" + std::to_string(group) + ") must range in [PP = " +
+                           std::to_string(stages) + ", microbatches = " + std::to_string(microbatches) + "]");
+  }
+  const int64_t last = microbatches % group;
+  if (last > 0 && last < stages) {
+    throw std::logic_error(std::string(what) + ": the microbatches (" + std::to_string(microbatches) + ") leave a last group of " + std::to_string(last) +
+                           ", fewer than the pipeline size (" + std::to_string(stages) + ")");
+  }
+}
+
+// Megatron's forward_backward_pipelining_with_interleaving, or with forward_only its evaluation (every step a warm-up
+// forward, with the same transfers).
+Schedule interleaved(int64_t rank, int64_t stages, int64_t chunks, int64_t num_microbatches, int64_t group, bool forward_only) {
+  if (group == 0) group = stages;
+  check_group(stages, num_microbatches, group, forward_only ? "forward_only_schedule" : "interleaved_schedule");
+  const InterleavedTable table(num_microbatches, chunks, group);
   const int64_t P = stages, V = chunks, total = num_microbatches * V;
   const bool first_rank = rank == 0, last_rank = rank == P - 1;
-  // Megatron's warm-up: (chunks - 1) x stages forwards on every rank, two more per stage before the last.
-  int64_t warmup = (P - rank - 1) * 2 + (V - 1) * P;
+  // Megatron's warm-up: (chunks - 1) x group forwards on every rank, two more per stage before the last.
+  int64_t warmup = forward_only ? total : (P - rank - 1) * 2 + (V - 1) * group;
   const bool all_warmup = warmup >= total;
   if (all_warmup) warmup = total;
   const int64_t remaining = total - warmup;
@@ -170,23 +192,34 @@ Schedule interleaved_schedule(int64_t rank, int64_t stages, int64_t chunks, int6
   auto recv_forward = [&](int64_t chunk) { s.push_back({ActionKind::kRecvForward, forward_in[static_cast<size_t>(chunk)]++, chunk}); };
   auto recv_backward = [&](int64_t chunk) { s.push_back({ActionKind::kRecvBackward, backward_in[static_cast<size_t>(chunk)]++, chunk}); };
   auto forward = [&](int64_t k) {
-    const ScheduleAction a = interleaved_action(k, P, V, true);
+    const ScheduleAction a = table.action(k, true);
     s.push_back(a);
     if (!(last_rank && a.chunk == V - 1)) s.push_back({ActionKind::kSendForward, a.microbatch, a.chunk});
   };
   auto backward = [&](int64_t k) -> ScheduleAction {
-    const ScheduleAction a = interleaved_action(k, P, V, false);
+    const ScheduleAction a = table.action(k, false);
     s.push_back(a);
     return a;
   };
   auto send_backward = [&](const ScheduleAction& b) {
     if (!(first_rank && b.chunk == 0)) s.push_back({ActionKind::kSendBackward, b.microbatch, b.chunk});
   };
+  // Megatron's recv_tensor_from_previous_stage: whether the transfers after a rank's k-th forward (backward) receive for
+  // a later one, and into which chunk. The leading rank of the direction (the first for forwards, the last for
+  // backwards) is ahead of the other end by stages - 1 steps: it receives what that end sent stages - 1 steps before,
+  // the next chunk's input, unless that was the end's last chunk (nothing crosses back); the others receive the next step's.
+  auto next_receive = [&](int64_t k, bool forward_direction) -> std::pair<bool, int64_t> {
+    const bool leading = forward_direction ? first_rank : last_rank;
+    if (!leading) return {true, table.chunk(k + 1, forward_direction)};
+    if (k < P - 1) return {false, 0};
+    const int64_t c = table.chunk(k - (P - 1), forward_direction);
+    if (c == (forward_direction ? V - 1 : 0)) return {false, 0};
+    return {true, forward_direction ? c + 1 : c - 1};
+  };
   if (!first_rank) recv_forward(0);
   for (int64_t k = 0; k < warmup; ++k) {
     forward(k);
-    const int64_t next_chunk = interleaved_chunk(k + 1, P, V, true);
-    if (!(first_rank && next_chunk == 0) && k != total - 1) recv_forward(next_chunk);
+    if (const auto [recv, chunk] = next_receive(k, true); recv && k != total - 1) recv_forward(chunk);
     if (k == warmup - 1 && !all_warmup && !last_rank) recv_backward(V - 1);
   }
   for (int64_t k = 0; k < remaining; ++k) {
@@ -201,43 +234,37 @@ Schedule interleaved_schedule(int64_t rank, int64_t stages, int64_t chunks, int6
       const auto at = [&](size_t n) { return s.begin() + static_cast<std::ptrdiff_t>(n); };
       std::rotate(at(sends_at - 1), at(sends_at), at(sends_at + 1));
     }
-    bool recv_prev = true, recv_next = true;
-    int64_t next_forward_chunk, next_backward_chunk;
-    if (first_rank) {  // the first rank is ahead of the last by stages - 1
-      next_forward_chunk = interleaved_chunk(fk - (P - 1), P, V, true);
-      if (next_forward_chunk == V - 1) recv_prev = false;
-      ++next_forward_chunk;
-    } else {
-      next_forward_chunk = interleaved_chunk(fk + 1, P, V, true);
-    }
-    if (last_rank) {  // the last rank is ahead of the first by stages - 1
-      next_backward_chunk = interleaved_chunk(k - (P - 1), P, V, false);
-      if (next_backward_chunk == 0) recv_next = false;
-      --next_backward_chunk;
-    } else {
-      next_backward_chunk = interleaved_chunk(k + 1, P, V, false);
-    }
-    if (k == remaining - 1) recv_prev = false;
+    auto [recv_prev, next_forward_chunk] = next_receive(fk, true);
+    const auto [recv_next, next_backward_chunk] = next_receive(k, false);
+    if (k == remaining - 1) recv_prev = false;  // (the cool-down's backwards need no more forwards' inputs)
     if (recv_prev) recv_forward(next_forward_chunk);
     if (recv_next) recv_backward(next_backward_chunk);
   }
+  if (forward_only) return s;
   if (all_warmup && !last_rank) recv_backward(V - 1);
   for (int64_t k = remaining; k < total; ++k) {
     send_backward(backward(k));
-    const int64_t next_chunk = interleaved_chunk(k + 1, P, V, false);
-    if (!(last_rank && next_chunk == V - 1) && k != total - 1) recv_backward(next_chunk);
+    if (const auto [recv, chunk] = next_receive(k, false); recv && k != total - 1) recv_backward(chunk);
   }
   return s;
 }
 
-Schedule forward_only_schedule(int64_t rank, int64_t stages, int64_t num_microbatches, int64_t chunks) {
+}  // namespace
+
+Schedule interleaved_schedule(int64_t rank, int64_t stages, int64_t chunks, int64_t num_microbatches, int64_t group) {
+  check_stage(rank, stages, "interleaved_schedule");
+  if (chunks < 1) throw std::logic_error("interleaved_schedule: chunks must be >= 1");
+  if (chunks == 1) return one_f_one_b_schedule(rank, stages, num_microbatches);
+  return interleaved(rank, stages, chunks, num_microbatches, group, false);
+}
+
+Schedule forward_only_schedule(int64_t rank, int64_t stages, int64_t num_microbatches, int64_t chunks, int64_t group) {
   check_stage(rank, stages, "forward_only_schedule");
-  if (chunks > 1 && num_microbatches % stages != 0) throw std::logic_error("forward_only_schedule: interleaving needs microbatches a multiple of the stages");
   Schedule compute;
   if (chunks == 1) {
     for (int64_t m = 0; m < num_microbatches; ++m) compute.push_back({ActionKind::kForward, m, 0});
   } else {
-    for (int64_t k = 0; k < num_microbatches * chunks; ++k) compute.push_back(interleaved_action(k, stages, chunks, true));
+    return interleaved(rank, stages, chunks, num_microbatches, group, true);
   }
   return with_transfers(compute, rank, stages, chunks);
 }

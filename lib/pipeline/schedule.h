@@ -52,14 +52,15 @@ Schedule one_f_one_b_schedule(int64_t rank, int64_t stages, int64_t num_microbat
 Schedule zero_bubble_h1_schedule(int64_t rank, int64_t stages, int64_t num_microbatches);
 
 // Megatron's interleaved 1F1B (forward_backward_pipelining_with_interleaving): each rank holds `chunks` model
-// chunks (virtual stage c x stages + rank for chunk c); groups of `stages` microbatches pass through the
-// chunks in turn, after a warm-up of (stages - rank - 1) x 2 + (chunks - 1) x stages forwards. The number of
-// microbatches must be a multiple of `stages`. chunks = 1 is 1F1B.
-Schedule interleaved_schedule(int64_t rank, int64_t stages, int64_t chunks, int64_t num_microbatches);
+// chunks (virtual stage c x stages + rank for chunk c); groups of `group` microbatches (Megatron's
+// --microbatch-group-size-per-virtual-pipeline-stage; 0: `stages`, its default) pass through the chunks in turn, after a
+// warm-up of (stages - rank - 1) x 2 + (chunks - 1) x group forwards. The group must range in [stages, microbatches] and
+// leave a last group of none or at least `stages` microbatches (std::logic_error otherwise). chunks = 1 is 1F1B.
+Schedule interleaved_schedule(int64_t rank, int64_t stages, int64_t chunks, int64_t num_microbatches, int64_t group = 0);
 
 // Forwards only (evaluation): each microbatch received, forwarded and sent on, stage by stage (chunk by chunk
-// in the interleaved order).
-Schedule forward_only_schedule(int64_t rank, int64_t stages, int64_t num_microbatches, int64_t chunks = 1);
+// in the interleaved order, its groups as interleaved_schedule's).
+Schedule forward_only_schedule(int64_t rank, int64_t stages, int64_t num_microbatches, int64_t chunks = 1, int64_t group = 0);
 
 // Empty when every (microbatch, chunk) of [0, num_microbatches) x [0, num_chunks) runs its forward once, then
 // its backward once (or a B, then a W), and nothing else is in the list; else what is wrong.

@@ -243,9 +243,9 @@ CudaEngine::CudaEngine(const Config& cfg, ProcessGroups groups, const TokenSourc
   for (int64_t i = 0; i < 2 * nmb_max_; ++i) {
     slots_.push_back(std::make_unique<MicrobatchSlot>(mbs * S, cfg.model.hidden_dropout > 0 ? mbs * key_sites : 0));
   }
-  // Evaluation: one staging slot, or under interleaving one per microbatch of a group of PP (a group's chunks
-  // all run before the next group is staged).
-  const int64_t eval_slots = chunks_models_.size() > 1 ? pp_ : 1;
+  // Evaluation: one staging slot, or under interleaving one per microbatch of a group (--microbatch-group-size-per-virtual-
+  // pipeline-stage, default PP: a group's chunks all run before the next group is staged).
+  const int64_t eval_slots = chunks_models_.size() > 1 ? microbatch_group_size(cfg) : 1;
   for (int64_t i = 0; i < eval_slots; ++i) eval_slots_.push_back(std::make_unique<MicrobatchSlot>(mbs * S));
   eval_acc_ = device_zeros<float>(1);
   const auto hist = static_cast<size_t>(cfg.logging.log_interval) + 1;

@@ -310,22 +310,35 @@ TEST_CASE("ZB-H1 and interleaved 1F1B: whole lists, transfers that meet without 
       }
       INFO("zb-h1 P " << P << " M " << M);
       CHECK(check_pipeline(zb).empty());
-      if (P < 2 || M % P != 0) continue;
-      for (int64_t V = 1; V <= 4; ++V) {
-        std::vector<Schedule> il, fwd;
-        for (int64_t r = 0; r < P; ++r) {
-          il.push_back(interleaved_schedule(r, P, V, M));
-          fwd.push_back(forward_only_schedule(r, P, M, V));
-          INFO("interleaved P " << P << " V " << V << " M " << M << " stage " << r);
-          REQUIRE(check_schedule(il.back(), M, V).empty());
-          REQUIRE(check_schedule(fwd.back(), M, V).find("does not finish") != std::string::npos);  // forwards only
-          // Megatron's warm-up, plus the steady state's one forward, each a chunk's activations.
-          const int64_t warmup = V == 1 ? std::min(P - r - 1, M) : std::min(M * V, (P - r - 1) * 2 + (V - 1) * P);
-          CHECK(peak_in_flight(il.back()) == std::min(M * V, warmup + 1));
+      if (P < 2) continue;
+      // Groups of G microbatches through each virtual stage (--microbatch-group-size-per-virtual-pipeline-stage; G = P is
+      // Megatron's default): G in [P, M] and a last group of none or at least P, else refused.
+      for (int64_t G = P; G <= std::min<int64_t>(M, P + 5); ++G) {
+        const bool fits = M % G == 0 || M % G >= P;
+        for (int64_t V = 2; V <= 4; ++V) {
+          if (!fits) {
+            CHECK_THROWS_AS(interleaved_schedule(0, P, V, M, G), std::logic_error);
+            CHECK_THROWS_AS(forward_only_schedule(0, P, M, V, G), std::logic_error);
+            continue;
+          }
+          std::vector<Schedule> il, fwd;
+          for (int64_t r = 0; r < P; ++r) {
+            il.push_back(interleaved_schedule(r, P, V, M, G));
+            fwd.push_back(forward_only_schedule(r, P, M, V, G));
+            INFO("interleaved P " << P << " V " << V << " M " << M << " G " << G << " stage " << r);
+            REQUIRE(check_schedule(il.back(), M, V).empty());
+            REQUIRE(check_schedule(fwd.back(), M, V).find("does not finish") != std::string::npos);  // forwards only
+            // Megatron's warm-up, plus the steady state's one forward, each a chunk's activations.
+            const int64_t warmup = std::min(M * V, (P - r - 1) * 2 + (V - 1) * G);
+            CHECK(peak_in_flight(il.back()) == std::min(M * V, warmup + 1));
+          }
+          INFO("interleaved P " << P << " V " << V << " M " << M << " G " << G);
+          CHECK(check_pipeline(il, V) == "");
+          CHECK(check_pipeline(fwd, V) == "");
         }
-        INFO("interleaved P " << P << " V " << V << " M " << M);
-        CHECK(check_pipeline(il, V) == "");
-        CHECK(check_pipeline(fwd, V) == "");
+      }
+      if (M < P) {  // (the group, at least P, cannot fit: refused)
+        CHECK_THROWS_AS(interleaved_schedule(0, P, 2, M), std::logic_error);
       }
     }
   }
@@ -337,6 +350,13 @@ TEST_CASE("ZB-H1 and interleaved 1F1B: whole lists, transfers that meet without 
   }
   CHECK(names == std::vector<std::string>{"F0", "F1", "F0.1", "B0.1", "F1.1", "B1.1", "F2", "B0", "F3", "B1", "F2.1", "B2.1", "F3.1", "B3.1", "B2", "B3"});
   CHECK_THROWS_AS(interleaved_schedule(0, 2, 2, 3), std::logic_error);
+  // Megatron's documented table for PP 2, VP 2, groups of 3, 5 microbatches: rank 0's forwards run microbatches
+  // 0 1 2 0 1 2 3 4 3 4 through chunks 0 0 0 1 1 1 0 0 1 1.
+  std::vector<std::string> forwards;
+  for (const ScheduleAction& a : interleaved_schedule(0, 2, 2, 5, 3)) {
+    if (a.kind == ActionKind::kForward) forwards.push_back(action_name(a));
+  }
+  CHECK(forwards == std::vector<std::string>{"F0", "F1", "F2", "F0.1", "F1.1", "F2.1", "F3", "F4", "F3.1", "F4.1"});
   // The checker follows each pair of ranks' messages in the order posted: two activations crossing on one link
   // in the opposite order to the receives are caught, even though each receive has a matching send somewhere.
   std::vector<Schedule> crossed{{{ActionKind::kForward, 0, 0}, {ActionKind::kForward, 1, 0}, {ActionKind::kSendForward, 1, 0}, {ActionKind::kSendForward, 0, 0}},

@@ -476,3 +476,25 @@ TEST_CASE("--deterministic-mode: NCCL_ALGO only where each token has a fixed red
   if (before) setenv("NCCL_ALGO", saved.c_str(), 1);
   else unsetenv("NCCL_ALGO");
 }
+
+TEST_CASE("--microbatch-group-size-per-virtual-pipeline-stage: Megatron's range and last group") {
+  Config c = base();
+  c.model.num_layers = 8;
+  c.parallel.pipeline_model_parallel_size = 2;
+  c.parallel.num_virtual_stages_per_pipeline_rank = 2;
+  c.training.global_batch_size = 10;  // 5 microbatches of 2 on PP 2 (DP 1)
+  rejects(c, 2, "interleaved pipelining needs the number of microbatches (5) divisible by PP(2)");  // (groups of PP)
+  c.parallel.microbatch_group_size_per_vp_stage = 3;  // Megatron's example: 0 1 2 | 3 4
+  accepts(c, 2);
+  c.parallel.microbatch_group_size_per_vp_stage = 4;  // a last group of 1 < PP
+  rejects(c, 2, "leave a last group of 1 with --microbatch-group-size-per-virtual-pipeline-stage 4, fewer than PP(2)");
+  c.parallel.microbatch_group_size_per_vp_stage = 6;
+  rejects(c, 2, "--microbatch-group-size-per-virtual-pipeline-stage 6 is more than the microbatches (5");
+  c.parallel.microbatch_group_size_per_vp_stage = 1;
+  rejects(c, 2, "--microbatch-group-size-per-virtual-pipeline-stage 1 is less than PP(2)");
+  c.parallel.microbatch_group_size_per_vp_stage = 5;
+  accepts(c, 2);
+  c.logging.eval_iters = 1;
+  c.training.eval_global_batch_size = 8;  // the evaluation's 4 microbatches cannot hold a group of 5
+  rejects(c, 2, "--microbatch-group-size-per-virtual-pipeline-stage 5 is more than the evaluation's microbatches (4");
+}
