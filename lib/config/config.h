@@ -68,7 +68,8 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   OptInt num_layers_per_virtual_pipeline_stage;
   OptInt num_virtual_stages_per_pipeline_rank;
-  OptInt microbatch_group_size_per_vp_stage;  // the interleaved schedule's microbatches per virtual-stage group (default PP)
+  OptInt microbatch_group_size_per_vp_stage;
+  OptString pipeline_model_parallel_layout;  // Megatron's explicit layout of the (virtual) stages (config/pipeline_layout.h)  // the interleaved schedule's microbatches per virtual-stage group (default PP)
   OptInt decoder_first_pipeline_num_layers;
   OptInt decoder_last_pipeline_num_layers;
   bool account_for_embedding_in_pipeline_split = false;

@@ -219,9 +219,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_DEFAULT_ONLY("softmax-type", "vanilla", "attention's softmax is the standard one (no off-by-one or learnable sink)"),
       MT_DEFAULT_ONLY("data-parallel-sharding-strategy", "no_shard", "Megatron FSDP is not implemented: use --use-distributed-optimizer"),
       MT_REFUSED("use-megatron-fsdp", false, "Megatron FSDP is not implemented: use --use-distributed-optimizer"),
-      MT_REFUSED("pipeline-model-parallel-layout", true,
-                 "an explicit layer layout of the pipeline stages is not implemented: use --decoder-first-pipeline-num-layers / "
-                 "--decoder-last-pipeline-num-layers for uneven stages"),
       MT_REFUSED("mtp-loss-scaling-factor", true, "multi-token prediction is not implemented"),
       MT_REFUSED("fine-grained-activation-offloading", false, "activation offloading is not implemented: use --recompute-granularity full"),
       MT_REFUSED("window-attn-skip-freq", true, "sliding-window attention is not implemented"),

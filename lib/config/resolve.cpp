@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "config/pipeline_layout.h"
+
 namespace mt {
 
 int64_t default_ffn_hidden_size(int64_t hidden, bool swiglu) {
@@ -23,6 +25,9 @@ int64_t effective_query_groups(const Config& cfg) {
 
 int64_t virtual_stages_per_rank(const Config& cfg) {
   const auto& p = cfg.parallel;
+  if (p.pipeline_model_parallel_layout && p.pipeline_model_parallel_size > 0) {  // (its stages / PP, validated)
+    return std::max<int64_t>(1, static_cast<int64_t>(parse_pipeline_layout(*p.pipeline_model_parallel_layout).size()) / p.pipeline_model_parallel_size);
+  }
   if (p.num_virtual_stages_per_pipeline_rank) return std::max<int64_t>(1, *p.num_virtual_stages_per_pipeline_rank);
   if (p.num_layers_per_virtual_pipeline_stage && *p.num_layers_per_virtual_pipeline_stage > 0 && p.pipeline_model_parallel_size > 0) {
     return std::max<int64_t>(1, cfg.model.num_layers.value_or(0) / p.pipeline_model_parallel_size / *p.num_layers_per_virtual_pipeline_stage);
@@ -34,6 +39,11 @@ std::vector<int64_t> layers_per_virtual_stage(const Config& cfg) {
   const int64_t pp = std::max<int64_t>(1, cfg.parallel.pipeline_model_parallel_size), V = virtual_stages_per_rank(cfg);
   const int64_t layers = cfg.model.num_layers.value_or(0), stages = pp * V;
   std::vector<int64_t> out(static_cast<size_t>(stages), 0);
+  if (const auto& layout = cfg.parallel.pipeline_model_parallel_layout; layout) {  // (each stage's t's)
+    const std::vector<PipelineLayoutStage> given = parse_pipeline_layout(*layout);
+    for (size_t v = 0; v < out.size() && v < given.size(); ++v) out[v] = given[v].count('t');
+    return out;
+  }
   const auto& first = cfg.parallel.decoder_first_pipeline_num_layers;
   const auto& last = cfg.parallel.decoder_last_pipeline_num_layers;
   if (first || last) {  // per rank, then even over the rank's chunks

@@ -12,6 +12,7 @@
 #include "config/errors.h"
 #include "config/layer_pattern.h"
 #include "config/moe_pattern.h"
+#include "config/pipeline_layout.h"
 #include "config/resolve.h"
 
 namespace mt {
@@ -22,6 +23,20 @@ std::string num(double v) {
   std::ostringstream o;
   o << v;
   return o.str();
+}
+
+// Whether the stages are interleaved (virtual stages per rank by any of Megatron's three flags; a layout that does not
+// parse counts as not: its own check reports it).
+bool interleaving(const Config& c) {
+  const auto& p = c.parallel;
+  if (p.pipeline_model_parallel_layout) {
+    try {
+      return static_cast<int64_t>(parse_pipeline_layout(*p.pipeline_model_parallel_layout).size()) > p.pipeline_model_parallel_size;
+    } catch (const ConfigError&) {
+      return false;
+    }
+  }
+  return p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1;
 }
 
 class Checker {
@@ -140,6 +155,34 @@ void check_pipeline(const Config& c, Checker& k) {
   int64_t vpp = 0;
   if (p.num_layers_per_virtual_pipeline_stage && p.num_virtual_stages_per_pipeline_rank) {
     k.error("give only one of --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank");
+  }
+  if (p.pipeline_model_parallel_layout) {  // (Megatron's rules: the layout alone sets the stages)
+    if (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank) {
+      k.error("--pipeline-model-parallel-layout sets the virtual stages itself: drop --num-layers-per-virtual-pipeline-stage / "
+              "--num-virtual-stages-per-pipeline-rank (Megatron allows one of the three)");
+    }
+    if (uneven || account) {
+      k.error("--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-pipeline-num-layers or --account-for-embedding/"
+              "loss-in-pipeline-split (as Megatron): give the stages one way");
+    }
+    try {
+      const std::vector<PipelineLayoutStage> stages = parse_pipeline_layout(*p.pipeline_model_parallel_layout);
+      std::string problems = pipeline_layout_problems(stages, pp, L);
+      for (size_t at = 0; !problems.empty();) {
+        const size_t nl = problems.find('\n', at);
+        k.error(problems.substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+        if (nl == std::string::npos) break;
+        at = nl + 1;
+      }
+      if (static_cast<int64_t>(stages.size()) % pp == 0) vpp = static_cast<int64_t>(stages.size()) / pp;
+    } catch (const ConfigError& e) {
+      k.error(e.what());
+    }
+    if (vpp > 1 && pp < 2) k.error("interleaved pipelining (" + s(vpp) + " virtual stages) needs --pipeline-model-parallel-size > 1");
+    if (p.pipeline_schedule == "zb-h1" && vpp > 1) {
+      k.error("--pipeline-schedule zb-h1 has no interleaved form here: give the layout PP stages or use --pipeline-schedule 1f1b");
+    }
+    return;  // (the rest checks the even and uneven splits)
   }
   if (uneven) {
     if (p.num_layers_per_virtual_pipeline_stage) {
@@ -330,7 +373,7 @@ void check_rampup(const Config& c, int64_t dp, Checker& k) {
   if (c.training.micro_batch_size && *c.training.micro_batch_size > 0) {
     const int64_t unit = *c.training.micro_batch_size * dp;
     const auto& p = c.parallel;
-    const bool interleaved = p.pipeline_model_parallel_size > 1 && (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1);
+    const bool interleaved = p.pipeline_model_parallel_size > 1 && interleaving(c);
     if (interleaved && (start % (unit * p.pipeline_model_parallel_size) != 0 || inc % (unit * p.pipeline_model_parallel_size) != 0)) {
       k.error("--rampup-batch-size with interleaved pipelining: the start " + s(start) + " and increment " + s(inc) + " must be multiples of " +
               "micro-batch-size x DP x PP = " + s(unit * p.pipeline_model_parallel_size) + " (every batch on the way in microbatches a multiple of PP)");
@@ -361,8 +404,7 @@ void check_step_batch_schedule(const Config& c, Checker& k) {
     k.error("--step-batch-size-schedule with --rampup-batch-size: give one of them (Megatron deprecates --rampup-batch-size for the schedule)");
   }
   const auto& p = c.parallel;
-  const bool interleaved = p.pipeline_model_parallel_size > 1 &&
-                           (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1);
+  const bool interleaved = p.pipeline_model_parallel_size > 1 && interleaving(c);
   if (interleaved && c.logging.eval_iters > 0) {
     k.error("--step-batch-size-schedule with interleaved pipelining: evaluation takes micro-batch x DP samples (Megatron's global batch "
             "beside a schedule), one microbatch, which the interleaved schedule cannot split over the stages: set --eval-iters 0, or drop the "
@@ -380,7 +422,7 @@ void check_step_batch_schedule(const Config& c, Checker& k) {
 // group none or at least PP. "" when they fit (or without interleaving).
 std::string interleaved_microbatch_problem(const Config& c, int64_t nmb, const std::string& what, const std::string& fix) {
   const auto& p = c.parallel;
-  const bool vpp = p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1;
+  const bool vpp = interleaving(c);
   const int64_t pp = p.pipeline_model_parallel_size;
   if (!vpp || pp <= 1) return "";
   if (!p.microbatch_group_size_per_vp_stage) {
@@ -437,7 +479,7 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
     }
   }
   if (const auto& g = p.microbatch_group_size_per_vp_stage; g) {
-    const bool vpp = p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1;
+    const bool vpp = interleaving(c);
     if (*g < p.pipeline_model_parallel_size) {
       k.error("--microbatch-group-size-per-virtual-pipeline-stage " + s(*g) + " is less than PP(" + s(p.pipeline_model_parallel_size) +
               ") (Megatron's range is [PP, microbatches]): raise it");

@@ -346,10 +346,7 @@ MegatronTheoretical megatron_theoretical_memory(const Config& c) {
   const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
   const double nmb = static_cast<double>(c.derived.num_microbatches);
   const bool sp_selective = c.parallel.sequence_parallel && c.recompute.recompute_granularity.value_or("") == "selective";
-  int64_t vpp = c.parallel.num_virtual_stages_per_pipeline_rank.value_or(0);
-  if (c.parallel.num_layers_per_virtual_pipeline_stage && L > 0) {
-    vpp = (L / static_cast<int64_t>(pp)) / *c.parallel.num_layers_per_virtual_pipeline_stage;
-  }
+  const int64_t vpp = virtual_stages_per_rank(c);
   double act;
   if (sp_selective) {
     act = s * b * h * (18.0 + 4.0 * F / h) * static_cast<double>(L);

@@ -39,8 +39,11 @@ int64_t simulated_microbatches(int64_t M, int64_t P) {
 ScheduleEstimate estimate(const Config& cfg, const std::string& schedule, int64_t chunks) {
   Config c = cfg;
   c.parallel.pipeline_schedule = schedule;
-  c.parallel.num_layers_per_virtual_pipeline_stage.reset();
-  c.parallel.num_virtual_stages_per_pipeline_rank = chunks;
+  if (chunks != virtual_stages_per_rank(cfg)) {  // (another chunk count than the configured one: an even split into it)
+    c.parallel.pipeline_model_parallel_layout.reset();
+    c.parallel.num_layers_per_virtual_pipeline_stage.reset();
+    c.parallel.num_virtual_stages_per_pipeline_rank = chunks;
+  }
   const int64_t P = c.parallel.pipeline_model_parallel_size, M_real = c.derived.num_microbatches;
   const int64_t M = simulated_microbatches(M_real, P);
   ScheduleEstimate e;

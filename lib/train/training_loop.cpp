@@ -8,6 +8,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "config/resolve.h"
 #include "optim/batch_schedule.h"
 #include "optim/lr_schedule.h"
 #include "plan/flops.h"
@@ -87,8 +88,7 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   int64_t consumed = resumed.consumed_samples;  // samples consumed by the iterations stepped so far
   {  // (a step schedule's batches from here on: whole microbatches, a multiple of PP of them when interleaved)
     const auto& p = cfg.parallel;
-    const bool interleaved = p.pipeline_model_parallel_size > 1 &&
-                             (p.num_layers_per_virtual_pipeline_stage || p.num_virtual_stages_per_pipeline_rank.value_or(1) > 1);
+    const bool interleaved = p.pipeline_model_parallel_size > 1 && virtual_stages_per_rank(cfg) > 1;
     batches.check_from(consumed, batches.samples_after(iters), interleaved ? p.pipeline_model_parallel_size : 1);
   }
   // The learning rate: the schedule's at the samples consumed since it started (an upcycled model's restarts).

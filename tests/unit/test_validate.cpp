@@ -7,6 +7,8 @@
 #include "catch.h"
 #include "config/resolve.h"
 #include "config/validate.h"
+#include "config/pipeline_layout.h"
+#include "config/errors.h"
 
 using namespace mt;
 
@@ -497,4 +499,50 @@ TEST_CASE("--microbatch-group-size-per-virtual-pipeline-stage: Megatron's range 
   c.logging.eval_iters = 1;
   c.training.eval_global_batch_size = 8;  // the evaluation's 4 microbatches cannot hold a group of 5
   rejects(c, 2, "--microbatch-group-size-per-virtual-pipeline-stage 5 is more than the evaluation's microbatches (4");
+}
+
+TEST_CASE("--pipeline-model-parallel-layout: Megatron's string, its checks, the stages it sets") {
+  // Megatron's docstring example: "Ettt|(tt|)*29,m|L" is [E t t t] + [t t] x 29 + [m] + [L].
+  const std::vector<PipelineLayoutStage> parsed = parse_pipeline_layout("Ettt|(tt|)*29,m|L");
+  REQUIRE(parsed.size() == 32);
+  CHECK(parsed.front().layers == "Ettt");
+  CHECK(parsed[29].layers == "tt");
+  CHECK(parsed[30].layers == "m");
+  CHECK(parsed.back().layers == "L");
+  const std::vector<PipelineLayoutStage> leading = parse_pipeline_layout("(|Et)*2,tL");  // "|Et|Et" + "tL": ["", "Et", "EttL"]
+  REQUIRE(leading.size() == 3);
+  CHECK(leading[0].empty());
+  CHECK(leading[2].layers == "EttL");
+  CHECK(parse_pipeline_layout("Et*3|t*2L")[0].layers == "Ettt");
+  CHECK_THROWS_AS(parse_pipeline_layout("Ex|L"), ConfigError);
+  Config c = base();
+  c.model.num_layers = 6;
+  c.parallel.pipeline_model_parallel_size = 2;
+  c.training.global_batch_size = 8;
+  c.parallel.pipeline_model_parallel_layout = "Et|tt|tt|tL";  // 4 stages: 2 virtual stages per rank
+  accepts(c, 2);
+  resolve(c, 2);
+  CHECK(virtual_stages_per_rank(c) == 2);
+  CHECK(layers_per_virtual_stage(c) == std::vector<int64_t>{1, 2, 2, 1});
+  CHECK(c.derived.layers_per_stage == std::vector<int64_t>{3, 3});
+  c.parallel.pipeline_model_parallel_layout = "Etttttt|L";  // the loss alone on the last stage
+  accepts(c, 2);
+  c.parallel.pipeline_model_parallel_layout = "Ett|tt|ttL";
+  rejects(c, 2, "its 3 stages are not divisible by --pipeline-model-parallel-size 2");
+  c.parallel.pipeline_model_parallel_layout = "tEtt|tttL";
+  rejects(c, 2, "the first layer must be the embedding E");
+  c.parallel.pipeline_model_parallel_layout = "Ettt|ttLt";
+  rejects(c, 2, "the last layer must be the loss L");
+  c.parallel.pipeline_model_parallel_layout = "Ettt|ttL";
+  rejects(c, 2, "it holds 5 transformer layers (t), --num-layers is 6");
+  c.parallel.pipeline_model_parallel_layout = "Ettt|tt|tmL|";
+  rejects(c, 2, "multi-token prediction layers (m) are not implemented");
+  c.parallel.pipeline_model_parallel_layout = "Ettt|ttt||L";
+  rejects(c, 2, "1 stage(s) hold nothing");
+  c.parallel.pipeline_model_parallel_layout = "Ettt|tttL";
+  c.parallel.num_virtual_stages_per_pipeline_rank = 2;
+  rejects(c, 2, "--pipeline-model-parallel-layout sets the virtual stages itself");
+  c.parallel.num_virtual_stages_per_pipeline_rank.reset();
+  c.parallel.decoder_first_pipeline_num_layers = 3;
+  rejects(c, 2, "cannot be combined with --decoder-first/last-pipeline-num-layers");
 }
