@@ -742,5 +742,11 @@ TEST_CASE("--log-num-zeros-in-grad: the gradient's zero entries, counted as Mega
     CHECK_THAT(gaps, !MT_CONTAINS("deterministic"));
     for (const auto& g : cuda_engine_gaps(t, 2)) gaps += g + "\n";
     CHECK_THAT(gaps, MT_CONTAINS("--deterministic-mode on the CUDA engine has not run on several GPUs yet"));
+    // --eval-global-batch-size other than the training batch: written without a GPU, refused by name meanwhile
+    t.training.deterministic_mode = false;
+    t.training.eval_global_batch_size = 2 * t.derived.global_batch_size;
+    gaps.clear();
+    for (const auto& g : cuda_engine_gaps(t, 1)) gaps += g + "\n";
+    CHECK_THAT(gaps, MT_CONTAINS("--eval-global-batch-size other than the training batch has not run on a GPU yet"));
   }
 }
