@@ -27,6 +27,24 @@ if [[ $(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true) -ge 2 ]]; then
     grep FAIL /tmp/megatrain-parity-fp16.log; echo "FAIL: fp16 multi-GPU parity (log: /tmp/megatrain-parity-fp16.log)"; exit 1; }
   echo "fp16 multi-GPU parity: $(grep -c '^PASS' /tmp/megatrain-parity-fp16.log) checks passed"
 fi
+# --deterministic-mode across processes (each chooses its own GEMM plans and cuDNN engines): two runs of 1,024-token
+# sequences, MoE layers and both dropouts, with the same losses and gradient norms to the last bit in metrics.jsonl.
+if nvidia-smi -L >/dev/null 2>&1; then
+  det=$(mktemp -d)
+  for run in a b; do
+    "$BUILD_DIR/bin/megatrain" --num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 1024 --max-position-embeddings 1024 \
+      --micro-batch-size 2 --global-batch-size 8 --train-iters 6 --lr 1e-3 --mock-data --vocab-size 512 --bf16 --device cuda \
+      --normalization RMSNorm --swiglu --disable-bias-linear --position-embedding-type rope --untie-embeddings-and-output-weights \
+      --num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --attention-dropout 0.1 --hidden-dropout 0.1 --log-interval 1 \
+      --deterministic-mode --log-dir "$det/$run" >"$det/$run.log" 2>&1 || { tail -5 "$det/$run.log"; echo "FAIL: a --deterministic-mode run"; exit 1; }
+  done
+  if ! cmp -s <(grep -o '"lm_loss":[^,]*\|"grad_norm":[^,]*' "$det/a/metrics.jsonl") <(grep -o '"lm_loss":[^,]*\|"grad_norm":[^,]*' "$det/b/metrics.jsonl") ||
+     [[ $(grep -c '"lm_loss"' "$det/a/metrics.jsonl") -lt 6 ]]; then
+    echo "FAIL: two --deterministic-mode runs differ"; exit 1
+  fi
+  echo "deterministic mode: two processes' losses and gradient norms identical"
+  rm -rf "$det"
+fi
 # A model that cannot fit: one clear line naming the allocation and the remedies, and a non-zero exit.
 oom=$(timeout 300 "$BUILD_DIR/bin/megatrain" --num-layers 2 --hidden-size 2048 --num-attention-heads 16 --seq-length 4096 \
   --max-position-embeddings 4096 --micro-batch-size 1024 --global-batch-size 1024 --train-iters 1 --mock-data --vocab-size 256 --bf16 \

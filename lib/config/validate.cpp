@@ -405,10 +405,10 @@ void check_step_batch_schedule(const Config& c, Checker& k) {
   }
   const auto& p = c.parallel;
   const bool interleaved = p.pipeline_model_parallel_size > 1 && interleaving(c);
-  if (interleaved && c.logging.eval_iters > 0) {
+  if (interleaved && c.logging.eval_iters > 0 && !t.eval_global_batch_size) {
     k.error("--step-batch-size-schedule with interleaved pipelining: evaluation takes micro-batch x DP samples (Megatron's global batch "
-            "beside a schedule), one microbatch, which the interleaved schedule cannot split over the stages: set --eval-iters 0, or drop the "
-            "virtual stages");
+            "beside a schedule), one microbatch, which the interleaved schedule cannot split over the stages: give --eval-global-batch-size "
+            "(a multiple of micro-batch x DP x PP), set --eval-iters 0, or drop the virtual stages");
   }
   if (t.train_iters || t.lr_decay_iters || t.lr_warmup_iters > 0) {
     k.warn("--step-batch-size-schedule with --train-iters / --lr-decay-iters / --lr-warmup-iters: as in Megatron the learning-rate schedule "
@@ -480,7 +480,7 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
   }
   if (const auto& g = p.microbatch_group_size_per_vp_stage; g) {
     const bool vpp = interleaving(c);
-    if (*g < p.pipeline_model_parallel_size) {
+    if (vpp && *g < p.pipeline_model_parallel_size) {  // (Megatron checks it where the interleaved schedule runs only)
       k.error("--microbatch-group-size-per-virtual-pipeline-stage " + s(*g) + " is less than PP(" + s(p.pipeline_model_parallel_size) +
               ") (Megatron's range is [PP, microbatches]): raise it");
     }

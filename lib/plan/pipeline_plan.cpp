@@ -28,24 +28,31 @@ ActionCost layer_costs(const Config& cfg, int64_t stages, int64_t chunks) {
   };
 }
 
-// The simulation runs at most this many microbatches (a multiple of the stages): past the warm-up the lists
-// repeat, so the idle time is what it is at any larger count, and the bubble of the real count follows from it.
+// The simulation runs at most this many microbatches (a multiple of the stages, or under interleaving of its group of
+// microbatches): past the warm-up the lists repeat, so the idle time is what it is at any larger count, and the bubble
+// of the real count follows from it.
 constexpr int64_t kSimulatedMicrobatches = 512;
-int64_t simulated_microbatches(int64_t M, int64_t P) {
-  if (M <= kSimulatedMicrobatches) return M;
-  return std::max<int64_t>(P, kSimulatedMicrobatches / P * P);
+int64_t simulated_microbatches(int64_t M, int64_t unit, int64_t limit = kSimulatedMicrobatches) {
+  if (M <= limit) return M;
+  return std::max<int64_t>(unit, limit / unit * unit);
 }
+
+// Whether the interleaved schedule runs M microbatches in groups of G on P stages (Megatron's rules, as validation's).
+bool interleaving_runs(int64_t P, int64_t M, int64_t G) { return G >= P && G <= M && (M % G == 0 || M % G >= P); }
 
 ScheduleEstimate estimate(const Config& cfg, const std::string& schedule, int64_t chunks) {
   Config c = cfg;
   c.parallel.pipeline_schedule = schedule;
-  if (chunks != virtual_stages_per_rank(cfg)) {  // (another chunk count than the configured one: an even split into it)
+  const bool configured = chunks == virtual_stages_per_rank(cfg);
+  if (!configured) {  // (another chunk count than the configured one: an even split into it, Megatron's default groups)
     c.parallel.pipeline_model_parallel_layout.reset();
     c.parallel.num_layers_per_virtual_pipeline_stage.reset();
     c.parallel.num_virtual_stages_per_pipeline_rank = chunks;
+    c.parallel.microbatch_group_size_per_vp_stage.reset();
   }
   const int64_t P = c.parallel.pipeline_model_parallel_size, M_real = c.derived.num_microbatches;
-  const int64_t M = simulated_microbatches(M_real, P);
+  const int64_t unit = chunks > 1 ? microbatch_group_size(c) : P;  // (the simulated counts keep the groups whole)
+  const int64_t M = simulated_microbatches(M_real, unit);
   ScheduleEstimate e;
   e.chunks = chunks;
   e.name = schedule == "zb-h1" ? "ZB-H1" : chunks > 1 ? "interleaved 1F1B (V = " + std::to_string(chunks) + ")" : "1F1B";
@@ -53,11 +60,12 @@ ScheduleEstimate estimate(const Config& cfg, const std::string& schedule, int64_
     e.unavailable = "not simulated: " + std::to_string(P) + " stages are more than the planner runs";
     return e;
   }
-  if (chunks > 1 && M_real % P != 0) {
-    e.unavailable = "needs the microbatches (" + std::to_string(M_real) + ") a multiple of PP";
+  if (chunks > 1 && !interleaving_runs(P, M_real, unit)) {
+    e.unavailable = unit == P ? "needs the microbatches (" + std::to_string(M_real) + ") a multiple of PP"
+                              : "the microbatches (" + std::to_string(M_real) + ") do not fit groups of " + std::to_string(unit);
     return e;
   }
-  for (int64_t r = 0; r < P; ++r) {
+  for (int64_t r = 0; !configured && r < P; ++r) {  // (the configured split was validated; a layout sets each chunk's own)
     const auto& layers = layers_per_pipeline_stage(c);
     if (layers[static_cast<size_t>(r)] % chunks != 0) {
       e.unavailable = "needs each stage's layers divisible by " + std::to_string(chunks);
@@ -77,10 +85,10 @@ ScheduleEstimate estimate(const Config& cfg, const std::string& schedule, int64_
   };
   const auto [idle, busy_each] = run(M, true);
   double idle_real = idle;
-  if (M_real > M) {
+  if (M_real > M && simulated_microbatches(M, unit, M / 2) < M) {
     // Past the warm-up the idle time grows linearly with the microbatches (by the stages' imbalance): from
     // two simulated counts to the real one.
-    const int64_t half = std::max<int64_t>(P, M / 2 / P * P);
+    const int64_t half = simulated_microbatches(M, unit, M / 2);
     const double idle_half = run(half, false).first;
     const double slope = (idle - idle_half) / static_cast<double>(M - half);
     idle_real = idle + slope * static_cast<double>(M_real - M);
@@ -107,11 +115,13 @@ std::vector<ScheduleEstimate> pipeline_schedule_estimates(const Config& cfg) {
 }
 
 double configured_in_flight(const Config& cfg, int64_t stage) {
-  const int64_t P = cfg.parallel.pipeline_model_parallel_size, M = simulated_microbatches(cfg.derived.num_microbatches, P);
+  const int64_t P = cfg.parallel.pipeline_model_parallel_size;
   if (P < 2) return 1.0;
-  if (P * M > 100000) return static_cast<double>(std::min(P - stage, M));  // 1F1B's count, not simulated
   const int64_t V = cfg.parallel.pipeline_schedule == "zb-h1" ? 1 : virtual_stages_per_rank(cfg);
-  if (V > 1 && M % P != 0) return static_cast<double>(std::min(P - stage, M));  // not runnable: 1F1B's count
+  const int64_t unit = V > 1 ? microbatch_group_size(cfg) : P;
+  const int64_t M = simulated_microbatches(cfg.derived.num_microbatches, unit);
+  if (P * M > 100000) return static_cast<double>(std::min(P - stage, M));  // 1F1B's count, not simulated
+  if (V > 1 && !interleaving_runs(P, cfg.derived.num_microbatches, unit)) return static_cast<double>(std::min(P - stage, M));  // not runnable: 1F1B's count
   return static_cast<double>(peak_in_flight(training_schedule(cfg, stage, P, M))) / static_cast<double>(V);
 }
 

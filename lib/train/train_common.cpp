@@ -116,8 +116,12 @@ void MetricsFile::iteration(const IterationStats& s) {
 
 MetricsFile::~MetricsFile() = default;
 
-void MetricsFile::validation(int64_t iteration, double loss, int64_t samples) {
-  if (out_) write_line(nlohmann::json{{"iteration", iteration}, {"validation_lm_loss", loss}}.dump());
+void MetricsFile::validation(int64_t iteration, double loss, int64_t samples, bool after_training) {
+  if (out_) {
+    nlohmann::json j{{"iteration", iteration}, {"validation_lm_loss", loss}};
+    if (after_training) j["after_training"] = true;
+    write_line(j.dump());
+  }
   validation_scalars(iteration, loss, samples);
 }
 

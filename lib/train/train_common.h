@@ -28,7 +28,8 @@ class MetricsFile {
   ~MetricsFile();
   void iteration(const IterationStats& s);
   // consumed_samples: by the training so far (TensorBoard's "vs samples" step).
-  void validation(int64_t iteration, double loss, int64_t consumed_samples);
+  // after_training: the evaluation after the last iteration (metrics.jsonl marks it, beside the one of that iteration).
+  void validation(int64_t iteration, double loss, int64_t consumed_samples, bool after_training = false);
   // The test split's evaluation after the last iteration: TensorBoard's validation tags, as Megatron writes it (its test
   // evaluation reports through the same function); metrics.jsonl's test_lm_loss.
   void test(int64_t iteration, double loss, int64_t consumed_samples);

@@ -3,6 +3,7 @@
 // finish inside the read, so they count.
 #include "train/training_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -290,17 +291,19 @@ TrainResult run_training_loop(const Config& cfg, const ProcessGroups& groups, Tr
   }
   // After the last iteration (not after an exit), Megatron's pretrain evaluates once more on the validation split, after
   // every evaluation of the run so far, and once on the test split from its start.
+  // (at the iteration the run stands at: --train-iters, or a checkpoint's beyond it, which trains nothing)
+  const int64_t last = std::max(iters, resumed.iteration);
   if (!exited && has_valid) {
-    const double vl = engine.evaluate(iters, Split::kValid, (iters / cfg.logging.eval_interval) * per_evaluation);
+    const double vl = engine.evaluate(last, Split::kValid, (last / cfg.logging.eval_interval) * per_evaluation);
     res.valid_losses.push_back(vl);
-    if (lead) std::cout << format_validation_line(iters, vl, " on validation set") << "\n" << std::flush;
-    metrics.validation(iters, vl, consumed);
+    if (lead) std::cout << format_validation_line(last, vl, " on validation set") << "\n" << std::flush;
+    metrics.validation(last, vl, consumed, true);
   }
   if (!exited && data.has_split(Split::kTest) && cfg.logging.eval_iters > 0) {
-    const double tl = engine.evaluate(iters, Split::kTest, 0);
+    const double tl = engine.evaluate(last, Split::kTest, 0);
     res.test_losses.push_back(tl);
-    if (lead) std::cout << format_validation_line(iters, tl, " on test set") << "\n" << std::flush;
-    metrics.test(iters, tl, consumed);
+    if (lead) std::cout << format_validation_line(last, tl, " on test set") << "\n" << std::flush;
+    metrics.test(last, tl, consumed);
   }
   engine.finish();
   return res;

@@ -30,6 +30,7 @@
 #include "data/indexed_dataset.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/router.h"
+#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_quantile.h"
 #include "kernels/cuda/document_bias.h"
@@ -1698,6 +1699,9 @@ void test_deterministic() {
       check(false, name + ": " + e.what());
     }
   }
+  // (the runs above share this process's GEMM plans; scripts/test_gpu.sh compares two processes. The flag turned the
+  // GEMMs' autotuning off: back on for the tests after these.)
+  mt::cuda::GemmLt::instance().set_autotune(true);
 }
 
 // Evaluation as Megatron's (thirty-ninth session, MT_GPU_TEST_ONLY=evaluation): the validation batches continuing from one

@@ -10,6 +10,7 @@
 #include "plan/memory_model.h"
 #include "plan/moe_traffic.h"
 #include "plan/param_count.h"
+#include "plan/pipeline_plan.h"
 
 using namespace mt;
 
@@ -266,4 +267,50 @@ TEST_CASE("memory model: the output layer's chunk of logits and the plan against
     CHECK(std::abs(planned - gib) <= 0.10 * gib);
     CHECK(planned > estimate_memory(recipe("bench/moe-3.9b", 1)).total / (1024.0 * 1024.0 * 1024.0) + 5.0);  // (the FP8 copies counted)
   }
+}
+
+TEST_CASE("pipeline plan: interleaved groups of microbatches and an explicit layout, simulated as configured") {
+  auto config = [](int64_t layers, int64_t pp, int64_t microbatches, auto&& change) {
+    Config c;
+    c.model.num_layers = layers;
+    c.model.hidden_size = 64;
+    c.model.num_attention_heads = 4;
+    c.model.vocab_size = 1000;
+    c.data.seq_length = 32;
+    c.training.micro_batch_size = 1;
+    c.training.global_batch_size = microbatches;
+    c.parallel.pipeline_model_parallel_size = pp;
+    change(c);
+    resolve(c, pp);
+    return c;
+  };
+  auto configured = [](const Config& c) {
+    const std::vector<ScheduleEstimate> all = pipeline_schedule_estimates(c);
+    REQUIRE(!all.empty());
+    REQUIRE(all.front().chosen);
+    return all.front();
+  };
+  // Megatron's example, 5 microbatches in groups of 3 on 2 stages of 2 chunks: runnable, simulated.
+  const Config example = config(8, 2, 5, [](Config& c) {
+    c.parallel.num_virtual_stages_per_pipeline_rank = 2;
+    c.parallel.microbatch_group_size_per_vp_stage = 3;
+  });
+  CHECK(configured(example).unavailable.empty());
+  CHECK(configured(example).chunks == 2);
+  CHECK(configured_in_flight(example, 0) > 0);
+  // Past the simulated count (1,200 microbatches in groups of 6): the simulated counts keep whole groups.
+  const Config many = config(8, 4, 1200, [](Config& c) {
+    c.parallel.num_virtual_stages_per_pipeline_rank = 2;
+    c.parallel.microbatch_group_size_per_vp_stage = 6;
+  });
+  CHECK(configured(many).unavailable.empty());
+  CHECK(configured(many).bubble > 0);
+  CHECK(configured_in_flight(many, 0) > 0);
+  // A group size without interleaving is ignored (as Megatron), also by the estimate of two chunks.
+  const Config plain = config(8, 2, 4, [](Config& c) { c.parallel.microbatch_group_size_per_vp_stage = 6; });
+  CHECK_NOTHROW(pipeline_schedule_estimates(plain));
+  // An explicit layout: its own chunks' layers (rank 0 holds 3 + 2), not an even split.
+  const Config layout = config(15, 4, 8, [](Config& c) { c.parallel.pipeline_model_parallel_layout = "Et*3|(tt|)*6L"; });
+  CHECK(configured(layout).unavailable.empty());
+  CHECK(configured(layout).bubble > 0);
 }

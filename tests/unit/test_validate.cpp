@@ -483,6 +483,10 @@ TEST_CASE("--microbatch-group-size-per-virtual-pipeline-stage: Megatron's range 
   Config c = base();
   c.model.num_layers = 8;
   c.parallel.pipeline_model_parallel_size = 2;
+  c.training.global_batch_size = 10;
+  c.parallel.microbatch_group_size_per_vp_stage = 1;  // (without interleaving the group size is not used, as Megatron)
+  accepts(c, 2);
+  c.parallel.microbatch_group_size_per_vp_stage.reset();
   c.parallel.num_virtual_stages_per_pipeline_rank = 2;
   c.training.global_batch_size = 10;  // 5 microbatches of 2 on PP 2 (DP 1)
   rejects(c, 2, "interleaved pipelining needs the number of microbatches (5) divisible by PP(2)");  // (groups of PP)

@@ -69,9 +69,23 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       hidden_dropout_(static_cast<float>(cfg.model.hidden_dropout)) {
   const ModelDims& D = D_;
   if (max_in_flight < 1) throw std::logic_error("CudaGPT: max_in_flight must be at least 1");
-  // --deterministic-mode: cuDNN's attention backward without its atomic dQ accumulator (kernels/cuda/sdpa_cudnn.h); the
-  // engine's own kernels are deterministic either way (fixed-order reductions; integer counts where atomics add).
+  // --deterministic-mode: cuDNN's attention backward without its atomic dQ accumulator (kernels/cuda/sdpa_cudnn.h), and
+  // every GEMM on cuBLASLt's first heuristic algorithm (a fixed choice for the shape and GPU; the timed autotuning could
+  // pick another algorithm, another order of sums, in another process); the engine's own kernels are deterministic either
+  // way (fixed-order reductions; integer counts where atomics add). cuDNN's deterministic backward without the
+  // accumulator is the frontend's algorithm on Hopper; Blackwell's needs other engines and knobs: refused there.
   cuda::CudnnSdpa::instance().set_deterministic(cfg.training.deterministic_mode);
+  if (cfg.training.deterministic_mode) {
+    int device = 0;
+    cudaDeviceProp prop{};
+    MT_CUDA_CHECK(cudaGetDevice(&device));
+    MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    if (prop.major != 9) {
+      throw std::runtime_error("--deterministic-mode on the CUDA engine runs on Hopper GPUs (compute capability 9.x) only, this one is " +
+                               std::to_string(prop.major) + "." + std::to_string(prop.minor) + ": drop it, or use --device cpu (always bitwise repeatable)");
+    }
+    cuda::GemmLt::instance().set_autotune(false);
+  }
   // MoE: every expert local, or split over EP (set_expert_parallel); under TP the experts split over expert-TP = TP, the
   // MoE layer running on the TP group's gathered rows as the dense MLP does (gpt_cuda_moe.cpp). With expert-TP other than
   // TP each rank's experts take the rows of its own slice of the tokens, gathered over an expert-TP group of more than
