@@ -108,7 +108,7 @@ std::vector<FlagSpec> build_table() {
       F(kTrain, "overlap-cpu-optimizer-d2h-h2d", training.overlap_cpu_optimizer_d2h_h2d,
         "Overlap the offloaded optimizer's copies with its update (megatrain always does)"),
       F(kTrain, "deterministic-mode", training.deterministic_mode,
-        "Bitwise-repeatable runs: the CPU engine always is; the CUDA engine runs cuDNN's deterministic attention backward (one GPU so far) and NCCL_ALGO=Ring"),
+        "Bitwise-repeatable runs: the CPU engine always is; the CUDA engine (one Hopper GPU so far) runs cuDNN's deterministic attention backward and fixed GEMM algorithms, and NCCL_ALGO=Ring"),
       F(kTrain, "calculate-per-token-loss", training.calculate_per_token_loss,
         "The gradient as the sum over the global batch's loss tokens, not the mean of the microbatches' means (the reported loss is that sum either way; not with MoE)"),
       F(kTrain, "exit-interval", training.exit_interval, "Exit (after a checkpoint when --save is set) at an iteration divisible by this"),
