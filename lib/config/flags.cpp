@@ -109,6 +109,9 @@ std::vector<FlagSpec> build_table() {
         "Overlap the offloaded optimizer's copies with its update (megatrain always does)"),
       F(kTrain, "deterministic-mode", training.deterministic_mode,
         "Bitwise-repeatable runs: the CPU engine always is; the CUDA engine (one Hopper GPU so far) runs cuDNN's deterministic attention backward and fixed GEMM algorithms, and NCCL_ALGO=Ring"),
+      F(kTrain, "test-mode", training.test_mode,
+        "Megatron's real-time test: with --qk-layernorm, the query / key norms compared across the data- and tensor-parallel replicas "
+        "at every iteration; a difference ends the run naming the parameter"),
       F(kTrain, "calculate-per-token-loss", training.calculate_per_token_loss,
         "The gradient as the sum over the global batch's loss tokens, not the mean of the microbatches' means (the reported loss is that sum either way; not with MoE)"),
       F(kTrain, "exit-interval", training.exit_interval, "Exit (after a checkpoint when --save is set) at an iteration divisible by this"),

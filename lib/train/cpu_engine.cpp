@@ -10,6 +10,7 @@
 #include "pipeline/cpu_stage.h"
 #include "pipeline/configured_schedule.h"
 #include "train/moe_report.h"
+#include "train/replica_check.h"
 #include "train/train_common.h"
 
 namespace mt {
@@ -70,6 +71,11 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   const int64_t dp = groups_.dp->size(), dp_rank = groups_.dp->rank();
   const int64_t pp = groups_.pp->size();
   for_each_data_parallel([](DataParallel& d) { d.finish_param_gather(); });  // parameters updated by the other shards last step
+  if (cfg_.training.test_mode) {  // (Megatron runs it in each attention forward; once an iteration compares the same weights)
+    const std::vector<size_t> norms = realtime_test_params(model_->params());
+    check_replicas_equal(model_->params(), norms, *groups_.dp, "data-parallel");
+    check_replicas_equal(model_->params(), norms, *groups_.tp, "tensor-parallel");
+  }
   model_->params().zero_grads();
   const float loss_scale = scaler_.scale();
   // --calculate-per-token-loss (Megatron's): each microbatch's loss is its sum, and the gradients are divided by the

@@ -18,6 +18,7 @@
 #include "config/validate.h"
 #include "config/yaml_io.h"
 #include "data/mock_dataset.h"
+#include "fake_groups.h"
 #include "model/gpt_model.h"
 #include "optim/batch_schedule.h"
 #include "optim/loss_scaler.h"
@@ -27,6 +28,7 @@
 #include "tensor/device_info.h"
 #include "train/capabilities.h"
 #include "train/log_line.h"
+#include "train/replica_check.h"
 #include "train/trainer.h"
 
 using namespace mt;
@@ -748,5 +750,49 @@ TEST_CASE("--log-num-zeros-in-grad: the gradient's zero entries, counted as Mega
     gaps.clear();
     for (const auto& g : cuda_engine_gaps(t, 1)) gaps += g + "\n";
     CHECK_THAT(gaps, MT_CONTAINS("--eval-global-batch-size other than the training batch has not run on a GPU yet"));
+  }
+}
+
+namespace {
+// A data-parallel group of two seen from rank 0 whose other rank holds `other` in place of this rank's values.
+class TwoReplicas : public test::NoCollectives {
+ public:
+  explicit TwoReplicas(double shift) : NoCollectives(0, 2), shift_(shift) {}
+  void all_reduce(double* data, int64_t n, ReduceOp op) override {
+    if (op != ReduceOp::kMax) fail();
+    // (pairs of x, -x: the other rank's x is shifted by shift_ in its first value)
+    for (int64_t i = 0; i + 1 < n; i += 2) {
+      const double other = data[i] + (i == 0 ? shift_ : 0.0);
+      data[i + 1] = std::max(data[i + 1], -other);
+      data[i] = std::max(data[i], other);
+    }
+  }
+
+ private:
+  double shift_;
+};
+}  // namespace
+
+TEST_CASE("--test-mode: the query / key norms compared across replicas, a difference ends the run by name") {
+  Config c = tiny_mock_gpt(1, 16, 64);
+  c.model.qk_layernorm = true;
+  resolve(c, 1);
+  GPTModel model(c, ProcessGroups::single());
+  const std::vector<size_t> norms = realtime_test_params(model.params());
+  REQUIRE(norms.size() == 4);  // (LayerNorm: the query and key norms' weights and biases)
+  TwoReplicas same(0.0), corrupted(1e-3);
+  CHECK_NOTHROW(check_replicas_equal(model.params(), norms, same, "data-parallel"));
+  CHECK_THROWS_WITH(check_replicas_equal(model.params(), norms, corrupted, "data-parallel"),
+                    Catch::Matchers::Contains("layers.0.attention.q_norm.weight differs between the data-parallel ranks"));
+  // A training with the flag (one rank: nothing to compare, the run unchanged) and the refusal on the CUDA engine.
+  c.training.test_mode = true;
+  c.training.train_iters = 2;
+  c.training.lr = 1e-3;
+  CHECK(train(c, ProcessGroups::single(), {true, 0}).losses.size() == 2);
+  if (built_with_cuda()) {
+    c.precision.bf16 = true;
+    std::string gaps;
+    for (const auto& g : cuda_engine_gaps(c, 1)) gaps += g + "\n";
+    CHECK_THAT(gaps, MT_CONTAINS("--test-mode (Megatron's real-time replica test) is implemented on the CPU engine only"));
   }
 }
