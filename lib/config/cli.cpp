@@ -66,10 +66,38 @@ ConfigCli::ConfigCli(CLI::App& app) : app_(app) {
 
 ConfigCli::~ConfigCli() = default;
 
+namespace {
+
+// Megatron-LM's flags for what megatrain does not do at all: text generation and its inference engines, and
+// reinforcement learning (GRPO): "" for any other flag, else what the flag belongs to.
+std::string megatron_non_training_flag(const std::string& name) {
+  static const char* const kGeneration[] = {
+      "--max-tokens-to-oom", "--temperature", "--top_k", "--top_p", "--top-k", "--top-p", "--num-tokens-to-generate", "--return-log-probs",
+      "--prompts", "--prompt-file", "--prompt-file-num-truncate", "--stop-words", "--termination-id", "--top-n-logprobs",
+      "--incoming-requests-per-sec", "--incoming-requests-per-step", "--output-path", "--output-every-n-results", "--use-coordinator",
+      "--use-legacy-static-engine", "--enable-chunked-prefill", "--decode-only-cuda-graphs", "--flash-decode", "--num-speculative-tokens",
+      "--suspend-resume-interval", "--suspend-timeout", "--async-mode", "--use-same-sampling-seed-across-dp-ranks",
+      "--mamba-inference-conv-states-dtype", "--mamba-inference-ssm-states-dtype", "--output-bert-embeddings", "--bert-embedder-type"};
+  for (const char* flag : kGeneration) {
+    if (name == flag) return "one of Megatron-LM's text-generation / inference settings";
+  }
+  if (name.rfind("--inference-", 0) == 0) return "one of Megatron-LM's inference-engine settings";
+  if (name.rfind("--rl-", 0) == 0 || name.rfind("--no-rl-", 0) == 0 || name.rfind("--grpo-", 0) == 0 || name == "--perform-rl-step" ||
+      name == "--refit-method" || name == "--langrl-env-config") {
+    return "one of Megatron-LM's reinforcement-learning (GRPO) settings";
+  }
+  return "";
+}
+
+}  // namespace
+
 void reject_unknown_arguments(const std::vector<std::string>& remaining) {
   for (const auto& arg : remaining) {
     if (arg.rfind("-", 0) == 0) {
       std::string name = arg.substr(0, arg.find('='));
+      if (const std::string what = megatron_non_training_flag(name); !what.empty()) {
+        throw ConfigError(name + " is " + what + ": megatrain pretrains models and has no inference engine or RL loop: drop it");
+      }
       throw ConfigError("unknown flag " + name + ": did you mean --" + nearest_flag(name) + "? (megatrain --help lists all flags)");
     }
     throw ConfigError("unexpected argument '" + arg + "': flags take the form --name value (megatrain --help)");

@@ -158,6 +158,12 @@ TEST_CASE("YAML: dashes or underscores, nested sections, lists, null") {
 TEST_CASE("unknown flags and keys name the nearest valid one") {
   CHECK(error_of([] { parse_cli("--num-layrs 2"); }) == "unknown flag --num-layrs: did you mean --num-layers? (megatrain --help lists all flags)");
   CHECK(error_of([] { parse_cli("--hidden_size 2"); }).find("did you mean --hidden-size") != std::string::npos);
+  // Megatron's inference and RL flags are named as such, not matched to a training flag
+  CHECK(error_of([] { parse_cli("--max-tokens-to-oom 3600"); }) ==
+        "--max-tokens-to-oom is one of Megatron-LM's text-generation / inference settings: megatrain pretrains models and has no inference "
+        "engine or RL loop: drop it");
+  CHECK(error_of([] { parse_cli("--inference-dynamic-batching-buffer-size-gb 20"); }).find("inference-engine settings") != std::string::npos);
+  CHECK(error_of([] { parse_cli("--grpo-group-size 4"); }).find("reinforcement-learning (GRPO) settings") != std::string::npos);
   Config c;
   CHECK(error_of([&] { apply_yaml_text(c, "num_layer: 3\n", "r.yaml"); }) == "unknown key 'num_layer' in r.yaml: did you mean 'num_layers'?");
   CHECK(error_of([&] { apply_yaml_text(c, "model:\n  hiden-size: 3\n", "r.yaml"); })
