@@ -110,6 +110,9 @@ struct TrainingConfig {
   OptInt lr_wsd_decay_iters;
   std::string lr_wsd_decay_style = "exponential";
   bool use_distributed_optimizer = false;
+  // Megatron's partial distributed optimizer: the state sharded within each of this many contiguous slices of DP x CP
+  // (an instance), the gradients reduce-scattered there and their shards all-reduced across the instances.
+  int64_t num_distributed_optimizer_instances = 1;
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
   OptInt ddp_bucket_size;

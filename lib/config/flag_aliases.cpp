@@ -338,7 +338,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_DEFAULT_ONLY("main-params-dtype", "fp32", "the master weights are always fp32"),
       MT_DEFAULT_ONLY("exp-avg-dtype", "fp32", "Adam's moments are always fp32"),
       MT_DEFAULT_ONLY("exp-avg-sq-dtype", "fp32", "Adam's moments are always fp32"),
-      MT_DEFAULT_ONLY("num-distributed-optimizer-instances", "1", "the distributed optimizer shards over the whole data-parallel group"),
       MT_REFUSED("multi-latent-attention", false, "multi-latent attention (DeepSeek's) is not implemented"),
       MT_REFUSED("q-lora-rank", true, "multi-latent attention (DeepSeek's) is not implemented"),
       MT_REFUSED("kv-lora-rank", true, "multi-latent attention (DeepSeek's) is not implemented"),

@@ -165,6 +165,9 @@ std::vector<FlagSpec> build_table() {
       F(kDist, "overlap-grad-reduce", training.overlap_grad_reduce, "Overlap the gradient reduction with backward"),
       F(kDist, "overlap-param-gather", training.overlap_param_gather, "Overlap the parameter all-gather with forward"),
       F(kDist, "ddp-bucket-size", training.ddp_bucket_size, "Elements per gradient-reduction bucket"),
+      F(kDist, "num-distributed-optimizer-instances", training.num_distributed_optimizer_instances,
+        "With --use-distributed-optimizer: the optimizer state sharded within each of this many slices of DP x CP, their shards' "
+        "gradients all-reduced across the slices (Megatron's partial distributed optimizer)"),
       // Mixed precision
       F(kPrec, "bf16", precision.bf16, "bfloat16 weights with fp32 master weights (CPU engine: fp32 activations)"),
       F(kPrec, "fp16", precision.fp16, "float16 weights with loss scaling (CPU engine: fp32 activations)"),

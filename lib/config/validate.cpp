@@ -446,6 +446,10 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
   const int64_t mp = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;
   if (mp < 1 || world % mp != 0) return;
   const int64_t dp = world / mp;
+  if (const int64_t n = c.training.num_distributed_optimizer_instances; n > 1 && (dp * p.context_parallel_size) % n != 0) {
+    k.error("DP x CP (" + s(dp * p.context_parallel_size) + ") is not divisible by --num-distributed-optimizer-instances " + s(n) +
+            " (Megatron: each instance a whole slice of the data-parallel ranks): change it or the world size");
+  }
   if (c.training.micro_batch_size && *c.training.micro_batch_size > 0 && !c.training.step_batch_size_schedule) {
     // (without --global-batch-size: one microbatch per DP rank, Megatron's default)
     const int64_t mbs = *c.training.micro_batch_size, gbs = c.training.global_batch_size.value_or(mbs * dp);
@@ -517,6 +521,13 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
 
 void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
   const auto& t = c.training;
+  if (const int64_t n = t.num_distributed_optimizer_instances; n != 1) {
+    if (n < 1) k.error("--num-distributed-optimizer-instances must be >= 1, got " + s(n));
+    else if (!t.use_distributed_optimizer) k.error("--num-distributed-optimizer-instances " + s(n) + " needs --use-distributed-optimizer (the instances shard its state)");
+    if (n > 1 && c.moe.num_experts) {
+      k.error("--num-distributed-optimizer-instances with MoE layers is not implemented (the experts' state over expert-DP): drop one of them");
+    }
+  }
   if (c.parallel.sequence_parallel && c.parallel.tensor_model_parallel_size == 1) {
     k.warn("--sequence-parallel has no effect without tensor parallelism (TP is 1): it is turned off");
   }

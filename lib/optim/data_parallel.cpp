@@ -9,9 +9,11 @@
 
 namespace mt {
 
-DataParallel::DataParallel(const Config& c, ParamStore& params, std::shared_ptr<Communicator> dp, GradGroup group, double scale)
+DataParallel::DataParallel(const Config& c, ParamStore& params, std::shared_ptr<Communicator> dp, GradGroup group, double scale,
+                           std::shared_ptr<Communicator> instances)
     : params_(params),
       dp_(std::move(dp)),
+      instances_(std::move(instances)),
       dist_opt_(c.training.use_distributed_optimizer),
       overlap_grad_(c.training.overlap_grad_reduce),
       overlap_param_(c.training.overlap_param_gather),
@@ -116,6 +118,9 @@ void DataParallel::finish() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     grad_reqs_[b]->wait();
     const GradBucket& bk = buckets_[b];
+    if (dist_opt_ && instances_ && instances_->size() > 1) {  // (the shard over the instances: an average of averages of equal groups)
+      instances_->all_reduce(shard_tmp_[b].data(), static_cast<int64_t>(shard_tmp_[b].size()), scale_ > 0 ? ReduceOp::kSum : ReduceOp::kAvg);
+    }
     if (dist_opt_) std::memcpy(g + bk.shard_begin, shard_tmp_[b].data(), shard_tmp_[b].size() * sizeof(float));
     const int64_t lo = dist_opt_ ? bk.shard_begin : bk.begin, hi = dist_opt_ ? bk.shard_end : bk.end;
     if (scale_ > 0) {

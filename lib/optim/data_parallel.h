@@ -27,9 +27,12 @@ struct GradBucket {
 
 class DataParallel {
  public:
-  // scale 0: the gradients averaged over the group; else summed and multiplied by scale.
+  // scale 0: the gradients averaged over the group; else summed and multiplied by scale. instances (with the distributed
+  // optimizer; --num-distributed-optimizer-instances): dp_group is then this rank's instance, whose ranks shard the state,
+  // and each reduced shard is reduced once more over `instances` (the same shard's holders in the other instances), so the
+  // gradients are those of the whole data-parallel group.
   DataParallel(const Config& cfg, ParamStore& params, std::shared_ptr<Communicator> dp_group, GradGroup group = GradGroup::kDense,
-               double scale = 0);
+               double scale = 0, std::shared_ptr<Communicator> instances = nullptr);
   ~DataParallel();
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
@@ -55,7 +58,7 @@ class DataParallel {
  private:
   void launch(size_t b);
   ParamStore& params_;
-  std::shared_ptr<Communicator> dp_;
+  std::shared_ptr<Communicator> dp_, instances_;
   bool dist_opt_, overlap_grad_, overlap_param_, bf16_reduce_;
   int64_t region_begin_ = 0, region_end_ = 0;  // the group's flat range
   double scale_ = 0;

@@ -204,7 +204,9 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const double wbytes = half ? 2.0 : 4.0;
   const bool adam = c.training.optimizer == "adam";
   const double opt_bytes = (half ? 4.0 : 0.0) + (adam ? 8.0 : 4.0);  // fp32 master + moments
-  const double dp_cp = static_cast<double>(c.derived.data_parallel_size * c.parallel.context_parallel_size);
+  // (the dense state sharded over one instance's ranks: DP x CP / --num-distributed-optimizer-instances)
+  const double dp_cp = static_cast<double>(c.derived.data_parallel_size * c.parallel.context_parallel_size) /
+                       static_cast<double>(std::max<int64_t>(1, c.training.num_distributed_optimizer_instances));
   const double edp = static_cast<double>(c.derived.expert_data_parallel_size);
   m.weights = wbytes * static_cast<double>(m.params);
   m.grads = 4.0 * static_cast<double>(m.params);

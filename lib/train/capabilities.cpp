@@ -223,6 +223,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.data.reset_attention_mask && c.data.seq_length.value_or(8) % 8 != 0,
      "--reset-attention-mask on the CUDA engine needs --seq-length to be a multiple of 8 (its mask is written 8 columns at a time): change it, or "
      "use --device cpu");
+  no(c.training.num_distributed_optimizer_instances > 1,
+     "--num-distributed-optimizer-instances > 1 is implemented on the CPU engine only so far: drop it (one instance), or use --device cpu");
   no(c.training.test_mode, "--test-mode (Megatron's real-time replica test) is implemented on the CPU engine only: drop it, or use --device cpu");
   // Evaluation's own global batch (cuda_engine_step.cpp's evaluate: the microbatches of --eval-global-batch-size): written
   // in the thirty-ninth session while no GPU was lent; refused until its GPU group (=evaluation) runs.

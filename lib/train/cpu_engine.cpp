@@ -28,7 +28,18 @@ CpuEngine::CpuEngine(const Config& cfg, ProcessGroups groups, const TokenSource&
     : cfg_(cfg), groups_(std::move(groups)), data_(data), scaler_(cfg) {
   if (cfg.training.decoupled_lr) decoupled_.emplace(cfg, true);
   model_ = std::make_shared<GPTModel>(cfg, groups_);
-  data_parallel_ = std::make_unique<DataParallel>(cfg, model_->params(), groups_.dp_cp);
+  // --num-distributed-optimizer-instances (Megatron's partial distributed optimizer): the state sharded within contiguous
+  // slices of DP x CP, each shard's gradients all-reduced across the slices; the optimizer's sums run over its slice.
+  ProcessGroups optimizer_groups = groups_;
+  std::shared_ptr<Communicator> instances;
+  if (const int64_t n = cfg.training.num_distributed_optimizer_instances;
+      n > 1 && cfg.training.use_distributed_optimizer && groups_.dp_cp->size() % n == 0) {  // (validated: DP x CP divisible by n)
+    const int rank = groups_.dp_cp->rank(), per = groups_.dp_cp->size() / static_cast<int>(n);
+    optimizer_groups.dp_cp = groups_.dp_cp->sub_group(rank / per, rank, "distributed-optimizer instance");
+    instances = groups_.dp_cp->sub_group(rank % per, rank, "distributed-optimizer instances");
+    instance_rank_ = rank / per;
+  }
+  data_parallel_ = std::make_unique<DataParallel>(cfg, model_->params(), optimizer_groups.dp_cp, GradGroup::kDense, 0, instances);
   FlatRanges owned = data_parallel_->owned_ranges();
   // The experts' gradients: summed over expert-DP and scaled by 1 / (DP x CP) as Megatron's (each expert saw the
   // tokens of several data-parallel replicas), sharded over expert-DP by the distributed optimizer.
@@ -37,7 +48,7 @@ CpuEngine::CpuEngine(const Config& cfg, ProcessGroups groups, const TokenSource&
                                                       1.0 / static_cast<double>(groups_.dp_cp->size()));
     for (const auto& r : expert_parallel_->owned_ranges()) owned.push_back(r);
   }
-  optimizer_ = std::make_unique<Optimizer>(cfg, model_->params(), groups_, owned, data_parallel_->distributed_optimizer());
+  optimizer_ = std::make_unique<Optimizer>(cfg, model_->params(), optimizer_groups, owned, data_parallel_->distributed_optimizer());
   model_->set_grads_ready_hook([this](size_t lowest) {
     data_parallel_->on_grads_ready(lowest);
     if (expert_parallel_) expert_parallel_->on_grads_ready(lowest);
@@ -194,7 +205,7 @@ void CpuEngine::save(TrainState state) {
   who.world_rank = groups_.world->rank();
   who.world_size = groups_.world->size();
   who.writes_params = groups_.dp_cp->rank() == 0;
-  who.writes_optimizer = data_parallel_->distributed_optimizer() || groups_.dp_cp->rank() == 0;
+  who.writes_optimizer = data_parallel_->distributed_optimizer() ? instance_rank_ == 0 : groups_.dp_cp->rank() == 0;  // (instance 0's shards)
   who.writes_expert_params = groups_.expert_dp->rank() == 0;
   who.writes_expert_optimizer = data_parallel_->distributed_optimizer() || groups_.expert_dp->rank() == 0;
   auto snap = take_snapshot(cfg_, model_->params(), *optimizer_, state, who, !cfg_.checkpoint.no_save_optim);

@@ -550,3 +550,14 @@ TEST_CASE("--pipeline-model-parallel-layout: Megatron's string, its checks, the 
   c.parallel.decoder_first_pipeline_num_layers = 3;
   rejects(c, 2, "cannot be combined with --decoder-first/last-pipeline-num-layers");
 }
+
+TEST_CASE("--num-distributed-optimizer-instances: with the distributed optimizer, a divisor of DP x CP, not with MoE") {
+  Config c = base();
+  c.training.num_distributed_optimizer_instances = 2;
+  rejects(c, 4, "--num-distributed-optimizer-instances 2 needs --use-distributed-optimizer");
+  c.training.use_distributed_optimizer = true;
+  accepts(c, 4);
+  rejects(c, 3, "DP x CP (3) is not divisible by --num-distributed-optimizer-instances 2");
+  c.moe.num_experts = 4;
+  rejects(c, 4, "--num-distributed-optimizer-instances with MoE layers is not implemented");
+}
