@@ -449,6 +449,13 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
   if (const int64_t n = c.training.num_distributed_optimizer_instances; n > 1 && (dp * p.context_parallel_size) % n != 0) {
     k.error("DP x CP (" + s(dp * p.context_parallel_size) + ") is not divisible by --num-distributed-optimizer-instances " + s(n) +
             " (Megatron: each instance a whole slice of the data-parallel ranks): change it or the world size");
+  } else if (n > 1 && c.moe.num_experts) {  // (the experts' data-parallel group too, as Megatron's)
+    const int64_t expert_grid = p.expert_tensor_parallel_size.value_or(p.tensor_model_parallel_size) * p.expert_model_parallel_size *
+                                p.pipeline_model_parallel_size;
+    if (expert_grid > 0 && world % expert_grid == 0 && (world / expert_grid) % n != 0) {
+      k.error("the experts' data-parallel size (" + s(world / expert_grid) + ") is not divisible by --num-distributed-optimizer-instances " + s(n) +
+              ": change it, the world size or EP");
+    }
   }
   if (c.training.micro_batch_size && *c.training.micro_batch_size > 0 && !c.training.step_batch_size_schedule) {
     // (without --global-batch-size: one microbatch per DP rank, Megatron's default)
@@ -524,9 +531,6 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
   if (const int64_t n = t.num_distributed_optimizer_instances; n != 1) {
     if (n < 1) k.error("--num-distributed-optimizer-instances must be >= 1, got " + s(n));
     else if (!t.use_distributed_optimizer) k.error("--num-distributed-optimizer-instances " + s(n) + " needs --use-distributed-optimizer (the instances shard its state)");
-    if (n > 1 && c.moe.num_experts) {
-      k.error("--num-distributed-optimizer-instances with MoE layers is not implemented (the experts' state over expert-DP): drop one of them");
-    }
   }
   if (c.parallel.sequence_parallel && c.parallel.tensor_model_parallel_size == 1) {
     k.warn("--sequence-parallel has no effect without tensor parallelism (TP is 1): it is turned off");

@@ -44,8 +44,17 @@ CpuEngine::CpuEngine(const Config& cfg, ProcessGroups groups, const TokenSource&
   // The experts' gradients: summed over expert-DP and scaled by 1 / (DP x CP) as Megatron's (each expert saw the
   // tokens of several data-parallel replicas), sharded over expert-DP by the distributed optimizer.
   if (model_->params().has_experts()) {
-    expert_parallel_ = std::make_unique<DataParallel>(cfg, model_->params(), groups_.expert_dp, GradGroup::kExpert,
-                                                      1.0 / static_cast<double>(groups_.dp_cp->size()));
+    // (the partial distributed optimizer's instances over expert-DP as well: contiguous slices, Megatron's hierarchical groups)
+    std::shared_ptr<Communicator> expert_instances;
+    if (const int64_t n = cfg.training.num_distributed_optimizer_instances;
+        n > 1 && cfg.training.use_distributed_optimizer && groups_.expert_dp->size() % n == 0) {
+      const int rank = groups_.expert_dp->rank(), per = groups_.expert_dp->size() / static_cast<int>(n);
+      optimizer_groups.expert_dp = groups_.expert_dp->sub_group(rank / per, rank, "expert distributed-optimizer instance");
+      expert_instances = groups_.expert_dp->sub_group(rank % per, rank, "expert distributed-optimizer instances");
+      expert_instance_rank_ = rank / per;
+    }
+    expert_parallel_ = std::make_unique<DataParallel>(cfg, model_->params(), optimizer_groups.expert_dp, GradGroup::kExpert,
+                                                      1.0 / static_cast<double>(groups_.dp_cp->size()), expert_instances);
     for (const auto& r : expert_parallel_->owned_ranges()) owned.push_back(r);
   }
   optimizer_ = std::make_unique<Optimizer>(cfg, model_->params(), optimizer_groups, owned, data_parallel_->distributed_optimizer());
@@ -207,7 +216,7 @@ void CpuEngine::save(TrainState state) {
   who.writes_params = groups_.dp_cp->rank() == 0;
   who.writes_optimizer = data_parallel_->distributed_optimizer() ? instance_rank_ == 0 : groups_.dp_cp->rank() == 0;  // (instance 0's shards)
   who.writes_expert_params = groups_.expert_dp->rank() == 0;
-  who.writes_expert_optimizer = data_parallel_->distributed_optimizer() || groups_.expert_dp->rank() == 0;
+  who.writes_expert_optimizer = data_parallel_->distributed_optimizer() ? expert_instance_rank_ == 0 : groups_.expert_dp->rank() == 0;
   auto snap = take_snapshot(cfg_, model_->params(), *optimizer_, state, who, !cfg_.checkpoint.no_save_optim);
   if (const Fp8ScalingState* fp8 = model_->fp8_scaling(); fp8 && groups_.tp->rank() == 0 && groups_.dp_cp->rank() == 0) add_fp8_scaling_to(*snap, *fp8);
   saver_->save(std::move(snap));

@@ -44,7 +44,7 @@ class CpuEngine final : public TrainingEngine {
   const TokenSource& data_;
   std::shared_ptr<GPTModel> model_;
   std::unique_ptr<DataParallel> data_parallel_;
-  int64_t instance_rank_ = 0;  // --num-distributed-optimizer-instances: this rank's instance (its first writes the state)
+  int64_t instance_rank_ = 0, expert_instance_rank_ = 0;  // --num-distributed-optimizer-instances: this rank's instance (the first writes)
   std::unique_ptr<DataParallel> expert_parallel_;  // the expert parameters' reductions over expert-DP (MoE)
   template <typename F>
   void for_each_data_parallel(F f) {

@@ -559,5 +559,7 @@ TEST_CASE("--num-distributed-optimizer-instances: with the distributed optimizer
   accepts(c, 4);
   rejects(c, 3, "DP x CP (3) is not divisible by --num-distributed-optimizer-instances 2");
   c.moe.num_experts = 4;
-  rejects(c, 4, "--num-distributed-optimizer-instances with MoE layers is not implemented");
+  c.moe.moe_router_topk = 2;
+  c.parallel.expert_model_parallel_size = 4;  // (the experts' DP: 4 / 4 = 1, not divisible by 2)
+  rejects(c, 4, "the experts' data-parallel size (1) is not divisible by --num-distributed-optimizer-instances 2");
 }
