@@ -81,7 +81,7 @@ std::string megatron_non_training_flag(const std::string& name) {
   for (const char* flag : kGeneration) {
     if (name == flag) return "one of Megatron-LM's text-generation / inference settings";
   }
-  if (name.rfind("--inference-", 0) == 0) return "one of Megatron-LM's inference-engine settings";
+  if (name.rfind("--inference-", 0) == 0 || name.rfind("--no-inference-", 0) == 0) return "one of Megatron-LM's inference-engine settings";
   if (name.rfind("--rl-", 0) == 0 || name.rfind("--no-rl-", 0) == 0 || name.rfind("--grpo-", 0) == 0 || name == "--perform-rl-step" ||
       name == "--refit-method" || name == "--langrl-env-config") {
     return "one of Megatron-LM's reinforcement-learning (GRPO) settings";

@@ -122,8 +122,8 @@ struct TrainingConfig {
   bool overlap_cpu_optimizer_d2h_h2d = false;  // Megatron's; megatrain's offload always overlaps its transfers
   OptInt exit_interval;           // stop (after saving) when iteration % N == 0
   bool calculate_per_token_loss = false;  // the loss over the global batch's tokens, not averaged per microbatch
-  bool deterministic_mode = false;
-  bool test_mode = false;  // Megatron's real-time test: the query / key norms compared across the DP and TP replicas        // bitwise-repeatable runs (the CPU engine always is)
+  bool deterministic_mode = false;        // bitwise-repeatable runs (the CPU engine always is)
+  bool test_mode = false;  // Megatron's real-time test: the query / key norms compared across the DP and TP replicas
   OptInt exit_duration_in_mins;   // stop (after saving) once training has run this many minutes (on any rank)
   int64_t exit_on_nan_count = 5;  // megatrain: stop after this many non-finite steps in a row
 };

@@ -529,6 +529,9 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
 void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
   const auto& t = c.training;
   if (const int64_t n = t.num_distributed_optimizer_instances; n != 1) {
+    if (n > 1 && c.precision.ddp_reduce_scatter_with_fp32_accumulation) {
+      k.error("--ddp-reduce-scatter-with-fp32-accumulation with --num-distributed-optimizer-instances > 1 (Megatron refuses it): drop one of them");
+    }
     if (n < 1) k.error("--num-distributed-optimizer-instances must be >= 1, got " + s(n));
     else if (!t.use_distributed_optimizer) k.error("--num-distributed-optimizer-instances " + s(n) + " needs --use-distributed-optimizer (the instances shard its state)");
   }

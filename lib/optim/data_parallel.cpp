@@ -20,11 +20,13 @@ DataParallel::DataParallel(const Config& c, ParamStore& params, std::shared_ptr<
       bf16_reduce_(c.precision.grad_reduce_in_bf16),
       scale_(scale) {
   const int64_t ndp = dp_->size();
-  // Megatron: one bucket unless overlapping or asked; overlapping default max(40M, 1M x DP) elements.
+  // Megatron: one bucket unless overlapping or asked; overlapping default max(40M, 1M x DP) elements (DP the whole group's,
+  // every instance's ranks).
+  const int64_t whole_dp = ndp * (instances_ ? instances_->size() : 1);
   std::tie(region_begin_, region_end_) = params_.group_range(group);
   int64_t bucket = std::max<int64_t>(1, region_end_ - region_begin_);
   if (c.training.ddp_bucket_size) bucket = std::max<int64_t>(1, *c.training.ddp_bucket_size);
-  else if (overlap_grad_) bucket = std::max<int64_t>(40000000, 1000000 * ndp);
+  else if (overlap_grad_) bucket = std::max<int64_t>(40000000, 1000000 * whole_dp);
   // The group's parameters in reverse registration order: the order backward finishes them.
   std::vector<size_t> mine;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -119,6 +121,9 @@ void DataParallel::finish() {
     grad_reqs_[b]->wait();
     const GradBucket& bk = buckets_[b];
     if (dist_opt_ && instances_ && instances_->size() > 1) {  // (the shard over the instances: an average of averages of equal groups)
+      if (bf16_reduce_) {  // (Megatron's bf16 buffer holds the slice's sum before the instances reduce it)
+        for (float& x : shard_tmp_[b]) x = round_bf16(x);
+      }
       instances_->all_reduce(shard_tmp_[b].data(), static_cast<int64_t>(shard_tmp_[b].size()), scale_ > 0 ? ReduceOp::kSum : ReduceOp::kAvg);
     }
     if (dist_opt_) std::memcpy(g + bk.shard_begin, shard_tmp_[b].data(), shard_tmp_[b].size() * sizeof(float));

@@ -207,7 +207,8 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   // (the dense state sharded over one instance's ranks: DP x CP / --num-distributed-optimizer-instances)
   const double dp_cp = static_cast<double>(c.derived.data_parallel_size * c.parallel.context_parallel_size) /
                        static_cast<double>(std::max<int64_t>(1, c.training.num_distributed_optimizer_instances));
-  const double edp = static_cast<double>(c.derived.expert_data_parallel_size);
+  const double edp = static_cast<double>(c.derived.expert_data_parallel_size) /
+                     static_cast<double>(std::max<int64_t>(1, c.training.num_distributed_optimizer_instances));  // (likewise the experts')
   m.weights = wbytes * static_cast<double>(m.params);
   m.grads = 4.0 * static_cast<double>(m.params);
   m.optimizer_unsharded = opt_bytes * static_cast<double>(m.params);

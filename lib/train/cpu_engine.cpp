@@ -91,11 +91,7 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   const int64_t dp = groups_.dp->size(), dp_rank = groups_.dp->rank();
   const int64_t pp = groups_.pp->size();
   for_each_data_parallel([](DataParallel& d) { d.finish_param_gather(); });  // parameters updated by the other shards last step
-  if (cfg_.training.test_mode) {  // (Megatron runs it in each attention forward; once an iteration compares the same weights)
-    const std::vector<size_t> norms = realtime_test_params(model_->params());
-    check_replicas_equal(model_->params(), norms, *groups_.dp, "data-parallel");
-    check_replicas_equal(model_->params(), norms, *groups_.tp, "tensor-parallel");
-  }
+  check_replicas();  // (--test-mode: Megatron runs it in each attention forward; once a step compares the same weights)
   model_->params().zero_grads();
   const float loss_scale = scaler_.scale();
   // --calculate-per-token-loss (Megatron's): each microbatch's loss is its sum, and the gradients are divided by the
@@ -175,8 +171,16 @@ double CpuEngine::loss_tokens(const Microbatch& mb) {
   return n;
 }
 
+void CpuEngine::check_replicas() {
+  if (!cfg_.training.test_mode) return;
+  const std::vector<size_t> norms = realtime_test_params(model_->params());
+  check_replicas_equal(model_->params(), norms, *groups_.dp, "data-parallel");
+  check_replicas_equal(model_->params(), norms, *groups_.tp, "tensor-parallel");
+}
+
 double CpuEngine::evaluate(int64_t iteration, Split split, int64_t first_sample) {
   for_each_data_parallel([](DataParallel& d) { d.finish_param_gather(); });
+  check_replicas();  // (--test-mode: Megatron's test runs in every attention forward, evaluation's included)
   const int64_t mbs = cfg_.derived.eval_micro_batch_size, S = *cfg_.data.seq_length;
   const int64_t dp = groups_.dp->size(), r = groups_.dp->rank(), pp = groups_.pp->size();
   const int64_t per_iter = cfg_.derived.eval_global_batch_size, nmb = cfg_.derived.eval_num_microbatches;

@@ -45,6 +45,7 @@ class CpuEngine final : public TrainingEngine {
   std::shared_ptr<GPTModel> model_;
   std::unique_ptr<DataParallel> data_parallel_;
   int64_t instance_rank_ = 0, expert_instance_rank_ = 0;  // --num-distributed-optimizer-instances: this rank's instance (the first writes)
+  void check_replicas();  // --test-mode (train/replica_check.h)
   std::unique_ptr<DataParallel> expert_parallel_;  // the expert parameters' reductions over expert-DP (MoE)
   template <typename F>
   void for_each_data_parallel(F f) {

@@ -760,7 +760,7 @@ class TwoReplicas : public test::NoCollectives {
   explicit TwoReplicas(double shift) : NoCollectives(0, 2), shift_(shift) {}
   void all_reduce(double* data, int64_t n, ReduceOp op) override {
     if (op != ReduceOp::kMax) fail();
-    // (pairs of x, -x: the other rank's x is shifted by shift_ in its first value)
+    // (pairs of a value's bit pattern p and -p: the other rank's first pattern shifted by shift_)
     for (int64_t i = 0; i + 1 < n; i += 2) {
       const double other = data[i] + (i == 0 ? shift_ : 0.0);
       data[i + 1] = std::max(data[i + 1], -other);
@@ -780,7 +780,7 @@ TEST_CASE("--test-mode: the query / key norms compared across replicas, a differ
   GPTModel model(c, ProcessGroups::single());
   const std::vector<size_t> norms = realtime_test_params(model.params());
   REQUIRE(norms.size() == 4);  // (LayerNorm: the query and key norms' weights and biases)
-  TwoReplicas same(0.0), corrupted(1e-3);
+  TwoReplicas same(0.0), corrupted(1.0);  // (the other rank's first value one bit pattern apart: the smallest change a float can take)
   CHECK_NOTHROW(check_replicas_equal(model.params(), norms, same, "data-parallel"));
   CHECK_THROWS_WITH(check_replicas_equal(model.params(), norms, corrupted, "data-parallel"),
                     Catch::Matchers::Contains("layers.0.attention.q_norm.weight differs between the data-parallel ranks"));

@@ -551,13 +551,16 @@ TEST_CASE("--pipeline-model-parallel-layout: Megatron's string, its checks, the 
   rejects(c, 2, "cannot be combined with --decoder-first/last-pipeline-num-layers");
 }
 
-TEST_CASE("--num-distributed-optimizer-instances: with the distributed optimizer, a divisor of DP x CP, not with MoE") {
+TEST_CASE("--num-distributed-optimizer-instances: with the distributed optimizer, a divisor of DP x CP and of expert-DP") {
   Config c = base();
   c.training.num_distributed_optimizer_instances = 2;
   rejects(c, 4, "--num-distributed-optimizer-instances 2 needs --use-distributed-optimizer");
   c.training.use_distributed_optimizer = true;
   accepts(c, 4);
   rejects(c, 3, "DP x CP (3) is not divisible by --num-distributed-optimizer-instances 2");
+  c.precision.ddp_reduce_scatter_with_fp32_accumulation = true;
+  rejects(c, 4, "--ddp-reduce-scatter-with-fp32-accumulation with --num-distributed-optimizer-instances > 1");
+  c.precision.ddp_reduce_scatter_with_fp32_accumulation = false;
   c.moe.num_experts = 4;
   c.moe.moe_router_topk = 2;
   c.parallel.expert_model_parallel_size = 4;  // (the experts' DP: 4 / 4 = 1, not divisible by 2)
