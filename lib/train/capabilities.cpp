@@ -226,11 +226,6 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.training.num_distributed_optimizer_instances > 1,
      "--num-distributed-optimizer-instances > 1 is implemented on the CPU engine only so far: drop it (one instance), or use --device cpu");
   no(c.training.test_mode, "--test-mode (Megatron's real-time replica test) is implemented on the CPU engine only: drop it, or use --device cpu");
-  // Evaluation's own global batch (cuda_engine_step.cpp's evaluate: the microbatches of --eval-global-batch-size): written
-  // in the thirty-ninth session while no GPU was lent; refused until its GPU group (=evaluation) runs.
-  no(c.training.eval_global_batch_size && *c.training.eval_global_batch_size != c.derived.global_batch_size &&
-         !cuda_unverified_allowed("eval-global-batch-size"),
-     "--eval-global-batch-size other than the training batch has not run on a GPU yet on the CUDA engine: drop it, or use --device cpu");
   // Evaluation in microbatches other than training's: the model's buffers and cuDNN's plans are sized for the training one.
   no(c.training.eval_micro_batch_size && *c.training.eval_micro_batch_size != c.training.micro_batch_size.value_or(0),
      "--eval-micro-batch-size other than --micro-batch-size is not implemented on the CUDA engine (its buffers are sized for the training "
