@@ -291,6 +291,7 @@ TrainState load_checkpoint(const std::string& dir, const LoadOptions& lo, ParamS
     }
   });
   if (opt.master()) opt.refresh_working_weights();  // bf16 / fp16 copies of what was loaded
+  opt.round_stored_moments();                        // --exp-avg-dtype / --exp-avg-sq-dtype bf16: the loaded moments stored so
   TrainState st;
   if (upcycle) {  // (Megatron: training from iteration 0 with no FLOPs counted, at the dense run's data position, a fresh schedule)
     if (!lo.finetune) st.consumed_samples = st.lr_schedule_start_samples = o.meta["consumed_samples"].get<int64_t>();

@@ -118,6 +118,10 @@ struct TrainingConfig {
   OptInt ddp_bucket_size;
   int64_t seed = 1234;
   bool optimizer_cpu_offload = false;
+  // Megatron's precision-aware optimizer (Transformer Engine's FusedAdam): the state's storage types. Adam's moments in
+  // fp32 or bf16 (stored rounded to nearest even, computed in fp32); fp32 gradients and master weights.
+  bool use_precision_aware_optimizer = false;
+  std::string main_grads_dtype = "fp32", main_params_dtype = "fp32", exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32";
   double optimizer_offload_fraction = 1.0;  // the share of the optimizer state (by elements, in parameter order) offloaded
   bool overlap_cpu_optimizer_d2h_h2d = false;  // Megatron's; megatrain's offload always overlaps its transfers
   OptInt exit_interval;           // stop (after saving) when iteration % N == 0

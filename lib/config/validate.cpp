@@ -526,6 +526,34 @@ void check_batch_and_sequence(const Config& c, int64_t world, Checker& k) {
   }
 }
 
+// Megatron's precision-aware optimizer (its rules: the storage types other than fp32 only with the flag, the flag only with
+// the distributed optimizer and Adam). megatrain stores the moments in fp32 or bf16; the other types are refused by name.
+void check_precision_aware_optimizer(const Config& c, Checker& k) {
+  const auto& t = c.training;
+  const std::pair<const char*, const std::string*> types[] = {{"main-grads-dtype", &t.main_grads_dtype},
+                                                              {"main-params-dtype", &t.main_params_dtype},
+                                                              {"exp-avg-dtype", &t.exp_avg_dtype},
+                                                              {"exp-avg-sq-dtype", &t.exp_avg_sq_dtype}};
+  for (const auto& [flag, type] : types) {
+    if (*type == "fp32") continue;
+    if (!t.use_precision_aware_optimizer) {
+      k.error(std::string("--") + flag + " " + *type + " needs --use-precision-aware-optimizer (Megatron's rule): add it, or drop --" + flag);
+    } else if (*type != "bf16" || std::string(flag) == "main-grads-dtype") {
+      const std::string what = std::string(flag) == "main-grads-dtype" ? "gradients kept in bf16"
+                               : std::string(flag) == "main-params-dtype" ? "fp16 master weights"
+                                                                            : "Adam's moments in " + *type + " (Transformer Engine's scaled storage)";
+      k.error("--" + std::string(flag) + " " + *type + ": " + what + " not implemented (fp32" +
+              (std::string(flag).rfind("exp-avg", 0) == 0 ? " or bf16" : "") + " only): change it");
+    }
+  }
+  if (t.use_precision_aware_optimizer) {
+    if (!t.use_distributed_optimizer) {
+      k.error("--use-precision-aware-optimizer needs --use-distributed-optimizer (Megatron's rule): add it, or drop the flag");
+    }
+    if (t.optimizer != "adam") k.error("--use-precision-aware-optimizer works with --optimizer adam only (Megatron's rule), got " + t.optimizer);
+  }
+}
+
 void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
   const auto& t = c.training;
   if (const int64_t n = t.num_distributed_optimizer_instances; n != 1) {
@@ -535,6 +563,7 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
     if (n < 1) k.error("--num-distributed-optimizer-instances must be >= 1, got " + s(n));
     else if (!t.use_distributed_optimizer) k.error("--num-distributed-optimizer-instances " + s(n) + " needs --use-distributed-optimizer (the instances shard its state)");
   }
+  check_precision_aware_optimizer(c, k);
   if (c.parallel.sequence_parallel && c.parallel.tensor_model_parallel_size == 1) {
     k.warn("--sequence-parallel has no effect without tensor parallelism (TP is 1): it is turned off");
   }

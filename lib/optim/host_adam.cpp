@@ -17,8 +17,8 @@ void host_adamw(float* w, float* m, float* v, const float* g, uint16_t* w16, int
     vi = b2 * vi + (1.0f - b2) * gi * gi;
     const float update = (mi / bc1) / (std::sqrt(vi / bc2) + eps);
     wi = wi - lr * (update + wd * wi);
-    m[i] = mi;
-    v[i] = vi;
+    m[i] = s.exp_avg_bf16 ? round_bf16(mi) : mi;
+    v[i] = s.exp_avg_sq_bf16 ? round_bf16(vi) : vi;
     w[i] = wi;
     w16[i] = s.fp16 ? float_to_fp16(wi) : float_to_bf16(wi);
   }

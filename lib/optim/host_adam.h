@@ -18,6 +18,8 @@ struct HostAdamStep {
   float scale = 1;     // applied to the gradients: the clip factor times the loss scale's inverse
   float bc1 = 1, bc2 = 1;  // 1 - beta^t
   bool fp16 = false;   // the working copy's type: fp16, else bf16
+  // --exp-avg-dtype / --exp-avg-sq-dtype bf16: the moment stored rounded to bf16 (the update computed from it unrounded)
+  bool exp_avg_bf16 = false, exp_avg_sq_bf16 = false;
 };
 
 // n elements: w (fp32 master), m, v updated in place from g; w16 receives the 16-bit working copy (bf16 or fp16

@@ -23,6 +23,8 @@ Optimizer::Optimizer(const Config& c, ParamStore& params, ProcessGroups groups, 
       bf16_(c.precision.bf16),
       fp16_(c.precision.fp16),
       count_zeros_(c.logging.log_num_zeros_in_grad),
+      exp_avg_bf16_(c.training.exp_avg_dtype == "bf16"),
+      exp_avg_sq_bf16_(c.training.exp_avg_sq_dtype == "bf16"),
       experts_(c.moe.num_experts.has_value()) {
   segments_ = make_segments(params_, std::move(owned));
   const int64_t state = segments_.empty() ? 0 : segments_.back().state + (segments_.back().end - segments_.back().begin);
@@ -62,6 +64,18 @@ std::vector<Optimizer::Segment> Optimizer::make_segments(const ParamStore& param
 
 void Optimizer::refresh_working_weights() {
   for (const auto& s : segments_) round_to_working(s);
+}
+
+void Optimizer::round_stored_moments() {
+  const int64_t n = m_.numel();
+  if (exp_avg_bf16_) {
+    float* m = m_.f32();
+    for (int64_t i = 0; i < n; ++i) m[i] = round_bf16(m[i]);
+  }
+  if (exp_avg_sq_bf16_ && v_.defined()) {
+    float* v = v_.f32();
+    for (int64_t i = 0; i < n; ++i) v[i] = round_bf16(v[i]);
+  }
 }
 
 size_t Optimizer::state_bytes() const {
@@ -166,6 +180,13 @@ StepResult Optimizer::step(double lr, float loss_scale, double decoupled_lr) {
         vs[i] = b2 * vs[i] + (1.0f - b2) * gi * gi;
         const float update = (ms[i] / bc1) / (std::sqrt(vs[i] / bc2) + eps);
         ws[i] -= lrf * (update + wd * ws[i]);
+      }
+      // The moments' storage (the update above used them unrounded, as Transformer Engine's FusedAdam does)
+      if (exp_avg_bf16_) {
+        for (int64_t i = 0; i < n; ++i) ms[i] = round_bf16(ms[i]);
+      }
+      if (exp_avg_sq_bf16_) {
+        for (int64_t i = 0; i < n; ++i) vs[i] = round_bf16(vs[i]);
       }
     } else {
       for (int64_t i = 0; i < n; ++i) {

@@ -61,6 +61,8 @@ class Optimizer {
   void set_iterations(int64_t t) { t_ = t; }
   // After loading master weights: the working copy is their bf16/fp16 rounding.
   void refresh_working_weights();
+  // After loading the moments: each rounded to its storage type (--exp-avg-dtype / --exp-avg-sq-dtype bf16).
+  void round_stored_moments();
   // A master weight's working copy: its bf16 / fp16 rounding (itself in fp32 training).
   float to_working(float x) const;
 
@@ -78,6 +80,9 @@ class Optimizer {
   double beta1_, beta2_, eps_, wd_, momentum_, clip_;
   bool bf16_, fp16_;
   bool count_zeros_;  // --log-num-zeros-in-grad
+  // Megatron's precision-aware optimizer: Adam's moments stored in bf16 (here fp32 arrays holding bf16 values: each
+  // step computes in fp32 from them and stores its result rounded to nearest even, as Transformer Engine's FusedAdam).
+  bool exp_avg_bf16_, exp_avg_sq_bf16_;
   bool experts_;  // an MoE model: expert parameters' sums over the expert grid (on every stage alike)
   Tensor master_, m_, v_;
   int64_t t_ = 0;

@@ -338,13 +338,20 @@ void CudaEngine::setup_optimizer_state(const std::vector<Optimizer::Segment>& se
     MT_CUDA_CHECK(cudaMemcpyAsync(master_, master_src, gpu_bytes, cudaMemcpyHostToDevice, stream_));
     model_->refresh_working();
   }
-  m_ = device_zeros<float>(static_cast<size_t>(n_gpu));
-  v_ = device_zeros<float>(static_cast<size_t>(n_gpu));
+  // Adam's moments: fp32, or bf16 where --exp-avg-dtype / --exp-avg-sq-dtype asks (the loaded values are bf16's already:
+  // the host optimizer rounded them at the load).
+  const bool m_bf16 = cfg.training.exp_avg_dtype == "bf16", v_bf16 = cfg.training.exp_avg_sq_dtype == "bf16";
+  if (m_bf16) m16_ = device_zeros<cuda::bf16>(static_cast<size_t>(n_gpu));
+  else m_ = device_zeros<float>(static_cast<size_t>(n_gpu));
+  if (v_bf16) v16_ = device_zeros<cuda::bf16>(static_cast<size_t>(n_gpu));
+  else v_ = device_zeros<float>(static_cast<size_t>(n_gpu));
   st_ = device_zeros<cuda::StepState>(1);
   partials_ = device_zeros<float>(cuda::kNormPartials);
   if (loaded_) {
-    MT_CUDA_CHECK(cudaMemcpyAsync(m_, host_opt_->exp_avg() + n_offloaded_, gpu_bytes, cudaMemcpyHostToDevice, stream_));
-    MT_CUDA_CHECK(cudaMemcpyAsync(v_, host_opt_->exp_avg_sq() + n_offloaded_, gpu_bytes, cudaMemcpyHostToDevice, stream_));
+    if (m_bf16) cuda::moment_to_device(m16_, host_opt_->exp_avg() + n_offloaded_, n_gpu);
+    else MT_CUDA_CHECK(cudaMemcpyAsync(m_, host_opt_->exp_avg() + n_offloaded_, gpu_bytes, cudaMemcpyHostToDevice, stream_));
+    if (v_bf16) cuda::moment_to_device(v16_, host_opt_->exp_avg_sq() + n_offloaded_, n_gpu);
+    else MT_CUDA_CHECK(cudaMemcpyAsync(v_, host_opt_->exp_avg_sq() + n_offloaded_, gpu_bytes, cudaMemcpyHostToDevice, stream_));
   }
   if (offloading_) {
     // The offloaded state: in the host optimizer's own arrays where this rank keeps them for checkpoints (no
@@ -551,7 +558,7 @@ DeviceMemory CudaEngine::device_memory(int64_t iteration) {
 CudaEngine::~CudaEngine() {
   if (drained_) cudaEventDestroy(drained_);
   if (dist_opt_ || offloading_) device_free(master_);  // else the model's
-  for (void* p : {static_cast<void*>(m_), static_cast<void*>(v_), static_cast<void*>(st_), static_cast<void*>(partials_), static_cast<void*>(d_chunks_),
+  for (void* p : {static_cast<void*>(m_), static_cast<void*>(v_), static_cast<void*>(m16_), static_cast<void*>(v16_), static_cast<void*>(st_), static_cast<void*>(partials_), static_cast<void*>(d_chunks_),
                   static_cast<void*>(d_gpu_chunks_ != d_chunks_ ? d_gpu_chunks_ : nullptr),
                   static_cast<void*>(eval_acc_), static_cast<void*>(avg_buf_), static_cast<void*>(loss_hist_), static_cast<void*>(norm_hist_),
                   static_cast<void*>(skip_hist_), static_cast<void*>(moe_hist_), static_cast<void*>(zeros_hist_)}) {

@@ -127,6 +127,8 @@ class CudaEngine final : public TrainingEngine {
   int64_t tied_offset_ = -1, tied_numel_ = 0;  // this stage's tied word embeddings across stages (-1: none)
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *partials_ = nullptr, *eval_acc_ = nullptr, *avg_buf_ = nullptr;
   float *loss_hist_ = nullptr, *norm_hist_ = nullptr;
+  // --exp-avg-dtype / --exp-avg-sq-dtype bf16 (Megatron's precision-aware optimizer): that moment stored here, m_ / v_ null
+  cuda::bf16 *m16_ = nullptr, *v16_ = nullptr;
   int32_t* skip_hist_ = nullptr;
   // --log-num-zeros-in-grad: each pending step's zero entries of the gradient on this rank (weighted as the norm's
   // squares), summed over the ranks as the norm at read_reports; null without the flag.

@@ -218,7 +218,7 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
   const float decoupled_lr = decoupled_ ? static_cast<float>(decoupled_->lr_at_samples(base - resumed_.lr_schedule_start_samples)) : -1.0f;
   auto adamw = [&](int64_t first, int64_t count) {
     if (count <= 0) return;
-    MT_PROF("opt.adamw", cuda::adamw_multi({.w = master_, .m = m_, .v = v_, .w16 = model_->working(), .g = model_->grads(),
+    MT_PROF("opt.adamw", cuda::adamw_multi({.w = master_, .m = m_, .v = v_, .m16 = m16_, .v16 = v16_, .w16 = model_->working(), .g = model_->grads(),
                                             .chunks = d_gpu_chunks_ + first, .count = count, .state = st_, .lr = static_cast<float>(lr), .beta1 = b1,
                                             .beta2 = b2, .eps = eps, .weight_decay = wd, .decoupled_lr = decoupled_lr, .type = model_->half_type()}, stream_));
   };
@@ -236,6 +236,8 @@ void CudaEngine::step(int64_t it, int64_t base, int64_t nmb_it, double lr) {
     hs.weight_decay = wd;
     hs.decoupled_lr = decoupled_lr;
     hs.fp16 = cfg.precision.fp16;
+    hs.exp_avg_bf16 = m16_ != nullptr;
+    hs.exp_avg_sq_bf16 = v16_ != nullptr;
     MT_PROF("opt.offloaded_adamw", offload_->finish(model_->working(), stream_, hs, [this](cudaEvent_t ev) { wait_event(ev); }));
   };
   // Data parallelism: the MoE statistics summed over the replicas (the expert bias and the log take every replica's
@@ -505,8 +507,10 @@ void CudaEngine::save(TrainState state) {
   // them the offloaded optimizer's own on every rank that keeps them).
   const size_t state_bytes = static_cast<size_t>(n_state_ - n_offloaded_) * 4;
   MT_CUDA_CHECK(cudaMemcpy(host_opt_->master() + n_offloaded_, master_, state_bytes, cudaMemcpyDeviceToHost));
-  MT_CUDA_CHECK(cudaMemcpy(host_opt_->exp_avg() + n_offloaded_, m_, state_bytes, cudaMemcpyDeviceToHost));
-  MT_CUDA_CHECK(cudaMemcpy(host_opt_->exp_avg_sq() + n_offloaded_, v_, state_bytes, cudaMemcpyDeviceToHost));
+  if (m16_) cuda::moment_to_host(host_opt_->exp_avg() + n_offloaded_, m16_, n_state_ - n_offloaded_);
+  else MT_CUDA_CHECK(cudaMemcpy(host_opt_->exp_avg() + n_offloaded_, m_, state_bytes, cudaMemcpyDeviceToHost));
+  if (v16_) cuda::moment_to_host(host_opt_->exp_avg_sq() + n_offloaded_, v16_, n_state_ - n_offloaded_);
+  else MT_CUDA_CHECK(cudaMemcpy(host_opt_->exp_avg_sq() + n_offloaded_, v_, state_bytes, cudaMemcpyDeviceToHost));
   host_opt_->set_iterations(h.t);
   if (!dist_opt_) {
     host_opt_->refresh_working_weights();

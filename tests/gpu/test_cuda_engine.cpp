@@ -37,6 +37,8 @@
 #include "kernels/cuda/sdpa_cudnn.h"
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt_model.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
 #include "model/layout.h"
 #include "model/model_dims.h"
 #include "pipeline/cuda_stage.h"
@@ -1713,6 +1715,55 @@ void test_evaluation() {
   test_training("llama", std::string(kPlain) + "--eval-iters 2 --eval-interval 10 --eval-global-batch-size 4 --micro-batch-size 2 ");
 }
 
+// Megatron's precision-aware optimizer (fortieth session; MT_GPU_TEST_ONLY=precision-aware): Adam's moments stored in
+// bf16 on the device (computed in fp32, stored rounded to nearest even, Transformer Engine's FusedAdam) against the CPU
+// engine's emulation; one moment alone in bf16 (the kernel's mixed instantiation), fp16 weights, the state offloaded by
+// half (the host's update rounds its share), a resume; and the saved moments are bf16 values (a run with fp32 moments
+// as the check's control: its moments are not).
+void test_precision_aware() {
+  const std::string aware = "--use-distributed-optimizer --use-precision-aware-optimizer ";
+  const std::string both = aware + "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 ";
+  test_training("llama", std::string(kPlain) + both);
+  test_training("llama", std::string(kPlain) + aware + "--exp-avg-sq-dtype bf16 ");
+  test_training("gpt", std::string(kPlain) + both + "--fp16 --loss-scale 1024 ");
+  test_training("llama", std::string(kPlain) + both + "--optimizer-cpu-offload --optimizer-offload-fraction 0.5 ");
+  test_resume(both);
+  for (const bool bf16_moments : {true, false}) {
+    char tmpl[] = "/tmp/megatrain-cuda-moments-XXXXXX";
+    const std::string dir = mkdtemp(tmpl);
+    try {
+      mt::TrainOptions quiet{true, 0};
+      const std::string flags = bf16_moments ? both : aware;
+      mt::train_cuda(make_config("llama", MT_PLAIN_BATCH "--train-iters 4 " + flags + "--save " + dir + " --save-interval 4 "), mt::ProcessGroups::single(),
+                     quiet);
+      // Read back with fp32 moments (no rounding at the load)
+      const mt::Config plain = make_config("llama", MT_PLAIN_BATCH "--train-iters 4 --use-distributed-optimizer ");
+      mt::GPTModel model(plain, mt::ProcessGroups::single());
+      mt::Optimizer opt(plain, model.params(), mt::ProcessGroups::single());
+      mt::LossScaler scaler(plain);
+      mt::LoadOptions lo;
+      lo.run_config = &plain;
+      mt::load_checkpoint(dir, lo, model.params(), opt, scaler);
+      int64_t n = 0, nonzero = 0, off_bf16 = 0;
+      for (const auto& sg : opt.segments()) {
+        for (int64_t j = sg.state; j < sg.state + (sg.end - sg.begin); ++j, ++n) {
+          for (const float x : {opt.exp_avg()[j], opt.exp_avg_sq()[j]}) {
+            nonzero += x != 0.0f;
+            off_bf16 += mt::round_bf16(x) != x;
+          }
+        }
+      }
+      char buf[256];
+      std::snprintf(buf, sizeof(buf), "saved Adam moments with %s moments: %lld of %lld nonzero, %lld not bf16 values", bf16_moments ? "bf16" : "fp32",
+                    static_cast<long long>(nonzero), static_cast<long long>(2 * n), static_cast<long long>(off_bf16));
+      check(nonzero > n / 2 && (bf16_moments ? off_bf16 == 0 : off_bf16 > nonzero / 2), buf);
+    } catch (const std::exception& e) {
+      check(false, std::string("saved moments: ") + e.what());
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 // --recompute-modules moe_act (Megatron's output-discarding recompute of the experts' activation function; thirty-eighth
 // session, these passed on an H100 the same day, lifting its gate): the MoE layers' routed experts' activations in one buffer the layers share, computed again from fc1's output
 // before each layer's expert backward. The activations kept shrink by all but one layer's; the same gradients and curves
@@ -1853,6 +1904,11 @@ int main() {
   }
   if (only && std::string(only) == "evaluation") {  // (=evaluation: only the evaluation's batches)
     test_evaluation();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "precision-aware") {  // (=precision-aware: only Megatron's precision-aware optimizer)
+    test_precision_aware();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
@@ -2069,6 +2125,7 @@ moe_tests:
   test_num_zeros("--fp16 --initial-loss-scale 4294967296 ", 32, true);
   test_num_zeros("--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 ");
   test_deterministic();
+  test_precision_aware();
   test_gelu_erf();
   // (a capacity with global_aux_loss and with the allgather dispatcher, which Megatron's current rules allow: added in
   // the thirty-fourth session after its GPU runs)

@@ -1,8 +1,11 @@
 // optimizer_step.cu: fixed-grid partial sums then a one-thread finish keep the norm deterministic.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cuda/bf16_common.cuh"
 #include "kernels/cuda/optimizer_step.h"
+#include "tensor/dtype.h"
 #include "tensor/cuda/cuda_check.h"
 
 namespace mt::cuda {
@@ -104,8 +107,21 @@ struct alignas(8) Half4 {
   T16 x[4];
 };
 
-template <typename T16>
-__global__ void adam_kernel(float* w, float* m, float* v, T16* w16, const float* g, const AdamChunk* chunks, const StepState* st, float base_lr,
+// Four consecutive moments (16-byte aligned fp32, or 8-byte aligned bf16: --exp-avg-dtype / --exp-avg-sq-dtype) in fp32.
+__device__ __forceinline__ float4 load4(const float* p, int64_t k) { return reinterpret_cast<const float4*>(p)[k]; }
+__device__ __forceinline__ float4 load4(const bf16* p, int64_t k) {
+  const Half4<bf16> h = reinterpret_cast<const Half4<bf16>*>(p)[k];
+  return float4{to_f(h.x[0]), to_f(h.x[1]), to_f(h.x[2]), to_f(h.x[3])};
+}
+__device__ __forceinline__ void store4(float* p, int64_t k, float4 v) { reinterpret_cast<float4*>(p)[k] = v; }
+__device__ __forceinline__ void store4(bf16* p, int64_t k, float4 v) {  // rounded to nearest even
+  reinterpret_cast<Half4<bf16>*>(p)[k] = Half4<bf16>{{from_f<bf16>(v.x), from_f<bf16>(v.y), from_f<bf16>(v.z), from_f<bf16>(v.w)}};
+}
+
+// MA / MV: the moments' storage types (float, or bf16 under Megatron's precision-aware optimizer). The update uses
+// each moment as computed in fp32; the stored one is its rounding (Transformer Engine's FusedAdam does the same).
+template <typename T16, typename MA, typename MV>
+__global__ void adam_kernel(float* w, MA* m, MV* v, T16* w16, const float* g, const AdamChunk* chunks, const StepState* st, float base_lr,
                             float decoupled_lr, float b1, float b2, float eps, float wd) {
   if (st->skip) return;
   const AdamChunk c = chunks[blockIdx.x];
@@ -114,30 +130,31 @@ __global__ void adam_kernel(float* w, float* m, float* v, T16* w16, const float*
   const float decay = c.decay ? wd : 0.0f;
   const int64_t s0 = state_index(c);
   // i: parameter / gradient index, j: optimizer state index. Where both start on a multiple of 4 (every
-  // chunk but a distributed-optimizer shard's odd ends), 16-byte loads and stores of four elements.
+  // chunk but a distributed-optimizer shard's odd ends), vector loads and stores of four elements.
   if (c.start % 4 == 0 && s0 % 4 == 0 && c.len % 4 == 0) {
     const auto* g4 = reinterpret_cast<const float4*>(g + c.start);
     auto* w4 = reinterpret_cast<float4*>(w + s0);
-    auto* m4 = reinterpret_cast<float4*>(m + s0);
-    auto* v4 = reinterpret_cast<float4*>(v + s0);
     auto* h4 = reinterpret_cast<Half4<T16>*>(w16 + c.start);
     for (int64_t k = threadIdx.x; k < c.len / 4; k += blockDim.x) {
       const float4 gv = g4[k];
-      float4 wv = w4[k], mv = m4[k], vv = v4[k];
+      float4 wv = w4[k], mv = load4(m + s0, k), vv = load4(v + s0, k);
       adam_update(wv.x, mv.x, vv.x, gv.x * scale, lr, b1, b2, bc1, bc2, eps, decay);
       adam_update(wv.y, mv.y, vv.y, gv.y * scale, lr, b1, b2, bc1, bc2, eps, decay);
       adam_update(wv.z, mv.z, vv.z, gv.z * scale, lr, b1, b2, bc1, bc2, eps, decay);
       adam_update(wv.w, mv.w, vv.w, gv.w * scale, lr, b1, b2, bc1, bc2, eps, decay);
       w4[k] = wv;
-      m4[k] = mv;
-      v4[k] = vv;
+      store4(m + s0, k, mv);
+      store4(v + s0, k, vv);
       h4[k] = Half4<T16>{{from_f<T16>(wv.x), from_f<T16>(wv.y), from_f<T16>(wv.z), from_f<T16>(wv.w)}};
     }
     return;
   }
   for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
     const int64_t i = c.start + k, j = s0 + k;
-    adam_update(w[j], m[j], v[j], g[i] * scale, lr, b1, b2, bc1, bc2, eps, decay);
+    float mj = to_f(m[j]), vj = to_f(v[j]);
+    adam_update(w[j], mj, vj, g[i] * scale, lr, b1, b2, bc1, bc2, eps, decay);
+    m[j] = from_f<MA>(mj);
+    v[j] = from_f<MV>(vj);
     w16[i] = from_f<T16>(w[j]);
   }
 }
@@ -204,12 +221,20 @@ void set_value(float* dst, float value, cudaStream_t stream) {
   MT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T16>
-void adamw_multi_t(float* w, float* m, float* v, T16* w16, const float* g, const AdamChunk* chunks, int64_t nchunks, const StepState* s,
-                   float lr, float decoupled_lr, float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream) {
-  if (nchunks == 0) return;
-  adam_kernel<<<static_cast<unsigned>(nchunks), 512, 0, stream>>>(w, m, v, w16, g, chunks, s, lr, decoupled_lr, beta1, beta2, eps, weight_decay);
+template <typename T16, typename MA, typename MV>
+void adamw_multi_t(const AdamMulti& a, T16* w16, MA* m, MV* v, cudaStream_t stream) {
+  if (a.count == 0) return;
+  adam_kernel<<<static_cast<unsigned>(a.count), 512, 0, stream>>>(a.w, m, v, w16, a.g, a.chunks, a.state, a.lr, a.decoupled_lr, a.beta1, a.beta2,
+                                                                  a.eps, a.weight_decay);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T16>
+void adamw_multi_moments(const AdamMulti& a, T16* w16, cudaStream_t stream) {
+  if (a.m16 && a.v16) adamw_multi_t(a, w16, a.m16, a.v16, stream);
+  else if (a.m16) adamw_multi_t(a, w16, a.m16, a.v, stream);
+  else if (a.v16) adamw_multi_t(a, w16, a.m, a.v16, stream);
+  else adamw_multi_t(a, w16, a.m, a.v, stream);
 }
 
 template <typename T16>
@@ -224,12 +249,29 @@ void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream, 
   else cast_from_bf16_t(out, in, n, stream);
 }
 void adamw_multi(const AdamMulti& a, cudaStream_t stream) {
-  if (a.type == F16::kFP16) {
-    adamw_multi_t(a.w, a.m, a.v, hp(a.w16), a.g, a.chunks, a.count, a.state, a.lr, a.decoupled_lr, a.beta1, a.beta2, a.eps, a.weight_decay, stream);
-  } else {
-    adamw_multi_t(a.w, a.m, a.v, a.w16, a.g, a.chunks, a.count, a.state, a.lr, a.decoupled_lr, a.beta1, a.beta2, a.eps, a.weight_decay, stream);
+  if (a.type == F16::kFP16) adamw_multi_moments(a, hp(a.w16), stream);
+  else adamw_multi_moments(a, a.w16, stream);
+}
+void moment_to_device(bf16* dst, const float* src, int64_t n) {
+  constexpr int64_t kStage = int64_t{1} << 24;
+  std::vector<uint16_t> stage(static_cast<size_t>(std::min(n, kStage)));
+  for (int64_t at = 0; at < n; at += kStage) {
+    const int64_t len = std::min(kStage, n - at);
+    for (int64_t i = 0; i < len; ++i) stage[static_cast<size_t>(i)] = float_to_bf16(src[at + i]);
+    MT_CUDA_CHECK(cudaMemcpy(dst + at, stage.data(), static_cast<size_t>(len) * 2, cudaMemcpyHostToDevice));
   }
 }
+
+void moment_to_host(float* dst, const bf16* src, int64_t n) {
+  constexpr int64_t kStage = int64_t{1} << 24;
+  std::vector<uint16_t> stage(static_cast<size_t>(std::min(n, kStage)));
+  for (int64_t at = 0; at < n; at += kStage) {
+    const int64_t len = std::min(kStage, n - at);
+    MT_CUDA_CHECK(cudaMemcpy(stage.data(), src + at, static_cast<size_t>(len) * 2, cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < len; ++i) dst[at + i] = bf16_to_float(stage[static_cast<size_t>(i)]);
+  }
+}
+
 void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream, F16 t) {
   if (t == F16::kFP16) cast_to_bf16_t(hp(out), in, n, stream);
   else cast_to_bf16_t(out, in, n, stream);

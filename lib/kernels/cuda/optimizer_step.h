@@ -82,6 +82,8 @@ void set_value(float* dst, float value, cudaStream_t stream);
 // w (fp32 master), m and v are indexed by the chunks' state index; g and w16 by their start.
 struct AdamMulti {
   float *w = nullptr, *m = nullptr, *v = nullptr;  // fp32 master weights and moments (indexed like the chunks' state)
+  // --exp-avg-dtype / --exp-avg-sq-dtype bf16: the moment stored in bf16 here instead (m / v unused), computed in fp32
+  bf16 *m16 = nullptr, *v16 = nullptr;
   bf16* w16 = nullptr;                             // the 16-bit working copy, of type `type`
   const float* g = nullptr;                        // the gradients
   const AdamChunk* chunks = nullptr;
@@ -92,6 +94,10 @@ struct AdamMulti {
   F16 type = F16::kBF16;
 };
 void adamw_multi(const AdamMulti& a, cudaStream_t stream);
+// A bf16-stored Adam moment (--exp-avg-dtype / --exp-avg-sq-dtype bf16) to and from the fp32 arrays of checkpoints,
+// synchronously through a host staging buffer: up, each value rounded to nearest even; down, exact.
+void moment_to_device(bf16* dst, const float* src, int64_t n);
+void moment_to_host(float* dst, const bf16* src, int64_t n);
 void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
 void cast_from_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream, F16 t = F16::kBF16);
 
