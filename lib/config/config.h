@@ -34,6 +34,8 @@ struct ModelConfig {
   bool use_rope_scaling = false;     // LLaMA 3.1's RoPE frequency scaling
   double rope_scaling_factor = 8.0;  // its factor (Megatron: low 1, high 4, original 8192 fixed)
   OptInt rotary_seq_len_interpolation_factor;  // RoPE's linear position interpolation: positions divided by it
+  // Sliding-window attention (config/attention_window.h): Megatron's "LEFT,RIGHT" tuple and the layers that have it
+  OptString window_size, window_attn_skip_freq;
   OptString no_rope_freq;  // the layers without RoPE (Llama 4's): N (every N-th) or a 0/1 list; unset: none (config/layer_pattern.h)
   double rotary_percent = 1.0;
   OptInt max_position_embeddings;

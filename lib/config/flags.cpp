@@ -51,6 +51,12 @@ std::vector<FlagSpec> build_table() {
       F(kNet, "rope-scaling-factor", model.rope_scaling_factor, "The factor of --use-rope-scaling"),
       F(kNet, "rotary-seq-len-interpolation-factor", model.rotary_seq_len_interpolation_factor,
         "RoPE's linear position interpolation: every position divided by this factor (HuggingFace's linear rope type)"),
+      F(kNet, "window-size", model.window_size,
+        "Sliding-window attention, Megatron's \"LEFT,RIGHT\": query i attends to keys i - LEFT .. i (RIGHT is 0 in a causal model; "
+        "-1: unbounded)"),
+      F(kNet, "window-attn-skip-freq", model.window_attn_skip_freq,
+        "The layers with full attention beside --window-size: N gives every N-th layer (numbers divisible by N) full attention, or a "
+        "list of 1 (window) / 0 (full) per layer such as \"([1]*3+[0])*2\""),
       F(kNet, "no-rope-freq", model.no_rope_freq,
         "Layers without RoPE (Llama 4's): N skips it in every N-th layer (the last of each N), or a list of 0/1 per layer such as "
         "\"([0]*3+[1])*2\" (1: no RoPE)"),
@@ -561,7 +567,11 @@ void set_flag_from_list(Config& cfg, const FlagSpec& spec, const std::vector<std
     unset_flag(cfg, spec, source);
     return;
   }
-  if (spec.name == "moe-layer-freq" || spec.name == "no-rope-freq") {  // (a YAML list of 0/1 per layer: the pattern "[0,1,...]")
+  if (spec.name == "window-size" && values.size() == 2) {  // (a YAML list [LEFT, RIGHT])
+    set_flag_from_string(cfg, spec, values[0] + "," + values[1], source);
+    return;
+  }
+  if (spec.name == "moe-layer-freq" || spec.name == "no-rope-freq" || spec.name == "window-attn-skip-freq") {  // (a YAML list of 0/1 per layer: the pattern "[0,1,...]")
     std::string pattern = "[";
     for (const auto& v : values) pattern += (pattern.size() > 1 ? "," : "") + v;
     set_flag_from_string(cfg, spec, pattern + "]", source);

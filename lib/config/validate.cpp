@@ -10,6 +10,7 @@
 
 #include "config/batch_steps.h"
 #include "config/errors.h"
+#include "config/attention_window.h"
 #include "config/layer_pattern.h"
 #include "config/moe_pattern.h"
 #include "config/pipeline_layout.h"
@@ -306,6 +307,23 @@ void check_attention(const Config& c, Checker& k) {
     k.error("--rope-scaling-factor must be a finite number >= 1, got " + num(m.rope_scaling_factor));
   }
   if (m.use_rope_scaling && m.position_embedding_type != "rope") k.error("--use-rope-scaling needs --position-embedding-type rope");
+  if (m.window_size) {  // sliding-window attention (config/attention_window.h)
+    try {
+      const AttentionWindowSize w = parse_window_size(*m.window_size);
+      if (w.right != 0) {
+        k.error("--window-size " + *m.window_size + ": the window's right bound must be 0 (megatrain's models are causal: a token sees no later "
+                "one): give LEFT,0");
+      }
+      if (c.model.num_layers) (void)attention_windows(c);
+      if (w.left >= 0 && c.parallel.context_parallel_size > 1) {
+        k.error("--window-size with --context-parallel-size > 1 is not implemented (context parallelism's attention has no window): drop one of them");
+      }
+    } catch (const ConfigError& e) {
+      k.error(e.what());
+    }
+  } else if (m.window_attn_skip_freq) {
+    k.warn("--window-attn-skip-freq without --window-size: no layer has a window (as in Megatron)");
+  }
   if (rope_skipping_given(c)) {
     if (m.position_embedding_type != "rope") k.error("--no-rope-freq picks the layers without RoPE: it needs --position-embedding-type rope");
     try {
@@ -536,14 +554,17 @@ void check_precision_aware_optimizer(const Config& c, Checker& k) {
                                                               {"exp-avg-sq-dtype", &t.exp_avg_sq_dtype}};
   for (const auto& [flag, type] : types) {
     if (*type == "fp32") continue;
-    if (!t.use_precision_aware_optimizer) {
-      k.error(std::string("--") + flag + " " + *type + " needs --use-precision-aware-optimizer (Megatron's rule): add it, or drop --" + flag);
-    } else if (*type != "bf16" || std::string(flag) == "main-grads-dtype") {
+    if (*type != "bf16" || std::string(flag) == "main-grads-dtype") {
       const std::string what = std::string(flag) == "main-grads-dtype" ? "gradients kept in bf16"
                                : std::string(flag) == "main-params-dtype" ? "fp16 master weights"
                                                                             : "Adam's moments in " + *type + " (Transformer Engine's scaled storage)";
       k.error("--" + std::string(flag) + " " + *type + ": " + what + " not implemented (fp32" +
               (std::string(flag).rfind("exp-avg", 0) == 0 ? " or bf16" : "") + " only): change it");
+    } else if (!t.use_precision_aware_optimizer) {
+      k.error(std::string("--") + flag + " " + *type + " needs --use-precision-aware-optimizer (Megatron's rule): add it, or drop --" + flag);
+    } else if (t.optimizer_cpu_offload) {
+      k.warn(std::string("--") + flag + " " + *type + " with --optimizer-cpu-offload: Megatron's hybrid CPU/GPU optimizer keeps Adam's "
+             "moments in fp32, and so does megatrain");
     }
   }
   if (t.use_precision_aware_optimizer) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "config/attention_window.h"
 #include "config/layer_pattern.h"
 #include "config/resolve.h"
 #include "tensor/rng.h"
@@ -47,6 +48,7 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.eps = static_cast<float>(c.model.norm_epsilon);
   d.rope_base = static_cast<float>(c.model.rotary_base);
   d.rope_skipped = rope_skipped_layers(c);
+  d.windows = attention_windows(c);
   d.rope_scaling = RopeScaling{.factor = c.model.use_rope_scaling ? c.model.rope_scaling_factor : 0.0,
                                  .position_interpolation = static_cast<double>(c.model.rotary_seq_len_interpolation_factor.value_or(1))};
   d.hidden_dropout = static_cast<float>(c.model.hidden_dropout);

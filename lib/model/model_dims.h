@@ -53,6 +53,10 @@ struct ModelDims {
   bool rope_in(int64_t layer) const {
     return rope && (rope_skipped.empty() || !rope_skipped[static_cast<size_t>(layer)]);
   }
+  // Sliding-window attention (--window-size, --window-attn-skip-freq): per global layer the left bound L of the window
+  // (keys i - L .. i), -1 for full causal attention; empty: no layer has one.
+  std::vector<int64_t> windows;
+  int64_t window_in(int64_t layer) const { return windows.empty() ? -1 : windows[static_cast<size_t>(layer)]; }
   int64_t rot_dim;
   // Mixture of experts (experts == 0: a dense model). The experts are split over EP (experts_local each,
   // global indices [ep_rank * experts_local, ...)) and each expert's MLP over expert-TP (F_moe_local); the

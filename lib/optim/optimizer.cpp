@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "config/optimizer_state.h"
 #include "tensor/dtype.h"
 
 namespace mt {
@@ -23,8 +24,8 @@ Optimizer::Optimizer(const Config& c, ParamStore& params, ProcessGroups groups, 
       bf16_(c.precision.bf16),
       fp16_(c.precision.fp16),
       count_zeros_(c.logging.log_num_zeros_in_grad),
-      exp_avg_bf16_(c.training.exp_avg_dtype == "bf16"),
-      exp_avg_sq_bf16_(c.training.exp_avg_sq_dtype == "bf16"),
+      exp_avg_bf16_(exp_avg_in_bf16(c)),
+      exp_avg_sq_bf16_(exp_avg_sq_in_bf16(c)),
       experts_(c.moe.num_experts.has_value()) {
   segments_ = make_segments(params_, std::move(owned));
   const int64_t state = segments_.empty() ? 0 : segments_.back().state + (segments_.back().end - segments_.back().begin);

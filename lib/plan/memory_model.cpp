@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "config/moe_pattern.h"
+#include "config/optimizer_state.h"
 #include "config/resolve.h"
 #include "plan/param_count.h"
 #include "plan/pipeline_plan.h"
@@ -204,8 +205,7 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const double wbytes = half ? 2.0 : 4.0;
   const bool adam = c.training.optimizer == "adam";
   // fp32 master weights and Adam's moments (each 2 bytes where --exp-avg-dtype / --exp-avg-sq-dtype is bf16)
-  const double opt_bytes = (half ? 4.0 : 0.0) + (c.training.exp_avg_dtype == "bf16" ? 2.0 : 4.0) +
-                           (adam ? (c.training.exp_avg_sq_dtype == "bf16" ? 2.0 : 4.0) : 0.0);
+  const double opt_bytes = (half ? 4.0 : 0.0) + (exp_avg_in_bf16(c) ? 2.0 : 4.0) + (adam ? (exp_avg_sq_in_bf16(c) ? 2.0 : 4.0) : 0.0);
   // (the dense state sharded over one instance's ranks: DP x CP / --num-distributed-optimizer-instances)
   const double dp_cp = static_cast<double>(c.derived.data_parallel_size * c.parallel.context_parallel_size) /
                        static_cast<double>(std::max<int64_t>(1, c.training.num_distributed_optimizer_instances));

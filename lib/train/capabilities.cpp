@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "config/attention_window.h"
 #include "config/layer_pattern.h"
 #include "config/resolve.h"
 #include "tensor/device_info.h"
@@ -226,6 +227,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.training.num_distributed_optimizer_instances > 1,
      "--num-distributed-optimizer-instances > 1 is implemented on the CPU engine only so far: drop it (one instance), or use --device cpu");
   no(c.training.test_mode, "--test-mode (Megatron's real-time replica test) is implemented on the CPU engine only: drop it, or use --device cpu");
+  // Sliding-window attention (cuDNN's window mask in sdpa_cudnn.cpp's graphs): written in the fortieth session; refused
+  // until its GPU group (=window) runs.
+  no(!attention_windows(c).empty() && !cuda_unverified_allowed("window-size"),
+     "--window-size (sliding-window attention) has not run on a GPU yet on the CUDA engine: drop it, or use --device cpu");
   // Evaluation in microbatches other than training's: the model's buffers and cuDNN's plans are sized for the training one.
   no(c.training.eval_micro_batch_size && *c.training.eval_micro_batch_size != c.training.micro_batch_size.value_or(0),
      "--eval-micro-batch-size other than --micro-batch-size is not implemented on the CUDA engine (its buffers are sized for the training "

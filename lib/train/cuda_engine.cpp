@@ -11,6 +11,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "config/optimizer_state.h"
 #include "optim/batch_schedule.h"
 #include "pipeline/configured_schedule.h"
 #include "tensor/cuda/cuda_check.h"
@@ -340,7 +341,7 @@ void CudaEngine::setup_optimizer_state(const std::vector<Optimizer::Segment>& se
   }
   // Adam's moments: fp32, or bf16 where --exp-avg-dtype / --exp-avg-sq-dtype asks (the loaded values are bf16's already:
   // the host optimizer rounded them at the load).
-  const bool m_bf16 = cfg.training.exp_avg_dtype == "bf16", v_bf16 = cfg.training.exp_avg_sq_dtype == "bf16";
+  const bool m_bf16 = exp_avg_in_bf16(cfg), v_bf16 = exp_avg_sq_in_bf16(cfg);
   if (m_bf16) m16_ = device_zeros<cuda::bf16>(static_cast<size_t>(n_gpu));
   else m_ = device_zeros<float>(static_cast<size_t>(n_gpu));
   if (v_bf16) v16_ = device_zeros<cuda::bf16>(static_cast<size_t>(n_gpu));
@@ -489,7 +490,8 @@ std::vector<std::string> CudaEngine::describe() const {
   const auto& cfg = cfg_;
   std::ostringstream line;
   line << "CUDA engine on " << gpu_name_ << ": " << P_ << " parameters; memory: fp32 grads + master + Adam "
-       << static_cast<double>(P_ * 4 + (n_state_ - n_offloaded_) * 12) / gib << " GiB" << (dist_opt_ ? " (optimizer state sharded over DP)" : "");
+       << static_cast<double>(P_ * 4 + (n_state_ - n_offloaded_) * (4 + (m16_ ? 2 : 4) + (v16_ ? 2 : 4))) / gib << " GiB"
+       << (m16_ || v16_ ? " (Adam's moments " + std::string(m16_ ? "bf16" : "fp32") + " / " + (v16_ ? "bf16" : "fp32") + ")" : std::string()) << (dist_opt_ ? " (optimizer state sharded over DP)" : "");
   if (offload_) {
     line << " (master + Adam of " << n_offloaded_ << " of " << n_state_ << " state elements, " << static_cast<double>(n_offloaded_ * 12) / gib
          << " GiB, on the CPU: " << offload_->threads() << " threads)";

@@ -12,6 +12,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -35,6 +37,7 @@
 #include "kernels/cuda/optimizer_step.h"
 #include "kernels/cuda/qkv_layout.h"
 #include "kernels/cuda/rope.h"
+#include "optim/host_adam.h"
 #include "optim/loss_scaler.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/dtype.h"
@@ -579,6 +582,89 @@ void test_adamw(int64_t n, int64_t split) {
   expect("weighted sum of squares", Vec{static_cast<float>(got)}, Vec{static_cast<float>(wss)}, 1e-5);
 }
 
+// Adam's moments stored in bf16 (Megatron's precision-aware optimizer, --exp-avg-dtype / --exp-avg-sq-dtype bf16), each
+// combination of the two types, against the offloaded optimizer's host update (host_adamw: fp32 from the stored moments,
+// the weights from them unrounded, the stored ones rounded to nearest even). A large rate (1e-2) makes a moment rounded
+// before its use move the weights by about 1e-5 of their size, which the 1e-6 tolerance sees; the stored moments equal the
+// host's rounding except where a fused multiply-add moves the fp32 value's last bit across a bf16 boundary (rare).
+void test_adamw_bf16_moments(int64_t n, int64_t split, bool m_bf16, bool v_bf16) {
+  const std::string tag = std::string("adamw moments ") + (m_bf16 ? "bf16" : "fp32") + " / " + (v_bf16 ? "bf16" : "fp32") + " " +
+                          std::to_string(n) + " split at " + std::to_string(split);
+  Vec w = randn(static_cast<size_t>(n), 1.0f, false), g = randn(w.size(), 0.1f, false), m = randn(w.size(), 0.01f, false);
+  Vec v(w.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::fabs(g[i]) * 0.01f;
+  for (size_t i = 0; i < v.size(); ++i) {  // (the stored moments: bf16 values where bf16)
+    if (m_bf16) m[i] = mt::round_bf16(m[i]);
+    if (v_bf16) v[i] = mt::round_bf16(v[i]);
+  }
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  double ss = 0;
+  for (float x : g) ss += static_cast<double>(x) * x;
+  const float norm = static_cast<float>(std::sqrt(ss)), coef = norm > 1.0f ? 1.0f / (norm + 1e-6f) : 1.0f;
+  Vec ww = w, wm = m, wv = v;
+  std::vector<uint16_t> w16h(w.size());
+  mt::HostAdamStep hs;
+  hs.lr = lr;
+  hs.beta1 = b1;
+  hs.beta2 = b2;
+  hs.eps = eps;
+  hs.weight_decay = wd;
+  hs.scale = coef;
+  hs.bc1 = 1.0f - b1;
+  hs.bc2 = 1.0f - b2;
+  hs.fp16 = g_t == cuda::F16::kFP16;
+  hs.exp_avg_bf16 = m_bf16;
+  hs.exp_avg_sq_bf16 = v_bf16;
+  mt::host_adamw(ww.data(), wm.data(), wv.data(), g.data(), w16h.data(), split, true, hs);
+  mt::host_adamw(ww.data() + split, wm.data() + split, wv.data() + split, g.data() + split, w16h.data() + split, n - split, false, hs);
+  auto to_bf16_device = [](const Vec& x) {
+    auto b = std::make_unique<Buf<uint16_t>>(x.size());
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = mt::float_to_bf16(x[i]);
+    MT_CUDA_CHECK(cudaMemcpy(b->p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    return b;
+  };
+  auto from_bf16_device = [](const Buf<uint16_t>& b) {
+    std::vector<uint16_t> h(b.n);
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    MT_CUDA_CHECK(cudaMemcpy(h.data(), b.p, b.n * 2, cudaMemcpyDeviceToHost));
+    Vec x(b.n);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = mt::bf16_to_float(h[i]);
+    return x;
+  };
+  F32 dw(w), dg(g), dm(m), dv(v), partials(cuda::kNormPartials);
+  auto dm16 = to_bf16_device(m), dv16 = to_bf16_device(v);
+  B16 w16(w.size());
+  Buf<cuda::StepState> st(1);
+  MT_CUDA_CHECK(cudaMemset(st.p, 0, sizeof(cuda::StepState)));
+  std::vector<cuda::AdamChunk> chunks{{0, static_cast<int32_t>(split), 1}, {split, static_cast<int32_t>(n - split), 0}};
+  Buf<cuda::AdamChunk> dc(2);
+  MT_CUDA_CHECK(cudaMemcpy(dc.p, chunks.data(), 2 * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+  cuda::sumsq_partials(partials.p, dg.p, dc.p, 2, false, nullptr);
+  cuda::step_prepare(st.p, partials.p, 1.0f, b1, b2, 1.0f, cuda::LossScaleRule{}, nullptr);
+  cuda::adamw_multi({.w = dw.p, .m = m_bf16 ? nullptr : dm.p, .v = v_bf16 ? nullptr : dv.p,
+                     .m16 = m_bf16 ? reinterpret_cast<bf16*>(dm16->p) : nullptr, .v16 = v_bf16 ? reinterpret_cast<bf16*>(dv16->p) : nullptr,
+                     .w16 = w16.b(), .g = dg.p, .chunks = dc.p, .count = 2, .state = st.p, .lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps,
+                     .weight_decay = wd, .type = g_t},
+                    nullptr);
+  expect(tag + " weights", dw.get(), ww, 1e-6);
+  const Vec got_m = m_bf16 ? from_bf16_device(*dm16) : dm.get(), got_v = v_bf16 ? from_bf16_device(*dv16) : dv.get();
+  expect(tag + " m", got_m, wm, m_bf16 ? 8e-3 : 1e-6);
+  expect(tag + " v", got_v, wv, v_bf16 ? 8e-3 : 1e-6);
+  int64_t off = 0, flips = 0;
+  for (size_t i = 0; i < got_m.size(); ++i) {
+    for (const auto& [x, want, bf] : {std::tuple{got_m[i], wm[i], m_bf16}, std::tuple{got_v[i], wv[i], v_bf16}}) {
+      if (!bf) continue;
+      off += mt::round_bf16(x) != x;
+      flips += x != want;
+    }
+  }
+  const bool ok = off == 0 && flips * 1000 <= n;
+  std::printf("%-4s %-48s %lld stored moments off the host's rounding of %lld\n", ok ? "ok" : "FAIL", (tag + " rounding").c_str(),
+              static_cast<long long>(flips), static_cast<long long>(2 * n));
+  if (!ok) ++failures;
+}
+
 // Hidden dropout with the CPU engine's masks: rows [t0, t0 + rows) of a micro batch of samples of S tokens,
 // each sample with its own key per site: the standalone kernel (fp32, exact), and fused into the add + norm
 // (the dropped-out branch added to the residual) and its backward (the branch's gradient, dres16, masked).
@@ -999,6 +1085,10 @@ int main() {
     test_adamw(100000, 50000);  // both chunks on 16-byte boundaries
     test_adamw(100003, 50001);  // neither
     test_adamw(100003, 50000);  // one of each in the same launch
+    for (const auto& [m_bf16, v_bf16] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+      test_adamw_bf16_moments(100000, 50000, m_bf16, v_bf16);
+      test_adamw_bf16_moments(100003, 50001, m_bf16, v_bf16);
+    }
   }
   test_device_loss_scaler();
   test_moe_router_loss_scale();

@@ -66,7 +66,8 @@ using mt::test::rel_err;
 // documents: each sample cut into documents (--reset-attention-mask) of lengths 1, 2, 3, ... in turn from a
 // sample-dependent start, attended through the bias of kernels/cuda/document_bias.h. fp16: the tensors (and the bias)
 // in fp16 (the values, bf16-rounded normals, are exact in it).
-void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool documents = false, bool fp16 = false) {
+// window >= 0: sliding-window attention (--window-size), keys i - window .. i.
+void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool documents = false, bool fp16 = false, int64_t window = -1) {
   const auto to16 = [fp16](const std::vector<float>& x) { return to_16(x, fp16); };
   const auto from16 = [fp16](const std::vector<uint16_t>& x) { return from_16(x, fp16); };
   const mt::cuda::F16 type = fp16 ? mt::cuda::F16::kFP16 : mt::cuda::F16::kBF16;
@@ -75,6 +76,7 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool doc
   auto q = random_bf16_values(nq, 1, 1.0f), k = random_bf16_values(nk, 2, 1.0f), v = random_bf16_values(nk, 3, 1.0f);
   auto dout = random_bf16_values(nq, 4, 1.0f);
   mt::cpu::AttentionShape sh{B, S, Hq, Hk, D, scale, 0.0f, 0, 0, 0};
+  sh.window = window;
   std::vector<int32_t> row_start;
   if (documents) {
     for (int64_t b = 0; b < B; ++b) {
@@ -102,9 +104,11 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool doc
   auto* bias = documents ? upload(std::vector<uint16_t>(static_cast<size_t>(B * S * S))) : nullptr;
   auto& sdpa = mt::cuda::CudnnSdpa::instance();
   const std::string name = "sdpa B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(Hq) + "/" + std::to_string(Hk) +
-                           " D" + std::to_string(D) + (documents ? " with documents" : "") + (fp16 ? " (fp16)" : "");
+                           " D" + std::to_string(D) + (documents ? " with documents" : "") + (fp16 ? " (fp16)" : "") +
+                           (window >= 0 ? " window " + std::to_string(window) : "");
   try {
-    const mt::cuda::SdpaShape s{B, S, Hq, Hk, D, scale, type, documents};
+    mt::cuda::SdpaShape s{B, S, Hq, Hk, D, scale, type, documents};
+    s.window = window;
     if (documents) mt::cuda::document_bias(reinterpret_cast<mt::cuda::bf16*>(bias), starts, B, S, nullptr, type);
     sdpa.forward(s, dq_, dk_, dv_, go, stats, nullptr, bias);
     sdpa.backward(s, dq_, dk_, dv_, go, ddo, stats, gdq, gdk, gdv, nullptr, bias);
@@ -1715,11 +1719,41 @@ void test_evaluation() {
   test_training("llama", std::string(kPlain) + "--eval-iters 2 --eval-interval 10 --eval-global-batch-size 4 --micro-batch-size 2 ");
 }
 
+// Sliding-window attention (fortieth session; MT_GPU_TEST_ONLY=window): cuDNN's attention with the window's mask
+// (kernels/cuda/sdpa_cudnn.cpp) against the CPU's, alone, with documents and in fp16, windows 0, 1 and inside a block;
+// trainings against the CPU engine with every layer windowed and with every second layer (--window-attn-skip-freq 2),
+// and a window as long as the sequence, which must be the plain model's curve.
+void test_window() {
+  test_sdpa(2, 256, 8, 2, 64, false, false, 31);
+  test_sdpa(2, 128, 4, 4, 64, true, false, 5);
+  test_sdpa(1, 384, 4, 1, 128, false, true, 100);
+  test_sdpa(2, 64, 4, 2, 32, false, false, 0);
+  test_sdpa(2, 64, 4, 2, 32, false, false, 1);
+  test_training("llama", std::string(kPlain) + "--window-size 15,0 ");
+  test_training("gpt", std::string(kPlain) + "--window-size 7,0 --window-attn-skip-freq 2 ");
+  test_training("llama-recompute", std::string(kPlain) + "--window-size 20,0 --window-attn-skip-freq [0,1] ");
+  try {
+    mt::TrainOptions quiet{true, 0};
+    const auto plain = mt::train_cuda(make_config("llama", kPlain), mt::ProcessGroups::single(), quiet);
+    const auto spanning = mt::train_cuda(make_config("llama", std::string(kPlain) + "--window-size 63,0 "), mt::ProcessGroups::single(), quiet);
+    double worst = 0;
+    for (size_t i = 0; i < plain.losses.size() && i < spanning.losses.size(); ++i) {
+      worst = std::max(worst, std::fabs(plain.losses[i] - spanning.losses[i]) / plain.losses[i]);
+    }
+    char buf[200];
+    std::snprintf(buf, sizeof(buf), "a window spanning the sequence (63 of 64): the plain curve within %.2e", worst);
+    check(plain.losses.size() == spanning.losses.size() && worst < 1e-3, buf);
+  } catch (const std::exception& e) {
+    check(false, std::string("spanning window: ") + e.what());
+  }
+}
+
 // Megatron's precision-aware optimizer (fortieth session; MT_GPU_TEST_ONLY=precision-aware): Adam's moments stored in
 // bf16 on the device (computed in fp32, stored rounded to nearest even, Transformer Engine's FusedAdam) against the CPU
 // engine's emulation; one moment alone in bf16 (the kernel's mixed instantiation), fp16 weights, the state offloaded by
-// half (the host's update rounds its share), a resume; and the saved moments are bf16 values (a run with fp32 moments
-// as the check's control: its moments are not).
+// half (Megatron's hybrid optimizer keeps fp32 moments there, as both engines do), a resume; and the saved moments are
+// bf16 values (a run with fp32 moments as the check's control: its moments are not). The kernel's rounding itself is
+// checked against the host update in test_cuda_bf16_ops.
 void test_precision_aware() {
   const std::string aware = "--use-distributed-optimizer --use-precision-aware-optimizer ";
   const std::string both = aware + "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 ";
@@ -1904,6 +1938,11 @@ int main() {
   }
   if (only && std::string(only) == "evaluation") {  // (=evaluation: only the evaluation's batches)
     test_evaluation();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
+  if (only && std::string(only) == "window") {  // (=window: only sliding-window attention)
+    test_window();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
@@ -2126,6 +2165,7 @@ moe_tests:
   test_num_zeros("--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 ");
   test_deterministic();
   test_precision_aware();
+  test_window();
   test_gelu_erf();
   // (a capacity with global_aux_loss and with the allgather dispatcher, which Megatron's current rules allow: added in
   // the thirty-fourth session after its GPU runs)

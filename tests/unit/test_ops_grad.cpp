@@ -206,6 +206,57 @@ TEST_CASE("attention with --reset-attention-mask: no attention across documents,
   for (size_t e = static_cast<size_t>(5 * nh * d); e < out.size(); ++e) CHECK(out[e] == before[e]);
 }
 
+TEST_CASE("sliding-window attention (--window-size): keys i - w .. i only, with documents and dropout, gradients exact") {
+  const int64_t B = 2, S = 7, nh = 2, ng = 1, d = 3, w = 2;
+  std::vector<int32_t> starts = {0, 0, 0, 0, 0, 5, 5, 0, 0, 0, 0, 0, 0, 0};  // sample 0: documents [0,4], [5,6]
+  for (const float p : {0.0f, 0.3f}) {
+    cpu::AttentionShape s{B, S, nh, ng, d, 0.5f, p, 77, 10, 0, starts.data(), w};
+    Vec q(static_cast<size_t>(B * S * nh * d)), k(static_cast<size_t>(B * S * ng * d)), v(k.size()), R(q.size());
+    fill_normal(q, 41);
+    fill_normal(k, 42);
+    fill_normal(v, 43);
+    fill_normal(R, 44);
+    Vec out(q.size()), probs(static_cast<size_t>(B * nh * S * S));
+    auto f = [&] {
+      cpu::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
+      return dot(out, R);
+    };
+    f();
+    int64_t outside = 0, inside = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < nh; ++h) {
+        for (int64_t i = 0; i < S; ++i) {
+          const int64_t lo = std::max<int64_t>(i - w, starts[static_cast<size_t>(b * S + i)]);
+          double sum = 0;
+          for (int64_t j = 0; j < S; ++j) {
+            const float x = probs[static_cast<size_t>(((b * nh + h) * S + i) * S + j)];
+            if (j < lo || j > i) outside += x != 0.0f;
+            else inside += x > 0.0f;
+            sum += x;
+          }
+          CHECK(sum == Approx(1.0).epsilon(1e-6));
+        }
+      }
+    }
+    CHECK(outside == 0);
+    CHECK(inside == B * nh * (S * (w + 1) - 3) - nh * 3);  // (rows 0, 1 see fewer keys; sample 0's row 5 one, row 6 two)
+    Vec dq(q.size()), dk(k.size()), dv(v.size()), scratch(static_cast<size_t>(S * S));
+    cpu::attention_backward(dq.data(), dk.data(), dv.data(), R.data(), probs.data(), q.data(), k.data(), v.data(), s, scratch.data());
+    check_all(f, q, dq, "windowed attention dq");
+    check_all(f, k, dk, "windowed attention dk");
+    check_all(f, v, dv, "windowed attention dv");
+  }
+  // A window as long as the sequence is plain causal attention, to the bit.
+  cpu::AttentionShape wide{1, 5, 2, 1, 3, 0.5f, 0.0f, 0, 0, 0, nullptr, 4}, plain{1, 5, 2, 1, 3, 0.5f, 0.0f, 0, 0, 0};
+  Vec q(30), k(15), v(15), a(30), b(30), pa(50), pb(50);
+  fill_normal(q, 51);
+  fill_normal(k, 52);
+  fill_normal(v, 53);
+  cpu::attention_forward(a.data(), pa.data(), q.data(), k.data(), v.data(), wide);
+  cpu::attention_forward(b.data(), pb.data(), q.data(), k.data(), v.data(), plain);
+  CHECK(a == b);
+}
+
 TEST_CASE("QKV split and merge are inverse, in Megatron's grouped layout") {
   const int64_t T = 3, nh = 4, ng = 2, d = 2;
   Vec qkv(static_cast<size_t>(T * (nh + 2 * ng) * d));

@@ -38,7 +38,8 @@ std::string errors_of(const std::string& flags) {
       flags);
   const Diagnostics d = validate(c, 1, Purpose::kTrain);
   std::string all;
-  for (const auto& e : d.errors) all += e + "\n";
+  for (const auto& e : d.errors) all.append(e).append("\n");
+  for (const auto& w : d.warnings) all.append("warning: ").append(w).append("\n");
   return all;
 }
 
@@ -74,6 +75,11 @@ TEST_CASE("precision-aware optimizer: the flags' rules, Megatron's and the stora
   CHECK_THAT(errors_of(aware + "--main-params-dtype fp16"), MT_CONTAINS("--main-params-dtype fp16: fp16 master weights not implemented"));
   CHECK_THAT(errors_of(aware + "--exp-avg-dtype fp16"), MT_CONTAINS("--exp-avg-dtype fp16: Adam's moments in fp16"));
   CHECK_THAT(errors_of(aware + "--exp-avg-sq-dtype fp8"), MT_CONTAINS("(fp32 or bf16 only)"));
+  // (a type not implemented says so first, with or without the flag)
+  CHECK_THAT(errors_of("--use-distributed-optimizer --main-grads-dtype bf16"), !MT_CONTAINS("needs --use-precision-aware-optimizer"));
+  // Megatron's offload (its hybrid optimizer, which requires the flag) keeps fp32 moments whatever the types say
+  CHECK_THAT(errors_of(aware + "--exp-avg-dtype bf16 --optimizer-cpu-offload"),
+             MT_CONTAINS("warning: --exp-avg-dtype bf16 with --optimizer-cpu-offload: Megatron's hybrid CPU/GPU optimizer keeps"));
   // A type Megatron does not have is the flag parser's error
   CHECK_THROWS(parse_line("--exp-avg-dtype int8"));
   // The plan counts the moments at 2 bytes each
@@ -87,17 +93,25 @@ TEST_CASE("precision-aware optimizer: the flags' rules, Megatron's and the stora
   resolve(halved, 1);
   const MemoryEstimate a = estimate_memory_for_stage(plain, 0), b = estimate_memory_for_stage(halved, 0);
   CHECK(b.optimizer == Approx(a.optimizer * 8.0 / 12.0));  // 4 + 4 + 4 bytes -> 4 + 2 + 2
+  halved.training.optimizer_cpu_offload = true;
+  halved.training.optimizer_offload_fraction = 0.5;
+  plain.training.optimizer_cpu_offload = true;
+  plain.training.optimizer_offload_fraction = 0.5;
+  CHECK(estimate_memory_for_stage(halved, 0).optimizer == Approx(estimate_memory_for_stage(plain, 0).optimizer));
 }
 
 TEST_CASE("precision-aware optimizer: bf16 moments, the update from the unrounded ones, five steps against double") {
-  for (const auto& [m_bf16, v_bf16] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
+  for (const auto& [m_bf16, v_bf16] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}, std::pair{false, false}}) {
     Config c;
     c.training.weight_decay = 0.1;
     c.training.clip_grad = 0;
     c.training.adam_beta2 = 0.95;
     c.training.use_distributed_optimizer = c.training.use_precision_aware_optimizer = true;
-    c.training.exp_avg_dtype = m_bf16 ? "bf16" : "fp32";
-    c.training.exp_avg_sq_dtype = v_bf16 ? "bf16" : "fp32";
+    // (both in bf16 but offloaded: Megatron's hybrid optimizer keeps them in fp32)
+    const bool offloaded = !m_bf16 && !v_bf16;
+    c.training.exp_avg_dtype = m_bf16 || offloaded ? "bf16" : "fp32";
+    c.training.exp_avg_sq_dtype = v_bf16 || offloaded ? "bf16" : "fp32";
+    c.training.optimizer_cpu_offload = offloaded;
     auto make_store = [](ParamStore& ps) {
       ParamInfo p;
       p.name = "w";
@@ -151,17 +165,18 @@ TEST_CASE("precision-aware optimizer: bf16 moments, the update from the unrounde
       moved = std::max(moved, std::fabs(static_cast<double>(ps.params().f32()[i]) - ps32.params().f32()[i]));
       for (const float x : {opt.exp_avg()[i], hm[k]}) off_bf16 += m_bf16 && round_bf16(x) != x;
       for (const float x : {opt.exp_avg_sq()[i], hv[k]}) off_bf16 += v_bf16 && round_bf16(x) != x;
-      // the stored moments the reference's (the same fp32 operations; the weights they came through within the
-      // float arithmetic's error of the double reference's)
-      if (std::fabs(opt.exp_avg()[i] - ref.m[k]) > 1e-3 * std::fabs(ref.m[k])) ++moment_gap;
-      if (std::fabs(opt.exp_avg_sq()[i] - ref.v[k]) > 1e-3 * std::fabs(ref.v[k])) ++moment_gap;
+      // the stored moments the reference's (the same fp32 operations, within one bf16 step where a compiler's fused
+      // multiply-add moves the last bit across a rounding boundary)
+      if (std::fabs(opt.exp_avg()[i] - ref.m[k]) > 8e-3 * std::fabs(ref.m[k])) ++moment_gap;
+      if (std::fabs(opt.exp_avg_sq()[i] - ref.v[k]) > 8e-3 * std::fabs(ref.v[k])) ++moment_gap;
     }
     INFO("moments " << c.training.exp_avg_dtype << " / " << c.training.exp_avg_sq_dtype);
     CHECK(off_bf16 == 0);
     CHECK(moment_gap == 0);
     CHECK(worst_w < 2e-6);  // (the weights' fp32 arithmetic against double; the rounding of the moments is the reference's)
     CHECK(worst_host < 2e-6);
-    CHECK(moved > 1e-6);  // the stored moments' rounding changed the weights against fp32 moments
+    if (offloaded) CHECK(moved == 0.0);  // fp32 moments: the plain optimizer's weights to the bit
+    else CHECK(moved > 1e-6);            // the stored moments' rounding changed the weights against fp32 moments
   }
 }
 

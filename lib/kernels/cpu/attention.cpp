@@ -77,7 +77,8 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
       gemm(false, true, S, S, d, s.scale, qb, nh * d, kb, ng * d, 0.0f, P, S);
       for (int64_t i = 0; i < S; ++i) {
         float* row = P + i * S;
-        const int64_t lo = s.row_start ? std::clamp<int64_t>(s.row_start[b * S + i], 0, i) : 0;
+        int64_t lo = s.row_start ? std::clamp<int64_t>(s.row_start[b * S + i], 0, i) : 0;
+        if (s.window >= 0) lo = std::max(lo, i - s.window);
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t j = lo; j <= i; ++j) mx = std::max(mx, row[j]);
         double sum = 0;

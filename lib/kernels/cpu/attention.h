@@ -20,6 +20,8 @@ struct AttentionShape {
   // Optional [B*S]: query i attends to keys [row_start[i], i] only (--reset-attention-mask: no
   // attention across documents). Null: plain causal.
   const int32_t* row_start = nullptr;
+  // Sliding-window attention (--window-size): query i attends to keys i - window .. i only; -1: no window.
+  int64_t window = -1;
 };
 
 // Whether attention dropout (probability p) keeps the probability of query i and key j (places in a sequence of

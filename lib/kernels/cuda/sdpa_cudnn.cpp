@@ -37,7 +37,7 @@ Dims contiguous(const Dims& d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 
 
 enum Uid : int64_t {
   kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kBias,
-  kSeed, kOffset, kDropScale, kDropScaleInv
+  kSeed, kOffset, kDropScale, kDropScaleInv, kWindow
 };
 
 // One operation graph and its execution plan; owns every descriptor it made (the plan refers to them).
@@ -142,6 +142,22 @@ class Graph {
     pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, y, neg_inf, keep);
     return y;
   }
+
+  // Sliding window on scores x (after the causal mask): positions with col + bound <= row get the lowest float, where
+  // `bound` is the int32 by-value window + 1 (cuDNN's frontend's sliding-window mask: col + w > row keeps).
+  Desc window(Desc x, const Dims& dims, Desc neg_inf, Desc bound) {
+    Desc row = virt(CUDNN_DATA_INT32, dims), col = virt(CUDNN_DATA_INT32, dims);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, x, row, nullptr, nullptr, 2, CUDNN_DATA_INT32);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, x, col, nullptr, nullptr, 3, CUDNN_DATA_INT32);
+    Desc shifted = virt(CUDNN_DATA_INT32, dims);
+    pointwise(CUDNN_POINTWISE_ADD, col, shifted, bound, nullptr, 3, CUDNN_DATA_INT32);
+    Desc keep = virt(CUDNN_DATA_BOOLEAN, dims);
+    pointwise(CUDNN_POINTWISE_CMP_GT, shifted, keep, row, nullptr, -1, CUDNN_DATA_BOOLEAN);
+    Desc y = virt(CUDNN_DATA_FLOAT, dims);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, y, neg_inf, keep);
+    return y;
+  }
+  Desc int32_by_value(int64_t uid) { return tensor(uid, CUDNN_DATA_INT32, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
 
   // Attention dropout's keep mask over `dims` (fp32 0 or 1): Bernoulli with probability `keep` from cuDNN's Philox
   // generator, seeded by the int64 device scalars `seed` and `offset`.
@@ -282,6 +298,7 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
     scaled = biased;
   }
   Desc masked = s.causal ? g->causal(scaled, l.s_dims, neg) : scaled;
+  if (s.window >= 0) masked = g->window(masked, l.s_dims, neg, g->int32_by_value(kWindow));
   Desc mx = g->virt(f, l.stats_dims);
   g->reduction(CUDNN_REDUCE_TENSOR_MAX, masked, mx);
   Desc sub = g->virt(f, l.s_dims);
@@ -350,6 +367,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, bool 
   Desc shifted = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_SUB, scaled, shifted, stats);
   Desc masked = s.causal ? g->causal(shifted, l.s_dims, neg) : shifted;
+  if (s.window >= 0) masked = g->window(masked, l.s_dims, neg, g->int32_by_value(kWindow));
   Desc p = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_EXP, masked, p);
   // dV = P^T dO (summed over the heads of a group under GQA; P m r under dropout)
@@ -417,7 +435,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, bool 
 struct CudnnSdpa::Impl {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, int64_t, int64_t, uint32_t, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, int64_t, int64_t, uint32_t, bool, int64_t>;
   std::atomic<bool> deterministic{false};
   struct Entry {
     std::unique_ptr<Graph> graph;
@@ -432,7 +450,7 @@ struct CudnnSdpa::Impl {
     std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
     std::memcpy(&dropout_bits, &s.dropout, sizeof(dropout_bits));
     const Key key{s.B,      s.S,    s.Hq,         s.Hk,         s.D,       scale_bits, backward, static_cast<int>(s.type), s.bias, s.keys(),
-                  s.causal, s.q_stride(), s.kv_stride(), dropout_bits, backward && deterministic_backward};
+                  s.causal, s.q_stride(), s.kv_stride(), dropout_bits, backward && deterministic_backward, s.window};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
@@ -461,6 +479,7 @@ struct CudnnSdpa::Impl {
                 (s.keys() != s.S ? ", " + std::to_string(s.keys()) + " keys" : std::string()) + (s.causal ? "" : ", no causal mask") +
                 (s.bias ? " with a document-mask bias" : "") + (s.dropout > 0 ? " with dropout " + std::to_string(s.dropout) : std::string()) +
                 (std::get<14>(key) ? " in deterministic mode (--deterministic-mode)" : "") +
+                (s.window >= 0 ? " with a sliding window of " + std::to_string(s.window) + " (--window-size)" : std::string()) +
                 ": " + why;
     }
     return cache.emplace(key, std::move(e)).first->second;
@@ -479,6 +498,7 @@ void CudnnSdpa::set_deterministic(bool on) { impl_->deterministic = on; }
 bool CudnnSdpa::deterministic() const { return impl_->deterministic; }
 
 std::string CudnnSdpa::check(const SdpaShape& s) {
+  if (s.window >= 0 && !s.causal) return "a sliding window (--window-size) needs the causal mask";
   auto& f = impl_->get(s, false);
   if (!f.graph) return f.error;
   auto& b = impl_->get(s, true, impl_->deterministic);
@@ -493,11 +513,17 @@ namespace {
 // the pack names exactly the graph's tensors.
 struct Extras {
   float neg = std::numeric_limits<float>::lowest(), drop_scale = 1, drop_scale_inv = 1;
+  int32_t window_bound = 0;  // (the sliding window's left bound + 1)
   int64_t* seed = nullptr;
   void add(const SdpaShape& s, const void* bias, uint64_t dropout_seed, cudaStream_t stream, std::vector<int64_t>& uids, std::vector<void*>& ptrs) {
     if (s.causal) {
       uids.push_back(kNegInf);
       ptrs.push_back(&neg);
+    }
+    if (s.window >= 0) {
+      window_bound = static_cast<int32_t>(s.window + 1);
+      uids.push_back(kWindow);
+      ptrs.push_back(&window_bound);
     }
     if (bias) {
       uids.push_back(kBias);

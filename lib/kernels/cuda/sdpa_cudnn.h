@@ -36,6 +36,8 @@ struct SdpaShape {
   // backward's `dropout_seed`) and of the element's place in [B, Hq, S, Sk], so the backward, given the forward's
   // seed, regenerates the forward's mask. It is not the CPU engine's mask (kernels/cpu/attention.h).
   float dropout = 0;
+  // Sliding-window attention (--window-size; needs `causal`): query i attends to keys i - window .. i; -1: no window.
+  int64_t window = -1;
   int64_t keys() const { return Sk > 0 ? Sk : S; }
   int64_t q_stride() const { return q_rows > 0 ? q_rows : S; }
   int64_t kv_stride() const { return kv_rows > 0 ? kv_rows : keys(); }

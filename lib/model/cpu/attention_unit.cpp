@@ -15,7 +15,7 @@ AttentionShape attention_shape(const PassContext& c, int64_t layer) {
   const ModelDims& D = c.D;
   return AttentionShape{c.mb.B, c.mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, c.training ? D.attention_dropout : 0.0f,
                         dropout_key(c.seed, c.step, 0, layer, kDropAttnProbs), c.mb.first_sample, D.tp_rank * D.nh_local,
-                        c.mb.row_start.empty() ? nullptr : c.mb.row_start.data()};
+                        c.mb.row_start.empty() ? nullptr : c.mb.row_start.data(), D.window_in(layer)};
 }
 
 }  // namespace
