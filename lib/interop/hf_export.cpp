@@ -134,6 +134,16 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
                          "(RMSNorm, SwiGLU, RoPE)");
   refuse(family == "gpt2" && D.qk_norm, "--qk-layernorm has no place in GPT2LMHeadModel");
   const bool glm = family == "glm4_moe";
+  // Sliding-window attention (--window-size L,0): HF's sliding_window L + 1 (its mask keeps keys kv > q - W). Mistral's and
+  // Mixtral's window every layer; Qwen3's name the layers in layer_types.
+  const bool windowed = std::any_of(D.windows.begin(), D.windows.end(), [](int64_t w) { return w >= 0; });
+  const bool every_layer_windowed = windowed && std::all_of(D.windows.begin(), D.windows.end(), [](int64_t w) { return w >= 0; });
+  const int64_t window_left = windowed ? *std::max_element(D.windows.begin(), D.windows.end()) : -1;
+  refuse(windowed && family != "llama" && family != "mixtral" && family != "qwen3" && family != "qwen3_moe",
+         "sliding-window attention (--window-size) has no place in " + family + "'s HF form (Mistral, Mixtral and Qwen3 have it)");
+  refuse(windowed && (family == "llama" || family == "mixtral") && !every_layer_windowed,
+         "--window-attn-skip-freq: MistralForCausalLM and MixtralForCausalLM window every layer (Qwen3's form names them: --qk-layernorm)");
+  refuse(windowed && family == "llama" && (D.qkv_bias || D.bias), "sliding-window attention with biases: MistralForCausalLM has none");
   refuse(!glm && c.model.rotary_percent != 1.0, "--rotary-percent below 1 (partial rotary) has no place in " +
                                                     std::string(family == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM") +
                                                     " (GLM-4.5's Glm4MoeForCausalLM, a sigmoid-routed MoE, has it)");
@@ -298,8 +308,9 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
                              : family == "qwen3_moe" ? "Qwen3MoeForCausalLM"
                              : family == "qwen2_moe" ? "Qwen2MoeForCausalLM"
                              : glm                   ? "Glm4MoeForCausalLM"
+                             : windowed              ? "MistralForCausalLM"
                                                      : "LlamaForCausalLM";
-    config = {{"architectures", {arch}}, {"model_type", family},
+    config = {{"architectures", {arch}}, {"model_type", arch == "MistralForCausalLM" ? "mistral" : family},
               {"vocab_size", V}, {"hidden_size", h}, {"intermediate_size", family == "mixtral" ? D.F_moe : D.F}, {"num_hidden_layers", L},
               {"num_attention_heads", nh}, {"num_key_value_heads", ng}, {"head_dim", d}, {"hidden_act", "silu"},
               {"max_position_embeddings", D.max_pos}, {"rms_norm_eps", c.model.norm_epsilon}, {"rope_theta", c.model.rotary_base},
@@ -315,7 +326,9 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     } else if (interpolation) {  // (HF's linear rope type: the positions divided by the factor, as Megatron's)
       config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", static_cast<double>(*interpolation)}};
     }
-    if (family == "llama") {
+    if (family == "llama" && windowed) {
+      config["sliding_window"] = window_left + 1;
+    } else if (family == "llama") {
       config["attention_bias"] = D.qkv_bias;
       config["mlp_bias"] = D.bias;
     } else if (family == "qwen2_moe") {  // (QKV biases always, no other: refused above otherwise)
@@ -325,9 +338,14 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       config["max_window_layers"] = L;
     } else if (qwen3) {
       config["attention_bias"] = D.qkv_bias;  // (its o_proj's bias too, written as zeros above)
-      config["use_sliding_window"] = false;
-      config["sliding_window"] = nullptr;
+      config["use_sliding_window"] = windowed;
+      config["sliding_window"] = windowed ? nlohmann::ordered_json(window_left + 1) : nlohmann::ordered_json(nullptr);
       config["max_window_layers"] = L;
+      if (windowed) {
+        nlohmann::ordered_json types = nlohmann::ordered_json::array();
+        for (int64_t l = 0; l < L; ++l) types.push_back(D.windows[static_cast<size_t>(l)] >= 0 ? "sliding_attention" : "full_attention");
+        config["layer_types"] = types;
+      }
     }
     if (glm) {
       const MoeConfig& mc = c.moe;
@@ -392,7 +410,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       config["num_experts_per_tok"] = D.topk;
       config["router_aux_loss_coef"] = router_aux_loss_coef(mc);
       config["output_router_logits"] = false;
-      config["sliding_window"] = nullptr;
+      config["sliding_window"] = windowed ? nlohmann::ordered_json(window_left + 1) : nlohmann::ordered_json(nullptr);
     }
   }
   if (V != m.info.vocab_size) {

@@ -224,17 +224,39 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       refuse(rotated % 2 != 0, "partial_rotary_factor rotating an odd " + std::to_string(rotated) + " channels of each head (megatrain rotates pairs)");
     }
     refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
-    // Qwen2 and Qwen3: the sliding window applies only with use_sliding_window (off in their released configs), and
-    // then to the layers from max_window_layers on.
+    // Sliding-window attention: HF's sliding_window W lets query i attend to keys i - W + 1 .. i (its mask keeps
+    // kv > q - W), megatrain's --window-size W-1,0. Which layers: Mistral's and Mixtral's every layer; Qwen's those its
+    // layer_types names "sliding_attention", else with use_sliding_window (off in their released configs) those from
+    // max_window_layers on; Qwen2-MoE's window without layer_types is refused (its layers are not pinned down). LLaMA's and
+    // GLM's modeling code has no window.
     const bool qwen2_moe = family == "qwen2_moe", qwen2 = arch == "Qwen2ForCausalLM" || qwen2_moe;
     const int64_t layers = hc.at("num_hidden_layers").get<int64_t>();
-    // (Qwen2-MoE's newer configs window other layers, or list them in layer_types: any window there is refused)
-    bool sliding_layer = false;
-    for (const auto& t : hc.value("layer_types", json::array())) sliding_layer = sliding_layer || (t.is_string() && t.get<std::string>() == "sliding_attention");
-    const bool windowed = !(qwen2 || qwen3) || sliding_layer ||
-                          (field<bool>(hc, "use_sliding_window", false) && (qwen2_moe || field<int64_t>(hc, "max_window_layers", 0) < layers));
-    const int64_t window = windowed ? field<int64_t>(hc, "sliding_window", 0) : 0;
-    refuse(window > 0 && window < pos, "sliding-window attention (sliding_window " + std::to_string(window) + ") is not implemented in megatrain");
+    std::vector<bool> window_layers(static_cast<size_t>(layers), false);
+    const json layer_types = hc.value("layer_types", json::array());
+    if (arch == "MistralForCausalLM" || arch == "MixtralForCausalLM") {
+      std::fill(window_layers.begin(), window_layers.end(), true);
+    } else if ((qwen2 || qwen3) && layer_types.is_array() && !layer_types.empty()) {
+      refuse(static_cast<int64_t>(layer_types.size()) != layers, "layer_types lists " + std::to_string(layer_types.size()) + " layers, not num_hidden_layers");
+      for (size_t l = 0; l < layer_types.size(); ++l) {
+        const std::string t = layer_types[l].is_string() ? layer_types[l].get<std::string>() : "";
+        refuse(t != "sliding_attention" && t != "full_attention", "layer_types entry '" + t + "' (megatrain has full_attention and sliding_attention)");
+        window_layers[l] = t == "sliding_attention";
+      }
+    } else if ((qwen2 || qwen3) && field<bool>(hc, "use_sliding_window", false)) {
+      refuse(qwen2_moe, "Qwen2-MoE's use_sliding_window without layer_types (its windowed layers are not pinned down)");
+      for (int64_t l = std::max<int64_t>(0, field<int64_t>(hc, "max_window_layers", 0)); l < layers; ++l) window_layers[static_cast<size_t>(l)] = true;
+    }
+    const bool any_window = std::find(window_layers.begin(), window_layers.end(), true) != window_layers.end();
+    const int64_t window = any_window ? field<int64_t>(hc, "sliding_window", 0) : 0;
+    std::string window_flags;
+    if (window > 0 && window < pos) {
+      window_flags = " --window-size " + std::to_string(window - 1) + ",0";
+      if (std::find(window_layers.begin(), window_layers.end(), false) != window_layers.end()) {
+        window_flags += " --window-attn-skip-freq [";
+        for (size_t l = 0; l < window_layers.size(); ++l) window_flags += std::string(l ? "," : "") + (window_layers[l] ? "1" : "0");
+        window_flags += "]";
+      }
+    }
     // (Qwen2's QKV layers always have biases, its o_proj and MLP none: --add-qkv-bias)
     // (Qwen2-MoE's: qkv_bias, true in its released configs)
     const bool glm = family == "glm4_moe";
@@ -248,7 +270,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
           << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", qwen3 ? 128 : h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
           << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", family == "glm4_moe" ? 1e-5 : 1e-6)
-          << " --swiglu --position-embedding-type rope --rotary-base " << rope_theta << rope_scaling_flags;
+          << " --swiglu --position-embedding-type rope --rotary-base " << rope_theta << rope_scaling_flags << window_flags;
     if (partial_rotary != 1.0) flags << " --rotary-percent " << partial_rotary;
     if (!attn_bias || !mlp_bias) flags << " --disable-bias-linear";
     if (attn_bias && !mlp_bias) flags << " --add-qkv-bias";

@@ -50,10 +50,12 @@ def load_dir(d):
         return json.load(f), weights
 
 
-def attention(q, k, v):  # [B, H, S, d]
+def attention(q, k, v, window=None):  # [B, H, S, d]; window W: HF's sliding window (keys kv > q - W only)
     S = q.shape[2]
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     mask = torch.triu(torch.ones(S, S, dtype=torch.bool), 1)
+    if window:
+        mask = mask | torch.tril(torch.ones(S, S, dtype=torch.bool), -window)
     scores = scores.masked_fill(mask, float("-inf"))
     return torch.softmax(scores, -1) @ v
 
@@ -170,6 +172,18 @@ def sparse_moe(m, W, block, names, experts, k, renormalise):
     return out
 
 
+def layer_window(cfg, l):  # HF's sliding window of layer l: by layer_types; else Qwen's use_sliding_window from max_window_layers on; else every layer (Mistral, Mixtral)
+    W = cfg.get("sliding_window")
+    arch = cfg["architectures"][0]
+    if not W or arch in ("LlamaForCausalLM", "Glm4MoeForCausalLM"):
+        return None
+    if cfg.get("layer_types"):
+        return W if cfg["layer_types"][l] == "sliding_attention" else None
+    if arch.startswith("Qwen"):
+        return W if cfg.get("use_sliding_window") and l >= cfg.get("max_window_layers", 0) else None
+    return W
+
+
 def llama(cfg, W, tokens):
     B, S = tokens.shape
     h, nh, ng = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -190,7 +204,7 @@ def llama(cfg, W, tokens):
         scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
         q, k = rope(q, theta, partial, scaling), rope(k, theta, partial, scaling)
         k, v = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
-        o = attention(q, k, v).transpose(1, 2).reshape(B, S, nh * d)
+        o = attention(q, k, v, layer_window(cfg, l)).transpose(1, 2).reshape(B, S, nh * d)
         x = x + linear(o, W, p + "self_attn.o_proj")
         m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         if glm and l >= cfg.get("first_k_dense_replace", 1):  # GLM-4.5's MoE layers (by its config, as HF builds them)

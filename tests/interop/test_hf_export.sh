@@ -116,21 +116,26 @@ if "$BIN" checkpoint import --hf "$W/qwen2-hf" --save "$W/qwen2-ckpt" >"$W/qwen2
 else
   cat "$W/qwen2-import.log"; fail "qwen2: the Qwen2 form's import"
 fi
-# Its sliding window on (use_sliding_window) covers the layers from max_window_layers on: none of the 2 at 2 (imports),
-# the second at 1 (refused, naming it).
+# Its sliding window on (use_sliding_window) covers the layers from max_window_layers on: none of the 2 at 2 (no window),
+# the second at 1 (HF's sliding_window 8: keys i - 7 .. i, megatrain's --window-size 7,0 in the second layer).
 for mwl in 2 1; do
   cp -r "$W/qwen2-hf" "$W/qwen2-window$mwl"
   "$PY" -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c.update(use_sliding_window=True, max_window_layers=int(sys.argv[2])); json.dump(c, open(p, 'w'))" \
     "$W/qwen2-window$mwl/config.json" "$mwl"
   out=$("$BIN" checkpoint import --hf "$W/qwen2-window$mwl" --save "$W/qwen2-window$mwl-ckpt" 2>&1); rc=$?
   ok=0
-  if [[ $mwl == 2 ]]; then [[ $rc == 0 ]] && ok=1; elif [[ $rc != 0 ]] && grep -q "sliding-window" <<<"$out"; then ok=1; fi
+  if [[ $mwl == 2 ]]; then [[ $rc == 0 ]] && ! grep -q -- "--window-size" <<<"$out" && ok=1
+  elif [[ $rc == 0 ]] && grep -q -- "--window-size 7,0 --window-attn-skip-freq \[0,1\]" <<<"$out"; then ok=1; fi
   if [[ $ok == 1 ]]; then
-    echo "PASS qwen2 with use_sliding_window and max_window_layers $mwl: $([[ $rc == 0 ]] && echo imported || echo refused)"
+    echo "PASS qwen2 with use_sliding_window and max_window_layers $mwl: imported$([[ $mwl == 1 ]] && echo ' with --window-size 7,0 in layer 2')"
   else
     fail "qwen2 with use_sliding_window and max_window_layers $mwl: rc $rc, $out"
   fi
 done
+# Sliding-window attention exported: a LLaMA-shaped model windowed in every layer as MistralForCausalLM (sliding_window
+# 6 for --window-size 5,0), a Qwen3-shaped one in one layer of two by layer_types; HF's masks give megatrain's loss.
+check mistral_window_tp2 2 $LLAMA --window-size 5,0 --tensor-model-parallel-size 2
+check qwen3_window_layer_types 1 $LLAMA --qk-layernorm --window-size 3,0 --window-attn-skip-freq [0,1]
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED
