@@ -42,8 +42,9 @@ std::vector<int64_t> attention_windows(const Config& cfg) {
   if (w.left < 0) return {};
   std::vector<int64_t> out(static_cast<size_t>(std::max<int64_t>(0, L)), w.left);
   if (!cfg.model.window_attn_skip_freq) return out;
-  const std::string& freq = *cfg.model.window_attn_skip_freq;
+  std::string freq = *cfg.model.window_attn_skip_freq;
   if (freq.find('[') == std::string::npos) {  // an integer N: layer numbers (from 1) divisible by N attend fully
+    freq.erase(std::remove_if(freq.begin(), freq.end(), [](char ch) { return ch == '\'' || ch == '"'; }), freq.end());
     size_t used = 0;
     int64_t n = 0;
     try {

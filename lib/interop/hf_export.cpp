@@ -141,8 +141,9 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   const int64_t window_left = windowed ? *std::max_element(D.windows.begin(), D.windows.end()) : -1;
   refuse(windowed && family != "llama" && family != "mixtral" && family != "qwen3" && family != "qwen3_moe",
          "sliding-window attention (--window-size) has no place in " + family + "'s HF form (Mistral, Mixtral and Qwen3 have it)");
-  refuse(windowed && (family == "llama" || family == "mixtral") && !every_layer_windowed,
-         "--window-attn-skip-freq: MistralForCausalLM and MixtralForCausalLM window every layer (Qwen3's form names them: --qk-layernorm)");
+  refuse(windowed && (family == "llama" || family == "mixtral" || family == "qwen3_moe") && !every_layer_windowed,
+         "--window-attn-skip-freq: MistralForCausalLM, MixtralForCausalLM and Qwen3MoeForCausalLM window every layer (Qwen3's dense form "
+         "names them: --qk-layernorm without experts)");
   refuse(windowed && family == "llama" && (D.qkv_bias || D.bias), "sliding-window attention with biases: MistralForCausalLM has none");
   refuse(!glm && c.model.rotary_percent != 1.0, "--rotary-percent below 1 (partial rotary) has no place in " +
                                                     std::string(family == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM") +
@@ -340,8 +341,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       config["attention_bias"] = D.qkv_bias;  // (its o_proj's bias too, written as zeros above)
       config["use_sliding_window"] = windowed;
       config["sliding_window"] = windowed ? nlohmann::ordered_json(window_left + 1) : nlohmann::ordered_json(nullptr);
-      config["max_window_layers"] = L;
-      if (windowed) {
+      // (Qwen3's windowed layers: from max_window_layers on where they are the last ones, and named in layer_types, which
+      // newer transformers read; Qwen3-MoE windows every layer)
+      int64_t first_windowed = L;
+      while (windowed && first_windowed > 0 && D.windows[static_cast<size_t>(first_windowed - 1)] >= 0) --first_windowed;
+      const bool suffix = windowed && std::none_of(D.windows.begin(), D.windows.begin() + first_windowed, [](int64_t w) { return w >= 0; });
+      config["max_window_layers"] = suffix ? first_windowed : L;
+      if (windowed && family == "qwen3") {
         nlohmann::ordered_json types = nlohmann::ordered_json::array();
         for (int64_t l = 0; l < L; ++l) types.push_back(D.windows[static_cast<size_t>(l)] >= 0 ? "sliding_attention" : "full_attention");
         config["layer_types"] = types;

@@ -225,24 +225,26 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     }
     refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
     // Sliding-window attention: HF's sliding_window W lets query i attend to keys i - W + 1 .. i (its mask keeps
-    // kv > q - W), megatrain's --window-size W-1,0. Which layers: Mistral's and Mixtral's every layer; Qwen's those its
-    // layer_types names "sliding_attention", else with use_sliding_window (off in their released configs) those from
-    // max_window_layers on; Qwen2-MoE's window without layer_types is refused (its layers are not pinned down). LLaMA's and
-    // GLM's modeling code has no window.
+    // kv > q - W), megatrain's --window-size W-1,0. Which layers: Mistral's and Mixtral's every layer; Qwen's only with
+    // use_sliding_window (off in their released configs; HF leaves sliding_window unset without it): Qwen3-MoE's every
+    // layer (one mask for the model), Qwen2's and Qwen3's those layer_types names "sliding_attention", else those from
+    // max_window_layers on; Qwen2-MoE's without layer_types is refused (its layers are not pinned down). LLaMA's and GLM's
+    // modeling code has no window.
     const bool qwen2_moe = family == "qwen2_moe", qwen2 = arch == "Qwen2ForCausalLM" || qwen2_moe;
     const int64_t layers = hc.at("num_hidden_layers").get<int64_t>();
     std::vector<bool> window_layers(static_cast<size_t>(layers), false);
     const json layer_types = hc.value("layer_types", json::array());
-    if (arch == "MistralForCausalLM" || arch == "MixtralForCausalLM") {
+    const bool qwen_window = (qwen2 || qwen3) && field<bool>(hc, "use_sliding_window", false);
+    if (arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || (qwen_window && family == "qwen3_moe")) {
       std::fill(window_layers.begin(), window_layers.end(), true);
-    } else if ((qwen2 || qwen3) && layer_types.is_array() && !layer_types.empty()) {
+    } else if (qwen_window && layer_types.is_array() && !layer_types.empty()) {
       refuse(static_cast<int64_t>(layer_types.size()) != layers, "layer_types lists " + std::to_string(layer_types.size()) + " layers, not num_hidden_layers");
       for (size_t l = 0; l < layer_types.size(); ++l) {
         const std::string t = layer_types[l].is_string() ? layer_types[l].get<std::string>() : "";
         refuse(t != "sliding_attention" && t != "full_attention", "layer_types entry '" + t + "' (megatrain has full_attention and sliding_attention)");
         window_layers[l] = t == "sliding_attention";
       }
-    } else if ((qwen2 || qwen3) && field<bool>(hc, "use_sliding_window", false)) {
+    } else if (qwen_window) {
       refuse(qwen2_moe, "Qwen2-MoE's use_sliding_window without layer_types (its windowed layers are not pinned down)");
       for (int64_t l = std::max<int64_t>(0, field<int64_t>(hc, "max_window_layers", 0)); l < layers; ++l) window_layers[static_cast<size_t>(l)] = true;
     }

@@ -27,7 +27,7 @@ void set_cuda_device(int index);
 // A CUDA feature that is written but has never run on a GPU stays refused by name; on a GPU machine a developer
 // lifts that refusal to test it with MEGATRAIN_CUDA_UNVERIFIED=<name>[,<name>...] (docs/cuda-engine.md). Names:
 // context-parallel, pipeline-parallel, moe-data-parallel, expert-parallel, moe-tensor-parallel, qkv-bias-tensor-parallel,
-// fp8-tensor-parallel, fp8-amax-data-parallel, fp8-expert-parallel, expert-tensor-parallel (blockwise FP8, the document masks, attention dropout, MoE shared experts and group-limited routing,
+// fp8-tensor-parallel, fp8-amax-data-parallel, fp8-expert-parallel, expert-tensor-parallel, window-size (blockwise FP8, the document masks, attention dropout, MoE shared experts and group-limited routing,
 // seq_aux_loss and global_aux_loss, squared ReLU, interleaved RoPE, the MoE expert bias, capacity factors, MoE's per-token loss, --add-qkv-bias, MoE in fp16, FP8 in MoE layers, --moe-router-force-load-balancing, upcycling, sinkhorn routing and the shared expert's gate were ones until their GPU
 // tests passed).
 inline bool cuda_unverified_allowed(const std::string& name) {

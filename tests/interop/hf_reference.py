@@ -177,10 +177,14 @@ def layer_window(cfg, l):  # HF's sliding window of layer l: by layer_types; els
     arch = cfg["architectures"][0]
     if not W or arch in ("LlamaForCausalLM", "Glm4MoeForCausalLM"):
         return None
-    if cfg.get("layer_types"):
-        return W if cfg["layer_types"][l] == "sliding_attention" else None
-    if arch.startswith("Qwen"):
-        return W if cfg.get("use_sliding_window") and l >= cfg.get("max_window_layers", 0) else None
+    if arch.startswith("Qwen"):  # (only with use_sliding_window; Qwen3-MoE: every layer; else layer_types, or from max_window_layers on)
+        if not cfg.get("use_sliding_window"):
+            return None
+        if arch == "Qwen3MoeForCausalLM":
+            return W
+        if cfg.get("layer_types"):
+            return W if cfg["layer_types"][l] == "sliding_attention" else None
+        return W if l >= cfg.get("max_window_layers", 0) else None
     return W
 
 

@@ -136,6 +136,16 @@ done
 # 6 for --window-size 5,0), a Qwen3-shaped one in one layer of two by layer_types; HF's masks give megatrain's loss.
 check mistral_window_tp2 2 $LLAMA --window-size 5,0 --tensor-model-parallel-size 2
 check qwen3_window_layer_types 1 $LLAMA --qk-layernorm --window-size 3,0 --window-attn-skip-freq [0,1]
+check qwen3_moe_window 1 $MIXTRAL --qk-layernorm --window-size 4,0
+# (the imports give the windows back: the re-exports' equal bytes above would not see a window dropped)
+for pair in "mistral_window_tp2:--window-size 5,0" "qwen3_window_layer_types:--window-size 3,0 --window-attn-skip-freq \[0,1\]" \
+            "qwen3_moe_window:--window-size 4,0"; do
+  if grep -q -- "${pair#*:}" "$W/${pair%%:*}-import.log" && grep -q '"sliding_window"' "$W/${pair%%:*}-hf/config.json"; then
+    echo "PASS ${pair%%:*}: imported with ${pair#*:}"
+  else
+    fail "${pair%%:*}: the import's flags lack ${pair#*:}"
+  fi
+done
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED

@@ -144,20 +144,20 @@ class Graph {
   }
 
   // Sliding window on scores x (after the causal mask): positions with col + bound <= row get the lowest float, where
-  // `bound` is the int32 by-value window + 1 (cuDNN's frontend's sliding-window mask: col + w > row keeps).
+  // `bound` is the window + 1 as a by-value float (cuDNN's frontend's top-left sliding-window mask, its composite form:
+  // the column index plus the bound in float, col + w > row keeps).
   Desc window(Desc x, const Dims& dims, Desc neg_inf, Desc bound) {
     Desc row = virt(CUDNN_DATA_INT32, dims), col = virt(CUDNN_DATA_INT32, dims);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, x, row, nullptr, nullptr, 2, CUDNN_DATA_INT32);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, x, col, nullptr, nullptr, 3, CUDNN_DATA_INT32);
-    Desc shifted = virt(CUDNN_DATA_INT32, dims);
-    pointwise(CUDNN_POINTWISE_ADD, col, shifted, bound, nullptr, 3, CUDNN_DATA_INT32);
+    Desc shifted = virt(CUDNN_DATA_FLOAT, dims);
+    pointwise(CUDNN_POINTWISE_ADD, col, shifted, bound, nullptr, 3, CUDNN_DATA_FLOAT);
     Desc keep = virt(CUDNN_DATA_BOOLEAN, dims);
     pointwise(CUDNN_POINTWISE_CMP_GT, shifted, keep, row, nullptr, -1, CUDNN_DATA_BOOLEAN);
     Desc y = virt(CUDNN_DATA_FLOAT, dims);
     pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, y, neg_inf, keep);
     return y;
   }
-  Desc int32_by_value(int64_t uid) { return tensor(uid, CUDNN_DATA_INT32, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
 
   // Attention dropout's keep mask over `dims` (fp32 0 or 1): Bernoulli with probability `keep` from cuDNN's Philox
   // generator, seeded by the int64 device scalars `seed` and `offset`.
@@ -278,6 +278,10 @@ Layouts layouts(const SdpaShape& s) {
 }
 
 std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p_bf16, std::string* why) {
+  if (s.window >= 0 && !s.causal) {
+    *why = "a sliding window needs the causal mask";
+    return nullptr;
+  }
   auto g = std::make_unique<Graph>(h);
   const Layouts l = layouts(s);
   const cudnnDataType_t bf = s.type == F16::kFP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
@@ -298,7 +302,7 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
     scaled = biased;
   }
   Desc masked = s.causal ? g->causal(scaled, l.s_dims, neg) : scaled;
-  if (s.window >= 0) masked = g->window(masked, l.s_dims, neg, g->int32_by_value(kWindow));
+  if (s.window >= 0) masked = g->window(masked, l.s_dims, neg, g->scalar(kWindow));
   Desc mx = g->virt(f, l.stats_dims);
   g->reduction(CUDNN_REDUCE_TENSOR_MAX, masked, mx);
   Desc sub = g->virt(f, l.s_dims);
@@ -327,6 +331,10 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
 }
 
 std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, bool deterministic, std::string* why) {
+  if (s.window >= 0 && !s.causal) {
+    *why = "a sliding window needs the causal mask";
+    return nullptr;
+  }
   auto g = std::make_unique<Graph>(h);
   const Layouts l = layouts(s);
   const cudnnDataType_t bf = s.type == F16::kFP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
@@ -367,7 +375,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, bool 
   Desc shifted = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_SUB, scaled, shifted, stats);
   Desc masked = s.causal ? g->causal(shifted, l.s_dims, neg) : shifted;
-  if (s.window >= 0) masked = g->window(masked, l.s_dims, neg, g->int32_by_value(kWindow));
+  if (s.window >= 0) masked = g->window(masked, l.s_dims, neg, g->scalar(kWindow));
   Desc p = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_EXP, masked, p);
   // dV = P^T dO (summed over the heads of a group under GQA; P m r under dropout)
@@ -498,7 +506,6 @@ void CudnnSdpa::set_deterministic(bool on) { impl_->deterministic = on; }
 bool CudnnSdpa::deterministic() const { return impl_->deterministic; }
 
 std::string CudnnSdpa::check(const SdpaShape& s) {
-  if (s.window >= 0 && !s.causal) return "a sliding window (--window-size) needs the causal mask";
   auto& f = impl_->get(s, false);
   if (!f.graph) return f.error;
   auto& b = impl_->get(s, true, impl_->deterministic);
@@ -513,7 +520,7 @@ namespace {
 // the pack names exactly the graph's tensors.
 struct Extras {
   float neg = std::numeric_limits<float>::lowest(), drop_scale = 1, drop_scale_inv = 1;
-  int32_t window_bound = 0;  // (the sliding window's left bound + 1)
+  float window_bound = 0;  // (the sliding window's left bound + 1)
   int64_t* seed = nullptr;
   void add(const SdpaShape& s, const void* bias, uint64_t dropout_seed, cudaStream_t stream, std::vector<int64_t>& uids, std::vector<void*>& ptrs) {
     if (s.causal) {
@@ -521,7 +528,7 @@ struct Extras {
       ptrs.push_back(&neg);
     }
     if (s.window >= 0) {
-      window_bound = static_cast<int32_t>(s.window + 1);
+      window_bound = static_cast<float>(s.window + 1);
       uids.push_back(kWindow);
       ptrs.push_back(&window_bound);
     }

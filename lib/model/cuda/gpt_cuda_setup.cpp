@@ -73,10 +73,15 @@ void CudaGPT::check_attention(int64_t mbs) {
     attention.dropout = D.attention_dropout;
     why = cuda::CudnnSdpa::instance().check(attention);
   }
-  for (const int64_t window : D.windows) {  // (--window-size: each window's graphs, with dropout when training has it)
-    if (!why.empty() || window < 0) continue;
+  for (const int64_t window : D.windows) {  // (--window-size: each window's graphs, evaluation's and training's)
+    if (!why.empty() || window < 0 || window >= attention.S - 1) continue;
     attention.window = window;
+    attention.dropout = 0;
     why = cuda::CudnnSdpa::instance().check(attention);
+    if (why.empty() && D.attention_dropout > 0) {
+      attention.dropout = D.attention_dropout;
+      why = cuda::CudnnSdpa::instance().check(attention);
+    }
   }
   if (why.empty() && D.cp > 1 && !D.cp_a2a) why = cuda::ring_check({mbs, S_local_ / 2, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_});
   if (!why.empty()) throw std::runtime_error(why);

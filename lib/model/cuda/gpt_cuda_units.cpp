@@ -82,7 +82,7 @@ void CudaGPT::attention_forward_unit(int64_t l, Record& r, const DeviceMicrobatc
   } else {
     cuda::SdpaShape sh = attention_shape(mb);
     sh.B = sp.seqs;
-    sh.window = D.window_in(first_layer_ + l);
+    sh.window = D.window_in(first_layer_ + l) >= sh.S - 1 ? -1 : D.window_in(first_layer_ + l);  // (one spanning the sequence: none)
     const bf16* doc_bias = document_bias(mb);
     MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q + o * Hd, r.k + o * KVd, r.v + o * KVd, r.o + o * Hd, r.stats + o * D.nh_local,
                                                                  stream_, doc_bias, attention_seed(mb, l)));
@@ -252,7 +252,7 @@ void CudaGPT::attention_backward_unit(int64_t l, Record& r, const DeviceMicrobat
   } else {
     cuda::SdpaShape sh = attention_shape(mb);
     sh.B = sp.seqs;
-    sh.window = D.window_in(first_layer_ + l);
+    sh.window = D.window_in(first_layer_ + l) >= sh.S - 1 ? -1 : D.window_in(first_layer_ + l);  // (one spanning the sequence: none)
     const bf16* doc_bias = document_bias(mb);
     MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(sh, r.q + o * Hd, r.k + o * KVd, r.v + o * KVd, r.o + o * Hd, s.d_o + o * Hd,
                                                                   r.stats + o * D.nh_local, s.dq + o * Hd, s.dk + o * KVd, s.dv + o * KVd, stream_, doc_bias,
