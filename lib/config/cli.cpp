@@ -89,6 +89,35 @@ std::string megatron_non_training_flag(const std::string& name) {
   return "";
 }
 
+// Megatron features megatrain does not have, named by their flags' prefixes (families of flags that grow with each
+// Megatron release): the feature and what to do instead, for an error that says more than "unknown flag".
+std::string megatron_missing_feature(const std::string& name) {
+  struct Family {
+    const char* prefix;
+    bool exact;
+    const char* what;
+  };
+  static const Family kFamilies[] = {
+      {"--dsa-", false, "DeepSeek sparse attention (DSA) is not implemented: drop its --dsa-* flags"},
+      {"--linear-", false, "linear attention / gated delta net layers are not implemented: drop their --linear-* flags"},
+      {"--error-injection-", false, "Megatron's fault injection (its rerun state machine's resilience tests) is not implemented: drop it"},
+      {"--hierarchical-context-parallel-sizes", true,
+       "hierarchical (a2a+p2p) context parallelism is not implemented: use --cp-comm-type p2p or a2a with --context-parallel-size"},
+      {"--megatron-fsdp-", false, "Megatron FSDP is not implemented: shard the optimizer state with --use-distributed-optimizer"},
+      {"--use-megatron-fsdp", true, "Megatron FSDP is not implemented: shard the optimizer state with --use-distributed-optimizer"},
+      {"--outer-dp-sharding-strategy", true, "Megatron FSDP's hybrid sharding is not implemented: use --use-distributed-optimizer"},
+      {"--use-mup", true, "the muP parametrization is not implemented: drop it"},
+      {"--mup-", false, "the muP parametrization is not implemented: drop its --mup-* flags"},
+      {"--fim-", false, "fill-in-the-middle (FIM) data is not implemented: drop its --fim-* flags"},
+      {"--export-", false, "Megatron's post-training (ModelOpt) export is not implemented: megatrain exports with `megatrain checkpoint export --hf`"},
+      {"--no-use-layer-wise-param-layout", true, "the Muon optimizer's parameter layout: megatrain has no Muon (--optimizer adam or sgd): drop it"},
+  };
+  for (const Family& f : kFamilies) {
+    if (f.exact ? name == f.prefix : name.rfind(f.prefix, 0) == 0) return f.what;
+  }
+  return "";
+}
+
 }  // namespace
 
 void reject_unknown_arguments(const std::vector<std::string>& remaining) {
@@ -98,6 +127,7 @@ void reject_unknown_arguments(const std::vector<std::string>& remaining) {
       if (const std::string what = megatron_non_training_flag(name); !what.empty()) {
         throw ConfigError(name + " is " + what + ": megatrain pretrains models and has no inference engine or RL loop: drop it");
       }
+      if (const std::string what = megatron_missing_feature(name); !what.empty()) throw ConfigError(name + ": " + what);
       throw ConfigError("unknown flag " + name + ": did you mean --" + nearest_flag(name) + "? (megatrain --help lists all flags)");
     }
     throw ConfigError("unexpected argument '" + arg + "': flags take the form --name value (megatrain --help)");

@@ -164,6 +164,17 @@ TEST_CASE("unknown flags and keys name the nearest valid one") {
         "engine or RL loop: drop it");
   CHECK(error_of([] { parse_cli("--inference-dynamic-batching-buffer-size-gb 20"); }).find("inference-engine settings") != std::string::npos);
   CHECK(error_of([] { parse_cli("--grpo-group-size 4"); }).find("reinforcement-learning (GRPO) settings") != std::string::npos);
+  // Families of Megatron features megatrain does not have, by their flags' prefixes
+  CHECK(error_of([] { parse_cli("--dsa-indexer-n-heads 8"); }) == "--dsa-indexer-n-heads: DeepSeek sparse attention (DSA) is not implemented: drop its --dsa-* flags");
+  CHECK(error_of([] { parse_cli("--linear-conv-kernel-dim 4"); }).find("gated delta net") != std::string::npos);
+  CHECK(error_of([] { parse_cli("--error-injection-rate 0"); }).find("fault injection") != std::string::npos);
+  CHECK(error_of([] { parse_cli("--hierarchical-context-parallel-sizes 2 2"); }).find("--cp-comm-type p2p or a2a") != std::string::npos);
+  CHECK(error_of([] { parse_cli("--outer-dp-sharding-strategy optim"); }).find("Megatron FSDP") != std::string::npos);
+  CHECK(error_of([] { parse_cli("--megatron-fsdp-main-params-dtype fp32"); }).find("Megatron FSDP") != std::string::npos);
+  CHECK(error_of([] { parse_cli("--use-mup"); }).find("muP") != std::string::npos);
+  CHECK(error_of([] { parse_cli("--fim-data"); }).find("fill-in-the-middle") != std::string::npos);
+  CHECK(error_of([] { parse_cli("--export-te-mcore-model"); }).find("checkpoint export --hf") != std::string::npos);
+  CHECK(error_of([] { parse_cli("--no-use-layer-wise-param-layout"); }).find("Muon") != std::string::npos);
   Config c;
   CHECK(error_of([&] { apply_yaml_text(c, "num_layer: 3\n", "r.yaml"); }) == "unknown key 'num_layer' in r.yaml: did you mean 'num_layers'?");
   CHECK(error_of([&] { apply_yaml_text(c, "model:\n  hiden-size: 3\n", "r.yaml"); })
