@@ -42,28 +42,12 @@ std::vector<int64_t> attention_windows(const Config& cfg) {
   if (w.left < 0) return {};
   std::vector<int64_t> out(static_cast<size_t>(std::max<int64_t>(0, L)), w.left);
   if (!cfg.model.window_attn_skip_freq) return out;
-  std::string freq = *cfg.model.window_attn_skip_freq;
-  if (freq.find('[') == std::string::npos) {  // an integer N: layer numbers (from 1) divisible by N attend fully
-    freq.erase(std::remove_if(freq.begin(), freq.end(), [](char ch) { return ch == '\'' || ch == '"'; }), freq.end());
-    size_t used = 0;
-    int64_t n = 0;
-    try {
-      n = std::stoll(freq, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || freq.find_first_not_of(" \t", used) != std::string::npos || n < 1) {
-      throw ConfigError("--window-attn-skip-freq '" + freq + "' must be an integer >= 1 or a list such as \"([1]*3+[0])*2\"");
-    }
-    for (int64_t l = 0; l < L; ++l) {
-      if ((l + 1) % n == 0) out[static_cast<size_t>(l)] = -1;
-    }
-    return out;
-  }
-  const std::vector<bool> windowed =
-      parse_layer_pattern(freq, L, "window-attn-skip-freq", LayerEvery::kFirst, "1 (sliding window) or 0 (full attention)");
+  // An integer N marks the layers with full attention (numbers divisible by N), a list those with the window (1).
+  bool integer = false;
+  const std::vector<bool> marked = parse_layer_pattern(*cfg.model.window_attn_skip_freq, L, "window-attn-skip-freq", LayerEvery::kLastAnyCount,
+                                                       "1 (sliding window) or 0 (full attention)", &integer);
   for (int64_t l = 0; l < L; ++l) {
-    if (!windowed[static_cast<size_t>(l)]) out[static_cast<size_t>(l)] = -1;
+    if (marked[static_cast<size_t>(l)] == integer) out[static_cast<size_t>(l)] = -1;
   }
   return out;
 }

@@ -94,7 +94,8 @@ class PatternReader {
 }  // namespace
 
 std::vector<bool> parse_layer_pattern(const std::string& given, int64_t num_layers, const std::string& flag, LayerEvery every,
-                                      const std::string& what) {
+                                      const std::string& what, bool* integer_form) {
+  if (integer_form) *integer_form = false;
   std::vector<bool> out(static_cast<size_t>(std::max<int64_t>(0, num_layers)), false);
   // A pattern still inside the quotes that a launcher script wrote for a second shell ("'([1]*48)'", as scripts that
   // hand their Megatron flags to `ray job submit` or `bash -c` do): those quotes are not part of it.
@@ -117,6 +118,7 @@ std::vector<bool> parse_layer_pattern(const std::string& given, int64_t num_laye
                         " (as Megatron requires): give a divisor, or a list of 0/1 per layer");
     }
     for (int64_t l = 0; l < num_layers; ++l) out[static_cast<size_t>(l)] = every == LayerEvery::kFirst ? l % n == 0 : (l + 1) % n == 0;
+    if (integer_form) *integer_form = true;
     return out;
   }
   const std::vector<int64_t> v = PatternReader(text, flag).read();
