@@ -34,8 +34,18 @@ struct ModelConfig {
   bool use_rope_scaling = false;     // LLaMA 3.1's RoPE frequency scaling
   double rope_scaling_factor = 8.0;  // its factor (Megatron: low 1, high 4, original 8192 fixed)
   OptInt rotary_seq_len_interpolation_factor;  // RoPE's linear position interpolation: positions divided by it
+  // YaRN (--position-embedding-type yarn, Megatron's YarnRotaryEmbedding): --rotary-scaling-factor, the original context,
+  // beta fast/slow, --mscale / --mscale-all-dim and the correction range's rounding (kernels/rope_frequencies.h).
+  double rotary_scaling_factor = 1.0;
+  OptInt yarn_original_max_position_embeddings;  // (default 4096)
+  OptFloat yarn_beta_fast, yarn_beta_slow;        // (default 32, 1)
+  double mscale = 1.0, mscale_all_dim = 0.0;
+  bool yarn_correction_range_round_to_int = false, no_yarn_correction_range_round_to_int = false;  // (neither: rounded)
   // Sliding-window attention (config/attention_window.h): Megatron's "LEFT,RIGHT" tuple and the layers that have it
   OptString window_size, window_attn_skip_freq;
+  // Attention's softmax (Megatron's --softmax-type): vanilla, off-by-one (a sink logit 0 in every row's denominator) or
+  // learnable (a trained sink logit per head: GPT-OSS's attention sinks).
+  std::string softmax_type = "vanilla";
   OptString no_rope_freq;  // the layers without RoPE (Llama 4's): N (every N-th) or a 0/1 list; unset: none (config/layer_pattern.h)
   double rotary_percent = 1.0;
   OptInt max_position_embeddings;
@@ -55,11 +65,24 @@ struct ModelConfig {
   bool qk_layernorm = false;
   bool openai_gelu = false;         // Megatron: the tanh GELU (what megatrain computes for GELU always)
   bool squared_relu = false;        // the MLP's activation relu(x)^2
+  // Megatron's quick GeGLU (GPT-OSS's): a gated MLP whose gate goes through x sigmoid(1.702 x); --glu-linear-offset adds
+  // to the linear half, --activation-func-clamp-value clamps the gate from above and the linear half both ways
+  // (config/gated_activation.h).
+  bool quick_geglu = false;
+  double glu_linear_offset = 0.0;
+  OptFloat activation_func_clamp_value;
   bool rotary_interleaved = false;  // RoPE on interleaved channel pairs (2i, 2i + 1) instead of halves
   OptInt vocab_size;
   OptInt padded_vocab_size;         // the embedding's rows as given (else the vocabulary padded by --make-vocab-size-divisible-by x TP)
   bool no_pad_vocab_size = false;   // Megatron's --no-pad-vocab-size: the embedding's rows are the tokenizer's vocabulary
 };
+
+// The MLP is gated (fc1 writes a gate and a linear half): SwiGLU or quick GeGLU.
+inline bool gated_mlp(const ModelConfig& m) { return m.swiglu || m.quick_geglu; }
+// SwiGLU itself: no offset, no clamp (what the CUDA engine's FP8 casts fuse with).
+inline bool plain_swiglu(const ModelConfig& m) {
+  return m.swiglu && !m.quick_geglu && m.glu_linear_offset == 0.0 && !m.activation_func_clamp_value;
+}
 
 struct ParallelConfig {
   int64_t tensor_model_parallel_size = 1;

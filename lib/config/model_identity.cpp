@@ -26,7 +26,7 @@ std::string text(const OptInt& v) { return v ? std::to_string(*v) : "unset"; }
 
 std::vector<std::pair<std::string, std::string>> model_identity(const Config& c) {
   const auto& m = c.model;
-  const bool rope = m.position_embedding_type == "rope";
+  const bool rope = m.position_embedding_type == "rope" || m.position_embedding_type == "yarn";
   std::vector<std::pair<std::string, std::string>> out = {
       {"num-layers", text(m.num_layers)},
       {"hidden-size", text(m.hidden_size)},
@@ -41,6 +41,9 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
       {"disable-bias-linear", text(m.disable_bias_linear)},
       {"qk-layernorm", text(m.qk_layernorm)},
       {"squared-relu", text(m.squared_relu)},
+      {"quick-geglu", text(m.quick_geglu)},
+      {"glu-linear-offset", text(m.glu_linear_offset)},
+      {"activation-func-clamp-value", m.activation_func_clamp_value ? text(*m.activation_func_clamp_value) : "unset"},
       {"rotary-interleaved", text(m.rotary_interleaved)},
       {"apply-layernorm-1p", text(m.apply_layernorm_1p)},
       {"num-experts", text(c.moe.num_experts)},

@@ -325,7 +325,9 @@ void check_attention(const Config& c, Checker& k) {
     k.warn("--window-attn-skip-freq without --window-size: no layer has a window (as in Megatron)");
   }
   if (rope_skipping_given(c)) {
-    if (m.position_embedding_type != "rope") k.error("--no-rope-freq picks the layers without RoPE: it needs --position-embedding-type rope");
+    if (m.position_embedding_type != "rope" && m.position_embedding_type != "yarn") {
+      k.error("--no-rope-freq picks the layers without RoPE: it needs --position-embedding-type rope (or yarn)");
+    }
     try {
       if (c.model.num_layers) (void)rope_skipped_layers(c);
     } catch (const ConfigError& e) {
@@ -746,10 +748,55 @@ void check_training(const Config& c, Checker& k) {
   }
 }
 
+// YaRN (Megatron's YarnRotaryEmbedding): its settings, and what it does not combine with.
+void check_yarn(const Config& c, Checker& k) {
+  const ModelConfig& m = c.model;
+  const bool yarn = m.position_embedding_type == "yarn";
+  const bool given = m.rotary_scaling_factor != 1.0 || m.yarn_original_max_position_embeddings || m.yarn_beta_fast || m.yarn_beta_slow ||
+                     m.mscale != 1.0 || m.mscale_all_dim != 0.0 || m.yarn_correction_range_round_to_int || m.no_yarn_correction_range_round_to_int;
+  if (!yarn) {
+    if (given) k.warn("the YaRN flags (--rotary-scaling-factor, --yarn-*, --mscale*) apply to --position-embedding-type yarn: here they have no effect");
+    return;
+  }
+  if (!std::isfinite(m.rotary_scaling_factor) || m.rotary_scaling_factor <= 0) {
+    k.error("--rotary-scaling-factor must be a finite number greater than zero, got " + num(m.rotary_scaling_factor));
+  }
+  if (m.yarn_original_max_position_embeddings && *m.yarn_original_max_position_embeddings <= 0) {
+    k.error("--yarn-original-max-position-embeddings must be positive, got " + s(*m.yarn_original_max_position_embeddings));
+  }
+  for (auto [v, flag] : {std::pair{m.yarn_beta_fast, "--yarn-beta-fast"}, std::pair{m.yarn_beta_slow, "--yarn-beta-slow"}}) {
+    if (v && (!std::isfinite(*v) || *v <= 0)) k.error(std::string(flag) + " must be a finite number greater than zero, got " + num(*v));
+  }
+  if (!std::isfinite(m.mscale) || !std::isfinite(m.mscale_all_dim)) k.error("--mscale and --mscale-all-dim must be finite numbers");
+  if (m.yarn_correction_range_round_to_int && m.no_yarn_correction_range_round_to_int) {
+    k.error("--yarn-correction-range-round-to-int and --no-yarn-correction-range-round-to-int contradict each other: give one");
+  }
+  if (m.rotary_percent != 1.0) {
+    k.error("--position-embedding-type yarn with --rotary-percent below 1 is not implemented (Megatron's YaRN takes its frequencies over the "
+            "whole head): drop --rotary-percent");
+  }
+  if (m.use_rope_scaling) k.error("--use-rope-scaling is LLaMA 3.1's scaling of plain RoPE: with --position-embedding-type yarn drop it");
+}
+
 void check_activation(const Config& c, Checker& k) {
-  if (c.model.squared_relu && c.model.swiglu) k.error("--squared-relu and --swiglu are two activations: give one");
-  if (c.model.squared_relu && c.model.openai_gelu) k.error("--squared-relu and --openai-gelu are two activations: give one");
-  if (c.model.rotary_interleaved && c.model.position_embedding_type != "rope") {
+  const ModelConfig& m = c.model;
+  if (m.squared_relu && m.swiglu) k.error("--squared-relu and --swiglu are two activations: give one");
+  if (m.squared_relu && m.openai_gelu) k.error("--squared-relu and --openai-gelu are two activations: give one");
+  if (m.quick_geglu && m.swiglu) k.error("--quick-geglu and --swiglu are two activations: give one");
+  if (m.quick_geglu && m.squared_relu) k.error("--quick-geglu and --squared-relu are two activations: give one");
+  if (!std::isfinite(m.glu_linear_offset)) k.error("--glu-linear-offset must be a finite number, got " + num(m.glu_linear_offset));
+  if (m.glu_linear_offset != 0.0 && !gated_mlp(m)) {
+    k.warn("--glu-linear-offset applies to a gated MLP (--swiglu or --quick-geglu): without one it has no effect (as in Megatron)");
+  }
+  if (const auto& v = m.activation_func_clamp_value) {  // (Megatron's rules for SwiGLU's clamp: finite, positive, MoE only, no offset)
+    if (!std::isfinite(*v) || *v <= 0) k.error("--activation-func-clamp-value must be a finite number greater than zero, got " + num(*v));
+    if (!gated_mlp(m)) {
+      k.warn("--activation-func-clamp-value applies to a gated MLP (--quick-geglu, or --swiglu with MoE): without one it has no effect");
+    }
+    if (m.swiglu && !c.moe.num_experts) k.error("--activation-func-clamp-value with --swiglu needs MoE (--num-experts), as in Megatron");
+    if (m.swiglu && m.glu_linear_offset != 0.0) k.error("--activation-func-clamp-value with --swiglu needs --glu-linear-offset 0, as in Megatron");
+  }
+  if (m.rotary_interleaved && m.position_embedding_type != "rope") {
     k.error("--rotary-interleaved needs --position-embedding-type rope");
   }
 }
@@ -985,6 +1032,11 @@ Diagnostics validate(const Config& c, int64_t world, Purpose purpose) {
   check_attention(c, k);
   check_moe(c, k);
   check_activation(c, k);
+  check_yarn(c, k);
+  if (c.model.softmax_type != "vanilla" && c.parallel.context_parallel_size > 1) {
+    k.error("--softmax-type " + c.model.softmax_type + " with --context-parallel-size > 1 is not implemented (context parallelism's attention "
+            "has no sink): use --softmax-type vanilla, or drop context parallelism");
+  }
   check_fp8(c, k);
   check_exclusive_and_misc(c, purpose, k);
   if (purpose == Purpose::kTrain) check_training(c, k);

@@ -120,6 +120,8 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
       ly.k_norm_w = add_qk_norm(p + "attention.k_norm.weight", norm_init);
       if (!D.rms) ly.k_norm_b = add_qk_norm(p + "attention.k_norm.bias", InitKind::kZeros);
     }
+    // (Megatron: initialised by init_method, normal with --init-method-std; no weight decay, as every 1-D parameter)
+    if (D.sink == ModelDims::Sink::kLearnable) ly.softmax_offset = add(p + "attention.softmax_offset", {D.nh}, 0, InitKind::kNormal, std);
     ly.proj_w = add(p + "attention.proj.weight", {D.h, D.nh * D.d}, 1, InitKind::kNormal, out_std);
     if (D.bias) ly.proj_b = add(p + "attention.proj.bias", {D.h}, -1, InitKind::kZeros, 0);
     ly.mlp_norm_w = add(p + "mlp_norm.weight", {D.h}, -1, norm_init, 0);

@@ -43,6 +43,7 @@ struct LayerParams {
   // input norm + attention slot
   size_t input_norm_w = kNoParam, input_norm_b = kNoParam, qkv_w = kNoParam, qkv_b = kNoParam;
   size_t q_norm_w = kNoParam, q_norm_b = kNoParam, k_norm_w = kNoParam, k_norm_b = kNoParam;
+  size_t softmax_offset = kNoParam;  // --softmax-type learnable: the heads' sink logits [nh], split over TP
   size_t proj_w = kNoParam, proj_b = kNoParam;
   // pre-MLP norm + MLP slot (SwiGLU: fc1_w is the gate, the up projection's shard follows it in the flat buffer)
   size_t mlp_norm_w = kNoParam, mlp_norm_b = kNoParam, fc1_w = kNoParam, fc1_b = kNoParam, fc2_w = kNoParam, fc2_b = kNoParam;

@@ -12,6 +12,16 @@
 
 namespace mt {
 
+RopeScaling yarn_scaling(const ModelConfig& m) {
+  return RopeScaling{.yarn_factor = m.rotary_scaling_factor,
+                     .yarn_original_max_positions = static_cast<double>(m.yarn_original_max_position_embeddings.value_or(4096)),
+                     .yarn_beta_fast = m.yarn_beta_fast.value_or(32.0),
+                     .yarn_beta_slow = m.yarn_beta_slow.value_or(1.0),
+                     .yarn_mscale = m.mscale,
+                     .yarn_mscale_all_dim = m.mscale_all_dim,
+                     .yarn_round_to_int = !m.no_yarn_correction_range_round_to_int};
+}
+
 ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_rank, int64_t ep, int64_t etp_rank, int64_t etp) {
   ModelDims d{};
   d.L = *c.model.num_layers;
@@ -34,23 +44,30 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.rms = c.model.normalization == "RMSNorm";
   d.norm_1p = c.model.apply_layernorm_1p;
   d.per_token_loss = c.training.calculate_per_token_loss;
-  d.swiglu = c.model.swiglu;
+  d.swiglu = gated_mlp(c.model);
+  d.glu = GatedActivation{.alpha = c.model.quick_geglu ? kQuickGeluAlpha : 1.0f,
+                          .linear_offset = static_cast<float>(c.model.glu_linear_offset),
+                          .clamp = static_cast<float>(c.model.activation_func_clamp_value.value_or(0.0))};
   d.bias = !c.model.disable_bias_linear;
   d.qkv_bias = d.bias || c.model.add_qkv_bias;
-  d.rope = c.model.position_embedding_type == "rope";
+  d.rope = c.model.position_embedding_type == "rope" || c.model.position_embedding_type == "yarn";
   d.learned_pos = c.model.position_embedding_type == "learned_absolute";
   d.tied = !c.model.untie_embeddings_and_output_weights;
   d.sequence_parallel = c.parallel.sequence_parallel && tp > 1;
   d.qk_norm = c.model.qk_layernorm;
   d.squared_relu = c.model.squared_relu;
-  d.gelu_erf = !c.model.swiglu && !c.model.squared_relu && (c.model.no_bias_gelu_fusion || c.model.disable_bias_linear);
+  d.gelu_erf = !d.swiglu && !c.model.squared_relu && (c.model.no_bias_gelu_fusion || c.model.disable_bias_linear);
   d.rotary_interleaved = c.model.rotary_interleaved;
   d.eps = static_cast<float>(c.model.norm_epsilon);
   d.rope_base = static_cast<float>(c.model.rotary_base);
   d.rope_skipped = rope_skipped_layers(c);
   d.windows = attention_windows(c);
+  d.sink = c.model.softmax_type == "learnable"    ? ModelDims::Sink::kLearnable
+           : c.model.softmax_type == "off-by-one" ? ModelDims::Sink::kOffByOne
+                                                  : ModelDims::Sink::kNone;
   d.rope_scaling = RopeScaling{.factor = c.model.use_rope_scaling ? c.model.rope_scaling_factor : 0.0,
-                                 .position_interpolation = static_cast<double>(c.model.rotary_seq_len_interpolation_factor.value_or(1))};
+                               .position_interpolation = static_cast<double>(c.model.rotary_seq_len_interpolation_factor.value_or(1))};
+  if (c.model.position_embedding_type == "yarn") d.rope_scaling = yarn_scaling(c.model);
   d.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
   d.attention_dropout = static_cast<float>(c.model.attention_dropout);
   // Query-key layer scaling divides the scores by the layer number and the softmax multiplies it back:

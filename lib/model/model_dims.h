@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "kernels/gated_activation.h"
 #include "kernels/rope_frequencies.h"
 
 namespace mt {
@@ -36,7 +37,10 @@ struct ModelDims {
   // --num-query-groups below TP: each group's K/V (and its whole QKV block) is replicated on kv_rep TP
   // ranks, each computing its nh_local query heads of it. qh_local: query heads in the local QKV rows.
   int64_t kv_rep, qh_local;
+  // swiglu: the MLP is gated (fc1 writes [gate | linear], 2F wide): SwiGLU, or with `glu` quick GeGLU, a linear offset or a
+  // clamp (kernels/gated_activation.h; glu.plain_swiglu() for SwiGLU itself).
   bool rms, swiglu, bias, rope, learned_pos, tied, sequence_parallel;
+  GatedActivation glu;
   bool qkv_bias = false;  // the QKV layers' biases: with every bias, or alone (--add-qkv-bias)
   bool per_token_loss = false;  // --calculate-per-token-loss: the output layer returns (and differentiates) the loss sum
   bool norm_1p = false;  // --apply-layernorm-1p: the norms scale by 1 + weight (zero-centred weights, initialised to 0)
@@ -57,6 +61,9 @@ struct ModelDims {
   // (keys i - L .. i), -1 for full causal attention; empty: no layer has one.
   std::vector<int64_t> windows;
   int64_t window_in(int64_t layer) const { return windows.empty() ? -1 : windows[static_cast<size_t>(layer)]; }
+  // Attention sinks (--softmax-type): none, a fixed logit 0 (off-by-one) or a learned logit per head (learnable: the
+  // layer's attention.softmax_offset [nh], split over TP with the heads).
+  enum class Sink { kNone, kOffByOne, kLearnable } sink = Sink::kNone;
   int64_t rot_dim;
   // Mixture of experts (experts == 0: a dense model). The experts are split over EP (experts_local each,
   // global indices [ep_rank * experts_local, ...)) and each expert's MLP over expert-TP (F_moe_local); the
@@ -81,6 +88,9 @@ struct ModelDims {
 };
 
 // ep_rank / ep and etp_rank / etp: this rank's place in the expert grid (EP and expert-TP).
+// YaRN's RoPE (--position-embedding-type yarn) from its flags, Megatron's defaults where unset (kernels/rope_frequencies.h).
+RopeScaling yarn_scaling(const ModelConfig& m);
+
 ModelDims model_dims(const Config& cfg, int64_t tp_rank, int64_t tp_size, int64_t ep_rank = 0, int64_t ep = 1, int64_t etp_rank = 0,
                      int64_t etp = 1);
 

@@ -13,7 +13,7 @@ double flops_for_tokens(const Config& c, double T) {
   const double n = static_cast<double>(c.model.num_attention_heads.value_or(1));
   const double d = static_cast<double>(c.model.kv_channels.value_or(static_cast<int64_t>(h / n)));
   const double g = static_cast<double>(effective_query_groups(c));
-  const double e = c.model.swiglu ? 3.0 : 2.0;
+  const double e = gated_mlp(c.model) ? 3.0 : 2.0;
   const int64_t L = c.model.num_layers.value_or(0);
   const double s = static_cast<double>(c.data.seq_length.value_or(0));
   const double V = static_cast<double>(c.derived.padded_vocab_size);

@@ -58,7 +58,7 @@ double expert_activation_bytes(const Config& c) {
   const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
   const RankShape r(c);
   const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
-  const bool act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
+  const bool act_unread = plain_swiglu(c.model) && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
   if (act_unread && c.model.disable_bias_linear) return 0;
   const double F = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(
       c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(r.h), c.model.swiglu))));
@@ -84,11 +84,11 @@ double mlp_block_bytes(const Config& c, bool moe, bool shared_only) {
   const RankShape r(c);
   const double h = r.h, t = r.t, a = r.a, rep = r.rep;
   const double sb = s * b;
-  const double mult = c.model.swiglu ? 2.0 : 1.0;
+  const double mult = gated_mlp(c.model) ? 2.0 : 1.0;
   const bool fp8_wgrad = !(c.precision.no_fp8_wgrad && c.precision.fp8_recipe == "delayed");
   // The CUDA engine under delayed scaling: SwiGLU writes fc2's FP8 input, and with FP8 weight gradients nothing keeps
   // its 16-bit output (the routed experts' too, where they have no biases).
-  const bool act_unread = c.model.swiglu && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
+  const bool act_unread = plain_swiglu(c.model) && c.precision.fp8_format && c.precision.fp8_recipe == "delayed" && fp8_wgrad && !c.precision.fp16;
   double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu)));
   if (!moe) return a * sb * F * (mult + (act_unread ? 0 : 1)) / t;  // fc1 output(s) and activation output
   F = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F)));
@@ -153,7 +153,7 @@ double working_bytes_per_token(const Config& c) {
   const bool sp = shape.sp;
   const double Hd = n * d / t, KVd = std::max(1.0, g / t) * d, Wq = Hd + 2 * KVd;
   const double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu))) / t;
-  const double F1 = c.model.swiglu ? 2 * F : F;
+  const double F1 = gated_mlp(c.model) ? 2 * F : F;
   double bytes = a * Wq + a * h + a * h;       // the QKV output, a block's output, the final norm's output
   bytes += res * h / r + 8.0 / r + 4.0;        // the final norm's input and statistics, the losses
   bytes += 4.0 * h / r + a * h / r + a * h;    // the residual stream's gradient (fp32 and 16-bit), a norm's output gradient
@@ -166,11 +166,11 @@ double working_bytes_per_token(const Config& c) {
     const double k = static_cast<double>(c.moe.moe_router_topk), rows = expert_rows_per_token(c);
     const double Fm = static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F * t)));
     const double etp = static_cast<double>(c.parallel.expert_tensor_parallel_size.value_or(c.parallel.tensor_model_parallel_size));
-    bytes += a * rows * (2 * h + (c.model.swiglu ? 3.0 : 2.0) * Fm / etp) + 4.0 * 2.0 * static_cast<double>(*c.moe.num_experts) + 4.0 * k;
+    bytes += a * rows * (2 * h + (gated_mlp(c.model) ? 3.0 : 2.0) * Fm / etp) + 4.0 * 2.0 * static_cast<double>(*c.moe.num_experts) + 4.0 * k;
     const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0)) / t;
-    bytes += a * shared * (c.model.swiglu ? 3.0 : 1.0);  // the shared expert's activation and fc1 gradients
+    bytes += a * shared * (gated_mlp(c.model) ? 3.0 : 1.0);  // the shared expert's activation and fc1 gradients
     if (c.precision.fp8_format) {  // the FP8 experts' operand and dy^T, each expert's rows or the shared expert's
-      const double widest = std::max({h, (c.model.swiglu ? 2.0 : 1.0) * Fm / etp, (c.model.swiglu ? 2.0 : 1.0) * shared});
+      const double widest = std::max({h, (gated_mlp(c.model) ? 2.0 : 1.0) * Fm / etp, (gated_mlp(c.model) ? 2.0 : 1.0) * shared});
       bytes += 2.0 * std::max(rows, 1.0) * widest;
     }
   }
@@ -274,7 +274,7 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
     const RankShape shape(c);
     const double Hd = shape.n * shape.d / t, Wq = Hd + 2 * std::max(1.0, shape.g / t) * shape.d;
     const double F = static_cast<double>(c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(static_cast<int64_t>(h), c.model.swiglu))) / t;
-    const double mlp_width = c.model.swiglu ? 3.0 : 2.0;  // fc1's outputs and fc2's input per unit of F
+    const double mlp_width = gated_mlp(c.model) ? 3.0 : 2.0;  // fc1's outputs and fc2's input per unit of F
     const double per_layer = 2.0 * h * (Wq + Hd + mlp_width * F);
     // An MoE layer: the attention's, every local expert's (fc1 and fc2 at expert-TP) and the shared expert's.
     double per_moe_layer = 0;
@@ -322,7 +322,7 @@ MegatronTheoretical megatron_theoretical_memory(const Config& c) {
   const double groups = c.model.group_query_attention ? static_cast<double>(c.model.num_query_groups) : n;
   const double qratio = kv * n / h;
   const double E = static_cast<double>(c.moe.num_experts.value_or(1));
-  const double gate = c.model.swiglu ? 1.5 : 1.0;
+  const double gate = gated_mlp(c.model) ? 1.5 : 1.0;
   const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
   const double F = static_cast<double>(c.model.ffn_hidden_size.value_or(0));
   const double Fmoe = c.moe.num_experts ? static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F))) : 0.0;

@@ -27,7 +27,7 @@ Shapes shapes_of(const Config& c) {
   s.norm = c.model.normalization == "RMSNorm" ? 1 : 2;  // weight (+ bias)
   s.bias = c.model.disable_bias_linear ? 0 : 1;
   s.qkv_bias = s.bias || c.model.add_qkv_bias ? 1 : 0;
-  s.mlp_mult = c.model.swiglu ? 2 : 1;                  // fc1 holds gate and up with SwiGLU
+  s.mlp_mult = gated_mlp(c.model) ? 2 : 1;                  // fc1 holds gate and up with SwiGLU
   s.shared = c.moe.moe_shared_expert_intermediate_size.value_or(0);
   return s;
 }

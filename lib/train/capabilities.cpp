@@ -94,8 +94,8 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   const Config d;
   if (c.model.transformer_impl != d.model.transformer_impl) out.push_back("note: --transformer-impl has no effect: megatrain has one layer implementation");
   if (c.data.num_workers != d.data.num_workers) out.push_back("note: --num-workers has no effect: samples are read on demand by the training thread");
-  if (c.model.no_bias_gelu_fusion && (c.model.swiglu || c.model.squared_relu)) {
-    out.push_back("note: --no-bias-gelu-fusion: kernel fusion does not change megatrain's SwiGLU or squared ReLU");
+  if (c.model.no_bias_gelu_fusion && (gated_mlp(c.model) || c.model.squared_relu)) {
+    out.push_back("note: --no-bias-gelu-fusion: kernel fusion does not change megatrain's SwiGLU, quick GeGLU or squared ReLU");
   }
   if (c.logging.tensorboard_queue_size != d.logging.tensorboard_queue_size) {
     out.push_back("note: --tensorboard-queue-size has no effect: TensorBoard scalars are written and flushed at each log line");
@@ -231,6 +231,14 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   // until its GPU group (=window) runs.
   no(!attention_windows(c).empty() && !cuda_unverified_allowed("window-size"),
      "--window-size (sliding-window attention) has not run on a GPU yet on the CUDA engine: drop it, or use --device cpu");
+  no(c.model.softmax_type != "vanilla" && !cuda_unverified_allowed("softmax-type"),
+     "--softmax-type " + c.model.softmax_type + " (attention sinks) is not implemented on the CUDA engine yet: use --softmax-type vanilla, or "
+     "--device cpu");
+  no(c.model.position_embedding_type == "yarn" && !cuda_unverified_allowed("yarn"),
+     "--position-embedding-type yarn (YaRN's RoPE) has not run on a GPU yet on the CUDA engine: use rope, or --device cpu");
+  no((c.model.quick_geglu || c.model.glu_linear_offset != 0.0 || c.model.activation_func_clamp_value) && !cuda_unverified_allowed("gated-activation"),
+     "--quick-geglu, --glu-linear-offset and --activation-func-clamp-value (GPT-OSS's gated activation) have not run on a GPU yet on the CUDA "
+     "engine: drop them, or use --device cpu");
   // Evaluation in microbatches other than training's: the model's buffers and cuDNN's plans are sized for the training one.
   no(c.training.eval_micro_batch_size && *c.training.eval_micro_batch_size != c.training.micro_batch_size.value_or(0),
      "--eval-micro-batch-size other than --micro-batch-size is not implemented on the CUDA engine (its buffers are sized for the training "
@@ -418,7 +426,7 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     // take any width.)
     const int64_t F_dense = c.model.ffn_hidden_size.value_or(default_ffn_hidden_size(c.model.hidden_size.value_or(0), c.model.swiglu));
     const int64_t F_moe = m.moe_ffn_hidden_size.value_or(F_dense) / std::max<int64_t>(1, c.derived.expert_tensor_parallel_size);
-    no((!c.model.swiglu || !c.model.disable_bias_linear) && F_moe % 8 != 0,
+    no((!gated_mlp(c.model) || !c.model.disable_bias_linear) && F_moe % 8 != 0,
        "the CUDA engine's GELU and squared-ReLU experts, and experts with biases, need --moe-ffn-hidden-size / --expert-tensor-parallel-size "
        "to be a multiple of 8 (this model: " + std::to_string(F_moe) + "): change --moe-ffn-hidden-size, or use --device cpu");
   }

@@ -40,6 +40,17 @@ double rel_err(const std::vector<A>& a, const std::vector<B>& b) {
   return num / den;
 }
 
+// max |a - b| over the vectors; infinite where a holds a value that is not finite.
+template <typename A, typename B>
+double max_abs_err(const std::vector<A>& a, const std::vector<B>& b) {
+  double num = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(static_cast<double>(a[i]))) return INFINITY;
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  }
+  return num;
+}
+
 // To and from the 16-bit bits of bf16, or of fp16.
 inline std::vector<uint16_t> to_16(const std::vector<float>& x, bool fp16 = false) {
   std::vector<uint16_t> o(x.size());

@@ -317,6 +317,20 @@ void test_activations(int64_t N, int64_t F) {
   cuda::swiglu_backward_bf16(sdx.b(), gdy.b(), sx.b(), N, F, nullptr, g_t);
   expect("swiglu forward " + tag, sy.get(), y2, 1e-2);
   expect("swiglu backward " + tag, sdx.get(), dx2, 1e-2);
+  // The other gated units (kernels/gated_activation.h): quick GeGLU with GPT-OSS's offset and clamp (the inputs spread
+  // wider, so that the clamp holds some of them), and SwiGLU with a clamp.
+  Vec x3 = randn(static_cast<size_t>(N * 2 * F), 2.0f);
+  B16 qx(x3);
+  for (const GatedActivation& a : {GatedActivation{.alpha = kQuickGeluAlpha, .linear_offset = 1.0f, .clamp = 1.5f},
+                                   GatedActivation{.alpha = kQuickGeluAlpha}, GatedActivation{.alpha = 1.0f, .linear_offset = 0.0f, .clamp = 1.5f}}) {
+    const std::string what = " alpha " + std::to_string(a.alpha) + " offset " + std::to_string(a.linear_offset) + " clamp " + std::to_string(a.clamp);
+    cpu::gated_forward(y2.data(), x3.data(), N, F, a);
+    cpu::gated_backward(dx2.data(), dy.data(), x3.data(), N, F, a);
+    cuda::glu_forward_bf16(sy.b(), qx.b(), N, F, a, nullptr, g_t);
+    cuda::glu_backward_bf16(sdx.b(), gdy.b(), qx.b(), N, F, a, nullptr, g_t);
+    expect("gated forward " + tag + what, sy.get(), y2, 1e-2);
+    expect("gated backward " + tag + what, sdx.get(), dx2, 1e-2);
+  }
 }
 
 // A cross-entropy case on the CPU reference: random bf16 logits [N, V], targets, a mask with holes, and the

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "config/cli.h"
 #include "config/resolve.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/rope_frequencies.h"
@@ -18,6 +19,7 @@
 #include "config/validate.h"
 #include "config/yaml_io.h"
 #include "model/gpt_model.h"
+#include "model/model_dims.h"
 #include "optim/lr_schedule.h"
 #include "tiny_models.h"
 #include "train/trainer.h"
@@ -172,6 +174,84 @@ TEST_CASE("--use-rope-scaling: LLaMA 3.1's frequencies, and RoPE rotating by the
     }
   }
 #endif
+}
+
+TEST_CASE("--position-embedding-type yarn: YaRN's frequencies and attention factor (HuggingFace's and Megatron's formula)") {
+  // Expected values from HuggingFace's _compute_yarn_parameters, evaluated independently (in Python): GPT-OSS's settings
+  // (head 64, base 150000, factor 32, original 4096 positions, beta 32 / 1, the range's ends not rounded), and a second
+  // set with the ends rounded and Megatron's mscale / mscale_all_dim 1 / 0.
+  const RopeScaling gpt_oss{.yarn_factor = 32, .yarn_original_max_positions = 4096, .yarn_beta_fast = 32, .yarn_beta_slow = 1,
+                            .yarn_round_to_int = false};
+  const std::vector<double> f = rope_inverse_frequencies(64, 150000.0, gpt_oss);
+  REQUIRE(f.size() == 32);
+  const std::vector<std::pair<size_t, double>> want = {{0, 1.0}, {5, 0.15532298948448497}, {8, 0.050813274815461475}, {12, 0.0067949594897322189},
+                                                       {20, 1.818833668168956e-05}, {31, 3.0235114281192144e-07}};
+  for (auto [i, v] : want) CHECK(f[i] == Approx(v).epsilon(1e-12));
+  CHECK(rope_attention_factor(gpt_oss) == Approx(1.3465735902799727).epsilon(1e-12));
+  const RopeScaling rounded{.yarn_factor = 4, .yarn_original_max_positions = 2048};
+  const std::vector<double> g = rope_inverse_frequencies(64, 10000.0, rounded);
+  const std::vector<std::pair<size_t, double>> want_rounded = {{0, 1.0}, {5, 0.23713737056616555}, {8, 0.1}, {12, 0.024325212770525993},
+                                                               {20, 0.00097300851082103958}, {31, 3.3338035804083099e-05}};
+  for (auto [i, v] : want_rounded) CHECK(g[i] == Approx(v).epsilon(1e-12));
+  CHECK(rope_attention_factor(rounded) == Approx(1.138629436111989).epsilon(1e-12));
+  CHECK(rope_attention_factor(RopeScaling{.yarn_factor = 4, .yarn_mscale = 1, .yarn_mscale_all_dim = 1}) == 1.0);  // (DeepSeek's ratio)
+  CHECK(rope_attention_factor({}) == 1.0);
+  // The CPU RoPE scales the rotation by the factor, and its backward is the transpose: <R x, y> = <x, R^T y>.
+  const int64_t T = 3, H = 2, d = 64;
+  std::vector<float> x(static_cast<size_t>(T * H * d)), y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.02f * static_cast<float>(i % 13) - 0.1f, y[i] = 0.03f * static_cast<float>(i % 7) - 0.08f;
+  const std::vector<int32_t> pos = {0, 7, 3000};
+  std::vector<float> rx = x, rty = y;
+  cpu::rope_forward(rx.data(), pos.data(), T, H, d, d, 150000.0f, false, gpt_oss);
+  cpu::rope_backward(rty.data(), pos.data(), T, H, d, d, 150000.0f, false, gpt_oss);
+  double lhs = 0, rhs = 0, norm_x = 0, norm_rx = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    lhs += static_cast<double>(rx[i]) * y[i];
+    rhs += static_cast<double>(x[i]) * rty[i];
+    norm_x += static_cast<double>(x[i]) * x[i];
+    norm_rx += static_cast<double>(rx[i]) * rx[i];
+  }
+  CHECK(lhs == Approx(rhs).epsilon(1e-5));
+  CHECK(std::sqrt(norm_rx / norm_x) == Approx(1.3465735902799727).epsilon(1e-5));
+#ifdef MEGATRAIN_HAVE_CUDA
+  // The CUDA engine's table carries the factor too.
+  const std::vector<float> table = cuda::rope_table(4000, d, 150000.0, gpt_oss);
+  for (int32_t p : pos) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double ang = static_cast<double>(p) * f[static_cast<size_t>(i)];
+      CHECK(table[static_cast<size_t>((p * d / 2 + i) * 2)] == Approx(1.3465735902799727 * std::cos(ang)).margin(1e-6));
+      CHECK(table[static_cast<size_t>((p * d / 2 + i) * 2 + 1)] == Approx(1.3465735902799727 * std::sin(ang)).margin(1e-6));
+    }
+  }
+#endif
+}
+
+TEST_CASE("--position-embedding-type yarn: the flags reach the model, Megatron's defaults, and what it refuses") {
+  CLI::App app;
+  ConfigCli cli(app);
+  app.parse("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 1 "
+            "--train-iters 1 --lr 1e-3 --mock-data --vocab-size 64 --normalization RMSNorm --position-embedding-type yarn "
+            "--rotary-scaling-factor 32 --yarn-original-max-position-embeddings 4096 --no-yarn-correction-range-round-to-int",
+            false);
+  Config c = cli.build();
+  CHECK(validate(c, 1, Purpose::kTrain).ok());
+  resolve(c, 1);
+  const ModelDims D = model_dims(c, 0, 1);
+  CHECK(D.rope);
+  CHECK(D.rope_scaling.yarn_factor == 32);
+  CHECK(D.rope_scaling.yarn_original_max_positions == 4096);
+  CHECK(D.rope_scaling.yarn_beta_fast == 32);  // (Megatron's defaults)
+  CHECK(D.rope_scaling.yarn_beta_slow == 1);
+  CHECK_FALSE(D.rope_scaling.yarn_round_to_int);
+  Config partial = c;
+  partial.model.rotary_percent = 0.5;
+  CHECK_FALSE(validate(partial, 1, Purpose::kTrain).ok());
+  Config interleaved = c;
+  interleaved.model.rotary_interleaved = true;
+  CHECK_FALSE(validate(interleaved, 1, Purpose::kTrain).ok());
+  Config zero = c;
+  zero.model.rotary_scaling_factor = 0;
+  CHECK_FALSE(validate(zero, 1, Purpose::kTrain).ok());
 }
 
 TEST_CASE("--rotary-seq-len-interpolation-factor: every position divided by the factor (Megatron's, HF's linear rope type)") {

@@ -82,6 +82,37 @@ TEST_CASE("whole-model gradient check: --squared-relu (GPT) and --rotary-interle
   check_config(l);
 }
 
+TEST_CASE("whole-model gradient check: --quick-geglu with --glu-linear-offset and --activation-func-clamp-value (GPT-OSS's MLP), YaRN") {
+  Config g = tiny(false);
+  g.model.quick_geglu = true;
+  g.model.glu_linear_offset = 1.0;
+  g.model.activation_func_clamp_value = 7.0;
+  resolve(g, 1);
+  const ModelDims D = model_dims(g, 0, 1);
+  CHECK(D.swiglu);  // (gated: fc1 writes the gate and the linear half)
+  CHECK(!D.glu.plain_swiglu());
+  CHECK(D.glu.alpha == kQuickGeluAlpha);
+  check_config(g);
+  Config l = tiny(true);  // (and YaRN's RoPE, its attention factor scaling queries and keys)
+  l.model.position_embedding_type = "yarn";
+  l.model.rotary_scaling_factor = 4.0;
+  l.model.yarn_original_max_position_embeddings = 4;
+  resolve(l, 1);
+  CHECK(model_dims(l, 0, 1).rope_scaling.yarn_factor == 4.0);
+  check_config(l);
+}
+
+TEST_CASE("whole-model gradient check: --softmax-type learnable (GPT-OSS's attention sinks) and off-by-one") {
+  Config g = tiny(false);
+  g.model.softmax_type = "learnable";
+  resolve(g, 1);
+  check_config(g);  // (the sink logits among the parameters: each layer's attention.softmax_offset)
+  Config l = tiny(true);
+  l.model.softmax_type = "off-by-one";
+  resolve(l, 1);
+  check_config(l);
+}
+
 TEST_CASE("whole-model gradient check: GELU's erf form (GPT without biases, as Megatron drops its bias-GELU fusion there)") {
   Config g = tiny(false);
   g.model.disable_bias_linear = true;

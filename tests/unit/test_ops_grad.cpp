@@ -128,6 +128,46 @@ TEST_CASE("gelu and swiglu backward") {
   check_all(fs, xs, dxs, "swiglu");
 }
 
+TEST_CASE("gated units: quick GeGLU (GPT-OSS's), the linear offset and the clamp, values and gradients") {
+  // Megatron's quick_geglu: quick_gelu(g) (u + offset), quick_gelu(g) = g sigmoid(1.702 g); the clamp first (g <= c,
+  // -c <= u <= c).
+  const GatedActivation quick{.alpha = kQuickGeluAlpha, .linear_offset = 1.0f, .clamp = 0.0f};
+  float row[2] = {1.0f, 0.5f}, out = 0;
+  cpu::gated_forward(&out, row, 1, 1, quick);
+  CHECK(out == Approx(1.0 / (1.0 + std::exp(-1.702)) * 1.5).epsilon(1e-6));
+  const GatedActivation clamped{.alpha = kQuickGeluAlpha, .linear_offset = 1.0f, .clamp = 0.75f};
+  float big[2] = {3.0f, -2.0f};  // (gate clamped to 0.75, linear to -0.75)
+  cpu::gated_forward(&out, big, 1, 1, clamped);
+  CHECK(out == Approx(0.75 / (1.0 + std::exp(-1.702 * 0.75)) * 0.25).epsilon(1e-6));
+  float grad[2];
+  const float one = 1.0f;
+  cpu::gated_backward(grad, &one, big, 1, 1, clamped);
+  CHECK(grad[0] == 0.0f);  // (both inputs held at a bound: no gradient)
+  CHECK(grad[1] == 0.0f);
+  const int64_t N = 4, F = 6;
+  Vec x(static_cast<size_t>(N * 2 * F)), R(static_cast<size_t>(N * F)), y(R.size()), y_swiglu(R.size());
+  fill_normal(x, 21, 2.0f);
+  fill_normal(R, 22);
+  for (float& v : x) {  // (no input within the finite difference's step of a clamp bound: the kink is not differentiable)
+    if (std::abs(std::abs(v) - 1.5f) < 0.05f) v += 0.2f;
+  }
+  // The default unit is SwiGLU itself.
+  cpu::gated_forward(y.data(), x.data(), N, F, GatedActivation{});
+  cpu::swiglu_forward(y_swiglu.data(), x.data(), N, F);
+  for (size_t i = 0; i < y.size(); ++i) CHECK(y[i] == Approx(y_swiglu[i]).epsilon(1e-6));
+  for (const GatedActivation& a : {GatedActivation{.alpha = kQuickGeluAlpha}, GatedActivation{.alpha = kQuickGeluAlpha, .linear_offset = 1.0f, .clamp = 1.5f},
+                                   GatedActivation{.alpha = 1.0f, .linear_offset = 0.0f, .clamp = 1.5f}}) {
+    auto f = [&] {
+      cpu::gated_forward(y.data(), x.data(), N, F, a);
+      return dot(y, R);
+    };
+    Vec dx(x.size());
+    cpu::gated_backward(dx.data(), R.data(), x.data(), N, F, a);
+    INFO("alpha " << a.alpha << " offset " << a.linear_offset << " clamp " << a.clamp);
+    check_all(f, x, dx, "gated unit");
+  }
+}
+
 TEST_CASE("rope backward, full and partial rotary") {
   const int64_t T = 5, H = 3, d = 8;
   std::vector<int32_t> pos = {0, 1, 2, 7, 3};
@@ -255,6 +295,44 @@ TEST_CASE("sliding-window attention (--window-size): keys i - w .. i only, with 
   cpu::attention_forward(a.data(), pa.data(), q.data(), k.data(), v.data(), wide);
   cpu::attention_forward(b.data(), pb.data(), q.data(), k.data(), v.data(), plain);
   CHECK(a == b);
+}
+
+TEST_CASE("attention sinks (--softmax-type): Megatron's SoftmaxOne, gradients exact for q, k, v and the sink logits") {
+  const int64_t B = 2, S = 6, nh = 2, ng = 1, d = 3;
+  std::vector<int32_t> starts = {0, 0, 0, 3, 3, 3, 0, 0, 0, 0, 0, 0};  // sample 0: documents [0,2], [3,5]
+  for (const float p : {0.0f, 0.3f}) {
+    for (const int64_t window : {int64_t{-1}, int64_t{1}}) {
+      Vec sink = {0.7f, -1.3f}, sink_grad(2, 0.0f);
+      cpu::AttentionShape s{B, S, nh, ng, d, 0.5f, p, 77, 10, 0, starts.data(), window, sink.data(), nullptr};
+      Vec q(static_cast<size_t>(B * S * nh * d)), k(static_cast<size_t>(B * S * ng * d)), v(k.size()), R(q.size());
+      fill_normal(q, 61);
+      fill_normal(k, 62);
+      fill_normal(v, 63);
+      fill_normal(R, 64);
+      Vec out(q.size()), probs(static_cast<size_t>(B * nh * S * S));
+      auto f = [&] {
+        cpu::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
+        return dot(out, R);
+      };
+      f();
+      if (p == 0.0f && window < 0) {  // row 0 of head h: one key at score q0.k0 / 2 beside the sink: p = 1 / (1 + exp(sink - score))
+        for (int64_t h = 0; h < nh; ++h) {
+          double score = 0;
+          for (int64_t c = 0; c < d; ++c) score += 0.5 * q[static_cast<size_t>(h * d + c)] * k[static_cast<size_t>(c)];
+          CHECK(probs[static_cast<size_t>(h * S * S)] == Approx(1.0 / (1.0 + std::exp(sink[static_cast<size_t>(h)] - score))).epsilon(1e-5));
+        }
+      }
+      Vec dq(q.size()), dk(k.size()), dv(v.size()), scratch(static_cast<size_t>(S * S));
+      cpu::AttentionShape sb = s;
+      sb.sink_grad = sink_grad.data();
+      cpu::attention_backward(dq.data(), dk.data(), dv.data(), R.data(), probs.data(), q.data(), k.data(), v.data(), sb, scratch.data());
+      INFO("dropout " << p << " window " << window);
+      check_all(f, q, dq, "attention with sinks dq");
+      check_all(f, k, dk, "attention with sinks dk");
+      check_all(f, v, dv, "attention with sinks dv");
+      check_all(f, sink, sink_grad, "the sink logits' gradient");
+    }
+  }
 }
 
 TEST_CASE("QKV split and merge are inverse, in Megatron's grouped layout") {

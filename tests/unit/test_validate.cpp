@@ -566,3 +566,31 @@ TEST_CASE("--num-distributed-optimizer-instances: with the distributed optimizer
   c.parallel.expert_model_parallel_size = 4;  // (the experts' DP: 4 / 4 = 1, not divisible by 2)
   rejects(c, 4, "the experts' data-parallel size (1) is not divisible by --num-distributed-optimizer-instances 2");
 }
+
+TEST_CASE("--quick-geglu, --glu-linear-offset and --activation-func-clamp-value: Megatron's rules") {
+  Config q = base();
+  q.model.quick_geglu = true;
+  q.model.glu_linear_offset = 1.0;
+  q.model.activation_func_clamp_value = 7.0;
+  accepts(q, 1);  // (GPT-OSS's: a dense model may clamp its quick GeGLU)
+  Config resolved = q;
+  resolve(resolved, 1);
+  CHECK(*resolved.model.ffn_hidden_size == 4 * 256);  // (Megatron's default 4h: the 2/3 rule is --swiglu's)
+  Config both = q;
+  both.model.swiglu = true;
+  rejects(both, 1, "--quick-geglu and --swiglu are two activations");
+  Config relu = q;
+  relu.model.squared_relu = true;
+  rejects(relu, 1, "--quick-geglu and --squared-relu are two activations");
+  Config zero = q;
+  zero.model.activation_func_clamp_value = 0.0;
+  rejects(zero, 1, "--activation-func-clamp-value must be a finite number greater than zero");
+  Config swiglu = base();
+  swiglu.model.swiglu = true;
+  swiglu.model.activation_func_clamp_value = 7.0;
+  rejects(swiglu, 1, "--activation-func-clamp-value with --swiglu needs MoE");
+  swiglu.moe.num_experts = 4;
+  accepts(swiglu, 1);
+  swiglu.model.glu_linear_offset = 1.0;
+  rejects(swiglu, 1, "--activation-func-clamp-value with --swiglu needs --glu-linear-offset 0");
+}

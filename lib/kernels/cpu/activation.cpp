@@ -1,6 +1,7 @@
 // activation.cpp: reference activations.
 #include "kernels/cpu/activation.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace mt::cpu {
@@ -70,6 +71,51 @@ void swiglu_backward(float* dx, const float* dy, const float* x, int64_t N, int6
       const float silu = g[i] * s;
       du[i] = d[i] * silu;
       dg[i] = d[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
+    }
+  }
+}
+
+namespace {
+
+// The clamped gate and linear inputs, and whether each passes its gradient (torch.clamp's: inside or on a bound).
+struct GatedInputs {
+  float g, u;
+  bool g_passes, u_passes;
+};
+GatedInputs gated_inputs(float g, float u, const GatedActivation& a) {
+  if (a.clamp <= 0.0f) return {g, u, true, true};
+  return {std::min(g, a.clamp), std::clamp(u, -a.clamp, a.clamp), g <= a.clamp, u >= -a.clamp && u <= a.clamp};
+}
+
+}  // namespace
+
+void gated_forward(float* y, const float* x, int64_t N, int64_t F, const GatedActivation& a) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* g = x + n * 2 * F;
+    const float* u = g + F;
+    float* o = y + n * F;
+    for (int64_t i = 0; i < F; ++i) {
+      const GatedInputs in = gated_inputs(g[i], u[i], a);
+      const float s = 1.0f / (1.0f + std::exp(-a.alpha * in.g));
+      o[i] = in.g * s * (in.u + a.linear_offset);
+    }
+  }
+}
+
+void gated_backward(float* dx, const float* dy, const float* x, int64_t N, int64_t F, const GatedActivation& a) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* g = x + n * 2 * F;
+    const float* u = g + F;
+    const float* d = dy + n * F;
+    float* dg = dx + n * 2 * F;
+    float* du = dg + F;
+    for (int64_t i = 0; i < F; ++i) {
+      const GatedInputs in = gated_inputs(g[i], u[i], a);
+      const float s = 1.0f / (1.0f + std::exp(-a.alpha * in.g));
+      const float act = in.g * s;
+      const float dgi = in.g_passes ? d[i] * (in.u + a.linear_offset) * (s * (1.0f + a.alpha * in.g * (1.0f - s))) : 0.0f;
+      du[i] = in.u_passes ? d[i] * act : 0.0f;
+      dg[i] = dgi;
     }
   }
 }

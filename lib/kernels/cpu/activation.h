@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/gated_activation.h"
+
 namespace mt::cpu {
 
 void gelu_forward(float* y, const float* x, int64_t n);
@@ -19,5 +21,8 @@ void squared_relu_backward(float* dx, const float* dy, const float* x, int64_t n
 // x: [N, 2F], each row [gate (F) | up (F)]; y: [N, F] = silu(gate) * up.
 void swiglu_forward(float* y, const float* x, int64_t N, int64_t F);
 void swiglu_backward(float* dx, const float* dy, const float* x, int64_t N, int64_t F);
+// The general gated unit of kernels/gated_activation.h (quick GeGLU, a linear offset, a clamp); the same rows.
+void gated_forward(float* y, const float* x, int64_t N, int64_t F, const GatedActivation& a);
+void gated_backward(float* dx, const float* dy, const float* x, int64_t N, int64_t F, const GatedActivation& a);
 
 }  // namespace mt::cpu

@@ -81,7 +81,8 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
         if (s.window >= 0) lo = std::max(lo, i - s.window);
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t j = lo; j <= i; ++j) mx = std::max(mx, row[j]);
-        double sum = 0;
+        if (s.sink) mx = std::max(mx, s.sink[h]);
+        double sum = s.sink ? std::exp(static_cast<double>(s.sink[h]) - mx) : 0.0;  // (the sink's share of the denominator)
         for (int64_t j = lo; j <= i; ++j) {
           row[j] = std::exp(row[j] - mx);
           sum += row[j];
@@ -131,9 +132,14 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         if (s.dropout > 0) {
           for (int64_t j = 0; j <= i; ++j) row[j] = keep(s, b, h, i, j) ? row[j] * keep_scale : 0.0f;
         }
-        double dot = 0;
-        for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(row[j]) * prow[j];
+        double dot = 0, kept = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          dot += static_cast<double>(row[j]) * prow[j];
+          kept += prow[j];
+        }
         const float dotf = static_cast<float>(dot);
+        // The sink's logit gets p_sink (0 - dot): its value is zero, and p_sink is what the keys left of the row's 1.
+        if (s.sink_grad) s.sink_grad[h] -= static_cast<float>((1.0 - kept) * dot);
         for (int64_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - dotf);
         for (int64_t j = i + 1; j < S; ++j) row[j] = 0.0f;
       }

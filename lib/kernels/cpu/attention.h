@@ -22,6 +22,11 @@ struct AttentionShape {
   const int32_t* row_start = nullptr;
   // Sliding-window attention (--window-size): query i attends to keys i - window .. i only; -1: no window.
   int64_t window = -1;
+  // Attention sinks (--softmax-type off-by-one / learnable, Megatron's SoftmaxOne): [nh] logits, one per local head, that
+  // join every row's softmax as a key with no value (the row's probabilities then sum to below 1); null: none. The
+  // backward adds each head's gradient into sink_grad [nh] where given.
+  const float* sink = nullptr;
+  float* sink_grad = nullptr;
 };
 
 // Whether attention dropout (probability p) keeps the probability of query i and key j (places in a sequence of

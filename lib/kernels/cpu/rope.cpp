@@ -12,10 +12,11 @@ void rotate(float* x, const int32_t* positions, int64_t T, int64_t H, int64_t d,
             const RopeScaling& scaling) {
   const int64_t half = rot_dim / 2;
   const std::vector<double> inv_freq = rope_inverse_frequencies(rot_dim, static_cast<double>(base), scaling);
+  const double factor = rope_attention_factor(scaling);  // (YaRN's: the rotation scaled, its transpose for the backward)
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double ang = static_cast<double>(positions[t]) * inv_freq[static_cast<size_t>(i)];
-      const float c = static_cast<float>(std::cos(ang)), s = sign * static_cast<float>(std::sin(ang));
+      const float c = static_cast<float>(factor * std::cos(ang)), s = sign * static_cast<float>(factor * std::sin(ang));
       for (int64_t hh = 0; hh < H; ++hh) {
         float* row = x + (t * H + hh) * d;
         const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;

@@ -66,6 +66,45 @@ __global__ void swiglu_bwd(T16* dx, const T16* dy, const T16* x, int64_t N, int6
   }
 }
 
+// The general gated unit (kernels/gated_activation.h): g sigmoid(alpha g) (u + offset) after the clamp, and its
+// gradients (zero for an input the clamp held at a bound it passed; torch.clamp passes the bounds themselves).
+__device__ __forceinline__ float gated_value(float g, float u, const GatedActivation& a) {
+  if (a.clamp > 0.0f) {
+    g = fminf(g, a.clamp);
+    u = fminf(fmaxf(u, -a.clamp), a.clamp);
+  }
+  return __fdividef(g, 1.0f + __expf(-a.alpha * g)) * (u + a.linear_offset);
+}
+__device__ __forceinline__ void gated_grads(float d, float g, float u, const GatedActivation& a, float& dg, float& du) {
+  bool g_passes = true, u_passes = true;
+  if (a.clamp > 0.0f) {
+    g_passes = g <= a.clamp;
+    u_passes = u >= -a.clamp && u <= a.clamp;
+    g = fminf(g, a.clamp);
+    u = fminf(fmaxf(u, -a.clamp), a.clamp);
+  }
+  const float s = __fdividef(1.0f, 1.0f + __expf(-a.alpha * g));
+  du = u_passes ? d * g * s : 0.0f;
+  dg = g_passes ? d * (u + a.linear_offset) * (s * (1.0f + a.alpha * g * (1.0f - s))) : 0.0f;
+}
+template <typename T16>
+__global__ void gated_fwd(T16* y, const T16* x, int64_t N, int64_t F, GatedActivation a) {
+  MT_GRID_LOOP(e, N * F) {
+    const int64_t n = e / F, i = e % F;
+    y[e] = from_f<T16>(gated_value(to_f(x[n * 2 * F + i]), to_f(x[n * 2 * F + F + i]), a));
+  }
+}
+template <typename T16>
+__global__ void gated_bwd(T16* dx, const T16* dy, const T16* x, int64_t N, int64_t F, GatedActivation a) {
+  MT_GRID_LOOP(e, N * F) {
+    const int64_t n = e / F, i = e % F;
+    float dg, du;
+    gated_grads(to_f(dy[e]), to_f(x[n * 2 * F + i]), to_f(x[n * 2 * F + F + i]), a, dg, du);
+    dx[n * 2 * F + F + i] = from_f<T16>(du);
+    dx[n * 2 * F + i] = from_f<T16>(dg);
+  }
+}
+
 // Vectorised forms: 8 bf16 per thread step (16-byte loads); used when the sizes and pointers allow.
 template <typename T16, bool Erf>
 __global__ void gelu_fwd8(T16* y, const T16* x, int64_t n8) {
@@ -196,6 +235,27 @@ void swiglu_forward_bf16(bf16* y, const bf16* x, int64_t N, int64_t F, cudaStrea
 void swiglu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t N, int64_t F, cudaStream_t stream, F16 t) {
   if (t == F16::kFP16) swiglu_backward_bf16_t(hp(dx), hp(dy), hp(x), N, F, stream);
   else swiglu_backward_bf16_t(dx, dy, x, N, F, stream);
+}
+
+void glu_forward_bf16(bf16* y, const bf16* x, int64_t N, int64_t F, const GatedActivation& a, cudaStream_t stream, F16 t) {
+  if (a.plain_swiglu()) {
+    swiglu_forward_bf16(y, x, N, F, stream, t);
+    return;
+  }
+  if (N * F == 0) return;
+  if (t == F16::kFP16) gated_fwd<<<grid_for(N * F, 256), 256, 0, stream>>>(hp(y), hp(x), N, F, a);
+  else gated_fwd<<<grid_for(N * F, 256), 256, 0, stream>>>(y, x, N, F, a);
+  MT_CUDA_CHECK_LAUNCH();
+}
+void glu_backward_bf16(bf16* dx, const bf16* dy, const bf16* x, int64_t N, int64_t F, const GatedActivation& a, cudaStream_t stream, F16 t) {
+  if (a.plain_swiglu()) {
+    swiglu_backward_bf16(dx, dy, x, N, F, stream, t);
+    return;
+  }
+  if (N * F == 0) return;
+  if (t == F16::kFP16) gated_bwd<<<grid_for(N * F, 256), 256, 0, stream>>>(hp(dx), hp(dy), hp(x), N, F, a);
+  else gated_bwd<<<grid_for(N * F, 256), 256, 0, stream>>>(dx, dy, x, N, F, a);
+  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mt::cuda

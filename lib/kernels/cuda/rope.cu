@@ -31,12 +31,13 @@ __global__ void rope_kernel(E* x, const int32_t* pos, const float* table, int64_
 std::vector<float> rope_table(int64_t max_pos, int64_t rot_dim, double base, const RopeScaling& scaling) {
   const int64_t half = rot_dim / 2;
   const std::vector<double> inv_freq = rope_inverse_frequencies(rot_dim, base, scaling);
+  const double factor = rope_attention_factor(scaling);  // (YaRN's; 1 otherwise)
   std::vector<float> t(static_cast<size_t>(max_pos * half * 2));
   for (int64_t p = 0; p < max_pos; ++p) {
     for (int64_t i = 0; i < half; ++i) {
       const double ang = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
-      t[static_cast<size_t>((p * half + i) * 2)] = static_cast<float>(std::cos(ang));
-      t[static_cast<size_t>((p * half + i) * 2 + 1)] = static_cast<float>(std::sin(ang));
+      t[static_cast<size_t>((p * half + i) * 2)] = static_cast<float>(factor * std::cos(ang));
+      t[static_cast<size_t>((p * half + i) * 2 + 1)] = static_cast<float>(factor * std::sin(ang));
     }
   }
   return t;

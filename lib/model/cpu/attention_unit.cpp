@@ -1,6 +1,6 @@
 // attention_unit.cpp: the attention slot of a transformer layer on the CPU engine: input norm, column-parallel
 // QKV in Megatron's grouped layout (K/V replicated over TP when query groups are fewer than TP ranks),
-// --qk-layernorm, RoPE, attention with dropout, row-parallel projection, dropout and the residual add.
+// --qk-layernorm, RoPE, attention with dropout (and --softmax-type's sinks), row-parallel projection, dropout and the residual add.
 #include <cstring>
 
 #include "kernels/cpu/attention.h"
@@ -11,11 +11,21 @@
 namespace mt::cpu {
 namespace {
 
-AttentionShape attention_shape(const PassContext& c, int64_t layer) {
+// sink: the heads' sink logits with --softmax-type (a learned parameter, or off-by-one's zeros), null without;
+// sink_grad: where the backward adds the learned logits' gradient.
+AttentionShape attention_shape(const PassContext& c, int64_t layer, const float* sink = nullptr, float* sink_grad = nullptr) {
   const ModelDims& D = c.D;
   return AttentionShape{c.mb.B, c.mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, c.training ? D.attention_dropout : 0.0f,
                         dropout_key(c.seed, c.step, 0, layer, kDropAttnProbs), c.mb.first_sample, D.tp_rank * D.nh_local,
-                        c.mb.row_start.empty() ? nullptr : c.mb.row_start.data(), D.window_in(layer)};
+                        c.mb.row_start.empty() ? nullptr : c.mb.row_start.data(), D.window_in(layer), sink, sink_grad};
+}
+
+// The sink logits of the layer's local heads (--softmax-type), or null.
+const float* sink_logits(const PassContext& c, const LayerParams& ly, std::vector<float>& zeros) {
+  if (c.D.sink == ModelDims::Sink::kLearnable) return c.P(ly.softmax_offset);
+  if (c.D.sink == ModelDims::Sink::kNone) return nullptr;
+  zeros.assign(sz(c.D.nh_local), 0.0f);
+  return zeros.data();
 }
 
 }  // namespace
@@ -65,7 +75,8 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
     context_attention_forward(c, ly.layer, A.q, A.k, A.v, A.ctx, A.cp);
   } else {
     A.probs.resize(sz(c.mb.B * D.nh_local * c.mb.S * c.mb.S));
-    attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer));
+    std::vector<float> zeros;
+    attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer, sink_logits(c, ly, zeros)));
   }
   Buf proj(sz(T * h)), proj_local(sz(Tl * h));
   linear_unit_forward(c, ly.layer, kLinearProj, A.proj_lin, proj.data(), A.ctx.data(), ly.proj_w, kNoParam, T, D.nh_local * D.d, h);
@@ -96,8 +107,11 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
     context_attention_backward(c, ly.layer, dctx, A.q, A.k, A.v, dq, dk, dv, A.cp);
   } else {
     Buf scratch(sz(c.mb.S * c.mb.S));
-    attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer),
-                       scratch.data());
+    std::vector<float> zeros;
+    const float* sink = sink_logits(c, ly, zeros);
+    float* sink_grad = D.sink == ModelDims::Sink::kLearnable ? c.G(ly.softmax_offset) : nullptr;
+    attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(),
+                       attention_shape(c, ly.layer, sink, sink_grad), scratch.data());
   }
   if (D.rope_in(ly.layer)) {
     rope_backward(dq.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);

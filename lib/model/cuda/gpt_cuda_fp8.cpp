@@ -148,14 +148,14 @@ cuda::Fp8CastTarget CudaGPT::fp8_grad_target(int64_t l, int site) const {
 // SwiGLU's FP8 casts fused: delayed scaling (the scale known before the tensor exists), bf16, a dense layer (an MoE
 // layer's experts: ExpertFp8::fuse_swiglu).
 bool CudaGPT::fp8_fuses_swiglu(int64_t l) const {
-  return D_.swiglu && D_.fp8_delayed && f8_scale_ != nullptr && fp8_layer(l) && dt_ == cuda::F16::kBF16 && !layers_[static_cast<size_t>(l)].moe &&
+  return D_.swiglu && D_.glu.plain_swiglu() && D_.fp8_delayed && f8_scale_ != nullptr && fp8_layer(l) && dt_ == cuda::F16::kBF16 && !layers_[static_cast<size_t>(l)].moe &&
          fp8_fused_swiglu_;
 }
 
 // ... and then nothing reads SwiGLU's 16-bit output (an FP8 weight gradient reads fc2's FP8 x^T), so no FP8 layer's
 // record keeps it. (Delayed scaling keeps every layer in FP8: --first-last-layers-bf16 is refused with it.)
 bool CudaGPT::swiglu_output_unread() const {
-  return D_.swiglu && D_.fp8_delayed && D_.fp8_wgrad && dt_ == cuda::F16::kBF16 && fp8_fused_swiglu_;
+  return D_.swiglu && D_.glu.plain_swiglu() && D_.fp8_delayed && D_.fp8_wgrad && dt_ == cuda::F16::kBF16 && fp8_fused_swiglu_;
 }
 
 // The same for the routed experts where every one of them fuses (ExpertFp8::fuse_swiglu: no biases).

@@ -377,15 +377,15 @@ bool CudaGPT::moe_capacity(Record& r, int64_t T, int64_t S) {
   return true;
 }
 
-// SwiGLU, squared ReLU or GELU of n rows of an expert's fc1 output into act [n, F], and its backward from dact into dfc1.
+// A gated unit (SwiGLU, quick GeGLU), squared ReLU or GELU of n rows of an expert's fc1 output into act [n, F], and its backward from dact into dfc1.
 void CudaGPT::expert_activation(const char* name, int64_t n, int64_t F, const bf16* fc1_out, bf16* act, cudaStream_t st) {
-  if (D_.swiglu) MT_PROF_ON(st, name, cuda::swiglu_forward_bf16(act, fc1_out, n, F, st, dt_));
+  if (D_.swiglu) MT_PROF_ON(st, name, cuda::glu_forward_bf16(act, fc1_out, n, F, D_.glu, st, dt_));
   else if (D_.squared_relu) MT_PROF_ON(st, name, cuda::squared_relu_forward_bf16(act, fc1_out, n * F, st, dt_));
   else MT_PROF_ON(st, name, cuda::gelu_forward_bf16(act, fc1_out, n * F, st, dt_, D_.gelu_erf));
 }
 
 void CudaGPT::expert_activation_backward(const char* name, int64_t n, int64_t F, const bf16* dact, const bf16* fc1_out, bf16* dfc1, cudaStream_t st) {
-  if (D_.swiglu) MT_PROF_ON(st, name, cuda::swiglu_backward_bf16(dfc1, dact, fc1_out, n, F, st, dt_));
+  if (D_.swiglu) MT_PROF_ON(st, name, cuda::glu_backward_bf16(dfc1, dact, fc1_out, n, F, D_.glu, st, dt_));
   else if (D_.squared_relu) MT_PROF_ON(st, name, cuda::squared_relu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_));
   else MT_PROF_ON(st, name, cuda::gelu_backward_bf16(dfc1, dact, fc1_out, n * F, st, dt_, D_.gelu_erf));
 }

@@ -112,7 +112,7 @@ CudaGPT::ExpertFp8 CudaGPT::expert_fp8(int64_t l, Record& r, int64_t e, int64_t 
     for (int site = 0; site < 2; ++site) f.slot[site] = fp8_scaling_slot(l, shared ? (site ? kLinearFc2 : kLinearFc1) : fp8_expert_site(e, site == 1));
     const LayerW& lw = layers_[static_cast<size_t>(l)];
     const bool bias = !shared && !lw.expert_fc1_b.empty() && lw.expert_fc1_b[static_cast<size_t>(e)] >= 0;
-    f.fuse_swiglu = D_.swiglu && dt_ == cuda::F16::kBF16 && !bias && fp8_fused_swiglu_;
+    f.fuse_swiglu = D_.swiglu && D_.glu.plain_swiglu() && dt_ == cuda::F16::kBF16 && !bias && fp8_fused_swiglu_;
   }
   return f;
 }

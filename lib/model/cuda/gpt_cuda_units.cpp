@@ -112,7 +112,7 @@ void CudaGPT::mlp_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb,
     }
     if (!act_cast && !r.act) throw std::logic_error("CUDA model: SwiGLU's fused FP8 cast does not take a " + std::to_string(n) + " x " + std::to_string(F) +
                                                     " activation, and its 16-bit output has no buffer");
-    if (!act_cast) MT_PROF("fwd.activation", cuda::swiglu_forward_bf16(r.act + o * F, r.fc1 + o * F1, n, F, stream_, dt_));
+    if (!act_cast) MT_PROF("fwd.activation", cuda::glu_forward_bf16(r.act + o * F, r.fc1 + o * F1, n, F, D.glu, stream_, dt_));
   } else if (fp8_layer(l) || D.squared_relu || D.gelu_erf) {  // (no GELU epilogue on the FP8 GEMM, nor in the erf form; squared ReLU has none)
     linear_forward(l, r, kLinearFc1, "fwd.gemm.fc1", n, h, F, r.xn2 + o * h, lw.fc1_w, w(lw.fc1_b), r.fc1 + o * F);
     if (D.squared_relu) MT_PROF("fwd.activation", cuda::squared_relu_forward_bf16(r.act + o * F, r.fc1 + o * F, n * F, stream_, dt_));
@@ -216,7 +216,7 @@ void CudaGPT::mlp_backward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb
   if (D.swiglu && fp8_fuses_swiglu(l) && D.fp8_wgrad && !defer && lw.fc1_b < 0) {
     MT_PROF("bwd.activation", dfc1_cast = cuda::fp8_swiglu_backward_cast(s.dact, r.fc1, n, F, fp8_grad_target(l, kLinearFc1), stream_));
   }
-  if (D.swiglu && !dfc1_cast) MT_PROF("bwd.activation", cuda::swiglu_backward_bf16(dfc1, s.dact + o * F, r.fc1 + o * F1, n, F, stream_, dt_));
+  if (D.swiglu && !dfc1_cast) MT_PROF("bwd.activation", cuda::glu_backward_bf16(dfc1, s.dact + o * F, r.fc1 + o * F1, n, F, D.glu, stream_, dt_));
   linear_dgrad(l, r, kLinearFc1, "bwd.gemm.fc1_dgrad", n, h, F1, dfc1, lw.fc1_w, s.dxn + o * h, dfc1_cast);
   if (defer) {
     save_for_weights(defer->dfc1, l, s.dfc1, F1, n);
