@@ -68,7 +68,9 @@ using mt::test::max_abs_err;
 // sample-dependent start, attended through the bias of kernels/cuda/document_bias.h. fp16: the tensors (and the bias)
 // in fp16 (the values, bf16-rounded normals, are exact in it).
 // window >= 0: sliding-window attention (--window-size), keys i - window .. i.
-void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool documents = false, bool fp16 = false, int64_t window = -1) {
+// sinks: attention sinks (--softmax-type learnable), a logit per head, and their gradient against the CPU's.
+void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool documents = false, bool fp16 = false, int64_t window = -1,
+               bool sinks = false) {
   const auto to16 = [fp16](const std::vector<float>& x) { return to_16(x, fp16); };
   const auto from16 = [fp16](const std::vector<uint16_t>& x) { return from_16(x, fp16); };
   const mt::cuda::F16 type = fp16 ? mt::cuda::F16::kFP16 : mt::cuda::F16::kBF16;
@@ -78,6 +80,12 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool doc
   auto dout = random_bf16_values(nq, 4, 1.0f);
   mt::cpu::AttentionShape sh{B, S, Hq, Hk, D, scale, 0.0f, 0, 0, 0};
   sh.window = window;
+  std::vector<float> sink_logits, sink_grad(static_cast<size_t>(Hq), 0.0f);
+  for (int64_t h = 0; sinks && h < Hq; ++h) sink_logits.push_back(static_cast<float>(h % 5) - 1.5f);  // (-1.5 .. 2.5: a sink outweighing the keys too)
+  if (sinks) {
+    sh.sink = sink_logits.data();
+    sh.sink_grad = sink_grad.data();
+  }
   std::vector<int32_t> row_start;
   if (documents) {
     for (int64_t b = 0; b < B; ++b) {
@@ -103,16 +111,19 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool doc
   auto* stats = upload(std::vector<float>(static_cast<size_t>(B * Hq * S)));
   int32_t* starts = documents ? upload(row_start) : nullptr;
   auto* bias = documents ? upload(std::vector<uint16_t>(static_cast<size_t>(B * S * S))) : nullptr;
+  float* gsink = sinks ? upload(sink_logits) : nullptr;
+  float* gsink_grad = sinks ? upload(std::vector<float>(static_cast<size_t>(Hq), 0.0f)) : nullptr;
   auto& sdpa = mt::cuda::CudnnSdpa::instance();
   const std::string name = "sdpa B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(Hq) + "/" + std::to_string(Hk) +
                            " D" + std::to_string(D) + (documents ? " with documents" : "") + (fp16 ? " (fp16)" : "") +
-                           (window >= 0 ? " window " + std::to_string(window) : "");
+                           (window >= 0 ? " window " + std::to_string(window) : "") + (sinks ? " with sinks" : "");
   try {
     mt::cuda::SdpaShape s{B, S, Hq, Hk, D, scale, type, documents};
     s.window = window;
+    s.sink = sinks;
     if (documents) mt::cuda::document_bias(reinterpret_cast<mt::cuda::bf16*>(bias), starts, B, S, nullptr, type);
-    sdpa.forward(s, dq_, dk_, dv_, go, stats, nullptr, bias);
-    sdpa.backward(s, dq_, dk_, dv_, go, ddo, stats, gdq, gdk, gdv, nullptr, bias);
+    sdpa.forward(s, dq_, dk_, dv_, go, stats, nullptr, bias, 0, gsink);
+    sdpa.backward(s, dq_, dk_, dv_, go, ddo, stats, gdq, gdk, gdv, nullptr, bias, 0, gsink, gsink_grad);
     cudaDeviceSynchronize();
     const double eo = rel_err(from16(download(go, nq)), o);
     double eq = rel_err(from16(download(gdq, nq)), dq);
@@ -129,9 +140,15 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool doc
     std::snprintf(buf, sizeof(buf), "%s: O %.2e dQ %.2e dK %.2e dV %.2e (max error / max value%s)", name.c_str(), eo, eq, ek, ev,
                   window == 0 ? "; dQ and dK, zero, over dV's" : "");
     check(eo < 2e-2 && eq < 3e-2 && ek < 3e-2 && ev < 3e-2, buf);
+    if (sinks) {
+      const double es = rel_err(download(gsink_grad, static_cast<size_t>(Hq)), sink_grad);
+      std::snprintf(buf, sizeof(buf), "%s: the sink logits' gradient %.2e (max error / max value)", name.c_str(), es);
+      check(es < 3e-2, buf);
+    }
   } catch (const std::exception& e) {
     check(false, name + ": " + e.what());
   }
+  for (float* p : {gsink, gsink_grad}) cudaFree(p);
   for (void* p : {static_cast<void*>(dq_), static_cast<void*>(dk_), static_cast<void*>(dv_), static_cast<void*>(ddo), static_cast<void*>(go),
                   static_cast<void*>(gdq), static_cast<void*>(gdk), static_cast<void*>(gdv), static_cast<void*>(stats),
                   static_cast<void*>(starts), static_cast<void*>(bias)}) {
@@ -1596,7 +1613,7 @@ void test_gelu_erf() {
   test_moe_training("gpt", "--num-experts 8 --no-bias-gelu-fusion --recompute-granularity selective --recompute-modules moe_act ");
 }
 
-// GPT-OSS's gated activation (forty-first session; MT_GPU_TEST_ONLY=gated-activation): --quick-geglu with
+// GPT-OSS's gated activation (forty-first session; MT_GPU_TEST_ONLY=gpt-oss): --quick-geglu with
 // --glu-linear-offset and --activation-func-clamp-value (at 0.5, which the tiny models' fc1 outputs pass) against the CPU
 // engine's curves: dense GPT with biases, recomputed without them, in fp16, in FP8 (delayed scaling: SwiGLU's fused casts
 // must step aside), MoE layers with a shared expert, and SwiGLU experts with a clamp (Megatron allows it in MoE only);
@@ -1613,6 +1630,31 @@ void test_gated_activation() {
   // YaRN's RoPE (its table scaled by the attention factor): the CPU engine's curve, with and without recompute.
   test_training("llama", std::string(kPlain) + "--position-embedding-type yarn --rotary-scaling-factor 8 --yarn-original-max-position-embeddings 16 ");
   test_training("llama-recompute", std::string(kPlain) + "--position-embedding-type yarn --rotary-scaling-factor 4 --no-yarn-correction-range-round-to-int ");
+}
+
+// Attention sinks (forty-first session; MT_GPU_TEST_ONLY=gpt-oss): cuDNN's forward graph with the sink in the softmax
+// (its statistics carrying it) and the sink gradient from the backward's row sums, against the CPU's attention: alone,
+// with GQA, documents, fp16 and a window; then trainings against the CPU engine's curves with learned sinks (GPT with
+// biases, LLaMA recomputed, fp16) and off-by-one's, and learned sinks with attention dropout (cuDNN's mask is not the
+// CPU's: it must train).
+void test_sinks() {
+  test_sdpa(2, 128, 8, 8, 64, false, false, -1, true);
+  test_sdpa(2, 256, 8, 2, 64, true, false, -1, true);
+  test_sdpa(1, 192, 4, 1, 128, false, true, -1, true);
+  test_sdpa(2, 128, 4, 2, 64, false, false, 17, true);
+  test_training("gpt", std::string(kPlain) + "--softmax-type learnable ");
+  test_training("llama-recompute", std::string(kPlain) + "--softmax-type learnable ");
+  test_training("gpt", std::string(kPlain) + "--softmax-type learnable --fp16 --loss-scale 1024 ");
+  test_training("llama", std::string(kPlain) + "--softmax-type off-by-one ");
+  test_training("llama", std::string(kPlain) + "--softmax-type learnable --window-size 15,0 --window-attn-skip-freq 2 ");
+  try {
+    const mt::Config cfg = make_config("gpt", std::string(kPlain) + "--softmax-type learnable --attention-dropout 0.1 ");
+    const auto gpu = mt::train_cuda(cfg, mt::ProcessGroups::single(), mt::TrainOptions{true, 0});
+    const bool ok = gpu.losses.size() == 30 && std::isfinite(gpu.losses.back()) && gpu.losses.back() < gpu.losses.front() - 1.0;
+    check(ok, "learned sinks with attention dropout train: " + std::to_string(gpu.losses.front()) + " -> " + std::to_string(gpu.losses.back()));
+  } catch (const std::exception& e) {
+    check(false, std::string("learned sinks with attention dropout: ") + e.what());
+  }
 }
 
 // --log-num-zeros-in-grad (thirty-eighth session, written without a GPU: MT_GPU_TEST_ONLY=num-zeros): each iteration's
@@ -1981,8 +2023,9 @@ int main() {
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
-  if (only && std::string(only) == "gated-activation") {  // (=gated-activation: only quick GeGLU, the offset and the clamp)
+  if (only && std::string(only) == "gpt-oss") {  // (=gpt-oss: only GPT-OSS's pieces: its gated activation, YaRN, attention sinks)
     test_gated_activation();
+    test_sinks();
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
@@ -2212,6 +2255,7 @@ moe_tests:
   test_precision_aware();
   test_window();
   test_gated_activation();
+  test_sinks();
   test_gelu_erf();
   // (a capacity with global_aux_loss and with the allgather dispatcher, which Megatron's current rules allow: added in
   // the thirty-fourth session after its GPU runs)

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda/attention_sink.h"
 #include "kernels/cuda/dropout.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/device_allocator.h"
@@ -37,7 +38,7 @@ Dims contiguous(const Dims& d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 
 
 enum Uid : int64_t {
   kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kBias,
-  kSeed, kOffset, kDropScale, kDropScaleInv, kWindow
+  kSeed, kOffset, kDropScale, kDropScaleInv, kWindow, kSink
 };
 
 // One operation graph and its execution plan; owns every descriptor it made (the plan refers to them).
@@ -305,12 +306,27 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
   if (s.window >= 0) masked = g->window(masked, l.s_dims, neg, g->scalar(kWindow));
   Desc mx = g->virt(f, l.stats_dims);
   g->reduction(CUDNN_REDUCE_TENSOR_MAX, masked, mx);
+  // Sinks (as cuDNN's frontend lowers its sink token): the row maximum with the head's sink logit, and exp(sink - max)
+  // added to the denominator, so that the statistics carry it.
+  Desc sink = s.sink ? g->tensor(kSink, f, {1, s.Hq, 1, 1}, {s.Hq, 1, 1, 1}, false) : nullptr;
+  if (sink) {
+    Desc mx_sink = g->virt(f, l.stats_dims);
+    g->pointwise(CUDNN_POINTWISE_MAX, mx, mx_sink, sink);
+    mx = mx_sink;
+  }
   Desc sub = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_SUB, masked, sub, mx);
   Desc e = g->virt(f, l.s_dims);
   g->pointwise(CUDNN_POINTWISE_EXP, sub, e);
   Desc z = g->virt(f, l.stats_dims);
   g->reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
+  if (sink) {
+    Desc sink_sub = g->virt(f, l.stats_dims), sink_exp = g->virt(f, l.stats_dims), z_sink = g->virt(f, l.stats_dims);
+    g->pointwise(CUDNN_POINTWISE_SUB, sink, sink_sub, mx);
+    g->pointwise(CUDNN_POINTWISE_EXP, sink_sub, sink_exp);
+    g->pointwise(CUDNN_POINTWISE_ADD, z, z_sink, sink_exp);
+    z = z_sink;
+  }
   Desc lz = g->virt(f, l.stats_dims);
   g->pointwise(CUDNN_POINTWISE_LOG, z, lz);
   g->pointwise(CUDNN_POINTWISE_ADD, mx, stats, lz);
@@ -443,7 +459,8 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, bool 
 struct CudnnSdpa::Impl {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, int64_t, int64_t, uint32_t, bool, int64_t>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, int64_t, int64_t, uint32_t, bool, int64_t,
+                         bool>;
   std::atomic<bool> deterministic{false};
   struct Entry {
     std::unique_ptr<Graph> graph;
@@ -458,7 +475,7 @@ struct CudnnSdpa::Impl {
     std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
     std::memcpy(&dropout_bits, &s.dropout, sizeof(dropout_bits));
     const Key key{s.B,      s.S,    s.Hq,         s.Hk,         s.D,       scale_bits, backward, static_cast<int>(s.type), s.bias, s.keys(),
-                  s.causal, s.q_stride(), s.kv_stride(), dropout_bits, backward && deterministic_backward, s.window};
+                  s.causal, s.q_stride(), s.kv_stride(), dropout_bits, backward && deterministic_backward, s.window, !backward && s.sink};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
@@ -488,6 +505,7 @@ struct CudnnSdpa::Impl {
                 (s.bias ? " with a document-mask bias" : "") + (s.dropout > 0 ? " with dropout " + std::to_string(s.dropout) : std::string()) +
                 (std::get<14>(key) ? " in deterministic mode (--deterministic-mode)" : "") +
                 (s.window >= 0 ? " with a sliding window of " + std::to_string(s.window) + " (--window-size)" : std::string()) +
+                (s.sink && !backward ? " with attention sinks (--softmax-type)" : "") +
                 ": " + why;
     }
     return cache.emplace(key, std::move(e)).first->second;
@@ -550,33 +568,39 @@ struct Extras {
   }
 };
 
-void check_arguments(const SdpaShape& s, const void* bias, uint64_t dropout_seed) {
+void check_arguments(const SdpaShape& s, const void* bias, uint64_t dropout_seed, const float* sink) {
   if (s.bias != (bias != nullptr)) throw std::logic_error("cuDNN attention: a bias pointer must come with SdpaShape::bias, and only with it");
+  if (s.sink != (sink != nullptr)) throw std::logic_error("cuDNN attention: sink logits must come with SdpaShape::sink, and only with it");
   if ((s.dropout > 0) != (dropout_seed != 0)) throw std::logic_error("cuDNN attention: a dropout seed must come with SdpaShape::dropout, and only with it");
 }
 
 }  // namespace
 
 void CudnnSdpa::forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* stats, cudaStream_t stream,
-                        const void* bias, uint64_t dropout_seed) {
+                        const void* bias, uint64_t dropout_seed, const float* sink) {
   auto& e = impl_->get(s, false);
   if (!e.graph) throw std::runtime_error(e.error);
-  check_arguments(s, bias, dropout_seed);
+  check_arguments(s, bias, dropout_seed, sink);
   float scale = s.scale;
   MT_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats, &scale};
+  if (sink) {
+    uids.push_back(kSink);
+    ptrs.push_back(const_cast<float*>(sink));
+  }
   Extras extras;
   extras.add(s, bias, dropout_seed, stream, uids, ptrs);
   e.graph->execute(impl_->handle, uids, ptrs, e.workspace);
 }
 
 void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* d_o,
-                         const float* stats, void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias, uint64_t dropout_seed) {
+                         const float* stats, void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias, uint64_t dropout_seed,
+                         const float* sink, float* sink_grad) {
   const bool deterministic = impl_->deterministic;
   auto& e = impl_->get(s, true, deterministic);
   if (!e.graph) throw std::runtime_error(e.error);
-  check_arguments(s, bias, dropout_seed);
+  check_arguments(s, bias, dropout_seed, sink);
   float scale = s.scale, one = 1.0f;
   auto& alloc = DeviceAllocator::instance();
   const size_t sum_bytes = static_cast<size_t>(s.B * s.Hq * s.S) * sizeof(float);
@@ -603,6 +627,11 @@ void CudnnSdpa::backward(const SdpaShape& s, const void* q, const void* k, const
       ptrs.push_back(&one);
     }
     e.graph->execute(impl_->handle, uids, ptrs, e.workspace);
+    // The sink logits' gradient: -sum over rows of p_sink rowsum(dO * O), softmax_sum over its factor.
+    if (sink && sink_grad) {
+      attention_sink_grad(sink_grad, sink, stats, static_cast<const float*>(softmax_sum), s.dropout > 0 ? 1.0f / extras.drop_scale_inv : 1.0f, s.B, s.Hq,
+                          s.S, s.q_stride(), stream);
+    }
   } catch (...) {
     alloc.release(softmax_sum);
     if (dq_accum) alloc.release(dq_accum);

@@ -38,6 +38,10 @@ struct SdpaShape {
   float dropout = 0;
   // Sliding-window attention (--window-size; needs `causal`): query i attends to keys i - window .. i; -1: no window.
   int64_t window = -1;
+  // Attention sinks (--softmax-type): a logit per query head (forward's `sink`, fp32 [Hq]) in every row's softmax
+  // denominator, a key with no value: the statistics include it, so the backward graph is unchanged; its gradient
+  // (backward's `sink_grad`) comes from the statistics and the backward's row sums of dO * O.
+  bool sink = false;
   int64_t keys() const { return Sk > 0 ? Sk : S; }
   int64_t q_stride() const { return q_rows > 0 ? q_rows : S; }
   int64_t kv_stride() const { return kv_rows > 0 ? kv_rows : keys(); }
@@ -48,10 +52,12 @@ class CudnnSdpa {
   static CudnnSdpa& instance();
   // O, stats from Q, K, V (bf16 device pointers).
   void forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* stats, cudaStream_t stream,
-               const void* bias = nullptr, uint64_t dropout_seed = 0);
-  // dQ, dK, dV (bf16, overwritten) from the forward's inputs, O, dO and stats (and the forward's dropout seed).
+               const void* bias = nullptr, uint64_t dropout_seed = 0, const float* sink = nullptr);
+  // dQ, dK, dV (bf16, overwritten) from the forward's inputs, O, dO and stats (and the forward's dropout seed). With sinks
+  // the sink logits' gradient is added into sink_grad (fp32 [Hq]; null: not wanted).
   void backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* o, const void* d_o, const float* stats,
-                void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias = nullptr, uint64_t dropout_seed = 0);
+                void* dq, void* dk, void* dv, cudaStream_t stream, const void* bias = nullptr, uint64_t dropout_seed = 0, const float* sink = nullptr,
+                float* sink_grad = nullptr);
   // Whether cuDNN could build both graphs for this shape (tests; the model refuses otherwise).
   std::string check(const SdpaShape& s);
   // --deterministic-mode: the backward without the fp32 dQ accumulator that cuDNN's flash engines add into with atomics

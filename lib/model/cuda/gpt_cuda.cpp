@@ -28,6 +28,7 @@
 #include "kernels/cuda/optimizer_step.h"
 #include "kernels/cuda/qkv_layout.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/attention_sink.h"
 #include "kernels/cuda/sdpa_cudnn.h"
 #include "tensor/cuda/cuda_check.h"
 #include "plan/memory_model.h"
@@ -190,6 +191,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     lw.qn_b = offset(ly.q_norm_b);
     lw.kn_w = offset(ly.k_norm_w);
     lw.kn_b = offset(ly.k_norm_b);
+    lw.sink = offset(ly.softmax_offset);
     int64_t lo = numel_, hi = 0;  // the layer's dense parameters (an MoE layer's experts sit in the expert range)
     for (size_t i = ly.first; i < ly.end; ++i) {
       if (layout.info(i).tp_replicated()) layer_replicated_[static_cast<size_t>(l)].emplace_back(layout.info(i).offset, layout.info(i).numel);
@@ -606,6 +608,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
         }
       }
     }
+    if (D.sink != ModelDims::Sink::kNone) {
+      s.sink32 = static_cast<float*>(alloc(static_cast<size_t>(D.nh_local) * 4));
+      MT_CUDA_CHECK(cudaMemset(s.sink32, 0, static_cast<size_t>(D.nh_local) * 4));  // (off-by-one: these zeros throughout)
+    }
     if (D.qk_norm) {
       s.dq_pre = b16(Hd);
       s.dk_pre = b16(KVd);
@@ -725,6 +731,12 @@ void CudaGPT::refresh_working() {
 
 bool CudaGPT::recomputed(int64_t l) const { return recompute_layer_[static_cast<size_t>(l)]; }
 
+const float* CudaGPT::sink_logits(const LayerW& lw) {
+  if (D_.sink == ModelDims::Sink::kNone) return nullptr;
+  if (D_.sink == ModelDims::Sink::kLearnable) MT_PROF("attention.sink_logits", cuda::sink_logits_to_float(s_->sink32, w(lw.sink), D_.nh_local, stream_, dt_));
+  return s_->sink32;
+}
+
 const bf16* CudaGPT::document_bias(const DeviceMicrobatch& mb) {
   if (!doc_mask_) return nullptr;
   if (mb.row_start == nullptr) throw std::logic_error("CudaGPT: --reset-attention-mask without the microbatch's document starts");
@@ -748,6 +760,7 @@ const bf16* CudaGPT::document_bias(const DeviceMicrobatch& mb) {
 
 cuda::SdpaShape CudaGPT::attention_shape(const DeviceMicrobatch& mb) const {
   cuda::SdpaShape sh{mb.B, mb.S, D_.nh_local, D_.ng_local, D_.d, D_.softmax_scale, dt_, doc_mask_};
+  sh.sink = D_.sink != ModelDims::Sink::kNone;
   if (mb.attention_seed != 0) sh.dropout = D_.attention_dropout;
   return sh;
 }

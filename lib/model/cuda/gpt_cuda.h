@@ -571,6 +571,9 @@ class CudaGPT {
   std::shared_ptr<uint64_t> doc_bias_serial_ = std::make_shared<uint64_t>(0);
   int64_t doc_bias_rows_ = 0;  // the micro batch it was sized for
   const cuda::bf16* document_bias(const DeviceMicrobatch& mb);
+  // --softmax-type: the layer's sink logits in fp32 for cuDNN's attention (the learned ones converted now; off-by-one's
+  // zeros), null without sinks.
+  const float* sink_logits(const LayerW& lw);
   // Attention dropout: layer l's cuDNN attention shape for the micro batch (its dropout set when the micro batch carries a
   // seed) and the seed of its mask (0: none), a function of the micro batch's seed, the global layer and the TP rank
   // (each rank's heads draw their own masks, as Megatron's model-parallel generator gives them).

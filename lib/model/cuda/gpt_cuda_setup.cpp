@@ -68,6 +68,7 @@ void CudaGPT::check_attention(int64_t mbs) {
   }
   cuda::SdpaShape attention{mbs, S_local_, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_};
   if (D.cp > 1 && D.cp_a2a) attention = {mbs, D.S, D.nh_local / D.cp, D.ng_local / D.cp, D.d, D.softmax_scale, dt_, doc_mask_};  // (the all-to-all's)
+  attention.sink = D.sink != ModelDims::Sink::kNone;  // (--softmax-type: every layer's graphs carry the sinks)
   std::string why = cuda::CudnnSdpa::instance().check(attention);
   if (why.empty() && D.attention_dropout > 0) {  // (training's graphs; evaluation's are the ones above)
     attention.dropout = D.attention_dropout;

@@ -16,6 +16,7 @@ struct CudaGPT::LayerW {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
   int64_t qn_w = -1, qn_b = -1, kn_w = -1, kn_b = -1;  // --qk-layernorm
+  int64_t sink = -1;                                    // --softmax-type learnable: the heads' sink logits [nh_local]
   // An MoE layer: the router [E, h] and each expert's fc1 ([2F, h] with SwiGLU: gate and up) and fc2 [h, F], and with
   // --add-bias-linear their biases (the router's [E], each expert's fc1 [2F] and fc2 [h]; -1: none).
   bool moe = false;
@@ -94,6 +95,7 @@ struct CudaGPT::Scratch {
   float *emb = nullptr /*[T, h] fp32: the embedding's sum (SP or a 16-bit residual) and SP's gradient gather*/, *ce_stats = nullptr /*[4T]: vocab-parallel loss*/;
   bf16 *dq_pre = nullptr, *dk_pre = nullptr;  // --qk-layernorm: the heads' gradients before their norm
   float* qk_tmp = nullptr;                     // --qk-layernorm: [T, Hd] fp32 scratch of the norm backward
+  float* sink32 = nullptr;                     // --softmax-type: the layer's sink logits in fp32 [nh_local] (off-by-one: zeros)
   float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
   float* norm_part = nullptr;  // the split TP backward: its norms' weight-gradient partial sums (on tp_stream_)
   int32_t* half_pos = nullptr;  // the split layers under SP: the positions in half-major row order [T]

@@ -85,7 +85,7 @@ void CudaGPT::attention_forward_unit(int64_t l, Record& r, const DeviceMicrobatc
     sh.window = D.window_in(first_layer_ + l) >= sh.S - 1 ? -1 : D.window_in(first_layer_ + l);  // (one spanning the sequence: none)
     const bf16* doc_bias = document_bias(mb);
     MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q + o * Hd, r.k + o * KVd, r.v + o * KVd, r.o + o * Hd, r.stats + o * D.nh_local,
-                                                                 stream_, doc_bias, attention_seed(mb, l)));
+                                                                 stream_, doc_bias, attention_seed(mb, l), sink_logits(lw)));
   }
   // Row-parallel: the bias joins one rank's partial sum.
   linear_forward(l, r, kLinearProj, "fwd.gemm.proj", n, Hd, h, r.o + o * Hd, lw.proj_w, row_bias(lw.proj_b), s.delta + o * h);
@@ -254,9 +254,10 @@ void CudaGPT::attention_backward_unit(int64_t l, Record& r, const DeviceMicrobat
     sh.B = sp.seqs;
     sh.window = D.window_in(first_layer_ + l) >= sh.S - 1 ? -1 : D.window_in(first_layer_ + l);  // (one spanning the sequence: none)
     const bf16* doc_bias = document_bias(mb);
+    const float* sink = sink_logits(lw);
     MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(sh, r.q + o * Hd, r.k + o * KVd, r.v + o * KVd, r.o + o * Hd, s.d_o + o * Hd,
                                                                   r.stats + o * D.nh_local, s.dq + o * Hd, s.dk + o * KVd, s.dv + o * KVd, stream_, doc_bias,
-                                                                  attention_seed(mb, l)));
+                                                                  attention_seed(mb, l), sink, g(lw.sink)));
   }
   if (D.qk_norm) {  // RoPE undone, then the norms' backward (the residual-gradient slot as zeroed scratch)
     if (rope) {
