@@ -124,7 +124,13 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   const std::vector<bool> moe = moe_layer_pattern(c);
   const bool any_moe = D.experts > 0 && std::find(moe.begin(), moe.end(), true) != moe.end();
   std::string family;
-  if (!D.swiglu && !D.rms && D.learned_pos) family = "gpt2";
+  // (quick GeGLU with its offset and clamp, attention sinks: GPT-OSS's pieces, which only its HF form holds)
+  const bool gpt_oss_parts = (D.swiglu && !D.glu.plain_swiglu()) || D.sink != ModelDims::Sink::kNone;
+  if (gpt_oss_parts) {
+    refuse(!(D.rms && D.rope && any_moe), "quick GeGLU (or a GLU offset or clamp) and attention sinks have a HuggingFace form only as "
+                                          "GptOssForCausalLM: RMSNorm, RoPE and an MoE MLP in every layer");
+    family = "gpt_oss";
+  } else if (!D.swiglu && !D.rms && D.learned_pos) family = "gpt2";
   // (--qk-layernorm: Qwen3's per-head RMSNorms of the queries and keys before RoPE, and Qwen3-MoE's)
   else if (D.swiglu && D.rms && D.rope && !any_moe) family = D.qk_norm ? "qwen3" : "llama";
   // (sigmoid routers, with or without the expert bias: GLM-4.5's Glm4MoeForCausalLM, its e_score_correction_bias)
@@ -139,8 +145,10 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   const bool windowed = std::any_of(D.windows.begin(), D.windows.end(), [](int64_t w) { return w >= 0; });
   const bool every_layer_windowed = windowed && std::all_of(D.windows.begin(), D.windows.end(), [](int64_t w) { return w >= 0; });
   const int64_t window_left = windowed ? *std::max_element(D.windows.begin(), D.windows.end()) : -1;
-  refuse(windowed && family != "llama" && family != "mixtral" && family != "qwen3" && family != "qwen3_moe",
-         "sliding-window attention (--window-size) has no place in " + family + "'s HF form (Mistral, Mixtral and Qwen3 have it)");
+  refuse(windowed && family != "llama" && family != "mixtral" && family != "qwen3" && family != "qwen3_moe" && family != "gpt_oss",
+         "sliding-window attention (--window-size) has no place in " + family + "'s HF form (Mistral, Mixtral, Qwen3 and GPT-OSS have it)");
+  refuse(windowed && std::any_of(D.windows.begin(), D.windows.end(), [&](int64_t w) { return w >= 0 && w != window_left; }),
+         "windows of different sizes in different layers: HF's sliding_window is one size");
   refuse(windowed && (family == "llama" || family == "mixtral" || family == "qwen3_moe") && !every_layer_windowed,
          "--window-attn-skip-freq: MistralForCausalLM, MixtralForCausalLM and Qwen3MoeForCausalLM window every layer (Qwen3's dense form "
          "names them: --qk-layernorm without experts)");
@@ -167,6 +175,25 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     refuse(!dense_prefix, "Glm4MoeForCausalLM's dense layers are its first ones (first_k_dense_replace): --moe-layer-freq must be dense "
                           "layers, then MoE layers");
   }
+  if (family == "gpt_oss") {  // GptOssForCausalLM: its experts' clamped quick GeGLU with the offset 1, learned sinks, biases, a softmax router
+    const MoeConfig& mc = c.moe;
+    refuse(D.glu.alpha != kQuickGeluAlpha || D.glu.linear_offset != 1.0f || D.glu.clamp <= 0.0f,
+           "GptOssForCausalLM's experts compute quick GELU of the clamped gate times (the clamped up + 1): --quick-geglu --glu-linear-offset 1 "
+           "--activation-func-clamp-value, all three");
+    refuse(D.sink != ModelDims::Sink::kLearnable, "GptOssForCausalLM has learned attention sinks (--softmax-type learnable)");
+    refuse(!D.bias, "GptOssForCausalLM has biases in every linear layer, its router's and experts' too (no --disable-bias-linear)");
+    refuse(std::find(moe.begin(), moe.end(), false) != moe.end() || D.F_shared > 0,
+           "GptOssForCausalLM has an MoE MLP in every layer (--moe-layer-freq 1) and no shared experts");
+    refuse(mc.moe_router_score_function != "softmax" || mc.moe_router_pre_softmax || mc.moe_router_topk_scaling_factor.has_value() ||
+               mc.moe_router_num_groups.has_value() || mc.moe_router_enable_expert_bias || mc.load_balancing_is("quantile_balancing") ||
+               mc.load_balancing_is("sinkhorn"),
+           "GptOssForCausalLM's router is a softmax over the top-k logits: no --moe-router-pre-softmax, sigmoid scores, scaling factor, "
+           "groups, expert bias, sinkhorn or quantile balancing");
+    refuse(mc.moe_expert_capacity_factor.has_value(), "GptOssForCausalLM is dropless (no --moe-expert-capacity-factor)");
+    refuse(D.qk_norm, "GptOssForCausalLM has no query-key norms (--qk-layernorm)");
+    refuse(D.rotary_interleaved, "GptOssForCausalLM rotates halves (no --rotary-interleaved)");
+  }
+  refuse(family != "gpt_oss" && D.sink != ModelDims::Sink::kNone, "attention sinks (--softmax-type) have a HF form only in GptOssForCausalLM");
   if (family == "qwen2_moe") {
     refuse(!c.moe.moe_shared_expert_gate,
            "a Mixtral-shaped model with a shared expert is Qwen2-MoE's, whose shared expert has a gate (--moe-shared-expert-gate): this model "
@@ -258,6 +285,10 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         }
       }
       put(o + "self_attn.o_proj.weight", {h, nh * d}, get(p + "attention.proj.weight"));
+      if (family == "gpt_oss") {
+        put(o + "self_attn.sinks", {nh}, get(p + "attention.softmax_offset"));
+        out.back().fp32 = true;  // (HF keeps the sinks in fp32 as they are: a logit beside every row's scores)
+      }
       if (qwen3 || (glm && D.qk_norm)) {  // one [d] weight shared by the heads, in HF's rotate-half order of the head dimension
         Values qn = norm(p + "attention.q_norm.weight"), kn = norm(p + "attention.k_norm.weight");
         if (D.rotary_interleaved) {
@@ -279,6 +310,33 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
           put(o + "mlp.up_proj.bias", {D.F}, get(p + "mlp.fc1_up.bias"));
           put(o + "mlp.down_proj.bias", {h}, get(p + "mlp.fc2.bias"));
         }
+        continue;
+      }
+      if (family == "gpt_oss") {  // the experts stacked, [in, out] each, gate and up interleaved in gate_up_proj's columns
+        put(o + "mlp.router.weight", {D.experts, h}, get(p + "mlp.router.weight"));
+        put(o + "mlp.router.bias", {D.experts}, get(p + "mlp.router.bias"));
+        const int64_t F = D.F_moe, E = D.experts;
+        Values gate_up(static_cast<size_t>(E * h * 2 * F)), gate_up_b(static_cast<size_t>(E * 2 * F)), down, down_b;
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+          const Values gate = get(x + "fc1_gate.weight"), up = get(x + "fc1_up.weight"), gb = get(x + "fc1_gate.bias"), ub = get(x + "fc1_up.bias");
+          for (int64_t j = 0; j < F; ++j) {
+            for (int64_t i = 0; i < h; ++i) {
+              gate_up[static_cast<size_t>((e * h + i) * 2 * F + 2 * j)] = gate[static_cast<size_t>(j * h + i)];
+              gate_up[static_cast<size_t>((e * h + i) * 2 * F + 2 * j + 1)] = up[static_cast<size_t>(j * h + i)];
+            }
+            gate_up_b[static_cast<size_t>(e * 2 * F + 2 * j)] = gb[static_cast<size_t>(j)];
+            gate_up_b[static_cast<size_t>(e * 2 * F + 2 * j + 1)] = ub[static_cast<size_t>(j)];
+          }
+          const Values d_t = transposed(get(x + "fc2.weight"), h, F);  // [F, h]
+          down.insert(down.end(), d_t.begin(), d_t.end());
+          const Values db = get(x + "fc2.bias");
+          down_b.insert(down_b.end(), db.begin(), db.end());
+        }
+        put(o + "mlp.experts.gate_up_proj", {E, h, 2 * F}, std::move(gate_up));
+        put(o + "mlp.experts.gate_up_proj_bias", {E, 2 * F}, std::move(gate_up_b));
+        put(o + "mlp.experts.down_proj", {E, F, h}, std::move(down));
+        put(o + "mlp.experts.down_proj_bias", {E, h}, std::move(down_b));
         continue;
       }
       const HfMoeNames hn = hf_moe_names(family == "qwen3_moe" || family == "qwen2_moe" || glm);
@@ -305,6 +363,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     put("model.norm.weight", {h}, norm("final_norm.weight"));
     if (!D.tied) put("lm_head.weight", {V, h}, get("output_layer.weight"));
     const std::string arch = family == "mixtral" ? "MixtralForCausalLM"
+                             : family == "gpt_oss" ? "GptOssForCausalLM"
                              : family == "qwen3"   ? "Qwen3ForCausalLM"
                              : family == "qwen3_moe" ? "Qwen3MoeForCausalLM"
                              : family == "qwen2_moe" ? "Qwen2MoeForCausalLM"
@@ -312,7 +371,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
                              : windowed              ? "MistralForCausalLM"
                                                      : "LlamaForCausalLM";
     config = {{"architectures", {arch}}, {"model_type", arch == "MistralForCausalLM" ? "mistral" : family},
-              {"vocab_size", V}, {"hidden_size", h}, {"intermediate_size", family == "mixtral" ? D.F_moe : D.F}, {"num_hidden_layers", L},
+              {"vocab_size", V}, {"hidden_size", h}, {"intermediate_size", family == "mixtral" || family == "gpt_oss" ? D.F_moe : D.F}, {"num_hidden_layers", L},
               {"num_attention_heads", nh}, {"num_key_value_heads", ng}, {"head_dim", d}, {"hidden_act", "silu"},
               {"max_position_embeddings", D.max_pos}, {"rms_norm_eps", c.model.norm_epsilon}, {"rope_theta", c.model.rotary_base},
               {"attention_dropout", c.model.attention_dropout}, {"initializer_range", c.model.init_method_std},
@@ -326,6 +385,37 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
                                 {"high_freq_factor", r.high_freq_factor}, {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_positions)}};
     } else if (interpolation) {  // (HF's linear rope type: the positions divided by the factor, as Megatron's)
       config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", static_cast<double>(*interpolation)}};
+    } else if (c.model.position_embedding_type == "yarn") {  // (HF's yarn rope type: its attention factor from mscale as Megatron's)
+      const RopeScaling y = yarn_scaling(c.model);
+      config["rope_scaling"] = {{"rope_type", "yarn"},
+                                {"factor", y.yarn_factor},
+                                {"original_max_position_embeddings", static_cast<int64_t>(y.yarn_original_max_positions)},
+                                {"beta_fast", y.yarn_beta_fast},
+                                {"beta_slow", y.yarn_beta_slow},
+                                {"truncate", y.yarn_round_to_int}};
+      if (y.yarn_mscale_all_dim != 0.0) {  // (HF's mscale / mscale_all_dim ratio, taken only when both are nonzero)
+        refuse(y.yarn_mscale == 0.0, "--mscale 0 with --mscale-all-dim: HF reads the ratio only when both are nonzero");
+        config["rope_scaling"]["mscale"] = y.yarn_mscale;
+        config["rope_scaling"]["mscale_all_dim"] = y.yarn_mscale_all_dim;
+      } else if (y.yarn_mscale != 1.0) {
+        config["rope_scaling"]["attention_factor"] = rope_attention_factor(y);
+      }
+    } else if (family == "gpt_oss") {  // (GptOssConfig defaults to YaRN: plain RoPE said so)
+      config["rope_scaling"] = {{"rope_type", "default"}};
+    }
+    if (family == "gpt_oss") {
+      const MoeConfig& mc = c.moe;
+      config["attention_bias"] = true;
+      config["num_local_experts"] = D.experts;
+      config["num_experts_per_tok"] = D.topk;
+      config["swiglu_alpha"] = static_cast<double>(kQuickGeluAlpha);
+      config["swiglu_limit"] = static_cast<double>(D.glu.clamp);
+      config["router_aux_loss_coef"] = router_aux_loss_coef(mc);
+      config["output_router_logits"] = false;
+      config["sliding_window"] = windowed ? nlohmann::ordered_json(window_left + 1) : nlohmann::ordered_json(nullptr);
+      nlohmann::ordered_json types = nlohmann::ordered_json::array();
+      for (int64_t l = 0; l < L; ++l) types.push_back(D.windows.empty() || D.windows[static_cast<size_t>(l)] < 0 ? "full_attention" : "sliding_attention");
+      config["layer_types"] = types;
     }
     if (family == "llama" && windowed) {
       config["sliding_window"] = window_left + 1;

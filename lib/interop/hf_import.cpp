@@ -174,8 +174,10 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     if (!field<bool>(hc, "tie_word_embeddings", true)) flags << " --untie-embeddings-and-output-weights";
     if (act == "gelu") flags << " --no-bias-gelu-fusion";  // (HF's exact GELU: Megatron's without the bias-GELU fusion)
   } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen2ForCausalLM" ||
-             arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Qwen2MoeForCausalLM" || arch == "Glm4MoeForCausalLM") {
+             arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Qwen2MoeForCausalLM" || arch == "Glm4MoeForCausalLM" ||
+             arch == "GptOssForCausalLM") {
     family = arch == "MixtralForCausalLM"    ? "mixtral"
+             : arch == "GptOssForCausalLM"   ? "gpt_oss"
              : arch == "Glm4MoeForCausalLM"  ? "glm4_moe"
              : arch == "Qwen3ForCausalLM"    ? "qwen3"
              : arch == "Qwen3MoeForCausalLM" ? "qwen3_moe"
@@ -184,14 +186,40 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     const bool qwen3 = family == "qwen3" || family == "qwen3_moe";
     const int64_t h = hc.at("hidden_size").get<int64_t>(), nh = hc.at("num_attention_heads").get<int64_t>();
     const int64_t ng = field<int64_t>(hc, "num_key_value_heads", nh), pos = hc.at("max_position_embeddings").get<int64_t>();
+    const bool gpt_oss = family == "gpt_oss";
     // RoPE scaling, in rope_scaling or (newer configs) rope_parameters: LLaMA 3.1's with Megatron's fixed factors
-    // (--use-rope-scaling), or linear position interpolation by a whole factor (--rotary-seq-len-interpolation-factor).
-    std::string rope_scaling_flags;
+    // (--use-rope-scaling), linear position interpolation by a whole factor (--rotary-seq-len-interpolation-factor), or
+    // YaRN (--position-embedding-type yarn: HF's factor, original length, betas and truncate, its attention factor the
+    // default 0.1 ln(factor) + 1 or DeepSeek's mscale / mscale_all_dim ratio). GPT-OSS's default is its YaRN.
+    std::string rope_scaling_flags, rope_type = "rope";
     auto rope_scaling = [&](const json& rs) {
       const std::string type = field<std::string>(rs, "rope_type", field<std::string>(rs, "type", "default"));
       if (type == "default") return;
       std::ostringstream f;
-      if (type == "linear") {
+      f << std::setprecision(17);
+      if (type == "yarn") {
+        const double factor = field<double>(rs, "factor", 1.0);
+        refuse(!(factor > 0), "rope_scaling yarn with factor " + std::to_string(factor));
+        const auto original = field<int64_t>(rs, "original_max_position_embeddings", hc.at("max_position_embeddings").get<int64_t>());
+        const double mscale = field<double>(rs, "mscale", 0.0), mscale_all_dim = field<double>(rs, "mscale_all_dim", 0.0);
+        RopeScaling y{.yarn_factor = factor};
+        if (mscale != 0.0 && mscale_all_dim != 0.0) {  // (HF takes their ratio only when both are given)
+          y.yarn_mscale = mscale;
+          y.yarn_mscale_all_dim = mscale_all_dim;
+        }
+        if (rs.contains("attention_factor") && !rs["attention_factor"].is_null()) {  // (an explicit one: Megatron's --mscale over mscale_all_dim 0)
+          const double given = rs["attention_factor"].get<double>();
+          refuse(y.yarn_mscale_all_dim != 0.0 && std::fabs(given - rope_attention_factor(y)) > 1e-9 * std::max(1.0, given),
+                 "rope_scaling yarn with an attention_factor beside mscale and mscale_all_dim that disagrees with them");
+          refuse(factor <= 1.0 && given != 1.0, "rope_scaling yarn with factor <= 1 and an attention_factor other than 1 (Megatron's is 1 there)");
+          if (y.yarn_mscale_all_dim == 0.0 && factor > 1.0) y.yarn_mscale = (given - 1.0) / (0.1 * std::log(factor));
+        }
+        rope_type = "yarn";
+        f << " --rotary-scaling-factor " << factor << " --yarn-original-max-position-embeddings " << original << " --yarn-beta-fast "
+          << field<double>(rs, "beta_fast", 32.0) << " --yarn-beta-slow " << field<double>(rs, "beta_slow", 1.0);
+        if (y.yarn_mscale_all_dim != 0.0 || y.yarn_mscale != 1.0) f << " --mscale " << y.yarn_mscale << " --mscale-all-dim " << y.yarn_mscale_all_dim;
+        if (!field<bool>(rs, "truncate", true)) f << " --no-yarn-correction-range-round-to-int";
+      } else if (type == "linear") {
         const double factor = field<double>(rs, "factor", 1.0);
         refuse(!(factor >= 1) || factor != std::floor(factor),
                "rope_scaling linear with factor " + std::to_string(factor) + " (Megatron's --rotary-seq-len-interpolation-factor is a whole number >= 1)");
@@ -201,14 +229,19 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         refuse(type != "llama3" || field<double>(rs, "low_freq_factor", 0) != fixed.low_freq_factor ||
                    field<double>(rs, "high_freq_factor", 0) != fixed.high_freq_factor ||
                    field<double>(rs, "original_max_position_embeddings", 0) != fixed.original_max_positions,
-               "rope scaling of rope_type " + type + " (megatrain has LLaMA 3.1's llama3 with low 1, high 4, original 8192, and linear)");
+               "rope scaling of rope_type " + type + " (megatrain has LLaMA 3.1's llama3 with low 1, high 4, original 8192, linear and yarn)");
         f << " --use-rope-scaling --rope-scaling-factor " << field<double>(rs, "factor", 8.0);
       }
       rope_scaling_flags = f.str();
     };
+    const bool rope_given = !hc.value("rope_scaling", json()).is_null() || (hc.contains("rope_parameters") && hc["rope_parameters"].is_object());
+    if (gpt_oss && !rope_given) {  // (GptOssConfig's default)
+      rope_scaling(json{{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0}, {"truncate", false},
+                        {"original_max_position_embeddings", 4096}});
+    }
     if (!hc.value("rope_scaling", json()).is_null()) rope_scaling(hc["rope_scaling"]);
     // Newer configs hold RoPE's settings in rope_parameters: {"rope_type": "default", "rope_theta": ...}.
-    double rope_theta = field<double>(hc, "rope_theta", 10000.0);
+    double rope_theta = field<double>(hc, "rope_theta", gpt_oss ? 150000.0 : 10000.0);
     // (GLM-4.5's: RoPE on the first part of each head; HF's Glm4MoeConfig defaults it to 0.5)
     double partial_rotary = field<double>(hc, "partial_rotary_factor", family == "glm4_moe" ? 0.5 : 1.0);
     if (hc.contains("rope_parameters") && hc["rope_parameters"].is_object()) {
@@ -223,7 +256,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       const auto rotated = static_cast<int64_t>(static_cast<double>(head) * partial_rotary);
       refuse(rotated % 2 != 0, "partial_rotary_factor rotating an odd " + std::to_string(rotated) + " channels of each head (megatrain rotates pairs)");
     }
-    refuse(field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
+    refuse(!gpt_oss && field<std::string>(hc, "hidden_act", "silu") != "silu", "hidden_act " + field<std::string>(hc, "hidden_act", "") + " (SwiGLU needs silu)");
     // Sliding-window attention: HF's sliding_window W lets query i attend to keys i - W + 1 .. i (its mask keeps
     // kv > q - W), megatrain's --window-size W-1,0. Which layers: Mistral's and Mixtral's every layer; Qwen's only with
     // use_sliding_window (off in their released configs; HF leaves sliding_window unset without it): Qwen3-MoE's every
@@ -237,7 +270,9 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     const bool qwen_window = (qwen2 || qwen3) && field<bool>(hc, "use_sliding_window", false);
     if (arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || (qwen_window && family == "qwen3_moe")) {
       std::fill(window_layers.begin(), window_layers.end(), true);
-    } else if (qwen_window && layer_types.is_array() && !layer_types.empty()) {
+    } else if (gpt_oss && (!layer_types.is_array() || layer_types.empty())) {  // (GptOssConfig's default: even layers windowed)
+      for (int64_t l = 0; l < layers; l += 2) window_layers[static_cast<size_t>(l)] = true;
+    } else if ((qwen_window || gpt_oss) && layer_types.is_array() && !layer_types.empty()) {
       refuse(static_cast<int64_t>(layer_types.size()) != layers, "layer_types lists " + std::to_string(layer_types.size()) + " layers, not num_hidden_layers");
       for (size_t l = 0; l < layer_types.size(); ++l) {
         const std::string t = layer_types[l].is_string() ? layer_types[l].get<std::string>() : "";
@@ -249,7 +284,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       for (int64_t l = std::max<int64_t>(0, field<int64_t>(hc, "max_window_layers", 0)); l < layers; ++l) window_layers[static_cast<size_t>(l)] = true;
     }
     const bool any_window = std::find(window_layers.begin(), window_layers.end(), true) != window_layers.end();
-    const int64_t window = any_window ? field<int64_t>(hc, "sliding_window", 0) : 0;
+    const int64_t window = any_window ? field<int64_t>(hc, "sliding_window", gpt_oss ? 128 : 0) : 0;
     std::string window_flags;
     if (window > 0 && window < pos) {
       window_flags = " --window-size " + std::to_string(window - 1) + ",0";
@@ -262,17 +297,21 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     // (Qwen2's QKV layers always have biases, its o_proj and MLP none: --add-qkv-bias)
     // (Qwen2-MoE's: qkv_bias, true in its released configs)
     const bool glm = family == "glm4_moe";
-    const bool attn_bias = qwen2_moe ? field<bool>(hc, "qkv_bias", true) : qwen2 || field<bool>(hc, "attention_bias", false);
-    const bool mlp_bias = !qwen2 && !glm && field<bool>(hc, "mlp_bias", false);
+    const bool attn_bias = qwen2_moe ? field<bool>(hc, "qkv_bias", true) : qwen2 || field<bool>(hc, "attention_bias", gpt_oss);
+    // (GPT-OSS's router and experts always have biases: megatrain's biases come together, so its attention must have them too)
+    const bool mlp_bias = gpt_oss || (!qwen2 && !glm && field<bool>(hc, "mlp_bias", false));
+    refuse(gpt_oss && !attn_bias, "GPT-OSS without attention_bias (its router and experts have biases; megatrain's --disable-bias-linear "
+                                  "covers every linear layer)");
     // attention_bias without mlp_bias (LlamaForCausalLM's, as megatrain exports --add-qkv-bias): the QKV biases alone, if
     // o_proj's biases are zeros (checked with the weights). Mistral and Mixtral have no biases.
     refuse(!attn_bias && mlp_bias, "mlp_bias without attention_bias (megatrain's --disable-bias-linear covers both)");
-    refuse(attn_bias && arch != "LlamaForCausalLM" && !qwen2 && !qwen3 && !glm, arch + " with attention_bias (its modeling code has no biases)");
+    refuse(attn_bias && arch != "LlamaForCausalLM" && !qwen2 && !qwen3 && !glm && !gpt_oss, arch + " with attention_bias (its modeling code has no biases)");
     flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh
           << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", qwen3 ? 128 : h / nh)
           << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
-          << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", family == "glm4_moe" ? 1e-5 : 1e-6)
-          << " --swiglu --position-embedding-type rope --rotary-base " << rope_theta << rope_scaling_flags << window_flags;
+          << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", family == "glm4_moe" || gpt_oss ? 1e-5 : 1e-6)
+          << (gpt_oss ? "" : " --swiglu") << " --position-embedding-type " << rope_type << " --rotary-base " << rope_theta << rope_scaling_flags
+          << window_flags;
     if (partial_rotary != 1.0) flags << " --rotary-percent " << partial_rotary;
     if (!attn_bias || !mlp_bias) flags << " --disable-bias-linear";
     if (attn_bias && !mlp_bias) flags << " --add-qkv-bias";
@@ -327,6 +366,24 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         flags << " --moe-shared-expert-intermediate-size " << shared << " --moe-shared-expert-gate";
       }
     }
+    if (gpt_oss) {
+      // GptOssMLP in every layer: a router with a bias, the top k of its logits softmaxed (Megatron's softmax over the top-k
+      // logits), each expert's gate_up_proj (gate and up interleaved) with biases, then quick GELU of the gate clamped at
+      // swiglu_limit times (up clamped + 1): --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value; attention
+      // sinks per head: --softmax-type learnable.
+      const json quant = hc.value("quantization_config", json());
+      refuse(quant.is_object() && !quant.empty(), "GPT-OSS with quantization_config (its experts in " + field<std::string>(quant, "quant_method", "?") +
+                                                      "): dequantize the model to bf16 first (transformers' Mxfp4Config(dequantize=True), then "
+                                                      "save_pretrained)");
+      const double alpha = field<double>(hc, "swiglu_alpha", 1.702), limit = field<double>(hc, "swiglu_limit", 7.0);
+      refuse(static_cast<float>(alpha) != kQuickGeluAlpha, "GPT-OSS with swiglu_alpha " + std::to_string(alpha) + " (Megatron's quick GELU is 1.702)");
+      refuse(!(limit > 0), "GPT-OSS with swiglu_limit " + std::to_string(limit) + " (the clamp must be positive)");
+      refuse(hc.at("num_experts_per_tok").get<int64_t>() == 1, kTopOneRenormalised);
+      flags << " --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value " << limit << " --softmax-type learnable --num-experts "
+            << hc.at("num_local_experts").get<int64_t>() << " --moe-router-topk " << hc.at("num_experts_per_tok").get<int64_t>()
+            << " --moe-ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --moe-aux-loss-coeff "
+            << field<double>(hc, "router_aux_loss_coef", 0.001);
+    }
     if (family == "mixtral") {
       refuse(hc.at("num_experts_per_tok").get<int64_t>() == 1, kTopOneRenormalised);
       flags << " --num-experts " << hc.at("num_local_experts").get<int64_t>() << " --moe-router-topk " << hc.at("num_experts_per_tok").get<int64_t>()
@@ -336,7 +393,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   } else {
     throw ConfigError("cannot import " + (arch.empty() ? std::string("a model without \"architectures\"") : arch) +
                       ": megatrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, "
-                      "Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and Glm4MoeForCausalLM");
+                      "Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Glm4MoeForCausalLM and GptOssForCausalLM");
   }
   const int64_t V = hc.at("vocab_size").get<int64_t>();
   flags << " --vocab-size " << V << " --make-vocab-size-divisible-by 1";
@@ -407,6 +464,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
                             "--add-qkv-bias biases only the QKV layers): such a model cannot be imported");
         }
       }
+      if (family == "gpt_oss") set(p + "attention.softmax_offset", hf.take(o + "self_attn.sinks", {nh}));
       if (D.qk_norm) {
         set(p + "attention.q_norm.weight", hf.take(o + "self_attn.q_norm.weight", {d}));
         set(p + "attention.k_norm.weight", hf.take(o + "self_attn.k_norm.weight", {d}));
@@ -420,6 +478,34 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
           set(p + "mlp.fc1_gate.bias", hf.take(o + "mlp.gate_proj.bias", {D.F}));
           set(p + "mlp.fc1_up.bias", hf.take(o + "mlp.up_proj.bias", {D.F}));
           set(p + "mlp.fc2.bias", hf.take(o + "mlp.down_proj.bias", {h}));
+        }
+        continue;
+      }
+      if (family == "gpt_oss") {  // (the experts' tensors stacked, [in, out] each, gate and up interleaved in gate_up_proj's columns)
+        set(p + "mlp.router.weight", hf.take(o + "mlp.router.weight", {D.experts, h}));
+        set(p + "mlp.router.bias", hf.take(o + "mlp.router.bias", {D.experts}));
+        const int64_t F = D.F_moe;
+        const Values gate_up = hf.take(o + "mlp.experts.gate_up_proj", {D.experts, h, 2 * F});
+        const Values gate_up_b = hf.take(o + "mlp.experts.gate_up_proj_bias", {D.experts, 2 * F});
+        const Values down = hf.take(o + "mlp.experts.down_proj", {D.experts, F, h});
+        const Values down_b = hf.take(o + "mlp.experts.down_proj_bias", {D.experts, h});
+        for (int64_t e = 0; e < D.experts; ++e) {
+          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+          Values gate(static_cast<size_t>(F * h)), up(gate.size()), gate_b(static_cast<size_t>(F)), up_b(gate_b.size());
+          for (int64_t j = 0; j < F; ++j) {
+            for (int64_t i = 0; i < h; ++i) {
+              gate[static_cast<size_t>(j * h + i)] = gate_up[static_cast<size_t>((e * h + i) * 2 * F + 2 * j)];
+              up[static_cast<size_t>(j * h + i)] = gate_up[static_cast<size_t>((e * h + i) * 2 * F + 2 * j + 1)];
+            }
+            gate_b[static_cast<size_t>(j)] = gate_up_b[static_cast<size_t>(e * 2 * F + 2 * j)];
+            up_b[static_cast<size_t>(j)] = gate_up_b[static_cast<size_t>(e * 2 * F + 2 * j + 1)];
+          }
+          set(x + "fc1_gate.weight", gate);
+          set(x + "fc1_up.weight", up);
+          set(x + "fc1_gate.bias", gate_b);
+          set(x + "fc1_up.bias", up_b);
+          set(x + "fc2.weight", transposed(Values(down.begin() + e * F * h, down.begin() + (e + 1) * F * h), F, h));
+          set(x + "fc2.bias", Values(down_b.begin() + e * h, down_b.begin() + (e + 1) * h));
         }
         continue;
       }

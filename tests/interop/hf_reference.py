@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """hf_reference.py: HuggingFace's modeling code for GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
-Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM and Glm4MoeForCausalLM (LLaMA's with RMSNorms of each query and key head before RoPE; Qwen3-MoE's
+Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM and GptOssForCausalLM (its sinks, clamped
+quick-GELU experts and YaRN; YaRN for the others too) (LLaMA's with RMSNorms of each query and key head before RoPE; Qwen3-MoE's
 sparse block: a softmax over the experts, the top k, renormalised with norm_topk_prob),
 written out in PyTorch (the distribution's python3-torch; no transformers package), reading an exported directory
 by HF's tensor names (config.json, model.safetensors or model.safetensors.index.json) and printing the mean
@@ -50,13 +51,16 @@ def load_dir(d):
         return json.load(f), weights
 
 
-def attention(q, k, v, window=None):  # [B, H, S, d]; window W: HF's sliding window (keys kv > q - W only)
-    S = q.shape[2]
+def attention(q, k, v, window=None, sinks=None):  # [B, H, S, d]; window W: HF's sliding window (keys kv > q - W only)
+    B, H, S = q.shape[0], q.shape[1], q.shape[2]
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     mask = torch.triu(torch.ones(S, S, dtype=torch.bool), 1)
     if window:
         mask = mask | torch.tril(torch.ones(S, S, dtype=torch.bool), -window)
     scores = scores.masked_fill(mask, float("-inf"))
+    if sinks is not None:  # GPT-OSS: a logit per head beside every row's scores, dropped after the softmax
+        combined = torch.cat([scores, sinks.reshape(1, H, 1, 1).expand(B, H, S, 1)], -1)
+        return torch.softmax(combined, -1)[..., :-1] @ v
     return torch.softmax(scores, -1) @ v
 
 
@@ -110,17 +114,68 @@ def rope_scaled(inv, scaling):  # HF's rope types: linear (positions / factor) a
     return inv
 
 
+def yarn(theta, d, scaling):  # HF's yarn rope type: the blended frequencies and the attention factor cos and sin are scaled by
+    factor = scaling["factor"]
+    original = scaling.get("original_max_position_embeddings")
+    beta_fast, beta_slow = scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0)
+
+    def mscale(s, m=1.0):
+        return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+    if scaling.get("attention_factor") is not None:
+        attention = scaling["attention_factor"]
+    elif scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        attention = mscale(factor, scaling["mscale"]) / mscale(factor, scaling["mscale_all_dim"])
+    else:
+        attention = mscale(factor)
+
+    def correction_dim(rotations):
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    base = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    return (base / factor) * (1 - extrapolation) + base * extrapolation, attention
+
+
 def rope(x, theta, partial=1.0, scaling=None):  # [B, H, S, d], HF's rotate_half on the first int(d x partial) dims (GLM-4.5's partial_rotary_factor)
     S = x.shape[2]
     d = int(x.shape[-1] * partial)
     rot, rest = x[..., :d], x[..., d:]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    if scaling:
+    attention = 1.0
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
+        inv, attention = yarn(theta, d, scaling)
+    elif scaling:
         inv = rope_scaled(inv, scaling)
     freqs = torch.arange(S, dtype=torch.float64)[:, None] * inv[None]
     emb = torch.cat([freqs, freqs], -1)
     x1, x2 = rot[..., : d // 2], rot[..., d // 2:]
-    return torch.cat([rot * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin(), rest], -1)
+    return torch.cat([rot * emb.cos() * attention + torch.cat([-x2, x1], -1) * emb.sin() * attention, rest], -1)
+
+
+def gpt_oss_moe(cfg, m, W, p):
+    """GPT-OSS's GptOssMLP: the router's logits (with its bias), the top k softmaxed; each expert's gate_up_proj ([in, out],
+    gate and up interleaved in its columns) plus bias, the gate clamped above and up both ways at swiglu_limit,
+    gate sigmoid(alpha gate) (up + 1), then down_proj plus bias."""
+    k, alpha, limit = cfg["num_experts_per_tok"], cfg.get("swiglu_alpha", 1.702), cfg.get("swiglu_limit", 7.0)
+    logits = m @ W[p + "mlp.router.weight"].T + W[p + "mlp.router.bias"]
+    top_v, top_i = torch.topk(logits, k, -1)
+    top_w = torch.softmax(top_v, -1)
+    out = torch.zeros_like(m)
+    q = p + "mlp.experts."
+    for e in range(cfg["num_local_experts"]):
+        gate_up = m @ W[q + "gate_up_proj"][e] + W[q + "gate_up_proj_bias"][e]
+        gate, up = gate_up[..., ::2].clamp(max=limit), gate_up[..., 1::2].clamp(min=-limit, max=limit)
+        y = ((up + 1) * gate * torch.sigmoid(gate * alpha)) @ W[q + "down_proj"][e] + W[q + "down_proj_bias"][e]
+        out = out + (top_w * (top_i == e)).sum(-1, keepdim=True) * y
+    return out
 
 
 def swiglu_mlp(m, W, q):
@@ -175,6 +230,9 @@ def sparse_moe(m, W, block, names, experts, k, renormalise):
 def layer_window(cfg, l):  # HF's sliding window of layer l: by layer_types; else Qwen's use_sliding_window from max_window_layers on; else every layer (Mistral, Mixtral)
     W = cfg.get("sliding_window")
     arch = cfg["architectures"][0]
+    if arch == "GptOssForCausalLM":  # (its layer_types; by default the even layers windowed, sliding_window 128)
+        types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(cfg["num_hidden_layers"])]
+        return (W or 128) if types[l] == "sliding_attention" else None
     if not W or arch in ("LlamaForCausalLM", "Glm4MoeForCausalLM"):
         return None
     if arch.startswith("Qwen"):  # (only with use_sliding_window; Qwen3-MoE: every layer; else layer_types, or from max_window_layers on)
@@ -192,7 +250,8 @@ def llama(cfg, W, tokens):
     B, S = tokens.shape
     h, nh, ng = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim", h // nh)
-    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    gpt_oss = cfg["architectures"][0] == "GptOssForCausalLM"
+    eps, theta = cfg["rms_norm_eps"], cfg.get("rope_theta", 150000.0 if gpt_oss else 10000.0)
     x = W["model.embed_tokens.weight"][tokens]
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
@@ -206,12 +265,17 @@ def llama(cfg, W, tokens):
         glm = cfg["architectures"][0] == "Glm4MoeForCausalLM"
         partial = cfg.get("partial_rotary_factor", cfg.get("rope_parameters", {}).get("partial_rotary_factor", 0.5 if glm else 1.0))
         scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+        if gpt_oss and not scaling:  # (GptOssConfig's default)
+            scaling = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                       "original_max_position_embeddings": 4096}
         q, k = rope(q, theta, partial, scaling), rope(k, theta, partial, scaling)
         k, v = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
-        o = attention(q, k, v, layer_window(cfg, l)).transpose(1, 2).reshape(B, S, nh * d)
+        o = attention(q, k, v, layer_window(cfg, l), W.get(p + "self_attn.sinks")).transpose(1, 2).reshape(B, S, nh * d)
         x = x + linear(o, W, p + "self_attn.o_proj")
         m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        if glm and l >= cfg.get("first_k_dense_replace", 1):  # GLM-4.5's MoE layers (by its config, as HF builds them)
+        if gpt_oss:
+            x = x + gpt_oss_moe(cfg, m, W, p)
+        elif glm and l >= cfg.get("first_k_dense_replace", 1):  # GLM-4.5's MoE layers (by its config, as HF builds them)
             x = x + glm4_moe(cfg, m, W, p)
         elif p + "block_sparse_moe.gate.weight" in W:  # Mixtral: softmax, top-k, renormalised
             x = x + sparse_moe(m, W, p + "block_sparse_moe.", ("w1", "w3", "w2"), cfg["num_local_experts"], cfg["num_experts_per_tok"], True)

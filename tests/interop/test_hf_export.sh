@@ -146,6 +146,26 @@ for pair in "mistral_window_tp2:--window-size 5,0" "qwen3_window_layer_types:--w
     fail "${pair%%:*}: the import's flags lack ${pair#*:}"
   fi
 done
+# YaRN (--position-embedding-type yarn): HF's yarn rope type, with the correction range rounded and Megatron's default
+# attention factor; with DeepSeek's mscale / mscale_all_dim ratio; with an attention factor of its own (--mscale alone).
+check llama_yarn 1 $LLAMA --position-embedding-type yarn --rotary-scaling-factor 8 --yarn-original-max-position-embeddings 16
+check llama_yarn_mscale 1 $LLAMA --position-embedding-type yarn --rotary-scaling-factor 4 --yarn-original-max-position-embeddings 8 --mscale 0.8 \
+  --mscale-all-dim 0.5 --no-yarn-correction-range-round-to-int
+check llama_yarn_attention_factor 1 $LLAMA --position-embedding-type yarn --rotary-scaling-factor 4 --yarn-original-max-position-embeddings 8 --mscale 2
+# GPT-OSS's layers (GptOssForCausalLM): learned attention sinks, quick-GELU experts with the offset 1 and a clamp the model
+# reaches, biases everywhere (the router's and experts' too), windows in the even layers, YaRN unrounded; TP 2 x EP 2.
+GPT_OSS="$COMMON --normalization RMSNorm --ffn-hidden-size 96 --group-query-attention --num-query-groups 2 --untie-embeddings-and-output-weights
+         --position-embedding-type yarn --rotary-base 150000 --rotary-scaling-factor 4 --yarn-original-max-position-embeddings 8
+         --no-yarn-correction-range-round-to-int --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value 0.5 --softmax-type learnable
+         --num-experts 4 --moe-ffn-hidden-size 48 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --window-size 5,0 --window-attn-skip-freq 2"
+check gpt_oss_tp2_ep2 4 $GPT_OSS --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 --expert-tensor-parallel-size 1 \
+  --moe-token-dispatcher-type alltoall
+if grep -q -- "--softmax-type learnable" "$W/gpt_oss_tp2_ep2-import.log" && grep -q -- "--window-size 5,0 --window-attn-skip-freq \[1,0\]" "$W/gpt_oss_tp2_ep2-import.log" &&
+   grep -q -- "--position-embedding-type yarn" "$W/gpt_oss_tp2_ep2-import.log"; then
+  echo "PASS gpt_oss_tp2_ep2: the import gives back the sinks, the windows and YaRN"
+else
+  fail "gpt_oss_tp2_ep2: the import's flags: $(cat "$W/gpt_oss_tp2_ep2-import.log")"
+fi
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED
