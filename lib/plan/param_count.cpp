@@ -10,7 +10,7 @@ namespace mt {
 namespace {
 
 struct Shapes {
-  int64_t h, n, d, g, F, Fmoe, E, topk, V, norm, bias, qkv_bias, mlp_mult, shared;
+  int64_t h, n, d, g, F, Fmoe, E, topk, V, norm, bias, qkv_bias, mlp_mult, shared, sinks;
 };
 
 Shapes shapes_of(const Config& c) {
@@ -29,12 +29,13 @@ Shapes shapes_of(const Config& c) {
   s.qkv_bias = s.bias || c.model.add_qkv_bias ? 1 : 0;
   s.mlp_mult = gated_mlp(c.model) ? 2 : 1;                  // fc1 holds gate and up with SwiGLU
   s.shared = c.moe.moe_shared_expert_intermediate_size.value_or(0);
+  s.sinks = c.model.softmax_type == "learnable" ? 1 : 0;  // (a learned sink logit per head)
   return s;
 }
 
 int64_t attention_params(const Shapes& s, bool qk_norm) {
   const int64_t qkv_out = s.n * s.d + 2 * s.g * s.d;
-  int64_t p = s.h * qkv_out + s.qkv_bias * qkv_out + s.n * s.d * s.h + s.bias * s.h;
+  int64_t p = s.h * qkv_out + s.qkv_bias * qkv_out + s.n * s.d * s.h + s.bias * s.h + s.sinks * s.n;
   if (qk_norm) p += 2 * s.norm * s.d;
   return p + s.norm * s.h;  // input norm
 }
@@ -81,7 +82,7 @@ RankParams params_on_rank(const Config& c, int64_t stage) {
   // With fewer query groups than TP, each rank holds its group's whole QKV block (the group's query heads
   // and its K/V), replicated on TP / groups ranks (gpt_model.cpp's K/V replication).
   const int64_t qkv_local = s.g >= tp ? (s.n * s.d + 2 * s.g * s.d) / tp : (s.n / s.g + 2) * s.d;
-  int64_t attn = s.h * qkv_local + s.qkv_bias * qkv_local + (s.n * s.d / tp) * s.h + s.bias * s.h + s.norm * s.h;
+  int64_t attn = s.h * qkv_local + s.qkv_bias * qkv_local + (s.n * s.d / tp) * s.h + s.bias * s.h + s.norm * s.h + s.sinks * s.n / tp;
   if (c.model.qk_layernorm) attn += 2 * s.norm * s.d;
   auto mlp_local = [&](int64_t F, int64_t t) {
     return s.h * (F / t) * s.mlp_mult + s.bias * (F / t) * s.mlp_mult + (F / t) * s.h + s.bias * s.h;

@@ -50,6 +50,11 @@ TEST_CASE("parameter counts of published models") {
   CHECK(q30.total == 30532122624);
   CHECK(q30.active == 3353032704);  // 8 of the 128 experts in each of the 48 layers
   CHECK(q30.total - q30.active == 48LL * 120 * 3 * 2048 * 768);
+  // GPT-OSS 20B: 20,914,757,184 (HF's GptOssForCausalLM: biases in every linear layer, the router's too, 64 sinks a layer,
+  // 32 experts of 2880 x 5760 + 2880 x 2880 with biases; vocab 201,088 untied); 4 of the 32 experts active.
+  const ParamCounts oss = count_params(recipe("gpt-oss-20b", 16));
+  CHECK(oss.total == 20914757184);
+  CHECK(oss.total - oss.active == 24LL * 28 * (2880 * 5760 + 5760 + 2880 * 2880 + 2880));
 }
 
 TEST_CASE("parameter counts: Qwen2.5-0.5B's QKV biases (--add-qkv-bias)") {
