@@ -28,7 +28,7 @@ double upcycling_weight_scale(const Config& run) {
   const double g = static_cast<double>(m.moe_upcycling_granularity), experts = static_cast<double>(m.num_experts.value_or(1));
   // Megatron's activation scale: (expansion rate x g x g) / topk with the softmax over all experts, g otherwise.
   const double activation = m.moe_router_pre_softmax ? experts * g / static_cast<double>(m.moe_router_topk) : g;
-  return run.model.swiglu || run.model.squared_relu ? std::cbrt(activation) : std::sqrt(activation);
+  return gated_mlp(run.model) || run.model.squared_relu ? std::cbrt(activation) : std::sqrt(activation);
 }
 
 std::optional<UpcycleSource> upcycling_source(const Config& run, const ParamInfo& p) {

@@ -44,6 +44,9 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
       {"quick-geglu", text(m.quick_geglu)},
       {"glu-linear-offset", text(m.glu_linear_offset)},
       {"activation-func-clamp-value", m.activation_func_clamp_value ? text(*m.activation_func_clamp_value) : "unset"},
+      // (the sinks: off-by-one has no tensor to tell it from vanilla. Not YaRN's settings: like position interpolation,
+      // changing them is how a trained model's context is extended)
+      {"softmax-type", m.softmax_type},
       {"rotary-interleaved", text(m.rotary_interleaved)},
       {"apply-layernorm-1p", text(m.apply_layernorm_1p)},
       {"num-experts", text(c.moe.num_experts)},

@@ -768,6 +768,9 @@ void check_yarn(const Config& c, Checker& k) {
     if (v && (!std::isfinite(*v) || *v <= 0)) k.error(std::string(flag) + " must be a finite number greater than zero, got " + num(*v));
   }
   if (!std::isfinite(m.mscale) || !std::isfinite(m.mscale_all_dim)) k.error("--mscale and --mscale-all-dim must be finite numbers");
+  if (m.yarn_beta_fast.value_or(32.0) <= m.yarn_beta_slow.value_or(1.0)) {
+    k.warn("--yarn-beta-fast at or below --yarn-beta-slow: YaRN's correction range is empty or reversed (HuggingFace warns the same)");
+  }
   if (m.yarn_correction_range_round_to_int && m.no_yarn_correction_range_round_to_int) {
     k.error("--yarn-correction-range-round-to-int and --no-yarn-correction-range-round-to-int contradict each other: give one");
   }
@@ -785,6 +788,10 @@ void check_activation(const Config& c, Checker& k) {
   if (m.quick_geglu && m.swiglu) k.error("--quick-geglu and --swiglu are two activations: give one");
   if (m.quick_geglu && m.squared_relu) k.error("--quick-geglu and --squared-relu are two activations: give one");
   if (!std::isfinite(m.glu_linear_offset)) k.error("--glu-linear-offset must be a finite number, got " + num(m.glu_linear_offset));
+  if (m.glu_linear_offset != 0.0 && m.swiglu) {
+    k.warn("--glu-linear-offset with --swiglu: Megatron raises it under its default bias-SwiGLU fusion (it runs with --no-bias-swiglu-fusion); "
+           "megatrain computes it either way");
+  }
   if (m.glu_linear_offset != 0.0 && !gated_mlp(m)) {
     k.warn("--glu-linear-offset applies to a gated MLP (--swiglu or --quick-geglu): without one it has no effect (as in Megatron)");
   }

@@ -3,6 +3,7 @@
 #include "interop/hf_export.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -393,6 +394,16 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
                                 {"beta_fast", y.yarn_beta_fast},
                                 {"beta_slow", y.yarn_beta_slow},
                                 {"truncate", y.yarn_round_to_int}};
+      // (Some transformers versions take YaRN's factor as max_position_embeddings / original_max_position_embeddings
+      // where the latter is given: written so that the two agree, where the factor times the original length is whole)
+      const double extended = y.yarn_factor * y.yarn_original_max_positions;
+      if (extended == std::floor(extended) && extended >= static_cast<double>(D.max_pos)) {
+        config["max_position_embeddings"] = static_cast<int64_t>(extended);
+      } else {
+        notes.push_back("note: max_position_embeddings " + std::to_string(D.max_pos) + " is not --rotary-scaling-factor x "
+                        "--yarn-original-max-position-embeddings: transformers versions that derive YaRN's factor from the two build "
+                        "another model (current ones take the factor as written)");
+      }
       if (y.yarn_mscale_all_dim != 0.0) {  // (HF's mscale / mscale_all_dim ratio, taken only when both are nonzero)
         refuse(y.yarn_mscale == 0.0, "--mscale 0 with --mscale-all-dim: HF reads the ratio only when both are nonzero");
         config["rope_scaling"]["mscale"] = y.yarn_mscale;

@@ -322,7 +322,7 @@ MegatronTheoretical megatron_theoretical_memory(const Config& c) {
   const double groups = c.model.group_query_attention ? static_cast<double>(c.model.num_query_groups) : n;
   const double qratio = kv * n / h;
   const double E = static_cast<double>(c.moe.num_experts.value_or(1));
-  const double gate = gated_mlp(c.model) ? 1.5 : 1.0;
+  const double gate = c.model.swiglu ? 1.5 : 1.0;  // (Megatron's formula checks --swiglu only)
   const double shared = static_cast<double>(c.moe.moe_shared_expert_intermediate_size.value_or(0));
   const double F = static_cast<double>(c.model.ffn_hidden_size.value_or(0));
   const double Fmoe = c.moe.num_experts ? static_cast<double>(c.moe.moe_ffn_hidden_size.value_or(static_cast<int64_t>(F))) : 0.0;

@@ -80,11 +80,12 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool doc
   auto dout = random_bf16_values(nq, 4, 1.0f);
   mt::cpu::AttentionShape sh{B, S, Hq, Hk, D, scale, 0.0f, 0, 0, 0};
   sh.window = window;
-  std::vector<float> sink_logits, sink_grad(static_cast<size_t>(Hq), 0.0f);
+  std::vector<float> sink_logits, sink_grad(static_cast<size_t>(Hq), 0.0f), sink_probs(static_cast<size_t>(B * Hq * S));
   for (int64_t h = 0; sinks && h < Hq; ++h) sink_logits.push_back(static_cast<float>(h % 5) - 1.5f);  // (-1.5 .. 2.5: a sink outweighing the keys too)
   if (sinks) {
     sh.sink = sink_logits.data();
     sh.sink_grad = sink_grad.data();
+    sh.sink_probs = sink_probs.data();
   }
   std::vector<int32_t> row_start;
   if (documents) {

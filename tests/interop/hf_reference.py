@@ -114,9 +114,9 @@ def rope_scaled(inv, scaling):  # HF's rope types: linear (positions / factor) a
     return inv
 
 
-def yarn(theta, d, scaling):  # HF's yarn rope type: the blended frequencies and the attention factor cos and sin are scaled by
+def yarn(theta, d, scaling, max_positions):  # HF's yarn rope type: the blended frequencies and the attention factor cos and sin are scaled by
     factor = scaling["factor"]
-    original = scaling.get("original_max_position_embeddings")
+    original = scaling.get("original_max_position_embeddings") or max_positions
     beta_fast, beta_slow = scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0)
 
     def mscale(s, m=1.0):
@@ -144,14 +144,14 @@ def yarn(theta, d, scaling):  # HF's yarn rope type: the blended frequencies and
     return (base / factor) * (1 - extrapolation) + base * extrapolation, attention
 
 
-def rope(x, theta, partial=1.0, scaling=None):  # [B, H, S, d], HF's rotate_half on the first int(d x partial) dims (GLM-4.5's partial_rotary_factor)
+def rope(x, theta, partial=1.0, scaling=None, max_positions=None):  # [B, H, S, d], HF's rotate_half on the first int(d x partial) dims (GLM-4.5's partial_rotary_factor)
     S = x.shape[2]
     d = int(x.shape[-1] * partial)
     rot, rest = x[..., :d], x[..., d:]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     attention = 1.0
     if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
-        inv, attention = yarn(theta, d, scaling)
+        inv, attention = yarn(theta, d, scaling, max_positions)
     elif scaling:
         inv = rope_scaled(inv, scaling)
     freqs = torch.arange(S, dtype=torch.float64)[:, None] * inv[None]
@@ -268,7 +268,7 @@ def llama(cfg, W, tokens):
         if gpt_oss and not scaling:  # (GptOssConfig's default)
             scaling = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                        "original_max_position_embeddings": 4096}
-        q, k = rope(q, theta, partial, scaling), rope(k, theta, partial, scaling)
+        q, k = rope(q, theta, partial, scaling, cfg["max_position_embeddings"]), rope(k, theta, partial, scaling, cfg["max_position_embeddings"])
         k, v = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
         o = attention(q, k, v, layer_window(cfg, l), W.get(p + "self_attn.sinks")).transpose(1, 2).reshape(B, S, nh * d)
         x = x + linear(o, W, p + "self_attn.o_proj")

@@ -302,8 +302,8 @@ TEST_CASE("attention sinks (--softmax-type): Megatron's SoftmaxOne, gradients ex
   std::vector<int32_t> starts = {0, 0, 0, 3, 3, 3, 0, 0, 0, 0, 0, 0};  // sample 0: documents [0,2], [3,5]
   for (const float p : {0.0f, 0.3f}) {
     for (const int64_t window : {int64_t{-1}, int64_t{1}}) {
-      Vec sink = {0.7f, -1.3f}, sink_grad(2, 0.0f);
-      cpu::AttentionShape s{B, S, nh, ng, d, 0.5f, p, 77, 10, 0, starts.data(), window, sink.data(), nullptr};
+      Vec sink = {0.7f, -1.3f}, sink_grad(2, 0.0f), sink_probs(static_cast<size_t>(B * nh * S));
+      cpu::AttentionShape s{B, S, nh, ng, d, 0.5f, p, 77, 10, 0, starts.data(), window, sink.data(), nullptr, sink_probs.data()};
       Vec q(static_cast<size_t>(B * S * nh * d)), k(static_cast<size_t>(B * S * ng * d)), v(k.size()), R(q.size());
       fill_normal(q, 61);
       fill_normal(k, 62);
@@ -320,6 +320,7 @@ TEST_CASE("attention sinks (--softmax-type): Megatron's SoftmaxOne, gradients ex
           double score = 0;
           for (int64_t c = 0; c < d; ++c) score += 0.5 * q[static_cast<size_t>(h * d + c)] * k[static_cast<size_t>(c)];
           CHECK(probs[static_cast<size_t>(h * S * S)] == Approx(1.0 / (1.0 + std::exp(sink[static_cast<size_t>(h)] - score))).epsilon(1e-5));
+          CHECK(sink_probs[static_cast<size_t>(h * S)] == Approx(1.0 / (1.0 + std::exp(score - sink[static_cast<size_t>(h)]))).epsilon(1e-5));
         }
       }
       Vec dq(q.size()), dk(k.size()), dv(v.size()), scratch(static_cast<size_t>(S * S));

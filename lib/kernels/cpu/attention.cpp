@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/cpu/linear.h"
@@ -88,6 +89,7 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
           sum += row[j];
         }
         const float inv = static_cast<float>(1.0 / sum);
+        if (s.sink && s.sink_probs) s.sink_probs[(b * nh + h) * S + i] = static_cast<float>(std::exp(static_cast<double>(s.sink[h]) - mx) / sum);
         for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
         for (int64_t j = lo; j <= i; ++j) row[j] *= inv;
         for (int64_t j = i + 1; j < S; ++j) row[j] = 0.0f;
@@ -105,6 +107,7 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs, const float* q,
                         const float* k, const float* v, const AttentionShape& s, float* scratch) {
   const int64_t S = s.S, d = s.d, nh = s.nh, ng = s.ng, per = nh / ng;
+  if (s.sink_grad && !s.sink_probs) throw std::logic_error("attention_backward: the sinks' gradient needs the forward's sink probabilities");
   std::memset(dk, 0, static_cast<size_t>(s.B * S * ng * d) * sizeof(float));
   std::memset(dv, 0, static_cast<size_t>(s.B * S * ng * d) * sizeof(float));
   std::vector<float> dropped(s.dropout > 0 ? static_cast<size_t>(S * S) : 0);
@@ -132,14 +135,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         if (s.dropout > 0) {
           for (int64_t j = 0; j <= i; ++j) row[j] = keep(s, b, h, i, j) ? row[j] * keep_scale : 0.0f;
         }
-        double dot = 0, kept = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          dot += static_cast<double>(row[j]) * prow[j];
-          kept += prow[j];
-        }
+        double dot = 0;
+        for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(row[j]) * prow[j];
         const float dotf = static_cast<float>(dot);
-        // The sink's logit gets p_sink (0 - dot): its value is zero, and p_sink is what the keys left of the row's 1.
-        if (s.sink_grad) s.sink_grad[h] -= static_cast<float>((1.0 - kept) * dot);
+        // The sink's logit gets p_sink (0 - dot): its value is zero.
+        if (s.sink_grad) s.sink_grad[h] -= static_cast<float>(s.sink_probs[(b * nh + h) * S + i] * dot);
         for (int64_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - dotf);
         for (int64_t j = i + 1; j < S; ++j) row[j] = 0.0f;
       }

@@ -24,9 +24,11 @@ struct AttentionShape {
   int64_t window = -1;
   // Attention sinks (--softmax-type off-by-one / learnable, Megatron's SoftmaxOne): [nh] logits, one per local head, that
   // join every row's softmax as a key with no value (the row's probabilities then sum to below 1); null: none. The
-  // backward adds each head's gradient into sink_grad [nh] where given.
+  // forward writes each row's sink probability into sink_probs [B, nh, S] where given; the backward adds each head's
+  // gradient into sink_grad [nh] where given, from those probabilities (which it then needs).
   const float* sink = nullptr;
   float* sink_grad = nullptr;
+  float* sink_probs = nullptr;
 };
 
 // Whether attention dropout (probability p) keeps the probability of query i and key j (places in a sequence of

@@ -13,11 +13,13 @@ namespace {
 
 // sink: the heads' sink logits with --softmax-type (a learned parameter, or off-by-one's zeros), null without;
 // sink_grad: where the backward adds the learned logits' gradient.
-AttentionShape attention_shape(const PassContext& c, int64_t layer, const float* sink = nullptr, float* sink_grad = nullptr) {
+// sink_probs: each row's sink probability, which the forward writes and the backward reads.
+AttentionShape attention_shape(const PassContext& c, int64_t layer, const float* sink = nullptr, float* sink_grad = nullptr,
+                               float* sink_probs = nullptr) {
   const ModelDims& D = c.D;
   return AttentionShape{c.mb.B, c.mb.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, c.training ? D.attention_dropout : 0.0f,
                         dropout_key(c.seed, c.step, 0, layer, kDropAttnProbs), c.mb.first_sample, D.tp_rank * D.nh_local,
-                        c.mb.row_start.empty() ? nullptr : c.mb.row_start.data(), D.window_in(layer), sink, sink_grad};
+                        c.mb.row_start.empty() ? nullptr : c.mb.row_start.data(), D.window_in(layer), sink, sink_grad, sink_probs};
 }
 
 // The sink logits of the layer's local heads (--softmax-type), or null.
@@ -76,7 +78,9 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   } else {
     A.probs.resize(sz(c.mb.B * D.nh_local * c.mb.S * c.mb.S));
     std::vector<float> zeros;
-    attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(), attention_shape(c, ly.layer, sink_logits(c, ly, zeros)));
+    if (D.sink != ModelDims::Sink::kNone) A.sink_probs.resize(sz(c.mb.B * D.nh_local * c.mb.S));
+    attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(),
+                      attention_shape(c, ly.layer, sink_logits(c, ly, zeros), nullptr, A.sink_probs.empty() ? nullptr : A.sink_probs.data()));
   }
   Buf proj(sz(T * h)), proj_local(sz(Tl * h));
   linear_unit_forward(c, ly.layer, kLinearProj, A.proj_lin, proj.data(), A.ctx.data(), ly.proj_w, kNoParam, T, D.nh_local * D.d, h);
@@ -111,7 +115,7 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
     const float* sink = sink_logits(c, ly, zeros);
     float* sink_grad = D.sink == ModelDims::Sink::kLearnable ? c.G(ly.softmax_offset) : nullptr;
     attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(),
-                       attention_shape(c, ly.layer, sink, sink_grad), scratch.data());
+                       attention_shape(c, ly.layer, sink, sink_grad, A.sink_probs.empty() ? nullptr : A.sink_probs.data()), scratch.data());
   }
   if (D.rope_in(ly.layer)) {
     rope_backward(dq.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);

@@ -33,6 +33,7 @@ struct EmbeddingUnit {
 struct AttentionUnit {
   struct Stash {
     Buf x, ln, ln_full, mean, rstd, q, k, v, probs, ctx;
+    Buf sink_probs;  // --softmax-type: each row's sink probability [B, nh, S]
     Buf q_in, k_in, q_mean, q_rstd, k_mean, k_rstd;  // --qk-layernorm: the heads before their norm, its statistics
     ContextAttentionStash cp;                        // context parallelism (then no probs)
     LinearStash qkv_lin, proj_lin;                   // FP8: the GEMMs' quantised operands

@@ -111,13 +111,25 @@ void CudaGPT::choose_split_layers(int64_t mbs, int64_t max_in_flight) {
   }
   // (Not with FP8: each half would cast its own rows, and under tensorwise scaling reduce their amaxes over TP beside the
   // other half's reductions on the TP stream.)
+  // (the halves' attention graphs: with the sinks, and each window's)
+  auto split_attention_ok = [&] {
+    cuda::SdpaShape half{mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_};
+    half.sink = D.sink != ModelDims::Sink::kNone;
+    if (!cuda::CudnnSdpa::instance().check(half).empty()) return false;
+    for (const int64_t window : D.windows) {
+      if (window < 0 || window >= D.S - 1) continue;
+      half.window = window;
+      if (!cuda::CudnnSdpa::instance().check(half).empty()) return false;
+    }
+    return true;
+  };
   split_forward_ = tp_ && D.cp == 1 && max_in_flight == 1 && pre_ && post_ && sp_ok && !mlp_recompute_ && !kv_group_ && !D.qk_norm && !doc_mask_ &&
                    D.attention_dropout <= 0 &&
                    !D.fp8 &&
                    !D.squared_relu && !D.gelu_erf && std::none_of(layers_.begin(), layers_.end(), [](const LayerW& lw) { return lw.moe; }) &&
                    mbs % 2 == 0 && aligned &&
                    !(split_env && std::string(split_env) == "0") &&
-                   cuda::CudnnSdpa::instance().check({mbs / 2, D.S, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_}).empty();
+                   split_attention_ok();
   if (split_forward_ && bgrad_epilogue_) {
     // (Under SP the row-parallel biases' gradients come from this rank's rows, not from the epilogue.)
     split_forward_ = bias_grad_fusable(Wq, h, half_rows) && bias_grad_fusable(F1, h, half_rows) &&
