@@ -1040,10 +1040,7 @@ Diagnostics validate(const Config& c, int64_t world, Purpose purpose) {
   check_moe(c, k);
   check_activation(c, k);
   check_yarn(c, k);
-  if (c.model.softmax_type != "vanilla" && c.parallel.context_parallel_size > 1) {
-    k.error("--softmax-type " + c.model.softmax_type + " with --context-parallel-size > 1 is not implemented (context parallelism's attention "
-            "has no sink): use --softmax-type vanilla, or drop context parallelism");
-  }
+
   check_fp8(c, k);
   check_exclusive_and_misc(c, purpose, k);
   if (purpose == Purpose::kTrain) check_training(c, k);

@@ -231,6 +231,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   // until its GPU group (=window) runs.
   no(!attention_windows(c).empty() && !cuda_unverified_allowed("window-size"),
      "--window-size (sliding-window attention) has not run on a GPU yet on the CUDA engine: drop it, or use --device cpu");
+  no(c.model.softmax_type != "vanilla" && c.parallel.context_parallel_size > 1,
+     "--softmax-type " + c.model.softmax_type + " with context parallelism is not implemented on the CUDA engine (its ring and all-to-all "
+     "attention take no sink; the CPU engine's does): use --softmax-type vanilla, drop context parallelism, or use --device cpu");
   no(c.model.softmax_type != "vanilla" && !cuda_unverified_allowed("softmax-type"),
      "--softmax-type " + c.model.softmax_type + " (attention sinks) is not implemented on the CUDA engine yet: use --softmax-type vanilla, or "
      "--device cpu");

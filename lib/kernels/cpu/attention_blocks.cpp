@@ -83,6 +83,31 @@ void merge_attention_block(float* acc, float* acc_lse, const float* out, const f
   }
 }
 
+void merge_attention_sink(float* acc, float* acc_lse, const float* sink, int64_t B, int64_t Sq, int64_t nh, int64_t d) {
+  std::vector<float> zero(static_cast<size_t>(B * Sq * nh * d), 0.0f), sink_lse(static_cast<size_t>(B * nh * Sq));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t hd = 0; hd < nh; ++hd) std::fill_n(sink_lse.begin() + (b * nh + hd) * Sq, Sq, sink[hd]);
+  }
+  merge_attention_block(acc, acc_lse, zero.data(), sink_lse.data(), B, Sq, nh, d);
+}
+
+void attention_sink_grad(float* sink_grad, const float* dout, const float* out, const float* lse, const float* sink, int64_t B, int64_t Sq, int64_t nh,
+                         int64_t d) {
+  for (int64_t hd = 0; hd < nh; ++hd) {
+    double acc = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < Sq; ++i) {
+        const float* o = out + ((b * Sq + i) * nh + hd) * d;
+        const float* g = dout + ((b * Sq + i) * nh + hd) * d;
+        double row = 0;
+        for (int64_t e = 0; e < d; ++e) row += static_cast<double>(o[e]) * g[e];
+        acc += std::exp(static_cast<double>(sink[hd]) - lse[(b * nh + hd) * Sq + i]) * row;
+      }
+    }
+    sink_grad[hd] -= static_cast<float>(acc);
+  }
+}
+
 void block_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q, const float* k,
                               const float* v, const BlockAttention& s) {
   const int64_t per = s.nh / s.ng;

@@ -32,6 +32,12 @@ struct BlockAttention {
 void block_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const BlockAttention& s);
 // Merges a block's (out, lse) into the running (acc, acc_lse): o = sum_b exp(lse_b - lse) o_b, lse = log sum_b exp(lse_b).
 void merge_attention_block(float* acc, float* acc_lse, const float* out, const float* lse, int64_t B, int64_t Sq, int64_t nh, int64_t d);
+// Attention sinks (--softmax-type): merged as one more block with no value whose log-sum-exp is the head's sink logit
+// (sink [nh]); after it the backward's blocks need no change. And the sink logits' gradient from the merged output and
+// lse: sink_grad[h] -= sum over rows of exp(sink[h] - lse) rowsum(dout * out).
+void merge_attention_sink(float* acc, float* acc_lse, const float* sink, int64_t B, int64_t Sq, int64_t nh, int64_t d);
+void attention_sink_grad(float* sink_grad, const float* dout, const float* out, const float* lse, const float* sink, int64_t B, int64_t Sq, int64_t nh,
+                         int64_t d);
 // The block's share of the backward, given the merged output `out`, its lse and dout: dq += , dk += , dv += .
 void block_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q, const float* k,
                               const float* v, const BlockAttention& s);

@@ -74,7 +74,8 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
   }
   A.ctx.resize(sz(T * D.nh_local * D.d));
   if (D.cp > 1) {  // the keys of the whole sequence from the CP ranks
-    context_attention_forward(c, ly.layer, A.q, A.k, A.v, A.ctx, A.cp);
+    std::vector<float> zeros;
+    context_attention_forward(c, ly.layer, A.q, A.k, A.v, A.ctx, A.cp, sink_logits(c, ly, zeros));
   } else {
     A.probs.resize(sz(c.mb.B * D.nh_local * c.mb.S * c.mb.S));
     std::vector<float> zeros;
@@ -108,7 +109,9 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
   linear_unit_backward(c, ly.layer, kLinearProj, A.proj_lin, dctx.data(), full.data(), ly.proj_w, kNoParam, A.ctx.data(), T, Hd, h);
   Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size());
   if (D.cp > 1) {
-    context_attention_backward(c, ly.layer, dctx, A.q, A.k, A.v, dq, dk, dv, A.cp);
+    std::vector<float> zeros;
+    context_attention_backward(c, ly.layer, dctx, A.q, A.k, A.v, dq, dk, dv, A.cp, sink_logits(c, ly, zeros),
+                               D.sink == ModelDims::Sink::kLearnable ? c.G(ly.softmax_offset) : nullptr);
   } else {
     Buf scratch(sz(c.mb.S * c.mb.S));
     std::vector<float> zeros;

@@ -134,7 +134,8 @@ bool use_a2a(const PassContext& c) { return c.D.cp_a2a; }
 
 }  // namespace
 
-void context_attention_forward(const PassContext& c, int64_t layer, const Buf& q, const Buf& k, const Buf& v, Buf& ctx, ContextAttentionStash& st) {
+void context_attention_forward(const PassContext& c, int64_t layer, const Buf& q, const Buf& k, const Buf& v, Buf& ctx, ContextAttentionStash& st,
+                               const float* sink) {
   const ModelDims& D = c.D;
   const int64_t B = c.mb.B, S = c.mb.S, nh = D.nh_local, ng = D.ng_local, d = D.d;
   if (use_a2a(c)) {
@@ -151,6 +152,7 @@ void context_attention_forward(const PassContext& c, int64_t layer, const Buf& q
     st.out.assign(st.q.size(), 0.0f);
     st.lse.assign(sz(B * (nh / n) * n * S), 0.0f);
     block_attention_forward(st.out.data(), st.lse.data(), st.q.data(), st.k.data(), st.v.data(), s);
+    if (sink) merge_attention_sink(st.out.data(), st.lse.data(), sink + c.groups.cp->rank() * (nh / n), B, n * S, nh / n, d);  // (this rank's heads)
     sequence_to_heads(c, st.out, nh, ctx);
     return;
   }
@@ -175,13 +177,14 @@ void context_attention_forward(const PassContext& c, int64_t layer, const Buf& q
       std::swap(cur, next);
     }
   }
+  if (sink) merge_attention_sink(st.out.data(), st.lse.data(), sink, B, S, nh, d);
   ctx = st.out;
 }
 
 void context_attention_backward(const PassContext& c, int64_t layer, const Buf& dctx, const Buf& q, const Buf& k, const Buf& v, Buf& dq, Buf& dk, Buf& dv,
-                                ContextAttentionStash& st) {
+                                ContextAttentionStash& st, const float* sink, float* sink_grad) {
   const ModelDims& D = c.D;
-  const int64_t S = c.mb.S, nh = D.nh_local, ng = D.ng_local;
+  const int64_t B = c.mb.B, S = c.mb.S, nh = D.nh_local, ng = D.ng_local, d = D.d;
   if (use_a2a(c)) {
     const int64_t n = c.groups.cp->size();
     Buf dout;
@@ -193,12 +196,17 @@ void context_attention_backward(const PassContext& c, int64_t layer, const Buf& 
     s.q_start = st.start.empty() ? nullptr : st.start.data();
     block_attention_backward(dq_all.data(), dk_all.data(), dv_all.data(), dout.data(), st.out.data(), st.lse.data(), st.q.data(), st.k.data(),
                              st.v.data(), s);
+    if (sink && sink_grad) {
+      const int64_t first = c.groups.cp->rank() * (nh / n);
+      attention_sink_grad(sink_grad + first, dout.data(), st.out.data(), st.lse.data(), sink + first, B, n * S, nh / n, d);
+    }
     sequence_to_heads(c, dq_all, nh, dq);
     sequence_to_heads(c, dk_all, ng, dk);
     sequence_to_heads(c, dv_all, ng, dv);
     return;
   }
   const int64_t n = c.groups.cp->size();
+  if (sink && sink_grad) attention_sink_grad(sink_grad, dctx.data(), st.out.data(), st.lse.data(), sink, B, S, nh, d);
   dq.assign(q.size(), 0.0f);
   RingBlock cur = own_block(c, k, v, true), next;
   const std::vector<int32_t> q_start = starts_of(c.mb);

@@ -19,10 +19,13 @@ struct ContextAttentionStash {
 };
 
 // q [B, S, nh, d], k / v [B, S, ng, d] of this rank's tokens (nh, ng: this TP rank's heads); ctx [B, S, nh, d].
-// layer: the global layer (attention dropout's key).
-void context_attention_forward(const PassContext& c, int64_t layer, const Buf& q, const Buf& k, const Buf& v, Buf& ctx, ContextAttentionStash& s);
-// dq, dk, dv (overwritten) from dctx.
+// layer: the global layer (attention dropout's key). sink: --softmax-type's logits of this TP rank's nh heads (null:
+// none), merged with the blocks as one with no value.
+void context_attention_forward(const PassContext& c, int64_t layer, const Buf& q, const Buf& k, const Buf& v, Buf& ctx, ContextAttentionStash& s,
+                               const float* sink = nullptr);
+// dq, dk, dv (overwritten) from dctx; with sinks their gradient added into sink_grad [nh] (this rank's queries' share,
+// summed over CP with the other gradients).
 void context_attention_backward(const PassContext& c, int64_t layer, const Buf& dctx, const Buf& q, const Buf& k, const Buf& v, Buf& dq, Buf& dk, Buf& dv,
-                                ContextAttentionStash& s);
+                                ContextAttentionStash& s, const float* sink = nullptr, float* sink_grad = nullptr);
 
 }  // namespace mt::cpu
