@@ -315,9 +315,6 @@ void check_attention(const Config& c, Checker& k) {
                 "one): give LEFT,0");
       }
       if (c.model.num_layers) (void)attention_windows(c);
-      if (w.left >= 0 && c.parallel.context_parallel_size > 1) {
-        k.error("--window-size with --context-parallel-size > 1 is not implemented (context parallelism's attention has no window): drop one of them");
-      }
     } catch (const ConfigError& e) {
       k.error(e.what());
     }

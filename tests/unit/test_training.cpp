@@ -765,6 +765,24 @@ TEST_CASE("--log-num-zeros-in-grad: the gradient's zero entries, counted as Mega
     gaps.clear();
     for (const auto& g : cuda_engine_gaps(t, 1)) gaps += g + "\n";
     CHECK_THAT(gaps, !MT_CONTAINS("--window-size"));
+    // GPT-OSS's pieces (forty-first session, written without a GPU): each refused by name meanwhile
+    t.model.window_size.reset();
+    Config oss = t;
+    oss.model.quick_geglu = true;
+    oss.model.position_embedding_type = "yarn";
+    oss.model.softmax_type = "learnable";
+    gaps.clear();
+    for (const auto& g : cuda_engine_gaps(oss, 1)) gaps += g + "\n";
+    CHECK_THAT(gaps, MT_CONTAINS("--quick-geglu, --glu-linear-offset and --activation-func-clamp-value"));
+    CHECK_THAT(gaps, MT_CONTAINS("--position-embedding-type yarn (YaRN's RoPE) has not run on a GPU yet"));
+    CHECK_THAT(gaps, MT_CONTAINS("--softmax-type learnable (attention sinks) is not implemented on the CUDA engine yet"));
+    // (and with context parallelism, which the CPU engine has for the sinks and windows, not the CUDA engine)
+    oss.parallel.context_parallel_size = 2;
+    oss.model.window_size = "3,0";
+    gaps.clear();
+    for (const auto& g : cuda_engine_gaps(oss, 2)) gaps += g + "\n";
+    CHECK_THAT(gaps, MT_CONTAINS("--softmax-type learnable with context parallelism is not implemented on the CUDA engine"));
+    CHECK_THAT(gaps, MT_CONTAINS("--window-size with context parallelism is not implemented on the CUDA engine"));
   }
 }
 

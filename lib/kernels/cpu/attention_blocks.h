@@ -20,10 +20,12 @@ struct BlockAttention {
   float dropout = 0;
   uint64_t dropout_key = 0;
   int64_t sample0 = 0, head0 = 0, seq_total = 0;  // global sample of b = 0, global head of head 0, sequence length
+  // Sliding-window attention (--window-size): a query at place p sees keys at p - window .. p; -1: no window.
+  int64_t window = -1;
   float dropped(int64_t b, int64_t hd, int64_t i, int64_t j) const;  // the factor of probability (i, j): 0 or 1 / (1 - p)
   bool allowed(int64_t b, int64_t i, int64_t j) const {
-    const int32_t kp = k_pos[b * Sk + j];
-    return kp <= q_pos[b * Sq + i] && (!q_start || kp >= q_start[b * Sq + i]);
+    const int32_t kp = k_pos[b * Sk + j], qp = q_pos[b * Sq + i];
+    return kp <= qp && (!q_start || kp >= q_start[b * Sq + i]) && (window < 0 || kp >= qp - window);
   }
 };
 

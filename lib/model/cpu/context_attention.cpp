@@ -28,6 +28,7 @@ BlockAttention shape(const PassContext& c, int64_t Sq, int64_t Sk, int64_t nh, i
   s.ng = ng;
   s.d = c.D.d;
   s.scale = c.D.softmax_scale;
+  s.window = c.D.window_in(layer);
   return s;
 }
 
