@@ -47,34 +47,6 @@ void squared_relu_backward(float* dx, const float* dy, const float* x, int64_t n
   for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? 2.0f * x[i] * dy[i] : 0.0f;
 }
 
-void swiglu_forward(float* y, const float* x, int64_t N, int64_t F) {
-  for (int64_t n = 0; n < N; ++n) {
-    const float* g = x + n * 2 * F;
-    const float* u = g + F;
-    float* o = y + n * F;
-    for (int64_t i = 0; i < F; ++i) {
-      const float s = 1.0f / (1.0f + std::exp(-g[i]));
-      o[i] = g[i] * s * u[i];
-    }
-  }
-}
-
-void swiglu_backward(float* dx, const float* dy, const float* x, int64_t N, int64_t F) {
-  for (int64_t n = 0; n < N; ++n) {
-    const float* g = x + n * 2 * F;
-    const float* u = g + F;
-    const float* d = dy + n * F;
-    float* dg = dx + n * 2 * F;
-    float* du = dg + F;
-    for (int64_t i = 0; i < F; ++i) {
-      const float s = 1.0f / (1.0f + std::exp(-g[i]));
-      const float silu = g[i] * s;
-      du[i] = d[i] * silu;
-      dg[i] = d[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
-    }
-  }
-}
-
 namespace {
 
 // The clamped gate and linear inputs, and whether each passes its gradient (torch.clamp's: inside or on a bound).
@@ -119,5 +91,9 @@ void gated_backward(float* dx, const float* dy, const float* x, int64_t N, int64
     }
   }
 }
+
+// SwiGLU: the gated unit with SiLU, no offset, no clamp (the same arithmetic).
+void swiglu_forward(float* y, const float* x, int64_t N, int64_t F) { gated_forward(y, x, N, F, GatedActivation{}); }
+void swiglu_backward(float* dx, const float* dy, const float* x, int64_t N, int64_t F) { gated_backward(dx, dy, x, N, F, GatedActivation{}); }
 
 }  // namespace mt::cpu

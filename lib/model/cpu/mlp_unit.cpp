@@ -7,16 +7,14 @@
 namespace mt::cpu {
 
 void mlp_activation_forward(const ModelDims& D, float* act, const float* fc1, int64_t n, int64_t F) {
-  if (D.swiglu && !D.glu.plain_swiglu()) gated_forward(act, fc1, n, F, D.glu);
-  else if (D.swiglu) swiglu_forward(act, fc1, n, F);
+  if (D.swiglu) gated_forward(act, fc1, n, F, D.glu);
   else if (D.squared_relu) squared_relu_forward(act, fc1, n * F);
   else if (D.gelu_erf) gelu_erf_forward(act, fc1, n * F);
   else gelu_forward(act, fc1, n * F);
 }
 
 void mlp_activation_backward(const ModelDims& D, float* dfc1, const float* dact, const float* fc1, int64_t n, int64_t F) {
-  if (D.swiglu && !D.glu.plain_swiglu()) gated_backward(dfc1, dact, fc1, n, F, D.glu);
-  else if (D.swiglu) swiglu_backward(dfc1, dact, fc1, n, F);
+  if (D.swiglu) gated_backward(dfc1, dact, fc1, n, F, D.glu);
   else if (D.squared_relu) squared_relu_backward(dfc1, dact, fc1, n * F);
   else if (D.gelu_erf) gelu_erf_backward(dfc1, dact, fc1, n * F);
   else gelu_backward(dfc1, dact, fc1, n * F);
