@@ -84,11 +84,19 @@ void merge_attention_block(float* acc, float* acc_lse, const float* out, const f
 }
 
 void merge_attention_sink(float* acc, float* acc_lse, const float* sink, int64_t B, int64_t Sq, int64_t nh, int64_t d) {
-  std::vector<float> zero(static_cast<size_t>(B * Sq * nh * d), 0.0f), sink_lse(static_cast<size_t>(B * nh * Sq));
+  // (merge_attention_block with a block whose output is 0: the row scaled by its share, the sink added to its lse)
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t hd = 0; hd < nh; ++hd) std::fill_n(sink_lse.begin() + (b * nh + hd) * Sq, Sq, sink[hd]);
+    for (int64_t hd = 0; hd < nh; ++hd) {
+      for (int64_t i = 0; i < Sq; ++i) {
+        float& la = acc_lse[(b * nh + hd) * Sq + i];
+        const double m = std::max(la, sink[hd]);
+        const double wa = std::exp(static_cast<double>(la) - m), sum = wa + std::exp(static_cast<double>(sink[hd]) - m);
+        float* a = acc + ((b * Sq + i) * nh + hd) * d;
+        for (int64_t e = 0; e < d; ++e) a[e] = static_cast<float>(wa * a[e] / sum);
+        la = static_cast<float>(m + std::log(sum));
+      }
+    }
   }
-  merge_attention_block(acc, acc_lse, zero.data(), sink_lse.data(), B, Sq, nh, d);
 }
 
 void attention_sink_grad(float* sink_grad, const float* dout, const float* out, const float* lse, const float* sink, int64_t B, int64_t Sq, int64_t nh,
