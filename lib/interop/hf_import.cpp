@@ -24,6 +24,7 @@
 #include "config/resolve.h"
 #include "config/validate.h"
 #include "interop/hf_layout.h"
+#include "interop/mxfp4.h"
 #include "interop/safetensors.h"
 #include "model/gpt_model.h"
 #include "model/model_dims.h"
@@ -82,10 +83,45 @@ class HfWeights {
   // model alone (GPT-2's own files: wte.weight, h.0.attn...) leave out; HF's loader accepts both, so does this.
   void set_base_prefix(std::string base) { base_ = std::move(base); }
   Values take(const std::string& wanted, const std::vector<int64_t>& shape) {
-    std::string name = wanted;
-    if (!where_.count(name) && !base_.empty() && name.rfind(base_, 0) == 0 && where_.count(name.substr(base_.size()))) name = name.substr(base_.size());
+    const std::string name = located(wanted);
+    const SafetensorsFile& file = checked(name, shape);
+    used_.insert(name);
+    return file.read_f32(name);
+  }
+  // Stacked experts' weights [experts, in, out] (GPT-OSS's gate_up_proj, down_proj): the tensor itself, or, in a
+  // checkpoint quantized to MXFP4 (mxfp4.h), its `_blocks` [experts, out, in / 32, 16] and `_scales` [experts, out,
+  // in / 32], dequantized and transposed as transformers' convert_moe_packed_tensors does.
+  Values take_experts(const std::string& wanted, int64_t experts, int64_t in, int64_t out) {
+    const std::string blocks_name = located(wanted + "_blocks");
+    if (!where_.count(blocks_name)) return take(wanted, {experts, in, out});
+    if (in % kMxfp4GroupSize != 0) {
+      throw DataError("the HuggingFace tensor " + blocks_name + " is MXFP4, whose groups of 32 need an input size that is a multiple of 32, not " + std::to_string(in));
+    }
+    const int64_t groups = in / kMxfp4GroupSize;
+    const std::string scales_name = located(wanted + "_scales");
+    const SafetensorsFile& blocks_file = checked(blocks_name, {experts, out, groups, kMxfp4GroupSize / 2});
+    const SafetensorsFile& scales_file = checked(scales_name, {experts, out, groups});
+    used_.insert(blocks_name);
+    used_.insert(scales_name);
+    const Values rows = mxfp4_dequantize(blocks_file.read_u8(blocks_name), scales_file.read_u8(scales_name), experts * out, groups, blocks_name);
+    Values values(rows.size());
+    for (int64_t e = 0; e < experts; ++e) {
+      const Values one = transposed(Values(rows.begin() + e * out * in, rows.begin() + (e + 1) * out * in), out, in);
+      std::copy(one.begin(), one.end(), values.begin() + e * in * out);
+    }
+    ++dequantized_;
+    return values;
+  }
+  int64_t dequantized() const { return dequantized_; }
+  // The stored name of `wanted`: itself, or without the base model's prefix.
+  std::string located(const std::string& wanted) const {
+    if (!where_.count(wanted) && !base_.empty() && wanted.rfind(base_, 0) == 0 && where_.count(wanted.substr(base_.size()))) return wanted.substr(base_.size());
+    return wanted;
+  }
+  // The file holding `name`, whose shape must be `shape`.
+  const SafetensorsFile& checked(const std::string& name, const std::vector<int64_t>& shape) const {
     auto it = where_.find(name);
-    if (it == where_.end()) throw DataError("the HuggingFace weights have no tensor " + wanted);
+    if (it == where_.end()) throw DataError("the HuggingFace weights have no tensor " + name);
     const auto& e = it->second->entry(name);
     if (e.shape != shape) {
       std::ostringstream s;
@@ -96,8 +132,7 @@ class HfWeights {
       s << "]";
       throw DataError(s.str());
     }
-    used_.insert(name);
-    return it->second->read_f32(name);
+    return *it->second;
   }
   std::vector<std::string> unused() const {
     std::vector<std::string> out;
@@ -111,6 +146,7 @@ class HfWeights {
   std::map<std::string, std::shared_ptr<SafetensorsFile>> where_;
   std::set<std::string> used_;
   std::string base_;
+  int64_t dequantized_ = 0;
 };
 
 template <typename T>
@@ -371,10 +407,13 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       // logits), each expert's gate_up_proj (gate and up interleaved) with biases, then quick GELU of the gate clamped at
       // swiglu_limit times (up clamped + 1): --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value; attention
       // sinks per head: --softmax-type learnable.
+      // The released checkpoints hold the experts' weights in MXFP4 (quantization_config's quant_method "mxfp4"): read
+      // and dequantized to fp32 (HfWeights::take_experts), as transformers' Mxfp4Config(dequantize=True) does.
       const json quant = hc.value("quantization_config", json());
-      refuse(quant.is_object() && !quant.empty(), "GPT-OSS with quantization_config (its experts in " + field<std::string>(quant, "quant_method", "?") +
-                                                      "): dequantize the model to bf16 first (transformers' Mxfp4Config(dequantize=True), then "
-                                                      "save_pretrained)");
+      const std::string method = quant.is_object() ? field<std::string>(quant, "quant_method", "?") : "";
+      refuse(quant.is_object() && !quant.empty() && method != "mxfp4",
+             "GPT-OSS with quantization_config's quant_method " + method + " (megatrain reads MXFP4 experts and unquantized weights): "
+             "dequantize the model first (transformers: load it dequantized, then save_pretrained)");
       const double alpha = field<double>(hc, "swiglu_alpha", 1.702), limit = field<double>(hc, "swiglu_limit", 7.0);
       refuse(static_cast<float>(alpha) != kQuickGeluAlpha, "GPT-OSS with swiglu_alpha " + std::to_string(alpha) + " (Megatron's quick GELU is 1.702)");
       refuse(!(limit > 0), "GPT-OSS with swiglu_limit " + std::to_string(limit) + " (the clamp must be positive)");
@@ -485,9 +524,9 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         set(p + "mlp.router.weight", hf.take(o + "mlp.router.weight", {D.experts, h}));
         set(p + "mlp.router.bias", hf.take(o + "mlp.router.bias", {D.experts}));
         const int64_t F = D.F_moe;
-        const Values gate_up = hf.take(o + "mlp.experts.gate_up_proj", {D.experts, h, 2 * F});
+        const Values gate_up = hf.take_experts(o + "mlp.experts.gate_up_proj", D.experts, h, 2 * F);
         const Values gate_up_b = hf.take(o + "mlp.experts.gate_up_proj_bias", {D.experts, 2 * F});
-        const Values down = hf.take(o + "mlp.experts.down_proj", {D.experts, F, h});
+        const Values down = hf.take_experts(o + "mlp.experts.down_proj", D.experts, F, h);
         const Values down_b = hf.take(o + "mlp.experts.down_proj_bias", {D.experts, h});
         for (int64_t e = 0; e < D.experts; ++e) {
           const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
@@ -563,6 +602,10 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   std::vector<std::string> out;
   out.push_back("imported " + dir.string() + " (" + arch + ") into " + opt.save_dir + " at iteration 0, weights only");
   out.push_back("the model's flags: " + flag_text);
+  if (hf.dequantized() > 0) {
+    out.push_back("note: " + std::to_string(hf.dequantized()) + " MXFP4 tensor(s) (the experts' weights) dequantized; training updates them in "
+                  "full precision, and an export writes them unquantized");
+  }
   if (skipped_layers > 0) {
     out.push_back("note: " + std::to_string(skipped_layers) + " tensor(s) of layers from " + std::to_string(L) +
                   " on (GLM's multi-token-prediction layers, which megatrain does not train) left out");

@@ -188,4 +188,10 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   return out;
 }
 
+std::vector<uint8_t> SafetensorsFile::read_u8(const std::string& name) const {
+  const Entry& e = entry(name);
+  if (e.dtype != "U8") throw DataError(path_ + ": tensor " + name + " is " + e.dtype + ", not U8");
+  return std::vector<uint8_t>(data_ + e.begin, data_ + e.end);
+}
+
 }  // namespace mt

@@ -45,6 +45,8 @@ class SafetensorsFile {
   const Entry& entry(const std::string& name) const;
   // The tensor's values as fp32 (from F32, BF16 or F16).
   std::vector<float> read_f32(const std::string& name) const;
+  // The bytes of a U8 tensor (MXFP4's blocks and scales); DataError for another dtype.
+  std::vector<uint8_t> read_u8(const std::string& name) const;
 
  private:
   void parse_header();

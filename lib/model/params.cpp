@@ -43,14 +43,21 @@ void ParamStore::allocate() {
   // The dense parameters first, the experts' after them: each gradient group one flat range (a dense model's
   // offsets are its registration order, as before). Last the buffers that no optimizer updates (the expert bias):
   // the trainable parameters then lie in one range from 0, as the optimizer state does.
+  // Each parameter starts on a multiple of kParamAlignment elements (as Megatron's gradient buffer pads its
+  // parameters' starts): the CUDA engine's GEMMs load 16-byte vectors from the views into the flat buffers.
+  // A parameter whose size is no such multiple (the attention sinks' [heads], a norm of odd width) leaves a
+  // gap of zeros after it that belongs to no parameter: the optimizer's segments, the norms, the zero count
+  // and the checkpoints go by parameter and never see it; a data-parallel bucket reduces its zeros.
   int64_t off = 0;
   for (int pass = 0; pass < 3; ++pass) {
     for (ParamInfo& p : infos_) {
       if ((!p.trainable ? 2 : p.grad_group == GradGroup::kExpert ? 1 : 0) != pass) continue;
+      off = (off + kParamAlignment - 1) / kParamAlignment * kParamAlignment;
       p.offset = off;
       off += p.numel;
     }
   }
+  total_ = off;
   // Weights and gradients in fp32 on the host: said before trying, with the remedies, when the machine cannot
   // hold them (std::bad_alloc names nothing).
   const double need = 8.0 * static_cast<double>(total_);

@@ -53,6 +53,9 @@ struct ParamInfo {
   bool expert_tp_replicated() const { return shard_dim < 0 && grad_group == GradGroup::kExpert; }
 };
 
+// The flat buffers place every parameter on a multiple of this many elements (ParamStore::allocate).
+inline constexpr int64_t kParamAlignment = 8;
+
 class ParamStore {
  public:
   // Registers a parameter; returns its index. allocate() assigns the offsets: registration order within each

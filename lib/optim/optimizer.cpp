@@ -50,15 +50,17 @@ std::vector<Optimizer::Segment> Optimizer::make_segments(const ParamStore& param
   std::vector<size_t> by_offset(params.size());
   for (size_t i = 0; i < by_offset.size(); ++i) by_offset[i] = i;
   std::stable_sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) { return params.info(a).offset < params.info(b).offset; });
+  // Each owned range's state lies like the range, the alignment gaps between parameters (ParamStore::allocate)
+  // included: without sharding the state index is the flat offset, as the CUDA engine's buffers have it.
   for (const auto& [lo, hi] : owned) {
     for (size_t i : by_offset) {
       const ParamInfo& p = params.info(i);
       if (!p.trainable) continue;
       const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
       if (b >= e) continue;
-      out.push_back({i, b, e, state});
-      state += e - b;
+      out.push_back({i, b, e, state + (b - lo)});
     }
+    state += hi - lo;
   }
   return out;
 }

@@ -52,7 +52,7 @@ class Optimizer {
     int64_t state;       // index of `begin` in the state buffers
   };
   const std::vector<Segment>& segments() const { return segments_; }
-  // The segments (and their state offsets, back to back in range order) of `owned` over the parameters:
+  // The segments (and their state offsets: the ranges back to back in order, each laid out like the flat buffers) of `owned` over the parameters:
   // the state layout every optimizer over those ranges uses (the CUDA engine's device state included).
   static std::vector<Segment> make_segments(const ParamStore& params, FlatRanges owned);
   float* master() { return master_.defined() ? master_.f32() : nullptr; }  // null in fp32 training

@@ -305,10 +305,10 @@ void CudaEngine::setup_optimizer_state(const std::vector<Optimizer::Segment>& se
     std::vector<cuda::AdamChunk> by_state = chunks_;
     std::stable_sort(by_state.begin(), by_state.end(), [](const cuda::AdamChunk& a, const cuda::AdamChunk& b) { return a.state < b.state; });
     const double want = cfg.training.optimizer_offload_fraction * static_cast<double>(n_state_);
-    for (const cuda::AdamChunk& c : by_state) {
-      if (static_cast<double>(n_offloaded_ + c.len) > want + 0.5 || c.state != n_offloaded_) break;
+    for (const cuda::AdamChunk& c : by_state) {  // (an alignment gap between two chunks' states goes with the first)
+      if (static_cast<double>(c.state + c.len) > want + 0.5 || c.state < n_offloaded_) break;
       host_chunks.push_back(c);
-      n_offloaded_ += c.len;
+      n_offloaded_ = c.state + c.len;
     }
   }
   for (cuda::AdamChunk c : chunks_) {

@@ -18,7 +18,20 @@ import sys
 
 import torch
 
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "U8": torch.uint8}
+# MXFP4's E2M1 codes (transformers' integrations/mxfp4.py): sign bit 8, then 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def dequantize_mxfp4(blocks, scales):  # as transformers' convert_moe_packed_tensors: [E, out, G, 16] + [E, out, G] -> [E, G * 32, out]
+    lut = torch.tensor(E2M1, dtype=torch.float64)
+    *prefix, groups, nbytes = blocks.shape
+    rows = blocks.reshape(-1, nbytes)
+    out = torch.empty(rows.shape[0], nbytes * 2, dtype=torch.float64)
+    out[:, 0::2] = lut[(rows & 0x0F).long()]
+    out[:, 1::2] = lut[(rows >> 4).long()]
+    out = torch.ldexp(out, (scales.reshape(-1, 1).to(torch.int32) - 127).to(torch.float64))
+    return out.reshape(*prefix, groups * nbytes * 2).transpose(1, 2).contiguous()
 
 
 def load_safetensors(path):
@@ -33,7 +46,9 @@ def load_safetensors(path):
             continue
         b, end = e["data_offsets"]
         t = torch.frombuffer(bytearray(data[base + b:base + end]), dtype=DTYPES[e["dtype"]])
-        out[name] = t.reshape(e["shape"]).to(torch.float64)
+        out[name] = t.reshape(e["shape"])
+        if e["dtype"] != "U8":
+            out[name] = out[name].to(torch.float64)
     return out
 
 
@@ -47,6 +62,9 @@ def load_dir(d):
             weights.update(load_safetensors(os.path.join(d, fn)))
     else:
         weights = load_safetensors(os.path.join(d, "model.safetensors"))
+    for name in [n for n in weights if n.endswith("_blocks")]:  # MXFP4 experts (quantization_config's quant_method "mxfp4")
+        base = name[:-len("_blocks")]
+        weights[base] = dequantize_mxfp4(weights.pop(name), weights.pop(base + "_scales"))
     with open(os.path.join(d, "config.json")) as f:
         return json.load(f), weights
 

@@ -157,7 +157,7 @@ check llama_yarn_attention_factor 1 $LLAMA --position-embedding-type yarn --rota
 GPT_OSS="$COMMON --normalization RMSNorm --ffn-hidden-size 96 --group-query-attention --num-query-groups 2 --untie-embeddings-and-output-weights
          --position-embedding-type yarn --rotary-base 150000 --rotary-scaling-factor 4 --yarn-original-max-position-embeddings 8
          --no-yarn-correction-range-round-to-int --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value 0.5 --softmax-type learnable
-         --num-experts 4 --moe-ffn-hidden-size 48 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --window-size 5,0 --window-attn-skip-freq 2"
+         --num-experts 4 --moe-ffn-hidden-size 64 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --window-size 5,0 --window-attn-skip-freq 2"
 check gpt_oss_tp2_ep2 4 $GPT_OSS --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 --expert-tensor-parallel-size 1 \
   --moe-token-dispatcher-type alltoall
 if grep -q -- "--softmax-type learnable" "$W/gpt_oss_tp2_ep2-import.log" && grep -q -- "--window-size 5,0 --window-attn-skip-freq \[1,0\]" "$W/gpt_oss_tp2_ep2-import.log" &&
@@ -165,6 +165,65 @@ if grep -q -- "--softmax-type learnable" "$W/gpt_oss_tp2_ep2-import.log" && grep
   echo "PASS gpt_oss_tp2_ep2: the import gives back the sinks, the windows and YaRN"
 else
   fail "gpt_oss_tp2_ep2: the import's flags: $(cat "$W/gpt_oss_tp2_ep2-import.log")"
+fi
+# The released GPT-OSS checkpoints' form: the experts' weights in MXFP4 (quantization_config's quant_method "mxfp4"; blocks of
+# 32 E2M1 codes along the input with a power-of-two scale). The export quantized here; its import against HF's
+# dequantization (hf_reference.py, transformers' convert_moe_packed_tensors) on the same batch.
+if "$PY" - "$W/gpt_oss_tp2_ep2-hf" "$W/gpt_oss_mxfp4-hf" <<'PYM'
+import json, os, struct, sys
+import torch
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst, exist_ok=True)
+c = json.load(open(os.path.join(src, "config.json")))
+c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+data = open(os.path.join(src, "model.safetensors"), "rb").read()
+(n,) = struct.unpack("<Q", data[:8]); header = json.loads(data[8:8 + n]); body = data[8 + n:]
+lut = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+def quantize(w):  # [E, in, out] -> blocks [E, out, in / 32, 16], scales [E, out, in / 32]
+    g = w.transpose(1, 2).reshape(w.shape[0], w.shape[2], w.shape[1] // 32, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    e = torch.where(amax > 0, torch.ceil(torch.log2(amax / 6)), torch.zeros_like(amax)).clamp(-127, 127)
+    q = g / torch.pow(2.0, e)
+    code = (q.abs().unsqueeze(-1) - lut).abs().argmin(-1) + 8 * (q < 0)
+    code = code.to(torch.uint8)
+    return (code[..., 0::2] | (code[..., 1::2] << 4)).contiguous(), (e.squeeze(-1) + 127).to(torch.uint8)
+out, blobs, at = {}, [], 0
+def put(name, dtype, shape, raw):
+    global at
+    out[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + len(raw)]}; blobs.append(raw); at += len(raw)
+quantized = 0
+for name, e in header.items():
+    if name == "__metadata__":
+        continue
+    b, end = e["data_offsets"]
+    if name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
+        w = torch.frombuffer(bytearray(body[b:end]), dtype=torch.float32).reshape(e["shape"])
+        blocks, scales = quantize(w)
+        put(name + "_blocks", "U8", blocks.shape, blocks.numpy().tobytes()); put(name + "_scales", "U8", scales.shape, scales.numpy().tobytes())
+        quantized += 1
+    else:
+        put(name, e["dtype"], e["shape"], body[b:end])
+h = json.dumps(out).encode(); h += b" " * (-len(h) % 8)
+open(os.path.join(dst, "model.safetensors"), "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+sys.exit(0 if quantized == 4 else 1)
+PYM
+then
+  if "$BIN" checkpoint import --hf "$W/gpt_oss_mxfp4-hf" --save "$W/gpt_oss_mxfp4-ckpt" >"$W/gpt_oss_mxfp4-import.log" 2>&1 &&
+     grep -q "4 MXFP4 tensor(s)" "$W/gpt_oss_mxfp4-import.log"; then
+    mine=$("$HF_LOSS" "$W/gpt_oss_mxfp4-ckpt" "$W/tokens.txt")
+    theirs=$("$PY" "$HERE/hf_reference.py" "$W/gpt_oss_mxfp4-hf" "$W/tokens.txt")
+    fp32=$("$PY" "$HERE/hf_reference.py" "$W/gpt_oss_tp2_ep2-hf" "$W/tokens.txt")
+    if "$PY" -c "import sys; a, b, f = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) and b != f else 1)" "$mine" "$theirs" "$fp32"; then
+      echo "PASS gpt_oss_mxfp4: the MXFP4 experts dequantized, megatrain $mine, HF $theirs (unquantized $fp32)"
+    else
+      fail "gpt_oss_mxfp4: megatrain's loss $mine, HF's dequantized $theirs (unquantized $fp32)"
+    fi
+  else
+    cat "$W/gpt_oss_mxfp4-import.log"; fail "gpt_oss_mxfp4: import"
+  fi
+else
+  fail "gpt_oss_mxfp4: quantizing the export"
 fi
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall

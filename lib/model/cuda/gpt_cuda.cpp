@@ -115,18 +115,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   }
   numel_ = layout.numel();
   // Every parameter is a view into the flat buffers; cuBLASLt's kernels load 16-byte vectors, so each view
-  // must start on a multiple of 8 elements (true when hidden, FFN and vocabulary sizes are multiples of 8).
-  std::vector<const ParamInfo*> by_offset;  // (the store places them by group, not in the order they were declared)
-  for (const auto& p : layout.infos()) by_offset.push_back(&p);
-  std::sort(by_offset.begin(), by_offset.end(), [](const ParamInfo* a, const ParamInfo* b) { return a->offset < b->offset; });
-  for (size_t i = 0; i < by_offset.size(); ++i) {
-    const ParamInfo& p = *by_offset[i];
-    if (p.offset % 8 != 0 && p.trainable) {  // (a buffer such as the expert bias is no GEMM operand)
-      const std::string cause = i > 0 ? ", as " + by_offset[i - 1]->name + " before it has " + std::to_string(by_offset[i - 1]->numel) + " elements" : "";
-      throw std::runtime_error("the CUDA engine needs every parameter to start on a multiple of 8 elements; " + p.name + " does not" + cause +
-                               " (make --hidden-size, --ffn-hidden-size, the padded vocabulary and, with biases, --num-experts multiples of 8 per "
-                               "tensor-parallel rank), or use --device cpu");
-    }
+  // must start on a multiple of 8 elements: ParamStore::allocate places them so.
+  static_assert(kParamAlignment % 8 == 0, "the CUDA engine's views need 16-byte starts");
+  for (const auto& p : layout.infos()) {
+    if (p.offset % kParamAlignment != 0) throw std::logic_error("CudaGPT: " + p.name + " starts off the flat buffers' alignment");
   }
   if (share_params) {
     // Another model chunk of this stage (interleaving): the parameters, gradients and master weights of every
