@@ -126,13 +126,23 @@ int run_plan(int argc, char** argv) {
   // (a model whose every layer is an MoE layer has no dense MLP: its --ffn-hidden-size is not used)
   const std::string ffn = moe_layers == *cfg.model.num_layers ? std::string("MLP") : "ffn " + std::to_string(*cfg.model.ffn_hidden_size);
   std::printf("megatrain plan\n");
-  std::printf("model: %lld layers, hidden %lld, %lld heads (%lld query groups, head dim %lld), %s%s, %s, %s, vocab %lld (padded %lld), seq %lld\n",
+  const std::string heads = cfg.model.multi_latent_attention ? std::string("multi-latent")
+                                                               : std::to_string(d.num_query_groups) + " query groups, head dim " +
+                                                                     std::to_string(*cfg.model.kv_channels);
+  std::printf("model: %lld layers, hidden %lld, %lld heads (%s), %s%s, %s, %s, vocab %lld (padded %lld), seq %lld\n",
               static_cast<long long>(*cfg.model.num_layers), static_cast<long long>(*cfg.model.hidden_size),
-              static_cast<long long>(*cfg.model.num_attention_heads), static_cast<long long>(d.num_query_groups),
-              static_cast<long long>(*cfg.model.kv_channels), ffn.c_str(),
+              static_cast<long long>(*cfg.model.num_attention_heads), heads.c_str(), ffn.c_str(),
               cfg.model.swiglu ? " SwiGLU" : " GELU", cfg.model.normalization.c_str(),
               cfg.model.position_embedding_type.c_str(), static_cast<long long>(d.vocab_size),
               static_cast<long long>(d.padded_vocab_size), static_cast<long long>(*cfg.data.seq_length));
+  if (cfg.model.multi_latent_attention) {  // (the heads above: the query / key width without RoPE is --qk-head-dim)
+    const ModelConfig& m = cfg.model;
+    std::printf("attention: multi-latent, query latent %s, key/value latent %lld, heads %lld + %lld RoPE (shared by the keys) wide, values %lld, "
+                "RoPE %s\n",
+                m.q_lora_rank ? std::to_string(*m.q_lora_rank).c_str() : "none", static_cast<long long>(m.kv_lora_rank),
+                static_cast<long long>(m.qk_head_dim), static_cast<long long>(m.qk_pos_emb_head_dim), static_cast<long long>(m.v_head_dim),
+                m.rope_type.value_or("yarn").c_str());
+  }
   if (moe) {
     std::printf("moe: %lld experts, top-%lld, expert ffn %lld, %lld of %lld layers MoE (--moe-layer-freq %s)\n",
                 static_cast<long long>(*cfg.moe.num_experts), static_cast<long long>(cfg.moe.moe_router_topk),

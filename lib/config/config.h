@@ -46,6 +46,15 @@ struct ModelConfig {
   // Attention's softmax (Megatron's --softmax-type): vanilla, off-by-one (a sink logit 0 in every row's denominator) or
   // learnable (a trained sink logit per head: GPT-OSS's attention sinks).
   std::string softmax_type = "vanilla";
+  // Multi-latent attention (DeepSeek-V2/V3's, Megatron's --multi-latent-attention; docs/mla.md): the queries through a
+  // q_lora_rank bottleneck (or one projection without it), keys and values from one shared kv_lora_rank latent; each
+  // query and key head qk_head_dim wide without RoPE and qk_pos_emb_head_dim with it (the key's RoPE part one per token,
+  // shared by the heads), each value head v_head_dim wide. rope_type: MLA's RoPE, rope or yarn (unset: yarn, Megatron's).
+  bool multi_latent_attention = false;
+  OptInt q_lora_rank;
+  int64_t kv_lora_rank = 32, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
+  OptString rope_type;
+  bool cache_mla_latents = false, mla_down_proj_fusion = false;
   OptString no_rope_freq;  // the layers without RoPE (Llama 4's): N (every N-th) or a 0/1 list; unset: none (config/layer_pattern.h)
   double rotary_percent = 1.0;
   OptInt max_position_embeddings;

@@ -220,9 +220,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("use-megatron-fsdp", false, "Megatron FSDP is not implemented: use --use-distributed-optimizer"),
       MT_REFUSED("mtp-loss-scaling-factor", true, "multi-token prediction is not implemented"),
       MT_REFUSED("fine-grained-activation-offloading", false, "activation offloading is not implemented: use --recompute-granularity full"),
-      MT_REFUSED("qk-head-dim", true, "multi-latent attention (DeepSeek's) is not implemented"),
-      MT_REFUSED("v-head-dim", true, "multi-latent attention (DeepSeek's) is not implemented"),
-      MT_REFUSED("qk-pos-emb-head-dim", true, "multi-latent attention (DeepSeek's) is not implemented"),
       MT_INERT("ckpt-fully-parallel-load", false, "every rank reads its own shard"),
       MT_INERT("ckpt-assume-constant-structure", false, "megatrain's checkpoint layout is computed, not cached"),
       // Settings of features megatrain refuses elsewhere (their --optimizer, --position-embedding-type): no effect alone.
@@ -245,7 +242,6 @@ std::vector<AliasSpec> build_aliases() {
                "pretraining's attention is the same either way"),
       MT_INERT("enable-gpt-oss", false, "Megatron applies GPT-OSS's YaRN values only where it builds a ModelOpt model (post-training); "
                "pretraining keeps the position embedding given: for YaRN give --position-embedding-type yarn and its flags"),
-      MT_DEFAULT_ONLY("rope-type", "rope", "it picks multi-latent attention's RoPE (not implemented); other layers take --position-embedding-type (yarn for YaRN)"),
       MT_INERT("ddp-num-buckets", true, "how the gradients are bucketed for their reduction does not change the results (--ddp-bucket-size sets megatrain's)"),
       MT_INERT("ddp-pad-buckets-for-high-nccl-busbw", false, "the buckets' padding does not change the results"),
       MT_INERT("keep-fp8-transpose-cache", false, "where FP8 transposes are kept does not change the results"),
@@ -326,9 +322,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("wandb-entity", true, "Weights & Biases is not supported: metrics go to metrics.jsonl under --log-dir (and --tensorboard-dir)"),
       MT_REFUSED("init-method-xavier-uniform", false, "only the normal initialisation of --init-method-std is implemented: drop it"),
       MT_REFUSED("use-legacy-models", false, "megatrain has one model implementation (Megatron-Core's): drop it"),
-      MT_REFUSED("multi-latent-attention", false, "multi-latent attention (DeepSeek's) is not implemented"),
-      MT_REFUSED("q-lora-rank", true, "multi-latent attention (DeepSeek's) is not implemented"),
-      MT_REFUSED("kv-lora-rank", true, "multi-latent attention (DeepSeek's) is not implemented"),
       MT_REFUSED("mtp-num-layers", true, "multi-token prediction is not implemented"),
       MT_REFUSED("hybrid-override-pattern", true, "hybrid (Mamba) models are not implemented"),
       MT_REFUSED("heterogeneous-layers-config-path", true, "heterogeneous layers are not implemented"),

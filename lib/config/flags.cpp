@@ -69,6 +69,17 @@ std::vector<FlagSpec> build_table() {
         "Attention's softmax: vanilla; off-by-one (a sink logit 0 joins every row's denominator); learnable (a trained sink logit per "
         "head, GPT-OSS's attention sinks)",
         "vanilla", "off-by-one", "learnable"),
+      F(kNet, "multi-latent-attention", model.multi_latent_attention,
+        "Multi-latent attention (DeepSeek-V2/V3's): queries and keys/values through low-rank latents, a shared RoPE key part"),
+      F(kNet, "q-lora-rank", model.q_lora_rank, "MLA: the queries' latent rank (unset: one query projection)"),
+      F(kNet, "kv-lora-rank", model.kv_lora_rank, "MLA: the keys' and values' latent rank"),
+      F(kNet, "qk-head-dim", model.qk_head_dim, "MLA: the query and key heads' width without RoPE"),
+      F(kNet, "qk-pos-emb-head-dim", model.qk_pos_emb_head_dim, "MLA: the query and key heads' width with RoPE (the key's shared by the heads)"),
+      F(kNet, "v-head-dim", model.v_head_dim, "MLA: the value heads' width"),
+      F(kNet, "rope-type", model.rope_type, "MLA's RoPE: rope, or yarn (the default: --rotary-scaling-factor, --mscale, --mscale-all-dim)"),
+      F(kNet, "cache-mla-latents", model.cache_mla_latents, "MLA: cache the latents at inference (refused in training, as Megatron)"),
+      F(kNet, "mla-down-proj-fusion", model.mla_down_proj_fusion,
+        "MLA: Megatron's fused down projections (the same arithmetic: accepted, computed as the separate ones)"),
       F(kNet, "window-attn-skip-freq", model.window_attn_skip_freq,
         "The layers with full attention beside --window-size: N gives every N-th layer (numbers divisible by N) full attention, or a "
         "list of 1 (window) / 0 (full) per layer such as \"([1]*3+[0])*2\""),

@@ -68,7 +68,15 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
   } else {
     out.emplace_back("max-position-embeddings", text(m.max_position_embeddings));
   }
-  out.emplace_back("add-qkv-bias", text(m.add_qkv_bias && m.disable_bias_linear));  // (only where it adds parameters)
+  out.emplace_back("add-qkv-bias", text(m.add_qkv_bias && m.disable_bias_linear && !m.multi_latent_attention));  // (only where it adds parameters)
+  out.emplace_back("multi-latent-attention", text(m.multi_latent_attention));
+  if (m.multi_latent_attention) {  // (not --rope-type: YaRN's RoPE over plain RoPE is how a context is extended, as above)
+    out.emplace_back("q-lora-rank", text(m.q_lora_rank));
+    out.emplace_back("kv-lora-rank", text(m.kv_lora_rank));
+    out.emplace_back("qk-head-dim", text(m.qk_head_dim));
+    out.emplace_back("qk-pos-emb-head-dim", text(m.qk_pos_emb_head_dim));
+    out.emplace_back("v-head-dim", text(m.v_head_dim));
+  }
   if (c.moe.num_experts) {
     out.emplace_back("moe-router-topk", text(c.moe.moe_router_topk));
     out.emplace_back("moe-ffn-hidden-size", text(c.moe.moe_ffn_hidden_size));

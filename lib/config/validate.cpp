@@ -645,8 +645,8 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
     } else if ((module == "moe_act" || module == "layernorm") && c.precision.fp8_format && c.precision.fp8_recipe == "delayed") {
       k.error("Delayed scaling does not support moe_act and layernorm recompute for fp8 (as Megatron): use --fp8-recipe tensorwise or "
               "blockwise, or drop " + module);
-    } else if (module == "mla_up_proj") {
-      k.error("--recompute-modules mla_up_proj needs multi-latent attention, which megatrain does not implement: drop it");
+    } else if (module == "mla_up_proj" && !c.model.multi_latent_attention) {
+      k.error("--recompute-modules mla_up_proj needs --multi-latent-attention (as Megatron): drop it");
     } else if (module.rfind("gdn", 0) == 0 || module.rfind("gdp", 0) == 0 || module == "mhc") {
       k.error("--recompute-modules " + module + " belongs to attention variants megatrain does not implement: drop it");
     } else if (module == "shared_experts" && c.moe.moe_shared_expert_overlap) {
@@ -748,11 +748,24 @@ void check_training(const Config& c, Checker& k) {
 // YaRN (Megatron's YarnRotaryEmbedding): its settings, and what it does not combine with.
 void check_yarn(const Config& c, Checker& k) {
   const ModelConfig& m = c.model;
-  const bool yarn = m.position_embedding_type == "yarn";
+  const bool mla = m.multi_latent_attention, yarn = m.position_embedding_type == "yarn" || (mla && m.rope_type.value_or("yarn") == "yarn");
   const bool given = m.rotary_scaling_factor != 1.0 || m.yarn_original_max_position_embeddings || m.yarn_beta_fast || m.yarn_beta_slow ||
                      m.mscale != 1.0 || m.mscale_all_dim != 0.0 || m.yarn_correction_range_round_to_int || m.no_yarn_correction_range_round_to_int;
+  // (MLA's softmax scale takes --rotary-scaling-factor and --mscale-all-dim whatever its RoPE)
+  if (mla && (!std::isfinite(m.rotary_scaling_factor) || m.rotary_scaling_factor <= 0 || !std::isfinite(m.mscale_all_dim))) {
+    k.error("--rotary-scaling-factor must be a finite number greater than zero and --mscale-all-dim finite, got " + num(m.rotary_scaling_factor) +
+            " and " + num(m.mscale_all_dim));
+  }
   if (!yarn) {
-    if (given) k.warn("the YaRN flags (--rotary-scaling-factor, --yarn-*, --mscale*) apply to --position-embedding-type yarn: here they have no effect");
+    if (given && !mla) {
+      k.warn("the YaRN flags (--rotary-scaling-factor, --yarn-*, --mscale*) apply to --position-embedding-type yarn: here they have no effect");
+    }
+    const bool rope_only = m.yarn_original_max_position_embeddings || m.yarn_beta_fast || m.yarn_beta_slow || m.mscale != 1.0 ||
+                           m.yarn_correction_range_round_to_int || m.no_yarn_correction_range_round_to_int;
+    if (mla && rope_only) {
+      k.warn("--yarn-* and --mscale shape YaRN's RoPE, which --rope-type rope turns off: here they have no effect (--rotary-scaling-factor "
+             "and --mscale-all-dim still scale MLA's softmax)");
+    }
     return;
   }
   if (!std::isfinite(m.rotary_scaling_factor) || m.rotary_scaling_factor <= 0) {
@@ -776,6 +789,45 @@ void check_yarn(const Config& c, Checker& k) {
             "whole head): drop --rotary-percent");
   }
   if (m.use_rope_scaling) k.error("--use-rope-scaling is LLaMA 3.1's scaling of plain RoPE: with --position-embedding-type yarn drop it");
+}
+
+// Multi-latent attention (Megatron's MLATransformerConfig and validate_args rules; what megatrain leaves out refused).
+void check_mla(const Config& c, Checker& k) {
+  const ModelConfig& m = c.model;
+  if (m.rope_type && *m.rope_type != "rope" && *m.rope_type != "yarn") k.error("--rope-type must be rope or yarn, got " + *m.rope_type);
+  if (!m.multi_latent_attention) {
+    if (m.rope_type.value_or("rope") == "yarn") {
+      k.error("--rope-type yarn picks multi-latent attention's RoPE (as Megatron): for YaRN elsewhere give --position-embedding-type yarn");
+    }
+    if (m.mla_down_proj_fusion) k.error("--mla-down-proj-fusion needs --multi-latent-attention (as Megatron)");
+    if (m.q_lora_rank || m.cache_mla_latents) k.warn("--q-lora-rank and --cache-mla-latents apply to --multi-latent-attention: here they have no effect");
+    return;
+  }
+  if (m.position_embedding_type != "rope") {
+    k.error("--multi-latent-attention rotates its own RoPE part (--rope-type): give --position-embedding-type rope (Megatron's MLA needs it), not " +
+            m.position_embedding_type);
+  }
+  if (m.group_query_attention) k.error("--multi-latent-attention and --group-query-attention cannot be combined (as Megatron): drop one");
+  if (m.rotary_interleaved) k.error("--rotary-interleaved does not work with --multi-latent-attention (as Megatron): drop it");
+  if (m.q_lora_rank && *m.q_lora_rank <= 0) k.error("--q-lora-rank must be positive, got " + s(*m.q_lora_rank));
+  for (auto [v, flag] : {std::pair{m.kv_lora_rank, "--kv-lora-rank"}, std::pair{m.qk_head_dim, "--qk-head-dim"},
+                         std::pair{m.qk_pos_emb_head_dim, "--qk-pos-emb-head-dim"}, std::pair{m.v_head_dim, "--v-head-dim"}}) {
+    if (v <= 0) k.error(std::string(flag) + " must be positive, got " + s(v));
+  }
+  if (m.qk_pos_emb_head_dim % 2 != 0) k.error("--qk-pos-emb-head-dim must be even (RoPE rotates pairs), got " + s(m.qk_pos_emb_head_dim));
+  if (m.cache_mla_latents) k.error("--cache-mla-latents is for inference; training with it is refused (as Megatron): drop it");
+  if (m.qk_layernorm && !m.q_lora_rank) {
+    k.error("--qk-layernorm with --multi-latent-attention and no --q-lora-rank is not implemented (Megatron then norms the hidden state again "
+            "before the query projection): give --q-lora-rank, or drop --qk-layernorm");
+  }
+  if (m.rotary_percent != 1.0) k.error("--rotary-percent below 1 with --multi-latent-attention is not implemented: drop it");
+  if (m.use_rope_scaling || m.rotary_seq_len_interpolation_factor) {
+    k.error("--use-rope-scaling and --rotary-seq-len-interpolation-factor with --multi-latent-attention are not implemented: drop them");
+  }
+  if (m.no_rope_freq) k.error("--no-rope-freq with --multi-latent-attention is not implemented: drop it");
+  if (m.add_qkv_bias) k.warn("--add-qkv-bias has no effect with --multi-latent-attention (its projections have no biases, as Megatron's)");
+  if (m.kv_channels) k.warn("--kv-channels has no effect with --multi-latent-attention (--qk-head-dim, --qk-pos-emb-head-dim and --v-head-dim set its heads)");
+  if (c.precision.fp8_format) k.error("FP8 with --multi-latent-attention is not implemented (its projections run in 16 bits only): drop --fp8-format");
 }
 
 void check_activation(const Config& c, Checker& k) {
@@ -1037,6 +1089,7 @@ Diagnostics validate(const Config& c, int64_t world, Purpose purpose) {
   check_moe(c, k);
   check_activation(c, k);
   check_yarn(c, k);
+  check_mla(c, k);
 
   check_fp8(c, k);
   check_exclusive_and_misc(c, purpose, k);

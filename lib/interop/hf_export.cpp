@@ -127,7 +127,22 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   std::string family;
   // (quick GeGLU with its offset and clamp, attention sinks: GPT-OSS's pieces, which only its HF form holds)
   const bool gpt_oss_parts = (D.swiglu && !D.glu.plain_swiglu()) || D.sink != ModelDims::Sink::kNone;
-  if (gpt_oss_parts) {
+  if (D.mla) {  // (multi-latent attention: DeepSeek-V3's DeepseekV3ForCausalLM, a GLM-4.5-style sigmoid-routed MoE or none)
+    refuse(!(D.swiglu && D.rms && D.rope && D.glu.plain_swiglu()), "multi-latent attention has a HuggingFace form only as DeepseekV3ForCausalLM: "
+                                                                   "RMSNorm and SwiGLU");
+    refuse(any_moe && c.moe.moe_router_score_function != "sigmoid", "DeepseekV3ForCausalLM's router takes sigmoid scores "
+                                                                    "(--moe-router-score-function sigmoid)");
+    refuse(D.q_lora_rank == 0, "DeepseekV3ForCausalLM without q_lora_rank norms the keys' latent alone, which Megatron's MLA cannot (its "
+                               "--qk-layernorm norms both latents): this model has no query latent (--q-lora-rank)");
+    refuse(!D.qk_norm, "DeepseekV3ForCausalLM norms both latents (q_a_layernorm, kv_a_layernorm): the model needs --qk-layernorm");
+    refuse(c.model.norm_epsilon != 1e-6, "DeepseekV3ForCausalLM's latent norms keep eps 1e-6 whatever rms_norm_eps: the model needs "
+                                         "--norm-epsilon 1e-6");
+    refuse(D.bias, "DeepseekV3ForCausalLM has no biases (--disable-bias-linear)");
+    refuse(c.model.rope_type.value_or("yarn") == "rope" && (c.model.rotary_scaling_factor != 1.0 || c.model.mscale_all_dim != 0.0),
+           "--rope-type rope with --rotary-scaling-factor / --mscale-all-dim scales MLA's softmax without YaRN's RoPE: HF's DeepSeek-V3 "
+           "scales it only with rope_scaling");
+    family = "deepseek_v3";
+  } else if (gpt_oss_parts) {
     refuse(!(D.rms && D.rope && any_moe), "quick GeGLU (or a GLU offset or clamp) and attention sinks have a HuggingFace form only as "
                                           "GptOssForCausalLM: RMSNorm, RoPE and an MoE MLP in every layer");
     family = "gpt_oss";
@@ -140,7 +155,9 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   refuse(family.empty(), "the model is neither GPT-2 shaped (LayerNorm, GELU, learned positions) nor LLaMA / Mixtral / Qwen3 shaped "
                          "(RMSNorm, SwiGLU, RoPE)");
   refuse(family == "gpt2" && D.qk_norm, "--qk-layernorm has no place in GPT2LMHeadModel");
-  const bool glm = family == "glm4_moe";
+  // (GLM-4.5's MoE block is DeepSeek-V3's: the checks and tensors below serve both)
+  const bool deepseek = family == "deepseek_v3", glm = family == "glm4_moe" || deepseek;
+  const std::string moe_arch = deepseek ? "DeepseekV3ForCausalLM" : "Glm4MoeForCausalLM";
   // Sliding-window attention (--window-size L,0): HF's sliding_window L + 1 (its mask keeps keys kv > q - W). Mistral's and
   // Mixtral's window every layer; Qwen3's name the layers in layer_types.
   const bool windowed = std::any_of(D.windows.begin(), D.windows.end(), [](int64_t w) { return w >= 0; });
@@ -160,20 +177,20 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   refuse(glm && D.rotary_interleaved && D.rot_dim < D.d, "--rotary-interleaved with partial rotary has no place in Glm4MoeForCausalLM");
   if (glm) {  // GLM-4.5's MoE block: sigmoid scores (+ e_score_correction_bias for the choice), the top k renormalised, scaled
     const MoeConfig& mc = c.moe;
-    refuse(D.bias, "Glm4MoeForCausalLM has no biases but its QKV ones (--disable-bias-linear, with --add-qkv-bias or not)");
+    refuse(D.bias, moe_arch + " has no biases but its QKV ones (--disable-bias-linear, with --add-qkv-bias or not)");
     refuse(!mc.load_balancing_is("aux_loss") && !mc.load_balancing_is("seq_aux_loss") && !mc.load_balancing_is("global_aux_loss") &&
                !mc.load_balancing_is("none") && mc.moe_router_load_balancing_type.size() == 1,
-           "Glm4MoeForCausalLM routes by the top k of the sigmoid scores (plus its bias): no sinkhorn or quantile balancing");
-    refuse(mc.moe_expert_capacity_factor.has_value(), "Glm4MoeForCausalLM is dropless (no --moe-expert-capacity-factor)");
-    refuse(mc.moe_shared_expert_gate, "Glm4MoeForCausalLM's shared experts have no gate (--moe-shared-expert-gate)");
-    refuse(D.F_shared > 0 && D.F_shared % D.F_moe != 0, "Glm4MoeForCausalLM's shared experts are n_shared_experts x --moe-ffn-hidden-size wide: "
+           moe_arch + " routes by the top k of the sigmoid scores (plus its bias): no sinkhorn or quantile balancing");
+    refuse(mc.moe_expert_capacity_factor.has_value(), moe_arch + " is dropless (no --moe-expert-capacity-factor)");
+    refuse(mc.moe_shared_expert_gate, moe_arch + "'s shared experts have no gate (--moe-shared-expert-gate)");
+    refuse(D.F_shared > 0 && D.F_shared % D.F_moe != 0, moe_arch + "'s shared experts are n_shared_experts x --moe-ffn-hidden-size wide: "
                                                          "--moe-shared-expert-intermediate-size must be a multiple of it");
     refuse(mc.moe_router_num_groups.value_or(1) > mc.moe_router_group_topk.value_or(1) && D.topk / mc.moe_router_group_topk.value_or(1) != 2,
-           "Glm4MoeForCausalLM scores each expert group by its best two experts: group-limited routing needs --moe-router-topk = 2 x "
+           moe_arch + " scores each expert group by its best two experts: group-limited routing needs --moe-router-topk = 2 x "
            "--moe-router-group-topk");
     bool dense_prefix = true;
     for (int64_t l = 1; l < D.L; ++l) dense_prefix = dense_prefix && (moe[static_cast<size_t>(l)] || !moe[static_cast<size_t>(l - 1)]);
-    refuse(!dense_prefix, "Glm4MoeForCausalLM's dense layers are its first ones (first_k_dense_replace): --moe-layer-freq must be dense "
+    refuse(!dense_prefix, moe_arch + "'s dense layers are its first ones (first_k_dense_replace): --moe-layer-freq must be dense "
                           "layers, then MoE layers");
   }
   if (family == "gpt_oss") {  // GptOssForCausalLM: its experts' clamped quick GeGLU with the offset 1, learned sinks, biases, a softmax router
@@ -263,6 +280,17 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".", o = "model.layers." + std::to_string(l) + ".";
       put(o + "input_layernorm.weight", {h}, norm(p + "input_norm.weight"));
+      if (deepseek) {  // (Megatron's MLA tensors are HF's as they are: the rows per head [nope | rope], [k_nope | v])
+        const int64_t Rq = D.q_lora_rank, Rkv = D.kv_lora_rank;
+        put(o + "self_attn.q_a_proj.weight", {Rq, h}, get(p + "attention.q_down_proj.weight"));
+        put(o + "self_attn.q_a_layernorm.weight", {Rq}, norm(p + "attention.q_layernorm.weight"));
+        put(o + "self_attn.q_b_proj.weight", {nh * d, Rq}, get(p + "attention.q_up_proj.weight"));
+        put(o + "self_attn.kv_a_proj_with_mqa.weight", {Rkv + D.qk_rope, h}, get(p + "attention.kv_down_proj.weight"));
+        put(o + "self_attn.kv_a_layernorm.weight", {Rkv}, norm(p + "attention.kv_layernorm.weight"));
+        put(o + "self_attn.kv_b_proj.weight", {nh * (D.qk_nope + D.v_dim), Rkv}, get(p + "attention.kv_up_proj.weight"));
+        put(o + "self_attn.o_proj.weight", {h, nh * D.v_dim}, get(p + "attention.proj.weight"));
+      }
+      if (!deepseek) {
       SplitQkv w = split_qkv(get(p + "attention.qkv.weight"), nh, ng, d, h);
       if (D.rotary_interleaved) {
         w.q = deinterleave_heads(w.q, nh, d, h);
@@ -290,7 +318,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         put(o + "self_attn.sinks", {nh}, get(p + "attention.softmax_offset"));
         out.back().fp32 = true;  // (HF keeps the sinks in fp32 as they are: a logit beside every row's scores)
       }
-      if (qwen3 || (glm && D.qk_norm)) {  // one [d] weight shared by the heads, in HF's rotate-half order of the head dimension
+      if (qwen3 || (glm && !deepseek && D.qk_norm)) {  // one [d] weight shared by the heads, in HF's rotate-half order of the head dimension
         Values qn = norm(p + "attention.q_norm.weight"), kn = norm(p + "attention.k_norm.weight");
         if (D.rotary_interleaved) {
           qn = deinterleave_heads(qn, 1, d, 1);
@@ -298,6 +326,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         }
         put(o + "self_attn.q_norm.weight", {d}, qn);
         put(o + "self_attn.k_norm.weight", {d}, kn);
+      }
       }
       put(o + "post_attention_layernorm.weight", {h}, norm(p + "mlp_norm.weight"));
       if (!moe[static_cast<size_t>(l)] || D.experts == 0) {
@@ -368,7 +397,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
                              : family == "qwen3"   ? "Qwen3ForCausalLM"
                              : family == "qwen3_moe" ? "Qwen3MoeForCausalLM"
                              : family == "qwen2_moe" ? "Qwen2MoeForCausalLM"
-                             : glm                   ? "Glm4MoeForCausalLM"
+                             : glm                   ? moe_arch
                              : windowed              ? "MistralForCausalLM"
                                                      : "LlamaForCausalLM";
     config = {{"architectures", {arch}}, {"model_type", arch == "MistralForCausalLM" ? "mistral" : family},
@@ -386,7 +415,11 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
                                 {"high_freq_factor", r.high_freq_factor}, {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_positions)}};
     } else if (interpolation) {  // (HF's linear rope type: the positions divided by the factor, as Megatron's)
       config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", static_cast<double>(*interpolation)}};
-    } else if (c.model.position_embedding_type == "yarn") {  // (HF's yarn rope type: its attention factor from mscale as Megatron's)
+    } else if (c.model.position_embedding_type == "yarn" ||
+               (deepseek && c.model.rope_type.value_or("yarn") == "yarn" && c.model.rotary_scaling_factor != 1.0)) {
+      // (MLA's YaRN at factor 1 is plain RoPE with no attention factor: written without rope_scaling, which some
+      // transformers versions would otherwise give a factor of max_position_embeddings / original_max_position_embeddings)
+      // (HF's yarn rope type: its attention factor from mscale as Megatron's; MLA's RoPE is YaRN's unless --rope-type rope)
       const RopeScaling y = yarn_scaling(c.model);
       config["rope_scaling"] = {{"rope_type", "yarn"},
                                 {"factor", y.yarn_factor},
@@ -454,18 +487,33 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
         config["layer_types"] = types;
       }
     }
+    if (deepseek) {  // (DeepseekV3Config: head_dim is its RoPE width; the latents' norms and rope_interleave as Megatron's MLA)
+      config["head_dim"] = D.qk_rope;
+      config["q_lora_rank"] = D.q_lora_rank;
+      config["kv_lora_rank"] = D.kv_lora_rank;
+      config["qk_nope_head_dim"] = D.qk_nope;
+      config["qk_rope_head_dim"] = D.qk_rope;
+      config["v_head_dim"] = D.v_dim;
+      config["rope_interleave"] = true;
+      config["attention_bias"] = false;
+    }
     if (glm) {
       const MoeConfig& mc = c.moe;
-      config["attention_bias"] = D.qkv_bias;
-      config["use_qk_norm"] = D.qk_norm;
-      // (HF rotates int(head_dim x factor) channels: the factor nudged up until that is exactly the rotary dimension)
-      double factor = static_cast<double>(D.rot_dim) / static_cast<double>(d);
-      while (static_cast<int64_t>(static_cast<double>(d) * factor) < D.rot_dim) factor = std::nextafter(factor, 2.0);
-      config["partial_rotary_factor"] = factor;
+      if (!deepseek) {
+        config["attention_bias"] = D.qkv_bias;
+        config["use_qk_norm"] = D.qk_norm;
+        // (HF rotates int(head_dim x factor) channels: the factor nudged up until that is exactly the rotary dimension)
+        double factor = static_cast<double>(D.rot_dim) / static_cast<double>(d);
+        while (static_cast<int64_t>(static_cast<double>(d) * factor) < D.rot_dim) factor = std::nextafter(factor, 2.0);
+        config["partial_rotary_factor"] = factor;
+      } else {  // (the original checkpoints' remote code reads these)
+        config["scoring_func"] = "sigmoid";
+        config["topk_method"] = "noaux_tc";
+      }
       config["moe_intermediate_size"] = D.F_moe;
       config["n_routed_experts"] = D.experts;
       config["num_experts_per_tok"] = D.topk;
-      config["n_shared_experts"] = D.F_shared / D.F_moe;
+      config["n_shared_experts"] = D.F_moe > 0 ? D.F_shared / D.F_moe : 0;
       config["routed_scaling_factor"] = mc.moe_router_topk_scaling_factor.value_or(1.0);
       // (groups that mask nothing, every group kept, as HF's one group)
       const bool masking = mc.moe_router_num_groups.value_or(1) > mc.moe_router_group_topk.value_or(1);
@@ -473,9 +521,9 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       config["topk_group"] = masking ? mc.moe_router_group_topk.value_or(1) : 1;
       config["first_k_dense_replace"] = static_cast<int64_t>(dense_layers.size());
       config["norm_topk_prob"] = D.topk > 1;  // (megatrain's sigmoid router renormalises the top k, at top-1 weighs by the score)
-      if (D.F_shared == 0) notes.push_back("note: n_shared_experts 0: Glm4MoeForCausalLM builds shared experts 0 wide (nothing added)");
+      if (D.F_shared == 0 && D.experts > 0) notes.push_back("note: n_shared_experts 0: " + moe_arch + " builds shared experts 0 wide (nothing added)");
       if (masking && mc.moe_router_enable_expert_bias) {
-        notes.push_back("note: HF's Glm4Moe masks the experts of the groups not chosen with 0 where Megatron masks them with -inf: the "
+        notes.push_back("note: HF's " + moe_arch + " masks the experts of the groups not chosen with 0 where Megatron masks them with -inf: the "
                         "two choose alike while every chosen group's biased scores (sigmoid + e_score_correction_bias) are positive");
       }
     }

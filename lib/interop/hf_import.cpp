@@ -211,8 +211,9 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     if (act == "gelu") flags << " --no-bias-gelu-fusion";  // (HF's exact GELU: Megatron's without the bias-GELU fusion)
   } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen2ForCausalLM" ||
              arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Qwen2MoeForCausalLM" || arch == "Glm4MoeForCausalLM" ||
-             arch == "GptOssForCausalLM") {
+             arch == "GptOssForCausalLM" || arch == "DeepseekV3ForCausalLM") {
     family = arch == "MixtralForCausalLM"    ? "mixtral"
+             : arch == "DeepseekV3ForCausalLM" ? "deepseek_v3"
              : arch == "GptOssForCausalLM"   ? "gpt_oss"
              : arch == "Glm4MoeForCausalLM"  ? "glm4_moe"
              : arch == "Qwen3ForCausalLM"    ? "qwen3"
@@ -332,7 +333,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     }
     // (Qwen2's QKV layers always have biases, its o_proj and MLP none: --add-qkv-bias)
     // (Qwen2-MoE's: qkv_bias, true in its released configs)
-    const bool glm = family == "glm4_moe";
+    const bool deepseek = family == "deepseek_v3", glm = family == "glm4_moe" || deepseek;  // (DeepSeek-V3's MoE block is GLM-4.5's)
     const bool attn_bias = qwen2_moe ? field<bool>(hc, "qkv_bias", true) : qwen2 || field<bool>(hc, "attention_bias", gpt_oss);
     // (GPT-OSS's router and experts always have biases: megatrain's biases come together, so its attention must have them too)
     const bool mlp_bias = gpt_oss || (!qwen2 && !glm && field<bool>(hc, "mlp_bias", false));
@@ -341,39 +342,60 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     // attention_bias without mlp_bias (LlamaForCausalLM's, as megatrain exports --add-qkv-bias): the QKV biases alone, if
     // o_proj's biases are zeros (checked with the weights). Mistral and Mixtral have no biases.
     refuse(!attn_bias && mlp_bias, "mlp_bias without attention_bias (megatrain's --disable-bias-linear covers both)");
-    refuse(attn_bias && arch != "LlamaForCausalLM" && !qwen2 && !qwen3 && !glm && !gpt_oss, arch + " with attention_bias (its modeling code has no biases)");
-    flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh
-          << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", qwen3 ? 128 : h / nh)
-          << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
+    refuse(attn_bias && arch != "LlamaForCausalLM" && !qwen2 && !qwen3 && !(glm && !deepseek) && !gpt_oss, arch + " with attention_bias (megatrain's MLA "
+           "and the family's modeling have no biases there)");
+    flags << "--num-layers " << hc.at("num_hidden_layers").get<int64_t>() << " --hidden-size " << h << " --num-attention-heads " << nh;
+    if (deepseek) {
+      // DeepseekV3Attention: multi-latent attention (HF's qk_nope_head_dim is Megatron's --qk-head-dim); its latents' RMSNorms
+      // at eps 1e-6 whatever rms_norm_eps, RoPE's pairs gathered to halves (rope_interleave: Megatron's MLA RoPE), no biases.
+      refuse(hc.contains("q_lora_rank") && hc["q_lora_rank"].is_null(), "DeepseekV3ForCausalLM without q_lora_rank (DeepSeek-V2-Lite's form: the keys' latent "
+                                                        "normed alone, which Megatron's MLA cannot express)");
+      refuse(!field<bool>(hc, "rope_interleave", true), "DeepseekV3ForCausalLM with rope_interleave false (Megatron's MLA gathers RoPE's pairs)");
+      refuse(field<double>(hc, "rms_norm_eps", 1e-6) != 1e-6, "DeepseekV3ForCausalLM with rms_norm_eps other than 1e-6 (its latents' norms keep "
+                                                              "1e-6; megatrain's --norm-epsilon is one for all)");
+      refuse(ng != nh, "DeepseekV3ForCausalLM with num_key_value_heads other than num_attention_heads");
+      const json rs = hc.value("rope_scaling", json()).is_object() ? hc["rope_scaling"] : hc.value("rope_parameters", json());
+      refuse(rs.is_object() && field<double>(rs, "mscale_all_dim", 0.0) != 0.0 && field<double>(rs, "mscale", 0.0) == 0.0,
+             "DeepseekV3ForCausalLM with rope_scaling's mscale_all_dim and no mscale (its softmax scale takes mscale_all_dim, its RoPE not: "
+             "Megatron's MLA takes both or neither)");
+      flags << " --multi-latent-attention --q-lora-rank " << field<int64_t>(hc, "q_lora_rank", 1536) << " --kv-lora-rank "
+            << field<int64_t>(hc, "kv_lora_rank", 512) << " --qk-head-dim " << field<int64_t>(hc, "qk_nope_head_dim", 128) << " --qk-pos-emb-head-dim "
+            << field<int64_t>(hc, "qk_rope_head_dim", 64) << " --v-head-dim " << field<int64_t>(hc, "v_head_dim", 128) << " --qk-layernorm --rope-type "
+            << rope_type;
+    } else {
+      flags << " --group-query-attention --num-query-groups " << ng << " --kv-channels " << field<int64_t>(hc, "head_dim", qwen3 ? 128 : h / nh);
+    }
+    flags << " --ffn-hidden-size " << hc.at("intermediate_size").get<int64_t>() << " --max-position-embeddings " << pos << " --seq-length "
           << pos << " --normalization RMSNorm --norm-epsilon " << field<double>(hc, "rms_norm_eps", family == "glm4_moe" || gpt_oss ? 1e-5 : 1e-6)
-          << (gpt_oss ? "" : " --swiglu") << " --position-embedding-type " << rope_type << " --rotary-base " << rope_theta << rope_scaling_flags
-          << window_flags;
+          << (gpt_oss ? "" : " --swiglu") << " --position-embedding-type " << (deepseek ? "rope" : rope_type) << " --rotary-base " << rope_theta
+          << rope_scaling_flags << window_flags;
     if (partial_rotary != 1.0) flags << " --rotary-percent " << partial_rotary;
     if (!attn_bias || !mlp_bias) flags << " --disable-bias-linear";
     if (attn_bias && !mlp_bias) flags << " --add-qkv-bias";
     if (!field<bool>(hc, "tie_word_embeddings", false)) flags << " --untie-embeddings-and-output-weights";
-    if (qwen3 || (glm && field<bool>(hc, "use_qk_norm", false))) flags << " --qk-layernorm";  // (RMSNorms of each query and key head before RoPE)
+    if (qwen3 || (glm && !deepseek && field<bool>(hc, "use_qk_norm", false))) flags << " --qk-layernorm";  // (RMSNorms of each query and key head before RoPE)
     if (glm) {
       // Glm4MoeMoE in layer l from first_k_dense_replace on: sigmoid scores, e_score_correction_bias added for the choice
       // (megatrain's expert bias), groups scored by their best two experts, the top k renormalised (norm_topk_prob) and
       // scaled (routed_scaling_factor), plus n_shared_experts ungated shared experts.
-      const int64_t L = hc.at("num_hidden_layers").get<int64_t>(), dense = field<int64_t>(hc, "first_k_dense_replace", 1);
-      const int64_t topk = hc.at("num_experts_per_tok").get<int64_t>(), groups = field<int64_t>(hc, "n_group", 1);
-      const int64_t group_topk = field<int64_t>(hc, "topk_group", 1), shared = field<int64_t>(hc, "n_shared_experts", 1);
+      // (where config.json leaves a key out, the family's config class default: Glm4MoeConfig's, or DeepseekV3Config's)
+      const int64_t L = hc.at("num_hidden_layers").get<int64_t>(), dense = field<int64_t>(hc, "first_k_dense_replace", deepseek ? 3 : 1);
+      const int64_t topk = field<int64_t>(hc, "num_experts_per_tok", 8), groups = field<int64_t>(hc, "n_group", deepseek ? 8 : 1);
+      const int64_t group_topk = field<int64_t>(hc, "topk_group", deepseek ? 4 : 1), shared = field<int64_t>(hc, "n_shared_experts", 1);
       // (megatrain's sigmoid router renormalises the top k, and at top-1 weighs by the score)
       const bool renormalised = field<bool>(hc, "norm_topk_prob", true);
-      refuse(!renormalised && topk > 1, "Glm4Moe without norm_topk_prob above top-1 (megatrain's sigmoid router renormalises the top k)");
-      refuse(renormalised && topk == 1, "Glm4Moe at num_experts_per_tok 1 with norm_topk_prob (its weight is 1; megatrain's sigmoid router "
+      refuse(!renormalised && topk > 1, arch + " without norm_topk_prob above top-1 (megatrain's sigmoid router renormalises the top k)");
+      refuse(renormalised && topk == 1, arch + " at num_experts_per_tok 1 with norm_topk_prob (its weight is 1; megatrain's sigmoid router "
                                         "weighs by the score)");
       refuse(groups > group_topk && (group_topk < 1 || topk / group_topk != 2 || topk % group_topk != 0),
-             "Glm4Moe's groups score by their best two experts: n_group > topk_group needs num_experts_per_tok = 2 x topk_group");
+             arch + "'s groups score by their best two experts: n_group > topk_group needs num_experts_per_tok = 2 x topk_group");
       std::string pattern = "[";
       for (int64_t l = 0; l < L; ++l) pattern += std::string(l ? "," : "") + (l >= dense ? "1" : "0");
       pattern += "]";
       flags << " --num-experts " << hc.at("n_routed_experts").get<int64_t>() << " --moe-router-topk " << topk << " --moe-ffn-hidden-size "
             << hc.at("moe_intermediate_size").get<int64_t>() << " --moe-layer-freq " << pattern
             << " --moe-router-score-function sigmoid --moe-router-enable-expert-bias";
-      const double scaling = field<double>(hc, "routed_scaling_factor", 1.0);
+      const double scaling = field<double>(hc, "routed_scaling_factor", deepseek ? 2.5 : 1.0);
       if (scaling != 1.0) flags << " --moe-router-topk-scaling-factor " << scaling;
       if (groups > group_topk) flags << " --moe-router-num-groups " << groups << " --moe-router-group-topk " << group_topk;  // (else none masked)
       if (shared > 0) flags << " --moe-shared-expert-intermediate-size " << shared * hc.at("moe_intermediate_size").get<int64_t>();
@@ -432,7 +454,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   } else {
     throw ConfigError("cannot import " + (arch.empty() ? std::string("a model without \"architectures\"") : arch) +
                       ": megatrain imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, "
-                      "Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Glm4MoeForCausalLM and GptOssForCausalLM");
+                      "Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM and DeepseekV3ForCausalLM");
   }
   const int64_t V = hc.at("vocab_size").get<int64_t>();
   flags << " --vocab-size " << V << " --make-vocab-size-divisible-by 1";
@@ -486,6 +508,16 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".", o = "model.layers." + std::to_string(l) + ".";
       set(p + "input_norm.weight", hf.take(o + "input_layernorm.weight", {h}));
+      if (D.mla) {  // DeepSeek-V3's multi-latent attention: HF's tensors are Megatron's as they are
+        const int64_t Rq = D.q_lora_rank, Rkv = D.kv_lora_rank;
+        set(p + "attention.q_down_proj.weight", hf.take(o + "self_attn.q_a_proj.weight", {Rq, h}));
+        set(p + "attention.q_layernorm.weight", hf.take(o + "self_attn.q_a_layernorm.weight", {Rq}));
+        set(p + "attention.q_up_proj.weight", hf.take(o + "self_attn.q_b_proj.weight", {nh * d, Rq}));
+        set(p + "attention.kv_down_proj.weight", hf.take(o + "self_attn.kv_a_proj_with_mqa.weight", {Rkv + D.qk_rope, h}));
+        set(p + "attention.kv_layernorm.weight", hf.take(o + "self_attn.kv_a_layernorm.weight", {Rkv}));
+        set(p + "attention.kv_up_proj.weight", hf.take(o + "self_attn.kv_b_proj.weight", {nh * (D.qk_nope + D.v_dim), Rkv}));
+        set(p + "attention.proj.weight", hf.take(o + "self_attn.o_proj.weight", {h, nh * D.v_dim}));
+      } else {
       set(p + "attention.qkv.weight", merge_qkv(hf.take(o + "self_attn.q_proj.weight", {nh * d, h}), hf.take(o + "self_attn.k_proj.weight", {ng * d, h}),
                                                 hf.take(o + "self_attn.v_proj.weight", {ng * d, h}), nh, ng, d, h));
       set(p + "attention.proj.weight", hf.take(o + "self_attn.o_proj.weight", {h, nh * d}));
@@ -503,13 +535,15 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
                             "--add-qkv-bias biases only the QKV layers): such a model cannot be imported");
         }
       }
+      }
       if (family == "gpt_oss") set(p + "attention.softmax_offset", hf.take(o + "self_attn.sinks", {nh}));
-      if (D.qk_norm) {
+      if (D.qk_norm && !D.mla) {
         set(p + "attention.q_norm.weight", hf.take(o + "self_attn.q_norm.weight", {d}));
         set(p + "attention.k_norm.weight", hf.take(o + "self_attn.k_norm.weight", {d}));
       }
       set(p + "mlp_norm.weight", hf.take(o + "post_attention_layernorm.weight", {h}));
-      if (family == "llama" || family == "qwen3" || ((family == "qwen3_moe" || family == "qwen2_moe" || family == "glm4_moe") && !moe[static_cast<size_t>(l)])) {
+      if (family == "llama" || family == "qwen3" ||
+          ((family == "qwen3_moe" || family == "qwen2_moe" || family == "glm4_moe" || family == "deepseek_v3") && !moe[static_cast<size_t>(l)])) {
         set(p + "mlp.fc1_gate.weight", hf.take(o + "mlp.gate_proj.weight", {D.F, h}));
         set(p + "mlp.fc1_up.weight", hf.take(o + "mlp.up_proj.weight", {D.F, h}));
         set(p + "mlp.fc2.weight", hf.take(o + "mlp.down_proj.weight", {h, D.F}));
@@ -548,9 +582,10 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         }
         continue;
       }
-      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe" || family == "qwen2_moe" || family == "glm4_moe");
+      const bool glm_moe = family == "glm4_moe" || family == "deepseek_v3";  // (DeepSeek-V3's MoE block is GLM-4.5's)
+      const HfMoeNames hn = hf_moe_names(family == "qwen3_moe" || family == "qwen2_moe" || glm_moe);
       set(p + "mlp.router.weight", hf.take(o + hn.block + "gate.weight", {D.experts, h}));
-      if (family == "glm4_moe") set(p + "mlp.router.expert_bias", hf.take(o + "mlp.gate.e_score_correction_bias", {D.experts}));
+      if (glm_moe) set(p + "mlp.router.expert_bias", hf.take(o + "mlp.gate.e_score_correction_bias", {D.experts}));
       for (int64_t e = 0; e < D.experts; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".", y = o + hn.block + "experts." + std::to_string(e) + ".";
         set(x + "fc1_gate.weight", hf.take(y + hn.gate + ".weight", {D.F_moe, h}));
@@ -558,7 +593,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
         set(x + "fc2.weight", hf.take(y + hn.down + ".weight", {h, D.F_moe}));
       }
       if (D.F_shared > 0) {  // (Qwen2-MoE's, with its gate; GLM-4.5's, ungated)
-        const std::string x = p + "mlp.shared_experts.", y = o + (family == "glm4_moe" ? "mlp.shared_experts." : "mlp.shared_expert.");
+        const std::string x = p + "mlp.shared_experts.", y = o + (glm_moe ? "mlp.shared_experts." : "mlp.shared_expert.");
         set(x + "fc1_gate.weight", hf.take(y + "gate_proj.weight", {D.F_shared, h}));
         set(x + "fc1_up.weight", hf.take(y + "up_proj.weight", {D.F_shared, h}));
         set(x + "fc2.weight", hf.take(y + "down_proj.weight", {h, D.F_shared}));
@@ -570,7 +605,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   }
   // GLM-4.5's checkpoints carry their multi-token-prediction layers as model.layers.{L..} (HF's modeling skips them too).
   int64_t skipped_layers = 0;
-  const int64_t mtp_layers = family == "glm4_moe" ? field<int64_t>(hc, "num_nextn_predict_layers", 0) : 0;
+  const int64_t mtp_layers = family == "glm4_moe" || family == "deepseek_v3" ? field<int64_t>(hc, "num_nextn_predict_layers", 0) : 0;
   auto beyond_layers = [&](const std::string& n) {
     if (mtp_layers == 0 || n.rfind("model.layers.", 0) != 0) return false;
     const int64_t layer = std::atoll(n.c_str() + 13);
@@ -608,7 +643,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   }
   if (skipped_layers > 0) {
     out.push_back("note: " + std::to_string(skipped_layers) + " tensor(s) of layers from " + std::to_string(L) +
-                  " on (GLM's multi-token-prediction layers, which megatrain does not train) left out");
+                  " on (the multi-token-prediction layers, which megatrain does not train) left out");
   }
   out.push_back("note: train from it with --load " + opt.save_dir + " --finetune (or --no-load-optim) and these model flags (or "
                 "--use-checkpoint-args); a tokenizer of " + std::to_string(V) + " tokens; under TP the vocabulary is padded to a multiple of "

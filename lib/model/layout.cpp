@@ -106,9 +106,29 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     ly.first = store.size();
     ly.input_norm_w = add(p + "input_norm.weight", {D.h}, -1, norm_init, 0);
     if (!D.rms) ly.input_norm_b = add(p + "input_norm.bias", {D.h}, -1, InitKind::kZeros, 0);
-    ly.qkv_w = add_qkv(p + "attention.qkv.weight", {qkv_rows, D.h}, InitKind::kNormal, std);
-    if (D.qkv_bias) ly.qkv_b = add_qkv(p + "attention.qkv.bias", {qkv_rows}, InitKind::kZeros, 0);
-    if (D.qk_norm) {  // one [d] weight shared by every query head (and one by every key head), on every TP rank
+    if (D.mla) {  // (Megatron's names: linear_q_proj, linear_q_down_proj, q_layernorm, linear_q_up_proj, linear_kv_down_proj, ...)
+      const int64_t q_rows = D.nh * D.d, kv_rows = D.nh * (D.qk_nope + D.v_dim);
+      if (D.q_lora_rank == 0) {
+        ly.q_proj_w = add(p + "attention.q_proj.weight", {q_rows, D.h}, 0, InitKind::kNormal, std);
+      } else {
+        ly.q_down_w = add(p + "attention.q_down_proj.weight", {D.q_lora_rank, D.h}, -1, InitKind::kNormal, std);
+        if (D.qk_norm) {
+          ly.q_latent_norm_w = add(p + "attention.q_layernorm.weight", {D.q_lora_rank}, -1, norm_init, 0);
+          if (!D.rms) ly.q_latent_norm_b = add(p + "attention.q_layernorm.bias", {D.q_lora_rank}, -1, InitKind::kZeros, 0);
+        }
+        ly.q_up_w = add(p + "attention.q_up_proj.weight", {q_rows, D.q_lora_rank}, 0, InitKind::kNormal, std);
+      }
+      ly.kv_down_w = add(p + "attention.kv_down_proj.weight", {D.kv_lora_rank + D.qk_rope, D.h}, -1, InitKind::kNormal, std);
+      if (D.qk_norm) {
+        ly.kv_latent_norm_w = add(p + "attention.kv_layernorm.weight", {D.kv_lora_rank}, -1, norm_init, 0);
+        if (!D.rms) ly.kv_latent_norm_b = add(p + "attention.kv_layernorm.bias", {D.kv_lora_rank}, -1, InitKind::kZeros, 0);
+      }
+      ly.kv_up_w = add(p + "attention.kv_up_proj.weight", {kv_rows, D.kv_lora_rank}, 0, InitKind::kNormal, std);
+    } else {
+      ly.qkv_w = add_qkv(p + "attention.qkv.weight", {qkv_rows, D.h}, InitKind::kNormal, std);
+      if (D.qkv_bias) ly.qkv_b = add_qkv(p + "attention.qkv.bias", {qkv_rows}, InitKind::kZeros, 0);
+    }
+    if (D.qk_norm && !D.mla) {  // one [d] weight shared by every query head (and one by every key head), on every TP rank
       // (--apply-wd-to-qk-layernorm: Megatron's Qwen3-Next rule, these norms' weights and biases decayed)
       auto add_qk_norm = [&](const std::string& name, InitKind init) {
         ParamInfo n = make_param(name, {D.d}, -1, r, t, init, 0);
@@ -122,7 +142,7 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     }
     // (Megatron: initialised by init_method, normal with --init-method-std; no weight decay, as every 1-D parameter)
     if (D.sink == ModelDims::Sink::kLearnable) ly.softmax_offset = add(p + "attention.softmax_offset", {D.nh}, 0, InitKind::kNormal, std);
-    ly.proj_w = add(p + "attention.proj.weight", {D.h, D.nh * D.d}, 1, InitKind::kNormal, out_std);
+    ly.proj_w = add(p + "attention.proj.weight", {D.h, D.nh * (D.mla ? D.v_dim : D.d)}, 1, InitKind::kNormal, out_std);
     if (D.bias) ly.proj_b = add(p + "attention.proj.bias", {D.h}, -1, InitKind::kZeros, 0);
     ly.mlp_norm_w = add(p + "mlp_norm.weight", {D.h}, -1, norm_init, 0);
     if (!D.rms) ly.mlp_norm_b = add(p + "mlp_norm.bias", {D.h}, -1, InitKind::kZeros, 0);

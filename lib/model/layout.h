@@ -44,6 +44,13 @@ struct LayerParams {
   size_t input_norm_w = kNoParam, input_norm_b = kNoParam, qkv_w = kNoParam, qkv_b = kNoParam;
   size_t q_norm_w = kNoParam, q_norm_b = kNoParam, k_norm_w = kNoParam, k_norm_b = kNoParam;
   size_t softmax_offset = kNoParam;  // --softmax-type learnable: the heads' sink logits [nh], split over TP
+  // Multi-latent attention (qkv_w .. k_norm_b stay kNoParam): the query projection [nh (dn + dr), h] split over TP, or
+  // the query latent's down projection [q_lora_rank, h] (whole on every TP rank), its norm (--qk-layernorm) and up
+  // projection [nh (dn + dr), q_lora_rank] split over TP; the keys' and values' down projection [kv_lora_rank + dr, h]
+  // (whole), the latent's norm and up projection [nh (dn + dv), kv_lora_rank] split over TP (per head dn key rows,
+  // then dv value rows).
+  size_t q_proj_w = kNoParam, q_down_w = kNoParam, q_latent_norm_w = kNoParam, q_latent_norm_b = kNoParam, q_up_w = kNoParam;
+  size_t kv_down_w = kNoParam, kv_latent_norm_w = kNoParam, kv_latent_norm_b = kNoParam, kv_up_w = kNoParam;
   size_t proj_w = kNoParam, proj_b = kNoParam;
   // pre-MLP norm + MLP slot (SwiGLU: fc1_w is the gate, the up projection's shard follows it in the flat buffer)
   size_t mlp_norm_w = kNoParam, mlp_norm_b = kNoParam, fc1_w = kNoParam, fc1_b = kNoParam, fc2_w = kNoParam, fc2_b = kNoParam;

@@ -75,6 +75,27 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
   d.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d.d));
   d.rot_dim = static_cast<int64_t>(static_cast<double>(d.d) * c.model.rotary_percent);
   d.rot_dim -= d.rot_dim % 2;
+  if (c.model.multi_latent_attention) {
+    // Megatron's MLASelfAttention: the query / key heads qk_head_dim + qk_pos_emb_head_dim wide, the values v_head_dim;
+    // RoPE over the qk_pos_emb_head_dim part only (YaRN's by default, rope with --rope-type rope); the softmax scale
+    // mscale^2 / sqrt(d) with YaRN's mscale of --rotary-scaling-factor and --mscale-all-dim, whatever the RoPE.
+    d.mla = true;
+    d.q_lora_rank = c.model.q_lora_rank.value_or(0);
+    d.kv_lora_rank = c.model.kv_lora_rank;
+    d.qk_nope = c.model.qk_head_dim;
+    d.qk_rope = c.model.qk_pos_emb_head_dim;
+    d.v_dim = c.model.v_head_dim;
+    d.d = d.qk_nope + d.qk_rope;
+    d.ng = d.nh;
+    d.ng_local = d.nh_local;
+    d.kv_rep = 1;
+    d.qh_local = d.nh_local;
+    d.rot_dim = d.qk_rope;
+    d.rope_scaling = c.model.rope_type.value_or("yarn") == "yarn" ? yarn_scaling(c.model) : RopeScaling{};
+    const double f = c.model.rotary_scaling_factor, mscale = f <= 1 ? 1.0 : 0.1 * c.model.mscale_all_dim * std::log(f) + 1.0;
+    d.softmax_scale = static_cast<float>(mscale * mscale / std::sqrt(static_cast<double>(d.d)));
+    d.qkv_bias = false;  // (Megatron's MLA projections have no biases; the output projection's follows --disable-bias-linear)
+  }
   d.cp = c.parallel.context_parallel_size;
   d.cp_a2a = c.parallel.cp_comm_type == "a2a";
   const auto& pr = c.precision;

@@ -65,6 +65,13 @@ struct ModelDims {
   // layer's attention.softmax_offset [nh], split over TP with the heads).
   enum class Sink { kNone, kOffByOne, kLearnable } sink = Sink::kNone;
   int64_t rot_dim;
+  // Multi-latent attention (--multi-latent-attention; model/cpu/mla_attention.cpp): the queries' latent rank (0: one
+  // query projection), the keys' and values' latent rank, each head's widths without RoPE (qk_nope), with it (qk_rope;
+  // the key's part one per token, shared by the heads) and of the values (v_dim). d stays the query / key head's width
+  // qk_nope + qk_rope, ng = nh; softmax_scale is MLA's (YaRN's mscale squared over sqrt(d)); rope_scaling YaRN's unless
+  // --rope-type rope.
+  bool mla = false;
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_dim = 0;
   // Mixture of experts (experts == 0: a dense model). The experts are split over EP (experts_local each,
   // global indices [ep_rank * experts_local, ...)) and each expert's MLP over expert-TP (F_moe_local); the
   // shared expert is a dense MLP over TP.

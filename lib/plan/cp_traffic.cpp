@@ -17,8 +17,10 @@ CpTraffic cp_traffic(const Config& c, int64_t gpus_per_node, double gpu_tflops) 
   const double s = static_cast<double>(c.data.seq_length.value_or(0));
   const double h = static_cast<double>(c.model.hidden_size.value_or(0));
   const double n = static_cast<double>(c.model.num_attention_heads.value_or(1));
-  const double d = static_cast<double>(c.model.kv_channels.value_or(static_cast<int64_t>(h / n)));
-  const double g = std::max(1.0, static_cast<double>(effective_query_groups(c)) / tp);
+  // (multi-latent attention: its query / key heads' width, every head with its own key and value)
+  const double d = static_cast<double>(c.model.multi_latent_attention ? c.model.qk_head_dim + c.model.qk_pos_emb_head_dim
+                                                                      : c.model.kv_channels.value_or(static_cast<int64_t>(h / n)));
+  const double g = std::max(1.0, (c.model.multi_latent_attention ? n : static_cast<double>(effective_query_groups(c))) / tp);
   const double heads = n / tp;
   const double el = (c.precision.bf16 || c.precision.fp16) ? 2.0 : 4.0;
   const bool recompute = c.recompute.recompute_granularity.value_or("") == "full";

@@ -1,4 +1,5 @@
-// flops.cpp: FLOPs = T*[6h*e*F*L + 6L*(h*(n*d + 2*g*d) + n*d*h) + 6h*V] + T*s*6*n*d*L (Megatron).
+// flops.cpp: FLOPs = T*[6h*e*F*L + 6L*(h*(n*d + 2*g*d) + n*d*h) + 6h*V] + T*s*6*n*d*L (Megatron; its MLA form with
+// --multi-latent-attention).
 #include "plan/flops.h"
 
 #include <algorithm>
@@ -28,6 +29,18 @@ double flops_for_tokens(const Config& c, double T) {
     mlp += moe ? Fmoe * topk + shared : F;
   }
   const double Ld = static_cast<double>(L);
+  if (c.model.multi_latent_attention) {
+    // Megatron's MLA terms: the query projection(s) (a latent of rank Rq with its norm's +1), the keys' and values'
+    // latent of rank Rkv (its up projection to dn + dv per head, +1 the norm), the shared RoPE key (h x dr), the output
+    // projection (n dv x h); the core attention over query / key heads of dn + dr and values of dv.
+    const ModelConfig& m = c.model;
+    const double dn = static_cast<double>(m.qk_head_dim), dr = static_cast<double>(m.qk_pos_emb_head_dim), dv = static_cast<double>(m.v_head_dim);
+    const double Rkv = static_cast<double>(m.kv_lora_rank);
+    const double q_term = m.q_lora_rank ? static_cast<double>(*m.q_lora_rank) * (h + n * (dn + dr) + 1.0) : h * n * (dn + dr);
+    const double attention = 6.0 * (q_term + Rkv * (h + n * (dn + dv) + 1.0) + h * dr + n * dv * h);
+    const double per_token = 6.0 * h * e * mlp + Ld * attention + 6.0 * h * V;
+    return T * per_token + T * s * 3.0 * n * (dn + dr + dv) * Ld;
+  }
   const double per_token = 6.0 * h * e * mlp + 6.0 * Ld * (h * (n * d + 2.0 * g * d) + n * d * h) + 6.0 * h * V;
   return T * per_token + T * s * 6.0 * n * d * Ld;
 }

@@ -30,8 +30,10 @@ struct RankShape {
   explicit RankShape(const Config& c)
       : h(static_cast<double>(c.model.hidden_size.value_or(0))),
         n(static_cast<double>(c.model.num_attention_heads.value_or(1))),
-        d(static_cast<double>(c.model.kv_channels.value_or(static_cast<int64_t>(h / n)))),
-        g(static_cast<double>(effective_query_groups(c))),
+        // (multi-latent attention: its query / key heads' width, every head with its own key and value)
+        d(static_cast<double>(c.model.multi_latent_attention ? c.model.qk_head_dim + c.model.qk_pos_emb_head_dim
+                                                             : c.model.kv_channels.value_or(static_cast<int64_t>(h / n)))),
+        g(c.model.multi_latent_attention ? n : static_cast<double>(effective_query_groups(c))),
         t(static_cast<double>(c.parallel.tensor_model_parallel_size)),
         sp(c.parallel.sequence_parallel && c.parallel.tensor_model_parallel_size > 1),
         rep(sp ? t : 1.0),
@@ -333,7 +335,14 @@ MegatronTheoretical megatron_theoretical_memory(const Config& c) {
     for (bool m : moe_layer_pattern(c)) n_moe += m ? 1 : 0;
   }
   const double n_dense = static_cast<double>(L) - n_moe;
-  const double attn = 2.0 * h * h * (1.0 + groups / n) * qratio;
+  double attn = 2.0 * h * h * (1.0 + groups / n) * qratio;
+  if (c.model.multi_latent_attention) {  // (Megatron's MLA term: the projections, the latents' norms)
+    const ModelConfig& m = c.model;
+    const double dn = static_cast<double>(m.qk_head_dim), dr = static_cast<double>(m.qk_pos_emb_head_dim), dv = static_cast<double>(m.v_head_dim);
+    const double Rkv = static_cast<double>(m.kv_lora_rank);
+    const double q_term = m.q_lora_rank ? static_cast<double>(*m.q_lora_rank) * (h + n * (dn + dr) + norm) : h * n * (dn + dr);
+    attn = q_term + Rkv * (h + n * (dn + dv) + norm) + h * dr + n * dv * h;
+  }
   const double dense_layer = 2.0 * h * (F * gate + norm) + attn;
   const double moe_layer = 2.0 * h * (Fmoe * E * gate + shared * gate + norm) + attn;
   const double V = static_cast<double>(c.derived.padded_vocab_size);

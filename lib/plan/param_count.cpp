@@ -33,6 +33,16 @@ Shapes shapes_of(const Config& c) {
   return s;
 }
 
+// Multi-latent attention's parameters on one of tp ranks (the down projections and the latents' norms whole on each).
+int64_t mla_attention_params(const Config& c, const Shapes& s, int64_t tp) {
+  const ModelConfig& m = c.model;
+  const int64_t dq = m.qk_head_dim + m.qk_pos_emb_head_dim, Rkv = m.kv_lora_rank, norms = m.qk_layernorm ? s.norm : 0;
+  int64_t p = m.q_lora_rank ? *m.q_lora_rank * s.h + norms * *m.q_lora_rank + s.n * dq * *m.q_lora_rank / tp : s.h * s.n * dq / tp;
+  p += (Rkv + m.qk_pos_emb_head_dim) * s.h + norms * Rkv + s.n * (m.qk_head_dim + m.v_head_dim) * Rkv / tp;
+  p += s.n * m.v_head_dim * s.h / tp + s.bias * s.h + s.sinks * s.n / tp;
+  return p + s.norm * s.h;  // input norm
+}
+
 int64_t attention_params(const Shapes& s, bool qk_norm) {
   const int64_t qkv_out = s.n * s.d + 2 * s.g * s.d;
   int64_t p = s.h * qkv_out + s.qkv_bias * qkv_out + s.n * s.d * s.h + s.bias * s.h + s.sinks * s.n;
@@ -53,7 +63,7 @@ ParamCounts count_params(const Config& c) {
   p.embedding = s.V * s.h;
   if (c.model.position_embedding_type == "learned_absolute") p.position = c.model.max_position_embeddings.value_or(0) * s.h;
   if (c.model.untie_embeddings_and_output_weights) p.output = s.V * s.h;
-  const int64_t attn = attention_params(s, c.model.qk_layernorm);
+  const int64_t attn = c.model.multi_latent_attention ? mla_attention_params(c, s, 1) : attention_params(s, c.model.qk_layernorm);
   p.dense_layer = attn + s.norm * s.h + mlp_params(s, s.F);
   const int64_t router = s.h * s.E + s.bias * s.E;  // the router's bias with --add-bias-linear (Megatron 2025)
   const int64_t shared = s.shared ? mlp_params(s, s.shared) + (c.moe.moe_shared_expert_gate ? s.h : 0) : 0;  // (its gate: [1, h])
@@ -84,6 +94,7 @@ RankParams params_on_rank(const Config& c, int64_t stage) {
   const int64_t qkv_local = s.g >= tp ? (s.n * s.d + 2 * s.g * s.d) / tp : (s.n / s.g + 2) * s.d;
   int64_t attn = s.h * qkv_local + s.qkv_bias * qkv_local + (s.n * s.d / tp) * s.h + s.bias * s.h + s.norm * s.h + s.sinks * s.n / tp;
   if (c.model.qk_layernorm) attn += 2 * s.norm * s.d;
+  if (c.model.multi_latent_attention) attn = mla_attention_params(c, s, tp);
   auto mlp_local = [&](int64_t F, int64_t t) {
     return s.h * (F / t) * s.mlp_mult + s.bias * (F / t) * s.mlp_mult + (F / t) * s.h + s.bias * s.h;
   };

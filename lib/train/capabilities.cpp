@@ -235,6 +235,9 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.model.softmax_type != "vanilla" && c.parallel.context_parallel_size > 1,
      "--softmax-type " + c.model.softmax_type + " with context parallelism is not implemented on the CUDA engine (its ring and all-to-all "
      "attention take no sink; the CPU engine's does): use --softmax-type vanilla, drop context parallelism, or use --device cpu");
+  // Multi-latent attention (forty-second session): the CPU engine's (model/cpu/mla_attention.cpp) only so far.
+  no(c.model.multi_latent_attention,
+     "--multi-latent-attention (DeepSeek's MLA) is implemented on the CPU engine only so far: use --device cpu (--device auto picks it)");
   // GPT-OSS's attention sinks, YaRN and gated activation: written in the forty-first session, their GPU group (=gpt-oss)
   // and test_cuda_bf16_ops' gated units run on an H200 and an H100 in the forty-second.
   // Evaluation in microbatches other than training's: the model's buffers and cuDNN's plans are sized for the training one.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""hf_reference.py: HuggingFace's modeling code for GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
+"""hf_reference.py: HuggingFace's modeling code for GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM, DeepseekV3ForCausalLM,
 Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM and GptOssForCausalLM (its sinks, clamped
 quick-GELU experts and YaRN; YaRN for the others too) (LLaMA's with RMSNorms of each query and key head before RoPE; Qwen3-MoE's
 sparse block: a softmax over the experts, the top k, renormalised with norm_topk_prob),
@@ -69,9 +69,9 @@ def load_dir(d):
         return json.load(f), weights
 
 
-def attention(q, k, v, window=None, sinks=None):  # [B, H, S, d]; window W: HF's sliding window (keys kv > q - W only)
+def attention(q, k, v, window=None, sinks=None, scale=None):  # [B, H, S, d]; window W: HF's sliding window (keys kv > q - W only)
     B, H, S = q.shape[0], q.shape[1], q.shape[2]
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-1, -2) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
     mask = torch.triu(torch.ones(S, S, dtype=torch.bool), 1)
     if window:
         mask = mask | torch.tril(torch.ones(S, S, dtype=torch.bool), -window)
@@ -178,6 +178,42 @@ def rope(x, theta, partial=1.0, scaling=None, max_positions=None):  # [B, H, S, 
     return torch.cat([rot * emb.cos() * attention + torch.cat([-x2, x1], -1) * emb.sin() * attention, rest], -1)
 
 
+def deepseek_v3_attention(cfg, a, W, p, theta):
+    """DeepSeek-V3's DeepseekV3Attention (multi-latent attention): the queries through q_a_proj, q_a_layernorm (eps 1e-6) and
+    q_b_proj (or q_proj), per head [nope | rope]; kv_a_proj_with_mqa's [latent | k_rope], the latent through kv_a_layernorm and
+    kv_b_proj to per head [k_nope | v]; RoPE (rope_interleave: each rope part's pairs (2i, 2i + 1) gathered to halves first) on
+    q_rope and on k_rope, one head that every head shares; the softmax scale qk_head_dim^-0.5 times yarn's mscale(factor,
+    mscale_all_dim)^2."""
+    B, S, _ = a.shape
+    nh, dn, dr, dv = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    if cfg.get("q_lora_rank") is None:
+        q = linear(a, W, p + "self_attn.q_proj")
+    else:
+        q = linear(rms_norm(linear(a, W, p + "self_attn.q_a_proj"), W[p + "self_attn.q_a_layernorm.weight"], 1e-6), W, p + "self_attn.q_b_proj")
+    q = q.reshape(B, S, nh, dn + dr).transpose(1, 2)
+    q_pass, q_rot = q[..., :dn], q[..., dn:]
+    compressed = linear(a, W, p + "self_attn.kv_a_proj_with_mqa")
+    latent, k_rot = compressed[..., :cfg["kv_lora_rank"]], compressed[..., cfg["kv_lora_rank"]:]
+    kv = linear(rms_norm(latent, W[p + "self_attn.kv_a_layernorm.weight"], 1e-6), W, p + "self_attn.kv_b_proj")
+    kv = kv.reshape(B, S, nh, dn + dv).transpose(1, 2)
+    k_pass, v = kv[..., :dn], kv[..., dn:]
+    k_rot = k_rot.reshape(B, 1, S, dr)
+    if cfg.get("rope_interleave", True):
+        def halves(t):
+            return t.reshape(*t.shape[:-1], dr // 2, 2).transpose(-1, -2).reshape(t.shape)
+        q_rot, k_rot = halves(q_rot), halves(k_rot)
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    q_rot = rope(q_rot, theta, 1.0, scaling, cfg["max_position_embeddings"])
+    k_rot = rope(k_rot, theta, 1.0, scaling, cfg["max_position_embeddings"]).expand(B, nh, S, dr)
+    scale = (dn + dr) ** -0.5
+    if scaling and scaling.get("mscale_all_dim"):
+        factor, m = scaling["factor"], scaling["mscale_all_dim"]
+        mscale = 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+        scale = scale * mscale * mscale
+    o = attention(torch.cat([q_pass, q_rot], -1), torch.cat([k_pass, k_rot], -1), v, scale=scale)
+    return linear(o.transpose(1, 2).reshape(B, S, nh * dv), W, p + "self_attn.o_proj")
+
+
 def gpt_oss_moe(cfg, m, W, p):
     """GPT-OSS's GptOssMLP: the router's logits (with its bias), the top k softmaxed; each expert's gate_up_proj ([in, out],
     gate and up interleaved in its columns) plus bias, the gate clamped above and up both ways at swiglu_limit,
@@ -265,35 +301,21 @@ def layer_window(cfg, l):  # HF's sliding window of layer l: by layer_types; els
 
 
 def llama(cfg, W, tokens):
-    B, S = tokens.shape
-    h, nh, ng = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    d = cfg.get("head_dim", h // nh)
     gpt_oss = cfg["architectures"][0] == "GptOssForCausalLM"
     eps, theta = cfg["rms_norm_eps"], cfg.get("rope_theta", 150000.0 if gpt_oss else 10000.0)
     x = W["model.embed_tokens.weight"][tokens]
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
         a = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        q = linear(a, W, p + "self_attn.q_proj").reshape(B, S, nh, d).transpose(1, 2)
-        k = linear(a, W, p + "self_attn.k_proj").reshape(B, S, ng, d).transpose(1, 2)
-        v = linear(a, W, p + "self_attn.v_proj").reshape(B, S, ng, d).transpose(1, 2)
-        if p + "self_attn.q_norm.weight" in W:  # Qwen3: per head, over the head dimension, before RoPE
-            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
-            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
-        glm = cfg["architectures"][0] == "Glm4MoeForCausalLM"
-        partial = cfg.get("partial_rotary_factor", cfg.get("rope_parameters", {}).get("partial_rotary_factor", 0.5 if glm else 1.0))
-        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-        if gpt_oss and not scaling:  # (GptOssConfig's default)
-            scaling = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                       "original_max_position_embeddings": 4096}
-        q, k = rope(q, theta, partial, scaling, cfg["max_position_embeddings"]), rope(k, theta, partial, scaling, cfg["max_position_embeddings"])
-        k, v = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
-        o = attention(q, k, v, layer_window(cfg, l), W.get(p + "self_attn.sinks")).transpose(1, 2).reshape(B, S, nh * d)
-        x = x + linear(o, W, p + "self_attn.o_proj")
+        glm = cfg["architectures"][0] in ("Glm4MoeForCausalLM", "DeepseekV3ForCausalLM")
+        if cfg["architectures"][0] == "DeepseekV3ForCausalLM":
+            x = x + deepseek_v3_attention(cfg, a, W, p, theta)
+        else:
+            x = x + standard_attention(cfg, a, W, p, l, theta, gpt_oss)
         m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         if gpt_oss:
             x = x + gpt_oss_moe(cfg, m, W, p)
-        elif glm and l >= cfg.get("first_k_dense_replace", 1):  # GLM-4.5's MoE layers (by its config, as HF builds them)
+        elif glm and l >= cfg.get("first_k_dense_replace", 1):  # GLM-4.5's and DeepSeek-V3's MoE layers (by its config, as HF builds them)
             x = x + glm4_moe(cfg, m, W, p)
         elif p + "block_sparse_moe.gate.weight" in W:  # Mixtral: softmax, top-k, renormalised
             x = x + sparse_moe(m, W, p + "block_sparse_moe.", ("w1", "w3", "w2"), cfg["num_local_experts"], cfg["num_experts_per_tok"], True)
@@ -311,6 +333,28 @@ def llama(cfg, W, tokens):
     x = rms_norm(x, W["model.norm.weight"], eps)
     head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
     return x @ head.T
+
+
+def standard_attention(cfg, a, W, p, l, theta, gpt_oss):  # LLaMA's and the others' (GQA, Qwen3's norms, GLM's partial RoPE, GPT-OSS's sinks)
+    B, S, h = a.shape
+    nh, ng = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d, eps = cfg.get("head_dim", h // nh), cfg["rms_norm_eps"]
+    q = linear(a, W, p + "self_attn.q_proj").reshape(B, S, nh, d).transpose(1, 2)
+    k = linear(a, W, p + "self_attn.k_proj").reshape(B, S, ng, d).transpose(1, 2)
+    v = linear(a, W, p + "self_attn.v_proj").reshape(B, S, ng, d).transpose(1, 2)
+    if p + "self_attn.q_norm.weight" in W:  # Qwen3: per head, over the head dimension, before RoPE
+        q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
+        k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
+    glm = cfg["architectures"][0] == "Glm4MoeForCausalLM"
+    partial = cfg.get("partial_rotary_factor", cfg.get("rope_parameters", {}).get("partial_rotary_factor", 0.5 if glm else 1.0))
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if gpt_oss and not scaling:  # (GptOssConfig's default)
+        scaling = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                   "original_max_position_embeddings": 4096}
+    q, k = rope(q, theta, partial, scaling, cfg["max_position_embeddings"]), rope(k, theta, partial, scaling, cfg["max_position_embeddings"])
+    k, v = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
+    o = attention(q, k, v, layer_window(cfg, l), W.get(p + "self_attn.sinks")).transpose(1, 2).reshape(B, S, nh * d)
+    return linear(o, W, p + "self_attn.o_proj")
 
 
 def main():

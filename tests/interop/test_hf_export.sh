@@ -6,6 +6,7 @@
 # model computes too: equal within 1e-5 (fp32 export; bf16 within bf16's rounding). Import of the export
 # and export again give the same safetensors bytes; the imported checkpoint fine-tunes with the losses of the
 # original (same layout). Also: sharding with its index, bad arguments, a model the families cannot express.
+# DeepSeek-V3 (multi-latent attention) against HF's DeepseekV3ForCausalLM's modeling too.
 # usage: test_hf_export.sh MEGATRAIN HF_LOSS
 set -u
 BIN=$1
@@ -224,6 +225,22 @@ then
   fi
 else
   fail "gpt_oss_mxfp4: quantizing the export"
+fi
+# DeepSeek-V3's layers (DeepseekV3ForCausalLM): multi-latent attention (the queries' latent and the keys' and values' one, each
+# RMS-normed; YaRN on the shared RoPE key part with mscale and mscale_all_dim, which scale the softmax too; value heads
+# narrower than the query / key heads), a dense first layer, then GLM-4.5-style sigmoid routing with the expert bias and a
+# shared expert; TP 2 x EP 2 with SP.
+DEEPSEEK="$COMMON --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --ffn-hidden-size 96 --position-embedding-type rope --multi-latent-attention
+          --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 12 --qk-layernorm --rotary-scaling-factor 4
+          --mscale 1 --mscale-all-dim 1 --yarn-original-max-position-embeddings 8 --untie-embeddings-and-output-weights --disable-bias-linear
+          --num-experts 4 --moe-ffn-hidden-size 32 --moe-router-topk 2 --moe-layer-freq [0,1] --moe-router-score-function sigmoid
+          --moe-router-enable-expert-bias --moe-shared-expert-intermediate-size 32 --moe-aux-loss-coeff 1e-2"
+check deepseek_v3_tp2_ep2 4 $DEEPSEEK --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 --expert-tensor-parallel-size 1
+if grep -q -- "--multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 12 --qk-layernorm --rope-type yarn" \
+     "$W/deepseek_v3_tp2_ep2-import.log"; then
+  echo "PASS deepseek_v3_tp2_ep2: the import gives back multi-latent attention"
+else
+  fail "deepseek_v3_tp2_ep2: the import's flags: $(cat "$W/deepseek_v3_tp2_ep2-import.log")"
 fi
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall

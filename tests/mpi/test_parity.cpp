@@ -2,7 +2,7 @@
 // layout under test over MPI and, alone, the same model on one rank; losses per iteration must agree
 // to 1e-5 (relative) and every parameter element of each shard must equal the element at the same
 // global index of the single-rank model.
-// Usage: mpirun -np N test_parity <gpt|llama> <layout flags...>
+// Usage: mpirun -np N test_parity <gpt|llama|llama-mqa|deepseek> <layout flags...>
 #include <mpi.h>
 
 #include <cmath>
@@ -41,6 +41,12 @@ Config make_config(const std::string& model, const std::string& common, const st
     // llama-mqa: one K/V head for all four query heads (multi-query attention).
     base += "--normalization RMSNorm --swiglu --ffn-hidden-size 48 --position-embedding-type rope --group-query-attention "
             "--num-query-groups " + std::string(model == "llama" ? "2" : "1") + " --untie-embeddings-and-output-weights --disable-bias-linear ";
+  } else if (model == "deepseek") {
+    // Multi-latent attention (DeepSeek's): the queries through a latent with its norm, YaRN (its factor in the softmax
+    // scale too), value heads wider than the query / key heads' 6 + 4.
+    base += "--normalization RMSNorm --swiglu --ffn-hidden-size 48 --position-embedding-type rope --multi-latent-attention --q-lora-rank 12 "
+            "--kv-lora-rank 10 --qk-head-dim 6 --qk-pos-emb-head-dim 4 --v-head-dim 12 --qk-layernorm --rotary-scaling-factor 4 --mscale 1 "
+            "--mscale-all-dim 1 --untie-embeddings-and-output-weights --disable-bias-linear ";
   }
   CLI::App app;
   ConfigCli cli(app);
@@ -62,7 +68,7 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &world);
   }
   if (argc < 2) {
-    if (rank == 0) std::fprintf(stderr, "usage: test_parity <gpt|llama|llama-mqa> [layout flags]\n");
+    if (rank == 0) std::fprintf(stderr, "usage: test_parity <gpt|llama|llama-mqa|deepseek> [layout flags]\n");
     mpi_finalize();
     return 2;
   }

@@ -113,6 +113,49 @@ TEST_CASE("whole-model gradient check: --softmax-type learnable (GPT-OSS's atten
   check_config(l);
 }
 
+TEST_CASE("whole-model gradient check: --multi-latent-attention (DeepSeek's MLA)") {
+  // LLaMA-style: the queries through a latent with its norm, YaRN's RoPE on the shared key part (its attention factor in
+  // cos and sin, the softmax scale by mscale^2), value heads wider than the query / key heads (the core attention's
+  // padding on the query side)
+  Config l = tiny(true);
+  l.model.group_query_attention = false;
+  l.model.multi_latent_attention = true;
+  l.model.q_lora_rank = 6;
+  l.model.kv_lora_rank = 5;
+  l.model.qk_head_dim = 4;
+  l.model.qk_pos_emb_head_dim = 4;
+  l.model.v_head_dim = 10;
+  l.model.qk_layernorm = true;
+  l.model.rotary_scaling_factor = 4.0;
+  l.model.mscale = 0.7;
+  l.model.mscale_all_dim = 1.0;
+  l.model.yarn_original_max_position_embeddings = 4;
+  l.model.init_method_std = 0.6;  // (gradients of the query path large enough for fp32's finite differences)
+  resolve(l, 1);
+  const ModelDims D = model_dims(l, 0, 1);
+  CHECK(D.mla);
+  CHECK(D.d == 8);
+  CHECK(D.rope_scaling.yarn_factor == 4.0);
+  const double mscale = 0.1 * std::log(4.0) + 1.0;
+  CHECK(D.softmax_scale == Approx(mscale * mscale / std::sqrt(8.0)).epsilon(1e-6));
+  check_config(l);
+  // GPT-style: LayerNorm, the output projection's bias, one query projection, no latent norms, plain RoPE
+  // (--rope-type rope), value heads narrower (padding on the value side), learned sinks
+  Config g = tiny(false);
+  g.model.position_embedding_type = "rope";
+  g.model.multi_latent_attention = true;
+  g.model.rope_type = "rope";
+  g.model.kv_lora_rank = 6;
+  g.model.qk_head_dim = 6;
+  g.model.qk_pos_emb_head_dim = 2;
+  g.model.v_head_dim = 3;
+  g.model.softmax_type = "learnable";
+  g.model.init_method_std = 0.6;
+  resolve(g, 1);
+  CHECK(model_dims(g, 0, 1).rope_scaling.yarn_factor == 0.0);
+  check_config(g);
+}
+
 TEST_CASE("whole-model gradient check: GELU's erf form (GPT without biases, as Megatron drops its bias-GELU fusion there)") {
   Config g = tiny(false);
   g.model.disable_bias_linear = true;

@@ -134,7 +134,7 @@ TEST_CASE("selective recompute's modules (Megatron's checks) and --moe-layer-rec
   c.moe.moe_grouped_gemm = true;
   accepts(c, 1);
   c.recompute.recompute_modules = {"mla_up_proj"};
-  rejects(c, 1, "mla_up_proj needs multi-latent attention");
+  rejects(c, 1, "mla_up_proj needs --multi-latent-attention");
   c.recompute.recompute_modules = {"moe"};
   c.recompute.recompute_num_layers = 2;
   rejects(c, 1, "--recompute-num-layers with --recompute-granularity selective");

@@ -32,18 +32,93 @@ const float* sink_logits(const PassContext& c, const LayerParams& ly, std::vecto
 
 }  // namespace
 
-void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
+void core_attention_forward(const PassContext& c, const LayerParams& ly, AttentionUnit::Stash& A) {
   const ModelDims& D = c.D;
-  const LayerParams& ly = *p;
-  const int64_t T = c.T, Tl = c.Tl, h = D.h;
-  const int64_t qkv_local = (D.qh_local + 2 * D.ng_local) * D.d;
+  A.ctx.resize(sz(c.T * D.nh_local * D.d));
+  std::vector<float> zeros;
+  if (D.cp > 1) {  // the keys of the whole sequence from the CP ranks
+    context_attention_forward(c, ly.layer, A.q, A.k, A.v, A.ctx, A.cp, sink_logits(c, ly, zeros));
+  } else {
+    A.probs.resize(sz(c.mb.B * D.nh_local * c.mb.S * c.mb.S));
+    if (D.sink != ModelDims::Sink::kNone) A.sink_probs.resize(sz(c.mb.B * D.nh_local * c.mb.S));
+    attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(),
+                      attention_shape(c, ly.layer, sink_logits(c, ly, zeros), nullptr, A.sink_probs.empty() ? nullptr : A.sink_probs.data()));
+  }
+}
+
+void core_attention_backward(const PassContext& c, const LayerParams& ly, const Buf& dctx, Buf& dq, Buf& dk, Buf& dv, AttentionUnit::Stash& A) {
+  const ModelDims& D = c.D;
+  dq.resize(A.q.size());
+  dk.resize(A.k.size());
+  dv.resize(A.v.size());
+  std::vector<float> zeros;
+  const float* sink = sink_logits(c, ly, zeros);
+  float* sink_grad = D.sink == ModelDims::Sink::kLearnable ? c.G(ly.softmax_offset) : nullptr;
+  if (D.cp > 1) {
+    context_attention_backward(c, ly.layer, dctx, A.q, A.k, A.v, dq, dk, dv, A.cp, sink, sink_grad);
+  } else {
+    Buf scratch(sz(c.mb.S * c.mb.S));
+    attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(),
+                       attention_shape(c, ly.layer, sink, sink_grad, A.sink_probs.empty() ? nullptr : A.sink_probs.data()), scratch.data());
+  }
+}
+
+void attention_slot_input(const PassContext& c, const LayerParams& ly, Buf& x, AttentionUnit::Stash& A) {
+  const int64_t Tl = c.Tl, h = c.D.h;
   A.x = std::move(x);
   A.ln.resize(sz(Tl * h));
   A.mean.resize(sz(Tl));
   A.rstd.resize(sz(Tl));
   c.norm_forward(A.ln.data(), A.mean.data(), A.rstd.data(), A.x.data(), ly.input_norm_w, ly.input_norm_b, Tl, h);
-  A.ln_full.resize(sz(T * h));
+  A.ln_full.resize(sz(c.T * h));
   c.gather_tokens(A.ln.data(), A.ln_full.data());
+}
+
+void attention_slot_output(const PassContext& c, const LayerParams& ly, const Buf& ctx, int64_t width, Buf& x, AttentionUnit::Stash& A) {
+  const int64_t T = c.T, Tl = c.Tl, h = c.D.h;
+  Buf proj(sz(T * h)), proj_local(sz(Tl * h));
+  linear_unit_forward(c, ly.layer, kLinearProj, A.proj_lin, proj.data(), ctx.data(), ly.proj_w, kNoParam, T, width, h);
+  c.reduce_tokens(proj.data(), proj_local.data());
+  if (c.D.bias) {
+    for (int64_t i = 0; i < Tl * h; ++i) proj_local[sz(i)] += c.P(ly.proj_b)[i % h];
+  }
+  c.dropout_tokens(proj_local.data(), ly.layer, kDropAttnOut, false);
+  x.resize(sz(Tl * h));
+  for (int64_t i = 0; i < Tl * h; ++i) x[sz(i)] = A.x[sz(i)] + proj_local[sz(i)];
+}
+
+void attention_slot_output_backward(const PassContext& c, const LayerParams& ly, const Buf& dout, const Buf& ctx, int64_t width, Buf& dctx,
+                                    AttentionUnit::Stash& A) {
+  const int64_t T = c.T, Tl = c.Tl, h = c.D.h;
+  Buf branch = dout, full(sz(T * h));
+  c.dropout_tokens(branch.data(), ly.layer, kDropAttnOut, true);
+  if (c.D.bias) {
+    for (int64_t i = 0; i < Tl * h; ++i) c.G(ly.proj_b)[i % h] += branch[sz(i)];
+  }
+  c.gather_tokens(branch.data(), full.data());
+  dctx.resize(sz(T * width));
+  linear_unit_backward(c, ly.layer, kLinearProj, A.proj_lin, dctx.data(), full.data(), ly.proj_w, kNoParam, ctx.data(), T, width, h);
+}
+
+void attention_slot_input_backward(const PassContext& c, const LayerParams& ly, Buf& dln_full, const Buf& dout, Buf& dx, AttentionUnit::Stash& A) {
+  const int64_t Tl = c.Tl, h = c.D.h;
+  Buf local(sz(Tl * h));
+  c.reduce_tokens(dln_full.data(), local.data());
+  dx.resize(sz(Tl * h));
+  c.norm_backward(dx.data(), local.data(), A.x.data(), A.mean.data(), A.rstd.data(), ly.input_norm_w, ly.input_norm_b, Tl, h);
+  for (int64_t i = 0; i < Tl * h; ++i) dx[sz(i)] += dout[sz(i)];
+}
+
+void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
+  const ModelDims& D = c.D;
+  const LayerParams& ly = *p;
+  if (D.mla) {
+    mla_attention_forward(c, ly, x, A);
+    return;
+  }
+  const int64_t T = c.T, h = D.h;
+  const int64_t qkv_local = (D.qh_local + 2 * D.ng_local) * D.d;
+  attention_slot_input(c, ly, x, A);
   Buf qkv(sz(T * qkv_local));
   linear_unit_forward(c, ly.layer, kLinearQkv, A.qkv_lin, qkv.data(), A.ln_full.data(), ly.qkv_w, D.qkv_bias ? ly.qkv_b : kNoParam, T, h, qkv_local);
   A.q.resize(sz(T * D.nh_local * D.d));
@@ -72,54 +147,23 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
     rope_forward(A.q.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
     rope_forward(A.k.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
   }
-  A.ctx.resize(sz(T * D.nh_local * D.d));
-  if (D.cp > 1) {  // the keys of the whole sequence from the CP ranks
-    std::vector<float> zeros;
-    context_attention_forward(c, ly.layer, A.q, A.k, A.v, A.ctx, A.cp, sink_logits(c, ly, zeros));
-  } else {
-    A.probs.resize(sz(c.mb.B * D.nh_local * c.mb.S * c.mb.S));
-    std::vector<float> zeros;
-    if (D.sink != ModelDims::Sink::kNone) A.sink_probs.resize(sz(c.mb.B * D.nh_local * c.mb.S));
-    attention_forward(A.ctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(),
-                      attention_shape(c, ly.layer, sink_logits(c, ly, zeros), nullptr, A.sink_probs.empty() ? nullptr : A.sink_probs.data()));
-  }
-  Buf proj(sz(T * h)), proj_local(sz(Tl * h));
-  linear_unit_forward(c, ly.layer, kLinearProj, A.proj_lin, proj.data(), A.ctx.data(), ly.proj_w, kNoParam, T, D.nh_local * D.d, h);
-  c.reduce_tokens(proj.data(), proj_local.data());
-  if (D.bias) {
-    for (int64_t i = 0; i < Tl * h; ++i) proj_local[sz(i)] += c.P(ly.proj_b)[i % h];
-  }
-  c.dropout_tokens(proj_local.data(), ly.layer, kDropAttnOut, false);
-  x.resize(sz(Tl * h));
-  for (int64_t i = 0; i < Tl * h; ++i) x[sz(i)] = A.x[sz(i)] + proj_local[sz(i)];
+  core_attention_forward(c, ly, A);
+  attention_slot_output(c, ly, A.ctx, D.nh_local * D.d, x, A);
 }
 
 void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Stash& A) const {
   const ModelDims& D = c.D;
   const LayerParams& ly = *p;
-  const int64_t T = c.T, Tl = c.Tl, h = D.h, Hd = D.nh_local * D.d;
+  if (D.mla) {
+    mla_attention_backward(c, ly, dout, dx, A);
+    return;
+  }
+  const int64_t T = c.T, h = D.h, Hd = D.nh_local * D.d;
   const int64_t qkv_local = (D.qh_local + 2 * D.ng_local) * D.d;
-  Buf branch = dout, full(sz(T * h)), local(sz(Tl * h));
-  c.dropout_tokens(branch.data(), ly.layer, kDropAttnOut, true);
-  if (D.bias) {
-    for (int64_t i = 0; i < Tl * h; ++i) c.G(ly.proj_b)[i % h] += branch[sz(i)];
-  }
-  c.gather_tokens(branch.data(), full.data());
-  Buf dctx(sz(T * Hd));
-  linear_unit_backward(c, ly.layer, kLinearProj, A.proj_lin, dctx.data(), full.data(), ly.proj_w, kNoParam, A.ctx.data(), T, Hd, h);
-  Buf dq(A.q.size()), dk(A.k.size()), dv(A.v.size());
-  if (D.cp > 1) {
-    std::vector<float> zeros;
-    context_attention_backward(c, ly.layer, dctx, A.q, A.k, A.v, dq, dk, dv, A.cp, sink_logits(c, ly, zeros),
-                               D.sink == ModelDims::Sink::kLearnable ? c.G(ly.softmax_offset) : nullptr);
-  } else {
-    Buf scratch(sz(c.mb.S * c.mb.S));
-    std::vector<float> zeros;
-    const float* sink = sink_logits(c, ly, zeros);
-    float* sink_grad = D.sink == ModelDims::Sink::kLearnable ? c.G(ly.softmax_offset) : nullptr;
-    attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), A.probs.data(), A.q.data(), A.k.data(), A.v.data(),
-                       attention_shape(c, ly.layer, sink, sink_grad, A.sink_probs.empty() ? nullptr : A.sink_probs.data()), scratch.data());
-  }
+  Buf dctx, full(sz(T * h));
+  attention_slot_output_backward(c, ly, dout, A.ctx, Hd, dctx, A);
+  Buf dq, dk, dv;
+  core_attention_backward(c, ly, dctx, dq, dk, dv, A);
   if (D.rope_in(ly.layer)) {
     rope_backward(dq.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
     rope_backward(dk.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
@@ -149,10 +193,7 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
   }
   linear_unit_backward(c, ly.layer, kLinearQkv, A.qkv_lin, full.data(), dqkv.data(), ly.qkv_w, D.qkv_bias ? ly.qkv_b : kNoParam, A.ln_full.data(), T, h,
                        qkv_local);
-  c.reduce_tokens(full.data(), local.data());
-  dx.resize(sz(Tl * h));
-  c.norm_backward(dx.data(), local.data(), A.x.data(), A.mean.data(), A.rstd.data(), ly.input_norm_w, ly.input_norm_b, Tl, h);
-  for (int64_t i = 0; i < Tl * h; ++i) dx[sz(i)] += dout[sz(i)];
+  attention_slot_input_backward(c, ly, full, dout, dx, A);
 }
 
 }  // namespace mt::cpu

@@ -37,12 +37,35 @@ struct AttentionUnit {
     Buf q_in, k_in, q_mean, q_rstd, k_mean, k_rstd;  // --qk-layernorm: the heads before their norm, its statistics
     ContextAttentionStash cp;                        // context parallelism (then no probs)
     LinearStash qkv_lin, proj_lin;                   // FP8: the GEMMs' quantised operands
+    // Multi-latent attention (mla_attention.cpp): the latents before and after their norms and the norms' statistics,
+    // the values' part of the context (the output projection's input); q, k, v hold the heads padded to one width.
+    Buf q_latent_in, q_latent, q_latent_mean, q_latent_rstd, kv_latent_in, kv_latent, kv_latent_mean, kv_latent_rstd, ctx_v;
+    LinearStash q_lin, q_up_lin, kv_down_lin, kv_up_lin;
   };
   const LayerParams* p = nullptr;
   void forward(const PassContext& c, Buf& x, Stash& s) const;  // x: in, then out (the input moves into the stash)
   // dout: the gradient of the output; returns into din the gradient of the input.
   void backward(const PassContext& c, const Buf& dout, Buf& din, Stash& s) const;
 };
+
+// The core attention of one layer, c.D's head width d: s.q [T, nh_local, d], s.k and s.v [T, ng_local, d] in, s.ctx
+// [T, nh_local, d] out (the context-parallel blocks, or the local softmax with its probabilities kept; --softmax-type's
+// sinks); the backward's dq, dk, dv are overwritten.
+void core_attention_forward(const PassContext& c, const LayerParams& ly, AttentionUnit::Stash& s);
+void core_attention_backward(const PassContext& c, const LayerParams& ly, const Buf& dctx, Buf& dq, Buf& dk, Buf& dv, AttentionUnit::Stash& s);
+// The attention slot's ends, whatever its attention: the input norm of this rank's tokens gathered to the TP group's
+// (s.x, s.ln, s.ln_full; x moves into the stash); from the output projection's input ctx [T, width], the row-parallel
+// projection reduced to this rank's tokens, its bias, dropout and the residual into x. Their backwards: dctx from the
+// output's gradient (the projection's weight gradient queued), and from the TP group's (partial) gradient of the norm's
+// output the gradient of the slot's input, the residual's included.
+void attention_slot_input(const PassContext& c, const LayerParams& ly, Buf& x, AttentionUnit::Stash& s);
+void attention_slot_output(const PassContext& c, const LayerParams& ly, const Buf& ctx, int64_t width, Buf& x, AttentionUnit::Stash& s);
+void attention_slot_output_backward(const PassContext& c, const LayerParams& ly, const Buf& dout, const Buf& ctx, int64_t width, Buf& dctx,
+                                    AttentionUnit::Stash& s);
+void attention_slot_input_backward(const PassContext& c, const LayerParams& ly, Buf& dln_full, const Buf& dout, Buf& dx, AttentionUnit::Stash& s);
+// Multi-latent attention's slot (DeepSeek's, mla_attention.cpp): AttentionUnit's forward and backward when c.D.mla.
+void mla_attention_forward(const PassContext& c, const LayerParams& ly, Buf& x, AttentionUnit::Stash& s);
+void mla_attention_backward(const PassContext& c, const LayerParams& ly, const Buf& dout, Buf& dx, AttentionUnit::Stash& s);
 
 // The TP-parallel MLP body over the TP group's tokens: fc2(act(fc1(gather(ln)))) reduced back to this rank's
 // tokens (SP: reduce-scattered), without fc2's bias; act GELU or SwiGLU. The dense MLP and the shared expert.

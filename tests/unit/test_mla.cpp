@@ -1,0 +1,119 @@
+// test_mla.cpp: multi-latent attention's configuration (Megatron's rules for --multi-latent-attention and what megatrain
+// leaves out), its FLOPs and parameter counts (Megatron's formulas; DeepSeek-V3's published size), and the CUDA engine's
+// refusal by name. Its arithmetic: test_model_grad.cpp's gradient checks, the parity layouts (tests/CMakeLists.txt's mla_*)
+// and HF's DeepseekV3ForCausalLM in tests/interop.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "catch.h"
+#include "config/resolve.h"
+#include "config/validate.h"
+#include "config/yaml_io.h"
+#include "plan/flops.h"
+#include "plan/param_count.h"
+#include "train/capabilities.h"
+
+using namespace mt;
+
+namespace {
+
+Config mla() {
+  Config c;
+  c.model.num_layers = 2;
+  c.model.hidden_size = 64;
+  c.model.num_attention_heads = 4;
+  c.model.max_position_embeddings = 32;
+  c.model.position_embedding_type = "rope";
+  c.model.normalization = "RMSNorm";
+  c.model.swiglu = true;
+  c.model.multi_latent_attention = true;
+  c.model.q_lora_rank = 24;
+  c.model.kv_lora_rank = 16;
+  c.model.qk_head_dim = 16;
+  c.model.qk_pos_emb_head_dim = 8;
+  c.model.v_head_dim = 12;
+  c.model.qk_layernorm = true;
+  c.model.disable_bias_linear = true;
+  c.data.seq_length = 32;
+  c.data.mock_data = true;
+  c.training.micro_batch_size = 2;
+  c.training.train_iters = 10;
+  c.training.lr = 1e-3;
+  return c;
+}
+
+std::string errors(const Config& c, int64_t world = 1) {
+  std::string all;
+  for (const auto& e : validate(c, world, Purpose::kTrain).errors) all += e + "\n";
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("--multi-latent-attention: Megatron's rules") {
+  CHECK(errors(mla()).empty());
+  Config c = mla();
+  c.model.group_query_attention = true;
+  c.model.num_query_groups = 2;
+  CHECK_THAT(errors(c), MT_CONTAINS("--multi-latent-attention and --group-query-attention cannot be combined"));
+  c = mla();
+  c.model.position_embedding_type = "learned_absolute";
+  CHECK_THAT(errors(c), MT_CONTAINS("give --position-embedding-type rope"));
+  c = mla();
+  c.model.rotary_interleaved = true;
+  CHECK_THAT(errors(c), MT_CONTAINS("--rotary-interleaved does not work with --multi-latent-attention"));
+  c = mla();
+  c.model.cache_mla_latents = true;
+  CHECK_THAT(errors(c), MT_CONTAINS("--cache-mla-latents is for inference"));
+  c = mla();
+  c.model.q_lora_rank.reset();  // (Megatron would norm the hidden state again before the query projection)
+  CHECK_THAT(errors(c), MT_CONTAINS("--qk-layernorm with --multi-latent-attention and no --q-lora-rank is not implemented"));
+  c.model.qk_layernorm = false;
+  CHECK(errors(c).empty());
+  c = mla();
+  c.model.qk_pos_emb_head_dim = 7;
+  CHECK_THAT(errors(c), MT_CONTAINS("--qk-pos-emb-head-dim must be even"));
+  c = mla();
+  c.model.rope_type = "none";
+  CHECK_THAT(errors(c), MT_CONTAINS("--rope-type must be rope or yarn"));
+  c = mla();
+  c.precision.fp8_format = "hybrid";
+  c.precision.bf16 = true;
+  CHECK_THAT(errors(c), MT_CONTAINS("FP8 with --multi-latent-attention is not implemented"));
+  c = mla();
+  c.model.multi_latent_attention = false;  // (--rope-type yarn picks MLA's RoPE only; --mla-down-proj-fusion needs MLA)
+  c.model.rope_type = "yarn";
+  c.model.mla_down_proj_fusion = true;
+  CHECK_THAT(errors(c), MT_CONTAINS("--rope-type yarn picks multi-latent attention's RoPE"));
+  CHECK_THAT(errors(c), MT_CONTAINS("--mla-down-proj-fusion needs --multi-latent-attention"));
+  c = mla();  // (selective recompute's mla_up_proj: with MLA)
+  c.recompute.recompute_granularity = "selective";
+  c.recompute.recompute_modules = {"mla_up_proj"};
+  CHECK(errors(c).empty());
+}
+
+TEST_CASE("--multi-latent-attention: Megatron's FLOPs, the parameters, DeepSeek-V3's size") {
+  Config c = mla();
+  resolve(c, 1, 256);
+  // Megatron's MLA terms per token and layer: 6 (q_term + Rkv (h + n (dn + dv) + 1) + h dr + n dv h), q_term Rq (h + n (dn + dr) + 1);
+  // the core attention 3 n (dn + dr + dv) s
+  const double h = 64, n = 4, Rq = 24, Rkv = 16, dn = 16, dr = 8, dv = 12, s = 32, V = 256, F = *c.model.ffn_hidden_size;
+  const double attention = 6 * (Rq * (h + n * (dn + dr) + 1) + Rkv * (h + n * (dn + dv) + 1) + h * dr + n * dv * h);
+  const double per_token = 6 * h * 3 * F * 2 + 2 * attention + 6 * h * V + s * 3 * n * (dn + dr + dv) * 2;
+  CHECK(flops_for_tokens(c, 10) == Approx(10 * per_token).epsilon(1e-12));
+  // Parameters: the latents' projections and norms, the heads' up projections, the output projection
+  const int64_t attn = 24 * 64 + 24 + 4 * 24 * 24 + (16 + 8) * 64 + 16 + 4 * 28 * 16 + 64 * 4 * 12 + 64;
+  CHECK(count_params(c).dense_layer == attn + 64 + 3 * 64 * F);
+  // DeepSeek-V3: 671,026,404,352 parameters without its 14,848 e_score_correction_bias entries (not trained) and its MTP module
+  Config ds;
+  apply_yaml_file(ds, std::string(MEGATRAIN_SOURCE_DIR) + "/configs/deepseek-v3.yaml");
+  resolve(ds, 1024, 0);
+  INFO(errors(ds, 1024));
+  CHECK(errors(ds, 1024).empty());
+  CHECK(count_params(ds).total == 671026404352);
+  // The CUDA engine: refused by name (the CPU engine's only so far)
+  std::string gaps;
+  for (const auto& g : cuda_engine_gaps(c, 1)) gaps += g + "\n";
+  CHECK_THAT(gaps, MT_CONTAINS("--multi-latent-attention (DeepSeek's MLA) is implemented on the CPU engine only so far"));
+}
