@@ -25,6 +25,7 @@
 #include "config/validate.h"
 #include "interop/hf_layout.h"
 #include "interop/mxfp4.h"
+#include "kernels/cpu/fp8.h"
 #include "interop/safetensors.h"
 #include "model/gpt_model.h"
 #include "model/model_dims.h"
@@ -82,10 +83,17 @@ class HfWeights {
   // `base`: the base model's prefix ("transformer." for GPT-2, "model." for LLaMA), which checkpoints of the base
   // model alone (GPT-2's own files: wte.weight, h.0.attn...) leave out; HF's loader accepts both, so does this.
   void set_base_prefix(std::string base) { base_ = std::move(base); }
+  // quantization_config's quant_method "fp8" (DeepSeek-V3's released checkpoints): the linear layers' weights stored as
+  // F8_E4M3 bytes, each block of block_rows x block_cols (weight_block_size) times its `<name>_scale_inv` entry.
+  void set_fp8_blocks(int64_t block_rows, int64_t block_cols) {
+    fp8_block_rows_ = block_rows;
+    fp8_block_cols_ = block_cols;
+  }
   Values take(const std::string& wanted, const std::vector<int64_t>& shape) {
     const std::string name = located(wanted);
     const SafetensorsFile& file = checked(name, shape);
     used_.insert(name);
+    if (file.entry(name).dtype == "F8_E4M3") return dequantized_fp8(file, name, shape);
     return file.read_f32(name);
   }
   // Stacked experts' weights [experts, in, out] (GPT-OSS's gate_up_proj, down_proj): the tensor itself, or, in a
@@ -113,6 +121,32 @@ class HfWeights {
     return values;
   }
   int64_t dequantized() const { return dequantized_; }
+  int64_t dequantized_fp8() const { return dequantized_fp8_; }
+  // An F8_E4M3 weight [rows, cols] times its blocks' scales (`<name>_scale_inv` [ceil(rows / br), ceil(cols / bc)]).
+  Values dequantized_fp8(const SafetensorsFile& file, const std::string& name, const std::vector<int64_t>& shape) {
+    if (fp8_block_rows_ == 0) {
+      throw DataError("the HuggingFace tensor " + name + " is F8_E4M3 but config.json has no quantization_config of quant_method fp8 (its "
+                      "block size and scales): dequantize the checkpoint first");
+    }
+    if (shape.size() != 2) throw DataError("the HuggingFace tensor " + name + " is F8_E4M3 but not a matrix (megatrain reads FP8 linear weights)");
+    const int64_t rows = shape[0], cols = shape[1], br = fp8_block_rows_, bc = fp8_block_cols_;
+    const int64_t block_rows = (rows + br - 1) / br, block_cols = (cols + bc - 1) / bc;
+    const std::string scale_name = name + "_scale_inv";
+    const Values scale = where_.count(scale_name) ? checked(scale_name, {block_rows, block_cols}).read_f32(scale_name) : Values{};
+    if (scale.empty()) throw DataError("the HuggingFace tensor " + name + " is F8_E4M3 without its " + scale_name);
+    used_.insert(scale_name);
+    const std::vector<uint8_t> bytes = file.read_u8_any(name);
+    Values out(bytes.size());
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const size_t k = static_cast<size_t>(i * cols + j);
+        out[k] = cpu::fp8_decode(bytes[k], cpu::Fp8Format::kE4M3) * scale[static_cast<size_t>((i / br) * block_cols + j / bc)];
+        if (!std::isfinite(out[k])) throw DataError("the HuggingFace tensor " + name + " holds a NaN (an FP8 NaN byte or scale): the checkpoint is damaged");
+      }
+    }
+    ++dequantized_fp8_;
+    return out;
+  }
   // The stored name of `wanted`: itself, or without the base model's prefix.
   std::string located(const std::string& wanted) const {
     if (!where_.count(wanted) && !base_.empty() && wanted.rfind(base_, 0) == 0 && where_.count(wanted.substr(base_.size()))) return wanted.substr(base_.size());
@@ -146,7 +180,8 @@ class HfWeights {
   std::map<std::string, std::shared_ptr<SafetensorsFile>> where_;
   std::set<std::string> used_;
   std::string base_;
-  int64_t dequantized_ = 0;
+  int64_t dequantized_ = 0, dequantized_fp8_ = 0;
+  int64_t fp8_block_rows_ = 0, fp8_block_cols_ = 0;
 };
 
 template <typename T>
@@ -196,6 +231,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   std::ostringstream flags;
   flags << std::setprecision(17);
   std::string family;
+  std::pair<int64_t, int64_t> fp8_blocks{0, 0};  // quantization_config's fp8 weight_block_size (0: none)
   if (arch == "GPT2LMHeadModel") {
     family = "gpt2";
     const int64_t h = hc.at("n_embd").get<int64_t>(), pos = hc.at("n_positions").get<int64_t>();
@@ -221,6 +257,25 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
              : arch == "Qwen2MoeForCausalLM" ? "qwen2_moe"
                                              : "llama";
     const bool qwen3 = family == "qwen3" || family == "qwen3_moe";
+    // Quantized checkpoints, dequantized to fp32 on import (training updates them in full precision; an export writes them
+    // unquantized): quant_method "mxfp4" (GPT-OSS's experts, HfWeights::take_experts, as transformers' Mxfp4Config(dequantize=
+    // True)) and "fp8" (DeepSeek-V3's: E4M3 linear weights in blocks of weight_block_size, each times its weight_scale_inv).
+    const json quant = hc.value("quantization_config", json());
+    if (quant.is_object() && !quant.empty()) {
+      const std::string method = field<std::string>(quant, "quant_method", "?");
+      refuse(method != "mxfp4" && method != "fp8", "quantization_config's quant_method " + method + " (megatrain reads mxfp4 and fp8 "
+                                                   "checkpoints and unquantized ones): dequantize the model first (transformers: load it "
+                                                   "dequantized, then save_pretrained)");
+      refuse(method == "mxfp4" && family != "gpt_oss", "quant_method mxfp4 outside GPT-OSS (megatrain reads MXFP4 experts in GptOssForCausalLM)");
+      if (method == "fp8") {
+        refuse(field<std::string>(quant, "fmt", "e4m3") != "e4m3", "quant_method fp8 with fmt " + field<std::string>(quant, "fmt", "") + " (megatrain "
+                                                                     "reads e4m3 weights)");
+        const json block = quant.value("weight_block_size", json::array({128, 128}));
+        refuse(!block.is_array() || block.size() != 2 || block[0].get<int64_t>() < 1 || block[1].get<int64_t>() < 1,
+               "quant_method fp8 without a weight_block_size of two positive sizes (megatrain reads block-scaled FP8 weights)");
+        fp8_blocks = {block[0].get<int64_t>(), block[1].get<int64_t>()};
+      }
+    }
     const int64_t h = hc.at("hidden_size").get<int64_t>(), nh = hc.at("num_attention_heads").get<int64_t>();
     const int64_t ng = field<int64_t>(hc, "num_key_value_heads", nh), pos = hc.at("max_position_embeddings").get<int64_t>();
     const bool gpt_oss = family == "gpt_oss";
@@ -429,13 +484,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       // logits), each expert's gate_up_proj (gate and up interleaved) with biases, then quick GELU of the gate clamped at
       // swiglu_limit times (up clamped + 1): --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value; attention
       // sinks per head: --softmax-type learnable.
-      // The released checkpoints hold the experts' weights in MXFP4 (quantization_config's quant_method "mxfp4"): read
-      // and dequantized to fp32 (HfWeights::take_experts), as transformers' Mxfp4Config(dequantize=True) does.
-      const json quant = hc.value("quantization_config", json());
-      const std::string method = quant.is_object() ? field<std::string>(quant, "quant_method", "?") : "";
-      refuse(quant.is_object() && !quant.empty() && method != "mxfp4",
-             "GPT-OSS with quantization_config's quant_method " + method + " (megatrain reads MXFP4 experts and unquantized weights): "
-             "dequantize the model first (transformers: load it dequantized, then save_pretrained)");
+      // (the released checkpoints hold the experts' weights in MXFP4: see quantization_config above)
       const double alpha = field<double>(hc, "swiglu_alpha", 1.702), limit = field<double>(hc, "swiglu_limit", 7.0);
       refuse(static_cast<float>(alpha) != kQuickGeluAlpha, "GPT-OSS with swiglu_alpha " + std::to_string(alpha) + " (Megatron's quick GELU is 1.702)");
       refuse(!(limit > 0), "GPT-OSS with swiglu_limit " + std::to_string(limit) + " (the clamp must be positive)");
@@ -471,6 +520,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   ParamStore& ps = model.params();
   HfWeights hf(dir);
   hf.set_base_prefix(family == "gpt2" ? "transformer." : "model.");
+  hf.set_fp8_blocks(fp8_blocks.first, fp8_blocks.second);
   auto set = [&](const std::string& name, const Values& v) {
     const size_t i = ps.index_of(name);
     if (i == kNoParam) throw std::logic_error("import: megatrain's model has no " + name);
@@ -637,6 +687,10 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   std::vector<std::string> out;
   out.push_back("imported " + dir.string() + " (" + arch + ") into " + opt.save_dir + " at iteration 0, weights only");
   out.push_back("the model's flags: " + flag_text);
+  if (hf.dequantized_fp8() > 0) {
+    out.push_back("note: " + std::to_string(hf.dequantized_fp8()) + " FP8 tensor(s) (block-scaled E4M3 weights) dequantized; training updates "
+                  "them in full precision, and an export writes them unquantized");
+  }
   if (hf.dequantized() > 0) {
     out.push_back("note: " + std::to_string(hf.dequantized()) + " MXFP4 tensor(s) (the experts' weights) dequantized; training updates them in "
                   "full precision, and an export writes them unquantized");

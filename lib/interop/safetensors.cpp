@@ -188,6 +188,12 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   return out;
 }
 
+std::vector<uint8_t> SafetensorsFile::read_u8_any(const std::string& name) const {
+  const Entry& e = entry(name);
+  if (safetensors_dtype_size(e.dtype) != 1) throw DataError(path_ + ": tensor " + name + " is " + e.dtype + ", not a one-byte type");
+  return std::vector<uint8_t>(data_ + e.begin, data_ + e.end);
+}
+
 std::vector<uint8_t> SafetensorsFile::read_u8(const std::string& name) const {
   const Entry& e = entry(name);
   if (e.dtype != "U8") throw DataError(path_ + ": tensor " + name + " is " + e.dtype + ", not U8");

@@ -47,6 +47,8 @@ class SafetensorsFile {
   std::vector<float> read_f32(const std::string& name) const;
   // The bytes of a U8 tensor (MXFP4's blocks and scales); DataError for another dtype.
   std::vector<uint8_t> read_u8(const std::string& name) const;
+  // The bytes of any one-byte tensor (U8, I8, F8_E4M3, F8_E5M2) as stored.
+  std::vector<uint8_t> read_u8_any(const std::string& name) const;
 
  private:
   void parse_header();

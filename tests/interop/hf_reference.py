@@ -18,7 +18,20 @@ import sys
 
 import torch
 
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "U8": torch.uint8}
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "U8": torch.uint8, "F8_E4M3": torch.uint8}
+
+
+def e4m3_values():  # the value of each FP8 E4M3 byte (OCP's, no infinities; 0x7F and 0xFF NaN)
+    out = []
+    for b in range(256):
+        sign, exponent, mantissa = -1.0 if b & 0x80 else 1.0, (b >> 3) & 15, b & 7
+        if exponent == 15 and mantissa == 7:
+            out.append(float("nan"))
+        elif exponent == 0:
+            out.append(sign * mantissa / 8 * 2.0 ** -6)
+        else:
+            out.append(sign * (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+    return torch.tensor(out, dtype=torch.float64)
 # MXFP4's E2M1 codes (transformers' integrations/mxfp4.py): sign bit 8, then 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
@@ -47,7 +60,9 @@ def load_safetensors(path):
         b, end = e["data_offsets"]
         t = torch.frombuffer(bytearray(data[base + b:base + end]), dtype=DTYPES[e["dtype"]])
         out[name] = t.reshape(e["shape"])
-        if e["dtype"] != "U8":
+        if e["dtype"] == "F8_E4M3":
+            out[name] = e4m3_values()[out[name].long()]
+        elif e["dtype"] != "U8":
             out[name] = out[name].to(torch.float64)
     return out
 
@@ -62,6 +77,12 @@ def load_dir(d):
             weights.update(load_safetensors(os.path.join(d, fn)))
     else:
         weights = load_safetensors(os.path.join(d, "model.safetensors"))
+    with open(os.path.join(d, "config.json")) as f:
+        block = json.load(f).get("quantization_config", {}).get("weight_block_size", [128, 128])
+    for name in [n for n in weights if n.endswith("_scale_inv")]:  # FP8 weights (quant_method "fp8"): each block times its scale
+        base = name[:-len("_scale_inv")]
+        w, scale = weights[base], weights.pop(name)
+        weights[base] = w * scale.repeat_interleave(block[0], 0)[:w.shape[0]].repeat_interleave(block[1], 1)[:, :w.shape[1]]
     for name in [n for n in weights if n.endswith("_blocks")]:  # MXFP4 experts (quantization_config's quant_method "mxfp4")
         base = name[:-len("_blocks")]
         weights[base] = dequantize_mxfp4(weights.pop(name), weights.pop(base + "_scales"))

@@ -242,6 +242,75 @@ if grep -q -- "--multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-
 else
   fail "deepseek_v3_tp2_ep2: the import's flags: $(cat "$W/deepseek_v3_tp2_ep2-import.log")"
 fi
+# DeepSeek-V3's released form: the layers' linear weights FP8 E4M3 in blocks (quant_method fp8, weight_block_size 16 x 32
+# here so that the small matrices have several blocks and cut edges), each block times its weight_scale_inv. The export
+# quantized here (every byte chosen as the nearest E4M3 value); its import against hf_reference.py's dequantization.
+if "$PY" - "$W/deepseek_v3_tp2_ep2-hf" "$W/deepseek_fp8-hf" <<'PYF'
+import json, os, struct, sys
+import torch
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst, exist_ok=True)
+c = json.load(open(os.path.join(src, "config.json")))
+c["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [16, 32]}
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+data = open(os.path.join(src, "model.safetensors"), "rb").read()
+(n,) = struct.unpack("<Q", data[:8]); header = json.loads(data[8:8 + n]); body = data[8 + n:]
+table = []
+for b in range(256):
+    s, e, m = -1.0 if b & 0x80 else 1.0, (b >> 3) & 15, b & 7
+    table.append(float("nan") if e == 15 and m == 7 else s * (m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)))
+table = torch.tensor(table, dtype=torch.float64)
+finite = torch.nonzero(~torch.isnan(table)).flatten()
+def quantize(w):  # [rows, cols] -> E4M3 bytes, scale_inv [ceil(rows / 16), ceil(cols / 32)] (DeepSeek's: the block's amax / 448)
+    rows, cols = w.shape
+    sr, sc = -(-rows // 16), -(-cols // 32)
+    scale = torch.zeros(sr, sc, dtype=torch.float64)
+    q = torch.zeros(rows, cols, dtype=torch.uint8)
+    for i in range(sr):
+        for j in range(sc):
+            blk = w[16 * i:16 * (i + 1), 32 * j:32 * (j + 1)].double()
+            scale[i, j] = max(blk.abs().max().item(), 1e-12) / 448.0
+            x = blk / scale[i, j]
+            pick = (x.unsqueeze(-1) - table[finite]).abs().argmin(-1)
+            q[16 * i:16 * (i + 1), 32 * j:32 * (j + 1)] = finite[pick].to(torch.uint8)
+    return q, scale.float()
+out, blobs, at = {}, [], 0
+def put(name, dtype, shape, raw):
+    global at
+    out[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + len(raw)]}; blobs.append(raw); at += len(raw)
+quantized = 0
+for name, e in header.items():
+    if name == "__metadata__":
+        continue
+    b, end = e["data_offsets"]
+    if name.startswith("model.layers.") and name.endswith("proj.weight") and len(e["shape"]) == 2:
+        w = torch.frombuffer(bytearray(body[b:end]), dtype=torch.float32).reshape(e["shape"])
+        q, scale = quantize(w)
+        put(name, "F8_E4M3", q.shape, q.numpy().tobytes()); put(name + "_scale_inv", "F32", scale.shape, scale.numpy().tobytes())
+        quantized += 1
+    else:
+        put(name, e["dtype"], e["shape"], body[b:end])
+h = json.dumps(out).encode(); h += b" " * (-len(h) % 8)
+open(os.path.join(dst, "model.safetensors"), "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+print(quantized)
+PYF
+then
+  if "$BIN" checkpoint import --hf "$W/deepseek_fp8-hf" --save "$W/deepseek_fp8-ckpt" >"$W/deepseek_fp8-import.log" 2>&1 &&
+     grep -q "FP8 tensor(s)" "$W/deepseek_fp8-import.log"; then
+    mine=$("$HF_LOSS" "$W/deepseek_fp8-ckpt" "$W/tokens.txt")
+    theirs=$("$PY" "$HERE/hf_reference.py" "$W/deepseek_fp8-hf" "$W/tokens.txt")
+    fp32=$("$PY" "$HERE/hf_reference.py" "$W/deepseek_v3_tp2_ep2-hf" "$W/tokens.txt")
+    if "$PY" -c "import sys; a, b, f = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) and b != f else 1)" "$mine" "$theirs" "$fp32"; then
+      echo "PASS deepseek_fp8: the FP8 weights dequantized by their blocks' scales, megatrain $mine, HF $theirs (unquantized $fp32)"
+    else
+      fail "deepseek_fp8: megatrain's loss $mine, HF's dequantized $theirs (unquantized $fp32)"
+    fi
+  else
+    cat "$W/deepseek_fp8-import.log"; fail "deepseek_fp8: import"
+  fi
+else
+  fail "deepseek_fp8: quantizing the export"
+fi
 check mixtral_ep2 2 $MIXTRAL --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 check mixtral_tp2_ep2 4 $MIXTRAL --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 EXPORT_FLAGS="--max-shard-size 20KB" check llama_tied_sharded 1 $LLAMA_TIED
