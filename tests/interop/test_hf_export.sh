@@ -558,5 +558,21 @@ sys.exit(0 if bias and set(bias) == {'F32'} and set(w) == {'BF16'} else 1)" "$W/
   echo "PASS glm bf16: e_score_correction_bias in fp32" || fail "glm bf16: e_score_correction_bias not fp32"
 check glm4_moe_top1 1 $GLM --moe-router-topk 1 --moe-router-topk-scaling-factor 1.5 --moe-shared-expert-intermediate-size 48
 refused_export glm_dense_last "first_k_dense_replace" $MIXTRAL --moe-router-score-function sigmoid --moe-layer-freq [1,0]
+# Multi-latent attention without the query latent (its HF form would norm the keys' latent alone), and without the latents' norms
+refused_export mla_no_q_lora "q-lora-rank" $COMMON --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --ffn-hidden-size 96 \
+  --position-embedding-type rope --multi-latent-attention --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 12 \
+  --disable-bias-linear
+refused_export mla_no_norms "qk-layernorm" $COMMON --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --ffn-hidden-size 96 \
+  --position-embedding-type rope --multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 \
+  --v-head-dim 12 --disable-bias-linear
+# DeepSeek-V3 configs megatrain cannot express, refused on import by name: no q_lora_rank (V2-Lite's form), rope_interleave false
+for variant in "q_lora_rank:null:q_lora_rank" "rope_interleave:false:rope_interleave"; do
+  key=${variant%%:*}; rest=${variant#*:}; value=${rest%%:*}; text=${rest#*:}
+  rm -rf "$W/ds_$key-hf"; cp -r "$W/deepseek_v3_tp2_ep2-hf" "$W/ds_$key-hf"
+  "$PY" -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c[sys.argv[2]]=json.loads(sys.argv[3]); json.dump(c,open(p,'w'))" \
+    "$W/ds_$key-hf/config.json" "$key" "$value"
+  out=$("$BIN" checkpoint import --hf "$W/ds_$key-hf" --save "$W/ds_$key-ckpt" 2>&1) && { fail "deepseek $key $value: imported"; continue; }
+  grep -q -- "$text" <<<"$out" && echo "PASS deepseek $key $value: refused" || fail "deepseek $key $value: the refusal does not say why: $out"
+done
 [[ $failures == 0 ]] && echo "all HuggingFace export checks passed"
 exit $((failures > 0))
