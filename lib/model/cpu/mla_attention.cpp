@@ -57,6 +57,26 @@ void linear_backward_adding(const PassContext& c, int64_t layer, LinearStash& st
   for (size_t i = 0; i < part.size(); ++i) dx[i] += part[i];
 }
 
+// A latent [T, width] through its norm (--qk-layernorm), or as it is: out, and the norm's statistics where it has one.
+void latent_norm_forward(const PassContext& c, const Buf& in, Buf& out, Buf& mean, Buf& rstd, size_t w, size_t b, int64_t width) {
+  if (!c.D.qk_norm) {
+    out = in;
+    return;
+  }
+  out.resize(in.size());
+  mean.resize(sz(c.T));
+  rstd.resize(sz(c.T));
+  c.norm_forward(out.data(), mean.data(), rstd.data(), in.data(), w, b, c.T, width);
+}
+
+// The latent's gradient before its norm (the norm's weight gradients accumulated), or as it is without one.
+Buf latent_norm_backward(const PassContext& c, const Buf& dout, const Buf& in, const Buf& mean, const Buf& rstd, size_t w, size_t b, int64_t width) {
+  if (!c.D.qk_norm) return dout;
+  Buf din(dout.size());
+  c.norm_backward(din.data(), dout.data(), in.data(), mean.data(), rstd.data(), w, b, c.T, width);
+  return din;
+}
+
 }  // namespace
 
 void mla_attention_forward(const PassContext& c, const LayerParams& ly, Buf& x, AttentionUnit::Stash& A) {
@@ -72,15 +92,7 @@ void mla_attention_forward(const PassContext& c, const LayerParams& ly, Buf& x, 
     const int64_t R_q = D.q_lora_rank;
     A.q_latent_in.resize(sz(T * R_q));
     linear_unit_forward(c, ly.layer, kLinearQkv, A.q_lin, A.q_latent_in.data(), A.ln_full.data(), ly.q_down_w, kNoParam, T, h, R_q);
-    if (D.qk_norm) {
-      A.q_latent.resize(A.q_latent_in.size());
-      A.q_latent_mean.resize(sz(T));
-      A.q_latent_rstd.resize(sz(T));
-      c.norm_forward(A.q_latent.data(), A.q_latent_mean.data(), A.q_latent_rstd.data(), A.q_latent_in.data(), ly.q_latent_norm_w,
-                     ly.q_latent_norm_b, T, R_q);
-    } else {
-      A.q_latent = A.q_latent_in;
-    }
+    latent_norm_forward(c, A.q_latent_in, A.q_latent, A.q_latent_mean, A.q_latent_rstd, ly.q_latent_norm_w, ly.q_latent_norm_b, R_q);
     linear_unit_forward(c, ly.layer, kLinearQkv, A.q_up_lin, q.data(), A.q_latent.data(), ly.q_up_w, kNoParam, T, R_q, nh * dq);
   }
   // The keys' and values' latent and the shared RoPE key [T, kv_lora_rank + dr]
@@ -92,15 +104,7 @@ void mla_attention_forward(const PassContext& c, const LayerParams& ly, Buf& x, 
     std::memcpy(&A.kv_latent_in[sz(t * R_kv)], &kv_down[sz(t * (R_kv + dr))], sz(R_kv) * sizeof(float));
     std::memcpy(&k_pe[sz(t * dr)], &kv_down[sz(t * (R_kv + dr) + R_kv)], sz(dr) * sizeof(float));
   }
-  if (D.qk_norm) {
-    A.kv_latent.resize(A.kv_latent_in.size());
-    A.kv_latent_mean.resize(sz(T));
-    A.kv_latent_rstd.resize(sz(T));
-    c.norm_forward(A.kv_latent.data(), A.kv_latent_mean.data(), A.kv_latent_rstd.data(), A.kv_latent_in.data(), ly.kv_latent_norm_w,
-                   ly.kv_latent_norm_b, T, R_kv);
-  } else {
-    A.kv_latent = A.kv_latent_in;
-  }
+  latent_norm_forward(c, A.kv_latent_in, A.kv_latent, A.kv_latent_mean, A.kv_latent_rstd, ly.kv_latent_norm_w, ly.kv_latent_norm_b, R_kv);
   Buf kv(sz(T * nh * (dn + dv)));
   linear_unit_forward(c, ly.layer, kLinearQkv, A.kv_up_lin, kv.data(), A.kv_latent.data(), ly.kv_up_w, kNoParam, T, R_kv, nh * (dn + dv));
   // RoPE on the queries' and the key's dr parts
@@ -166,13 +170,8 @@ void mla_attention_backward(const PassContext& c, const LayerParams& ly, const B
   linear_unit_backward(c, ly.layer, kLinearQkv, A.kv_up_lin, dkv_latent.data(), dkv.data(), ly.kv_up_w, kNoParam, A.kv_latent.data(), T, R_kv,
                        nh * (dn + dv));
   Buf dkv_down(sz(T * (R_kv + dr)));
-  Buf dkv_latent_in(sz(T * R_kv));
-  if (D.qk_norm) {
-    c.norm_backward(dkv_latent_in.data(), dkv_latent.data(), A.kv_latent_in.data(), A.kv_latent_mean.data(), A.kv_latent_rstd.data(),
-                    ly.kv_latent_norm_w, ly.kv_latent_norm_b, T, R_kv);
-  } else {
-    dkv_latent_in = dkv_latent;
-  }
+  const Buf dkv_latent_in =
+      latent_norm_backward(c, dkv_latent, A.kv_latent_in, A.kv_latent_mean, A.kv_latent_rstd, ly.kv_latent_norm_w, ly.kv_latent_norm_b, R_kv);
   for (int64_t t = 0; t < T; ++t) {
     std::memcpy(&dkv_down[sz(t * (R_kv + dr))], &dkv_latent_in[sz(t * R_kv)], sz(R_kv) * sizeof(float));
     std::memcpy(&dkv_down[sz(t * (R_kv + dr) + R_kv)], &dk_pe[sz(t * dr)], sz(dr) * sizeof(float));
@@ -187,13 +186,8 @@ void mla_attention_backward(const PassContext& c, const LayerParams& ly, const B
     Buf dq_latent(sz(T * R_q));
     linear_unit_backward(c, ly.layer, kLinearQkv, A.q_up_lin, dq_latent.data(), dq_all.data(), ly.q_up_w, kNoParam, A.q_latent.data(), T, R_q,
                          nh * dq);
-    Buf dq_latent_in(sz(T * R_q));
-    if (D.qk_norm) {
-      c.norm_backward(dq_latent_in.data(), dq_latent.data(), A.q_latent_in.data(), A.q_latent_mean.data(), A.q_latent_rstd.data(),
-                      ly.q_latent_norm_w, ly.q_latent_norm_b, T, R_q);
-    } else {
-      dq_latent_in = dq_latent;
-    }
+    const Buf dq_latent_in =
+        latent_norm_backward(c, dq_latent, A.q_latent_in, A.q_latent_mean, A.q_latent_rstd, ly.q_latent_norm_w, ly.q_latent_norm_b, R_q);
     linear_backward_adding(c, ly.layer, A.q_lin, full, dq_latent_in.data(), ly.q_down_w, A.ln_full.data(), T, h, R_q);
   }
   // The parameters whole on every TP rank took this rank's heads' part of their gradients: summed over TP once the
