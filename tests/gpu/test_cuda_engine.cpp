@@ -178,6 +178,17 @@ mt::Config make_config(const std::string& model, const std::string& extra = kPla
             "--group-query-attention --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear "
             "--recompute-granularity full --recompute-method block --recompute-num-layers 1 ";
   }
+  // Multi-latent attention (DeepSeek's): LLaMA-style with the query latent, the latents' norms and YaRN with mscale (heads
+  // 32 + 16 wide, values 24); GPT-style with one query projection, plain RoPE, values wider than the heads (56).
+  if (model == "deepseek") {
+    base += "--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --untie-embeddings-and-output-weights "
+            "--disable-bias-linear --multi-latent-attention --q-lora-rank 48 --kv-lora-rank 32 --qk-head-dim 32 --qk-pos-emb-head-dim 16 "
+            "--v-head-dim 24 --qk-layernorm --rotary-scaling-factor 4 --mscale 1 --mscale-all-dim 1 --yarn-original-max-position-embeddings 16 ";
+  }
+  if (model == "deepseek-gpt") {
+    base += "--position-embedding-type rope --multi-latent-attention --kv-lora-rank 40 --qk-head-dim 32 --qk-pos-emb-head-dim 16 "
+            "--v-head-dim 56 --rope-type rope ";
+  }
   if (extra.find("--fp16") == std::string::npos) base += "--bf16 ";
   if (extra.find("--data-path") == std::string::npos) base += "--mock-data ";
   CLI::App app;
@@ -296,6 +307,8 @@ void test_training(const std::string& model, const std::string& extra = kPlain) 
                        : extra.find("--qk-layernorm --hidden-dropout") != std::string::npos ? " (qk-layernorm, hidden dropout 0.1)"
                        : extra.find("--hidden-dropout") != std::string::npos ? " (hidden dropout 0.1)"
                        : extra.find("--qk-layernorm") != std::string::npos ? " (qk-layernorm)"
+                       : extra.find("--recompute-granularity full") != std::string::npos ? " (recomputed)"
+                       : extra.find("--softmax-type learnable") != std::string::npos ? " (learned sinks)"
                        : evaluates                                      ? " (validation)"
                                                                         : "";
     std::snprintf(buf, sizeof(buf), "training %s%s: %zu iterations, CPU %.4f -> %.4f, GPU %.4f -> %.4f, worst relative gap %.2e; %zu validation runs "
@@ -1658,6 +1671,47 @@ void test_sinks() {
   }
 }
 
+// Multi-latent attention (forty-third session; MT_GPU_TEST_ONLY=mla, with MEGATRAIN_CUDA_UNVERIFIED=multi-latent-attention
+// until its gate is lifted): every parameter's gradient after one microbatch against the CPU engine's (the latents' down
+// projections, norms and up projections, k_pe's rows of the key / value down projection), both shapes; then trainings
+// against the CPU engine's curves: plain, recomputed, fp16, learned sinks with values wider than the heads, a window, and
+// MoE layers with DeepSeek's routing (sigmoid scores, the expert bias, a shared expert).
+void test_mla() {
+  for (const std::string model : {"deepseek", "deepseek-gpt"}) {
+    const std::string name = "MLA gradients " + model;
+    try {
+      const mt::Config cfg = make_config(model, MT_PLAIN_BATCH "--train-iters 1 ");
+      mt::ParamStore store;
+      const auto [g, cpu_grads] = gradients_both(cfg, store);
+      double worst = 0;
+      std::string worst_name;
+      int latent = 0;
+      for (const mt::ParamInfo& p : store.infos()) {
+        const std::vector<float> a(g.begin() + p.offset, g.begin() + p.offset + p.numel), b(cpu_grads.begin() + p.offset, cpu_grads.begin() + p.offset + p.numel);
+        const double e = rel_err(a, b);
+        if (p.name.find("kv_down_proj") != std::string::npos || p.name.find("kv_up_proj") != std::string::npos) ++latent;
+        if (e > worst) {
+          worst = e;
+          worst_name = p.name;
+        }
+      }
+      char buf[300];
+      std::snprintf(buf, sizeof(buf), "%s: worst parameter %s %.2e apart from the CPU engine's (max error / max value); %d latent projections",
+                    name.c_str(), worst_name.c_str(), worst, latent);
+      check(latent == 4 && worst < 3e-2, buf);
+    } catch (const std::exception& e) {
+      check(false, name + ": " + e.what());
+    }
+  }
+  test_training("deepseek");
+  test_training("deepseek", std::string(kPlain) + "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ");
+  test_training("deepseek", std::string(kPlain) + "--fp16 --loss-scale 1024 ");
+  test_training("deepseek-gpt", std::string(kPlain) + "--softmax-type learnable ");
+  test_training("deepseek-gpt", std::string(kPlain) + "--window-size 15,0 ");
+  test_moe_training("deepseek", "--num-experts 8 --moe-router-score-function sigmoid --moe-router-enable-expert-bias "
+                                "--moe-router-topk-scaling-factor 2.5 --moe-shared-expert-intermediate-size 128 ");
+}
+
 // --log-num-zeros-in-grad (thirty-eighth session, written without a GPU: MT_GPU_TEST_ONLY=num-zeros): each iteration's
 // count of zero gradient entries as the CPU engine's, within 1% (most of them the untied input embedding's rows of the
 // tokens no sample holds, which both engines leave at 0.0f; a gradient zero in exact arithmetic may round onto 0.0f in one
@@ -2030,6 +2084,11 @@ int main() {
     std::printf("%d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
   }
+  if (only && std::string(only) == "mla") {  // (=mla: only multi-latent attention)
+    test_mla();
+    std::printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+  }
   if (only && std::string(only) == "alignment") {  // (=alignment: parameters of sizes that are no multiple of 8)
     // GPT's biases with 4 and 6 experts: the router's bias [E] before the next parameter (ParamStore::allocate's gaps)
     test_moe_training("gpt", "");
@@ -2263,6 +2322,7 @@ moe_tests:
   test_precision_aware();
   test_window();
   test_gated_activation();
+  test_mla();
   test_sinks();
   test_gelu_erf();
   // (a capacity with global_aux_loss and with the allgather dispatcher, which Megatron's current rules allow: added in

@@ -113,9 +113,18 @@ TEST_CASE("--multi-latent-attention: Megatron's FLOPs, the parameters, DeepSeek-
   INFO(errors(ds, 1024));
   CHECK(errors(ds, 1024).empty());
   CHECK(count_params(ds).total == 671026404352);
-  // The CUDA engine: refused by name (the CPU engine's only so far; a build without CUDA says so instead)
+  // The CUDA engine: refused by name until its GPU group has run, and under TP or CP (a build without CUDA says so instead)
   std::string gaps;
   for (const auto& g : cuda_engine_gaps(c, 1)) gaps += g + "\n";
-  CHECK_THAT(gaps, MT_CONTAINS(built_with_cuda() ? "--multi-latent-attention (DeepSeek's MLA) is implemented on the CPU engine only so far"
-                                                 : "this build has no CUDA backend"));
+  CHECK_THAT(gaps, MT_CONTAINS(built_with_cuda() ? "--multi-latent-attention (DeepSeek's MLA) has not run on a GPU yet" : "this build has no CUDA backend"));
+  for (const bool tp : {true, false}) {
+    Config split = mla();
+    (tp ? split.parallel.tensor_model_parallel_size : split.parallel.context_parallel_size) = 2;
+    resolve(split, 2, 256);
+    gaps.clear();
+    for (const auto& g : cuda_engine_gaps(split, 2)) gaps += g + "\n";
+    CHECK_THAT(gaps, MT_CONTAINS(!built_with_cuda() ? "this build has no CUDA backend"
+                                 : tp             ? "--multi-latent-attention with --tensor-model-parallel-size > 1 is not implemented on the CUDA engine"
+                                                  : "--multi-latent-attention with --context-parallel-size > 1 is not implemented on the CUDA engine"));
+  }
 }

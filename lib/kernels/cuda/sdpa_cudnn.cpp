@@ -254,6 +254,8 @@ class Graph {
 
 struct Layouts {
   Dims q_dims, q_str, kt_dims, kt_str, kv_dims, kv_str, stats_dims, stats_str, sum_str, s_dims, t_dims, t_str, bias_dims, bias_str, kq_dims;
+  // The values' and the output's (their head dimension Dv: D but for multi-latent attention)
+  Dims o_dims, o_str, v_dims, v_str, vt_dims, vt_str, vq_dims;
 };
 
 // S queries against Sk keys; a sample's rows q_stride() (kv_stride()) apart in the buffers.
@@ -272,7 +274,15 @@ Layouts layouts(const SdpaShape& s) {
   l.s_dims = {s.B, s.Hq, s.S, Sk};
   l.t_dims = {s.B, s.Hq, Sk, s.S};  // P^T and dS^T: strided views of the [.., S, Sk] tensors
   l.t_str = {s.Hq * s.S * Sk, s.S * Sk, 1, Sk};
-  l.kq_dims = {s.B, s.Hq, Sk, s.D};  // dK, dV per query head before GQA's sum over a group
+  l.kq_dims = {s.B, s.Hq, Sk, s.D};  // dK per query head before GQA's sum over a group
+  const int64_t Dv = s.value_dim();
+  l.o_dims = {s.B, s.Hq, s.S, Dv};
+  l.o_str = {qr * s.Hq * Dv, Dv, s.Hq * Dv, 1};
+  l.v_dims = {s.B, s.Hk, Sk, Dv};
+  l.v_str = {kr * s.Hk * Dv, Dv, s.Hk * Dv, 1};
+  l.vt_dims = {s.B, s.Hk, Dv, Sk};
+  l.vt_str = {kr * s.Hk * Dv, Dv, 1, s.Hk * Dv};
+  l.vq_dims = {s.B, s.Hq, Sk, Dv};  // dV per query head before GQA's sum
   l.bias_dims = {s.B, 1, s.S, Sk};
   l.bias_str = {s.S * Sk, s.S * Sk, Sk, 1};
   return l;
@@ -288,8 +298,8 @@ std::unique_ptr<Graph> forward_graph(cudnnHandle_t h, const SdpaShape& s, bool p
   const cudnnDataType_t bf = s.type == F16::kFP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
   Desc q = g->tensor(kQ, bf, l.q_dims, l.q_str, false);
   Desc kt = g->tensor(kK, bf, l.kt_dims, l.kt_str, false);
-  Desc v = g->tensor(kV, bf, l.kv_dims, l.kv_str, false);
-  Desc o = g->tensor(kO, bf, l.q_dims, l.q_str, false);
+  Desc v = g->tensor(kV, bf, l.v_dims, l.v_str, false);
+  Desc o = g->tensor(kO, bf, l.o_dims, l.o_str, false);
   Desc stats = g->tensor(kStats, f, l.stats_dims, l.stats_str, false);
   Desc scale = g->scalar(kScale), neg = s.causal ? g->scalar(kNegInf) : nullptr;
   Desc sc = g->virt(f, l.s_dims);
@@ -356,13 +366,13 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, bool 
   const cudnnDataType_t bf = s.type == F16::kFP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, f = CUDNN_DATA_FLOAT;
   Desc q = g->tensor(kQ, bf, l.q_dims, l.q_str, false);
   Desc kt = g->tensor(kK, bf, l.kt_dims, l.kt_str, false);
-  Desc vt = g->tensor(kV, bf, l.kt_dims, l.kt_str, false);  // V^T: the same strided view as K^T
-  Desc o = g->tensor(kO, bf, l.q_dims, l.q_str, false);
-  Desc d_o = g->tensor(kDO, bf, l.q_dims, l.q_str, false);
+  Desc vt = g->tensor(kV, bf, l.vt_dims, l.vt_str, false);  // V^T: a strided view, as K^T
+  Desc o = g->tensor(kO, bf, l.o_dims, l.o_str, false);
+  Desc d_o = g->tensor(kDO, bf, l.o_dims, l.o_str, false);
   Desc stats = g->tensor(kStats, f, l.stats_dims, l.stats_str, false);
   Desc dq = g->tensor(kDQ, bf, l.q_dims, l.q_str, false);
   Desc dk = g->tensor(kDK, bf, l.kv_dims, l.kv_str, false);
-  Desc dv = g->tensor(kDV, bf, l.kv_dims, l.kv_str, false);
+  Desc dv = g->tensor(kDV, bf, l.v_dims, l.v_str, false);
   Desc scale = g->scalar(kScale), neg = s.causal ? g->scalar(kNegInf) : nullptr;
   Desc softmax_sum = g->tensor(kSoftmaxSum, f, l.stats_dims, l.sum_str, false);
   Desc dq_accum = deterministic ? nullptr : g->tensor(kDQAccum, f, l.q_dims, contiguous(l.q_dims), false);
@@ -372,7 +382,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, bool 
   Desc mask = drop ? g->keep_mask(l.s_dims, 1.0 - s.dropout, g->int64_scalar(kSeed), g->int64_scalar(kOffset)) : nullptr;
   Desc drop_scale = drop ? g->scalar(kDropScale) : nullptr;
   // softmax_sum = rowsum(dO * O) (times 1 - p under dropout)
-  Desc doo = g->virt_strided(f, l.q_dims, l.q_str);
+  Desc doo = g->virt_strided(f, l.o_dims, l.o_str);
   g->pointwise(CUDNN_POINTWISE_MUL, d_o, doo, o);
   Desc rs = g->virt(f, l.stats_dims);
   g->reduction(CUDNN_REDUCE_TENSOR_ADD, doo, rs);
@@ -407,7 +417,7 @@ std::unique_ptr<Graph> backward_graph(cudnnHandle_t h, const SdpaShape& s, bool 
   if (!gqa) {
     g->matmul(pt, d_o, dv);
   } else {
-    Desc dv_full = g->virt(bf, l.kq_dims);
+    Desc dv_full = g->virt(bf, l.vq_dims);
     g->matmul(pt, d_o, dv_full);
     g->reduction(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
   }
@@ -460,7 +470,7 @@ struct CudnnSdpa::Impl {
   cudnnHandle_t handle = nullptr;
   std::mutex mu;
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int, bool, int64_t, bool, int64_t, int64_t, uint32_t, bool, int64_t,
-                         bool>;
+                         bool, int64_t>;
   std::atomic<bool> deterministic{false};
   struct Entry {
     std::unique_ptr<Graph> graph;
@@ -475,14 +485,15 @@ struct CudnnSdpa::Impl {
     std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
     std::memcpy(&dropout_bits, &s.dropout, sizeof(dropout_bits));
     const Key key{s.B,      s.S,    s.Hq,         s.Hk,         s.D,       scale_bits, backward, static_cast<int>(s.type), s.bias, s.keys(),
-                  s.causal, s.q_stride(), s.kv_stride(), dropout_bits, backward && deterministic_backward, s.window, !backward && s.sink};
+                  s.causal, s.q_stride(), s.kv_stride(), dropout_bits, backward && deterministic_backward, s.window, !backward && s.sink,
+                  s.value_dim()};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     Entry e;
     std::string why;
-    if (s.D % 8 != 0 || s.D > 256 || s.Hq % s.Hk != 0) {
-      why = "head dimension must be a multiple of 8 and at most 256, query heads a multiple of KV heads";
+    if (s.D % 8 != 0 || s.D > 256 || s.value_dim() % 8 != 0 || s.value_dim() > 256 || s.Hq % s.Hk != 0) {
+      why = "head dimensions must be multiples of 8 and at most 256, query heads a multiple of KV heads";
     } else if (s.dropout < 0 || s.dropout >= 1) {
       why = "the dropout probability must be in [0, 1)";
     } else if (!backward) {
@@ -501,6 +512,7 @@ struct CudnnSdpa::Impl {
       e.error = std::string("cuDNN has no fused attention ") + (backward ? "backward" : "forward") + " for batch " +
                 std::to_string(s.B) + ", sequence " + std::to_string(s.S) + ", heads " + std::to_string(s.Hq) + "/" +
                 std::to_string(s.Hk) + ", head dim " + std::to_string(s.D) +
+                (s.value_dim() != s.D ? " (values " + std::to_string(s.value_dim()) + ")" : std::string()) +
                 (s.keys() != s.S ? ", " + std::to_string(s.keys()) + " keys" : std::string()) + (s.causal ? "" : ", no causal mask") +
                 (s.bias ? " with a document-mask bias" : "") + (s.dropout > 0 ? " with dropout " + std::to_string(s.dropout) : std::string()) +
                 (std::get<14>(key) ? " in deterministic mode (--deterministic-mode)" : "") +

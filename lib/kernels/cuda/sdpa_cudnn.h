@@ -4,8 +4,9 @@
 // one flash kernel. Plans are built once per shape and cached. bf16 (or fp16: SdpaShape::type) in and out,
 // fp32 statistics.
 //
-// Layout (BSHD, as the model keeps it): Q, O, dQ, dO [B, S, Hq, D]; K, V, dK, dV [B, S, Hk, D], Hq a
-// multiple of Hk (grouped-query attention). Stats: [B, Hq, S] fp32 (log-sum-exp per row).
+// Layout (BSHD, as the model keeps it): Q, dQ [B, S, Hq, D]; K, dK [B, S, Hk, D]; V, dV [B, S, Hk, Dv]; O, dO
+// [B, S, Hq, Dv] (Dv = D unless SdpaShape::Dv says otherwise: multi-latent attention's values), Hq a multiple of Hk
+// (grouped-query attention). Stats: [B, Hq, S] fp32 (log-sum-exp per row).
 // With SdpaShape::bias, an additive bias [B, 1, S, Sk] of the same 16-bit type goes onto the scaled scores before the
 // causal mask (cuDNN's bias input, shared by the heads): the document masks of --reset-attention-mask (kernels/cuda/
 // document_bias.h), 0 where a query may see a key and a large negative value where it may not.
@@ -42,7 +43,10 @@ struct SdpaShape {
   // denominator, a key with no value: the statistics include it, so the backward graph is unchanged; its gradient
   // (backward's `sink_grad`) comes from the statistics and the backward's row sums of dO * O.
   bool sink = false;
+  // The values' (and so the output's) head dimension where it is not D (multi-latent attention); 0: D.
+  int64_t Dv = 0;
   int64_t keys() const { return Sk > 0 ? Sk : S; }
+  int64_t value_dim() const { return Dv > 0 ? Dv : D; }
   int64_t q_stride() const { return q_rows > 0 ? q_rows : S; }
   int64_t kv_stride() const { return kv_rows > 0 ? kv_rows : keys(); }
 };

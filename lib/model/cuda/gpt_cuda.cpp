@@ -184,6 +184,15 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     lw.kn_w = offset(ly.k_norm_w);
     lw.kn_b = offset(ly.k_norm_b);
     lw.sink = offset(ly.softmax_offset);
+    lw.q_proj_w = offset(ly.q_proj_w);
+    lw.q_down_w = offset(ly.q_down_w);
+    lw.q_ln_w = offset(ly.q_latent_norm_w);
+    lw.q_ln_b = offset(ly.q_latent_norm_b);
+    lw.q_up_w = offset(ly.q_up_w);
+    lw.kv_down_w = offset(ly.kv_down_w);
+    lw.kv_ln_w = offset(ly.kv_latent_norm_w);
+    lw.kv_ln_b = offset(ly.kv_latent_norm_b);
+    lw.kv_up_w = offset(ly.kv_up_w);
     int64_t lo = numel_, hi = 0;  // the layer's dense parameters (an MoE layer's experts sit in the expert range)
     for (size_t i = ly.first; i < ly.end; ++i) {
       if (layout.info(i).tp_replicated()) layer_replicated_[static_cast<size_t>(l)].emplace_back(layout.info(i).offset, layout.info(i).numel);
@@ -313,8 +322,13 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     MT_CUDA_CHECK(cudaMemcpy(moe_ones_, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
   }
   const double rows_l = sp_ ? 1.0 / static_cast<double>(tp_size_) : 1.0;  // Tl / T
-  W_ = {D.nh_local * D.d, D.ng_local * D.d, (D.qh_local + 2 * D.ng_local) * D.d, D.F_local, D.swiglu ? 2 * D.F_local : D.F_local};
-  const int64_t h = D.h, Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
+  W_ = {D.nh_local * D.d, D.ng_local * D.d, D.mla ? 0 : (D.qh_local + 2 * D.ng_local) * D.d, D.F_local, D.swiglu ? 2 * D.F_local : D.F_local,
+        D.mla ? D.nh_local * D.v_dim : D.ng_local * D.d, D.mla ? D.nh_local * D.v_dim : D.nh_local * D.d};
+  if (D.mla && (tp_ || D.cp > 1)) {
+    throw std::logic_error("CudaGPT: multi-latent attention runs on one TP rank without context parallelism (capabilities refuse the rest)");
+  }
+  const int64_t h = D.h, Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq, F = W_.F, F1 = W_.F1, Vd = W_.Vd, Od = W_.Od;
+  const int64_t mla_rank = std::max(D.q_lora_rank, D.kv_lora_rank);  // (the widest latent; 0 without MLA)
   const size_t t = static_cast<size_t>(T);
   auto bytes = [&](int64_t n, size_t elem, double rows) { return static_cast<size_t>(static_cast<double>(t) * rows) * static_cast<size_t>(n) * elem; };
   auto b16 = [&](int64_t n, double rows = 1.0) {
@@ -385,9 +399,24 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     r.rstd1 = f32(1, rows_l);
     r.q = b16(Hd);
     r.k = b16(KVd);
-    r.v = b16(KVd);
-    r.o = b16(Hd);
+    r.v = b16(Vd);
+    r.o = b16(Od);
     r.stats = f32(D.nh_local);
+    if (D.mla) {  // (the latents before their norms, and after them where there are norms)
+      r.mla_kv_in = b16(D.kv_lora_rank);
+      r.mla_kv_lat = r.mla_kv_in;
+      if (D.q_lora_rank > 0) r.mla_q_in = r.mla_q_lat = b16(D.q_lora_rank);
+      if (D.qk_norm) {
+        r.mla_kv_lat = b16(D.kv_lora_rank);
+        r.mla_kv_mean = f32(1);
+        r.mla_kv_rstd = f32(1);
+        if (D.q_lora_rank > 0) {
+          r.mla_q_lat = b16(D.q_lora_rank);
+          r.mla_q_mean = f32(1);
+          r.mla_q_rstd = f32(1);
+        }
+      }
+    }
     r.x_mid = res(h, rows_l);
     r.xn2 = b16(h);
     r.mean2 = f32(1, rows_l);
@@ -395,7 +424,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     mlp_buffers(r, dense_mlp, moe, fp8, expert_act_own);
     if (fp8) {
       r.f8_amax = static_cast<float*>(alloc(8 * sizeof(float)));
-      const int64_t widths[4] = {h, Hd, h, F};  // the sites' inputs: QKV, projection, fc1, fc2
+      const int64_t widths[4] = {h, Od, h, F};  // the sites' inputs: QKV, projection, fc1, fc2
       const int sites = dense_mlp ? 4 : 2;  // (an MoE layer's MLP: its experts' own, below)
       for (int site = 0; D.fp8_wgrad && site < sites; ++site) {  // (--no-fp8-wgrad: the weight gradients read x in bf16)
         act_bytes_ += bytes(widths[site], 1, 1.0);
@@ -420,7 +449,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       }
       r.ex_f8_xinv = static_cast<float*>(alloc(static_cast<size_t>((experts_ + 1) * 2 * 64) * sizeof(float)));
     }
-    if (D.qk_norm) {
+    if (D.qk_norm && !D.mla) {
       r.q_pre = b16(Hd);
       r.k_pre = b16(KVd);
       r.qn_mean = f32(D.nh_local);
@@ -440,7 +469,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   const char* a2a_env = std::getenv("MEGATRAIN_TP_SP_ALLTOALL");
   const char* split_env0 = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
   const bool may_split = max_in_flight == 1 && pre_ && post_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
-                         !doc_mask_ && D.attention_dropout <= 0 && !D.squared_relu && !D.gelu_erf &&
+                         !D.mla && !doc_mask_ && D.attention_dropout <= 0 && !D.squared_relu && !D.gelu_erf &&
                          std::find(recompute_layer_.begin(), recompute_layer_.end(), true) == recompute_layer_.end() && !mlp_recompute_ &&
                          !(split_env0 && std::string(split_env0) == "0");
   const bool sp_all_to_all = sp_ && may_split && !(a2a_env && std::string(a2a_env) == "0");
@@ -514,7 +543,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     }
     s_ = std::make_unique<Scratch>();
     Scratch& s = *s_;
-    s.qkv = b16(Wq);
+    if (!D.mla) s.qkv = b16(Wq);
     if (kv_group_) s.q_all = b16(D.qh_local * D.d);
     s.delta = b16(h);
     s.x_final = res(h, rows_l);
@@ -526,15 +555,24 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     s.dres = f32(h, rows_l);
     s.dres16 = b16(h, rows_l);
     s.dxn = b16(h);
-    s.d_o = b16(Hd);
+    s.d_o = b16(Od);
     s.dq = b16(Hd);
     s.dk = b16(KVd);
-    s.dv = b16(KVd);
+    s.dv = b16(Vd);
+    if (D.mla) {
+      s.mla_kv = b16(D.nh_local * (D.qk_nope + D.v_dim));
+      s.mla_k_pe = b16(D.qk_rope);
+      s.mla_dlat = b16(mla_rank);
+      if (D.qk_norm) {
+        s.mla_dlat_in = b16(mla_rank);
+        s.mla_tmp = f32(mla_rank);
+      }
+    }
     if (D.swiglu || D.squared_relu || D.gelu_erf) s.dact = b16(F);  // (the activation's gradient, apart from the GEMM)
     s.dfc1 = b16(F1);
     if (D.fp8) {  // (FP8 runs GELU's backward apart from the data-gradient GEMM, into dact)
       if (!D.swiglu && !D.squared_relu && !D.gelu_erf) s.dact = b16(F);
-      const auto widest = static_cast<size_t>(std::max({h, Hd, F, Wq, F1}));
+      const auto widest = static_cast<size_t>(std::max({h, Hd, Od, F, Wq, F1}));
       s.f8_row = static_cast<uint8_t*>(alloc(t * widest));
       s.f8_dyt = static_cast<uint8_t*>(alloc(t * static_cast<size_t>(std::max({Wq, h, F1}))));
       s.f8_scalars = static_cast<float*>(alloc(5 * 64 * sizeof(float)));
@@ -604,7 +642,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       s.sink32 = static_cast<float*>(alloc(static_cast<size_t>(D.nh_local) * 4));
       MT_CUDA_CHECK(cudaMemset(s.sink32, 0, static_cast<size_t>(D.nh_local) * 4));  // (off-by-one: these zeros throughout)
     }
-    if (D.qk_norm) {
+    if (D.qk_norm && !D.mla) {
       s.dq_pre = b16(Hd);
       s.dk_pre = b16(KVd);
       s.qk_tmp = f32(Hd);
@@ -613,7 +651,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     // Bias gradients from the weight-gradient GEMMs' epilogue where cuBLASLt has one for every such shape
     // (else the bias-gradient kernel).
     auto fusable = [&](int64_t n, int64_t x_width) { return bias_grad_fusable(n, x_width, T); };
-    bgrad_epilogue_ = D.bias && fusable(Wq, h) && fusable(F1, h) && fusable(h, F) && fusable(h, W_.Hd);
+    bgrad_epilogue_ = D.bias && (D.mla || fusable(Wq, h)) && fusable(F1, h) && fusable(h, F) && fusable(h, Od);  // (MLA: no QKV bias)
     if (tp_ && post_) s.ce_stats = static_cast<float*>(alloc(static_cast<size_t>(4 * loss_chunk_rows_) * 4));
     if (sp_) {
       s.delta_l = b16(h, rows_l);
@@ -752,6 +790,7 @@ const bf16* CudaGPT::document_bias(const DeviceMicrobatch& mb) {
 
 cuda::SdpaShape CudaGPT::attention_shape(const DeviceMicrobatch& mb) const {
   cuda::SdpaShape sh{mb.B, mb.S, D_.nh_local, D_.ng_local, D_.d, D_.softmax_scale, dt_, doc_mask_};
+  if (D_.mla) sh.Dv = D_.v_dim;  // (multi-latent attention: values of their own width)
   sh.sink = D_.sink != ModelDims::Sink::kNone;
   if (mb.attention_seed != 0) sh.dropout = D_.attention_dropout;
   return sh;

@@ -109,8 +109,9 @@ class CudaGPT {
   // W: the weight gradients of the layers of the microbatch in `slot`, from the output gradients its deferred
   // backward saved and its activations.
   void backward_weights(const DeviceMicrobatch& mb, int64_t slot);
-  // Whether backward can defer the weight gradients here (no full recompute, no split TP layers).
-  bool can_defer_weights() const { return !full_recompute_ && !mlp_recompute_ && !split_forward_ && moe_layers_ == 0; }
+  // Whether backward can defer the weight gradients here (no full recompute, no split TP layers, no MoE layer, no
+  // multi-latent attention).
+  bool can_defer_weights() const { return !full_recompute_ && !mlp_recompute_ && !split_forward_ && moe_layers_ == 0 && !D_.mla; }
   cudaStream_t stream() const { return stream_; }
   bool pre_process() const { return pre_; }
   bool post_process() const { return post_; }
@@ -236,6 +237,11 @@ class CudaGPT {
   // projection's, then proj_done_ev_) on ws (none for a deferring backward).
   void attention_backward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp, const cuda::bf16* dy, bool proj_wgrad);
   void attention_wgrads(int64_t l, Record& r, const RowSpan& sp, const cuda::bf16* dy, bool proj, cudaStream_t ws);
+  // Multi-latent attention (gpt_cuda_mla.cpp), over whole spans: from r.xn1 to the attention's r.q, r.k, r.v (the
+  // latents and their norms kept in r); and from the attention's s_->dq, dk, dv to s_->dxn, every projection's weight
+  // gradient (and the latent norms') on the compute stream.
+  void mla_projections_forward(int64_t l, Record& r, const RowSpan& sp);
+  void mla_projections_backward(int64_t l, Record& r, const RowSpan& sp);
   // The plain schedule over every row: returns the MLP output of this rank's rows (combined over TP).
   const cuda::bf16* layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   // Tensor parallelism: the forward of every layer as two halves of the micro batch's sequences,
@@ -547,10 +553,11 @@ class CudaGPT {
   // The split layers under SP sum each half's partials with an all-to-all and the norm kernel
   // (MEGATRAIN_TP_SP_ALLTOALL=0: a reduce-scatter, as the plain SP layers).
   bool all_to_all_ = false;
-  // This rank's widths, set once: attention output (nh_local * d), K/V (ng_local * d), fused QKV rows, FFN,
-  // fc1 output (2 FFN with SwiGLU).
+  // This rank's widths, set once: queries (nh_local * d), keys (ng_local * d), fused QKV rows, FFN, fc1 output (2 FFN
+  // with SwiGLU), values (KVd) and the attention's output (Hd) but with multi-latent attention (values nh_local * v_dim
+  // wide, and so the output; no fused QKV: Wq 0).
   struct Widths {
-    int64_t Hd, KVd, Wq, F, F1;
+    int64_t Hd, KVd, Wq, F, F1, Vd, Od;
   };
   Widths W_{};
   // The residual stream's rows of a T-token microbatch on this rank (T / TP under sequence parallelism).

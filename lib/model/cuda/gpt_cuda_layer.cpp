@@ -83,7 +83,7 @@ void CudaGPT::backward_weights(const DeviceMicrobatch& mb, int64_t slot) {
   activate(slot);
   Slot& sl = slots_[static_cast<size_t>(slot)];
   if (!sl.weights_due) throw std::logic_error("CUDA model: weight gradients of slot " + std::to_string(slot) + " without its deferred backward");
-  const int64_t T = mb.B * mb.S, h = D_.h, Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
+  const int64_t T = mb.B * mb.S, h = D_.h, Od = W_.Od, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
   const bool fuse_row = bgrad_epilogue_ && !sp_;
   for (int64_t l = L_ - 1; l >= 0; --l) {
     const auto k = static_cast<size_t>(l);
@@ -92,7 +92,7 @@ void CudaGPT::backward_weights(const DeviceMicrobatch& mb, int64_t slot) {
     linear_wgrad(stream_, l, r, kLinearFc2, "bwd.gemm.fc2_wgrad", T, F, h, sl.dy_mlp[k], r.act, lw.fc2_w, fuse_row ? lw.fc2_b : -1);
     if (!bgrad_epilogue_ && lw.fc1_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.fc1_b), sl.dfc1[k], T, F1, stream_, dt_));
     linear_wgrad(stream_, l, r, kLinearFc1, "bwd.gemm.fc1_wgrad", T, h, F1, sl.dfc1[k], r.xn2, lw.fc1_w, bgrad_epilogue_ ? lw.fc1_b : -1);
-    linear_wgrad(stream_, l, r, kLinearProj, "bwd.gemm.proj_wgrad", T, Hd, h, sl.dy_attn[k], r.o, lw.proj_w, fuse_row ? lw.proj_b : -1);
+    linear_wgrad(stream_, l, r, kLinearProj, "bwd.gemm.proj_wgrad", T, Od, h, sl.dy_attn[k], r.o, lw.proj_w, fuse_row ? lw.proj_b : -1);
     if (!bgrad_epilogue_ && lw.qkv_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.qkv_b), sl.dqkv[k], T, Wq, stream_, dt_));
     linear_wgrad(stream_, l, r, kLinearQkv, "bwd.gemm.qkv_wgrad", T, h, Wq, sl.dqkv[k], r.xn1, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
     if (kv_group_ && final_backward_) {  // every replica of the group's QKV block gets the sum (as the fused backward)

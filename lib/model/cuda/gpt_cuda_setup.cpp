@@ -27,8 +27,8 @@ bool CudaGPT::bias_grad_fusable(int64_t n, int64_t x_width, int64_t k) const {
 // The FP8 layers' weights in FP8, W and W^T per site (gpt_cuda_fp8.cpp), with their inverse scales.
 void CudaGPT::allocate_fp8_weights() {
   const ModelDims& D = D_;
-  const int64_t h = D.h, Hd = W_.Hd, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
-  const int64_t sizes[4] = {Wq * h, h * Hd, F1 * h, h * F};
+  const int64_t h = D.h, Od = W_.Od, Wq = W_.Wq, F = W_.F, F1 = W_.F1;
+  const int64_t sizes[4] = {Wq * h, h * Od, F1 * h, h * F};
   f8_wq_.assign(static_cast<size_t>(4 * L_), nullptr);
   f8_wqt_.assign(static_cast<size_t>(4 * L_), nullptr);
   for (int64_t l = 0; l < L_; ++l) {
@@ -37,7 +37,7 @@ void CudaGPT::allocate_fp8_weights() {
       f8_wq_[static_cast<size_t>(4 * l + site)] = static_cast<uint8_t*>(alloc(static_cast<size_t>(sizes[site])));
       f8_wqt_[static_cast<size_t>(4 * l + site)] = static_cast<uint8_t*>(alloc(static_cast<size_t>(sizes[site])));
       if (D.fp8_blockwise) {  // W [out, in] and W^T [in, out] in 128 x 128 blocks
-        const int64_t outs[4] = {Wq, h, F1, h}, ins[4] = {h, Hd, h, F};
+        const int64_t outs[4] = {Wq, h, F1, h}, ins[4] = {h, Od, h, F};
         f8_wscale_.resize(static_cast<size_t>(4 * L_), nullptr);
         f8_wtscale_.resize(static_cast<size_t>(4 * L_), nullptr);
         f8_wscale_[static_cast<size_t>(4 * l + site)] = block_scales(cuda::fp8_blk128_scales(outs[site], ins[site]));
@@ -69,6 +69,7 @@ void CudaGPT::check_attention(int64_t mbs) {
   cuda::SdpaShape attention{mbs, S_local_, D.nh_local, D.ng_local, D.d, D.softmax_scale, dt_, doc_mask_};
   if (D.cp > 1 && D.cp_a2a) attention = {mbs, D.S, D.nh_local / D.cp, D.ng_local / D.cp, D.d, D.softmax_scale, dt_, doc_mask_};  // (the all-to-all's)
   attention.sink = D.sink != ModelDims::Sink::kNone;  // (--softmax-type: every layer's graphs carry the sinks)
+  if (D.mla) attention.Dv = D.v_dim;  // (multi-latent attention's values)
   std::string why = cuda::CudnnSdpa::instance().check(attention);
   if (why.empty() && D.attention_dropout > 0) {  // (training's graphs; evaluation's are the ones above)
     attention.dropout = D.attention_dropout;
@@ -174,7 +175,7 @@ void CudaGPT::choose_overwritten_gradients(int64_t world_size) {
   const int64_t h = D_.h;
   for (const LayerW& lw : layers_) {
     // (an MoE layer has no fc1 / fc2 of its own: -1)
-    for (const auto& [off, count] : {std::pair{lw.qkv_w, W_.Wq * h}, std::pair{lw.proj_w, h * W_.Hd}, std::pair{lw.fc1_w, W_.F1 * h},
+    for (const auto& [off, count] : {std::pair{lw.qkv_w, W_.Wq * h}, std::pair{lw.proj_w, h * W_.Od}, std::pair{lw.fc1_w, W_.F1 * h},
                                      std::pair{lw.fc2_w, h * W_.F}}) {
       if (off >= 0) overwrite_ranges_.emplace_back(off, count);
     }

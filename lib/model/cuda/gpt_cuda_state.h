@@ -17,6 +17,10 @@ struct CudaGPT::LayerW {
   int64_t ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
   int64_t qn_w = -1, qn_b = -1, kn_w = -1, kn_b = -1;  // --qk-layernorm
   int64_t sink = -1;                                    // --softmax-type learnable: the heads' sink logits [nh_local]
+  // --multi-latent-attention (gpt_cuda_mla.cpp): the query projection (without --q-lora-rank) or its down projection,
+  // latent norm and up projection; the keys' and values' down projection [kv_lora_rank + dr, h] (the latent's rows, then
+  // k_pe's), latent norm and up projection (-1: none).
+  int64_t q_proj_w = -1, q_down_w = -1, q_ln_w = -1, q_ln_b = -1, q_up_w = -1, kv_down_w = -1, kv_ln_w = -1, kv_ln_b = -1, kv_up_w = -1;
   // An MoE layer: the router [E, h] and each expert's fc1 ([2F, h] with SwiGLU: gate and up) and fc2 [h, F], and with
   // --add-bias-linear their biases (the router's [E], each expert's fc1 [2F] and fc2 [h]; -1: none).
   bool moe = false;
@@ -35,6 +39,10 @@ struct CudaGPT::Record {
   // --qk-layernorm: the query and key heads before their norm, and its statistics per (token, head).
   bf16 *q_pre = nullptr, *k_pre = nullptr;
   float *qn_mean = nullptr, *qn_rstd = nullptr, *kn_mean = nullptr, *kn_rstd = nullptr;
+  // --multi-latent-attention: the query latent [T, q_lora_rank] and the key / value latent [T, kv_lora_rank] before
+  // their norms (*_in) and after them (*_lat: the same buffer without --qk-layernorm), and the norms' statistics.
+  bf16 *mla_q_in = nullptr, *mla_q_lat = nullptr, *mla_kv_in = nullptr, *mla_kv_lat = nullptr;
+  float *mla_q_mean = nullptr, *mla_q_rstd = nullptr, *mla_kv_mean = nullptr, *mla_kv_rstd = nullptr;
   // MoE (the model has MoE layers): the router's logits [T, E], the choices top [T, k] with their weights and rows
   // [T, k], the experts' rows (expert-major) [R, h], fc1 outputs [R, F1], activations [R, F], outputs [R, h] (R = T k, or
   // with padding to capacity at most E capacity),
@@ -96,6 +104,11 @@ struct CudaGPT::Scratch {
   bf16 *dq_pre = nullptr, *dk_pre = nullptr;  // --qk-layernorm: the heads' gradients before their norm
   float* qk_tmp = nullptr;                     // --qk-layernorm: [T, Hd] fp32 scratch of the norm backward
   float* sink32 = nullptr;                     // --softmax-type: the layer's sink logits in fp32 [nh_local] (off-by-one: zeros)
+  // --multi-latent-attention: the key / value up projection's output [T, nh_local (dn + dv)] and the shared RoPE key
+  // [T, dr] (the backward: their gradients), a latent's gradient after and before its norm [T, max rank], and the norm
+  // backward's fp32 scratch [T, max rank].
+  bf16 *mla_kv = nullptr, *mla_k_pe = nullptr, *mla_dlat = nullptr, *mla_dlat_in = nullptr;
+  float* mla_tmp = nullptr;
   float* bgrad = nullptr;  // [2, max(Wq, F1, h)], models with biases: a bias gradient from a weight-gradient GEMM's epilogue, per stream
   float* norm_part = nullptr;  // the split TP backward: its norms' weight-gradient partial sums (on tp_stream_)
   int32_t* half_pos = nullptr;  // the split layers under SP: the positions in half-major row order [T]

@@ -36,7 +36,7 @@ CudaGPT::RowSpan CudaGPT::half_span(const DeviceMicrobatch& mb, int64_t half) co
 void CudaGPT::require_whole(int64_t l, const RowSpan& sp, const char* unit) const {
   if (sp.whole) return;
   const ModelDims& D = D_;
-  if (D.qk_norm || kv_group_ || D.cp > 1 || doc_mask_ || D.attention_dropout > 0 || D.squared_relu || D.gelu_erf || fp8_layer(l) || layers_[static_cast<size_t>(l)].moe ||
+  if (D.qk_norm || D.mla || kv_group_ || D.cp > 1 || doc_mask_ || D.attention_dropout > 0 || D.squared_relu || D.gelu_erf || fp8_layer(l) || layers_[static_cast<size_t>(l)].moe ||
       defer_into_) {
     throw std::logic_error(std::string("CUDA model: ") + unit + " of layer " + std::to_string(l) + " over part of a microbatch with a feature that needs all of it");
   }
@@ -48,10 +48,16 @@ void CudaGPT::attention_forward_unit(int64_t l, Record& r, const DeviceMicrobatc
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
   const int64_t o = sp.first, n = sp.rows, h = D.h;
-  const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
+  const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq, Vd = W_.Vd, Od = W_.Od;
   const bool rope = D.rope_in(first_layer_ + l);  // (--no-rope-freq: not in every layer)
-  linear_forward(l, r, kLinearQkv, "fwd.gemm.qkv", n, h, Wq, r.xn1 + o * h, lw.qkv_w, w(lw.qkv_b), s.qkv + o * Wq);
-  if (D.qk_norm) {  // split, the norm of every query and key head, then RoPE (as Megatron: norm before rotary)
+  if (D.mla) {
+    mla_projections_forward(l, r, sp);
+  } else {
+    linear_forward(l, r, kLinearQkv, "fwd.gemm.qkv", n, h, Wq, r.xn1 + o * h, lw.qkv_w, w(lw.qkv_b), s.qkv + o * Wq);
+  }
+  if (D.mla) {
+    // (the queries, keys and values are in r already)
+  } else if (D.qk_norm) {  // split, the norm of every query and key head, then RoPE (as Megatron: norm before rotary)
     MT_PROF("fwd.qkv_split_rope", cuda::qkv_split_rope({.q = r.q_pre, .k = r.k_pre, .v = r.v, .qkv = s.qkv, .positions = sp.positions,
                                                         .table = nullptr, .rows = n, .heads = D.nh_local, .groups = D.ng_local, .head_dim = D.d,
                                                         .rot_dim = D.rot_dim, .type = dt_, .interleaved = D.rotary_interleaved}, stream_));
@@ -84,11 +90,11 @@ void CudaGPT::attention_forward_unit(int64_t l, Record& r, const DeviceMicrobatc
     sh.B = sp.seqs;
     sh.window = D.window_in(first_layer_ + l) >= sh.S - 1 ? -1 : D.window_in(first_layer_ + l);  // (one spanning the sequence: none)
     const bf16* doc_bias = document_bias(mb);
-    MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q + o * Hd, r.k + o * KVd, r.v + o * KVd, r.o + o * Hd, r.stats + o * D.nh_local,
+    MT_PROF("fwd.attention", cuda::CudnnSdpa::instance().forward(sh, r.q + o * Hd, r.k + o * KVd, r.v + o * Vd, r.o + o * Od, r.stats + o * D.nh_local,
                                                                  stream_, doc_bias, attention_seed(mb, l), sink_logits(lw)));
   }
   // Row-parallel: the bias joins one rank's partial sum.
-  linear_forward(l, r, kLinearProj, "fwd.gemm.proj", n, Hd, h, r.o + o * Hd, lw.proj_w, row_bias(lw.proj_b), s.delta + o * h);
+  linear_forward(l, r, kLinearProj, "fwd.gemm.proj", n, Od, h, r.o + o * Od, lw.proj_w, row_bias(lw.proj_b), s.delta + o * h);
 }
 
 void CudaGPT::mlp_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp, bool with_output) {
@@ -237,13 +243,13 @@ void CudaGPT::attention_backward_unit(int64_t l, Record& r, const DeviceMicrobat
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
   const int64_t o = sp.first, n = sp.rows, h = D.h;
-  const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq;
+  const int64_t Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq, Vd = W_.Vd, Od = W_.Od;
   const bool rope = D.rope_in(first_layer_ + l);
   Slot* const defer = defer_into_;
   const bool fuse_row = bgrad_epilogue_ && !sp_;
-  linear_dgrad(l, r, kLinearProj, "bwd.gemm.proj_dgrad", n, Hd, h, dy, lw.proj_w, s.d_o + o * Hd);
+  linear_dgrad(l, r, kLinearProj, "bwd.gemm.proj_dgrad", n, Od, h, dy, lw.proj_w, s.d_o + o * Od);
   if (defer) save_for_weights(defer->dy_attn, l, dy, h, n);
-  if (!defer && proj_wgrad) linear_wgrad(stream_, l, r, kLinearProj, "bwd.gemm.proj_wgrad", n, Hd, h, dy, r.o + o * Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+  if (!defer && proj_wgrad) linear_wgrad(stream_, l, r, kLinearProj, "bwd.gemm.proj_wgrad", n, Od, h, dy, r.o + o * Od, lw.proj_w, fuse_row ? lw.proj_b : -1);
   if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16 + sp.piece_first * h, sp.piece_rows, h, stream_, dt_));
   if (D.cp > 1 && D.cp_a2a) {
     a2a_attention_backward(r, mb);
@@ -255,9 +261,13 @@ void CudaGPT::attention_backward_unit(int64_t l, Record& r, const DeviceMicrobat
     sh.window = D.window_in(first_layer_ + l) >= sh.S - 1 ? -1 : D.window_in(first_layer_ + l);  // (one spanning the sequence: none)
     const bf16* doc_bias = document_bias(mb);
     const float* sink = sink_logits(lw);
-    MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(sh, r.q + o * Hd, r.k + o * KVd, r.v + o * KVd, r.o + o * Hd, s.d_o + o * Hd,
-                                                                  r.stats + o * D.nh_local, s.dq + o * Hd, s.dk + o * KVd, s.dv + o * KVd, stream_, doc_bias,
+    MT_PROF("bwd.attention", cuda::CudnnSdpa::instance().backward(sh, r.q + o * Hd, r.k + o * KVd, r.v + o * Vd, r.o + o * Od, s.d_o + o * Od,
+                                                                  r.stats + o * D.nh_local, s.dq + o * Hd, s.dk + o * KVd, s.dv + o * Vd, stream_, doc_bias,
                                                                   attention_seed(mb, l), sink, g(lw.sink)));
+  }
+  if (D.mla) {  // (every projection's input and weight gradients, there)
+    mla_projections_backward(l, r, sp);
+    return;
   }
   if (D.qk_norm) {  // RoPE undone, then the norms' backward (the residual-gradient slot as zeroed scratch)
     if (rope) {
@@ -308,12 +318,13 @@ void CudaGPT::attention_backward_unit(int64_t l, Record& r, const DeviceMicrobat
 
 void CudaGPT::attention_wgrads(int64_t l, Record& r, const RowSpan& sp, const bf16* dy, bool proj, cudaStream_t ws) {
   const LayerW& lw = layers_[static_cast<size_t>(l)];
-  const int64_t o = sp.first, n = sp.rows, h = D_.h, Hd = W_.Hd, Wq = W_.Wq;
+  const int64_t o = sp.first, n = sp.rows, h = D_.h, Od = W_.Od, Wq = W_.Wq;
   if (proj) {
     const bool fuse_row = bgrad_epilogue_ && !sp_;
-    linear_wgrad(ws, l, r, kLinearProj, "bwd.gemm.proj_wgrad", n, Hd, h, dy, r.o + o * Hd, lw.proj_w, fuse_row ? lw.proj_b : -1);
+    linear_wgrad(ws, l, r, kLinearProj, "bwd.gemm.proj_wgrad", n, Od, h, dy, r.o + o * Od, lw.proj_w, fuse_row ? lw.proj_b : -1);
     MT_CUDA_CHECK(cudaEventRecord(proj_done_ev_, ws));
   }
+  if (D_.mla) return;  // (multi-latent attention's projections took theirs in the backward)
   linear_wgrad(ws, l, r, kLinearQkv, "bwd.gemm.qkv_wgrad", n, h, Wq, s_->qkv + o * Wq, r.xn1 + o * h, lw.qkv_w, bgrad_epilogue_ ? lw.qkv_b : -1);
 }
 
