@@ -235,12 +235,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.model.softmax_type != "vanilla" && c.parallel.context_parallel_size > 1,
      "--softmax-type " + c.model.softmax_type + " with context parallelism is not implemented on the CUDA engine (its ring and all-to-all "
      "attention take no sink; the CPU engine's does): use --softmax-type vanilla, drop context parallelism, or use --device cpu");
-  // Multi-latent attention (model/cuda/gpt_cuda_mla.cpp, forty-third session): on one TP rank without context parallelism;
-  // the CPU engine runs every layout. Refused by name (MEGATRAIN_CUDA_UNVERIFIED=multi-latent-attention lifts it) until its
-  // GPU group (=mla) has run.
+  // Multi-latent attention (model/cuda/gpt_cuda_mla.cpp, forty-third session; its GPU group =mla and test_cuda_bf16_ops'
+  // MLA heads ran on an H100 that session): on one TP rank without context parallelism; the CPU engine runs every layout.
   if (c.model.multi_latent_attention) {
     const std::string cpu = ": use --device cpu (the CPU engine runs it; --device auto picks it)";
-    no(!cuda_unverified_allowed("multi-latent-attention"), "--multi-latent-attention (DeepSeek's MLA) has not run on a GPU yet on the CUDA engine" + cpu);
     no(c.parallel.tensor_model_parallel_size > 1,
        "--multi-latent-attention with --tensor-model-parallel-size > 1 is not implemented on the CUDA engine (the latents' gradients summed over "
        "TP)" + cpu + ", or TP 1");

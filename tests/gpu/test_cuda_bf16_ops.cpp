@@ -31,6 +31,7 @@
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/embedding_bf16.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/mla_layout.h"
 #include "kernels/cuda/moe.h"
 #include "model/moe_random_logits.h"
 #include "kernels/cuda/norm_bf16.h"
@@ -284,6 +285,47 @@ void test_qkv(int64_t T, int64_t nh, int64_t ng, int64_t d, int64_t rot, bool ro
                                  .type = g_t, .interleaved = interleaved}, nullptr);
   expect(tag + " backward", dout.get(), want, 1e-2);
   cudaFree(dpos);
+}
+
+// Multi-latent attention's heads (kernels/cuda/mla_layout.h) against plain loops: the keys and values copied exactly, the
+// key / value gradients back exactly, k_pe's gradient the heads' sum in fp32 in head order, rounded once (exactly).
+// Widths that are multiples of 8 take the vector kernels, the others the scalar ones.
+void test_mla_heads(int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t dv) {
+  const std::string tag = "MLA heads T" + std::to_string(T) + " H" + std::to_string(H) + " " + std::to_string(dn) + "+" + std::to_string(dr) + "/" +
+                          std::to_string(dv);
+  const Vec kv = rounded16(randn(static_cast<size_t>(T * H * (dn + dv)))), k_pe = rounded16(randn(static_cast<size_t>(T * dr)));
+  Vec k(static_cast<size_t>(T * H * (dn + dr))), v(static_cast<size_t>(T * H * dv));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < H; ++j) {
+      const int64_t i = t * H + j;
+      for (int64_t c = 0; c < dn; ++c) k[static_cast<size_t>(i * (dn + dr) + c)] = kv[static_cast<size_t>(i * (dn + dv) + c)];
+      for (int64_t c = 0; c < dr; ++c) k[static_cast<size_t>(i * (dn + dr) + dn + c)] = k_pe[static_cast<size_t>(t * dr + c)];
+      for (int64_t c = 0; c < dv; ++c) v[static_cast<size_t>(i * dv + c)] = kv[static_cast<size_t>(i * (dn + dv) + dn + c)];
+    }
+  }
+  const cuda::MlaHeads shape{T, H, dn, dr, dv, g_t};
+  B16 dkv(kv), dk_pe(k_pe), dk(k.size()), dvv(v.size());
+  cuda::mla_keys_values(dk.b(), dvv.b(), dkv.b(), dk_pe.b(), shape, nullptr);
+  expect(tag + " keys", dk.get(), k, 0.0);
+  expect(tag + " values", dvv.get(), v, 0.0);
+  const Vec gk = rounded16(randn(k.size())), gv = rounded16(randn(v.size()));
+  Vec gkv(kv.size()), gpe(k_pe.size());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t c = 0; c < dr; ++c) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < H; ++j) sum += gk[static_cast<size_t>((t * H + j) * (dn + dr) + dn + c)];
+      gpe[static_cast<size_t>(t * dr + c)] = round16(sum);
+    }
+    for (int64_t j = 0; j < H; ++j) {
+      const int64_t i = t * H + j;
+      for (int64_t c = 0; c < dn; ++c) gkv[static_cast<size_t>(i * (dn + dv) + c)] = gk[static_cast<size_t>(i * (dn + dr) + c)];
+      for (int64_t c = 0; c < dv; ++c) gkv[static_cast<size_t>(i * (dn + dv) + dn + c)] = gv[static_cast<size_t>(i * dv + c)];
+    }
+  }
+  B16 dgk(gk), dgv(gv), dgkv(kv.size()), dgpe(k_pe.size());
+  cuda::mla_keys_values_backward(dgkv.b(), dgpe.b(), dgk.b(), dgv.b(), shape, nullptr);
+  expect(tag + " key / value gradients", dgkv.get(), gkv, 0.0);
+  expect(tag + " k_pe's gradient", dgpe.get(), gpe, 0.0);
 }
 
 void test_activations(int64_t N, int64_t F) {
@@ -1054,6 +1096,9 @@ int main() {
   }
   for (cuda::F16 t : {cuda::F16::kBF16, cuda::F16::kFP16}) {
     g_t = t;
+    test_mla_heads(37, 4, 32, 16, 24);
+    test_mla_heads(64, 16, 128, 64, 128);  // (DeepSeek-V3's widths)
+    test_mla_heads(5, 3, 12, 4, 20);       // (widths no multiple of 8: the scalar kernels)
     for (bool rms : {false, true}) {
       test_norm(7, 5, rms);
       test_norm(37, 1000, rms);

@@ -113,10 +113,10 @@ TEST_CASE("--multi-latent-attention: Megatron's FLOPs, the parameters, DeepSeek-
   INFO(errors(ds, 1024));
   CHECK(errors(ds, 1024).empty());
   CHECK(count_params(ds).total == 671026404352);
-  // The CUDA engine: refused by name until its GPU group has run, and under TP or CP (a build without CUDA says so instead)
+  // The CUDA engine: on one rank, refused by name under TP or CP (a build without CUDA says so instead)
   std::string gaps;
   for (const auto& g : cuda_engine_gaps(c, 1)) gaps += g + "\n";
-  CHECK_THAT(gaps, MT_CONTAINS(built_with_cuda() ? "--multi-latent-attention (DeepSeek's MLA) has not run on a GPU yet" : "this build has no CUDA backend"));
+  if (built_with_cuda()) CHECK(gaps.find("multi-latent") == std::string::npos);
   for (const bool tp : {true, false}) {
     Config split = mla();
     (tp ? split.parallel.tensor_model_parallel_size : split.parallel.context_parallel_size) = 2;
