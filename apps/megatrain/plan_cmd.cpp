@@ -192,11 +192,18 @@ int run_plan(int argc, char** argv) {
     recompute += " of";
     for (const std::string& module : cfg.recompute.recompute_modules) recompute += " " + module;
   }
-  // (beside the microbatches': mlp / moe, one layer's MLP buffers; moe_act and FP8 MoE layers, one layer's experts' activations)
+  // (beside the microbatches': mlp / moe, one layer's MLP buffers; moe_act and FP8 MoE layers, one layer's experts' activations;
+  // mla_up_proj, one layer's MLA up projections' outputs)
   const double shared = mem.activations - mem.activations_per_microbatch * mem.in_flight_microbatches;
   if (shared > 0) {
     const bool mlp = cfg.recompute.recomputes("mlp") || cfg.recompute.recomputes("moe");
-    recompute += ", + " + gib(shared) + (mlp ? " of MLP buffers shared by the recomputed layers" : " of the experts' activations the layers share");
+    const bool experts = cfg.moe.num_experts.has_value() && (cfg.recompute.recomputes("moe_act") || cfg.precision.fp8_format.has_value());
+    const bool mla = cfg.model.multi_latent_attention && cfg.recompute.recomputes("mla_up_proj");
+    recompute += ", + " + gib(shared) + " of " +
+                 (mlp && !experts && !mla ? "MLP buffers shared by the recomputed layers"
+                  : experts && !mlp && !mla ? "the experts' activations the layers share"
+                  : mla && !mlp && !experts ? "MLA up projections' outputs shared by the recomputed layers"
+                                            : "buffers shared by the recomputed layers");
   }
   std::printf("  activations             %s   (%s per microbatch x %g in flight under %s, recompute %s)\n",
               gib(mem.activations).c_str(), gib(mem.activations_per_microbatch).c_str(), mem.in_flight_microbatches,

@@ -110,6 +110,35 @@ double mlp_block_bytes(const Config& c, bool moe, bool shared_only) {
   return bytes;
 }
 
+// Multi-latent attention's up projections' outputs per microbatch (the CUDA engine's, model/cuda/gpt_cuda.cpp): the
+// queries and keys (n heads of dn + dr), the values (n of dv), and with --qk-layernorm the normed latents and their norms'
+// statistics (this TP rank's heads; the latents whole). A layer keeps its own, or with --recompute-modules mla_up_proj every
+// layer shares one set.
+double mla_up_bytes(const Config& c, double sb) {
+  const auto& m = c.model;
+  const double a = half_precision(c) ? 2.0 : 4.0;
+  const double n = static_cast<double>(m.num_attention_heads.value_or(1)) / static_cast<double>(c.parallel.tensor_model_parallel_size);  // (this rank's heads)
+  const double d = static_cast<double>(m.qk_head_dim + m.qk_pos_emb_head_dim), dv = static_cast<double>(m.v_head_dim);
+  const double rq = static_cast<double>(m.q_lora_rank.value_or(0)), rkv = static_cast<double>(m.kv_lora_rank);
+  double bytes = a * sb * (2 * n * d + n * dv);
+  if (m.qk_layernorm) bytes += a * sb * (rq + rkv) + 8.0 * sb * ((rq > 0 ? 1.0 : 0.0) + 1.0);
+  return bytes;
+}
+
+// ... and the rest of its attention per layer: the latents before their norms, the attention's output (n heads of dv) and
+// statistics, and with the up projections recomputed the rotated k_pe (dr) kept in their place.
+double mla_layer_bytes(const Config& c, double sb, bool up_shared) {
+  const auto& m = c.model;
+  const double a = half_precision(c) ? 2.0 : 4.0;
+  const double n = static_cast<double>(m.num_attention_heads.value_or(1)) / static_cast<double>(c.parallel.tensor_model_parallel_size);
+  const double dv = static_cast<double>(m.v_head_dim), rq = static_cast<double>(m.q_lora_rank.value_or(0));
+  double bytes = a * sb * (rq + static_cast<double>(m.kv_lora_rank) + n * dv) + 4.0 * sb * n;
+  bytes += up_shared ? a * sb * static_cast<double>(m.qk_pos_emb_head_dim) : mla_up_bytes(c, sb);
+  return bytes;
+}
+
+bool mla_up_shared(const Config& c) { return c.model.multi_latent_attention && c.recompute.recomputes("mla_up_proj"); }
+
 double layer_activation_bytes(const Config& c, bool moe, bool full_recompute, bool mlp_recompute, bool expert_act_shared = false) {
   const double b = static_cast<double>(c.training.micro_batch_size.value_or(1));
   const double s = static_cast<double>(c.data.seq_length.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
@@ -120,8 +149,12 @@ double layer_activation_bytes(const Config& c, bool moe, bool full_recompute, bo
   double bytes = 0;
   bytes += 2 * a * sb * h / rep;                        // inputs of the two norms (residual stream)
   bytes += a * sb * h / rep;                            // QKV GEMM input (norm output)
-  bytes += a * sb * (n * d + 2 * std::max(g, 1.0) * d) / t;  // Q, K, V
-  bytes += a * sb * n * d / t + 4.0 * sb * n / t;       // attention output + softmax statistics (flash)
+  if (c.model.multi_latent_attention) {  // (the CUDA engine's MLA: one TP rank)
+    bytes += mla_layer_bytes(c, sb, mla_up_shared(c));
+  } else {
+    bytes += a * sb * (n * d + 2 * std::max(g, 1.0) * d) / t;  // Q, K, V
+    bytes += a * sb * n * d / t + 4.0 * sb * n / t;       // attention output + softmax statistics (flash)
+  }
   if (c.model.hidden_dropout > 0) bytes += 2 * sb * h / rep;  // two dropout masks, 1 byte each
   bytes += a * sb * h / rep;  // fc1 input (norm output)
   // (selective recompute of the block: what it shares leaves the layer; under EP the experts' rows stay, see mlp_block_bytes)
@@ -232,7 +265,7 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   const std::string gran = c.recompute.recompute_granularity.value_or("");
   const std::string method = c.recompute.recompute_method.value_or("");
   const int64_t k = c.recompute.recompute_num_layers.value_or(1);
-  double per_mb = 0, shared_dense = 0, shared_moe = 0, shared_expert_act = 0;
+  double per_mb = 0, shared_dense = 0, shared_moe = 0, shared_expert_act = 0, shared_mla = 0;
   const std::vector<bool> pattern = moe_layer_pattern(c);
   for (int64_t i = 0; i < nlayers; ++i) {
     const int64_t l = first_layer + i;
@@ -245,6 +278,10 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
     if (mlp_recompute) (moe ? shared_moe : shared_dense) = mlp_block_bytes(c, moe, true);
     const bool act_shared = moe && !full && expert_activation_shared(c, l, mlp_recompute);
     if (act_shared) shared_expert_act = expert_activation_bytes(c);
+    if (!full && mla_up_shared(c)) {  // (the up projections' outputs every such layer shares)
+      shared_mla = mla_up_bytes(c, static_cast<double>(c.training.micro_batch_size.value_or(1)) * static_cast<double>(c.data.seq_length.value_or(0)) /
+                                       static_cast<double>(c.parallel.context_parallel_size));
+    }
     per_mb += layer_activation_bytes(c, moe, full, mlp_recompute, act_shared);
   }
   if (gran == "full" && method == "uniform") {
@@ -260,7 +297,7 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   if (stage == 0) per_mb += a * s * b * h + 8.0 * s * b;  // embedding output + token ids
   m.activations_per_microbatch = per_mb;
   m.activations = per_mb * m.in_flight_microbatches +
-                  (shared_dense + shared_moe + shared_expert_act) * static_cast<double>(std::max<int64_t>(1, virtual_stages_per_rank(c)));
+                  (shared_dense + shared_moe + shared_expert_act + shared_mla) * static_cast<double>(std::max<int64_t>(1, virtual_stages_per_rank(c)));
   const auto tokens = static_cast<int64_t>(s * b);
   if (stage == pp - 1) {
     // One chunk of rows of bf16 logits at a time (the loss gradient written over them), then the labels' losses.

@@ -59,12 +59,13 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
   if (c.recompute.recompute_granularity.value_or("") == "selective") {
     // core_attn: flash attention stores no probabilities to recompute; mlp, moe and moe_act: the CUDA engine's
     // (cuda_engine_gaps). (shared_experts beside moe: part of the MoE block that moe recomputes whole, as in Megatron)
+    // (mla_up_proj: multi-latent attention's up projections, which validation allows with --multi-latent-attention only)
     const bool moe = c.recompute.recomputes("moe");
     for (const auto& module : c.recompute.recompute_modules) {
       const bool covered = moe && module == "shared_experts";
-      no(module != "core_attn" && module != "mlp" && module != "moe" && module != "moe_act" && !covered,
-         "--recompute-modules " + module + " is not implemented (selective recompute covers core_attn, mlp, moe and moe_act): use moe (an MoE "
-         "layer's whole MLP block, its activations included), moe_act (the experts' activation function) or mlp (a dense layer's), or "
+      no(module != "core_attn" && module != "mlp" && module != "moe" && module != "moe_act" && module != "mla_up_proj" && !covered,
+         "--recompute-modules " + module + " is not implemented (selective recompute covers core_attn, mlp, moe, moe_act and mla_up_proj): use moe "
+         "(an MoE layer's whole MLP block, its activations included), moe_act (the experts' activation function) or mlp (a dense layer's), or "
          "--recompute-granularity full, or drop " + module);
     }
   }
@@ -245,6 +246,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
     no(c.parallel.context_parallel_size > 1,
        "--multi-latent-attention with --context-parallel-size > 1 is not implemented on the CUDA engine (its ring and all-to-all attention take "
        "one head width)" + cpu + ", or CP 1");
+    // (--recompute-modules mla_up_proj: gpt_cuda_mla.cpp's mla_up_forward again before the attention backward; its GPU cases
+    // in =mla ran on an H100 in the forty-third session)
   }
   // GPT-OSS's attention sinks, YaRN and gated activation: written in the forty-first session, their GPU group (=gpt-oss)
   // and test_cuda_bf16_ops' gated units run on an H200 and an H100 in the forty-second.

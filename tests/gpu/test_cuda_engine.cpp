@@ -1537,12 +1537,12 @@ void test_moe_quantile() {
 // engine itself not repeat (cuDNN's attention backward), no further apart than two runs without. A backward that read
 // another layer's buffers, a recompute that routed otherwise or added the MoE statistics again (global_aux_loss's running
 // counts, the expert bias's counts) moves them.
-void test_recompute_same(const std::string& name, const std::string& extra, const std::string& recompute) {
+void test_recompute_same(const std::string& name, const std::string& extra, const std::string& recompute, const std::string& model = "llama") {
   try {
     const std::string base = std::string(MT_PLAIN_BATCH "--num-layers 4 ") + extra;
     auto grads = [&](const std::string& more) {
       mt::ParamStore store;
-      return gradients_both(make_config("llama", base + "--train-iters 1 " + more), store).first;
+      return gradients_both(make_config(model, base + "--train-iters 1 " + more), store).first;
     };
     const std::vector<float> plain = grads(""), again = grads(""), recomputed = grads(recompute);
     double grad_noise = 0, grad_gap = 0;
@@ -1552,7 +1552,7 @@ void test_recompute_same(const std::string& name, const std::string& extra, cons
       grad_gap = std::max(grad_gap, static_cast<double>(std::fabs(plain[i] - recomputed[i])));
     }
     mt::TrainOptions quiet{true, 0};
-    const auto run = [&](const std::string& more) { return mt::train_cuda(make_config("llama", base + "--train-iters 8 " + more), mt::ProcessGroups::single(), quiet); };
+    const auto run = [&](const std::string& more) { return mt::train_cuda(make_config(model, base + "--train-iters 8 " + more), mt::ProcessGroups::single(), quiet); };
     const mt::TrainResult a = run(""), b = run(""), c = run(recompute);
     const double noise = run_gap(a, b), gap = run_gap(a, c);
     char buf[400];
@@ -1566,9 +1566,9 @@ void test_recompute_same(const std::string& name, const std::string& extra, cons
 
 // The activation bytes a 4-layer LLaMA MoE model (4 experts, top 2, expert FFN 128) keeps with `extra`: what selective
 // recompute's groups compare.
-size_t moe_activation_bytes(const std::string& extra) {
-  const mt::Config cfg = make_config("llama", std::string(MT_PLAIN_BATCH "--train-iters 1 --num-layers 4 --num-experts 4 --moe-router-topk 2 "
-                                                              "--moe-ffn-hidden-size 128 ") + extra);
+size_t moe_activation_bytes(const std::string& extra, const std::string& model = "llama",
+                            const std::string& layers = "--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 ") {
+  const mt::Config cfg = make_config(model, std::string(MT_PLAIN_BATCH "--train-iters 1 --num-layers 4 ") + layers + extra);
   mt::ParamStore store;
   const mt::ModelLayout where = mt::build_model_layout(cfg, {}, store);
   cudaStream_t stream = nullptr;
@@ -1671,6 +1671,31 @@ void test_sinks() {
   }
 }
 
+// --recompute-modules mla_up_proj (forty-third session, =mla; its gate mla-up-proj-recompute until it has run): the activations
+// kept shrink by the up projections' outputs of all but one layer (the queries, keys, values and normed latents: every layer
+// shares one set); the same gradients and curves as without it (both MLA shapes; with MoE layers and moe_act beside it); one
+// training against the CPU engine's curve.
+void test_mla_up_recompute() {
+  const std::string name = "selective recompute of MLA's up projections: the activations kept";
+  const std::string selective = "--recompute-granularity selective --recompute-modules ";
+  try {
+    const size_t plain = moe_activation_bytes("", "deepseek", ""), recomputed = moe_activation_bytes(selective + "mla_up_proj ", "deepseek", "");
+    // (per layer: 256 tokens of queries and keys 4 x 48, values 4 x 24, the normed latents 48 + 32, bf16; three layers' saved, less their k_pe)
+    const size_t up = 256 * (2 * 4 * 48 + 4 * 24 + 48 + 32) * 2, k_pe = 256 * 16 * 2;
+    char buf[240];
+    std::snprintf(buf, sizeof(buf), "%s: %.3f MiB without, %.3f MiB with (at least %.3f MiB less expected)", name.c_str(), plain / 1048576.0,
+                  recomputed / 1048576.0, (3.0 * up - 4.0 * k_pe) / 1048576.0);
+    check(recomputed + 3 * up <= plain + 4 * k_pe, buf);
+  } catch (const std::exception& e) {
+    check(false, name + ": " + e.what());
+  }
+  test_recompute_same("MLA", "", selective + "mla_up_proj ", "deepseek");
+  test_recompute_same("MLA without latent norms", "", selective + "mla_up_proj ", "deepseek-gpt");
+  test_recompute_same("MLA with MoE", "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 1e-2 --moe-layer-freq [0,1,1,1] ",
+                      selective + "mla_up_proj moe_act core_attn ", "deepseek");
+  test_training("deepseek", std::string(kPlain) + selective + "mla_up_proj ");
+}
+
 // Multi-latent attention (forty-third session; MT_GPU_TEST_ONLY=mla, with MEGATRAIN_CUDA_UNVERIFIED=multi-latent-attention
 // until its gate is lifted): every parameter's gradient after one microbatch against the CPU engine's (the latents' down
 // projections, norms and up projections, k_pe's rows of the key / value down projection), both shapes; then trainings
@@ -1710,6 +1735,7 @@ void test_mla() {
   test_training("deepseek-gpt", std::string(kPlain) + "--window-size 15,0 ");
   test_moe_training("deepseek", "--num-experts 8 --moe-router-score-function sigmoid --moe-router-enable-expert-bias "
                                 "--moe-router-topk-scaling-factor 2.5 --moe-shared-expert-intermediate-size 128 ");
+  test_mla_up_recompute();
 }
 
 // --log-num-zeros-in-grad (thirty-eighth session, written without a GPU: MT_GPU_TEST_ONLY=num-zeros): each iteration's

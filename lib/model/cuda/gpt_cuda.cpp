@@ -262,6 +262,9 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   }
   // --recompute-modules moe_act: the routed experts' activation recomputed in the backward (expert_act_shared).
   moe_act_recompute_ = rc.recomputes("moe_act");
+  // --recompute-modules mla_up_proj: multi-latent attention's up projections, norms and RoPE computed again before each
+  // layer's attention backward (mla_up_recompute) from the latents and the rotated k_pe it keeps.
+  mla_up_recompute_ = D.mla && rc.recomputes("mla_up_proj");
   if (mlp_recompute_ && D.fp8) throw std::logic_error("CUDA model: --recompute-modules mlp / moe with FP8 (refused by the capability checks)");
 
   if (!D.swiglu && moe_layers_ > 0 && F_moe_ % 8 != 0) {  // (refused by name in train/capabilities: a guard for other callers)
@@ -393,28 +396,56 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   };
   // A layer's record: the dense MLP's buffers for a dense layer, the MoE buffers for an MoE layer (the shared
   // recompute record: whichever the stage's layers need); a layer whose MLP block is recomputed takes mlp_record_'s.
-  auto full_record = [&](Record& r, bool dense_mlp, bool moe, bool fp8, bool expert_act_own = true) {
-    r.xn1 = b16(h);
-    r.mean1 = f32(1, rows_l);
-    r.rstd1 = f32(1, rows_l);
+  // Multi-latent attention's up projections' outputs (the queries, keys and values, the normed latents and their norms'
+  // statistics): a layer's own, or (--recompute-modules mla_up_proj) those of mla_record_, which every such layer shares.
+  auto mla_up_buffers = [&](Record& r) {
     r.q = b16(Hd);
     r.k = b16(KVd);
     r.v = b16(Vd);
+    if (D.qk_norm) {
+      r.mla_kv_lat = b16(D.kv_lora_rank);
+      r.mla_kv_mean = f32(1);
+      r.mla_kv_rstd = f32(1);
+      if (D.q_lora_rank > 0) {
+        r.mla_q_lat = b16(D.q_lora_rank);
+        r.mla_q_mean = f32(1);
+        r.mla_q_rstd = f32(1);
+      }
+    }
+  };
+  auto share_mla_up_buffers = [&](Record& to, const Record& from) {
+    to.q = from.q;
+    to.k = from.k;
+    to.v = from.v;
+    if (D.qk_norm) {
+      to.mla_kv_lat = from.mla_kv_lat;
+      to.mla_kv_mean = from.mla_kv_mean;
+      to.mla_kv_rstd = from.mla_kv_rstd;
+      to.mla_q_lat = from.mla_q_lat;
+      to.mla_q_mean = from.mla_q_mean;
+      to.mla_q_rstd = from.mla_q_rstd;
+    }
+  };
+  // (mla_up_own false: the shared up projections' outputs, and the rotated k_pe kept instead)
+  auto full_record = [&](Record& r, bool dense_mlp, bool moe, bool fp8, bool expert_act_own = true, bool mla_up_own = true) {
+    r.xn1 = b16(h);
+    r.mean1 = f32(1, rows_l);
+    r.rstd1 = f32(1, rows_l);
+    if (!D.mla) {  // (multi-latent attention's: below)
+      r.q = b16(Hd);
+      r.k = b16(KVd);
+      r.v = b16(Vd);
+    }
     r.o = b16(Od);
     r.stats = f32(D.nh_local);
-    if (D.mla) {  // (the latents before their norms, and after them where there are norms)
-      r.mla_kv_in = b16(D.kv_lora_rank);
-      r.mla_kv_lat = r.mla_kv_in;
+    if (D.mla) {  // (the latents before their norms; after them where there are norms: mla_up_buffers)
+      r.mla_kv_in = r.mla_kv_lat = b16(D.kv_lora_rank);
       if (D.q_lora_rank > 0) r.mla_q_in = r.mla_q_lat = b16(D.q_lora_rank);
-      if (D.qk_norm) {
-        r.mla_kv_lat = b16(D.kv_lora_rank);
-        r.mla_kv_mean = f32(1);
-        r.mla_kv_rstd = f32(1);
-        if (D.q_lora_rank > 0) {
-          r.mla_q_lat = b16(D.q_lora_rank);
-          r.mla_q_mean = f32(1);
-          r.mla_q_rstd = f32(1);
-        }
+      if (mla_up_own) {
+        mla_up_buffers(r);
+      } else {
+        share_mla_up_buffers(r, *mla_record_);
+        r.mla_k_pe = b16(D.qk_rope);
       }
     }
     r.x_mid = res(h, rows_l);
@@ -503,10 +534,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     if (recompute_layer_[k]) return r;
     const bool moe = layers_[k].moe;
     if (!mlp_recompute_layer_[k]) {
-      full_record(*r, !moe, moe, fp8_layer(l), !expert_act_shared(l));
+      full_record(*r, !moe, moe, fp8_layer(l), !expert_act_shared(l), !mla_up_recompute_);
       return r;
     }
-    full_record(*r, false, false, false);
+    full_record(*r, false, false, false, true, !mla_up_recompute_);
     share_mlp_buffers(*r, *mlp_record_);
     return r;
   };
@@ -521,6 +552,10 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
       }
       mlp_record_ = std::make_unique<Record>();
       mlp_buffers(*mlp_record_, dense, moe, false, true);
+    }
+    if (mla_up_recompute_) {
+      mla_record_ = std::make_unique<Record>();
+      mla_up_buffers(*mla_record_);
     }
     for (int64_t l = 0; l < L_; ++l) records_.push_back(layer_record(l));
     if (full_recompute_) {
@@ -691,6 +726,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     records_.clear();
     recompute_record_.reset();
     mlp_record_.reset();
+    mla_record_.reset();
     slots_.clear();
     s_.reset();
     act_bytes_ = before;

@@ -242,6 +242,10 @@ class CudaGPT {
   // gradient (and the latent norms') on the compute stream.
   void mla_projections_forward(int64_t l, Record& r, const RowSpan& sp);
   void mla_projections_backward(int64_t l, Record& r, const RowSpan& sp);
+  // The up projections' part of the forward (the latents' norms, the up projections, RoPE, the heads) from the latents
+  // and the rotated shared key k_pe; --recompute-modules mla_up_proj runs it again before the layer's attention backward
+  // (r.mla_k_pe set: the layer's up projections' outputs are mla_record_'s).
+  void mla_up_forward(int64_t l, Record& r, const RowSpan& sp, const cuda::bf16* k_pe);
   // The plain schedule over every row: returns the MLP output of this rank's rows (combined over TP).
   const cuda::bf16* layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   // Tensor parallelism: the forward of every layer as two halves of the micro batch's sequences,
@@ -655,6 +659,8 @@ class CudaGPT {
   std::vector<std::unique_ptr<Record>> records_;
   std::unique_ptr<Record> recompute_record_;
   std::unique_ptr<Record> mlp_record_;  // the MLP buffers of the layers whose MLP is recomputed (mlp_recomputed)
+  std::unique_ptr<Record> mla_record_;  // --recompute-modules mla_up_proj: the MLA up projections' outputs every layer shares
+  bool mla_up_recompute_ = false;
   std::unique_ptr<Scratch> s_;
   int64_t T_max_ = 0;
   int64_t S_local_ = 0;  // a microbatch's rows per sequence on this rank (the sequence length / CP)

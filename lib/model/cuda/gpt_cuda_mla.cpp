@@ -6,7 +6,9 @@
 //            shared by every head: the attention's keys [k_nope | k_pe], values v (cuDNN takes values of their own width)
 // RoPE is the interleaved form over the dr columns (Megatron's MLA RoPE gives the same scores), YaRN's table where the
 // model has it. The backward runs every projection's data and weight gradient here, on the compute stream, and the
-// latent norms' weight gradients; the caller's attention_wgrads adds only the output projection's. One TP rank, no
+// latent norms' weight gradients; the caller's attention_wgrads adds only the output projection's. With
+// --recompute-modules mla_up_proj (Megatron's) a layer keeps its latents and the rotated k_pe, and the up projections'
+// part of the forward runs again before its attention backward, into buffers every such layer shares. One TP rank, no
 // context parallelism (the capabilities refuse the rest on this engine).
 #include <cstdint>
 
@@ -24,16 +26,31 @@ void CudaGPT::mla_projections_forward(int64_t l, Record& r, const RowSpan& sp) {
   require_whole(l, sp, "multi-latent attention");
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
+  auto& lt = cuda::GemmLt::instance();
+  const int64_t n = sp.rows, h = D.h, dr = D.qk_rope, Rq = D.q_lora_rank, Rkv = D.kv_lora_rank;
+  auto gemm = [&](const char* name, int64_t w_off, int64_t out, bf16* y) {  // y [n, out] = x W^T
+    MT_PROF(name, lt.gemm_ex(false, true, n, out, h, 1.0f, r.xn1, h, w(w_off), h, 0.0f, y, out, ab_, ab_, nullptr, stream_));
+  };
+  if (Rq > 0) gemm("fwd.gemm.mla_q_down", lw.q_down_w, Rq, r.mla_q_in);
+  bf16* k_pe = r.mla_k_pe ? r.mla_k_pe : s_->mla_k_pe;  // (kept where the up projections are recomputed)
+  gemm("fwd.gemm.mla_kv_down", lw.kv_down_w, Rkv, r.mla_kv_in);
+  gemm("fwd.gemm.mla_kv_down", lw.kv_down_w + Rkv * h, dr, k_pe);
+  MT_PROF("fwd.rope", cuda::rope_apply_16(k_pe, sp.positions, rope_table_, n, 1, dr, dr, 1.0f, stream_, dt_, true));
+  mla_up_forward(l, r, sp, k_pe);
+}
+
+void CudaGPT::mla_up_forward(int64_t l, Record& r, const RowSpan& sp, const bf16* k_pe) {
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
   auto& lt = cuda::GemmLt::instance();
   const int64_t n = sp.rows, h = D.h, H = D.nh_local, dn = D.qk_nope, dr = D.qk_rope, dv = D.v_dim, dq = D.d;
   const int64_t Rq = D.q_lora_rank, Rkv = D.kv_lora_rank;
-  const bf16* x = r.xn1;
   // y [n, out] = a [n, in] W^T
   auto gemm = [&](const char* name, const bf16* a, int64_t in, int64_t w_off, int64_t out, bf16* y) {
     MT_PROF(name, lt.gemm_ex(false, true, n, out, in, 1.0f, a, in, w(w_off), in, 0.0f, y, out, ab_, ab_, nullptr, stream_));
   };
-  // A latent through its norm (--qk-layernorm), in place of nothing without one (in and out are then one buffer).
+  // A latent through its norm (--qk-layernorm); without one the latent is its own output (one buffer).
   auto latent_norm = [&](const bf16* in, bf16* out, float* mean, float* rstd, int64_t w_off, int64_t b_off, int64_t width) {
     if (!D.qk_norm) return;
     MT_PROF("fwd.mla.latent_norm", cuda::add_norm_forward({.sum_out = nullptr, .y = out, .mean = mean, .rstd = rstd, .x = in, .delta = nullptr,
@@ -41,19 +58,15 @@ void CudaGPT::mla_projections_forward(int64_t l, Record& r, const RowSpan& sp) {
                                                            .eps = D.eps, .rms = D.rms, .type = dt_, .res16 = true}, stream_));
   };
   if (Rq == 0) {
-    gemm("fwd.gemm.mla_q", x, h, lw.q_proj_w, H * dq, r.q);
+    gemm("fwd.gemm.mla_q", r.xn1, h, lw.q_proj_w, H * dq, r.q);
   } else {
-    gemm("fwd.gemm.mla_q_down", x, h, lw.q_down_w, Rq, r.mla_q_in);
     latent_norm(r.mla_q_in, r.mla_q_lat, r.mla_q_mean, r.mla_q_rstd, lw.q_ln_w, lw.q_ln_b, Rq);
     gemm("fwd.gemm.mla_q_up", r.mla_q_lat, Rq, lw.q_up_w, H * dq, r.q);
   }
   MT_PROF("fwd.rope", cuda::rope_apply_16(r.q + dn, sp.positions, rope_table_, n, H, dq, dr, 1.0f, stream_, dt_, true));
-  gemm("fwd.gemm.mla_kv_down", x, h, lw.kv_down_w, Rkv, r.mla_kv_in);
-  gemm("fwd.gemm.mla_kv_down", x, h, lw.kv_down_w + Rkv * h, dr, s.mla_k_pe);
   latent_norm(r.mla_kv_in, r.mla_kv_lat, r.mla_kv_mean, r.mla_kv_rstd, lw.kv_ln_w, lw.kv_ln_b, Rkv);
   gemm("fwd.gemm.mla_kv_up", r.mla_kv_lat, Rkv, lw.kv_up_w, H * (dn + dv), s.mla_kv);
-  MT_PROF("fwd.rope", cuda::rope_apply_16(s.mla_k_pe, sp.positions, rope_table_, n, 1, dr, dr, 1.0f, stream_, dt_, true));
-  MT_PROF("fwd.mla.heads", cuda::mla_keys_values(r.k, r.v, s.mla_kv, s.mla_k_pe, {n, H, dn, dr, dv, dt_}, stream_));
+  MT_PROF("fwd.mla.heads", cuda::mla_keys_values(r.k, r.v, s.mla_kv, k_pe, {n, H, dn, dr, dv, dt_}, stream_));
 }
 
 void CudaGPT::mla_projections_backward(int64_t l, Record& r, const RowSpan& sp) {

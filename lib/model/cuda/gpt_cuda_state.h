@@ -43,6 +43,7 @@ struct CudaGPT::Record {
   // their norms (*_in) and after them (*_lat: the same buffer without --qk-layernorm), and the norms' statistics.
   bf16 *mla_q_in = nullptr, *mla_q_lat = nullptr, *mla_kv_in = nullptr, *mla_kv_lat = nullptr;
   float *mla_q_mean = nullptr, *mla_q_rstd = nullptr, *mla_kv_mean = nullptr, *mla_kv_rstd = nullptr;
+  bf16* mla_k_pe = nullptr;  // --recompute-modules mla_up_proj: the shared RoPE key, rotated [T, dr] (null: not recomputed)
   // MoE (the model has MoE layers): the router's logits [T, E], the choices top [T, k] with their weights and rows
   // [T, k], the experts' rows (expert-major) [R, h], fc1 outputs [R, F1], activations [R, F], outputs [R, h] (R = T k, or
   // with padding to capacity at most E capacity),

@@ -251,6 +251,7 @@ void CudaGPT::attention_backward_unit(int64_t l, Record& r, const DeviceMicrobat
   if (defer) save_for_weights(defer->dy_attn, l, dy, h, n);
   if (!defer && proj_wgrad) linear_wgrad(stream_, l, r, kLinearProj, "bwd.gemm.proj_wgrad", n, Od, h, dy, r.o + o * Od, lw.proj_w, fuse_row ? lw.proj_b : -1);
   if (!fuse_row && lw.proj_b >= 0) MT_PROF("bwd.bias_grad", cuda::bias_grad_bf16(g(lw.proj_b), s.dres16 + sp.piece_first * h, sp.piece_rows, h, stream_, dt_));
+  if (D.mla && r.mla_k_pe) mla_up_forward(l, r, sp, r.mla_k_pe);  // (--recompute-modules mla_up_proj: the attention's inputs again)
   if (D.cp > 1 && D.cp_a2a) {
     a2a_attention_backward(r, mb);
   } else if (D.cp > 1) {
