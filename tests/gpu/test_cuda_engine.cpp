@@ -157,6 +157,63 @@ void test_sdpa(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, bool doc
   }
 }
 
+// Values of their own width (SdpaShape::Dv, multi-latent attention's): cuDNN's attention with queries and keys D wide and
+// values Dv against the CPU's attention over heads padded with zeros to max(D, Dv) (which adds nothing to the scores or
+// the output), GQA included; dQ and dK compared on their D columns, O and dV on their Dv.
+void test_sdpa_values(int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t D, int64_t Dv) {
+  const int64_t P = std::max(D, Dv);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const size_t nq = static_cast<size_t>(B * S * Hq), nk = static_cast<size_t>(B * S * Hk);
+  const auto q = random_bf16_values(nq * D, 5, 1.0f), k = random_bf16_values(nk * D, 6, 1.0f), v = random_bf16_values(nk * Dv, 7, 1.0f);
+  const auto dout = random_bf16_values(nq * Dv, 8, 1.0f);
+  // rows of width w padded to P
+  auto pad = [P](const std::vector<float>& x, int64_t w) {
+    std::vector<float> out(x.size() / static_cast<size_t>(w) * static_cast<size_t>(P), 0.0f);
+    for (size_t r = 0; r < x.size() / static_cast<size_t>(w); ++r) std::copy_n(x.begin() + static_cast<int64_t>(r) * w, w, out.begin() + static_cast<int64_t>(r) * P);
+    return out;
+  };
+  auto cut = [P](const std::vector<float>& x, int64_t w) {
+    std::vector<float> out;
+    for (size_t r = 0; r < x.size() / static_cast<size_t>(P); ++r) out.insert(out.end(), x.begin() + static_cast<int64_t>(r) * P, x.begin() + static_cast<int64_t>(r) * P + w);
+    return out;
+  };
+  const std::vector<float> qp = pad(q, D), kp = pad(k, D), vp = pad(v, Dv), dop = pad(dout, Dv);
+  mt::cpu::AttentionShape sh{B, S, Hq, Hk, P, scale, 0.0f, 0, 0, 0};
+  std::vector<float> o(nq * P), probs(static_cast<size_t>(B * Hq * S * S)), dq(nq * P), dk(nk * P), dv(nk * P), scratch(static_cast<size_t>(S * S));
+  mt::cpu::attention_forward(o.data(), probs.data(), qp.data(), kp.data(), vp.data(), sh);
+  mt::cpu::attention_backward(dq.data(), dk.data(), dv.data(), dop.data(), probs.data(), qp.data(), kp.data(), vp.data(), sh, scratch.data());
+  auto* gq = upload(to_16(q, false));
+  auto* gk = upload(to_16(k, false));
+  auto* gv = upload(to_16(v, false));
+  auto* gdo = upload(to_16(dout, false));
+  auto* go = upload(std::vector<uint16_t>(nq * Dv));
+  auto* gdq = upload(std::vector<uint16_t>(nq * D));
+  auto* gdk = upload(std::vector<uint16_t>(nk * D));
+  auto* gdv = upload(std::vector<uint16_t>(nk * Dv));
+  auto* stats = upload(std::vector<float>(static_cast<size_t>(B * Hq * S)));
+  const std::string name = "sdpa B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(Hq) + "/" + std::to_string(Hk) + " D" +
+                           std::to_string(D) + " values " + std::to_string(Dv);
+  try {
+    mt::cuda::SdpaShape s{B, S, Hq, Hk, D, scale, mt::cuda::F16::kBF16, false};
+    s.Dv = Dv;
+    auto& sdpa = mt::cuda::CudnnSdpa::instance();
+    sdpa.forward(s, gq, gk, gv, go, stats, nullptr);
+    sdpa.backward(s, gq, gk, gv, go, gdo, stats, gdq, gdk, gdv, nullptr);
+    cudaDeviceSynchronize();
+    const double eo = rel_err(from_16(download(go, nq * Dv), false), cut(o, Dv)), eq = rel_err(from_16(download(gdq, nq * D), false), cut(dq, D));
+    const double ek = rel_err(from_16(download(gdk, nk * D), false), cut(dk, D)), ev = rel_err(from_16(download(gdv, nk * Dv), false), cut(dv, Dv));
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "%s: O %.2e dQ %.2e dK %.2e dV %.2e (max error / max value)", name.c_str(), eo, eq, ek, ev);
+    check(eo < 2e-2 && eq < 3e-2 && ek < 3e-2 && ev < 3e-2, buf);
+  } catch (const std::exception& e) {
+    check(false, name + ": " + e.what());
+  }
+  for (void* p : {static_cast<void*>(gq), static_cast<void*>(gk), static_cast<void*>(gv), static_cast<void*>(gdo), static_cast<void*>(go),
+                  static_cast<void*>(gdq), static_cast<void*>(gdk), static_cast<void*>(gdv), static_cast<void*>(stats)}) {
+    cudaFree(p);
+  }
+}
+
 // A plain run: batch 8 with a 5-iteration warmup, 30 iterations.
 #define MT_PLAIN_BATCH "--global-batch-size 8 --lr-warmup-iters 5 "
 const char* const kPlain = MT_PLAIN_BATCH "--train-iters 30 ";
@@ -1702,6 +1759,9 @@ void test_mla_up_recompute() {
 // against the CPU engine's curves: plain, recomputed, fp16, learned sinks with values wider than the heads, a window, and
 // MoE layers with DeepSeek's routing (sigmoid scores, the expert bias, a shared expert).
 void test_mla() {
+  test_sdpa_values(2, 128, 4, 4, 192, 128);  // (DeepSeek-V3's head widths)
+  test_sdpa_values(2, 96, 8, 2, 48, 24);
+  test_sdpa_values(1, 64, 4, 4, 48, 56);     // (values wider than the heads)
   for (const std::string model : {"deepseek", "deepseek-gpt"}) {
     const std::string name = "MLA gradients " + model;
     try {
