@@ -327,9 +327,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   const double rows_l = sp_ ? 1.0 / static_cast<double>(tp_size_) : 1.0;  // Tl / T
   W_ = {D.nh_local * D.d, D.ng_local * D.d, D.mla ? 0 : (D.qh_local + 2 * D.ng_local) * D.d, D.F_local, D.swiglu ? 2 * D.F_local : D.F_local,
         D.mla ? D.nh_local * D.v_dim : D.ng_local * D.d, D.mla ? D.nh_local * D.v_dim : D.nh_local * D.d};
-  if (D.mla && (tp_ || D.cp > 1)) {
-    throw std::logic_error("CudaGPT: multi-latent attention runs on one TP rank without context parallelism (capabilities refuse the rest)");
-  }
+  if (D.mla && D.cp > 1) throw std::logic_error("CudaGPT: multi-latent attention runs without context parallelism (capabilities refuse it)");
   const int64_t h = D.h, Hd = W_.Hd, KVd = W_.KVd, Wq = W_.Wq, F = W_.F, F1 = W_.F1, Vd = W_.Vd, Od = W_.Od;
   const int64_t mla_rank = std::max(D.q_lora_rank, D.kv_lora_rank);  // (the widest latent; 0 without MLA)
   const size_t t = static_cast<size_t>(T);

@@ -246,6 +246,9 @@ class CudaGPT {
   // and the rotated shared key k_pe; --recompute-modules mla_up_proj runs it again before the layer's attention backward
   // (r.mla_k_pe set: the layer's up projections' outputs are mla_record_'s).
   void mla_up_forward(int64_t l, Record& r, const RowSpan& sp, const cuda::bf16* k_pe);
+  // Under TP without SP: the gradients of the parameters every rank holds whole, summed over TP (the iteration's last
+  // backward).
+  void mla_sum_replicated_grads(int64_t l);
   // The plain schedule over every row: returns the MLP output of this rank's rows (combined over TP).
   const cuda::bf16* layer_forward(int64_t l, Record& r, const DeviceMicrobatch& mb);
   // Tensor parallelism: the forward of every layer as two halves of the micro batch's sequences,

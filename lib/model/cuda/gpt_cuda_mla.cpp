@@ -8,9 +8,12 @@
 // model has it. The backward runs every projection's data and weight gradient here, on the compute stream, and the
 // latent norms' weight gradients; the caller's attention_wgrads adds only the output projection's. With
 // --recompute-modules mla_up_proj (Megatron's) a layer keeps its latents and the rotated k_pe, and the up projections'
-// part of the forward runs again before its attention backward, into buffers every such layer shares. One TP rank, no
-// context parallelism (the capabilities refuse the rest on this engine).
+// part of the forward runs again before its attention backward, into buffers every such layer shares. Under TP the up
+// projections split the heads (column-parallel), the output projection its input, and the down projections and latent
+// norms are whole on every rank, their gradients summed over TP (Megatron's duplicated linears). No context parallelism
+// (the capabilities refuse it on this engine).
 #include <cstdint>
+#include <utility>
 
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/mla_layout.h"
@@ -115,6 +118,7 @@ void CudaGPT::mla_projections_backward(int64_t l, Record& r, const RowSpan& sp) 
   if (Rq == 0) {
     dgrad("bwd.gemm.mla_q_dgrad", s.dq, H * dq, lw.q_proj_w, h, 1.0f, dx);
     wgrad("bwd.gemm.mla_q_wgrad", s.dq, H * dq, x, h, lw.q_proj_w);
+    mla_sum_replicated_grads(l);
     return;
   }
   dgrad("bwd.gemm.mla_q_up_dgrad", s.dq, H * dq, lw.q_up_w, Rq, 0.0f, s.mla_dlat);
@@ -122,6 +126,24 @@ void CudaGPT::mla_projections_backward(int64_t l, Record& r, const RowSpan& sp) 
   const bf16* dq_in = latent_norm_backward(s.mla_dlat, r.mla_q_in, r.mla_q_mean, r.mla_q_rstd, lw.q_ln_w, lw.q_ln_b, Rq);
   dgrad("bwd.gemm.mla_q_down_dgrad", dq_in, Rq, lw.q_down_w, h, 1.0f, dx);
   wgrad("bwd.gemm.mla_q_down_wgrad", dq_in, Rq, x, h, lw.q_down_w);
+  mla_sum_replicated_grads(l);
+}
+
+// Under TP each rank's heads gave a part of the gradients of the parameters every rank holds whole (the down
+// projections, k_pe's rows with them, and the latents' norms): summed over TP once the iteration's last backward has
+// added its part. Without SP here; under SP the layer's replicated-parameter sum (sum_replicated_grads) does it, as it
+// does the norms'. (The input gradient's parts are summed by the layer's TP reduction of s_->dxn.)
+void CudaGPT::mla_sum_replicated_grads(int64_t l) {
+  if (!tp_ || sp_ || !final_backward_) return;
+  const ModelDims& D = D_;
+  const LayerW& lw = layers_[static_cast<size_t>(l)];
+  const int64_t h = D.h, Rq = D.q_lora_rank, Rkv = D.kv_lora_rank;
+  tp_->group_start();
+  for (const auto& [off, n] : {std::pair{lw.q_down_w, Rq * h}, std::pair{lw.q_ln_w, Rq}, std::pair{lw.q_ln_b, Rq},
+                               std::pair{lw.kv_down_w, (Rkv + D.qk_rope) * h}, std::pair{lw.kv_ln_w, Rkv}, std::pair{lw.kv_ln_b, Rkv}}) {
+    if (off >= 0) tp_->all_reduce_on(g(off), n, WireType::kF32, ReduceOp::kSum, stream_);
+  }
+  MT_PROF("tp.mla_replicated_grads", tp_->group_end());
 }
 
 }  // namespace mt
