@@ -55,6 +55,11 @@ struct ModelConfig {
   int64_t kv_lora_rank = 32, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
   OptString rope_type;
   bool cache_mla_latents = false, mla_down_proj_fusion = false;
+  // Multi-token prediction (DeepSeek-V3's; Megatron's --mtp-num-layers, docs/mtp.md): that many extra modules after the
+  // decoder, module k predicting the token k + 1 places ahead from module k - 1's hidden state and the embedding of the token
+  // k places ahead; their mean losses times mtp_loss_scaling_factor / mtp_num_layers join the training loss.
+  OptInt mtp_num_layers;
+  double mtp_loss_scaling_factor = 0.1;
   OptString no_rope_freq;  // the layers without RoPE (Llama 4's): N (every N-th) or a 0/1 list; unset: none (config/layer_pattern.h)
   double rotary_percent = 1.0;
   OptInt max_position_embeddings;

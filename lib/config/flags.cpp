@@ -80,6 +80,12 @@ std::vector<FlagSpec> build_table() {
       F(kNet, "cache-mla-latents", model.cache_mla_latents, "MLA: cache the latents at inference (refused in training, as Megatron)"),
       F(kNet, "mla-down-proj-fusion", model.mla_down_proj_fusion,
         "MLA: Megatron's fused down projections (the same arithmetic: accepted, computed as the separate ones)"),
+      F(kNet, "mtp-num-layers", model.mtp_num_layers,
+        "Multi-token prediction (DeepSeek-V3's): that many extra modules after the decoder, each predicting one token further "
+        "ahead (an embedding norm, a hidden-state norm, a projection of the two, a transformer layer of the last layer's kind, a "
+        "norm; the output layer and embedding shared)"),
+      F(kNet, "mtp-loss-scaling-factor", model.mtp_loss_scaling_factor,
+        "Multi-token prediction: the modules' mean losses times this over --mtp-num-layers join the training loss"),
       F(kNet, "window-attn-skip-freq", model.window_attn_skip_freq,
         "The layers with full attention beside --window-size: N gives every N-th layer (numbers divisible by N) full attention, or a "
         "list of 1 (window) / 0 (full) per layer such as \"([1]*3+[0])*2\""),

@@ -792,6 +792,14 @@ void check_yarn(const Config& c, Checker& k) {
 }
 
 // Multi-latent attention (Megatron's MLATransformerConfig and validate_args rules; what megatrain leaves out refused).
+// Multi-token prediction (Megatron's rules; what megatrain leaves out is refused by name in train/capabilities.cpp).
+void check_mtp(const Config& c, Checker& k) {
+  const ModelConfig& m = c.model;
+  if (!m.mtp_num_layers) return;
+  if (*m.mtp_num_layers <= 0) k.error("--mtp-num-layers must be positive, got " + s(*m.mtp_num_layers) + " (leave it out for no MTP)");
+  if (m.mtp_loss_scaling_factor < 0) k.error("--mtp-loss-scaling-factor must not be negative, got " + std::to_string(m.mtp_loss_scaling_factor));
+}
+
 void check_mla(const Config& c, Checker& k) {
   const ModelConfig& m = c.model;
   if (m.rope_type && *m.rope_type != "rope" && *m.rope_type != "yarn") k.error("--rope-type must be rope or yarn, got " + *m.rope_type);
@@ -1090,6 +1098,7 @@ Diagnostics validate(const Config& c, int64_t world, Purpose purpose) {
   check_activation(c, k);
   check_yarn(c, k);
   check_mla(c, k);
+  check_mtp(c, k);
 
   check_fp8(c, k);
   check_exclusive_and_misc(c, purpose, k);

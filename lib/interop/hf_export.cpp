@@ -277,8 +277,17 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     refuse(qwen3 && D.bias, "Qwen3's MLPs have no biases (--disable-bias-linear, with --add-qkv-bias for the attention's)");
     put("model.embed_tokens.weight", {V, h}, get("embedding.word_embeddings.weight"));
     std::vector<int64_t> dense_layers;  // (Qwen3-MoE's mlp_only_layers)
-    for (int64_t l = 0; l < L; ++l) {
-      const std::string p = "layers." + std::to_string(l) + ".", o = "model.layers." + std::to_string(l) + ".";
+    // Multi-token prediction's modules: DeepSeek-V3's and GLM-4.5's checkpoints carry them as the layers after the decoder's
+    // (model.layers.{L + k}: the transformer layer's tensors, and enorm, hnorm, eh_proj, shared_head.norm, with copies of the
+    // embedding and the output layer); the other families have no place for them.
+    const int64_t mtp = glm ? D.mtp : 0;
+    if (D.mtp > 0 && !glm) {
+      notes.push_back("note: the " + std::to_string(D.mtp) + " multi-token prediction module(s) (--mtp-num-layers) are left out: " + family +
+                      "'s HF form has no place for them (DeepseekV3ForCausalLM and Glm4MoeForCausalLM do)");
+    }
+    for (int64_t l = 0; l < L + mtp; ++l) {
+      const std::string p = l < L ? "layers." + std::to_string(l) + "." : "mtp." + std::to_string(l - L) + ".layer.";
+      const std::string o = "model.layers." + std::to_string(l) + ".";
       put(o + "input_layernorm.weight", {h}, norm(p + "input_norm.weight"));
       if (deepseek) {  // (Megatron's MLA tensors are HF's as they are: the rows per head [nope | rope], [k_nope | v])
         const int64_t Rq = D.q_lora_rank, Rkv = D.kv_lora_rank;
@@ -329,9 +338,9 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
       }
       }
       put(o + "post_attention_layernorm.weight", {h}, norm(p + "mlp_norm.weight"));
-      if (!moe[static_cast<size_t>(l)] || D.experts == 0) {
+      if (!moe[static_cast<size_t>(std::min(l, L - 1))] || D.experts == 0) {  // (a module's layer: the last layer's kind)
         refuse(family == "mixtral", "MixtralForCausalLM has an MoE MLP in every layer (--moe-layer-freq must be 1)");
-        if (family == "qwen3_moe" || family == "qwen2_moe" || glm) dense_layers.push_back(l);
+        if ((family == "qwen3_moe" || family == "qwen2_moe" || glm) && l < L) dense_layers.push_back(l);
         put(o + "mlp.gate_proj.weight", {D.F, h}, get(p + "mlp.fc1_gate.weight"));
         put(o + "mlp.up_proj.weight", {D.F, h}, get(p + "mlp.fc1_up.weight"));
         put(o + "mlp.down_proj.weight", {h, D.F}, get(p + "mlp.fc2.weight"));
@@ -392,6 +401,15 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
     }
     put("model.norm.weight", {h}, norm("final_norm.weight"));
     if (!D.tied) put("lm_head.weight", {V, h}, get("output_layer.weight"));
+    for (int64_t k = 0; k < mtp; ++k) {
+      const std::string p = "mtp." + std::to_string(k) + ".", o = "model.layers." + std::to_string(L + k) + ".";
+      put(o + "enorm.weight", {h}, norm(p + "enorm.weight"));
+      put(o + "hnorm.weight", {h}, norm(p + "hnorm.weight"));
+      put(o + "eh_proj.weight", {h, 2 * h}, get(p + "eh_proj.weight"));
+      put(o + "shared_head.norm.weight", {h}, norm(p + "final_norm.weight"));
+      put(o + "shared_head.head.weight", {V, h}, get(D.tied ? "embedding.word_embeddings.weight" : "output_layer.weight"));
+      put(o + "embed_tokens.weight", {V, h}, get("embedding.word_embeddings.weight"));
+    }
     const std::string arch = family == "mixtral" ? "MixtralForCausalLM"
                              : family == "gpt_oss" ? "GptOssForCausalLM"
                              : family == "qwen3"   ? "Qwen3ForCausalLM"
@@ -406,6 +424,7 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
               {"max_position_embeddings", D.max_pos}, {"rms_norm_eps", c.model.norm_epsilon}, {"rope_theta", c.model.rotary_base},
               {"attention_dropout", c.model.attention_dropout}, {"initializer_range", c.model.init_method_std},
               {"tie_word_embeddings", D.tied}, {"torch_dtype", dtype_name}};
+    if (glm) config["num_nextn_predict_layers"] = mtp;  // (the multi-token prediction layers after the decoder's)
     const auto interpolation = c.model.rotary_seq_len_interpolation_factor;
     refuse(c.model.use_rope_scaling && interpolation.has_value(),
            "--use-rope-scaling with --rotary-seq-len-interpolation-factor: HF's rope_scaling holds one rope type (llama3 or linear)");

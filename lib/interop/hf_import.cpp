@@ -455,6 +455,19 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       if (groups > group_topk) flags << " --moe-router-num-groups " << groups << " --moe-router-group-topk " << group_topk;  // (else none masked)
       if (shared > 0) flags << " --moe-shared-expert-intermediate-size " << shared * hc.at("moe_intermediate_size").get<int64_t>();
     }
+    if (glm) {  // multi-token prediction's layers (model.layers.{L + k}), where the checkpoint holds them whole (HF's own saves leave them
+                // out: then, or with a part of one, left out with a note below)
+      const int64_t L = hc.at("num_hidden_layers").get<int64_t>(), nextn = field<int64_t>(hc, "num_nextn_predict_layers", 0);
+      const HfWeights probe(dir);
+      bool whole = nextn > 0;
+      for (int64_t k = 0; whole && k < nextn; ++k) {
+        const std::string o = "model.layers." + std::to_string(L + k) + ".";
+        for (const char* t : {"enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "input_layernorm.weight"}) {
+          whole = whole && probe.has(o + t);
+        }
+      }
+      if (whole) flags << " --mtp-num-layers " << nextn;
+    }
     if (family == "qwen3_moe" || qwen2_moe) {
       // Qwen3MoeSparseMoeBlock (Qwen2MoeSparseMoeBlock) in layer l unless l is in mlp_only_layers, where (l + 1) % decoder_sparse_step == 0 (an
       // explicit --moe-layer-freq list); its softmax over the experts with the top k renormalised (norm_topk_prob:
@@ -555,8 +568,10 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     if (!D.tied) set("output_layer.weight", hf.take("lm_head.weight", {V, h}));
   } else {
     set("embedding.word_embeddings.weight", hf.take("model.embed_tokens.weight", {V, h}));
-    for (int64_t l = 0; l < L; ++l) {
-      const std::string p = "layers." + std::to_string(l) + ".", o = "model.layers." + std::to_string(l) + ".";
+    // (and multi-token prediction's modules' layers, model.layers.{L + k}, each of the last layer's kind)
+    for (int64_t l = 0; l < L + D.mtp; ++l) {
+      const std::string p = l < L ? "layers." + std::to_string(l) + "." : "mtp." + std::to_string(l - L) + ".layer.";
+      const std::string o = "model.layers." + std::to_string(l) + ".";
       set(p + "input_norm.weight", hf.take(o + "input_layernorm.weight", {h}));
       if (D.mla) {  // DeepSeek-V3's multi-latent attention: HF's tensors are Megatron's as they are
         const int64_t Rq = D.q_lora_rank, Rkv = D.kv_lora_rank;
@@ -593,7 +608,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
       }
       set(p + "mlp_norm.weight", hf.take(o + "post_attention_layernorm.weight", {h}));
       if (family == "llama" || family == "qwen3" ||
-          ((family == "qwen3_moe" || family == "qwen2_moe" || family == "glm4_moe" || family == "deepseek_v3") && !moe[static_cast<size_t>(l)])) {
+          ((family == "qwen3_moe" || family == "qwen2_moe" || family == "glm4_moe" || family == "deepseek_v3") && !moe[static_cast<size_t>(std::min(l, L - 1))])) {
         set(p + "mlp.fc1_gate.weight", hf.take(o + "mlp.gate_proj.weight", {D.F, h}));
         set(p + "mlp.fc1_up.weight", hf.take(o + "mlp.up_proj.weight", {D.F, h}));
         set(p + "mlp.fc2.weight", hf.take(o + "mlp.down_proj.weight", {h, D.F}));
@@ -652,6 +667,25 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     }
     set("final_norm.weight", hf.take("model.norm.weight", {h}));
     if (!D.tied) set("output_layer.weight", hf.take("lm_head.weight", {V, h}));
+    // The modules' own tensors; their copies of the embedding and output layer must be the model's (megatrain shares them, as
+    // Megatron does)
+    for (int64_t k = 0; k < D.mtp; ++k) {
+      const std::string p = "mtp." + std::to_string(k) + ".", o = "model.layers." + std::to_string(L + k) + ".";
+      set(p + "enorm.weight", hf.take(o + "enorm.weight", {h}));
+      set(p + "hnorm.weight", hf.take(o + "hnorm.weight", {h}));
+      set(p + "eh_proj.weight", hf.take(o + "eh_proj.weight", {h, 2 * h}));
+      set(p + "final_norm.weight", hf.take(o + "shared_head.norm.weight", {h}));
+      const std::string head = D.tied ? "embedding.word_embeddings.weight" : "output_layer.weight";
+      for (const auto& [copy, own] : {std::pair{o + "shared_head.head.weight", head}, std::pair{o + "embed_tokens.weight", std::string("embedding.word_embeddings.weight")}}) {
+        if (!hf.has(copy)) continue;
+        const Values v = hf.take(copy, {V, h});
+        const float* mine = ps.param(ps.index_of(own));
+        if (!std::equal(v.begin(), v.end(), mine)) {
+          throw ConfigError("cannot import: " + copy + " differs from the model's own (megatrain's multi-token prediction shares the embedding and "
+                            "the output layer, as Megatron's): such a checkpoint cannot be imported");
+        }
+      }
+    }
   }
   // GLM-4.5's checkpoints carry their multi-token-prediction layers as model.layers.{L..} (HF's modeling skips them too).
   int64_t skipped_layers = 0;
@@ -659,7 +693,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   auto beyond_layers = [&](const std::string& n) {
     if (mtp_layers == 0 || n.rfind("model.layers.", 0) != 0) return false;
     const int64_t layer = std::atoll(n.c_str() + 13);
-    const bool beyond = layer >= L && layer < L + mtp_layers;
+    const bool beyond = layer >= L + D.mtp && layer < L + mtp_layers;
     skipped_layers += beyond ? 1 : 0;
     return beyond;
   };

@@ -2,8 +2,10 @@
 // the per-layer reductions and grads-ready hook that follow each layer's backward.
 #include "model/gpt_model.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "model/cpu/units.h"
 
@@ -15,6 +17,17 @@ struct GPTModel::Units {
   std::vector<cpu::MlpUnit> mlp;
   std::vector<cpu::MoeUnit> moe;  // per layer; used where the layer is an MoE layer
   cpu::OutputUnit output;
+  // Multi-token prediction's modules (the last stage): the shifted tokens' embedding (the model's tables), the input
+  // projection, the transformer layer, and its norm with the model's output layer and loss.
+  struct Mtp {
+    cpu::EmbeddingUnit embedding;
+    cpu::MtpUnit combine;
+    cpu::AttentionUnit attention;
+    cpu::MlpUnit mlp;
+    cpu::MoeUnit moe;
+    cpu::OutputUnit output;
+  };
+  std::vector<Mtp> mtp;
 };
 
 // One microbatch in flight: its inputs, the pass context its queued work refers to, and each unit's stash.
@@ -26,6 +39,18 @@ struct GPTModel::Record {
   std::vector<cpu::MoeUnit::Stash> moe;
   cpu::OutputUnit::Stash output;
   cpu::WeightGradQueue deferred;
+  // Multi-token prediction (training forwards): each module's shifted microbatch and the pass context its embedding and
+  // loss read (its layer reads the model's), and its units' stashes.
+  struct Mtp {
+    cpu::MtpUnit::Stash combine;
+    cpu::AttentionUnit::Stash attention;
+    cpu::MlpUnit::Stash mlp;
+    cpu::MoeUnit::Stash moe;
+    cpu::OutputUnit::Stash output;
+  };
+  std::vector<Microbatch> mtp_mb;
+  std::vector<std::unique_ptr<cpu::PassContext>> mtp_ctx;
+  std::vector<Mtp> mtp;
 };
 
 GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
@@ -61,6 +86,20 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
     u->output.norm_w = layout.final_norm_w;
     u->output.norm_b = layout.final_norm_b;
     u->output.weight = layout.output_w;
+    for (const MtpParams& mp : layout.mtp) {
+      Units::Mtp m;
+      m.embedding.word = layout.word_embeddings;
+      m.embedding.position = layout.position_embeddings;
+      m.embedding.dropout_layer = mp.layer.layer;
+      m.combine.p = &mp;
+      m.attention = cpu::AttentionUnit{&mp.layer};
+      m.mlp = cpu::MlpUnit{&mp.layer};
+      m.moe = cpu::MoeUnit{&mp.layer, moe_options_.get()};
+      m.output.norm_w = mp.final_norm_w;
+      m.output.norm_b = mp.final_norm_b;
+      m.output.weight = layout.output_w;
+      u->mtp.push_back(m);
+    }
     units_.push_back(std::move(u));
   }
   if (D.fp8_delayed) {
@@ -163,6 +202,7 @@ float GPTModel::forward_stage(int64_t id, const Microbatch& mb, int64_t step, bo
   float loss = 0;
   if (layout.post_process) loss = units.output.forward(c, x, R.output);
   else if (output) *output = std::move(x);
+  if (layout.post_process && (training || mtp_in_evaluation_)) mtp_forward(R, units, step, training);
   stash_[key] = std::move(rec);
   if (!training) release(key);  // no backward follows (evaluation)
   if (fp8_ && training) {  // the forward scales of the stage (TE: at the fp8_autocast's exit)
@@ -201,8 +241,9 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
   c.deferred = defer_weight_grads ? &R.deferred : nullptr;
   Activations dx, dmid;
   if (layout.post_process) {
-    units.output.backward(c, scale, dx, R.output);
-    c.sum_replicated_grads(layout.final_norm_w, params_.size());
+    const Activations dln = mtp_backward(R, layout, units, scale);  // (the model's normed output's gradient from module 1)
+    units.output.backward(c, scale, dx, R.output, dln.empty() ? nullptr : &dln);
+    c.sum_replicated_grads(layout.final_norm_w, layout.mtp.empty() ? params_.size() : layout.mtp.front().first);
     // With tied embeddings on one stage the output layer's gradient is not final until the embedding's backward.
     if (layout.output_w != layout.word_embeddings) {
       const size_t lowest = layout.final_norm_w;
@@ -279,6 +320,13 @@ void GPTModel::update_quantile_biases(double ema) {
   }
 }
 
+std::vector<double> GPTModel::take_mtp_losses() {
+  std::vector<double> out = std::exchange(mtp_losses_, {});
+  for (double& v : out) v /= static_cast<double>(std::max<int64_t>(1, mtp_microbatches_));
+  mtp_microbatches_ = 0;
+  return out;
+}
+
 void GPTModel::backward_weights(int64_t id, bool last, int64_t chunk) {
   const std::pair<int64_t, int64_t> key{chunk, id};
   auto found = stash_.find(key);
@@ -287,6 +335,87 @@ void GPTModel::backward_weights(int64_t id, bool last, int64_t chunk) {
   for (auto& work : found->second->deferred) work();
   release(key);
   if (fp8_ && last) fp8_weights_due_[static_cast<size_t>(chunk)] = true;
+}
+
+// Multi-token prediction's modules after the model's output (a training forward, or an evaluation one where asked): module k
+// (1-based) embeds the tokens k
+// places ahead, projects them with the previous module's normed output (the model's for k = 1), runs its transformer layer
+// (with the model's pass context: positions, documents, dropout keys by its layer) and its norm, and takes the model's
+// output layer's loss against the labels k places further on. The losses are kept for the log, not returned.
+void GPTModel::mtp_forward(Record& R, Units& units, int64_t step, bool training) {
+  const size_t N = units.mtp.size();
+  if (N == 0) return;
+  const cpu::PassContext& c = *R.ctx;
+  R.mtp_mb.assign(N, {});
+  R.mtp_ctx.clear();
+  R.mtp.resize(N);
+  for (size_t k = 0; k < N; ++k) {
+    R.mtp_mb[k] = cpu::mtp_shifted(R.mb, static_cast<int64_t>(k + 1));
+    R.mtp_ctx.push_back(std::make_unique<cpu::PassContext>(dims_, params_, groups_, seed_, R.mtp_mb[k], step, training));
+  }
+  mtp_losses_.resize(N, 0.0);
+  const Activations* h = &R.output.ln;
+  for (size_t k = 0; k < N; ++k) {
+    Units::Mtp& u = units.mtp[k];
+    Record::Mtp& st = R.mtp[k];
+    const cpu::PassContext& ck = *R.mtp_ctx[k];
+    Activations e, x;
+    u.embedding.forward(ck, e);
+    u.combine.forward(c, std::move(e), *h, x, st.combine);
+    u.attention.forward(c, x, st.attention);
+    if (u.combine.p->layer.moe) u.moe.forward(c, x, st.moe);
+    else u.mlp.forward(c, x, st.mlp);
+    const float loss = u.output.forward(ck, x, st.output);
+    // (the log's value: the mean over the shifted tokens, also under --calculate-per-token-loss, whose forward gives the sum)
+    double tokens = 0;
+    for (float m : R.mtp_mb[k].loss_mask) tokens += m;
+    mtp_losses_[k] += dims_.per_token_loss ? loss / std::max(tokens, 1.0) : loss;
+    h = &st.output.ln;
+  }
+  ++mtp_microbatches_;
+}
+
+// Their backward, last module first: each module's loss at scale x --mtp-loss-scaling-factor / --mtp-num-layers (Megatron's
+// MTPLossAutoScaler: the lm loss's gradient scale; under --calculate-per-token-loss also x the microbatch's tokens over the
+// module's, as Megatron's), its layer, its projection, the embedding's gradient into the model's tables; the gradient of
+// each module's normed output from the next one. Returns that of the model's normed output (empty without MTP).
+GPTModel::Activations GPTModel::mtp_backward(Record& R, const ModelLayout& layout, Units& units, float scale) {
+  const size_t N = units.mtp.size();
+  if (N == 0 || R.mtp.size() != N) return {};
+  cpu::PassContext& c = *R.ctx;
+  double tokens = 0;
+  for (float m : R.mb.loss_mask) tokens += m;
+  Activations dnext;  // the gradient of module k's normed output from module k + 1
+  for (size_t k = N; k-- > 0;) {
+    Units::Mtp& u = units.mtp[k];
+    Record::Mtp& st = R.mtp[k];
+    cpu::PassContext& ck = *R.mtp_ctx[k];
+    ck.finishing = c.finishing;
+    ck.fp8_record = c.fp8_record;
+    ck.loss_grad_scale = c.loss_grad_scale;
+    ck.deferred = c.deferred;
+    double shifted = 0;
+    for (float m : R.mtp_mb[k].loss_mask) shifted += m;
+    const double per_token = dims_.per_token_loss ? tokens / std::max(shifted, 1.0) : 1.0;
+    Activations dx, dmid, de, dh;
+    u.output.backward(ck, static_cast<float>(scale * dims_.mtp_loss_scale * per_token), dx, st.output, dnext.empty() ? nullptr : &dnext);
+    if (u.combine.p->layer.moe) u.moe.backward(c, dx, dmid, st.moe);
+    else u.mlp.backward(c, dx, dmid, st.mlp);
+    u.attention.backward(c, dmid, dx, st.attention);
+    u.combine.backward(c, dx, de, dh, st.combine);
+    u.embedding.backward(ck, de);
+    dnext = std::move(dh);
+    const MtpParams& mp = layout.mtp[k];
+    c.after_weight_grads([this, &c, &mp] {
+      c.sum_replicated_grads(mp.first, mp.end);
+      if (kv_group_ && c.finishing) {  // (the module's layer's QKV replicas, as layer_finished's)
+        kv_group_->all_reduce(c.G(mp.layer.qkv_w), params_.info(mp.layer.qkv_w).numel, ReduceOp::kSum);
+        if (mp.layer.qkv_b != kNoParam) kv_group_->all_reduce(c.G(mp.layer.qkv_b), params_.info(mp.layer.qkv_b).numel, ReduceOp::kSum);
+      }
+      if (grads_ready_ && c.finishing) grads_ready_(mp.first);
+    });
+  }
+  return dnext;
 }
 
 }  // namespace mt

@@ -83,6 +83,10 @@ class GPTModel {
   // The MoE layers' statistics since the last call (losses, token counts; training forwards only).
   cpu::MoeStats take_moe_stats() { return std::exchange(moe_stats_, {}); }
   const cpu::MoeStats& moe_stats() const { return moe_stats_; }
+  // Multi-token prediction: each module's mean loss over the training forwards since the last call (none without MTP), and
+  // (set_mtp_in_evaluation) the evaluation forwards' too: tools that compare the modules' losses without training's dropout.
+  std::vector<double> take_mtp_losses();
+  void set_mtp_in_evaluation(bool on) { mtp_in_evaluation_ = on; }
   // --moe-router-enable-expert-bias, once per iteration after the backward (Megatron's finalize_model_grads):
   // each MoE layer's kept tokens per expert summed over TP x DP x CP, and bias += rate * sign(mean - count).
   // Collective over those groups; uses the statistics take_moe_stats() then returns.
@@ -116,6 +120,13 @@ class GPTModel {
   std::unique_ptr<Record> take_record();
   void release(std::pair<int64_t, int64_t> key);
   void layer_finished(Record& r, const LayerParams& layer) const;  // reductions and the hook after a layer's backward
+  // Multi-token prediction (--mtp-num-layers) on the last stage: its modules' forward after the model's output, and their
+  // backward before the output's (gpt_model.cpp).
+  void mtp_forward(Record& R, Units& units, int64_t step, bool training);
+  bool mtp_in_evaluation_ = false;
+  Activations mtp_backward(Record& R, const ModelLayout& layout, Units& units, float scale);
+  std::vector<double> mtp_losses_;  // each module's mean loss summed over the training forwards since the last take
+  int64_t mtp_microbatches_ = 0;
 };
 
 }  // namespace mt

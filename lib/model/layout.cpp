@@ -99,8 +99,8 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     M.embedding_end = store.size();
   }
   const int64_t qkv_rows = D.ng * (D.nh / D.ng + 2) * D.d;
-  for (int64_t l = M.layers_range.first; l < M.layers_range.end; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
+  // A transformer layer's parameters, named from `p` (global layer l; an MoE layer where `moe`).
+  auto add_layer = [&](int64_t l, const std::string& p, bool moe) {
     LayerParams ly;
     ly.layer = l;
     ly.first = store.size();
@@ -171,7 +171,7 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
       if (D.bias) out[3] = mlp_param("fc2.bias", {D.h}, -1, InitKind::kZeros, 0);
       return out;
     };
-    if (!moe_layers[static_cast<size_t>(l)]) {
+    if (!moe) {
       const auto mlp = add_mlp(p + "mlp.", D.F, r, t, GradGroup::kDense);
       ly.fc1_w = mlp[0];
       ly.fc1_b = mlp[1];
@@ -213,7 +213,10 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
       }
     }
     ly.end = store.size();
-    M.layers.push_back(ly);
+    return ly;
+  };
+  for (int64_t l = M.layers_range.first; l < M.layers_range.end; ++l) {
+    M.layers.push_back(add_layer(l, "layers." + std::to_string(l) + ".", moe_layers[static_cast<size_t>(l)]));
   }
   if (M.post_process) {
     M.final_norm_w = add("final_norm.weight", {D.h}, -1, norm_init, 0);
@@ -226,6 +229,24 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
       ParamInfo copy = make_param("embedding.word_embeddings.weight", {D.V, D.h}, 0, r, t, InitKind::kNormal, std);
       copy.tied_copy = true;
       M.output_w = put(copy);
+    }
+    // Multi-token prediction's modules (Megatron's MultiTokenPredictionLayer): the embedding's norm, the hidden state's norm,
+    // their projection [h, 2h] (column-parallel in Megatron; whole on every TP rank here, its gradient summed over TP under
+    // SP as the norms'), a transformer layer of the last decoder layer's kind (global layer L + k) and its final norm.
+    for (int64_t k = 0; k < D.mtp; ++k) {
+      const std::string p = "mtp." + std::to_string(k) + ".";
+      MtpParams mp;
+      mp.first = store.size();
+      mp.enorm_w = add(p + "enorm.weight", {D.h}, -1, norm_init, 0);
+      if (!D.rms) mp.enorm_b = add(p + "enorm.bias", {D.h}, -1, InitKind::kZeros, 0);
+      mp.hnorm_w = add(p + "hnorm.weight", {D.h}, -1, norm_init, 0);
+      if (!D.rms) mp.hnorm_b = add(p + "hnorm.bias", {D.h}, -1, InitKind::kZeros, 0);
+      mp.eh_proj_w = add(p + "eh_proj.weight", {D.h, 2 * D.h}, -1, InitKind::kNormal, std);
+      mp.layer = add_layer(D.L + k, p + "layer.", moe_layers[static_cast<size_t>(D.L - 1)]);
+      mp.final_norm_w = add(p + "final_norm.weight", {D.h}, -1, norm_init, 0);
+      if (!D.rms) mp.final_norm_b = add(p + "final_norm.bias", {D.h}, -1, InitKind::kZeros, 0);
+      mp.end = store.size();
+      M.mtp.push_back(mp);
     }
   }
   return M;

@@ -75,6 +75,16 @@ struct LayerParams {
   size_t first = 0, end = 0;
 };
 
+// One multi-token prediction module's parameters (--mtp-num-layers; on the stage with the loss): the norms of the shifted
+// tokens' embedding and of the previous hidden state, their projection [h, 2h] (whole on every TP rank), the transformer
+// layer and its final norm; the module's parameters are the indices [first, end).
+struct MtpParams {
+  size_t enorm_w = kNoParam, enorm_b = kNoParam, hnorm_w = kNoParam, hnorm_b = kNoParam, eh_proj_w = kNoParam;
+  LayerParams layer;
+  size_t final_norm_w = kNoParam, final_norm_b = kNoParam;
+  size_t first = 0, end = 0;
+};
+
 struct ModelLayout {
   LayerRange layers_range;
   bool pre_process = true;   // this stage holds the embedding
@@ -85,6 +95,7 @@ struct ModelLayout {
   // them) or this stage's copy of them (tied_copy).
   size_t output_w = kNoParam;
   std::vector<LayerParams> layers;  // layers_range.count() of them, in order
+  std::vector<MtpParams> mtp;       // post_process: the multi-token prediction modules, in order (after the output layer)
   size_t embedding_end = 0;         // one past the embedding's parameter indices (0 without the embedding)
   // This rank's place in the expert grid (LayoutCoordinates'): the MoE layers' experts are EP rank ep_rank's.
   int64_t ep_rank = 0, ep_size = 1, etp_rank = 0, etp_size = 1;

@@ -96,6 +96,10 @@ ModelDims model_dims(const Config& c, int64_t tp_rank, int64_t tp, int64_t ep_ra
     d.softmax_scale = static_cast<float>(mscale * mscale / std::sqrt(static_cast<double>(d.d)));
     d.qkv_bias = false;  // (Megatron's MLA projections have no biases; the output projection's follows --disable-bias-linear)
   }
+  if (c.model.mtp_num_layers) {
+    d.mtp = *c.model.mtp_num_layers;
+    d.mtp_loss_scale = static_cast<float>(c.model.mtp_loss_scaling_factor / static_cast<double>(d.mtp));
+  }
   d.cp = c.parallel.context_parallel_size;
   d.cp_a2a = c.parallel.cp_comm_type == "a2a";
   const auto& pr = c.precision;

@@ -55,12 +55,18 @@ struct ModelDims {
   std::vector<bool> rope_skipped;  // --no-rope-freq: per global layer, true where the layer has no RoPE (empty: none)
   // Whether global layer `layer` rotates its queries and keys.
   bool rope_in(int64_t layer) const {
-    return rope && (rope_skipped.empty() || !rope_skipped[static_cast<size_t>(layer)]);
+    return rope && (rope_skipped.empty() || !rope_skipped[static_cast<size_t>(spec_layer(layer))]);
   }
+  // Multi-token prediction (--mtp-num-layers): its modules' transformer layers are global layers L .. L + mtp - 1 (their
+  // names, dropout keys and statistics), each of the last decoder layer's kind (Megatron's MTP spec): spec_layer maps them
+  // to it for the per-layer patterns. mtp_loss_scale: --mtp-loss-scaling-factor / --mtp-num-layers.
+  int64_t mtp = 0;
+  float mtp_loss_scale = 0;
+  int64_t spec_layer(int64_t layer) const { return layer < L ? layer : L - 1; }
   // Sliding-window attention (--window-size, --window-attn-skip-freq): per global layer the left bound L of the window
   // (keys i - L .. i), -1 for full causal attention; empty: no layer has one.
   std::vector<int64_t> windows;
-  int64_t window_in(int64_t layer) const { return windows.empty() ? -1 : windows[static_cast<size_t>(layer)]; }
+  int64_t window_in(int64_t layer) const { return windows.empty() ? -1 : windows[static_cast<size_t>(spec_layer(layer))]; }
   // Attention sinks (--softmax-type): none, a fixed logit 0 (off-by-one) or a learned logit per head (learnable: the
   // layer's attention.softmax_offset [nh], split over TP with the heads).
   enum class Sink { kNone, kOffByOne, kLearnable } sink = Sink::kNone;

@@ -1,5 +1,5 @@
 // flops.cpp: FLOPs = T*[6h*e*F*L + 6L*(h*(n*d + 2*g*d) + n*d*h) + 6h*V] + T*s*6*n*d*L (Megatron; its MLA form with
-// --multi-latent-attention).
+// --multi-latent-attention; with --mtp-num-layers N, L + N layers, 6N(3h + 2h^2) and (1 + N) 6hV).
 #include "plan/flops.h"
 
 #include <algorithm>
@@ -28,7 +28,12 @@ double flops_for_tokens(const Config& c, double T) {
     const bool moe = pattern[static_cast<size_t>(l)];
     mlp += moe ? Fmoe * topk + shared : F;
   }
-  const double Ld = static_cast<double>(L);
+  // Multi-token prediction (Megatron's count): each module's layer of the last layer's kind, its norms and projection
+  // 6 (3h + 2h^2), and its logits.
+  const double mtp = static_cast<double>(c.model.mtp_num_layers.value_or(0));
+  if (L > 0) mlp += mtp * (pattern.back() ? Fmoe * topk + shared : F);
+  const double Ld = static_cast<double>(L) + mtp;
+  const double mtp_proj = 6.0 * mtp * (3.0 * h + 2.0 * h * h);
   if (c.model.multi_latent_attention) {
     // Megatron's MLA terms: the query projection(s) (a latent of rank Rq with its norm's +1), the keys' and values'
     // latent of rank Rkv (its up projection to dn + dv per head, +1 the norm), the shared RoPE key (h x dr), the output
@@ -38,10 +43,10 @@ double flops_for_tokens(const Config& c, double T) {
     const double Rkv = static_cast<double>(m.kv_lora_rank);
     const double q_term = m.q_lora_rank ? static_cast<double>(*m.q_lora_rank) * (h + n * (dn + dr) + 1.0) : h * n * (dn + dr);
     const double attention = 6.0 * (q_term + Rkv * (h + n * (dn + dv) + 1.0) + h * dr + n * dv * h);
-    const double per_token = 6.0 * h * e * mlp + Ld * attention + 6.0 * h * V;
+    const double per_token = 6.0 * h * e * mlp + Ld * attention + mtp_proj + 6.0 * h * V * (1.0 + mtp);
     return T * per_token + T * s * 3.0 * n * (dn + dr + dv) * Ld;
   }
-  const double per_token = 6.0 * h * e * mlp + 6.0 * Ld * (h * (n * d + 2.0 * g * d) + n * d * h) + 6.0 * h * V;
+  const double per_token = 6.0 * h * e * mlp + 6.0 * Ld * (h * (n * d + 2.0 * g * d) + n * d * h) + mtp_proj + 6.0 * h * V * (1.0 + mtp);
   return T * per_token + T * s * 6.0 * n * d * Ld;
 }
 

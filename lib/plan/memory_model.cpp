@@ -284,6 +284,16 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
     }
     per_mb += layer_activation_bytes(c, moe, full, mlp_recompute, act_shared);
   }
+  // Multi-token prediction's modules on the last stage: each a layer of the last layer's kind, with its input projection's
+  // and norms' buffers (four [s b, h] and one [s b, 2h]).
+  if (stage == pp - 1 && !pattern.empty()) {
+    const bool moe = pattern.back();
+    const double sbh = static_cast<double>(c.training.micro_batch_size.value_or(1)) * static_cast<double>(c.data.seq_length.value_or(0)) *
+                       static_cast<double>(c.model.hidden_size.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
+    for (int64_t k = 0; k < c.model.mtp_num_layers.value_or(0); ++k) {
+      per_mb += layer_activation_bytes(c, moe, false, c.recompute.recomputes(moe ? "moe" : "mlp")) + (half ? 2.0 : 4.0) * 6.0 * sbh;
+    }
+  }
   if (gran == "full" && method == "uniform") {
     // Uniform keeps only each chunk's input, plus one chunk's activations during its recompute.
     per_mb = per_mb / static_cast<double>(std::max<int64_t>(1, k)) +

@@ -71,9 +71,16 @@ ParamCounts count_params(const Config& c) {
   p.final_norm = s.norm * s.h;
   for (int64_t l = 0; l < L; ++l) (is_moe_layer(c, l) ? p.num_moe_layers : p.num_dense_layers) += 1;
   const int64_t head = p.embedding + p.position + p.output + p.final_norm;
-  p.total = head + p.dense_layer * p.num_dense_layers + p.moe_layer * p.num_moe_layers;
+  // Multi-token prediction: per module three norms and the projection [h, 2h] (mtp_module), and a layer of the last
+  // layer's kind (the embedding and output layer shared).
+  p.mtp_layers = c.model.mtp_num_layers.value_or(0);
+  p.mtp_module = 3 * s.norm * s.h + 2 * s.h * s.h;
+  const bool mtp_moe = L > 0 && is_moe_layer(c, L - 1);
+  const int64_t mtp = p.mtp_layers * (p.mtp_module + (mtp_moe ? p.moe_layer : p.dense_layer));
+  p.total = head + p.dense_layer * p.num_dense_layers + p.moe_layer * p.num_moe_layers + mtp;
   const int64_t moe_active = attn + s.norm * s.h + router + std::min(s.topk, s.E) * mlp_params(s, s.Fmoe) + shared;
-  p.active = head + p.dense_layer * p.num_dense_layers + moe_active * p.num_moe_layers;
+  p.active = head + p.dense_layer * p.num_dense_layers + moe_active * p.num_moe_layers +
+             p.mtp_layers * (p.mtp_module + (mtp_moe ? moe_active : p.dense_layer));
   return p;
 }
 
@@ -115,6 +122,19 @@ RankParams params_on_rank(const Config& c, int64_t stage) {
   }
   if (last) {
     r.dense += s.norm * s.h;
+    // Multi-token prediction's modules (on the last stage): norms and the projection whole on every TP rank, a layer of the
+    // last layer's kind
+    const int64_t L = c.model.num_layers.value_or(0);
+    for (int64_t k = 0; k < c.model.mtp_num_layers.value_or(0); ++k) {
+      r.dense += 3 * s.norm * s.h + 2 * s.h * s.h + attn + s.norm * s.h;
+      if (L > 0 && is_moe_layer(c, L - 1)) {
+        r.dense += s.h * s.E + s.bias * s.E;
+        if (s.shared) r.dense += mlp_local(s.shared, tp);
+        r.expert += (s.E / std::max<int64_t>(1, ep)) * mlp_local(s.Fmoe, etp);
+      } else {
+        r.dense += mlp_local(s.F, tp);
+      }
+    }
     // The output layer: its own weight when untied; a copy of the embedding on the last stage when tied and PP > 1.
     if (c.model.untie_embeddings_and_output_weights || pp > 1) r.dense += s.V * s.h / tp;
   }

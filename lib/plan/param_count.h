@@ -19,6 +19,8 @@ struct ParamCounts {
   int64_t num_moe_layers = 0;
   int64_t total = 0;
   int64_t active = 0;            // per token (top-k experts)
+  int64_t mtp_layers = 0;        // multi-token prediction's modules (--mtp-num-layers), each a layer of the last layer's kind
+  int64_t mtp_module = 0;        // ... and its norms and projection
 };
 
 // Requires a resolved config (padded vocab known).

@@ -53,6 +53,15 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
        "FP8 in MoE layers with both context and expert parallelism is not implemented (the experts' amaxes are reduced over CP): drop one of "
        "them, or --fp8-format");
   }
+  // Multi-token prediction (model/cpu/mtp_unit.cpp, docs/mtp.md): on the CPU engine, one pipeline stage, no context
+  // parallelism, 16 bits.
+  if (c.model.mtp_num_layers) {
+    no(p.pipeline_model_parallel_size > 1,
+       "--mtp-num-layers with pipeline parallelism is not implemented (Megatron puts the MTP modules on the last stage with a copy of the "
+       "embedding): drop one of them");
+    no(cp, "--mtp-num-layers with context parallelism is not implemented (the rolled tokens cross the CP ranks' chunks): drop one of them");
+    no(pr.fp8_format.has_value(), "--mtp-num-layers with FP8 is not implemented: drop --fp8-format");
+  }
   no(c.data.no_create_attention_mask && c.data.reset_attention_mask,
      "--no-create-attention-mask-in-dataloader with --reset-attention-mask: in Megatron the first leaves the documents unmasked, "
      "megatrain masks them: drop one of the two");
@@ -236,6 +245,8 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.model.softmax_type != "vanilla" && c.parallel.context_parallel_size > 1,
      "--softmax-type " + c.model.softmax_type + " with context parallelism is not implemented on the CUDA engine (its ring and all-to-all "
      "attention take no sink; the CPU engine's does): use --softmax-type vanilla, drop context parallelism, or use --device cpu");
+  no(c.model.mtp_num_layers.has_value(),
+     "--mtp-num-layers (multi-token prediction) is implemented on the CPU engine only so far: use --device cpu (--device auto picks it)");
   // Multi-latent attention (model/cuda/gpt_cuda_mla.cpp, forty-third session; its GPU group =mla and test_cuda_bf16_ops'
   // MLA heads ran on an H100 that session): without context parallelism; the CPU engine runs every layout.
   if (c.model.multi_latent_attention) {

@@ -136,6 +136,15 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
   StepReport report{loss, result.grad_norm, nonfinite};
   report.num_zeros = nonfinite ? -1 : result.num_zeros;
   fill_moe_report(cfg_, groups_, model_->take_moe_stats(), num_microbatches, report);
+  // Multi-token prediction's losses (Megatron's "mtp_k loss"): each module's mean over the microbatches, the last stage's,
+  // averaged over DP.
+  if (const int64_t n = cfg_.model.mtp_num_layers.value_or(0); n > 0) {
+    std::vector<double> mtp = model_->take_mtp_losses();
+    mtp.resize(static_cast<size_t>(n), 0.0);
+    if (pp > 1) groups_.pp->all_reduce(mtp.data(), n, ReduceOp::kSum);
+    groups_.dp->all_reduce(mtp.data(), n, ReduceOp::kAvg);
+    for (int64_t k = 0; k < n; ++k) report.moe_losses.emplace_back("mtp_" + std::to_string(k + 1) + " loss", mtp[static_cast<size_t>(k)]);
+  }
   reports_.push_back(std::move(report));
 }
 

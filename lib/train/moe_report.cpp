@@ -30,7 +30,11 @@ void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::
   const MoeConfig& m = cfg.moe;
   if (!m.num_experts) return;
   double moe_layers = 0;
-  for (bool b : moe_layer_pattern(cfg)) moe_layers += b ? 1 : 0;
+  const std::vector<bool> pattern = moe_layer_pattern(cfg);
+  for (bool b : pattern) moe_layers += b ? 1 : 0;
+  // (multi-token prediction's layers, of the last layer's kind, count as Megatron counts them: layers L, L + 1, ...)
+  const int64_t mtp = !pattern.empty() && pattern.back() ? cfg.model.mtp_num_layers.value_or(0) : 0;
+  moe_layers += static_cast<double>(mtp);
   double losses[kMoeLossSlots] = {0, 0, 0, 0};  // the load-balancing losses (kAuxLossTypes' order), z
   double counts[3] = {0, 0, 0};  // dropped, routed, routing digest
   double lo = 1e300, hi = 0, sum = 0, n = 0;
@@ -66,7 +70,7 @@ void fill_moe_report(const Config& cfg, const ProcessGroups& groups, const cpu::
   for (const auto& [slot, name] : logged_balance_losses(m)) out.moe_losses.emplace_back(name, losses[slot] * scale);
   if (m.moe_z_loss_coeff.value_or(0.0) > 0) out.moe_losses.emplace_back("z_loss", losses[3] * scale);
   if (m.moe_per_layer_logging) {  // each layer's (every stage's layers: summed over PP, averaged over DP x CP as the totals)
-    const size_t L = static_cast<size_t>(cfg.model.num_layers.value_or(0));
+    const size_t L = static_cast<size_t>(cfg.model.num_layers.value_or(0) + mtp);
     std::vector<double> per_layer(kMoeLossSlots * L, 0.0);
     for (const auto& [layer, st] : stats) {
       if (layer < 0 || static_cast<size_t>(layer) >= L) continue;

@@ -10,8 +10,9 @@
 #include "interop/hf_export.h"
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: hf_loss CHECKPOINT_DIR TOKENS_FILE\n");
+  const bool mtp = argc == 4 && std::string(argv[3]) == "--mtp";
+  if (argc != 3 && !mtp) {
+    std::fprintf(stderr, "usage: hf_loss CHECKPOINT_DIR TOKENS_FILE [--mtp]\n");
     return 2;
   }
   try {
@@ -37,8 +38,16 @@ int main(int argc, char** argv) {
         mb.loss_mask.push_back(1.0f);
       }
     }
+    m.model->set_mtp_in_evaluation(mtp);
     const float loss = m.model->forward(mb, 0, false);
-    std::printf("%.9g\n", static_cast<double>(loss));
+    if (!mtp) {
+      std::printf("%.9g\n", static_cast<double>(loss));
+    } else {  // (--mtp: each multi-token prediction module's mean loss)
+      const std::vector<double> losses = m.model->take_mtp_losses();
+      if (losses.empty()) throw std::runtime_error("the model has no multi-token prediction modules");
+      for (size_t k = 0; k < losses.size(); ++k) std::printf("%s%.9g", k ? " " : "", losses[k]);
+      std::printf("\n");
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hf_loss: %s\n", e.what());
     return 1;

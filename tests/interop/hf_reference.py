@@ -8,7 +8,7 @@ by HF's tensor names (config.json, model.safetensors or model.safetensors.index.
 cross entropy on the token rows of a file (each line S + 1 ids). In float64, so that megatrain's fp32 loss is
 the only rounding compared.
 
-usage: hf_reference.py HF_DIR TOKENS_FILE
+usage: hf_reference.py HF_DIR TOKENS_FILE [--mtp]   (--mtp: DeepSeek-V3's multi-token prediction modules' losses instead)
 """
 import json
 import math
@@ -321,39 +321,65 @@ def layer_window(cfg, l):  # HF's sliding window of layer l: by layer_types; els
     return W
 
 
-def llama(cfg, W, tokens):
+def decoder_layer(cfg, W, x, l, theta, eps, gpt_oss):  # HF's decoder layer l (model.layers.{l}), its residual stream x in and out
+    p = f"model.layers.{l}."
+    a = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+    glm = cfg["architectures"][0] in ("Glm4MoeForCausalLM", "DeepseekV3ForCausalLM")
+    if cfg["architectures"][0] == "DeepseekV3ForCausalLM":
+        x = x + deepseek_v3_attention(cfg, a, W, p, theta)
+    else:
+        x = x + standard_attention(cfg, a, W, p, l, theta, gpt_oss)
+    m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+    if gpt_oss:
+        x = x + gpt_oss_moe(cfg, m, W, p)
+    elif glm and l >= cfg.get("first_k_dense_replace", 1) and p + "mlp.gate.weight" in W:  # GLM-4.5's and DeepSeek-V3's MoE layers
+        x = x + glm4_moe(cfg, m, W, p)
+    elif p + "block_sparse_moe.gate.weight" in W:  # Mixtral: softmax, top-k, renormalised
+        x = x + sparse_moe(m, W, p + "block_sparse_moe.", ("w1", "w3", "w2"), cfg["num_local_experts"], cfg["num_experts_per_tok"], True)
+    elif p + "mlp.gate.weight" in W:  # Qwen3-MoE / Qwen2-MoE: renormalised with norm_topk_prob
+        x = x + sparse_moe(m, W, p + "mlp.", ("gate_proj", "up_proj", "down_proj"), cfg["num_experts"], cfg["num_experts_per_tok"],
+                           cfg.get("norm_topk_prob", False))
+        if p + "mlp.shared_expert.gate_proj.weight" in W:  # Qwen2-MoE: the shared expert times sigmoid(its gate)
+            q = p + "mlp.shared_expert."
+            y = (torch.nn.functional.silu(m @ W[q + "gate_proj.weight"].T) * (m @ W[q + "up_proj.weight"].T)) @ W[q + "down_proj.weight"].T
+            x = x + torch.sigmoid(m @ W[p + "mlp.shared_expert_gate.weight"].T) * y
+    else:
+        g = linear(m, W, p + "mlp.gate_proj")
+        u = linear(m, W, p + "mlp.up_proj")
+        x = x + linear(torch.nn.functional.silu(g) * u, W, p + "mlp.down_proj")
+    return x
+
+
+def llama(cfg, W, tokens):  # the logits, and the final norm's output (multi-token prediction's first input)
     gpt_oss = cfg["architectures"][0] == "GptOssForCausalLM"
     eps, theta = cfg["rms_norm_eps"], cfg.get("rope_theta", 150000.0 if gpt_oss else 10000.0)
     x = W["model.embed_tokens.weight"][tokens]
     for l in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{l}."
-        a = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        glm = cfg["architectures"][0] in ("Glm4MoeForCausalLM", "DeepseekV3ForCausalLM")
-        if cfg["architectures"][0] == "DeepseekV3ForCausalLM":
-            x = x + deepseek_v3_attention(cfg, a, W, p, theta)
-        else:
-            x = x + standard_attention(cfg, a, W, p, l, theta, gpt_oss)
-        m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        if gpt_oss:
-            x = x + gpt_oss_moe(cfg, m, W, p)
-        elif glm and l >= cfg.get("first_k_dense_replace", 1):  # GLM-4.5's and DeepSeek-V3's MoE layers (by its config, as HF builds them)
-            x = x + glm4_moe(cfg, m, W, p)
-        elif p + "block_sparse_moe.gate.weight" in W:  # Mixtral: softmax, top-k, renormalised
-            x = x + sparse_moe(m, W, p + "block_sparse_moe.", ("w1", "w3", "w2"), cfg["num_local_experts"], cfg["num_experts_per_tok"], True)
-        elif p + "mlp.gate.weight" in W:  # Qwen3-MoE / Qwen2-MoE: renormalised with norm_topk_prob
-            x = x + sparse_moe(m, W, p + "mlp.", ("gate_proj", "up_proj", "down_proj"), cfg["num_experts"], cfg["num_experts_per_tok"],
-                               cfg.get("norm_topk_prob", False))
-            if p + "mlp.shared_expert.gate_proj.weight" in W:  # Qwen2-MoE: the shared expert times sigmoid(its gate)
-                q = p + "mlp.shared_expert."
-                y = (torch.nn.functional.silu(m @ W[q + "gate_proj.weight"].T) * (m @ W[q + "up_proj.weight"].T)) @ W[q + "down_proj.weight"].T
-                x = x + torch.sigmoid(m @ W[p + "mlp.shared_expert_gate.weight"].T) * y
-        else:
-            g = linear(m, W, p + "mlp.gate_proj")
-            u = linear(m, W, p + "mlp.up_proj")
-            x = x + linear(torch.nn.functional.silu(g) * u, W, p + "mlp.down_proj")
+        x = decoder_layer(cfg, W, x, l, theta, eps, gpt_oss)
     x = rms_norm(x, W["model.norm.weight"], eps)
     head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
-    return x @ head.T
+    return x @ head.T, x
+
+
+def mtp_losses(cfg, W, ids, hidden):
+    """DeepSeek-V3's multi-token prediction modules (its checkpoints' model.layers.{L + k - 1}, as DeepSeek's and vLLM's
+    inference code reads them): module k takes the embedding of the tokens k places ahead (its own embed_tokens copy) and the
+    previous module's output (the main model's normed hidden state for k = 1), each RMS-normed (enorm, hnorm), concatenated
+    [embedding | hidden] through eh_proj, then a decoder layer of its own over the positions that have a token k places
+    ahead (causal: the positions after them change nothing before), shared_head.norm and shared_head.head; its cross entropy
+    against the labels k places further on, averaged over those positions."""
+    L, eps, theta = cfg["num_hidden_layers"], cfg["rms_norm_eps"], cfg.get("rope_theta", 10000.0)
+    S = ids.shape[1] - 1
+    out = []
+    for k in range(1, cfg.get("num_nextn_predict_layers", 0) + 1):
+        p = f"model.layers.{L + k - 1}."
+        e = W[p + "embed_tokens.weight"][ids[:, k:S]]
+        x = torch.cat((rms_norm(e, W[p + "enorm.weight"], eps), rms_norm(hidden[:, :S - k], W[p + "hnorm.weight"], eps)), -1)
+        x = decoder_layer(cfg, W, x @ W[p + "eh_proj.weight"].T, L + k - 1, theta, eps, False)
+        hidden = rms_norm(x, W[p + "shared_head.norm.weight"], eps)
+        logits = hidden @ W[p + "shared_head.head.weight"].T
+        out.append(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, k + 1:].reshape(-1)).item())
+    return out
 
 
 def standard_attention(cfg, a, W, p, l, theta, gpt_oss):  # LLaMA's and the others' (GQA, Qwen3's norms, GLM's partial RoPE, GPT-OSS's sinks)
@@ -385,7 +411,10 @@ def main():
     ids = torch.tensor(rows)
     tokens, labels = ids[:, :-1], ids[:, 1:]
     arch = cfg["architectures"][0]
-    logits = gpt2(cfg, W, tokens) if arch == "GPT2LMHeadModel" else llama(cfg, W, tokens)
+    logits, hidden = (gpt2(cfg, W, tokens), None) if arch == "GPT2LMHeadModel" else llama(cfg, W, tokens)
+    if len(sys.argv) > 3 and sys.argv[3] == "--mtp":  # (each multi-token prediction module's loss instead)
+        print(" ".join(f"{v:.9g}" for v in mtp_losses(cfg, W, ids, hidden)))
+        return
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
     print(f"{loss.item():.9g}")
 

@@ -242,6 +242,52 @@ if grep -q -- "--multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-
 else
   fail "deepseek_v3_tp2_ep2: the import's flags: $(cat "$W/deepseek_v3_tp2_ep2-import.log")"
 fi
+# DeepSeek-V3's multi-token prediction (--mtp-num-layers 2: its checkpoints' model.layers.{L + k}, an MoE layer each here, with
+# enorm, hnorm, eh_proj, shared_head and copies of the embedding and the output layer): the export's modules' losses against
+# hf_reference.py's DeepSeek-style modules (the embedding of the tokens k ahead and the previous module's output, each normed,
+# [embedding | hidden] through eh_proj, the layer, shared_head), and the import gives the flag back.
+check deepseek_v3_mtp_tp2_ep2 4 $DEEPSEEK --mtp-num-layers 2 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 \
+  --expert-tensor-parallel-size 1
+mine=$("$HF_LOSS" "$W/deepseek_v3_mtp_tp2_ep2-ckpt" "$W/tokens.txt" --mtp) || fail "deepseek_v3_mtp: hf_loss --mtp"
+theirs=$("$PY" "$HERE/hf_reference.py" "$W/deepseek_v3_mtp_tp2_ep2-hf" "$W/tokens.txt" --mtp) || fail "deepseek_v3_mtp: hf_reference.py --mtp"
+if "$PY" -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); sys.exit(0 if len(a) == len(b) == 2 and all(abs(float(x) - float(y)) <= 1e-5 * abs(float(y)) for x, y in zip(a, b)) else 1)" "$mine" "$theirs" &&
+   grep -q -- "--mtp-num-layers 2" "$W/deepseek_v3_mtp_tp2_ep2-import.log"; then
+  echo "PASS deepseek_v3_mtp: the modules' losses, megatrain $mine, DeepSeek-style reference $theirs; the import gives --mtp-num-layers back"
+else
+  fail "deepseek_v3_mtp: megatrain's modules' losses $mine, the reference's $theirs; import: $(cat "$W/deepseek_v3_mtp_tp2_ep2-import.log")"
+fi
+# (a module's copy of the embedding that is not the model's: refused, megatrain shares it; and HF's own saves, which leave the
+# modules out under num_nextn_predict_layers 2: imported without them)
+rm -rf "$W/ds_mtp_copy-hf" "$W/ds_mtp_none-hf"; cp -r "$W/deepseek_v3_mtp_tp2_ep2-hf" "$W/ds_mtp_copy-hf"; cp -r "$W/deepseek_v3_mtp_tp2_ep2-hf" "$W/ds_mtp_none-hf"
+if "$PY" - "$W/ds_mtp_copy-hf/model.safetensors" "$W/ds_mtp_none-hf/model.safetensors" <<'PYF'
+import json, struct, sys
+def rewrite(path, keep, change):
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8]); header = json.loads(data[8:8 + n]); body = data[8 + n:]
+    out, blobs, at = {}, [], 0
+    for name, e in header.items():
+        if name == "__metadata__" or not keep(name):
+            continue
+        b, end = e["data_offsets"]; raw = bytearray(body[b:end])
+        if change(name): raw[0:4] = struct.pack("<f", 0.5)
+        out[name] = dict(e, data_offsets=[at, at + len(raw)]); blobs.append(bytes(raw)); at += len(raw)
+    h = json.dumps(out).encode(); h += b" " * (-len(h) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+rewrite(sys.argv[1], lambda n: True, lambda n: n == "model.layers.2.embed_tokens.weight")
+rewrite(sys.argv[2], lambda n: not (n.startswith("model.layers.2.") or n.startswith("model.layers.3.")), lambda n: False)
+PYF
+then
+  out=$("$BIN" checkpoint import --hf "$W/ds_mtp_copy-hf" --save "$W/ds_mtp_copy-ckpt" 2>&1) && fail "deepseek_v3_mtp: a differing embedding copy imported"
+  grep -q "differs from the model's own" <<<"$out" && echo "PASS deepseek_v3_mtp: a module's differing embedding copy refused" ||
+    fail "deepseek_v3_mtp: the refusal does not say why: $out"
+  if out=$("$BIN" checkpoint import --hf "$W/ds_mtp_none-hf" --save "$W/ds_mtp_none-ckpt" 2>&1) && ! grep -q -- "--mtp-num-layers" <<<"$out"; then
+    echo "PASS deepseek_v3_mtp: a checkpoint without the modules' tensors imports without them"
+  else
+    fail "deepseek_v3_mtp: without the modules' tensors: $out"
+  fi
+else
+  fail "deepseek_v3_mtp: rewriting the export"
+fi
 # DeepSeek-V3's released form: the layers' linear weights FP8 E4M3 in blocks (quant_method fp8, weight_block_size 16 x 32
 # here so that the small matrices have several blocks and cut edges), each block times its weight_scale_inv. The export
 # quantized here (every byte chosen as the nearest E4M3 value); its import against hf_reference.py's dequantization.

@@ -19,18 +19,26 @@ namespace {
 
 Config tiny(bool llama, bool qk_norm = false) { return tiny_decoder(llama, 2, 0.0, qk_norm); }
 
-void check_config(Config c);
+// (rel, abs: the tolerance of a parameter's sampled gradient, |analytic - numeric| <= rel |numeric| + abs; MoE layers
+// take test_moe.cpp's, their BLAS rounding through the routing)
+void check_config(Config c, double rel = 1e-3, double abs = 1e-7);
 void check_model(bool llama, bool qk_norm = false) { check_config(tiny(llama, qk_norm)); }
 
-void check_config(Config c) {
+void check_config(Config c, double rel, double abs) {
   GPTModel model(c, ProcessGroups::single());
   const Microbatch mb = tiny_batch();
   ParamStore& ps = model.params();
   ps.zero_grads();
   model.forward(mb, 1);
   model.backward(1.0f);
+  model.take_mtp_losses();  // (the objective below takes each forward's own)
   std::vector<float> analytic(ps.grads().f32(), ps.grads().f32() + ps.numel());
-  auto loss = [&] { return static_cast<double>(model.forward(mb, 1)); };
+  // The training objective: the lm loss and, with multi-token prediction, its modules' losses at their scale.
+  auto loss = [&] {
+    double total = model.forward(mb, 1);
+    for (double m : model.take_mtp_losses()) total += static_cast<double>(model.dims().mtp_loss_scale) * m;
+    return total;
+  };
   for (size_t i = 0; i < ps.size(); ++i) {
     const ParamInfo& p = ps.info(i);
     // Up to 24 elements spread over the parameter.
@@ -52,7 +60,7 @@ void check_config(Config c) {
       CHECK(std::sqrt(num_sq) <= 1e-4);
       continue;
     }
-    CHECK(std::sqrt(diff_sq) <= 1e-3 * std::sqrt(num_sq) + 1e-7);
+    CHECK(std::sqrt(diff_sq) <= rel * std::sqrt(num_sq) + abs);
   }
 }
 
@@ -154,6 +162,38 @@ TEST_CASE("whole-model gradient check: --multi-latent-attention (DeepSeek's MLA)
   resolve(g, 1);
   CHECK(model_dims(g, 0, 1).rope_scaling.yarn_factor == 0.0);
   check_config(g);
+}
+
+TEST_CASE("whole-model gradient check: --mtp-num-layers (DeepSeek-V3's multi-token prediction)") {
+  SECTION("LLaMA-style (GQA, RoPE, untied output layer): two modules, each's loss at 0.3 / 2") {
+    Config l = tiny(true);
+    l.model.mtp_num_layers = 2;
+    l.model.mtp_loss_scaling_factor = 0.3;
+    l.model.init_method_std = 0.3;
+    resolve(l, 1);
+    CHECK(model_dims(l, 0, 1).mtp_loss_scale == Approx(0.15));
+    check_config(l);
+  }
+  SECTION("GPT-style: learned positions (shifted with the tokens), tied embeddings, LayerNorm with biases") {
+    Config g = tiny(false);
+    g.model.mtp_num_layers = 1;
+    g.model.mtp_loss_scaling_factor = 0.5;
+    g.model.init_method_std = 0.3;
+    resolve(g, 1);
+    check_config(g);
+  }
+  SECTION("MoE: the module's layer takes the last layer's kind (an MoE layer)") {
+    Config m = tiny(true);
+    m.model.mtp_num_layers = 1;
+    m.model.mtp_loss_scaling_factor = 0.5;
+    m.moe.num_experts = 4;
+    m.moe.moe_router_topk = 4;
+    m.moe.moe_ffn_hidden_size = 8;
+    m.moe.moe_layer_freq = "[0,1]";
+    m.model.init_method_std = 0.3;
+    resolve(m, 1);
+    check_config(m, 3e-3, 8e-5);
+  }
 }
 
 TEST_CASE("whole-model gradient check: GELU's erf form (GPT without biases, as Megatron drops its bias-GELU fusion there)") {

@@ -770,7 +770,7 @@ TEST_CASE("--recompute-modules moe_act: accepted by the CUDA engine beside the o
   // (the CPU engine keeps every activation: recompute of any kind is the CUDA engine's)
   CHECK_THAT(refused(c, false), MT_CONTAINS("activation recompute (--recompute-granularity) is implemented on the CUDA engine only"));
   c.recompute.recompute_modules = {"moe_act", "layernorm"};
-  CHECK_THAT(refused(c, true), MT_CONTAINS("--recompute-modules layernorm is not implemented (selective recompute covers core_attn, mlp, moe and moe_act)"));
+  CHECK_THAT(refused(c, true), MT_CONTAINS("--recompute-modules layernorm is not implemented (selective recompute covers core_attn, mlp, moe, moe_act and mla_up_proj)"));
   c.recompute.recompute_modules = {"moe", "shared_experts"};
   CHECK_THAT(refused(c, true), !MT_CONTAINS("shared_experts"));
   c.recompute.recompute_modules = {"shared_experts"};

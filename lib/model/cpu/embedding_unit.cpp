@@ -21,12 +21,12 @@ void EmbeddingUnit::forward(const PassContext& c, Buf& x) const {
       for (int64_t j = 0; j < h; ++j) x[static_cast<size_t>(i * h + j)] += pr[j];
     }
   }
-  c.dropout_tokens(x.data(), -1, kDropEmbedding, false);
+  c.dropout_tokens(x.data(), dropout_layer, kDropEmbedding, false);
 }
 
 void EmbeddingUnit::backward(const PassContext& c, Buf& dx) const {
   const ModelDims& D = c.D;
-  c.dropout_tokens(dx.data(), -1, kDropEmbedding, true);
+  c.dropout_tokens(dx.data(), dropout_layer, kDropEmbedding, true);
   // Only parameter gradients from here: the weight-gradient half of the backward.
   c.weight_grad(dx.data(), c.Tl * D.h, [this, &c](const float* dy) {
     const int64_t T = c.T, Tl = c.Tl, h = c.D.h;

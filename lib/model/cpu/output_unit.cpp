@@ -38,7 +38,7 @@ float OutputUnit::forward(const PassContext& c, Buf& x, Stash& R) const {
   return static_cast<float>(D.per_token_loss ? sums[0] : sums[0] / std::max(sums[1], 1.0));
 }
 
-void OutputUnit::backward(const PassContext& c, float scale, Buf& dx, Stash& R) const {
+void OutputUnit::backward(const PassContext& c, float scale, Buf& dx, Stash& R, const Buf* dln) const {
   const ModelDims& D = c.D;
   const int64_t T = c.T, Tl = c.Tl, h = D.h, V = D.V_local;
   Buf dloss(sz(T));
@@ -54,6 +54,9 @@ void OutputUnit::backward(const PassContext& c, float scale, Buf& dx, Stash& R) 
     linear_backward_weight(c.G(weight), nullptr, dy, R.ln_full.data(), T, h, V);
   });
   c.reduce_tokens(full.data(), local.data());
+  if (dln) {
+    for (size_t i = 0; i < local.size(); ++i) local[i] += (*dln)[i];
+  }
   dx.resize(sz(Tl * h));
   c.norm_backward(dx.data(), local.data(), R.x.data(), R.mean.data(), R.rstd.data(), norm_w, norm_b, Tl, h);
 }

@@ -21,9 +21,11 @@
 
 namespace mt::cpu {
 
-// Token (+ learned position) embedding, vocab-parallel over TP, then hidden dropout.
+// Token (+ learned position) embedding, vocab-parallel over TP, then hidden dropout (its masks keyed by dropout_layer: -1
+// for the model's embedding, a multi-token prediction module's layer for its own).
 struct EmbeddingUnit {
   size_t word = kNoParam, position = kNoParam;
+  int64_t dropout_layer = -1;
   void forward(const PassContext& c, Buf& out) const;
   // Accumulates the tables' gradients from the gradient of the output (dx is modified: dropout).
   void backward(const PassContext& c, Buf& dx) const;
@@ -155,8 +157,25 @@ struct OutputUnit {
   };
   size_t norm_w = kNoParam, norm_b = kNoParam, weight = kNoParam;
   float forward(const PassContext& c, Buf& x, Stash& s) const;
-  // The gradient of (loss * scale) with respect to the unit's input.
-  void backward(const PassContext& c, float scale, Buf& dx, Stash& s) const;
+  // The gradient of (loss * scale) with respect to the unit's input; with dln, plus the gradient that reaches the norm's
+  // output (s.ln, this rank's tokens) from elsewhere (multi-token prediction's next module).
+  void backward(const PassContext& c, float scale, Buf& dx, Stash& s, const Buf* dln = nullptr) const;
 };
+
+// Multi-token prediction's input to module k's transformer layer (mtp_unit.cpp, Megatron's MultiTokenPredictionLayer):
+// x = W [enorm(e) | hnorm(h)], e the embedding of the tokens k places ahead, h module k - 1's normed output (the model's
+// for k = 1), W [h, 2h] whole on every TP rank; this rank's tokens.
+struct MtpUnit {
+  struct Stash {
+    Buf e, h, cat, e_mean, e_rstd, h_mean, h_rstd;
+  };
+  const MtpParams* p = nullptr;
+  void forward(const PassContext& c, Buf e, const Buf& h, Buf& x, Stash& s) const;
+  // From x's gradient: the embedding's (de) and h's (dh); the projection's and the norms' weight gradients accumulated.
+  void backward(const PassContext& c, const Buf& dx, Buf& de, Buf& dh, Stash& s) const;
+};
+// The microbatch as multi-token prediction module k sees it: every sample's tokens, positions, labels and loss mask moved
+// k places left (Megatron's roll_tensor, k times), the places rolled in holding 0 (masked out).
+Microbatch mtp_shifted(const Microbatch& mb, int64_t k);
 
 }  // namespace mt::cpu
