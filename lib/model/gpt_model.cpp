@@ -88,8 +88,8 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
     u->output.weight = layout.output_w;
     for (const MtpParams& mp : layout.mtp) {
       Units::Mtp m;
-      m.embedding.word = layout.word_embeddings;
-      m.embedding.position = layout.position_embeddings;
+      m.embedding.word = layout.mtp_embedding;
+      m.embedding.position = layout.position_embeddings;  // (learned positions: one stage only, refused with pipeline parallelism)
       m.embedding.dropout_layer = mp.layer.layer;
       m.combine.p = &mp;
       m.attention = cpu::AttentionUnit{&mp.layer};

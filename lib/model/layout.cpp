@@ -233,6 +233,17 @@ ModelLayout register_model_params(const Config& cfg, const LayoutCoordinates& at
     // Multi-token prediction's modules (Megatron's MultiTokenPredictionLayer): the embedding's norm, the hidden state's norm,
     // their projection [h, 2h] (column-parallel in Megatron; whole on every TP rank here, its gradient summed over TP under
     // SP as the norms'), a transformer layer of the last decoder layer's kind (global layer L + k) and its final norm.
+    if (D.mtp > 0) {
+      if (M.pre_process) {
+        M.mtp_embedding = M.word_embeddings;
+      } else if (D.tied) {
+        M.mtp_embedding = M.output_w;
+      } else {  // (pipeline parallelism: the last stage's copy of the first stage's word embeddings, as Megatron's MTP keeps one)
+        ParamInfo copy = make_param("embedding.word_embeddings.weight", {D.V, D.h}, 0, r, t, InitKind::kNormal, std);
+        copy.tied_copy = true;
+        M.mtp_embedding = put(copy);
+      }
+    }
     for (int64_t k = 0; k < D.mtp; ++k) {
       const std::string p = "mtp." + std::to_string(k) + ".";
       MtpParams mp;

@@ -96,6 +96,9 @@ struct ModelLayout {
   size_t output_w = kNoParam;
   std::vector<LayerParams> layers;  // layers_range.count() of them, in order
   std::vector<MtpParams> mtp;       // post_process: the multi-token prediction modules, in order (after the output layer)
+  // post_process with multi-token prediction: the word embeddings its modules read (the stage's own, the tied output layer's
+  // copy, or a copy of the first stage's registered for them, kept equal as the tied copy is)
+  size_t mtp_embedding = kNoParam;
   size_t embedding_end = 0;         // one past the embedding's parameter indices (0 without the embedding)
   // This rank's place in the expert grid (LayoutCoordinates'): the MoE layers' experts are EP rank ep_rank's.
   int64_t ep_rank = 0, ep_size = 1, etp_rank = 0, etp_size = 1;

@@ -125,6 +125,8 @@ RankParams params_on_rank(const Config& c, int64_t stage) {
     // Multi-token prediction's modules (on the last stage): norms and the projection whole on every TP rank, a layer of the
     // last layer's kind
     const int64_t L = c.model.num_layers.value_or(0);
+    // (their copy of the word embeddings on a last stage that has none: untied, under pipeline parallelism)
+    if (c.model.mtp_num_layers && c.model.untie_embeddings_and_output_weights && pp > 1) r.dense += s.V * s.h / tp;
     for (int64_t k = 0; k < c.model.mtp_num_layers.value_or(0); ++k) {
       r.dense += 3 * s.norm * s.h + 2 * s.h * s.h + attn + s.norm * s.h;
       if (L > 0 && is_moe_layer(c, L - 1)) {

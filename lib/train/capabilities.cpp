@@ -53,12 +53,12 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
        "FP8 in MoE layers with both context and expert parallelism is not implemented (the experts' amaxes are reduced over CP): drop one of "
        "them, or --fp8-format");
   }
-  // Multi-token prediction (model/cpu/mtp_unit.cpp, docs/mtp.md): on the CPU engine, one pipeline stage, no context
-  // parallelism, 16 bits.
+  // Multi-token prediction (model/cpu/mtp_unit.cpp, docs/mtp.md): on the CPU engine, its modules on the last pipeline stage
+  // with a copy of the word embeddings; no context parallelism, no FP8.
   if (c.model.mtp_num_layers) {
-    no(p.pipeline_model_parallel_size > 1,
-       "--mtp-num-layers with pipeline parallelism is not implemented (Megatron puts the MTP modules on the last stage with a copy of the "
-       "embedding): drop one of them");
+    no(p.pipeline_model_parallel_size > 1 && c.model.position_embedding_type == "learned_absolute",
+       "--mtp-num-layers with learned absolute positions and pipeline parallelism is not implemented (the modules on the last stage would "
+       "need a copy of the position embeddings): use RoPE, or drop one of them");
     no(cp, "--mtp-num-layers with context parallelism is not implemented (the rolled tokens cross the CP ranks' chunks): drop one of them");
     no(pr.fp8_format.has_value(), "--mtp-num-layers with FP8 is not implemented: drop --fp8-format");
   }

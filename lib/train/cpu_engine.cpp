@@ -158,11 +158,12 @@ void CpuEngine::sum_tied_embedding_grads() {
 }
 
 size_t CpuEngine::tied_embedding_param() const {
-  if (groups_.pp->size() == 1 || !model_->dims().tied) return kNoParam;
+  // (multi-token prediction's modules read the word embeddings on the last stage too: its copy of them)
+  if (groups_.pp->size() == 1 || (!model_->dims().tied && model_->dims().mtp == 0)) return kNoParam;
   const ModelLayout& first = model_->layout(0);
   const ModelLayout& last = model_->layout(model_->chunks() - 1);
   if (first.pre_process) return first.word_embeddings;
-  if (last.post_process) return last.output_w;
+  if (last.post_process) return model_->dims().mtp > 0 ? last.mtp_embedding : last.output_w;
   return kNoParam;  // a middle stage: not in the embedding group
 }
 

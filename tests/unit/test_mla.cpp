@@ -113,6 +113,11 @@ TEST_CASE("--multi-latent-attention: Megatron's FLOPs, the parameters, DeepSeek-
   resolve(ds, 1024, 0);
   INFO(errors(ds, 1024));
   CHECK(errors(ds, 1024).empty());
+  // (the recipe's multi-token-prediction module beside: its norms and projection 3 h + 2 h^2, and an MoE layer)
+  const ParamCounts with_mtp = count_params(ds);
+  CHECK(with_mtp.mtp_module == 3 * 7168 + 2 * 7168LL * 7168);
+  CHECK(with_mtp.total == 671026404352 + with_mtp.mtp_module + with_mtp.moe_layer);
+  ds.model.mtp_num_layers.reset();
   CHECK(count_params(ds).total == 671026404352);
   // The CUDA engine: on one rank; refused by name under CP, and under TP until it has run (a build without CUDA says so instead)
   std::string gaps;
