@@ -791,7 +791,6 @@ void check_yarn(const Config& c, Checker& k) {
   if (m.use_rope_scaling) k.error("--use-rope-scaling is LLaMA 3.1's scaling of plain RoPE: with --position-embedding-type yarn drop it");
 }
 
-// Multi-latent attention (Megatron's MLATransformerConfig and validate_args rules; what megatrain leaves out refused).
 // Multi-token prediction (Megatron's rules; what megatrain leaves out is refused by name in train/capabilities.cpp).
 void check_mtp(const Config& c, Checker& k) {
   const ModelConfig& m = c.model;
@@ -800,6 +799,7 @@ void check_mtp(const Config& c, Checker& k) {
   if (m.mtp_loss_scaling_factor < 0) k.error("--mtp-loss-scaling-factor must not be negative, got " + std::to_string(m.mtp_loss_scaling_factor));
 }
 
+// Multi-latent attention (Megatron's MLATransformerConfig and validate_args rules; what megatrain leaves out refused).
 void check_mla(const Config& c, Checker& k) {
   const ModelConfig& m = c.model;
   if (m.rope_type && *m.rope_type != "rope" && *m.rope_type != "yarn") k.error("--rope-type must be rope or yarn, got " + *m.rope_type);

@@ -91,6 +91,7 @@ GPTModel::GPTModel(const Config& cfg, ProcessGroups groups)
       m.embedding.word = layout.mtp_embedding;
       m.embedding.position = layout.position_embeddings;  // (learned positions: one stage only, refused with pipeline parallelism)
       m.embedding.dropout_layer = mp.layer.layer;
+      m.embedding.sums_positions = false;  // (the model's embedding sums them, after every module's part)
       m.combine.p = &mp;
       m.attention = cpu::AttentionUnit{&mp.layer};
       m.mlp = cpu::MlpUnit{&mp.layer};
@@ -276,9 +277,20 @@ void GPTModel::backward_stage(int64_t id, float scale, bool last_microbatch, Act
   }
 }
 
-void GPTModel::update_expert_biases(double rate) {
+// Every MoE layer of the stage: the decoder's and multi-token prediction's modules' (Megatron updates every router with a bias).
+std::vector<const LayerParams*> GPTModel::all_layers() const {
+  std::vector<const LayerParams*> out;
   for (const ModelLayout& layout : layouts_) {
-    for (const LayerParams& ly : layout.layers) {
+    for (const LayerParams& ly : layout.layers) out.push_back(&ly);
+    for (const MtpParams& mp : layout.mtp) out.push_back(&mp.layer);
+  }
+  return out;
+}
+
+void GPTModel::update_expert_biases(double rate) {
+  for (const LayerParams* layer : all_layers()) {
+    {
+      const LayerParams& ly = *layer;
       if (ly.expert_bias == kNoParam) continue;
       std::vector<double> counts = moe_stats_[ly.layer].tokens;
       counts.resize(static_cast<size_t>(dims_.experts), 0.0);
@@ -297,8 +309,9 @@ void GPTModel::update_expert_biases(double rate) {
 }
 
 void GPTModel::update_quantile_biases(double ema) {
-  for (const ModelLayout& layout : layouts_) {
-    for (const LayerParams& ly : layout.layers) {
+  for (const LayerParams* layer : all_layers()) {
+    {
+      const LayerParams& ly = *layer;
       if (ly.quantile_bias == kNoParam) continue;
       // Megatron's _update_router_qb_beta: this rank's mean quantile over its microbatches, averaged over DP x CP, blended
       // with the bias, re-centred to mean 0.

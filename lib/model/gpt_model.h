@@ -120,6 +120,7 @@ class GPTModel {
   std::unique_ptr<Record> take_record();
   void release(std::pair<int64_t, int64_t> key);
   void layer_finished(Record& r, const LayerParams& layer) const;  // reductions and the hook after a layer's backward
+  std::vector<const LayerParams*> all_layers() const;  // the decoder's layers and the multi-token prediction modules'
   // Multi-token prediction (--mtp-num-layers) on the last stage: its modules' forward after the model's output, and their
   // backward before the output's (gpt_model.cpp).
   void mtp_forward(Record& R, Units& units, int64_t step, bool training);

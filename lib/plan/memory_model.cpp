@@ -289,7 +289,8 @@ MemoryEstimate estimate_memory_for_stage(const Config& c, int64_t stage) {
   if (stage == pp - 1 && !pattern.empty()) {
     const bool moe = pattern.back();
     const double sbh = static_cast<double>(c.training.micro_batch_size.value_or(1)) * static_cast<double>(c.data.seq_length.value_or(0)) *
-                       static_cast<double>(c.model.hidden_size.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size);
+                       static_cast<double>(c.model.hidden_size.value_or(0)) / static_cast<double>(c.parallel.context_parallel_size) /
+                       RankShape(c).rep;  // (this rank's tokens under SP)
     for (int64_t k = 0; k < c.model.mtp_num_layers.value_or(0); ++k) {
       per_mb += layer_activation_bytes(c, moe, false, c.recompute.recomputes(moe ? "moe" : "mlp")) + (half ? 2.0 : 4.0) * 6.0 * sbh;
     }

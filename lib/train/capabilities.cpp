@@ -60,6 +60,10 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
        "--mtp-num-layers with learned absolute positions and pipeline parallelism is not implemented (the modules on the last stage would "
        "need a copy of the position embeddings): use RoPE, or drop one of them");
     no(cp, "--mtp-num-layers with context parallelism is not implemented (the rolled tokens cross the CP ranks' chunks): drop one of them");
+    // (Megatron's module layers take the window and no-RoPE pattern of decoder layer k, their own layer number; megatrain's
+    // take the last layer's: the same wherever the pattern is uniform)
+    no(c.model.window_attn_skip_freq.has_value() || c.model.no_rope_freq.has_value(),
+       "--mtp-num-layers with --window-attn-skip-freq or --no-rope-freq (patterns over the layers) is not implemented: drop one of them");
     no(pr.fp8_format.has_value(), "--mtp-num-layers with FP8 is not implemented: drop --fp8-format");
   }
   no(c.data.no_create_attention_mask && c.data.reset_attention_mask,
@@ -150,7 +154,8 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
       out.push_back("note: --attention-backend " + c.model.attention_backend + " has no effect: the CUDA engine always uses cuDNN's fused (flash) attention");
     }
     if (c.recompute.recompute_granularity && *c.recompute.recompute_granularity == "selective" && !c.recompute.recomputes("mlp") &&
-        !c.recompute.recomputes("moe") && !(c.recompute.recomputes("moe_act") && c.moe.num_experts.value_or(0) > 0)) {
+        !c.recompute.recomputes("moe") && !(c.recompute.recomputes("moe_act") && c.moe.num_experts.value_or(0) > 0) &&
+        !(c.recompute.recomputes("mla_up_proj") && c.model.multi_latent_attention)) {
       out.push_back("note: --recompute-granularity selective with core_attn keeps nothing less on the CUDA engine: flash attention never stores "
                     "the attention probabilities (--recompute-modules mlp / moe recompute the MLP blocks, moe_act the experts' activations)");
     }

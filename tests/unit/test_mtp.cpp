@@ -8,6 +8,7 @@
 #include "config/resolve.h"
 #include "config/validate.h"
 #include "model/cpu/units.h"
+#include "model/gpt_model.h"
 #include "plan/flops.h"
 #include "plan/param_count.h"
 #include "tensor/device_info.h"
@@ -79,6 +80,10 @@ TEST_CASE("--mtp-num-layers: Megatron's rules, and what is refused by name") {
   c.precision.fp8_format = "hybrid";
   CHECK_THAT(gaps_of(c, 1), MT_CONTAINS("--mtp-num-layers with FP8 is not implemented"));
   CHECK(gaps_of(tiny_mtp(2), 1).empty());
+  c = tiny_mtp(1);
+  c.model.window_size = "4,0";
+  c.model.window_attn_skip_freq = "2";
+  CHECK_THAT(gaps_of(c, 1), MT_CONTAINS("--mtp-num-layers with --window-attn-skip-freq or --no-rope-freq"));
   // The CUDA engine: refused by name (a build without CUDA says so instead)
   c = tiny_mtp(1);
   resolve(c, 1, 64);
@@ -129,6 +134,25 @@ TEST_CASE("--mtp-num-layers: Megatron's FLOPs and the parameters") {
   resolve(moe, 1, 64);
   const ParamCounts m = count_params(moe);
   CHECK(m.total == m.embedding + m.output + m.final_norm + m.dense_layer + m.moe_layer + m.mtp_module + m.moe_layer);
+}
+
+TEST_CASE("--mtp-num-layers: a module's MoE router takes the expert bias's update (Megatron's: every router with one)") {
+  Config c = tiny_mtp(1);
+  c.moe.num_experts = 4;
+  c.moe.moe_router_topk = 2;
+  c.moe.moe_router_score_function = "sigmoid";
+  c.moe.moe_router_enable_expert_bias = true;
+  c.moe.moe_layer_freq = "[0,1]";
+  resolve(c, 1, 64);
+  const TrainResult r = train(c, ProcessGroups::single(), {true, 0});
+  for (const std::string name : {"layers.1.mlp.router.expert_bias", "mtp.0.layer.mlp.router.expert_bias"}) {
+    const ParamStore& ps = r.model->params();
+    const float* bias = ps.param(ps.index_of(name));
+    double moved = 0;
+    for (int64_t e = 0; e < 4; ++e) moved += std::fabs(bias[e]);
+    INFO(name);
+    CHECK(moved > 0);  // (3 updates of +-1e-3 each: sign(mean - count) is 0 only at a perfect balance)
+  }
 }
 
 TEST_CASE("--mtp-num-layers: the modules' losses logged as Megatron's mtp_k loss") {

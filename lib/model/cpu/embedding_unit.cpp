@@ -36,7 +36,7 @@ void EmbeddingUnit::backward(const PassContext& c, Buf& dx) const {
         float* pr = dwpe + static_cast<int64_t>(c.mb.positions[static_cast<size_t>(c.t0 + i)]) * h;
         for (int64_t j = 0; j < h; ++j) pr[j] += dy[i * h + j];
       }
-      c.sum_replicated_grads(position, position + 1);
+      if (sums_positions) c.sum_replicated_grads(position, position + 1);
     }
     Buf full(static_cast<size_t>(T * h));
     c.gather_tokens(dy, full.data());

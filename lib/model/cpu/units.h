@@ -26,6 +26,9 @@ namespace mt::cpu {
 struct EmbeddingUnit {
   size_t word = kNoParam, position = kNoParam;
   int64_t dropout_layer = -1;
+  // Under SP the positions' gradient (a replicated parameter) is summed over TP at the iteration's last backward: by the
+  // model's embedding only (multi-token prediction's modules add to it before, through the same table).
+  bool sums_positions = true;
   void forward(const PassContext& c, Buf& out) const;
   // Accumulates the tables' gradients from the gradient of the output (dx is modified: dropout).
   void backward(const PassContext& c, Buf& dx) const;
