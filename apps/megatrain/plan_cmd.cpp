@@ -143,6 +143,11 @@ int run_plan(int argc, char** argv) {
                 static_cast<long long>(m.qk_head_dim), static_cast<long long>(m.qk_pos_emb_head_dim), static_cast<long long>(m.v_head_dim),
                 m.rope_type.value_or("yarn").c_str());
   }
+  if (cfg.model.mtp_num_layers) {  // (docs/mtp.md)
+    std::printf("multi-token prediction: %lld module(s) on the last stage, each a layer of the last layer's kind, losses x %g / %lld\n",
+                static_cast<long long>(*cfg.model.mtp_num_layers), cfg.model.mtp_loss_scaling_factor,
+                static_cast<long long>(*cfg.model.mtp_num_layers));
+  }
   if (moe) {
     std::printf("moe: %lld experts, top-%lld, expert ffn %lld, %lld of %lld layers MoE (--moe-layer-freq %s)\n",
                 static_cast<long long>(*cfg.moe.num_experts), static_cast<long long>(cfg.moe.moe_router_topk),

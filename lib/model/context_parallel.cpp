@@ -36,6 +36,7 @@ Microbatch context_parallel_slice(const Microbatch& whole, int64_t rank, int64_t
       if (!whole.row_start.empty()) mb.row_start[to] = whole.row_start[from];
     }
   }
+  for (const Microbatch& shifted : whole.mtp) mb.mtp.push_back(context_parallel_slice(shifted, rank, cp));  // (multi-token prediction's)
   return mb;
 }
 

@@ -333,6 +333,14 @@ void GPTModel::update_quantile_biases(double ema) {
   }
 }
 
+// A microbatch's loss tokens over the whole sequences (summed over CP: the loss's own count).
+double GPTModel::sequence_tokens(const Microbatch& mb) const {
+  double tokens = 0;
+  for (float m : mb.loss_mask) tokens += m;
+  if (dims_.cp > 1) groups_.cp->all_reduce(&tokens, 1, ReduceOp::kSum);
+  return tokens;
+}
+
 std::vector<double> GPTModel::take_mtp_losses() {
   std::vector<double> out = std::exchange(mtp_losses_, {});
   for (double& v : out) v /= static_cast<double>(std::max<int64_t>(1, mtp_microbatches_));
@@ -362,8 +370,10 @@ void GPTModel::mtp_forward(Record& R, Units& units, int64_t step, bool training)
   R.mtp_mb.assign(N, {});
   R.mtp_ctx.clear();
   R.mtp.resize(N);
+  if (dims_.cp > 1 && R.mb.mtp.size() != N) throw std::logic_error("GPTModel: multi-token prediction under CP without the shifted slices");
   for (size_t k = 0; k < N; ++k) {
-    R.mtp_mb[k] = cpu::mtp_shifted(R.mb, static_cast<int64_t>(k + 1));
+    // (under CP the engine shifted the whole sequences before slicing them: Microbatch::mtp)
+    R.mtp_mb[k] = R.mb.mtp.size() == N ? R.mb.mtp[k] : cpu::mtp_shifted(R.mb, static_cast<int64_t>(k + 1));
     R.mtp_ctx.push_back(std::make_unique<cpu::PassContext>(dims_, params_, groups_, seed_, R.mtp_mb[k], step, training));
   }
   mtp_losses_.resize(N, 0.0);
@@ -380,9 +390,7 @@ void GPTModel::mtp_forward(Record& R, Units& units, int64_t step, bool training)
     else u.mlp.forward(c, x, st.mlp);
     const float loss = u.output.forward(ck, x, st.output);
     // (the log's value: the mean over the shifted tokens, also under --calculate-per-token-loss, whose forward gives the sum)
-    double tokens = 0;
-    for (float m : R.mtp_mb[k].loss_mask) tokens += m;
-    mtp_losses_[k] += dims_.per_token_loss ? loss / std::max(tokens, 1.0) : loss;
+    mtp_losses_[k] += dims_.per_token_loss ? loss / std::max(sequence_tokens(R.mtp_mb[k]), 1.0) : loss;
     h = &st.output.ln;
   }
   ++mtp_microbatches_;
@@ -396,8 +404,7 @@ GPTModel::Activations GPTModel::mtp_backward(Record& R, const ModelLayout& layou
   const size_t N = units.mtp.size();
   if (N == 0 || R.mtp.size() != N) return {};
   cpu::PassContext& c = *R.ctx;
-  double tokens = 0;
-  for (float m : R.mb.loss_mask) tokens += m;
+  const double tokens = sequence_tokens(R.mb);
   Activations dnext;  // the gradient of module k's normed output from module k + 1
   for (size_t k = N; k-- > 0;) {
     Units::Mtp& u = units.mtp[k];
@@ -407,8 +414,7 @@ GPTModel::Activations GPTModel::mtp_backward(Record& R, const ModelLayout& layou
     ck.fp8_record = c.fp8_record;
     ck.loss_grad_scale = c.loss_grad_scale;
     ck.deferred = c.deferred;
-    double shifted = 0;
-    for (float m : R.mtp_mb[k].loss_mask) shifted += m;
+    const double shifted = sequence_tokens(R.mtp_mb[k]);
     const double per_token = dims_.per_token_loss ? tokens / std::max(shifted, 1.0) : 1.0;
     Activations dx, dmid, de, dh;
     u.output.backward(ck, static_cast<float>(scale * dims_.mtp_loss_scale * per_token), dx, st.output, dnext.empty() ? nullptr : &dnext);

@@ -125,6 +125,7 @@ class GPTModel {
   // backward before the output's (gpt_model.cpp).
   void mtp_forward(Record& R, Units& units, int64_t step, bool training);
   bool mtp_in_evaluation_ = false;
+  double sequence_tokens(const Microbatch& mb) const;
   Activations mtp_backward(Record& R, const ModelLayout& layout, Units& units, float scale);
   std::vector<double> mtp_losses_;  // each module's mean loss summed over the training forwards since the last take
   int64_t mtp_microbatches_ = 0;

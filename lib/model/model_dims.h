@@ -29,6 +29,10 @@ struct Microbatch {
   // empty and 0 without CP.
   std::vector<int32_t> seq_pos;
   int64_t seq_total = 0;
+  // Multi-token prediction under context parallelism: module k's microbatch (model/cpu/units.h mtp_shifted of the whole
+  // sequences, then this rank's slice of them: the tokens k places ahead may be another rank's), k = 1 .. N; empty
+  // otherwise (the model shifts its own microbatch).
+  std::vector<Microbatch> mtp;
 };
 
 struct ModelDims {

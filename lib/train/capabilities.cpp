@@ -59,7 +59,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
     no(p.pipeline_model_parallel_size > 1 && c.model.position_embedding_type == "learned_absolute",
        "--mtp-num-layers with learned absolute positions and pipeline parallelism is not implemented (the modules on the last stage would "
        "need a copy of the position embeddings): use RoPE, or drop one of them");
-    no(cp, "--mtp-num-layers with context parallelism is not implemented (the rolled tokens cross the CP ranks' chunks): drop one of them");
     // (Megatron's module layers take the window and no-RoPE pattern of decoder layer k, their own layer number; megatrain's
     // take the last layer's: the same wherever the pattern is uniform)
     no(c.model.window_attn_skip_freq.has_value() || c.model.no_rope_freq.has_value(),

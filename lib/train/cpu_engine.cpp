@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "model/context_parallel.h"
+#include "model/cpu/units.h"
 #include "pipeline/cpu_stage.h"
 #include "pipeline/configured_schedule.h"
 #include "train/moe_report.h"
@@ -14,7 +15,15 @@
 #include "train/train_common.h"
 
 namespace mt {
+
 namespace {
+
+// Multi-token prediction under context parallelism: the modules' microbatches shifted over the whole sequences, to be sliced
+// with them (Microbatch::mtp); without CP the model shifts its own.
+Microbatch with_mtp_shifts(Microbatch mb, int64_t modules, int64_t cp) {
+  for (int64_t k = 1; cp > 1 && k <= modules; ++k) mb.mtp.push_back(cpu::mtp_shifted(mb, k));
+  return mb;
+}
 
 std::string mib(double bytes) {
   char buf[32];
@@ -104,7 +113,8 @@ void CpuEngine::step(int64_t iteration, int64_t first_sample, int64_t num_microb
       [&](int64_t m) {
         const Microbatch mb = make_microbatch(data_, Split::kTrain, first_sample + m * mbs * dp + dp_rank * mbs, mbs, S, cfg_);
         mb_tokens[static_cast<size_t>(m)] = loss_tokens(mb);
-        return context_parallel_slice(mb, groups_.cp->rank(), groups_.cp->size());
+        return context_parallel_slice(with_mtp_shifts(mb, cfg_.model.mtp_num_layers.value_or(0), groups_.cp->size()), groups_.cp->rank(),
+                                      groups_.cp->size());
       },
       iteration, per_token ? loss_scale : loss_scale / static_cast<float>(num_microbatches), groups_.pp.get(), mbs);
   run_schedule(training_schedule(cfg_, groups_.pp->rank(), pp, num_microbatches), stage, [&] { for_each_data_parallel([](DataParallel& d) { d.arm(); }); });

@@ -74,7 +74,7 @@ TEST_CASE("--mtp-num-layers: Megatron's rules, and what is refused by name") {
   CHECK_THAT(gaps_of(c, 2), MT_CONTAINS("--mtp-num-layers with learned absolute positions and pipeline parallelism is not implemented"));
   c = tiny_mtp(1);
   c.parallel.context_parallel_size = 2;
-  CHECK_THAT(gaps_of(c, 2), MT_CONTAINS("--mtp-num-layers with context parallelism is not implemented"));
+  CHECK(gaps_of(c, 2).empty());  // (the engine shifts the whole sequences, then slices them)
   c = tiny_mtp(1);
   c.precision.bf16 = true;
   c.precision.fp8_format = "hybrid";

@@ -2,6 +2,7 @@
 // _concat_embeddings): x = W [enorm(e) | hnorm(h)] over this rank's tokens, W [h, 2h] whole on every TP rank (Megatron
 // splits its output over TP and gathers it: the same values), and the shifted microbatch each module sees.
 #include <algorithm>
+#include <stdexcept>
 
 #include "kernels/cpu/linear.h"
 #include "model/cpu/units.h"
@@ -9,7 +10,9 @@
 namespace mt::cpu {
 
 Microbatch mtp_shifted(const Microbatch& mb, int64_t k) {
+  if (!mb.seq_pos.empty()) throw std::logic_error("mtp_shifted: a context-parallel slice (shift the whole sequences, then slice them)");
   Microbatch out = mb;
+  out.mtp.clear();
   const int64_t S = mb.S;
   auto shift = [&](auto& v) {
     for (int64_t b = 0; b < mb.B; ++b) {
