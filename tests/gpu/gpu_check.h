@@ -14,6 +14,17 @@
 
 namespace mt::test {
 
+// The GPU tests' multi-latent attention models (DeepSeek's), beside their base flags: LLaMA-style with the query latent,
+// the latents' norms and YaRN with mscale (heads 32 + 16 wide, values 24); GPT-style with one query projection, no latent
+// norms, plain RoPE, values wider than the heads (56).
+inline constexpr const char* kDeepseekFlags =
+    "--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --untie-embeddings-and-output-weights "
+    "--disable-bias-linear --multi-latent-attention --q-lora-rank 48 --kv-lora-rank 32 --qk-head-dim 32 --qk-pos-emb-head-dim 16 "
+    "--v-head-dim 24 --qk-layernorm --rotary-scaling-factor 4 --mscale 1 --mscale-all-dim 1 --yarn-original-max-position-embeddings 16 ";
+inline constexpr const char* kDeepseekGptFlags =
+    "--position-embedding-type rope --multi-latent-attention --kv-lora-rank 40 --qk-head-dim 32 --qk-pos-emb-head-dim 16 --v-head-dim 56 "
+    "--rope-type rope ";
+
 inline int failures = 0;
 inline void check(bool ok, const std::string& what) {
   std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());

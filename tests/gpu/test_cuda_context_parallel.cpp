@@ -71,17 +71,8 @@ mt::Config make_config(const std::string& model, int64_t tp, int64_t cp, const s
              "--untie-embeddings-and-output-weights --disable-bias-linear --recompute-granularity full --recompute-method uniform "
              "--recompute-num-layers 1 ";
   }
-  // Multi-latent attention (DeepSeek's; no CP on the CUDA engine): the query latent and the latents' norms, YaRN; and one
-  // query projection without norms, values wider than the heads.
-  if (model == "deepseek") {
-    flags += "--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --untie-embeddings-and-output-weights "
-             "--disable-bias-linear --multi-latent-attention --q-lora-rank 48 --kv-lora-rank 32 --qk-head-dim 32 --qk-pos-emb-head-dim 16 "
-             "--v-head-dim 24 --qk-layernorm --rotary-scaling-factor 4 --mscale 1 --mscale-all-dim 1 --yarn-original-max-position-embeddings 16 ";
-  }
-  if (model == "deepseek-gpt") {
-    flags += "--position-embedding-type rope --multi-latent-attention --kv-lora-rank 40 --qk-head-dim 32 --qk-pos-emb-head-dim 16 --v-head-dim 56 "
-             "--rope-type rope ";
-  }
+  if (model == "deepseek") flags += mt::test::kDeepseekFlags;  // (multi-latent attention, no CP on the CUDA engine: gpu_check.h)
+  if (model == "deepseek-gpt") flags += mt::test::kDeepseekGptFlags;
   if (cp > 1) flags += "--context-parallel-size " + std::to_string(cp) + " --cp-comm-type " + comm + " ";
   if (tp > 1) flags += "--tensor-model-parallel-size " + std::to_string(tp) + " ";
   else if (extra.find("--sequence-parallel") != std::string::npos) flags.erase(flags.find("--sequence-parallel"), 19);  // (the whole model: TP 1)

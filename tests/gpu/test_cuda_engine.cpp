@@ -235,17 +235,8 @@ mt::Config make_config(const std::string& model, const std::string& extra = kPla
             "--group-query-attention --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear "
             "--recompute-granularity full --recompute-method block --recompute-num-layers 1 ";
   }
-  // Multi-latent attention (DeepSeek's): LLaMA-style with the query latent, the latents' norms and YaRN with mscale (heads
-  // 32 + 16 wide, values 24); GPT-style with one query projection, plain RoPE, values wider than the heads (56).
-  if (model == "deepseek") {
-    base += "--normalization RMSNorm --swiglu --ffn-hidden-size 256 --position-embedding-type rope --untie-embeddings-and-output-weights "
-            "--disable-bias-linear --multi-latent-attention --q-lora-rank 48 --kv-lora-rank 32 --qk-head-dim 32 --qk-pos-emb-head-dim 16 "
-            "--v-head-dim 24 --qk-layernorm --rotary-scaling-factor 4 --mscale 1 --mscale-all-dim 1 --yarn-original-max-position-embeddings 16 ";
-  }
-  if (model == "deepseek-gpt") {
-    base += "--position-embedding-type rope --multi-latent-attention --kv-lora-rank 40 --qk-head-dim 32 --qk-pos-emb-head-dim 16 "
-            "--v-head-dim 56 --rope-type rope ";
-  }
+  if (model == "deepseek") base += mt::test::kDeepseekFlags;  // (multi-latent attention: gpu_check.h)
+  if (model == "deepseek-gpt") base += mt::test::kDeepseekGptFlags;
   if (extra.find("--fp16") == std::string::npos) base += "--bf16 ";
   if (extra.find("--data-path") == std::string::npos) base += "--mock-data ";
   CLI::App app;

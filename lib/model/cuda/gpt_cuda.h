@@ -246,6 +246,7 @@ class CudaGPT {
   // and the rotated shared key k_pe; --recompute-modules mla_up_proj runs it again before the layer's attention backward
   // (r.mla_k_pe set: the layer's up projections' outputs are mla_record_'s).
   void mla_up_forward(int64_t l, Record& r, const RowSpan& sp, const cuda::bf16* k_pe);
+  void mla_linear(const char* name, int64_t n, const cuda::bf16* a, int64_t in, int64_t w_off, int64_t out, cuda::bf16* y);
   // Under TP without SP: the gradients of the parameters every rank holds whole, summed over TP (the iteration's last
   // backward).
   void mla_sum_replicated_grads(int64_t l);

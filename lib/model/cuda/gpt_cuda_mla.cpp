@@ -29,30 +29,27 @@ void CudaGPT::mla_projections_forward(int64_t l, Record& r, const RowSpan& sp) {
   require_whole(l, sp, "multi-latent attention");
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
-  auto& lt = cuda::GemmLt::instance();
   const int64_t n = sp.rows, h = D.h, dr = D.qk_rope, Rq = D.q_lora_rank, Rkv = D.kv_lora_rank;
-  auto gemm = [&](const char* name, int64_t w_off, int64_t out, bf16* y) {  // y [n, out] = x W^T
-    MT_PROF(name, lt.gemm_ex(false, true, n, out, h, 1.0f, r.xn1, h, w(w_off), h, 0.0f, y, out, ab_, ab_, nullptr, stream_));
-  };
-  if (Rq > 0) gemm("fwd.gemm.mla_q_down", lw.q_down_w, Rq, r.mla_q_in);
+  if (Rq > 0) mla_linear("fwd.gemm.mla_q_down", n, r.xn1, h, lw.q_down_w, Rq, r.mla_q_in);
   bf16* k_pe = r.mla_k_pe ? r.mla_k_pe : s_->mla_k_pe;  // (kept where the up projections are recomputed)
-  gemm("fwd.gemm.mla_kv_down", lw.kv_down_w, Rkv, r.mla_kv_in);
-  gemm("fwd.gemm.mla_kv_down", lw.kv_down_w + Rkv * h, dr, k_pe);
+  mla_linear("fwd.gemm.mla_kv_down", n, r.xn1, h, lw.kv_down_w, Rkv, r.mla_kv_in);
+  mla_linear("fwd.gemm.mla_kv_down", n, r.xn1, h, lw.kv_down_w + Rkv * h, dr, k_pe);
   MT_PROF("fwd.rope", cuda::rope_apply_16(k_pe, sp.positions, rope_table_, n, 1, dr, dr, 1.0f, stream_, dt_, true));
   mla_up_forward(l, r, sp, k_pe);
+}
+
+// y [n, out] = a [n, in] W^T, W the 16-bit weight at w_off (MLA's projections: no bias, no FP8).
+void CudaGPT::mla_linear(const char* name, int64_t n, const bf16* a, int64_t in, int64_t w_off, int64_t out, bf16* y) {
+  MT_PROF(name, cuda::GemmLt::instance().gemm_ex(false, true, n, out, in, 1.0f, a, in, w(w_off), in, 0.0f, y, out, ab_, ab_, nullptr, stream_));
 }
 
 void CudaGPT::mla_up_forward(int64_t l, Record& r, const RowSpan& sp, const bf16* k_pe) {
   const ModelDims& D = D_;
   const LayerW& lw = layers_[static_cast<size_t>(l)];
   Scratch& s = *s_;
-  auto& lt = cuda::GemmLt::instance();
   const int64_t n = sp.rows, h = D.h, H = D.nh_local, dn = D.qk_nope, dr = D.qk_rope, dv = D.v_dim, dq = D.d;
   const int64_t Rq = D.q_lora_rank, Rkv = D.kv_lora_rank;
-  // y [n, out] = a [n, in] W^T
-  auto gemm = [&](const char* name, const bf16* a, int64_t in, int64_t w_off, int64_t out, bf16* y) {
-    MT_PROF(name, lt.gemm_ex(false, true, n, out, in, 1.0f, a, in, w(w_off), in, 0.0f, y, out, ab_, ab_, nullptr, stream_));
-  };
+  auto gemm = [&](const char* name, const bf16* a, int64_t in, int64_t w_off, int64_t out, bf16* y) { mla_linear(name, n, a, in, w_off, out, y); };
   // A latent through its norm (--qk-layernorm); without one the latent is its own output (one buffer).
   auto latent_norm = [&](const bf16* in, bf16* out, float* mean, float* rstd, int64_t w_off, int64_t b_off, int64_t width) {
     if (!D.qk_norm) return;
