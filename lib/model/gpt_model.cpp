@@ -289,47 +289,43 @@ std::vector<const LayerParams*> GPTModel::all_layers() const {
 
 void GPTModel::update_expert_biases(double rate) {
   for (const LayerParams* layer : all_layers()) {
-    {
-      const LayerParams& ly = *layer;
-      if (ly.expert_bias == kNoParam) continue;
-      std::vector<double> counts = moe_stats_[ly.layer].tokens;
-      counts.resize(static_cast<size_t>(dims_.experts), 0.0);
-      groups_.tp->all_reduce(counts.data(), dims_.experts, ReduceOp::kSum);
-      groups_.dp_cp->all_reduce(counts.data(), dims_.experts, ReduceOp::kSum);
-      double mean = 0;
-      for (double n : counts) mean += n;
-      mean /= static_cast<double>(dims_.experts);
-      float* bias = params_.param(ly.expert_bias);
-      for (int64_t e = 0; e < dims_.experts; ++e) {
-        const double offset = mean - counts[static_cast<size_t>(e)];
-        bias[e] += static_cast<float>(rate * (offset > 0 ? 1.0 : offset < 0 ? -1.0 : 0.0));
-      }
+    const LayerParams& ly = *layer;
+    if (ly.expert_bias == kNoParam) continue;
+    std::vector<double> counts = moe_stats_[ly.layer].tokens;
+    counts.resize(static_cast<size_t>(dims_.experts), 0.0);
+    groups_.tp->all_reduce(counts.data(), dims_.experts, ReduceOp::kSum);
+    groups_.dp_cp->all_reduce(counts.data(), dims_.experts, ReduceOp::kSum);
+    double mean = 0;
+    for (double n : counts) mean += n;
+    mean /= static_cast<double>(dims_.experts);
+    float* bias = params_.param(ly.expert_bias);
+    for (int64_t e = 0; e < dims_.experts; ++e) {
+      const double offset = mean - counts[static_cast<size_t>(e)];
+      bias[e] += static_cast<float>(rate * (offset > 0 ? 1.0 : offset < 0 ? -1.0 : 0.0));
     }
   }
 }
 
 void GPTModel::update_quantile_biases(double ema) {
   for (const LayerParams* layer : all_layers()) {
-    {
-      const LayerParams& ly = *layer;
-      if (ly.quantile_bias == kNoParam) continue;
-      // Megatron's _update_router_qb_beta: this rank's mean quantile over its microbatches, averaged over DP x CP, blended
-      // with the bias, re-centred to mean 0.
-      const cpu::MoeLayerStats& st = moe_stats_[ly.layer];
-      std::vector<double> mean(static_cast<size_t>(dims_.experts), 0.0);
-      for (size_t e = 0; e < st.quantile_sum.size() && e < mean.size(); ++e) {
-        mean[e] = st.quantile_sum[e] / static_cast<double>(std::max<int64_t>(1, st.quantile_count));
-      }
-      groups_.dp_cp->all_reduce(mean.data(), dims_.experts, ReduceOp::kAvg);
-      float* beta = params_.param(ly.quantile_bias);
-      std::vector<double> blended(mean.size());
-      double centre = 0;
-      for (size_t e = 0; e < mean.size(); ++e) {
-        blended[e] = ema * beta[e] + (1.0 - ema) * mean[e];
-        centre += blended[e] / static_cast<double>(mean.size());
-      }
-      for (size_t e = 0; e < mean.size(); ++e) beta[e] = static_cast<float>(blended[e] - centre);
+    const LayerParams& ly = *layer;
+    if (ly.quantile_bias == kNoParam) continue;
+    // Megatron's _update_router_qb_beta: this rank's mean quantile over its microbatches, averaged over DP x CP, blended
+    // with the bias, re-centred to mean 0.
+    const cpu::MoeLayerStats& st = moe_stats_[ly.layer];
+    std::vector<double> mean(static_cast<size_t>(dims_.experts), 0.0);
+    for (size_t e = 0; e < st.quantile_sum.size() && e < mean.size(); ++e) {
+      mean[e] = st.quantile_sum[e] / static_cast<double>(std::max<int64_t>(1, st.quantile_count));
     }
+    groups_.dp_cp->all_reduce(mean.data(), dims_.experts, ReduceOp::kAvg);
+    float* beta = params_.param(ly.quantile_bias);
+    std::vector<double> blended(mean.size());
+    double centre = 0;
+    for (size_t e = 0; e < mean.size(); ++e) {
+      blended[e] = ema * beta[e] + (1.0 - ema) * mean[e];
+      centre += blended[e] / static_cast<double>(mean.size());
+    }
+    for (size_t e = 0; e < mean.size(); ++e) beta[e] = static_cast<float>(blended[e] - centre);
   }
 }
 
