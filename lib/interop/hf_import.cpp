@@ -219,6 +219,12 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   auto refuse = [](bool bad, const std::string& why) {
     if (bad) throw ConfigError("cannot import: " + why);
   };
+  // The weights' index, read once where first needed (config.json's problems are reported before the weights')
+  std::unique_ptr<HfWeights> weights;
+  auto open_weights = [&]() -> HfWeights& {
+    if (!weights) weights = std::make_unique<HfWeights>(dir);
+    return *weights;
+  };
   // Every size config.json gives must be a positive integer.
   for (const char* key : {"n_embd", "n_layer", "n_head", "n_inner", "n_positions", "hidden_size", "num_hidden_layers", "num_attention_heads",
                           "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings", "vocab_size", "num_local_experts",
@@ -458,7 +464,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
     if (glm) {  // multi-token prediction's layers (model.layers.{L + k}), where the checkpoint holds them whole (HF's own saves leave them
                 // out: then, or with a part of one, left out with a note below)
       const int64_t L = hc.at("num_hidden_layers").get<int64_t>(), nextn = field<int64_t>(hc, "num_nextn_predict_layers", 0);
-      const HfWeights probe(dir);
+      const HfWeights& probe = open_weights();
       bool whole = nextn > 0;
       for (int64_t k = 0; whole && k < nextn; ++k) {
         const std::string o = "model.layers." + std::to_string(L + k) + ".";
@@ -531,7 +537,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   const ModelDims D = model_dims(c, 0, 1);
   GPTModel model(c, ProcessGroups::single());
   ParamStore& ps = model.params();
-  HfWeights hf(dir);
+  HfWeights& hf = open_weights();
   hf.set_base_prefix(family == "gpt2" ? "transformer." : "model.");
   hf.set_fp8_blocks(fp8_blocks.first, fp8_blocks.second);
   auto set = [&](const std::string& name, const Values& v) {

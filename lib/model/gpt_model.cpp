@@ -400,7 +400,7 @@ GPTModel::Activations GPTModel::mtp_backward(Record& R, const ModelLayout& layou
   const size_t N = units.mtp.size();
   if (N == 0 || R.mtp.size() != N) return {};
   cpu::PassContext& c = *R.ctx;
-  const double tokens = sequence_tokens(R.mb);
+  const double tokens = dims_.per_token_loss ? sequence_tokens(R.mb) : 0.0;  // (counted only where the scale needs them: a CP collective)
   Activations dnext;  // the gradient of module k's normed output from module k + 1
   for (size_t k = N; k-- > 0;) {
     Units::Mtp& u = units.mtp[k];
@@ -410,8 +410,7 @@ GPTModel::Activations GPTModel::mtp_backward(Record& R, const ModelLayout& layou
     ck.fp8_record = c.fp8_record;
     ck.loss_grad_scale = c.loss_grad_scale;
     ck.deferred = c.deferred;
-    const double shifted = sequence_tokens(R.mtp_mb[k]);
-    const double per_token = dims_.per_token_loss ? tokens / std::max(shifted, 1.0) : 1.0;
+    const double per_token = dims_.per_token_loss ? tokens / std::max(sequence_tokens(R.mtp_mb[k]), 1.0) : 1.0;
     Activations dx, dmid, de, dh;
     u.output.backward(ck, static_cast<float>(scale * dims_.mtp_loss_scale * per_token), dx, st.output, dnext.empty() ? nullptr : &dnext);
     if (u.combine.p->layer.moe) u.moe.backward(c, dx, dmid, st.moe);
