@@ -252,14 +252,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   no(c.model.mtp_num_layers.has_value(),
      "--mtp-num-layers (multi-token prediction) is implemented on the CPU engine only so far: use --device cpu (--device auto picks it)");
   // Multi-latent attention (model/cuda/gpt_cuda_mla.cpp, forty-third session; its GPU group =mla and test_cuda_bf16_ops'
-  // MLA heads ran on an H100 that session): without context parallelism; the CPU engine runs every layout.
+  // MLA heads ran on an H100 that session; under TP, test_cuda_context_parallel's MLA cases (TP ranks as threads on one
+  // GPU) in the forty-fourth): without context parallelism; the CPU engine runs every layout.
   if (c.model.multi_latent_attention) {
     const std::string cpu = ": use --device cpu (the CPU engine runs it; --device auto picks it)";
-    // Under TP (the down projections' and latent norms' gradients summed over TP: gpt_cuda_mla.cpp), written in the
-    // forty-third session after the device time was spent: refused by name (MEGATRAIN_CUDA_UNVERIFIED=mla-tensor-parallel)
-    // until test_cuda_context_parallel's MLA cases (TP ranks as threads on one GPU) have run.
-    no(c.parallel.tensor_model_parallel_size > 1 && !cuda_unverified_allowed("mla-tensor-parallel"),
-       "--multi-latent-attention with --tensor-model-parallel-size > 1 has not run on a GPU yet on the CUDA engine" + cpu + ", or TP 1");
     no(c.parallel.context_parallel_size > 1,
        "--multi-latent-attention with --context-parallel-size > 1 is not implemented on the CUDA engine (its ring and all-to-all attention take "
        "one head width)" + cpu + ", or CP 1");

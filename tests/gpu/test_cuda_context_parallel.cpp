@@ -408,8 +408,7 @@ int main() {
   test_context_parallel("llama-recompute", 1, "p2p", moe + "--sequence-parallel --moe-shared-expert-intermediate-size 64 "
                         "--moe-router-load-balancing-type seq_aux_loss ", 2);
   test_context_parallel("llama", 2, "p2p", experts + "--moe-router-topk 4 --sequence-parallel ", 2);
-  // Multi-latent attention under TP (MEGATRAIN_CUDA_UNVERIFIED=mla-tensor-parallel until these have run; written in the
-  // forty-third session): the up projections split the heads, the down projections and latent norms whole on every rank
+  // Multi-latent attention under TP (written in the forty-third session, run in the forty-fourth): the up projections split the heads, the down projections and latent norms whole on every rank
   // with their gradients summed over TP (without SP by the layer's own sum, under SP by the replicated-parameter sum);
   // recomputed up projections; MoE layers beside.
   test_context_parallel("deepseek", 1, "p2p", "", 2);

@@ -497,8 +497,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
   // the buffer only where they may split (the conditions every rank shares, so both passes allocate alike).
   const char* a2a_env = std::getenv("MEGATRAIN_TP_SP_ALLTOALL");
   const char* split_env0 = std::getenv("MEGATRAIN_TP_SPLIT_FORWARD");
-  const bool may_split = max_in_flight == 1 && pre_ && post_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !kv_group_ && !D.qk_norm &&
-                         !D.mla && !doc_mask_ && D.attention_dropout <= 0 && !D.squared_relu && !D.gelu_erf &&
+  const bool may_split = max_in_flight == 1 && pre_ && post_ && *cfg.training.micro_batch_size % (2 * tp_size_) == 0 && !needs_whole_microbatches() &&
                          std::find(recompute_layer_.begin(), recompute_layer_.end(), true) == recompute_layer_.end() && !mlp_recompute_ &&
                          !(split_env0 && std::string(split_env0) == "0");
   const bool sp_all_to_all = sp_ && may_split && !(a2a_env && std::string(a2a_env) == "0");

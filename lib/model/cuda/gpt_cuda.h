@@ -210,6 +210,8 @@ class CudaGPT {
   RowSpan whole_span(const DeviceMicrobatch& mb) const;
   RowSpan half_span(const DeviceMicrobatch& mb, int64_t half) const;
   void require_whole(int64_t l, const RowSpan& sp, const char* unit) const;
+  // The model-wide features whose units take whole microbatches only (neither the split TP layers nor half spans).
+  bool needs_whole_microbatches() const;
   // The attention block: from r.xn1's rows to the projection's output in s_->delta's (partial sums under TP).
   void attention_forward_unit(int64_t l, Record& r, const DeviceMicrobatch& mb, const RowSpan& sp);
   // The MLP block (dense; MoE over whole spans): from r.xn2's rows to s_->delta's.

@@ -124,10 +124,8 @@ void CudaGPT::choose_split_layers(int64_t mbs, int64_t max_in_flight) {
     }
     return true;
   };
-  split_forward_ = tp_ && D.cp == 1 && max_in_flight == 1 && pre_ && post_ && sp_ok && !mlp_recompute_ && !kv_group_ && !D.qk_norm && !doc_mask_ &&
-                   D.attention_dropout <= 0 &&
-                   !D.fp8 &&
-                   !D.squared_relu && !D.gelu_erf && std::none_of(layers_.begin(), layers_.end(), [](const LayerW& lw) { return lw.moe; }) &&
+  split_forward_ = tp_ && max_in_flight == 1 && pre_ && post_ && sp_ok && !mlp_recompute_ && !needs_whole_microbatches() && !D.fp8 &&
+                   std::none_of(layers_.begin(), layers_.end(), [](const LayerW& lw) { return lw.moe; }) &&
                    mbs % 2 == 0 && aligned &&
                    !(split_env && std::string(split_env) == "0") &&
                    split_attention_ok();

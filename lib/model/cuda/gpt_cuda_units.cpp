@@ -33,11 +33,14 @@ CudaGPT::RowSpan CudaGPT::half_span(const DeviceMicrobatch& mb, int64_t half) co
 }
 
 // What runs over whole microbatches only (the split TP layers are not built with any of it: gpt_cuda.cpp).
+bool CudaGPT::needs_whole_microbatches() const {
+  const ModelDims& D = D_;
+  return D.qk_norm || D.mla || kv_group_ || D.cp > 1 || doc_mask_ || D.attention_dropout > 0 || D.squared_relu || D.gelu_erf;
+}
+
 void CudaGPT::require_whole(int64_t l, const RowSpan& sp, const char* unit) const {
   if (sp.whole) return;
-  const ModelDims& D = D_;
-  if (D.qk_norm || D.mla || kv_group_ || D.cp > 1 || doc_mask_ || D.attention_dropout > 0 || D.squared_relu || D.gelu_erf || fp8_layer(l) || layers_[static_cast<size_t>(l)].moe ||
-      defer_into_) {
+  if (needs_whole_microbatches() || fp8_layer(l) || layers_[static_cast<size_t>(l)].moe || defer_into_) {
     throw std::logic_error(std::string("CUDA model: ") + unit + " of layer " + std::to_string(l) + " over part of a microbatch with a feature that needs all of it");
   }
 }
