@@ -199,7 +199,7 @@ std::vector<FlagSpec> build_table() {
       F(kDist, "num-layers-per-virtual-pipeline-stage", parallel.num_layers_per_virtual_pipeline_stage, "Layers per virtual stage (interleaved 1F1B)"),
       F(kDist, "num-virtual-stages-per-pipeline-rank", parallel.num_virtual_stages_per_pipeline_rank, "Virtual stages per pipeline rank (interleaved 1F1B)"),
       F(kDist, "pipeline-model-parallel-layout", parallel.pipeline_model_parallel_layout,
-        "The (virtual) pipeline stages' layers, Megatron's string: E embedding, t transformer layer, L loss, | between stages, "
+        "The (virtual) pipeline stages' layers, Megatron's string: E embedding, t transformer layer, m MTP layer (in the loss's stage), L loss, | between stages, "
         "(...)*n and x*n repeats, e.g. \"Et*3|(tt|)*6L\"; stages / PP virtual stages per rank"),
       F(kDist, "microbatch-group-size-per-virtual-pipeline-stage", parallel.microbatch_group_size_per_vp_stage,
         "Interleaved 1F1B: microbatches that pass through a virtual stage together (default the pipeline size; between it and the microbatches)"),

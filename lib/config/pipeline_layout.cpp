@@ -71,7 +71,8 @@ int64_t PipelineLayoutStage::count(char layer) const {
   return n;
 }
 
-std::string pipeline_layout_problems(const std::vector<PipelineLayoutStage>& stages, int64_t pipeline_size, int64_t num_layers) {
+std::string pipeline_layout_problems(const std::vector<PipelineLayoutStage>& stages, int64_t pipeline_size, int64_t num_layers,
+                                     int64_t mtp_layers) {
   std::string out;
   auto problem = [&](const std::string& m) {
     if (!out.empty()) out += '\n';
@@ -98,7 +99,30 @@ std::string pipeline_layout_problems(const std::vector<PipelineLayoutStage>& sta
   if (layers != num_layers) {
     problem("it holds " + std::to_string(layers) + " transformer layers (t), --num-layers is " + std::to_string(num_layers));
   }
-  if (mtp > 0) problem("multi-token prediction layers (m) are not implemented: drop them from the layout");
+  // Multi-token prediction's modules (Megatron's checks): as many m's as --mtp-num-layers, after every transformer layer,
+  // all in one stage. Megatron also runs them in a stage of their own before the loss's (its standalone MTP stage, whose
+  // hidden states travel on beside the model's); megatrain runs them in the loss's stage only.
+  if (mtp != mtp_layers) {
+    problem("it holds " + std::to_string(mtp) + " multi-token prediction layers (m), --mtp-num-layers is " + std::to_string(mtp_layers) +
+            " (Megatron's rule: the layout places every module)");
+  }
+  if (mtp > 0) {
+    if (flat.find('m') < flat.rfind('t') && flat.rfind('t') != std::string::npos) {
+      problem("the multi-token prediction layers (m) must come after every transformer layer (t)");
+    }
+    int64_t holding = 0;  // (the stages with an m)
+    bool with_loss = false;
+    for (const auto& st : stages) {
+      if (st.count('m') == 0) continue;
+      ++holding;
+      with_loss = with_loss || st.count('L') > 0;
+    }
+    if (holding > 1) problem("the multi-token prediction layers (m) must all be in one stage (as Megatron's)");
+    if (holding == 1 && !with_loss) {
+      problem("the multi-token prediction layers (m) in a stage before the loss's (Megatron's standalone MTP stage) are not implemented: "
+              "put them in the loss's stage, e.g. \"...|tmL\"");
+    }
+  }
   if (empty > 0) {
     problem(std::to_string(empty) + " stage(s) hold nothing, which megatrain does not run: give every stage a layer, the embedding or the loss");
   }

@@ -21,7 +21,9 @@ struct PipelineLayoutStage {
 std::vector<PipelineLayoutStage> parse_pipeline_layout(const std::string& layout);
 
 // Megatron's checks of a parsed layout against the model (validate_layer_layout) and what megatrain runs: "" when it
-// fits, else every problem, one per line.
-std::string pipeline_layout_problems(const std::vector<PipelineLayoutStage>& stages, int64_t pipeline_size, int64_t num_layers);
+// fits, else every problem, one per line. `mtp_layers`: --mtp-num-layers (0 without), whose modules the layout places
+// with its m's: after every transformer layer, all in one stage, here the loss's (Megatron's "...tmL").
+std::string pipeline_layout_problems(const std::vector<PipelineLayoutStage>& stages, int64_t pipeline_size, int64_t num_layers,
+                                     int64_t mtp_layers = 0);
 
 }  // namespace mt

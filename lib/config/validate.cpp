@@ -168,7 +168,7 @@ void check_pipeline(const Config& c, Checker& k) {
     }
     try {
       const std::vector<PipelineLayoutStage> stages = parse_pipeline_layout(*p.pipeline_model_parallel_layout);
-      std::string problems = pipeline_layout_problems(stages, pp, L);
+      std::string problems = pipeline_layout_problems(stages, pp, L, c.model.mtp_num_layers.value_or(0));
       for (size_t at = 0; !problems.empty();) {
         const size_t nl = problems.find('\n', at);
         k.error(problems.substr(at, nl == std::string::npos ? std::string::npos : nl - at));

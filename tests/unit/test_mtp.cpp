@@ -3,6 +3,7 @@
 // arithmetic: test_model_grad.cpp's gradient checks and the parity layouts (tests/CMakeLists.txt's mtp_*).
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "catch.h"
 #include "config/resolve.h"
@@ -72,6 +73,30 @@ TEST_CASE("--mtp-num-layers: Megatron's rules, and what is refused by name") {
   CHECK(gaps_of(c, 2).empty());  // (the modules on the last stage, with its copy of the word embeddings)
   c.model.position_embedding_type = "learned_absolute";
   CHECK_THAT(gaps_of(c, 2), MT_CONTAINS("--mtp-num-layers with learned absolute positions and pipeline parallelism is not implemented"));
+  // Megatron's explicit layout: one m per module, after every t, all in one stage, here the loss's
+  c = tiny_mtp(2);
+  c.parallel.pipeline_model_parallel_size = 2;
+  for (const char* fits : {"Et|tmmL", "Et|t|t|mmL", "E|ttmmL"}) {
+    c.model.num_layers = std::string(fits) == "Et|t|t|mmL" ? 3 : 2;
+    c.parallel.pipeline_model_parallel_layout = fits;
+    INFO(fits);
+    CHECK(errors(c, 2).empty());
+  }
+  c.model.num_layers = 2;
+  const std::pair<const char*, const char*> refused[] = {
+      {"Et|tmL", "it holds 1 multi-token prediction layers (m), --mtp-num-layers is 2"},
+      {"Et|tL", "it holds 0 multi-token prediction layers (m), --mtp-num-layers is 2"},
+      {"Emt|mtL", "the multi-token prediction layers (m) must come after every transformer layer (t)"},
+      {"Ettm|mL", "the multi-token prediction layers (m) must all be in one stage"},
+      {"Etmm|tL", "must come after every transformer layer"},
+      {"Et|t|tmm|L", "in a stage before the loss's (Megatron's standalone MTP stage) are not implemented"},
+  };
+  for (const auto& [layout, message] : refused) {
+    c.model.num_layers = std::string(layout) == "Et|t|tmm|L" ? 3 : 2;
+    c.parallel.pipeline_model_parallel_layout = layout;
+    INFO(layout);
+    CHECK_THAT(errors(c, 2), MT_CONTAINS(message));
+  }
   c = tiny_mtp(1);
   c.parallel.context_parallel_size = 2;
   CHECK(gaps_of(c, 2).empty());  // (the engine shifts the whole sequences, then slices them)

@@ -539,8 +539,8 @@ TEST_CASE("--pipeline-model-parallel-layout: Megatron's string, its checks, the 
   rejects(c, 2, "the last layer must be the loss L");
   c.parallel.pipeline_model_parallel_layout = "Ettt|ttL";
   rejects(c, 2, "it holds 5 transformer layers (t), --num-layers is 6");
-  c.parallel.pipeline_model_parallel_layout = "Ettt|tt|tmL|";
-  rejects(c, 2, "multi-token prediction layers (m) are not implemented");
+  c.parallel.pipeline_model_parallel_layout = "Ettt|tttmL";
+  rejects(c, 2, "it holds 1 multi-token prediction layers (m), --mtp-num-layers is 0");
   c.parallel.pipeline_model_parallel_layout = "Ettt|ttt||L";
   rejects(c, 2, "1 stage(s) hold nothing");
   c.parallel.pipeline_model_parallel_layout = "Ettt|tttL";
