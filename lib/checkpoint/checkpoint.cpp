@@ -121,11 +121,12 @@ std::optional<int64_t> latest_checkpoint(const std::string& dir) {
 
 namespace {
 
-void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Communicator& comm, int64_t keep_last) {
+void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Communicator& comm, const CheckpointRetention& retention) {
   const int64_t it = snap.state.iteration;
   const fs::path final_dir = fs::path(dir) / iter_name(it);
   const fs::path tmp_dir = fs::path(dir) / (iter_name(it) + ".tmp");
   const bool lead = snap.who.world_rank == 0;
+  int64_t previous = 0;  // (--save-retain-interval: the iteration the tracker named before this save)
   if (lead) {
     fs::create_directories(dir);
     fs::remove_all(tmp_dir);  // a save killed earlier
@@ -229,6 +230,15 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
       fs::rename(tmp_dir, final_dir);
     }
     fsync_path(dir, true);
+    // (--save-retain-interval: the tracker's iteration before this save's, Megatron's prev_iteration; an unreadable tracker
+    // deletes nothing)
+    if (retention.retain_interval > 0) {
+      try {
+        previous = latest_checkpoint(dir).value_or(0);
+      } catch (const std::exception&) {
+        previous = 0;
+      }
+    }
     const std::string num = std::to_string(it);
     const fs::path tracker_tmp = fs::path(dir) / "latest_checkpointed_iteration.txt.tmp";
     write_file_synced(tracker_tmp, num.data(), num.size());
@@ -236,6 +246,14 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
     fsync_path(dir, true);
   }
   comm.barrier();
+  if (lead && retention.retain_interval > 0 && previous > 0 && previous != it && previous % retention.retain_interval != 0) {
+    // Megatron's: the checkpoint before is deleted unless its iteration is a multiple of the interval (not through a
+    // symbolic link), after this one is committed.
+    const fs::path before = fs::path(dir) / iter_name(previous);
+    std::error_code ec;
+    if (!fs::is_symlink(before, ec)) fs::remove_all(before, ec);
+  }
+  const int64_t keep_last = retention.keep_last;
   if (lead && keep_last > 0) {
     // Old checkpoints go only after the new one is committed, and nobody waits for the deletion.
     std::vector<int64_t> its;
@@ -256,9 +274,9 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
 
 }  // namespace
 
-void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator& comm, int64_t keep_last) {
+void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator& comm, const CheckpointRetention& retention) {
   try {
-    write_checkpoint_files(dir, snap, comm, keep_last);
+    write_checkpoint_files(dir, snap, comm, retention);
   } catch (...) {
     // A failed save (a full disk, a lost directory) leaves no partial iteration behind; the committed ones and
     // the tracker are untouched until the commit's renames.
@@ -268,8 +286,8 @@ void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator
   }
 }
 
-CheckpointSaver::CheckpointSaver(std::string dir, bool async, int64_t keep_last, std::shared_ptr<Communicator> comm)
-    : dir_(std::move(dir)), async_(async), keep_last_(keep_last), comm_(std::move(comm)), lock_(dir_, *comm_) {}
+CheckpointSaver::CheckpointSaver(std::string dir, bool async, CheckpointRetention retention, std::shared_ptr<Communicator> comm)
+    : dir_(std::move(dir)), async_(async), retention_(retention), comm_(std::move(comm)), lock_(dir_, *comm_) {}
 
 CheckpointSaver::~CheckpointSaver() {
   if (worker_.joinable()) worker_.join();
@@ -287,12 +305,12 @@ void CheckpointSaver::wait() {
 void CheckpointSaver::save(std::unique_ptr<Snapshot> snap) {
   wait();
   if (!async_) {
-    write_checkpoint(dir_, *snap, *comm_, keep_last_);
+    write_checkpoint(dir_, *snap, *comm_, retention_);
     return;
   }
   worker_ = std::thread([this, s = std::shared_ptr<Snapshot>(std::move(snap))] {
     try {
-      write_checkpoint(dir_, *s, *comm_, keep_last_);
+      write_checkpoint(dir_, *s, *comm_, retention_);
     } catch (...) {
       error_ = std::current_exception();
     }

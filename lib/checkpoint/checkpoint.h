@@ -81,13 +81,21 @@ std::map<int64_t, std::vector<float>> load_fp8_scaling(const std::string& dir, s
 // Copies this rank's state (parameters, optimizer state unless !with_optimizer, training state).
 std::unique_ptr<Snapshot> take_snapshot(const Config& cfg, const ParamStore& params, Optimizer& opt, const TrainState& state,
                                         const CheckpointRank& who, bool with_optimizer);
+// Which older checkpoints a save deletes once its own is committed: none by default; --ckpt-keep-last's newest N kept;
+// Megatron's --save-retain-interval: the checkpoint before this one (the tracker's) unless its iteration is a multiple
+// of the interval (so the multiples and the newest remain).
+struct CheckpointRetention {
+  int64_t keep_last = 0;
+  int64_t retain_interval = 0;
+};
+
 // Writes and commits the snapshot under dir (collective over comm: every rank calls it).
-void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator& comm, int64_t keep_last);
+void write_checkpoint(const std::string& dir, const Snapshot& snap, Communicator& comm, const CheckpointRetention& retention = {});
 
 // Saves synchronously or in a background thread (--async-save); a new save first waits for the last.
 class CheckpointSaver {
  public:
-  CheckpointSaver(std::string dir, bool async, int64_t keep_last, std::shared_ptr<Communicator> comm);
+  CheckpointSaver(std::string dir, bool async, CheckpointRetention retention, std::shared_ptr<Communicator> comm);
   ~CheckpointSaver();
   void save(std::unique_ptr<Snapshot> snap);
   void wait();  // rethrows a background failure
@@ -95,7 +103,7 @@ class CheckpointSaver {
  private:
   std::string dir_;
   bool async_;
-  int64_t keep_last_;
+  CheckpointRetention retention_;
   std::shared_ptr<Communicator> comm_;
   SaveDirectoryLock lock_;  // one run at a time per --save directory
   std::thread worker_;

@@ -317,6 +317,7 @@ struct CheckpointConfig {
   bool override_opt_param_scheduler = false;        // this command's schedule
   bool use_checkpoint_opt_param_scheduler = false;  // the checkpoint's
   int64_t ckpt_keep_last = 0;  // megatrain: keep only the newest N checkpoints (0: all)
+  OptInt save_retain_interval;  // Megatron's: keep the checkpoints of its multiples and the newest (the others deleted)
 };
 
 struct LoggingConfig {

@@ -329,7 +329,6 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("retro-add-retriever", false, "RETRO is not implemented"),
       MT_REFUSED("qk-l2-norm", false, "L2 query-key normalisation is not implemented (--qk-layernorm is)"),
       MT_REFUSED("softmax-scale", true, "a custom attention softmax scale is not implemented (1 / sqrt(head dim) is used)"),
-      MT_REFUSED("save-retain-interval", true, "megatrain keeps checkpoints with --ckpt-keep-last N"),
       MT_REFUSED("non-persistent-save-interval", true, "non-persistent (local) checkpoints are not implemented: use --save-interval"),
       MT_REFUSED("ckpt-convert-format", true, "megatrain writes HuggingFace models with `megatrain checkpoint export` (docs/huggingface.md)"),
       MT_REFUSED("pretrained-checkpoint", true, "load the weights with --load and --finetune"),

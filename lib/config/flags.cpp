@@ -356,6 +356,9 @@ std::vector<FlagSpec> build_table() {
       F(kCkpt, "use-checkpoint-opt-param-scheduler", checkpoint.use_checkpoint_opt_param_scheduler,
         "At a resume, keep the checkpoint's learning-rate schedule where this command's differs (else an error)"),
       F(kCkpt, "ckpt-keep-last", checkpoint.ckpt_keep_last, "Keep only the newest N checkpoints, deleted after a newer one is committed (megatrain; 0 keeps all)"),
+      F(kCkpt, "save-retain-interval", checkpoint.save_retain_interval,
+        "Keep the checkpoints of iterations that are multiples of N and the newest: each save deletes the one before it otherwise "
+        "(Megatron's; a multiple of --save-interval)"),
       // Logging / validation
       F(kLog, "log-interval", logging.log_interval, "Iterations between log lines"),
       F(kLog, "log-throughput", logging.log_throughput, "Log TFLOP/s per GPU (megatrain always does)"),

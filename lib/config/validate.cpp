@@ -598,6 +598,19 @@ void check_exclusive_and_misc(const Config& c, Purpose purpose, Checker& k) {
     k.error("--save needs --save-interval > 0" +
             (c.checkpoint.save_interval ? ", got " + s(*c.checkpoint.save_interval) : std::string(": add e.g. --save-interval 1000")));
   }
+  if (const auto& retain = c.checkpoint.save_retain_interval; retain) {  // (Megatron's checks)
+    if (*retain <= 0) {
+      k.error("--save-retain-interval must be positive, got " + s(*retain));
+    } else if (c.checkpoint.save_interval && *c.checkpoint.save_interval > 0 && *retain % *c.checkpoint.save_interval != 0) {
+      k.error("--save-retain-interval " + s(*retain) + " is not a multiple of --save-interval " + s(*c.checkpoint.save_interval) +
+              " (as Megatron requires): use a multiple, e.g. " + s((*retain + *c.checkpoint.save_interval - 1) / *c.checkpoint.save_interval * *c.checkpoint.save_interval));
+    }
+    if (c.checkpoint.ckpt_keep_last > 0) {
+      k.error("--save-retain-interval and --ckpt-keep-last both choose which checkpoints to delete: give one");
+    }
+    if (!c.checkpoint.save) k.warn("--save-retain-interval has no effect without --save");
+  }
+  if (c.checkpoint.ckpt_keep_last < 0) k.error("--ckpt-keep-last must be 0 (keep all) or positive, got " + s(c.checkpoint.ckpt_keep_last));
   if (t.train_iters && t.train_samples) k.error("--train-iters and --train-samples are exclusive: give one");
   if (t.lr_warmup_fraction && t.lr_warmup_iters != 0) {
     k.error("--lr-warmup-fraction and --lr-warmup-iters are exclusive: give one");

@@ -723,7 +723,7 @@ std::vector<std::string> import_checked(const HfImportOptions& opt, const fs::pa
   who.writes_optimizer = who.writes_expert_optimizer = false;
   auto snap = take_snapshot(c, ps, optim, state, who, false);
   auto self = ProcessGroups::single();
-  write_checkpoint(opt.save_dir, *snap, *self.checkpoint, 0);
+  write_checkpoint(opt.save_dir, *snap, *self.checkpoint);
   std::vector<std::string> out;
   out.push_back("imported " + dir.string() + " (" + arch + ") into " + opt.save_dir + " at iteration 0, weights only");
   out.push_back("the model's flags: " + flag_text);

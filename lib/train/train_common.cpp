@@ -172,7 +172,8 @@ std::unique_ptr<CheckpointSaver> make_saver(const Config& cfg, const ProcessGrou
   if (ck.async_save && groups.world->size() > 1 && mpi_active() && !mpi_thread_multiple()) {
     throw ConfigError("--async-save needs MPI_THREAD_MULTIPLE, which this MPI library did not grant: drop --async-save");
   }
-  return std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, ck.ckpt_keep_last, groups.checkpoint);
+  return std::make_unique<CheckpointSaver>(*ck.save, ck.async_save, CheckpointRetention{ck.ckpt_keep_last, ck.save_retain_interval.value_or(0)},
+                                           groups.checkpoint);
 }
 
 void add_fp8_scaling_to(Snapshot& snap, const Fp8ScalingState& state) {

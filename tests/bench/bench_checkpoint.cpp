@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   size_t bytes = 0;
   for (const auto& p : snap->pieces) bytes += p.data.size() * sizeof(float);
   t0 = Clock::now();
-  write_checkpoint(dir, *snap, *comm, 0);
+  write_checkpoint(dir, *snap, *comm);
   const double write_s = std::chrono::duration<double>(Clock::now() - t0).count();
   snap.reset();
   t0 = Clock::now();

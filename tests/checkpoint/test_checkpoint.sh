@@ -230,6 +230,16 @@ if [[ $kept -eq 2 && -d "$tmp/ck7/iter_0000008" && -d "$tmp/ck7/iter_0000007" ]]
    cmp -s "$tmp/ck7/iter_0000008/rank_00000.bin" "$tmp/ck7s/iter_0000008/rank_00000.bin" && \
    "$B" checkpoint inspect "$tmp/ck7" --verify >/dev/null 2>&1; then ok "async save + keep-last 2"; else bad "async save: kept $kept"; ls "$tmp/ck7"; fi
 
+# 7b. Megatron's --save-retain-interval 4 with --save-interval 2: each save deletes the one before unless a multiple of 4,
+# so iterations 4 and 6 remain after 6; resumed to 8, the save at 8 deletes 6; what remains loads.
+"$B" "${M[@]}" --exit-interval 6 --save "$tmp/ck7r" --save-interval 2 --save-retain-interval 4 >/dev/null 2>&1
+first=$(ls "$tmp/ck7r" | grep '^iter_' | tr '\n' ' ')
+"$B" "${M[@]}" --load "$tmp/ck7r" --save "$tmp/ck7r" --save-interval 2 --save-retain-interval 4 >/dev/null 2>&1
+second=$(ls "$tmp/ck7r" | grep '^iter_' | tr '\n' ' ')
+if [[ "$first" == "iter_0000004 iter_0000006 " && "$second" == "iter_0000004 iter_0000008 " ]] && \
+   "$B" checkpoint inspect "$tmp/ck7r" --verify >/dev/null 2>&1 && "$B" "${M[@]}" --load "$tmp/ck7r" --ckpt-step 4 --exit-interval 5 >/dev/null 2>&1; then
+  ok "--save-retain-interval"; else bad "--save-retain-interval: after 6 [$first], after 8 [$second]"; fi
+
 # 8. --no-save-optim: loading needs --no-load-optim or --finetune (which restarts at iteration 0).
 "$B" "${M[@]}" --save "$tmp/ck8" --save-interval 100 --exit-interval 4 --no-save-optim >/dev/null 2>&1
 out=$("$B" "${M[@]}" --load "$tmp/ck8" 2>&1); rc=$?

@@ -37,7 +37,7 @@ void save_dense(const Config& c, GPTModel& model, const std::string& dir) {
   CheckpointRank who;
   who.writes_optimizer = who.writes_expert_optimizer = false;
   auto snap = take_snapshot(c, model.params(), optim, state, who, false);
-  write_checkpoint(dir, *snap, *ProcessGroups::single().checkpoint, 0);
+  write_checkpoint(dir, *snap, *ProcessGroups::single().checkpoint);
 }
 
 Config moe_of(Config c, int64_t granularity, const std::string& save) {

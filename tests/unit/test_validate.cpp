@@ -354,6 +354,20 @@ TEST_CASE("exclusive and dependent flags") {
   rejects(s, 1, "--save needs --save-interval > 0, got 0");
   s.checkpoint.save_interval = 100;
   accepts(s, 1);
+  // Megatron's --save-retain-interval: positive, a multiple of --save-interval; not beside --ckpt-keep-last
+  s.checkpoint.save_retain_interval = 500;
+  accepts(s, 1);
+  s.checkpoint.save_retain_interval = 250;
+  rejects(s, 1, "--save-retain-interval 250 is not a multiple of --save-interval 100 (as Megatron requires): use a multiple, e.g. 300");
+  s.checkpoint.save_retain_interval = 0;
+  rejects(s, 1, "--save-retain-interval must be positive, got 0");
+  s.checkpoint.save_retain_interval = 1000;
+  s.checkpoint.ckpt_keep_last = 3;
+  rejects(s, 1, "--save-retain-interval and --ckpt-keep-last both choose which checkpoints to delete");
+  s.checkpoint.save_retain_interval.reset();
+  accepts(s, 1);
+  s.checkpoint.ckpt_keep_last = -1;
+  rejects(s, 1, "--ckpt-keep-last must be 0 (keep all) or positive, got -1");
   Config t = base();
   t.training.train_samples = 100;
   rejects(t, 1, "--train-iters and --train-samples are exclusive");
