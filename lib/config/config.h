@@ -226,6 +226,10 @@ struct MoeConfig {
   FloatList moe_aux_loss_coeff = {0.0};
   OptFloat moe_z_loss_coeff;
   std::string moe_token_dispatcher_type = "allgather";
+  // The flex dispatcher's backend (Megatron's kernels for it; megatrain dispatches flex by its own all-to-all) and its
+  // deprecated switch, kept for Megatron's checks.
+  std::string moe_flex_dispatcher_backend = "deepep";
+  bool moe_enable_deepep = false;
   bool moe_grouped_gemm = false;
   OptFloat moe_expert_capacity_factor;
   bool moe_router_pre_softmax = false;

@@ -350,9 +350,8 @@ std::vector<AliasSpec> build_aliases() {
       MT_REFUSED("moe-router-topk-limited-devices", true,
                  "device-limited routing under this name left Megatron: use --moe-router-num-groups (the EP size) with "
                  "--moe-router-group-topk (the devices per token), which score each group by its best experts' sum"),
-      MT_REFUSED("moe-enable-deepep", false, "DeepEP is not implemented: use --moe-token-dispatcher-type alltoall"),
       // Megatron's newer MoE settings (its TransformerConfig fields as flags). Storage and kernel choices without effect on
-      // the results, and the flex dispatcher's (refused above and by --moe-token-dispatcher-type flex) knobs, are accepted
+      // the results, and the flex dispatcher's kernel knobs (megatrain runs flex as its own all-to-all), are accepted
       // with a note; what would change the model or its routing is refused by name.
       MT_INERT("moe-use-grouped-tensor", false, "megatrain has one grouped-GEMM path per engine (the same results)"),
       MT_INERT("moe-single-grouped-weight", false, "megatrain keeps each expert's weights as tensors of their own (the same model)"),
@@ -364,18 +363,20 @@ std::vector<AliasSpec> build_aliases() {
       MT_INERT("moe-mlp-glu-interleave-size", true, "the layout of the GLU halves in memory does not change the model"),
       MT_INERT("moe-shared-expert-glu-interleave-size", true, "the layout of the GLU halves in memory does not change the model"),
       MT_INERT("moe-pad-experts-for-cuda-graph-inference", false, "an inference setting (megatrain trains)"),
-      MT_INERT("moe-flex-dispatcher-backend", true, "a setting of the flex dispatcher, which megatrain does not implement"),
-      MT_INERT("moe-flex-dispatcher-num-sms", true, "a setting of the flex dispatcher, which megatrain does not implement"),
-      MT_INERT("moe-hybridep-num-sms", true, "a setting of the flex dispatcher's HybridEP, which megatrain does not implement"),
-      MT_INERT("moe-hybridep-num-sms-preprocessing", true, "a setting of the flex dispatcher's HybridEP, which megatrain does not implement"),
-      MT_INERT("moe-hybridep-num-blocks-permute", true, "a setting of the flex dispatcher's HybridEP, which megatrain does not implement"),
-      MT_INERT("moe-hybridep-num-blocks-unpermute", true, "a setting of the flex dispatcher's HybridEP, which megatrain does not implement"),
-      MT_INERT("moe-hybridep-pad-uneven-dispatch-inputs", false, "a setting of the flex dispatcher's HybridEP, which megatrain does not implement"),
-      MT_INERT("moe-permute-fusion-into-hybridep", false, "a setting of the flex dispatcher's HybridEP, which megatrain does not implement"),
-      MT_INERT("moe-ncclep-zero-copy", false, "a setting of the flex dispatcher's NCCL EP, which megatrain does not implement"),
-      MT_INERT("moe-expert-rank-capacity-factor", true, "a setting of the flex dispatcher (HybridEP, NCCL EP), which megatrain does not implement"),
-      MT_INERT("moe-dispatch-fwd-dtype", true, "a setting of the flex dispatcher's NCCL EP, which megatrain does not implement"),
-      MT_INERT("moe-combine-bwd-dtype", true, "a setting of the flex dispatcher's NCCL EP, which megatrain does not implement"),
+      MT_INERT("moe-flex-dispatcher-num-sms", true, "a setting of the flex dispatcher's kernels (megatrain runs it as its own all-to-all)"),
+      MT_INERT("moe-hybridep-num-sms", true, "a setting of the flex dispatcher's HybridEP kernels (megatrain runs flex as its own all-to-all)"),
+      MT_INERT("moe-hybridep-num-sms-preprocessing", true, "a setting of the flex dispatcher's HybridEP kernels (megatrain runs flex as its own all-to-all)"),
+      MT_INERT("moe-hybridep-num-blocks-permute", true, "a setting of the flex dispatcher's HybridEP kernels (megatrain runs flex as its own all-to-all)"),
+      MT_INERT("moe-hybridep-num-blocks-unpermute", true, "a setting of the flex dispatcher's HybridEP kernels (megatrain runs flex as its own all-to-all)"),
+      MT_INERT("moe-hybridep-pad-uneven-dispatch-inputs", false, "a setting of the flex dispatcher's HybridEP kernels (megatrain runs flex as its own all-to-all)"),
+      MT_INERT("moe-permute-fusion-into-hybridep", false, "a setting of the flex dispatcher's HybridEP kernels (megatrain runs flex as its own all-to-all)"),
+      MT_INERT("moe-ncclep-zero-copy", false, "a setting of the flex dispatcher's NCCL EP kernels (megatrain runs flex as its own all-to-all)"),
+      // (these change what the flex dispatcher computes: HybridEP drops tokens past a rank's budget, NCCL EP quantises the wire)
+      MT_REFUSED("moe-expert-rank-capacity-factor", true,
+                 "the flex dispatcher's per-rank token budget (HybridEP drops past it) is not implemented: drop it (dropless), or use "
+                 "--moe-expert-capacity-factor"),
+      MT_DEFAULT_ONLY("moe-dispatch-fwd-dtype", "bf16", "NCCL EP's MXFP8 wire is not implemented: the dispatch travels in the training precision"),
+      MT_DEFAULT_ONLY("moe-combine-bwd-dtype", "bf16", "NCCL EP's MXFP8 wire is not implemented: the combine's gradient travels in the training precision"),
       MT_REFUSED("moe-latent-size", true, "latent projections around the experts are not implemented: drop it"),
       MT_REFUSED("moe-router-force-biased", true,
                  "random router biases (a benchmarking aid) are not implemented: use --moe-router-force-load-balancing, or drop it"),
@@ -384,7 +385,7 @@ std::vector<AliasSpec> build_aliases() {
                  "rows to a multiple of 16, as Megatron's grouped MLP does without this flag)"),
       MT_REFUSED("moe-token-dropping", false, "unsupported in Megatron too: drop tokens with --moe-expert-capacity-factor"),
       MT_REFUSED("moe-enable-routing-replay", false, "routing replay is not implemented: drop it"),
-      MT_REFUSED("moe-deepep-num-sms", true, "DeepEP is not implemented: use --moe-token-dispatcher-type alltoall"),
+      MT_INERT("moe-deepep-num-sms", true, "a setting of DeepEP's kernels (megatrain runs the flex dispatcher as its own all-to-all)"),
       MT_INERT("delay-wgrad-compute", false,
                "megatrain does not delay the weight gradients for the EP overlap (the same results; --pipeline-schedule zb-h1 defers them in "
                "the pipeline)"),

@@ -980,6 +980,25 @@ void check_moe(const Config& c, Checker& k) {
     k.error("--moe-upcycling-granularity must be a positive divisor of --num-experts " + s(E) + ", got " + s(m.moe_upcycling_granularity));
   }
   const int64_t tp = c.parallel.tensor_model_parallel_size, etp = c.parallel.expert_tensor_parallel_size.value_or(tp);
+  // The flex dispatcher (Megatron's TransformerConfig and MoEFlexTokenDispatcher checks; megatrain runs it as its all-to-all).
+  const bool flex = m.moe_token_dispatcher_type == "flex";
+  const std::string backend = m.moe_enable_deepep ? "deepep" : m.moe_flex_dispatcher_backend;
+  if (m.moe_enable_deepep) {
+    if (!flex) k.error("--moe-enable-deepep needs --moe-token-dispatcher-type flex (as Megatron: DeepEP is the flex dispatcher's backend)");
+    if (m.moe_flex_dispatcher_backend == "hybridep") k.error("--moe-enable-deepep with --moe-flex-dispatcher-backend hybridep: give one backend");
+    k.warn("--moe-enable-deepep is deprecated in Megatron: use --moe-flex-dispatcher-backend deepep");
+  }
+  if (m.moe_flex_dispatcher_backend == "ncclep" && !flex) {
+    k.error("--moe-flex-dispatcher-backend ncclep needs --moe-token-dispatcher-type flex (as Megatron)");
+  }
+  if (flex && m.moe_pad_expert_input_to_capacity && backend == "deepep") {
+    k.error("--moe-token-dispatcher-type flex with the deepep backend does not take --moe-pad-expert-input-to-capacity (as Megatron): "
+            "use --moe-flex-dispatcher-backend hybridep or --moe-token-dispatcher-type alltoall");
+  }
+  if (flex && backend != "hybridep" && etp * c.parallel.expert_model_parallel_size < 2) {
+    k.error("--moe-token-dispatcher-type flex with the " + backend + " backend needs expert-TP x EP > 1 (as Megatron's dispatcher asserts): "
+            "use --moe-token-dispatcher-type alltoall on one expert rank");
+  }
   if (c.model.num_layers) {
     try {
       (void)parse_moe_layer_freq(m.moe_layer_freq, *c.model.num_layers);
@@ -1004,8 +1023,8 @@ void check_moe(const Config& c, Checker& k) {
       k.error("shared experts have no biases (Megatron's SharedExpertMLP): add --disable-bias-linear or drop --moe-shared-expert-intermediate-size");
     }
   }
-  if (m.moe_shared_expert_overlap && m.moe_token_dispatcher_type != "alltoall") {
-    k.error("--moe-shared-expert-overlap works only with --moe-token-dispatcher-type alltoall (as in Megatron)");
+  if (m.moe_shared_expert_overlap && m.moe_token_dispatcher_type != "alltoall" && m.moe_token_dispatcher_type != "flex") {
+    k.error("--moe-shared-expert-overlap works only with --moe-token-dispatcher-type alltoall or flex (as in Megatron)");
   }
   if (m.moe_shared_expert_gate && !m.moe_shared_expert_intermediate_size) {
     k.warn("--moe-shared-expert-gate has no effect without a shared expert (--moe-shared-expert-intermediate-size)");

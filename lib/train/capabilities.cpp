@@ -22,8 +22,6 @@ std::vector<std::string> unsupported_features(const Config& c, int64_t world, bo
      "--cp-comm-type " + p.cp_comm_type + " is not implemented: use p2p (ring attention) or a2a (all-to-all over heads)");
 
   const auto& m = c.moe;
-  no(m.num_experts && m.moe_token_dispatcher_type == "flex",
-     "--moe-token-dispatcher-type flex (DeepEP) is not implemented: use alltoall or allgather");
   no(m.num_experts && m.moe_apply_probs_on_input && m.moe_pad_expert_input_to_capacity,
      "--moe-apply-probs-on-input with --moe-pad-expert-input-to-capacity is not implemented (the padding rows would need weights of "
      "their own): drop one of them");
@@ -106,6 +104,10 @@ std::vector<std::string> inert_flag_notes(const Config& c, bool cuda_engine) {
   std::vector<std::string> out;
   const Config d;
   if (c.model.transformer_impl != d.model.transformer_impl) out.push_back("note: --transformer-impl has no effect: megatrain has one layer implementation");
+  if (c.moe.num_experts && c.moe.moe_token_dispatcher_type == "flex") {
+    out.push_back("note: --moe-token-dispatcher-type flex runs as megatrain's all-to-all dispatch (the same results; Megatron's DeepEP / "
+                  "HybridEP / NCCL EP kernels are not used)");
+  }
   if (c.data.num_workers != d.data.num_workers) out.push_back("note: --num-workers has no effect: samples are read on demand by the training thread");
   if (c.model.no_bias_gelu_fusion && (gated_mlp(c.model) || c.model.squared_relu)) {
     out.push_back("note: --no-bias-gelu-fusion: kernel fusion does not change megatrain's SwiGLU, quick GeGLU or squared ReLU");

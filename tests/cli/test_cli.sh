@@ -67,7 +67,13 @@ vl=$(grep -oE 'lm loss value: [0-9.E+-]+' <<<"$out" | tail -1 | awk '{print $4}'
 if [[ $rc -eq 0 ]] && awk -v v="$vl" 'BEGIN{exit !(v < 2.9)}' && grep -q '"lm_loss"' "$tmp/logs/metrics.jsonl" \
    && grep -q 'iteration       60/      60 | consumed samples:          960 |' <<<"$out"; then echo "ok   quickstart trains (validation loss $vl)"; else
   echo "FAIL quickstart: rc=$rc loss=$vl"; echo "$out" | tail -5; fails=$((fails + 1)); fi
-expect not-implemented 2 'flex \(DeepEP\) is not implemented' -- "$B" --config configs/quickstart.yaml --num-experts 4 --moe-token-dispatcher-type flex
+# Megatron's flex dispatcher runs as the all-to-all (a note), under Megatron's checks; what it would compute otherwise is refused.
+expect flex-one-rank 2 'flex with the deepep backend needs expert-TP x EP > 1' -- "$B" --config configs/quickstart.yaml --num-experts 4 \
+  --moe-token-dispatcher-type flex
+expect flex-hybridep 0 "flex runs as megatrain's all-to-all dispatch" -- "$B" --config configs/quickstart.yaml --num-experts 4 \
+  --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --train-iters 2 --log-interval 1 --eval-iters 0 --device cpu
+expect not-implemented 2 "per-rank token budget \(HybridEP drops past it\) is not implemented" -- "$B" --config configs/quickstart.yaml \
+  --num-experts 4 --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-expert-rank-capacity-factor 1.0
 # Megatron's list form: several auxiliary losses, a coefficient each, each logged under its own name.
 expect balancing-type-list 0 'load_balancing_loss: [0-9.E+-]+ \| seq_load_balancing_loss: [0-9.E+-]+ \| loss scale' -- "$B" \
   --config configs/quickstart.yaml --num-experts 4 --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 1e-2 1e-3 \

@@ -190,6 +190,41 @@ TEST_CASE("quantile balancing's rules (Megatron's QB), each with its fix") {
   rejects(c, 1, "--moe-expert-capacity-factor works only with");
 }
 
+TEST_CASE("the flex dispatcher: megatrain's all-to-all under Megatron's checks") {
+  Config c = base();
+  c.moe.num_experts = 8;
+  c.moe.moe_token_dispatcher_type = "flex";
+  rejects(c, 1, "--moe-token-dispatcher-type flex with the deepep backend needs expert-TP x EP > 1");
+  c.moe.moe_flex_dispatcher_backend = "hybridep";
+  accepts(c, 1);
+  c.moe.moe_flex_dispatcher_backend = "deepep";
+  c.parallel.expert_model_parallel_size = 2;
+  accepts(c, 2);
+  c.moe.moe_expert_capacity_factor = 1.0;
+  c.moe.moe_pad_expert_input_to_capacity = true;
+  rejects(c, 2, "--moe-token-dispatcher-type flex with the deepep backend does not take --moe-pad-expert-input-to-capacity");
+  c.moe.moe_flex_dispatcher_backend = "hybridep";
+  accepts(c, 2);
+  c.moe.moe_enable_deepep = true;  // (the deprecated switch: the deepep backend)
+  rejects(c, 2, "--moe-enable-deepep with --moe-flex-dispatcher-backend hybridep: give one backend");
+  c.moe.moe_flex_dispatcher_backend = "deepep";
+  rejects(c, 2, "does not take --moe-pad-expert-input-to-capacity");
+  c.moe.moe_pad_expert_input_to_capacity = false;
+  accepts(c, 2);
+  c.moe.moe_token_dispatcher_type = "alltoall";
+  rejects(c, 2, "--moe-enable-deepep needs --moe-token-dispatcher-type flex");
+  c.moe.moe_enable_deepep = false;
+  c.moe.moe_flex_dispatcher_backend = "ncclep";
+  rejects(c, 2, "--moe-flex-dispatcher-backend ncclep needs --moe-token-dispatcher-type flex");
+  c.moe.moe_token_dispatcher_type = "flex";
+  c.moe.moe_shared_expert_intermediate_size = 64;
+  c.model.disable_bias_linear = true;
+  c.moe.moe_shared_expert_overlap = true;
+  accepts(c, 2);
+  c.moe.moe_token_dispatcher_type = "allgather";
+  rejects(c, 2, "--moe-shared-expert-overlap works only with --moe-token-dispatcher-type alltoall or flex");
+}
+
 TEST_CASE("Megatron's MoE rules, each named with its fix") {
   Config c = base();
   c.moe.num_experts = 8;

@@ -35,7 +35,7 @@ MoeOptions MoeOptions::from(const Config& cfg) {
   o.pad_to_capacity = m.moe_pad_expert_input_to_capacity;
   for (size_t i = 0; i < 3; ++i) o.aux_coeff[i] = m.aux_loss_coeff(kAuxLossTypes[i]);
   o.z_coeff = m.moe_z_loss_coeff.value_or(0.0);
-  o.alltoall = m.moe_token_dispatcher_type == "alltoall";
+  o.alltoall = m.moe_token_dispatcher_type == "alltoall" || m.moe_token_dispatcher_type == "flex";  // (flex: the same all-to-all)
   o.probs_on_input = m.moe_apply_probs_on_input;
   o.force_balance = m.moe_router_force_load_balancing;
   o.sinkhorn = m.load_balancing_is("sinkhorn");
