@@ -824,9 +824,12 @@ void check_mla(const Config& c, Checker& k) {
     if (m.q_lora_rank || m.cache_mla_latents) k.warn("--q-lora-rank and --cache-mla-latents apply to --multi-latent-attention: here they have no effect");
     return;
   }
-  if (m.position_embedding_type != "rope") {
-    k.error("--multi-latent-attention rotates its own RoPE part (--rope-type): give --position-embedding-type rope (Megatron's MLA needs it), not " +
-            m.position_embedding_type);
+  // (MLA rotates its own RoPE part whatever the model's position embedding, as Megatron's: learned_absolute (Megatron's
+  // default) adds learned positions at the embedding beside it, none nothing; yarn would hand MLA a rotary embedding of the
+  // model's, which Megatron's MLA refuses)
+  if (m.position_embedding_type == "yarn") {
+    k.error("--multi-latent-attention rotates its own RoPE part (--rope-type yarn for YaRN): give --position-embedding-type rope, "
+            "learned_absolute or none, not yarn (Megatron's MLA refuses the model's rotary embedding)");
   }
   if (m.group_query_attention) k.error("--multi-latent-attention and --group-query-attention cannot be combined (as Megatron): drop one");
   if (m.rotary_interleaved) k.error("--rotary-interleaved does not work with --multi-latent-attention (as Megatron): drop it");

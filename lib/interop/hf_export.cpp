@@ -128,6 +128,8 @@ std::vector<std::string> export_hf(const HfExportOptions& opt) {
   // (quick GeGLU with its offset and clamp, attention sinks: GPT-OSS's pieces, which only its HF form holds)
   const bool gpt_oss_parts = (D.swiglu && !D.glu.plain_swiglu()) || D.sink != ModelDims::Sink::kNone;
   if (D.mla) {  // (multi-latent attention: DeepSeek-V3's DeepseekV3ForCausalLM, a GLM-4.5-style sigmoid-routed MoE or none)
+    refuse(!D.rope, "DeepseekV3ForCausalLM has no learned position embeddings and its attention rotates: the model needs "
+                    "--position-embedding-type rope (it has " + c.model.position_embedding_type + ")");
     refuse(!(D.swiglu && D.rms && D.rope && D.glu.plain_swiglu()), "multi-latent attention has a HuggingFace form only as DeepseekV3ForCausalLM: "
                                                                    "RMSNorm and SwiGLU");
     refuse(any_moe && c.moe.moe_router_score_function != "sigmoid", "DeepseekV3ForCausalLM's router takes sigmoid scores "

@@ -258,6 +258,12 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   // GPU) in the forty-fourth): without context parallelism; the CPU engine runs every layout.
   if (c.model.multi_latent_attention) {
     const std::string cpu = ": use --device cpu (the CPU engine runs it; --device auto picks it)";
+    // With learned positions beside (Megatron's default position embedding) or none: the RoPE table built for MLA's own
+    // rotation (gpt_cuda.cpp), written in the forty-fourth session without a GPU: refused by name until `MT_GPU_TEST_ONLY=mla
+    // test_cuda_engine`'s learned-positions training has run.
+    no(c.model.position_embedding_type != "rope" && !cuda_unverified_allowed("mla-learned-positions"),
+       "--multi-latent-attention with --position-embedding-type " + c.model.position_embedding_type + " has not run on a GPU yet on the "
+       "CUDA engine" + cpu + ", or --position-embedding-type rope");
     no(c.parallel.context_parallel_size > 1,
        "--multi-latent-attention with --context-parallel-size > 1 is not implemented on the CUDA engine (its ring and all-to-all attention take "
        "one head width)" + cpu + ", or CP 1");

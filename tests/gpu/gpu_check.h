@@ -24,6 +24,10 @@ inline constexpr const char* kDeepseekFlags =
 inline constexpr const char* kDeepseekGptFlags =
     "--position-embedding-type rope --multi-latent-attention --kv-lora-rank 40 --qk-head-dim 32 --qk-pos-emb-head-dim 16 --v-head-dim 56 "
     "--rope-type rope ";
+// GPT-style with learned positions (Megatron's default position embedding) beside MLA's own RoPE.
+inline constexpr const char* kDeepseekLearnedFlags =
+    "--position-embedding-type learned_absolute --multi-latent-attention --kv-lora-rank 40 --qk-head-dim 32 --qk-pos-emb-head-dim 16 "
+    "--v-head-dim 24 --rope-type rope ";
 
 inline int failures = 0;
 inline void check(bool ok, const std::string& what) {

@@ -242,6 +242,16 @@ if grep -q -- "--multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-
 else
   fail "deepseek_v3_tp2_ep2: the import's flags: $(cat "$W/deepseek_v3_tp2_ep2-import.log")"
 fi
+# Learned positions beside MLA (Megatron's default position embedding): no DeepseekV3ForCausalLM form, refused by name.
+# shellcheck disable=SC2086
+if "$BIN" $DEEPSEEK --position-embedding-type learned_absolute --train-iters 1 --eval-iters 0 --save "$W/ds_learned-ckpt" --save-interval 1 \
+     --device cpu >/dev/null 2>&1; then
+  out=$("$BIN" checkpoint export "$W/ds_learned-ckpt" --hf "$W/ds_learned-hf" 2>&1) && fail "deepseek_v3: learned positions exported"
+  grep -q "has no learned position embeddings" <<<"$out" && echo "PASS deepseek_v3: learned positions beside MLA refused by name" ||
+    fail "deepseek_v3: the learned-positions refusal does not say why: $out"
+else
+  fail "deepseek_v3: training MLA with learned positions"
+fi
 # DeepSeek-V3's multi-token prediction (--mtp-num-layers 2: its checkpoints' model.layers.{L + k}, an MoE layer each here, with
 # enorm, hnorm, eh_proj, shared_head and copies of the embedding and the output layer): the export's modules' losses against
 # hf_reference.py's DeepSeek-style modules (the embedding of the tokens k ahead and the previous module's output, each normed,

@@ -59,9 +59,17 @@ TEST_CASE("--multi-latent-attention: Megatron's rules") {
   c.model.group_query_attention = true;
   c.model.num_query_groups = 2;
   CHECK_THAT(errors(c), MT_CONTAINS("--multi-latent-attention and --group-query-attention cannot be combined"));
+  // (MLA rotates its own part whatever the model's position embedding, as Megatron's: learned positions or none beside it;
+  // yarn would hand MLA the model's rotary embedding, which Megatron's MLA refuses)
+  for (const char* beside : {"learned_absolute", "none"}) {
+    c = mla();
+    c.model.position_embedding_type = beside;
+    INFO(beside);
+    CHECK(errors(c).empty());
+  }
   c = mla();
-  c.model.position_embedding_type = "learned_absolute";
-  CHECK_THAT(errors(c), MT_CONTAINS("give --position-embedding-type rope"));
+  c.model.position_embedding_type = "yarn";
+  CHECK_THAT(errors(c), MT_CONTAINS("give --position-embedding-type rope, learned_absolute or none, not yarn"));
   c = mla();
   c.model.rotary_interleaved = true;
   CHECK_THAT(errors(c), MT_CONTAINS("--rotary-interleaved does not work with --multi-latent-attention"));
@@ -128,6 +136,14 @@ TEST_CASE("--multi-latent-attention: Megatron's FLOPs, the parameters, DeepSeek-
     for (const auto& g : cuda_engine_gaps(layout, static_cast<int>(tp))) gaps += g + "\n";
     if (built_with_cuda()) CHECK(gaps.find("multi-latent") == std::string::npos);
   }
+  // (learned positions beside MLA on the CUDA engine: refused by name until its GPU case has run)
+  Config learned = mla();
+  learned.model.position_embedding_type = "learned_absolute";
+  resolve(learned, 1, 256);
+  std::string learned_gaps;
+  for (const auto& g : cuda_engine_gaps(learned, 1)) learned_gaps += g + "\n";
+  CHECK_THAT(learned_gaps, MT_CONTAINS(!built_with_cuda() ? "this build has no CUDA backend"
+                                                          : "--multi-latent-attention with --position-embedding-type learned_absolute has not run on a GPU yet"));
   Config split = mla();
   split.parallel.context_parallel_size = 2;
   resolve(split, 2, 256);

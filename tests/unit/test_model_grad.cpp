@@ -162,6 +162,19 @@ TEST_CASE("whole-model gradient check: --multi-latent-attention (DeepSeek's MLA)
   resolve(g, 1);
   CHECK(model_dims(g, 0, 1).rope_scaling.yarn_factor == 0.0);
   check_config(g);
+  // Megatron's default position embedding (learned_absolute) beside MLA's own RoPE: both positions' gradients
+  Config p = tiny(false);
+  REQUIRE(p.model.position_embedding_type == "learned_absolute");
+  p.model.multi_latent_attention = true;
+  p.model.rope_type = "rope";
+  p.model.kv_lora_rank = 6;
+  p.model.qk_head_dim = 6;
+  p.model.qk_pos_emb_head_dim = 2;
+  p.model.v_head_dim = 6;
+  p.model.init_method_std = 0.6;
+  resolve(p, 1);
+  CHECK(model_dims(p, 0, 1).learned_pos);
+  check_config(p);
 }
 
 TEST_CASE("whole-model gradient check: --mtp-num-layers (DeepSeek-V3's multi-token prediction)") {

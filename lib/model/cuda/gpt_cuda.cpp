@@ -225,7 +225,7 @@ CudaGPT::CudaGPT(const Config& cfg, const ParamStore& layout, const ModelLayout&
     if (i != kNoParam) final_replicated_.emplace_back(layout.info(i).offset, layout.info(i).numel);
   }
   if (moe_layers_ > 0) setup_moe(cfg.moe, layout, max_in_flight, static_cast<uint64_t>(cfg.training.seed));
-  if (D.rope) {
+  if (D.rope || D.mla) {  // (MLA rotates its own part whatever the model's position embedding)
     const auto table = cuda::rope_table(D.max_pos, D.rot_dim, static_cast<double>(D.rope_base), D.rope_scaling);
     rope_table_ = static_cast<float*>(alloc(table.size() * 4));
     MT_CUDA_CHECK(cudaMemcpy(rope_table_, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
