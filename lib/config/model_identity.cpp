@@ -67,6 +67,8 @@ std::vector<std::pair<std::string, std::string>> model_identity(const Config& c)
     // by continuing from its checkpoint with the factor, so a change of it is the run's to make)
   } else {
     out.emplace_back("max-position-embeddings", text(m.max_position_embeddings));
+    // (multi-latent attention rotates its own part beside learned positions or none)
+    if (m.multi_latent_attention) out.emplace_back("rotary-base", text(m.rotary_base));
   }
   out.emplace_back("add-qkv-bias", text(m.add_qkv_bias && m.disable_bias_linear && !m.multi_latent_attention));  // (only where it adds parameters)
   out.emplace_back("multi-latent-attention", text(m.multi_latent_attention));

@@ -994,6 +994,10 @@ void check_moe(const Config& c, Checker& k) {
   if (m.moe_flex_dispatcher_backend == "ncclep" && !flex) {
     k.error("--moe-flex-dispatcher-backend ncclep needs --moe-token-dispatcher-type flex (as Megatron)");
   }
+  if (flex && backend == "ncclep" && (m.moe_pad_expert_input_to_capacity || m.moe_expert_capacity_factor.value_or(-1.0) > 0)) {
+    k.error("--moe-token-dispatcher-type flex with the ncclep backend does not take a capacity (--moe-expert-capacity-factor, "
+            "--moe-pad-expert-input-to-capacity; as Megatron): drop it, or use --moe-token-dispatcher-type alltoall");
+  }
   if (flex && m.moe_pad_expert_input_to_capacity && backend == "deepep") {
     k.error("--moe-token-dispatcher-type flex with the deepep backend does not take --moe-pad-expert-input-to-capacity (as Megatron): "
             "use --moe-flex-dispatcher-backend hybridep or --moe-token-dispatcher-type alltoall");

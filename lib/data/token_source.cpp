@@ -49,6 +49,7 @@ Microbatch make_microbatch(const TokenSource& src, Split split, int64_t first_sa
   mb.positions.resize(n);
   mb.loss_mask.assign(n, 1.0f);
   if (cfg.data.reset_attention_mask) mb.row_start.assign(n, 0);
+  if (cfg.data.reset_position_ids) mb.rope_positions.assign(n, 0);
   std::vector<int32_t> buf(static_cast<size_t>(S + 1));
   const int32_t eod = src.eod();
   // Megatron's GPT dataset: labels equal to the padding id take no loss, and the id reads as 0 in tokens and labels (a
@@ -69,6 +70,7 @@ Microbatch make_microbatch(const TokenSource& src, Split split, int64_t first_sa
       mb.tokens[i] = buf[static_cast<size_t>(s)];
       mb.labels[i] = buf[static_cast<size_t>(s + 1)];
       mb.positions[i] = pos++;
+      if (!mb.rope_positions.empty()) mb.rope_positions[i] = static_cast<int32_t>(s);
       if (cfg.data.eod_mask_loss && mb.tokens[i] == eod) mb.loss_mask[i] = 0.0f;
       if (cfg.data.reset_attention_mask) mb.row_start[i] = doc_start;
       if (cfg.data.reset_position_ids && mb.tokens[i] == eod) pos = 0;

@@ -24,6 +24,7 @@ Microbatch context_parallel_slice(const Microbatch& whole, int64_t rank, int64_t
   mb.loss_mask.resize(n);
   mb.seq_pos.resize(n);
   if (!whole.row_start.empty()) mb.row_start.resize(n);
+  if (!whole.rope_positions.empty()) mb.rope_positions.resize(n);
   for (int64_t b = 0; b < whole.B; ++b) {
     for (int64_t s = 0; s < S; ++s) {
       const int32_t pos = context_parallel_position(s, rank, cp, chunk);
@@ -34,6 +35,7 @@ Microbatch context_parallel_slice(const Microbatch& whole, int64_t rank, int64_t
       mb.loss_mask[to] = whole.loss_mask[from];
       mb.seq_pos[to] = pos;
       if (!whole.row_start.empty()) mb.row_start[to] = whole.row_start[from];
+      if (!whole.rope_positions.empty()) mb.rope_positions[to] = whole.rope_positions[from];
     }
   }
   for (const Microbatch& shifted : whole.mtp) mb.mtp.push_back(context_parallel_slice(shifted, rank, cp));  // (multi-token prediction's)

@@ -21,6 +21,9 @@ enum DropoutSite : int { kDropEmbedding = 0, kDropAttnProbs = 1, kDropAttnOut = 
 struct Microbatch {
   int64_t B = 0, S = 0;
   std::vector<int32_t> tokens, labels, positions;  // [B*S]
+  // With --reset-position-ids, RoPE's positions: each token's place in its sequence (Megatron rotates by the sequence's
+  // positions whatever the position ids, which only the learned position embeddings read); empty otherwise (positions).
+  std::vector<int32_t> rope_positions;
   std::vector<float> loss_mask;                    // [B*S]
   std::vector<int32_t> row_start;                  // [B*S] with --reset-attention-mask, else empty
   int64_t first_sample = 0;                        // global index of the first sample (dropout keys)
@@ -34,6 +37,9 @@ struct Microbatch {
   // otherwise (the model shifts its own microbatch).
   std::vector<Microbatch> mtp;
 };
+
+// The positions RoPE rotates by: the sequence's (Microbatch::rope_positions) under --reset-position-ids, else the positions.
+inline const int32_t* rope_positions(const Microbatch& mb) { return mb.rope_positions.empty() ? mb.positions.data() : mb.rope_positions.data(); }
 
 struct ModelDims {
   int64_t L, h, nh, ng, d, F, V, S, max_pos;

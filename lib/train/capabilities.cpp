@@ -258,6 +258,10 @@ std::vector<std::string> cuda_engine_gaps(const Config& c, int64_t world_size) {
   // GPU) in the forty-fourth): without context parallelism; the CPU engine runs every layout.
   if (c.model.multi_latent_attention) {
     const std::string cpu = ": use --device cpu (the CPU engine runs it; --device auto picks it)";
+    // (one device positions array: the learned embeddings' under --reset-position-ids, which RoPE must not take)
+    no(c.model.position_embedding_type == "learned_absolute" && c.data.reset_position_ids,
+       "--multi-latent-attention with learned positions and --reset-position-ids is not implemented on the CUDA engine (MLA's RoPE "
+       "rotates by the sequence's positions, the learned embeddings take the reset ones: one positions array there)" + cpu);
     // With learned positions beside (Megatron's default position embedding) or none: the RoPE table built for MLA's own
     // rotation (gpt_cuda.cpp), written in the forty-fourth session without a GPU: refused by name until `MT_GPU_TEST_ONLY=mla
     // test_cuda_engine`'s learned-positions training has run.

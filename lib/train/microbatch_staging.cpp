@@ -40,7 +40,9 @@ DeviceMicrobatch MicrobatchSlot::upload(const Microbatch& mb, bool learned_pos, 
   int32_t* h = host_;
   std::memcpy(h, mb.tokens.data(), static_cast<size_t>(T) * 4);
   std::memcpy(h + T_, mb.labels.data(), static_cast<size_t>(T) * 4);
-  std::memcpy(h + 2 * T_, mb.positions.data(), static_cast<size_t>(T) * 4);
+  // (one positions array: the learned position embeddings' where the model has them, else RoPE's, which under
+  // --reset-position-ids are the sequence's, as Megatron's; MLA beside learned positions with the reset is refused)
+  std::memcpy(h + 2 * T_, learned_pos ? mb.positions.data() : rope_positions(mb), static_cast<size_t>(T) * 4);
   std::memcpy(h + 3 * T_, mb.loss_mask.data(), static_cast<size_t>(T) * 4);
   const auto tok = cuda::build_token_csr(mb.tokens.data(), T, vocab_start, vocab_local);
   put_csr(tok, 4);

@@ -173,6 +173,7 @@ TEST_CASE("--eod-mask-loss, --reset-position-ids and --reset-attention-mask foll
       const auto i = static_cast<size_t>(b * 64 + s);
       CHECK(mb.row_start[i] == expect_start);
       CHECK(mb.positions[i] == expect_pos++);
+      CHECK(mb.rope_positions[i] == s);  // (RoPE's: the sequence's, as Megatron's rotary embedding of the sequence length)
       const bool eod = mb.tokens[i] == mock.eod();
       CHECK(mb.loss_mask[i] == (eod ? 0.0f : 1.0f));
       if (eod) {

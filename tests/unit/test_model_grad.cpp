@@ -175,6 +175,34 @@ TEST_CASE("whole-model gradient check: --multi-latent-attention (DeepSeek's MLA)
   resolve(p, 1);
   CHECK(model_dims(p, 0, 1).learned_pos);
   check_config(p);
+  // MLA's rotation is its own: with --position-embedding-type none the model is the one with rope (the same parameters,
+  // the same loss), as in Megatron, where MLA rotates whatever the model's position embedding
+  auto loss = [&g](const std::string& positions) {
+    Config m = g;
+    m.model.softmax_type = "vanilla";
+    m.model.position_embedding_type = positions;
+    resolve(m, 1);
+    GPTModel model(m, ProcessGroups::single());
+    return model.forward(tiny_batch(), 1, false);
+  };
+  CHECK(loss("none") == loss("rope"));
+}
+
+TEST_CASE("--reset-position-ids: RoPE rotates by the sequence's positions, the learned position embeddings take the reset ones") {
+  // (Megatron: the rotary embedding of the sequence length whatever the position ids, which only the learned embeddings read)
+  auto loss = [](bool llama, bool reset) {
+    Config m = tiny(llama);
+    resolve(m, 1);
+    Microbatch mb = tiny_batch();
+    if (reset) {  // (the loader's form: positions restarting at documents, RoPE's kept as the sequence's)
+      mb.rope_positions = mb.positions;
+      for (size_t i = 0; i < mb.positions.size(); ++i) mb.positions[i] = static_cast<int32_t>(i % 3);
+    }
+    GPTModel model(m, ProcessGroups::single());
+    return model.forward(mb, 1, false);
+  };
+  CHECK(loss(true, true) == loss(true, false));
+  CHECK(loss(false, true) != loss(false, false));
 }
 
 TEST_CASE("whole-model gradient check: --mtp-num-layers (DeepSeek-V3's multi-token prediction)") {

@@ -217,6 +217,9 @@ TEST_CASE("the flex dispatcher: megatrain's all-to-all under Megatron's checks")
   c.moe.moe_flex_dispatcher_backend = "ncclep";
   rejects(c, 2, "--moe-flex-dispatcher-backend ncclep needs --moe-token-dispatcher-type flex");
   c.moe.moe_token_dispatcher_type = "flex";
+  rejects(c, 2, "--moe-token-dispatcher-type flex with the ncclep backend does not take a capacity");
+  c.moe.moe_expert_capacity_factor.reset();
+  accepts(c, 2);
   c.moe.moe_shared_expert_intermediate_size = 64;
   c.model.disable_bias_linear = true;
   c.moe.moe_shared_expert_overlap = true;

@@ -144,8 +144,8 @@ void AttentionUnit::forward(const PassContext& c, Buf& x, Stash& A) const {
     c.norm_forward(A.k.data(), A.k_mean.data(), A.k_rstd.data(), A.k_in.data(), ly.k_norm_w, ly.k_norm_b, nk, D.d);
   }
   if (D.rope_in(ly.layer)) {
-    rope_forward(A.q.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
-    rope_forward(A.k.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
+    rope_forward(A.q.data(), rope_positions(c.mb), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
+    rope_forward(A.k.data(), rope_positions(c.mb), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
   }
   core_attention_forward(c, ly, A);
   attention_slot_output(c, ly, A.ctx, D.nh_local * D.d, x, A);
@@ -165,8 +165,8 @@ void AttentionUnit::backward(const PassContext& c, const Buf& dout, Buf& dx, Sta
   Buf dq, dk, dv;
   core_attention_backward(c, ly, dctx, dq, dk, dv, A);
   if (D.rope_in(ly.layer)) {
-    rope_backward(dq.data(), c.mb.positions.data(), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
-    rope_backward(dk.data(), c.mb.positions.data(), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
+    rope_backward(dq.data(), rope_positions(c.mb), T, D.nh_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
+    rope_backward(dk.data(), rope_positions(c.mb), T, D.ng_local, D.d, D.rot_dim, D.rope_base, D.rotary_interleaved, D.rope_scaling);
   }
   if (D.qk_norm) {
     Buf dq_in(dq.size()), dk_in(dk.size());

@@ -110,8 +110,8 @@ void mla_attention_forward(const PassContext& c, const LayerParams& ly, Buf& x, 
   // RoPE on the queries' and the key's dr parts
   Buf q_pe(sz(T * nh * dr));
   for (int64_t i = 0; i < T * nh; ++i) std::memcpy(&q_pe[sz(i * dr)], &q[sz(i * dq + dn)], sz(dr) * sizeof(float));
-  rope_forward(q_pe.data(), c.mb.positions.data(), T, nh, dr, dr, D.rope_base, true, D.rope_scaling);
-  rope_forward(k_pe.data(), c.mb.positions.data(), T, 1, dr, dr, D.rope_base, true, D.rope_scaling);
+  rope_forward(q_pe.data(), rope_positions(c.mb), T, nh, dr, dr, D.rope_base, true, D.rope_scaling);
+  rope_forward(k_pe.data(), rope_positions(c.mb), T, 1, dr, dr, D.rope_base, true, D.rope_scaling);
   // The core attention's heads, padded to one width
   const ModelDims core = core_dims(D);
   const int64_t da = core.d;
@@ -162,8 +162,8 @@ void mla_attention_backward(const PassContext& c, const LayerParams& ly, const B
       for (int64_t e = 0; e < dr; ++e) dk_pe[sz(t * dr + e)] += dK[sz(i * da + dn + e)];
     }
   }
-  rope_backward(dq_pe.data(), c.mb.positions.data(), T, nh, dr, dr, D.rope_base, true, D.rope_scaling);
-  rope_backward(dk_pe.data(), c.mb.positions.data(), T, 1, dr, dr, D.rope_base, true, D.rope_scaling);
+  rope_backward(dq_pe.data(), rope_positions(c.mb), T, nh, dr, dr, D.rope_base, true, D.rope_scaling);
+  rope_backward(dk_pe.data(), rope_positions(c.mb), T, 1, dr, dr, D.rope_base, true, D.rope_scaling);
   for (int64_t i = 0; i < T * nh; ++i) std::memcpy(&dq_all[sz(i * dq + dn)], &dq_pe[sz(i * dr)], sz(dr) * sizeof(float));
   // Keys and values: the up projection, the latent's norm, the down projection (with k_pe's gradient)
   Buf dkv_latent(sz(T * R_kv));
