@@ -121,6 +121,18 @@ std::optional<int64_t> latest_checkpoint(const std::string& dir) {
 
 namespace {
 
+// An old checkpoint deleted (--save-retain-interval, --ckpt-keep-last): first renamed out of the iter_N names, so that a
+// deletion cut short leaves no iter_N with shards missing for --ckpt-step to find, then removed; a leftover of an earlier
+// cut-short deletion goes with it.
+void remove_old_checkpoint(const std::string& dir, int64_t iteration) {
+  const fs::path from = fs::path(dir) / iter_name(iteration), doomed = fs::path(dir) / (iter_name(iteration) + ".deleting");
+  std::error_code ec;
+  fs::remove_all(doomed, ec);
+  fs::rename(from, doomed, ec);
+  std::error_code removed;
+  fs::remove_all(ec ? from : doomed, removed);
+}
+
 void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Communicator& comm, const CheckpointRetention& retention) {
   const int64_t it = snap.state.iteration;
   const fs::path final_dir = fs::path(dir) / iter_name(it);
@@ -249,9 +261,8 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
   if (lead && retention.retain_interval > 0 && previous > 0 && previous != it && previous % retention.retain_interval != 0) {
     // Megatron's: the checkpoint before is deleted unless its iteration is a multiple of the interval (not through a
     // symbolic link), after this one is committed.
-    const fs::path before = fs::path(dir) / iter_name(previous);
     std::error_code ec;
-    if (!fs::is_symlink(before, ec)) fs::remove_all(before, ec);
+    if (!fs::is_symlink(fs::path(dir) / iter_name(previous), ec)) remove_old_checkpoint(dir, previous);
   }
   const int64_t keep_last = retention.keep_last;
   if (lead && keep_last > 0) {
@@ -266,8 +277,7 @@ void write_checkpoint_files(const std::string& dir, const Snapshot& snap, Commun
     }
     std::sort(its.begin(), its.end());
     for (size_t k = 0; k + static_cast<size_t>(keep_last) < its.size(); ++k) {
-      std::error_code ec;
-      if (its[k] != it) fs::remove_all(fs::path(dir) / iter_name(its[k]), ec);
+      if (its[k] != it) remove_old_checkpoint(dir, its[k]);
     }
   }
 }

@@ -13,16 +13,18 @@ namespace mt {
 namespace {
 
 // Compute cost of one pass over a chunk: its layers, plus the output layer and loss on the last virtual
-// stage (its GEMM is 2 V h FLOPs a token against a layer's ~24 h^2: V / 12h layers). F, B and W cost one
-// unit each (Qi et al.'s assumption), a whole backward two.
+// stage (its GEMM is 2 V h FLOPs a token against a layer's ~24 h^2: V / 12h layers) and there multi-token
+// prediction's modules (each a layer and the output layer again). F, B and W cost one unit each (Qi et al.'s
+// assumption), a whole backward two.
 ActionCost layer_costs(const Config& cfg, int64_t stages, int64_t chunks) {
   std::vector<int64_t> per = layers_per_virtual_stage(cfg);
   if (static_cast<int64_t>(per.size()) != stages * chunks) per.assign(static_cast<size_t>(stages * chunks), 1);
   const double h = static_cast<double>(cfg.model.hidden_size.value_or(1));
   const double output = static_cast<double>(cfg.derived.padded_vocab_size) / (12.0 * h);
-  return [per, output, stages, chunks](int64_t rank, const ScheduleAction& a) {
+  const double last = output + static_cast<double>(cfg.model.mtp_num_layers.value_or(0)) * (1.0 + output);
+  return [per, last, stages, chunks](int64_t rank, const ScheduleAction& a) {
     const int64_t vs = a.chunk * stages + rank;
-    double w = static_cast<double>(per[static_cast<size_t>(vs)]) + (vs == stages * chunks - 1 ? output : 0.0);
+    double w = static_cast<double>(per[static_cast<size_t>(vs)]) + (vs == stages * chunks - 1 ? last : 0.0);
     if (a.kind == ActionKind::kBackward) w *= 2.0;
     return w;
   };

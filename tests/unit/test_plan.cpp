@@ -318,4 +318,17 @@ TEST_CASE("pipeline plan: interleaved groups of microbatches and an explicit lay
   const Config layout = config(15, 4, 8, [](Config& c) { c.parallel.pipeline_model_parallel_layout = "Et*3|(tt|)*6L"; });
   CHECK(configured(layout).unavailable.empty());
   CHECK(configured(layout).bubble > 0);
+  // Multi-token prediction's modules weigh on the loss's stage: a layout that moves a layer off it for them
+  // ("...|tmmL" holds one t fewer there than "...|ttL" would) idles less than one that leaves it loaded.
+  const Config light = config(4, 2, 8, [](Config& c) {
+    c.model.mtp_num_layers = 2;
+    c.parallel.pipeline_model_parallel_layout = "Ettt|tmmL";
+  });
+  const Config heavy = config(4, 2, 8, [](Config& c) {
+    c.model.mtp_num_layers = 2;
+    c.parallel.pipeline_model_parallel_layout = "Et|tttmmL";
+  });
+  CHECK(configured(light).bubble < configured(heavy).bubble);
+  const Config without = config(4, 2, 8, [](Config& c) { c.parallel.pipeline_model_parallel_layout = "Et|tttL"; });
+  CHECK(configured(heavy).bubble > configured(without).bubble);
 }
